@@ -1,0 +1,189 @@
+#include "piper/base/json.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+namespace piper {
+namespace {
+
+// Line and column (1-based) of a byte offset.
+std::pair<size_t, size_t> line_col(const std::string& text, size_t offset) {
+  size_t line = 1, col = 1;
+  for (size_t i = 0; i < offset && i < text.size(); ++i) {
+    if (text[i] == '\n') {
+      ++line;
+      col = 1;
+    } else {
+      ++col;
+    }
+  }
+  return {line, col};
+}
+
+std::string type_name(const Json& v) { return v.type_name(); }
+
+}  // namespace
+
+Result<Json> parse_json(const std::string& text, const std::string& what) {
+  try {
+    return Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    size_t offset = e.byte > 0 ? e.byte - 1 : 0;
+    auto [line, col] = line_col(text, offset);
+    std::string msg = e.what();
+    // nlohmann messages start with "[json.exception.parse_error.101] parse error at line 1, column 2: ..."
+    auto pos = msg.find(": ");
+    std::string detail = pos == std::string::npos ? msg : msg.substr(pos + 2);
+    return invalid_argument(what + ": malformed JSON at line " + std::to_string(line) + ", column " +
+                            std::to_string(col) + " (byte " + std::to_string(offset) + "): " + detail);
+  }
+}
+
+Result<std::string> read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return not_found("cannot open '" + path + "': " + std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return data_loss("error reading '" + path + "'");
+  return ss.str();
+}
+
+Status write_text_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return not_found("cannot write '" + path + "': " + std::strerror(errno));
+  out << text;
+  out.close();
+  if (!out) return data_loss("error writing '" + path + "'");
+  return ok_status();
+}
+
+Result<Json> load_json_file(const std::string& path) {
+  PIPER_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  return parse_json(text, path);
+}
+
+JsonReader::JsonReader(const Json& object, std::string path) : object_(object), path_(std::move(path)) {}
+
+bool JsonReader::has(const std::string& key) const {
+  return object_.is_object() && object_.contains(key) && !object_.at(key).is_null();
+}
+
+const Json* JsonReader::find(const std::string& key) const {
+  read_.insert(key);
+  if (!has(key)) return nullptr;
+  return &object_.at(key);
+}
+
+Status JsonReader::get_int(const std::string& key, int64_t* out, bool required, int64_t min_value,
+                           int64_t max_value) {
+  const Json* v = find(key);
+  if (v == nullptr) {
+    if (required) return invalid_argument(field_path(key) + ": required field is missing (an integer)");
+    return ok_status();
+  }
+  int64_t value = 0;
+  if (v->is_number_integer()) {
+    value = v->get<int64_t>();
+  } else if (v->is_number_float() && v->get<double>() == static_cast<double>(static_cast<int64_t>(v->get<double>()))) {
+    value = static_cast<int64_t>(v->get<double>());
+  } else {
+    return invalid_argument(field_path(key) + ": expected an integer, got " + type_name(*v) + " " + v->dump());
+  }
+  if (value < min_value || value > max_value) {
+    std::string range = "[" + (min_value == INT64_MIN ? std::string("-inf") : std::to_string(min_value)) + ", " +
+                        (max_value == INT64_MAX ? std::string("inf") : std::to_string(max_value)) + "]";
+    return invalid_argument(field_path(key) + ": " + std::to_string(value) + " is out of range; allowed " + range);
+  }
+  *out = value;
+  return ok_status();
+}
+
+Status JsonReader::get_int(const std::string& key, int* out, bool required, int min_value, int max_value) {
+  int64_t v = *out;
+  PIPER_RETURN_IF_ERROR(get_int(key, &v, required, min_value, max_value));
+  *out = static_cast<int>(v);
+  return ok_status();
+}
+
+Status JsonReader::get_double(const std::string& key, double* out, bool required, double min_value,
+                              double max_value) {
+  const Json* v = find(key);
+  if (v == nullptr) {
+    if (required) return invalid_argument(field_path(key) + ": required field is missing (a number)");
+    return ok_status();
+  }
+  if (!v->is_number()) {
+    return invalid_argument(field_path(key) + ": expected a number, got " + type_name(*v) + " " + v->dump());
+  }
+  double value = v->get<double>();
+  if (!(value >= min_value && value <= max_value)) {
+    std::ostringstream os;
+    os << field_path(key) << ": " << value << " is out of range; allowed [" << min_value << ", " << max_value << "]";
+    return invalid_argument(os.str());
+  }
+  *out = value;
+  return ok_status();
+}
+
+Status JsonReader::get_bool(const std::string& key, bool* out, bool required) {
+  const Json* v = find(key);
+  if (v == nullptr) {
+    if (required) return invalid_argument(field_path(key) + ": required field is missing (true or false)");
+    return ok_status();
+  }
+  if (!v->is_boolean()) {
+    return invalid_argument(field_path(key) + ": expected true or false, got " + type_name(*v) + " " + v->dump());
+  }
+  *out = v->get<bool>();
+  return ok_status();
+}
+
+Status JsonReader::get_string(const std::string& key, std::string* out, bool required) {
+  const Json* v = find(key);
+  if (v == nullptr) {
+    if (required) return invalid_argument(field_path(key) + ": required field is missing (a string)");
+    return ok_status();
+  }
+  if (!v->is_string()) {
+    return invalid_argument(field_path(key) + ": expected a string, got " + type_name(*v) + " " + v->dump());
+  }
+  *out = v->get<std::string>();
+  return ok_status();
+}
+
+Status JsonReader::get_enum(const std::string& key, std::string* out, const std::vector<std::string>& allowed,
+                            bool required) {
+  std::string value = *out;
+  PIPER_RETURN_IF_ERROR(get_string(key, &value, required));
+  if (!has(key)) return ok_status();
+  for (const auto& a : allowed) {
+    if (a == value) {
+      *out = value;
+      return ok_status();
+    }
+  }
+  std::string list;
+  for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+  return invalid_argument(field_path(key) + ": '" + value + "' is not allowed; pick one of {" + list + "}");
+}
+
+std::vector<std::string> JsonReader::unread_keys() const {
+  std::vector<std::string> keys;
+  if (!object_.is_object()) return keys;
+  for (auto it = object_.begin(); it != object_.end(); ++it) {
+    if (!read_.count(it.key())) keys.push_back(it.key());
+  }
+  return keys;
+}
+
+Status JsonReader::check_no_unknown_keys() const {
+  auto keys = unread_keys();
+  if (keys.empty()) return ok_status();
+  std::string list;
+  for (const auto& k : keys) list += (list.empty() ? "" : ", ") + field_path(k);
+  return invalid_argument("unknown field(s): " + list + " (check the spelling against docs/)");
+}
+
+}  // namespace piper

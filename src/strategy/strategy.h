@@ -1,0 +1,73 @@
+// Strategy: how one training job is split over the world, in Megatron's convention.
+//
+//   world = dp * tp * pp            (every rank is one device)
+//   ep divides dp                   experts are sharded over ep ranks inside the data-parallel group;
+//                                   expert-data-parallel size edp = dp / ep replicates each expert shard
+//   attention and dense parts are data-parallel over dp (and tensor-parallel over tp)
+//   global batch = dp * microbatches * mbs
+//
+// Compact form (every key optional; defaults in parentheses):
+//   dp(1) tp(1) pp(1) vpp(1) ep(1) etp(1) zero(0) sp(0) recompute(none|selective|full)
+//   schedule(1f1b|gpipe|interleaved|zb-h1|dualpipev|af-pipe) microbatches(1) mbs(1)
+//   a2a(flat|halo) order(tp-ep-dp-pp: mesh axes innermost first, '-' separated)
+//   disagg(0|1) attn_ranks(0) ffn_ranks(0)    attention/FFN disaggregation (af-pipe)
+// e.g. "dp=8,tp=1,pp=4,vpp=1,ep=8,zero=1,sp=0,recompute=none,schedule=1f1b,microbatches=16,mbs=1".
+// to_string() prints every key, and parse(to_string(s)) == s.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "piper/base/json.h"
+#include "piper/base/status.h"
+
+namespace piper {
+
+struct ModelSpec;
+struct TrainSpec;
+
+enum class Recompute { kNone, kSelective, kFull };
+const char* to_string(Recompute r);
+
+struct Strategy {
+  int dp = 1;
+  int tp = 1;
+  int pp = 1;
+  int vpp = 1;  // virtual stages (model chunks) per pipeline rank
+  int ep = 1;
+  int etp = 1;  // expert tensor parallel (divides tp); 1 = experts not tensor-sliced
+  int zero = 0;  // 0..3
+  bool sp = false;  // sequence parallel (needs tp > 1 to matter)
+  Recompute recompute = Recompute::kNone;
+  std::string schedule = "1f1b";
+  int microbatches = 1;
+  int mbs = 1;
+  std::string a2a = "flat";  // EP all-to-all algorithm: flat or halo
+  // Mesh axes innermost (closest devices) first.
+  std::vector<std::string> order = {"tp", "ep", "dp", "pp"};
+  // Attention/FFN disaggregation: attention chunks on attn_ranks (DP), expert chunks on ffn_ranks (EP).
+  bool disaggregate = false;
+  int attn_ranks = 0;
+  int ffn_ranks = 0;
+
+  int world_size() const { return disaggregate ? attn_ranks + ffn_ranks : dp * tp * pp; }
+  int edp() const { return dp / ep; }  // expert-data-parallel size
+  int64_t global_batch() const { return static_cast<int64_t>(dp) * microbatches * mbs; }
+
+  std::string to_string() const;
+  Json to_json() const;
+  bool operator==(const Strategy& other) const = default;
+
+  // Parses the compact form or, if `text` starts with '{' or names an existing .json file, JSON.
+  static Result<Strategy> parse(const std::string& text);
+  static Result<Strategy> from_json(const Json& json);
+
+  // Checks the strategy on its own (degrees positive, zero in 0..3, known schedule, ep divides dp, schedule
+  // constraints such as m >= p for 1f1b and m >= 2p for dualpipev, ...). Errors name the rule and a fix.
+  Status validate() const;
+  // Checks it against a model, training setup and world size (world == dp*tp*pp, ep | num_experts,
+  // pp*vpp <= layers, tp | heads, global batch == dp*microbatches*mbs, ...).
+  Status validate_for(const ModelSpec& model, const TrainSpec& train, int world_size) const;
+};
+
+}  // namespace piper
