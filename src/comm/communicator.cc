@@ -1,0 +1,136 @@
+#include "piper/comm/communicator.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <sstream>
+#include <thread>
+
+#include "piper/base/strings.h"
+
+namespace piper::comm {
+
+const char* to_string(CommOp op) {
+  switch (op) {
+    case CommOp::kSend: return "send";
+    case CommOp::kRecv: return "recv";
+    case CommOp::kAllReduce: return "all_reduce";
+    case CommOp::kReduceScatter: return "reduce_scatter";
+    case CommOp::kAllGather: return "all_gather";
+    case CommOp::kAllToAllV: return "all_to_all_v";
+    case CommOp::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+Handle::Handle(CommOp op, std::string group, std::unique_ptr<PendingOp> pending)
+    : op_(op), group_(std::move(group)), pending_(std::move(pending)) {}
+
+Handle::~Handle() = default;
+
+Handle Handle::completed(CommOp op, std::string group) {
+  Handle h(op, std::move(group), nullptr);
+  h.done_ = true;
+  return h;
+}
+
+std::string Communicator::describe(const std::string& what) const {
+  std::ostringstream os;
+  os << what << " on group '" << name_ << "' (" << world_ranks_.size() << " ranks)";
+  return os.str();
+}
+
+Result<bool> Communicator::test(Handle& handle) {
+  if (handle.done_ || handle.pending_ == nullptr) return true;
+  PIPER_ASSIGN_OR_RETURN(bool done, handle.pending_->test());
+  if (done) {
+    handle.done_ = true;
+    handle.pending_.reset();
+  }
+  return done;
+}
+
+namespace {
+using Clock = std::chrono::steady_clock;
+
+// Polls until done or deadline. Yields first (short operations finish within microseconds), then sleeps so
+// that oversubscribed ranks leave the cores to the ranks doing real work.
+template <typename TestFn>
+Result<bool> poll_until(TestFn&& test_fn, Clock::time_point deadline) {
+  const auto start = Clock::now();
+  while (true) {
+    PIPER_ASSIGN_OR_RETURN(bool done, test_fn());
+    if (done) return true;
+    auto now = Clock::now();
+    if (now >= deadline) return false;
+    if (now - start < std::chrono::microseconds(200)) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+}
+
+Clock::time_point deadline_after(double timeout_s) {
+  if (timeout_s > 1e8) timeout_s = 1e8;
+  return Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+}
+}  // namespace
+
+Status Communicator::timeout_error(Handle& handle, double timeout_s) {
+  std::vector<int> missing = handle.pending_ ? handle.pending_->missing_ranks() : std::vector<int>{};
+  bool exact = handle.pending_ ? handle.pending_->tracks_arrivals() : true;
+  std::ostringstream os;
+  os << describe(to_string(handle.op_)) << " on rank " << rank() << " timed out after " << timeout_s << " s; ";
+  if (missing.empty()) {
+    os << (exact ? "every rank arrived but the operation has not completed (backend stalled)"
+                 : "the backend cannot tell which ranks are missing");
+  } else {
+    os << (exact ? "ranks that did not arrive: " : "ranks suspected of not arriving: ");
+    for (size_t i = 0; i < missing.size(); ++i) {
+      int r = missing[i];
+      os << (i ? ", " : "") << "rank " << r;
+      if (r >= 0 && r < static_cast<int>(world_ranks_.size()) && world_ranks_[r] != r) {
+        os << " (world rank " << world_ranks_[r] << ")";
+      }
+    }
+  }
+  os << ". Check that every rank of the group posts this operation in the same order, or raise the timeout "
+        "(PIPER_COMM_TIMEOUT_S).";
+  return deadline_exceeded(os.str());
+}
+
+Status Communicator::wait(Handle& handle, double timeout_s) {
+  if (handle.done_ || handle.pending_ == nullptr) return ok_status();
+  PIPER_ASSIGN_OR_RETURN(bool done, poll_until([&] { return test(handle); }, deadline_after(timeout_s)));
+  if (!done) return timeout_error(handle, timeout_s);
+  return ok_status();
+}
+
+Status Communicator::wait_all(std::span<Handle> handles, double timeout_s) {
+  auto deadline = deadline_after(timeout_s);
+  auto all_done = [&]() -> Result<bool> {
+    bool all = true;
+    for (Handle& h : handles) {
+      PIPER_ASSIGN_OR_RETURN(bool done, test(h));
+      all = all && done;
+    }
+    return all;
+  };
+  PIPER_ASSIGN_OR_RETURN(bool done, poll_until(all_done, deadline));
+  if (done) return ok_status();
+  for (Handle& h : handles) {
+    if (!h.done()) return timeout_error(h, timeout_s);
+  }
+  return ok_status();
+}
+
+double default_timeout_s() {
+  const char* env = std::getenv("PIPER_COMM_TIMEOUT_S");
+  if (env != nullptr) {
+    auto parsed = parse_double(env, "PIPER_COMM_TIMEOUT_S");
+    if (parsed.ok() && *parsed > 0) return *parsed;
+  }
+  return 300.0;
+}
+
+}  // namespace piper::comm

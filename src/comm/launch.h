@@ -1,0 +1,32 @@
+// Starting a multi-rank job from a single command: `piper bench comm --ranks 8` re-executes itself under
+// mpirun when it is not already running under an MPI launcher. Pure C++ (no MPI headers).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "piper/base/status.h"
+
+namespace piper::comm {
+
+// True when this process was started by mpirun/mpiexec/srun (OpenMPI, PMI or PMIx variables are set).
+bool launched_by_mpi();
+
+struct MpirunOptions {
+  int ranks = 1;
+  // Extra mpirun arguments (e.g. "--hostfile", "h.txt"); the defaults below come first.
+  std::vector<std::string> extra_args;
+};
+
+// The argv that runs `program_argv` under mpirun with `ranks` ranks on this machine: --oversubscribe,
+// --bind-to none and mpi_yield_when_idle so more ranks than cores still make progress (docs/comm.md), and
+// --allow-run-as-root when running as root. The launcher is $PIPER_MPIRUN or "mpirun".
+std::vector<std::string> mpirun_command(const MpirunOptions& options, const std::vector<std::string>& program_argv);
+
+// Replaces this process with mpirun running `program_argv` (execvp). Returns only on failure.
+Status exec_under_mpirun(const MpirunOptions& options, const std::vector<std::string>& program_argv);
+
+// Absolute path of the running executable (/proc/self/exe).
+Result<std::string> self_executable();
+
+}  // namespace piper::comm
