@@ -1,5 +1,5 @@
 // A job in which rank 1 fails a PIPER_CHECK while rank 0 waits for a message from it for 60 s. The fatal hook
-// that mpi_init() registers must abort the whole job at once (CTest looks for OpenMPI's MPI_ABORT report and
+// that mpi_init() registers must abort the whole job at once (CTest looks for the CHECK report and
 // fails the test if the job is still running after its timeout).
 #include <cstdio>
 
