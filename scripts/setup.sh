@@ -7,7 +7,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libfmt-dev
   libopenmpi-dev openmpi-bin
-  libopenblas-dev
+  libopenblas-dev libdnnl-dev
   coinor-libcbc-dev
   fortunes fortunes-min
 )

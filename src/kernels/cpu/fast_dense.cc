@@ -1,0 +1,156 @@
+// Fast fp32 dense kernels: GEMMs on the library, element-wise loops over OpenMP threads (static schedule: each
+// element is computed by one thread, so the bits do not depend on the thread count).
+#include <cmath>
+#include <vector>
+
+#include "piper/kernels/cpu/gemm.h"
+#include "piper/kernels/cpu/ops.h"
+
+namespace piper::kernels {
+namespace {
+
+inline float sigmoid(float g) { return 1.0f / (1.0f + std::exp(-g)); }
+
+inline float gelu(float a) {
+  const float c = 0.7978845608028654f;
+  return 0.5f * a * (1.0f + std::tanh(c * (a + 0.044715f * a * a * a)));
+}
+
+inline float gelu_grad(float a) {
+  const float c = 0.7978845608028654f;
+  const float th = std::tanh(c * (a + 0.044715f * a * a * a));
+  return 0.5f * (1.0f + th) + 0.5f * a * (1.0f - th * th) * c * (1.0f + 3.0f * 0.044715f * a * a);
+}
+
+}  // namespace
+
+void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t n, int64_t vocab, int64_t d) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < d; ++j) out[i * d + j] = table[ids[i] * d + j];
+  }
+}
+
+void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t n, int64_t d, double eps) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) ref::rmsnorm_forward<float>(y + i * d, rstd + i, x + i * d, w, 1, d, eps);
+}
+
+void rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* w, const float* rstd, int64_t n,
+                            int64_t d) {
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i)
+    ref::rmsnorm_backward_input<float>(dx + i * d, dy + i * d, x + i * d, w, rstd + i, 1, d);
+}
+
+void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int64_t n, int64_t d) {
+  // Columns split across threads; each column sums its rows in index order, as the reference does.
+#pragma omp parallel for schedule(static)
+  for (int64_t j = 0; j < d; ++j) {
+    float acc = dw[j];
+    for (int64_t i = 0; i < n; ++i) acc += dy[i * d + j] * x[i * d + j] * rstd[i];
+    dw[j] = acc;
+  }
+}
+
+void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out) {
+  sgemm(false, true, n, out, in, 1.0f, x, in, w, in, 0.0f, y, out);
+}
+
+void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in, int64_t out) {
+  sgemm(false, false, n, in, out, 1.0f, dy, out, w, in, 0.0f, dx, in);
+}
+
+void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in, int64_t out) {
+  sgemm(true, false, out, in, n, 1.0f, dy, out, x, in, 1.0f, dw, in);
+}
+
+void swiglu_forward(float* y, float* g, float* u, float* h, const float* x, const float* wg, const float* wu,
+                    const float* wd, int64_t n, int64_t d, int64_t f) {
+  linear_forward(g, x, wg, n, d, f);
+  linear_forward(u, x, wu, n, d, f);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n * f; ++i) h[i] = g[i] * sigmoid(g[i]) * u[i];
+  linear_forward(y, h, wd, n, f, d);
+}
+
+void swiglu_backward_input(float* dx, float* dg, float* du, const float* dy, const float* g, const float* u,
+                           const float* wg, const float* wu, const float* wd, int64_t n, int64_t d, int64_t f) {
+  linear_backward_input(dg, dy, wd, n, f, d);  // dg holds dh for now
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n * f; ++i) {
+    const float sig = sigmoid(g[i]);
+    const float dh = dg[i];
+    du[i] = dh * g[i] * sig;
+    dg[i] = dh * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
+  }
+  sgemm(false, false, n, d, f, 1.0f, dg, f, wg, d, 0.0f, dx, d);
+  sgemm(false, false, n, d, f, 1.0f, du, f, wu, d, 1.0f, dx, d);
+}
+
+void swiglu_backward_weight(float* dwg, float* dwu, float* dwd, const float* dy, const float* x, const float* h,
+                            const float* dg, const float* du, int64_t n, int64_t d, int64_t f) {
+  linear_backward_weight(dwd, dy, h, n, f, d);
+  linear_backward_weight(dwg, dg, x, n, d, f);
+  linear_backward_weight(dwu, du, x, n, d, f);
+}
+
+void gelu_mlp_forward(float* y, float* a, float* h, const float* x, const float* wu, const float* wd, int64_t n,
+                      int64_t d, int64_t f) {
+  linear_forward(a, x, wu, n, d, f);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n * f; ++i) h[i] = gelu(a[i]);
+  linear_forward(y, h, wd, n, f, d);
+}
+
+void gelu_mlp_backward_input(float* dx, float* da, const float* dy, const float* a, const float* wu, const float* wd,
+                             int64_t n, int64_t d, int64_t f) {
+  linear_backward_input(da, dy, wd, n, f, d);
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n * f; ++i) da[i] *= gelu_grad(a[i]);
+  linear_backward_input(dx, da, wu, n, d, f);
+}
+
+void gelu_mlp_backward_weight(float* dwu, float* dwd, const float* dy, const float* x, const float* h, const float* da,
+                              int64_t n, int64_t d, int64_t f) {
+  linear_backward_weight(dwd, dy, h, n, f, d);
+  linear_backward_weight(dwu, da, x, n, d, f);
+}
+
+void lm_head_loss_forward(float* loss, float* probs, const float* h, const float* w, const int32_t* targets, int64_t n,
+                          int64_t d, int64_t vocab) {
+  linear_forward(probs, h, w, n, d, vocab);
+  std::vector<double> row_loss(static_cast<size_t>(n));
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    float* p = probs + i * vocab;
+    float mx = p[0];
+    for (int64_t c = 1; c < vocab; ++c) mx = std::max(mx, p[c]);
+    const float logit_t = p[targets[i]];
+    float sum = 0;
+    for (int64_t c = 0; c < vocab; ++c) sum += (p[c] = std::exp(p[c] - mx));
+    for (int64_t c = 0; c < vocab; ++c) p[c] /= sum;
+    row_loss[i] = static_cast<double>(std::log(sum)) - static_cast<double>(logit_t - mx);
+  }
+  double total = 0;
+  for (double l : row_loss) total += l;  // token order, as the reference
+  *loss = static_cast<float>(n > 0 ? total / static_cast<double>(n) : 0.0);
+}
+
+void lm_head_loss_backward_input(float* dh, float* dlogits, const float* probs, const int32_t* targets, const float* w,
+                                 float dloss, int64_t n, int64_t d, int64_t vocab) {
+  const float scale = n > 0 ? dloss / static_cast<float>(n) : 0.0f;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t c = 0; c < vocab; ++c) dlogits[i * vocab + c] = probs[i * vocab + c] * scale;
+    dlogits[i * vocab + targets[i]] -= scale;
+  }
+  linear_backward_input(dh, dlogits, w, n, d, vocab);
+}
+
+void lm_head_loss_backward_weight(float* dw, const float* dlogits, const float* h, int64_t n, int64_t d,
+                                  int64_t vocab) {
+  linear_backward_weight(dw, dlogits, h, n, d, vocab);
+}
+
+}  // namespace piper::kernels

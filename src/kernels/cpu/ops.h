@@ -1,0 +1,82 @@
+// Fast fp32 CPU kernels: the same contracts as the reference kernels (reference.h, moe_reference.h) with the
+// GEMMs on the GEMM library (gemm.h) and OpenMP threads over rows, heads or experts.
+//
+// Every function here is tested against its reference (tests/kernels/fast_test.cc) and gives the same bits for
+// any kernel_threads(): each output element is computed by one thread in a fixed order.
+// Ops that are cheap or inherently serial have no fast version; call the reference (ref::<op><float>):
+// rotary, embedding_backward_weight, router_update_bias, build_routing.
+#pragma once
+
+#include <cstdint>
+
+#include "piper/kernels/cpu/moe_reference.h"
+#include "piper/kernels/cpu/reference.h"
+
+namespace piper::kernels {
+
+void embedding_forward(float* out, const int32_t* ids, const float* table, int64_t n, int64_t vocab, int64_t d);
+
+void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t n, int64_t d, double eps);
+void rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* w, const float* rstd, int64_t n,
+                            int64_t d);
+void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int64_t n, int64_t d);
+
+void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,
+                       const AttentionShape& s);
+void attention_backward_input(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+                              const float* v, const float* probs, const AttentionShape& s);
+
+void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out);
+void linear_backward_input(float* dx, const float* dy, const float* w, int64_t n, int64_t in, int64_t out);
+void linear_backward_weight(float* dw, const float* dy, const float* x, int64_t n, int64_t in, int64_t out);
+
+void swiglu_forward(float* y, float* g, float* u, float* h, const float* x, const float* wg, const float* wu,
+                    const float* wd, int64_t n, int64_t d, int64_t f);
+void swiglu_backward_input(float* dx, float* dg, float* du, const float* dy, const float* g, const float* u,
+                           const float* wg, const float* wu, const float* wd, int64_t n, int64_t d, int64_t f);
+void swiglu_backward_weight(float* dwg, float* dwu, float* dwd, const float* dy, const float* x, const float* h,
+                            const float* dg, const float* du, int64_t n, int64_t d, int64_t f);
+
+void gelu_mlp_forward(float* y, float* a, float* h, const float* x, const float* wu, const float* wd, int64_t n,
+                      int64_t d, int64_t f);
+void gelu_mlp_backward_input(float* dx, float* da, const float* dy, const float* a, const float* wu, const float* wd,
+                             int64_t n, int64_t d, int64_t f);
+void gelu_mlp_backward_weight(float* dwu, float* dwd, const float* dy, const float* x, const float* h, const float* da,
+                              int64_t n, int64_t d, int64_t f);
+
+void router_forward(float* scores, int32_t* topk_idx, float* topk_w, float* aux_loss, const float* x, const float* wr,
+                    const float* bias, int64_t n, int64_t d, const RouterConfig& cfg);
+void router_backward_input(float* dx, float* dlogits, const float* dtopk_w, const float* scores,
+                           const int32_t* topk_idx, const float* topk_w, const float* wr, int64_t n, int64_t d,
+                           const RouterConfig& cfg);
+void router_backward_weight(float* dwr, const float* dlogits, const float* x, int64_t n, int64_t d,
+                            const RouterConfig& cfg);
+
+void permute_forward(float* xp, const float* x, const Routing& r, int64_t d);
+void permute_backward_input(float* dx, const float* dxp, const Routing& r, int64_t d);
+void unpermute_forward(float* y, const float* yp, const float* topk_w, const Routing& r, int64_t d);
+void unpermute_backward_input(float* dyp, float* dtopk_w, const float* dy, const float* yp, const float* topk_w,
+                              const Routing& r, int64_t d);
+
+void grouped_linear_forward(float* y, const float* x, const float* w, const Routing& r, int64_t in, int64_t out);
+void grouped_linear_backward_input(float* dx, const float* dy, const float* w, const Routing& r, int64_t in,
+                                   int64_t out);
+void grouped_linear_backward_weight(float* dw, const float* dy, const float* x, const Routing& r, int64_t in,
+                                    int64_t out);
+
+void expert_swiglu_forward(float* yp, float* g, float* u, float* h, const float* xp, const float* wg, const float* wu,
+                           const float* wd, const Routing& r, int64_t d, int64_t f);
+void expert_swiglu_backward_input(float* dxp, float* dg, float* du, const float* dyp, const float* g, const float* u,
+                                  const float* wg, const float* wu, const float* wd, const Routing& r, int64_t d,
+                                  int64_t f);
+void expert_swiglu_backward_weight(float* dwg, float* dwu, float* dwd, const float* dyp, const float* xp,
+                                   const float* h, const float* dg, const float* du, const Routing& r, int64_t d,
+                                   int64_t f);
+
+void lm_head_loss_forward(float* loss, float* probs, const float* h, const float* w, const int32_t* targets, int64_t n,
+                          int64_t d, int64_t vocab);
+void lm_head_loss_backward_input(float* dh, float* dlogits, const float* probs, const int32_t* targets, const float* w,
+                                 float dloss, int64_t n, int64_t d, int64_t vocab);
+void lm_head_loss_backward_weight(float* dw, const float* dlogits, const float* h, int64_t n, int64_t d, int64_t vocab);
+
+}  // namespace piper::kernels
