@@ -29,6 +29,13 @@ struct TrainSpec;
 enum class Recompute { kNone, kSelective, kFull };
 const char* to_string(Recompute r);
 
+// Pipeline schedules a Strategy may name, in the order of the compact-form documentation.
+enum class ScheduleKind { k1F1B, kGPipe, kInterleaved, kZBH1, kDualPipeV, kAFPipe };
+const std::vector<std::string>& schedule_names();  // "1f1b", "gpipe", "interleaved", "zb-h1", "dualpipev", "af-pipe"
+// NotFound-free lookup: InvalidArgument listing the names (and a "did you mean") for an unknown name.
+Result<ScheduleKind> parse_schedule(const std::string& name);
+const char* to_string(ScheduleKind k);
+
 struct Strategy {
   int dp = 1;
   int tp = 1;
@@ -51,6 +58,12 @@ struct Strategy {
   int ffn_ranks = 0;
 
   int world_size() const { return disaggregate ? attn_ranks + ffn_ranks : dp * tp * pp; }
+  // Model chunks (virtual stages) each pipeline rank holds: vpp for interleaved, 2 for dualpipev (the V shape:
+  // rank r holds stages r and 2*pp-1-r), else 1. The model is cut into pp * chunks_per_rank() stages.
+  int chunks_per_rank() const;
+  int num_stages() const { return pp * chunks_per_rank(); }
+  // The schedule as an enum. Precondition: validate() passed (an unknown name is a PIPER_CHECK failure).
+  ScheduleKind schedule_kind() const;
   int edp() const { return dp / ep; }  // expert-data-parallel size
   int64_t global_batch() const { return static_cast<int64_t>(dp) * microbatches * mbs; }
 

@@ -1,0 +1,251 @@
+// Strategy: compact-string and JSON forms. Validation lives in strategy_validate.cc.
+#include "piper/strategy/strategy.h"
+
+#include <filesystem>
+#include <set>
+
+#include "piper/base/check.h"
+#include "piper/base/strings.h"
+
+namespace piper {
+namespace {
+
+const std::vector<std::string>& key_names() {
+  static const std::vector<std::string> kKeys = {"dp",  "tp",           "pp",  "vpp",   "ep",     "etp",
+                                                 "zero", "sp",          "recompute", "schedule", "microbatches",
+                                                 "mbs", "a2a",          "order", "disagg", "attn_ranks",
+                                                 "ffn_ranks"};
+  return kKeys;
+}
+
+const std::vector<std::string>& recompute_names() {
+  static const std::vector<std::string> kNames = {"none", "selective", "full"};
+  return kNames;
+}
+
+const std::vector<std::string>& a2a_names() {
+  static const std::vector<std::string> kNames = {"flat", "halo"};
+  return kNames;
+}
+
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& candidates) {
+  std::string best = closest_match(word, candidates);
+  return best.empty() ? "" : " (did you mean '" + best + "'?)";
+}
+
+Status bad_choice(const std::string& key, const std::string& value, const std::vector<std::string>& allowed) {
+  return invalid_argument("strategy: " + key + "=" + value + " is not one of {" + join(allowed, ", ") + "}" +
+                          did_you_mean(value, allowed));
+}
+
+Result<std::string> parse_choice(const std::string& key, const std::string& value,
+                                 const std::vector<std::string>& allowed) {
+  for (const auto& a : allowed) {
+    if (value == a) return a;
+  }
+  return bad_choice(key, value, allowed);
+}
+
+Result<bool> parse_flag(const std::string& key, const std::string& value) {
+  std::string v = to_lower(value);
+  if (v == "1" || v == "true" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "off") return false;
+  return invalid_argument("strategy: " + key + "=" + value + " must be 0 or 1 (also true/false, on/off)");
+}
+
+Result<int> parse_degree(const std::string& key, const std::string& value) {
+  PIPER_ASSIGN_OR_RETURN(int64_t v, parse_int(value, "strategy key " + key));
+  if (v < 0 || v > (1 << 24)) {
+    return invalid_argument("strategy: " + key + "=" + value + " is out of range; use an integer in 0.." +
+                            std::to_string(1 << 24));
+  }
+  return static_cast<int>(v);
+}
+
+// Sets one key from its text value; the single place that knows how each key is spelled and typed.
+Status set_key(Strategy* s, const std::string& key, const std::string& value) {
+  struct IntKey {
+    const char* name;
+    int Strategy::*field;
+  };
+  static const IntKey kIntKeys[] = {{"dp", &Strategy::dp},
+                                    {"tp", &Strategy::tp},
+                                    {"pp", &Strategy::pp},
+                                    {"vpp", &Strategy::vpp},
+                                    {"ep", &Strategy::ep},
+                                    {"etp", &Strategy::etp},
+                                    {"zero", &Strategy::zero},
+                                    {"microbatches", &Strategy::microbatches},
+                                    {"mbs", &Strategy::mbs},
+                                    {"attn_ranks", &Strategy::attn_ranks},
+                                    {"ffn_ranks", &Strategy::ffn_ranks}};
+  for (const auto& k : kIntKeys) {
+    if (key == k.name) {
+      PIPER_ASSIGN_OR_RETURN(s->*(k.field), parse_degree(key, value));
+      return ok_status();
+    }
+  }
+  if (key == "sp") {
+    PIPER_ASSIGN_OR_RETURN(s->sp, parse_flag(key, value));
+  } else if (key == "disagg") {
+    PIPER_ASSIGN_OR_RETURN(s->disaggregate, parse_flag(key, value));
+  } else if (key == "recompute") {
+    PIPER_ASSIGN_OR_RETURN(std::string r, parse_choice(key, value, recompute_names()));
+    s->recompute = r == "none" ? Recompute::kNone : r == "selective" ? Recompute::kSelective : Recompute::kFull;
+  } else if (key == "schedule") {
+    PIPER_ASSIGN_OR_RETURN(s->schedule, parse_choice(key, value, schedule_names()));
+  } else if (key == "a2a") {
+    PIPER_ASSIGN_OR_RETURN(s->a2a, parse_choice(key, value, a2a_names()));
+  } else if (key == "order") {
+    s->order = split(value, '-');
+  } else {
+    return invalid_argument("strategy: unknown key '" + key + "'" + did_you_mean(key, key_names()) +
+                            "; keys are " + join(key_names(), ", "));
+  }
+  return ok_status();
+}
+
+Result<Strategy> parse_compact(const std::string& text) {
+  Strategy s;
+  if (text.empty()) return s;  // every key has a default
+  std::set<std::string> seen;
+  for (const std::string& raw : split(text, ',')) {
+    std::string item = trim(raw);
+    if (item.empty()) {
+      return invalid_argument("strategy: empty item in '" + text + "'; write key=value pairs separated by ','");
+    }
+    size_t eq = item.find('=');
+    if (eq == std::string::npos) {
+      return invalid_argument("strategy: expected key=value, got '" + item + "' (e.g. dp=8,pp=4)");
+    }
+    std::string key = trim(item.substr(0, eq));
+    std::string value = trim(item.substr(eq + 1));
+    if (!seen.insert(key).second) {
+      return invalid_argument("strategy: key '" + key + "' is given twice in '" + text + "'; keep one");
+    }
+    if (value.empty()) return invalid_argument("strategy: key '" + key + "' has no value; write " + key + "=...");
+    PIPER_RETURN_IF_ERROR(set_key(&s, key, value));
+  }
+  return s;
+}
+
+// JSON values are printed back to the compact spelling, so both forms share set_key and its messages.
+Result<std::string> json_value_text(const std::string& key, const Json& v) {
+  if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
+  if (v.is_boolean()) return std::string(v.get<bool>() ? "1" : "0");
+  if (v.is_string()) return v.get<std::string>();
+  if (key == "order" && v.is_array()) {
+    std::vector<std::string> axes;
+    for (const auto& a : v) {
+      if (!a.is_string()) return invalid_argument("strategy.order: expected an array of axis names");
+      axes.push_back(a.get<std::string>());
+    }
+    return join(axes, "-");
+  }
+  return invalid_argument("strategy." + key + ": expected an integer, boolean or string, got " + v.dump());
+}
+
+}  // namespace
+
+const char* to_string(Recompute r) {
+  switch (r) {
+    case Recompute::kNone: return "none";
+    case Recompute::kSelective: return "selective";
+    case Recompute::kFull: return "full";
+  }
+  return "?";
+}
+
+const std::vector<std::string>& schedule_names() {
+  static const std::vector<std::string> kNames = {"1f1b", "gpipe", "interleaved", "zb-h1", "dualpipev", "af-pipe"};
+  return kNames;
+}
+
+Result<ScheduleKind> parse_schedule(const std::string& name) {
+  const auto& names = schedule_names();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (name == names[i]) return static_cast<ScheduleKind>(i);
+  }
+  return bad_choice("schedule", name, names);
+}
+
+const char* to_string(ScheduleKind k) { return schedule_names()[static_cast<size_t>(k)].c_str(); }
+
+ScheduleKind Strategy::schedule_kind() const {
+  // Cheap path for the planner: compare against the fixed names without building a Status.
+  const auto& names = schedule_names();
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (schedule == names[i]) return static_cast<ScheduleKind>(i);
+  }
+  PIPER_CHECK(false, "unknown schedule '", schedule, "' in a strategy that was not validated");
+  return ScheduleKind::k1F1B;
+}
+
+std::string Strategy::to_string() const {
+  std::string out;
+  out.reserve(200);
+  out += "dp=" + std::to_string(dp) + ",tp=" + std::to_string(tp) + ",pp=" + std::to_string(pp) +
+         ",vpp=" + std::to_string(vpp) + ",ep=" + std::to_string(ep) + ",etp=" + std::to_string(etp) +
+         ",zero=" + std::to_string(zero) + ",sp=" + (sp ? "1" : "0") + ",recompute=" + piper::to_string(recompute) +
+         ",schedule=" + schedule + ",microbatches=" + std::to_string(microbatches) + ",mbs=" + std::to_string(mbs) +
+         ",a2a=" + a2a + ",order=" + join(order, "-");
+  if (disaggregate) {
+    out += ",disagg=1,attn_ranks=" + std::to_string(attn_ranks) + ",ffn_ranks=" + std::to_string(ffn_ranks);
+  }
+  return out;
+}
+
+Json Strategy::to_json() const {
+  Json j = {{"dp", dp},
+            {"tp", tp},
+            {"pp", pp},
+            {"vpp", vpp},
+            {"ep", ep},
+            {"etp", etp},
+            {"zero", zero},
+            {"sp", sp},
+            {"recompute", piper::to_string(recompute)},
+            {"schedule", schedule},
+            {"microbatches", microbatches},
+            {"mbs", mbs},
+            {"a2a", a2a},
+            {"order", order},
+            {"disagg", disaggregate},
+            {"attn_ranks", attn_ranks},
+            {"ffn_ranks", ffn_ranks}};
+  return j;
+}
+
+Result<Strategy> Strategy::from_json(const Json& json) {
+  if (!json.is_object()) return invalid_argument("strategy: expected a JSON object, got " + json.dump());
+  Strategy s;
+  for (auto it = json.begin(); it != json.end(); ++it) {
+    PIPER_ASSIGN_OR_RETURN(std::string text, json_value_text(it.key(), it.value()));
+    PIPER_RETURN_IF_ERROR(set_key(&s, it.key(), text));
+  }
+  return s;
+}
+
+Result<Strategy> Strategy::parse(const std::string& text) {
+  std::string t = trim(text);
+  if (starts_with(t, "{")) {
+    PIPER_ASSIGN_OR_RETURN(Json j, parse_json(t, "--strategy"));
+    return from_json(j);
+  }
+  std::error_code ec;
+  if (ends_with(t, ".json") || (t.find('=') == std::string::npos && !t.empty() && std::filesystem::exists(t, ec))) {
+    PIPER_ASSIGN_OR_RETURN(Json j, load_json_file(t));
+    auto s = from_json(j);
+    if (!s.ok()) return s.status().with_context(t);
+    return s;
+  }
+  return parse_compact(t);
+}
+
+int Strategy::chunks_per_rank() const {
+  if (schedule == "interleaved") return vpp;
+  if (schedule == "dualpipev") return 2;
+  return 1;
+}
+
+}  // namespace piper

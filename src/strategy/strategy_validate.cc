@@ -1,0 +1,159 @@
+// Strategy::validate and validate_for: every rule names itself and a fix.
+#include <string>
+#include <vector>
+
+#include "piper/base/strings.h"
+#include "piper/spec/model_spec.h"
+#include "piper/spec/train_spec.h"
+#include "piper/strategy/strategy.h"
+
+namespace piper {
+namespace {
+
+Status fail(const std::string& message) { return invalid_argument("strategy: " + message); }
+
+// Values d in 1..n that divide n and also divide `also` (0 = no second constraint), as "{1,2,4,8}".
+std::string divisors_text(int64_t n, int64_t also = 0) {
+  std::vector<std::string> out;
+  for (int64_t d = 1; d <= n && out.size() < 24; ++d) {
+    if (n % d == 0 && (also == 0 || also % d == 0)) out.push_back(std::to_string(d));
+  }
+  return "{" + join(out, ",") + "}";
+}
+
+}  // namespace
+
+Status Strategy::validate() const {
+  struct Degree {
+    const char* name;
+    int value;
+  };
+  const Degree degrees[] = {{"dp", dp}, {"tp", tp},           {"pp", pp},          {"vpp", vpp},
+                            {"ep", ep}, {"etp", etp},         {"microbatches", microbatches}, {"mbs", mbs}};
+  for (const auto& d : degrees) {
+    if (d.value < 1) return fail(std::string(d.name) + "=" + std::to_string(d.value) + " must be >= 1");
+  }
+  if (zero < 0 || zero > 3) return fail("zero=" + std::to_string(zero) + " must be one of {0,1,2,3}");
+  bool known = false;
+  for (const auto& n : schedule_names()) known = known || n == schedule;
+  if (!known) return parse_schedule(schedule).status();
+  if (a2a != "flat" && a2a != "halo") return fail("a2a=" + a2a + " is not one of {flat, halo}");
+  if (dp % ep != 0) {
+    return fail("ep=" + std::to_string(ep) + " does not divide dp=" + std::to_string(dp) +
+                " (experts are sharded inside the data-parallel group); pick ep in " + divisors_text(dp));
+  }
+  if (tp % etp != 0) {
+    return fail("etp=" + std::to_string(etp) + " does not divide tp=" + std::to_string(tp) + "; pick etp in " +
+                divisors_text(tp));
+  }
+  if (sp && tp == 1) return fail("sp=1 needs tp >= 2 (sequence parallel splits TP-replicated activations); set sp=0");
+  // Mesh order: a permutation of the four axes.
+  static const std::vector<std::string> kAxes = {"tp", "ep", "dp", "pp"};
+  if (order.size() != kAxes.size()) {
+    return fail("order=" + join(order, "-") + " must list each of tp, ep, dp, pp once, innermost first (e.g. tp-ep-dp-pp)");
+  }
+  for (const auto& axis : kAxes) {
+    int count = 0;
+    for (const auto& o : order) count += o == axis ? 1 : 0;
+    if (count != 1) {
+      return fail("order=" + join(order, "-") + " must list each of tp, ep, dp, pp once (axis '" + axis +
+                  "' appears " + std::to_string(count) + " times); e.g. order=tp-ep-dp-pp");
+    }
+  }
+  ScheduleKind kind = schedule_kind();
+  if (kind == ScheduleKind::kInterleaved) {
+    if (vpp < 2) return fail("schedule=interleaved needs vpp >= 2 (vpp=1 is plain 1f1b); set vpp=2 or schedule=1f1b");
+    if (microbatches % pp != 0) {
+      return fail("schedule=interleaved needs microbatches divisible by pp=" + std::to_string(pp) + " (got " +
+                  std::to_string(microbatches) + "); use microbatches=" +
+                  std::to_string((microbatches + pp - 1) / pp * pp));
+    }
+  } else if (vpp != 1) {
+    return fail("vpp=" + std::to_string(vpp) + " needs schedule=interleaved (schedule=" + schedule +
+                " places " + (kind == ScheduleKind::kDualPipeV ? "2 chunks" : "1 chunk") +
+                " per rank by itself); set vpp=1 or schedule=interleaved");
+  }
+  if ((kind == ScheduleKind::k1F1B || kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kZBH1) &&
+      microbatches < pp) {
+    return fail("schedule=" + schedule + " needs microbatches >= pp=" + std::to_string(pp) + " (got " +
+                std::to_string(microbatches) + ") so every stage reaches steady state; raise microbatches or use gpipe");
+  }
+  if (kind == ScheduleKind::kDualPipeV && microbatches < 2 * pp) {
+    return fail("dualpipev needs microbatches >= 2*pp = " + std::to_string(2 * pp) + " (got " +
+                std::to_string(microbatches) + "); raise microbatches or use 1f1b");
+  }
+  if ((kind == ScheduleKind::kAFPipe) != disaggregate) {
+    return fail(disaggregate ? "disagg=1 needs schedule=af-pipe (the only schedule for disaggregated attention/FFN)"
+                             : "schedule=af-pipe needs disagg=1 with attn_ranks and ffn_ranks set");
+  }
+  if (disaggregate) {
+    if (attn_ranks < 1 || ffn_ranks < 1) {
+      return fail("disagg=1 needs attn_ranks >= 1 and ffn_ranks >= 1 (got " + std::to_string(attn_ranks) + ", " +
+                  std::to_string(ffn_ranks) + ")");
+    }
+    if (attn_ranks != dp * tp * pp) {
+      return fail("attn_ranks=" + std::to_string(attn_ranks) + " != dp*tp*pp = " + std::to_string(dp * tp * pp) +
+                  " (attention runs data-parallel over dp on the attention group); set attn_ranks=" +
+                  std::to_string(dp * tp * pp));
+    }
+    if (ffn_ranks % (pp * ep) != 0) {
+      return fail("ffn_ranks=" + std::to_string(ffn_ranks) + " is not a multiple of pp*ep = " +
+                  std::to_string(pp * ep) + " (each pipeline stage shards its experts over ep ranks)");
+    }
+  }
+  return ok_status();
+}
+
+Status Strategy::validate_for(const ModelSpec& model, const TrainSpec& train, int world) const {
+  PIPER_RETURN_IF_ERROR(validate());
+  if (world != world_size()) {
+    std::string msg = "world " + std::to_string(world) + " != " +
+                      (disaggregate ? "attn_ranks+ffn_ranks = " : "dp*tp*pp = ") + std::to_string(world_size());
+    if (!disaggregate && world % (tp * pp) == 0) msg += "; set dp=" + std::to_string(world / (tp * pp));
+    else if (!disaggregate) msg += "; pick tp*pp dividing " + std::to_string(world);
+    return fail(msg);
+  }
+  if (!model.is_moe() && ep != 1) {
+    return fail("ep=" + std::to_string(ep) + " but model " + model.name + " has no routed experts; set ep=1");
+  }
+  if (model.is_moe() && model.moe.num_experts % ep != 0) {
+    return fail("ep=" + std::to_string(ep) + " does not divide num_experts=" + std::to_string(model.moe.num_experts) +
+                "; pick ep in " + divisors_text(model.moe.num_experts, dp));
+  }
+  if (model.is_moe() && tp > 1 && !sp) {
+    return fail("MoE with tp=" + std::to_string(tp) +
+                " needs sp=1 (tokens are split over the TP ranks before dispatch, as Megatron requires); set sp=1");
+  }
+  if (model.num_heads % tp != 0) {
+    return fail("tp=" + std::to_string(tp) + " does not divide num_heads=" + std::to_string(model.num_heads) +
+                "; pick tp in " + divisors_text(model.num_heads));
+  }
+  if (model.attention == AttentionType::kStandard && model.num_kv_heads > 0 && model.num_kv_heads % tp != 0) {
+    return fail("tp=" + std::to_string(tp) + " does not divide num_kv_heads=" + std::to_string(model.num_kv_heads) +
+                "; pick tp in " + divisors_text(model.num_kv_heads));
+  }
+  if (num_stages() > model.num_layers) {
+    std::string what = chunks_per_rank() == 1 ? "pp" : schedule == "dualpipev" ? "pp*2 (dualpipev)" : "pp*vpp";
+    return fail(what + "=" + std::to_string(num_stages()) + " > num_layers=" + std::to_string(model.num_layers) +
+                " (every stage needs a layer); lower pp" + (chunks_per_rank() > 1 ? " or vpp" : ""));
+  }
+  if (train.micro_batch_size != mbs) {
+    return fail("mbs=" + std::to_string(mbs) + " != train micro_batch_size=" + std::to_string(train.micro_batch_size) +
+                "; make them equal");
+  }
+  int64_t product = global_batch();
+  if (train.global_batch > 0 && product != train.global_batch) {
+    std::string msg = "microbatches*mbs*dp = " + std::to_string(product) + " != global batch " +
+                      std::to_string(train.global_batch);
+    int64_t per_mb = static_cast<int64_t>(dp) * mbs;
+    if (train.global_batch % per_mb == 0) {
+      msg += "; set microbatches=" + std::to_string(train.global_batch / per_mb);
+    } else {
+      msg += "; the global batch must be a multiple of dp*mbs = " + std::to_string(per_mb);
+    }
+    return fail(msg);
+  }
+  return ok_status();
+}
+
+}  // namespace piper

@@ -1,0 +1,200 @@
+#include "piper/strategy/strategy.h"
+
+#include <gtest/gtest.h>
+
+#include "piper/spec/model_spec.h"
+#include "piper/spec/train_spec.h"
+
+namespace piper {
+namespace {
+
+// DeepSeek-V3's shape as far as validate_for looks at it (config_671B.json).
+ModelSpec deepseek_like() {
+  ModelSpec m;
+  m.name = "deepseek-v3";
+  m.num_layers = 61;
+  m.hidden_size = 7168;
+  m.num_heads = 128;
+  m.num_kv_heads = 128;
+  m.attention = AttentionType::kMLA;
+  m.moe.num_experts = 256;
+  m.moe.top_k = 8;
+  return m;
+}
+
+ModelSpec mixtral_like() {
+  ModelSpec m;
+  m.name = "mixtral-8x7b";
+  m.num_layers = 32;
+  m.hidden_size = 4096;
+  m.num_heads = 32;
+  m.num_kv_heads = 8;
+  m.moe.num_experts = 8;
+  m.moe.top_k = 2;
+  return m;
+}
+
+TrainSpec batch(int64_t global_batch, int64_t mbs = 1) {
+  TrainSpec t;
+  t.global_batch = global_batch;
+  t.micro_batch_size = mbs;
+  return t;
+}
+
+// Asserts that `status` failed and its message contains `needle`.
+void expect_error(const Status& status, const std::string& needle) {
+  ASSERT_FALSE(status.ok()) << "expected an error containing: " << needle;
+  EXPECT_NE(status.message().find(needle), std::string::npos) << status.message();
+}
+
+TEST(StrategyTest, DefaultsAndDocumentedExample) {
+  auto s = Strategy::parse("dp=8,tp=1,pp=4,vpp=1,ep=8,zero=1,sp=0,recompute=none,schedule=1f1b,microbatches=16,mbs=1");
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->dp, 8);
+  EXPECT_EQ(s->pp, 4);
+  EXPECT_EQ(s->ep, 8);
+  EXPECT_EQ(s->edp(), 1);
+  EXPECT_EQ(s->global_batch(), 128);
+  EXPECT_EQ(s->world_size(), 32);
+  EXPECT_TRUE(s->validate().ok());
+  auto empty = Strategy::parse("");
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(*empty, Strategy{});
+}
+
+TEST(StrategyTest, CompactRoundTrip) {
+  const char* cases[] = {
+      "dp=128,pp=16,ep=64,zero=1,schedule=dualpipev,microbatches=32",
+      "dp=4,tp=2,pp=2,vpp=3,sp=1,recompute=selective,schedule=interleaved,microbatches=8,mbs=2,order=tp-dp-ep-pp",
+      "dp=2,tp=4,etp=2,ep=2,zero=3,sp=1,recompute=full,schedule=gpipe,a2a=halo",
+      "dp=2,pp=2,schedule=af-pipe,disagg=1,attn_ranks=4,ffn_ranks=4,microbatches=4",
+      "schedule=zb-h1,pp=4,microbatches=4",
+  };
+  for (const char* text : cases) {
+    auto s = Strategy::parse(text);
+    ASSERT_TRUE(s.ok()) << text << ": " << s.status().to_string();
+    auto again = Strategy::parse(s->to_string());
+    ASSERT_TRUE(again.ok()) << s->to_string();
+    EXPECT_EQ(*again, *s) << s->to_string();
+    auto from_json = Strategy::from_json(s->to_json());
+    ASSERT_TRUE(from_json.ok()) << from_json.status().to_string();
+    EXPECT_EQ(*from_json, *s);
+    auto from_text = Strategy::parse(s->to_json().dump());
+    ASSERT_TRUE(from_text.ok());
+    EXPECT_EQ(*from_text, *s);
+  }
+}
+
+TEST(StrategyTest, JsonAcceptsOrderArrayAndBooleans) {
+  auto s = Strategy::parse(R"({"dp": 4, "sp": true, "tp": 2, "order": ["ep", "tp", "dp", "pp"]})");
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_TRUE(s->sp);
+  EXPECT_EQ(s->order, (std::vector<std::string>{"ep", "tp", "dp", "pp"}));
+  expect_error(Strategy::parse(R"({"dp": [1]})").status(), "strategy.dp");
+  expect_error(Strategy::parse(R"({"dpp": 2})").status(), "did you mean 'dp'");
+  expect_error(Strategy::parse("[1,2]").status(), "strategy");
+}
+
+// Parse errors: unknown keys get a "did you mean", bad values the allowed set.
+TEST(StrategyTest, ParseErrors) {
+  struct Row {
+    const char* text;
+    const char* needle;
+  };
+  const Row rows[] = {
+      {"dp=8,microbatch=4", "did you mean 'microbatches'"},
+      {"dp=8,shedule=1f1b", "did you mean 'schedule'"},
+      {"schedule=dualpipe", "{1f1b, gpipe, interleaved, zb-h1, dualpipev, af-pipe}"},
+      {"schedule=dualpipe", "did you mean 'dualpipev'"},
+      {"recompute=some", "{none, selective, full}"},
+      {"a2a=tree", "{flat, halo}"},
+      {"sp=2", "must be 0 or 1"},
+      {"dp=eight", "dp"},
+      {"dp=8,,pp=2", "empty item"},
+      {"dp8", "expected key=value"},
+      {"dp=2,dp=4", "given twice"},
+      {"dp=", "has no value"},
+      {"dp=-1", "out of range"},
+  };
+  for (const auto& row : rows) expect_error(Strategy::parse(row.text).status(), row.needle);
+}
+
+// validate(): rules that need no model.
+TEST(StrategyTest, ValidateRules) {
+  struct Row {
+    const char* text;
+    const char* needle;
+  };
+  const Row rows[] = {
+      {"dp=0", "dp=0 must be >= 1"},
+      {"zero=4", "zero=4 must be one of {0,1,2,3}"},
+      {"dp=8,ep=3", "pick ep in {1,2,4,8}"},
+      {"tp=4,etp=3,sp=1", "etp=3 does not divide tp=4"},
+      {"sp=1", "sp=1 needs tp >= 2"},
+      {"pp=4,microbatches=2", "1f1b needs microbatches >= pp=4"},
+      {"pp=4,microbatches=7,schedule=dualpipev", "dualpipev needs microbatches >= 2*pp = 8"},
+      {"pp=4,microbatches=8,schedule=interleaved", "interleaved needs vpp >= 2"},
+      {"pp=4,vpp=2,microbatches=6,schedule=interleaved", "divisible by pp=4"},
+      {"pp=2,vpp=2,microbatches=4", "vpp=2 needs schedule=interleaved"},
+      {"order=tp-ep-dp", "must list each of tp, ep, dp, pp once"},
+      {"order=tp-tp-dp-pp", "axis 'tp' appears 2 times"},
+      {"schedule=af-pipe", "af-pipe needs disagg=1"},
+      {"disagg=1", "disagg=1 needs schedule=af-pipe"},
+      {"dp=2,schedule=af-pipe,disagg=1,attn_ranks=3,ffn_ranks=2", "attn_ranks=3 != dp*tp*pp = 2"},
+  };
+  for (const auto& row : rows) {
+    auto s = Strategy::parse(row.text);
+    ASSERT_TRUE(s.ok()) << row.text << ": " << s.status().to_string();
+    expect_error(s->validate(), row.needle);
+  }
+}
+
+// validate_for(): rules against a model, a batch and a world size.
+TEST(StrategyTest, ValidateForRules) {
+  struct Row {
+    const char* text;
+    ModelSpec model;
+    int64_t global_batch;
+    int world;
+    const char* needle;  // nullptr = must pass
+  };
+  const Row rows[] = {
+      {"dp=128,pp=16,ep=64,zero=1,schedule=dualpipev,microbatches=32", deepseek_like(), 4096, 2048, nullptr},
+      {"dp=64,pp=16,ep=64,schedule=dualpipev,microbatches=32", deepseek_like(), 2048, 2048,
+       "world 2048 != dp*tp*pp = 1024; set dp=128"},
+      {"dp=8,ep=8,microbatches=16", mixtral_like(), 128, 8, nullptr},
+      {"dp=6,ep=6,microbatches=16", mixtral_like(), 96, 6, "ep=6 does not divide num_experts=8; pick ep in {1,2}"},
+      {"dp=8,ep=8,microbatches=12", mixtral_like(), 128, 8, "microbatches*mbs*dp = 96 != global batch 128; set microbatches=16"},
+      {"dp=8,microbatches=12,mbs=2", mixtral_like(), 100, 8, "mbs=2 != train micro_batch_size=1"},
+      {"pp=32,vpp=2,schedule=interleaved,microbatches=64", deepseek_like(), 64, 32, "pp*vpp=64 > num_layers=61"},
+      {"pp=32,schedule=dualpipev,microbatches=64", deepseek_like(), 64, 32, "pp*2 (dualpipev)=64 > num_layers=61"},
+      {"tp=3,sp=1", mixtral_like(), 1, 3, "tp=3 does not divide num_heads=32"},
+      {"tp=2,dp=2,ep=2", mixtral_like(), 2, 4, "needs sp=1"},
+      {"tp=16,sp=1", mixtral_like(), 1, 16, "does not divide num_kv_heads=8"},
+  };
+  for (const auto& row : rows) {
+    auto s = Strategy::parse(row.text);
+    ASSERT_TRUE(s.ok()) << row.text << ": " << s.status().to_string();
+    Status st = s->validate_for(row.model, batch(row.global_batch), row.world);
+    if (row.needle == nullptr) {
+      EXPECT_TRUE(st.ok()) << row.text << ": " << st.to_string();
+    } else {
+      expect_error(st, row.needle);
+    }
+  }
+  ModelSpec dense = mixtral_like();
+  dense.moe = MoeSpec{};
+  auto s = Strategy::parse("dp=8,ep=8,microbatches=16");
+  expect_error(s->validate_for(dense, batch(128), 8), "has no routed experts; set ep=1");
+}
+
+TEST(StrategyTest, ChunksPerRank) {
+  EXPECT_EQ(Strategy::parse("pp=4,microbatches=8,schedule=dualpipev")->num_stages(), 8);
+  EXPECT_EQ(Strategy::parse("pp=4,vpp=3,microbatches=8,schedule=interleaved")->num_stages(), 12);
+  EXPECT_EQ(Strategy::parse("pp=4,microbatches=8")->num_stages(), 4);
+  EXPECT_EQ(Strategy::parse("schedule=zb-h1")->schedule_kind(), ScheduleKind::kZBH1);
+  EXPECT_FALSE(parse_schedule("zb_h1").ok());
+}
+
+}  // namespace
+}  // namespace piper
