@@ -1,0 +1,115 @@
+#include "piper/comm/algorithms/halo_all_to_all.h"
+
+#include <cstring>
+#include <vector>
+
+#include "piper/comm/algorithms/halo_engine.h"
+#include "piper/comm/algorithms/pairwise_all_to_all.h"
+
+namespace piper::comm {
+
+Result<std::unique_ptr<HaloContext>> HaloContext::create(Communicator& group, const NodeTopology& topology) {
+  if (group.size() != topology.group_size()) {
+    return invalid_argument("halo: group '" + group.name() + "' has " + std::to_string(group.size()) +
+                            " ranks but the topology describes " + std::to_string(topology.group_size()));
+  }
+  std::unique_ptr<HaloContext> context(new HaloContext(topology));
+  PIPER_ASSIGN_OR_RETURN(context->data_, group.dup(group.name() + "/halo"));
+  int node = topology.node_of(group.rank());
+  std::vector<int> members;
+  for (int l = 0; l < topology.ranks_per_node(); ++l) members.push_back(topology.rank_of(node, l));
+  PIPER_ASSIGN_OR_RETURN(context->node_, group.split(members, group.name() + "/node" + std::to_string(node)));
+  return context;
+}
+
+namespace {
+
+// Plain byte blocks. Tables sizes_send_[g][p] / sizes_recv_[g][p] hold the counts of local rank g of this node.
+class BlockPayload : public HaloPayload {
+ public:
+  BlockPayload(const NodeTopology& t, int me, const uint8_t* send, const std::vector<size_t>& sdispl, uint8_t* recv,
+               const std::vector<size_t>& rdispl, std::vector<uint64_t> table)
+      : t_(t), node_(t.node_of(me)), send_(send), sdispl_(sdispl), recv_(recv), rdispl_(rdispl),
+        table_(std::move(table)) {}
+
+  std::span<const uint8_t> direct_send(int h) override { return send_block(t_.rank_of(node_, h), 1); }
+  std::span<uint8_t> direct_recv(int h) override {
+    int p = t_.rank_of(node_, h);
+    return {recv_ + rdispl_[p], rdispl_[p + 1] - rdispl_[p]};
+  }
+  std::span<const uint8_t> piece(int m) override { return send_block(t_.rank_of(m, 0), t_.ranks_per_node()); }
+  size_t local_piece_bytes(int g, int m) override {
+    size_t total = 0;
+    for (int h = 0; h < t_.ranks_per_node(); ++h) total += sent(g, t_.rank_of(m, h));
+    return total;
+  }
+  size_t remote_piece_bytes(int n, int g) override {
+    size_t total = 0;
+    for (int h = 0; h < t_.ranks_per_node(); ++h) total += received(h, t_.rank_of(n, g));
+    return total;
+  }
+  void scatter(int n, int lane, std::span<const std::span<const uint8_t>> pieces,
+               std::vector<std::vector<uint8_t>>* out) override {
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      int src = t_.rank_of(n, lane * t_.lane_width() + static_cast<int>(i));
+      size_t offset = 0;
+      for (int h = 0; h < t_.ranks_per_node(); ++h) {
+        size_t bytes = received(h, src);
+        (*out)[h].insert((*out)[h].end(), pieces[i].data() + offset, pieces[i].data() + offset + bytes);
+        offset += bytes;
+      }
+    }
+  }
+  std::span<uint8_t> final_recv(int n, int lane) override {
+    int first = t_.rank_of(n, lane * t_.lane_width());
+    int last = first + t_.lane_width();
+    return {recv_ + rdispl_[first], rdispl_[last] - rdispl_[first]};
+  }
+
+ private:
+  std::span<const uint8_t> send_block(int first, int count) const {
+    return {send_ + sdispl_[first], sdispl_[first + count] - sdispl_[first]};
+  }
+  size_t sent(int g, int p) const { return table_[(static_cast<size_t>(g) * 2) * t_.group_size() + p]; }
+  size_t received(int g, int p) const { return table_[(static_cast<size_t>(g) * 2 + 1) * t_.group_size() + p]; }
+
+  const NodeTopology& t_;
+  int node_;
+  const uint8_t* send_;
+  const std::vector<size_t>& sdispl_;
+  uint8_t* recv_;
+  const std::vector<size_t>& rdispl_;
+  std::vector<uint64_t> table_;
+};
+
+}  // namespace
+
+Status halo_all_to_all_v(HaloContext& context, const void* send, std::span<const size_t> send_bytes, void* recv,
+                         std::span<const size_t> recv_bytes, double timeout_s) {
+  Communicator& comm = context.data();
+  const NodeTopology& t = context.topology();
+  PIPER_ASSIGN_OR_RETURN(auto sdispl, displacements(comm, send_bytes, "halo all_to_all_v send"));
+  PIPER_ASSIGN_OR_RETURN(auto rdispl, displacements(comm, recv_bytes, "halo all_to_all_v recv"));
+  const int me = comm.rank(), p = comm.size();
+  if (send_bytes[me] != recv_bytes[me]) {
+    return invalid_argument("halo all_to_all_v: rank " + std::to_string(me) + " sends itself " +
+                            std::to_string(send_bytes[me]) + " bytes but expects " + std::to_string(recv_bytes[me]));
+  }
+  // Size tables of the node: for each local rank, its P send counts then its P receive counts.
+  std::vector<uint64_t> mine(2 * p);
+  for (int i = 0; i < p; ++i) {
+    mine[i] = send_bytes[i];
+    mine[p + i] = recv_bytes[i];
+  }
+  std::vector<uint64_t> table(mine.size() * t.ranks_per_node());
+  PIPER_ASSIGN_OR_RETURN(Handle h, context.node().all_gather(mine.data(), table.data(), mine.size() * 8));
+  PIPER_RETURN_IF_ERROR(context.node().wait(h, timeout_s));
+
+  const auto* src = static_cast<const uint8_t*>(send);
+  auto* dst = static_cast<uint8_t*>(recv);
+  if (send_bytes[me] > 0) std::memcpy(dst + rdispl[me], src + sdispl[me], send_bytes[me]);
+  BlockPayload payload(t, me, src, sdispl, dst, rdispl, std::move(table));
+  return run_halo_exchange(comm, t, payload, timeout_s);
+}
+
+}  // namespace piper::comm

@@ -1,0 +1,56 @@
+// MoE token dispatch with top-k duplication: flat (one copy per routed slot, the Megatron "alltoall"
+// dispatcher) and HALO (one copy per destination NODE plus a G-byte list of how many slots each local rank of
+// that node wants; the receive proxy makes the copies inside the node, DeepEP normal mode / X-MoE RBD).
+//
+// Both produce the same bytes on every rank: the rows routed to this rank, ordered by (source rank, token,
+// slot), one row per slot, so an expert that owns two of a token's top-k slots gets two rows. Row counts per
+// source rank come with the result. Host memory only. Collective over the group; blocking with a timeout.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "piper/base/status.h"
+#include "piper/comm/algorithms/halo_all_to_all.h"
+#include "piper/comm/communicator.h"
+
+namespace piper::comm {
+
+// Routing of one rank's tokens: dest_ranks[t * top_k + j] is the group rank owning the expert of slot j of
+// token t, or -1 when the slot is dropped (capacity overflow).
+struct MoeRouting {
+  int64_t num_tokens = 0;
+  int top_k = 1;
+  std::vector<int> dest_ranks;
+  // Checks sizes, 1 <= top_k <= 255 and every rank in [-1, group_size).
+  Status validate(int group_size) const;
+};
+
+struct DispatchResult {
+  std::vector<uint8_t> rows;         // sum(rows_from) * token_bytes bytes
+  std::vector<int64_t> rows_from;    // rows received from each source rank
+};
+
+enum class FlatDispatchKind { kMpiAllToAllV, kPairwise };
+
+// Flat dispatch: an all-to-all of row counts, then one all-to-all-v of rows (native MPI_Alltoallv through
+// Communicator::all_to_all_v, or pairwise point-to-point).
+Result<DispatchResult> flat_dispatch(Communicator& comm, const void* tokens, size_t token_bytes,
+                                     const MoeRouting& routing, FlatDispatchKind kind, double timeout_s);
+
+// HALO dispatch: an all-gather of per-rank row and token counts (small), then one HALO exchange in which a
+// token crosses the network once per destination node.
+Result<DispatchResult> halo_dispatch(HaloContext& context, const void* tokens, size_t token_bytes,
+                                     const MoeRouting& routing, double timeout_s);
+
+// Bytes this rank puts on the inter-node network for one dispatch (for benchmarks): flat = rows to other nodes
+// * token_bytes; HALO = distinct (token, remote node) pairs * (token_bytes + ranks_per_node).
+struct DispatchTraffic {
+  int64_t flat_internode_bytes = 0;
+  int64_t halo_internode_bytes = 0;
+};
+DispatchTraffic dispatch_traffic(const NodeTopology& topology, int rank, size_t token_bytes,
+                                 const MoeRouting& routing);
+
+}  // namespace piper::comm
