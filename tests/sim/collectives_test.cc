@@ -1,0 +1,143 @@
+#include "piper/sim/collectives.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "test_clusters.h"
+
+namespace piper::sim {
+namespace {
+
+using testing::make_cluster;
+
+std::vector<int> iota(int n, int first = 0, int stride = 1) {
+  std::vector<int> v(n);
+  for (int i = 0; i < n; ++i) v[i] = first + i * stride;
+  return v;
+}
+
+// Runs one collective alone and returns its time.
+template <typename AddFn>
+double time_alone(const Network& net, AddFn add) {
+  FlowSim sim(net.link_bandwidths());
+  CollectiveFlows c = add(&sim).value();
+  return finish_time_s(sim.run(), c);
+}
+
+TEST(CollectivesTest, RingAllReduceMatchesAlphaBetaInsideANode) {
+  // 8 devices on a 450 GB/s switch, alpha 3 us: 2(n-1)/n * S/bw + 2(n-1) * alpha.
+  Network net = Network::build(make_cluster(1, 8, 450e9, 0, 0, 3e-6)).value();
+  for (double bytes : {1e6, 256e6, 4e9}) {
+    const double t = time_alone(net, [&](FlowSim* s) { return add_ring_all_reduce(net, s, iota(8), bytes); });
+    const double closed = 2.0 * 7 / 8 * bytes / 450e9 + 2 * 7 * 3e-6;
+    EXPECT_NEAR(t, closed, 0.01 * closed) << bytes;
+  }
+}
+
+TEST(CollectivesTest, RingAllReduceMatchesAlphaBetaAcrossNodes) {
+  // One device per node on 16 nodes, 25 GB/s NICs, 5 us per hop; the untapered fabric is never the bottleneck.
+  Network net = Network::build(make_cluster(16, 1, 0, 1, 25e9, 0, 5e-6)).value();
+  for (double bytes : {1e6, 1e9}) {
+    const double t = time_alone(net, [&](FlowSim* s) { return add_ring_all_reduce(net, s, iota(16), bytes); });
+    const double closed = 2.0 * 15 / 16 * bytes / 25e9 + 2 * 15 * 5e-6;
+    EXPECT_NEAR(t, closed, 0.01 * closed) << bytes;
+  }
+  // Reduce-scatter and all-gather are each half of it.
+  const double rs = time_alone(net, [&](FlowSim* s) { return add_ring_reduce_scatter(net, s, iota(16), 1e9); });
+  const double ag = time_alone(net, [&](FlowSim* s) { return add_ring_all_gather(net, s, iota(16), 1e9); });
+  EXPECT_NEAR(rs, 15.0 / 16 * 1e9 / 25e9 + 15 * 5e-6, 1e-9);
+  EXPECT_NEAR(ag, rs, 1e-9);
+}
+
+TEST(CollectivesTest, FlatAllToAllByHand) {
+  // 2 nodes x 2 devices, one 10 GB/s NIC per node, 100 GB/s switch. Each device sends 1 GB to each other
+  // device: the NIC carries 4 GB out per node (0.4 s); the 1 GB inside the node takes 0.01 s.
+  Network net = Network::build(make_cluster(2, 2, 100e9, 1, 10e9)).value();
+  const auto m = std::vector<std::vector<double>>(4, std::vector<double>(4, 1e9));
+  EXPECT_NEAR(time_alone(net, [&](FlowSim* s) { return add_all_to_all_flat(net, s, iota(4), m); }), 0.4, 1e-12);
+}
+
+TEST(CollectivesTest, HaloPhasesByHand) {
+  // Same cluster. Phase I (same node, 1 GB, 0.01 s) runs during phase II: each device sends its 2 GB for the
+  // other node to its rail peer; two such batches share the node's NIC (5 GB/s each): 0.4 s. Phase III: the
+  // relay forwards the 1 GB meant for its neighbour, 0.01 s, after its arrival: 0.41 s in all.
+  Network net = Network::build(make_cluster(2, 2, 100e9, 1, 10e9)).value();
+  FlowSim sim(net.link_bandwidths());
+  const auto m = std::vector<std::vector<double>>(4, std::vector<double>(4, 1e9));
+  CollectiveFlows c = add_all_to_all_halo(net, &sim, iota(4), m).value();
+  ASSERT_EQ(c.phases.size(), 3u);
+  EXPECT_EQ(c.phases[0].size(), 4u);  // 2 nodes x 2 ordered pairs
+  EXPECT_EQ(c.phases[1].size(), 4u);  // each device -> its rail peer
+  EXPECT_EQ(c.phases[2].size(), 4u);
+  double phase2_bytes = 0;
+  for (int f : c.phases[1]) phase2_bytes += sim.flow(f).bytes;
+  EXPECT_DOUBLE_EQ(phase2_bytes, 8e9);  // everything that crosses nodes, batched
+  const std::vector<double> t = sim.run();
+  EXPECT_NEAR(finish_time_s(t, c), 0.41, 1e-12);
+  double phase2_end = 0, phase3_start = 1e9;
+  for (int f : c.phases[1]) phase2_end = std::max(phase2_end, t[f]);
+  for (int f : c.phases[2]) phase3_start = std::min(phase3_start, t[f] - sim.flow(f).bytes / 100e9);
+  EXPECT_NEAR(phase3_start, phase2_end, 1e-12);
+  for (int f : c.phases[0]) EXPECT_NEAR(t[f], 0.01, 1e-12);  // phase I overlaps phase II
+}
+
+TEST(CollectivesTest, HaloNeedsEvenNodes) {
+  Network net = Network::build(make_cluster(2, 2, 100e9, 1, 10e9)).value();
+  FlowSim sim(net.link_bandwidths());
+  const auto m = std::vector<std::vector<double>>(3, std::vector<double>(3, 1.0));
+  EXPECT_NE(add_all_to_all_halo(net, &sim, {0, 1, 2}, m).status().message().find("same number on every node"),
+            std::string::npos);
+}
+
+TEST(CollectivesTest, EpAllToAllAndDpAllReduceContendOnTheNic) {
+  // 2 nodes x 4 devices, one 25 GB/s NIC per node. EP all-to-all over all 8 devices; DP all-reduce between
+  // device 0 of each node. Both cross the same NICs, so each is slower together than alone.
+  Network net = Network::build(make_cluster(2, 4, 450e9, 1, 25e9, 1e-6, 5e-6)).value();
+  const auto ep = uniform_all_to_all(8, 2e9);
+  const std::vector<int> dp = {0, 4};
+  const double ep_alone = time_alone(net, [&](FlowSim* s) { return add_all_to_all_flat(net, s, iota(8), ep); });
+  const double dp_alone = time_alone(net, [&](FlowSim* s) { return add_ring_all_reduce(net, s, dp, 1e9); });
+  FlowSim sim(net.link_bandwidths());
+  CollectiveFlows a = add_all_to_all_flat(net, &sim, iota(8), ep).value();
+  CollectiveFlows r = add_ring_all_reduce(net, &sim, dp, 1e9).value();
+  const std::vector<double> t = sim.run();
+  // By hand: alone, a NIC carries 16 EP flows of 0.25 GB (4 GB: 0.16 s + 5 us), and the DP ring 2 steps of
+  // 0.5 GB (2 x (0.02 s + 5 us)). Together, the 17 flows get 25/17 GB/s each: the EP flows end at 0.17 s (+5 us)
+  // with 0.25 GB of the DP step left, which then runs alone (0.01 s), then the second DP step (0.02 s + 5 us).
+  EXPECT_NEAR(ep_alone, 0.16 + 5e-6, 1e-12);
+  EXPECT_NEAR(dp_alone, 2 * (0.02 + 5e-6), 1e-12);
+  EXPECT_NEAR(finish_time_s(t, a), 0.17 + 5e-6, 1e-12);
+  EXPECT_NEAR(finish_time_s(t, r), 0.2 + 10e-6, 1e-12);
+  EXPECT_GT(finish_time_s(t, a), 1.05 * ep_alone);
+  EXPECT_GT(finish_time_s(t, r), 2 * dp_alone);
+  // The NIC is shared, not wasted: together they take no longer than one after the other.
+  EXPECT_LE(std::max(finish_time_s(t, a), finish_time_s(t, r)), (ep_alone + dp_alone) * 1.0001);
+}
+
+TEST(CollectivesTest, M2nAndP2p) {
+  // 2 attention devices on node 0 send to 2 expert devices on node 1 through one 10 GB/s NIC: 4 x 1 GB.
+  Network net = Network::build(make_cluster(2, 2, 100e9, 1, 10e9)).value();
+  const auto m = std::vector<std::vector<double>>(2, std::vector<double>(2, 1e9));
+  EXPECT_NEAR(time_alone(net, [&](FlowSim* s) { return add_m2n(net, s, {0, 1}, {2, 3}, m); }), 0.4, 1e-12);
+  EXPECT_NEAR(time_alone(net, [&](FlowSim* s) { return add_p2p(net, s, 0, 3, 1e9); }), 0.1, 1e-12);
+  // Chained: a p2p released after another finishes.
+  FlowSim sim(net.link_bandwidths());
+  CollectiveFlows first = add_p2p(net, &sim, 0, 1, 1e9).value();
+  CollectiveFlows second = add_p2p(net, &sim, 1, 2, 1e9, {0, first.flows}).value();
+  EXPECT_NEAR(finish_time_s(sim.run(), second), 0.01 + 0.1, 1e-12);
+}
+
+TEST(CollectivesTest, BadGroupsAreErrors) {
+  Network net = Network::build(make_cluster(1, 4, 100e9, 0, 0)).value();
+  FlowSim sim(net.link_bandwidths());
+  EXPECT_NE(add_ring_all_reduce(net, &sim, {0, 1, 1}, 1e6).status().message().find("appears twice"), std::string::npos);
+  EXPECT_EQ(add_ring_all_reduce(net, &sim, {0, 9}, 1e6).status().code(), StatusCode::kOutOfRange);
+  EXPECT_FALSE(add_ring_all_reduce(net, &sim, {}, 1e6).ok());
+  EXPECT_FALSE(add_p2p(net, &sim, 0, 1, -1).ok());
+  EXPECT_FALSE(add_all_to_all_flat(net, &sim, {0, 1}, {{0, 1}}).ok());
+  EXPECT_FALSE(add_m2n(net, &sim, {0}, {1, 2}, {{1, 2, 3}}).ok());
+}
+
+}  // namespace
+}  // namespace piper::sim
