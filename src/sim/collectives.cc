@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
 #include <set>
 #include <string>
 
@@ -163,77 +162,89 @@ Result<CollectiveFlows> add_m2n(const Network& net, FlowSim* sim, const std::vec
   return out;
 }
 
-Result<CollectiveFlows> add_all_to_all_halo(const Network& net, FlowSim* sim, const std::vector<int>& devices,
-                                            const std::vector<std::vector<double>>& bytes_matrix,
-                                            const CollectiveStart& start) {
+Result<HaloLayout> HaloLayout::of_group(const Network& net, const std::vector<int>& devices, int lanes) {
   const char* what = "HALO all-to-all";
   PIPER_RETURN_IF_ERROR(check_group(net, devices, what));
-  PIPER_RETURN_IF_ERROR(check_matrix(bytes_matrix, devices.size(), devices.size(), what));
-  // Members per node, by node, in device order: local index = position among the node's members.
-  std::map<int, std::vector<int>> by_node;  // node -> member positions in `devices`
-  std::vector<int> sorted_pos(devices.size());
-  for (size_t p = 0; p < devices.size(); ++p) sorted_pos[p] = static_cast<int>(p);
-  std::sort(sorted_pos.begin(), sorted_pos.end(), [&](int a, int b) { return devices[a] < devices[b]; });
-  for (int p : sorted_pos) by_node[net.node_of(devices[p])].push_back(p);
-  const size_t k = by_node.begin()->second.size();
-  for (const auto& [node, members] : by_node) {
-    if (members.size() != k) {
-      return invalid_argument(std::string(what) + ": node " + std::to_string(node) + " has " +
-                              std::to_string(members.size()) + " members of the group, node " +
-                              std::to_string(by_node.begin()->first) + " has " + std::to_string(k) +
-                              "; HALO needs the same number on every node (use the flat all-to-all)");
+  const int size = static_cast<int>(devices.size());
+  int k = 1;
+  while (k < size && net.node_of(devices[k]) == net.node_of(devices[0])) ++k;
+  std::set<int> nodes;
+  for (int r = 0; r < size; ++r) {
+    const int node = net.node_of(devices[r]);
+    if (size % k != 0 || node != net.node_of(devices[r - r % k]) || (r % k == 0 && !nodes.insert(node).second)) {
+      return invalid_argument(std::string(what) +
+                              ": the group must be node-major with the same number of ranks on "
+                              "every node (ranks n*k .. n*k+k-1 on one node, k=" +
+                              std::to_string(k) + "); rank " + std::to_string(r) + " (device " +
+                              std::to_string(devices[r]) + ") breaks it; use the flat all-to-all");
     }
   }
-  std::vector<std::vector<int>> member;  // [node of the group][local index] -> position in devices
-  for (const auto& entry : by_node) member.push_back(entry.second);
-  const int num_nodes = static_cast<int>(member.size());
+  if (lanes < 1 || k % lanes != 0) {
+    return invalid_argument(std::string(what) + ": lanes=" + std::to_string(lanes) + " must divide the " +
+                            std::to_string(k) + " ranks per node (lanes = NICs per node, or ranks per node)");
+  }
+  HaloLayout layout;
+  layout.ranks_per_node = k;
+  layout.lanes = lanes;
+  return layout;
+}
+
+Result<CollectiveFlows> add_all_to_all_halo(const Network& net, FlowSim* sim, const std::vector<int>& devices,
+                                            int lanes, const std::vector<std::vector<double>>& bytes_matrix,
+                                            const CollectiveStart& start) {
+  PIPER_ASSIGN_OR_RETURN(HaloLayout t, HaloLayout::of_group(net, devices, lanes));
+  PIPER_RETURN_IF_ERROR(check_matrix(bytes_matrix, devices.size(), devices.size(), "HALO all-to-all"));
+  const int k = t.ranks_per_node, nodes = static_cast<int>(devices.size()) / k, w = t.lane_width();
+  auto rank = [&](int node, int local) { return node * k + local; };
+  auto send = [&](int src, int dst, double bytes, std::vector<int> after, std::vector<int>* phase) -> Result<int> {
+    if (after.empty()) after = start.after;
+    PIPER_ASSIGN_OR_RETURN(int id, add_routed(net, sim, devices[src], devices[dst], bytes, start.release_s, after));
+    phase->push_back(id);
+    return id;
+  };
   CollectiveFlows out;
   out.phases.assign(3, {});
-  // Phase I: same-node traffic, direct.
-  for (int a = 0; a < num_nodes; ++a) {
-    for (size_t i = 0; i < k; ++i) {
-      for (size_t j = 0; j < k; ++j) {
-        const int src = member[a][i], dst = member[a][j];
-        if (i == j || bytes_matrix[src][dst] == 0) continue;
-        PIPER_ASSIGN_OR_RETURN(int id, add_routed(net, sim, devices[src], devices[dst], bytes_matrix[src][dst],
-                                                  start.release_s, start.after));
-        out.phases[0].push_back(id);
+  // Phase I: same-node blocks directly, and each rank's piece for node m to its lane's send proxy for m.
+  // gathers[n][m][l]: gather flows into the send proxy of (n -> m, lane l).
+  std::vector<std::vector<std::vector<std::vector<int>>>> gathers(
+      nodes, std::vector<std::vector<std::vector<int>>>(nodes, std::vector<std::vector<int>>(t.lanes)));
+  for (int n = 0; n < nodes; ++n) {
+    for (int g = 0; g < k; ++g) {
+      for (int h = 0; h < k; ++h) {
+        const double b = bytes_matrix[rank(n, g)][rank(n, h)];
+        if (g != h && b > 0) PIPER_RETURN_IF_ERROR(send(rank(n, g), rank(n, h), b, {}, &out.phases[0]).status());
+      }
+      for (int m = 0; m < nodes; ++m) {
+        const int proxy = t.send_proxy(n, m, t.lane_of(g));
+        double piece = 0;
+        for (int h = 0; h < k; ++h) piece += bytes_matrix[rank(n, g)][rank(m, h)];
+        if (m == n || proxy == g || piece == 0) continue;
+        PIPER_ASSIGN_OR_RETURN(int id, send(rank(n, g), rank(n, proxy), piece, {}, &out.phases[0]));
+        gathers[n][m][t.lane_of(g)].push_back(id);
       }
     }
   }
-  // Phase II: rail-aligned, one batched message per (source member, destination node).
-  std::vector<std::vector<int>> arrivals(devices.size());  // phase II flows into each member
-  for (int a = 0; a < num_nodes; ++a) {
-    for (int b = 0; b < num_nodes; ++b) {
-      if (a == b) continue;
-      for (size_t i = 0; i < k; ++i) {
+  // Phase II: one batch per (node n -> node m, lane), once its gather is complete; phase III: the receive proxy
+  // scatters the batch to the other ranks of node m once it has arrived.
+  for (int n = 0; n < nodes; ++n) {
+    for (int m = 0; m < nodes; ++m) {
+      if (m == n) continue;
+      for (int l = 0; l < t.lanes; ++l) {
+        const int rproxy = t.recv_proxy(n, m, l);
         double batch = 0;
-        for (size_t j = 0; j < k; ++j) batch += bytes_matrix[member[a][i]][member[b][j]];
-        if (batch == 0) continue;
-        const int src = member[a][i], relay = member[b][i];
-        PIPER_ASSIGN_OR_RETURN(int id,
-                               add_routed(net, sim, devices[src], devices[relay], batch, start.release_s, start.after));
-        out.phases[1].push_back(id);
-        arrivals[relay].push_back(id);
-      }
-    }
-  }
-  // Phase III: each relay scatters inside its node what arrived for its neighbours.
-  for (int b = 0; b < num_nodes; ++b) {
-    for (size_t i = 0; i < k; ++i) {
-      const int relay = member[b][i];
-      for (size_t j = 0; j < k; ++j) {
-        if (i == j) continue;
-        double forward = 0;
-        for (int a = 0; a < num_nodes; ++a) {
-          if (a != b) forward += bytes_matrix[member[a][i]][member[b][j]];
+        std::vector<double> part(k, 0.0);  // bytes of this batch for each local rank h of node m
+        for (int g = l * w; g < (l + 1) * w; ++g) {
+          for (int h = 0; h < k; ++h) part[h] += bytes_matrix[rank(n, g)][rank(m, h)];
         }
-        if (forward == 0) continue;
-        std::vector<int> after = arrivals[relay];
-        if (after.empty()) after = start.after;
-        PIPER_ASSIGN_OR_RETURN(int id, add_routed(net, sim, devices[relay], devices[member[b][j]], forward,
-                                                  start.release_s, std::move(after)));
-        out.phases[2].push_back(id);
+        for (double b : part) batch += b;
+        if (batch == 0) continue;
+        PIPER_ASSIGN_OR_RETURN(
+            int id, send(rank(n, t.send_proxy(n, m, l)), rank(m, rproxy), batch, gathers[n][m][l], &out.phases[1]));
+        for (int h = 0; h < k; ++h) {
+          if (h != rproxy && part[h] > 0) {
+            PIPER_RETURN_IF_ERROR(send(rank(m, rproxy), rank(m, h), part[h], {id}, &out.phases[2]).status());
+          }
+        }
       }
     }
   }

@@ -11,11 +11,12 @@
 //     received step k-1 from rank i-1. ring_all_reduce = reduce-scatter then all-gather (2(n-1) steps), so on
 //     uniform links it takes 2(n-1)/n * bytes/bw + 2(n-1) * alpha.
 //   all_to_all_flat: every rank sends bytes_matrix[i][j] to every other rank j at once (pairwise, one flow each).
-//   all_to_all_halo: the hierarchical all-to-all, for a group spread evenly over nodes (k members per node; the
-//     member's local index is its position among its node's members). Phase I: same-node traffic directly.
-//     Phase II (concurrent with I): member (node a, index i) sends everything it has for node b, batched, to the
-//     member (node b, index i) of the same rail. Phase III (after all of that member's phase II arrivals): member
-//     (b, i) scatters to each member (b, j) what came for it. Bytes on a pair are summed per phase.
+//   all_to_all_halo: the hierarchical all-to-all of the runtime (comm/algorithms/halo_engine.h), for a group
+//     laid out node-major (ranks n*k .. n*k+k-1 on one node) split into `lanes` lanes per node (lanes = NICs per
+//     node; lanes = k is rail-aligned). Phase I: same-node blocks go directly, and each rank sends its piece for
+//     remote node m to its lane's send proxy for m (gather). Phase II: each send proxy sends one batch to the
+//     receive proxy on m once its gather is complete. Phase III: the receive proxy sends each other rank of m
+//     its part of the batch once the batch has arrived. Proxies follow HaloLayout (= comm::NodeTopology).
 //   m2n: senders[m] sends bytes_matrix[m][r] to receivers[r], all at once (attention -> expert groups).
 //   p2p: one flow.
 // A zero-byte entry adds no flow. Thread-safety: none (mutates the FlowSim).
@@ -54,8 +55,19 @@ Result<CollectiveFlows> add_ring_all_reduce(const Network& net, FlowSim* sim, co
 Result<CollectiveFlows> add_all_to_all_flat(const Network& net, FlowSim* sim, const std::vector<int>& devices,
                                             const std::vector<std::vector<double>>& bytes_matrix,
                                             const CollectiveStart& start = {});
+// The proxies of a HALO group; the same formulas as the runtime's comm::NodeTopology (a test checks it).
+struct HaloLayout {
+  int ranks_per_node = 1;
+  int lanes = 1;
+  int lane_width() const { return ranks_per_node / lanes; }
+  int lane_of(int local) const { return local / lane_width(); }
+  int send_proxy(int src_node, int dst_node, int lane) const { return lane * lane_width() + dst_node % lane_width(); }
+  int recv_proxy(int src_node, int dst_node, int lane) const { return lane * lane_width() + src_node % lane_width(); }
+  // Checks that `devices` is node-major with the same count k per node and that lanes divides k.
+  static Result<HaloLayout> of_group(const Network& net, const std::vector<int>& devices, int lanes);
+};
 Result<CollectiveFlows> add_all_to_all_halo(const Network& net, FlowSim* sim, const std::vector<int>& devices,
-                                            const std::vector<std::vector<double>>& bytes_matrix,
+                                            int lanes, const std::vector<std::vector<double>>& bytes_matrix,
                                             const CollectiveStart& start = {});
 Result<CollectiveFlows> add_m2n(const Network& net, FlowSim* sim, const std::vector<int>& senders,
                                 const std::vector<int>& receivers, const std::vector<std::vector<double>>& bytes_matrix,
