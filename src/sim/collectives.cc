@@ -252,4 +252,74 @@ Result<CollectiveFlows> add_all_to_all_halo(const Network& net, FlowSim* sim, co
   return out;
 }
 
+Result<CollectiveFlows> add_all_to_all_uniform_aggregate(const Network& net, FlowSim* sim,
+                                                         const std::vector<int>& devices, double bytes_per_rank,
+                                                         const CollectiveStart& start) {
+  const std::string what = "aggregate all-to-all";
+  PIPER_ASSIGN_OR_RETURN(HaloLayout layout, HaloLayout::of_group(net, devices, 1));
+  PIPER_RETURN_IF_ERROR(check_bytes(bytes_per_rank, "aggregate all-to-all"));
+  const int n = static_cast<int>(devices.size()), k = layout.ranks_per_node, nodes = n / k;
+  const int g = net.devices_per_node();
+  auto fail = [&](const std::string& why) {
+    return invalid_argument(what + ": " + why + "; the group is not symmetric, use add_all_to_all_flat");
+  };
+  std::vector<int> per_nic;  // group ranks per NIC on a node
+  for (int r = 0; r < n; ++r) {
+    if (devices[r] % g != devices[r % k] % g)
+      return fail("node " + std::to_string(r / k) + " uses other local devices");
+    if (net.group_of_node(net.node_of(devices[r])) != net.group_of_node(net.node_of(devices[0]))) {
+      return fail("the group spans several fabric groups");
+    }
+  }
+  if (nodes > 1) {
+    for (int i = 0; i < k; ++i) {
+      const int nic = net.nic_of(devices[i]);
+      if (nic >= static_cast<int>(per_nic.size())) per_nic.resize(nic + 1, 0);
+      ++per_nic[nic];
+    }
+  }
+  int c = 0;
+  for (int count : per_nic) {
+    if (count == 0) continue;
+    if (c != 0 && count != c) return fail("NICs serve different numbers of group ranks");
+    c = count;
+  }
+  const int rep = devices[0];
+  CollectiveFlows out;
+  // The representative's receive-side links: its in-port and its NIC rx, found from routes into it.
+  int in_port = -1, nic_rx = -1;
+  if (k > 1) {
+    PIPER_ASSIGN_OR_RETURN(Route r, net.route(devices[1], rep));
+    if (r.links.size() != 2) return fail("nodes with a per-pair link matrix");
+    in_port = r.links[1];
+  }
+  if (nodes > 1) {
+    PIPER_ASSIGN_OR_RETURN(Route r, net.route(devices[k], rep));
+    nic_rx = r.links.back();
+    const double bw = net.links()[nic_rx].bw_bytes_per_s;
+    for (const Link& l : net.links()) {
+      if (l.kind == LinkKind::kNicRx && l.bw_bytes_per_s != bw) return fail("NICs of different bandwidths");
+    }
+  }
+  for (int dst = 1; dst < n; ++dst) {
+    PIPER_ASSIGN_OR_RETURN(Route r, net.route(rep, devices[dst]));
+    FlowSpec f;
+    if (dst < k) {
+      f.hops = {{r.links[0], 1.0}, {in_port, 1.0}};
+    } else {
+      f.hops = {
+          {r.links[0], static_cast<double>(c)}, {r.links[1], static_cast<double>(n)}, {nic_rx, static_cast<double>(c)}};
+    }
+    f.bytes = bytes_per_rank / n;
+    f.latency_s = r.latency_s;
+    f.release_s = start.release_s;
+    f.after = start.after;
+    if (f.bytes == 0) continue;
+    PIPER_ASSIGN_OR_RETURN(int id, sim->add(std::move(f)));
+    out.flows.push_back(id);
+  }
+  out.phases = {out.flows};
+  return out;
+}
+
 }  // namespace piper::sim

@@ -73,6 +73,17 @@ Result<CollectiveFlows> add_m2n(const Network& net, FlowSim* sim, const std::vec
                                 const std::vector<int>& receivers, const std::vector<std::vector<double>>& bytes_matrix,
                                 const CollectiveStart& start = {});
 
+// Uniform all-to-all (every rank sends bytes_per_rank / n to every rank) simulated by one representative rank,
+// devices[0]: one aggregate flow per class of identical flows, class = (node offset, local offset) in the
+// node-major group. Inside a node a class flow crosses the representative's own ports (weight 1); across nodes it
+// crosses the representative's NIC tx and rx (weight c = group ranks per used NIC) and the group fabric (weight
+// n, all members). Needs: the same local devices on every node of the group, the same c on every used NIC, NICs
+// of equal bandwidth, one fabric group, no per-pair matrix. Then every rank finishes when the representative
+// does, and the time equals add_all_to_all_flat(uniform_all_to_all(...)) with n - 1 flows instead of n(n - 1).
+Result<CollectiveFlows> add_all_to_all_uniform_aggregate(const Network& net, FlowSim* sim,
+                                                         const std::vector<int>& devices, double bytes_per_rank,
+                                                         const CollectiveStart& start = {});
+
 // bytes_matrix for a uniform all-to-all: every rank sends bytes_per_rank / n to every rank (itself included).
 std::vector<std::vector<double>> uniform_all_to_all(int n, double bytes_per_rank);
 

@@ -21,53 +21,56 @@ constexpr double kRelEps = 1e-12;
 
 std::vector<double> max_min_rates(const std::vector<double>& capacity,
                                   const std::vector<const std::vector<Hop>*>& flows) {
-  const size_t nf = flows.size();
-  std::vector<double> rate(nf, 0.0);
-  std::vector<bool> frozen(nf, false);
-  std::vector<double> left = capacity;
-  std::vector<double> weight(capacity.size(), 0.0);
-  size_t unfrozen = 0;
-  for (size_t f = 0; f < nf; ++f) {
-    if (flows[f]->empty()) {
-      rate[f] = kInf;
-      frozen[f] = true;
-    } else {
-      ++unfrozen;
-    }
-  }
-  std::vector<int> touched;  // links crossed by some flow, in first-seen order
-  for (size_t f = 0; f < nf; ++f) {
+  // Progressive filling, organised by link: every unfrozen flow has rate `level`; each round raises the level
+  // to the next saturation and freezes the flows of the saturated links. Cost O(links^2 + flows * hops).
+  const int nf = static_cast<int>(flows.size());
+  std::vector<double> rate(nf, kInf);
+  std::vector<bool> frozen(nf, true);
+  std::vector<int> slot(capacity.size(), -1);  // link -> index into the touched-link arrays
+  std::vector<int> links;                      // touched links
+  std::vector<double> weight, left;            // per touched link: unfrozen weight, capacity left at `level`
+  std::vector<std::vector<int>> members;       // per touched link: flows crossing it
+  int unfrozen = 0;
+  for (int f = 0; f < nf; ++f) {
+    if (flows[f]->empty()) continue;
+    frozen[f] = false;
+    ++unfrozen;
     for (const Hop& h : *flows[f]) {
-      if (weight[h.link] == 0) touched.push_back(h.link);
-      weight[h.link] += h.weight;
+      if (slot[h.link] < 0) {
+        slot[h.link] = static_cast<int>(links.size());
+        links.push_back(h.link);
+        weight.push_back(0);
+        left.push_back(capacity[h.link]);
+        members.emplace_back();
+      }
+      weight[slot[h.link]] += h.weight;
+      members[slot[h.link]].push_back(f);
     }
   }
+  double level = 0;
+  std::vector<int> saturated;
   while (unfrozen > 0) {
     double inc = kInf;
-    for (int l : touched) {
-      if (weight[l] > 0) inc = std::min(inc, left[l] / weight[l]);
+    for (size_t i = 0; i < links.size(); ++i) {
+      if (weight[i] > 0) inc = std::min(inc, left[i] / weight[i]);
     }
     PIPER_CHECK(std::isfinite(inc), "an unfrozen flow crosses no loaded link");
-    for (size_t f = 0; f < nf; ++f) {
-      if (!frozen[f]) rate[f] += inc;
+    level += inc;
+    saturated.clear();
+    for (size_t i = 0; i < links.size(); ++i) {
+      if (weight[i] <= 0) continue;
+      left[i] -= inc * weight[i];
+      if (left[i] <= kRelEps * 4 * capacity[links[i]]) saturated.push_back(static_cast<int>(i));
     }
-    std::vector<bool> saturated(capacity.size(), false);
-    for (int l : touched) {
-      if (weight[l] <= 0) continue;
-      left[l] -= inc * weight[l];
-      if (left[l] <= kRelEps * capacity[l] * 4) saturated[l] = true;
-    }
-    for (size_t f = 0; f < nf; ++f) {
-      if (frozen[f]) continue;
-      bool hit = false;
-      for (const Hop& h : *flows[f]) hit = hit || saturated[h.link];
-      if (!hit) continue;
-      frozen[f] = true;
-      --unfrozen;
-      for (const Hop& h : *flows[f]) weight[h.link] -= h.weight;
-    }
-    for (int l : touched) {
-      if (saturated[l]) weight[l] = 0;  // guards against rounding leaving a tiny positive weight
+    for (int i : saturated) {
+      for (int f : members[i]) {
+        if (frozen[f]) continue;
+        frozen[f] = true;
+        rate[f] = level;
+        --unfrozen;
+        for (const Hop& h : *flows[f]) weight[slot[h.link]] -= h.weight;
+      }
+      weight[i] = 0;  // guards against rounding leaving a tiny positive weight
     }
   }
   return rate;

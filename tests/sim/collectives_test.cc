@@ -161,6 +161,37 @@ TEST(CollectivesTest, EpAllToAllAndDpAllReduceContendOnTheNic) {
   EXPECT_LE(std::max(finish_time_s(t, a), finish_time_s(t, r)), (ep_alone + dp_alone) * 1.0001);
 }
 
+TEST(CollectivesTest, AggregateAllToAllEqualsTheFullOne) {
+  struct Case {
+    int nodes, gpus, nics;
+    double taper;
+  };
+  for (Case cs : {Case{2, 4, 2, 1}, Case{4, 2, 1, 2}, Case{3, 4, 4, 1.5}, Case{1, 8, 0, 1}, Case{4, 1, 1, 3}}) {
+    ClusterSpec c = make_cluster(cs.nodes, cs.gpus, 200e9, cs.nics, 25e9, 1e-6, 4e-6);
+    c.fabric.intra_group_taper = cs.taper;
+    Network net = Network::build(c).value();
+    const int n = cs.nodes * cs.gpus;
+    const double full =
+        time_alone(net, [&](FlowSim* s) { return add_all_to_all_flat(net, s, iota(n), uniform_all_to_all(n, 1e9)); });
+    FlowSim sim(net.link_bandwidths());
+    CollectiveFlows agg = add_all_to_all_uniform_aggregate(net, &sim, iota(n), 1e9).value();
+    EXPECT_EQ(static_cast<int>(agg.flows.size()), n - 1);
+    EXPECT_NEAR(finish_time_s(sim.run(), agg), full, 1e-9 * full)
+        << cs.nodes << " nodes x " << cs.gpus << " gpus, " << cs.nics << " nics, taper " << cs.taper;
+  }
+}
+
+TEST(CollectivesTest, AggregateAllToAllRefusesAsymmetricGroups) {
+  Network net = Network::build(make_cluster(2, 4, 200e9, 2, 25e9)).value();
+  FlowSim sim(net.link_bandwidths());
+  // Devices 0 and 2 share NIC 0: the group uses only NIC 0 on node 0 but local devices 0, 2 vs 4+1, 4+3 differ.
+  EXPECT_NE(add_all_to_all_uniform_aggregate(net, &sim, {0, 2, 5, 7}, 1e9).status().message().find("not symmetric"),
+            std::string::npos);
+  // Devices 0, 1, 2 on NICs 0, 1, 0: NIC 0 serves two ranks, NIC 1 one.
+  EXPECT_FALSE(add_all_to_all_uniform_aggregate(net, &sim, {0, 1, 2, 4, 5, 6}, 1e9).ok());
+  EXPECT_TRUE(add_all_to_all_uniform_aggregate(net, &sim, {0, 2, 4, 6}, 1e9).ok());
+}
+
 TEST(CollectivesTest, M2nAndP2p) {
   // 2 attention devices on node 0 send to 2 expert devices on node 1 through one 10 GB/s NIC: 4 x 1 GB.
   Network net = Network::build(make_cluster(2, 2, 100e9, 1, 10e9)).value();
