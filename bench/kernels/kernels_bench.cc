@@ -3,6 +3,7 @@
 // FLOP/s measured in the same run, for each GEMM backend and thread count. Goal: ratio >= 0.5.
 //
 // Usage: kernels_bench [--batch B] [--iters N] [--threads T,T,...] [--backends onednn,openblas]
+// On a shared machine run with OMP_WAIT_POLICY=passive (spinning OpenMP threads fight for the cores).
 // Layer FLOPs are model FLOPs: matmuls counted once (2·m·n·k; backward = 2× forward), attention scores and
 // values counted for the causal half only, element-wise work not counted.
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -30,16 +32,17 @@ FVec random_vec(int64_t n, uint64_t seed, float scale) {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
-double square_sgemm_gflops(int64_t size, int iters) {
-  const FVec a = random_vec(size * size, 1, 1.0f), b = random_vec(size * size, 2, 1.0f);
-  FVec c(static_cast<size_t>(size * size));
-  double best = 1e30;
-  for (int i = 0; i < iters + 1; ++i) {
-    const double t0 = now_s();
-    sgemm(false, false, size, size, size, 1.0f, a.data(), size, b.data(), size, 0.0f, c.data(), size);
-    if (i > 0) best = std::min(best, now_s() - t0);  // the first call warms up
+// Seconds of one square sgemm of the given size (the caller keeps the best of several).
+double square_sgemm_seconds(int64_t size) {
+  static FVec a, b, c;
+  if (static_cast<int64_t>(a.size()) != size * size) {
+    a = random_vec(size * size, 1, 1.0f);
+    b = random_vec(size * size, 2, 1.0f);
+    c.assign(static_cast<size_t>(size * size), 0.0f);
   }
-  return 2.0 * static_cast<double>(size * size * size) / best / 1e9;
+  const double t0 = now_s();
+  sgemm(false, false, size, size, size, 1.0f, a.data(), size, b.data(), size, 0.0f, c.data(), size);
+  return now_s() - t0;
 }
 
 struct Layer {
@@ -58,7 +61,9 @@ struct Layer {
   }
 };
 
-double layer_seconds(const Layer& L, int iters) {
+// Runs the layer forward + backward `1 + repeats` times (the first warms up) and returns the best step time.
+// Buffers are allocated and filled once, outside the timed region.
+double layer_seconds(const Layer& L, int repeats, const std::function<void()>& between) {
   const int64_t n = L.n(), d = L.d, f = L.f, E = L.cfg.num_experts, rows = n * L.cfg.top_k, qkv = L.qkv();
   const int64_t nq = n * L.q_heads * L.hd, nk = n * L.kv_heads * L.hd;
   const AttentionShape as{L.batch, L.seq, L.q_heads, L.kv_heads, L.hd};
@@ -80,7 +85,8 @@ double layer_seconds(const Layer& L, int iters) {
   FVec gn1(d), gn2(d);
 
   double best = 1e30;
-  for (int it = 0; it < iters + 1; ++it) {
+  for (int it = 0; it < repeats + 1; ++it) {
+    if (it > 0) between();
     const double t0 = now_s();
     // ---- forward: attention block
     rmsnorm_forward(h1.data(), rstd1.data(), x.data(), w_norm1.data(), n, d, 1e-5);
@@ -91,8 +97,8 @@ double layer_seconds(const Layer& L, int iters) {
       std::memcpy(&v[t * L.kv_heads * L.hd], &qkv_out[t * qkv + (L.q_heads + L.kv_heads) * L.hd],
                   sizeof(float) * L.kv_heads * L.hd);
     }
-    ref::rotary_forward(q.data(), q.data(), L.batch, L.seq, L.q_heads, L.hd, 10000.0);
-    ref::rotary_forward(k.data(), k.data(), L.batch, L.seq, L.kv_heads, L.hd, 10000.0);
+    rotary_forward(q.data(), q.data(), L.batch, L.seq, L.q_heads, L.hd, 10000.0);
+    rotary_forward(k.data(), k.data(), L.batch, L.seq, L.kv_heads, L.hd, 10000.0);
     attention_forward(attn.data(), probs.data(), q.data(), k.data(), v.data(), as);
     linear_forward(x2.data(), attn.data(), w_o.data(), n, L.q_heads * L.hd, d);
     for (int64_t i = 0; i < n * d; ++i) x2[i] += x[i];
@@ -122,8 +128,8 @@ double layer_seconds(const Layer& L, int iters) {
     linear_backward_weight(gwo.data(), dx2.data(), attn.data(), n, L.q_heads * L.hd, d);
     attention_backward_input(dq.data(), dk.data(), dv.data(), dattn.data(), q.data(), k.data(), v.data(), probs.data(),
                              as);
-    ref::rotary_backward_input(dq.data(), dq.data(), L.batch, L.seq, L.q_heads, L.hd, 10000.0);
-    ref::rotary_backward_input(dk.data(), dk.data(), L.batch, L.seq, L.kv_heads, L.hd, 10000.0);
+    rotary_backward_input(dq.data(), dq.data(), L.batch, L.seq, L.q_heads, L.hd, 10000.0);
+    rotary_backward_input(dk.data(), dk.data(), L.batch, L.seq, L.kv_heads, L.hd, 10000.0);
     for (int64_t t = 0; t < n; ++t) {
       std::memcpy(&dqkv[t * qkv], &dq[t * L.q_heads * L.hd], sizeof(float) * L.q_heads * L.hd);
       std::memcpy(&dqkv[t * qkv + L.q_heads * L.hd], &dk[t * L.kv_heads * L.hd], sizeof(float) * L.kv_heads * L.hd);
@@ -172,10 +178,15 @@ int run(int argc, char** argv) {
   }
   warn_gemm_environment();
   const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+  double load = 0;
+  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &load) != 1) load = 0;
+    std::fclose(f);
+  }
   std::printf(
       "kernels_bench: tiny-moe layer (attention + MoE 8x top-2, d=128, seq=128, batch=%lld), "
-      "OPENBLAS_CORETYPE=%s\n",
-      static_cast<long long>(batch), coretype ? coretype : "(unset)");
+      "OPENBLAS_CORETYPE=%s, load average %.1f\n",
+      static_cast<long long>(batch), coretype ? coretype : "(unset)", load);
   std::printf("%-9s %7s %14s %14s %12s %8s\n", "backend", "threads", "sgemm_gflops", "layer_gflops", "layer_ms",
               "ratio");
   Layer layer{batch};
@@ -191,8 +202,13 @@ int run(int argc, char** argv) {
     }
     for (const std::string& t : split(threads_arg)) {
       set_kernel_threads(std::max(1, std::atoi(t.c_str())));
-      const double sgemm = square_sgemm_gflops(1024, iters);
-      const double secs = layer_seconds(layer, iters);
+      // Baseline and layer alternate, so that a change in machine load hits both; best of `iters` each.
+      constexpr int64_t kSquare = 1024;
+      (void)square_sgemm_seconds(kSquare);  // warm-up
+      double sgemm_s = 1e30;
+      const double secs =
+          layer_seconds(layer, iters, [&] { sgemm_s = std::min(sgemm_s, square_sgemm_seconds(kSquare)); });
+      const double sgemm = 2.0 * kSquare * kSquare * kSquare / sgemm_s / 1e9;
       const double layer_gflops = layer.flops() / secs / 1e9;
       std::printf("%-9s %7s %14.1f %14.1f %12.2f %8.2f\n", name.c_str(), t.c_str(), sgemm, layer_gflops, secs * 1e3,
                   layer_gflops / sgemm);

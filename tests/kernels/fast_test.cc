@@ -174,7 +174,15 @@ TEST_P(FastTest, NormEmbeddingAndLmHead) {
   for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<int32_t>((i * 7) % vocab);
   auto run = [&](bool fast) {
     FVec y(n * d), rstd(n), dx(n * d), dw(d, 1.0f), emb(n * d), probs(n * vocab), dh(n * d), dlog(n * vocab);
-    FVec dwv(vocab * d, 0.0f), loss(1);
+    FVec dwv(vocab * d, 0.0f), loss(1), rot(n * d - 1), drot(n * d - 1);
+    // rotary over x viewed as [batch 2, seq 6, heads 3, head_dim 4] (the first 144 of 247 values)
+    if (fast) {
+      rotary_forward(rot.data(), x.data(), 2, 6, 3, 4, 500.0);
+      rotary_backward_input(drot.data(), dy.data(), 2, 6, 3, 4, 500.0);
+    } else {
+      ref::rotary_forward(rot.data(), x.data(), 2, 6, 3, 4, 500.0);
+      ref::rotary_backward_input(drot.data(), dy.data(), 2, 6, 3, 4, 500.0);
+    }
     if (fast) {
       rmsnorm_forward(y.data(), rstd.data(), x.data(), w.data(), n, d, 1e-5);
       rmsnorm_backward_input(dx.data(), dy.data(), x.data(), w.data(), rstd.data(), n, d);
@@ -192,7 +200,7 @@ TEST_P(FastTest, NormEmbeddingAndLmHead) {
       ref::lm_head_loss_backward_input(dh.data(), dlog.data(), probs.data(), ids.data(), wv.data(), 1.0f, n, d, vocab);
       ref::lm_head_loss_backward_weight(dwv.data(), dlog.data(), y.data(), n, d, vocab);
     }
-    return std::vector<FVec>{y, dx, dw, emb, loss, dh, dwv};
+    return std::vector<FVec>{y, dx, dw, emb, loss, dh, dwv, rot, drot};
   };
   const auto fast = run(true), slow = run(false);
   for (size_t i = 0; i < fast.size(); ++i) expect_close(fast[i], slow[i], "norm/head");
@@ -207,7 +215,13 @@ INSTANTIATE_TEST_SUITE_P(Backends, FastTest, ::testing::Values(GemmBackend::kOne
 TEST(GemmTest, ParseAndEnvironmentWarning) {
   EXPECT_EQ(*parse_gemm_backend("openblas"), GemmBackend::kOpenBlas);
   EXPECT_FALSE(parse_gemm_backend("mkl").ok());
-  // The warning names the variable whenever it is non-empty.
+  EXPECT_NE(gemm_environment_warning(nullptr, true).find("unset"), std::string::npos);
+  EXPECT_NE(gemm_environment_warning("Haswell", true).find("Cooperlake"), std::string::npos);
+  EXPECT_EQ(gemm_environment_warning("Cooperlake", true), "");
+  EXPECT_EQ(gemm_environment_warning("SkylakeX", true), "");
+  EXPECT_EQ(gemm_environment_warning(nullptr, false), "");
+  EXPECT_EQ(gemm_environment_warning("Haswell", false), "");
+  // The warning of this process names the variable whenever it is non-empty.
   const std::string w = gemm_environment_warning();
   if (!w.empty()) {
     EXPECT_NE(w.find("OPENBLAS_CORETYPE"), std::string::npos);

@@ -45,31 +45,34 @@ void attention_backward_input(float* dq, float* dk, float* dv, const float* dout
   const int64_t ldq = s.q_heads * hd, ldk = s.kv_heads * hd;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t num_groups = s.batch * s.kv_heads;
-#pragma omp parallel for schedule(static) if (gemm_nests_in_threads())
-  for (int64_t bg = 0; bg < num_groups; ++bg) {
-    const int64_t b = bg / s.kv_heads, kh = bg % s.kv_heads;
-    const float* kb = k + b * L * ldk + kh * hd;
-    const float* vb = v + b * L * ldk + kh * hd;
-    float* dkb = dk + b * L * ldk + kh * hd;
-    float* dvb = dv + b * L * ldk + kh * hd;
-    std::vector<float> ds(static_cast<size_t>(L * L));
-    for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
-      const float* qb = q + b * L * ldq + h * hd;
-      const float* dob = dout + b * L * ldq + h * hd;
-      const float* p = probs + (b * s.q_heads + h) * L * L;
-      sgemm(false, true, L, L, hd, 1.0f, dob, ldq, vb, ldk, 0.0f, ds.data(), L);  // dP
-      for (int64_t i = 0; i < L; ++i) {
-        const float* pi = p + i * L;
-        float* dsi = ds.data() + i * L;
-        float pdp = 0;
-        for (int64_t j = 0; j <= i; ++j) pdp += pi[j] * dsi[j];
-        for (int64_t j = 0; j <= i; ++j) dsi[j] = pi[j] * (dsi[j] - pdp) * scale;
-        for (int64_t j = i + 1; j < L; ++j) dsi[j] = 0.0f;
+#pragma omp parallel if (gemm_nests_in_threads())
+  {
+    std::vector<float> ds(static_cast<size_t>(L * L));  // per thread, reused across its groups
+#pragma omp for schedule(static)
+    for (int64_t bg = 0; bg < num_groups; ++bg) {
+      const int64_t b = bg / s.kv_heads, kh = bg % s.kv_heads;
+      const float* kb = k + b * L * ldk + kh * hd;
+      const float* vb = v + b * L * ldk + kh * hd;
+      float* dkb = dk + b * L * ldk + kh * hd;
+      float* dvb = dv + b * L * ldk + kh * hd;
+      for (int64_t h = kh * group; h < (kh + 1) * group; ++h) {
+        const float* qb = q + b * L * ldq + h * hd;
+        const float* dob = dout + b * L * ldq + h * hd;
+        const float* p = probs + (b * s.q_heads + h) * L * L;
+        sgemm(false, true, L, L, hd, 1.0f, dob, ldq, vb, ldk, 0.0f, ds.data(), L);  // dP
+        for (int64_t i = 0; i < L; ++i) {
+          const float* pi = p + i * L;
+          float* dsi = ds.data() + i * L;
+          float pdp = 0;
+          for (int64_t j = 0; j <= i; ++j) pdp += pi[j] * dsi[j];
+          for (int64_t j = 0; j <= i; ++j) dsi[j] = pi[j] * (dsi[j] - pdp) * scale;
+          for (int64_t j = i + 1; j < L; ++j) dsi[j] = 0.0f;
+        }
+        const float beta = h == kh * group ? 0.0f : 1.0f;  // the first head of the group overwrites dk, dv
+        sgemm(false, false, L, hd, L, 1.0f, ds.data(), L, kb, ldk, 0.0f, dq + b * L * ldq + h * hd, ldq);
+        sgemm(true, false, L, hd, L, 1.0f, ds.data(), L, qb, ldq, beta, dkb, ldk);
+        sgemm(true, false, L, hd, L, 1.0f, p, L, dob, ldq, beta, dvb, ldk);
       }
-      const float beta = h == kh * group ? 0.0f : 1.0f;  // the first head of the group overwrites dk, dv
-      sgemm(false, false, L, hd, L, 1.0f, ds.data(), L, kb, ldk, 0.0f, dq + b * L * ldq + h * hd, ldq);
-      sgemm(true, false, L, hd, L, 1.0f, ds.data(), L, qb, ldq, beta, dkb, ldk);
-      sgemm(true, false, L, hd, L, 1.0f, p, L, dob, ldq, beta, dvb, ldk);
     }
   }
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <vector>
 
+#include "piper/base/check.h"
 #include "piper/kernels/cpu/gemm.h"
 #include "piper/kernels/cpu/ops.h"
 
@@ -51,6 +52,49 @@ void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const f
     for (int64_t i = 0; i < n; ++i) acc += dy[i * d + j] * x[i * d + j] * rstd[i];
     dw[j] = acc;
   }
+}
+
+namespace {
+
+// Same angles as the reference: pos · theta^(-2i/head_dim), computed in double and rounded to float.
+void rotate(float* out, const float* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, double theta,
+            double sign) {
+  PIPER_CHECK(head_dim % 2 == 0, "rotary needs an even head_dim, got ", head_dim);
+  const int64_t half = head_dim / 2;
+  std::vector<float> cos_t(static_cast<size_t>(seq * half)), sin_t(static_cast<size_t>(seq * half));
+  for (int64_t t = 0; t < seq; ++t) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = sign * static_cast<double>(t) *
+                           std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+      cos_t[t * half + i] = static_cast<float>(std::cos(angle));
+      sin_t[t * half + i] = static_cast<float>(std::sin(angle));
+    }
+  }
+#pragma omp parallel for schedule(static)
+  for (int64_t bt = 0; bt < batch * seq; ++bt) {
+    const float* c = &cos_t[(bt % seq) * half];
+    const float* s = &sin_t[(bt % seq) * half];
+    for (int64_t h = 0; h < heads; ++h) {
+      const int64_t base = (bt * heads + h) * head_dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const float x1 = x[base + i], x2 = x[base + i + half];
+        out[base + i] = x1 * c[i] - x2 * s[i];
+        out[base + i + half] = x2 * c[i] + x1 * s[i];
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void rotary_forward(float* out, const float* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                    double theta) {
+  rotate(out, x, batch, seq, heads, head_dim, theta, 1.0);
+}
+
+void rotary_backward_input(float* dx, const float* dout, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                           double theta) {
+  rotate(dx, dout, batch, seq, heads, head_dim, theta, -1.0);
 }
 
 void linear_forward(float* y, const float* x, const float* w, int64_t n, int64_t in, int64_t out) {

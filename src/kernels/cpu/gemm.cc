@@ -99,14 +99,31 @@ void set_kernel_threads(int num_threads) {
 
 int kernel_threads() { return omp_get_max_threads(); }
 
+std::string gemm_environment_warning(const char* coretype, bool has_avx512) {
+  if (!has_avx512) return "";
+  if (coretype == nullptr) {
+    return "OPENBLAS_CORETYPE is unset on an AVX-512 CPU: OpenBLAS 0.3.21 may not recognise the core and fall back "
+           "to SSE3 kernels (2-8x slower GEMMs). Source scripts/env.sh or export OPENBLAS_CORETYPE=Cooperlake before "
+           "starting piper.";
+  }
+  const std::string ct = coretype;
+  for (const char* slow : {"Haswell", "Zen", "Sandybridge", "Prescott", "Nehalem", "Core2", "Excavator"}) {
+    if (ct == slow) {
+      return "OPENBLAS_CORETYPE=" + ct +
+             " selects AVX2-or-older kernels on an AVX-512 CPU (about 2x slower GEMMs "
+             "with OpenBLAS); export OPENBLAS_CORETYPE=Cooperlake (or SkylakeX) before starting piper.";
+    }
+  }
+  return "";
+}
+
 std::string gemm_environment_warning() {
 #if PIPER_HAVE_OPENBLAS
-  if (std::getenv("OPENBLAS_CORETYPE") == nullptr && cpu_has_avx512()) {
-    return "OPENBLAS_CORETYPE is unset on an AVX-512 CPU: OpenBLAS 0.3.21 may fall back to SSE3 kernels (2-8x "
-           "slower GEMMs). Source scripts/env.sh (or export OPENBLAS_CORETYPE=Cooperlake) before starting piper.";
-  }
-#endif
+  static const bool has_avx512 = cpu_has_avx512();
+  return gemm_environment_warning(std::getenv("OPENBLAS_CORETYPE"), has_avx512);
+#else
   return "";
+#endif
 }
 
 void warn_gemm_environment() {

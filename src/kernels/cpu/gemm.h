@@ -37,8 +37,11 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
 void set_kernel_threads(int num_threads);
 int kernel_threads();
 
-// Non-empty when the environment makes OpenBLAS slow: OPENBLAS_CORETYPE unset on an AVX-512 CPU. The text says
-// what to set. warn_gemm_environment() logs it once per process (call at start-up).
+// Non-empty when the environment makes OpenBLAS slow on an AVX-512 CPU: OPENBLAS_CORETYPE unset (0.3.21 may not
+// recognise the core and fall back to SSE3 kernels) or set to an AVX2-only family (Haswell, Zen: about 2x slower
+// than SkylakeX/Cooperlake). The text says what to set. The pure form takes the variable (nullptr = unset) and
+// whether the CPU has AVX-512. warn_gemm_environment() logs the warning once per process (call at start-up).
+std::string gemm_environment_warning(const char* coretype, bool cpu_has_avx512);
 std::string gemm_environment_warning();
 void warn_gemm_environment();
 

@@ -4,7 +4,7 @@
 // Every function here is tested against its reference (tests/kernels/fast_test.cc) and gives the same bits for
 // any kernel_threads(): each output element is computed by one thread in a fixed order.
 // Ops that are cheap or inherently serial have no fast version; call the reference (ref::<op><float>):
-// rotary, embedding_backward_weight, router_update_bias, build_routing.
+// embedding_backward_weight, router_update_bias, build_routing.
 #pragma once
 
 #include <cstdint>
@@ -20,6 +20,12 @@ void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int6
 void rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* w, const float* rstd, int64_t n,
                             int64_t d);
 void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int64_t n, int64_t d);
+
+// Rotary with a cos/sin table computed once per call (the reference recomputes the angles per element).
+void rotary_forward(float* out, const float* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                    double theta);
+void rotary_backward_input(float* dx, const float* dout, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim,
+                           double theta);
 
 void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,
                        const AttentionShape& s);
