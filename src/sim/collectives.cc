@@ -322,4 +322,62 @@ Result<CollectiveFlows> add_all_to_all_uniform_aggregate(const Network& net, Flo
   return out;
 }
 
+Result<CollectiveFlows> add_parallel_rings_all_reduce_aggregate(const Network& net, FlowSim* sim,
+                                                                const std::vector<int>& nodes,
+                                                                const std::vector<int>& locals, double bytes,
+                                                                const CollectiveStart& start) {
+  const std::string what = "aggregate ring all-reduce";
+  PIPER_RETURN_IF_ERROR(check_bytes(bytes, "aggregate ring all-reduce"));
+  auto fail = [&](const std::string& why) { return invalid_argument(what + ": " + why); };
+  if (nodes.size() < 2) return fail("needs at least 2 nodes (a ring inside one node: use add_ring_all_reduce)");
+  if (locals.empty()) return fail("no local device index given");
+  std::set<int> seen_nodes(nodes.begin(), nodes.end()), seen_locals(locals.begin(), locals.end());
+  if (seen_nodes.size() != nodes.size() || seen_locals.size() != locals.size()) return fail("repeated node or index");
+  for (int n : nodes) {
+    if (n < 0 || n >= net.num_nodes()) return fail("node " + std::to_string(n) + " outside the cluster");
+    if (net.group_of_node(n) != net.group_of_node(nodes[0])) return fail("the nodes span several fabric groups");
+  }
+  std::vector<int> per_nic;
+  for (int g : locals) {
+    if (g < 0 || g >= net.devices_per_node()) return fail("local index " + std::to_string(g) + " outside the node");
+    const int nic = net.nic_of(g);
+    if (nic >= static_cast<int>(per_nic.size())) per_nic.resize(nic + 1, 0);
+    ++per_nic[nic];
+  }
+  int c = 0;
+  for (int count : per_nic) {
+    if (count == 0) continue;
+    if (c != 0 && count != c) return fail("NICs serve different numbers of rings; the rings are not symmetric");
+    c = count;
+  }
+  const int dpn = net.devices_per_node();
+  const int rep = nodes[0] * dpn + locals[0];
+  PIPER_ASSIGN_OR_RETURN(Route into_rep, net.route(nodes.back() * dpn + locals[0], rep));
+  const int nic_rx = into_rep.links.back();
+  for (const Link& l : net.links()) {
+    if (l.kind == LinkKind::kNicRx && l.bw_bytes_per_s != net.links()[nic_rx].bw_bytes_per_s) {
+      return fail("NICs of different bandwidths; the rings are not symmetric");
+    }
+  }
+  PIPER_ASSIGN_OR_RETURN(Route out_of_rep, net.route(rep, nodes[1] * dpn + locals[0]));
+  const int n = static_cast<int>(nodes.size());
+  const double members = static_cast<double>(n) * static_cast<double>(locals.size());
+  CollectiveFlows out;
+  int prev = -1;
+  for (int k = 0; k < 2 * (n - 1); ++k) {
+    FlowSpec f;
+    f.hops = {{out_of_rep.links[0], static_cast<double>(c)},
+              {out_of_rep.links[1], members},
+              {nic_rx, static_cast<double>(c)}};
+    f.bytes = bytes / n;
+    f.latency_s = out_of_rep.latency_s;
+    f.release_s = start.release_s;
+    f.after = prev >= 0 ? std::vector<int>{prev} : start.after;
+    PIPER_ASSIGN_OR_RETURN(prev, sim->add(std::move(f)));
+    out.flows.push_back(prev);
+    out.phases.push_back({prev});
+  }
+  return out;
+}
+
 }  // namespace piper::sim

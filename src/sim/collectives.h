@@ -84,6 +84,17 @@ Result<CollectiveFlows> add_all_to_all_uniform_aggregate(const Network& net, Flo
                                                          const std::vector<int>& devices, double bytes_per_rank,
                                                          const CollectiveStart& start = {});
 
+// Parallel ring all-reduces, one per local device index in `locals`, each over the same `nodes` (the usual DP
+// all-reduce: rank (node, g) talks to (next node, g)), simulated by the ring of locals[0] alone: one aggregate
+// flow per ring step, waiting for its previous step, with weight c (rings per used NIC) on the NIC tx/rx and
+// nodes x locals on the group fabric. Needs at least 2 nodes, the same c on every used NIC, NICs of equal
+// bandwidth, one fabric group. Every ring finishes when the representative does; the time equals adding
+// add_ring_all_reduce for every ring into one FlowSim, with 2(N-1) flows instead of 2(N-1) N |locals|.
+Result<CollectiveFlows> add_parallel_rings_all_reduce_aggregate(const Network& net, FlowSim* sim,
+                                                                const std::vector<int>& nodes,
+                                                                const std::vector<int>& locals, double bytes,
+                                                                const CollectiveStart& start = {});
+
 // bytes_matrix for a uniform all-to-all: every rank sends bytes_per_rank / n to every rank (itself included).
 std::vector<std::vector<double>> uniform_all_to_all(int n, double bytes_per_rank);
 

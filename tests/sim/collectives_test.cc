@@ -192,6 +192,40 @@ TEST(CollectivesTest, AggregateAllToAllRefusesAsymmetricGroups) {
   EXPECT_TRUE(add_all_to_all_uniform_aggregate(net, &sim, {0, 2, 4, 6}, 1e9).ok());
 }
 
+TEST(CollectivesTest, AggregateParallelRingsEqualTheFullOnes) {
+  struct Case {
+    int nodes, gpus, nics;
+    double taper;
+    std::vector<int> locals;
+  };
+  for (const Case& cs : {Case{4, 4, 2, 1, {0, 1, 2, 3}}, Case{3, 4, 4, 2, {0, 1, 2, 3}}, Case{4, 4, 2, 3, {0, 2}},
+                         Case{5, 2, 1, 1, {1}}}) {
+    ClusterSpec c = make_cluster(cs.nodes, cs.gpus, 200e9, cs.nics, 25e9, 1e-6, 4e-6);
+    c.fabric.intra_group_taper = cs.taper;
+    Network net = Network::build(c).value();
+    FlowSim full(net.link_bandwidths());
+    std::vector<CollectiveFlows> rings;
+    for (int g : cs.locals) rings.push_back(add_ring_all_reduce(net, &full, iota(cs.nodes, g, cs.gpus), 1e9).value());
+    const std::vector<double> t_full = full.run();
+    FlowSim agg(net.link_bandwidths());
+    CollectiveFlows rep = add_parallel_rings_all_reduce_aggregate(net, &agg, iota(cs.nodes), cs.locals, 1e9).value();
+    EXPECT_EQ(static_cast<int>(rep.flows.size()), 2 * (cs.nodes - 1));
+    const double t_rep = finish_time_s(agg.run(), rep);
+    for (const CollectiveFlows& r : rings) {
+      EXPECT_NEAR(finish_time_s(t_full, r), t_rep, 1e-9 * t_rep)
+          << cs.nodes << " nodes x " << cs.gpus << " gpus, " << cs.nics << " nics, taper " << cs.taper;
+    }
+  }
+  Network net = Network::build(make_cluster(4, 4, 200e9, 2, 25e9)).value();
+  FlowSim sim(net.link_bandwidths());
+  EXPECT_FALSE(add_parallel_rings_all_reduce_aggregate(net, &sim, {0}, {0}, 1e9).ok());
+  EXPECT_NE(add_parallel_rings_all_reduce_aggregate(net, &sim, iota(4), {0, 1, 3}, 1e9)
+                .status()
+                .message()
+                .find("not symmetric"),
+            std::string::npos);
+}
+
 TEST(CollectivesTest, M2nAndP2p) {
   // 2 attention devices on node 0 send to 2 expert devices on node 1 through one 10 GB/s NIC: 4 x 1 GB.
   Network net = Network::build(make_cluster(2, 2, 100e9, 1, 10e9)).value();
