@@ -137,15 +137,8 @@ Result<Network> Network::build(const ClusterSpec& c) {
   net.num_nics_ = static_cast<int>(c.node.nics.size());
   net.pair_matrix_ = !c.node.pair_bw_bytes_per_s.empty();
   net.nic_of_local_.assign(g, 0);
-  for (int d = 0; d < g && net.num_nics_ > 0; ++d) {
-    int nic = d % net.num_nics_;
-    for (int i = net.num_nics_ - 1; i >= 0; --i) {
-      for (int near : c.node.nics[i].near_devices) nic = near == d ? i : nic;
-    }
-    net.nic_of_local_[d] = nic;
-  }
-  double nic_bw_total = 0;
-  for (const NicSpec& nic : c.node.nics) nic_bw_total += nic.bw_bytes_per_s;
+  for (int d = 0; d < g && net.num_nics_ > 0; ++d) net.nic_of_local_[d] = c.node.nic_of_device(d);
+  const double nic_bw_total = c.node.nic_bw_total();
 
   for (int n = 0; n < c.num_nodes; ++n) {
     if (net.pair_matrix_) {

@@ -8,8 +8,8 @@
 //   - inside a node, per-pair matrix: direct links (Infinity-Fabric-like), one per ordered pair with
 //     pair_bw_bytes_per_s[a][b] bandwidth (pairs with 0 have no direct link and are an error to route).
 //   - across nodes: NIC transmit and receive links per NIC (node.nics[i].bw per direction). A device uses its
-//     nearest NIC: the first NIC whose near_devices lists it, else NIC (local index mod number of NICs). The
-//     device-to-NIC hop (PCIe) is not modelled. Latency node.nic_latency_s on the transmit link.
+//     nearest NIC (NodeSpec::nic_of_device: the first NIC whose near_devices lists it, else local index mod
+//     NICs). The device-to-NIC hop (PCIe) is not modelled. Latency node.nic_latency_s on the transmit link.
 //   - groups of fabric.nodes_per_group nodes (0 = one group; the last group may be smaller) share an intra-group
 //     fabric link of capacity (nodes in group * sum of NIC bandwidths) / intra_group_taper that every
 //     inter-node flow touching the group crosses (a switch with tapered bisection, one aggregate link).
