@@ -125,6 +125,53 @@ Result<CollectiveFlows> add_ring_all_reduce(const Network& net, FlowSim* sim, co
   return ring(net, sim, devices, bytes, start, 2, "ring all-reduce");
 }
 
+Result<CollectiveFlows> add_tree_all_reduce(const Network& net, FlowSim* sim, const std::vector<int>& devices,
+                                            double bytes, int chunks, const CollectiveStart& start) {
+  PIPER_RETURN_IF_ERROR(check_group(net, devices, "tree all-reduce"));
+  PIPER_RETURN_IF_ERROR(check_bytes(bytes, "tree all-reduce"));
+  if (chunks < 1) return invalid_argument("tree all-reduce: chunks=" + std::to_string(chunks) + " must be >= 1");
+  const int n = static_cast<int>(devices.size());
+  CollectiveFlows out;
+  out.phases.assign(2, {});  // reduce (up), broadcast (down)
+  std::vector<std::vector<int>> up(n, std::vector<int>(chunks, -1)), down = up;
+  auto children = [&](int i) {
+    std::vector<int> c;
+    for (int k : {2 * i + 1, 2 * i + 2}) {
+      if (k < n) c.push_back(k);
+    }
+    return c;
+  };
+  // Ranks are visited leaves first (decreasing index), so every child's flow exists before its parent's.
+  for (int j = 0; j < chunks; ++j) {
+    for (int i = n - 1; i >= 1; --i) {
+      std::vector<int> after;
+      for (int c : children(i)) after.push_back(up[c][j]);
+      if (j > 0) after.push_back(up[i][j - 1]);
+      if (after.empty()) after = start.after;
+      PIPER_ASSIGN_OR_RETURN(up[i][j], add_routed(net, sim, devices[i], devices[(i - 1) / 2], bytes / chunks,
+                                                  start.release_s, std::move(after)));
+      out.phases[0].push_back(up[i][j]);
+    }
+  }
+  for (int j = 0; j < chunks; ++j) {
+    for (int i = 1; i < n; ++i) {
+      const int parent = (i - 1) / 2;
+      std::vector<int> after;
+      if (parent == 0) {
+        for (int c : children(0)) after.push_back(up[c][j]);
+      } else {
+        after.push_back(down[parent][j]);
+      }
+      if (j > 0) after.push_back(down[i][j - 1]);
+      PIPER_ASSIGN_OR_RETURN(down[i][j], add_routed(net, sim, devices[parent], devices[i], bytes / chunks,
+                                                    start.release_s, std::move(after)));
+      out.phases[1].push_back(down[i][j]);
+    }
+  }
+  for (const auto& phase : out.phases) out.flows.insert(out.flows.end(), phase.begin(), phase.end());
+  return out;
+}
+
 Result<CollectiveFlows> add_all_to_all_flat(const Network& net, FlowSim* sim, const std::vector<int>& devices,
                                             const std::vector<std::vector<double>>& bytes_matrix,
                                             const CollectiveStart& start) {

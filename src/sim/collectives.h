@@ -17,6 +17,10 @@
 //     remote node m to its lane's send proxy for m (gather). Phase II: each send proxy sends one batch to the
 //     receive proxy on m once its gather is complete. Phase III: the receive proxy sends each other rank of m
 //     its part of the batch once the batch has arrived. Proxies follow HaloLayout (= comm::NodeTopology).
+//   tree_all_reduce: a binary tree over the group order (parent of i is (i-1)/2, root devices[0]), the buffer cut
+//     into `chunks` pieces that are pipelined: a rank sends chunk j up once chunk j arrived from all its children
+//     (and after its chunk j-1); the root sends chunk j down once it has all of it, every rank forwards it down
+//     once received (in chunk order). One tree, not NCCL's double tree: inner ranks' ports carry both directions.
 //   m2n: senders[m] sends bytes_matrix[m][r] to receivers[r], all at once (attention -> expert groups).
 //   p2p: one flow.
 // A zero-byte entry adds no flow. Thread-safety: none (mutates the FlowSim).
@@ -51,6 +55,8 @@ Result<CollectiveFlows> add_ring_all_gather(const Network& net, FlowSim* sim, co
                                             double bytes, const CollectiveStart& start = {});
 Result<CollectiveFlows> add_ring_all_reduce(const Network& net, FlowSim* sim, const std::vector<int>& devices,
                                             double bytes, const CollectiveStart& start = {});
+Result<CollectiveFlows> add_tree_all_reduce(const Network& net, FlowSim* sim, const std::vector<int>& devices,
+                                            double bytes, int chunks, const CollectiveStart& start = {});
 // bytes_matrix[i][j]: bytes rank i sends to rank j (the diagonal stays local and adds no flow).
 Result<CollectiveFlows> add_all_to_all_flat(const Network& net, FlowSim* sim, const std::vector<int>& devices,
                                             const std::vector<std::vector<double>>& bytes_matrix,

@@ -50,6 +50,26 @@ TEST(CollectivesTest, RingAllReduceMatchesAlphaBetaAcrossNodes) {
   EXPECT_NEAR(ag, rs, 1e-9);
 }
 
+TEST(CollectivesTest, TreeAllReduceByHand) {
+  // 3 ranks on a 100 GB/s switch, alpha 1 us, one chunk: both leaves send 1 GB to the root, whose in-port they
+  // share (0.02 s), then the root sends 1 GB to each leaf through its shared out-port (0.02 s): 0.04 s + 2 alpha.
+  Network net = Network::build(make_cluster(1, 3, 100e9, 0, 0, 1e-6)).value();
+  EXPECT_NEAR(time_alone(net, [&](FlowSim* s) { return add_tree_all_reduce(net, s, iota(3), 1e9, 1); }), 0.04 + 2e-6,
+              1e-12);
+  // Two ranks, 4 chunks: the down-going chunk j overlaps the up-going chunk j+1 (different ports):
+  // 4 chunks up at 0.0025 s each, the last one then goes down: 5 x (0.0025 s + 1 us).
+  Network two = Network::build(make_cluster(1, 2, 100e9, 0, 0, 1e-6)).value();
+  EXPECT_NEAR(time_alone(two, [&](FlowSim* s) { return add_tree_all_reduce(two, s, iota(2), 1e9, 4); }),
+              5 * (0.0025 + 1e-6), 1e-12);
+  // Pipelining pays on a deep tree: 15 ranks, 16 chunks beat 1 chunk.
+  Network deep = Network::build(make_cluster(1, 15, 100e9, 0, 0, 1e-6)).value();
+  const double one = time_alone(deep, [&](FlowSim* s) { return add_tree_all_reduce(deep, s, iota(15), 1e9, 1); });
+  const double many = time_alone(deep, [&](FlowSim* s) { return add_tree_all_reduce(deep, s, iota(15), 1e9, 16); });
+  EXPECT_LT(many, 0.6 * one);
+  FlowSim sim(deep.link_bandwidths());
+  EXPECT_FALSE(add_tree_all_reduce(deep, &sim, iota(3), 1e9, 0).ok());
+}
+
 TEST(CollectivesTest, FlatAllToAllByHand) {
   // 2 nodes x 2 devices, one 10 GB/s NIC per node, 100 GB/s switch. Each device sends 1 GB to each other
   // device: the NIC carries 4 GB out per node (0.4 s); the 1 GB inside the node takes 0.01 s.
