@@ -5,6 +5,7 @@
 #include <string>
 
 #include "piper/balance/greedy_repack.h"
+#include "piper/balance/load_monitor.h"
 #include "piper/base/check.h"
 
 namespace piper::balance {
@@ -223,6 +224,26 @@ Result<MigrationPlan> plan_migration(const std::vector<int64_t>& expert_tokens, 
   plan.saving_s = saving_s(plan.max_rank_tokens_before, best_max, window_steps, cost);
   plan.cost_s = migration_time_s(current, plan.placement, cost);
   return plan;
+}
+
+Result<std::vector<MigrationPlan>> plan_layers(const LoadMonitor& monitor, const MigrationCost& cost,
+                                               const PlannerOptions& options) {
+  std::vector<MigrationPlan> plans;
+  for (int layer = 0; layer < monitor.num_layers(); ++layer) {
+    const LayerLoadStats stats = monitor.layer_stats(layer);
+    if (stats.steps == 0) {
+      MigrationPlan empty;
+      empty.placement = monitor.placement(layer);
+      empty.reason = "no steps recorded";
+      plans.push_back(std::move(empty));
+      continue;
+    }
+    Result<MigrationPlan> plan =
+        plan_migration(stats.expert_tokens, stats.steps, monitor.placement(layer), cost, options);
+    if (!plan.ok()) return plan.status().with_context("layer " + std::to_string(layer));
+    plans.push_back(std::move(plan).value());
+  }
+  return plans;
 }
 
 }  // namespace piper::balance

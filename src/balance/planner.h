@@ -39,6 +39,8 @@
 
 namespace piper::balance {
 
+class LoadMonitor;
+
 struct MigrationCost {
   double bytes_per_expert = 0;     // weights + gradients + optimizer states that travel with one expert
   double link_bw_bytes_per_s = 0;  // per rank and direction, between ranks of an EP group
@@ -79,6 +81,12 @@ struct MigrationPlan {
 Result<MigrationPlan> plan_migration(const std::vector<int64_t>& expert_tokens, int window_steps,
                                      const ExpertPlacement& current, const MigrationCost& cost,
                                      const PlannerOptions& options = {});
+
+// One plan per layer of a monitor, from its window (expert_tokens, steps) and current placements; a layer with an
+// empty window or below the threshold gets an empty plan. Errors from any layer carry the layer index.
+// Each layer is weighed on its own: `cost` describes one layer's experts and time per token.
+Result<std::vector<MigrationPlan>> plan_layers(const LoadMonitor& monitor, const MigrationCost& cost,
+                                               const PlannerOptions& options = {});
 
 // cost_s of moving from `before` to `after` under the model above (0 when nothing moves).
 // Precondition: both valid, same shape.

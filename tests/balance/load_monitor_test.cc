@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "piper/balance/planner.h"
+
 namespace piper::balance {
 namespace {
 
@@ -53,6 +55,33 @@ TEST(LoadMonitorTest, SeveralLayersAreIndependent) {
   EXPECT_DOUBLE_EQ(m.layer_stats(0).imbalance, 1.0);
   EXPECT_DOUBLE_EQ(m.layer_stats(1).imbalance, 1.8);
   EXPECT_DOUBLE_EQ(m.max_imbalance(), 1.8);
+}
+
+TEST(LoadMonitorTest, PlanEveryLayerAndApply) {
+  // Layer 0 balanced, layer 1 with its two hot experts on rank 0: only layer 1 moves, and applying its plan
+  // balances the monitor's view at once.
+  LoadMonitor m =
+      LoadMonitor::create(
+          {ExpertPlacement::contiguous(4, 2, 2, 2).value(), ExpertPlacement::contiguous(4, 2, 2, 2).value()}, 8)
+          .value();
+  MigrationCost cost;
+  cost.bytes_per_expert = 1e6;
+  cost.link_bw_bytes_per_s = 1e12;
+  cost.steps_next_window = 100;
+  cost.time_per_token_s = 1e-6;
+  std::vector<MigrationPlan> none = plan_layers(m, cost).value();
+  ASSERT_EQ(none.size(), 2u);
+  EXPECT_EQ(none[1].reason, "no steps recorded");
+  for (int step = 0; step < 3; ++step) ASSERT_TRUE(m.record_step({{5, 5, 5, 5}, {10, 9, 1, 1}}).ok());
+  std::vector<MigrationPlan> plans = plan_layers(m, cost).value();
+  EXPECT_TRUE(plans[0].moves.empty());
+  EXPECT_EQ(plans[0].reason, "balanced");
+  ASSERT_EQ(plans[1].moves.size(), 2u);
+  ASSERT_TRUE(m.set_placement(1, plans[1].placement).ok());
+  EXPECT_DOUBLE_EQ(m.layer_stats(1).imbalance, 22.0 / 21.0);
+  MigrationCost bad = cost;
+  bad.link_bw_bytes_per_s = -1;
+  EXPECT_NE(plan_layers(m, bad).status().message().find("layer 0"), std::string::npos);
 }
 
 TEST(LoadMonitorTest, BadInputsAreErrorsAndRecordNothing) {
