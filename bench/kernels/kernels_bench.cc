@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <functional>
 #include <string>
 #include <vector>
@@ -32,17 +33,33 @@ FVec random_vec(int64_t n, uint64_t seed, float scale) {
 
 double now_s() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
+// CPU seconds of the whole process (all threads). On a shared machine the wall time includes waiting for a core;
+// the CPU time does not, so the ratio of CPU-time rates is the steadier efficiency measure.
+double cpu_s() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+struct Seconds {
+  double wall = 1e30, cpu = 1e30;
+  void keep_best(const Seconds& o) {
+    wall = std::min(wall, o.wall);
+    cpu = std::min(cpu, o.cpu);
+  }
+};
+
 // Seconds of one square sgemm of the given size (the caller keeps the best of several).
-double square_sgemm_seconds(int64_t size) {
+Seconds square_sgemm_seconds(int64_t size) {
   static FVec a, b, c;
   if (static_cast<int64_t>(a.size()) != size * size) {
     a = random_vec(size * size, 1, 1.0f);
     b = random_vec(size * size, 2, 1.0f);
     c.assign(static_cast<size_t>(size * size), 0.0f);
   }
-  const double t0 = now_s();
+  const double t0 = now_s(), c0 = cpu_s();
   sgemm(false, false, size, size, size, 1.0f, a.data(), size, b.data(), size, 0.0f, c.data(), size);
-  return now_s() - t0;
+  return {now_s() - t0, cpu_s() - c0};
 }
 
 struct Layer {
@@ -63,7 +80,7 @@ struct Layer {
 
 // Runs the layer forward + backward `1 + repeats` times (the first warms up) and returns the best step time.
 // Buffers are allocated and filled once, outside the timed region.
-double layer_seconds(const Layer& L, int repeats, const std::function<void()>& between) {
+Seconds layer_seconds(const Layer& L, int repeats, const std::function<void()>& between) {
   const int64_t n = L.n(), d = L.d, f = L.f, E = L.cfg.num_experts, rows = n * L.cfg.top_k, qkv = L.qkv();
   const int64_t nq = n * L.q_heads * L.hd, nk = n * L.kv_heads * L.hd;
   const AttentionShape as{L.batch, L.seq, L.q_heads, L.kv_heads, L.hd};
@@ -84,10 +101,10 @@ double layer_seconds(const Layer& L, int repeats, const std::function<void()>& b
   FVec gwg(E * f * d), gwu(E * f * d), gwd(E * d * f), gwr(E * d), gwqkv(qkv * d), gwo(d * L.q_heads * L.hd);
   FVec gn1(d), gn2(d);
 
-  double best = 1e30;
+  Seconds best;
   for (int it = 0; it < repeats + 1; ++it) {
     if (it > 0) between();
-    const double t0 = now_s();
+    const double t0 = now_s(), c0 = cpu_s();
     // ---- forward: attention block
     rmsnorm_forward(h1.data(), rstd1.data(), x.data(), w_norm1.data(), n, d, 1e-5);
     linear_forward(qkv_out.data(), h1.data(), w_qkv.data(), n, d, qkv);
@@ -140,7 +157,7 @@ double layer_seconds(const Layer& L, int repeats, const std::function<void()>& b
     linear_backward_weight(gwqkv.data(), dqkv.data(), h1.data(), n, d, qkv);
     rmsnorm_backward_input(dx.data(), dh1.data(), x.data(), w_norm1.data(), rstd1.data(), n, d);
     rmsnorm_backward_weight(gn1.data(), dh1.data(), x.data(), rstd1.data(), n, d);
-    if (it > 0) best = std::min(best, now_s() - t0);
+    if (it > 0) best.keep_best({now_s() - t0, cpu_s() - c0});
   }
   return best;
 }
@@ -187,8 +204,8 @@ int run(int argc, char** argv) {
       "kernels_bench: tiny-moe layer (attention + MoE 8x top-2, d=128, seq=128, batch=%lld), "
       "OPENBLAS_CORETYPE=%s, load average %.1f\n",
       static_cast<long long>(batch), coretype ? coretype : "(unset)", load);
-  std::printf("%-9s %7s %14s %14s %12s %8s\n", "backend", "threads", "sgemm_gflops", "layer_gflops", "layer_ms",
-              "ratio");
+  std::printf("%-9s %7s %14s %14s %12s %8s %10s\n", "backend", "threads", "sgemm_gflops", "layer_gflops", "layer_ms",
+              "ratio", "ratio_cpu");
   Layer layer{batch};
   for (const std::string& name : split(backends_arg)) {
     Result<GemmBackend> backend = parse_gemm_backend(name);
@@ -205,13 +222,13 @@ int run(int argc, char** argv) {
       // Baseline and layer alternate, so that a change in machine load hits both; best of `iters` each.
       constexpr int64_t kSquare = 1024;
       (void)square_sgemm_seconds(kSquare);  // warm-up
-      double sgemm_s = 1e30;
-      const double secs =
-          layer_seconds(layer, iters, [&] { sgemm_s = std::min(sgemm_s, square_sgemm_seconds(kSquare)); });
-      const double sgemm = 2.0 * kSquare * kSquare * kSquare / sgemm_s / 1e9;
-      const double layer_gflops = layer.flops() / secs / 1e9;
-      std::printf("%-9s %7s %14.1f %14.1f %12.2f %8.2f\n", name.c_str(), t.c_str(), sgemm, layer_gflops, secs * 1e3,
-                  layer_gflops / sgemm);
+      Seconds base;
+      const Seconds step = layer_seconds(layer, iters, [&] { base.keep_best(square_sgemm_seconds(kSquare)); });
+      const double sgemm_flops = 2.0 * kSquare * kSquare * kSquare;
+      const double sgemm = sgemm_flops / base.wall / 1e9, layer_gflops = layer.flops() / step.wall / 1e9;
+      const double ratio_cpu = (layer.flops() / step.cpu) / (sgemm_flops / base.cpu);
+      std::printf("%-9s %7s %14.1f %14.1f %12.2f %8.2f %10.2f\n", name.c_str(), t.c_str(), sgemm, layer_gflops,
+                  step.wall * 1e3, layer_gflops / sgemm, ratio_cpu);
     }
   }
   return 0;
