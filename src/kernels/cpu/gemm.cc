@@ -27,7 +27,7 @@ std::atomic<GemmBackend>& current_backend() {
   return backend;
 }
 
-bool cpu_has_avx512() {
+[[maybe_unused]] bool cpu_has_avx512() {
   std::ifstream in("/proc/cpuinfo");
   std::string line;
   while (std::getline(in, line)) {
