@@ -202,5 +202,51 @@ TEST(GradMoeTest, ExpertSwigluWithAnEmptyExpert) {
   expect_grad("dwd", &wd, dwd, loss);
 }
 
+// The whole routed-expert path composed as the executor will run it: the gradient of x arrives by two routes
+// (through the experts and through the router weights), and W of router and experts use what B saved.
+TEST(GradMoeTest, ComposedMoeLayer) {
+  const int64_t n = 7, d = 4, f = 3;
+  RouterConfig cfg{4, 2, ScoreFunc::kSoftmax, true, 0.02};
+  const int E = cfg.num_experts, K = cfg.top_k;
+  const int64_t rows = n * K;
+  RandomSource rs(16);
+  Vec x = rs.normal(n * d), wr = rs.normal(E * d), wg = rs.normal(E * f * d), wu = rs.normal(E * f * d);
+  Vec wd = rs.normal(E * d * f), ry = rs.normal(n * d);
+  Vec scores(n * E), topk_w(rows), xp(rows * d), yp(rows * d), g(rows * f), u(rows * f), h(rows * f), y(n * d);
+  std::vector<int32_t> idx(rows);
+  Routing r;
+  auto loss = [&] {
+    double aux = 0;
+    ref::router_forward(scores.data(), idx.data(), topk_w.data(), &aux, x.data(), wr.data(), nullptr, n, d, cfg);
+    r = build_routing(idx.data(), n, K, E);
+    ref::permute_forward(xp.data(), x.data(), r, d);
+    ref::expert_swiglu_forward(yp.data(), g.data(), u.data(), h.data(), xp.data(), wg.data(), wu.data(), wd.data(), r,
+                               d, f);
+    ref::unpermute_forward(y.data(), yp.data(), topk_w.data(), r, d);
+    return dot(y, ry) + aux;
+  };
+  loss();
+  const std::vector<int32_t> idx0 = idx;
+  Vec dyp(rows * d), dtw(rows), dxp(rows * d), dg(rows * f), du(rows * f), dx(n * d), dx_router(n * d), dlog(n * E);
+  Vec dwr(E * d, 0.0), dwg(E * f * d, 0.0), dwu(E * f * d, 0.0), dwd(E * d * f, 0.0);
+  ref::unpermute_backward_input(dyp.data(), dtw.data(), ry.data(), yp.data(), topk_w.data(), r, d);
+  ref::expert_swiglu_backward_input(dxp.data(), dg.data(), du.data(), dyp.data(), g.data(), u.data(), wg.data(),
+                                    wu.data(), wd.data(), r, d, f);
+  ref::permute_backward_input(dx.data(), dxp.data(), r, d);
+  ref::router_backward_input(dx_router.data(), dlog.data(), dtw.data(), scores.data(), idx.data(), topk_w.data(),
+                             wr.data(), n, d, cfg);
+  for (int64_t i = 0; i < n * d; ++i) dx[i] += dx_router[i];
+  ref::router_backward_weight(dwr.data(), dlog.data(), x.data(), n, d, cfg);
+  ref::expert_swiglu_backward_weight(dwg.data(), dwu.data(), dwd.data(), dyp.data(), xp.data(), h.data(), dg.data(),
+                                     du.data(), r, d, f);
+  expect_grad("dx", &x, dx, loss);
+  expect_grad("dwr", &wr, dwr, loss);
+  expect_grad("dwg", &wg, dwg, loss);
+  expect_grad("dwu", &wu, dwu, loss);
+  expect_grad("dwd", &wd, dwd, loss);
+  loss();
+  EXPECT_EQ(idx, idx0) << "a perturbation changed the selection; pick another seed";
+}
+
 }  // namespace
 }  // namespace piper::kernels
