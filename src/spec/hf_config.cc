@@ -86,16 +86,8 @@ Status read_qwen3_moe(JsonReader& r, ModelSpec* m) {
   return ok_status();
 }
 
-Status read_deepseek(JsonReader& r, ModelSpec* m) {
-  PIPER_RETURN_IF_ERROR(read_llama_common(r, m));
-  m->attention = AttentionType::kMLA;
-  PIPER_RETURN_IF_ERROR(r.get_int("q_lora_rank", &m->mla.q_lora_rank, false, 0));  // null = no Q compression
-  PIPER_RETURN_IF_ERROR(r.get_int("kv_lora_rank", &m->mla.kv_lora_rank, true, 1));
-  PIPER_RETURN_IF_ERROR(r.get_int("qk_nope_head_dim", &m->mla.qk_nope_head_dim, true, 0));
-  PIPER_RETURN_IF_ERROR(r.get_int("qk_rope_head_dim", &m->mla.qk_rope_head_dim, true, 0));
-  PIPER_RETURN_IF_ERROR(r.get_int("v_head_dim", &m->mla.v_head_dim, true, 1));
-  m->head_dim = m->mla.qk_nope_head_dim + m->mla.qk_rope_head_dim;
-  m->num_kv_heads = m->num_heads;
+// DeepSeek MoE fields, shared by deepseek (DeepSeekMoE, MHA) and deepseek_v2/v3 (MLA).
+Status read_deepseek_moe(JsonReader& r, ModelSpec* m) {
   PIPER_RETURN_IF_ERROR(r.get_int("intermediate_size", &m->intermediate_size, true, 1));
   MoeSpec& e = m->moe;
   PIPER_RETURN_IF_ERROR(r.get_int("n_routed_experts", &e.num_experts, true, 1));
@@ -113,7 +105,7 @@ Status read_deepseek(JsonReader& r, ModelSpec* m) {
   std::string scoring = "softmax";
   PIPER_RETURN_IF_ERROR(r.get_enum("scoring_func", &scoring, {"softmax", "sigmoid"}, false));
   e.router = scoring == "sigmoid" ? RouterType::kSigmoid : RouterType::kSoftmax;
-  e.norm_topk_prob = false;  // DeepseekV2Config / V3 class default when absent
+  e.norm_topk_prob = false;  // the DeepSeek config classes' default when absent
   PIPER_RETURN_IF_ERROR(r.get_bool("norm_topk_prob", &e.norm_topk_prob, false));
   PIPER_RETURN_IF_ERROR(r.get_int("n_group", &e.num_groups, false, 1));
   PIPER_RETURN_IF_ERROR(r.get_int("topk_group", &e.topk_groups, false, 1));
@@ -122,10 +114,28 @@ Status read_deepseek(JsonReader& r, ModelSpec* m) {
   PIPER_RETURN_IF_ERROR(r.get_enum("topk_method", &method, {"greedy", "group_limited_greedy", "noaux_tc"}, false));
   e.router_bias = method == "noaux_tc";  // e_score_correction_bias: one float per expert
   if (method == "greedy") {
-    e.num_groups = 1;  // groups exist in the config but do not limit routing
+    e.num_groups = 1;  // groups may be listed in the config but do not limit routing
     e.topk_groups = 1;
   }
   return ok_status();
+}
+
+Status read_deepseek(JsonReader& r, ModelSpec* m) {
+  PIPER_RETURN_IF_ERROR(read_llama_common(r, m));
+  return read_deepseek_moe(r, m);
+}
+
+Status read_deepseek_mla(JsonReader& r, ModelSpec* m) {
+  PIPER_RETURN_IF_ERROR(read_llama_common(r, m));
+  m->attention = AttentionType::kMLA;
+  PIPER_RETURN_IF_ERROR(r.get_int("q_lora_rank", &m->mla.q_lora_rank, false, 0));  // null = no Q compression
+  PIPER_RETURN_IF_ERROR(r.get_int("kv_lora_rank", &m->mla.kv_lora_rank, true, 1));
+  PIPER_RETURN_IF_ERROR(r.get_int("qk_nope_head_dim", &m->mla.qk_nope_head_dim, true, 0));
+  PIPER_RETURN_IF_ERROR(r.get_int("qk_rope_head_dim", &m->mla.qk_rope_head_dim, true, 0));
+  PIPER_RETURN_IF_ERROR(r.get_int("v_head_dim", &m->mla.v_head_dim, true, 1));
+  m->head_dim = m->mla.qk_nope_head_dim + m->mla.qk_rope_head_dim;
+  m->num_kv_heads = m->num_heads;
+  return read_deepseek_moe(r, m);
 }
 
 Status read_gpt_oss(JsonReader& r, ModelSpec* m) {
@@ -230,7 +240,7 @@ Status read_gpt2(JsonReader& r, ModelSpec* m) {
 const std::map<std::string, Reader>& readers() {
   static const std::map<std::string, Reader> r = {
       {"llama", read_llama},       {"mixtral", read_mixtral}, {"qwen3_moe", read_qwen3_moe},
-      {"deepseek_v2", read_deepseek}, {"deepseek_v3", read_deepseek}, {"gpt_oss", read_gpt_oss},
+      {"deepseek", read_deepseek}, {"deepseek_v2", read_deepseek_mla}, {"deepseek_v3", read_deepseek_mla}, {"gpt_oss", read_gpt_oss},
       {"olmoe", read_olmoe},       {"dbrx", read_dbrx},       {"gpt2", read_gpt2},
   };
   return r;
