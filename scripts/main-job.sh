@@ -7,3 +7,6 @@ echo "== piper info --model deepseek-v3"
 echo
 echo "== piper info --model tiny-moe"
 "$BIN" info --model tiny-moe
+echo
+echo "== piper info --cluster h800 --nodes 16"
+"$BIN" info --cluster h800 --nodes 16

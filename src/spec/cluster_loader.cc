@@ -37,7 +37,8 @@ Status read_node(const Json& json, NodeSpec* n) {
       if (!row.is_array()) return invalid_argument("cluster.node.pair_bw_bytes_per_s: expected an array of arrays");
       std::vector<double> values;
       for (const Json& v : row) {
-        if (!v.is_number()) return invalid_argument("cluster.node.pair_bw_bytes_per_s: expected numbers, got " + v.dump());
+        if (!v.is_number())
+          return invalid_argument("cluster.node.pair_bw_bytes_per_s: expected numbers, got " + v.dump());
         values.push_back(v.get<double>());
       }
       n->pair_bw_bytes_per_s.push_back(values);
@@ -52,7 +53,8 @@ Status read_node(const Json& json, NodeSpec* n) {
     NicSpec nic;
     PIPER_RETURN_IF_ERROR(nr.get_double("bw_bytes_per_s", &nic.bw_bytes_per_s, true, 0));
     if (const Json* near = nr.find("near_devices")) {
-      if (!near->is_array()) return invalid_argument(nr.field_path("near_devices") + ": expected an array of device indices");
+      if (!near->is_array())
+        return invalid_argument(nr.field_path("near_devices") + ": expected an array of device indices");
       for (const Json& d : *near) {
         if (!d.is_number_integer()) return invalid_argument(nr.field_path("near_devices") + ": expected integers");
         nic.near_devices.push_back(d.get<int>());

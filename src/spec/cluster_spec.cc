@@ -25,20 +25,28 @@ Status non_negative(const std::string& field, double value) {
 
 const char* to_string(DType d) {
   switch (d) {
-    case DType::kFP32: return "fp32";
-    case DType::kBF16: return "bf16";
-    case DType::kFP16: return "fp16";
-    case DType::kFP8: return "fp8";
+    case DType::kFP32:
+      return "fp32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kFP16:
+      return "fp16";
+    case DType::kFP8:
+      return "fp8";
   }
   return "?";
 }
 
 int dtype_bytes(DType d) {
   switch (d) {
-    case DType::kFP32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kFP16: return 2;
-    case DType::kFP8: return 1;
+    case DType::kFP32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kFP16:
+      return 2;
+    case DType::kFP8:
+      return 1;
   }
   return 0;
 }
@@ -53,19 +61,25 @@ Result<DType> parse_dtype(const std::string& text, const std::string& what) {
 
 const char* to_string(FabricTopology t) {
   switch (t) {
-    case FabricTopology::kSingleNode: return "single-node";
-    case FabricTopology::kFatTree: return "fat-tree";
-    case FabricTopology::kDragonfly: return "dragonfly";
+    case FabricTopology::kSingleNode:
+      return "single-node";
+    case FabricTopology::kFatTree:
+      return "fat-tree";
+    case FabricTopology::kDragonfly:
+      return "dragonfly";
   }
   return "?";
 }
 
 double DeviceSpec::peak_flops(DType d) const {
   switch (d) {
-    case DType::kFP32: return peak_flops_fp32;
+    case DType::kFP32:
+      return peak_flops_fp32;
     case DType::kBF16:
-    case DType::kFP16: return peak_flops_bf16;
-    case DType::kFP8: return peak_flops_fp8;
+    case DType::kFP16:
+      return peak_flops_bf16;
+    case DType::kFP8:
+      return peak_flops_fp8;
   }
   return 0;
 }
@@ -107,8 +121,8 @@ Status ClusterSpec::validate() const {
   PIPER_RETURN_IF_ERROR(non_negative("node.intra.latency_s", node.intra.latency_s));
   if (!node.pair_bw_bytes_per_s.empty()) {
     if (static_cast<int>(node.pair_bw_bytes_per_s.size()) != n) {
-      return invalid_argument("cluster.node.pair_bw_bytes_per_s: needs " + std::to_string(n) + " rows (devices_per_node), got " +
-                              std::to_string(node.pair_bw_bytes_per_s.size()));
+      return invalid_argument("cluster.node.pair_bw_bytes_per_s: needs " + std::to_string(n) +
+                              " rows (devices_per_node), got " + std::to_string(node.pair_bw_bytes_per_s.size()));
     }
     for (int a = 0; a < n; ++a) {
       if (static_cast<int>(node.pair_bw_bytes_per_s[a].size()) != n) {
@@ -117,8 +131,9 @@ Status ClusterSpec::validate() const {
       }
       for (int b = 0; b < n; ++b) {
         if (a != b) {
-          PIPER_RETURN_IF_ERROR(positive("node.pair_bw_bytes_per_s[" + std::to_string(a) + "][" + std::to_string(b) + "]",
-                                         node.pair_bw_bytes_per_s[a][b]));
+          PIPER_RETURN_IF_ERROR(
+              positive("node.pair_bw_bytes_per_s[" + std::to_string(a) + "][" + std::to_string(b) + "]",
+                       node.pair_bw_bytes_per_s[a][b]));
         }
       }
     }
@@ -139,14 +154,16 @@ Status ClusterSpec::validate() const {
                             " must be >= 0 (0 = one group)");
   }
   if (!(fabric.intra_group_taper >= 1) || !(fabric.inter_group_taper >= 1)) {
-    return invalid_argument("cluster.fabric: intra_group_taper and inter_group_taper must be >= 1 (1 = full bandwidth)");
+    return invalid_argument(
+        "cluster.fabric: intra_group_taper and inter_group_taper must be >= 1 (1 = full bandwidth)");
   }
   PIPER_RETURN_IF_ERROR(non_negative("fabric.inter_group_latency_s", fabric.inter_group_latency_s));
-  if (max_nodes < 0) return invalid_argument("cluster.max_nodes: " + std::to_string(max_nodes) + " must be >= 0 (0 = unbounded)");
+  if (max_nodes < 0)
+    return invalid_argument("cluster.max_nodes: " + std::to_string(max_nodes) + " must be >= 0 (0 = unbounded)");
   if (num_nodes < 1 || (max_nodes > 0 && num_nodes > max_nodes)) {
     std::string allowed = max_nodes > 0 ? "1.." + std::to_string(max_nodes) : ">= 1";
-    return invalid_argument("cluster " + name + ": --nodes " + std::to_string(num_nodes) + " is out of range; allowed " +
-                            allowed);
+    return invalid_argument("cluster " + name + ": --nodes " + std::to_string(num_nodes) +
+                            " is out of range; allowed " + allowed);
   }
   if (num_nodes > 1 && node.nics.empty()) {
     return invalid_argument("cluster " + name + ": " + std::to_string(num_nodes) +

@@ -29,7 +29,7 @@ struct DeviceSpec {
   std::string name;
   double peak_flops_fp32 = 0;  // FLOP/s, dense
   double peak_flops_bf16 = 0;
-  double peak_flops_fp8 = 0;   // 0 when unsupported
+  double peak_flops_fp8 = 0;  // 0 when unsupported
   int64_t memory_bytes = 0;
   double memory_bw_bytes_per_s = 0;
   // Fraction of peak a large, square GEMM reaches; shape-dependent efficiency is derated from this (cost/).
@@ -50,8 +50,8 @@ struct NodeSpec {
   std::vector<NicSpec> nics;
   double nic_latency_s = 0;  // one inter-node hop, software + wire
 
-  double pair_bw(int a, int b) const;        // bandwidth between two local devices
-  double nic_bw_total() const;               // sum over NICs
+  double pair_bw(int a, int b) const;         // bandwidth between two local devices
+  double nic_bw_total() const;                // sum over NICs
   int nic_of_device(int local_device) const;  // index of the NIC nearest to a device (round-robin if unspecified)
 };
 
@@ -60,7 +60,7 @@ const char* to_string(FabricTopology t);
 
 struct FabricSpec {
   FabricTopology topology = FabricTopology::kFatTree;
-  int nodes_per_group = 0;  // dragonfly group (or fat-tree pod) size in nodes; 0 = one group
+  int nodes_per_group = 0;         // dragonfly group (or fat-tree pod) size in nodes; 0 = one group
   double intra_group_taper = 1.0;  // injection bandwidth / bisection bandwidth inside a group (>= 1)
   double inter_group_taper = 1.0;  // injection bandwidth / global bandwidth between groups (Frontier ~1.75)
   double inter_group_latency_s = 0;

@@ -32,7 +32,9 @@ int64_t attention_matmul_params(const ModelSpec& m) {
   return 2 * h * m.num_heads * d + 2 * h * m.num_kv_heads * d;
 }
 
-int64_t mlp_matmul_params(const ModelSpec& m, int64_t f) { return (m.mlp == MlpType::kSwiGLU ? 3 : 2) * m.hidden_size * f; }
+int64_t mlp_matmul_params(const ModelSpec& m, int64_t f) {
+  return (m.mlp == MlpType::kSwiGLU ? 3 : 2) * m.hidden_size * f;
+}
 
 // Average keys one query attends to at sequence length s: s/2 causal, w - w^2/(2s) under a window w < s.
 double mean_context(const ModelSpec& m, int layer, int64_t s) {
@@ -57,9 +59,14 @@ int64_t ParamCounts::active() const {
 }
 
 std::vector<std::pair<std::string, PartCounts>> ParamCounts::parts() const {
-  return {{"embedding", embedding}, {"attention", attention},       {"dense_mlp", dense_mlp},
-          {"routed_experts", routed_experts}, {"shared_experts", shared_experts}, {"router", router},
-          {"norms", norms},         {"head", head}};
+  return {{"embedding", embedding},
+          {"attention", attention},
+          {"dense_mlp", dense_mlp},
+          {"routed_experts", routed_experts},
+          {"shared_experts", shared_experts},
+          {"router", router},
+          {"norms", norms},
+          {"head", head}};
 }
 
 int64_t norm_params(const ModelSpec& m) { return m.norm_bias ? 2 * m.hidden_size : m.hidden_size; }
@@ -121,7 +128,8 @@ double layer_forward_flops_per_token(const ModelSpec& m, int layer, int64_t seq_
   double weights = static_cast<double>(attention_matmul_params(m));
   if (m.is_moe_layer(layer)) {
     weights += static_cast<double>(m.moe.top_k) * mlp_matmul_params(m, m.moe.expert_intermediate_size);
-    weights += static_cast<double>(m.moe.num_shared_experts) * mlp_matmul_params(m, m.moe.shared_expert_intermediate_size);
+    weights +=
+        static_cast<double>(m.moe.num_shared_experts) * mlp_matmul_params(m, m.moe.shared_expert_intermediate_size);
     weights += static_cast<double>(m.hidden_size) * m.moe.num_experts;
   } else {
     weights += static_cast<double>(mlp_matmul_params(m, m.intermediate_size));
@@ -135,6 +143,8 @@ double forward_flops_per_token(const ModelSpec& m, int64_t seq_len) {
   return f;
 }
 
-double training_flops_per_token(const ModelSpec& m, int64_t seq_len) { return 3.0 * forward_flops_per_token(m, seq_len); }
+double training_flops_per_token(const ModelSpec& m, int64_t seq_len) {
+  return 3.0 * forward_flops_per_token(m, seq_len);
+}
 
 }  // namespace piper

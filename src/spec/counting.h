@@ -49,13 +49,13 @@ struct ParamCounts {
 };
 
 // Per-layer building blocks (parameter counts, element counts).
-int64_t attention_params(const ModelSpec& m);      // one layer's attention, including QK-norm, biases, sinks
+int64_t attention_params(const ModelSpec& m);  // one layer's attention, including QK-norm, biases, sinks
 int64_t mlp_params(const ModelSpec& m, int64_t intermediate, bool bias);  // one MLP of the model's type
-int64_t dense_mlp_params(const ModelSpec& m);      // one dense layer's MLP
-int64_t expert_params(const ModelSpec& m);         // one routed expert
-int64_t shared_experts_params(const ModelSpec& m); // all shared experts of one MoE layer
-int64_t router_params(const ModelSpec& m);         // one MoE layer's router
-int64_t norm_params(const ModelSpec& m);           // one norm of width hidden_size
+int64_t dense_mlp_params(const ModelSpec& m);                             // one dense layer's MLP
+int64_t expert_params(const ModelSpec& m);                                // one routed expert
+int64_t shared_experts_params(const ModelSpec& m);                        // all shared experts of one MoE layer
+int64_t router_params(const ModelSpec& m);                                // one MoE layer's router
+int64_t norm_params(const ModelSpec& m);                                  // one norm of width hidden_size
 
 ParamCounts count_params(const ModelSpec& m);
 

@@ -187,8 +187,8 @@ Status read_dbrx(JsonReader& r, ModelSpec* m) {
   PIPER_RETURN_IF_ERROR(r.get_int("max_seq_len", &m->max_seq_len, true, 1));
   PIPER_RETURN_IF_ERROR(r.get_bool("tie_word_embeddings", &m->tie_embeddings, false));
   if (m->hidden_size % m->num_heads != 0) {
-    return invalid_argument("n_heads: " + std::to_string(m->num_heads) + " does not divide d_model=" +
-                            std::to_string(m->hidden_size));
+    return invalid_argument("n_heads: " + std::to_string(m->num_heads) +
+                            " does not divide d_model=" + std::to_string(m->hidden_size));
   }
   m->head_dim = m->hidden_size / m->num_heads;
   const Json* attn = r.find("attn_config");
@@ -217,15 +217,16 @@ Status read_gpt2(JsonReader& r, ModelSpec* m) {
   PIPER_RETURN_IF_ERROR(r.get_int("vocab_size", &m->vocab_size, true, 1));
   PIPER_RETURN_IF_ERROR(r.get_int("n_positions", &m->max_seq_len, true, 1));
   if (m->hidden_size % m->num_heads != 0) {
-    return invalid_argument("n_head: " + std::to_string(m->num_heads) + " does not divide n_embd=" +
-                            std::to_string(m->hidden_size) + "; pick a divisor");
+    return invalid_argument("n_head: " + std::to_string(m->num_heads) +
+                            " does not divide n_embd=" + std::to_string(m->hidden_size) + "; pick a divisor");
   }
   m->head_dim = m->hidden_size / m->num_heads;
   m->num_kv_heads = m->num_heads;
   m->intermediate_size = 4 * m->hidden_size;  // n_inner: null means 4 * n_embd
   PIPER_RETURN_IF_ERROR(r.get_int("n_inner", &m->intermediate_size, false, 1));
   std::string act = "gelu_new";
-  PIPER_RETURN_IF_ERROR(r.get_enum("activation_function", &act, {"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh"}, false));
+  PIPER_RETURN_IF_ERROR(
+      r.get_enum("activation_function", &act, {"gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh"}, false));
   m->tie_embeddings = true;  // GPT2Config default
   PIPER_RETURN_IF_ERROR(r.get_bool("tie_word_embeddings", &m->tie_embeddings, false));
   m->mlp = MlpType::kGelu;
@@ -239,9 +240,16 @@ Status read_gpt2(JsonReader& r, ModelSpec* m) {
 
 const std::map<std::string, Reader>& readers() {
   static const std::map<std::string, Reader> r = {
-      {"llama", read_llama},       {"mixtral", read_mixtral}, {"qwen3_moe", read_qwen3_moe},
-      {"deepseek", read_deepseek}, {"deepseek_v2", read_deepseek_mla}, {"deepseek_v3", read_deepseek_mla}, {"gpt_oss", read_gpt_oss},
-      {"olmoe", read_olmoe},       {"dbrx", read_dbrx},       {"gpt2", read_gpt2},
+      {"llama", read_llama},
+      {"mixtral", read_mixtral},
+      {"qwen3_moe", read_qwen3_moe},
+      {"deepseek", read_deepseek},
+      {"deepseek_v2", read_deepseek_mla},
+      {"deepseek_v3", read_deepseek_mla},
+      {"gpt_oss", read_gpt_oss},
+      {"olmoe", read_olmoe},
+      {"dbrx", read_dbrx},
+      {"gpt2", read_gpt2},
   };
   return r;
 }

@@ -1,5 +1,5 @@
-// Hugging Face config.json -> ModelSpec, for model_type llama, mixtral, qwen3_moe, deepseek (DeepSeekMoE), deepseek_v2, deepseek_v3,
-// gpt_oss, olmoe, dbrx and gpt2 (GPT-2/GPT-3-style dense models).
+// Hugging Face config.json -> ModelSpec, for model_type llama, mixtral, qwen3_moe, deepseek (DeepSeekMoE), deepseek_v2,
+// deepseek_v3, gpt_oss, olmoe, dbrx and gpt2 (GPT-2/GPT-3-style dense models).
 //
 // Fields that change the architecture are required (missing -> error naming the field); fields that only
 // matter for inference (dropout, caching, initialisation) are ignored. Defaults are the ones the

@@ -19,8 +19,8 @@ Status read_moe(const Json& json, MoeSpec* moe) {
   PIPER_RETURN_IF_ERROR(r.get_int("top_k", &moe->top_k, true, 1));
   PIPER_RETURN_IF_ERROR(r.get_int("expert_intermediate_size", &moe->expert_intermediate_size, true, 1));
   PIPER_RETURN_IF_ERROR(r.get_int("num_shared_experts", &moe->num_shared_experts, false, 0));
-  PIPER_RETURN_IF_ERROR(
-      r.get_int("shared_expert_intermediate_size", &moe->shared_expert_intermediate_size, moe->num_shared_experts > 0, 0));
+  PIPER_RETURN_IF_ERROR(r.get_int("shared_expert_intermediate_size", &moe->shared_expert_intermediate_size,
+                                  moe->num_shared_experts > 0, 0));
   PIPER_RETURN_IF_ERROR(r.get_int("first_k_dense_layers", &moe->first_k_dense_layers, false, 0));
   PIPER_RETURN_IF_ERROR(r.get_int("layer_freq", &moe->layer_freq, false, 1));
   std::string router;
@@ -43,8 +43,9 @@ Status read_attention(JsonReader& r, ModelSpec* m) {
   if (m->attention == AttentionType::kMLA) {
     const Json* mla = r.find("mla");
     if (mla == nullptr || !mla->is_object()) {
-      return invalid_argument("model.mla: required object is missing for attention=mla (q_lora_rank, kv_lora_rank, "
-                              "qk_nope_head_dim, qk_rope_head_dim, v_head_dim)");
+      return invalid_argument(
+          "model.mla: required object is missing for attention=mla (q_lora_rank, kv_lora_rank, "
+          "qk_nope_head_dim, qk_rope_head_dim, v_head_dim)");
     }
     PIPER_RETURN_IF_ERROR(read_mla(*mla, &m->mla));
     // Derived for MLA; a stated value must agree (validate() checks).

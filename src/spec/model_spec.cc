@@ -9,8 +9,8 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 Status at_least(const char* field, int64_t value, int64_t min_value) {
   if (value >= min_value) return ok_status();
-  return invalid_argument(std::string("model.") + field + ": " + str(value) + " is out of range; allowed >= " +
-                          str(min_value));
+  return invalid_argument(std::string("model.") + field + ": " + str(value) +
+                          " is out of range; allowed >= " + str(min_value));
 }
 
 Status validate_attention(const ModelSpec& m) {
@@ -28,15 +28,16 @@ Status validate_attention(const ModelSpec& m) {
   PIPER_RETURN_IF_ERROR(at_least("mla.kv_lora_rank", a.kv_lora_rank, 1));
   PIPER_RETURN_IF_ERROR(at_least("mla.qk_nope_head_dim", a.qk_nope_head_dim, 0));
   PIPER_RETURN_IF_ERROR(at_least("mla.qk_rope_head_dim", a.qk_rope_head_dim, 0));
-  PIPER_RETURN_IF_ERROR(at_least("mla.qk_nope_head_dim + mla.qk_rope_head_dim", a.qk_nope_head_dim + a.qk_rope_head_dim, 1));
+  PIPER_RETURN_IF_ERROR(
+      at_least("mla.qk_nope_head_dim + mla.qk_rope_head_dim", a.qk_nope_head_dim + a.qk_rope_head_dim, 1));
   PIPER_RETURN_IF_ERROR(at_least("mla.v_head_dim", a.v_head_dim, 1));
   if (m.head_dim != a.qk_nope_head_dim + a.qk_rope_head_dim) {
     return invalid_argument("model.head_dim: " + str(m.head_dim) + " must equal mla.qk_nope_head_dim + " +
                             "mla.qk_rope_head_dim = " + str(a.qk_nope_head_dim + a.qk_rope_head_dim) + " for MLA");
   }
   if (m.num_kv_heads != m.num_heads) {
-    return invalid_argument("model.num_kv_heads: " + str(m.num_kv_heads) + " must equal num_heads=" +
-                            str(m.num_heads) + " for MLA (keys and values are up-projected per head)");
+    return invalid_argument("model.num_kv_heads: " + str(m.num_kv_heads) + " must equal num_heads=" + str(m.num_heads) +
+                            " for MLA (keys and values are up-projected per head)");
   }
   if (m.qk_norm || m.attention_sinks) {
     return invalid_argument("model.attention: qk_norm and attention_sinks are only supported with standard attention");
@@ -55,8 +56,8 @@ Status validate_moe(const ModelSpec& m) {
     return ok_status();
   }
   if (e.top_k < 1 || e.top_k > e.num_experts) {
-    return invalid_argument("model.moe.top_k: " + str(e.top_k) + " is out of range; allowed 1..num_experts=" +
-                            str(e.num_experts));
+    return invalid_argument("model.moe.top_k: " + str(e.top_k) +
+                            " is out of range; allowed 1..num_experts=" + str(e.num_experts));
   }
   PIPER_RETURN_IF_ERROR(at_least("moe.expert_intermediate_size", e.expert_intermediate_size, 1));
   PIPER_RETURN_IF_ERROR(at_least("moe.num_shared_experts", e.num_shared_experts, 0));
@@ -69,12 +70,12 @@ Status validate_moe(const ModelSpec& m) {
   }
   PIPER_RETURN_IF_ERROR(at_least("moe.layer_freq", e.layer_freq, 1));
   if (e.num_groups < 1 || e.num_experts % e.num_groups != 0) {
-    return invalid_argument("model.moe.num_groups: " + str(e.num_groups) + " must divide num_experts=" +
-                            str(e.num_experts) + " (1 = no group-limited routing)");
+    return invalid_argument("model.moe.num_groups: " + str(e.num_groups) +
+                            " must divide num_experts=" + str(e.num_experts) + " (1 = no group-limited routing)");
   }
   if (e.topk_groups < 1 || e.topk_groups > e.num_groups) {
-    return invalid_argument("model.moe.topk_groups: " + str(e.topk_groups) + " is out of range; allowed 1..num_groups=" +
-                            str(e.num_groups));
+    return invalid_argument("model.moe.topk_groups: " + str(e.topk_groups) +
+                            " is out of range; allowed 1..num_groups=" + str(e.num_groups));
   }
   if (e.top_k > e.topk_groups * (e.num_experts / e.num_groups)) {
     return invalid_argument("model.moe.top_k: " + str(e.top_k) + " exceeds the experts reachable in topk_groups=" +

@@ -38,12 +38,12 @@ struct MoeSpec {
   int first_k_dense_layers = 0;                 // the first k layers use the dense MLP
   int layer_freq = 1;                           // after those, every layer_freq-th layer is MoE
   RouterType router = RouterType::kSoftmax;
-  bool norm_topk_prob = true;      // renormalise the top-k weights to sum to 1
-  int num_groups = 1;              // group-limited routing (DeepSeek n_group); 1 = off
-  int topk_groups = 1;             // groups a token may use (topk_group)
+  bool norm_topk_prob = true;  // renormalise the top-k weights to sum to 1
+  int num_groups = 1;          // group-limited routing (DeepSeek n_group); 1 = off
+  int topk_groups = 1;         // groups a token may use (topk_group)
   double routed_scaling_factor = 1.0;
-  bool expert_bias = false;        // biases in expert matrices (gpt-oss)
-  bool router_bias = false;        // a per-expert router bias (gpt-oss linear bias, DeepSeek-V3 e_score_correction)
+  bool expert_bias = false;  // biases in expert matrices (gpt-oss)
+  bool router_bias = false;  // a per-expert router bias (gpt-oss linear bias, DeepSeek-V3 e_score_correction)
 };
 
 struct ModelSpec {
@@ -56,10 +56,10 @@ struct ModelSpec {
   int64_t head_dim = 0;  // per-head width of Q/K/V in standard attention; for MLA qk_nope + qk_rope (derived)
   AttentionType attention = AttentionType::kStandard;
   MlaSpec mla;
-  bool qk_norm = false;         // per-head RMSNorm on Q and K (Qwen3); OLMoE-style full-width if qk_norm_full
+  bool qk_norm = false;  // per-head RMSNorm on Q and K (Qwen3); OLMoE-style full-width if qk_norm_full
   bool qk_norm_full = false;
-  bool attention_bias = false;  // biases on Q/K/V/O (gpt-oss)
-  bool attention_sinks = false; // one learned sink logit per head (gpt-oss)
+  bool attention_bias = false;   // biases on Q/K/V/O (gpt-oss)
+  bool attention_sinks = false;  // one learned sink logit per head (gpt-oss)
   // Sliding-window attention: 0 = every layer attends to the whole causal context. Otherwise layer l uses a
   // window of `sliding_window` tokens unless (l + 1) % full_attention_every == 0 (gpt-oss: window 128, every 2nd
   // layer full, i.e. layers 0, 2, 4, ... slide).
@@ -72,7 +72,7 @@ struct ModelSpec {
   int64_t vocab_size = 0;
   bool tie_embeddings = false;
   NormType norm = NormType::kRMSNorm;
-  bool norm_bias = false;  // LayerNorm with a bias vector (GPT-2/3); RMSNorm never has one
+  bool norm_bias = false;          // LayerNorm with a bias vector (GPT-2/3); RMSNorm never has one
   bool learned_positions = false;  // learned absolute position embeddings of max_seq_len x hidden (GPT-2/3)
   int64_t max_seq_len = 4096;
   double rope_theta = 10000.0;
@@ -82,9 +82,7 @@ struct ModelSpec {
   bool is_moe_layer(int layer) const;
   int num_moe_layers() const;
   int num_dense_layers() const { return num_layers - num_moe_layers(); }
-  bool uses_sliding_window(int layer) const {
-    return sliding_window > 0 && (layer + 1) % full_attention_every != 0;
-  }
+  bool uses_sliding_window(int layer) const { return sliding_window > 0 && (layer + 1) % full_attention_every != 0; }
   // Per-head widths of the attention core: Q.K^T uses qk_head_dim, the value product v_head_dim.
   int64_t qk_head_dim() const;
   int64_t v_head_dim() const;

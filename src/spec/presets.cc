@@ -11,8 +11,8 @@ std::vector<std::string> names_of(const detail::EmbeddedPreset* presets, int cou
   return names;  // the generator sorts the files
 }
 
-Result<std::string> text_of(const detail::EmbeddedPreset* presets, int count, const std::string& name,
-                            const char* kind, const char* flag) {
+Result<std::string> text_of(const detail::EmbeddedPreset* presets, int count, const std::string& name, const char* kind,
+                            const char* flag) {
   for (int i = 0; i < count; ++i) {
     if (name == presets[i].name) return std::string(presets[i].json_text);
   }

@@ -60,10 +60,10 @@ OrderedJson to_json(const TrainSpec& t) {
   j["master_dtype"] = to_string(t.master_dtype);
   j["optimizer_dtype"] = to_string(t.optimizer_dtype);
   j["activation_dtype"] = to_string(t.activation_dtype);
-  j["optimizer"] = {{"name", t.optimizer.name},         {"lr", t.optimizer.lr},
-                    {"beta1", t.optimizer.beta1},       {"beta2", t.optimizer.beta2},
-                    {"eps", t.optimizer.eps},           {"weight_decay", t.optimizer.weight_decay},
-                    {"grad_clip", t.optimizer.grad_clip}};
+  j["optimizer"] = {
+      {"name", t.optimizer.name},          {"lr", t.optimizer.lr},   {"beta1", t.optimizer.beta1},
+      {"beta2", t.optimizer.beta2},        {"eps", t.optimizer.eps}, {"weight_decay", t.optimizer.weight_decay},
+      {"grad_clip", t.optimizer.grad_clip}};
   return j;
 }
 

@@ -11,8 +11,8 @@ Status TrainSpec::validate() const {
     return invalid_argument("train.micro_batch_size: " + str(micro_batch_size) + " must be >= 1");
   }
   if (global_batch % micro_batch_size != 0) {
-    return invalid_argument("train.micro_batch_size: " + str(micro_batch_size) + " does not divide global_batch=" +
-                            str(global_batch));
+    return invalid_argument("train.micro_batch_size: " + str(micro_batch_size) +
+                            " does not divide global_batch=" + str(global_batch));
   }
   if (seq_len < 1) return invalid_argument("train.seq_len: " + str(seq_len) + " must be >= 1");
   if (optimizer.name != "adamw") {

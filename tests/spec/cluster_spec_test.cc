@@ -26,7 +26,7 @@ TEST(ClusterSpecTest, H800Numbers) {
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_EQ(c->world_size(), 128);
   EXPECT_DOUBLE_EQ(c->device.peak_flops(DType::kBF16), 989e12);
-  EXPECT_DOUBLE_EQ(c->node.pair_bw(0, 5), 160e9);    // DeepEP's achievable NVLink bandwidth, per direction
+  EXPECT_DOUBLE_EQ(c->node.pair_bw(0, 5), 160e9);   // DeepEP's achievable NVLink bandwidth, per direction
   EXPECT_DOUBLE_EQ(c->node.nic_bw_total(), 400e9);  // 8 x 400 Gb/s CX-7
   EXPECT_EQ(c->node.nic_of_device(3), 3);
 }

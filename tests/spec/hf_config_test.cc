@@ -9,7 +9,9 @@
 namespace piper {
 namespace {
 
-std::string fixture(const std::string& model) { return std::string(PIPER_SOURCE_DIR) + "/tests/data/hf/" + model + "/config.json"; }
+std::string fixture(const std::string& model) {
+  return std::string(PIPER_SOURCE_DIR) + "/tests/data/hf/" + model + "/config.json";
+}
 
 // The architecture without the documentation fields.
 std::string arch(const ModelSpec& m) {
@@ -22,9 +24,9 @@ std::string arch(const ModelSpec& m) {
 // tests/data/hf/<model>/config.json are copies of the public Hugging Face configs (values as listed in
 // ../shared/reference/hardware_and_models.md section 3); loading one must give exactly the preset.
 TEST(HfConfigTest, HfConfigAndPresetGiveIdenticalSpecs) {
-  for (const char* name : {"deepseek-v3", "deepseek-v2-lite", "deepseek-moe-16b", "mixtral-8x7b", "mixtral-8x22b",
-                           "qwen3-30b-a3b", "qwen3-235b-a22b", "gpt-oss-20b", "gpt-oss-120b", "olmoe-1b-7b", "dbrx",
-                           "gpt-1.7b"}) {
+  for (const char* name :
+       {"deepseek-v3", "deepseek-v2-lite", "deepseek-moe-16b", "mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b",
+        "qwen3-235b-a22b", "gpt-oss-20b", "gpt-oss-120b", "olmoe-1b-7b", "dbrx", "gpt-1.7b"}) {
     auto hf = load_model(fixture(name));
     ASSERT_TRUE(hf.ok()) << name << ": " << hf.status().message();
     EXPECT_EQ(hf->name, name);  // named after the checkpoint directory
@@ -71,15 +73,13 @@ TEST(HfConfigTest, BadConfigsNameTheField) {
   EXPECT_NE(hf_error(with("")).find("num_hidden_layers: required field is missing"), std::string::npos);
   Json j = Json::parse(with(R"(, "num_hidden_layers": 32)"));
   j["num_experts_per_tok"] = 9;
-  EXPECT_NE(hf_error(j.dump()).find("model.moe.top_k: 9 is out of range; allowed 1..num_experts=8"),
-            std::string::npos);
+  EXPECT_NE(hf_error(j.dump()).find("model.moe.top_k: 9 is out of range; allowed 1..num_experts=8"), std::string::npos);
   j["num_experts_per_tok"] = 2;
   j["num_attention_heads"] = 30;  // no head_dim: derived from hidden_size / heads
   EXPECT_NE(hf_error(j.dump()).find("num_attention_heads: 30 does not divide hidden_size=4096"), std::string::npos);
   j["num_attention_heads"] = 32;
   j["hidden_act"] = "relu";
-  EXPECT_NE(hf_error(j.dump()).find("hidden_act: 'relu' is not allowed; pick one of {silu, swish}"),
-            std::string::npos);
+  EXPECT_NE(hf_error(j.dump()).find("hidden_act: 'relu' is not allowed; pick one of {silu, swish}"), std::string::npos);
   j["hidden_act"] = "silu";
   j["num_key_value_heads"] = 5;
   EXPECT_NE(hf_error(j.dump()).find("num_kv_heads: 5 must divide num_heads=32"), std::string::npos);
