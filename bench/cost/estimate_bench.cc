@@ -2,7 +2,9 @@
 // GPUs) and Mixtral-8x7B on 8 DGX-H100 nodes, every (tp, pp, ep, zero, recompute, schedule, microbatches)
 // combination that validates. Baseline in the same run: Strategy::validate_for alone (the cheapest thing a
 // planner must do per candidate), so the ratio shows what the cost model adds on top.
+#include <algorithm>
 #include <chrono>
+#include <string>
 #include <cstdio>
 #include <vector>
 

@@ -44,6 +44,8 @@ class DeviceModel {
   }
   // Roofline time of a task. min_dim <= 0 means memory-bound work with no GEMM.
   double time_s(double flops, double bytes, double min_dim) const;
+  // Time of memory-bound kernels that cannot overlap a GEMM: bytes / achievable bandwidth.
+  double memory_time_s(double bytes) const { return bytes > 0 ? bytes / memory_bw_ : 0.0; }
 
  private:
   double peak_flops_ = 0;

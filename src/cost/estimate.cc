@@ -133,12 +133,15 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   Fbw part_t[kNumParts];
   for (int i = 0; i < kNumParts; ++i) {
     PartCost c = part_cost(table_, static_cast<Part>(i), shape);
-    part_t[i] = {device_.time_s(c.f.flops, c.f.bytes, c.f.gemm_dim), device_.time_s(c.b.flops, c.b.bytes, c.b.gemm_dim),
-                 device_.time_s(c.w.flops, c.w.bytes, c.w.gemm_dim)};
+    auto time = [&](const TaskCost& k) {
+      return device_.time_s(k.flops, k.bytes, k.gemm_dim) + device_.memory_time_s(k.pointwise_bytes);
+    };
+    part_t[i] = {time(c.f), time(c.b), time(c.w)};
   }
   auto part = [&](Part q) { return part_t[static_cast<int>(q)]; };
   Fbw attn = part(Part::kAttention);
   attn += part(Part::kAttentionCore);
+  attn += part(Part::kNorms);
   Fbw moe_ffn = part(Part::kRouter);
   moe_ffn += part(Part::kExperts);
   moe_ffn += part(Part::kSharedExperts);
@@ -197,13 +200,13 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
 
   out->ranks.resize(p);
   out->device_memory_bytes = static_cast<double>(cluster_.device.memory_bytes);
-  double worst_total = -1, worst_compute = -1;
+  double worst_total = -1, worst_time = -1;
   Fbw bottleneck;
   double bottleneck_tp = 0, bottleneck_ep = 0, bottleneck_dense_params = 0, bottleneck_expert_params = 0;
   for (int r = 0; r < p; ++r) {
     int n_layers = 0, n_moe = 0;
     bool has_emb = false, has_head = false;
-    double act_sum = 0;  // bytes of one microbatch over all chunks of this rank
+    double act_peak = 0;  // bytes held at the rank's peak: in-flight units x each chunk's microbatch bytes
     for (int c = 0; c < v; ++c) {
       const int st = stage_of_chunk(kind, p, v, r, c);
       const int lo = static_cast<int>(static_cast<int64_t>(st) * L / stages);
@@ -211,15 +214,16 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
       const int moe = moe_layers_before(hi) - moe_layers_before(lo);
       n_layers += hi - lo;
       n_moe += moe;
-      act_sum += T * ((hi - lo - moe) * act_dense + moe * act_moe);
+      double chunk_act = T * ((hi - lo - moe) * act_dense + moe * act_moe);
       if (st == 0) {
         has_emb = true;
-        act_sum += T * act_emb;
+        chunk_act += T * act_emb;
       }
       if (st == stages - 1) {
         has_head = true;
-        act_sum += T * act_head;
+        chunk_act += T * act_head;
       }
+      act_peak += chunk_in_flight_units(kind, p, m, v, r, c) * chunk_act;
     }
     const int n_dense = n_layers - n_moe;
     double dense_params = n_layers * (table_.attention_params / s.tp + table_.norm_params_per_layer) +
@@ -235,7 +239,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     mem.params = states.params;
     mem.grads = states.grads;
     mem.optimizer = states.optimizer;
-    mem.activations = in_flight_units(kind, p, m, v, r) * act_sum / v;
+    mem.activations = act_peak;
     double buffers = calibration_.workspace_bytes;
     if (p > 1) buffers += 4 * T * h * act_b / sp_div;  // P2P send/recv, activations and gradients
     if (s.ep > 1 && n_moe > 0) buffers += 2 * T / s.tp * table_.top_k * h * act_b;  // all-to-all staging
@@ -258,12 +262,18 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     t += dense_ffn * n_dense;
     if (has_emb) t += part(Part::kEmbedding);
     if (has_head) t += part(Part::kHead);
-    if (t.f + t.b + t.w > worst_compute) {
-      worst_compute = t.f + t.b + t.w;
+    // The slowest rank per microbatch sets the pace: compute plus the TP and EP communication it cannot hide.
+    // DualPipeV overlaps one microbatch's forward with another's backward, hiding the EP all-to-all behind
+    // the paired compute; the other schedules run it on the critical path.
+    const double compute = t.f + t.b + t.w;
+    const double tp_r = n_layers * tp_layer_s, ep_r = n_moe * ep_layer_s;
+    const double ep_exposed_r = kind == ScheduleKind::kDualPipeV ? std::max(0.0, ep_r - compute) : ep_r;
+    if (compute + tp_r + ep_exposed_r > worst_time) {
+      worst_time = compute + tp_r + ep_exposed_r;
       bottleneck = t;
       out->bottleneck_rank = r;
-      bottleneck_tp = n_layers * tp_layer_s;
-      bottleneck_ep = n_moe * ep_layer_s;
+      bottleneck_tp = tp_r;
+      bottleneck_ep = ep_exposed_r;
       bottleneck_dense_params = dense_params;
       bottleneck_expert_params = expert_params;
     }
@@ -272,11 +282,8 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   out->fits = out->memory.total() <= out->device_memory_bytes;
 
   // --- step time on the bottleneck rank ---
-  // EP all-to-all: DualPipeV overlaps one microbatch's forward with another's backward, hiding the
-  // all-to-all behind the paired compute; the other schedules run it on the critical path.
   const double mb_compute = bottleneck.f + bottleneck.b + bottleneck.w;
-  const double ep_exposed =
-      kind == ScheduleKind::kDualPipeV ? std::max(0.0, bottleneck_ep - mb_compute) : bottleneck_ep;
+  const double ep_exposed = bottleneck_ep;
   const double per_mb_comm = bottleneck_tp + ep_exposed;
   const double t_f = bottleneck.f + per_mb_comm / 2;
   const double t_b = bottleneck.b + bottleneck.w + per_mb_comm / 2;  // B and W

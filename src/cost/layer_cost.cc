@@ -9,6 +9,7 @@ namespace piper::cost {
 const char* to_string(Part p) {
   switch (p) {
     case Part::kEmbedding: return "embedding";
+    case Part::kNorms: return "norms";
     case Part::kAttention: return "attention";
     case Part::kAttentionCore: return "attention_core";
     case Part::kRouter: return "router";
@@ -52,13 +53,15 @@ namespace {
 
 // A matmul part: F = B = W = 2 * tokens * weights (per rank); bytes = weights + activations in and out.
 PartCost matmul(double tokens, double weights_per_rank, double in_width, double out_width, double gemm_dim,
-                const PartShape& s) {
+                const PartShape& s, double pointwise_f = 0) {
   PartCost c;
   const double flops = 2 * tokens * weights_per_rank;
   const double acts = tokens * (in_width + out_width) * s.act_bytes;
   c.f = {flops, weights_per_rank * s.param_bytes + acts, gemm_dim};
   c.b = {flops, weights_per_rank * s.param_bytes + 2 * acts, gemm_dim};
   c.w = {flops, weights_per_rank * 2 * s.grad_bytes + acts, gemm_dim};
+  c.f.pointwise_bytes = pointwise_f;
+  c.b.pointwise_bytes = 2 * pointwise_f;
   return c;
 }
 
@@ -75,8 +78,15 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
       c.w = {0, T * h * (s.act_bytes + s.grad_bytes) / tp, 0};
       return c;
     }
-    case Part::kAttention:
-      return matmul(T, t.attention_params / tp, h, h, std::min(T, h / tp), s);
+    case Part::kNorms: {
+      PartCost c;  // two norms (read h, write h) and two residual adds (read 2h, write h)
+      const double f = T * 10 * h * s.act_bytes / tp;
+      c.f.pointwise_bytes = f;
+      c.b.pointwise_bytes = 2 * f;
+      return c;
+    }
+    case Part::kAttention:  // + RoPE on Q and K (read and write)
+      return matmul(T, t.attention_params / tp, h, h, std::min(T, h / tp), s, T * 4 * h * s.act_bytes / tp);
     case Part::kAttentionCore: {
       PartCost c;
       const double flops = T * t.attention_core_flops / tp;
@@ -85,15 +95,19 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
       c.b = {2 * flops, 2 * acts, t.head_dim};
       return c;
     }
-    case Part::kRouter:
-      return matmul(T / tp, t.router_params, h, t.num_experts, std::min(T / tp, t.num_experts), s);
+    case Part::kRouter: {  // + fp32 scores and top-k (read and write E), token permute (read and write k h)
+      const double pw = T / tp * (8 * t.num_experts + 2 * t.top_k * h * s.act_bytes);
+      return matmul(T / tp, t.router_params, h, t.num_experts, std::min(T / tp, t.num_experts), s, pw);
+    }
     case Part::kExperts: {
       // Pairs this rank computes; per local expert the GEMM has M = pairs * ep / E rows (gathered over etp).
       const double pairs = T / tp * t.top_k * s.expert_load;
       const double local_experts = t.num_experts / s.ep;
       const double rows_per_expert = pairs * s.etp / local_experts;
+      // + the activation function (read 2f, write f per pair) and the weighted combine (read k h, write h)
+      const double pw = pairs * 3 * t.expert_width * s.act_bytes + T / tp * (t.top_k + 1) * h * s.act_bytes;
       PartCost c = matmul(pairs * s.etp, t.expert_params / s.etp, h, h,
-                          std::min({rows_per_expert, t.expert_width / s.etp, h}), s);
+                          std::min({rows_per_expert, t.expert_width / s.etp, h}), s, pw);
       // Weights read: every local expert's shard, not one expert.
       const double wbytes = local_experts * t.expert_params / s.etp;
       c.f.bytes += wbytes * s.param_bytes - t.expert_params / s.etp * s.param_bytes;
@@ -102,11 +116,15 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
       return c;
     }
     case Part::kSharedExperts:
-      return matmul(T, t.shared_params / tp, h, h, std::min(T, t.shared_width / tp), s);
+      return matmul(T, t.shared_params / tp, h, h, std::min(T, t.shared_width / tp), s,
+                    T * 3 * t.shared_width * s.act_bytes / tp);
     case Part::kDenseMlp:
-      return matmul(T, t.dense_mlp_params / tp, h, h, std::min({T, t.dense_width / tp, h}), s);
+      return matmul(T, t.dense_mlp_params / tp, h, h, std::min({T, t.dense_width / tp, h}), s,
+                    T * 3 * t.dense_width * s.act_bytes / tp);
     case Part::kHead:
-      return matmul(T, t.head_params / tp, h, t.vocab / tp, std::min({T, t.vocab / tp, h}), s);
+      // + softmax and cross entropy over fp32 logits (write, read, write the gradient)
+      return matmul(T, t.head_params / tp, h, t.vocab / tp, std::min({T, t.vocab / tp, h}), s,
+                    T * 12 * t.vocab / tp);
   }
   return {};
 }

@@ -6,7 +6,10 @@
 // gradient), W = F (weight gradient), so F + B + W = 6 * tokens * weights. The attention core (QK^T and AV,
 // causal, as counted in docs/counting.md) has no weights: B = 2F, W = 0. Bytes are what the task reads and
 // writes in device memory: its weight shard (param dtype; W writes gradients), plus its input and output
-// activations (activation dtype). The GEMM dimension `gemm_dim` is the smallest of the part's GEMM shapes;
+// activations (activation dtype). Pointwise kernels around the GEMMs (norms, residual adds, RoPE, the
+// activation function, router softmax/top-k, token permute and weighted combine, softmax + loss) are
+// memory-bound; their traffic is `pointwise_bytes` (read + write once forward, about twice that backward)
+// [inferred: kernel-by-kernel byte counts, docs/resource_model.md]. The GEMM dimension `gemm_dim` is the smallest of the part's GEMM shapes;
 // it sets the shape-dependent efficiency (device_model.h). Tokens per rank:
 //   attention, dense MLP, shared experts, head: all tokens of the microbatch; weights split over tp
 //   router and routed experts: tokens split over tp (sequence parallel), each routed to k experts; the
@@ -19,14 +22,26 @@
 
 namespace piper::cost {
 
-enum class Part { kEmbedding, kAttention, kAttentionCore, kRouter, kExperts, kSharedExperts, kDenseMlp, kHead };
-inline constexpr int kNumParts = 8;
+enum class Part {
+  kEmbedding,
+  kNorms,  // the two norms and residual adds of a layer: pointwise only
+  kAttention,
+  kAttentionCore,
+  kRouter,
+  kExperts,
+  kSharedExperts,
+  kDenseMlp,
+  kHead
+};
+inline constexpr int kNumParts = 9;
 const char* to_string(Part p);
 
 struct TaskCost {
   double flops = 0;
-  double bytes = 0;
-  double gemm_dim = 0;  // 0: no GEMM (memory-bound)
+  double bytes = 0;           // GEMM operands: overlaps with the FLOPs (roofline max)
+  double gemm_dim = 0;        // 0: no GEMM (memory-bound)
+  double pointwise_bytes = 0; // separate memory-bound kernels (norms, activation function, RoPE, softmax,
+                              // permute/combine, loss): their time adds to the GEMM time
 };
 
 struct PartCost {

@@ -22,6 +22,11 @@ double in_flight_units(ScheduleKind kind, int pp, int m, int v, int r) {
   return m;
 }
 
+double chunk_in_flight_units(ScheduleKind kind, int pp, int m, int v, int r, int chunk) {
+  if (kind == ScheduleKind::kDualPipeV) return chunk == 0 ? std::min(2 * pp - r, m) : std::min(r + 1, m);
+  return in_flight_units(kind, pp, m, v, r) / v;
+}
+
 double bubble_time_s(ScheduleKind kind, int pp, int v, double t_f, double t_b, double t_w) {
   const double p1 = pp - 1;
   double b = 0;

@@ -26,6 +26,12 @@ int stage_of_chunk(ScheduleKind kind, int pp, int chunks_per_rank, int rank, int
 // Chunk-microbatch activation units rank r keeps at its peak (see the table above).
 double in_flight_units(ScheduleKind kind, int pp, int microbatches, int chunks_per_rank, int rank);
 
+// The share of those units that chunk c (0 .. v-1) of rank r holds. DualPipeV is asymmetric: rank r runs
+// 2(p-r-1) + (r+1) forwards of its first chunk before its second chunk's first backward, so chunk 0 holds
+// 2p-r units (one of them the overlapped F&B pair) and chunk 1 holds r+1 (rank 0's head chunk: one). The
+// other schedules spread their units evenly over the chunks.
+double chunk_in_flight_units(ScheduleKind kind, int pp, int microbatches, int chunks_per_rank, int rank, int chunk);
+
 // Idle time of one step on the bottleneck rank.
 double bubble_time_s(ScheduleKind kind, int pp, int chunks_per_rank, double t_f, double t_b, double t_w);
 

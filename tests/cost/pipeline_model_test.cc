@@ -54,6 +54,13 @@ TEST(PipelineModelTest, InFlight) {
   double units = in_flight_units(ScheduleKind::kInterleaved, p, 64, v, 0);
   EXPECT_DOUBLE_EQ(units / v, p * (1.0 + (p - 1.0) / (p * v)));  // layers-worth relative to one chunk per rank
   EXPECT_EQ(in_flight_units(ScheduleKind::kDualPipeV, 16, 64, 2, 5), 33);
+  for (int r = 0; r < 16; ++r) {
+    EXPECT_EQ(chunk_in_flight_units(ScheduleKind::kDualPipeV, 16, 64, 2, r, 0) +
+                  chunk_in_flight_units(ScheduleKind::kDualPipeV, 16, 64, 2, r, 1),
+              33);
+  }
+  EXPECT_EQ(chunk_in_flight_units(ScheduleKind::kDualPipeV, 16, 64, 2, 0, 1), 1);  // rank 0's head chunk
+  EXPECT_EQ(chunk_in_flight_units(ScheduleKind::kInterleaved, 4, 8, 2, 0, 1), in_flight_units(ScheduleKind::kInterleaved, 4, 8, 2, 0) / 2);
   EXPECT_EQ(in_flight_units(ScheduleKind::kZBH1, 4, 8, 1, 1), 3);
   EXPECT_EQ(stage_of_chunk(ScheduleKind::kDualPipeV, 4, 2, 1, 1), 6);
   EXPECT_EQ(stage_of_chunk(ScheduleKind::kInterleaved, 4, 2, 1, 1), 5);
