@@ -1,0 +1,115 @@
+// piper estimate: the closed-form memory / time / MFU breakdown of one strategy (src/cost/estimate.h).
+#include <cstdio>
+#include <string>
+
+#include "piper/base/json.h"
+#include "piper/base/units.h"
+#include "piper/cli/command.h"
+#include "piper/cost/estimate.h"
+#include "piper/spec/cluster_loader.h"
+#include "piper/spec/model_loader.h"
+#include "piper/strategy/strategy.h"
+
+namespace piper::cli {
+namespace {
+
+struct EstimateOptions {
+  std::string model;
+  std::string cluster;
+  int nodes = 1;
+  std::string strategy;
+  int64_t global_batch = 0;
+  int64_t seq_len = 4096;
+  std::string calibration;
+  bool json = false;
+};
+
+void print_memory_row(const char* label, const cost::MemoryBreakdown& m) {
+  std::printf("  %-10s params %10s  grads %10s  optimizer %10s  activations %10s  buffers %10s  total %10s\n", label,
+              format_bytes(m.params).c_str(), format_bytes(m.grads).c_str(), format_bytes(m.optimizer).c_str(),
+              format_bytes(m.activations).c_str(), format_bytes(m.buffers).c_str(), format_bytes(m.total()).c_str());
+}
+
+void print_text(const cost::CostModel& cm, const Strategy& s, const cost::Estimate& e) {
+  const auto& c = cm.cluster();
+  std::printf("model     %s (%d layers, seq %lld)\n", cm.model().name.c_str(), cm.model().num_layers,
+              static_cast<long long>(cm.train().seq_len));
+  std::printf("cluster   %s: %d nodes x %d = %d devices (%s, %s each)\n", c.name.c_str(), c.num_nodes,
+              c.node.devices_per_node, c.world_size(), c.device.name.c_str(), format_bytes(e.device_memory_bytes).c_str());
+  std::printf("strategy  %s\n", s.to_string().c_str());
+  std::printf("batch     %lld sequences = %s tokens per step\n\n", static_cast<long long>(s.global_batch()),
+              format_count(e.tokens_per_step).c_str());
+  std::printf("memory per rank (pipeline rank %d has the most):\n", e.worst_rank);
+  print_memory_row("worst", e.memory);
+  const size_t shown = e.ranks.size() <= 8 ? e.ranks.size() : 4;
+  for (size_t r = 0; r < shown; ++r) print_memory_row(("pp " + std::to_string(r)).c_str(), e.ranks[r]);
+  if (shown < e.ranks.size()) {
+    std::printf("  ...\n");
+    for (size_t r = e.ranks.size() - 2; r < e.ranks.size(); ++r) {
+      print_memory_row(("pp " + std::to_string(r)).c_str(), e.ranks[r]);
+    }
+  }
+  std::printf("  fits: %s\n\n", e.fits ? "yes" : "NO (largest rank exceeds device memory)");
+  std::printf("step time %s (bottleneck pipeline rank %d):\n", format_seconds(e.step_time_s).c_str(), e.bottleneck_rank);
+  std::printf("  compute       %s\n", format_seconds(e.time.compute_s).c_str());
+  std::printf("  exposed comm  %s  (tp %s, ep %s, pp %s, dp %s)\n", format_seconds(e.time.exposed_comm_s).c_str(),
+              format_seconds(e.comm.tp_s).c_str(), format_seconds(e.comm.ep_s).c_str(),
+              format_seconds(e.comm.pp_s).c_str(), format_seconds(e.comm.dp_s).c_str());
+  std::printf("  bubble        %s\n", format_seconds(e.time.bubble_s).c_str());
+  std::printf("  optimizer     %s\n", format_seconds(e.time.optimizer_s).c_str());
+  std::printf("  per microbatch: F %s, B+W %s (W %s)\n\n", format_seconds(e.t_f_s).c_str(),
+              format_seconds(e.t_b_s).c_str(), format_seconds(e.t_w_s).c_str());
+  std::printf("MFU %.1f %%, %s tokens/s\n", 100 * e.mfu, format_count(e.tokens_per_s).c_str());
+}
+
+Status run_estimate(const EstimateOptions& o) {
+  PIPER_ASSIGN_OR_RETURN(ModelSpec model, load_model(o.model));
+  PIPER_ASSIGN_OR_RETURN(ClusterSpec cluster, load_cluster(o.cluster, o.nodes));
+  auto parsed = Strategy::parse(o.strategy);
+  if (!parsed.ok()) return parsed.status();
+  Strategy s = *parsed;
+  TrainSpec train;
+  train.global_batch = o.global_batch;  // 0: dp * microbatches * mbs
+  train.micro_batch_size = s.mbs;
+  train.seq_len = o.seq_len;
+  cost::Calibration calibration;
+  if (!o.calibration.empty()) {
+    PIPER_ASSIGN_OR_RETURN(calibration, cost::Calibration::load(o.calibration));
+  }
+  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
+  cost::Estimate e;
+  PIPER_RETURN_IF_ERROR(cm.estimate(s, &e));
+  if (o.json) {
+    Json j = e.to_json();
+    j["model"] = model.name;
+    j["cluster"] = cluster.name;
+    j["nodes"] = cluster.num_nodes;
+    j["strategy"] = s.to_json();
+    j["seq_len"] = train.seq_len;
+    j["global_batch"] = s.global_batch();
+    print_json(j.dump(2));
+  } else {
+    print_text(cm, s, e);
+  }
+  return ok_status();
+}
+
+PIPER_REGISTER_COMMAND(g_estimate, "estimate", "Closed-form memory, time and MFU of one strategy", [](CLI::App* sub) {
+  auto o = std::make_shared<EstimateOptions>();
+  sub->add_option("--model", o->model, "model preset or config file")->required();
+  sub->add_option("--cluster", o->cluster, "cluster preset or file")->required();
+  sub->add_option("--nodes", o->nodes, "number of nodes")->required();
+  sub->add_option("--strategy", o->strategy, "compact strategy (dp=8,pp=4,...) or a JSON file")->required();
+  sub->add_option("--global-batch", o->global_batch, "sequences per step (default: dp*microbatches*mbs)");
+  sub->add_option("--seq", o->seq_len, "sequence length")->capture_default_str();
+  sub->add_option("--calibration", o->calibration, "calibration JSON (src/cost/device_model.h)");
+  sub->add_flag("--json", o->json, "print one JSON object");
+  return std::function<Status()>([o] {
+    if (o->seq_len < 1) return invalid_argument("--seq=" + std::to_string(o->seq_len) + " must be >= 1");
+    if (o->global_batch < 0) return invalid_argument("--global-batch must be >= 1");
+    return run_estimate(*o);
+  });
+});
+
+}  // namespace
+}  // namespace piper::cli

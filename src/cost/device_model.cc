@@ -1,0 +1,44 @@
+#include "piper/cost/device_model.h"
+
+#include <algorithm>
+
+namespace piper::cost {
+
+Result<Calibration> Calibration::from_json(const Json& json, const std::string& what) {
+  if (!json.is_object()) return invalid_argument(what + ": expected a JSON object");
+  Calibration c;
+  JsonReader r(json, what);
+  PIPER_RETURN_IF_ERROR(r.get_double("gemm_efficiency", &c.gemm_efficiency, false, 0.01, 1.0));
+  PIPER_RETURN_IF_ERROR(r.get_double("gemm_half_dim", &c.gemm_half_dim, false, 0.0, 1e6));
+  PIPER_RETURN_IF_ERROR(r.get_double("memory_bw_efficiency", &c.memory_bw_efficiency, false, 0.01, 1.0));
+  PIPER_RETURN_IF_ERROR(r.get_double("workspace_bytes", &c.workspace_bytes, false, 0.0, 1e15));
+  PIPER_RETURN_IF_ERROR(r.get_double("expert_load_imbalance", &c.expert_load_imbalance, false, 1.0, 1e3));
+  PIPER_RETURN_IF_ERROR(r.check_no_unknown_keys());
+  return c;
+}
+
+Result<Calibration> Calibration::load(const std::string& path) {
+  PIPER_ASSIGN_OR_RETURN(Json j, load_json_file(path));
+  return from_json(j, path);
+}
+
+DeviceModel::DeviceModel(const DeviceSpec& device, DType compute_dtype, const Calibration& calibration) {
+  switch (compute_dtype) {
+    case DType::kFP32: peak_flops_ = device.peak_flops_fp32; break;
+    case DType::kBF16:
+    case DType::kFP16: peak_flops_ = device.peak_flops_bf16; break;
+    case DType::kFP8: peak_flops_ = device.peak_flops_fp8 > 0 ? device.peak_flops_fp8 : device.peak_flops_bf16; break;
+  }
+  gemm_efficiency_ = calibration.gemm_efficiency > 0 ? calibration.gemm_efficiency : device.gemm_efficiency;
+  gemm_half_dim_ = calibration.gemm_half_dim;
+  memory_bw_ = device.memory_bw_bytes_per_s * calibration.memory_bw_efficiency;
+}
+
+double DeviceModel::time_s(double flops, double bytes, double min_dim) const {
+  double eff = gemm_efficiency(min_dim);
+  double t_compute = flops > 0 ? flops / (peak_flops_ * (eff > 0 ? eff : gemm_efficiency_)) : 0.0;
+  double t_memory = bytes > 0 ? bytes / memory_bw_ : 0.0;
+  return std::max(t_compute, t_memory);
+}
+
+}  // namespace piper::cost

@@ -1,0 +1,338 @@
+#include "piper/cost/estimate.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "piper/cost/activations.h"
+#include "piper/cost/pipeline_model.h"
+#include "piper/spec/counting.h"
+
+namespace piper::cost {
+namespace {
+
+double dtype_width(DType d) { return d == DType::kFP32 ? 4 : d == DType::kFP8 ? 1 : 2; }
+
+// F, B, W times of one thing (a layer part, a layer, a rank's microbatch).
+struct Fbw {
+  double f = 0, b = 0, w = 0;
+  Fbw& operator+=(const Fbw& o) {
+    f += o.f;
+    b += o.b;
+    w += o.w;
+    return *this;
+  }
+  Fbw operator*(double k) const { return {f * k, b * k, w * k}; }
+};
+
+// Communication groups of the mesh: ranks are numbered with the first axis of `order` innermost.
+struct MeshGroups {
+  GroupLayout tp, ep, dp, expert_dp;
+  bool pp_cross_node = false;
+};
+
+MeshGroups mesh_groups(const Strategy& s, const Network& net) {
+  int stride_tp = 1, stride_ep = 1, stride_dp = 1, stride_pp = 1;
+  int stride = 1;
+  for (const auto& axis : s.order) {
+    if (axis == "tp") {
+      stride_tp = stride;
+      stride *= s.tp;
+    } else if (axis == "ep") {
+      stride_ep = stride;
+      stride *= s.ep;
+    } else if (axis == "dp") {
+      stride_dp = stride;
+      stride *= s.edp();
+    } else {
+      stride_pp = stride;
+      stride *= s.pp;
+    }
+  }
+  MeshGroups g;
+  g.tp = net.layout(s.tp, stride_tp);
+  g.ep = net.layout(s.ep, stride_ep);
+  GroupLayout edp = net.layout(s.edp(), stride_dp);
+  g.dp = net.combine(g.ep, edp, stride_dp);
+  // Expert replicas: the expert-data-parallel ranks, times the TP ranks that hold the same expert slice.
+  g.expert_dp = s.tp / s.etp > 1 ? net.combine(net.layout(s.tp / s.etp, stride_tp * s.etp), edp, stride_dp) : edp;
+  g.pp_cross_node = s.pp > 1 && stride_pp >= net.devices_per_node();
+  return g;
+}
+
+}  // namespace
+
+CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+                     const Calibration& cal, const ByteConvention& bytes)
+    : model_(model),
+      cluster_(cluster),
+      train_(train),
+      calibration_(cal),
+      bytes_(bytes),
+      table_(make_part_table(model, train.seq_len)),
+      net_(cluster),
+      device_(cluster.device, train.param_dtype, cal),
+      flops_per_token_(training_flops_per_token(model, train.seq_len)) {}
+
+Result<CostModel> CostModel::create(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+                                    const Calibration& calibration) {
+  PIPER_RETURN_IF_ERROR(model.validate());
+  PIPER_RETURN_IF_ERROR(cluster.validate());
+  if (train.seq_len < 1) return invalid_argument("train.seq_len=" + std::to_string(train.seq_len) + " must be >= 1");
+  if (train.global_batch < 0) return invalid_argument("train.global_batch must be >= 0 (0 = take it from the strategy)");
+  PIPER_ASSIGN_OR_RETURN(ByteConvention bytes, ByteConvention::from_train(train));
+  CostModel cm(model, cluster, train, calibration, bytes);
+  if (cm.device_.peak_flops() <= 0) {
+    return invalid_argument("cluster " + cluster.name + ": device " + cluster.device.name + " has no peak FLOP/s for " +
+                            to_string(train.param_dtype) + "; set it in the cluster file or change train.param_dtype");
+  }
+  if (cluster.num_nodes > 1 && cm.net_.nic_bw_per_device() <= 0) {
+    return invalid_argument("cluster " + cluster.name + ": " + std::to_string(cluster.num_nodes) +
+                            " nodes but no NIC bandwidth; describe node.nics in the cluster file");
+  }
+  return cm;
+}
+
+int CostModel::moe_layers_before(int x) const {
+  if (!model_.is_moe()) return 0;
+  const int k = model_.moe.first_k_dense_layers;
+  const int f = std::max(1, model_.moe.layer_freq);
+  x = std::min(x, model_.num_layers);
+  return x <= k ? 0 : (x - k + f - 1) / f;
+}
+
+Result<Estimate> CostModel::estimate(const Strategy& s) const {
+  Estimate e;
+  PIPER_RETURN_IF_ERROR(estimate(s, &e));
+  return e;
+}
+
+Status CostModel::estimate(const Strategy& s, Estimate* out) const {
+  PIPER_RETURN_IF_ERROR(s.validate_for(model_, train_, cluster_.world_size()));
+  if (s.disaggregate) {
+    return unimplemented("estimate: disaggregated attention/FFN (af-pipe) has no closed-form model yet; "
+                         "use a non-disaggregated strategy here, or `piper simulate`");
+  }
+  const ScheduleKind kind = s.schedule_kind();
+  const int p = s.pp, v = s.chunks_per_rank(), stages = p * v, m = s.microbatches;
+  const int L = model_.num_layers;
+  const double T = static_cast<double>(s.mbs) * static_cast<double>(train_.seq_len);
+  const double act_b = dtype_width(train_.activation_dtype);
+  const double h = table_.hidden;
+  const double sp_div = s.sp ? s.tp : 1;
+
+  // --- per-layer part times (identical on every rank) ---
+  PartShape shape;
+  shape.tokens = T;
+  shape.tp = s.tp;
+  shape.ep = s.ep;
+  shape.etp = s.etp;
+  shape.act_bytes = act_b;
+  shape.param_bytes = bytes_.param;
+  shape.grad_bytes = bytes_.grad;
+  shape.expert_load = calibration_.expert_load_imbalance;
+  Fbw part_t[kNumParts];
+  for (int i = 0; i < kNumParts; ++i) {
+    PartCost c = part_cost(table_, static_cast<Part>(i), shape);
+    auto time = [&](const TaskCost& k) {
+      return device_.time_s(k.flops, k.bytes, k.gemm_dim) + device_.memory_time_s(k.pointwise_bytes);
+    };
+    part_t[i] = {time(c.f), time(c.b), time(c.w)};
+  }
+  auto part = [&](Part q) { return part_t[static_cast<int>(q)]; };
+  Fbw attn = part(Part::kAttention);
+  attn += part(Part::kAttentionCore);
+  attn += part(Part::kNorms);
+  Fbw moe_ffn = part(Part::kRouter);
+  moe_ffn += part(Part::kExperts);
+  moe_ffn += part(Part::kSharedExperts);
+  Fbw dense_ffn = part(Part::kDenseMlp);
+  // Recomputation re-runs forward work inside the backward.
+  if (s.recompute == Recompute::kFull) {
+    attn.b += attn.f;
+    moe_ffn.b += moe_ffn.f;
+    dense_ffn.b += dense_ffn.f;
+  } else if (s.recompute == Recompute::kSelective) {
+    attn.b += part(Part::kAttentionCore).f;
+  }
+
+  // --- communication per layer and microbatch ---
+  MeshGroups g = mesh_groups(s, net_);
+  // TP: two all-reduces (or reduce-scatter + all-gather under SP, the same bytes) forward, two backward.
+  const double tp_layer_s = s.tp > 1 ? 4 * net_.all_reduce_s(T * h * act_b, g.tp, AllReduceAlgo::kRing) : 0.0;
+  // EP: dispatch and combine forward, their transposes backward.
+  double ep_layer_s = 0;
+  if (s.ep > 1 && model_.is_moe()) {
+    const double tokens = T / s.tp;
+    const double k = table_.top_k;
+    if (s.a2a == "halo") {
+      int cap = 0;
+      const int groups = model_.moe.num_groups, top_groups = model_.moe.topk_groups;
+      if (groups > 1 && g.ep.nodes > 1) {
+        if (g.ep.nodes % groups == 0) cap = top_groups * (g.ep.nodes / groups);
+        else if (groups % g.ep.nodes == 0) cap = std::min(g.ep.nodes, top_groups);
+      }
+      ep_layer_s = 4 * net_.all_to_all_halo_s(tokens, h * act_b, k, g.ep, cap);
+    } else {
+      ep_layer_s = 4 * net_.all_to_all_flat_s(tokens * k * h * act_b, g.ep);
+    }
+  }
+
+  // --- per pipeline rank: layers, parameters, memory, compute ---
+  ActivationOptions ao;
+  ao.tp = s.tp;
+  ao.etp = s.etp;
+  ao.sp = s.sp;
+  ao.recompute = s.recompute;
+  ao.seq_len = train_.seq_len;
+  ao.act_bytes = act_b;
+  const double act_dense = layer_activation_bytes_per_token(model_, false, ao).total();
+  const double act_moe = model_.is_moe() ? layer_activation_bytes_per_token(model_, true, ao).total() : 0.0;
+  const double act_head = head_activation_bytes_per_token(model_, ao);
+  const double act_emb = embedding_activation_bytes_per_token(model_, ao);
+  double peak_layer_act = 0;  // a fully recomputed layer re-materialises this during its backward
+  if (s.recompute == Recompute::kFull) {
+    peak_layer_act = std::max(layer_activation_peak_bytes_per_token(model_, false, ao).total(),
+                              model_.is_moe() ? layer_activation_peak_bytes_per_token(model_, true, ao).total() : 0.0);
+  }
+  const double local_experts = table_.num_experts / s.ep;
+  const int expert_shard = std::max(1, s.edp() * (s.tp / s.etp));
+  const bool tied = model_.tie_embeddings;
+
+  out->ranks.resize(p);
+  out->device_memory_bytes = static_cast<double>(cluster_.device.memory_bytes);
+  double worst_total = -1, worst_time = -1;
+  Fbw bottleneck;
+  double bottleneck_tp = 0, bottleneck_ep = 0, bottleneck_dense_params = 0, bottleneck_expert_params = 0;
+  for (int r = 0; r < p; ++r) {
+    int n_layers = 0, n_moe = 0;
+    bool has_emb = false, has_head = false;
+    double act_peak = 0;  // bytes held at the rank's peak: in-flight units x each chunk's microbatch bytes
+    for (int c = 0; c < v; ++c) {
+      const int st = stage_of_chunk(kind, p, v, r, c);
+      const int lo = static_cast<int>(static_cast<int64_t>(st) * L / stages);
+      const int hi = static_cast<int>(static_cast<int64_t>(st + 1) * L / stages);
+      const int moe = moe_layers_before(hi) - moe_layers_before(lo);
+      n_layers += hi - lo;
+      n_moe += moe;
+      double chunk_act = T * ((hi - lo - moe) * act_dense + moe * act_moe);
+      if (st == 0) {
+        has_emb = true;
+        chunk_act += T * act_emb;
+      }
+      if (st == stages - 1) {
+        has_head = true;
+        chunk_act += T * act_head;
+      }
+      act_peak += chunk_in_flight_units(kind, p, m, v, r, c) * chunk_act;
+    }
+    const int n_dense = n_layers - n_moe;
+    double dense_params = n_layers * (table_.attention_params / s.tp + table_.norm_params_per_layer) +
+                          n_dense * table_.dense_mlp_params / s.tp +
+                          n_moe * (table_.router_params + table_.shared_params / s.tp);
+    if (has_emb) dense_params += table_.embedding_params / s.tp;
+    if (has_head && (!tied || !has_emb)) dense_params += table_.head_params / s.tp;
+    const double expert_params = n_moe * local_experts * table_.expert_params / s.etp;
+
+    MemoryBreakdown& mem = out->ranks[r];
+    ModelStateBytes states = model_state_bytes(dense_params, s.zero, s.dp, bytes_);
+    states += model_state_bytes(expert_params, s.zero, expert_shard, bytes_);
+    mem.params = states.params;
+    mem.grads = states.grads;
+    mem.optimizer = states.optimizer;
+    mem.activations = act_peak;
+    double buffers = calibration_.workspace_bytes;
+    if (p > 1) buffers += 4 * T * h * act_b / sp_div;  // P2P send/recv, activations and gradients
+    if (s.ep > 1 && n_moe > 0) buffers += 2 * T / s.tp * table_.top_k * h * act_b;  // all-to-all staging
+    const double largest_layer = table_.attention_params / s.tp +
+                                 std::max(n_dense > 0 ? table_.dense_mlp_params / s.tp : 0.0,
+                                          n_moe > 0 ? table_.shared_params / s.tp + table_.router_params +
+                                                          local_experts * table_.expert_params / s.etp
+                                                    : 0.0);
+    if (s.zero >= 2) buffers += largest_layer * bytes_.grad;                         // gradient bucket
+    if (s.zero >= 3) buffers += 2 * largest_layer * bytes_.param;                    // gathered + prefetched
+    if (s.recompute == Recompute::kFull) buffers += T * peak_layer_act;
+    mem.buffers = buffers;
+    if (mem.total() > worst_total) {
+      worst_total = mem.total();
+      out->worst_rank = r;
+    }
+
+    Fbw t = attn * n_layers;
+    t += moe_ffn * n_moe;
+    t += dense_ffn * n_dense;
+    if (has_emb) t += part(Part::kEmbedding);
+    if (has_head) t += part(Part::kHead);
+    // The slowest rank per microbatch sets the pace: compute plus the TP and EP communication it cannot hide.
+    // DualPipeV overlaps one microbatch's forward with another's backward, hiding the EP all-to-all behind
+    // the paired compute; the other schedules run it on the critical path.
+    const double compute = t.f + t.b + t.w;
+    const double tp_r = n_layers * tp_layer_s, ep_r = n_moe * ep_layer_s;
+    const double ep_exposed_r = kind == ScheduleKind::kDualPipeV ? std::max(0.0, ep_r - compute) : ep_r;
+    if (compute + tp_r + ep_exposed_r > worst_time) {
+      worst_time = compute + tp_r + ep_exposed_r;
+      bottleneck = t;
+      out->bottleneck_rank = r;
+      bottleneck_tp = tp_r;
+      bottleneck_ep = ep_exposed_r;
+      bottleneck_dense_params = dense_params;
+      bottleneck_expert_params = expert_params;
+    }
+  }
+  out->memory = out->ranks[out->worst_rank];
+  out->fits = out->memory.total() <= out->device_memory_bytes;
+
+  // --- step time on the bottleneck rank ---
+  const double mb_compute = bottleneck.f + bottleneck.b + bottleneck.w;
+  const double ep_exposed = bottleneck_ep;
+  const double per_mb_comm = bottleneck_tp + ep_exposed;
+  const double t_f = bottleneck.f + per_mb_comm / 2;
+  const double t_b = bottleneck.b + bottleneck.w + per_mb_comm / 2;  // B and W
+  double pp_s = 0;
+  if (p > 1) {
+    const double hop = net_.p2p_s(T * h * act_b / sp_div, g.pp_cross_node);
+    // Blocking P2P per microbatch (activations forward, gradients backward) unless the schedule overlaps it
+    // (interleaved and dualpipev post P2P asynchronously; only the fill and drain hops stay exposed).
+    pp_s = (kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kDualPipeV) ? 2.0 * (p - 1) * hop
+                                                                                     : 2.0 * (m + p - 1) * hop;
+  }
+  // DP: gradient sync of the dense part over dp and of the experts over their replicas.
+  double dp_s = 0;
+  const double dense_grad_b = bottleneck_dense_params * bytes_.grad;
+  const double expert_grad_b = bottleneck_expert_params * bytes_.grad;
+  const double dense_param_b = bottleneck_dense_params * bytes_.param;
+  const double expert_param_b = bottleneck_expert_params * bytes_.param;
+  if (s.zero == 0) {
+    double ar = net_.all_reduce_s(dense_grad_b, g.dp) + net_.all_reduce_s(expert_grad_b, g.expert_dp);
+    dp_s = std::max(0.0, ar - t_b);  // overlapped with the last microbatch's backward
+  } else if (s.zero <= 2) {
+    double rs = net_.reduce_scatter_s(dense_grad_b, g.dp) + net_.reduce_scatter_s(expert_grad_b, g.expert_dp);
+    double ag = net_.all_gather_s(dense_param_b, g.dp) + net_.all_gather_s(expert_param_b, g.expert_dp);
+    dp_s = std::max(0.0, rs - t_b) + std::max(0.0, ag - t_f);  // param gather overlaps the next first forward
+  } else {
+    double ag = net_.all_gather_s(dense_param_b, g.dp) + net_.all_gather_s(expert_param_b, g.expert_dp);
+    double rs = net_.reduce_scatter_s(dense_grad_b, g.dp) + net_.reduce_scatter_s(expert_grad_b, g.expert_dp);
+    // Per microbatch: gather for F, gather again for B, reduce-scatter after W; prefetched behind compute.
+    dp_s = ag / std::max(1, v) + std::max(0.0, m * (2 * ag + rs) - m * mb_compute);
+  }
+  const double shard_params = s.zero >= 1 ? bottleneck_dense_params / s.dp + bottleneck_expert_params / expert_shard
+                                          : bottleneck_dense_params + bottleneck_expert_params;
+
+  out->t_f_s = t_f;
+  out->t_b_s = t_b;
+  out->t_w_s = bottleneck.w;
+  out->comm.tp_s = m * bottleneck_tp;
+  out->comm.ep_s = m * ep_exposed;
+  out->comm.pp_s = pp_s;
+  out->comm.dp_s = dp_s;
+  out->time.compute_s = m * mb_compute;
+  out->time.exposed_comm_s = out->comm.tp_s + out->comm.ep_s + out->comm.pp_s + out->comm.dp_s;
+  out->time.bubble_s = bubble_time_s(kind, p, v, t_f, t_b, bottleneck.w);
+  out->time.optimizer_s = device_.time_s(0, shard_params * optimizer_step_bytes_per_param(bytes_), 0);
+  out->step_time_s = out->time.compute_s + out->time.exposed_comm_s + out->time.bubble_s + out->time.optimizer_s;
+  out->tokens_per_step = static_cast<double>(s.global_batch()) * static_cast<double>(train_.seq_len);
+  out->tokens_per_s = out->tokens_per_step / out->step_time_s;
+  out->mfu = flops_per_token_ * out->tokens_per_s / (static_cast<double>(s.world_size()) * device_.peak_flops());
+  return ok_status();
+}
+
+}  // namespace piper::cost

@@ -1,0 +1,117 @@
+// The closed-form resource estimate of one training step under a Strategy: memory per pipeline rank,
+// compute, exposed communication, pipeline bubble, optimizer step, MFU and tokens/s.
+//
+// Build a CostModel once per (model, cluster, training setup, calibration); it precomputes everything that does
+// not depend on the strategy. estimate() is then pure arithmetic over the strategy: O(pp * chunks) work, no
+// heap allocation on success when the same Estimate is reused (its `ranks` vector keeps its capacity), so the
+// planner can score well over 100,000 strategies per second on one core (bench/cost/).
+// A strategy that is inconsistent with the model, batch or world size returns the validate_for() error (rule
+// broken + fix); it never yields a number. Disaggregated (af-pipe) strategies are not modelled in closed form
+// yet and return Unimplemented. Thread-safety: a CostModel is immutable; estimate() may run concurrently.
+//
+// Step time (bottleneck rank: the largest per-microbatch compute), m microbatches:
+//   compute      = m * (t_f + t_b)                     t_b includes W and any recomputed forward
+//   exposed_comm = m * (TP collectives + EP all-to-all not hidden by the schedule) + pipeline P2P on the
+//                  critical path + the part of the DP gradient/parameter sync not overlapped with compute
+//   bubble       = pipeline_model.h with the communication-stretched t_f, t_b
+//   optimizer    = bytes the optimizer touches on this rank's shard / achievable memory bandwidth
+// MFU = training_flops_per_token (docs/counting.md: model FLOPs, no recomputation) * tokens/s
+//       / (world size * peak FLOP/s of the compute dtype).
+#pragma once
+
+#include <vector>
+
+#include "piper/base/json.h"
+#include "piper/base/status.h"
+#include "piper/cost/device_model.h"
+#include "piper/cost/layer_cost.h"
+#include "piper/cost/model_state.h"
+#include "piper/cost/network.h"
+#include "piper/spec/cluster_spec.h"
+#include "piper/spec/model_spec.h"
+#include "piper/spec/train_spec.h"
+#include "piper/strategy/strategy.h"
+
+namespace piper::cost {
+
+struct MemoryBreakdown {
+  double params = 0;
+  double grads = 0;
+  double optimizer = 0;
+  double activations = 0;
+  double buffers = 0;  // communication staging, ZeRO gather/bucket buffers, recompute scratch, workspace
+  double total() const { return params + grads + optimizer + activations + buffers; }
+};
+
+struct TimeBreakdown {
+  double compute_s = 0;
+  double exposed_comm_s = 0;
+  double bubble_s = 0;
+  double optimizer_s = 0;
+};
+
+// Exposed communication per step by kind (sums to TimeBreakdown::exposed_comm_s).
+struct CommBreakdown {
+  double tp_s = 0;
+  double ep_s = 0;
+  double pp_s = 0;
+  double dp_s = 0;
+};
+
+struct Estimate {
+  bool fits = false;
+  double step_time_s = 0;
+  double mfu = 0;
+  double tokens_per_s = 0;
+  double tokens_per_step = 0;
+  double device_memory_bytes = 0;
+  int worst_rank = 0;       // pipeline rank with the largest memory total
+  int bottleneck_rank = 0;  // pipeline rank with the largest compute per microbatch
+  MemoryBreakdown memory;   // of worst_rank
+  std::vector<MemoryBreakdown> ranks;  // per pipeline rank (every dp/tp/ep coordinate of a stage is alike)
+  TimeBreakdown time;
+  CommBreakdown comm;
+  // One microbatch on the bottleneck rank (inputs of the bubble formula).
+  double t_f_s = 0, t_b_s = 0, t_w_s = 0;
+
+  Json to_json() const;
+};
+
+class CostModel {
+ public:
+  // Validates the inputs (model, cluster, train, byte convention) once.
+  static Result<CostModel> create(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+                                  const Calibration& calibration = {});
+
+  // Fills *out. Errors: the strategy's validate_for() message, or Unimplemented for disaggregation.
+  Status estimate(const Strategy& strategy, Estimate* out) const;
+  Result<Estimate> estimate(const Strategy& strategy) const;
+
+  const ModelSpec& model() const { return model_; }
+  const ClusterSpec& cluster() const { return cluster_; }
+  const TrainSpec& train() const { return train_; }
+  const PartTable& parts() const { return table_; }
+  const Network& network() const { return net_; }
+  const DeviceModel& device() const { return device_; }
+  const ByteConvention& bytes() const { return bytes_; }
+  double flops_per_token() const { return flops_per_token_; }
+
+ private:
+  CostModel(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train, const Calibration& cal,
+            const ByteConvention& bytes);
+  // MoE layers among layers [0, x).
+  int moe_layers_before(int x) const;
+
+  ModelSpec model_;
+  ClusterSpec cluster_;
+  TrainSpec train_;
+  Calibration calibration_;
+  ByteConvention bytes_;
+  PartTable table_;
+  Network net_;
+  DeviceModel device_;
+  double flops_per_token_ = 0;
+  int max_nodes_per_token_ = 0;  // node-limited routing cap for HALO (0 = none)
+};
+
+}  // namespace piper::cost

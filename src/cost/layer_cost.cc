@@ -1,0 +1,132 @@
+#include "piper/cost/layer_cost.h"
+
+#include <algorithm>
+
+#include "piper/spec/counting.h"
+
+namespace piper::cost {
+
+const char* to_string(Part p) {
+  switch (p) {
+    case Part::kEmbedding: return "embedding";
+    case Part::kNorms: return "norms";
+    case Part::kAttention: return "attention";
+    case Part::kAttentionCore: return "attention_core";
+    case Part::kRouter: return "router";
+    case Part::kExperts: return "experts";
+    case Part::kSharedExperts: return "shared_experts";
+    case Part::kDenseMlp: return "dense_mlp";
+    case Part::kHead: return "head";
+  }
+  return "?";
+}
+
+PartTable make_part_table(const ModelSpec& m, int64_t seq_len) {
+  PartTable t;
+  t.hidden = static_cast<double>(m.hidden_size);
+  t.vocab = static_cast<double>(m.vocab_size);
+  t.top_k = m.moe.top_k;
+  t.num_experts = m.moe.num_experts;
+  t.expert_width = static_cast<double>(m.moe.expert_intermediate_size);
+  t.shared_width = static_cast<double>(m.moe.shared_expert_intermediate_size) * m.moe.num_shared_experts;
+  t.dense_width = static_cast<double>(m.intermediate_size);
+  t.head_dim = static_cast<double>(m.qk_head_dim());
+  t.attention_params = static_cast<double>(attention_params(m));
+  t.norm_params_per_layer = 2.0 * static_cast<double>(norm_params(m));
+  if (m.is_moe()) {
+    t.router_params = static_cast<double>(router_params(m));
+    t.expert_params = static_cast<double>(expert_params(m));
+    t.shared_params = static_cast<double>(shared_experts_params(m));
+  }
+  if (m.num_dense_layers() > 0) t.dense_mlp_params = static_cast<double>(dense_mlp_params(m));
+  ParamCounts counts = count_params(m);
+  t.embedding_params = static_cast<double>(counts.embedding.total);
+  t.head_params = static_cast<double>(counts.head.total);
+  if (t.head_params == 0) t.head_params = t.hidden * t.vocab;  // tied: the head still computes with V x h
+  double core = 0;
+  for (int l = 0; l < m.num_layers; ++l) core += attention_core_forward_flops_per_token(m, l, seq_len);
+  t.attention_core_flops = m.num_layers > 0 ? core / m.num_layers : 0.0;
+  return t;
+}
+
+namespace {
+
+// A matmul part: F = B = W = 2 * tokens * weights (per rank); bytes = weights + activations in and out.
+PartCost matmul(double tokens, double weights_per_rank, double in_width, double out_width, double gemm_dim,
+                const PartShape& s, double pointwise_f = 0) {
+  PartCost c;
+  const double flops = 2 * tokens * weights_per_rank;
+  const double acts = tokens * (in_width + out_width) * s.act_bytes;
+  c.f = {flops, weights_per_rank * s.param_bytes + acts, gemm_dim};
+  c.b = {flops, weights_per_rank * s.param_bytes + 2 * acts, gemm_dim};
+  c.w = {flops, weights_per_rank * 2 * s.grad_bytes + acts, gemm_dim};
+  c.f.pointwise_bytes = pointwise_f;
+  c.b.pointwise_bytes = 2 * pointwise_f;
+  return c;
+}
+
+}  // namespace
+
+PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
+  const double T = s.tokens;
+  const double tp = s.tp;
+  const double h = t.hidden;
+  switch (part) {
+    case Part::kEmbedding: {
+      PartCost c;  // a gather forward, a scatter-add of gradients: memory traffic only
+      c.f = {0, T * h * s.act_bytes * 2 / tp, 0};
+      c.w = {0, T * h * (s.act_bytes + s.grad_bytes) / tp, 0};
+      return c;
+    }
+    case Part::kNorms: {
+      PartCost c;  // two norms (read h, write h) and two residual adds (read 2h, write h)
+      const double f = T * 10 * h * s.act_bytes / tp;
+      c.f.pointwise_bytes = f;
+      c.b.pointwise_bytes = 2 * f;
+      return c;
+    }
+    case Part::kAttention:  // + RoPE on Q and K (read and write)
+      return matmul(T, t.attention_params / tp, h, h, std::min(T, h / tp), s, T * 4 * h * s.act_bytes / tp);
+    case Part::kAttentionCore: {
+      PartCost c;
+      const double flops = T * t.attention_core_flops / tp;
+      const double acts = T * 4 * h * s.act_bytes / tp;  // Q, K, V in, O out (order of magnitude for MLA too)
+      c.f = {flops, acts, t.head_dim};
+      c.b = {2 * flops, 2 * acts, t.head_dim};
+      return c;
+    }
+    case Part::kRouter: {  // + fp32 scores and top-k (read and write E), token permute (read and write k h)
+      const double pw = T / tp * (8 * t.num_experts + 2 * t.top_k * h * s.act_bytes);
+      return matmul(T / tp, t.router_params, h, t.num_experts, std::min(T / tp, t.num_experts), s, pw);
+    }
+    case Part::kExperts: {
+      // Pairs this rank computes; per local expert the GEMM has M = pairs * ep / E rows (gathered over etp).
+      const double pairs = T / tp * t.top_k * s.expert_load;
+      const double local_experts = t.num_experts / s.ep;
+      const double rows_per_expert = pairs * s.etp / local_experts;
+      // + the activation function (read 2f, write f per pair) and the weighted combine (read k h, write h)
+      const double pw = pairs * 3 * t.expert_width * s.act_bytes + T / tp * (t.top_k + 1) * h * s.act_bytes;
+      PartCost c = matmul(pairs * s.etp, t.expert_params / s.etp, h, h,
+                          std::min({rows_per_expert, t.expert_width / s.etp, h}), s, pw);
+      // Weights read: every local expert's shard, not one expert.
+      const double wbytes = local_experts * t.expert_params / s.etp;
+      c.f.bytes += wbytes * s.param_bytes - t.expert_params / s.etp * s.param_bytes;
+      c.b.bytes += wbytes * s.param_bytes - t.expert_params / s.etp * s.param_bytes;
+      c.w.bytes += (wbytes - t.expert_params / s.etp) * 2 * s.grad_bytes;
+      return c;
+    }
+    case Part::kSharedExperts:
+      return matmul(T, t.shared_params / tp, h, h, std::min(T, t.shared_width / tp), s,
+                    T * 3 * t.shared_width * s.act_bytes / tp);
+    case Part::kDenseMlp:
+      return matmul(T, t.dense_mlp_params / tp, h, h, std::min({T, t.dense_width / tp, h}), s,
+                    T * 3 * t.dense_width * s.act_bytes / tp);
+    case Part::kHead:
+      // + softmax and cross entropy over fp32 logits (write, read, write the gradient)
+      return matmul(T, t.head_params / tp, h, t.vocab / tp, std::min({T, t.vocab / tp, h}), s,
+                    T * 12 * t.vocab / tp);
+  }
+  return {};
+}
+
+}  // namespace piper::cost

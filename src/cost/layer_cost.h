@@ -1,0 +1,77 @@
+// FLOPs and bytes of the F (forward), B (input gradient) and W (weight gradient) tasks of every layer part,
+// per rank and per microbatch, under tensor, sequence and expert parallelism. The IR compiler and the simulator
+// annotate instructions with these; the closed-form estimate sums them per stage.
+//
+// Conventions: 2 FLOPs per multiply-add. For a matmul part F = 2 * tokens * weights, B = F (activation
+// gradient), W = F (weight gradient), so F + B + W = 6 * tokens * weights. The attention core (QK^T and AV,
+// causal, as counted in docs/counting.md) has no weights: B = 2F, W = 0. Bytes are what the task reads and
+// writes in device memory: its weight shard (param dtype; W writes gradients), plus its input and output
+// activations (activation dtype). Pointwise kernels around the GEMMs (norms, residual adds, RoPE, the
+// activation function, router softmax/top-k, token permute and weighted combine, softmax + loss) are
+// memory-bound; their traffic is `pointwise_bytes` (read + write once forward, about twice that backward)
+// [inferred: kernel-by-kernel byte counts, docs/resource_model.md]. The GEMM dimension `gemm_dim` is the smallest of the part's GEMM shapes;
+// it sets the shape-dependent efficiency (device_model.h). Tokens per rank:
+//   attention, dense MLP, shared experts, head: all tokens of the microbatch; weights split over tp
+//   router and routed experts: tokens split over tp (sequence parallel), each routed to k experts; the
+//   busiest expert rank receives `expert_load` times the mean.
+#pragma once
+
+#include <cstdint>
+
+#include "piper/spec/model_spec.h"
+
+namespace piper::cost {
+
+enum class Part {
+  kEmbedding,
+  kNorms,  // the two norms and residual adds of a layer: pointwise only
+  kAttention,
+  kAttentionCore,
+  kRouter,
+  kExperts,
+  kSharedExperts,
+  kDenseMlp,
+  kHead
+};
+inline constexpr int kNumParts = 9;
+const char* to_string(Part p);
+
+struct TaskCost {
+  double flops = 0;
+  double bytes = 0;           // GEMM operands: overlaps with the FLOPs (roofline max)
+  double gemm_dim = 0;        // 0: no GEMM (memory-bound)
+  double pointwise_bytes = 0; // separate memory-bound kernels (norms, activation function, RoPE, softmax,
+                              // permute/combine, loss): their time adds to the GEMM time
+};
+
+struct PartCost {
+  TaskCost f, b, w;
+};
+
+// Per-token, per-layer quantities of a model at a sequence length, computed once (counting.h) and reused for
+// every strategy. Parameter counts are elements; FLOPs are forward FLOPs per token for the full (unsharded) part.
+struct PartTable {
+  double hidden = 0, vocab = 0, top_k = 0, num_experts = 0;
+  double expert_width = 0, shared_width = 0, dense_width = 0, head_dim = 0;
+  double attention_params = 0, norm_params_per_layer = 0, router_params = 0, expert_params = 0,
+         shared_params = 0, dense_mlp_params = 0, embedding_params = 0, head_params = 0;
+  double attention_core_flops = 0;  // average over layers (sliding-window layers differ)
+};
+
+PartTable make_part_table(const ModelSpec& model, int64_t seq_len);
+
+struct PartShape {
+  double tokens = 0;  // tokens of one microbatch on one data-parallel rank (mbs * seq_len)
+  int tp = 1;
+  int ep = 1;
+  int etp = 1;
+  double act_bytes = 2;
+  double param_bytes = 2;
+  double grad_bytes = 4;
+  double expert_load = 1;
+};
+
+// One layer's part (or the embedding/head), on one rank, for one microbatch.
+PartCost part_cost(const PartTable& table, Part part, const PartShape& shape);
+
+}  // namespace piper::cost

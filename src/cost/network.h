@@ -1,0 +1,91 @@
+// Communication cost: alpha-beta per topology level, for the collectives Piper emits.
+//
+// Levels (ClusterSpec): the intra-node device link, the NICs (each device's share of the NIC it is attached
+// to: NIC bandwidth / devices attached, the worst NIC counts), and the global links between dragonfly groups
+// (NIC share / inter_group_taper, extra latency). A communication group is described by its GroupLayout: how
+// many members share a node and how many nodes it spans. Every group of the same kind runs at the same time
+// (all DP groups reduce together), so a node's NICs are shared by all the groups on it; a group with c
+// members per node therefore sees c NIC shares for its node-crossing traffic.
+//
+// Formulas (n members, S bytes; docs/resource_model.md has the derivations and sources):
+//   ring all-reduce     2(n-1)/n * S / bw + 2(n-1) * alpha          bw = intra, or min(intra, c * nic) across nodes
+//   tree all-reduce     2 * S / bw + 2 * ceil(log2 n) * alpha       (NCCL double binary tree)
+//   reduce-scatter      (n-1)/n * S / bw + (n-1) * alpha            (S = the full, unsharded buffer)
+//   all-gather          same as reduce-scatter                      (S = the gathered size)
+//   flat all-to-all     (n-1) * alpha + max(remote / nic, local / intra)  per-rank payload split evenly
+//   HALO all-to-all     max(phase I, phase II) + phase III: phase I gathers remote-bound tokens on the rail
+//                       peer inside the node, phase II sends one copy per (token, destination node) over the
+//                       NICs in one batched message per node pair, phase III scatters to the expert GPUs
+//   M2N                 senders -> receivers over NICs: receivers * alpha + max(send side, receive side)
+//   P2P                 alpha + S / bw of the level crossed
+// All functions are pure and allocation-free; thread-safe after construction.
+#pragma once
+
+#include "piper/spec/cluster_spec.h"
+
+namespace piper::cost {
+
+struct GroupLayout {
+  int size = 1;      // members
+  int per_node = 1;  // members on one node
+  int nodes = 1;     // nodes spanned = size / per_node
+  bool crosses_groups = false;  // spans more than one dragonfly group (tapered global links)
+};
+
+enum class AllReduceAlgo { kAuto, kRing, kTree };
+
+// Expected number of distinct nodes hit by one token routed to k experts spread uniformly over N nodes:
+// N * (1 - (1 - 1/N)^k); capped by node-limited routing (max_nodes > 0, DeepSeek-V3 routes to <= 4 nodes).
+double expected_distinct_nodes(int nodes, double top_k, int max_nodes = 0);
+
+// Bytes one token moves in a dispatch (the combine moves the same back), at each level.
+struct A2aTraffic {
+  double inter_node = 0;  // over the NICs
+  double intra_node = 0;  // over the device links
+};
+// Flat: every (token, expert) pair is its own message; a fraction (N-1)/N of them leaves the node.
+A2aTraffic flat_a2a_traffic_per_token(double token_bytes, double top_k, const GroupLayout& g);
+// HALO: one copy per distinct remote node (node-level dedup), intra-node gather before and scatter after.
+A2aTraffic halo_a2a_traffic_per_token(double token_bytes, double top_k, const GroupLayout& g, int max_nodes = 0);
+
+class Network {
+ public:
+  explicit Network(const ClusterSpec& cluster);
+
+  int devices_per_node() const { return devices_per_node_; }
+  double intra_bw() const { return intra_bw_; }
+  double nic_bw_per_device() const { return nic_bw_per_device_; }
+
+  // Layout of a group of `size` members whose ranks are `stride` apart (ranks numbered node-major), or of a
+  // group made of several mesh axes: members per node multiply (see GroupLayout).
+  GroupLayout layout(int size, int stride) const;
+  GroupLayout combine(const GroupLayout& inner, const GroupLayout& outer, int outer_stride) const;
+
+  double all_reduce_s(double bytes, const GroupLayout& g, AllReduceAlgo algo = AllReduceAlgo::kAuto) const;
+  double reduce_scatter_s(double bytes, const GroupLayout& g) const;
+  double all_gather_s(double bytes, const GroupLayout& g) const;
+  // bytes_per_rank: what one rank sends in total (tokens * k * token bytes for a dispatch).
+  double all_to_all_flat_s(double bytes_per_rank, const GroupLayout& g) const;
+  double all_to_all_halo_s(double tokens_per_rank, double token_bytes, double top_k, const GroupLayout& g,
+                           int max_nodes = 0) const;
+  double m2n_s(double bytes_per_sender, int senders, int receivers) const;
+  double p2p_s(double bytes, bool cross_node) const;
+
+ private:
+  // Bandwidth and per-message latency for traffic of group g that crosses nodes, per member.
+  double cross_bw(const GroupLayout& g) const;
+  double cross_latency(const GroupLayout& g) const;
+  double ring_bw(const GroupLayout& g) const;
+  double step_latency(const GroupLayout& g) const;
+
+  int devices_per_node_ = 1;
+  int nodes_per_group_ = 0;
+  double intra_bw_ = 0;
+  double intra_latency_s_ = 0;
+  double nic_bw_per_device_ = 0;
+  double nic_latency_s_ = 0;
+  double inter_group_taper_ = 1;
+  double inter_group_latency_s_ = 0;
+};
+
+}  // namespace piper::cost
