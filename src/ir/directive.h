@@ -1,0 +1,78 @@
+// Directives: the public, JSON-serialisable API that turns the single-device training DAG into a distributed
+// one. Each directive is one graph rewrite (a pass in src/ir/passes/); a list is applied in order.
+//
+// JSON: a file holds a list of directives, or {"directives": [...]}. Each directive is an object whose
+// "directive" key names it; the rest are its fields:
+//   {"directive": "split", "microbatches": 8}
+//   {"directive": "place", "filter": {"layer": "0-7"}, "stage": 0}        tag nodes with a pipeline stage
+//   {"directive": "place", "filter": {"stage": 7}, "rank": 0}             put a stage on a pipeline rank
+//   {"directive": "order", "rank": 0, "stream": "compute", "slots": ["0F0", ["0F7", "7BW3"], {"stage": 0, ...}]}
+//   {"directive": "stream", "filter": {"pass": "W"}, "stream": "wgrad"}
+//   {"directive": "recompute", "filter": {"part": "attn"}}
+// An order slot is one filter or a list of filters; a list means its members "may overlap" (no order among
+// them). A filter may be written as an action string "<stage><pass><mb>" ("0F3", "7BW2", "5W0").
+// Errors from parsing and applying name the directive: "directive 4 (order): ...".
+#pragma once
+
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "piper/base/json.h"
+#include "piper/base/status.h"
+#include "piper/ir/types.h"
+
+namespace piper::ir {
+
+struct SplitDirective {
+  int microbatches = 1;
+};
+
+// Either tags matched nodes with a stage (stage >= 0), or places the matched nodes on a pipeline rank
+// (rank >= 0), or both.
+struct PlaceDirective {
+  TagFilter filter;
+  int stage = -1;
+  int rank = -1;
+};
+
+struct OrderDirective {
+  int rank = -1;  // pipeline rank the row belongs to; every matched node must be on it
+  std::string stream = "compute";
+  std::vector<std::vector<TagFilter>> slots;
+};
+
+struct StreamDirective {
+  TagFilter filter;
+  std::string stream;
+};
+
+struct RecomputeDirective {
+  TagFilter filter;
+};
+
+using DirectiveBody = std::variant<SplitDirective, PlaceDirective, OrderDirective, StreamDirective, RecomputeDirective>;
+
+struct Directive {
+  DirectiveBody body;
+  const char* name() const;  // "split", "place", ...
+  Json to_json() const;
+  // `index` is the directive's position, used in messages.
+  static Result<Directive> from_json(const Json& j, int index);
+};
+
+std::vector<std::string> directive_names();
+
+Json directives_to_json(const std::vector<Directive>& directives);
+Result<std::vector<Directive>> directives_from_json(const Json& j, const std::string& what);
+Result<std::vector<Directive>> load_directives_file(const std::string& path);
+
+// "directive 3 (order)"
+std::string directive_label(const Directive& d, int index);
+
+// Parses "<stage><pass><mb>" ("0F3", "7BW2"); stage may be omitted ("F3") when `default_stage` >= 0.
+Result<TagFilter> parse_action_filter(const std::string& text, int default_stage, const std::string& what);
+// The inverse for filters with exactly one stage, one mb and a pass: "0F3". Others print as JSON.
+std::string action_text(const TagFilter& f, bool with_stage);
+
+}  // namespace piper::ir

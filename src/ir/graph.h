@@ -1,0 +1,114 @@
+// Graph: the global training DAG of chunk, comm and update nodes joined by data and temporal edges.
+//
+// One Graph describes one training step for one pipeline rank *per node*: data/expert/tensor replication is an
+// attribute of a node (its collectives carry a `group` axis), not extra copies, so the graph size depends on
+// layers x microbatches x passes, never on dp or ep. Passes (src/ir/passes/) rewrite it in place; node ids are
+// dense indices and stay valid across rewrites except `split`, which rebuilds the graph.
+// Edges are never erased from storage: remove_edge() marks them dead and iteration helpers skip dead edges.
+// Thread-safety: a Graph is a value; no shared state.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "piper/base/status.h"
+#include "piper/ir/types.h"
+
+namespace piper::ir {
+
+using NodeId = int32_t;
+inline constexpr NodeId kNoNode = -1;
+
+enum class EdgeKind : uint8_t { kData, kTemporal };
+
+struct Edge {
+  NodeId src = kNoNode;
+  NodeId dst = kNoNode;
+  EdgeKind kind = EdgeKind::kData;
+  int64_t bytes = 0;  // tensor bytes per microbatch for data edges (0 when unknown)
+  bool alive = true;
+};
+
+// Mesh degrees the graph is distributed over (set by whoever builds it; directives are checked against them).
+struct MeshInfo {
+  int pp = 1;
+  int vpp = 1;  // stages per pipeline rank
+  int dp = 1;
+  int ep = 1;
+  int tp = 1;
+  int num_stages() const { return pp * vpp; }
+};
+
+struct Node {
+  NodeId id = kNoNode;
+  NodeKind kind = NodeKind::kChunk;
+  Tags tags;
+  std::string name;  // readable, unique enough for messages: "L3.attn.F" (+ ".mb2" after split)
+
+  // Placement.
+  int pp_rank = -1;                   // set by place; -1 = not placed
+  std::string stream = "compute";     // logical stream; comm nodes default to their group's stream
+
+  // Per-node cost inputs (element counts / bytes; the cost model turns them into time and memory).
+  int64_t param_count = 0;       // parameters this chunk owns (update nodes: the shard they step)
+  int64_t flops = 0;             // per microbatch, filled by build_graph for chunk tasks
+  int64_t activation_bytes = 0;  // activations kept from F until its backward
+
+  // Communication (comm nodes).
+  std::string group;      // mesh axis the op runs over: "dp", "edp", "ep", "tp", "pp", "a2f"
+  std::string algorithm;  // "ring", "tree", "flat", "halo", "direct"
+  int peer_pp_rank = -1;  // send/recv: the pipeline rank on the other side
+  int64_t comm_bytes = 0; // payload per rank
+
+  // Rewrites' annotations.
+  int zero = 0;            // ZeRO stage of this chunk's parameters (replicate)
+  bool recompute = false;  // F activations are dropped and recomputed before the backward
+  int bucket = -1;         // parameter bucket (replicate with bucketing)
+  int order_slot = -1;     // position in its (pp_rank, stream) total order, set by order
+  int order_filter = 0;    // index of the filter inside a multi-filter ("may overlap") slot
+};
+
+class Graph {
+ public:
+  MeshInfo mesh;
+  int num_layers = 0;
+  int num_microbatches = 1;  // 1 until split
+  bool backward_split = false;  // some BW nodes were rewritten into B -> W
+
+  NodeId add_node(Node node);
+  int add_edge(NodeId src, NodeId dst, EdgeKind kind, int64_t bytes = 0);
+  void remove_edge(int edge_id);
+  bool has_edge(NodeId src, NodeId dst, EdgeKind kind) const;
+
+  size_t num_nodes() const { return nodes_.size(); }
+  const Node& node(NodeId id) const { return nodes_[static_cast<size_t>(id)]; }
+  Node& node(NodeId id) { return nodes_[static_cast<size_t>(id)]; }
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::vector<Edge>& edges() const { return edges_; }
+  const Edge& edge(int id) const { return edges_[static_cast<size_t>(id)]; }
+  // Edge ids (alive and dead; check Edge::alive).
+  const std::vector<int>& out_edges(NodeId id) const { return out_[static_cast<size_t>(id)]; }
+  const std::vector<int>& in_edges(NodeId id) const { return in_[static_cast<size_t>(id)]; }
+  // Alive predecessors/successors over both edge kinds (may repeat when two edges join the same pair).
+  std::vector<NodeId> preds(NodeId id) const;
+  std::vector<NodeId> succs(NodeId id) const;
+
+  // Node ids matching a filter, in id order.
+  std::vector<NodeId> select(const TagFilter& filter) const;
+
+  // A topological order over alive edges (Kahn, smallest id first, so it is deterministic). On a cycle the
+  // error names up to three nodes on it.
+  Result<std::vector<NodeId>> topo_order() const;
+
+ private:
+  std::vector<Node> nodes_;
+  std::vector<Edge> edges_;
+  std::vector<std::vector<int>> out_;
+  std::vector<std::vector<int>> in_;
+};
+
+// "L3.attn.F.mb2" style label with the stage/rank when known; used in error messages.
+std::string describe(const Node& node);
+
+}  // namespace piper::ir

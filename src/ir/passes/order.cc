@@ -1,0 +1,134 @@
+// order: one row of a rank's schedule. Slot k's nodes run before slot k+1's (temporal edges from the sinks of
+// slot k to the sources of slot k+1); the filters inside one slot "may overlap" and get no order among them.
+//
+// Naming pass B or W in a row splits the matched fused backwards into B -> W (split_backward). A row that
+// contradicts the dependencies (for example B of a microbatch before its F) makes a cycle, reported with the
+// nodes on it. Rows for the same (rank, stream) append to each other.
+#include <algorithm>
+#include <unordered_set>
+
+#include "piper/ir/passes/passes.h"
+
+namespace piper::ir {
+namespace {
+
+// Nodes bucketed by microbatch so that filters naming one mb scan only that bucket.
+class MbIndex {
+ public:
+  explicit MbIndex(const Graph& g) : buckets_(static_cast<size_t>(g.num_microbatches) + 1) {
+    for (const Node& n : g.nodes()) {
+      size_t b = n.tags.mb < 0 || n.tags.mb >= g.num_microbatches ? 0 : static_cast<size_t>(n.tags.mb) + 1;
+      buckets_[b].push_back(n.id);
+    }
+  }
+  std::vector<NodeId> select(const Graph& g, const TagFilter& f) const {
+    std::vector<NodeId> out;
+    if (!f.mb.empty()) {
+      for (int mb = std::max(f.mb.lo, 0); mb <= f.mb.hi && mb + 1 < static_cast<int>(buckets_.size()); ++mb) {
+        for (NodeId id : buckets_[static_cast<size_t>(mb) + 1]) {
+          if (f.matches(g.node(id).tags)) out.push_back(id);
+        }
+      }
+      std::sort(out.begin(), out.end());
+      return out;
+    }
+    return g.select(f);
+  }
+
+ private:
+  std::vector<std::vector<NodeId>> buckets_;
+};
+
+std::string slot_label(size_t k, size_t f, size_t size) {
+  return "slots[" + std::to_string(k) + "]" + (size > 1 ? "[" + std::to_string(f) + "]" : "");
+}
+
+}  // namespace
+
+Status apply_order(Graph& g, const OrderDirective& d) {
+  if (d.rank < 0 || d.rank >= g.mesh.pp) {
+    return invalid_argument("rank " + std::to_string(d.rank) + " does not exist: pp=" + std::to_string(g.mesh.pp) +
+                            " (ranks 0.." + std::to_string(g.mesh.pp - 1) + ")");
+  }
+  // Backwards named as B or W are split first (only those chunks).
+  MbIndex fused_index(g);
+  for (const auto& slot : d.slots) {
+    for (const auto& f : slot) {
+      if (f.pass != Pass::kB && f.pass != Pass::kW) continue;
+      TagFilter fused = f;
+      fused.pass = Pass::kBW;
+      split_backward(g, fused_index.select(g, fused));
+    }
+  }
+  int base = 0;
+  for (const Node& n : g.nodes()) {
+    if (n.pp_rank == d.rank && n.stream == d.stream && n.order_slot >= base) base = n.order_slot + 1;
+  }
+  MbIndex index(g);
+  std::vector<std::vector<NodeId>> members(d.slots.size());
+  for (size_t k = 0; k < d.slots.size(); ++k) {
+    for (size_t fi = 0; fi < d.slots[k].size(); ++fi) {
+      const TagFilter& f = d.slots[k][fi];
+      std::vector<NodeId> hits = index.select(g, f);
+      if (hits.empty()) {
+        return invalid_argument(slot_label(k, fi, d.slots[k].size()) + ": filter " + f.to_string() +
+                                " matches no node (stages 0.." + std::to_string(g.mesh.num_stages() - 1) +
+                                ", microbatches 0.." + std::to_string(g.num_microbatches - 1) + ")");
+      }
+      for (NodeId id : hits) {
+        Node& n = g.node(id);
+        if (n.pp_rank != d.rank) {
+          return invalid_argument(slot_label(k, fi, d.slots[k].size()) + ": " + describe(n) +
+                                  (n.pp_rank < 0 ? " is not placed on any rank"
+                                                 : " is on rank " + std::to_string(n.pp_rank)) +
+                                  ", not rank " + std::to_string(d.rank) + "; an order row cannot cross placement");
+        }
+        if (n.order_slot >= 0) {
+          return invalid_argument(slot_label(k, fi, d.slots[k].size()) + ": " + describe(n) +
+                                  " is already ordered (slot " + std::to_string(n.order_slot) + " of stream '" +
+                                  n.stream + "'); every node appears in one slot");
+        }
+        n.stream = d.stream;
+        n.order_slot = base + static_cast<int>(k);
+        n.order_filter = static_cast<int>(fi);
+        members[k].push_back(id);
+      }
+    }
+  }
+  // Temporal edges: sinks of slot k -> sources of slot k+1, also from the previous row's last slot.
+  auto sources_sinks = [&](const std::vector<NodeId>& set, bool sources) {
+    std::unordered_set<NodeId> in(set.begin(), set.end());
+    std::vector<NodeId> out;
+    for (NodeId id : set) {
+      bool inner = false;
+      for (NodeId other : sources ? g.preds(id) : g.succs(id)) inner |= in.count(other) > 0;
+      if (!inner) out.push_back(id);
+    }
+    return out;
+  };
+  std::vector<NodeId> prev;
+  if (base > 0) {
+    std::vector<NodeId> last;
+    for (const Node& n : g.nodes()) {
+      if (n.pp_rank == d.rank && n.stream == d.stream && n.order_slot == base - 1) last.push_back(n.id);
+    }
+    prev = sources_sinks(last, false);
+  }
+  for (const auto& set : members) {
+    std::vector<NodeId> sources = sources_sinks(set, true);
+    for (NodeId a : prev) {
+      for (NodeId b : sources) {
+        if (!g.has_edge(a, b, EdgeKind::kTemporal)) g.add_edge(a, b, EdgeKind::kTemporal);
+      }
+    }
+    prev = sources_sinks(set, false);
+  }
+  auto topo = g.topo_order();
+  if (!topo.ok()) {
+    return invalid_argument("rank " + std::to_string(d.rank) + " row contradicts the dependencies: " +
+                            topo.status().message());
+  }
+  return ok_status();
+}
+
+}  // namespace piper::ir

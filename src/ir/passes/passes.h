@@ -1,0 +1,41 @@
+// The graph rewrites behind the directives, one per file, registered by directive name.
+//
+// apply_directives() runs each directive's pass in list order; with `verify_each` the graph verifier runs after
+// every pass (tests turn it on; the compile driver turns it on in debug builds). Every error is prefixed with
+// the directive's label: "directive 4 (order): ...".
+#pragma once
+
+#include <vector>
+
+#include "piper/base/status.h"
+#include "piper/ir/directive.h"
+#include "piper/ir/graph.h"
+
+namespace piper::ir {
+
+struct ApplyOptions {
+#ifdef NDEBUG
+  bool verify_each = false;
+#else
+  bool verify_each = true;
+#endif
+};
+
+Status apply_directive(Graph& graph, const Directive& directive);
+Status apply_directives(Graph& graph, const std::vector<Directive>& directives, const ApplyOptions& options = {});
+
+// One function per pass (src/ir/passes/<name>.cc).
+Status apply_split(Graph& graph, const SplitDirective& d);
+Status apply_place(Graph& graph, const PlaceDirective& d);
+Status apply_order(Graph& graph, const OrderDirective& d);
+Status apply_stream(Graph& graph, const StreamDirective& d);
+Status apply_recompute(Graph& graph, const RecomputeDirective& d);
+
+// Not a directive: rewrites fused BW chunks into B (input grad) -> W (weight grad). `order` runs it on the
+// chunks its B/W filters name, so a schedule can split some backwards (zero-bubble steps) and keep others
+// fused (a fused backward's input gradient is available only when its weight gradient is done, too).
+// Nodes that are not BW chunks are skipped.
+void split_backward(Graph& graph, const std::vector<NodeId>& nodes);
+void split_backward(Graph& graph);  // all BW chunks
+
+}  // namespace piper::ir

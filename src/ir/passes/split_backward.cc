@@ -1,0 +1,52 @@
+// split_backward: fused BW chunks become B (input grad) -> W (weight grad).
+//
+// B keeps the BW node's id and its incoming edges; outgoing edges that carry weight gradients (to update
+// nodes and to gradient collectives) move to the new W node, edges carrying input gradients stay on B.
+#include "piper/ir/passes/passes.h"
+
+namespace piper::ir {
+
+void split_backward(Graph& g, const std::vector<NodeId>& nodes) {
+  for (NodeId id : nodes) {
+    auto i = static_cast<size_t>(id);
+    if (g.node(id).kind != NodeKind::kChunk || g.node(id).tags.pass != Pass::kBW) continue;
+    g.backward_split = true;
+    Node w = g.node(static_cast<NodeId>(i));
+    Node& b = g.node(static_cast<NodeId>(i));
+    b.tags.pass = Pass::kB;
+    b.flops = w.flops / 2;
+    auto rename = [](std::string& name, const char* to) {
+      auto pos = name.find(".BW");
+      if (pos != std::string::npos) name.replace(pos, 3, to);
+    };
+    rename(b.name, ".B");
+    w.tags.pass = Pass::kW;
+    w.flops -= b.flops;
+    w.activation_bytes = 0;
+    w.order_slot = -1;
+    rename(w.name, ".W");
+    NodeId wid = g.add_node(std::move(w));
+    std::vector<int> out = g.out_edges(static_cast<NodeId>(i));
+    for (int e : out) {
+      const Edge ed = g.edge(e);
+      if (!ed.alive) continue;
+      const Node& dst = g.node(ed.dst);
+      bool weight_grad = dst.kind == NodeKind::kUpdate || dst.kind == NodeKind::kAllReduce ||
+                         dst.kind == NodeKind::kReduceScatter;
+      if (!weight_grad) continue;
+      g.remove_edge(e);
+      g.add_edge(wid, ed.dst, ed.kind, ed.bytes);
+    }
+    g.add_edge(static_cast<NodeId>(i), wid, EdgeKind::kData);
+  }
+}
+
+void split_backward(Graph& g) {
+  std::vector<NodeId> all;
+  for (const Node& n : g.nodes()) {
+    if (n.kind == NodeKind::kChunk && n.tags.pass == Pass::kBW) all.push_back(n.id);
+  }
+  split_backward(g, all);
+}
+
+}  // namespace piper::ir

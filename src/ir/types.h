@@ -1,0 +1,82 @@
+// Small value types of the IR: passes (tasks), node kinds, integer ranges and tag filters.
+//
+// Every node carries tags {layer, part, mb, pass} plus `stage` once a place directive assigned one. A TagFilter
+// selects nodes by those tags: an unset field matches anything. JSON form (all keys optional):
+//   {"layer": "0-7" | 3, "stage": "0-1" | 0, "mb": "0-3" | 2, "part": "experts", "pass": "F"|"B"|"W"|"BW"|"U"}
+// Ranges are inclusive ("0-7" is 8 values). A filter on `stage`/`layer`/`mb` never matches a node without that
+// tag (e.g. an update node has no mb), so {"mb": 0} selects only microbatch-0 work.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "piper/base/json.h"
+#include "piper/base/status.h"
+
+namespace piper::ir {
+
+// The task a node performs. BW is a fused backward (input and weight gradients in one go, its outputs available
+// when both are done); the split-backward rewrite turns a BW into B (input grad) -> W (weight grad).
+// U is the optimizer update. kNone is used by comm nodes that belong to no single pass.
+enum class Pass : uint8_t { kNone, kF, kB, kW, kBW, kU };
+const char* to_string(Pass p);
+Result<Pass> parse_pass(const std::string& text, const std::string& what);
+// True for the passes that run in the backward direction (B, W, BW).
+inline bool is_backward(Pass p) { return p == Pass::kB || p == Pass::kW || p == Pass::kBW; }
+
+enum class NodeKind : uint8_t {
+  kChunk,  // computation: tasks F, B, W, BW
+  kSend,
+  kRecv,
+  kAllReduce,
+  kReduceScatter,
+  kAllGather,
+  kAllToAll,
+  kM2N,     // unidirectional many-to-many exchange between an attention group and an expert group
+  kUpdate,  // optimizer step of one parameter shard
+};
+const char* to_string(NodeKind k);
+bool is_collective(NodeKind k);  // all_reduce, reduce_scatter, all_gather, all_to_all, m2n
+bool is_comm(NodeKind k);        // collectives plus send/recv
+
+// Inclusive range [lo, hi]; empty() when unset (lo > hi).
+struct IntRange {
+  int lo = 1;
+  int hi = 0;
+  bool empty() const { return lo > hi; }
+  bool contains(int v) const { return v >= lo && v <= hi; }
+  static IntRange single(int v) { return {v, v}; }
+  bool operator==(const IntRange&) const = default;
+};
+// "3" or "0-7" or a JSON integer. Errors name `what`.
+Result<IntRange> parse_range(const Json& value, const std::string& what);
+Json range_to_json(const IntRange& r);
+
+struct Tags {
+  int layer = -1;      // model layer; -1 for embedding-less nodes such as the loss head (uses num_layers)
+  std::string part;    // "embed", "attn", "router", "dispatch", "experts", "shared", "combine", "mlp", "head", ...
+  int mb = -1;         // microbatch; -1 until split
+  Pass pass = Pass::kNone;
+  int stage = -1;      // pipeline stage; -1 until placed
+};
+
+struct TagFilter {
+  IntRange layer;
+  IntRange stage;
+  IntRange mb;
+  std::string part;  // "" = any
+  Pass pass = Pass::kNone;  // kNone = any
+
+  bool matches(const Tags& t) const;
+  Json to_json() const;
+  // `what` names the filter in errors ("directive 3 (order).slots[2][0]").
+  static Result<TagFilter> from_json(const Json& j, const std::string& what);
+  // Short text form for messages: "{stage=0,mb=3,pass=F}".
+  std::string to_string() const;
+  bool operator==(const TagFilter&) const = default;
+};
+
+// Convenience constructor used by schedule generators: stage s, microbatch mb, pass p.
+TagFilter stage_filter(int stage, int mb, Pass pass);
+
+}  // namespace piper::ir
