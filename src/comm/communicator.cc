@@ -62,11 +62,7 @@ Result<bool> poll_until(TestFn&& test_fn, Clock::time_point deadline) {
     if (done) return true;
     auto now = Clock::now();
     if (now >= deadline) return false;
-    if (now - start < std::chrono::microseconds(200)) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    }
+    idle_while_polling(std::chrono::duration<double>(now - start).count());
   }
 }
 
@@ -122,6 +118,11 @@ Status Communicator::wait_all(std::span<Handle> handles, double timeout_s) {
     if (!h.done()) return timeout_error(h, timeout_s);
   }
   return ok_status();
+}
+
+void idle_while_polling(double waited_s) {
+  std::this_thread::yield();
+  if (waited_s > 2.0) std::this_thread::sleep_for(std::chrono::microseconds(200));
 }
 
 double default_timeout_s() {

@@ -4,7 +4,6 @@
 #include <cstring>
 #include <memory>
 #include <sstream>
-#include <thread>
 
 namespace piper::comm {
 namespace {
@@ -204,11 +203,7 @@ class Exchange {
       if (moved) continue;
       auto now = Clock::now();
       if (now >= deadline) return timeout_error(timeout_s);
-      if (now - start < std::chrono::microseconds(200)) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
+      idle_while_polling(std::chrono::duration<double>(now - start).count());
     }
   }
 
