@@ -126,6 +126,11 @@ class Communicator {
   std::vector<int> world_ranks_;
 };
 
+// What a polling loop does between two tests of its operations, `waited_s` seconds after it started: yields
+// the core (ranks are often oversubscribed, and the peer it waits for may need it), and after 50 ms of waiting
+// also sleeps 0.5 ms so that a long wait does not burn a core.
+void idle_while_polling(double waited_s);
+
 // Default timeout for waits whose caller has no better figure (seconds); PIPER_COMM_TIMEOUT_S overrides it.
 double default_timeout_s();
 

@@ -4,7 +4,6 @@
 #include <cstring>
 #include <memory>
 #include <sstream>
-#include <thread>
 
 namespace piper::comm {
 namespace {
@@ -191,11 +190,21 @@ class Exchange {
     const auto start = Clock::now();
     const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
     while (true) {
-      bool all_done = true;
-      for (Pending& p : pending_) {
-        PIPER_ASSIGN_OR_RETURN(bool done, comm_.test(p.handle));
-        all_done = all_done && done;
+      // Test the handles that gate a proxy job, then the first other incomplete one (each test progresses
+      // every transfer; see Communicator::wait_all for why not every handle is tested each round).
+      for (const SendJob& job : send_jobs_) {
+        if (job.sent) continue;
+        for (size_t idx : job.recv_index) PIPER_RETURN_IF_ERROR(comm_.test(pending_[idx].handle).status());
       }
+      for (const RecvJob& job : recv_jobs_) {
+        if (!job.scattered) PIPER_RETURN_IF_ERROR(comm_.test(pending_[job.recv_index].handle).status());
+      }
+      while (first_ < pending_.size()) {
+        PIPER_ASSIGN_OR_RETURN(bool done, comm_.test(pending_[first_].handle));
+        if (!done) break;
+        ++first_;
+      }
+      bool all_done = first_ == pending_.size();
       PIPER_ASSIGN_OR_RETURN(bool moved, advance_jobs());
       bool jobs_done = true;
       for (const SendJob& j : send_jobs_) jobs_done = jobs_done && j.sent;
@@ -204,11 +213,7 @@ class Exchange {
       if (moved) continue;
       auto now = Clock::now();
       if (now >= deadline) return timeout_error(timeout_s);
-      if (now - start < std::chrono::microseconds(200)) {
-        std::this_thread::yield();
-      } else {
-        std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
+      idle_while_polling(std::chrono::duration<double>(now - start).count());
     }
   }
 
@@ -230,6 +235,7 @@ class Exchange {
   HaloPayload& p_;
   int me_, node_, local_, lane_;
   std::vector<Pending> pending_;
+  size_t first_ = 0;  // every pending_[i] with i < first_ is complete
   std::vector<SendJob> send_jobs_;
   std::vector<RecvJob> recv_jobs_;
 };

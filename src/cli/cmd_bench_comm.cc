@@ -1,0 +1,142 @@
+// `piper bench comm`: all-to-all and MoE dispatch bandwidth of MPI_Alltoallv, flat pairwise and HALO, plus
+// alpha-beta calibration. Outside an MPI job it re-executes itself under mpirun with --ranks ranks.
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "piper/base/json.h"
+#include "piper/base/strings.h"
+#include "piper/cli/cmd_bench.h"
+#include "piper/comm/comm_bench.h"
+#include "piper/comm/launch.h"
+#include "piper/comm/mpi/mpi_communicator.h"
+
+namespace piper::cli {
+namespace {
+
+struct BenchCommFlags {
+  int ranks = 8;
+  int ranks_per_node = 0;  // 0 = ranks / 2 (two emulated nodes)
+  int lanes = 1;
+  std::string sizes = "4KiB,64KiB,256KiB,1MiB";
+  int iterations = 10;
+  int64_t tokens = 512;
+  int64_t token_bytes = 4096;
+  int experts = 16;
+  int top_k = 4;
+  bool json = false;
+  bool no_calibrate = false;
+  std::string calibration_out;
+  std::string mpirun_args;
+};
+
+Result<size_t> parse_size(const std::string& text) {
+  std::string t = trim(text);
+  double scale = 1;
+  for (auto [suffix, factor] : {std::pair{"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"B", 1.0}}) {
+    if (ends_with(t, suffix)) {
+      scale = factor;
+      t = t.substr(0, t.size() - std::string(suffix).size());
+      break;
+    }
+  }
+  auto value = parse_int(t, "--sizes entry '" + text + "'");
+  if (!value.ok() || *value < 1) {
+    return invalid_argument("--sizes: '" + text + "' is not a positive size; use e.g. 4096, 64KiB, 1MiB");
+  }
+  return static_cast<size_t>(*value * scale);
+}
+
+Result<std::vector<std::string>> own_argv() {
+  PIPER_ASSIGN_OR_RETURN(std::string cmdline, read_text_file("/proc/self/cmdline"));
+  std::vector<std::string> args = split(cmdline, '\0');
+  while (!args.empty() && args.back().empty()) args.pop_back();
+  PIPER_ASSIGN_OR_RETURN(std::string exe, comm::self_executable());
+  if (!args.empty()) args[0] = exe;
+  return args;
+}
+
+Status run_bench(const BenchCommFlags& f) {
+  comm::CommBenchOptions options;
+  options.lanes = f.lanes;
+  options.iterations = f.iterations;
+  options.tokens_per_rank = f.tokens;
+  options.token_bytes = static_cast<size_t>(f.token_bytes);
+  options.num_experts = f.experts;
+  options.top_k = f.top_k;
+  options.calibrate = !f.no_calibrate;
+  options.bytes_per_pair.clear();
+  for (const std::string& s : split(f.sizes, ',')) {
+    PIPER_ASSIGN_OR_RETURN(size_t bytes, parse_size(s));
+    options.bytes_per_pair.push_back(bytes);
+  }
+  if (f.token_bytes < 1) return invalid_argument("--token-bytes must be >= 1");
+
+  if (!comm::launched_by_mpi()) {
+    if (f.ranks < 1) return invalid_argument("--ranks must be >= 1, got " + std::to_string(f.ranks));
+    PIPER_ASSIGN_OR_RETURN(auto argv, own_argv());
+    comm::MpirunOptions launch;
+    launch.ranks = f.ranks;
+    if (!f.mpirun_args.empty()) {
+      for (const std::string& a : split(f.mpirun_args, ' ')) {
+        if (!a.empty()) launch.extra_args.push_back(a);
+      }
+    }
+    return comm::exec_under_mpirun(launch, argv);
+  }
+
+  PIPER_RETURN_IF_ERROR(comm::mpi_init(nullptr, nullptr));
+  Status status = [&]() -> Status {
+    comm::MpiOptions mpi_options;
+    mpi_options.track_arrivals = false;  // time the raw MPI collective
+    PIPER_ASSIGN_OR_RETURN(auto world, comm::mpi_world(mpi_options));
+    options.ranks_per_node = f.ranks_per_node > 0 ? f.ranks_per_node : std::max(1, world->size() / 2);
+    PIPER_ASSIGN_OR_RETURN(comm::CommBenchReport report, comm::run_comm_bench(*world, options));
+    if (world->rank() != 0) return ok_status();
+    if (!f.calibration_out.empty()) {
+      PIPER_RETURN_IF_ERROR(write_text_file(f.calibration_out, comm::calibration_json(report).dump(2) + "\n"));
+    }
+    if (f.json) {
+      print_json(comm::to_json(report).dump(2));
+    } else {
+      std::fputs(comm::to_text(report).c_str(), stdout);
+      std::fflush(stdout);
+    }
+    return ok_status();
+  }();
+  Status finalized = comm::mpi_finalize();
+  PIPER_RETURN_IF_ERROR(status);
+  return finalized;
+}
+
+PIPER_REGISTER_BENCH(g_bench_comm, "comm",
+                     "All-to-all and MoE dispatch bandwidth: MPI_Alltoallv vs pairwise vs HALO; alpha-beta calibration",
+                     [](CLI::App* sub) {
+                       auto f = std::make_shared<BenchCommFlags>();
+                       sub->add_option("--ranks", f->ranks, "ranks to launch when not already under mpirun")
+                           ->capture_default_str();
+                       sub->add_option("--ranks-per-node", f->ranks_per_node,
+                                       "ranks per (emulated) node for HALO; default ranks / 2");
+                       sub->add_option("--lanes", f->lanes, "HALO lanes per node (NICs); 1 = one proxy per node pair")
+                           ->capture_default_str();
+                       sub->add_option("--sizes", f->sizes, "bytes per pair, comma separated (4096, 64KiB, 1MiB)")
+                           ->capture_default_str();
+                       sub->add_option("--iterations", f->iterations, "timed iterations per point")->capture_default_str();
+                       sub->add_option("--tokens", f->tokens, "MoE dispatch: tokens per rank (0 skips)")
+                           ->capture_default_str();
+                       sub->add_option("--token-bytes", f->token_bytes, "MoE dispatch: bytes per token")
+                           ->capture_default_str();
+                       sub->add_option("--experts", f->experts, "MoE dispatch: experts")->capture_default_str();
+                       sub->add_option("--top-k", f->top_k, "MoE dispatch: experts per token")->capture_default_str();
+                       sub->add_option("--calibration-out", f->calibration_out,
+                                       "write the measured alpha-beta figures to this JSON file");
+                       sub->add_flag("--no-calibrate", f->no_calibrate, "skip the ping-pong calibration");
+                       sub->add_option("--mpirun-args", f->mpirun_args,
+                                       "extra mpirun arguments when launching (e.g. \"--hostfile h.txt\")");
+                       sub->add_flag("--json", f->json, "print one JSON object");
+                       return std::function<Status()>([f] { return run_bench(*f); });
+                     });
+
+}  // namespace
+}  // namespace piper::cli

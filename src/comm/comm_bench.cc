@@ -1,0 +1,286 @@
+#include "piper/comm/comm_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <sstream>
+
+#include "piper/base/units.h"
+#include "piper/comm/algorithms/halo_all_to_all.h"
+#include "piper/comm/algorithms/moe_dispatch.h"
+#include "piper/comm/algorithms/pairwise_all_to_all.h"
+
+namespace piper::comm {
+
+Status CommBenchOptions::validate(int world_size) const {
+  if (iterations < 1 || warmup < 0) return invalid_argument("bench comm: --iterations must be >= 1");
+  if (num_experts < 1 || num_experts % world_size != 0) {
+    return invalid_argument("bench comm: --experts=" + std::to_string(num_experts) +
+                            " must be a positive multiple of the number of ranks " + std::to_string(world_size));
+  }
+  if (top_k < 1 || top_k > num_experts || top_k > 255) {
+    return invalid_argument("bench comm: --top-k=" + std::to_string(top_k) + " must be in [1, min(experts, 255)]");
+  }
+  if (tokens_per_rank < 0 || token_bytes < 1) {
+    return invalid_argument("bench comm: --tokens must be >= 0 and --token-bytes >= 1");
+  }
+  return ok_status();
+}
+
+namespace {
+constexpr double kTimeoutS = 600.0;
+using Clock = std::chrono::steady_clock;
+
+Result<std::vector<double>> gather_doubles(Communicator& w, double value) {
+  std::vector<double> all(w.size());
+  PIPER_ASSIGN_OR_RETURN(Handle h, w.all_gather(&value, all.data(), sizeof(double)));
+  PIPER_RETURN_IF_ERROR(w.wait(h, kTimeoutS));
+  return all;
+}
+
+Status barrier(Communicator& w) {
+  PIPER_ASSIGN_OR_RETURN(Handle h, w.barrier());
+  return w.wait(h, kTimeoutS);
+}
+
+// Median over iterations of the slowest rank's time.
+template <typename Fn>
+Result<double> time_op(Communicator& w, const CommBenchOptions& o, Fn&& fn) {
+  std::vector<double> samples;
+  for (int i = 0; i < o.warmup + o.iterations; ++i) {
+    PIPER_RETURN_IF_ERROR(barrier(w));
+    auto t0 = Clock::now();
+    PIPER_RETURN_IF_ERROR(fn());
+    double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    PIPER_ASSIGN_OR_RETURN(auto all, gather_doubles(w, dt));
+    if (i >= o.warmup) samples.push_back(*std::max_element(all.begin(), all.end()));
+  }
+  std::sort(samples.begin(), samples.end());
+  return samples[samples.size() / 2];
+}
+
+// Half round trip between ranks a and b for `bytes` bytes (seen by every rank).
+Result<double> ping_pong(Communicator& w, int a, int b, size_t bytes, int iterations) {
+  std::vector<uint8_t> buf(bytes, 1);
+  double half_rtt = 0;
+  const int me = w.rank();
+  PIPER_RETURN_IF_ERROR(barrier(w));
+  if (me == a || me == b) {
+    int peer = me == a ? b : a;
+    auto t0 = Clock::now();
+    for (int i = 0; i < iterations + 1; ++i) {
+      if (i == 1) t0 = Clock::now();  // the first exchange is a warm-up
+      for (int step = 0; step < 2; ++step) {
+        bool sending = (me == a) == (step == 0);
+        PIPER_ASSIGN_OR_RETURN(Handle h, sending ? w.isend(buf.data(), bytes, peer, 3)
+                                                 : w.irecv(buf.data(), bytes, peer, 3));
+        PIPER_RETURN_IF_ERROR(w.wait(h, kTimeoutS));
+      }
+    }
+    half_rtt = std::chrono::duration<double>(Clock::now() - t0).count() / (2.0 * iterations);
+  }
+  PIPER_ASSIGN_OR_RETURN(auto all, gather_doubles(w, half_rtt));
+  return all[a];
+}
+
+Result<LinkFit> fit_link(Communicator& w, int a, int b) {
+  constexpr size_t kLarge = 4 << 20;
+  LinkFit fit;
+  PIPER_ASSIGN_OR_RETURN(fit.latency_s, ping_pong(w, a, b, 8, 50));
+  PIPER_ASSIGN_OR_RETURN(double large_s, ping_pong(w, a, b, kLarge, 5));
+  fit.bw_bytes_per_s = static_cast<double>(kLarge) / std::max(large_s - fit.latency_s, 1e-9);
+  fit.measured = true;
+  return fit;
+}
+
+MoeRouting random_routing(const CommBenchOptions& o, int rank, int ranks) {
+  MoeRouting r;
+  r.num_tokens = o.tokens_per_rank;
+  r.top_k = o.top_k;
+  std::mt19937_64 rng(o.seed * 1000003ULL + rank);
+  std::vector<int> experts(o.num_experts);
+  const int per_rank = o.num_experts / ranks;
+  for (int64_t t = 0; t < r.num_tokens; ++t) {
+    for (int e = 0; e < o.num_experts; ++e) experts[e] = e;
+    for (int j = 0; j < o.top_k; ++j) {  // partial Fisher-Yates: top_k distinct experts
+      std::uniform_int_distribution<int> pick(j, o.num_experts - 1);
+      std::swap(experts[j], experts[pick(rng)]);
+      r.dest_ranks.push_back(experts[j] / per_rank);
+    }
+  }
+  return r;
+}
+
+double busbw(size_t bytes_per_pair, int ranks, double seconds) {
+  double algbw = static_cast<double>(bytes_per_pair) * ranks / seconds;
+  return algbw * (ranks - 1) / ranks;
+}
+
+}  // namespace
+
+Result<CommBenchReport> run_comm_bench(Communicator& world, const CommBenchOptions& o) {
+  PIPER_RETURN_IF_ERROR(o.validate(world.size()));
+  const int p = world.size(), me = world.rank();
+  PIPER_ASSIGN_OR_RETURN(NodeTopology topo, NodeTopology::create(p, o.ranks_per_node, o.lanes));
+  PIPER_ASSIGN_OR_RETURN(auto halo, HaloContext::create(world, topo));
+  CommBenchReport report;
+  report.ranks = p;
+  report.ranks_per_node = o.ranks_per_node;
+  report.lanes = o.lanes;
+  report.options = o;
+
+  for (size_t per_pair : o.bytes_per_pair) {
+    std::vector<uint8_t> send(per_pair * p), recv(per_pair * p);
+    for (size_t i = 0; i < send.size(); ++i) send[i] = static_cast<uint8_t>(i * 7 + me);
+    std::vector<size_t> counts(p, per_pair);
+    AllToAllTiming row;
+    row.bytes_per_pair = per_pair;
+    PIPER_ASSIGN_OR_RETURN(row.mpi_s, time_op(world, o, [&]() -> Status {
+      PIPER_ASSIGN_OR_RETURN(Handle h, world.all_to_all_v(send.data(), counts, recv.data(), counts));
+      return world.wait(h, kTimeoutS);
+    }));
+    PIPER_ASSIGN_OR_RETURN(row.pairwise_s, time_op(world, o, [&]() {
+      return pairwise_all_to_all_v(world, send.data(), counts, recv.data(), counts, kTimeoutS);
+    }));
+    PIPER_ASSIGN_OR_RETURN(row.halo_s, time_op(world, o, [&]() {
+      return halo_all_to_all_v(*halo, send.data(), counts, recv.data(), counts, kTimeoutS);
+    }));
+    report.all_to_all.push_back(row);
+  }
+
+  if (o.tokens_per_rank > 0) {
+    MoeRouting routing = random_routing(o, me, p);
+    std::vector<uint8_t> tokens(static_cast<size_t>(o.tokens_per_rank) * o.token_bytes);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint8_t>(i + me);
+    DispatchResult flat_rows, halo_rows;
+    PIPER_ASSIGN_OR_RETURN(report.dispatch.mpi_s, time_op(world, o, [&]() -> Status {
+      PIPER_ASSIGN_OR_RETURN(flat_rows, flat_dispatch(world, tokens.data(), o.token_bytes, routing,
+                                                      FlatDispatchKind::kMpiAllToAllV, kTimeoutS));
+      return ok_status();
+    }));
+    PIPER_ASSIGN_OR_RETURN(report.dispatch.halo_s, time_op(world, o, [&]() -> Status {
+      PIPER_ASSIGN_OR_RETURN(halo_rows, halo_dispatch(*halo, tokens.data(), o.token_bytes, routing, kTimeoutS));
+      return ok_status();
+    }));
+    if (flat_rows.rows != halo_rows.rows) {
+      return internal_error("bench comm: HALO dispatch and flat dispatch delivered different bytes on rank " +
+                            std::to_string(me));
+    }
+    DispatchTraffic traffic = dispatch_traffic(topo, me, o.token_bytes, routing);
+    PIPER_ASSIGN_OR_RETURN(auto flat_all, gather_doubles(world, static_cast<double>(traffic.flat_internode_bytes)));
+    PIPER_ASSIGN_OR_RETURN(auto halo_all, gather_doubles(world, static_cast<double>(traffic.halo_internode_bytes)));
+    for (int r = 0; r < p; ++r) {
+      report.dispatch.flat_internode_bytes += static_cast<int64_t>(flat_all[r]);
+      report.dispatch.halo_internode_bytes += static_cast<int64_t>(halo_all[r]);
+    }
+    report.dispatch.tokens_total = o.tokens_per_rank * p;
+  }
+
+  if (o.calibrate) {
+    if (o.ranks_per_node >= 2) {
+      PIPER_ASSIGN_OR_RETURN(report.intra, fit_link(world, 0, 1));
+    }
+    if (topo.num_nodes() >= 2) {
+      PIPER_ASSIGN_OR_RETURN(report.inter, fit_link(world, 0, o.ranks_per_node));
+    }
+  }
+  return report;
+}
+
+OrderedJson to_json(const CommBenchReport& r) {
+  OrderedJson j;
+  j["ranks"] = r.ranks;
+  j["ranks_per_node"] = r.ranks_per_node;
+  j["lanes"] = r.lanes;
+  j["iterations"] = r.options.iterations;
+  OrderedJson rows = OrderedJson::array();
+  for (const AllToAllTiming& t : r.all_to_all) {
+    OrderedJson row;
+    row["bytes_per_pair"] = t.bytes_per_pair;
+    row["mpi_alltoallv_s"] = t.mpi_s;
+    row["pairwise_s"] = t.pairwise_s;
+    row["halo_s"] = t.halo_s;
+    row["mpi_busbw_bytes_per_s"] = busbw(t.bytes_per_pair, r.ranks, t.mpi_s);
+    row["pairwise_busbw_bytes_per_s"] = busbw(t.bytes_per_pair, r.ranks, t.pairwise_s);
+    row["halo_busbw_bytes_per_s"] = busbw(t.bytes_per_pair, r.ranks, t.halo_s);
+    row["halo_over_mpi"] = t.mpi_s / t.halo_s;
+    rows.push_back(row);
+  }
+  j["all_to_all"] = rows;
+  if (r.dispatch.tokens_total > 0) {
+    const DispatchTiming& d = r.dispatch;
+    j["moe_dispatch"] = {{"experts", r.options.num_experts},
+                         {"top_k", r.options.top_k},
+                         {"tokens_per_rank", r.options.tokens_per_rank},
+                         {"token_bytes", r.options.token_bytes},
+                         {"mpi_alltoallv_s", d.mpi_s},
+                         {"halo_s", d.halo_s},
+                         {"mpi_tokens_per_s", d.tokens_total / d.mpi_s},
+                         {"halo_tokens_per_s", d.tokens_total / d.halo_s},
+                         {"halo_over_mpi", d.mpi_s / d.halo_s},
+                         {"flat_internode_bytes", d.flat_internode_bytes},
+                         {"halo_internode_bytes", d.halo_internode_bytes}};
+  }
+  j["calibration"] = calibration_json(r);
+  return j;
+}
+
+OrderedJson calibration_json(const CommBenchReport& r) {
+  OrderedJson j;
+  j["source"] = "piper bench comm";
+  j["ranks"] = r.ranks;
+  j["ranks_per_node"] = r.ranks_per_node;
+  auto link = [](const LinkFit& f) {
+    return f.measured ? OrderedJson{{"latency_s", f.latency_s}, {"bw_bytes_per_s", f.bw_bytes_per_s}} : OrderedJson();
+  };
+  // Field names of ClusterSpec (spec/cluster_spec.h): node.intra is a LinkSpec; the inter-node hop is
+  // node.nic_latency_s plus the NIC bandwidth of one rank's path.
+  OrderedJson node;
+  if (r.intra.measured) node["intra"] = link(r.intra);
+  if (r.inter.measured) {
+    node["nic_latency_s"] = r.inter.latency_s;
+    node["nic_bw_bytes_per_s"] = r.inter.bw_bytes_per_s;
+  }
+  j["node"] = node;
+  return j;
+}
+
+std::string to_text(const CommBenchReport& r) {
+  std::ostringstream os;
+  char line[256];
+  os << "piper bench comm: " << r.ranks << " ranks, " << r.ranks_per_node << " per node, " << r.lanes
+     << " lane(s); median of " << r.options.iterations << " iterations, slowest rank\n";
+  std::snprintf(line, sizeof(line), "%12s %14s %14s %14s %10s\n", "bytes/pair", "MPI busbw", "pairwise busbw",
+                "HALO busbw", "HALO/MPI");
+  os << line;
+  for (const AllToAllTiming& t : r.all_to_all) {
+    std::snprintf(line, sizeof(line), "%12s %11.3f GB/s %11.3f GB/s %11.3f GB/s %9.2fx\n",
+                  format_bytes(static_cast<double>(t.bytes_per_pair)).c_str(),
+                  busbw(t.bytes_per_pair, r.ranks, t.mpi_s) / 1e9, busbw(t.bytes_per_pair, r.ranks, t.pairwise_s) / 1e9,
+                  busbw(t.bytes_per_pair, r.ranks, t.halo_s) / 1e9, t.mpi_s / t.halo_s);
+    os << line;
+  }
+  if (r.dispatch.tokens_total > 0) {
+    const DispatchTiming& d = r.dispatch;
+    std::snprintf(line, sizeof(line),
+                  "MoE dispatch top-%d of %d experts, %lld tokens of %zu B per rank: MPI %.0f tokens/s, HALO %.0f "
+                  "tokens/s, HALO/MPI %.2fx (inter-node bytes %s -> %s)\n",
+                  r.options.top_k, r.options.num_experts, static_cast<long long>(r.options.tokens_per_rank),
+                  r.options.token_bytes, d.tokens_total / d.mpi_s, d.tokens_total / d.halo_s, d.mpi_s / d.halo_s,
+                  format_bytes(static_cast<double>(d.flat_internode_bytes)).c_str(),
+                  format_bytes(static_cast<double>(d.halo_internode_bytes)).c_str());
+    os << line;
+  }
+  auto fit = [&](const char* name, const LinkFit& f) {
+    if (!f.measured) return;
+    std::snprintf(line, sizeof(line), "%s link: alpha %s, bandwidth %.3f GB/s\n", name,
+                  format_seconds(f.latency_s).c_str(), f.bw_bytes_per_s / 1e9);
+    os << line;
+  };
+  fit("intra-node", r.intra);
+  fit("inter-node", r.inter);
+  return os.str();
+}
+
+}  // namespace piper::comm

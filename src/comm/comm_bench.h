@@ -1,0 +1,74 @@
+// The measurements behind `piper bench comm`: plain all-to-all (native MPI_Alltoallv through
+// Communicator::all_to_all_v, flat pairwise, HALO) at several sizes per pair, a MoE dispatch with top-k
+// duplication (flat MPI_Alltoallv vs HALO with node deduplication), and alpha-beta figures from ping-pongs.
+//
+// Conventions (nccl-tests): each timing is the median over iterations of the slowest rank's time, each
+// iteration starting after a barrier. For an all-to-all with S bytes per rank (S = bytes_per_pair * P),
+// algbw = S / t and busbw = algbw * (P - 1) / P. A dispatch's effective token throughput is the number of
+// tokens dispatched by all ranks per second (each token carries top_k slots). Ratios are against the MPI
+// baseline measured in the same run. Collective over `world`; the report is complete on every rank.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "piper/base/json.h"
+#include "piper/base/status.h"
+#include "piper/comm/communicator.h"
+
+namespace piper::comm {
+
+struct CommBenchOptions {
+  int ranks_per_node = 1;
+  int lanes = 1;
+  std::vector<size_t> bytes_per_pair = {4096, 65536, 262144, 1048576};
+  int iterations = 10;
+  int warmup = 2;
+  // MoE dispatch: tokens_per_rank tokens of token_bytes each, top_k of num_experts experts (uniform random,
+  // distinct), experts spread evenly over the ranks. 0 tokens skips the dispatch benchmark.
+  int64_t tokens_per_rank = 512;
+  size_t token_bytes = 4096;
+  int num_experts = 16;
+  int top_k = 4;
+  uint64_t seed = 1;
+  bool calibrate = true;
+  Status validate(int world_size) const;
+};
+
+struct AllToAllTiming {
+  size_t bytes_per_pair = 0;
+  double mpi_s = 0, pairwise_s = 0, halo_s = 0;
+};
+
+struct DispatchTiming {
+  int64_t tokens_total = 0;
+  double mpi_s = 0, halo_s = 0;
+  int64_t flat_internode_bytes = 0;  // all ranks, one dispatch
+  int64_t halo_internode_bytes = 0;
+};
+
+struct LinkFit {
+  bool measured = false;
+  double latency_s = 0;       // alpha: half round trip of an 8-byte message
+  double bw_bytes_per_s = 0;  // 1 / beta from a 4 MiB ping-pong
+};
+
+struct CommBenchReport {
+  int ranks = 0, ranks_per_node = 0, lanes = 0;
+  std::vector<AllToAllTiming> all_to_all;
+  DispatchTiming dispatch;
+  LinkFit intra, inter;
+  CommBenchOptions options;
+};
+
+Result<CommBenchReport> run_comm_bench(Communicator& world, const CommBenchOptions& options);
+
+OrderedJson to_json(const CommBenchReport& report);
+// Human-readable table.
+std::string to_text(const CommBenchReport& report);
+// Calibration file: the alpha-beta figures under the ClusterSpec field names they calibrate.
+OrderedJson calibration_json(const CommBenchReport& report);
+
+}  // namespace piper::comm
