@@ -10,3 +10,7 @@ echo "== piper info --model tiny-moe"
 echo
 echo "== piper info --cluster h800 --nodes 16"
 "$BIN" info --cluster h800 --nodes 16
+echo
+echo "== piper estimate: DeepSeek-V3 on 2048 H800s (pp=16, ep=64, dp=128, DualPipeV; docs/resource_model.md)"
+"$BIN" estimate --model deepseek-v3 --cluster h800 --nodes 256 \
+  --strategy dp=128,pp=16,ep=64,zero=1,schedule=dualpipev,microbatches=120,recompute=full,a2a=halo
