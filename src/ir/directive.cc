@@ -72,6 +72,26 @@ Result<DirectiveBody> read_body(const std::string& kind, JsonReader& r) {
     }
     return DirectiveBody{d};
   }
+  if (kind == "replicate") {
+    ReplicateDirective d;
+    PIPER_ASSIGN_OR_RETURN(d.filter, read_filter(r, "filter", false));
+    PIPER_RETURN_IF_ERROR(r.get_enum("axis", &d.axis, {"dp", "edp"}, false));
+    PIPER_RETURN_IF_ERROR(r.get_int("zero", &d.zero, false, 0, 3));
+    PIPER_RETURN_IF_ERROR(r.get_enum("reduce", &d.reduce, {"all_reduce", "reduce_scatter"}, false));
+    PIPER_RETURN_IF_ERROR(r.get_double("bucket_mb", &d.bucket_mb, false, 0));
+    PIPER_RETURN_IF_ERROR(r.get_string("stream", &d.stream, false));
+    if (d.zero >= 1) d.reduce = "reduce_scatter";
+    return DirectiveBody{d};
+  }
+  if (kind == "shard") {
+    ShardDirective d;
+    PIPER_ASSIGN_OR_RETURN(d.filter, read_filter(r, "filter", true));
+    PIPER_RETURN_IF_ERROR(r.get_enum("axis", &d.axis, {"ep", "tp"}, true));
+    PIPER_RETURN_IF_ERROR(r.get_enum("algorithm", &d.algorithm, {"flat", "halo", "ring"}, false));
+    PIPER_RETURN_IF_ERROR(r.get_bool("sequence_parallel", &d.sequence_parallel, false));
+    PIPER_RETURN_IF_ERROR(r.get_string("stream", &d.stream, false));
+    return DirectiveBody{d};
+  }
   if (kind == "order") {
     PIPER_ASSIGN_OR_RETURN(OrderDirective d, read_order(r));
     return DirectiveBody{d};
@@ -88,6 +108,12 @@ Result<DirectiveBody> read_body(const std::string& kind, JsonReader& r) {
     PIPER_ASSIGN_OR_RETURN(d.filter, read_filter(r, "filter", true));
     return DirectiveBody{d};
   }
+  if (kind == "disaggregate") {
+    DisaggregateDirective d;
+    PIPER_RETURN_IF_ERROR(r.get_int("attn_groups", &d.attn_groups, true, 1));
+    PIPER_RETURN_IF_ERROR(r.get_int("ffn_groups", &d.ffn_groups, true, 1));
+    return DirectiveBody{d};
+  }
   std::string hint = closest_match(kind, directive_names());
   return invalid_argument("unknown directive '" + kind + "'" + (hint.empty() ? "" : "; did you mean '" + hint + "'?") +
                           " (known: " + join(directive_names(), ", ") + ")");
@@ -96,15 +122,18 @@ Result<DirectiveBody> read_body(const std::string& kind, JsonReader& r) {
 }  // namespace
 
 std::vector<std::string> directive_names() {
-  return {"split", "place", "order", "stream", "recompute"};
+  return {"split", "place", "replicate", "shard", "order", "stream", "recompute", "disaggregate"};
 }
 
 const char* Directive::name() const {
   return std::visit(Overloaded{[](const SplitDirective&) { return "split"; },
                                [](const PlaceDirective&) { return "place"; },
+                               [](const ReplicateDirective&) { return "replicate"; },
+                               [](const ShardDirective&) { return "shard"; },
                                [](const OrderDirective&) { return "order"; },
                                [](const StreamDirective&) { return "stream"; },
-                               [](const RecomputeDirective&) { return "recompute"; }},
+                               [](const RecomputeDirective&) { return "recompute"; },
+                               [](const DisaggregateDirective&) { return "disaggregate"; }},
                     body);
 }
 
@@ -116,6 +145,21 @@ Json Directive::to_json() const {
                           j["filter"] = d.filter.to_json();
                           if (d.stage >= 0) j["stage"] = d.stage;
                           if (d.rank >= 0) j["rank"] = d.rank;
+                        },
+                        [&](const ReplicateDirective& d) {
+                          j["filter"] = d.filter.to_json();
+                          j["axis"] = d.axis;
+                          j["zero"] = d.zero;
+                          j["reduce"] = d.reduce;
+                          j["bucket_mb"] = d.bucket_mb;
+                          j["stream"] = d.stream;
+                        },
+                        [&](const ShardDirective& d) {
+                          j["filter"] = d.filter.to_json();
+                          j["axis"] = d.axis;
+                          j["algorithm"] = d.algorithm;
+                          j["sequence_parallel"] = d.sequence_parallel;
+                          if (!d.stream.empty()) j["stream"] = d.stream;
                         },
                         [&](const OrderDirective& d) {
                           j["rank"] = d.rank;
@@ -141,7 +185,11 @@ Json Directive::to_json() const {
                           j["filter"] = d.filter.to_json();
                           j["stream"] = d.stream;
                         },
-                        [&](const RecomputeDirective& d) { j["filter"] = d.filter.to_json(); }},
+                        [&](const RecomputeDirective& d) { j["filter"] = d.filter.to_json(); },
+                        [&](const DisaggregateDirective& d) {
+                          j["attn_groups"] = d.attn_groups;
+                          j["ffn_groups"] = d.ffn_groups;
+                        }},
              body);
   return j;
 }

@@ -6,9 +6,12 @@
 //   {"directive": "split", "microbatches": 8}
 //   {"directive": "place", "filter": {"layer": "0-7"}, "stage": 0}        tag nodes with a pipeline stage
 //   {"directive": "place", "filter": {"stage": 7}, "rank": 0}             put a stage on a pipeline rank
+//   {"directive": "replicate", "filter": {}, "zero": 3, "reduce": "reduce_scatter", "bucket_mb": 25}
+//   {"directive": "shard", "filter": {"part": "experts"}, "axis": "ep", "algorithm": "halo"}
 //   {"directive": "order", "rank": 0, "stream": "compute", "slots": ["0F0", ["0F7", "7BW3"], {"stage": 0, ...}]}
 //   {"directive": "stream", "filter": {"pass": "W"}, "stream": "wgrad"}
 //   {"directive": "recompute", "filter": {"part": "attn"}}
+//   {"directive": "disaggregate", "attn_groups": 2, "ffn_groups": 2}
 // An order slot is one filter or a list of filters; a list means its members "may overlap" (no order among
 // them). A filter may be written as an action string "<stage><pass><mb>" ("0F3", "7BW2", "5W0").
 // Errors from parsing and applying name the directive: "directive 4 (order): ...".
@@ -36,6 +39,29 @@ struct PlaceDirective {
   int rank = -1;
 };
 
+// Data parallelism over `axis` ("dp"; expert chunks use "edp" automatically) for the matched chunks.
+// zero 0: gradient `reduce` after the last microbatch's backward; 1: reduce_scatter + sharded optimizer update;
+// 2: gradients reduce-scattered per microbatch and accumulated sharded; 3: also parameters sharded: all-gather
+// before every use, re-shard after (per microbatch, so ZeRO-3 really holds only a shard between microbatches).
+struct ReplicateDirective {
+  TagFilter filter;
+  std::string axis = "dp";
+  int zero = 0;
+  std::string reduce = "all_reduce";  // or "reduce_scatter" (implied by zero >= 1)
+  double bucket_mb = 0;               // 0 = one bucket per chunk
+  std::string stream = "dp";          // stream of the inserted collectives
+};
+
+// Expert parallelism (axis "ep": all-to-all around the matched expert chunks) or Megatron tensor parallelism
+// (axis "tp": column/row-parallel collectives, sequence parallel when sequence_parallel).
+struct ShardDirective {
+  TagFilter filter;
+  std::string axis = "ep";
+  std::string algorithm = "flat";  // ep: flat | halo; tp: ring
+  bool sequence_parallel = false;
+  std::string stream;  // "" = the default stream for the axis ("ep" / "tp")
+};
+
 struct OrderDirective {
   int rank = -1;  // pipeline rank the row belongs to; every matched node must be on it
   std::string stream = "compute";
@@ -51,7 +77,15 @@ struct RecomputeDirective {
   TagFilter filter;
 };
 
-using DirectiveBody = std::variant<SplitDirective, PlaceDirective, OrderDirective, StreamDirective, RecomputeDirective>;
+// Attention chunks (attn, router, shared) on A-groups replicated over dp, expert chunks on F-groups sharded
+// over ep; layer l goes to group l mod groups; dispatch + combine become one m2n exchange each way.
+struct DisaggregateDirective {
+  int attn_groups = 1;
+  int ffn_groups = 1;
+};
+
+using DirectiveBody = std::variant<SplitDirective, PlaceDirective, ReplicateDirective, ShardDirective,
+                                   OrderDirective, StreamDirective, RecomputeDirective, DisaggregateDirective>;
 
 struct Directive {
   DirectiveBody body;

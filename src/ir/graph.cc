@@ -27,6 +27,15 @@ int Graph::add_edge(NodeId src, NodeId dst, EdgeKind kind, int64_t bytes) {
 
 void Graph::remove_edge(int edge_id) { edges_[static_cast<size_t>(edge_id)].alive = false; }
 
+NodeId Graph::insert_on_edge(int edge_id, Node n) {
+  const Edge e = edge(edge_id);
+  remove_edge(edge_id);
+  NodeId id = add_node(std::move(n));
+  add_edge(e.src, id, e.kind, e.bytes);
+  add_edge(id, e.dst, e.kind, e.bytes);
+  return id;
+}
+
 bool Graph::has_edge(NodeId src, NodeId dst, EdgeKind kind) const {
   for (int e : out_edges(src)) {
     const Edge& ed = edge(e);

@@ -60,6 +60,8 @@ struct Node {
   std::string algorithm;  // "ring", "tree", "flat", "halo", "direct"
   int peer_pp_rank = -1;  // send/recv: the pipeline rank on the other side
   int64_t comm_bytes = 0; // payload per rank
+  bool m2n_sender = false; // m2n: true on the sending side of the exchange, false on the receiving side
+  std::string shard_axis; // chunk parameters sharded over this axis ("ep", "tp"); "" = not sharded
 
   // Rewrites' annotations.
   int zero = 0;            // ZeRO stage of this chunk's parameters (replicate)
@@ -75,10 +77,15 @@ class Graph {
   int num_layers = 0;
   int num_microbatches = 1;  // 1 until split
   bool backward_split = false;  // some BW nodes were rewritten into B -> W
+  int param_bytes = 2;          // bytes per parameter element (compute copy)
+  int grad_bytes = 4;           // bytes per gradient element
+  int moe_top_k = 1;            // tokens are sent to top_k experts by dispatch
 
   NodeId add_node(Node node);
   int add_edge(NodeId src, NodeId dst, EdgeKind kind, int64_t bytes = 0);
   void remove_edge(int edge_id);
+  // Replaces edge u -> v by u -> node -> v (same kind and bytes); returns the new node.
+  NodeId insert_on_edge(int edge_id, Node node);
   bool has_edge(NodeId src, NodeId dst, EdgeKind kind) const;
 
   size_t num_nodes() const { return nodes_.size(); }

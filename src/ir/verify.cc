@@ -48,6 +48,7 @@ Status verify_graph(const Graph& g) {
   for (const Node& n : g.nodes()) {
     if (n.kind == NodeKind::kSend) ++p2p[n.name.substr(0, n.name.rfind('.'))];
     if (n.kind == NodeKind::kRecv) --p2p[n.name.substr(0, n.name.rfind('.'))];
+    if (n.kind == NodeKind::kM2N) p2p[n.name.substr(0, n.name.rfind('.'))] += n.m2n_sender ? 1 : -1;
   }
   for (const auto& [name, balance] : p2p) {
     if (balance != 0) {

@@ -11,9 +11,12 @@ Status apply_directive(Graph& graph, const Directive& directive) {
         using T = std::decay_t<decltype(d)>;
         if constexpr (std::is_same_v<T, SplitDirective>) return apply_split(graph, d);
         if constexpr (std::is_same_v<T, PlaceDirective>) return apply_place(graph, d);
+        if constexpr (std::is_same_v<T, ReplicateDirective>) return apply_replicate(graph, d);
+        if constexpr (std::is_same_v<T, ShardDirective>) return apply_shard(graph, d);
         if constexpr (std::is_same_v<T, OrderDirective>) return apply_order(graph, d);
         if constexpr (std::is_same_v<T, StreamDirective>) return apply_stream(graph, d);
         if constexpr (std::is_same_v<T, RecomputeDirective>) return apply_recompute(graph, d);
+        if constexpr (std::is_same_v<T, DisaggregateDirective>) return apply_disaggregate(graph, d);
       },
       directive.body);
 }

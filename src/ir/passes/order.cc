@@ -1,4 +1,5 @@
-// order: one row of a rank's schedule. Slot k's nodes run before slot k+1's (temporal edges from the sinks of
+// order: one row of a rank's schedule, over chunk nodes (comm nodes are ordered by the lowering next to the
+// chunks they feed or drain). Slot k's nodes run before slot k+1's (temporal edges from the sinks of
 // slot k to the sources of slot k+1); the filters inside one slot "may overlap" and get no order among them.
 //
 // Naming pass B or W in a row splits the matched fused backwards into B -> W (split_backward). A row that
@@ -70,9 +71,11 @@ Status apply_order(Graph& g, const OrderDirective& d) {
     for (size_t fi = 0; fi < d.slots[k].size(); ++fi) {
       const TagFilter& f = d.slots[k][fi];
       std::vector<NodeId> hits = index.select(g, f);
+      // Rows order compute; comm nodes follow their chunks at lowering.
+      std::erase_if(hits, [&](NodeId id) { return g.node(id).kind != NodeKind::kChunk; });
       if (hits.empty()) {
         return invalid_argument(slot_label(k, fi, d.slots[k].size()) + ": filter " + f.to_string() +
-                                " matches no node (stages 0.." + std::to_string(g.mesh.num_stages() - 1) +
+                                " matches no chunk (stages 0.." + std::to_string(g.mesh.num_stages() - 1) +
                                 ", microbatches 0.." + std::to_string(g.num_microbatches - 1) + ")");
       }
       for (NodeId id : hits) {

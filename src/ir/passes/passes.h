@@ -27,9 +27,12 @@ Status apply_directives(Graph& graph, const std::vector<Directive>& directives, 
 // One function per pass (src/ir/passes/<name>.cc).
 Status apply_split(Graph& graph, const SplitDirective& d);
 Status apply_place(Graph& graph, const PlaceDirective& d);
+Status apply_replicate(Graph& graph, const ReplicateDirective& d);
+Status apply_shard(Graph& graph, const ShardDirective& d);
 Status apply_order(Graph& graph, const OrderDirective& d);
 Status apply_stream(Graph& graph, const StreamDirective& d);
 Status apply_recompute(Graph& graph, const RecomputeDirective& d);
+Status apply_disaggregate(Graph& graph, const DisaggregateDirective& d);
 
 // Not a directive: rewrites fused BW chunks into B (input grad) -> W (weight grad). `order` runs it on the
 // chunks its B/W filters name, so a schedule can split some backwards (zero-bubble steps) and keep others

@@ -1,0 +1,49 @@
+// The compile driver: a short list of named, timed steps — build -> passes -> lower -> verify.
+//
+// compile_strategy() turns a Strategy into directives (strategy_directives.h) and compiles them;
+// compile_directives() compiles any directive list (a user's JSON file) the same way, so both paths give the
+// same Plan for the same strategy. Errors carry the step and, for passes, the directive's label.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "piper/base/status.h"
+#include "piper/compile/lower.h"
+#include "piper/compile/plan.h"
+#include "piper/compile/verify_plan.h"
+#include "piper/ir/directive.h"
+#include "piper/ir/graph.h"
+#include "piper/spec/model_spec.h"
+#include "piper/spec/train_spec.h"
+#include "piper/strategy/strategy.h"
+
+namespace piper::compile {
+
+struct CompileOptions {
+#ifdef NDEBUG
+  bool verify_each_pass = false;
+#else
+  bool verify_each_pass = true;
+#endif
+  bool verbose = false;         // log each step with its time
+  int64_t capacity_bytes = 0;   // device memory to check against; 0 = do not check
+  CostFn cost;                  // optional cost annotations
+};
+
+struct CompileResult {
+  ir::Graph graph;
+  Plan plan;
+  PlanStats stats;
+  std::vector<std::pair<std::string, double>> step_seconds;  // (step, wall seconds)
+};
+
+Result<CompileResult> compile_directives(const ModelSpec& model, const TrainSpec& train, const ir::MeshInfo& mesh,
+                                         const std::vector<ir::Directive>& directives,
+                                         const CompileOptions& options = {});
+
+Result<CompileResult> compile_strategy(const ModelSpec& model, const TrainSpec& train, const Strategy& strategy,
+                                       const CompileOptions& options = {});
+
+}  // namespace piper::compile

@@ -1,0 +1,384 @@
+#include "piper/compile/lower.h"
+
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <tuple>
+
+namespace piper::compile {
+namespace {
+
+using ir::Node;
+using ir::NodeId;
+using ir::NodeKind;
+
+bool skipped(const Node& n) { return n.tags.part == "dissolved"; }
+
+// Position key of a node inside its rank: (anchor index, 0 before / 1 the node / 2 after, topo index).
+using Key = std::tuple<int64_t, int, int64_t>;
+
+void default_cost(const ir::Graph& g, const Node& n, Instruction& in) {
+  in.flops = n.flops;
+  in.comm_bytes = n.comm_bytes;
+  if (n.kind == NodeKind::kChunk) {
+    int64_t params = n.param_count;
+    if (n.shard_axis == "ep") params /= std::max(1, g.mesh.ep);
+    if (n.shard_axis == "tp") params /= std::max(1, g.mesh.tp);
+    in.bytes = params * g.param_bytes + n.activation_bytes;
+  }
+}
+
+}  // namespace
+
+const char* to_string(OpKind k) {
+  switch (k) {
+    case OpKind::kCompute: return "compute";
+    case OpKind::kSend: return "send";
+    case OpKind::kRecv: return "recv";
+    case OpKind::kCollective: return "collective";
+    case OpKind::kRecord: return "record";
+    case OpKind::kWait: return "wait";
+    case OpKind::kAlloc: return "alloc";
+    case OpKind::kFree: return "free";
+    case OpKind::kUpdate: return "update";
+  }
+  return "?";
+}
+
+Result<int> insert_p2p(ir::Graph& g) {
+  int count = 0;
+  const size_t num_edges = g.edges().size();
+  for (size_t e = 0; e < num_edges; ++e) {
+    const ir::Edge ed = g.edge(static_cast<int>(e));
+    if (!ed.alive) continue;
+    const Node& a = g.node(ed.src);
+    const Node& b = g.node(ed.dst);
+    for (const Node* n : {&a, &b}) {
+      if (n->pp_rank < 0) {
+        return invalid_argument(ir::describe(*n) + " is not placed on a pipeline rank; add a place directive "
+                                "whose filter covers its layer");
+      }
+    }
+    if (a.pp_rank == b.pp_rank) continue;
+    if (ed.kind == ir::EdgeKind::kTemporal) {
+      return invalid_argument("temporal edge " + ir::describe(a) + " -> " + ir::describe(b) + " crosses ranks");
+    }
+    g.remove_edge(static_cast<int>(e));
+    std::string name = a.name + "->" + b.name;
+    Node s;
+    s.kind = NodeKind::kSend;
+    s.tags = a.tags;
+    s.name = name + ".send";
+    s.pp_rank = a.pp_rank;
+    s.peer_pp_rank = b.pp_rank;
+    s.stream = a.pp_rank < b.pp_rank ? "p2p_fwd" : "p2p_bwd";
+    s.group = "pp";
+    s.comm_bytes = ed.bytes;
+    Node r = s;
+    r.kind = NodeKind::kRecv;
+    r.tags = b.tags;
+    r.name = name + ".recv";
+    r.pp_rank = b.pp_rank;
+    r.peer_pp_rank = a.pp_rank;
+    NodeId sid = g.add_node(std::move(s));
+    NodeId rid = g.add_node(std::move(r));
+    g.add_edge(ed.src, sid, ir::EdgeKind::kData, ed.bytes);
+    g.add_edge(rid, ed.dst, ir::EdgeKind::kData, ed.bytes);
+    ++count;
+  }
+  return count;
+}
+
+Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
+  PIPER_RETURN_IF_ERROR(insert_p2p(g).status());
+  PIPER_ASSIGN_OR_RETURN(std::vector<NodeId> topo, g.topo_order());
+  const size_t n = g.num_nodes();
+  std::vector<int64_t> topo_pos(n);
+  for (size_t i = 0; i < topo.size(); ++i) topo_pos[static_cast<size_t>(topo[i])] = static_cast<int64_t>(i);
+  const int pp = g.mesh.pp;
+
+  // Anchor index of compute nodes per rank.
+  std::vector<bool> ordered_rank(static_cast<size_t>(pp), false);
+  for (const Node& nd : g.nodes()) {
+    if (nd.kind == NodeKind::kChunk && nd.order_slot >= 0) ordered_rank[static_cast<size_t>(nd.pp_rank)] = true;
+  }
+  std::vector<std::vector<NodeId>> compute(static_cast<size_t>(pp));
+  for (const Node& nd : g.nodes()) {
+    if (skipped(nd) || (nd.kind != NodeKind::kChunk && nd.kind != NodeKind::kUpdate)) continue;
+    if (nd.kind == NodeKind::kChunk && ordered_rank[static_cast<size_t>(nd.pp_rank)] && nd.order_slot < 0) {
+      return invalid_argument("rank " + std::to_string(nd.pp_rank) + ": " + ir::describe(nd) +
+                              " is not in any order row while other chunks of the rank are; order every chunk");
+    }
+    compute[static_cast<size_t>(nd.pp_rank)].push_back(nd.id);
+  }
+  std::vector<int64_t> anchor(n, -1);
+  for (auto& list : compute) {
+    std::sort(list.begin(), list.end(), [&](NodeId x, NodeId y) {
+      const Node& a = g.node(x);
+      const Node& b = g.node(y);
+      auto key = [&](const Node& v) {
+        int slot = v.kind == NodeKind::kUpdate ? INT_MAX : v.order_slot;
+        return std::make_tuple(slot, v.order_filter, topo_pos[static_cast<size_t>(v.id)]);
+      };
+      return key(a) < key(b);
+    });
+    for (size_t i = 0; i < list.size(); ++i) anchor[static_cast<size_t>(list[i])] = static_cast<int64_t>(i);
+  }
+  // Comm nodes: after their latest same-rank producer (through comm chains), else before their first consumer.
+  std::vector<int64_t> after(n, -1), before(n, INT64_MAX);
+  for (NodeId id : topo) {
+    const Node& nd = g.node(id);
+    if (anchor[static_cast<size_t>(id)] >= 0) continue;
+    for (NodeId p : g.preds(id)) {
+      if (g.node(p).pp_rank != nd.pp_rank) continue;
+      int64_t a = anchor[static_cast<size_t>(p)] >= 0 ? anchor[static_cast<size_t>(p)] : after[static_cast<size_t>(p)];
+      after[static_cast<size_t>(id)] = std::max(after[static_cast<size_t>(id)], a);
+    }
+  }
+  for (size_t k = topo.size(); k-- > 0;) {
+    NodeId id = topo[k];
+    const Node& nd = g.node(id);
+    if (anchor[static_cast<size_t>(id)] >= 0) continue;
+    for (NodeId s : g.succs(id)) {
+      if (g.node(s).pp_rank != nd.pp_rank) continue;
+      int64_t b = anchor[static_cast<size_t>(s)] >= 0 ? anchor[static_cast<size_t>(s)] : before[static_cast<size_t>(s)];
+      before[static_cast<size_t>(id)] = std::min(before[static_cast<size_t>(id)], b);
+    }
+  }
+  auto key_of = [&](NodeId id) -> Key {
+    auto i = static_cast<size_t>(id);
+    if (anchor[i] >= 0) return {anchor[i], 1, topo_pos[i]};
+    if (after[i] >= 0) return {after[i], 2, topo_pos[i]};
+    if (before[i] != INT64_MAX) return {before[i], 0, topo_pos[i]};
+    return {INT64_MAX, 0, topo_pos[i]};
+  };
+
+  // Streams per rank.
+  Plan plan;
+  plan.mesh = g.mesh;
+  plan.templates.resize(static_cast<size_t>(pp));
+  std::vector<std::map<std::string, std::vector<NodeId>>> streams(static_cast<size_t>(pp));
+  for (const Node& nd : g.nodes()) {
+    if (skipped(nd)) continue;
+    if (nd.pp_rank < 0) return invalid_argument(ir::describe(nd) + " is not placed on a pipeline rank");
+    streams[static_cast<size_t>(nd.pp_rank)][nd.stream].push_back(nd.id);
+  }
+  CostFn cost = options.cost ? options.cost : CostFn(default_cost);
+  std::vector<int> event_of(n, -1);
+  std::vector<std::pair<int, size_t>> where(n, {-1, 0});  // (stream index, position) per node
+  int next_event = 0, next_buffer = 0;
+  for (int r = 0; r < pp; ++r) {
+    Program& prog = plan.templates[static_cast<size_t>(r)];
+    prog.pp_rank = r;
+    auto& rank_streams = streams[static_cast<size_t>(r)];
+    int si = 0;
+    for (auto& [name, nodes] : rank_streams) {
+      std::sort(nodes.begin(), nodes.end(), [&](NodeId a, NodeId b) { return key_of(a) < key_of(b); });
+      for (size_t k = 0; k < nodes.size(); ++k) where[static_cast<size_t>(nodes[k])] = {si, k};
+      ++si;
+    }
+    // Which nodes need an event (a consumer on another stream of this rank).
+    for (auto& [name, nodes] : rank_streams) {
+      for (NodeId id : nodes) {
+        for (NodeId s : g.succs(id)) {
+          const Node& sn = g.node(s);
+          if (sn.pp_rank != r || skipped(sn)) continue;
+          auto [ws, wp] = where[static_cast<size_t>(s)];
+          auto [ms, mp] = where[static_cast<size_t>(id)];
+          if (ws != ms) {
+            if (event_of[static_cast<size_t>(id)] < 0) event_of[static_cast<size_t>(id)] = next_event++;
+          } else if (wp < mp) {
+            return invalid_argument("rank " + std::to_string(r) + " stream '" + sn.stream + "': instruction " +
+                                    std::to_string(wp) + " (" + sn.name + ") runs before instruction " +
+                                    std::to_string(mp) + " (" + g.node(id).name +
+                                    ") that it depends on; the stream order contradicts the DAG");
+          }
+        }
+      }
+    }
+    // Activation buffers: one per F chunk, freed after the last backward task of the same chunk and mb.
+    std::map<std::tuple<int, std::string, int>, NodeId> last_backward;
+    for (const Node& nd : g.nodes()) {
+      if (nd.pp_rank != r || nd.kind != NodeKind::kChunk || !ir::is_backward(nd.tags.pass)) continue;
+      auto k = std::make_tuple(nd.tags.layer, nd.tags.part, nd.tags.mb);
+      auto it = last_backward.find(k);
+      if (it == last_backward.end() || key_of(it->second) < key_of(nd.id)) last_backward[k] = nd.id;
+    }
+    std::map<NodeId, std::pair<int, int64_t>> free_after;  // node -> (buffer, bytes) freed after it
+    std::map<NodeId, std::vector<std::pair<int, int64_t>>> param_free_after;
+    for (auto& [name, nodes] : rank_streams) {
+      Stream st;
+      st.name = name;
+      for (NodeId id : nodes) {
+        const Node& nd = g.node(id);
+        for (NodeId p : g.preds(id)) {
+          const Node& pn = g.node(p);
+          if (pn.pp_rank == r && where[static_cast<size_t>(p)].first != where[static_cast<size_t>(id)].first) {
+            Instruction w;
+            w.op = OpKind::kWait;
+            w.event = event_of[static_cast<size_t>(p)];
+            w.label = "wait " + pn.name;
+            st.instrs.push_back(w);
+          }
+        }
+        Instruction in;
+        in.node = id;
+        in.label = nd.name;
+        in.pass = nd.tags.pass;
+        in.mb = nd.tags.mb;
+        in.group = nd.group;
+        in.algorithm = nd.algorithm;
+        switch (nd.kind) {
+          case NodeKind::kChunk: in.op = OpKind::kCompute; break;
+          case NodeKind::kUpdate: in.op = OpKind::kUpdate; break;
+          case NodeKind::kSend: in.op = OpKind::kSend; break;
+          case NodeKind::kRecv: in.op = OpKind::kRecv; break;
+          case NodeKind::kM2N: in.op = nd.m2n_sender ? OpKind::kSend : OpKind::kRecv; break;
+          default: in.op = OpKind::kCollective; break;
+        }
+        in.comm = nd.kind;
+        if (nd.kind == NodeKind::kSend || nd.kind == NodeKind::kRecv || nd.kind == NodeKind::kM2N) {
+          in.peer = nd.peer_pp_rank;
+          // Both sides share the name up to the last '.'; hash it into the matching tag.
+          in.tag = static_cast<int64_t>(std::hash<std::string>{}(nd.name.substr(0, nd.name.rfind('.'))) >> 1);
+        }
+        cost(g, nd, in);
+        // ZeRO-3: the all-gather materialises parameters for one chunk; free them after that chunk.
+        if (nd.kind == NodeKind::kAllGather && nd.group != "tp" && nd.tags.mb >= 0) {
+          Instruction a;
+          a.op = OpKind::kAlloc;
+          a.buffer = next_buffer++;
+          a.bytes = nd.comm_bytes;
+          a.mem_delta = nd.comm_bytes;
+          a.label = "alloc params " + nd.name;
+          st.instrs.push_back(a);
+          for (NodeId s : g.succs(id)) {
+            if (g.node(s).kind == NodeKind::kChunk) param_free_after[s].push_back({a.buffer, nd.comm_bytes});
+          }
+        }
+        const bool fwd_chunk = nd.kind == NodeKind::kChunk && nd.tags.pass == ir::Pass::kF;
+        int64_t act = fwd_chunk ? nd.activation_bytes : 0;
+        if (fwd_chunk && nd.recompute) {
+          // Keep only the chunk input; the backward re-runs F.
+          Instruction a;
+          a.op = OpKind::kAlloc;
+          a.buffer = next_buffer++;
+          a.bytes = act;
+          a.mem_delta = act;
+          a.label = "alloc act " + nd.name;
+          st.instrs.push_back(a);
+          st.instrs.push_back(in);
+          Instruction f = a;
+          f.op = OpKind::kFree;
+          f.mem_delta = -act;
+          f.label = "free act " + nd.name + " (recompute)";
+          st.instrs.push_back(f);
+        } else {
+          if (act > 0) {
+            Instruction a;
+            a.op = OpKind::kAlloc;
+            a.buffer = next_buffer++;
+            a.bytes = act;
+            a.mem_delta = act;
+            a.label = "alloc act " + nd.name;
+            st.instrs.push_back(a);
+            auto it = last_backward.find(std::make_tuple(nd.tags.layer, nd.tags.part, nd.tags.mb));
+            if (it != last_backward.end()) free_after[it->second] = {a.buffer, act};
+          }
+          if (nd.kind == NodeKind::kChunk && ir::is_backward(nd.tags.pass)) {
+            // Recomputed chunks re-run F before their first backward task.
+            for (NodeId p : g.preds(id)) {
+              const Node& pn = g.node(p);
+              if (pn.kind == NodeKind::kChunk && pn.recompute && pn.tags.pass == ir::Pass::kF &&
+                  pn.tags.part == nd.tags.part && pn.tags.layer == nd.tags.layer) {
+                Instruction a;
+                a.op = OpKind::kAlloc;
+                a.buffer = next_buffer++;
+                a.bytes = pn.activation_bytes;
+                a.mem_delta = pn.activation_bytes;
+                a.label = "alloc act " + pn.name + " (recompute)";
+                st.instrs.push_back(a);
+                Instruction re;
+                re.op = OpKind::kCompute;
+                re.node = p;
+                re.label = pn.name + " (recompute)";
+                re.pass = ir::Pass::kF;
+                re.mb = pn.tags.mb;
+                cost(g, pn, re);
+                st.instrs.push_back(re);
+                auto it = last_backward.find(std::make_tuple(pn.tags.layer, pn.tags.part, pn.tags.mb));
+                if (it != last_backward.end()) free_after[it->second] = {a.buffer, pn.activation_bytes};
+              }
+            }
+          }
+          st.instrs.push_back(in);
+        }
+        if (auto it = free_after.find(id); it != free_after.end()) {
+          Instruction f;
+          f.op = OpKind::kFree;
+          f.buffer = it->second.first;
+          f.bytes = it->second.second;
+          f.mem_delta = -it->second.second;
+          f.label = "free act " + nd.name;
+          st.instrs.push_back(f);
+        }
+        if (auto it = param_free_after.find(id); it != param_free_after.end()) {
+          for (auto [buf, bytes] : it->second) {
+            Instruction f;
+            f.op = OpKind::kFree;
+            f.buffer = buf;
+            f.bytes = bytes;
+            f.mem_delta = -bytes;
+            f.label = "free params after " + nd.name + " (re-shard)";
+            st.instrs.push_back(f);
+          }
+        }
+        if (event_of[static_cast<size_t>(id)] >= 0) {
+          Instruction rec;
+          rec.op = OpKind::kRecord;
+          rec.event = event_of[static_cast<size_t>(id)];
+          rec.label = "record " + nd.name;
+          st.instrs.push_back(rec);
+        }
+      }
+      prog.streams.push_back(std::move(st));
+    }
+    // Resident model state per (layer, part) group of the rank: parameters (sharded over dp with ZeRO-3),
+    // gradients (sharded with ZeRO-2/3) and fp32 Adam state with master weights (sharded with ZeRO >= 1).
+    std::map<std::pair<int, std::string>, const Node*> first_fwd;
+    for (const Node& c : g.nodes()) {
+      if (c.pp_rank == r && c.kind == NodeKind::kChunk && c.tags.pass == ir::Pass::kF && c.tags.mb <= 0) {
+        first_fwd.emplace(std::make_pair(c.tags.layer, c.tags.part), &c);
+      }
+    }
+    for (const Node& nd : g.nodes()) {
+      if (nd.pp_rank != r || nd.kind != NodeKind::kUpdate) continue;
+      auto it = first_fwd.find({nd.tags.layer, nd.tags.part});
+      if (it == first_fwd.end()) continue;
+      int64_t params = it->second->param_count;
+      const int zero = nd.zero;
+      const std::string& axis = it->second->shard_axis;
+      if (axis == "ep") params /= std::max(1, g.mesh.ep);
+      if (axis == "tp") params /= std::max(1, g.mesh.tp);
+      int64_t deg = nd.group.empty() ? 1 : nd.group == "edp" ? std::max(1, g.mesh.dp / g.mesh.ep) : g.mesh.dp;
+      prog.static_bytes += params * g.param_bytes / (zero >= 3 ? deg : 1);
+      prog.static_bytes += params * g.grad_bytes / (zero >= 2 ? deg : 1);
+      prog.static_bytes += params * 12 / (zero >= 1 ? deg : 1);
+    }
+  }
+  // Global ranks: tp innermost, then dp (ep inside dp), then pp; ranks sharing a pp coordinate share a program.
+  const int tp = std::max(1, g.mesh.tp), dp = std::max(1, g.mesh.dp), ep = std::max(1, g.mesh.ep);
+  plan.world_size = pp * dp * tp;
+  for (int rank = 0; rank < plan.world_size; ++rank) {
+    RankCoord c;
+    c.tp = rank % tp;
+    c.dp = (rank / tp) % dp;
+    c.ep = c.dp % ep;
+    c.pp = rank / (tp * dp);
+    plan.coords.push_back(c);
+    plan.rank_template.push_back(c.pp);
+  }
+  return plan;
+}
+
+}  // namespace piper::compile

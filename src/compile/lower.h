@@ -1,0 +1,32 @@
+// lower: distributed Graph -> Plan.
+//
+// 1. Every data edge between two pipeline ranks becomes a send (on the producer's rank, stream p2p_fwd or
+//    p2p_bwd by direction: one communicator per direction) and a recv (consumer's rank), not linked.
+// 2. Each (rank, stream) gets a total order: compute streams follow the order rows (slot, filter, topological
+//    position; a rank without rows runs in topological order; updates last); every comm node sits right
+//    after the chunk that feeds it or, when it has none on the rank (recv, ZeRO-3 all-gather), right before
+//    the chunk it feeds.
+// 3. Cross-stream dependencies become record/wait event pairs; a same-stream dependency that the order
+//    contradicts is an error naming the rank, stream and instruction.
+// 4. Activations: alloc before a chunk's F, free after its last backward (recomputed chunks free right after F
+//    and re-run F before the backward). ZeRO-3: the gathered parameters are allocated before the all-gather
+//    and freed right after the chunk that used them, i.e. re-sharded between microbatches.
+#pragma once
+
+#include "piper/base/status.h"
+#include "piper/compile/plan.h"
+#include "piper/ir/graph.h"
+
+namespace piper::compile {
+
+struct LowerOptions {
+  CostFn cost;  // optional; the default keeps the graph's estimates
+};
+
+// Mutates `graph` (inserts send/recv). Errors name the unplaced or mis-ordered node.
+Result<Plan> lower(ir::Graph& graph, const LowerOptions& options = {});
+
+// Inserts send/recv pairs on cross-rank data edges (step 1 of lower; exposed for tests). Returns their count.
+Result<int> insert_p2p(ir::Graph& graph);
+
+}  // namespace piper::compile

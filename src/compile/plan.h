@@ -1,0 +1,75 @@
+// Plan: the compiled, per-rank programs that the simulator and the runtime both execute.
+//
+// A Program is a list of logical streams; each stream is a total order of instructions. Streams of one rank
+// synchronise only through events (record on one stream, wait on another); ranks synchronise through
+// matched send/recv (and m2n) pairs and collectives over mesh groups. Ranks that differ only by their data-
+// or expert-parallel coordinate run the same Program (a *template*): Plan::templates holds one per pipeline
+// rank and Plan::rank_template maps a global rank to it, so a 1,024-rank plan stores 16 programs for pp=16.
+// Cost annotations are plain fields filled by a CostFn at lowering time (default: the graph's own estimates).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "piper/base/json.h"
+#include "piper/ir/graph.h"
+
+namespace piper::compile {
+
+enum class OpKind : uint8_t { kCompute, kSend, kRecv, kCollective, kRecord, kWait, kAlloc, kFree, kUpdate };
+const char* to_string(OpKind k);
+
+struct Instruction {
+  OpKind op = OpKind::kCompute;
+  ir::NodeId node = ir::kNoNode;  // the graph node it lowers (kNoNode for record/wait/alloc/free)
+  std::string label;              // "L3.attn.F.mb2", "send L3.attn.F.mb2 -> rank 1", "wait e12"
+  // compute/update
+  ir::Pass pass = ir::Pass::kNone;
+  int mb = -1;
+  // comm
+  ir::NodeKind comm = ir::NodeKind::kChunk;  // send, recv, all_reduce, ..., m2n
+  std::string group;                         // mesh axis: dp, edp, ep, tp, a2f, pp
+  std::string algorithm;
+  int peer = -1;        // send/recv/m2n: peer pipeline rank
+  int64_t tag = -1;     // send/recv/m2n: matching key shared by both sides
+  int event = -1;       // record/wait
+  int buffer = -1;      // alloc/free
+  // Cost annotations (per rank).
+  int64_t flops = 0;
+  int64_t bytes = 0;       // bytes read + written by a compute, or allocated/freed
+  int64_t comm_bytes = 0;  // payload sent by this rank
+  int64_t mem_delta = 0;   // change of live bytes on the rank when the instruction completes
+};
+
+struct Stream {
+  std::string name;
+  std::vector<Instruction> instrs;
+};
+
+struct Program {
+  int pp_rank = 0;
+  std::vector<Stream> streams;
+  int64_t static_bytes = 0;  // parameters, gradients and optimizer state resident for the whole step
+  size_t num_instructions() const;
+};
+
+struct RankCoord {
+  int pp = 0, dp = 0, ep = 0, tp = 0;
+};
+
+struct Plan {
+  ir::MeshInfo mesh;
+  int world_size = 1;
+  std::vector<Program> templates;  // one per pipeline rank
+  std::vector<int> rank_template;  // global rank -> index into templates
+  std::vector<RankCoord> coords;   // global rank -> mesh coordinates
+  const Program& program(int rank) const { return templates[static_cast<size_t>(rank_template[static_cast<size_t>(rank)])]; }
+  Json to_json() const;  // full dump (used to compare plans)
+};
+
+// Called once per lowered node instruction to fill or overwrite its cost annotations.
+using CostFn = std::function<void(const ir::Graph& graph, const ir::Node& node, Instruction& instr)>;
+
+}  // namespace piper::compile

@@ -1,0 +1,77 @@
+#include "piper/compile/strategy_directives.h"
+
+#include "piper/strategy/schedules/schedule.h"
+
+namespace piper::compile {
+
+Result<ir::MeshInfo> strategy_mesh(const Strategy& s, const ModelSpec& model) {
+  ir::MeshInfo mesh;
+  mesh.pp = s.pp;
+  mesh.dp = s.dp;
+  mesh.ep = s.ep;
+  mesh.tp = s.tp;
+  if (s.disaggregate) {
+    if (s.schedule != "af-pipe") {
+      return invalid_argument("disagg=1 runs with schedule=af-pipe (got schedule=" + s.schedule + ")");
+    }
+    if (s.pp < 2 || s.pp % 2 != 0 || model.num_layers % (s.pp / 2) != 0) {
+      return invalid_argument("disaggregation needs an even pp whose half divides num_layers=" +
+                              std::to_string(model.num_layers) + " (got pp=" + std::to_string(s.pp) + ")");
+    }
+    mesh.vpp = 2 * model.num_layers / s.pp;
+    return mesh;
+  }
+  schedules::ScheduleParams params{s.pp, s.microbatches, s.vpp};
+  PIPER_ASSIGN_OR_RETURN(int stages, schedules::schedule_num_stages(s.schedule, params));
+  mesh.vpp = stages / s.pp;
+  return mesh;
+}
+
+Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const ModelSpec& model) {
+  PIPER_ASSIGN_OR_RETURN(ir::MeshInfo mesh, strategy_mesh(s, model));
+  std::vector<ir::Directive> out;
+  out.push_back(ir::Directive{ir::SplitDirective{s.microbatches}});
+  if (s.tp > 1) {
+    for (const char* part : {"attn", "mlp", "shared"}) {
+      ir::ShardDirective d;
+      d.filter.part = part;
+      d.axis = "tp";
+      d.algorithm = "ring";
+      d.sequence_parallel = s.sp;
+      bool present = std::string(part) == "attn" || (std::string(part) == "mlp" && model.num_dense_layers() > 0) ||
+                     (std::string(part) == "shared" && model.moe.num_shared_experts > 0 && model.is_moe());
+      if (present) out.push_back(ir::Directive{d});
+    }
+  }
+  if (s.ep > 1) {
+    ir::ShardDirective d;
+    d.filter.part = "experts";
+    d.axis = "ep";
+    d.algorithm = s.a2a;
+    out.push_back(ir::Directive{d});
+  }
+  if (s.dp > 1) {
+    ir::ReplicateDirective d;
+    d.zero = s.zero;
+    d.reduce = s.zero >= 1 ? "reduce_scatter" : "all_reduce";
+    out.push_back(ir::Directive{d});
+  }
+  if (s.recompute != Recompute::kNone) {
+    ir::RecomputeDirective d;
+    d.filter.pass = ir::Pass::kF;
+    if (s.recompute == Recompute::kSelective) d.filter.part = "attn";
+    out.push_back(ir::Directive{d});
+  }
+  if (s.disaggregate) {
+    out.push_back(ir::Directive{ir::DisaggregateDirective{s.pp / 2, s.pp / 2}});
+  } else {
+    PIPER_ASSIGN_OR_RETURN(auto parts, schedules::partition_directives(model.num_layers, mesh.num_stages()));
+    out.insert(out.end(), parts.begin(), parts.end());
+  }
+  schedules::ScheduleParams params{s.pp, s.microbatches, mesh.vpp};
+  PIPER_ASSIGN_OR_RETURN(auto sched, schedules::schedule_directives(s.schedule, params));
+  out.insert(out.end(), sched.begin(), sched.end());
+  return out;
+}
+
+}  // namespace piper::compile

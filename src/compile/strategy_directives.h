@@ -1,0 +1,27 @@
+// strategy_directives: a Strategy as the directive list it stands for, built only from public directives.
+//
+//   split(microbatches)
+//   shard tp on attn/mlp/shared (tp > 1, sequence parallel when sp)       shard ep on experts (ep > 1)
+//   replicate {} with the strategy's ZeRO stage (dp > 1)                  recompute (full: every F; selective: attn)
+//   disaggregate (af-pipe with disagg=1) or place layers -> stages (contiguous, balanced)
+//   the schedule's place + order directives
+// Writing this list to JSON and compiling it gives the same Plan as compiling the Strategy.
+#pragma once
+
+#include <vector>
+
+#include "piper/base/status.h"
+#include "piper/ir/directive.h"
+#include "piper/ir/graph.h"
+#include "piper/spec/model_spec.h"
+#include "piper/strategy/strategy.h"
+
+namespace piper::compile {
+
+// The mesh a strategy compiles to; vpp is the schedule's stages per rank (dualpipev 2, af-pipe with
+// disaggregation 2 * num_layers / pp).
+Result<ir::MeshInfo> strategy_mesh(const Strategy& s, const ModelSpec& model);
+
+Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const ModelSpec& model);
+
+}  // namespace piper::compile

@@ -1,0 +1,24 @@
+// build_graph: the single-device training DAG of a (MoE) decoder-only transformer for one step.
+//
+// Chunks (tag part), in forward order:
+//   embed (layer 0) -> per layer l: attn -> [MoE layer: router -> experts (+ shared)] [dense layer: mlp]
+//   -> head (LM head + loss, layer L-1)
+// each with an F task and a fused backward BW (reversed data edges; F -> BW carries the activations, the
+// head's F -> BW the loss), plus one update node per (layer, part) holding parameters. Dispatch and combine
+// are not in the single-device graph: `shard` with axis ep inserts them as all_to_all nodes.
+// Annotations (param_count, flops and activation_bytes per microbatch) are first-order estimates so that plans
+// are self-describing; the cost model's callback may overwrite them at lowering time.
+#pragma once
+
+#include "piper/base/status.h"
+#include "piper/ir/graph.h"
+#include "piper/spec/model_spec.h"
+#include "piper/spec/train_spec.h"
+
+namespace piper::ir {
+
+// tokens per microbatch = train.micro_batch_size * train.seq_len. The mesh is copied into the graph; directives
+// are checked against it. Errors on an inconsistent model (num_layers < 1, hidden_size < 1, ...).
+Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const MeshInfo& mesh);
+
+}  // namespace piper::ir

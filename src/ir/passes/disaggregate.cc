@@ -1,0 +1,105 @@
+// disaggregate: attention/FFN disaggregation (DisagMoE). With g = attn_groups = ffn_groups = pp/2:
+//   attention-side chunks (embed, attn, router) of layer l -> stage 2l on pipeline rank (l mod g)
+//   FFN-side chunks (experts, shared, mlp, head) of layer l   -> stage 2l+1 on rank g + (l mod g)
+// (the placement the af-pipe schedule emits). Dispatch/combine all-to-alls are dissolved and every data edge
+// between the two sides becomes one unidirectional m2n exchange: an m2n node on the sending rank and one on
+// the receiving rank, deliberately not linked (like send/recv).
+#include "piper/ir/passes/passes.h"
+
+namespace piper::ir {
+namespace {
+
+bool ffn_side(const std::string& part) {
+  return part == "experts" || part == "shared" || part == "mlp" || part == "head";
+}
+
+}  // namespace
+
+Status apply_disaggregate(Graph& g, const DisaggregateDirective& d) {
+  if (d.attn_groups != d.ffn_groups) {
+    return invalid_argument("attn_groups=" + std::to_string(d.attn_groups) + " and ffn_groups=" +
+                            std::to_string(d.ffn_groups) + " must be equal (AF-Pipe shares one pipeline depth)");
+  }
+  const int groups = d.attn_groups;
+  if (g.mesh.pp != 2 * groups) {
+    return invalid_argument("disaggregate needs pp = attn_groups + ffn_groups = " + std::to_string(2 * groups) +
+                            " (got pp=" + std::to_string(g.mesh.pp) + ")");
+  }
+  if (g.num_layers % groups != 0 || g.mesh.num_stages() != 2 * g.num_layers) {
+    return invalid_argument("disaggregate deals " + std::to_string(g.num_layers) + " layers round-robin to " +
+                            std::to_string(groups) + " groups: num_layers must be a multiple of the groups and "
+                            "vpp = num_layers / groups (= " + std::to_string(g.num_layers / std::max(groups, 1)) +
+                            ", got vpp=" + std::to_string(g.mesh.vpp) + ")");
+  }
+  for (const Node& n : g.nodes()) {
+    if (n.order_slot >= 0) return invalid_argument("disaggregate must come before order rows");
+  }
+  // Dissolve dispatch/combine all-to-alls: connect their producers straight to their consumers.
+  for (size_t i = 0; i < g.num_nodes(); ++i) {
+    const Node& n = g.node(static_cast<NodeId>(i));
+    if (n.kind != NodeKind::kAllToAll || (n.tags.part != "dispatch" && n.tags.part != "combine")) continue;
+    std::vector<int> ins, outs;
+    for (int e : g.in_edges(n.id)) {
+      if (g.edge(e).alive) ins.push_back(e);
+    }
+    for (int e : g.out_edges(n.id)) {
+      if (g.edge(e).alive) outs.push_back(e);
+    }
+    for (int a : ins) {
+      for (int b : outs) g.add_edge(g.edge(a).src, g.edge(b).dst, g.edge(b).kind, g.edge(b).bytes);
+    }
+    for (int e : ins) g.remove_edge(e);
+    for (int e : outs) g.remove_edge(e);
+    g.node(static_cast<NodeId>(i)).tags.part = "dissolved";
+    g.node(static_cast<NodeId>(i)).pp_rank = -1;
+  }
+  // Place every node with a layer by its side.
+  for (size_t i = 0; i < g.num_nodes(); ++i) {
+    Node& n = g.node(static_cast<NodeId>(i));
+    if (n.tags.layer < 0 || n.tags.part == "dissolved") continue;
+    const bool f = ffn_side(n.tags.part);
+    n.tags.stage = 2 * n.tags.layer + (f ? 1 : 0);
+    n.pp_rank = (f ? groups : 0) + n.tags.layer % groups;
+  }
+  // Side-crossing data edges become m2n pairs.
+  const size_t num_edges = g.edges().size();
+  int exchanges = 0;
+  for (size_t e = 0; e < num_edges; ++e) {
+    const Edge ed = g.edge(static_cast<int>(e));
+    if (!ed.alive || ed.kind != EdgeKind::kData) continue;
+    const Node& a = g.node(ed.src);
+    const Node& b = g.node(ed.dst);
+    if (a.kind != NodeKind::kChunk || b.kind != NodeKind::kChunk || a.pp_rank == b.pp_rank) continue;
+    if (ffn_side(a.tags.part) == ffn_side(b.tags.part)) continue;
+    g.remove_edge(static_cast<int>(e));
+    std::string name = a.name + "->" + b.name + ".m2n";
+    Node s;
+    s.kind = NodeKind::kM2N;
+    s.tags = a.tags;
+    s.tags.part = "m2n";
+    s.name = name + ".send";
+    s.pp_rank = a.pp_rank;
+    s.peer_pp_rank = b.pp_rank;
+    s.stream = "m2n";
+    s.group = "a2f";
+    s.algorithm = "direct";
+    s.comm_bytes = ed.bytes * (ffn_side(b.tags.part) && b.tags.part == "experts" ? g.moe_top_k : 1);
+    s.m2n_sender = true;
+    Node r = s;
+    r.tags = b.tags;
+    r.tags.part = "m2n";
+    r.name = name + ".recv";
+    r.pp_rank = b.pp_rank;
+    r.peer_pp_rank = a.pp_rank;
+    r.m2n_sender = false;
+    NodeId sid = g.add_node(std::move(s));
+    NodeId rid = g.add_node(std::move(r));
+    g.add_edge(ed.src, sid, EdgeKind::kData, ed.bytes);
+    g.add_edge(rid, ed.dst, EdgeKind::kData, ed.bytes);
+    ++exchanges;
+  }
+  if (exchanges == 0) return invalid_argument("disaggregate found no attention/FFN boundary; is the model a MoE?");
+  return ok_status();
+}
+
+}  // namespace piper::ir

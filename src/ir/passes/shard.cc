@@ -1,0 +1,126 @@
+// shard: expert parallelism (axis ep) or Megatron tensor parallelism (axis tp) for the matched chunks.
+//
+// ep: every chunk-to-chunk data edge entering the matched set gets an all_to_all (forward: dispatch;
+//     backward: the combine's gradient), every edge leaving it another (forward: combine; backward: the
+//     dispatch's gradient). Payload = edge bytes x top_k. Parameters are sharded over ep.
+// tp: each matched chunk gets an all_reduce on its outputs (column->row parallel pair), or with sequence
+//     parallelism an all_gather on its inputs and a reduce_scatter on its outputs; F and B/BW alike.
+#include <unordered_set>
+
+#include "piper/ir/passes/passes.h"
+
+namespace piper::ir {
+namespace {
+
+Node comm_like(const Node& chunk, NodeKind kind, const std::string& part, const std::string& group,
+               const std::string& algorithm, const std::string& stream, int64_t bytes) {
+  Node n;
+  n.kind = kind;
+  n.tags = chunk.tags;
+  n.tags.part = part;
+  n.name = "L" + std::to_string(chunk.tags.layer) + "." + part + "." + to_string(chunk.tags.pass);
+  n.pp_rank = chunk.pp_rank;
+  n.stream = stream;
+  n.group = group;
+  n.algorithm = algorithm;
+  n.comm_bytes = bytes;
+  return n;
+}
+
+// Alive data edges between two chunks, entering (into=true) or leaving the node.
+std::vector<int> chunk_edges(const Graph& g, NodeId id, bool into) {
+  std::vector<int> out;
+  for (int e : into ? g.in_edges(id) : g.out_edges(id)) {
+    const Edge& ed = g.edge(e);
+    if (!ed.alive || ed.kind != EdgeKind::kData) continue;
+    if (g.node(into ? ed.src : ed.dst).kind == NodeKind::kChunk) out.push_back(e);
+  }
+  return out;
+}
+
+Status shard_ep(Graph& g, const ShardDirective& d, const std::vector<NodeId>& chunks) {
+  if (g.mesh.ep <= 1) return invalid_argument("axis ep needs ep > 1 in the mesh (ep=" + std::to_string(g.mesh.ep) + ")");
+  std::unordered_set<NodeId> set(chunks.begin(), chunks.end());
+  const std::string stream = d.stream.empty() ? "ep" : d.stream;
+  for (NodeId id : chunks) {
+    g.node(id).shard_axis = "ep";
+    const bool fwd = g.node(id).tags.pass == Pass::kF;
+    for (int e : chunk_edges(g, id, true)) {
+      if (set.count(g.edge(e).src)) continue;
+      int64_t bytes = g.edge(e).bytes * g.moe_top_k;
+      g.insert_on_edge(e, comm_like(g.node(id), NodeKind::kAllToAll, fwd ? "dispatch" : "combine", "ep",
+                                    d.algorithm, stream, bytes));
+    }
+    for (int e : chunk_edges(g, id, false)) {
+      if (set.count(g.edge(e).dst)) continue;
+      int64_t bytes = g.edge(e).bytes * g.moe_top_k;
+      g.insert_on_edge(e, comm_like(g.node(id), NodeKind::kAllToAll, fwd ? "combine" : "dispatch", "ep",
+                                    d.algorithm, stream, bytes));
+    }
+  }
+  return ok_status();
+}
+
+Status shard_tp(Graph& g, const ShardDirective& d, const std::vector<NodeId>& chunks) {
+  if (g.mesh.tp <= 1) return invalid_argument("axis tp needs tp > 1 in the mesh (tp=" + std::to_string(g.mesh.tp) + ")");
+  const std::string stream = d.stream.empty() ? "tp" : d.stream;
+  for (NodeId id : chunks) {
+    g.node(id).shard_axis = "tp";
+    const std::string part = g.node(id).tags.part;
+    auto reroute = [&](bool into, NodeKind kind, const std::string& what) {
+      std::vector<int> edges = chunk_edges(g, id, into);
+      if (edges.empty()) return;
+      int64_t bytes = g.edge(edges[0]).bytes;
+      NodeId c = g.add_node(comm_like(g.node(id), kind, part + "." + what, "tp", "ring", stream, bytes));
+      for (int e : edges) {
+        Edge ed = g.edge(e);
+        g.remove_edge(e);
+        if (into) {
+          g.add_edge(ed.src, c, ed.kind, ed.bytes);
+        } else {
+          g.add_edge(c, ed.dst, ed.kind, ed.bytes);
+        }
+      }
+      if (into) {
+        g.add_edge(c, id, EdgeKind::kData, bytes);
+      } else {
+        g.add_edge(id, c, EdgeKind::kData, bytes);
+      }
+    };
+    if (d.sequence_parallel) {
+      reroute(true, NodeKind::kAllGather, "tp_ag");
+      reroute(false, NodeKind::kReduceScatter, "tp_rs");
+    } else {
+      reroute(false, NodeKind::kAllReduce, "tp_ar");
+    }
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Status apply_shard(Graph& g, const ShardDirective& d) {
+  std::vector<NodeId> chunks;
+  for (NodeId id : g.select(d.filter)) {
+    const Node& n = g.node(id);
+    if (n.kind != NodeKind::kChunk) continue;
+    if (!n.shard_axis.empty()) {
+      return invalid_argument(describe(n) + " is already sharded over " + n.shard_axis + "; give one shard per chunk");
+    }
+    if (n.tags.pass == Pass::kW) continue;  // weight gradients need no activation exchange
+    chunks.push_back(id);
+  }
+  if (chunks.empty()) return invalid_argument("filter " + d.filter.to_string() + " matches no chunk");
+  if (d.axis == "ep") {
+    for (NodeId id : chunks) {
+      if (g.node(id).tags.part != "experts") {
+        return invalid_argument("axis ep shards expert chunks only, but the filter matches " + describe(g.node(id)) +
+                                "; add \"part\": \"experts\" to the filter");
+      }
+    }
+    return shard_ep(g, d, chunks);
+  }
+  return shard_tp(g, d, chunks);
+}
+
+}  // namespace piper::ir
