@@ -1,43 +1,26 @@
 #include "piper/ir/build_graph.h"
 
 #include <algorithm>
-#include <map>
+#include <cmath>
+
+#include "piper/spec/cluster_spec.h"
+#include "piper/spec/counting.h"
 
 namespace piper::ir {
 namespace {
 
+// Parameter counts come from piper_spec (counting.h), the one source of truth shared with `piper info` and
+// the resource model; the norms are attached to the chunk that applies them (input norm -> attn, post-attention
+// norm -> router or mlp, final norm -> head), so the chunks' parameters add up to count_params(model).total().
+// FLOPs: 2 per matmul weight a token touches; the attention chunk also carries the attention core, so the F
+// FLOPs of all chunks add up to forward_flops_per_token(model, seq) per token.
 struct ChunkSpec {
   std::string part;
   int layer;
   int64_t params;
-  int64_t active_params;      // parameters touched per token (routed experts: top_k of them)
+  double flops_per_token;     // forward
   int64_t activation_elems;   // per token, kept from F to the backward
 };
-
-int64_t attention_params(const ModelSpec& m) {
-  const int64_t h = m.hidden_size;
-  if (m.attention == AttentionType::kMLA) {
-    const MlaSpec& a = m.mla;
-    int64_t qk = a.qk_nope_head_dim + a.qk_rope_head_dim;
-    int64_t q = a.q_lora_rank > 0 ? h * a.q_lora_rank + a.q_lora_rank * m.num_heads * qk : h * m.num_heads * qk;
-    int64_t kv = h * (a.kv_lora_rank + a.qk_rope_head_dim) +
-                 a.kv_lora_rank * m.num_heads * (a.qk_nope_head_dim + a.v_head_dim);
-    return q + kv + m.num_heads * a.v_head_dim * h;
-  }
-  int64_t hd = m.head_dim > 0 ? m.head_dim : h / m.num_heads;
-  return h * m.num_heads * hd * 2 + h * m.num_kv_heads * hd * 2;
-}
-
-int64_t mlp_params(const ModelSpec& m, int64_t width) { return (m.mlp == MlpType::kSwiGLU ? 3 : 2) * m.hidden_size * width; }
-
-// Local copy of the element sizes so that the IR does not need piper_spec's object code.
-int64_t elem_bytes(DType d) { return d == DType::kFP32 ? 4 : d == DType::kFP8 ? 1 : 2; }
-
-bool moe_layer(const ModelSpec& m, int l) {
-  if (m.moe.num_experts <= 0 || l < m.moe.first_k_dense_layers) return false;
-  int freq = m.moe.layer_freq > 0 ? m.moe.layer_freq : 1;
-  return (l - m.moe.first_k_dense_layers) % freq == 0;
-}
 
 }  // namespace
 
@@ -51,35 +34,46 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
   }
   const int64_t h = model.hidden_size;
   const int64_t tokens = train.micro_batch_size * train.seq_len;
-  const int64_t act_bytes = elem_bytes(train.activation_dtype);
+  const int64_t act_bytes = dtype_bytes(train.activation_dtype);
+  const ParamCounts counts = count_params(model);
+  const int64_t norm = norm_params(model);
   std::vector<ChunkSpec> chunks;
-  chunks.push_back({"embed", 0, model.vocab_size * h, 0, h});
+  chunks.push_back({"embed", 0, counts.embedding.total, 0.0, h});
   for (int l = 0; l < model.num_layers; ++l) {
-    int64_t attn = attention_params(model);
-    chunks.push_back({"attn", l, attn, attn, 8 * h});
-    if (moe_layer(model, l)) {
+    const size_t attn = chunks.size();
+    chunks.push_back({"attn", l, attention_params(model) + norm, 0.0, 8 * h});
+    double ffn_weights = 0;  // matmul weights one token touches after attention
+    if (model.is_moe_layer(l)) {
       const MoeSpec& e = model.moe;
-      int64_t expert = mlp_params(model, e.expert_intermediate_size);
-      chunks.push_back({"router", l, h * e.num_experts, h * e.num_experts, h});
-      chunks.push_back({"experts", l, expert * e.num_experts, expert * e.top_k,
+      const double router = static_cast<double>(h) * e.num_experts;
+      const double experts = static_cast<double>(e.top_k) * mlp_params(model, e.expert_intermediate_size, false);
+      chunks.push_back({"router", l, router_params(model) + norm, 2 * router, h});
+      chunks.push_back({"experts", l, e.num_experts * expert_params(model), 2 * experts,
                         e.top_k * (h + 3 * e.expert_intermediate_size)});
+      ffn_weights = router + experts;
       if (e.num_shared_experts > 0) {
-        int64_t shared = mlp_params(model, e.shared_expert_intermediate_size) * e.num_shared_experts;
-        chunks.push_back({"shared", l, shared, shared, h + 3 * e.shared_expert_intermediate_size});
+        const double shared =
+            static_cast<double>(e.num_shared_experts) * mlp_params(model, e.shared_expert_intermediate_size, false);
+        chunks.push_back({"shared", l, shared_experts_params(model), 2 * shared,
+                          h + 3 * e.shared_expert_intermediate_size});
+        ffn_weights += shared;
       }
     } else {
-      int64_t mlp = mlp_params(model, model.intermediate_size);
-      chunks.push_back({"mlp", l, mlp, mlp, h + 3 * model.intermediate_size});
+      const double mlp = static_cast<double>(mlp_params(model, model.intermediate_size, false));
+      chunks.push_back({"mlp", l, dense_mlp_params(model) + norm, 2 * mlp, h + 3 * model.intermediate_size});
+      ffn_weights = mlp;
     }
+    // Attention projections and core: the layer's forward FLOPs minus what the FFN side does.
+    chunks[attn].flops_per_token = layer_forward_flops_per_token(model, l, train.seq_len) - 2 * ffn_weights;
   }
-  int64_t head = model.tie_embeddings ? 0 : model.vocab_size * h;
-  chunks.push_back({"head", model.num_layers - 1, head, model.vocab_size * h, model.vocab_size});
+  chunks.push_back({"head", model.num_layers - 1, counts.head.total + norm,
+                    2.0 * static_cast<double>(model.vocab_size) * static_cast<double>(h), model.vocab_size});
 
   Graph g;
   g.mesh = mesh;
   g.num_layers = model.num_layers;
-  g.param_bytes = static_cast<int>(elem_bytes(train.param_dtype));
-  g.grad_bytes = static_cast<int>(elem_bytes(train.grad_dtype));
+  g.param_bytes = dtype_bytes(train.param_dtype);
+  g.grad_bytes = dtype_bytes(train.grad_dtype);
   g.moe_top_k = std::max(1, model.moe.top_k);
   std::vector<NodeId> fwd, bwd;
   for (const ChunkSpec& c : chunks) {
@@ -92,8 +86,7 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
       n.tags.pass = pass;
       n.name = base + "." + suffix;
       n.param_count = c.params;
-      int64_t fwd_flops = 2 * tokens * c.active_params;
-      if (c.part == "attn") fwd_flops += 2 * tokens * train.seq_len * model.num_heads * (model.head_dim > 0 ? model.head_dim : h / model.num_heads);
+      const auto fwd_flops = static_cast<int64_t>(std::llround(c.flops_per_token * static_cast<double>(tokens)));
       if (pass == Pass::kF) {
         n.flops = fwd_flops;
         n.activation_bytes = tokens * c.activation_elems * act_bytes;
@@ -105,7 +98,7 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
     fwd.push_back(add(NodeKind::kChunk, Pass::kF, "F"));
     bwd.push_back(add(NodeKind::kChunk, Pass::kBW, "BW"));
     NodeId u = add(NodeKind::kUpdate, Pass::kU, "U");
-    g.add_edge(bwd.back(), u, EdgeKind::kData, c.params * elem_bytes(train.grad_dtype));
+    g.add_edge(bwd.back(), u, EdgeKind::kData, c.params * g.grad_bytes);
     g.add_edge(fwd.back(), bwd.back(), EdgeKind::kData, tokens * c.activation_elems * act_bytes);
   }
   // Forward data flow; the backward mirrors it. A MoE layer's router feeds experts; experts and shared both

@@ -6,8 +6,10 @@
 // each with an F task and a fused backward BW (reversed data edges; F -> BW carries the activations, the
 // head's F -> BW the loss), plus one update node per (layer, part) holding parameters. Dispatch and combine
 // are not in the single-device graph: `shard` with axis ep inserts them as all_to_all nodes.
-// Annotations (param_count, flops and activation_bytes per microbatch) are first-order estimates so that plans
-// are self-describing; the cost model's callback may overwrite them at lowering time.
+// Annotations per microbatch: param_count and F flops come from the spec's counting (src/spec/counting.h): the
+// chunks' parameters add up to count_params(model).total() (each norm sits with the chunk that applies it) and
+// their F FLOPs to forward_flops_per_token(model, seq_len) x tokens; a BW costs 2 F. activation_bytes is a
+// first-order estimate. The cost model's callback may overwrite all of them at lowering time.
 #pragma once
 
 #include "piper/base/status.h"
