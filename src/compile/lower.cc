@@ -4,6 +4,7 @@
 #include <climits>
 #include <map>
 #include <tuple>
+#include <unordered_map>
 
 namespace piper::compile {
 namespace {
@@ -14,8 +15,29 @@ using ir::NodeKind;
 
 bool skipped(const Node& n) { return n.tags.part == "dissolved"; }
 
+bool is_p2p(const Node& n) { return n.kind == NodeKind::kSend || n.kind == NodeKind::kRecv || n.kind == NodeKind::kM2N; }
+bool receives(const Node& n) { return n.kind == NodeKind::kRecv || (n.kind == NodeKind::kM2N && !n.m2n_sender); }
+// Both sides of a point-to-point pair are named "<producer>-><consumer>.send" / ".recv".
+std::string pair_name(const Node& n) { return n.name.substr(0, n.name.rfind('.')); }
+
 // Position key of a node inside its rank: (anchor index, 0 before / 1 the node / 2 after, topo index).
 using Key = std::tuple<int64_t, int, int64_t>;
+
+struct Buffer {
+  int id = -1;
+  int64_t bytes = 0;
+  std::string what;  // "act L0.attn.F.mb1", "params L0.attn.ag.F.mb1"
+};
+
+Instruction buffer_op(OpKind op, const Buffer& b) {
+  Instruction in;
+  in.op = op;
+  in.buffer = b.id;
+  in.bytes = b.bytes;
+  in.mem_delta = op == OpKind::kAlloc ? b.bytes : -b.bytes;
+  in.label = std::string(op == OpKind::kAlloc ? "alloc " : "free ") + b.what;
+  return in;
+}
 
 void default_cost(const ir::Graph& g, const Node& n, Instruction& in) {
   in.flops = n.flops;
@@ -71,7 +93,7 @@ Result<int> insert_p2p(ir::Graph& g) {
     s.name = name + ".send";
     s.pp_rank = a.pp_rank;
     s.peer_pp_rank = b.pp_rank;
-    s.stream = a.pp_rank < b.pp_rank ? "p2p_fwd" : "p2p_bwd";
+    s.stream = "p2p_to_" + std::to_string(b.pp_rank);
     s.group = "pp";
     s.comm_bytes = ed.bytes;
     Node r = s;
@@ -80,6 +102,7 @@ Result<int> insert_p2p(ir::Graph& g) {
     r.name = name + ".recv";
     r.pp_rank = b.pp_rank;
     r.peer_pp_rank = a.pp_rank;
+    r.stream = "p2p_from_" + std::to_string(a.pp_rank);
     NodeId sid = g.add_node(std::move(s));
     NodeId rid = g.add_node(std::move(r));
     g.add_edge(ed.src, sid, ir::EdgeKind::kData, ed.bytes);
@@ -124,6 +147,20 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
     });
     for (size_t i = 0; i < list.size(); ++i) anchor[static_cast<size_t>(list[i])] = static_cast<int64_t>(i);
   }
+  // ZeRO-3 prefetch window: the all-gather feeding the k-th compute instruction of a rank may start once the
+  // (k-2)-th is done, so it overlaps the (k-1)-th but at most two gathered copies are live (FSDP's limit).
+  // Without the edge a stream of all-gathers would run ahead of compute and materialise every parameter.
+  for (size_t i = 0; i < n; ++i) {
+    const Node& nd = g.node(static_cast<NodeId>(i));
+    if (nd.kind != NodeKind::kAllGather || nd.group == "tp" || nd.tags.mb < 0 || !g.preds(nd.id).empty()) continue;
+    int64_t k = INT64_MAX;
+    for (NodeId c : g.succs(nd.id)) {
+      if (anchor[static_cast<size_t>(c)] >= 0) k = std::min(k, anchor[static_cast<size_t>(c)]);
+    }
+    if (k == INT64_MAX || k < 2) continue;
+    const NodeId window = compute[static_cast<size_t>(nd.pp_rank)][static_cast<size_t>(k - 2)];
+    g.add_edge(window, static_cast<NodeId>(i), ir::EdgeKind::kTemporal);
+  }
   // Comm nodes: after their latest same-rank producer (through comm chains), else before their first consumer.
   std::vector<int64_t> after(n, -1), before(n, INT64_MAX);
   for (NodeId id : topo) {
@@ -163,9 +200,62 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
     if (nd.pp_rank < 0) return invalid_argument(ir::describe(nd) + " is not placed on a pipeline rank");
     streams[static_cast<size_t>(nd.pp_rank)][nd.stream].push_back(nd.id);
   }
+  // Every stream in the order of its keys: compute follows the schedule, comm sits next to its chunks.
+  for (auto& rank_streams : streams) {
+    for (auto& [name, nodes] : rank_streams) {
+      std::sort(nodes.begin(), nodes.end(), [&](NodeId a, NodeId b) { return key_of(a) < key_of(b); });
+    }
+  }
+  // Point-to-point pairs share the name up to the last '.'; tags are numbered in send-node id order.
+  std::vector<int64_t> tag_of(n, -1);
+  std::vector<NodeId> partner(n, ir::kNoNode);
+  {
+    std::unordered_map<std::string, NodeId> send_of;
+    for (const Node& nd : g.nodes()) {
+      if (is_p2p(nd) && !receives(nd) && !skipped(nd)) send_of.emplace(pair_name(nd), nd.id);
+    }
+    for (const Node& nd : g.nodes()) {
+      if (!is_p2p(nd) || !receives(nd) || skipped(nd)) continue;
+      auto it = send_of.find(pair_name(nd));
+      if (it == send_of.end()) return internal_error("lower: receive " + nd.name + " has no send");
+      partner[static_cast<size_t>(nd.id)] = it->second;
+      partner[static_cast<size_t>(it->second)] = nd.id;
+    }
+    int64_t next_tag = 0;
+    for (const Node& nd : g.nodes()) {
+      if (is_p2p(nd) && !receives(nd) && partner[static_cast<size_t>(nd.id)] != ir::kNoNode) {
+        tag_of[static_cast<size_t>(nd.id)] = tag_of[static_cast<size_t>(partner[static_cast<size_t>(nd.id)])] =
+            next_tag++;
+      }
+    }
+  }
+  // A receive stream posts its receives in the order its sender sends (FIFO per channel, as NCCL matches
+  // point-to-point operations between two ranks): a message may arrive before its consumer needs it, but a
+  // channel never blocks on its own order. Sends stay in production order.
+  std::vector<size_t> pos(n, 0);
+  for (auto& rank_streams : streams) {
+    for (auto& [name, nodes] : rank_streams) {
+      for (size_t k = 0; k < nodes.size(); ++k) pos[static_cast<size_t>(nodes[k])] = k;
+    }
+  }
+  for (auto& rank_streams : streams) {
+    for (auto& [name, nodes] : rank_streams) {
+      const bool all_receives = std::all_of(nodes.begin(), nodes.end(), [&](NodeId id) {
+        return is_p2p(g.node(id)) && receives(g.node(id));
+      });
+      if (!all_receives) continue;
+      auto sender_key = [&](NodeId id) {
+        const NodeId snd = partner[static_cast<size_t>(id)];
+        return std::make_tuple(g.node(snd).pp_rank, g.node(snd).stream, pos[static_cast<size_t>(snd)]);
+      };
+      std::stable_sort(nodes.begin(), nodes.end(), [&](NodeId a, NodeId b) { return sender_key(a) < sender_key(b); });
+    }
+  }
+
   CostFn cost = options.cost ? options.cost : CostFn(default_cost);
   std::vector<int> event_of(n, -1);
   std::vector<std::pair<int, size_t>> where(n, {-1, 0});  // (stream index, position) per node
+  std::vector<NodeId> recompute_of(n, ir::kNoNode);        // backward chunk -> the recomputed F it re-runs
   int next_event = 0, next_buffer = 0;
   for (int r = 0; r < pp; ++r) {
     Program& prog = plan.templates[static_cast<size_t>(r)];
@@ -173,7 +263,6 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
     auto& rank_streams = streams[static_cast<size_t>(r)];
     int si = 0;
     for (auto& [name, nodes] : rank_streams) {
-      std::sort(nodes.begin(), nodes.end(), [&](NodeId a, NodeId b) { return key_of(a) < key_of(b); });
       for (size_t k = 0; k < nodes.size(); ++k) where[static_cast<size_t>(nodes[k])] = {si, k};
       ++si;
     }
@@ -196,7 +285,8 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
         }
       }
     }
-    // Activation buffers: one per F chunk, freed after the last backward task of the same chunk and mb.
+    // Buffers, planned before any stream is emitted (an alloc and its free may sit on different streams) and
+    // numbered in node-id order, so plans do not depend on stream names.
     std::map<std::tuple<int, std::string, int>, NodeId> last_backward;
     for (const Node& nd : g.nodes()) {
       if (nd.pp_rank != r || nd.kind != NodeKind::kChunk || !ir::is_backward(nd.tags.pass)) continue;
@@ -204,8 +294,40 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
       auto it = last_backward.find(k);
       if (it == last_backward.end() || key_of(it->second) < key_of(nd.id)) last_backward[k] = nd.id;
     }
-    std::map<NodeId, std::pair<int, int64_t>> free_after;  // node -> (buffer, bytes) freed after it
-    std::map<NodeId, std::vector<std::pair<int, int64_t>>> param_free_after;
+    std::map<NodeId, Buffer> alloc_before;              // node -> buffer allocated right before it
+    std::map<NodeId, Buffer> recompute_before;          // backward chunk -> buffer of the re-run F before it
+    std::map<NodeId, std::vector<Buffer>> free_after;   // node -> buffers freed right after it
+    for (const Node& nd : g.nodes()) {
+      if (nd.pp_rank != r || skipped(nd)) continue;
+      if (nd.kind == NodeKind::kAllGather && nd.group != "tp" && nd.tags.mb >= 0) {
+        // ZeRO-3: the gathered parameters live until the chunk that uses them is done (re-shard).
+        Buffer b{next_buffer++, nd.comm_bytes, "params " + nd.name};
+        alloc_before[nd.id] = b;
+        for (NodeId c : g.succs(nd.id)) {
+          if (g.node(c).kind == NodeKind::kChunk) free_after[c].push_back(b);
+        }
+        continue;
+      }
+      if (nd.kind != NodeKind::kChunk || nd.tags.pass != ir::Pass::kF || nd.activation_bytes <= 0) continue;
+      Buffer b{next_buffer++, nd.activation_bytes, "act " + nd.name};
+      alloc_before[nd.id] = b;
+      auto last = last_backward.find(std::make_tuple(nd.tags.layer, nd.tags.part, nd.tags.mb));
+      if (!nd.recompute) {
+        if (last != last_backward.end()) free_after[last->second].push_back(b);
+        continue;
+      }
+      // Recompute: keep nothing after F; the first backward task that consumes F re-runs it.
+      free_after[nd.id].push_back(b);
+      for (NodeId c : g.succs(nd.id)) {
+        const Node& cn = g.node(c);
+        if (cn.kind != NodeKind::kChunk || !ir::is_backward(cn.tags.pass) || cn.pp_rank != r) continue;
+        if (recompute_before.count(c)) continue;
+        Buffer again{next_buffer++, nd.activation_bytes, "act " + nd.name + " (recompute)"};
+        recompute_before[c] = again;
+        if (last != last_backward.end()) free_after[last->second].push_back(again);
+        recompute_of[static_cast<size_t>(c)] = nd.id;
+      }
+    }
     for (auto& [name, nodes] : rank_streams) {
       Stream st;
       st.name = name;
@@ -239,97 +361,30 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
         in.comm = nd.kind;
         if (nd.kind == NodeKind::kSend || nd.kind == NodeKind::kRecv || nd.kind == NodeKind::kM2N) {
           in.peer = nd.peer_pp_rank;
-          // Both sides share the name up to the last '.'; hash it into the matching tag.
-          in.tag = static_cast<int64_t>(std::hash<std::string>{}(nd.name.substr(0, nd.name.rfind('.'))) >> 1);
+          in.tag = tag_of[static_cast<size_t>(id)];
         }
         cost(g, nd, in);
-        // ZeRO-3: the all-gather materialises parameters for one chunk; free them after that chunk.
-        if (nd.kind == NodeKind::kAllGather && nd.group != "tp" && nd.tags.mb >= 0) {
-          Instruction a;
-          a.op = OpKind::kAlloc;
-          a.buffer = next_buffer++;
-          a.bytes = nd.comm_bytes;
-          a.mem_delta = nd.comm_bytes;
-          a.label = "alloc params " + nd.name;
-          st.instrs.push_back(a);
-          for (NodeId s : g.succs(id)) {
-            if (g.node(s).kind == NodeKind::kChunk) param_free_after[s].push_back({a.buffer, nd.comm_bytes});
-          }
+        if (auto it = alloc_before.find(id); it != alloc_before.end()) st.instrs.push_back(buffer_op(OpKind::kAlloc, it->second));
+        if (auto it = recompute_before.find(id); it != recompute_before.end()) {
+          const NodeId f = recompute_of[static_cast<size_t>(id)];
+          const Node& fn = g.node(f);
+          st.instrs.push_back(buffer_op(OpKind::kAlloc, it->second));
+          Instruction re;
+          re.op = OpKind::kCompute;
+          re.node = f;
+          re.label = fn.name + " (recompute)";
+          re.pass = ir::Pass::kF;
+          re.mb = fn.tags.mb;
+          cost(g, fn, re);
+          st.instrs.push_back(re);
         }
-        const bool fwd_chunk = nd.kind == NodeKind::kChunk && nd.tags.pass == ir::Pass::kF;
-        int64_t act = fwd_chunk ? nd.activation_bytes : 0;
-        if (fwd_chunk && nd.recompute) {
-          // Keep only the chunk input; the backward re-runs F.
-          Instruction a;
-          a.op = OpKind::kAlloc;
-          a.buffer = next_buffer++;
-          a.bytes = act;
-          a.mem_delta = act;
-          a.label = "alloc act " + nd.name;
-          st.instrs.push_back(a);
-          st.instrs.push_back(in);
-          Instruction f = a;
-          f.op = OpKind::kFree;
-          f.mem_delta = -act;
-          f.label = "free act " + nd.name + " (recompute)";
-          st.instrs.push_back(f);
-        } else {
-          if (act > 0) {
-            Instruction a;
-            a.op = OpKind::kAlloc;
-            a.buffer = next_buffer++;
-            a.bytes = act;
-            a.mem_delta = act;
-            a.label = "alloc act " + nd.name;
-            st.instrs.push_back(a);
-            auto it = last_backward.find(std::make_tuple(nd.tags.layer, nd.tags.part, nd.tags.mb));
-            if (it != last_backward.end()) free_after[it->second] = {a.buffer, act};
-          }
-          if (nd.kind == NodeKind::kChunk && ir::is_backward(nd.tags.pass)) {
-            // Recomputed chunks re-run F before their first backward task.
-            for (NodeId p : g.preds(id)) {
-              const Node& pn = g.node(p);
-              if (pn.kind == NodeKind::kChunk && pn.recompute && pn.tags.pass == ir::Pass::kF &&
-                  pn.tags.part == nd.tags.part && pn.tags.layer == nd.tags.layer) {
-                Instruction a;
-                a.op = OpKind::kAlloc;
-                a.buffer = next_buffer++;
-                a.bytes = pn.activation_bytes;
-                a.mem_delta = pn.activation_bytes;
-                a.label = "alloc act " + pn.name + " (recompute)";
-                st.instrs.push_back(a);
-                Instruction re;
-                re.op = OpKind::kCompute;
-                re.node = p;
-                re.label = pn.name + " (recompute)";
-                re.pass = ir::Pass::kF;
-                re.mb = pn.tags.mb;
-                cost(g, pn, re);
-                st.instrs.push_back(re);
-                auto it = last_backward.find(std::make_tuple(pn.tags.layer, pn.tags.part, pn.tags.mb));
-                if (it != last_backward.end()) free_after[it->second] = {a.buffer, pn.activation_bytes};
-              }
-            }
-          }
-          st.instrs.push_back(in);
-        }
+        st.instrs.push_back(in);
         if (auto it = free_after.find(id); it != free_after.end()) {
-          Instruction f;
-          f.op = OpKind::kFree;
-          f.buffer = it->second.first;
-          f.bytes = it->second.second;
-          f.mem_delta = -it->second.second;
-          f.label = "free act " + nd.name;
-          st.instrs.push_back(f);
-        }
-        if (auto it = param_free_after.find(id); it != param_free_after.end()) {
-          for (auto [buf, bytes] : it->second) {
-            Instruction f;
-            f.op = OpKind::kFree;
-            f.buffer = buf;
-            f.bytes = bytes;
-            f.mem_delta = -bytes;
-            f.label = "free params after " + nd.name + " (re-shard)";
+          for (const Buffer& b : it->second) {
+            Instruction f = buffer_op(OpKind::kFree, b);
+            f.label += b.what.rfind("params ", 0) == 0 ? " after " + nd.name + " (re-shard)"
+                       : b.what == "act " + nd.name    ? " (recompute)"
+                                                       : "";
             st.instrs.push_back(f);
           }
         }

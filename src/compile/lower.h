@@ -1,16 +1,23 @@
 // lower: distributed Graph -> Plan.
 //
-// 1. Every data edge between two pipeline ranks becomes a send (on the producer's rank, stream p2p_fwd or
-//    p2p_bwd by direction: one communicator per direction) and a recv (consumer's rank), not linked.
+// 1. Every data edge between two pipeline ranks becomes a send (producer's rank, stream p2p_to_<peer>) and a
+//    recv (consumer's rank, stream p2p_from_<peer>), not linked: one pair of streams per channel (ordered rank
+//    pair), as for the m2n exchanges of disaggregate (m2n_to_<peer> / m2n_from_<peer>). Pairs get small tags
+//    numbered in send-node id order.
 // 2. Each (rank, stream) gets a total order: compute streams follow the order rows (slot, filter, topological
 //    position; a rank without rows runs in topological order; updates last); every comm node sits right
 //    after the chunk that feeds it or, when it has none on the rank (recv, ZeRO-3 all-gather), right before
 //    the chunk it feeds.
+//    A receive stream then posts its receives in its sender's send order (FIFO per channel, as NCCL matches a
+//    rank pair's point-to-point calls), so a message may arrive early but a channel never deadlocks on its own
+//    order; only a schedule whose compute orders are inconsistent across ranks can, and verify_plan finds it.
 // 3. Cross-stream dependencies become record/wait event pairs; a same-stream dependency that the order
 //    contradicts is an error naming the rank, stream and instruction.
 // 4. Activations: alloc before a chunk's F, free after its last backward (recomputed chunks free right after F
 //    and re-run F before the backward). ZeRO-3: the gathered parameters are allocated before the all-gather
-//    and freed right after the chunk that used them, i.e. re-sharded between microbatches.
+//    and freed right after the chunk that used them, i.e. re-sharded between microbatches; the all-gather for
+//    a rank's k-th compute instruction waits for its (k-2)-th (a temporal edge added here: prefetch one
+//    chunk ahead, at most two gathered copies live). Buffers are numbered in node-id order.
 #pragma once
 
 #include "piper/base/status.h"

@@ -25,7 +25,7 @@ Result<PlanStats> verify_plan(const Plan& plan, int64_t capacity) {
   const int np = static_cast<int>(plan.templates.size());
   // Match point-to-point pairs by (sender rank, tag).
   std::unordered_map<int64_t, Loc> sends, recvs;
-  auto key = [](int rank, int64_t tag) { return tag * 1024 + rank; };
+  auto key = [np](int rank, int64_t tag) { return tag * np + rank; };
   PlanStats stats;
   stats.peak_bytes.assign(static_cast<size_t>(np), 0);
   for (int p = 0; p < np; ++p) {
@@ -114,9 +114,9 @@ Result<PlanStats> verify_plan(const Plan& plan, int64_t capacity) {
   if (remaining > 0) {
     std::string msg = "deadlock under blocking point-to-point semantics:";
     int shown = 0;
-    for (int p = 0; p < np && shown < 6; ++p) {
+    for (int p = 0; p < np && shown < 8; ++p) {
       const Program& prog = plan.templates[static_cast<size_t>(p)];
-      for (int s = 0; s < static_cast<int>(prog.streams.size()) && shown < 6; ++s) {
+      for (int s = 0; s < static_cast<int>(prog.streams.size()) && shown < 8; ++s) {
         size_t h = head[static_cast<size_t>(p)][static_cast<size_t>(s)];
         if (h >= prog.streams[static_cast<size_t>(s)].instrs.size()) continue;
         msg += " " + where(plan, p, s, h) + " is blocked;";

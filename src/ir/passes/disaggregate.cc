@@ -3,7 +3,11 @@
 //   FFN-side chunks (experts, shared, mlp, head) of layer l   -> stage 2l+1 on rank g + (l mod g)
 // (the placement the af-pipe schedule emits). Dispatch/combine all-to-alls are dissolved and every data edge
 // between the two sides becomes one unidirectional m2n exchange: an m2n node on the sending rank and one on
-// the receiving rank, deliberately not linked (like send/recv).
+// the receiving rank, deliberately not linked (like send/recv). As for pipeline send/recv, every channel (ordered
+// rank pair) gets its own streams: m2n_to_<peer> on the sender and m2n_from_<peer> on the receiver, so compute
+// never blocks on communication (DisagMoE runs compute, send and receive on separate streams) and an attention
+// worker that receives activations from one FFN worker and gradients from another waits on neither's order.
+// The lowering posts each channel's receives in its send order.
 #include "piper/ir/passes/passes.h"
 
 namespace piper::ir {
@@ -80,7 +84,7 @@ Status apply_disaggregate(Graph& g, const DisaggregateDirective& d) {
     s.name = name + ".send";
     s.pp_rank = a.pp_rank;
     s.peer_pp_rank = b.pp_rank;
-    s.stream = "m2n";
+    s.stream = "m2n_to_" + std::to_string(b.pp_rank);
     s.group = "a2f";
     s.algorithm = "direct";
     s.comm_bytes = ed.bytes * (ffn_side(b.tags.part) && b.tags.part == "experts" ? g.moe_top_k : 1);
@@ -91,6 +95,7 @@ Status apply_disaggregate(Graph& g, const DisaggregateDirective& d) {
     r.name = name + ".recv";
     r.pp_rank = b.pp_rank;
     r.peer_pp_rank = a.pp_rank;
+    r.stream = "m2n_from_" + std::to_string(a.pp_rank);
     r.m2n_sender = false;
     NodeId sid = g.add_node(std::move(s));
     NodeId rid = g.add_node(std::move(r));
