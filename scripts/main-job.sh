@@ -14,3 +14,6 @@ echo
 echo "== piper estimate: DeepSeek-V3 on 2048 H800s (pp=16, ep=64, dp=128, DualPipeV; docs/resource_model.md)"
 "$BIN" estimate --model deepseek-v3 --cluster h800 --nodes 256 \
   --strategy dp=128,pp=16,ep=64,zero=1,schedule=dualpipev,microbatches=120,recompute=full,a2a=halo
+echo
+echo "== piper plan: tiny-moe on this machine's 2 cores (docs/planner.md)"
+"$BIN" plan --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --seq 128 --top 3

@@ -1,0 +1,137 @@
+// piper plan: search the strategy space for the fastest plans that fit (src/plan/search.h).
+#include <cstdio>
+#include <string>
+#include <thread>
+
+#include "piper/base/json.h"
+#include "piper/base/strings.h"
+#include "piper/base/units.h"
+#include "piper/cli/command.h"
+#include "piper/plan/search.h"
+#include "piper/spec/cluster_loader.h"
+#include "piper/spec/model_loader.h"
+
+namespace piper::cli {
+namespace {
+
+struct PlanOptions {
+  std::string model;
+  std::string cluster;
+  int nodes = 1;
+  int64_t global_batch = 0;
+  int64_t seq_len = 4096;
+  int top_k = 5;
+  int threads = 0;
+  double memory_fraction = 0.95;
+  std::string schedules;
+  std::string calibration;
+  bool json = false;
+};
+
+void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+                 const plan::SearchResult& r) {
+  const auto& st = r.stats;
+  std::printf("model     %s, seq %lld, global batch %lld sequences\n", model.name.c_str(),
+              static_cast<long long>(train.seq_len), static_cast<long long>(train.global_batch));
+  std::printf("cluster   %s: %d nodes x %d = %d devices (%s each)\n", cluster.name.c_str(), cluster.num_nodes,
+              cluster.node.devices_per_node, cluster.world_size(),
+              format_bytes(static_cast<double>(cluster.device.memory_bytes)).c_str());
+  std::printf("search    %lld strategies considered, %lld rejected, %lld scored (closed form), %lld fit; %s on %d "
+              "threads; simulated: 0 (simulator re-scoring not wired in)\n",
+              static_cast<long long>(st.considered), static_cast<long long>(st.rejected_total()),
+              static_cast<long long>(st.scored), static_cast<long long>(st.fitting),
+              format_seconds(st.search_time_s).c_str(), st.threads);
+  std::printf("rejected by rule:\n");
+  for (int k = 0; k < plan::kNumRules; ++k) {
+    if (st.rejected[k] > 0) {
+      std::printf("  %-26s %lld\n", plan::to_string(static_cast<plan::Rule>(k)), static_cast<long long>(st.rejected[k]));
+    }
+  }
+  std::printf("\n %-3s %11s %7s %12s %11s  %s\n", "#", "step time", "MFU", "tokens/s", "peak mem", "strategy");
+  for (size_t i = 0; i < r.top.size(); ++i) {
+    const auto& p = r.top[i];
+    std::printf(" %-3zu %11s %6.1f%% %12s %11s  %s\n", i + 1, format_seconds(p.estimate.step_time_s).c_str(),
+                100 * p.estimate.mfu, format_count(p.estimate.tokens_per_s).c_str(),
+                format_bytes(p.peak_memory_bytes()).c_str(), p.strategy.to_string().c_str());
+  }
+  if (!r.top.empty()) {
+    std::printf("\nmemory per pipeline rank of #1:");
+    const auto& ranks = r.top[0].estimate.ranks;
+    for (size_t k = 0; k < ranks.size(); ++k) std::printf(" %s", format_bytes(ranks[k].total()).c_str());
+    std::printf("\n");
+  }
+}
+
+Status nothing_fits(const ClusterSpec& cluster, double memory_fraction, const plan::SearchResult& r) {
+  const std::string device = format_bytes(static_cast<double>(cluster.device.memory_bytes) * memory_fraction);
+  if (!r.has_smallest) {
+    return failed_precondition("plan: no valid strategy in the space (" + std::to_string(r.stats.rejected_total()) +
+                               " rejected by rule; see --json rejected_by_rule); check that --global-batch is a "
+                               "multiple of the data-parallel size and the model has enough layers and heads");
+  }
+  const auto& p = r.smallest;
+  return resource_exhausted("plan: no strategy fits in " + device + " per device (--memory-fraction of " +
+                            format_bytes(static_cast<double>(cluster.device.memory_bytes)) + "); the smallest needs " +
+                            format_bytes(p.peak_memory_bytes()) + " on pipeline rank " +
+                            std::to_string(p.estimate.worst_rank) + " (closest plan: " + p.strategy.to_string() +
+                            "); add nodes, use a cluster with more device memory, or lower --seq/--global-batch");
+}
+
+Status run_plan(const PlanOptions& o) {
+  PIPER_ASSIGN_OR_RETURN(ModelSpec model, load_model(o.model));
+  PIPER_ASSIGN_OR_RETURN(ClusterSpec cluster, load_cluster(o.cluster, o.nodes));
+  TrainSpec train;
+  train.global_batch = o.global_batch;
+  train.seq_len = o.seq_len;
+  plan::SearchOptions options;
+  options.top_k = o.top_k;
+  options.memory_fraction = o.memory_fraction;
+  options.threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  if (!o.schedules.empty()) options.space.schedules = split(o.schedules, ',');
+  if (!o.calibration.empty()) {
+    PIPER_ASSIGN_OR_RETURN(options.calibration, cost::Calibration::load(o.calibration));
+  }
+  PIPER_ASSIGN_OR_RETURN(plan::SearchResult r, plan::search(model, cluster, train, options));
+  if (o.json) {
+    Json plans = Json::array();
+    for (const auto& p : r.top) plans.push_back(p.to_json());
+    Json j = {{"model", model.name},        {"cluster", cluster.name}, {"nodes", cluster.num_nodes},
+              {"world_size", cluster.world_size()}, {"seq_len", train.seq_len},
+              {"global_batch", train.global_batch}, {"search", r.stats.to_json()},
+              {"simulated", 0},              {"plans", plans},          {"fits_nowhere", r.top.empty()}};
+    if (r.top.empty() && r.has_smallest) {
+      j["min_memory_bytes"] = r.smallest.peak_memory_bytes();
+      j["closest"] = r.smallest.to_json();
+    }
+    print_json(j.dump(2));
+  } else {
+    print_plans(model, cluster, train, r);
+  }
+  if (r.top.empty()) return nothing_fits(cluster, options.memory_fraction, r);
+  return ok_status();
+}
+
+PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the fastest plans that fit", [](CLI::App* sub) {
+  auto o = std::make_shared<PlanOptions>();
+  sub->add_option("--model", o->model, "model preset or config file")->required();
+  sub->add_option("--cluster", o->cluster, "cluster preset or file")->required();
+  sub->add_option("--nodes", o->nodes, "number of nodes")->required();
+  sub->add_option("--global-batch", o->global_batch, "sequences per optimizer step")->required();
+  sub->add_option("--seq", o->seq_len, "sequence length")->capture_default_str();
+  sub->add_option("--top", o->top_k, "how many plans to print")->capture_default_str();
+  sub->add_option("--threads", o->threads, "search threads (default: all cores)");
+  sub->add_option("--schedules", o->schedules, "comma-separated schedules to search (default: all but af-pipe)");
+  sub->add_option("--memory-fraction", o->memory_fraction, "fraction of device memory a plan may use")
+      ->capture_default_str();
+  sub->add_option("--calibration", o->calibration, "calibration JSON (src/cost/device_model.h)");
+  sub->add_flag("--json", o->json, "print one JSON object");
+  return std::function<Status()>([o] {
+    if (o->seq_len < 1) return invalid_argument("--seq=" + std::to_string(o->seq_len) + " must be >= 1");
+    if (o->global_batch < 1) return invalid_argument("--global-batch must be >= 1 sequence");
+    if (o->top_k < 1) return invalid_argument("--top=" + std::to_string(o->top_k) + " must be >= 1");
+    return run_plan(*o);
+  });
+});
+
+}  // namespace
+}  // namespace piper::cli

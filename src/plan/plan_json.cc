@@ -1,0 +1,30 @@
+// JSON forms of plans and search statistics (the `piper plan --json` output uses them).
+#include "piper/plan/search.h"
+
+namespace piper::plan {
+
+Json Plan::to_json() const {
+  Json ranks = Json::array();
+  for (const auto& r : estimate.ranks) ranks.push_back(r.total());
+  return Json{{"strategy", strategy.to_string()},
+              {"step_time_s", estimate.step_time_s},
+              {"mfu", estimate.mfu},
+              {"tokens_per_s", estimate.tokens_per_s},
+              {"peak_memory_bytes", peak_memory_bytes()},
+              {"device_memory_bytes", estimate.device_memory_bytes},
+              {"fits", estimate.fits},
+              {"memory_per_pp_rank_bytes", ranks},
+              {"estimate", estimate.to_json()}};
+}
+
+Json SearchStats::to_json() const {
+  Json rules = Json::object();
+  for (int k = 0; k < kNumRules; ++k) {
+    if (rejected[k] > 0) rules[to_string(static_cast<Rule>(k))] = rejected[k];
+  }
+  return Json{{"considered", considered},           {"scored", scored},   {"fitting", fitting},
+              {"rejected", rejected_total()},       {"rejected_by_rule", rules},
+              {"search_time_s", search_time_s},     {"threads", threads}};
+}
+
+}  // namespace piper::plan

@@ -1,0 +1,291 @@
+#include "piper/plan/search.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+namespace piper::plan {
+namespace {
+
+bool plan_before(double time_a, int64_t item_a, int64_t off_a, double time_b, int64_t item_b, int64_t off_b) {
+  if (time_a != time_b) return time_a < time_b;
+  if (item_a != item_b) return item_a < item_b;
+  return off_a < off_b;
+}
+
+bool plan_before(const Plan& a, const Plan& b) {
+  return plan_before(a.estimate.step_time_s, a.item, a.offset, b.estimate.step_time_s, b.item, b.offset);
+}
+
+// What one worker accumulates.
+struct Sink {
+  int top_k = 1;
+  double memory_limit_bytes = 0;
+  std::vector<Plan> top;  // sorted, at most top_k
+  bool has_smallest = false;
+  Plan smallest;
+  RuleCounts rejected{};
+  int64_t scored = 0;
+  int64_t fitting = 0;
+
+  void offer(const Strategy& s, const cost::Estimate& e, int64_t item, int64_t offset) {
+    const double mem = e.memory.total();
+    if (!has_smallest || mem < smallest.peak_memory_bytes() ||
+        (mem == smallest.peak_memory_bytes() && plan_before(0, item, offset, 0, smallest.item, smallest.offset))) {
+      smallest = Plan{s, e, item, offset};
+      has_smallest = true;
+    }
+    if (!fits(e)) {
+      ++rejected[static_cast<int>(Rule::kMemory)];
+      return;
+    }
+    ++fitting;
+    if (static_cast<int>(top.size()) == top_k &&
+        !plan_before(e.step_time_s, item, offset, top.back().estimate.step_time_s, top.back().item, top.back().offset)) {
+      return;
+    }
+    // A plan the model cannot tell apart from a listed one (same time and memory) is listed once, the earliest.
+    for (size_t i = 0; i < top.size(); ++i) {
+      if (same_score(top[i], e)) {
+        if (!plan_before(0, item, offset, 0, top[i].item, top[i].offset)) return;
+        top.erase(top.begin() + static_cast<std::ptrdiff_t>(i));
+        break;
+      }
+    }
+    Plan p{s, e, item, offset};
+    top.insert(std::upper_bound(top.begin(), top.end(), p, [](const Plan& a, const Plan& b) { return plan_before(a, b); }),
+               std::move(p));
+    if (static_cast<int>(top.size()) > top_k) top.pop_back();
+  }
+
+  bool fits(const cost::Estimate& e) const { return e.fits && e.memory.total() <= memory_limit_bytes; }
+  static bool same_score(const Plan& p, const cost::Estimate& e) {
+    return p.estimate.step_time_s == e.step_time_s && p.peak_memory_bytes() == e.memory.total();
+  }
+};
+
+struct Context {
+  const ModelSpec* model;
+  const ResolvedSpace* space;
+  const std::vector<cost::CostModel>* models;  // one per space.mbs entry (the cost model's micro batch size)
+  bool apply_rules;
+};
+
+int chunks_per_rank(const std::string& schedule, int vpp) {
+  return schedule == "interleaved" ? vpp : schedule == "dualpipev" ? 2 : 1;
+}
+
+// Scores every candidate of work item `index` into `sink`.
+void run_item(const Context& ctx, int64_t index, Sink* sink, Strategy* s, cost::Estimate* e) {
+  const ResolvedSpace& r = *ctx.space;
+  const SearchSpace& sp = r.space;
+  const ModelSpec& model = *ctx.model;
+  const auto& item = r.items[static_cast<size_t>(index)];
+  const int dp = r.world / (item.tp * item.pp);
+  auto reject = [&](Rule rule, int64_t n) { sink->rejected[static_cast<int>(rule)] += n; };
+  if (ctx.apply_rules) {
+    const bool kv_bad = model.attention == AttentionType::kStandard && model.num_kv_heads > 0 &&
+                        model.num_kv_heads % item.tp != 0;
+    if (model.num_heads % item.tp != 0 || kv_bad) return reject(Rule::kTpDividesHeads, r.item_size(item));
+    if (dp % item.ep != 0) return reject(Rule::kEpDividesDp, r.item_size(item));
+  }
+  const int64_t n_a2a = static_cast<int64_t>(sp.a2a.size()), n_order = static_cast<int64_t>(sp.orders.size());
+  const int64_t block_rc = n_a2a * n_order;
+  const int64_t block_zero = block_rc * static_cast<int64_t>(sp.recompute.size());
+  const int64_t block_sched = block_zero * static_cast<int64_t>(sp.zero.size());
+  const int64_t block_mbs = block_sched * static_cast<int64_t>(r.schedules.size());
+  const int64_t block_sp = block_mbs * static_cast<int64_t>(sp.mbs.size());
+  const int64_t block_etp = block_sp * static_cast<int64_t>(r.sp.size());
+  // Mesh orders that only differ in where size-1 axes sit are one strategy: keep the first of each.
+  std::vector<char> order_dup(sp.orders.size(), 0);
+  {
+    auto axis_size = [&](const std::string& a) {
+      return a == "tp" ? item.tp : a == "ep" ? item.ep : a == "dp" ? dp / std::max(1, item.ep) : item.pp;
+    };
+    std::vector<std::vector<std::string>> reduced(sp.orders.size());
+    for (size_t o = 0; o < sp.orders.size(); ++o) {
+      for (const auto& a : sp.orders[o]) {
+        if (axis_size(a) > 1) reduced[o].push_back(a);
+      }
+      for (size_t q = 0; q < o && !order_dup[o]; ++q) order_dup[o] = reduced[q] == reduced[o];
+    }
+  }
+  s->tp = item.tp;
+  s->pp = item.pp;
+  s->dp = dp;
+  s->ep = item.ep;
+  const int n_etp = static_cast<int>(r.etp_count(item.tp));
+  for (int ie = 0; ie < n_etp; ++ie) {
+    s->etp = ie == 0 ? 1 : item.tp;
+    for (size_t isp = 0; isp < r.sp.size(); ++isp) {
+      const int64_t base_sp = ie * block_etp + static_cast<int64_t>(isp) * block_sp;
+      s->sp = r.sp[isp] != 0;
+      if (ctx.apply_rules) {
+        if (s->sp && item.tp == 1) {
+          reject(Rule::kSpNeedsTp, block_sp);
+          continue;
+        }
+        if (!s->sp && item.tp > 1 && model.is_moe()) {
+          reject(Rule::kMoeTpNeedsSp, block_sp);
+          continue;
+        }
+      }
+      for (size_t im = 0; im < sp.mbs.size(); ++im) {
+        const int64_t base_mbs = base_sp + static_cast<int64_t>(im) * block_mbs;
+        const int mbs = sp.mbs[im];
+        const int64_t per_mb = static_cast<int64_t>(dp) * mbs;
+        if (ctx.apply_rules && r.global_batch % per_mb != 0) {
+          reject(Rule::kBatchDivisibility, block_mbs);
+          continue;
+        }
+        const int64_t m = std::max<int64_t>(1, r.global_batch / per_mb);
+        s->mbs = mbs;
+        s->microbatches = static_cast<int>(std::min<int64_t>(m, 1 << 30));
+        const cost::CostModel& cm = (*ctx.models)[im];
+        for (size_t ih = 0; ih < r.schedules.size(); ++ih) {
+          const int64_t base_sched = base_mbs + static_cast<int64_t>(ih) * block_sched;
+          const auto& choice = r.schedules[ih];
+          if (ctx.apply_rules) {
+            Rule broken = Rule::kInvalid;
+            const int stages = item.pp * chunks_per_rank(choice.schedule, choice.vpp);
+            const bool needs_pp = choice.schedule == "1f1b" || choice.schedule == "interleaved" ||
+                                  choice.schedule == "zb-h1";
+            if (stages > model.num_layers) broken = Rule::kStagesExceedLayers;
+            else if (needs_pp && m < item.pp) broken = Rule::kMicrobatchesLtPp;
+            else if (choice.schedule == "dualpipev" && m < 2 * item.pp) broken = Rule::kDualPipeVMicrobatches;
+            else if (choice.schedule == "interleaved" && m % item.pp != 0) broken = Rule::kInterleavedMicrobatches;
+            if (broken != Rule::kInvalid) {
+              reject(broken, block_sched);
+              continue;
+            }
+          }
+          s->schedule = choice.schedule;
+          s->vpp = choice.vpp;
+          for (size_t iz = 0; iz < sp.zero.size(); ++iz) {
+            s->zero = sp.zero[iz];
+            for (size_t ir = 0; ir < sp.recompute.size(); ++ir) {
+              const int64_t base_rc = base_sched + static_cast<int64_t>(iz) * block_zero +
+                                      static_cast<int64_t>(ir) * block_rc;
+              s->recompute = sp.recompute[ir];
+              bool memory_known = false, memory_fits = true;
+              for (int64_t ia = 0; ia < n_a2a; ++ia) {
+                s->a2a = sp.a2a[static_cast<size_t>(ia)];
+                for (int64_t io = 0; io < n_order; ++io) {
+                  const int64_t offset = base_rc + ia * n_order + io;
+                  if (ctx.apply_rules) {
+                    if (item.ep == 1 && ia > 0) {  // the a2a algorithm is unused without expert parallelism
+                      reject(Rule::kDuplicateA2a, 1);
+                      continue;
+                    }
+                    if (order_dup[static_cast<size_t>(io)]) {
+                      reject(Rule::kDuplicateOrder, 1);
+                      continue;
+                    }
+                    if (memory_known && !memory_fits) {  // memory does not depend on a2a or order
+                      reject(Rule::kMemory, 1);
+                      continue;
+                    }
+                  }
+                  s->order = sp.orders[static_cast<size_t>(io)];
+                  Status st = cm.estimate(*s, e);
+                  if (!st.ok()) {
+                    reject(Rule::kInvalid, 1);
+                    continue;
+                  }
+                  ++sink->scored;
+                  memory_known = true;
+                  memory_fits = sink->fits(*e);
+                  sink->offer(*s, *e, index, offset);
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+Result<SearchResult> run_search(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+                                const SearchOptions& options, bool apply_rules, int threads) {
+  const auto start = std::chrono::steady_clock::now();
+  if (options.top_k < 1) return invalid_argument("plan: top_k=" + std::to_string(options.top_k) + " must be >= 1");
+  if (!(options.memory_fraction > 0 && options.memory_fraction <= 1)) {
+    return invalid_argument("plan: memory_fraction=" + std::to_string(options.memory_fraction) +
+                            " must be in (0, 1]; e.g. 0.95 keeps 5 % of device memory free");
+  }
+  if (threads < 1) return invalid_argument("plan: threads=" + std::to_string(threads) + " must be >= 1");
+  PIPER_RETURN_IF_ERROR(train.validate());
+  PIPER_ASSIGN_OR_RETURN(ResolvedSpace space, resolve_space(options.space, model, cluster, train.global_batch));
+  std::vector<cost::CostModel> models;
+  for (int mbs : space.space.mbs) {
+    TrainSpec t = train;
+    t.micro_batch_size = mbs;
+    PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, t, options.calibration));
+    models.push_back(std::move(cm));
+  }
+  Context ctx{&model, &space, &models, apply_rules};
+  std::vector<Sink> sinks(static_cast<size_t>(threads));
+  std::atomic<int64_t> next{0};
+  const int64_t n_items = static_cast<int64_t>(space.items.size());
+  auto worker = [&](Sink* sink) {
+    sink->top_k = options.top_k;
+    sink->memory_limit_bytes = options.memory_fraction * static_cast<double>(cluster.device.memory_bytes);
+    Strategy s;
+    cost::Estimate e;
+    for (int64_t i = next.fetch_add(1); i < n_items; i = next.fetch_add(1)) run_item(ctx, i, sink, &s, &e);
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < threads; ++t) pool.emplace_back(worker, &sinks[static_cast<size_t>(t)]);
+  worker(&sinks[0]);
+  for (auto& th : pool) th.join();
+
+  SearchResult out;
+  out.stats.considered = space.total();
+  out.stats.threads = threads;
+  for (auto& sink : sinks) {
+    out.stats.scored += sink.scored;
+    out.stats.fitting += sink.fitting;
+    for (int k = 0; k < kNumRules; ++k) out.stats.rejected[k] += sink.rejected[k];
+    for (auto& p : sink.top) out.top.push_back(std::move(p));
+    if (sink.has_smallest &&
+        (!out.has_smallest || sink.smallest.peak_memory_bytes() < out.smallest.peak_memory_bytes() ||
+         (sink.smallest.peak_memory_bytes() == out.smallest.peak_memory_bytes() &&
+          plan_before(0, sink.smallest.item, sink.smallest.offset, 0, out.smallest.item, out.smallest.offset)))) {
+      out.smallest = sink.smallest;
+      out.has_smallest = true;
+    }
+  }
+  std::sort(out.top.begin(), out.top.end(), [](const Plan& a, const Plan& b) { return plan_before(a, b); });
+  std::vector<Plan> distinct;
+  for (auto& p : out.top) {
+    bool seen = false;
+    for (const auto& q : distinct) seen = seen || Sink::same_score(q, p.estimate);
+    if (!seen) distinct.push_back(std::move(p));
+  }
+  out.top = std::move(distinct);
+  if (static_cast<int>(out.top.size()) > options.top_k) out.top.resize(static_cast<size_t>(options.top_k));
+  out.stats.search_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+}  // namespace
+
+int64_t SearchStats::rejected_total() const {
+  int64_t n = 0;
+  for (int64_t r : rejected) n += r;
+  return n;
+}
+
+Result<SearchResult> search(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+                            const SearchOptions& options) {
+  return run_search(model, cluster, train, options, /*apply_rules=*/true, options.threads);
+}
+
+Result<SearchResult> brute_force(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+                                 const SearchOptions& options) {
+  return run_search(model, cluster, train, options, /*apply_rules=*/false, 1);
+}
+
+}  // namespace piper::plan

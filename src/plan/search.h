@@ -1,0 +1,76 @@
+// plan::search: the fastest strategies for a model, cluster and training setup, by the closed-form estimate.
+//
+// Enumerates the space of space.h, rejects candidates by rule (counted per rule), skips the variants of a
+// candidate that only differ in a2a algorithm or mesh order once the memory model says it does not fit (memory
+// is independent of both), and scores the rest with cost::CostModel::estimate. The (tp, pp, ep) work items are
+// shared by `threads` worker threads through an atomic counter; each keeps its own top-K and counters, merged at
+// the end by (step time, enumeration index), so the result does not depend on the number of threads or on
+// timing. Only candidates that fit in device memory are returned as plans.
+//
+// brute_force() is the test oracle: one thread, no rules, no memory shortcut: every candidate goes through
+// Strategy::validate_for and estimate(). Both functions return the same best plan (tests/plan/search_test.cc).
+// Thread-safety: both are pure functions of their arguments.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "piper/base/json.h"
+#include "piper/base/status.h"
+#include "piper/cost/estimate.h"
+#include "piper/plan/space.h"
+#include "piper/spec/cluster_spec.h"
+#include "piper/spec/model_spec.h"
+#include "piper/spec/train_spec.h"
+#include "piper/strategy/strategy.h"
+
+namespace piper::plan {
+
+struct Plan {
+  Strategy strategy;
+  cost::Estimate estimate;
+  int64_t item = 0;    // enumeration index: work item, then offset inside it (ties break on it)
+  int64_t offset = 0;
+  double peak_memory_bytes() const { return estimate.memory.total(); }
+  Json to_json() const;
+};
+
+struct SearchOptions {
+  SearchSpace space;
+  int top_k = 5;
+  int threads = 2;
+  // A plan fits when its largest rank needs at most this fraction of device memory: the rest is headroom for
+  // allocator fragmentation the model does not see (PyTorch's caching allocator typically loses 5-10 %).
+  double memory_fraction = 0.95;
+  cost::Calibration calibration;
+};
+
+struct SearchStats {
+  int64_t considered = 0;  // candidates in the space
+  int64_t scored = 0;      // closed-form estimates computed
+  int64_t fitting = 0;     // candidates that are valid, distinct and fit in memory
+  RuleCounts rejected{};   // by rule; considered == sum(rejected) + fitting
+  double search_time_s = 0;
+  int threads = 1;
+  int64_t rejected_total() const;
+  Json to_json() const;
+};
+
+struct SearchResult {
+  // Best first: shortest step time, ties in enumeration order. Plans with exactly the same step time and peak
+  // memory as a better-ranked one (e.g. mesh orders the model cannot tell apart) are listed once.
+  std::vector<Plan> top;
+  bool has_smallest = false;
+  Plan smallest;             // the scored candidate needing the least memory: the closest plan when none fits
+  SearchStats stats;
+};
+
+// `train` gives sequence length, dtypes and the global batch (must be >= 1); its micro_batch_size is ignored
+// (mbs is searched). Errors: bad inputs (model, cluster, train, space), never "nothing fits": an empty `top`
+// with `smallest` set says that, and by how much.
+Result<SearchResult> search(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+                            const SearchOptions& options);
+Result<SearchResult> brute_force(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+                                 const SearchOptions& options);
+
+}  // namespace piper::plan

@@ -1,0 +1,83 @@
+// End-to-end: the piper binary's `plan` command, and its strategies fed back to `estimate`.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include "piper/base/json.h"
+
+namespace {
+
+std::string run(const std::string& args, int* rc, bool with_stderr = true) {
+  std::string cmd = std::string(PIPER_BIN_PATH) + " " + args + (with_stderr ? " 2>&1" : " 2>/dev/null");
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), f)) out.append(buf.data(), n);
+  *rc = pclose(f);
+  return out;
+}
+
+TEST(CliPlanTest, JsonPlansRoundTripThroughEstimate) {
+  int rc = 0;
+  std::string out = run("plan --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --seq 128 --top 3 --json", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = piper::Json::parse(out);
+  ASSERT_EQ(j["plans"].size(), 3u);
+  EXPECT_FALSE(j["fits_nowhere"].get<bool>());
+  const auto& search = j["search"];
+  EXPECT_GT(search["considered"].get<int64_t>(), search["scored"].get<int64_t>());
+  EXPECT_EQ(search["considered"].get<int64_t>(),
+            search["rejected"].get<int64_t>() + search["fitting"].get<int64_t>());
+  EXPECT_TRUE(search["rejected_by_rule"].contains("ep_divides_dp"));
+  for (const auto& p : j["plans"]) {
+    const std::string s = p["strategy"].get<std::string>();
+    std::string est = run("estimate --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --seq 128 --json "
+                          "--strategy " + s, &rc);
+    ASSERT_EQ(rc, 0) << s << "\n" << est;
+    auto e = piper::Json::parse(est);
+    EXPECT_DOUBLE_EQ(e["step_time_s"].get<double>(), p["step_time_s"].get<double>()) << s;
+    EXPECT_DOUBLE_EQ(e["memory"]["total"].get<double>(), p["peak_memory_bytes"].get<double>()) << s;
+  }
+}
+
+TEST(CliPlanTest, TextTableListsPlansAndRules) {
+  int rc = 0;
+  std::string out = run("plan --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --seq 128 --top 2", &rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("strategies considered"), std::string::npos) << out;
+  EXPECT_NE(out.find("rejected by rule"), std::string::npos) << out;
+  EXPECT_NE(out.find(" 1 "), std::string::npos) << out;
+  EXPECT_NE(out.find("schedule="), std::string::npos) << out;
+}
+
+TEST(CliPlanTest, FitsNowhereNamesTheMinimumMemoryAndClosestPlan) {
+  int rc = 0;
+  std::string out = run("plan --model deepseek-v3 --cluster h800 --nodes 1 --global-batch 64 --seq 4096", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("no strategy fits"), std::string::npos) << out;
+  EXPECT_NE(out.find("the smallest needs"), std::string::npos) << out;
+  EXPECT_NE(out.find("closest plan: dp="), std::string::npos) << out;
+  std::string js = run("plan --model deepseek-v3 --cluster h800 --nodes 1 --global-batch 64 --json", &rc, false);
+  EXPECT_NE(rc, 0);
+  auto j = piper::Json::parse(js);
+  EXPECT_TRUE(j["fits_nowhere"].get<bool>());
+  EXPECT_GT(j["min_memory_bytes"].get<double>(), 80.0 * (1 << 30));
+  EXPECT_TRUE(j["closest"]["strategy"].is_string());
+}
+
+TEST(CliPlanTest, BadInputsExitNonZeroWithAHint) {
+  int rc = 0;
+  std::string out = run("plan --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 0", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--global-batch"), std::string::npos) << out;
+  out = run("plan --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --schedules 1f1b,bogus", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("bogus"), std::string::npos) << out;
+  out = run("plan --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --memory-fraction 1.5", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("memory_fraction"), std::string::npos) << out;
+}
+
+}  // namespace

@@ -1,0 +1,212 @@
+// plan::search against the brute-force oracle, hand-counted rules, and properties of every returned plan.
+#include "piper/plan/search.h"
+
+#include <gtest/gtest.h>
+
+#include "piper/base/check.h"
+#include "piper/spec/cluster_loader.h"
+#include "piper/spec/model_loader.h"
+
+namespace piper::plan {
+namespace {
+
+struct Case {
+  ModelSpec model;
+  ClusterSpec cluster;
+  TrainSpec train;
+};
+
+Case make_case(const std::string& model, const std::string& cluster, int nodes, int64_t batch, int64_t seq) {
+  auto m = load_model(model);
+  auto c = load_cluster(cluster, nodes);
+  PIPER_CHECK(m.ok() && c.ok(), "test presets must load");
+  TrainSpec t;
+  t.global_batch = batch;
+  t.seq_len = seq;
+  return {*m, *c, t};
+}
+
+void expect_same_plans(const SearchResult& a, const SearchResult& b) {
+  ASSERT_EQ(a.top.size(), b.top.size());
+  for (size_t i = 0; i < a.top.size(); ++i) {
+    EXPECT_EQ(a.top[i].strategy.to_string(), b.top[i].strategy.to_string()) << "plan " << i;
+    EXPECT_EQ(a.top[i].estimate.step_time_s, b.top[i].estimate.step_time_s) << "plan " << i;
+  }
+}
+
+void expect_matches_brute_force(const Case& c, const SearchOptions& o) {
+  auto fast = search(c.model, c.cluster, c.train, o);
+  auto slow = brute_force(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(fast.ok()) << fast.status().message();
+  ASSERT_TRUE(slow.ok()) << slow.status().message();
+  ASSERT_FALSE(fast->top.empty());
+  expect_same_plans(*fast, *slow);
+  EXPECT_EQ(fast->stats.considered, slow->stats.considered);
+  EXPECT_EQ(fast->stats.rejected[static_cast<int>(Rule::kInvalid)], 0) << "a validate_for rule is not mirrored";
+  EXPECT_EQ(fast->stats.considered, fast->stats.rejected_total() + fast->stats.fitting);
+  EXPECT_LT(fast->stats.scored, slow->stats.scored);
+  // Brute force scores duplicates too, so it finds at least as many fitting candidates.
+  EXPECT_GE(slow->stats.fitting, fast->stats.fitting);
+}
+
+TEST(SearchTest, TinyMoeOnTwoCoresMatchesBruteForce) {
+  SearchOptions o;
+  o.top_k = 8;
+  expect_matches_brute_force(make_case("tiny-moe", "local-cpu", 1, 8, 128), o);
+}
+
+TEST(SearchTest, TinyMoeOnTwoH800NodesMatchesBruteForce) {
+  SearchOptions o;
+  o.top_k = 6;
+  o.space.mbs = {1, 2};
+  expect_matches_brute_force(make_case("tiny-moe", "h800", 2, 32, 128), o);
+}
+
+TEST(SearchTest, DenseModelMatchesBruteForce) {
+  SearchOptions o;
+  o.top_k = 5;
+  o.space.zero = {0, 1, 3};
+  expect_matches_brute_force(make_case("gpt-1.7b", "dgx-a100", 2, 64, 2048), o);
+}
+
+TEST(SearchTest, DeepSeekV2LiteOnFourNodesMatchesBruteForce) {
+  SearchOptions o;
+  o.top_k = 5;
+  o.space.mbs = {1, 2};
+  o.space.zero = {1, 3};
+  o.space.recompute = {Recompute::kNone, Recompute::kFull};
+  o.space.orders = {{"tp", "ep", "dp", "pp"}, {"tp", "dp", "ep", "pp"}, {"tp", "pp", "ep", "dp"}};
+  expect_matches_brute_force(make_case("deepseek-v2-lite", "h800", 4, 64, 4096), o);
+}
+
+// World 2 (one node of two cores): every count below is worked out by hand in the comments.
+TEST(SearchTest, RuleCountsByHand) {
+  Case c = make_case("tiny-moe", "local-cpu", 1, 8, 128);
+  SearchOptions o;
+  o.space.mbs = {1};
+  o.space.schedules = {"1f1b"};
+  o.space.zero = {0};
+  o.space.recompute = {Recompute::kNone};
+  auto r = search(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  auto count = [&](Rule rule) { return r->stats.rejected[static_cast<int>(rule)]; };
+  // Items (tp, pp) in {(1,1), (1,2), (2,1)} x ep in {1,2,4,8}; a block is sp(2) x a2a(2) x order(6) = 24
+  // candidates, twice that for tp=2 (etp in {1,2}): 8 * 24 + 4 * 48 = 384.
+  EXPECT_EQ(r->stats.considered, 384);
+  // ep must divide dp: dp=2 rejects ep 4,8 (2 * 24); dp=1 rejects ep 2,4,8 (3 * 24 + 3 * 48).
+  EXPECT_EQ(count(Rule::kEpDividesDp), 48 + 72 + 144);
+  EXPECT_EQ(count(Rule::kSpNeedsTp), 3 * 12);    // three tp=1 items with sp=1, 12 each
+  EXPECT_EQ(count(Rule::kMoeTpNeedsSp), 2 * 12);  // tp=2, sp=0, for both etp
+  // Five (item, etp) blocks remain; the four with ep=1 drop halo (6 each).
+  EXPECT_EQ(count(Rule::kDuplicateA2a), 4 * 6);
+  // Each block has one non-trivial axis, so 5 of its 6 orders are duplicates (ep=2 keeps both a2a: 10).
+  EXPECT_EQ(count(Rule::kDuplicateOrder), 5 + 10 + 5 + 10);
+  EXPECT_EQ(r->stats.scored, 6);
+  EXPECT_EQ(r->stats.fitting, 6);
+  EXPECT_EQ(r->stats.rejected_total(), 378);
+}
+
+TEST(SearchTest, ResultDoesNotDependOnThreadCount) {
+  Case c = make_case("deepseek-v2-lite", "h800", 4, 64, 4096);
+  SearchOptions o;
+  o.top_k = 10;
+  o.threads = 1;
+  auto one = search(c.model, c.cluster, c.train, o);
+  o.threads = 2;
+  auto two = search(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(one.ok() && two.ok());
+  expect_same_plans(*one, *two);
+  EXPECT_EQ(one->stats.rejected, two->stats.rejected);
+  EXPECT_EQ(one->stats.scored, two->stats.scored);
+  EXPECT_EQ(two->stats.threads, 2);
+}
+
+TEST(SearchTest, EveryPlanValidatesFitsAndRoundTrips) {
+  Case c = make_case("qwen3-30b-a3b", "h800", 2, 128, 4096);
+  SearchOptions o;
+  o.top_k = 10;
+  auto r = search(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->top.size(), 10u);
+  for (size_t i = 0; i < r->top.size(); ++i) {
+    const Plan& p = r->top[i];
+    if (i > 0) {
+      EXPECT_LE(r->top[i - 1].estimate.step_time_s, p.estimate.step_time_s);
+    }
+    auto parsed = Strategy::parse(p.strategy.to_string());
+    ASSERT_TRUE(parsed.ok()) << parsed.status().message();
+    EXPECT_EQ(*parsed, p.strategy);
+    TrainSpec t = c.train;
+    t.micro_batch_size = p.strategy.mbs;
+    Status v = parsed->validate_for(c.model, t, c.cluster.world_size());
+    EXPECT_TRUE(v.ok()) << v.message();
+    auto cm = cost::CostModel::create(c.model, c.cluster, t);
+    ASSERT_TRUE(cm.ok());
+    auto e = cm->estimate(*parsed);
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ(e->step_time_s, p.estimate.step_time_s);
+    EXPECT_TRUE(e->fits);
+    EXPECT_LE(e->memory.total(), o.memory_fraction * static_cast<double>(c.cluster.device.memory_bytes));
+  }
+}
+
+TEST(SearchTest, FitsNowhereReportsTheSmallestCandidate) {
+  Case c = make_case("deepseek-v3", "h800", 1, 64, 4096);
+  SearchOptions o;
+  auto r = search(c.model, c.cluster, c.train, o);
+  auto b = brute_force(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(r.ok() && b.ok());
+  EXPECT_TRUE(r->top.empty());
+  ASSERT_TRUE(r->has_smallest);
+  EXPECT_GT(r->smallest.peak_memory_bytes(), static_cast<double>(c.cluster.device.memory_bytes));
+  EXPECT_EQ(r->stats.fitting, 0);
+  EXPECT_EQ(r->stats.rejected_total(), r->stats.considered);
+  EXPECT_GT(r->stats.rejected[static_cast<int>(Rule::kMemory)], 0);
+  // The memory shortcut must not hide a smaller candidate.
+  ASSERT_TRUE(b->has_smallest);
+  EXPECT_EQ(r->smallest.peak_memory_bytes(), b->smallest.peak_memory_bytes());
+  EXPECT_EQ(r->smallest.strategy.to_string(), b->smallest.strategy.to_string());
+}
+
+TEST(SearchTest, MemoryFractionTightensFit) {
+  Case c = make_case("tiny-moe", "local-cpu", 1, 8, 128);
+  SearchOptions o;
+  auto loose = search(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(loose.ok() && !loose->top.empty());
+  // Just below the best plan's own memory: that plan (and any needing as much) must drop out.
+  o.memory_fraction = 0.999 * loose->top[0].peak_memory_bytes() / static_cast<double>(c.cluster.device.memory_bytes);
+  auto tight = search(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(tight.ok());
+  for (const auto& p : tight->top) EXPECT_LT(p.peak_memory_bytes(), loose->top[0].peak_memory_bytes());
+  EXPECT_LT(tight->stats.fitting, loose->stats.fitting);
+}
+
+TEST(SearchTest, BadInputsAreErrors) {
+  Case c = make_case("tiny-moe", "local-cpu", 1, 8, 128);
+  SearchOptions o;
+  TrainSpec no_batch = c.train;
+  no_batch.global_batch = 0;
+  auto r = search(c.model, c.cluster, no_batch, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("global_batch"), std::string::npos) << r.status().message();
+  SearchOptions bad = o;
+  bad.memory_fraction = 0;
+  EXPECT_FALSE(search(c.model, c.cluster, c.train, bad).ok());
+  bad = o;
+  bad.space.mbs = {};
+  EXPECT_FALSE(search(c.model, c.cluster, c.train, bad).ok());
+  bad = o;
+  bad.space.schedules = {"af-pipe"};
+  r = search(c.model, c.cluster, c.train, bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("--disaggregate"), std::string::npos);
+  bad = o;
+  bad.space.orders = {{"tp", "ep", "dp"}};
+  EXPECT_FALSE(search(c.model, c.cluster, c.train, bad).ok());
+  bad = o;
+  bad.top_k = 0;
+  EXPECT_FALSE(search(c.model, c.cluster, c.train, bad).ok());
+}
+
+}  // namespace
+}  // namespace piper::plan
