@@ -23,7 +23,9 @@ Json Plan::to_json() const {
           if (!in.group.empty()) j["group"] = in.group;
           if (!in.algorithm.empty()) j["algorithm"] = in.algorithm;
         }
+        if (in.node != ir::kNoNode) j["node"] = in.node;
         if (in.peer >= 0) j["peer"] = in.peer;
+        if (in.tag >= 0) j["tag"] = in.tag;
         if (in.event >= 0) j["event"] = in.event;
         if (in.buffer >= 0) j["buffer"] = in.buffer;
         if (in.flops) j["flops"] = in.flops;
@@ -36,9 +38,12 @@ Json Plan::to_json() const {
     }
     programs.push_back(Json{{"pp_rank", p.pp_rank}, {"static_bytes", p.static_bytes}, {"streams", streams}});
   }
+  Json coord_list = Json::array();
+  for (const RankCoord& c : coords) coord_list.push_back(Json::array({c.pp, c.dp, c.ep, c.tp}));
   return Json{{"world_size", world_size},
               {"mesh", Json{{"pp", mesh.pp}, {"vpp", mesh.vpp}, {"dp", mesh.dp}, {"ep", mesh.ep}, {"tp", mesh.tp}}},
               {"rank_template", rank_template},
+              {"coords", coord_list},  // [pp, dp, ep, tp] per global rank
               {"programs", programs}};
 }
 

@@ -66,7 +66,7 @@ struct Plan {
   std::vector<int> rank_template;  // global rank -> index into templates
   std::vector<RankCoord> coords;   // global rank -> mesh coordinates
   const Program& program(int rank) const { return templates[static_cast<size_t>(rank_template[static_cast<size_t>(rank)])]; }
-  Json to_json() const;  // full dump (used to compare plans)
+  Json to_json() const;  // full dump of every field (used to compare plans)
 };
 
 // Called once per lowered node instruction to fill or overwrite its cost annotations.

@@ -69,6 +69,13 @@ class ScheduleBuilder {
   std::vector<std::vector<std::vector<ir::TagFilter>>> rows_;
 };
 
+// The 1F1B skeleton that 1f1b and zb-h1 share, for pipeline rank `rank` holding stage `rank`: min(p-1-rank, m)
+// warm-up forwards, then one forward and one backward step alternating until all m forwards are issued, then
+// the remaining backward steps. `backward_step(k)` appends the backward step of microbatch k (k = 0, 1, ...,
+// m-1, in order) to the rank's row: a fused BW for 1f1b, a B plus any due W for zb-h1.
+void add_one_f_one_b_row(ScheduleBuilder& b, const ScheduleParams& p, int rank,
+                         const std::function<void(int)>& backward_step);
+
 // Contiguous, balanced partition of `num_layers` layers into `num_stages` stages (earlier stages take the
 // remainder): `place` directives {layer range} -> stage. Errors when num_layers < num_stages.
 Result<std::vector<ir::Directive>> partition_directives(int num_layers, int num_stages);
