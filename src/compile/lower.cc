@@ -182,13 +182,16 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
       before[static_cast<size_t>(id)] = std::min(before[static_cast<size_t>(id)], b);
     }
   }
-  auto key_of = [&](NodeId id) -> Key {
+  auto compute_key = [&](NodeId id) -> Key {
     auto i = static_cast<size_t>(id);
     if (anchor[i] >= 0) return {anchor[i], 1, topo_pos[i]};
     if (after[i] >= 0) return {after[i], 2, topo_pos[i]};
     if (before[i] != INT64_MAX) return {before[i], 0, topo_pos[i]};
     return {INT64_MAX, 0, topo_pos[i]};
   };
+  std::vector<Key> keys(n);
+  for (size_t i = 0; i < n; ++i) keys[i] = compute_key(static_cast<NodeId>(i));
+  auto key_of = [&](NodeId id) -> const Key& { return keys[static_cast<size_t>(id)]; };
 
   // Streams per rank.
   Plan plan;
@@ -331,6 +334,7 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
     for (auto& [name, nodes] : rank_streams) {
       Stream st;
       st.name = name;
+      st.instrs.reserve(2 * nodes.size());
       for (NodeId id : nodes) {
         const Node& nd = g.node(id);
         for (NodeId p : g.preds(id)) {

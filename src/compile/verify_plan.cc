@@ -14,8 +14,13 @@ struct Loc {
 
 std::string where(const Plan& plan, int p, int s, size_t pos) {
   const Stream& st = plan.templates[static_cast<size_t>(p)].streams[static_cast<size_t>(s)];
-  return "rank " + std::to_string(p) + " stream '" + st.name + "' instruction " + std::to_string(pos) + " (" +
-         (pos < st.instrs.size() ? std::string(to_string(st.instrs[pos].op)) + " " + st.instrs[pos].label : "end") +
+  std::string what = "end";
+  if (pos < st.instrs.size()) {
+    const std::string op = to_string(st.instrs[pos].op);
+    const std::string& label = st.instrs[pos].label;
+    what = label.rfind(op + " ", 0) == 0 ? label : op + " " + label;  // labels such as "wait X" name their op
+  }
+  return "rank " + std::to_string(p) + " stream '" + st.name + "' instruction " + std::to_string(pos) + " (" + what +
          ")";
 }
 

@@ -68,6 +68,28 @@ std::vector<NodeId> Graph::select(const TagFilter& filter) const {
   return out;
 }
 
+bool Graph::is_acyclic() const {
+  std::vector<int> indeg(nodes_.size(), 0);
+  for (const Edge& e : edges_) {
+    if (e.alive) ++indeg[static_cast<size_t>(e.dst)];
+  }
+  std::vector<NodeId> stack;
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    if (indeg[i] == 0) stack.push_back(static_cast<NodeId>(i));
+  }
+  size_t visited = 0;
+  while (!stack.empty()) {
+    NodeId n = stack.back();
+    stack.pop_back();
+    ++visited;
+    for (int e : out_edges(n)) {
+      const Edge& ed = edge(e);
+      if (ed.alive && --indeg[static_cast<size_t>(ed.dst)] == 0) stack.push_back(ed.dst);
+    }
+  }
+  return visited == nodes_.size();
+}
+
 Result<std::vector<NodeId>> Graph::topo_order() const {
   std::vector<int> indeg(nodes_.size(), 0);
   for (const Edge& e : edges_) {

@@ -107,6 +107,8 @@ class Graph {
   // A topological order over alive edges (Kahn, smallest id first, so it is deterministic). On a cycle the
   // error names up to three nodes on it.
   Result<std::vector<NodeId>> topo_order() const;
+  // True when the alive edges form no cycle; cheaper than topo_order() (no ordering), for checks after rewrites.
+  bool is_acyclic() const;
 
  private:
   std::vector<Node> nodes_;

@@ -29,6 +29,17 @@ Directive place_rank(int stage, int rank) {
   return Directive{d};
 }
 
+TEST(PassesTest, AcyclicCheckAgreesWithTopoOrder) {
+  Graph g = chain(3, 1);
+  EXPECT_TRUE(g.is_acyclic());
+  EXPECT_TRUE(g.topo_order().ok());
+  // A temporal edge against a data edge closes a cycle.
+  const Edge e = g.edge(0);
+  g.add_edge(e.dst, e.src, EdgeKind::kTemporal);
+  EXPECT_FALSE(g.is_acyclic());
+  EXPECT_FALSE(g.topo_order().ok());
+}
+
 TEST(PassesTest, SplitClonesPerMicrobatchAndSharesUpdates) {
   Graph g = chain(2, 1);
   ASSERT_TRUE(apply_split(g, SplitDirective{3}).ok());

@@ -126,7 +126,8 @@ Status apply_order(Graph& g, const OrderDirective& d) {
     }
     prev = sources_sinks(set, false);
   }
-  auto topo = g.topo_order();
+  if (g.is_acyclic()) return ok_status();
+  auto topo = g.topo_order();  // names the nodes on the cycle
   if (!topo.ok()) {
     return invalid_argument("rank " + std::to_string(d.rank) + " row contradicts the dependencies: " +
                             topo.status().message());
