@@ -1,5 +1,7 @@
 #include "piper/compile/plan.h"
 
+#include <algorithm>
+
 namespace piper::compile {
 
 size_t Program::num_instructions() const {
@@ -45,6 +47,45 @@ Json Plan::to_json() const {
               {"rank_template", rank_template},
               {"coords", coord_list},  // [pp, dp, ep, tp] per global rank
               {"programs", programs}};
+}
+
+int Plan::rank_of(const RankCoord& c) const {
+  return (c.pp * std::max(1, mesh.dp) + c.dp) * std::max(1, mesh.tp) + c.tp;
+}
+
+int Plan::p2p_peer(int rank, int peer_pp) const {
+  RankCoord c = coords[static_cast<size_t>(rank)];
+  c.pp = peer_pp;
+  return rank_of(c);
+}
+
+Result<std::vector<int>> Plan::group_ranks(int rank, const std::string& axis) const {
+  if (rank < 0 || rank >= world_size) {
+    return invalid_argument("rank " + std::to_string(rank) + " is outside the plan's world of " +
+                            std::to_string(world_size));
+  }
+  const RankCoord me = coords[static_cast<size_t>(rank)];
+  const int ep = std::max(1, mesh.ep);
+  std::vector<int> out;
+  for (int r = 0; r < world_size; ++r) {
+    const RankCoord& c = coords[static_cast<size_t>(r)];
+    bool member = false;
+    if (axis == "tp") {
+      member = c.pp == me.pp && c.dp == me.dp;
+    } else if (axis == "dp") {
+      member = c.pp == me.pp && c.tp == me.tp;
+    } else if (axis == "ep") {
+      member = c.pp == me.pp && c.tp == me.tp && c.dp / ep == me.dp / ep;
+    } else if (axis == "edp") {
+      member = c.pp == me.pp && c.tp == me.tp && c.ep == me.ep;
+    } else if (axis == "pp") {
+      member = c.dp == me.dp && c.tp == me.tp;
+    } else {
+      return invalid_argument("group axis '" + axis + "' is not one of tp, dp, ep, edp, pp");
+    }
+    if (member) out.push_back(r);
+  }
+  return out;
 }
 
 }  // namespace piper::compile

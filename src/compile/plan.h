@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "piper/base/json.h"
+#include "piper/base/status.h"
 #include "piper/ir/graph.h"
 
 namespace piper::compile {
@@ -67,6 +68,19 @@ struct Plan {
   std::vector<RankCoord> coords;   // global rank -> mesh coordinates
   const Program& program(int rank) const { return templates[static_cast<size_t>(rank_template[static_cast<size_t>(rank)])]; }
   Json to_json() const;  // full dump of every field (used to compare plans)
+
+  // Global rank layout (the one place that defines it): tp innermost, then dp, then pp,
+  //   rank = (pp * mesh.dp + dp) * mesh.tp + tp,   ep = dp mod mesh.ep,
+  // so an expert-parallel group is a block of mesh.ep consecutive dp coordinates.
+  int rank_of(const RankCoord& c) const;
+  // The global rank that `rank`'s send/recv/m2n instruction with peer pipeline rank `peer_pp` talks to: the
+  // rank with the same dp and tp coordinates on pipeline rank peer_pp.
+  int p2p_peer(int rank, int peer_pp) const;
+  // Members of `rank`'s group over a collective's axis, ascending (rank included):
+  //   "tp": same pp and dp;  "dp": same pp and tp;  "ep": same pp, tp and ep block (dp / mesh.ep);
+  //   "edp": same pp, tp and ep coordinate (expert data parallelism, dp/ep members);  "pp": same dp and tp.
+  // Unknown axes give an error naming them.
+  Result<std::vector<int>> group_ranks(int rank, const std::string& axis) const;
 };
 
 // Called once per lowered node instruction to fill or overwrite its cost annotations.

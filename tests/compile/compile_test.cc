@@ -161,7 +161,8 @@ TEST(CompileTest, DisaggregationUsesM2N) {
 
 TEST(CompileTest, DirectiveFileAndBuiltinScheduleGiveIdenticalPlans) {
   for (const char* text : {"dp=4,pp=2,ep=2,zero=3,schedule=1f1b,microbatches=4",
-                           "dp=2,pp=2,schedule=dualpipev,microbatches=4"}) {
+                           "dp=2,pp=2,schedule=dualpipev,microbatches=4",
+                           "dp=2,ep=2,pp=2,schedule=af-pipe,microbatches=4,disagg=1,attn_ranks=2,ffn_ranks=2"}) {
     Strategy s = strategy(text);
     auto builtin = compile_strategy(tiny(), train_for(s), s);
     ASSERT_TRUE(builtin.ok()) << builtin.status().message();
