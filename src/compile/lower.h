@@ -1,4 +1,5 @@
-// lower: distributed Graph -> Plan.
+// lower: distributed Graph -> Plan. The steps live in their own files (lower_steps.h: p2p.cc, stream_order.cc,
+// memory_plan.cc); lower.cc emits the instructions.
 //
 // 1. Every data edge between two pipeline ranks becomes a send (producer's rank, stream p2p_to_<peer>) and a
 //    recv (consumer's rank, stream p2p_from_<peer>), not linked: one pair of streams per channel (ordered rank

@@ -1,0 +1,88 @@
+// Memory of a rank: where activation and gathered-parameter buffers live, and the resident model state.
+#include <algorithm>
+#include <map>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#include "piper/compile/lower_steps.h"
+
+namespace piper::compile {
+
+using ir::Node;
+using ir::NodeId;
+using ir::NodeKind;
+
+BufferPlan plan_buffers(const ir::Graph& g, int r, const std::vector<OrderKey>& keys, int& next_buffer) {
+  auto key_of = [&](NodeId id) -> const OrderKey& { return keys[static_cast<size_t>(id)]; };
+  BufferPlan out;
+  auto& alloc_before = out.alloc_before;
+  auto& recompute_before = out.recompute_before;
+  auto& free_after = out.free_after;
+  std::map<std::tuple<int, std::string, int>, NodeId> last_backward;
+  for (const Node& nd : g.nodes()) {
+    if (nd.pp_rank != r || nd.kind != NodeKind::kChunk || !ir::is_backward(nd.tags.pass)) continue;
+    auto k = std::make_tuple(nd.tags.layer, nd.tags.part, nd.tags.mb);
+    auto it = last_backward.find(k);
+    if (it == last_backward.end() || key_of(it->second) < key_of(nd.id)) last_backward[k] = nd.id;
+  }
+  for (const Node& nd : g.nodes()) {
+    if (nd.pp_rank != r || skipped(nd)) continue;
+    if (nd.kind == NodeKind::kAllGather && nd.group != "tp" && nd.tags.mb >= 0) {
+      // ZeRO-3: the gathered parameters live until the chunk that uses them is done (re-shard).
+      Buffer b{next_buffer++, nd.comm_bytes, "params " + nd.name};
+      alloc_before[nd.id] = b;
+      for (NodeId c : g.succs(nd.id)) {
+        if (g.node(c).kind == NodeKind::kChunk) free_after[c].push_back(b);
+      }
+      continue;
+    }
+    if (nd.kind != NodeKind::kChunk || nd.tags.pass != ir::Pass::kF || nd.activation_bytes <= 0) continue;
+    Buffer b{next_buffer++, nd.activation_bytes, "act " + nd.name};
+    alloc_before[nd.id] = b;
+    auto last = last_backward.find(std::make_tuple(nd.tags.layer, nd.tags.part, nd.tags.mb));
+    if (!nd.recompute) {
+      if (last != last_backward.end()) free_after[last->second].push_back(b);
+      continue;
+    }
+    // Recompute: keep nothing after F; the first backward task that consumes F re-runs it.
+    free_after[nd.id].push_back(b);
+    for (NodeId c : g.succs(nd.id)) {
+      const Node& cn = g.node(c);
+      if (cn.kind != NodeKind::kChunk || !ir::is_backward(cn.tags.pass) || cn.pp_rank != r) continue;
+      if (recompute_before.count(c)) continue;
+      Buffer again{next_buffer++, nd.activation_bytes, "act " + nd.name + " (recompute)"};
+      recompute_before[c] = again;
+      if (last != last_backward.end()) free_after[last->second].push_back(again);
+      out.recompute_of[c] = nd.id;
+    }
+  }
+  return out;
+}
+
+int64_t model_state_bytes(const ir::Graph& g, int r) {
+  int64_t bytes = 0;
+  std::map<std::pair<int, std::string>, const Node*> first_fwd;
+  for (const Node& c : g.nodes()) {
+    if (c.pp_rank == r && c.kind == NodeKind::kChunk && c.tags.pass == ir::Pass::kF && c.tags.mb <= 0) {
+      first_fwd.emplace(std::make_pair(c.tags.layer, c.tags.part), &c);
+    }
+  }
+  for (const Node& nd : g.nodes()) {
+    if (nd.pp_rank != r || nd.kind != NodeKind::kUpdate) continue;
+    auto it = first_fwd.find({nd.tags.layer, nd.tags.part});
+    if (it == first_fwd.end()) continue;
+    int64_t params = it->second->param_count;
+    const int zero = nd.zero;
+    const std::string& axis = it->second->shard_axis;
+    if (axis == "ep") params /= std::max(1, g.mesh.ep);
+    if (axis == "tp") params /= std::max(1, g.mesh.tp);
+    int64_t deg = nd.group.empty() ? 1 : nd.group == "edp" ? std::max(1, g.mesh.dp / g.mesh.ep) : g.mesh.dp;
+    bytes += params * g.param_bytes / (zero >= 3 ? deg : 1);
+    bytes += params * g.grad_bytes / (zero >= 2 ? deg : 1);
+    bytes += params * 12 / (zero >= 1 ? deg : 1);
+  }
+  return bytes;
+}
+
+}  // namespace piper::compile

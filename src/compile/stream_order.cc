@@ -1,0 +1,160 @@
+// order_streams: a total order for every (rank, stream), and the matching tags of point-to-point pairs.
+#include <algorithm>
+#include <climits>
+#include <unordered_map>
+
+#include "piper/compile/lower_steps.h"
+
+namespace piper::compile {
+
+using ir::Node;
+using ir::NodeId;
+using ir::NodeKind;
+
+Result<StreamOrder> order_streams(ir::Graph& g) {
+  PIPER_ASSIGN_OR_RETURN(std::vector<NodeId> topo, g.topo_order());
+  const size_t n = g.num_nodes();
+  std::vector<int64_t> topo_pos(n);
+  for (size_t i = 0; i < topo.size(); ++i) topo_pos[static_cast<size_t>(topo[i])] = static_cast<int64_t>(i);
+  const int pp = g.mesh.pp;
+
+  // Anchor index of compute nodes per rank.
+  std::vector<bool> ordered_rank(static_cast<size_t>(pp), false);
+  for (const Node& nd : g.nodes()) {
+    if (nd.kind == NodeKind::kChunk && nd.order_slot >= 0) ordered_rank[static_cast<size_t>(nd.pp_rank)] = true;
+  }
+  std::vector<std::vector<NodeId>> compute(static_cast<size_t>(pp));
+  for (const Node& nd : g.nodes()) {
+    if (skipped(nd) || (nd.kind != NodeKind::kChunk && nd.kind != NodeKind::kUpdate)) continue;
+    if (nd.kind == NodeKind::kChunk && ordered_rank[static_cast<size_t>(nd.pp_rank)] && nd.order_slot < 0) {
+      return invalid_argument("rank " + std::to_string(nd.pp_rank) + ": " + ir::describe(nd) +
+                              " is not in any order row while other chunks of the rank are; order every chunk");
+    }
+    compute[static_cast<size_t>(nd.pp_rank)].push_back(nd.id);
+  }
+  std::vector<int64_t> anchor(n, -1);
+  for (auto& list : compute) {
+    std::sort(list.begin(), list.end(), [&](NodeId x, NodeId y) {
+      const Node& a = g.node(x);
+      const Node& b = g.node(y);
+      auto key = [&](const Node& v) {
+        int slot = v.kind == NodeKind::kUpdate ? INT_MAX : v.order_slot;
+        return std::make_tuple(slot, v.order_filter, topo_pos[static_cast<size_t>(v.id)]);
+      };
+      return key(a) < key(b);
+    });
+    for (size_t i = 0; i < list.size(); ++i) anchor[static_cast<size_t>(list[i])] = static_cast<int64_t>(i);
+  }
+  // ZeRO-3 prefetch window: the all-gather feeding the k-th compute instruction of a rank may start once the
+  // (k-2)-th is done, so it overlaps the (k-1)-th but at most two gathered copies are live (FSDP's limit).
+  // Without the edge a stream of all-gathers would run ahead of compute and materialise every parameter.
+  for (size_t i = 0; i < n; ++i) {
+    const Node& nd = g.node(static_cast<NodeId>(i));
+    if (nd.kind != NodeKind::kAllGather || nd.group == "tp" || nd.tags.mb < 0 || !g.preds(nd.id).empty()) continue;
+    int64_t k = INT64_MAX;
+    for (NodeId c : g.succs(nd.id)) {
+      if (anchor[static_cast<size_t>(c)] >= 0) k = std::min(k, anchor[static_cast<size_t>(c)]);
+    }
+    if (k == INT64_MAX || k < 2) continue;
+    const NodeId window = compute[static_cast<size_t>(nd.pp_rank)][static_cast<size_t>(k - 2)];
+    g.add_edge(window, static_cast<NodeId>(i), ir::EdgeKind::kTemporal);
+  }
+  // Comm nodes: after their latest same-rank producer (through comm chains), else before their first consumer.
+  std::vector<int64_t> after(n, -1), before(n, INT64_MAX);
+  for (NodeId id : topo) {
+    const Node& nd = g.node(id);
+    if (anchor[static_cast<size_t>(id)] >= 0) continue;
+    for (NodeId p : g.preds(id)) {
+      if (g.node(p).pp_rank != nd.pp_rank) continue;
+      int64_t a = anchor[static_cast<size_t>(p)] >= 0 ? anchor[static_cast<size_t>(p)] : after[static_cast<size_t>(p)];
+      after[static_cast<size_t>(id)] = std::max(after[static_cast<size_t>(id)], a);
+    }
+  }
+  for (size_t k = topo.size(); k-- > 0;) {
+    NodeId id = topo[k];
+    const Node& nd = g.node(id);
+    if (anchor[static_cast<size_t>(id)] >= 0) continue;
+    for (NodeId s : g.succs(id)) {
+      if (g.node(s).pp_rank != nd.pp_rank) continue;
+      int64_t b = anchor[static_cast<size_t>(s)] >= 0 ? anchor[static_cast<size_t>(s)] : before[static_cast<size_t>(s)];
+      before[static_cast<size_t>(id)] = std::min(before[static_cast<size_t>(id)], b);
+    }
+  }
+  auto compute_key = [&](NodeId id) -> OrderKey {
+    auto i = static_cast<size_t>(id);
+    if (anchor[i] >= 0) return {anchor[i], 1, topo_pos[i]};
+    if (after[i] >= 0) return {after[i], 2, topo_pos[i]};
+    if (before[i] != INT64_MAX) return {before[i], 0, topo_pos[i]};
+    return {INT64_MAX, 0, topo_pos[i]};
+  };
+  StreamOrder out;
+  std::vector<OrderKey>& keys = out.keys;
+  keys.resize(n);
+  for (size_t i = 0; i < n; ++i) keys[i] = compute_key(static_cast<NodeId>(i));
+  auto key_of = [&](NodeId id) -> const OrderKey& { return keys[static_cast<size_t>(id)]; };
+
+  // Streams per rank.
+  auto& streams = out.streams;
+  streams.resize(static_cast<size_t>(pp));
+  for (const Node& nd : g.nodes()) {
+    if (skipped(nd)) continue;
+    if (nd.pp_rank < 0) return invalid_argument(ir::describe(nd) + " is not placed on a pipeline rank");
+    streams[static_cast<size_t>(nd.pp_rank)][nd.stream].push_back(nd.id);
+  }
+  // Every stream in the order of its keys: compute follows the schedule, comm sits next to its chunks.
+  for (auto& rank_streams : streams) {
+    for (auto& [name, nodes] : rank_streams) {
+      std::sort(nodes.begin(), nodes.end(), [&](NodeId a, NodeId b) { return key_of(a) < key_of(b); });
+    }
+  }
+  // Point-to-point pairs share the name up to the last '.'; tags are numbered in send-node id order.
+  std::vector<int64_t>& tag_of = out.tag;
+  tag_of.assign(n, -1);
+  std::vector<NodeId> partner(n, ir::kNoNode);
+  {
+    std::unordered_map<std::string, NodeId> send_of;
+    for (const Node& nd : g.nodes()) {
+      if (is_p2p(nd) && !receives(nd) && !skipped(nd)) send_of.emplace(pair_name(nd), nd.id);
+    }
+    for (const Node& nd : g.nodes()) {
+      if (!is_p2p(nd) || !receives(nd) || skipped(nd)) continue;
+      auto it = send_of.find(pair_name(nd));
+      if (it == send_of.end()) return internal_error("lower: receive " + nd.name + " has no send");
+      partner[static_cast<size_t>(nd.id)] = it->second;
+      partner[static_cast<size_t>(it->second)] = nd.id;
+    }
+    int64_t next_tag = 0;
+    for (const Node& nd : g.nodes()) {
+      if (is_p2p(nd) && !receives(nd) && partner[static_cast<size_t>(nd.id)] != ir::kNoNode) {
+        tag_of[static_cast<size_t>(nd.id)] = tag_of[static_cast<size_t>(partner[static_cast<size_t>(nd.id)])] =
+            next_tag++;
+      }
+    }
+  }
+  // A receive stream posts its receives in the order its sender sends (FIFO per channel, as NCCL matches
+  // point-to-point operations between two ranks): a message may arrive before its consumer needs it, but a
+  // channel never blocks on its own order. Sends stay in production order.
+  std::vector<size_t> pos(n, 0);
+  for (auto& rank_streams : streams) {
+    for (auto& [name, nodes] : rank_streams) {
+      for (size_t k = 0; k < nodes.size(); ++k) pos[static_cast<size_t>(nodes[k])] = k;
+    }
+  }
+  for (auto& rank_streams : streams) {
+    for (auto& [name, nodes] : rank_streams) {
+      const bool all_receives = std::all_of(nodes.begin(), nodes.end(), [&](NodeId id) {
+        return is_p2p(g.node(id)) && receives(g.node(id));
+      });
+      if (!all_receives) continue;
+      auto sender_key = [&](NodeId id) {
+        const NodeId snd = partner[static_cast<size_t>(id)];
+        return std::make_tuple(g.node(snd).pp_rank, g.node(snd).stream, pos[static_cast<size_t>(snd)]);
+      };
+      std::stable_sort(nodes.begin(), nodes.end(), [&](NodeId a, NodeId b) { return sender_key(a) < sender_key(b); });
+    }
+  }
+
+  return out;
+}
+
+}  // namespace piper::compile
