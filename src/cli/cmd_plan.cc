@@ -1,5 +1,7 @@
 // piper plan: search the strategy space for the fastest plans that fit (src/plan/search.h).
+#include <cmath>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -7,6 +9,7 @@
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
+#include "piper/plan/disaggregate.h"
 #include "piper/plan/search.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
@@ -26,6 +29,9 @@ struct PlanOptions {
   std::string schedules;
   std::string calibration;
   bool json = false;
+  bool disaggregate = false;
+  std::string solver = "cbc";
+  std::string af_placement = "spread";
 };
 
 void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
@@ -77,12 +83,82 @@ Status nothing_fits(const ClusterSpec& cluster, double memory_fraction, const pl
                             "); add nodes, use a cluster with more device memory, or lower --seq/--global-batch");
 }
 
+void print_allocation(const char* label, const plan::AfAllocation& a) {
+  const auto& c = a.candidate;
+  std::printf("%s attention %d GPUs / %d ports, FFN %d GPUs / %d ports (A:F = %.2f), pp %d, ep %d, dp_attn %d, "
+              "recompute %s, %d microbatches\n", label, c.attn, a.ports_attn, c.ffn, a.ports_ffn,
+              static_cast<double>(c.attn) / c.ffn, c.pp, c.ep, c.dp_a, to_string(c.recompute), c.microbatches);
+  std::printf("    step %s, MFU %.1f %%; per step: attention compute %s, FFN compute %s, network A %s, network F %s, "
+              "fill %s\n", format_seconds(a.step_time_s).c_str(), 100 * a.mfu, format_seconds(c.step_attn_s).c_str(),
+              format_seconds(c.step_ffn_s).c_str(), format_seconds(a.net_attn_s).c_str(),
+              format_seconds(a.net_ffn_s).c_str(), format_seconds(c.fill_s).c_str());
+  std::printf("    memory per GPU: attention %s, FFN %s\n", format_bytes(c.mem_attn_bytes).c_str(),
+              format_bytes(c.mem_ffn_bytes).c_str());
+  std::printf("    strategy %s\n", c.strategy().to_string().c_str());
+}
+
+Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train) {
+  plan::AfOptions options;
+  options.memory_fraction = o.memory_fraction;
+  PIPER_ASSIGN_OR_RETURN(options.placement, plan::parse_af_placement(o.af_placement));
+  PIPER_ASSIGN_OR_RETURN(plan::AfModel af, plan::AfModel::create(model, cluster, train, options));
+  std::unique_ptr<plan::MilpSolver> solver;
+  if (o.solver == "cbc") {
+    PIPER_ASSIGN_OR_RETURN(solver, plan::make_cbc_solver());
+  } else if (o.solver != "enumeration") {
+    return invalid_argument("--solver=" + o.solver + " is not one of {cbc, enumeration}");
+  }
+  PIPER_ASSIGN_OR_RETURN(plan::DisaggregateResult r, plan::disaggregate(af, solver.get()));
+  // The exhaustive oracle over the same candidates, as a check on the MILP.
+  auto cands = af.candidates(nullptr);
+  PIPER_ASSIGN_OR_RETURN(plan::AfAllocation oracle, plan::enumerate_allocation(af, cands));
+  const bool agrees = std::abs(oracle.objective - r.best.objective) <= 1e-9 * std::abs(oracle.objective);
+  if (o.json) {
+    Json j = r.to_json();
+    j["model"] = model.name;
+    j["cluster"] = cluster.name;
+    j["nodes"] = cluster.num_nodes;
+    j["world_size"] = cluster.world_size();
+    j["seq_len"] = train.seq_len;
+    j["global_batch"] = train.global_batch;
+    j["ports"] = {{"count", af.total_ports()}, {"bw_bytes_per_s", af.port_bw()}, {"nics", af.ports_are_nics()},
+                  {"placement", o.af_placement}};
+    j["enumeration"] = oracle.to_json();
+    j["enumeration_agrees"] = agrees;
+    print_json(j.dump(2));
+  } else {
+    std::printf("disaggregated attention/FFN (af-pipe): %s on %s, %d nodes = %d GPUs, %d %s of %s; seq %lld, global "
+                "batch %lld\n", model.name.c_str(), cluster.name.c_str(), cluster.num_nodes, cluster.world_size(),
+                af.total_ports(), af.ports_are_nics() ? "NIC ports" : "device-link ports",
+                format_si(af.port_bw(), "B/s").c_str(), static_cast<long long>(train.seq_len),
+                static_cast<long long>(train.global_batch));
+    std::printf("search   %lld feasible GPU splits x %lld port splits; rejected:", static_cast<long long>(r.gpu_splits),
+                static_cast<long long>(r.port_splits));
+    for (const auto& [rule, n] : r.rejected) {
+      if (n > 0) std::printf(" %s %lld", rule.c_str(), static_cast<long long>(n));
+    }
+    std::printf("\nsolver   %s%s in %s; exhaustive enumeration %s (objective %.6g vs %.6g)\n", r.method.c_str(),
+                r.proven_optimal ? " (proven optimal)" : " (NOT proven optimal)", format_seconds(r.solve_time_s).c_str(),
+                agrees ? "agrees" : "DISAGREES", r.best.objective, oracle.objective);
+    print_allocation("best    ", r.best);
+    if (r.has_even) print_allocation("even    ", r.even);
+    std::printf("roofline attention %.0f FLOP/B vs its balance %.0f -> %s-bound (compute-bound from seq ~%.0f); FFN %.0f "
+                "FLOP/B vs %.0f -> %s-bound\n", r.attn_intensity, r.attn_balance,
+                r.attn_intensity < r.attn_balance ? "network" : "compute", r.attn_turning_seq, r.ffn_intensity,
+                r.ffn_balance, r.ffn_intensity < r.ffn_balance ? "network" : "compute");
+    std::printf("note     af-pipe plans are not scored by `piper estimate` (no closed form) nor simulated yet\n");
+  }
+  if (!agrees) return internal_error("plan --disaggregate: the MILP and the enumeration disagree; please report");
+  return ok_status();
+}
+
 Status run_plan(const PlanOptions& o) {
   PIPER_ASSIGN_OR_RETURN(ModelSpec model, load_model(o.model));
   PIPER_ASSIGN_OR_RETURN(ClusterSpec cluster, load_cluster(o.cluster, o.nodes));
   TrainSpec train;
   train.global_batch = o.global_batch;
   train.seq_len = o.seq_len;
+  if (o.disaggregate) return run_disaggregate(o, model, cluster, train);
   plan::SearchOptions options;
   options.top_k = o.top_k;
   options.memory_fraction = o.memory_fraction;
@@ -124,6 +200,12 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
   sub->add_option("--memory-fraction", o->memory_fraction, "fraction of device memory a plan may use")
       ->capture_default_str();
   sub->add_option("--calibration", o->calibration, "calibration JSON (src/cost/device_model.h)");
+  sub->add_flag("--disaggregate", o->disaggregate,
+                "allocate GPUs and NICs to disaggregated attention and FFN groups (af-pipe; roofline + MILP)");
+  sub->add_option("--af-placement", o->af_placement,
+                  "disaggregation: spread (groups share nodes, NICs split freely) or node (whole nodes per group)")
+      ->capture_default_str();
+  sub->add_option("--solver", o->solver, "disaggregation solver: cbc (MILP) or enumeration")->capture_default_str();
   sub->add_flag("--json", o->json, "print one JSON object");
   return std::function<Status()>([o] {
     if (o->seq_len < 1) return invalid_argument("--seq=" + std::to_string(o->seq_len) + " must be >= 1");

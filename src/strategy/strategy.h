@@ -52,7 +52,8 @@ struct Strategy {
   std::string a2a = "flat";  // EP all-to-all algorithm: flat or halo
   // Mesh axes innermost (closest devices) first.
   std::vector<std::string> order = {"tp", "ep", "dp", "pp"};
-  // Attention/FFN disaggregation: attention chunks on attn_ranks (DP), expert chunks on ffn_ranks (EP).
+  // Attention/FFN disaggregation: attention chunks on attn_ranks (DP), expert chunks on ffn_ranks (EP). There
+  // ep shards each stage's experts over the FFN ranks (ffn_ranks a multiple of pp * ep) and need not divide dp.
   bool disaggregate = false;
   int attn_ranks = 0;
   int ffn_ranks = 0;

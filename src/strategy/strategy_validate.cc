@@ -38,7 +38,8 @@ Status Strategy::validate() const {
   for (const auto& n : schedule_names()) known = known || n == schedule;
   if (!known) return parse_schedule(schedule).status();
   if (a2a != "flat" && a2a != "halo") return fail("a2a=" + a2a + " is not one of {flat, halo}");
-  if (dp % ep != 0) {
+  // Disaggregated experts live on the FFN ranks (checked below against ffn_ranks), not inside the DP group.
+  if (!disaggregate && dp % ep != 0) {
     return fail("ep=" + std::to_string(ep) + " does not divide dp=" + std::to_string(dp) +
                 " (experts are sharded inside the data-parallel group); pick ep in " + divisors_text(dp));
   }

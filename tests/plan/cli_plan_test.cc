@@ -80,4 +80,28 @@ TEST(CliPlanTest, BadInputsExitNonZeroWithAHint) {
   EXPECT_NE(out.find("memory_fraction"), std::string::npos) << out;
 }
 
+TEST(CliPlanTest, DisaggregateJsonAgreesWithEnumeration) {
+  int rc = 0;
+  std::string out = run("plan --model deepseek-v2-lite --cluster h800 --nodes 4 --global-batch 240 --disaggregate --json",
+                        &rc, false);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = piper::Json::parse(out);
+  EXPECT_TRUE(j["enumeration_agrees"].get<bool>());
+  const auto& best = j["best"];
+  EXPECT_EQ(best["attn_gpus"].get<int>() + best["ffn_gpus"].get<int>(), 32);
+  EXPECT_NE(best["strategy"].get<std::string>().find("disagg=1"), std::string::npos);
+  EXPECT_GT(j["gpu_splits"].get<int64_t>(), 0);
+  EXPECT_TRUE(j["roofline"].contains("attn_turning_seq"));
+  std::string text = run("plan --model deepseek-v2-lite --cluster h800 --nodes 4 --global-batch 240 --disaggregate "
+                         "--solver enumeration", &rc);
+  ASSERT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("roofline"), std::string::npos) << text;
+  out = run("plan --model deepseek-v2-lite --cluster h800 --nodes 4 --global-batch 240 --disaggregate --solver glpk", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--solver=glpk"), std::string::npos) << out;
+  out = run("plan --model gpt-1.7b --cluster h800 --nodes 2 --global-batch 64 --disaggregate", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("MoE"), std::string::npos) << out;
+}
+
 }  // namespace
