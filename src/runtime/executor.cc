@@ -68,6 +68,7 @@ struct Executor::Impl {
   bool failed = false;
   Status error;
   std::vector<double> loss_mb, aux_mb;
+  std::map<std::string, double> task_seconds;
   int64_t planned_live = 0;
   // The batch of the running step.
   const Batch* batch = nullptr;
@@ -279,8 +280,14 @@ Status Executor::Impl::compute(const Task& t) {
 Status Executor::Impl::execute(const Task& t) {
   const Instruction& in = *t.in;
   switch (in.op) {
-    case OpKind::kCompute:
-      return compute(t);
+    case OpKind::kCompute: {
+      const auto start = std::chrono::steady_clock::now();
+      Status st = compute(t);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::lock_guard<std::mutex> lock(mu);
+      task_seconds[t.chunk->part() + "." + ir::to_string(t.pass)] += s;
+      return st;
+    }
     case OpKind::kAlloc: {
       std::lock_guard<std::mutex> lock(mu);
       planned_live += in.bytes;
@@ -326,10 +333,13 @@ Status Executor::Impl::execute(const Task& t) {
           norm_done = true;
         }
       }
+      const auto start = std::chrono::steady_clock::now();
       optimizer->update(*t.chunk);
       t.chunk->after_update();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       std::lock_guard<std::mutex> lock(mu);
       updates_done[t.chunk]++;
+      task_seconds["update"] += s;
       return ok_status();
     }
     default:
@@ -379,6 +389,7 @@ Result<StepResult> Executor::run_step(const Batch& batch) {
   m.aux_mb.assign(static_cast<size_t>(m.num_mb), 0.0);
   m.planned_live = 0;
   m.planned_peak = 0;
+  m.task_seconds.clear();
   if (m.streams.size() == 1) {
     m.run_stream(0);
   } else {
@@ -408,6 +419,7 @@ Result<StepResult> Executor::run_step(const Batch& batch) {
   }
   r.loss /= m.num_mb;
   r.grad_norm = m.grad_norm;
+  r.task_seconds = m.task_seconds;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   for (const auto& s : m.streams) r.num_instructions += static_cast<int64_t>(s.size());
   return r;

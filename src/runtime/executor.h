@@ -22,7 +22,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "piper/base/status.h"
@@ -41,6 +43,9 @@ struct StepResult {
   double grad_norm = 0;  // global gradient norm before clipping
   double seconds = 0;
   int64_t num_instructions = 0;
+  // Wall seconds spent in compute tasks by "<part>.<pass>" ("experts.BW"), summed over layers, microbatches
+  // and streams; and in optimizer updates ("update").
+  std::map<std::string, double> task_seconds;
 };
 
 class Executor {

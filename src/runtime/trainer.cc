@@ -93,6 +93,7 @@ Result<TrainStepStats> Trainer::step() {
   s.aux_loss = r.aux_loss;
   s.grad_norm = r.grad_norm;
   s.seconds = r.seconds;
+  s.task_seconds = r.task_seconds;
   const double tokens = static_cast<double>(tokens_per_step());
   s.tokens_per_s = r.seconds > 0 ? tokens / r.seconds : 0;
   s.flops_per_s = s.tokens_per_s * flops_per_token_;

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -47,6 +48,7 @@ struct TrainStepStats {
   double seconds = 0;
   double tokens_per_s = 0;
   double flops_per_s = 0;  // model FLOPs (docs/counting.md) per second
+  std::map<std::string, double> task_seconds;  // see StepResult
 };
 
 class Trainer {
