@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "piper/compile/compile.h"
+#include "piper/compile/strategy_directives.h"
 #include "reference_step.h"
 
 namespace piper::runtime::testing {
@@ -131,6 +132,44 @@ TEST(ExecutorTest, BatchThatDoesNotSplitIntoMicrobatchesIsRejected) {
   auto r = s->executor->run_step(random_batch(3, 8, 32, 8));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("2 microbatches"), std::string::npos) << r.status().message();
+}
+
+// Updates on their own logical stream: the program has two streams joined by events, run on two threads; the
+// update stream must wait for every gradient (global-norm clipping) and give the same bits as one stream.
+TEST(ExecutorTest, UpdatesOnASecondStreamGiveTheSameBits) {
+  const ModelSpec spec = small_moe_spec(true);
+  Strategy st = Strategy::parse("schedule=1f1b,microbatches=2,mbs=2").value();
+  const TrainSpec train = fp32_train(st.global_batch(), st.mbs, 8);
+  auto directives = compile::strategy_directives(st, spec).value();
+  ir::StreamDirective to_optimizer;
+  to_optimizer.filter.pass = ir::Pass::kU;
+  to_optimizer.stream = "optimizer";
+  directives.insert(directives.begin() + 1, ir::Directive{to_optimizer});
+  auto compiled = compile::compile_directives(spec, train, compile::strategy_mesh(st, spec).value(), directives);
+  ASSERT_TRUE(compiled.ok()) << compiled.status().to_string();
+  ASSERT_EQ(compiled->plan.program(0).streams.size(), 2u);
+  MemoryTracker tracker;
+  TrackingAllocator alloc(&tracker);
+  auto model = Model::create(spec, {}, 5, &alloc).value();
+  Optimizer opt(OptimizerSpec{}, 0, *model, &alloc);
+  auto ex = Executor::create(compiled->graph, compiled->plan.program(0), model.get(), &opt, &alloc);
+  ASSERT_TRUE(ex.ok()) << ex.status().to_string();
+  EXPECT_EQ((*ex)->num_streams(), 2);
+  auto single = make_setup(spec, "schedule=1f1b,microbatches=2,mbs=2", 5);
+  ASSERT_NE(single->executor, nullptr);
+  for (int i = 0; i < 3; ++i) {
+    const Batch batch = random_batch(4, 8, 32, 30 + static_cast<uint64_t>(i));
+    auto a = (*ex)->run_step(batch);
+    auto b = single->executor->run_step(batch);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status().to_string() << b.status().to_string();
+    EXPECT_EQ(a->loss, b->loss);
+    EXPECT_EQ(a->grad_norm, b->grad_norm);
+  }
+  auto pa = model->params(), pb = single->model->params();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(std::memcmp(pa[i]->value.data(), pb[i]->value.data(), static_cast<size_t>(pa[i]->value.nbytes())), 0)
+        << pa[i]->name;
+  }
 }
 
 TEST(ExecutorTest, MultiRankProgramIsRejectedWithPointerToDistributedRuntime) {
