@@ -113,6 +113,7 @@ Status run_train(const TrainCliOptions& o) {
            {"peak_memory", memory_json(mem)},
            {"predicted_memory", predicted_json(trainer->predicted_memory())},
            {"plan_activation_peak_bytes", trainer->executor().planned_peak_bytes()},
+           {"pool_reserved_peak_bytes", trainer->reserved_peak_bytes()},
            {"seconds", seconds}};
     if (!o.save.empty()) j["saved"] = o.save;
     print_json(j.dump(2));

@@ -59,7 +59,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   if (!compiled.ok()) return compiled.status();
   t->compiled_ = std::move(compiled).value();
 
-  t->allocator_ = std::make_unique<TrackingAllocator>(&t->tracker_);
+  t->allocator_ = std::make_unique<MemoryPool>(&t->tracker_);
   PIPER_ASSIGN_OR_RETURN(t->model_, Model::create(options.model, options.model_options, options.seed,
                                                   t->allocator_.get()));
   t->optimizer_ = std::make_unique<Optimizer>(options.optimizer, options.warmup_steps, *t->model_,

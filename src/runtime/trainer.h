@@ -22,6 +22,7 @@
 #include "piper/cost/estimate.h"
 #include "piper/runtime/data_loader.h"
 #include "piper/runtime/executor.h"
+#include "piper/runtime/memory_pool.h"
 #include "piper/runtime/model.h"
 #include "piper/runtime/optimizer.h"
 #include "piper/spec/model_spec.h"
@@ -65,6 +66,8 @@ class Trainer {
   Model& model() { return *model_; }
   Executor& executor() { return *executor_; }
   MemoryStats memory() const { return tracker_.stats(); }
+  // Bytes the memory pool holds from the system at most (in use + cached for reuse).
+  int64_t reserved_peak_bytes() const { return allocator_->peak_reserved_bytes(); }
   const cost::MemoryBreakdown& predicted_memory() const { return predicted_; }
   double flops_per_token() const { return flops_per_token_; }
   int64_t tokens_per_step() const { return options_.global_batch * options_.seq_len; }
@@ -76,7 +79,7 @@ class Trainer {
   TrainOptions options_;
   Strategy strategy_;
   MemoryTracker tracker_;
-  std::unique_ptr<TrackingAllocator> allocator_;
+  std::unique_ptr<MemoryPool> allocator_;
   compile::CompileResult compiled_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;

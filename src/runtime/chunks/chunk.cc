@@ -76,15 +76,13 @@ Result<std::shared_ptr<const Tensor>> sum_field(const Chunk& chunk, const std::v
 }  // namespace
 
 Result<std::shared_ptr<const Tensor>> sum_hidden(const Chunk& chunk, const std::vector<const Activation*>& inputs,
-                                                 int64_t n, int64_t h, Allocator* allocator) {
-  (void)allocator;
+                                                 int64_t n, int64_t h) {
   return sum_field(chunk, inputs, n, h, MemCategory::kActivations, "hidden input",
                    [](const Activation& a) { return a.hidden; });
 }
 
 Result<std::shared_ptr<const Tensor>> sum_dhidden(const Chunk& chunk, const std::vector<const Gradient*>& grads,
-                                                  int64_t n, int64_t h, Allocator* allocator) {
-  (void)allocator;
+                                                  int64_t n, int64_t h) {
   return sum_field(chunk, grads, n, h, MemCategory::kBuffers, "gradient", [](const Gradient& g) { return g.dhidden; });
 }
 

@@ -150,13 +150,13 @@ class Chunk {
   std::vector<Param> params_;
 };
 
-// Sums the hidden tensors of `inputs` in order (one input: shared, no copy). Errors if there are none or a
+// Sums the hidden tensors of `inputs` in order (one input: shared, no copy; a sum is allocated like the first). Errors if there are none or a
 // shape differs from [n, h].
 Result<std::shared_ptr<const Tensor>> sum_hidden(const Chunk& chunk, const std::vector<const Activation*>& inputs,
-                                                 int64_t n, int64_t h, Allocator* allocator);
+                                                 int64_t n, int64_t h);
 // Sums the dhidden tensors of `grads` in order (one: shared). Errors if none.
 Result<std::shared_ptr<const Tensor>> sum_dhidden(const Chunk& chunk, const std::vector<const Gradient*>& grads,
-                                                  int64_t n, int64_t h, Allocator* allocator);
+                                                  int64_t n, int64_t h);
 
 // The chunk for (part, layer); InvalidArgument for an unknown part. Parameters are drawn from `seed`.
 Result<std::unique_ptr<Chunk>> make_chunk(const std::string& part, int layer, const ChunkDims& dims, uint64_t seed,

@@ -41,7 +41,7 @@ class EmbedChunk : public Chunk {
                         Gradient* dx) override {
     auto& st = static_cast<EmbedStash&>(stash);
     const int64_t n = static_cast<int64_t>(st.ids.size());
-    PIPER_ASSIGN_OR_RETURN(st.dout, sum_dhidden(*this, grads, n, dims_.hidden, allocator_));
+    PIPER_ASSIGN_OR_RETURN(st.dout, sum_dhidden(*this, grads, n, dims_.hidden));
     *dx = Gradient{};
     return ok_status();
   }

@@ -58,7 +58,7 @@ class ExpertsChunk : public Chunk {
     auto& st = static_cast<ExpertsStash&>(stash);
     const int64_t n = st.n, h = dims_.hidden, f = dims_.expert_intermediate, rows = n * dims_.top_k;
     const Routed& r = *st.routed;
-    PIPER_ASSIGN_OR_RETURN(auto dout, sum_dhidden(*this, grads, n, h, allocator_));
+    PIPER_ASSIGN_OR_RETURN(auto dout, sum_dhidden(*this, grads, n, h));
     const float* dy = dout->data();
     Tensor scaled;
     if (dims_.routed_scaling != 1.0) {

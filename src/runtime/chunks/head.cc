@@ -33,7 +33,7 @@ class HeadChunk : public Chunk {
                             std::to_string(i) + " is outside the vocabulary [0, " + std::to_string(V) + ")");
       }
     }
-    PIPER_ASSIGN_OR_RETURN(st->x, sum_hidden(*this, inputs, n, h, allocator_));
+    PIPER_ASSIGN_OR_RETURN(st->x, sum_hidden(*this, inputs, n, h));
     st->rstd = new_tensor({n}, MemCategory::kActivations);
     st->xn = new_tensor({n, h}, MemCategory::kActivations);
     kernels::rmsnorm_forward(st->xn.data(), st->rstd.data(), st->x->data(), params_[0].value.data(), n, h,

@@ -30,7 +30,7 @@ class FfnChunk : public Chunk {
     const int64_t n = mb.num_tokens(), h = dims_.hidden;
     auto st = std::make_unique<FfnStash>();
     st->n = n;
-    PIPER_ASSIGN_OR_RETURN(st->x, sum_hidden(*this, inputs, n, h, allocator_));
+    PIPER_ASSIGN_OR_RETURN(st->x, sum_hidden(*this, inputs, n, h));
     st->rstd = new_tensor({n}, MemCategory::kActivations);
     st->xn = new_tensor({n, h}, MemCategory::kActivations);
     kernels::rmsnorm_forward(st->xn.data(), st->rstd.data(), st->x->data(), w(0), n, h, dims_.norm_eps);
@@ -49,7 +49,7 @@ class FfnChunk : public Chunk {
                         Gradient* dx) override {
     auto& st = static_cast<FfnStash&>(stash);
     const int64_t n = st.n, h = dims_.hidden;
-    PIPER_ASSIGN_OR_RETURN(st.dout, sum_dhidden(*this, grads, n, h, allocator_));
+    PIPER_ASSIGN_OR_RETURN(st.dout, sum_dhidden(*this, grads, n, h));
     st.dxn = new_tensor({n, h}, MemCategory::kBuffers);
     st.dg = new_tensor({n, f_}, MemCategory::kBuffers);
     st.du = new_tensor({n, f_}, MemCategory::kBuffers);

@@ -32,7 +32,7 @@ class RouterChunk : public Chunk {
     const int64_t n = mb.num_tokens(), h = dims_.hidden, E = dims_.num_experts, k = dims_.top_k;
     auto st = std::make_unique<RouterStash>();
     st->n = n;
-    PIPER_ASSIGN_OR_RETURN(st->x, sum_hidden(*this, inputs, n, h, allocator_));
+    PIPER_ASSIGN_OR_RETURN(st->x, sum_hidden(*this, inputs, n, h));
     st->rstd = new_tensor({n}, MemCategory::kActivations);
     auto hn = new_shared({n, h}, MemCategory::kActivations);
     kernels::rmsnorm_forward(hn->data(), st->rstd.data(), st->x->data(), params_[0].value.data(), n, h,
