@@ -17,3 +17,6 @@ echo "== piper estimate: DeepSeek-V3 on 2048 H800s (pp=16, ep=64, dp=128, DualPi
 echo
 echo "== piper plan: tiny-moe on this machine's 2 cores (docs/planner.md)"
 "$BIN" plan --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --seq 128 --top 3
+echo
+echo "== piper train: tiny-moe on one CPU rank, 20 steps through the compiled 1F1B plan (docs/training.md)"
+"$BIN" train --model tiny-moe --ranks 1 --steps 20

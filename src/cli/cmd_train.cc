@@ -1,0 +1,163 @@
+// piper train: single-rank training through the compiled Plan (src/runtime/trainer.h).
+#include <algorithm>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "piper/base/json.h"
+#include "piper/base/units.h"
+#include "piper/cli/command.h"
+#include "piper/kernels/cpu/gemm.h"
+#include "piper/runtime/trainer.h"
+#include "piper/spec/model_loader.h"
+
+namespace piper::cli {
+namespace {
+
+struct TrainCliOptions {
+  std::string model = "tiny-moe";
+  int ranks = 1;
+  std::string data;
+  int64_t steps = 20;
+  int64_t global_batch = 0;
+  int64_t seq_len = 128;
+  uint64_t seed = 1234;
+  std::string strategy;
+  double lr = 3e-3;
+  int64_t warmup = 10;
+  int threads = 0;
+  std::string save;
+  std::string resume;
+  bool json = false;
+};
+
+Json memory_json(const MemoryStats& m) {
+  Json j;
+  for (int c = 0; c < kNumMemCategories; ++c) j[to_string(static_cast<MemCategory>(c))] = m.peak_bytes[c];
+  j["total"] = m.peak_total_bytes;
+  return j;
+}
+
+Json predicted_json(const cost::MemoryBreakdown& m) {
+  return Json{{"parameters", m.params},   {"gradients", m.grads},  {"optimizer", m.optimizer},
+              {"activations", m.activations}, {"buffers", m.buffers}, {"total", m.total()}};
+}
+
+Status run_train(const TrainCliOptions& o) {
+  if (o.steps < 1) return invalid_argument("--steps must be >= 1, got " + std::to_string(o.steps));
+  if (o.threads < 0) return invalid_argument("--threads must be >= 0 (0 = all cores)");
+  if (o.ranks < 1) return invalid_argument("--ranks must be >= 1, got " + std::to_string(o.ranks));
+  kernels::warn_gemm_environment();
+  if (o.threads > 0) kernels::set_kernel_threads(o.threads);
+  runtime::TrainOptions t;
+  PIPER_ASSIGN_OR_RETURN(t.model, load_model(o.model));
+  t.ranks = o.ranks;
+  t.strategy = o.strategy;
+  t.global_batch = o.global_batch > 0 ? o.global_batch : (o.strategy.empty() ? 16 : 0);
+  t.seq_len = o.seq_len;
+  t.seed = o.seed;
+  t.data = o.data;
+  t.optimizer.lr = o.lr;
+  t.warmup_steps = o.warmup;
+  PIPER_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(t));
+  if (!o.resume.empty()) PIPER_RETURN_IF_ERROR(trainer->resume(o.resume));
+  const auto& plan = trainer->compiled().plan;
+  if (!o.json) {
+    std::printf("model     %s (%s trainable parameters)\n", t.model.name.c_str(),
+                format_count(static_cast<double>(trainer->model().num_params())).c_str());
+    std::printf("strategy  %s\n", trainer->strategy().to_string().c_str());
+    std::printf("plan      %zu instructions on %zu stream(s), %d microbatches\n",
+                plan.program(0).num_instructions(), plan.program(0).streams.size(),
+                trainer->executor().num_microbatches());
+    std::printf("batch     %lld x %lld tokens per step, data %s, seed %llu%s\n",
+                static_cast<long long>(trainer->options().global_batch), static_cast<long long>(o.seq_len),
+                o.data.empty() ? "(default corpus)" : o.data.c_str(), static_cast<unsigned long long>(o.seed),
+                o.resume.empty() ? "" : (", resumed at step " + std::to_string(trainer->steps_done())).c_str());
+  }
+  Json steps = Json::array();
+  double loss_first = 0, loss_last = 0, seconds = 0, steady_seconds = 0;
+  for (int64_t i = 0; i < o.steps; ++i) {
+    PIPER_ASSIGN_OR_RETURN(runtime::TrainStepStats s, trainer->step());
+    if (i == 0) loss_first = s.loss;
+    loss_last = s.loss;
+    seconds += s.seconds;
+    if (i > 0) steady_seconds += s.seconds;
+    steps.push_back(Json{{"step", s.step}, {"loss", s.loss}, {"aux_loss", s.aux_loss}, {"grad_norm", s.grad_norm},
+                         {"seconds", s.seconds}});
+    if (!o.json) {
+      std::printf("step %5lld  loss %.4f  aux %.4f  |g| %.3f  %8.0f tok/s  %6.2f GFLOP/s  %.3f s\n",
+                  static_cast<long long>(s.step), s.loss, s.aux_loss, s.grad_norm, s.tokens_per_s,
+                  s.flops_per_s / 1e9, s.seconds);
+      std::fflush(stdout);
+    }
+  }
+  if (!o.save.empty()) PIPER_RETURN_IF_ERROR(trainer->save(o.save));
+  // Throughput over the steps after the first (which pays for first-touch page faults), unless there is one.
+  const int64_t timed_steps = o.steps > 1 ? o.steps - 1 : 1;
+  const double timed_seconds = o.steps > 1 ? steady_seconds : seconds;
+  const double tokens_per_s =
+      timed_seconds > 0 ? static_cast<double>(trainer->tokens_per_step() * timed_steps) / timed_seconds : 0;
+  const double flops = tokens_per_s * trainer->flops_per_token();
+  const MemoryStats mem = trainer->memory();
+  const double predicted = trainer->predicted_memory().total();
+  if (o.json) {
+    Json j{{"model", t.model.name},
+           {"strategy", trainer->strategy().to_string()},
+           {"steps", steps},
+           {"loss_first", loss_first},
+           {"loss_last", loss_last},
+           {"tokens_per_s", tokens_per_s},
+           {"achieved_flops", flops},
+           {"peak_memory_bytes", mem.peak_total_bytes},
+           {"predicted_peak_memory_bytes", predicted},
+           {"peak_memory", memory_json(mem)},
+           {"predicted_memory", predicted_json(trainer->predicted_memory())},
+           {"plan_activation_peak_bytes", trainer->executor().planned_peak_bytes()},
+           {"pool_reserved_peak_bytes", trainer->reserved_peak_bytes()},
+           {"seconds", seconds}};
+    if (!o.save.empty()) j["saved"] = o.save;
+    print_json(j.dump(2));
+  } else {
+    std::printf("\nloss_first %.4f  loss_last %.4f  (%lld steps, %.1f s)\n", loss_first, loss_last,
+                static_cast<long long>(o.steps), seconds);
+    std::printf("tokens_per_s %.0f  achieved_flops %s\n", tokens_per_s, format_si(flops, "FLOP/s").c_str());
+    std::printf("peak_memory_bytes %lld (%s)  predicted_peak_memory_bytes %.0f (%s, %+.1f %%)\n",
+                static_cast<long long>(mem.peak_total_bytes),
+                format_bytes(static_cast<double>(mem.peak_total_bytes)).c_str(), predicted,
+                format_bytes(predicted).c_str(),
+                predicted > 0 ? 100.0 * (static_cast<double>(mem.peak_total_bytes) - predicted) / predicted : 0.0);
+    std::printf("  by category (measured peak / predicted):");
+    const double pred[] = {trainer->predicted_memory().params, trainer->predicted_memory().grads,
+                           trainer->predicted_memory().optimizer, trainer->predicted_memory().activations,
+                           trainer->predicted_memory().buffers};
+    for (int c = 0; c < kNumMemCategories; ++c) {
+      std::printf(" %s %s / %s", to_string(static_cast<MemCategory>(c)), format_bytes(static_cast<double>(mem.peak_bytes[c])).c_str(),
+                  format_bytes(pred[c]).c_str());
+    }
+    std::printf("\n");
+    if (!o.save.empty()) std::printf("checkpoint saved to %s\n", o.save.c_str());
+  }
+  return ok_status();
+}
+
+PIPER_REGISTER_COMMAND(g_train, "train", "Train a model on one rank through its compiled Plan", [](CLI::App* sub) {
+  auto o = std::make_shared<TrainCliOptions>();
+  sub->add_option("--model", o->model, "model preset or config file")->capture_default_str();
+  sub->add_option("--ranks", o->ranks, "ranks (only 1 until the distributed runtime exists)")->capture_default_str();
+  sub->add_option("--data", o->data, "text file, .u16/.bin/.tokens file or directory (default: Debian fortunes)");
+  sub->add_option("--steps", o->steps, "optimizer steps")->capture_default_str();
+  sub->add_option("--global-batch", o->global_batch, "sequences per step (default 16, or the strategy's)");
+  sub->add_option("--seq", o->seq_len, "sequence length")->capture_default_str();
+  sub->add_option("--seed", o->seed, "seed of the initial weights and the data order")->capture_default_str();
+  sub->add_option("--strategy", o->strategy, "strategy, e.g. schedule=zb-h1,microbatches=4,mbs=4 (default 1f1b)");
+  sub->add_option("--lr", o->lr, "peak learning rate (AdamW)")->capture_default_str();
+  sub->add_option("--warmup", o->warmup, "linear warm-up steps")->capture_default_str();
+  sub->add_option("--threads", o->threads, "kernel threads (0 = all cores)")->capture_default_str();
+  sub->add_option("--save", o->save, "write a checkpoint to this directory at the end");
+  sub->add_option("--resume", o->resume, "resume from a checkpoint directory");
+  sub->add_flag("--json", o->json, "print one JSON object");
+  return std::function<Status()>([o] { return run_train(*o); });
+});
+
+}  // namespace
+}  // namespace piper::cli

@@ -1,0 +1,111 @@
+#include "piper/runtime/chunks/chunk.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "piper/runtime/chunks/parts.h"
+
+#include "piper/runtime/safetensors.h"
+#include "piper/tensor/rng.h"
+
+namespace piper::runtime {
+
+std::string Chunk::name() const {
+  if (part_ == "embed" || part_ == "head") return part_;
+  return "L" + std::to_string(layer_) + "." + part_;
+}
+
+void Chunk::zero_grads() {
+  for (Param& p : params_) {
+    if (p.trainable) p.grad.fill(0.0f);
+  }
+}
+
+Tensor* Chunk::add_param(const std::string& short_name, const Shape& shape, uint64_t seed, float stddev, float fill,
+                         bool decay, bool trainable) {
+  Param p;
+  p.name = name() + "." + short_name;
+  p.value = Tensor::zeros_or_die(shape, MemCategory::kParameters, allocator_);
+  if (stddev > 0) {
+    // The stream is a hash of the name: the draw does not depend on the order parameters are created in.
+    Rng rng(seed, fnv1a64(p.name.data(), p.name.size()));
+    fill_normal(p.value.data(), p.value.numel(), rng, 0, 0.0f, stddev);
+  } else {
+    p.value.fill(fill);
+  }
+  if (trainable) p.grad = Tensor::zeros_or_die(shape, MemCategory::kGradients, allocator_);
+  p.trainable = trainable;
+  p.decay = decay;
+  params_.push_back(std::move(p));
+  return &params_.back().value;
+}
+
+Tensor Chunk::new_tensor(const Shape& shape, MemCategory category) const {
+  return Tensor::zeros_or_die(shape, category, allocator_);
+}
+
+std::shared_ptr<Tensor> Chunk::new_shared(const Shape& shape, MemCategory category) const {
+  return std::make_shared<Tensor>(Tensor::zeros_or_die(shape, category, allocator_));
+}
+
+namespace {
+
+Status check_rows(const Chunk& chunk, const Tensor* t, int64_t n, int64_t h, const char* what) {
+  if (t == nullptr || t->numel() != n * h) {
+    return invalid_argument(chunk.name() + ": " + what + " must be [" + std::to_string(n) + ", " +
+                            std::to_string(h) + "], got " + (t ? shape_to_string(t->shape()) : "none"));
+  }
+  return ok_status();
+}
+
+template <typename Msg, typename Get>
+Result<std::shared_ptr<const Tensor>> sum_field(const Chunk& chunk, const std::vector<const Msg*>& msgs, int64_t n,
+                                                int64_t h, MemCategory category, const char* what, Get get) {
+  if (msgs.empty()) return invalid_argument(chunk.name() + ": no incoming " + what + "; the graph must feed it");
+  for (const Msg* m : msgs) PIPER_RETURN_IF_ERROR(check_rows(chunk, get(*m).get(), n, h, what));
+  if (msgs.size() == 1) return get(*msgs[0]);
+  auto sum = std::make_shared<Tensor>(get(*msgs[0])->clone(category));
+  for (size_t i = 1; i < msgs.size(); ++i) {
+    const float* src = get(*msgs[i])->data();
+    float* dst = sum->data();
+    for (int64_t j = 0; j < n * h; ++j) dst[j] += src[j];
+  }
+  return std::shared_ptr<const Tensor>(std::move(sum));
+}
+
+}  // namespace
+
+Result<std::shared_ptr<const Tensor>> sum_hidden(const Chunk& chunk, const std::vector<const Activation*>& inputs,
+                                                 int64_t n, int64_t h) {
+  return sum_field(chunk, inputs, n, h, MemCategory::kActivations, "hidden input",
+                   [](const Activation& a) { return a.hidden; });
+}
+
+Result<std::shared_ptr<const Tensor>> sum_dhidden(const Chunk& chunk, const std::vector<const Gradient*>& grads,
+                                                  int64_t n, int64_t h) {
+  return sum_field(chunk, grads, n, h, MemCategory::kBuffers, "gradient", [](const Gradient& g) { return g.dhidden; });
+}
+
+float residual_init_std(const ChunkDims& dims) {
+  return init_std() / std::sqrt(2.0f * static_cast<float>(std::max(1, dims.num_layers)));
+}
+
+void add_into(float* out, const float* a, const float* b, int64_t n) {
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+Result<std::unique_ptr<Chunk>> make_chunk(const std::string& part, int layer, const ChunkDims& dims, uint64_t seed,
+                                          Allocator* allocator) {
+  if (part == "embed") return make_embed_chunk(layer, dims, seed, allocator);
+  if (part == "attn") return make_attn_chunk(layer, dims, seed, allocator);
+  if (part == "router") return make_router_chunk(layer, dims, seed, allocator);
+  if (part == "experts") return make_experts_chunk(layer, dims, seed, allocator);
+  if (part == "shared") return make_shared_chunk(layer, dims, seed, allocator);
+  if (part == "mlp") return make_mlp_chunk(layer, dims, seed, allocator);
+  if (part == "head") return make_head_chunk(layer, dims, seed, allocator);
+  return invalid_argument("no runtime chunk for part '" + part +
+                          "' (known: embed, attn, router, experts, shared, mlp, head)");
+}
+
+}  // namespace piper::runtime

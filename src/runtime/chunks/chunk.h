@@ -1,0 +1,165 @@
+// Chunk: one model part of the IR graph (tag `part` of a chunk node) as runnable CPU code for one microbatch.
+//
+// Parts and the tensors on their data edges (n = tokens of the microbatch, h = hidden size):
+//   embed   ids -> hidden x0 [n, h]
+//   attn    x -> x + Wo·attention(rope(Wq·rms(x)), rope(Wk·rms(x)), Wv·rms(x))           (GQA, causal)
+//   router  x -> {hidden x (the residual, passed through), routed: normed hn = rms(x), top-k experts and weights}
+//   experts {x, routed} -> x + unpermute(grouped SwiGLU experts(permute(hn)))
+//   shared  x -> shared SwiGLU(rms(x))                       (no residual: experts carries it; own norm weight)
+//   mlp     x -> x + SwiGLU(rms(x))                          (dense layers)
+//   head    x -> loss = cross-entropy(Wout·rms(x), targets)
+// A chunk with several incoming hidden tensors (the layer after experts + shared) sums them in edge order.
+// The backward direction carries Gradient messages along the reversed edges; a chunk with several consumers
+// sums their gradients in edge order.
+//
+// Tasks: forward() returns the Stash kept until the backward; backward_input() (B) writes the gradient message
+// for the producers and keeps what backward_weight() needs in the stash; backward_weight() (W) ACCUMULATES
+// into the parameters' gradients, so microbatches add up. BW is B then W. The objective is the mean over the M
+// microbatches of each microbatch's mean token loss (+ the routers' load-balance losses, also averaged), so
+// the head's B uses dloss = 1 / M.
+// Memory: stashed tensors are counted as activations, gradient messages and B->W intermediates as buffers, all
+// through the allocator given at construction. Parameters were initialised from the seed by the Model.
+// Thread-safety: tasks of different microbatches may run on different threads; the router's expert counters
+// (aux-loss-free balancing) are the only shared mutable state and are guarded.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "piper/base/status.h"
+#include "piper/kernels/cpu/moe_reference.h"
+#include "piper/tensor/tensor.h"
+
+namespace piper::runtime {
+
+// The part of a ModelSpec the chunks need, plus runtime choices.
+struct ChunkDims {
+  int64_t hidden = 0;
+  int num_heads = 0, num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t intermediate = 0;         // dense MLP width
+  int num_experts = 0, top_k = 0;
+  int64_t expert_intermediate = 0;
+  int num_shared_experts = 0;
+  int64_t shared_intermediate = 0;  // per shared expert
+  kernels::ScoreFunc router_score = kernels::ScoreFunc::kSoftmax;
+  bool norm_topk = true;
+  double routed_scaling = 1.0;
+  bool expert_bias = false;       // DeepSeek's aux-loss-free balancing bias (updated after each step)
+  double aux_loss_coef = 0.0;     // Switch-style load-balance loss weight (0 = off)
+  double bias_update_rate = 1e-3; // bias step per optimizer step (expert_bias only)
+  int64_t vocab = 0;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  int num_layers = 0;
+};
+
+// One microbatch of token ids, [batch, seq] row-major.
+struct Microbatch {
+  const int32_t* inputs = nullptr;
+  const int32_t* targets = nullptr;
+  int64_t batch = 0, seq = 0;
+  int64_t num_tokens() const { return batch * seq; }
+};
+
+// Per-step context shared by every task.
+struct StepContext {
+  int num_microbatches = 1;
+  Allocator* allocator = nullptr;
+};
+
+// Router -> experts: the normed input and the routing decision.
+struct Routed {
+  std::shared_ptr<const Tensor> normed;  // [n, h]
+  std::vector<int32_t> topk_idx;         // [n, k]
+  Tensor topk_w;                         // [n, k]
+  kernels::Routing routing;
+};
+
+// Tensors on a forward data edge.
+struct Activation {
+  std::shared_ptr<const Tensor> hidden;  // [n, h]; null for the head (it produces only the loss)
+  std::shared_ptr<const Routed> routed;  // router -> experts only
+};
+
+// Tensors on a backward data edge (gradients of the Activation fields).
+struct Gradient {
+  std::shared_ptr<const Tensor> dhidden;
+  std::shared_ptr<const Tensor> dnormed;  // experts -> router
+  std::shared_ptr<const Tensor> dtopk_w;  // experts -> router
+};
+
+// What a forward keeps for its backward. Chunks derive their own.
+struct Stash {
+  virtual ~Stash() = default;
+  double loss = 0;      // head: mean token cross-entropy of the microbatch
+  double aux_loss = 0;  // router: weighted load-balance loss of the microbatch (already divided by M)
+};
+
+// One parameter tensor (and its gradient). Non-trainable state (the router's balancing bias) has no grad.
+struct Param {
+  std::string name;  // "L1.attn.wq"
+  Tensor value;
+  Tensor grad;       // same shape; empty when !trainable
+  bool trainable = true;
+  bool decay = true;  // weight decay applies (not to norm weights)
+};
+
+class Chunk {
+ public:
+  Chunk(std::string part, int layer, const ChunkDims& dims, Allocator* allocator)
+      : part_(std::move(part)), layer_(layer), dims_(dims), allocator_(allocator) {}
+  virtual ~Chunk() = default;
+  Chunk(const Chunk&) = delete;
+  Chunk& operator=(const Chunk&) = delete;
+
+  const std::string& part() const { return part_; }
+  int layer() const { return layer_; }
+  // "embed", "head" or "L3.attn".
+  std::string name() const;
+  std::vector<Param>& params() { return params_; }
+  const std::vector<Param>& params() const { return params_; }
+
+  // Validates the inputs (count, shapes, token ids) and runs F.
+  virtual Result<std::unique_ptr<Stash>> forward(const StepContext& ctx, const Microbatch& mb,
+                                                 const std::vector<const Activation*>& inputs, Activation* out) = 0;
+  // B: `grads` are the consumers' gradient messages (empty for the head). Writes *dx (empty for embed).
+  virtual Status backward_input(const StepContext& ctx, const std::vector<const Gradient*>& grads, Stash& stash,
+                                Gradient* dx) = 0;
+  // W: accumulates parameter gradients and releases the B->W intermediates.
+  virtual void backward_weight(const StepContext& ctx, Stash& stash) = 0;
+  // After the optimizer step of this chunk (router: balancing-bias update). Default: nothing.
+  virtual void after_update() {}
+
+  // Zeroes every gradient (start of a step).
+  void zero_grads();
+
+ protected:
+  // Adds a parameter initialised N(0, stddev) from (seed, name), or to `fill` when stddev == 0.
+  Tensor* add_param(const std::string& short_name, const Shape& shape, uint64_t seed, float stddev, float fill,
+                    bool decay, bool trainable = true);
+  Tensor new_tensor(const Shape& shape, MemCategory category) const;
+  std::shared_ptr<Tensor> new_shared(const Shape& shape, MemCategory category) const;
+
+  std::string part_;
+  int layer_;
+  ChunkDims dims_;
+  Allocator* allocator_;
+  std::vector<Param> params_;
+};
+
+// Sums the hidden tensors of `inputs` in order (one input: shared, no copy; a sum is allocated like the first). Errors if there are none or a
+// shape differs from [n, h].
+Result<std::shared_ptr<const Tensor>> sum_hidden(const Chunk& chunk, const std::vector<const Activation*>& inputs,
+                                                 int64_t n, int64_t h);
+// Sums the dhidden tensors of `grads` in order (one: shared). Errors if none.
+Result<std::shared_ptr<const Tensor>> sum_dhidden(const Chunk& chunk, const std::vector<const Gradient*>& grads,
+                                                  int64_t n, int64_t h);
+
+// The chunk for (part, layer); InvalidArgument for an unknown part. Parameters are drawn from `seed`.
+Result<std::unique_ptr<Chunk>> make_chunk(const std::string& part, int layer, const ChunkDims& dims, uint64_t seed,
+                                          Allocator* allocator);
+
+}  // namespace piper::runtime

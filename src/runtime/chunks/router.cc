@@ -1,0 +1,123 @@
+// router: pre-norm top-k gating. Passes the residual through to `experts` with the normed input and the routing.
+// Balancing: a Switch-style auxiliary loss (aux_loss_coef > 0, weighted 1 / M per microbatch), and/or DeepSeek's
+// aux-loss-free bias (expert_bias): the step's expert counts move a selection-only bias after the update.
+#include <mutex>
+
+#include "piper/kernels/cpu/ops.h"
+#include "piper/runtime/chunks/parts.h"
+
+namespace piper::runtime {
+namespace {
+
+struct RouterStash : Stash {
+  int64_t n = 0;
+  std::shared_ptr<const Tensor> x, hn;
+  Tensor rstd, scores;
+  std::shared_ptr<const Routed> routed;
+  // B -> W
+  Tensor dlogits, dhn;
+};
+
+class RouterChunk : public Chunk {
+ public:
+  RouterChunk(int layer, const ChunkDims& d, uint64_t seed, Allocator* allocator)
+      : Chunk("router", layer, d, allocator), counts_(static_cast<size_t>(d.num_experts), 0) {
+    add_param("norm", {d.hidden}, seed, 0.0f, 1.0f, false);
+    add_param("w_router", {d.num_experts, d.hidden}, seed, init_std(), 0.0f, false);
+    if (d.expert_bias) add_param("bias", {d.num_experts}, seed, 0.0f, 0.0f, false, /*trainable=*/false);
+  }
+
+  Result<std::unique_ptr<Stash>> forward(const StepContext& ctx, const Microbatch& mb,
+                                         const std::vector<const Activation*>& inputs, Activation* out) override {
+    const int64_t n = mb.num_tokens(), h = dims_.hidden, E = dims_.num_experts, k = dims_.top_k;
+    auto st = std::make_unique<RouterStash>();
+    st->n = n;
+    PIPER_ASSIGN_OR_RETURN(st->x, sum_hidden(*this, inputs, n, h));
+    st->rstd = new_tensor({n}, MemCategory::kActivations);
+    auto hn = new_shared({n, h}, MemCategory::kActivations);
+    kernels::rmsnorm_forward(hn->data(), st->rstd.data(), st->x->data(), params_[0].value.data(), n, h,
+                             dims_.norm_eps);
+    st->hn = hn;
+    st->scores = new_tensor({n, E}, MemCategory::kActivations);
+    auto routed = std::make_shared<Routed>();
+    routed->normed = hn;
+    routed->topk_idx.assign(static_cast<size_t>(n * k), 0);
+    routed->topk_w = new_tensor({n, k}, MemCategory::kActivations);
+    float aux = 0;
+    const float* bias = dims_.expert_bias ? params_[2].value.data() : nullptr;
+    kernels::router_forward(st->scores.data(), routed->topk_idx.data(), routed->topk_w.data(), &aux, hn->data(),
+                            params_[1].value.data(), bias, n, h, config(ctx));
+    routed->routing = kernels::build_routing(routed->topk_idx.data(), n, dims_.top_k, dims_.num_experts);
+    st->aux_loss = aux;
+    if (dims_.expert_bias) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (int e = 0; e < dims_.num_experts; ++e) counts_[static_cast<size_t>(e)] += routed->routing.count(e);
+    }
+    st->routed = routed;
+    out->hidden = st->x;
+    out->routed = std::move(routed);
+    return std::unique_ptr<Stash>(std::move(st));
+  }
+
+  Status backward_input(const StepContext& ctx, const std::vector<const Gradient*>& grads, Stash& stash,
+                        Gradient* dx) override {
+    auto& st = static_cast<RouterStash&>(stash);
+    const int64_t n = st.n, h = dims_.hidden, E = dims_.num_experts;
+    if (grads.size() != 1 || !grads[0]->dnormed || !grads[0]->dtopk_w || !grads[0]->dhidden) {
+      return invalid_argument(name() + ": expects one gradient message from its experts chunk with the residual, "
+                              "normed-input and routing-weight gradients; got " + std::to_string(grads.size()) +
+                              " message(s)");
+    }
+    const Gradient& gin = *grads[0];
+    st.dlogits = new_tensor({n, E}, MemCategory::kBuffers);
+    st.dhn = new_tensor({n, h}, MemCategory::kBuffers);
+    kernels::router_backward_input(st.dhn.data(), st.dlogits.data(), gin.dtopk_w->data(), st.scores.data(),
+                                   st.routed->topk_idx.data(), st.routed->topk_w.data(), params_[1].value.data(), n,
+                                   h, config(ctx));
+    add_into(st.dhn.data(), st.dhn.data(), gin.dnormed->data(), n * h);
+    auto dxt = new_shared({n, h}, MemCategory::kBuffers);
+    kernels::rmsnorm_backward_input(dxt->data(), st.dhn.data(), st.x->data(), params_[0].value.data(),
+                                    st.rstd.data(), n, h);
+    add_into(dxt->data(), dxt->data(), gin.dhidden->data(), n * h);
+    dx->dhidden = std::move(dxt);
+    return ok_status();
+  }
+
+  void backward_weight(const StepContext& ctx, Stash& stash) override {
+    auto& st = static_cast<RouterStash&>(stash);
+    const int64_t n = st.n, h = dims_.hidden;
+    kernels::rmsnorm_backward_weight(params_[0].grad.data(), st.dhn.data(), st.x->data(), st.rstd.data(), n, h);
+    kernels::router_backward_weight(params_[1].grad.data(), st.dlogits.data(), st.hn->data(), n, h, config(ctx));
+    st.dlogits = Tensor();
+    st.dhn = Tensor();
+  }
+
+  void after_update() override {
+    if (!dims_.expert_bias) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    kernels::router_update_bias(params_[2].value.data(), counts_.data(), dims_.num_experts, dims_.bias_update_rate);
+    std::fill(counts_.begin(), counts_.end(), 0);
+  }
+
+ private:
+  kernels::RouterConfig config(const StepContext& ctx) const {
+    kernels::RouterConfig c;
+    c.num_experts = dims_.num_experts;
+    c.top_k = dims_.top_k;
+    c.score = dims_.router_score;
+    c.norm_topk = dims_.norm_topk;
+    c.aux_loss_coef = dims_.aux_loss_coef / ctx.num_microbatches;
+    return c;
+  }
+
+  std::mutex mutex_;
+  std::vector<int64_t> counts_;  // tokens per expert since the last update (expert_bias)
+};
+
+}  // namespace
+
+std::unique_ptr<Chunk> make_router_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator) {
+  return std::make_unique<RouterChunk>(layer, dims, seed, allocator);
+}
+
+}  // namespace piper::runtime

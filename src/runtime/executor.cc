@@ -1,0 +1,428 @@
+#include "piper/runtime/executor.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+namespace piper::runtime {
+namespace {
+
+using compile::Instruction;
+using compile::OpKind;
+using StashKey = std::tuple<int, std::string, int>;  // (layer, part, mb)
+
+constexpr auto kWaitTimeout = std::chrono::seconds(600);
+
+std::string key_name(const StashKey& k) {
+  return "(layer " + std::to_string(std::get<0>(k)) + ", " + std::get<1>(k) + ", mb " +
+         std::to_string(std::get<2>(k)) + ")";
+}
+
+// One instruction with everything resolved at create().
+struct Task {
+  const Instruction* in = nullptr;
+  Chunk* chunk = nullptr;
+  ir::Pass pass = ir::Pass::kNone;
+  int mb = -1;
+  StashKey key;
+  std::vector<ir::NodeId> sources;  // F: producers' F nodes; B/BW: consumers' B/BW nodes (edge order)
+  int consumers = 0;                // tasks that read this task's message
+};
+
+template <typename Msg>
+struct Pending {
+  Msg msg;
+  int remaining = 0;
+};
+
+}  // namespace
+
+struct Executor::Impl {
+  const ir::Graph* graph = nullptr;
+  Model* model = nullptr;
+  Optimizer* optimizer = nullptr;
+  Allocator* allocator = nullptr;
+  std::vector<std::vector<Task>> streams;
+  std::map<int, StashKey> buffer_owner;
+  std::map<Chunk*, int> updates_expected;
+  int64_t grad_tasks_total = 0;
+  int num_events = 0;
+  int num_mb = 1;
+  int64_t planned_peak = 0;
+
+  // Per-step state, guarded by mu.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<ir::NodeId, Pending<Activation>> fwd;
+  std::map<ir::NodeId, Pending<Gradient>> bwd;
+  std::map<StashKey, std::unique_ptr<Stash>> stashes;
+  std::vector<char> events;
+  std::map<Chunk*, int> updates_done;
+  int64_t grad_tasks_done = 0;
+  bool norm_done = false;
+  double grad_norm = 0;
+  bool failed = false;
+  Status error;
+  std::vector<double> loss_mb, aux_mb;
+  std::map<std::string, double> task_seconds;
+  int64_t planned_live = 0;
+  // The batch of the running step.
+  const Batch* batch = nullptr;
+  int64_t mbs = 0;
+
+  Status execute(const Task& t);
+  Status compute(const Task& t);
+  void run_stream(size_t s);
+  void fail(const Status& st) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!failed) {
+      failed = true;
+      error = st;
+    }
+    cv.notify_all();
+  }
+};
+
+Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const compile::Program& program,
+                                                   Model* model, Optimizer* optimizer, Allocator* allocator) {
+  auto impl = std::make_unique<Impl>();
+  impl->graph = &graph;
+  impl->model = model;
+  impl->optimizer = optimizer;
+  impl->allocator = allocator;
+  impl->num_mb = std::max(1, graph.num_microbatches);
+  if (program.streams.empty()) return invalid_argument("executor: the program of rank " +
+                                                       std::to_string(program.pp_rank) + " has no streams");
+  auto chunk_key = [&](ir::NodeId id) { return std::make_pair(graph.node(id).tags.layer, graph.node(id).tags.part); };
+  for (const compile::Stream& stream : program.streams) {
+    std::vector<Task> tasks;
+    for (size_t i = 0; i < stream.instrs.size(); ++i) {
+      const Instruction& in = stream.instrs[i];
+      Task t;
+      t.in = &in;
+      switch (in.op) {
+        case OpKind::kSend:
+        case OpKind::kRecv:
+        case OpKind::kCollective:
+          return unimplemented("executor: instruction '" + in.label + "' (" + compile::to_string(in.op) + " " +
+                               ir::to_string(in.comm) + ") needs other ranks; the distributed runtime is not "
+                               "built yet (issue 9): compile a single-rank strategy (dp=tp=pp=ep=1)");
+        case OpKind::kRecord:
+        case OpKind::kWait:
+          impl->num_events = std::max(impl->num_events, in.event + 1);
+          break;
+        case OpKind::kAlloc: {
+          size_t j = i + 1;
+          while (j < stream.instrs.size() && stream.instrs[j].op != OpKind::kCompute) ++j;
+          if (j == stream.instrs.size() || graph.node(stream.instrs[j].node).tags.pass != ir::Pass::kF) {
+            return invalid_argument("executor: '" + in.label + "' (buffer " + std::to_string(in.buffer) +
+                                    ") is not followed by a forward task on stream '" + stream.name + "'");
+          }
+          const ir::Node& f = graph.node(stream.instrs[j].node);
+          impl->buffer_owner[in.buffer] = StashKey{f.tags.layer, f.tags.part, f.tags.mb};
+          break;
+        }
+        case OpKind::kFree:
+          break;
+        case OpKind::kUpdate: {
+          const ir::Node& n = graph.node(in.node);
+          t.chunk = model->find(n.tags.layer, n.tags.part);
+          if (t.chunk == nullptr) {
+            return invalid_argument("executor: update '" + in.label + "' names (layer " +
+                                    std::to_string(n.tags.layer) + ", " + n.tags.part + "), which the model lacks");
+          }
+          impl->updates_expected[t.chunk]++;
+          break;
+        }
+        case OpKind::kCompute: {
+          const ir::Node& n = graph.node(in.node);
+          if (n.kind != ir::NodeKind::kChunk) {
+            return invalid_argument("executor: compute '" + in.label + "' is not a chunk node");
+          }
+          if (n.recompute) {
+            return unimplemented("executor: '" + in.label + "' is recomputed; the CPU executor does not implement "
+                                 "recomputation yet (use recompute=none)");
+          }
+          t.chunk = model->find(n.tags.layer, n.tags.part);
+          if (t.chunk == nullptr) {
+            return invalid_argument("executor: graph node '" + n.name + "' (layer " + std::to_string(n.tags.layer) +
+                                    ", part " + n.tags.part + ") has no chunk in the model");
+          }
+          t.pass = n.tags.pass;
+          t.mb = std::max(0, n.tags.mb);
+          t.key = StashKey{n.tags.layer, n.tags.part, t.mb};
+          const bool fwd = t.pass == ir::Pass::kF;
+          if (!fwd && !ir::is_backward(t.pass)) {
+            return invalid_argument("executor: '" + in.label + "' has pass " + ir::to_string(t.pass));
+          }
+          auto relevant = [&](ir::NodeId other) {
+            const ir::Node& o = graph.node(other);
+            if (ir::is_comm(o.kind)) return false;
+            if (o.kind != ir::NodeKind::kChunk || chunk_key(other) == chunk_key(n.id)) return false;
+            return fwd ? o.tags.pass == ir::Pass::kF : (o.tags.pass == ir::Pass::kB || o.tags.pass == ir::Pass::kBW);
+          };
+          if (t.pass != ir::Pass::kW) {
+            for (int e : graph.in_edges(n.id)) {
+              const ir::Edge& ed = graph.edge(e);
+              if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
+              if (ir::is_comm(graph.node(ed.src).kind)) {
+                return unimplemented("executor: '" + in.label + "' reads from communication node '" +
+                                     graph.node(ed.src).name + "'; the distributed runtime is not built yet");
+              }
+              if (relevant(ed.src)) t.sources.push_back(ed.src);
+            }
+            for (int e : graph.out_edges(n.id)) {
+              const ir::Edge& ed = graph.edge(e);
+              if (ed.alive && ed.kind == ir::EdgeKind::kData && relevant(ed.dst)) ++t.consumers;
+            }
+          }
+          if (t.pass == ir::Pass::kW || t.pass == ir::Pass::kBW) ++impl->grad_tasks_total;
+          break;
+        }
+      }
+      tasks.push_back(std::move(t));
+    }
+    impl->streams.push_back(std::move(tasks));
+  }
+  for (const auto& c : model->chunks()) {
+    const int n = impl->updates_expected.count(c.get()) ? impl->updates_expected[c.get()] : 0;
+    if (n != 1) {
+      return invalid_argument("executor: chunk " + c->name() + " has " + std::to_string(n) +
+                              " update instructions in the program; it needs exactly one");
+    }
+  }
+  return std::unique_ptr<Executor>(new Executor(std::move(impl)));
+}
+
+Executor::Executor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Executor::~Executor() = default;
+
+int Executor::num_microbatches() const { return impl_->num_mb; }
+int Executor::num_streams() const { return static_cast<int>(impl_->streams.size()); }
+int64_t Executor::planned_peak_bytes() const { return impl_->planned_peak; }
+
+Status Executor::Impl::compute(const Task& t) {
+  StepContext ctx{num_mb, allocator};
+  const std::string& label = t.in->label;
+  if (t.pass == ir::Pass::kF) {
+    std::vector<Activation> inputs;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      for (ir::NodeId src : t.sources) {
+        auto it = fwd.find(src);
+        if (it == fwd.end()) {
+          return internal_error("input of '" + label + "' from '" + graph->node(src).name +
+                                "' is not available: the plan runs it before its producer");
+        }
+        inputs.push_back(it->second.msg);
+        if (--it->second.remaining == 0) fwd.erase(it);
+      }
+    }
+    std::vector<const Activation*> ptrs;
+    for (const Activation& a : inputs) ptrs.push_back(&a);
+    const int64_t offset = static_cast<int64_t>(t.mb) * mbs * batch->seq_len;
+    Microbatch mb{batch->inputs.data() + offset, batch->targets.data() + offset, mbs, batch->seq_len};
+    Activation out;
+    auto stash = t.chunk->forward(ctx, mb, ptrs, &out);
+    if (!stash.ok()) return stash.status();
+    std::lock_guard<std::mutex> lock(mu);
+    if (stashes.count(t.key)) return internal_error("'" + label + "' ran twice for " + key_name(t.key));
+    loss_mb[static_cast<size_t>(t.mb)] += (*stash)->loss;
+    aux_mb[static_cast<size_t>(t.mb)] += (*stash)->aux_loss;
+    stashes[t.key] = std::move(stash).value();
+    if (t.consumers > 0) fwd[t.in->node] = Pending<Activation>{std::move(out), t.consumers};
+    return ok_status();
+  }
+  Stash* stash = nullptr;
+  std::vector<Gradient> grads;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = stashes.find(t.key);
+    if (it == stashes.end()) {
+      return internal_error("'" + label + "' has no stashed activations for " + key_name(t.key) +
+                            ": its forward has not run or they were freed");
+    }
+    stash = it->second.get();
+    for (ir::NodeId src : t.sources) {
+      auto g = bwd.find(src);
+      if (g == bwd.end()) {
+        return internal_error("gradient of '" + label + "' from '" + graph->node(src).name +
+                              "' is not available: the plan runs it before its producer");
+      }
+      grads.push_back(g->second.msg);
+      if (--g->second.remaining == 0) bwd.erase(g);
+    }
+  }
+  if (t.pass == ir::Pass::kW) {
+    t.chunk->backward_weight(ctx, *stash);
+  } else {
+    std::vector<const Gradient*> ptrs;
+    for (const Gradient& g : grads) ptrs.push_back(&g);
+    Gradient dx;
+    PIPER_RETURN_IF_ERROR(t.chunk->backward_input(ctx, ptrs, *stash, &dx));
+    grads.clear();
+    if (t.pass == ir::Pass::kBW) t.chunk->backward_weight(ctx, *stash);
+    std::lock_guard<std::mutex> lock(mu);
+    if (t.consumers > 0) bwd[t.in->node] = Pending<Gradient>{std::move(dx), t.consumers};
+  }
+  if (t.pass == ir::Pass::kW || t.pass == ir::Pass::kBW) {
+    std::lock_guard<std::mutex> lock(mu);
+    ++grad_tasks_done;
+    cv.notify_all();
+  }
+  return ok_status();
+}
+
+Status Executor::Impl::execute(const Task& t) {
+  const Instruction& in = *t.in;
+  switch (in.op) {
+    case OpKind::kCompute: {
+      const auto start = std::chrono::steady_clock::now();
+      Status st = compute(t);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::lock_guard<std::mutex> lock(mu);
+      task_seconds[t.chunk->part() + "." + ir::to_string(t.pass)] += s;
+      return st;
+    }
+    case OpKind::kAlloc: {
+      std::lock_guard<std::mutex> lock(mu);
+      planned_live += in.bytes;
+      planned_peak = std::max(planned_peak, planned_live);
+      return ok_status();
+    }
+    case OpKind::kFree: {
+      std::unique_ptr<Stash> dead;
+      std::lock_guard<std::mutex> lock(mu);
+      auto owner = buffer_owner.find(in.buffer);
+      if (owner == buffer_owner.end()) return internal_error("'" + in.label + "' frees a buffer never allocated");
+      auto it = stashes.find(owner->second);
+      if (it == stashes.end()) {
+        return internal_error("'" + in.label + "': no activations of " + key_name(owner->second) + " to free");
+      }
+      dead = std::move(it->second);
+      stashes.erase(it);
+      planned_live -= in.bytes;
+      return ok_status();
+    }
+    case OpKind::kRecord: {
+      std::lock_guard<std::mutex> lock(mu);
+      events[static_cast<size_t>(in.event)] = 1;
+      cv.notify_all();
+      return ok_status();
+    }
+    case OpKind::kWait: {
+      std::unique_lock<std::mutex> lock(mu);
+      if (!cv.wait_for(lock, kWaitTimeout, [&] { return events[static_cast<size_t>(in.event)] || failed; })) {
+        return deadline_exceeded("'" + in.label + "' waited 600 s for event " + std::to_string(in.event));
+      }
+      return ok_status();
+    }
+    case OpKind::kUpdate: {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        if (!cv.wait_for(lock, kWaitTimeout, [&] { return grad_tasks_done == grad_tasks_total || failed; })) {
+          return deadline_exceeded("'" + in.label + "' waited 600 s for the step's gradients");
+        }
+        if (failed) return ok_status();
+        if (!norm_done) {
+          grad_norm = optimizer->begin_step();
+          norm_done = true;
+        }
+      }
+      const auto start = std::chrono::steady_clock::now();
+      optimizer->update(*t.chunk);
+      t.chunk->after_update();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::lock_guard<std::mutex> lock(mu);
+      updates_done[t.chunk]++;
+      task_seconds["update"] += s;
+      return ok_status();
+    }
+    default:
+      return internal_error("executor: unexpected instruction '" + in.label + "'");
+  }
+}
+
+void Executor::Impl::run_stream(size_t s) {
+  for (const Task& t : streams[s]) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (failed) return;
+    }
+    Status st = execute(t);
+    if (!st.ok()) {
+      fail(st.with_context("executor: " + t.in->label));
+      return;
+    }
+  }
+}
+
+Result<StepResult> Executor::run_step(const Batch& batch) {
+  Impl& m = *impl_;
+  if (batch.batch_size < 1 || batch.batch_size % m.num_mb != 0) {
+    return invalid_argument("executor: a batch of " + std::to_string(batch.batch_size) + " sequences does not split "
+                            "into the plan's " + std::to_string(m.num_mb) + " microbatches");
+  }
+  if (static_cast<int64_t>(batch.inputs.size()) != batch.batch_size * batch.seq_len ||
+      batch.targets.size() != batch.inputs.size()) {
+    return invalid_argument("executor: batch arrays do not match [batch_size, seq_len]");
+  }
+  const auto start = std::chrono::steady_clock::now();
+  m.model->zero_grads();
+  m.batch = &batch;
+  m.mbs = batch.batch_size / m.num_mb;
+  m.fwd.clear();
+  m.bwd.clear();
+  m.stashes.clear();
+  m.events.assign(static_cast<size_t>(m.num_events), 0);
+  m.updates_done.clear();
+  m.grad_tasks_done = 0;
+  m.norm_done = false;
+  m.grad_norm = 0;
+  m.failed = false;
+  m.error = ok_status();
+  m.loss_mb.assign(static_cast<size_t>(m.num_mb), 0.0);
+  m.aux_mb.assign(static_cast<size_t>(m.num_mb), 0.0);
+  m.planned_live = 0;
+  m.planned_peak = 0;
+  m.task_seconds.clear();
+  if (m.streams.size() == 1) {
+    m.run_stream(0);
+  } else {
+    std::vector<std::thread> threads;
+    for (size_t s = 0; s < m.streams.size(); ++s) threads.emplace_back([&m, s] { m.run_stream(s); });
+    for (auto& th : threads) th.join();
+  }
+  m.batch = nullptr;
+  if (m.failed) {
+    m.stashes.clear();
+    m.fwd.clear();
+    m.bwd.clear();
+    return m.error;
+  }
+  if (!m.stashes.empty()) {
+    return internal_error("executor: the plan never freed the activations of " + key_name(m.stashes.begin()->first));
+  }
+  if (!m.fwd.empty() || !m.bwd.empty()) {
+    return internal_error("executor: a task's output was never consumed (node '" +
+                          m.graph->node(!m.fwd.empty() ? m.fwd.begin()->first : m.bwd.begin()->first).name + "')");
+  }
+  if (m.updates_done != m.updates_expected) return internal_error("executor: not every chunk was updated once");
+  StepResult r;
+  for (int k = 0; k < m.num_mb; ++k) {
+    r.loss += m.loss_mb[static_cast<size_t>(k)];
+    r.aux_loss += m.aux_mb[static_cast<size_t>(k)];
+  }
+  r.loss /= m.num_mb;
+  r.grad_norm = m.grad_norm;
+  r.task_seconds = m.task_seconds;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (const auto& s : m.streams) r.num_instructions += static_cast<int64_t>(s.size());
+  return r;
+}
+
+}  // namespace piper::runtime

@@ -1,0 +1,74 @@
+// Executor: runs one rank's compiled Program (src/compile/plan.h) on the CPU chunks of a Model.
+//
+// - Streams: each logical stream of the Program runs its instructions in order, on its own thread when the
+//   Program has several streams, inline on the caller's thread when it has one (deterministic either way: the
+//   kernels give the same bits for any thread count, and cross-stream order comes only from events).
+// - compute: dispatched by the graph node's tags {layer, part, pass, mb} to the chunk (layer, part) and task
+//   F, B, W or BW on microbatch mb. Inputs are the tensors produced by the node's data-edge predecessors in the
+//   graph (forward: the producers' Activations; backward: the consumers' Gradients), so the executor wires
+//   exactly what the compiled graph says. A chunk's stash lives from its F until the `free` of its activation
+//   buffer (after the last backward task, as lowered by compile::lower).
+// - record / wait: events between streams. alloc / free: the plan's activation buffers; the executor checks
+//   them against the stashes it holds and accounts their planned bytes (planned_peak_bytes) next to the bytes
+//   really allocated (MemoryTracker, every tensor, peak per category).
+// - update: AdamW of the chunk's parameters. Global-norm clipping needs every gradient of the step, so the
+//   first update waits until all weight-gradient tasks (W and BW) of the step have run, computes the norm once,
+//   and every update uses that scale. Gradients accumulate over microbatches and are zeroed at the start of
+//   each step.
+// - send / recv / collectives: not in a single-rank plan; a Program that has them is rejected at create() with
+//   a message pointing at the distributed runtime (not built yet).
+// Errors in a task abort the step with the instruction's label in the message; other streams stop at their
+// next instruction. Thread-safety: one run_step() at a time.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "piper/base/status.h"
+#include "piper/compile/plan.h"
+#include "piper/ir/graph.h"
+#include "piper/runtime/data_loader.h"
+#include "piper/runtime/model.h"
+#include "piper/runtime/optimizer.h"
+#include "piper/tensor/memory.h"
+
+namespace piper::runtime {
+
+struct StepResult {
+  double loss = 0;       // mean over microbatches of the mean token cross-entropy
+  double aux_loss = 0;   // routers' load-balance losses (weighted, averaged over microbatches)
+  double grad_norm = 0;  // global gradient norm before clipping
+  double seconds = 0;
+  int64_t num_instructions = 0;
+  // Wall seconds spent in compute tasks by "<part>.<pass>" ("experts.BW"), summed over layers, microbatches
+  // and streams; and in optimizer updates ("update").
+  std::map<std::string, double> task_seconds;
+};
+
+class Executor {
+ public:
+  // Checks that every compute/update node of `program` has a chunk in `model`, that alloc buffers belong to a
+  // forward chunk, and that there is no communication. The graph, program, model and optimizer must outlive
+  // the executor. `allocator` serves the step's temporary tensors (normally the one the model uses).
+  static Result<std::unique_ptr<Executor>> create(const ir::Graph& graph, const compile::Program& program,
+                                                  Model* model, Optimizer* optimizer, Allocator* allocator);
+  ~Executor();
+
+  // One optimizer step on `batch` ([batch_size, seq]); batch_size must be num_microbatches * mbs.
+  Result<StepResult> run_step(const Batch& batch);
+
+  int num_microbatches() const;
+  int num_streams() const;
+  // Largest sum of live activation-buffer bytes the plan's alloc/free instructions describe (its estimate).
+  int64_t planned_peak_bytes() const;
+
+ private:
+  struct Impl;
+  explicit Executor(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace piper::runtime

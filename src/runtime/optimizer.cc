@@ -1,0 +1,64 @@
+#include "piper/runtime/optimizer.h"
+
+#include <algorithm>
+
+#include "piper/base/check.h"
+#include "piper/kernels/cpu/optimizer.h"
+
+namespace piper::runtime {
+
+Optimizer::Optimizer(const OptimizerSpec& spec, int64_t warmup_steps, const Model& model, Allocator* allocator)
+    : spec_(spec), warmup_steps_(warmup_steps), model_(model) {
+  for (Param* p : model.params()) {
+    if (!p->trainable) continue;
+    Moments mo;
+    mo.m = Tensor::zeros_or_die(p->value.shape(), MemCategory::kOptimizer, allocator);
+    mo.v = Tensor::zeros_or_die(p->value.shape(), MemCategory::kOptimizer, allocator);
+    moments_.emplace(p, std::move(mo));
+  }
+}
+
+double Optimizer::learning_rate() const {
+  if (warmup_steps_ <= 0) return spec_.lr;
+  return spec_.lr * std::min(1.0, static_cast<double>(std::max<int64_t>(step_, 1)) / static_cast<double>(warmup_steps_));
+}
+
+double Optimizer::begin_step() {
+  std::vector<std::pair<const float*, int64_t>> grads;
+  for (const Param* p : model_.params()) {
+    if (p->trainable) grads.emplace_back(p->grad.data(), p->grad.numel());
+  }
+  const double norm = kernels::grad_global_norm(grads);
+  clip_scale_ = kernels::clip_scale(norm, spec_.grad_clip);
+  ++step_;
+  return norm;
+}
+
+void Optimizer::update(Chunk& chunk) {
+  PIPER_CHECK(step_ >= 1, "Optimizer::update before begin_step");
+  kernels::AdamWConfig cfg;
+  cfg.lr = learning_rate();
+  cfg.beta1 = spec_.beta1;
+  cfg.beta2 = spec_.beta2;
+  cfg.eps = spec_.eps;
+  cfg.weight_decay = spec_.weight_decay;
+  for (Param& p : chunk.params()) {
+    if (!p.trainable) continue;
+    Moments& mo = moments_.at(&p);
+    kernels::adamw_step(p.value.data(), p.grad.data(), mo.m.data(), mo.v.data(), p.value.numel(), cfg, step_,
+                        clip_scale_, p.decay);
+  }
+}
+
+std::vector<std::pair<std::string, Tensor*>> Optimizer::state() {
+  std::vector<std::pair<std::string, Tensor*>> out;
+  for (const Param* p : model_.params()) {
+    if (!p->trainable) continue;
+    Moments& mo = moments_.at(p);
+    out.emplace_back(p->name + ".m", &mo.m);
+    out.emplace_back(p->name + ".v", &mo.v);
+  }
+  return out;
+}
+
+}  // namespace piper::runtime

@@ -1,0 +1,96 @@
+// Trainer: single-rank training of a model through its compiled Plan.
+//
+// create(): resolves the strategy (default: 1f1b on one rank, mbs = min(4, global batch)), validates it for
+// the model, batch and world size, compiles it with compile::compile_strategy, builds the Model from the seed,
+// the Optimizer, the corpus and its DataLoader, and an Executor over the rank-0 Program. step() runs one
+// optimizer step on the next batch. save()/resume() write and read a checkpoint (runtime/checkpoint.h: model,
+// AdamW moments, optimizer step, data position, seed) so that a resumed run continues bit for bit.
+// Every tensor is allocated through the trainer's own MemoryTracker, so memory() is this run's, by category.
+// The resource model's prediction for the same configuration (src/cost on the local-cpu cluster preset, fp32
+// everywhere) is predicted_memory().
+// Errors: ranks > 1 (the distributed runtime is issue 9), an invalid strategy, a model the CPU chunks do not
+// support, a missing data file, token ids outside the vocabulary, a corrupt or mismatched checkpoint.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "piper/base/status.h"
+#include "piper/compile/compile.h"
+#include "piper/cost/estimate.h"
+#include "piper/runtime/data_loader.h"
+#include "piper/runtime/executor.h"
+#include "piper/runtime/memory_pool.h"
+#include "piper/runtime/model.h"
+#include "piper/runtime/optimizer.h"
+#include "piper/spec/model_spec.h"
+#include "piper/strategy/strategy.h"
+
+namespace piper::runtime {
+
+struct TrainOptions {
+  ModelSpec model;
+  int ranks = 1;
+  std::string strategy;       // compact form or JSON file; "" = 1f1b, microbatches = global_batch / mbs
+  int64_t global_batch = 16;  // sequences per step; 0 = from the strategy
+  int64_t seq_len = 128;
+  uint64_t seed = 1234;
+  std::string data;           // corpus file or directory; "" = the default corpus
+  OptimizerSpec optimizer;    // lr, betas, weight decay, grad_clip
+  int64_t warmup_steps = 0;
+  ModelOptions model_options;
+};
+
+struct TrainStepStats {
+  int64_t step = 0;  // optimizer steps completed after this one
+  double loss = 0, aux_loss = 0, grad_norm = 0;
+  double seconds = 0;
+  double tokens_per_s = 0;
+  double flops_per_s = 0;  // model FLOPs (docs/counting.md) per second
+  std::map<std::string, double> task_seconds;  // see StepResult
+};
+
+class Trainer {
+ public:
+  static Result<std::unique_ptr<Trainer>> create(const TrainOptions& options);
+  ~Trainer();
+
+  Result<TrainStepStats> step();
+  Status save(const std::string& dir);
+  Status resume(const std::string& dir);
+
+  const Strategy& strategy() const { return strategy_; }
+  const compile::CompileResult& compiled() const { return compiled_; }
+  Model& model() { return *model_; }
+  Executor& executor() { return *executor_; }
+  MemoryStats memory() const { return tracker_.stats(); }
+  // Bytes the memory pool holds from the system at most (in use + cached for reuse).
+  int64_t reserved_peak_bytes() const { return allocator_->peak_reserved_bytes(); }
+  const cost::MemoryBreakdown& predicted_memory() const { return predicted_; }
+  double flops_per_token() const { return flops_per_token_; }
+  int64_t tokens_per_step() const { return options_.global_batch * options_.seq_len; }
+  int64_t steps_done() const { return optimizer_->step(); }
+  const TrainOptions& options() const { return options_; }
+
+ private:
+  Trainer() = default;
+  TrainOptions options_;
+  Strategy strategy_;
+  MemoryTracker tracker_;
+  std::unique_ptr<MemoryPool> allocator_;
+  compile::CompileResult compiled_;
+  std::unique_ptr<Model> model_;
+  std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<DataLoader> loader_;
+  std::unique_ptr<Executor> executor_;
+  cost::MemoryBreakdown predicted_;
+  double flops_per_token_ = 0;
+  Batch batch_;
+};
+
+// The strategy a run uses: `text` parsed, or the default for the batch (see TrainOptions::strategy).
+Result<Strategy> train_strategy(const std::string& text, int64_t global_batch);
+
+}  // namespace piper::runtime
