@@ -30,6 +30,7 @@ struct PlanOptions {
   std::string calibration;
   bool json = false;
   bool disaggregate = false;
+  bool no_verify = false;
   std::string solver = "cbc";
   std::string af_placement = "spread";
 };
@@ -47,18 +48,29 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
               static_cast<long long>(st.considered), static_cast<long long>(st.rejected_total()),
               static_cast<long long>(st.scored), static_cast<long long>(st.fitting),
               format_seconds(st.search_time_s).c_str(), st.threads);
+  if (st.verified + st.verify_failed > 0) {
+    std::printf("verify    %lld compiled and verified, %lld rejected by the compiler, %s\n",
+                static_cast<long long>(st.verified), static_cast<long long>(st.verify_failed),
+                format_seconds(st.verify_time_s).c_str());
+    if (!st.first_verify_failure.empty()) std::printf("          first rejection: %s\n", st.first_verify_failure.c_str());
+  } else {
+    std::printf("verify    off (--no-verify)\n");
+  }
   std::printf("rejected by rule:\n");
   for (int k = 0; k < plan::kNumRules; ++k) {
     if (st.rejected[k] > 0) {
       std::printf("  %-26s %lld\n", plan::to_string(static_cast<plan::Rule>(k)), static_cast<long long>(st.rejected[k]));
     }
   }
-  std::printf("\n %-3s %11s %7s %12s %11s  %s\n", "#", "step time", "MFU", "tokens/s", "peak mem", "strategy");
+  std::printf("\n %-3s %11s %7s %12s %11s %12s  %s\n", "#", "step time", "MFU", "tokens/s", "peak mem",
+              "compiled pk", "strategy");
   for (size_t i = 0; i < r.top.size(); ++i) {
     const auto& p = r.top[i];
-    std::printf(" %-3zu %11s %6.1f%% %12s %11s  %s\n", i + 1, format_seconds(p.estimate.step_time_s).c_str(),
+    std::printf(" %-3zu %11s %6.1f%% %12s %11s %12s  %s\n", i + 1, format_seconds(p.estimate.step_time_s).c_str(),
                 100 * p.estimate.mfu, format_count(p.estimate.tokens_per_s).c_str(),
-                format_bytes(p.peak_memory_bytes()).c_str(), p.strategy.to_string().c_str());
+                format_bytes(p.peak_memory_bytes()).c_str(),
+                p.verified ? format_bytes(p.verification.compiled_peak_bytes).c_str() : "-",
+                p.strategy.to_string().c_str());
   }
   if (!r.top.empty()) {
     std::printf("\nmemory per pipeline rank of #1:");
@@ -200,6 +212,7 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
   sub->add_option("--memory-fraction", o->memory_fraction, "fraction of device memory a plan may use")
       ->capture_default_str();
   sub->add_option("--calibration", o->calibration, "calibration JSON (src/cost/device_model.h)");
+  sub->add_flag("--no-verify", o->no_verify, "skip compiling the best plans with the plan verifier");
   sub->add_flag("--disaggregate", o->disaggregate,
                 "allocate GPUs and NICs to disaggregated attention and FFN groups (af-pipe; roofline + MILP)");
   sub->add_option("--af-placement", o->af_placement,

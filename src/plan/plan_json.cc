@@ -14,6 +14,9 @@ Json Plan::to_json() const {
               {"device_memory_bytes", estimate.device_memory_bytes},
               {"fits", estimate.fits},
               {"memory_per_pp_rank_bytes", ranks},
+              {"verified", verified},
+              {"compile_s", verification.seconds},
+              {"compiled_peak_memory_bytes", verification.compiled_peak_bytes},
               {"estimate", estimate.to_json()}};
 }
 
@@ -24,7 +27,9 @@ Json SearchStats::to_json() const {
   }
   return Json{{"considered", considered},           {"scored", scored},   {"fitting", fitting},
               {"rejected", rejected_total()},       {"rejected_by_rule", rules},
-              {"search_time_s", search_time_s},     {"threads", threads}};
+              {"search_time_s", search_time_s},     {"threads", threads},
+              {"verified", verified},               {"verify_failed", verify_failed},
+              {"verify_time_s", verify_time_s},     {"first_verify_failure", first_verify_failure}};
 }
 
 }  // namespace piper::plan

@@ -33,7 +33,7 @@ struct Sink {
     const double mem = e.memory.total();
     if (!has_smallest || mem < smallest.peak_memory_bytes() ||
         (mem == smallest.peak_memory_bytes() && plan_before(0, item, offset, 0, smallest.item, smallest.offset))) {
-      smallest = Plan{s, e, item, offset};
+      smallest = Plan{s, e, item, offset, false, {}};
       has_smallest = true;
     }
     if (!fits(e)) {
@@ -53,7 +53,7 @@ struct Sink {
         break;
       }
     }
-    Plan p{s, e, item, offset};
+    Plan p{s, e, item, offset, false, {}};
     top.insert(std::upper_bound(top.begin(), top.end(), p, [](const Plan& a, const Plan& b) { return plan_before(a, b); }),
                std::move(p));
     if (static_cast<int>(top.size()) > top_k) top.pop_back();
@@ -207,6 +207,44 @@ void run_item(const Context& ctx, int64_t index, Sink* sink, Strategy* s, cost::
   }
 }
 
+// Compiles the kept plans best first, `threads` at a time, until top_k have verified.
+void verify_plans(const ModelSpec& model, const TrainSpec& train, const SearchOptions& options,
+                  const ClusterSpec& cluster, int threads, SearchResult* out) {
+  const auto start = std::chrono::steady_clock::now();
+  const double capacity = options.memory_fraction * static_cast<double>(cluster.device.memory_bytes);
+  std::vector<Plan> kept;
+  size_t next = 0;
+  while (static_cast<int>(kept.size()) < options.top_k && next < out->top.size()) {
+    const size_t batch = std::min(out->top.size() - next, static_cast<size_t>(std::max(1, threads)));
+    std::vector<std::thread> pool;
+    for (size_t i = 0; i < batch; ++i) {
+      pool.emplace_back([&, i] {
+        Plan& p = out->top[next + i];
+        TrainSpec t = train;
+        t.micro_batch_size = p.strategy.mbs;
+        p.verification = options.verifier ? options.verifier(p.strategy, t) : verify_strategy(model, t, p.strategy, capacity);
+        p.verified = p.verification.ok;
+      });
+    }
+    for (auto& th : pool) th.join();
+    for (size_t i = 0; i < batch; ++i) {
+      Plan& p = out->top[next + i];
+      if (p.verified) {
+        ++out->stats.verified;
+        if (static_cast<int>(kept.size()) < options.top_k) kept.push_back(std::move(p));
+      } else {
+        ++out->stats.verify_failed;
+        if (out->stats.first_verify_failure.empty()) {
+          out->stats.first_verify_failure = p.strategy.to_string() + ": " + p.verification.message;
+        }
+      }
+    }
+    next += batch;
+  }
+  out->top = std::move(kept);
+  out->stats.verify_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 Result<SearchResult> run_search(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
                                 const SearchOptions& options, bool apply_rules, int threads) {
   const auto start = std::chrono::steady_clock::now();
@@ -216,6 +254,9 @@ Result<SearchResult> run_search(const ModelSpec& model, const ClusterSpec& clust
                             " must be in (0, 1]; e.g. 0.95 keeps 5 % of device memory free");
   }
   if (threads < 1) return invalid_argument("plan: threads=" + std::to_string(threads) + " must be >= 1");
+  if (options.verify && options.verify_attempts_per_plan < 1) {
+    return invalid_argument("plan: verify_attempts_per_plan must be >= 1");
+  }
   PIPER_RETURN_IF_ERROR(train.validate());
   PIPER_ASSIGN_OR_RETURN(ResolvedSpace space, resolve_space(options.space, model, cluster, train.global_batch));
   std::vector<cost::CostModel> models;
@@ -229,8 +270,10 @@ Result<SearchResult> run_search(const ModelSpec& model, const ClusterSpec& clust
   std::vector<Sink> sinks(static_cast<size_t>(threads));
   std::atomic<int64_t> next{0};
   const int64_t n_items = static_cast<int64_t>(space.items.size());
+  const bool verify = apply_rules && options.verify;
+  const int keep = verify ? options.top_k * std::max(1, options.verify_attempts_per_plan) : options.top_k;
   auto worker = [&](Sink* sink) {
-    sink->top_k = options.top_k;
+    sink->top_k = keep;
     sink->memory_limit_bytes = options.memory_fraction * static_cast<double>(cluster.device.memory_bytes);
     Strategy s;
     cost::Estimate e;
@@ -265,8 +308,13 @@ Result<SearchResult> run_search(const ModelSpec& model, const ClusterSpec& clust
     if (!seen) distinct.push_back(std::move(p));
   }
   out.top = std::move(distinct);
-  if (static_cast<int>(out.top.size()) > options.top_k) out.top.resize(static_cast<size_t>(options.top_k));
+  if (static_cast<int>(out.top.size()) > keep) out.top.resize(static_cast<size_t>(keep));
   out.stats.search_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (verify) {
+    verify_plans(model, train, options, cluster, threads, &out);
+  } else if (static_cast<int>(out.top.size()) > options.top_k) {
+    out.top.resize(static_cast<size_t>(options.top_k));
+  }
   return out;
 }
 

@@ -9,16 +9,20 @@
 //
 // brute_force() is the test oracle: one thread, no rules, no memory shortcut: every candidate goes through
 // Strategy::validate_for and estimate(). Both functions return the same best plan (tests/plan/search_test.cc).
+// With options.verify the best plans are then compiled (verify.h), `threads` at a time, best first; a plan the
+// compiler rejects is replaced by the next one, so every returned plan verifies.
 // Thread-safety: both are pure functions of their arguments.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "piper/base/json.h"
 #include "piper/base/status.h"
 #include "piper/cost/estimate.h"
 #include "piper/plan/space.h"
+#include "piper/plan/verify.h"
 #include "piper/spec/cluster_spec.h"
 #include "piper/spec/model_spec.h"
 #include "piper/spec/train_spec.h"
@@ -31,6 +35,8 @@ struct Plan {
   cost::Estimate estimate;
   int64_t item = 0;    // enumeration index: work item, then offset inside it (ties break on it)
   int64_t offset = 0;
+  bool verified = false;       // compiled and accepted by the plan verifier (search with verify = true)
+  Verification verification;   // the compiler's verdict, when it ran
   double peak_memory_bytes() const { return estimate.memory.total(); }
   Json to_json() const;
 };
@@ -43,6 +49,12 @@ struct SearchOptions {
   // allocator fragmentation the model does not see (PyTorch's caching allocator typically loses 5-10 %).
   double memory_fraction = 0.95;
   cost::Calibration calibration;
+  // Compile each plan (compile::compile_strategy, memory checked at memory_fraction of the device) before
+  // returning it; plans that fail are skipped and counted. At most verify_attempts_per_plan * top_k compiles.
+  bool verify = true;
+  int verify_attempts_per_plan = 3;
+  // Replaces compile::compile_strategy as the verifier when set (tests); called concurrently.
+  std::function<Verification(const Strategy&, const TrainSpec&)> verifier;
 };
 
 struct SearchStats {
@@ -50,8 +62,11 @@ struct SearchStats {
   int64_t scored = 0;      // closed-form estimates computed
   int64_t fitting = 0;     // candidates that are valid, distinct and fit in memory
   RuleCounts rejected{};   // by rule; considered == sum(rejected) + fitting
-  double search_time_s = 0;
+  double search_time_s = 0;   // enumeration and scoring (verification excluded)
   int threads = 1;
+  int64_t verified = 0, verify_failed = 0;
+  double verify_time_s = 0;
+  std::string first_verify_failure;  // strategy and compiler message of the first plan that failed
   int64_t rejected_total() const;
   Json to_json() const;
 };

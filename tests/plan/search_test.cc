@@ -34,7 +34,8 @@ void expect_same_plans(const SearchResult& a, const SearchResult& b) {
   }
 }
 
-void expect_matches_brute_force(const Case& c, const SearchOptions& o) {
+void expect_matches_brute_force(const Case& c, SearchOptions o) {
+  o.verify = false;  // the oracle scores with the closed form only
   auto fast = search(c.model, c.cluster, c.train, o);
   auto slow = brute_force(c.model, c.cluster, c.train, o);
   ASSERT_TRUE(fast.ok()) << fast.status().message();
@@ -110,6 +111,7 @@ TEST(SearchTest, ResultDoesNotDependOnThreadCount) {
   Case c = make_case("deepseek-v2-lite", "h800", 4, 64, 4096);
   SearchOptions o;
   o.top_k = 10;
+  o.verify = false;
   o.threads = 1;
   auto one = search(c.model, c.cluster, c.train, o);
   o.threads = 2;
@@ -121,15 +123,19 @@ TEST(SearchTest, ResultDoesNotDependOnThreadCount) {
   EXPECT_EQ(two->stats.threads, 2);
 }
 
-TEST(SearchTest, EveryPlanValidatesFitsAndRoundTrips) {
+TEST(SearchTest, EveryPlanValidatesFitsCompilesAndRoundTrips) {
   Case c = make_case("qwen3-30b-a3b", "h800", 2, 128, 4096);
   SearchOptions o;
-  o.top_k = 10;
+  o.top_k = 4;
   auto r = search(c.model, c.cluster, c.train, o);
   ASSERT_TRUE(r.ok()) << r.status().message();
-  ASSERT_EQ(r->top.size(), 10u);
+  ASSERT_EQ(r->top.size(), 4u);
+  EXPECT_GE(r->stats.verified, 4);
   for (size_t i = 0; i < r->top.size(); ++i) {
     const Plan& p = r->top[i];
+    EXPECT_TRUE(p.verified) << p.verification.message;
+    EXPECT_GT(p.verification.compiled_peak_bytes, 0);
+    EXPECT_LE(p.verification.compiled_peak_bytes, o.memory_fraction * static_cast<double>(c.cluster.device.memory_bytes));
     if (i > 0) {
       EXPECT_LE(r->top[i - 1].estimate.step_time_s, p.estimate.step_time_s);
     }
@@ -148,6 +154,62 @@ TEST(SearchTest, EveryPlanValidatesFitsAndRoundTrips) {
     EXPECT_TRUE(e->fits);
     EXPECT_LE(e->memory.total(), o.memory_fraction * static_cast<double>(c.cluster.device.memory_bytes));
   }
+}
+
+// A plan the verifier rejects is replaced by the next one in the closed-form ranking.
+TEST(SearchTest, VerificationReplacesRejectedPlans) {
+  Case c = make_case("tiny-moe", "h800", 2, 32, 128);
+  SearchOptions o;
+  o.top_k = 6;
+  o.verify = false;
+  auto plain = search(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(plain.ok());
+  ASSERT_EQ(plain->top.size(), 6u);
+  // Reject every plan with zero=1 (some of the plain top 6 have it).
+  auto pred = [](const Strategy& s) { return s.zero != 1; };
+  int rejected_in_top = 0;
+  for (const auto& p : plain->top) rejected_in_top += pred(p.strategy) ? 0 : 1;
+  ASSERT_GT(rejected_in_top, 0);
+  o.verify = true;
+  o.top_k = 3;
+  o.verifier = [&](const Strategy& s, const TrainSpec& t) {
+    Verification v;
+    v.ok = pred(s) && t.micro_batch_size == s.mbs;
+    v.message = v.ok ? "" : "rejected by the test";
+    return v;
+  };
+  auto r = search(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(r.ok());
+  std::vector<std::string> expected;
+  for (const auto& p : plain->top) {
+    if (pred(p.strategy) && expected.size() < 3) expected.push_back(p.strategy.to_string());
+  }
+  ASSERT_EQ(expected.size(), 3u);
+  ASSERT_EQ(r->top.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(r->top[i].strategy.to_string(), expected[i]);
+    EXPECT_TRUE(r->top[i].verified);
+  }
+  EXPECT_GT(r->stats.verify_failed, 0);
+  EXPECT_NE(r->stats.first_verify_failure.find("rejected by the test"), std::string::npos);
+  EXPECT_NE(r->stats.first_verify_failure.find("zero=1"), std::string::npos);
+}
+
+TEST(SearchTest, CompilerVerifierRejectsAPlanOverCapacity) {
+  Case c = make_case("tiny-moe", "local-cpu", 1, 8, 128);
+  SearchOptions o;
+  o.top_k = 1;
+  auto r = search(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->top.size(), 1u);
+  const double compiled = r->top[0].verification.compiled_peak_bytes;
+  ASSERT_GT(compiled, 0);
+  TrainSpec t = c.train;
+  t.micro_batch_size = r->top[0].strategy.mbs;
+  Verification v = verify_strategy(c.model, t, r->top[0].strategy, compiled / 2);
+  EXPECT_FALSE(v.ok);
+  EXPECT_FALSE(v.message.empty());
+  EXPECT_TRUE(verify_strategy(c.model, t, r->top[0].strategy, 0).ok);
 }
 
 TEST(SearchTest, FitsNowhereReportsTheSmallestCandidate) {
@@ -171,6 +233,7 @@ TEST(SearchTest, FitsNowhereReportsTheSmallestCandidate) {
 TEST(SearchTest, MemoryFractionTightensFit) {
   Case c = make_case("tiny-moe", "local-cpu", 1, 8, 128);
   SearchOptions o;
+  o.verify = false;
   auto loose = search(c.model, c.cluster, c.train, o);
   ASSERT_TRUE(loose.ok() && !loose->top.empty());
   // Just below the best plan's own memory: that plan (and any needing as much) must drop out.
@@ -202,6 +265,9 @@ TEST(SearchTest, BadInputsAreErrors) {
   EXPECT_NE(r.status().message().find("--disaggregate"), std::string::npos);
   bad = o;
   bad.space.orders = {{"tp", "ep", "dp"}};
+  EXPECT_FALSE(search(c.model, c.cluster, c.train, bad).ok());
+  bad = o;
+  bad.verify_attempts_per_plan = 0;
   EXPECT_FALSE(search(c.model, c.cluster, c.train, bad).ok());
   bad = o;
   bad.top_k = 0;

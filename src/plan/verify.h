@@ -1,0 +1,26 @@
+// Verification of planned strategies by the compiler: a plan the closed-form model likes must also lower to
+// per-rank programs that the plan verifier accepts (sends match receives, no deadlock, every rank's peak live
+// bytes within the capacity). compile::compile_strategy does the work; this wrapper times it and keeps the
+// verdict. Thread-safety: verify_strategy may run concurrently (it shares no state).
+#pragma once
+
+#include <string>
+
+#include "piper/spec/model_spec.h"
+#include "piper/spec/train_spec.h"
+#include "piper/strategy/strategy.h"
+
+namespace piper::plan {
+
+struct Verification {
+  bool ok = false;
+  std::string message;            // the compiler's error when !ok
+  double seconds = 0;             // wall time of the compile
+  double compiled_peak_bytes = 0;  // the verifier's largest per-rank peak (0 when it failed before measuring)
+};
+
+// `train` must carry the strategy's micro batch size and the global batch. capacity_bytes <= 0: no memory check.
+Verification verify_strategy(const ModelSpec& model, const TrainSpec& train, const Strategy& strategy,
+                             double capacity_bytes);
+
+}  // namespace piper::plan
