@@ -14,11 +14,27 @@ Result<ir::MeshInfo> strategy_mesh(const Strategy& s, const ModelSpec& model) {
     if (s.schedule != "af-pipe") {
       return invalid_argument("disagg=1 runs with schedule=af-pipe (got schedule=" + s.schedule + ")");
     }
-    if (s.pp < 2 || s.pp % 2 != 0 || model.num_layers % (s.pp / 2) != 0) {
-      return invalid_argument("disaggregation needs an even pp whose half divides num_layers=" +
-                              std::to_string(model.num_layers) + " (got pp=" + std::to_string(s.pp) + ")");
+    if (s.ffn_ranks != s.attn_ranks) {
+      return invalid_argument("compile: every pipeline rank of a plan runs on dp*tp ranks, so disaggregation needs "
+                              "ffn_ranks = attn_ranks = " + std::to_string(s.attn_ranks) + " (got ffn_ranks=" +
+                              std::to_string(s.ffn_ranks) + "); set ffn_ranks=" + std::to_string(s.attn_ranks));
     }
-    mesh.vpp = 2 * model.num_layers / s.pp;
+    if (s.attn_ranks != s.dp * s.tp * s.pp) {
+      return invalid_argument("attn_ranks=" + std::to_string(s.attn_ranks) + " != dp*tp*pp = " +
+                              std::to_string(s.dp * s.tp * s.pp) + "; set attn_ranks=" +
+                              std::to_string(s.dp * s.tp * s.pp));
+    }
+    if (s.ep < 1 || s.dp % s.ep != 0) {
+      return invalid_argument("compile: the FFN side of a stage has dp=" + std::to_string(s.dp) +
+                              " ranks per tp slice, so ep=" + std::to_string(s.ep) + " must divide dp");
+    }
+    if (s.pp < 1 || model.num_layers % s.pp != 0) {
+      return invalid_argument("disaggregation deals num_layers=" + std::to_string(model.num_layers) +
+                              " round-robin to pp=" + std::to_string(s.pp) +
+                              " attention (and FFN) stages: pp must divide num_layers");
+    }
+    mesh.pp = 2 * s.pp;
+    mesh.vpp = model.num_layers / s.pp;
     return mesh;
   }
   schedules::ScheduleParams params{s.pp, s.microbatches, s.vpp};
@@ -63,12 +79,12 @@ Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const 
     out.push_back(ir::Directive{d});
   }
   if (s.disaggregate) {
-    out.push_back(ir::Directive{ir::DisaggregateDirective{s.pp / 2, s.pp / 2}});
+    out.push_back(ir::Directive{ir::DisaggregateDirective{s.pp, s.pp}});
   } else {
     PIPER_ASSIGN_OR_RETURN(auto parts, schedules::partition_directives(model.num_layers, mesh.num_stages()));
     out.insert(out.end(), parts.begin(), parts.end());
   }
-  schedules::ScheduleParams params{s.pp, s.microbatches, mesh.vpp};
+  schedules::ScheduleParams params{mesh.pp, s.microbatches, mesh.vpp};
   PIPER_ASSIGN_OR_RETURN(auto sched, schedules::schedule_directives(s.schedule, params));
   out.insert(out.end(), sched.begin(), sched.end());
   return out;

@@ -18,8 +18,11 @@
 
 namespace piper::compile {
 
-// The mesh a strategy compiles to; vpp is the schedule's stages per rank (dualpipev 2, af-pipe with
-// disaggregation 2 * num_layers / pp).
+// The mesh a strategy compiles to; vpp is the schedule's stages per rank (dualpipev 2).
+// Disaggregation (disagg=1, schedule af-pipe): the strategy's pp attention stages run on attn_ranks = dp*tp*pp
+// ranks and as many FFN stages on ffn_ranks. The plan gives each side pp pipeline ranks, so the mesh has
+// pp' = 2*pp (attention ranks 0..pp-1, FFN ranks pp..2pp-1), vpp = num_layers / pp, and every pipeline rank
+// is run by dp*tp ranks: ffn_ranks must equal attn_ranks and ep divide dp (errors say so).
 Result<ir::MeshInfo> strategy_mesh(const Strategy& s, const ModelSpec& model);
 
 Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const ModelSpec& model);

@@ -79,10 +79,13 @@ TEST(CompileTest, EveryScheduleCompilesAndVerifies) {
                         "pp=2,vpp=2,schedule=interleaved,microbatches=4", "dp=2,pp=2,zero=2,schedule=zb-h1,microbatches=4",
                         "dp=2,ep=2,pp=2,schedule=dualpipev,microbatches=4,recompute=full",
                         "tp=2,sp=1,pp=2,schedule=1f1b,microbatches=2",
-                        "dp=2,ep=2,pp=2,schedule=af-pipe,microbatches=4,disagg=1,attn_ranks=2,ffn_ranks=2"}) {
+                        "dp=2,ep=2,pp=1,schedule=af-pipe,microbatches=4,disagg=1,attn_ranks=2,ffn_ranks=2"}) {
     auto r = compile(s);
     ASSERT_TRUE(r.ok()) << s << ": " << r.status().message();
     EXPECT_GT(r->stats.instructions, 0u);
+    Strategy parsed = strategy(s);
+    EXPECT_TRUE(parsed.validate_for(tiny(), train_for(parsed), parsed.world_size()).ok()) << s;
+    EXPECT_EQ(r->plan.world_size, parsed.world_size()) << s;
   }
 }
 
@@ -97,17 +100,19 @@ TEST(CompileTest, DualPipeVAndAfPipePlansAreDeadlockFree) {
   const ModelSpec model = tiny16();
   for (int p : {2, 4, 8}) {
     for (int m : {2 * p, 4 * p}) {
-      const std::string mb = ",microbatches=" + std::to_string(m) + ",pp=" + std::to_string(p);
-      const std::string half = std::to_string(p);  // dp=2 ranks per pipeline rank, p/2 pipeline ranks per side
-      for (const std::string& text : {"dp=2,ep=2,schedule=dualpipev" + mb,
-                                      "dp=2,ep=2,schedule=af-pipe,disagg=1,attn_ranks=" + half +
-                                          ",ffn_ranks=" + half + mb}) {
+      const std::string mb = ",microbatches=" + std::to_string(m);
+      // AF-Pipe: p/2 attention and p/2 FFN pipeline ranks (strategy pp = p/2), each run by dp=2 ranks.
+      const std::string side = std::to_string(p);
+      for (const std::string& text : {"dp=2,ep=2,schedule=dualpipev,pp=" + std::to_string(p) + mb,
+                                      "dp=2,ep=2,schedule=af-pipe,disagg=1,attn_ranks=" + side + ",ffn_ranks=" +
+                                          side + ",pp=" + std::to_string(p / 2) + mb}) {
         Strategy s = strategy(text);
         CompileOptions o;
         o.verify_each_pass = p <= 4;  // the graph verifier after every pass costs more than the compile
         auto r = compile_strategy(model, train_for(s), s, o);
         ASSERT_TRUE(r.ok()) << text << ": " << r.status().message();
         EXPECT_EQ(r->plan.templates.size(), static_cast<size_t>(p)) << text;
+        EXPECT_EQ(r->plan.world_size, s.world_size()) << text;
         size_t p2p = 0;
         for (const auto& prog : r->plan.templates) {
           for (const auto& st : prog.streams) {
@@ -143,8 +148,14 @@ TEST(CompileTest, Zero3GathersAreWindowedNotAllAhead) {
   }
 }
 
+TEST(CompileTest, DisaggregationNeedsEqualSides) {
+  auto r = compile("dp=2,ep=2,pp=1,schedule=af-pipe,microbatches=4,disagg=1,attn_ranks=2,ffn_ranks=4");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("set ffn_ranks=2"), std::string::npos) << r.status().message();
+}
+
 TEST(CompileTest, DisaggregationUsesM2N) {
-  auto r = compile("dp=2,ep=2,pp=2,schedule=af-pipe,microbatches=4,disagg=1,attn_ranks=2,ffn_ranks=2");
+  auto r = compile("dp=2,ep=2,pp=1,schedule=af-pipe,microbatches=4,disagg=1,attn_ranks=2,ffn_ranks=2");
   ASSERT_TRUE(r.ok()) << r.status().message();
   size_t m2n = 0, a2a = 0;
   for (const auto& p : r->plan.templates) {
@@ -162,7 +173,7 @@ TEST(CompileTest, DisaggregationUsesM2N) {
 TEST(CompileTest, DirectiveFileAndBuiltinScheduleGiveIdenticalPlans) {
   for (const char* text : {"dp=4,pp=2,ep=2,zero=3,schedule=1f1b,microbatches=4",
                            "dp=2,pp=2,schedule=dualpipev,microbatches=4",
-                           "dp=2,ep=2,pp=2,schedule=af-pipe,microbatches=4,disagg=1,attn_ranks=2,ffn_ranks=2"}) {
+                           "dp=2,ep=2,pp=1,schedule=af-pipe,microbatches=4,disagg=1,attn_ranks=2,ffn_ranks=2"}) {
     Strategy s = strategy(text);
     auto builtin = compile_strategy(tiny(), train_for(s), s);
     ASSERT_TRUE(builtin.ok()) << builtin.status().message();
