@@ -174,6 +174,7 @@ Status run_plan(const PlanOptions& o) {
   plan::SearchOptions options;
   options.top_k = o.top_k;
   options.memory_fraction = o.memory_fraction;
+  options.verify = !o.no_verify;
   options.threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   if (!o.schedules.empty()) options.space.schedules = split(o.schedules, ',');
   if (!o.calibration.empty()) {

@@ -42,6 +42,22 @@ TEST(CliPlanTest, JsonPlansRoundTripThroughEstimate) {
   }
 }
 
+TEST(CliPlanTest, PlansAreVerifiedUnlessNoVerify) {
+  int rc = 0;
+  const std::string base = "plan --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --seq 128 --top 2 --json";
+  auto j = piper::Json::parse(run(base, &rc, false));
+  ASSERT_EQ(rc, 0);
+  EXPECT_GE(j["search"]["verified"].get<int64_t>(), 2);
+  for (const auto& p : j["plans"]) {
+    EXPECT_TRUE(p["verified"].get<bool>());
+    EXPECT_GT(p["compiled_peak_memory_bytes"].get<double>(), 0);
+  }
+  j = piper::Json::parse(run(base + " --no-verify", &rc, false));
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(j["search"]["verified"].get<int64_t>(), 0);
+  for (const auto& p : j["plans"]) EXPECT_FALSE(p["verified"].get<bool>());
+}
+
 TEST(CliPlanTest, TextTableListsPlansAndRules) {
   int rc = 0;
   std::string out = run("plan --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --seq 128 --top 2", &rc);
