@@ -36,8 +36,12 @@ Result<ir::MeshInfo> parse_mesh(const std::string& text) {
     PIPER_ASSIGN_OR_RETURN(int64_t v, parse_int(trim(kv[1]), "--mesh " + kv[0]));
     if (v < 1) return invalid_argument("--mesh " + item + ": degrees must be >= 1");
     const std::string key = trim(kv[0]);
-    int* field = key == "pp" ? &mesh.pp : key == "vpp" ? &mesh.vpp : key == "dp" ? &mesh.dp
-               : key == "ep" ? &mesh.ep : key == "tp" ? &mesh.tp : nullptr;
+    int* field = key == "pp"    ? &mesh.pp
+                 : key == "vpp" ? &mesh.vpp
+                 : key == "dp"  ? &mesh.dp
+                 : key == "ep"  ? &mesh.ep
+                 : key == "tp"  ? &mesh.tp
+                                : nullptr;
     if (field == nullptr) return invalid_argument("--mesh: unknown axis '" + key + "'; use pp, vpp, dp, ep, tp");
     *field = static_cast<int>(v);
   }
@@ -69,8 +73,9 @@ Result<Inputs> resolve(const CompileCliOptions& o) {
   if (!o.directives_file.empty()) {
     if (o.mesh.empty()) return invalid_argument("--directives needs --mesh pp=P[,vpp=V,dp=D,ep=E,tp=T]");
     if (o.microbatches > 0) {
-      return invalid_argument("--microbatches comes from the directive file's split directive with --directives; "
-                              "drop --microbatches");
+      return invalid_argument(
+          "--microbatches comes from the directive file's split directive with --directives; "
+          "drop --microbatches");
     }
     PIPER_ASSIGN_OR_RETURN(in.mesh, parse_mesh(o.mesh));
     PIPER_ASSIGN_OR_RETURN(in.directives, ir::load_directives_file(o.directives_file));
@@ -138,31 +143,30 @@ Status run(const CompileCliOptions& o) {
   for (const auto& [step, s] : r.step_seconds) steps += " " + step + " " + format_seconds(s);
   std::printf("compile time %s:%s\n\n", format_seconds(total_s).c_str(), steps.c_str());
   std::printf("%s", compile::format_summary(summary).c_str());
-  std::printf("\npeak mem: live bytes at the peak of the verifier's abstract execution (model state + activations "
-              "+ gathered parameters)\n");
+  std::printf(
+      "\npeak mem: live bytes at the peak of the verifier's abstract execution (model state + activations "
+      "+ gathered parameters)\n");
   if (!o.emit_directives.empty()) std::printf("wrote %s\n", o.emit_directives.c_str());
   return ok_status();
 }
 
-PIPER_REGISTER_COMMAND(g_compile, "compile", "Compile a strategy into verified per-rank programs; print their stats",
-                       [](CLI::App* sub) {
-                         auto o = std::make_shared<CompileCliOptions>();
-                         sub->add_option("--model", o->model, "model preset or config file")->required();
-                         sub->add_option("--strategy", o->strategy, "compact strategy (dp=8,pp=4,...) or JSON file");
-                         sub->add_option("--directives", o->directives_file, "a JSON directive file instead");
-                         sub->add_option("--mesh", o->mesh, "mesh for --directives: pp=P[,vpp=V,dp=D,ep=E,tp=T]");
-                         sub->add_option("--global-batch", o->global_batch,
-                                         "sequences per step (default: dp*microbatches*mbs)");
-                         sub->add_option("--seq", o->seq_len, "sequence length")->capture_default_str();
-                         sub->add_option("--microbatches", o->microbatches, "override the strategy's microbatches");
-                         sub->add_option("--capacity-gib", o->capacity_gib,
-                                         "check every rank's peak against this device memory (GiB)");
-                         sub->add_option("--emit-directives", o->emit_directives,
-                                         "write the directives that were compiled to this JSON file");
-                         sub->add_flag("--verbose", o->verbose, "log each compile step with its time");
-                         sub->add_flag("--json", o->json, "print one JSON object");
-                         return std::function<Status()>([o] { return run(*o); });
-                       });
+PIPER_REGISTER_COMMAND(
+    g_compile, "compile", "Compile a strategy into verified per-rank programs; print their stats", [](CLI::App* sub) {
+      auto o = std::make_shared<CompileCliOptions>();
+      sub->add_option("--model", o->model, "model preset or config file")->required();
+      sub->add_option("--strategy", o->strategy, "compact strategy (dp=8,pp=4,...) or JSON file");
+      sub->add_option("--directives", o->directives_file, "a JSON directive file instead");
+      sub->add_option("--mesh", o->mesh, "mesh for --directives: pp=P[,vpp=V,dp=D,ep=E,tp=T]");
+      sub->add_option("--global-batch", o->global_batch, "sequences per step (default: dp*microbatches*mbs)");
+      sub->add_option("--seq", o->seq_len, "sequence length")->capture_default_str();
+      sub->add_option("--microbatches", o->microbatches, "override the strategy's microbatches");
+      sub->add_option("--capacity-gib", o->capacity_gib, "check every rank's peak against this device memory (GiB)");
+      sub->add_option("--emit-directives", o->emit_directives,
+                      "write the directives that were compiled to this JSON file");
+      sub->add_flag("--verbose", o->verbose, "log each compile step with its time");
+      sub->add_flag("--json", o->json, "print one JSON object");
+      return std::function<Status()>([o] { return run(*o); });
+    });
 
 }  // namespace
 }  // namespace piper::cli

@@ -38,15 +38,24 @@ void default_cost(const ir::Graph& g, const Node& n, Instruction& in) {
 
 const char* to_string(OpKind k) {
   switch (k) {
-    case OpKind::kCompute: return "compute";
-    case OpKind::kSend: return "send";
-    case OpKind::kRecv: return "recv";
-    case OpKind::kCollective: return "collective";
-    case OpKind::kRecord: return "record";
-    case OpKind::kWait: return "wait";
-    case OpKind::kAlloc: return "alloc";
-    case OpKind::kFree: return "free";
-    case OpKind::kUpdate: return "update";
+    case OpKind::kCompute:
+      return "compute";
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
+    case OpKind::kCollective:
+      return "collective";
+    case OpKind::kRecord:
+      return "record";
+    case OpKind::kWait:
+      return "wait";
+    case OpKind::kAlloc:
+      return "alloc";
+    case OpKind::kFree:
+      return "free";
+    case OpKind::kUpdate:
+      return "update";
   }
   return "?";
 }
@@ -118,12 +127,24 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
         in.group = nd.group;
         in.algorithm = nd.algorithm;
         switch (nd.kind) {
-          case NodeKind::kChunk: in.op = OpKind::kCompute; break;
-          case NodeKind::kUpdate: in.op = OpKind::kUpdate; break;
-          case NodeKind::kSend: in.op = OpKind::kSend; break;
-          case NodeKind::kRecv: in.op = OpKind::kRecv; break;
-          case NodeKind::kM2N: in.op = nd.m2n_sender ? OpKind::kSend : OpKind::kRecv; break;
-          default: in.op = OpKind::kCollective; break;
+          case NodeKind::kChunk:
+            in.op = OpKind::kCompute;
+            break;
+          case NodeKind::kUpdate:
+            in.op = OpKind::kUpdate;
+            break;
+          case NodeKind::kSend:
+            in.op = OpKind::kSend;
+            break;
+          case NodeKind::kRecv:
+            in.op = OpKind::kRecv;
+            break;
+          case NodeKind::kM2N:
+            in.op = nd.m2n_sender ? OpKind::kSend : OpKind::kRecv;
+            break;
+          default:
+            in.op = OpKind::kCollective;
+            break;
         }
         in.comm = nd.kind;
         if (nd.kind == NodeKind::kSend || nd.kind == NodeKind::kRecv || nd.kind == NodeKind::kM2N) {

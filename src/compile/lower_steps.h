@@ -56,10 +56,10 @@ struct Buffer {
 };
 
 struct BufferPlan {
-  std::map<ir::NodeId, Buffer> alloc_before;              // node -> buffer allocated right before it
-  std::map<ir::NodeId, Buffer> recompute_before;          // backward chunk -> buffer of the F it re-runs first
-  std::map<ir::NodeId, ir::NodeId> recompute_of;          // backward chunk -> that recomputed F chunk
-  std::map<ir::NodeId, std::vector<Buffer>> free_after;   // node -> buffers freed right after it
+  std::map<ir::NodeId, Buffer> alloc_before;             // node -> buffer allocated right before it
+  std::map<ir::NodeId, Buffer> recompute_before;         // backward chunk -> buffer of the F it re-runs first
+  std::map<ir::NodeId, ir::NodeId> recompute_of;         // backward chunk -> that recomputed F chunk
+  std::map<ir::NodeId, std::vector<Buffer>> free_after;  // node -> buffers freed right after it
 };
 
 // Buffers of pipeline rank `rank`, numbered from `next_buffer` (advanced) in node-id order.

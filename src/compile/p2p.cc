@@ -19,7 +19,8 @@ Result<int> insert_p2p(ir::Graph& g) {
     const Node& b = g.node(ed.dst);
     for (const Node* n : {&a, &b}) {
       if (n->pp_rank < 0) {
-        return invalid_argument(ir::describe(*n) + " is not placed on a pipeline rank; add a place directive "
+        return invalid_argument(ir::describe(*n) +
+                                " is not placed on a pipeline rank; add a place directive "
                                 "whose filter covers its layer");
       }
     }

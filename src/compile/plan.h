@@ -33,10 +33,10 @@ struct Instruction {
   ir::NodeKind comm = ir::NodeKind::kChunk;  // send, recv, all_reduce, ..., m2n
   std::string group;                         // mesh axis: dp, edp, ep, tp, a2f, pp
   std::string algorithm;
-  int peer = -1;        // send/recv/m2n: peer pipeline rank
-  int64_t tag = -1;     // send/recv/m2n: matching key shared by both sides
-  int event = -1;       // record/wait
-  int buffer = -1;      // alloc/free
+  int peer = -1;     // send/recv/m2n: peer pipeline rank
+  int64_t tag = -1;  // send/recv/m2n: matching key shared by both sides
+  int event = -1;    // record/wait
+  int buffer = -1;   // alloc/free
   // Cost annotations (per rank).
   int64_t flops = 0;
   int64_t bytes = 0;       // bytes read + written by a compute, or allocated/freed
@@ -66,7 +66,9 @@ struct Plan {
   std::vector<Program> templates;  // one per pipeline rank
   std::vector<int> rank_template;  // global rank -> index into templates
   std::vector<RankCoord> coords;   // global rank -> mesh coordinates
-  const Program& program(int rank) const { return templates[static_cast<size_t>(rank_template[static_cast<size_t>(rank)])]; }
+  const Program& program(int rank) const {
+    return templates[static_cast<size_t>(rank_template[static_cast<size_t>(rank)])];
+  }
   Json to_json() const;  // full dump of every field (used to compare plans)
 
   // Global rank layout (the one place that defines it): tp innermost, then dp, then pp,

@@ -21,15 +21,33 @@ std::vector<TemplateSummary> summarize_plan(const Plan& plan, const PlanStats& s
         s.flops += in.flops;
         s.comm_bytes += in.comm_bytes;
         switch (in.op) {
-          case OpKind::kCompute: ++s.compute; break;
-          case OpKind::kSend: ++s.send; break;
-          case OpKind::kRecv: ++s.recv; break;
-          case OpKind::kCollective: ++s.collective; break;
-          case OpKind::kUpdate: ++s.update; break;
-          case OpKind::kAlloc: ++s.alloc; break;
-          case OpKind::kFree: ++s.free; break;
-          case OpKind::kRecord: ++s.record; break;
-          case OpKind::kWait: ++s.wait; break;
+          case OpKind::kCompute:
+            ++s.compute;
+            break;
+          case OpKind::kSend:
+            ++s.send;
+            break;
+          case OpKind::kRecv:
+            ++s.recv;
+            break;
+          case OpKind::kCollective:
+            ++s.collective;
+            break;
+          case OpKind::kUpdate:
+            ++s.update;
+            break;
+          case OpKind::kAlloc:
+            ++s.alloc;
+            break;
+          case OpKind::kFree:
+            ++s.free;
+            break;
+          case OpKind::kRecord:
+            ++s.record;
+            break;
+          case OpKind::kWait:
+            ++s.wait;
+            break;
         }
       }
     }
@@ -73,8 +91,8 @@ std::string format_summary(const std::vector<TemplateSummary>& summary) {
     for (const auto& [name, count] : s.stream_instructions) {
       streams += (streams.empty() ? "" : " ") + name + "=" + std::to_string(count);
     }
-    std::snprintf(line, sizeof line, "%-4d %6d %8zu %6zu %6zu %6zu %6zu %11s %11s %11s  %s\n", s.pp_rank,
-                  s.num_ranks, s.compute, s.send, s.recv, s.collective, s.record + s.wait,
+    std::snprintf(line, sizeof line, "%-4d %6d %8zu %6zu %6zu %6zu %6zu %11s %11s %11s  %s\n", s.pp_rank, s.num_ranks,
+                  s.compute, s.send, s.recv, s.collective, s.record + s.wait,
                   format_bytes(static_cast<double>(s.static_bytes)).c_str(),
                   format_bytes(static_cast<double>(s.peak_bytes)).c_str(),
                   format_bytes(static_cast<double>(s.comm_bytes)).c_str(), streams.c_str());

@@ -19,7 +19,7 @@ namespace piper::compile {
 
 struct TemplateSummary {
   int pp_rank = 0;
-  int num_ranks = 0;  // global ranks that run this template
+  int num_ranks = 0;                                                // global ranks that run this template
   std::vector<std::pair<std::string, size_t>> stream_instructions;  // (stream, instructions), in stream order
   size_t compute = 0, send = 0, recv = 0, collective = 0, update = 0, alloc = 0, free = 0, record = 0, wait = 0;
   int64_t flops = 0;

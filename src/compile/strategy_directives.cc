@@ -15,14 +15,16 @@ Result<ir::MeshInfo> strategy_mesh(const Strategy& s, const ModelSpec& model) {
       return invalid_argument("disagg=1 runs with schedule=af-pipe (got schedule=" + s.schedule + ")");
     }
     if (s.ffn_ranks != s.attn_ranks) {
-      return invalid_argument("compile: every pipeline rank of a plan runs on dp*tp ranks, so disaggregation needs "
-                              "ffn_ranks = attn_ranks = " + std::to_string(s.attn_ranks) + " (got ffn_ranks=" +
-                              std::to_string(s.ffn_ranks) + "); set ffn_ranks=" + std::to_string(s.attn_ranks));
+      return invalid_argument(
+          "compile: every pipeline rank of a plan runs on dp*tp ranks, so disaggregation needs "
+          "ffn_ranks = attn_ranks = " +
+          std::to_string(s.attn_ranks) + " (got ffn_ranks=" + std::to_string(s.ffn_ranks) +
+          "); set ffn_ranks=" + std::to_string(s.attn_ranks));
     }
     if (s.attn_ranks != s.dp * s.tp * s.pp) {
-      return invalid_argument("attn_ranks=" + std::to_string(s.attn_ranks) + " != dp*tp*pp = " +
-                              std::to_string(s.dp * s.tp * s.pp) + "; set attn_ranks=" +
-                              std::to_string(s.dp * s.tp * s.pp));
+      return invalid_argument("attn_ranks=" + std::to_string(s.attn_ranks) +
+                              " != dp*tp*pp = " + std::to_string(s.dp * s.tp * s.pp) +
+                              "; set attn_ranks=" + std::to_string(s.dp * s.tp * s.pp));
     }
     if (s.ep < 1 || s.dp % s.ep != 0) {
       return invalid_argument("compile: the FFN side of a stage has dp=" + std::to_string(s.dp) +

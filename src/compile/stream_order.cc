@@ -142,9 +142,8 @@ Result<StreamOrder> order_streams(ir::Graph& g) {
   }
   for (auto& rank_streams : streams) {
     for (auto& [name, nodes] : rank_streams) {
-      const bool all_receives = std::all_of(nodes.begin(), nodes.end(), [&](NodeId id) {
-        return is_p2p(g.node(id)) && receives(g.node(id));
-      });
+      const bool all_receives = std::all_of(nodes.begin(), nodes.end(),
+                                            [&](NodeId id) { return is_p2p(g.node(id)) && receives(g.node(id)); });
       if (!all_receives) continue;
       auto sender_key = [&](NodeId id) {
         const NodeId snd = partner[static_cast<size_t>(id)];

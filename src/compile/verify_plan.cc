@@ -56,14 +56,16 @@ Result<PlanStats> verify_plan(const Plan& plan, int64_t capacity) {
   }
   for (const auto& [k, loc] : sends) {
     auto it = recvs.find(k);
-    const Instruction& in = plan.templates[static_cast<size_t>(loc.prog)].streams[static_cast<size_t>(loc.stream)].instrs[loc.pos];
+    const Instruction& in =
+        plan.templates[static_cast<size_t>(loc.prog)].streams[static_cast<size_t>(loc.stream)].instrs[loc.pos];
     if (it == recvs.end() || it->second.prog != in.peer) {
-      return failed_precondition(where(plan, loc.prog, loc.stream, loc.pos) + ": send has no matching receive on rank " +
-                                 std::to_string(in.peer));
+      return failed_precondition(where(plan, loc.prog, loc.stream, loc.pos) +
+                                 ": send has no matching receive on rank " + std::to_string(in.peer));
     }
   }
   for (const auto& [k, loc] : recvs) {
-    if (!sends.count(k)) return failed_precondition(where(plan, loc.prog, loc.stream, loc.pos) + ": receive has no matching send");
+    if (!sends.count(k))
+      return failed_precondition(where(plan, loc.prog, loc.stream, loc.pos) + ": receive has no matching send");
   }
   // Abstract execution.
   std::vector<std::vector<size_t>> head(static_cast<size_t>(np));
@@ -84,7 +86,8 @@ Result<PlanStats> verify_plan(const Plan& plan, int64_t capacity) {
   };
   auto complete = [&](int p, int s) {
     const Program& prog = plan.templates[static_cast<size_t>(p)];
-    const Instruction& in = prog.streams[static_cast<size_t>(s)].instrs[head[static_cast<size_t>(p)][static_cast<size_t>(s)]];
+    const Instruction& in =
+        prog.streams[static_cast<size_t>(s)].instrs[head[static_cast<size_t>(p)][static_cast<size_t>(s)]];
     if (in.op == OpKind::kRecord) events[static_cast<size_t>(p)][in.event] = true;
     live[static_cast<size_t>(p)] += in.mem_delta;
     auto& peak = stats.peak_bytes[static_cast<size_t>(p)];
@@ -134,10 +137,11 @@ Result<PlanStats> verify_plan(const Plan& plan, int64_t capacity) {
   if (capacity > 0) {
     for (int p = 0; p < np; ++p) {
       if (stats.peak_bytes[static_cast<size_t>(p)] > capacity) {
-        return resource_exhausted("rank " + std::to_string(p) + " needs " +
-                                  std::to_string(stats.peak_bytes[static_cast<size_t>(p)] >> 20) + " MiB at its peak but "
-                                  "the device has " + std::to_string(capacity >> 20) +
-                                  " MiB; raise pp/ep/zero, add recompute, or lower microbatch size");
+        return resource_exhausted(
+            "rank " + std::to_string(p) + " needs " + std::to_string(stats.peak_bytes[static_cast<size_t>(p)] >> 20) +
+            " MiB at its peak but "
+            "the device has " +
+            std::to_string(capacity >> 20) + " MiB; raise pp/ep/zero, add recompute, or lower microbatch size");
       }
     }
   }

@@ -18,8 +18,8 @@ struct ChunkSpec {
   std::string part;
   int layer;
   int64_t params;
-  double flops_per_token;     // forward
-  int64_t activation_elems;   // per token, kept from F to the backward
+  double flops_per_token;    // forward
+  int64_t activation_elems;  // per token, kept from F to the backward
 };
 
 }  // namespace
@@ -54,8 +54,8 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
       if (e.num_shared_experts > 0) {
         const double shared =
             static_cast<double>(e.num_shared_experts) * mlp_params(model, e.shared_expert_intermediate_size, false);
-        chunks.push_back({"shared", l, shared_experts_params(model), 2 * shared,
-                          h + 3 * e.shared_expert_intermediate_size});
+        chunks.push_back(
+            {"shared", l, shared_experts_params(model), 2 * shared, h + 3 * e.shared_expert_intermediate_size});
         ffn_weights += shared;
       }
     } else {

@@ -139,8 +139,8 @@ Result<std::vector<NodeId>> Graph::topo_order() const {
   for (size_t i = path.size(); i-- > first && shown < 4; ++shown) {
     names += (names.empty() ? "" : " -> ") + describe(node(path[i]));
   }
-  return invalid_argument("the graph has a cycle through " + names + " (" +
-                          std::to_string(path.size() - first) + " nodes); an order or edge contradicts a dependency");
+  return invalid_argument("the graph has a cycle through " + names + " (" + std::to_string(path.size() - first) +
+                          " nodes); an order or edge contradicts a dependency");
 }
 
 std::string describe(const Node& n) {

@@ -47,8 +47,8 @@ TEST(CliCompileTest, JsonStatsPerTemplate) {
 TEST(CliCompileTest, DirectiveFileCompilesToTheSameStats) {
   int rc = 0;
   std::string file = std::string(PIPER_BINARY_DIR) + "/cli_compile_test_directives.json";
-  std::string a = run(std::string("compile --model tiny-moe --seq 64 --json --emit-directives ") + file + " " +
-                          kStrategy, &rc);
+  std::string a =
+      run(std::string("compile --model tiny-moe --seq 64 --json --emit-directives ") + file + " " + kStrategy, &rc);
   ASSERT_EQ(rc, 0) << a;
   std::string b = run("compile --model tiny-moe --seq 64 --json --mesh pp=2,dp=4,ep=4 --directives " + file, &rc);
   ASSERT_EQ(rc, 0) << b;
@@ -77,8 +77,9 @@ TEST(CliCompileTest, BadInputsExitNonZeroWithAHint) {
   std::string file = std::string(PIPER_BINARY_DIR) + "/cli_compile_test_bad.json";
   FILE* f = fopen(file.c_str(), "w");
   ASSERT_NE(f, nullptr);
-  fputs(R"([{"directive": "split", "microbatches": 2}, {"directive": "place", "filter": {"layer": "0-3"}, "stage": 9}])",
-        f);
+  fputs(
+      R"([{"directive": "split", "microbatches": 2}, {"directive": "place", "filter": {"layer": "0-3"}, "stage": 9}])",
+      f);
   fclose(f);
   out = run("compile --model tiny-moe --mesh pp=2 --directives " + file, &rc);
   EXPECT_NE(rc, 0);

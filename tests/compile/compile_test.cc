@@ -1,12 +1,11 @@
 // Compiling full MoE models: strategies, directive files, ZeRO-3 under PP x EP, errors and deadlocks.
 #include "piper/compile/compile.h"
 
-#include "piper/base/check.h"
+#include <gtest/gtest.h>
 
 #include <algorithm>
 
-#include <gtest/gtest.h>
-
+#include "piper/base/check.h"
 #include "piper/compile/strategy_directives.h"
 #include "piper/ir/passes/passes.h"
 #include "piper/spec/model_loader.h"
@@ -75,11 +74,12 @@ TEST(CompileTest, PipelineExpertZero3CompilesAndReshardsPerMicrobatch) {
 }
 
 TEST(CompileTest, EveryScheduleCompilesAndVerifies) {
-  for (const char* s : {"dp=2,pp=2,schedule=gpipe,microbatches=4", "dp=2,pp=2,ep=2,schedule=1f1b,microbatches=4",
-                        "pp=2,vpp=2,schedule=interleaved,microbatches=4", "dp=2,pp=2,zero=2,schedule=zb-h1,microbatches=4",
-                        "dp=2,ep=2,pp=2,schedule=dualpipev,microbatches=4,recompute=full",
-                        "tp=2,sp=1,pp=2,schedule=1f1b,microbatches=2",
-                        "dp=2,ep=2,pp=1,schedule=af-pipe,microbatches=4,disagg=1,attn_ranks=2,ffn_ranks=2"}) {
+  for (const char* s :
+       {"dp=2,pp=2,schedule=gpipe,microbatches=4", "dp=2,pp=2,ep=2,schedule=1f1b,microbatches=4",
+        "pp=2,vpp=2,schedule=interleaved,microbatches=4", "dp=2,pp=2,zero=2,schedule=zb-h1,microbatches=4",
+        "dp=2,ep=2,pp=2,schedule=dualpipev,microbatches=4,recompute=full",
+        "tp=2,sp=1,pp=2,schedule=1f1b,microbatches=2",
+        "dp=2,ep=2,pp=1,schedule=af-pipe,microbatches=4,disagg=1,attn_ranks=2,ffn_ranks=2"}) {
     auto r = compile(s);
     ASSERT_TRUE(r.ok()) << s << ": " << r.status().message();
     EXPECT_GT(r->stats.instructions, 0u);
@@ -104,8 +104,8 @@ TEST(CompileTest, DualPipeVAndAfPipePlansAreDeadlockFree) {
       // AF-Pipe: p/2 attention and p/2 FFN pipeline ranks (strategy pp = p/2), each run by dp=2 ranks.
       const std::string side = std::to_string(p);
       for (const std::string& text : {"dp=2,ep=2,schedule=dualpipev,pp=" + std::to_string(p) + mb,
-                                      "dp=2,ep=2,schedule=af-pipe,disagg=1,attn_ranks=" + side + ",ffn_ranks=" +
-                                          side + ",pp=" + std::to_string(p / 2) + mb}) {
+                                      "dp=2,ep=2,schedule=af-pipe,disagg=1,attn_ranks=" + side + ",ffn_ranks=" + side +
+                                          ",pp=" + std::to_string(p / 2) + mb}) {
         Strategy s = strategy(text);
         CompileOptions o;
         o.verify_each_pass = p <= 4;  // the graph verifier after every pass costs more than the compile
@@ -171,9 +171,9 @@ TEST(CompileTest, DisaggregationUsesM2N) {
 }
 
 TEST(CompileTest, DirectiveFileAndBuiltinScheduleGiveIdenticalPlans) {
-  for (const char* text : {"dp=4,pp=2,ep=2,zero=3,schedule=1f1b,microbatches=4",
-                           "dp=2,pp=2,schedule=dualpipev,microbatches=4",
-                           "dp=2,ep=2,pp=1,schedule=af-pipe,microbatches=4,disagg=1,attn_ranks=2,ffn_ranks=2"}) {
+  for (const char* text :
+       {"dp=4,pp=2,ep=2,zero=3,schedule=1f1b,microbatches=4", "dp=2,pp=2,schedule=dualpipev,microbatches=4",
+        "dp=2,ep=2,pp=1,schedule=af-pipe,microbatches=4,disagg=1,attn_ranks=2,ffn_ranks=2"}) {
     Strategy s = strategy(text);
     auto builtin = compile_strategy(tiny(), train_for(s), s);
     ASSERT_TRUE(builtin.ok()) << builtin.status().message();

@@ -50,7 +50,8 @@ TEST_P(BuildGraphTest, ChunksAddUpToTheSpecCounts) {
   EXPECT_EQ(updates, 2 + model->num_layers + model->num_dense_layers() + per_moe * model->num_moe_layers());
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, BuildGraphTest, ::testing::Values("tiny-moe", "deepseek-v3", "mixtral-8x7b", "gpt-oss-20b", "gpt-1.7b"));
+INSTANTIATE_TEST_SUITE_P(Presets, BuildGraphTest,
+                         ::testing::Values("tiny-moe", "deepseek-v3", "mixtral-8x7b", "gpt-oss-20b", "gpt-1.7b"));
 
 TEST(BuildGraphErrorTest, RejectsEmptyModelAndBatch) {
   ModelSpec m;

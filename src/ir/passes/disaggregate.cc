@@ -30,10 +30,11 @@ Status apply_disaggregate(Graph& g, const DisaggregateDirective& d) {
                             " (got pp=" + std::to_string(g.mesh.pp) + ")");
   }
   if (g.num_layers % groups != 0 || g.mesh.num_stages() != 2 * g.num_layers) {
-    return invalid_argument("disaggregate deals " + std::to_string(g.num_layers) + " layers round-robin to " +
-                            std::to_string(groups) + " groups: num_layers must be a multiple of the groups and "
-                            "vpp = num_layers / groups (= " + std::to_string(g.num_layers / std::max(groups, 1)) +
-                            ", got vpp=" + std::to_string(g.mesh.vpp) + ")");
+    return invalid_argument(
+        "disaggregate deals " + std::to_string(g.num_layers) + " layers round-robin to " + std::to_string(groups) +
+        " groups: num_layers must be a multiple of the groups and "
+        "vpp = num_layers / groups (= " +
+        std::to_string(g.num_layers / std::max(groups, 1)) + ", got vpp=" + std::to_string(g.mesh.vpp) + ")");
   }
   for (const Node& n : g.nodes()) {
     if (n.order_slot >= 0) return invalid_argument("disaggregate must come before order rows");
