@@ -31,11 +31,12 @@ struct PlanOptions {
   bool json = false;
   bool disaggregate = false;
   bool no_verify = false;
+  int verify_attempts = 3;
   std::string solver = "cbc";
   std::string af_placement = "spread";
 };
 
-void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train, bool verify,
                  const plan::SearchResult& r) {
   const auto& st = r.stats;
   std::printf("model     %s, seq %lld, global batch %lld sequences\n", model.name.c_str(),
@@ -54,7 +55,7 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
                 format_seconds(st.verify_time_s).c_str());
     if (!st.first_verify_failure.empty()) std::printf("          first rejection: %s\n", st.first_verify_failure.c_str());
   } else {
-    std::printf("verify    off (--no-verify)\n");
+    std::printf("verify    %s\n", verify ? "nothing to compile (no plan fits)" : "off (--no-verify)");
   }
   std::printf("rejected by rule:\n");
   for (int k = 0; k < plan::kNumRules; ++k) {
@@ -82,6 +83,13 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
 
 Status nothing_fits(const ClusterSpec& cluster, double memory_fraction, const plan::SearchResult& r) {
   const std::string device = format_bytes(static_cast<double>(cluster.device.memory_bytes) * memory_fraction);
+  if (r.stats.fitting > 0) {
+    return failed_precondition("plan: " + std::to_string(r.stats.fitting) +
+                               " strategies fit by the closed-form model, but the compiler rejected the " +
+                               std::to_string(r.stats.verify_failed) + " best of them (first: " +
+                               r.stats.first_verify_failure + "); try more with --verify-attempts, or see the "
+                               "closed-form ranking with --no-verify");
+  }
   if (!r.has_smallest) {
     return failed_precondition("plan: no valid strategy in the space (" + std::to_string(r.stats.rejected_total()) +
                                " rejected by rule; see --json rejected_by_rule); check that --global-batch is a "
@@ -175,6 +183,7 @@ Status run_plan(const PlanOptions& o) {
   options.top_k = o.top_k;
   options.memory_fraction = o.memory_fraction;
   options.verify = !o.no_verify;
+  options.verify_attempts_per_plan = o.verify_attempts;
   options.threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   if (!o.schedules.empty()) options.space.schedules = split(o.schedules, ',');
   if (!o.calibration.empty()) {
@@ -194,7 +203,7 @@ Status run_plan(const PlanOptions& o) {
     }
     print_json(j.dump(2));
   } else {
-    print_plans(model, cluster, train, r);
+    print_plans(model, cluster, train, options.verify, r);
   }
   if (r.top.empty()) return nothing_fits(cluster, options.memory_fraction, r);
   return ok_status();
@@ -214,6 +223,8 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
       ->capture_default_str();
   sub->add_option("--calibration", o->calibration, "calibration JSON (src/cost/device_model.h)");
   sub->add_flag("--no-verify", o->no_verify, "skip compiling the best plans with the plan verifier");
+  sub->add_option("--verify-attempts", o->verify_attempts, "compile at most this many plans per plan returned")
+      ->capture_default_str();
   sub->add_flag("--disaggregate", o->disaggregate,
                 "allocate GPUs and NICs to disaggregated attention and FFN groups (af-pipe; roofline + MILP)");
   sub->add_option("--af-placement", o->af_placement,
@@ -225,6 +236,9 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
     if (o->seq_len < 1) return invalid_argument("--seq=" + std::to_string(o->seq_len) + " must be >= 1");
     if (o->global_batch < 1) return invalid_argument("--global-batch must be >= 1 sequence");
     if (o->top_k < 1) return invalid_argument("--top=" + std::to_string(o->top_k) + " must be >= 1");
+    if (o->verify_attempts < 1) {
+      return invalid_argument("--verify-attempts=" + std::to_string(o->verify_attempts) + " must be >= 1");
+    }
     return run_plan(*o);
   });
 });

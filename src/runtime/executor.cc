@@ -31,6 +31,8 @@ struct Task {
   StashKey key;
   std::vector<ir::NodeId> sources;  // F: producers' F nodes; B/BW: consumers' B/BW nodes (edge order)
   int consumers = 0;                // tasks that read this task's message
+  bool recomputed = false;          // F of a chunk whose stash is dropped and rebuilt before its backward
+  bool rerun = false;               // the rebuilding F (the second compute of the same node)
 };
 
 template <typename Msg>
@@ -60,6 +62,7 @@ struct Executor::Impl {
   std::map<ir::NodeId, Pending<Activation>> fwd;
   std::map<ir::NodeId, Pending<Gradient>> bwd;
   std::map<StashKey, std::unique_ptr<Stash>> stashes;
+  std::map<StashKey, std::vector<Activation>> recompute_inputs;  // inputs kept for the re-run of a dropped F
   std::vector<char> events;
   std::map<Chunk*, int> updates_done;
   int64_t grad_tasks_done = 0;
@@ -98,6 +101,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
   if (program.streams.empty()) return invalid_argument("executor: the program of rank " +
                                                        std::to_string(program.pp_rank) + " has no streams");
   auto chunk_key = [&](ir::NodeId id) { return std::make_pair(graph.node(id).tags.layer, graph.node(id).tags.part); };
+  std::map<ir::NodeId, int> computes_of_node;
   for (const compile::Stream& stream : program.streams) {
     std::vector<Task> tasks;
     for (size_t i = 0; i < stream.instrs.size(); ++i) {
@@ -143,9 +147,12 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
           if (n.kind != ir::NodeKind::kChunk) {
             return invalid_argument("executor: compute '" + in.label + "' is not a chunk node");
           }
-          if (n.recompute) {
-            return unimplemented("executor: '" + in.label + "' is recomputed; the CPU executor does not implement "
-                                 "recomputation yet (use recompute=none)");
+          const int occurrence = computes_of_node[in.node]++;
+          t.recomputed = n.recompute;
+          t.rerun = occurrence > 0;
+          if (occurrence > (n.recompute ? 1 : 0)) {
+            return invalid_argument("executor: '" + in.label + "' computes node '" + n.name + "' " +
+                                    std::to_string(occurrence + 1) + " times; only a recomputed forward runs twice");
           }
           t.chunk = model->find(n.tags.layer, n.tags.part);
           if (t.chunk == nullptr) {
@@ -210,7 +217,15 @@ Status Executor::Impl::compute(const Task& t) {
   const std::string& label = t.in->label;
   if (t.pass == ir::Pass::kF) {
     std::vector<Activation> inputs;
-    {
+    if (t.rerun) {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = recompute_inputs.find(t.key);
+      if (it == recompute_inputs.end()) {
+        return internal_error("'" + label + "': no kept inputs for " + key_name(t.key) + " (first forward missing)");
+      }
+      inputs = std::move(it->second);
+      recompute_inputs.erase(it);
+    } else {
       std::lock_guard<std::mutex> lock(mu);
       for (ir::NodeId src : t.sources) {
         auto it = fwd.find(src);
@@ -227,10 +242,16 @@ Status Executor::Impl::compute(const Task& t) {
     const int64_t offset = static_cast<int64_t>(t.mb) * mbs * batch->seq_len;
     Microbatch mb{batch->inputs.data() + offset, batch->targets.data() + offset, mbs, batch->seq_len};
     Activation out;
+    ctx.recompute = t.rerun;
     auto stash = t.chunk->forward(ctx, mb, ptrs, &out);
     if (!stash.ok()) return stash.status();
     std::lock_guard<std::mutex> lock(mu);
     if (stashes.count(t.key)) return internal_error("'" + label + "' ran twice for " + key_name(t.key));
+    if (t.rerun) {  // the outputs and losses were published by the first run
+      stashes[t.key] = std::move(stash).value();
+      return ok_status();
+    }
+    if (t.recomputed) recompute_inputs[t.key] = std::move(inputs);
     loss_mb[static_cast<size_t>(t.mb)] += (*stash)->loss;
     aux_mb[static_cast<size_t>(t.mb)] += (*stash)->aux_loss;
     stashes[t.key] = std::move(stash).value();
@@ -378,6 +399,7 @@ Result<StepResult> Executor::run_step(const Batch& batch) {
   m.fwd.clear();
   m.bwd.clear();
   m.stashes.clear();
+  m.recompute_inputs.clear();
   m.events.assign(static_cast<size_t>(m.num_events), 0);
   m.updates_done.clear();
   m.grad_tasks_done = 0;
@@ -400,9 +422,14 @@ Result<StepResult> Executor::run_step(const Batch& batch) {
   m.batch = nullptr;
   if (m.failed) {
     m.stashes.clear();
+    m.recompute_inputs.clear();
     m.fwd.clear();
     m.bwd.clear();
     return m.error;
+  }
+  if (!m.recompute_inputs.empty()) {
+    return internal_error("executor: the plan never re-ran the recomputed forward of " +
+                          key_name(m.recompute_inputs.begin()->first));
   }
   if (!m.stashes.empty()) {
     return internal_error("executor: the plan never freed the activations of " + key_name(m.stashes.begin()->first));

@@ -8,6 +8,9 @@
 //   graph (forward: the producers' Activations; backward: the consumers' Gradients), so the executor wires
 //   exactly what the compiled graph says. A chunk's stash lives from its F until the `free` of its activation
 //   buffer (after the last backward task, as lowered by compile::lower).
+// - recompute: a recomputed chunk's F keeps only its inputs (the producers' tensors) once the plan frees its
+//   stash right after F; the plan's second compute of the same F node re-runs it from those inputs before the
+//   first backward (same bits: the kernels are deterministic), without publishing outputs or losses again.
 // - record / wait: events between streams. alloc / free: the plan's activation buffers; the executor checks
 //   them against the stashes it holds and accounts their planned bytes (planned_peak_bytes) next to the bytes
 //   really allocated (MemoryTracker, every tensor, peak per category).

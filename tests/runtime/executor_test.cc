@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "piper/compile/compile.h"
@@ -95,6 +96,48 @@ TEST(ExecutorTest, ZeroBubbleSplitBackwardEqualsSequentialReference) {
   EXPECT_GT(count_pass(p, ir::Pass::kB), 0) << "zb-h1 should split the backward into B and W";
   EXPECT_EQ(count_pass(p, ir::Pass::kB), count_pass(p, ir::Pass::kW));
   expect_matches_reference("schedule=zb-h1,microbatches=2,mbs=2", true);
+}
+
+// Recomputation: the plan frees each recomputed chunk's stash right after F and re-runs F before its backward.
+TEST(ExecutorTest, FullRecomputeStepEqualsSequentialReference) {
+  auto s = make_setup(small_moe_spec(true), "schedule=1f1b,microbatches=2,mbs=2,recompute=full", 5);
+  ASSERT_NE(s->executor, nullptr);
+  int reruns = 0;
+  for (const auto& st : s->compiled.plan.program(0).streams) {
+    for (const auto& in : st.instrs) reruns += in.label.find("(recompute)") != std::string::npos ? 1 : 0;
+  }
+  EXPECT_GT(reruns, 0) << "recompute=full should re-run forwards";
+  expect_matches_reference("schedule=1f1b,microbatches=2,mbs=2,recompute=full", true);
+  expect_matches_reference("schedule=gpipe,microbatches=2,mbs=2,recompute=selective", false);
+}
+
+// DeepSeek-style sigmoid router with the aux-loss-free bias: gradients match the reference, and the bias moves
+// after the update (it only changes which experts are chosen).
+TEST(ExecutorTest, SigmoidRouterWithBalancingBias) {
+  ModelSpec spec = small_moe_spec(true);
+  spec.moe.router = RouterType::kSigmoid;
+  spec.moe.router_bias = true;
+  SCOPED_TRACE("sigmoid + bias");
+  auto s = make_setup(spec, "schedule=1f1b,microbatches=2,mbs=2", 9);
+  ASSERT_NE(s->executor, nullptr);
+  const Batch batch = random_batch(4, 8, spec.vocab_size, 4);
+  auto r = s->executor->run_step(batch);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ(r->aux_loss, 0.0);  // no Switch loss when the bias balances
+  MemoryTracker tracker;
+  TrackingAllocator alloc(&tracker);
+  auto ref_model = Model::create(spec, {}, 9, &alloc).value();
+  ReferenceResult ref = reference_step(*ref_model, batch, 2, &alloc);
+  EXPECT_EQ(r->loss, ref.loss);
+  const Param* bias = nullptr;
+  for (const Param* p : s->model->params()) {
+    if (p->name == "L1.router.bias") bias = p;
+  }
+  ASSERT_NE(bias, nullptr);
+  EXPECT_FALSE(bias->trainable);
+  double moved = 0;
+  for (int64_t e = 0; e < bias->value.numel(); ++e) moved += std::fabs(bias->value[e]);
+  EXPECT_GT(moved, 0.0) << "the balancing bias should move after a step";
 }
 
 TEST(ExecutorTest, ParametersChangeAndLossDropsOnRepeatedBatch) {

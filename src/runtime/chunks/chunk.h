@@ -68,6 +68,7 @@ struct Microbatch {
 struct StepContext {
   int num_microbatches = 1;
   Allocator* allocator = nullptr;
+  bool recompute = false;  // this forward re-runs an earlier one before its backward (no step statistics)
 };
 
 // Router -> experts: the normed input and the routing decision.

@@ -49,7 +49,7 @@ class RouterChunk : public Chunk {
                             params_[1].value.data(), bias, n, h, config(ctx));
     routed->routing = kernels::build_routing(routed->topk_idx.data(), n, dims_.top_k, dims_.num_experts);
     st->aux_loss = aux;
-    if (dims_.expert_bias) {
+    if (dims_.expert_bias && !ctx.recompute) {
       std::lock_guard<std::mutex> lock(mutex_);
       for (int e = 0; e < dims_.num_experts; ++e) counts_[static_cast<size_t>(e)] += routed->routing.count(e);
     }
