@@ -1,12 +1,19 @@
-// piper train: single-rank training through the compiled Plan (src/runtime/trainer.h).
+// piper train: training through the compiled Plan (src/runtime/trainer.h), on one rank or, with --ranks R > 1,
+// on R MPI ranks: outside an MPI job the command re-executes itself under mpirun (comm/launch.h: root and
+// oversubscription flags); under an outside mpirun/srun it joins the job. Rank 0 prints; any rank's error is
+// printed with its rank and the job exits non-zero (mpirun then stops the other ranks).
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "piper/base/json.h"
+#include "piper/base/strings.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
+#include "piper/comm/launch.h"
+#include "piper/comm/mpi/mpi_communicator.h"
 #include "piper/kernels/cpu/gemm.h"
 #include "piper/runtime/trainer.h"
 #include "piper/spec/model_loader.h"
@@ -16,7 +23,7 @@ namespace {
 
 struct TrainCliOptions {
   std::string model = "tiny-moe";
-  int ranks = 1;
+  int ranks = 0;  // 0 = the MPI job's size, or 1 outside one
   std::string data;
   int64_t steps = 20;
   int64_t global_batch = 0;
@@ -43,15 +50,19 @@ Json predicted_json(const cost::MemoryBreakdown& m) {
               {"activations", m.activations}, {"buffers", m.buffers}, {"total", m.total()}};
 }
 
-Status run_train(const TrainCliOptions& o) {
-  if (o.steps < 1) return invalid_argument("--steps must be >= 1, got " + std::to_string(o.steps));
-  if (o.threads < 0) return invalid_argument("--threads must be >= 0 (0 = all cores)");
-  if (o.ranks < 1) return invalid_argument("--ranks must be >= 1, got " + std::to_string(o.ranks));
-  kernels::warn_gemm_environment();
-  if (o.threads > 0) kernels::set_kernel_threads(o.threads);
+Status train(const TrainCliOptions& o, comm::Communicator* world) {
+  const bool quiet = world != nullptr && world->rank() != 0;
+  if (!quiet) kernels::warn_gemm_environment();
+  if (o.threads > 0) {
+    kernels::set_kernel_threads(o.threads);
+  } else if (world != nullptr && world->size() > 1) {
+    // Ranks of this machine share its cores.
+    kernels::set_kernel_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world->size()));
+  }
   runtime::TrainOptions t;
   PIPER_ASSIGN_OR_RETURN(t.model, load_model(o.model));
-  t.ranks = o.ranks;
+  t.ranks = world != nullptr ? world->size() : 1;
+  t.world = world;
   t.strategy = o.strategy;
   t.global_batch = o.global_batch > 0 ? o.global_batch : (o.strategy.empty() ? 16 : 0);
   t.seq_len = o.seq_len;
@@ -62,13 +73,18 @@ Status run_train(const TrainCliOptions& o) {
   PIPER_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(t));
   if (!o.resume.empty()) PIPER_RETURN_IF_ERROR(trainer->resume(o.resume));
   const auto& plan = trainer->compiled().plan;
-  if (!o.json) {
+  if (!o.json && !quiet) {
     std::printf("model     %s (%s trainable parameters)\n", t.model.name.c_str(),
                 format_count(static_cast<double>(trainer->model().num_params())).c_str());
     std::printf("strategy  %s\n", trainer->strategy().to_string().c_str());
-    std::printf("plan      %zu instructions on %zu stream(s), %d microbatches\n",
+    std::printf("plan      %zu instructions on %zu stream(s) on rank 0, %d microbatches per rank\n",
                 plan.program(0).num_instructions(), plan.program(0).streams.size(),
                 trainer->executor().num_microbatches());
+    if (trainer->dist() != nullptr) {
+      std::printf("ranks     %d MPI ranks (pp=%d dp=%d ep=%d tp=%d), plan hash %016llx equal on every rank\n",
+                  plan.world_size, plan.mesh.pp, plan.mesh.dp, plan.mesh.ep, plan.mesh.tp,
+                  static_cast<unsigned long long>(runtime::plan_hash(plan)));
+    }
     std::printf("batch     %lld x %lld tokens per step, data %s, seed %llu%s\n",
                 static_cast<long long>(trainer->options().global_batch), static_cast<long long>(o.seq_len),
                 o.data.empty() ? "(default corpus)" : o.data.c_str(), static_cast<unsigned long long>(o.seed),
@@ -84,7 +100,7 @@ Status run_train(const TrainCliOptions& o) {
     if (i > 0) steady_seconds += s.seconds;
     steps.push_back(Json{{"step", s.step}, {"loss", s.loss}, {"aux_loss", s.aux_loss}, {"grad_norm", s.grad_norm},
                          {"seconds", s.seconds}});
-    if (!o.json) {
+    if (!o.json && !quiet) {
       std::printf("step %5lld  loss %.4f  aux %.4f  |g| %.3f  %8.0f tok/s  %6.2f GFLOP/s  %.3f s\n",
                   static_cast<long long>(s.step), s.loss, s.aux_loss, s.grad_norm, s.tokens_per_s,
                   s.flops_per_s / 1e9, s.seconds);
@@ -92,6 +108,7 @@ Status run_train(const TrainCliOptions& o) {
     }
   }
   if (!o.save.empty()) PIPER_RETURN_IF_ERROR(trainer->save(o.save));
+  if (quiet) return ok_status();
   // Throughput over the steps after the first (which pays for first-touch page faults), unless there is one.
   const int64_t timed_steps = o.steps > 1 ? o.steps - 1 : 1;
   const double timed_seconds = o.steps > 1 ? steady_seconds : seconds;
@@ -114,7 +131,8 @@ Status run_train(const TrainCliOptions& o) {
            {"predicted_memory", predicted_json(trainer->predicted_memory())},
            {"plan_activation_peak_bytes", trainer->executor().planned_peak_bytes()},
            {"pool_reserved_peak_bytes", trainer->reserved_peak_bytes()},
-           {"seconds", seconds}};
+           {"seconds", seconds},
+           {"ranks", plan.world_size}};
     if (!o.save.empty()) j["saved"] = o.save;
     print_json(j.dump(2));
   } else {
@@ -140,10 +158,48 @@ Status run_train(const TrainCliOptions& o) {
   return ok_status();
 }
 
-PIPER_REGISTER_COMMAND(g_train, "train", "Train a model on one rank through its compiled Plan", [](CLI::App* sub) {
+Result<std::vector<std::string>> own_argv() {
+  PIPER_ASSIGN_OR_RETURN(std::string cmdline, read_text_file("/proc/self/cmdline"));
+  std::vector<std::string> args = split(cmdline, '\0');
+  while (!args.empty() && args.back().empty()) args.pop_back();
+  PIPER_ASSIGN_OR_RETURN(std::string exe, comm::self_executable());
+  if (!args.empty()) args[0] = exe;
+  return args;
+}
+
+Status run_train(const TrainCliOptions& o) {
+  if (o.steps < 1) return invalid_argument("--steps must be >= 1, got " + std::to_string(o.steps));
+  if (o.threads < 0) return invalid_argument("--threads must be >= 0 (0 = all cores)");
+  if (o.ranks < 0) return invalid_argument("--ranks must be >= 1, got " + std::to_string(o.ranks));
+  if (comm::launched_by_mpi()) {
+    PIPER_RETURN_IF_ERROR(comm::mpi_init(nullptr, nullptr));
+    int rank = 0;
+    Status st = [&]() -> Status {
+      PIPER_ASSIGN_OR_RETURN(auto world, comm::mpi_world());
+      rank = world->rank();
+      if (o.ranks != 0 && o.ranks != world->size()) {
+        return invalid_argument("--ranks " + std::to_string(o.ranks) + " but this MPI job has " +
+                                std::to_string(world->size()) + " ranks; drop --ranks or make them equal");
+      }
+      return train(o, world.get());
+    }();
+    // A failed rank exits without finalising: mpirun then stops the others instead of letting them wait.
+    if (!st.ok()) return st.with_context("rank " + std::to_string(rank));
+    return comm::mpi_finalize();
+  }
+  if (o.ranks > 1) {
+    PIPER_ASSIGN_OR_RETURN(auto argv, own_argv());
+    comm::MpirunOptions launch;
+    launch.ranks = o.ranks;
+    return comm::exec_under_mpirun(launch, argv);
+  }
+  return train(o, nullptr);
+}
+
+PIPER_REGISTER_COMMAND(g_train, "train", "Train a model through its compiled Plan, on one rank or on --ranks MPI ranks", [](CLI::App* sub) {
   auto o = std::make_shared<TrainCliOptions>();
   sub->add_option("--model", o->model, "model preset or config file")->capture_default_str();
-  sub->add_option("--ranks", o->ranks, "ranks (only 1 until the distributed runtime exists)")->capture_default_str();
+  sub->add_option("--ranks", o->ranks, "MPI ranks; > 1 starts mpirun on this machine (default: the MPI job's size, or 1)");
   sub->add_option("--data", o->data, "text file, .u16/.bin/.tokens file or directory (default: Debian fortunes)");
   sub->add_option("--steps", o->steps, "optimizer steps")->capture_default_str();
   sub->add_option("--global-batch", o->global_batch, "sequences per step (default 16, or the strategy's)");

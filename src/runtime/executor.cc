@@ -1,5 +1,8 @@
 #include "piper/runtime/executor.h"
 
+#include "piper/kernels/cpu/gemm.h"
+#include "piper/runtime/executor_impl.h"
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -9,90 +12,29 @@
 #include <tuple>
 
 namespace piper::runtime {
-namespace {
 
 using compile::Instruction;
 using compile::OpKind;
-using StashKey = std::tuple<int, std::string, int>;  // (layer, part, mb)
+using detail::StashKey;
+using detail::Task;
+using detail::key_name;
+template <typename Msg>
+using Pending = detail::Pending<Msg>;
 
+namespace {
 constexpr auto kWaitTimeout = std::chrono::seconds(600);
+}  // namespace
 
-std::string key_name(const StashKey& k) {
+std::string detail::key_name(const StashKey& k) {
   return "(layer " + std::to_string(std::get<0>(k)) + ", " + std::get<1>(k) + ", mb " +
          std::to_string(std::get<2>(k)) + ")";
 }
 
-// One instruction with everything resolved at create().
-struct Task {
-  const Instruction* in = nullptr;
-  Chunk* chunk = nullptr;
-  ir::Pass pass = ir::Pass::kNone;
-  int mb = -1;
-  StashKey key;
-  std::vector<ir::NodeId> sources;  // F: producers' F nodes; B/BW: consumers' B/BW nodes (edge order)
-  int consumers = 0;                // tasks that read this task's message
-  bool recomputed = false;          // F of a chunk whose stash is dropped and rebuilt before its backward
-  bool rerun = false;               // the rebuilding F (the second compute of the same node)
-};
-
-template <typename Msg>
-struct Pending {
-  Msg msg;
-  int remaining = 0;
-};
-
-}  // namespace
-
-struct Executor::Impl {
-  const ir::Graph* graph = nullptr;
-  Model* model = nullptr;
-  Optimizer* optimizer = nullptr;
-  Allocator* allocator = nullptr;
-  std::vector<std::vector<Task>> streams;
-  std::map<int, StashKey> buffer_owner;
-  std::map<Chunk*, int> updates_expected;
-  int64_t grad_tasks_total = 0;
-  int num_events = 0;
-  int num_mb = 1;
-  int64_t planned_peak = 0;
-
-  // Per-step state, guarded by mu.
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<ir::NodeId, Pending<Activation>> fwd;
-  std::map<ir::NodeId, Pending<Gradient>> bwd;
-  std::map<StashKey, std::unique_ptr<Stash>> stashes;
-  std::map<StashKey, std::vector<Activation>> recompute_inputs;  // inputs kept for the re-run of a dropped F
-  std::vector<char> events;
-  std::map<Chunk*, int> updates_done;
-  int64_t grad_tasks_done = 0;
-  bool norm_done = false;
-  double grad_norm = 0;
-  bool failed = false;
-  Status error;
-  std::vector<double> loss_mb, aux_mb;
-  std::map<std::string, double> task_seconds;
-  int64_t planned_live = 0;
-  // The batch of the running step.
-  const Batch* batch = nullptr;
-  int64_t mbs = 0;
-
-  Status execute(const Task& t);
-  Status compute(const Task& t);
-  void run_stream(size_t s);
-  void fail(const Status& st) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!failed) {
-      failed = true;
-      error = st;
-    }
-    cv.notify_all();
-  }
-};
-
 Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const compile::Program& program,
-                                                   Model* model, Optimizer* optimizer, Allocator* allocator) {
+                                                   Model* model, Optimizer* optimizer, Allocator* allocator,
+                                                   DistContext* dist) {
   auto impl = std::make_unique<Impl>();
+  impl->dist = dist;
   impl->graph = &graph;
   impl->model = model;
   impl->optimizer = optimizer;
@@ -112,9 +54,13 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
         case OpKind::kSend:
         case OpKind::kRecv:
         case OpKind::kCollective:
-          return unimplemented("executor: instruction '" + in.label + "' (" + compile::to_string(in.op) + " " +
-                               ir::to_string(in.comm) + ") needs other ranks; the distributed runtime is not "
-                               "built yet (issue 9): compile a single-rank strategy (dp=tp=pp=ep=1)");
+          if (dist == nullptr) {
+            return invalid_argument("executor: instruction '" + in.label + "' (" + compile::to_string(in.op) + " " +
+                                    ir::to_string(in.comm) + ") needs other ranks; run the plan on its " +
+                                    "ranks (piper train --ranks N) or compile a single-rank strategy");
+          }
+          PIPER_RETURN_IF_ERROR(impl->resolve_comm(in, &t));
+          break;
         case OpKind::kRecord:
         case OpKind::kWait:
           impl->num_events = std::max(impl->num_events, in.event + 1);
@@ -168,6 +114,8 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
           }
           auto relevant = [&](ir::NodeId other) {
             const ir::Node& o = graph.node(other);
+            // Pipeline send/recv endpoints carry the message to / from the other rank.
+            if (o.kind == ir::NodeKind::kSend || o.kind == ir::NodeKind::kRecv) return true;
             if (ir::is_comm(o.kind)) return false;
             if (o.kind != ir::NodeKind::kChunk || chunk_key(other) == chunk_key(n.id)) return false;
             return fwd ? o.tags.pass == ir::Pass::kF : (o.tags.pass == ir::Pass::kB || o.tags.pass == ir::Pass::kBW);
@@ -176,9 +124,11 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
             for (int e : graph.in_edges(n.id)) {
               const ir::Edge& ed = graph.edge(e);
               if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
-              if (ir::is_comm(graph.node(ed.src).kind)) {
+              const ir::NodeKind src_kind = graph.node(ed.src).kind;
+              if (ir::is_comm(src_kind) && src_kind != ir::NodeKind::kRecv) {
                 return unimplemented("executor: '" + in.label + "' reads from communication node '" +
-                                     graph.node(ed.src).name + "'; the distributed runtime is not built yet");
+                                     graph.node(ed.src).name + "' (" + ir::to_string(src_kind) +
+                                     "); the runtime does not execute that kind of exchange yet (docs/runtime.md)");
               }
               if (relevant(ed.src)) t.sources.push_back(ed.src);
             }
@@ -188,6 +138,13 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
             }
           }
           if (t.pass == ir::Pass::kW || t.pass == ir::Pass::kBW) ++impl->grad_tasks_total;
+          impl->norm_owner[t.chunk] = true;
+          if (dist != nullptr) {
+            // Each parameter counts once in the global norm: on tensor rank 0 of its first data-parallel replica.
+            const compile::RankCoord& c = dist->coord();
+            const int ep = std::max(1, graph.mesh.ep);
+            impl->norm_owner[t.chunk] = c.tp == 0 && (n.shard_axis == "ep" ? c.dp / ep == 0 : c.dp == 0);
+          }
           break;
         }
       }
@@ -309,6 +266,12 @@ Status Executor::Impl::execute(const Task& t) {
       task_seconds[t.chunk->part() + "." + ir::to_string(t.pass)] += s;
       return st;
     }
+    case OpKind::kSend:
+      return send(t);
+    case OpKind::kRecv:
+      return recv(t);
+    case OpKind::kCollective:
+      return collective(t);
     case OpKind::kAlloc: {
       std::lock_guard<std::mutex> lock(mu);
       planned_live += in.bytes;
@@ -345,12 +308,25 @@ Status Executor::Impl::execute(const Task& t) {
     case OpKind::kUpdate: {
       {
         std::unique_lock<std::mutex> lock(mu);
-        if (!cv.wait_for(lock, kWaitTimeout, [&] { return grad_tasks_done == grad_tasks_total || failed; })) {
+        if (!cv.wait_for(lock, kWaitTimeout, [&] {
+              return (grad_tasks_done == grad_tasks_total && reductions_done == reductions_total) || failed;
+            })) {
           return deadline_exceeded("'" + in.label + "' waited 600 s for the step's gradients");
         }
         if (failed) return ok_status();
-        if (!norm_done) {
+        if (!norm_done && dist == nullptr) {
           grad_norm = optimizer->begin_step();
+          norm_done = true;
+        }
+      }
+      if (dist != nullptr) {
+        // One norm exchange per step, whichever stream's update gets here first.
+        std::lock_guard<std::mutex> norm_lock(norm_mu);
+        if (!norm_done) {
+          PIPER_ASSIGN_OR_RETURN(double norm, global_grad_norm());
+          std::lock_guard<std::mutex> lock(mu);
+          grad_norm = norm;
+          optimizer->begin_step_with_norm(norm);
           norm_done = true;
         }
       }
@@ -403,6 +379,8 @@ Result<StepResult> Executor::run_step(const Batch& batch) {
   m.events.assign(static_cast<size_t>(m.num_events), 0);
   m.updates_done.clear();
   m.grad_tasks_done = 0;
+  m.reductions_done = 0;
+  m.stop = false;
   m.norm_done = false;
   m.grad_norm = 0;
   m.failed = false;
@@ -415,8 +393,15 @@ Result<StepResult> Executor::run_step(const Batch& batch) {
   if (m.streams.size() == 1) {
     m.run_stream(0);
   } else {
+    // OpenMP's thread count is per thread: stream threads inherit the caller's, not the process default.
+    const int kernel_threads = kernels::kernel_threads();
     std::vector<std::thread> threads;
-    for (size_t s = 0; s < m.streams.size(); ++s) threads.emplace_back([&m, s] { m.run_stream(s); });
+    for (size_t s = 0; s < m.streams.size(); ++s) {
+      threads.emplace_back([&m, s, kernel_threads] {
+        kernels::set_kernel_threads(kernel_threads);
+        m.run_stream(s);
+      });
+    }
     for (auto& th : threads) th.join();
   }
   m.batch = nullptr;
@@ -445,6 +430,7 @@ Result<StepResult> Executor::run_step(const Batch& batch) {
     r.aux_loss += m.aux_mb[static_cast<size_t>(k)];
   }
   r.loss /= m.num_mb;
+  if (m.dist != nullptr) PIPER_RETURN_IF_ERROR(m.reduce_losses(&r.loss, &r.aux_loss));
   r.grad_norm = m.grad_norm;
   r.task_seconds = m.task_seconds;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -18,8 +18,13 @@
 //   first update waits until all weight-gradient tasks (W and BW) of the step have run, computes the norm once,
 //   and every update uses that scale. Gradients accumulate over microbatches and are zeroed at the start of
 //   each step.
-// - send / recv / collectives: not in a single-rank plan; a Program that has them is rejected at create() with
-//   a message pointing at the distributed runtime (not built yet).
+// - send / recv / collectives (multi-rank programs, given a DistContext): pipeline messages (a hidden tensor
+//   [mbs * seq, hidden] forward, its gradient backward) go over the context's p2p communicator to the peer's
+//   world rank with the plan's tag; gradient all-reduces average a chunk's gradients over their mesh group.
+//   Every wait polls with the context's timeout and names the ranks that did not arrive. The update computes
+//   the global gradient norm over every rank (each parameter counted once) after all local gradient tasks and
+//   reductions, and run_step() reports the loss averaged over the data-parallel ranks (docs/runtime.md).
+//   Without a DistContext a Program with communication is rejected at create().
 // Errors in a task abort the step with the instruction's label in the message; other streams stop at their
 // next instruction. Thread-safety: one run_step() at a time.
 #pragma once
@@ -40,6 +45,8 @@
 
 namespace piper::runtime {
 
+class DistContext;
+
 struct StepResult {
   double loss = 0;       // mean over microbatches of the mean token cross-entropy
   double aux_loss = 0;   // routers' load-balance losses (weighted, averaged over microbatches)
@@ -54,10 +61,12 @@ struct StepResult {
 class Executor {
  public:
   // Checks that every compute/update node of `program` has a chunk in `model`, that alloc buffers belong to a
-  // forward chunk, and that there is no communication. The graph, program, model and optimizer must outlive
+  // forward chunk, and resolves communication peers and groups. The graph, program, model and optimizer must outlive
   // the executor. `allocator` serves the step's temporary tensors (normally the one the model uses).
+  // `dist` (may be null) must outlive the executor; with it, run_step() is collective over its world.
   static Result<std::unique_ptr<Executor>> create(const ir::Graph& graph, const compile::Program& program,
-                                                  Model* model, Optimizer* optimizer, Allocator* allocator);
+                                                  Model* model, Optimizer* optimizer, Allocator* allocator,
+                                                  DistContext* dist = nullptr);
   ~Executor();
 
   // One optimizer step on `batch` ([batch_size, seq]); batch_size must be num_microbatches * mbs.

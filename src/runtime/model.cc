@@ -53,9 +53,15 @@ Result<ChunkDims> runtime_dims(const ModelSpec& m, const ModelOptions& o) {
 
 Result<std::unique_ptr<Model>> Model::create(const ModelSpec& spec, const ModelOptions& options, uint64_t seed,
                                              Allocator* allocator) {
+  return create(spec, options, seed, allocator, [](int, const std::string&) { return true; });
+}
+
+Result<std::unique_ptr<Model>> Model::create(const ModelSpec& spec, const ModelOptions& options, uint64_t seed,
+                                             Allocator* allocator, const KeepFn& keep) {
   auto model = std::unique_ptr<Model>(new Model());
   PIPER_ASSIGN_OR_RETURN(model->dims_, runtime_dims(spec, options));
   auto add = [&](const std::string& part, int layer) -> Status {
+    if (!keep(layer, part)) return ok_status();
     PIPER_ASSIGN_OR_RETURN(auto chunk, make_chunk(part, layer, model->dims_, seed, allocator));
     model->chunks_.push_back(std::move(chunk));
     return ok_status();

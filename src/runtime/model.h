@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +36,11 @@ class Model {
  public:
   static Result<std::unique_ptr<Model>> create(const ModelSpec& spec, const ModelOptions& options, uint64_t seed,
                                                Allocator* allocator);
+  // Only the chunks for which keep(layer, part) is true (a pipeline rank's stages): their parameters are the
+  // same bits as in the whole model, since every chunk draws its own from (seed, name).
+  using KeepFn = std::function<bool(int layer, const std::string& part)>;
+  static Result<std::unique_ptr<Model>> create(const ModelSpec& spec, const ModelOptions& options, uint64_t seed,
+                                               Allocator* allocator, const KeepFn& keep);
 
   const ChunkDims& dims() const { return dims_; }
   // The chunk tagged (layer, part), or nullptr.

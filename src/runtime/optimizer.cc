@@ -34,6 +34,20 @@ double Optimizer::begin_step() {
   return norm;
 }
 
+void Optimizer::begin_step_with_norm(double global_norm) {
+  clip_scale_ = kernels::clip_scale(global_norm, spec_.grad_clip);
+  ++step_;
+}
+
+double Optimizer::grad_sq(const Chunk& chunk) {
+  std::vector<std::pair<const float*, int64_t>> grads;
+  for (const Param& p : chunk.params()) {
+    if (p.trainable) grads.emplace_back(p.grad.data(), p.grad.numel());
+  }
+  const double norm = kernels::grad_global_norm(grads);
+  return norm * norm;
+}
+
 void Optimizer::update(Chunk& chunk) {
   PIPER_CHECK(step_ >= 1, "Optimizer::update before begin_step");
   kernels::AdamWConfig cfg;

@@ -24,6 +24,10 @@ class Optimizer {
 
   // Returns the gradient norm before clipping.
   double begin_step();
+  // The same with a norm computed elsewhere (multi-rank runs: the norm over every rank's gradients).
+  void begin_step_with_norm(double global_norm);
+  // Sum of squares of `chunk`'s trainable gradients (double, fixed order): a rank's part of the global norm.
+  static double grad_sq(const Chunk& chunk);
   void update(Chunk& chunk);
 
   int64_t step() const { return step_; }

@@ -1,5 +1,7 @@
 #include "piper/runtime/trainer.h"
 
+#include <set>
+
 #include "piper/runtime/checkpoint.h"
 #include "piper/runtime/data_source.h"
 #include "piper/spec/cluster_loader.h"
@@ -25,9 +27,14 @@ Result<Strategy> train_strategy(const std::string& text, int64_t global_batch) {
 Trainer::~Trainer() = default;
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
-  if (options.ranks != 1) {
-    return unimplemented("--ranks " + std::to_string(options.ranks) +
-                         ": the distributed runtime (issue 9) is not built yet; run with --ranks 1");
+  if (options.ranks < 1) return invalid_argument("--ranks must be >= 1, got " + std::to_string(options.ranks));
+  if (options.ranks > 1 && options.world == nullptr) {
+    return invalid_argument("--ranks " + std::to_string(options.ranks) +
+                            " needs an MPI job: run `piper train --ranks N`, which starts mpirun itself");
+  }
+  if (options.world != nullptr && options.world->size() != options.ranks) {
+    return invalid_argument("--ranks " + std::to_string(options.ranks) + " but the MPI job has " +
+                            std::to_string(options.world->size()) + " ranks; make them equal");
   }
   if (options.seq_len < 1) return invalid_argument("--seq must be >= 1, got " + std::to_string(options.seq_len));
   if (options.seq_len > options.model.max_seq_len) {
@@ -60,12 +67,28 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   t->compiled_ = std::move(compiled).value();
 
   t->allocator_ = std::make_unique<MemoryPool>(&t->tracker_);
+  const int rank = options.world != nullptr ? options.world->rank() : 0;
+  if (options.world != nullptr) {
+    PIPER_ASSIGN_OR_RETURN(t->dist_, DistContext::create(*options.world, t->compiled_.plan));
+  }
+  // Only the chunks this rank's Program computes (all of them on one rank).
+  std::set<std::pair<int, std::string>> mine;
+  for (const compile::Stream& stream : t->compiled_.plan.program(rank).streams) {
+    for (const compile::Instruction& in : stream.instrs) {
+      if (in.op != compile::OpKind::kCompute && in.op != compile::OpKind::kUpdate) continue;
+      const ir::Node& n = t->compiled_.graph.node(in.node);
+      mine.emplace(n.tags.layer, n.tags.part);
+    }
+  }
   PIPER_ASSIGN_OR_RETURN(t->model_, Model::create(options.model, options.model_options, options.seed,
-                                                  t->allocator_.get()));
+                                                  t->allocator_.get(), [&](int layer, const std::string& part) {
+                                                    return mine.count({layer, part}) > 0;
+                                                  }));
   t->optimizer_ = std::make_unique<Optimizer>(options.optimizer, options.warmup_steps, *t->model_,
                                               t->allocator_.get());
-  PIPER_ASSIGN_OR_RETURN(t->executor_, Executor::create(t->compiled_.graph, t->compiled_.plan.program(0),
-                                                        t->model_.get(), t->optimizer_.get(), t->allocator_.get()));
+  PIPER_ASSIGN_OR_RETURN(t->executor_, Executor::create(t->compiled_.graph, t->compiled_.plan.program(rank),
+                                                        t->model_.get(), t->optimizer_.get(), t->allocator_.get(),
+                                                        t->dist_.get()));
   PIPER_ASSIGN_OR_RETURN(Corpus corpus, load_corpus(options.data, options.model.vocab_size));
   PIPER_ASSIGN_OR_RETURN(DataLoader loader, DataLoader::create(std::move(corpus.tokens), options.seq_len,
                                                                t->options_.global_batch, options.seed));
@@ -86,7 +109,18 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
 
 Result<TrainStepStats> Trainer::step() {
   loader_->next_batch(&batch_);
-  PIPER_ASSIGN_OR_RETURN(StepResult r, executor_->run_step(batch_));
+  const Batch* batch = &batch_;
+  if (dist_ != nullptr && data_parallel() > 1) {
+    // This rank's data-parallel slice: contiguous sequences, so dp ranks together see the whole batch.
+    const int64_t rows = batch_.batch_size / data_parallel();
+    const int64_t begin = rows * dist_->coord().dp * batch_.seq_len, count = rows * batch_.seq_len;
+    local_batch_.batch_size = rows;
+    local_batch_.seq_len = batch_.seq_len;
+    local_batch_.inputs.assign(batch_.inputs.begin() + begin, batch_.inputs.begin() + begin + count);
+    local_batch_.targets.assign(batch_.targets.begin() + begin, batch_.targets.begin() + begin + count);
+    batch = &local_batch_;
+  }
+  PIPER_ASSIGN_OR_RETURN(StepResult r, executor_->run_step(*batch));
   TrainStepStats s;
   s.step = optimizer_->step();
   s.loss = r.loss;
@@ -101,6 +135,9 @@ Result<TrainStepStats> Trainer::step() {
 }
 
 Status Trainer::save(const std::string& dir) {
+  if (dist_ != nullptr) {
+    return unimplemented("--save: checkpoints of multi-rank runs are not written yet; save from a --ranks 1 run");
+  }
   CheckpointMeta meta;
   meta.step = optimizer_->step();
   meta.data = loader_->position();
@@ -112,6 +149,9 @@ Status Trainer::save(const std::string& dir) {
 }
 
 Status Trainer::resume(const std::string& dir) {
+  if (dist_ != nullptr) {
+    return unimplemented("--resume: multi-rank runs do not load checkpoints yet; resume with --ranks 1");
+  }
   PIPER_ASSIGN_OR_RETURN(Checkpoint ck, load_checkpoint(dir));
   const std::string hint = " (was the checkpoint written for another model? resume with the same --model)";
   for (Param* p : model_->params()) {

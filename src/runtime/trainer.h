@@ -8,7 +8,11 @@
 // Every tensor is allocated through the trainer's own MemoryTracker, so memory() is this run's, by category.
 // The resource model's prediction for the same configuration (src/cost on the local-cpu cluster preset, fp32
 // everywhere) is predicted_memory().
-// Errors: ranks > 1 (the distributed runtime is issue 9), an invalid strategy, a model the CPU chunks do not
+// Multi-rank (options.world set): every rank compiles the same plan (DistContext checks its hash), builds only
+// the chunks its Program runs (its pipeline stages), takes its data-parallel slice of each global batch
+// (rank d of dp gets sequences [d * B / dp, (d + 1) * B / dp)) and runs its Program; step() reports the loss
+// over all ranks. Checkpoints of multi-rank runs are not written yet (save/resume return Unimplemented).
+// Errors: ranks > 1 without a world, an invalid strategy, a model the CPU chunks do not
 // support, a missing data file, token ids outside the vocabulary, a corrupt or mismatched checkpoint.
 #pragma once
 
@@ -20,7 +24,9 @@
 #include "piper/base/status.h"
 #include "piper/compile/compile.h"
 #include "piper/cost/estimate.h"
+#include "piper/comm/communicator.h"
 #include "piper/runtime/data_loader.h"
+#include "piper/runtime/dist_context.h"
 #include "piper/runtime/executor.h"
 #include "piper/runtime/memory_pool.h"
 #include "piper/runtime/model.h"
@@ -41,6 +47,9 @@ struct TrainOptions {
   OptimizerSpec optimizer;    // lr, betas, weight decay, grad_clip
   int64_t warmup_steps = 0;
   ModelOptions model_options;
+  // Multi-rank runs (ranks > 1): the MPI world this process is one rank of (size == ranks). Not owned; must
+  // outlive the trainer. Every rank calls create() and step() in the same order.
+  comm::Communicator* world = nullptr;
 };
 
 struct TrainStepStats {
@@ -72,10 +81,13 @@ class Trainer {
   double flops_per_token() const { return flops_per_token_; }
   int64_t tokens_per_step() const { return options_.global_batch * options_.seq_len; }
   int64_t steps_done() const { return optimizer_->step(); }
+  // Null on one rank.
+  const DistContext* dist() const { return dist_.get(); }
   const TrainOptions& options() const { return options_; }
 
  private:
   Trainer() = default;
+  int data_parallel() const { return compiled_.plan.mesh.dp; }
   TrainOptions options_;
   Strategy strategy_;
   MemoryTracker tracker_;
@@ -84,10 +96,12 @@ class Trainer {
   std::unique_ptr<Model> model_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<DataLoader> loader_;
+  std::unique_ptr<DistContext> dist_;
   std::unique_ptr<Executor> executor_;
   cost::MemoryBreakdown predicted_;
   double flops_per_token_ = 0;
   Batch batch_;
+  Batch local_batch_;  // multi-rank: this rank's data-parallel slice of batch_
 };
 
 // The strategy a run uses: `text` parsed, or the default for the batch (see TrainOptions::strategy).

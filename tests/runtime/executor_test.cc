@@ -215,7 +215,7 @@ TEST(ExecutorTest, UpdatesOnASecondStreamGiveTheSameBits) {
   }
 }
 
-TEST(ExecutorTest, MultiRankProgramIsRejectedWithPointerToDistributedRuntime) {
+TEST(ExecutorTest, MultiRankProgramWithoutDistContextIsRejectedWithHint) {
   const ModelSpec spec = small_moe_spec(true);
   Strategy st = Strategy::parse("dp=2,schedule=1f1b,microbatches=1,mbs=2").value();
   auto compiled = compile::compile_strategy(spec, fp32_train(st.global_batch(), st.mbs, 8), st);
@@ -226,8 +226,8 @@ TEST(ExecutorTest, MultiRankProgramIsRejectedWithPointerToDistributedRuntime) {
   Optimizer opt(OptimizerSpec{}, 0, *model, &alloc);
   auto ex = Executor::create(compiled->graph, compiled->plan.program(0), model.get(), &opt, &alloc);
   ASSERT_FALSE(ex.ok());
-  EXPECT_EQ(ex.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(ex.status().message().find("distributed runtime"), std::string::npos) << ex.status().message();
+  EXPECT_EQ(ex.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(ex.status().message().find("piper train --ranks N"), std::string::npos) << ex.status().message();
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// Trainer: determinism, bit-identical resume, checkpoint and data errors, ranks > 1, and measured peak memory
+// Trainer: determinism, bit-identical resume, checkpoint and data errors, ranks > 1 without MPI, and measured peak memory
 // against the resource model's prediction.
 #include "piper/runtime/trainer.h"
 
@@ -159,13 +159,13 @@ TEST(TrainerTest, TokenIdOutsideVocabularyIsOutOfRange) {
   EXPECT_NE(t.status().message().find("300"), std::string::npos) << t.status().message();
 }
 
-TEST(TrainerTest, MoreThanOneRankIsUnimplementedWithHint) {
+TEST(TrainerTest, MoreThanOneRankWithoutMpiWorldNamesTheLauncher) {
   TrainOptions o = small_options();
   o.ranks = 2;
   auto t = Trainer::create(o);
   ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(t.status().message().find("--ranks 1"), std::string::npos);
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("starts mpirun"), std::string::npos) << t.status().message();
 }
 
 // tiny-moe on the default corpus: the peak of the bytes really allocated (every tensor, through the trainer's

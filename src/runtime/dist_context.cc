@@ -1,0 +1,101 @@
+#include "piper/runtime/dist_context.h"
+
+#include <cstring>
+
+namespace piper::runtime {
+namespace {
+
+// Ranks that share every coordinate of `me` that `same` says must match, in world-rank order.
+template <typename Same>
+std::vector<int> members(const compile::Plan& plan, const compile::RankCoord& me, Same same) {
+  std::vector<int> out;
+  for (int r = 0; r < plan.world_size; ++r) {
+    if (same(plan.coords[static_cast<size_t>(r)], me)) out.push_back(r);
+  }
+  return out;
+}
+
+}  // namespace
+
+uint64_t plan_hash(const compile::Plan& plan) {
+  const std::string text = plan.to_json().dump();
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+int DistContext::pipeline_peer(int pp_rank) const {
+  for (int r = 0; r < plan_->world_size; ++r) {
+    const compile::RankCoord& c = plan_->coords[static_cast<size_t>(r)];
+    if (c.pp == pp_rank && c.dp == coord_.dp && c.ep == coord_.ep && c.tp == coord_.tp) return r;
+  }
+  return -1;
+}
+
+comm::Communicator* DistContext::group(const std::string& axis) const {
+  auto it = groups_.find(axis);
+  return it == groups_.end() ? nullptr : it->second.get();
+}
+
+Result<std::unique_ptr<DistContext>> DistContext::create(comm::Communicator& world, const compile::Plan& plan) {
+  if (world.size() != plan.world_size) {
+    return invalid_argument("the plan is for " + std::to_string(plan.world_size) + " ranks but the MPI job has " +
+                            std::to_string(world.size()) + "; start it with --ranks " +
+                            std::to_string(plan.world_size) + " (or mpirun -np " + std::to_string(plan.world_size) +
+                            ")");
+  }
+  auto ctx = std::unique_ptr<DistContext>(new DistContext());
+  ctx->rank_ = world.rank();
+  ctx->world_size_ = world.size();
+  ctx->plan_ = &plan;
+  ctx->coord_ = plan.coords[static_cast<size_t>(ctx->rank_)];
+  ctx->timeout_s_ = comm::default_timeout_s();
+
+  // Every rank compiled its own plan: they must be the same program set.
+  const uint64_t mine = plan_hash(plan);
+  std::vector<uint64_t> all(static_cast<size_t>(world.size()));
+  PIPER_ASSIGN_OR_RETURN(comm::Handle h, world.all_gather(&mine, all.data(), sizeof(mine)));
+  PIPER_RETURN_IF_ERROR(world.wait(h, ctx->timeout_s_));
+  for (int r = 0; r < world.size(); ++r) {
+    if (all[static_cast<size_t>(r)] != all[0]) {
+      return failed_precondition("rank " + std::to_string(r) + " compiled a different plan than rank 0 (plan hash " +
+                                 std::to_string(all[static_cast<size_t>(r)]) + " vs " + std::to_string(all[0]) +
+                                 "); every rank must run the same binary with the same model, strategy and flags");
+    }
+  }
+
+  PIPER_ASSIGN_OR_RETURN(ctx->p2p_, world.dup("p2p"));
+  PIPER_ASSIGN_OR_RETURN(ctx->ctl_, world.dup("ctl"));
+  const ir::MeshInfo& m = plan.mesh;
+  const int ep = std::max(1, m.ep);
+  using C = compile::RankCoord;
+  struct Axis {
+    const char* name;
+    int degree;
+    bool (*same)(const C&, const C&, int);
+  };
+  const Axis axes[] = {
+      {"dp", m.dp, [](const C& a, const C& b, int) { return a.pp == b.pp && a.tp == b.tp; }},
+      {"edp", m.dp / ep,
+       [](const C& a, const C& b, int) { return a.pp == b.pp && a.tp == b.tp && a.ep == b.ep; }},
+      {"ep", ep, [](const C& a, const C& b, int e) { return a.pp == b.pp && a.tp == b.tp && a.dp / e == b.dp / e; }},
+      {"tp", m.tp, [](const C& a, const C& b, int) { return a.pp == b.pp && a.dp == b.dp; }},
+  };
+  for (const Axis& axis : axes) {
+    if (axis.degree <= 1) continue;
+    std::vector<int> group = members(plan, ctx->coord_, [&](const C& c, const C& me) { return axis.same(c, me, ep); });
+    PIPER_ASSIGN_OR_RETURN(auto comm, world.split(group, axis.name));
+    if (comm == nullptr || comm->size() != axis.degree) {
+      return internal_error(std::string("mesh group '") + axis.name + "' of rank " + std::to_string(ctx->rank_) +
+                            " has " + std::to_string(group.size()) + " ranks, expected " +
+                            std::to_string(axis.degree));
+    }
+    ctx->groups_[axis.name] = std::move(comm);
+  }
+  return ctx;
+}
+
+}  // namespace piper::runtime

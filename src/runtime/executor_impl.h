@@ -1,0 +1,127 @@
+// Internal to the executor (executor.cc: program setup, compute, events, memory, updates; executor_comm.cc:
+// send/recv and collectives of multi-rank programs, gradient norm and loss across ranks). Not a public header.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "piper/runtime/dist_context.h"
+#include "piper/runtime/executor.h"
+
+namespace piper::runtime::detail {
+
+using StashKey = std::tuple<int, std::string, int>;  // (layer, part, mb)
+
+std::string key_name(const StashKey& k);
+
+// One instruction with everything resolved at create().
+struct Task {
+  const compile::Instruction* in = nullptr;
+  Chunk* chunk = nullptr;
+  ir::Pass pass = ir::Pass::kNone;
+  int mb = -1;
+  StashKey key;
+  std::vector<ir::NodeId> sources;  // F: producers' F nodes; B/BW: consumers' B/BW nodes (edge order)
+  int consumers = 0;                // tasks that read this task's message
+  bool recomputed = false;          // F of a chunk whose stash is dropped and rebuilt before its backward
+  bool rerun = false;               // the rebuilding F (the second compute of the same node)
+  // send/recv: the world rank on the other side, the message kind; send: the producing task's node.
+  int peer = -1;
+  bool gradient = false;
+  ir::NodeId source = ir::kNoNode;
+  // collectives: the group's communicator and degree.
+  comm::Communicator* comm = nullptr;
+  int degree = 1;
+};
+
+template <typename Msg>
+struct Pending {
+  Msg msg;
+  int remaining = 0;
+};
+
+}  // namespace piper::runtime::detail
+
+namespace piper::runtime {
+
+struct Executor::Impl {
+  using Task = detail::Task;
+  using StashKey = detail::StashKey;
+
+  const ir::Graph* graph = nullptr;
+  Model* model = nullptr;
+  Optimizer* optimizer = nullptr;
+  Allocator* allocator = nullptr;
+  DistContext* dist = nullptr;  // null on one rank
+  std::vector<std::vector<Task>> streams;
+  std::map<int, StashKey> buffer_owner;
+  std::map<Chunk*, int> updates_expected;
+  std::map<const Chunk*, bool> norm_owner;  // multi-rank: this rank counts the chunk in the global norm
+  int64_t grad_tasks_total = 0;
+  int64_t reductions_total = 0;
+  std::set<const Chunk*> reduced;  // chunks with a gradient reduction  // gradient all-reduce / reduce-scatter instructions of the step
+  int num_events = 0;
+  int num_mb = 1;
+  int64_t planned_peak = 0;
+
+  // Per-step state, guarded by mu.
+  std::mutex mu;
+  std::mutex norm_mu;  // serialises the multi-rank norm exchange
+  std::condition_variable cv;
+  std::atomic<bool> stop{false};  // mirrors `failed` for threads polling communication
+  std::map<ir::NodeId, detail::Pending<Activation>> fwd;
+  std::map<ir::NodeId, detail::Pending<Gradient>> bwd;
+  std::map<StashKey, std::unique_ptr<Stash>> stashes;
+  std::map<StashKey, std::vector<Activation>> recompute_inputs;  // inputs kept for the re-run of a dropped F
+  std::vector<char> events;
+  std::map<Chunk*, int> updates_done;
+  int64_t grad_tasks_done = 0;
+  int64_t reductions_done = 0;
+  bool norm_done = false;
+  double grad_norm = 0;
+  bool failed = false;
+  Status error;
+  std::vector<double> loss_mb, aux_mb;
+  std::map<std::string, double> task_seconds;
+  int64_t planned_live = 0;
+  // Buffers of communication abandoned in flight after a failure: kept until the executor dies.
+  std::vector<std::shared_ptr<const void>> abandoned;
+  // The batch of the running step.
+  const Batch* batch = nullptr;
+  int64_t mbs = 0;
+
+  Status execute(const Task& t);
+  Status compute(const Task& t);
+  void run_stream(size_t s);
+  void fail(const Status& st) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!failed) {
+      failed = true;
+      error = st;
+    }
+    stop = true;
+    cv.notify_all();
+  }
+
+  // executor_comm.cc
+  Status resolve_comm(const compile::Instruction& in, Task* t);
+  Status send(const Task& t);
+  Status recv(const Task& t);
+  Status collective(const Task& t);
+  // Polls `h` until done, the step failed elsewhere (Unavailable; `keep` is parked in `abandoned`), or the
+  // context's timeout passed (DeadlineExceeded naming the ranks that did not arrive).
+  Status wait_comm(comm::Communicator& c, comm::Handle& h, std::shared_ptr<const void> keep, const std::string& what);
+  // The global gradient norm over every rank (each parameter counted once).
+  Result<double> global_grad_norm();
+  // Sums (loss, aux) over the ranks that own them; returns the step's mean loss and aux loss.
+  Status reduce_losses(double* loss, double* aux);
+};
+
+}  // namespace piper::runtime
