@@ -331,7 +331,12 @@ Status Executor::Impl::execute(const Task& t) {
         }
       }
       const auto start = std::chrono::steady_clock::now();
-      optimizer->update(*t.chunk);
+      auto shard = shards.find(t.chunk);
+      if (shard == shards.end()) {
+        optimizer->update(*t.chunk);
+      } else {
+        optimizer->update_range(*t.chunk, shard->second.begin, shard->second.end);
+      }
       t.chunk->after_update();
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       std::lock_guard<std::mutex> lock(mu);

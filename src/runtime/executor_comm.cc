@@ -49,11 +49,14 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
     if (!sending) t->consumers = count;
     return ok_status();
   }
-  // Collective.
-  if (in.comm != ir::NodeKind::kAllReduce) {
+  // Collective: gradient all-reduce (zero=0), gradient reduce-scatter once per step and the all-gather of the
+  // updated parameters (zero=1).
+  const bool zero1_rs = in.comm == ir::NodeKind::kReduceScatter && n.tags.mb < 0;
+  const bool zero1_ag = in.comm == ir::NodeKind::kAllGather && n.tags.pass == ir::Pass::kU;
+  if (in.comm != ir::NodeKind::kAllReduce && !zero1_rs && !zero1_ag) {
     return unimplemented("executor: '" + in.label + "' (" + ir::to_string(in.comm) + " over " + in.group +
-                         ") is not executed yet: the runtime runs data-parallel gradient all-reduce (zero=0) and " +
-                         "pipeline parallelism; drop zero/ep/tp from the strategy (docs/runtime.md)");
+                         ") is not executed yet: the runtime runs pipeline parallelism and data parallelism with " +
+                         "zero=0 or zero=1; drop zero>=2/ep/tp from the strategy (docs/runtime.md)");
   }
   t->comm = dist->group(in.group);
   if (t->comm == nullptr) {
@@ -65,6 +68,16 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
   if (t->chunk == nullptr) {
     return invalid_argument("executor: '" + in.label + "' reduces the gradients of (layer " +
                             std::to_string(n.tags.layer) + ", " + n.tags.part + "), which this rank does not hold");
+  }
+  if (zero1_ag) return ok_status();  // the update before it is sharded; nothing to count
+  if (zero1_rs) {
+    int64_t total = 0;
+    for (const Param& p : t->chunk->params()) total += p.trainable ? p.grad.numel() : 0;
+    Shard sh;
+    sh.per_rank = (total + t->degree - 1) / t->degree;
+    sh.begin = std::min(total, sh.per_rank * t->comm->rank());
+    sh.end = std::min(total, sh.begin + sh.per_rank);
+    shards[t->chunk] = sh;
   }
   if (reduced.count(t->chunk)) {
     return unimplemented("executor: '" + in.label + "' is a second gradient reduction of " + t->chunk->name() +
@@ -83,8 +96,17 @@ Status Executor::Impl::wait_comm(comm::Communicator& c, comm::Handle& h, std::sh
     if (done) return ok_status();
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (stop || waited > dist->timeout_s()) {
-      Status st = stop ? unavailable(what + ": abandoned, another stream of this rank failed")
-                       : c.wait(h, 1e-3).with_context(what);
+      Status st = ok_status();
+      if (stop) {
+        st = unavailable(what + ": abandoned, another stream of this rank failed");
+      } else {
+        st = c.wait(h, 1e-3);
+        if (!st.ok()) {
+          st = deadline_exceeded(what + " on rank " + std::to_string(dist->rank()) + " made no progress for " +
+                                 std::to_string(static_cast<int>(waited)) + " s (PIPER_COMM_TIMEOUT_S): " +
+                                 st.message());
+        }
+      }
       std::lock_guard<std::mutex> lock(mu);
       abandoned.push_back(std::move(keep));  // MPI may still touch it
       return st.ok() ? ok_status() : st;
@@ -151,6 +173,8 @@ Status Executor::Impl::recv(const Task& t) {
 }
 
 Status Executor::Impl::collective(const Task& t) {
+  if (t.in->comm == ir::NodeKind::kReduceScatter) return reduce_scatter(t);
+  if (t.in->comm == ir::NodeKind::kAllGather) return gather_params(t);
   size_t total = 0;
   for (const Param& p : t.chunk->params()) total += p.trainable ? static_cast<size_t>(p.grad.numel()) : 0;
   auto buf = std::make_shared<std::vector<float>>(total);
@@ -177,11 +201,75 @@ Status Executor::Impl::collective(const Task& t) {
   return ok_status();
 }
 
+// The chunk's trainable tensors as one flat vector, `per_rank * degree` long (zero padded).
+namespace {
+template <typename Get>
+std::shared_ptr<std::vector<float>> pack(Chunk& chunk, size_t padded, Get get) {
+  auto buf = std::make_shared<std::vector<float>>(padded, 0.0f);
+  size_t at = 0;
+  for (Param& p : chunk.params()) {
+    if (!p.trainable) continue;
+    const Tensor& t = get(p);
+    std::copy(t.data(), t.data() + t.numel(), buf->data() + at);
+    at += static_cast<size_t>(t.numel());
+  }
+  return buf;
+}
+}  // namespace
+
+Status Executor::Impl::reduce_scatter(const Task& t) {
+  const Shard& sh = shards.at(t.chunk);
+  const size_t per_rank = static_cast<size_t>(sh.per_rank);
+  auto in = pack(*t.chunk, per_rank * static_cast<size_t>(t.degree), [](Param& p) -> const Tensor& { return p.grad; });
+  auto out = std::make_shared<std::vector<float>>(per_rank);
+  PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->reduce_scatter_sum(in->data(), out->data(), per_rank));
+  std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(in), decltype(out)>>(in, out);
+  PIPER_RETURN_IF_ERROR(wait_comm(*t.comm, h, keep, "gradient reduce-scatter of " + t.chunk->name()));
+  // This rank's shard of the mean gradient; the rest of the chunk's gradient is not used by its update or norm.
+  const float scale = 1.0f / static_cast<float>(t.degree);
+  int64_t offset = 0;
+  for (Param& p : t.chunk->params()) {
+    if (!p.trainable) continue;
+    const int64_t lo = std::max(sh.begin, offset), hi = std::min(sh.end, offset + p.grad.numel());
+    for (int64_t i = lo; i < hi; ++i) p.grad.data()[i - offset] = (*out)[static_cast<size_t>(i - sh.begin)] * scale;
+    offset += p.grad.numel();
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  ++reductions_done;
+  cv.notify_all();
+  return ok_status();
+}
+
+Status Executor::Impl::gather_params(const Task& t) {
+  auto it = shards.find(t.chunk);
+  if (it == shards.end()) return internal_error("'" + t.in->label + "': parameters gathered without a reduce-scatter");
+  const Shard& sh = it->second;
+  const size_t per_rank = static_cast<size_t>(sh.per_rank);
+  auto full = pack(*t.chunk, per_rank * static_cast<size_t>(t.degree), [](Param& p) -> const Tensor& { return p.value; });
+  auto mine = std::make_shared<std::vector<float>>(full->begin() + sh.begin, full->begin() + sh.begin + sh.per_rank);
+  PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->all_gather(mine->data(), full->data(), per_rank * sizeof(float)));
+  std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(mine), decltype(full)>>(mine, full);
+  PIPER_RETURN_IF_ERROR(wait_comm(*t.comm, h, keep, "parameter all-gather of " + t.chunk->name()));
+  size_t at = 0;
+  for (Param& p : t.chunk->params()) {
+    if (!p.trainable) continue;
+    std::copy(full->data() + at, full->data() + at + p.value.numel(), p.value.data());
+    at += static_cast<size_t>(p.value.numel());
+  }
+  return ok_status();
+}
+
 Result<double> Executor::Impl::global_grad_norm() {
   double local = 0;
   for (const auto& c : model->chunks()) {
     auto it = norm_owner.find(c.get());
-    if (it != norm_owner.end() && it->second) local += Optimizer::grad_sq(*c);
+    auto shard = shards.find(c.get());
+    if (shard != shards.end()) {
+      // ZeRO: every data-parallel rank owns its shard of the reduced gradient.
+      if (dist->coord().tp == 0) local += Optimizer::grad_sq_range(*c, shard->second.begin, shard->second.end);
+    } else if (it != norm_owner.end() && it->second) {
+      local += Optimizer::grad_sq(*c);
+    }
   }
   auto all = std::make_shared<std::vector<double>>(static_cast<size_t>(dist->world_size()));
   PIPER_ASSIGN_OR_RETURN(comm::Handle h, dist->ctl().all_gather(&local, all->data(), sizeof(double)));

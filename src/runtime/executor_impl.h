@@ -66,7 +66,12 @@ struct Executor::Impl {
   std::map<const Chunk*, bool> norm_owner;  // multi-rank: this rank counts the chunk in the global norm
   int64_t grad_tasks_total = 0;
   int64_t reductions_total = 0;
-  std::set<const Chunk*> reduced;  // chunks with a gradient reduction  // gradient all-reduce / reduce-scatter instructions of the step
+  std::set<const Chunk*> reduced;  // chunks with a gradient reduction
+  // ZeRO-1: chunks whose gradients are reduce-scattered; this rank owns flat elements [begin, end).
+  struct Shard {
+    int64_t begin = 0, end = 0, per_rank = 0;
+  };
+  std::map<const Chunk*, Shard> shards;  // gradient all-reduce / reduce-scatter instructions of the step
   int num_events = 0;
   int num_mb = 1;
   int64_t planned_peak = 0;
@@ -115,6 +120,8 @@ struct Executor::Impl {
   Status send(const Task& t);
   Status recv(const Task& t);
   Status collective(const Task& t);
+  Status reduce_scatter(const Task& t);
+  Status gather_params(const Task& t);
   // Polls `h` until done, the step failed elsewhere (Unavailable; `keep` is parked in `abandoned`), or the
   // context's timeout passed (DeadlineExceeded naming the ranks that did not arrive).
   Status wait_comm(comm::Communicator& c, comm::Handle& h, std::shared_ptr<const void> keep, const std::string& what);

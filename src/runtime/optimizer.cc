@@ -48,6 +48,41 @@ double Optimizer::grad_sq(const Chunk& chunk) {
   return norm * norm;
 }
 
+double Optimizer::grad_sq_range(const Chunk& chunk, int64_t begin, int64_t end) {
+  std::vector<std::pair<const float*, int64_t>> grads;
+  int64_t offset = 0;
+  for (const Param& p : chunk.params()) {
+    if (!p.trainable) continue;
+    const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + p.grad.numel());
+    if (lo < hi) grads.emplace_back(p.grad.data() + (lo - offset), hi - lo);
+    offset += p.grad.numel();
+  }
+  const double norm = kernels::grad_global_norm(grads);
+  return norm * norm;
+}
+
+void Optimizer::update_range(Chunk& chunk, int64_t begin, int64_t end) {
+  PIPER_CHECK(step_ >= 1, "Optimizer::update_range before begin_step");
+  kernels::AdamWConfig cfg;
+  cfg.lr = learning_rate();
+  cfg.beta1 = spec_.beta1;
+  cfg.beta2 = spec_.beta2;
+  cfg.eps = spec_.eps;
+  cfg.weight_decay = spec_.weight_decay;
+  int64_t offset = 0;
+  for (Param& p : chunk.params()) {
+    if (!p.trainable) continue;
+    const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + p.value.numel());
+    if (lo < hi) {
+      Moments& mo = moments_.at(&p);
+      const int64_t a = lo - offset;
+      kernels::adamw_step(p.value.data() + a, p.grad.data() + a, mo.m.data() + a, mo.v.data() + a, hi - lo, cfg,
+                          step_, clip_scale_, p.decay);
+    }
+    offset += p.value.numel();
+  }
+}
+
 void Optimizer::update(Chunk& chunk) {
   PIPER_CHECK(step_ >= 1, "Optimizer::update before begin_step");
   kernels::AdamWConfig cfg;

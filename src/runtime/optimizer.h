@@ -28,7 +28,12 @@ class Optimizer {
   void begin_step_with_norm(double global_norm);
   // Sum of squares of `chunk`'s trainable gradients (double, fixed order): a rank's part of the global norm.
   static double grad_sq(const Chunk& chunk);
+  // The same over flat elements [begin, end) (a ZeRO shard).
+  static double grad_sq_range(const Chunk& chunk, int64_t begin, int64_t end);
   void update(Chunk& chunk);
+  // AdamW on elements [begin, end) of the chunk's trainable parameters taken as one flat vector in parameter
+  // order (a ZeRO shard). The moments are still allocated whole.
+  void update_range(Chunk& chunk, int64_t begin, int64_t end);
 
   int64_t step() const { return step_; }
   void set_step(int64_t step) { step_ = step; }

@@ -70,6 +70,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   const int rank = options.world != nullptr ? options.world->rank() : 0;
   if (options.world != nullptr) {
     PIPER_ASSIGN_OR_RETURN(t->dist_, DistContext::create(*options.world, t->compiled_.plan));
+    if (options.model.moe.router_bias && t->compiled_.plan.mesh.dp > 1) {
+      return unimplemented("model '" + options.model.name + "' balances experts with a router bias; under dp=" +
+                           std::to_string(t->compiled_.plan.mesh.dp) + " its expert counts are not summed across "
+                           "replicas yet, so the replicas would diverge: use dp=1 (pipeline parallelism)");
+    }
   }
   // Only the chunks this rank's Program computes (all of them on one rank).
   std::set<std::pair<int, std::string>> mine;
