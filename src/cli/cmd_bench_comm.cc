@@ -71,7 +71,10 @@ Status run_bench(const BenchCommFlags& f) {
     PIPER_ASSIGN_OR_RETURN(size_t bytes, parse_size(s));
     options.bytes_per_pair.push_back(bytes);
   }
-  if (f.token_bytes < 1) return invalid_argument("--token-bytes must be >= 1");
+  if (f.token_bytes < 4 || f.token_bytes % 4 != 0) {
+    return invalid_argument("--token-bytes must be a positive multiple of 4 (the MoE combine moves float rows), got " +
+                            std::to_string(f.token_bytes));
+  }
 
   if (!comm::launched_by_mpi()) {
     if (f.ranks < 1) return invalid_argument("--ranks must be >= 1, got " + std::to_string(f.ranks));
@@ -111,7 +114,7 @@ Status run_bench(const BenchCommFlags& f) {
 }
 
 PIPER_REGISTER_BENCH(g_bench_comm, "comm",
-                     "All-to-all and MoE dispatch bandwidth: MPI_Alltoallv vs pairwise vs HALO; alpha-beta calibration",
+                     "All-to-all, MoE dispatch and combine: MPI_Alltoallv vs pairwise vs HALO; alpha-beta calibration",
                      [](CLI::App* sub) {
                        auto f = std::make_shared<BenchCommFlags>();
                        sub->add_option("--ranks", f->ranks, "ranks to launch when not already under mpirun")
@@ -125,7 +128,7 @@ PIPER_REGISTER_BENCH(g_bench_comm, "comm",
                        sub->add_option("--iterations", f->iterations, "timed iterations per point")->capture_default_str();
                        sub->add_option("--tokens", f->tokens, "MoE dispatch: tokens per rank (0 skips)")
                            ->capture_default_str();
-                       sub->add_option("--token-bytes", f->token_bytes, "MoE dispatch: bytes per token")
+                       sub->add_option("--token-bytes", f->token_bytes, "MoE dispatch/combine: bytes per token (multiple of 4)")
                            ->capture_default_str();
                        sub->add_option("--experts", f->experts, "MoE dispatch: experts")->capture_default_str();
                        sub->add_option("--top-k", f->top_k, "MoE dispatch: experts per token")->capture_default_str();

@@ -2,12 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <random>
 #include <sstream>
 
 #include "piper/base/units.h"
 #include "piper/comm/algorithms/halo_all_to_all.h"
+#include "piper/comm/algorithms/moe_combine.h"
 #include "piper/comm/algorithms/moe_dispatch.h"
 #include "piper/comm/algorithms/pairwise_all_to_all.h"
 
@@ -22,8 +24,9 @@ Status CommBenchOptions::validate(int world_size) const {
   if (top_k < 1 || top_k > num_experts || top_k > 255) {
     return invalid_argument("bench comm: --top-k=" + std::to_string(top_k) + " must be in [1, min(experts, 255)]");
   }
-  if (tokens_per_rank < 0 || token_bytes < 1) {
-    return invalid_argument("bench comm: --tokens must be >= 0 and --token-bytes >= 1");
+  if (tokens_per_rank < 0 || token_bytes < 4 || token_bytes % 4 != 0) {
+    return invalid_argument("bench comm: --tokens must be >= 0 and --token-bytes a positive multiple of 4 (the "
+                            "combine moves rows of token_bytes / 4 floats)");
   }
   return ok_status();
 }
@@ -117,6 +120,43 @@ double busbw(size_t bytes_per_pair, int ranks, double seconds) {
   return algbw * (ranks - 1) / ranks;
 }
 
+// Combine of the dispatched rows (expert outputs = the rows read as floats), weights 1/top_k.
+Result<CombineTiming> bench_combine(Communicator& world, HaloContext& halo, const CommBenchOptions& o,
+                                    const MoeRouting& routing, const DispatchResult& rows) {
+  const int64_t hidden = static_cast<int64_t>(o.token_bytes / sizeof(float));
+  std::vector<float> outputs(rows.rows.size() / sizeof(float));
+  for (size_t i = 0; i < outputs.size(); ++i) outputs[i] = static_cast<float>(rows.rows[i]) / 255.0f - 0.5f;
+  std::vector<float> weights(routing.dest_ranks.size(), 1.0f / static_cast<float>(o.top_k));
+  std::vector<float> flat_y, halo_y;
+  CombineTiming c;
+  PIPER_ASSIGN_OR_RETURN(c.mpi_s, time_op(world, o, [&]() -> Status {
+    PIPER_ASSIGN_OR_RETURN(flat_y, flat_combine(world, outputs, hidden, routing, weights,
+                                                FlatDispatchKind::kMpiAllToAllV, kTimeoutS));
+    return ok_status();
+  }));
+  PIPER_ASSIGN_OR_RETURN(c.halo_s, time_op(world, o, [&]() -> Status {
+    PIPER_ASSIGN_OR_RETURN(halo_y, halo_combine(halo, outputs, hidden, routing, weights, kTimeoutS));
+    return ok_status();
+  }));
+  double diff = 0;
+  for (size_t i = 0; i < flat_y.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(flat_y[i] - halo_y[i])));
+  if (flat_y.size() != halo_y.size() || diff > 1e-4) {
+    return internal_error("bench comm: HALO combine differs from the flat combine by " + std::to_string(diff) +
+                          " on rank " + std::to_string(world.rank()));
+  }
+  CombineTraffic traffic = combine_traffic(halo.topology(), world.rank(), hidden, routing);
+  PIPER_ASSIGN_OR_RETURN(auto flat_all, gather_doubles(world, static_cast<double>(traffic.flat_internode_bytes)));
+  PIPER_ASSIGN_OR_RETURN(auto halo_all, gather_doubles(world, static_cast<double>(traffic.halo_internode_bytes)));
+  PIPER_ASSIGN_OR_RETURN(auto diff_all, gather_doubles(world, diff));
+  for (int r = 0; r < world.size(); ++r) {
+    c.flat_internode_bytes += static_cast<int64_t>(flat_all[r]);
+    c.halo_internode_bytes += static_cast<int64_t>(halo_all[r]);
+    c.max_abs_diff = std::max(c.max_abs_diff, diff_all[r]);
+  }
+  c.tokens_total = o.tokens_per_rank * world.size();
+  return c;
+}
+
 }  // namespace
 
 Result<CommBenchReport> run_comm_bench(Communicator& world, const CommBenchOptions& o) {
@@ -175,6 +215,7 @@ Result<CommBenchReport> run_comm_bench(Communicator& world, const CommBenchOptio
       report.dispatch.halo_internode_bytes += static_cast<int64_t>(halo_all[r]);
     }
     report.dispatch.tokens_total = o.tokens_per_rank * p;
+    PIPER_ASSIGN_OR_RETURN(report.combine, bench_combine(world, *halo, o, routing, flat_rows));
   }
 
   if (o.calibrate) {
@@ -221,6 +262,18 @@ OrderedJson to_json(const CommBenchReport& r) {
                          {"halo_over_mpi", d.mpi_s / d.halo_s},
                          {"flat_internode_bytes", d.flat_internode_bytes},
                          {"halo_internode_bytes", d.halo_internode_bytes}};
+  }
+  if (r.combine.tokens_total > 0) {
+    const CombineTiming& c = r.combine;
+    j["moe_combine"] = {{"hidden_floats", r.options.token_bytes / sizeof(float)},
+                        {"mpi_alltoallv_s", c.mpi_s},
+                        {"halo_s", c.halo_s},
+                        {"mpi_tokens_per_s", c.tokens_total / c.mpi_s},
+                        {"halo_tokens_per_s", c.tokens_total / c.halo_s},
+                        {"halo_over_mpi", c.mpi_s / c.halo_s},
+                        {"flat_internode_bytes", c.flat_internode_bytes},
+                        {"halo_internode_bytes", c.halo_internode_bytes},
+                        {"max_abs_diff_vs_flat", c.max_abs_diff}};
   }
   j["calibration"] = calibration_json(r);
   return j;
@@ -270,6 +323,16 @@ std::string to_text(const CommBenchReport& r) {
                   r.options.token_bytes, d.tokens_total / d.mpi_s, d.tokens_total / d.halo_s, d.mpi_s / d.halo_s,
                   format_bytes(static_cast<double>(d.flat_internode_bytes)).c_str(),
                   format_bytes(static_cast<double>(d.halo_internode_bytes)).c_str());
+    os << line;
+  }
+  if (r.combine.tokens_total > 0) {
+    const CombineTiming& c = r.combine;
+    std::snprintf(line, sizeof(line),
+                  "MoE combine (weighted, %zu floats per row): MPI %.0f tokens/s, HALO %.0f tokens/s, HALO/MPI %.2fx "
+                  "(inter-node bytes %s -> %s, max |HALO - flat| %.2g)\n",
+                  r.options.token_bytes / sizeof(float), c.tokens_total / c.mpi_s, c.tokens_total / c.halo_s,
+                  c.mpi_s / c.halo_s, format_bytes(static_cast<double>(c.flat_internode_bytes)).c_str(),
+                  format_bytes(static_cast<double>(c.halo_internode_bytes)).c_str(), c.max_abs_diff);
     os << line;
   }
   auto fit = [&](const char* name, const LinkFit& f) {

@@ -1,6 +1,7 @@
 // The measurements behind `piper bench comm`: plain all-to-all (native MPI_Alltoallv through
 // Communicator::all_to_all_v, flat pairwise, HALO) at several sizes per pair, a MoE dispatch with top-k
-// duplication (flat MPI_Alltoallv vs HALO with node deduplication), and alpha-beta figures from ping-pongs.
+// duplication (flat MPI_Alltoallv vs HALO with node deduplication), its combine (the reverse, with the
+// reduction inside the expert's node), and alpha-beta figures from ping-pongs.
 //
 // Conventions (nccl-tests): each timing is the median over iterations of the slowest rank's time, each
 // iteration starting after a barrier. For an all-to-all with S bytes per rank (S = bytes_per_pair * P),
@@ -49,6 +50,16 @@ struct DispatchTiming {
   int64_t halo_internode_bytes = 0;
 };
 
+// MoE combine, the reverse of the dispatch: expert outputs of hidden = token_bytes / 4 floats per row, weighted
+// sum with the routing weights (flat: MPI_Alltoallv back + local sum; HALO: reduced inside the expert's node).
+struct CombineTiming {
+  int64_t tokens_total = 0;
+  double mpi_s = 0, halo_s = 0;
+  int64_t flat_internode_bytes = 0;  // all ranks, one combine
+  int64_t halo_internode_bytes = 0;
+  double max_abs_diff = 0;  // largest |HALO - flat| over all outputs (regrouped float additions)
+};
+
 struct LinkFit {
   bool measured = false;
   double latency_s = 0;       // alpha: half round trip of an 8-byte message
@@ -59,6 +70,7 @@ struct CommBenchReport {
   int ranks = 0, ranks_per_node = 0, lanes = 0;
   std::vector<AllToAllTiming> all_to_all;
   DispatchTiming dispatch;
+  CombineTiming combine;
   LinkFit intra, inter;
   CommBenchOptions options;
 };
