@@ -21,5 +21,5 @@ echo
 echo "== piper train: tiny-moe on one CPU rank, 20 steps through the compiled 1F1B plan (docs/training.md)"
 "$BIN" train --model tiny-moe --ranks 1 --steps 20
 echo
-echo "== piper train --ranks 4: tiny-moe on 4 MPI ranks (dp=2 x pp=2, 1F1B), same global batch (docs/runtime.md)"
-"$BIN" train --model tiny-moe --ranks 4 --strategy dp=2,pp=2,schedule=1f1b,microbatches=4,mbs=2 --steps 20
+echo "== piper train --ranks 4: tiny-moe on 4 MPI ranks (dp=2 x pp=2, 1F1B), same global batch and microbatches: same losses (docs/runtime.md)"
+"$BIN" train --model tiny-moe --ranks 4 --strategy dp=2,pp=2,schedule=1f1b,microbatches=2,mbs=4 --steps 20
