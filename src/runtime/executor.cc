@@ -42,6 +42,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
   impl->num_mb = std::max(1, graph.num_microbatches);
   if (program.streams.empty()) return invalid_argument("executor: the program of rank " +
                                                        std::to_string(program.pp_rank) + " has no streams");
+  std::map<const Chunk*, int> grad_tasks_of_chunk;
   auto chunk_key = [&](ir::NodeId id) { return std::make_pair(graph.node(id).tags.layer, graph.node(id).tags.part); };
   std::map<ir::NodeId, int> computes_of_node;
   for (const compile::Stream& stream : program.streams) {
@@ -137,7 +138,10 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
               if (ed.alive && ed.kind == ir::EdgeKind::kData && relevant(ed.dst)) ++t.consumers;
             }
           }
-          if (t.pass == ir::Pass::kW || t.pass == ir::Pass::kBW) ++impl->grad_tasks_total;
+          if (t.pass == ir::Pass::kW || t.pass == ir::Pass::kBW) {
+            ++impl->grad_tasks_total;
+            t.grad_index = grad_tasks_of_chunk[t.chunk]++;
+          }
           impl->norm_owner[t.chunk] = true;
           if (dist != nullptr) {
             // Each parameter counts once in the global norm: on tensor rank 0 of its first data-parallel replica.
@@ -214,6 +218,17 @@ Status Executor::Impl::compute(const Task& t) {
     stashes[t.key] = std::move(stash).value();
     if (t.consumers > 0) fwd[t.in->node] = Pending<Activation>{std::move(out), t.consumers};
     return ok_status();
+  }
+  if (t.grad_index > 0) {
+    // ZeRO-2: the previous microbatch's gradient must have left the buffer before this one accumulates into it.
+    auto shard = shards.find(t.chunk);
+    if (shard != shards.end() && shard->second.per_microbatch) {
+      std::unique_lock<std::mutex> lock(mu);
+      if (!cv.wait_for(lock, kWaitTimeout, [&] { return packs_done[t.chunk] >= t.grad_index || failed; })) {
+        return deadline_exceeded("'" + label + "' waited 600 s for the reduce-scatter of the previous microbatch");
+      }
+      if (failed) return ok_status();
+    }
   }
   Stash* stash = nullptr;
   std::vector<Gradient> grads;
@@ -385,6 +400,9 @@ Result<StepResult> Executor::run_step(const Batch& batch) {
   m.updates_done.clear();
   m.grad_tasks_done = 0;
   m.reductions_done = 0;
+  m.packs_done.clear();
+  m.shard_reductions.clear();
+  m.shard_acc.clear();
   m.stop = false;
   m.norm_done = false;
   m.grad_norm = 0;

@@ -49,14 +49,15 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
     if (!sending) t->consumers = count;
     return ok_status();
   }
-  // Collective: gradient all-reduce (zero=0), gradient reduce-scatter once per step and the all-gather of the
-  // updated parameters (zero=1).
+  // Collective: gradient all-reduce (zero=0), gradient reduce-scatter once per step (zero=1) or per microbatch
+  // (zero=2), and the all-gather of the updated parameters (zero=1, 2).
   const bool zero1_rs = in.comm == ir::NodeKind::kReduceScatter && n.tags.mb < 0;
+  const bool zero2_rs = in.comm == ir::NodeKind::kReduceScatter && n.tags.mb >= 0;
   const bool zero1_ag = in.comm == ir::NodeKind::kAllGather && n.tags.pass == ir::Pass::kU;
-  if (in.comm != ir::NodeKind::kAllReduce && !zero1_rs && !zero1_ag) {
+  if (in.comm != ir::NodeKind::kAllReduce && !zero1_rs && !zero2_rs && !zero1_ag) {
     return unimplemented("executor: '" + in.label + "' (" + ir::to_string(in.comm) + " over " + in.group +
                          ") is not executed yet: the runtime runs pipeline parallelism and data parallelism with " +
-                         "zero=0 or zero=1; drop zero>=2/ep/tp from the strategy (docs/runtime.md)");
+                         "zero=0, 1 or 2; drop zero=3/ep/tp from the strategy (docs/runtime.md)");
   }
   t->comm = dist->group(in.group);
   if (t->comm == nullptr) {
@@ -70,14 +71,20 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
                             std::to_string(n.tags.layer) + ", " + n.tags.part + "), which this rank does not hold");
   }
   if (zero1_ag) return ok_status();  // the update before it is sharded; nothing to count
-  if (zero1_rs) {
+  if (zero1_rs || zero2_rs) {
     int64_t total = 0;
     for (const Param& p : t->chunk->params()) total += p.trainable ? p.grad.numel() : 0;
     Shard sh;
     sh.per_rank = (total + t->degree - 1) / t->degree;
     sh.begin = std::min(total, sh.per_rank * t->comm->rank());
     sh.end = std::min(total, sh.begin + sh.per_rank);
+    sh.per_microbatch = zero2_rs;
+    sh.count = shards.count(t->chunk) ? shards[t->chunk].count + 1 : 1;
     shards[t->chunk] = sh;
+    if (zero2_rs) {
+      ++reductions_total;
+      return ok_status();
+    }
   }
   if (reduced.count(t->chunk)) {
     return unimplemented("executor: '" + in.label + "' is a second gradient reduction of " + t->chunk->name() +
@@ -221,17 +228,43 @@ Status Executor::Impl::reduce_scatter(const Task& t) {
   const Shard& sh = shards.at(t.chunk);
   const size_t per_rank = static_cast<size_t>(sh.per_rank);
   auto in = pack(*t.chunk, per_rank * static_cast<size_t>(t.degree), [](Param& p) -> const Tensor& { return p.grad; });
+  if (sh.per_microbatch) {
+    // ZeRO-2: this microbatch's gradient leaves the full buffer, which starts again from zero; the chunk's next
+    // weight-gradient task waits for this (executor.cc), so no contribution is counted twice or lost.
+    for (Param& p : t.chunk->params()) {
+      if (p.trainable) p.grad.fill(0.0f);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    ++packs_done[t.chunk];
+    cv.notify_all();
+  }
   auto out = std::make_shared<std::vector<float>>(per_rank);
   PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->reduce_scatter_sum(in->data(), out->data(), per_rank));
   std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(in), decltype(out)>>(in, out);
   PIPER_RETURN_IF_ERROR(wait_comm(*t.comm, h, keep, "gradient reduce-scatter of " + t.chunk->name()));
-  // This rank's shard of the mean gradient; the rest of the chunk's gradient is not used by its update or norm.
   const float scale = 1.0f / static_cast<float>(t.degree);
+  if (sh.per_microbatch) {
+    // Gradients accumulate sharded: only the last microbatch's reduction writes the shard into the gradient.
+    std::vector<float>& acc = shard_acc[t.chunk];
+    if (acc.empty()) acc.assign(per_rank, 0.0f);
+    for (size_t i = 0; i < per_rank; ++i) acc[i] += (*out)[i] * scale;
+    if (++shard_reductions[t.chunk] < sh.count) {
+      std::lock_guard<std::mutex> lock(mu);
+      ++reductions_done;
+      cv.notify_all();
+      return ok_status();
+    }
+    std::copy(acc.begin(), acc.end(), out->begin());
+  }
+  // This rank's shard of the mean gradient; the rest of the chunk's gradient is not used by its update or norm.
+  const float out_scale = sh.per_microbatch ? 1.0f : scale;
   int64_t offset = 0;
   for (Param& p : t.chunk->params()) {
     if (!p.trainable) continue;
     const int64_t lo = std::max(sh.begin, offset), hi = std::min(sh.end, offset + p.grad.numel());
-    for (int64_t i = lo; i < hi; ++i) p.grad.data()[i - offset] = (*out)[static_cast<size_t>(i - sh.begin)] * scale;
+    for (int64_t i = lo; i < hi; ++i) {
+      p.grad.data()[i - offset] = (*out)[static_cast<size_t>(i - sh.begin)] * out_scale;
+    }
     offset += p.grad.numel();
   }
   std::lock_guard<std::mutex> lock(mu);

@@ -32,6 +32,7 @@ struct Task {
   int consumers = 0;                // tasks that read this task's message
   bool recomputed = false;          // F of a chunk whose stash is dropped and rebuilt before its backward
   bool rerun = false;               // the rebuilding F (the second compute of the same node)
+  int grad_index = -1;              // W/BW: how many weight-gradient tasks of the chunk come before it
   // send/recv: the world rank on the other side, the message kind; send: the producing task's node.
   int peer = -1;
   bool gradient = false;
@@ -70,6 +71,8 @@ struct Executor::Impl {
   // ZeRO-1: chunks whose gradients are reduce-scattered; this rank owns flat elements [begin, end).
   struct Shard {
     int64_t begin = 0, end = 0, per_rank = 0;
+    bool per_microbatch = false;  // ZeRO-2: one reduce-scatter per microbatch
+    int count = 0;                // reduce-scatters of the chunk per step
   };
   std::map<const Chunk*, Shard> shards;  // gradient all-reduce / reduce-scatter instructions of the step
   int num_events = 0;
@@ -89,6 +92,9 @@ struct Executor::Impl {
   std::map<Chunk*, int> updates_done;
   int64_t grad_tasks_done = 0;
   int64_t reductions_done = 0;
+  std::map<const Chunk*, int> packs_done;  // ZeRO-2: microbatch gradients taken out of the full buffer
+  std::map<const Chunk*, int> shard_reductions;
+  std::map<const Chunk*, std::vector<float>> shard_acc;  // ZeRO-2: this rank's accumulated gradient shard
   bool norm_done = false;
   double grad_norm = 0;
   bool failed = false;
