@@ -33,12 +33,13 @@ int run_case(const char* model_name, const char* cluster_name, int nodes, int64_
   }
   const bool agree = !fast->top.empty() && !slow->top.empty() &&
                      fast->top[0].strategy.to_string() == slow->top[0].strategy.to_string();
-  std::printf("%-16s %-9s x%-4d candidates %9lld  search %8.3f s (%d threads, %lld scored)  brute force %8.3f s "
-              "(%lld scored)  speed-up %6.1fx  same best: %s\n",
-              model_name, cluster_name, nodes, static_cast<long long>(fast->stats.considered),
-              fast->stats.search_time_s, threads, static_cast<long long>(fast->stats.scored),
-              slow->stats.search_time_s, static_cast<long long>(slow->stats.scored),
-              slow->stats.search_time_s / fast->stats.search_time_s, agree ? "yes" : "NO");
+  std::printf(
+      "%-16s %-9s x%-4d candidates %9lld  search %8.3f s (%d threads, %lld scored)  brute force %8.3f s "
+      "(%lld scored)  speed-up %6.1fx  same best: %s\n",
+      model_name, cluster_name, nodes, static_cast<long long>(fast->stats.considered), fast->stats.search_time_s,
+      threads, static_cast<long long>(fast->stats.scored), slow->stats.search_time_s,
+      static_cast<long long>(slow->stats.scored), slow->stats.search_time_s / fast->stats.search_time_s,
+      agree ? "yes" : "NO");
   return agree ? 0 : 1;
 }
 

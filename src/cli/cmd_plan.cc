@@ -44,27 +44,30 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
   std::printf("cluster   %s: %d nodes x %d = %d devices (%s each)\n", cluster.name.c_str(), cluster.num_nodes,
               cluster.node.devices_per_node, cluster.world_size(),
               format_bytes(static_cast<double>(cluster.device.memory_bytes)).c_str());
-  std::printf("search    %lld strategies considered, %lld rejected, %lld scored (closed form), %lld fit; %s on %d "
-              "threads; simulated: 0 (simulator re-scoring not wired in)\n",
-              static_cast<long long>(st.considered), static_cast<long long>(st.rejected_total()),
-              static_cast<long long>(st.scored), static_cast<long long>(st.fitting),
-              format_seconds(st.search_time_s).c_str(), st.threads);
+  std::printf(
+      "search    %lld strategies considered, %lld rejected, %lld scored (closed form), %lld fit; %s on %d "
+      "threads; simulated: 0 (simulator re-scoring not wired in)\n",
+      static_cast<long long>(st.considered), static_cast<long long>(st.rejected_total()),
+      static_cast<long long>(st.scored), static_cast<long long>(st.fitting), format_seconds(st.search_time_s).c_str(),
+      st.threads);
   if (st.verified + st.verify_failed > 0) {
     std::printf("verify    %lld compiled and verified, %lld rejected by the compiler, %s\n",
                 static_cast<long long>(st.verified), static_cast<long long>(st.verify_failed),
                 format_seconds(st.verify_time_s).c_str());
-    if (!st.first_verify_failure.empty()) std::printf("          first rejection: %s\n", st.first_verify_failure.c_str());
+    if (!st.first_verify_failure.empty())
+      std::printf("          first rejection: %s\n", st.first_verify_failure.c_str());
   } else {
     std::printf("verify    %s\n", verify ? "nothing to compile (no plan fits)" : "off (--no-verify)");
   }
   std::printf("rejected by rule:\n");
   for (int k = 0; k < plan::kNumRules; ++k) {
     if (st.rejected[k] > 0) {
-      std::printf("  %-26s %lld\n", plan::to_string(static_cast<plan::Rule>(k)), static_cast<long long>(st.rejected[k]));
+      std::printf("  %-26s %lld\n", plan::to_string(static_cast<plan::Rule>(k)),
+                  static_cast<long long>(st.rejected[k]));
     }
   }
-  std::printf("\n %-3s %11s %7s %12s %11s %12s  %s\n", "#", "step time", "MFU", "tokens/s", "peak mem",
-              "compiled pk", "strategy");
+  std::printf("\n %-3s %11s %7s %12s %11s %12s  %s\n", "#", "step time", "MFU", "tokens/s", "peak mem", "compiled pk",
+              "strategy");
   for (size_t i = 0; i < r.top.size(); ++i) {
     const auto& p = r.top[i];
     std::printf(" %-3zu %11s %6.1f%% %12s %11s %12s  %s\n", i + 1, format_seconds(p.estimate.step_time_s).c_str(),
@@ -86,8 +89,9 @@ Status nothing_fits(const ClusterSpec& cluster, double memory_fraction, const pl
   if (r.stats.fitting > 0) {
     return failed_precondition("plan: " + std::to_string(r.stats.fitting) +
                                " strategies fit by the closed-form model, but the compiler rejected the " +
-                               std::to_string(r.stats.verify_failed) + " best of them (first: " +
-                               r.stats.first_verify_failure + "); try more with --verify-attempts, or see the "
+                               std::to_string(r.stats.verify_failed) +
+                               " best of them (first: " + r.stats.first_verify_failure +
+                               "); try more with --verify-attempts, or see the "
                                "closed-form ranking with --no-verify");
   }
   if (!r.has_smallest) {
@@ -105,19 +109,24 @@ Status nothing_fits(const ClusterSpec& cluster, double memory_fraction, const pl
 
 void print_allocation(const char* label, const plan::AfAllocation& a) {
   const auto& c = a.candidate;
-  std::printf("%s attention %d GPUs / %d ports, FFN %d GPUs / %d ports (A:F = %.2f), pp %d, ep %d, dp_attn %d, "
-              "recompute %s, %d microbatches\n", label, c.attn, a.ports_attn, c.ffn, a.ports_ffn,
-              static_cast<double>(c.attn) / c.ffn, c.pp, c.ep, c.dp_a, to_string(c.recompute), c.microbatches);
-  std::printf("    step %s, MFU %.1f %%; per step: attention compute %s, FFN compute %s, network A %s, network F %s, "
-              "fill %s\n", format_seconds(a.step_time_s).c_str(), 100 * a.mfu, format_seconds(c.step_attn_s).c_str(),
-              format_seconds(c.step_ffn_s).c_str(), format_seconds(a.net_attn_s).c_str(),
-              format_seconds(a.net_ffn_s).c_str(), format_seconds(c.fill_s).c_str());
+  std::printf(
+      "%s attention %d GPUs / %d ports, FFN %d GPUs / %d ports (A:F = %.2f), pp %d, ep %d, dp_attn %d, "
+      "recompute %s, %d microbatches\n",
+      label, c.attn, a.ports_attn, c.ffn, a.ports_ffn, static_cast<double>(c.attn) / c.ffn, c.pp, c.ep, c.dp_a,
+      to_string(c.recompute), c.microbatches);
+  std::printf(
+      "    step %s, MFU %.1f %%; per step: attention compute %s, FFN compute %s, network A %s, network F %s, "
+      "fill %s\n",
+      format_seconds(a.step_time_s).c_str(), 100 * a.mfu, format_seconds(c.step_attn_s).c_str(),
+      format_seconds(c.step_ffn_s).c_str(), format_seconds(a.net_attn_s).c_str(), format_seconds(a.net_ffn_s).c_str(),
+      format_seconds(c.fill_s).c_str());
   std::printf("    memory per GPU: attention %s, FFN %s\n", format_bytes(c.mem_attn_bytes).c_str(),
               format_bytes(c.mem_ffn_bytes).c_str());
   std::printf("    strategy %s\n", c.strategy().to_string().c_str());
 }
 
-Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train) {
+Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const ClusterSpec& cluster,
+                        const TrainSpec& train) {
   plan::AfOptions options;
   options.memory_fraction = o.memory_fraction;
   PIPER_ASSIGN_OR_RETURN(options.placement, plan::parse_af_placement(o.af_placement));
@@ -141,31 +150,36 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
     j["world_size"] = cluster.world_size();
     j["seq_len"] = train.seq_len;
     j["global_batch"] = train.global_batch;
-    j["ports"] = {{"count", af.total_ports()}, {"bw_bytes_per_s", af.port_bw()}, {"nics", af.ports_are_nics()},
+    j["ports"] = {{"count", af.total_ports()},
+                  {"bw_bytes_per_s", af.port_bw()},
+                  {"nics", af.ports_are_nics()},
                   {"placement", o.af_placement}};
     j["enumeration"] = oracle.to_json();
     j["enumeration_agrees"] = agrees;
     print_json(j.dump(2));
   } else {
-    std::printf("disaggregated attention/FFN (af-pipe): %s on %s, %d nodes = %d GPUs, %d %s of %s; seq %lld, global "
-                "batch %lld\n", model.name.c_str(), cluster.name.c_str(), cluster.num_nodes, cluster.world_size(),
-                af.total_ports(), af.ports_are_nics() ? "NIC ports" : "device-link ports",
-                format_si(af.port_bw(), "B/s").c_str(), static_cast<long long>(train.seq_len),
-                static_cast<long long>(train.global_batch));
+    std::printf(
+        "disaggregated attention/FFN (af-pipe): %s on %s, %d nodes = %d GPUs, %d %s of %s; seq %lld, global "
+        "batch %lld\n",
+        model.name.c_str(), cluster.name.c_str(), cluster.num_nodes, cluster.world_size(), af.total_ports(),
+        af.ports_are_nics() ? "NIC ports" : "device-link ports", format_si(af.port_bw(), "B/s").c_str(),
+        static_cast<long long>(train.seq_len), static_cast<long long>(train.global_batch));
     std::printf("search   %lld feasible GPU splits x %lld port splits; rejected:", static_cast<long long>(r.gpu_splits),
                 static_cast<long long>(r.port_splits));
     for (const auto& [rule, n] : r.rejected) {
       if (n > 0) std::printf(" %s %lld", rule.c_str(), static_cast<long long>(n));
     }
     std::printf("\nsolver   %s%s in %s; exhaustive enumeration %s (objective %.6g vs %.6g)\n", r.method.c_str(),
-                r.proven_optimal ? " (proven optimal)" : " (NOT proven optimal)", format_seconds(r.solve_time_s).c_str(),
-                agrees ? "agrees" : "DISAGREES", r.best.objective, oracle.objective);
+                r.proven_optimal ? " (proven optimal)" : " (NOT proven optimal)",
+                format_seconds(r.solve_time_s).c_str(), agrees ? "agrees" : "DISAGREES", r.best.objective,
+                oracle.objective);
     print_allocation("best    ", r.best);
     if (r.has_even) print_allocation("even    ", r.even);
-    std::printf("roofline attention %.0f FLOP/B vs its balance %.0f -> %s-bound (compute-bound from seq ~%.0f); FFN %.0f "
-                "FLOP/B vs %.0f -> %s-bound\n", r.attn_intensity, r.attn_balance,
-                r.attn_intensity < r.attn_balance ? "network" : "compute", r.attn_turning_seq, r.ffn_intensity,
-                r.ffn_balance, r.ffn_intensity < r.ffn_balance ? "network" : "compute");
+    std::printf(
+        "roofline attention %.0f FLOP/B vs its balance %.0f -> %s-bound (compute-bound from seq ~%.0f); FFN %.0f "
+        "FLOP/B vs %.0f -> %s-bound\n",
+        r.attn_intensity, r.attn_balance, r.attn_intensity < r.attn_balance ? "network" : "compute", r.attn_turning_seq,
+        r.ffn_intensity, r.ffn_balance, r.ffn_intensity < r.ffn_balance ? "network" : "compute");
     std::printf("note     af-pipe plans are not scored by `piper estimate` (no closed form) nor simulated yet\n");
   }
   if (!agrees) return internal_error("plan --disaggregate: the MILP and the enumeration disagree; please report");
@@ -193,10 +207,16 @@ Status run_plan(const PlanOptions& o) {
   if (o.json) {
     Json plans = Json::array();
     for (const auto& p : r.top) plans.push_back(p.to_json());
-    Json j = {{"model", model.name},        {"cluster", cluster.name}, {"nodes", cluster.num_nodes},
-              {"world_size", cluster.world_size()}, {"seq_len", train.seq_len},
-              {"global_batch", train.global_batch}, {"search", r.stats.to_json()},
-              {"simulated", 0},              {"plans", plans},          {"fits_nowhere", r.top.empty()}};
+    Json j = {{"model", model.name},
+              {"cluster", cluster.name},
+              {"nodes", cluster.num_nodes},
+              {"world_size", cluster.world_size()},
+              {"seq_len", train.seq_len},
+              {"global_batch", train.global_batch},
+              {"search", r.stats.to_json()},
+              {"simulated", 0},
+              {"plans", plans},
+              {"fits_nowhere", r.top.empty()}};
     if (r.top.empty() && r.has_smallest) {
       j["min_memory_bytes"] = r.smallest.peak_memory_bytes();
       j["closest"] = r.smallest.to_json();

@@ -4,11 +4,11 @@
 #include <cmath>
 #include <numeric>
 
+#include "piper/base/check.h"
 #include "piper/cost/activations.h"
 #include "piper/cost/layer_cost.h"
 #include "piper/cost/model_state.h"
 #include "piper/cost/network.h"
-#include "piper/base/check.h"
 #include "piper/spec/counting.h"
 
 namespace piper::plan {
@@ -127,9 +127,9 @@ Result<AfModel> AfModel::create(const ModelSpec& model, const ClusterSpec& clust
 }
 
 std::vector<AfCandidate> AfModel::candidates(std::vector<std::pair<std::string, int64_t>>* rejected) const {
-  std::vector<std::pair<std::string, int64_t>> counts = {
-      {"pp_divides_world", 0}, {"pp_exceeds_moe_layers", 0}, {"batch_divisibility", 0},
-      {"microbatches_lt_2pp", 0}, {"memory_attention", 0}, {"memory_ffn", 0}};
+  std::vector<std::pair<std::string, int64_t>> counts = {{"pp_divides_world", 0},   {"pp_exceeds_moe_layers", 0},
+                                                         {"batch_divisibility", 0}, {"microbatches_lt_2pp", 0},
+                                                         {"memory_attention", 0},   {"memory_ffn", 0}};
   using cost::Part;
   const cost::PartTable t = cost::make_part_table(model_, train_.seq_len);
   const cost::DeviceModel device(cluster_.device, train_.param_dtype, calibration_);
@@ -141,10 +141,10 @@ std::vector<AfCandidate> AfModel::candidates(std::vector<std::pair<std::string, 
   const double act_b = dtype_bytes(train_.activation_dtype);
   const double T = static_cast<double>(options_.mbs) * static_cast<double>(train_.seq_len);
   const double head = part_flops(t, Part::kHead).all, emb = part_flops(t, Part::kEmbedding).all;
-  const double a_layer = part_flops(t, Part::kAttention).all + part_flops(t, Part::kAttentionCore).all +
-                         part_flops(t, Part::kNorms).all;
-  const double a_layer_fwd = part_flops(t, Part::kAttention).fwd + part_flops(t, Part::kAttentionCore).fwd +
-                             part_flops(t, Part::kNorms).fwd;
+  const double a_layer =
+      part_flops(t, Part::kAttention).all + part_flops(t, Part::kAttentionCore).all + part_flops(t, Part::kNorms).all;
+  const double a_layer_fwd =
+      part_flops(t, Part::kAttention).fwd + part_flops(t, Part::kAttentionCore).fwd + part_flops(t, Part::kNorms).fwd;
   const PartFlops dense = part_flops(t, Part::kDenseMlp);
   const PartFlops moe_a = {part_flops(t, Part::kRouter).all + part_flops(t, Part::kSharedExperts).all,
                            part_flops(t, Part::kRouter).fwd + part_flops(t, Part::kSharedExperts).fwd};
@@ -158,8 +158,8 @@ std::vector<AfCandidate> AfModel::candidates(std::vector<std::pair<std::string, 
   const double eff_a = device.gemm_efficiency(std::min(h, T));
   auto max_ports = [&](int gpus, int per_node) {
     if (!ports_are_nics_) return gpus;  // one node: each GPU's own device link
-    const int nodes = options_.placement == AfPlacement::kNode ? ceil_div(gpus, per_node)
-                                                               : std::min(cluster_.num_nodes, gpus);
+    const int nodes =
+        options_.placement == AfPlacement::kNode ? ceil_div(gpus, per_node) : std::min(cluster_.num_nodes, gpus);
     return ports_per_node_ * nodes;
   };
   std::vector<AfCandidate> out;
@@ -223,17 +223,17 @@ std::vector<AfCandidate> AfModel::candidates(std::vector<std::pair<std::string, 
         // Memory: ZeRO-1 model states, in-flight activations, workspace, M2N buffers.
         // Like 1F1B, the first stage holds pp microbatches; the head's logits are held for one.
         const int in_flight = static_cast<int>(std::min<int64_t>(m, p));
-        const double params_a = layers_stage * (t.attention_params + t.norm_params_per_layer) +
-                                dense_stage * t.dense_mlp_params + moe_stage * (t.router_params + t.shared_params) +
-                                (p == 1 ? t.embedding_params + t.head_params : std::max(t.embedding_params, t.head_params));
-        double act_layer_a = rc == Recompute::kNone
-                                 ? std::max(act_moe.attention + act_moe.norms, act_dense.total())
-                                 : act_b * h;  // full recomputation keeps the layer input only
+        const double params_a =
+            layers_stage * (t.attention_params + t.norm_params_per_layer) + dense_stage * t.dense_mlp_params +
+            moe_stage * (t.router_params + t.shared_params) +
+            (p == 1 ? t.embedding_params + t.head_params : std::max(t.embedding_params, t.head_params));
+        double act_layer_a = rc == Recompute::kNone ? std::max(act_moe.attention + act_moe.norms, act_dense.total())
+                                                    : act_b * h;  // full recomputation keeps the layer input only
         const double buffers = calibration_.workspace_bytes + 2 * T * h * act_b * (d + 1);
         // Worst of the first stage (pp microbatches in flight) and the last (one, plus the head's logits).
-        const double act_a = p == 1 ? T * (layers_stage * act_layer_a + act_head)
-                                    : T * std::max(in_flight * layers_stage * act_layer_a,
-                                                   layers_stage * act_layer_a + act_head);
+        const double act_a =
+            p == 1 ? T * (layers_stage * act_layer_a + act_head)
+                   : T * std::max(in_flight * layers_stage * act_layer_a, layers_stage * act_layer_a + act_head);
         c.mem_attn_bytes = cost::model_state_bytes(params_a, 1, dp_a, bytes).total() + act_a + buffers +
                            (rc == Recompute::kNone ? 0.0 : T * (act_moe.attention + act_moe.norms));
         const double params_f = moe_stage * (E / ep) * t.expert_params;

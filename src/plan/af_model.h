@@ -45,14 +45,14 @@ namespace piper::plan {
 struct AfCandidate {
   int attn = 0, ffn = 0, pp = 1, ep = 1, dp_a = 1, microbatches = 1;
   Recompute recompute = Recompute::kNone;
-  double step_attn_s = 0;   // m * t_a
-  double step_ffn_s = 0;    // m * t_f
-  double step_bytes = 0;    // m * attn * X: bytes through each side's ports per direction per step
+  double step_attn_s = 0;  // m * t_a
+  double step_ffn_s = 0;   // m * t_f
+  double step_bytes = 0;   // m * attn * X: bytes through each side's ports per direction per step
   double fill_s = 0;
   int max_ports_attn = 0, max_ports_ffn = 0;
   double mem_attn_bytes = 0, mem_ffn_bytes = 0;
   double distinct_ffn_ranks = 1;  // d
-  Strategy strategy() const;     // the af-pipe Strategy (disagg=1); estimate() does not model it (Unimplemented)
+  Strategy strategy() const;      // the af-pipe Strategy (disagg=1); estimate() does not model it (Unimplemented)
 };
 
 enum class AfPlacement { kSpread, kNode };

@@ -52,7 +52,8 @@ Result<AfAllocation> milp_allocation(const AfModel& model, const std::vector<AfC
   for (const auto& c : candidates) z_hi = std::max({z_hi, c.step_attn_s, c.step_ffn_s, c.step_bytes / bw});
   const int z = p.add_column("Z", 1.0, 0, 2 * z_hi + 1, false);
   std::vector<int> x(static_cast<size_t>(K)), y;
-  for (int k = 0; k < K; ++k) x[static_cast<size_t>(k)] = p.add_binary("x" + std::to_string(k), candidates[static_cast<size_t>(k)].fill_s);
+  for (int k = 0; k < K; ++k)
+    x[static_cast<size_t>(k)] = p.add_binary("x" + std::to_string(k), candidates[static_cast<size_t>(k)].fill_s);
   std::vector<int> ports;
   for (int n = 1; n < N; ++n) {
     y.push_back(p.add_binary("y" + std::to_string(n), 0));

@@ -87,7 +87,9 @@ class CbcSolver final : public MilpSolver {
       Cbc_addCol(model, p.names[j].c_str(), p.lower[j], p.upper[j], p.cost[j], p.integer[j], 0, nullptr, nullptr);
     }
     for (const auto& r : p.rows) {
-      const char sense = r.sense == MilpProblem::Sense::kLessEqual ? 'L' : r.sense == MilpProblem::Sense::kGreaterEqual ? 'G' : 'E';
+      const char sense = r.sense == MilpProblem::Sense::kLessEqual      ? 'L'
+                         : r.sense == MilpProblem::Sense::kGreaterEqual ? 'G'
+                                                                        : 'E';
       Cbc_addRow(model, r.name.c_str(), static_cast<int>(r.cols.size()), r.cols.data(), r.coefs.data(), sense, r.rhs);
     }
     Cbc_setObjSense(model, 1);  // minimise
@@ -125,8 +127,9 @@ Result<std::unique_ptr<MilpSolver>> make_cbc_solver(double time_limit_s) {
 }
 #else
 Result<std::unique_ptr<MilpSolver>> make_cbc_solver(double) {
-  return unavailable("milp: Piper was built without COIN-OR CBC; install coinor-libcbc-dev (scripts/setup.sh) and "
-                     "re-run cmake");
+  return unavailable(
+      "milp: Piper was built without COIN-OR CBC; install coinor-libcbc-dev (scripts/setup.sh) and "
+      "re-run cmake");
 }
 #endif
 

@@ -25,11 +25,17 @@ Json SearchStats::to_json() const {
   for (int k = 0; k < kNumRules; ++k) {
     if (rejected[k] > 0) rules[to_string(static_cast<Rule>(k))] = rejected[k];
   }
-  return Json{{"considered", considered},           {"scored", scored},   {"fitting", fitting},
-              {"rejected", rejected_total()},       {"rejected_by_rule", rules},
-              {"search_time_s", search_time_s},     {"threads", threads},
-              {"verified", verified},               {"verify_failed", verify_failed},
-              {"verify_time_s", verify_time_s},     {"first_verify_failure", first_verify_failure}};
+  return Json{{"considered", considered},
+              {"scored", scored},
+              {"fitting", fitting},
+              {"rejected", rejected_total()},
+              {"rejected_by_rule", rules},
+              {"search_time_s", search_time_s},
+              {"threads", threads},
+              {"verified", verified},
+              {"verify_failed", verify_failed},
+              {"verify_time_s", verify_time_s},
+              {"first_verify_failure", first_verify_failure}};
 }
 
 }  // namespace piper::plan

@@ -42,7 +42,8 @@ struct Sink {
     }
     ++fitting;
     if (static_cast<int>(top.size()) == top_k &&
-        !plan_before(e.step_time_s, item, offset, top.back().estimate.step_time_s, top.back().item, top.back().offset)) {
+        !plan_before(e.step_time_s, item, offset, top.back().estimate.step_time_s, top.back().item,
+                     top.back().offset)) {
       return;
     }
     // A plan the model cannot tell apart from a listed one (same time and memory) is listed once, the earliest.
@@ -54,8 +55,9 @@ struct Sink {
       }
     }
     Plan p{s, e, item, offset, false, {}};
-    top.insert(std::upper_bound(top.begin(), top.end(), p, [](const Plan& a, const Plan& b) { return plan_before(a, b); }),
-               std::move(p));
+    top.insert(
+        std::upper_bound(top.begin(), top.end(), p, [](const Plan& a, const Plan& b) { return plan_before(a, b); }),
+        std::move(p));
     if (static_cast<int>(top.size()) > top_k) top.pop_back();
   }
 
@@ -85,8 +87,8 @@ void run_item(const Context& ctx, int64_t index, Sink* sink, Strategy* s, cost::
   const int dp = r.world / (item.tp * item.pp);
   auto reject = [&](Rule rule, int64_t n) { sink->rejected[static_cast<int>(rule)] += n; };
   if (ctx.apply_rules) {
-    const bool kv_bad = model.attention == AttentionType::kStandard && model.num_kv_heads > 0 &&
-                        model.num_kv_heads % item.tp != 0;
+    const bool kv_bad =
+        model.attention == AttentionType::kStandard && model.num_kv_heads > 0 && model.num_kv_heads % item.tp != 0;
     if (model.num_heads % item.tp != 0 || kv_bad) return reject(Rule::kTpDividesHeads, r.item_size(item));
     if (dp % item.ep != 0) return reject(Rule::kEpDividesDp, r.item_size(item));
   }
@@ -149,12 +151,16 @@ void run_item(const Context& ctx, int64_t index, Sink* sink, Strategy* s, cost::
           if (ctx.apply_rules) {
             Rule broken = Rule::kInvalid;
             const int stages = item.pp * chunks_per_rank(choice.schedule, choice.vpp);
-            const bool needs_pp = choice.schedule == "1f1b" || choice.schedule == "interleaved" ||
-                                  choice.schedule == "zb-h1";
-            if (stages > model.num_layers) broken = Rule::kStagesExceedLayers;
-            else if (needs_pp && m < item.pp) broken = Rule::kMicrobatchesLtPp;
-            else if (choice.schedule == "dualpipev" && m < 2 * item.pp) broken = Rule::kDualPipeVMicrobatches;
-            else if (choice.schedule == "interleaved" && m % item.pp != 0) broken = Rule::kInterleavedMicrobatches;
+            const bool needs_pp =
+                choice.schedule == "1f1b" || choice.schedule == "interleaved" || choice.schedule == "zb-h1";
+            if (stages > model.num_layers)
+              broken = Rule::kStagesExceedLayers;
+            else if (needs_pp && m < item.pp)
+              broken = Rule::kMicrobatchesLtPp;
+            else if (choice.schedule == "dualpipev" && m < 2 * item.pp)
+              broken = Rule::kDualPipeVMicrobatches;
+            else if (choice.schedule == "interleaved" && m % item.pp != 0)
+              broken = Rule::kInterleavedMicrobatches;
             if (broken != Rule::kInvalid) {
               reject(broken, block_sched);
               continue;
@@ -165,8 +171,8 @@ void run_item(const Context& ctx, int64_t index, Sink* sink, Strategy* s, cost::
           for (size_t iz = 0; iz < sp.zero.size(); ++iz) {
             s->zero = sp.zero[iz];
             for (size_t ir = 0; ir < sp.recompute.size(); ++ir) {
-              const int64_t base_rc = base_sched + static_cast<int64_t>(iz) * block_zero +
-                                      static_cast<int64_t>(ir) * block_rc;
+              const int64_t base_rc =
+                  base_sched + static_cast<int64_t>(iz) * block_zero + static_cast<int64_t>(ir) * block_rc;
               s->recompute = sp.recompute[ir];
               bool memory_known = false, memory_fits = true;
               for (int64_t ia = 0; ia < n_a2a; ++ia) {
@@ -222,7 +228,8 @@ void verify_plans(const ModelSpec& model, const TrainSpec& train, const SearchOp
         Plan& p = out->top[next + i];
         TrainSpec t = train;
         t.micro_batch_size = p.strategy.mbs;
-        p.verification = options.verifier ? options.verifier(p.strategy, t) : verify_strategy(model, t, p.strategy, capacity);
+        p.verification =
+            options.verifier ? options.verifier(p.strategy, t) : verify_strategy(model, t, p.strategy, capacity);
         p.verified = p.verification.ok;
       });
     }

@@ -33,10 +33,10 @@ namespace piper::plan {
 struct Plan {
   Strategy strategy;
   cost::Estimate estimate;
-  int64_t item = 0;    // enumeration index: work item, then offset inside it (ties break on it)
+  int64_t item = 0;  // enumeration index: work item, then offset inside it (ties break on it)
   int64_t offset = 0;
-  bool verified = false;       // compiled and accepted by the plan verifier (search with verify = true)
-  Verification verification;   // the compiler's verdict, when it ran
+  bool verified = false;      // compiled and accepted by the plan verifier (search with verify = true)
+  Verification verification;  // the compiler's verdict, when it ran
   double peak_memory_bytes() const { return estimate.memory.total(); }
   Json to_json() const;
 };
@@ -58,11 +58,11 @@ struct SearchOptions {
 };
 
 struct SearchStats {
-  int64_t considered = 0;  // candidates in the space
-  int64_t scored = 0;      // closed-form estimates computed
-  int64_t fitting = 0;     // candidates that are valid, distinct and fit in memory
-  RuleCounts rejected{};   // by rule; considered == sum(rejected) + fitting
-  double search_time_s = 0;   // enumeration and scoring (verification excluded)
+  int64_t considered = 0;    // candidates in the space
+  int64_t scored = 0;        // closed-form estimates computed
+  int64_t fitting = 0;       // candidates that are valid, distinct and fit in memory
+  RuleCounts rejected{};     // by rule; considered == sum(rejected) + fitting
+  double search_time_s = 0;  // enumeration and scoring (verification excluded)
   int threads = 1;
   int64_t verified = 0, verify_failed = 0;
   double verify_time_s = 0;
@@ -76,7 +76,7 @@ struct SearchResult {
   // memory as a better-ranked one (e.g. mesh orders the model cannot tell apart) are listed once.
   std::vector<Plan> top;
   bool has_smallest = false;
-  Plan smallest;             // the scored candidate needing the least memory: the closest plan when none fits
+  Plan smallest;  // the scored candidate needing the least memory: the closest plan when none fits
   SearchStats stats;
 };
 

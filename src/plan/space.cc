@@ -16,7 +16,8 @@ std::vector<int> divisors(int n, int at_most) {
 }
 
 Status check_positive(const std::vector<int>& values, const char* name) {
-  if (values.empty()) return invalid_argument(std::string("plan: the ") + name + " list is empty; give at least one value");
+  if (values.empty())
+    return invalid_argument(std::string("plan: the ") + name + " list is empty; give at least one value");
   for (int v : values) {
     if (v < 1) return invalid_argument(std::string("plan: ") + name + "=" + std::to_string(v) + " must be >= 1");
   }
@@ -26,11 +27,19 @@ Status check_positive(const std::vector<int>& values, const char* name) {
 }  // namespace
 
 const char* to_string(Rule rule) {
-  static const char* kNames[kNumRules] = {
-      "tp_divides_heads",      "ep_divides_dp",       "sp_needs_tp",        "moe_tp_needs_sp",
-      "stages_exceed_layers",  "batch_divisibility",  "microbatches_lt_pp", "dualpipev_microbatches",
-      "interleaved_microbatches", "duplicate_a2a",    "duplicate_order",    "memory",
-      "invalid"};
+  static const char* kNames[kNumRules] = {"tp_divides_heads",
+                                          "ep_divides_dp",
+                                          "sp_needs_tp",
+                                          "moe_tp_needs_sp",
+                                          "stages_exceed_layers",
+                                          "batch_divisibility",
+                                          "microbatches_lt_pp",
+                                          "dualpipev_microbatches",
+                                          "interleaved_microbatches",
+                                          "duplicate_a2a",
+                                          "duplicate_order",
+                                          "memory",
+                                          "invalid"};
   return kNames[static_cast<int>(rule)];
 }
 
@@ -75,7 +84,8 @@ Result<ResolvedSpace> resolve_space(const SearchSpace& space, const ModelSpec& m
   for (const auto& name : space.schedules) {
     PIPER_ASSIGN_OR_RETURN(ScheduleKind kind, parse_schedule(name));
     if (kind == ScheduleKind::kAFPipe) {
-      return invalid_argument("plan: schedule af-pipe is searched by the disaggregated mode (--disaggregate), not here");
+      return invalid_argument(
+          "plan: schedule af-pipe is searched by the disaggregated mode (--disaggregate), not here");
     }
     if (kind == ScheduleKind::kInterleaved) {
       for (int v : space.vpp) {
@@ -87,7 +97,8 @@ Result<ResolvedSpace> resolve_space(const SearchSpace& space, const ModelSpec& m
   }
   if (r.schedules.empty()) return invalid_argument("plan: interleaved needs a vpp >= 2 in the vpp list");
   const int max_tp = space.max_tp > 0 ? space.max_tp : cluster.node.devices_per_node;
-  const std::vector<int> eps = model.is_moe() ? divisors(model.moe.num_experts, model.moe.num_experts) : std::vector<int>{1};
+  const std::vector<int> eps =
+      model.is_moe() ? divisors(model.moe.num_experts, model.moe.num_experts) : std::vector<int>{1};
   for (int tp : divisors(r.world, max_tp)) {
     for (int pp : divisors(r.world / tp, model.num_layers)) {
       for (int ep : eps) r.items.push_back({tp, pp, ep});

@@ -20,7 +20,8 @@ Verification verify_strategy(const ModelSpec& model, const TrainSpec& train, con
     return v;
   }
   v.ok = true;
-  for (int64_t b : result->stats.peak_bytes) v.compiled_peak_bytes = std::max(v.compiled_peak_bytes, static_cast<double>(b));
+  for (int64_t b : result->stats.peak_bytes)
+    v.compiled_peak_bytes = std::max(v.compiled_peak_bytes, static_cast<double>(b));
   return v;
 }
 

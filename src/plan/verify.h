@@ -14,8 +14,8 @@ namespace piper::plan {
 
 struct Verification {
   bool ok = false;
-  std::string message;            // the compiler's error when !ok
-  double seconds = 0;             // wall time of the compile
+  std::string message;             // the compiler's error when !ok
+  double seconds = 0;              // wall time of the compile
   double compiled_peak_bytes = 0;  // the verifier's largest per-rank peak (0 when it failed before measuring)
 };
 

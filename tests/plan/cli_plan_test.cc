@@ -21,20 +21,23 @@ std::string run(const std::string& args, int* rc, bool with_stderr = true) {
 
 TEST(CliPlanTest, JsonPlansRoundTripThroughEstimate) {
   int rc = 0;
-  std::string out = run("plan --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --seq 128 --top 3 --json", &rc);
+  std::string out =
+      run("plan --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --seq 128 --top 3 --json", &rc);
   ASSERT_EQ(rc, 0) << out;
   auto j = piper::Json::parse(out);
   ASSERT_EQ(j["plans"].size(), 3u);
   EXPECT_FALSE(j["fits_nowhere"].get<bool>());
   const auto& search = j["search"];
   EXPECT_GT(search["considered"].get<int64_t>(), search["scored"].get<int64_t>());
-  EXPECT_EQ(search["considered"].get<int64_t>(),
-            search["rejected"].get<int64_t>() + search["fitting"].get<int64_t>());
+  EXPECT_EQ(search["considered"].get<int64_t>(), search["rejected"].get<int64_t>() + search["fitting"].get<int64_t>());
   EXPECT_TRUE(search["rejected_by_rule"].contains("ep_divides_dp"));
   for (const auto& p : j["plans"]) {
     const std::string s = p["strategy"].get<std::string>();
-    std::string est = run("estimate --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --seq 128 --json "
-                          "--strategy " + s, &rc);
+    std::string est =
+        run("estimate --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --seq 128 --json "
+            "--strategy " +
+                s,
+            &rc);
     ASSERT_EQ(rc, 0) << s << "\n" << est;
     auto e = piper::Json::parse(est);
     EXPECT_DOUBLE_EQ(e["step_time_s"].get<double>(), p["step_time_s"].get<double>()) << s;
@@ -44,7 +47,8 @@ TEST(CliPlanTest, JsonPlansRoundTripThroughEstimate) {
 
 TEST(CliPlanTest, PlansAreVerifiedUnlessNoVerify) {
   int rc = 0;
-  const std::string base = "plan --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --seq 128 --top 2 --json";
+  const std::string base =
+      "plan --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --seq 128 --top 2 --json";
   auto j = piper::Json::parse(run(base, &rc, false));
   ASSERT_EQ(rc, 0);
   EXPECT_GE(j["search"]["verified"].get<int64_t>(), 2);
@@ -87,8 +91,10 @@ TEST(CliPlanTest, FitsNowhereNamesTheMinimumMemoryAndClosestPlan) {
 // compiled candidate is rejected, the message says so instead of claiming that nothing fits.
 TEST(CliPlanTest, CompilerRejectingEveryCandidateIsNamed) {
   int rc = 0;
-  std::string out = run("plan --model mixtral-8x7b --cluster dgx-h100 --nodes 2 --global-batch 64 --schedules "
-                        "interleaved --top 1 --verify-attempts 2", &rc);
+  std::string out =
+      run("plan --model mixtral-8x7b --cluster dgx-h100 --nodes 2 --global-batch 64 --schedules "
+          "interleaved --top 1 --verify-attempts 2",
+          &rc);
   if (out.find("compiled and verified, 0 rejected") != std::string::npos) GTEST_SKIP() << "the compiler accepted";
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("but the compiler rejected"), std::string::npos) << out;
@@ -110,8 +116,8 @@ TEST(CliPlanTest, BadInputsExitNonZeroWithAHint) {
 
 TEST(CliPlanTest, DisaggregateJsonAgreesWithEnumeration) {
   int rc = 0;
-  std::string out = run("plan --model deepseek-v2-lite --cluster h800 --nodes 4 --global-batch 240 --disaggregate --json",
-                        &rc, false);
+  std::string out = run(
+      "plan --model deepseek-v2-lite --cluster h800 --nodes 4 --global-batch 240 --disaggregate --json", &rc, false);
   ASSERT_EQ(rc, 0) << out;
   auto j = piper::Json::parse(out);
   EXPECT_TRUE(j["enumeration_agrees"].get<bool>());
@@ -120,11 +126,14 @@ TEST(CliPlanTest, DisaggregateJsonAgreesWithEnumeration) {
   EXPECT_NE(best["strategy"].get<std::string>().find("disagg=1"), std::string::npos);
   EXPECT_GT(j["gpu_splits"].get<int64_t>(), 0);
   EXPECT_TRUE(j["roofline"].contains("attn_turning_seq"));
-  std::string text = run("plan --model deepseek-v2-lite --cluster h800 --nodes 4 --global-batch 240 --disaggregate "
-                         "--solver enumeration", &rc);
+  std::string text =
+      run("plan --model deepseek-v2-lite --cluster h800 --nodes 4 --global-batch 240 --disaggregate "
+          "--solver enumeration",
+          &rc);
   ASSERT_EQ(rc, 0) << text;
   EXPECT_NE(text.find("roofline"), std::string::npos) << text;
-  out = run("plan --model deepseek-v2-lite --cluster h800 --nodes 4 --global-batch 240 --disaggregate --solver glpk", &rc);
+  out = run("plan --model deepseek-v2-lite --cluster h800 --nodes 4 --global-batch 240 --disaggregate --solver glpk",
+            &rc);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("--solver=glpk"), std::string::npos) << out;
   out = run("plan --model gpt-1.7b --cluster h800 --nodes 2 --global-batch 64 --disaggregate", &rc);

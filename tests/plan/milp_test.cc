@@ -23,7 +23,7 @@ TEST(MilpTest, ProblemChecksAndEvaluates) {
   EXPECT_TRUE(p.validate().ok());
   EXPECT_DOUBLE_EQ(p.objective_of({0, 1, 1, 1}), -21);
   EXPECT_DOUBLE_EQ(p.max_violation({0, 1, 1, 1}), 0);
-  EXPECT_DOUBLE_EQ(p.max_violation({1, 1, 1, 1}), 5);    // weight 19 > 14
+  EXPECT_DOUBLE_EQ(p.max_violation({1, 1, 1, 1}), 5);      // weight 19 > 14
   EXPECT_DOUBLE_EQ(p.max_violation({0, 0.5, 0, 0}), 0.5);  // not integral
   MilpProblem bad = p;
   bad.add_row("dangling", {7}, {1.0}, Sense::kLessEqual, 1);

@@ -96,7 +96,7 @@ TEST(SearchTest, RuleCountsByHand) {
   EXPECT_EQ(r->stats.considered, 384);
   // ep must divide dp: dp=2 rejects ep 4,8 (2 * 24); dp=1 rejects ep 2,4,8 (3 * 24 + 3 * 48).
   EXPECT_EQ(count(Rule::kEpDividesDp), 48 + 72 + 144);
-  EXPECT_EQ(count(Rule::kSpNeedsTp), 3 * 12);    // three tp=1 items with sp=1, 12 each
+  EXPECT_EQ(count(Rule::kSpNeedsTp), 3 * 12);     // three tp=1 items with sp=1, 12 each
   EXPECT_EQ(count(Rule::kMoeTpNeedsSp), 2 * 12);  // tp=2, sp=0, for both etp
   // Five (item, etp) blocks remain; the four with ep=1 drop halo (6 each).
   EXPECT_EQ(count(Rule::kDuplicateA2a), 4 * 6);
@@ -135,7 +135,8 @@ TEST(SearchTest, EveryPlanValidatesFitsCompilesAndRoundTrips) {
     const Plan& p = r->top[i];
     EXPECT_TRUE(p.verified) << p.verification.message;
     EXPECT_GT(p.verification.compiled_peak_bytes, 0);
-    EXPECT_LE(p.verification.compiled_peak_bytes, o.memory_fraction * static_cast<double>(c.cluster.device.memory_bytes));
+    EXPECT_LE(p.verification.compiled_peak_bytes,
+              o.memory_fraction * static_cast<double>(c.cluster.device.memory_bytes));
     if (i > 0) {
       EXPECT_LE(r->top[i - 1].estimate.step_time_s, p.estimate.step_time_s);
     }
