@@ -91,7 +91,16 @@ LayerActivation layer_activation_bytes_per_token(const ModelSpec& m, bool moe_la
   const double rep_div = o.sp ? t : 1.0;
   LayerActivation out;
   if (o.recompute == Recompute::kFull) {
-    out.norms = o.act_bytes * static_cast<double>(m.hidden_size) / rep_div;  // the layer input only
+    const double h = static_cast<double>(m.hidden_size);
+    out.norms = o.act_bytes * h / rep_div;  // the layer input
+    if (!o.recompute_per_chunk) return out;
+    out.attention = o.act_bytes * h / rep_div;  // the attention output: input of router/experts/shared/mlp
+    if (moe_layer) {
+      const double k = m.moe.top_k;
+      double bytes = o.act_bytes * h + 8 * k;  // router's normed output (experts' input) and routing
+      if (m.moe.num_shared_experts > 0) bytes += o.act_bytes * h;  // shared output, summed by the next layer
+      out.mlp = bytes / t;
+    }
     return out;
   }
   Split attn = attention_split(m, o, o.recompute == Recompute::kNone);
@@ -104,6 +113,45 @@ LayerActivation layer_activation_bytes_per_token(const ModelSpec& m, bool moe_la
   }
   out.norms = 2 * o.act_bytes * static_cast<double>(m.hidden_size) / rep_div;
   return out;
+}
+
+double layer_weight_grad_input_bytes_per_token(const ModelSpec& m, bool moe_layer, const ActivationOptions& o) {
+  const double b = o.act_bytes;
+  const double t = o.tp;
+  const double rep_div = o.sp ? t : 1.0;
+  const double h = static_cast<double>(m.hidden_size);
+  const double gated = m.mlp == MlpType::kSwiGLU ? 2 : 1;  // gate/up outputs feeding the activation function
+  double heads = m.num_heads, qkv = 0, latents = 0;
+  if (m.attention == AttentionType::kMLA) {
+    const auto& a = m.mla;
+    qkv = heads * static_cast<double>(2 * (a.qk_nope_head_dim + a.qk_rope_head_dim) + a.v_head_dim);
+    latents = static_cast<double>(a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim);
+  } else {
+    qkv = (heads + 2.0 * m.num_kv_heads) * static_cast<double>(m.head_dim);
+  }
+  double bytes = b * (2 * h + latents) / rep_div + b * qkv / t;  // attention
+  if (moe_layer) {
+    const double k = m.moe.top_k;
+    double moe = b * h + 4.0 * m.moe.num_experts + b * k * h +
+                 gated * b * k * static_cast<double>(m.moe.expert_intermediate_size) / o.etp;
+    if (m.moe.num_shared_experts > 0) {
+      moe += b * (2 * h + gated * static_cast<double>(m.moe.shared_expert_intermediate_size) *
+                              m.moe.num_shared_experts);
+    }
+    bytes += moe / t;
+  } else {
+    bytes += b * 2 * h / rep_div + gated * b * static_cast<double>(m.intermediate_size) / t;
+  }
+  return bytes;
+}
+
+double head_weight_grad_input_bytes_per_token(const ModelSpec& m, const ActivationOptions& o) {
+  return 4.0 * static_cast<double>(m.vocab_size) / o.tp +
+         o.act_bytes * static_cast<double>(m.hidden_size) / (o.sp ? o.tp : 1);
+}
+
+double embedding_weight_grad_input_bytes_per_token(const ModelSpec& m, const ActivationOptions& o) {
+  return o.act_bytes * static_cast<double>(m.hidden_size) / (o.sp ? o.tp : 1);
 }
 
 double head_activation_bytes_per_token(const ModelSpec& m, const ActivationOptions& o) {

@@ -31,6 +31,12 @@ struct ActivationOptions {
   double act_bytes = 2;          // activation dtype width
   bool dropout = false;          // 1-byte masks after attention, after the MLP and on the s x s probabilities
   bool flash_attention = true;   // fused attention: no s x s tensors
+  // Full recompute granularity. Piper's runtime (src/runtime) recomputes per chunk (attn, router, experts,
+  // shared, mlp, head): it keeps every chunk's input, i.e. per layer the layer input and the attention output,
+  // and per MoE layer also the router's normed output and routing (k int32 indices + k fp32 weights) and, with
+  // shared experts, their output (the next layer sums it with the routed output). false = Megatron/Korthikanti
+  // per-layer recompute: the layer input only (2sbh).
+  bool recompute_per_chunk = true;
 };
 
 // Bytes per token of one layer, split by part. `norms` is the two pre-norm inputs.
@@ -41,8 +47,8 @@ struct LayerActivation {
   double total() const { return attention + mlp + norms; }
 };
 
-// One layer of the given kind (MoE or dense), under the options. Full recompute returns the layer input only
-// (in `norms`). Precondition: the model is valid.
+// One layer of the given kind (MoE or dense), under the options. Full recompute returns the kept chunk inputs
+// (see recompute_per_chunk; the layer input in `norms`). Precondition: the model is valid.
 LayerActivation layer_activation_bytes_per_token(const ModelSpec& model, bool moe_layer, const ActivationOptions& o);
 
 // The same layer without any recomputation: what a fully recomputed layer re-materialises during its backward.
@@ -53,5 +59,16 @@ LayerActivation layer_activation_peak_bytes_per_token(const ModelSpec& model, bo
 double head_activation_bytes_per_token(const ModelSpec& model, const ActivationOptions& o);
 // The embedding on the first stage: int64 token ids (+ a dropout mask of h when dropout is on).
 double embedding_activation_bytes_per_token(const ModelSpec& model, const ActivationOptions& o);
+
+// B -> W: with a split backward (zb-h1, dualpipev's zero-bubble steps) the weight-gradient task W needs the
+// gradients of the outputs of every weight-bearing op, so B's results live until W. Per token of one layer:
+// attention: the pre-norm output grad h, the QKV output grads (q + k + v widths; MLA also its latents), the
+// out-projection output grad h; dense MLP: norm output grad h, output grad h, gate/up output grads (2f SwiGLU,
+// f GELU); MoE (/tp): router norm output grad h, fp32 router logits grad E, expert output grads k h, expert
+// gate/up grads (2 or 1) k f_e / etp, and the shared experts like a dense MLP. Same dtype as activations.
+double layer_weight_grad_input_bytes_per_token(const ModelSpec& model, bool moe_layer, const ActivationOptions& o);
+// The head's W inputs: the fp32 logits grad V/tp and the final-norm output grad h; the embedding's: dhidden h.
+double head_weight_grad_input_bytes_per_token(const ModelSpec& model, const ActivationOptions& o);
+double embedding_weight_grad_input_bytes_per_token(const ModelSpec& model, const ActivationOptions& o);
 
 }  // namespace piper::cost

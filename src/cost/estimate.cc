@@ -189,10 +189,21 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   const double act_moe = model_.is_moe() ? layer_activation_bytes_per_token(model_, true, ao).total() : 0.0;
   const double act_head = head_activation_bytes_per_token(model_, ao);
   const double act_emb = embedding_activation_bytes_per_token(model_, ao);
+  // B -> W gradients of a split backward (zb-h1, dualpipev's zero-bubble steps).
+  const bool split_bw = kind == ScheduleKind::kZBH1 || kind == ScheduleKind::kDualPipeV;
+  const double wg_dense = split_bw ? layer_weight_grad_input_bytes_per_token(model_, false, ao) : 0.0;
+  const double wg_moe =
+      split_bw && model_.is_moe() ? layer_weight_grad_input_bytes_per_token(model_, true, ao) : 0.0;
+  const double wg_head = split_bw ? head_weight_grad_input_bytes_per_token(model_, ao) : 0.0;
+  const double wg_emb = split_bw ? embedding_weight_grad_input_bytes_per_token(model_, ao) : 0.0;
   double peak_layer_act = 0;  // a fully recomputed layer re-materialises this during its backward
   if (s.recompute == Recompute::kFull) {
-    peak_layer_act = std::max(layer_activation_peak_bytes_per_token(model_, false, ao).total(),
-                              model_.is_moe() ? layer_activation_peak_bytes_per_token(model_, true, ao).total() : 0.0);
+    // Piper's runtime re-runs one chunk at a time: the largest chunk's stash (attention or FFN with its norm).
+    auto rematerialised = [&](bool moe_layer) {
+      LayerActivation a = layer_activation_peak_bytes_per_token(model_, moe_layer, ao);
+      return ao.recompute_per_chunk ? std::max(a.attention, a.mlp) + a.norms / 2 : a.total();
+    };
+    peak_layer_act = std::max(rematerialised(false), model_.is_moe() ? rematerialised(true) : 0.0);
   }
   const double local_experts = table_.num_experts / s.ep;
   const int expert_shard = std::max(1, s.edp() * (s.tp / s.etp));
@@ -207,6 +218,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     int n_layers = 0, n_moe = 0;
     bool has_emb = false, has_head = false;
     double act_peak = 0;  // bytes held at the rank's peak: in-flight units x each chunk's microbatch bytes
+    double chunk_act_b[2] = {0, 0}, chunk_wg_b[2] = {0, 0};  // per microbatch: stash, B -> W gradients
     for (int c = 0; c < v; ++c) {
       const int st = stage_of_chunk(kind, p, v, r, c);
       const int lo = static_cast<int>(static_cast<int64_t>(st) * L / stages);
@@ -215,15 +227,22 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
       n_layers += hi - lo;
       n_moe += moe;
       double chunk_act = T * ((hi - lo - moe) * act_dense + moe * act_moe);
+      double chunk_wg = T * ((hi - lo - moe) * wg_dense + moe * wg_moe);
       if (st == 0) {
         has_emb = true;
         chunk_act += T * act_emb;
+        chunk_wg += T * wg_emb;
       }
       if (st == stages - 1) {
         has_head = true;
         chunk_act += T * act_head;
+        chunk_wg += T * wg_head;
       }
       act_peak += chunk_in_flight_units(kind, p, m, v, r, c) * chunk_act;
+      if (c < 2) {
+        chunk_act_b[c] = chunk_act;
+        chunk_wg_b[c] = chunk_wg;
+      }
     }
     const int n_dense = n_layers - n_moe;
     double dense_params = n_layers * (table_.attention_params / s.tp + table_.norm_params_per_layer) +
@@ -251,6 +270,18 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     if (s.zero >= 2) buffers += largest_layer * bytes_.grad;                         // gradient bucket
     if (s.zero >= 3) buffers += 2 * largest_layer * bytes_.param;                    // gathered + prefetched
     if (s.recompute == Recompute::kFull) buffers += T * peak_layer_act;
+    // Deferred W: its B -> W gradients on top of the activation peak (counted as buffers, as the runtime does).
+    if (kind == ScheduleKind::kZBH1) {
+      buffers += deferred_w_units(kind, p, m, r) * chunk_wg_b[0];
+    } else if (kind == ScheduleKind::kDualPipeV) {
+      // Step 3 (B1 W1 F1): 2p-r-1 + r+1 units and one chunk-1 W pending; cool-down (steps 6-8): p-r-1 chunk-0
+      // units not yet backwarded plus r+1 deferred units of either chunk. The main phase (the 2p+1 peak) has
+      // no split backward.
+      const double a_max = std::max(chunk_act_b[0], chunk_act_b[1]), g_max = std::max(chunk_wg_b[0], chunk_wg_b[1]);
+      const double step3 = r < p - 1 ? (2 * p - r - 1) * chunk_act_b[0] + (r + 1) * chunk_act_b[1] + chunk_wg_b[1] : 0.0;
+      const double cool = (p - r - 1) * chunk_act_b[0] + (r + 1) * (a_max + g_max);
+      buffers += std::max(0.0, std::max(step3, cool) - act_peak);
+    }
     mem.buffers = buffers;
     if (mem.total() > worst_total) {
       worst_total = mem.total();

@@ -13,8 +13,8 @@ int stage_of_chunk(ScheduleKind kind, int pp, int chunks_per_rank, int rank, int
 double in_flight_units(ScheduleKind kind, int pp, int m, int v, int r) {
   switch (kind) {
     case ScheduleKind::kGPipe: return static_cast<double>(m) * v;
-    case ScheduleKind::k1F1B:
-    case ScheduleKind::kZBH1: return std::min(pp - r, m);
+    case ScheduleKind::k1F1B: return std::min(pp - r, m);
+    case ScheduleKind::kZBH1: return std::min(pp, m);
     case ScheduleKind::kInterleaved: return std::min(2 * (pp - r - 1) + (v - 1) * pp + 1, m * v);
     case ScheduleKind::kDualPipeV: return std::min(2 * pp + 1, 2 * m);
     case ScheduleKind::kAFPipe: return std::min(pp - r, m) + 1;
@@ -25,6 +25,11 @@ double in_flight_units(ScheduleKind kind, int pp, int m, int v, int r) {
 double chunk_in_flight_units(ScheduleKind kind, int pp, int m, int v, int r, int chunk) {
   if (kind == ScheduleKind::kDualPipeV) return chunk == 0 ? std::min(2 * pp - r, m) : std::min(r + 1, m);
   return in_flight_units(kind, pp, m, v, r) / v;
+}
+
+double deferred_w_units(ScheduleKind kind, int pp, int m, int r) {
+  (void)pp;
+  return kind == ScheduleKind::kZBH1 ? std::min(r + 1, m) : 0;
 }
 
 double bubble_time_s(ScheduleKind kind, int pp, int v, double t_f, double t_b, double t_w) {

@@ -37,6 +37,7 @@ ActivationOptions korthikanti(int64_t s, int t, bool sp, Recompute r) {
   o.act_bytes = 2;
   o.dropout = true;
   o.flash_attention = false;
+  o.recompute_per_chunk = false;  // the paper's per-layer full recompute (2sbh)
   return o;
 }
 

@@ -61,7 +61,12 @@ TEST(PipelineModelTest, InFlight) {
   }
   EXPECT_EQ(chunk_in_flight_units(ScheduleKind::kDualPipeV, 16, 64, 2, 0, 1), 1);  // rank 0's head chunk
   EXPECT_EQ(chunk_in_flight_units(ScheduleKind::kInterleaved, 4, 8, 2, 0, 1), in_flight_units(ScheduleKind::kInterleaved, 4, 8, 2, 0) / 2);
-  EXPECT_EQ(in_flight_units(ScheduleKind::kZBH1, 4, 8, 1, 1), 3);
+  // ZB-H1 keeps a stash until its W: rank 1 has run 4 forwards and no W when its first W comes (schedules.md
+  // 3.4: 1F0 1F1 1F2 1I0 1F3 1I1 1W0), with 2 microbatches' B -> W gradients alive.
+  EXPECT_EQ(in_flight_units(ScheduleKind::kZBH1, 4, 8, 1, 1), 4);
+  EXPECT_EQ(deferred_w_units(ScheduleKind::kZBH1, 4, 8, 1), 2);
+  EXPECT_EQ(deferred_w_units(ScheduleKind::kZBH1, 4, 2, 3), 2);
+  EXPECT_EQ(deferred_w_units(ScheduleKind::k1F1B, 4, 8, 1), 0);
   EXPECT_EQ(stage_of_chunk(ScheduleKind::kDualPipeV, 4, 2, 1, 1), 6);
   EXPECT_EQ(stage_of_chunk(ScheduleKind::kInterleaved, 4, 2, 1, 1), 5);
 }

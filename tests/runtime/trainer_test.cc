@@ -189,13 +189,25 @@ void expect_memory_matches(const std::string& strategy) {
               1e-3 * p.params);
   EXPECT_NEAR(static_cast<double>(m.peak_bytes[static_cast<int>(MemCategory::kOptimizer)]), p.optimizer,
               1e-3 * p.optimizer);
-  EXPECT_NEAR(static_cast<double>(m.peak_bytes[static_cast<int>(MemCategory::kActivations)]), p.activations,
-              0.10 * p.activations);
+  // Under full recompute the runtime counts the re-run chunk's stash as activations, src/cost as a buffer (the
+  // re-materialisation scratch), so only the total compares there.
+  if (strategy.find("recompute=full") == std::string::npos) {
+    EXPECT_NEAR(static_cast<double>(m.peak_bytes[static_cast<int>(MemCategory::kActivations)]), p.activations,
+                0.10 * p.activations);
+  }
 }
 
 TEST(TrainerTest, PeakMemoryWithinTenPercentOfResourceModel) {
   expect_memory_matches("schedule=1f1b,microbatches=2,mbs=4");
   expect_memory_matches("schedule=gpipe,microbatches=2,mbs=4");
+}
+
+TEST(TrainerTest, PeakMemoryWithSplitBackwardAndRecomputeWithinTenPercent) {
+  // Split backward: each microbatch's B -> W gradients live until its W (src/cost's deferred-W term).
+  expect_memory_matches("schedule=zb-h1,microbatches=2,mbs=4");
+  // Full recompute per chunk: every chunk's input is kept, not one input per layer.
+  expect_memory_matches("schedule=1f1b,microbatches=2,mbs=4,recompute=full");
+  expect_memory_matches("schedule=gpipe,microbatches=4,mbs=4,recompute=full");
 }
 
 }  // namespace
