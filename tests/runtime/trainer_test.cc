@@ -170,13 +170,13 @@ TEST(TrainerTest, MoreThanOneRankWithoutMpiWorldNamesTheLauncher) {
 
 // tiny-moe on the default corpus: the peak of the bytes really allocated (every tensor, through the trainer's
 // tracker) against src/cost's closed-form prediction for the same strategy, within 10 %.
-void expect_memory_matches(const std::string& strategy) {
-  SCOPED_TRACE(strategy);
+void expect_memory_matches(const std::string& strategy, int seq_len = 64) {
+  SCOPED_TRACE(strategy + " seq_len=" + std::to_string(seq_len));
   TrainOptions o;
   o.model = load_model("tiny-moe").value();
   o.strategy = strategy;
   o.global_batch = 0;
-  o.seq_len = 64;
+  o.seq_len = seq_len;
   auto t = Trainer::create(o);
   ASSERT_TRUE(t.ok()) << t.status().to_string();
   run_losses(**t, 1);
@@ -207,7 +207,8 @@ TEST(TrainerTest, PeakMemoryWithSplitBackwardAndRecomputeWithinTenPercent) {
   expect_memory_matches("schedule=zb-h1,microbatches=2,mbs=4");
   // Full recompute per chunk: every chunk's input is kept, not one input per layer.
   expect_memory_matches("schedule=1f1b,microbatches=2,mbs=4,recompute=full");
-  expect_memory_matches("schedule=gpipe,microbatches=4,mbs=4,recompute=full");
+  // docs/training.md's case (16 x 128 tokens): one input per layer predicted 11.6 % under the measured peak.
+  expect_memory_matches("schedule=gpipe,microbatches=4,mbs=4,recompute=full", 128);
 }
 
 }  // namespace
