@@ -54,6 +54,8 @@ Result<int> add_routed(const Network& net, FlowSim* sim, int src, int dst, doubl
   f.latency_s = route.latency_s;
   f.release_s = release_s;
   f.after = std::move(after);
+  f.src_device = src;
+  f.dst_device = dst;
   return sim->add(std::move(f));
 }
 

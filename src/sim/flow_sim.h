@@ -33,6 +33,8 @@ struct FlowSpec {
   double latency_s = 0;    // alpha, paid once before the bytes move
   double release_s = 0;    // earliest time the flow may start
   std::vector<int> after;  // ids of flows that must complete first
+  int src_device = -1;     // endpoints when known (collectives.h sets them); informational, run() ignores them
+  int dst_device = -1;
 };
 
 // Max-min fair rates (bytes/s per member flow) of flows sharing links of the given capacities, by progressive

@@ -1,0 +1,82 @@
+// CommTemplates: the flows of the communication instructions of a Plan, as FluidNet templates.
+//
+// Rank r of a Plan runs on device r of the cluster (devices are numbered node-major; the compiler numbers ranks
+// tp innermost, then dp with ep inside it, then pp: plan.coords). Groups of a collective over axis
+//   tp: same pp and dp            dp: same pp and tp
+//   ep: same pp, tp and dp / ep   edp: same pp, tp and dp mod ep
+// Collectives decompose as collectives.h does: all_reduce ring (or tree with algorithm "tree"), reduce_scatter and
+// all_gather ring (bytes = the full buffer); a ring group with c > 1 members on each of several nodes runs c
+// channels (NCCL's rings, one per NIC rail: channel j rotates each node's members by j so its node-crossing hop
+// uses another NIC) carrying 1/c of the buffer each, which is the closed form's min(intra, c * NIC) bandwidth;
+// all_to_all flat (uniform: every rank sends bytes / n to every rank)
+// or HALO (algorithm "halo", one lane per NIC of a node when that divides the group's ranks per node).
+//
+// Two modes:
+//  - full: the template of one group instance (or one send/recv pair) with its exact flows; the caller starts it
+//    once every member has arrived.
+//  - reduced (representative ranks): every rank of a pipeline slice runs the same program, so all instances of a
+//    group run the same collective at the same time. The template holds only the flows of the representative's
+//    instance whose source is on the representative's node, and each hop weighs
+//        (flows of all instances at that step crossing the link) / (representative flows at that step crossing it)
+//    so that links carry the load of every instance (flow_sim.h's aggregate flows). A step is a flow's depth in
+//    the collective's dependency DAG (ring step, HALO phase). A dependency on a flow from another node becomes a dependency
+//    on that flow's image on the representative's node (shifted by whole nodes, wrapping inside the nodes the
+//    instance spans: in a ring, the flow entering the node waits like the flow leaving it), or, when there is no
+//    image, a barrier on the representative flows of the same step. On symmetric clusters (every node alike,
+//    every group laid out alike) this completes exactly when the full set of flows does; tests compare the two.
+// Templates are built once per shape and cached; payload scaling happens at FluidNet::start().
+// Thread-safety: none.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "piper/base/status.h"
+#include "piper/compile/plan.h"
+#include "piper/sim/fluid.h"
+#include "piper/sim/network.h"
+
+namespace piper::sim {
+
+class CommTemplates {
+ public:
+  // Errors when the plan needs more devices than the network has.
+  static Result<CommTemplates> create(const Network& net, const compile::Plan& plan, bool reduced);
+
+  // Sorted global ranks of `rank`'s group along `axis` (tp, dp, ep, edp). Errors name an unknown axis.
+  Result<std::vector<int>> group(int rank, const std::string& axis) const;
+
+  // The template of collective `kind` (all_reduce, reduce_scatter, all_gather, all_to_all) over `axis` as run by
+  // `rank`; payload = the instruction's comm_bytes.
+  Result<const FlowTemplate*> collective(int rank, ir::NodeKind kind, const std::string& axis,
+                                         const std::string& algorithm);
+  // A send of `src_rank` to `dst_rank`; payload = bytes.
+  Result<const FlowTemplate*> p2p(int src_rank, int dst_rank);
+
+  int num_templates() const { return static_cast<int>(cache_.size()); }
+
+ private:
+  CommTemplates(const Network& net, const compile::Plan& plan, bool reduced) : net_(&net), plan_(&plan), reduced_(reduced) {}
+  // Adds one group instance's flows (unit payload) to `scratch`; returns their ids per ring channel.
+  Result<std::vector<std::vector<int>>> add_instance(FlowSim* scratch, ir::NodeKind kind, const std::string& algorithm,
+                                        const std::vector<int>& ranks) const;
+  std::vector<std::vector<int>> ring_channels(const std::vector<int>& ranks) const;
+  int slice_size() const { return plan_->mesh.dp * plan_->mesh.tp; }
+
+  const Network* net_;
+  const compile::Plan* plan_;
+  bool reduced_;
+  std::map<std::tuple<int, std::string, std::string, int>, std::unique_ptr<FlowTemplate>> cache_;
+};
+
+// Representative flows with aggregate weights (see above). `instances[0]` is the representative's instance;
+// `rep_node` its node. Exposed for tests.
+FlowTemplate aggregate_template(const Network& net, const FlowSim& scratch, const std::vector<std::vector<int>>& instances,
+                                int rep_node);
+// All flows of one instance with weight 1 and their exact dependencies.
+FlowTemplate exact_template(const FlowSim& scratch, const std::vector<int>& flows);
+
+}  // namespace piper::sim

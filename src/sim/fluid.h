@@ -1,0 +1,85 @@
+// FluidNet: the incremental form of FlowSim for a discrete-event simulator that learns about transfers as it
+// goes. A *transfer* (one send/recv pair or one collective) is a small DAG of flows given by a FlowTemplate; it is
+// started at the current time, its flows become ready when the flows they wait for are done, pay their latency,
+// then share links max-min fairly (flow_sim.h's max_min_rates, with the same aggregate-flow hop weights) with every
+// other flow in flight, whichever transfer it belongs to. The caller alternates next_time() and advance(): rates are
+// recomputed lazily, only after the set of transferring flows changed.
+//
+// Bytes of a template are per unit of payload; start() scales them, so one template serves every transfer of the
+// same shape. A transfer with no flows (or only empty ones) completes at its start time.
+// Thread-safety: none.
+#pragma once
+
+#include <cstdint>
+#include <queue>
+#include <vector>
+
+#include "piper/sim/flow_sim.h"
+
+namespace piper::sim {
+
+struct FlowTemplate {
+  struct Flow {
+    std::vector<Hop> hops;
+    double bytes = 0;        // per unit of payload (scaled by start())
+    double latency_s = 0;
+    std::vector<int> after;  // indices of earlier flows of the same template
+    std::vector<int> children;  // filled by finalize(): flows that wait for this one
+  };
+  std::vector<Flow> flows;
+  // Fills every flow's children from the `after` lists. Call once after building, before the first start().
+  void finalize();
+};
+
+class FluidNet {
+ public:
+  explicit FluidNet(std::vector<double> link_bw_bytes_per_s);
+
+  // Starts a transfer at time `now` (>= the last advance time). `tmpl` must outlive the transfer. `token` is
+  // returned by advance() when the transfer completes.
+  void start(const FlowTemplate* tmpl, double payload, double now, int64_t token);
+
+  // Earliest time at which a flow finishes or becomes ready; +infinity when nothing is in flight.
+  double next_time();
+  // Moves time forward to t (<= next_time()) and appends the tokens of the transfers that completed by t.
+  void advance(double t, std::vector<int64_t>* completed);
+
+  bool idle() const { return live_transfers_ == 0 && done_tokens_.empty(); }
+  int64_t flows_started() const { return flows_started_; }
+  int64_t rate_updates() const { return rate_updates_; }
+
+ private:
+  struct Transfer {
+    const FlowTemplate* tmpl = nullptr;
+    double payload = 0;
+    int64_t token = 0;
+    int flows_left = 0;
+    std::vector<int> waiting;  // per template flow: dependencies not yet done
+  };
+  struct Active {
+    int transfer = 0;
+    int flow = 0;
+    double left = 0;  // bytes
+    double rate = 0;  // bytes/s per member flow
+  };
+  using Timer = std::pair<double, std::pair<int, int>>;  // (ready time, (transfer, flow))
+
+  int new_transfer();
+  void flow_ready(int transfer, int flow, double t);  // latency paid: starts transferring (or completes)
+  void flow_done(int transfer, int flow, double t);
+  void recompute_rates();
+
+  std::vector<double> link_bw_;
+  std::vector<Transfer> transfers_;
+  std::vector<int> free_transfers_;
+  int live_transfers_ = 0;
+  std::vector<Active> active_;
+  bool dirty_ = false;
+  double now_ = 0;
+  std::priority_queue<Timer, std::vector<Timer>, std::greater<>> timers_;
+  std::vector<int64_t> done_tokens_;
+  int64_t flows_started_ = 0;
+  int64_t rate_updates_ = 0;
+};
+
+}  // namespace piper::sim

@@ -1,0 +1,451 @@
+#include "piper/sim/plan_exec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <limits>
+#include <queue>
+#include <unordered_map>
+
+#include "piper/base/check.h"
+#include "piper/sim/comm_templates.h"
+#include "piper/sim/fluid.h"
+
+namespace piper::sim {
+namespace {
+
+using compile::Instruction;
+using compile::OpKind;
+using compile::Program;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// Per Plan template: compute durations and dense local event indices.
+struct TemplateInfo {
+  std::vector<std::vector<double>> duration_s;  // [stream][instr], compute and update only
+  std::vector<std::vector<int>> event;          // [stream][instr], record and wait only (else -1)
+  int num_events = 0;
+};
+
+Result<TemplateInfo> prepare(const Program& prog, int index, const ir::Graph& graph, const TaskTimeFn& task_time) {
+  TemplateInfo info;
+  std::unordered_map<int, int> local;
+  for (size_t s = 0; s < prog.streams.size(); ++s) {
+    const auto& instrs = prog.streams[s].instrs;
+    info.duration_s.emplace_back(instrs.size(), 0.0);
+    info.event.emplace_back(instrs.size(), -1);
+    for (size_t i = 0; i < instrs.size(); ++i) {
+      const Instruction& in = instrs[i];
+      if (in.op == OpKind::kCompute || in.op == OpKind::kUpdate) {
+        const double t = task_time(graph, in);
+        if (!std::isfinite(t) || t < 0) {
+          std::string part = in.node != ir::kNoNode ? graph.node(in.node).tags.part : "?";
+          return invalid_argument("pipeline rank " + std::to_string(index) + " stream '" + prog.streams[s].name +
+                                  "' instruction " + std::to_string(i) + " (" + in.label +
+                                  "): the cost model has no time for part '" + part + "'");
+        }
+        info.duration_s[s][i] = t;
+      }
+      if (in.op == OpKind::kRecord || in.op == OpKind::kWait) {
+        auto [it, fresh] = local.emplace(in.event, info.num_events);
+        if (fresh) ++info.num_events;
+        info.event[s][i] = it->second;
+      }
+    }
+  }
+  return info;
+}
+
+struct StreamState {
+  size_t pc = 0;
+  bool started = false;  // head instruction is running (or queued / waiting at a rendezvous)
+  double start_s = 0;
+};
+
+struct RankState {
+  int rank = 0;
+  int tmpl = 0;
+  std::vector<StreamState> streams;
+  std::vector<double> event_time;               // -1: not recorded
+  std::vector<std::vector<int>> event_waiters;  // streams waiting for the event
+  bool engine_busy = false;
+  std::deque<int> engine_queue;
+  int comm_active = 0;
+  double last_s = 0;
+  int64_t live_bytes = 0;
+  RankStats stats;
+};
+
+struct P2PKey {
+  int src = 0, dst = 0;
+  int64_t tag = 0;
+  bool operator==(const P2PKey&) const = default;
+};
+struct P2PKeyHash {
+  size_t operator()(const P2PKey& k) const {
+    return std::hash<int64_t>{}(k.tag) ^ (static_cast<size_t>(k.src) * 0x9E3779B97F4A7C15ull) ^
+           (static_cast<size_t>(k.dst) << 20);
+  }
+};
+struct Arrival {
+  int rank_index = 0;
+  int stream = 0;
+  bool send = false;
+};
+
+struct CollKey {
+  int instance = 0, tmpl = 0, stream = 0, instr = 0;
+  bool operator==(const CollKey&) const = default;
+};
+struct CollKeyHash {
+  size_t operator()(const CollKey& k) const {
+    return (static_cast<size_t>(k.instance) * 1000003u) ^ (static_cast<size_t>(k.stream) << 40) ^
+           (static_cast<size_t>(k.instr) << 8) ^ static_cast<size_t>(k.tmpl);
+  }
+};
+
+struct Event {
+  double t = 0;
+  int64_t seq = 0;
+  int kind = 0;  // 0: compute done (a = rank index, b = stream); 1: transfer done (a = op)
+  int a = 0, b = 0;
+  bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+};
+
+class Executor {
+ public:
+  Executor(const compile::Plan& plan, const Network& net, const SimOptions& options, CommTemplates templates,
+           std::vector<TemplateInfo> infos)
+      : plan_(plan), options_(options), templates_(std::move(templates)), infos_(std::move(infos)),
+        fluid_(net.link_bandwidths()) {}
+
+  Result<SimResult> run();
+
+ private:
+  const Program& program(const RankState& r) const { return plan_.templates[static_cast<size_t>(r.tmpl)]; }
+  void account(RankState& r, double t);
+  Status advance_stream(int ri, int s);
+  void complete(int ri, int s, double t);
+  void start_compute(int ri, int s, double t);
+  Status arrive_p2p(int ri, int s, const Instruction& in);
+  Status arrive_collective(int ri, int s, const Instruction& in);
+  Status start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload);
+  void op_done(int op, double t);
+  void push(double t, int kind, int a, int b) { events_.push({t, seq_++, kind, a, b}); }
+  void sample_memory(RankState& r) {
+    if (options_.record_timeline) r.stats.memory.push_back({now_, r.live_bytes});
+  }
+
+  const compile::Plan& plan_;
+  const SimOptions& options_;
+  CommTemplates templates_;
+  std::vector<TemplateInfo> infos_;
+  FluidNet fluid_;
+  std::vector<RankState> ranks_;
+  std::vector<int> index_of_rank_;  // global rank -> index into ranks_ (-1: not simulated)
+  std::vector<std::pair<int, int>> work_;
+  std::priority_queue<Event, std::vector<Event>, std::greater<>> events_;
+  int64_t seq_ = 0;
+  double now_ = 0;
+  std::unordered_map<P2PKey, std::deque<Arrival>, P2PKeyHash> p2p_;
+  std::unordered_map<CollKey, std::vector<std::pair<int, int>>, CollKeyHash> colls_;
+  std::vector<std::vector<std::pair<int, int>>> ops_;  // participants (rank index, stream) per transfer
+  std::vector<int> free_ops_;
+  int64_t instructions_ = 0;
+};
+
+void Executor::account(RankState& r, double t) {
+  const double dt = t - r.last_s;
+  if (dt <= 0) return;
+  if (r.engine_busy) {
+    r.stats.busy_s += dt;
+  } else if (r.comm_active > 0) {
+    r.stats.exposed_comm_s += dt;
+  } else {
+    r.stats.bubble_s += dt;
+  }
+  if (r.comm_active > 0) r.stats.comm_s += dt;
+  r.last_s = t;
+}
+
+void Executor::complete(int ri, int s, double t) {
+  RankState& r = ranks_[static_cast<size_t>(ri)];
+  StreamState& ss = r.streams[static_cast<size_t>(s)];
+  if (options_.record_timeline) {
+    r.stats.spans.push_back({s, static_cast<int>(ss.pc), ss.start_s, t});
+  }
+  ++ss.pc;
+  ss.started = false;
+  ++instructions_;
+  r.stats.finish_s = std::max(r.stats.finish_s, t);
+  work_.emplace_back(ri, s);
+}
+
+void Executor::start_compute(int ri, int s, double t) {
+  RankState& r = ranks_[static_cast<size_t>(ri)];
+  account(r, t);
+  r.engine_busy = true;
+  StreamState& ss = r.streams[static_cast<size_t>(s)];
+  ss.start_s = t;
+  const double d = infos_[static_cast<size_t>(r.tmpl)].duration_s[static_cast<size_t>(s)][ss.pc];
+  push(t + d, 0, ri, s);
+}
+
+Status Executor::start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload) {
+  int op;
+  if (!free_ops_.empty()) {
+    op = free_ops_.back();
+    free_ops_.pop_back();
+    ops_[static_cast<size_t>(op)] = std::move(parts);
+  } else {
+    op = static_cast<int>(ops_.size());
+    ops_.push_back(std::move(parts));
+  }
+  for (auto [ri, s] : ops_[static_cast<size_t>(op)]) {
+    RankState& r = ranks_[static_cast<size_t>(ri)];
+    account(r, now_);
+    ++r.comm_active;
+    r.streams[static_cast<size_t>(s)].start_s = now_;
+  }
+  if (options_.zero_comm || tmpl == nullptr || payload <= 0) {
+    push(now_, 1, op, 0);
+  } else {
+    fluid_.start(tmpl, payload, now_, op);
+  }
+  return ok_status();
+}
+
+void Executor::op_done(int op, double t) {
+  for (auto [ri, s] : ops_[static_cast<size_t>(op)]) {
+    RankState& r = ranks_[static_cast<size_t>(ri)];
+    account(r, t);
+    --r.comm_active;
+    complete(ri, s, t);
+  }
+  ops_[static_cast<size_t>(op)].clear();
+  free_ops_.push_back(op);
+}
+
+Status Executor::arrive_p2p(int ri, int s, const Instruction& in) {
+  const RankState& r = ranks_[static_cast<size_t>(ri)];
+  const compile::RankCoord& c = plan_.coords[static_cast<size_t>(r.rank)];
+  if (in.peer < 0 || in.peer >= plan_.mesh.pp) {
+    return invalid_argument("rank " + std::to_string(r.rank) + " instruction '" + in.label + "' names peer pipeline rank " +
+                            std::to_string(in.peer) + " outside 0.." + std::to_string(plan_.mesh.pp - 1));
+  }
+  // Same (dp, tp) coordinates on the peer's pipeline rank.
+  const int slice = plan_.mesh.dp * plan_.mesh.tp;
+  const int peer = in.peer * slice + (r.rank - c.pp * slice);
+  const bool send = in.op == OpKind::kSend;
+  P2PKey key{send ? r.rank : peer, send ? peer : r.rank, in.tag};
+  auto& q = p2p_[key];
+  if (!q.empty() && q.front().send != send) {
+    Arrival other = q.front();
+    q.pop_front();
+    if (q.empty()) p2p_.erase(key);
+    const FlowTemplate* tmpl = nullptr;
+    if (!options_.zero_comm) {
+      PIPER_ASSIGN_OR_RETURN(tmpl, templates_.p2p(key.src, key.dst));
+    }
+    // Both sides carry the payload (the lowering copies it from the send to the recv).
+    return start_op({{ri, s}, {other.rank_index, other.stream}}, tmpl, static_cast<double>(in.comm_bytes));
+  }
+  if (index_of_rank_[static_cast<size_t>(peer)] < 0) {
+    return internal_error("rank " + std::to_string(r.rank) + " talks to rank " + std::to_string(peer) +
+                          ", which is not simulated");
+  }
+  q.push_back({ri, s, send});
+  return ok_status();
+}
+
+Status Executor::arrive_collective(int ri, int s, const Instruction& in) {
+  const RankState& r = ranks_[static_cast<size_t>(ri)];
+  PIPER_ASSIGN_OR_RETURN(std::vector<int> members, templates_.group(r.rank, in.group));
+  int expected = 0;
+  for (int m : members) expected += index_of_rank_[static_cast<size_t>(m)] >= 0 ? 1 : 0;
+  CollKey key{members.front(), r.tmpl, s, static_cast<int>(r.streams[static_cast<size_t>(s)].pc)};
+  auto& arrived = colls_[key];
+  arrived.emplace_back(ri, s);
+  if (static_cast<int>(arrived.size()) < expected) return ok_status();
+  std::vector<std::pair<int, int>> parts = std::move(arrived);
+  colls_.erase(key);
+  const FlowTemplate* tmpl = nullptr;
+  if (!options_.zero_comm && members.size() > 1) {
+    auto t = templates_.collective(r.rank, in.comm, in.group, in.algorithm);
+    if (!t.ok()) return t.status().with_context("rank " + std::to_string(r.rank) + " instruction '" + in.label + "'");
+    tmpl = *t;
+  }
+  return start_op(std::move(parts), tmpl, static_cast<double>(in.comm_bytes));
+}
+
+Status Executor::advance_stream(int ri, int s) {
+  RankState& r = ranks_[static_cast<size_t>(ri)];
+  const Program& prog = program(r);
+  const auto& instrs = prog.streams[static_cast<size_t>(s)].instrs;
+  StreamState& ss = r.streams[static_cast<size_t>(s)];
+  const TemplateInfo& info = infos_[static_cast<size_t>(r.tmpl)];
+  while (ss.pc < instrs.size() && !ss.started) {
+    const Instruction& in = instrs[ss.pc];
+    switch (in.op) {
+      case OpKind::kRecord: {
+        const int e = info.event[static_cast<size_t>(s)][ss.pc];
+        r.event_time[static_cast<size_t>(e)] = now_;
+        for (int w : r.event_waiters[static_cast<size_t>(e)]) work_.emplace_back(ri, w);
+        r.event_waiters[static_cast<size_t>(e)].clear();
+        ss.start_s = now_;
+        complete(ri, s, now_);
+        break;
+      }
+      case OpKind::kWait: {
+        const int e = info.event[static_cast<size_t>(s)][ss.pc];
+        if (r.event_time[static_cast<size_t>(e)] < 0) {
+          r.event_waiters[static_cast<size_t>(e)].push_back(s);
+          return ok_status();
+        }
+        ss.start_s = now_;
+        complete(ri, s, now_);
+        break;
+      }
+      case OpKind::kAlloc:
+      case OpKind::kFree:
+        r.live_bytes += in.mem_delta;
+        r.stats.peak_bytes = std::max(r.stats.peak_bytes, r.live_bytes);
+        sample_memory(r);
+        ss.start_s = now_;
+        complete(ri, s, now_);
+        break;
+      case OpKind::kCompute:
+      case OpKind::kUpdate:
+        ss.started = true;
+        if (!r.engine_busy) {
+          start_compute(ri, s, now_);
+        } else {
+          r.engine_queue.push_back(s);
+        }
+        return ok_status();
+      case OpKind::kSend:
+      case OpKind::kRecv:
+        ss.started = true;
+        return arrive_p2p(ri, s, in);
+      case OpKind::kCollective:
+        ss.started = true;
+        return arrive_collective(ri, s, in);
+    }
+  }
+  return ok_status();
+}
+
+Result<SimResult> Executor::run() {
+  const int slice = plan_.mesh.dp * plan_.mesh.tp;
+  index_of_rank_.assign(static_cast<size_t>(plan_.world_size), -1);
+  for (int rank = 0; rank < plan_.world_size; ++rank) {
+    if (!options_.full && rank % slice != 0) continue;  // representative: dp = tp = 0
+    RankState r;
+    r.rank = rank;
+    r.tmpl = plan_.rank_template[static_cast<size_t>(rank)];
+    const Program& prog = plan_.templates[static_cast<size_t>(r.tmpl)];
+    r.streams.resize(prog.streams.size());
+    const int ne = infos_[static_cast<size_t>(r.tmpl)].num_events;
+    r.event_time.assign(static_cast<size_t>(ne), -1.0);
+    r.event_waiters.resize(static_cast<size_t>(ne));
+    r.live_bytes = prog.static_bytes;
+    r.stats.rank = rank;
+    r.stats.pp_rank = prog.pp_rank;
+    r.stats.static_bytes = prog.static_bytes;
+    r.stats.peak_bytes = prog.static_bytes;
+    sample_memory(r);
+    index_of_rank_[static_cast<size_t>(rank)] = static_cast<int>(ranks_.size());
+    ranks_.push_back(std::move(r));
+  }
+  for (size_t ri = 0; ri < ranks_.size(); ++ri) {
+    for (size_t s = 0; s < ranks_[ri].streams.size(); ++s) work_.emplace_back(static_cast<int>(ri), static_cast<int>(s));
+  }
+  std::vector<int64_t> done;
+  while (true) {
+    while (!work_.empty()) {
+      auto [ri, s] = work_.back();
+      work_.pop_back();
+      PIPER_RETURN_IF_ERROR(advance_stream(ri, s));
+    }
+    const double t_event = events_.empty() ? kInf : events_.top().t;
+    const double t_net = fluid_.next_time();
+    const double t = std::max(now_, std::min(t_event, t_net));
+    if (t == kInf) break;
+    now_ = t;
+    if (t_net <= t) {
+      done.clear();
+      fluid_.advance(t, &done);
+      for (int64_t op : done) op_done(static_cast<int>(op), t);
+    }
+    while (!events_.empty() && events_.top().t <= t) {
+      Event e = events_.top();
+      events_.pop();
+      if (e.kind == 1) {
+        op_done(e.a, t);
+        continue;
+      }
+      RankState& r = ranks_[static_cast<size_t>(e.a)];
+      account(r, t);
+      r.engine_busy = false;
+      complete(e.a, e.b, t);
+      if (!r.engine_queue.empty()) {
+        const int next = r.engine_queue.front();
+        r.engine_queue.pop_front();
+        start_compute(e.a, next, t);
+      }
+    }
+  }
+  // Anything left is blocked for good.
+  std::string blocked;
+  int count = 0;
+  for (const RankState& r : ranks_) {
+    const Program& prog = program(r);
+    for (size_t s = 0; s < r.streams.size(); ++s) {
+      const size_t pc = r.streams[s].pc;
+      if (pc >= prog.streams[s].instrs.size()) continue;
+      if (count++ < 8) {
+        blocked += "\n  rank " + std::to_string(r.rank) + " stream '" + prog.streams[s].name + "' at instruction " +
+                   std::to_string(pc) + " (" + prog.streams[s].instrs[pc].label + ")";
+      }
+    }
+  }
+  if (count > 0) {
+    return failed_precondition("simulation deadlocked at t=" + std::to_string(now_) + " s with " + std::to_string(count) +
+                               " blocked streams (first ones below); the plan's order, events or send/recv pairs do "
+                               "not match" + blocked);
+  }
+  SimResult out;
+  out.reduced = !options_.full;
+  for (RankState& r : ranks_) out.step_time_s = std::max(out.step_time_s, r.stats.finish_s);
+  for (RankState& r : ranks_) {
+    account(r, out.step_time_s);
+    out.ranks.push_back(std::move(r.stats));
+  }
+  out.instructions = instructions_;
+  out.flows = fluid_.flows_started();
+  out.rate_updates = fluid_.rate_updates();
+  out.comm_templates = templates_.num_templates();
+  return out;
+}
+
+}  // namespace
+
+Result<SimResult> simulate_plan(const compile::Plan& plan, const ir::Graph& graph, const Network& net,
+                                const TaskTimeFn& task_time, const SimOptions& options) {
+  if (plan.templates.empty() || plan.world_size < 1) return invalid_argument("simulate_plan: the plan has no ranks");
+  if (plan.world_size % std::max(1, plan.mesh.dp * plan.mesh.tp) != 0 ||
+      plan.world_size != plan.mesh.pp * plan.mesh.dp * plan.mesh.tp) {
+    return invalid_argument("simulate_plan: world_size " + std::to_string(plan.world_size) + " is not pp*dp*tp = " +
+                            std::to_string(plan.mesh.pp * plan.mesh.dp * plan.mesh.tp));
+  }
+  PIPER_ASSIGN_OR_RETURN(CommTemplates templates, CommTemplates::create(net, plan, !options.full));
+  std::vector<TemplateInfo> infos;
+  for (size_t t = 0; t < plan.templates.size(); ++t) {
+    PIPER_ASSIGN_OR_RETURN(TemplateInfo info, prepare(plan.templates[t], static_cast<int>(t), graph, task_time));
+    infos.push_back(std::move(info));
+  }
+  Executor ex(plan, net, options, std::move(templates), std::move(infos));
+  return ex.run();
+}
+
+}  // namespace piper::sim

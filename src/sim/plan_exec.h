@@ -1,0 +1,86 @@
+// simulate_plan: discrete-event execution of a compiled Plan on a modelled cluster.
+//
+// Execution model (the runtime's, src/runtime/):
+//  - every simulated rank runs each of its streams' instructions in order; a stream blocks on its head instruction
+//    until it completes;
+//  - each device has one compute engine: compute and update instructions of all its streams queue for it in the
+//    order they become ready (ties: stream order) and run one at a time for TaskTimeFn seconds;
+//  - record completes at once and stamps its event; wait completes once the event of the same rank is recorded;
+//  - alloc/free complete at once and move the rank's live bytes (on top of Program::static_bytes);
+//  - send and recv with the same (sender, receiver, tag) rendezvous: the transfer starts when both are at the head
+//    of their streams and both complete when its flows are done; a collective starts when every simulated member of
+//    its group has reached it and completes for all of them together. Communication runs on the network, not on
+//    the compute engine: all transfers in flight share links max-min fairly (FluidNet), so a DP all-reduce and an
+//    EP all-to-all crossing the same NIC slow each other down.
+// Representative ranks (SimOptions::full = false, the default): ranks of one pipeline slice run the same Program
+// template, so only one rank per pipeline rank is simulated (coordinates dp = tp = 0); its collectives and sends
+// load the links with the aggregate flows of every rank of the slice (comm_templates.h). Exact on symmetric
+// clusters; full = true simulates every rank (tests compare both on small meshes).
+//
+// Accounting per simulated rank, over the step [0, step_time_s]: busy = compute engine running; exposed_comm = engine
+// idle while a transfer of the rank is in flight; bubble = the rest (idle, nothing of its own on the wire, including
+// waiting at a rendezvous for a peer that is late and the tail after the rank finished). busy + exposed_comm +
+// bubble = step_time_s.
+// Thread-safety: a pure function of its inputs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "piper/base/status.h"
+#include "piper/compile/plan.h"
+#include "piper/ir/graph.h"
+#include "piper/sim/network.h"
+#include "piper/sim/task_time.h"
+
+namespace piper::sim {
+
+struct SimOptions {
+  bool full = false;              // simulate every rank instead of one per pipeline rank
+  bool zero_comm = false;         // communication takes no time (schedule checks)
+  bool record_timeline = false;   // keep every instruction's span and the memory samples (for traces)
+};
+
+struct InstrSpan {
+  int stream = 0;
+  int instr = 0;  // index in Program::streams[stream].instrs
+  double start_s = 0;
+  double end_s = 0;
+};
+
+struct MemorySample {
+  double time_s = 0;
+  int64_t live_bytes = 0;
+};
+
+struct RankStats {
+  int rank = 0;     // global rank
+  int pp_rank = 0;  // its pipeline rank (= Plan template)
+  double finish_s = 0;
+  double busy_s = 0;
+  double exposed_comm_s = 0;
+  double bubble_s = 0;
+  double comm_s = 0;  // time with a transfer of this rank in flight (overlapped or not)
+  int64_t static_bytes = 0;
+  int64_t peak_bytes = 0;
+  std::vector<InstrSpan> spans;       // record_timeline only, in completion order
+  std::vector<MemorySample> memory;   // record_timeline only
+};
+
+struct SimResult {
+  double step_time_s = 0;
+  bool reduced = true;           // representative ranks only
+  std::vector<RankStats> ranks;  // simulated ranks, ascending global rank
+  int64_t instructions = 0;      // instructions executed
+  int64_t flows = 0;             // flows started in the network model
+  int64_t rate_updates = 0;      // max-min recomputations
+  int comm_templates = 0;
+};
+
+// Errors: a plan that needs more devices than the network has, an instruction the TaskTimeFn cannot price, an unknown
+// group axis, and a deadlock (names every blocked rank, stream and instruction).
+Result<SimResult> simulate_plan(const compile::Plan& plan, const ir::Graph& graph, const Network& net,
+                                const TaskTimeFn& task_time, const SimOptions& options = {});
+
+}  // namespace piper::sim

@@ -1,0 +1,93 @@
+#include "piper/sim/simulate.h"
+
+#include <chrono>
+
+#include "piper/cost/estimate.h"
+#include "piper/sim/task_time.h"
+
+namespace piper::sim {
+
+Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train_in,
+                           const Strategy& strategy, const cost::Calibration& calibration, const SimOptions& options) {
+  TrainSpec train = train_in;
+  train.micro_batch_size = strategy.mbs;
+  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
+  PIPER_RETURN_IF_ERROR(strategy.validate_for(model, train, cluster.world_size()));
+  if (strategy.disaggregate) {
+    return unimplemented("simulate: disaggregated (af-pipe) strategies are not simulated yet: their M2N groups are "
+                         "not mapped to devices; drop disagg=1");
+  }
+  PIPER_ASSIGN_OR_RETURN(TaskTimeFn task_time, cost_task_time(cm, strategy, calibration));
+  compile::CompileOptions copts;
+  PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, strategy, calibration));
+  SimReport rep;
+  auto t0 = std::chrono::steady_clock::now();
+  auto compiled = compile::compile_strategy(model, train, strategy, copts);
+  if (!compiled.ok()) return compiled.status().with_context("simulate");
+  rep.compiled = std::move(compiled).value();
+  auto t1 = std::chrono::steady_clock::now();
+  PIPER_ASSIGN_OR_RETURN(Network net, Network::build(cluster));
+  PIPER_ASSIGN_OR_RETURN(rep.sim, simulate_plan(rep.compiled.plan, rep.compiled.graph, net, task_time, options));
+  auto t2 = std::chrono::steady_clock::now();
+  rep.compile_wall_s = std::chrono::duration<double>(t1 - t0).count();
+  rep.simulate_wall_s = std::chrono::duration<double>(t2 - t1).count();
+  rep.world_size = rep.compiled.plan.world_size;
+  rep.step_time_s = rep.sim.step_time_s;
+  const int64_t batch = train.global_batch > 0 ? train.global_batch : strategy.global_batch();
+  rep.tokens_per_step = static_cast<double>(batch) * static_cast<double>(train.seq_len);
+  if (rep.step_time_s > 0) {
+    rep.tokens_per_s = rep.tokens_per_step / rep.step_time_s;
+    rep.mfu = cm.flops_per_token() * rep.tokens_per_s / (static_cast<double>(rep.world_size) * cm.device().peak_flops());
+    double bubble = 0, exposed = 0;
+    for (const RankStats& r : rep.sim.ranks) {
+      bubble += r.bubble_s;
+      exposed += r.exposed_comm_s;
+    }
+    const double denom = static_cast<double>(rep.sim.ranks.size()) * rep.step_time_s;
+    rep.bubble_fraction = bubble / denom;
+    rep.exposed_comm_fraction = exposed / denom;
+  }
+  for (const RankStats& r : rep.sim.ranks) rep.peak_memory_max_bytes = std::max(rep.peak_memory_max_bytes, r.peak_bytes);
+  rep.device_memory_bytes = static_cast<double>(cluster.device.memory_bytes);
+  return rep;
+}
+
+Json SimReport::to_json() const {
+  Json j;
+  j["step_time_s"] = step_time_s;
+  j["tokens_per_step"] = tokens_per_step;
+  j["tokens_per_s"] = tokens_per_s;
+  j["mfu"] = mfu;
+  j["bubble_fraction"] = bubble_fraction;
+  j["exposed_comm_fraction"] = exposed_comm_fraction;
+  Json per_rank = Json::array();
+  Json ranks = Json::array();
+  for (const RankStats& r : sim.ranks) {
+    per_rank.push_back(r.peak_bytes);
+    ranks.push_back({{"rank", r.rank},
+                     {"pp_rank", r.pp_rank},
+                     {"finish_s", r.finish_s},
+                     {"busy_s", r.busy_s},
+                     {"exposed_comm_s", r.exposed_comm_s},
+                     {"bubble_s", r.bubble_s},
+                     {"comm_s", r.comm_s},
+                     {"static_bytes", r.static_bytes},
+                     {"peak_bytes", r.peak_bytes}});
+  }
+  j["peak_memory_bytes"] = {{"per_rank", per_rank}, {"max", peak_memory_max_bytes}};
+  j["device_memory_bytes"] = device_memory_bytes;
+  j["fits"] = static_cast<double>(peak_memory_max_bytes) <= device_memory_bytes;
+  j["world_size"] = world_size;
+  j["simulated_ranks"] = sim.ranks.size();
+  j["representative"] = sim.reduced;
+  j["ranks"] = ranks;
+  j["counters"] = {{"instructions", sim.instructions},
+                   {"flows", sim.flows},
+                   {"rate_updates", sim.rate_updates},
+                   {"comm_templates", sim.comm_templates},
+                   {"compile_wall_s", compile_wall_s},
+                   {"simulate_wall_s", simulate_wall_s}};
+  return j;
+}
+
+}  // namespace piper::sim

@@ -1,0 +1,55 @@
+// simulate(): compile a Strategy for a model and cluster, execute the Plan (plan_exec.h) and summarise one step:
+// step time, tokens/s, MFU, bubble and exposed-communication fractions, peak memory per rank.
+//
+// The Plan's cost annotations come from the resource model (task_time.h cost_annotations), and the simulator's
+// compute times from the same tables, so `piper estimate` and `piper simulate` price every task identically; they
+// differ only where the closed form approximates what the simulator executes (the schedule, overlap, contention).
+//   tokens/s = global_batch * seq_len / step_time_s
+//   MFU      = model FLOPs per token (docs/counting.md, no recomputation) * tokens/s / (world * peak FLOP/s)
+//   bubble_fraction, exposed_comm_fraction: summed over the simulated ranks, divided by ranks * step_time_s
+//   peak memory per simulated rank: Program::static_bytes (parameters, gradients, optimizer state) + the largest
+//   live activation / gathered-parameter bytes from the plan's alloc/free (no allocator workspace).
+// Thread-safety: a pure function of its inputs.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "piper/base/json.h"
+#include "piper/base/status.h"
+#include "piper/compile/compile.h"
+#include "piper/cost/device_model.h"
+#include "piper/sim/plan_exec.h"
+#include "piper/spec/cluster_spec.h"
+#include "piper/spec/model_spec.h"
+#include "piper/spec/train_spec.h"
+#include "piper/strategy/strategy.h"
+
+namespace piper::sim {
+
+struct SimReport {
+  compile::CompileResult compiled;  // graph + plan (for traces)
+  SimResult sim;
+  int world_size = 0;
+  double step_time_s = 0;
+  double tokens_per_step = 0;
+  double tokens_per_s = 0;
+  double mfu = 0;
+  double bubble_fraction = 0;
+  double exposed_comm_fraction = 0;
+  int64_t peak_memory_max_bytes = 0;
+  double device_memory_bytes = 0;
+  double compile_wall_s = 0;
+  double simulate_wall_s = 0;
+
+  // step_time_s, tokens_per_s, mfu, bubble_fraction, exposed_comm_fraction, peak_memory_bytes {per_rank, max},
+  // ranks (per simulated rank: rank, pp_rank, busy/exposed_comm/bubble seconds, peak bytes), counters.
+  Json to_json() const;
+};
+
+// `train.micro_batch_size` is taken from the strategy (mbs); train.global_batch 0 means dp * microbatches * mbs.
+Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+                           const Strategy& strategy, const cost::Calibration& calibration = {},
+                           const SimOptions& options = {});
+
+}  // namespace piper::sim

@@ -1,0 +1,159 @@
+#include "piper/sim/task_time.h"
+
+#include <array>
+#include <limits>
+#include <memory>
+#include <string>
+
+#include "piper/cost/layer_cost.h"
+#include "piper/cost/model_state.h"
+
+namespace piper::sim {
+namespace {
+
+using cost::Part;
+using cost::TaskCost;
+
+enum Task { kF, kB, kW };
+
+// The cost parts behind one IR part.
+std::vector<Part> parts_of(const std::string& part) {
+  if (part == "attn") return {Part::kAttention, Part::kAttentionCore, Part::kNorms};
+  if (part == "router") return {Part::kRouter};
+  if (part == "experts") return {Part::kExperts};
+  if (part == "shared") return {Part::kSharedExperts};
+  if (part == "mlp") return {Part::kDenseMlp};
+  if (part == "embed") return {Part::kEmbedding};
+  if (part == "head") return {Part::kHead};
+  return {};
+}
+
+const char* const kParts[] = {"attn", "router", "experts", "shared", "mlp", "embed", "head"};
+
+struct PartPrice {
+  std::array<TaskCost, 3> cost;  // summed over the cost parts, per task
+  std::array<double, 3> time_s{};
+  double update_s = 0;
+};
+
+struct Prices {
+  std::vector<std::pair<std::string, PartPrice>> parts;
+  const PartPrice* find(const std::string& part) const {
+    for (const auto& [name, p] : parts) {
+      if (name == part) return &p;
+    }
+    return nullptr;
+  }
+};
+
+void add(TaskCost& a, const TaskCost& b) {
+  a.flops += b.flops;
+  a.bytes += b.bytes;
+  a.pointwise_bytes += b.pointwise_bytes;
+}
+
+Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, const Strategy& s,
+                                                   const cost::Calibration& cal) {
+  PIPER_RETURN_IF_ERROR(s.validate_for(cm.model(), cm.train(), s.world_size()));
+  const cost::PartTable& table = cm.parts();
+  const cost::DeviceModel& dev = cm.device();
+  cost::PartShape shape;
+  shape.tokens = static_cast<double>(s.mbs) * static_cast<double>(cm.train().seq_len);
+  shape.tp = s.tp;
+  shape.ep = s.ep;
+  shape.etp = s.etp;
+  const DType act = cm.train().activation_dtype;
+  shape.act_bytes = act == DType::kFP32 ? 4 : act == DType::kFP8 ? 1 : 2;
+  shape.param_bytes = cm.bytes().param;
+  shape.grad_bytes = cm.bytes().grad;
+  shape.expert_load = cal.expert_load_imbalance;
+  // Parameters per rank and the ZeRO shard degree of each IR part (as the estimate's dense/expert split).
+  const double tp = s.tp;
+  const double expert_shard = std::max(1, s.edp() * (s.tp / s.etp));
+  auto shard_params = [&](const std::string& part) {
+    double params = 0, shard = s.dp;
+    if (part == "attn") params = table.attention_params / tp + table.norm_params_per_layer;
+    if (part == "router") params = table.router_params;
+    if (part == "experts") {
+      params = table.num_experts / s.ep * table.expert_params / s.etp;
+      shard = expert_shard;
+    }
+    if (part == "shared") params = table.shared_params / tp;
+    if (part == "mlp") params = table.dense_mlp_params / tp;
+    if (part == "embed") params = table.embedding_params / tp;
+    if (part == "head") params = cm.model().tie_embeddings ? 0.0 : table.head_params / tp;
+    return s.zero >= 1 ? params / shard : params;
+  };
+  auto prices = std::make_shared<Prices>();
+  for (const char* name : kParts) {
+    PartPrice p;
+    for (Part part : parts_of(name)) {
+      cost::PartCost c = cost::part_cost(table, part, shape);
+      const TaskCost* tasks[3] = {&c.f, &c.b, &c.w};
+      for (int k = 0; k < 3; ++k) {
+        // Same formula as the estimate: each cost part is its own kernel (roofline + pointwise traffic).
+        p.time_s[static_cast<size_t>(k)] += dev.time_s(tasks[k]->flops, tasks[k]->bytes, tasks[k]->gemm_dim) +
+                                            dev.memory_time_s(tasks[k]->pointwise_bytes);
+        add(p.cost[static_cast<size_t>(k)], *tasks[k]);
+      }
+    }
+    p.update_s = dev.time_s(0, shard_params(name) * cost::optimizer_step_bytes_per_param(cm.bytes()), 0);
+    prices->parts.emplace_back(name, p);
+  }
+  return std::shared_ptr<const Prices>(std::move(prices));
+}
+
+// Task index of a pass; BW counts as B + W.
+double task_value(const std::array<double, 3>& v, ir::Pass pass) {
+  switch (pass) {
+    case ir::Pass::kF: return v[kF];
+    case ir::Pass::kB: return v[kB];
+    case ir::Pass::kW: return v[kW];
+    case ir::Pass::kBW: return v[kB] + v[kW];
+    default: return 0;
+  }
+}
+
+}  // namespace
+
+Result<TaskTimeFn> cost_task_time(const cost::CostModel& model, const Strategy& strategy,
+                                  const cost::Calibration& calibration) {
+  PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Prices> prices, make_prices(model, strategy, calibration));
+  return TaskTimeFn([prices](const ir::Graph& g, const compile::Instruction& in) -> double {
+    if (in.node == ir::kNoNode) return 0.0;
+    const ir::Node& n = g.node(in.node);
+    const PartPrice* p = prices->find(n.tags.part);
+    if (p == nullptr) return std::numeric_limits<double>::quiet_NaN();  // unpriced part: simulate_plan reports it
+    if (in.op == compile::OpKind::kUpdate) return p->update_s;
+    // A recomputed forward is a compute instruction of pass F inside the backward: it costs f again.
+    return task_value(p->time_s, in.pass);
+  });
+}
+
+Result<compile::CostFn> cost_annotations(const cost::CostModel& model, const Strategy& strategy,
+                                         const cost::Calibration& calibration) {
+  PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Prices> prices, make_prices(model, strategy, calibration));
+  return compile::CostFn([prices](const ir::Graph& g, const ir::Node& n, compile::Instruction& in) {
+    in.comm_bytes = n.comm_bytes;
+    const PartPrice* p = prices->find(n.tags.part);
+    if (p == nullptr || n.kind != ir::NodeKind::kChunk) return;
+    std::array<double, 3> flops{}, bytes{};
+    for (size_t k = 0; k < 3; ++k) {
+      flops[k] = p->cost[k].flops;
+      bytes[k] = p->cost[k].bytes + p->cost[k].pointwise_bytes;
+    }
+    in.flops = static_cast<int64_t>(task_value(flops, n.tags.pass));
+    in.bytes = static_cast<int64_t>(task_value(bytes, n.tags.pass));
+    (void)g;
+  });
+}
+
+TaskTimeFn unit_task_time(const std::string& part, double f, double b, double w) {
+  const std::array<double, 3> v = {f, b, w};
+  return [part, v](const ir::Graph& g, const compile::Instruction& in) -> double {
+    if (in.node == ir::kNoNode || in.op != compile::OpKind::kCompute) return 0.0;
+    return g.node(in.node).tags.part == part ? task_value(v, in.pass) : 0.0;
+  };
+}
+
+}  // namespace piper::sim

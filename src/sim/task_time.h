@@ -1,0 +1,43 @@
+// Durations of compute and optimizer-update instructions, from the resource model (src/cost/).
+//
+// One source of truth: the simulator prices a chunk task with exactly the part costs and roofline that
+// cost::CostModel::estimate() sums per stage: layer_cost.h's part_cost() for the same PartShape (tokens of one
+// microbatch, tp, ep, etp, dtypes, expert load imbalance) and the DeviceModel's time_s() + memory_time_s(). The IR
+// parts map to cost parts as
+//   attn -> attention + attention core + norms    router -> router      experts -> experts
+//   shared -> shared experts    mlp -> dense MLP    embed -> embedding   head -> head (LM head + loss)
+// and passes F, B, W to the part's f, b, w (a fused BW is b + w; a recomputed F costs f again). An update
+// instruction streams the optimizer bytes of the rank's parameter shard (ZeRO >= 1 shards dense parameters over
+// dp, experts over dp / ep * tp / etp), as the estimate's optimizer term does.
+// cost_annotations() fills the Plan's flops/bytes annotations from the same numbers (pass it as
+// CompileOptions::cost) so that the plan, the simulator and the estimate agree.
+// Thread-safety: the returned functions are immutable values.
+#pragma once
+
+#include <functional>
+
+#include "piper/base/status.h"
+#include "piper/compile/plan.h"
+#include "piper/cost/device_model.h"
+#include "piper/cost/estimate.h"
+#include "piper/ir/graph.h"
+#include "piper/strategy/strategy.h"
+
+namespace piper::sim {
+
+// Seconds one compute or update instruction keeps the device's compute engine busy. NaN (or a negative value)
+// means "cannot price this instruction"; simulate_plan() turns it into an error naming the instruction.
+using TaskTimeFn = std::function<double(const ir::Graph& graph, const compile::Instruction& instr)>;
+
+// Errors: a strategy the cost model rejects (validate_for), or a chunk part the cost model has no price for.
+Result<TaskTimeFn> cost_task_time(const cost::CostModel& model, const Strategy& strategy,
+                                  const cost::Calibration& calibration = {});
+
+Result<compile::CostFn> cost_annotations(const cost::CostModel& model, const Strategy& strategy,
+                                         const cost::Calibration& calibration = {});
+
+// Unit costs for schedule checks: a chunk of part `part` costs f, b, w for F, B, W (BW = b + w); every other chunk
+// and every update costs 0.
+TaskTimeFn unit_task_time(const std::string& part, double f = 1, double b = 1, double w = 1);
+
+}  // namespace piper::sim

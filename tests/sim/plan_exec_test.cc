@@ -1,0 +1,232 @@
+// simulate_plan / simulate: agreement with the closed-form estimate and the unit-cost schedule simulator,
+// DP all-reduce overlap, representative vs full simulation, memory, and errors.
+#include "piper/sim/plan_exec.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "piper/base/check.h"
+#include "piper/compile/compile.h"
+#include "piper/compile/pipeline_schedule.h"
+#include "piper/compile/schedule_sim.h"
+#include "piper/cost/estimate.h"
+#include "piper/sim/simulate.h"
+#include "piper/spec/cluster_loader.h"
+#include "piper/spec/model_loader.h"
+#include "piper/strategy/schedules/schedule.h"
+#include "test_clusters.h"
+
+namespace piper::sim {
+namespace {
+
+ModelSpec model(const std::string& name) {
+  auto m = load_model(name);
+  PIPER_CHECK_OK(m.status());
+  return *m;
+}
+
+ClusterSpec cluster(const std::string& name, int nodes) {
+  auto c = load_cluster(name, nodes);
+  PIPER_CHECK_OK(c.status());
+  return *c;
+}
+
+Strategy strategy(const std::string& text) {
+  auto s = Strategy::parse(text);
+  PIPER_CHECK_OK(s.status());
+  return *s;
+}
+
+TrainSpec train(int64_t seq) {
+  TrainSpec t;
+  t.seq_len = seq;
+  return t;
+}
+
+// Without contention the simulated step equals the closed-form estimate: both price every task with the same
+// cost tables; the configurations keep stages balanced (no embedding/head imbalance the closed form ignores).
+TEST(PlanExecTest, MatchesTheClosedFormEstimateWithoutContention) {
+  struct Row {
+    const char* model;
+    const char* cluster;
+    int nodes;
+    const char* strategy;
+  };
+  const Row rows[] = {
+      {"gpt-1.7b", "dgx-h100", 1, "dp=8,microbatches=4"},
+      {"gpt-1.7b", "dgx-h100", 1, "dp=8,zero=1,microbatches=2"},
+      {"gpt-7.5b", "dgx-h100", 1, "tp=8,microbatches=4"},
+      {"gpt-1.7b", "dgx-h100", 2, "dp=16,microbatches=4"},
+  };
+  for (const Row& row : rows) {
+    ModelSpec m = model(row.model);
+    ClusterSpec c = cluster(row.cluster, row.nodes);
+    Strategy s = strategy(row.strategy);
+    TrainSpec t = train(2048);
+    t.micro_batch_size = s.mbs;
+    auto cm = cost::CostModel::create(m, c, t);
+    ASSERT_TRUE(cm.ok()) << cm.status().message();
+    auto est = cm->estimate(s);
+    ASSERT_TRUE(est.ok()) << est.status().message();
+    auto sim = simulate(m, c, t, s);
+    ASSERT_TRUE(sim.ok()) << row.strategy << ": " << sim.status().message();
+    EXPECT_NEAR(sim->step_time_s / est->step_time_s, 1.0, 0.02)
+        << row.model << " " << row.strategy << ": simulated " << sim->step_time_s << " s, estimate "
+        << est->step_time_s << " s";
+    EXPECT_NEAR(sim->mfu / est->mfu, 1.0, 0.02) << row.strategy;
+  }
+}
+
+// With unit costs (attention chunk F = B = W = 1, everything else free, one layer per stage) the plan's makespan
+// is the unit-cost schedule simulator's (`piper schedule`).
+TEST(PlanExecTest, UnitCostMakespansEqualTheScheduleSimulator) {
+  struct Row {
+    const char* schedule;
+    int pp, vpp, m;
+  };
+  const Row rows[] = {{"gpipe", 4, 1, 8}, {"1f1b", 4, 1, 8}, {"1f1b", 3, 1, 5}, {"interleaved", 2, 2, 4},
+                      {"zb-h1", 4, 1, 8}};
+  for (const Row& row : rows) {
+    Strategy s;
+    s.pp = row.pp;
+    s.vpp = row.vpp;
+    s.schedule = row.schedule;
+    s.microbatches = row.m;
+    ModelSpec m = model("gpt-1.7b");
+    m.num_layers = s.num_stages();
+    TrainSpec t = train(128);
+    t.global_batch = s.global_batch();
+    auto compiled = compile::compile_strategy(m, t, s);
+    ASSERT_TRUE(compiled.ok()) << compiled.status().message();
+    Network net = Network::build(testing::make_cluster(1, 8, 1e12, 1, 1e11)).value();
+    SimOptions o;
+    o.zero_comm = true;
+    auto r = simulate_plan(compiled->plan, compiled->graph, net, unit_task_time("attn"), o);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+
+    schedules::ScheduleParams params{s.pp, s.microbatches, s.vpp};
+    auto dirs = schedules::schedule_directives(s.schedule, params);
+    ASSERT_TRUE(dirs.ok());
+    auto sched = compile::realize_schedule(*dirs, s.pp, s.num_stages(), s.microbatches);
+    ASSERT_TRUE(sched.ok()) << sched.status().message();
+    auto timeline = compile::simulate_schedule(*sched, compile::UnitCosts{1, 1, 1});
+    ASSERT_TRUE(timeline.ok());
+    EXPECT_DOUBLE_EQ(r->step_time_s, timeline->makespan) << row.schedule << " pp=" << row.pp << " m=" << row.m;
+    // Per-rank busy time is the rank's unit work: m * (1 + 2) per stage it holds.
+    for (const RankStats& k : r->ranks) EXPECT_DOUBLE_EQ(k.busy_s, 3.0 * row.m * row.vpp) << row.schedule;
+  }
+}
+
+// A DP gradient all-reduce overlapped with the remaining backward is hidden when it is shorter; on a slow network
+// it shows as exposed communication. Two single-GPU nodes so that the all-reduce crosses a NIC of chosen speed.
+TEST(PlanExecTest, DataParallelAllReduceHiddenWhenShorterThanBackward) {
+  ModelSpec m = model("gpt-1.7b");
+  auto run = [&](double nic_bw, const std::string& text) {
+    ClusterSpec c = testing::make_cluster(2, 1, 450e9, 1, nic_bw, 3e-6, 5e-6);
+    c.device = cluster("dgx-h100", 1).device;
+    Strategy s = strategy(text);
+    TrainSpec t = train(2048);
+    auto r = simulate(m, c, t, s);
+    PIPER_CHECK_OK(r.status());
+    return std::move(r).value();
+  };
+  // Reference: the same per-rank work without data parallelism (one node).
+  ClusterSpec one = testing::make_cluster(1, 1, 450e9, 1, 50e9);
+  one.device = cluster("dgx-h100", 1).device;
+  auto ref = simulate(m, one, train(2048), strategy("dp=1,microbatches=2"));
+  ASSERT_TRUE(ref.ok()) << ref.status().message();
+  SimReport fast = run(400e9, "dp=2,microbatches=2");
+  SimReport slow = run(1e9, "dp=2,microbatches=2");
+  // Fast network: only the last layer's all-reduce (the embedding, nothing left to hide it) may show.
+  EXPECT_LT(fast.exposed_comm_fraction, 0.02);
+  EXPECT_NEAR(fast.step_time_s / ref->step_time_s, 1.0, 0.02);
+  EXPECT_GT(fast.sim.ranks[0].comm_s, 0.0);
+  // Slow network: ~3.4 GB of fp32 gradients at 1 GB/s cannot hide behind a backward of ~0.1 s.
+  EXPECT_GT(slow.exposed_comm_fraction, 0.5);
+  EXPECT_GT(slow.step_time_s, 3 * ref->step_time_s);
+}
+
+// Representative ranks give the same step as simulating every rank on a symmetric cluster, for a pipeline x
+// expert x data parallel MoE plan with ZeRO-1 (EP all-to-all, DP reduce-scatter/all-gather and P2P on shared NICs).
+TEST(PlanExecTest, RepresentativeRanksEqualTheFullSimulation) {
+  ModelSpec m = model("tiny-moe");
+  for (const char* text : {"dp=4,ep=4,pp=2,zero=1,microbatches=4", "dp=2,ep=2,tp=2,sp=1,pp=2,microbatches=2",
+                           "dp=8,ep=8,zero=2,microbatches=2", "dp=8,ep=4,a2a=halo,microbatches=2"}) {
+    ClusterSpec c = testing::make_cluster(2, 4, 100e9, 2, 5e9, 2e-6, 5e-6);
+    c.device = cluster("dgx-h100", 1).device;
+    Strategy s = strategy(text);
+    TrainSpec t = train(512);
+    SimOptions reduced, full;
+    full.full = true;
+    auto a = simulate(m, c, t, s, {}, reduced);
+    auto b = simulate(m, c, t, s, {}, full);
+    ASSERT_TRUE(a.ok()) << text << ": " << a.status().message();
+    ASSERT_TRUE(b.ok()) << text << ": " << b.status().message();
+    EXPECT_EQ(a->sim.ranks.size(), static_cast<size_t>(s.pp));
+    EXPECT_EQ(b->sim.ranks.size(), 8u) << text;
+    EXPECT_GT(b->sim.flows, a->sim.flows);
+    EXPECT_NEAR(a->step_time_s, b->step_time_s, 1e-6 * b->step_time_s) << text;
+    for (const RankStats& k : b->sim.ranks) {
+      const RankStats& rep = a->sim.ranks[static_cast<size_t>(k.pp_rank)];
+      EXPECT_NEAR(k.exposed_comm_s, rep.exposed_comm_s, 1e-6 * b->step_time_s) << text << " rank " << k.rank;
+      EXPECT_EQ(k.peak_bytes, rep.peak_bytes);
+    }
+  }
+}
+
+// GPipe keeps every microbatch's activations until its backward: rank 0's peak is its static bytes plus m times
+// one microbatch's activation allocations.
+TEST(PlanExecTest, GpipePeakMemoryHoldsEveryMicrobatch) {
+  ModelSpec m = model("gpt-1.7b");
+  m.num_layers = 4;
+  Strategy s = strategy("pp=2,schedule=gpipe,microbatches=4");
+  TrainSpec t = train(256);
+  t.global_batch = s.global_batch();
+  auto compiled = compile::compile_strategy(m, t, s);
+  ASSERT_TRUE(compiled.ok()) << compiled.status().message();
+  Network net = Network::build(testing::make_cluster(1, 2, 1e11, 1, 1e10)).value();
+  auto r = simulate_plan(compiled->plan, compiled->graph, net, unit_task_time("attn"));
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const compile::Program& p0 = compiled->plan.templates[0];
+  int64_t per_mb = 0;
+  for (const auto& st : p0.streams) {
+    for (const auto& in : st.instrs) {
+      if (in.op == compile::OpKind::kAlloc && in.label.find(".mb0") != std::string::npos) per_mb += in.mem_delta;
+    }
+  }
+  ASSERT_GT(per_mb, 0);
+  EXPECT_EQ(r->ranks[0].peak_bytes, p0.static_bytes + 4 * per_mb);
+  EXPECT_GT(p0.static_bytes, 0);
+}
+
+TEST(PlanExecTest, ErrorsNameTheProblem) {
+  ModelSpec m = model("tiny-moe");
+  Strategy s = strategy("dp=2,pp=2,microbatches=2");
+  TrainSpec t = train(64);
+  t.global_batch = s.global_batch();
+  auto compiled = compile::compile_strategy(m, t, s);
+  ASSERT_TRUE(compiled.ok()) << compiled.status().message();
+  Network small = Network::build(testing::make_cluster(1, 2, 1e11, 1, 1e10)).value();
+  auto r = simulate_plan(compiled->plan, compiled->graph, small, unit_task_time("attn"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("raise --nodes"), std::string::npos) << r.status().message();
+  Network net = Network::build(testing::make_cluster(1, 4, 1e11, 1, 1e10)).value();
+  TaskTimeFn bad = [](const ir::Graph&, const compile::Instruction&) { return std::nan(""); };
+  r = simulate_plan(compiled->plan, compiled->graph, net, bad);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("no time for part"), std::string::npos) << r.status().message();
+  // A plan whose receive never gets its send deadlocks, and the error names the blocked stream.
+  compile::Plan broken = compiled->plan;
+  for (auto& st : broken.templates[1].streams) {
+    for (auto& in : st.instrs) {
+      if (in.op == compile::OpKind::kRecv) in.tag += 1;
+    }
+  }
+  r = simulate_plan(broken, compiled->graph, net, unit_task_time("attn"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("deadlocked"), std::string::npos) << r.status().message();
+}
+
+}  // namespace
+}  // namespace piper::sim
