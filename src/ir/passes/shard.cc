@@ -69,6 +69,12 @@ Status shard_tp(Graph& g, const ShardDirective& d, const std::vector<NodeId>& ch
     const std::string part = g.node(id).tags.part;
     auto reroute = [&](bool into, NodeKind kind, const std::string& what) {
       std::vector<int> edges = chunk_edges(g, id, into);
+      // The activations an F keeps for its own backward (F -> B/BW/W of the same layer and part) stay local:
+      // only the hidden states exchanged with neighbouring chunks go through the TP collective.
+      std::erase_if(edges, [&](int e) {
+        const Node& other = g.node(into ? g.edge(e).src : g.edge(e).dst);
+        return other.tags.layer == g.node(id).tags.layer && other.tags.part == part;
+      });
       if (edges.empty()) return;
       int64_t bytes = g.edge(edges[0]).bytes;
       NodeId c = g.add_node(comm_like(g.node(id), kind, part + "." + what, "tp", "ring", stream, bytes));
