@@ -13,6 +13,8 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 // A flow with less than this fraction of its bytes left is done (rounding of left - rate * dt).
 constexpr double kDoneFraction = 1e-9;
+// Relative clock resolution: transfers this close to their end count as finished.
+constexpr double kClockSlack = 1e-12;
 
 }  // namespace
 
@@ -123,7 +125,9 @@ void FluidNet::advance(double t, std::vector<int64_t>* completed) {
       a.left -= a.rate * dt;
       const Transfer& tr = transfers_[static_cast<size_t>(a.transfer)];
       const double bytes = tr.tmpl->flows[static_cast<size_t>(a.flow)].bytes * tr.payload;
-      if (a.left <= kDoneFraction * bytes) {
+      // Done when (almost) nothing is left, or when what is left cannot move time forward any more (it would
+      // finish within rounding of the clock: without this the loop could stall on a zero-length step).
+      if (a.left <= kDoneFraction * bytes || a.left <= a.rate * kClockSlack * std::max(1.0, now_)) {
         finished.emplace_back(a.transfer, a.flow);
         active_[i] = active_.back();
         active_.pop_back();
@@ -134,7 +138,7 @@ void FluidNet::advance(double t, std::vector<int64_t>* completed) {
     }
     for (auto [tr, f] : finished) flow_done(tr, f, now_);
   }
-  const double slack = 1e-12 * std::max(1.0, now_);
+  const double slack = kClockSlack * std::max(1.0, now_);
   while (!timers_.empty() && timers_.top().first <= now_ + slack) {
     auto [tr, f] = timers_.top().second;
     timers_.pop();

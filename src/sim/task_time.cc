@@ -36,6 +36,28 @@ struct PartPrice {
   double update_s = 0;
 };
 
+// Pipeline rank of the embedding's update node (a tied head on the same rank shares its parameters), cached
+// per graph.
+class EmbedRank {
+ public:
+  int of(const ir::Graph& g) {
+    if (&g != graph_ || g.num_nodes() != nodes_) {
+      graph_ = &g;
+      nodes_ = g.num_nodes();
+      rank_ = -1;
+      for (const ir::Node& n : g.nodes()) {
+        if (n.kind == ir::NodeKind::kUpdate && n.tags.part == "embed") rank_ = n.pp_rank;
+      }
+    }
+    return rank_;
+  }
+
+ private:
+  const ir::Graph* graph_ = nullptr;
+  size_t nodes_ = 0;
+  int rank_ = -1;
+};
+
 struct Prices {
   std::vector<std::pair<std::string, PartPrice>> parts;
   const PartPrice* find(const std::string& part) const {
@@ -81,7 +103,7 @@ Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, con
     if (part == "shared") params = table.shared_params / tp;
     if (part == "mlp") params = table.dense_mlp_params / tp;
     if (part == "embed") params = table.embedding_params / tp;
-    if (part == "head") params = cm.model().tie_embeddings ? 0.0 : table.head_params / tp;
+    if (part == "head") params = table.head_params / tp;  // tied: only when not on the embedding's rank (below)
     return s.zero >= 1 ? params / shard : params;
   };
   auto prices = std::make_shared<Prices>();
@@ -119,12 +141,17 @@ double task_value(const std::array<double, 3>& v, ir::Pass pass) {
 Result<TaskTimeFn> cost_task_time(const cost::CostModel& model, const Strategy& strategy,
                                   const cost::Calibration& calibration) {
   PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Prices> prices, make_prices(model, strategy, calibration));
-  return TaskTimeFn([prices](const ir::Graph& g, const compile::Instruction& in) -> double {
+  auto embed = std::make_shared<EmbedRank>();
+  const bool tied = model.model().tie_embeddings;
+  return TaskTimeFn([prices, embed, tied](const ir::Graph& g, const compile::Instruction& in) -> double {
     if (in.node == ir::kNoNode) return 0.0;
     const ir::Node& n = g.node(in.node);
     const PartPrice* p = prices->find(n.tags.part);
     if (p == nullptr) return std::numeric_limits<double>::quiet_NaN();  // unpriced part: simulate_plan reports it
-    if (in.op == compile::OpKind::kUpdate) return p->update_s;
+    if (in.op == compile::OpKind::kUpdate) {
+      const bool shared_with_embedding = tied && n.tags.part == "head" && embed->of(g) == n.pp_rank;
+      return shared_with_embedding ? 0.0 : p->update_s;
+    }
     // A recomputed forward is a compute instruction of pass F inside the backward: it costs f again.
     return task_value(p->time_s, in.pass);
   });

@@ -8,10 +8,10 @@
 //   shared -> shared experts    mlp -> dense MLP    embed -> embedding   head -> head (LM head + loss)
 // and passes F, B, W to the part's f, b, w (a fused BW is b + w; a recomputed F costs f again). An update
 // instruction streams the optimizer bytes of the rank's parameter shard (ZeRO >= 1 shards dense parameters over
-// dp, experts over dp / ep * tp / etp), as the estimate's optimizer term does.
+// dp, experts over dp / ep * tp / etp), as the estimate's optimizer term does; a tied LM head updates nothing on the
+// embedding's rank and a full copy elsewhere. The returned function caches per graph and is not thread-safe.
 // cost_annotations() fills the Plan's flops/bytes annotations from the same numbers (pass it as
 // CompileOptions::cost) so that the plan, the simulator and the estimate agree.
-// Thread-safety: the returned functions are immutable values.
 #pragma once
 
 #include <functional>
