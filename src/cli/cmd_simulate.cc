@@ -24,6 +24,7 @@ struct SimulateOptions {
   std::string calibration;
   std::string trace;
   bool full = false;
+  bool interleave = false;
   bool json = false;
 };
 
@@ -63,6 +64,7 @@ Status run_simulate(const SimulateOptions& o) {
   }
   sim::SimOptions options;
   options.full = o.full;
+  options.interleave_overlap = o.interleave;
   options.record_timeline = !o.trace.empty();
   PIPER_ASSIGN_OR_RETURN(sim::SimReport r, sim::simulate(model, cluster, train, s, calibration, options));
   if (!o.trace.empty()) {
@@ -96,6 +98,8 @@ PIPER_REGISTER_COMMAND(g_simulate, "simulate", "Execute a compiled strategy on t
   sub->add_option("--calibration", o->calibration, "calibration JSON (src/cost/device_model.h)");
   sub->add_option("--trace", o->trace, "write a Chrome trace JSON of the step to this file");
   sub->add_flag("--full", o->full, "simulate every rank (default: one representative per pipeline rank)");
+  sub->add_flag("--interleave-overlap", o->interleave,
+                 "compile may-overlap slots (dualpipev, af-pipe F&B pairs) chunk by chunk (lower.h)");
   sub->add_flag("--json", o->json, "print one JSON object");
   return std::function<Status()>([o] {
     if (o->seq_len < 1) return invalid_argument("--seq=" + std::to_string(o->seq_len) + " must be >= 1");

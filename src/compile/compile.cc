@@ -47,6 +47,7 @@ Result<CompileResult> compile_directives(const ModelSpec& model, const TrainSpec
   timer.done("passes");
   LowerOptions lower_options;
   lower_options.cost = options.cost;
+  lower_options.interleave_overlap = options.interleave_overlap;
   auto plan = lower(r.graph, lower_options);
   if (!plan.ok()) return plan.status().with_context("compile: lower");
   r.plan = std::move(plan).value();

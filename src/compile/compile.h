@@ -30,6 +30,7 @@ struct CompileOptions {
   bool verbose = false;         // log each step with its time
   int64_t capacity_bytes = 0;   // device memory to check against; 0 = do not check
   CostFn cost;                  // optional cost annotations
+  bool interleave_overlap = false;  // LowerOptions::interleave_overlap
 };
 
 struct CompileResult {

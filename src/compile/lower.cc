@@ -62,7 +62,7 @@ const char* to_string(OpKind k) {
 
 Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
   PIPER_RETURN_IF_ERROR(insert_p2p(g).status());
-  PIPER_ASSIGN_OR_RETURN(StreamOrder order, order_streams(g));
+  PIPER_ASSIGN_OR_RETURN(StreamOrder order, order_streams(g, options.interleave_overlap));
   const size_t n = g.num_nodes();
   const int pp = g.mesh.pp;
   const std::vector<int64_t>& tag_of = order.tag;

@@ -29,6 +29,10 @@ namespace piper::compile {
 
 struct LowerOptions {
   CostFn cost;  // optional; the default keeps the graph's estimates
+  // Interleave the chunks of "may overlap" order slots (DualPipeV's and AF-Pipe's F&B pairs): one chunk of each
+  // of the slot's filters in turn instead of filter after filter, so one microbatch's communication can overlap
+  // the other's compute. Off by default: the plan is then filter after filter, as before this option existed.
+  bool interleave_overlap = false;
 };
 
 // Mutates `graph` (inserts send/recv). Errors name the unplaced or mis-ordered node.

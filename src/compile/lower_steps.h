@@ -47,7 +47,8 @@ struct StreamOrder {
 // same-rank producer or, when it has none (recv, ZeRO-3 all-gather), right before its first consumer.
 // Receive streams list their receives in the order the sender sends them. Adds the ZeRO-3 prefetch-window
 // temporal edges to `g` (see lower.h). Errors name a chunk missing from its rank's order rows.
-Result<StreamOrder> order_streams(ir::Graph& g);
+// interleave_overlap: LowerOptions::interleave_overlap.
+Result<StreamOrder> order_streams(ir::Graph& g, bool interleave_overlap = false);
 
 struct Buffer {
   int id = -1;

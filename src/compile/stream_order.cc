@@ -1,6 +1,8 @@
 // order_streams: a total order for every (rank, stream), and the matching tags of point-to-point pairs.
 #include <algorithm>
 #include <climits>
+#include <map>
+#include <set>
 #include <unordered_map>
 
 #include "piper/compile/lower_steps.h"
@@ -11,7 +13,51 @@ using ir::Node;
 using ir::NodeId;
 using ir::NodeKind;
 
-Result<StreamOrder> order_streams(ir::Graph& g) {
+namespace {
+
+// Inside each "may overlap" slot of a sorted compute list, take one chunk of each filter in turn (each filter's
+// chunks keep their order), so that while one microbatch's chunk waits for its all-to-all, the other's computes
+// (DualPipe's F&B overlap at chunk granularity). A slot whose filters depend on each other keeps its order.
+void interleave_overlap_slots(const ir::Graph& g, std::vector<NodeId>& list) {
+  for (size_t i = 0; i < list.size();) {
+    const int slot = g.node(list[i]).kind == NodeKind::kChunk ? g.node(list[i]).order_slot : -1;
+    size_t j = i + 1;
+    while (j < list.size() && slot >= 0 && g.node(list[j]).kind == NodeKind::kChunk && g.node(list[j]).order_slot == slot) ++j;
+    std::map<int, std::vector<NodeId>> by_filter;
+    for (size_t k = i; k < j; ++k) by_filter[g.node(list[k]).order_filter].push_back(list[k]);
+    if (by_filter.size() > 1) {
+      std::set<NodeId> in_slot(list.begin() + static_cast<std::ptrdiff_t>(i), list.begin() + static_cast<std::ptrdiff_t>(j));
+      std::set<NodeId> placed;
+      std::vector<NodeId> merged;
+      std::vector<size_t> next(by_filter.size(), 0);
+      bool progress = true;
+      while (merged.size() < j - i && progress) {
+        progress = false;
+        size_t f = 0;
+        for (auto& [filter, nodes] : by_filter) {
+          if (next[f] < nodes.size()) {
+            const NodeId id = nodes[next[f]];
+            bool ready = true;
+            for (NodeId p : g.preds(id)) ready = ready && (!in_slot.count(p) || placed.count(p));
+            if (ready) {
+              merged.push_back(id);
+              placed.insert(id);
+              ++next[f];
+              progress = true;
+            }
+          }
+          ++f;
+        }
+      }
+      if (merged.size() == j - i) std::copy(merged.begin(), merged.end(), list.begin() + static_cast<std::ptrdiff_t>(i));
+    }
+    i = j;
+  }
+}
+
+}  // namespace
+
+Result<StreamOrder> order_streams(ir::Graph& g, bool interleave_overlap) {
   PIPER_ASSIGN_OR_RETURN(std::vector<NodeId> topo, g.topo_order());
   const size_t n = g.num_nodes();
   std::vector<int64_t> topo_pos(n);
@@ -43,6 +89,7 @@ Result<StreamOrder> order_streams(ir::Graph& g) {
       };
       return key(a) < key(b);
     });
+    if (interleave_overlap) interleave_overlap_slots(g, list);
     for (size_t i = 0; i < list.size(); ++i) anchor[static_cast<size_t>(list[i])] = static_cast<int64_t>(i);
   }
   // ZeRO-3 prefetch window: the all-gather feeding the k-th compute instruction of a rank may start once the

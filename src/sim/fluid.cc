@@ -95,13 +95,61 @@ void FluidNet::flow_done(int transfer, int flow, double t) {
 }
 
 void FluidNet::recompute_rates() {
-  std::vector<const std::vector<Hop>*> paths;
-  paths.reserve(active_.size());
-  for (const Active& a : active_) {
-    paths.push_back(&transfers_[static_cast<size_t>(a.transfer)].tmpl->flows[static_cast<size_t>(a.flow)].hops);
+  // Progressive filling (flow_sim.h's max_min_rates) with buffers kept across calls: only the links the active
+  // flows touch are visited, so a call costs O(active flows x hops + touched links x rounds), not O(all links).
+  if (slot_.size() != link_bw_.size()) slot_.assign(link_bw_.size(), -1);
+  touched_.clear();
+  const size_t nf = active_.size();
+  frozen_.assign(nf, 0);
+  for (size_t f = 0; f < nf; ++f) {
+    const auto& hops = hops_of(active_[f]);
+    for (const Hop& h : hops) {
+      int& s = slot_[static_cast<size_t>(h.link)];
+      if (s < 0) {
+        s = static_cast<int>(touched_.size());
+        touched_.push_back(h.link);
+        if (weight_.size() < touched_.size()) {
+          weight_.resize(touched_.size());
+          left_.resize(touched_.size());
+          members_.resize(touched_.size());
+        }
+        weight_[static_cast<size_t>(s)] = 0;
+        left_[static_cast<size_t>(s)] = link_bw_[static_cast<size_t>(h.link)];
+        members_[static_cast<size_t>(s)].clear();
+      }
+      weight_[static_cast<size_t>(s)] += h.weight;
+      members_[static_cast<size_t>(s)].push_back(static_cast<int>(f));
+    }
   }
-  const std::vector<double> rates = max_min_rates(link_bw_, paths);
-  for (size_t i = 0; i < active_.size(); ++i) active_[i].rate = rates[i];
+  size_t unfrozen = nf;
+  double level = 0;
+  while (unfrozen > 0) {
+    double inc = kInf;
+    for (size_t i = 0; i < touched_.size(); ++i) {
+      if (weight_[i] > 0) inc = std::min(inc, left_[i] / weight_[i]);
+    }
+    PIPER_CHECK(std::isfinite(inc), "an active flow crosses no loaded link");
+    level += inc;
+    saturated_.clear();
+    for (size_t i = 0; i < touched_.size(); ++i) {
+      if (weight_[i] <= 0) continue;
+      left_[i] -= inc * weight_[i];
+      if (left_[i] <= 4e-12 * link_bw_[static_cast<size_t>(touched_[i])]) saturated_.push_back(i);
+    }
+    for (size_t i : saturated_) {
+      for (int f : members_[i]) {
+        if (frozen_[static_cast<size_t>(f)]) continue;
+        frozen_[static_cast<size_t>(f)] = 1;
+        active_[static_cast<size_t>(f)].rate = level;
+        --unfrozen;
+        for (const Hop& h : hops_of(active_[static_cast<size_t>(f)])) {
+          weight_[static_cast<size_t>(slot_[static_cast<size_t>(h.link)])] -= h.weight;
+        }
+      }
+      weight_[i] = 0;
+    }
+  }
+  for (int l : touched_) slot_[static_cast<size_t>(l)] = -1;
   dirty_ = false;
   ++rate_updates_;
 }

@@ -68,6 +68,9 @@ class FluidNet {
   void flow_ready(int transfer, int flow, double t);  // latency paid: starts transferring (or completes)
   void flow_done(int transfer, int flow, double t);
   void recompute_rates();
+  const std::vector<Hop>& hops_of(const Active& a) const {
+    return transfers_[static_cast<size_t>(a.transfer)].tmpl->flows[static_cast<size_t>(a.flow)].hops;
+  }
 
   std::vector<double> link_bw_;
   std::vector<Transfer> transfers_;
@@ -80,6 +83,13 @@ class FluidNet {
   std::vector<int64_t> done_tokens_;
   int64_t flows_started_ = 0;
   int64_t rate_updates_ = 0;
+  // Progressive-filling buffers, kept across recompute_rates() calls.
+  std::vector<int> slot_;  // link -> index into touched_ (-1 when untouched)
+  std::vector<int> touched_;
+  std::vector<double> weight_, left_;
+  std::vector<std::vector<int>> members_;
+  std::vector<char> frozen_;
+  std::vector<size_t> saturated_;
 };
 
 }  // namespace piper::sim

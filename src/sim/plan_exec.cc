@@ -71,6 +71,7 @@ struct RankState {
   bool engine_busy = false;
   std::deque<int> engine_queue;
   int comm_active = 0;
+  std::vector<std::pair<std::string, int>> active_groups;  // transfers in flight per group
   double last_s = 0;
   int64_t live_bytes = 0;
   RankStats stats;
@@ -132,6 +133,18 @@ class Executor {
   Status start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload);
   void op_done(int op, double t);
   void push(double t, int kind, int a, int b) { events_.push({t, seq_++, kind, a, b}); }
+  // Counts a transfer of stream s's head instruction in or out of its group's tally.
+  void add_group(RankState& r, int s, int delta) {
+    const Instruction& in = program(r).streams[static_cast<size_t>(s)].instrs[r.streams[static_cast<size_t>(s)].pc];
+    const std::string& group = in.group.empty() ? std::string("pp") : in.group;
+    for (auto& [g, n] : r.active_groups) {
+      if (g == group) {
+        n += delta;
+        return;
+      }
+    }
+    r.active_groups.emplace_back(group, delta);
+  }
   void sample_memory(RankState& r) {
     if (options_.record_timeline) r.stats.memory.push_back({now_, r.live_bytes});
   }
@@ -161,6 +174,16 @@ void Executor::account(RankState& r, double t) {
     r.stats.busy_s += dt;
   } else if (r.comm_active > 0) {
     r.stats.exposed_comm_s += dt;
+    for (const auto& [group, n] : r.active_groups) {
+      if (n <= 0) continue;
+      auto& by = r.stats.exposed_by_group_s;
+      auto it = std::find_if(by.begin(), by.end(), [&](const auto& e) { return e.first == group; });
+      if (it == by.end()) {
+        by.emplace_back(group, dt);
+      } else {
+        it->second += dt;
+      }
+    }
   } else {
     r.stats.bubble_s += dt;
   }
@@ -205,6 +228,7 @@ Status Executor::start_op(std::vector<std::pair<int, int>> parts, const FlowTemp
     RankState& r = ranks_[static_cast<size_t>(ri)];
     account(r, now_);
     ++r.comm_active;
+    add_group(r, s, +1);
     r.streams[static_cast<size_t>(s)].start_s = now_;
   }
   if (options_.zero_comm || tmpl == nullptr || payload <= 0) {
@@ -220,6 +244,7 @@ void Executor::op_done(int op, double t) {
     RankState& r = ranks_[static_cast<size_t>(ri)];
     account(r, t);
     --r.comm_active;
+    add_group(r, s, -1);
     complete(ri, s, t);
   }
   ops_[static_cast<size_t>(op)].clear();

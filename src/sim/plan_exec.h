@@ -40,6 +40,9 @@ struct SimOptions {
   bool full = false;              // simulate every rank instead of one per pipeline rank
   bool zero_comm = false;         // communication takes no time (schedule checks)
   bool record_timeline = false;   // keep every instruction's span and the memory samples (for traces)
+  // simulate() only: compile with LowerOptions::interleave_overlap (DualPipeV/AF-Pipe F&B slots alternate chunk by
+  // chunk). Off by default so that the simulated plan is `piper compile`'s.
+  bool interleave_overlap = false;
 };
 
 struct InstrSpan {
@@ -62,6 +65,9 @@ struct RankStats {
   double exposed_comm_s = 0;
   double bubble_s = 0;
   double comm_s = 0;  // time with a transfer of this rank in flight (overlapped or not)
+  // Exposed communication by group (dp, edp, ep, tp, pp, a2f): time the engine is idle while a transfer of that
+  // group is in flight. Groups can overlap, so the values may add up to more than exposed_comm_s.
+  std::vector<std::pair<std::string, double>> exposed_by_group_s;
   int64_t static_bytes = 0;
   int64_t peak_bytes = 0;
   std::vector<InstrSpan> spans;       // record_timeline only, in completion order

@@ -19,6 +19,7 @@ Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, c
   }
   PIPER_ASSIGN_OR_RETURN(TaskTimeFn task_time, cost_task_time(cm, strategy, calibration));
   compile::CompileOptions copts;
+  copts.interleave_overlap = options.interleave_overlap;
   PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, strategy, calibration));
   SimReport rep;
   auto t0 = std::chrono::steady_clock::now();
@@ -64,6 +65,8 @@ Json SimReport::to_json() const {
   Json ranks = Json::array();
   for (const RankStats& r : sim.ranks) {
     per_rank.push_back(r.peak_bytes);
+    Json exposed = Json::object();
+    for (const auto& [group, sec] : r.exposed_by_group_s) exposed[group] = sec;
     ranks.push_back({{"rank", r.rank},
                      {"pp_rank", r.pp_rank},
                      {"finish_s", r.finish_s},
@@ -71,6 +74,7 @@ Json SimReport::to_json() const {
                      {"exposed_comm_s", r.exposed_comm_s},
                      {"bubble_s", r.bubble_s},
                      {"comm_s", r.comm_s},
+                     {"exposed_by_group_s", exposed},
                      {"static_bytes", r.static_bytes},
                      {"peak_bytes", r.peak_bytes}});
   }
