@@ -1,7 +1,8 @@
 // split_backward: fused BW chunks become B (input grad) -> W (weight grad).
 //
 // B keeps the BW node's id and its incoming edges; outgoing edges that carry weight gradients (to update
-// nodes and to gradient collectives) move to the new W node, edges carrying input gradients stay on B.
+// nodes and to data-parallel gradient collectives) move to the new W node, edges carrying input gradients
+// (to other chunks' backwards and to tensor-parallel collectives) stay on B.
 #include "piper/ir/passes/passes.h"
 
 namespace piper::ir {
@@ -31,8 +32,11 @@ void split_backward(Graph& g, const std::vector<NodeId>& nodes) {
       const Edge ed = g.edge(e);
       if (!ed.alive) continue;
       const Node& dst = g.node(ed.dst);
-      bool weight_grad = dst.kind == NodeKind::kUpdate || dst.kind == NodeKind::kAllReduce ||
-                         dst.kind == NodeKind::kReduceScatter;
+      // Gradient collectives of the data-parallel axes carry weight gradients; tensor-parallel all-reduce /
+      // reduce-scatter (shard tp) carry input gradients and stay on B (moving them made W feed the previous
+      // chunk's B: a cycle with any order that runs W late, i.e. zb-h1 and dualpipev with tp > 1).
+      bool grad_collective = dst.kind == NodeKind::kAllReduce || dst.kind == NodeKind::kReduceScatter;
+      bool weight_grad = dst.kind == NodeKind::kUpdate || (grad_collective && dst.group != "tp");
       if (!weight_grad) continue;
       g.remove_edge(e);
       g.add_edge(wid, ed.dst, ed.kind, ed.bytes);
