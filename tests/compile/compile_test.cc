@@ -111,6 +111,24 @@ TEST(CompileTest, SplitBackwardSchedulesComposeWithTensorParallelism) {
   }
 }
 
+// Megatron sequence parallelism: per layer and microbatch, attention and MLP each get an all-gather on their
+// input and a reduce-scatter on their output, forward and backward alike (8 TP collectives), also where two
+// TP chunks are neighbours. Without sequence parallelism: one all-reduce per chunk and direction (4).
+TEST(CompileTest, TensorParallelCollectivesPerLayerAreMegatrons) {
+  for (bool sp : {true, false}) {
+    std::string s = std::string("tp=2,sp=") + (sp ? "1" : "0") + ",pp=1,schedule=1f1b,microbatches=2";
+    auto r = compile(s);
+    ASSERT_TRUE(r.ok()) << s << ": " << r.status().message();
+    int count = 0;
+    for (const ir::Node& n : r->graph.nodes()) {
+      if (n.group != "tp" || n.kind == ir::NodeKind::kChunk || n.tags.layer != 0 || n.tags.mb != 0) continue;
+      if (n.tags.part.rfind("attn.", 0) != 0 && n.tags.part.rfind("mlp.", 0) != 0) continue;
+      ++count;
+    }
+    EXPECT_EQ(count, sp ? 8 : 4) << s;
+  }
+}
+
 ModelSpec tiny16() {
   ModelSpec m = tiny();
   m.num_layers = 16;  // enough stages for pp=8 DualPipeV (16 stages) and AF-Pipe (4 layers per group)

@@ -18,7 +18,10 @@ Node comm_like(const Node& chunk, NodeKind kind, const std::string& part, const 
   n.kind = kind;
   n.tags = chunk.tags;
   n.tags.part = part;
-  n.name = "L" + std::to_string(chunk.tags.layer) + "." + part + "." + to_string(chunk.tags.pass);
+  // The microbatch is part of the name (as for chunks after split): cross-rank send/recv pairs are matched by
+  // name, and two microbatches' collectives must not share one.
+  n.name = "L" + std::to_string(chunk.tags.layer) + "." + part + "." + to_string(chunk.tags.pass) +
+           (chunk.tags.mb >= 0 ? ".mb" + std::to_string(chunk.tags.mb) : "");
   n.pp_rank = chunk.pp_rank;
   n.stream = stream;
   n.group = group;
@@ -27,13 +30,16 @@ Node comm_like(const Node& chunk, NodeKind kind, const std::string& part, const 
   return n;
 }
 
-// Alive data edges between two chunks, entering (into=true) or leaving the node.
-std::vector<int> chunk_edges(const Graph& g, NodeId id, bool into) {
+// Alive data edges between two chunks, entering (into=true) or leaving the node. With `via_group`, edges whose
+// other end is a collective of that group count too: a TP chunk next to an already sharded one sees that
+// chunk's reduce-scatter, and sequence parallelism needs its own all-gather after it.
+std::vector<int> chunk_edges(const Graph& g, NodeId id, bool into, const std::string& via_group = "") {
   std::vector<int> out;
   for (int e : into ? g.in_edges(id) : g.out_edges(id)) {
     const Edge& ed = g.edge(e);
     if (!ed.alive || ed.kind != EdgeKind::kData) continue;
-    if (g.node(into ? ed.src : ed.dst).kind == NodeKind::kChunk) out.push_back(e);
+    const Node& other = g.node(into ? ed.src : ed.dst);
+    if (other.kind == NodeKind::kChunk || (!via_group.empty() && other.group == via_group)) out.push_back(e);
   }
   return out;
 }
@@ -68,7 +74,7 @@ Status shard_tp(Graph& g, const ShardDirective& d, const std::vector<NodeId>& ch
     g.node(id).shard_axis = "tp";
     const std::string part = g.node(id).tags.part;
     auto reroute = [&](bool into, NodeKind kind, const std::string& what) {
-      std::vector<int> edges = chunk_edges(g, id, into);
+      std::vector<int> edges = chunk_edges(g, id, into, "tp");
       // The activations an F keeps for its own backward (F -> B/BW/W of the same layer and part) stay local:
       // only the hidden states exchanged with neighbouring chunks go through the TP collective.
       std::erase_if(edges, [&](int e) {
