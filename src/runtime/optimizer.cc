@@ -1,11 +1,16 @@
 #include "piper/runtime/optimizer.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "piper/base/check.h"
 #include "piper/kernels/cpu/optimizer.h"
 
 namespace piper::runtime {
+namespace {
+// The range [0, kWholeChunk) covers every trainable element of a chunk (update/grad_sq are the whole-chunk case).
+constexpr int64_t kWholeChunk = std::numeric_limits<int64_t>::max();
+}  // namespace
 
 Optimizer::Optimizer(const OptimizerSpec& spec, int64_t warmup_steps, const Model& model, Allocator* allocator)
     : spec_(spec), warmup_steps_(warmup_steps), model_(model) {
@@ -39,14 +44,7 @@ void Optimizer::begin_step_with_norm(double global_norm) {
   ++step_;
 }
 
-double Optimizer::grad_sq(const Chunk& chunk) {
-  std::vector<std::pair<const float*, int64_t>> grads;
-  for (const Param& p : chunk.params()) {
-    if (p.trainable) grads.emplace_back(p.grad.data(), p.grad.numel());
-  }
-  const double norm = kernels::grad_global_norm(grads);
-  return norm * norm;
-}
+double Optimizer::grad_sq(const Chunk& chunk) { return grad_sq_range(chunk, 0, kWholeChunk); }
 
 double Optimizer::grad_sq_range(const Chunk& chunk, int64_t begin, int64_t end) {
   std::vector<std::pair<const float*, int64_t>> grads;
@@ -85,18 +83,7 @@ void Optimizer::update_range(Chunk& chunk, int64_t begin, int64_t end) {
 
 void Optimizer::update(Chunk& chunk) {
   PIPER_CHECK(step_ >= 1, "Optimizer::update before begin_step");
-  kernels::AdamWConfig cfg;
-  cfg.lr = learning_rate();
-  cfg.beta1 = spec_.beta1;
-  cfg.beta2 = spec_.beta2;
-  cfg.eps = spec_.eps;
-  cfg.weight_decay = spec_.weight_decay;
-  for (Param& p : chunk.params()) {
-    if (!p.trainable) continue;
-    Moments& mo = moments_.at(&p);
-    kernels::adamw_step(p.value.data(), p.grad.data(), mo.m.data(), mo.v.data(), p.value.numel(), cfg, step_,
-                        clip_scale_, p.decay);
-  }
+  update_range(chunk, 0, kWholeChunk);
 }
 
 std::vector<std::pair<std::string, Tensor*>> Optimizer::state() {
