@@ -5,6 +5,7 @@
 #include "piper/base/json.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
+#include "piper/cli/scenario.h"
 #include "piper/cost/estimate.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
@@ -14,13 +15,7 @@ namespace piper::cli {
 namespace {
 
 struct EstimateOptions {
-  std::string model;
-  std::string cluster;
-  int nodes = 1;
-  std::string strategy;
-  int64_t global_batch = 0;
-  int64_t seq_len = 4096;
-  std::string calibration;
+  ScenarioOptions scenario;
   bool json = false;
 };
 
@@ -63,19 +58,12 @@ void print_text(const cost::CostModel& cm, const Strategy& s, const cost::Estima
 }
 
 Status run_estimate(const EstimateOptions& o) {
-  PIPER_ASSIGN_OR_RETURN(ModelSpec model, load_model(o.model));
-  PIPER_ASSIGN_OR_RETURN(ClusterSpec cluster, load_cluster(o.cluster, o.nodes));
-  auto parsed = Strategy::parse(o.strategy);
-  if (!parsed.ok()) return parsed.status();
-  Strategy s = *parsed;
-  TrainSpec train;
-  train.global_batch = o.global_batch;  // 0: dp * microbatches * mbs
-  train.micro_batch_size = s.mbs;
-  train.seq_len = o.seq_len;
-  cost::Calibration calibration;
-  if (!o.calibration.empty()) {
-    PIPER_ASSIGN_OR_RETURN(calibration, cost::Calibration::load(o.calibration));
-  }
+  PIPER_ASSIGN_OR_RETURN(Scenario sc, load_scenario(o.scenario));
+  const ModelSpec& model = sc.model;
+  const ClusterSpec& cluster = sc.cluster;
+  const Strategy& s = sc.strategy;
+  const TrainSpec& train = sc.train;
+  const cost::Calibration& calibration = sc.calibration;
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
   cost::Estimate e;
   PIPER_RETURN_IF_ERROR(cm.estimate(s, &e));
@@ -96,17 +84,9 @@ Status run_estimate(const EstimateOptions& o) {
 
 PIPER_REGISTER_COMMAND(g_estimate, "estimate", "Closed-form memory, time and MFU of one strategy", [](CLI::App* sub) {
   auto o = std::make_shared<EstimateOptions>();
-  sub->add_option("--model", o->model, "model preset or config file")->required();
-  sub->add_option("--cluster", o->cluster, "cluster preset or file")->required();
-  sub->add_option("--nodes", o->nodes, "number of nodes")->required();
-  sub->add_option("--strategy", o->strategy, "compact strategy (dp=8,pp=4,...) or a JSON file")->required();
-  sub->add_option("--global-batch", o->global_batch, "sequences per step (default: dp*microbatches*mbs)");
-  sub->add_option("--seq", o->seq_len, "sequence length")->capture_default_str();
-  sub->add_option("--calibration", o->calibration, "calibration JSON (src/cost/device_model.h)");
+  add_scenario_options(sub, &o->scenario);
   sub->add_flag("--json", o->json, "print one JSON object");
   return std::function<Status()>([o] {
-    if (o->seq_len < 1) return invalid_argument("--seq=" + std::to_string(o->seq_len) + " must be >= 1");
-    if (o->global_batch < 0) return invalid_argument("--global-batch must be >= 1");
     return run_estimate(*o);
   });
 });

@@ -5,6 +5,7 @@
 #include "piper/base/json.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
+#include "piper/cli/scenario.h"
 #include "piper/report/chrome_trace.h"
 #include "piper/sim/simulate.h"
 #include "piper/spec/cluster_loader.h"
@@ -15,13 +16,7 @@ namespace piper::cli {
 namespace {
 
 struct SimulateOptions {
-  std::string model;
-  std::string cluster;
-  int nodes = 1;
-  std::string strategy;
-  int64_t global_batch = 0;
-  int64_t seq_len = 4096;
-  std::string calibration;
+  ScenarioOptions scenario;
   std::string trace;
   bool full = false;
   bool interleave = false;
@@ -51,22 +46,16 @@ void print_text(const ModelSpec& model, const ClusterSpec& c, const Strategy& s,
 }
 
 Status run_simulate(const SimulateOptions& o) {
-  PIPER_ASSIGN_OR_RETURN(ModelSpec model, load_model(o.model));
-  PIPER_ASSIGN_OR_RETURN(ClusterSpec cluster, load_cluster(o.cluster, o.nodes));
-  PIPER_ASSIGN_OR_RETURN(Strategy s, Strategy::parse(o.strategy));
-  TrainSpec train;
-  train.global_batch = o.global_batch;
-  train.micro_batch_size = s.mbs;
-  train.seq_len = o.seq_len;
-  cost::Calibration calibration;
-  if (!o.calibration.empty()) {
-    PIPER_ASSIGN_OR_RETURN(calibration, cost::Calibration::load(o.calibration));
-  }
+  PIPER_ASSIGN_OR_RETURN(Scenario sc, load_scenario(o.scenario));
+  const ModelSpec& model = sc.model;
+  const ClusterSpec& cluster = sc.cluster;
+  const Strategy& s = sc.strategy;
+  const TrainSpec& train = sc.train;
   sim::SimOptions options;
   options.full = o.full;
   options.interleave_overlap = o.interleave;
   options.record_timeline = !o.trace.empty();
-  PIPER_ASSIGN_OR_RETURN(sim::SimReport r, sim::simulate(model, cluster, train, s, calibration, options));
+  PIPER_ASSIGN_OR_RETURN(sim::SimReport r, sim::simulate(model, cluster, train, s, sc.calibration, options));
   if (!o.trace.empty()) {
     PIPER_RETURN_IF_ERROR(report::write_chrome_trace(o.trace, r.compiled.plan, r.sim));
   }
@@ -77,7 +66,7 @@ Status run_simulate(const SimulateOptions& o) {
     j["nodes"] = cluster.num_nodes;
     j["strategy"] = s.to_json();
     j["seq_len"] = train.seq_len;
-    j["global_batch"] = o.global_batch > 0 ? o.global_batch : s.global_batch();
+    j["global_batch"] = train.global_batch > 0 ? train.global_batch : s.global_batch();
     if (!o.trace.empty()) j["trace"] = o.trace;
     print_json(j.dump(2));
   } else {
@@ -89,21 +78,13 @@ Status run_simulate(const SimulateOptions& o) {
 
 PIPER_REGISTER_COMMAND(g_simulate, "simulate", "Execute a compiled strategy on the modelled cluster", [](CLI::App* sub) {
   auto o = std::make_shared<SimulateOptions>();
-  sub->add_option("--model", o->model, "model preset or config file")->required();
-  sub->add_option("--cluster", o->cluster, "cluster preset or file")->required();
-  sub->add_option("--nodes", o->nodes, "number of nodes")->required();
-  sub->add_option("--strategy", o->strategy, "compact strategy (dp=8,pp=4,...) or a JSON file")->required();
-  sub->add_option("--global-batch", o->global_batch, "sequences per step (default: dp*microbatches*mbs)");
-  sub->add_option("--seq", o->seq_len, "sequence length")->capture_default_str();
-  sub->add_option("--calibration", o->calibration, "calibration JSON (src/cost/device_model.h)");
+  add_scenario_options(sub, &o->scenario);
   sub->add_option("--trace", o->trace, "write a Chrome trace JSON of the step to this file");
   sub->add_flag("--full", o->full, "simulate every rank (default: one representative per pipeline rank)");
   sub->add_flag("--interleave-overlap", o->interleave,
                  "compile may-overlap slots (dualpipev, af-pipe F&B pairs) chunk by chunk (lower.h)");
   sub->add_flag("--json", o->json, "print one JSON object");
   return std::function<Status()>([o] {
-    if (o->seq_len < 1) return invalid_argument("--seq=" + std::to_string(o->seq_len) + " must be >= 1");
-    if (o->global_batch < 0) return invalid_argument("--global-batch must be >= 1");
     return run_simulate(*o);
   });
 });

@@ -1,0 +1,34 @@
+#include "piper/cli/scenario.h"
+
+#include "piper/spec/cluster_loader.h"
+#include "piper/spec/model_loader.h"
+
+namespace piper::cli {
+
+void add_scenario_options(CLI::App* sub, ScenarioOptions* o) {
+  sub->add_option("--model", o->model, "model preset or config file")->required();
+  sub->add_option("--cluster", o->cluster, "cluster preset or file")->required();
+  sub->add_option("--nodes", o->nodes, "number of nodes")->required();
+  sub->add_option("--strategy", o->strategy, "compact strategy (dp=8,pp=4,...) or a JSON file")->required();
+  sub->add_option("--global-batch", o->global_batch, "sequences per step (default: dp*microbatches*mbs)");
+  sub->add_option("--seq", o->seq_len, "sequence length")->capture_default_str();
+  sub->add_option("--calibration", o->calibration, "calibration JSON (src/cost/device_model.h)");
+}
+
+Result<Scenario> load_scenario(const ScenarioOptions& o) {
+  if (o.seq_len < 1) return invalid_argument("--seq=" + std::to_string(o.seq_len) + " must be >= 1");
+  if (o.global_batch < 0) return invalid_argument("--global-batch must be >= 1");
+  Scenario sc;
+  PIPER_ASSIGN_OR_RETURN(sc.model, load_model(o.model));
+  PIPER_ASSIGN_OR_RETURN(sc.cluster, load_cluster(o.cluster, o.nodes));
+  PIPER_ASSIGN_OR_RETURN(sc.strategy, Strategy::parse(o.strategy));
+  sc.train.global_batch = o.global_batch;
+  sc.train.micro_batch_size = sc.strategy.mbs;
+  sc.train.seq_len = o.seq_len;
+  if (!o.calibration.empty()) {
+    PIPER_ASSIGN_OR_RETURN(sc.calibration, cost::Calibration::load(o.calibration));
+  }
+  return sc;
+}
+
+}  // namespace piper::cli

@@ -1,0 +1,43 @@
+// The scenario options shared by `piper estimate` and `piper simulate`: model, cluster, node count, strategy,
+// batch, sequence length and device calibration, registered and loaded in one place so both commands accept
+// and check them the same way.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "piper/base/status.h"
+#include "piper/cli/command.h"
+#include "piper/cost/device_model.h"
+#include "piper/spec/cluster_spec.h"
+#include "piper/spec/model_spec.h"
+#include "piper/spec/train_spec.h"
+#include "piper/strategy/strategy.h"
+
+namespace piper::cli {
+
+struct ScenarioOptions {
+  std::string model;
+  std::string cluster;
+  int nodes = 1;
+  std::string strategy;
+  int64_t global_batch = 0;  // 0: dp * microbatches * mbs
+  int64_t seq_len = 4096;
+  std::string calibration;
+};
+
+struct Scenario {
+  ModelSpec model;
+  ClusterSpec cluster;
+  Strategy strategy;
+  TrainSpec train;
+  cost::Calibration calibration;
+};
+
+// --model, --cluster, --nodes, --strategy (required), --global-batch, --seq, --calibration.
+void add_scenario_options(CLI::App* sub, ScenarioOptions* o);
+
+// Checks --seq and --global-batch, then loads the model, cluster, strategy and calibration.
+Result<Scenario> load_scenario(const ScenarioOptions& o);
+
+}  // namespace piper::cli
