@@ -4,6 +4,7 @@
 // printed with its rank and the job exits non-zero (mpirun then stops the other ranks).
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -12,9 +13,11 @@
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
+#include "piper/cli/train_report.h"
 #include "piper/comm/launch.h"
 #include "piper/comm/mpi/mpi_communicator.h"
 #include "piper/kernels/cpu/gemm.h"
+#include "piper/runtime/trace.h"
 #include "piper/runtime/trainer.h"
 #include "piper/spec/model_loader.h"
 
@@ -35,8 +38,28 @@ struct TrainCliOptions {
   int threads = 0;
   std::string save;
   std::string resume;
+  std::string trace;
+  std::string calibration;
+  std::string comm_calibration;
   bool json = false;
 };
+
+constexpr double kReportTimeoutS = 120;
+
+// All ranks' measurements on every rank (one rank: just `mine`).
+Result<std::vector<RankMeasurement>> gather_measurements(comm::Communicator* world, const RankMeasurement& mine) {
+  if (world == nullptr) return std::vector<RankMeasurement>{mine};
+  const double in[3] = {mine.step_time_s, mine.compute_s, static_cast<double>(mine.peak_bytes)};
+  std::vector<double> all(static_cast<size_t>(3 * world->size()));
+  PIPER_ASSIGN_OR_RETURN(comm::Handle h, world->all_gather(in, all.data(), sizeof(in)));
+  PIPER_RETURN_IF_ERROR(world->wait(h, kReportTimeoutS));
+  std::vector<RankMeasurement> out;
+  for (int r = 0; r < world->size(); ++r) {
+    const double* v = &all[static_cast<size_t>(3 * r)];
+    out.push_back(RankMeasurement{v[0], v[1], static_cast<int64_t>(v[2])});
+  }
+  return out;
+}
 
 Json memory_json(const MemoryStats& m) {
   Json j;
@@ -73,6 +96,9 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   PIPER_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(t));
   if (!o.resume.empty()) PIPER_RETURN_IF_ERROR(trainer->resume(o.resume));
   const auto& plan = trainer->compiled().plan;
+  // The machine the predictions are for; loaded now so that a bad calibration file fails before training.
+  PIPER_ASSIGN_OR_RETURN(LocalMachine machine,
+                         local_cluster(plan.world_size, kernels::kernel_threads(), o.calibration, o.comm_calibration));
   if (!o.json && !quiet) {
     std::printf("model     %s (%s trainable parameters)\n", t.model.name.c_str(),
                 format_count(static_cast<double>(trainer->model().num_params())).c_str());
@@ -90,14 +116,31 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
                 o.data.empty() ? "(default corpus)" : o.data.c_str(), static_cast<unsigned long long>(o.seed),
                 o.resume.empty() ? "" : (", resumed at step " + std::to_string(trainer->steps_done())).c_str());
   }
+  // --trace: every rank records its timeline from a common origin (taken right after a barrier).
+  std::unique_ptr<runtime::TraceRecorder> recorder;
+  if (!o.trace.empty()) {
+    const int rank = world != nullptr ? world->rank() : 0;
+    recorder = std::make_unique<runtime::TraceRecorder>(rank, plan.coords[static_cast<size_t>(rank)].pp,
+                                                        &trainer->memory_tracker());
+    trainer->executor().set_trace(recorder.get());
+    if (world != nullptr) {
+      PIPER_ASSIGN_OR_RETURN(comm::Handle b, world->barrier());
+      PIPER_RETURN_IF_ERROR(world->wait(b, kReportTimeoutS));
+    }
+    recorder->start();
+  }
   Json steps = Json::array();
-  double loss_first = 0, loss_last = 0, seconds = 0, steady_seconds = 0;
+  double loss_first = 0, loss_last = 0, seconds = 0, steady_seconds = 0, compute_seconds = 0, steady_compute = 0;
   for (int64_t i = 0; i < o.steps; ++i) {
     PIPER_ASSIGN_OR_RETURN(runtime::TrainStepStats s, trainer->step());
     if (i == 0) loss_first = s.loss;
     loss_last = s.loss;
     seconds += s.seconds;
+    double step_compute = 0;
+    for (const auto& [task, task_s] : s.task_seconds) step_compute += task_s;
+    compute_seconds += step_compute;
     if (i > 0) steady_seconds += s.seconds;
+    if (i > 0) steady_compute += step_compute;
     steps.push_back(Json{{"step", s.step}, {"loss", s.loss}, {"aux_loss", s.aux_loss}, {"grad_norm", s.grad_norm},
                          {"seconds", s.seconds}});
     if (!o.json && !quiet) {
@@ -108,14 +151,31 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
     }
   }
   if (!o.save.empty()) PIPER_RETURN_IF_ERROR(trainer->save(o.save));
-  if (quiet) return ok_status();
+  if (recorder != nullptr) trainer->executor().set_trace(nullptr);
   // Throughput over the steps after the first (which pays for first-touch page faults), unless there is one.
   const int64_t timed_steps = o.steps > 1 ? o.steps - 1 : 1;
   const double timed_seconds = o.steps > 1 ? steady_seconds : seconds;
+  // Every rank's measurements (and timeline) go to rank 0.
+  const MemoryStats mem = trainer->memory();
+  RankMeasurement mine;
+  mine.step_time_s = timed_seconds / static_cast<double>(timed_steps);
+  mine.compute_s = (o.steps > 1 ? steady_compute : compute_seconds) / static_cast<double>(timed_steps);
+  mine.peak_bytes = mem.peak_total_bytes;
+  PIPER_ASSIGN_OR_RETURN(std::vector<RankMeasurement> measured, gather_measurements(world, mine));
+  std::vector<runtime::RankTimeline> timelines;
+  if (recorder != nullptr) {
+    if (world != nullptr) {
+      PIPER_ASSIGN_OR_RETURN(timelines, runtime::gather_timelines(*world, recorder->timeline(), kReportTimeoutS));
+    } else {
+      timelines.push_back(recorder->timeline());
+    }
+  }
+  if (quiet) return ok_status();
+  if (!o.trace.empty()) PIPER_RETURN_IF_ERROR(write_train_trace(o.trace, plan, timelines, mine.step_time_s));
+  PIPER_ASSIGN_OR_RETURN(PredictionReport prediction, predict_vs_measured(*trainer, machine, measured));
   const double tokens_per_s =
       timed_seconds > 0 ? static_cast<double>(trainer->tokens_per_step() * timed_steps) / timed_seconds : 0;
   const double flops = tokens_per_s * trainer->flops_per_token();
-  const MemoryStats mem = trainer->memory();
   const double predicted = trainer->predicted_memory().total();
   if (o.json) {
     Json j{{"model", t.model.name},
@@ -133,6 +193,8 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
            {"pool_reserved_peak_bytes", trainer->reserved_peak_bytes()},
            {"seconds", seconds},
            {"ranks", plan.world_size}};
+    j["predicted_vs_measured"] = prediction.to_json();
+    if (!o.trace.empty()) j["trace"] = o.trace;
     if (!o.save.empty()) j["saved"] = o.save;
     print_json(j.dump(2));
   } else {
@@ -153,6 +215,8 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
                   format_bytes(pred[c]).c_str());
     }
     std::printf("\n");
+    prediction.print();
+    if (!o.trace.empty()) std::printf("trace     %s (measured timeline, Chrome/Perfetto)\n", o.trace.c_str());
     if (!o.save.empty()) std::printf("checkpoint saved to %s\n", o.save.c_str());
   }
   return ok_status();
@@ -171,6 +235,13 @@ Status run_train(const TrainCliOptions& o) {
   if (o.steps < 1) return invalid_argument("--steps must be >= 1, got " + std::to_string(o.steps));
   if (o.threads < 0) return invalid_argument("--threads must be >= 0 (0 = all cores)");
   if (o.ranks < 0) return invalid_argument("--ranks must be >= 1, got " + std::to_string(o.ranks));
+  if (!o.trace.empty()) {
+    const std::filesystem::path dir = std::filesystem::path(o.trace).parent_path();
+    if (!dir.empty() && !std::filesystem::is_directory(dir)) {
+      return invalid_argument("--trace " + o.trace + ": directory '" + dir.string() +
+                              "' does not exist; create it or write the trace elsewhere");
+    }
+  }
   if (comm::launched_by_mpi()) {
     PIPER_RETURN_IF_ERROR(comm::mpi_init(nullptr, nullptr));
     int rank = 0;
@@ -211,6 +282,11 @@ PIPER_REGISTER_COMMAND(g_train, "train", "Train a model through its compiled Pla
   sub->add_option("--threads", o->threads, "kernel threads (0 = all cores)")->capture_default_str();
   sub->add_option("--save", o->save, "write a checkpoint to this directory at the end");
   sub->add_option("--resume", o->resume, "resume from a checkpoint directory");
+  sub->add_option("--trace", o->trace, "write the measured timeline of every rank as a Chrome/Perfetto trace");
+  sub->add_option("--calibration", o->calibration,
+                  "device calibration JSON for the predictions (src/cost/device_model.h)");
+  sub->add_option("--comm-calibration", o->comm_calibration,
+                  "link calibration for the predictions (`piper bench comm --calibration-out F`)");
   sub->add_flag("--json", o->json, "print one JSON object");
   return std::function<Status()>([o] { return run_train(*o); });
 });

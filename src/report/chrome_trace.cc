@@ -2,7 +2,7 @@
 
 namespace piper::report {
 
-Json chrome_trace(const compile::Plan& plan, const sim::SimResult& result) {
+Json chrome_trace(const compile::Plan& plan, const sim::SimResult& result, const std::string& generator) {
   Json events = Json::array();
   constexpr double kUs = 1e6;
   for (const sim::RankStats& r : result.ranks) {
@@ -55,13 +55,14 @@ Json chrome_trace(const compile::Plan& plan, const sim::SimResult& result) {
   j["displayTimeUnit"] = "ms";
   j["otherData"] = {{"step_time_s", result.step_time_s},
                     {"representative_ranks", result.reduced},
-                    {"generator", "piper simulate"}};
+                    {"generator", generator}};
   return j;
 }
 
-Status write_chrome_trace(const std::string& path, const compile::Plan& plan, const sim::SimResult& result) {
+Status write_chrome_trace(const std::string& path, const compile::Plan& plan, const sim::SimResult& result,
+                          const std::string& generator) {
   if (path.empty()) return invalid_argument("--trace needs a file name");
-  return write_text_file(path, chrome_trace(plan, result).dump());
+  return write_text_file(path, chrome_trace(plan, result, generator).dump());
 }
 
 }  // namespace piper::report

@@ -18,9 +18,13 @@
 
 namespace piper::report {
 
-Json chrome_trace(const compile::Plan& plan, const sim::SimResult& result);
+// `generator` goes to otherData.generator ("piper train" writes measured timelines in the same form: spans and
+// memory samples of every rank and step, step_time_s the measured mean).
+Json chrome_trace(const compile::Plan& plan, const sim::SimResult& result,
+                  const std::string& generator = "piper simulate");
 
 // Writes chrome_trace() to `path`; errors name the path.
-Status write_chrome_trace(const std::string& path, const compile::Plan& plan, const sim::SimResult& result);
+Status write_chrome_trace(const std::string& path, const compile::Plan& plan, const sim::SimResult& result,
+                          const std::string& generator = "piper simulate");
 
 }  // namespace piper::report

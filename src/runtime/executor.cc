@@ -2,6 +2,7 @@
 
 #include "piper/kernels/cpu/gemm.h"
 #include "piper/runtime/executor_impl.h"
+#include "piper/runtime/trace.h"
 
 #include <algorithm>
 #include <chrono>
@@ -172,6 +173,7 @@ Executor::~Executor() = default;
 int Executor::num_microbatches() const { return impl_->num_mb; }
 int Executor::num_streams() const { return static_cast<int>(impl_->streams.size()); }
 int64_t Executor::planned_peak_bytes() const { return impl_->planned_peak; }
+void Executor::set_trace(TraceRecorder* recorder) { impl_->trace = recorder; }
 
 Status Executor::Impl::compute(const Task& t) {
   StepContext ctx{num_mb, allocator};
@@ -365,12 +367,15 @@ Status Executor::Impl::execute(const Task& t) {
 }
 
 void Executor::Impl::run_stream(size_t s) {
-  for (const Task& t : streams[s]) {
+  for (size_t i = 0; i < streams[s].size(); ++i) {
+    const Task& t = streams[s][i];
     {
       std::lock_guard<std::mutex> lock(mu);
       if (failed) return;
     }
+    const auto begin = trace != nullptr ? TraceRecorder::Clock::now() : TraceRecorder::Clock::time_point{};
     Status st = execute(t);
+    if (trace != nullptr) trace->record(static_cast<int>(s), static_cast<int>(i), begin, TraceRecorder::Clock::now());
     if (!st.ok()) {
       fail(st.with_context("executor: " + t.in->label));
       return;

@@ -46,6 +46,7 @@
 namespace piper::runtime {
 
 class DistContext;
+class TraceRecorder;
 
 struct StepResult {
   double loss = 0;       // mean over microbatches of the mean token cross-entropy
@@ -76,6 +77,9 @@ class Executor {
   int num_streams() const;
   // Largest sum of live activation-buffer bytes the plan's alloc/free instructions describe (its estimate).
   int64_t planned_peak_bytes() const;
+  // Records every executed instruction's span into `recorder` (runtime/trace.h) from now on; null stops.
+  // The recorder must outlive the executor or be unset first. Not while a step runs.
+  void set_trace(TraceRecorder* recorder);
 
  private:
   struct Impl;

@@ -61,6 +61,7 @@ struct Executor::Impl {
   Optimizer* optimizer = nullptr;
   Allocator* allocator = nullptr;
   DistContext* dist = nullptr;  // null on one rank
+  TraceRecorder* trace = nullptr;  // null: no timeline recorded
   std::vector<std::vector<Task>> streams;
   std::map<int, StashKey> buffer_owner;
   std::map<Chunk*, int> updates_expected;

@@ -62,6 +62,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   train.optimizer = options.optimizer;
   PIPER_RETURN_IF_ERROR(train.validate());
   PIPER_RETURN_IF_ERROR(t->strategy_.validate_for(options.model, train, options.ranks));
+  t->train_ = train;
   auto compiled = compile::compile_strategy(options.model, train, t->strategy_);
   if (!compiled.ok()) return compiled.status();
   t->compiled_ = std::move(compiled).value();

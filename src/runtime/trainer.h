@@ -75,6 +75,10 @@ class Trainer {
   Model& model() { return *model_; }
   Executor& executor() { return *executor_; }
   MemoryStats memory() const { return tracker_.stats(); }
+  // The tracker every tensor of this rank is counted in (e.g. for a TraceRecorder's memory track).
+  const MemoryTracker& memory_tracker() const { return tracker_; }
+  // The training setup the plan was compiled for (fp32 everywhere, the strategy's mbs).
+  const TrainSpec& train_spec() const { return train_; }
   // Bytes the memory pool holds from the system at most (in use + cached for reuse).
   int64_t reserved_peak_bytes() const { return allocator_->peak_reserved_bytes(); }
   const cost::MemoryBreakdown& predicted_memory() const { return predicted_; }
@@ -99,6 +103,7 @@ class Trainer {
   std::unique_ptr<DistContext> dist_;
   std::unique_ptr<Executor> executor_;
   cost::MemoryBreakdown predicted_;
+  TrainSpec train_;
   double flops_per_token_ = 0;
   Batch batch_;
   Batch local_batch_;  // multi-rank: this rank's data-parallel slice of batch_

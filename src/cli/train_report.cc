@@ -1,0 +1,167 @@
+#include "piper/cli/train_report.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <thread>
+
+#include "piper/base/strings.h"
+#include "piper/base/units.h"
+#include "piper/cost/estimate.h"
+#include "piper/report/chrome_trace.h"
+#include "piper/sim/simulate.h"
+#include "piper/spec/cluster_loader.h"
+#include "piper/spec/comm_calibration.h"
+
+namespace piper::cli {
+
+Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::string& calibration,
+                                   const std::string& comm_calibration) {
+  if (ranks < 1) return invalid_argument("local cluster: ranks must be >= 1, got " + std::to_string(ranks));
+  LocalMachine m;
+  PIPER_ASSIGN_OR_RETURN(m.cluster, load_cluster("local-cpu", 1));
+  m.cluster.node.devices_per_node = ranks;
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  m.cores_per_rank = std::min(static_cast<double>(std::max(1, kernel_threads)), cores / ranks);
+  DeviceSpec& d = m.cluster.device;
+  d.peak_flops_fp32 *= m.cores_per_rank;
+  d.peak_flops_bf16 *= m.cores_per_rank;
+  d.peak_flops_fp8 *= m.cores_per_rank;
+  d.memory_bw_bytes_per_s *= m.cores_per_rank;
+  std::vector<std::string> sources;
+  if (!comm_calibration.empty()) {
+    PIPER_RETURN_IF_ERROR(load_comm_calibration(comm_calibration, &m.cluster));
+    sources.push_back("links from " + comm_calibration);
+  }
+  if (!calibration.empty()) {
+    PIPER_ASSIGN_OR_RETURN(m.calibration, cost::Calibration::load(calibration));
+    sources.push_back("device from " + calibration);
+  }
+  m.calibration.workspace_bytes = 0;  // no CUDA context or cuBLAS/NCCL workspace on a CPU rank
+  PIPER_RETURN_IF_ERROR(m.cluster.validate());
+  m.calibration_source = sources.empty() ? "preset figures (no calibration file)" : join(sources, ", ");
+  return m;
+}
+
+Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, const LocalMachine& machine,
+                                             const std::vector<RankMeasurement>& measured) {
+  const compile::Plan& plan = trainer.compiled().plan;
+  if (static_cast<int>(measured.size()) != plan.world_size) {
+    return internal_error("predict_vs_measured: " + std::to_string(measured.size()) + " measurements for " +
+                          std::to_string(plan.world_size) + " ranks");
+  }
+  const ModelSpec& model = trainer.options().model;
+  const TrainSpec& train = trainer.train_spec();
+  PredictionReport r;
+  r.machine = machine;
+  sim::SimOptions so;
+  so.full = true;  // every rank: the runs here are small
+  PIPER_ASSIGN_OR_RETURN(sim::SimReport sim,
+                         sim::simulate(model, machine.cluster, train, trainer.strategy(), machine.calibration, so));
+  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, machine.cluster, train,
+                                                                     machine.calibration));
+  PIPER_ASSIGN_OR_RETURN(cost::Estimate e, cm.estimate(trainer.strategy()));
+  r.sim_step_s = sim.step_time_s;
+  r.model_step_s = e.step_time_s;
+  for (int rank = 0; rank < plan.world_size; ++rank) {
+    RankComparison c;
+    c.rank = rank;
+    c.pp_rank = plan.coords[static_cast<size_t>(rank)].pp;
+    c.measured = measured[static_cast<size_t>(rank)];
+    c.sim_step_s = sim.step_time_s;
+    c.model_step_s = e.step_time_s;
+    for (const sim::RankStats& s : sim.sim.ranks) {
+      if (s.rank != rank) continue;
+      c.sim_busy_s = s.busy_s;
+      c.sim_peak_bytes = static_cast<double>(s.peak_bytes);
+    }
+    if (c.pp_rank < static_cast<int>(e.ranks.size())) c.model_peak_bytes = e.ranks[static_cast<size_t>(c.pp_rank)].total();
+    r.ranks.push_back(c);
+  }
+  return r;
+}
+
+namespace {
+
+std::string ratio(double measured, double predicted) {
+  if (predicted <= 0) return "    -";
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%5.2fx", measured / predicted);
+  return buf;
+}
+
+}  // namespace
+
+void PredictionReport::print() const {
+  const int n = machine.cluster.world_size();
+  std::printf("\npredicted vs measured: local-cpu, %d rank%s at %.2f core%s each, %s\n", n, n == 1 ? "" : "s",
+              machine.cores_per_rank, machine.cores_per_rank == 1 ? "" : "s", machine.calibration_source.c_str());
+  std::printf(" %4s %3s | %10s %10s %10s %7s | %10s %10s | %10s %10s %10s %7s\n", "rank", "pp", "step", "sim",
+              "model", "x sim", "compute", "sim busy", "peak mem", "sim", "model", "x model");
+  for (const RankComparison& c : ranks) {
+    std::printf(" %4d %3d | %10s %10s %10s %7s | %10s %10s | %10s %10s %10s %7s\n", c.rank, c.pp_rank,
+                format_seconds(c.measured.step_time_s).c_str(), format_seconds(c.sim_step_s).c_str(),
+                format_seconds(c.model_step_s).c_str(), ratio(c.measured.step_time_s, c.sim_step_s).c_str(),
+                format_seconds(c.measured.compute_s).c_str(), format_seconds(c.sim_busy_s).c_str(),
+                format_bytes(static_cast<double>(c.measured.peak_bytes)).c_str(),
+                format_bytes(c.sim_peak_bytes).c_str(), format_bytes(c.model_peak_bytes).c_str(),
+                ratio(static_cast<double>(c.measured.peak_bytes), c.model_peak_bytes).c_str());
+  }
+  std::printf(" (step: measured mean after the first step; compute: wall time in compute and update tasks per step; "
+              "x: measured / predicted)\n");
+}
+
+Json PredictionReport::to_json() const {
+  Json ranks_json = Json::array();
+  for (const RankComparison& c : ranks) {
+    ranks_json.push_back({{"rank", c.rank},
+                          {"pp_rank", c.pp_rank},
+                          {"measured", {{"step_time_s", c.measured.step_time_s},
+                                        {"compute_s", c.measured.compute_s},
+                                        {"peak_memory_bytes", c.measured.peak_bytes}}},
+                          {"simulated", {{"step_time_s", c.sim_step_s},
+                                         {"busy_s", c.sim_busy_s},
+                                         {"peak_memory_bytes", c.sim_peak_bytes}}},
+                          {"resource_model", {{"step_time_s", c.model_step_s},
+                                              {"peak_memory_bytes", c.model_peak_bytes}}}});
+  }
+  return Json{{"cluster", machine.cluster.name},
+              {"ranks_on_node", machine.cluster.world_size()},
+              {"cores_per_rank", machine.cores_per_rank},
+              {"calibration", machine.calibration_source},
+              {"simulated_step_time_s", sim_step_s},
+              {"resource_model_step_time_s", model_step_s},
+              {"ranks", ranks_json}};
+}
+
+Status write_train_trace(const std::string& path, const compile::Plan& plan,
+                         const std::vector<runtime::RankTimeline>& timelines, double step_time_s) {
+  sim::SimResult measured;
+  measured.step_time_s = step_time_s;
+  measured.reduced = false;
+  for (const runtime::RankTimeline& t : timelines) {
+    if (t.rank < 0 || t.rank >= plan.world_size) {
+      return internal_error("--trace: timeline of rank " + std::to_string(t.rank) + " outside the plan's " +
+                            std::to_string(plan.world_size) + " ranks");
+    }
+    const compile::Program& prog = plan.program(t.rank);
+    sim::RankStats r;
+    r.rank = t.rank;
+    r.pp_rank = t.pp_rank;
+    for (const runtime::TraceSpan& s : t.spans) {
+      if (s.stream < 0 || static_cast<size_t>(s.stream) >= prog.streams.size() || s.instr < 0 ||
+          static_cast<size_t>(s.instr) >= prog.streams[static_cast<size_t>(s.stream)].instrs.size()) {
+        return internal_error("--trace: rank " + std::to_string(t.rank) + " recorded instruction " +
+                              std::to_string(s.instr) + " of stream " + std::to_string(s.stream) +
+                              ", which its program lacks");
+      }
+      r.spans.push_back(sim::InstrSpan{s.stream, s.instr, s.start_s, s.end_s});
+    }
+    for (const runtime::TraceMemorySample& m : t.memory) r.memory.push_back(sim::MemorySample{m.time_s, m.live_bytes});
+    measured.ranks.push_back(std::move(r));
+  }
+  Status st = report::write_chrome_trace(path, plan, measured, "piper train");
+  if (!st.ok()) return st.with_context("--trace " + path);
+  return ok_status();
+}
+
+}  // namespace piper::cli

@@ -1,0 +1,71 @@
+// What `piper train` reports at the end of a run besides the losses: the measured timeline as a Chrome trace
+// (--trace) and, per rank, the measured step time, compute time and peak memory beside the simulator's
+// (src/sim, the same strategy compiled for the same model and batch) and the resource model's (src/cost)
+// predictions on a ClusterSpec of this machine.
+//
+// The ClusterSpec of this machine (local_cluster): the `local-cpu` preset (one device = one CPU core) with one
+// device per rank, each device's FLOP/s and memory bandwidth scaled by the cores a rank really has:
+//   cores_per_rank = min(kernel threads, hardware cores / ranks)
+// (4 ranks on 2 cores: 0.5; one rank with 2 threads: 2). `comm_calibration` (from `piper bench comm
+// --calibration-out F`, src/spec/comm_calibration.h) replaces the link latency and bandwidth; `calibration`
+// (src/cost/device_model.h JSON) the GEMM efficiency curve. A CPU rank has no CUDA workspace: workspace_bytes = 0
+// as in Trainer::predicted_memory().
+// Rank 0 calls these; the measurements of every rank are gathered by the caller (cmd_train.cc).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "piper/base/json.h"
+#include "piper/base/status.h"
+#include "piper/cost/device_model.h"
+#include "piper/runtime/trace.h"
+#include "piper/runtime/trainer.h"
+#include "piper/spec/cluster_spec.h"
+
+namespace piper::cli {
+
+// One rank's measurements, means over the timed steps (all but the first when there are several).
+struct RankMeasurement {
+  double step_time_s = 0;
+  double compute_s = 0;  // wall seconds in compute and update tasks per step (all streams)
+  int64_t peak_bytes = 0;
+};
+
+struct LocalMachine {
+  ClusterSpec cluster;
+  cost::Calibration calibration;
+  double cores_per_rank = 1;
+  std::string calibration_source;  // "preset" or the files used
+};
+
+// Errors: unreadable or invalid calibration files (named).
+Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::string& calibration,
+                                   const std::string& comm_calibration);
+
+struct RankComparison {
+  int rank = 0, pp_rank = 0;
+  RankMeasurement measured;
+  double sim_step_s = 0, sim_busy_s = 0, sim_peak_bytes = 0;
+  double model_step_s = 0, model_peak_bytes = 0;
+};
+
+struct PredictionReport {
+  LocalMachine machine;
+  std::vector<RankComparison> ranks;  // ascending rank
+  double sim_step_s = 0, model_step_s = 0;
+
+  void print() const;
+  Json to_json() const;
+};
+
+// Simulates and estimates the trainer's strategy on `machine` and pairs it with `measured` (one per rank).
+Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, const LocalMachine& machine,
+                                             const std::vector<RankMeasurement>& measured);
+
+// The gathered timelines in the simulator's trace form (report/chrome_trace.h), written to `path`.
+Status write_train_trace(const std::string& path, const compile::Plan& plan,
+                         const std::vector<runtime::RankTimeline>& timelines, double step_time_s);
+
+}  // namespace piper::cli

@@ -1,0 +1,149 @@
+// End-to-end: `piper train --trace FILE` (the measured timeline in the simulator's Chrome-trace form, gathered
+// from every rank) and the predicted-vs-measured report (simulator and resource model beside the measurements).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "piper/base/json.h"
+
+namespace {
+
+std::string run(const std::string& args, int* rc, bool json) {
+  std::string cmd = std::string(PIPER_BIN_PATH) + " " + args + (json ? " 2>/dev/null" : " 2>&1");
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), f)) out.append(buf.data(), n);
+  *rc = pclose(f);
+  return out;
+}
+
+std::string temp_file(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("piper_trace_" + std::to_string(::getpid()) + "_" + name))
+      .string();
+}
+
+piper::Json read_json(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return piper::Json::parse(ss.str());
+}
+
+// Checks the trace's form and returns the number of ranks (processes) in it.
+size_t check_trace(const piper::Json& trace, int steps) {
+  EXPECT_EQ(trace["otherData"]["generator"], "piper train");
+  EXPECT_GT(trace["otherData"]["step_time_s"].get<double>(), 0);
+  std::set<int> processes, counter_pids;
+  std::map<int, std::set<int>> threads;
+  std::map<std::pair<int, std::string>, int> span_count;
+  for (const auto& e : trace["traceEvents"]) {
+    const std::string ph = e["ph"];
+    const int pid = e["pid"];
+    if (ph == "M" && e["name"] == "process_name") processes.insert(pid);
+    if (ph == "M" && e["name"] == "thread_name") threads[pid].insert(e["tid"].get<int>());
+    if (ph == "C") {
+      EXPECT_EQ(e["name"], "memory");
+      EXPECT_GT(e["args"]["GiB"].get<double>(), 0);
+      counter_pids.insert(pid);
+    }
+    if (ph == "X") {
+      EXPECT_GE(e["ts"].get<double>(), 0);
+      EXPECT_GE(e["dur"].get<double>(), 0);
+      EXPECT_TRUE(threads[pid].count(e["tid"].get<int>())) << e.dump();
+      EXPECT_TRUE(e["args"].contains("mb"));
+      span_count[{pid, e["name"].get<std::string>()}]++;
+    }
+  }
+  EXPECT_EQ(counter_pids, processes);
+  EXPECT_FALSE(span_count.empty());
+  // Every instruction label of a rank ran once per step ("L0.attn.F.mb1", ...).
+  bool forward_mb1 = false;
+  for (const auto& [key, n] : span_count) {
+    EXPECT_EQ(n, steps) << "rank " << key.first << " " << key.second;
+    forward_mb1 = forward_mb1 || key.second.find(".F.mb1") != std::string::npos;
+  }
+  EXPECT_TRUE(forward_mb1);
+  return processes.size();
+}
+
+TEST(CliTrainReport, OneRankTraceAndPrediction) {
+  const std::string path = temp_file("one.json");
+  int rc = 0;
+  std::string out = run("train --model tiny-moe --ranks 1 --seq 16 --global-batch 4 "
+                        "--strategy microbatches=2,mbs=2 --steps 2 --json --trace " + path, &rc, true);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = piper::Json::parse(out);
+  EXPECT_EQ(j["trace"], path);
+  const auto& p = j["predicted_vs_measured"];
+  ASSERT_EQ(p["ranks"].size(), 1u);
+  const auto& r = p["ranks"][0];
+  EXPECT_GT(r["measured"]["step_time_s"].get<double>(), 0);
+  EXPECT_GT(r["measured"]["compute_s"].get<double>(), 0);
+  EXPECT_LE(r["measured"]["compute_s"].get<double>(), r["measured"]["step_time_s"].get<double>() * 1.01);
+  EXPECT_EQ(r["measured"]["peak_memory_bytes"], j["peak_memory_bytes"]);
+  EXPECT_GT(r["simulated"]["step_time_s"].get<double>(), 0);
+  EXPECT_GT(r["simulated"]["peak_memory_bytes"].get<double>(), 0);
+  EXPECT_DOUBLE_EQ(r["resource_model"]["peak_memory_bytes"].get<double>(),
+                   j["predicted_peak_memory_bytes"].get<double>());
+  EXPECT_EQ(p["cluster"], "local-cpu");
+  EXPECT_EQ(check_trace(read_json(path), 2), 1u);
+  std::filesystem::remove(path);
+}
+
+TEST(CliTrainReport, TwoRanksGatheredIntoOneTrace) {
+  const std::string path = temp_file("two.json");
+  int rc = 0;
+  std::string out = run("train --model tiny-moe --ranks 2 --seq 16 --strategy pp=2,microbatches=2,mbs=2 "
+                        "--steps 2 --json --trace " + path, &rc, true);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = piper::Json::parse(out);
+  const auto& ranks = j["predicted_vs_measured"]["ranks"];
+  ASSERT_EQ(ranks.size(), 2u);
+  for (int k = 0; k < 2; ++k) {
+    EXPECT_EQ(ranks[k]["rank"], k);
+    EXPECT_EQ(ranks[k]["pp_rank"], k);
+    EXPECT_GT(ranks[k]["measured"]["peak_memory_bytes"].get<double>(), 0);
+    // Each rank holds only its stage: the predictions differ by stage and the measurement is the rank's own.
+    EXPECT_GT(ranks[k]["resource_model"]["peak_memory_bytes"].get<double>(), 0);
+  }
+  EXPECT_NE(ranks[0]["measured"]["peak_memory_bytes"], ranks[1]["measured"]["peak_memory_bytes"]);
+  const piper::Json trace = read_json(path);
+  EXPECT_EQ(check_trace(trace, 2), 2u);
+  // Pipeline messages appear on both sides.
+  int sends = 0, recvs = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X") continue;
+    sends += e["cat"] == "send";
+    recvs += e["cat"] == "recv";
+  }
+  EXPECT_GT(sends, 0);
+  EXPECT_EQ(sends, recvs);
+  std::filesystem::remove(path);
+}
+
+TEST(CliTrainReport, BadFilesAreNamed) {
+  int rc = 0;
+  std::string out = run("train --model tiny-moe --ranks 1 --seq 16 --global-batch 4 --steps 1 "
+                        "--calibration /nonexistent/cal.json", &rc, false);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("/nonexistent/cal.json"), std::string::npos) << out;
+  out = run("train --model tiny-moe --ranks 1 --seq 16 --global-batch 4 --steps 1 "
+            "--comm-calibration /nonexistent/comm.json", &rc, false);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("/nonexistent/comm.json"), std::string::npos) << out;
+  out = run("train --model tiny-moe --ranks 1 --seq 16 --global-batch 4 --steps 1 --trace /nonexistent/t.json", &rc,
+            false);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("/nonexistent/t.json"), std::string::npos) << out;
+}
+
+}  // namespace
