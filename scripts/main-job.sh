@@ -18,8 +18,9 @@ echo
 echo "== piper plan: tiny-moe on this machine's 2 cores (docs/planner.md)"
 "$BIN" plan --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --seq 128 --top 3
 echo
-echo "== piper train: tiny-moe on one CPU rank, 20 steps through the compiled 1F1B plan (docs/training.md)"
-"$BIN" train --model tiny-moe --ranks 1 --steps 20
+echo "== piper plan --local-ranks 4 --runnable: tiny-moe on 4 ranks of this machine, only what the runtime executes (docs/runtime.md)"
+"$BIN" plan --model tiny-moe --local-ranks 4 --global-batch 16 --seq 128 --runnable --top 3
 echo
-echo "== piper train --ranks 4: tiny-moe on 4 MPI ranks (dp=2 x pp=2, 1F1B), same global batch and microbatches: same losses (docs/runtime.md)"
-"$BIN" train --model tiny-moe --ranks 4 --strategy dp=2,pp=2,schedule=1f1b,microbatches=2,mbs=4 --steps 20
+echo "== piper train --ranks 4 --strategy auto: the plan above (#1), 20 steps on 4 MPI ranks; losses, tokens/s, predicted vs measured"
+"$BIN" train --model tiny-moe --ranks 4 --strategy auto --global-batch 16 --seq 128 --steps 20 \
+  --trace "${PIPER_TRACE:-/tmp/piper-main-job-trace.json}"

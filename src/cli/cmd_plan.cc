@@ -9,6 +9,8 @@
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
+#include "piper/cli/local_plan.h"
+#include "piper/cli/train_report.h"
 #include "piper/plan/disaggregate.h"
 #include "piper/plan/search.h"
 #include "piper/spec/cluster_loader.h"
@@ -34,6 +36,8 @@ struct PlanOptions {
   int verify_attempts = 3;
   std::string solver = "cbc";
   std::string af_placement = "spread";
+  int local_ranks = 0;  // > 0: plan for this many ranks on this machine (train_report.h local_cluster)
+  bool runnable = false;
 };
 
 void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train, bool verify,
@@ -188,10 +192,22 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
 
 Status run_plan(const PlanOptions& o) {
   PIPER_ASSIGN_OR_RETURN(ModelSpec model, load_model(o.model));
-  PIPER_ASSIGN_OR_RETURN(ClusterSpec cluster, load_cluster(o.cluster, o.nodes));
+  ClusterSpec cluster;
   TrainSpec train;
-  train.global_batch = o.global_batch;
-  train.seq_len = o.seq_len;
+  cost::Calibration local_calibration;
+  if (o.local_ranks > 0) {
+    // This machine as `piper train --ranks R` sees it (CPU ranks sharing the cores, fp32 training).
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    PIPER_ASSIGN_OR_RETURN(LocalMachine m, local_cluster(o.local_ranks, std::max(1, cores / o.local_ranks),
+                                                         o.calibration, ""));
+    cluster = m.cluster;
+    local_calibration = m.calibration;
+    train = local_train_spec(o.global_batch, o.seq_len);
+  } else {
+    PIPER_ASSIGN_OR_RETURN(cluster, load_cluster(o.cluster, o.nodes));
+    train.global_batch = o.global_batch;
+    train.seq_len = o.seq_len;
+  }
   if (o.disaggregate) return run_disaggregate(o, model, cluster, train);
   plan::SearchOptions options;
   options.top_k = o.top_k;
@@ -200,8 +216,13 @@ Status run_plan(const PlanOptions& o) {
   options.verify_attempts_per_plan = o.verify_attempts;
   options.threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   if (!o.schedules.empty()) options.space.schedules = split(o.schedules, ',');
-  if (!o.calibration.empty()) {
+  if (o.local_ranks > 0) {
+    options.calibration = local_calibration;
+  } else if (!o.calibration.empty()) {
     PIPER_ASSIGN_OR_RETURN(options.calibration, cost::Calibration::load(o.calibration));
+  }
+  if (o.runnable) {
+    restrict_to_runtime(model, options.memory_fraction * static_cast<double>(cluster.device.memory_bytes), &options);
   }
   PIPER_ASSIGN_OR_RETURN(plan::SearchResult r, plan::search(model, cluster, train, options));
   if (o.json) {
@@ -232,8 +253,12 @@ Status run_plan(const PlanOptions& o) {
 PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the fastest plans that fit", [](CLI::App* sub) {
   auto o = std::make_shared<PlanOptions>();
   sub->add_option("--model", o->model, "model preset or config file")->required();
-  sub->add_option("--cluster", o->cluster, "cluster preset or file")->required();
-  sub->add_option("--nodes", o->nodes, "number of nodes")->required();
+  sub->add_option("--cluster", o->cluster, "cluster preset or file (required unless --local-ranks)");
+  sub->add_option("--nodes", o->nodes, "number of nodes (with --cluster)")->capture_default_str();
+  sub->add_option("--local-ranks", o->local_ranks,
+                  "plan for R ranks on this machine (local-cpu, cores shared; what `piper train --ranks R` runs on)");
+  sub->add_flag("--runnable", o->runnable,
+                "only strategies the runtime executes today (src/runtime/support.h; `piper train` can run them)");
   sub->add_option("--global-batch", o->global_batch, "sequences per optimizer step")->required();
   sub->add_option("--seq", o->seq_len, "sequence length")->capture_default_str();
   sub->add_option("--top", o->top_k, "how many plans to print")->capture_default_str();
@@ -256,6 +281,17 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
     if (o->seq_len < 1) return invalid_argument("--seq=" + std::to_string(o->seq_len) + " must be >= 1");
     if (o->global_batch < 1) return invalid_argument("--global-batch must be >= 1 sequence");
     if (o->top_k < 1) return invalid_argument("--top=" + std::to_string(o->top_k) + " must be >= 1");
+    if (o->local_ranks < 0) return invalid_argument("--local-ranks must be >= 1");
+    if (o->local_ranks > 0 && !o->cluster.empty()) {
+      return invalid_argument("--local-ranks plans for this machine; drop --cluster/--nodes, or drop --local-ranks");
+    }
+    if (o->local_ranks == 0 && o->cluster.empty()) {
+      return invalid_argument("--cluster is required (a preset such as h800, or a file), or --local-ranks R for "
+                              "this machine");
+    }
+    if (o->disaggregate && o->runnable) {
+      return invalid_argument("--runnable with --disaggregate: the runtime does not execute af-pipe plans yet");
+    }
     if (o->verify_attempts < 1) {
       return invalid_argument("--verify-attempts=" + std::to_string(o->verify_attempts) + " must be >= 1");
     }

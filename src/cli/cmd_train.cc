@@ -13,6 +13,7 @@
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
+#include "piper/cli/local_plan.h"
 #include "piper/cli/train_report.h"
 #include "piper/comm/launch.h"
 #include "piper/comm/mpi/mpi_communicator.h"
@@ -88,6 +89,17 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   t.world = world;
   t.strategy = o.strategy;
   t.global_batch = o.global_batch > 0 ? o.global_batch : (o.strategy.empty() ? 16 : 0);
+  std::string auto_note;
+  if (o.strategy == "auto") {
+    // The planner's best strategy that the runtime executes, for these ranks on this machine. Every rank plans
+    // (a pure function of the same inputs); DistContext's plan hash check catches any disagreement.
+    t.global_batch = o.global_batch > 0 ? o.global_batch : 16;
+    PIPER_ASSIGN_OR_RETURN(AutoStrategy a, auto_strategy(t.model, t.ranks, kernels::kernel_threads(), t.global_batch,
+                                                         o.seq_len, o.calibration, o.comm_calibration));
+    t.strategy = a.strategy.to_string();
+    auto_note = "  (--strategy auto: `piper plan --local-ranks " + std::to_string(t.ranks) + " --runnable` #1 of " +
+                std::to_string(a.scored) + " scored, predicted step " + format_seconds(a.step_time_s) + ")";
+  }
   t.seq_len = o.seq_len;
   t.seed = o.seed;
   t.data = o.data;
@@ -102,7 +114,7 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   if (!o.json && !quiet) {
     std::printf("model     %s (%s trainable parameters)\n", t.model.name.c_str(),
                 format_count(static_cast<double>(trainer->model().num_params())).c_str());
-    std::printf("strategy  %s\n", trainer->strategy().to_string().c_str());
+    std::printf("strategy  %s%s\n", trainer->strategy().to_string().c_str(), auto_note.c_str());
     std::printf("plan      %zu instructions on %zu stream(s) on rank 0, %d microbatches per rank\n",
                 plan.program(0).num_instructions(), plan.program(0).streams.size(),
                 trainer->executor().num_microbatches());
@@ -180,6 +192,7 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   if (o.json) {
     Json j{{"model", t.model.name},
            {"strategy", trainer->strategy().to_string()},
+           {"strategy_auto", o.strategy == "auto"},
            {"steps", steps},
            {"loss_first", loss_first},
            {"loss_last", loss_last},
@@ -276,7 +289,8 @@ PIPER_REGISTER_COMMAND(g_train, "train", "Train a model through its compiled Pla
   sub->add_option("--global-batch", o->global_batch, "sequences per step (default 16, or the strategy's)");
   sub->add_option("--seq", o->seq_len, "sequence length")->capture_default_str();
   sub->add_option("--seed", o->seed, "seed of the initial weights and the data order")->capture_default_str();
-  sub->add_option("--strategy", o->strategy, "strategy, e.g. schedule=zb-h1,microbatches=4,mbs=4 (default 1f1b)");
+  sub->add_option("--strategy", o->strategy, "strategy, e.g. schedule=zb-h1,microbatches=4,mbs=4 (default 1f1b), or auto: the planner's best that the "
+                  "runtime runs on these ranks (piper plan --local-ranks R --runnable)");
   sub->add_option("--lr", o->lr, "peak learning rate (AdamW)")->capture_default_str();
   sub->add_option("--warmup", o->warmup, "linear warm-up steps")->capture_default_str();
   sub->add_option("--threads", o->threads, "kernel threads (0 = all cores)")->capture_default_str();

@@ -98,7 +98,8 @@ Result<ResolvedSpace> resolve_space(const SearchSpace& space, const ModelSpec& m
   if (r.schedules.empty()) return invalid_argument("plan: interleaved needs a vpp >= 2 in the vpp list");
   const int max_tp = space.max_tp > 0 ? space.max_tp : cluster.node.devices_per_node;
   const std::vector<int> eps =
-      model.is_moe() ? divisors(model.moe.num_experts, model.moe.num_experts) : std::vector<int>{1};
+      model.is_moe() ? divisors(model.moe.num_experts, space.max_ep > 0 ? space.max_ep : model.moe.num_experts)
+                      : std::vector<int>{1};
   for (int tp : divisors(r.world, max_tp)) {
     for (int pp : divisors(r.world / tp, model.num_layers)) {
       for (int ep : eps) r.items.push_back({tp, pp, ep});

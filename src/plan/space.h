@@ -40,6 +40,7 @@ struct SearchSpace {
                                                   {"tp", "dp", "ep", "pp"}, {"tp", "dp", "pp", "ep"},
                                                   {"tp", "pp", "ep", "dp"}, {"tp", "pp", "dp", "ep"}};
   int max_tp = 0;          // 0 = devices per node
+  int max_ep = 0;          // 0 = num_experts (every divisor of the expert count)
   bool search_etp = true;  // also try etp = tp (experts tensor-sliced) when tp > 1
 };
 

@@ -146,4 +146,51 @@ TEST(CliTrainReport, BadFilesAreNamed) {
   EXPECT_NE(out.find("/nonexistent/t.json"), std::string::npos) << out;
 }
 
+// `piper plan --local-ranks R --runnable` keeps to what the runtime runs, and `piper train --strategy auto` runs
+// that plan's #1.
+TEST(CliTrainReport, AutoStrategyIsTheRunnablePlansFirst) {
+  int rc = 0;
+  std::string out = run("plan --model tiny-moe --local-ranks 2 --global-batch 8 --seq 16 --runnable --top 5 --json",
+                        &rc, true);
+  ASSERT_EQ(rc, 0) << out;
+  auto plans = piper::Json::parse(out);
+  ASSERT_FALSE(plans["plans"].empty());
+  EXPECT_EQ(plans["world_size"], 2);
+  for (const auto& p : plans["plans"]) {
+    const std::string s = p["strategy"];
+    EXPECT_NE(s.find("ep=1,"), std::string::npos) << s;
+    EXPECT_NE(s.find("tp=1,"), std::string::npos) << s;
+    EXPECT_EQ(s.find("zero=3"), std::string::npos) << s;
+  }
+  // Without --runnable the space is larger and its best plans use what the runtime does not run yet (on this
+  // machine model: tensor parallelism or ZeRO-3 first).
+  std::string all = run("plan --model tiny-moe --local-ranks 2 --global-batch 8 --seq 16 --top 3 --no-verify --json",
+                        &rc, true);
+  ASSERT_EQ(rc, 0) << all;
+  auto unrestricted = piper::Json::parse(all);
+  EXPECT_GT(unrestricted["search"]["considered"].get<int64_t>(), plans["search"]["considered"].get<int64_t>());
+  bool not_runnable = false;
+  for (const auto& p : unrestricted["plans"]) {
+    const std::string s = p["strategy"];
+    not_runnable = not_runnable || s.find("tp=1,") == std::string::npos || s.find("ep=1,") == std::string::npos ||
+                   s.find("zero=3") != std::string::npos;
+  }
+  EXPECT_TRUE(not_runnable) << all;
+  out = run("train --model tiny-moe --ranks 2 --global-batch 8 --seq 16 --strategy auto --steps 1 --json", &rc, true);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = piper::Json::parse(out);
+  EXPECT_EQ(j["strategy"], plans["plans"][0]["strategy"]);
+  EXPECT_EQ(j["strategy_auto"], true);
+}
+
+TEST(CliTrainReport, PlanLocalRanksErrors) {
+  int rc = 0;
+  std::string out = run("plan --model tiny-moe --global-batch 8", &rc, false);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--local-ranks"), std::string::npos) << out;
+  out = run("plan --model tiny-moe --local-ranks 2 --cluster h800 --nodes 1 --global-batch 8", &rc, false);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("drop --cluster"), std::string::npos) << out;
+}
+
 }  // namespace

@@ -1,0 +1,82 @@
+#include "piper/cli/local_plan.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "piper/cli/train_report.h"
+#include "piper/plan/verify.h"
+#include "piper/runtime/support.h"
+
+namespace piper::cli {
+
+namespace {
+
+template <typename T>
+std::vector<T> intersect(const std::vector<T>& space, const std::vector<T>& allowed) {
+  std::vector<T> out;
+  for (const T& v : space) {
+    if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) out.push_back(v);
+  }
+  return out;
+}
+
+}  // namespace
+
+void restrict_to_runtime(const ModelSpec& model, double capacity_bytes, plan::SearchOptions* options) {
+  const runtime::RuntimeSupport rs = runtime::runtime_support();
+  plan::SearchSpace& sp = options->space;
+  sp.schedules = intersect(sp.schedules, rs.schedules);
+  sp.zero = intersect(sp.zero, rs.zero);
+  sp.recompute = intersect(sp.recompute, rs.recompute);
+  sp.max_tp = sp.max_tp > 0 ? std::min(sp.max_tp, rs.max_tp) : rs.max_tp;
+  sp.max_ep = sp.max_ep > 0 ? std::min(sp.max_ep, rs.max_ep) : rs.max_ep;
+  if (rs.max_tp <= 1) sp.search_etp = false;
+  auto inner = options->verifier;
+  options->verifier = [model, capacity_bytes, inner](const Strategy& s, const TrainSpec& t) {
+    Status st = runtime::check_runnable(s);
+    if (!st.ok()) {
+      plan::Verification v;
+      v.message = st.message();
+      return v;
+    }
+    return inner ? inner(s, t) : plan::verify_strategy(model, t, s, capacity_bytes);
+  };
+}
+
+TrainSpec local_train_spec(int64_t global_batch, int64_t seq_len) {
+  TrainSpec t;
+  t.global_batch = global_batch;
+  t.seq_len = seq_len;
+  t.param_dtype = t.grad_dtype = t.master_dtype = DType::kFP32;
+  t.optimizer_dtype = t.activation_dtype = DType::kFP32;
+  return t;
+}
+
+Result<AutoStrategy> auto_strategy(const ModelSpec& model, int ranks, int kernel_threads, int64_t global_batch,
+                                   int64_t seq_len, const std::string& calibration,
+                                   const std::string& comm_calibration) {
+  PIPER_ASSIGN_OR_RETURN(LocalMachine m, local_cluster(ranks, kernel_threads, calibration, comm_calibration));
+  const TrainSpec train = local_train_spec(global_batch, seq_len);
+  plan::SearchOptions o;
+  o.top_k = 1;
+  o.calibration = m.calibration;
+  o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  restrict_to_runtime(model, o.memory_fraction * static_cast<double>(m.cluster.device.memory_bytes), &o);
+  PIPER_ASSIGN_OR_RETURN(plan::SearchResult r, plan::search(model, m.cluster, train, o));
+  if (r.top.empty()) {
+    return failed_precondition("--strategy auto: the planner found no strategy the runtime runs for " +
+                               std::to_string(ranks) + " ranks and a global batch of " +
+                               std::to_string(global_batch) + " (" + std::to_string(r.stats.fitting) +
+                               " fit, " + std::to_string(r.stats.verify_failed) + " rejected" +
+                               (r.stats.first_verify_failure.empty() ? "" : ": " + r.stats.first_verify_failure) +
+                               "); see `piper plan --local-ranks " + std::to_string(ranks) +
+                               " --runnable`, or pass --strategy");
+  }
+  AutoStrategy a;
+  a.strategy = r.top[0].strategy;
+  a.scored = r.stats.scored;
+  a.step_time_s = r.top[0].estimate.step_time_s;
+  return a;
+}
+
+}  // namespace piper::cli

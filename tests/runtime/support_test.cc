@@ -1,0 +1,81 @@
+// runtime_support() / check_runnable(): what the runtime declares it runs, it runs (one step on one rank for each
+// schedule and recompute mode; the multi-rank values, ZeRO-1/2 and pipelines, are the parity tests'), and what it
+// does not run is rejected naming the dimension.
+#include "piper/runtime/support.h"
+
+#include <gtest/gtest.h>
+
+#include "piper/kernels/cpu/gemm.h"
+#include "piper/runtime/trainer.h"
+#include "piper/spec/model_loader.h"
+
+namespace piper::runtime::testing {
+namespace {
+
+Strategy parse(const std::string& s) {
+  auto r = Strategy::parse(s);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return r.ok() ? *r : Strategy{};
+}
+
+TEST(RuntimeSupport, ParityStrategiesAreRunnable) {
+  for (const char* s : {"dp=2,microbatches=2", "pp=2,schedule=1f1b,microbatches=4", "pp=2,schedule=zb-h1,microbatches=4",
+                        "pp=2,schedule=dualpipev,microbatches=4", "dp=2,zero=1,microbatches=2",
+                        "dp=2,zero=2,microbatches=2", "dp=2,pp=2,microbatches=2", "pp=2,vpp=2,schedule=interleaved,microbatches=4",
+                        "pp=2,schedule=gpipe,recompute=full,microbatches=4"}) {
+    EXPECT_TRUE(check_runnable(parse(s)).ok()) << s << ": " << check_runnable(parse(s)).to_string();
+  }
+}
+
+TEST(RuntimeSupport, UnsupportedDimensionsAreNamed) {
+  const RuntimeSupport rs = runtime_support();
+  if (rs.max_ep < 2) {
+    Status st = check_runnable(parse("dp=2,ep=2,microbatches=2"));
+    EXPECT_EQ(st.code(), StatusCode::kUnimplemented);
+    EXPECT_NE(st.message().find("ep=2"), std::string::npos) << st.to_string();
+  }
+  if (rs.max_tp < 2) {
+    Status st = check_runnable(parse("tp=2,microbatches=2"));
+    EXPECT_EQ(st.code(), StatusCode::kUnimplemented);
+    EXPECT_NE(st.message().find("tp=2"), std::string::npos) << st.to_string();
+  }
+  bool zero3 = false;
+  for (int z : rs.zero) zero3 = zero3 || z == 3;
+  if (!zero3) {
+    Status st = check_runnable(parse("dp=2,zero=3,microbatches=2"));
+    EXPECT_EQ(st.code(), StatusCode::kUnimplemented);
+    EXPECT_NE(st.message().find("zero=3"), std::string::npos) << st.to_string();
+  }
+}
+
+void expect_one_step(const std::string& strategy) {
+  kernels::set_kernel_threads(1);
+  TrainOptions o;
+  o.model = load_model("tiny-moe").value();
+  o.global_batch = 0;
+  o.seq_len = 16;
+  o.strategy = strategy;
+  auto t = Trainer::create(o);
+  ASSERT_TRUE(t.ok()) << strategy << ": " << t.status().to_string();
+  auto step = (*t)->step();
+  ASSERT_TRUE(step.ok()) << strategy << ": " << step.status().to_string();
+  EXPECT_GT(step->loss, 0) << strategy;
+}
+
+// Every schedule and recompute mode listed runs a step on one rank (tiny-moe, seq 16).
+TEST(RuntimeSupport, ListedSchedulesRun) {
+  const RuntimeSupport rs = runtime_support();
+  ASSERT_FALSE(rs.schedules.empty());
+  for (const std::string& sched : rs.schedules) {
+    expect_one_step("schedule=" + sched + ",microbatches=2,mbs=1" + (sched == "interleaved" ? ",vpp=2" : ""));
+  }
+}
+
+TEST(RuntimeSupport, ListedRecomputeModesRun) {
+  for (Recompute rc : runtime_support().recompute) {
+    expect_one_step(std::string("schedule=1f1b,microbatches=2,mbs=1,recompute=") + to_string(rc));
+  }
+}
+
+}  // namespace
+}  // namespace piper::runtime::testing
