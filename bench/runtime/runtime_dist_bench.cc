@@ -7,13 +7,14 @@
 //                                               messages, the pipeline bubble, the norm and loss exchange)
 // and, from the same run, dualpipev / 1f1b = median step time of dualpipev / median step time of 1f1b (below 1:
 // dualpipev is faster), next to the simulator's prediction of the same ratio (src/sim on local-cpu, 2 ranks).
-// Medians over the timed steps. Outside an MPI job the program re-executes itself under mpirun -np 2.
+// Medians over the timed steps; the two strategies' steps alternate. Outside an MPI job the program re-executes itself under mpirun -np 2.
 //
 // Usage: runtime_dist_bench [--steps 8] [--seq 128] [--microbatches 8] [--mbs 2] [--ranks 2]
 // Run with OMP_WAIT_POLICY=passive on a shared machine (scripts/env.sh).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,35 +41,46 @@ struct Measured {
   double loss_last = 0;
 };
 
-Result<Measured> measure(comm::Communicator& world, const std::string& strategy, int steps, int64_t seq) {
-  TrainOptions o;
-  PIPER_ASSIGN_OR_RETURN(o.model, load_model("tiny-moe"));
-  o.ranks = world.size();
-  o.world = &world;
-  o.strategy = strategy;
-  o.global_batch = 0;
-  o.seq_len = seq;
-  PIPER_ASSIGN_OR_RETURN(auto trainer, Trainer::create(o));
-  std::vector<double> step_s, compute_s;
-  Measured m;
+// Both strategies' trainers live side by side and their steps alternate (1f1b, dualpipev, 1f1b, ...), so a change
+// in the machine's load hits both alike.
+Result<std::vector<Measured>> measure(comm::Communicator& world, const std::vector<std::string>& strategies,
+                                      int steps, int64_t seq) {
+  std::vector<std::unique_ptr<Trainer>> trainers;
+  for (const std::string& strategy : strategies) {
+    TrainOptions o;
+    PIPER_ASSIGN_OR_RETURN(o.model, load_model("tiny-moe"));
+    o.ranks = world.size();
+    o.world = &world;
+    o.strategy = strategy;
+    o.global_batch = 0;
+    o.seq_len = seq;
+    PIPER_ASSIGN_OR_RETURN(auto trainer, Trainer::create(o));
+    trainers.push_back(std::move(trainer));
+  }
+  std::vector<std::vector<double>> step_s(strategies.size()), compute_s(strategies.size());
+  std::vector<Measured> out(strategies.size());
   for (int i = 0; i < steps + 1; ++i) {
-    PIPER_ASSIGN_OR_RETURN(TrainStepStats s, trainer->step());
-    m.loss_last = s.loss;
-    if (i == 0) continue;  // first touch of every buffer
-    double c = 0;
-    for (const auto& [task, sec] : s.task_seconds) c += sec;
-    step_s.push_back(s.seconds);
-    compute_s.push_back(c);
+    for (size_t k = 0; k < trainers.size(); ++k) {
+      PIPER_ASSIGN_OR_RETURN(TrainStepStats s, trainers[k]->step());
+      out[k].loss_last = s.loss;
+      if (i == 0) continue;  // first touch of every buffer
+      double c = 0;
+      for (const auto& [task, sec] : s.task_seconds) c += sec;
+      step_s[k].push_back(s.seconds);
+      compute_s[k].push_back(c);
+    }
   }
-  const double mine[2] = {median(step_s), median(compute_s)};
-  std::vector<double> all(static_cast<size_t>(2 * world.size()));
-  PIPER_ASSIGN_OR_RETURN(comm::Handle h, world.all_gather(mine, all.data(), sizeof(mine)));
-  PIPER_RETURN_IF_ERROR(world.wait(h, 120));
-  for (int r = 0; r < world.size(); ++r) {
-    m.step_s.push_back(all[static_cast<size_t>(2 * r)]);
-    m.compute_s.push_back(all[static_cast<size_t>(2 * r + 1)]);
+  for (size_t k = 0; k < trainers.size(); ++k) {
+    const double mine[2] = {median(step_s[k]), median(compute_s[k])};
+    std::vector<double> all(static_cast<size_t>(2 * world.size()));
+    PIPER_ASSIGN_OR_RETURN(comm::Handle h, world.all_gather(mine, all.data(), sizeof(mine)));
+    PIPER_RETURN_IF_ERROR(world.wait(h, 120));
+    for (int r = 0; r < world.size(); ++r) {
+      out[k].step_s.push_back(all[static_cast<size_t>(2 * r)]);
+      out[k].compute_s.push_back(all[static_cast<size_t>(2 * r + 1)]);
+    }
   }
-  return m;
+  return out;
 }
 
 Result<double> simulated_step_s(const std::string& strategy, int ranks, int64_t seq) {
@@ -135,18 +147,20 @@ Status bench(int steps, int64_t seq, int microbatches, int mbs) {
                 "load average %.1f\n", world->size(), common.c_str(), static_cast<long long>(seq), steps, load);
     std::printf("%-10s %4s %10s %11s %9s %10s\n", "schedule", "rank", "step_ms", "compute_ms", "overhead", "loss");
   }
+  std::vector<std::string> strategies;
+  for (const std::string& sched : schedules) strategies.push_back(common + ",schedule=" + sched);
+  PIPER_ASSIGN_OR_RETURN(std::vector<Measured> measured, measure(*world, strategies, steps, seq));
   std::vector<double> step_of, sim_of;
-  for (const std::string& sched : schedules) {
-    const std::string strategy = common + ",schedule=" + sched;
-    PIPER_ASSIGN_OR_RETURN(Measured m, measure(*world, strategy, steps, seq));
+  for (size_t k = 0; k < strategies.size(); ++k) {
+    const Measured& m = measured[k];
     step_of.push_back(*std::max_element(m.step_s.begin(), m.step_s.end()));
-    PIPER_ASSIGN_OR_RETURN(double sim_s, simulated_step_s(strategy, world->size(), seq));
+    PIPER_ASSIGN_OR_RETURN(double sim_s, simulated_step_s(strategies[k], world->size(), seq));
     sim_of.push_back(sim_s);
     if (!print) continue;
     for (int r = 0; r < world->size(); ++r) {
       const double st = m.step_s[static_cast<size_t>(r)], c = m.compute_s[static_cast<size_t>(r)];
-      std::printf("%-10s %4d %10.1f %11.1f %9.2f %10.4f\n", sched.c_str(), r, st * 1e3, c * 1e3, c > 0 ? st / c : 0,
-                  m.loss_last);
+      std::printf("%-10s %4d %10.1f %11.1f %9.2f %10.4f\n", schedules[k].c_str(), r, st * 1e3, c * 1e3,
+                  c > 0 ? st / c : 0, m.loss_last);
     }
   }
   if (print) {
