@@ -115,6 +115,57 @@ MoeRouting random_routing(const CommBenchOptions& o, int rank, int ranks) {
   return r;
 }
 
+Result<HaloPhases> summarize(Communicator& w, const HaloExchangeStats& s) {
+  std::vector<double> mine = {s.metadata_s, s.pack_s, s.posted_s, s.batches_out_s, s.batches_in_s, s.total_s, s.scatter_s,
+                              static_cast<double>(s.messages_intra),
+                              static_cast<double>(s.messages_inter),
+                              static_cast<double>(s.bytes_intra), static_cast<double>(s.bytes_inter),
+                              static_cast<double>(s.idle_rounds)};
+  std::vector<double> all(mine.size() * w.size());
+  PIPER_ASSIGN_OR_RETURN(Handle h, w.all_gather(mine.data(), all.data(), mine.size() * sizeof(double)));
+  PIPER_RETURN_IF_ERROR(w.wait(h, kTimeoutS));
+  HaloPhases out;
+  for (int r = 0; r < w.size(); ++r) {
+    const double* v = all.data() + r * mine.size();
+    out.metadata_s = std::max(out.metadata_s, v[0]);
+    out.pack_s = std::max(out.pack_s, v[1]);
+    out.posted_s = std::max(out.posted_s, v[2]);
+    out.batches_out_s = std::max(out.batches_out_s, v[3]);
+    out.batches_in_s = std::max(out.batches_in_s, v[4]);
+    out.exchange_s = std::max(out.exchange_s, v[5]);
+    out.scatter_s = std::max(out.scatter_s, v[6]);
+    out.messages_intra += static_cast<int64_t>(v[7]);
+    out.messages_inter += static_cast<int64_t>(v[8]);
+    out.bytes_intra += static_cast<int64_t>(v[9]);
+    out.bytes_inter += static_cast<int64_t>(v[10]);
+    out.idle_rounds = std::max(out.idle_rounds, static_cast<int64_t>(v[11]));
+  }
+  return out;
+}
+
+OrderedJson phases_json(const HaloPhases& h) {
+  return {{"metadata_s", h.metadata_s},         {"pack_s", h.pack_s},
+          {"posted_s", h.posted_s},             {"batches_out_s", h.batches_out_s},
+          {"batches_in_s", h.batches_in_s},     {"scatter_s", h.scatter_s},
+          {"exchange_s", h.exchange_s},
+          {"messages_intra", h.messages_intra}, {"messages_inter", h.messages_inter},
+          {"bytes_intra", h.bytes_intra},       {"bytes_inter", h.bytes_inter},
+          {"max_idle_rounds", h.idle_rounds}};
+}
+
+std::string phases_text(const HaloPhases& h) {
+  char line[320];
+  std::snprintf(line, sizeof(line),
+                "    HALO phases (slowest rank, last iteration): sizes %s, pack %s, then batches out by %s, in and "
+                "scattered by %s (scatter copies %s), done %s; inter-node %lld msgs %s, intra-node %lld msgs %s\n",
+                format_seconds(h.metadata_s).c_str(), format_seconds(h.pack_s).c_str(),
+                format_seconds(h.batches_out_s).c_str(), format_seconds(h.batches_in_s).c_str(),
+                format_seconds(h.scatter_s).c_str(), format_seconds(h.exchange_s).c_str(), static_cast<long long>(h.messages_inter),
+                format_bytes(static_cast<double>(h.bytes_inter)).c_str(), static_cast<long long>(h.messages_intra),
+                format_bytes(static_cast<double>(h.bytes_intra)).c_str());
+  return line;
+}
+
 double busbw(size_t bytes_per_pair, int ranks, double seconds) {
   double algbw = static_cast<double>(bytes_per_pair) * ranks / seconds;
   return algbw * (ranks - 1) / ranks;
@@ -186,6 +237,7 @@ Result<CommBenchReport> run_comm_bench(Communicator& world, const CommBenchOptio
     PIPER_ASSIGN_OR_RETURN(row.halo_s, time_op(world, o, [&]() {
       return halo_all_to_all_v(*halo, send.data(), counts, recv.data(), counts, kTimeoutS);
     }));
+    PIPER_ASSIGN_OR_RETURN(row.halo_phases, summarize(world, halo->last_stats()));
     report.all_to_all.push_back(row);
   }
 
@@ -193,26 +245,40 @@ Result<CommBenchReport> run_comm_bench(Communicator& world, const CommBenchOptio
     MoeRouting routing = random_routing(o, me, p);
     std::vector<uint8_t> tokens(static_cast<size_t>(o.tokens_per_rank) * o.token_bytes);
     for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint8_t>(i + me);
+    // Both keep their buffers from iteration to iteration (as a training step would).
     DispatchResult flat_rows, halo_rows;
-    PIPER_ASSIGN_OR_RETURN(report.dispatch.mpi_s, time_op(world, o, [&]() -> Status {
-      PIPER_ASSIGN_OR_RETURN(flat_rows, flat_dispatch(world, tokens.data(), o.token_bytes, routing,
-                                                      FlatDispatchKind::kMpiAllToAllV, kTimeoutS));
-      return ok_status();
+    std::vector<uint8_t> flat_pack;
+    PIPER_ASSIGN_OR_RETURN(report.dispatch.mpi_s, time_op(world, o, [&]() {
+      return flat_dispatch(world, tokens.data(), o.token_bytes, routing, FlatDispatchKind::kMpiAllToAllV,
+                           kTimeoutS, &flat_rows, &flat_pack);
     }));
-    PIPER_ASSIGN_OR_RETURN(report.dispatch.halo_s, time_op(world, o, [&]() -> Status {
-      PIPER_ASSIGN_OR_RETURN(halo_rows, halo_dispatch(*halo, tokens.data(), o.token_bytes, routing, kTimeoutS));
-      return ok_status();
+    PIPER_ASSIGN_OR_RETURN(report.dispatch.halo_s, time_op(world, o, [&]() {
+      return halo_dispatch(*halo, tokens.data(), o.token_bytes, routing, kTimeoutS, &halo_rows);
     }));
+    PIPER_ASSIGN_OR_RETURN(report.dispatch.halo_phases, summarize(world, halo->last_stats()));
     if (flat_rows.rows != halo_rows.rows) {
       return internal_error("bench comm: HALO dispatch and flat dispatch delivered different bytes on rank " +
                             std::to_string(me));
     }
     DispatchTraffic traffic = dispatch_traffic(topo, me, o.token_bytes, routing);
+    std::vector<char> to_rank(p, 0);
+    for (int d : routing.dest_ranks) {
+      if (d >= 0) to_rank[d] = 1;
+    }
+    double inter_msgs = 0, intra_msgs = 0;
+    for (int d = 0; d < p; ++d) {
+      if (d == me || !to_rank[d]) continue;
+      (topo.node_of(d) == topo.node_of(me) ? intra_msgs : inter_msgs) += 1;
+    }
+    PIPER_ASSIGN_OR_RETURN(auto inter_all, gather_doubles(world, inter_msgs));
+    PIPER_ASSIGN_OR_RETURN(auto intra_all, gather_doubles(world, intra_msgs));
     PIPER_ASSIGN_OR_RETURN(auto flat_all, gather_doubles(world, static_cast<double>(traffic.flat_internode_bytes)));
     PIPER_ASSIGN_OR_RETURN(auto halo_all, gather_doubles(world, static_cast<double>(traffic.halo_internode_bytes)));
     for (int r = 0; r < p; ++r) {
       report.dispatch.flat_internode_bytes += static_cast<int64_t>(flat_all[r]);
       report.dispatch.halo_internode_bytes += static_cast<int64_t>(halo_all[r]);
+      report.dispatch.flat_internode_messages += static_cast<int64_t>(inter_all[r]);
+      report.dispatch.flat_intranode_messages += static_cast<int64_t>(intra_all[r]);
     }
     report.dispatch.tokens_total = o.tokens_per_rank * p;
     PIPER_ASSIGN_OR_RETURN(report.combine, bench_combine(world, *halo, o, routing, flat_rows));
@@ -246,6 +312,7 @@ OrderedJson to_json(const CommBenchReport& r) {
     row["pairwise_busbw_bytes_per_s"] = busbw(t.bytes_per_pair, r.ranks, t.pairwise_s);
     row["halo_busbw_bytes_per_s"] = busbw(t.bytes_per_pair, r.ranks, t.halo_s);
     row["halo_over_mpi"] = t.mpi_s / t.halo_s;
+    row["halo_phases"] = phases_json(t.halo_phases);
     rows.push_back(row);
   }
   j["all_to_all"] = rows;
@@ -261,7 +328,10 @@ OrderedJson to_json(const CommBenchReport& r) {
                          {"halo_tokens_per_s", d.tokens_total / d.halo_s},
                          {"halo_over_mpi", d.mpi_s / d.halo_s},
                          {"flat_internode_bytes", d.flat_internode_bytes},
-                         {"halo_internode_bytes", d.halo_internode_bytes}};
+                         {"halo_internode_bytes", d.halo_internode_bytes},
+                         {"flat_internode_messages", d.flat_internode_messages},
+                         {"flat_intranode_messages", d.flat_intranode_messages},
+                         {"halo_phases", phases_json(d.halo_phases)}};
   }
   if (r.combine.tokens_total > 0) {
     const CombineTiming& c = r.combine;
@@ -312,7 +382,7 @@ std::string to_text(const CommBenchReport& r) {
                   format_bytes(static_cast<double>(t.bytes_per_pair)).c_str(),
                   busbw(t.bytes_per_pair, r.ranks, t.mpi_s) / 1e9, busbw(t.bytes_per_pair, r.ranks, t.pairwise_s) / 1e9,
                   busbw(t.bytes_per_pair, r.ranks, t.halo_s) / 1e9, t.mpi_s / t.halo_s);
-    os << line;
+    os << line << phases_text(t.halo_phases);
   }
   if (r.dispatch.tokens_total > 0) {
     const DispatchTiming& d = r.dispatch;
@@ -324,6 +394,9 @@ std::string to_text(const CommBenchReport& r) {
                   format_bytes(static_cast<double>(d.flat_internode_bytes)).c_str(),
                   format_bytes(static_cast<double>(d.halo_internode_bytes)).c_str());
     os << line;
+    std::snprintf(line, sizeof(line), "    flat: %lld inter-node and %lld intra-node messages\n",
+                  static_cast<long long>(d.flat_internode_messages), static_cast<long long>(d.flat_intranode_messages));
+    os << line << phases_text(d.halo_phases);
   }
   if (r.combine.tokens_total > 0) {
     const CombineTiming& c = r.combine;

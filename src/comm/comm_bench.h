@@ -38,9 +38,17 @@ struct CommBenchOptions {
   Status validate(int world_size) const;
 };
 
+// Where a HALO call spent its time, from HaloExchangeStats of the last timed iteration: phase times are the
+// slowest rank's (seconds), counts and bytes are summed over ranks.
+struct HaloPhases {
+  double metadata_s = 0, pack_s = 0, posted_s = 0, batches_out_s = 0, batches_in_s = 0, scatter_s = 0, exchange_s = 0;
+  int64_t messages_intra = 0, messages_inter = 0, bytes_intra = 0, bytes_inter = 0, idle_rounds = 0;
+};
+
 struct AllToAllTiming {
   size_t bytes_per_pair = 0;
   double mpi_s = 0, pairwise_s = 0, halo_s = 0;
+  HaloPhases halo_phases;
 };
 
 struct DispatchTiming {
@@ -48,6 +56,9 @@ struct DispatchTiming {
   double mpi_s = 0, halo_s = 0;
   int64_t flat_internode_bytes = 0;  // all ranks, one dispatch
   int64_t halo_internode_bytes = 0;
+  int64_t flat_internode_messages = 0;  // (source, destination) rank pairs on different nodes with rows
+  int64_t flat_intranode_messages = 0;
+  HaloPhases halo_phases;
 };
 
 // MoE combine, the reverse of the dispatch: expert outputs of hidden = token_bytes / 4 floats per row, weighted

@@ -126,9 +126,10 @@ class Communicator {
   std::vector<int> world_ranks_;
 };
 
-// What a polling loop does between two tests of its operations, `waited_s` seconds after it started: yields
-// the core (ranks are often oversubscribed, and the peer it waits for may need it), and after 50 ms of waiting
-// also sleeps 0.5 ms so that a long wait does not burn a core.
+// What a polling loop does between two tests of its operations, `waited_s` seconds after it started (or last
+// made progress): yields the core during the first 100 us, then sleeps waited_s / 16, clamped to 20 us .. 1 ms.
+// Ranks are often oversubscribed (8 ranks on 2 cores): a waiting rank that only yields still takes its fair
+// share of the core from the rank it waits for (docs/comm.md, "Where the time went").
 void idle_while_polling(double waited_s);
 
 // Default timeout for waits whose caller has no better figure (seconds); PIPER_COMM_TIMEOUT_S overrides it.

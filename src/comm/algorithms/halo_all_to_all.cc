@@ -1,9 +1,9 @@
 #include "piper/comm/algorithms/halo_all_to_all.h"
 
+#include <chrono>
 #include <cstring>
 #include <vector>
 
-#include "piper/comm/algorithms/halo_engine.h"
 #include "piper/comm/algorithms/pairwise_all_to_all.h"
 
 namespace piper::comm {
@@ -48,14 +48,21 @@ class BlockPayload : public HaloPayload {
     for (int h = 0; h < t_.ranks_per_node(); ++h) total += received(h, t_.rank_of(n, g));
     return total;
   }
+  size_t scatter_bytes(int n, int lane, int h) override {
+    size_t total = 0;
+    for (int i = 0; i < t_.lane_width(); ++i) total += received(h, t_.rank_of(n, lane * t_.lane_width() + i));
+    return total;
+  }
   void scatter(int n, int lane, std::span<const std::span<const uint8_t>> pieces,
-               std::vector<std::vector<uint8_t>>* out) override {
+               std::span<const std::span<uint8_t>> out) override {
+    std::vector<size_t> filled(out.size(), 0);
     for (size_t i = 0; i < pieces.size(); ++i) {
       int src = t_.rank_of(n, lane * t_.lane_width() + static_cast<int>(i));
       size_t offset = 0;
       for (int h = 0; h < t_.ranks_per_node(); ++h) {
         size_t bytes = received(h, src);
-        (*out)[h].insert((*out)[h].end(), pieces[i].data() + offset, pieces[i].data() + offset + bytes);
+        if (bytes > 0) std::memcpy(out[h].data() + filled[h], pieces[i].data() + offset, bytes);
+        filled[h] += bytes;
         offset += bytes;
       }
     }
@@ -96,6 +103,7 @@ Status halo_all_to_all_v(HaloContext& context, const void* send, std::span<const
                             std::to_string(send_bytes[me]) + " bytes but expects " + std::to_string(recv_bytes[me]));
   }
   // Size tables of the node: for each local rank, its P send counts then its P receive counts.
+  const auto start = std::chrono::steady_clock::now();
   std::vector<uint64_t> mine(2 * p);
   for (int i = 0; i < p; ++i) {
     mine[i] = send_bytes[i];
@@ -104,12 +112,15 @@ Status halo_all_to_all_v(HaloContext& context, const void* send, std::span<const
   std::vector<uint64_t> table(mine.size() * t.ranks_per_node());
   PIPER_ASSIGN_OR_RETURN(Handle h, context.node().all_gather(mine.data(), table.data(), mine.size() * 8));
   PIPER_RETURN_IF_ERROR(context.node().wait(h, timeout_s));
+  context.scratch().reset();
+  context.last_stats() = HaloExchangeStats{};
+  context.last_stats().metadata_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   const auto* src = static_cast<const uint8_t*>(send);
   auto* dst = static_cast<uint8_t*>(recv);
   if (send_bytes[me] > 0) std::memcpy(dst + rdispl[me], src + sdispl[me], send_bytes[me]);
   BlockPayload payload(t, me, src, sdispl, dst, rdispl, std::move(table));
-  return run_halo_exchange(comm, t, payload, timeout_s);
+  return run_halo_exchange(comm, t, payload, timeout_s, &context.scratch(), &context.last_stats());
 }
 
 }  // namespace piper::comm

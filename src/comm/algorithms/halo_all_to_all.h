@@ -12,6 +12,7 @@
 #include <span>
 
 #include "piper/base/status.h"
+#include "piper/comm/algorithms/halo_engine.h"
 #include "piper/comm/algorithms/topology.h"
 #include "piper/comm/communicator.h"
 
@@ -25,12 +26,18 @@ class HaloContext {
   const NodeTopology& topology() const { return topology_; }
   Communicator& data() { return *data_; }
   Communicator& node() { return *node_; }
+  // Buffers reused by successive calls on this context (one call at a time).
+  HaloScratch& scratch() { return scratch_; }
+  // This rank's counts and phase times of the last exchange run on this context.
+  HaloExchangeStats& last_stats() { return last_stats_; }
 
  private:
   explicit HaloContext(const NodeTopology& topology) : topology_(topology) {}
   NodeTopology topology_;
   std::unique_ptr<Communicator> data_;
   std::unique_ptr<Communicator> node_;
+  HaloScratch scratch_;
+  HaloExchangeStats last_stats_;
 };
 
 // Collective over the context's group. Same contract as Communicator::all_to_all_v, blocking with a timeout.

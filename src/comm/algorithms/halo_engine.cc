@@ -2,10 +2,20 @@
 
 #include <chrono>
 #include <cstring>
-#include <memory>
 #include <sstream>
 
 namespace piper::comm {
+
+std::span<uint8_t> HaloScratch::take(size_t bytes) {
+  if (next_ == buffers_.size()) buffers_.emplace_back();
+  Buffer& b = buffers_[next_++];
+  if (b.bytes < bytes) {
+    b.data.reset(new uint8_t[bytes]);
+    b.bytes = bytes;
+  }
+  return {b.data.get(), bytes};
+}
+
 namespace {
 
 constexpr int kDirectTag = 1;
@@ -13,6 +23,7 @@ constexpr int kBatchTag = 2;
 constexpr int kGatherTagBase = 1000;   // + destination node
 constexpr int kScatterTagBase = 17000;  // + source node
 constexpr int kMaxNodes = 15000;
+using Clock = std::chrono::steady_clock;
 
 struct Pending {
   Handle handle;
@@ -23,7 +34,7 @@ struct Pending {
 // A send proxy's job: gather the lane's pieces for node m, then send one batch.
 struct SendJob {
   int node_m = 0;
-  std::vector<uint8_t> batch;
+  std::span<uint8_t> batch;
   std::vector<size_t> recv_index;  // indices into the pending list of the gather receives
   bool sent = false;
 };
@@ -31,18 +42,18 @@ struct SendJob {
 // A receive proxy's job: receive the batch from node n, then scatter it.
 struct RecvJob {
   int node_n = 0;
-  std::vector<uint8_t> batch;
+  std::span<uint8_t> batch;
   std::vector<size_t> piece_bytes;
+  std::vector<std::span<uint8_t>> out;  // per local rank; this rank's entry is its final_recv
   size_t recv_index = 0;
   bool scattered = false;
-  std::vector<std::vector<uint8_t>> out;
 };
 
 class Exchange {
  public:
-  Exchange(Communicator& comm, const NodeTopology& t, HaloPayload& p)
-      : comm_(comm), t_(t), p_(p), me_(comm.rank()), node_(t.node_of(me_)), local_(t.local_of(me_)),
-        lane_(t.lane_of(local_)) {}
+  Exchange(Communicator& comm, const NodeTopology& t, HaloPayload& p, HaloScratch& scratch, HaloExchangeStats& stats)
+      : comm_(comm), t_(t), p_(p), scratch_(scratch), stats_(stats), me_(comm.rank()), node_(t.node_of(me_)),
+        local_(t.local_of(me_)), lane_(t.lane_of(local_)) {}
 
   Status run(double timeout_s) {
     if (comm_.size() != t_.group_size()) {
@@ -50,18 +61,32 @@ class Exchange {
                               " ranks but the topology describes " + std::to_string(t_.group_size()));
     }
     if (t_.num_nodes() > kMaxNodes) return invalid_argument("halo: more than 15000 nodes are not supported");
+    start_ = Clock::now();
     PIPER_RETURN_IF_ERROR(post_receives());
     PIPER_RETURN_IF_ERROR(post_sends());
-    return progress(timeout_s);
+    stats_.posted_s = since_start();
+    Status status = progress(timeout_s);
+    stats_.total_s = since_start();
+    return status;
   }
 
  private:
   int lane_first() const { return lane_ * t_.lane_width(); }
+  double since_start() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
 
   Status post(Result<Handle> h, const char* phase, int peer) {
     PIPER_RETURN_IF_ERROR(h.status());
     pending_.push_back(Pending{std::move(h).value(), phase, peer});
     return ok_status();
+  }
+
+  Status send(std::span<const uint8_t> data, int peer, int tag, const char* phase) {
+    if (!data.empty()) {
+      bool inter = t_.node_of(peer) != node_;
+      (inter ? stats_.messages_inter : stats_.messages_intra) += 1;
+      (inter ? stats_.bytes_inter : stats_.bytes_intra) += static_cast<int64_t>(data.size());
+    }
+    return post(comm_.isend(data.data(), data.size(), peer, tag), phase, peer);
   }
 
   Status post_receives() {
@@ -84,14 +109,14 @@ class Exchange {
       int peer = t_.rank_of(node_, h);
       PIPER_RETURN_IF_ERROR(post(comm_.irecv(dst.data(), dst.size(), peer, kDirectTag), "I", peer));
     }
-    // Send proxy: gather the lane's pieces for each node m it serves.
+    // Send proxy: gather the lane's pieces for each node m it serves, straight into the batch.
     for (int m = 0; m < nodes; ++m) {
       if (m == node_ || t_.send_proxy(node_, m, lane_) != local_) continue;
       SendJob job;
       job.node_m = m;
       size_t total = 0;
       for (int i = 0; i < width; ++i) total += p_.local_piece_bytes(lane_first() + i, m);
-      job.batch.resize(total);
+      job.batch = scratch_.take(total);
       size_t offset = 0;
       for (int i = 0; i < width; ++i) {
         int g = lane_first() + i;
@@ -110,7 +135,7 @@ class Exchange {
       }
       send_jobs_.push_back(std::move(job));
     }
-    // Receive proxy: one batch per remote node whose lane traffic lands here.
+    // Receive proxy: one batch per remote node whose lane traffic lands here, and the parts it scatters.
     for (int n = 0; n < nodes; ++n) {
       if (n == node_ || t_.recv_proxy(n, node_, lane_) != local_) continue;
       RecvJob job;
@@ -120,7 +145,13 @@ class Exchange {
         job.piece_bytes.push_back(p_.remote_piece_bytes(n, lane_first() + i));
         total += job.piece_bytes.back();
       }
-      job.batch.resize(total);
+      job.batch = scratch_.take(total);
+      for (int h = 0; h < t_.ranks_per_node(); ++h) {
+        size_t bytes = p_.scatter_bytes(n, lane_, h);
+        std::span<uint8_t> part = h == local_ ? p_.final_recv(n, lane_) : scratch_.take(bytes);
+        if (part.size() != bytes) return internal_error("halo: scatter size disagrees with the payload's metadata");
+        job.out.push_back(part);
+      }
       job.recv_index = pending_.size();
       int peer = t_.rank_of(n, t_.send_proxy(n, node_, lane_));
       PIPER_RETURN_IF_ERROR(post(comm_.irecv(job.batch.data(), total, peer, kBatchTag), "II", peer));
@@ -132,17 +163,13 @@ class Exchange {
   Status post_sends() {
     for (int i = 1; i < t_.ranks_per_node(); ++i) {
       int h = (local_ + i) % t_.ranks_per_node();
-      std::span<const uint8_t> src = p_.direct_send(h);
-      int peer = t_.rank_of(node_, h);
-      PIPER_RETURN_IF_ERROR(post(comm_.isend(src.data(), src.size(), peer, kDirectTag), "I", peer));
+      PIPER_RETURN_IF_ERROR(send(p_.direct_send(h), t_.rank_of(node_, h), kDirectTag, "I"));
     }
     for (int i = 1; i < t_.num_nodes(); ++i) {
       int m = (node_ + i) % t_.num_nodes();
       int proxy = t_.send_proxy(node_, m, lane_);
       if (proxy == local_) continue;  // copied into the batch already
-      std::span<const uint8_t> src = p_.piece(m);
-      int peer = t_.rank_of(node_, proxy);
-      PIPER_RETURN_IF_ERROR(post(comm_.isend(src.data(), src.size(), peer, kGatherTagBase + m), "I-gather", peer));
+      PIPER_RETURN_IF_ERROR(send(p_.piece(m), t_.rank_of(node_, proxy), kGatherTagBase + m, "I-gather"));
     }
     return ok_status();
   }
@@ -156,8 +183,9 @@ class Exchange {
       for (size_t idx : job.recv_index) ready = ready && pending_[idx].handle.done();
       if (!ready) continue;
       int peer = t_.rank_of(job.node_m, t_.recv_proxy(node_, job.node_m, lane_));
-      PIPER_RETURN_IF_ERROR(post(comm_.isend(job.batch.data(), job.batch.size(), peer, kBatchTag), "II", peer));
+      PIPER_RETURN_IF_ERROR(send(job.batch, peer, kBatchTag, "II"));
       job.sent = moved = true;
+      stats_.batches_out_s = since_start();
     }
     for (RecvJob& job : recv_jobs_) {
       if (job.scattered || !pending_[job.recv_index].handle.done()) continue;
@@ -167,28 +195,32 @@ class Exchange {
         pieces.emplace_back(job.batch.data() + offset, b);
         offset += b;
       }
-      job.out.assign(t_.ranks_per_node(), {});
-      p_.scatter(job.node_n, lane_, pieces, &job.out);
+      const double scatter_start = since_start();
+      p_.scatter(job.node_n, lane_, pieces, job.out);
+      stats_.scatter_s += since_start() - scatter_start;
       for (int h = 0; h < t_.ranks_per_node(); ++h) {
-        if (h == local_) {
-          std::span<uint8_t> dst = p_.final_recv(job.node_n, lane_);
-          if (dst.size() != job.out[h].size()) return internal_error("halo: scatter size disagrees with metadata");
-          if (!dst.empty()) std::memcpy(dst.data(), job.out[h].data(), dst.size());
-          continue;
-        }
-        int peer = t_.rank_of(node_, h);
-        PIPER_RETURN_IF_ERROR(post(comm_.isend(job.out[h].data(), job.out[h].size(), peer,
-                                               kScatterTagBase + job.node_n), "III", peer));
+        if (h == local_) continue;
+        PIPER_RETURN_IF_ERROR(send(job.out[h], t_.rank_of(node_, h), kScatterTagBase + job.node_n, "III"));
       }
       job.scattered = moved = true;
+      stats_.batches_in_s = since_start();
     }
     return moved;
   }
 
+  bool jobs_done() const {
+    for (const SendJob& j : send_jobs_) {
+      if (!j.sent) return false;
+    }
+    for (const RecvJob& j : recv_jobs_) {
+      if (!j.scattered) return false;
+    }
+    return true;
+  }
+
   Status progress(double timeout_s) {
-    using Clock = std::chrono::steady_clock;
-    const auto start = Clock::now();
-    const auto deadline = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+    const auto deadline = start_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+    auto idle_since = Clock::now();
     while (true) {
       // Test the handles that gate a proxy job, then the first other incomplete one (each test progresses
       // every transfer; see Communicator::wait_all for why not every handle is tested each round).
@@ -204,16 +236,17 @@ class Exchange {
         if (!done) break;
         ++first_;
       }
-      bool all_done = first_ == pending_.size();
       PIPER_ASSIGN_OR_RETURN(bool moved, advance_jobs());
-      bool jobs_done = true;
-      for (const SendJob& j : send_jobs_) jobs_done = jobs_done && j.sent;
-      for (const RecvJob& j : recv_jobs_) jobs_done = jobs_done && j.scattered;
-      if (all_done && jobs_done && !moved) return ok_status();
-      if (moved) continue;
+      if (moved) {
+        idle_since = Clock::now();
+        continue;
+      }
+      if (first_ == pending_.size() && jobs_done()) return ok_status();
       auto now = Clock::now();
       if (now >= deadline) return timeout_error(timeout_s);
-      idle_while_polling(std::chrono::duration<double>(now - start).count());
+      ++stats_.idle_rounds;
+      // The back-off restarts whenever a job moves, so a proxy polls its fresh batch promptly.
+      idle_while_polling(std::chrono::duration<double>(now - idle_since).count());
     }
   }
 
@@ -233,7 +266,10 @@ class Exchange {
   Communicator& comm_;
   const NodeTopology& t_;
   HaloPayload& p_;
+  HaloScratch& scratch_;
+  HaloExchangeStats& stats_;
   int me_, node_, local_, lane_;
+  Clock::time_point start_;
   std::vector<Pending> pending_;
   size_t first_ = 0;  // every pending_[i] with i < first_ is complete
   std::vector<SendJob> send_jobs_;
@@ -242,8 +278,11 @@ class Exchange {
 
 }  // namespace
 
-Status run_halo_exchange(Communicator& comm, const NodeTopology& topology, HaloPayload& payload, double timeout_s) {
-  Exchange exchange(comm, topology, payload);
+Status run_halo_exchange(Communicator& comm, const NodeTopology& topology, HaloPayload& payload, double timeout_s,
+                         HaloScratch* scratch, HaloExchangeStats* stats) {
+  HaloScratch local_scratch;
+  HaloExchangeStats local_stats;
+  Exchange exchange(comm, topology, payload, scratch ? *scratch : local_scratch, stats ? *stats : local_stats);
   return exchange.run(timeout_s);
 }
 

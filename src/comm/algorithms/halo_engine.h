@@ -12,9 +12,14 @@
 // per-local-rank multiplicities for a deduplicated MoE dispatch). Every size is known on both sides before
 // anything is posted (the payload exchanges its metadata first), so no zero-byte message is ever posted and
 // no receive needs a probe.
+//
+// Buffers: batches and scatter parts live in a HaloScratch that the caller keeps across calls (HaloContext
+// owns one). Reusing memory matters: on the build VM a first-touch page fault costs ~30 us, i.e. 8 ms per
+// MiB, as slow as the 1 Gbit/s link itself (docs/comm.md, "Where the time went").
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -23,6 +28,41 @@
 #include "piper/comm/communicator.h"
 
 namespace piper::comm {
+
+// An arena of reusable byte buffers, handed out in request order: the i-th take() after reset() returns
+// buffer i, grown (never shrunk) to the size asked. Successive calls that ask for the same sequence of sizes
+// touch no fresh memory. Contents are unspecified. Not thread-safe; one user at a time.
+class HaloScratch {
+ public:
+  void reset() { next_ = 0; }
+  std::span<uint8_t> take(size_t bytes);
+
+ private:
+  struct Buffer {
+    std::unique_ptr<uint8_t[]> data;
+    size_t bytes = 0;
+  };
+  std::vector<Buffer> buffers_;
+  size_t next_ = 0;
+};
+
+// What one rank did in one exchange (for benchmarks and diagnosis). Times are seconds since the exchange
+// started on this rank (after the caller's metadata exchange and packing); a phase this rank has no part in
+// stays 0. The engine sets every field except metadata_s and pack_s, which its callers fill.
+struct HaloExchangeStats {
+  double metadata_s = 0;       // the caller's exchange of sizes before the engine ran
+  double pack_s = 0;           // the caller's packing of pieces before the engine ran
+  int64_t messages_intra = 0;  // messages this rank sent inside its node (phases I and III)
+  int64_t messages_inter = 0;  // batches this rank sent to other nodes (phase II)
+  int64_t bytes_intra = 0;
+  int64_t bytes_inter = 0;
+  double posted_s = 0;        // every receive and every phase-I send posted
+  double batches_out_s = 0;   // send proxy: the last batch posted (its gather complete)
+  double batches_in_s = 0;    // receive proxy: the last batch arrived and its scatter posted
+  double scatter_s = 0;       // receive proxy: time spent splitting batches (payload scatter copies)
+  double total_s = 0;         // everything of this rank complete
+  int64_t idle_rounds = 0;    // polling rounds that found nothing to do (each yields or sleeps)
+};
 
 class HaloPayload {
  public:
@@ -36,16 +76,22 @@ class HaloPayload {
   virtual size_t local_piece_bytes(int local_g, int node_m) = 0;
   // Size of the piece of rank (node_n, local g) bound for this node: what a receive proxy gets in a batch.
   virtual size_t remote_piece_bytes(int node_n, int local_g) = 0;
-  // Receive proxy: `pieces[i]` is the piece of rank (node_n, first local rank of `lane` + i); fills out[h] with
-  // the bytes local rank h must get (out has ranks_per_node entries, all empty on entry).
+  // Receive proxy of (node_n, lane) on this node: bytes it hands local rank h (equal to what final_recv of
+  // (node_n, lane) is on rank h).
+  virtual size_t scatter_bytes(int node_n, int lane, int local_h) = 0;
+  // Receive proxy: `pieces[i]` is the piece of rank (node_n, first local rank of `lane` + i); fills out[h]
+  // (scatter_bytes(node_n, lane, h) bytes, for every local rank h) with what local rank h must get.
   virtual void scatter(int node_n, int lane, std::span<const std::span<const uint8_t>> pieces,
-                       std::vector<std::vector<uint8_t>>* out) = 0;
-  // Final destination of what the receive proxy of (node_n, lane) sends here; its size must equal out[h].size().
+                       std::span<const std::span<uint8_t>> out) = 0;
+  // Final destination of what the receive proxy of (node_n, lane) sends here.
   virtual std::span<uint8_t> final_recv(int node_n, int lane) = 0;
 };
 
 // Runs one exchange; collective over `comm` (whose size is topology.group_size()). The payload's own local
 // block (if any) is not touched. Errors name the phase and the peers that did not deliver within timeout_s.
-Status run_halo_exchange(Communicator& comm, const NodeTopology& topology, HaloPayload& payload, double timeout_s);
+// The engine takes its buffers from `scratch` (may be null: a temporary arena is used) after whatever the payload
+// took from it (no reset() in between). `stats` (may be null) receives this rank's counts and phase times.
+Status run_halo_exchange(Communicator& comm, const NodeTopology& topology, HaloPayload& payload, double timeout_s,
+                         HaloScratch* scratch = nullptr, HaloExchangeStats* stats = nullptr);
 
 }  // namespace piper::comm

@@ -27,6 +27,14 @@ Status MoeRouting::validate(int group_size) const {
 
 Result<DispatchResult> flat_dispatch(Communicator& comm, const void* tokens, size_t token_bytes,
                                      const MoeRouting& routing, FlatDispatchKind kind, double timeout_s) {
+  DispatchResult result;
+  std::vector<uint8_t> pack;
+  PIPER_RETURN_IF_ERROR(flat_dispatch(comm, tokens, token_bytes, routing, kind, timeout_s, &result, &pack));
+  return result;
+}
+
+Status flat_dispatch(Communicator& comm, const void* tokens, size_t token_bytes, const MoeRouting& routing,
+                     FlatDispatchKind kind, double timeout_s, DispatchResult* out, std::vector<uint8_t>* pack) {
   PIPER_RETURN_IF_ERROR(routing.validate(comm.size()));
   const int p = comm.size();
   const auto* in = static_cast<const uint8_t*>(tokens);
@@ -46,7 +54,8 @@ Result<DispatchResult> flat_dispatch(Communicator& comm, const void* tokens, siz
     recv_bytes[d] = rows_from[d] * token_bytes;
     offset[d + 1] = offset[d] + send_bytes[d];
   }
-  std::vector<uint8_t> send(offset[p]);
+  std::vector<uint8_t>& send = *pack;
+  send.resize(offset[p]);
   for (int64_t t = 0; t < routing.num_tokens; ++t) {
     for (int j = 0; j < routing.top_k; ++j) {
       int d = routing.dest_ranks[t * routing.top_k + j];
@@ -55,7 +64,8 @@ Result<DispatchResult> flat_dispatch(Communicator& comm, const void* tokens, siz
       offset[d] += token_bytes;
     }
   }
-  DispatchResult result;
+  DispatchResult& result = *out;
+  result.rows_from.clear();
   size_t total = 0;
   for (int s = 0; s < p; ++s) {
     result.rows_from.push_back(static_cast<int64_t>(rows_from[s]));
@@ -69,7 +79,7 @@ Result<DispatchResult> flat_dispatch(Communicator& comm, const void* tokens, siz
     PIPER_ASSIGN_OR_RETURN(Handle d, comm.all_to_all_v(send.data(), send_bytes, result.rows.data(), recv_bytes));
     PIPER_RETURN_IF_ERROR(comm.wait(d, timeout_s));
   }
-  return result;
+  return ok_status();
 }
 
 DispatchTraffic dispatch_traffic(const NodeTopology& t, int rank, size_t token_bytes, const MoeRouting& routing) {

@@ -38,11 +38,20 @@ enum class FlatDispatchKind { kMpiAllToAllV, kPairwise };
 // Communicator::all_to_all_v, or pairwise point-to-point).
 Result<DispatchResult> flat_dispatch(Communicator& comm, const void* tokens, size_t token_bytes,
                                      const MoeRouting& routing, FlatDispatchKind kind, double timeout_s);
+// The same into caller-kept buffers: `out` and `pack` (the send buffer, grouped by destination) keep their
+// capacity from call to call, so a steady stream of dispatches touches no fresh memory (first-touch page
+// faults cost ~8 ms per MiB on the build VM; see halo_engine.h).
+Status flat_dispatch(Communicator& comm, const void* tokens, size_t token_bytes, const MoeRouting& routing,
+                     FlatDispatchKind kind, double timeout_s, DispatchResult* out, std::vector<uint8_t>* pack);
 
 // HALO dispatch: an all-gather of per-rank row and token counts (small), then one HALO exchange in which a
-// token crosses the network once per destination node.
+// token crosses the network once per destination node. Its pieces and batches live in the context's scratch;
+// the context's last_stats() describe the exchange afterwards.
 Result<DispatchResult> halo_dispatch(HaloContext& context, const void* tokens, size_t token_bytes,
                                      const MoeRouting& routing, double timeout_s);
+// The same into a caller-kept result (its capacity is reused).
+Status halo_dispatch(HaloContext& context, const void* tokens, size_t token_bytes, const MoeRouting& routing,
+                     double timeout_s, DispatchResult* out);
 
 // Bytes this rank puts on the inter-node network for one dispatch (for benchmarks): flat = rows to other nodes
 // * token_bytes; HALO = distinct (token, remote node) pairs * (token_bytes + ranks_per_node).
