@@ -37,6 +37,7 @@ struct TrainCliOptions {
   double lr = 3e-3;
   int64_t warmup = 10;
   int threads = 0;
+  int ranks_per_node = 0;  // 0 = the MPI job's local size (HALO exchanges)
   std::string save;
   std::string resume;
   std::string trace;
@@ -105,6 +106,7 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   t.data = o.data;
   t.optimizer.lr = o.lr;
   t.warmup_steps = o.warmup;
+  t.ranks_per_node = o.ranks_per_node;
   PIPER_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(t));
   if (!o.resume.empty()) PIPER_RETURN_IF_ERROR(trainer->resume(o.resume));
   const auto& plan = trainer->compiled().plan;
@@ -247,6 +249,10 @@ Result<std::vector<std::string>> own_argv() {
 Status run_train(const TrainCliOptions& o) {
   if (o.steps < 1) return invalid_argument("--steps must be >= 1, got " + std::to_string(o.steps));
   if (o.threads < 0) return invalid_argument("--threads must be >= 0 (0 = all cores)");
+  if (o.ranks_per_node < 0) {
+    return invalid_argument("--ranks-per-node must be >= 1 (or 0 = the MPI job's), got " +
+                            std::to_string(o.ranks_per_node));
+  }
   if (o.ranks < 0) return invalid_argument("--ranks must be >= 1, got " + std::to_string(o.ranks));
   if (!o.trace.empty()) {
     const std::filesystem::path dir = std::filesystem::path(o.trace).parent_path();
@@ -294,6 +300,8 @@ PIPER_REGISTER_COMMAND(g_train, "train", "Train a model through its compiled Pla
   sub->add_option("--lr", o->lr, "peak learning rate (AdamW)")->capture_default_str();
   sub->add_option("--warmup", o->warmup, "linear warm-up steps")->capture_default_str();
   sub->add_option("--threads", o->threads, "kernel threads (0 = all cores)")->capture_default_str();
+  sub->add_option("--ranks-per-node", o->ranks_per_node,
+                  "ranks per emulated node for a2a=halo (node-major; default: the MPI job's local size)");
   sub->add_option("--save", o->save, "write a checkpoint to this directory at the end");
   sub->add_option("--resume", o->resume, "resume from a checkpoint directory");
   sub->add_option("--trace", o->trace, "write the measured timeline of every rank as a Chrome/Perfetto trace");

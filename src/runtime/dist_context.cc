@@ -1,5 +1,6 @@
 #include "piper/runtime/dist_context.h"
 
+#include <cstdlib>
 #include <cstring>
 
 namespace piper::runtime {
@@ -40,6 +41,15 @@ comm::Communicator* DistContext::group(const std::string& axis) const {
   return it == groups_.end() ? nullptr : it->second.get();
 }
 
+Status DistContext::set_ranks_per_node(int k) {
+  if (k < 1 || world_size_ % k != 0) {
+    return invalid_argument("ranks per node " + std::to_string(k) + " does not divide the " +
+                            std::to_string(world_size_) + " ranks; pick a divisor");
+  }
+  ranks_per_node_ = k;
+  return ok_status();
+}
+
 Result<std::unique_ptr<DistContext>> DistContext::create(comm::Communicator& world, const compile::Plan& plan) {
   if (world.size() != plan.world_size) {
     return invalid_argument("the plan is for " + std::to_string(plan.world_size) + " ranks but the MPI job has " +
@@ -53,6 +63,11 @@ Result<std::unique_ptr<DistContext>> DistContext::create(comm::Communicator& wor
   ctx->plan_ = &plan;
   ctx->coord_ = plan.coords[static_cast<size_t>(ctx->rank_)];
   ctx->timeout_s_ = comm::default_timeout_s();
+  ctx->ranks_per_node_ = ctx->world_size_;
+  if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) {
+    const int k = std::atoi(local);
+    if (k >= 1 && ctx->world_size_ % k == 0) ctx->ranks_per_node_ = k;
+  }
 
   // Every rank compiled its own plan: they must be the same program set.
   const uint64_t mine = plan_hash(plan);

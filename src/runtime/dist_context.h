@@ -43,6 +43,11 @@ class DistContext {
   comm::Communicator* group(const std::string& axis) const;
   // Seconds any single wait may take before the rank gives up naming its peer (PIPER_COMM_TIMEOUT_S).
   double timeout_s() const { return timeout_s_; }
+  // World ranks per (emulated) node, node-major: what HALO exchanges take as the topology. Default: the MPI
+  // job's local size (OMPI_COMM_WORLD_LOCAL_SIZE), else the whole world on one node.
+  int ranks_per_node() const { return ranks_per_node_; }
+  // InvalidArgument unless k >= 1 divides the world size.
+  Status set_ranks_per_node(int k);
 
  private:
   DistContext() = default;
@@ -52,6 +57,7 @@ class DistContext {
   std::unique_ptr<comm::Communicator> p2p_, ctl_;
   std::map<std::string, std::unique_ptr<comm::Communicator>> groups_;
   double timeout_s_ = 60;
+  int ranks_per_node_ = 1;
 };
 
 }  // namespace piper::runtime

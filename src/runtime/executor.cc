@@ -118,6 +118,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
             const ir::Node& o = graph.node(other);
             // Pipeline send/recv endpoints carry the message to / from the other rank.
             if (o.kind == ir::NodeKind::kSend || o.kind == ir::NodeKind::kRecv) return true;
+            if (o.kind == ir::NodeKind::kAllToAll) return true;  // expert dispatch / combine (executor_ep.cc)
             if (ir::is_comm(o.kind)) return false;
             if (o.kind != ir::NodeKind::kChunk || chunk_key(other) == chunk_key(n.id)) return false;
             return fwd ? o.tags.pass == ir::Pass::kF : (o.tags.pass == ir::Pass::kB || o.tags.pass == ir::Pass::kBW);
@@ -127,7 +128,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
               const ir::Edge& ed = graph.edge(e);
               if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
               const ir::NodeKind src_kind = graph.node(ed.src).kind;
-              if (ir::is_comm(src_kind) && src_kind != ir::NodeKind::kRecv) {
+              if (ir::is_comm(src_kind) && src_kind != ir::NodeKind::kRecv && src_kind != ir::NodeKind::kAllToAll) {
                 return unimplemented("executor: '" + in.label + "' reads from communication node '" +
                                      graph.node(ed.src).name + "' (" + ir::to_string(src_kind) +
                                      "); the runtime does not execute that kind of exchange yet (docs/runtime.md)");
@@ -157,6 +158,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
     }
     impl->streams.push_back(std::move(tasks));
   }
+  PIPER_RETURN_IF_ERROR(impl->ep_setup());
   for (const auto& c : model->chunks()) {
     const int n = impl->updates_expected.count(c.get()) ? impl->updates_expected[c.get()] : 0;
     if (n != 1) {
@@ -459,6 +461,7 @@ Result<StepResult> Executor::run_step(const Batch& batch) {
   }
   r.loss /= m.num_mb;
   if (m.dist != nullptr) PIPER_RETURN_IF_ERROR(m.reduce_losses(&r.loss, &r.aux_loss));
+  PIPER_RETURN_IF_ERROR(m.collect_expert_tokens(&r.expert_tokens));
   r.grad_norm = m.grad_norm;
   r.task_seconds = m.task_seconds;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

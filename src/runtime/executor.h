@@ -57,6 +57,10 @@ struct StepResult {
   // Wall seconds spent in compute tasks by "<part>.<pass>" ("experts.BW"), summed over layers, microbatches
   // and streams; and in optimizer updates ("update").
   std::map<std::string, double> task_seconds;
+  // Tokens (routed slots) each expert received in this step, by MoE layer: [num_experts] per layer, summed over
+  // microbatches and, on several ranks, over the ranks (the same on every rank). The expert load that
+  // balance::LoadMonitor::record_step takes.
+  std::map<int, std::vector<int64_t>> expert_tokens;
 };
 
 class Executor {

@@ -51,13 +51,14 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
   }
   // Collective: gradient all-reduce (zero=0), gradient reduce-scatter once per step (zero=1) or per microbatch
   // (zero=2), and the all-gather of the updated parameters (zero=1, 2).
+  if (in.comm == ir::NodeKind::kAllToAll) return resolve_ep(in, t);  // executor_ep.cc
   const bool zero1_rs = in.comm == ir::NodeKind::kReduceScatter && n.tags.mb < 0;
   const bool zero2_rs = in.comm == ir::NodeKind::kReduceScatter && n.tags.mb >= 0;
   const bool zero1_ag = in.comm == ir::NodeKind::kAllGather && n.tags.pass == ir::Pass::kU;
   if (in.comm != ir::NodeKind::kAllReduce && !zero1_rs && !zero2_rs && !zero1_ag) {
     return unimplemented("executor: '" + in.label + "' (" + ir::to_string(in.comm) + " over " + in.group +
                          ") is not executed yet: the runtime runs pipeline parallelism and data parallelism with " +
-                         "zero=0, 1 or 2; drop zero=3/ep/tp from the strategy (docs/runtime.md)");
+                         "zero=0, 1 or 2 and expert parallelism; drop zero=3/tp from the strategy (docs/runtime.md)");
   }
   t->comm = dist->group(in.group);
   if (t->comm == nullptr) {
@@ -180,6 +181,7 @@ Status Executor::Impl::recv(const Task& t) {
 }
 
 Status Executor::Impl::collective(const Task& t) {
+  if (t.in->comm == ir::NodeKind::kAllToAll) return ep_exchange(t);
   if (t.in->comm == ir::NodeKind::kReduceScatter) return reduce_scatter(t);
   if (t.in->comm == ir::NodeKind::kAllGather) return gather_params(t);
   size_t total = 0;
@@ -293,6 +295,7 @@ Status Executor::Impl::gather_params(const Task& t) {
 }
 
 Result<double> Executor::Impl::global_grad_norm() {
+  ep_scale_grads();
   double local = 0;
   for (const auto& c : model->chunks()) {
     auto it = norm_owner.find(c.get());

@@ -42,6 +42,8 @@ struct Task {
   int degree = 1;
 };
 
+struct EpState;  // executor_ep.cc
+
 template <typename Msg>
 struct Pending {
   Msg msg;
@@ -136,6 +138,18 @@ struct Executor::Impl {
   Result<double> global_grad_norm();
   // Sums (loss, aux) over the ranks that own them; returns the step's mean loss and aux loss.
   Status reduce_losses(double* loss, double* aux);
+
+  // executor_ep.cc: expert parallelism and the expert load. Null without experts in the graph.
+  std::shared_ptr<detail::EpState> ep;
+  // An all_to_all instruction (dispatch/combine over ep): group, producers, consumers.
+  Status resolve_ep(const compile::Instruction& in, Task* t);
+  // After every instruction is resolved: MoE layers, expert norm owners, the HALO context (collective over ep).
+  Status ep_setup();
+  Status ep_exchange(const Task& t);
+  // Before the global norm: expert gradients become the mean over the ep group's objectives.
+  void ep_scale_grads();
+  // Tokens each expert received this step, per MoE layer, summed over the ranks (collective when distributed).
+  Status collect_expert_tokens(std::map<int, std::vector<int64_t>>* out);
 };
 
 }  // namespace piper::runtime

@@ -48,6 +48,16 @@ Result<ChunkDims> runtime_dims(const ModelSpec& m, const ModelOptions& o) {
   d.vocab = m.vocab_size;
   d.rope_theta = m.rope_theta;
   d.num_layers = m.num_layers;
+  if (o.expert_ranks > 1 || o.expert_rank != 0) {
+    if (!m.is_moe() || o.expert_ranks < 1 || m.moe.num_experts % o.expert_ranks != 0 || o.expert_rank < 0 ||
+        o.expert_rank >= o.expert_ranks) {
+      return invalid_argument("model '" + m.name + "': expert rank " + std::to_string(o.expert_rank) + " of " +
+                              std::to_string(o.expert_ranks) + " does not split its " +
+                              std::to_string(m.moe.num_experts) + " experts evenly; pick ep dividing num_experts");
+    }
+    d.num_local_experts = m.moe.num_experts / o.expert_ranks;
+    d.expert_begin = o.expert_rank * d.num_local_experts;
+  }
   return d;
 }
 

@@ -27,6 +27,10 @@ namespace piper::runtime {
 struct ModelOptions {
   double aux_loss_coef = 0.01;     // Switch load-balance loss for routers without a balancing bias
   double bias_update_rate = 1e-3;  // aux-loss-free bias step (models with moe.router_bias)
+  // Expert parallelism: the experts are split into expert_ranks contiguous blocks; this model holds block
+  // expert_rank (the experts chunk of an ep rank). 1 = every expert.
+  int expert_ranks = 1;
+  int expert_rank = 0;
 };
 
 // The chunk dimensions of `model`; InvalidArgument naming the first feature the CPU chunks lack.

@@ -71,6 +71,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   const int rank = options.world != nullptr ? options.world->rank() : 0;
   if (options.world != nullptr) {
     PIPER_ASSIGN_OR_RETURN(t->dist_, DistContext::create(*options.world, t->compiled_.plan));
+    if (options.ranks_per_node > 0) PIPER_RETURN_IF_ERROR(t->dist_->set_ranks_per_node(options.ranks_per_node));
     if (options.model.moe.router_bias && t->compiled_.plan.mesh.dp > 1) {
       return unimplemented("model '" + options.model.name + "' balances experts with a router bias; under dp=" +
                            std::to_string(t->compiled_.plan.mesh.dp) + " its expert counts are not summed across "
@@ -86,7 +87,13 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
       mine.emplace(n.tags.layer, n.tags.part);
     }
   }
-  PIPER_ASSIGN_OR_RETURN(t->model_, Model::create(options.model, options.model_options, options.seed,
+  // Expert parallelism: this rank's experts chunk holds only its ep rank's block of experts.
+  ModelOptions model_options = options.model_options;
+  if (t->compiled_.plan.mesh.ep > 1) {
+    model_options.expert_ranks = t->compiled_.plan.mesh.ep;
+    model_options.expert_rank = t->dist_ != nullptr ? t->dist_->coord().ep : 0;
+  }
+  PIPER_ASSIGN_OR_RETURN(t->model_, Model::create(options.model, model_options, options.seed,
                                                   t->allocator_.get(), [&](int layer, const std::string& part) {
                                                     return mine.count({layer, part}) > 0;
                                                   }));
@@ -134,6 +141,7 @@ Result<TrainStepStats> Trainer::step() {
   s.grad_norm = r.grad_norm;
   s.seconds = r.seconds;
   s.task_seconds = r.task_seconds;
+  s.expert_tokens = std::move(r.expert_tokens);
   const double tokens = static_cast<double>(tokens_per_step());
   s.tokens_per_s = r.seconds > 0 ? tokens / r.seconds : 0;
   s.flops_per_s = s.tokens_per_s * flops_per_token_;

@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "piper/base/status.h"
 #include "piper/compile/compile.h"
@@ -50,6 +51,8 @@ struct TrainOptions {
   // Multi-rank runs (ranks > 1): the MPI world this process is one rank of (size == ranks). Not owned; must
   // outlive the trainer. Every rank calls create() and step() in the same order.
   comm::Communicator* world = nullptr;
+  // Multi-rank runs: world ranks per (emulated) node for HALO exchanges; 0 = the MPI job's local size.
+  int ranks_per_node = 0;
 };
 
 struct TrainStepStats {
@@ -59,6 +62,7 @@ struct TrainStepStats {
   double tokens_per_s = 0;
   double flops_per_s = 0;  // model FLOPs (docs/counting.md) per second
   std::map<std::string, double> task_seconds;  // see StepResult
+  std::map<int, std::vector<int64_t>> expert_tokens;  // see StepResult: per MoE layer, tokens per expert
 };
 
 class Trainer {

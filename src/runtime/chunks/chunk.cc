@@ -22,14 +22,14 @@ void Chunk::zero_grads() {
 }
 
 Tensor* Chunk::add_param(const std::string& short_name, const Shape& shape, uint64_t seed, float stddev, float fill,
-                         bool decay, bool trainable) {
+                         bool decay, bool trainable, uint64_t offset) {
   Param p;
   p.name = name() + "." + short_name;
   p.value = Tensor::zeros_or_die(shape, MemCategory::kParameters, allocator_);
   if (stddev > 0) {
     // The stream is a hash of the name: the draw does not depend on the order parameters are created in.
     Rng rng(seed, fnv1a64(p.name.data(), p.name.size()));
-    fill_normal(p.value.data(), p.value.numel(), rng, 0, 0.0f, stddev);
+    fill_normal(p.value.data(), p.value.numel(), rng, offset, 0.0f, stddev);
   } else {
     p.value.fill(fill);
   }

@@ -54,6 +54,11 @@ struct ChunkDims {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   int num_layers = 0;
+  // Expert parallelism: this rank's experts are [expert_begin, expert_begin + num_local_experts) of the
+  // num_experts (0 local = all of them). Their weights are those experts' slices of the whole model's tensors.
+  int expert_begin = 0;
+  int num_local_experts = 0;
+  int local_experts() const { return num_local_experts > 0 ? num_local_experts : num_experts; }
 };
 
 // One microbatch of token ids, [batch, seq] row-major.
@@ -79,10 +84,23 @@ struct Routed {
   kernels::Routing routing;
 };
 
+// Expert parallelism: routed rows exchanged over the ep group, in dispatch order (source rank, token, slot).
+//   dispatch -> experts (F): rows = the normed tokens, expert = local expert of each row, weight = its routing weight
+//   experts -> combine (F):  rows = the expert outputs (the combine weights them at the source)
+//   combine -> experts (B):  rows = the (routed-scaled) output gradients, expert and weight as in the forward
+//   experts -> dispatch (B): rows = the input gradients, dweight = d loss / d routing weight of each row
+struct EpRows {
+  std::shared_ptr<const Tensor> rows;  // [R, h]
+  std::vector<int32_t> expert;         // [R]
+  std::vector<float> weight;           // [R]
+  std::vector<float> dweight;          // [R]
+};
+
 // Tensors on a forward data edge.
 struct Activation {
   std::shared_ptr<const Tensor> hidden;  // [n, h]; null for the head (it produces only the loss)
   std::shared_ptr<const Routed> routed;  // router -> experts only
+  std::shared_ptr<const EpRows> ep;      // expert parallelism: dispatch -> experts -> combine
 };
 
 // Tensors on a backward data edge (gradients of the Activation fields).
@@ -90,6 +108,7 @@ struct Gradient {
   std::shared_ptr<const Tensor> dhidden;
   std::shared_ptr<const Tensor> dnormed;  // experts -> router
   std::shared_ptr<const Tensor> dtopk_w;  // experts -> router
+  std::shared_ptr<const EpRows> ep;       // expert parallelism: combine -> experts -> dispatch
 };
 
 // What a forward keeps for its backward. Chunks derive their own.
@@ -133,14 +152,18 @@ class Chunk {
   virtual void backward_weight(const StepContext& ctx, Stash& stash) = 0;
   // After the optimizer step of this chunk (router: balancing-bias update). Default: nothing.
   virtual void after_update() {}
+  // experts: the rows (token slots) each of the num_experts experts received in forwards since the last call
+  // (zero for experts this rank does not hold), then restarts the count. Other chunks: empty.
+  virtual std::vector<int64_t> take_expert_tokens() { return {}; }
 
   // Zeroes every gradient (start of a step).
   void zero_grads();
 
  protected:
   // Adds a parameter initialised N(0, stddev) from (seed, name), or to `fill` when stddev == 0.
+  // `offset`: the draw starts at element `offset` of the (seed, name) stream (a slice of a larger tensor).
   Tensor* add_param(const std::string& short_name, const Shape& shape, uint64_t seed, float stddev, float fill,
-                    bool decay, bool trainable = true);
+                    bool decay, bool trainable = true, uint64_t offset = 0);
   Tensor new_tensor(const Shape& shape, MemCategory category) const;
   std::shared_ptr<Tensor> new_shared(const Shape& shape, MemCategory category) const;
 

@@ -1,4 +1,9 @@
 // experts: permute the normed tokens by expert, grouped SwiGLU experts, weighted unpermute, residual add.
+// Under expert parallelism (an input carrying EpRows) the chunk holds only its local experts and computes only
+// the rows the dispatch delivered: the permutation, the weighted combine and the residual add happen at the
+// tokens' source ranks (executor_ep.cc); here the rows are grouped by local expert and back again.
+#include <mutex>
+
 #include "piper/kernels/cpu/ops.h"
 #include "piper/runtime/chunks/parts.h"
 
@@ -8,41 +13,46 @@ namespace {
 struct ExpertsStash : Stash {
   int64_t n = 0;
   std::shared_ptr<const Routed> routed;
+  std::shared_ptr<const EpRows> ep_in;  // expert parallelism: the dispatched rows (weights for the backward)
+  kernels::Routing local;               // expert parallelism: received rows grouped by local expert
   Tensor xp, g, u, hh, yp;  // [rows, h] / [rows, f]: dispatched tokens, intermediates, expert outputs
   // B -> W
   Tensor dyp, dg, du;
+  const kernels::Routing& routing() const { return ep_in ? local : routed->routing; }
 };
 
 class ExpertsChunk : public Chunk {
  public:
   ExpertsChunk(int layer, const ChunkDims& d, uint64_t seed, Allocator* allocator)
-      : Chunk("experts", layer, d, allocator) {
-    const int64_t E = d.num_experts, f = d.expert_intermediate;
-    add_param("w_gate", {E, f, d.hidden}, seed, init_std(), 0.0f, true);
-    add_param("w_up", {E, f, d.hidden}, seed, init_std(), 0.0f, true);
-    add_param("w_down", {E, d.hidden, f}, seed, residual_init_std(d), 0.0f, true);
+      : Chunk("experts", layer, d, allocator), counts_(static_cast<size_t>(d.num_experts), 0) {
+    const int64_t E = d.local_experts(), f = d.expert_intermediate;
+    // The local experts' slices of the whole model's [num_experts, ...] tensors: same bits as on one rank.
+    const uint64_t offset = static_cast<uint64_t>(d.expert_begin) * static_cast<uint64_t>(f * d.hidden);
+    add_param("w_gate", {E, f, d.hidden}, seed, init_std(), 0.0f, true, true, offset);
+    add_param("w_up", {E, f, d.hidden}, seed, init_std(), 0.0f, true, true, offset);
+    add_param("w_down", {E, d.hidden, f}, seed, residual_init_std(d), 0.0f, true, true, offset);
   }
 
   Result<std::unique_ptr<Stash>> forward(const StepContext& ctx, const Microbatch& mb,
                                          const std::vector<const Activation*>& inputs, Activation* out) override {
-    const int64_t n = mb.num_tokens(), h = dims_.hidden, f = dims_.expert_intermediate;
+    const int64_t n = mb.num_tokens(), h = dims_.hidden;
     if (inputs.size() != 1 || !inputs[0]->routed || !inputs[0]->hidden || inputs[0]->hidden->numel() != n * h) {
       return invalid_argument(name() + ": expects one input from its router (residual + routing), got " +
                               std::to_string(inputs.size()) + "; the graph must link router -> experts");
+    }
+    if (inputs[0]->ep) return forward_ep(ctx, *inputs[0], out);
+    if (dims_.local_experts() != dims_.num_experts) {
+      return invalid_argument(name() + " holds experts [" + std::to_string(dims_.expert_begin) + ", " +
+                              std::to_string(dims_.expert_begin + dims_.local_experts()) + ") of " +
+                              std::to_string(dims_.num_experts) + " but its input was not dispatched; an expert-"
+                              "parallel model needs the plan's all-to-all (strategy ep=...)");
     }
     auto st = std::make_unique<ExpertsStash>();
     st->n = n;
     st->routed = inputs[0]->routed;
     const Routed& r = *st->routed;
-    const int64_t rows = n * dims_.top_k;
-    st->xp = new_tensor({rows, h}, MemCategory::kActivations);
-    kernels::permute_forward(st->xp.data(), r.normed->data(), r.routing, h);
-    st->g = new_tensor({rows, f}, MemCategory::kActivations);
-    st->u = new_tensor({rows, f}, MemCategory::kActivations);
-    st->hh = new_tensor({rows, f}, MemCategory::kActivations);
-    st->yp = new_tensor({rows, h}, MemCategory::kActivations);
-    kernels::expert_swiglu_forward(st->yp.data(), st->g.data(), st->u.data(), st->hh.data(), st->xp.data(), w(0), w(1),
-                                   w(2), r.routing, h, f);
+    run_experts(*st, r.normed->data(), n * dims_.top_k);
+    if (!ctx.recompute) count(r.routing, 0);
     auto y = new_shared({n, h}, MemCategory::kActivations);
     kernels::unpermute_forward(y->data(), st->yp.data(), r.topk_w.data(), r.routing, h);
     const float scale = static_cast<float>(dims_.routed_scaling);
@@ -56,6 +66,7 @@ class ExpertsChunk : public Chunk {
   Status backward_input(const StepContext& ctx, const std::vector<const Gradient*>& grads, Stash& stash,
                         Gradient* dx) override {
     auto& st = static_cast<ExpertsStash&>(stash);
+    if (st.ep_in) return backward_input_ep(grads, st, dx);
     const int64_t n = st.n, h = dims_.hidden, f = dims_.expert_intermediate, rows = n * dims_.top_k;
     const Routed& r = *st.routed;
     PIPER_ASSIGN_OR_RETURN(auto dout, sum_dhidden(*this, grads, n, h));
@@ -85,16 +96,103 @@ class ExpertsChunk : public Chunk {
   void backward_weight(const StepContext& ctx, Stash& stash) override {
     auto& st = static_cast<ExpertsStash&>(stash);
     kernels::expert_swiglu_backward_weight(g(0), g(1), g(2), st.dyp.data(), st.xp.data(), st.hh.data(),
-                                           st.dg.data(), st.du.data(), st.routed->routing, dims_.hidden,
+                                           st.dg.data(), st.du.data(), st.routing(), dims_.hidden,
                                            dims_.expert_intermediate);
     st.dyp = Tensor();
     st.dg = Tensor();
     st.du = Tensor();
   }
 
+  std::vector<int64_t> take_expert_tokens() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<int64_t> out = counts_;
+    std::fill(counts_.begin(), counts_.end(), 0);
+    return out;
+  }
+
  private:
+  // Grouped SwiGLU over `rows` rows of `x` permuted by st.routing(): fills xp, g, u, hh, yp.
+  void run_experts(ExpertsStash& st, const float* x, int64_t rows) {
+    const int64_t h = dims_.hidden, f = dims_.expert_intermediate;
+    st.xp = new_tensor({rows, h}, MemCategory::kActivations);
+    kernels::permute_forward(st.xp.data(), x, st.routing(), h);
+    st.g = new_tensor({rows, f}, MemCategory::kActivations);
+    st.u = new_tensor({rows, f}, MemCategory::kActivations);
+    st.hh = new_tensor({rows, f}, MemCategory::kActivations);
+    st.yp = new_tensor({rows, h}, MemCategory::kActivations);
+    kernels::expert_swiglu_forward(st.yp.data(), st.g.data(), st.u.data(), st.hh.data(), st.xp.data(), w(0), w(1),
+                                   w(2), st.routing(), h, f);
+  }
+
+  // Expert parallelism: the dispatched rows through the local experts, outputs back in dispatch order. The
+  // residual and the routing pass through to the combine, which weights and adds at the source.
+  Result<std::unique_ptr<Stash>> forward_ep(const StepContext& ctx, const Activation& in, Activation* out) {
+    const int64_t h = dims_.hidden;
+    const EpRows& ep = *in.ep;
+    const int64_t rows = static_cast<int64_t>(ep.expert.size());
+    if (!ep.rows || ep.rows->numel() != rows * h || ep.weight.size() != ep.expert.size()) {
+      return internal_error(name() + ": dispatched rows, experts and weights disagree in count");
+    }
+    for (int32_t e : ep.expert) {
+      if (e < 0 || e >= dims_.local_experts()) {
+        return internal_error(name() + ": a dispatched row names local expert " + std::to_string(e) + " of " +
+                              std::to_string(dims_.local_experts()));
+      }
+    }
+    auto st = std::make_unique<ExpertsStash>();
+    st->n = in.hidden->numel() / h;
+    st->routed = in.routed;
+    st->ep_in = in.ep;
+    st->local = kernels::build_routing(ep.expert.data(), rows, 1, dims_.local_experts());
+    run_experts(*st, ep.rows->data(), rows);
+    if (!ctx.recompute) count(st->local, dims_.expert_begin);
+    auto back = new_shared({rows, h}, MemCategory::kActivations);
+    kernels::permute_backward_input(back->data(), st->yp.data(), st->local, h);  // one slot a row: a gather
+    auto rows_out = std::make_shared<EpRows>();
+    rows_out->rows = std::move(back);
+    out->hidden = in.hidden;
+    out->routed = in.routed;
+    out->ep = std::move(rows_out);
+    return std::unique_ptr<Stash>(std::move(st));
+  }
+
+  Status backward_input_ep(const std::vector<const Gradient*>& grads, ExpertsStash& st, Gradient* dx) {
+    const int64_t h = dims_.hidden, f = dims_.expert_intermediate;
+    const EpRows& in = *st.ep_in;
+    const int64_t rows = static_cast<int64_t>(in.expert.size());
+    if (grads.size() != 1 || !grads[0]->ep || !grads[0]->ep->rows || grads[0]->ep->rows->numel() != rows * h) {
+      return invalid_argument(name() + ": expects one gradient message from its combine with " +
+                              std::to_string(rows) + " dispatched rows; got " + std::to_string(grads.size()) +
+                              " message(s)");
+    }
+    st.dyp = new_tensor({rows, h}, MemCategory::kBuffers);
+    auto out = std::make_shared<EpRows>();
+    out->dweight.assign(static_cast<size_t>(rows), 0.0f);
+    kernels::unpermute_backward_input(st.dyp.data(), out->dweight.data(), grads[0]->ep->rows->data(), st.yp.data(),
+                                      in.weight.data(), st.local, h);
+    Tensor dxp = new_tensor({rows, h}, MemCategory::kBuffers);
+    st.dg = new_tensor({rows, f}, MemCategory::kBuffers);
+    st.du = new_tensor({rows, f}, MemCategory::kBuffers);
+    kernels::expert_swiglu_backward_input(dxp.data(), st.dg.data(), st.du.data(), st.dyp.data(), st.g.data(),
+                                          st.u.data(), w(0), w(1), w(2), st.local, h, f);
+    auto back = new_shared({rows, h}, MemCategory::kBuffers);
+    kernels::permute_backward_input(back->data(), dxp.data(), st.local, h);
+    out->rows = std::move(back);
+    dx->dhidden = grads[0]->dhidden;  // the residual's gradient, back to the source's router
+    dx->ep = std::move(out);
+    return ok_status();
+  }
+
+  void count(const kernels::Routing& r, int first) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int e = 0; e < r.num_experts; ++e) counts_[static_cast<size_t>(first + e)] += r.count(e);
+  }
+
   const float* w(size_t i) const { return params_[i].value.data(); }
   float* g(size_t i) { return params_[i].grad.data(); }
+
+  std::mutex mutex_;
+  std::vector<int64_t> counts_;  // rows per expert (all num_experts) since take_expert_tokens()
 };
 
 }  // namespace

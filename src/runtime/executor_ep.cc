@@ -1,0 +1,411 @@
+// The executor's expert-parallel all-to-all instructions (dispatch and combine over the `ep` group, flat or
+// HALO), the expert-gradient scaling and norm ownership under expert parallelism, and the per-step expert load
+// (tokens each expert received). See executor.h and docs/runtime.md.
+//
+// One (layer, microbatch) of routed tokens, ep group of P ranks, rank r holding experts [r E/P, (r+1) E/P):
+//   dispatch F  rows (token, slot) of the normed input to the expert's rank (moe_dispatch), and per row its local
+//               expert and routing weight (all-to-all-v in the same order); the residual stays here
+//   combine F   the expert output rows back to the source, weighted and summed in slot order (moe_combine),
+//               plus the residual: x + routed_scaling * y, the single-rank experts chunk's output
+//   combine B   the transposed exchange: the output gradient (times routed_scaling) dispatched like the tokens
+//   dispatch B  the transposed exchange: the rows' input gradients combined with unit weights (the permutation's
+//               gradient), and each row's routing-weight gradient back by all-to-all-v (the source's dtopk_w)
+// The blocking exchanges run on the plan's ep stream; their bookkeeping (routing, row counts) lives from the
+// dispatch F to the dispatch B of the same (layer, microbatch).
+#include <chrono>
+#include <cstring>
+#include <span>
+
+#include "piper/comm/algorithms/halo_all_to_all.h"
+#include "piper/comm/algorithms/moe_combine.h"
+#include "piper/comm/algorithms/moe_dispatch.h"
+#include "piper/comm/algorithms/pairwise_all_to_all.h"
+#include "piper/runtime/executor_impl.h"
+
+namespace piper::runtime {
+
+using compile::Instruction;
+using detail::Task;
+
+namespace detail {
+
+struct EpExchange {
+  comm::MoeRouting routing;             // group rank of each (token, slot)
+  std::vector<size_t> rows_to;          // rows sent to each rank
+  std::vector<size_t> rows_from;        // rows received from each rank
+  std::shared_ptr<const Routed> routed;  // the source's routing (weights for the combine)
+  std::shared_ptr<const EpRows> dispatched;  // experts and weights of the received rows
+};
+
+struct EpState {
+  int ep = 1;                 // group size (1: no expert parallelism, only the load count)
+  int experts_per_rank = 0;
+  bool halo = false;
+  comm::Communicator* comm = nullptr;
+  std::unique_ptr<comm::HaloContext> halo_context;
+  std::set<int> moe_layers;   // layers with an experts chunk in the graph (every rank: same graph)
+  std::map<std::pair<int, int>, std::shared_ptr<EpExchange>> exchanges;  // (layer, mb); guarded by Impl::mu
+};
+
+}  // namespace detail
+
+namespace {
+
+bool is_dispatch(const ir::Node& n) { return n.tags.part == "dispatch"; }
+
+// Node-major layout of the ep group on the world's nodes (ranks_per_node consecutive world ranks a node):
+// the group's ranks per node, or an error when the group is not spread evenly and node-major.
+Result<int> group_ranks_per_node(const std::vector<int>& members, int world_ranks_per_node) {
+  std::map<int, int> per_node;
+  int last_node = -1;
+  for (int r : members) {
+    const int node = r / world_ranks_per_node;
+    if (node < last_node) return invalid_argument("the ep group's ranks are not node-major");
+    last_node = node;
+    ++per_node[node];
+  }
+  const int k = per_node.begin()->second;
+  for (const auto& [node, count] : per_node) {
+    if (count != k) {
+      return invalid_argument("the ep group has " + std::to_string(count) + " ranks on node " +
+                              std::to_string(node) + " but " + std::to_string(k) + " on another; HALO needs the " +
+                              "same number on every node (choose ranks-per-node so that ep ranks split evenly)");
+    }
+  }
+  return k;
+}
+
+std::shared_ptr<Tensor> tensor_from(const void* data, int64_t rows, int64_t h, MemCategory category,
+                                    Allocator* allocator) {
+  auto t = std::make_shared<Tensor>(Tensor::zeros_or_die({rows, h}, category, allocator));
+  if (rows * h > 0) std::memcpy(t->data(), data, static_cast<size_t>(rows * h) * sizeof(float));
+  return t;
+}
+
+}  // namespace
+
+Status Executor::Impl::ep_setup() {
+  for (const ir::Node& n : graph->nodes()) {
+    if (n.kind == ir::NodeKind::kChunk && n.tags.part == "experts") {
+      if (ep == nullptr) ep = std::make_shared<detail::EpState>();
+      ep->moe_layers.insert(n.tags.layer);
+    }
+  }
+  if (ep == nullptr || ep->comm == nullptr) return ok_status();
+  // Each expert counts once in the global norm: on the first expert-data-parallel replica (the first ep block of
+  // dp coordinates), where the ep ranks hold distinct experts.
+  const compile::RankCoord& c = dist->coord();
+  for (const auto& chunk : model->chunks()) {
+    if (chunk->part() == "experts") norm_owner[chunk.get()] = c.tp == 0 && c.dp / ep->ep == 0;
+  }
+  const ChunkDims& d = model->dims();
+  if (d.local_experts() * ep->ep != d.num_experts) {
+    return invalid_argument("executor: the plan shards " + std::to_string(d.num_experts) + " experts over ep=" +
+                            std::to_string(ep->ep) + " but the model holds " + std::to_string(d.local_experts()) +
+                            " per rank; build it with ModelOptions expert_ranks=" + std::to_string(ep->ep));
+  }
+  ep->experts_per_rank = d.local_experts();
+  if (ep->halo) {
+    PIPER_ASSIGN_OR_RETURN(std::vector<int> members, dist->plan().group_ranks(dist->rank(), "ep"));
+    const int world_rpn = dist->ranks_per_node();
+    Result<int> rpn = group_ranks_per_node(members, world_rpn);
+    if (!rpn.ok()) {
+      return invalid_argument("executor: a2a=halo on " + std::to_string(world_rpn) + " ranks per node: " +
+                              rpn.status().message());
+    }
+    PIPER_ASSIGN_OR_RETURN(comm::NodeTopology topo, comm::NodeTopology::create(ep->ep, *rpn, 1));
+    PIPER_ASSIGN_OR_RETURN(ep->halo_context, comm::HaloContext::create(*ep->comm, topo));
+  }
+  return ok_status();
+}
+
+Status Executor::Impl::resolve_ep(const Instruction& in, Task* t) {
+  const ir::Node& n = graph->node(in.node);
+  if (in.group != "ep" || (n.tags.part != "dispatch" && n.tags.part != "combine")) {
+    return unimplemented("executor: '" + in.label + "' is an all_to_all over '" + in.group + "' (" + n.tags.part +
+                         "); the runtime executes the expert dispatch and combine over ep only");
+  }
+  if (in.algorithm != "flat" && in.algorithm != "halo") {
+    return unimplemented("executor: '" + in.label + "' uses all-to-all algorithm '" + in.algorithm +
+                         "'; the runtime runs a2a=flat and a2a=halo");
+  }
+  if (ep == nullptr) ep = std::make_shared<detail::EpState>();
+  t->comm = dist->group("ep");
+  if (t->comm == nullptr) return internal_error("executor: '" + in.label + "' runs over ep, which has degree 1");
+  if (ep->comm != nullptr && ep->comm != t->comm) return internal_error("executor: two ep groups on one rank");
+  ep->comm = t->comm;
+  ep->ep = t->comm->size();
+  ep->halo = ep->halo || in.algorithm == "halo";
+  t->degree = t->comm->size();
+  t->pass = n.tags.pass;
+  t->mb = std::max(0, n.tags.mb);
+  t->key = detail::StashKey{n.tags.layer, n.tags.part, t->mb};
+  t->gradient = n.tags.pass != ir::Pass::kF;
+  for (int e : graph->in_edges(n.id)) {
+    const ir::Edge& ed = graph->edge(e);
+    if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
+    const ir::NodeKind k = graph->node(ed.src).kind;
+    if (k != ir::NodeKind::kChunk && k != ir::NodeKind::kRecv) {
+      return unimplemented("executor: '" + in.label + "' reads from '" + graph->node(ed.src).name +
+                           "'; an expert all-to-all must be fed by a chunk or a pipeline receive");
+    }
+    t->sources.push_back(ed.src);
+  }
+  for (int e : graph->out_edges(n.id)) {
+    const ir::Edge& ed = graph->edge(e);
+    if (ed.alive && ed.kind == ir::EdgeKind::kData) ++t->consumers;
+  }
+  if (t->sources.empty() || t->consumers == 0) {
+    return internal_error("executor: '" + in.label + "' has " + std::to_string(t->sources.size()) + " inputs and " +
+                          std::to_string(t->consumers) + " consumers");
+  }
+  if (!t->gradient && t->sources.size() != 1) {
+    return internal_error("executor: '" + in.label + "' has " + std::to_string(t->sources.size()) +
+                          " producers, expected 1");
+  }
+  return ok_status();
+}
+
+Status Executor::Impl::ep_exchange(const Task& t) {
+  const auto start = std::chrono::steady_clock::now();
+  const ir::Node& n = graph->node(t.in->node);
+  const int64_t h = model->dims().hidden;
+  const int k = model->dims().top_k;
+  const float scale = static_cast<float>(model->dims().routed_scaling);
+  const double timeout_s = dist->timeout_s();
+  comm::Communicator& c = *t.comm;
+  const int p = c.size();
+  const auto exchange_key = std::make_pair(n.tags.layer, t.mb);
+  // The flat or HALO version of each exchange.
+  auto dispatch = [&](const float* tokens, const comm::MoeRouting& r) -> Result<comm::DispatchResult> {
+    if (ep->halo) return comm::halo_dispatch(*ep->halo_context, tokens, h * sizeof(float), r, timeout_s);
+    return comm::flat_dispatch(c, tokens, h * sizeof(float), r, comm::FlatDispatchKind::kPairwise, timeout_s);
+  };
+  auto combine = [&](std::span<const float> rows, const comm::MoeRouting& r,
+                     std::span<const float> w) -> Result<std::vector<float>> {
+    if (ep->halo) return comm::halo_combine(*ep->halo_context, rows, h, r, w, timeout_s);
+    return comm::flat_combine(c, rows, h, r, w, comm::FlatDispatchKind::kPairwise, timeout_s);
+  };
+  auto all_to_all = [&](const void* send, std::span<const size_t> send_bytes, void* recv,
+                        std::span<const size_t> recv_bytes) -> Status {
+    if (ep->halo) return comm::halo_all_to_all_v(*ep->halo_context, send, send_bytes, recv, recv_bytes, timeout_s);
+    return comm::pairwise_all_to_all_v(c, send, send_bytes, recv, recv_bytes, timeout_s);
+  };
+  auto scaled_bytes = [](const std::vector<size_t>& rows, size_t b) {
+    std::vector<size_t> out(rows.size());
+    for (size_t i = 0; i < rows.size(); ++i) out[i] = rows[i] * b;
+    return out;
+  };
+
+  if (!t.gradient) {
+    Activation a;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = fwd.find(t.sources[0]);
+      if (it == fwd.end()) {
+        return internal_error("input of '" + t.in->label + "' from '" + graph->node(t.sources[0]).name +
+                              "' is not available: the plan runs it before its producer");
+      }
+      a = it->second.msg;
+      if (--it->second.remaining == 0) fwd.erase(it);
+    }
+    Activation out;
+    if (is_dispatch(n)) {
+      if (!a.routed || !a.hidden) return internal_error("'" + t.in->label + "': the router sent no routing");
+      auto x = std::make_shared<detail::EpExchange>();
+      x->routed = a.routed;
+      const int64_t tokens = a.hidden->numel() / h;
+      x->routing.num_tokens = tokens;
+      x->routing.top_k = k;
+      x->routing.dest_ranks.resize(static_cast<size_t>(tokens * k));
+      x->rows_to.assign(static_cast<size_t>(p), 0);
+      for (size_t i = 0; i < x->routing.dest_ranks.size(); ++i) {
+        const int d = a.routed->topk_idx[i] / ep->experts_per_rank;
+        x->routing.dest_ranks[i] = d;
+        ++x->rows_to[static_cast<size_t>(d)];
+      }
+      PIPER_ASSIGN_OR_RETURN(comm::DispatchResult got, dispatch(a.routed->normed->data(), x->routing));
+      x->rows_from.assign(got.rows_from.begin(), got.rows_from.end());
+      int64_t rows = 0;
+      for (size_t r : x->rows_from) rows += static_cast<int64_t>(r);
+      // Each row's local expert and routing weight, in the dispatch's (source, token, slot) order.
+      struct Meta {
+        int32_t expert;
+        float weight;
+      };
+      std::vector<size_t> first(static_cast<size_t>(p) + 1, 0);
+      for (int d = 0; d < p; ++d) first[d + 1] = first[d] + x->rows_to[d];
+      std::vector<Meta> send(first[p]), recv(static_cast<size_t>(rows));
+      for (size_t i = 0; i < x->routing.dest_ranks.size(); ++i) {
+        const int d = x->routing.dest_ranks[i];
+        send[first[d]++] = Meta{a.routed->topk_idx[i] - d * ep->experts_per_rank, a.routed->topk_w.data()[i]};
+      }
+      PIPER_RETURN_IF_ERROR(all_to_all(send.data(), scaled_bytes(x->rows_to, sizeof(Meta)), recv.data(),
+                                       scaled_bytes(x->rows_from, sizeof(Meta))));
+      auto rows_in = std::make_shared<EpRows>();
+      rows_in->rows = tensor_from(got.rows.data(), rows, h, MemCategory::kActivations, allocator);
+      rows_in->expert.resize(static_cast<size_t>(rows));
+      rows_in->weight.resize(static_cast<size_t>(rows));
+      for (size_t i = 0; i < recv.size(); ++i) {
+        rows_in->expert[i] = recv[i].expert;
+        rows_in->weight[i] = recv[i].weight;
+      }
+      x->dispatched = rows_in;
+      out.hidden = a.hidden;
+      out.routed = a.routed;
+      out.ep = std::move(rows_in);
+      std::lock_guard<std::mutex> lock(mu);
+      ep->exchanges[exchange_key] = std::move(x);
+    } else {
+      std::shared_ptr<detail::EpExchange> x;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        x = ep->exchanges.at(exchange_key);
+      }
+      if (!a.ep || !a.ep->rows || !a.hidden) return internal_error("'" + t.in->label + "': no expert output rows");
+      const Tensor& rows = *a.ep->rows;
+      PIPER_ASSIGN_OR_RETURN(std::vector<float> y,
+                             combine({rows.data(), static_cast<size_t>(rows.numel())}, x->routing,
+                                     {x->routed->topk_w.data(), static_cast<size_t>(x->routed->topk_w.numel())}));
+      auto hidden = std::make_shared<Tensor>(Tensor::zeros_or_die(a.hidden->shape(), MemCategory::kActivations,
+                                                                  allocator));
+      const float* xr = a.hidden->data();
+      float* o = hidden->data();
+      for (int64_t i = 0; i < hidden->numel(); ++i) o[i] = xr[i] + scale * y[static_cast<size_t>(i)];
+      out.hidden = std::move(hidden);
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    fwd[t.in->node] = detail::Pending<Activation>{std::move(out), t.consumers};
+    task_seconds["a2a." + n.tags.part + ".F"] +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return ok_status();
+  }
+
+  std::vector<Gradient> grads;
+  std::shared_ptr<detail::EpExchange> x;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    for (ir::NodeId src : t.sources) {
+      auto g = bwd.find(src);
+      if (g == bwd.end()) {
+        return internal_error("gradient of '" + t.in->label + "' from '" + graph->node(src).name +
+                              "' is not available: the plan runs it before its producer");
+      }
+      grads.push_back(g->second.msg);
+      if (--g->second.remaining == 0) bwd.erase(g);
+    }
+    auto it = ep->exchanges.find(exchange_key);
+    if (it == ep->exchanges.end()) return internal_error("'" + t.in->label + "' runs before its forward dispatch");
+    x = it->second;
+  }
+  Gradient out;
+  const int64_t tokens = x->routing.num_tokens;
+  if (!is_dispatch(n)) {
+    // combine B: the output gradient (summed over consumers in edge order), dispatched like the tokens.
+    for (const Gradient& g : grads) {
+      if (!g.dhidden || g.dhidden->numel() != tokens * h) {
+        return internal_error("'" + t.in->label + "': a consumer's gradient is not [tokens, hidden]");
+      }
+    }
+    std::shared_ptr<const Tensor> dout = grads[0].dhidden;
+    if (grads.size() > 1) {
+      auto sum = std::make_shared<Tensor>(grads[0].dhidden->clone(MemCategory::kBuffers));
+      for (size_t i = 1; i < grads.size(); ++i) {
+        for (int64_t j = 0; j < sum->numel(); ++j) sum->data()[j] += grads[i].dhidden->data()[j];
+      }
+      dout = std::move(sum);
+    }
+    const float* dy = dout->data();
+    Tensor scaled;
+    if (scale != 1.0f) {
+      scaled = dout->clone(MemCategory::kBuffers);
+      for (int64_t i = 0; i < scaled.numel(); ++i) scaled[i] *= scale;
+      dy = scaled.data();
+    }
+    PIPER_ASSIGN_OR_RETURN(comm::DispatchResult got, dispatch(dy, x->routing));
+    const int64_t rows = static_cast<int64_t>(x->dispatched->expert.size());
+    if (static_cast<int64_t>(got.rows.size()) != rows * h * static_cast<int64_t>(sizeof(float))) {
+      return internal_error("'" + t.in->label + "' received another number of rows than its forward dispatch");
+    }
+    auto rows_in = std::make_shared<EpRows>();
+    rows_in->rows = tensor_from(got.rows.data(), rows, h, MemCategory::kBuffers, allocator);
+    out.dhidden = std::move(dout);
+    out.ep = std::move(rows_in);
+  } else {
+    // dispatch B: rows' input gradients summed per token in slot order (unit weights), weight gradients back.
+    if (grads.size() != 1 || !grads[0].ep || !grads[0].ep->rows) {
+      return internal_error("'" + t.in->label + "' expects the experts chunk's row gradients");
+    }
+    const EpRows& g = *grads[0].ep;
+    const std::vector<float> ones(static_cast<size_t>(tokens * k), 1.0f);
+    PIPER_ASSIGN_OR_RETURN(std::vector<float> dhn,
+                           combine({g.rows->data(), static_cast<size_t>(g.rows->numel())}, x->routing, ones));
+    std::vector<float> back(static_cast<size_t>(tokens * k));
+    PIPER_RETURN_IF_ERROR(all_to_all(g.dweight.data(), scaled_bytes(x->rows_from, sizeof(float)), back.data(),
+                                     scaled_bytes(x->rows_to, sizeof(float))));
+    auto dtopk_w = std::make_shared<Tensor>(Tensor::zeros_or_die({tokens, k}, MemCategory::kBuffers, allocator));
+    std::vector<size_t> first(static_cast<size_t>(p) + 1, 0);
+    for (int d = 0; d < p; ++d) first[d + 1] = first[d] + x->rows_to[d];
+    for (size_t i = 0; i < x->routing.dest_ranks.size(); ++i) {
+      dtopk_w->data()[i] = back[first[x->routing.dest_ranks[i]]++];
+    }
+    out.dhidden = grads[0].dhidden;
+    out.dnormed = tensor_from(dhn.data(), tokens, h, MemCategory::kBuffers, allocator);
+    out.dtopk_w = std::move(dtopk_w);
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  if (is_dispatch(n)) ep->exchanges.erase(exchange_key);
+  bwd[t.in->node] = detail::Pending<Gradient>{std::move(out), t.consumers};
+  task_seconds["a2a." + n.tags.part + ".B"] +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return ok_status();
+}
+
+void Executor::Impl::ep_scale_grads() {
+  // Every rank weights its microbatches' losses by 1 / (its microbatches): an expert that served the tokens of
+  // the ep ranks of its group sums ep such objectives. Its gradient is their mean over the group (power of two
+  // for the usual ep, so exact), as the data-parallel all-reduce makes the other chunks' the mean over dp.
+  if (ep == nullptr || ep->comm == nullptr) return;
+  const float s = 1.0f / static_cast<float>(ep->ep);
+  for (const auto& chunk : model->chunks()) {
+    if (chunk->part() != "experts") continue;
+    for (Param& p : chunk->params()) {
+      if (!p.trainable) continue;
+      float* g = p.grad.data();
+      for (int64_t i = 0; i < p.grad.numel(); ++i) g[i] *= s;
+    }
+  }
+}
+
+Status Executor::Impl::collect_expert_tokens(std::map<int, std::vector<int64_t>>* out) {
+  out->clear();
+  if (ep == nullptr) return ok_status();
+  const int E = model->dims().num_experts;
+  const size_t L = static_cast<size_t>(graph->num_layers);
+  std::vector<int64_t> local(L * static_cast<size_t>(E), 0);
+  for (const auto& chunk : model->chunks()) {
+    std::vector<int64_t> v = chunk->take_expert_tokens();
+    if (v.empty() || chunk->layer() < 0 || static_cast<size_t>(chunk->layer()) >= L) continue;
+    std::copy(v.begin(), v.end(), local.begin() + static_cast<ptrdiff_t>(chunk->layer()) * E);
+  }
+  if (dist != nullptr) {
+    // Tokens per expert over the whole run: every rank's count of the rows its experts received (tensor ranks
+    // see the same rows: only tp rank 0 counts), summed in rank order.
+    if (dist->coord().tp != 0) std::fill(local.begin(), local.end(), 0);
+    auto all = std::make_shared<std::vector<int64_t>>(local.size() * static_cast<size_t>(dist->world_size()));
+    PIPER_ASSIGN_OR_RETURN(comm::Handle h,
+                           dist->ctl().all_gather(local.data(), all->data(), local.size() * sizeof(int64_t)));
+    PIPER_RETURN_IF_ERROR(wait_comm(dist->ctl(), h, all, "expert load exchange"));
+    std::fill(local.begin(), local.end(), 0);
+    for (int r = 0; r < dist->world_size(); ++r) {
+      for (size_t i = 0; i < local.size(); ++i) local[i] += (*all)[static_cast<size_t>(r) * local.size() + i];
+    }
+  }
+  for (int layer : ep->moe_layers) {
+    auto begin = local.begin() + static_cast<ptrdiff_t>(layer) * E;
+    (*out)[layer] = std::vector<int64_t>(begin, begin + E);
+  }
+  return ok_status();
+}
+
+}  // namespace piper::runtime
