@@ -36,7 +36,8 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
       const ir::Edge& ed = graph->edge(e);
       if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
       const ir::Node& chunk = graph->node(sending ? ed.src : ed.dst);
-      if (chunk.kind != ir::NodeKind::kChunk) {
+      // A chunk, or an expert combine whose output crosses to the next stage (executor_ep.cc).
+      if (chunk.kind != ir::NodeKind::kChunk && chunk.kind != ir::NodeKind::kAllToAll) {
         return internal_error("executor: '" + in.label + "' is linked to non-chunk node '" + chunk.name + "'");
       }
       t->gradient = chunk.tags.pass != ir::Pass::kF;

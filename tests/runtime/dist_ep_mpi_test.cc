@@ -127,6 +127,14 @@ TEST(EpParity, Ep2Halo) { expect_parity("dp=2,ep=2,a2a=halo,microbatches=2,mbs=1
 TEST(EpParity, Ep4Flat) { expect_parity("dp=4,ep=4,a2a=flat,microbatches=1,mbs=1", "microbatches=4,mbs=1"); }
 // Two emulated nodes of two ranks each.
 TEST(EpParity, Ep4Halo) { expect_parity("dp=4,ep=4,a2a=halo,microbatches=1,mbs=1", "microbatches=4,mbs=1", 2); }
+// Two expert-data-parallel replicas of each expert (dp=4, ep=2): expert gradients all-reduced over edp.
+TEST(EpParity, Dp4Ep2) { expect_parity("dp=4,ep=2,a2a=flat,microbatches=1,mbs=1", "microbatches=4,mbs=1"); }
+
+// Pipeline and expert parallelism: the combine's output crosses to the next stage, the gradient comes back into
+// the combine's backward.
+TEST(EpParity, Pp2Ep2) {
+  expect_parity("pp=2,dp=2,ep=2,schedule=1f1b,microbatches=2,mbs=1", "microbatches=4,mbs=1");
+}
 
 // The experts chunk of ep rank 1 of 2 holds experts [4, 8) of tiny-moe's 8: the whole model's slices, bit for bit.
 TEST(EpModel, ExpertShardIsSliceOfWholeModel) {
