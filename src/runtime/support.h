@@ -20,7 +20,7 @@ struct RuntimeSupport {
   std::vector<int> zero;               // ZeRO stages
   std::vector<Recompute> recompute;
   int max_tp = 1;                      // tensor parallelism (1: none)
-  int max_ep = 1;                      // expert parallelism (1: none; ep > 1 only with 1f1b, zero=0, no recompute)
+  int max_ep = 1;                      // expert parallelism (1: none)
   bool disaggregate = false;           // attention/FFN disaggregation (af-pipe)
 };
 

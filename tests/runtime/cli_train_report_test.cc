@@ -158,11 +158,7 @@ TEST(CliTrainReport, AutoStrategyIsTheRunnablePlansFirst) {
   EXPECT_EQ(plans["world_size"], 2);
   for (const auto& p : plans["plans"]) {
     const std::string s = p["strategy"];
-    // Expert parallelism runs with 1f1b, zero=0 and no recomputation (runtime/support.h).
-    if (s.find("ep=1,") == std::string::npos) {
-      EXPECT_NE(s.find("zero=0,"), std::string::npos) << s;
-      EXPECT_NE(s.find("schedule=1f1b,"), std::string::npos) << s;
-    }
+    EXPECT_NE(s.find("ep=1,"), std::string::npos) << s;
     EXPECT_NE(s.find("tp=1,"), std::string::npos) << s;
     EXPECT_EQ(s.find("zero=3"), std::string::npos) << s;
   }
@@ -176,7 +172,8 @@ TEST(CliTrainReport, AutoStrategyIsTheRunnablePlansFirst) {
   bool not_runnable = false;
   for (const auto& p : unrestricted["plans"]) {
     const std::string s = p["strategy"];
-    not_runnable = not_runnable || s.find("tp=1,") == std::string::npos || s.find("zero=3") != std::string::npos;
+    not_runnable = not_runnable || s.find("tp=1,") == std::string::npos || s.find("ep=1,") == std::string::npos ||
+                   s.find("zero=3") != std::string::npos;
   }
   EXPECT_TRUE(not_runnable) << all;
   out = run("train --model tiny-moe --ranks 2 --global-batch 8 --seq 16 --strategy auto --steps 1 --json", &rc, true);

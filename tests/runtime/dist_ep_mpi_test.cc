@@ -11,7 +11,6 @@
 
 #include "piper/comm/mpi/mpi_communicator.h"
 #include "piper/kernels/cpu/gemm.h"
-#include "piper/runtime/support.h"
 #include "piper/runtime/trainer.h"
 #include "piper/spec/model_loader.h"
 
@@ -167,21 +166,6 @@ TEST(EpModel, ExpertShardIsSliceOfWholeModel) {
   ASSERT_FALSE(rejected.ok());
   EXPECT_NE(rejected.status().message().find("pick ep dividing num_experts"), std::string::npos)
       << rejected.status().message();
-}
-
-// The planner may pick ep (runtime/support.h) with the combinations a parity test covers, and no others.
-TEST(EpSupport, RunnableWithTestedCombinationsOnly) {
-  auto parse = [](const std::string& text) { return Strategy::parse(text).value(); };
-  for (const char* s : {"dp=2,ep=2,microbatches=2", "dp=2,ep=2,a2a=halo,microbatches=2",
-                        "pp=2,dp=2,ep=2,schedule=1f1b,microbatches=2"}) {
-    EXPECT_TRUE(check_runnable(parse(s)).ok()) << s << ": " << check_runnable(parse(s)).to_string();
-  }
-  for (const char* s : {"dp=2,ep=2,zero=1,microbatches=2", "dp=2,ep=2,recompute=full,microbatches=2",
-                        "pp=2,dp=2,ep=2,schedule=zb-h1,microbatches=2"}) {
-    Status st = check_runnable(parse(s));
-    EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << s;
-    EXPECT_NE(st.message().find("1f1b, zero=0 and recompute=none"), std::string::npos) << st.to_string();
-  }
 }
 
 // Bad HALO layouts fail at create() with the reason, on every rank, before any rank blocks.
