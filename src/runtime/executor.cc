@@ -174,6 +174,13 @@ int Executor::num_microbatches() const { return impl_->num_mb; }
 int Executor::num_streams() const { return static_cast<int>(impl_->streams.size()); }
 int64_t Executor::planned_peak_bytes() const { return impl_->planned_peak; }
 void Executor::set_trace(TraceRecorder* recorder) { impl_->trace = recorder; }
+std::pair<int64_t, int64_t> Executor::update_range(const Chunk& chunk) const {
+  auto it = impl_->shards.find(&chunk);
+  if (it != impl_->shards.end()) return {it->second.begin, it->second.end};
+  int64_t total = 0;
+  for (const Param& p : chunk.params()) total += p.trainable ? p.value.numel() : 0;
+  return {0, total};
+}
 
 Status Executor::Impl::compute(const Task& t) {
   StepContext ctx{num_mb, allocator};

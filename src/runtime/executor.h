@@ -33,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "piper/base/status.h"
@@ -80,6 +81,9 @@ class Executor {
   // Records every executed instruction's span into `recorder` (runtime/trace.h) from now on; null stops.
   // The recorder must outlive the executor or be unset first. Not while a step runs.
   void set_trace(TraceRecorder* recorder);
+  // The flat range [begin, end) of `chunk`'s trainable elements (its trainable parameters in order, as one
+  // vector) whose optimizer state this rank updates: its ZeRO shard, or the whole chunk. For checkpoints.
+  std::pair<int64_t, int64_t> update_range(const Chunk& chunk) const;
 
  private:
   struct Impl;

@@ -106,6 +106,12 @@ struct Param {
   Tensor grad;       // same shape; empty when !trainable
   bool trainable = true;
   bool decay = true;  // weight decay applies (not to norm weights)
+  // A rank that holds only a slice of the whole model's tensor `name` (EP: its experts; TP: its heads or
+  // columns) says where it lies: the whole tensor's shape and this slice's offset along each dimension (value's
+  // shape is the extent). Both empty = the whole tensor. Checkpoints store and load tensors by (name, box), so
+  // that a checkpoint written under one slicing loads under another (runtime/checkpoint.h).
+  Shape global_shape;
+  Shape global_offset;
 };
 
 class Chunk {
