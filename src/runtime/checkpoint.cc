@@ -3,6 +3,7 @@
 
 #include <cinttypes>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -197,6 +198,11 @@ Result<const Tensor*> CheckpointReader::piece_data(const PieceRef& piece, bool o
 
 Status CheckpointReader::restore(const std::string& name, const Shape& global_shape, const Shape& offset,
                                  Tensor* dst) {
+  return restore_range(name, global_shape, offset, dst->shape(), 0, dst->numel(), dst->data());
+}
+
+Status CheckpointReader::restore_range(const std::string& name, const Shape& global_shape, const Shape& offset,
+                                       const Shape& extent, int64_t begin, int64_t end, float* dst) {
   auto it = tensors_.find(name);
   const std::string where = "checkpoint '" + dir_ + "'";
   if (it == tensors_.end()) {
@@ -210,20 +216,27 @@ Status CheckpointReader::restore(const std::string& name, const Shape& global_sh
                             meta_.model + "'); resume with the model it was written for");
   }
   const Shape dst_offset = offset.empty() ? Shape(global_shape.size(), 0) : offset;
-  PIPER_RETURN_IF_ERROR(check_box(name, global_shape, dst_offset, dst->shape(), 0, dst->numel()));
-  std::vector<uint8_t> covered(static_cast<size_t>(dst->numel()), 0);
+  int64_t numel = 1;
+  for (int64_t e : extent) numel *= e;
+  PIPER_RETURN_IF_ERROR(check_box(name, global_shape, dst_offset, extent, begin, end));
+  // A sub-range is assembled in a whole-box buffer, then cut out.
+  const bool whole = begin == 0 && end == numel;
+  std::vector<float> box(whole ? 0 : static_cast<size_t>(numel));
+  float* out = whole ? dst : box.data();
+  std::vector<uint8_t> covered(static_cast<size_t>(numel), 0);
   for (const PieceRef& p : info.pieces) {
-    if (!boxes_overlap(p.offset, p.extent, dst_offset, dst->shape()) || p.begin == p.end) continue;
+    if (!boxes_overlap(p.offset, p.extent, dst_offset, extent) || p.begin == p.end) continue;
     PIPER_ASSIGN_OR_RETURN(const Tensor* data, piece_data(p, info.optimizer));
-    copy_piece(p.offset, p.extent, p.begin, p.end, data->data(), dst_offset, dst->shape(), dst->data(), &covered);
+    copy_piece(p.offset, p.extent, p.begin, p.end, data->data(), dst_offset, extent, out, &covered);
   }
-  for (size_t i = 0; i < covered.size(); ++i) {
-    if (covered[i] != 1) {
+  for (int64_t i = begin; i < end; ++i) {
+    if (covered[static_cast<size_t>(i)] != 1) {
       return data_loss(where + ": element " + std::to_string(i) + " of tensor '" + name + "' at offset " +
-                       shape_to_string(dst_offset) + " is held by " + std::to_string(covered[i]) +
+                       shape_to_string(dst_offset) + " is held by " + std::to_string(covered[static_cast<size_t>(i)]) +
                        " pieces, expected 1 (the index is inconsistent); resume from an earlier checkpoint");
     }
   }
+  if (!whole) std::copy(box.begin() + begin, box.begin() + end, dst);
   return ok_status();
 }
 

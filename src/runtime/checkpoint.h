@@ -48,9 +48,11 @@ struct CheckpointMeta {
   int world_size = 1;    // ranks that wrote it
 };
 
-// The part of global tensor `name` this rank holds. `local` is the box at `offset` (one entry per dimension of
-// global_shape; empty = all zeros) whose extent is local->shape(); this rank owns its flat elements
-// [begin, end) (end = -1: to the end). `optimizer` marks optimizer state (read back as MemCategory::kOptimizer).
+// The part of global tensor `name` this rank holds: flat elements [begin, end) (end = -1: to the end) of the box
+// at `offset` (one entry per dimension of global_shape; empty = all zeros). With `extent` empty, `local` is the
+// whole box (its shape is the extent); with `extent` set, `local` holds only elements [begin, end) of that box
+// (a truly sharded store, e.g. ZeRO moments allocated for the shard only). `optimizer` marks optimizer state
+// (read back as MemCategory::kOptimizer).
 struct TensorPiece {
   std::string name;
   Shape global_shape;
@@ -58,6 +60,7 @@ struct TensorPiece {
   const Tensor* local = nullptr;
   int64_t begin = 0, end = -1;
   bool optimizer = false;
+  Shape extent = {};
 };
 
 // Collective over `world` (nullptr: a one-rank run): every rank passes its pieces. Returns on every rank the
@@ -94,6 +97,10 @@ class CheckpointReader {
   // InvalidArgument naming the tensor if it is absent or its global shape differs from `global_shape`;
   // DataLoss naming the file if a piece's file is corrupt or the pieces do not cover the box exactly once.
   Status restore(const std::string& name, const Shape& global_shape, const Shape& offset, Tensor* dst);
+  // Fills `dst` (end - begin floats) with flat elements [begin, end) of the box at `offset` of extent `extent`
+  // (a shard store: TensorPiece::extent). Only those elements must be covered.
+  Status restore_range(const std::string& name, const Shape& global_shape, const Shape& offset, const Shape& extent,
+                       int64_t begin, int64_t end, float* dst);
 
  private:
   CheckpointReader() = default;

@@ -239,7 +239,8 @@ Status save_checkpoint(const std::string& root, const CheckpointMeta& meta, cons
 
   // This rank's claims, checked, with their data.
   Json mine = Json::array();
-  std::vector<const Tensor*> data;
+  std::vector<const float*> data;      // element `begin` of each claim
+  std::vector<const Tensor*> boxes;    // the whole box, when `local` is one
   for (const TensorPiece& p : pieces) {
     if (p.local == nullptr) {
       st = internal_error("checkpoint: piece of '" + p.name + "' has no tensor");
@@ -249,14 +250,20 @@ Status save_checkpoint(const std::string& root, const CheckpointMeta& meta, cons
     c.name = p.name;
     c.shape = p.global_shape;
     c.offset = p.offset.empty() ? Shape(p.global_shape.size(), 0) : p.offset;
-    c.extent = p.local->shape();
+    const bool shard_store = !p.extent.empty();
+    c.extent = shard_store ? p.extent : p.local->shape();
     c.begin = p.begin;
-    c.end = p.end < 0 ? p.local->numel() : p.end;
+    c.end = p.end >= 0 ? p.end : shard_store ? p.begin + p.local->numel() : p.local->numel();
     c.optimizer = p.optimizer;
     st = check_box(c.name, c.shape, c.offset, c.extent, c.begin, c.end);
+    if (st.ok() && shard_store && p.local->numel() != c.end - c.begin) {
+      st = invalid_argument("checkpoint: tensor '" + p.name + "' holds " + std::to_string(p.local->numel()) +
+                            " elements for the range [" + std::to_string(c.begin) + ", " + std::to_string(c.end) + ")");
+    }
     if (!st.ok()) break;
     mine.push_back(claim_json(c));
-    data.push_back(p.local);
+    data.push_back(shard_store ? p.local->data() : p.local->data() + c.begin);
+    boxes.push_back(shard_store ? nullptr : p.local);
   }
   PIPER_RETURN_IF_ERROR(agree_on_status(world, st, timeout_s));
   PIPER_ASSIGN_OR_RETURN(std::vector<std::string> all, all_gather_strings(world, mine.dump(), timeout_s));
@@ -272,13 +279,20 @@ Status save_checkpoint(const std::string& root, const CheckpointMeta& meta, cons
     std::vector<std::pair<std::string, const Tensor*>> out;
     for (const Claim& c : *won) {
       if (c.rank != rank || c.begin == c.end) continue;
-      const Tensor* t = data[local_index.at(claim_json(c).dump())];
-      if (c.begin != 0 || c.end != t->numel()) {
-        ranges.push_back(Tensor::zeros_or_die({c.end - c.begin}, MemCategory::kBuffers));
-        std::memcpy(ranges.back().data(), t->data() + c.begin, static_cast<size_t>(c.end - c.begin) * sizeof(float));
-        t = &ranges.back();
+      const size_t at = local_index.at(claim_json(c).dump());
+      // Whole boxes keep their shape in the file (written from the tensor itself); ranges are flat copies.
+      int64_t numel = 1;
+      for (int64_t e : c.extent) numel *= e;
+      const std::string key = piece_key(c.name, c.shape, c.offset, c.extent, c.begin, c.end);
+      if (boxes[at] != nullptr && c.begin == 0 && c.end == numel) {
+        out.emplace_back(key, boxes[at]);
+        continue;
       }
-      out.emplace_back(piece_key(c.name, c.shape, c.offset, c.extent, c.begin, c.end), t);
+      const float* src = data[at];
+      ranges.push_back(Tensor::zeros_or_die(c.begin == 0 && c.end == numel ? c.extent : Shape{c.end - c.begin},
+                                            MemCategory::kBuffers));
+      std::memcpy(ranges.back().data(), src, static_cast<size_t>(c.end - c.begin) * sizeof(float));
+      out.emplace_back(key, &ranges.back());
     }
     if (!out.empty()) {
       const std::string file = rank_file(rank), path = (tmp / file).string();
