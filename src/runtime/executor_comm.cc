@@ -36,7 +36,9 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
       const ir::Edge& ed = graph->edge(e);
       if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
       const ir::Node& chunk = graph->node(sending ? ed.src : ed.dst);
-      if (chunk.kind != ir::NodeKind::kChunk) {
+      // A tensor-parallel exchange may sit at a stage boundary (its reduce-scatter feeds the send, the receive
+      // feeds its all-gather): the message is then the sequence slice (executor_tp.cc).
+      if (chunk.kind != ir::NodeKind::kChunk && !detail::is_tp_exchange(chunk)) {
         return internal_error("executor: '" + in.label + "' is linked to non-chunk node '" + chunk.name + "'");
       }
       t->gradient = chunk.tags.pass != ir::Pass::kF;
@@ -161,7 +163,8 @@ Status Executor::Impl::send(const Task& t) {
 
 Status Executor::Impl::recv(const Task& t) {
   const Instruction& in = *t.in;
-  const int64_t tokens = mbs * batch->seq_len, hidden = model->dims().hidden;
+  // Under sequence parallelism every hidden state between chunks of different stages is this rank's slice.
+  const int64_t tokens = mbs * batch->seq_len / (tp.sequence_parallel ? tp.size : 1), hidden = model->dims().hidden;
   PIPER_ASSIGN_OR_RETURN(Tensor buf, Tensor::zeros({tokens, hidden}, MemCategory::kBuffers, allocator));
   auto tensor = std::make_shared<Tensor>(std::move(buf));
   PIPER_ASSIGN_OR_RETURN(comm::Handle h, dist->p2p().irecv(tensor->data(), static_cast<size_t>(tensor->nbytes()),

@@ -37,11 +37,6 @@ Status Executor::Impl::init_tp(const compile::Program& program) {
       if (in.node == ir::kNoNode) continue;
       const ir::Node& n = graph->node(in.node);
       if (detail::is_tp_exchange(n) && n.kind != ir::NodeKind::kAllReduce) tp.sequence_parallel = true;
-      if ((in.op == OpKind::kSend || in.op == OpKind::kRecv) && in.comm != ir::NodeKind::kM2N) {
-        return unimplemented("executor: '" + in.label + "': pipeline parallelism with tp=" + std::to_string(tp.size) +
-                             " is not executed yet (messages between stages would be sequence slices); use pp=1 "
-                             "with tp, or tp=1 with pp (docs/runtime.md)");
-      }
       if (in.op == OpKind::kCollective && in.group == "dp" && in.comm != ir::NodeKind::kAllReduce) {
         return unimplemented("executor: '" + in.label + "': ZeRO (zero>=1) with tp=" + std::to_string(tp.size) +
                              " is not executed yet; use zero=0 with tp (docs/runtime.md)");
