@@ -87,6 +87,8 @@ TEST(Parity, Pp4) { expect_parity("pp=4,schedule=1f1b,microbatches=4,mbs=1", "mi
 // experts, embedding and head on token slices, their gradients and the load-balance statistics summed over tp).
 TEST(Parity, Tp2) { expect_parity("tp=2,sp=1,microbatches=4,mbs=1", "microbatches=4,mbs=1", kTpSteps); }
 TEST(Parity, Dp2Tp2) { expect_parity("dp=2,tp=2,sp=1,microbatches=2,mbs=1", "microbatches=4,mbs=1", kTpSteps); }
+// Stage messages are sequence slices; 5 steps keep this 4-rank test short on shared cores.
+TEST(Parity, Pp2Tp2) { expect_parity("pp=2,tp=2,sp=1,schedule=1f1b,microbatches=4,mbs=1", "microbatches=4,mbs=1", 5); }
 
 // Rank 1 compiles another strategy of the same shape: create() fails on every rank, naming rank 1.
 TEST(DistContext, DifferentPlanOnOneRankIsNamed) {
