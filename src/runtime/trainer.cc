@@ -3,6 +3,7 @@
 #include <set>
 
 #include "piper/runtime/checkpoint.h"
+#include "piper/runtime/chunks/tp_slice.h"
 #include "piper/runtime/data_source.h"
 #include "piper/spec/cluster_loader.h"
 
@@ -71,6 +72,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   const int rank = options.world != nullptr ? options.world->rank() : 0;
   if (options.world != nullptr) {
     PIPER_ASSIGN_OR_RETURN(t->dist_, DistContext::create(*options.world, t->compiled_.plan));
+    if (options.model.moe.router_bias && t->compiled_.plan.mesh.tp > 1) {
+      return unimplemented("model '" + options.model.name + "' balances experts with a router bias; under tp=" +
+                           std::to_string(t->compiled_.plan.mesh.tp) + " with sequence parallelism its expert "
+                           "counts are not summed across the token slices yet: use tp=1");
+    }
     if (options.model.moe.router_bias && t->compiled_.plan.mesh.dp > 1) {
       return unimplemented("model '" + options.model.name + "' balances experts with a router bias; under dp=" +
                            std::to_string(t->compiled_.plan.mesh.dp) + " its expert counts are not summed across "
@@ -90,6 +96,20 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
                                                   t->allocator_.get(), [&](int layer, const std::string& part) {
                                                     return mine.count({layer, part}) > 0;
                                                   }));
+  if (t->dist_ != nullptr && t->compiled_.plan.mesh.tp > 1) {
+    // Tensor parallelism: the chunks the compiler split over tp hold this rank's slice (chunks/tp_slice.h).
+    std::set<std::pair<int, std::string>> split;
+    for (const ir::Node& n : t->compiled_.graph.nodes()) {
+      if (n.kind == ir::NodeKind::kChunk && n.shard_axis == "tp") split.emplace(n.tags.layer, n.tags.part);
+    }
+    for (const auto& [layer, part] : split) {
+      const Chunk* whole = t->model_->find(layer, part);
+      if (whole == nullptr) continue;
+      PIPER_ASSIGN_OR_RETURN(auto slice, make_tp_slice(*whole, t->model_->dims(), t->dist_->coord().tp,
+                                                       t->compiled_.plan.mesh.tp, t->allocator_.get()));
+      PIPER_RETURN_IF_ERROR(t->model_->replace_chunk(std::move(slice)));
+    }
+  }
   t->optimizer_ = std::make_unique<Optimizer>(options.optimizer, options.warmup_steps, *t->model_,
                                               t->allocator_.get());
   PIPER_ASSIGN_OR_RETURN(t->executor_, Executor::create(t->compiled_.graph, t->compiled_.plan.program(rank),

@@ -21,7 +21,8 @@ struct AttnStash : Stash {
 
 class AttnChunk : public Chunk {
  public:
-  AttnChunk(int layer, const ChunkDims& d, uint64_t seed, Allocator* allocator) : Chunk("attn", layer, d, allocator) {
+  AttnChunk(int layer, const ChunkDims& d, uint64_t seed, Allocator* allocator, bool residual)
+      : Chunk("attn", layer, d, allocator), residual_(residual) {
     const int64_t qd = d.num_heads * d.head_dim, kd = d.num_kv_heads * d.head_dim;
     add_param("norm", {d.hidden}, seed, 0.0f, 1.0f, false);
     add_param("w_qkv", {qd + 2 * kd, d.hidden}, seed, init_std(), 0.0f, true);
@@ -57,7 +58,7 @@ class AttnChunk : public Chunk {
     }
     auto y = new_shared({n, h}, MemCategory::kActivations);
     kernels::linear_forward(y->data(), st->o.data(), w(2), n, qd, h);
-    add_into(y->data(), y->data(), st->x->data(), n * h);
+    if (residual_) add_into(y->data(), y->data(), st->x->data(), n * h);
     out->hidden = std::move(y);
     return std::unique_ptr<Stash>(std::move(st));
   }
@@ -89,7 +90,7 @@ class AttnChunk : public Chunk {
     kernels::linear_backward_input(st.dxn.data(), st.dqkv.data(), w(1), n, h, qd + 2 * kd);
     auto dxt = new_shared({n, h}, MemCategory::kBuffers);
     kernels::rmsnorm_backward_input(dxt->data(), st.dxn.data(), st.x->data(), w(0), st.rstd.data(), n, h);
-    add_into(dxt->data(), dxt->data(), st.dout->data(), n * h);
+    if (residual_) add_into(dxt->data(), dxt->data(), st.dout->data(), n * h);
     dx->dhidden = std::move(dxt);
     return ok_status();
   }
@@ -132,12 +133,14 @@ class AttnChunk : public Chunk {
   kernels::AttentionShape shape(const AttnStash& st) const {
     return {st.batch, st.seq, dims_.num_heads, dims_.num_kv_heads, dims_.head_dim};
   }
+  bool residual_;  // false on tensor ranks > 0 (tp_slice.h): the residual is added once over the TP group
 };
 
 }  // namespace
 
-std::unique_ptr<Chunk> make_attn_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator) {
-  return std::make_unique<AttnChunk>(layer, dims, seed, allocator);
+std::unique_ptr<Chunk> make_attn_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator,
+                                       bool residual) {
+  return std::make_unique<AttnChunk>(layer, dims, seed, allocator, residual);
 }
 
 }  // namespace piper::runtime

@@ -54,7 +54,7 @@ class HeadChunk : public Chunk {
     const int64_t n = st.n, h = dims_.hidden, V = dims_.vocab;
     st.dxn = new_tensor({n, h}, MemCategory::kBuffers);
     st.dlogits = new_tensor({n, V}, MemCategory::kBuffers);
-    const float dloss = 1.0f / static_cast<float>(ctx.num_microbatches);
+    const float dloss = 1.0f / static_cast<float>(ctx.num_microbatches * ctx.token_shards);
     kernels::lm_head_loss_backward_input(st.dxn.data(), st.dlogits.data(), st.probs.data(), st.targets.data(),
                                          params_[1].value.data(), dloss, n, h, V);
     auto dxt = new_shared({n, h}, MemCategory::kBuffers);
