@@ -1,11 +1,13 @@
 // Fast causal attention: per (batch, kv head) group, the score and value products are GEMMs over the strided
 // rows of q, k, v (row stride heads × head_dim). Groups run on OpenMP threads when the GEMM library can be called
 // from them; dk and dv of a group are accumulated by one thread over its q heads in order (deterministic).
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "piper/kernels/cpu/gemm.h"
 #include "piper/kernels/cpu/ops.h"
+#include "piper/kernels/cpu/vec_math.h"
 
 namespace piper::kernels {
 
@@ -26,13 +28,8 @@ void attention_forward(float* out, float* probs, const float* q, const float* k,
       sgemm(false, true, L, L, hd, scale, qb, ldq, kb, ldk, 0.0f, p, L);
       for (int64_t i = 0; i < L; ++i) {
         float* pi = p + i * L;
-        float mx = pi[0];
-        for (int64_t j = 1; j <= i; ++j) mx = std::max(mx, pi[j]);
-        float sum = 0;
-        for (int64_t j = 0; j <= i; ++j) sum += (pi[j] = std::exp(pi[j] - mx));
-        const float inv = 1.0f / sum;
-        for (int64_t j = 0; j <= i; ++j) pi[j] *= inv;
-        for (int64_t j = i + 1; j < L; ++j) pi[j] = 0.0f;
+        vec::softmax_inplace(pi, i + 1, /*reciprocal=*/true);
+        std::fill(pi + i + 1, pi + L, 0.0f);
       }
       sgemm(false, false, L, hd, L, 1.0f, p, L, vb, ldk, 0.0f, out + b * L * ldq + h * hd, ldq);
     }
@@ -61,12 +58,9 @@ void attention_backward_input(float* dq, float* dk, float* dv, const float* dout
         const float* p = probs + (b * s.q_heads + h) * L * L;
         sgemm(false, true, L, L, hd, 1.0f, dob, ldq, vb, ldk, 0.0f, ds.data(), L);  // dP
         for (int64_t i = 0; i < L; ++i) {
-          const float* pi = p + i * L;
           float* dsi = ds.data() + i * L;
-          float pdp = 0;
-          for (int64_t j = 0; j <= i; ++j) pdp += pi[j] * dsi[j];
-          for (int64_t j = 0; j <= i; ++j) dsi[j] = pi[j] * (dsi[j] - pdp) * scale;
-          for (int64_t j = i + 1; j < L; ++j) dsi[j] = 0.0f;
+          vec::softmax_backward_inplace(dsi, p + i * L, i + 1, scale);
+          std::fill(dsi + i + 1, dsi + L, 0.0f);
         }
         const float beta = h == kh * group ? 0.0f : 1.0f;  // the first head of the group overwrites dk, dv
         sgemm(false, false, L, hd, L, 1.0f, ds.data(), L, kb, ldk, 0.0f, dq + b * L * ldq + h * hd, ldq);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "piper/kernels/cpu/vec_math.h"
 #include "piper/runtime/chunks/parts.h"
 
 #include "piper/runtime/safetensors.h"
@@ -91,8 +92,13 @@ float residual_init_std(const ChunkDims& dims) {
 }
 
 void add_into(float* out, const float* a, const float* b, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  constexpr int64_t kBlock = 65536;
+  const int64_t num_blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (num_blocks > 1)
+  for (int64_t blk = 0; blk < num_blocks; ++blk) {
+    const int64_t i = blk * kBlock;
+    kernels::vec::add_arrays(out + i, a + i, b + i, std::min(kBlock, n - i));
+  }
 }
 
 Result<std::unique_ptr<Chunk>> make_chunk(const std::string& part, int layer, const ChunkDims& dims, uint64_t seed,
