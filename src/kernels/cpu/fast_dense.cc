@@ -2,6 +2,10 @@
 // element is computed by one thread, so the bits do not depend on the thread count).
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "piper/base/check.h"
@@ -58,20 +62,42 @@ void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const f
 
 namespace {
 
-// Same angles as the reference: pos · theta^(-2i/head_dim), computed in double and rounded to float.
-void rotate(float* out, const float* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, double theta,
-            double sign) {
-  PIPER_CHECK(head_dim % 2 == 0, "rotary needs an even head_dim, got ", head_dim);
+struct RotaryTable {
+  std::vector<float> cos, sin;  // [seq, head_dim / 2]
+};
+
+// Same angles as the reference: sign · pos · theta^(-2i/head_dim), computed in double and rounded to float. The
+// tables depend only on their key, so they are built once per process and shared (read-only) by every call.
+std::shared_ptr<const RotaryTable> rotary_table(int64_t seq, int64_t head_dim, double theta, double sign) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int64_t, int64_t, double, double>, std::shared_ptr<const RotaryTable>> cache;
+  const auto key = std::make_tuple(seq, head_dim, theta, sign);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
   const int64_t half = head_dim / 2;
-  std::vector<float> cos_t(static_cast<size_t>(seq * half)), sin_t(static_cast<size_t>(seq * half));
+  auto table = std::make_shared<RotaryTable>();
+  table->cos.resize(static_cast<size_t>(seq * half));
+  table->sin.resize(static_cast<size_t>(seq * half));
   for (int64_t t = 0; t < seq; ++t) {
     for (int64_t i = 0; i < half; ++i) {
       const double angle = sign * static_cast<double>(t) *
                            std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
-      cos_t[t * half + i] = static_cast<float>(std::cos(angle));
-      sin_t[t * half + i] = static_cast<float>(std::sin(angle));
+      table->cos[t * half + i] = static_cast<float>(std::cos(angle));
+      table->sin[t * half + i] = static_cast<float>(std::sin(angle));
     }
   }
+  cache.emplace(key, table);
+  return table;
+}
+
+void rotate(float* out, const float* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, double theta,
+            double sign) {
+  PIPER_CHECK(head_dim % 2 == 0, "rotary needs an even head_dim, got ", head_dim);
+  const int64_t half = head_dim / 2;
+  const std::shared_ptr<const RotaryTable> table = rotary_table(seq, head_dim, theta, sign);
+  const float* cos_t = table->cos.data();
+  const float* sin_t = table->sin.data();
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < batch * seq; ++bt) {
     const float* c = &cos_t[(bt % seq) * half];

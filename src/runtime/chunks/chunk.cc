@@ -49,6 +49,14 @@ std::shared_ptr<Tensor> Chunk::new_shared(const Shape& shape, MemCategory catego
   return std::make_shared<Tensor>(Tensor::zeros_or_die(shape, category, allocator_));
 }
 
+Tensor Chunk::new_output(const Shape& shape, MemCategory category) const {
+  return Tensor::uninitialized_or_die(shape, category, allocator_);
+}
+
+std::shared_ptr<Tensor> Chunk::new_shared_output(const Shape& shape, MemCategory category) const {
+  return std::make_shared<Tensor>(Tensor::uninitialized_or_die(shape, category, allocator_));
+}
+
 namespace {
 
 Status check_rows(const Chunk& chunk, const Tensor* t, int64_t n, int64_t h, const char* what) {
