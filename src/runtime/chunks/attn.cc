@@ -74,8 +74,7 @@ class AttnChunk : public Chunk {
     Tensor dv = new_output({n, kd}, MemCategory::kBuffers);
     {
       Tensor probs = new_output({st.batch, dims_.num_heads, st.seq, st.seq}, MemCategory::kBuffers);
-      Tensor o2 = new_output({n, qd}, MemCategory::kBuffers);
-      kernels::attention_forward(o2.data(), probs.data(), st.q.data(), st.k.data(), st.v.data(), shape(st));
+      kernels::attention_probs(probs.data(), st.q.data(), st.k.data(), shape(st));
       kernels::attention_backward_input(dq.data(), dk.data(), dv.data(), d_o.data(), st.q.data(), st.k.data(),
                                         st.v.data(), probs.data(), shape(st));
     }
