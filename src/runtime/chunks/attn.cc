@@ -36,14 +36,14 @@ class AttnChunk : public Chunk {
     st->batch = mb.batch;
     st->seq = mb.seq;
     PIPER_ASSIGN_OR_RETURN(st->x, sum_hidden(*this, inputs, n, h));
-    st->rstd = new_tensor({n}, MemCategory::kActivations);
-    st->xn = new_tensor({n, h}, MemCategory::kActivations);
+    st->rstd = new_output({n}, MemCategory::kActivations);
+    st->xn = new_output({n, h}, MemCategory::kActivations);
     kernels::rmsnorm_forward(st->xn.data(), st->rstd.data(), st->x->data(), w(0), n, h, dims_.norm_eps);
-    st->q = new_tensor({n, qd}, MemCategory::kActivations);
-    st->k = new_tensor({n, kd}, MemCategory::kActivations);
-    st->v = new_tensor({n, kd}, MemCategory::kActivations);
+    st->q = new_output({n, qd}, MemCategory::kActivations);
+    st->k = new_output({n, kd}, MemCategory::kActivations);
+    st->v = new_output({n, kd}, MemCategory::kActivations);
     {
-      Tensor qkv = new_tensor({n, qd + 2 * kd}, MemCategory::kBuffers);
+      Tensor qkv = new_output({n, qd + 2 * kd}, MemCategory::kBuffers);
       kernels::linear_forward(qkv.data(), st->xn.data(), w(1), n, h, qd + 2 * kd);
       unpack(qkv, &st->q, &st->k, &st->v, n);
     }
@@ -51,12 +51,12 @@ class AttnChunk : public Chunk {
                             dims_.rope_theta);
     kernels::rotary_forward(st->k.data(), st->k.data(), mb.batch, mb.seq, dims_.num_kv_heads, dims_.head_dim,
                             dims_.rope_theta);
-    st->o = new_tensor({n, qd}, MemCategory::kActivations);
+    st->o = new_output({n, qd}, MemCategory::kActivations);
     {
-      Tensor probs = new_tensor({mb.batch, dims_.num_heads, mb.seq, mb.seq}, MemCategory::kBuffers);
+      Tensor probs = new_output({mb.batch, dims_.num_heads, mb.seq, mb.seq}, MemCategory::kBuffers);
       kernels::attention_forward(st->o.data(), probs.data(), st->q.data(), st->k.data(), st->v.data(), shape(*st));
     }
-    auto y = new_shared({n, h}, MemCategory::kActivations);
+    auto y = new_shared_output({n, h}, MemCategory::kActivations);
     kernels::linear_forward(y->data(), st->o.data(), w(2), n, qd, h);
     if (residual_) add_into(y->data(), y->data(), st->x->data(), n * h);
     out->hidden = std::move(y);
@@ -68,15 +68,14 @@ class AttnChunk : public Chunk {
     auto& st = static_cast<AttnStash&>(stash);
     const int64_t n = st.batch * st.seq, h = dims_.hidden, qd = qdim(), kd = kdim();
     PIPER_ASSIGN_OR_RETURN(st.dout, sum_dhidden(*this, grads, n, h));
-    Tensor d_o = new_tensor({n, qd}, MemCategory::kBuffers);
+    Tensor d_o = new_output({n, qd}, MemCategory::kBuffers);
     kernels::linear_backward_input(d_o.data(), st.dout->data(), w(2), n, qd, h);
-    Tensor dq = new_tensor({n, qd}, MemCategory::kBuffers);
-    Tensor dk = new_tensor({n, kd}, MemCategory::kBuffers);
-    Tensor dv = new_tensor({n, kd}, MemCategory::kBuffers);
+    Tensor dq = new_output({n, qd}, MemCategory::kBuffers);
+    Tensor dk = new_output({n, kd}, MemCategory::kBuffers);
+    Tensor dv = new_output({n, kd}, MemCategory::kBuffers);
     {
-      Tensor probs = new_tensor({st.batch, dims_.num_heads, st.seq, st.seq}, MemCategory::kBuffers);
-      Tensor o2 = new_tensor({n, qd}, MemCategory::kBuffers);
-      kernels::attention_forward(o2.data(), probs.data(), st.q.data(), st.k.data(), st.v.data(), shape(st));
+      Tensor probs = new_output({st.batch, dims_.num_heads, st.seq, st.seq}, MemCategory::kBuffers);
+      kernels::attention_probs(probs.data(), st.q.data(), st.k.data(), shape(st));
       kernels::attention_backward_input(dq.data(), dk.data(), dv.data(), d_o.data(), st.q.data(), st.k.data(),
                                         st.v.data(), probs.data(), shape(st));
     }
@@ -84,11 +83,11 @@ class AttnChunk : public Chunk {
                                    dims_.rope_theta);
     kernels::rotary_backward_input(dk.data(), dk.data(), st.batch, st.seq, dims_.num_kv_heads, dims_.head_dim,
                                    dims_.rope_theta);
-    st.dqkv = new_tensor({n, qd + 2 * kd}, MemCategory::kBuffers);
+    st.dqkv = new_output({n, qd + 2 * kd}, MemCategory::kBuffers);
     pack(dq, dk, dv, &st.dqkv, n);
-    st.dxn = new_tensor({n, h}, MemCategory::kBuffers);
+    st.dxn = new_output({n, h}, MemCategory::kBuffers);
     kernels::linear_backward_input(st.dxn.data(), st.dqkv.data(), w(1), n, h, qd + 2 * kd);
-    auto dxt = new_shared({n, h}, MemCategory::kBuffers);
+    auto dxt = new_shared_output({n, h}, MemCategory::kBuffers);
     kernels::rmsnorm_backward_input(dxt->data(), st.dxn.data(), st.x->data(), w(0), st.rstd.data(), n, h);
     if (residual_) add_into(dxt->data(), dxt->data(), st.dout->data(), n * h);
     dx->dhidden = std::move(dxt);

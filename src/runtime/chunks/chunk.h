@@ -150,6 +150,9 @@ class Chunk {
                     bool decay, bool trainable = true);
   Tensor new_tensor(const Shape& shape, MemCategory category) const;
   std::shared_ptr<Tensor> new_shared(const Shape& shape, MemCategory category) const;
+  // Contents unspecified: only for a kernel output that is written entirely before it is read (no memset).
+  Tensor new_output(const Shape& shape, MemCategory category) const;
+  std::shared_ptr<Tensor> new_shared_output(const Shape& shape, MemCategory category) const;
 
   std::string part_;
   int layer_;
