@@ -14,6 +14,7 @@
 #include "piper/plan/disaggregate.h"
 #include "piper/plan/search.h"
 #include "piper/spec/cluster_loader.h"
+#include "piper/spec/comm_calibration.h"
 #include "piper/spec/model_loader.h"
 
 namespace piper::cli {
@@ -30,6 +31,7 @@ struct PlanOptions {
   double memory_fraction = 0.95;
   std::string schedules;
   std::string calibration;
+  std::string comm_calibration;
   bool json = false;
   bool disaggregate = false;
   bool no_verify = false;
@@ -211,12 +213,13 @@ Status run_plan(const PlanOptions& o) {
     // This machine as `piper train --ranks R` sees it (CPU ranks sharing the cores, fp32 training).
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     PIPER_ASSIGN_OR_RETURN(LocalMachine m, local_cluster(o.local_ranks, std::max(1, cores / o.local_ranks),
-                                                         o.calibration, ""));
+                                                         o.calibration, o.comm_calibration));
     cluster = m.cluster;
     local_calibration = m.calibration;
     train = local_train_spec(o.global_batch, o.seq_len);
   } else {
     PIPER_ASSIGN_OR_RETURN(cluster, load_cluster(o.cluster, o.nodes));
+    if (!o.comm_calibration.empty()) PIPER_RETURN_IF_ERROR(load_comm_calibration(o.comm_calibration, &cluster));
     train.global_batch = o.global_batch;
     train.seq_len = o.seq_len;
   }
@@ -282,6 +285,9 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
   sub->add_option("--memory-fraction", o->memory_fraction, "fraction of device memory a plan may use")
       ->capture_default_str();
   sub->add_option("--calibration", o->calibration, "calibration JSON (src/cost/device_model.h)");
+  sub->add_option("--comm-calibration", o->comm_calibration,
+                  "measured link latency/bandwidth JSON from `piper bench comm --calibration-out` "
+                  "(src/spec/comm_calibration.h)");
   sub->add_flag("--no-verify", o->no_verify, "skip compiling the best plans with the plan verifier");
   sub->add_option("--verify-attempts", o->verify_attempts, "compile at most this many plans per plan returned")
       ->capture_default_str();
