@@ -133,7 +133,9 @@ TEST(RescoreTest, RealSimulatorOnTinyMoe) {
     EXPECT_TRUE(p.verified) << p.strategy.to_string();
     ASSERT_TRUE(p.simulated) << p.strategy.to_string() << ": " << p.sim_error;
     EXPECT_GT(p.sim_step_time_s, 0);
-    if (i > 0) EXPECT_LE(r->top[i - 1].sim_step_time_s, p.sim_step_time_s);
+    if (i > 0) {
+      EXPECT_LE(r->top[i - 1].sim_step_time_s, p.sim_step_time_s);
+    }
   }
   const Json j = r->top.front().to_json();
   EXPECT_TRUE(j["simulated"].get<bool>());
