@@ -28,7 +28,7 @@ size_t simulate_batch(const ModelSpec& model, const ClusterSpec& cluster, const 
     for (size_t i = 0; i < n; ++i) {
       pool.emplace_back([&, i] {
         Plan* p = which[done + i];
-        if (!p->verified) {  // local-search neighbours: the same compiler check as search()'s plans
+        if (!p->verified && options.verify) {  // local-search neighbours: the compiler check of search()'s plans
           TrainSpec vt = train;
           vt.micro_batch_size = p->strategy.mbs;
           const double capacity = options.memory_fraction * static_cast<double>(cluster.device.memory_bytes);

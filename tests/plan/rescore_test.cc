@@ -82,7 +82,7 @@ TEST(RescoreTest, LocalSearchFindsTheFasterNeighbour) {
   Case c = tiny_moe();
   SearchOptions o;
   o.top_k = 3;
-  o.verify = false;
+  o.verify = true;  // with the fake verifier below
   o.simulate_top = 1;
   o.local_search_steps = 40;
   SearchOptions closed_form = o;
