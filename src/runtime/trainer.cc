@@ -4,6 +4,7 @@
 
 #include "piper/runtime/checkpoint.h"
 #include "piper/base/strings.h"
+#include "piper/runtime/chunks/tp_slice.h"
 #include "piper/runtime/data_source.h"
 #include "piper/spec/cluster_loader.h"
 
@@ -72,6 +73,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   const int rank = options.world != nullptr ? options.world->rank() : 0;
   if (options.world != nullptr) {
     PIPER_ASSIGN_OR_RETURN(t->dist_, DistContext::create(*options.world, t->compiled_.plan));
+    if (options.model.moe.router_bias && t->compiled_.plan.mesh.tp > 1) {
+      return unimplemented("model '" + options.model.name + "' balances experts with a router bias; under tp=" +
+                           std::to_string(t->compiled_.plan.mesh.tp) + " with sequence parallelism its expert "
+                           "counts are not summed across the token slices yet: use tp=1");
+    }
     if (options.model.moe.router_bias && t->compiled_.plan.mesh.dp > 1) {
       return unimplemented("model '" + options.model.name + "' balances experts with a router bias; under dp=" +
                            std::to_string(t->compiled_.plan.mesh.dp) + " its expert counts are not summed across "
@@ -91,6 +97,20 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
                                                   t->allocator_.get(), [&](int layer, const std::string& part) {
                                                     return mine.count({layer, part}) > 0;
                                                   }));
+  if (t->dist_ != nullptr && t->compiled_.plan.mesh.tp > 1) {
+    // Tensor parallelism: the chunks the compiler split over tp hold this rank's slice (chunks/tp_slice.h).
+    std::set<std::pair<int, std::string>> split;
+    for (const ir::Node& n : t->compiled_.graph.nodes()) {
+      if (n.kind == ir::NodeKind::kChunk && n.shard_axis == "tp") split.emplace(n.tags.layer, n.tags.part);
+    }
+    for (const auto& [layer, part] : split) {
+      const Chunk* whole = t->model_->find(layer, part);
+      if (whole == nullptr) continue;
+      PIPER_ASSIGN_OR_RETURN(auto slice, make_tp_slice(*whole, t->model_->dims(), t->dist_->coord().tp,
+                                                       t->compiled_.plan.mesh.tp, t->allocator_.get()));
+      PIPER_RETURN_IF_ERROR(t->model_->replace_chunk(std::move(slice)));
+    }
+  }
   t->optimizer_ = std::make_unique<Optimizer>(options.optimizer, options.warmup_steps, *t->model_,
                                               t->allocator_.get());
   PIPER_ASSIGN_OR_RETURN(t->executor_, Executor::create(t->compiled_.graph, t->compiled_.plan.program(rank),
@@ -144,6 +164,10 @@ Result<TrainStepStats> Trainer::step() {
 double Trainer::comm_timeout_s() const { return dist_ != nullptr ? dist_->timeout_s() : comm::default_timeout_s(); }
 
 Status Trainer::save(const std::string& dir) {
+  if (dist_ != nullptr && compiled_.plan.mesh.tp > 1) {
+    return unimplemented("--save: checkpoints of tensor-parallel runs are not supported yet (TP slices do not record "
+                         "their place in the whole tensor); train with tp=1 to save or resume (docs/runtime.md)");
+  }
   CheckpointMeta meta;
   meta.step = optimizer_->step();
   meta.data = loader_->position();
@@ -211,6 +235,10 @@ Status Trainer::restore_local(CheckpointReader& reader) {
 }
 
 Status Trainer::resume(const std::string& dir) {
+  if (dist_ != nullptr && compiled_.plan.mesh.tp > 1) {
+    return unimplemented("--resume: checkpoints of tensor-parallel runs are not supported yet (TP slices do not record "
+                         "their place in the whole tensor); train with tp=1 to save or resume (docs/runtime.md)");
+  }
   const double timeout_s = comm_timeout_s();
   Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::open(dir);
   Status st = reader.status();

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -69,6 +70,12 @@ struct StepContext {
   int num_microbatches = 1;
   Allocator* allocator = nullptr;
   bool recompute = false;  // this forward re-runs an earlier one before its backward (no step statistics)
+  // Sequence parallelism: the task sees one of `token_shards` equal slices of the microbatch's tokens (the
+  // others are on the other tensor-parallel ranks). The head scales its loss gradient by 1 / token_shards (the
+  // objective is the mean over all slices); the router sums its balancing statistics over the slices with
+  // `sum_over_shards` (every slice's task calls it at the same point; values are summed in place).
+  int token_shards = 1;
+  std::function<Status(double* values, int64_t count)> sum_over_shards = nullptr;
 };
 
 // Router -> experts: the normed input and the routing decision.
@@ -149,6 +156,9 @@ class Chunk {
                     bool decay, bool trainable = true);
   Tensor new_tensor(const Shape& shape, MemCategory category) const;
   std::shared_ptr<Tensor> new_shared(const Shape& shape, MemCategory category) const;
+  // Contents unspecified: only for a kernel output that is written entirely before it is read (no memset).
+  Tensor new_output(const Shape& shape, MemCategory category) const;
+  std::shared_ptr<Tensor> new_shared_output(const Shape& shape, MemCategory category) const;
 
   std::string part_;
   int layer_;

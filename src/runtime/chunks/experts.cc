@@ -35,15 +35,15 @@ class ExpertsChunk : public Chunk {
     st->routed = inputs[0]->routed;
     const Routed& r = *st->routed;
     const int64_t rows = n * dims_.top_k;
-    st->xp = new_tensor({rows, h}, MemCategory::kActivations);
+    st->xp = new_output({rows, h}, MemCategory::kActivations);
     kernels::permute_forward(st->xp.data(), r.normed->data(), r.routing, h);
-    st->g = new_tensor({rows, f}, MemCategory::kActivations);
-    st->u = new_tensor({rows, f}, MemCategory::kActivations);
-    st->hh = new_tensor({rows, f}, MemCategory::kActivations);
-    st->yp = new_tensor({rows, h}, MemCategory::kActivations);
+    st->g = new_output({rows, f}, MemCategory::kActivations);
+    st->u = new_output({rows, f}, MemCategory::kActivations);
+    st->hh = new_output({rows, f}, MemCategory::kActivations);
+    st->yp = new_output({rows, h}, MemCategory::kActivations);
     kernels::expert_swiglu_forward(st->yp.data(), st->g.data(), st->u.data(), st->hh.data(), st->xp.data(), w(0), w(1),
                                    w(2), r.routing, h, f);
-    auto y = new_shared({n, h}, MemCategory::kActivations);
+    auto y = new_shared_output({n, h}, MemCategory::kActivations);
     kernels::unpermute_forward(y->data(), st->yp.data(), r.topk_w.data(), r.routing, h);
     const float scale = static_cast<float>(dims_.routed_scaling);
     const float* x = inputs[0]->hidden->data();
@@ -66,15 +66,15 @@ class ExpertsChunk : public Chunk {
       for (int64_t i = 0; i < n * h; ++i) scaled[i] *= static_cast<float>(dims_.routed_scaling);
       dy = scaled.data();
     }
-    st.dyp = new_tensor({rows, h}, MemCategory::kBuffers);
-    auto dtopk_w = new_shared({n, dims_.top_k}, MemCategory::kBuffers);
+    st.dyp = new_output({rows, h}, MemCategory::kBuffers);
+    auto dtopk_w = new_shared_output({n, dims_.top_k}, MemCategory::kBuffers);
     kernels::unpermute_backward_input(st.dyp.data(), dtopk_w->data(), dy, st.yp.data(), r.topk_w.data(), r.routing, h);
-    Tensor dxp = new_tensor({rows, h}, MemCategory::kBuffers);
-    st.dg = new_tensor({rows, f}, MemCategory::kBuffers);
-    st.du = new_tensor({rows, f}, MemCategory::kBuffers);
+    Tensor dxp = new_output({rows, h}, MemCategory::kBuffers);
+    st.dg = new_output({rows, f}, MemCategory::kBuffers);
+    st.du = new_output({rows, f}, MemCategory::kBuffers);
     kernels::expert_swiglu_backward_input(dxp.data(), st.dg.data(), st.du.data(), st.dyp.data(), st.g.data(),
                                           st.u.data(), w(0), w(1), w(2), r.routing, h, f);
-    auto dhn = new_shared({n, h}, MemCategory::kBuffers);
+    auto dhn = new_shared_output({n, h}, MemCategory::kBuffers);
     kernels::permute_backward_input(dhn->data(), dxp.data(), r.routing, h);
     dx->dhidden = std::move(dout);
     dx->dnormed = std::move(dhn);
