@@ -7,7 +7,8 @@
 //                                               messages, the pipeline bubble, the norm and loss exchange)
 // and, from the same run, dualpipev / 1f1b = median step time of dualpipev / median step time of 1f1b (below 1:
 // dualpipev is faster), next to the simulator's prediction of the same ratio (src/sim on local-cpu, 2 ranks).
-// Medians over the timed steps; the two strategies' steps alternate. Outside an MPI job the program re-executes itself under mpirun -np 2.
+// Medians over the timed steps; the two strategies' steps alternate. Outside an MPI job the program re-executes itself
+// under mpirun -np 2.
 //
 // Usage: runtime_dist_bench [--steps 8] [--seq 128] [--microbatches 8] [--mbs 2] [--ranks 2]
 // Run with OMP_WAIT_POLICY=passive on a shared machine (scripts/env.sh).
@@ -43,8 +44,8 @@ struct Measured {
 
 // Both strategies' trainers live side by side and their steps alternate (1f1b, dualpipev, 1f1b, ...), so a change
 // in the machine's load hits both alike.
-Result<std::vector<Measured>> measure(comm::Communicator& world, const std::vector<std::string>& strategies,
-                                      int steps, int64_t seq) {
+Result<std::vector<Measured>> measure(comm::Communicator& world, const std::vector<std::string>& strategies, int steps,
+                                      int64_t seq) {
   std::vector<std::unique_ptr<Trainer>> trainers;
   for (const std::string& strategy : strategies) {
     TrainOptions o;
@@ -108,12 +109,18 @@ Status run(const std::vector<std::string>& args) {
     if (i + 1 >= args.size()) return invalid_argument("runtime_dist_bench: " + args[i] + " needs a value");
     const std::string& f = args[i];
     const int v = std::atoi(args[i + 1].c_str());
-    if (f == "--steps") steps = v;
-    else if (f == "--seq") seq = v;
-    else if (f == "--microbatches") microbatches = v;
-    else if (f == "--mbs") mbs = v;
-    else if (f == "--ranks") ranks = v;
-    else return invalid_argument("runtime_dist_bench: unknown flag " + f + " (see the usage at the top of the source)");
+    if (f == "--steps")
+      steps = v;
+    else if (f == "--seq")
+      seq = v;
+    else if (f == "--microbatches")
+      microbatches = v;
+    else if (f == "--mbs")
+      mbs = v;
+    else if (f == "--ranks")
+      ranks = v;
+    else
+      return invalid_argument("runtime_dist_bench: unknown flag " + f + " (see the usage at the top of the source)");
   }
   if (steps < 1 || seq < 1 || microbatches < 1 || mbs < 1 || ranks < 2) {
     return invalid_argument("runtime_dist_bench: --steps, --seq, --microbatches, --mbs must be >= 1, --ranks >= 2");
@@ -143,8 +150,10 @@ Status bench(int steps, int64_t seq, int microbatches, int mbs) {
       if (std::fscanf(f, "%lf", &load) != 1) load = 0;
       std::fclose(f);
     }
-    std::printf("runtime_dist_bench: tiny-moe, %d ranks (1 kernel thread each), %s, seq %lld, %d timed steps, "
-                "load average %.1f\n", world->size(), common.c_str(), static_cast<long long>(seq), steps, load);
+    std::printf(
+        "runtime_dist_bench: tiny-moe, %d ranks (1 kernel thread each), %s, seq %lld, %d timed steps, "
+        "load average %.1f\n",
+        world->size(), common.c_str(), static_cast<long long>(seq), steps, load);
     std::printf("%-10s %4s %10s %11s %9s %10s\n", "schedule", "rank", "step_ms", "compute_ms", "overhead", "loss");
   }
   std::vector<std::string> strategies;

@@ -14,6 +14,7 @@
 #include "piper/plan/disaggregate.h"
 #include "piper/plan/search.h"
 #include "piper/spec/cluster_loader.h"
+#include "piper/spec/comm_calibration.h"
 #include "piper/spec/model_loader.h"
 
 namespace piper::cli {
@@ -30,10 +31,14 @@ struct PlanOptions {
   double memory_fraction = 0.95;
   std::string schedules;
   std::string calibration;
+  std::string comm_calibration;
   bool json = false;
   bool disaggregate = false;
   bool no_verify = false;
   int verify_attempts = 3;
+  int simulate_top = -1;  // -1: as many as --top
+  int local_search = 8;
+  double sim_budget_s = 30;
   std::string solver = "cbc";
   std::string af_placement = "spread";
   int local_ranks = 0;  // > 0: plan for this many ranks on this machine (train_report.h local_cluster)
@@ -50,10 +55,10 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
               format_bytes(static_cast<double>(cluster.device.memory_bytes)).c_str());
   std::printf(
       "search    %lld strategies considered, %lld rejected, %lld scored (closed form), %lld fit; %s on %d "
-      "threads; simulated: 0 (simulator re-scoring not wired in)\n",
+      "threads; simulated: %lld\n",
       static_cast<long long>(st.considered), static_cast<long long>(st.rejected_total()),
       static_cast<long long>(st.scored), static_cast<long long>(st.fitting), format_seconds(st.search_time_s).c_str(),
-      st.threads);
+      st.threads, static_cast<long long>(st.simulated));
   if (st.verified + st.verify_failed > 0) {
     std::printf("verify    %lld compiled and verified, %lld rejected by the compiler, %s\n",
                 static_cast<long long>(st.verified), static_cast<long long>(st.verify_failed),
@@ -63,6 +68,13 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
   } else {
     std::printf("verify    %s\n", verify ? "nothing to compile (no plan fits)" : "off (--no-verify)");
   }
+  if (st.simulated > 0) {
+    std::printf("simulate  %lld simulated (%lld failed), local search %lld tried / %lld improved, %s%s\n",
+                static_cast<long long>(st.simulated), static_cast<long long>(st.simulate_failed),
+                static_cast<long long>(st.local_search_tried), static_cast<long long>(st.local_search_improved),
+                format_seconds(st.simulate_time_s).c_str(),
+                st.simulate_budget_hit ? " (stopped by --sim-budget-s)" : "");
+  }
   std::printf("rejected by rule:\n");
   for (int k = 0; k < plan::kNumRules; ++k) {
     if (st.rejected[k] > 0) {
@@ -70,16 +82,18 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
                   static_cast<long long>(st.rejected[k]));
     }
   }
-  std::printf("\n %-3s %11s %7s %12s %11s %12s  %s\n", "#", "step time", "MFU", "tokens/s", "peak mem", "compiled pk",
-              "strategy");
+  std::printf("\n %-3s %11s %11s %7s %12s %11s %12s  %s\n", "#", "simulated", "step time", "MFU", "tokens/s",
+              "peak mem", "compiled pk", "strategy");
   for (size_t i = 0; i < r.top.size(); ++i) {
     const auto& p = r.top[i];
-    std::printf(" %-3zu %11s %6.1f%% %12s %11s %12s  %s\n", i + 1, format_seconds(p.estimate.step_time_s).c_str(),
-                100 * p.estimate.mfu, format_count(p.estimate.tokens_per_s).c_str(),
-                format_bytes(p.peak_memory_bytes()).c_str(),
+    std::printf(" %-3zu %11s %11s %6.1f%% %12s %11s %12s  %s%s\n", i + 1,
+                p.simulated ? format_seconds(p.sim_step_time_s).c_str() : "-",
+                format_seconds(p.estimate.step_time_s).c_str(), 100 * p.estimate.mfu,
+                format_count(p.estimate.tokens_per_s).c_str(), format_bytes(p.peak_memory_bytes()).c_str(),
                 p.verified ? format_bytes(p.verification.compiled_peak_bytes).c_str() : "-",
-                p.strategy.to_string().c_str());
+                p.strategy.to_string().c_str(), p.origin == "search" ? "" : "  (local search)");
   }
+  std::printf("(simulated: step time by the simulator; step time, MFU, tokens/s: closed form)\n");
   if (!r.top.empty()) {
     std::printf("\nmemory per pipeline rank of #1:");
     const auto& ranks = r.top[0].estimate.ranks;
@@ -199,12 +213,13 @@ Status run_plan(const PlanOptions& o) {
     // This machine as `piper train --ranks R` sees it (CPU ranks sharing the cores, fp32 training).
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     PIPER_ASSIGN_OR_RETURN(LocalMachine m, local_cluster(o.local_ranks, std::max(1, cores / o.local_ranks),
-                                                         o.calibration, ""));
+                                                         o.calibration, o.comm_calibration));
     cluster = m.cluster;
     local_calibration = m.calibration;
     train = local_train_spec(o.global_batch, o.seq_len);
   } else {
     PIPER_ASSIGN_OR_RETURN(cluster, load_cluster(o.cluster, o.nodes));
+    if (!o.comm_calibration.empty()) PIPER_RETURN_IF_ERROR(load_comm_calibration(o.comm_calibration, &cluster));
     train.global_batch = o.global_batch;
     train.seq_len = o.seq_len;
   }
@@ -215,6 +230,9 @@ Status run_plan(const PlanOptions& o) {
   options.verify = !o.no_verify;
   options.verify_attempts_per_plan = o.verify_attempts;
   options.threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  options.simulate_top = o.simulate_top < 0 ? o.top_k : o.simulate_top;
+  options.local_search_steps = o.local_search;
+  options.simulate_budget_s = o.sim_budget_s;
   if (!o.schedules.empty()) options.space.schedules = split(o.schedules, ',');
   if (o.local_ranks > 0) {
     options.calibration = local_calibration;
@@ -235,7 +253,7 @@ Status run_plan(const PlanOptions& o) {
               {"seq_len", train.seq_len},
               {"global_batch", train.global_batch},
               {"search", r.stats.to_json()},
-              {"simulated", 0},
+              {"simulated", r.stats.simulated},
               {"plans", plans},
               {"fits_nowhere", r.top.empty()}};
     if (r.top.empty() && r.has_smallest) {
@@ -267,8 +285,18 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
   sub->add_option("--memory-fraction", o->memory_fraction, "fraction of device memory a plan may use")
       ->capture_default_str();
   sub->add_option("--calibration", o->calibration, "calibration JSON (src/cost/device_model.h)");
+  sub->add_option("--comm-calibration", o->comm_calibration,
+                  "measured link latency/bandwidth JSON from `piper bench comm --calibration-out` "
+                  "(src/spec/comm_calibration.h)");
   sub->add_flag("--no-verify", o->no_verify, "skip compiling the best plans with the plan verifier");
   sub->add_option("--verify-attempts", o->verify_attempts, "compile at most this many plans per plan returned")
+      ->capture_default_str();
+  sub->add_option("--simulate-top", o->simulate_top,
+                  "re-score this many of the best plans with the simulator (default: --top; 0: closed form only)");
+  sub->add_option("--local-search", o->local_search,
+                  "simulate at most this many neighbours of the best simulated plan (0: no local search)")
+      ->capture_default_str();
+  sub->add_option("--sim-budget-s", o->sim_budget_s, "start no simulation after this many seconds of re-scoring")
       ->capture_default_str();
   sub->add_flag("--disaggregate", o->disaggregate,
                 "allocate GPUs and NICs to disaggregated attention and FFN groups (af-pipe; roofline + MILP)");
@@ -295,6 +323,9 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
     if (o->verify_attempts < 1) {
       return invalid_argument("--verify-attempts=" + std::to_string(o->verify_attempts) + " must be >= 1");
     }
+    if (o->simulate_top < -1) return invalid_argument("--simulate-top must be >= 0");
+    if (o->local_search < 0) return invalid_argument("--local-search must be >= 0");
+    if (!(o->sim_budget_s >= 0)) return invalid_argument("--sim-budget-s must be >= 0 seconds");
     return run_plan(*o);
   });
 });

@@ -39,6 +39,7 @@ struct TrainCliOptions {
   int threads = 0;
   int ranks_per_node = 0;  // 0 = the MPI job's local size (HALO exchanges)
   std::string save;
+  int64_t save_every = 0;  // 0 = only at the end
   std::string resume;
   std::string trace;
   std::string calibration;
@@ -108,7 +109,14 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   t.warmup_steps = o.warmup;
   t.ranks_per_node = o.ranks_per_node;
   PIPER_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(t));
-  if (!o.resume.empty()) PIPER_RETURN_IF_ERROR(trainer->resume(o.resume));
+  if (!o.resume.empty()) {
+    PIPER_RETURN_IF_ERROR(trainer->resume(o.resume));
+    if (!o.json && !quiet) {
+      const CheckpointMeta& r = trainer->resumed();
+      std::printf("resumed   from %s: step %lld, written by %d rank(s) under %s\n", trainer->resumed_dir().c_str(),
+                  static_cast<long long>(r.step), r.world_size, r.strategy.c_str());
+    }
+  }
   const auto& plan = trainer->compiled().plan;
   // The machine the predictions are for; loaded now so that a bad calibration file fails before training.
   PIPER_ASSIGN_OR_RETURN(LocalMachine machine,
@@ -157,6 +165,8 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
     if (i > 0) steady_compute += step_compute;
     steps.push_back(Json{{"step", s.step}, {"loss", s.loss}, {"aux_loss", s.aux_loss}, {"grad_norm", s.grad_norm},
                          {"seconds", s.seconds}});
+    const bool save_now = !o.save.empty() && (i + 1 == o.steps || (o.save_every > 0 && s.step % o.save_every == 0));
+    if (save_now) PIPER_RETURN_IF_ERROR(trainer->save(o.save));
     if (!o.json && !quiet) {
       std::printf("step %5lld  loss %.4f  aux %.4f  |g| %.3f  %8.0f tok/s  %6.2f GFLOP/s  %.3f s\n",
                   static_cast<long long>(s.step), s.loss, s.aux_loss, s.grad_norm, s.tokens_per_s,
@@ -164,7 +174,6 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
       std::fflush(stdout);
     }
   }
-  if (!o.save.empty()) PIPER_RETURN_IF_ERROR(trainer->save(o.save));
   if (recorder != nullptr) trainer->executor().set_trace(nullptr);
   // Throughput over the steps after the first (which pays for first-touch page faults), unless there is one.
   const int64_t timed_steps = o.steps > 1 ? o.steps - 1 : 1;
@@ -232,7 +241,9 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
     std::printf("\n");
     prediction.print();
     if (!o.trace.empty()) std::printf("trace     %s (measured timeline, Chrome/Perfetto)\n", o.trace.c_str());
-    if (!o.save.empty()) std::printf("checkpoint saved to %s\n", o.save.c_str());
+    if (!o.save.empty()) {
+      std::printf("checkpoint saved to %s/%s\n", o.save.c_str(), checkpoint_step_name(trainer->steps_done()).c_str());
+    }
   }
   return ok_status();
 }
@@ -261,6 +272,8 @@ Status run_train(const TrainCliOptions& o) {
                               "' does not exist; create it or write the trace elsewhere");
     }
   }
+  if (o.save_every < 0) return invalid_argument("--save-every must be >= 0 (0 = only at the end)");
+  if (o.save_every > 0 && o.save.empty()) return invalid_argument("--save-every needs --save DIR");
   if (comm::launched_by_mpi()) {
     PIPER_RETURN_IF_ERROR(comm::mpi_init(nullptr, nullptr));
     int rank = 0;
@@ -302,8 +315,9 @@ PIPER_REGISTER_COMMAND(g_train, "train", "Train a model through its compiled Pla
   sub->add_option("--threads", o->threads, "kernel threads (0 = all cores)")->capture_default_str();
   sub->add_option("--ranks-per-node", o->ranks_per_node,
                   "ranks per emulated node for a2a=halo (node-major; default: the MPI job's local size)");
-  sub->add_option("--save", o->save, "write a checkpoint to this directory at the end");
-  sub->add_option("--resume", o->resume, "resume from a checkpoint directory");
+  sub->add_option("--save", o->save, "write checkpoints under this directory (DIR/step-N, DIR/latest) at the end");
+  sub->add_option("--save-every", o->save_every, "also write a checkpoint every N steps (0 = only at the end)");
+  sub->add_option("--resume", o->resume, "resume from a checkpoint (a --save DIR, or one of its step-N directories)");
   sub->add_option("--trace", o->trace, "write the measured timeline of every rank as a Chrome/Perfetto trace");
   sub->add_option("--calibration", o->calibration,
                   "device calibration JSON for the predictions (src/cost/device_model.h)");

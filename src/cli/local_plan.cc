@@ -64,13 +64,12 @@ Result<AutoStrategy> auto_strategy(const ModelSpec& model, int ranks, int kernel
   restrict_to_runtime(model, o.memory_fraction * static_cast<double>(m.cluster.device.memory_bytes), &o);
   PIPER_ASSIGN_OR_RETURN(plan::SearchResult r, plan::search(model, m.cluster, train, o));
   if (r.top.empty()) {
-    return failed_precondition("--strategy auto: the planner found no strategy the runtime runs for " +
-                               std::to_string(ranks) + " ranks and a global batch of " +
-                               std::to_string(global_batch) + " (" + std::to_string(r.stats.fitting) +
-                               " fit, " + std::to_string(r.stats.verify_failed) + " rejected" +
-                               (r.stats.first_verify_failure.empty() ? "" : ": " + r.stats.first_verify_failure) +
-                               "); see `piper plan --local-ranks " + std::to_string(ranks) +
-                               " --runnable`, or pass --strategy");
+    return failed_precondition(
+        "--strategy auto: the planner found no strategy the runtime runs for " + std::to_string(ranks) +
+        " ranks and a global batch of " + std::to_string(global_batch) + " (" + std::to_string(r.stats.fitting) +
+        " fit, " + std::to_string(r.stats.verify_failed) + " rejected" +
+        (r.stats.first_verify_failure.empty() ? "" : ": " + r.stats.first_verify_failure) +
+        "); see `piper plan --local-ranks " + std::to_string(ranks) + " --runnable`, or pass --strategy");
   }
   AutoStrategy a;
   a.strategy = r.top[0].strategy;

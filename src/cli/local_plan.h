@@ -27,8 +27,8 @@ TrainSpec local_train_spec(int64_t global_batch, int64_t seq_len);
 
 struct AutoStrategy {
   Strategy strategy;
-  int64_t scored = 0;     // candidates the closed form scored
-  double step_time_s = 0; // the resource model's step time of the chosen plan
+  int64_t scored = 0;      // candidates the closed form scored
+  double step_time_s = 0;  // the resource model's step time of the chosen plan
 };
 
 // The planner's best runnable strategy for `ranks` ranks on this machine (global batch and sequence as given;

@@ -1,6 +1,7 @@
 #include "piper/cli/scenario.h"
 
 #include "piper/spec/cluster_loader.h"
+#include "piper/spec/comm_calibration.h"
 #include "piper/spec/model_loader.h"
 
 namespace piper::cli {
@@ -13,6 +14,9 @@ void add_scenario_options(CLI::App* sub, ScenarioOptions* o) {
   sub->add_option("--global-batch", o->global_batch, "sequences per step (default: dp*microbatches*mbs)");
   sub->add_option("--seq", o->seq_len, "sequence length")->capture_default_str();
   sub->add_option("--calibration", o->calibration, "calibration JSON (src/cost/device_model.h)");
+  sub->add_option("--comm-calibration", o->comm_calibration,
+                  "measured link latency/bandwidth JSON from `piper bench comm --calibration-out` "
+                  "(src/spec/comm_calibration.h)");
 }
 
 Result<Scenario> load_scenario(const ScenarioOptions& o) {
@@ -21,6 +25,7 @@ Result<Scenario> load_scenario(const ScenarioOptions& o) {
   Scenario sc;
   PIPER_ASSIGN_OR_RETURN(sc.model, load_model(o.model));
   PIPER_ASSIGN_OR_RETURN(sc.cluster, load_cluster(o.cluster, o.nodes));
+  if (!o.comm_calibration.empty()) PIPER_RETURN_IF_ERROR(load_comm_calibration(o.comm_calibration, &sc.cluster));
   PIPER_ASSIGN_OR_RETURN(sc.strategy, Strategy::parse(o.strategy));
   sc.train.global_batch = o.global_batch;
   sc.train.micro_batch_size = sc.strategy.mbs;

@@ -24,6 +24,7 @@ struct ScenarioOptions {
   int64_t global_batch = 0;  // 0: dp * microbatches * mbs
   int64_t seq_len = 4096;
   std::string calibration;
+  std::string comm_calibration;  // `piper bench comm --calibration-out F`: measured link latency and bandwidth
 };
 
 struct Scenario {
@@ -34,10 +35,11 @@ struct Scenario {
   cost::Calibration calibration;
 };
 
-// --model, --cluster, --nodes, --strategy (required), --global-batch, --seq, --calibration.
+// --model, --cluster, --nodes, --strategy (required), --global-batch, --seq, --calibration, --comm-calibration.
 void add_scenario_options(CLI::App* sub, ScenarioOptions* o);
 
-// Checks --seq and --global-batch, then loads the model, cluster, strategy and calibration.
+// Checks --seq and --global-batch, then loads the model, cluster (with the comm calibration applied), strategy
+// and calibration.
 Result<Scenario> load_scenario(const ScenarioOptions& o);
 
 }  // namespace piper::cli

@@ -57,8 +57,8 @@ Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, co
   so.full = true;  // every rank: the runs here are small
   PIPER_ASSIGN_OR_RETURN(sim::SimReport sim,
                          sim::simulate(model, machine.cluster, train, trainer.strategy(), machine.calibration, so));
-  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, machine.cluster, train,
-                                                                     machine.calibration));
+  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm,
+                         cost::CostModel::create(model, machine.cluster, train, machine.calibration));
   PIPER_ASSIGN_OR_RETURN(cost::Estimate e, cm.estimate(trainer.strategy()));
   r.sim_step_s = sim.step_time_s;
   r.model_step_s = e.step_time_s;
@@ -74,7 +74,8 @@ Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, co
       c.sim_busy_s = s.busy_s;
       c.sim_peak_bytes = static_cast<double>(s.peak_bytes);
     }
-    if (c.pp_rank < static_cast<int>(e.ranks.size())) c.model_peak_bytes = e.ranks[static_cast<size_t>(c.pp_rank)].total();
+    if (c.pp_rank < static_cast<int>(e.ranks.size()))
+      c.model_peak_bytes = e.ranks[static_cast<size_t>(c.pp_rank)].total();
     r.ranks.push_back(c);
   }
   return r;
@@ -95,8 +96,8 @@ void PredictionReport::print() const {
   const int n = machine.cluster.world_size();
   std::printf("\npredicted vs measured: local-cpu, %d rank%s at %.2f core%s each, %s\n", n, n == 1 ? "" : "s",
               machine.cores_per_rank, machine.cores_per_rank == 1 ? "" : "s", machine.calibration_source.c_str());
-  std::printf(" %4s %3s | %10s %10s %10s %7s | %10s %10s | %10s %10s %10s %7s\n", "rank", "pp", "step", "sim",
-              "model", "x sim", "compute", "sim busy", "peak mem", "sim", "model", "x model");
+  std::printf(" %4s %3s | %10s %10s %10s %7s | %10s %10s | %10s %10s %10s %7s\n", "rank", "pp", "step", "sim", "model",
+              "x sim", "compute", "sim busy", "peak mem", "sim", "model", "x model");
   for (const RankComparison& c : ranks) {
     std::printf(" %4d %3d | %10s %10s %10s %7s | %10s %10s | %10s %10s %10s %7s\n", c.rank, c.pp_rank,
                 format_seconds(c.measured.step_time_s).c_str(), format_seconds(c.sim_step_s).c_str(),
@@ -106,23 +107,24 @@ void PredictionReport::print() const {
                 format_bytes(c.sim_peak_bytes).c_str(), format_bytes(c.model_peak_bytes).c_str(),
                 ratio(static_cast<double>(c.measured.peak_bytes), c.model_peak_bytes).c_str());
   }
-  std::printf(" (step: measured mean after the first step; compute: wall time in compute and update tasks per step; "
-              "x: measured / predicted)\n");
+  std::printf(
+      " (step: measured mean after the first step; compute: wall time in compute and update tasks per step; "
+      "x: measured / predicted)\n");
 }
 
 Json PredictionReport::to_json() const {
   Json ranks_json = Json::array();
   for (const RankComparison& c : ranks) {
-    ranks_json.push_back({{"rank", c.rank},
-                          {"pp_rank", c.pp_rank},
-                          {"measured", {{"step_time_s", c.measured.step_time_s},
-                                        {"compute_s", c.measured.compute_s},
-                                        {"peak_memory_bytes", c.measured.peak_bytes}}},
-                          {"simulated", {{"step_time_s", c.sim_step_s},
-                                         {"busy_s", c.sim_busy_s},
-                                         {"peak_memory_bytes", c.sim_peak_bytes}}},
-                          {"resource_model", {{"step_time_s", c.model_step_s},
-                                              {"peak_memory_bytes", c.model_peak_bytes}}}});
+    ranks_json.push_back(
+        {{"rank", c.rank},
+         {"pp_rank", c.pp_rank},
+         {"measured",
+          {{"step_time_s", c.measured.step_time_s},
+           {"compute_s", c.measured.compute_s},
+           {"peak_memory_bytes", c.measured.peak_bytes}}},
+         {"simulated",
+          {{"step_time_s", c.sim_step_s}, {"busy_s", c.sim_busy_s}, {"peak_memory_bytes", c.sim_peak_bytes}}},
+         {"resource_model", {{"step_time_s", c.model_step_s}, {"peak_memory_bytes", c.model_peak_bytes}}}});
   }
   return Json{{"cluster", machine.cluster.name},
               {"ranks_on_node", machine.cluster.world_size()},

@@ -10,7 +10,11 @@
 // published cuBLAS bf16 sweeps on A100/H100 where M = 128 runs at roughly two thirds of the square-GEMM
 // throughput. A calibration JSON file (written from `piper bench kernels` measurements) overrides any field:
 //   {"gemm_efficiency": 0.72, "gemm_half_dim": 96, "memory_bw_efficiency": 0.85,
-//    "workspace_bytes": 1073741824, "expert_load_imbalance": 1.1}
+//    "workspace_bytes": 1073741824, "expert_load_imbalance": 1.1, "attention_score_bytes": 13}
+// attention_score_bytes (default 0 = fused/flash attention): device-memory bytes moved per attention-score
+// element in the forward by an attention that materialises the s x s scores per head (Megatron-LM before
+// FlashAttention: QK^T writes 2 B, fused scale-mask-softmax reads 2 + writes 2, dropout reads 2 + writes 2 and
+// a 1 B mask, AV reads 2 = 13 B [inferred from that kernel sequence]); the backward moves twice as much.
 #pragma once
 
 #include <string>
@@ -28,6 +32,7 @@ struct Calibration {
   // CUDA context, cuBLAS/NCCL workspaces and allocator slack per rank [inferred: ~1 GiB is typical on H100s].
   double workspace_bytes = 1024.0 * 1024.0 * 1024.0;
   double expert_load_imbalance = 1.0;  // tokens on the busiest expert rank / the mean (1 = perfectly balanced)
+  double attention_score_bytes = 0;    // see above; 0: fused attention (scores never leave the chip)
 
   static Result<Calibration> from_json(const Json& json, const std::string& what);
   static Result<Calibration> load(const std::string& path);

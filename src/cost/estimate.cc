@@ -126,10 +126,12 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   shape.tp = s.tp;
   shape.ep = s.ep;
   shape.etp = s.etp;
+  shape.sp = s.sp;
   shape.act_bytes = act_b;
   shape.param_bytes = bytes_.param;
   shape.grad_bytes = bytes_.grad;
   shape.expert_load = calibration_.expert_load_imbalance;
+  shape.attention_score_bytes = calibration_.attention_score_bytes;
   Fbw part_t[kNumParts];
   for (int i = 0; i < kNumParts; ++i) {
     PartCost c = part_cost(table_, static_cast<Part>(i), shape);

@@ -46,6 +46,7 @@ PartTable make_part_table(const ModelSpec& m, int64_t seq_len) {
   double core = 0;
   for (int l = 0; l < m.num_layers; ++l) core += attention_core_forward_flops_per_token(m, l, seq_len);
   t.attention_core_flops = m.num_layers > 0 ? core / m.num_layers : 0.0;
+  t.score_elements_per_token = static_cast<double>(m.num_heads) * static_cast<double>(seq_len);
   return t;
 }
 
@@ -80,7 +81,7 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
     }
     case Part::kNorms: {
       PartCost c;  // two norms (read h, write h) and two residual adds (read 2h, write h)
-      const double f = T * 10 * h * s.act_bytes / tp;
+      const double f = T * 10 * h * s.act_bytes / (s.sp ? tp : 1.0);
       c.f.pointwise_bytes = f;
       c.b.pointwise_bytes = 2 * f;
       return c;
@@ -93,6 +94,10 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
       const double acts = T * 4 * h * s.act_bytes / tp;  // Q, K, V in, O out (order of magnitude for MLA too)
       c.f = {flops, acts, t.head_dim};
       c.b = {2 * flops, 2 * acts, t.head_dim};
+      // Materialised scores: QK^T writes them, softmax and dropout read and write them, AV reads them;
+      // the backward moves about twice as much (pointwise convention above).
+      c.f.pointwise_bytes = T * t.score_elements_per_token / tp * s.attention_score_bytes;
+      c.b.pointwise_bytes = 2 * c.f.pointwise_bytes;
       return c;
     }
     case Part::kRouter: {  // + fp32 scores and top-k (read and write E), token permute (read and write k h)

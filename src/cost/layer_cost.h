@@ -56,6 +56,9 @@ struct PartTable {
   double attention_params = 0, norm_params_per_layer = 0, router_params = 0, expert_params = 0,
          shared_params = 0, dense_mlp_params = 0, embedding_params = 0, head_params = 0;
   double attention_core_flops = 0;  // average over layers (sliding-window layers differ)
+  // Attention-score elements per token and layer when the scores are materialised (non-fused attention
+  // computes the full s x s matrix per head even for causal masks): num_heads * seq_len.
+  double score_elements_per_token = 0;
 };
 
 PartTable make_part_table(const ModelSpec& model, int64_t seq_len);
@@ -65,10 +68,16 @@ struct PartShape {
   int tp = 1;
   int ep = 1;
   int etp = 1;
+  // Sequence parallelism: norms, dropout and residual adds run on 1/tp of the tokens. Without it every tensor-
+  // parallel rank runs them on the whole (replicated) hidden state.
+  bool sp = false;
   double act_bytes = 2;
   double param_bytes = 2;
   double grad_bytes = 4;
   double expert_load = 1;
+  // Device-memory bytes moved per attention-score element in the forward when the attention kernel
+  // materialises the scores (Calibration::attention_score_bytes); 0: fused (flash) attention keeps them on chip.
+  double attention_score_bytes = 0;
 };
 
 // One layer's part (or the embedding/head), on one rank, for one microbatch.

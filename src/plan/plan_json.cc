@@ -17,6 +17,15 @@ Json Plan::to_json() const {
               {"verified", verified},
               {"compile_s", verification.seconds},
               {"compiled_peak_memory_bytes", verification.compiled_peak_bytes},
+              {"simulated", simulated},
+              {"simulated_step_time_s", simulated ? Json(sim_step_time_s) : Json(nullptr)},
+              {"simulated_tokens_per_s",
+               simulated && sim_step_time_s > 0 ? Json(estimate.tokens_per_step / sim_step_time_s) : Json(nullptr)},
+              {"simulated_mfu", simulated && sim_step_time_s > 0
+                                    ? Json(estimate.mfu * estimate.step_time_s / sim_step_time_s)
+                                    : Json(nullptr)},
+              {"simulation_error", sim_error},
+              {"origin", origin},
               {"estimate", estimate.to_json()}};
 }
 
@@ -35,7 +44,13 @@ Json SearchStats::to_json() const {
               {"verified", verified},
               {"verify_failed", verify_failed},
               {"verify_time_s", verify_time_s},
-              {"first_verify_failure", first_verify_failure}};
+              {"first_verify_failure", first_verify_failure},
+              {"simulated", simulated},
+              {"simulate_failed", simulate_failed},
+              {"simulate_time_s", simulate_time_s},
+              {"simulate_budget_hit", simulate_budget_hit},
+              {"local_search_tried", local_search_tried},
+              {"local_search_improved", local_search_improved}};
 }
 
 }  // namespace piper::plan

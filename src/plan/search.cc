@@ -1,5 +1,7 @@
 #include "piper/plan/search.h"
 
+#include "piper/plan/rescore.h"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -18,6 +20,15 @@ bool plan_before(const Plan& a, const Plan& b) {
   return plan_before(a.estimate.step_time_s, a.item, a.offset, b.estimate.step_time_s, b.item, b.offset);
 }
 
+Plan make_plan(const Strategy& s, const cost::Estimate& e, int64_t item, int64_t offset) {
+  Plan p;
+  p.strategy = s;
+  p.estimate = e;
+  p.item = item;
+  p.offset = offset;
+  return p;
+}
+
 // What one worker accumulates.
 struct Sink {
   int top_k = 1;
@@ -33,7 +44,7 @@ struct Sink {
     const double mem = e.memory.total();
     if (!has_smallest || mem < smallest.peak_memory_bytes() ||
         (mem == smallest.peak_memory_bytes() && plan_before(0, item, offset, 0, smallest.item, smallest.offset))) {
-      smallest = Plan{s, e, item, offset, false, {}};
+      smallest = make_plan(s, e, item, offset);
       has_smallest = true;
     }
     if (!fits(e)) {
@@ -54,7 +65,7 @@ struct Sink {
         break;
       }
     }
-    Plan p{s, e, item, offset, false, {}};
+    Plan p = make_plan(s, e, item, offset);
     top.insert(
         std::upper_bound(top.begin(), top.end(), p, [](const Plan& a, const Plan& b) { return plan_before(a, b); }),
         std::move(p));
@@ -264,6 +275,12 @@ Result<SearchResult> run_search(const ModelSpec& model, const ClusterSpec& clust
   if (options.verify && options.verify_attempts_per_plan < 1) {
     return invalid_argument("plan: verify_attempts_per_plan must be >= 1");
   }
+  if (options.simulate_top < 0 || options.local_search_steps < 0 || !(options.simulate_budget_s >= 0)) {
+    return invalid_argument("plan: simulate_top=" + std::to_string(options.simulate_top) +
+                            ", local_search_steps=" + std::to_string(options.local_search_steps) +
+                            " and simulate_budget_s=" + std::to_string(options.simulate_budget_s) +
+                            " must be >= 0 (0 turns the simulator off)");
+  }
   PIPER_RETURN_IF_ERROR(train.validate());
   PIPER_ASSIGN_OR_RETURN(ResolvedSpace space, resolve_space(options.space, model, cluster, train.global_batch));
   std::vector<cost::CostModel> models;
@@ -321,6 +338,9 @@ Result<SearchResult> run_search(const ModelSpec& model, const ClusterSpec& clust
     verify_plans(model, train, options, cluster, threads, &out);
   } else if (static_cast<int>(out.top.size()) > options.top_k) {
     out.top.resize(static_cast<size_t>(options.top_k));
+  }
+  if (apply_rules && (options.simulate_top > 0 || options.local_search_steps > 0)) {
+    rescore_with_simulator(model, cluster, train, options, threads, &out);
   }
   return out;
 }

@@ -37,6 +37,11 @@ struct Plan {
   int64_t offset = 0;
   bool verified = false;      // compiled and accepted by the plan verifier (search with verify = true)
   Verification verification;  // the compiler's verdict, when it ran
+  // Re-scoring with the simulator (rescore.h), when it ran on this plan.
+  bool simulated = false;
+  double sim_step_time_s = 0;
+  std::string sim_error;            // the simulator's message when it failed
+  std::string origin = "search";    // "search" or "local-search"
   double peak_memory_bytes() const { return estimate.memory.total(); }
   Json to_json() const;
 };
@@ -55,6 +60,14 @@ struct SearchOptions {
   int verify_attempts_per_plan = 3;
   // Replaces compile::compile_strategy as the verifier when set (tests); called concurrently.
   std::function<Verification(const Strategy&, const TrainSpec&)> verifier;
+  // Re-scoring with the simulator (rescore.h): the best `simulate_top` returned plans are simulated and the
+  // list is ordered by simulated step time; then up to `local_search_steps` neighbours of the best are
+  // simulated. No simulation starts after `simulate_budget_s` seconds of re-scoring. 0 / 0: closed form only.
+  int simulate_top = 0;
+  int local_search_steps = 0;
+  double simulate_budget_s = 60;
+  // Replaces sim::simulate (returns the step time) when set (tests); called concurrently.
+  std::function<Result<double>(const Strategy&, const TrainSpec&)> simulator;
 };
 
 struct SearchStats {
@@ -67,6 +80,10 @@ struct SearchStats {
   int64_t verified = 0, verify_failed = 0;
   double verify_time_s = 0;
   std::string first_verify_failure;  // strategy and compiler message of the first plan that failed
+  int64_t simulated = 0, simulate_failed = 0;  // simulator runs (re-scoring and local search together)
+  int64_t local_search_tried = 0, local_search_improved = 0;
+  double simulate_time_s = 0;
+  bool simulate_budget_hit = false;  // some planned simulation did not start because of simulate_budget_s
   int64_t rejected_total() const;
   Json to_json() const;
 };

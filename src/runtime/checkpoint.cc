@@ -1,34 +1,24 @@
+// Reading checkpoints (checkpoint.h); writing is checkpoint_save.cc.
 #include "piper/runtime/checkpoint.h"
 
 #include <cinttypes>
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "piper/base/json.h"
+#include "piper/base/strings.h"
+#include "piper/runtime/checkpoint_format.h"
 #include "piper/runtime/safetensors.h"
 
 namespace piper {
 namespace fs = std::filesystem;
+using namespace checkpoint_format;
 
 namespace {
 
-constexpr const char* kFormat = "piper-checkpoint";
-constexpr int kVersion = 1;
-constexpr const char* kModelFile = "model.safetensors";
-constexpr const char* kOptimizerFile = "optimizer.safetensors";
-
-std::string hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
-  return buf;
-}
-
-Status bad_index(const std::string& path, const std::string& what) {
-  return data_loss("checkpoint index '" + path + "' is corrupt: " + what);
-}
-
-// Reads a non-negative integer field of the index.
 Status get_u64(const Json& obj, const std::string& key, const std::string& path, uint64_t* out) {
   if (!obj.is_object() || !obj.contains(key) || !obj[key].is_number_unsigned()) {
     return bad_index(path, "field '" + key + "' is missing or not a non-negative integer");
@@ -37,128 +27,216 @@ Status get_u64(const Json& obj, const std::string& key, const std::string& path,
   return ok_status();
 }
 
-Status load_file(const std::string& dir, const std::string& file, const Json& index, const std::string& index_path,
-                 MemCategory category, std::map<std::string, Tensor>* out) {
-  const Json& files = index["files"];
-  if (!files.contains(file)) return bad_index(index_path, "files has no entry for '" + file + "'");
-  uint64_t bytes = 0;
-  PIPER_RETURN_IF_ERROR(get_u64(files[file], "bytes", index_path, &bytes));
-  if (!files[file].contains("fnv1a64") || !files[file]["fnv1a64"].is_string()) {
-    return bad_index(index_path, "files." + file + ".fnv1a64 is missing");
+Status get_shape(const Json& obj, const std::string& key, const std::string& path, Shape* out) {
+  if (!obj.is_object() || !obj.contains(key) || !obj[key].is_array()) {
+    return bad_index(path, "field '" + key + "' is missing or not an array");
   }
-  const std::string path = (fs::path(dir) / file).string();
-  std::error_code ec;
-  const uintmax_t actual = fs::file_size(path, ec);
-  if (ec) return data_loss("checkpoint file '" + path + "' listed in the index is missing: " + ec.message());
-  if (actual != bytes) {
-    return data_loss("checkpoint file '" + path + "' has " + std::to_string(actual) + " bytes but the index says " +
-                     std::to_string(bytes) + " (truncated or overwritten)");
-  }
-  PIPER_ASSIGN_OR_RETURN(SafetensorsFile st, read_safetensors(path, category));
-  if (hex64(st.data_hash) != files[file]["fnv1a64"].get<std::string>()) {
-    return data_loss("checkpoint file '" + path + "': the tensor data does not match the index checksum (corrupted)");
-  }
-  const Json& weight_map = index["weight_map"];
-  size_t expected = 0;
-  for (const auto& [name, f] : weight_map.items()) {
-    if (f == file) ++expected;
-  }
-  for (auto& [name, t] : st.tensors) {
-    if (!weight_map.contains(name) || weight_map[name] != file) {
-      return data_loss("checkpoint file '" + path + "' holds tensor '" + name + "' that the index does not list");
-    }
-    out->emplace(name, std::move(t));
-  }
-  if (out->size() != expected) {
-    return data_loss("checkpoint file '" + path + "' holds " + std::to_string(out->size()) +
-                     " tensors but the index lists " + std::to_string(expected));
+  out->clear();
+  for (const Json& v : obj[key]) {
+    if (!v.is_number_unsigned()) return bad_index(path, "field '" + key + "' holds a negative or non-integer size");
+    out->push_back(v.get<int64_t>());
   }
   return ok_status();
+}
+
+Status parse_meta(const Json& index, const std::string& path, CheckpointMeta* meta) {
+  uint64_t step = 0, epoch = 0, pos = 0, seq = 0, world = 0;
+  PIPER_RETURN_IF_ERROR(get_u64(index, "step", path, &step));
+  if (!index.contains("data_position") || !index.contains("rng")) {
+    return bad_index(path, "data_position or rng is missing");
+  }
+  PIPER_RETURN_IF_ERROR(get_u64(index["data_position"], "epoch", path, &epoch));
+  PIPER_RETURN_IF_ERROR(get_u64(index["data_position"], "index", path, &pos));
+  PIPER_RETURN_IF_ERROR(get_u64(index["rng"], "seed", path, &meta->rng.seed));
+  PIPER_RETURN_IF_ERROR(get_u64(index["rng"], "stream", path, &meta->rng.stream));
+  PIPER_RETURN_IF_ERROR(get_u64(index["rng"], "counter", path, &meta->rng.counter));
+  PIPER_RETURN_IF_ERROR(get_u64(index, "seq_len", path, &seq));
+  PIPER_RETURN_IF_ERROR(get_u64(index, "world_size", path, &world));
+  meta->step = static_cast<int64_t>(step);
+  meta->data = {static_cast<int64_t>(epoch), static_cast<int64_t>(pos)};
+  meta->seq_len = static_cast<int64_t>(seq);
+  meta->world_size = static_cast<int>(world);
+  meta->model = index.value("model", "");
+  meta->strategy = index.value("strategy", "");
+  return ok_status();
+}
+
+// Resolves ROOT to the step directory holding index.json.
+Result<std::string> resolve(const std::string& root) {
+  std::error_code ec;
+  if (fs::exists(fs::path(root) / kIndexFile, ec)) return root;
+  const fs::path latest = fs::path(root) / kLatestFile;
+  if (!fs::exists(latest, ec)) {
+    return not_found("no checkpoint in '" + root + "': it has neither '" + kLatestFile + "' nor '" + kIndexFile +
+                     "' (a save interrupted before its first checkpoint leaves only a .tmp directory); pass the "
+                     "directory given to --save");
+  }
+  PIPER_ASSIGN_OR_RETURN(std::string name, read_text_file(latest.string()));
+  name = std::string(trim(name));
+  if (name.empty() || name.find('/') != std::string::npos) {
+    return data_loss("checkpoint pointer '" + latest.string() + "' is corrupt (holds '" + name +
+                     "'); point it at a step-N directory of '" + root + "' or pass that directory to --resume");
+  }
+  const fs::path dir = fs::path(root) / name;
+  if (!fs::exists(dir / kIndexFile, ec)) {
+    return data_loss("checkpoint pointer '" + latest.string() + "' names '" + name + "', which has no " +
+                     kIndexFile + "; pass another step-N directory of '" + root + "' to --resume");
+  }
+  return dir.string();
 }
 
 }  // namespace
 
-Status save_checkpoint(const std::string& dir, const CheckpointMeta& meta, const NamedTensors& model,
-                       const NamedTensors& optimizer) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return invalid_argument("cannot create checkpoint directory '" + dir + "': " + ec.message());
-  OrderedJson index;
-  index["format"] = kFormat;
-  index["version"] = kVersion;
-  index["step"] = meta.step;
-  index["data_position"] = {{"epoch", meta.data.epoch}, {"index", meta.data.index}};
-  index["rng"] = {{"seed", meta.rng.seed}, {"stream", meta.rng.stream}, {"counter", meta.rng.counter}};
-  OrderedJson weight_map = OrderedJson::object();
-  for (const auto& [file, tensors] : {std::pair{kModelFile, &model}, std::pair{kOptimizerFile, &optimizer}}) {
-    const std::string path = (fs::path(dir) / file).string();
-    PIPER_ASSIGN_OR_RETURN(uint64_t hash, write_safetensors(path, *tensors, {{"format", "pt"}}));
-    index["files"][file] = {{"bytes", fs::file_size(path)}, {"fnv1a64", hex64(hash)}};
-    for (const auto& entry : *tensors) {
-      if (weight_map.contains(entry.first)) {
-        return invalid_argument("checkpoint: tensor name '" + entry.first + "' is used twice");
-      }
-      weight_map[entry.first] = file;
-    }
-  }
-  index["weight_map"] = weight_map;
-  const std::string index_path = (fs::path(dir) / "index.json").string();
-  PIPER_RETURN_IF_ERROR(write_text_file(index_path + ".tmp", index.dump(2) + "\n"));
-  fs::rename(index_path + ".tmp", index_path, ec);
-  if (ec) return internal_error("cannot rename the checkpoint index into '" + index_path + "': " + ec.message());
-  return ok_status();
-}
-
-Result<Checkpoint> load_checkpoint(const std::string& dir) {
-  const std::string index_path = (fs::path(dir) / "index.json").string();
-  std::error_code ec;
-  if (!fs::exists(index_path, ec)) {
-    return not_found("no checkpoint in '" + dir + "': index.json is missing (an interrupted save leaves none)");
-  }
-  PIPER_ASSIGN_OR_RETURN(std::string text, read_text_file(index_path));
-  Result<Json> parsed = parse_json(text, index_path);
-  if (!parsed.ok()) return bad_index(index_path, parsed.status().message());
+Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::string& root) {
+  PIPER_ASSIGN_OR_RETURN(std::string dir, resolve(root));
+  const std::string path = (fs::path(dir) / kIndexFile).string();
+  PIPER_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  Result<Json> parsed = parse_json(text, path);
+  if (!parsed.ok()) return bad_index(path, parsed.status().message());
   const Json& index = *parsed;
   if (!index.is_object() || index.value("format", "") != kFormat) {
-    return bad_index(index_path, std::string("format is not '") + kFormat + "'");
+    return bad_index(path, std::string("format is not '") + kFormat + "'");
   }
   uint64_t version = 0;
-  PIPER_RETURN_IF_ERROR(get_u64(index, "version", index_path, &version));
+  PIPER_RETURN_IF_ERROR(get_u64(index, "version", path, &version));
   if (version != kVersion) {
-    return unimplemented("checkpoint '" + index_path + "' has version " + std::to_string(version) +
-                         "; this build reads version " + std::to_string(kVersion));
+    return unimplemented("checkpoint '" + path + "' has version " + std::to_string(version) +
+                         "; this build reads version " + std::to_string(kVersion) +
+                         " (re-save it with the build that wrote it, or start without --resume)");
   }
-  if (!index.contains("files") || !index["files"].is_object() || !index.contains("weight_map") ||
-      !index["weight_map"].is_object()) {
-    return bad_index(index_path, "files or weight_map is missing");
+  auto r = std::unique_ptr<CheckpointReader>(new CheckpointReader());
+  r->dir_ = dir;
+  PIPER_RETURN_IF_ERROR(parse_meta(index, path, &r->meta_));
+  if (!index.contains("files") || !index["files"].is_object() || !index.contains("tensors") ||
+      !index["tensors"].is_object()) {
+    return bad_index(path, "files or tensors is missing");
   }
-  Checkpoint ckpt;
-  uint64_t step = 0, epoch = 0, pos = 0;
-  PIPER_RETURN_IF_ERROR(get_u64(index, "step", index_path, &step));
-  if (!index.contains("data_position") || !index.contains("rng")) {
-    return bad_index(index_path, "data_position or rng is missing");
+  for (const auto& [file, info] : index["files"].items()) {
+    uint64_t bytes = 0;
+    PIPER_RETURN_IF_ERROR(get_u64(info, "bytes", path, &bytes));
+    if (!info.contains("fnv1a64") || !info["fnv1a64"].is_string() || file.find('/') != std::string::npos) {
+      return bad_index(path, "files." + file + " has no fnv1a64 or is not a plain file name");
+    }
+    r->files_[file] = {bytes, info["fnv1a64"].get<std::string>()};
   }
-  PIPER_RETURN_IF_ERROR(get_u64(index["data_position"], "epoch", index_path, &epoch));
-  PIPER_RETURN_IF_ERROR(get_u64(index["data_position"], "index", index_path, &pos));
-  PIPER_RETURN_IF_ERROR(get_u64(index["rng"], "seed", index_path, &ckpt.meta.rng.seed));
-  PIPER_RETURN_IF_ERROR(get_u64(index["rng"], "stream", index_path, &ckpt.meta.rng.stream));
-  PIPER_RETURN_IF_ERROR(get_u64(index["rng"], "counter", index_path, &ckpt.meta.rng.counter));
-  ckpt.meta.step = static_cast<int64_t>(step);
-  ckpt.meta.data = {static_cast<int64_t>(epoch), static_cast<int64_t>(pos)};
-  PIPER_RETURN_IF_ERROR(load_file(dir, kModelFile, index, index_path, MemCategory::kParameters, &ckpt.model));
-  PIPER_RETURN_IF_ERROR(load_file(dir, kOptimizerFile, index, index_path, MemCategory::kOptimizer, &ckpt.optimizer));
-  return ckpt;
+  std::set<std::pair<std::string, std::string>> keys;
+  for (const auto& [name, info] : index["tensors"].items()) {
+    TensorInfo t;
+    PIPER_RETURN_IF_ERROR(get_shape(info, "shape", path, &t.shape));
+    t.optimizer = info.value("optimizer", false);
+    if (!info.contains("pieces") || !info["pieces"].is_array()) return bad_index(path, name + ".pieces is missing");
+    for (const Json& p : info["pieces"]) {
+      PieceRef ref;
+      if (!p.is_object() || !p.contains("file") || !p["file"].is_string() || !p.contains("key") ||
+          !p["key"].is_string()) {
+        return bad_index(path, name + ": a piece has no file or key");
+      }
+      ref.file = p["file"].get<std::string>();
+      ref.key = p["key"].get<std::string>();
+      if (!r->files_.count(ref.file)) return bad_index(path, name + ": piece file '" + ref.file + "' is not in files");
+      if (!keys.emplace(ref.file, ref.key).second) return bad_index(path, "piece '" + ref.key + "' is listed twice");
+      PIPER_RETURN_IF_ERROR(get_shape(p, "offset", path, &ref.offset));
+      PIPER_RETURN_IF_ERROR(get_shape(p, "extent", path, &ref.extent));
+      Shape range;
+      PIPER_RETURN_IF_ERROR(get_shape(p, "range", path, &range));
+      if (range.size() != 2) return bad_index(path, name + ": a piece's range is not [begin, end]");
+      ref.begin = range[0];
+      ref.end = range[1];
+      PIPER_RETURN_IF_ERROR(check_box(name, t.shape, ref.offset, ref.extent, ref.begin, ref.end).with_context(path));
+      t.pieces.push_back(std::move(ref));
+    }
+    r->tensors_[name] = std::move(t);
+  }
+  return r;
 }
 
-Status restore_tensor(const std::map<std::string, Tensor>& tensors, const std::string& name, Tensor* dst) {
-  auto it = tensors.find(name);
-  if (it == tensors.end())
-    return invalid_argument("checkpoint has no tensor '" + name + "'; was it made for another model?");
-  if (it->second.shape() != dst->shape()) {
-    return invalid_argument("checkpoint tensor '" + name + "' has shape " + shape_to_string(it->second.shape()) +
-                            " but the model expects " + shape_to_string(dst->shape()));
+Result<const Tensor*> CheckpointReader::piece_data(const PieceRef& piece, bool optimizer) {
+  auto loaded = loaded_.find(piece.file);
+  if (loaded == loaded_.end()) {
+    const std::string path = (fs::path(dir_) / piece.file).string();
+    const auto& [bytes, hash] = files_.at(piece.file);
+    std::error_code ec;
+    const uintmax_t actual = fs::file_size(path, ec);
+    if (ec) return data_loss("checkpoint file '" + path + "' listed in the index is missing: " + ec.message());
+    if (actual != bytes) {
+      return data_loss("checkpoint file '" + path + "' has " + std::to_string(actual) + " bytes but the index says " +
+                       std::to_string(bytes) + " (truncated or overwritten); resume from an earlier checkpoint");
+    }
+    PIPER_ASSIGN_OR_RETURN(SafetensorsFile st, read_safetensors(path, optimizer ? MemCategory::kOptimizer
+                                                                               : MemCategory::kParameters));
+    if (hex64(st.data_hash) != hash) {
+      return data_loss("checkpoint file '" + path + "': the tensor data does not match the index checksum "
+                       "(corrupted); resume from an earlier checkpoint");
+    }
+    std::set<std::string> listed;
+    for (const auto& [name, t] : tensors_) {
+      for (const PieceRef& p : t.pieces) {
+        if (p.file == piece.file) listed.insert(p.key);
+      }
+    }
+    std::map<std::string, Tensor> tensors;
+    for (auto& [key, t] : st.tensors) {
+      if (!listed.count(key)) {
+        return data_loss("checkpoint file '" + path + "' holds tensor '" + key + "' that the index does not list");
+      }
+      tensors.emplace(key, std::move(t));
+    }
+    if (tensors.size() != listed.size()) {
+      return data_loss("checkpoint file '" + path + "' holds " + std::to_string(tensors.size()) +
+                       " tensors but the index lists " + std::to_string(listed.size()));
+    }
+    loaded = loaded_.emplace(piece.file, std::move(tensors)).first;
   }
-  if (dst->numel() > 0) std::memcpy(dst->data(), it->second.data(), static_cast<size_t>(dst->nbytes()));
+  const Tensor& t = loaded->second.at(piece.key);
+  if (t.numel() != piece.end - piece.begin) {
+    return data_loss("checkpoint file '" + (fs::path(dir_) / piece.file).string() + "': tensor '" + piece.key +
+                     "' has " + std::to_string(t.numel()) + " elements, the index says " +
+                     std::to_string(piece.end - piece.begin));
+  }
+  return &t;
+}
+
+Status CheckpointReader::restore(const std::string& name, const Shape& global_shape, const Shape& offset,
+                                 Tensor* dst) {
+  return restore_range(name, global_shape, offset, dst->shape(), 0, dst->numel(), dst->data());
+}
+
+Status CheckpointReader::restore_range(const std::string& name, const Shape& global_shape, const Shape& offset,
+                                       const Shape& extent, int64_t begin, int64_t end, float* dst) {
+  auto it = tensors_.find(name);
+  const std::string where = "checkpoint '" + dir_ + "'";
+  if (it == tensors_.end()) {
+    return invalid_argument(where + " has no tensor '" + name + "' (written for model '" + meta_.model +
+                            "'); resume with the model it was written for");
+  }
+  const TensorInfo& info = it->second;
+  if (info.shape != global_shape) {
+    return invalid_argument(where + ": tensor '" + name + "' has shape " + shape_to_string(info.shape) +
+                            " but the model expects " + shape_to_string(global_shape) + " (written for model '" +
+                            meta_.model + "'); resume with the model it was written for");
+  }
+  const Shape dst_offset = offset.empty() ? Shape(global_shape.size(), 0) : offset;
+  int64_t numel = 1;
+  for (int64_t e : extent) numel *= e;
+  PIPER_RETURN_IF_ERROR(check_box(name, global_shape, dst_offset, extent, begin, end));
+  // A sub-range is assembled in a whole-box buffer, then cut out.
+  const bool whole = begin == 0 && end == numel;
+  std::vector<float> box(whole ? 0 : static_cast<size_t>(numel));
+  float* out = whole ? dst : box.data();
+  std::vector<uint8_t> covered(static_cast<size_t>(numel), 0);
+  for (const PieceRef& p : info.pieces) {
+    if (!boxes_overlap(p.offset, p.extent, dst_offset, extent) || p.begin == p.end) continue;
+    PIPER_ASSIGN_OR_RETURN(const Tensor* data, piece_data(p, info.optimizer));
+    copy_piece(p.offset, p.extent, p.begin, p.end, data->data(), dst_offset, extent, out, &covered);
+  }
+  for (int64_t i = begin; i < end; ++i) {
+    if (covered[static_cast<size_t>(i)] != 1) {
+      return data_loss(where + ": element " + std::to_string(i) + " of tensor '" + name + "' at offset " +
+                       shape_to_string(dst_offset) + " is held by " + std::to_string(covered[static_cast<size_t>(i)]) +
+                       " pieces, expected 1 (the index is inconsistent); resume from an earlier checkpoint");
+    }
+  }
+  if (!whole) std::copy(box.begin() + begin, box.begin() + end, dst);
   return ok_status();
 }
 

@@ -43,6 +43,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
   impl->num_mb = std::max(1, graph.num_microbatches);
   if (program.streams.empty()) return invalid_argument("executor: the program of rank " +
                                                        std::to_string(program.pp_rank) + " has no streams");
+  if (dist != nullptr && graph.mesh.tp > 1) PIPER_RETURN_IF_ERROR(impl->init_tp(program));
   std::map<const Chunk*, int> grad_tasks_of_chunk;
   auto chunk_key = [&](ir::NodeId id) { return std::make_pair(graph.node(id).tags.layer, graph.node(id).tags.part); };
   std::map<ir::NodeId, int> computes_of_node;
@@ -119,6 +120,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
             // Pipeline send/recv endpoints carry the message to / from the other rank.
             if (o.kind == ir::NodeKind::kSend || o.kind == ir::NodeKind::kRecv) return true;
             if (o.kind == ir::NodeKind::kAllToAll) return true;  // expert dispatch / combine (executor_ep.cc)
+            if (detail::is_tp_exchange(o)) return true;  // tensor-parallel exchange (executor_tp.cc)
             if (ir::is_comm(o.kind)) return false;
             if (o.kind != ir::NodeKind::kChunk || chunk_key(other) == chunk_key(n.id)) return false;
             return fwd ? o.tags.pass == ir::Pass::kF : (o.tags.pass == ir::Pass::kB || o.tags.pass == ir::Pass::kBW);
@@ -128,7 +130,9 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
               const ir::Edge& ed = graph.edge(e);
               if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
               const ir::NodeKind src_kind = graph.node(ed.src).kind;
-              if (ir::is_comm(src_kind) && src_kind != ir::NodeKind::kRecv && src_kind != ir::NodeKind::kAllToAll) {
+              const bool exchanged = src_kind == ir::NodeKind::kRecv || src_kind == ir::NodeKind::kAllToAll ||
+                                     detail::is_tp_exchange(graph.node(ed.src));
+              if (ir::is_comm(src_kind) && !exchanged) {
                 return unimplemented("executor: '" + in.label + "' reads from communication node '" +
                                      graph.node(ed.src).name + "' (" + ir::to_string(src_kind) +
                                      "); the runtime does not execute that kind of exchange yet (docs/runtime.md)");
@@ -176,6 +180,13 @@ int Executor::num_microbatches() const { return impl_->num_mb; }
 int Executor::num_streams() const { return static_cast<int>(impl_->streams.size()); }
 int64_t Executor::planned_peak_bytes() const { return impl_->planned_peak; }
 void Executor::set_trace(TraceRecorder* recorder) { impl_->trace = recorder; }
+std::pair<int64_t, int64_t> Executor::update_range(const Chunk& chunk) const {
+  auto it = impl_->shards.find(&chunk);
+  if (it != impl_->shards.end()) return {it->second.begin, it->second.end};
+  int64_t total = 0;
+  for (const Param& p : chunk.params()) total += p.trainable ? p.value.numel() : 0;
+  return {0, total};
+}
 
 Status Executor::Impl::compute(const Task& t) {
   StepContext ctx{num_mb, allocator};
@@ -206,6 +217,7 @@ Status Executor::Impl::compute(const Task& t) {
     for (const Activation& a : inputs) ptrs.push_back(&a);
     const int64_t offset = static_cast<int64_t>(t.mb) * mbs * batch->seq_len;
     Microbatch mb{batch->inputs.data() + offset, batch->targets.data() + offset, mbs, batch->seq_len};
+    PIPER_RETURN_IF_ERROR(tp_context(t, &ctx, &mb));
     Activation out;
     ctx.recompute = t.rerun;
     auto stash = t.chunk->forward(ctx, mb, ptrs, &out);
@@ -234,6 +246,7 @@ Status Executor::Impl::compute(const Task& t) {
       if (failed) return ok_status();
     }
   }
+  PIPER_RETURN_IF_ERROR(tp_context(t, &ctx, nullptr));
   Stash* stash = nullptr;
   std::vector<Gradient> grads;
   {
@@ -342,6 +355,7 @@ Status Executor::Impl::execute(const Task& t) {
         // One norm exchange per step, whichever stream's update gets here first.
         std::lock_guard<std::mutex> norm_lock(norm_mu);
         if (!norm_done) {
+          if (tp.size > 1) PIPER_RETURN_IF_ERROR(tp_sync_grads());
           PIPER_ASSIGN_OR_RETURN(double norm, global_grad_norm());
           std::lock_guard<std::mutex> lock(mu);
           grad_norm = norm;

@@ -24,6 +24,9 @@
 //   Every wait polls with the context's timeout and names the ranks that did not arrive. The update computes
 //   the global gradient norm over every rank (each parameter counted once) after all local gradient tasks and
 //   reductions, and run_step() reports the loss averaged over the data-parallel ranks (docs/runtime.md).
+//   Tensor-parallel collectives (all-gather / reduce-scatter / all-reduce over tp) move hidden states between
+//   the chunks' slices and the rest of the model; gradients partial on each tensor rank are summed over tp before
+//   the norm (executor_tp.cc, docs/runtime.md).
 //   Without a DistContext a Program with communication is rejected at create().
 // Errors in a task abort the step with the instruction's label in the message; other streams stop at their
 // next instruction. Thread-safety: one run_step() at a time.
@@ -33,6 +36,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "piper/base/status.h"
@@ -84,6 +88,9 @@ class Executor {
   // Records every executed instruction's span into `recorder` (runtime/trace.h) from now on; null stops.
   // The recorder must outlive the executor or be unset first. Not while a step runs.
   void set_trace(TraceRecorder* recorder);
+  // The flat range [begin, end) of `chunk`'s trainable elements (its trainable parameters in order, as one
+  // vector) whose optimizer state this rank updates: its ZeRO shard, or the whole chunk. For checkpoints.
+  std::pair<int64_t, int64_t> update_range(const Chunk& chunk) const;
 
  private:
   struct Impl;

@@ -36,8 +36,11 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
       const ir::Edge& ed = graph->edge(e);
       if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
       const ir::Node& chunk = graph->node(sending ? ed.src : ed.dst);
-      // A chunk, or an expert combine whose output crosses to the next stage (executor_ep.cc).
-      if (chunk.kind != ir::NodeKind::kChunk && chunk.kind != ir::NodeKind::kAllToAll) {
+      // A chunk, an expert combine whose output crosses to the next stage (executor_ep.cc), or a tensor-parallel
+      // exchange at a stage boundary (its reduce-scatter feeds the send, the receive feeds its all-gather: the
+      // message is then the sequence slice, executor_tp.cc).
+      if (chunk.kind != ir::NodeKind::kChunk && chunk.kind != ir::NodeKind::kAllToAll &&
+          !detail::is_tp_exchange(chunk)) {
         return internal_error("executor: '" + in.label + "' is linked to non-chunk node '" + chunk.name + "'");
       }
       t->gradient = chunk.tags.pass != ir::Pass::kF;
@@ -50,6 +53,7 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
     if (!sending) t->consumers = count;
     return ok_status();
   }
+  if (detail::is_tp_exchange(n)) return resolve_tp(in, t);
   // Collective: gradient all-reduce (zero=0), gradient reduce-scatter once per step (zero=1) or per microbatch
   // (zero=2), and the all-gather of the updated parameters (zero=1, 2).
   if (in.comm == ir::NodeKind::kAllToAll) return resolve_ep(in, t);  // executor_ep.cc
@@ -162,7 +166,8 @@ Status Executor::Impl::send(const Task& t) {
 
 Status Executor::Impl::recv(const Task& t) {
   const Instruction& in = *t.in;
-  const int64_t tokens = mbs * batch->seq_len, hidden = model->dims().hidden;
+  // Under sequence parallelism every hidden state between chunks of different stages is this rank's slice.
+  const int64_t tokens = mbs * batch->seq_len / (tp.sequence_parallel ? tp.size : 1), hidden = model->dims().hidden;
   PIPER_ASSIGN_OR_RETURN(Tensor buf, Tensor::zeros({tokens, hidden}, MemCategory::kBuffers, allocator));
   auto tensor = std::make_shared<Tensor>(std::move(buf));
   PIPER_ASSIGN_OR_RETURN(comm::Handle h, dist->p2p().irecv(tensor->data(), static_cast<size_t>(tensor->nbytes()),
@@ -183,6 +188,7 @@ Status Executor::Impl::recv(const Task& t) {
 
 Status Executor::Impl::collective(const Task& t) {
   if (t.in->comm == ir::NodeKind::kAllToAll) return ep_exchange(t);
+  if (detail::is_tp_exchange(graph->node(t.in->node))) return tp_exchange(t);
   if (t.in->comm == ir::NodeKind::kReduceScatter) return reduce_scatter(t);
   if (t.in->comm == ir::NodeKind::kAllGather) return gather_params(t);
   size_t total = 0;
@@ -301,7 +307,9 @@ Result<double> Executor::Impl::global_grad_norm() {
   for (const auto& c : model->chunks()) {
     auto it = norm_owner.find(c.get());
     auto shard = shards.find(c.get());
-    if (shard != shards.end()) {
+    if (tp.sliced.count(c.get())) {
+      if (dist->coord().dp == 0) local += tp_grad_sq(*c);  // split chunk: each tensor rank owns its slice
+    } else if (shard != shards.end()) {
       // ZeRO: every data-parallel rank owns its shard of the reduced gradient.
       if (dist->coord().tp == 0) local += Optimizer::grad_sq_range(*c, shard->second.begin, shard->second.end);
     } else if (it != norm_owner.end() && it->second) {
@@ -317,8 +325,10 @@ Result<double> Executor::Impl::global_grad_norm() {
 }
 
 Status Executor::Impl::reduce_losses(double* loss, double* aux) {
-  // Ranks of one tensor-parallel group see the same tokens: only tp rank 0 reports.
-  const bool reports = dist->coord().tp == 0;
+  // Ranks of one tensor-parallel group see the same tokens: only tp rank 0 reports. With sequence parallelism
+  // each sees a slice: the loss is the mean of the slices' means and the aux losses are parts of one sum.
+  const int shards = tp.sequence_parallel ? tp.size : 1;
+  const bool reports = dist->coord().tp == 0 || shards > 1;
   double local[2] = {0, 0};
   for (int k = 0; k < num_mb && reports; ++k) {
     local[0] += loss_mb[static_cast<size_t>(k)];
@@ -333,7 +343,7 @@ Status Executor::Impl::reduce_losses(double* loss, double* aux) {
     sum_aux += (*all)[2 * static_cast<size_t>(r) + 1];
   }
   const double dp = std::max(1, graph->mesh.dp);
-  *loss = sum_loss / (dp * num_mb);
+  *loss = sum_loss / (dp * num_mb * shards);
   *aux = sum_aux / dp;
   return ok_status();
 }

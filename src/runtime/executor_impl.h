@@ -17,6 +17,9 @@
 
 namespace piper::runtime::detail {
 
+// A tensor-parallel collective over hidden states (the shard pass's tp_ag / tp_rs / tp_ar nodes).
+bool is_tp_exchange(const ir::Node& n);
+
 using StashKey = std::tuple<int, std::string, int>;  // (layer, part, mb)
 
 std::string key_name(const StashKey& k);
@@ -123,6 +126,25 @@ struct Executor::Impl {
     stop = true;
     cv.notify_all();
   }
+
+  // Tensor parallelism (executor_tp.cc; docs/runtime.md).
+  struct TensorParallel {
+    int size = 1, rank = 0;
+    bool sequence_parallel = false;  // the plan exchanges sequence slices (all-gather / reduce-scatter)
+    std::set<const Chunk*> sliced;   // chunks split over tp (tp_slice.h)
+    std::unique_ptr<comm::Communicator> sync;  // the tp group in its own matching context (grad sums, router)
+  };
+  TensorParallel tp;
+  Status init_tp(const compile::Program& program);
+  Status resolve_tp(const compile::Instruction& in, Task* t);
+  Status tp_exchange(const Task& t);
+  // Sequence parallelism: a chunk that is not split over tp sees this rank's slice of the microbatch's tokens.
+  Status tp_context(const Task& t, StepContext* ctx, Microbatch* mb);
+  // Sums over tp the gradients that are partial on each tensor rank (replicated parameters); once per step.
+  Status tp_sync_grads();
+  // Squared gradient norm of a split chunk that this rank counts (split tensors: every tensor rank; replicated
+  // ones: tensor rank 0).
+  double tp_grad_sq(const Chunk& chunk) const;
 
   // executor_comm.cc
   Status resolve_comm(const compile::Instruction& in, Task* t);

@@ -98,6 +98,16 @@ Chunk* Model::find(int layer, const std::string& part) const {
   return nullptr;
 }
 
+Status Model::replace_chunk(std::unique_ptr<Chunk> chunk) {
+  for (auto& c : chunks_) {
+    if (c->layer() == chunk->layer() && c->part() == chunk->part()) {
+      c = std::move(chunk);
+      return ok_status();
+    }
+  }
+  return invalid_argument("model: no chunk " + chunk->name() + " to replace");
+}
+
 std::vector<Param*> Model::params() const {
   std::vector<Param*> out;
   for (const auto& c : chunks_) {

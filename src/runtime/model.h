@@ -50,6 +50,9 @@ class Model {
   // The chunk tagged (layer, part), or nullptr.
   Chunk* find(int layer, const std::string& part) const;
   const std::vector<std::unique_ptr<Chunk>>& chunks() const { return chunks_; }
+  // Puts `chunk` in place of the chunk with the same (layer, part), e.g. its tensor-parallel slice
+  // (chunks/tp_slice.h). InvalidArgument when the model has no such chunk. Call before building an optimizer.
+  Status replace_chunk(std::unique_ptr<Chunk> chunk);
   // Every parameter (trainable or not) in chunk order.
   std::vector<Param*> params() const;
   int64_t num_params() const;  // trainable elements

@@ -12,8 +12,8 @@ RuntimeSupport runtime_support() {
   s.schedules = {"1f1b", "gpipe", "interleaved", "zb-h1", "dualpipev"};
   s.zero = {0, 1, 2};  // ZeRO-3's parameter all-gathers are rejected at Executor::create
   s.recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
-  s.max_tp = 1;  // tensor-parallel collectives: not executed yet
-  s.max_ep = 1;  // expert all-to-all (flat or HALO): not executed yet
+  s.max_tp = 1;            // tensor-parallel collectives: not executed yet
+  s.max_ep = 1;            // expert all-to-all (flat or HALO): not executed yet
   s.disaggregate = false;  // M2N exchange (af-pipe): not executed yet
   return s;
 }
@@ -29,12 +29,12 @@ Status check_runnable(const Strategy& strategy) {
                          join(s.schedules, ", "));
   }
   if (strategy.tp > s.max_tp) {
-    return unimplemented(what + "tp=" + std::to_string(strategy.tp) + ": the runtime runs tp <= " +
-                         std::to_string(s.max_tp) + " today");
+    return unimplemented(what + "tp=" + std::to_string(strategy.tp) +
+                         ": the runtime runs tp <= " + std::to_string(s.max_tp) + " today");
   }
   if (strategy.ep > s.max_ep) {
-    return unimplemented(what + "ep=" + std::to_string(strategy.ep) + ": the runtime runs ep <= " +
-                         std::to_string(s.max_ep) + " today");
+    return unimplemented(what + "ep=" + std::to_string(strategy.ep) +
+                         ": the runtime runs ep <= " + std::to_string(s.max_ep) + " today");
   }
   if (std::find(s.zero.begin(), s.zero.end(), strategy.zero) == s.zero.end()) {
     std::vector<std::string> z;

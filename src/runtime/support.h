@@ -19,9 +19,9 @@ struct RuntimeSupport {
   std::vector<std::string> schedules;  // pipeline schedules the executor runs
   std::vector<int> zero;               // ZeRO stages
   std::vector<Recompute> recompute;
-  int max_tp = 1;                      // tensor parallelism (1: none)
-  int max_ep = 1;                      // expert parallelism (1: none)
-  bool disaggregate = false;           // attention/FFN disaggregation (af-pipe)
+  int max_tp = 1;             // tensor parallelism (1: none)
+  int max_ep = 1;             // expert parallelism (1: none)
+  bool disaggregate = false;  // attention/FFN disaggregation (af-pipe)
 };
 
 RuntimeSupport runtime_support();

@@ -3,6 +3,8 @@
 #include <set>
 
 #include "piper/runtime/checkpoint.h"
+#include "piper/base/strings.h"
+#include "piper/runtime/chunks/tp_slice.h"
 #include "piper/runtime/data_source.h"
 #include "piper/spec/cluster_loader.h"
 
@@ -72,6 +74,16 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   if (options.world != nullptr) {
     PIPER_ASSIGN_OR_RETURN(t->dist_, DistContext::create(*options.world, t->compiled_.plan));
     if (options.ranks_per_node > 0) PIPER_RETURN_IF_ERROR(t->dist_->set_ranks_per_node(options.ranks_per_node));
+    if (t->compiled_.plan.mesh.tp > 1 && t->compiled_.plan.mesh.ep > 1) {
+      return unimplemented("tp=" + std::to_string(t->compiled_.plan.mesh.tp) + " with ep=" +
+                           std::to_string(t->compiled_.plan.mesh.ep) + " is not executed yet (their token slices and "
+                           "expert shards are not composed and tested together): use tp or ep, not both");
+    }
+    if (options.model.moe.router_bias && t->compiled_.plan.mesh.tp > 1) {
+      return unimplemented("model '" + options.model.name + "' balances experts with a router bias; under tp=" +
+                           std::to_string(t->compiled_.plan.mesh.tp) + " with sequence parallelism its expert "
+                           "counts are not summed across the token slices yet: use tp=1");
+    }
     if (options.model.moe.router_bias && t->compiled_.plan.mesh.dp > 1) {
       return unimplemented("model '" + options.model.name + "' balances experts with a router bias; under dp=" +
                            std::to_string(t->compiled_.plan.mesh.dp) + " its expert counts are not summed across "
@@ -97,6 +109,20 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
                                                   t->allocator_.get(), [&](int layer, const std::string& part) {
                                                     return mine.count({layer, part}) > 0;
                                                   }));
+  if (t->dist_ != nullptr && t->compiled_.plan.mesh.tp > 1) {
+    // Tensor parallelism: the chunks the compiler split over tp hold this rank's slice (chunks/tp_slice.h).
+    std::set<std::pair<int, std::string>> split;
+    for (const ir::Node& n : t->compiled_.graph.nodes()) {
+      if (n.kind == ir::NodeKind::kChunk && n.shard_axis == "tp") split.emplace(n.tags.layer, n.tags.part);
+    }
+    for (const auto& [layer, part] : split) {
+      const Chunk* whole = t->model_->find(layer, part);
+      if (whole == nullptr) continue;
+      PIPER_ASSIGN_OR_RETURN(auto slice, make_tp_slice(*whole, t->model_->dims(), t->dist_->coord().tp,
+                                                       t->compiled_.plan.mesh.tp, t->allocator_.get()));
+      PIPER_RETURN_IF_ERROR(t->model_->replace_chunk(std::move(slice)));
+    }
+  }
   t->optimizer_ = std::make_unique<Optimizer>(options.optimizer, options.warmup_steps, *t->model_,
                                               t->allocator_.get());
   PIPER_ASSIGN_OR_RETURN(t->executor_, Executor::create(t->compiled_.graph, t->compiled_.plan.program(rank),
@@ -148,46 +174,107 @@ Result<TrainStepStats> Trainer::step() {
   return s;
 }
 
+double Trainer::comm_timeout_s() const { return dist_ != nullptr ? dist_->timeout_s() : comm::default_timeout_s(); }
+
 Status Trainer::save(const std::string& dir) {
-  if (dist_ != nullptr) {
-    return unimplemented("--save: checkpoints of multi-rank runs are not written yet; save from a --ranks 1 run");
+  if (dist_ != nullptr && (compiled_.plan.mesh.tp > 1 || compiled_.plan.mesh.ep > 1)) {
+    return unimplemented("--save: checkpoints of tensor- or expert-parallel runs are not supported yet (their slices do not "
+                         "record their place in the whole tensor); train with tp=1 and ep=1 to save or resume (docs/runtime.md)");
   }
   CheckpointMeta meta;
   meta.step = optimizer_->step();
   meta.data = loader_->position();
   meta.rng = RngState{options_.seed, 0, 0};
-  NamedTensors model, opt;
-  for (const Param* p : model_->params()) model.emplace_back(p->name, &p->value);
-  for (const auto& [name, t] : optimizer_->state()) opt.emplace_back(name, t);
-  return save_checkpoint(dir, meta, model, opt);
+  meta.seq_len = options_.seq_len;
+  meta.model = options_.model.name;
+  meta.strategy = strategy_.to_string();
+  meta.world_size = options_.ranks;
+  std::map<std::string, Tensor*> moments;
+  for (const auto& [name, t] : optimizer_->state()) moments[name] = t;
+  // Every parameter this rank holds, whole or its slice; the moments of the elements this rank updates.
+  std::vector<TensorPiece> pieces;
+  for (const auto& chunk : model_->chunks()) {
+    const auto [begin, end] = executor_->update_range(*chunk);
+    int64_t offset = 0;
+    for (const Param& p : chunk->params()) {
+      const Shape global = p.global_shape.empty() ? p.value.shape() : p.global_shape;
+      pieces.push_back({p.name, global, p.global_offset, &p.value, 0, -1, false});
+      if (!p.trainable) continue;
+      const int64_t n = p.value.numel(), lo = std::max(begin, offset), hi = std::min(end, offset + n);
+      offset += n;
+      if (lo >= hi) continue;
+      for (const char* suffix : {".m", ".v"}) {
+        auto it = moments.find(p.name + suffix);
+        if (it == moments.end()) return internal_error("the optimizer has no state '" + p.name + suffix + "'");
+        pieces.push_back({p.name + suffix, global, p.global_offset, it->second, lo - (offset - n), hi - (offset - n),
+                          true});
+      }
+    }
+  }
+  return save_checkpoint(dir, meta, pieces, options_.world, comm_timeout_s());
+}
+
+Status Trainer::restore_local(CheckpointReader& reader) {
+  const CheckpointMeta& m = reader.meta();
+  const std::string where = "resume from '" + reader.dir() + "'";
+  if (m.rng.seed != options_.seed) {
+    return invalid_argument(where + ": the checkpoint was trained with --seed " + std::to_string(m.rng.seed) +
+                            ", this run uses " + std::to_string(options_.seed) +
+                            "; the data order would differ: pass --seed " + std::to_string(m.rng.seed));
+  }
+  if (m.seq_len != options_.seq_len) {
+    return invalid_argument(where + ": the checkpoint was trained with --seq " + std::to_string(m.seq_len) +
+                            ", this run uses " + std::to_string(options_.seq_len) +
+                            "; the data windows would differ: pass --seq " + std::to_string(m.seq_len));
+  }
+  std::map<std::string, Tensor*> moments;
+  for (const auto& [name, t] : optimizer_->state()) moments[name] = t;
+  const std::string hint = " (was the checkpoint written for another model? resume with the same --model)";
+  for (Param* p : model_->params()) {
+    const Shape global = p->global_shape.empty() ? p->value.shape() : p->global_shape;
+    Status s = reader.restore(p->name, global, p->global_offset, &p->value);
+    for (const char* suffix : {".m", ".v"}) {
+      if (!s.ok() || !p->trainable) break;
+      auto it = moments.find(p->name + suffix);
+      if (it == moments.end()) return internal_error("the optimizer has no state '" + p->name + suffix + "'");
+      s = reader.restore(p->name + suffix, global, p->global_offset, it->second);
+    }
+    if (!s.ok()) return s.with_context(where + hint);
+  }
+  Status s = loader_->seek(m.data);
+  if (!s.ok()) return s.with_context(where + " (was it written for another data set?)");
+  optimizer_->set_step(m.step);
+  return ok_status();
 }
 
 Status Trainer::resume(const std::string& dir) {
-  if (dist_ != nullptr) {
-    return unimplemented("--resume: multi-rank runs do not load checkpoints yet; resume with --ranks 1");
+  if (dist_ != nullptr && (compiled_.plan.mesh.tp > 1 || compiled_.plan.mesh.ep > 1)) {
+    return unimplemented("--resume: checkpoints of tensor- or expert-parallel runs are not supported yet (their slices do not "
+                         "record their place in the whole tensor); train with tp=1 and ep=1 to save or resume (docs/runtime.md)");
   }
-  PIPER_ASSIGN_OR_RETURN(Checkpoint ck, load_checkpoint(dir));
-  const std::string hint = " (was the checkpoint written for another model? resume with the same --model)";
-  for (Param* p : model_->params()) {
-    Status s = restore_tensor(ck.model, p->name, &p->value);
-    if (!s.ok()) return s.with_context("resume from '" + dir + "'" + hint);
+  const double timeout_s = comm_timeout_s();
+  Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::open(dir);
+  Status st = reader.status();
+  if (st.ok()) st = restore_local(**reader);
+  PIPER_RETURN_IF_ERROR(agree_on_status(options_.world, st, timeout_s));
+  // Every tensor of the checkpoint must be held by some rank of this run (else it was another model's).
+  std::string mine;
+  for (const Param* p : model_->params()) mine += p->name + "\n";
+  PIPER_ASSIGN_OR_RETURN(std::vector<std::string> all, all_gather_strings(options_.world, mine, timeout_s));
+  std::set<std::string> held;
+  for (const std::string& names : all) {
+    for (const std::string& n : split(names, '\n')) held.insert(n);
   }
-  for (const auto& [name, t] : optimizer_->state()) {
-    Status s = restore_tensor(ck.optimizer, name, t);
-    if (!s.ok()) return s.with_context("resume from '" + dir + "'" + hint);
+  for (const auto& [name, info] : (*reader)->tensors()) {
+    const std::string param = info.optimizer ? name.substr(0, name.rfind('.')) : name;
+    if (!held.count(param)) {
+      return invalid_argument("resume from '" + (*reader)->dir() + "': the checkpoint has tensor '" + name +
+                              "', which this model does not (written for model '" + (*reader)->meta().model +
+                              "'; was the checkpoint written for another model? resume with the same --model)");
+    }
   }
-  if (ck.model.size() != model_->params().size()) {
-    return invalid_argument("resume from '" + dir + "': the checkpoint has " + std::to_string(ck.model.size()) +
-                            " model tensors, this model " + std::to_string(model_->params().size()) + hint);
-  }
-  if (ck.meta.rng.seed != options_.seed) {
-    return invalid_argument("resume from '" + dir + "': the checkpoint was trained with --seed " +
-                            std::to_string(ck.meta.rng.seed) + ", this run uses " + std::to_string(options_.seed) +
-                            "; the data order would differ");
-  }
-  Status s = loader_->seek(ck.meta.data);
-  if (!s.ok()) return s.with_context("resume from '" + dir + "' (was it written for another data set or --seq?)");
-  optimizer_->set_step(ck.meta.step);
+  resumed_ = (*reader)->meta();
+  resumed_dir_ = (*reader)->dir();
   return ok_status();
 }
 

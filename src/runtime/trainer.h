@@ -11,7 +11,7 @@
 // Multi-rank (options.world set): every rank compiles the same plan (DistContext checks its hash), builds only
 // the chunks its Program runs (its pipeline stages), takes its data-parallel slice of each global batch
 // (rank d of dp gets sequences [d * B / dp, (d + 1) * B / dp)) and runs its Program; step() reports the loss
-// over all ranks. Checkpoints of multi-rank runs are not written yet (save/resume return Unimplemented).
+// over all ranks. save()/resume() work on any number of ranks and across strategies (save() below).
 // Errors: ranks > 1 without a world, an invalid strategy, a model the CPU chunks do not
 // support, a missing data file, token ids outside the vocabulary, a corrupt or mismatched checkpoint.
 #pragma once
@@ -26,6 +26,7 @@
 #include "piper/compile/compile.h"
 #include "piper/cost/estimate.h"
 #include "piper/comm/communicator.h"
+#include "piper/runtime/checkpoint.h"
 #include "piper/runtime/data_loader.h"
 #include "piper/runtime/dist_context.h"
 #include "piper/runtime/executor.h"
@@ -71,8 +72,15 @@ class Trainer {
   ~Trainer();
 
   Result<TrainStepStats> step();
+  // Collective over the run's ranks (runtime/checkpoint.h): every rank writes the parameters it holds and the
+  // AdamW moments of the elements it updates; rank 0 commits the checkpoint ROOT/step-N and ROOT/latest.
   Status save(const std::string& dir);
+  // Collective: loads a checkpoint written under any strategy and world size (dir: a --save ROOT or one of its
+  // step-N directories). The same error on every rank: naming the rank, the file and the fix.
   Status resume(const std::string& dir);
+  // What the last resume() loaded (step, the writer's strategy and world size), and its step directory.
+  const CheckpointMeta& resumed() const { return resumed_; }
+  const std::string& resumed_dir() const { return resumed_dir_; }
 
   const Strategy& strategy() const { return strategy_; }
   const compile::CompileResult& compiled() const { return compiled_; }
@@ -96,6 +104,8 @@ class Trainer {
  private:
   Trainer() = default;
   int data_parallel() const { return compiled_.plan.mesh.dp; }
+  double comm_timeout_s() const;
+  Status restore_local(CheckpointReader& reader);
   TrainOptions options_;
   Strategy strategy_;
   MemoryTracker tracker_;
@@ -111,6 +121,8 @@ class Trainer {
   double flops_per_token_ = 0;
   Batch batch_;
   Batch local_batch_;  // multi-rank: this rank's data-parallel slice of batch_
+  CheckpointMeta resumed_;
+  std::string resumed_dir_;
 };
 
 // The strategy a run uses: `text` parsed, or the default for the batch (see TrainOptions::strategy).

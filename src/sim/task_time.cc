@@ -84,11 +84,13 @@ Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, con
   shape.tp = s.tp;
   shape.ep = s.ep;
   shape.etp = s.etp;
+  shape.sp = s.sp;
   const DType act = cm.train().activation_dtype;
   shape.act_bytes = act == DType::kFP32 ? 4 : act == DType::kFP8 ? 1 : 2;
   shape.param_bytes = cm.bytes().param;
   shape.grad_bytes = cm.bytes().grad;
   shape.expert_load = cal.expert_load_imbalance;
+  shape.attention_score_bytes = cal.attention_score_bytes;
   // Parameters per rank and the ZeRO shard degree of each IR part (as the estimate's dense/expert split).
   const double tp = s.tp;
   const double expert_shard = std::max(1, s.edp() * (s.tp / s.etp));

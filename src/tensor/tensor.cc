@@ -90,6 +90,24 @@ Result<Tensor> Tensor::zeros(const Shape& shape, MemCategory category, Allocator
   return t;
 }
 
+Tensor Tensor::uninitialized_or_die(const Shape& shape, MemCategory category, Allocator* allocator) {
+  Result<int64_t> n = shape_numel(shape);
+  PIPER_CHECK_OK(n.status());
+  if (allocator == nullptr) allocator = default_allocator();
+  const size_t bytes = static_cast<size_t>(*n) * sizeof(float);
+  void* ptr = allocator->allocate(bytes, category);
+  PIPER_CHECK(ptr != nullptr, "cannot allocate ", bytes, " bytes of ", to_string(category), " for a tensor of shape ",
+              shape_to_string(shape));
+  Tensor t;
+  t.shape_ = shape;
+  t.strides_ = contiguous_strides(shape);
+  t.numel_ = *n;
+  t.data_ = static_cast<float*>(ptr);
+  t.category_ = category;
+  t.allocator_ = allocator;
+  return t;
+}
+
 Tensor Tensor::zeros_or_die(const Shape& shape, MemCategory category, Allocator* allocator) {
   Result<Tensor> t = zeros(shape, category, allocator);
   PIPER_CHECK_OK(t.status());

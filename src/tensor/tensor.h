@@ -40,6 +40,9 @@ class Tensor {
   static Result<Tensor> zeros(const Shape& shape, MemCategory category, Allocator* allocator = nullptr);
   // Zero-filled; aborts (PIPER_CHECK) on a bad shape or no memory. For shapes the program itself computed.
   static Tensor zeros_or_die(const Shape& shape, MemCategory category, Allocator* allocator = nullptr);
+  // Like zeros_or_die, but the contents are unspecified (whatever the allocator's block held): only for outputs
+  // that a kernel overwrites entirely before anything reads them. Saves the memset (and page faults on fresh memory).
+  static Tensor uninitialized_or_die(const Shape& shape, MemCategory category, Allocator* allocator = nullptr);
 
   const Shape& shape() const { return shape_; }
   const Shape& strides() const { return strides_; }

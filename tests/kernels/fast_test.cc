@@ -105,6 +105,10 @@ TEST_P(FastTest, AttentionGqa) {
   const auto fast = run(true), slow = run(false);
   for (size_t i = 0; i < fast.size(); ++i) expect_close(fast[i], slow[i], "attention");
   expect_thread_invariant([&] { return run(true); }, "attention");
+  // The probabilities alone (the backward's recomputation) are the forward's bits; stale contents are overwritten.
+  FVec probs(fast[1].size(), std::nanf(""));
+  attention_probs(probs.data(), q.data(), k.data(), s);
+  EXPECT_EQ(0, std::memcmp(probs.data(), fast[1].data(), probs.size() * sizeof(float)));
 }
 
 TEST_P(FastTest, MoeLayer) {

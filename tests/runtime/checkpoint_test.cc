@@ -117,69 +117,194 @@ TEST(SafetensorsTest, CorruptFilesAreDataLoss) {
             StatusCode::kNotFound);
 }
 
+// A one-rank checkpoint of two parameters and the moments of one, at step 42.
 struct Saved {
-  std::string dir;
+  std::string root;
   Tensor w1 = ramp({4, 3}, 0.0f), w2 = ramp({5}, 10.0f), m1 = ramp({4, 3}, -1.0f), v1 = ramp({4, 3}, 2.0f);
-  CheckpointMeta meta{42, {3, 17}, {0xfeedfacecafebeefull, 1, 99}};
-  explicit Saved(const std::string& name) : dir(temp_dir(name)) {
-    PIPER_CHECK_OK(
-        save_checkpoint(dir, meta, {{"layer0.w", &w1}, {"head.w", &w2}}, {{"layer0.w.m", &m1}, {"layer0.w.v", &v1}}));
+  CheckpointMeta meta{42, {3, 17}, {0xfeedfacecafebeefull, 1, 99}, 16, "tiny", "dp=1", 1};
+  explicit Saved(const std::string& name, int64_t step = 42) : root(temp_dir(name)) {
+    meta.step = step;
+    PIPER_CHECK_OK(save(step));
   }
+  Status save(int64_t step) {
+    meta.step = step;
+    return save_checkpoint(root, meta,
+                           {{"layer0.w", {4, 3}, {}, &w1}, {"head.w", {5}, {}, &w2},
+                            {"layer0.w.m", {4, 3}, {}, &m1, 0, -1, true}, {"layer0.w.v", {4, 3}, {}, &v1, 0, -1, true}},
+                           nullptr, 1.0);
+  }
+  std::string file() const { return root + "/" + checkpoint_step_name(meta.step) + "/rank-00000.safetensors"; }
 };
 
-TEST(CheckpointTest, RoundTrip) {
+TEST(CheckpointTest, RoundTripThroughLatest) {
   Saved s("roundtrip");
-  Result<Checkpoint> c = load_checkpoint(s.dir);
-  ASSERT_TRUE(c.ok()) << c.status().to_string();
-  EXPECT_EQ(c->meta.step, 42);
-  EXPECT_EQ(c->meta.data.epoch, 3);
-  EXPECT_EQ(c->meta.data.index, 17);
-  EXPECT_EQ(c->meta.rng.seed, 0xfeedfacecafebeefull);
-  EXPECT_EQ(c->meta.rng.counter, 99u);
-  ASSERT_EQ(c->model.size(), 2u);
-  ASSERT_EQ(c->optimizer.size(), 2u);
+  EXPECT_EQ(read_all(s.root + "/latest"), "step-00000042\n");
+  auto r = CheckpointReader::open(s.root);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  const CheckpointMeta& m = (*r)->meta();
+  EXPECT_EQ(m.step, 42);
+  EXPECT_EQ(m.data.epoch, 3);
+  EXPECT_EQ(m.data.index, 17);
+  EXPECT_EQ(m.rng.seed, 0xfeedfacecafebeefull);
+  EXPECT_EQ(m.rng.counter, 99u);
+  EXPECT_EQ(m.seq_len, 16);
+  EXPECT_EQ(m.model, "tiny");
+  EXPECT_EQ(m.strategy, "dp=1");
+  ASSERT_EQ((*r)->tensors().size(), 4u);
+  EXPECT_TRUE((*r)->tensors().at("layer0.w.m").optimizer);
   Tensor w1 = Tensor::zeros_or_die({4, 3}, MemCategory::kParameters);
-  ASSERT_TRUE(restore_tensor(c->model, "layer0.w", &w1).ok());
+  ASSERT_TRUE((*r)->restore("layer0.w", {4, 3}, {}, &w1).ok());
   for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(w1[i], s.w1[i]);
-  EXPECT_EQ(c->optimizer.at("layer0.w.v")[11], s.v1[11]);
+  // A box of a whole tensor: rows 1..2, columns 1..2.
+  Tensor box = Tensor::zeros_or_die({2, 2}, MemCategory::kOptimizer);
+  ASSERT_TRUE((*r)->restore("layer0.w.v", {4, 3}, {1, 1}, &box).ok());
+  EXPECT_EQ(box[0], s.v1[4]);
+  EXPECT_EQ(box[3], s.v1[8]);
   Tensor wrong = Tensor::zeros_or_die({3, 4}, MemCategory::kParameters);
-  EXPECT_EQ(restore_tensor(c->model, "layer0.w", &wrong).code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(restore_tensor(c->model, "nope", &wrong).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*r)->restore("layer0.w", {3, 4}, {}, &wrong).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ((*r)->restore("nope", {3, 4}, {}, &wrong).code(), StatusCode::kInvalidArgument);
+  // The step directory itself is a checkpoint too.
+  auto direct = CheckpointReader::open(s.root + "/step-00000042");
+  ASSERT_TRUE(direct.ok()) << direct.status().to_string();
+  EXPECT_EQ((*direct)->meta().step, 42);
+}
+
+// A tensor written as pieces (two row blocks, the second as two ZeRO ranges) reads back as any other box.
+TEST(CheckpointTest, PiecesAssembleIntoAnyBox) {
+  const std::string root = temp_dir("pieces");
+  Tensor full = ramp({4, 6}, 0.0f);
+  Tensor top = ramp({2, 6}, 0.0f), bottom = ramp({2, 6}, 6.0f);
+  CheckpointMeta meta{3, {}, {}, 8, "tiny", "ep=2", 2};
+  ASSERT_TRUE(save_checkpoint(root, meta,
+                              {{"e.w", {4, 6}, {0, 0}, &top},
+                               {"e.w", {4, 6}, {2, 0}, &bottom, 0, 5},
+                               {"e.w", {4, 6}, {2, 0}, &bottom, 5, 12},
+                               {"e.w", {4, 6}, {0, 0}, &top}},  // a replica: written once
+                              nullptr, 1.0)
+                  .ok());
+  auto r = CheckpointReader::open(root);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ((*r)->tensors().at("e.w").pieces.size(), 3u);
+  for (const auto& [offset, extent] : std::vector<std::pair<Shape, Shape>>{
+           {{0, 0}, {4, 6}}, {{0, 3}, {4, 3}}, {{1, 2}, {2, 3}}, {{3, 0}, {1, 6}}}) {
+    Tensor dst = Tensor::zeros_or_die(extent, MemCategory::kParameters);
+    ASSERT_TRUE((*r)->restore("e.w", {4, 6}, offset, &dst).ok()) << shape_to_string(offset);
+    for (int64_t i = 0; i < extent[0]; ++i) {
+      for (int64_t j = 0; j < extent[1]; ++j) {
+        EXPECT_EQ(dst[i * extent[1] + j], full[(offset[0] + i) * 6 + offset[1] + j]) << shape_to_string(offset);
+      }
+    }
+  }
+  Tensor outside = Tensor::zeros_or_die({2, 6}, MemCategory::kParameters);
+  EXPECT_EQ((*r)->restore("e.w", {4, 6}, {3, 0}, &outside).code(), StatusCode::kInvalidArgument);
+
+  // Overlapping different pieces, a box outside its tensor, ranks disagreeing on the shape: InvalidArgument.
+  Status s = save_checkpoint(root, meta, {{"e.w", {4, 6}, {0, 0}, &top}, {"e.w", {4, 6}, {1, 0}, &bottom}}, nullptr,
+                             1.0);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("overlapping"), std::string::npos) << s.message();
+  s = save_checkpoint(root, meta, {{"e.w", {4, 6}, {3, 0}, &top}}, nullptr, 1.0);
+  EXPECT_NE(s.message().find("outside"), std::string::npos) << s.message();
+  s = save_checkpoint(root, meta, {{"e.w", {4, 6}, {0, 0}, &top}, {"e.w", {5, 6}, {2, 0}, &bottom}}, nullptr, 1.0);
+  EXPECT_NE(s.message().find("global_shape"), std::string::npos) << s.message();
+
+  // A gap (rows 2..3 missing): restoring them is DataLoss, not zeros.
+  meta.step = 4;
+  ASSERT_TRUE(save_checkpoint(root, meta, {{"e.w", {4, 6}, {0, 0}, &top}}, nullptr, 1.0).ok());
+  auto gap = CheckpointReader::open(root);
+  ASSERT_TRUE(gap.ok());
+  Tensor dst = Tensor::zeros_or_die({4, 6}, MemCategory::kParameters);
+  s = (*gap)->restore("e.w", {4, 6}, {}, &dst);
+  EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.to_string();
+}
+
+// Stores that hold only their range (ZeRO moments allocated for the shard): written and read back by range.
+TEST(CheckpointTest, ShardStoresWriteAndReadRanges) {
+  const std::string root = temp_dir("shard_store");
+  Tensor full = ramp({4, 6}, 0.0f), lo = ramp({10}, 0.0f), hi = ramp({14}, 5.0f);
+  CheckpointMeta meta{1, {}, {}, 8, "tiny", "dp=2,zero=1", 2};
+  ASSERT_TRUE(save_checkpoint(root, meta,
+                              {{"w.m", {4, 6}, {}, &lo, 0, 10, true, {4, 6}},
+                               {"w.m", {4, 6}, {}, &hi, 10, 24, true, {4, 6}}},
+                              nullptr, 1.0)
+                  .ok());
+  auto r = CheckpointReader::open(root);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  Tensor whole = Tensor::zeros_or_die({4, 6}, MemCategory::kOptimizer);
+  ASSERT_TRUE((*r)->restore("w.m", {4, 6}, {}, &whole).ok());
+  for (int64_t i = 0; i < 24; ++i) EXPECT_EQ(whole[i], full[i]) << i;
+  std::vector<float> part(12);
+  ASSERT_TRUE((*r)->restore_range("w.m", {4, 6}, {}, {4, 6}, 5, 17, part.data()).ok());
+  for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(part[static_cast<size_t>(i)], full[5 + i]) << i;
+  Status s = save_checkpoint(root, meta, {{"w.m", {4, 6}, {}, &lo, 0, 12, true, {4, 6}}}, nullptr, 1.0);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+}
+
+// A save that dies half-way leaves the previous checkpoint readable; the next save cleans up; keep = 2.
+TEST(CheckpointTest, InterruptedSaveKeepsThePreviousCheckpoint) {
+  Saved s("atomic", 1);
+  fs::create_directories(s.root + "/step-00000002.tmp");
+  write_all(s.root + "/step-00000002.tmp/rank-00000.safetensors", "half");
+  auto r = CheckpointReader::open(s.root);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ((*r)->meta().step, 1);
+  ASSERT_TRUE(s.save(2).ok());
+  EXPECT_FALSE(fs::exists(s.root + "/step-00000002.tmp"));
+  ASSERT_TRUE(s.save(3).ok());
+  EXPECT_FALSE(fs::exists(s.root + "/step-00000001"));
+  EXPECT_TRUE(fs::exists(s.root + "/step-00000002/index.json"));
+  EXPECT_EQ(read_all(s.root + "/latest"), "step-00000003\n");
+  ASSERT_TRUE(s.save(3).ok());  // the same step again replaces it
+  EXPECT_EQ(CheckpointReader::open(s.root).value()->meta().step, 3);
 }
 
 TEST(CheckpointTest, CorruptionIsDataLossNamingTheFile) {
+  auto restore_all = [](const std::string& root) -> Status {
+    PIPER_ASSIGN_OR_RETURN(auto r, CheckpointReader::open(root));
+    Tensor w = Tensor::zeros_or_die({4, 3}, MemCategory::kParameters);
+    return r->restore("layer0.w", {4, 3}, {}, &w);
+  };
   {
     Saved s("flip");  // one flipped bit in the data: caught by the checksum
-    std::string bytes = read_all(s.dir + "/model.safetensors");
+    std::string bytes = read_all(s.file());
     bytes[bytes.size() - 5] ^= 0x10;
-    write_all(s.dir + "/model.safetensors", bytes);
-    Result<Checkpoint> c = load_checkpoint(s.dir);
-    ASSERT_FALSE(c.ok());
-    EXPECT_EQ(c.status().code(), StatusCode::kDataLoss);
-    EXPECT_NE(c.status().message().find("model.safetensors"), std::string::npos);
-    EXPECT_NE(c.status().message().find("checksum"), std::string::npos);
+    write_all(s.file(), bytes);
+    Status st = restore_all(s.root);
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+    EXPECT_NE(st.message().find("rank-00000.safetensors"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("checksum"), std::string::npos);
   }
   {
     Saved s("truncate");
-    const std::string bytes = read_all(s.dir + "/optimizer.safetensors");
-    write_all(s.dir + "/optimizer.safetensors", bytes.substr(0, bytes.size() - 8));
-    Result<Checkpoint> c = load_checkpoint(s.dir);
-    EXPECT_EQ(c.status().code(), StatusCode::kDataLoss);
-    EXPECT_NE(c.status().message().find("optimizer.safetensors"), std::string::npos);
+    const std::string bytes = read_all(s.file());
+    write_all(s.file(), bytes.substr(0, bytes.size() - 8));
+    Status st = restore_all(s.root);
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+    EXPECT_NE(st.message().find("truncated"), std::string::npos) << st.message();
   }
   {
     Saved s("index");
-    write_all(s.dir + "/index.json", read_all(s.dir + "/index.json").substr(0, 40));
-    Result<Checkpoint> c = load_checkpoint(s.dir);
-    EXPECT_EQ(c.status().code(), StatusCode::kDataLoss);
-    EXPECT_NE(c.status().message().find("index.json"), std::string::npos);
+    const std::string index = s.root + "/step-00000042/index.json";
+    write_all(index, read_all(index).substr(0, 40));
+    Status st = restore_all(s.root);
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+    EXPECT_NE(st.message().find("index.json"), std::string::npos);
   }
   {
     Saved s("missing");
-    fs::remove(s.dir + "/model.safetensors");
-    EXPECT_EQ(load_checkpoint(s.dir).status().code(), StatusCode::kDataLoss);
+    fs::remove(s.file());
+    EXPECT_EQ(restore_all(s.root).code(), StatusCode::kDataLoss);
   }
-  EXPECT_EQ(load_checkpoint(temp_dir("nothing")).status().code(), StatusCode::kNotFound);
+  {
+    Saved s("pointer");
+    write_all(s.root + "/latest", "step-00000007\n");
+    Status st = restore_all(s.root);
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss);
+    EXPECT_NE(st.message().find("latest"), std::string::npos) << st.message();
+  }
+  Status st = restore_all(temp_dir("nothing"));
+  EXPECT_EQ(st.code(), StatusCode::kNotFound);
+  EXPECT_NE(st.message().find("nothing"), std::string::npos);
 }
 
 }  // namespace

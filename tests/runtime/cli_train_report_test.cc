@@ -27,8 +27,7 @@ std::string run(const std::string& args, int* rc, bool json) {
 }
 
 std::string temp_file(const std::string& name) {
-  return (std::filesystem::temp_directory_path() / ("piper_trace_" + std::to_string(::getpid()) + "_" + name))
-      .string();
+  return (std::filesystem::temp_directory_path() / ("piper_trace_" + std::to_string(::getpid()) + "_" + name)).string();
 }
 
 piper::Json read_json(const std::string& path) {
@@ -78,8 +77,11 @@ size_t check_trace(const piper::Json& trace, int steps) {
 TEST(CliTrainReport, OneRankTraceAndPrediction) {
   const std::string path = temp_file("one.json");
   int rc = 0;
-  std::string out = run("train --model tiny-moe --ranks 1 --seq 16 --global-batch 4 "
-                        "--strategy microbatches=2,mbs=2 --steps 2 --json --trace " + path, &rc, true);
+  std::string out =
+      run("train --model tiny-moe --ranks 1 --seq 16 --global-batch 4 "
+          "--strategy microbatches=2,mbs=2 --steps 2 --json --trace " +
+              path,
+          &rc, true);
   ASSERT_EQ(rc, 0) << out;
   auto j = piper::Json::parse(out);
   EXPECT_EQ(j["trace"], path);
@@ -102,8 +104,11 @@ TEST(CliTrainReport, OneRankTraceAndPrediction) {
 TEST(CliTrainReport, TwoRanksGatheredIntoOneTrace) {
   const std::string path = temp_file("two.json");
   int rc = 0;
-  std::string out = run("train --model tiny-moe --ranks 2 --seq 16 --strategy pp=2,microbatches=2,mbs=2 "
-                        "--steps 2 --json --trace " + path, &rc, true);
+  std::string out =
+      run("train --model tiny-moe --ranks 2 --seq 16 --strategy pp=2,microbatches=2,mbs=2 "
+          "--steps 2 --json --trace " +
+              path,
+          &rc, true);
   ASSERT_EQ(rc, 0) << out;
   auto j = piper::Json::parse(out);
   const auto& ranks = j["predicted_vs_measured"]["ranks"];
@@ -132,12 +137,16 @@ TEST(CliTrainReport, TwoRanksGatheredIntoOneTrace) {
 
 TEST(CliTrainReport, BadFilesAreNamed) {
   int rc = 0;
-  std::string out = run("train --model tiny-moe --ranks 1 --seq 16 --global-batch 4 --steps 1 "
-                        "--calibration /nonexistent/cal.json", &rc, false);
+  std::string out =
+      run("train --model tiny-moe --ranks 1 --seq 16 --global-batch 4 --steps 1 "
+          "--calibration /nonexistent/cal.json",
+          &rc, false);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("/nonexistent/cal.json"), std::string::npos) << out;
-  out = run("train --model tiny-moe --ranks 1 --seq 16 --global-batch 4 --steps 1 "
-            "--comm-calibration /nonexistent/comm.json", &rc, false);
+  out =
+      run("train --model tiny-moe --ranks 1 --seq 16 --global-batch 4 --steps 1 "
+          "--comm-calibration /nonexistent/comm.json",
+          &rc, false);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("/nonexistent/comm.json"), std::string::npos) << out;
   out = run("train --model tiny-moe --ranks 1 --seq 16 --global-batch 4 --steps 1 --trace /nonexistent/t.json", &rc,
@@ -150,8 +159,8 @@ TEST(CliTrainReport, BadFilesAreNamed) {
 // that plan's #1.
 TEST(CliTrainReport, AutoStrategyIsTheRunnablePlansFirst) {
   int rc = 0;
-  std::string out = run("plan --model tiny-moe --local-ranks 2 --global-batch 8 --seq 16 --runnable --top 5 --json",
-                        &rc, true);
+  std::string out =
+      run("plan --model tiny-moe --local-ranks 2 --global-batch 8 --seq 16 --runnable --top 5 --json", &rc, true);
   ASSERT_EQ(rc, 0) << out;
   auto plans = piper::Json::parse(out);
   ASSERT_FALSE(plans["plans"].empty());
@@ -164,8 +173,8 @@ TEST(CliTrainReport, AutoStrategyIsTheRunnablePlansFirst) {
   }
   // Without --runnable the space is larger and its best plans use what the runtime does not run yet (on this
   // machine model: tensor parallelism or ZeRO-3 first).
-  std::string all = run("plan --model tiny-moe --local-ranks 2 --global-batch 8 --seq 16 --top 3 --no-verify --json",
-                        &rc, true);
+  std::string all =
+      run("plan --model tiny-moe --local-ranks 2 --global-batch 8 --seq 16 --top 3 --no-verify --json", &rc, true);
   ASSERT_EQ(rc, 0) << all;
   auto unrestricted = piper::Json::parse(all);
   EXPECT_GT(unrestricted["search"]["considered"].get<int64_t>(), plans["search"]["considered"].get<int64_t>());

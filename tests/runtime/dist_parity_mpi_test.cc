@@ -20,6 +20,7 @@ namespace {
 
 constexpr int kSteps = 10;
 constexpr double kRelTol = 1e-5;
+constexpr int kTpSteps = 10;  // 20 steps take ~40 s on 2 shared cores (and tiny-moe spikes at step 17 with lr 3e-3)
 
 TrainOptions options(const std::string& strategy) {
   kernels::set_kernel_threads(1);  // ranks share the cores
@@ -49,15 +50,15 @@ std::vector<double> losses(const TrainOptions& o, int steps) {
 }
 
 // `strategy` on the world against `reference` (same global batch and mbs) on one rank.
-void expect_parity(const std::string& strategy, const std::string& reference) {
+void expect_parity(const std::string& strategy, const std::string& reference, int steps = kSteps) {
   auto world = comm::mpi_world();
   ASSERT_TRUE(world.ok()) << world.status().to_string();
-  const std::vector<double> ref = losses(options(reference), kSteps);
+  const std::vector<double> ref = losses(options(reference), steps);
   TrainOptions o = options(strategy);
   o.ranks = (*world)->size();
   o.world = world->get();
-  const std::vector<double> got = losses(o, kSteps);
-  ASSERT_EQ(ref.size(), static_cast<size_t>(kSteps));
+  const std::vector<double> got = losses(o, steps);
+  ASSERT_EQ(ref.size(), static_cast<size_t>(steps));
   ASSERT_EQ(got.size(), ref.size());
   double worst = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
@@ -67,7 +68,7 @@ void expect_parity(const std::string& strategy, const std::string& reference) {
                             << ref[i];
   }
   if ((*world)->rank() == 0) {
-    std::printf("parity %s: %d steps, loss %.6f -> %.6f, max relative difference %.3g\n", strategy.c_str(), kSteps,
+    std::printf("parity %s: %d steps, loss %.6f -> %.6f, max relative difference %.3g\n", strategy.c_str(), steps,
                 got.front(), got.back(), worst);
   }
 }
@@ -82,6 +83,12 @@ TEST(Parity, Dp2Zero1) { expect_parity("dp=2,zero=1,microbatches=2,mbs=1", "micr
 TEST(Parity, Dp2Zero2) { expect_parity("dp=2,zero=2,microbatches=2,mbs=1", "microbatches=4,mbs=1"); }
 TEST(Parity, Dp2Pp2) { expect_parity("dp=2,pp=2,schedule=1f1b,microbatches=2,mbs=1", "microbatches=4,mbs=1"); }
 TEST(Parity, Pp4) { expect_parity("pp=4,schedule=1f1b,microbatches=4,mbs=1", "microbatches=4,mbs=1"); }
+// Tensor parallelism with sequence parallelism (Megatron split of attention heads and the dense MLP; router,
+// experts, embedding and head on token slices, their gradients and the load-balance statistics summed over tp).
+TEST(Parity, Tp2) { expect_parity("tp=2,sp=1,microbatches=4,mbs=1", "microbatches=4,mbs=1", kTpSteps); }
+TEST(Parity, Dp2Tp2) { expect_parity("dp=2,tp=2,sp=1,microbatches=2,mbs=1", "microbatches=4,mbs=1", kTpSteps); }
+// Stage messages are sequence slices; 5 steps keep this 4-rank test short on shared cores.
+TEST(Parity, Pp2Tp2) { expect_parity("pp=2,tp=2,sp=1,schedule=1f1b,microbatches=4,mbs=1", "microbatches=4,mbs=1", 5); }
 
 // Rank 1 compiles another strategy of the same shape: create() fails on every rank, naming rank 1.
 TEST(DistContext, DifferentPlanOnOneRankIsNamed) {

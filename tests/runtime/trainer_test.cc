@@ -113,14 +113,15 @@ TEST(TrainerTest, CorruptTruncatedOrMismatchedCheckpointIsAClearError) {
     auto fresh = Trainer::create(small_options()).value();
     ASSERT_TRUE(fresh->resume(dir).ok());
   }
-  flip_byte(dir + "/model.safetensors", 10);
+  const std::string file = dir + "/" + checkpoint_step_name(1) + "/rank-00000.safetensors";
+  flip_byte(file, 10);
   auto fresh = Trainer::create(small_options()).value();
   Status s = fresh->resume(dir);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.to_string();
-  EXPECT_NE(s.message().find("model.safetensors"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find(file), std::string::npos) << s.message();
 
   ASSERT_TRUE(t->save(dir).ok());
-  fs::resize_file(dir + "/optimizer.safetensors", fs::file_size(dir + "/optimizer.safetensors") - 100);
+  fs::resize_file(file, fs::file_size(file) - 100);
   s = fresh->resume(dir);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.to_string();
   EXPECT_NE(s.message().find("truncated"), std::string::npos) << s.message();

@@ -50,3 +50,39 @@ TEST(CliSimulateTest, BadInputsExitNonZeroWithAHint) {
 }
 
 }  // namespace
+
+namespace {
+
+double json_step(const std::string& out) { return piper::Json::parse(out)["step_time_s"].get<double>(); }
+
+// --comm-calibration (written by `piper bench comm --calibration-out`) replaces the preset's link figures in
+// estimate, simulate and plan alike: a 1000x slower intra-node link makes the DP all-reduce dominate.
+TEST(CliSimulateTest, CommCalibrationFileSlowsTheLinks) {
+  const std::string cal = std::string(PIPER_BINARY_DIR) + "/cli_simulate_test_comm_cal.json";
+  FILE* f = std::fopen(cal.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs(R"({"source": "test", "node": {"intra": {"latency_s": 1e-3, "bw_bytes_per_s": 3e6}}})", f);
+  std::fclose(f);
+  const std::string scenario =
+      "--model tiny-moe --cluster local-cpu --nodes 1 --seq 128 --strategy dp=2,zero=1,microbatches=1,mbs=4 --json";
+  for (const char* cmd : {"simulate", "estimate"}) {
+    int rc = 0;
+    std::string base = run(std::string(cmd) + " " + scenario, &rc);
+    ASSERT_EQ(rc, 0) << base;
+    std::string slow = run(std::string(cmd) + " " + scenario + " --comm-calibration " + cal, &rc);
+    ASSERT_EQ(rc, 0) << slow;
+    EXPECT_GT(json_step(slow), 10 * json_step(base)) << cmd;
+  }
+  int rc = 0;
+  std::string plan = run("plan --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --seq 128 --top 1 "
+                         "--simulate-top 1 --local-search 0 --json --comm-calibration " + cal, &rc);
+  ASSERT_EQ(rc, 0) << plan;
+  auto j = piper::Json::parse(plan);
+  EXPECT_EQ(j["simulated"].get<int64_t>(), 1);
+  EXPECT_TRUE(j["plans"][0]["simulated"].get<bool>());
+  std::string bad = run("simulate " + scenario + " --comm-calibration /nonexistent/comm.json", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(bad.find("/nonexistent/comm.json"), std::string::npos) << bad;
+}
+
+}  // namespace

@@ -19,6 +19,22 @@ TEST(TensorTest, ZerosHasContiguousStrides) {
   EXPECT_EQ(reinterpret_cast<uintptr_t>(t->data()) % Allocator::kTensorAlignment, 0u);
 }
 
+TEST(TensorTest, UninitializedHasTheShapeAndIsCounted) {
+  MemoryTracker tracker;
+  TrackingAllocator alloc(&tracker);
+  {
+    Tensor t = Tensor::uninitialized_or_die({3, 5}, MemCategory::kBuffers, &alloc);
+    EXPECT_EQ(t.numel(), 15);
+    EXPECT_EQ(t.strides(), (Shape{5, 1}));
+    EXPECT_EQ(t.category(), MemCategory::kBuffers);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % Allocator::kTensorAlignment, 0u);
+    EXPECT_EQ(tracker.stats().live_bytes[static_cast<int>(MemCategory::kBuffers)], 60);
+    t.fill(2.0f);  // writable
+    EXPECT_EQ(t[14], 2.0f);
+  }
+  EXPECT_EQ(tracker.stats().live_total_bytes, 0);
+}
+
 TEST(TensorTest, BadShapesAreErrors) {
   Result<Tensor> neg = Tensor::zeros({2, -1}, MemCategory::kBuffers);
   ASSERT_FALSE(neg.ok());

@@ -1,16 +1,20 @@
 // Fast fp32 dense kernels: GEMMs on the library, element-wise loops over OpenMP threads (static schedule: each
 // element is computed by one thread, so the bits do not depend on the thread count).
+#include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "piper/base/check.h"
 #include "piper/kernels/cpu/gemm.h"
 #include "piper/kernels/cpu/ops.h"
+#include "piper/kernels/cpu/vec_math.h"
 
 namespace piper::kernels {
 namespace {
-
-inline float sigmoid(float g) { return 1.0f / (1.0f + std::exp(-g)); }
 
 inline float gelu(float a) {
   const float c = 0.7978845608028654f;
@@ -33,43 +37,67 @@ void embedding_forward(float* out, const int32_t* ids, const float* table, int64
 }
 
 void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t n, int64_t d, double eps) {
+  const float eps_f = static_cast<float>(eps);
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i) ref::rmsnorm_forward<float>(y + i * d, rstd + i, x + i * d, w, 1, d, eps);
+  for (int64_t i = 0; i < n; ++i) rstd[i] = vec::rmsnorm_row_forward(y + i * d, x + i * d, w, d, eps_f);
 }
 
 void rmsnorm_backward_input(float* dx, const float* dy, const float* x, const float* w, const float* rstd, int64_t n,
                             int64_t d) {
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n; ++i)
-    ref::rmsnorm_backward_input<float>(dx + i * d, dy + i * d, x + i * d, w, rstd + i, 1, d);
+  for (int64_t i = 0; i < n; ++i) vec::rmsnorm_row_backward_input(dx + i * d, dy + i * d, x + i * d, w, rstd[i], d);
 }
 
 void rmsnorm_backward_weight(float* dw, const float* dy, const float* x, const float* rstd, int64_t n, int64_t d) {
-  // Columns split across threads; each column sums its rows in index order, as the reference does.
+  // Column blocks split across threads; each column adds its rows in index order, as the reference does.
+  constexpr int64_t kCols = 64;
+  const int64_t num_blocks = (d + kCols - 1) / kCols;
 #pragma omp parallel for schedule(static)
-  for (int64_t j = 0; j < d; ++j) {
-    float acc = dw[j];
-    for (int64_t i = 0; i < n; ++i) acc += dy[i * d + j] * x[i * d + j] * rstd[i];
-    dw[j] = acc;
+  for (int64_t b = 0; b < num_blocks; ++b) {
+    const int64_t j0 = b * kCols, width = std::min(kCols, d - j0);
+    for (int64_t i = 0; i < n; ++i)
+      vec::rmsnorm_row_backward_weight(dw + j0, dy + i * d + j0, x + i * d + j0, rstd[i], width);
   }
 }
 
 namespace {
 
-// Same angles as the reference: pos · theta^(-2i/head_dim), computed in double and rounded to float.
-void rotate(float* out, const float* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, double theta,
-            double sign) {
-  PIPER_CHECK(head_dim % 2 == 0, "rotary needs an even head_dim, got ", head_dim);
+struct RotaryTable {
+  std::vector<float> cos, sin;  // [seq, head_dim / 2]
+};
+
+// Same angles as the reference: sign · pos · theta^(-2i/head_dim), computed in double and rounded to float. The
+// tables depend only on their key, so they are built once per process and shared (read-only) by every call.
+std::shared_ptr<const RotaryTable> rotary_table(int64_t seq, int64_t head_dim, double theta, double sign) {
+  static std::mutex mutex;
+  static std::map<std::tuple<int64_t, int64_t, double, double>, std::shared_ptr<const RotaryTable>> cache;
+  const auto key = std::make_tuple(seq, head_dim, theta, sign);
+  std::lock_guard<std::mutex> lock(mutex);
+  auto it = cache.find(key);
+  if (it != cache.end()) return it->second;
   const int64_t half = head_dim / 2;
-  std::vector<float> cos_t(static_cast<size_t>(seq * half)), sin_t(static_cast<size_t>(seq * half));
+  auto table = std::make_shared<RotaryTable>();
+  table->cos.resize(static_cast<size_t>(seq * half));
+  table->sin.resize(static_cast<size_t>(seq * half));
   for (int64_t t = 0; t < seq; ++t) {
     for (int64_t i = 0; i < half; ++i) {
       const double angle = sign * static_cast<double>(t) *
                            std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
-      cos_t[t * half + i] = static_cast<float>(std::cos(angle));
-      sin_t[t * half + i] = static_cast<float>(std::sin(angle));
+      table->cos[t * half + i] = static_cast<float>(std::cos(angle));
+      table->sin[t * half + i] = static_cast<float>(std::sin(angle));
     }
   }
+  cache.emplace(key, table);
+  return table;
+}
+
+void rotate(float* out, const float* x, int64_t batch, int64_t seq, int64_t heads, int64_t head_dim, double theta,
+            double sign) {
+  PIPER_CHECK(head_dim % 2 == 0, "rotary needs an even head_dim, got ", head_dim);
+  const int64_t half = head_dim / 2;
+  const std::shared_ptr<const RotaryTable> table = rotary_table(seq, head_dim, theta, sign);
+  const float* cos_t = table->cos.data();
+  const float* sin_t = table->sin.data();
 #pragma omp parallel for schedule(static)
   for (int64_t bt = 0; bt < batch * seq; ++bt) {
     const float* c = &cos_t[(bt % seq) * half];
@@ -114,7 +142,7 @@ void swiglu_forward(float* y, float* g, float* u, float* h, const float* x, cons
   linear_forward(g, x, wg, n, d, f);
   linear_forward(u, x, wu, n, d, f);
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n * f; ++i) h[i] = g[i] * sigmoid(g[i]) * u[i];
+  for (int64_t i = 0; i < n; ++i) vec::swiglu_gate_forward(h + i * f, g + i * f, u + i * f, f);
   linear_forward(y, h, wd, n, f, d);
 }
 
@@ -122,12 +150,7 @@ void swiglu_backward_input(float* dx, float* dg, float* du, const float* dy, con
                            const float* wg, const float* wu, const float* wd, int64_t n, int64_t d, int64_t f) {
   linear_backward_input(dg, dy, wd, n, f, d);  // dg holds dh for now
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < n * f; ++i) {
-    const float sig = sigmoid(g[i]);
-    const float dh = dg[i];
-    du[i] = dh * g[i] * sig;
-    dg[i] = dh * u[i] * sig * (1.0f + g[i] * (1.0f - sig));
-  }
+  for (int64_t i = 0; i < n; ++i) vec::swiglu_gate_backward(dg + i * f, du + i * f, dg + i * f, g + i * f, u + i * f, f);
   sgemm(false, false, n, d, f, 1.0f, dg, f, wg, d, 0.0f, dx, d);
   sgemm(false, false, n, d, f, 1.0f, du, f, wu, d, 1.0f, dx, d);
 }
@@ -168,13 +191,9 @@ void lm_head_loss_forward(float* loss, float* probs, const float* h, const float
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     float* p = probs + i * vocab;
-    float mx = p[0];
-    for (int64_t c = 1; c < vocab; ++c) mx = std::max(mx, p[c]);
     const float logit_t = p[targets[i]];
-    float sum = 0;
-    for (int64_t c = 0; c < vocab; ++c) sum += (p[c] = std::exp(p[c] - mx));
-    for (int64_t c = 0; c < vocab; ++c) p[c] /= sum;
-    row_loss[i] = static_cast<double>(std::log(sum)) - static_cast<double>(logit_t - mx);
+    const vec::SoftmaxStats st = vec::softmax_inplace(p, vocab, /*reciprocal=*/false);
+    row_loss[i] = static_cast<double>(std::log(st.sum)) - static_cast<double>(logit_t - st.max);
   }
   double total = 0;
   for (double l : row_loss) total += l;  // token order, as the reference

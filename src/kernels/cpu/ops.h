@@ -29,6 +29,9 @@ void rotary_backward_input(float* dx, const float* dout, int64_t batch, int64_t 
 
 void attention_forward(float* out, float* probs, const float* q, const float* k, const float* v,
                        const AttentionShape& s);
+// The probabilities of attention_forward alone (same bits), without the output: what a backward that did not
+// stash them recomputes.
+void attention_probs(float* probs, const float* q, const float* k, const AttentionShape& s);
 void attention_backward_input(float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
                               const float* v, const float* probs, const AttentionShape& s);
 

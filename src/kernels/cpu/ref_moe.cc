@@ -117,8 +117,10 @@ void router_dlogits(T* dlogits, const T* dtopk_w, const T* scores, const int32_t
   for (int64_t t = 0; t < n; ++t) {
     const T* s = scores + t * E;
     for (int e = 0; e < E; ++e) {
-      ds[e] = cfg.aux_loss_coef > 0 ? static_cast<T>(cfg.aux_loss_coef * E) * static_cast<T>(counts[e]) /
-                                          static_cast<T>(n * K) / static_cast<T>(n)
+      const T count = cfg.aux_counts ? static_cast<T>(cfg.aux_counts[e]) : static_cast<T>(counts[e]);
+      const int64_t tokens = cfg.aux_counts ? cfg.aux_tokens : n;
+      ds[e] = cfg.aux_loss_coef > 0 ? static_cast<T>(cfg.aux_loss_coef * E) * count / static_cast<T>(tokens * K) /
+                                          static_cast<T>(tokens)
                                     : T(0);
     }
     if (cfg.norm_topk) {

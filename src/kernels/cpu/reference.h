@@ -27,6 +27,10 @@ struct RouterConfig {
   ScoreFunc score = ScoreFunc::kSoftmax;
   bool norm_topk = true;       // divide the selected scores by their sum
   double aux_loss_coef = 0.0;  // weight of the load-balance loss (0 = off)
+  // Backward of the load-balance loss when the tokens are split over ranks (sequence parallelism): the expert
+  // counts [num_experts] and the token count of the whole microbatch. Null: the call's own tokens.
+  const double* aux_counts = nullptr;
+  int64_t aux_tokens = 0;
 };
 
 // Shape of the causal attention core (see attention_forward).

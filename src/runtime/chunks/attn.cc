@@ -21,7 +21,8 @@ struct AttnStash : Stash {
 
 class AttnChunk : public Chunk {
  public:
-  AttnChunk(int layer, const ChunkDims& d, uint64_t seed, Allocator* allocator) : Chunk("attn", layer, d, allocator) {
+  AttnChunk(int layer, const ChunkDims& d, uint64_t seed, Allocator* allocator, bool residual)
+      : Chunk("attn", layer, d, allocator), residual_(residual) {
     const int64_t qd = d.num_heads * d.head_dim, kd = d.num_kv_heads * d.head_dim;
     add_param("norm", {d.hidden}, seed, 0.0f, 1.0f, false);
     add_param("w_qkv", {qd + 2 * kd, d.hidden}, seed, init_std(), 0.0f, true);
@@ -35,14 +36,14 @@ class AttnChunk : public Chunk {
     st->batch = mb.batch;
     st->seq = mb.seq;
     PIPER_ASSIGN_OR_RETURN(st->x, sum_hidden(*this, inputs, n, h));
-    st->rstd = new_tensor({n}, MemCategory::kActivations);
-    st->xn = new_tensor({n, h}, MemCategory::kActivations);
+    st->rstd = new_output({n}, MemCategory::kActivations);
+    st->xn = new_output({n, h}, MemCategory::kActivations);
     kernels::rmsnorm_forward(st->xn.data(), st->rstd.data(), st->x->data(), w(0), n, h, dims_.norm_eps);
-    st->q = new_tensor({n, qd}, MemCategory::kActivations);
-    st->k = new_tensor({n, kd}, MemCategory::kActivations);
-    st->v = new_tensor({n, kd}, MemCategory::kActivations);
+    st->q = new_output({n, qd}, MemCategory::kActivations);
+    st->k = new_output({n, kd}, MemCategory::kActivations);
+    st->v = new_output({n, kd}, MemCategory::kActivations);
     {
-      Tensor qkv = new_tensor({n, qd + 2 * kd}, MemCategory::kBuffers);
+      Tensor qkv = new_output({n, qd + 2 * kd}, MemCategory::kBuffers);
       kernels::linear_forward(qkv.data(), st->xn.data(), w(1), n, h, qd + 2 * kd);
       unpack(qkv, &st->q, &st->k, &st->v, n);
     }
@@ -50,14 +51,14 @@ class AttnChunk : public Chunk {
                             dims_.rope_theta);
     kernels::rotary_forward(st->k.data(), st->k.data(), mb.batch, mb.seq, dims_.num_kv_heads, dims_.head_dim,
                             dims_.rope_theta);
-    st->o = new_tensor({n, qd}, MemCategory::kActivations);
+    st->o = new_output({n, qd}, MemCategory::kActivations);
     {
-      Tensor probs = new_tensor({mb.batch, dims_.num_heads, mb.seq, mb.seq}, MemCategory::kBuffers);
+      Tensor probs = new_output({mb.batch, dims_.num_heads, mb.seq, mb.seq}, MemCategory::kBuffers);
       kernels::attention_forward(st->o.data(), probs.data(), st->q.data(), st->k.data(), st->v.data(), shape(*st));
     }
-    auto y = new_shared({n, h}, MemCategory::kActivations);
+    auto y = new_shared_output({n, h}, MemCategory::kActivations);
     kernels::linear_forward(y->data(), st->o.data(), w(2), n, qd, h);
-    add_into(y->data(), y->data(), st->x->data(), n * h);
+    if (residual_) add_into(y->data(), y->data(), st->x->data(), n * h);
     out->hidden = std::move(y);
     return std::unique_ptr<Stash>(std::move(st));
   }
@@ -67,15 +68,14 @@ class AttnChunk : public Chunk {
     auto& st = static_cast<AttnStash&>(stash);
     const int64_t n = st.batch * st.seq, h = dims_.hidden, qd = qdim(), kd = kdim();
     PIPER_ASSIGN_OR_RETURN(st.dout, sum_dhidden(*this, grads, n, h));
-    Tensor d_o = new_tensor({n, qd}, MemCategory::kBuffers);
+    Tensor d_o = new_output({n, qd}, MemCategory::kBuffers);
     kernels::linear_backward_input(d_o.data(), st.dout->data(), w(2), n, qd, h);
-    Tensor dq = new_tensor({n, qd}, MemCategory::kBuffers);
-    Tensor dk = new_tensor({n, kd}, MemCategory::kBuffers);
-    Tensor dv = new_tensor({n, kd}, MemCategory::kBuffers);
+    Tensor dq = new_output({n, qd}, MemCategory::kBuffers);
+    Tensor dk = new_output({n, kd}, MemCategory::kBuffers);
+    Tensor dv = new_output({n, kd}, MemCategory::kBuffers);
     {
-      Tensor probs = new_tensor({st.batch, dims_.num_heads, st.seq, st.seq}, MemCategory::kBuffers);
-      Tensor o2 = new_tensor({n, qd}, MemCategory::kBuffers);
-      kernels::attention_forward(o2.data(), probs.data(), st.q.data(), st.k.data(), st.v.data(), shape(st));
+      Tensor probs = new_output({st.batch, dims_.num_heads, st.seq, st.seq}, MemCategory::kBuffers);
+      kernels::attention_probs(probs.data(), st.q.data(), st.k.data(), shape(st));
       kernels::attention_backward_input(dq.data(), dk.data(), dv.data(), d_o.data(), st.q.data(), st.k.data(),
                                         st.v.data(), probs.data(), shape(st));
     }
@@ -83,13 +83,13 @@ class AttnChunk : public Chunk {
                                    dims_.rope_theta);
     kernels::rotary_backward_input(dk.data(), dk.data(), st.batch, st.seq, dims_.num_kv_heads, dims_.head_dim,
                                    dims_.rope_theta);
-    st.dqkv = new_tensor({n, qd + 2 * kd}, MemCategory::kBuffers);
+    st.dqkv = new_output({n, qd + 2 * kd}, MemCategory::kBuffers);
     pack(dq, dk, dv, &st.dqkv, n);
-    st.dxn = new_tensor({n, h}, MemCategory::kBuffers);
+    st.dxn = new_output({n, h}, MemCategory::kBuffers);
     kernels::linear_backward_input(st.dxn.data(), st.dqkv.data(), w(1), n, h, qd + 2 * kd);
-    auto dxt = new_shared({n, h}, MemCategory::kBuffers);
+    auto dxt = new_shared_output({n, h}, MemCategory::kBuffers);
     kernels::rmsnorm_backward_input(dxt->data(), st.dxn.data(), st.x->data(), w(0), st.rstd.data(), n, h);
-    add_into(dxt->data(), dxt->data(), st.dout->data(), n * h);
+    if (residual_) add_into(dxt->data(), dxt->data(), st.dout->data(), n * h);
     dx->dhidden = std::move(dxt);
     return ok_status();
   }
@@ -132,12 +132,14 @@ class AttnChunk : public Chunk {
   kernels::AttentionShape shape(const AttnStash& st) const {
     return {st.batch, st.seq, dims_.num_heads, dims_.num_kv_heads, dims_.head_dim};
   }
+  bool residual_;  // false on tensor ranks > 0 (tp_slice.h): the residual is added once over the TP group
 };
 
 }  // namespace
 
-std::unique_ptr<Chunk> make_attn_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator) {
-  return std::make_unique<AttnChunk>(layer, dims, seed, allocator);
+std::unique_ptr<Chunk> make_attn_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator,
+                                       bool residual) {
+  return std::make_unique<AttnChunk>(layer, dims, seed, allocator, residual);
 }
 
 }  // namespace piper::runtime

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "piper/kernels/cpu/vec_math.h"
 #include "piper/runtime/chunks/parts.h"
 
 #include "piper/runtime/safetensors.h"
@@ -48,6 +49,14 @@ std::shared_ptr<Tensor> Chunk::new_shared(const Shape& shape, MemCategory catego
   return std::make_shared<Tensor>(Tensor::zeros_or_die(shape, category, allocator_));
 }
 
+Tensor Chunk::new_output(const Shape& shape, MemCategory category) const {
+  return Tensor::uninitialized_or_die(shape, category, allocator_);
+}
+
+std::shared_ptr<Tensor> Chunk::new_shared_output(const Shape& shape, MemCategory category) const {
+  return std::make_shared<Tensor>(Tensor::uninitialized_or_die(shape, category, allocator_));
+}
+
 namespace {
 
 Status check_rows(const Chunk& chunk, const Tensor* t, int64_t n, int64_t h, const char* what) {
@@ -91,8 +100,13 @@ float residual_init_std(const ChunkDims& dims) {
 }
 
 void add_into(float* out, const float* a, const float* b, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+  constexpr int64_t kBlock = 65536;
+  const int64_t num_blocks = (n + kBlock - 1) / kBlock;
+#pragma omp parallel for schedule(static) if (num_blocks > 1)
+  for (int64_t blk = 0; blk < num_blocks; ++blk) {
+    const int64_t i = blk * kBlock;
+    kernels::vec::add_arrays(out + i, a + i, b + i, std::min(kBlock, n - i));
+  }
 }
 
 Result<std::unique_ptr<Chunk>> make_chunk(const std::string& part, int layer, const ChunkDims& dims, uint64_t seed,

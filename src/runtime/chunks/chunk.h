@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -74,6 +75,12 @@ struct StepContext {
   int num_microbatches = 1;
   Allocator* allocator = nullptr;
   bool recompute = false;  // this forward re-runs an earlier one before its backward (no step statistics)
+  // Sequence parallelism: the task sees one of `token_shards` equal slices of the microbatch's tokens (the
+  // others are on the other tensor-parallel ranks). The head scales its loss gradient by 1 / token_shards (the
+  // objective is the mean over all slices); the router sums its balancing statistics over the slices with
+  // `sum_over_shards` (every slice's task calls it at the same point; values are summed in place).
+  int token_shards = 1;
+  std::function<Status(double* values, int64_t count)> sum_over_shards = nullptr;
 };
 
 // Router -> experts: the normed input and the routing decision.
@@ -125,6 +132,12 @@ struct Param {
   Tensor grad;       // same shape; empty when !trainable
   bool trainable = true;
   bool decay = true;  // weight decay applies (not to norm weights)
+  // A rank that holds only a slice of the whole model's tensor `name` (EP: its experts; TP: its heads or
+  // columns) says where it lies: the whole tensor's shape and this slice's offset along each dimension (value's
+  // shape is the extent). Both empty = the whole tensor. Checkpoints store and load tensors by (name, box), so
+  // that a checkpoint written under one slicing loads under another (runtime/checkpoint.h).
+  Shape global_shape;
+  Shape global_offset;
 };
 
 class Chunk {
@@ -166,6 +179,9 @@ class Chunk {
                     bool decay, bool trainable = true, uint64_t offset = 0);
   Tensor new_tensor(const Shape& shape, MemCategory category) const;
   std::shared_ptr<Tensor> new_shared(const Shape& shape, MemCategory category) const;
+  // Contents unspecified: only for a kernel output that is written entirely before it is read (no memset).
+  Tensor new_output(const Shape& shape, MemCategory category) const;
+  std::shared_ptr<Tensor> new_shared_output(const Shape& shape, MemCategory category) const;
 
   std::string part_;
   int layer_;

@@ -77,15 +77,15 @@ class ExpertsChunk : public Chunk {
       for (int64_t i = 0; i < n * h; ++i) scaled[i] *= static_cast<float>(dims_.routed_scaling);
       dy = scaled.data();
     }
-    st.dyp = new_tensor({rows, h}, MemCategory::kBuffers);
-    auto dtopk_w = new_shared({n, dims_.top_k}, MemCategory::kBuffers);
+    st.dyp = new_output({rows, h}, MemCategory::kBuffers);
+    auto dtopk_w = new_shared_output({n, dims_.top_k}, MemCategory::kBuffers);
     kernels::unpermute_backward_input(st.dyp.data(), dtopk_w->data(), dy, st.yp.data(), r.topk_w.data(), r.routing, h);
-    Tensor dxp = new_tensor({rows, h}, MemCategory::kBuffers);
-    st.dg = new_tensor({rows, f}, MemCategory::kBuffers);
-    st.du = new_tensor({rows, f}, MemCategory::kBuffers);
+    Tensor dxp = new_output({rows, h}, MemCategory::kBuffers);
+    st.dg = new_output({rows, f}, MemCategory::kBuffers);
+    st.du = new_output({rows, f}, MemCategory::kBuffers);
     kernels::expert_swiglu_backward_input(dxp.data(), st.dg.data(), st.du.data(), st.dyp.data(), st.g.data(),
                                           st.u.data(), w(0), w(1), w(2), r.routing, h, f);
-    auto dhn = new_shared({n, h}, MemCategory::kBuffers);
+    auto dhn = new_shared_output({n, h}, MemCategory::kBuffers);
     kernels::permute_backward_input(dhn->data(), dxp.data(), r.routing, h);
     dx->dhidden = std::move(dout);
     dx->dnormed = std::move(dhn);

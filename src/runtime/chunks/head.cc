@@ -34,11 +34,11 @@ class HeadChunk : public Chunk {
       }
     }
     PIPER_ASSIGN_OR_RETURN(st->x, sum_hidden(*this, inputs, n, h));
-    st->rstd = new_tensor({n}, MemCategory::kActivations);
-    st->xn = new_tensor({n, h}, MemCategory::kActivations);
+    st->rstd = new_output({n}, MemCategory::kActivations);
+    st->xn = new_output({n, h}, MemCategory::kActivations);
     kernels::rmsnorm_forward(st->xn.data(), st->rstd.data(), st->x->data(), params_[0].value.data(), n, h,
                              dims_.norm_eps);
-    st->probs = new_tensor({n, V}, MemCategory::kActivations);
+    st->probs = new_output({n, V}, MemCategory::kActivations);
     float loss = 0;
     kernels::lm_head_loss_forward(&loss, st->probs.data(), st->xn.data(), params_[1].value.data(),
                                   st->targets.data(), n, h, V);
@@ -52,12 +52,12 @@ class HeadChunk : public Chunk {
     if (!grads.empty()) return invalid_argument("head: the loss head takes no incoming gradient");
     auto& st = static_cast<HeadStash&>(stash);
     const int64_t n = st.n, h = dims_.hidden, V = dims_.vocab;
-    st.dxn = new_tensor({n, h}, MemCategory::kBuffers);
-    st.dlogits = new_tensor({n, V}, MemCategory::kBuffers);
-    const float dloss = 1.0f / static_cast<float>(ctx.num_microbatches);
+    st.dxn = new_output({n, h}, MemCategory::kBuffers);
+    st.dlogits = new_output({n, V}, MemCategory::kBuffers);
+    const float dloss = 1.0f / static_cast<float>(ctx.num_microbatches * ctx.token_shards);
     kernels::lm_head_loss_backward_input(st.dxn.data(), st.dlogits.data(), st.probs.data(), st.targets.data(),
                                          params_[1].value.data(), dloss, n, h, V);
-    auto dxt = new_shared({n, h}, MemCategory::kBuffers);
+    auto dxt = new_shared_output({n, h}, MemCategory::kBuffers);
     kernels::rmsnorm_backward_input(dxt->data(), st.dxn.data(), st.x->data(), params_[0].value.data(),
                                     st.rstd.data(), n, h);
     dx->dhidden = std::move(dxt);

@@ -31,13 +31,13 @@ class FfnChunk : public Chunk {
     auto st = std::make_unique<FfnStash>();
     st->n = n;
     PIPER_ASSIGN_OR_RETURN(st->x, sum_hidden(*this, inputs, n, h));
-    st->rstd = new_tensor({n}, MemCategory::kActivations);
-    st->xn = new_tensor({n, h}, MemCategory::kActivations);
+    st->rstd = new_output({n}, MemCategory::kActivations);
+    st->xn = new_output({n, h}, MemCategory::kActivations);
     kernels::rmsnorm_forward(st->xn.data(), st->rstd.data(), st->x->data(), w(0), n, h, dims_.norm_eps);
-    st->g = new_tensor({n, f_}, MemCategory::kActivations);
-    st->u = new_tensor({n, f_}, MemCategory::kActivations);
-    st->hh = new_tensor({n, f_}, MemCategory::kActivations);
-    auto y = new_shared({n, h}, MemCategory::kActivations);
+    st->g = new_output({n, f_}, MemCategory::kActivations);
+    st->u = new_output({n, f_}, MemCategory::kActivations);
+    st->hh = new_output({n, f_}, MemCategory::kActivations);
+    auto y = new_shared_output({n, h}, MemCategory::kActivations);
     kernels::swiglu_forward(y->data(), st->g.data(), st->u.data(), st->hh.data(), st->xn.data(), w(1), w(2), w(3), n,
                             h, f_);
     if (residual_) add_into(y->data(), y->data(), st->x->data(), n * h);
@@ -50,12 +50,12 @@ class FfnChunk : public Chunk {
     auto& st = static_cast<FfnStash&>(stash);
     const int64_t n = st.n, h = dims_.hidden;
     PIPER_ASSIGN_OR_RETURN(st.dout, sum_dhidden(*this, grads, n, h));
-    st.dxn = new_tensor({n, h}, MemCategory::kBuffers);
-    st.dg = new_tensor({n, f_}, MemCategory::kBuffers);
-    st.du = new_tensor({n, f_}, MemCategory::kBuffers);
+    st.dxn = new_output({n, h}, MemCategory::kBuffers);
+    st.dg = new_output({n, f_}, MemCategory::kBuffers);
+    st.du = new_output({n, f_}, MemCategory::kBuffers);
     kernels::swiglu_backward_input(st.dxn.data(), st.dg.data(), st.du.data(), st.dout->data(), st.g.data(),
                                    st.u.data(), w(1), w(2), w(3), n, h, f_);
-    auto dxt = new_shared({n, h}, MemCategory::kBuffers);
+    auto dxt = new_shared_output({n, h}, MemCategory::kBuffers);
     kernels::rmsnorm_backward_input(dxt->data(), st.dxn.data(), st.x->data(), w(0), st.rstd.data(), n, h);
     if (residual_) add_into(dxt->data(), dxt->data(), st.dout->data(), n * h);
     dx->dhidden = std::move(dxt);

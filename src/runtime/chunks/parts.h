@@ -10,7 +10,9 @@
 namespace piper::runtime {
 
 std::unique_ptr<Chunk> make_embed_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator);
-std::unique_ptr<Chunk> make_attn_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator);
+// residual = false: no residual add (a tensor-parallel slice on tensor rank > 0, tp_slice.h).
+std::unique_ptr<Chunk> make_attn_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator,
+                                       bool residual = true);
 std::unique_ptr<Chunk> make_router_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator);
 std::unique_ptr<Chunk> make_experts_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator);
 std::unique_ptr<Chunk> make_shared_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator);

@@ -14,6 +14,7 @@ struct RouterStash : Stash {
   std::shared_ptr<const Tensor> x, hn;
   Tensor rstd, scores;
   std::shared_ptr<const Routed> routed;
+  std::vector<double> aux_counts;  // sequence parallelism: expert counts of the whole microbatch (all slices)
   // B -> W
   Tensor dlogits, dhn;
 };
@@ -45,8 +46,15 @@ class RouterChunk : public Chunk {
     routed->topk_w = new_tensor({n, k}, MemCategory::kActivations);
     float aux = 0;
     const float* bias = dims_.expert_bias ? params_[2].value.data() : nullptr;
+    kernels::RouterConfig cfg = config(ctx);
+    // Sequence parallelism: the load-balance loss is the whole microbatch's, from counts summed over the slices.
+    const bool sliced = ctx.token_shards > 1 && cfg.aux_loss_coef > 0;
+    if (sliced) cfg.aux_loss_coef = 0;
     kernels::router_forward(st->scores.data(), routed->topk_idx.data(), routed->topk_w.data(), &aux, hn->data(),
-                            params_[1].value.data(), bias, n, h, config(ctx));
+                            params_[1].value.data(), bias, n, h, cfg);
+    if (sliced) {
+      PIPER_ASSIGN_OR_RETURN(aux, sliced_aux_loss(ctx, routed->topk_idx, *st));
+    }
     routed->routing = kernels::build_routing(routed->topk_idx.data(), n, dims_.top_k, dims_.num_experts);
     st->aux_loss = aux;
     if (dims_.expert_bias && !ctx.recompute) {
@@ -71,9 +79,14 @@ class RouterChunk : public Chunk {
     const Gradient& gin = *grads[0];
     st.dlogits = new_tensor({n, E}, MemCategory::kBuffers);
     st.dhn = new_tensor({n, h}, MemCategory::kBuffers);
+    kernels::RouterConfig cfg = config(ctx);
+    if (!st.aux_counts.empty()) {
+      cfg.aux_counts = st.aux_counts.data();
+      cfg.aux_tokens = n * ctx.token_shards;
+    }
     kernels::router_backward_input(st.dhn.data(), st.dlogits.data(), gin.dtopk_w->data(), st.scores.data(),
                                    st.routed->topk_idx.data(), st.routed->topk_w.data(), params_[1].value.data(), n,
-                                   h, config(ctx));
+                                   h, cfg);
     add_into(st.dhn.data(), st.dhn.data(), gin.dnormed->data(), n * h);
     auto dxt = new_shared({n, h}, MemCategory::kBuffers);
     kernels::rmsnorm_backward_input(dxt->data(), st.dhn.data(), st.x->data(), params_[0].value.data(),
@@ -108,6 +121,25 @@ class RouterChunk : public Chunk {
     c.norm_topk = dims_.norm_topk;
     c.aux_loss_coef = dims_.aux_loss_coef / ctx.num_microbatches;
     return c;
+  }
+
+  // This slice's part of the whole microbatch's load-balance loss: coef * E * sum_e f_e * p_e with the expert
+  // fractions f_e of all slices and this slice's probability sums, both over the whole token count N (the
+  // slices' parts add up to the loss of the unsplit microbatch, as in Megatron-LM). Keeps the counts for B.
+  Result<float> sliced_aux_loss(const StepContext& ctx, const std::vector<int32_t>& topk_idx, RouterStash& st) {
+    const int E = dims_.num_experts, K = dims_.top_k;
+    if (!ctx.sum_over_shards) return internal_error(name() + ": token_shards > 1 without sum_over_shards");
+    st.aux_counts.assign(static_cast<size_t>(E), 0.0);
+    for (int32_t e : topk_idx) st.aux_counts[static_cast<size_t>(e)] += 1.0;
+    PIPER_RETURN_IF_ERROR(ctx.sum_over_shards(st.aux_counts.data(), E));
+    const double tokens = static_cast<double>(st.n * ctx.token_shards);
+    double aux = 0;
+    for (int e = 0; e < E; ++e) {
+      double p = 0;
+      for (int64_t t = 0; t < st.n; ++t) p += st.scores.data()[t * E + e];
+      aux += st.aux_counts[static_cast<size_t>(e)] / (tokens * K) * (p / tokens);
+    }
+    return static_cast<float>(aux * config(ctx).aux_loss_coef * E);
   }
 
   std::mutex mutex_;

@@ -1,0 +1,170 @@
+// plan::rescore_with_simulator: the best plans re-ordered by simulated step time, the local search on
+// simulated times, budgets, and bad inputs.
+#include "piper/plan/rescore.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "piper/base/check.h"
+#include "piper/spec/cluster_loader.h"
+#include "piper/spec/model_loader.h"
+
+namespace piper::plan {
+namespace {
+
+struct Case {
+  ModelSpec model;
+  ClusterSpec cluster;
+  TrainSpec train;
+};
+
+Case tiny_moe() {
+  auto m = load_model("tiny-moe");
+  auto c = load_cluster("local-cpu", 1);
+  PIPER_CHECK(m.ok() && c.ok(), "test presets must load");
+  TrainSpec t;
+  t.global_batch = 8;
+  t.seq_len = 128;
+  return {*m, *c, t};
+}
+
+TEST(RescoreTest, NeighboursDifferFromTheStrategyAndAreDistinct) {
+  auto s = Strategy::parse("dp=2,tp=1,pp=1,ep=2,zero=1,recompute=none,schedule=1f1b,microbatches=2,mbs=2");
+  ASSERT_TRUE(s.ok());
+  auto n = neighbours(*s);
+  ASSERT_FALSE(n.empty());
+  for (size_t i = 0; i < n.size(); ++i) {
+    EXPECT_FALSE(n[i] == *s) << n[i].to_string();
+    for (size_t j = i + 1; j < n.size(); ++j) EXPECT_FALSE(n[i] == n[j]) << n[i].to_string();
+    EXPECT_EQ(n[i].global_batch(), s->global_batch()) << n[i].to_string();
+  }
+  auto has = [&](const std::string& needle) {
+    return std::any_of(n.begin(), n.end(), [&](const Strategy& x) { return x.to_string() == needle; });
+  };
+  Strategy halo = *s;
+  halo.a2a = "halo";
+  EXPECT_TRUE(has(halo.to_string()));
+  Strategy bigger = *s;
+  bigger.mbs = 4;
+  bigger.microbatches = 1;
+  EXPECT_TRUE(has(bigger.to_string()));
+}
+
+// A fake simulator that prefers exactly one plan the closed form ranks last: the list must follow it.
+TEST(RescoreTest, OrderFollowsTheSimulatedStepTime) {
+  Case c = tiny_moe();
+  SearchOptions o;
+  o.top_k = 4;
+  o.verify = false;
+  auto closed = search(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(closed.ok()) << closed.status().message();
+  ASSERT_EQ(closed->top.size(), 4u);
+  const std::string favourite = closed->top.back().strategy.to_string();
+  o.simulate_top = 4;
+  o.simulator = [&](const Strategy& s, const TrainSpec&) -> Result<double> {
+    return s.to_string() == favourite ? 0.001 : 1.0 + static_cast<double>(s.to_string().size()) * 1e-6;
+  };
+  auto r = search(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->top.size(), 4u);
+  EXPECT_EQ(r->top.front().strategy.to_string(), favourite);
+  EXPECT_EQ(r->stats.simulated, 4);
+  for (size_t i = 1; i < r->top.size(); ++i) {
+    ASSERT_TRUE(r->top[i].simulated);
+    EXPECT_LE(r->top[i - 1].sim_step_time_s, r->top[i].sim_step_time_s);
+  }
+}
+
+// The local search walks to a neighbour the fake simulator likes better, and only simulates what fits.
+TEST(RescoreTest, LocalSearchFindsTheFasterNeighbour) {
+  Case c = tiny_moe();
+  SearchOptions o;
+  o.top_k = 3;
+  o.verify = true;  // with the fake verifier below
+  o.simulate_top = 1;
+  o.local_search_steps = 40;
+  SearchOptions closed_form = o;
+  closed_form.simulate_top = 0;
+  closed_form.local_search_steps = 0;
+  auto closed = search(c.model, c.cluster, c.train, closed_form);
+  ASSERT_TRUE(closed.ok() && !closed->top.empty());
+  const int z0 = closed->top.front().strategy.zero;
+  std::mutex mu;
+  std::vector<std::string> asked;
+  o.simulator = [&](const Strategy& s, const TrainSpec&) -> Result<double> {
+    std::lock_guard<std::mutex> lock(mu);
+    asked.push_back(s.to_string());
+    return s.zero != z0 ? 0.5 : 1.0;  // any other ZeRO stage is "faster"
+  };
+  o.verifier = [](const Strategy&, const TrainSpec&) {
+    Verification v;
+    v.ok = true;
+    return v;
+  };
+  auto r = search(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_FALSE(r->top.empty());
+  EXPECT_NE(r->top.front().strategy.zero, z0) << r->top.front().strategy.to_string();
+  EXPECT_EQ(r->top.front().sim_step_time_s, 0.5);
+  EXPECT_EQ(r->top.front().origin, "local-search");
+  EXPECT_TRUE(r->top.front().verified);
+  EXPECT_GE(r->stats.local_search_improved, 1);
+  EXPECT_GE(r->stats.local_search_tried, 1);
+  EXPECT_LE(r->stats.local_search_tried, 40);
+  EXPECT_EQ(r->stats.simulated, static_cast<int64_t>(asked.size()));
+  EXPECT_LE(r->top.size(), 3u);
+}
+
+// The real simulator on this machine's cluster: every returned plan verifies and is simulated, best first.
+TEST(RescoreTest, RealSimulatorOnTinyMoe) {
+  Case c = tiny_moe();
+  SearchOptions o;
+  o.top_k = 3;
+  o.simulate_top = 3;
+  o.local_search_steps = 4;
+  auto r = search(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_FALSE(r->top.empty());
+  EXPECT_GE(r->stats.simulated, 3);
+  for (size_t i = 0; i < r->top.size(); ++i) {
+    const Plan& p = r->top[i];
+    EXPECT_TRUE(p.verified) << p.strategy.to_string();
+    ASSERT_TRUE(p.simulated) << p.strategy.to_string() << ": " << p.sim_error;
+    EXPECT_GT(p.sim_step_time_s, 0);
+    if (i > 0) {
+      EXPECT_LE(r->top[i - 1].sim_step_time_s, p.sim_step_time_s);
+    }
+  }
+  const Json j = r->top.front().to_json();
+  EXPECT_TRUE(j["simulated"].get<bool>());
+  EXPECT_GT(j["simulated_step_time_s"].get<double>(), 0);
+  EXPECT_GE(r->stats.to_json()["simulated"].get<int64_t>(), 3);
+}
+
+TEST(RescoreTest, ZeroBudgetStartsNothing) {
+  Case c = tiny_moe();
+  SearchOptions o;
+  o.top_k = 2;
+  o.verify = false;
+  o.simulate_top = 2;
+  o.simulate_budget_s = 0;
+  auto r = search(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->stats.simulated, 0);
+  EXPECT_TRUE(r->stats.simulate_budget_hit);
+  for (const Plan& p : r->top) EXPECT_FALSE(p.simulated);
+}
+
+TEST(RescoreTest, BadOptionsAreRejectedByName) {
+  Case c = tiny_moe();
+  SearchOptions o;
+  o.simulate_top = -1;
+  auto r = search(c.model, c.cluster, c.train, o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("simulate_top"), std::string::npos) << r.status().message();
+}
+
+}  // namespace
+}  // namespace piper::plan

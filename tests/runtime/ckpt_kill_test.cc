@@ -1,0 +1,157 @@
+// A rank killed mid-run after a checkpoint (label mpi, end to end through the piper binary): the job stops
+// within the communication timeout naming the dead rank, the last checkpoint is intact, and `--resume` continues
+// with the uninterrupted run's losses bit for bit (same strategy, same reduction order); a one-rank resume of
+// the same checkpoint matches within 1e-5.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <thread>
+
+#include "piper/base/json.h"
+
+namespace {
+namespace fs = std::filesystem;
+
+constexpr int kTotalSteps = 8;
+constexpr double kTimeoutS = 5;  // PIPER_COMM_TIMEOUT_S of the killed run
+const std::string kTrain =
+    "train --model tiny-moe --seq 16 --seed 1234 --warmup 2 --strategy pp=2,schedule=1f1b,microbatches=4,mbs=1 ";
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+void set_mpi_env() {
+  for (const char* kv : {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_btl=self,vader",
+                         "OMPI_MCA_rmaps_base_oversubscribe=1", "OMPI_MCA_mpi_yield_when_idle=1",
+                         "OPENBLAS_NUM_THREADS=1"}) {
+    std::string s(kv);
+    const size_t eq = s.find('=');
+    setenv(s.substr(0, eq).c_str(), s.substr(eq + 1).c_str(), 0);
+  }
+  setenv("PIPER_COMM_TIMEOUT_S", std::to_string(static_cast<int>(kTimeoutS)).c_str(), 1);
+}
+
+// Runs piper to completion; stdout only.
+std::string run(const std::string& args, int* rc) {
+  FILE* f = popen((std::string(PIPER_BIN_PATH) + " " + args + " 2>/dev/null").c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), f)) out.append(buf.data(), n);
+  *rc = pclose(f);
+  return out;
+}
+
+std::vector<double> losses(const std::string& json) {
+  std::vector<double> out;
+  const piper::Json j = piper::Json::parse(json);
+  for (const auto& s : j["steps"]) out.push_back(s["loss"].get<double>());
+  return out;
+}
+
+// The pid of the MPI rank `rank` whose environment carries `tag`, or -1.
+pid_t find_rank(int rank, const std::string& tag) {
+  const std::string want_rank = "OMPI_COMM_WORLD_RANK=" + std::to_string(rank);
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::string env = read_all("/proc/" + name + "/environ");
+    bool has_rank = false, has_tag = false;
+    for (size_t at = 0; at < env.size();) {
+      size_t end = env.find('\0', at);
+      if (end == std::string::npos) end = env.size();
+      const std::string var = env.substr(at, end - at);
+      has_rank |= var == want_rank;
+      has_tag |= var == tag;
+      at = end + 1;
+    }
+    if (has_rank && has_tag) return static_cast<pid_t>(std::stol(name));
+  }
+  return -1;
+}
+
+TEST(KilledRank, JobStopsNamingItAndResumeIsBitwise) {
+  set_mpi_env();
+  const std::string root = (fs::temp_directory_path() / ("piper_kill_" + std::to_string(::getpid()))).string();
+  fs::remove_all(root);
+  int rc = 0;
+  const std::string straight = run(kTrain + "--ranks 2 --json --steps " + std::to_string(kTotalSteps), &rc);
+  ASSERT_EQ(rc, 0) << straight;
+  const std::vector<double> expected = losses(straight);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(kTotalSteps));
+
+  // The run to kill: long, with a checkpoint every 2 steps; rank 1 dies by SIGKILL once one exists.
+  const std::string tag = "PIPER_KILL_TEST_TAG=" + std::to_string(::getpid());
+  const std::string log = root + ".log";
+  const std::string cmd = tag + " " + PIPER_BIN_PATH + " " + kTrain + "--ranks 2 --steps 100000 --save-every 2 --save " +
+                          root + " > " + log + " 2>&1";
+  const pid_t job = fork();
+  ASSERT_GE(job, 0);
+  if (job == 0) {
+    execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto waited = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  pid_t victim = -1;
+  while (waited() < 60 && victim < 0) {
+    if (fs::exists(root + "/latest")) victim = find_rank(1, tag);
+    if (victim < 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (victim < 0) kill(job, SIGKILL);
+  ASSERT_GT(victim, 0) << "no checkpoint or no rank 1 within 60 s:\n" << read_all(log);
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  const auto killed = std::chrono::steady_clock::now();
+  int status = 0;
+  pid_t done = 0;
+  while ((done = waitpid(job, &status, WNOHANG)) == 0 && waited() < 120) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  const double stop_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  if (done == 0) kill(job, SIGKILL);
+  const std::string out = read_all(log);
+  ASSERT_EQ(done, job) << "the job did not stop after rank 1 was killed:\n" << out;
+  EXPECT_FALSE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
+  EXPECT_LT(stop_s, kTimeoutS + 10) << out;
+  EXPECT_NE(out.find("rank 1"), std::string::npos) << "the error does not name rank 1:\n" << out;
+  std::printf("rank 1 killed: the job stopped %.2f s later; its last words:\n%s\n", stop_s,
+              out.substr(out.size() > 600 ? out.size() - 600 : 0).c_str());
+
+  // The newest complete checkpoint resumes on 2 ranks bit for bit, and on one rank within 1e-5.
+  const std::string latest = read_all(root + "/latest");
+  ASSERT_EQ(latest.rfind("step-", 0), 0u) << latest;
+  const int step = std::stoi(latest.substr(5));
+  ASSERT_GE(step, 2);
+  ASSERT_LT(step, kTotalSteps) << "rank 1 was killed too late for this test";
+  const std::string rest = std::to_string(kTotalSteps - step);
+  const std::string resumed = run(kTrain + "--ranks 2 --json --steps " + rest + " --resume " + root, &rc);
+  ASSERT_EQ(rc, 0) << resumed;
+  const std::vector<double> got = losses(resumed);
+  ASSERT_EQ(got.size(), static_cast<size_t>(kTotalSteps - step));
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], expected[step + i]) << "step " << step + i + 1;
+  const std::string one = run("train --model tiny-moe --seq 16 --seed 1234 --warmup 2 --strategy microbatches=4,mbs=1 "
+                              "--ranks 1 --json --steps " + rest + " --resume " + root, &rc);
+  ASSERT_EQ(rc, 0) << one;
+  const std::vector<double> got1 = losses(one);
+  ASSERT_EQ(got1.size(), got.size());
+  for (size_t i = 0; i < got1.size(); ++i) {
+    EXPECT_LE(std::abs(got1[i] - expected[step + i]) / expected[step + i], 1e-5) << "step " << step + i + 1;
+  }
+  std::printf("resumed from step %d: %zu steps equal to the uninterrupted run\n", step, got.size());
+  fs::remove_all(root);
+  fs::remove(log);
+}
+
+}  // namespace

@@ -1,0 +1,130 @@
+// Checkpoints across strategies (label mpi): tiny-moe trains 3 steps under strategy A (on the MPI world, or alone
+// on rank 0), saves, and strategy B (on the world, or alone on every rank) resumes and trains 3 more. B's losses
+// must equal steps 4..6 of an uninterrupted one-rank run within 1e-5 relative, and bit for bit when A == B (the
+// same reduction order). Run by CTest under mpiexec -n 2 or 4 with --gtest_filter (tests/runtime/CMakeLists.txt).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include "piper/base/check.h"
+#include "piper/comm/mpi/mpi_communicator.h"
+#include "piper/kernels/cpu/gemm.h"
+#include "piper/runtime/checkpoint.h"
+#include "piper/runtime/trainer.h"
+#include "piper/spec/model_loader.h"
+
+namespace piper::runtime::testing {
+namespace {
+
+constexpr int kSteps = 3;
+constexpr double kRelTol = 1e-5;
+const char* const kOneRank = "microbatches=4,mbs=1";
+
+// Trains `strategy` for `steps` on `world` (nullptr: alone), resuming from / saving to a root when given.
+std::vector<double> train(const std::string& strategy, comm::Communicator* world, int steps,
+                          const std::string& resume, const std::string& save) {
+  kernels::set_kernel_threads(1);  // ranks share the cores
+  TrainOptions o;
+  o.model = load_model("tiny-moe").value();
+  o.strategy = strategy;
+  o.global_batch = 0;
+  o.seq_len = 16;
+  o.seed = 1234;
+  o.optimizer.lr = 3e-3;
+  o.warmup_steps = 2;
+  o.ranks = world != nullptr ? world->size() : 1;
+  o.world = world;
+  auto t = Trainer::create(o);
+  EXPECT_TRUE(t.ok()) << strategy << ": " << t.status().to_string();
+  if (!t.ok()) return {};
+  if (!resume.empty()) {
+    Status s = (*t)->resume(resume);
+    EXPECT_TRUE(s.ok()) << strategy << ": " << s.to_string();
+    if (!s.ok()) return {};
+    EXPECT_EQ((*t)->steps_done(), kSteps);
+  }
+  std::vector<double> out;
+  for (int i = 0; i < steps; ++i) {
+    auto s = (*t)->step();
+    EXPECT_TRUE(s.ok()) << s.status().to_string();
+    if (!s.ok()) return {};
+    out.push_back(s->loss);
+  }
+  if (!save.empty()) {
+    Status s = (*t)->save(save);
+    EXPECT_TRUE(s.ok()) << strategy << ": " << s.to_string();
+  }
+  return out;
+}
+
+int ranks_of(const std::string& strategy) { return strategy == kOneRank ? 1 : 0; }
+
+// A, saved after kSteps, resumed under B for kSteps more; against the uninterrupted one-rank run.
+void expect_resume(const std::string& a, const std::string& b, bool bitwise = false) {
+  auto world = comm::mpi_world();
+  ASSERT_TRUE(world.ok()) << world.status().to_string();
+  comm::Communicator* w = world->get();
+  // One directory for all ranks: rank 0's.
+  const std::string mine = (std::filesystem::temp_directory_path() / ("piper_ckpt_mpi_" + std::to_string(::getpid())))
+                               .string();
+  auto dirs = all_gather_strings(w, mine, 60);
+  ASSERT_TRUE(dirs.ok()) << dirs.status().to_string();
+  const std::string root = (*dirs)[0];
+
+  const std::vector<double> ref = bitwise ? train(b, w, 2 * kSteps, "", "") : train(kOneRank, nullptr, 2 * kSteps, "", "");
+  ASSERT_EQ(ref.size(), 2u * kSteps);
+  if (ranks_of(a) == 1) {
+    if (w->rank() == 0) train(a, nullptr, kSteps, "", root);
+  } else {
+    train(a, w, kSteps, "", root);
+  }
+  auto h = w->barrier();
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE(w->wait(*h, 60).ok());
+  const std::vector<double> got = train(b, ranks_of(b) == 1 ? nullptr : w, kSteps, root, "");
+  ASSERT_EQ(got.size(), static_cast<size_t>(kSteps));
+  double worst = 0;
+  for (int i = 0; i < kSteps; ++i) {
+    const double want = ref[static_cast<size_t>(kSteps + i)];
+    const double rel = std::abs(got[static_cast<size_t>(i)] - want) / std::abs(want);
+    worst = std::max(worst, rel);
+    if (bitwise) {
+      EXPECT_EQ(got[static_cast<size_t>(i)], want) << "step " << kSteps + i + 1 << ": " << a << " -> " << b;
+    } else {
+      EXPECT_LE(rel, kRelTol) << "step " << kSteps + i + 1 << ": " << a << " -> " << b << " loss "
+                              << got[static_cast<size_t>(i)] << " vs " << want;
+    }
+  }
+  h = w->barrier();
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE(w->wait(*h, 60).ok());
+  if (w->rank() == 0) {
+    std::filesystem::remove_all(root);
+    std::printf("resume %s -> %s: steps %d..%d, max relative difference %.3g%s\n", a.c_str(), b.c_str(), kSteps + 1,
+                2 * kSteps, worst, bitwise ? " (bitwise check)" : "");
+  }
+}
+
+// 2 ranks.
+TEST(Resume, SameStrategyIsBitwise) {
+  expect_resume("dp=2,zero=1,microbatches=2,mbs=1", "dp=2,zero=1,microbatches=2,mbs=1", true);
+}
+TEST(Resume, Pp2ToDp2) { expect_resume("pp=2,schedule=1f1b,microbatches=4,mbs=1", "dp=2,microbatches=2,mbs=1"); }
+TEST(Resume, Dp2Zero1ToPp2) {
+  expect_resume("dp=2,zero=1,microbatches=2,mbs=1", "pp=2,schedule=zb-h1,microbatches=4,mbs=1");
+}
+TEST(Resume, OneRankToDp2Zero2) { expect_resume(kOneRank, "dp=2,zero=2,microbatches=2,mbs=1"); }
+TEST(Resume, Dp2Zero2ToOneRank) { expect_resume("dp=2,zero=2,microbatches=2,mbs=1", kOneRank); }
+
+// 4 ranks.
+TEST(Resume4, OneRankToDp2Pp2) { expect_resume(kOneRank, "dp=2,pp=2,schedule=1f1b,microbatches=2,mbs=1"); }
+TEST(Resume4, Pp4ToOneRank) { expect_resume("pp=4,schedule=1f1b,microbatches=4,mbs=1", kOneRank); }
+TEST(Resume4, Dp2Pp2Zero1ToPp4) {
+  expect_resume("dp=2,pp=2,zero=1,schedule=1f1b,microbatches=2,mbs=1", "pp=4,schedule=zb-h1,microbatches=4,mbs=1");
+}
+
+}  // namespace
+}  // namespace piper::runtime::testing

@@ -1,0 +1,129 @@
+// Tensor-parallel slices (chunks/tp_slice.h): the slices' parameters assemble into the whole chunk's, and the
+// slices' partial outputs and input gradients sum to the whole chunk's (forward and backward), their split
+// weight gradients are the slices of the whole's and their norm-weight gradients sum to the whole's.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "piper/runtime/chunks/tp_slice.h"
+#include "piper/runtime/model.h"
+#include "piper/spec/model_loader.h"
+#include "piper/tensor/rng.h"
+
+namespace piper::runtime {
+namespace {
+
+constexpr int kTp = 2;
+
+ChunkDims tiny_dims() { return runtime_dims(load_model("tiny-moe").value()).value(); }
+
+// Rows [r0, r0 + rows) and columns [c0, c0 + cols) of the 2-D tensor `t`, flattened.
+std::vector<float> block(const Tensor& t, int64_t r0, int64_t rows, int64_t c0, int64_t cols) {
+  std::vector<float> out;
+  const int64_t w = t.shape()[1];
+  for (int64_t r = r0; r < r0 + rows; ++r) out.insert(out.end(), t.data() + r * w + c0, t.data() + r * w + c0 + cols);
+  return out;
+}
+std::vector<float> all(const Tensor& t) { return std::vector<float>(t.data(), t.data() + t.numel()); }
+
+void expect_near(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double worst = 0;
+  for (size_t i = 0; i < got.size(); ++i) worst = std::max(worst, std::abs(double(got[i]) - double(want[i])));
+  EXPECT_LE(worst, 2e-6) << what;
+}
+
+struct Run {
+  std::vector<float> y, dx;
+};
+
+// F then BW of `c` on input `x` [n, h] with output gradient `dy`.
+Run run(Chunk& c, const Tensor& x, const Tensor& dy, int64_t batch, int64_t seq) {
+  StepContext ctx;
+  std::vector<int32_t> ids(static_cast<size_t>(batch * seq), 0);
+  Microbatch mb{ids.data(), ids.data(), batch, seq};
+  Activation in;
+  in.hidden = std::make_shared<Tensor>(x.clone());
+  Activation out;
+  auto stash = c.forward(ctx, mb, {&in}, &out);
+  EXPECT_TRUE(stash.ok()) << stash.status().to_string();
+  Gradient g;
+  g.dhidden = std::make_shared<Tensor>(dy.clone());
+  Gradient dx;
+  EXPECT_TRUE(c.backward_input(ctx, {&g}, **stash, &dx).ok());
+  c.backward_weight(ctx, **stash);
+  return Run{all(*out.hidden), all(*dx.dhidden)};
+}
+
+Tensor random(int64_t n, int64_t h, uint64_t stream) {
+  Tensor t = Tensor::zeros_or_die({n, h}, MemCategory::kActivations);
+  Rng rng(7, stream);
+  fill_normal(t.data(), t.numel(), rng, 0, 0.0f, 1.0f);
+  return t;
+}
+
+void check_part(const std::string& part) {
+  const ChunkDims d = tiny_dims();
+  const int64_t batch = 2, seq = 8, n = batch * seq, h = d.hidden;
+  auto whole = make_chunk(part, 0, d, 1234, nullptr).value();
+  const Tensor x = random(n, h, 1), dy = random(n, h, 2);
+  const Run want = run(*whole, x, dy, batch, seq);
+  std::vector<float> y(want.y.size(), 0.0f), dx(want.dx.size(), 0.0f), dnorm(static_cast<size_t>(h), 0.0f);
+  for (int r = 0; r < kTp; ++r) {
+    auto slice = make_tp_slice(*whole, d, r, kTp, nullptr);
+    ASSERT_TRUE(slice.ok()) << slice.status().to_string();
+    auto& s = (*slice)->params();
+    auto& w = whole->params();
+    ASSERT_EQ(s.size(), w.size());
+    EXPECT_EQ(all(s[0].value), all(w[0].value)) << "norm weight is replicated";
+    EXPECT_FALSE(tp_param_split(s[0]));
+    if (part == "attn") {
+      const int64_t hd = d.head_dim, q = d.num_heads * hd / kTp, k = d.num_kv_heads * hd / kTp;
+      const int64_t qd = d.num_heads * hd, kd = d.num_kv_heads * hd;
+      std::vector<float> qkv = block(w[1].value, r * q, q, 0, h);
+      for (int64_t base : {qd + r * k, qd + kd + r * k}) {
+        std::vector<float> b = block(w[1].value, base, k, 0, h);
+        qkv.insert(qkv.end(), b.begin(), b.end());
+      }
+      EXPECT_EQ(all(s[1].value), qkv) << "w_qkv rows of this rank's heads";
+      EXPECT_EQ(all(s[2].value), block(w[2].value, 0, h, r * q, q)) << "wo columns of this rank's heads";
+    } else {
+      const int64_t f = w[1].value.shape()[0] / kTp;
+      EXPECT_EQ(all(s[1].value), block(w[1].value, r * f, f, 0, h));
+      EXPECT_EQ(all(s[2].value), block(w[2].value, r * f, f, 0, h));
+      EXPECT_EQ(all(s[3].value), block(w[3].value, 0, h, r * f, f));
+    }
+    const Run got = run(**slice, x, dy, batch, seq);
+    for (size_t i = 0; i < y.size(); ++i) y[i] += got.y[i];
+    for (size_t i = 0; i < dx.size(); ++i) dx[i] += got.dx[i];
+    for (int64_t i = 0; i < h; ++i) dnorm[static_cast<size_t>(i)] += s[0].grad.data()[i];
+    // Split weights: this rank's gradient is the slice of the whole chunk's.
+    if (part == "attn") {
+      const int64_t q = d.num_heads * d.head_dim / kTp;
+      expect_near(all(s[2].grad), block(w[2].grad, 0, h, r * q, q), part + " wo gradient slice");
+    } else {
+      const int64_t f = w[1].value.shape()[0] / kTp;
+      expect_near(all(s[1].grad), block(w[1].grad, r * f, f, 0, h), part + " w_gate gradient slice");
+      expect_near(all(s[3].grad), block(w[3].grad, 0, h, r * f, f), part + " w_down gradient slice");
+    }
+  }
+  expect_near(y, want.y, part + " output = sum of the slices' outputs");
+  expect_near(dx, want.dx, part + " input gradient = sum of the slices'");
+  expect_near(dnorm, all(whole->params()[0].grad), part + " norm gradient = sum of the slices'");
+}
+
+TEST(TpSlice, AttentionHeadsAssembleAndSum) { check_part("attn"); }
+TEST(TpSlice, MlpUnitsAssembleAndSum) { check_part("mlp"); }
+
+TEST(TpSlice, BadSplitIsNamed) {
+  ChunkDims d = tiny_dims();
+  auto whole = make_chunk("attn", 0, d, 1, nullptr).value();
+  auto slice = make_tp_slice(*whole, d, 0, 4, nullptr);  // 2 KV heads over 4 ranks
+  ASSERT_FALSE(slice.ok());
+  EXPECT_NE(slice.status().message().find("key/value heads"), std::string::npos) << slice.status().message();
+  auto router = make_chunk("router", 1, d, 1, nullptr).value();
+  EXPECT_FALSE(make_tp_slice(*router, d, 0, 2, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace piper::runtime
