@@ -53,7 +53,7 @@ class ExpertsChunk : public Chunk {
     const Routed& r = *st->routed;
     run_experts(*st, r.normed->data(), n * dims_.top_k);
     if (!ctx.recompute) count(r.routing, 0);
-    auto y = new_shared({n, h}, MemCategory::kActivations);
+    auto y = new_shared_output({n, h}, MemCategory::kActivations);
     kernels::unpermute_forward(y->data(), st->yp.data(), r.topk_w.data(), r.routing, h);
     const float scale = static_cast<float>(dims_.routed_scaling);
     const float* x = inputs[0]->hidden->data();
@@ -114,12 +114,12 @@ class ExpertsChunk : public Chunk {
   // Grouped SwiGLU over `rows` rows of `x` permuted by st.routing(): fills xp, g, u, hh, yp.
   void run_experts(ExpertsStash& st, const float* x, int64_t rows) {
     const int64_t h = dims_.hidden, f = dims_.expert_intermediate;
-    st.xp = new_tensor({rows, h}, MemCategory::kActivations);
+    st.xp = new_output({rows, h}, MemCategory::kActivations);
     kernels::permute_forward(st.xp.data(), x, st.routing(), h);
-    st.g = new_tensor({rows, f}, MemCategory::kActivations);
-    st.u = new_tensor({rows, f}, MemCategory::kActivations);
-    st.hh = new_tensor({rows, f}, MemCategory::kActivations);
-    st.yp = new_tensor({rows, h}, MemCategory::kActivations);
+    st.g = new_output({rows, f}, MemCategory::kActivations);
+    st.u = new_output({rows, f}, MemCategory::kActivations);
+    st.hh = new_output({rows, f}, MemCategory::kActivations);
+    st.yp = new_output({rows, h}, MemCategory::kActivations);
     kernels::expert_swiglu_forward(st.yp.data(), st.g.data(), st.u.data(), st.hh.data(), st.xp.data(), w(0), w(1),
                                    w(2), st.routing(), h, f);
   }
