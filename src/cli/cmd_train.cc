@@ -109,6 +109,7 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   t.warmup_steps = o.warmup;
   t.ranks_per_node = o.ranks_per_node;
   PIPER_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(t));
+  if (!o.save.empty()) PIPER_RETURN_IF_ERROR(trainer->checkpoint_supported("--save"));
   if (!o.resume.empty()) {
     PIPER_RETURN_IF_ERROR(trainer->resume(o.resume));
     if (!o.json && !quiet) {

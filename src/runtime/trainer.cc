@@ -176,11 +176,15 @@ Result<TrainStepStats> Trainer::step() {
 
 double Trainer::comm_timeout_s() const { return dist_ != nullptr ? dist_->timeout_s() : comm::default_timeout_s(); }
 
+Status Trainer::checkpoint_supported(const std::string& flag) const {
+  if (dist_ == nullptr || (compiled_.plan.mesh.tp == 1 && compiled_.plan.mesh.ep == 1)) return ok_status();
+  return unimplemented(flag + ": checkpoints of tensor- or expert-parallel runs are not supported yet (their slices " +
+                       "do not record their place in the whole tensor); train with tp=1 and ep=1 to save or resume " +
+                       "(docs/runtime.md)");
+}
+
 Status Trainer::save(const std::string& dir) {
-  if (dist_ != nullptr && (compiled_.plan.mesh.tp > 1 || compiled_.plan.mesh.ep > 1)) {
-    return unimplemented("--save: checkpoints of tensor- or expert-parallel runs are not supported yet (their slices do not "
-                         "record their place in the whole tensor); train with tp=1 and ep=1 to save or resume (docs/runtime.md)");
-  }
+  PIPER_RETURN_IF_ERROR(checkpoint_supported("--save"));
   CheckpointMeta meta;
   meta.step = optimizer_->step();
   meta.data = loader_->position();
@@ -248,10 +252,7 @@ Status Trainer::restore_local(CheckpointReader& reader) {
 }
 
 Status Trainer::resume(const std::string& dir) {
-  if (dist_ != nullptr && (compiled_.plan.mesh.tp > 1 || compiled_.plan.mesh.ep > 1)) {
-    return unimplemented("--resume: checkpoints of tensor- or expert-parallel runs are not supported yet (their slices do not "
-                         "record their place in the whole tensor); train with tp=1 and ep=1 to save or resume (docs/runtime.md)");
-  }
+  PIPER_RETURN_IF_ERROR(checkpoint_supported("--resume"));
   const double timeout_s = comm_timeout_s();
   Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::open(dir);
   Status st = reader.status();
