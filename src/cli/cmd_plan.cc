@@ -26,7 +26,7 @@ struct PlanOptions {
   int nodes = 1;
   int64_t global_batch = 0;
   int64_t seq_len = 4096;
-  int top_k = 5;
+  int top_k = kPlanTopK;
   int threads = 0;
   double memory_fraction = 0.95;
   std::string schedules;
@@ -37,8 +37,8 @@ struct PlanOptions {
   bool no_verify = false;
   int verify_attempts = 3;
   int simulate_top = -1;  // -1: as many as --top
-  int local_search = 8;
-  double sim_budget_s = 30;
+  int local_search = kPlanLocalSearchSteps;
+  double sim_budget_s = kPlanSimBudgetS;
   std::string solver = "cbc";
   std::string af_placement = "spread";
   int local_ranks = 0;  // > 0: plan for this many ranks on this machine (train_report.h local_cluster)

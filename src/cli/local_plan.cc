@@ -57,13 +57,13 @@ Result<AutoStrategy> auto_strategy(const ModelSpec& model, int ranks, int kernel
                                    const std::string& comm_calibration) {
   PIPER_ASSIGN_OR_RETURN(LocalMachine m, local_cluster(ranks, kernel_threads, calibration, comm_calibration));
   const TrainSpec train = local_train_spec(global_batch, seq_len);
-  // The same search as `piper plan --local-ranks R --runnable` with its defaults (5 plans re-scored by the
-  // simulator, then a local search around the best), so --strategy auto runs that command's #1.
+  // The same search as `piper plan --local-ranks R --runnable` with its defaults (the kept plans re-scored by
+  // the simulator, then a local search around the best), so --strategy auto runs that command's #1.
   plan::SearchOptions o;
-  o.top_k = 5;
+  o.top_k = kPlanTopK;
   o.simulate_top = o.top_k;
-  o.local_search_steps = 8;
-  o.simulate_budget_s = 30;
+  o.local_search_steps = kPlanLocalSearchSteps;
+  o.simulate_budget_s = kPlanSimBudgetS;
   o.calibration = m.calibration;
   o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   restrict_to_runtime(model, o.memory_fraction * static_cast<double>(m.cluster.device.memory_bytes), &o);

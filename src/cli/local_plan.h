@@ -25,6 +25,12 @@ void restrict_to_runtime(const ModelSpec& model, double capacity_bytes, plan::Se
 // The training setup of a CPU run: fp32 parameters, gradients, optimizer state and activations (the runtime's).
 TrainSpec local_train_spec(int64_t global_batch, int64_t seq_len);
 
+// `piper plan`'s defaults for how many plans it keeps and how it re-scores them with the simulator; --strategy
+// auto searches with the same ones, so it runs `piper plan --local-ranks R --runnable`'s #1.
+inline constexpr int kPlanTopK = 5;
+inline constexpr int kPlanLocalSearchSteps = 8;
+inline constexpr double kPlanSimBudgetS = 30;
+
 struct AutoStrategy {
   Strategy strategy;
   int64_t scored = 0;      // candidates the closed form scored
