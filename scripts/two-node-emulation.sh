@@ -3,7 +3,10 @@
 # (default 1 Gbit/s per direction), OpenMPI ranks in each (shared memory inside a node, TCP across), running
 # `piper bench comm` (or any command given after --). Needs root. Cleans up namespaces and its processes on exit.
 #
-#   scripts/two-node-emulation.sh [--rate 1gbit] [--ranks-per-node 4] [--bin build/src/cli/piper] [-- ARGS...]
+#   scripts/two-node-emulation.sh [--rate 1gbit] [--ranks-per-node 4] [--bin build/src/cli/piper]
+#                                 [--mca NAME VALUE]... [-- ARGS...]
+#
+# --mca passes an extra OpenMPI parameter to every rank (e.g. --mca btl_tcp_links 4).
 #
 # ARGS default to a bench of plain all-to-all at 64 KiB..1 MiB per pair and a MoE dispatch (top-4 of 16
 # experts). The recipe and the measured link rates are in ../shared/reference/build_machine.md §6 and
@@ -14,11 +17,13 @@ RATE=1gbit
 PER_NODE=4
 BIN=build/src/cli/piper
 ARGS=()
+EXTRA_MCA=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --rate) RATE=$2; shift 2 ;;
     --ranks-per-node) PER_NODE=$2; shift 2 ;;
     --bin) BIN=$2; shift 2 ;;
+    --mca) EXTRA_MCA+=(--mca "$2" "$3"); shift 3 ;;
     --) shift; ARGS=("$@"); break ;;
     *) echo "two-node-emulation: unknown argument '$1'; see the header of $0" >&2; exit 2 ;;
   esac
@@ -88,6 +93,7 @@ NP=$((2 * PER_NODE))
 echo "two-node-emulation: 2 nodes x $PER_NODE ranks, link $RATE (tbf), command: piper ${ARGS[*]}" >&2
 MPIRUN=(mpirun --allow-run-as-root --hostfile "$WORK/hostfile" -np "$NP" --map-by "ppr:$PER_NODE:node"
         --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 --mca plm_rsh_agent "$WORK/launch.sh"
-        --mca btl self,vader,tcp --mca btl_tcp_if_include 10.200.0.0/24 --mca oob_tcp_if_include 10.200.0.0/24)
+        --mca btl self,vader,tcp --mca btl_tcp_if_include 10.200.0.0/24 --mca oob_tcp_if_include 10.200.0.0/24
+        ${EXTRA_MCA[@]+"${EXTRA_MCA[@]}"})
 CMD=$(printf '%q ' "${MPIRUN[@]}" "$BIN" "${ARGS[@]}")
 ip netns exec moeA unshare --uts sh -c "hostname nodeA; $CMD"

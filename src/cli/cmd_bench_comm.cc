@@ -18,8 +18,9 @@ namespace {
 struct BenchCommFlags {
   int ranks = 8;
   int ranks_per_node = 0;  // 0 = ranks / 2 (two emulated nodes)
-  int lanes = 1;
+  int lanes = 0;           // 0 = ranks per node (one NIC per rank, the rail layout of DGX H100/H800 nodes)
   std::string sizes = "4KiB,64KiB,256KiB,1MiB";
+  std::string halo_direct = "64KiB";
   int iterations = 10;
   int64_t tokens = 512;
   int64_t token_bytes = 4096;
@@ -66,6 +67,16 @@ Status run_bench(const BenchCommFlags& f) {
   options.num_experts = f.experts;
   options.top_k = f.top_k;
   options.calibrate = !f.no_calibrate;
+  if (trim(f.halo_direct) == "0") {
+    options.halo_direct_pair_bytes = 0;
+  } else {
+    auto direct = parse_size(f.halo_direct);
+    if (!direct.ok()) {
+      return invalid_argument("--halo-direct: '" + f.halo_direct + "' is not a size; use 0 (batch every block) " +
+                              "or e.g. 64KiB");
+    }
+    options.halo_direct_pair_bytes = *direct;
+  }
   options.bytes_per_pair.clear();
   for (const std::string& s : split(f.sizes, ',')) {
     PIPER_ASSIGN_OR_RETURN(size_t bytes, parse_size(s));
@@ -95,6 +106,7 @@ Status run_bench(const BenchCommFlags& f) {
     mpi_options.track_arrivals = false;  // time the raw MPI collective
     PIPER_ASSIGN_OR_RETURN(auto world, comm::mpi_world(mpi_options));
     options.ranks_per_node = f.ranks_per_node > 0 ? f.ranks_per_node : std::max(1, world->size() / 2);
+    if (f.lanes == 0) options.lanes = options.ranks_per_node;
     PIPER_ASSIGN_OR_RETURN(comm::CommBenchReport report, comm::run_comm_bench(*world, options));
     if (world->rank() != 0) return ok_status();
     if (!f.calibration_out.empty()) {
@@ -113,33 +125,37 @@ Status run_bench(const BenchCommFlags& f) {
   return finalized;
 }
 
-PIPER_REGISTER_BENCH(g_bench_comm, "comm",
-                     "All-to-all, MoE dispatch and combine: MPI_Alltoallv vs pairwise vs HALO; alpha-beta calibration",
-                     [](CLI::App* sub) {
-                       auto f = std::make_shared<BenchCommFlags>();
-                       sub->add_option("--ranks", f->ranks, "ranks to launch when not already under mpirun")
-                           ->capture_default_str();
-                       sub->add_option("--ranks-per-node", f->ranks_per_node,
-                                       "ranks per (emulated) node for HALO; default ranks / 2");
-                       sub->add_option("--lanes", f->lanes, "HALO lanes per node (NICs); 1 = one proxy per node pair")
-                           ->capture_default_str();
-                       sub->add_option("--sizes", f->sizes, "bytes per pair, comma separated (4096, 64KiB, 1MiB)")
-                           ->capture_default_str();
-                       sub->add_option("--iterations", f->iterations, "timed iterations per point")->capture_default_str();
-                       sub->add_option("--tokens", f->tokens, "MoE dispatch: tokens per rank (0 skips)")
-                           ->capture_default_str();
-                       sub->add_option("--token-bytes", f->token_bytes, "MoE dispatch/combine: bytes per token (multiple of 4)")
-                           ->capture_default_str();
-                       sub->add_option("--experts", f->experts, "MoE dispatch: experts")->capture_default_str();
-                       sub->add_option("--top-k", f->top_k, "MoE dispatch: experts per token")->capture_default_str();
-                       sub->add_option("--calibration-out", f->calibration_out,
-                                       "write the measured alpha-beta figures to this JSON file");
-                       sub->add_flag("--no-calibrate", f->no_calibrate, "skip the ping-pong calibration");
-                       sub->add_option("--mpirun-args", f->mpirun_args,
-                                       "extra mpirun arguments when launching (e.g. \"--hostfile h.txt\")");
-                       sub->add_flag("--json", f->json, "print one JSON object");
-                       return std::function<Status()>([f] { return run_bench(*f); });
-                     });
+PIPER_REGISTER_BENCH(
+    g_bench_comm, "comm",
+    "All-to-all, MoE dispatch and combine: MPI_Alltoallv vs pairwise vs HALO; alpha-beta calibration",
+    [](CLI::App* sub) {
+      auto f = std::make_shared<BenchCommFlags>();
+      sub->add_option("--ranks", f->ranks, "ranks to launch when not already under mpirun")->capture_default_str();
+      sub->add_option("--ranks-per-node", f->ranks_per_node, "ranks per (emulated) node for HALO; default ranks / 2");
+      sub->add_option("--lanes", f->lanes,
+                      "HALO lanes per node (NICs); 1 = one proxy per node pair, 0 = one per rank (a NIC "
+                      "per GPU, as DGX H100/H800 rails)")
+          ->capture_default_str();
+      sub->add_option("--halo-direct", f->halo_direct,
+                      "HALO all-to-all: blocks between nodes of at least this size go directly, "
+                      "not through the proxies (0: batch all)")
+          ->capture_default_str();
+      sub->add_option("--sizes", f->sizes, "bytes per pair, comma separated (4096, 64KiB, 1MiB)")
+          ->capture_default_str();
+      sub->add_option("--iterations", f->iterations, "timed iterations per point")->capture_default_str();
+      sub->add_option("--tokens", f->tokens, "MoE dispatch: tokens per rank (0 skips)")->capture_default_str();
+      sub->add_option("--token-bytes", f->token_bytes, "MoE dispatch/combine: bytes per token (multiple of 4)")
+          ->capture_default_str();
+      sub->add_option("--experts", f->experts, "MoE dispatch: experts")->capture_default_str();
+      sub->add_option("--top-k", f->top_k, "MoE dispatch: experts per token")->capture_default_str();
+      sub->add_option("--calibration-out", f->calibration_out,
+                      "write the measured alpha-beta figures to this JSON file");
+      sub->add_flag("--no-calibrate", f->no_calibrate, "skip the ping-pong calibration");
+      sub->add_option("--mpirun-args", f->mpirun_args,
+                      "extra mpirun arguments when launching (e.g. \"--hostfile h.txt\")");
+      sub->add_flag("--json", f->json, "print one JSON object");
+      return std::function<Status()>([f] { return run_bench(*f); });
+    });
 
 }  // namespace
 }  // namespace piper::cli

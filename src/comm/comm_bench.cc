@@ -25,8 +25,9 @@ Status CommBenchOptions::validate(int world_size) const {
     return invalid_argument("bench comm: --top-k=" + std::to_string(top_k) + " must be in [1, min(experts, 255)]");
   }
   if (tokens_per_rank < 0 || token_bytes < 4 || token_bytes % 4 != 0) {
-    return invalid_argument("bench comm: --tokens must be >= 0 and --token-bytes a positive multiple of 4 (the "
-                            "combine moves rows of token_bytes / 4 floats)");
+    return invalid_argument(
+        "bench comm: --tokens must be >= 0 and --token-bytes a positive multiple of 4 (the "
+        "combine moves rows of token_bytes / 4 floats)");
   }
   return ok_status();
 }
@@ -76,8 +77,8 @@ Result<double> ping_pong(Communicator& w, int a, int b, size_t bytes, int iterat
       if (i == 1) t0 = Clock::now();  // the first exchange is a warm-up
       for (int step = 0; step < 2; ++step) {
         bool sending = (me == a) == (step == 0);
-        PIPER_ASSIGN_OR_RETURN(Handle h, sending ? w.isend(buf.data(), bytes, peer, 3)
-                                                 : w.irecv(buf.data(), bytes, peer, 3));
+        PIPER_ASSIGN_OR_RETURN(Handle h,
+                               sending ? w.isend(buf.data(), bytes, peer, 3) : w.irecv(buf.data(), bytes, peer, 3));
         PIPER_RETURN_IF_ERROR(w.wait(h, kTimeoutS));
       }
     }
@@ -116,10 +117,17 @@ MoeRouting random_routing(const CommBenchOptions& o, int rank, int ranks) {
 }
 
 Result<HaloPhases> summarize(Communicator& w, const HaloExchangeStats& s) {
-  std::vector<double> mine = {s.metadata_s, s.pack_s, s.posted_s, s.batches_out_s, s.batches_in_s, s.total_s, s.scatter_s,
+  std::vector<double> mine = {s.metadata_s,
+                              s.pack_s,
+                              s.posted_s,
+                              s.batches_out_s,
+                              s.batches_in_s,
+                              s.total_s,
+                              s.scatter_s,
                               static_cast<double>(s.messages_intra),
                               static_cast<double>(s.messages_inter),
-                              static_cast<double>(s.bytes_intra), static_cast<double>(s.bytes_inter),
+                              static_cast<double>(s.bytes_intra),
+                              static_cast<double>(s.bytes_inter),
                               static_cast<double>(s.idle_rounds)};
   std::vector<double> all(mine.size() * w.size());
   PIPER_ASSIGN_OR_RETURN(Handle h, w.all_gather(mine.data(), all.data(), mine.size() * sizeof(double)));
@@ -144,12 +152,17 @@ Result<HaloPhases> summarize(Communicator& w, const HaloExchangeStats& s) {
 }
 
 OrderedJson phases_json(const HaloPhases& h) {
-  return {{"metadata_s", h.metadata_s},         {"pack_s", h.pack_s},
-          {"posted_s", h.posted_s},             {"batches_out_s", h.batches_out_s},
-          {"batches_in_s", h.batches_in_s},     {"scatter_s", h.scatter_s},
+  return {{"metadata_s", h.metadata_s},
+          {"pack_s", h.pack_s},
+          {"posted_s", h.posted_s},
+          {"batches_out_s", h.batches_out_s},
+          {"batches_in_s", h.batches_in_s},
+          {"scatter_s", h.scatter_s},
           {"exchange_s", h.exchange_s},
-          {"messages_intra", h.messages_intra}, {"messages_inter", h.messages_inter},
-          {"bytes_intra", h.bytes_intra},       {"bytes_inter", h.bytes_inter},
+          {"messages_intra", h.messages_intra},
+          {"messages_inter", h.messages_inter},
+          {"bytes_intra", h.bytes_intra},
+          {"bytes_inter", h.bytes_inter},
           {"max_idle_rounds", h.idle_rounds}};
 }
 
@@ -160,9 +173,9 @@ std::string phases_text(const HaloPhases& h) {
                 "scattered by %s (scatter copies %s), done %s; inter-node %lld msgs %s, intra-node %lld msgs %s\n",
                 format_seconds(h.metadata_s).c_str(), format_seconds(h.pack_s).c_str(),
                 format_seconds(h.batches_out_s).c_str(), format_seconds(h.batches_in_s).c_str(),
-                format_seconds(h.scatter_s).c_str(), format_seconds(h.exchange_s).c_str(), static_cast<long long>(h.messages_inter),
-                format_bytes(static_cast<double>(h.bytes_inter)).c_str(), static_cast<long long>(h.messages_intra),
-                format_bytes(static_cast<double>(h.bytes_intra)).c_str());
+                format_seconds(h.scatter_s).c_str(), format_seconds(h.exchange_s).c_str(),
+                static_cast<long long>(h.messages_inter), format_bytes(static_cast<double>(h.bytes_inter)).c_str(),
+                static_cast<long long>(h.messages_intra), format_bytes(static_cast<double>(h.bytes_intra)).c_str());
   return line;
 }
 
@@ -181,16 +194,18 @@ Result<CombineTiming> bench_combine(Communicator& world, HaloContext& halo, cons
   std::vector<float> flat_y, halo_y;
   CombineTiming c;
   PIPER_ASSIGN_OR_RETURN(c.mpi_s, time_op(world, o, [&]() -> Status {
-    PIPER_ASSIGN_OR_RETURN(flat_y, flat_combine(world, outputs, hidden, routing, weights,
-                                                FlatDispatchKind::kMpiAllToAllV, kTimeoutS));
-    return ok_status();
-  }));
+                           PIPER_ASSIGN_OR_RETURN(flat_y, flat_combine(world, outputs, hidden, routing, weights,
+                                                                       FlatDispatchKind::kMpiAllToAllV, kTimeoutS));
+                           return ok_status();
+                         }));
   PIPER_ASSIGN_OR_RETURN(c.halo_s, time_op(world, o, [&]() -> Status {
-    PIPER_ASSIGN_OR_RETURN(halo_y, halo_combine(halo, outputs, hidden, routing, weights, kTimeoutS));
-    return ok_status();
-  }));
+                           PIPER_ASSIGN_OR_RETURN(halo_y,
+                                                  halo_combine(halo, outputs, hidden, routing, weights, kTimeoutS));
+                           return ok_status();
+                         }));
   double diff = 0;
-  for (size_t i = 0; i < flat_y.size(); ++i) diff = std::max(diff, static_cast<double>(std::fabs(flat_y[i] - halo_y[i])));
+  for (size_t i = 0; i < flat_y.size(); ++i)
+    diff = std::max(diff, static_cast<double>(std::fabs(flat_y[i] - halo_y[i])));
   if (flat_y.size() != halo_y.size() || diff > 1e-4) {
     return internal_error("bench comm: HALO combine differs from the flat combine by " + std::to_string(diff) +
                           " on rank " + std::to_string(world.rank()));
@@ -215,10 +230,12 @@ Result<CommBenchReport> run_comm_bench(Communicator& world, const CommBenchOptio
   const int p = world.size(), me = world.rank();
   PIPER_ASSIGN_OR_RETURN(NodeTopology topo, NodeTopology::create(p, o.ranks_per_node, o.lanes));
   PIPER_ASSIGN_OR_RETURN(auto halo, HaloContext::create(world, topo));
+  halo->set_direct_pair_bytes(o.halo_direct_pair_bytes);
   CommBenchReport report;
   report.ranks = p;
   report.ranks_per_node = o.ranks_per_node;
   report.lanes = o.lanes;
+  report.halo_direct_pair_bytes = o.halo_direct_pair_bytes;
   report.options = o;
 
   for (size_t per_pair : o.bytes_per_pair) {
@@ -228,15 +245,16 @@ Result<CommBenchReport> run_comm_bench(Communicator& world, const CommBenchOptio
     AllToAllTiming row;
     row.bytes_per_pair = per_pair;
     PIPER_ASSIGN_OR_RETURN(row.mpi_s, time_op(world, o, [&]() -> Status {
-      PIPER_ASSIGN_OR_RETURN(Handle h, world.all_to_all_v(send.data(), counts, recv.data(), counts));
-      return world.wait(h, kTimeoutS);
-    }));
+                             PIPER_ASSIGN_OR_RETURN(Handle h,
+                                                    world.all_to_all_v(send.data(), counts, recv.data(), counts));
+                             return world.wait(h, kTimeoutS);
+                           }));
     PIPER_ASSIGN_OR_RETURN(row.pairwise_s, time_op(world, o, [&]() {
-      return pairwise_all_to_all_v(world, send.data(), counts, recv.data(), counts, kTimeoutS);
-    }));
+                             return pairwise_all_to_all_v(world, send.data(), counts, recv.data(), counts, kTimeoutS);
+                           }));
     PIPER_ASSIGN_OR_RETURN(row.halo_s, time_op(world, o, [&]() {
-      return halo_all_to_all_v(*halo, send.data(), counts, recv.data(), counts, kTimeoutS);
-    }));
+                             return halo_all_to_all_v(*halo, send.data(), counts, recv.data(), counts, kTimeoutS);
+                           }));
     PIPER_ASSIGN_OR_RETURN(row.halo_phases, summarize(world, halo->last_stats()));
     report.all_to_all.push_back(row);
   }
@@ -249,12 +267,12 @@ Result<CommBenchReport> run_comm_bench(Communicator& world, const CommBenchOptio
     DispatchResult flat_rows, halo_rows;
     std::vector<uint8_t> flat_pack;
     PIPER_ASSIGN_OR_RETURN(report.dispatch.mpi_s, time_op(world, o, [&]() {
-      return flat_dispatch(world, tokens.data(), o.token_bytes, routing, FlatDispatchKind::kMpiAllToAllV,
-                           kTimeoutS, &flat_rows, &flat_pack);
-    }));
+                             return flat_dispatch(world, tokens.data(), o.token_bytes, routing,
+                                                  FlatDispatchKind::kMpiAllToAllV, kTimeoutS, &flat_rows, &flat_pack);
+                           }));
     PIPER_ASSIGN_OR_RETURN(report.dispatch.halo_s, time_op(world, o, [&]() {
-      return halo_dispatch(*halo, tokens.data(), o.token_bytes, routing, kTimeoutS, &halo_rows);
-    }));
+                             return halo_dispatch(*halo, tokens.data(), o.token_bytes, routing, kTimeoutS, &halo_rows);
+                           }));
     PIPER_ASSIGN_OR_RETURN(report.dispatch.halo_phases, summarize(world, halo->last_stats()));
     if (flat_rows.rows != halo_rows.rows) {
       return internal_error("bench comm: HALO dispatch and flat dispatch delivered different bytes on rank " +
@@ -300,6 +318,7 @@ OrderedJson to_json(const CommBenchReport& r) {
   j["ranks"] = r.ranks;
   j["ranks_per_node"] = r.ranks_per_node;
   j["lanes"] = r.lanes;
+  j["halo_direct_pair_bytes"] = r.halo_direct_pair_bytes;
   j["iterations"] = r.options.iterations;
   OrderedJson rows = OrderedJson::array();
   for (const AllToAllTiming& t : r.all_to_all) {
@@ -373,7 +392,8 @@ std::string to_text(const CommBenchReport& r) {
   std::ostringstream os;
   char line[256];
   os << "piper bench comm: " << r.ranks << " ranks, " << r.ranks_per_node << " per node, " << r.lanes
-     << " lane(s); median of " << r.options.iterations << " iterations, slowest rank\n";
+     << " lane(s), HALO sends remote blocks of >= " << format_bytes(static_cast<double>(r.halo_direct_pair_bytes))
+     << " directly (0 B: none); median of " << r.options.iterations << " iterations, slowest rank\n";
   std::snprintf(line, sizeof(line), "%12s %14s %14s %14s %10s\n", "bytes/pair", "MPI busbw", "pairwise busbw",
                 "HALO busbw", "HALO/MPI");
   os << line;

@@ -24,6 +24,8 @@ namespace piper::comm {
 struct CommBenchOptions {
   int ranks_per_node = 1;
   int lanes = 1;
+  // HaloContext::direct_pair_bytes of the HALO runs (remote blocks at least this big bypass the proxies).
+  size_t halo_direct_pair_bytes = 64 * 1024;
   std::vector<size_t> bytes_per_pair = {4096, 65536, 262144, 1048576};
   int iterations = 10;
   int warmup = 2;
@@ -79,6 +81,7 @@ struct LinkFit {
 
 struct CommBenchReport {
   int ranks = 0, ranks_per_node = 0, lanes = 0;
+  size_t halo_direct_pair_bytes = 0;
   std::vector<AllToAllTiming> all_to_all;
   DispatchTiming dispatch;
   CombineTiming combine;

@@ -47,16 +47,21 @@ TEST(HaloAllToAll, EqualsFlatForEveryLayout) {
     ASSERT_TRUE(ctx.ok()) << ctx.status().to_string();
     std::vector<std::pair<SizeFn, uint64_t>> cases = {{uneven, 0}, {zero_and_silent, 0}};
     for (uint64_t seed = 1; seed <= 3; ++seed) cases.push_back({random_sizes, seed});
-    for (auto [fn, seed] : cases) {
-      auto c = make_all_to_all_case(w->rank(), w->size(), fn, seed);
-      std::vector<uint8_t> halo(c.expected.size(), 0xEE), flat(c.expected.size(), 0xDD);
-      Status s = halo_all_to_all_v(**ctx, c.send.data(), c.send_bytes, halo.data(), c.recv_bytes, kTestTimeoutS);
-      ASSERT_TRUE(s.ok()) << s.to_string();
-      EXPECT_EQ(halo, c.expected) << "G=" << layout.ranks_per_node << " lanes=" << layout.lanes << " seed=" << seed;
-      s = pairwise_all_to_all_v(*w, c.send.data(), c.send_bytes, flat.data(), c.recv_bytes, kTestTimeoutS);
-      ASSERT_TRUE(s.ok()) << s.to_string();
-      EXPECT_EQ(flat, c.expected);
-    }
+    // Remote blocks of at least `direct` bytes bypass the proxies: none (0), the default (every block here is
+    // smaller), a mix (blocks of 500..4999 bytes go directly, smaller ones are batched), all (1).
+    for (size_t direct : {size_t{0}, kDefaultHaloDirectPairBytes, size_t{500}, size_t{1}})
+      for (auto [fn, seed] : cases) {
+        (*ctx)->set_direct_pair_bytes(direct);
+        auto c = make_all_to_all_case(w->rank(), w->size(), fn, seed);
+        std::vector<uint8_t> halo(c.expected.size(), 0xEE), flat(c.expected.size(), 0xDD);
+        Status s = halo_all_to_all_v(**ctx, c.send.data(), c.send_bytes, halo.data(), c.recv_bytes, kTestTimeoutS);
+        ASSERT_TRUE(s.ok()) << s.to_string();
+        EXPECT_EQ(halo, c.expected) << "G=" << layout.ranks_per_node << " lanes=" << layout.lanes << " seed=" << seed
+                                    << " direct=" << direct;
+        s = pairwise_all_to_all_v(*w, c.send.data(), c.send_bytes, flat.data(), c.recv_bytes, kTestTimeoutS);
+        ASSERT_TRUE(s.ok()) << s.to_string();
+        EXPECT_EQ(flat, c.expected);
+      }
   }
 }
 
@@ -147,8 +152,8 @@ TEST(HaloDispatch, EqualsFlatDispatchByteForByte) {
                                       << " lanes=" << layout.lanes;
       EXPECT_EQ(halo->rows_from, flat->rows_from);
       DispatchTraffic traffic = dispatch_traffic(*topo, me, kTokenBytes, routing);
-      EXPECT_LE(traffic.halo_internode_bytes,
-                traffic.flat_internode_bytes / static_cast<int64_t>(kTokenBytes) * (kTokenBytes + layout.ranks_per_node));
+      EXPECT_LE(traffic.halo_internode_bytes, traffic.flat_internode_bytes / static_cast<int64_t>(kTokenBytes) *
+                                                  (kTokenBytes + layout.ranks_per_node));
     }
   }
 }
