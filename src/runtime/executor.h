@@ -91,6 +91,16 @@ class Executor {
   // The flat range [begin, end) of `chunk`'s trainable elements (its trainable parameters in order, as one
   // vector) whose optimizer state this rank updates: its ZeRO shard, or the whole chunk. For checkpoints.
   std::pair<int64_t, int64_t> update_range(const Chunk& chunk) const;
+  // ZeRO-3: the chunk's trainable parameters are sharded; between uses their `value` is empty and this rank keeps
+  // flat elements [begin, end) of each (begin == end: none) in `values`. One entry per trainable parameter, in
+  // order; empty for a chunk whose parameters are whole. For checkpoints.
+  struct ParamShard {
+    const Param* param = nullptr;
+    Shape shape;  // the parameter's (its box's) shape
+    Tensor* values = nullptr;
+    int64_t begin = 0, end = 0;
+  };
+  std::vector<ParamShard> param_shards(const Chunk& chunk);
 
  private:
   struct Impl;
