@@ -289,12 +289,18 @@ Status Executor::Impl::compute(const Task& t) {
   if (t.grad_index >= 0 && shard != shards.end() && shard->second.per_microbatch) {
     // ZeRO-2/3: the previous microbatch's gradient must have left the full tensors before this one accumulates
     // into them; they are then allocated again, zero.
+    // At most kFullGradWindow chunks hold a full gradient at once (the one accumulating and the one its
+    // reduce-scatter is about to take), so that compute running ahead of the reductions does not materialise
+    // every chunk's gradient (the resource model's gradient bucket).
     std::unique_lock<std::mutex> lock(mu);
-    if (!cv.wait_for(lock, kWaitTimeout, [&] { return packs_done[t.chunk] >= t.grad_index || failed; })) {
+    if (!cv.wait_for(lock, kWaitTimeout, [&] {
+          return (packs_done[t.chunk] >= t.grad_index && full_grads_live < kFullGradWindow) || failed;
+        })) {
       return deadline_exceeded("'" + label + "' waited 600 s for the reduce-scatter of the previous microbatch");
     }
     if (failed) return ok_status();
     materialize_grads(t.chunk, shard->second);
+    ++full_grads_live;
   }
   PIPER_RETURN_IF_ERROR(tp_context(t, &ctx, nullptr));
   Stash* stash = nullptr;
@@ -488,6 +494,7 @@ Result<StepResult> Executor::run_step(const Batch& batch) {
   m.reductions_done = 0;
   m.packs_done.clear();
   m.shard_reductions.clear();
+  m.full_grads_live = 0;
   for (auto& [chunk, sh] : m.shards) {
     if (sh.per_microbatch) sh.grad.fill(0.0f);
     if (sh.gathered > 0) {  // left by a failed step: re-shard

@@ -305,6 +305,7 @@ Status Executor::Impl::reduce_scatter(const Task& t) {
     for (Param& p : t.chunk->params()) {
       if (p.trainable) p.grad = Tensor();
     }
+    --full_grads_live;
     ++packs_done[t.chunk];
     cv.notify_all();
   }

@@ -115,6 +115,8 @@ struct Executor::Impl {
   int64_t reductions_done = 0;
   std::map<const Chunk*, int> packs_done;  // ZeRO-2: microbatch gradients taken out of the full buffer
   std::map<const Chunk*, int> shard_reductions;
+  int full_grads_live = 0;  // ZeRO-2/3: chunks whose full gradient tensors exist (at most kFullGradWindow)
+  static constexpr int kFullGradWindow = 2;
   bool norm_done = false;
   double grad_norm = 0;
   bool failed = false;
