@@ -267,12 +267,12 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     // The largest layer's parameters that ZeRO shards: experts only when they are replicated (edp > 1); with
     // ep == dp each rank's experts are its own, never gathered or reduce-scattered.
     const double sharded_experts = expert_shard > 1 ? local_experts * table_.expert_params / s.etp : 0.0;
-    const double largest_layer = s.dp <= 1 ? 0.0
-                                           : table_.attention_params / s.tp +
-                                                 std::max(n_dense > 0 ? table_.dense_mlp_params / s.tp : 0.0,
-                                                          n_moe > 0 ? table_.shared_params / s.tp +
-                                                                          table_.router_params + sharded_experts
-                                                                    : 0.0);
+    const double largest_layer =
+        s.dp <= 1
+            ? 0.0
+            : table_.attention_params / s.tp +
+                  std::max(n_dense > 0 ? table_.dense_mlp_params / s.tp : 0.0,
+                           n_moe > 0 ? table_.shared_params / s.tp + table_.router_params + sharded_experts : 0.0);
     // ZeRO-2/3: the full gradients of the chunks between their weight-gradient task and their per-microbatch
     // reduce-scatter; ZeRO-3: the gathered parameters of the task running and the one prefetched. The runtime
     // and the compiler's prefetch window hold two consecutive chunks (attention and FFN: about one layer).

@@ -1,6 +1,6 @@
 // The executor's communication instructions (multi-rank programs); see executor.h and docs/runtime.md.
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <thread>
 #include <type_traits>
@@ -140,8 +140,8 @@ Status Executor::Impl::shard_state() {
         // ZeRO-3: keep this rank's elements; the whole tensor exists only between an all-gather and the free of
         // its plan buffer.
         const int64_t n = p.value.numel(), lo = std::max(sh.begin, offset), hi = std::min(sh.end, offset + n);
-        PIPER_ASSIGN_OR_RETURN(Tensor mine, Tensor::zeros({std::max<int64_t>(0, hi - lo)}, MemCategory::kParameters,
-                                                          allocator));
+        PIPER_ASSIGN_OR_RETURN(Tensor mine,
+                               Tensor::zeros({std::max<int64_t>(0, hi - lo)}, MemCategory::kParameters, allocator));
         if (lo < hi) std::copy(p.value.data() + (lo - offset), p.value.data() + (hi - offset), mine.data());
         sh.values.push_back(std::move(mine));
         p.value = Tensor();

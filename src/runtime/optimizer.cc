@@ -78,8 +78,7 @@ void Optimizer::shard(const Chunk& chunk, int64_t begin, int64_t end) {
   }
 }
 
-void Optimizer::update_range(Chunk& chunk, int64_t begin, int64_t end, const float* grad,
-                             std::vector<Tensor>* values) {
+void Optimizer::update_range(Chunk& chunk, int64_t begin, int64_t end, const float* grad, std::vector<Tensor>* values) {
   PIPER_CHECK(step_ >= 1, "Optimizer::update_range before begin_step");
   kernels::AdamWConfig cfg;
   cfg.lr = learning_rate();
@@ -102,8 +101,8 @@ void Optimizer::update_range(Chunk& chunk, int64_t begin, int64_t end, const flo
                   " has the wrong size");
       float* value = values != nullptr ? (*values)[index].data() : p.value.data() + a;
       const float* g = grad != nullptr ? grad + (lo - begin) : p.grad.data() + a;
-      kernels::adamw_step(value, g, mo.m.data() + (a - mo.begin), mo.v.data() + (a - mo.begin), hi - lo, cfg,
-                          step_, clip_scale_, p.decay);
+      kernels::adamw_step(value, g, mo.m.data() + (a - mo.begin), mo.v.data() + (a - mo.begin), hi - lo, cfg, step_,
+                          clip_scale_, p.decay);
     }
     offset += n;
     ++index;

@@ -37,9 +37,9 @@ TrainOptions options(const std::string& strategy) {
 
 struct Run {
   std::vector<double> losses;
-  int64_t peak_bytes = 0;         // the rank's MemoryTracker peak over the run (every tensor)
-  double predicted_bytes = 0;     // the resource model's for the rank's pipeline stage
-  std::string breakdown;          // per category: measured peak / modelled, MiB
+  int64_t peak_bytes = 0;      // the rank's MemoryTracker peak over the run (every tensor)
+  double predicted_bytes = 0;  // the resource model's for the rank's pipeline stage
+  std::string breakdown;       // per category: measured peak / modelled, MiB
 };
 
 Run run(const TrainOptions& o, int steps) {
@@ -61,8 +61,8 @@ Run run(const TrainOptions& o, int steps) {
   const char* names[] = {"params", "grads", "optimizer", "activations", "buffers"};
   char buf[96];
   for (int c = 0; c < 5; ++c) {
-    std::snprintf(buf, sizeof(buf), " %s %.2f/%.2f", names[c], static_cast<double>(m.peak_bytes[static_cast<size_t>(c)]) / (1 << 20),
-                  model[c] / (1 << 20));
+    std::snprintf(buf, sizeof(buf), " %s %.2f/%.2f", names[c],
+                  static_cast<double>(m.peak_bytes[static_cast<size_t>(c)]) / (1 << 20), model[c] / (1 << 20));
     out.breakdown += buf;
   }
   return out;
@@ -92,8 +92,8 @@ void expect_parity(const std::string& strategy, const std::string& reference, in
                             << ref[i];
   }
   const double mem_ratio = static_cast<double>(r.peak_bytes) / r.predicted_bytes;
-  EXPECT_NEAR(mem_ratio, 1.0, kMemTol) << strategy << " rank " << (*world)->rank() << ": peak memory "
-                                       << r.peak_bytes << " B vs the resource model's " << r.predicted_bytes << " B";
+  EXPECT_NEAR(mem_ratio, 1.0, kMemTol) << strategy << " rank " << (*world)->rank() << ": peak memory " << r.peak_bytes
+                                       << " B vs the resource model's " << r.predicted_bytes << " B";
   std::printf("parity %s rank %d: peak memory %.2f MiB, model %.2f MiB (x%.3f); by category, peak/model MiB:%s\n",
               strategy.c_str(), (*world)->rank(), static_cast<double>(r.peak_bytes) / (1 << 20),
               r.predicted_bytes / (1 << 20), mem_ratio, r.breakdown.c_str());

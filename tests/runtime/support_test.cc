@@ -22,8 +22,7 @@ TEST(RuntimeSupport, ParityStrategiesAreRunnable) {
   for (const char* s :
        {"dp=2,microbatches=2", "pp=2,schedule=1f1b,microbatches=4", "pp=2,schedule=zb-h1,microbatches=4",
         "pp=2,schedule=dualpipev,microbatches=4", "dp=2,zero=1,microbatches=2", "dp=2,zero=2,microbatches=2",
-        "dp=2,zero=3,microbatches=2",
-        "dp=2,pp=2,microbatches=2", "pp=2,vpp=2,schedule=interleaved,microbatches=4",
+        "dp=2,zero=3,microbatches=2", "dp=2,pp=2,microbatches=2", "pp=2,vpp=2,schedule=interleaved,microbatches=4",
         "pp=2,schedule=gpipe,recompute=full,microbatches=4"}) {
     EXPECT_TRUE(check_runnable(parse(s)).ok()) << s << ": " << check_runnable(parse(s)).to_string();
   }
