@@ -296,7 +296,9 @@ Status Executor::Impl::compute(const Task& t) {
     if (!cv.wait_for(lock, kWaitTimeout, [&] {
           return (packs_done[t.chunk] >= t.grad_index && full_grads_live < kFullGradWindow) || failed;
         })) {
-      return deadline_exceeded("'" + label + "' waited 600 s for the reduce-scatter of the previous microbatch");
+      return deadline_exceeded("'" + label + "' waited 600 s for the gradient reduce-scatter of its previous " +
+                               "microbatch or of earlier chunks (ZeRO-2/3 keep at most " +
+                               std::to_string(kFullGradWindow) + " full gradients)");
     }
     if (failed) return ok_status();
     materialize_grads(t.chunk, shard->second);
