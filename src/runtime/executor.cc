@@ -147,15 +147,10 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
               const ir::NodeKind src_kind = graph.node(ed.src).kind;
               const bool exchanged = src_kind == ir::NodeKind::kRecv || src_kind == ir::NodeKind::kAllToAll ||
                                      detail::is_tp_exchange(graph.node(ed.src));
-              // ZeRO-3: the parameter all-gather before the task (executor_comm.cc); no message.
-              if (src_kind == ir::NodeKind::kAllGather && !exchanged) {
-                if (n.recompute) {
-                  return unimplemented("executor: '" + in.label + "' recomputes a chunk whose parameters are " +
-                                       "sharded (zero=3); the runtime does not gather them for the re-run yet: " +
-                                       "use recompute=none with zero=3, or zero<=2");
-                }
-                continue;
-              }
+              // ZeRO-3: the parameter all-gather before the task (executor_comm.cc); no message. A recomputed
+              // forward re-runs right before its backward, after the wait for that backward's all-gather, and
+              // uses those gathered parameters.
+              if (src_kind == ir::NodeKind::kAllGather && !exchanged) continue;
               if (ir::is_comm(src_kind) && !exchanged) {
                 return unimplemented("executor: '" + in.label + "' reads from communication node '" +
                                      graph.node(ed.src).name + "' (" + ir::to_string(src_kind) +

@@ -42,11 +42,6 @@ Status check_runnable(const Strategy& strategy) {
     return unimplemented(what + "zero=" + std::to_string(strategy.zero) + ": the runtime runs zero in {" +
                          join(z, ", ") + "}");
   }
-  if (strategy.zero == 3 && strategy.recompute != Recompute::kNone) {
-    return unimplemented(what + "zero=3 with recompute=" + to_string(strategy.recompute) +
-                         ": the re-run forward of a sharded chunk does not gather its parameters yet; use "
-                         "recompute=none with zero=3");
-  }
   if (std::find(s.recompute.begin(), s.recompute.end(), strategy.recompute) == s.recompute.end()) {
     return unimplemented(what + "recompute=" + to_string(strategy.recompute) + " is not executed yet");
   }
