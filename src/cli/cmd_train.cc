@@ -124,7 +124,7 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
                          local_cluster(plan.world_size, kernels::kernel_threads(), o.calibration, o.comm_calibration));
   if (!o.json && !quiet) {
     std::printf("model     %s (%s trainable parameters)\n", t.model.name.c_str(),
-                format_count(static_cast<double>(trainer->model().num_params())).c_str());
+                format_count(static_cast<double>(trainer->num_params())).c_str());
     std::printf("strategy  %s%s\n", trainer->strategy().to_string().c_str(), auto_note.c_str());
     std::printf("plan      %zu instructions on %zu stream(s) on rank 0, %d microbatches per rank\n",
                 plan.program(0).num_instructions(), plan.program(0).streams.size(),

@@ -264,13 +264,20 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     double buffers = calibration_.workspace_bytes;
     if (p > 1) buffers += 4 * T * h * act_b / sp_div;  // P2P send/recv, activations and gradients
     if (s.ep > 1 && n_moe > 0) buffers += 2 * T / s.tp * table_.top_k * h * act_b;  // all-to-all staging
-    const double largest_layer = table_.attention_params / s.tp +
-                                 std::max(n_dense > 0 ? table_.dense_mlp_params / s.tp : 0.0,
-                                          n_moe > 0 ? table_.shared_params / s.tp + table_.router_params +
-                                                          local_experts * table_.expert_params / s.etp
-                                                    : 0.0);
+    // The largest layer's parameters that ZeRO shards: experts only when they are replicated (edp > 1); with
+    // ep == dp each rank's experts are its own, never gathered or reduce-scattered.
+    const double sharded_experts = expert_shard > 1 ? local_experts * table_.expert_params / s.etp : 0.0;
+    const double largest_layer =
+        s.dp <= 1
+            ? 0.0
+            : table_.attention_params / s.tp +
+                  std::max(n_dense > 0 ? table_.dense_mlp_params / s.tp : 0.0,
+                           n_moe > 0 ? table_.shared_params / s.tp + table_.router_params + sharded_experts : 0.0);
+    // ZeRO-2/3: the full gradients of the chunks between their weight-gradient task and their per-microbatch
+    // reduce-scatter; ZeRO-3: the gathered parameters of the task running and the one prefetched. The runtime
+    // and the compiler's prefetch window hold two consecutive chunks (attention and FFN: about one layer).
     if (s.zero >= 2) buffers += largest_layer * bytes_.grad;                         // gradient bucket
-    if (s.zero >= 3) buffers += 2 * largest_layer * bytes_.param;                    // gathered + prefetched
+    if (s.zero >= 3) buffers += largest_layer * bytes_.param;                        // gathered + prefetched
     if (s.recompute == Recompute::kFull) buffers += T * peak_layer_act;
     // Deferred W: its B -> W gradients on top of the activation peak (counted as buffers, as the runtime does).
     if (kind == ScheduleKind::kZBH1) {

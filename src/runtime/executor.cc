@@ -70,6 +70,21 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
           break;
         case OpKind::kAlloc: {
           size_t j = i + 1;
+          while (j < stream.instrs.size() && stream.instrs[j].op == OpKind::kAlloc) ++j;
+          if (j < stream.instrs.size() && stream.instrs[j].op == OpKind::kCollective &&
+              stream.instrs[j].comm == ir::NodeKind::kAllGather && stream.instrs[j].node != ir::kNoNode &&
+              graph.node(stream.instrs[j].node).tags.mb >= 0 && graph.node(stream.instrs[j].node).group != "tp") {
+            // ZeRO-3: the buffer of the parameters this all-gather materialises; its free re-shards them.
+            const ir::Node& ag = graph.node(stream.instrs[j].node);
+            Chunk* chunk = model->find(ag.tags.layer, ag.tags.part);
+            if (chunk == nullptr) {
+              return invalid_argument("executor: '" + in.label + "' gathers the parameters of (layer " +
+                                      std::to_string(ag.tags.layer) + ", " + ag.tags.part +
+                                      "), which this rank does not hold");
+            }
+            impl->param_buffers[in.buffer] = chunk;
+            break;
+          }
           while (j < stream.instrs.size() && stream.instrs[j].op != OpKind::kCompute) ++j;
           if (j == stream.instrs.size() || graph.node(stream.instrs[j].node).tags.pass != ir::Pass::kF) {
             return invalid_argument("executor: '" + in.label + "' (buffer " + std::to_string(in.buffer) +
@@ -132,6 +147,10 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
               const ir::NodeKind src_kind = graph.node(ed.src).kind;
               const bool exchanged = src_kind == ir::NodeKind::kRecv || src_kind == ir::NodeKind::kAllToAll ||
                                      detail::is_tp_exchange(graph.node(ed.src));
+              // ZeRO-3: the parameter all-gather before the task (executor_comm.cc); no message. A recomputed
+              // forward re-runs right before its backward, after the wait for that backward's all-gather, and
+              // uses those gathered parameters.
+              if (src_kind == ir::NodeKind::kAllGather && !exchanged) continue;
               if (ir::is_comm(src_kind) && !exchanged) {
                 return unimplemented("executor: '" + in.label + "' reads from communication node '" +
                                      graph.node(ed.src).name + "' (" + ir::to_string(src_kind) +
@@ -163,6 +182,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
     impl->streams.push_back(std::move(tasks));
   }
   PIPER_RETURN_IF_ERROR(impl->ep_setup());
+  PIPER_RETURN_IF_ERROR(impl->shard_state());
   for (const auto& c : model->chunks()) {
     const int n = impl->updates_expected.count(c.get()) ? impl->updates_expected[c.get()] : 0;
     if (n != 1) {
@@ -180,6 +200,25 @@ int Executor::num_microbatches() const { return impl_->num_mb; }
 int Executor::num_streams() const { return static_cast<int>(impl_->streams.size()); }
 int64_t Executor::planned_peak_bytes() const { return impl_->planned_peak; }
 void Executor::set_trace(TraceRecorder* recorder) { impl_->trace = recorder; }
+std::vector<Executor::ParamShard> Executor::param_shards(const Chunk& chunk) {
+  std::vector<ParamShard> out;
+  auto it = impl_->shards.find(&chunk);
+  if (it == impl_->shards.end() || !it->second.params_sharded) return out;
+  Impl::Shard& sh = it->second;
+  int64_t offset = 0;
+  size_t i = 0;
+  for (const Param& p : chunk.params()) {
+    if (!p.trainable) continue;
+    int64_t n = 1;
+    for (int64_t d : sh.shapes[i]) n *= d;
+    const int64_t lo = std::max(sh.begin, offset), hi = std::max(lo, std::min(sh.end, offset + n));
+    out.push_back({&p, sh.shapes[i], &sh.values[i], std::min(lo - offset, n), std::min(hi - offset, n)});
+    offset += n;
+    ++i;
+  }
+  return out;
+}
+
 std::pair<int64_t, int64_t> Executor::update_range(const Chunk& chunk) const {
   auto it = impl_->shards.find(&chunk);
   if (it != impl_->shards.end()) return {it->second.begin, it->second.end};
@@ -191,6 +230,13 @@ std::pair<int64_t, int64_t> Executor::update_range(const Chunk& chunk) const {
 Status Executor::Impl::compute(const Task& t) {
   StepContext ctx{num_mb, allocator};
   const std::string& label = t.in->label;
+  auto shard = shards.find(t.chunk);
+  if (shard != shards.end() && shard->second.params_sharded && t.pass != ir::Pass::kW) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (shard->second.gathered == 0) {
+      return internal_error("'" + label + "' runs before the all-gather of its parameters (zero=3)");
+    }
+  }
   if (t.pass == ir::Pass::kF) {
     std::vector<Activation> inputs;
     if (t.rerun) {
@@ -235,16 +281,23 @@ Status Executor::Impl::compute(const Task& t) {
     if (t.consumers > 0) fwd[t.in->node] = Pending<Activation>{std::move(out), t.consumers};
     return ok_status();
   }
-  if (t.grad_index > 0) {
-    // ZeRO-2: the previous microbatch's gradient must have left the buffer before this one accumulates into it.
-    auto shard = shards.find(t.chunk);
-    if (shard != shards.end() && shard->second.per_microbatch) {
-      std::unique_lock<std::mutex> lock(mu);
-      if (!cv.wait_for(lock, kWaitTimeout, [&] { return packs_done[t.chunk] >= t.grad_index || failed; })) {
-        return deadline_exceeded("'" + label + "' waited 600 s for the reduce-scatter of the previous microbatch");
-      }
-      if (failed) return ok_status();
+  if (t.grad_index >= 0 && shard != shards.end() && shard->second.per_microbatch) {
+    // ZeRO-2/3: the previous microbatch's gradient must have left the full tensors before this one accumulates
+    // into them; they are then allocated again, zero.
+    // At most kFullGradWindow chunks hold a full gradient at once (the one accumulating and the one its
+    // reduce-scatter is about to take), so that compute running ahead of the reductions does not materialise
+    // every chunk's gradient (the resource model's gradient bucket).
+    std::unique_lock<std::mutex> lock(mu);
+    if (!cv.wait_for(lock, kWaitTimeout, [&] {
+          return (packs_done[t.chunk] >= t.grad_index && full_grads_live < kFullGradWindow) || failed;
+        })) {
+      return deadline_exceeded("'" + label + "' waited 600 s for the gradient reduce-scatter of its previous " +
+                               "microbatch or of earlier chunks (ZeRO-2/3 keep at most " +
+                               std::to_string(kFullGradWindow) + " full gradients)");
     }
+    if (failed) return ok_status();
+    materialize_grads(t.chunk, shard->second);
+    ++full_grads_live;
   }
   PIPER_RETURN_IF_ERROR(tp_context(t, &ctx, nullptr));
   Stash* stash = nullptr;
@@ -313,6 +366,19 @@ Status Executor::Impl::execute(const Task& t) {
     case OpKind::kFree: {
       std::unique_ptr<Stash> dead;
       std::lock_guard<std::mutex> lock(mu);
+      auto param = param_buffers.find(in.buffer);
+      if (param != param_buffers.end()) {
+        // ZeRO-3: re-shard: the gathered copy dies with the last plan buffer that holds it.
+        Shard& sh = shards.at(param->second);
+        if (sh.gathered <= 0) return internal_error("'" + in.label + "' frees parameters never gathered");
+        if (--sh.gathered == 0) {
+          for (Param& p : param->second->params()) {
+            if (p.trainable) p.value = Tensor();
+          }
+        }
+        planned_live -= in.bytes;
+        return ok_status();
+      }
       auto owner = buffer_owner.find(in.buffer);
       if (owner == buffer_owner.end()) return internal_error("'" + in.label + "' frees a buffer never allocated");
       auto it = stashes.find(owner->second);
@@ -368,7 +434,9 @@ Status Executor::Impl::execute(const Task& t) {
       if (shard == shards.end()) {
         optimizer->update(*t.chunk);
       } else {
-        optimizer->update_range(*t.chunk, shard->second.begin, shard->second.end);
+        Shard& sh = shard->second;
+        optimizer->update_range(*t.chunk, sh.begin, sh.end, sh.per_microbatch ? sh.grad.data() : nullptr,
+                                sh.params_sharded ? &sh.values : nullptr);
       }
       t.chunk->after_update();
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -423,7 +491,16 @@ Result<StepResult> Executor::run_step(const Batch& batch) {
   m.reductions_done = 0;
   m.packs_done.clear();
   m.shard_reductions.clear();
-  m.shard_acc.clear();
+  m.full_grads_live = 0;
+  for (auto& [chunk, sh] : m.shards) {
+    if (sh.per_microbatch) sh.grad.fill(0.0f);
+    if (sh.gathered > 0) {  // left by a failed step: re-shard
+      for (Param& p : const_cast<Chunk*>(chunk)->params()) {
+        if (p.trainable) p.value = Tensor();
+      }
+      sh.gathered = 0;
+    }
+  }
   m.stop = false;
   m.norm_done = false;
   m.grad_norm = 0;

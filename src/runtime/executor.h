@@ -27,6 +27,9 @@
 //   Tensor-parallel collectives (all-gather / reduce-scatter / all-reduce over tp) move hidden states between
 //   the chunks' slices and the rest of the model; gradients partial on each tensor rank are summed over tp before
 //   the norm (executor_tp.cc, docs/runtime.md).
+//   ZeRO (executor_comm.cc): a rank keeps the optimizer state (zero>=1), the accumulated gradient (zero>=2) and
+//   the parameters between uses (zero=3) only for its flat shard of each replicated chunk; ZeRO-3's all-gather
+//   before an F or B/BW materialises the whole parameters until the plan frees that buffer.
 //   Without a DistContext a Program with communication is rejected at create().
 // Errors in a task abort the step with the instruction's label in the message; other streams stop at their
 // next instruction. Thread-safety: one run_step() at a time.
@@ -91,6 +94,16 @@ class Executor {
   // The flat range [begin, end) of `chunk`'s trainable elements (its trainable parameters in order, as one
   // vector) whose optimizer state this rank updates: its ZeRO shard, or the whole chunk. For checkpoints.
   std::pair<int64_t, int64_t> update_range(const Chunk& chunk) const;
+  // ZeRO-3: the chunk's trainable parameters are sharded; between uses their `value` is empty and this rank keeps
+  // flat elements [begin, end) of each (begin == end: none) in `values`. One entry per trainable parameter, in
+  // order; empty for a chunk whose parameters are whole. For checkpoints.
+  struct ParamShard {
+    const Param* param = nullptr;
+    Shape shape;  // the parameter's (its box's) shape
+    Tensor* values = nullptr;
+    int64_t begin = 0, end = 0;
+  };
+  std::vector<ParamShard> param_shards(const Chunk& chunk);
 
  private:
   struct Impl;

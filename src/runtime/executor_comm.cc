@@ -1,10 +1,11 @@
 // The executor's communication instructions (multi-rank programs); see executor.h and docs/runtime.md.
-#include <chrono>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <thread>
 #include <type_traits>
 
+#include "piper/kernels/cpu/optimizer.h"
 #include "piper/runtime/executor_impl.h"
 
 namespace piper::runtime {
@@ -55,15 +56,18 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
   }
   if (detail::is_tp_exchange(n)) return resolve_tp(in, t);
   // Collective: gradient all-reduce (zero=0), gradient reduce-scatter once per step (zero=1) or per microbatch
-  // (zero=2), and the all-gather of the updated parameters (zero=1, 2).
+  // (zero=2, 3), the all-gather of the updated parameters (zero=1, 2) and the parameter all-gather before each
+  // F and B/BW (zero=3).
   if (in.comm == ir::NodeKind::kAllToAll) return resolve_ep(in, t);  // executor_ep.cc
   const bool zero1_rs = in.comm == ir::NodeKind::kReduceScatter && n.tags.mb < 0;
   const bool zero2_rs = in.comm == ir::NodeKind::kReduceScatter && n.tags.mb >= 0;
   const bool zero1_ag = in.comm == ir::NodeKind::kAllGather && n.tags.pass == ir::Pass::kU;
-  if (in.comm != ir::NodeKind::kAllReduce && !zero1_rs && !zero2_rs && !zero1_ag) {
+  const bool zero3_ag = in.comm == ir::NodeKind::kAllGather && n.tags.mb >= 0 &&
+                        (n.tags.pass == ir::Pass::kF || ir::is_backward(n.tags.pass));
+  if (in.comm != ir::NodeKind::kAllReduce && !zero1_rs && !zero2_rs && !zero1_ag && !zero3_ag) {
     return unimplemented("executor: '" + in.label + "' (" + ir::to_string(in.comm) + " over " + in.group +
-                         ") is not executed yet: the runtime runs pipeline parallelism and data parallelism with " +
-                         "zero=0, 1 or 2 and expert parallelism; drop zero=3/tp from the strategy (docs/runtime.md)");
+                         ") is not executed yet: the runtime runs pipeline, data (zero=0..3), expert and tensor " +
+                         "parallelism; drop what this instruction implements from the strategy (docs/runtime.md)");
   }
   t->comm = dist->group(in.group);
   if (t->comm == nullptr) {
@@ -77,16 +81,16 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
                             std::to_string(n.tags.layer) + ", " + n.tags.part + "), which this rank does not hold");
   }
   if (zero1_ag) return ok_status();  // the update before it is sharded; nothing to count
+  if (zero3_ag) {
+    t->pass = n.tags.pass;
+    t->mb = n.tags.mb;
+    shard_of(t->chunk, t->degree, t->comm->rank()).params_sharded = true;
+    return ok_status();
+  }
   if (zero1_rs || zero2_rs) {
-    int64_t total = 0;
-    for (const Param& p : t->chunk->params()) total += p.trainable ? p.grad.numel() : 0;
-    Shard sh;
-    sh.per_rank = (total + t->degree - 1) / t->degree;
-    sh.begin = std::min(total, sh.per_rank * t->comm->rank());
-    sh.end = std::min(total, sh.begin + sh.per_rank);
+    Shard& sh = shard_of(t->chunk, t->degree, t->comm->rank());
     sh.per_microbatch = zero2_rs;
-    sh.count = shards.count(t->chunk) ? shards[t->chunk].count + 1 : 1;
-    shards[t->chunk] = sh;
+    ++sh.count;
     if (zero2_rs) {
       ++reductions_total;
       return ok_status();
@@ -99,6 +103,62 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
   reduced.insert(t->chunk);
   ++reductions_total;
   return ok_status();
+}
+
+Executor::Impl::Shard& Executor::Impl::shard_of(Chunk* chunk, int degree, int rank) {
+  Shard& sh = shards[chunk];
+  if (!sh.shapes.empty() || sh.per_rank > 0) return sh;
+  int64_t total = 0;
+  for (const Param& p : chunk->params()) {
+    if (!p.trainable) continue;
+    total += p.value.numel();
+    sh.shapes.push_back(p.value.shape());
+  }
+  sh.per_rank = (total + degree - 1) / degree;
+  sh.begin = std::min(total, sh.per_rank * rank);
+  sh.end = std::min(total, sh.begin + sh.per_rank);
+  return sh;
+}
+
+Status Executor::Impl::shard_state() {
+  for (auto& [c, sh] : shards) {
+    Chunk* chunk = const_cast<Chunk*>(c);
+    if (sh.params_sharded && !sh.per_microbatch) {
+      return internal_error("executor: " + chunk->name() + " has ZeRO-3 parameter all-gathers but no gradient " +
+                            "reduce-scatter per microbatch");
+    }
+    // The optimizer state exists only for this rank's shard (ZeRO-1, 2, 3).
+    optimizer->shard(*chunk, sh.begin, sh.end);
+    if (!sh.per_microbatch) continue;
+    // ZeRO-2/3: the gradient is accumulated in a shard-sized tensor; the full one is a per-microbatch transient.
+    PIPER_ASSIGN_OR_RETURN(sh.grad, Tensor::zeros({sh.end - sh.begin}, MemCategory::kGradients, allocator));
+    int64_t offset = 0;
+    for (Param& p : chunk->params()) {
+      if (!p.trainable) continue;
+      p.grad = Tensor();
+      if (sh.params_sharded) {
+        // ZeRO-3: keep this rank's elements; the whole tensor exists only between an all-gather and the free of
+        // its plan buffer.
+        const int64_t n = p.value.numel(), lo = std::max(sh.begin, offset), hi = std::min(sh.end, offset + n);
+        PIPER_ASSIGN_OR_RETURN(Tensor mine,
+                               Tensor::zeros({std::max<int64_t>(0, hi - lo)}, MemCategory::kParameters, allocator));
+        if (lo < hi) std::copy(p.value.data() + (lo - offset), p.value.data() + (hi - offset), mine.data());
+        sh.values.push_back(std::move(mine));
+        p.value = Tensor();
+        offset += n;
+      }
+    }
+  }
+  return ok_status();
+}
+
+void Executor::Impl::materialize_grads(Chunk* chunk, Shard& sh) {
+  size_t i = 0;
+  for (Param& p : chunk->params()) {
+    if (!p.trainable) continue;
+    if (p.grad.numel() == 0) p.grad = Tensor::zeros_or_die(sh.shapes[i], MemCategory::kGradients, allocator);
+    ++i;
+  }
 }
 
 Status Executor::Impl::wait_comm(comm::Communicator& c, comm::Handle& h, std::shared_ptr<const void> keep,
@@ -234,16 +294,18 @@ std::shared_ptr<std::vector<float>> pack(Chunk& chunk, size_t padded, Get get) {
 }  // namespace
 
 Status Executor::Impl::reduce_scatter(const Task& t) {
-  const Shard& sh = shards.at(t.chunk);
+  Shard& sh = shards.at(t.chunk);
   const size_t per_rank = static_cast<size_t>(sh.per_rank);
   auto in = pack(*t.chunk, per_rank * static_cast<size_t>(t.degree), [](Param& p) -> const Tensor& { return p.grad; });
   if (sh.per_microbatch) {
-    // ZeRO-2: this microbatch's gradient leaves the full buffer, which starts again from zero; the chunk's next
-    // weight-gradient task waits for this (executor.cc), so no contribution is counted twice or lost.
-    for (Param& p : t.chunk->params()) {
-      if (p.trainable) p.grad.fill(0.0f);
-    }
+    // ZeRO-2/3: this microbatch's gradient leaves the full tensors, which are freed (the chunk's next
+    // weight-gradient task waits for this, executor.cc, and allocates them again from zero), so no contribution
+    // is counted twice or lost.
     std::lock_guard<std::mutex> lock(mu);
+    for (Param& p : t.chunk->params()) {
+      if (p.trainable) p.grad = Tensor();
+    }
+    --full_grads_live;
     ++packs_done[t.chunk];
     cv.notify_all();
   }
@@ -253,26 +315,23 @@ Status Executor::Impl::reduce_scatter(const Task& t) {
   PIPER_RETURN_IF_ERROR(wait_comm(*t.comm, h, keep, "gradient reduce-scatter of " + t.chunk->name()));
   const float scale = 1.0f / static_cast<float>(t.degree);
   if (sh.per_microbatch) {
-    // Gradients accumulate sharded: only the last microbatch's reduction writes the shard into the gradient.
-    std::vector<float>& acc = shard_acc[t.chunk];
-    if (acc.empty()) acc.assign(per_rank, 0.0f);
-    for (size_t i = 0; i < per_rank; ++i) acc[i] += (*out)[i] * scale;
-    if (++shard_reductions[t.chunk] < sh.count) {
-      std::lock_guard<std::mutex> lock(mu);
-      ++reductions_done;
-      cv.notify_all();
-      return ok_status();
-    }
-    std::copy(acc.begin(), acc.end(), out->begin());
+    // Gradients accumulate sharded, as the mean over the group of each microbatch's gradient.
+    float* acc = sh.grad.data();
+    for (int64_t i = 0; i < sh.end - sh.begin; ++i) acc[i] += (*out)[static_cast<size_t>(i)] * scale;
+    ++shard_reductions[t.chunk];
+    std::lock_guard<std::mutex> lock(mu);
+    ++reductions_done;
+    cv.notify_all();
+    return ok_status();
   }
-  // This rank's shard of the mean gradient; the rest of the chunk's gradient is not used by its update or norm.
-  const float out_scale = sh.per_microbatch ? 1.0f : scale;
+  // ZeRO-1: this rank's shard of the mean gradient; the rest of the chunk's gradient is not used by its update
+  // or norm.
   int64_t offset = 0;
   for (Param& p : t.chunk->params()) {
     if (!p.trainable) continue;
     const int64_t lo = std::max(sh.begin, offset), hi = std::min(sh.end, offset + p.grad.numel());
     for (int64_t i = lo; i < hi; ++i) {
-      p.grad.data()[i - offset] = (*out)[static_cast<size_t>(i - sh.begin)] * out_scale;
+      p.grad.data()[i - offset] = (*out)[static_cast<size_t>(i - sh.begin)] * scale;
     }
     offset += p.grad.numel();
   }
@@ -285,8 +344,35 @@ Status Executor::Impl::reduce_scatter(const Task& t) {
 Status Executor::Impl::gather_params(const Task& t) {
   auto it = shards.find(t.chunk);
   if (it == shards.end()) return internal_error("'" + t.in->label + "': parameters gathered without a reduce-scatter");
-  const Shard& sh = it->second;
+  Shard& sh = it->second;
   const size_t per_rank = static_cast<size_t>(sh.per_rank);
+  if (sh.params_sharded) {
+    // ZeRO-3: every rank contributes its kept elements; the whole parameters exist until the plan frees the
+    // gathered buffer after the task that uses them. Tasks of one step see the same values (the update comes
+    // after every use), so a copy still live from an earlier all-gather is kept and this one's data dropped.
+    auto mine = std::make_shared<std::vector<float>>(per_rank, 0.0f);
+    size_t at = 0;
+    for (const Tensor& v : sh.values) {
+      std::copy(v.data(), v.data() + v.numel(), mine->data() + at);
+      at += static_cast<size_t>(v.numel());
+    }
+    auto full = std::make_shared<std::vector<float>>(per_rank * static_cast<size_t>(t.degree));
+    PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->all_gather(mine->data(), full->data(), per_rank * sizeof(float)));
+    std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(mine), decltype(full)>>(mine, full);
+    PIPER_RETURN_IF_ERROR(wait_comm(*t.comm, h, keep, "parameter all-gather of " + t.chunk->name()));
+    std::lock_guard<std::mutex> lock(mu);
+    if (sh.gathered++ == 0) {
+      at = 0;
+      size_t i = 0;
+      for (Param& p : t.chunk->params()) {
+        if (!p.trainable) continue;
+        PIPER_ASSIGN_OR_RETURN(p.value, Tensor::zeros(sh.shapes[i++], MemCategory::kBuffers, allocator));
+        std::copy(full->data() + at, full->data() + at + p.value.numel(), p.value.data());
+        at += static_cast<size_t>(p.value.numel());
+      }
+    }
+    return ok_status();
+  }
   auto full = pack(*t.chunk, per_rank * static_cast<size_t>(t.degree), [](Param& p) -> const Tensor& { return p.value; });
   auto mine = std::make_shared<std::vector<float>>(full->begin() + sh.begin, full->begin() + sh.begin + sh.per_rank);
   PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->all_gather(mine->data(), full->data(), per_rank * sizeof(float)));
@@ -309,8 +395,13 @@ Result<double> Executor::Impl::global_grad_norm() {
     auto shard = shards.find(c.get());
     if (tp.sliced.count(c.get())) {
       if (dist->coord().dp == 0) local += tp_grad_sq(*c);  // split chunk: each tensor rank owns its slice
+    } else if (shard != shards.end() && shard->second.per_microbatch) {
+      // ZeRO-2/3: every data-parallel rank owns its accumulated gradient shard.
+      const Tensor& g = shard->second.grad;
+      const double norm = kernels::grad_global_norm({{g.data(), g.numel()}});
+      if (dist->coord().tp == 0) local += norm * norm;
     } else if (shard != shards.end()) {
-      // ZeRO: every data-parallel rank owns its shard of the reduced gradient.
+      // ZeRO-1: every data-parallel rank owns its shard of the reduced gradient.
       if (dist->coord().tp == 0) local += Optimizer::grad_sq_range(*c, shard->second.begin, shard->second.end);
     } else if (it != norm_owner.end() && it->second) {
       local += Optimizer::grad_sq(*c);

@@ -369,6 +369,12 @@ void Executor::Impl::ep_scale_grads() {
   const float s = 1.0f / static_cast<float>(ep->ep);
   for (const auto& chunk : model->chunks()) {
     if (chunk->part() != "experts") continue;
+    auto shard = shards.find(chunk.get());
+    if (shard != shards.end() && shard->second.per_microbatch) {  // ZeRO-2/3 over edp: the gradient is its shard
+      Tensor& g = shard->second.grad;
+      for (int64_t i = 0; i < g.numel(); ++i) g.data()[i] *= s;
+      continue;
+    }
     for (Param& p : chunk->params()) {
       if (!p.trainable) continue;
       float* g = p.grad.data();

@@ -74,13 +74,28 @@ struct Executor::Impl {
   int64_t grad_tasks_total = 0;
   int64_t reductions_total = 0;
   std::set<const Chunk*> reduced;  // chunks with a gradient reduction
-  // ZeRO-1: chunks whose gradients are reduce-scattered; this rank owns flat elements [begin, end).
+  // ZeRO: chunks whose gradients are reduce-scattered; this rank owns flat elements [begin, end) of the chunk's
+  // trainable parameters taken as one vector (zero padded to per_rank * degree).
   struct Shard {
     int64_t begin = 0, end = 0, per_rank = 0;
-    bool per_microbatch = false;  // ZeRO-2: one reduce-scatter per microbatch
+    bool per_microbatch = false;  // ZeRO-2/3: one reduce-scatter per microbatch, gradient accumulated sharded
+    bool params_sharded = false;  // ZeRO-3: only [begin, end) of the parameters is kept between uses
     int count = 0;                // reduce-scatters of the chunk per step
+    std::vector<Shape> shapes;    // per trainable parameter
+    Tensor grad;                  // ZeRO-2/3: this rank's accumulated gradient shard [end - begin] (mean over dp)
+    std::vector<Tensor> values;   // ZeRO-3: per trainable parameter its elements inside [begin, end)
+    int gathered = 0;             // ZeRO-3: all-gathered copies whose plan buffer is not freed yet
   };
   std::map<const Chunk*, Shard> shards;  // gradient all-reduce / reduce-scatter instructions of the step
+  // Sets up shards[chunk] for a group of `degree` ranks in which this rank is `rank` (once per chunk).
+  Shard& shard_of(Chunk* chunk, int degree, int rank);
+  // After every instruction is resolved: shrinks the optimizer state, gradients (ZeRO-2/3) and parameters
+  // (ZeRO-3) of sharded chunks to this rank's shard.
+  Status shard_state();
+  std::map<int, Chunk*> param_buffers;  // ZeRO-3: plan buffers of gathered parameters (freed = re-shard)
+  // ZeRO-2/3: the full gradient tensors exist only while a microbatch's gradient is accumulated (W/BW) until its
+  // reduce-scatter takes it; allocates them (zero) if absent. Caller holds mu.
+  void materialize_grads(Chunk* chunk, Shard& sh);
   int num_events = 0;
   int num_mb = 1;
   int64_t planned_peak = 0;
@@ -100,7 +115,8 @@ struct Executor::Impl {
   int64_t reductions_done = 0;
   std::map<const Chunk*, int> packs_done;  // ZeRO-2: microbatch gradients taken out of the full buffer
   std::map<const Chunk*, int> shard_reductions;
-  std::map<const Chunk*, std::vector<float>> shard_acc;  // ZeRO-2: this rank's accumulated gradient shard
+  int full_grads_live = 0;  // ZeRO-2/3: chunks whose full gradient tensors exist (at most kFullGradWindow)
+  static constexpr int kFullGradWindow = 2;
   bool norm_done = false;
   double grad_norm = 0;
   bool failed = false;

@@ -13,12 +13,13 @@ constexpr int64_t kWholeChunk = std::numeric_limits<int64_t>::max();
 }  // namespace
 
 Optimizer::Optimizer(const OptimizerSpec& spec, int64_t warmup_steps, const Model& model, Allocator* allocator)
-    : spec_(spec), warmup_steps_(warmup_steps), model_(model) {
+    : spec_(spec), warmup_steps_(warmup_steps), allocator_(allocator), model_(model) {
   for (Param* p : model.params()) {
     if (!p->trainable) continue;
     Moments mo;
     mo.m = Tensor::zeros_or_die(p->value.shape(), MemCategory::kOptimizer, allocator);
     mo.v = Tensor::zeros_or_die(p->value.shape(), MemCategory::kOptimizer, allocator);
+    mo.numel = p->value.numel();
     moments_.emplace(p, std::move(mo));
   }
 }
@@ -59,7 +60,25 @@ double Optimizer::grad_sq_range(const Chunk& chunk, int64_t begin, int64_t end) 
   return norm * norm;
 }
 
-void Optimizer::update_range(Chunk& chunk, int64_t begin, int64_t end) {
+void Optimizer::shard(const Chunk& chunk, int64_t begin, int64_t end) {
+  int64_t offset = 0;
+  for (const Param& p : chunk.params()) {
+    if (!p.trainable) continue;
+    Moments& mo = moments_.at(&p);
+    const int64_t n = mo.numel, lo = std::max(begin, offset), hi = std::min(end, offset + n);
+    mo.m = Tensor();
+    mo.v = Tensor();
+    mo.begin = 0;
+    if (lo < hi) {
+      mo.m = Tensor::zeros_or_die({hi - lo}, MemCategory::kOptimizer, allocator_);
+      mo.v = Tensor::zeros_or_die({hi - lo}, MemCategory::kOptimizer, allocator_);
+      mo.begin = lo - offset;
+    }
+    offset += n;
+  }
+}
+
+void Optimizer::update_range(Chunk& chunk, int64_t begin, int64_t end, const float* grad, std::vector<Tensor>* values) {
   PIPER_CHECK(step_ >= 1, "Optimizer::update_range before begin_step");
   kernels::AdamWConfig cfg;
   cfg.lr = learning_rate();
@@ -68,16 +87,25 @@ void Optimizer::update_range(Chunk& chunk, int64_t begin, int64_t end) {
   cfg.eps = spec_.eps;
   cfg.weight_decay = spec_.weight_decay;
   int64_t offset = 0;
+  size_t index = 0;
   for (Param& p : chunk.params()) {
     if (!p.trainable) continue;
-    const int64_t lo = std::max(begin, offset), hi = std::min(end, offset + p.value.numel());
+    Moments& mo = moments_.at(&p);
+    // The parameter's size is recorded: a ZeRO-3 parameter's value is not materialised outside its uses.
+    const int64_t n = mo.numel, lo = std::max(begin, offset), hi = std::min(end, offset + n);
     if (lo < hi) {
-      Moments& mo = moments_.at(&p);
       const int64_t a = lo - offset;
-      kernels::adamw_step(p.value.data() + a, p.grad.data() + a, mo.m.data() + a, mo.v.data() + a, hi - lo, cfg,
-                          step_, clip_scale_, p.decay);
+      PIPER_CHECK(a >= mo.begin && a + (hi - lo) <= mo.begin + mo.m.numel(), "Optimizer: the moments of ", p.name,
+                  " do not cover the elements updated");
+      PIPER_CHECK(values == nullptr || (*values)[index].numel() == hi - lo, "Optimizer: the shard of ", p.name,
+                  " has the wrong size");
+      float* value = values != nullptr ? (*values)[index].data() : p.value.data() + a;
+      const float* g = grad != nullptr ? grad + (lo - begin) : p.grad.data() + a;
+      kernels::adamw_step(value, g, mo.m.data() + (a - mo.begin), mo.v.data() + (a - mo.begin), hi - lo, cfg, step_,
+                          clip_scale_, p.decay);
     }
-    offset += p.value.numel();
+    offset += n;
+    ++index;
   }
 }
 
@@ -86,13 +114,13 @@ void Optimizer::update(Chunk& chunk) {
   update_range(chunk, 0, kWholeChunk);
 }
 
-std::vector<std::pair<std::string, Tensor*>> Optimizer::state() {
-  std::vector<std::pair<std::string, Tensor*>> out;
+std::vector<Optimizer::StateTensor> Optimizer::state() {
+  std::vector<StateTensor> out;
   for (const Param* p : model_.params()) {
     if (!p->trainable) continue;
     Moments& mo = moments_.at(p);
-    out.emplace_back(p->name + ".m", &mo.m);
-    out.emplace_back(p->name + ".v", &mo.v);
+    out.push_back({p->name + ".m", &mo.m, mo.begin, mo.begin + mo.m.numel()});
+    out.push_back({p->name + ".v", &mo.v, mo.begin, mo.begin + mo.v.numel()});
   }
   return out;
 }

@@ -10,7 +10,7 @@ RuntimeSupport runtime_support() {
   RuntimeSupport s;
   // Every pipeline schedule the compiler lowers runs (tests/runtime/dist_parity_mpi_test.cc, trainer_test.cc).
   s.schedules = {"1f1b", "gpipe", "interleaved", "zb-h1", "dualpipev"};
-  s.zero = {0, 1, 2};  // ZeRO-3's parameter all-gathers are rejected at Executor::create
+  s.zero = {0, 1, 2, 3};
   s.recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
   s.max_tp = 1;            // tensor-parallel collectives: not executed yet
   s.max_ep = 1;            // expert all-to-all (flat or HALO): not executed yet

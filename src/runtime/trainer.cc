@@ -123,6 +123,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
       PIPER_RETURN_IF_ERROR(t->model_->replace_chunk(std::move(slice)));
     }
   }
+  t->num_params_ = t->model_->num_params();
   t->optimizer_ = std::make_unique<Optimizer>(options.optimizer, options.warmup_steps, *t->model_,
                                               t->allocator_.get());
   PIPER_ASSIGN_OR_RETURN(t->executor_, Executor::create(t->compiled_.graph, t->compiled_.plan.program(rank),
@@ -141,6 +142,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(options.model, cluster, train, calibration));
   PIPER_ASSIGN_OR_RETURN(cost::Estimate e, cm.estimate(t->strategy_));
   t->predicted_ = e.memory;
+  const size_t stage = static_cast<size_t>(t->dist_ != nullptr ? t->dist_->coord().pp : 0);
+  t->predicted_rank_ = stage < e.ranks.size() ? e.ranks[stage] : e.memory;
   t->flops_per_token_ = cm.flops_per_token();
   t->tracker_.reset_peaks();
   return t;
@@ -193,25 +196,31 @@ Status Trainer::save(const std::string& dir) {
   meta.model = options_.model.name;
   meta.strategy = strategy_.to_string();
   meta.world_size = options_.ranks;
-  std::map<std::string, Tensor*> moments;
-  for (const auto& [name, t] : optimizer_->state()) moments[name] = t;
-  // Every parameter this rank holds, whole or its slice; the moments of the elements this rank updates.
+  std::map<std::string, Optimizer::StateTensor> moments;
+  for (const Optimizer::StateTensor& st : optimizer_->state()) moments[st.name] = st;
+  // Every parameter this rank holds, whole, its slice or (ZeRO-3) its flat shard; the moments of the elements
+  // this rank updates (ZeRO: allocated for those only).
   std::vector<TensorPiece> pieces;
   for (const auto& chunk : model_->chunks()) {
-    const auto [begin, end] = executor_->update_range(*chunk);
-    int64_t offset = 0;
+    const std::vector<Executor::ParamShard> sharded = executor_->param_shards(*chunk);
+    size_t index = 0;
     for (const Param& p : chunk->params()) {
-      const Shape global = p.global_shape.empty() ? p.value.shape() : p.global_shape;
-      pieces.push_back({p.name, global, p.global_offset, &p.value, 0, -1, false});
+      const Executor::ParamShard* ps = p.trainable && !sharded.empty() ? &sharded[index] : nullptr;
+      if (p.trainable) ++index;
+      const Shape box = ps != nullptr ? ps->shape : p.value.shape();
+      const Shape global = p.global_shape.empty() ? box : p.global_shape;
+      if (ps == nullptr) {
+        pieces.push_back({p.name, global, p.global_offset, &p.value, 0, -1, false});
+      } else if (ps->begin < ps->end) {
+        pieces.push_back({p.name, global, p.global_offset, ps->values, ps->begin, ps->end, false, box});
+      }
       if (!p.trainable) continue;
-      const int64_t n = p.value.numel(), lo = std::max(begin, offset), hi = std::min(end, offset + n);
-      offset += n;
-      if (lo >= hi) continue;
       for (const char* suffix : {".m", ".v"}) {
         auto it = moments.find(p.name + suffix);
         if (it == moments.end()) return internal_error("the optimizer has no state '" + p.name + suffix + "'");
-        pieces.push_back({p.name + suffix, global, p.global_offset, it->second, lo - (offset - n), hi - (offset - n),
-                          true});
+        const Optimizer::StateTensor& st = it->second;
+        if (st.begin >= st.end) continue;
+        pieces.push_back({st.name, global, p.global_offset, st.tensor, st.begin, st.end, true, box});
       }
     }
   }
@@ -231,19 +240,33 @@ Status Trainer::restore_local(CheckpointReader& reader) {
                             ", this run uses " + std::to_string(options_.seq_len) +
                             "; the data windows would differ: pass --seq " + std::to_string(m.seq_len));
   }
-  std::map<std::string, Tensor*> moments;
-  for (const auto& [name, t] : optimizer_->state()) moments[name] = t;
+  std::map<std::string, Optimizer::StateTensor> moments;
+  for (const Optimizer::StateTensor& st : optimizer_->state()) moments[st.name] = st;
   const std::string hint = " (was the checkpoint written for another model? resume with the same --model)";
-  for (Param* p : model_->params()) {
-    const Shape global = p->global_shape.empty() ? p->value.shape() : p->global_shape;
-    Status s = reader.restore(p->name, global, p->global_offset, &p->value);
-    for (const char* suffix : {".m", ".v"}) {
-      if (!s.ok() || !p->trainable) break;
-      auto it = moments.find(p->name + suffix);
-      if (it == moments.end()) return internal_error("the optimizer has no state '" + p->name + suffix + "'");
-      s = reader.restore(p->name + suffix, global, p->global_offset, it->second);
+  for (const auto& chunk : model_->chunks()) {
+    const std::vector<Executor::ParamShard> sharded = executor_->param_shards(*chunk);
+    size_t index = 0;
+    for (Param& p : chunk->params()) {
+      const Executor::ParamShard* ps = p.trainable && !sharded.empty() ? &sharded[index] : nullptr;
+      if (p.trainable) ++index;
+      const Shape box = ps != nullptr ? ps->shape : p.value.shape();
+      const Shape global = p.global_shape.empty() ? box : p.global_shape;
+      Status s = ok_status();
+      if (ps == nullptr) {
+        s = reader.restore(p.name, global, p.global_offset, &p.value);
+      } else if (ps->begin < ps->end) {
+        s = reader.restore_range(p.name, global, p.global_offset, box, ps->begin, ps->end, ps->values->data());
+      }
+      for (const char* suffix : {".m", ".v"}) {
+        if (!s.ok() || !p.trainable) break;
+        auto it = moments.find(p.name + suffix);
+        if (it == moments.end()) return internal_error("the optimizer has no state '" + p.name + suffix + "'");
+        const Optimizer::StateTensor& st = it->second;
+        if (st.begin >= st.end) continue;
+        s = reader.restore_range(st.name, global, p.global_offset, box, st.begin, st.end, st.tensor->data());
+      }
+      if (!s.ok()) return s.with_context(where + hint);
     }
-    if (!s.ok()) return s.with_context(where + hint);
   }
   Status s = loader_->seek(m.data);
   if (!s.ok()) return s.with_context(where + " (was it written for another data set?)");

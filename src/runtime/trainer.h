@@ -89,6 +89,8 @@ class Trainer {
   const Strategy& strategy() const { return strategy_; }
   const compile::CompileResult& compiled() const { return compiled_; }
   Model& model() { return *model_; }
+  // Trainable elements of this rank's model (whole parameters, also under ZeRO-3, which keeps only shards).
+  int64_t num_params() const { return num_params_; }
   Executor& executor() { return *executor_; }
   MemoryStats memory() const { return tracker_.stats(); }
   // The tracker every tensor of this rank is counted in (e.g. for a TraceRecorder's memory track).
@@ -98,6 +100,9 @@ class Trainer {
   // Bytes the memory pool holds from the system at most (in use + cached for reuse).
   int64_t reserved_peak_bytes() const { return allocator_->peak_reserved_bytes(); }
   const cost::MemoryBreakdown& predicted_memory() const { return predicted_; }
+  // The resource model's memory for this rank's pipeline stage (what `piper train` reports beside the measured
+  // peak; predicted_memory() is the worst stage's).
+  const cost::MemoryBreakdown& predicted_rank_memory() const { return predicted_rank_; }
   double flops_per_token() const { return flops_per_token_; }
   int64_t tokens_per_step() const { return options_.global_batch * options_.seq_len; }
   int64_t steps_done() const { return optimizer_->step(); }
@@ -121,6 +126,8 @@ class Trainer {
   std::unique_ptr<DistContext> dist_;
   std::unique_ptr<Executor> executor_;
   cost::MemoryBreakdown predicted_;
+  cost::MemoryBreakdown predicted_rank_;
+  int64_t num_params_ = 0;
   TrainSpec train_;
   double flops_per_token_ = 0;
   Batch batch_;

@@ -118,6 +118,14 @@ TEST(Resume, Dp2Zero1ToPp2) {
 }
 TEST(Resume, OneRankToDp2Zero2) { expect_resume(kOneRank, "dp=2,zero=2,microbatches=2,mbs=1"); }
 TEST(Resume, Dp2Zero2ToOneRank) { expect_resume("dp=2,zero=2,microbatches=2,mbs=1", kOneRank); }
+// ZeRO-3: parameters and moments are saved as flat shards of each tensor and loaded into another layout.
+TEST(Resume, Dp2Zero3ToPp2) {
+  expect_resume("dp=2,zero=3,microbatches=2,mbs=1", "pp=2,schedule=zb-h1,microbatches=4,mbs=1");
+}
+TEST(Resume, OneRankToDp2Zero3) { expect_resume(kOneRank, "dp=2,zero=3,microbatches=2,mbs=1"); }
+TEST(Resume, SameZero3IsBitwise) {
+  expect_resume("dp=2,zero=3,microbatches=2,mbs=1", "dp=2,zero=3,microbatches=2,mbs=1", true);
+}
 
 // 4 ranks.
 TEST(Resume4, OneRankToDp2Pp2) { expect_resume(kOneRank, "dp=2,pp=2,schedule=1f1b,microbatches=2,mbs=1"); }

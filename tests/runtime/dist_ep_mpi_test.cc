@@ -37,7 +37,8 @@ TrainOptions options(const std::string& strategy) {
   return o;
 }
 
-std::vector<TrainStepStats> run(const TrainOptions& o, int steps) {
+// mem_ratio (optional): the rank's peak memory over the run / the resource model's for its stage.
+std::vector<TrainStepStats> run(const TrainOptions& o, int steps, double* mem_ratio = nullptr) {
   auto t = Trainer::create(o);
   EXPECT_TRUE(t.ok()) << t.status().to_string();
   if (!t.ok()) return {};
@@ -47,6 +48,9 @@ std::vector<TrainStepStats> run(const TrainOptions& o, int steps) {
     EXPECT_TRUE(s.ok()) << s.status().to_string();
     if (!s.ok()) break;
     out.push_back(std::move(s).value());
+  }
+  if (mem_ratio != nullptr) {
+    *mem_ratio = static_cast<double>((*t)->memory().peak_total_bytes) / (*t)->predicted_rank_memory().total();
   }
   return out;
 }
@@ -89,8 +93,12 @@ void expect_parity(const std::string& strategy, const std::string& reference, in
   o.ranks = (*world)->size();
   o.world = world->get();
   o.ranks_per_node = ranks_per_node;
-  const std::vector<TrainStepStats> got = run(o, kSteps);
+  double mem_ratio = 0;
+  const std::vector<TrainStepStats> got = run(o, kSteps, &mem_ratio);
   ASSERT_EQ(got.size(), static_cast<size_t>(kSteps));
+  // Peak memory within 10 % of the resource model's prediction for this rank's stage (as dist_parity_mpi_test).
+  EXPECT_NEAR(mem_ratio, 1.0, 0.10) << strategy << " rank " << (*world)->rank() << ": peak memory / model";
+  std::printf("parity %s rank %d: peak memory x%.3f of the model\n", strategy.c_str(), (*world)->rank(), mem_ratio);
   const std::vector<TrainStepStats> mine =
       (*world)->rank() == 0 ? run(options(reference), kSteps) : std::vector<TrainStepStats>(kSteps);
   ASSERT_EQ(mine.size(), static_cast<size_t>(kSteps));
