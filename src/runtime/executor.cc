@@ -119,6 +119,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
             const ir::Node& o = graph.node(other);
             // Pipeline send/recv endpoints carry the message to / from the other rank.
             if (o.kind == ir::NodeKind::kSend || o.kind == ir::NodeKind::kRecv) return true;
+            if (o.kind == ir::NodeKind::kM2N) return true;  // af-pipe exchange (executor_m2n.cc)
             if (o.kind == ir::NodeKind::kAllToAll) return true;  // expert dispatch / combine (executor_ep.cc)
             if (detail::is_tp_exchange(o)) return true;  // tensor-parallel exchange (executor_tp.cc)
             if (ir::is_comm(o.kind)) return false;
@@ -131,6 +132,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
               if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
               const ir::NodeKind src_kind = graph.node(ed.src).kind;
               const bool exchanged = src_kind == ir::NodeKind::kRecv || src_kind == ir::NodeKind::kAllToAll ||
+                                     src_kind == ir::NodeKind::kM2N ||
                                      detail::is_tp_exchange(graph.node(ed.src));
               if (ir::is_comm(src_kind) && !exchanged) {
                 return unimplemented("executor: '" + in.label + "' reads from communication node '" +
@@ -213,6 +215,7 @@ Status Executor::Impl::compute(const Task& t) {
         if (--it->second.remaining == 0) fwd.erase(it);
       }
     }
+    if (m2n != nullptr) PIPER_RETURN_IF_ERROR(m2n_local_inputs(t, &inputs));  // af-pipe (executor_m2n.cc)
     std::vector<const Activation*> ptrs;
     for (const Activation& a : inputs) ptrs.push_back(&a);
     const int64_t offset = static_cast<int64_t>(t.mb) * mbs * batch->seq_len;
@@ -267,6 +270,7 @@ Status Executor::Impl::compute(const Task& t) {
       if (--g->second.remaining == 0) bwd.erase(g);
     }
   }
+  if (m2n != nullptr) PIPER_RETURN_IF_ERROR(m2n_local_grads(t, &grads));  // af-pipe (executor_m2n.cc)
   if (t.pass == ir::Pass::kW) {
     t.chunk->backward_weight(ctx, *stash);
   } else {
