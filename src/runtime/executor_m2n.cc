@@ -166,6 +166,13 @@ Result<bool> Executor::Impl::resolve_m2n(const Instruction& in, Task* t) {
     return unimplemented("executor: '" + in.label + "' links experts with '" + peer_chunk.name +
                          "'; the runtime's M2N exchanges connect experts with a router, attention or head");
   }
+  if (graph->mesh.pp != 2) {
+    // With pp > 1 attention stages the next layer's attention is on another attention rank than the router
+    // whose residual and routing the combine needs; that hand-over is not implemented.
+    return unimplemented("executor: '" + in.label + "': af-pipe runs with pp=1 (one attention and one FFN " +
+                         "pipeline rank) today; this plan has " + std::to_string(graph->mesh.pp / 2) +
+                         " of each: use pp=1 with dp (attn_ranks = ffn_ranks = dp)");
+  }
   if (in.tag < 0 || in.tag > 32767) {
     return invalid_argument("executor: '" + in.label + "' has tag " + std::to_string(in.tag) +
                             " outside the communicator's [0, 32767]");
@@ -282,15 +289,21 @@ Status Executor::Impl::m2n_exchange(const Task& t) {
     }
     return m2n->sources.at(key);
   };
+  // With pp > 1 an FFN rank receives a layer's dispatch and its output gradient from different attention ranks,
+  // on different receive streams: wait (bounded) until the dispatch's rows arrived.
   auto sink_state = [&]() -> Result<std::shared_ptr<detail::M2nSink>> {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = m2n->sinks.find(key);
-    if (it == m2n->sinks.end()) {
-      return internal_error("'" + in.label + "' runs before the experts of (layer " + std::to_string(layer) + ", mb " +
-                            std::to_string(t.mb) + ") received their rows");
+    std::unique_lock<std::mutex> lock(mu);
+    const bool ready = cv.wait_for(lock, std::chrono::duration<double>(dist->timeout_s()),
+                                   [&] { return failed || m2n->sinks.count(key) > 0; });
+    if (failed) return unavailable("'" + in.label + "': abandoned, another stream of this rank failed");
+    if (!ready) {
+      return deadline_exceeded("'" + in.label + "' waited " + std::to_string(static_cast<int>(dist->timeout_s())) +
+                               " s (PIPER_COMM_TIMEOUT_S) for the rows of (layer " + std::to_string(layer) + ", mb " +
+                               std::to_string(t.mb) + ") on rank " + std::to_string(dist->rank()));
     }
-    return it->second;
+    return m2n->sinks.at(key);
   };
+
   auto publish_fwd = [&](Activation a) {
     std::lock_guard<std::mutex> lock(mu);
     fwd[in.node] = detail::Pending<Activation>{std::move(a), t.consumers};
@@ -457,6 +470,7 @@ Status Executor::Impl::m2n_exchange(const Task& t) {
     {
       std::lock_guard<std::mutex> lock(mu);
       m2n->sinks[key] = sink;
+      cv.notify_all();
     }
     Activation a;
     a.ep = std::move(got);

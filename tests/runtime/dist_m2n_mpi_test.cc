@@ -137,8 +137,8 @@ TEST(AfPipeParity, TwoAttentionTwoFfnRanks) {
   // (+10 %). It stays below it (0.88x attention, 0.92x FFN, docs/runtime.md): the plan counts 12 bytes a
   // parameter of optimizer state (an fp32 master copy and Adam's moments) where fp32 training keeps no master
   // copy, and fewer activation bytes than the chunks stash.
-  EXPECT_LE(measured, 1.10 * planned) << "rank " << rank << ": measured peak " << measured
-                                      << " bytes vs the plan's " << planned;
+  EXPECT_LE(measured, 1.10 * planned) << "rank " << rank << ": measured peak " << measured << " bytes vs the plan's "
+                                      << planned;
 }
 
 }  // namespace

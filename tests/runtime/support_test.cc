@@ -55,10 +55,12 @@ TEST(RuntimeSupport, AfPipeIsRunnableAsTested) {
   ASSERT_TRUE(runtime_support().disaggregate);
   const std::string af = "dp=2,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=2";
   EXPECT_TRUE(check_runnable(parse(af)).ok()) << check_runnable(parse(af)).to_string();
-  for (const char* extra : {",zero=1", ",recompute=full"}) {
-    Status st = check_runnable(parse(af + extra));
-    EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << extra;
-    EXPECT_NE(st.message().find("tp=1, zero=0 and no recomputation"), std::string::npos) << st.to_string();
+  for (const std::string& other :
+       {af + ",zero=1", af + ",recompute=full",
+        std::string("dp=1,pp=2,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=4")}) {
+    Status st = check_runnable(parse(other));
+    EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << other;
+    EXPECT_NE(st.message().find("pp=1, tp=1, zero=0 and no recomputation"), std::string::npos) << st.to_string();
   }
 }
 
