@@ -20,7 +20,8 @@ bool starts_on_node(const Link& first, int node) {
 std::vector<int> depths(const FlowSim& sim) {
   std::vector<int> d(static_cast<size_t>(sim.num_flows()), 0);
   for (int f = 0; f < sim.num_flows(); ++f) {
-    for (int a : sim.flow(f).after) d[static_cast<size_t>(f)] = std::max(d[static_cast<size_t>(f)], d[static_cast<size_t>(a)] + 1);
+    for (int a : sim.flow(f).after)
+      d[static_cast<size_t>(f)] = std::max(d[static_cast<size_t>(f)], d[static_cast<size_t>(a)] + 1);
   }
   return d;
 }
@@ -110,7 +111,8 @@ FlowTemplate aggregate_template(const Network& net, const FlowSim& scratch,
             const int node = first_node + ((net.node_of(device) - first_node + shift) % span + span) % span;
             return node * net.devices_per_node() + device % net.devices_per_node();
           };
-          auto it = image.find(std::make_tuple(moved(dep.src_device), moved(dep.dst_device), depth[static_cast<size_t>(a)]));
+          auto it =
+              image.find(std::make_tuple(moved(dep.src_device), moved(dep.dst_device), depth[static_cast<size_t>(a)]));
           if (it != image.end()) {
             after.push_back(index.at(it->second));
             continue;
@@ -210,11 +212,13 @@ Result<std::vector<std::vector<int>>> CommTemplates::add_instance(FlowSim* scrat
       const std::vector<std::vector<int>> rings = ring_channels(devices);
       const double share = 1.0 / static_cast<double>(rings.size());
       for (const auto& ring : rings) {
-        if (kind == ir::NodeKind::kAllReduce) PIPER_RETURN_IF_ERROR(keep(add_ring_all_reduce(*net_, scratch, ring, share)));
+        if (kind == ir::NodeKind::kAllReduce)
+          PIPER_RETURN_IF_ERROR(keep(add_ring_all_reduce(*net_, scratch, ring, share)));
         if (kind == ir::NodeKind::kReduceScatter) {
           PIPER_RETURN_IF_ERROR(keep(add_ring_reduce_scatter(*net_, scratch, ring, share)));
         }
-        if (kind == ir::NodeKind::kAllGather) PIPER_RETURN_IF_ERROR(keep(add_ring_all_gather(*net_, scratch, ring, share)));
+        if (kind == ir::NodeKind::kAllGather)
+          PIPER_RETURN_IF_ERROR(keep(add_ring_all_gather(*net_, scratch, ring, share)));
       }
       break;
     }
@@ -289,9 +293,53 @@ Result<const FlowTemplate*> CommTemplates::p2p(int src_rank, int dst_rank) {
     const int src_off = src_rank - src_pp * n, dst_off = dst_rank - dst_pp * n;
     for (int o = 0; o < n; ++o) {
       if (o == src_off) continue;
-      PIPER_ASSIGN_OR_RETURN(CollectiveFlows other,
-                             add_p2p(*net_, &scratch, src_pp * n + o, dst_pp * n + (o - src_off + dst_off + n) % n, 1.0));
+      PIPER_ASSIGN_OR_RETURN(CollectiveFlows other, add_p2p(*net_, &scratch, src_pp * n + o,
+                                                            dst_pp * n + (o - src_off + dst_off + n) % n, 1.0));
       instances.push_back(other.flows);
+    }
+    *t = aggregate_template(*net_, scratch, instances, net_->node_of(src_rank));
+  }
+  const FlowTemplate* out = t.get();
+  cache_.emplace(key, std::move(t));
+  return out;
+}
+
+Result<const FlowTemplate*> CommTemplates::m2n(int src_rank, int dst_pp) {
+  const compile::RankCoord src = plan_->coords[static_cast<size_t>(src_rank)];
+  const int id = reduced_ ? src.pp * plan_->mesh.pp + dst_pp : src_rank * plan_->world_size + dst_pp;
+  auto key = std::make_tuple(-2, std::string("m2n"), std::string(), id);
+  if (auto it = cache_.find(key); it != cache_.end()) return it->second.get();
+  const int ep = std::max(1, plan_->mesh.ep);
+  // One sender's flows: to each ep rank of its block on dst_pp, 1/ep of the unit payload.
+  auto add_sender = [&](FlowSim* scratch, int sender) -> Result<std::vector<int>> {
+    compile::RankCoord c = plan_->coords[static_cast<size_t>(sender)];
+    std::vector<int> receivers;
+    for (int d = c.dp / ep * ep; d < c.dp / ep * ep + ep; ++d) {
+      compile::RankCoord r = c;
+      r.pp = dst_pp;
+      r.dp = d;
+      r.ep = d % ep;
+      receivers.push_back(plan_->rank_of(r));
+    }
+    PIPER_ASSIGN_OR_RETURN(CollectiveFlows f,
+                           add_m2n(*net_, scratch, {sender}, receivers,
+                                   {std::vector<double>(receivers.size(), 1.0 / static_cast<double>(ep))}));
+    return f.flows;
+  };
+  FlowSim scratch(net_->link_bandwidths());
+  auto t = std::make_unique<FlowTemplate>();
+  PIPER_ASSIGN_OR_RETURN(std::vector<int> mine, add_sender(&scratch, src_rank));
+  if (!reduced_) {
+    *t = exact_template(scratch, mine);
+  } else {
+    // Every rank of the sender's slice sends its share at once.
+    std::vector<std::vector<int>> instances = {mine};
+    const int n = slice_size();
+    for (int o = 0; o < n; ++o) {
+      const int other = src.pp * n + o;
+      if (other == src_rank) continue;
+      PIPER_ASSIGN_OR_RETURN(std::vector<int> flows, add_sender(&scratch, other));
+      instances.push_back(flows);
     }
     *t = aggregate_template(*net_, scratch, instances, net_->node_of(src_rank));
   }

@@ -5,6 +5,7 @@
 #include <deque>
 #include <limits>
 #include <queue>
+#include <set>
 #include <unordered_map>
 
 #include "piper/base/check.h"
@@ -117,10 +118,15 @@ class Executor {
  public:
   Executor(const compile::Plan& plan, const Network& net, const SimOptions& options, CommTemplates templates,
            std::vector<TemplateInfo> infos)
-      : plan_(plan), options_(options), templates_(std::move(templates)), infos_(std::move(infos)),
+      : plan_(plan),
+        options_(options),
+        templates_(std::move(templates)),
+        infos_(std::move(infos)),
         fluid_(net.link_bandwidths()) {}
 
   Result<SimResult> run();
+  // af-pipe: the m2n nodes to or from an experts chunk (routed over the ep block, CommTemplates::m2n).
+  void set_routed_m2n(std::set<ir::NodeId> nodes) { routed_m2n_ = std::move(nodes); }
 
  private:
   const Program& program(const RankState& r) const { return plan_.templates[static_cast<size_t>(r.tmpl)]; }
@@ -150,6 +156,7 @@ class Executor {
   }
 
   const compile::Plan& plan_;
+  std::set<ir::NodeId> routed_m2n_;
   const SimOptions& options_;
   CommTemplates templates_;
   std::vector<TemplateInfo> infos_;
@@ -255,8 +262,9 @@ Status Executor::arrive_p2p(int ri, int s, const Instruction& in) {
   const RankState& r = ranks_[static_cast<size_t>(ri)];
   const compile::RankCoord& c = plan_.coords[static_cast<size_t>(r.rank)];
   if (in.peer < 0 || in.peer >= plan_.mesh.pp) {
-    return invalid_argument("rank " + std::to_string(r.rank) + " instruction '" + in.label + "' names peer pipeline rank " +
-                            std::to_string(in.peer) + " outside 0.." + std::to_string(plan_.mesh.pp - 1));
+    return invalid_argument("rank " + std::to_string(r.rank) + " instruction '" + in.label +
+                            "' names peer pipeline rank " + std::to_string(in.peer) + " outside 0.." +
+                            std::to_string(plan_.mesh.pp - 1));
   }
   // Same (dp, tp) coordinates on the peer's pipeline rank.
   const int slice = plan_.mesh.dp * plan_.mesh.tp;
@@ -270,7 +278,14 @@ Status Executor::arrive_p2p(int ri, int s, const Instruction& in) {
     if (q.empty()) p2p_.erase(key);
     const FlowTemplate* tmpl = nullptr;
     if (!options_.zero_comm) {
-      PIPER_ASSIGN_OR_RETURN(tmpl, templates_.p2p(key.src, key.dst));
+      // af-pipe: an m2n to or from the experts spreads the sender's rows over the ep ranks of its block (the
+      // disaggregate pass names its nodes "<producer>-><consumer>.m2n.<side>"); other m2n are point-to-point.
+      const bool routed = in.comm == ir::NodeKind::kM2N && routed_m2n_.count(in.node) > 0;
+      if (routed) {
+        PIPER_ASSIGN_OR_RETURN(tmpl, templates_.m2n(key.src, plan_.coords[static_cast<size_t>(key.dst)].pp));
+      } else {
+        PIPER_ASSIGN_OR_RETURN(tmpl, templates_.p2p(key.src, key.dst));
+      }
     }
     // Both sides carry the payload (the lowering copies it from the send to the recv).
     return start_op({{ri, s}, {other.rank_index, other.stream}}, tmpl, static_cast<double>(in.comm_bytes));
@@ -383,7 +398,8 @@ Result<SimResult> Executor::run() {
     ranks_.push_back(std::move(r));
   }
   for (size_t ri = 0; ri < ranks_.size(); ++ri) {
-    for (size_t s = 0; s < ranks_[ri].streams.size(); ++s) work_.emplace_back(static_cast<int>(ri), static_cast<int>(s));
+    for (size_t s = 0; s < ranks_[ri].streams.size(); ++s)
+      work_.emplace_back(static_cast<int>(ri), static_cast<int>(s));
   }
   std::vector<int64_t> done;
   while (true) {
@@ -435,9 +451,11 @@ Result<SimResult> Executor::run() {
     }
   }
   if (count > 0) {
-    return failed_precondition("simulation deadlocked at t=" + std::to_string(now_) + " s with " + std::to_string(count) +
+    return failed_precondition("simulation deadlocked at t=" + std::to_string(now_) + " s with " +
+                               std::to_string(count) +
                                " blocked streams (first ones below); the plan's order, events or send/recv pairs do "
-                               "not match" + blocked);
+                               "not match" +
+                               blocked);
   }
   SimResult out;
   out.reduced = !options_.full;
@@ -460,8 +478,8 @@ Result<SimResult> simulate_plan(const compile::Plan& plan, const ir::Graph& grap
   if (plan.templates.empty() || plan.world_size < 1) return invalid_argument("simulate_plan: the plan has no ranks");
   if (plan.world_size % std::max(1, plan.mesh.dp * plan.mesh.tp) != 0 ||
       plan.world_size != plan.mesh.pp * plan.mesh.dp * plan.mesh.tp) {
-    return invalid_argument("simulate_plan: world_size " + std::to_string(plan.world_size) + " is not pp*dp*tp = " +
-                            std::to_string(plan.mesh.pp * plan.mesh.dp * plan.mesh.tp));
+    return invalid_argument("simulate_plan: world_size " + std::to_string(plan.world_size) +
+                            " is not pp*dp*tp = " + std::to_string(plan.mesh.pp * plan.mesh.dp * plan.mesh.tp));
   }
   PIPER_ASSIGN_OR_RETURN(CommTemplates templates, CommTemplates::create(net, plan, !options.full));
   std::vector<TemplateInfo> infos;
@@ -470,6 +488,12 @@ Result<SimResult> simulate_plan(const compile::Plan& plan, const ir::Graph& grap
     infos.push_back(std::move(info));
   }
   Executor ex(plan, net, options, std::move(templates), std::move(infos));
+  // The disaggregate pass names an m2n node "<producer>-><consumer>.m2n.<side>" after its two chunks.
+  std::set<ir::NodeId> routed;
+  for (const ir::Node& n : graph.nodes()) {
+    if (n.kind == ir::NodeKind::kM2N && n.name.find(".experts.") != std::string::npos) routed.insert(n.id);
+  }
+  ex.set_routed_m2n(std::move(routed));
   return ex.run();
 }
 

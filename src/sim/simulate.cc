@@ -13,10 +13,6 @@ Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, c
   train.micro_batch_size = strategy.mbs;
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
   PIPER_RETURN_IF_ERROR(strategy.validate_for(model, train, cluster.world_size()));
-  if (strategy.disaggregate) {
-    return unimplemented("simulate: disaggregated (af-pipe) strategies are not simulated yet: their M2N groups are "
-                         "not mapped to devices; drop disagg=1");
-  }
   PIPER_ASSIGN_OR_RETURN(TaskTimeFn task_time, cost_task_time(cm, strategy, calibration));
   compile::CompileOptions copts;
   copts.interleave_overlap = options.interleave_overlap;
@@ -38,7 +34,8 @@ Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, c
   rep.tokens_per_step = static_cast<double>(batch) * static_cast<double>(train.seq_len);
   if (rep.step_time_s > 0) {
     rep.tokens_per_s = rep.tokens_per_step / rep.step_time_s;
-    rep.mfu = cm.flops_per_token() * rep.tokens_per_s / (static_cast<double>(rep.world_size) * cm.device().peak_flops());
+    rep.mfu =
+        cm.flops_per_token() * rep.tokens_per_s / (static_cast<double>(rep.world_size) * cm.device().peak_flops());
     double bubble = 0, exposed = 0;
     for (const RankStats& r : rep.sim.ranks) {
       bubble += r.bubble_s;
@@ -48,7 +45,8 @@ Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, c
     rep.bubble_fraction = bubble / denom;
     rep.exposed_comm_fraction = exposed / denom;
   }
-  for (const RankStats& r : rep.sim.ranks) rep.peak_memory_max_bytes = std::max(rep.peak_memory_max_bytes, r.peak_bytes);
+  for (const RankStats& r : rep.sim.ranks)
+    rep.peak_memory_max_bytes = std::max(rep.peak_memory_max_bytes, r.peak_bytes);
   rep.device_memory_bytes = static_cast<double>(cluster.device.memory_bytes);
   return rep;
 }
@@ -85,12 +83,9 @@ Json SimReport::to_json() const {
   j["simulated_ranks"] = sim.ranks.size();
   j["representative"] = sim.reduced;
   j["ranks"] = ranks;
-  j["counters"] = {{"instructions", sim.instructions},
-                   {"flows", sim.flows},
-                   {"rate_updates", sim.rate_updates},
-                   {"comm_templates", sim.comm_templates},
-                   {"compile_wall_s", compile_wall_s},
-                   {"simulate_wall_s", simulate_wall_s}};
+  j["counters"] = {{"instructions", sim.instructions}, {"flows", sim.flows},
+                   {"rate_updates", sim.rate_updates}, {"comm_templates", sim.comm_templates},
+                   {"compile_wall_s", compile_wall_s}, {"simulate_wall_s", simulate_wall_s}};
   return j;
 }
 
