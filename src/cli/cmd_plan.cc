@@ -382,9 +382,8 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
       return invalid_argument("--local-ranks plans for this machine; drop --cluster/--nodes, or drop --local-ranks");
     }
     if (o->local_ranks == 0 && o->cluster.empty()) {
-      return invalid_argument(
-          "--cluster is required (a preset such as h800, or a file), or --local-ranks R for "
-          "this machine");
+      return invalid_argument("--cluster is required (a preset such as h800, or a file), or --local-ranks R for "
+                              "this machine");
     }
     if (o->disaggregate && o->runnable) {
       return invalid_argument(

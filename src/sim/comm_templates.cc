@@ -20,8 +20,7 @@ bool starts_on_node(const Link& first, int node) {
 std::vector<int> depths(const FlowSim& sim) {
   std::vector<int> d(static_cast<size_t>(sim.num_flows()), 0);
   for (int f = 0; f < sim.num_flows(); ++f) {
-    for (int a : sim.flow(f).after)
-      d[static_cast<size_t>(f)] = std::max(d[static_cast<size_t>(f)], d[static_cast<size_t>(a)] + 1);
+    for (int a : sim.flow(f).after) d[static_cast<size_t>(f)] = std::max(d[static_cast<size_t>(f)], d[static_cast<size_t>(a)] + 1);
   }
   return d;
 }
@@ -111,8 +110,7 @@ FlowTemplate aggregate_template(const Network& net, const FlowSim& scratch,
             const int node = first_node + ((net.node_of(device) - first_node + shift) % span + span) % span;
             return node * net.devices_per_node() + device % net.devices_per_node();
           };
-          auto it =
-              image.find(std::make_tuple(moved(dep.src_device), moved(dep.dst_device), depth[static_cast<size_t>(a)]));
+          auto it = image.find(std::make_tuple(moved(dep.src_device), moved(dep.dst_device), depth[static_cast<size_t>(a)]));
           if (it != image.end()) {
             after.push_back(index.at(it->second));
             continue;
@@ -212,13 +210,11 @@ Result<std::vector<std::vector<int>>> CommTemplates::add_instance(FlowSim* scrat
       const std::vector<std::vector<int>> rings = ring_channels(devices);
       const double share = 1.0 / static_cast<double>(rings.size());
       for (const auto& ring : rings) {
-        if (kind == ir::NodeKind::kAllReduce)
-          PIPER_RETURN_IF_ERROR(keep(add_ring_all_reduce(*net_, scratch, ring, share)));
+        if (kind == ir::NodeKind::kAllReduce) PIPER_RETURN_IF_ERROR(keep(add_ring_all_reduce(*net_, scratch, ring, share)));
         if (kind == ir::NodeKind::kReduceScatter) {
           PIPER_RETURN_IF_ERROR(keep(add_ring_reduce_scatter(*net_, scratch, ring, share)));
         }
-        if (kind == ir::NodeKind::kAllGather)
-          PIPER_RETURN_IF_ERROR(keep(add_ring_all_gather(*net_, scratch, ring, share)));
+        if (kind == ir::NodeKind::kAllGather) PIPER_RETURN_IF_ERROR(keep(add_ring_all_gather(*net_, scratch, ring, share)));
       }
       break;
     }
@@ -293,8 +289,8 @@ Result<const FlowTemplate*> CommTemplates::p2p(int src_rank, int dst_rank) {
     const int src_off = src_rank - src_pp * n, dst_off = dst_rank - dst_pp * n;
     for (int o = 0; o < n; ++o) {
       if (o == src_off) continue;
-      PIPER_ASSIGN_OR_RETURN(CollectiveFlows other, add_p2p(*net_, &scratch, src_pp * n + o,
-                                                            dst_pp * n + (o - src_off + dst_off + n) % n, 1.0));
+      PIPER_ASSIGN_OR_RETURN(CollectiveFlows other,
+                             add_p2p(*net_, &scratch, src_pp * n + o, dst_pp * n + (o - src_off + dst_off + n) % n, 1.0));
       instances.push_back(other.flows);
     }
     *t = aggregate_template(*net_, scratch, instances, net_->node_of(src_rank));

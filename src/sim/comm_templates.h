@@ -19,9 +19,9 @@
 //    instance whose source is on the representative's node, and each hop weighs
 //        (flows of all instances at that step crossing the link) / (representative flows at that step crossing it)
 //    so that links carry the load of every instance (flow_sim.h's aggregate flows). A step is a flow's depth in
-//    the collective's dependency DAG (ring step, HALO phase). A dependency on a flow from another node becomes a
-//    dependency on that flow's image on the representative's node (shifted by whole nodes, wrapping inside the nodes
-//    the instance spans: in a ring, the flow entering the node waits like the flow leaving it), or, when there is no
+//    the collective's dependency DAG (ring step, HALO phase). A dependency on a flow from another node becomes a dependency
+//    on that flow's image on the representative's node (shifted by whole nodes, wrapping inside the nodes the
+//    instance spans: in a ring, the flow entering the node waits like the flow leaving it), or, when there is no
 //    image, a barrier on the representative flows of the same step. On symmetric clusters (every node alike,
 //    every group laid out alike) this completes exactly when the full set of flows does; tests compare the two.
 // Templates are built once per shape and cached; payload scaling happens at FluidNet::start().
@@ -62,11 +62,10 @@ class CommTemplates {
   int num_templates() const { return static_cast<int>(cache_.size()); }
 
  private:
-  CommTemplates(const Network& net, const compile::Plan& plan, bool reduced)
-      : net_(&net), plan_(&plan), reduced_(reduced) {}
+  CommTemplates(const Network& net, const compile::Plan& plan, bool reduced) : net_(&net), plan_(&plan), reduced_(reduced) {}
   // Adds one group instance's flows (unit payload) to `scratch`; returns their ids per ring channel.
   Result<std::vector<std::vector<int>>> add_instance(FlowSim* scratch, ir::NodeKind kind, const std::string& algorithm,
-                                                     const std::vector<int>& ranks) const;
+                                        const std::vector<int>& ranks) const;
   std::vector<std::vector<int>> ring_channels(const std::vector<int>& ranks) const;
   int slice_size() const { return plan_->mesh.dp * plan_->mesh.tp; }
 
@@ -78,8 +77,8 @@ class CommTemplates {
 
 // Representative flows with aggregate weights (see above). `instances[0]` is the representative's instance;
 // `rep_node` its node. Exposed for tests.
-FlowTemplate aggregate_template(const Network& net, const FlowSim& scratch,
-                                const std::vector<std::vector<int>>& instances, int rep_node);
+FlowTemplate aggregate_template(const Network& net, const FlowSim& scratch, const std::vector<std::vector<int>>& instances,
+                                int rep_node);
 // All flows of one instance with weight 1 and their exact dependencies.
 FlowTemplate exact_template(const FlowSim& scratch, const std::vector<int>& flows);
 

@@ -34,8 +34,7 @@ Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, c
   rep.tokens_per_step = static_cast<double>(batch) * static_cast<double>(train.seq_len);
   if (rep.step_time_s > 0) {
     rep.tokens_per_s = rep.tokens_per_step / rep.step_time_s;
-    rep.mfu =
-        cm.flops_per_token() * rep.tokens_per_s / (static_cast<double>(rep.world_size) * cm.device().peak_flops());
+    rep.mfu = cm.flops_per_token() * rep.tokens_per_s / (static_cast<double>(rep.world_size) * cm.device().peak_flops());
     double bubble = 0, exposed = 0;
     for (const RankStats& r : rep.sim.ranks) {
       bubble += r.bubble_s;
@@ -45,8 +44,7 @@ Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, c
     rep.bubble_fraction = bubble / denom;
     rep.exposed_comm_fraction = exposed / denom;
   }
-  for (const RankStats& r : rep.sim.ranks)
-    rep.peak_memory_max_bytes = std::max(rep.peak_memory_max_bytes, r.peak_bytes);
+  for (const RankStats& r : rep.sim.ranks) rep.peak_memory_max_bytes = std::max(rep.peak_memory_max_bytes, r.peak_bytes);
   rep.device_memory_bytes = static_cast<double>(cluster.device.memory_bytes);
   return rep;
 }
@@ -83,9 +81,12 @@ Json SimReport::to_json() const {
   j["simulated_ranks"] = sim.ranks.size();
   j["representative"] = sim.reduced;
   j["ranks"] = ranks;
-  j["counters"] = {{"instructions", sim.instructions}, {"flows", sim.flows},
-                   {"rate_updates", sim.rate_updates}, {"comm_templates", sim.comm_templates},
-                   {"compile_wall_s", compile_wall_s}, {"simulate_wall_s", simulate_wall_s}};
+  j["counters"] = {{"instructions", sim.instructions},
+                   {"flows", sim.flows},
+                   {"rate_updates", sim.rate_updates},
+                   {"comm_templates", sim.comm_templates},
+                   {"compile_wall_s", compile_wall_s},
+                   {"simulate_wall_s", simulate_wall_s}};
   return j;
 }
 
