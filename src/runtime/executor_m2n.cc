@@ -66,11 +66,15 @@ struct M2nSink {
 struct M2nState {
   std::map<std::pair<int, int>, std::shared_ptr<M2nSource>> sources;  // guarded by Impl::mu
   std::map<std::pair<int, int>, std::shared_ptr<M2nSink>> sinks;      // guarded by Impl::mu
+  std::map<int, std::unique_ptr<comm::Communicator>> combine_comms;   // FFN group per m2n_to stream (create())
 };
 
 }  // namespace detail
 
 namespace {
+
+Status ffn_group_exchange(comm::Communicator* group, const float* send, const std::vector<size_t>& send_rows,
+                          float* recv, const std::vector<size_t>& recv_rows, int64_t h, double timeout_s);
 
 // The chunk at the local end of an m2n node (a send's producer, a recv's consumer).
 const ir::Node* local_chunk(const ir::Graph& g, const ir::Node& n) {
@@ -86,16 +90,30 @@ const ir::Node* local_chunk(const ir::Graph& g, const ir::Node& n) {
 
 std::string pair_name(const ir::Node& n) { return n.name.substr(0, n.name.rfind('.')); }
 
-// An experts F node whose output feeds a chunk directly (the head on the same FFN rank), or an experts BW node
-// fed directly by a chunk's backward: its combine runs inside the FFN group (m2n_local_inputs).
-bool feeds_local_chunk(const ir::Graph& g, const ir::Node& experts) {
-  const bool fwd = experts.tags.pass == ir::Pass::kF;
-  for (int e : fwd ? g.out_edges(experts.id) : g.in_edges(experts.id)) {
+// Whether the combine of the experts of (layer, mb) runs inside the FFN group: their output feeds a chunk on the
+// FFN rank (the head) or the next layer's attention on another attention rank than the router (pp > 1), so the
+// router's rank cannot combine. The FFN rank then gets the residual and routing with the dispatch, combines
+// (m2n_local_inputs or the combine send), and returns the output gradient's residual part with the experts' input
+// gradients; the exchanges with the next layer are then dense messages.
+bool combine_on_ffn(const ir::Graph& g, const ir::Node& experts) {
+  const ir::Node* fwd = nullptr;
+  int router_pp = -1;
+  for (const ir::Node& n : g.nodes()) {
+    if (n.kind != ir::NodeKind::kChunk || n.tags.layer != experts.tags.layer || n.tags.mb != experts.tags.mb ||
+        n.tags.pass != ir::Pass::kF) {
+      continue;
+    }
+    if (n.tags.part == "experts") fwd = &n;
+    if (n.tags.part == "router") router_pp = n.pp_rank;
+  }
+  if (fwd == nullptr) return false;
+  for (int e : g.out_edges(fwd->id)) {
     const ir::Edge& ed = g.edge(e);
     if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
-    const ir::Node& other = g.node(fwd ? ed.dst : ed.src);
-    // Not the chunk's own F -> BW (stash) edge: another part's chunk.
-    if (other.kind == ir::NodeKind::kChunk && other.tags.part != experts.tags.part) return true;
+    const ir::Node& c = g.node(ed.dst);
+    // Not the chunk's own F -> BW (stash) edge: another part's chunk, or an m2n to another attention rank.
+    if (c.kind == ir::NodeKind::kChunk && c.tags.part != fwd->tags.part) return true;
+    if (c.kind == ir::NodeKind::kM2N && c.peer_pp_rank != router_pp) return true;
   }
   return false;
 }
@@ -166,12 +184,13 @@ Result<bool> Executor::Impl::resolve_m2n(const Instruction& in, Task* t) {
     return unimplemented("executor: '" + in.label + "' links experts with '" + peer_chunk.name +
                          "'; the runtime's M2N exchanges connect experts with a router, attention or head");
   }
-  if (graph->mesh.pp != 2) {
-    // With pp > 1 attention stages the next layer's attention is on another attention rank than the router
-    // whose residual and routing the combine needs; that hand-over is not implemented.
-    return unimplemented("executor: '" + in.label + "': af-pipe runs with pp=1 (one attention and one FFN " +
-                         "pipeline rank) today; this plan has " + std::to_string(graph->mesh.pp / 2) +
-                         " of each: use pp=1 with dp (attn_ranks = ffn_ranks = dp)");
+  const bool on_ffn = combine_on_ffn(*graph, experts);
+  const bool sending = in.op == OpKind::kSend;
+  // The FFN group combines: the experts' output goes to the next layer's attention as a dense message, and its
+  // gradient comes back as one; only the FFN side's forward send combines first (below).
+  if (on_ffn && peer_chunk.tags.part != "router" &&
+      !(sending && mine->tags.part == "experts" && mine->tags.pass == ir::Pass::kF)) {
+    return false;
   }
   if (in.tag < 0 || in.tag > 32767) {
     return invalid_argument("executor: '" + in.label + "' has tag " + std::to_string(in.tag) +
@@ -192,13 +211,12 @@ Result<bool> Executor::Impl::resolve_m2n(const Instruction& in, Task* t) {
     t->peers.push_back(plan.rank_of(c));
   }
   t->m2n_routed = true;
-  t->m2n_local = feeds_local_chunk(*graph, experts);
+  t->m2n_local = on_ffn;
   t->m2n_ffn = mine->tags.part == "experts";
   t->m2n_to_experts = other->tags.part == "experts";
   t->gradient = mine->tags.pass != ir::Pass::kF;
   t->mb = std::max(0, n.tags.mb);
   t->key = detail::StashKey{experts.tags.layer, "m2n", t->mb};
-  const bool sending = in.op == OpKind::kSend;
   int count = 0;
   for (int e : sending ? graph->in_edges(n.id) : graph->out_edges(n.id)) {
     const ir::Edge& ed = graph->edge(e);
@@ -219,6 +237,15 @@ Result<bool> Executor::Impl::resolve_m2n(const Instruction& in, Task* t) {
                             " ranks");
     }
     PIPER_RETURN_IF_ERROR(ep_serve_m2n(group));
+    if (on_ffn && sending && t->m2n_ffn && !t->gradient && peer_chunk.tags.part != "router") {
+      // This send stream combines inside the FFN group concurrently with the compute stream's combines (the
+      // head's input, the experts' gradients): its own communicator, one per peer pipeline rank (= stream).
+      auto& c = m2n->combine_comms[in.peer];
+      if (c == nullptr) {
+        PIPER_ASSIGN_OR_RETURN(c, group->dup("m2n_combine_" + std::to_string(in.peer)));
+      }
+      t->comm = c.get();
+    }
   }
   return true;
 }
@@ -480,6 +507,24 @@ Status Executor::Impl::m2n_exchange(const Task& t) {
     PIPER_ASSIGN_OR_RETURN(Activation a, take_fwd(t.source));
     PIPER_ASSIGN_OR_RETURN(auto sink, sink_state());
     if (!a.ep || !a.ep->rows) return internal_error("'" + in.label + "': the experts chunk produced no rows");
+    if (t.m2n_local) {
+      // The next attention is on another attention rank than the router: combine in the FFN group here and send
+      // the hidden state to the same-dp rank of that attention rank.
+      if (sink->local == nullptr) return internal_error("'" + in.label + "': no routing of the same-dp source");
+      const detail::M2nSource& local = *sink->local;
+      std::vector<float> back(static_cast<size_t>(local.tokens * k * h));
+      PIPER_RETURN_IF_ERROR(ffn_group_exchange(t.comm, a.ep->rows->data(), sink->rows_from, back.data(), local.rows_to,
+                                               h, dist->timeout_s()));
+      std::shared_ptr<Tensor> out = combine_rows(local, back.data(), h, k, scale, allocator);
+      std::vector<void*> xb(peers, nullptr);
+      std::vector<size_t> xbytes(peers, 0);
+      xb[me_idx] = out->data();
+      xbytes[me_idx] = static_cast<size_t>(out->nbytes());
+      PIPER_RETURN_IF_ERROR(post_all(true, xb, xbytes, out));
+      std::lock_guard<std::mutex> lock(mu);
+      task_seconds["m2n.F"] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      return ok_status();
+    }
     std::shared_ptr<const Tensor> rows = a.ep->rows;
     std::vector<void*> b(peers);
     std::vector<size_t> bytes(peers);

@@ -15,7 +15,7 @@ RuntimeSupport runtime_support() {
   s.max_tp = 1;  // tensor-parallel collectives: not executed yet
   s.max_ep = 1;  // expert all-to-all (flat or HALO): not executed yet
   // af-pipe (M2N, executor_m2n.cc): attention data parallel, experts parallel over ep on the FFN ranks; tested
-  // with pp=1, zero=0, tp=1 and no recomputation (tests/runtime/dist_m2n_mpi_test.cc), so only that is declared.
+  // with zero=0, tp=1 and no recomputation (tests/runtime/dist_m2n_mpi_test.cc), so only that is declared.
   s.disaggregate = true;
   return s;
 }
@@ -27,11 +27,9 @@ Status check_runnable(const Strategy& strategy) {
     return unimplemented(what + "the runtime does not execute disaggregated attention/FFN (af-pipe) yet");
   }
   if (strategy.disaggregate) {
-    if (strategy.pp != 1 || strategy.tp != 1 || strategy.zero != 0 || strategy.recompute != Recompute::kNone) {
-      return unimplemented(what +
-                           "the runtime runs af-pipe with pp=1, tp=1, zero=0 and no recomputation today (got "
-                           "pp=" +
-                           std::to_string(strategy.pp) + ", tp=" + std::to_string(strategy.tp) + ", zero=" +
+    if (strategy.tp != 1 || strategy.zero != 0 || strategy.recompute != Recompute::kNone) {
+      return unimplemented(what + "the runtime runs af-pipe with tp=1, zero=0 and no recomputation today (got tp=" +
+                           std::to_string(strategy.tp) + ", zero=" +
                            std::to_string(strategy.zero) + ", recompute=" + to_string(strategy.recompute) + ")");
     }
     return ok_status();  // ep shards the experts over the FFN ranks (executor_m2n.cc)

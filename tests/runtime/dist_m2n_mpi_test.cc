@@ -18,11 +18,10 @@
 namespace piper::runtime::testing {
 namespace {
 
-// As the expert-parallel parity tests (dist_ep_mpi_test.cc): 20 steps at lr 1e-3, global batch 4 x 16 tokens.
+// As the expert-parallel parity tests (dist_ep_mpi_test.cc): 20 steps at lr 1e-3, sequences of 16 tokens.
 constexpr int kSteps = 20;
 constexpr double kRelTol = 1e-5;
 constexpr double kLr = 1e-3;
-constexpr int64_t kGlobalBatch = 4;
 constexpr const char* kAfPipe =
     "dp=2,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=2,mbs=1";
 
@@ -63,12 +62,13 @@ std::vector<std::vector<double>> run(const TrainOptions& o, int steps, Trainer**
   return out;
 }
 
-TEST(AfPipeParity, TwoAttentionTwoFfnRanks) {
+// `strategy` on the world against one rank with `reference` (the same batches).
+void expect_parity(const std::string& strategy, const std::string& reference, int ranks) {
   auto world = comm::mpi_world();
   ASSERT_TRUE(world.ok()) << world.status().to_string();
-  ASSERT_EQ((*world)->size(), 4) << "run under mpiexec -n 4";
-  TrainOptions o = options(kAfPipe);
-  o.ranks = 4;
+  ASSERT_EQ((*world)->size(), ranks) << "run under mpiexec -n " << ranks;
+  TrainOptions o = options(strategy);
+  o.ranks = ranks;
   o.world = world->get();
   std::unique_ptr<Trainer> trainer;
   Trainer* t = nullptr;
@@ -82,14 +82,14 @@ TEST(AfPipeParity, TwoAttentionTwoFfnRanks) {
   // Rank 0's single-rank reference on every rank.
   std::vector<double> flat(kSteps * width, 0.0);
   if ((*world)->rank() == 0) {
-    const auto ref = run(options("microbatches=4,mbs=1"), kSteps);
+    const auto ref = run(options(reference), kSteps);
     ASSERT_EQ(ref.size(), static_cast<size_t>(kSteps));
     for (int i = 0; i < kSteps; ++i) {
       ASSERT_EQ(ref[static_cast<size_t>(i)].size(), width);
       std::copy(ref[static_cast<size_t>(i)].begin(), ref[static_cast<size_t>(i)].end(), flat.begin() + i * width);
     }
   }
-  std::vector<double> all(flat.size() * 4);
+  std::vector<double> all(flat.size() * static_cast<size_t>(ranks));
   auto h = (*world)->all_gather(flat.data(), all.data(), flat.size() * sizeof(double));
   ASSERT_TRUE(h.ok());
   ASSERT_TRUE((*world)->wait(*h, 300).ok());
@@ -109,7 +109,7 @@ TEST(AfPipeParity, TwoAttentionTwoFfnRanks) {
     for (int64_t l = 0; l < moe_layers; ++l) {
       double sum = 0;
       for (int e = 0; e < o.model.moe.num_experts; ++e) sum += mine[1 + l * o.model.moe.num_experts + e];
-      EXPECT_EQ(sum, static_cast<double>(kGlobalBatch * o.seq_len * o.model.moe.top_k)) << "moe layer " << l;
+      EXPECT_EQ(sum, static_cast<double>(t->tokens_per_step() * o.model.moe.top_k)) << "moe layer " << l;
     }
   }
 
@@ -120,16 +120,16 @@ TEST(AfPipeParity, TwoAttentionTwoFfnRanks) {
       t->compiled().stats.peak_bytes[static_cast<size_t>(plan.rank_template[static_cast<size_t>(rank)])]);
   const double measured = static_cast<double>(t->memory().peak_total_bytes);
   double peaks[2] = {measured, planned};
-  std::vector<double> peaks_all(8);
+  std::vector<double> peaks_all(2 * static_cast<size_t>(ranks));
   auto hp = (*world)->all_gather(peaks, peaks_all.data(), sizeof(peaks));
   ASSERT_TRUE(hp.ok());
   ASSERT_TRUE((*world)->wait(*hp, 60).ok());
   if (rank == 0) {
-    std::printf("parity af-pipe 2A+2F: %d steps, loss %.6f -> %.6f, max relative difference %.3g\n", kSteps,
+    std::printf("parity %s: %d steps, loss %.6f -> %.6f, max relative difference %.3g\n", strategy.c_str(), kSteps,
                 got.front()[0], got.back()[0], worst);
-    for (int r = 0; r < 4; ++r) {
+    for (int r = 0; r < ranks; ++r) {
       std::printf("rank %d (%s): peak memory %.0f bytes measured, %.0f planned (%.3fx)\n", r,
-                  plan.coords[static_cast<size_t>(r)].pp == 0 ? "attention" : "FFN", peaks_all[2 * r],
+                  plan.coords[static_cast<size_t>(r)].pp < plan.mesh.pp / 2 ? "attention" : "FFN", peaks_all[2 * r],
                   peaks_all[2 * r + 1], peaks_all[2 * r] / peaks_all[2 * r + 1]);
     }
   }
@@ -139,6 +139,17 @@ TEST(AfPipeParity, TwoAttentionTwoFfnRanks) {
   // copy, and fewer activation bytes than the chunks stash.
   EXPECT_LE(measured, 1.10 * planned) << "rank " << rank << ": measured peak " << measured << " bytes vs the plan's "
                                       << planned;
+}
+
+// pp=1: one attention and one FFN pipeline rank, each run by dp=2 ranks; experts over ep=2. The last MoE
+// layer's experts feed the head on the FFN rank (the FFN group combines there).
+TEST(AfPipeParity, TwoAttentionTwoFfnRanks) { expect_parity(kAfPipe, "microbatches=4,mbs=1", 4); }
+
+// pp=2: layers alternate between two attention and two FFN pipeline ranks, so every MoE layer's next attention is
+// on another attention rank than its router and the FFN group combines each layer (8 ranks).
+TEST(AfPipeParity, TwoPipelineRanksPerSide) {
+  expect_parity("dp=2,ep=2,pp=2,schedule=af-pipe,disagg=1,attn_ranks=4,ffn_ranks=4,microbatches=4,mbs=1",
+                "microbatches=8,mbs=1", 8);
 }
 
 }  // namespace

@@ -55,13 +55,15 @@ TEST(RuntimeSupport, AfPipeIsRunnableAsTested) {
   ASSERT_TRUE(runtime_support().disaggregate);
   const std::string af = "dp=2,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=2";
   EXPECT_TRUE(check_runnable(parse(af)).ok()) << check_runnable(parse(af)).to_string();
-  for (const std::string& other :
-       {af + ",zero=1", af + ",recompute=full",
-        std::string("dp=1,pp=2,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=4")}) {
+  for (const std::string& other : {af + ",zero=1", af + ",recompute=full"}) {
     Status st = check_runnable(parse(other));
     EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << other;
-    EXPECT_NE(st.message().find("pp=1, tp=1, zero=0 and no recomputation"), std::string::npos) << st.to_string();
+    EXPECT_NE(st.message().find("tp=1, zero=0 and no recomputation"), std::string::npos) << st.to_string();
   }
+  // Several attention / FFN pipeline ranks (the FFN group combines, executor_m2n.cc).
+  EXPECT_TRUE(check_runnable(parse("dp=2,ep=2,pp=2,schedule=af-pipe,disagg=1,attn_ranks=4,ffn_ranks=4,"
+                                   "microbatches=4"))
+                  .ok());
 }
 
 void expect_one_step(const std::string& strategy) {
