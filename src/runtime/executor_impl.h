@@ -44,9 +44,9 @@ struct Task {
   comm::Communicator* comm = nullptr;
   int degree = 1;
   // m2n between attention and experts (executor_m2n.cc): the world ranks of the other side it exchanges with;
-  // whether this rank is the FFN side of it and whether the other end is the experts chunk.
-  // m2n_local: the experts' output feeds the head on the FFN rank (their combine runs in the FFN group).
-  bool m2n_routed = false, m2n_ffn = false, m2n_to_experts = false, m2n_local = false;
+  // whether this rank is the FFN side of it; m2n_local: the FFN group combines the experts' output (the head is
+  // on the FFN rank, or the next attention on another attention rank than the router).
+  bool m2n_routed = false, m2n_ffn = false, m2n_local = false;
   std::vector<int> peers;
 };
 

@@ -1,7 +1,7 @@
 // The executor's M2N exchanges: disaggregated attention/FFN (af-pipe, DisagMoE). See docs/runtime.md.
 //
-// The plan (ir/passes/disaggregate.cc) puts embed, attention, router and head on attention pipeline ranks and
-// the FFN parts (dense mlp, experts, shared) on FFN pipeline ranks; every data edge between the two sides is an
+// The plan (ir/passes/disaggregate.cc) puts embed, attention and router on attention pipeline ranks and the FFN
+// parts (dense mlp, experts, shared) and the head on FFN pipeline ranks; every data edge between the two sides is an
 // m2n send on one rank and an m2n recv on the other. Both sides run on dp ranks per pipeline rank (the rank
 // layout of Plan: attention rank d and FFN rank d share the dp coordinate d); the FFN side shards its experts
 // over ep: FFN rank d holds expert block d mod ep.
@@ -26,6 +26,12 @@
 //                           (attention rank) the rows summed per token in slot order (dnormed), the weight
 //                           gradients in slot order (dtopk_w) and the kept residual gradient (dhidden): the
 //                           router's backward input, as after an EP dispatch B.
+//   When the router's attention rank cannot combine (the experts feed the head on the FFN rank, or with pp > 1 the
+//   next attention is on another attention rank), the FFN group combines instead (combine_on_ffn): the dispatch
+//   also carries the residual and routing to the same-dp FFN rank, the FFN ranks exchange output rows among
+//   themselves (pairwise all-to-all-v, before the head's F or in the experts' send, which then sends the hidden
+//   state as a dense message), the backward transposes it before the experts' BW, and the residual's gradient
+//   goes back to the router's rank with the experts' input gradients.
 // The messages of one instruction go to / come from each peer with the plan's tag on the p2p communicator
 // (posted in a fixed order, so they match in order); zero-row blocks post nothing. Every wait is wait_comm's
 // (timeout naming the ranks, abandon when another stream failed). Expert gradients are divided by ep before the
@@ -213,7 +219,6 @@ Result<bool> Executor::Impl::resolve_m2n(const Instruction& in, Task* t) {
   t->m2n_routed = true;
   t->m2n_local = on_ffn;
   t->m2n_ffn = mine->tags.part == "experts";
-  t->m2n_to_experts = other->tags.part == "experts";
   t->gradient = mine->tags.pass != ir::Pass::kF;
   t->mb = std::max(0, n.tags.mb);
   t->key = detail::StashKey{experts.tags.layer, "m2n", t->mb};
