@@ -389,8 +389,8 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
       return invalid_argument(
           "--runnable with --disaggregate: the allocator splits GPUs and NICs between unequal attention and FFN "
           "groups, which the compiler does not lower yet (it needs attn_ranks = ffn_ranks); the runtime runs af-pipe "
-          "with equal groups: piper train --strategy dp=D,ep=E,pp=1,schedule=af-pipe,disagg=1,attn_ranks=D,"
-          "ffn_ranks=D --ranks 2D");
+          "with equal groups: piper train --strategy dp=D,ep=E,pp=P,schedule=af-pipe,disagg=1,attn_ranks=D*P,"
+          "ffn_ranks=D*P --ranks 2*D*P");
     }
     if (o->verify_attempts < 1) {
       return invalid_argument("--verify-attempts=" + std::to_string(o->verify_attempts) + " must be >= 1");
