@@ -12,6 +12,7 @@
 #include "piper/cli/local_plan.h"
 #include "piper/cli/train_report.h"
 #include "piper/plan/disaggregate.h"
+#include "piper/plan/rescore.h"
 #include "piper/plan/search.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/comm_calibration.h"
@@ -143,8 +144,40 @@ void print_allocation(const char* label, const plan::AfAllocation& a) {
   std::printf("    strategy %s\n", c.strategy().to_string().c_str());
 }
 
+// Re-scoring with the simulator: the compiler lowers af-pipe only with attn_ranks = ffn_ranks (every pipeline
+// rank of a plan runs on dp*tp ranks), so the allocations simulated are the even ones among the roofline's best
+// (the best allocation when it is even, and the best even split); an uneven one says why it is not simulated.
+struct AfRescored {
+  std::string name;
+  plan::AfAllocation alloc;
+  double sim_step_s = 0;
+  std::string why;  // not simulated: the reason
+};
+
+AfRescored rescore_af(const std::string& name, const plan::AfAllocation& a, const ModelSpec& model,
+                      const ClusterSpec& cluster, const TrainSpec& train, const cost::Calibration& calibration) {
+  AfRescored x{name, a, 0, ""};
+  Strategy s = a.candidate.strategy();
+  const int64_t per_mb = static_cast<int64_t>(s.dp) * s.microbatches;
+  if (per_mb > 0 && train.global_batch % per_mb == 0) s.mbs = static_cast<int>(train.global_batch / per_mb);
+  if (s.attn_ranks != s.ffn_ranks) {
+    x.why = "attn_ranks=" + std::to_string(s.attn_ranks) + " != ffn_ranks=" + std::to_string(s.ffn_ranks) +
+            ": the compiler lowers equal groups only";
+    return x;
+  }
+  plan::SearchOptions so;
+  so.calibration = calibration;
+  Result<double> t = plan::simulate_step_time(model, cluster, train, s, so);
+  if (!t.ok()) {
+    x.why = t.status().message();
+  } else {
+    x.sim_step_s = *t;
+  }
+  return x;
+}
+
 Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const ClusterSpec& cluster,
-                        const TrainSpec& train) {
+                        const TrainSpec& train, const cost::Calibration& calibration) {
   plan::AfOptions options;
   options.memory_fraction = o.memory_fraction;
   PIPER_ASSIGN_OR_RETURN(options.placement, plan::parse_af_placement(o.af_placement));
@@ -160,6 +193,12 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
   auto cands = af.candidates(nullptr);
   PIPER_ASSIGN_OR_RETURN(plan::AfAllocation oracle, plan::enumerate_allocation(af, cands));
   const bool agrees = std::abs(oracle.objective - r.best.objective) <= 1e-9 * std::abs(oracle.objective);
+  std::vector<AfRescored> rescored = {rescore_af("best", r.best, model, cluster, train, calibration)};
+  if (r.has_even &&
+      !(r.even.candidate.attn == r.best.candidate.attn && r.even.candidate.pp == r.best.candidate.pp &&
+        r.even.candidate.ep == r.best.candidate.ep && r.even.candidate.microbatches == r.best.candidate.microbatches)) {
+    rescored.push_back(rescore_af("even", r.even, model, cluster, train, calibration));
+  }
   if (o.json) {
     Json j = r.to_json();
     j["model"] = model.name;
@@ -174,6 +213,19 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
                   {"placement", o.af_placement}};
     j["enumeration"] = oracle.to_json();
     j["enumeration_agrees"] = agrees;
+    Json sims = Json::array();
+    for (const AfRescored& x : rescored) {
+      Json e{{"allocation", x.name},
+             {"strategy", x.alloc.candidate.strategy().to_string()},
+             {"roofline_step_time_s", x.alloc.step_time_s}};
+      if (x.why.empty()) {
+        e["simulated_step_time_s"] = x.sim_step_s;
+      } else {
+        e["not_simulated"] = x.why;
+      }
+      sims.push_back(e);
+    }
+    j["simulated"] = sims;
     print_json(j.dump(2));
   } else {
     std::printf(
@@ -198,7 +250,17 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
         "FLOP/B vs %.0f -> %s-bound\n",
         r.attn_intensity, r.attn_balance, r.attn_intensity < r.attn_balance ? "network" : "compute", r.attn_turning_seq,
         r.ffn_intensity, r.ffn_balance, r.ffn_intensity < r.ffn_balance ? "network" : "compute");
-    std::printf("note     af-pipe plans are not scored by `piper estimate` (no closed form) nor simulated yet\n");
+    for (const AfRescored& x : rescored) {
+      if (x.why.empty()) {
+        std::printf("simulate %-5s %s: %s (roofline %s, x%.2f)\n", x.name.c_str(),
+                    x.alloc.candidate.strategy().to_string().c_str(), format_seconds(x.sim_step_s).c_str(),
+                    format_seconds(x.alloc.step_time_s).c_str(),
+                    x.alloc.step_time_s > 0 ? x.sim_step_s / x.alloc.step_time_s : 0.0);
+      } else {
+        std::printf("simulate %-5s not simulated: %s\n", x.name.c_str(), x.why.c_str());
+      }
+    }
+    std::printf("note     af-pipe plans are not scored by `piper estimate` (no closed form)\n");
   }
   if (!agrees) return internal_error("plan --disaggregate: the MILP and the enumeration disagree; please report");
   return ok_status();
@@ -223,7 +285,13 @@ Status run_plan(const PlanOptions& o) {
     train.global_batch = o.global_batch;
     train.seq_len = o.seq_len;
   }
-  if (o.disaggregate) return run_disaggregate(o, model, cluster, train);
+  if (o.disaggregate) {
+    cost::Calibration calibration = local_calibration;
+    if (o.local_ranks <= 0 && !o.calibration.empty()) {
+      PIPER_ASSIGN_OR_RETURN(calibration, cost::Calibration::load(o.calibration));
+    }
+    return run_disaggregate(o, model, cluster, train, calibration);
+  }
   plan::SearchOptions options;
   options.top_k = o.top_k;
   options.memory_fraction = o.memory_fraction;
@@ -318,7 +386,11 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
                               "this machine");
     }
     if (o->disaggregate && o->runnable) {
-      return invalid_argument("--runnable with --disaggregate: the runtime does not execute af-pipe plans yet");
+      return invalid_argument(
+          "--runnable with --disaggregate: the allocator splits GPUs and NICs between unequal attention and FFN "
+          "groups, which the compiler does not lower yet (it needs attn_ranks = ffn_ranks); the runtime runs af-pipe "
+          "with equal groups: piper train --strategy dp=D,ep=E,pp=P,schedule=af-pipe,disagg=1,attn_ranks=D*P,"
+          "ffn_ranks=D*P --ranks 2*D*P");
     }
     if (o->verify_attempts < 1) {
       return invalid_argument("--verify-attempts=" + std::to_string(o->verify_attempts) + " must be >= 1");

@@ -226,11 +226,17 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
     std::printf("\nloss_first %.4f  loss_last %.4f  (%lld steps, %.1f s)\n", loss_first, loss_last,
                 static_cast<long long>(o.steps), seconds);
     std::printf("tokens_per_s %.0f  achieved_flops %s\n", tokens_per_s, format_si(flops, "FLOP/s").c_str());
-    std::printf("peak_memory_bytes %lld (%s)  predicted_peak_memory_bytes %.0f (%s, %+.1f %%)\n",
-                static_cast<long long>(mem.peak_total_bytes),
-                format_bytes(static_cast<double>(mem.peak_total_bytes)).c_str(), predicted,
-                format_bytes(predicted).c_str(),
-                predicted > 0 ? 100.0 * (static_cast<double>(mem.peak_total_bytes) - predicted) / predicted : 0.0);
+    if (predicted <= 0) {  // af-pipe: estimate() has no model (the report below compares with the plan's peak)
+      std::printf("peak_memory_bytes %lld (%s)  predicted_peak_memory_bytes: none (no resource model of %s)\n",
+                  static_cast<long long>(mem.peak_total_bytes),
+                  format_bytes(static_cast<double>(mem.peak_total_bytes)).c_str(), trainer->strategy().schedule.c_str());
+    } else {
+      std::printf("peak_memory_bytes %lld (%s)  predicted_peak_memory_bytes %.0f (%s, %+.1f %%)\n",
+                  static_cast<long long>(mem.peak_total_bytes),
+                  format_bytes(static_cast<double>(mem.peak_total_bytes)).c_str(), predicted,
+                  format_bytes(predicted).c_str(),
+                  100.0 * (static_cast<double>(mem.peak_total_bytes) - predicted) / predicted);
+    }
     std::printf("  by category (measured peak / predicted):");
     const double pred[] = {trainer->predicted_memory().params, trainer->predicted_memory().grads,
                            trainer->predicted_memory().optimizer, trainer->predicted_memory().activations,

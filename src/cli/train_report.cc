@@ -59,7 +59,15 @@ Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, co
                          sim::simulate(model, machine.cluster, train, trainer.strategy(), machine.calibration, so));
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm,
                          cost::CostModel::create(model, machine.cluster, train, machine.calibration));
-  PIPER_ASSIGN_OR_RETURN(cost::Estimate e, cm.estimate(trainer.strategy()));
+  cost::Estimate e;
+  const bool disagg = trainer.strategy().disaggregate;
+  if (disagg) {
+    // estimate() has no closed-form model of af-pipe (Unimplemented): the 'model' peak is the compiled plan's
+    // (static bytes + the planned activations of the rank's program) and there is no modelled step time.
+    r.note = "af-pipe: estimate() has no closed form; the 'model' peak is the compiled plan's, no modelled step";
+  } else {
+    PIPER_ASSIGN_OR_RETURN(e, cm.estimate(trainer.strategy()));
+  }
   r.sim_step_s = sim.step_time_s;
   r.model_step_s = e.step_time_s;
   for (int rank = 0; rank < plan.world_size; ++rank) {
@@ -74,8 +82,14 @@ Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, co
       c.sim_busy_s = s.busy_s;
       c.sim_peak_bytes = static_cast<double>(s.peak_bytes);
     }
-    if (c.pp_rank < static_cast<int>(e.ranks.size()))
+    if (disagg) {
+      const size_t tmpl = static_cast<size_t>(plan.rank_template[static_cast<size_t>(rank)]);
+      if (tmpl < trainer.compiled().stats.peak_bytes.size()) {
+        c.model_peak_bytes = static_cast<double>(trainer.compiled().stats.peak_bytes[tmpl]);
+      }
+    } else if (c.pp_rank < static_cast<int>(e.ranks.size())) {
       c.model_peak_bytes = e.ranks[static_cast<size_t>(c.pp_rank)].total();
+    }
     r.ranks.push_back(c);
   }
   return r;
@@ -110,6 +124,7 @@ void PredictionReport::print() const {
   std::printf(
       " (step: measured mean after the first step; compute: wall time in compute and update tasks per step; "
       "x: measured / predicted)\n");
+  if (!note.empty()) std::printf(" (%s)\n", note.c_str());
 }
 
 Json PredictionReport::to_json() const {
@@ -132,6 +147,7 @@ Json PredictionReport::to_json() const {
               {"calibration", machine.calibration_source},
               {"simulated_step_time_s", sim_step_s},
               {"resource_model_step_time_s", model_step_s},
+              {"note", note},
               {"ranks", ranks_json}};
 }
 

@@ -55,6 +55,8 @@ struct PredictionReport {
   LocalMachine machine;
   std::vector<RankComparison> ranks;  // ascending rank
   double sim_step_s = 0, model_step_s = 0;
+  // Set when a prediction is missing or comes from elsewhere (af-pipe: the compiled plan's peak).
+  std::string note;
 
   void print() const;
   Json to_json() const;

@@ -134,6 +134,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
             const ir::Node& o = graph.node(other);
             // Pipeline send/recv endpoints carry the message to / from the other rank.
             if (o.kind == ir::NodeKind::kSend || o.kind == ir::NodeKind::kRecv) return true;
+            if (o.kind == ir::NodeKind::kM2N) return true;  // af-pipe exchange (executor_m2n.cc)
             if (o.kind == ir::NodeKind::kAllToAll) return true;  // expert dispatch / combine (executor_ep.cc)
             if (detail::is_tp_exchange(o)) return true;  // tensor-parallel exchange (executor_tp.cc)
             if (ir::is_comm(o.kind)) return false;
@@ -146,6 +147,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
               if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
               const ir::NodeKind src_kind = graph.node(ed.src).kind;
               const bool exchanged = src_kind == ir::NodeKind::kRecv || src_kind == ir::NodeKind::kAllToAll ||
+                                     src_kind == ir::NodeKind::kM2N ||
                                      detail::is_tp_exchange(graph.node(ed.src));
               // ZeRO-3: the parameter all-gather before the task (executor_comm.cc); no message. A recomputed
               // forward re-runs right before its backward, after the wait for that backward's all-gather, and
@@ -259,6 +261,7 @@ Status Executor::Impl::compute(const Task& t) {
         if (--it->second.remaining == 0) fwd.erase(it);
       }
     }
+    if (m2n != nullptr) PIPER_RETURN_IF_ERROR(m2n_local_inputs(t, &inputs));  // af-pipe (executor_m2n.cc)
     std::vector<const Activation*> ptrs;
     for (const Activation& a : inputs) ptrs.push_back(&a);
     const int64_t offset = static_cast<int64_t>(t.mb) * mbs * batch->seq_len;
@@ -320,6 +323,7 @@ Status Executor::Impl::compute(const Task& t) {
       if (--g->second.remaining == 0) bwd.erase(g);
     }
   }
+  if (m2n != nullptr) PIPER_RETURN_IF_ERROR(m2n_local_grads(t, &grads));  // af-pipe (executor_m2n.cc)
   if (t.pass == ir::Pass::kW) {
     t.chunk->backward_weight(ctx, *stash);
   } else {

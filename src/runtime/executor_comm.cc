@@ -18,9 +18,9 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
   if (in.node == ir::kNoNode) return internal_error("executor: '" + in.label + "' names no graph node");
   const ir::Node& n = graph->node(in.node);
   if (in.op == OpKind::kSend || in.op == OpKind::kRecv) {
-    if (in.comm == ir::NodeKind::kM2N) {
-      return unimplemented("executor: '" + in.label + "' is an M2N exchange (disaggregated attention/FFN); the " +
-                           "runtime does not execute af-pipe plans yet (docs/runtime.md)");
+    if (in.comm == ir::NodeKind::kM2N) {  // af-pipe (executor_m2n.cc); a dense m2n is a pipeline message
+      PIPER_ASSIGN_OR_RETURN(bool routed, resolve_m2n(in, t));
+      if (routed) return ok_status();
     }
     t->peer = dist->pipeline_peer(in.peer);
     if (t->peer < 0 || t->peer == dist->rank()) {
@@ -196,6 +196,7 @@ Status Executor::Impl::wait_comm(comm::Communicator& c, comm::Handle& h, std::sh
 
 Status Executor::Impl::send(const Task& t) {
   const Instruction& in = *t.in;
+  if (t.m2n_routed) return m2n_exchange(t);
   std::shared_ptr<const Tensor> tensor;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -226,6 +227,7 @@ Status Executor::Impl::send(const Task& t) {
 
 Status Executor::Impl::recv(const Task& t) {
   const Instruction& in = *t.in;
+  if (t.m2n_routed) return m2n_exchange(t);
   // Under sequence parallelism every hidden state between chunks of different stages is this rank's slice.
   const int64_t tokens = mbs * batch->seq_len / (tp.sequence_parallel ? tp.size : 1), hidden = model->dims().hidden;
   PIPER_ASSIGN_OR_RETURN(Tensor buf, Tensor::zeros({tokens, hidden}, MemCategory::kBuffers, allocator));

@@ -361,6 +361,14 @@ Status Executor::Impl::ep_exchange(const Task& t) {
   return ok_status();
 }
 
+Status Executor::Impl::ep_serve_m2n(comm::Communicator* group) {
+  if (ep == nullptr) ep = std::make_shared<detail::EpState>();
+  if (ep->comm != nullptr && ep->comm != group) return internal_error("executor: two ep groups on one rank");
+  ep->comm = group;
+  ep->ep = group->size();
+  return ok_status();
+}
+
 void Executor::Impl::ep_scale_grads() {
   // Every rank weights its microbatches' losses by 1 / (its microbatches): an expert that served the tokens of
   // the ep ranks of its group sums ep such objectives. Its gradient is their mean over the group (power of two

@@ -43,9 +43,15 @@ struct Task {
   // collectives: the group's communicator and degree.
   comm::Communicator* comm = nullptr;
   int degree = 1;
+  // m2n between attention and experts (executor_m2n.cc): the world ranks of the other side it exchanges with;
+  // whether this rank is the FFN side of it; m2n_local: the FFN group combines the experts' output (the head is
+  // on the FFN rank, or the next attention on another attention rank than the router).
+  bool m2n_routed = false, m2n_ffn = false, m2n_local = false;
+  std::vector<int> peers;
 };
 
-struct EpState;  // executor_ep.cc
+struct EpState;   // executor_ep.cc
+struct M2nState;  // executor_m2n.cc
 
 template <typename Msg>
 struct Pending {
@@ -188,6 +194,19 @@ struct Executor::Impl {
   void ep_scale_grads();
   // Tokens each expert received this step, per MoE layer, summed over the ranks (collective when distributed).
   Status collect_expert_tokens(std::map<int, std::vector<int64_t>>* out);
+  // af-pipe: this FFN rank's experts serve the ep attention ranks of its block over M2N (executor_m2n.cc); their
+  // gradient scaling and norm ownership are expert parallelism's over `group`.
+  Status ep_serve_m2n(comm::Communicator* group);
+
+  // executor_m2n.cc: disaggregated attention/FFN (af-pipe). An m2n instruction whose other end is an experts
+  // chunk is a routed exchange (true); a dense one (false) runs as a pipeline send/recv with the same-dp peer.
+  std::shared_ptr<detail::M2nState> m2n;
+  Result<bool> resolve_m2n(const compile::Instruction& in, Task* t);
+  Status m2n_exchange(const Task& t);
+  // Before a compute task on an FFN rank: the experts' output rows for the head become its hidden input (the
+  // combine inside the FFN group), and the head's gradient becomes the experts' row gradients (transposed).
+  Status m2n_local_inputs(const Task& t, std::vector<Activation>* inputs);
+  Status m2n_local_grads(const Task& t, std::vector<Gradient>* grads);
 };
 
 }  // namespace piper::runtime

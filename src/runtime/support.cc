@@ -12,9 +12,11 @@ RuntimeSupport runtime_support() {
   s.schedules = {"1f1b", "gpipe", "interleaved", "zb-h1", "dualpipev"};
   s.zero = {0, 1, 2, 3};
   s.recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
-  s.max_tp = 1;            // tensor-parallel collectives: not executed yet
-  s.max_ep = 1;            // expert all-to-all (flat or HALO): not executed yet
-  s.disaggregate = false;  // M2N exchange (af-pipe): not executed yet
+  s.max_tp = 1;  // tensor-parallel collectives: not executed yet
+  s.max_ep = 1;  // expert all-to-all (flat or HALO): not executed yet
+  // af-pipe (M2N, executor_m2n.cc): attention data parallel, experts parallel over ep on the FFN ranks; tested
+  // with zero=0, tp=1 and no recomputation (tests/runtime/dist_m2n_mpi_test.cc), so only that is declared.
+  s.disaggregate = true;
   return s;
 }
 
@@ -23,6 +25,14 @@ Status check_runnable(const Strategy& strategy) {
   const std::string what = "strategy " + strategy.to_string() + ": ";
   if (strategy.disaggregate && !s.disaggregate) {
     return unimplemented(what + "the runtime does not execute disaggregated attention/FFN (af-pipe) yet");
+  }
+  if (strategy.disaggregate) {
+    if (strategy.tp != 1 || strategy.zero != 0 || strategy.recompute != Recompute::kNone) {
+      return unimplemented(what + "the runtime runs af-pipe with tp=1, zero=0 and no recomputation today (got tp=" +
+                           std::to_string(strategy.tp) + ", zero=" +
+                           std::to_string(strategy.zero) + ", recompute=" + to_string(strategy.recompute) + ")");
+    }
+    return ok_status();  // ep shards the experts over the FFN ranks (executor_m2n.cc)
   }
   if (std::find(s.schedules.begin(), s.schedules.end(), strategy.schedule) == s.schedules.end()) {
     return unimplemented(what + "the runtime does not run schedule " + strategy.schedule + " yet; it runs " +

@@ -140,10 +140,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   cost::Calibration calibration;
   calibration.workspace_bytes = 0;
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(options.model, cluster, train, calibration));
-  PIPER_ASSIGN_OR_RETURN(cost::Estimate e, cm.estimate(t->strategy_));
-  t->predicted_ = e.memory;
-  const size_t stage = static_cast<size_t>(t->dist_ != nullptr ? t->dist_->coord().pp : 0);
-  t->predicted_rank_ = stage < e.ranks.size() ? e.ranks[stage] : e.memory;
+  if (!t->strategy_.disaggregate) {  // estimate() has no closed-form model of af-pipe (Unimplemented): none
+    PIPER_ASSIGN_OR_RETURN(cost::Estimate e, cm.estimate(t->strategy_));
+    t->predicted_ = e.memory;
+    const size_t stage = static_cast<size_t>(t->dist_ != nullptr ? t->dist_->coord().pp : 0);
+    t->predicted_rank_ = stage < e.ranks.size() ? e.ranks[stage] : e.memory;
+  }
   t->flops_per_token_ = cm.flops_per_token();
   t->tracker_.reset_peaks();
   return t;

@@ -300,4 +300,48 @@ Result<const FlowTemplate*> CommTemplates::p2p(int src_rank, int dst_rank) {
   return out;
 }
 
+Result<const FlowTemplate*> CommTemplates::m2n(int src_rank, int dst_pp) {
+  const compile::RankCoord src = plan_->coords[static_cast<size_t>(src_rank)];
+  const int id = reduced_ ? src.pp * plan_->mesh.pp + dst_pp : src_rank * plan_->world_size + dst_pp;
+  auto key = std::make_tuple(-2, std::string("m2n"), std::string(), id);
+  if (auto it = cache_.find(key); it != cache_.end()) return it->second.get();
+  const int ep = std::max(1, plan_->mesh.ep);
+  // One sender's flows: to each ep rank of its block on dst_pp, 1/ep of the unit payload.
+  auto add_sender = [&](FlowSim* scratch, int sender) -> Result<std::vector<int>> {
+    compile::RankCoord c = plan_->coords[static_cast<size_t>(sender)];
+    std::vector<int> receivers;
+    for (int d = c.dp / ep * ep; d < c.dp / ep * ep + ep; ++d) {
+      compile::RankCoord r = c;
+      r.pp = dst_pp;
+      r.dp = d;
+      r.ep = d % ep;
+      receivers.push_back(plan_->rank_of(r));
+    }
+    PIPER_ASSIGN_OR_RETURN(CollectiveFlows f,
+                           add_m2n(*net_, scratch, {sender}, receivers,
+                                   {std::vector<double>(receivers.size(), 1.0 / static_cast<double>(ep))}));
+    return f.flows;
+  };
+  FlowSim scratch(net_->link_bandwidths());
+  auto t = std::make_unique<FlowTemplate>();
+  PIPER_ASSIGN_OR_RETURN(std::vector<int> mine, add_sender(&scratch, src_rank));
+  if (!reduced_) {
+    *t = exact_template(scratch, mine);
+  } else {
+    // Every rank of the sender's slice sends its share at once.
+    std::vector<std::vector<int>> instances = {mine};
+    const int n = slice_size();
+    for (int o = 0; o < n; ++o) {
+      const int other = src.pp * n + o;
+      if (other == src_rank) continue;
+      PIPER_ASSIGN_OR_RETURN(std::vector<int> flows, add_sender(&scratch, other));
+      instances.push_back(flows);
+    }
+    *t = aggregate_template(*net_, scratch, instances, net_->node_of(src_rank));
+  }
+  const FlowTemplate* out = t.get();
+  cache_.emplace(key, std::move(t));
+  return out;
+}
+
 }  // namespace piper::sim

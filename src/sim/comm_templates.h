@@ -55,6 +55,9 @@ class CommTemplates {
                                          const std::string& algorithm);
   // A send of `src_rank` to `dst_rank`; payload = bytes.
   Result<const FlowTemplate*> p2p(int src_rank, int dst_rank);
+  // af-pipe: `src_rank`'s share of an M2N exchange with pipeline rank `dst_pp` (add_m2n): its payload spread
+  // evenly over the ep ranks of its ep block there (the experts' blocks; the runtime's executor_m2n.cc).
+  Result<const FlowTemplate*> m2n(int src_rank, int dst_pp);
 
   int num_templates() const { return static_cast<int>(cache_.size()); }
 

@@ -5,6 +5,7 @@
 #include <deque>
 #include <limits>
 #include <queue>
+#include <set>
 #include <unordered_map>
 
 #include "piper/base/check.h"
@@ -121,6 +122,8 @@ class Executor {
         fluid_(net.link_bandwidths()) {}
 
   Result<SimResult> run();
+  // af-pipe: the m2n nodes to or from an experts chunk (routed over the ep block, CommTemplates::m2n).
+  void set_routed_m2n(std::set<ir::NodeId> nodes) { routed_m2n_ = std::move(nodes); }
 
  private:
   const Program& program(const RankState& r) const { return plan_.templates[static_cast<size_t>(r.tmpl)]; }
@@ -150,6 +153,7 @@ class Executor {
   }
 
   const compile::Plan& plan_;
+  std::set<ir::NodeId> routed_m2n_;
   const SimOptions& options_;
   CommTemplates templates_;
   std::vector<TemplateInfo> infos_;
@@ -270,7 +274,14 @@ Status Executor::arrive_p2p(int ri, int s, const Instruction& in) {
     if (q.empty()) p2p_.erase(key);
     const FlowTemplate* tmpl = nullptr;
     if (!options_.zero_comm) {
-      PIPER_ASSIGN_OR_RETURN(tmpl, templates_.p2p(key.src, key.dst));
+      // af-pipe: an m2n to or from the experts spreads the sender's rows over the ep ranks of its block (the
+      // disaggregate pass names its nodes "<producer>-><consumer>.m2n.<side>"); other m2n are point-to-point.
+      const bool routed = in.comm == ir::NodeKind::kM2N && routed_m2n_.count(in.node) > 0;
+      if (routed) {
+        PIPER_ASSIGN_OR_RETURN(tmpl, templates_.m2n(key.src, plan_.coords[static_cast<size_t>(key.dst)].pp));
+      } else {
+        PIPER_ASSIGN_OR_RETURN(tmpl, templates_.p2p(key.src, key.dst));
+      }
     }
     // Both sides carry the payload (the lowering copies it from the send to the recv).
     return start_op({{ri, s}, {other.rank_index, other.stream}}, tmpl, static_cast<double>(in.comm_bytes));
@@ -470,6 +481,12 @@ Result<SimResult> simulate_plan(const compile::Plan& plan, const ir::Graph& grap
     infos.push_back(std::move(info));
   }
   Executor ex(plan, net, options, std::move(templates), std::move(infos));
+  // The disaggregate pass names an m2n node "<producer>-><consumer>.m2n.<side>" after its two chunks.
+  std::set<ir::NodeId> routed;
+  for (const ir::Node& n : graph.nodes()) {
+    if (n.kind == ir::NodeKind::kM2N && n.name.find(".experts.") != std::string::npos) routed.insert(n.id);
+  }
+  ex.set_routed_m2n(std::move(routed));
   return ex.run();
 }
 

@@ -13,10 +13,6 @@ Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, c
   train.micro_batch_size = strategy.mbs;
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
   PIPER_RETURN_IF_ERROR(strategy.validate_for(model, train, cluster.world_size()));
-  if (strategy.disaggregate) {
-    return unimplemented("simulate: disaggregated (af-pipe) strategies are not simulated yet: their M2N groups are "
-                         "not mapped to devices; drop disagg=1");
-  }
   PIPER_ASSIGN_OR_RETURN(TaskTimeFn task_time, cost_task_time(cm, strategy, calibration));
   compile::CompileOptions copts;
   copts.interleave_overlap = options.interleave_overlap;

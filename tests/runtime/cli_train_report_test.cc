@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -220,3 +221,44 @@ TEST(CliTrainReport, SaveOfAnExpertParallelRunIsRefusedBeforeTraining) {
   EXPECT_EQ(out.find("step     1"), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(dir));
 }
+
+namespace {
+
+// af-pipe end to end: `piper train --ranks 4` on 2 attention + 2 FFN ranks gives the losses of one rank (same
+// batches: microbatches = dp * 2), the trace holds every rank, and the report has the simulator's prediction and
+// the compiled plan's peak per rank (estimate() has no af-pipe model).
+TEST(CliTrainReport, AfPipeFourRanksEndToEnd) {
+  const std::string path = temp_file("afpipe.json");
+  int rc = 0;
+  std::string out = run(
+      "train --model tiny-moe --ranks 4 --seq 16 --steps 3 --lr 1e-3 --json --strategy "
+      "dp=2,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=2,mbs=1 --trace " +
+          path,
+      &rc, true);
+  ASSERT_EQ(rc, 0) << out;
+  std::string ref_out =
+      run("train --model tiny-moe --ranks 1 --seq 16 --steps 3 --lr 1e-3 --json --strategy microbatches=4,mbs=1", &rc,
+          true);
+  ASSERT_EQ(rc, 0) << ref_out;
+  auto j = piper::Json::parse(out);
+  auto ref = piper::Json::parse(ref_out);
+  const double got = j["loss_last"].get<double>(), want = ref["loss_last"].get<double>();
+  EXPECT_LE(std::abs(got - want), 1e-5 * std::abs(want)) << got << " vs " << want;
+  const auto& p = j["predicted_vs_measured"];
+  ASSERT_EQ(p["ranks"].size(), 4u);
+  EXPECT_GT(p["simulated_step_time_s"].get<double>(), 0);
+  EXPECT_NE(p["note"].get<std::string>().find("af-pipe"), std::string::npos);
+  for (int k = 0; k < 4; ++k) {
+    EXPECT_EQ(p["ranks"][k]["pp_rank"], k < 2 ? 0 : 1);  // attention ranks first, then FFN
+    const double measured = p["ranks"][k]["measured"]["peak_memory_bytes"].get<double>();
+    const double planned = p["ranks"][k]["resource_model"]["peak_memory_bytes"].get<double>();
+    EXPECT_GT(measured, 0);
+    EXPECT_GT(planned, 0);
+    EXPECT_LE(measured, 1.1 * planned) << "rank " << k;
+    EXPECT_GT(p["ranks"][k]["simulated"]["peak_memory_bytes"].get<double>(), 0);
+  }
+  EXPECT_EQ(check_trace(read_json(path), 3), 4u);  // 3 steps, 4 ranks
+  std::filesystem::remove(path);
+}
+
+}  // namespace

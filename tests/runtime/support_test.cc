@@ -42,6 +42,23 @@ TEST(RuntimeSupport, UnsupportedDimensionsAreNamed) {
   }
 }
 
+// af-pipe runs (tests/runtime/dist_m2n_mpi_test.cc: 2 attention + 2 FFN ranks, ep=2) in its tested combination
+// only; the rest is refused naming what differs.
+TEST(RuntimeSupport, AfPipeIsRunnableAsTested) {
+  ASSERT_TRUE(runtime_support().disaggregate);
+  const std::string af = "dp=2,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=2";
+  EXPECT_TRUE(check_runnable(parse(af)).ok()) << check_runnable(parse(af)).to_string();
+  for (const std::string& other : {af + ",zero=1", af + ",recompute=full"}) {
+    Status st = check_runnable(parse(other));
+    EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << other;
+    EXPECT_NE(st.message().find("tp=1, zero=0 and no recomputation"), std::string::npos) << st.to_string();
+  }
+  // Several attention / FFN pipeline ranks (the FFN group combines, executor_m2n.cc).
+  EXPECT_TRUE(check_runnable(parse("dp=2,ep=2,pp=2,schedule=af-pipe,disagg=1,attn_ranks=4,ffn_ranks=4,"
+                                   "microbatches=4"))
+                  .ok());
+}
+
 void expect_one_step(const std::string& strategy) {
   kernels::set_kernel_threads(1);
   TrainOptions o;

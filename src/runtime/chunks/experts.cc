@@ -36,6 +36,8 @@ class ExpertsChunk : public Chunk {
   Result<std::unique_ptr<Stash>> forward(const StepContext& ctx, const Microbatch& mb,
                                          const std::vector<const Activation*>& inputs, Activation* out) override {
     const int64_t n = mb.num_tokens(), h = dims_.hidden;
+    // Disaggregated (af-pipe): the rows come from the attention ranks without their residual and routing.
+    if (inputs.size() == 1 && inputs[0]->ep && !inputs[0]->hidden) return forward_ep(ctx, *inputs[0], out);
     if (inputs.size() != 1 || !inputs[0]->routed || !inputs[0]->hidden || inputs[0]->hidden->numel() != n * h) {
       return invalid_argument(name() + ": expects one input from its router (residual + routing), got " +
                               std::to_string(inputs.size()) + "; the graph must link router -> experts");
@@ -140,7 +142,7 @@ class ExpertsChunk : public Chunk {
       }
     }
     auto st = std::make_unique<ExpertsStash>();
-    st->n = in.hidden->numel() / h;
+    st->n = in.hidden ? in.hidden->numel() / h : 0;
     st->routed = in.routed;
     st->ep_in = in.ep;
     st->local = kernels::build_routing(ep.expert.data(), rows, 1, dims_.local_experts());

@@ -1,0 +1,817 @@
+// The executor's M2N exchanges: disaggregated attention/FFN (af-pipe, DisagMoE). See docs/runtime.md.
+//
+// The plan (ir/passes/disaggregate.cc) puts embed, attention and router on attention pipeline ranks and the FFN
+// parts (dense mlp, experts, shared) and the head on FFN pipeline ranks; every data edge between the two sides is an
+// m2n send on one rank and an m2n recv on the other. Both sides run on dp ranks per pipeline rank (the rank
+// layout of Plan: attention rank d and FFN rank d share the dp coordinate d); the FFN side shards its experts
+// over ep: FFN rank d holds expert block d mod ep.
+//
+//   dense edges (attn <-> mlp, shared): a point-to-point message with the same-dp rank of the other side,
+//     exactly a pipeline send/recv (executor_comm.cc runs it).
+//   routed edges (router <-> experts, experts <-> the next layer's attention or the head): each attention rank d
+//     exchanges with the ep FFN ranks of its ep block (dp coordinates [d/ep*ep, d/ep*ep + ep)), peer e holding
+//     experts [e E/ep, (e+1) E/ep); each of those FFN ranks serves the ep attention ranks of the block.
+//     router -> experts F   (attention rank) each (token, slot) row of the normed input to the FFN rank of its
+//                           expert, with its local expert and routing weight; row counts first. The residual and
+//                           the routing stay here, kept per (layer, microbatch) until the backward.
+//                           (FFN rank) the rows of every source in (source, token, slot) order: the experts
+//                           chunk's expert-parallel input (EpRows), as after an EP dispatch.
+//     experts -> next F     (FFN rank) the output rows back to their sources.
+//                           (attention rank) x + routed_scaling * sum over slots (in slot order) of weight * row:
+//                           the single-rank experts chunk's output, arithmetic as flat_combine.
+//     next -> experts B     (attention rank) the output gradient times routed_scaling, dispatched like the tokens;
+//                           the unscaled gradient is kept as the residual's gradient for the router.
+//                           (FFN rank) the experts chunk's row gradients (EpRows), as after an EP combine B.
+//     experts -> router B   (FFN rank) each source's input-gradient rows and routing-weight gradients.
+//                           (attention rank) the rows summed per token in slot order (dnormed), the weight
+//                           gradients in slot order (dtopk_w) and the kept residual gradient (dhidden): the
+//                           router's backward input, as after an EP dispatch B.
+//   When the router's attention rank cannot combine (the experts feed the head on the FFN rank, or with pp > 1 the
+//   next attention is on another attention rank), the FFN group combines instead (combine_on_ffn): the dispatch
+//   also carries the residual and routing to the same-dp FFN rank, the FFN ranks exchange output rows among
+//   themselves (pairwise all-to-all-v, before the head's F or in the experts' send, which then sends the hidden
+//   state as a dense message), the backward transposes it before the experts' BW, and the residual's gradient
+//   goes back to the router's rank with the experts' input gradients.
+// The messages of one instruction go to / come from each peer with the plan's tag on the p2p communicator
+// (posted in a fixed order, so they match in order); zero-row blocks post nothing. Every wait is wait_comm's
+// (timeout naming the ranks, abandon when another stream failed). Expert gradients are divided by ep before the
+// norm (ep_scale_grads): an FFN rank's experts served ep attention ranks' objectives.
+#include <chrono>
+#include <cstring>
+
+#include "piper/comm/algorithms/pairwise_all_to_all.h"
+#include "piper/runtime/executor_impl.h"
+
+namespace piper::runtime {
+
+using compile::Instruction;
+using compile::OpKind;
+using detail::Task;
+
+namespace detail {
+
+// Attention side, one (MoE layer, microbatch): from the router's forward to the router's backward.
+struct M2nSource {
+  int64_t tokens = 0;
+  std::vector<int> dest;                   // peer index of each (token, slot)
+  std::vector<size_t> rows_to;             // rows sent to each peer
+  std::vector<size_t> slot_row;            // row of each (token, slot) in the peers' blocks, concatenated
+  std::shared_ptr<const Tensor> residual;  // the router's x
+  std::shared_ptr<const Routed> routed;
+  std::vector<float> weight;                // routing weight of each (token, slot)
+  std::shared_ptr<const Tensor> dresidual;  // the output gradient (backward), the router's dhidden
+};
+
+// FFN side, one (MoE layer, microbatch): rows received from each source; when the experts' output feeds a
+// chunk of this FFN rank (the head), also the same-dp source's routing and residual (`local`).
+struct M2nSink {
+  std::vector<size_t> rows_from;
+  std::shared_ptr<M2nSource> local;
+};
+
+struct M2nState {
+  std::map<std::pair<int, int>, std::shared_ptr<M2nSource>> sources;  // guarded by Impl::mu
+  std::map<std::pair<int, int>, std::shared_ptr<M2nSink>> sinks;      // guarded by Impl::mu
+  std::map<int, std::unique_ptr<comm::Communicator>> combine_comms;   // FFN group per m2n_to stream (create())
+};
+
+}  // namespace detail
+
+namespace {
+
+Status ffn_group_exchange(comm::Communicator* group, const float* send, const std::vector<size_t>& send_rows,
+                          float* recv, const std::vector<size_t>& recv_rows, int64_t h, double timeout_s);
+
+// The chunk at the local end of an m2n node (a send's producer, a recv's consumer).
+const ir::Node* local_chunk(const ir::Graph& g, const ir::Node& n) {
+  const auto& edges = n.m2n_sender ? g.in_edges(n.id) : g.out_edges(n.id);
+  for (int e : edges) {
+    const ir::Edge& ed = g.edge(e);
+    if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
+    const ir::Node& c = g.node(n.m2n_sender ? ed.src : ed.dst);
+    if (c.kind == ir::NodeKind::kChunk) return &c;
+  }
+  return nullptr;
+}
+
+std::string pair_name(const ir::Node& n) { return n.name.substr(0, n.name.rfind('.')); }
+
+// Whether the combine of the experts of (layer, mb) runs inside the FFN group: their output feeds a chunk on the
+// FFN rank (the head) or the next layer's attention on another attention rank than the router (pp > 1), so the
+// router's rank cannot combine. The FFN rank then gets the residual and routing with the dispatch, combines
+// (m2n_local_inputs or the combine send), and returns the output gradient's residual part with the experts' input
+// gradients; the exchanges with the next layer are then dense messages.
+bool combine_on_ffn(const ir::Graph& g, const ir::Node& experts) {
+  const ir::Node* fwd = nullptr;
+  int router_pp = -1;
+  for (const ir::Node& n : g.nodes()) {
+    if (n.kind != ir::NodeKind::kChunk || n.tags.layer != experts.tags.layer || n.tags.mb != experts.tags.mb ||
+        n.tags.pass != ir::Pass::kF) {
+      continue;
+    }
+    if (n.tags.part == "experts") fwd = &n;
+    if (n.tags.part == "router") router_pp = n.pp_rank;
+  }
+  if (fwd == nullptr) return false;
+  for (int e : g.out_edges(fwd->id)) {
+    const ir::Edge& ed = g.edge(e);
+    if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
+    const ir::Node& c = g.node(ed.dst);
+    // Not the chunk's own F -> BW (stash) edge: another part's chunk, or an m2n to another attention rank.
+    if (c.kind == ir::NodeKind::kChunk && c.tags.part != fwd->tags.part) return true;
+    if (c.kind == ir::NodeKind::kM2N && c.peer_pp_rank != router_pp) return true;
+  }
+  return false;
+}
+
+// Slot bookkeeping of one source's routing over `peers` expert blocks: rows per peer and each slot's row in the
+// peers' blocks, concatenated.
+void route_slots(detail::M2nSource* s, size_t peers) {
+  s->rows_to.assign(peers, 0);
+  for (int d : s->dest) ++s->rows_to[static_cast<size_t>(d)];
+  std::vector<size_t> at(peers, 0);
+  for (size_t d = 1; d < peers; ++d) at[d] = at[d - 1] + s->rows_to[d - 1];
+  s->slot_row.resize(s->dest.size());
+  for (size_t i = 0; i < s->dest.size(); ++i) s->slot_row[i] = at[static_cast<size_t>(s->dest[i])]++;
+}
+
+// x + scale * sum over slots (in slot order) of weight * row: the single-rank experts chunk's output, with the
+// arithmetic of flat_combine.
+std::shared_ptr<Tensor> combine_rows(const detail::M2nSource& s, const float* back, int64_t h, int k, float scale,
+                                     Allocator* allocator) {
+  std::vector<float> y(static_cast<size_t>(s.tokens * h), 0.0f);
+  for (int64_t tok = 0; tok < s.tokens; ++tok) {
+    float* acc = y.data() + tok * h;
+    for (int j = 0; j < k; ++j) {
+      const size_t i = static_cast<size_t>(tok * k + j);
+      const float* row = back + s.slot_row[i] * static_cast<size_t>(h);
+      for (int64_t col = 0; col < h; ++col) acc[col] += s.weight[i] * row[col];
+    }
+  }
+  auto out = std::make_shared<Tensor>(Tensor::zeros_or_die(s.residual->shape(), MemCategory::kActivations, allocator));
+  const float* x = s.residual->data();
+  float* o = out->data();
+  for (int64_t i = 0; i < out->numel(); ++i) o[i] = x[i] + scale * y[static_cast<size_t>(i)];
+  return out;
+}
+
+// The output gradient times scale, one row per (token, slot) at its slot_row.
+std::shared_ptr<std::vector<float>> scatter_grad(const detail::M2nSource& s, const float* dy, int64_t h, int k,
+                                                 float scale) {
+  auto rows = std::make_shared<std::vector<float>>(static_cast<size_t>(s.tokens * k * h));
+  for (size_t i = 0; i < s.slot_row.size(); ++i) {
+    float* row = rows->data() + s.slot_row[i] * static_cast<size_t>(h);
+    const float* src = dy + (i / static_cast<size_t>(k)) * static_cast<size_t>(h);
+    for (int64_t col = 0; col < h; ++col) row[col] = scale != 1.0f ? src[col] * scale : src[col];
+  }
+  return rows;
+}
+
+}  // namespace
+
+Result<bool> Executor::Impl::resolve_m2n(const Instruction& in, Task* t) {
+  const ir::Node& n = graph->node(in.node);
+  const ir::Node* mine = local_chunk(*graph, n);
+  const ir::Node* other = nullptr;
+  for (const ir::Node& p : graph->nodes()) {  // the partner node on the other side of the exchange
+    if (p.kind == ir::NodeKind::kM2N && p.m2n_sender != n.m2n_sender && pair_name(p) == pair_name(n)) {
+      other = local_chunk(*graph, p);
+      break;
+    }
+  }
+  if (mine == nullptr || other == nullptr) {
+    return internal_error("executor: '" + in.label + "' does not link two chunks");
+  }
+  const bool routed = mine->tags.part == "experts" || other->tags.part == "experts";
+  if (!routed) return false;  // a dense edge: a pipeline-like message with the same-dp peer
+  const ir::Node& experts = mine->tags.part == "experts" ? *mine : *other;
+  const ir::Node& peer_chunk = mine->tags.part == "experts" ? *other : *mine;
+  if (peer_chunk.tags.part != "router" && peer_chunk.tags.part != "attn" && peer_chunk.tags.part != "head") {
+    return unimplemented("executor: '" + in.label + "' links experts with '" + peer_chunk.name +
+                         "'; the runtime's M2N exchanges connect experts with a router, attention or head");
+  }
+  const bool on_ffn = combine_on_ffn(*graph, experts);
+  const bool sending = in.op == OpKind::kSend;
+  // The FFN group combines: the experts' output goes to the next layer's attention as a dense message, and its
+  // gradient comes back as one; only the FFN side's forward send combines first (below).
+  if (on_ffn && peer_chunk.tags.part != "router" &&
+      !(sending && mine->tags.part == "experts" && mine->tags.pass == ir::Pass::kF)) {
+    return false;
+  }
+  if (in.tag < 0 || in.tag > 32767) {
+    return invalid_argument("executor: '" + in.label + "' has tag " + std::to_string(in.tag) +
+                            " outside the communicator's [0, 32767]");
+  }
+  if (m2n == nullptr) m2n = std::make_shared<detail::M2nState>();
+  const compile::Plan& plan = dist->plan();
+  const compile::RankCoord& me = dist->coord();
+  const int ep_deg = std::max(1, graph->mesh.ep);
+  const int block = me.dp / ep_deg * ep_deg;
+  t->peers.clear();
+  for (int d = block; d < block + ep_deg; ++d) {
+    compile::RankCoord c;
+    c.pp = in.peer;
+    c.dp = d;
+    c.ep = d % ep_deg;
+    c.tp = me.tp;
+    t->peers.push_back(plan.rank_of(c));
+  }
+  t->m2n_routed = true;
+  t->m2n_local = on_ffn;
+  t->m2n_ffn = mine->tags.part == "experts";
+  t->gradient = mine->tags.pass != ir::Pass::kF;
+  t->mb = std::max(0, n.tags.mb);
+  t->key = detail::StashKey{experts.tags.layer, "m2n", t->mb};
+  int count = 0;
+  for (int e : sending ? graph->in_edges(n.id) : graph->out_edges(n.id)) {
+    const ir::Edge& ed = graph->edge(e);
+    if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
+    if (sending) t->source = ed.src;
+    ++count;
+  }
+  if (sending && count != 1) {
+    return internal_error("executor: '" + in.label + "' has " + std::to_string(count) + " producers, expected 1");
+  }
+  if (!sending) t->consumers = count;
+  if (t->m2n_ffn && ep_deg > 1) {
+    // The FFN rank's experts chunk holds one ep block: expert gradients are the mean over the ep sources'
+    // objectives and each expert counts once in the norm (ep_setup, ep_scale_grads).
+    comm::Communicator* group = dist->group("ep");
+    if (group == nullptr || group->size() != ep_deg) {
+      return internal_error("executor: '" + in.label + "': the FFN rank has no ep group of " + std::to_string(ep_deg) +
+                            " ranks");
+    }
+    PIPER_RETURN_IF_ERROR(ep_serve_m2n(group));
+    if (on_ffn && sending && t->m2n_ffn && !t->gradient && peer_chunk.tags.part != "router") {
+      // This send stream combines inside the FFN group concurrently with the compute stream's combines (the
+      // head's input, the experts' gradients): its own communicator, one per peer pipeline rank (= stream).
+      auto& c = m2n->combine_comms[in.peer];
+      if (c == nullptr) {
+        PIPER_ASSIGN_OR_RETURN(c, group->dup("m2n_combine_" + std::to_string(in.peer)));
+      }
+      t->comm = c.get();
+    }
+  }
+  return true;
+}
+
+Status Executor::Impl::m2n_exchange(const Task& t) {
+  const auto start = std::chrono::steady_clock::now();
+  const Instruction& in = *t.in;
+  const bool sending = in.op == OpKind::kSend;
+  const int64_t h = model->dims().hidden;
+  const int k = model->dims().top_k;
+  const float scale = static_cast<float>(model->dims().routed_scaling);
+  const int layer = std::get<0>(t.key);
+  const auto key = std::make_pair(layer, t.mb);
+  const size_t peers = t.peers.size();
+  comm::Communicator& c = dist->p2p();
+  const int tag = static_cast<int>(in.tag);
+  auto who = [&](size_t i) { return "rank " + std::to_string(t.peers[i]); };
+  // Posts one message per peer (skipping empty ones) and waits for all; `keep` owns the buffers.
+  auto post_all = [&](bool send, const std::vector<void*>& bufs, const std::vector<size_t>& bytes,
+                      const std::shared_ptr<const void>& keep) -> Status {
+    std::vector<std::pair<size_t, comm::Handle>> handles;
+    for (size_t i = 0; i < peers; ++i) {
+      if (bytes[i] == 0) continue;
+      Result<comm::Handle> posted =
+          send ? c.isend(bufs[i], bytes[i], t.peers[i], tag) : c.irecv(bufs[i], bytes[i], t.peers[i], tag);
+      if (!posted.ok()) return posted.status();
+      handles.emplace_back(i, std::move(posted).value());
+    }
+    for (auto& [i, handle] : handles) {
+      PIPER_RETURN_IF_ERROR(
+          wait_comm(c, handle, keep, std::string(send ? "M2N send to " : "M2N receive from ") + who(i)));
+    }
+    return ok_status();
+  };
+  auto take_fwd = [&](ir::NodeId src) -> Result<Activation> {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = fwd.find(src);
+    if (it == fwd.end()) {
+      return internal_error("'" + in.label + "': the output of '" + graph->node(src).name +
+                            "' is not available: the plan sends it before it is computed");
+    }
+    Activation a = it->second.msg;
+    if (--it->second.remaining == 0) fwd.erase(it);
+    return a;
+  };
+  auto take_bwd = [&](ir::NodeId src) -> Result<Gradient> {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = bwd.find(src);
+    if (it == bwd.end()) {
+      return internal_error("'" + in.label + "': the gradient of '" + graph->node(src).name +
+                            "' is not available: the plan sends it before it is computed");
+    }
+    Gradient g = it->second.msg;
+    if (--it->second.remaining == 0) bwd.erase(it);
+    return g;
+  };
+  // The receive streams post their receives in the channel's order, concurrently with the send stream that
+  // dispatches: wait (bounded by the communication timeout) until the dispatch recorded its routing.
+  auto source_state = [&]() -> Result<std::shared_ptr<detail::M2nSource>> {
+    std::unique_lock<std::mutex> lock(mu);
+    const bool ready = cv.wait_for(lock, std::chrono::duration<double>(dist->timeout_s()),
+                                   [&] { return failed || m2n->sources.count(key) > 0; });
+    if (failed) return unavailable("'" + in.label + "': abandoned, another stream of this rank failed");
+    if (!ready) {
+      return deadline_exceeded("'" + in.label + "' waited " + std::to_string(static_cast<int>(dist->timeout_s())) +
+                               " s (PIPER_COMM_TIMEOUT_S) for the dispatch of (layer " + std::to_string(layer) +
+                               ", mb " + std::to_string(t.mb) + ") on rank " + std::to_string(dist->rank()));
+    }
+    return m2n->sources.at(key);
+  };
+  // With pp > 1 an FFN rank receives a layer's dispatch and its output gradient from different attention ranks,
+  // on different receive streams: wait (bounded) until the dispatch's rows arrived.
+  auto sink_state = [&]() -> Result<std::shared_ptr<detail::M2nSink>> {
+    std::unique_lock<std::mutex> lock(mu);
+    const bool ready = cv.wait_for(lock, std::chrono::duration<double>(dist->timeout_s()),
+                                   [&] { return failed || m2n->sinks.count(key) > 0; });
+    if (failed) return unavailable("'" + in.label + "': abandoned, another stream of this rank failed");
+    if (!ready) {
+      return deadline_exceeded("'" + in.label + "' waited " + std::to_string(static_cast<int>(dist->timeout_s())) +
+                               " s (PIPER_COMM_TIMEOUT_S) for the rows of (layer " + std::to_string(layer) + ", mb " +
+                               std::to_string(t.mb) + ") on rank " + std::to_string(dist->rank()));
+    }
+    return m2n->sinks.at(key);
+  };
+
+  auto publish_fwd = [&](Activation a) {
+    std::lock_guard<std::mutex> lock(mu);
+    fwd[in.node] = detail::Pending<Activation>{std::move(a), t.consumers};
+  };
+  auto publish_bwd = [&](Gradient g) {
+    std::lock_guard<std::mutex> lock(mu);
+    bwd[in.node] = detail::Pending<Gradient>{std::move(g), t.consumers};
+  };
+  struct Meta {
+    int32_t expert;
+    float weight;
+  };
+  const int experts_per_peer = model->dims().num_experts / static_cast<int>(peers);
+  const size_t me_idx = static_cast<size_t>(dist->coord().dp % std::max(1, graph->mesh.ep));  // my same-dp peer
+
+  if (!t.gradient && sending && !t.m2n_ffn) {
+    // router -> experts F (attention rank): rows to the expert's FFN rank.
+    PIPER_ASSIGN_OR_RETURN(Activation a, take_fwd(t.source));
+    if (!a.routed || !a.hidden) return internal_error("'" + in.label + "': the router sent no routing");
+    auto s = std::make_shared<detail::M2nSource>();
+    s->tokens = a.hidden->numel() / h;
+    s->residual = a.hidden;
+    s->routed = a.routed;
+    const size_t slots = static_cast<size_t>(s->tokens * k);
+    s->dest.resize(slots);
+    s->weight.assign(a.routed->topk_w.data(), a.routed->topk_w.data() + slots);
+    for (size_t i = 0; i < slots; ++i) {
+      const int d = a.routed->topk_idx[i] / experts_per_peer;
+      if (d < 0 || static_cast<size_t>(d) >= peers) {
+        return internal_error("'" + in.label + "': expert " + std::to_string(a.routed->topk_idx[i]) + " out of range");
+      }
+      s->dest[i] = d;
+    }
+    route_slots(s.get(), peers);
+    std::vector<size_t> first(peers + 1, 0);
+    for (size_t d = 0; d < peers; ++d) first[d + 1] = first[d] + s->rows_to[d];
+    auto counts = std::make_shared<std::vector<int64_t>>(peers);
+    auto payload = std::make_shared<std::vector<std::vector<char>>>(peers + 1);
+    const size_t row_bytes = static_cast<size_t>(h) * sizeof(float);
+    for (size_t d = 0; d < peers; ++d) {
+      (*counts)[d] = static_cast<int64_t>(s->rows_to[d]);
+      (*payload)[d].resize(s->rows_to[d] * (sizeof(Meta) + row_bytes));
+    }
+    const float* normed = a.routed->normed->data();
+    for (size_t i = 0; i < slots; ++i) {
+      const size_t d = static_cast<size_t>(s->dest[i]);
+      const size_t j = s->slot_row[i] - first[d];  // row within the peer's block
+      char* block = (*payload)[d].data();
+      const Meta m{a.routed->topk_idx[i] - static_cast<int>(d) * experts_per_peer, s->weight[i]};
+      std::memcpy(block + j * sizeof(Meta), &m, sizeof(Meta));
+      std::memcpy(block + s->rows_to[d] * sizeof(Meta) + j * row_bytes, normed + (i / k) * h, row_bytes);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      m2n->sources[key] = s;
+      cv.notify_all();
+    }
+    std::shared_ptr<const void> keep =
+        std::make_shared<std::pair<decltype(counts), decltype(payload)>>(counts, payload);
+    std::vector<void*> cb(peers), pb(peers);
+    std::vector<size_t> cbytes(peers, sizeof(int64_t)), pbytes(peers);
+    for (size_t d = 0; d < peers; ++d) {
+      cb[d] = &(*counts)[d];
+      pb[d] = (*payload)[d].data();
+      pbytes[d] = (*payload)[d].size();
+    }
+    PIPER_RETURN_IF_ERROR(post_all(true, cb, cbytes, keep));
+    PIPER_RETURN_IF_ERROR(post_all(true, pb, pbytes, keep));
+    if (t.m2n_local) {
+      // The experts' output feeds the head on the same-dp FFN rank: it combines, so it gets the residual and
+      // the routing (weights and destination blocks) of this source's tokens.
+      std::vector<char>& extra = (*payload)[peers];
+      extra.resize(static_cast<size_t>(s->tokens * h) * sizeof(float) + slots * (sizeof(float) + sizeof(int32_t)));
+      char* at = extra.data();
+      std::memcpy(at, s->residual->data(), static_cast<size_t>(s->tokens * h) * sizeof(float));
+      at += static_cast<size_t>(s->tokens * h) * sizeof(float);
+      std::memcpy(at, s->weight.data(), slots * sizeof(float));
+      at += slots * sizeof(float);
+      for (size_t i = 0; i < slots; ++i) {
+        const int32_t d = s->dest[i];
+        std::memcpy(at + i * sizeof(int32_t), &d, sizeof(int32_t));
+      }
+      std::vector<void*> xb(peers, nullptr);
+      std::vector<size_t> xbytes(peers, 0);
+      xb[me_idx] = extra.data();
+      xbytes[me_idx] = extra.size();
+      PIPER_RETURN_IF_ERROR(post_all(true, xb, xbytes, keep));
+    }
+  } else if (!t.gradient && !sending && t.m2n_ffn) {
+    // router -> experts F (FFN rank): every source's rows, in (source, token, slot) order.
+    auto counts = std::make_shared<std::vector<int64_t>>(peers, 0);
+    std::vector<void*> cb(peers);
+    for (size_t s = 0; s < peers; ++s) cb[s] = &(*counts)[s];
+    PIPER_RETURN_IF_ERROR(post_all(false, cb, std::vector<size_t>(peers, sizeof(int64_t)), counts));
+    auto sink = std::make_shared<detail::M2nSink>();
+    auto payload = std::make_shared<std::vector<std::vector<char>>>(peers);
+    const size_t row_bytes = static_cast<size_t>(h) * sizeof(float);
+    std::vector<void*> pb(peers);
+    std::vector<size_t> pbytes(peers);
+    int64_t rows = 0;
+    for (size_t s = 0; s < peers; ++s) {
+      if ((*counts)[s] < 0 || (*counts)[s] > int64_t{1} << 40) {
+        return internal_error("'" + in.label + "': " + who(s) + " announced " + std::to_string((*counts)[s]) + " rows");
+      }
+      sink->rows_from.push_back(static_cast<size_t>((*counts)[s]));
+      (*payload)[s].resize(sink->rows_from[s] * (sizeof(Meta) + row_bytes));
+      pb[s] = (*payload)[s].data();
+      pbytes[s] = (*payload)[s].size();
+      rows += (*counts)[s];
+    }
+    PIPER_RETURN_IF_ERROR(post_all(false, pb, pbytes, payload));
+    auto got = std::make_shared<EpRows>();
+    PIPER_ASSIGN_OR_RETURN(Tensor t_rows, Tensor::zeros({rows, h}, MemCategory::kActivations, allocator));
+    auto rows_t = std::make_shared<Tensor>(std::move(t_rows));
+    got->expert.resize(static_cast<size_t>(rows));
+    got->weight.resize(static_cast<size_t>(rows));
+    size_t r = 0;
+    for (size_t s = 0; s < peers; ++s) {
+      const char* block = (*payload)[s].data();
+      const size_t n = sink->rows_from[s];
+      for (size_t j = 0; j < n; ++j) {
+        Meta m;
+        std::memcpy(&m, block + j * sizeof(Meta), sizeof(Meta));
+        got->expert[r + j] = m.expert;
+        got->weight[r + j] = m.weight;
+      }
+      if (n > 0) std::memcpy(rows_t->data() + r * static_cast<size_t>(h), block + n * sizeof(Meta), n * row_bytes);
+      r += n;
+    }
+    got->rows = std::move(rows_t);
+    if (t.m2n_local) {
+      // The same-dp source's residual and routing, for the combine before the head (m2n_local_inputs).
+      auto local = std::make_shared<detail::M2nSource>();
+      local->tokens = mbs * batch->seq_len;
+      const size_t slots = static_cast<size_t>(local->tokens * k);
+      auto extra = std::make_shared<std::vector<char>>(static_cast<size_t>(local->tokens * h) * sizeof(float) +
+                                                       slots * (sizeof(float) + sizeof(int32_t)));
+      std::vector<void*> xb(peers, nullptr);
+      std::vector<size_t> xbytes(peers, 0);
+      xb[me_idx] = extra->data();
+      xbytes[me_idx] = extra->size();
+      PIPER_RETURN_IF_ERROR(post_all(false, xb, xbytes, extra));
+      const char* at = extra->data();
+      auto x = std::make_shared<Tensor>(Tensor::zeros_or_die({local->tokens, h}, MemCategory::kActivations, allocator));
+      std::memcpy(x->data(), at, static_cast<size_t>(local->tokens * h) * sizeof(float));
+      at += static_cast<size_t>(local->tokens * h) * sizeof(float);
+      local->residual = std::move(x);
+      local->weight.resize(slots);
+      std::memcpy(local->weight.data(), at, slots * sizeof(float));
+      at += slots * sizeof(float);
+      local->dest.resize(slots);
+      for (size_t i = 0; i < slots; ++i) {
+        int32_t d = 0;
+        std::memcpy(&d, at + i * sizeof(int32_t), sizeof(int32_t));
+        if (d < 0 || static_cast<size_t>(d) >= peers) {
+          return internal_error("'" + in.label + "': " + who(me_idx) + " sent a slot for expert block " +
+                                std::to_string(d));
+        }
+        local->dest[i] = d;
+      }
+      route_slots(local.get(), peers);
+      sink->local = std::move(local);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      m2n->sinks[key] = sink;
+      cv.notify_all();
+    }
+    Activation a;
+    a.ep = std::move(got);
+    publish_fwd(std::move(a));
+  } else if (!t.gradient && sending && t.m2n_ffn) {
+    // experts -> next F (FFN rank): output rows back to their sources.
+    PIPER_ASSIGN_OR_RETURN(Activation a, take_fwd(t.source));
+    PIPER_ASSIGN_OR_RETURN(auto sink, sink_state());
+    if (!a.ep || !a.ep->rows) return internal_error("'" + in.label + "': the experts chunk produced no rows");
+    if (t.m2n_local) {
+      // The next attention is on another attention rank than the router: combine in the FFN group here and send
+      // the hidden state to the same-dp rank of that attention rank.
+      if (sink->local == nullptr) return internal_error("'" + in.label + "': no routing of the same-dp source");
+      const detail::M2nSource& local = *sink->local;
+      std::vector<float> back(static_cast<size_t>(local.tokens * k * h));
+      PIPER_RETURN_IF_ERROR(ffn_group_exchange(t.comm, a.ep->rows->data(), sink->rows_from, back.data(), local.rows_to,
+                                               h, dist->timeout_s()));
+      std::shared_ptr<Tensor> out = combine_rows(local, back.data(), h, k, scale, allocator);
+      std::vector<void*> xb(peers, nullptr);
+      std::vector<size_t> xbytes(peers, 0);
+      xb[me_idx] = out->data();
+      xbytes[me_idx] = static_cast<size_t>(out->nbytes());
+      PIPER_RETURN_IF_ERROR(post_all(true, xb, xbytes, out));
+      std::lock_guard<std::mutex> lock(mu);
+      task_seconds["m2n.F"] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      return ok_status();
+    }
+    std::shared_ptr<const Tensor> rows = a.ep->rows;
+    std::vector<void*> b(peers);
+    std::vector<size_t> bytes(peers);
+    size_t r = 0;
+    for (size_t s = 0; s < peers; ++s) {
+      b[s] = const_cast<float*>(rows->data()) + r * static_cast<size_t>(h);
+      bytes[s] = sink->rows_from[s] * static_cast<size_t>(h) * sizeof(float);
+      r += sink->rows_from[s];
+    }
+    if (static_cast<int64_t>(r) * h != rows->numel()) {
+      return internal_error("'" + in.label + "': the experts returned another number of rows than they received");
+    }
+    PIPER_RETURN_IF_ERROR(post_all(true, b, bytes, rows));
+  } else if (!t.gradient && !sending && !t.m2n_ffn) {
+    // experts -> next F (attention rank): weighted sum in slot order plus the residual.
+    PIPER_ASSIGN_OR_RETURN(auto s, source_state());
+    const size_t total = static_cast<size_t>(s->tokens * k);
+    auto back = std::make_shared<std::vector<float>>(total * static_cast<size_t>(h));
+    std::vector<void*> b(peers);
+    std::vector<size_t> bytes(peers);
+    size_t r = 0;
+    for (size_t d = 0; d < peers; ++d) {
+      b[d] = back->data() + r * static_cast<size_t>(h);
+      bytes[d] = s->rows_to[d] * static_cast<size_t>(h) * sizeof(float);
+      r += s->rows_to[d];
+    }
+    PIPER_RETURN_IF_ERROR(post_all(false, b, bytes, back));
+    std::shared_ptr<Tensor> out = combine_rows(*s, back->data(), h, k, scale, allocator);
+    Activation a;
+    a.hidden = std::move(out);
+    publish_fwd(std::move(a));
+  } else if (t.gradient && sending && !t.m2n_ffn) {
+    // next -> experts B (attention rank): the scaled output gradient dispatched like the tokens.
+    PIPER_ASSIGN_OR_RETURN(Gradient g, take_bwd(t.source));
+    PIPER_ASSIGN_OR_RETURN(auto s, source_state());
+    if (!g.dhidden || g.dhidden->numel() != s->tokens * h) {
+      return internal_error("'" + in.label + "': the gradient is not [tokens, hidden]");
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (s->dresidual) {
+        return unimplemented("'" + in.label + "': the experts' output of layer " + std::to_string(layer) +
+                             " has two consumers; the runtime's M2N combine serves one");
+      }
+      s->dresidual = g.dhidden;
+    }
+    auto rows = scatter_grad(*s, g.dhidden->data(), h, k, scale);
+    std::vector<void*> b(peers);
+    std::vector<size_t> bytes(peers);
+    size_t r = 0;
+    for (size_t d = 0; d < peers; ++d) {
+      b[d] = rows->data() + r * static_cast<size_t>(h);
+      bytes[d] = s->rows_to[d] * static_cast<size_t>(h) * sizeof(float);
+      r += s->rows_to[d];
+    }
+    PIPER_RETURN_IF_ERROR(post_all(true, b, bytes, rows));
+  } else if (t.gradient && !sending && t.m2n_ffn) {
+    // next -> experts B (FFN rank): row gradients in the forward's receive order.
+    PIPER_ASSIGN_OR_RETURN(auto sink, sink_state());
+    size_t total = 0;
+    for (size_t n : sink->rows_from) total += n;
+    PIPER_ASSIGN_OR_RETURN(Tensor t_rows,
+                           Tensor::zeros({static_cast<int64_t>(total), h}, MemCategory::kBuffers, allocator));
+    auto rows_t = std::make_shared<Tensor>(std::move(t_rows));
+    std::vector<void*> b(peers);
+    std::vector<size_t> bytes(peers);
+    size_t r = 0;
+    for (size_t s = 0; s < peers; ++s) {
+      b[s] = rows_t->data() + r * static_cast<size_t>(h);
+      bytes[s] = sink->rows_from[s] * static_cast<size_t>(h) * sizeof(float);
+      r += sink->rows_from[s];
+    }
+    PIPER_RETURN_IF_ERROR(post_all(false, b, bytes, rows_t));
+    auto got = std::make_shared<EpRows>();
+    got->rows = std::move(rows_t);
+    Gradient g;
+    g.ep = std::move(got);
+    publish_bwd(std::move(g));
+  } else if (t.gradient && sending && t.m2n_ffn) {
+    // experts -> router B (FFN rank): each source's input-gradient rows and routing-weight gradients.
+    PIPER_ASSIGN_OR_RETURN(Gradient g, take_bwd(t.source));
+    PIPER_ASSIGN_OR_RETURN(auto sink, sink_state());
+    if (!g.ep || !g.ep->rows) return internal_error("'" + in.label + "': the experts chunk produced no row gradients");
+    const size_t stride = static_cast<size_t>(h) + 1;
+    auto packed = std::make_shared<std::vector<float>>();
+    size_t total = 0;
+    for (size_t n : sink->rows_from) total += n;
+    if (g.ep->rows->numel() != static_cast<int64_t>(total) * h || g.ep->dweight.size() != total) {
+      return internal_error("'" + in.label + "': the experts' row gradients do not match the received rows");
+    }
+    packed->resize(total * stride);
+    std::vector<void*> b(peers);
+    std::vector<size_t> bytes(peers);
+    size_t r = 0;
+    for (size_t s = 0; s < peers; ++s) {
+      const size_t n = sink->rows_from[s];
+      float* block = packed->data() + r * stride;
+      if (n > 0) {
+        std::memcpy(block, g.ep->rows->data() + r * static_cast<size_t>(h), n * static_cast<size_t>(h) * sizeof(float));
+        std::memcpy(block + n * static_cast<size_t>(h), g.ep->dweight.data() + r, n * sizeof(float));
+      }
+      b[s] = block;
+      bytes[s] = n * stride * sizeof(float);
+      r += n;
+    }
+    PIPER_RETURN_IF_ERROR(post_all(true, b, bytes, packed));
+    if (t.m2n_local) {
+      // The head's gradient is the residual's: back to the same-dp source for its router.
+      if (!sink->local || !sink->local->dresidual) {
+        return internal_error("'" + in.label + "' runs before the head's gradient reached the experts");
+      }
+      std::vector<void*> xb(peers, nullptr);
+      std::vector<size_t> xbytes(peers, 0);
+      xb[me_idx] = const_cast<float*>(sink->local->dresidual->data());
+      xbytes[me_idx] = static_cast<size_t>(sink->local->dresidual->nbytes());
+      PIPER_RETURN_IF_ERROR(post_all(true, xb, xbytes, sink->local->dresidual));
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    m2n->sinks.erase(key);
+  } else {
+    // experts -> router B (attention rank): dnormed, dtopk_w and the residual gradient for the router.
+    PIPER_ASSIGN_OR_RETURN(auto s, source_state());
+
+    const size_t stride = static_cast<size_t>(h) + 1;
+    const size_t total = static_cast<size_t>(s->tokens * k);
+    auto packed = std::make_shared<std::vector<float>>(total * stride);
+    std::vector<void*> b(peers);
+    std::vector<size_t> bytes(peers);
+    std::vector<size_t> first(peers + 1, 0);
+    for (size_t d = 0; d < peers; ++d) {
+      first[d + 1] = first[d] + s->rows_to[d];
+      b[d] = packed->data() + first[d] * stride;
+      bytes[d] = s->rows_to[d] * stride * sizeof(float);
+    }
+    PIPER_RETURN_IF_ERROR(post_all(false, b, bytes, packed));
+    if (t.m2n_local) {  // the residual's gradient: the head's, from the same-dp FFN rank
+      auto dres = std::make_shared<Tensor>(Tensor::zeros_or_die({s->tokens, h}, MemCategory::kBuffers, allocator));
+      std::vector<void*> xb(peers, nullptr);
+      std::vector<size_t> xbytes(peers, 0);
+      xb[me_idx] = dres->data();
+      xbytes[me_idx] = static_cast<size_t>(dres->nbytes());
+      PIPER_RETURN_IF_ERROR(post_all(false, xb, xbytes, dres));
+      std::lock_guard<std::mutex> lock(mu);
+      s->dresidual = std::move(dres);
+    }
+    {
+      // The FFN ranks sent these rows after the experts' backward, which needed the output gradient that this
+      // rank's combine B send recorded first.
+      std::lock_guard<std::mutex> lock(mu);
+      if (!s->dresidual) {
+        return internal_error("'" + in.label + "' received the experts' gradients before this rank sent theirs");
+      }
+    }
+    PIPER_ASSIGN_OR_RETURN(Tensor dn, Tensor::zeros({s->tokens, h}, MemCategory::kBuffers, allocator));
+    PIPER_ASSIGN_OR_RETURN(Tensor dw, Tensor::zeros({s->tokens, k}, MemCategory::kBuffers, allocator));
+    auto dnormed = std::make_shared<Tensor>(std::move(dn));
+    auto dtopk_w = std::make_shared<Tensor>(std::move(dw));
+    // Row slot_row[i] lies in peer dest[i]'s block at (slot_row[i] - first[d]): rows, then dweights.
+    auto row_of = [&](size_t i) {
+      const size_t d = static_cast<size_t>(s->dest[i]);
+      return packed->data() + first[d] * stride + (s->slot_row[i] - first[d]) * static_cast<size_t>(h);
+    };
+    auto dweight_of = [&](size_t i) {
+      const size_t d = static_cast<size_t>(s->dest[i]);
+      return packed->data()[first[d] * stride + s->rows_to[d] * static_cast<size_t>(h) + (s->slot_row[i] - first[d])];
+    };
+    for (int64_t tok = 0; tok < s->tokens; ++tok) {
+      float* acc = dnormed->data() + tok * h;
+      for (int j = 0; j < k; ++j) {
+        const size_t i = static_cast<size_t>(tok * k + j);
+        const float* row = row_of(i);
+        for (int64_t col = 0; col < h; ++col) acc[col] += 1.0f * row[col];
+        dtopk_w->data()[i] = dweight_of(i);
+      }
+    }
+    Gradient g;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      g.dhidden = s->dresidual;
+    }
+    g.dnormed = std::move(dnormed);
+    g.dtopk_w = std::move(dtopk_w);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      m2n->sources.erase(key);
+    }
+    publish_bwd(std::move(g));
+  }
+  std::lock_guard<std::mutex> lock(mu);
+  task_seconds[std::string("m2n.") + (t.gradient ? "B" : "F")] +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return ok_status();
+}
+
+// The experts of the FFN group exchange rows among themselves (pairwise all-to-all-v on the group's ep
+// communicator, rank i = dp coordinate block + i; a single FFN rank per block copies).
+namespace {
+
+Status ffn_group_exchange(comm::Communicator* group, const float* send, const std::vector<size_t>& send_rows,
+                          float* recv, const std::vector<size_t>& recv_rows, int64_t h, double timeout_s) {
+  if (group == nullptr) {
+    if (send_rows.size() != 1 || recv_rows.size() != 1 || send_rows[0] != recv_rows[0]) {
+      return internal_error("m2n: an FFN group of one rank exchanges with itself only");
+    }
+    std::memcpy(recv, send, send_rows[0] * static_cast<size_t>(h) * sizeof(float));
+    return ok_status();
+  }
+  std::vector<size_t> sb(send_rows.size()), rb(recv_rows.size());
+  for (size_t i = 0; i < sb.size(); ++i) sb[i] = send_rows[i] * static_cast<size_t>(h) * sizeof(float);
+  for (size_t i = 0; i < rb.size(); ++i) rb[i] = recv_rows[i] * static_cast<size_t>(h) * sizeof(float);
+  return comm::pairwise_all_to_all_v(*group, send, sb, recv, rb, timeout_s);
+}
+
+}  // namespace
+
+Status Executor::Impl::m2n_local_inputs(const Task& t, std::vector<Activation>* inputs) {
+  if (m2n == nullptr || t.chunk == nullptr || t.chunk->part() == "experts") return ok_status();
+  const int64_t h = model->dims().hidden;
+  const int k = model->dims().top_k;
+  const float scale = static_cast<float>(model->dims().routed_scaling);
+  for (size_t i = 0; i < inputs->size() && i < t.sources.size(); ++i) {
+    Activation& a = (*inputs)[i];
+    if (!a.ep || a.hidden) continue;
+    // The experts' output rows of this FFN rank (every source's) -> the same-dp source's tokens, combined.
+    const auto key = std::make_pair(graph->node(t.sources[i]).tags.layer, t.mb);
+    std::shared_ptr<detail::M2nSink> sink;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = m2n->sinks.find(key);
+      if (it != m2n->sinks.end()) sink = it->second;
+    }
+    if (sink == nullptr || sink->local == nullptr || !a.ep->rows) {
+      return internal_error("'" + t.in->label + "': expert rows of layer " + std::to_string(key.first) +
+                            " without the routing of their same-dp source");
+    }
+    const detail::M2nSource& local = *sink->local;
+    std::vector<float> back(static_cast<size_t>(local.tokens * k * h));
+    PIPER_RETURN_IF_ERROR(ffn_group_exchange(dist->group("ep"), a.ep->rows->data(), sink->rows_from, back.data(),
+                                             local.rows_to, h, dist->timeout_s()));
+    Activation out;
+    out.hidden = combine_rows(local, back.data(), h, k, scale, allocator);
+    a = std::move(out);
+  }
+  return ok_status();
+}
+
+Status Executor::Impl::m2n_local_grads(const Task& t, std::vector<Gradient>* grads) {
+  if (m2n == nullptr || t.chunk == nullptr || t.chunk->part() != "experts") return ok_status();
+  if (grads->size() != 1 || (*grads)[0].ep || !(*grads)[0].dhidden) return ok_status();
+  // The head's gradient of the same-dp source's tokens -> the row gradients of this rank's experts.
+  const int64_t h = model->dims().hidden;
+  const int k = model->dims().top_k;
+  const float scale = static_cast<float>(model->dims().routed_scaling);
+  const auto key = std::make_pair(t.chunk->layer(), t.mb);
+  std::shared_ptr<detail::M2nSink> sink;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = m2n->sinks.find(key);
+    if (it != m2n->sinks.end()) sink = it->second;
+  }
+  if (sink == nullptr || sink->local == nullptr) {
+    return internal_error("'" + t.in->label + "': a gradient for the experts of layer " + std::to_string(key.first) +
+                          " without the routing of their same-dp source");
+  }
+  const Gradient& g = (*grads)[0];
+  if (g.dhidden->numel() != sink->local->tokens * h) {
+    return internal_error("'" + t.in->label + "': the head's gradient is not [tokens, hidden]");
+  }
+  sink->local->dresidual = g.dhidden;  // back to the source with the experts' input gradients
+  auto rows = scatter_grad(*sink->local, g.dhidden->data(), h, k, scale);
+  size_t total = 0;
+  for (size_t n : sink->rows_from) total += n;
+  auto got = std::make_shared<EpRows>();
+  auto rows_t = std::make_shared<Tensor>(
+      Tensor::zeros_or_die({static_cast<int64_t>(total), h}, MemCategory::kBuffers, allocator));
+  PIPER_RETURN_IF_ERROR(ffn_group_exchange(dist->group("ep"), rows->data(), sink->local->rows_to, rows_t->data(),
+                                           sink->rows_from, h, dist->timeout_s()));
+  got->rows = std::move(rows_t);
+  Gradient out;
+  out.ep = std::move(got);
+  (*grads)[0] = std::move(out);
+  return ok_status();
+}
+
+}  // namespace piper::runtime
