@@ -172,6 +172,10 @@ struct Executor::Impl {
   void ep_scale_grads();
   // Tokens each expert received this step, per MoE layer, summed over the ranks (collective when distributed).
   Status collect_expert_tokens(std::map<int, std::vector<int64_t>>* out);
+  // Checks a placement table (every layer an experts layer, each a permutation of the experts).
+  Status check_expert_placement(const std::map<int, std::vector<int>>& placement) const;
+  Result<ExpertMigration> ep_migrate(const std::map<int, std::vector<int>>& placement);
+  static const std::map<int, std::vector<int>> kNoPlacement;
 };
 
 }  // namespace piper::runtime
