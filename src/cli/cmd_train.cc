@@ -192,8 +192,8 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
       char imb[40] = "";
       if (expert_parallel) std::snprintf(imb, sizeof(imb), "  imbalance %.2f", s.imbalance);
       std::printf("step %5lld  loss %.4f  aux %.4f  |g| %.3f  %8.0f tok/s  %6.2f GFLOP/s  %.3f s%s\n",
-                  static_cast<long long>(s.step), s.loss, s.aux_loss, s.grad_norm, s.tokens_per_s,
-                  s.flops_per_s / 1e9, s.seconds, imb);
+                  static_cast<long long>(s.step), s.loss, s.aux_loss, s.grad_norm, s.tokens_per_s, s.flops_per_s / 1e9,
+                  s.seconds, imb);
       if (s.migrated_experts > 0) {
         std::printf("migrate   after step %lld: %d expert(s) moved, window imbalance %.3f -> %.3f, %.2f ms\n",
                     static_cast<long long>(s.step), s.migrated_experts, s.window_imbalance_before,

@@ -208,10 +208,11 @@ TEST(CliTrainReport, PlanLocalRanksErrors) {
 // time as a share of the training time; --migrate without expert parallelism is refused naming the fix.
 TEST(CliTrainReport, MigrationIsReported) {
   int rc = 0;
-  std::string out = run("train --model tiny-moe --ranks 4 --seq 16 --global-batch 4 --strategy "
-                        "dp=4,ep=4,microbatches=1,mbs=1 --steps 4 --router-skew 0.3 --migrate --migrate-window 2 "
-                        "--migrate-horizon 100",
-                        &rc, false);
+  std::string out =
+      run("train --model tiny-moe --ranks 4 --seq 16 --global-batch 4 --strategy "
+          "dp=4,ep=4,microbatches=1,mbs=1 --steps 4 --router-skew 0.3 --migrate --migrate-window 2 "
+          "--migrate-horizon 100",
+          &rc, false);
   ASSERT_EQ(rc, 0) << out;
   EXPECT_NE(out.find("  imbalance "), std::string::npos) << out;
   EXPECT_NE(out.find("migrate   after step 2: "), std::string::npos) << out;

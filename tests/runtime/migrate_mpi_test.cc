@@ -128,6 +128,14 @@ TEST(Migrate, BadOptionsAreRejected) {
   auto t = Trainer::create(o);
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("has ep=1"), std::string::npos) << t.status().message();
+  // Two replicas of each expert (dp=4, ep=2) with ZeRO-1: the experts' moments are sharded; refused up front.
+  o = options(world->get(), true);
+  o.strategy = "dp=4,ep=2,zero=1,microbatches=1,mbs=1";
+  t = Trainer::create(o);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(t.status().message().find("shards the experts' optimizer state"), std::string::npos)
+      << t.status().message();
   o = options(world->get(), true);
   o.migration.window_steps = 0;
   t = Trainer::create(o);

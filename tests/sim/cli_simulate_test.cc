@@ -43,8 +43,10 @@ TEST(CliSimulateTest, JsonHasTheDocumentedKeys) {
 // Skewed loads slow the step; migration lowers the imbalance and wins back time net of its own cost.
 TEST(CliSimulateTest, ExpertZipfComparesStepTimeWithAndWithoutMigration) {
   int rc = 0;
-  std::string out = run("simulate --model deepseek-moe-16b --cluster dgx-h100 --nodes 1 --seq 4096 --strategy "
-                        "dp=8,ep=8,zero=1,microbatches=4,mbs=1 --expert-zipf 1.0 --json", &rc);
+  std::string out =
+      run("simulate --model deepseek-moe-16b --cluster dgx-h100 --nodes 1 --seq 4096 --strategy "
+          "dp=8,ep=8,zero=1,microbatches=4,mbs=1 --expert-zipf 1.0 --json",
+          &rc);
   ASSERT_EQ(rc, 0) << out;
   const piper::Json b = piper::Json::parse(out)["expert_balance"];
   EXPECT_EQ(b["ep"], 8);
@@ -59,8 +61,8 @@ TEST(CliSimulateTest, ExpertZipfComparesStepTimeWithAndWithoutMigration) {
   EXPECT_GT(without, balanced);
   EXPECT_LT(with, without);
   EXPECT_GE(with, balanced);
-  out = run("simulate --model tiny-moe --cluster dgx-h100 --nodes 1 --strategy dp=8,microbatches=1 --expert-zipf 1",
-            &rc);
+  out =
+      run("simulate --model tiny-moe --cluster dgx-h100 --nodes 1 --strategy dp=8,microbatches=1 --expert-zipf 1", &rc);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("ep=1"), std::string::npos) << out;
 }
