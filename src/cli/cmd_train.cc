@@ -45,6 +45,8 @@ struct TrainCliOptions {
   std::string calibration;
   std::string comm_calibration;
   bool json = false;
+  runtime::MigrationOptions migration;
+  double router_skew = 0;
 };
 
 constexpr double kReportTimeoutS = 120;
@@ -108,6 +110,8 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   t.optimizer.lr = o.lr;
   t.warmup_steps = o.warmup;
   t.ranks_per_node = o.ranks_per_node;
+  t.migration = o.migration;
+  t.model_options.router_skew = o.router_skew;
   PIPER_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(t));
   if (!o.save.empty()) PIPER_RETURN_IF_ERROR(trainer->checkpoint_supported("--save"));
   if (!o.resume.empty()) {
@@ -154,8 +158,19 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   }
   Json steps = Json::array();
   double loss_first = 0, loss_last = 0, seconds = 0, steady_seconds = 0, compute_seconds = 0, steady_compute = 0;
+  // Expert-parallel runs: each step's imbalance (max / mean tokens per ep rank) and the migrations.
+  const bool expert_parallel = !trainer->executor().expert_placement().empty();
+  std::vector<double> imbalance;
+  double migration_seconds = 0;
+  int migrations = 0, migrated_experts = 0;
   for (int64_t i = 0; i < o.steps; ++i) {
     PIPER_ASSIGN_OR_RETURN(runtime::TrainStepStats s, trainer->step());
+    imbalance.push_back(s.imbalance);
+    migration_seconds += s.migration_seconds;
+    if (s.migrated_experts > 0) {
+      ++migrations;
+      migrated_experts += s.migrated_experts;
+    }
     if (i == 0) loss_first = s.loss;
     loss_last = s.loss;
     seconds += s.seconds;
@@ -166,12 +181,24 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
     if (i > 0) steady_compute += step_compute;
     steps.push_back(Json{{"step", s.step}, {"loss", s.loss}, {"aux_loss", s.aux_loss}, {"grad_norm", s.grad_norm},
                          {"seconds", s.seconds}});
+    if (expert_parallel) {
+      steps.back()["imbalance"] = s.imbalance;
+      steps.back()["migrated_experts"] = s.migrated_experts;
+      steps.back()["migration_seconds"] = s.migration_seconds;
+    }
     const bool save_now = !o.save.empty() && (i + 1 == o.steps || (o.save_every > 0 && s.step % o.save_every == 0));
     if (save_now) PIPER_RETURN_IF_ERROR(trainer->save(o.save));
     if (!o.json && !quiet) {
-      std::printf("step %5lld  loss %.4f  aux %.4f  |g| %.3f  %8.0f tok/s  %6.2f GFLOP/s  %.3f s\n",
-                  static_cast<long long>(s.step), s.loss, s.aux_loss, s.grad_norm, s.tokens_per_s,
-                  s.flops_per_s / 1e9, s.seconds);
+      char imb[40] = "";
+      if (expert_parallel) std::snprintf(imb, sizeof(imb), "  imbalance %.2f", s.imbalance);
+      std::printf("step %5lld  loss %.4f  aux %.4f  |g| %.3f  %8.0f tok/s  %6.2f GFLOP/s  %.3f s%s\n",
+                  static_cast<long long>(s.step), s.loss, s.aux_loss, s.grad_norm, s.tokens_per_s, s.flops_per_s / 1e9,
+                  s.seconds, imb);
+      if (s.migrated_experts > 0) {
+        std::printf("migrate   after step %lld: %d expert(s) moved, window imbalance %.3f -> %.3f, %.2f ms\n",
+                    static_cast<long long>(s.step), s.migrated_experts, s.window_imbalance_before,
+                    s.window_imbalance_after, s.migration_seconds * 1e3);
+      }
       std::fflush(stdout);
     }
   }
@@ -201,6 +228,17 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
       timed_seconds > 0 ? static_cast<double>(trainer->tokens_per_step() * timed_steps) / timed_seconds : 0;
   const double flops = tokens_per_s * trainer->flops_per_token();
   const double predicted = trainer->predicted_memory().total();
+  // Imbalance over the first and the last window of steps (mean of the steps' max / mean ep-rank tokens), and
+  // the time spent migrating as a share of the training time (steps + migrations, this rank's wall time).
+  const size_t window = std::min(imbalance.size(), static_cast<size_t>(t.migration.window_steps));
+  auto mean_of = [](auto begin, auto end) {
+    double sum = 0;
+    for (auto it = begin; it != end; ++it) sum += *it;
+    return end > begin ? sum / static_cast<double>(end - begin) : 1.0;
+  };
+  const double imbalance_first = mean_of(imbalance.begin(), imbalance.begin() + static_cast<ptrdiff_t>(window));
+  const double imbalance_last = mean_of(imbalance.end() - static_cast<ptrdiff_t>(window), imbalance.end());
+  const double migration_share = migration_seconds / std::max(1e-12, seconds + migration_seconds);
   if (o.json) {
     Json j{{"model", t.model.name},
            {"strategy", trainer->strategy().to_string()},
@@ -221,6 +259,16 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
     j["predicted_vs_measured"] = prediction.to_json();
     if (!o.trace.empty()) j["trace"] = o.trace;
     if (!o.save.empty()) j["saved"] = o.save;
+    if (expert_parallel) {
+      j["experts"] = Json{{"imbalance_first_window", imbalance_first},
+                          {"imbalance_last_window", imbalance_last},
+                          {"window_steps", window},
+                          {"migrate", t.migration.enabled},
+                          {"migrations", migrations},
+                          {"migrated_experts", migrated_experts},
+                          {"migration_seconds", migration_seconds},
+                          {"migration_share", migration_share}};
+    }
     print_json(j.dump(2));
   } else {
     std::printf("\nloss_first %.4f  loss_last %.4f  (%lld steps, %.1f s)\n", loss_first, loss_last,
@@ -247,6 +295,14 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
     }
     std::printf("\n");
     prediction.print();
+    if (expert_parallel) {
+      std::printf("experts   imbalance (max/mean tokens per ep rank, mean of %zu steps) first %.3f  last %.3f\n",
+                  window, imbalance_first, imbalance_last);
+      if (t.migration.enabled) {
+        std::printf("migration %d migration(s), %d expert(s) moved, %.3f s = %.2f %% of training time (rank 0)\n",
+                    migrations, migrated_experts, migration_seconds, 100.0 * migration_share);
+      }
+    }
     if (!o.trace.empty()) std::printf("trace     %s (measured timeline, Chrome/Perfetto)\n", o.trace.c_str());
     if (!o.save.empty()) {
       std::printf("checkpoint saved to %s/%s\n", o.save.c_str(), checkpoint_step_name(trainer->steps_done()).c_str());
@@ -330,6 +386,22 @@ PIPER_REGISTER_COMMAND(g_train, "train", "Train a model through its compiled Pla
                   "device calibration JSON for the predictions (src/cost/device_model.h)");
   sub->add_option("--comm-calibration", o->comm_calibration,
                   "link calibration for the predictions (`piper bench comm --calibration-out F`)");
+  sub->add_flag("--migrate", o->migration.enabled,
+                "expert-parallel runs: move experts between the ranks of each ep group when their loads are imbalanced "
+                "(docs/balance.md)");
+  sub->add_option("--migrate-window", o->migration.window_steps,
+                  "--migrate: steps of expert load the planner reads; it plans every this many steps")
+      ->capture_default_str();
+  sub->add_option("--migrate-threshold", o->migration.threshold,
+                  "--migrate: plan a layer when its max/mean tokens per ep rank over the window exceeds this")
+      ->capture_default_str();
+  sub->add_option("--migrate-horizon", o->migration.horizon_steps,
+                  "--migrate: steps a new placement is expected to serve; a move is made when its saving over them "
+                  "exceeds its cost (0 = the window)")
+      ->capture_default_str();
+  sub->add_option("--router-skew", o->router_skew,
+                  "testing: routers prefer low-index experts by this much (selection only) to make loads imbalanced")
+      ->capture_default_str();
   sub->add_flag("--json", o->json, "print one JSON object");
   return std::function<Status()>([o] { return run_train(*o); });
 });

@@ -58,6 +58,22 @@ Status parse_meta(const Json& index, const std::string& path, CheckpointMeta* me
   meta->world_size = static_cast<int>(world);
   meta->model = index.value("model", "");
   meta->strategy = index.value("strategy", "");
+  meta->expert_placement.clear();
+  if (index.contains("expert_placement")) {
+    const Json& table = index["expert_placement"];
+    if (!table.is_object()) return bad_index(path, "expert_placement is not an object of layer -> slots");
+    for (const auto& [layer, slots] : table.items()) {
+      int l = -1;
+      if (std::sscanf(layer.c_str(), "%d", &l) != 1 || l < 0 || std::to_string(l) != layer || !slots.is_array()) {
+        return bad_index(path, "expert_placement." + layer + " is not a layer index with an array of experts");
+      }
+      std::vector<int>& out = meta->expert_placement[l];
+      for (const Json& e : slots) {
+        if (!e.is_number_unsigned()) return bad_index(path, "expert_placement." + layer + " holds a non-expert");
+        out.push_back(e.get<int>());
+      }
+    }
+  }
   return ok_status();
 }
 

@@ -46,6 +46,10 @@ struct CheckpointMeta {
   std::string model;     // model name, for messages
   std::string strategy;  // the writer's strategy (compact form), for messages
   int world_size = 1;    // ranks that wrote it
+  // Expert-parallel writers: per MoE layer, the logical expert in each physical expert slot (slot s on ep rank
+  // s / (num_experts / ep)). Experts are stored by logical index whatever this table says, so the table is
+  // informational for readers with another placement; a reader that migrates experts adopts it. Empty otherwise.
+  std::map<int, std::vector<int>> expert_placement;
 };
 
 // The part of global tensor `name` this rank holds: flat elements [begin, end) (end = -1: to the end) of the box

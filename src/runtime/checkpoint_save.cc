@@ -129,6 +129,11 @@ Status commit(const fs::path& root, const fs::path& tmp, const fs::path& final_d
   index["model"] = meta.model;
   index["strategy"] = meta.strategy;
   index["world_size"] = reports.size();
+  if (!meta.expert_placement.empty()) {
+    OrderedJson placement = OrderedJson::object();
+    for (const auto& [layer, slots] : meta.expert_placement) placement[std::to_string(layer)] = slots;
+    index["expert_placement"] = std::move(placement);
+  }
   index["files"] = OrderedJson::object();
   for (const std::string& r : reports) {
     if (r.empty()) continue;

@@ -70,6 +70,13 @@ struct StepResult {
   std::map<int, std::vector<int64_t>> expert_tokens;
 };
 
+// What Executor::migrate_experts did (docs/balance.md).
+struct ExpertMigration {
+  int moved_experts = 0;   // experts that changed ep rank, over every layer of the table (same on every rank)
+  int64_t bytes_sent = 0;  // by this rank: parameters, gradients and AdamW moments of the experts it gave away
+  double seconds = 0;      // this rank's wall time for the exchange
+};
+
 class Executor {
  public:
   // Checks that every compute/update node of `program` has a chunk in `model`, that alloc buffers belong to a
@@ -104,6 +111,23 @@ class Executor {
     int64_t begin = 0, end = 0;
   };
   std::vector<ParamShard> param_shards(const Chunk& chunk);
+
+  // Expert parallelism (ep > 1): per MoE layer, the logical expert held in each physical slot; slot s lives on
+  // ep rank s / experts_per_rank() as its local expert s % experts_per_rank(). The same on every rank; the
+  // identity until set_expert_placement or migrate_experts changes it. Dispatch and combine route by it and the
+  // expert loads (StepResult::expert_tokens) are reported per logical expert. Empty without expert parallelism.
+  const std::map<int, std::vector<int>>& expert_placement() const;
+  int experts_per_rank() const;
+  // Replaces the tables of the given layers (each a permutation of the experts) without moving any data: the
+  // caller then loads every slot's expert (a resume). InvalidArgument naming the layer for a bad table.
+  // Not while a step runs.
+  Status set_expert_placement(const std::map<int, std::vector<int>>& placement);
+  // Live migration between steps, collective over the world (every rank passes the same tables): the experts
+  // whose slot changes travel with their gradients and AdamW moments point-to-point inside each ep group
+  // (pairwise exchanges over the ep communicator, bounded by the communication timeout), then every rank
+  // switches to the new tables. Layers missing from `placement` keep theirs. Unimplemented when the experts'
+  // optimizer state is ZeRO-sharded. Not while a step runs.
+  Result<ExpertMigration> migrate_experts(const std::map<int, std::vector<int>>& placement);
 
  private:
   struct Impl;

@@ -2,7 +2,8 @@
 // HALO), the expert-gradient scaling and norm ownership under expert parallelism, and the per-step expert load
 // (tokens each expert received). See executor.h and docs/runtime.md.
 //
-// One (layer, microbatch) of routed tokens, ep group of P ranks, rank r holding experts [r E/P, (r+1) E/P):
+// One (layer, microbatch) of routed tokens, ep group of P ranks, rank r holding physical slots [r E/P, (r+1) E/P)
+// (each slot a logical expert by the layer's placement table; the identity until experts migrate):
 //   dispatch F  rows (token, slot) of the normed input to the expert's rank (moe_dispatch), and per row its local
 //               expert and routing weight (all-to-all-v in the same order); the residual stays here
 //   combine F   the expert output rows back to the source, weighted and summed in slot order (moe_combine),
@@ -12,8 +13,10 @@
 //               gradient), and each row's routing-weight gradient back by all-to-all-v (the source's dtopk_w)
 // The blocking exchanges run on the plan's ep stream; their bookkeeping (routing, row counts) lives from the
 // dispatch F to the dispatch B of the same (layer, microbatch).
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <numeric>
 #include <span>
 
 #include "piper/comm/algorithms/halo_all_to_all.h"
@@ -44,6 +47,8 @@ struct EpState {
   comm::Communicator* comm = nullptr;
   std::unique_ptr<comm::HaloContext> halo_context;
   std::set<int> moe_layers;   // layers with an experts chunk in the graph (every rank: same graph)
+  // Expert parallelism: per MoE layer the logical expert in each physical slot, and its inverse.
+  std::map<int, std::vector<int>> slot_expert, expert_slot;
   std::map<std::pair<int, int>, std::shared_ptr<EpExchange>> exchanges;  // (layer, mb); guarded by Impl::mu
 };
 
@@ -105,6 +110,12 @@ Status Executor::Impl::ep_setup() {
                             " per rank; build it with ModelOptions expert_ranks=" + std::to_string(ep->ep));
   }
   ep->experts_per_rank = d.local_experts();
+  for (int layer : ep->moe_layers) {
+    std::vector<int> identity(static_cast<size_t>(d.num_experts));
+    std::iota(identity.begin(), identity.end(), 0);
+    ep->slot_expert[layer] = identity;
+    ep->expert_slot[layer] = identity;
+  }
   if (ep->halo) {
     PIPER_ASSIGN_OR_RETURN(std::vector<int> members, dist->plan().group_ranks(dist->rank(), "ep"));
     const int world_rpn = dist->ranks_per_node();
@@ -219,8 +230,12 @@ Status Executor::Impl::ep_exchange(const Task& t) {
       x->routing.top_k = k;
       x->routing.dest_ranks.resize(static_cast<size_t>(tokens * k));
       x->rows_to.assign(static_cast<size_t>(p), 0);
+      // The physical slot of each routed (token, slot): its rank and local expert there.
+      const std::vector<int>& slot_of = ep->expert_slot.at(n.tags.layer);
+      std::vector<int32_t> slots(x->routing.dest_ranks.size());
       for (size_t i = 0; i < x->routing.dest_ranks.size(); ++i) {
-        const int d = a.routed->topk_idx[i] / ep->experts_per_rank;
+        slots[i] = slot_of[static_cast<size_t>(a.routed->topk_idx[i])];
+        const int d = slots[i] / ep->experts_per_rank;
         x->routing.dest_ranks[i] = d;
         ++x->rows_to[static_cast<size_t>(d)];
       }
@@ -238,7 +253,7 @@ Status Executor::Impl::ep_exchange(const Task& t) {
       std::vector<Meta> send(first[p]), recv(static_cast<size_t>(rows));
       for (size_t i = 0; i < x->routing.dest_ranks.size(); ++i) {
         const int d = x->routing.dest_ranks[i];
-        send[first[d]++] = Meta{a.routed->topk_idx[i] - d * ep->experts_per_rank, a.routed->topk_w.data()[i]};
+        send[first[d]++] = Meta{slots[i] - d * ep->experts_per_rank, a.routed->topk_w.data()[i]};
       }
       PIPER_RETURN_IF_ERROR(all_to_all(send.data(), scaled_bytes(x->rows_to, sizeof(Meta)), recv.data(),
                                        scaled_bytes(x->rows_from, sizeof(Meta))));
@@ -400,7 +415,14 @@ Status Executor::Impl::collect_expert_tokens(std::map<int, std::vector<int64_t>>
   for (const auto& chunk : model->chunks()) {
     std::vector<int64_t> v = chunk->take_expert_tokens();
     if (v.empty() || chunk->layer() < 0 || static_cast<size_t>(chunk->layer()) >= L) continue;
-    std::copy(v.begin(), v.end(), local.begin() + static_cast<ptrdiff_t>(chunk->layer()) * E);
+    // Under expert parallelism the chunk counts by physical slot: back to logical experts.
+    auto table = ep->slot_expert.find(chunk->layer());
+    auto out_begin = local.begin() + static_cast<ptrdiff_t>(chunk->layer()) * E;
+    if (ep->comm == nullptr || table == ep->slot_expert.end()) {
+      std::copy(v.begin(), v.end(), out_begin);
+    } else {
+      for (size_t s = 0; s < v.size(); ++s) out_begin[table->second[s]] = v[s];
+    }
   }
   if (dist != nullptr) {
     // Tokens per expert over the whole run: every rank's count of the rows its experts received (tensor ranks
@@ -420,6 +442,168 @@ Status Executor::Impl::collect_expert_tokens(std::map<int, std::vector<int64_t>>
     (*out)[layer] = std::vector<int64_t>(begin, begin + E);
   }
   return ok_status();
+}
+
+const std::map<int, std::vector<int>> Executor::Impl::kNoPlacement;
+
+Status Executor::Impl::check_expert_placement(const std::map<int, std::vector<int>>& placement) const {
+  if (ep == nullptr || ep->comm == nullptr) {
+    return invalid_argument(
+        "expert placement: this run is not expert-parallel (ep=1); experts have no slots to "
+        "move between ranks");
+  }
+  const int E = model->dims().num_experts;
+  for (const auto& [layer, slots] : placement) {
+    if (!ep->moe_layers.count(layer)) {
+      return invalid_argument("expert placement: layer " + std::to_string(layer) + " has no experts");
+    }
+    std::vector<char> seen(static_cast<size_t>(E), 0);
+    bool ok = static_cast<int>(slots.size()) == E;
+    for (int e : slots) {
+      if (!ok) break;
+      ok = e >= 0 && e < E && !seen[static_cast<size_t>(e)];
+      if (ok) seen[static_cast<size_t>(e)] = 1;
+    }
+    if (!ok) {
+      return invalid_argument("expert placement of layer " + std::to_string(layer) + ": " +
+                              std::to_string(slots.size()) + " slots that are not a permutation of the " +
+                              std::to_string(E) + " experts (each expert in exactly one slot)");
+    }
+  }
+  return ok_status();
+}
+
+Result<ExpertMigration> Executor::Impl::ep_migrate(const std::map<int, std::vector<int>>& placement) {
+  PIPER_RETURN_IF_ERROR(check_expert_placement(placement));
+  const auto start = std::chrono::steady_clock::now();
+  ExpertMigration out;
+  comm::Communicator& c = *ep->comm;
+  const int me = c.rank(), p = c.size(), per = ep->experts_per_rank;
+  std::map<std::string, Tensor*> moments;
+  for (const Optimizer::StateTensor& st : optimizer->state()) moments[st.name] = st.tensor;
+  for (const auto& [layer, next] : placement) {
+    const std::vector<int>& now = ep->slot_expert.at(layer);
+    if (next == now) continue;
+    const std::vector<int>& old_slot = ep->expert_slot.at(layer);
+    for (size_t s = 0; s < next.size(); ++s) {
+      if (old_slot[static_cast<size_t>(next[s])] / per != static_cast<int>(s) / per) ++out.moved_experts;
+    }
+    Chunk* chunk = model->find(layer, "experts");
+    if (chunk == nullptr) continue;  // another pipeline stage's layer: only the table changes here
+    if (shards.count(chunk)) {
+      return unimplemented("expert migration: the experts of layer " + std::to_string(layer) +
+                           " have ZeRO-sharded optimizer state, which migration does not move yet; train with "
+                           "zero=0 or without --migrate");
+    }
+    // Everything that travels with an expert: each parameter's value, gradient and AdamW moments, as
+    // [per, ...] tensors whose slot j is elements [j * n, (j + 1) * n).
+    std::vector<std::pair<float*, int64_t>> parts;  // (slot 0 of the tensor, elements per slot)
+    for (Param& prm : chunk->params()) {
+      const int64_t n = prm.value.numel() / per;
+      parts.emplace_back(prm.value.data(), n);
+      if (!prm.trainable) continue;
+      parts.emplace_back(prm.grad.data(), n);
+      for (const char* suffix : {".m", ".v"}) {
+        auto it = moments.find(prm.name + suffix);
+        if (it == moments.end() || it->second->numel() != prm.value.numel()) {
+          return unimplemented("expert migration: the optimizer holds no whole state '" + prm.name + suffix +
+                               "' to move with its expert");
+        }
+        parts.emplace_back(it->second->data(), n);
+      }
+    }
+    int64_t per_expert = 0;
+    for (const auto& part : parts) per_expert += part.second;
+    auto pack = [&](int slot, float* dst) {
+      for (const auto& [base, n] : parts) {
+        std::memcpy(dst, base + static_cast<int64_t>(slot) * n, static_cast<size_t>(n) * sizeof(float));
+        dst += n;
+      }
+    };
+    auto unpack = [&](int slot, const float* src) {
+      for (const auto& [base, n] : parts) {
+        std::memcpy(base + static_cast<int64_t>(slot) * n, src, static_cast<size_t>(n) * sizeof(float));
+        src += n;
+      }
+    };
+    // Sends: the experts in this rank's old slots whose new slot is elsewhere, in the order of the new slots
+    // (the receiver walks its new slots in the same order). Slot shuffles inside this rank go through `stay`.
+    std::vector<std::vector<float>> to(static_cast<size_t>(p));
+    std::vector<std::pair<int, std::vector<float>>> stay;  // (new local slot, data)
+    std::vector<size_t> send_bytes(static_cast<size_t>(p), 0), recv_bytes(static_cast<size_t>(p), 0);
+    for (int s = 0; s < static_cast<int>(next.size()); ++s) {
+      const int from = old_slot[static_cast<size_t>(next[static_cast<size_t>(s)])];
+      const int src = from / per, dst = s / per;
+      if (from == s) continue;
+      if (src == me && dst == me) {
+        stay.emplace_back(s - me * per, std::vector<float>(static_cast<size_t>(per_expert)));
+        pack(from - me * per, stay.back().second.data());
+      } else if (src == me) {
+        std::vector<float>& buf = to[static_cast<size_t>(dst)];
+        buf.resize(buf.size() + static_cast<size_t>(per_expert));
+        pack(from - me * per, buf.data() + buf.size() - static_cast<size_t>(per_expert));
+      } else if (dst == me) {
+        recv_bytes[static_cast<size_t>(src)] += static_cast<size_t>(per_expert) * sizeof(float);
+      }
+    }
+    std::vector<float> send;
+    for (int d = 0; d < p; ++d) {
+      send_bytes[static_cast<size_t>(d)] = to[static_cast<size_t>(d)].size() * sizeof(float);
+      send.insert(send.end(), to[static_cast<size_t>(d)].begin(), to[static_cast<size_t>(d)].end());
+      out.bytes_sent += static_cast<int64_t>(send_bytes[static_cast<size_t>(d)]);
+    }
+    size_t total_in = 0;
+    for (size_t b : recv_bytes) total_in += b;
+    std::vector<float> recv(total_in / sizeof(float));
+    Status st = comm::pairwise_all_to_all_v(c, send.data(), send_bytes, recv.data(), recv_bytes, dist->timeout_s());
+    if (!st.ok()) {
+      return st.with_context("expert migration of layer " + std::to_string(layer) + " over the ep group (rank " +
+                             std::to_string(dist->rank()) + ")");
+    }
+    // Receives, per source rank in the order of this rank's new slots.
+    std::vector<size_t> at(static_cast<size_t>(p) + 1, 0);
+    for (int r = 0; r < p; ++r) at[r + 1] = at[r] + recv_bytes[static_cast<size_t>(r)] / sizeof(float);
+    for (int s = me * per; s < (me + 1) * per; ++s) {
+      const int from = old_slot[static_cast<size_t>(next[static_cast<size_t>(s)])];
+      const int src = from / per;
+      if (src == me) continue;
+      unpack(s - me * per, recv.data() + at[static_cast<size_t>(src)]);
+      at[static_cast<size_t>(src)] += static_cast<size_t>(per_expert);
+    }
+    for (const auto& [slot, data] : stay) unpack(slot, data.data());
+  }
+  // Every rank switches its tables at the same point (between the same two steps).
+  for (const auto& [layer, next] : placement) {
+    ep->slot_expert[layer] = next;
+    std::vector<int>& inverse = ep->expert_slot[layer];
+    for (size_t s = 0; s < next.size(); ++s) inverse[static_cast<size_t>(next[s])] = static_cast<int>(s);
+  }
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return out;
+}
+
+const std::map<int, std::vector<int>>& Executor::expert_placement() const {
+  if (impl_->ep == nullptr || impl_->ep->comm == nullptr) return Impl::kNoPlacement;
+  return impl_->ep->slot_expert;
+}
+
+int Executor::experts_per_rank() const {
+  return impl_->ep != nullptr && impl_->ep->comm != nullptr ? impl_->ep->experts_per_rank
+                                                            : impl_->model->dims().num_experts;
+}
+
+Status Executor::set_expert_placement(const std::map<int, std::vector<int>>& placement) {
+  PIPER_RETURN_IF_ERROR(impl_->check_expert_placement(placement));
+  for (const auto& [layer, next] : placement) {
+    impl_->ep->slot_expert[layer] = next;
+    std::vector<int>& inverse = impl_->ep->expert_slot[layer];
+    for (size_t s = 0; s < next.size(); ++s) inverse[static_cast<size_t>(next[s])] = static_cast<int>(s);
+  }
+  return ok_status();
+}
+
+Result<ExpertMigration> Executor::migrate_experts(const std::map<int, std::vector<int>>& placement) {
+  return impl_->ep_migrate(placement);
 }
 
 }  // namespace piper::runtime

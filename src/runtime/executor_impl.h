@@ -207,6 +207,10 @@ struct Executor::Impl {
   // combine inside the FFN group), and the head's gradient becomes the experts' row gradients (transposed).
   Status m2n_local_inputs(const Task& t, std::vector<Activation>* inputs);
   Status m2n_local_grads(const Task& t, std::vector<Gradient>* grads);
+  // Checks a placement table (every layer an experts layer, each a permutation of the experts).
+  Status check_expert_placement(const std::map<int, std::vector<int>>& placement) const;
+  Result<ExpertMigration> ep_migrate(const std::map<int, std::vector<int>>& placement);
+  static const std::map<int, std::vector<int>> kNoPlacement;
 };
 
 }  // namespace piper::runtime

@@ -45,6 +45,14 @@ Result<ChunkDims> runtime_dims(const ModelSpec& m, const ModelOptions& o) {
   d.expert_bias = m.moe.router_bias;
   d.aux_loss_coef = m.moe.router_bias ? 0.0 : o.aux_loss_coef;
   d.bias_update_rate = o.bias_update_rate;
+  if (!(o.router_skew >= 0.0)) {
+    return invalid_argument("router skew must be >= 0 (a preference for low-index experts), got " +
+                            std::to_string(o.router_skew));
+  }
+  if (o.router_skew > 0.0 && !m.is_moe()) {
+    return invalid_argument("model '" + m.name + "' has no experts to skew the routing of; drop the router skew");
+  }
+  d.router_skew = o.router_skew;
   d.vocab = m.vocab_size;
   d.rope_theta = m.rope_theta;
   d.num_layers = m.num_layers;

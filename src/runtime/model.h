@@ -31,6 +31,10 @@ struct ModelOptions {
   // expert_rank (the experts chunk of an ep rank). 1 = every expert.
   int expert_ranks = 1;
   int expert_rank = 0;
+  // Testing load imbalance (expert migration): every router adds router_skew * (E - 1 - e) / (E - 1) to expert
+  // e's score when it selects the top-k (not to the routing weights, like the aux-loss-free bias), so that low
+  // experts receive more tokens. 0 = off. Part of the model's function: runs to compare must use the same value.
+  double router_skew = 0.0;
 };
 
 // The chunk dimensions of `model`; InvalidArgument naming the first feature the CPU chunks lack.

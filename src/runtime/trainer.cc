@@ -1,5 +1,8 @@
 #include "piper/runtime/trainer.h"
 
+#include <algorithm>
+#include <cstring>
+#include <deque>
 #include <set>
 
 #include "piper/runtime/checkpoint.h"
@@ -26,6 +29,55 @@ Result<Strategy> train_strategy(const std::string& text, int64_t global_batch) {
   return s;
 }
 
+Status MigrationOptions::validate() const {
+  if (window_steps < 1) {
+    return invalid_argument("--migrate-window must be >= 1 step, got " + std::to_string(window_steps));
+  }
+  if (horizon_steps < 0) {
+    return invalid_argument("--migrate-horizon must be >= 0 steps (0 = the window), got " +
+                            std::to_string(horizon_steps));
+  }
+  if (!(threshold >= 1.0)) {
+    return invalid_argument("--migrate-threshold is a max/mean load ratio and must be >= 1, got " +
+                            std::to_string(threshold));
+  }
+  return ok_status();
+}
+
+namespace {
+
+// The balance module's view of one layer's table: ep ranks of `per` slots, one ep group.
+balance::ExpertPlacement to_placement(const std::vector<int>& slots, int per) {
+  balance::ExpertPlacement p;
+  p.num_experts = static_cast<int>(slots.size());
+  p.slots_per_rank = per;
+  p.num_ranks = p.num_experts / per;
+  p.ep_group_size = p.num_ranks;
+  p.slot_expert = slots;
+  return p;
+}
+
+// Expert parallelism: slot j of an experts chunk's tensor (elements [j * n, (j + 1) * n)) as the box of logical
+// expert `expert` in the whole [num_experts, ...] tensor.
+Shape expert_offset(const Shape& global, int expert) {
+  Shape o(global.size(), 0);
+  o[0] = expert;
+  return o;
+}
+int64_t box_numel(const Shape& box) {
+  int64_t n = 1;
+  for (int64_t d : box) n *= d;
+  return n;
+}
+// One expert of a rank's [E/ep, ...] box.
+Shape expert_extent(const Shape& box) {
+  Shape e = box;
+  e[0] = 1;
+  return e;
+}
+
+}  // namespace
+
 Trainer::~Trainer() = default;
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
@@ -43,6 +95,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
     return invalid_argument("--seq " + std::to_string(options.seq_len) + " exceeds the model's max_seq_len " +
                             std::to_string(options.model.max_seq_len));
   }
+  PIPER_RETURN_IF_ERROR(options.migration.validate());
   auto t = std::unique_ptr<Trainer>(new Trainer());
   t->options_ = options;
   PIPER_ASSIGN_OR_RETURN(t->strategy_, train_strategy(options.strategy, options.global_batch));
@@ -68,6 +121,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   auto compiled = compile::compile_strategy(options.model, train, t->strategy_);
   if (!compiled.ok()) return compiled.status();
   t->compiled_ = std::move(compiled).value();
+  if (options.migration.enabled && t->compiled_.plan.mesh.ep < 2) {
+    return invalid_argument("--migrate moves experts between the ranks of an expert-parallel group, but strategy '" +
+                            t->strategy_.to_string() + "' has ep=1: add ep=N (N > 1) or drop --migrate");
+  }
 
   t->allocator_ = std::make_unique<MemoryPool>(&t->tracker_);
   const int rank = options.world != nullptr ? options.world->rank() : 0;
@@ -129,6 +186,20 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   PIPER_ASSIGN_OR_RETURN(t->executor_, Executor::create(t->compiled_.graph, t->compiled_.plan.program(rank),
                                                         t->model_.get(), t->optimizer_.get(), t->allocator_.get(),
                                                         t->dist_.get()));
+  if (options.migration.enabled) {
+    // Migration moves whole experts with their moments; a ZeRO shard of the experts' optimizer state covers other
+    // slots on the other replicas, so refuse before training rather than at the first migration.
+    for (const auto& chunk : t->model_->chunks()) {
+      if (chunk->part() != "experts") continue;
+      int64_t total = 0;
+      for (const Param& p : chunk->params()) total += p.trainable ? p.value.numel() : 0;
+      if (t->executor_->update_range(*chunk) != std::make_pair(int64_t{0}, total)) {
+        return unimplemented("--migrate: strategy '" + t->strategy_.to_string() +
+                             "' shards the experts' optimizer state (ZeRO over the expert-data-parallel replicas), "
+                             "which migration does not move yet; use zero=0, or dp = ep, or drop --migrate");
+      }
+    }
+  }
   PIPER_ASSIGN_OR_RETURN(Corpus corpus, load_corpus(options.data, options.model.vocab_size));
   PIPER_ASSIGN_OR_RETURN(DataLoader loader, DataLoader::create(std::move(corpus.tokens), options.seq_len,
                                                                t->options_.global_batch, options.seed));
@@ -145,6 +216,20 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
     t->predicted_ = e.memory;
     const size_t stage = static_cast<size_t>(t->dist_ != nullptr ? t->dist_->coord().pp : 0);
     t->predicted_rank_ = stage < e.ranks.size() ? e.ranks[stage] : e.memory;
+  }
+  // The planner's cost model (balance/planner.h) from the same cluster description, identical on every rank:
+  // an expert moves with its weights, gradients and both AdamW moments (fp32) over the device-to-device link;
+  // a routed token costs the busiest rank its expert's forward and backward FLOPs (3 GEMMs of 2 h f, times 3).
+  if (options.model.is_moe()) {
+    const double h = static_cast<double>(options.model.hidden_size);
+    const double f = static_cast<double>(options.model.moe.expert_intermediate_size);
+    t->migration_cost_.bytes_per_expert = 4.0 * 3.0 * h * f * sizeof(float);
+    t->migration_cost_.link_bw_bytes_per_s = cluster.node.intra.bw_bytes_per_s;
+    t->migration_cost_.link_latency_s = cluster.node.intra.latency_s;
+    t->migration_cost_.steps_next_window =
+        options.migration.horizon_steps > 0 ? options.migration.horizon_steps : options.migration.window_steps;
+    t->migration_cost_.time_per_token_s =
+        18.0 * h * f / (cluster.device.peak_flops_fp32 * cluster.device.gemm_efficiency);
   }
   t->flops_per_token_ = cm.flops_per_token();
   t->tracker_.reset_peaks();
@@ -173,19 +258,74 @@ Result<TrainStepStats> Trainer::step() {
   s.seconds = r.seconds;
   s.task_seconds = r.task_seconds;
   s.expert_tokens = std::move(r.expert_tokens);
+  PIPER_RETURN_IF_ERROR(balance_experts(&s));
   const double tokens = static_cast<double>(tokens_per_step());
   s.tokens_per_s = r.seconds > 0 ? tokens / r.seconds : 0;
   s.flops_per_s = s.tokens_per_s * flops_per_token_;
   return s;
 }
 
+Status Trainer::balance_experts(TrainStepStats* s) {
+  const std::map<int, std::vector<int>>& table = executor_->expert_placement();
+  if (table.empty()) return ok_status();
+  const int per = executor_->experts_per_rank();
+  const int window = options_.migration.window_steps;
+  if (monitor_ == nullptr) {
+    std::vector<balance::ExpertPlacement> placements;
+    monitor_layers_.clear();
+    for (const auto& [layer, slots] : table) {
+      monitor_layers_.push_back(layer);
+      placements.push_back(to_placement(slots, per));
+    }
+    PIPER_ASSIGN_OR_RETURN(balance::LoadMonitor m, balance::LoadMonitor::create(std::move(placements), window));
+    monitor_ = std::make_unique<balance::LoadMonitor>(std::move(m));
+  }
+  std::vector<std::vector<int64_t>> tokens;
+  for (int layer : monitor_layers_) {
+    auto it = s->expert_tokens.find(layer);
+    if (it == s->expert_tokens.end()) {
+      return internal_error("expert balance: the step reported no expert loads for layer " + std::to_string(layer));
+    }
+    tokens.push_back(it->second);
+  }
+  PIPER_RETURN_IF_ERROR(monitor_->record_step(tokens));
+  s->imbalance = 1.0;
+  for (int i = 0; i < monitor_->num_layers(); ++i) {
+    s->imbalance = std::max(s->imbalance, monitor_->layer_stats(i).last_step_imbalance);
+  }
+  if (!options_.migration.enabled || monitor_->steps_in_window() < window || s->step - last_plan_step_ < window) {
+    return ok_status();
+  }
+  last_plan_step_ = s->step;
+  balance::PlannerOptions planner;
+  planner.imbalance_threshold = options_.migration.threshold;
+  PIPER_ASSIGN_OR_RETURN(std::vector<balance::MigrationPlan> plans,
+                         balance::plan_layers(*monitor_, migration_cost_, planner));
+  std::map<int, std::vector<int>> next;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    if (plans[i].moves.empty()) continue;
+    next[monitor_layers_[i]] = plans[i].placement.slot_expert;
+    s->window_imbalance_before = std::max(s->window_imbalance_before, plans[i].imbalance_before);
+    s->window_imbalance_after = std::max(s->window_imbalance_after, plans[i].imbalance_after);
+  }
+  if (next.empty()) return ok_status();
+  PIPER_ASSIGN_OR_RETURN(ExpertMigration m, executor_->migrate_experts(next));
+  for (size_t i = 0; i < plans.size(); ++i) {
+    if (!plans[i].moves.empty()) {
+      PIPER_RETURN_IF_ERROR(monitor_->set_placement(static_cast<int>(i), plans[i].placement));
+    }
+  }
+  s->migrated_experts = m.moved_experts;
+  s->migration_seconds = m.seconds;
+  return ok_status();
+}
+
 double Trainer::comm_timeout_s() const { return dist_ != nullptr ? dist_->timeout_s() : comm::default_timeout_s(); }
 
 Status Trainer::checkpoint_supported(const std::string& flag) const {
-  if (dist_ == nullptr || (compiled_.plan.mesh.tp == 1 && compiled_.plan.mesh.ep == 1)) return ok_status();
-  return unimplemented(flag + ": checkpoints of tensor- or expert-parallel runs are not supported yet (their slices " +
-                       "do not record their place in the whole tensor); train with tp=1 and ep=1 to save or resume " +
-                       "(docs/runtime.md)");
+  if (dist_ == nullptr || compiled_.plan.mesh.tp == 1) return ok_status();
+  return unimplemented(flag + ": checkpoints of tensor-parallel runs are not supported yet (their slices do not " +
+                       "record their place in the whole tensor); train with tp=1 to save or resume (docs/runtime.md)");
 }
 
 Status Trainer::save(const std::string& dir) {
@@ -198,31 +338,68 @@ Status Trainer::save(const std::string& dir) {
   meta.model = options_.model.name;
   meta.strategy = strategy_.to_string();
   meta.world_size = options_.ranks;
+  meta.expert_placement = executor_->expert_placement();
   std::map<std::string, Optimizer::StateTensor> moments;
   for (const Optimizer::StateTensor& st : optimizer_->state()) moments[st.name] = st;
   // Every parameter this rank holds, whole, its slice or (ZeRO-3) its flat shard; the moments of the elements
   // this rank updates (ZeRO: allocated for those only).
   std::vector<TensorPiece> pieces;
+  std::deque<Tensor> copies;  // expert slots copied out under their logical index
   for (const auto& chunk : model_->chunks()) {
     const std::vector<Executor::ParamShard> sharded = executor_->param_shards(*chunk);
+    const auto table =
+        chunk->part() == "experts" ? meta.expert_placement.find(chunk->layer()) : meta.expert_placement.end();
     size_t index = 0;
     for (const Param& p : chunk->params()) {
       const Executor::ParamShard* ps = p.trainable && !sharded.empty() ? &sharded[index] : nullptr;
       if (p.trainable) ++index;
       const Shape box = ps != nullptr ? ps->shape : p.value.shape();
       const Shape global = p.global_shape.empty() ? box : p.global_shape;
-      if (ps == nullptr) {
-        pieces.push_back({p.name, global, p.global_offset, &p.value, 0, -1, false});
-      } else if (ps->begin < ps->end) {
-        pieces.push_back({p.name, global, p.global_offset, ps->values, ps->begin, ps->end, false, box});
+      if (table == meta.expert_placement.end()) {
+        if (ps == nullptr) {
+          pieces.push_back({p.name, global, p.global_offset, &p.value, 0, -1, false});
+        } else if (ps->begin < ps->end) {
+          pieces.push_back({p.name, global, p.global_offset, ps->values, ps->begin, ps->end, false, box});
+        }
+        if (!p.trainable) continue;
+        for (const char* suffix : {".m", ".v"}) {
+          auto it = moments.find(p.name + suffix);
+          if (it == moments.end()) return internal_error("the optimizer has no state '" + p.name + suffix + "'");
+          const Optimizer::StateTensor& st = it->second;
+          if (st.begin >= st.end) continue;
+          pieces.push_back({st.name, global, p.global_offset, st.tensor, st.begin, st.end, true, box});
+        }
+        continue;
       }
-      if (!p.trainable) continue;
-      for (const char* suffix : {".m", ".v"}) {
-        auto it = moments.find(p.name + suffix);
-        if (it == moments.end()) return internal_error("the optimizer has no state '" + p.name + suffix + "'");
-        const Optimizer::StateTensor& st = it->second;
-        if (st.begin >= st.end) continue;
-        pieces.push_back({st.name, global, p.global_offset, st.tensor, st.begin, st.end, true, box});
+      // Expert parallelism: every slot under its logical expert, so that the checkpoint does not depend on the
+      // placement; of each slot the elements this rank holds (whole, or the part of its ZeRO shard in the slot).
+      const int per = executor_->experts_per_rank();
+      const int64_t n = box_numel(box) / per;
+      const int first = static_cast<int>(p.global_offset.at(0));
+      const Shape extent = expert_extent(box);
+      // One store (values or a moment) holding flat elements [lo, hi) of the rank's box: its part in slot j.
+      auto add_slot = [&](const std::string& name, const float* data, int64_t lo, int64_t hi, int j, bool opt) {
+        const int64_t b = std::max(lo, j * n), e = std::min(hi, (j + 1) * n);
+        if (b >= e) return;
+        copies.push_back(Tensor::zeros_or_die({e - b}, MemCategory::kBuffers));
+        std::memcpy(copies.back().data(), data + (b - lo), static_cast<size_t>(e - b) * sizeof(float));
+        const int expert = table->second.at(static_cast<size_t>(first + j));
+        pieces.push_back({name, global, expert_offset(global, expert), &copies.back(), b - j * n, e - j * n, opt,
+                          extent});
+      };
+      for (int j = 0; j < per; ++j) {
+        if (ps == nullptr) {
+          add_slot(p.name, p.value.data(), 0, per * n, j, false);
+        } else {
+          add_slot(p.name, ps->values->data(), ps->begin, ps->end, j, false);
+        }
+        if (!p.trainable) continue;
+        for (const char* suffix : {".m", ".v"}) {
+          auto it = moments.find(p.name + suffix);
+          if (it == moments.end()) return internal_error("the optimizer has no state '" + p.name + suffix + "'");
+          const Optimizer::StateTensor& st = it->second;
+          if (st.begin < st.end) add_slot(st.name, st.tensor->data(), st.begin, st.end, j, true);
+        }
       }
     }
   }
@@ -245,29 +422,70 @@ Status Trainer::restore_local(CheckpointReader& reader) {
   std::map<std::string, Optimizer::StateTensor> moments;
   for (const Optimizer::StateTensor& st : optimizer_->state()) moments[st.name] = st;
   const std::string hint = " (was the checkpoint written for another model? resume with the same --model)";
+  // Expert parallelism: adopt the writer's placement when it fits this run (every MoE layer, each a
+  // permutation of the experts: any ep degree); otherwise keep this run's. Either way every slot loads its
+  // logical expert.
+  const std::map<int, std::vector<int>>& table = executor_->expert_placement();
+  if (!table.empty() && !m.expert_placement.empty()) {
+    bool fits = m.expert_placement.size() == table.size();
+    for (const auto& [layer, slots] : table) fits = fits && m.expert_placement.count(layer) > 0;
+    if (fits) {
+      Status s = executor_->set_expert_placement(m.expert_placement);
+      if (!s.ok()) return s.with_context(where + ": its expert_placement");
+    }
+  }
   for (const auto& chunk : model_->chunks()) {
     const std::vector<Executor::ParamShard> sharded = executor_->param_shards(*chunk);
+    const auto slots = chunk->part() == "experts" ? table.find(chunk->layer()) : table.end();
     size_t index = 0;
     for (Param& p : chunk->params()) {
       const Executor::ParamShard* ps = p.trainable && !sharded.empty() ? &sharded[index] : nullptr;
       if (p.trainable) ++index;
       const Shape box = ps != nullptr ? ps->shape : p.value.shape();
       const Shape global = p.global_shape.empty() ? box : p.global_shape;
-      Status s = ok_status();
+      // (name, destination holding flat elements [lo, hi) of the rank's box)
+      struct Store {
+        std::string name;
+        float* data;
+        int64_t lo, hi;
+      };
+      std::vector<Store> stores;
       if (ps == nullptr) {
-        s = reader.restore(p.name, global, p.global_offset, &p.value);
-      } else if (ps->begin < ps->end) {
-        s = reader.restore_range(p.name, global, p.global_offset, box, ps->begin, ps->end, ps->values->data());
+        stores.push_back({p.name, p.value.data(), 0, box_numel(box)});
+      } else {
+        stores.push_back({p.name, ps->values->data(), ps->begin, ps->end});
       }
       for (const char* suffix : {".m", ".v"}) {
-        if (!s.ok() || !p.trainable) break;
+        if (!p.trainable) break;
         auto it = moments.find(p.name + suffix);
         if (it == moments.end()) return internal_error("the optimizer has no state '" + p.name + suffix + "'");
         const Optimizer::StateTensor& st = it->second;
-        if (st.begin >= st.end) continue;
-        s = reader.restore_range(st.name, global, p.global_offset, box, st.begin, st.end, st.tensor->data());
+        stores.push_back({st.name, st.tensor->data(), st.begin, st.end});
       }
-      if (!s.ok()) return s.with_context(where + hint);
+      for (const Store& store : stores) {
+        if (store.lo >= store.hi) continue;
+        Status s = ok_status();
+        if (slots == table.end()) {
+          if (ps == nullptr && store.name == p.name) {
+            s = reader.restore(p.name, global, p.global_offset, &p.value);
+          } else {
+            s = reader.restore_range(store.name, global, p.global_offset, box, store.lo, store.hi, store.data);
+          }
+        } else {
+          // Slot j of this rank holds logical expert slots->second[first + j].
+          const int per = executor_->experts_per_rank();
+          const int64_t n = box_numel(box) / per;
+          const int first = static_cast<int>(p.global_offset.at(0));
+          for (int j = 0; j < per && s.ok(); ++j) {
+            const int64_t b = std::max(store.lo, j * n), e = std::min(store.hi, (j + 1) * n);
+            if (b >= e) continue;
+            const int expert = slots->second.at(static_cast<size_t>(first + j));
+            s = reader.restore_range(store.name, global, expert_offset(global, expert), expert_extent(box), b - j * n,
+                                     e - j * n, store.data + (b - store.lo));
+          }
+        }
+        if (!s.ok()) return s.with_context(where + hint);
+      }
     }
   }
   Status s = loader_->seek(m.data);
@@ -301,6 +519,9 @@ Status Trainer::resume(const std::string& dir) {
   }
   resumed_ = (*reader)->meta();
   resumed_dir_ = (*reader)->dir();
+  // The load monitor restarts from the (possibly adopted) placement; the next plan is a window away.
+  monitor_.reset();
+  last_plan_step_ = resumed_.step;
   return ok_status();
 }
 

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "piper/balance/load_monitor.h"
+#include "piper/balance/planner.h"
 #include "piper/base/status.h"
 #include "piper/compile/compile.h"
 #include "piper/cost/estimate.h"
@@ -37,6 +39,22 @@
 #include "piper/strategy/strategy.h"
 
 namespace piper::runtime {
+
+// Live expert migration (expert-parallel runs, docs/balance.md). The defaults, named once.
+inline constexpr int kMigrationWindowSteps = 10;
+inline constexpr double kMigrationThreshold = 1.10;
+
+struct MigrationOptions {
+  bool enabled = false;
+  // The planner reads the expert loads of the last window_steps steps and runs every window_steps steps.
+  int window_steps = kMigrationWindowSteps;
+  // A layer is planned when its window imbalance (max / mean ep-rank tokens) exceeds this (>= 1).
+  double threshold = kMigrationThreshold;
+  // Steps a new placement is expected to serve: the planner weighs a move's cost against its saving over them
+  // (balance/planner.h steps_next_window). 0 = window_steps (the next plan may undo it).
+  int horizon_steps = 0;
+  Status validate() const;
+};
 
 struct TrainOptions {
   ModelSpec model;
@@ -54,6 +72,8 @@ struct TrainOptions {
   comm::Communicator* world = nullptr;
   // Multi-rank runs: world ranks per (emulated) node for HALO exchanges; 0 = the MPI job's local size.
   int ranks_per_node = 0;
+  // Expert-parallel runs: move experts between the ranks of each ep group when their loads are imbalanced.
+  MigrationOptions migration;
 };
 
 struct TrainStepStats {
@@ -64,6 +84,15 @@ struct TrainStepStats {
   double flops_per_s = 0;  // model FLOPs (docs/counting.md) per second
   std::map<std::string, double> task_seconds;  // see StepResult
   std::map<int, std::vector<int64_t>> expert_tokens;  // see StepResult: per MoE layer, tokens per expert
+  // Expert-parallel runs: the largest over MoE layers of this step's max / mean tokens per ep rank under the
+  // placement in force during the step (1 without expert parallelism).
+  double imbalance = 1.0;
+  // Live migration after this step (TrainOptions::migration): experts that changed rank (over all layers),
+  // this rank's seconds for it, and the planner's window imbalance before and after (the largest over the
+  // migrated layers). Zero when nothing moved.
+  int migrated_experts = 0;
+  double migration_seconds = 0;
+  double window_imbalance_before = 0, window_imbalance_after = 0;
 };
 
 class Trainer {
@@ -75,9 +104,10 @@ class Trainer {
   // Collective over the run's ranks (runtime/checkpoint.h): every rank writes the parameters it holds and the
   // AdamW moments of the elements it updates; rank 0 commits the checkpoint ROOT/step-N and ROOT/latest.
   Status save(const std::string& dir);
-  // OK when this run's checkpoints can be written and read; Unimplemented (naming `flag`) for tensor- or
-  // expert-parallel runs, whose slices do not record their place in the whole tensor yet. save() and resume()
-  // check it; call it before training so that a --save run fails at once, not after its last step.
+  // OK when this run's checkpoints can be written and read; Unimplemented (naming `flag`) for tensor-parallel
+  // runs, whose slices do not record their place in the whole tensor yet. save() and resume() check it; call it
+  // before training so that a --save run fails at once, not after its last step. Expert-parallel runs save
+  // every expert under its logical index with the placement table; a resume under ep > 1 adopts the table.
   Status checkpoint_supported(const std::string& flag) const;
   // Collective: loads a checkpoint written under any strategy and world size (dir: a --save ROOT or one of its
   // step-N directories). The same error on every rank: naming the rank, the file and the fix.
@@ -115,6 +145,9 @@ class Trainer {
   int data_parallel() const { return compiled_.plan.mesh.dp; }
   double comm_timeout_s() const;
   Status restore_local(CheckpointReader& reader);
+  // After a step: feeds the expert loads to the monitor, sets stats->imbalance and, with migration on and a
+  // full window, plans and migrates (every rank the same plan from the same all-gathered loads).
+  Status balance_experts(TrainStepStats* stats);
   TrainOptions options_;
   Strategy strategy_;
   MemoryTracker tracker_;
@@ -131,7 +164,11 @@ class Trainer {
   TrainSpec train_;
   double flops_per_token_ = 0;
   Batch batch_;
-  Batch local_batch_;  // multi-rank: this rank's data-parallel slice of batch_
+  Batch local_batch_;                              // multi-rank: this rank's data-parallel slice of batch_
+  std::unique_ptr<balance::LoadMonitor> monitor_;  // expert-parallel runs; built at the first step
+  std::vector<int> monitor_layers_;                // MoE layer of each monitor layer
+  int64_t last_plan_step_ = 0;
+  balance::MigrationCost migration_cost_;
   CheckpointMeta resumed_;
   std::string resumed_dir_;
 };

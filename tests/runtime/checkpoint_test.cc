@@ -121,7 +121,7 @@ TEST(SafetensorsTest, CorruptFilesAreDataLoss) {
 struct Saved {
   std::string root;
   Tensor w1 = ramp({4, 3}, 0.0f), w2 = ramp({5}, 10.0f), m1 = ramp({4, 3}, -1.0f), v1 = ramp({4, 3}, 2.0f);
-  CheckpointMeta meta{42, {3, 17}, {0xfeedfacecafebeefull, 1, 99}, 16, "tiny", "dp=1", 1};
+  CheckpointMeta meta{42, {3, 17}, {0xfeedfacecafebeefull, 1, 99}, 16, "tiny", "dp=1", 1, {}};
   explicit Saved(const std::string& name, int64_t step = 42) : root(temp_dir(name)) {
     meta.step = step;
     PIPER_CHECK_OK(save(step));
@@ -169,12 +169,44 @@ TEST(CheckpointTest, RoundTripThroughLatest) {
   EXPECT_EQ((*direct)->meta().step, 42);
 }
 
+// The expert placement table (expert-parallel writers) round-trips through the index; a malformed one is
+// DataLoss naming the index; a checkpoint without one reads back an empty table.
+TEST(CheckpointTest, ExpertPlacementRoundTrips) {
+  const std::string root = temp_dir("placement");
+  Tensor w = ramp({4, 2}, 0.0f);
+  CheckpointMeta meta{5, {}, {}, 8, "tiny", "ep=2", 2, {}};
+  meta.expert_placement = {{1, {2, 0, 3, 1}}, {3, {0, 1, 2, 3}}};
+  ASSERT_TRUE(save_checkpoint(root, meta, {{"e.w", {4, 2}, {}, &w}}, nullptr, 1.0).ok());
+  auto r = CheckpointReader::open(root);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  EXPECT_EQ((*r)->meta().expert_placement, meta.expert_placement);
+  const std::string index = root + "/step-00000005/index.json";
+  const std::string text = read_all(index);
+  const size_t at = text.find("\"expert_placement\"");
+  ASSERT_NE(at, std::string::npos) << text;
+  std::string bad = text;
+  bad.replace(bad.find("\"1\"", at), 3, "\"x\"");
+  write_all(index, bad);
+  auto broken = CheckpointReader::open(root);
+  ASSERT_FALSE(broken.ok());
+  EXPECT_EQ(broken.status().code(), StatusCode::kDataLoss);
+  EXPECT_NE(broken.status().message().find("expert_placement.x"), std::string::npos) << broken.status().message();
+
+  const std::string plain = temp_dir("no_placement");
+  meta.expert_placement.clear();
+  ASSERT_TRUE(save_checkpoint(plain, meta, {{"e.w", {4, 2}, {}, &w}}, nullptr, 1.0).ok());
+  auto none = CheckpointReader::open(plain);
+  ASSERT_TRUE(none.ok()) << none.status().to_string();
+  EXPECT_TRUE((*none)->meta().expert_placement.empty());
+  EXPECT_EQ(read_all(plain + "/step-00000005/index.json").find("expert_placement"), std::string::npos);
+}
+
 // A tensor written as pieces (two row blocks, the second as two ZeRO ranges) reads back as any other box.
 TEST(CheckpointTest, PiecesAssembleIntoAnyBox) {
   const std::string root = temp_dir("pieces");
   Tensor full = ramp({4, 6}, 0.0f);
   Tensor top = ramp({2, 6}, 0.0f), bottom = ramp({2, 6}, 6.0f);
-  CheckpointMeta meta{3, {}, {}, 8, "tiny", "ep=2", 2};
+  CheckpointMeta meta{3, {}, {}, 8, "tiny", "ep=2", 2, {}};
   ASSERT_TRUE(save_checkpoint(root, meta,
                               {{"e.w", {4, 6}, {0, 0}, &top},
                                {"e.w", {4, 6}, {2, 0}, &bottom, 0, 5},
@@ -222,7 +254,7 @@ TEST(CheckpointTest, PiecesAssembleIntoAnyBox) {
 TEST(CheckpointTest, ShardStoresWriteAndReadRanges) {
   const std::string root = temp_dir("shard_store");
   Tensor full = ramp({4, 6}, 0.0f), lo = ramp({10}, 0.0f), hi = ramp({14}, 5.0f);
-  CheckpointMeta meta{1, {}, {}, 8, "tiny", "dp=2,zero=1", 2};
+  CheckpointMeta meta{1, {}, {}, 8, "tiny", "dp=2,zero=1", 2, {}};
   ASSERT_TRUE(save_checkpoint(root, meta,
                               {{"w.m", {4, 6}, {}, &lo, 0, 10, true, {4, 6}},
                                {"w.m", {4, 6}, {}, &hi, 10, 24, true, {4, 6}}},

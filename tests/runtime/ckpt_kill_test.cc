@@ -1,7 +1,8 @@
 // A rank killed mid-run after a checkpoint (label mpi, end to end through the piper binary): the job stops
 // within the communication timeout naming the dead rank, the last checkpoint is intact, and `--resume` continues
 // with the uninterrupted run's losses bit for bit (same strategy, same reduction order); a one-rank resume of
-// the same checkpoint matches within 1e-5.
+// the same checkpoint matches within 1e-5. The same for an expert-parallel run that migrates experts after every
+// step: whatever migration the kill interrupts, the last checkpoint holds every expert once with its table.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -27,6 +28,12 @@ constexpr int kTotalSteps = 8;
 constexpr double kTimeoutS = 5;  // PIPER_COMM_TIMEOUT_S of the killed run
 const std::string kTrain =
     "train --model tiny-moe --seq 16 --seed 1234 --warmup 2 --strategy pp=2,schedule=1f1b,microbatches=4,mbs=1 ";
+const std::string kOneRank = "train --model tiny-moe --seq 16 --seed 1234 --warmup 2 --strategy microbatches=4,mbs=1 ";
+// Skewed routing, ep=2, a migration plan after every step (moves counted over 100 steps so that they pay).
+const std::string kSkew = "--router-skew 0.3 ";
+const std::string kTrainEp = "train --model tiny-moe --seq 16 --seed 1234 --warmup 2 " + kSkew +
+                             "--strategy dp=2,ep=2,a2a=flat,microbatches=2,mbs=1 --migrate --migrate-window 1 "
+                             "--migrate-horizon 100 ";
 
 std::string read_all(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -52,6 +59,13 @@ std::string run(const std::string& args, int* rc) {
   while (size_t n = fread(buf.data(), 1, buf.size(), f)) out.append(buf.data(), n);
   *rc = pclose(f);
   return out;
+}
+
+int migrated_experts(const std::string& json) {
+  int n = 0;
+  const piper::Json j = piper::Json::parse(json);
+  for (const auto& s : j["steps"]) n += s.value("migrated_experts", 0);
+  return n;
 }
 
 std::vector<double> losses(const std::string& json) {
@@ -82,20 +96,24 @@ pid_t find_rank(int rank, const std::string& tag) {
   return -1;
 }
 
-TEST(KilledRank, JobStopsNamingItAndResumeIsBitwise) {
+// `train` on 2 ranks: uninterrupted, then killed after a checkpoint and resumed (2 ranks and `one_rank`).
+void kill_and_resume(const std::string& train, const std::string& one_rank, bool migrates) {
   set_mpi_env();
   const std::string root = (fs::temp_directory_path() / ("piper_kill_" + std::to_string(::getpid()))).string();
   fs::remove_all(root);
   int rc = 0;
-  const std::string straight = run(kTrain + "--ranks 2 --json --steps " + std::to_string(kTotalSteps), &rc);
+  const std::string straight = run(train + "--ranks 2 --json --steps " + std::to_string(kTotalSteps), &rc);
   ASSERT_EQ(rc, 0) << straight;
   const std::vector<double> expected = losses(straight);
   ASSERT_EQ(expected.size(), static_cast<size_t>(kTotalSteps));
+  if (migrates) {
+    EXPECT_GT(migrated_experts(straight), 0) << "no expert migrated in the uninterrupted run:\n" << straight;
+  }
 
   // The run to kill: long, with a checkpoint every 2 steps; rank 1 dies by SIGKILL once one exists.
   const std::string tag = "PIPER_KILL_TEST_TAG=" + std::to_string(::getpid());
   const std::string log = root + ".log";
-  const std::string cmd = tag + " " + PIPER_BIN_PATH + " " + kTrain + "--ranks 2 --steps 100000 --save-every 2 --save " +
+  const std::string cmd = tag + " " + PIPER_BIN_PATH + " " + train + "--ranks 2 --steps 100000 --save-every 2 --save " +
                           root + " > " + log + " 2>&1";
   const pid_t job = fork();
   ASSERT_GE(job, 0);
@@ -136,13 +154,12 @@ TEST(KilledRank, JobStopsNamingItAndResumeIsBitwise) {
   ASSERT_GE(step, 2);
   ASSERT_LT(step, kTotalSteps) << "rank 1 was killed too late for this test";
   const std::string rest = std::to_string(kTotalSteps - step);
-  const std::string resumed = run(kTrain + "--ranks 2 --json --steps " + rest + " --resume " + root, &rc);
+  const std::string resumed = run(train + "--ranks 2 --json --steps " + rest + " --resume " + root, &rc);
   ASSERT_EQ(rc, 0) << resumed;
   const std::vector<double> got = losses(resumed);
   ASSERT_EQ(got.size(), static_cast<size_t>(kTotalSteps - step));
   for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], expected[step + i]) << "step " << step + i + 1;
-  const std::string one = run("train --model tiny-moe --seq 16 --seed 1234 --warmup 2 --strategy microbatches=4,mbs=1 "
-                              "--ranks 1 --json --steps " + rest + " --resume " + root, &rc);
+  const std::string one = run(one_rank + "--ranks 1 --json --steps " + rest + " --resume " + root, &rc);
   ASSERT_EQ(rc, 0) << one;
   const std::vector<double> got1 = losses(one);
   ASSERT_EQ(got1.size(), got.size());
@@ -153,5 +170,9 @@ TEST(KilledRank, JobStopsNamingItAndResumeIsBitwise) {
   fs::remove_all(root);
   fs::remove(log);
 }
+
+TEST(KilledRank, JobStopsNamingItAndResumeIsBitwise) { kill_and_resume(kTrain, kOneRank, false); }
+
+TEST(KilledRank, MigratingExpertParallelRunResumesBitwise) { kill_and_resume(kTrainEp, kOneRank + kSkew, true); }
 
 }  // namespace

@@ -205,19 +205,38 @@ TEST(CliTrainReport, PlanLocalRanksErrors) {
 
 }  // namespace
 
-// Checkpoints of expert-parallel runs are not written yet: `--save` is refused before the first step, not after
+// Expert migration's report: each step's imbalance, a line per migration, and the summary with the migration
+// time as a share of the training time; --migrate without expert parallelism is refused naming the fix.
+TEST(CliTrainReport, MigrationIsReported) {
+  int rc = 0;
+  std::string out =
+      run("train --model tiny-moe --ranks 4 --seq 16 --global-batch 4 --strategy "
+          "dp=4,ep=4,microbatches=1,mbs=1 --steps 4 --router-skew 0.3 --migrate --migrate-window 2 "
+          "--migrate-horizon 100",
+          &rc, false);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("  imbalance "), std::string::npos) << out;
+  EXPECT_NE(out.find("migrate   after step 2: "), std::string::npos) << out;
+  EXPECT_NE(out.find("experts   imbalance (max/mean tokens per ep rank, mean of 2 steps) first "), std::string::npos)
+      << out;
+  EXPECT_NE(out.find("% of training time (rank 0)"), std::string::npos) << out;
+  out = run("train --model tiny-moe --seq 16 --global-batch 4 --steps 1 --migrate", &rc, false);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("has ep=1: add ep=N (N > 1) or drop --migrate"), std::string::npos) << out;
+}
+
+// Checkpoints of tensor-parallel runs are not written yet: `--save` is refused before the first step, not after
 // the last one (the run's work would be lost), and nothing is written.
-TEST(CliTrainReport, SaveOfAnExpertParallelRunIsRefusedBeforeTraining) {
-  const std::string dir = temp_file("ep_ckpt");
+TEST(CliTrainReport, SaveOfATensorParallelRunIsRefusedBeforeTraining) {
+  const std::string dir = temp_file("tp_ckpt");
   int rc = 0;
   std::string out =
       run("train --model tiny-moe --ranks 2 --seq 16 --global-batch 4 "
-          "--strategy dp=2,ep=2,microbatches=2,mbs=1 --steps 1000 --save " +
+          "--strategy tp=2,sp=1,microbatches=4,mbs=1 --steps 1000 --save " +
               dir,
           &rc, false);
   EXPECT_NE(rc, 0) << out;
-  EXPECT_NE(out.find("--save: checkpoints of tensor- or expert-parallel runs are not supported yet"), std::string::npos)
-      << out;
+  EXPECT_NE(out.find("--save: checkpoints of tensor-parallel runs are not supported yet"), std::string::npos) << out;
   EXPECT_EQ(out.find("step     1"), std::string::npos) << out;
   EXPECT_FALSE(std::filesystem::exists(dir));
 }

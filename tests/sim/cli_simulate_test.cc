@@ -39,6 +39,34 @@ TEST(CliSimulateTest, JsonHasTheDocumentedKeys) {
   std::fclose(f);
 }
 
+// --expert-zipf: the step under Zipf-skewed expert loads, contiguous vs after the migration planner's moves.
+// Skewed loads slow the step; migration lowers the imbalance and wins back time net of its own cost.
+TEST(CliSimulateTest, ExpertZipfComparesStepTimeWithAndWithoutMigration) {
+  int rc = 0;
+  std::string out =
+      run("simulate --model deepseek-moe-16b --cluster dgx-h100 --nodes 1 --seq 4096 --strategy "
+          "dp=8,ep=8,zero=1,microbatches=4,mbs=1 --expert-zipf 1.0 --json",
+          &rc);
+  ASSERT_EQ(rc, 0) << out;
+  const piper::Json b = piper::Json::parse(out)["expert_balance"];
+  EXPECT_EQ(b["ep"], 8);
+  EXPECT_EQ(b["window_steps"], 10);
+  EXPECT_GT(b["imbalance_contiguous"].get<double>(), 2.0);
+  EXPECT_LT(b["imbalance_migrated"].get<double>(), b["imbalance_contiguous"].get<double>());
+  EXPECT_GT(b["experts_moved_per_layer"].get<int>(), 0);
+  EXPECT_GT(b["migration_cost_s"].get<double>(), 0.0);
+  const double balanced = b["step_time_balanced_s"].get<double>();
+  const double without = b["step_time_without_migration_s"].get<double>();
+  const double with = b["step_time_with_migration_s"].get<double>();
+  EXPECT_GT(without, balanced);
+  EXPECT_LT(with, without);
+  EXPECT_GE(with, balanced);
+  out =
+      run("simulate --model tiny-moe --cluster dgx-h100 --nodes 1 --strategy dp=8,microbatches=1 --expert-zipf 1", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("ep=1"), std::string::npos) << out;
+}
+
 TEST(CliSimulateTest, BadInputsExitNonZeroWithAHint) {
   int rc = 0;
   std::string out = run("simulate --model tiny-moe --cluster dgx-h100 --nodes 1 --strategy dp=4,pp=4", &rc);

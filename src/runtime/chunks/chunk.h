@@ -51,6 +51,8 @@ struct ChunkDims {
   bool expert_bias = false;       // DeepSeek's aux-loss-free balancing bias (updated after each step)
   double aux_loss_coef = 0.0;     // Switch-style load-balance loss weight (0 = off)
   double bias_update_rate = 1e-3; // bias step per optimizer step (expert_bias only)
+  // Testing: a fixed selection-only preference for low-index experts (ModelOptions::router_skew).
+  double router_skew = 0.0;
   int64_t vocab = 0;
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;

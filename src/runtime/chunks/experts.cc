@@ -31,6 +31,16 @@ class ExpertsChunk : public Chunk {
     add_param("w_gate", {E, f, d.hidden}, seed, init_std(), 0.0f, true, true, offset);
     add_param("w_up", {E, f, d.hidden}, seed, init_std(), 0.0f, true, true, offset);
     add_param("w_down", {E, d.hidden, f}, seed, residual_init_std(d), 0.0f, true, true, offset);
+    if (E != d.num_experts) {
+      // Expert parallelism: the block of experts [expert_begin, expert_begin + E) of the whole [num_experts, ...]
+      // tensors (checkpoints store and restore it by this box; a migrating runtime saves per logical expert).
+      for (Param& p : params_) {
+        p.global_shape = p.value.shape();
+        p.global_shape[0] = d.num_experts;
+        p.global_offset = Shape(p.global_shape.size(), 0);
+        p.global_offset[0] = d.expert_begin;
+      }
+    }
   }
 
   Result<std::unique_ptr<Stash>> forward(const StepContext& ctx, const Microbatch& mb,

@@ -46,6 +46,16 @@ class RouterChunk : public Chunk {
     routed->topk_w = new_tensor({n, k}, MemCategory::kActivations);
     float aux = 0;
     const float* bias = dims_.expert_bias ? params_[2].value.data() : nullptr;
+    std::vector<float> skewed;
+    if (dims_.router_skew > 0.0) {
+      // Testing: a fixed preference for low experts on top of any balancing bias (selection only).
+      skewed.assign(static_cast<size_t>(E), 0.0f);
+      for (int64_t e = 0; e < E; ++e) {
+        const double pref = E > 1 ? static_cast<double>(E - 1 - e) / static_cast<double>(E - 1) : 0.0;
+        skewed[static_cast<size_t>(e)] = static_cast<float>(dims_.router_skew * pref) + (bias ? bias[e] : 0.0f);
+      }
+      bias = skewed.data();
+    }
     kernels::RouterConfig cfg = config(ctx);
     // Sequence parallelism: the load-balance loss is the whole microbatch's, from counts summed over the slices.
     const bool sliced = ctx.token_shards > 1 && cfg.aux_loss_coef > 0;
