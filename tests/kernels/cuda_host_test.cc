@@ -9,6 +9,7 @@
 
 #include "piper/kernels/cpu/moe_reference.h"
 #include "piper/kernels/cpu/reference.h"
+#include "piper/kernels/cuda/attn_tiling.h"
 #include "piper/kernels/cuda/host_plan.h"
 #include "piper/tensor/rng.h"
 
@@ -151,9 +152,138 @@ TEST(CudaHostPlan, LaunchArithmetic) {
   EXPECT_EQ(grid_size(256, 256), 1);
   EXPECT_EQ(grid_size(257, 256), 2);
   EXPECT_EQ(grid_size(int64_t{1} << 40, 256, 1000), 1000);  // grid-stride loops cover the rest
-  EXPECT_EQ(attn_key_tiles(16, 16), 1);
-  EXPECT_EQ(attn_key_tiles(17, 16), 2);
-  EXPECT_EQ(attn_key_tiles(128, 16), 8);
+  EXPECT_EQ(tiling::key_tiles(0, 5), 1);                    // a short sequence: one partial tile
+  EXPECT_EQ(tiling::key_tiles(16, 100), 2);                 // queries 16..31 see keys 0..31
+  EXPECT_EQ(tiling::key_tiles(96, 100), 7);                 // queries 96..99 see keys 0..99
+  EXPECT_EQ(tiling::causal_keys(5, 0), 6);
+  EXPECT_EQ(tiling::causal_keys(5, 16), 0);
+  EXPECT_EQ(tiling::causal_keys(40, 16), 16);
+  EXPECT_EQ(tiling::causal_queries_begin(20, 16), 4);
+  EXPECT_EQ(tiling::causal_queries_end(96, 100), 4);
+}
+
+// The three attention kernels' loops (attention.cu) run serially on the CPU with the same tiling helpers and
+// online softmax: blocks of kQTile rows, key/query tiles of kKTile rows, causal bounds, GQA head mapping. The
+// warp reductions become plain sums. Checks the index math against the reference attention.
+struct EmulatedAttention {
+  AttentionShape s;
+  FVec out, lse, dq, dk, dv;
+};
+
+EmulatedAttention emulate_attention(const AttentionShape& s, const FVec& q, const FVec& k, const FVec& v,
+                                    const FVec& dout) {
+  using namespace tiling;
+  EmulatedAttention r;
+  r.s = s;
+  const int64_t hd = s.head_dim, group = s.q_heads / s.kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  r.out.assign(q.size(), NAN), r.dq.assign(q.size(), NAN), r.dk.assign(k.size(), NAN), r.dv.assign(v.size(), NAN);
+  r.lse.assign(static_cast<size_t>(s.batch * s.q_heads * s.seq), NAN);
+  FVec dsum(r.lse.size(), NAN);
+  auto dot = [&](const float* a, const float* b) {
+    float t = 0;
+    for (int64_t c = 0; c < hd; ++c) t += a[c] * b[c];
+    return t;
+  };
+  const int64_t blocks = (s.seq + kQTile - 1) / kQTile;
+  // forward and dq: grid (blocks, batch * q_heads)
+  for (int64_t bh = 0; bh < s.batch * s.q_heads; ++bh) {
+    const int64_t b = bh / s.q_heads, h = bh % s.q_heads, hk = h / group;
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t q0 = blk * kQTile;
+      for (int64_t row = 0; row < kQTile; ++row) {
+        const int64_t i = q0 + row;
+        if (i >= s.seq) continue;
+        const float* qi = q.data() + qkv_offset(b, i, s.q_heads, h, s.seq, hd);
+        OnlineSoftmax sm;
+        FVec acc(static_cast<size_t>(hd), 0.0f);
+        for (int64_t tile = 0; tile < key_tiles(q0, s.seq); ++tile) {
+          const int64_t k0 = tile * kKTile;
+          for (int64_t jr = 0; jr < causal_keys(i, k0); ++jr) {
+            const int64_t j = k0 + jr;
+            float corr;
+            const float p = sm.update(dot(qi, k.data() + qkv_offset(b, j, s.kv_heads, hk, s.seq, hd)) * scale, &corr);
+            const float* vj = v.data() + qkv_offset(b, j, s.kv_heads, hk, s.seq, hd);
+            for (int64_t c = 0; c < hd; ++c) acc[c] = acc[c] * corr + p * vj[c];
+          }
+        }
+        for (int64_t c = 0; c < hd; ++c) r.out[qkv_offset(b, i, s.q_heads, h, s.seq, hd) + c] = acc[c] / sm.l;
+        r.lse[bh * s.seq + i] = sm.lse();
+      }
+    }
+  }
+  for (int64_t bh = 0; bh < s.batch * s.q_heads; ++bh) {
+    const int64_t b = bh / s.q_heads, h = bh % s.q_heads, hk = h / group;
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t q0 = blk * kQTile;
+      for (int64_t row = 0; row < kQTile; ++row) {
+        const int64_t i = q0 + row;
+        if (i >= s.seq) continue;
+        const int64_t base = qkv_offset(b, i, s.q_heads, h, s.seq, hd);
+        const float D = dot(dout.data() + base, r.out.data() + base), L = r.lse[bh * s.seq + i];
+        dsum[bh * s.seq + i] = D;
+        FVec acc(static_cast<size_t>(hd), 0.0f);
+        for (int64_t tile = 0; tile < key_tiles(q0, s.seq); ++tile) {
+          const int64_t k0 = tile * kKTile;
+          for (int64_t jr = 0; jr < causal_keys(i, k0); ++jr) {
+            const float* kj = k.data() + qkv_offset(b, k0 + jr, s.kv_heads, hk, s.seq, hd);
+            const float* vj = v.data() + qkv_offset(b, k0 + jr, s.kv_heads, hk, s.seq, hd);
+            const float p = std::exp(dot(q.data() + base, kj) * scale - L);
+            const float ds = p * (dot(dout.data() + base, vj) - D);
+            for (int64_t c = 0; c < hd; ++c) acc[c] += ds * kj[c];
+          }
+        }
+        for (int64_t c = 0; c < hd; ++c) r.dq[base + c] = acc[c] * scale;
+      }
+    }
+  }
+  // dk, dv: grid (blocks, batch * kv_heads); a block owns kQTile key rows.
+  for (int64_t bk = 0; bk < s.batch * s.kv_heads; ++bk) {
+    const int64_t b = bk / s.kv_heads, hk = bk % s.kv_heads;
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t j0 = blk * kQTile;
+      for (int64_t row = 0; row < kQTile; ++row) {
+        const int64_t j = j0 + row;
+        if (j >= s.seq) continue;
+        const int64_t kb = qkv_offset(b, j, s.kv_heads, hk, s.seq, hd);
+        FVec dka(static_cast<size_t>(hd), 0.0f), dva(static_cast<size_t>(hd), 0.0f);
+        for (int64_t g = 0; g < group; ++g) {
+          const int64_t h = hk * group + g, bh = b * s.q_heads + h;
+          for (int64_t tile = first_query_tile(j0); tile < query_tiles(s.seq); ++tile) {
+            const int64_t i0 = tile * kKTile;
+            for (int64_t ir = causal_queries_begin(j, i0); ir < causal_queries_end(i0, s.seq); ++ir) {
+              const int64_t i = i0 + ir, qb = qkv_offset(b, i, s.q_heads, h, s.seq, hd);
+              const float p = std::exp(dot(q.data() + qb, k.data() + kb) * scale - r.lse[bh * s.seq + i]);
+              const float ds = p * (dot(dout.data() + qb, v.data() + kb) - dsum[bh * s.seq + i]);
+              for (int64_t c = 0; c < hd; ++c) dva[c] += p * dout[qb + c], dka[c] += ds * q[qb + c];
+            }
+          }
+        }
+        for (int64_t c = 0; c < hd; ++c) r.dk[kb + c] = dka[c] * scale, r.dv[kb + c] = dva[c];
+      }
+    }
+  }
+  return r;
+}
+
+TEST(CudaAttentionTiling, EmulatedKernelsMatchTheReference) {
+  for (const AttentionShape s : {AttentionShape{2, 37, 4, 2, 8}, AttentionShape{1, 16, 3, 1, 6},
+                                 AttentionShape{1, 50, 2, 2, 4}, AttentionShape{1, 1, 2, 1, 4}}) {
+    const int64_t qn = s.batch * s.seq * s.q_heads * s.head_dim, kn = s.batch * s.seq * s.kv_heads * s.head_dim;
+    const FVec q = random_vec(qn, 1), k = random_vec(kn, 2), v = random_vec(kn, 3), dout = random_vec(qn, 4);
+    FVec out(static_cast<size_t>(qn)), probs(static_cast<size_t>(s.batch * s.q_heads * s.seq * s.seq));
+    FVec dq(out.size()), dk(static_cast<size_t>(kn)), dv(dk.size());
+    ref::attention_forward<float>(out.data(), probs.data(), q.data(), k.data(), v.data(), s);
+    ref::attention_backward_input<float>(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                                         probs.data(), s);
+    const EmulatedAttention e = emulate_attention(s, q, k, v, dout);
+    const std::string shape =
+        "seq " + std::to_string(s.seq) + " heads " + std::to_string(s.q_heads) + "/" + std::to_string(s.kv_heads);
+    expect_near_all(e.out, out, 2e-5f, ("out " + shape).c_str());
+    expect_near_all(e.dq, dq, 2e-5f, ("dq " + shape).c_str());
+    expect_near_all(e.dk, dk, 2e-5f, ("dk " + shape).c_str());
+    expect_near_all(e.dv, dv, 2e-5f, ("dv " + shape).c_str());
+  }
 }
 
 }  // namespace

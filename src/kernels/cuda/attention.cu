@@ -6,6 +6,7 @@
 // fixed order, deterministic.
 // Work split: a warp owns kRowsPerWarp rows; each lane holds head_dim / 32 elements of its rows' vectors
 // (head_dim <= kMaxAttnHeadDim); the dot products are warp reductions.
+#include "piper/kernels/cuda/attn_tiling.h"
 #include "piper/kernels/cuda/cuda_common.cuh"
 
 namespace piper::kernels::cuda {
@@ -16,14 +17,11 @@ using detail::warp_sum;
 
 constexpr int kWarps = 4;
 constexpr int kRowsPerWarp = 4;
-constexpr int kQTile = kWarps * kRowsPerWarp;  // query rows per block
-constexpr int kKTile = 16;                     // key rows per shared-memory tile
-constexpr int kPerLane = kMaxAttnHeadDim / 32;
-
-// Element e of lane `lane`'s slice: lane + 32 * e (coalesced loads).
-__device__ __forceinline__ int64_t qkv_offset(int64_t b, int64_t t, int64_t heads, int64_t h, int64_t seq, int64_t hd) {
-  return ((b * seq + t) * heads + h) * hd;
-}
+static_assert(kWarps * kRowsPerWarp == tiling::kQTile, "a block owns kQTile rows");
+using tiling::kKTile;
+using tiling::kQTile;
+using tiling::qkv_offset;
+constexpr int kPerLane = kMaxAttnHeadDim / 32;  // element e of a lane's slice of a row is column lane + 32 * e
 
 __global__ void __launch_bounds__(kWarps * 32)
     attn_forward_k(float* out, float* lse, const float* q, const float* k, const float* v, AttnShape s, float scale) {
@@ -34,18 +32,17 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t q0 = static_cast<int64_t>(blockIdx.x) * kQTile;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 
-  float qr[kRowsPerWarp][kPerLane], acc[kRowsPerWarp][kPerLane], mx[kRowsPerWarp], sum[kRowsPerWarp];
+  float qr[kRowsPerWarp][kPerLane], acc[kRowsPerWarp][kPerLane];
+  tiling::OnlineSoftmax sm[kRowsPerWarp];
   _Pragma("unroll") for (int r = 0; r < kRowsPerWarp; ++r) {
     const int64_t i = q0 + warp * kRowsPerWarp + r;
-    mx[r] = -INFINITY, sum[r] = 0;
     for (int e = 0; e < kPerLane; ++e) {
       const int64_t c = lane + 32 * e;
       qr[r][e] = (c < hd && i < s.seq) ? q[qkv_offset(b, i, s.q_heads, h, s.seq, hd) + c] : 0.0f;
       acc[r][e] = 0;
     }
   }
-  const int64_t q_end = min(q0 + kQTile, s.seq);
-  const int64_t tiles = (q_end + kKTile - 1) / kKTile;  // attn_key_tiles(q_end, kKTile)
+  const int64_t tiles = tiling::key_tiles(q0, s.seq);
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int64_t k0 = tile * kKTile;
     __syncthreads();  // the previous tile is no longer read
@@ -58,36 +55,32 @@ __global__ void __launch_bounds__(kWarps * 32)
     __syncthreads();
     _Pragma("unroll") for (int r = 0; r < kRowsPerWarp; ++r) {
       const int64_t i = q0 + warp * kRowsPerWarp + r;
-      if (i >= s.seq) continue;                                            // warp-uniform
-      const int64_t jmax = min(static_cast<int64_t>(kKTile), i - k0 + 1);  // causal: keys j <= i
+      if (i >= s.seq) continue;                         // warp-uniform
+      const int64_t jmax = tiling::causal_keys(i, k0);  // causal: keys j <= i
       for (int64_t jr = 0; jr < jmax; ++jr) {
         float dot = 0;
         _Pragma("unroll") for (int e = 0; e < kPerLane; ++e) {
           const int64_t c = lane + 32 * e;
           if (c < hd) dot += qr[r][e] * ks[jr][c];
         }
-        const float sc = warp_sum(dot) * scale;
-        const float m_new = fmaxf(mx[r], sc);
-        const float corr = expf(mx[r] - m_new);  // exp(-inf) = 0 on the first key
-        const float p = expf(sc - m_new);
-        sum[r] = sum[r] * corr + p;
+        float corr;
+        const float p = sm[r].update(warp_sum(dot) * scale, &corr);
         _Pragma("unroll") for (int e = 0; e < kPerLane; ++e) {
           const int64_t c = lane + 32 * e;
           if (c < hd) acc[r][e] = acc[r][e] * corr + p * vs[jr][c];
         }
-        mx[r] = m_new;
       }
     }
   }
   _Pragma("unroll") for (int r = 0; r < kRowsPerWarp; ++r) {
     const int64_t i = q0 + warp * kRowsPerWarp + r;
     if (i >= s.seq) continue;
-    const float inv = 1.0f / sum[r];
+    const float inv = 1.0f / sm[r].l;
     _Pragma("unroll") for (int e = 0; e < kPerLane; ++e) {
       const int64_t c = lane + 32 * e;
       if (c < hd) out[qkv_offset(b, i, s.q_heads, h, s.seq, hd) + c] = acc[r][e] * inv;
     }
-    if (lane == 0) lse[bh * s.seq + i] = mx[r] + logf(sum[r]);
+    if (lane == 0) lse[bh * s.seq + i] = sm[r].lse();
   }
 }
 
@@ -121,8 +114,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     L[r] = valid ? lse[bh * s.seq + i] : 0.0f;
     if (valid && lane == 0) dsum[bh * s.seq + i] = Drow[r];
   }
-  const int64_t q_end = min(q0 + kQTile, s.seq);
-  const int64_t tiles = (q_end + kKTile - 1) / kKTile;  // attn_key_tiles(q_end, kKTile)
+  const int64_t tiles = tiling::key_tiles(q0, s.seq);
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const int64_t k0 = tile * kKTile;
     __syncthreads();
@@ -136,7 +128,7 @@ __global__ void __launch_bounds__(kWarps * 32)
     _Pragma("unroll") for (int r = 0; r < kRowsPerWarp; ++r) {
       const int64_t i = q0 + warp * kRowsPerWarp + r;
       if (i >= s.seq) continue;
-      const int64_t jmax = min(static_cast<int64_t>(kKTile), i - k0 + 1);
+      const int64_t jmax = tiling::causal_keys(i, k0);
       for (int64_t jr = 0; jr < jmax; ++jr) {
         float dot = 0, dp = 0;
         _Pragma("unroll") for (int e = 0; e < kPerLane; ++e) {
@@ -188,8 +180,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       dka[r][e] = 0, dva[r][e] = 0;
     }
   }
-  const int64_t first_tile = j0 / kKTile;  // query rows before j0 see none of these keys
-  const int64_t tiles = (s.seq + kKTile - 1) / kKTile;
+  const int64_t first_tile = tiling::first_query_tile(j0);  // query rows before j0 see none of these keys
+  const int64_t tiles = tiling::query_tiles(s.seq);
   for (int64_t g = 0; g < group; ++g) {
     const int64_t h = hk * group + g, bh = b * s.q_heads + h;
     for (int64_t tile = first_tile; tile < tiles; ++tile) {
@@ -210,8 +202,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       _Pragma("unroll") for (int r = 0; r < kRowsPerWarp; ++r) {
         const int64_t j = j0 + warp * kRowsPerWarp + r;
         if (j >= s.seq) continue;
-        const int64_t ir_begin = max(static_cast<int64_t>(0), j - i0);  // causal: i >= j
-        const int64_t ir_end = min(static_cast<int64_t>(kKTile), s.seq - i0);
+        const int64_t ir_begin = tiling::causal_queries_begin(j, i0);  // causal: i >= j
+        const int64_t ir_end = tiling::causal_queries_end(i0, s.seq);
         for (int64_t ir = ir_begin; ir < ir_end; ++ir) {
           float dot = 0, dp = 0;
           _Pragma("unroll") for (int e = 0; e < kPerLane; ++e) {

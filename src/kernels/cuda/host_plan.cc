@@ -131,8 +131,6 @@ int64_t grid_size(int64_t n, int threads, int64_t max_blocks) {
   return std::min((n + threads - 1) / threads, max_blocks);
 }
 
-int64_t attn_key_tiles(int64_t q_end, int64_t k_tile) { return (q_end + k_tile - 1) / k_tile; }
-
 double bf16_gemm_tolerance(double sum_abs, int64_t k) {
   const double product = 2 * kBf16Unit + kBf16Unit * kBf16Unit;
   return (product + 2.02 * static_cast<double>(k) * kFp32Unit) * sum_abs + 1e-30;

@@ -58,8 +58,7 @@ std::vector<float> round_bf16(const std::vector<float>& x);
 // Launch arithmetic shared with the kernels: blocks of `threads` covering n elements, capped at max_blocks
 // (grid-stride loops cover the rest).
 int64_t grid_size(int64_t n, int threads, int64_t max_blocks = 65535LL * 32);
-// Attention tiling: the key tiles of k_tile rows that a causal query tile ending (exclusive) at q_end visits.
-int64_t attn_key_tiles(int64_t q_end, int64_t k_tile);
+// (The attention kernels' tiling is in attn_tiling.h, shared with the CPU emulation test.)
 
 // ---- tolerances of the GPU tests (docs/gpu.md)
 // Unit roundoffs: bf16 keeps 8 significant bits (u = 2^-8), fp32 24 (u = 2^-24).
