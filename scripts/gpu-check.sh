@@ -8,8 +8,8 @@
 # Modes: "full" (every dependency present: also the --device cuda 20-step loss parity, `piper train --device
 # cuda` and the NCCL tests) or, when the full configure fails (no MPI, CLI11 or fmt there), "kernels"
 # (-DPIPER_GPU_KERNELS_ONLY=ON: the kernel tests and the benchmark only; the summary says so).
-# Missing Debian packages can travel in .gpudeps/ (scripts/gpu-deps.sh fills it here); they are unpacked into
-# /tmp/gpudeps and put on the search paths.
+# Missing Debian packages can travel in .gpudeps/ (scripts/gpu-deps.sh fills it here, ~20 MB incl. Open MPI's
+# libraries); they are unpacked into /tmp/gpudeps and put on the search paths.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -37,6 +37,13 @@ fi
 EXTRA=()
 blas_cfg=/tmp/gpudeps/usr/lib/x86_64-linux-gnu/openblas-pthread/cmake/openblas
 [ -d "$blas_cfg" ] && EXTRA+=(-DOpenBLAS_DIR="$blas_cfg")
+mpi_lib=/tmp/gpudeps/usr/lib/x86_64-linux-gnu/libmpi.so.40
+if [ -e "$mpi_lib" ] && ! command -v mpicxx >/dev/null; then
+  # Carried Open MPI without its wrappers: hand FindMPI the header and the library.
+  EXTRA+=(-DMPI_SKIP_COMPILER_WRAPPER=ON -DMPI_CXX_HEADER_DIR=/tmp/gpudeps/usr/lib/x86_64-linux-gnu/openmpi/include
+    -DMPI_CXX_LIB_NAMES=mpi -DMPI_mpi_LIBRARY="$mpi_lib")
+  export OPAL_PREFIX=/tmp/gpudeps/usr
+fi
 
 nvidia-smi -L >>"$LOG" 2>&1 || log "nvidia-smi failed (continuing: the tests say whether CUDA sees a device)"
 missing=""
