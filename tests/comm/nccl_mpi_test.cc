@@ -8,6 +8,7 @@
 #include "piper/comm/algorithms/halo_all_to_all.h"
 #include "piper/comm/algorithms/m2n.h"
 #include "piper/comm/algorithms/pairwise_all_to_all.h"
+#include "piper/comm/nccl/host_staged.h"
 #include "piper/comm/nccl/nccl_communicator.h"
 
 namespace piper::comm::testing {
@@ -139,6 +140,46 @@ TEST_F(NcclTest, HostPackingAlgorithmsRefuseDeviceMemory) {
   const Status st = pairwise_all_to_all_v(*nccl_, nullptr, bytes, nullptr, bytes, kTestTimeoutS);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("device"), std::string::npos) << st.message();
+}
+
+// HALO and the pairwise all-to-all run over NCCL's transport on host buffers through host_staged().
+TEST_F(NcclTest, HaloAndPairwiseOverHostStagedNccl) {
+  auto dev = nccl_->dup("staged");
+  ASSERT_TRUE(dev.ok()) << dev.status().to_string();
+  auto staged = host_staged(std::move(dev).value());
+  ASSERT_TRUE(staged.ok()) << staged.status().to_string();
+  Communicator& comm = **staged;
+  EXPECT_EQ(comm.memory_kind(), MemoryKind::kHost);
+  auto c = make_all_to_all_case(comm.rank(), comm.size(), zero_sizes, 0);
+  std::vector<uint8_t> recv(c.expected.size(), 0);
+  ASSERT_TRUE(pairwise_all_to_all_v(comm, c.send.data(), c.send_bytes, recv.data(), c.recv_bytes, kTestTimeoutS).ok());
+  EXPECT_EQ(recv, c.expected);
+  auto topo = NodeTopology::create(comm.size(), comm.size(), 1);
+  ASSERT_TRUE(topo.ok());
+  auto halo = HaloContext::create(comm, *topo);
+  ASSERT_TRUE(halo.ok()) << halo.status().to_string();
+  std::fill(recv.begin(), recv.end(), 0);
+  const Status st = halo_all_to_all_v(**halo, c.send.data(), c.send_bytes, recv.data(), c.recv_bytes, kTestTimeoutS);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(recv, c.expected);
+  // A collective through the staging: all-reduce of host floats.
+  std::vector<float> in(100, static_cast<float>(comm.rank() + 1)), out(100, 0);
+  auto h = comm.all_reduce_sum(in.data(), out.data(), in.size());
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE(comm.wait(*h, kTestTimeoutS).ok());
+  const int n = comm.size();
+  for (float x : out) ASSERT_EQ(x, static_cast<float>(n * (n + 1) / 2));
+}
+
+// Runs everywhere: host_staged() takes only device communicators.
+TEST(HostStaged, RefusesNullAndHostCommunicators) {
+  EXPECT_FALSE(host_staged(nullptr).ok());
+  auto host = world();
+  ASSERT_NE(host, nullptr);
+  auto staged = host_staged(std::move(host));
+  ASSERT_FALSE(staged.ok());
+  EXPECT_NE(staged.status().message().find("already a host-memory communicator"), std::string::npos)
+      << staged.status().message();
 }
 
 }  // namespace
