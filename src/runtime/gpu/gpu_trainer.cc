@@ -138,6 +138,17 @@ class GpuTrainerImpl : public GpuTrainer {
   std::string device() const override { return device_; }
   int microbatches() const override { return microbatches_; }
   int64_t mbs() const override { return mbs_; }
+  Result<std::vector<std::pair<std::string, std::vector<float>>>> gradients() override {
+    try {
+      std::vector<std::pair<std::string, std::vector<float>>> out;
+      for (const auto& p : params_) {
+        if (p->host->trainable) out.emplace_back(p->host->name, cu::download<float>(p->g.get(), p->n));
+      }
+      return out;
+    } catch (const cu::CudaError& e) {
+      return internal_error(std::string("--device cuda: ") + e.what());
+    }
+  }
 
  private:
   Result<TrainStepStats> run_step() {

@@ -12,6 +12,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "piper/base/status.h"
 #include "piper/runtime/trainer.h"
@@ -28,6 +30,9 @@ class GpuTrainer {
   virtual std::string device() const = 0;  // "NVIDIA H200, sm_90, ..."
   virtual int microbatches() const = 0;
   virtual int64_t mbs() const = 0;
+  // The gradients of the last step (before AdamW consumed them), by parameter name ("L1.attn.w_qkv"), in the
+  // model's parameter order; trainable parameters only. For tests: it copies every gradient to the host.
+  virtual Result<std::vector<std::pair<std::string, std::vector<float>>>> gradients() = 0;
 };
 
 // Whether this binary has the CUDA backend.
