@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <map>
 #include <string>
 #include <vector>
@@ -88,6 +89,32 @@ TEST(GpuTrain, WithoutAGpuCreateSaysWhy) {
   } else {
     EXPECT_NE(msg.find("-DPIPER_CUDA=ON"), std::string::npos) << msg;
   }
+}
+
+// `piper train --device ...` on the command line: the errors a user sees (the piper binary; no GPU needed).
+std::string run_piper(const std::string& args, int* status) {
+  const std::string cmd = std::string(PIPER_BIN_PATH) + " " + args + " 2>&1";
+  FILE* f = popen(cmd.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while (f != nullptr && (n = fread(buf, 1, sizeof(buf), f)) > 0) out.append(buf, n);
+  *status = f != nullptr ? pclose(f) : -1;
+  return out;
+}
+
+TEST(GpuTrain, CliDeviceErrors) {
+  int st = 0;
+  std::string out = run_piper("train --device tpu --steps 1", &st);
+  EXPECT_NE(st, 0);
+  EXPECT_NE(out.find("--device must be cpu or cuda, got 'tpu'"), std::string::npos) << out;
+  out = run_piper("train --device cuda --ranks 2 --steps 1", &st);
+  EXPECT_NE(st, 0);
+  EXPECT_NE(out.find("--ranks 2 is not supported yet"), std::string::npos) << out;
+  if (have_gpu()) return;
+  out = run_piper("train --device cuda --steps 1", &st);
+  EXPECT_NE(st, 0);
+  EXPECT_NE(out.find(gpu_backend_built() ? "no CUDA device" : "-DPIPER_CUDA=ON"), std::string::npos) << out;
 }
 
 TEST(GpuTrain, RefusesMultiRank) {
