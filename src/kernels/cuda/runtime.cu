@@ -32,6 +32,12 @@ struct State {
   State() {
     PIPER_CUDA_CHECK(cudaSetDevice(0));
     PIPER_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    // Keep freed blocks in the stream-ordered pool instead of returning them at every synchronisation: the
+    // trainer allocates and frees its activations every microbatch.
+    cudaMemPool_t pool = nullptr;
+    PIPER_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
+    uint64_t keep = UINT64_MAX;
+    PIPER_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
     PIPER_CUBLAS_CHECK(cublasCreate(&cublas));
     PIPER_CUBLAS_CHECK(cublasSetStream(cublas, stream));
     PIPER_CUBLAS_CHECK(cublasSetMathMode(cublas, CUBLAS_DEFAULT_MATH));
