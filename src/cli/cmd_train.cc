@@ -14,6 +14,7 @@
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
 #include "piper/cli/local_plan.h"
+#include "piper/cli/train_gpu.h"
 #include "piper/cli/train_report.h"
 #include "piper/comm/launch.h"
 #include "piper/comm/mpi/mpi_communicator.h"
@@ -47,6 +48,7 @@ struct TrainCliOptions {
   bool json = false;
   runtime::MigrationOptions migration;
   double router_skew = 0;
+  std::string device = "cpu";  // cpu | cuda (single-rank GPU trainer, cli/train_gpu.h)
 };
 
 constexpr double kReportTimeoutS = 120;
@@ -112,6 +114,7 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   t.ranks_per_node = o.ranks_per_node;
   t.migration = o.migration;
   t.model_options.router_skew = o.router_skew;
+  if (o.device == "cuda") return train_gpu(t, o.steps, o.json);
   PIPER_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(t));
   if (!o.save.empty()) PIPER_RETURN_IF_ERROR(trainer->checkpoint_supported("--save"));
   if (!o.resume.empty()) {
@@ -328,6 +331,13 @@ Status run_train(const TrainCliOptions& o) {
                             std::to_string(o.ranks_per_node));
   }
   if (o.ranks < 0) return invalid_argument("--ranks must be >= 1, got " + std::to_string(o.ranks));
+  if (o.device != "cpu" && o.device != "cuda") {
+    return invalid_argument("--device must be cpu or cuda, got '" + o.device + "'");
+  }
+  if (o.device == "cuda") {
+    PIPER_RETURN_IF_ERROR(
+        check_gpu_train_flags(o.ranks, o.strategy, !o.save.empty(), !o.resume.empty(), !o.trace.empty()));
+  }
   if (!o.trace.empty()) {
     const std::filesystem::path dir = std::filesystem::path(o.trace).parent_path();
     if (!dir.empty() && !std::filesystem::is_directory(dir)) {
@@ -403,6 +413,8 @@ PIPER_REGISTER_COMMAND(g_train, "train", "Train a model through its compiled Pla
                   "testing: routers prefer low-index experts by this much (selection only) to make loads imbalanced")
       ->capture_default_str();
   sub->add_flag("--json", o->json, "print one JSON object");
+  sub->add_option("--device", o->device, "cpu, or cuda: one GPU, bf16 GEMMs with fp32 master weights (docs/gpu.md)")
+      ->capture_default_str();
   return std::function<Status()>([o] { return run_train(*o); });
 });
 

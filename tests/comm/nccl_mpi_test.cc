@@ -2,7 +2,13 @@
 // without NCCL, when no GPU is visible, or when there are fewer GPUs than ranks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "comm_test_util.h"
+#include "piper/comm/algorithms/halo_all_to_all.h"
+#include "piper/comm/algorithms/m2n.h"
+#include "piper/comm/algorithms/pairwise_all_to_all.h"
+#include "piper/comm/nccl/host_staged.h"
 #include "piper/comm/nccl/nccl_communicator.h"
 
 namespace piper::comm::testing {
@@ -88,6 +94,92 @@ TEST_F(NcclTest, AllGatherAndReduceScatter) {
   std::vector<float> all(in.size());
   ASSERT_TRUE(copy_to_host(all.data(), d_all, all.size() * 4).ok());
   for (size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i], static_cast<float>(n * (n - 1) / 2 + n * i));
+}
+
+// M2N (attention ranks <-> expert ranks) uses only isend/irecv, so it runs on NCCL with device buffers.
+TEST_F(NcclTest, M2nStepOnDeviceMemory) {
+  const int n = nccl_->size(), me = nccl_->rank();
+  if (n < 2) GTEST_SKIP() << "M2N needs an attention and an expert rank";
+  auto groups = M2nGroups::create(n, {0}, [&] {
+    std::vector<int> e;
+    for (int r = 1; r < n; ++r) e.push_back(r);
+    return e;
+  }());
+  ASSERT_TRUE(groups.ok()) << groups.status().to_string();
+  const std::vector<int>& peers = groups->peers_of(me);
+  const size_t per_peer = 1000;
+  std::vector<uint8_t> send(per_peer * peers.size());
+  for (size_t i = 0; i < send.size(); ++i) send[i] = static_cast<uint8_t>(me * 31 + i);
+  void* d_send = device(send.size());
+  void* d_recv = device(send.size());
+  ASSERT_TRUE(copy_to_device(d_send, send.data(), send.size()).ok());
+  const std::vector<size_t> bytes(peers.size(), per_peer);
+  ASSERT_TRUE(m2n_step(*nccl_, *groups, d_send, bytes, d_recv, bytes, kTestTimeoutS).ok());
+  std::vector<uint8_t> recv(send.size());
+  ASSERT_TRUE(copy_to_host(recv.data(), d_recv, recv.size()).ok());
+  for (size_t p = 0; p < peers.size(); ++p) {
+    // The sender's block for this rank sits at this rank's index among the sender's peers.
+    const std::vector<int>& theirs = groups->peers_of(peers[p]);
+    const size_t idx = static_cast<size_t>(std::find(theirs.begin(), theirs.end(), me) - theirs.begin());
+    ASSERT_LT(idx, theirs.size());
+    for (size_t i = 0; i < per_peer; ++i) {
+      ASSERT_EQ(recv[p * per_peer + i], static_cast<uint8_t>(peers[p] * 31 + idx * per_peer + i))
+          << "from rank " << peers[p] << " byte " << i;
+    }
+  }
+}
+
+// HALO and the pairwise all-to-all pack on the host: on a device communicator they refuse with the reason.
+TEST_F(NcclTest, HostPackingAlgorithmsRefuseDeviceMemory) {
+  auto topo = NodeTopology::create(nccl_->size(), nccl_->size(), 1);
+  ASSERT_TRUE(topo.ok());
+  auto halo = HaloContext::create(*nccl_, *topo);
+  ASSERT_FALSE(halo.ok());
+  EXPECT_NE(halo.status().message().find("device"), std::string::npos) << halo.status().message();
+  const std::vector<size_t> bytes(static_cast<size_t>(nccl_->size()), 0);
+  const Status st = pairwise_all_to_all_v(*nccl_, nullptr, bytes, nullptr, bytes, kTestTimeoutS);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("device"), std::string::npos) << st.message();
+}
+
+// HALO and the pairwise all-to-all run over NCCL's transport on host buffers through host_staged().
+TEST_F(NcclTest, HaloAndPairwiseOverHostStagedNccl) {
+  auto dev = nccl_->dup("staged");
+  ASSERT_TRUE(dev.ok()) << dev.status().to_string();
+  auto staged = host_staged(std::move(dev).value());
+  ASSERT_TRUE(staged.ok()) << staged.status().to_string();
+  Communicator& comm = **staged;
+  EXPECT_EQ(comm.memory_kind(), MemoryKind::kHost);
+  auto c = make_all_to_all_case(comm.rank(), comm.size(), zero_sizes, 0);
+  std::vector<uint8_t> recv(c.expected.size(), 0);
+  ASSERT_TRUE(pairwise_all_to_all_v(comm, c.send.data(), c.send_bytes, recv.data(), c.recv_bytes, kTestTimeoutS).ok());
+  EXPECT_EQ(recv, c.expected);
+  auto topo = NodeTopology::create(comm.size(), comm.size(), 1);
+  ASSERT_TRUE(topo.ok());
+  auto halo = HaloContext::create(comm, *topo);
+  ASSERT_TRUE(halo.ok()) << halo.status().to_string();
+  std::fill(recv.begin(), recv.end(), 0);
+  const Status st = halo_all_to_all_v(**halo, c.send.data(), c.send_bytes, recv.data(), c.recv_bytes, kTestTimeoutS);
+  ASSERT_TRUE(st.ok()) << st.to_string();
+  EXPECT_EQ(recv, c.expected);
+  // A collective through the staging: all-reduce of host floats.
+  std::vector<float> in(100, static_cast<float>(comm.rank() + 1)), out(100, 0);
+  auto h = comm.all_reduce_sum(in.data(), out.data(), in.size());
+  ASSERT_TRUE(h.ok());
+  ASSERT_TRUE(comm.wait(*h, kTestTimeoutS).ok());
+  const int n = comm.size();
+  for (float x : out) ASSERT_EQ(x, static_cast<float>(n * (n + 1) / 2));
+}
+
+// Runs everywhere: host_staged() takes only device communicators.
+TEST(HostStaged, RefusesNullAndHostCommunicators) {
+  EXPECT_FALSE(host_staged(nullptr).ok());
+  auto host = world();
+  ASSERT_NE(host, nullptr);
+  auto staged = host_staged(std::move(host));
+  ASSERT_FALSE(staged.ok());
+  EXPECT_NE(staged.status().message().find("already a host-memory communicator"), std::string::npos)
+      << staged.status().message();
 }
 
 }  // namespace

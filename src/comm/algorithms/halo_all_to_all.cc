@@ -9,6 +9,11 @@
 namespace piper::comm {
 
 Result<std::unique_ptr<HaloContext>> HaloContext::create(Communicator& group, const NodeTopology& topology) {
+  if (group.memory_kind() == MemoryKind::kDevice) {
+    return unimplemented("halo: the HALO engine packs rows in host buffers; the device communicator '" + group.name() +
+                         "' needs device staging buffers, which are not implemented (issue 11): wrap it with "
+                         "host_staged() (comm/nccl/host_staged.h) to run HALO on host buffers over NCCL");
+  }
   if (group.size() != topology.group_size()) {
     return invalid_argument("halo: group '" + group.name() + "' has " + std::to_string(group.size()) +
                             " ranks but the topology describes " + std::to_string(topology.group_size()));

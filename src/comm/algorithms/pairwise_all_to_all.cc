@@ -18,6 +18,11 @@ Result<std::vector<size_t>> displacements(const Communicator& comm, std::span<co
 Status pairwise_all_to_all_v(Communicator& comm, const void* send, std::span<const size_t> send_bytes, void* recv,
                              std::span<const size_t> recv_bytes, double timeout_s) {
   constexpr int kTag = 11;
+  if (comm.memory_kind() == MemoryKind::kDevice) {
+    return unimplemented("pairwise all_to_all_v copies its own block with memcpy (host memory); on the device "
+                         "communicator '" + comm.name() + "' use its all_to_all_v (NCCL), or wrap it with "
+                         "host_staged() (comm/nccl/host_staged.h)");
+  }
   PIPER_ASSIGN_OR_RETURN(auto sdispl, displacements(comm, send_bytes, "pairwise all_to_all_v send"));
   PIPER_ASSIGN_OR_RETURN(auto rdispl, displacements(comm, recv_bytes, "pairwise all_to_all_v recv"));
   const int me = comm.rank(), n = comm.size();

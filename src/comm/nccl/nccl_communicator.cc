@@ -294,6 +294,17 @@ Status device_free(void* ptr) {
   return ok_status();
 }
 
+Result<void*> device_alloc_ordered(size_t bytes) {
+  void* ptr = nullptr;
+  PIPER_CUDA_RETURN_IF_ERROR(cudaMallocAsync(&ptr, std::max<size_t>(bytes, 1), cudaStreamLegacy));
+  return ptr;
+}
+
+Status device_free_ordered(void* ptr) {
+  PIPER_CUDA_RETURN_IF_ERROR(cudaFreeAsync(ptr, cudaStreamLegacy));
+  return ok_status();
+}
+
 Status copy_to_device(void* dst, const void* src, size_t bytes) {
   PIPER_CUDA_RETURN_IF_ERROR(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
   return ok_status();

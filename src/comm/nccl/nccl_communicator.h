@@ -34,5 +34,9 @@ Result<void*> device_alloc(size_t bytes);
 Status device_free(void* ptr);
 Status copy_to_device(void* dst, const void* src, size_t bytes);
 Status copy_to_host(void* dst, const void* src, size_t bytes);
+// Stream-ordered allocation on the legacy default stream (cudaMallocAsync/cudaFreeAsync): unlike cudaFree, the
+// free does not synchronise the device, so it cannot wait on an NCCL kernel that waits on a peer (host_staged.h).
+Result<void*> device_alloc_ordered(size_t bytes);
+Status device_free_ordered(void* ptr);
 
 }  // namespace piper::comm

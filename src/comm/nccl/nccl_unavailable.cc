@@ -16,5 +16,7 @@ Result<void*> device_alloc(size_t) { return missing(); }
 Status device_free(void*) { return missing(); }
 Status copy_to_device(void*, const void*, size_t) { return missing(); }
 Status copy_to_host(void*, const void*, size_t) { return missing(); }
+Result<void*> device_alloc_ordered(size_t) { return missing(); }
+Status device_free_ordered(void*) { return missing(); }
 
 }  // namespace piper::comm
