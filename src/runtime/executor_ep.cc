@@ -124,7 +124,9 @@ Status Executor::Impl::ep_setup() {
       return invalid_argument("executor: a2a=halo on " + std::to_string(world_rpn) + " ranks per node: " +
                               rpn.status().message());
     }
-    PIPER_ASSIGN_OR_RETURN(comm::NodeTopology topo, comm::NodeTopology::create(ep->ep, *rpn, 1));
+    // One lane per rank: every rank is its own proxy (a NIC per GPU, DGX rails), the layout that measured fastest
+    // on the emulated two nodes (docs/comm.md: one lane is one TCP stream per node pair).
+    PIPER_ASSIGN_OR_RETURN(comm::NodeTopology topo, comm::NodeTopology::create(ep->ep, *rpn, *rpn));
     PIPER_ASSIGN_OR_RETURN(ep->halo_context, comm::HaloContext::create(*ep->comm, topo));
   }
   return ok_status();
