@@ -15,15 +15,16 @@ using ir::NodeKind;
 
 namespace {
 
-// Inside each "may overlap" slot of a sorted compute list, alternate the chunks of the slot's filters (each
-// filter's chunks keep their order), so that while one microbatch's chunk waits for its all-to-all, the other's
-// computes (DualPipe's F&B overlap at chunk granularity). The filters take turns; a turn skips a chunk that needs
-// the communication output (dispatch, combine, ...) of the chunk placed just before it, as long as another
-// filter's next chunk is ready: that communication then runs behind the other chunk instead of stalling the
-// in-order compute stream. For a MoE layer pair (F of one microbatch, B of another) this gives
-//   attn.F, shared.B, router.F, experts.B, experts.F, router.B, shared.F, attn.B
-// where each dispatch/combine is issued one chunk before its consumer. A slot whose filters depend on each other
-// keeps its order.
+// Inside each "may overlap" slot of a sorted compute list, alternate the chunks of the slot's filters, so that
+// while one microbatch's chunk waits for its all-to-all, the other's computes (DualPipe's F&B overlap at chunk
+// granularity). The filters take turns; in its turn a filter places its first ready chunk (every chunk of the slot
+// it depends on, directly or through communication nodes, is placed) that does not need the communication output
+// (dispatch, combine, ...) of the last two chunks placed; only when no filter has such a chunk does it take a
+// ready one that does. A filter's chunks therefore keep their order except where a later one can run while an
+// earlier one waits for communication. For a MoE layer pair (F of one microbatch, B of another) this gives
+//   attn.F, shared.B, router.F, experts.B, shared.F, experts.F, router.B, attn.B
+// (docs/simulator.md): every dispatch and combine runs behind a chunk of the other microbatch. A slot that cannot
+// be completed this way keeps its order.
 void interleave_overlap_slots(const ir::Graph& g, std::vector<NodeId>& list) {
   // True when `id` reads, through communication nodes only, an output of chunk `last`.
   auto needs_comm_of = [&](NodeId id, NodeId last) {
