@@ -19,7 +19,7 @@ struct SimulateOptions {
   ScenarioOptions scenario;
   std::string trace;
   bool full = false;
-  bool interleave = false;
+  bool interleave = true;
   bool json = false;
 };
 
@@ -81,8 +81,9 @@ PIPER_REGISTER_COMMAND(g_simulate, "simulate", "Execute a compiled strategy on t
   add_scenario_options(sub, &o->scenario);
   sub->add_option("--trace", o->trace, "write a Chrome trace JSON of the step to this file");
   sub->add_flag("--full", o->full, "simulate every rank (default: one representative per pipeline rank)");
-  sub->add_flag("--interleave-overlap", o->interleave,
-                 "compile may-overlap slots (dualpipev, af-pipe F&B pairs) chunk by chunk (lower.h)");
+  sub->add_flag("--interleave-overlap,!--no-interleave-overlap", o->interleave,
+                "may-overlap slots (dualpipev, af-pipe F&B pairs) alternate chunk by chunk (lower.h; default); "
+                "--no-interleave-overlap runs each slot's F, then its B");
   sub->add_flag("--json", o->json, "print one JSON object");
   return std::function<Status()>([o] {
     return run_simulate(*o);

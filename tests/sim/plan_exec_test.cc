@@ -226,9 +226,9 @@ TEST(PlanExecTest, RepresentativeRanksEqualTheFullSimulation) {
 // microbatches of 4,096 tokens. Each all-to-all moves 4,096 x 8 x 7,168 x 2 B = 470 MB per rank (4.7 ms), about as
 // long as the expert compute it feeds. 1F1B runs each microbatch's chunk after its all-to-all, so the compute waits
 // for every one of them. DualPipeV pairs the F of one microbatch with the B of another in one slot; with the
-// chunks of the pair interleaved (SimOptions::interleave_overlap, stream_order.cc) one microbatch's dispatch or
-// combine runs on the ep stream while the other's chunk computes. Without the interleaving the pair runs F then B
-// and hides nothing (the only gain is the smaller bubble). docs/simulator.md has the table.
+// chunks of the pair interleaved (the default, LowerOptions::interleave_overlap, stream_order.cc) one microbatch's
+// dispatch or combine runs on the ep stream while the other's chunk computes. Without the interleaving the pair
+// runs F then B and hides nothing (the only gain is the smaller bubble). docs/simulator.md has the table.
 TEST(PlanExecTest, DualPipeVHidesExpertAllToAllWhere1F1BExposesIt) {
   ModelSpec m = model("deepseek-v3");
   m.num_layers = 8;
@@ -241,8 +241,8 @@ TEST(PlanExecTest, DualPipeVHidesExpertAllToAllWhere1F1BExposesIt) {
   };
   auto run = [&](const char* schedule, bool interleave) {
     Strategy s = strategy(std::string("dp=16,pp=2,ep=16,zero=1,microbatches=16,schedule=") + schedule);
-    SimOptions o;
-    o.interleave_overlap = interleave;
+    SimOptions o;  // interleaved by default
+    if (!interleave) o.interleave_overlap = false;
     auto r = simulate(m, c, t, s, {}, o);
     PIPER_CHECK_OK(r.status());
     Run out{r->step_time_s, r->exposed_comm_fraction, r->bubble_fraction, 0, 0};
