@@ -103,7 +103,15 @@ void FluidNet::add_active(int transfer, int flow, double bytes) {
     left_.assign(link_bw_.size(), 0.0);
   }
   const int id = static_cast<int>(active_.size());
-  active_.push_back({transfer, flow, bytes, 0.0, bytes, kInf, {}});
+  active_.push_back({transfer,
+                     flow,
+                     bytes,
+                     0.0,
+                     bytes,
+                     kInf,
+                     kInf,
+                     &transfers_[static_cast<size_t>(transfer)].tmpl->flows[static_cast<size_t>(flow)].hops,
+                     {}});
   Active& a = active_.back();
   const std::vector<Hop>& hops = hops_of(a);
   a.member_pos.resize(hops.size());
@@ -158,13 +166,12 @@ void FluidNet::remove_active(size_t i) {
 void FluidNet::recompute_rates() {
   // Progressive filling (flow_sim.h's max_min_rates) over the links that active flows cross. Every link keeps its
   // member list up to date as flows start and end (add_active / remove_active), so a call costs O(members +
-  // touched links x rounds + flows x hops) with small constants: nothing is rebuilt, and the
-  // weight of each link's members is summed as they come and go.
-  for (Active& a : active_) {  // bytes left at now_ at the old rates (a new flow has its full size)
-    if (a.rate > 0 && std::isfinite(a.finish)) a.left = std::max(0.0, a.rate * (a.finish - now_));
-  }
+  // touched links x rounds + flows x hops) with small constants: nothing is rebuilt, the weight of each link's
+  // members is summed as they come and go, the last round subtracts nothing, and only flows whose rate changed get
+  // a new finish time.
   const size_t nf = active_.size();
   frozen_.assign(nf, 0);
+  new_rate_.resize(nf);
   for (int l : links_) {
     weight_[static_cast<size_t>(l)] = weight_sum_[static_cast<size_t>(l)];
     left_[static_cast<size_t>(l)] = link_bw_[static_cast<size_t>(l)];
@@ -186,24 +193,36 @@ void FluidNet::recompute_rates() {
       left_[i] -= inc * weight_[i];
       if (left_[i] <= 4e-12 * link_bw_[i]) saturated_.push_back(i);
     }
+    just_frozen_.clear();
     for (size_t i : saturated_) {
       for (const Member& m : members_[i]) {
         const auto f = static_cast<size_t>(m.flow);
         if (frozen_[f]) continue;
         frozen_[f] = 1;
-        active_[f].rate = level;
-        --unfrozen;
-        for (const Hop& h : hops_of(active_[f])) weight_[static_cast<size_t>(h.link)] -= h.weight;
+        new_rate_[f] = level;
+        just_frozen_.push_back(f);
       }
       weight_[i] = 0;
     }
+    unfrozen -= just_frozen_.size();
+    if (unfrozen == 0) break;  // the last round: nobody needs the weights any more
+    for (size_t f : just_frozen_) {
+      for (const Hop& h : hops_of(active_[f])) weight_[static_cast<size_t>(h.link)] -= h.weight;
+    }
   }
-  // Absolute finish times at these rates; they stay valid until the set of transferring flows changes.
+  // Absolute finish times; a flow whose rate did not change keeps its own, and all stay valid until the set of
+  // transferring flows changes.
   next_finish_ = next_due_ = kInf;
-  for (Active& a : active_) {
-    a.finish = now_ + a.left / a.rate;
+  for (size_t f = 0; f < nf; ++f) {
+    Active& a = active_[f];
+    if (new_rate_[f] != a.rate) {
+      if (a.rate > 0) a.left = std::max(0.0, a.rate * (a.finish - now_));  // bytes left at now_ at the old rate
+      a.rate = new_rate_[f];
+      a.finish = now_ + a.left / a.rate;
+      a.due = a.finish - kDoneFraction * a.bytes / a.rate;  // advance()'s done test
+    }
     next_finish_ = std::min(next_finish_, a.finish);
-    next_due_ = std::min(next_due_, a.finish - kDoneFraction * a.bytes / a.rate);  // advance()'s done test
+    next_due_ = std::min(next_due_, a.due);
   }
   dirty_ = false;
   ++rate_updates_;

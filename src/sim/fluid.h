@@ -60,11 +60,13 @@ class FluidNet {
   struct Active {
     int transfer = 0;
     int flow = 0;
-    double left = 0;              // bytes, as of the last rate recomputation
-    double rate = 0;              // bytes/s per member flow
-    double bytes = 0;             // size
-    double finish = 0;            // absolute time it completes at `rate`
-    std::vector<int> member_pos;  // per hop: its index in members_[hop's link]
+    double left = 0;                         // bytes, as of the last change of `rate`
+    double rate = 0;                         // bytes/s per member flow (0: not computed yet)
+    double bytes = 0;                        // size
+    double finish = 0;                       // absolute time it completes at `rate`
+    double due = 0;                          // when it passes advance()'s done test at `rate`
+    const std::vector<Hop>* hops = nullptr;  // the template flow's
+    std::vector<int> member_pos;             // per hop: its index in members_[hop's link]
   };
   struct Member {
     int flow = 0;  // index into active_
@@ -79,9 +81,7 @@ class FluidNet {
   void recompute_rates();
   void add_active(int transfer, int flow, double bytes);
   void remove_active(size_t i);
-  const std::vector<Hop>& hops_of(const Active& a) const {
-    return transfers_[static_cast<size_t>(a.transfer)].tmpl->flows[static_cast<size_t>(a.flow)].hops;
-  }
+  static const std::vector<Hop>& hops_of(const Active& a) { return *a.hops; }
 
   std::vector<double> link_bw_;
   std::vector<Transfer> transfers_;
@@ -104,7 +104,9 @@ class FluidNet {
   std::vector<int> links_;          // links with at least one active flow
   std::vector<double> weight_sum_;  // weight of its members
   std::vector<double> weight_, left_;
-  std::vector<char> frozen_;  // per active flow
+  std::vector<char> frozen_;      // per active flow
+  std::vector<double> new_rate_;  // per active flow
+  std::vector<size_t> just_frozen_;
   std::vector<size_t> saturated_;
 };
 
