@@ -127,8 +127,8 @@ TEST(PlanExecTest, UnitCostMakespansEqualTheScheduleSimulator) {
     const char* schedule;
     int pp, vpp, m;
   };
-  const Row rows[] = {
-      {"gpipe", 4, 1, 8}, {"1f1b", 4, 1, 8}, {"1f1b", 3, 1, 5}, {"interleaved", 2, 2, 4}, {"zb-h1", 4, 1, 8}};
+  const Row rows[] = {{"gpipe", 4, 1, 8}, {"1f1b", 4, 1, 8}, {"1f1b", 3, 1, 5}, {"interleaved", 2, 2, 4},
+                      {"zb-h1", 4, 1, 8}};
   for (const Row& row : rows) {
     Strategy s;
     s.pp = row.pp;
