@@ -27,7 +27,7 @@ struct SimulateOptions {
   ScenarioOptions scenario;
   std::string trace;
   bool full = false;
-  bool interleave = false;
+  bool interleave = true;
   bool json = false;
   double expert_zipf = 0;  // 0 = balanced experts (the calibration's expert_load_imbalance)
   int migrate_window = runtime::kMigrationWindowSteps;
@@ -206,8 +206,9 @@ PIPER_REGISTER_COMMAND(g_simulate, "simulate", "Execute a compiled strategy on t
   add_scenario_options(sub, &o->scenario);
   sub->add_option("--trace", o->trace, "write a Chrome trace JSON of the step to this file");
   sub->add_flag("--full", o->full, "simulate every rank (default: one representative per pipeline rank)");
-  sub->add_flag("--interleave-overlap", o->interleave,
-                 "compile may-overlap slots (dualpipev, af-pipe F&B pairs) chunk by chunk (lower.h)");
+  sub->add_flag("--interleave-overlap,!--no-interleave-overlap", o->interleave,
+                "may-overlap slots (dualpipev, af-pipe F&B pairs) alternate chunk by chunk (lower.h; default); "
+                "--no-interleave-overlap runs each slot's F, then its B");
   sub->add_option("--expert-zipf", o->expert_zipf,
                   "also simulate expert loads skewed by Zipf(S) popularity, under the contiguous placement and after "
                   "the migration planner's moves, with the migration's cost (ep > 1; docs/balance.md)");

@@ -29,10 +29,11 @@ namespace piper::compile {
 
 struct LowerOptions {
   CostFn cost;  // optional; the default keeps the graph's estimates
-  // Interleave the chunks of "may overlap" order slots (DualPipeV's and AF-Pipe's F&B pairs): one chunk of each
-  // of the slot's filters in turn instead of filter after filter, so one microbatch's communication can overlap
-  // the other's compute. Off by default: the plan is then filter after filter, as before this option existed.
-  bool interleave_overlap = false;
+  // Interleave the chunks of "may overlap" order slots (DualPipeV's and AF-Pipe's F&B pairs): the slot's filters
+  // take turns (stream_order.cc), so one microbatch's dispatch/combine runs behind the other's compute. On by
+  // default (DualPipe's point; docs/simulator.md measures it); false runs each slot filter after filter, which
+  // on one in-order compute stream overlaps nothing.
+  bool interleave_overlap = true;
 };
 
 // Mutates `graph` (inserts send/recv). Errors name the unplaced or mis-ordered node.

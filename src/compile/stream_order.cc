@@ -15,41 +15,102 @@ using ir::NodeKind;
 
 namespace {
 
-// Inside each "may overlap" slot of a sorted compute list, take one chunk of each filter in turn (each filter's
-// chunks keep their order), so that while one microbatch's chunk waits for its all-to-all, the other's computes
-// (DualPipe's F&B overlap at chunk granularity). A slot whose filters depend on each other keeps its order.
+// Inside each "may overlap" slot of a sorted compute list, alternate the chunks of the slot's filters, so that
+// while one microbatch's chunk waits for its all-to-all, the other's computes (DualPipe's F&B overlap at chunk
+// granularity). The filters take turns; in its turn a filter places its first ready chunk (every chunk of the slot
+// it depends on, directly or through communication nodes, is placed) that does not need the communication output
+// (dispatch, combine, ...) of the last two chunks placed; only when no filter has such a chunk does it take a
+// ready one that does. A filter's chunks therefore keep their order except where a later one can run while an
+// earlier one waits for communication. For a MoE layer pair (F of one microbatch, B of another) this gives
+//   attn.F, shared.B, router.F, experts.B, shared.F, experts.F, router.B, attn.B
+// (docs/simulator.md): every dispatch and combine runs behind a chunk of the other microbatch. A slot that cannot
+// be completed this way keeps its order.
 void interleave_overlap_slots(const ir::Graph& g, std::vector<NodeId>& list) {
+  // True when `id` reads, through communication nodes only, an output of chunk `last`.
+  auto needs_comm_of = [&](NodeId id, NodeId last) {
+    std::vector<NodeId> todo;
+    for (NodeId p : g.preds(id)) {
+      if (g.node(p).kind != NodeKind::kChunk && g.node(p).pp_rank == g.node(id).pp_rank) todo.push_back(p);
+    }
+    for (size_t k = 0; k < todo.size() && k < 64; ++k) {
+      for (NodeId q : g.preds(todo[k])) {
+        if (q == last) return true;
+        if (g.node(q).kind != NodeKind::kChunk && g.node(q).pp_rank == g.node(id).pp_rank) todo.push_back(q);
+      }
+    }
+    return false;
+  };
   for (size_t i = 0; i < list.size();) {
     const int slot = g.node(list[i]).kind == NodeKind::kChunk ? g.node(list[i]).order_slot : -1;
     size_t j = i + 1;
-    while (j < list.size() && slot >= 0 && g.node(list[j]).kind == NodeKind::kChunk && g.node(list[j]).order_slot == slot) ++j;
-    std::map<int, std::vector<NodeId>> by_filter;
-    for (size_t k = i; k < j; ++k) by_filter[g.node(list[k]).order_filter].push_back(list[k]);
-    if (by_filter.size() > 1) {
-      std::set<NodeId> in_slot(list.begin() + static_cast<std::ptrdiff_t>(i), list.begin() + static_cast<std::ptrdiff_t>(j));
+    while (j < list.size() && slot >= 0 && g.node(list[j]).kind == NodeKind::kChunk &&
+           g.node(list[j]).order_slot == slot)
+      ++j;
+    std::map<int, std::vector<NodeId>> by_filter_map;
+    for (size_t k = i; k < j; ++k) by_filter_map[g.node(list[k]).order_filter].push_back(list[k]);
+    if (by_filter_map.size() > 1) {
+      std::vector<std::vector<NodeId>> by_filter;
+      for (auto& [filter, nodes] : by_filter_map) by_filter.push_back(std::move(nodes));
+      const size_t nf = by_filter.size();
+      std::set<NodeId> in_slot(list.begin() + static_cast<std::ptrdiff_t>(i),
+                               list.begin() + static_cast<std::ptrdiff_t>(j));
       std::set<NodeId> placed;
       std::vector<NodeId> merged;
-      std::vector<size_t> next(by_filter.size(), 0);
-      bool progress = true;
-      while (merged.size() < j - i && progress) {
-        progress = false;
-        size_t f = 0;
-        for (auto& [filter, nodes] : by_filter) {
-          if (next[f] < nodes.size()) {
-            const NodeId id = nodes[next[f]];
-            bool ready = true;
-            for (NodeId p : g.preds(id)) ready = ready && (!in_slot.count(p) || placed.count(p));
-            if (ready) {
-              merged.push_back(id);
-              placed.insert(id);
-              ++next[f];
-              progress = true;
-            }
+      std::vector<std::vector<char>> done(nf);
+      for (size_t f = 0; f < nf; ++f) done[f].assign(by_filter[f].size(), 0);
+      size_t turn = 0;             // filter whose turn it is
+      std::vector<NodeId> recent;  // the last two chunks placed
+      // Every chunk of the slot that `id` depends on, directly or through communication nodes, is placed.
+      auto ready = [&](NodeId id) {
+        std::vector<NodeId> todo = g.preds(id);
+        for (size_t k = 0; k < todo.size(); ++k) {
+          const NodeId p = todo[k];
+          if (in_slot.count(p)) {
+            if (!placed.count(p)) return false;
+          } else if (g.node(p).kind != NodeKind::kChunk && g.node(p).pp_rank == g.node(id).pp_rank) {
+            for (NodeId q : g.preds(p)) todo.push_back(q);
           }
-          ++f;
         }
+        return true;
+      };
+      auto hot = [&](NodeId id) {
+        for (NodeId r : recent) {
+          if (needs_comm_of(id, r)) return true;
+        }
+        return false;
+      };
+      // Index of the first ready chunk of filter f in its order (with `cool`: the first one that does not need
+      // the communication of the last two chunks placed; a later chunk of the filter may then go first, as long
+      // as its own predecessors in the slot are placed); -1 if none.
+      auto first = [&](size_t f, bool cool) -> int {
+        for (size_t k = 0; k < by_filter[f].size(); ++k) {
+          if (done[f][k]) continue;
+          const NodeId id = by_filter[f][k];
+          if (ready(id) && (!cool || !hot(id))) return static_cast<int>(k);
+        }
+        return -1;
+      };
+      while (merged.size() < j - i) {
+        size_t pick = nf;
+        int at = -1;
+        for (int pass = 0; pass < 2 && pick == nf; ++pass) {  // ready and not waiting for fresh comm; else ready
+          for (size_t k = 0; k < nf && pick == nf; ++k) {
+            const size_t f = (turn + k) % nf;
+            at = first(f, pass == 0);
+            if (at >= 0) pick = f;
+          }
+        }
+        if (pick == nf) break;
+        const NodeId id = by_filter[pick][static_cast<size_t>(at)];
+        done[pick][static_cast<size_t>(at)] = 1;
+        merged.push_back(id);
+        placed.insert(id);
+        recent.push_back(id);
+        if (recent.size() > 2) recent.erase(recent.begin());
+        turn = (pick + 1) % nf;
       }
-      if (merged.size() == j - i) std::copy(merged.begin(), merged.end(), list.begin() + static_cast<std::ptrdiff_t>(i));
+      if (merged.size() == j - i)
+        std::copy(merged.begin(), merged.end(), list.begin() + static_cast<std::ptrdiff_t>(i));
     }
     i = j;
   }

@@ -74,7 +74,7 @@ void FluidNet::flow_ready(int transfer, int flow, double t) {
     flow_done(transfer, flow, t);
     return;
   }
-  active_.push_back({transfer, flow, bytes, 0.0});
+  add_active(transfer, flow, bytes);
   dirty_ = true;
 }
 
@@ -94,62 +94,136 @@ void FluidNet::flow_done(int transfer, int flow, double t) {
   }
 }
 
+void FluidNet::add_active(int transfer, int flow, double bytes) {
+  if (members_.size() != link_bw_.size()) {
+    members_.resize(link_bw_.size());
+    link_pos_.assign(link_bw_.size(), -1);
+    weight_.assign(link_bw_.size(), 0.0);
+    weight_sum_.assign(link_bw_.size(), 0.0);
+    left_.assign(link_bw_.size(), 0.0);
+  }
+  const int id = static_cast<int>(active_.size());
+  active_.push_back({transfer,
+                     flow,
+                     bytes,
+                     0.0,
+                     bytes,
+                     kInf,
+                     kInf,
+                     &transfers_[static_cast<size_t>(transfer)].tmpl->flows[static_cast<size_t>(flow)].hops,
+                     {}});
+  Active& a = active_.back();
+  const std::vector<Hop>& hops = hops_of(a);
+  a.member_pos.resize(hops.size());
+  for (size_t k = 0; k < hops.size(); ++k) {
+    const auto l = static_cast<size_t>(hops[k].link);
+    if (members_[l].empty()) {
+      link_pos_[l] = static_cast<int>(links_.size());
+      links_.push_back(hops[k].link);
+    }
+    a.member_pos[k] = static_cast<int>(members_[l].size());
+    members_[l].push_back({id, static_cast<int>(k), hops[k].weight});
+    weight_sum_[l] += hops[k].weight;
+  }
+}
+
+void FluidNet::remove_active(size_t i) {
+  // Out of the member lists of its links (swap with the last member), then out of active_ (swap with the last
+  // flow, whose member entries are renumbered).
+  {
+    const Active& a = active_[i];
+    const std::vector<Hop>& hops = hops_of(a);
+    for (size_t k = 0; k < hops.size(); ++k) {
+      const auto l = static_cast<size_t>(hops[k].link);
+      auto& mem = members_[l];
+      const auto p = static_cast<size_t>(a.member_pos[k]);
+      mem[p] = mem.back();
+      mem.pop_back();
+      weight_sum_[l] = mem.empty() ? 0.0 : weight_sum_[l] - hops[k].weight;  // exact again when it empties
+      if (p < mem.size())
+        active_[static_cast<size_t>(mem[p].flow)].member_pos[static_cast<size_t>(mem[p].hop)] = static_cast<int>(p);
+      if (mem.empty()) {
+        const auto lp = static_cast<size_t>(link_pos_[l]);
+        links_[lp] = links_.back();
+        link_pos_[static_cast<size_t>(links_[lp])] = static_cast<int>(lp);
+        links_.pop_back();
+        link_pos_[l] = -1;
+      }
+    }
+  }
+  const size_t last = active_.size() - 1;
+  if (i != last) {
+    std::swap(active_[i], active_[last]);
+    const Active& moved = active_[i];
+    const std::vector<Hop>& hops = hops_of(moved);
+    for (size_t k = 0; k < hops.size(); ++k) {
+      members_[static_cast<size_t>(hops[k].link)][static_cast<size_t>(moved.member_pos[k])].flow = static_cast<int>(i);
+    }
+  }
+  active_.pop_back();
+}
+
 void FluidNet::recompute_rates() {
-  // Progressive filling (flow_sim.h's max_min_rates) with buffers kept across calls: only the links the active
-  // flows touch are visited, so a call costs O(active flows x hops + touched links x rounds), not O(all links).
-  if (slot_.size() != link_bw_.size()) slot_.assign(link_bw_.size(), -1);
-  touched_.clear();
+  // Progressive filling (flow_sim.h's max_min_rates) over the links that active flows cross. Every link keeps its
+  // member list up to date as flows start and end (add_active / remove_active), so a call costs O(members +
+  // touched links x rounds + flows x hops) with small constants: nothing is rebuilt, the weight of each link's
+  // members is summed as they come and go, the last round subtracts nothing, and only flows whose rate changed get
+  // a new finish time.
   const size_t nf = active_.size();
   frozen_.assign(nf, 0);
-  for (size_t f = 0; f < nf; ++f) {
-    const auto& hops = hops_of(active_[f]);
-    for (const Hop& h : hops) {
-      int& s = slot_[static_cast<size_t>(h.link)];
-      if (s < 0) {
-        s = static_cast<int>(touched_.size());
-        touched_.push_back(h.link);
-        if (weight_.size() < touched_.size()) {
-          weight_.resize(touched_.size());
-          left_.resize(touched_.size());
-          members_.resize(touched_.size());
-        }
-        weight_[static_cast<size_t>(s)] = 0;
-        left_[static_cast<size_t>(s)] = link_bw_[static_cast<size_t>(h.link)];
-        members_[static_cast<size_t>(s)].clear();
-      }
-      weight_[static_cast<size_t>(s)] += h.weight;
-      members_[static_cast<size_t>(s)].push_back(static_cast<int>(f));
-    }
+  new_rate_.resize(nf);
+  for (int l : links_) {
+    weight_[static_cast<size_t>(l)] = weight_sum_[static_cast<size_t>(l)];
+    left_[static_cast<size_t>(l)] = link_bw_[static_cast<size_t>(l)];
   }
   size_t unfrozen = nf;
   double level = 0;
   while (unfrozen > 0) {
     double inc = kInf;
-    for (size_t i = 0; i < touched_.size(); ++i) {
+    for (int l : links_) {
+      const auto i = static_cast<size_t>(l);
       if (weight_[i] > 0) inc = std::min(inc, left_[i] / weight_[i]);
     }
     PIPER_CHECK(std::isfinite(inc), "an active flow crosses no loaded link");
     level += inc;
     saturated_.clear();
-    for (size_t i = 0; i < touched_.size(); ++i) {
+    for (int l : links_) {
+      const auto i = static_cast<size_t>(l);
       if (weight_[i] <= 0) continue;
       left_[i] -= inc * weight_[i];
-      if (left_[i] <= 4e-12 * link_bw_[static_cast<size_t>(touched_[i])]) saturated_.push_back(i);
+      if (left_[i] <= 4e-12 * link_bw_[i]) saturated_.push_back(i);
     }
+    just_frozen_.clear();
     for (size_t i : saturated_) {
-      for (int f : members_[i]) {
-        if (frozen_[static_cast<size_t>(f)]) continue;
-        frozen_[static_cast<size_t>(f)] = 1;
-        active_[static_cast<size_t>(f)].rate = level;
-        --unfrozen;
-        for (const Hop& h : hops_of(active_[static_cast<size_t>(f)])) {
-          weight_[static_cast<size_t>(slot_[static_cast<size_t>(h.link)])] -= h.weight;
-        }
+      for (const Member& m : members_[i]) {
+        const auto f = static_cast<size_t>(m.flow);
+        if (frozen_[f]) continue;
+        frozen_[f] = 1;
+        new_rate_[f] = level;
+        just_frozen_.push_back(f);
       }
       weight_[i] = 0;
     }
+    unfrozen -= just_frozen_.size();
+    if (unfrozen == 0) break;  // the last round: nobody needs the weights any more
+    for (size_t f : just_frozen_) {
+      for (const Hop& h : hops_of(active_[f])) weight_[static_cast<size_t>(h.link)] -= h.weight;
+    }
   }
-  for (int l : touched_) slot_[static_cast<size_t>(l)] = -1;
+  // Absolute finish times; a flow whose rate did not change keeps its own, and all stay valid until the set of
+  // transferring flows changes.
+  next_finish_ = next_due_ = kInf;
+  for (size_t f = 0; f < nf; ++f) {
+    Active& a = active_[f];
+    if (new_rate_[f] != a.rate) {
+      if (a.rate > 0) a.left = std::max(0.0, a.rate * (a.finish - now_));  // bytes left at now_ at the old rate
+      a.rate = new_rate_[f];
+      a.finish = now_ + a.left / a.rate;
+      a.due = a.finish - kDoneFraction * a.bytes / a.rate;  // advance()'s done test
+    }
+    next_finish_ = std::min(next_finish_, a.finish);
+    next_due_ = std::min(next_due_, a.due);
+  }
   dirty_ = false;
   ++rate_updates_;
 }
@@ -157,36 +231,33 @@ void FluidNet::recompute_rates() {
 double FluidNet::next_time() {
   if (!done_tokens_.empty()) return now_;
   if (dirty_) recompute_rates();
-  double t = timers_.empty() ? kInf : timers_.top().first;
-  for (const Active& a : active_) t = std::min(t, now_ + a.left / a.rate);
-  return t;
+  const double t = timers_.empty() ? kInf : timers_.top().first;
+  return std::min(t, next_finish_);
 }
 
 void FluidNet::advance(double t, std::vector<int64_t>* completed) {
   if (dirty_) recompute_rates();
-  const double dt = std::max(0.0, t - now_);
   now_ = std::max(now_, t);
-  if (dt > 0 || !active_.empty()) {
-    std::vector<std::pair<int, int>> finished;
+  const double slack = kClockSlack * std::max(1.0, now_);
+  // Rates are constant between recomputations, so no flow can pass the done test below before next_due_: the
+  // scan is skipped unless some flow is due.
+  if (!active_.empty() && next_due_ <= now_ + slack) {
+    finished_.clear();
     for (size_t i = 0; i < active_.size();) {
       Active& a = active_[i];
-      a.left -= a.rate * dt;
-      const Transfer& tr = transfers_[static_cast<size_t>(a.transfer)];
-      const double bytes = tr.tmpl->flows[static_cast<size_t>(a.flow)].bytes * tr.payload;
+      const double remaining = std::max(0.0, a.finish - now_);
       // Done when (almost) nothing is left, or when what is left cannot move time forward any more (it would
       // finish within rounding of the clock: without this the loop could stall on a zero-length step).
-      if (a.left <= kDoneFraction * bytes || a.left <= a.rate * kClockSlack * std::max(1.0, now_)) {
-        finished.emplace_back(a.transfer, a.flow);
-        active_[i] = active_.back();
-        active_.pop_back();
+      if (a.rate * remaining <= kDoneFraction * a.bytes || remaining <= slack) {
+        finished_.emplace_back(a.transfer, a.flow);
+        remove_active(i);
         dirty_ = true;
       } else {
         ++i;
       }
     }
-    for (auto [tr, f] : finished) flow_done(tr, f, now_);
+    for (auto [tr, f] : finished_) flow_done(tr, f, now_);
   }
-  const double slack = kClockSlack * std::max(1.0, now_);
   while (!timers_.empty() && timers_.top().first <= now_ + slack) {
     auto [tr, f] = timers_.top().second;
     timers_.pop();

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <queue>
 #include <vector>
 
@@ -21,9 +22,9 @@ namespace piper::sim {
 struct FlowTemplate {
   struct Flow {
     std::vector<Hop> hops;
-    double bytes = 0;        // per unit of payload (scaled by start())
+    double bytes = 0;  // per unit of payload (scaled by start())
     double latency_s = 0;
-    std::vector<int> after;  // indices of earlier flows of the same template
+    std::vector<int> after;     // indices of earlier flows of the same template
     std::vector<int> children;  // filled by finalize(): flows that wait for this one
   };
   std::vector<Flow> flows;
@@ -59,8 +60,18 @@ class FluidNet {
   struct Active {
     int transfer = 0;
     int flow = 0;
-    double left = 0;  // bytes
-    double rate = 0;  // bytes/s per member flow
+    double left = 0;                         // bytes, as of the last change of `rate`
+    double rate = 0;                         // bytes/s per member flow (0: not computed yet)
+    double bytes = 0;                        // size
+    double finish = 0;                       // absolute time it completes at `rate`
+    double due = 0;                          // when it passes advance()'s done test at `rate`
+    const std::vector<Hop>* hops = nullptr;  // the template flow's
+    std::vector<int> member_pos;             // per hop: its index in members_[hop's link]
+  };
+  struct Member {
+    int flow = 0;  // index into active_
+    int hop = 0;   // index into the flow's hops
+    double weight = 0;
   };
   using Timer = std::pair<double, std::pair<int, int>>;  // (ready time, (transfer, flow))
 
@@ -68,9 +79,9 @@ class FluidNet {
   void flow_ready(int transfer, int flow, double t);  // latency paid: starts transferring (or completes)
   void flow_done(int transfer, int flow, double t);
   void recompute_rates();
-  const std::vector<Hop>& hops_of(const Active& a) const {
-    return transfers_[static_cast<size_t>(a.transfer)].tmpl->flows[static_cast<size_t>(a.flow)].hops;
-  }
+  void add_active(int transfer, int flow, double bytes);
+  void remove_active(size_t i);
+  static const std::vector<Hop>& hops_of(const Active& a) { return *a.hops; }
 
   std::vector<double> link_bw_;
   std::vector<Transfer> transfers_;
@@ -83,12 +94,19 @@ class FluidNet {
   std::vector<int64_t> done_tokens_;
   int64_t flows_started_ = 0;
   int64_t rate_updates_ = 0;
-  // Progressive-filling buffers, kept across recompute_rates() calls.
-  std::vector<int> slot_;  // link -> index into touched_ (-1 when untouched)
-  std::vector<int> touched_;
+  double next_finish_ = std::numeric_limits<double>::infinity();  // earliest finish of an active flow
+  double next_due_ = std::numeric_limits<double>::infinity();     // earliest time a flow passes the done test
+  std::vector<std::pair<int, int>> finished_;
+  // Per link (dense over all links): the active flows crossing it, kept up to date by add_active/remove_active;
+  // its position in links_ (-1 when no active flow crosses it); progressive-filling weight and capacity left.
+  std::vector<std::vector<Member>> members_;
+  std::vector<int> link_pos_;
+  std::vector<int> links_;          // links with at least one active flow
+  std::vector<double> weight_sum_;  // weight of its members
   std::vector<double> weight_, left_;
-  std::vector<std::vector<int>> members_;
-  std::vector<char> frozen_;
+  std::vector<char> frozen_;      // per active flow
+  std::vector<double> new_rate_;  // per active flow
+  std::vector<size_t> just_frozen_;
   std::vector<size_t> saturated_;
 };
 

@@ -37,12 +37,12 @@
 namespace piper::sim {
 
 struct SimOptions {
-  bool full = false;              // simulate every rank instead of one per pipeline rank
-  bool zero_comm = false;         // communication takes no time (schedule checks)
-  bool record_timeline = false;   // keep every instruction's span and the memory samples (for traces)
+  bool full = false;             // simulate every rank instead of one per pipeline rank
+  bool zero_comm = false;        // communication takes no time (schedule checks)
+  bool record_timeline = false;  // keep every instruction's span and the memory samples (for traces)
   // simulate() only: compile with LowerOptions::interleave_overlap (DualPipeV/AF-Pipe F&B slots alternate chunk by
-  // chunk). Off by default so that the simulated plan is `piper compile`'s.
-  bool interleave_overlap = false;
+  // chunk). On by default, as in `piper compile`, so the simulated plan is the compiled one.
+  bool interleave_overlap = true;
 };
 
 struct InstrSpan {
@@ -70,8 +70,8 @@ struct RankStats {
   std::vector<std::pair<std::string, double>> exposed_by_group_s;
   int64_t static_bytes = 0;
   int64_t peak_bytes = 0;
-  std::vector<InstrSpan> spans;       // record_timeline only, in completion order
-  std::vector<MemorySample> memory;   // record_timeline only
+  std::vector<InstrSpan> spans;      // record_timeline only, in completion order
+  std::vector<MemorySample> memory;  // record_timeline only
 };
 
 struct SimResult {

@@ -62,6 +62,19 @@ TEST(PassesTest, SplitClonesPerMicrobatchAndSharesUpdates) {
   EXPECT_FALSE(again.ok());
 }
 
+// The graph-wide sizes survive the split: EP dispatch/combine are sized top_k x hidden from moe_top_k, plan memory
+// and cost annotations from param_bytes and grad_bytes (the split once reset them to 1, 2 and 4).
+TEST(PassesTest, SplitKeepsTheGraphWideSizes) {
+  Graph g = chain(2, 1);
+  g.moe_top_k = 8;
+  g.param_bytes = 4;
+  g.grad_bytes = 2;
+  ASSERT_TRUE(apply_split(g, SplitDirective{2}).ok());
+  EXPECT_EQ(g.moe_top_k, 8);
+  EXPECT_EQ(g.param_bytes, 4);
+  EXPECT_EQ(g.grad_bytes, 2);
+}
+
 TEST(PassesTest, PlaceRejectsStagesAndRanksThatDoNotExist) {
   Graph g = chain(4, 2);
   std::vector<Directive> ds = {place_stage(0, 1, 0), place_stage(2, 3, 5)};

@@ -114,3 +114,27 @@ TEST(CliSimulateTest, CommCalibrationFileSlowsTheLinks) {
 }
 
 }  // namespace
+
+namespace {
+
+// DualPipeV's F&B pairs are interleaved by default (lower.h); --no-interleave-overlap runs each pair F then B,
+// which leaves the EP all-to-alls exposed (docs/simulator.md,
+// PlanExecTest.DualPipeVHidesExpertAllToAllWhere1F1BExposesIt).
+TEST(CliSimulateTest, InterleaveOverlapIsTheDefaultAndCanBeTurnedOff) {
+  const std::string base =
+      "simulate --model deepseek-v3 --cluster h800 --nodes 4 --seq 4096 --strategy "
+      "dp=16,ep=16,pp=2,schedule=dualpipev,microbatches=4 --json";
+  int rc = 0;
+  const std::string by_default = run(base, &rc);
+  ASSERT_EQ(rc, 0) << by_default;
+  const std::string on = run(base + " --interleave-overlap", &rc);
+  ASSERT_EQ(rc, 0) << on;
+  const std::string off = run(base + " --no-interleave-overlap", &rc);
+  ASSERT_EQ(rc, 0) << off;
+  const auto d = piper::Json::parse(by_default), y = piper::Json::parse(on), n = piper::Json::parse(off);
+  EXPECT_EQ(d["step_time_s"].get<double>(), y["step_time_s"].get<double>());
+  EXPECT_LT(d["step_time_s"].get<double>(), 0.97 * n["step_time_s"].get<double>());
+  EXPECT_LT(d["exposed_comm_fraction"].get<double>(), n["exposed_comm_fraction"].get<double>());
+}
+
+}  // namespace

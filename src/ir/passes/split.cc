@@ -23,6 +23,9 @@ Status apply_split(Graph& g, const SplitDirective& d) {
   out.num_layers = g.num_layers;
   out.num_microbatches = m;
   out.backward_split = g.backward_split;
+  out.param_bytes = g.param_bytes;
+  out.grad_bytes = g.grad_bytes;
+  out.moe_top_k = g.moe_top_k;  // without it every EP dispatch/combine carried 1/top_k of its bytes
   auto per_mb = [](const Node& n) { return n.kind != NodeKind::kUpdate && n.tags.mb < 0; };
   // new_id[old][k]: copy k of an old node (shared nodes have one copy).
   std::vector<std::vector<NodeId>> new_id(g.num_nodes());
