@@ -1,5 +1,7 @@
 #include "piper/runtime/trainer.h"
 
+#include <algorithm>
+#include <deque>
 #include <set>
 
 #include "piper/runtime/checkpoint.h"
@@ -9,6 +11,54 @@
 #include "piper/spec/cluster_loader.h"
 
 namespace piper::runtime {
+namespace {
+
+// `piece` of parameter `p` (or of its moments): elements [begin, end) of p's box, with `local` the whole box or
+// (extent set) a store of just those elements. A slice made of row blocks (Param::global_blocks: TP's w_qkv)
+// becomes one piece per block it touches, each block's elements copied into `copies` (the format's pieces are
+// boxes of the whole tensor; the blocks are three of them).
+void add_pieces(const Param& p, const TensorPiece& piece, std::deque<Tensor>* copies,
+                std::vector<TensorPiece>* pieces) {
+  if (p.global_blocks.empty()) {
+    pieces->push_back(piece);
+    return;
+  }
+  const Shape& box = piece.extent.empty() ? piece.local->shape() : piece.extent;
+  const int64_t cols = p.value.numel() / box[0];
+  const int64_t begin = piece.begin, end = piece.end >= 0 ? piece.end : p.value.numel();
+  const float* data = piece.extent.empty() ? piece.local->data() : piece.local->data() - begin;  // element 0
+  for (const Param::RowBlock& b : p.global_blocks) {
+    const int64_t first = b.row * cols, from = std::max(begin, first), to = std::min(end, first + b.rows * cols);
+    if (from >= to) continue;
+    Shape extent = box;
+    extent[0] = b.rows;
+    copies->push_back(Tensor::zeros_or_die({to - from}, MemCategory::kBuffers));
+    std::copy(data + from, data + to, copies->back().data());
+    pieces->push_back(
+        {piece.name, piece.global_shape, b.offset, &copies->back(), from - first, to - first, piece.optimizer, extent});
+  }
+}
+
+// Fills `dst` with elements [begin, end) of tensor `name`'s part that parameter `p` holds (its box at
+// global_offset, or its row blocks: Param::global_blocks).
+Status restore_param(CheckpointReader& reader, const Param& p, const std::string& name, const Shape& global,
+                     int64_t begin, int64_t end, float* dst) {
+  if (p.global_blocks.empty()) {
+    return reader.restore_range(name, global, p.global_offset, p.value.shape(), begin, end, dst);
+  }
+  const int64_t cols = p.value.numel() / p.value.shape()[0];
+  for (const Param::RowBlock& b : p.global_blocks) {
+    const int64_t first = b.row * cols, from = std::max(begin, first), to = std::min(end, first + b.rows * cols);
+    if (from >= to) continue;
+    Shape extent = p.value.shape();
+    extent[0] = b.rows;
+    PIPER_RETURN_IF_ERROR(
+        reader.restore_range(name, global, b.offset, extent, from - first, to - first, dst + (from - begin)));
+  }
+  return ok_status();
+}
+
+}  // namespace
 
 Result<Strategy> train_strategy(const std::string& text, int64_t global_batch) {
   if (!text.empty()) return Strategy::parse(text);
@@ -177,9 +227,9 @@ Result<TrainStepStats> Trainer::step() {
 double Trainer::comm_timeout_s() const { return dist_ != nullptr ? dist_->timeout_s() : comm::default_timeout_s(); }
 
 Status Trainer::checkpoint_supported(const std::string& flag) const {
-  if (dist_ == nullptr || (compiled_.plan.mesh.tp == 1 && compiled_.plan.mesh.ep == 1)) return ok_status();
-  return unimplemented(flag + ": checkpoints of tensor- or expert-parallel runs are not supported yet (their slices " +
-                       "do not record their place in the whole tensor); train with tp=1 and ep=1 to save or resume " +
+  if (dist_ == nullptr || compiled_.plan.mesh.ep == 1) return ok_status();
+  return unimplemented(flag + ": checkpoints of expert-parallel runs are not supported yet (their slices " +
+                       "do not record their place in the whole tensor); train with ep=1 to save or resume " +
                        "(docs/runtime.md)");
 }
 
@@ -197,12 +247,13 @@ Status Trainer::save(const std::string& dir) {
   for (const auto& [name, t] : optimizer_->state()) moments[name] = t;
   // Every parameter this rank holds, whole or its slice; the moments of the elements this rank updates.
   std::vector<TensorPiece> pieces;
+  std::deque<Tensor> copies;  // row blocks of slices (add_pieces)
   for (const auto& chunk : model_->chunks()) {
     const auto [begin, end] = executor_->update_range(*chunk);
     int64_t offset = 0;
     for (const Param& p : chunk->params()) {
       const Shape global = p.global_shape.empty() ? p.value.shape() : p.global_shape;
-      pieces.push_back({p.name, global, p.global_offset, &p.value, 0, -1, false});
+      add_pieces(p, {p.name, global, p.global_offset, &p.value, 0, -1, false}, &copies, &pieces);
       if (!p.trainable) continue;
       const int64_t n = p.value.numel(), lo = std::max(begin, offset), hi = std::min(end, offset + n);
       offset += n;
@@ -210,8 +261,9 @@ Status Trainer::save(const std::string& dir) {
       for (const char* suffix : {".m", ".v"}) {
         auto it = moments.find(p.name + suffix);
         if (it == moments.end()) return internal_error("the optimizer has no state '" + p.name + suffix + "'");
-        pieces.push_back({p.name + suffix, global, p.global_offset, it->second, lo - (offset - n), hi - (offset - n),
-                          true});
+        add_pieces(p,
+                   {p.name + suffix, global, p.global_offset, it->second, lo - (offset - n), hi - (offset - n), true},
+                   &copies, &pieces);
       }
     }
   }
@@ -236,12 +288,12 @@ Status Trainer::restore_local(CheckpointReader& reader) {
   const std::string hint = " (was the checkpoint written for another model? resume with the same --model)";
   for (Param* p : model_->params()) {
     const Shape global = p->global_shape.empty() ? p->value.shape() : p->global_shape;
-    Status s = reader.restore(p->name, global, p->global_offset, &p->value);
+    Status s = restore_param(reader, *p, p->name, global, 0, p->value.numel(), p->value.data());
     for (const char* suffix : {".m", ".v"}) {
       if (!s.ok() || !p->trainable) break;
       auto it = moments.find(p->name + suffix);
       if (it == moments.end()) return internal_error("the optimizer has no state '" + p->name + suffix + "'");
-      s = reader.restore(p->name + suffix, global, p->global_offset, it->second);
+      s = restore_param(reader, *p, p->name + suffix, global, 0, it->second->numel(), it->second->data());
     }
     if (!s.ok()) return s.with_context(where + hint);
   }

@@ -75,7 +75,7 @@ class Trainer {
   // Collective over the run's ranks (runtime/checkpoint.h): every rank writes the parameters it holds and the
   // AdamW moments of the elements it updates; rank 0 commits the checkpoint ROOT/step-N and ROOT/latest.
   Status save(const std::string& dir);
-  // OK when this run's checkpoints can be written and read; Unimplemented (naming `flag`) for tensor- or
+  // OK when this run's checkpoints can be written and read; Unimplemented (naming `flag`) for
   // expert-parallel runs, whose slices do not record their place in the whole tensor yet. save() and resume()
   // check it; call it before training so that a --save run fails at once, not after its last step.
   Status checkpoint_supported(const std::string& flag) const;
