@@ -126,12 +126,16 @@ const char* const kTp2 = "tp=2,sp=1,microbatches=4,mbs=1";
 TEST(Resume, Tp2ToOneRank) { expect_resume(kTp2, kOneRank); }
 TEST(Resume, OneRankToTp2) { expect_resume(kOneRank, kTp2); }
 TEST(Resume, Dp2Zero1ToTp2) { expect_resume("dp=2,zero=1,microbatches=2,mbs=1", kTp2); }
+TEST(Resume, Tp2SameIsBitwise) { expect_resume(kTp2, kTp2, true); }
 
 // 4 ranks.
 TEST(Resume4, OneRankToDp2Pp2) { expect_resume(kOneRank, "dp=2,pp=2,schedule=1f1b,microbatches=2,mbs=1"); }
 TEST(Resume4, Pp4ToOneRank) { expect_resume("pp=4,schedule=1f1b,microbatches=4,mbs=1", kOneRank); }
 TEST(Resume4, Dp2Pp2Zero1ToPp4) {
   expect_resume("dp=2,pp=2,zero=1,schedule=1f1b,microbatches=2,mbs=1", "pp=4,schedule=zb-h1,microbatches=4,mbs=1");
+}
+TEST(Resume4, Dp2Tp2ToPp2Tp2) {
+  expect_resume("dp=2,tp=2,sp=1,microbatches=2,mbs=1", "pp=2,tp=2,sp=1,schedule=1f1b,microbatches=4,mbs=1");
 }
 
 }  // namespace
