@@ -24,8 +24,9 @@ void add_pieces(const Param& p, const TensorPiece& piece, std::deque<Tensor>* co
     return;
   }
   const Shape& box = piece.extent.empty() ? piece.local->shape() : piece.extent;
-  const int64_t cols = p.value.numel() / box[0];
-  const int64_t begin = piece.begin, end = piece.end >= 0 ? piece.end : p.value.numel();
+  int64_t cols = 1;
+  for (size_t d = 1; d < box.size(); ++d) cols *= box[d];
+  const int64_t begin = piece.begin, end = piece.end >= 0 ? piece.end : cols * box[0];
   const float* data = piece.extent.empty() ? piece.local->data() : piece.local->data() - begin;  // element 0
   for (const Param::RowBlock& b : p.global_blocks) {
     const int64_t first = b.row * cols, from = std::max(begin, first), to = std::min(end, first + b.rows * cols);
@@ -39,18 +40,17 @@ void add_pieces(const Param& p, const TensorPiece& piece, std::deque<Tensor>* co
   }
 }
 
-// Fills `dst` with elements [begin, end) of tensor `name`'s part that parameter `p` holds (its box at
-// global_offset, or its row blocks: Param::global_blocks).
+// Fills `dst` with elements [begin, end) of tensor `name`'s part that parameter `p` holds: its box of extent
+// `box` at global_offset, or its row blocks (Param::global_blocks).
 Status restore_param(CheckpointReader& reader, const Param& p, const std::string& name, const Shape& global,
-                     int64_t begin, int64_t end, float* dst) {
-  if (p.global_blocks.empty()) {
-    return reader.restore_range(name, global, p.global_offset, p.value.shape(), begin, end, dst);
-  }
-  const int64_t cols = p.value.numel() / p.value.shape()[0];
+                     const Shape& box, int64_t begin, int64_t end, float* dst) {
+  if (p.global_blocks.empty()) return reader.restore_range(name, global, p.global_offset, box, begin, end, dst);
+  int64_t cols = 1;
+  for (size_t d = 1; d < box.size(); ++d) cols *= box[d];
   for (const Param::RowBlock& b : p.global_blocks) {
     const int64_t first = b.row * cols, from = std::max(begin, first), to = std::min(end, first + b.rows * cols);
     if (from >= to) continue;
-    Shape extent = p.value.shape();
+    Shape extent = box;
     extent[0] = b.rows;
     PIPER_RETURN_IF_ERROR(
         reader.restore_range(name, global, b.offset, extent, from - first, to - first, dst + (from - begin)));
@@ -288,12 +288,13 @@ Status Trainer::restore_local(CheckpointReader& reader) {
   const std::string hint = " (was the checkpoint written for another model? resume with the same --model)";
   for (Param* p : model_->params()) {
     const Shape global = p->global_shape.empty() ? p->value.shape() : p->global_shape;
-    Status s = restore_param(reader, *p, p->name, global, 0, p->value.numel(), p->value.data());
+    Status s = restore_param(reader, *p, p->name, global, p->value.shape(), 0, p->value.numel(), p->value.data());
     for (const char* suffix : {".m", ".v"}) {
       if (!s.ok() || !p->trainable) break;
       auto it = moments.find(p->name + suffix);
       if (it == moments.end()) return internal_error("the optimizer has no state '" + p->name + suffix + "'");
-      s = restore_param(reader, *p, p->name + suffix, global, 0, it->second->numel(), it->second->data());
+      s = restore_param(reader, *p, p->name + suffix, global, p->value.shape(), 0, it->second->numel(),
+                        it->second->data());
     }
     if (!s.ok()) return s.with_context(where + hint);
   }
