@@ -104,10 +104,10 @@ class Trainer {
   // Collective over the run's ranks (runtime/checkpoint.h): every rank writes the parameters it holds and the
   // AdamW moments of the elements it updates; rank 0 commits the checkpoint ROOT/step-N and ROOT/latest.
   Status save(const std::string& dir);
-  // OK when this run's checkpoints can be written and read; Unimplemented (naming `flag`) for tensor-parallel
-  // runs, whose slices do not record their place in the whole tensor yet. save() and resume() check it; call it
-  // before training so that a --save run fails at once, not after its last step. Expert-parallel runs save
-  // every expert under its logical index with the placement table; a resume under ep > 1 adopts the table.
+  // OK when this run's checkpoints can be written and read; Unimplemented (naming `flag`) for af-pipe runs with
+  // ep > 1 (untested). save() and resume() check it; call it before training so that a --save run fails at once,
+  // not after its last step. Expert-parallel runs save every expert under its logical index with the placement
+  // table; a resume under ep > 1 adopts the table. Tensor-parallel slices record their boxes (w_qkv: row blocks).
   Status checkpoint_supported(const std::string& flag) const;
   // Collective: loads a checkpoint written under any strategy and world size (dir: a --save ROOT or one of its
   // step-N directories). The same error on every rank: naming the rank, the file and the fix.

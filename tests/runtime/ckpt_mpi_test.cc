@@ -1,7 +1,8 @@
 // Checkpoints across strategies (label mpi): tiny-moe trains 3 steps under strategy A (on the MPI world, or alone
 // on rank 0), saves, and strategy B (on the world, or alone on every rank) resumes and trains 3 more. B's losses
 // must equal steps 4..6 of an uninterrupted one-rank run within 1e-5 relative, and bit for bit when A == B (the
-// same reduction order). Run by CTest under mpiexec -n 2 or 4 with --gtest_filter (tests/runtime/CMakeLists.txt).
+// same reduction order). A and B include tensor-parallel runs (tp=2 with sp). Run by CTest under mpiexec -n 2 or 4 with
+// --gtest_filter (tests/runtime/CMakeLists.txt).
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -161,6 +162,14 @@ TEST(Resume, SameZero3IsBitwise) {
   expect_resume("dp=2,zero=3,microbatches=2,mbs=1", "dp=2,zero=3,microbatches=2,mbs=1", true);
 }
 
+// Tensor parallelism (tp=2 with sequence parallelism): slices saved by their place in the whole tensor (w_qkv
+// as its Q, K and V row blocks), loaded whole by one rank, and the reverse; ZeRO-1 moment ranges into tp slices.
+const char* const kTp2 = "tp=2,sp=1,microbatches=4,mbs=1";
+TEST(Resume, Tp2ToOneRank) { expect_resume(kTp2, kOneRank); }
+TEST(Resume, OneRankToTp2) { expect_resume(kOneRank, kTp2); }
+TEST(Resume, Dp2Zero1ToTp2) { expect_resume("dp=2,zero=1,microbatches=2,mbs=1", kTp2); }
+TEST(Resume, Tp2SameIsBitwise) { expect_resume(kTp2, kTp2, true); }
+
 // 4 ranks.
 TEST(Resume4, OneRankToDp2Pp2) { expect_resume(kOneRank, "dp=2,pp=2,schedule=1f1b,microbatches=2,mbs=1"); }
 TEST(Resume4, Pp4ToOneRank) { expect_resume("pp=4,schedule=1f1b,microbatches=4,mbs=1", kOneRank); }
@@ -197,6 +206,9 @@ TEST(Resume4, MigratedEp4ToOneRank) { expect_migrated_resume(kOneRank); }
 
 TEST(Resume4, Dp2Pp2Zero1ToPp4) {
   expect_resume("dp=2,pp=2,zero=1,schedule=1f1b,microbatches=2,mbs=1", "pp=4,schedule=zb-h1,microbatches=4,mbs=1");
+}
+TEST(Resume4, Dp2Tp2ToPp2Tp2) {
+  expect_resume("dp=2,tp=2,sp=1,microbatches=2,mbs=1", "pp=2,tp=2,sp=1,schedule=1f1b,microbatches=4,mbs=1");
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 // Tensor-parallel slices (chunks/tp_slice.h): the slices' parameters assemble into the whole chunk's, and the
 // slices' partial outputs and input gradients sum to the whole chunk's (forward and backward), their split
 // weight gradients are the slices of the whole's and their norm-weight gradients sum to the whole's.
+#include "piper/runtime/chunks/tp_slice.h"
+
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
-#include "piper/runtime/chunks/tp_slice.h"
 #include "piper/runtime/model.h"
 #include "piper/spec/model_loader.h"
 #include "piper/tensor/rng.h"
@@ -114,6 +116,64 @@ void check_part(const std::string& part) {
 
 TEST(TpSlice, AttentionHeadsAssembleAndSum) { check_part("attn"); }
 TEST(TpSlice, MlpUnitsAssembleAndSum) { check_part("mlp"); }
+
+// The slices' recorded places (Param::global_shape with global_offset or global_blocks, what checkpoints store
+// them by) put every split parameter's elements where the whole chunk has them, each element exactly once.
+void check_places(const std::string& part) {
+  const ChunkDims d = tiny_dims();
+  auto whole = make_chunk(part, 0, d, 1234, nullptr).value();
+  const auto& w = whole->params();
+  std::vector<std::vector<float>> assembled(w.size());
+  std::vector<std::vector<int>> hits(w.size());
+  std::vector<std::unique_ptr<Chunk>> slices;
+  for (int r = 0; r < kTp; ++r) {
+    auto slice = make_tp_slice(*whole, d, r, kTp, nullptr);
+    ASSERT_TRUE(slice.ok()) << slice.status().to_string();
+    slices.push_back(std::move(slice).value());
+  }
+  for (size_t i = 0; i < w.size(); ++i) {
+    if (!tp_param_split(slices[0]->params()[i])) {
+      for (const auto& slice : slices) {
+        const Param& p = slice->params()[i];
+        EXPECT_TRUE(p.global_shape.empty() && p.global_blocks.empty()) << p.name << " is replicated: whole";
+      }
+      continue;
+    }
+    ASSERT_EQ(w[i].value.shape().size(), 2u) << w[i].name;
+    const int64_t cols = w[i].value.shape()[1];
+    assembled[i].assign(static_cast<size_t>(w[i].value.numel()), 0.0f);
+    hits[i].assign(assembled[i].size(), 0);
+    for (const auto& slice : slices) {
+      const Param& p = slice->params()[i];
+      EXPECT_EQ(p.global_shape, w[i].value.shape()) << p.name;
+      // One box at global_offset, or the listed row blocks.
+      std::vector<Param::RowBlock> boxes = p.global_blocks;
+      if (boxes.empty()) boxes.push_back({0, p.value.shape()[0], p.global_offset});
+      int64_t rows = 0;
+      for (const Param::RowBlock& b : boxes) {
+        ASSERT_EQ(b.offset.size(), 2u) << p.name;
+        const int64_t width = p.value.shape()[1];
+        ASSERT_LE(b.offset[0] + b.rows, w[i].value.shape()[0]) << p.name;
+        ASSERT_LE(b.offset[1] + width, cols) << p.name;
+        for (int64_t r = 0; r < b.rows; ++r) {
+          for (int64_t c = 0; c < width; ++c) {
+            const size_t at = static_cast<size_t>((b.offset[0] + r) * cols + b.offset[1] + c);
+            assembled[i][at] = p.value.data()[(b.row + r) * width + c];
+            ++hits[i][at];
+          }
+        }
+        rows += b.rows;
+      }
+      EXPECT_EQ(rows, p.value.shape()[0]) << p.name << ": the blocks cover every row of the slice";
+    }
+    EXPECT_EQ(assembled[i], all(w[i].value)) << w[i].name << " assembled from its slices' places";
+    EXPECT_EQ(std::count(hits[i].begin(), hits[i].end(), 1), static_cast<long>(hits[i].size()))
+        << w[i].name << ": every element placed exactly once";
+  }
+}
+
+TEST(TpSlice, AttentionSlicesRecordTheirPlace) { check_places("attn"); }
+TEST(TpSlice, MlpSlicesRecordTheirPlace) { check_places("mlp"); }
 
 TEST(TpSlice, BadSplitIsNamed) {
   ChunkDims d = tiny_dims();

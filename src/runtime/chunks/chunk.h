@@ -140,6 +140,14 @@ struct Param {
   // that a checkpoint written under one slicing loads under another (runtime/checkpoint.h).
   Shape global_shape;
   Shape global_offset;
+  // A slice that is not one box of the whole tensor (TP's fused w_qkv: this rank's Q, K and V rows lie in three
+  // separate row ranges of the whole) lists its row blocks instead: rows [row, row + rows) of value lie at
+  // `offset` in the whole tensor of global_shape (global_offset is then unused). Empty = value is one box.
+  struct RowBlock {
+    int64_t row = 0, rows = 0;
+    Shape offset;
+  };
+  std::vector<RowBlock> global_blocks;
 };
 
 class Chunk {

@@ -61,6 +61,13 @@ Result<std::unique_ptr<Chunk>> make_tp_slice(const Chunk& whole, const ChunkDims
     copy_rows(w[1].value, qd + rank * kd_r, kd_r, &s[1].value, qd_r);
     copy_rows(w[1].value, qd + kd + rank * kd_r, kd_r, &s[1].value, qd_r + kd_r);
     copy_cols(w[2].value, rank * qd_r, &s[2].value);
+    // Their place in the whole tensors, for checkpoints: w_qkv as its three row blocks, wo as one column box.
+    s[1].global_shape = w[1].value.shape();
+    s[1].global_blocks = {{0, qd_r, {rank * qd_r, 0}},
+                          {qd_r, kd_r, {qd + rank * kd_r, 0}},
+                          {qd_r + kd_r, kd_r, {qd + kd + rank * kd_r, 0}}};
+    s[2].global_shape = w[2].value.shape();
+    s[2].global_offset = {0, rank * qd_r};
   } else if (part == "mlp" || part == "shared") {
     const int64_t width = w[1].value.shape()[0];
     PIPER_RETURN_IF_ERROR(divides(whole, "intermediate width", width, size));
@@ -72,6 +79,12 @@ Result<std::unique_ptr<Chunk>> make_tp_slice(const Chunk& whole, const ChunkDims
     copy_rows(w[1].value, rank * f, f, &s[1].value, 0);
     copy_rows(w[2].value, rank * f, f, &s[2].value, 0);
     copy_cols(w[3].value, rank * f, &s[3].value);
+    for (int i : {1, 2}) {
+      s[i].global_shape = w[i].value.shape();
+      s[i].global_offset = {rank * f, 0};
+    }
+    s[3].global_shape = w[3].value.shape();
+    s[3].global_offset = {0, rank * f};
   } else {
     return invalid_argument("no tensor-parallel slice for part '" + part + "' (" + whole.name() +
                             "); the compiler shards attn, mlp and shared over tp");

@@ -9,7 +9,9 @@
 // outputs of the T ranks sum (reduce-scatter or all-reduce over tp) to the single-rank chunk's output. The
 // residual is added on tensor rank 0 only, so it is counted once in the sum, forward and backward.
 // The slice's parameters are copied from the whole chunk drawn from the seed, so the T slices assemble into
-// exactly the single-rank tensors. Parameter names are the whole chunk's ("L1.attn.w_qkv").
+// exactly the single-rank tensors. Parameter names are the whole chunk's ("L1.attn.w_qkv"); split parameters
+// record their place in the whole tensor (Param::global_shape with global_offset, or global_blocks for w_qkv,
+// whose Q, K and V rows are three separate row ranges of the whole), so checkpoints store them by position.
 #pragma once
 
 #include <memory>
