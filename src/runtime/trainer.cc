@@ -1,10 +1,7 @@
 #include "piper/runtime/trainer.h"
 
 #include <algorithm>
-  if (!strategy_.disaggregate || compiled_.plan.mesh.ep == 1) return ok_status();
-  return unimplemented(flag + ": checkpoints of af-pipe runs with ep > 1 are not supported yet (their FFN ranks' " +
-                       "expert slices are not tested against a resume); train af-pipe with ep=1 to save or resume " +
-                       "(docs/runtime.md)");
+#include <cstring>
 #include <deque>
 #include <set>
 
@@ -15,54 +12,6 @@
 #include "piper/spec/cluster_loader.h"
 
 namespace piper::runtime {
-namespace {
-
-// `piece` of parameter `p` (or of its moments): elements [begin, end) of p's box, with `local` the whole box or
-// (extent set) a store of just those elements. A slice made of row blocks (Param::global_blocks: TP's w_qkv)
-// becomes one piece per block it touches, each block's elements copied into `copies` (the format's pieces are
-// boxes of the whole tensor; the blocks are three of them).
-void add_pieces(const Param& p, const TensorPiece& piece, std::deque<Tensor>* copies,
-                std::vector<TensorPiece>* pieces) {
-  if (p.global_blocks.empty()) {
-    pieces->push_back(piece);
-    return;
-  }
-  const Shape& box = piece.extent.empty() ? piece.local->shape() : piece.extent;
-  int64_t cols = 1;
-  for (size_t d = 1; d < box.size(); ++d) cols *= box[d];
-  const int64_t begin = piece.begin, end = piece.end >= 0 ? piece.end : cols * box[0];
-  const float* data = piece.extent.empty() ? piece.local->data() : piece.local->data() - begin;  // element 0
-  for (const Param::RowBlock& b : p.global_blocks) {
-    const int64_t first = b.row * cols, from = std::max(begin, first), to = std::min(end, first + b.rows * cols);
-    if (from >= to) continue;
-    Shape extent = box;
-    extent[0] = b.rows;
-    copies->push_back(Tensor::zeros_or_die({to - from}, MemCategory::kBuffers));
-    std::copy(data + from, data + to, copies->back().data());
-    pieces->push_back(
-        {piece.name, piece.global_shape, b.offset, &copies->back(), from - first, to - first, piece.optimizer, extent});
-  }
-}
-
-// Fills `dst` with elements [begin, end) of tensor `name`'s part that parameter `p` holds: its box of extent
-// `box` at global_offset, or its row blocks (Param::global_blocks).
-Status restore_param(CheckpointReader& reader, const Param& p, const std::string& name, const Shape& global,
-                     const Shape& box, int64_t begin, int64_t end, float* dst) {
-  if (p.global_blocks.empty()) return reader.restore_range(name, global, p.global_offset, box, begin, end, dst);
-  int64_t cols = 1;
-  for (size_t d = 1; d < box.size(); ++d) cols *= box[d];
-  for (const Param::RowBlock& b : p.global_blocks) {
-    const int64_t first = b.row * cols, from = std::max(begin, first), to = std::min(end, first + b.rows * cols);
-    if (from >= to) continue;
-    Shape extent = box;
-    extent[0] = b.rows;
-    PIPER_RETURN_IF_ERROR(
-        reader.restore_range(name, global, b.offset, extent, from - first, to - first, dst + (from - begin)));
-  }
-  return ok_status();
-}
-
-}  // namespace
 
 Result<Strategy> train_strategy(const std::string& text, int64_t global_batch) {
   if (!text.empty()) return Strategy::parse(text);
@@ -441,20 +390,63 @@ Status Trainer::save(const std::string& dir) {
   // Every parameter this rank holds, whole, its slice or (ZeRO-3) its flat shard; the moments of the elements
   // this rank updates (ZeRO: allocated for those only).
   std::vector<TensorPiece> pieces;
-  if (!strategy_.disaggregate || compiled_.plan.mesh.ep == 1) return ok_status();
-  return unimplemented(flag + ": checkpoints of af-pipe runs with ep > 1 are not supported yet (their FFN ranks' " +
-                       "expert slices are not tested against a resume); train af-pipe with ep=1 to save or resume " +
-                       "(docs/runtime.md)");
+  std::deque<Tensor> copies;  // expert slots copied out under their logical index
   for (const auto& chunk : model_->chunks()) {
     const std::vector<Executor::ParamShard> sharded = executor_->param_shards(*chunk);
     const auto table =
         chunk->part() == "experts" ? meta.expert_placement.find(chunk->layer()) : meta.expert_placement.end();
     size_t index = 0;
     for (const Param& p : chunk->params()) {
-  if (!strategy_.disaggregate || compiled_.plan.mesh.ep == 1) return ok_status();
-  return unimplemented(flag + ": checkpoints of af-pipe runs with ep > 1 are not supported yet (their FFN ranks' " +
-                       "expert slices are not tested against a resume); train af-pipe with ep=1 to save or resume " +
-                       "(docs/runtime.md)");
+      const Executor::ParamShard* ps = p.trainable && !sharded.empty() ? &sharded[index] : nullptr;
+      if (p.trainable) ++index;
+      const Shape box = ps != nullptr ? ps->shape : p.value.shape();
+      const Shape global = p.global_shape.empty() ? box : p.global_shape;
+      if (table == meta.expert_placement.end()) {
+        if (ps == nullptr) {
+          add_pieces(p, {p.name, global, p.global_offset, &p.value, 0, -1, false}, &copies, &pieces);
+        } else if (ps->begin < ps->end) {
+          add_pieces(p, {p.name, global, p.global_offset, ps->values, ps->begin, ps->end, false, box}, &copies,
+                     &pieces);
+        }
+        if (!p.trainable) continue;
+        for (const char* suffix : {".m", ".v"}) {
+          auto it = moments.find(p.name + suffix);
+          if (it == moments.end()) return internal_error("the optimizer has no state '" + p.name + suffix + "'");
+          const Optimizer::StateTensor& st = it->second;
+          if (st.begin >= st.end) continue;
+          add_pieces(p, {st.name, global, p.global_offset, st.tensor, st.begin, st.end, true, box}, &copies, &pieces);
+        }
+        continue;
+      }
+      // Expert parallelism: every slot under its logical expert, so that the checkpoint does not depend on the
+      // placement; of each slot the elements this rank holds (whole, or the part of its ZeRO shard in the slot).
+      const int per = executor_->experts_per_rank();
+      const int64_t n = box_numel(box) / per;
+      const int first = static_cast<int>(p.global_offset.at(0));
+      const Shape extent = expert_extent(box);
+      // One store (values or a moment) holding flat elements [lo, hi) of the rank's box: its part in slot j.
+      auto add_slot = [&](const std::string& name, const float* data, int64_t lo, int64_t hi, int j, bool opt) {
+        const int64_t b = std::max(lo, j * n), e = std::min(hi, (j + 1) * n);
+        if (b >= e) return;
+        copies.push_back(Tensor::zeros_or_die({e - b}, MemCategory::kBuffers));
+        std::memcpy(copies.back().data(), data + (b - lo), static_cast<size_t>(e - b) * sizeof(float));
+        const int expert = table->second.at(static_cast<size_t>(first + j));
+        pieces.push_back({name, global, expert_offset(global, expert), &copies.back(), b - j * n, e - j * n, opt,
+                          extent});
+      };
+      for (int j = 0; j < per; ++j) {
+        if (ps == nullptr) {
+          add_slot(p.name, p.value.data(), 0, per * n, j, false);
+        } else {
+          add_slot(p.name, ps->values->data(), ps->begin, ps->end, j, false);
+        }
+        if (!p.trainable) continue;
+        for (const char* suffix : {".m", ".v"}) {
+          auto it = moments.find(p.name + suffix);
+          if (it == moments.end()) return internal_error("the optimizer has no state '" + p.name + suffix + "'");
+          const Optimizer::StateTensor& st = it->second;
+          if (st.begin < st.end) add_slot(st.name, st.tensor->data(), st.begin, st.end, j, true);
+        }
       }
     }
   }
@@ -477,10 +469,66 @@ Status Trainer::restore_local(CheckpointReader& reader) {
   std::map<std::string, Optimizer::StateTensor> moments;
   for (const Optimizer::StateTensor& st : optimizer_->state()) moments[st.name] = st;
   const std::string hint = " (was the checkpoint written for another model? resume with the same --model)";
-  if (!strategy_.disaggregate || compiled_.plan.mesh.ep == 1) return ok_status();
-  return unimplemented(flag + ": checkpoints of af-pipe runs with ep > 1 are not supported yet (their FFN ranks' " +
-                       "expert slices are not tested against a resume); train af-pipe with ep=1 to save or resume " +
-                       "(docs/runtime.md)");
+  // Expert parallelism: adopt the writer's placement when it fits this run (every MoE layer, each a
+  // permutation of the experts: any ep degree); otherwise keep this run's. Either way every slot loads its
+  // logical expert.
+  const std::map<int, std::vector<int>>& table = executor_->expert_placement();
+  if (!table.empty() && !m.expert_placement.empty()) {
+    bool fits = m.expert_placement.size() == table.size();
+    for (const auto& [layer, slots] : table) fits = fits && m.expert_placement.count(layer) > 0;
+    if (fits) {
+      Status s = executor_->set_expert_placement(m.expert_placement);
+      if (!s.ok()) return s.with_context(where + ": its expert_placement");
+    }
+  }
+  for (const auto& chunk : model_->chunks()) {
+    const std::vector<Executor::ParamShard> sharded = executor_->param_shards(*chunk);
+    const auto slots = chunk->part() == "experts" ? table.find(chunk->layer()) : table.end();
+    size_t index = 0;
+    for (Param& p : chunk->params()) {
+      const Executor::ParamShard* ps = p.trainable && !sharded.empty() ? &sharded[index] : nullptr;
+      if (p.trainable) ++index;
+      const Shape box = ps != nullptr ? ps->shape : p.value.shape();
+      const Shape global = p.global_shape.empty() ? box : p.global_shape;
+      // (name, destination holding flat elements [lo, hi) of the rank's box)
+      struct Store {
+        std::string name;
+        float* data;
+        int64_t lo, hi;
+      };
+      std::vector<Store> stores;
+      if (ps == nullptr) {
+        stores.push_back({p.name, p.value.data(), 0, box_numel(box)});
+      } else {
+        stores.push_back({p.name, ps->values->data(), ps->begin, ps->end});
+      }
+      for (const char* suffix : {".m", ".v"}) {
+        if (!p.trainable) break;
+        auto it = moments.find(p.name + suffix);
+        if (it == moments.end()) return internal_error("the optimizer has no state '" + p.name + suffix + "'");
+        const Optimizer::StateTensor& st = it->second;
+        stores.push_back({st.name, st.tensor->data(), st.begin, st.end});
+      }
+      for (const Store& store : stores) {
+        if (store.lo >= store.hi) continue;
+        Status s = ok_status();
+        if (slots == table.end()) {
+          s = restore_param(reader, p, store.name, global, box, store.lo, store.hi, store.data);
+        } else {
+          // Slot j of this rank holds logical expert slots->second[first + j].
+          const int per = executor_->experts_per_rank();
+          const int64_t n = box_numel(box) / per;
+          const int first = static_cast<int>(p.global_offset.at(0));
+          for (int j = 0; j < per && s.ok(); ++j) {
+            const int64_t b = std::max(store.lo, j * n), e = std::min(store.hi, (j + 1) * n);
+            if (b >= e) continue;
+            const int expert = slots->second.at(static_cast<size_t>(first + j));
+            s = reader.restore_range(store.name, global, expert_offset(global, expert), expert_extent(box), b - j * n,
+                                     e - j * n, store.data + (b - store.lo));
+          }
+        }
+        if (!s.ok()) return s.with_context(where + hint);
+      }
     }
   }
   Status s = loader_->seek(m.data);
