@@ -30,7 +30,7 @@ void restrict_to_runtime(const ModelSpec& model, double capacity_bytes, plan::Se
   sp.recompute = intersect(sp.recompute, rs.recompute);
   sp.max_tp = sp.max_tp > 0 ? std::min(sp.max_tp, rs.max_tp) : rs.max_tp;
   sp.max_ep = sp.max_ep > 0 ? std::min(sp.max_ep, rs.max_ep) : rs.max_ep;
-  if (rs.max_tp <= 1) sp.search_etp = false;
+  sp.search_etp = false;  // the runtime does not slice experts over tp (etp=1); check_runnable refuses etp > 1
   auto inner = options->verifier;
   options->verifier = [model, capacity_bytes, inner](const Strategy& s, const TrainSpec& t) {
     Status st = runtime::check_runnable(s);

@@ -7,6 +7,8 @@
 //   p2p      pipeline send/recv (all channels; messages are told apart by the plan's tags, unique per plan)
 //   dp, edp, ep, tp   one communicator per mesh axis of degree > 1, over the ranks that share every other
 //            coordinate (edp: same expert shard; ep: same dp/ep block), members in world-rank order
+//   edp_tp   when tp > 1 and edp > 1: the ranks of one pipeline stage with the same expert shard (edp x tp), the
+//            ZeRO group of the experts, which are replicated over tp (etp=1)
 //   ctl      per-step control traffic: global gradient norm and loss reduction (rank order, in doubles)
 // Collective over `world`: every rank calls create() in the same order. The communicators are owned here; the
 // world must outlive the context. Thread-safety: each communicator is used by one stream thread at a time.
@@ -39,7 +41,7 @@ class DistContext {
   int pipeline_peer(int pp_rank) const;
   comm::Communicator& p2p() { return *p2p_; }
   comm::Communicator& ctl() { return *ctl_; }
-  // The communicator of mesh axis `axis` (dp, edp, ep, tp); nullptr when the axis has degree 1.
+  // The communicator of mesh axis `axis` (dp, edp, ep, tp, edp_tp); nullptr when the axis has degree 1.
   comm::Communicator* group(const std::string& axis) const;
   // Seconds any single wait may take before the rank gives up naming its peer (PIPER_COMM_TIMEOUT_S).
   double timeout_s() const { return timeout_s_; }

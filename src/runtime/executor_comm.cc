@@ -80,15 +80,32 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
     return invalid_argument("executor: '" + in.label + "' reduces the gradients of (layer " +
                             std::to_string(n.tags.layer) + ", " + n.tags.part + "), which this rank does not hold");
   }
+  // ZeRO under tensor parallelism with sequence parallelism: the experts (not split over tp, etp=1) are replicated
+  // over edp x tp and their gradients are partial on each tensor rank, so their shards span both: one
+  // reduce-scatter over edp_tp sums over tp and averages over edp (the resource model's expert shard).
+  bool over_tp = false;
+  if ((zero1_rs || zero2_rs || zero1_ag || zero3_ag) && tp.size > 1 && tp.sequence_parallel &&
+      t->chunk->part() == "experts" && t->degree == graph->mesh.dp / std::max(1, graph->mesh.ep)) {
+    t->comm = dist->group("edp_tp");
+    if (t->comm == nullptr) {
+      return internal_error("executor: '" + in.label + "' shards the experts over edp x tp, but this rank has " +
+                            "no edp_tp group");
+    }
+    t->degree = t->comm->size();
+    over_tp = true;
+  }
   if (zero1_ag) return ok_status();  // the update before it is sharded; nothing to count
   if (zero3_ag) {
     t->pass = n.tags.pass;
     t->mb = n.tags.mb;
-    shard_of(t->chunk, t->degree, t->comm->rank()).params_sharded = true;
+    Shard& sh = shard_of(t->chunk, t->degree, t->comm->rank());
+    sh.params_sharded = true;
+    sh.over_tp = over_tp;
     return ok_status();
   }
   if (zero1_rs || zero2_rs) {
     Shard& sh = shard_of(t->chunk, t->degree, t->comm->rank());
+    sh.over_tp = over_tp;
     sh.per_microbatch = zero2_rs;
     ++sh.count;
     if (zero2_rs) {
@@ -315,7 +332,8 @@ Status Executor::Impl::reduce_scatter(const Task& t) {
   PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->reduce_scatter_sum(in->data(), out->data(), per_rank));
   std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(in), decltype(out)>>(in, out);
   PIPER_RETURN_IF_ERROR(wait_comm(*t.comm, h, keep, "gradient reduce-scatter of " + t.chunk->name()));
-  const float scale = 1.0f / static_cast<float>(t.degree);
+  // The mean over the data-parallel replicas; over edp x tp the tensor ranks' partial gradients are summed.
+  const float scale = 1.0f / static_cast<float>(sh.over_tp ? t.degree / tp.size : t.degree);
   if (sh.per_microbatch) {
     // Gradients accumulate sharded, as the mean over the group of each microbatch's gradient.
     float* acc = sh.grad.data();
@@ -396,15 +414,18 @@ Result<double> Executor::Impl::global_grad_norm() {
     auto it = norm_owner.find(c.get());
     auto shard = shards.find(c.get());
     if (tp.sliced.count(c.get())) {
-      if (dist->coord().dp == 0) local += tp_grad_sq(*c);  // split chunk: each tensor rank owns its slice
+      // Split chunk: each tensor rank owns its slice; under ZeRO each data-parallel rank its shard of it.
+      if (shard != shards.end() || dist->coord().dp == 0) local += tp_grad_sq(*c);
     } else if (shard != shards.end() && shard->second.per_microbatch) {
       // ZeRO-2/3: every data-parallel rank owns its accumulated gradient shard.
       const Tensor& g = shard->second.grad;
       const double norm = kernels::grad_global_norm({{g.data(), g.numel()}});
-      if (dist->coord().tp == 0) local += norm * norm;
+      if (dist->coord().tp == 0 || shard->second.over_tp) local += norm * norm;
     } else if (shard != shards.end()) {
       // ZeRO-1: every data-parallel rank owns its shard of the reduced gradient.
-      if (dist->coord().tp == 0) local += Optimizer::grad_sq_range(*c, shard->second.begin, shard->second.end);
+      if (dist->coord().tp == 0 || shard->second.over_tp) {
+        local += Optimizer::grad_sq_range(*c, shard->second.begin, shard->second.end);
+      }
     } else if (it != norm_owner.end() && it->second) {
       local += Optimizer::grad_sq(*c);
     }

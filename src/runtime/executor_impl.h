@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -91,6 +92,9 @@ struct Executor::Impl {
     Tensor grad;                  // ZeRO-2/3: this rank's accumulated gradient shard [end - begin] (mean over dp)
     std::vector<Tensor> values;   // ZeRO-3: per trainable parameter its elements inside [begin, end)
     int gathered = 0;             // ZeRO-3: all-gathered copies whose plan buffer is not freed yet
+    // Sharded over edp x tp (the experts under tp with sequence parallelism): the reduce-scatter also sums the
+    // tensor ranks' partial gradients, so the tp sum skips the chunk and every rank owns its shard in the norm.
+    bool over_tp = false;
   };
   std::map<const Chunk*, Shard> shards;  // gradient all-reduce / reduce-scatter instructions of the step
   // Sets up shards[chunk] for a group of `degree` ranks in which this rank is `rank` (once per chunk).
@@ -163,10 +167,15 @@ struct Executor::Impl {
   // Sequence parallelism: a chunk that is not split over tp sees this rank's slice of the microbatch's tokens.
   Status tp_context(const Task& t, StepContext* ctx, Microbatch* mb);
   // Sums over tp the gradients that are partial on each tensor rank (replicated parameters); once per step.
+  // Under ZeRO only this rank's data-parallel shard of them is summed (the shards of one chunk cover the same
+  // elements on every tensor rank: each holds the same chunk structure).
   Status tp_sync_grads();
   // Squared gradient norm of a split chunk that this rank counts (split tensors: every tensor rank; replicated
-  // ones: tensor rank 0).
-  double tp_grad_sq(const Chunk& chunk) const;
+  // ones: tensor rank 0), over this rank's ZeRO shard when the chunk is sharded.
+  double tp_grad_sq(const Chunk& chunk);
+  // The pieces of `chunk`'s gradient this rank holds reduced (the whole tensors; under ZeRO-1 the shard's part
+  // of them, under ZeRO-2/3 of the accumulated shard) for the trainable parameters `select` accepts.
+  std::vector<std::pair<float*, int64_t>> grad_pieces(Chunk& chunk, const std::function<bool(const Param&)>& select);
 
   // executor_comm.cc
   Status resolve_comm(const compile::Instruction& in, Task* t);

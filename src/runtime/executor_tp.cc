@@ -37,10 +37,6 @@ Status Executor::Impl::init_tp(const compile::Program& program) {
       if (in.node == ir::kNoNode) continue;
       const ir::Node& n = graph->node(in.node);
       if (detail::is_tp_exchange(n) && n.kind != ir::NodeKind::kAllReduce) tp.sequence_parallel = true;
-      if (in.op == OpKind::kCollective && in.group == "dp" && in.comm != ir::NodeKind::kAllReduce) {
-        return unimplemented("executor: '" + in.label + "': ZeRO (zero>=1) with tp=" + std::to_string(tp.size) +
-                             " is not executed yet; use zero=0 with tp (docs/runtime.md)");
-      }
       if (in.op != OpKind::kCompute || n.shard_axis != "tp") continue;
       Chunk* c = model->find(n.tags.layer, n.tags.part);
       if (c != nullptr) tp.sliced.insert(c);
@@ -93,7 +89,8 @@ Status Executor::Impl::tp_exchange(const Task& t) {
         if (msg.routed) return unimplemented("'" + in.label + "': a router -> experts edge crosses tensor ranks");
         x = msg.hidden;
       } else {
-        if (msg.dnormed || msg.dtopk_w) return unimplemented("'" + in.label + "': an experts -> router edge crosses tensor ranks");
+        if (msg.dnormed || msg.dtopk_w)
+          return unimplemented("'" + in.label + "': an experts -> router edge crosses tensor ranks");
         x = msg.dhidden;
       }
       return ok_status();
@@ -119,7 +116,8 @@ Status Executor::Impl::tp_exchange(const Task& t) {
     }
     PIPER_ASSIGN_OR_RETURN(Tensor buf, Tensor::zeros({rows / T, h}, cat, allocator));
     out = std::make_shared<Tensor>(std::move(buf));
-    PIPER_ASSIGN_OR_RETURN(handle, t.comm->reduce_scatter_sum(x->data(), out->data(), static_cast<size_t>(out->numel())));
+    PIPER_ASSIGN_OR_RETURN(handle,
+                           t.comm->reduce_scatter_sum(x->data(), out->data(), static_cast<size_t>(out->numel())));
     what = "sequence reduce-scatter";
   } else {
     PIPER_ASSIGN_OR_RETURN(Tensor buf, Tensor::zeros({rows, h}, cat, allocator));
@@ -154,8 +152,8 @@ Status Executor::Impl::tp_context(const Task& t, StepContext* ctx, Microbatch* m
   ctx->sum_over_shards = [this](double* values, int64_t count) -> Status {
     auto buf = std::make_shared<std::vector<double>>(values, values + count);
     auto all = std::make_shared<std::vector<double>>(static_cast<size_t>(count * tp.size));
-    PIPER_ASSIGN_OR_RETURN(comm::Handle h, tp.sync->all_gather(buf->data(), all->data(),
-                                                               static_cast<size_t>(count) * sizeof(double)));
+    PIPER_ASSIGN_OR_RETURN(comm::Handle h,
+                           tp.sync->all_gather(buf->data(), all->data(), static_cast<size_t>(count) * sizeof(double)));
     std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(buf), decltype(all)>>(buf, all);
     PIPER_RETURN_IF_ERROR(wait_comm(*tp.sync, h, keep, "router statistics exchange over tp"));
     for (int64_t i = 0; i < count; ++i) {
@@ -172,40 +170,77 @@ Status Executor::Impl::tp_context(const Task& t, StepContext* ctx, Microbatch* m
   return ok_status();
 }
 
+std::vector<std::pair<float*, int64_t>> Executor::Impl::grad_pieces(Chunk& chunk,
+                                                                    const std::function<bool(const Param&)>& select) {
+  std::vector<std::pair<float*, int64_t>> out;
+  auto it = shards.find(&chunk);
+  const Shard* sh = it == shards.end() ? nullptr : &it->second;
+  int64_t offset = 0;
+  size_t i = 0;
+  for (Param& p : chunk.params()) {
+    if (!p.trainable) continue;
+    // Under ZeRO-2/3 p.grad is empty between microbatches: the element count comes from the recorded shape.
+    int64_t n = p.grad.numel();
+    if (sh != nullptr && i < sh->shapes.size()) {
+      n = 1;
+      for (int64_t d : sh->shapes[i]) n *= d;
+    }
+    ++i;
+    if (select(p)) {
+      if (sh == nullptr) {
+        out.emplace_back(p.grad.data(), n);
+      } else {
+        const int64_t lo = std::max(sh->begin, offset), hi = std::min(sh->end, offset + n);
+        if (lo < hi) {
+          float* base = sh->per_microbatch ? const_cast<float*>(sh->grad.data()) + (lo - sh->begin)
+                                           : p.grad.data() + (lo - offset);
+          out.emplace_back(base, hi - lo);
+        }
+      }
+    }
+    offset += n;
+  }
+  return out;
+}
+
 Status Executor::Impl::tp_sync_grads() {
   // Partial on each tensor rank: the replicated tensors of split chunks (their input gradient is split over
   // heads / units), and under sequence parallelism every tensor of the other chunks (each saw a token slice).
-  std::vector<Param*> partial;
+  // Summing over tp commutes with the mean over dp, so under ZeRO the sum runs on the reduced shard.
+  std::vector<std::pair<float*, int64_t>> partial;
   for (const auto& c : model->chunks()) {
     const bool split = tp.sliced.count(c.get()) > 0;
     if (!split && !tp.sequence_parallel) continue;
-    for (Param& p : c->params()) {
-      if (p.trainable && !(split && tp_param_split(p))) partial.push_back(&p);
+    auto shard = shards.find(c.get());
+    if (shard != shards.end() && shard->second.over_tp) continue;  // summed by its reduce-scatter over edp_tp
+    for (const auto& piece : grad_pieces(*c, [&](const Param& p) { return !(split && tp_param_split(p)); })) {
+      partial.push_back(piece);
     }
   }
   size_t total = 0;
-  for (const Param* p : partial) total += static_cast<size_t>(p->grad.numel());
+  for (const auto& [ptr, n] : partial) total += static_cast<size_t>(n);
   if (total == 0) return ok_status();
   auto buf = std::make_shared<std::vector<float>>(total);
   size_t at = 0;
-  for (const Param* p : partial) {
-    std::copy(p->grad.data(), p->grad.data() + p->grad.numel(), buf->data() + at);
-    at += static_cast<size_t>(p->grad.numel());
+  for (const auto& [ptr, n] : partial) {
+    std::copy(ptr, ptr + n, buf->data() + at);
+    at += static_cast<size_t>(n);
   }
   PIPER_ASSIGN_OR_RETURN(comm::Handle h, tp.sync->all_reduce_sum(buf->data(), buf->data(), total));
   PIPER_RETURN_IF_ERROR(wait_comm(*tp.sync, h, buf, "gradient sum over tp of the replicated parameters"));
   at = 0;
-  for (Param* p : partial) {
-    std::copy(buf->data() + at, buf->data() + at + p->grad.numel(), p->grad.data());
-    at += static_cast<size_t>(p->grad.numel());
+  for (const auto& [ptr, n] : partial) {
+    std::copy(buf->data() + at, buf->data() + at + n, ptr);
+    at += static_cast<size_t>(n);
   }
   return ok_status();
 }
 
-double Executor::Impl::tp_grad_sq(const Chunk& chunk) const {
+double Executor::Impl::tp_grad_sq(const Chunk& chunk) {
   std::vector<std::pair<const float*, int64_t>> grads;
-  for (const Param& p : chunk.params()) {
-    if (p.trainable && (tp_param_split(p) || tp.rank == 0)) grads.emplace_back(p.grad.data(), p.grad.numel());
+  for (const auto& [ptr, n] :
+       grad_pieces(const_cast<Chunk&>(chunk), [&](const Param& p) { return tp_param_split(p) || tp.rank == 0; })) {
+    grads.emplace_back(ptr, n);
   }
   const double norm = kernels::grad_global_norm(grads);
   return norm * norm;

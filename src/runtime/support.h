@@ -19,9 +19,11 @@ struct RuntimeSupport {
   std::vector<std::string> schedules;  // pipeline schedules the executor runs
   std::vector<int> zero;               // ZeRO stages
   std::vector<Recompute> recompute;
-  int max_tp = 1;             // tensor parallelism (1: none)
-  int max_ep = 1;             // expert parallelism (1: none)
+  int max_tp = 1;             // tensor parallelism (1: none); tp > 1 needs sp=1 and etp=1 (experts not sliced)
+  int max_ep = 1;             // expert parallelism (1: none); ep > 1 with a2a flat or halo
   bool disaggregate = false;  // attention/FFN disaggregation (af-pipe)
+  // Compositions beyond the per-dimension lists are checked by check_runnable(): tp > 1 and ep > 1 are run with
+  // the 1f1b schedule and no recomputation, and not together (the parity tests' combinations).
 };
 
 RuntimeSupport runtime_support();

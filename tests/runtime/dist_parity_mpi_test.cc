@@ -173,5 +173,18 @@ TEST(Parity, Dp2Zero3RecomputeFull) {
   expect_parity("dp=2,zero=3,recompute=full,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5);
 }
 
+// Tensor parallelism with ZeRO: the replicated parameters' partial gradients are reduce-scattered over dp, then
+// their shard is summed over tp (the shards of a chunk cover the same elements on both tensor ranks); the experts
+// are sharded over edp x tp (their reduce-scatter also sums over tp). 5 steps keep these 4-rank tests short.
+TEST(Parity, Dp2Tp2Zero1) {
+  expect_parity("dp=2,tp=2,sp=1,zero=1,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5);
+}
+TEST(Parity, Dp2Tp2Zero2) {
+  expect_parity("dp=2,tp=2,sp=1,zero=2,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5);
+}
+TEST(Parity, Dp2Tp2Zero3) {
+  expect_parity("dp=2,tp=2,sp=1,zero=3,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5);
+}
+
 }  // namespace
 }  // namespace piper::runtime::testing

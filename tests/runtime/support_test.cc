@@ -23,22 +23,39 @@ TEST(RuntimeSupport, ParityStrategiesAreRunnable) {
        {"dp=2,microbatches=2", "pp=2,schedule=1f1b,microbatches=4", "pp=2,schedule=zb-h1,microbatches=4",
         "pp=2,schedule=dualpipev,microbatches=4", "dp=2,zero=1,microbatches=2", "dp=2,zero=2,microbatches=2",
         "dp=2,zero=3,microbatches=2", "dp=2,zero=3,recompute=full,microbatches=2", "dp=2,pp=2,microbatches=2",
-        "pp=2,vpp=2,schedule=interleaved,microbatches=4", "pp=2,schedule=gpipe,recompute=full,microbatches=4"}) {
+        "pp=2,vpp=2,schedule=interleaved,microbatches=4", "pp=2,schedule=gpipe,recompute=full,microbatches=4",
+        // tensor parallelism (dist_parity_mpi_test.cc)
+        "tp=2,sp=1,microbatches=4", "dp=2,tp=2,sp=1,microbatches=2", "pp=2,tp=2,sp=1,schedule=1f1b,microbatches=4",
+        "dp=2,tp=2,sp=1,zero=1,microbatches=2", "dp=2,tp=2,sp=1,zero=3,microbatches=2",
+        // expert parallelism (dist_ep_mpi_test.cc, dist_parity_mpi_test.cc)
+        "dp=2,ep=2,a2a=flat,microbatches=2", "dp=2,ep=2,a2a=halo,microbatches=2", "dp=4,ep=4,microbatches=1",
+        "dp=4,ep=2,microbatches=1", "pp=2,dp=2,ep=2,schedule=1f1b,microbatches=2",
+        "pp=2,dp=2,ep=2,zero=3,schedule=1f1b,microbatches=2"}) {
     EXPECT_TRUE(check_runnable(parse(s)).ok()) << s << ": " << check_runnable(parse(s)).to_string();
   }
 }
 
 TEST(RuntimeSupport, UnsupportedDimensionsAreNamed) {
   const RuntimeSupport rs = runtime_support();
-  if (rs.max_ep < 2) {
-    Status st = check_runnable(parse("dp=2,ep=2,microbatches=2"));
-    EXPECT_EQ(st.code(), StatusCode::kUnimplemented);
-    EXPECT_NE(st.message().find("ep=2"), std::string::npos) << st.to_string();
-  }
-  if (rs.max_tp < 2) {
-    Status st = check_runnable(parse("tp=2,microbatches=2"));
-    EXPECT_EQ(st.code(), StatusCode::kUnimplemented);
-    EXPECT_NE(st.message().find("tp=2"), std::string::npos) << st.to_string();
+  EXPECT_EQ(rs.max_tp, 2);
+  EXPECT_EQ(rs.max_ep, 4);
+  // Each refused strategy and the words its message must contain.
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"tp=4,sp=1,microbatches=2", "tp=4"},
+      {"dp=8,ep=8,microbatches=2", "ep=8"},
+      {"tp=2,sp=0,microbatches=2", "sp=1"},
+      {"tp=2,sp=1,etp=2,microbatches=2", "etp=2"},
+      {"dp=2,tp=2,ep=2,sp=1,microbatches=2", "tp or ep"},
+      {"tp=2,sp=1,schedule=zb-h1,microbatches=2", "schedule 1f1b only"},
+      {"dp=2,ep=2,pp=2,schedule=dualpipev,microbatches=4", "schedule 1f1b only"},
+      {"tp=2,sp=1,recompute=full,microbatches=2", "without recomputation"},
+      {"dp=2,ep=2,recompute=selective,microbatches=2", "without recomputation"},
+      {"pp=2,tp=2,sp=1,zero=1,schedule=1f1b,microbatches=4", "zero=0 only"},
+  };
+  for (const auto& [strategy, words] : refused) {
+    Status st = check_runnable(parse(strategy));
+    EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << strategy;
+    EXPECT_NE(st.message().find(words), std::string::npos) << strategy << ": " << st.to_string();
   }
 }
 
