@@ -12,6 +12,7 @@
 #include <map>
 #include <vector>
 
+#include "dist_test_util.h"
 #include "piper/base/check.h"
 #include "piper/comm/mpi/mpi_communicator.h"
 #include "piper/kernels/cpu/gemm.h"
@@ -38,17 +39,9 @@ std::map<int, std::vector<int>> g_saved_placement, g_resumed_placement;
 int g_migrations = 0;
 
 // Trains `strategy` for `steps` on `world` (nullptr: alone), resuming from / saving to a root when given.
-std::vector<double> train(const std::string& strategy, comm::Communicator* world, int steps,
-                          const std::string& resume, const std::string& save) {
-  kernels::set_kernel_threads(1);  // ranks share the cores
-  TrainOptions o;
-  o.model = load_model("tiny-moe").value();
-  o.strategy = strategy;
-  o.global_batch = 0;
-  o.seq_len = 16;
-  o.seed = 1234;
-  o.optimizer.lr = 3e-3;
-  o.warmup_steps = 2;
+std::vector<double> train(const std::string& strategy, comm::Communicator* world, int steps, const std::string& resume,
+                          const std::string& save) {
+  TrainOptions o = tiny_moe_options(strategy, 3e-3);
   o.ranks = world != nullptr ? world->size() : 1;
   o.world = world;
   o.model_options.router_skew = g_balance.skew;
@@ -92,13 +85,14 @@ void expect_resume(const std::string& a, const std::string& b, bool bitwise = fa
   ASSERT_TRUE(world.ok()) << world.status().to_string();
   comm::Communicator* w = world->get();
   // One directory for all ranks: rank 0's.
-  const std::string mine = (std::filesystem::temp_directory_path() / ("piper_ckpt_mpi_" + std::to_string(::getpid())))
-                               .string();
+  const std::string mine =
+      (std::filesystem::temp_directory_path() / ("piper_ckpt_mpi_" + std::to_string(::getpid()))).string();
   auto dirs = all_gather_strings(w, mine, 60);
   ASSERT_TRUE(dirs.ok()) << dirs.status().to_string();
   const std::string root = (*dirs)[0];
 
-  const std::vector<double> ref = bitwise ? train(b, w, 2 * kSteps, "", "") : train(kOneRank, nullptr, 2 * kSteps, "", "");
+  const std::vector<double> ref =
+      bitwise ? train(b, w, 2 * kSteps, "", "") : train(kOneRank, nullptr, 2 * kSteps, "", "");
   ASSERT_EQ(ref.size(), 2u * kSteps);
   if (ranks_of(a) == 1) {
     if (w->rank() == 0) train(a, nullptr, kSteps, "", root);

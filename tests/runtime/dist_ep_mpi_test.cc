@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "dist_test_util.h"
 #include "piper/comm/mpi/mpi_communicator.h"
 #include "piper/kernels/cpu/gemm.h"
 #include "piper/runtime/trainer.h"
@@ -24,31 +25,14 @@ constexpr int64_t kGlobalBatch = 4;  // sequences per step in every strategy bel
 // 1e-5 for every data-parallel strategy (dp=2 alone: 2.0e-5); 1e-3 trains smoothly for 20 steps.
 constexpr double kLr = 1e-3;
 
-TrainOptions options(const std::string& strategy) {
-  kernels::set_kernel_threads(1);  // ranks share the cores
-  TrainOptions o;
-  o.model = load_model("tiny-moe").value();
-  o.strategy = strategy;
-  o.global_batch = 0;  // the strategy's dp * microbatches * mbs
-  o.seq_len = 16;
-  o.seed = 1234;
-  o.optimizer.lr = kLr;
-  o.warmup_steps = 2;
-  return o;
-}
+TrainOptions options(const std::string& strategy) { return tiny_moe_options(strategy, kLr); }
 
 // mem_ratio (optional): the rank's peak memory over the run / the resource model's for its stage.
 std::vector<TrainStepStats> run(const TrainOptions& o, int steps, double* mem_ratio = nullptr) {
   auto t = Trainer::create(o);
   EXPECT_TRUE(t.ok()) << t.status().to_string();
   if (!t.ok()) return {};
-  std::vector<TrainStepStats> out;
-  for (int i = 0; i < steps; ++i) {
-    auto s = (*t)->step();
-    EXPECT_TRUE(s.ok()) << s.status().to_string();
-    if (!s.ok()) break;
-    out.push_back(std::move(s).value());
-  }
+  std::vector<TrainStepStats> out = train_steps(**t, steps);
   if (mem_ratio != nullptr) {
     *mem_ratio = static_cast<double>((*t)->memory().peak_total_bytes) / (*t)->predicted_rank_memory().total();
   }
@@ -65,7 +49,7 @@ std::vector<TrainStepStats> share_reference(comm::Communicator& world, const std
       for (size_t e = 0; e < tokens.size(); ++e) {
         const auto it = world.rank() == 0 ? mine[i].expert_tokens.find(layer) : mine[i].expert_tokens.end();
         flat.push_back(it != mine[i].expert_tokens.end() && e < it->second.size() ? static_cast<double>(it->second[e])
-                                                                                 : -1.0);
+                                                                                  : -1.0);
       }
     }
   }
@@ -139,9 +123,7 @@ TEST(EpParity, Dp4Ep2) { expect_parity("dp=4,ep=2,a2a=flat,microbatches=1,mbs=1"
 
 // Pipeline and expert parallelism: the combine's output crosses to the next stage, the gradient comes back into
 // the combine's backward.
-TEST(EpParity, Pp2Ep2) {
-  expect_parity("pp=2,dp=2,ep=2,schedule=1f1b,microbatches=2,mbs=1", "microbatches=4,mbs=1");
-}
+TEST(EpParity, Pp2Ep2) { expect_parity("pp=2,dp=2,ep=2,schedule=1f1b,microbatches=2,mbs=1", "microbatches=4,mbs=1"); }
 
 // The experts chunk of ep rank 1 of 2 holds experts [4, 8) of tiny-moe's 8: the whole model's slices, bit for bit.
 TEST(EpModel, ExpertShardIsSliceOfWholeModel) {
@@ -187,8 +169,7 @@ TEST(EpErrors, RanksPerNodeMustDivideTheWorld) {
   auto t = Trainer::create(o);
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_NE(t.status().message().find("ranks per node 3 does not divide"), std::string::npos)
-      << t.status().message();
+  EXPECT_NE(t.status().message().find("ranks per node 3 does not divide"), std::string::npos) << t.status().message();
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "dist_test_util.h"
 #include "piper/comm/mpi/mpi_communicator.h"
 #include "piper/kernels/cpu/gemm.h"
 #include "piper/runtime/trainer.h"
@@ -25,18 +26,7 @@ constexpr double kLr = 1e-3;
 constexpr const char* kAfPipe =
     "dp=2,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=2,mbs=1";
 
-TrainOptions options(const std::string& strategy) {
-  kernels::set_kernel_threads(1);  // ranks share the cores
-  TrainOptions o;
-  o.model = load_model("tiny-moe").value();
-  o.strategy = strategy;
-  o.global_batch = 0;
-  o.seq_len = 16;
-  o.seed = 1234;
-  o.optimizer.lr = kLr;
-  o.warmup_steps = 2;
-  return o;
-}
+TrainOptions options(const std::string& strategy) { return tiny_moe_options(strategy, kLr); }
 
 // One flat vector per step: loss, then the expert loads of every MoE layer in layer order.
 std::vector<std::vector<double>> run(const TrainOptions& o, int steps, Trainer** keep = nullptr,

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "dist_test_util.h"
 #include "piper/base/check.h"
 #include "piper/comm/mpi/mpi_communicator.h"
 #include "piper/kernels/cpu/gemm.h"
@@ -31,18 +32,7 @@ constexpr double kLr = 1e-3;
 constexpr int kTpSteps = kSteps;
 constexpr double kTpLr = 5e-4;
 
-TrainOptions options(const std::string& strategy, double lr = kLr) {
-  kernels::set_kernel_threads(1);  // ranks share the cores
-  TrainOptions o;
-  o.model = load_model("tiny-moe").value();
-  o.strategy = strategy;
-  o.global_batch = 0;  // the strategy's dp * microbatches * mbs
-  o.seq_len = 16;
-  o.seed = 1234;
-  o.optimizer.lr = lr;
-  o.warmup_steps = 2;
-  return o;
-}
+TrainOptions options(const std::string& strategy, double lr = kLr) { return tiny_moe_options(strategy, lr); }
 
 struct Run {
   std::vector<double> losses;
@@ -97,8 +87,7 @@ void expect_parity(const std::string& strategy, const std::string& reference, in
   for (size_t i = 0; i < ref.size(); ++i) {
     const double rel = std::abs(got[i] - ref[i]) / std::abs(ref[i]);
     worst = std::max(worst, rel);
-    EXPECT_LE(rel, kRelTol) << "step " << i + 1 << ": " << strategy << " loss " << got[i] << " vs one rank "
-                            << ref[i];
+    EXPECT_LE(rel, kRelTol) << "step " << i + 1 << ": " << strategy << " loss " << got[i] << " vs one rank " << ref[i];
   }
   const double mem_ratio = static_cast<double>(r.peak_bytes) / r.predicted_bytes;
   EXPECT_NEAR(mem_ratio, 1.0, kMemTol) << strategy << " rank " << (*world)->rank() << ": peak memory " << r.peak_bytes
@@ -115,9 +104,7 @@ void expect_parity(const std::string& strategy, const std::string& reference, in
 TEST(Parity, Dp2) { expect_parity("dp=2,microbatches=2,mbs=1", "microbatches=4,mbs=1"); }
 TEST(Parity, Pp2OneFOneB) { expect_parity("pp=2,schedule=1f1b,microbatches=4,mbs=1", "microbatches=4,mbs=1"); }
 TEST(Parity, Pp2ZbH1) { expect_parity("pp=2,schedule=zb-h1,microbatches=4,mbs=1", "microbatches=4,mbs=1"); }
-TEST(Parity, Pp2DualPipeV) {
-  expect_parity("pp=2,schedule=dualpipev,microbatches=4,mbs=1", "microbatches=4,mbs=1");
-}
+TEST(Parity, Pp2DualPipeV) { expect_parity("pp=2,schedule=dualpipev,microbatches=4,mbs=1", "microbatches=4,mbs=1"); }
 TEST(Parity, Dp2Zero1) { expect_parity("dp=2,zero=1,microbatches=2,mbs=1", "microbatches=4,mbs=1"); }
 TEST(Parity, Dp2Zero2) { expect_parity("dp=2,zero=2,microbatches=2,mbs=1", "microbatches=4,mbs=1"); }
 // ZeRO-3: parameters sharded, all-gathered before every F and B/BW, re-sharded after; gradients reduce-scattered
@@ -176,15 +163,9 @@ TEST(Parity, Dp2Zero3RecomputeFull) {
 // Tensor parallelism with ZeRO: the replicated parameters' partial gradients are reduce-scattered over dp, then
 // their shard is summed over tp (the shards of a chunk cover the same elements on both tensor ranks); the experts
 // are sharded over edp x tp (their reduce-scatter also sums over tp). 5 steps keep these 4-rank tests short.
-TEST(Parity, Dp2Tp2Zero1) {
-  expect_parity("dp=2,tp=2,sp=1,zero=1,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5);
-}
-TEST(Parity, Dp2Tp2Zero2) {
-  expect_parity("dp=2,tp=2,sp=1,zero=2,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5);
-}
-TEST(Parity, Dp2Tp2Zero3) {
-  expect_parity("dp=2,tp=2,sp=1,zero=3,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5);
-}
+TEST(Parity, Dp2Tp2Zero1) { expect_parity("dp=2,tp=2,sp=1,zero=1,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5); }
+TEST(Parity, Dp2Tp2Zero2) { expect_parity("dp=2,tp=2,sp=1,zero=2,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5); }
+TEST(Parity, Dp2Tp2Zero3) { expect_parity("dp=2,tp=2,sp=1,zero=3,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5); }
 
 }  // namespace
 }  // namespace piper::runtime::testing

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "dist_test_util.h"
 #include "piper/comm/mpi/mpi_communicator.h"
 #include "piper/kernels/cpu/gemm.h"
 #include "piper/runtime/trainer.h"
@@ -24,15 +25,7 @@ constexpr int kWindow = 5;
 const char* const kEp4 = "dp=4,ep=4,a2a=flat,microbatches=1,mbs=1";
 
 TrainOptions options(comm::Communicator* world, bool migrate) {
-  kernels::set_kernel_threads(1);  // ranks share the cores
-  TrainOptions o;
-  o.model = load_model("tiny-moe").value();
-  o.strategy = kEp4;
-  o.global_batch = 0;
-  o.seq_len = 16;
-  o.seed = 1234;
-  o.optimizer.lr = 1e-3;
-  o.warmup_steps = 2;
+  TrainOptions o = tiny_moe_options(kEp4, 1e-3);
   o.ranks = world->size();
   o.world = world;
   o.model_options.router_skew = kSkew;
@@ -48,13 +41,7 @@ std::vector<TrainStepStats> run(const TrainOptions& o, int steps, std::map<int, 
   auto t = Trainer::create(o);
   EXPECT_TRUE(t.ok()) << t.status().to_string();
   if (!t.ok()) return {};
-  std::vector<TrainStepStats> out;
-  for (int i = 0; i < steps; ++i) {
-    auto s = (*t)->step();
-    EXPECT_TRUE(s.ok()) << s.status().to_string();
-    if (!s.ok()) break;
-    out.push_back(std::move(s).value());
-  }
+  std::vector<TrainStepStats> out = train_steps(**t, steps);
   *placement = (*t)->executor().expert_placement();
   return out;
 }
