@@ -45,16 +45,24 @@ BufferPlan plan_buffers(const ir::Graph& g, int r, const std::vector<OrderKey>& 
       if (last != last_backward.end()) free_after[last->second].push_back(b);
       continue;
     }
-    // Recompute: keep nothing after F; the first backward task that consumes F re-runs it.
+    // Recompute: keep nothing after F; the first backward task (in program order) of the same chunk and
+    // microbatch re-runs it, and the re-run's activations serve until the last backward of (layer, part, mb).
+    // Only the chunk's own backward counts: F may have edges to other chunks' backward tasks that are ordering
+    // constraints, not uses of its activations (under tensor parallelism every forward chunk precedes every
+    // backward chunk of the microbatch), and re-running F before each of them computed it many times.
     free_after[nd.id].push_back(b);
+    NodeId first = ir::kNoNode;
     for (NodeId c : g.succs(nd.id)) {
       const Node& cn = g.node(c);
       if (cn.kind != NodeKind::kChunk || !ir::is_backward(cn.tags.pass) || cn.pp_rank != r) continue;
-      if (recompute_before.count(c)) continue;
+      if (cn.tags.layer != nd.tags.layer || cn.tags.part != nd.tags.part || cn.tags.mb != nd.tags.mb) continue;
+      if (first == ir::kNoNode || key_of(c) < key_of(first)) first = c;
+    }
+    if (first != ir::kNoNode && !recompute_before.count(first)) {
       Buffer again{next_buffer++, nd.activation_bytes, "act " + nd.name + " (recompute)"};
-      recompute_before[c] = again;
+      recompute_before[first] = again;
       if (last != last_backward.end()) free_after[last->second].push_back(again);
-      out.recompute_of[c] = nd.id;
+      out.recompute_of[first] = nd.id;
     }
   }
   return out;

@@ -69,10 +69,6 @@ Status check_runnable(const Strategy& strategy) {
       return unimplemented(
           what + "tp>1 with pp>1 is run with zero=0 only today (got zero=" + std::to_string(strategy.zero) + ")");
     }
-    if (strategy.recompute != Recompute::kNone) {
-      return unimplemented(what + dim + " is run without recomputation only today (got recompute=" +
-                           to_string(strategy.recompute) + ")");
-    }
     if (strategy.ep > 1 && strategy.a2a != "flat" && strategy.a2a != "halo") {
       return unimplemented(what + "ep>1 runs with a2a=flat or a2a=halo (got a2a=" + strategy.a2a + ")");
     }

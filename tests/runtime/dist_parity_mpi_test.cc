@@ -160,6 +160,18 @@ TEST(Parity, Dp2Zero3RecomputeFull) {
   expect_parity("dp=2,zero=3,recompute=full,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5);
 }
 
+// Recomputation under tensor and expert parallelism: the re-run forward is placed before the chunk's own
+// backward only (under tp every forward chunk also precedes every backward chunk of its microbatch; re-running
+// it before each of those computed the embedding three times, compile/memory_plan.cc).
+TEST(Parity, Tp2Recompute) {
+  expect_parity("tp=2,sp=1,recompute=full,microbatches=4,mbs=1", "microbatches=4,mbs=1", 5);
+  expect_parity("tp=2,sp=1,recompute=selective,microbatches=4,mbs=1", "microbatches=4,mbs=1", 5);
+}
+TEST(Parity, Ep2Recompute) {
+  expect_parity("dp=2,ep=2,recompute=full,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5);
+  expect_parity("dp=2,ep=2,recompute=selective,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5);
+}
+
 // Tensor parallelism with ZeRO: the replicated parameters' partial gradients are reduce-scattered over dp, then
 // their shard is summed over tp (the shards of a chunk cover the same elements on both tensor ranks); the experts
 // are sharded over edp x tp (their reduce-scatter also sums over tp). 5 steps keep these 4-rank tests short.

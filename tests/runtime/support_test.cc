@@ -30,7 +30,10 @@ TEST(RuntimeSupport, ParityStrategiesAreRunnable) {
         // expert parallelism (dist_ep_mpi_test.cc, dist_parity_mpi_test.cc)
         "dp=2,ep=2,a2a=flat,microbatches=2", "dp=2,ep=2,a2a=halo,microbatches=2", "dp=4,ep=4,microbatches=1",
         "dp=4,ep=2,microbatches=1", "pp=2,dp=2,ep=2,schedule=1f1b,microbatches=2",
-        "pp=2,dp=2,ep=2,zero=3,schedule=1f1b,microbatches=2"}) {
+        "pp=2,dp=2,ep=2,zero=3,schedule=1f1b,microbatches=2",
+        // recomputation with tp and ep (dist_parity_mpi_test.cc)
+        "tp=2,sp=1,recompute=full,microbatches=4", "tp=2,sp=1,recompute=selective,microbatches=4",
+        "dp=2,ep=2,recompute=full,microbatches=2", "dp=2,ep=2,recompute=selective,microbatches=2"}) {
     EXPECT_TRUE(check_runnable(parse(s)).ok()) << s << ": " << check_runnable(parse(s)).to_string();
   }
 }
@@ -48,8 +51,6 @@ TEST(RuntimeSupport, UnsupportedDimensionsAreNamed) {
       {"dp=2,tp=2,ep=2,sp=1,microbatches=2", "tp or ep"},
       {"tp=2,sp=1,schedule=zb-h1,microbatches=2", "schedule 1f1b only"},
       {"dp=2,ep=2,pp=2,schedule=dualpipev,microbatches=4", "schedule 1f1b only"},
-      {"tp=2,sp=1,recompute=full,microbatches=2", "without recomputation"},
-      {"dp=2,ep=2,recompute=selective,microbatches=2", "without recomputation"},
       {"pp=2,tp=2,sp=1,zero=1,schedule=1f1b,microbatches=4", "zero=0 only"},
   };
   for (const auto& [strategy, words] : refused) {
