@@ -366,7 +366,8 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
   sub->add_option("--local-search", o->local_search,
                   "simulate at most this many neighbours of the best simulated plan (0: no local search)")
       ->capture_default_str();
-  sub->add_option("--sim-budget-s", o->sim_budget_s, "start no simulation after this many seconds of re-scoring")
+  sub->add_option("--sim-budget-s", o->sim_budget_s,
+                  "re-scoring time limit: no simulation starts, and running ones stop, after this many seconds")
       ->capture_default_str();
   sub->add_flag("--disaggregate", o->disaggregate,
                 "allocate GPUs and NICs to disaggregated attention and FFN groups (af-pipe; roofline + MILP)");

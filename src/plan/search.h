@@ -63,7 +63,8 @@ struct SearchOptions {
   std::function<Verification(const Strategy&, const TrainSpec&)> verifier;
   // Re-scoring with the simulator (rescore.h): the best `simulate_top` returned plans are simulated and the
   // list is ordered by simulated step time; then up to `local_search_steps` neighbours of the best are
-  // simulated. No simulation starts after `simulate_budget_s` seconds of re-scoring. 0 / 0: closed form only.
+  // simulated. No simulation starts after `simulate_budget_s` seconds of re-scoring, and running ones stop then
+  // ("not simulated: budget"). 0 / 0: closed form only.
   int simulate_top = 0;
   int local_search_steps = 0;
   double simulate_budget_s = 60;
