@@ -59,7 +59,7 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
       "threads; simulated: %lld\n",
       static_cast<long long>(st.considered), static_cast<long long>(st.rejected_total()),
       static_cast<long long>(st.scored), static_cast<long long>(st.fitting), format_seconds(st.search_time_s).c_str(),
-      st.threads, static_cast<long long>(st.simulated));
+      st.threads, static_cast<long long>(st.simulated - st.simulate_stopped));
   if (st.verified + st.verify_failed > 0) {
     std::printf("verify    %lld compiled and verified, %lld rejected by the compiler, %s\n",
                 static_cast<long long>(st.verified), static_cast<long long>(st.verify_failed),
@@ -70,11 +70,13 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
     std::printf("verify    %s\n", verify ? "nothing to compile (no plan fits)" : "off (--no-verify)");
   }
   if (st.simulated > 0) {
-    std::printf("simulate  %lld simulated (%lld failed), local search %lld tried / %lld improved, %s%s\n",
-                static_cast<long long>(st.simulated), static_cast<long long>(st.simulate_failed),
-                static_cast<long long>(st.local_search_tried), static_cast<long long>(st.local_search_improved),
-                format_seconds(st.simulate_time_s).c_str(),
-                st.simulate_budget_hit ? " (stopped by --sim-budget-s)" : "");
+    std::printf(
+        "simulate  %lld simulated (%lld failed, %lld stopped by the budget), local search %lld tried / %lld "
+        "improved, %s%s\n",
+        static_cast<long long>(st.simulated - st.simulate_stopped), static_cast<long long>(st.simulate_failed),
+        static_cast<long long>(st.simulate_stopped), static_cast<long long>(st.local_search_tried),
+        static_cast<long long>(st.local_search_improved), format_seconds(st.simulate_time_s).c_str(),
+        st.simulate_budget_hit ? " (stopped by --sim-budget-s)" : "");
   }
   std::printf("rejected by rule:\n");
   for (int k = 0; k < plan::kNumRules; ++k) {
@@ -364,7 +366,8 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
   sub->add_option("--local-search", o->local_search,
                   "simulate at most this many neighbours of the best simulated plan (0: no local search)")
       ->capture_default_str();
-  sub->add_option("--sim-budget-s", o->sim_budget_s, "start no simulation after this many seconds of re-scoring")
+  sub->add_option("--sim-budget-s", o->sim_budget_s,
+                  "re-scoring time limit: no simulation starts, and running ones stop, after this many seconds")
       ->capture_default_str();
   sub->add_flag("--disaggregate", o->disaggregate,
                 "allocate GPUs and NICs to disaggregated attention and FFN groups (af-pipe; roofline + MILP)");
@@ -382,8 +385,9 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
       return invalid_argument("--local-ranks plans for this machine; drop --cluster/--nodes, or drop --local-ranks");
     }
     if (o->local_ranks == 0 && o->cluster.empty()) {
-      return invalid_argument("--cluster is required (a preset such as h800, or a file), or --local-ranks R for "
-                              "this machine");
+      return invalid_argument(
+          "--cluster is required (a preset such as h800, or a file), or --local-ranks R for "
+          "this machine");
     }
     if (o->disaggregate && o->runnable) {
       return invalid_argument(

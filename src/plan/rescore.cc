@@ -18,6 +18,8 @@ size_t simulate_batch(const ModelSpec& model, const ClusterSpec& cluster, const 
                       const SearchOptions& options, int threads, Clock::time_point start, std::vector<Plan*> which,
                       SearchStats* stats) {
   size_t done = 0;
+  const auto deadline =
+      start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.simulate_budget_s));
   while (done < which.size()) {
     if (since(start) >= options.simulate_budget_s) {
       stats->simulate_budget_hit = true;
@@ -32,27 +34,35 @@ size_t simulate_batch(const ModelSpec& model, const ClusterSpec& cluster, const 
           TrainSpec vt = train;
           vt.micro_batch_size = p->strategy.mbs;
           const double capacity = options.memory_fraction * static_cast<double>(cluster.device.memory_bytes);
-          p->verification = options.verifier ? options.verifier(p->strategy, vt)
-                                             : verify_strategy(model, vt, p->strategy, capacity);
+          p->verification =
+              options.verifier ? options.verifier(p->strategy, vt) : verify_strategy(model, vt, p->strategy, capacity);
           p->verified = p->verification.ok;
           if (!p->verified) {
             p->sim_error = "not verified: " + p->verification.message;
             return;
           }
         }
-        auto t = simulate_step_time(model, cluster, train, p->strategy, options);
+        auto t = simulate_step_time(model, cluster, train, p->strategy, options, deadline);
         if (t.ok()) {
           p->simulated = true;
           p->sim_step_time_s = *t;
         } else {
           p->sim_error = t.status().message();
+          p->sim_stopped = t.status().code() == StatusCode::kDeadlineExceeded;
         }
       });
     }
     for (auto& th : pool) th.join();
     for (size_t i = 0; i < n; ++i) {
       ++stats->simulated;
-      if (!which[done + i]->simulated) ++stats->simulate_failed;
+      const Plan* p = which[done + i];
+      if (p->simulated) continue;
+      if (p->sim_stopped) {
+        ++stats->simulate_stopped;
+        stats->simulate_budget_hit = true;
+      } else {
+        ++stats->simulate_failed;
+      }
     }
     done += n;
   }
@@ -68,11 +78,14 @@ bool sim_before(const Plan& a, const Plan& b) {
 }  // namespace
 
 Result<double> simulate_step_time(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
-                                  const Strategy& strategy, const SearchOptions& options) {
+                                  const Strategy& strategy, const SearchOptions& options,
+                                  std::chrono::steady_clock::time_point deadline) {
   TrainSpec t = train;
   t.micro_batch_size = strategy.mbs;
   if (options.simulator) return options.simulator(strategy, t);
-  PIPER_ASSIGN_OR_RETURN(sim::SimReport rep, sim::simulate(model, cluster, t, strategy, options.calibration));
+  sim::SimOptions so;
+  so.deadline = deadline;
+  PIPER_ASSIGN_OR_RETURN(sim::SimReport rep, sim::simulate(model, cluster, t, strategy, options.calibration, so));
   return rep.step_time_s;
 }
 
@@ -169,9 +182,9 @@ void rescore_with_simulator(const ModelSpec& model, const ClusterSpec& cluster, 
     if (better == nullptr) break;
     ++out->stats.local_search_improved;
     best = *better;
-    out->top.erase(std::remove_if(out->top.begin(), out->top.end(),
-                                  [&](const Plan& q) { return q.strategy == best.strategy; }),
-                   out->top.end());
+    out->top.erase(
+        std::remove_if(out->top.begin(), out->top.end(), [&](const Plan& q) { return q.strategy == best.strategy; }),
+        out->top.end());
     out->top.insert(out->top.begin(), best);
   }
   if (static_cast<int>(out->top.size()) > options.top_k) out->top.resize(static_cast<size_t>(options.top_k));

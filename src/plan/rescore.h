@@ -11,19 +11,27 @@
 //      form are simulated, `threads` at a time; the walk moves to the fastest neighbour while it improves, until
 //      options.local_search_steps simulations have been spent. Improving plans join the list (origin
 //      "local-search").
-// No simulation starts after options.simulate_budget_s seconds of re-scoring (the running ones finish), so the
-// command's time stays bounded on large clusters (one DeepSeek-V3 simulation on 2,048 GPUs takes tens of s).
+// The budget: no simulation starts after options.simulate_budget_s seconds of re-scoring, and a running one
+// stops at that deadline (sim::SimOptions::deadline, checked in the simulator's event loop) with
+// "not simulated: budget" in the plan's sim_error (counted in stats.simulate_stopped); such a plan keeps its
+// closed-form place after the simulated ones. So re-scoring takes at most the budget plus one compile, and the
+// command's time stays bounded on large clusters.
 // Thread-safety: a pure function of its arguments (sim::simulate is).
 #pragma once
+
+#include <chrono>
 
 #include "piper/plan/search.h"
 
 namespace piper::plan {
 
 // Simulated step time of `strategy` (the simulator, or options.simulator in tests). Errors: the compiler's or
-// the simulator's message.
-Result<double> simulate_step_time(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
-                                  const Strategy& strategy, const SearchOptions& options);
+// the simulator's message; StatusCode::kDeadlineExceeded ("not simulated: budget ...") when `deadline` passed
+// before the simulation finished (the simulator checks it in its event loop; options.simulator ignores it).
+Result<double> simulate_step_time(
+    const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train, const Strategy& strategy,
+    const SearchOptions& options,
+    std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max());
 
 // The neighbours the local search tries around `s`, before validation (tests use it to check the walk).
 std::vector<Strategy> neighbours(const Strategy& s);

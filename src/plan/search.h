@@ -40,8 +40,9 @@ struct Plan {
   // Re-scoring with the simulator (rescore.h), when it ran on this plan.
   bool simulated = false;
   double sim_step_time_s = 0;
-  std::string sim_error;            // the simulator's message when it failed
-  std::string origin = "search";    // "search" or "local-search"
+  std::string sim_error;          // the simulator's message when it failed or was stopped
+  bool sim_stopped = false;       // stopped by the re-scoring budget ("not simulated: budget ...")
+  std::string origin = "search";  // "search" or "local-search"
   double peak_memory_bytes() const { return estimate.memory.total(); }
   Json to_json() const;
 };
@@ -62,7 +63,8 @@ struct SearchOptions {
   std::function<Verification(const Strategy&, const TrainSpec&)> verifier;
   // Re-scoring with the simulator (rescore.h): the best `simulate_top` returned plans are simulated and the
   // list is ordered by simulated step time; then up to `local_search_steps` neighbours of the best are
-  // simulated. No simulation starts after `simulate_budget_s` seconds of re-scoring. 0 / 0: closed form only.
+  // simulated. No simulation starts after `simulate_budget_s` seconds of re-scoring, and running ones stop then
+  // ("not simulated: budget"). 0 / 0: closed form only.
   int simulate_top = 0;
   int local_search_steps = 0;
   double simulate_budget_s = 60;
@@ -79,11 +81,12 @@ struct SearchStats {
   int threads = 1;
   int64_t verified = 0, verify_failed = 0;
   double verify_time_s = 0;
-  std::string first_verify_failure;  // strategy and compiler message of the first plan that failed
+  std::string first_verify_failure;            // strategy and compiler message of the first plan that failed
   int64_t simulated = 0, simulate_failed = 0;  // simulator runs (re-scoring and local search together)
+  int64_t simulate_stopped = 0;  // runs stopped at the budget's deadline (not failures; counted in `simulated`)
   int64_t local_search_tried = 0, local_search_improved = 0;
   double simulate_time_s = 0;
-  bool simulate_budget_hit = false;  // some planned simulation did not start because of simulate_budget_s
+  bool simulate_budget_hit = false;  // some planned simulation did not start, or was stopped, by simulate_budget_s
   int64_t rejected_total() const;
   Json to_json() const;
 };

@@ -1,6 +1,7 @@
 #include "piper/sim/plan_exec.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <deque>
 #include <limits>
@@ -118,7 +119,10 @@ class Executor {
  public:
   Executor(const compile::Plan& plan, const Network& net, const SimOptions& options, CommTemplates templates,
            std::vector<TemplateInfo> infos)
-      : plan_(plan), options_(options), templates_(std::move(templates)), infos_(std::move(infos)),
+      : plan_(plan),
+        options_(options),
+        templates_(std::move(templates)),
+        infos_(std::move(infos)),
         fluid_(net.link_bandwidths()) {}
 
   Result<SimResult> run();
@@ -259,8 +263,9 @@ Status Executor::arrive_p2p(int ri, int s, const Instruction& in) {
   const RankState& r = ranks_[static_cast<size_t>(ri)];
   const compile::RankCoord& c = plan_.coords[static_cast<size_t>(r.rank)];
   if (in.peer < 0 || in.peer >= plan_.mesh.pp) {
-    return invalid_argument("rank " + std::to_string(r.rank) + " instruction '" + in.label + "' names peer pipeline rank " +
-                            std::to_string(in.peer) + " outside 0.." + std::to_string(plan_.mesh.pp - 1));
+    return invalid_argument("rank " + std::to_string(r.rank) + " instruction '" + in.label +
+                            "' names peer pipeline rank " + std::to_string(in.peer) + " outside 0.." +
+                            std::to_string(plan_.mesh.pp - 1));
   }
   // Same (dp, tp) coordinates on the peer's pipeline rank.
   const int slice = plan_.mesh.dp * plan_.mesh.tp;
@@ -394,10 +399,22 @@ Result<SimResult> Executor::run() {
     ranks_.push_back(std::move(r));
   }
   for (size_t ri = 0; ri < ranks_.size(); ++ri) {
-    for (size_t s = 0; s < ranks_[ri].streams.size(); ++s) work_.emplace_back(static_cast<int>(ri), static_cast<int>(s));
+    for (size_t s = 0; s < ranks_[ri].streams.size(); ++s)
+      work_.emplace_back(static_cast<int>(ri), static_cast<int>(s));
   }
   std::vector<int64_t> done;
+  const bool has_deadline = options_.deadline != std::chrono::steady_clock::time_point::max();
+  int64_t loop_events = 0;
   while (true) {
+    // The clock is read every 1,024 event-loop rounds (a round is a few microseconds), so a deadline is honoured
+    // within milliseconds at a negligible cost.
+    if (has_deadline && (++loop_events & 1023) == 0 && std::chrono::steady_clock::now() >= options_.deadline) {
+      return deadline_exceeded(
+          "not simulated: budget: the simulation passed its wall-clock deadline after " + std::to_string(loop_events) +
+          " event-loop rounds (" + std::to_string(instructions_) + " instructions, " +
+          std::to_string(fluid_.flows_started()) + " flows, " + std::to_string(fluid_.rate_updates()) +
+          " rate updates) at simulated t=" + std::to_string(now_) + " s; give it more time (plan --sim-budget-s)");
+    }
     while (!work_.empty()) {
       auto [ri, s] = work_.back();
       work_.pop_back();
@@ -446,9 +463,11 @@ Result<SimResult> Executor::run() {
     }
   }
   if (count > 0) {
-    return failed_precondition("simulation deadlocked at t=" + std::to_string(now_) + " s with " + std::to_string(count) +
+    return failed_precondition("simulation deadlocked at t=" + std::to_string(now_) + " s with " +
+                               std::to_string(count) +
                                " blocked streams (first ones below); the plan's order, events or send/recv pairs do "
-                               "not match" + blocked);
+                               "not match" +
+                               blocked);
   }
   SimResult out;
   out.reduced = !options_.full;
@@ -471,8 +490,8 @@ Result<SimResult> simulate_plan(const compile::Plan& plan, const ir::Graph& grap
   if (plan.templates.empty() || plan.world_size < 1) return invalid_argument("simulate_plan: the plan has no ranks");
   if (plan.world_size % std::max(1, plan.mesh.dp * plan.mesh.tp) != 0 ||
       plan.world_size != plan.mesh.pp * plan.mesh.dp * plan.mesh.tp) {
-    return invalid_argument("simulate_plan: world_size " + std::to_string(plan.world_size) + " is not pp*dp*tp = " +
-                            std::to_string(plan.mesh.pp * plan.mesh.dp * plan.mesh.tp));
+    return invalid_argument("simulate_plan: world_size " + std::to_string(plan.world_size) +
+                            " is not pp*dp*tp = " + std::to_string(plan.mesh.pp * plan.mesh.dp * plan.mesh.tp));
   }
   PIPER_ASSIGN_OR_RETURN(CommTemplates templates, CommTemplates::create(net, plan, !options.full));
   std::vector<TemplateInfo> infos;

@@ -24,6 +24,7 @@
 // Thread-safety: a pure function of its inputs.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -43,6 +44,11 @@ struct SimOptions {
   // simulate() only: compile with LowerOptions::interleave_overlap (DualPipeV/AF-Pipe F&B slots alternate chunk by
   // chunk). On by default, as in `piper compile`, so the simulated plan is the compiled one.
   bool interleave_overlap = true;
+  // Wall-clock deadline (steady_clock): the event loop checks it every 1,024 event-loop rounds and gives up with
+  // StatusCode::kDeadlineExceeded ("not simulated: budget ...", naming the simulated time reached and the events
+  // run) once it has passed. The default (time_point::max()) never stops. Callers with a time budget
+  // (plan/rescore.h) set it so that one long simulation cannot overrun the budget.
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
 };
 
 struct InstrSpan {
@@ -85,7 +91,8 @@ struct SimResult {
 };
 
 // Errors: a plan that needs more devices than the network has, an instruction the TaskTimeFn cannot price, an unknown
-// group axis, and a deadlock (names every blocked rank, stream and instruction).
+// group axis, a deadlock (names every blocked rank, stream and instruction), and kDeadlineExceeded when
+// options.deadline passed before the step was simulated.
 Result<SimResult> simulate_plan(const compile::Plan& plan, const ir::Graph& graph, const Network& net,
                                 const TaskTimeFn& task_time, const SimOptions& options = {});
 

@@ -23,6 +23,11 @@ Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, c
   if (!compiled.ok()) return compiled.status().with_context("simulate");
   rep.compiled = std::move(compiled).value();
   auto t1 = std::chrono::steady_clock::now();
+  if (t1 >= options.deadline) {
+    return deadline_exceeded("not simulated: budget: the wall-clock deadline passed while compiling (" +
+                             std::to_string(std::chrono::duration<double>(t1 - t0).count()) +
+                             " s); give it more time (plan --sim-budget-s)");
+  }
   PIPER_ASSIGN_OR_RETURN(Network net, Network::build(cluster));
   PIPER_ASSIGN_OR_RETURN(rep.sim, simulate_plan(rep.compiled.plan, rep.compiled.graph, net, task_time, options));
   auto t2 = std::chrono::steady_clock::now();
@@ -34,7 +39,8 @@ Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, c
   rep.tokens_per_step = static_cast<double>(batch) * static_cast<double>(train.seq_len);
   if (rep.step_time_s > 0) {
     rep.tokens_per_s = rep.tokens_per_step / rep.step_time_s;
-    rep.mfu = cm.flops_per_token() * rep.tokens_per_s / (static_cast<double>(rep.world_size) * cm.device().peak_flops());
+    rep.mfu =
+        cm.flops_per_token() * rep.tokens_per_s / (static_cast<double>(rep.world_size) * cm.device().peak_flops());
     double bubble = 0, exposed = 0;
     for (const RankStats& r : rep.sim.ranks) {
       bubble += r.bubble_s;
@@ -44,7 +50,8 @@ Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, c
     rep.bubble_fraction = bubble / denom;
     rep.exposed_comm_fraction = exposed / denom;
   }
-  for (const RankStats& r : rep.sim.ranks) rep.peak_memory_max_bytes = std::max(rep.peak_memory_max_bytes, r.peak_bytes);
+  for (const RankStats& r : rep.sim.ranks)
+    rep.peak_memory_max_bytes = std::max(rep.peak_memory_max_bytes, r.peak_bytes);
   rep.device_memory_bytes = static_cast<double>(cluster.device.memory_bytes);
   return rep;
 }
@@ -81,12 +88,9 @@ Json SimReport::to_json() const {
   j["simulated_ranks"] = sim.ranks.size();
   j["representative"] = sim.reduced;
   j["ranks"] = ranks;
-  j["counters"] = {{"instructions", sim.instructions},
-                   {"flows", sim.flows},
-                   {"rate_updates", sim.rate_updates},
-                   {"comm_templates", sim.comm_templates},
-                   {"compile_wall_s", compile_wall_s},
-                   {"simulate_wall_s", simulate_wall_s}};
+  j["counters"] = {{"instructions", sim.instructions}, {"flows", sim.flows},
+                   {"rate_updates", sim.rate_updates}, {"comm_templates", sim.comm_templates},
+                   {"compile_wall_s", compile_wall_s}, {"simulate_wall_s", simulate_wall_s}};
   return j;
 }
 

@@ -72,6 +72,36 @@ TEST(CliPlanTest, TextTableListsPlansAndRules) {
   EXPECT_NE(out.find("schedule="), std::string::npos) << out;
 }
 
+// --sim-budget-s stops simulations that are already running: DeepSeek-V2-Lite on 4 H800 nodes takes about
+// 0.25 s per simulation (idle machine); with a 10 ms budget both planned simulations stop at the deadline, the
+// command says so, keeps the closed-form order and still succeeds.
+TEST(CliPlanTest, SimulationBudgetStopsRunningSimulations) {
+  int rc = 0;
+  std::string out =
+      run("plan --model deepseek-v2-lite --cluster h800 --nodes 4 --global-batch 256 --seq 4096 --top 2 "
+          "--local-search 0 --sim-budget-s 0.01 --json",
+          &rc, false);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = piper::Json::parse(out);
+  const auto& search = j["search"];
+  EXPECT_TRUE(search["simulate_budget_hit"].get<bool>()) << out;
+  EXPECT_EQ(search["simulate_stopped"].get<int64_t>(), 2) << out;
+  EXPECT_EQ(search["simulate_failed"].get<int64_t>(), 0) << out;
+  ASSERT_EQ(j["plans"].size(), 2u) << out;
+  for (const auto& p : j["plans"]) {
+    EXPECT_FALSE(p["simulated"].get<bool>()) << out;
+    EXPECT_TRUE(p["simulation_stopped_by_budget"].get<bool>()) << out;
+    EXPECT_NE(p["simulation_error"].get<std::string>().find("not simulated: budget"), std::string::npos) << out;
+  }
+  out =
+      run("plan --model deepseek-v2-lite --cluster h800 --nodes 4 --global-batch 256 --seq 4096 --top 2 "
+          "--local-search 0 --sim-budget-s 0.01",
+          &rc);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("2 stopped by the budget"), std::string::npos) << out;
+  EXPECT_NE(out.find("(stopped by --sim-budget-s)"), std::string::npos) << out;
+}
+
 TEST(CliPlanTest, FitsNowhereNamesTheMinimumMemoryAndClosestPlan) {
   int rc = 0;
   std::string out = run("plan --model deepseek-v3 --cluster h800 --nodes 1 --global-batch 64 --seq 4096", &rc);

@@ -157,6 +157,50 @@ TEST(RescoreTest, ZeroBudgetStartsNothing) {
   for (const Plan& p : r->top) EXPECT_FALSE(p.simulated);
 }
 
+// A simulation that runs past the budget is stopped at the deadline (not only "no new start"): DeepSeek-V3 on
+// 16 H800 nodes with ZeRO-3 over dp=64 takes about 16 s to simulate on an idle core (docs/planner.md); with a
+// 0.5 s budget it stops, the plan says why and keeps its closed-form place after the simulated one.
+TEST(RescoreTest, BudgetStopsARunningSimulation) {
+  auto m = load_model("deepseek-v3");
+  auto cl = load_cluster("h800", 16);
+  ASSERT_TRUE(m.ok() && cl.ok());
+  TrainSpec t;
+  t.global_batch = 960;
+  t.seq_len = 4096;
+  auto slow = Strategy::parse(
+      "dp=64,pp=2,ep=32,zero=3,recompute=full,schedule=dualpipev,microbatches=15,mbs=1,a2a=halo,order=tp-pp-dp-ep");
+  ASSERT_TRUE(slow.ok()) << slow.status().message();
+  SearchOptions o;
+  o.top_k = 2;
+  o.verify = false;
+  o.simulate_top = 1;
+  o.local_search_steps = 0;
+  o.simulate_budget_s = 0.5;
+  SearchResult r;
+  Plan p;
+  p.strategy = *slow;
+  r.top.push_back(p);
+  Plan q = p;  // beyond simulate_top: never simulated
+  q.strategy.zero = 1;
+  r.top.push_back(q);
+  rescore_with_simulator(*m, *cl, t, o, 1, &r);
+  ASSERT_EQ(r.top.size(), 2u);
+  const Plan& first = r.top[0];
+  EXPECT_FALSE(first.simulated);
+  EXPECT_TRUE(first.sim_stopped);
+  EXPECT_EQ(first.strategy, *slow);  // closed-form order kept
+  EXPECT_NE(first.sim_error.find("not simulated: budget"), std::string::npos) << first.sim_error;
+  EXPECT_EQ(r.stats.simulated, 1);
+  EXPECT_EQ(r.stats.simulate_stopped, 1);
+  EXPECT_EQ(r.stats.simulate_failed, 0);
+  EXPECT_TRUE(r.stats.simulate_budget_hit);
+  // Compile (about 0.1 s) + the budget + one clock check; far below the full simulation.
+  EXPECT_LT(r.stats.simulate_time_s, 5.0);
+  const Json j = first.to_json();
+  EXPECT_TRUE(j["simulation_stopped_by_budget"].get<bool>());
+  EXPECT_EQ(r.stats.to_json()["simulate_stopped"].get<int64_t>(), 1);
+}
+
 TEST(RescoreTest, BadOptionsAreRejectedByName) {
   Case c = tiny_moe();
   SearchOptions o;

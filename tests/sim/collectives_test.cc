@@ -50,6 +50,33 @@ TEST(CollectivesTest, RingAllReduceMatchesAlphaBetaAcrossNodes) {
   EXPECT_NEAR(ag, rs, 1e-9);
 }
 
+// Long rings run as kMaxRingStages stages of consecutive steps: on uniform links the time is still the alpha-beta
+// closed form of n-1 steps, with ~(n-1)/64 times fewer flows; rings of up to 64 steps keep one flow per step.
+TEST(CollectivesTest, LongRingsRunInStagesWithTheSameTime) {
+  for (int n : {65, 200, 1024}) {
+    Network net = Network::build(make_cluster(n, 1, 0, 1, 25e9, 0, 5e-6)).value();
+    for (double bytes : {1e6, 1e9}) {
+      FlowSim sim(net.link_bandwidths());
+      CollectiveFlows c = add_ring_all_gather(net, &sim, iota(n), bytes).value();
+      const double t = finish_time_s(sim.run(), c);
+      const double closed = (n - 1.0) / n * bytes / 25e9 + (n - 1) * 5e-6;
+      EXPECT_NEAR(t, closed, 1e-9 * closed) << n << " " << bytes;
+      const int g = (n - 1 + kMaxRingStages - 1) / kMaxRingStages;
+      const int stages = (n - 1 + g - 1) / g;
+      EXPECT_LE(stages, kMaxRingStages);
+      EXPECT_EQ(c.phases.size(), static_cast<size_t>(stages)) << n;
+      EXPECT_EQ(c.flows.size(), static_cast<size_t>(stages * n)) << n;
+      if (n == 65) {
+        EXPECT_EQ(stages, 64);
+      }
+    }
+    FlowSim sim(net.link_bandwidths());
+    CollectiveFlows ar = add_ring_all_reduce(net, &sim, iota(n), 1e9).value();
+    const double closed = 2.0 * (n - 1) / n * 1e9 / 25e9 + 2 * (n - 1) * 5e-6;
+    EXPECT_NEAR(finish_time_s(sim.run(), ar), closed, 1e-9 * closed) << n;
+  }
+}
+
 TEST(CollectivesTest, TreeAllReduceByHand) {
   // 3 ranks on a 100 GB/s switch, alpha 1 us, one chunk: both leaves send 1 GB to the root, whose in-port they
   // share (0.02 s), then the root sends 1 GB to each leaf through its shared out-port (0.02 s): 0.04 s + 2 alpha.

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 
@@ -127,8 +128,8 @@ TEST(PlanExecTest, UnitCostMakespansEqualTheScheduleSimulator) {
     const char* schedule;
     int pp, vpp, m;
   };
-  const Row rows[] = {{"gpipe", 4, 1, 8}, {"1f1b", 4, 1, 8}, {"1f1b", 3, 1, 5}, {"interleaved", 2, 2, 4},
-                      {"zb-h1", 4, 1, 8}};
+  const Row rows[] = {
+      {"gpipe", 4, 1, 8}, {"1f1b", 4, 1, 8}, {"1f1b", 3, 1, 5}, {"interleaved", 2, 2, 4}, {"zb-h1", 4, 1, 8}};
   for (const Row& row : rows) {
     Strategy s;
     s.pp = row.pp;
@@ -327,6 +328,46 @@ TEST(PlanExecTest, ErrorsNameTheProblem) {
   r = simulate_plan(broken, compiled->graph, net, unit_task_time("attn"));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("deadlocked"), std::string::npos) << r.status().message();
+}
+
+// SimOptions::deadline: a simulation whose wall-clock deadline has passed stops in its event loop with
+// kDeadlineExceeded ("not simulated: budget"), naming how far it got; a deadline far away changes nothing.
+// (plan/rescore.h relies on it to keep `piper plan` within --sim-budget-s.)
+TEST(PlanExecTest, DeadlineStopsTheSimulation) {
+  ModelSpec m = model("tiny-moe");
+  Strategy s = strategy("dp=8,ep=8,zero=3,microbatches=32");
+  TrainSpec t = train(512);
+  t.global_batch = s.global_batch();
+  auto compiled = compile::compile_strategy(m, t, s);
+  ASSERT_TRUE(compiled.ok()) << compiled.status().message();
+  Network net = Network::build(testing::make_cluster(2, 4, 100e9, 2, 5e9, 2e-6, 5e-6)).value();
+  auto free_run = simulate_plan(compiled->plan, compiled->graph, net, unit_task_time("attn"));
+  ASSERT_TRUE(free_run.ok()) << free_run.status().message();
+  // Enough work for the loop to look at the clock (every 1,024 rounds; each round completes at least one
+  // instruction or network event).
+  ASSERT_GT(free_run->instructions, 4096);
+
+  SimOptions far;
+  far.deadline = std::chrono::steady_clock::now() + std::chrono::hours(1);
+  auto with_far = simulate_plan(compiled->plan, compiled->graph, net, unit_task_time("attn"), far);
+  ASSERT_TRUE(with_far.ok()) << with_far.status().message();
+  EXPECT_EQ(with_far->step_time_s, free_run->step_time_s);
+  EXPECT_EQ(with_far->instructions, free_run->instructions);
+
+  SimOptions passed;
+  passed.deadline = std::chrono::steady_clock::now();
+  auto stopped = simulate_plan(compiled->plan, compiled->graph, net, unit_task_time("attn"), passed);
+  ASSERT_FALSE(stopped.ok());
+  EXPECT_EQ(stopped.status().code(), StatusCode::kDeadlineExceeded) << stopped.status().to_string();
+  EXPECT_NE(stopped.status().message().find("not simulated: budget"), std::string::npos) << stopped.status().message();
+  EXPECT_NE(stopped.status().message().find("simulated t="), std::string::npos) << stopped.status().message();
+
+  // simulate() checks the deadline after compiling too.
+  ClusterSpec c = testing::make_cluster(2, 4, 100e9, 2, 5e9, 2e-6, 5e-6);
+  c.device = cluster("dgx-h100", 1).device;
+  auto whole = simulate(m, c, t, s, {}, passed);
+  ASSERT_FALSE(whole.ok());
+  EXPECT_EQ(whole.status().code(), StatusCode::kDeadlineExceeded) << whole.status().to_string();
 }
 
 }  // namespace
