@@ -28,6 +28,7 @@ struct BenchCommFlags {
   int top_k = 4;
   bool json = false;
   bool no_calibrate = false;
+  bool interleave = true;
   std::string calibration_out;
   std::string mpirun_args;
 };
@@ -67,6 +68,7 @@ Status run_bench(const BenchCommFlags& f) {
   options.num_experts = f.experts;
   options.top_k = f.top_k;
   options.calibrate = !f.no_calibrate;
+  options.interleave = f.interleave;
   if (trim(f.halo_direct) == "0") {
     options.halo_direct_pair_bytes = 0;
   } else {
@@ -143,6 +145,10 @@ PIPER_REGISTER_BENCH(
       sub->add_option("--sizes", f->sizes, "bytes per pair, comma separated (4096, 64KiB, 1MiB)")
           ->capture_default_str();
       sub->add_option("--iterations", f->iterations, "timed iterations per point")->capture_default_str();
+      sub->add_flag("--interleave,!--no-interleave", f->interleave,
+                    "run the candidates of a row (MPI, pairwise, HALO) interleaved, one call of each per "
+                    "iteration (default); --no-interleave times each in a block of iterations")
+          ->capture_default_str();
       sub->add_option("--tokens", f->tokens, "MoE dispatch: tokens per rank (0 skips)")->capture_default_str();
       sub->add_option("--token-bytes", f->token_bytes, "MoE dispatch/combine: bytes per token (multiple of 4)")
           ->capture_default_str();

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <sstream>
 
@@ -48,20 +49,38 @@ Status barrier(Communicator& w) {
   return w.wait(h, kTimeoutS);
 }
 
-// Median over iterations of the slowest rank's time.
-template <typename Fn>
-Result<double> time_op(Communicator& w, const CommBenchOptions& o, Fn&& fn) {
-  std::vector<double> samples;
-  for (int i = 0; i < o.warmup + o.iterations; ++i) {
+// For each of `fns`: the median over iterations of the slowest rank's time (barrier before each call). With
+// o.interleave the candidates run one call of each per iteration, starting at a different one every
+// iteration, so that a change of the machine's load during the run (other processes on a shared machine)
+// shifts all of them alike instead of favouring the one that happened to run in a quiet moment; otherwise
+// each runs all its iterations in a block.
+Result<std::vector<double>> time_ops(Communicator& w, const CommBenchOptions& o,
+                                     const std::vector<std::function<Status()>>& fns) {
+  std::vector<std::vector<double>> samples(fns.size());
+  auto time_one = [&](size_t f, int i) -> Status {
     PIPER_RETURN_IF_ERROR(barrier(w));
     auto t0 = Clock::now();
-    PIPER_RETURN_IF_ERROR(fn());
+    PIPER_RETURN_IF_ERROR(fns[f]());
     double dt = std::chrono::duration<double>(Clock::now() - t0).count();
     PIPER_ASSIGN_OR_RETURN(auto all, gather_doubles(w, dt));
-    if (i >= o.warmup) samples.push_back(*std::max_element(all.begin(), all.end()));
+    if (i >= o.warmup) samples[f].push_back(*std::max_element(all.begin(), all.end()));
+    return ok_status();
+  };
+  if (o.interleave) {
+    for (int i = 0; i < o.warmup + o.iterations; ++i) {
+      for (size_t k = 0; k < fns.size(); ++k) PIPER_RETURN_IF_ERROR(time_one((k + i) % fns.size(), i));
+    }
+  } else {
+    for (size_t f = 0; f < fns.size(); ++f) {
+      for (int i = 0; i < o.warmup + o.iterations; ++i) PIPER_RETURN_IF_ERROR(time_one(f, i));
+    }
   }
-  std::sort(samples.begin(), samples.end());
-  return samples[samples.size() / 2];
+  std::vector<double> medians;
+  for (auto& s : samples) {
+    std::sort(s.begin(), s.end());
+    medians.push_back(s[s.size() / 2]);
+  }
+  return medians;
 }
 
 // Half round trip between ranks a and b for `bytes` bytes (seen by every rank).
@@ -193,16 +212,20 @@ Result<CombineTiming> bench_combine(Communicator& world, HaloContext& halo, cons
   std::vector<float> weights(routing.dest_ranks.size(), 1.0f / static_cast<float>(o.top_k));
   std::vector<float> flat_y, halo_y;
   CombineTiming c;
-  PIPER_ASSIGN_OR_RETURN(c.mpi_s, time_op(world, o, [&]() -> Status {
-                           PIPER_ASSIGN_OR_RETURN(flat_y, flat_combine(world, outputs, hidden, routing, weights,
-                                                                       FlatDispatchKind::kMpiAllToAllV, kTimeoutS));
-                           return ok_status();
-                         }));
-  PIPER_ASSIGN_OR_RETURN(c.halo_s, time_op(world, o, [&]() -> Status {
-                           PIPER_ASSIGN_OR_RETURN(halo_y,
-                                                  halo_combine(halo, outputs, hidden, routing, weights, kTimeoutS));
-                           return ok_status();
-                         }));
+  PIPER_ASSIGN_OR_RETURN(
+      auto times, time_ops(world, o,
+                           {[&]() -> Status {
+                              PIPER_ASSIGN_OR_RETURN(flat_y, flat_combine(world, outputs, hidden, routing, weights,
+                                                                          FlatDispatchKind::kMpiAllToAllV, kTimeoutS));
+                              return ok_status();
+                            },
+                            [&]() -> Status {
+                              PIPER_ASSIGN_OR_RETURN(halo_y,
+                                                     halo_combine(halo, outputs, hidden, routing, weights, kTimeoutS));
+                              return ok_status();
+                            }}));
+  c.mpi_s = times[0];
+  c.halo_s = times[1];
   double diff = 0;
   for (size_t i = 0; i < flat_y.size(); ++i)
     diff = std::max(diff, static_cast<double>(std::fabs(flat_y[i] - halo_y[i])));
@@ -244,17 +267,18 @@ Result<CommBenchReport> run_comm_bench(Communicator& world, const CommBenchOptio
     std::vector<size_t> counts(p, per_pair);
     AllToAllTiming row;
     row.bytes_per_pair = per_pair;
-    PIPER_ASSIGN_OR_RETURN(row.mpi_s, time_op(world, o, [&]() -> Status {
-                             PIPER_ASSIGN_OR_RETURN(Handle h,
-                                                    world.all_to_all_v(send.data(), counts, recv.data(), counts));
-                             return world.wait(h, kTimeoutS);
-                           }));
-    PIPER_ASSIGN_OR_RETURN(row.pairwise_s, time_op(world, o, [&]() {
-                             return pairwise_all_to_all_v(world, send.data(), counts, recv.data(), counts, kTimeoutS);
-                           }));
-    PIPER_ASSIGN_OR_RETURN(row.halo_s, time_op(world, o, [&]() {
-                             return halo_all_to_all_v(*halo, send.data(), counts, recv.data(), counts, kTimeoutS);
-                           }));
+    PIPER_ASSIGN_OR_RETURN(
+        auto times,
+        time_ops(world, o,
+                 {[&]() -> Status {
+                    PIPER_ASSIGN_OR_RETURN(Handle h, world.all_to_all_v(send.data(), counts, recv.data(), counts));
+                    return world.wait(h, kTimeoutS);
+                  },
+                  [&]() { return pairwise_all_to_all_v(world, send.data(), counts, recv.data(), counts, kTimeoutS); },
+                  [&]() { return halo_all_to_all_v(*halo, send.data(), counts, recv.data(), counts, kTimeoutS); }}));
+    row.mpi_s = times[0];
+    row.pairwise_s = times[1];
+    row.halo_s = times[2];
     PIPER_ASSIGN_OR_RETURN(row.halo_phases, summarize(world, halo->last_stats()));
     report.all_to_all.push_back(row);
   }
@@ -266,13 +290,17 @@ Result<CommBenchReport> run_comm_bench(Communicator& world, const CommBenchOptio
     // Both keep their buffers from iteration to iteration (as a training step would).
     DispatchResult flat_rows, halo_rows;
     std::vector<uint8_t> flat_pack;
-    PIPER_ASSIGN_OR_RETURN(report.dispatch.mpi_s, time_op(world, o, [&]() {
-                             return flat_dispatch(world, tokens.data(), o.token_bytes, routing,
-                                                  FlatDispatchKind::kMpiAllToAllV, kTimeoutS, &flat_rows, &flat_pack);
-                           }));
-    PIPER_ASSIGN_OR_RETURN(report.dispatch.halo_s, time_op(world, o, [&]() {
-                             return halo_dispatch(*halo, tokens.data(), o.token_bytes, routing, kTimeoutS, &halo_rows);
-                           }));
+    PIPER_ASSIGN_OR_RETURN(
+        auto times,
+        time_ops(
+            world, o,
+            {[&]() {
+               return flat_dispatch(world, tokens.data(), o.token_bytes, routing, FlatDispatchKind::kMpiAllToAllV,
+                                    kTimeoutS, &flat_rows, &flat_pack);
+             },
+             [&]() { return halo_dispatch(*halo, tokens.data(), o.token_bytes, routing, kTimeoutS, &halo_rows); }}));
+    report.dispatch.mpi_s = times[0];
+    report.dispatch.halo_s = times[1];
     PIPER_ASSIGN_OR_RETURN(report.dispatch.halo_phases, summarize(world, halo->last_stats()));
     if (flat_rows.rows != halo_rows.rows) {
       return internal_error("bench comm: HALO dispatch and flat dispatch delivered different bytes on rank " +
@@ -320,6 +348,7 @@ OrderedJson to_json(const CommBenchReport& r) {
   j["lanes"] = r.lanes;
   j["halo_direct_pair_bytes"] = r.halo_direct_pair_bytes;
   j["iterations"] = r.options.iterations;
+  j["interleaved"] = r.options.interleave;
   OrderedJson rows = OrderedJson::array();
   for (const AllToAllTiming& t : r.all_to_all) {
     OrderedJson row;
@@ -393,7 +422,8 @@ std::string to_text(const CommBenchReport& r) {
   char line[256];
   os << "piper bench comm: " << r.ranks << " ranks, " << r.ranks_per_node << " per node, " << r.lanes
      << " lane(s), HALO sends remote blocks of >= " << format_bytes(static_cast<double>(r.halo_direct_pair_bytes))
-     << " directly (0 B: none); median of " << r.options.iterations << " iterations, slowest rank\n";
+     << " directly (0 B: none); median of " << r.options.iterations << " iterations"
+     << (r.options.interleave ? " (candidates interleaved)" : " (each candidate in a block)") << ", slowest rank\n";
   std::snprintf(line, sizeof(line), "%12s %14s %14s %14s %10s\n", "bytes/pair", "MPI busbw", "pairwise busbw",
                 "HALO busbw", "HALO/MPI");
   os << line;

@@ -4,10 +4,11 @@
 // reduction inside the expert's node), and alpha-beta figures from ping-pongs.
 //
 // Conventions (nccl-tests): each timing is the median over iterations of the slowest rank's time, each
-// iteration starting after a barrier. For an all-to-all with S bytes per rank (S = bytes_per_pair * P),
-// algbw = S / t and busbw = algbw * (P - 1) / P. A dispatch's effective token throughput is the number of
-// tokens dispatched by all ranks per second (each token carries top_k slots). Ratios are against the MPI
-// baseline measured in the same run. Collective over `world`; the report is complete on every rank.
+// iteration starting after a barrier; the candidates compared in one row (MPI, pairwise, HALO) run interleaved,
+// one call of each per iteration, so that load changes on a shared machine hit them alike. For an all-to-all with S
+// bytes per rank (S = bytes_per_pair * P), algbw = S / t and busbw = algbw * (P - 1) / P. A dispatch's effective token
+// throughput is the number of tokens dispatched by all ranks per second (each token carries top_k slots). Ratios are
+// against the MPI baseline measured in the same run. Collective over `world`; the report is complete on every rank.
 #pragma once
 
 #include <cstddef>
@@ -29,6 +30,9 @@ struct CommBenchOptions {
   std::vector<size_t> bytes_per_pair = {4096, 65536, 262144, 1048576};
   int iterations = 10;
   int warmup = 2;
+  // true: the candidates of a row run interleaved (one call of each per iteration); false: each runs all its
+  // iterations in a block (the method of the session-3/4 measurements in docs/comm.md).
+  bool interleave = true;
   // MoE dispatch: tokens_per_rank tokens of token_bytes each, top_k of num_experts experts (uniform random,
   // distinct), experts spread evenly over the ranks. 0 tokens skips the dispatch benchmark.
   int64_t tokens_per_rank = 512;

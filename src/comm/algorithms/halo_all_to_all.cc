@@ -160,8 +160,36 @@ Status halo_all_to_all_v(HaloContext& context, const void* send, std::span<const
     return invalid_argument("halo all_to_all_v: rank " + std::to_string(me) + " sends itself " +
                             std::to_string(send_bytes[me]) + " bytes but expects " + std::to_string(recv_bytes[me]));
   }
-  // Size tables of the node: for each local rank, its P send counts then its P receive counts.
   const auto start = std::chrono::steady_clock::now();
+  context.last_stats() = HaloExchangeStats{};
+  HaloExchangeStats& stats = context.last_stats();
+  const auto* src = static_cast<const uint8_t*>(send);
+  auto* dst = static_cast<uint8_t*>(recv);
+  // Large blocks between nodes: straight to their destination. Whether a block is direct depends only on its
+  // own size, which both ends know, so they are posted first, before the node's size exchange, and overlap it
+  // and the batched exchange of the smaller blocks (every test of the engine progresses them too). Sends
+  // before receives, as in pairwise_all_to_all_v (see its header: with receives first, OpenMPI's TCP
+  // rendezvous serializes the two directions of a node pair).
+  const size_t direct_bytes = context.direct_pair_bytes();
+  auto remote_direct = [&](int peer, size_t bytes) {
+    return t.node_of(peer) != t.node_of(me) && direct_bytes > 0 && bytes >= direct_bytes;
+  };
+  std::vector<Handle> direct;
+  for (int i = 1; i < p; ++i) {
+    int peer = (me + i) % p;
+    if (!remote_direct(peer, send_bytes[peer])) continue;
+    PIPER_ASSIGN_OR_RETURN(Handle s, comm.isend(src + sdispl[peer], send_bytes[peer], peer, kRemoteDirectTag));
+    direct.push_back(std::move(s));
+    stats.messages_inter += 1;
+    stats.bytes_inter += static_cast<int64_t>(send_bytes[peer]);
+  }
+  for (int i = 1; i < p; ++i) {
+    int peer = (me + p - i) % p;
+    if (!remote_direct(peer, recv_bytes[peer])) continue;
+    PIPER_ASSIGN_OR_RETURN(Handle r, comm.irecv(dst + rdispl[peer], recv_bytes[peer], peer, kRemoteDirectTag));
+    direct.push_back(std::move(r));
+  }
+  // Size tables of the node: for each local rank, its P send counts then its P receive counts.
   std::vector<uint64_t> mine(2 * p);
   for (int i = 0; i < p; ++i) {
     mine[i] = send_bytes[i];
@@ -171,32 +199,10 @@ Status halo_all_to_all_v(HaloContext& context, const void* send, std::span<const
   PIPER_ASSIGN_OR_RETURN(Handle h, context.node().all_gather(mine.data(), table.data(), mine.size() * 8));
   PIPER_RETURN_IF_ERROR(context.node().wait(h, timeout_s));
   context.scratch().reset();
-  context.last_stats() = HaloExchangeStats{};
-  HaloExchangeStats& stats = context.last_stats();
   stats.metadata_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
-  const auto* src = static_cast<const uint8_t*>(send);
-  auto* dst = static_cast<uint8_t*>(recv);
   if (send_bytes[me] > 0) std::memcpy(dst + rdispl[me], src + sdispl[me], send_bytes[me]);
-  BlockPayload payload(t, me, src, sdispl, dst, rdispl, std::move(table), context.direct_pair_bytes(),
-                       context.scratch());
-  // Large blocks between nodes: straight to their destination, posted before the batched exchange so that
-  // they overlap it (every test of the engine progresses them too).
-  std::vector<Handle> direct;
-  for (int i = 1; i < p; ++i) {
-    int peer = (me + p - i) % p;
-    if (t.node_of(peer) == t.node_of(me) || !payload.is_direct(recv_bytes[peer])) continue;
-    PIPER_ASSIGN_OR_RETURN(Handle r, comm.irecv(dst + rdispl[peer], recv_bytes[peer], peer, kRemoteDirectTag));
-    direct.push_back(std::move(r));
-  }
-  for (int i = 1; i < p; ++i) {
-    int peer = (me + i) % p;
-    if (t.node_of(peer) == t.node_of(me) || !payload.is_direct(send_bytes[peer])) continue;
-    PIPER_ASSIGN_OR_RETURN(Handle s, comm.isend(src + sdispl[peer], send_bytes[peer], peer, kRemoteDirectTag));
-    direct.push_back(std::move(s));
-    stats.messages_inter += 1;
-    stats.bytes_inter += static_cast<int64_t>(send_bytes[peer]);
-  }
+  BlockPayload payload(t, me, src, sdispl, dst, rdispl, std::move(table), direct_bytes, context.scratch());
   // The engine adds its own messages to the counts of the direct sends.
   PIPER_RETURN_IF_ERROR(run_halo_exchange(comm, t, payload, timeout_s, &context.scratch(), &stats));
   PIPER_RETURN_IF_ERROR(comm.wait_all(direct, timeout_s));

@@ -20,7 +20,7 @@ namespace {
 
 constexpr int kDirectTag = 1;
 constexpr int kBatchTag = 2;
-constexpr int kGatherTagBase = 1000;   // + destination node
+constexpr int kGatherTagBase = 1000;    // + destination node
 constexpr int kScatterTagBase = 17000;  // + source node
 constexpr int kMaxNodes = 15000;
 using Clock = std::chrono::steady_clock;
@@ -45,15 +45,25 @@ struct RecvJob {
   std::span<uint8_t> batch;
   std::vector<size_t> piece_bytes;
   std::vector<std::span<uint8_t>> out;  // per local rank; this rank's entry is its final_recv
+  int peer = 0;                         // the send proxy of node n that sends the batch
+  size_t total = 0;
   size_t recv_index = 0;
+  bool posted = false;  // the batch receive is posted (deferred while this rank's own batch to `peer` waits)
   bool scattered = false;
 };
 
 class Exchange {
  public:
   Exchange(Communicator& comm, const NodeTopology& t, HaloPayload& p, HaloScratch& scratch, HaloExchangeStats& stats)
-      : comm_(comm), t_(t), p_(p), scratch_(scratch), stats_(stats), me_(comm.rank()), node_(t.node_of(me_)),
-        local_(t.local_of(me_)), lane_(t.lane_of(local_)) {}
+      : comm_(comm),
+        t_(t),
+        p_(p),
+        scratch_(scratch),
+        stats_(stats),
+        me_(comm.rank()),
+        node_(t.node_of(me_)),
+        local_(t.local_of(me_)),
+        lane_(t.lane_of(local_)) {}
 
   Status run(double timeout_s) {
     if (comm_.size() != t_.group_size()) {
@@ -152,12 +162,30 @@ class Exchange {
         if (part.size() != bytes) return internal_error("halo: scatter size disagrees with the payload's metadata");
         job.out.push_back(part);
       }
-      job.recv_index = pending_.size();
-      int peer = t_.rank_of(n, t_.send_proxy(n, node_, lane_));
-      PIPER_RETURN_IF_ERROR(post(comm_.irecv(job.batch.data(), total, peer, kBatchTag), "II", peer));
+      job.peer = t_.rank_of(n, t_.send_proxy(n, node_, lane_));
+      job.total = total;
       recv_jobs_.push_back(std::move(job));
+      // When this rank also sends a batch to that proxy, its receive waits until that batch is posted: over
+      // OpenMPI's TCP BTL a receive posted before the send of the opposite direction can make the two batches
+      // cross the link one after the other (see pairwise_all_to_all.h).
+      if (!sends_batch_to(recv_jobs_.back().peer)) PIPER_RETURN_IF_ERROR(post_batch_recv(recv_jobs_.back()));
     }
     return ok_status();
+  }
+
+  int batch_dest(const SendJob& job) const { return t_.rank_of(job.node_m, t_.recv_proxy(node_, job.node_m, lane_)); }
+
+  bool sends_batch_to(int peer) const {
+    for (const SendJob& job : send_jobs_) {
+      if (!job.sent && batch_dest(job) == peer) return true;
+    }
+    return false;
+  }
+
+  Status post_batch_recv(RecvJob& job) {
+    job.recv_index = pending_.size();
+    job.posted = true;
+    return post(comm_.irecv(job.batch.data(), job.total, job.peer, kBatchTag), "II", job.peer);
   }
 
   Status post_sends() {
@@ -182,13 +210,16 @@ class Exchange {
       bool ready = true;
       for (size_t idx : job.recv_index) ready = ready && pending_[idx].handle.done();
       if (!ready) continue;
-      int peer = t_.rank_of(job.node_m, t_.recv_proxy(node_, job.node_m, lane_));
+      int peer = batch_dest(job);
       PIPER_RETURN_IF_ERROR(send(job.batch, peer, kBatchTag, "II"));
       job.sent = moved = true;
       stats_.batches_out_s = since_start();
+      for (RecvJob& r : recv_jobs_) {
+        if (!r.posted && !sends_batch_to(r.peer)) PIPER_RETURN_IF_ERROR(post_batch_recv(r));
+      }
     }
     for (RecvJob& job : recv_jobs_) {
-      if (job.scattered || !pending_[job.recv_index].handle.done()) continue;
+      if (job.scattered || !job.posted || !pending_[job.recv_index].handle.done()) continue;
       std::vector<std::span<const uint8_t>> pieces;
       size_t offset = 0;
       for (size_t b : job.piece_bytes) {
@@ -219,7 +250,8 @@ class Exchange {
   }
 
   Status progress(double timeout_s) {
-    const auto deadline = start_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+    const auto deadline =
+        start_ + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
     auto idle_since = Clock::now();
     while (true) {
       // Test the handles that gate a proxy job, then the first other incomplete one (each test progresses
@@ -229,7 +261,7 @@ class Exchange {
         for (size_t idx : job.recv_index) PIPER_RETURN_IF_ERROR(comm_.test(pending_[idx].handle).status());
       }
       for (const RecvJob& job : recv_jobs_) {
-        if (!job.scattered) PIPER_RETURN_IF_ERROR(comm_.test(pending_[job.recv_index].handle).status());
+        if (job.posted && !job.scattered) PIPER_RETURN_IF_ERROR(comm_.test(pending_[job.recv_index].handle).status());
       }
       while (first_ < pending_.size()) {
         PIPER_ASSIGN_OR_RETURN(bool done, comm_.test(pending_[first_].handle));

@@ -5,7 +5,9 @@
 //   phase I   intra-node: blocks for ranks of the same node go directly; pieces bound for another node m go
 //             to this lane's send proxy for m (gather);
 //   phase II  inter-node: each send proxy sends ONE batched message (the lane's pieces, in local-rank order)
-//             to the receive proxy on node m, as soon as its gather is complete;
+//             to the receive proxy on node m, as soon as its gather is complete; a proxy that also receives
+//             a batch from that same proxy posts that receive only after its own send (receives first can
+//             make OpenMPI's TCP rendezvous move the two batches one after the other: pairwise_all_to_all.h);
 //   phase III intra-node: the receive proxy splits the batch for its local ranks (HaloPayload::scatter) and
 //             sends each its part, as soon as the batch has arrived.
 // What a piece contains and how a batch is split is the payload's business (plain byte blocks, or tokens with
@@ -56,12 +58,12 @@ struct HaloExchangeStats {
   int64_t messages_inter = 0;  // batches this rank sent to other nodes (phase II)
   int64_t bytes_intra = 0;
   int64_t bytes_inter = 0;
-  double posted_s = 0;        // every receive and every phase-I send posted
-  double batches_out_s = 0;   // send proxy: the last batch posted (its gather complete)
-  double batches_in_s = 0;    // receive proxy: the last batch arrived and its scatter posted
-  double scatter_s = 0;       // receive proxy: time spent splitting batches (payload scatter copies)
-  double total_s = 0;         // everything of this rank complete
-  int64_t idle_rounds = 0;    // polling rounds that found nothing to do (each yields or sleeps)
+  double posted_s = 0;       // every receive (but deferred batch receives) and every phase-I send posted
+  double batches_out_s = 0;  // send proxy: the last batch posted (its gather complete)
+  double batches_in_s = 0;   // receive proxy: the last batch arrived and its scatter posted
+  double scatter_s = 0;      // receive proxy: time spent splitting batches (payload scatter copies)
+  double total_s = 0;        // everything of this rank complete
+  int64_t idle_rounds = 0;   // polling rounds that found nothing to do (each yields or sleeps)
 };
 
 class HaloPayload {

@@ -19,9 +19,12 @@ Status pairwise_all_to_all_v(Communicator& comm, const void* send, std::span<con
                              std::span<const size_t> recv_bytes, double timeout_s) {
   constexpr int kTag = 11;
   if (comm.memory_kind() == MemoryKind::kDevice) {
-    return unimplemented("pairwise all_to_all_v copies its own block with memcpy (host memory); on the device "
-                         "communicator '" + comm.name() + "' use its all_to_all_v (NCCL), or wrap it with "
-                         "host_staged() (comm/nccl/host_staged.h)");
+    return unimplemented(
+        "pairwise all_to_all_v copies its own block with memcpy (host memory); on the device "
+        "communicator '" +
+        comm.name() +
+        "' use its all_to_all_v (NCCL), or wrap it with "
+        "host_staged() (comm/nccl/host_staged.h)");
   }
   PIPER_ASSIGN_OR_RETURN(auto sdispl, displacements(comm, send_bytes, "pairwise all_to_all_v send"));
   PIPER_ASSIGN_OR_RETURN(auto rdispl, displacements(comm, recv_bytes, "pairwise all_to_all_v recv"));
@@ -32,16 +35,17 @@ Status pairwise_all_to_all_v(Communicator& comm, const void* send, std::span<con
   }
   const auto* src = static_cast<const uint8_t*>(send);
   auto* dst = static_cast<uint8_t*>(recv);
+  // Sends before receives, as OpenMPI's libnbc alltoallv: see the header for why.
   std::vector<Handle> handles;
   handles.reserve(2 * n);
   for (int i = 1; i < n; ++i) {
-    int peer = (me + n - i) % n;
-    PIPER_ASSIGN_OR_RETURN(Handle h, comm.irecv(dst + rdispl[peer], recv_bytes[peer], peer, kTag));
+    int peer = (me + i) % n;
+    PIPER_ASSIGN_OR_RETURN(Handle h, comm.isend(src + sdispl[peer], send_bytes[peer], peer, kTag));
     handles.push_back(std::move(h));
   }
   for (int i = 1; i < n; ++i) {
-    int peer = (me + i) % n;
-    PIPER_ASSIGN_OR_RETURN(Handle h, comm.isend(src + sdispl[peer], send_bytes[peer], peer, kTag));
+    int peer = (me + n - i) % n;
+    PIPER_ASSIGN_OR_RETURN(Handle h, comm.irecv(dst + rdispl[peer], recv_bytes[peer], peer, kTag));
     handles.push_back(std::move(h));
   }
   if (send_bytes[me] > 0) std::memcpy(dst + rdispl[me], src + sdispl[me], send_bytes[me]);
