@@ -335,6 +335,85 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     pp_s = (kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kDualPipeV) ? 2.0 * (p - 1) * hop
                                                                                      : 2.0 * (m + p - 1) * hop;
   }
+  // ZeRO-3's exposed time per microbatch on rank r. Chunks run F in layer order, then B (+ W) in reverse; on the
+  // cyclic sequence (steady state: a microbatch's backward is followed by another's forward) the gather of item
+  // j+1 starts when item j's compute starts (window of two gathered chunks), so item j+1 starts
+  // max(c_j, d_{j+1}) after item j: exposed = sum_j max(0, d_{j+1} - c_j), where d is the NIC stream's work
+  // before item j+1 may run: its gather, plus in the backward the reduce-scatter of item j, plus the EP
+  // dispatch and combine of item j if it is the experts.
+  auto zero3_exposed_per_microbatch = [&](int r) {
+    struct Item {
+      double f = 0, bw = 0;            // compute: forward; backward + weight gradient (with recomputation)
+      double ag = 0, rs = 0, a2a = 0;  // NIC: all-gather, reduce-scatter, EP all-to-all per pass
+    };
+    auto recomputed = [&](Part q) {
+      Fbw t = part(q);
+      if (s.recompute == Recompute::kFull) t.b += t.f;
+      if (s.recompute == Recompute::kSelective && q == Part::kAttentionCore) t.b += t.f;
+      return t;
+    };
+    auto item = [&](Fbw t, double params, const GroupLayout& ring) {
+      Item it;
+      it.f = t.f;
+      it.bw = t.b + t.w;
+      it.ag = net_.all_gather_s(params * bytes_.param, ring);
+      it.rs = net_.reduce_scatter_s(params * bytes_.grad, ring);
+      return it;
+    };
+    Fbw attn_t = recomputed(Part::kAttention);
+    attn_t += recomputed(Part::kAttentionCore);
+    attn_t += recomputed(Part::kNorms);
+    const Item attn_i = item(attn_t, table_.attention_params / s.tp + table_.norm_params_per_layer, g.dp);
+    const Item router_i = item(recomputed(Part::kRouter), table_.router_params, g.dp);
+    Item experts_i = item(recomputed(Part::kExperts),
+                          expert_shard > 1 ? local_experts * table_.expert_params / s.etp : 0, g.expert_dp);
+    experts_i.a2a = ep_layer_s / 2;  // dispatch + combine in each pass
+    const Item shared_i = item(recomputed(Part::kSharedExperts), table_.shared_params / s.tp, g.dp);
+    const Item mlp_i = item(recomputed(Part::kDenseMlp), table_.dense_mlp_params / s.tp, g.dp);
+    bool rank_has_emb = false;
+    for (int c = 0; c < v; ++c) rank_has_emb = rank_has_emb || stage_of_chunk(kind, p, v, r, c) == 0;
+    const Item emb_i = item(part(Part::kEmbedding), table_.embedding_params / s.tp, g.dp);
+    const Item head_i = item(part(Part::kHead), !tied || !rank_has_emb ? table_.head_params / s.tp : 0.0, g.dp);
+    // The rank's tasks of one pass in execution order: F in layer order, B in reverse (no allocation).
+    auto visit = [&](bool backward, auto&& fn) {
+      for (int i = 0; i < v; ++i) {
+        const int c = backward ? v - 1 - i : i;
+        const int st = stage_of_chunk(kind, p, v, r, c);
+        const int lo = static_cast<int>(static_cast<int64_t>(st) * L / stages);
+        const int hi = static_cast<int>(static_cast<int64_t>(st + 1) * L / stages);
+        if (backward && st == stages - 1) fn(head_i);
+        if (!backward && st == 0) fn(emb_i);
+        for (int k = lo; k < hi; ++k) {
+          const int l = backward ? hi - 1 - (k - lo) : k;
+          const Item* layer[4] = {&attn_i, &mlp_i, nullptr, nullptr};
+          int n = 2;
+          if (moe_layers_before(l + 1) > moe_layers_before(l)) {
+            layer[1] = &router_i;
+            layer[2] = &experts_i;
+            layer[3] = &shared_i;
+            n = table_.shared_params > 0 ? 4 : 3;
+          }
+          for (int q = 0; q < n; ++q) fn(*layer[backward ? n - 1 - q : q]);
+        }
+        if (backward && st == 0) fn(emb_i);
+        if (!backward && st == stages - 1) fn(head_i);
+      }
+    };
+    // The cycle: F tasks, then B tasks; the first F task follows the last B task (the first F task, backward).
+    const Item* prev = stage_of_chunk(kind, p, v, r, 0) == 0 ? &emb_i : &attn_i;
+    bool prev_fwd = false;
+    double exposed = 0;
+    for (bool backward : {false, true}) {
+      visit(backward, [&](const Item& cur) {
+        const double c_prev = prev_fwd ? prev->f : prev->bw;
+        const double d = cur.ag + prev->a2a + (prev_fwd ? 0.0 : prev->rs);
+        exposed += std::max(0.0, d - c_prev);
+        prev = &cur;
+        prev_fwd = !backward;
+      });
+    }
+    return exposed;
+  };
   // DP: gradient sync of the dense part over dp and of the experts over their replicas.
   double dp_s = 0;
   const double dense_grad_b = bottleneck_dense_params * bytes_.grad;
@@ -349,10 +428,12 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     double ag = net_.all_gather_s(dense_param_b, g.dp) + net_.all_gather_s(expert_param_b, g.expert_dp);
     dp_s = std::max(0.0, rs - t_b) + std::max(0.0, ag - t_f);  // param gather overlaps the next first forward
   } else {
-    double ag = net_.all_gather_s(dense_param_b, g.dp) + net_.all_gather_s(expert_param_b, g.expert_dp);
-    double rs = net_.reduce_scatter_s(dense_grad_b, g.dp) + net_.reduce_scatter_s(expert_grad_b, g.expert_dp);
-    // Per microbatch: gather for F, gather again for B, reduce-scatter after W; prefetched behind compute.
-    dp_s = ag / std::max(1, v) + std::max(0.0, m * (2 * ag + rs) - m * mb_compute);
+    // Per microbatch and parameter chunk (embedding, attention, router, experts, shared experts or dense MLP,
+    // head -- the compiler's replicate pass): an all-gather before its F, another before its B, a
+    // reduce-scatter after its W, each a separate ring paying (n-1) alpha. The prefetch window (two gathered
+    // chunks) lets chunk j+1's gather overlap only chunk j's compute, and one NIC stream carries the gathers,
+    // the reduce-scatters and the EP all-to-alls; see docs/resource_model.md "ZeRO-3".
+    dp_s = m * zero3_exposed_per_microbatch(out->bottleneck_rank);
   }
   const double shard_params = s.zero >= 1 ? bottleneck_dense_params / s.dp + bottleneck_expert_params / expert_shard
                                           : bottleneck_dense_params + bottleneck_expert_params;

@@ -104,6 +104,28 @@ TEST(EstimateTest, ScheduleAndRecomputeEffects) {
   EXPECT_LT(halo.comm.ep_s, flat.comm.ep_s);
 }
 
+// ZeRO-3 gathers each parameter chunk before its F and again before its B and reduce-scatters it after its W,
+// one ring per chunk and microbatch, each paying (n-1) alpha (docs/resource_model.md "ZeRO-3"). With a 1 s NIC
+// latency the rings dwarf compute and bandwidth, so the exposed DP time counts the collectives: GPT-1.7B on one
+// pipeline rank has the embedding (tied with the head: the head chunk has no parameters of its own) and 24 x
+// (attention, MLP) chunks = 49, so 3 x 49 = 147 rings of 31 hops per microbatch over dp = 32 on 4 nodes.
+TEST(EstimateTest, ZeRO3PaysTheRingLatencyPerChunkAndMicrobatch) {
+  auto m = load_model("gpt-1.7b");
+  auto c = load_cluster("dgx-h100", 4);
+  ASSERT_TRUE(m.ok() && c.ok());
+  ASSERT_TRUE(m->tie_embeddings);
+  c->node.nic_latency_s = 1.0;
+  TrainSpec t;
+  t.seq_len = 4096;
+  auto cm = CostModel::create(*m, *c, t);
+  ASSERT_TRUE(cm.ok()) << cm.status().to_string();
+  Estimate z3 = run(*cm, "dp=32,zero=3,microbatches=2");
+  EXPECT_NEAR(z3.comm.dp_s / (2 * 31 * 1.0), 147, 0.5);
+  // ZeRO-1: one reduce-scatter and one all-gather of all the rank's parameters per step.
+  Estimate z1 = run(*cm, "dp=32,zero=1,microbatches=2");
+  EXPECT_NEAR(z1.comm.dp_s / 31, 2, 0.01);
+}
+
 // F + B + W of every part, summed over the layers, is 3x the forward FLOPs docs/counting.md defines.
 TEST(EstimateTest, FlopsMatchCounting) {
   for (const char* name : {"deepseek-v3", "mixtral-8x7b", "gpt-oss-120b", "qwen3-30b-a3b"}) {
