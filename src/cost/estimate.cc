@@ -335,13 +335,13 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     pp_s = (kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kDualPipeV) ? 2.0 * (p - 1) * hop
                                                                                      : 2.0 * (m + p - 1) * hop;
   }
-  // ZeRO-3's exposed time per microbatch on rank r. Chunks run F in layer order, then B (+ W) in reverse; on the
-  // cyclic sequence (steady state: a microbatch's backward is followed by another's forward) the gather of item
-  // j+1 starts when item j's compute starts (window of two gathered chunks), so item j+1 starts
-  // max(c_j, d_{j+1}) after item j: exposed = sum_j max(0, d_{j+1} - c_j), where d is the NIC stream's work
-  // before item j+1 may run: its gather, plus in the backward the reduce-scatter of item j, plus the EP
-  // dispatch and combine of item j if it is the experts.
-  auto zero3_exposed_per_microbatch = [&](int r) {
+  // ZeRO-2/3's exposed time per microbatch on rank r (ZeRO-2: reduce-scatters only). Chunks run F in layer
+  // order, then B (+ W) in reverse; on the cyclic sequence (steady state: a microbatch's backward is followed by
+  // another's forward) the gather of item j+1 starts when item j's compute starts (window of two gathered
+  // chunks), so item j+1 starts max(c_j, d_{j+1}) after item j: exposed = sum_j max(0, d_{j+1} - c_j), where d
+  // is the NIC stream's work before item j+1 may run: its gather, plus in the backward the reduce-scatter of
+  // item j, plus the EP dispatch and combine of item j if it is the experts.
+  auto sharded_dp_exposed_per_microbatch = [&](int r) {
     struct Item {
       double f = 0, bw = 0;            // compute: forward; backward + weight gradient (with recomputation)
       double ag = 0, rs = 0, a2a = 0;  // NIC: all-gather, reduce-scatter, EP all-to-all per pass
@@ -356,7 +356,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
       Item it;
       it.f = t.f;
       it.bw = t.b + t.w;
-      it.ag = net_.all_gather_s(params * bytes_.param, ring);
+      it.ag = s.zero >= 3 ? net_.all_gather_s(params * bytes_.param, ring) : 0.0;  // ZeRO-2: no gathers
       it.rs = net_.reduce_scatter_s(params * bytes_.grad, ring);
       return it;
     };
@@ -423,17 +423,22 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   if (s.zero == 0) {
     double ar = net_.all_reduce_s(dense_grad_b, g.dp) + net_.all_reduce_s(expert_grad_b, g.expert_dp);
     dp_s = std::max(0.0, ar - t_b);  // overlapped with the last microbatch's backward
-  } else if (s.zero <= 2) {
+  } else if (s.zero == 1) {
     double rs = net_.reduce_scatter_s(dense_grad_b, g.dp) + net_.reduce_scatter_s(expert_grad_b, g.expert_dp);
     double ag = net_.all_gather_s(dense_param_b, g.dp) + net_.all_gather_s(expert_param_b, g.expert_dp);
     dp_s = std::max(0.0, rs - t_b) + std::max(0.0, ag - t_f);  // param gather overlaps the next first forward
+  } else if (s.zero == 2) {
+    // ZeRO-2 reduce-scatters each chunk's gradients per microbatch (the compiler's replicate pass), on the NIC
+    // stream with the EP all-to-alls: the same cycle without gathers; the updated parameters are gathered once.
+    double ag = net_.all_gather_s(dense_param_b, g.dp) + net_.all_gather_s(expert_param_b, g.expert_dp);
+    dp_s = m * sharded_dp_exposed_per_microbatch(out->bottleneck_rank) + std::max(0.0, ag - t_f);
   } else {
     // Per microbatch and parameter chunk (embedding, attention, router, experts, shared experts or dense MLP,
     // head -- the compiler's replicate pass): an all-gather before its F, another before its B, a
     // reduce-scatter after its W, each a separate ring paying (n-1) alpha. The prefetch window (two gathered
     // chunks) lets chunk j+1's gather overlap only chunk j's compute, and one NIC stream carries the gathers,
     // the reduce-scatters and the EP all-to-alls; see docs/resource_model.md "ZeRO-3".
-    dp_s = m * zero3_exposed_per_microbatch(out->bottleneck_rank);
+    dp_s = m * sharded_dp_exposed_per_microbatch(out->bottleneck_rank);
   }
   const double shard_params = s.zero >= 1 ? bottleneck_dense_params / s.dp + bottleneck_expert_params / expert_shard
                                           : bottleneck_dense_params + bottleneck_expert_params;

@@ -109,7 +109,7 @@ TEST(EstimateTest, ScheduleAndRecomputeEffects) {
 // latency the rings dwarf compute and bandwidth, so the exposed DP time counts the collectives: GPT-1.7B on one
 // pipeline rank has the embedding (tied with the head: the head chunk has no parameters of its own) and 24 x
 // (attention, MLP) chunks = 49, so 3 x 49 = 147 rings of 31 hops per microbatch over dp = 32 on 4 nodes.
-TEST(EstimateTest, ZeRO3PaysTheRingLatencyPerChunkAndMicrobatch) {
+TEST(EstimateTest, ZeRO2And3PayTheRingLatencyPerChunkAndMicrobatch) {
   auto m = load_model("gpt-1.7b");
   auto c = load_cluster("dgx-h100", 4);
   ASSERT_TRUE(m.ok() && c.ok());
@@ -121,6 +121,9 @@ TEST(EstimateTest, ZeRO3PaysTheRingLatencyPerChunkAndMicrobatch) {
   ASSERT_TRUE(cm.ok()) << cm.status().to_string();
   Estimate z3 = run(*cm, "dp=32,zero=3,microbatches=2");
   EXPECT_NEAR(z3.comm.dp_s / (2 * 31 * 1.0), 147, 0.5);
+  // ZeRO-2: a reduce-scatter per chunk and microbatch (49 rings), one all-gather of the updated shard per step.
+  Estimate z2 = run(*cm, "dp=32,zero=2,microbatches=2");
+  EXPECT_NEAR((z2.comm.dp_s - 31) / (2 * 31 * 1.0), 49, 0.5);
   // ZeRO-1: one reduce-scatter and one all-gather of all the rank's parameters per step.
   Estimate z1 = run(*cm, "dp=32,zero=1,microbatches=2");
   EXPECT_NEAR(z1.comm.dp_s / 31, 2, 0.01);
