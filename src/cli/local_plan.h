@@ -29,7 +29,7 @@ TrainSpec local_train_spec(int64_t global_batch, int64_t seq_len);
 // auto searches with the same ones, so it runs `piper plan --local-ranks R --runnable`'s #1.
 inline constexpr int kPlanTopK = 5;
 inline constexpr int kPlanLocalSearchSteps = 8;
-inline constexpr double kPlanSimBudgetS = 20;
+inline constexpr double kPlanSimBudgetS = 15;
 
 struct AutoStrategy {
   Strategy strategy;
