@@ -7,6 +7,7 @@
 #include <cstring>
 #include <vector>
 
+#include "fd_util.h"
 #include "piper/kernels/cpu/moe_reference.h"
 #include "piper/kernels/cpu/reference.h"
 #include "piper/kernels/cuda/attn_tiling.h"
@@ -18,11 +19,7 @@ namespace {
 
 using FVec = std::vector<float>;
 
-FVec random_vec(int64_t n, uint64_t seed, float scale = 1.0f) {
-  FVec v(static_cast<size_t>(n));
-  fill_normal(v.data(), n, Rng(seed), 0, 0.0f, scale);
-  return v;
-}
+using testing::random_vec;
 
 // Routing over 5 experts where expert 2 gets no rows and the others uneven counts.
 Routing test_routing(int64_t n, int k, int E) {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "fd_util.h"
 #include "piper/kernels/cpu/ops.h"
 #include "piper/kernels/cpu/optimizer.h"
 #include "piper/kernels/cuda/cuda_api.h"
@@ -24,11 +25,7 @@ namespace {
 
 using FVec = std::vector<float>;
 
-FVec random_vec(int64_t n, uint64_t seed, float scale = 1.0f) {
-  FVec v(static_cast<size_t>(n));
-  fill_normal(v.data(), n, Rng(seed), 0, 0.0f, scale);
-  return v;
-}
+using testing::random_vec;
 
 double max_abs(const FVec& v) {
   double m = 0;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <vector>
 
+#include "fd_util.h"
 #include "piper/kernels/cpu/gemm.h"
 #include "piper/kernels/cpu/ops.h"
 #include "piper/tensor/rng.h"
@@ -16,11 +17,7 @@ namespace {
 
 using FVec = std::vector<float>;
 
-FVec random_vec(int64_t n, uint64_t seed, float scale = 1.0f) {
-  FVec v(static_cast<size_t>(n));
-  fill_normal(v.data(), n, Rng(seed), 0, 0.0f, scale);
-  return v;
-}
+using testing::random_vec;
 
 void expect_close(const FVec& fast, const FVec& ref, const char* what) {
   ASSERT_EQ(fast.size(), ref.size());

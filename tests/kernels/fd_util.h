@@ -1,4 +1,4 @@
-// Finite-difference helpers for the double-precision gradient tests.
+// Helpers for the kernel tests: finite differences for the double-precision gradient tests, random fp32 inputs.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -15,6 +15,13 @@
 namespace piper::kernels::testing {
 
 using Vec = std::vector<double>;
+
+// n fp32 normal values of standard deviation `scale`, the first n of stream `seed`.
+inline std::vector<float> random_vec(int64_t n, uint64_t seed, float scale = 1.0f) {
+  std::vector<float> v(static_cast<size_t>(n));
+  fill_normal(v.data(), n, Rng(seed), 0, 0.0f, scale);
+  return v;
+}
 
 // Normal random vectors from one seeded, counter-based stream.
 class RandomSource {

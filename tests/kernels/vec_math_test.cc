@@ -10,6 +10,7 @@
 #include <limits>
 #include <vector>
 
+#include "fd_util.h"
 #include "piper/tensor/rng.h"
 
 namespace piper::kernels::vec {
@@ -17,11 +18,7 @@ namespace {
 
 using FVec = std::vector<float>;
 
-FVec random_vec(int64_t n, uint64_t seed, float scale = 1.0f) {
-  FVec v(static_cast<size_t>(n));
-  fill_normal(v.data(), n, Rng(seed), 0, 0.0f, scale);
-  return v;
-}
+using testing::random_vec;
 
 int32_t ordered_bits(float f) {  // monotone in f, so differences count ulps (also across 0)
   int32_t i;
@@ -71,8 +68,7 @@ TEST(VecMathTest, ExpWithinTwoUlpOverTheNormalRange) {
     const int64_t d = ulp_distance(ys[i], ref);
     if (d > max_ulp) max_ulp = d, worst = xs[i];
   }
-  std::printf("exp: %zu values, max error %lld ulp (at x = %.9g)\n", xs.size(), static_cast<long long>(max_ulp),
-              worst);
+  std::printf("exp: %zu values, max error %lld ulp (at x = %.9g)\n", xs.size(), static_cast<long long>(max_ulp), worst);
   EXPECT_LE(max_ulp, 2) << "at x = " << worst;
   EXPECT_EQ(exp_scalar(0.0f), 1.0f);
 }
