@@ -5,8 +5,8 @@
 #include <deque>
 #include <set>
 
-#include "piper/runtime/checkpoint.h"
 #include "piper/base/strings.h"
+#include "piper/runtime/checkpoint.h"
 #include "piper/runtime/chunks/tp_slice.h"
 #include "piper/runtime/data_source.h"
 #include "piper/spec/cluster_loader.h"
@@ -121,6 +121,46 @@ Shape expert_extent(const Shape& box) {
   return e;
 }
 
+// Where a checkpointed tensor of parameter `p` lives on this rank: its values or one of its AdamW moments, a
+// tensor holding flat elements [lo, hi) of the rank's box (`whole`: the tensor is the box itself).
+struct ParamStore {
+  std::string name;
+  Tensor* tensor = nullptr;
+  int64_t lo = 0, hi = 0;
+  bool optimizer = false;
+  bool whole = false;
+};
+
+// p's values (whole, or its ZeRO-3 shard `ps`) and, when trainable, its ".m" and ".v" moments (the elements this
+// rank updates), as save() writes and restore_local() reads them.
+Result<std::vector<ParamStore>> param_stores(Param& p, const Executor::ParamShard* ps,
+                                             const std::map<std::string, Optimizer::StateTensor>& moments) {
+  std::vector<ParamStore> stores;
+  if (ps == nullptr) {
+    stores.push_back({p.name, &p.value, 0, p.value.numel(), false, true});
+  } else {
+    stores.push_back({p.name, ps->values, ps->begin, ps->end, false, false});
+  }
+  for (const char* suffix : {".m", ".v"}) {
+    if (!p.trainable) break;
+    auto it = moments.find(p.name + suffix);
+    if (it == moments.end()) return internal_error("the optimizer has no state '" + p.name + suffix + "'");
+    const Optimizer::StateTensor& st = it->second;
+    stores.push_back({st.name, st.tensor, st.begin, st.end, true, false});
+  }
+  return stores;
+}
+
+// Expert parallelism: the part [b, e) of slot j (elements [j n, (j + 1) n) of the rank's box) that a store holding
+// [lo, hi) covers, for every slot it touches.
+template <class F>
+void for_each_slot(int slots, int64_t n, int64_t lo, int64_t hi, F&& f) {
+  for (int j = 0; j < slots; ++j) {
+    const int64_t b = std::max(lo, j * n), e = std::min(hi, (j + 1) * n);
+    if (b < e) f(j, b, e);
+  }
+}
+
 }  // namespace
 
 Trainer::~Trainer() = default;
@@ -147,8 +187,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   PIPER_RETURN_IF_ERROR(t->strategy_.validate());
   if (t->options_.global_batch == 0 || !options.strategy.empty()) {
     if (options.global_batch != 0 && options.global_batch != t->strategy_.global_batch()) {
-      return invalid_argument("--global-batch " + std::to_string(options.global_batch) + " differs from the "
-                              "strategy's dp*microbatches*mbs = " + std::to_string(t->strategy_.global_batch()) +
+      return invalid_argument("--global-batch " + std::to_string(options.global_batch) +
+                              " differs from the "
+                              "strategy's dp*microbatches*mbs = " +
+                              std::to_string(t->strategy_.global_batch()) +
                               "; drop --global-batch or change microbatches/mbs");
     }
     t->options_.global_batch = t->strategy_.global_batch();
@@ -177,18 +219,21 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
     PIPER_ASSIGN_OR_RETURN(t->dist_, DistContext::create(*options.world, t->compiled_.plan));
     if (options.ranks_per_node > 0) PIPER_RETURN_IF_ERROR(t->dist_->set_ranks_per_node(options.ranks_per_node));
     if (t->compiled_.plan.mesh.tp > 1 && t->compiled_.plan.mesh.ep > 1) {
-      return unimplemented("tp=" + std::to_string(t->compiled_.plan.mesh.tp) + " with ep=" +
-                           std::to_string(t->compiled_.plan.mesh.ep) + " is not executed yet (their token slices and "
+      return unimplemented("tp=" + std::to_string(t->compiled_.plan.mesh.tp) +
+                           " with ep=" + std::to_string(t->compiled_.plan.mesh.ep) +
+                           " is not executed yet (their token slices and "
                            "expert shards are not composed and tested together): use tp or ep, not both");
     }
     if (options.model.moe.router_bias && t->compiled_.plan.mesh.tp > 1) {
       return unimplemented("model '" + options.model.name + "' balances experts with a router bias; under tp=" +
-                           std::to_string(t->compiled_.plan.mesh.tp) + " with sequence parallelism its expert "
+                           std::to_string(t->compiled_.plan.mesh.tp) +
+                           " with sequence parallelism its expert "
                            "counts are not summed across the token slices yet: use tp=1");
     }
     if (options.model.moe.router_bias && t->compiled_.plan.mesh.dp > 1) {
       return unimplemented("model '" + options.model.name + "' balances experts with a router bias; under dp=" +
-                           std::to_string(t->compiled_.plan.mesh.dp) + " its expert counts are not summed across "
+                           std::to_string(t->compiled_.plan.mesh.dp) +
+                           " its expert counts are not summed across "
                            "replicas yet, so the replicas would diverge: use dp=1 (pipeline parallelism)");
     }
   }
@@ -207,8 +252,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
     model_options.expert_ranks = t->compiled_.plan.mesh.ep;
     model_options.expert_rank = t->dist_ != nullptr ? t->dist_->coord().ep : 0;
   }
-  PIPER_ASSIGN_OR_RETURN(t->model_, Model::create(options.model, model_options, options.seed,
-                                                  t->allocator_.get(), [&](int layer, const std::string& part) {
+  PIPER_ASSIGN_OR_RETURN(t->model_, Model::create(options.model, model_options, options.seed, t->allocator_.get(),
+                                                  [&](int layer, const std::string& part) {
                                                     return mine.count({layer, part}) > 0;
                                                   }));
   if (t->dist_ != nullptr && t->compiled_.plan.mesh.tp > 1) {
@@ -226,11 +271,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
     }
   }
   t->num_params_ = t->model_->num_params();
-  t->optimizer_ = std::make_unique<Optimizer>(options.optimizer, options.warmup_steps, *t->model_,
-                                              t->allocator_.get());
-  PIPER_ASSIGN_OR_RETURN(t->executor_, Executor::create(t->compiled_.graph, t->compiled_.plan.program(rank),
-                                                        t->model_.get(), t->optimizer_.get(), t->allocator_.get(),
-                                                        t->dist_.get()));
+  t->optimizer_ = std::make_unique<Optimizer>(options.optimizer, options.warmup_steps, *t->model_, t->allocator_.get());
+  PIPER_ASSIGN_OR_RETURN(t->executor_,
+                         Executor::create(t->compiled_.graph, t->compiled_.plan.program(rank), t->model_.get(),
+                                          t->optimizer_.get(), t->allocator_.get(), t->dist_.get()));
   if (options.migration.enabled) {
     // Migration moves whole experts with their moments; a ZeRO shard of the experts' optimizer state covers other
     // slots on the other replicas, so refuse before training rather than at the first migration.
@@ -390,63 +434,41 @@ Status Trainer::save(const std::string& dir) {
   // Every parameter this rank holds, whole, its slice or (ZeRO-3) its flat shard; the moments of the elements
   // this rank updates (ZeRO: allocated for those only).
   std::vector<TensorPiece> pieces;
-  std::deque<Tensor> copies;  // expert slots copied out under their logical index
+  std::deque<Tensor> copies;  // expert slots copied out under their logical index; TP row blocks (add_pieces)
   for (const auto& chunk : model_->chunks()) {
     const std::vector<Executor::ParamShard> sharded = executor_->param_shards(*chunk);
     const auto table =
         chunk->part() == "experts" ? meta.expert_placement.find(chunk->layer()) : meta.expert_placement.end();
     size_t index = 0;
-    for (const Param& p : chunk->params()) {
+    for (Param& p : chunk->params()) {
       const Executor::ParamShard* ps = p.trainable && !sharded.empty() ? &sharded[index] : nullptr;
       if (p.trainable) ++index;
       const Shape box = ps != nullptr ? ps->shape : p.value.shape();
       const Shape global = p.global_shape.empty() ? box : p.global_shape;
-      if (table == meta.expert_placement.end()) {
-        if (ps == nullptr) {
-          add_pieces(p, {p.name, global, p.global_offset, &p.value, 0, -1, false}, &copies, &pieces);
-        } else if (ps->begin < ps->end) {
-          add_pieces(p, {p.name, global, p.global_offset, ps->values, ps->begin, ps->end, false, box}, &copies,
-                     &pieces);
+      PIPER_ASSIGN_OR_RETURN(std::vector<ParamStore> stores, param_stores(p, ps, moments));
+      for (const ParamStore& st : stores) {
+        if (st.lo >= st.hi) continue;
+        if (table == meta.expert_placement.end()) {
+          add_pieces(p,
+                     st.whole
+                         ? TensorPiece{st.name, global, p.global_offset, st.tensor, 0, -1, st.optimizer}
+                         : TensorPiece{st.name, global, p.global_offset, st.tensor, st.lo, st.hi, st.optimizer, box},
+                     &copies, &pieces);
+          continue;
         }
-        if (!p.trainable) continue;
-        for (const char* suffix : {".m", ".v"}) {
-          auto it = moments.find(p.name + suffix);
-          if (it == moments.end()) return internal_error("the optimizer has no state '" + p.name + suffix + "'");
-          const Optimizer::StateTensor& st = it->second;
-          if (st.begin >= st.end) continue;
-          add_pieces(p, {st.name, global, p.global_offset, st.tensor, st.begin, st.end, true, box}, &copies, &pieces);
-        }
-        continue;
-      }
-      // Expert parallelism: every slot under its logical expert, so that the checkpoint does not depend on the
-      // placement; of each slot the elements this rank holds (whole, or the part of its ZeRO shard in the slot).
-      const int per = executor_->experts_per_rank();
-      const int64_t n = box_numel(box) / per;
-      const int first = static_cast<int>(p.global_offset.at(0));
-      const Shape extent = expert_extent(box);
-      // One store (values or a moment) holding flat elements [lo, hi) of the rank's box: its part in slot j.
-      auto add_slot = [&](const std::string& name, const float* data, int64_t lo, int64_t hi, int j, bool opt) {
-        const int64_t b = std::max(lo, j * n), e = std::min(hi, (j + 1) * n);
-        if (b >= e) return;
-        copies.push_back(Tensor::zeros_or_die({e - b}, MemCategory::kBuffers));
-        std::memcpy(copies.back().data(), data + (b - lo), static_cast<size_t>(e - b) * sizeof(float));
-        const int expert = table->second.at(static_cast<size_t>(first + j));
-        pieces.push_back({name, global, expert_offset(global, expert), &copies.back(), b - j * n, e - j * n, opt,
-                          extent});
-      };
-      for (int j = 0; j < per; ++j) {
-        if (ps == nullptr) {
-          add_slot(p.name, p.value.data(), 0, per * n, j, false);
-        } else {
-          add_slot(p.name, ps->values->data(), ps->begin, ps->end, j, false);
-        }
-        if (!p.trainable) continue;
-        for (const char* suffix : {".m", ".v"}) {
-          auto it = moments.find(p.name + suffix);
-          if (it == moments.end()) return internal_error("the optimizer has no state '" + p.name + suffix + "'");
-          const Optimizer::StateTensor& st = it->second;
-          if (st.begin < st.end) add_slot(st.name, st.tensor->data(), st.begin, st.end, j, true);
-        }
+        // Expert parallelism: every slot under its logical expert, so that the checkpoint does not depend on the
+        // placement; of each slot the elements this store holds.
+        const int per = executor_->experts_per_rank();
+        const int first = static_cast<int>(p.global_offset.at(0));
+        const int64_t n = box_numel(box) / per;
+        for_each_slot(per, n, st.lo, st.hi, [&](int j, int64_t b, int64_t e) {
+          copies.push_back(Tensor::zeros_or_die({e - b}, MemCategory::kBuffers));
+          std::memcpy(copies.back().data(), st.tensor->data() + (b - st.lo),
+                      static_cast<size_t>(e - b) * sizeof(float));
+          const int expert = table->second.at(static_cast<size_t>(first + j));
+          pieces.push_back({st.name, global, expert_offset(global, expert), &copies.back(), b - j * n, e - j * n,
+                            st.optimizer, expert_extent(box)});
+        });
       }
     }
   }
@@ -490,42 +512,24 @@ Status Trainer::restore_local(CheckpointReader& reader) {
       if (p.trainable) ++index;
       const Shape box = ps != nullptr ? ps->shape : p.value.shape();
       const Shape global = p.global_shape.empty() ? box : p.global_shape;
-      // (name, destination holding flat elements [lo, hi) of the rank's box)
-      struct Store {
-        std::string name;
-        float* data;
-        int64_t lo, hi;
-      };
-      std::vector<Store> stores;
-      if (ps == nullptr) {
-        stores.push_back({p.name, p.value.data(), 0, box_numel(box)});
-      } else {
-        stores.push_back({p.name, ps->values->data(), ps->begin, ps->end});
-      }
-      for (const char* suffix : {".m", ".v"}) {
-        if (!p.trainable) break;
-        auto it = moments.find(p.name + suffix);
-        if (it == moments.end()) return internal_error("the optimizer has no state '" + p.name + suffix + "'");
-        const Optimizer::StateTensor& st = it->second;
-        stores.push_back({st.name, st.tensor->data(), st.begin, st.end});
-      }
-      for (const Store& store : stores) {
+      PIPER_ASSIGN_OR_RETURN(std::vector<ParamStore> stores, param_stores(p, ps, moments));
+      for (const ParamStore& store : stores) {
         if (store.lo >= store.hi) continue;
+        float* data = store.tensor->data();
         Status s = ok_status();
         if (slots == table.end()) {
-          s = restore_param(reader, p, store.name, global, box, store.lo, store.hi, store.data);
+          s = restore_param(reader, p, store.name, global, box, store.lo, store.hi, data);
         } else {
           // Slot j of this rank holds logical expert slots->second[first + j].
           const int per = executor_->experts_per_rank();
-          const int64_t n = box_numel(box) / per;
           const int first = static_cast<int>(p.global_offset.at(0));
-          for (int j = 0; j < per && s.ok(); ++j) {
-            const int64_t b = std::max(store.lo, j * n), e = std::min(store.hi, (j + 1) * n);
-            if (b >= e) continue;
+          const int64_t n = box_numel(box) / per;
+          for_each_slot(per, n, store.lo, store.hi, [&](int j, int64_t b, int64_t e) {
+            if (!s.ok()) return;
             const int expert = slots->second.at(static_cast<size_t>(first + j));
             s = reader.restore_range(store.name, global, expert_offset(global, expert), expert_extent(box), b - j * n,
-                                     e - j * n, store.data + (b - store.lo));
-          }
+                                     e - j * n, data + (b - store.lo));
+          });
         }
         if (!s.ok()) return s.with_context(where + hint);
       }
