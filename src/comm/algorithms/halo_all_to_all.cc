@@ -31,6 +31,10 @@ namespace {
 
 constexpr int kRemoteDirectTag = 3;  // not used by halo_engine.cc (1, 2, 1000+, 17000+)
 
+// Whether a block between ranks of different nodes bypasses the proxies (HaloContext::direct_pair_bytes = threshold;
+// 0 batches every block). Both ends decide from the block's size alone, which both know.
+bool direct_block(size_t bytes, size_t threshold) { return threshold > 0 && bytes >= threshold; }
+
 // Plain byte blocks. Tables sizes_send_[g][p] / sizes_recv_[g][p] hold the counts of local rank g of this node.
 // A block between different nodes of at least `direct` bytes (direct > 0) is not part of the exchange
 // (halo_all_to_all_v sends it directly); when a piece or a final receive then skips blocks, it is packed into
@@ -50,7 +54,7 @@ class BlockPayload : public HaloPayload {
         direct_(direct),
         scratch_(scratch) {}
 
-  bool is_direct(size_t bytes) const { return direct_ > 0 && bytes >= direct_; }
+  bool is_direct(size_t bytes) const { return direct_block(bytes, direct_); }
 
   std::span<const uint8_t> direct_send(int h) override { return send_block(t_.rank_of(node_, h), 1); }
   std::span<uint8_t> direct_recv(int h) override {
@@ -172,7 +176,7 @@ Status halo_all_to_all_v(HaloContext& context, const void* send, std::span<const
   // rendezvous serializes the two directions of a node pair).
   const size_t direct_bytes = context.direct_pair_bytes();
   auto remote_direct = [&](int peer, size_t bytes) {
-    return t.node_of(peer) != t.node_of(me) && direct_bytes > 0 && bytes >= direct_bytes;
+    return t.node_of(peer) != t.node_of(me) && direct_block(bytes, direct_bytes);
   };
   std::vector<Handle> direct;
   for (int i = 1; i < p; ++i) {
