@@ -32,8 +32,7 @@ class StepTimer {
 }  // namespace
 
 Result<CompileResult> compile_directives(const ModelSpec& model, const TrainSpec& train, const ir::MeshInfo& mesh,
-                                         const std::vector<ir::Directive>& directives,
-                                         const CompileOptions& options) {
+                                         const std::vector<ir::Directive>& directives, const CompileOptions& options) {
   CompileResult r;
   StepTimer timer(r, options.verbose);
   auto graph = ir::build_graph(model, train, mesh);
@@ -48,6 +47,7 @@ Result<CompileResult> compile_directives(const ModelSpec& model, const TrainSpec
   LowerOptions lower_options;
   lower_options.cost = options.cost;
   lower_options.interleave_overlap = options.interleave_overlap;
+  lower_options.recompute_reruns_tp_collectives = options.recompute_reruns_tp_collectives;
   auto plan = lower(r.graph, lower_options);
   if (!plan.ok()) return plan.status().with_context("compile: lower");
   r.plan = std::move(plan).value();

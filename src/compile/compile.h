@@ -27,10 +27,11 @@ struct CompileOptions {
 #else
   bool verify_each_pass = true;
 #endif
-  bool verbose = false;            // log each step with its time
-  int64_t capacity_bytes = 0;      // device memory to check against; 0 = do not check
-  CostFn cost;                     // optional cost annotations
-  bool interleave_overlap = true;  // LowerOptions::interleave_overlap
+  bool verbose = false;                          // log each step with its time
+  int64_t capacity_bytes = 0;                    // device memory to check against; 0 = do not check
+  CostFn cost;                                   // optional cost annotations
+  bool interleave_overlap = true;                // LowerOptions::interleave_overlap
+  bool recompute_reruns_tp_collectives = false;  // LowerOptions::recompute_reruns_tp_collectives
 };
 
 struct CompileResult {

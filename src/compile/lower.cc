@@ -34,6 +34,29 @@ void default_cost(const ir::Graph& g, const Node& n, Instruction& in) {
   }
 }
 
+// A tp chunk's own collectives: the all-gather of its input (sequence parallelism) before it, the all-reduce or
+// reduce-scatter of its output after it. (A pred all-reduce is the previous chunk's output, not this one's.)
+bool is_tp_input_collective(const Node& n) { return n.group == "tp" && n.kind == NodeKind::kAllGather; }
+bool is_tp_output_collective(const Node& n) {
+  return n.group == "tp" && (n.kind == NodeKind::kAllReduce || n.kind == NodeKind::kReduceScatter);
+}
+
+// LowerOptions::recompute_reruns_tp_collectives: collective `c` of a recomputed forward, run again.
+template <typename Cost>
+Instruction rerun_collective(const ir::Graph& g, const Node& c, const Cost& cost) {
+  Instruction in;
+  in.op = OpKind::kCollective;
+  in.node = c.id;
+  in.comm = c.kind;
+  in.group = c.group;
+  in.algorithm = c.algorithm;
+  in.label = c.name + " (recompute)";
+  in.pass = ir::Pass::kF;
+  in.mb = c.tags.mb;
+  cost(g, c, in);
+  return in;
+}
+
 }  // namespace
 
 const char* to_string(OpKind k) {
@@ -166,7 +189,17 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
           re.pass = ir::Pass::kF;
           re.mb = fn.tags.mb;
           cost(g, fn, re);
-          st.instrs.push_back(re);
+          if (options.recompute_reruns_tp_collectives && fn.shard_axis == "tp") {
+            for (NodeId p : g.preds(f)) {
+              if (is_tp_input_collective(g.node(p))) st.instrs.push_back(rerun_collective(g, g.node(p), cost));
+            }
+            st.instrs.push_back(re);
+            for (NodeId q : g.succs(f)) {
+              if (is_tp_output_collective(g.node(q))) st.instrs.push_back(rerun_collective(g, g.node(q), cost));
+            }
+          } else {
+            st.instrs.push_back(re);
+          }
         }
         st.instrs.push_back(in);
         if (auto it = buffers.free_after.find(id); it != buffers.free_after.end()) {

@@ -34,6 +34,11 @@ struct LowerOptions {
   // default (DualPipe's point; docs/simulator.md measures it); false runs each slot filter after filter, which
   // on one in-order compute stream overlaps nothing.
   bool interleave_overlap = true;
+  // Model another system's recomputation (cost::Calibration::recompute_reruns_tp_collectives): the re-run of a
+  // recomputed tensor-parallel forward also runs that chunk's tp collectives again, on the compute stream (an
+  // all-gather of its input before it under sequence parallelism, the all-reduce or reduce-scatter of its output
+  // after it). For the simulator only: the runtime never executes such a plan (it needs no reduced output twice).
+  bool recompute_reruns_tp_collectives = false;
 };
 
 // Mutates `graph` (inserts send/recv). Errors name the unplaced or mis-ordered node.

@@ -14,6 +14,7 @@ Result<Calibration> Calibration::from_json(const Json& json, const std::string& 
   PIPER_RETURN_IF_ERROR(r.get_double("workspace_bytes", &c.workspace_bytes, false, 0.0, 1e15));
   PIPER_RETURN_IF_ERROR(r.get_double("expert_load_imbalance", &c.expert_load_imbalance, false, 1.0, 1e3));
   PIPER_RETURN_IF_ERROR(r.get_double("attention_score_bytes", &c.attention_score_bytes, false, 0.0, 1e3));
+  PIPER_RETURN_IF_ERROR(r.get_bool("recompute_reruns_tp_collectives", &c.recompute_reruns_tp_collectives, false));
   PIPER_RETURN_IF_ERROR(r.check_no_unknown_keys());
   return c;
 }
@@ -25,10 +26,16 @@ Result<Calibration> Calibration::load(const std::string& path) {
 
 DeviceModel::DeviceModel(const DeviceSpec& device, DType compute_dtype, const Calibration& calibration) {
   switch (compute_dtype) {
-    case DType::kFP32: peak_flops_ = device.peak_flops_fp32; break;
+    case DType::kFP32:
+      peak_flops_ = device.peak_flops_fp32;
+      break;
     case DType::kBF16:
-    case DType::kFP16: peak_flops_ = device.peak_flops_bf16; break;
-    case DType::kFP8: peak_flops_ = device.peak_flops_fp8 > 0 ? device.peak_flops_fp8 : device.peak_flops_bf16; break;
+    case DType::kFP16:
+      peak_flops_ = device.peak_flops_bf16;
+      break;
+    case DType::kFP8:
+      peak_flops_ = device.peak_flops_fp8 > 0 ? device.peak_flops_fp8 : device.peak_flops_bf16;
+      break;
   }
   gemm_efficiency_ = calibration.gemm_efficiency > 0 ? calibration.gemm_efficiency : device.gemm_efficiency;
   gemm_half_dim_ = calibration.gemm_half_dim;

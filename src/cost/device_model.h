@@ -15,6 +15,12 @@
 // element in the forward by an attention that materialises the s x s scores per head (Megatron-LM before
 // FlashAttention: QK^T writes 2 B, fused scale-mask-softmax reads 2 + writes 2, dropout reads 2 + writes 2 and
 // a 1 B mask, AV reads 2 = 13 B [inferred from that kernel sequence]); the backward moves twice as much.
+// recompute_reruns_tp_collectives (default false): the recomputed forward of a tensor-parallel chunk runs its
+// tensor-parallel collectives again. Piper's runtime recomputes a chunk from its kept input and never needs the
+// reduced output again, so it does not; Megatron-LM's full recomputation (torch.utils.checkpoint over whole
+// transformer layers, megatron/model/transformer.py `_checkpointed_forward`) re-executes the layer's forward,
+// both tensor-parallel all-reduces included: 6 per layer and microbatch instead of 4. A property of the software,
+// so it sits here, next to attention_score_bytes.
 #pragma once
 
 #include <string>
@@ -26,13 +32,14 @@
 namespace piper::cost {
 
 struct Calibration {
-  double gemm_efficiency = -1;        // < 0: take DeviceSpec::gemm_efficiency
+  double gemm_efficiency = -1;  // < 0: take DeviceSpec::gemm_efficiency
   double gemm_half_dim = 64;
   double memory_bw_efficiency = 0.8;  // achievable fraction of HBM bandwidth for streaming kernels
   // CUDA context, cuBLAS/NCCL workspaces and allocator slack per rank [inferred: ~1 GiB is typical on H100s].
   double workspace_bytes = 1024.0 * 1024.0 * 1024.0;
   double expert_load_imbalance = 1.0;  // tokens on the busiest expert rank / the mean (1 = perfectly balanced)
   double attention_score_bytes = 0;    // see above; 0: fused attention (scores never leave the chip)
+  bool recompute_reruns_tp_collectives = false;  // see above; false: Piper's own recomputation
 
   static Result<Calibration> from_json(const Json& json, const std::string& what);
   static Result<Calibration> load(const std::string& path);

@@ -61,8 +61,8 @@ MeshGroups mesh_groups(const Strategy& s, const Network& net) {
 
 }  // namespace
 
-CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
-                     const Calibration& cal, const ByteConvention& bytes)
+CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train, const Calibration& cal,
+                     const ByteConvention& bytes)
     : model_(model),
       cluster_(cluster),
       train_(train),
@@ -78,7 +78,8 @@ Result<CostModel> CostModel::create(const ModelSpec& model, const ClusterSpec& c
   PIPER_RETURN_IF_ERROR(model.validate());
   PIPER_RETURN_IF_ERROR(cluster.validate());
   if (train.seq_len < 1) return invalid_argument("train.seq_len=" + std::to_string(train.seq_len) + " must be >= 1");
-  if (train.global_batch < 0) return invalid_argument("train.global_batch must be >= 0 (0 = take it from the strategy)");
+  if (train.global_batch < 0)
+    return invalid_argument("train.global_batch must be >= 0 (0 = take it from the strategy)");
   PIPER_ASSIGN_OR_RETURN(ByteConvention bytes, ByteConvention::from_train(train));
   CostModel cm(model, cluster, train, calibration, bytes);
   if (cm.device_.peak_flops() <= 0) {
@@ -109,8 +110,9 @@ Result<Estimate> CostModel::estimate(const Strategy& s) const {
 Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   PIPER_RETURN_IF_ERROR(s.validate_for(model_, train_, cluster_.world_size()));
   if (s.disaggregate) {
-    return unimplemented("estimate: disaggregated attention/FFN (af-pipe) has no closed-form model yet; "
-                         "use a non-disaggregated strategy here, or `piper simulate`");
+    return unimplemented(
+        "estimate: disaggregated attention/FFN (af-pipe) has no closed-form model yet; "
+        "use a non-disaggregated strategy here, or `piper simulate`");
   }
   const ScheduleKind kind = s.schedule_kind();
   const int p = s.pp, v = s.chunks_per_rank(), stages = p * v, m = s.microbatches;
@@ -159,8 +161,12 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
 
   // --- communication per layer and microbatch ---
   MeshGroups g = mesh_groups(s, net_);
-  // TP: two all-reduces (or reduce-scatter + all-gather under SP, the same bytes) forward, two backward.
-  const double tp_layer_s = s.tp > 1 ? 4 * net_.all_reduce_s(T * h * act_b, g.tp, AllReduceAlgo::kRing) : 0.0;
+  // TP: two all-reduces (or reduce-scatter + all-gather under SP, the same bytes) forward, two backward, and two
+  // more when full recomputation re-runs them (Calibration::recompute_reruns_tp_collectives: Megatron-LM's).
+  const int tp_collectives_per_layer =
+      4 + (s.recompute == Recompute::kFull && calibration_.recompute_reruns_tp_collectives ? 2 : 0);
+  const double tp_layer_s =
+      s.tp > 1 ? tp_collectives_per_layer * net_.all_reduce_s(T * h * act_b, g.tp, AllReduceAlgo::kRing) : 0.0;
   // EP: dispatch and combine forward, their transposes backward.
   double ep_layer_s = 0;
   if (s.ep > 1 && model_.is_moe()) {
@@ -170,8 +176,10 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
       int cap = 0;
       const int groups = model_.moe.num_groups, top_groups = model_.moe.topk_groups;
       if (groups > 1 && g.ep.nodes > 1) {
-        if (g.ep.nodes % groups == 0) cap = top_groups * (g.ep.nodes / groups);
-        else if (groups % g.ep.nodes == 0) cap = std::min(g.ep.nodes, top_groups);
+        if (g.ep.nodes % groups == 0)
+          cap = top_groups * (g.ep.nodes / groups);
+        else if (groups % g.ep.nodes == 0)
+          cap = std::min(g.ep.nodes, top_groups);
       }
       ep_layer_s = 4 * net_.all_to_all_halo_s(tokens, h * act_b, k, g.ep, cap);
     } else {
@@ -194,8 +202,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   // B -> W gradients of a split backward (zb-h1, dualpipev's zero-bubble steps).
   const bool split_bw = kind == ScheduleKind::kZBH1 || kind == ScheduleKind::kDualPipeV;
   const double wg_dense = split_bw ? layer_weight_grad_input_bytes_per_token(model_, false, ao) : 0.0;
-  const double wg_moe =
-      split_bw && model_.is_moe() ? layer_weight_grad_input_bytes_per_token(model_, true, ao) : 0.0;
+  const double wg_moe = split_bw && model_.is_moe() ? layer_weight_grad_input_bytes_per_token(model_, true, ao) : 0.0;
   const double wg_head = split_bw ? head_weight_grad_input_bytes_per_token(model_, ao) : 0.0;
   const double wg_emb = split_bw ? embedding_weight_grad_input_bytes_per_token(model_, ao) : 0.0;
   double peak_layer_act = 0;  // a fully recomputed layer re-materialises this during its backward
@@ -276,8 +283,8 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     // ZeRO-2/3: the full gradients of the chunks between their weight-gradient task and their per-microbatch
     // reduce-scatter; ZeRO-3: the gathered parameters of the task running and the one prefetched. The runtime
     // and the compiler's prefetch window hold two consecutive chunks (attention and FFN: about one layer).
-    if (s.zero >= 2) buffers += largest_layer * bytes_.grad;                         // gradient bucket
-    if (s.zero >= 3) buffers += largest_layer * bytes_.param;                        // gathered + prefetched
+    if (s.zero >= 2) buffers += largest_layer * bytes_.grad;   // gradient bucket
+    if (s.zero >= 3) buffers += largest_layer * bytes_.param;  // gathered + prefetched
     if (s.recompute == Recompute::kFull) buffers += T * peak_layer_act;
     // Deferred W: its B -> W gradients on top of the activation peak (counted as buffers, as the runtime does).
     if (kind == ScheduleKind::kZBH1) {
@@ -287,7 +294,8 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
       // units not yet backwarded plus r+1 deferred units of either chunk. The main phase (the 2p+1 peak) has
       // no split backward.
       const double a_max = std::max(chunk_act_b[0], chunk_act_b[1]), g_max = std::max(chunk_wg_b[0], chunk_wg_b[1]);
-      const double step3 = r < p - 1 ? (2 * p - r - 1) * chunk_act_b[0] + (r + 1) * chunk_act_b[1] + chunk_wg_b[1] : 0.0;
+      const double step3 =
+          r < p - 1 ? (2 * p - r - 1) * chunk_act_b[0] + (r + 1) * chunk_act_b[1] + chunk_wg_b[1] : 0.0;
       const double cool = (p - r - 1) * chunk_act_b[0] + (r + 1) * (a_max + g_max);
       buffers += std::max(0.0, std::max(step3, cool) - act_peak);
     }
@@ -333,7 +341,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     // Blocking P2P per microbatch (activations forward, gradients backward) unless the schedule overlaps it
     // (interleaved and dualpipev post P2P asynchronously; only the fill and drain hops stay exposed).
     pp_s = (kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kDualPipeV) ? 2.0 * (p - 1) * hop
-                                                                                     : 2.0 * (m + p - 1) * hop;
+                                                                                    : 2.0 * (m + p - 1) * hop;
   }
   // ZeRO-2/3's exposed time per microbatch on rank r (ZeRO-2: reduce-scatters only). Chunks run F in layer
   // order, then B (+ W) in reverse; on the cyclic sequence (steady state: a microbatch's backward is followed by
