@@ -5,6 +5,7 @@
 //     dispatch's gradient). Payload = edge bytes x top_k. Parameters are sharded over ep.
 // tp: each matched chunk gets an all_reduce on its outputs (column->row parallel pair), or with sequence
 //     parallelism an all_gather on its inputs and a reduce_scatter on its outputs; F and B/BW alike.
+#include <algorithm>
 #include <unordered_set>
 
 #include "piper/ir/passes/passes.h"
@@ -45,34 +46,49 @@ std::vector<int> chunk_edges(const Graph& g, NodeId id, bool into, const std::st
 }
 
 Status shard_ep(Graph& g, const ShardDirective& d, const std::vector<NodeId>& chunks) {
-  if (g.mesh.ep <= 1) return invalid_argument("axis ep needs ep > 1 in the mesh (ep=" + std::to_string(g.mesh.ep) + ")");
+  if (g.mesh.ep <= 1)
+    return invalid_argument("axis ep needs ep > 1 in the mesh (ep=" + std::to_string(g.mesh.ep) + ")");
   std::unordered_set<NodeId> set(chunks.begin(), chunks.end());
   const std::string stream = d.stream.empty() ? "ep" : d.stream;
+  // Under tensor parallelism the MoE layer's tokens are split over the tp ranks (sequence parallelism, as in
+  // Megatron-LM and the closed form): each rank routes, dispatches and keeps the activations of T / tp tokens.
+  const int64_t tp = std::max(1, g.mesh.tp);
   for (NodeId id : chunks) {
     g.node(id).shard_axis = "ep";
+    if (g.node(id).activation_bytes > 0) g.node(id).activation_bytes = (g.node(id).activation_bytes + tp - 1) / tp;
     const bool fwd = g.node(id).tags.pass == Pass::kF;
     for (int e : chunk_edges(g, id, true)) {
       if (set.count(g.edge(e).src)) continue;
-      int64_t bytes = g.edge(e).bytes * g.moe_top_k;
-      g.insert_on_edge(e, comm_like(g.node(id), NodeKind::kAllToAll, fwd ? "dispatch" : "combine", "ep",
-                                    d.algorithm, stream, bytes));
+      int64_t bytes = (g.edge(e).bytes * g.moe_top_k + tp - 1) / tp;
+      g.insert_on_edge(e, comm_like(g.node(id), NodeKind::kAllToAll, fwd ? "dispatch" : "combine", "ep", d.algorithm,
+                                    stream, bytes));
     }
     for (int e : chunk_edges(g, id, false)) {
       if (set.count(g.edge(e).dst)) continue;
-      int64_t bytes = g.edge(e).bytes * g.moe_top_k;
-      g.insert_on_edge(e, comm_like(g.node(id), NodeKind::kAllToAll, fwd ? "combine" : "dispatch", "ep",
-                                    d.algorithm, stream, bytes));
+      int64_t bytes = (g.edge(e).bytes * g.moe_top_k + tp - 1) / tp;
+      g.insert_on_edge(e, comm_like(g.node(id), NodeKind::kAllToAll, fwd ? "combine" : "dispatch", "ep", d.algorithm,
+                                    stream, bytes));
     }
   }
   return ok_status();
 }
 
 Status shard_tp(Graph& g, const ShardDirective& d, const std::vector<NodeId>& chunks) {
-  if (g.mesh.tp <= 1) return invalid_argument("axis tp needs tp > 1 in the mesh (tp=" + std::to_string(g.mesh.tp) + ")");
+  if (g.mesh.tp <= 1)
+    return invalid_argument("axis tp needs tp > 1 in the mesh (tp=" + std::to_string(g.mesh.tp) + ")");
   const std::string stream = d.stream.empty() ? "tp" : d.stream;
+  const int64_t tp = g.mesh.tp;
   for (NodeId id : chunks) {
     g.node(id).shard_axis = "tp";
     const std::string part = g.node(id).tags.part;
+    // The activations the F keeps for its backward: split over tp, except, without sequence parallelism, the
+    // chunk's input (the norm's input, replicated on every tp rank); hidden = the bytes of one hidden-state edge.
+    if (Node& nd = g.node(id); nd.activation_bytes > 0) {
+      int64_t hidden = 0;
+      for (int e : chunk_edges(g, id, true, "tp")) hidden = std::max(hidden, g.edge(e).bytes);
+      hidden = d.sequence_parallel ? 0 : std::min(hidden, nd.activation_bytes);
+      nd.activation_bytes = hidden + (nd.activation_bytes - hidden + tp - 1) / tp;
+    }
     auto reroute = [&](bool into, NodeKind kind, const std::string& what) {
       std::vector<int> edges = chunk_edges(g, id, into, "tp");
       // The activations an F keeps for its own backward (F -> B/BW/W of the same layer and part) stay local:
