@@ -41,18 +41,44 @@ bool is_tp_output_collective(const Node& n) {
   return n.group == "tp" && (n.kind == NodeKind::kAllReduce || n.kind == NodeKind::kReduceScatter);
 }
 
+// The instruction that runs node `nd` (send/recv peers and tags, and the cost, are the caller's).
+Instruction node_instruction(const Node& nd) {
+  Instruction in;
+  in.node = nd.id;
+  in.label = nd.name;
+  in.pass = nd.tags.pass;
+  in.mb = nd.tags.mb;
+  in.group = nd.group;
+  in.algorithm = nd.algorithm;
+  switch (nd.kind) {
+    case NodeKind::kChunk:
+      in.op = OpKind::kCompute;
+      break;
+    case NodeKind::kUpdate:
+      in.op = OpKind::kUpdate;
+      break;
+    case NodeKind::kSend:
+      in.op = OpKind::kSend;
+      break;
+    case NodeKind::kRecv:
+      in.op = OpKind::kRecv;
+      break;
+    case NodeKind::kM2N:
+      in.op = nd.m2n_sender ? OpKind::kSend : OpKind::kRecv;
+      break;
+    default:
+      in.op = OpKind::kCollective;
+      break;
+  }
+  in.comm = nd.kind;
+  return in;
+}
+
 // LowerOptions::recompute_reruns_tp_collectives: collective `c` of a recomputed forward, run again.
 template <typename Cost>
 Instruction rerun_collective(const ir::Graph& g, const Node& c, const Cost& cost) {
-  Instruction in;
-  in.op = OpKind::kCollective;
-  in.node = c.id;
-  in.comm = c.kind;
-  in.group = c.group;
-  in.algorithm = c.algorithm;
-  in.label = c.name + " (recompute)";
-  in.pass = ir::Pass::kF;
-  in.mb = c.tags.mb;
+  Instruction in = node_instruction(c);
+  in.label += " (recompute)";
   cost(g, c, in);
   return in;
 }
@@ -142,34 +168,7 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
             st.instrs.push_back(w);
           }
         }
-        Instruction in;
-        in.node = id;
-        in.label = nd.name;
-        in.pass = nd.tags.pass;
-        in.mb = nd.tags.mb;
-        in.group = nd.group;
-        in.algorithm = nd.algorithm;
-        switch (nd.kind) {
-          case NodeKind::kChunk:
-            in.op = OpKind::kCompute;
-            break;
-          case NodeKind::kUpdate:
-            in.op = OpKind::kUpdate;
-            break;
-          case NodeKind::kSend:
-            in.op = OpKind::kSend;
-            break;
-          case NodeKind::kRecv:
-            in.op = OpKind::kRecv;
-            break;
-          case NodeKind::kM2N:
-            in.op = nd.m2n_sender ? OpKind::kSend : OpKind::kRecv;
-            break;
-          default:
-            in.op = OpKind::kCollective;
-            break;
-        }
-        in.comm = nd.kind;
+        Instruction in = node_instruction(nd);
         if (nd.kind == NodeKind::kSend || nd.kind == NodeKind::kRecv || nd.kind == NodeKind::kM2N) {
           in.peer = nd.peer_pp_rank;
           in.tag = tag_of[static_cast<size_t>(id)];
@@ -182,12 +181,8 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
           const NodeId f = buffers.recompute_of.at(id);
           const Node& fn = g.node(f);
           st.instrs.push_back(buffer_op(OpKind::kAlloc, it->second));
-          Instruction re;
-          re.op = OpKind::kCompute;
-          re.node = f;
-          re.label = fn.name + " (recompute)";
-          re.pass = ir::Pass::kF;
-          re.mb = fn.tags.mb;
+          Instruction re = node_instruction(fn);
+          re.label += " (recompute)";
           cost(g, fn, re);
           if (options.recompute_reruns_tp_collectives && fn.shard_axis == "tp") {
             for (NodeId p : g.preds(f)) {

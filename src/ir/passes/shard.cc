@@ -45,6 +45,8 @@ std::vector<int> chunk_edges(const Graph& g, NodeId id, bool into, const std::st
   return out;
 }
 
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
 Status shard_ep(Graph& g, const ShardDirective& d, const std::vector<NodeId>& chunks) {
   if (g.mesh.ep <= 1)
     return invalid_argument("axis ep needs ep > 1 in the mesh (ep=" + std::to_string(g.mesh.ep) + ")");
@@ -55,17 +57,17 @@ Status shard_ep(Graph& g, const ShardDirective& d, const std::vector<NodeId>& ch
   const int64_t tp = std::max(1, g.mesh.tp);
   for (NodeId id : chunks) {
     g.node(id).shard_axis = "ep";
-    if (g.node(id).activation_bytes > 0) g.node(id).activation_bytes = (g.node(id).activation_bytes + tp - 1) / tp;
+    if (g.node(id).activation_bytes > 0) g.node(id).activation_bytes = ceil_div(g.node(id).activation_bytes, tp);
     const bool fwd = g.node(id).tags.pass == Pass::kF;
     for (int e : chunk_edges(g, id, true)) {
       if (set.count(g.edge(e).src)) continue;
-      int64_t bytes = (g.edge(e).bytes * g.moe_top_k + tp - 1) / tp;
+      int64_t bytes = ceil_div(g.edge(e).bytes * g.moe_top_k, tp);
       g.insert_on_edge(e, comm_like(g.node(id), NodeKind::kAllToAll, fwd ? "dispatch" : "combine", "ep", d.algorithm,
                                     stream, bytes));
     }
     for (int e : chunk_edges(g, id, false)) {
       if (set.count(g.edge(e).dst)) continue;
-      int64_t bytes = (g.edge(e).bytes * g.moe_top_k + tp - 1) / tp;
+      int64_t bytes = ceil_div(g.edge(e).bytes * g.moe_top_k, tp);
       g.insert_on_edge(e, comm_like(g.node(id), NodeKind::kAllToAll, fwd ? "combine" : "dispatch", "ep", d.algorithm,
                                     stream, bytes));
     }
@@ -87,7 +89,7 @@ Status shard_tp(Graph& g, const ShardDirective& d, const std::vector<NodeId>& ch
       int64_t hidden = 0;
       for (int e : chunk_edges(g, id, true, "tp")) hidden = std::max(hidden, g.edge(e).bytes);
       hidden = d.sequence_parallel ? 0 : std::min(hidden, nd.activation_bytes);
-      nd.activation_bytes = hidden + (nd.activation_bytes - hidden + tp - 1) / tp;
+      nd.activation_bytes = hidden + ceil_div(nd.activation_bytes - hidden, tp);
     }
     auto reroute = [&](bool into, NodeKind kind, const std::string& what) {
       std::vector<int> edges = chunk_edges(g, id, into, "tp");
