@@ -110,24 +110,19 @@ void run_item(const Context& ctx, int64_t index, Sink* sink, Strategy* s, cost::
   const int64_t block_mbs = block_sched * static_cast<int64_t>(r.schedules.size());
   const int64_t block_sp = block_mbs * static_cast<int64_t>(sp.mbs.size());
   const int64_t block_etp = block_sp * static_cast<int64_t>(r.sp.size());
-  // Mesh orders that only differ in where size-1 axes sit are one strategy: keep the first of each.
-  std::vector<char> order_dup(sp.orders.size(), 0);
-  {
-    auto axis_size = [&](const std::string& a) {
-      return a == "tp" ? item.tp : a == "ep" ? item.ep : a == "dp" ? dp / std::max(1, item.ep) : item.pp;
-    };
-    std::vector<std::vector<std::string>> reduced(sp.orders.size());
-    for (size_t o = 0; o < sp.orders.size(); ++o) {
-      for (const auto& a : sp.orders[o]) {
-        if (axis_size(a) > 1) reduced[o].push_back(a);
-      }
-      for (size_t q = 0; q < o && !order_dup[o]; ++q) order_dup[o] = reduced[q] == reduced[o];
-    }
-  }
   s->tp = item.tp;
   s->pp = item.pp;
   s->dp = dp;
   s->ep = item.ep;
+  // Mesh orders that only differ in where size-1 axes sit are one strategy: keep the first of each.
+  std::vector<char> order_dup(sp.orders.size(), 0);
+  {
+    std::vector<std::vector<std::string>> reduced(sp.orders.size());
+    for (size_t o = 0; o < sp.orders.size(); ++o) {
+      reduced[o] = s->order_without_unit_axes(sp.orders[o]);
+      for (size_t q = 0; q < o && !order_dup[o]; ++q) order_dup[o] = reduced[q] == reduced[o];
+    }
+  }
   const int n_etp = static_cast<int>(r.etp_count(item.tp));
   for (int ie = 0; ie < n_etp; ++ie) {
     s->etp = ie == 0 ? 1 : item.tp;

@@ -1,40 +1,20 @@
 #include "piper/sim/simulate.h"
 
-#include <algorithm>
 #include <chrono>
-#include <string>
-#include <vector>
 
+#include "piper/base/strings.h"
 #include "piper/cost/estimate.h"
 #include "piper/sim/task_time.h"
 
 namespace piper::sim {
 
-namespace {
-
-// The compiler lays global ranks out tp innermost, then ep inside dp, then pp (compile/lower.cc, Plan::rank_of),
-// and the simulator's groups and representative ranks follow that layout. A mesh order that differs from it only
-// in where size-1 axes sit is the same layout.
-bool compiled_layout_follows(const Strategy& s) {
-  auto sized = [&](const std::vector<std::string>& order) {
-    std::vector<std::string> out;
-    for (const std::string& a : order) {
-      const int n = a == "tp" ? s.tp : a == "ep" ? s.ep : a == "dp" ? s.dp / std::max(1, s.ep) : a == "pp" ? s.pp : 2;
-      if (n > 1) out.push_back(a);
-    }
-    return out;
-  };
-  return sized(s.order) == sized(Strategy{}.order);
-}
-
-}  // namespace
-
 Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train_in,
                            const Strategy& strategy, const cost::Calibration& calibration, const SimOptions& options) {
-  if (!compiled_layout_follows(strategy)) {
-    std::string order;
-    for (const std::string& a : strategy.order) order += (order.empty() ? "" : "-") + a;
-    return invalid_argument("simulate: order=" + order +
+  // The compiler lays global ranks out tp innermost, then ep inside dp, then pp (compile/lower.cc, Plan::rank_of),
+  // and the simulator's groups and representative ranks follow that layout; an order that differs from it only
+  // in where size-1 axes sit is the same layout.
+  if (strategy.order_without_unit_axes(strategy.order) != strategy.order_without_unit_axes(Strategy{}.order)) {
+    return invalid_argument("simulate: order=" + join(strategy.order, "-") +
                             " is priced by the closed form only (piper estimate): the compiler lays ranks out "
                             "tp-ep-dp-pp and the simulator executes that layout; drop order= to simulate it");
   }

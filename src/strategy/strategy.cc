@@ -1,6 +1,7 @@
 // Strategy: compact-string and JSON forms. Validation lives in strategy_validate.cc.
 #include "piper/strategy/strategy.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 
@@ -146,6 +147,15 @@ Result<std::string> json_value_text(const std::string& key, const Json& v) {
 }
 
 }  // namespace
+
+std::vector<std::string> Strategy::order_without_unit_axes(const std::vector<std::string>& axes) const {
+  std::vector<std::string> out;
+  for (const std::string& a : axes) {
+    const int n = a == "tp" ? tp : a == "ep" ? ep : a == "dp" ? dp / std::max(1, ep) : pp;
+    if (n > 1) out.push_back(a);
+  }
+  return out;
+}
 
 const char* to_string(Recompute r) {
   switch (r) {

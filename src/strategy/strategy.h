@@ -66,6 +66,9 @@ struct Strategy {
   // The schedule as an enum. Precondition: validate() passed (an unknown name is a PIPER_CHECK failure).
   ScheduleKind schedule_kind() const;
   int edp() const { return dp / ep; }  // expert-data-parallel size
+  // `axes` (a mesh order, innermost first) without the axes of size 1 here (tp, ep, edp for "dp", pp): two orders
+  // with the same result lay the ranks out the same way.
+  std::vector<std::string> order_without_unit_axes(const std::vector<std::string>& axes) const;
   int64_t global_batch() const { return static_cast<int64_t>(dp) * microbatches * mbs; }
 
   std::string to_string() const;
