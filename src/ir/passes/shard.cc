@@ -55,18 +55,27 @@ Status shard_ep(Graph& g, const ShardDirective& d, const std::vector<NodeId>& ch
   // Under tensor parallelism the MoE layer's tokens are split over the tp ranks (sequence parallelism, as in
   // Megatron-LM and the closed form): each rank routes, dispatches and keeps the activations of T / tp tokens.
   const int64_t tp = std::max(1, g.mesh.tp);
+  // The neighbouring chunks may already be tensor parallel (shard tp runs first): their all-gather /
+  // reduce-scatter / all-reduce then sits on the edge, and the exchange goes between it and the experts.
+  // Before, only chunk-to-chunk edges counted, so under tp every combine (forward) and its gradient (backward)
+  // was missing from the plan: half the EP traffic of the closed form.
+  auto own_collective = [&](NodeId chunk, NodeId other) {
+    const Node& c = g.node(chunk);
+    const Node& o = g.node(other);
+    return o.kind != NodeKind::kChunk && o.tags.layer == c.tags.layer && o.tags.part.rfind(c.tags.part + ".", 0) == 0;
+  };
   for (NodeId id : chunks) {
     g.node(id).shard_axis = "ep";
     if (g.node(id).activation_bytes > 0) g.node(id).activation_bytes = ceil_div(g.node(id).activation_bytes, tp);
     const bool fwd = g.node(id).tags.pass == Pass::kF;
-    for (int e : chunk_edges(g, id, true)) {
-      if (set.count(g.edge(e).src)) continue;
+    for (int e : chunk_edges(g, id, true, "tp")) {
+      if (set.count(g.edge(e).src) || own_collective(id, g.edge(e).src)) continue;
       int64_t bytes = ceil_div(g.edge(e).bytes * g.moe_top_k, tp);
       g.insert_on_edge(e, comm_like(g.node(id), NodeKind::kAllToAll, fwd ? "dispatch" : "combine", "ep", d.algorithm,
                                     stream, bytes));
     }
-    for (int e : chunk_edges(g, id, false)) {
-      if (set.count(g.edge(e).dst)) continue;
+    for (int e : chunk_edges(g, id, false, "tp")) {
+      if (set.count(g.edge(e).dst) || own_collective(id, g.edge(e).dst)) continue;
       int64_t bytes = ceil_div(g.edge(e).bytes * g.moe_top_k, tp);
       g.insert_on_edge(e, comm_like(g.node(id), NodeKind::kAllToAll, fwd ? "combine" : "dispatch", "ep", d.algorithm,
                                     stream, bytes));
