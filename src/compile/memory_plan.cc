@@ -85,7 +85,7 @@ int64_t model_state_bytes(const ir::Graph& g, int r) {
     const std::string& axis = it->second->shard_axis;
     if (axis == "ep") params /= std::max(1, g.mesh.ep);
     if (axis == "tp") params /= std::max(1, g.mesh.tp);
-    int64_t deg = nd.group.empty() ? 1 : nd.group == "edp" ? std::max(1, g.mesh.dp / g.mesh.ep) : g.mesh.dp;
+    int64_t deg = nd.group.empty() ? 1 : nd.group == "edp" ? std::max(1, g.mesh.expert_replicas()) : g.mesh.dp;
     bytes += params * g.param_bytes / (zero >= 3 ? deg : 1);
     bytes += params * g.grad_bytes / (zero >= 2 ? deg : 1);
     bytes += params * 12 / (zero >= 1 ? deg : 1);

@@ -77,7 +77,7 @@ Result<std::vector<int>> Plan::group_ranks(int rank, const std::string& axis) co
     } else if (axis == "ep") {
       member = c.pp == me.pp && c.tp == me.tp && c.dp / ep == me.dp / ep;
     } else if (axis == "edp") {
-      member = c.pp == me.pp && c.tp == me.tp && c.ep == me.ep;
+      member = c.pp == me.pp && c.ep == me.ep;  // every tp rank too (MeshInfo::expert_replicas)
     } else if (axis == "pp") {
       member = c.dp == me.dp && c.tp == me.tp;
     } else {

@@ -38,6 +38,10 @@ struct MeshInfo {
   int ep = 1;
   int tp = 1;
   int num_stages() const { return pp * vpp; }
+  // Ranks of a pipeline stage holding the same ep-sharded experts (group "edp"): the dp / ep expert-data-parallel
+  // ranks times the tp ranks, which keep whole experts (expert tensor parallelism 1, as Megatron's
+  // --expert-tensor-parallel-size 1 and the closed form's etp = 1) and route different tokens (T / tp each).
+  int expert_replicas() const { return dp / ep * tp; }
 };
 
 struct Node {
@@ -47,8 +51,8 @@ struct Node {
   std::string name;  // readable, unique enough for messages: "L3.attn.F" (+ ".mb2" after split)
 
   // Placement.
-  int pp_rank = -1;                   // set by place; -1 = not placed
-  std::string stream = "compute";     // logical stream; comm nodes default to their group's stream
+  int pp_rank = -1;                // set by place; -1 = not placed
+  std::string stream = "compute";  // logical stream; comm nodes default to their group's stream
 
   // Per-node cost inputs (element counts / bytes; the cost model turns them into time and memory).
   int64_t param_count = 0;       // parameters this chunk owns (update nodes: the shard they step)
@@ -56,12 +60,12 @@ struct Node {
   int64_t activation_bytes = 0;  // activations kept from F until its backward
 
   // Communication (comm nodes).
-  std::string group;      // mesh axis the op runs over: "dp", "edp", "ep", "tp", "pp", "a2f"
-  std::string algorithm;  // "ring", "tree", "flat", "halo", "direct"
-  int peer_pp_rank = -1;  // send/recv: the pipeline rank on the other side
-  int64_t comm_bytes = 0; // payload per rank
-  bool m2n_sender = false; // m2n: true on the sending side of the exchange, false on the receiving side
-  std::string shard_axis; // chunk parameters sharded over this axis ("ep", "tp"); "" = not sharded
+  std::string group;        // mesh axis the op runs over: "dp", "edp", "ep", "tp", "pp", "a2f"
+  std::string algorithm;    // "ring", "tree", "flat", "halo", "direct"
+  int peer_pp_rank = -1;    // send/recv: the pipeline rank on the other side
+  int64_t comm_bytes = 0;   // payload per rank
+  bool m2n_sender = false;  // m2n: true on the sending side of the exchange, false on the receiving side
+  std::string shard_axis;   // chunk parameters sharded over this axis ("ep", "tp"); "" = not sharded
 
   // Rewrites' annotations.
   int zero = 0;            // ZeRO stage of this chunk's parameters (replicate)
@@ -75,7 +79,7 @@ class Graph {
  public:
   MeshInfo mesh;
   int num_layers = 0;
-  int num_microbatches = 1;  // 1 until split
+  int num_microbatches = 1;     // 1 until split
   bool backward_split = false;  // some BW nodes were rewritten into B -> W
   int param_bytes = 2;          // bytes per parameter element (compute copy)
   int grad_bytes = 4;           // bytes per gradient element

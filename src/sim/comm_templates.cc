@@ -20,7 +20,8 @@ bool starts_on_node(const Link& first, int node) {
 std::vector<int> depths(const FlowSim& sim) {
   std::vector<int> d(static_cast<size_t>(sim.num_flows()), 0);
   for (int f = 0; f < sim.num_flows(); ++f) {
-    for (int a : sim.flow(f).after) d[static_cast<size_t>(f)] = std::max(d[static_cast<size_t>(f)], d[static_cast<size_t>(a)] + 1);
+    for (int a : sim.flow(f).after)
+      d[static_cast<size_t>(f)] = std::max(d[static_cast<size_t>(f)], d[static_cast<size_t>(a)] + 1);
   }
   return d;
 }
@@ -110,7 +111,8 @@ FlowTemplate aggregate_template(const Network& net, const FlowSim& scratch,
             const int node = first_node + ((net.node_of(device) - first_node + shift) % span + span) % span;
             return node * net.devices_per_node() + device % net.devices_per_node();
           };
-          auto it = image.find(std::make_tuple(moved(dep.src_device), moved(dep.dst_device), depth[static_cast<size_t>(a)]));
+          auto it =
+              image.find(std::make_tuple(moved(dep.src_device), moved(dep.dst_device), depth[static_cast<size_t>(a)]));
           if (it != image.end()) {
             after.push_back(index.at(it->second));
             continue;
@@ -158,7 +160,8 @@ Result<std::vector<int>> CommTemplates::group(int rank, const std::string& axis)
   } else if (axis == "ep") {
     for (int e = 0; e < ep; ++e) at(c.dp / ep * ep + e, c.tp);
   } else if (axis == "edp") {
-    for (int j = 0; j < dp / ep; ++j) at(c.dp % ep + j * ep, c.tp);
+    for (int j = 0; j < dp / ep; ++j)  // every tp rank too (MeshInfo::expert_replicas)
+      for (int t = 0; t < tp; ++t) at(c.dp % ep + j * ep, t);
   } else {
     return invalid_argument("collective over axis '" + axis + "': the simulator knows tp, dp, ep and edp groups");
   }
@@ -210,11 +213,13 @@ Result<std::vector<std::vector<int>>> CommTemplates::add_instance(FlowSim* scrat
       const std::vector<std::vector<int>> rings = ring_channels(devices);
       const double share = 1.0 / static_cast<double>(rings.size());
       for (const auto& ring : rings) {
-        if (kind == ir::NodeKind::kAllReduce) PIPER_RETURN_IF_ERROR(keep(add_ring_all_reduce(*net_, scratch, ring, share)));
+        if (kind == ir::NodeKind::kAllReduce)
+          PIPER_RETURN_IF_ERROR(keep(add_ring_all_reduce(*net_, scratch, ring, share)));
         if (kind == ir::NodeKind::kReduceScatter) {
           PIPER_RETURN_IF_ERROR(keep(add_ring_reduce_scatter(*net_, scratch, ring, share)));
         }
-        if (kind == ir::NodeKind::kAllGather) PIPER_RETURN_IF_ERROR(keep(add_ring_all_gather(*net_, scratch, ring, share)));
+        if (kind == ir::NodeKind::kAllGather)
+          PIPER_RETURN_IF_ERROR(keep(add_ring_all_gather(*net_, scratch, ring, share)));
       }
       break;
     }
@@ -289,8 +294,8 @@ Result<const FlowTemplate*> CommTemplates::p2p(int src_rank, int dst_rank) {
     const int src_off = src_rank - src_pp * n, dst_off = dst_rank - dst_pp * n;
     for (int o = 0; o < n; ++o) {
       if (o == src_off) continue;
-      PIPER_ASSIGN_OR_RETURN(CollectiveFlows other,
-                             add_p2p(*net_, &scratch, src_pp * n + o, dst_pp * n + (o - src_off + dst_off + n) % n, 1.0));
+      PIPER_ASSIGN_OR_RETURN(CollectiveFlows other, add_p2p(*net_, &scratch, src_pp * n + o,
+                                                            dst_pp * n + (o - src_off + dst_off + n) % n, 1.0));
       instances.push_back(other.flows);
     }
     *t = aggregate_template(*net_, scratch, instances, net_->node_of(src_rank));

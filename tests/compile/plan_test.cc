@@ -28,7 +28,7 @@ Plan compiled(const std::string& text) {
 TEST(PlanTest, GroupsPartitionTheWorld) {
   const Plan plan = compiled("dp=4,ep=2,tp=2,sp=1,pp=2,schedule=1f1b,microbatches=2");
   ASSERT_EQ(plan.world_size, 16);
-  const std::map<std::string, size_t> sizes = {{"tp", 2}, {"dp", 4}, {"ep", 2}, {"edp", 2}, {"pp", 2}};
+  const std::map<std::string, size_t> sizes = {{"tp", 2}, {"dp", 4}, {"ep", 2}, {"edp", 4}, {"pp", 2}};
   for (int r = 0; r < plan.world_size; ++r) {
     EXPECT_EQ(plan.rank_of(plan.coords[static_cast<size_t>(r)]), r);
     for (const auto& [axis, size] : sizes) {
@@ -55,7 +55,8 @@ TEST(PlanTest, GroupsPartitionTheWorld) {
   EXPECT_EQ(*plan.group_ranks(0, "tp"), (std::vector<int>{0, 1}));
   EXPECT_EQ(*plan.group_ranks(0, "dp"), (std::vector<int>{0, 2, 4, 6}));
   EXPECT_EQ(*plan.group_ranks(0, "ep"), (std::vector<int>{0, 2}));
-  EXPECT_EQ(*plan.group_ranks(0, "edp"), (std::vector<int>{0, 4}));
+  // The experts' replicas: the other ep block's rank and both tp ranks of each (whole experts on every tp rank).
+  EXPECT_EQ(*plan.group_ranks(0, "edp"), (std::vector<int>{0, 1, 4, 5}));
   EXPECT_EQ(*plan.group_ranks(0, "pp"), (std::vector<int>{0, 8}));
 }
 

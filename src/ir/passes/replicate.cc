@@ -28,9 +28,9 @@ Node comm_node(const Node& like, NodeKind kind, const std::string& what, int mb,
   n.tags = like.tags;
   n.tags.mb = mb;
   n.tags.pass = pass;
-  n.name = (like.tags.part == "embed" || like.tags.part == "head" ? like.tags.part
-                                                                    : "L" + std::to_string(like.tags.layer) + "." +
-                                                                          like.tags.part) +
+  n.name = (like.tags.part == "embed" || like.tags.part == "head"
+                ? like.tags.part
+                : "L" + std::to_string(like.tags.layer) + "." + like.tags.part) +
            "." + what + (mb >= 0 ? ".mb" + std::to_string(mb) : "");
   n.pp_rank = like.pp_rank;
   n.stream = d.stream;
@@ -68,15 +68,16 @@ Status apply_replicate(Graph& g, const ReplicateDirective& d) {
     const Node& first = g.node(grp.fwd[0]);
     const bool sharded_experts = first.shard_axis == "ep";
     const std::string axis = sharded_experts ? "edp" : d.axis;
-    const int degree = sharded_experts ? g.mesh.dp / g.mesh.ep : g.mesh.dp;
+    const int degree = sharded_experts ? g.mesh.expert_replicas() : g.mesh.dp;
     if (degree <= 1) continue;  // nothing to replicate over (e.g. experts with ep == dp)
     ++replicated;
     int64_t params = first.param_count;
     if (!first.shard_axis.empty()) params /= first.shard_axis == "ep" ? g.mesh.ep : g.mesh.tp;
     const int64_t grad_bytes = params * g.grad_bytes, param_bytes = params * g.param_bytes;
-    const int pieces = d.bucket_mb > 0
-                           ? std::max(1, static_cast<int>(std::ceil(static_cast<double>(param_bytes) / (d.bucket_mb * 1e6))))
-                           : 1;
+    const int pieces =
+        d.bucket_mb > 0
+            ? std::max(1, static_cast<int>(std::ceil(static_cast<double>(param_bytes) / (d.bucket_mb * 1e6))))
+            : 1;
     for (NodeId id : grp.fwd) g.node(id).zero = d.zero;
     for (NodeId id : grp.bwd) g.node(id).zero = d.zero;
     for (NodeId id : grp.grad) g.node(id).zero = d.zero;
@@ -88,10 +89,10 @@ Status apply_replicate(Graph& g, const ReplicateDirective& d) {
     auto reduce_chain = [&](const std::vector<NodeId>& sources, int mb, NodeKind kind) {
       NodeId head = kNoNode, tail = kNoNode;
       for (int k = 0; k < pieces; ++k) {
-        std::string what = std::string(kind == NodeKind::kAllReduce ? "ar" : "rs") +
-                           (pieces > 1 ? ".b" + std::to_string(k) : "");
-        Node c = comm_node(g.node(sources[0]), kind, what, mb, g.node(sources[0]).tags.pass, axis, d,
-                           grad_bytes / pieces);
+        std::string what =
+            std::string(kind == NodeKind::kAllReduce ? "ar" : "rs") + (pieces > 1 ? ".b" + std::to_string(k) : "");
+        Node c =
+            comm_node(g.node(sources[0]), kind, what, mb, g.node(sources[0]).tags.pass, axis, d, grad_bytes / pieces);
         c.bucket = k;
         NodeId id = g.add_node(std::move(c));
         if (tail != kNoNode) g.add_edge(tail, id, EdgeKind::kData);
@@ -132,9 +133,11 @@ Status apply_replicate(Graph& g, const ReplicateDirective& d) {
     }
   }
   if (replicated == 0) {
-    return invalid_argument("nothing to replicate: filter " + d.filter.to_string() + " matches no chunk with a data-"
-                            "parallel degree above 1 (dp=" + std::to_string(g.mesh.dp) + ", ep=" +
-                            std::to_string(g.mesh.ep) + "); drop the directive or raise dp");
+    return invalid_argument("nothing to replicate: filter " + d.filter.to_string() +
+                            " matches no chunk with a data-"
+                            "parallel degree above 1 (dp=" +
+                            std::to_string(g.mesh.dp) + ", ep=" + std::to_string(g.mesh.ep) +
+                            "); drop the directive or raise dp");
   }
   return ok_status();
 }
