@@ -218,14 +218,15 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
     }
     prog.static_bytes = model_state_bytes(g, r);
   }
-  // Global ranks: tp innermost, then dp (ep inside dp), then pp; ranks sharing a pp coordinate share a program.
-  const int tp = std::max(1, g.mesh.tp), dp = std::max(1, g.mesh.dp), ep = std::max(1, g.mesh.ep);
+  // Global ranks: tp innermost, then dp (ep inside dp, or folded over tp*dp), then pp; ranks sharing a pp
+  // coordinate share a program.
+  const int tp = std::max(1, g.mesh.tp), dp = std::max(1, g.mesh.dp);
   plan.world_size = pp * dp * tp;
   for (int rank = 0; rank < plan.world_size; ++rank) {
     RankCoord c;
     c.tp = rank % tp;
     c.dp = (rank / tp) % dp;
-    c.ep = c.dp % ep;
+    c.ep = g.mesh.ep_coord(c.dp, c.tp);
     c.pp = rank / (tp * dp);
     plan.coords.push_back(c);
     plan.rank_template.push_back(c.pp);

@@ -42,11 +42,14 @@ Json Plan::to_json() const {
   }
   Json coord_list = Json::array();
   for (const RankCoord& c : coords) coord_list.push_back(Json::array({c.pp, c.dp, c.ep, c.tp}));
-  return Json{{"world_size", world_size},
-              {"mesh", Json{{"pp", mesh.pp}, {"vpp", mesh.vpp}, {"dp", mesh.dp}, {"ep", mesh.ep}, {"tp", mesh.tp}}},
-              {"rank_template", rank_template},
-              {"coords", coord_list},  // [pp, dp, ep, tp] per global rank
-              {"programs", programs}};
+  return Json{
+      {"world_size", world_size},
+      {"mesh",
+       Json{
+           {"pp", mesh.pp}, {"vpp", mesh.vpp}, {"dp", mesh.dp}, {"ep", mesh.ep}, {"tp", mesh.tp}, {"fold", mesh.fold}}},
+      {"rank_template", rank_template},
+      {"coords", coord_list},  // [pp, dp, ep, tp] per global rank
+      {"programs", programs}};
 }
 
 int Plan::rank_of(const RankCoord& c) const {
@@ -65,7 +68,6 @@ Result<std::vector<int>> Plan::group_ranks(int rank, const std::string& axis) co
                             std::to_string(world_size));
   }
   const RankCoord me = coords[static_cast<size_t>(rank)];
-  const int ep = std::max(1, mesh.ep);
   std::vector<int> out;
   for (int r = 0; r < world_size; ++r) {
     const RankCoord& c = coords[static_cast<size_t>(r)];
@@ -75,7 +77,7 @@ Result<std::vector<int>> Plan::group_ranks(int rank, const std::string& axis) co
     } else if (axis == "dp") {
       member = c.pp == me.pp && c.tp == me.tp;
     } else if (axis == "ep") {
-      member = c.pp == me.pp && c.tp == me.tp && c.dp / ep == me.dp / ep;
+      member = c.pp == me.pp && mesh.ep_block(c.dp, c.tp) == mesh.ep_block(me.dp, me.tp);
     } else if (axis == "edp") {
       member = c.pp == me.pp && c.ep == me.ep;  // every tp rank too (MeshInfo::expert_replicas)
     } else if (axis == "pp") {

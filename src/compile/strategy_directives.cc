@@ -9,6 +9,7 @@ Result<ir::MeshInfo> strategy_mesh(const Strategy& s, const ModelSpec& model) {
   mesh.pp = s.pp;
   mesh.dp = s.dp;
   mesh.ep = s.ep;
+  mesh.fold = s.fold;
   mesh.tp = s.tp;
   if (s.disaggregate) {
     if (s.schedule != "af-pipe") {

@@ -49,6 +49,16 @@ MeshGroups mesh_groups(const Strategy& s, const Network& net) {
     }
   }
   MeshGroups g;
+  if (s.fold) {
+    // MoE parallel folding (validated: default order, etp = 1): tp innermost, then dp, then pp; the expert
+    // groups are ep consecutive ranks of a stage's tp*dp, their replicas tp*dp/ep ranks ep apart.
+    g.tp = net.layout(s.tp, 1);
+    g.dp = net.layout(s.dp, s.tp);
+    g.ep = net.layout(s.ep, 1);
+    g.expert_dp = net.layout(s.expert_replicas(), s.ep);
+    g.pp_cross_node = s.pp > 1 && s.tp * s.dp >= net.devices_per_node();
+    return g;
+  }
   g.tp = net.layout(s.tp, stride_tp);
   g.ep = net.layout(s.ep, stride_ep);
   GroupLayout edp = net.layout(s.edp(), stride_dp);
@@ -215,7 +225,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     peak_layer_act = std::max(rematerialised(false), model_.is_moe() ? rematerialised(true) : 0.0);
   }
   const double local_experts = table_.num_experts / s.ep;
-  const int expert_shard = std::max(1, s.edp() * (s.tp / s.etp));
+  const int expert_shard = std::max(1, s.expert_replicas());
   const bool tied = model_.tie_embeddings;
 
   out->ranks.resize(p);

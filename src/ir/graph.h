@@ -37,11 +37,17 @@ struct MeshInfo {
   int dp = 1;
   int ep = 1;
   int tp = 1;
+  // MoE parallel folding (Strategy::fold): expert groups are ep consecutive ranks of a stage's tp*dp ranks (tp
+  // innermost) instead of ep dp-ranks at stride tp.
+  bool fold = false;
   int num_stages() const { return pp * vpp; }
-  // Ranks of a pipeline stage holding the same ep-sharded experts (group "edp"): the dp / ep expert-data-parallel
-  // ranks times the tp ranks, which keep whole experts (expert tensor parallelism 1, as Megatron's
-  // --expert-tensor-parallel-size 1 and the closed form's etp = 1) and route different tokens (T / tp each).
-  int expert_replicas() const { return dp / ep * tp; }
+  // Ranks of a pipeline stage holding the same ep-sharded experts (group "edp"): tp*dp / ep. Unfolded, the dp / ep
+  // expert-data-parallel ranks times the tp ranks, which keep whole experts (expert tensor parallelism 1, as
+  // Megatron's --expert-tensor-parallel-size 1 and the closed form's etp = 1) and route different tokens (T / tp).
+  int expert_replicas() const { return dp * tp / ep; }
+  // A rank's expert coordinate and expert group (ranks sharing `ep_block`) from its dp and tp coordinates.
+  int ep_coord(int dp_c, int tp_c) const { return fold ? (dp_c * tp + tp_c) % ep : dp_c % ep; }
+  int ep_block(int dp_c, int tp_c) const { return fold ? (dp_c * tp + tp_c) / ep : dp_c / ep * tp + tp_c; }
 };
 
 struct Node {

@@ -1,11 +1,11 @@
 #include "piper/plan/search.h"
 
-#include "piper/plan/rescore.h"
-
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
+
+#include "piper/plan/rescore.h"
 
 namespace piper::plan {
 namespace {
@@ -97,11 +97,14 @@ void run_item(const Context& ctx, int64_t index, Sink* sink, Strategy* s, cost::
   const auto& item = r.items[static_cast<size_t>(index)];
   const int dp = r.world / (item.tp * item.pp);
   auto reject = [&](Rule rule, int64_t n) { sink->rejected[static_cast<int>(rule)] += n; };
+  // An ep that does not divide dp but divides tp*dp is laid out as Megatron does it: folded over the stage's tp*dp
+  // ranks (Strategy::fold). Where ep divides dp the unfolded layout (ep a sub-axis of dp) is searched.
+  const bool fold = dp % item.ep != 0 && item.tp > 1 && (dp * item.tp) % item.ep == 0;
   if (ctx.apply_rules) {
     const bool kv_bad =
         model.attention == AttentionType::kStandard && model.num_kv_heads > 0 && model.num_kv_heads % item.tp != 0;
     if (model.num_heads % item.tp != 0 || kv_bad) return reject(Rule::kTpDividesHeads, r.item_size(item));
-    if (dp % item.ep != 0) return reject(Rule::kEpDividesDp, r.item_size(item));
+    if (dp % item.ep != 0 && !fold) return reject(Rule::kEpDividesDp, r.item_size(item));
   }
   const int64_t n_a2a = static_cast<int64_t>(sp.a2a.size()), n_order = static_cast<int64_t>(sp.orders.size());
   const int64_t block_rc = n_a2a * n_order;
@@ -114,11 +117,19 @@ void run_item(const Context& ctx, int64_t index, Sink* sink, Strategy* s, cost::
   s->pp = item.pp;
   s->dp = dp;
   s->ep = item.ep;
-  // Mesh orders that only differ in where size-1 axes sit are one strategy: keep the first of each.
+  s->fold = fold;
+  // Mesh orders that only differ in where size-1 axes sit are one strategy: keep the first of each. Folded, the
+  // layout is fixed (tp, dp, pp with the expert mesh over tp*dp): keep the first order that validates.
   std::vector<char> order_dup(sp.orders.size(), 0);
   {
     std::vector<std::vector<std::string>> reduced(sp.orders.size());
+    bool kept = false;
     for (size_t o = 0; o < sp.orders.size(); ++o) {
+      if (fold) {
+        order_dup[o] = kept || s->folded_layout(sp.orders[o]) != s->folded_layout(Strategy{}.order);
+        kept = kept || !order_dup[o];
+        continue;
+      }
       reduced[o] = s->order_without_unit_axes(sp.orders[o]);
       for (size_t q = 0; q < o && !order_dup[o]; ++q) order_dup[o] = reduced[q] == reduced[o];
     }
@@ -126,6 +137,10 @@ void run_item(const Context& ctx, int64_t index, Sink* sink, Strategy* s, cost::
   const int n_etp = static_cast<int>(r.etp_count(item.tp));
   for (int ie = 0; ie < n_etp; ++ie) {
     s->etp = ie == 0 ? 1 : item.tp;
+    if (ctx.apply_rules && fold && s->etp != 1) {  // folding keeps whole experts (Strategy::validate)
+      reject(Rule::kEpDividesDp, block_etp);
+      continue;
+    }
     for (size_t isp = 0; isp < r.sp.size(); ++isp) {
       const int64_t base_sp = ie * block_etp + static_cast<int64_t>(isp) * block_sp;
       s->sp = r.sp[isp] != 0;

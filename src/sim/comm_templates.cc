@@ -157,6 +157,11 @@ Result<std::vector<int>> CommTemplates::group(int rank, const std::string& axis)
     for (int t = 0; t < tp; ++t) at(c.dp, t);
   } else if (axis == "dp") {
     for (int d = 0; d < dp; ++d) at(d, c.tp);
+  } else if (axis == "ep" && plan_->mesh.fold) {
+    const int first = (c.dp * tp + c.tp) / ep * ep;  // ep consecutive ranks of the stage
+    for (int f = first; f < first + ep; ++f) out.push_back(base + f);
+  } else if (axis == "edp" && plan_->mesh.fold) {
+    for (int f = (c.dp * tp + c.tp) % ep; f < dp * tp; f += ep) out.push_back(base + f);
   } else if (axis == "ep") {
     for (int e = 0; e < ep; ++e) at(c.dp / ep * ep + e, c.tp);
   } else if (axis == "edp") {

@@ -75,7 +75,7 @@ void add(TaskCost& a, const TaskCost& b) {
 }
 
 Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, const Strategy& s,
-                                                   const cost::Calibration& cal) {
+                                                  const cost::Calibration& cal) {
   PIPER_RETURN_IF_ERROR(s.validate_for(cm.model(), cm.train(), s.world_size()));
   const cost::PartTable& table = cm.parts();
   const cost::DeviceModel& dev = cm.device();
@@ -93,7 +93,7 @@ Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, con
   shape.attention_score_bytes = cal.attention_score_bytes;
   // Parameters per rank and the ZeRO shard degree of each IR part (as the estimate's dense/expert split).
   const double tp = s.tp;
-  const double expert_shard = std::max(1, s.edp() * (s.tp / s.etp));
+  const double expert_shard = std::max(1, s.expert_replicas());
   auto shard_params = [&](const std::string& part) {
     double params = 0, shard = s.dp;
     if (part == "attn") params = table.attention_params / tp + table.norm_params_per_layer;
@@ -130,11 +130,16 @@ Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, con
 // Task index of a pass; BW counts as B + W.
 double task_value(const std::array<double, 3>& v, ir::Pass pass) {
   switch (pass) {
-    case ir::Pass::kF: return v[kF];
-    case ir::Pass::kB: return v[kB];
-    case ir::Pass::kW: return v[kW];
-    case ir::Pass::kBW: return v[kB] + v[kW];
-    default: return 0;
+    case ir::Pass::kF:
+      return v[kF];
+    case ir::Pass::kB:
+      return v[kB];
+    case ir::Pass::kW:
+      return v[kW];
+    case ir::Pass::kBW:
+      return v[kB] + v[kW];
+    default:
+      return 0;
   }
 }
 

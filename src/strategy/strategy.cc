@@ -12,10 +12,9 @@ namespace piper {
 namespace {
 
 const std::vector<std::string>& key_names() {
-  static const std::vector<std::string> kKeys = {"dp",  "tp",           "pp",  "vpp",   "ep",     "etp",
-                                                 "zero", "sp",          "recompute", "schedule", "microbatches",
-                                                 "mbs", "a2a",          "order", "disagg", "attn_ranks",
-                                                 "ffn_ranks"};
+  static const std::vector<std::string> kKeys = {"dp",   "tp",    "pp",        "vpp",        "ep",           "etp",
+                                                 "zero", "sp",    "recompute", "schedule",   "microbatches", "mbs",
+                                                 "a2a",  "order", "disagg",    "attn_ranks", "ffn_ranks",    "fold"};
   return kKeys;
 }
 
@@ -88,6 +87,8 @@ Status set_key(Strategy* s, const std::string& key, const std::string& value) {
   }
   if (key == "sp") {
     PIPER_ASSIGN_OR_RETURN(s->sp, parse_flag(key, value));
+  } else if (key == "fold") {
+    PIPER_ASSIGN_OR_RETURN(s->fold, parse_flag(key, value));
   } else if (key == "disagg") {
     PIPER_ASSIGN_OR_RETURN(s->disaggregate, parse_flag(key, value));
   } else if (key == "recompute") {
@@ -100,8 +101,8 @@ Status set_key(Strategy* s, const std::string& key, const std::string& value) {
   } else if (key == "order") {
     s->order = split(value, '-');
   } else {
-    return invalid_argument("strategy: unknown key '" + key + "'" + did_you_mean(key, key_names()) +
-                            "; keys are " + join(key_names(), ", "));
+    return invalid_argument("strategy: unknown key '" + key + "'" + did_you_mean(key, key_names()) + "; keys are " +
+                            join(key_names(), ", "));
   }
   return ok_status();
 }
@@ -157,11 +158,22 @@ std::vector<std::string> Strategy::order_without_unit_axes(const std::vector<std
   return out;
 }
 
+std::vector<std::string> Strategy::folded_layout(const std::vector<std::string>& axes) const {
+  std::vector<std::string> out;
+  for (const std::string& a : axes) {
+    if (a != "ep" && (a == "tp" ? tp : a == "dp" ? dp : pp) > 1) out.push_back(a);
+  }
+  return out;
+}
+
 const char* to_string(Recompute r) {
   switch (r) {
-    case Recompute::kNone: return "none";
-    case Recompute::kSelective: return "selective";
-    case Recompute::kFull: return "full";
+    case Recompute::kNone:
+      return "none";
+    case Recompute::kSelective:
+      return "selective";
+    case Recompute::kFull:
+      return "full";
   }
   return "?";
 }
@@ -202,6 +214,7 @@ std::string Strategy::to_string() const {
   if (disaggregate) {
     out += ",disagg=1,attn_ranks=" + std::to_string(attn_ranks) + ",ffn_ranks=" + std::to_string(ffn_ranks);
   }
+  if (fold) out += ",fold=1";
   return out;
 }
 
@@ -222,7 +235,8 @@ Json Strategy::to_json() const {
             {"order", order},
             {"disagg", disaggregate},
             {"attn_ranks", attn_ranks},
-            {"ffn_ranks", ffn_ranks}};
+            {"ffn_ranks", ffn_ranks},
+            {"fold", fold}};
   return j;
 }
 

@@ -3,6 +3,9 @@
 //   world = dp * tp * pp            (every rank is one device)
 //   ep divides dp                   experts are sharded over ep ranks inside the data-parallel group;
 //                                   expert-data-parallel size edp = dp / ep replicates each expert shard
+//   fold=1: ep divides tp*dp        Megatron's MoE parallel folding: the experts' own mesh (ep innermost, then
+//                                   its replicas) is laid over the tp*dp ranks of each pipeline stage, so EP 8
+//                                   stays inside a node next to TP 2 and ep may exceed dp (ep=32 with dp=16)
 //   attention and dense parts are data-parallel over dp (and tensor-parallel over tp)
 //   global batch = dp * microbatches * mbs
 //
@@ -11,6 +14,7 @@
 //   schedule(1f1b|gpipe|interleaved|zb-h1|dualpipev|af-pipe) microbatches(1) mbs(1)
 //   a2a(flat|halo) order(tp-ep-dp-pp: mesh axes innermost first, '-' separated)
 //   disagg(0|1) attn_ranks(0) ffn_ranks(0)    attention/FFN disaggregation (af-pipe)
+//   fold(0|1)    MoE parallel folding (printed only when set)
 // e.g. "dp=8,tp=1,pp=4,vpp=1,ep=8,zero=1,sp=0,recompute=none,schedule=1f1b,microbatches=16,mbs=1".
 // to_string() prints every key, and parse(to_string(s)) == s.
 #pragma once
@@ -42,8 +46,8 @@ struct Strategy {
   int pp = 1;
   int vpp = 1;  // virtual stages (model chunks) per pipeline rank
   int ep = 1;
-  int etp = 1;  // expert tensor parallel (divides tp); 1 = experts not tensor-sliced
-  int zero = 0;  // 0..3
+  int etp = 1;      // expert tensor parallel (divides tp); 1 = experts not tensor-sliced
+  int zero = 0;     // 0..3
   bool sp = false;  // sequence parallel (needs tp > 1 to matter)
   Recompute recompute = Recompute::kNone;
   std::string schedule = "1f1b";
@@ -57,6 +61,10 @@ struct Strategy {
   bool disaggregate = false;
   int attn_ranks = 0;
   int ffn_ranks = 0;
+  // MoE parallel folding (Megatron-Core's expert mesh, --expert-tensor-parallel-size 1): within a pipeline stage
+  // the tp*dp ranks, numbered tp innermost, form expert groups of ep consecutive ranks; a rank's experts are
+  // replicated on the ranks tp*dp/ep apart. Without it ep is a sub-axis of dp (stride tp).
+  bool fold = false;
 
   int world_size() const { return disaggregate ? attn_ranks + ffn_ranks : dp * tp * pp; }
   // Model chunks (virtual stages) each pipeline rank holds: vpp for interleaved, 2 for dualpipev (the V shape:
@@ -65,10 +73,15 @@ struct Strategy {
   int num_stages() const { return pp * chunks_per_rank(); }
   // The schedule as an enum. Precondition: validate() passed (an unknown name is a PIPER_CHECK failure).
   ScheduleKind schedule_kind() const;
-  int edp() const { return dp / ep; }  // expert-data-parallel size
+  int edp() const { return dp / ep; }  // expert-data-parallel size (without fold)
+  // Ranks of a pipeline stage holding the same expert slice: tp*dp / (ep*etp), folded or not.
+  int expert_replicas() const { return dp * tp / (ep * etp); }
   // `axes` (a mesh order, innermost first) without the axes of size 1 here (tp, ep, edp for "dp", pp): two orders
   // with the same result lay the ranks out the same way.
   std::vector<std::string> order_without_unit_axes(const std::vector<std::string>& axes) const;
+  // With fold the ranks are laid out tp, dp, pp and ep has no place of its own: `axes` without ep and without the
+  // size-1 axes. fold=1 needs the default order's result.
+  std::vector<std::string> folded_layout(const std::vector<std::string>& axes) const;
   int64_t global_batch() const { return static_cast<int64_t>(dp) * microbatches * mbs; }
 
   std::string to_string() const;

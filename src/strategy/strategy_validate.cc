@@ -28,8 +28,9 @@ Status Strategy::validate() const {
     const char* name;
     int value;
   };
-  const Degree degrees[] = {{"dp", dp}, {"tp", tp},           {"pp", pp},          {"vpp", vpp},
-                            {"ep", ep}, {"etp", etp},         {"microbatches", microbatches}, {"mbs", mbs}};
+  const Degree degrees[] = {
+      {"dp", dp},  {"tp", tp}, {"pp", pp}, {"vpp", vpp}, {"ep", ep}, {"etp", etp}, {"microbatches", microbatches},
+      {"mbs", mbs}};
   for (const auto& d : degrees) {
     if (d.value < 1) return fail(std::string(d.name) + "=" + std::to_string(d.value) + " must be >= 1");
   }
@@ -39,9 +40,27 @@ Status Strategy::validate() const {
   if (!known) return parse_schedule(schedule).status();
   if (a2a != "flat" && a2a != "halo") return fail("a2a=" + a2a + " is not one of {flat, halo}");
   // Disaggregated experts live on the FFN ranks (checked below against ffn_ranks), not inside the DP group.
-  if (!disaggregate && dp % ep != 0) {
-    return fail("ep=" + std::to_string(ep) + " does not divide dp=" + std::to_string(dp) +
-                " (experts are sharded inside the data-parallel group); pick ep in " + divisors_text(dp));
+  if (fold) {
+    if (disaggregate)
+      return fail("fold=1 lays experts over the tp*dp ranks; with disagg=1 they live on the FFN ranks: drop one");
+    if (etp != 1) {
+      return fail("fold=1 with etp=" + std::to_string(etp) +
+                  " is not built (folding here keeps whole experts on "
+                  "every rank, Megatron's --expert-tensor-parallel-size 1); set etp=1");
+    }
+    if (folded_layout(order) != folded_layout(Strategy{}.order)) {
+      return fail("fold=1 lays the ranks out tp, then dp, then pp, with the expert mesh folded over tp*dp; order=" +
+                  join(order, "-") + " is not built with it: drop order=");
+    }
+    if ((dp * tp) % ep != 0) {
+      return fail("fold=1: ep=" + std::to_string(ep) + " does not divide tp*dp=" + std::to_string(dp * tp) +
+                  " (the expert groups tile the stage's tp*dp ranks); pick ep in " + divisors_text(dp * tp));
+    }
+  } else if (!disaggregate && dp % ep != 0) {
+    return fail(
+        "ep=" + std::to_string(ep) + " does not divide dp=" + std::to_string(dp) +
+        " (experts are sharded inside the data-parallel group); pick ep in " + divisors_text(dp) +
+        ((dp * tp) % ep == 0 && tp > 1 ? ", or set fold=1 (Megatron's MoE parallel folding: ep over tp*dp)" : ""));
   }
   if (tp % etp != 0) {
     return fail("etp=" + std::to_string(etp) + " does not divide tp=" + std::to_string(tp) + "; pick etp in " +
@@ -51,14 +70,15 @@ Status Strategy::validate() const {
   // Mesh order: a permutation of the four axes.
   static const std::vector<std::string> kAxes = {"tp", "ep", "dp", "pp"};
   if (order.size() != kAxes.size()) {
-    return fail("order=" + join(order, "-") + " must list each of tp, ep, dp, pp once, innermost first (e.g. tp-ep-dp-pp)");
+    return fail("order=" + join(order, "-") +
+                " must list each of tp, ep, dp, pp once, innermost first (e.g. tp-ep-dp-pp)");
   }
   for (const auto& axis : kAxes) {
     int count = 0;
     for (const auto& o : order) count += o == axis ? 1 : 0;
     if (count != 1) {
-      return fail("order=" + join(order, "-") + " must list each of tp, ep, dp, pp once (axis '" + axis +
-                  "' appears " + std::to_string(count) + " times); e.g. order=tp-ep-dp-pp");
+      return fail("order=" + join(order, "-") + " must list each of tp, ep, dp, pp once (axis '" + axis + "' appears " +
+                  std::to_string(count) + " times); e.g. order=tp-ep-dp-pp");
     }
   }
   ScheduleKind kind = schedule_kind();
@@ -66,18 +86,19 @@ Status Strategy::validate() const {
     if (vpp < 2) return fail("schedule=interleaved needs vpp >= 2 (vpp=1 is plain 1f1b); set vpp=2 or schedule=1f1b");
     if (microbatches % pp != 0) {
       return fail("schedule=interleaved needs microbatches divisible by pp=" + std::to_string(pp) + " (got " +
-                  std::to_string(microbatches) + "); use microbatches=" +
-                  std::to_string((microbatches + pp - 1) / pp * pp));
+                  std::to_string(microbatches) +
+                  "); use microbatches=" + std::to_string((microbatches + pp - 1) / pp * pp));
     }
   } else if (vpp != 1) {
-    return fail("vpp=" + std::to_string(vpp) + " needs schedule=interleaved (schedule=" + schedule +
-                " places " + (kind == ScheduleKind::kDualPipeV ? "2 chunks" : "1 chunk") +
+    return fail("vpp=" + std::to_string(vpp) + " needs schedule=interleaved (schedule=" + schedule + " places " +
+                (kind == ScheduleKind::kDualPipeV ? "2 chunks" : "1 chunk") +
                 " per rank by itself); set vpp=1 or schedule=interleaved");
   }
   if ((kind == ScheduleKind::k1F1B || kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kZBH1) &&
       microbatches < pp) {
     return fail("schedule=" + schedule + " needs microbatches >= pp=" + std::to_string(pp) + " (got " +
-                std::to_string(microbatches) + ") so every stage reaches steady state; raise microbatches or use gpipe");
+                std::to_string(microbatches) +
+                ") so every stage reaches steady state; raise microbatches or use gpipe");
   }
   if (kind == ScheduleKind::kDualPipeV && microbatches < 2 * pp) {
     return fail("dualpipev needs microbatches >= 2*pp = " + std::to_string(2 * pp) + " (got " +
@@ -108,10 +129,13 @@ Status Strategy::validate() const {
 Status Strategy::validate_for(const ModelSpec& model, const TrainSpec& train, int world) const {
   PIPER_RETURN_IF_ERROR(validate());
   if (world != world_size()) {
-    std::string msg = "world " + std::to_string(world) + " != " +
-                      (disaggregate ? "attn_ranks+ffn_ranks = " : "dp*tp*pp = ") + std::to_string(world_size());
-    if (!disaggregate && world % (tp * pp) == 0) msg += "; set dp=" + std::to_string(world / (tp * pp));
-    else if (!disaggregate) msg += "; pick tp*pp dividing " + std::to_string(world);
+    std::string msg = "world " + std::to_string(world) +
+                      " != " + (disaggregate ? "attn_ranks+ffn_ranks = " : "dp*tp*pp = ") +
+                      std::to_string(world_size());
+    if (!disaggregate && world % (tp * pp) == 0)
+      msg += "; set dp=" + std::to_string(world / (tp * pp));
+    else if (!disaggregate)
+      msg += "; pick tp*pp dividing " + std::to_string(world);
     return fail(msg);
   }
   if (!model.is_moe() && ep != 1) {
@@ -144,8 +168,8 @@ Status Strategy::validate_for(const ModelSpec& model, const TrainSpec& train, in
   }
   int64_t product = global_batch();
   if (train.global_batch > 0 && product != train.global_batch) {
-    std::string msg = "microbatches*mbs*dp = " + std::to_string(product) + " != global batch " +
-                      std::to_string(train.global_batch);
+    std::string msg =
+        "microbatches*mbs*dp = " + std::to_string(product) + " != global batch " + std::to_string(train.global_batch);
     int64_t per_mb = static_cast<int64_t>(dp) * mbs;
     if (train.global_batch % per_mb == 0) {
       msg += "; set microbatches=" + std::to_string(train.global_batch / per_mb);

@@ -94,17 +94,19 @@ TEST(SearchTest, RuleCountsByHand) {
   // Items (tp, pp) in {(1,1), (1,2), (2,1)} x ep in {1,2,4,8}; a block is sp(2) x a2a(2) x order(6) = 24
   // candidates, twice that for tp=2 (etp in {1,2}): 8 * 24 + 4 * 48 = 384.
   EXPECT_EQ(r->stats.considered, 384);
-  // ep must divide dp: dp=2 rejects ep 4,8 (2 * 24); dp=1 rejects ep 2,4,8 (3 * 24 + 3 * 48).
-  EXPECT_EQ(count(Rule::kEpDividesDp), 48 + 72 + 144);
+  // ep must divide dp: dp=2 rejects ep 4,8 (2 * 24); pp=2 (dp=1) rejects ep 2,4,8 (3 * 24); tp=2 (dp=1) rejects
+  // ep 4,8 (2 * 48) and folds ep=2 over tp*dp = 2 (Strategy::fold), whose etp=2 block is rejected (24).
+  EXPECT_EQ(count(Rule::kEpDividesDp), 48 + 72 + 96 + 24);
   EXPECT_EQ(count(Rule::kSpNeedsTp), 3 * 12);     // three tp=1 items with sp=1, 12 each
-  EXPECT_EQ(count(Rule::kMoeTpNeedsSp), 2 * 12);  // tp=2, sp=0, for both etp
-  // Five (item, etp) blocks remain; the four with ep=1 drop halo (6 each).
+  EXPECT_EQ(count(Rule::kMoeTpNeedsSp), 3 * 12);  // tp=2, sp=0: ep=1 for both etp, folded ep=2
+  // Six (item, etp) blocks remain; the four with ep=1 drop halo (6 each).
   EXPECT_EQ(count(Rule::kDuplicateA2a), 4 * 6);
-  // Each block has one non-trivial axis, so 5 of its 6 orders are duplicates (ep=2 keeps both a2a: 10).
-  EXPECT_EQ(count(Rule::kDuplicateOrder), 5 + 10 + 5 + 10);
-  EXPECT_EQ(r->stats.scored, 6);
-  EXPECT_EQ(r->stats.fitting, 6);
-  EXPECT_EQ(r->stats.rejected_total(), 378);
+  // Each block has one non-trivial axis, so 5 of its 6 orders are duplicates (ep=2 keeps both a2a: 10); folded,
+  // every order lays the ranks out alike (tp only): 10.
+  EXPECT_EQ(count(Rule::kDuplicateOrder), 5 + 10 + 5 + 10 + 10);
+  EXPECT_EQ(r->stats.scored, 8);
+  EXPECT_EQ(r->stats.fitting, 8);
+  EXPECT_EQ(r->stats.rejected_total(), 376);
 }
 
 TEST(SearchTest, ResultDoesNotDependOnThreadCount) {

@@ -141,12 +141,37 @@ TEST(StrategyTest, ValidateRules) {
       {"schedule=af-pipe", "af-pipe needs disagg=1"},
       {"disagg=1", "disagg=1 needs schedule=af-pipe"},
       {"dp=2,schedule=af-pipe,disagg=1,attn_ranks=3,ffn_ranks=2", "attn_ranks=3 != dp*tp*pp = 2"},
+      // MoE parallel folding: ep over tp*dp; the unfolded error points to it when it would fit.
+      {"dp=16,tp=2,sp=1,ep=32", "or set fold=1"},
+      {"dp=16,tp=2,sp=1,ep=3,fold=1", "ep=3 does not divide tp*dp=32"},
+      {"dp=4,tp=2,sp=1,ep=8,etp=2,fold=1", "fold=1 with etp=2 is not built"},
+      {"dp=8,tp=2,sp=1,ep=4,fold=1,order=dp-tp-ep-pp", "drop order="},
+      {"dp=4,tp=2,sp=1,ep=8,fold=1,order=dp-tp-ep-pp", "drop order="},
+      {"dp=2,ep=2,fold=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2", "with disagg=1"},
   };
   for (const auto& row : rows) {
     auto s = Strategy::parse(row.text);
     ASSERT_TRUE(s.ok()) << row.text << ": " << s.status().to_string();
     expect_error(s->validate(), row.needle);
   }
+}
+
+TEST(StrategyTest, FoldRoundTripsAndCountsExpertReplicas) {
+  auto s = Strategy::parse("dp=16,tp=2,sp=1,pp=8,vpp=4,ep=32,fold=1,microbatches=128,schedule=interleaved");
+  ASSERT_TRUE(s.ok());
+  EXPECT_TRUE(s->fold);
+  EXPECT_TRUE(s->validate().ok()) << s->validate().message();
+  EXPECT_EQ(s->expert_replicas(), 1);
+  EXPECT_NE(s->to_string().find(",fold=1"), std::string::npos);
+  EXPECT_EQ(*Strategy::parse(s->to_string()), *s);
+  EXPECT_EQ(*Strategy::from_json(s->to_json()), *s);
+  // Unfolded strings keep their form; the replica count is the same folded or not.
+  auto u = Strategy::parse("dp=8,tp=2,sp=1,ep=4");
+  ASSERT_TRUE(u.ok());
+  EXPECT_EQ(u->to_string().find("fold"), std::string::npos);
+  EXPECT_EQ(u->expert_replicas(), 4);
+  u->fold = true;
+  EXPECT_EQ(u->expert_replicas(), 4);
 }
 
 // validate_for(): rules against a model, a batch and a world size.
@@ -164,7 +189,8 @@ TEST(StrategyTest, ValidateForRules) {
        "world 2048 != dp*tp*pp = 1024; set dp=128"},
       {"dp=8,ep=8,microbatches=16", mixtral_like(), 128, 8, nullptr},
       {"dp=6,ep=6,microbatches=16", mixtral_like(), 96, 6, "ep=6 does not divide num_experts=8; pick ep in {1,2}"},
-      {"dp=8,ep=8,microbatches=12", mixtral_like(), 128, 8, "microbatches*mbs*dp = 96 != global batch 128; set microbatches=16"},
+      {"dp=8,ep=8,microbatches=12", mixtral_like(), 128, 8,
+       "microbatches*mbs*dp = 96 != global batch 128; set microbatches=16"},
       {"dp=8,microbatches=12,mbs=2", mixtral_like(), 100, 8, "mbs=2 != train micro_batch_size=1"},
       {"pp=32,vpp=2,schedule=interleaved,microbatches=64", deepseek_like(), 64, 32, "pp*vpp=64 > num_layers=61"},
       {"pp=32,schedule=dualpipev,microbatches=64", deepseek_like(), 64, 32, "pp*2 (dualpipev)=64 > num_layers=61"},
