@@ -68,8 +68,11 @@ Result<std::vector<int>> Plan::group_ranks(int rank, const std::string& axis) co
                             std::to_string(world_size));
   }
   const RankCoord me = coords[static_cast<size_t>(rank)];
+  // Every group but pp lies inside the rank's pipeline stage, whose ranks are contiguous (rank_of).
+  const int slice = std::max(1, mesh.dp) * std::max(1, mesh.tp);
+  const int lo = axis == "pp" ? 0 : me.pp * slice, hi = axis == "pp" ? world_size : lo + slice;
   std::vector<int> out;
-  for (int r = 0; r < world_size; ++r) {
+  for (int r = lo; r < hi; ++r) {
     const RankCoord& c = coords[static_cast<size_t>(r)];
     bool member = false;
     if (axis == "tp") {

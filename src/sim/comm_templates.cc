@@ -148,30 +148,12 @@ Result<CommTemplates> CommTemplates::create(const Network& net, const compile::P
 }
 
 Result<std::vector<int>> CommTemplates::group(int rank, const std::string& axis) const {
-  const compile::RankCoord& c = plan_->coords[static_cast<size_t>(rank)];
-  const int tp = std::max(1, plan_->mesh.tp), dp = std::max(1, plan_->mesh.dp), ep = std::max(1, plan_->mesh.ep);
-  const int base = c.pp * dp * tp;
-  std::vector<int> out;
-  auto at = [&](int d, int t) { out.push_back(base + d * tp + t); };
-  if (axis == "tp") {
-    for (int t = 0; t < tp; ++t) at(c.dp, t);
-  } else if (axis == "dp") {
-    for (int d = 0; d < dp; ++d) at(d, c.tp);
-  } else if (axis == "ep" && plan_->mesh.fold) {
-    const int first = (c.dp * tp + c.tp) / ep * ep;  // ep consecutive ranks of the stage
-    for (int f = first; f < first + ep; ++f) out.push_back(base + f);
-  } else if (axis == "edp" && plan_->mesh.fold) {
-    for (int f = (c.dp * tp + c.tp) % ep; f < dp * tp; f += ep) out.push_back(base + f);
-  } else if (axis == "ep") {
-    for (int e = 0; e < ep; ++e) at(c.dp / ep * ep + e, c.tp);
-  } else if (axis == "edp") {
-    for (int j = 0; j < dp / ep; ++j)  // every tp rank too (MeshInfo::expert_replicas)
-      for (int t = 0; t < tp; ++t) at(c.dp % ep + j * ep, t);
-  } else {
+  // The compiler's groups (Plan::group_ranks), so that the simulator loads the links the plan's layout uses; the
+  // simulator prices collectives only, so pp (send/recv pairs) is not a group here.
+  if (axis != "tp" && axis != "dp" && axis != "ep" && axis != "edp") {
     return invalid_argument("collective over axis '" + axis + "': the simulator knows tp, dp, ep and edp groups");
   }
-  std::sort(out.begin(), out.end());
-  return out;
+  return plan_->group_ranks(rank, axis);
 }
 
 std::vector<std::vector<int>> CommTemplates::ring_channels(const std::vector<int>& ranks) const {
