@@ -151,6 +151,29 @@ Result<std::vector<ParamStore>> param_stores(Param& p, const Executor::ParamShar
   return stores;
 }
 
+// Every non-empty store of every parameter this rank holds, chunk by chunk, as save() writes and restore_local()
+// reads them: f(chunk, p, box, global, store) with box the rank's part of p (whole, TP block or ZeRO-3 shape) and
+// global p's whole shape. Stops at f's first error.
+template <class F>
+Status for_each_param_store(const Model& model, Executor& executor,
+                            const std::map<std::string, Optimizer::StateTensor>& moments, F&& f) {
+  for (const auto& chunk : model.chunks()) {
+    const std::vector<Executor::ParamShard> sharded = executor.param_shards(*chunk);
+    size_t index = 0;
+    for (Param& p : chunk->params()) {
+      const Executor::ParamShard* ps = p.trainable && !sharded.empty() ? &sharded[index] : nullptr;
+      if (p.trainable) ++index;
+      const Shape box = ps != nullptr ? ps->shape : p.value.shape();
+      const Shape global = p.global_shape.empty() ? box : p.global_shape;
+      PIPER_ASSIGN_OR_RETURN(std::vector<ParamStore> stores, param_stores(p, ps, moments));
+      for (const ParamStore& store : stores) {
+        if (store.lo < store.hi) PIPER_RETURN_IF_ERROR(f(*chunk, p, box, global, store));
+      }
+    }
+  }
+  return ok_status();
+}
+
 // Expert parallelism: the part [b, e) of slot j (elements [j n, (j + 1) n) of the rank's box) that a store holding
 // [lo, hi) covers, for every slot it touches.
 template <class F>
@@ -435,26 +458,18 @@ Status Trainer::save(const std::string& dir) {
   // this rank updates (ZeRO: allocated for those only).
   std::vector<TensorPiece> pieces;
   std::deque<Tensor> copies;  // expert slots copied out under their logical index; TP row blocks (add_pieces)
-  for (const auto& chunk : model_->chunks()) {
-    const std::vector<Executor::ParamShard> sharded = executor_->param_shards(*chunk);
-    const auto table =
-        chunk->part() == "experts" ? meta.expert_placement.find(chunk->layer()) : meta.expert_placement.end();
-    size_t index = 0;
-    for (Param& p : chunk->params()) {
-      const Executor::ParamShard* ps = p.trainable && !sharded.empty() ? &sharded[index] : nullptr;
-      if (p.trainable) ++index;
-      const Shape box = ps != nullptr ? ps->shape : p.value.shape();
-      const Shape global = p.global_shape.empty() ? box : p.global_shape;
-      PIPER_ASSIGN_OR_RETURN(std::vector<ParamStore> stores, param_stores(p, ps, moments));
-      for (const ParamStore& st : stores) {
-        if (st.lo >= st.hi) continue;
+  PIPER_RETURN_IF_ERROR(for_each_param_store(
+      *model_, *executor_, moments,
+      [&](const Chunk& chunk, Param& p, const Shape& box, const Shape& global, const ParamStore& st) -> Status {
+        const auto table =
+            chunk.part() == "experts" ? meta.expert_placement.find(chunk.layer()) : meta.expert_placement.end();
         if (table == meta.expert_placement.end()) {
           add_pieces(p,
                      st.whole
                          ? TensorPiece{st.name, global, p.global_offset, st.tensor, 0, -1, st.optimizer}
                          : TensorPiece{st.name, global, p.global_offset, st.tensor, st.lo, st.hi, st.optimizer, box},
                      &copies, &pieces);
-          continue;
+          return ok_status();
         }
         // Expert parallelism: every slot under its logical expert, so that the checkpoint does not depend on the
         // placement; of each slot the elements this store holds.
@@ -469,9 +484,8 @@ Status Trainer::save(const std::string& dir) {
           pieces.push_back({st.name, global, expert_offset(global, expert), &copies.back(), b - j * n, e - j * n,
                             st.optimizer, expert_extent(box)});
         });
-      }
-    }
-  }
+        return ok_status();
+      }));
   return save_checkpoint(dir, meta, pieces, options_.world, comm_timeout_s());
 }
 
@@ -503,18 +517,10 @@ Status Trainer::restore_local(CheckpointReader& reader) {
       if (!s.ok()) return s.with_context(where + ": its expert_placement");
     }
   }
-  for (const auto& chunk : model_->chunks()) {
-    const std::vector<Executor::ParamShard> sharded = executor_->param_shards(*chunk);
-    const auto slots = chunk->part() == "experts" ? table.find(chunk->layer()) : table.end();
-    size_t index = 0;
-    for (Param& p : chunk->params()) {
-      const Executor::ParamShard* ps = p.trainable && !sharded.empty() ? &sharded[index] : nullptr;
-      if (p.trainable) ++index;
-      const Shape box = ps != nullptr ? ps->shape : p.value.shape();
-      const Shape global = p.global_shape.empty() ? box : p.global_shape;
-      PIPER_ASSIGN_OR_RETURN(std::vector<ParamStore> stores, param_stores(p, ps, moments));
-      for (const ParamStore& store : stores) {
-        if (store.lo >= store.hi) continue;
+  PIPER_RETURN_IF_ERROR(for_each_param_store(
+      *model_, *executor_, moments,
+      [&](const Chunk& chunk, Param& p, const Shape& box, const Shape& global, const ParamStore& store) -> Status {
+        const auto slots = chunk.part() == "experts" ? table.find(chunk.layer()) : table.end();
         float* data = store.tensor->data();
         Status s = ok_status();
         if (slots == table.end()) {
@@ -532,9 +538,8 @@ Status Trainer::restore_local(CheckpointReader& reader) {
           });
         }
         if (!s.ok()) return s.with_context(where + hint);
-      }
-    }
-  }
+        return ok_status();
+      }));
   Status s = loader_->seek(m.data);
   if (!s.ok()) return s.with_context(where + " (was it written for another data set?)");
   optimizer_->set_step(m.step);
