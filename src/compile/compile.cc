@@ -62,7 +62,7 @@ Result<CompileResult> compile_directives(const ModelSpec& model, const TrainSpec
 Result<CompileResult> compile_strategy(const ModelSpec& model, const TrainSpec& train, const Strategy& strategy,
                                        const CompileOptions& options) {
   PIPER_ASSIGN_OR_RETURN(ir::MeshInfo mesh, strategy_mesh(strategy, model));
-  PIPER_ASSIGN_OR_RETURN(auto directives, strategy_directives(strategy, model));
+  PIPER_ASSIGN_OR_RETURN(auto directives, strategy_directives(strategy, model, options.vocab_parallel));
   return compile_directives(model, train, mesh, directives, options);
 }
 

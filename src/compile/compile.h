@@ -32,6 +32,7 @@ struct CompileOptions {
   CostFn cost;                                   // optional cost annotations
   bool interleave_overlap = true;                // LowerOptions::interleave_overlap
   bool recompute_reruns_tp_collectives = false;  // LowerOptions::recompute_reruns_tp_collectives
+  bool vocab_parallel = true;                    // compile_strategy: strategy_directives' vocab_parallel
 };
 
 struct CompileResult {

@@ -46,7 +46,7 @@ Result<ir::MeshInfo> strategy_mesh(const Strategy& s, const ModelSpec& model) {
   return mesh;
 }
 
-Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const ModelSpec& model) {
+Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const ModelSpec& model, bool vocab_parallel) {
   PIPER_ASSIGN_OR_RETURN(ir::MeshInfo mesh, strategy_mesh(s, model));
   std::vector<ir::Directive> out;
   out.push_back(ir::Directive{ir::SplitDirective{s.microbatches}});
@@ -60,6 +60,21 @@ Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const 
       bool present = std::string(part) == "attn" || (std::string(part) == "mlp" && model.num_dense_layers() > 0) ||
                      (std::string(part) == "shared" && model.moe.num_shared_experts > 0 && model.is_moe());
       if (present) out.push_back(ir::Directive{d});
+    }
+    // Vocabulary parallelism (Megatron's VocabParallelEmbedding and column-parallel output layer): each tp rank
+    // holds vocab/tp rows of the embedding and the head. The embedding's partial outputs are all-reduced (with
+    // sequence parallelism: reduce-scattered); the head all-gathers its input (sp) and its input gradient is
+    // all-reduced / reduce-scattered, as any column-parallel layer's. The cross-entropy's three reductions over
+    // the vocabulary shards carry 3 floats per token and are not emitted.
+    if (vocab_parallel) {
+      for (const char* part : {"embed", "head"}) {
+        ir::ShardDirective d;
+        d.filter.part = part;
+        d.axis = "tp";
+        d.algorithm = "ring";
+        d.sequence_parallel = s.sp;
+        out.push_back(ir::Directive{d});
+      }
     }
   }
   if (s.ep > 1) {

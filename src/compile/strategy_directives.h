@@ -1,7 +1,8 @@
 // strategy_directives: a Strategy as the directive list it stands for, built only from public directives.
 //
 //   split(microbatches)
-//   shard tp on attn/mlp/shared (tp > 1, sequence parallel when sp)       shard ep on experts (ep > 1)
+//   shard tp on attn/mlp/shared and, vocabulary-parallel, embed/head (tp > 1, sequence parallel when sp)
+//   shard ep on experts (ep > 1)
 //   replicate {} with the strategy's ZeRO stage (dp > 1)                  recompute (full: every F; selective: attn)
 //   disaggregate (af-pipe with disagg=1) or place layers -> stages (contiguous, balanced)
 //   the schedule's place + order directives
@@ -25,6 +26,9 @@ namespace piper::compile {
 // is run by dp*tp ranks: ffn_ranks must equal attn_ranks and ep divide dp (errors say so).
 Result<ir::MeshInfo> strategy_mesh(const Strategy& s, const ModelSpec& model);
 
-Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const ModelSpec& model);
+// vocab_parallel: shard the embedding and the head over tp as Megatron does (the default, and what the closed form
+// models); false keeps them whole on every tp rank (the CPU runtime: it has no vocabulary-parallel cross-entropy).
+Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const ModelSpec& model,
+                                                       bool vocab_parallel = true);
 
 }  // namespace piper::compile

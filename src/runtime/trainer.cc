@@ -228,7 +228,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   PIPER_RETURN_IF_ERROR(train.validate());
   PIPER_RETURN_IF_ERROR(t->strategy_.validate_for(options.model, train, options.ranks));
   t->train_ = train;
-  auto compiled = compile::compile_strategy(options.model, train, t->strategy_);
+  // The CPU runtime keeps the embedding and the head whole on every tp rank: it has no vocabulary-parallel
+  // cross-entropy (the simulator and the closed form shard them over tp, as Megatron does).
+  compile::CompileOptions copts;
+  copts.vocab_parallel = false;
+  auto compiled = compile::compile_strategy(options.model, train, t->strategy_, copts);
   if (!compiled.ok()) return compiled.status();
   t->compiled_ = std::move(compiled).value();
   if (options.migration.enabled && t->compiled_.plan.mesh.ep < 2) {
