@@ -1,9 +1,5 @@
 #include "piper/runtime/executor.h"
 
-#include "piper/kernels/cpu/gemm.h"
-#include "piper/runtime/executor_impl.h"
-#include "piper/runtime/trace.h"
-
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -12,13 +8,17 @@
 #include <thread>
 #include <tuple>
 
+#include "piper/kernels/cpu/gemm.h"
+#include "piper/runtime/executor_impl.h"
+#include "piper/runtime/trace.h"
+
 namespace piper::runtime {
 
 using compile::Instruction;
 using compile::OpKind;
+using detail::key_name;
 using detail::StashKey;
 using detail::Task;
-using detail::key_name;
 template <typename Msg>
 using Pending = detail::Pending<Msg>;
 
@@ -27,8 +27,8 @@ constexpr auto kWaitTimeout = std::chrono::seconds(600);
 }  // namespace
 
 std::string detail::key_name(const StashKey& k) {
-  return "(layer " + std::to_string(std::get<0>(k)) + ", " + std::get<1>(k) + ", mb " +
-         std::to_string(std::get<2>(k)) + ")";
+  return "(layer " + std::to_string(std::get<0>(k)) + ", " + std::get<1>(k) + ", mb " + std::to_string(std::get<2>(k)) +
+         ")";
 }
 
 Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const compile::Program& program,
@@ -41,8 +41,8 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
   impl->optimizer = optimizer;
   impl->allocator = allocator;
   impl->num_mb = std::max(1, graph.num_microbatches);
-  if (program.streams.empty()) return invalid_argument("executor: the program of rank " +
-                                                       std::to_string(program.pp_rank) + " has no streams");
+  if (program.streams.empty())
+    return invalid_argument("executor: the program of rank " + std::to_string(program.pp_rank) + " has no streams");
   if (dist != nullptr && graph.mesh.tp > 1) PIPER_RETURN_IF_ERROR(impl->init_tp(program));
   std::map<const Chunk*, int> grad_tasks_of_chunk;
   auto chunk_key = [&](ir::NodeId id) { return std::make_pair(graph.node(id).tags.layer, graph.node(id).tags.part); };
@@ -100,8 +100,8 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
           const ir::Node& n = graph.node(in.node);
           t.chunk = model->find(n.tags.layer, n.tags.part);
           if (t.chunk == nullptr) {
-            return invalid_argument("executor: update '" + in.label + "' names (layer " +
-                                    std::to_string(n.tags.layer) + ", " + n.tags.part + "), which the model lacks");
+            return invalid_argument("executor: update '" + in.label + "' names (layer " + std::to_string(n.tags.layer) +
+                                    ", " + n.tags.part + "), which the model lacks");
           }
           impl->updates_expected[t.chunk]++;
           break;
@@ -134,9 +134,9 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
             const ir::Node& o = graph.node(other);
             // Pipeline send/recv endpoints carry the message to / from the other rank.
             if (o.kind == ir::NodeKind::kSend || o.kind == ir::NodeKind::kRecv) return true;
-            if (o.kind == ir::NodeKind::kM2N) return true;  // af-pipe exchange (executor_m2n.cc)
+            if (o.kind == ir::NodeKind::kM2N) return true;       // af-pipe exchange (executor_m2n.cc)
             if (o.kind == ir::NodeKind::kAllToAll) return true;  // expert dispatch / combine (executor_ep.cc)
-            if (detail::is_tp_exchange(o)) return true;  // tensor-parallel exchange (executor_tp.cc)
+            if (detail::is_tp_exchange(o)) return true;          // tensor-parallel exchange (executor_tp.cc)
             if (ir::is_comm(o.kind)) return false;
             if (o.kind != ir::NodeKind::kChunk || chunk_key(other) == chunk_key(n.id)) return false;
             return fwd ? o.tags.pass == ir::Pass::kF : (o.tags.pass == ir::Pass::kB || o.tags.pass == ir::Pass::kBW);
@@ -147,8 +147,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
               if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
               const ir::NodeKind src_kind = graph.node(ed.src).kind;
               const bool exchanged = src_kind == ir::NodeKind::kRecv || src_kind == ir::NodeKind::kAllToAll ||
-                                     src_kind == ir::NodeKind::kM2N ||
-                                     detail::is_tp_exchange(graph.node(ed.src));
+                                     src_kind == ir::NodeKind::kM2N || detail::is_tp_exchange(graph.node(ed.src));
               // ZeRO-3: the parameter all-gather before the task (executor_comm.cc); no message. A recomputed
               // forward re-runs right before its backward, after the wait for that backward's all-gather, and
               // uses those gathered parameters.
@@ -252,13 +251,12 @@ Status Executor::Impl::compute(const Task& t) {
     } else {
       std::lock_guard<std::mutex> lock(mu);
       for (ir::NodeId src : t.sources) {
-        auto it = fwd.find(src);
-        if (it == fwd.end()) {
+        std::optional<Activation> a = detail::take_pending(fwd, src);
+        if (!a) {
           return internal_error("input of '" + label + "' from '" + graph->node(src).name +
                                 "' is not available: the plan runs it before its producer");
         }
-        inputs.push_back(it->second.msg);
-        if (--it->second.remaining == 0) fwd.erase(it);
+        inputs.push_back(std::move(*a));
       }
     }
     if (m2n != nullptr) PIPER_RETURN_IF_ERROR(m2n_local_inputs(t, &inputs));  // af-pipe (executor_m2n.cc)
@@ -314,13 +312,12 @@ Status Executor::Impl::compute(const Task& t) {
     }
     stash = it->second.get();
     for (ir::NodeId src : t.sources) {
-      auto g = bwd.find(src);
-      if (g == bwd.end()) {
+      std::optional<Gradient> g = detail::take_pending(bwd, src);
+      if (!g) {
         return internal_error("gradient of '" + label + "' from '" + graph->node(src).name +
                               "' is not available: the plan runs it before its producer");
       }
-      grads.push_back(g->second.msg);
-      if (--g->second.remaining == 0) bwd.erase(g);
+      grads.push_back(std::move(*g));
     }
   }
   if (m2n != nullptr) PIPER_RETURN_IF_ERROR(m2n_local_grads(t, &grads));  // af-pipe (executor_m2n.cc)
@@ -474,8 +471,10 @@ void Executor::Impl::run_stream(size_t s) {
 Result<StepResult> Executor::run_step(const Batch& batch) {
   Impl& m = *impl_;
   if (batch.batch_size < 1 || batch.batch_size % m.num_mb != 0) {
-    return invalid_argument("executor: a batch of " + std::to_string(batch.batch_size) + " sequences does not split "
-                            "into the plan's " + std::to_string(m.num_mb) + " microbatches");
+    return invalid_argument("executor: a batch of " + std::to_string(batch.batch_size) +
+                            " sequences does not split "
+                            "into the plan's " +
+                            std::to_string(m.num_mb) + " microbatches");
   }
   if (static_cast<int64_t>(batch.inputs.size()) != batch.batch_size * batch.seq_len ||
       batch.targets.size() != batch.inputs.size()) {

@@ -193,8 +193,8 @@ Status Executor::Impl::wait_comm(comm::Communicator& c, comm::Handle& h, std::sh
         st = c.wait(h, 1e-3);
         if (!st.ok()) {
           st = deadline_exceeded(what + " on rank " + std::to_string(dist->rank()) + " made no progress for " +
-                                 std::to_string(static_cast<int>(waited)) + " s (PIPER_COMM_TIMEOUT_S): " +
-                                 st.message());
+                                 std::to_string(static_cast<int>(waited)) +
+                                 " s (PIPER_COMM_TIMEOUT_S): " + st.message());
         }
       }
       std::lock_guard<std::mutex> lock(mu);
@@ -218,18 +218,18 @@ Status Executor::Impl::send(const Task& t) {
   {
     std::lock_guard<std::mutex> lock(mu);
     auto take = [&](auto& map) -> Status {
-      auto it = map.find(t.source);
-      if (it == map.end()) {
+      auto taken = detail::take_pending(map, t.source);
+      if (!taken) {
         return internal_error("'" + in.label + "': the output of '" + graph->node(t.source).name +
                               "' is not available: the plan sends it before it is computed");
       }
-      auto msg = it->second.msg;
-      if (--it->second.remaining == 0) map.erase(it);
-      if constexpr (std::is_same_v<decltype(msg), Activation>) {
+      const auto& msg = *taken;
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(msg)>, Activation>) {
         if (msg.routed) return unimplemented("'" + in.label + "': a router -> experts edge crosses ranks");
         tensor = msg.hidden;
       } else {
-        if (msg.dnormed || msg.dtopk_w) return unimplemented("'" + in.label + "': an experts -> router edge crosses ranks");
+        if (msg.dnormed || msg.dtopk_w)
+          return unimplemented("'" + in.label + "': an experts -> router edge crosses ranks");
         tensor = msg.dhidden;
       }
       return ok_status();
@@ -393,7 +393,8 @@ Status Executor::Impl::gather_params(const Task& t) {
     }
     return ok_status();
   }
-  auto full = pack(*t.chunk, per_rank * static_cast<size_t>(t.degree), [](Param& p) -> const Tensor& { return p.value; });
+  auto full =
+      pack(*t.chunk, per_rank * static_cast<size_t>(t.degree), [](Param& p) -> const Tensor& { return p.value; });
   auto mine = std::make_shared<std::vector<float>>(full->begin() + sh.begin, full->begin() + sh.begin + sh.per_rank);
   PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->all_gather(mine->data(), full->data(), per_rank * sizeof(float)));
   std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(mine), decltype(full)>>(mine, full);

@@ -33,20 +33,20 @@ using detail::Task;
 namespace detail {
 
 struct EpExchange {
-  comm::MoeRouting routing;             // group rank of each (token, slot)
-  std::vector<size_t> rows_to;          // rows sent to each rank
-  std::vector<size_t> rows_from;        // rows received from each rank
-  std::shared_ptr<const Routed> routed;  // the source's routing (weights for the combine)
+  comm::MoeRouting routing;                  // group rank of each (token, slot)
+  std::vector<size_t> rows_to;               // rows sent to each rank
+  std::vector<size_t> rows_from;             // rows received from each rank
+  std::shared_ptr<const Routed> routed;      // the source's routing (weights for the combine)
   std::shared_ptr<const EpRows> dispatched;  // experts and weights of the received rows
 };
 
 struct EpState {
-  int ep = 1;                 // group size (1: no expert parallelism, only the load count)
+  int ep = 1;  // group size (1: no expert parallelism, only the load count)
   int experts_per_rank = 0;
   bool halo = false;
   comm::Communicator* comm = nullptr;
   std::unique_ptr<comm::HaloContext> halo_context;
-  std::set<int> moe_layers;   // layers with an experts chunk in the graph (every rank: same graph)
+  std::set<int> moe_layers;  // layers with an experts chunk in the graph (every rank: same graph)
   // Expert parallelism: per MoE layer the logical expert in each physical slot, and its inverse.
   std::map<int, std::vector<int>> slot_expert, expert_slot;
   std::map<std::pair<int, int>, std::shared_ptr<EpExchange>> exchanges;  // (layer, mb); guarded by Impl::mu
@@ -72,8 +72,8 @@ Result<int> group_ranks_per_node(const std::vector<int>& members, int world_rank
   const int k = per_node.begin()->second;
   for (const auto& [node, count] : per_node) {
     if (count != k) {
-      return invalid_argument("the ep group has " + std::to_string(count) + " ranks on node " +
-                              std::to_string(node) + " but " + std::to_string(k) + " on another; HALO needs the " +
+      return invalid_argument("the ep group has " + std::to_string(count) + " ranks on node " + std::to_string(node) +
+                              " but " + std::to_string(k) + " on another; HALO needs the " +
                               "same number on every node (choose ranks-per-node so that ep ranks split evenly)");
     }
   }
@@ -121,8 +121,8 @@ Status Executor::Impl::ep_setup() {
     const int world_rpn = dist->ranks_per_node();
     Result<int> rpn = group_ranks_per_node(members, world_rpn);
     if (!rpn.ok()) {
-      return invalid_argument("executor: a2a=halo on " + std::to_string(world_rpn) + " ranks per node: " +
-                              rpn.status().message());
+      return invalid_argument("executor: a2a=halo on " + std::to_string(world_rpn) +
+                              " ranks per node: " + rpn.status().message());
     }
     // One lane per rank: every rank is its own proxy (a NIC per GPU, DGX rails), the layout that measured fastest
     // on the emulated two nodes (docs/comm.md: one lane is one TCP stream per node pair).
@@ -214,13 +214,12 @@ Status Executor::Impl::ep_exchange(const Task& t) {
     Activation a;
     {
       std::lock_guard<std::mutex> lock(mu);
-      auto it = fwd.find(t.sources[0]);
-      if (it == fwd.end()) {
+      std::optional<Activation> taken = detail::take_pending(fwd, t.sources[0]);
+      if (!taken) {
         return internal_error("input of '" + t.in->label + "' from '" + graph->node(t.sources[0]).name +
                               "' is not available: the plan runs it before its producer");
       }
-      a = it->second.msg;
-      if (--it->second.remaining == 0) fwd.erase(it);
+      a = std::move(*taken);
     }
     Activation out;
     if (is_dispatch(n)) {
@@ -284,8 +283,8 @@ Status Executor::Impl::ep_exchange(const Task& t) {
       PIPER_ASSIGN_OR_RETURN(std::vector<float> y,
                              combine({rows.data(), static_cast<size_t>(rows.numel())}, x->routing,
                                      {x->routed->topk_w.data(), static_cast<size_t>(x->routed->topk_w.numel())}));
-      auto hidden = std::make_shared<Tensor>(Tensor::zeros_or_die(a.hidden->shape(), MemCategory::kActivations,
-                                                                  allocator));
+      auto hidden =
+          std::make_shared<Tensor>(Tensor::zeros_or_die(a.hidden->shape(), MemCategory::kActivations, allocator));
       const float* xr = a.hidden->data();
       float* o = hidden->data();
       for (int64_t i = 0; i < hidden->numel(); ++i) o[i] = xr[i] + scale * y[static_cast<size_t>(i)];
@@ -303,13 +302,12 @@ Status Executor::Impl::ep_exchange(const Task& t) {
   {
     std::lock_guard<std::mutex> lock(mu);
     for (ir::NodeId src : t.sources) {
-      auto g = bwd.find(src);
-      if (g == bwd.end()) {
+      std::optional<Gradient> g = detail::take_pending(bwd, src);
+      if (!g) {
         return internal_error("gradient of '" + t.in->label + "' from '" + graph->node(src).name +
                               "' is not available: the plan runs it before its producer");
       }
-      grads.push_back(g->second.msg);
-      if (--g->second.remaining == 0) bwd.erase(g);
+      grads.push_back(std::move(*g));
     }
     auto it = ep->exchanges.find(exchange_key);
     if (it == ep->exchanges.end()) return internal_error("'" + t.in->label + "' runs before its forward dispatch");

@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <tuple>
@@ -60,6 +61,17 @@ struct Pending {
   int remaining = 0;
 };
 
+// One consumer's copy of the message node `src` left in `map` (Impl::fwd or Impl::bwd); the entry is erased after
+// its last consumer. nullopt: not there (the caller names the instruction in its error). The caller holds mu.
+template <typename Msg>
+std::optional<Msg> take_pending(std::map<ir::NodeId, Pending<Msg>>& map, ir::NodeId src) {
+  auto it = map.find(src);
+  if (it == map.end()) return std::nullopt;
+  Msg msg = it->second.msg;
+  if (--it->second.remaining == 0) map.erase(it);
+  return msg;
+}
+
 }  // namespace piper::runtime::detail
 
 namespace piper::runtime {
@@ -72,7 +84,7 @@ struct Executor::Impl {
   Model* model = nullptr;
   Optimizer* optimizer = nullptr;
   Allocator* allocator = nullptr;
-  DistContext* dist = nullptr;  // null on one rank
+  DistContext* dist = nullptr;     // null on one rank
   TraceRecorder* trace = nullptr;  // null: no timeline recorded
   std::vector<std::vector<Task>> streams;
   std::map<int, StashKey> buffer_owner;
@@ -156,8 +168,8 @@ struct Executor::Impl {
   // Tensor parallelism (executor_tp.cc; docs/runtime.md).
   struct TensorParallel {
     int size = 1, rank = 0;
-    bool sequence_parallel = false;  // the plan exchanges sequence slices (all-gather / reduce-scatter)
-    std::set<const Chunk*> sliced;   // chunks split over tp (tp_slice.h)
+    bool sequence_parallel = false;            // the plan exchanges sequence slices (all-gather / reduce-scatter)
+    std::set<const Chunk*> sliced;             // chunks split over tp (tp_slice.h)
     std::unique_ptr<comm::Communicator> sync;  // the tp group in its own matching context (grad sums, router)
   };
   TensorParallel tp;

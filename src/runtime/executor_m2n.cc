@@ -287,25 +287,21 @@ Status Executor::Impl::m2n_exchange(const Task& t) {
   };
   auto take_fwd = [&](ir::NodeId src) -> Result<Activation> {
     std::lock_guard<std::mutex> lock(mu);
-    auto it = fwd.find(src);
-    if (it == fwd.end()) {
+    std::optional<Activation> a = detail::take_pending(fwd, src);
+    if (!a) {
       return internal_error("'" + in.label + "': the output of '" + graph->node(src).name +
                             "' is not available: the plan sends it before it is computed");
     }
-    Activation a = it->second.msg;
-    if (--it->second.remaining == 0) fwd.erase(it);
-    return a;
+    return std::move(*a);
   };
   auto take_bwd = [&](ir::NodeId src) -> Result<Gradient> {
     std::lock_guard<std::mutex> lock(mu);
-    auto it = bwd.find(src);
-    if (it == bwd.end()) {
+    std::optional<Gradient> g = detail::take_pending(bwd, src);
+    if (!g) {
       return internal_error("'" + in.label + "': the gradient of '" + graph->node(src).name +
                             "' is not available: the plan sends it before it is computed");
     }
-    Gradient g = it->second.msg;
-    if (--it->second.remaining == 0) bwd.erase(it);
-    return g;
+    return std::move(*g);
   };
   // The receive streams post their receives in the channel's order, concurrently with the send stream that
   // dispatches: wait (bounded by the communication timeout) until the dispatch recorded its routing.

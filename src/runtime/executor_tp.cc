@@ -9,6 +9,7 @@
 // The slices are contiguous token rows: tensor rank r holds rows [r*n/T, (r+1)*n/T) of the microbatch, and
 // under sequence parallelism every chunk that is not split (embed, router, experts, head) runs on those rows.
 #include <algorithm>
+#include <type_traits>
 
 #include "piper/kernels/cpu/optimizer.h"
 #include "piper/runtime/chunks/tp_slice.h"
@@ -78,14 +79,13 @@ Status Executor::Impl::tp_exchange(const Task& t) {
   {
     std::lock_guard<std::mutex> lock(mu);
     auto take = [&](auto& map) -> Status {
-      auto it = map.find(t.source);
-      if (it == map.end()) {
+      auto taken = detail::take_pending(map, t.source);
+      if (!taken) {
         return internal_error("'" + in.label + "': the output of '" + graph->node(t.source).name +
                               "' is not available: the plan exchanges it before it is computed");
       }
-      auto msg = it->second.msg;
-      if (--it->second.remaining == 0) map.erase(it);
-      if constexpr (std::is_same_v<decltype(msg), Activation>) {
+      const auto& msg = *taken;
+      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(msg)>, Activation>) {
         if (msg.routed) return unimplemented("'" + in.label + "': a router -> experts edge crosses tensor ranks");
         x = msg.hidden;
       } else {
