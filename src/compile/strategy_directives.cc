@@ -1,5 +1,7 @@
 #include "piper/compile/strategy_directives.h"
 
+#include <string>
+
 #include "piper/strategy/schedules/schedule.h"
 
 namespace piper::compile {
@@ -51,30 +53,22 @@ Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const 
   std::vector<ir::Directive> out;
   out.push_back(ir::Directive{ir::SplitDirective{s.microbatches}});
   if (s.tp > 1) {
-    for (const char* part : {"attn", "mlp", "shared"}) {
+    // Vocabulary parallelism (embed, head; Megatron's VocabParallelEmbedding and column-parallel output layer):
+    // each tp rank holds vocab/tp rows of the embedding and the head. The embedding's partial outputs are
+    // all-reduced (with sequence parallelism: reduce-scattered); the head all-gathers its input (sp) and its input
+    // gradient is all-reduced / reduce-scattered, as any column-parallel layer's. The cross-entropy's three
+    // reductions over the vocabulary shards carry 3 floats per token and are not emitted.
+    for (const std::string part : {"attn", "mlp", "shared", "embed", "head"}) {
+      const bool present = part == "attn" || (part == "mlp" && model.num_dense_layers() > 0) ||
+                           (part == "shared" && model.moe.num_shared_experts > 0 && model.is_moe()) ||
+                           ((part == "embed" || part == "head") && vocab_parallel);
+      if (!present) continue;
       ir::ShardDirective d;
       d.filter.part = part;
       d.axis = "tp";
       d.algorithm = "ring";
       d.sequence_parallel = s.sp;
-      bool present = std::string(part) == "attn" || (std::string(part) == "mlp" && model.num_dense_layers() > 0) ||
-                     (std::string(part) == "shared" && model.moe.num_shared_experts > 0 && model.is_moe());
-      if (present) out.push_back(ir::Directive{d});
-    }
-    // Vocabulary parallelism (Megatron's VocabParallelEmbedding and column-parallel output layer): each tp rank
-    // holds vocab/tp rows of the embedding and the head. The embedding's partial outputs are all-reduced (with
-    // sequence parallelism: reduce-scattered); the head all-gathers its input (sp) and its input gradient is
-    // all-reduced / reduce-scattered, as any column-parallel layer's. The cross-entropy's three reductions over
-    // the vocabulary shards carry 3 floats per token and are not emitted.
-    if (vocab_parallel) {
-      for (const char* part : {"embed", "head"}) {
-        ir::ShardDirective d;
-        d.filter.part = part;
-        d.axis = "tp";
-        d.algorithm = "ring";
-        d.sequence_parallel = s.sp;
-        out.push_back(ir::Directive{d});
-      }
+      out.push_back(ir::Directive{d});
     }
   }
   if (s.ep > 1) {

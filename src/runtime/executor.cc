@@ -472,9 +472,7 @@ Result<StepResult> Executor::run_step(const Batch& batch) {
   Impl& m = *impl_;
   if (batch.batch_size < 1 || batch.batch_size % m.num_mb != 0) {
     return invalid_argument("executor: a batch of " + std::to_string(batch.batch_size) +
-                            " sequences does not split "
-                            "into the plan's " +
-                            std::to_string(m.num_mb) + " microbatches");
+                            " sequences does not split into the plan's " + std::to_string(m.num_mb) + " microbatches");
   }
   if (static_cast<int64_t>(batch.inputs.size()) != batch.batch_size * batch.seq_len ||
       batch.targets.size() != batch.inputs.size()) {
