@@ -48,6 +48,7 @@ Result<CompileResult> compile_directives(const ModelSpec& model, const TrainSpec
   lower_options.cost = options.cost;
   lower_options.interleave_overlap = options.interleave_overlap;
   lower_options.recompute_reruns_tp_collectives = options.recompute_reruns_tp_collectives;
+  lower_options.tp_overlap = options.tp_overlap;
   auto plan = lower(r.graph, lower_options);
   if (!plan.ok()) return plan.status().with_context("compile: lower");
   r.plan = std::move(plan).value();
@@ -62,8 +63,13 @@ Result<CompileResult> compile_directives(const ModelSpec& model, const TrainSpec
 Result<CompileResult> compile_strategy(const ModelSpec& model, const TrainSpec& train, const Strategy& strategy,
                                        const CompileOptions& options) {
   PIPER_ASSIGN_OR_RETURN(ir::MeshInfo mesh, strategy_mesh(strategy, model));
-  PIPER_ASSIGN_OR_RETURN(auto directives, strategy_directives(strategy, model, options.vocab_parallel));
-  return compile_directives(model, train, mesh, directives, options);
+  DirectiveOptions dopts;
+  dopts.vocab_parallel = options.vocab_parallel;
+  dopts.overlap_param_gather = options.overlap_param_gather;
+  PIPER_ASSIGN_OR_RETURN(auto directives, strategy_directives(strategy, model, dopts));
+  CompileOptions opts = options;
+  opts.tp_overlap = options.tp_overlap || strategy.tp_overlap;
+  return compile_directives(model, train, mesh, directives, opts);
 }
 
 }  // namespace piper::compile

@@ -32,7 +32,9 @@ struct CompileOptions {
   CostFn cost;                                   // optional cost annotations
   bool interleave_overlap = true;                // LowerOptions::interleave_overlap
   bool recompute_reruns_tp_collectives = false;  // LowerOptions::recompute_reruns_tp_collectives
-  bool vocab_parallel = true;                    // compile_strategy: strategy_directives' vocab_parallel
+  bool vocab_parallel = true;                    // compile_strategy: DirectiveOptions::vocab_parallel
+  bool overlap_param_gather = true;              // compile_strategy: DirectiveOptions::overlap_param_gather
+  bool tp_overlap = false;                       // LowerOptions::tp_overlap (compile_strategy: or Strategy's)
 };
 
 struct CompileResult {

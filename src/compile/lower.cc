@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <string>
+#include <unordered_map>
 
 #include "piper/compile/lower_steps.h"
 
@@ -23,7 +24,10 @@ Instruction buffer_op(OpKind op, const Buffer& b) {
   return in;
 }
 
+// A piece of a split node (tp_overlap) carries no cost of its own here: the node's totals stay on its kRest
+// instruction. (The simulator's CostFn prices each piece: sim/task_time.cc.)
 void default_cost(const ir::Graph& g, const Node& n, Instruction& in) {
+  if (in.segment == Segment::kIn || in.segment == Segment::kOut) return;
   in.flops = n.flops;
   in.comm_bytes = n.comm_bytes;
   if (n.kind == NodeKind::kChunk) {
@@ -39,6 +43,36 @@ void default_cost(const ir::Graph& g, const Node& n, Instruction& in) {
 bool is_tp_input_collective(const Node& n) { return n.group == "tp" && n.kind == NodeKind::kAllGather; }
 bool is_tp_output_collective(const Node& n) {
   return n.group == "tp" && (n.kind == NodeKind::kAllReduce || n.kind == NodeKind::kReduceScatter);
+}
+
+// LowerOptions::tp_overlap: a tp chunk that runs as pieces, with its all-gather (ag) and reduce-scatter (rs),
+// either of which may be absent, and the events between the pieces.
+struct TpSplit {
+  NodeId ag = ir::kNoNode, rs = ir::kNoNode;
+  std::vector<int> in_events;   // all-gather piece i -> GEMM piece i + 1
+  std::vector<int> out_events;  // GEMM piece i -> reduce-scatter piece i
+};
+
+bool overlapped_part(const Node& n) {
+  const std::string& p = n.tags.part;
+  const bool pass = n.tags.pass == ir::Pass::kF || n.tags.pass == ir::Pass::kB || n.tags.pass == ir::Pass::kBW;
+  return n.kind == NodeKind::kChunk && n.shard_axis == "tp" && pass && (p == "attn" || p == "mlp" || p == "shared");
+}
+
+Instruction event_op(OpKind op, int event, const std::string& label) {
+  Instruction in;
+  in.op = op;
+  in.event = event;
+  in.label = label;
+  return in;
+}
+
+Instruction piece_of(const Instruction& whole, Segment seg, int i, int n) {
+  Instruction p = whole;
+  p.segment = seg;
+  p.pieces = n;
+  p.label += std::string(" [") + to_string(seg) + " " + std::to_string(i + 1) + "/" + std::to_string(n) + "]";
+  return p;
 }
 
 // The instruction that runs node `nd` (send/recv peers and tags, and the cost, are the caller's).
@@ -150,6 +184,41 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
         }
       }
     }
+    // tp_overlap: the chunks that run as pieces. Their collective must sit on another stream and serve only them.
+    std::unordered_map<NodeId, TpSplit> splits;
+    std::unordered_map<NodeId, NodeId> split_owner;  // a split all-gather / reduce-scatter -> its chunk
+    const int tp = std::max(1, g.mesh.tp), rs_pieces = std::max(1, options.tp_overlap_rs_pieces);
+    if (options.tp_overlap && tp > 1) {
+      auto other_stream_only = [&](NodeId c, NodeId x, const std::vector<NodeId>& ends) {
+        if (g.node(c).pp_rank != r || where[static_cast<size_t>(c)].first == where[static_cast<size_t>(x)].first)
+          return false;
+        return std::all_of(ends.begin(), ends.end(), [&](NodeId e) { return e == x; });
+      };
+      for (auto& [name, nodes] : rank_streams) {
+        for (NodeId id : nodes) {
+          if (!overlapped_part(g.node(id))) continue;
+          TpSplit sp;
+          for (NodeId p : g.preds(id)) {
+            if (is_tp_input_collective(g.node(p)) && other_stream_only(p, id, g.succs(p))) sp.ag = p;
+          }
+          for (NodeId q : g.succs(id)) {
+            const Node& qn = g.node(q);
+            if (qn.group == "tp" && qn.kind == NodeKind::kReduceScatter && other_stream_only(q, id, g.preds(q)))
+              sp.rs = q;
+          }
+          if (sp.ag == ir::kNoNode && sp.rs == ir::kNoNode) continue;
+          if (sp.ag != ir::kNoNode) {
+            for (int i = 1; i < tp; ++i) sp.in_events.push_back(next_event++);
+            split_owner[sp.ag] = id;
+          }
+          if (sp.rs != ir::kNoNode) {
+            for (int i = 0; i < rs_pieces; ++i) sp.out_events.push_back(next_event++);
+            split_owner[sp.rs] = id;
+          }
+          splits.emplace(id, std::move(sp));
+        }
+      }
+    }
     // Buffers are planned before any stream is emitted (an alloc and its free may sit on different streams).
     const BufferPlan buffers = plan_buffers(g, r, order.keys, next_buffer);
     for (auto& [name, nodes] : rank_streams) {
@@ -158,14 +227,16 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
       st.instrs.reserve(2 * nodes.size());
       for (NodeId id : nodes) {
         const Node& nd = g.node(id);
+        const auto split_it = splits.find(id);
+        const TpSplit* split = split_it == splits.end() ? nullptr : &split_it->second;
+        const auto owner_it = split_owner.find(id);
+        const TpSplit* coll = owner_it == split_owner.end() ? nullptr : &splits.at(owner_it->second);
         for (NodeId p : g.preds(id)) {
           const Node& pn = g.node(p);
+          // Split pieces wait for their own pieces (below), not for the whole.
+          if ((split != nullptr && p == split->ag) || (coll != nullptr && p == owner_it->second)) continue;
           if (pn.pp_rank == r && where[static_cast<size_t>(p)].first != where[static_cast<size_t>(id)].first) {
-            Instruction w;
-            w.op = OpKind::kWait;
-            w.event = event_of[static_cast<size_t>(p)];
-            w.label = "wait " + pn.name;
-            st.instrs.push_back(w);
+            st.instrs.push_back(event_op(OpKind::kWait, event_of[static_cast<size_t>(p)], "wait " + pn.name));
           }
         }
         Instruction in = node_instruction(nd);
@@ -196,7 +267,62 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
             st.instrs.push_back(re);
           }
         }
-        st.instrs.push_back(in);
+        if (split != nullptr) {
+          // GEMM pieces behind the all-gather's pieces, the rest, GEMM pieces ahead of the reduce-scatter's.
+          if (split->ag != ir::kNoNode) {
+            for (int i = 0; i < tp; ++i) {
+              if (i > 0) {
+                st.instrs.push_back(event_op(OpKind::kWait, split->in_events[static_cast<size_t>(i - 1)],
+                                             "wait " + g.node(split->ag).name + " piece " + std::to_string(i)));
+              }
+              Instruction piece = piece_of(in, Segment::kIn, i, tp);
+              cost(g, nd, piece);
+              st.instrs.push_back(piece);
+            }
+          }
+          Instruction rest = in;
+          rest.segment = Segment::kRest;
+          rest.split_in = split->ag != ir::kNoNode;
+          rest.split_out = split->rs != ir::kNoNode;
+          rest.label += " [rest]";
+          cost(g, nd, rest);
+          st.instrs.push_back(rest);
+          if (split->rs != ir::kNoNode) {
+            for (int i = 0; i < rs_pieces; ++i) {
+              Instruction piece = piece_of(in, Segment::kOut, i, rs_pieces);
+              cost(g, nd, piece);
+              st.instrs.push_back(piece);
+              st.instrs.push_back(
+                  event_op(OpKind::kRecord, split->out_events[static_cast<size_t>(i)], "record " + piece.label));
+            }
+          }
+        } else if (coll != nullptr) {
+          // A split collective: 1/pieces of the bytes each (the last takes the remainder).
+          const bool gather = id == coll->ag;
+          const int count = gather ? tp - 1 : rs_pieces;
+          for (int i = 0; i < count; ++i) {
+            if (!gather) {
+              st.instrs.push_back(
+                  event_op(OpKind::kWait, coll->out_events[static_cast<size_t>(i)],
+                           "wait " + g.node(owner_it->second).name + " piece " + std::to_string(i + 1)));
+            }
+            Instruction piece = piece_of(in, gather ? Segment::kIn : Segment::kOut, i, count);
+            if (gather) {
+              // One ring step: every rank passes one shard (1/tp of the gathered bytes) to its successor.
+              piece.algorithm = "ring_step";
+              piece.comm_bytes = in.comm_bytes / tp;
+            } else {
+              piece.comm_bytes = in.comm_bytes / count + (i == count - 1 ? in.comm_bytes % count : 0);
+            }
+            st.instrs.push_back(piece);
+            if (gather) {
+              st.instrs.push_back(
+                  event_op(OpKind::kRecord, coll->in_events[static_cast<size_t>(i)], "record " + piece.label));
+            }
+          }
+        } else {
+          st.instrs.push_back(in);
+        }
         if (auto it = buffers.free_after.find(id); it != buffers.free_after.end()) {
           for (const Buffer& b : it->second) {
             Instruction f = buffer_op(OpKind::kFree, b);
@@ -207,11 +333,7 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
           }
         }
         if (event_of[static_cast<size_t>(id)] >= 0) {
-          Instruction rec;
-          rec.op = OpKind::kRecord;
-          rec.event = event_of[static_cast<size_t>(id)];
-          rec.label = "record " + nd.name;
-          st.instrs.push_back(rec);
+          st.instrs.push_back(event_op(OpKind::kRecord, event_of[static_cast<size_t>(id)], "record " + nd.name));
         }
       }
       prog.streams.push_back(std::move(st));

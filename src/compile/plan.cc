@@ -10,6 +10,20 @@ size_t Program::num_instructions() const {
   return n;
 }
 
+const char* to_string(Segment s) {
+  switch (s) {
+    case Segment::kWhole:
+      return "whole";
+    case Segment::kIn:
+      return "in";
+    case Segment::kRest:
+      return "rest";
+    case Segment::kOut:
+      return "out";
+  }
+  return "?";
+}
+
 Json Plan::to_json() const {
   Json programs = Json::array();
   for (const Program& p : templates) {
@@ -34,6 +48,15 @@ Json Plan::to_json() const {
         if (in.bytes) j["bytes"] = in.bytes;
         if (in.comm_bytes) j["comm_bytes"] = in.comm_bytes;
         if (in.mem_delta) j["mem_delta"] = in.mem_delta;
+        if (in.segment != Segment::kWhole) {
+          j["segment"] = to_string(in.segment);
+          if (in.segment == Segment::kRest) {
+            j["split_in"] = in.split_in;
+            j["split_out"] = in.split_out;
+          } else {
+            j["pieces"] = in.pieces;
+          }
+        }
         instrs.push_back(std::move(j));
       }
       streams.push_back(Json{{"name", s.name}, {"instructions", instrs}});

@@ -22,6 +22,14 @@ namespace piper::compile {
 enum class OpKind : uint8_t { kCompute, kSend, kRecv, kCollective, kRecord, kWait, kAlloc, kFree, kUpdate };
 const char* to_string(OpKind k);
 
+// Which part of its node's work an instruction does. Under tp_overlap (LowerOptions::tp_overlap_rs_pieces) a tp
+// chunk runs as pieces so that its collectives pipeline with its GEMMs: kIn = 1/pieces of the GEMM that consumes
+// the all-gathered input, kOut = 1/pieces of the GEMM whose output is reduce-scattered, kRest = the rest of the
+// node (split_in / split_out say which of the two GEMMs run as pieces elsewhere). A split collective's pieces are
+// kIn (all-gather) or kOut (reduce-scatter) with comm_bytes of their own.
+enum class Segment : uint8_t { kWhole, kIn, kRest, kOut };
+const char* to_string(Segment s);
+
 struct Instruction {
   OpKind op = OpKind::kCompute;
   ir::NodeId node = ir::kNoNode;  // the graph node it lowers (kNoNode for record/wait/alloc/free)
@@ -42,6 +50,11 @@ struct Instruction {
   int64_t bytes = 0;       // bytes read + written by a compute, or allocated/freed
   int64_t comm_bytes = 0;  // payload sent by this rank
   int64_t mem_delta = 0;   // change of live bytes on the rank when the instruction completes
+  // Piece of a node (see Segment); kWhole for every instruction without tp_overlap.
+  Segment segment = Segment::kWhole;
+  int pieces = 1;          // kIn / kOut: how many pieces the GEMM or collective is cut into
+  bool split_in = false;   // kRest: the input GEMM runs as kIn pieces
+  bool split_out = false;  // kRest: the output GEMM runs as kOut pieces
 };
 
 struct Stream {

@@ -48,7 +48,8 @@ Result<ir::MeshInfo> strategy_mesh(const Strategy& s, const ModelSpec& model) {
   return mesh;
 }
 
-Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const ModelSpec& model, bool vocab_parallel) {
+Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const ModelSpec& model,
+                                                       const DirectiveOptions& options) {
   PIPER_ASSIGN_OR_RETURN(ir::MeshInfo mesh, strategy_mesh(s, model));
   std::vector<ir::Directive> out;
   out.push_back(ir::Directive{ir::SplitDirective{s.microbatches}});
@@ -61,7 +62,7 @@ Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const 
     for (const std::string part : {"attn", "mlp", "shared", "embed", "head"}) {
       const bool present = part == "attn" || (part == "mlp" && model.num_dense_layers() > 0) ||
                            (part == "shared" && model.moe.num_shared_experts > 0 && model.is_moe()) ||
-                           ((part == "embed" || part == "head") && vocab_parallel);
+                           ((part == "embed" || part == "head") && options.vocab_parallel);
       if (!present) continue;
       ir::ShardDirective d;
       d.filter.part = part;
@@ -82,6 +83,7 @@ Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const 
     ir::ReplicateDirective d;
     d.zero = s.zero;
     d.reduce = s.zero >= 1 ? "reduce_scatter" : "all_reduce";
+    if (options.overlap_param_gather) d.param_gather = "before_forward";
     out.push_back(ir::Directive{d});
   }
   if (s.recompute != Recompute::kNone) {

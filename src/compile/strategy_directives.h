@@ -26,9 +26,17 @@ namespace piper::compile {
 // is run by dp*tp ranks: ffn_ranks must equal attn_ranks and ep divide dp (errors say so).
 Result<ir::MeshInfo> strategy_mesh(const Strategy& s, const ModelSpec& model);
 
-// vocab_parallel: shard the embedding and the head over tp as Megatron does (the default, and what the closed form
-// models); false keeps them whole on every tp rank (the CPU runtime: it has no vocabulary-parallel cross-entropy).
+// The defaults are what Megatron does and what the closed form models; the CPU runtime turns both off.
+struct DirectiveOptions {
+  // Shard the embedding and the head over tp; false keeps them whole on every tp rank (the CPU runtime has no
+  // vocabulary-parallel cross-entropy).
+  bool vocab_parallel = true;
+  // ZeRO-1/2: gather the updated parameters by the next step's forward (ReplicateDirective::param_gather
+  // "before_forward", Megatron's --overlap-param-gather); false: right after the update ("after_update"), which
+  // the runtime executes (it keeps every rank's parameters whole at the end of a step, for checkpoints).
+  bool overlap_param_gather = true;
+};
 Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const ModelSpec& model,
-                                                       bool vocab_parallel = true);
+                                                       const DirectiveOptions& options = {});
 
 }  // namespace piper::compile

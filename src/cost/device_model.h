@@ -21,6 +21,14 @@
 // transformer layers, megatron/model/transformer.py `_checkpointed_forward`) re-executes the layer's forward,
 // both tensor-parallel all-reduces included: 6 per layer and microbatch instead of 4. A property of the software,
 // so it sits here, next to attention_score_bytes.
+// tp_overlap_gemm_sm_share (default 116/132): under tp_overlap (Strategy::tp_overlap, Megatron-LM's
+// --tp-comm-overlap) the GEMMs whose reduce-scatter runs beside them (TE userbuffers' "pipeline" and "bulk"
+// methods: proj/fc2 forward, the backward's dgrad/wgrad pair) give num_sm = 16 SMs to the communication kernel
+// (set_sm_margin), so they run on 132 - 16 of an H100's 132 SMs and take 132/116 as long; the ring-exchange
+// all-gathers use the copy engine and leave every SM to their GEMM [confirmed: TransformerEngine
+// transformer_engine/pytorch/module/base.py get_default_config and common/comm_gemm_overlap/comm_gemm_overlap.cpp
+// (_math_sms = sm_count - num_comm_sm), v2.0 and later]. A property of the software on H100; on another device
+// set it to (SMs - 16) / SMs.
 #pragma once
 
 #include <string>
@@ -39,7 +47,8 @@ struct Calibration {
   double workspace_bytes = 1024.0 * 1024.0 * 1024.0;
   double expert_load_imbalance = 1.0;  // tokens on the busiest expert rank / the mean (1 = perfectly balanced)
   double attention_score_bytes = 0;    // see above; 0: fused attention (scores never leave the chip)
-  bool recompute_reruns_tp_collectives = false;  // see above; false: Piper's own recomputation
+  bool recompute_reruns_tp_collectives = false;     // see above; false: Piper's own recomputation
+  double tp_overlap_gemm_sm_share = 116.0 / 132.0;  // see above
 
   static Result<Calibration> from_json(const Json& json, const std::string& what);
   static Result<Calibration> load(const std::string& path);

@@ -5,6 +5,7 @@
 
 #include "piper/cost/activations.h"
 #include "piper/cost/pipeline_model.h"
+#include "piper/cost/tp_overlap.h"
 #include "piper/spec/counting.h"
 
 namespace piper::cost {
@@ -173,10 +174,39 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   MeshGroups g = mesh_groups(s, net_);
   // TP: two all-reduces (or reduce-scatter + all-gather under SP, the same bytes) forward, two backward, and two
   // more when full recomputation re-runs them (Calibration::recompute_reruns_tp_collectives: Megatron-LM's).
-  const int tp_collectives_per_layer =
-      4 + (s.recompute == Recompute::kFull && calibration_.recompute_reruns_tp_collectives ? 2 : 0);
-  const double tp_layer_s =
-      s.tp > 1 ? tp_collectives_per_layer * net_.all_reduce_s(T * h * act_b, g.tp, AllReduceAlgo::kRing) : 0.0;
+  const double tp_ar_s = s.tp > 1 ? net_.all_reduce_s(T * h * act_b, g.tp, AllReduceAlgo::kRing) : 0.0;
+  const double tp_rerun_s =
+      s.recompute == Recompute::kFull && calibration_.recompute_reruns_tp_collectives ? 2 * tp_ar_s : 0.0;
+  double tp_dense_layer_s = 4 * tp_ar_s + tp_rerun_s, tp_moe_layer_s = tp_dense_layer_s;
+  if (s.tp_overlap) {
+    // Megatron's --tp-comm-overlap (cost/tp_overlap.h): each block's all-gather and reduce-scatter pipeline
+    // with its first and last GEMM, forward and backward, as the compiled plan runs them; the last GEMM runs on
+    // the SMs the reduce-scatter leaves it (compute grows by that). A fused backward (B and W in one chunk)
+    // overlaps with both its gradient GEMMs; a split one (zb-h1, dualpipev) with the B's. The re-run
+    // collectives of a recomputed forward stay whole (compile/lower.h).
+    const bool split = kind == ScheduleKind::kZBH1 || kind == ScheduleKind::kDualPipeV;
+    // The all-gather's ring steps take the whole all-gather's time; the reduce-scatter runs as k smaller ones.
+    const double ag = net_.all_gather_s(T * h * act_b, g.tp),
+                 rs = kTpOverlapRsPieces * net_.reduce_scatter_s(T * h * act_b / kTpOverlapRsPieces, g.tp);
+    const double slow = 1 / calibration_.tp_overlap_gemm_sm_share;
+    auto block = [&](Part matmul, Fbw* compute) {
+      const BlockGemms gm = block_gemms(table_, device_, shape, matmul);
+      const double b_first = gm.first_s[1] + (split ? 0 : gm.first_s[2]);
+      compute->f += gm.last_s[0] * (slow - 1);
+      compute->b += gm.last_s[1] * (slow - 1);
+      if (!split) compute->w += gm.last_s[2] * (slow - 1);
+      const double b_last = (gm.last_s[1] + (split ? 0 : gm.last_s[2])) * slow;
+      return tp_overlap_all_gather_exposed_s(ag, gm.first_s[0], s.tp) +
+             tp_overlap_reduce_scatter_exposed_s(rs, gm.last_s[0] * slow, kTpOverlapRsPieces) +
+             tp_overlap_all_gather_exposed_s(ag, b_first, s.tp) +
+             tp_overlap_reduce_scatter_exposed_s(rs, b_last, kTpOverlapRsPieces);
+    };
+    const double attn_s = block(Part::kAttention, &attn);
+    tp_dense_layer_s = attn_s + block(Part::kDenseMlp, &dense_ffn) + tp_rerun_s;
+    // A MoE layer's second pair overlaps with the shared experts' GEMMs, if the model has them.
+    tp_moe_layer_s =
+        attn_s + (table_.shared_params > 0 ? block(Part::kSharedExperts, &moe_ffn) : 2 * tp_ar_s) + tp_rerun_s;
+  }
   // EP: dispatch and combine forward, their transposes backward.
   double ep_layer_s = 0;
   if (s.ep > 1 && model_.is_moe()) {
@@ -324,7 +354,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     // DualPipeV overlaps one microbatch's forward with another's backward, hiding the EP all-to-all behind
     // the paired compute; the other schedules run it on the critical path.
     const double compute = t.f + t.b + t.w;
-    const double tp_r = n_layers * tp_layer_s, ep_r = n_moe * ep_layer_s;
+    const double tp_r = (n_layers - n_moe) * tp_dense_layer_s + n_moe * tp_moe_layer_s, ep_r = n_moe * ep_layer_s;
     const double ep_exposed_r = kind == ScheduleKind::kDualPipeV ? std::max(0.0, ep_r - compute) : ep_r;
     if (compute + tp_r + ep_exposed_r > worst_time) {
       worst_time = compute + tp_r + ep_exposed_r;

@@ -8,15 +8,24 @@ namespace piper::cost {
 
 const char* to_string(Part p) {
   switch (p) {
-    case Part::kEmbedding: return "embedding";
-    case Part::kNorms: return "norms";
-    case Part::kAttention: return "attention";
-    case Part::kAttentionCore: return "attention_core";
-    case Part::kRouter: return "router";
-    case Part::kExperts: return "experts";
-    case Part::kSharedExperts: return "shared_experts";
-    case Part::kDenseMlp: return "dense_mlp";
-    case Part::kHead: return "head";
+    case Part::kEmbedding:
+      return "embedding";
+    case Part::kNorms:
+      return "norms";
+    case Part::kAttention:
+      return "attention";
+    case Part::kAttentionCore:
+      return "attention_core";
+    case Part::kRouter:
+      return "router";
+    case Part::kExperts:
+      return "experts";
+    case Part::kSharedExperts:
+      return "shared_experts";
+    case Part::kDenseMlp:
+      return "dense_mlp";
+    case Part::kHead:
+      return "head";
   }
   return "?";
 }
@@ -47,6 +56,10 @@ PartTable make_part_table(const ModelSpec& m, int64_t seq_len) {
   for (int l = 0; l < m.num_layers; ++l) core += attention_core_forward_flops_per_token(m, l, seq_len);
   t.attention_core_flops = m.num_layers > 0 ? core / m.num_layers : 0.0;
   t.score_elements_per_token = static_cast<double>(m.num_heads) * static_cast<double>(seq_len);
+  const double v_width = m.num_heads * static_cast<double>(m.v_head_dim());
+  const double matmul = static_cast<double>(attention_matmul_params(m));
+  t.attention_out_share = matmul > 0 ? v_width * t.hidden / matmul : 0.0;
+  t.mlp_out_share = m.mlp == MlpType::kSwiGLU ? 1.0 / 3.0 : 0.5;
   return t;
 }
 
@@ -128,8 +141,7 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
                     T * 3 * t.dense_width * s.act_bytes / tp);
     case Part::kHead:
       // + softmax and cross entropy over fp32 logits (write, read, write the gradient)
-      return matmul(T, t.head_params / tp, h, t.vocab / tp, std::min({T, t.vocab / tp, h}), s,
-                    T * 12 * t.vocab / tp);
+      return matmul(T, t.head_params / tp, h, t.vocab / tp, std::min({T, t.vocab / tp, h}), s, T * 12 * t.vocab / tp);
   }
   return {};
 }

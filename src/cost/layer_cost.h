@@ -9,8 +9,8 @@
 // activations (activation dtype). Pointwise kernels around the GEMMs (norms, residual adds, RoPE, the
 // activation function, router softmax/top-k, token permute and weighted combine, softmax + loss) are
 // memory-bound; their traffic is `pointwise_bytes` (read + write once forward, about twice that backward)
-// [inferred: kernel-by-kernel byte counts, docs/resource_model.md]. The GEMM dimension `gemm_dim` is the smallest of the part's GEMM shapes;
-// it sets the shape-dependent efficiency (device_model.h). Tokens per rank:
+// [inferred: kernel-by-kernel byte counts, docs/resource_model.md]. The GEMM dimension `gemm_dim` is the smallest of
+// the part's GEMM shapes; it sets the shape-dependent efficiency (device_model.h). Tokens per rank:
 //   attention, dense MLP, shared experts, head: all tokens of the microbatch; weights split over tp
 //   router and routed experts: tokens split over tp (sequence parallel), each routed to k experts; the
 //   busiest expert rank receives `expert_load` times the mean.
@@ -38,10 +38,10 @@ const char* to_string(Part p);
 
 struct TaskCost {
   double flops = 0;
-  double bytes = 0;           // GEMM operands: overlaps with the FLOPs (roofline max)
-  double gemm_dim = 0;        // 0: no GEMM (memory-bound)
-  double pointwise_bytes = 0; // separate memory-bound kernels (norms, activation function, RoPE, softmax,
-                              // permute/combine, loss): their time adds to the GEMM time
+  double bytes = 0;            // GEMM operands: overlaps with the FLOPs (roofline max)
+  double gemm_dim = 0;         // 0: no GEMM (memory-bound)
+  double pointwise_bytes = 0;  // separate memory-bound kernels (norms, activation function, RoPE, softmax,
+                               // permute/combine, loss): their time adds to the GEMM time
 };
 
 struct PartCost {
@@ -53,9 +53,13 @@ struct PartCost {
 struct PartTable {
   double hidden = 0, vocab = 0, top_k = 0, num_experts = 0;
   double expert_width = 0, shared_width = 0, dense_width = 0, head_dim = 0;
-  double attention_params = 0, norm_params_per_layer = 0, router_params = 0, expert_params = 0,
-         shared_params = 0, dense_mlp_params = 0, embedding_params = 0, head_params = 0;
+  double attention_params = 0, norm_params_per_layer = 0, router_params = 0, expert_params = 0, shared_params = 0,
+         dense_mlp_params = 0, embedding_params = 0, head_params = 0;
   double attention_core_flops = 0;  // average over layers (sliding-window layers differ)
+  // Share of a block's matmul weights in its output projection (attention: o_proj; MLP and shared experts: the
+  // down projection, 1/3 with SwiGLU, else 1/2). The rest is the block's input GEMM(s). tp_overlap pipelines
+  // the tp collectives with these two GEMMs.
+  double attention_out_share = 0, mlp_out_share = 0;
   // Attention-score elements per token and layer when the scores are materialised (non-fused attention
   // computes the full s x s matrix per head even for causal masks): num_heads * seq_len.
   double score_elements_per_token = 0;

@@ -67,8 +67,9 @@ Result<DirectiveBody> read_body(const std::string& kind, JsonReader& r) {
     PIPER_RETURN_IF_ERROR(r.get_int("stage", &d.stage, false, 0));
     PIPER_RETURN_IF_ERROR(r.get_int("rank", &d.rank, false, 0));
     if (d.stage < 0 && d.rank < 0) {
-      return invalid_argument("place needs \"stage\" (tag the nodes with a pipeline stage) or \"rank\" (put them on "
-                              "a pipeline rank), or both");
+      return invalid_argument(
+          "place needs \"stage\" (tag the nodes with a pipeline stage) or \"rank\" (put them on "
+          "a pipeline rank), or both");
     }
     return DirectiveBody{d};
   }
@@ -80,6 +81,7 @@ Result<DirectiveBody> read_body(const std::string& kind, JsonReader& r) {
     PIPER_RETURN_IF_ERROR(r.get_enum("reduce", &d.reduce, {"all_reduce", "reduce_scatter"}, false));
     PIPER_RETURN_IF_ERROR(r.get_double("bucket_mb", &d.bucket_mb, false, 0));
     PIPER_RETURN_IF_ERROR(r.get_string("stream", &d.stream, false));
+    PIPER_RETURN_IF_ERROR(r.get_enum("param_gather", &d.param_gather, {"after_update", "before_forward"}, false));
     if (d.zero >= 1) d.reduce = "reduce_scatter";
     return DirectiveBody{d};
   }
@@ -126,15 +128,13 @@ std::vector<std::string> directive_names() {
 }
 
 const char* Directive::name() const {
-  return std::visit(Overloaded{[](const SplitDirective&) { return "split"; },
-                               [](const PlaceDirective&) { return "place"; },
-                               [](const ReplicateDirective&) { return "replicate"; },
-                               [](const ShardDirective&) { return "shard"; },
-                               [](const OrderDirective&) { return "order"; },
-                               [](const StreamDirective&) { return "stream"; },
-                               [](const RecomputeDirective&) { return "recompute"; },
-                               [](const DisaggregateDirective&) { return "disaggregate"; }},
-                    body);
+  return std::visit(
+      Overloaded{[](const SplitDirective&) { return "split"; }, [](const PlaceDirective&) { return "place"; },
+                 [](const ReplicateDirective&) { return "replicate"; }, [](const ShardDirective&) { return "shard"; },
+                 [](const OrderDirective&) { return "order"; }, [](const StreamDirective&) { return "stream"; },
+                 [](const RecomputeDirective&) { return "recompute"; },
+                 [](const DisaggregateDirective&) { return "disaggregate"; }},
+      body);
 }
 
 Json Directive::to_json() const {
@@ -153,6 +153,7 @@ Json Directive::to_json() const {
                           j["reduce"] = d.reduce;
                           j["bucket_mb"] = d.bucket_mb;
                           j["stream"] = d.stream;
+                          j["param_gather"] = d.param_gather;
                         },
                         [&](const ShardDirective& d) {
                           j["filter"] = d.filter.to_json();
@@ -251,7 +252,8 @@ Result<TagFilter> parse_action_filter(const std::string& text, int default_stage
   size_t p = i;
   while (p < text.size() && std::isalpha(static_cast<unsigned char>(text[p]))) ++p;
   auto bad = [&] {
-    return invalid_argument(what + ": '" + text + "' is not an action; write <stage><pass><mb> such as \"0F3\" or "
+    return invalid_argument(what + ": '" + text +
+                            "' is not an action; write <stage><pass><mb> such as \"0F3\" or "
                             "\"7BW2\" (pass F, B, W or BW)");
   };
   if (p == i || p == text.size()) return bad();

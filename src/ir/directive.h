@@ -50,6 +50,11 @@ struct ReplicateDirective {
   std::string reduce = "all_reduce";  // or "reduce_scatter" (implied by zero >= 1)
   double bucket_mb = 0;               // 0 = one bucket per chunk
   std::string stream = "dp";          // stream of the inserted collectives
+  // zero 1/2: when the sharded update's parameters are gathered. "after_update": right after the update, in
+  // the step that computed it (what the runtime executes). "before_forward": Megatron's --overlap-param-gather,
+  // by the next step's forward; in the one-step plan the all-gather has no predecessor and feeds the group's first
+  // forward (its earliest microbatch), so it runs beside the earlier layers' forwards (the closed form's model).
+  std::string param_gather = "after_update";
 };
 
 // Expert parallelism (axis "ep": all-to-all around the matched expert chunks) or Megatron tensor parallelism
@@ -84,8 +89,8 @@ struct DisaggregateDirective {
   int ffn_groups = 1;
 };
 
-using DirectiveBody = std::variant<SplitDirective, PlaceDirective, ReplicateDirective, ShardDirective,
-                                   OrderDirective, StreamDirective, RecomputeDirective, DisaggregateDirective>;
+using DirectiveBody = std::variant<SplitDirective, PlaceDirective, ReplicateDirective, ShardDirective, OrderDirective,
+                                   StreamDirective, RecomputeDirective, DisaggregateDirective>;
 
 struct Directive {
   DirectiveBody body;

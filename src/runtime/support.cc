@@ -38,6 +38,9 @@ Status check_runnable(const Strategy& strategy) {
     }
     return ok_status();  // ep shards the experts over the FFN ranks (executor_m2n.cc)
   }
+  if (strategy.tp_overlap) {
+    return unimplemented(what + "tp_overlap=1 is modelled by estimate and simulate only; drop tp_overlap");
+  }
   if (std::find(s.schedules.begin(), s.schedules.end(), strategy.schedule) == s.schedules.end()) {
     return unimplemented(what + "the runtime does not run schedule " + strategy.schedule + " yet; it runs " +
                          join(s.schedules, ", "));

@@ -208,6 +208,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   t->options_ = options;
   PIPER_ASSIGN_OR_RETURN(t->strategy_, train_strategy(options.strategy, options.global_batch));
   PIPER_RETURN_IF_ERROR(t->strategy_.validate());
+  if (t->strategy_.tp_overlap) {
+    return unimplemented("strategy '" + t->strategy_.to_string() +
+                         "': tp_overlap=1 (GEMM/collective pipelining, Megatron's --tp-comm-overlap) is modelled by "
+                         "estimate and simulate; the runtime runs each tp collective whole: drop tp_overlap");
+  }
   if (t->options_.global_batch == 0 || !options.strategy.empty()) {
     if (options.global_batch != 0 && options.global_batch != t->strategy_.global_batch()) {
       return invalid_argument("--global-batch " + std::to_string(options.global_batch) +
@@ -232,6 +237,9 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   // cross-entropy (the simulator and the closed form shard them over tp, as Megatron does).
   compile::CompileOptions copts;
   copts.vocab_parallel = false;
+  // ZeRO-1/2 parameters are gathered right after the update, so every rank ends the step with whole parameters
+  // (checkpoints, parity); the simulator gathers them by the next forward, as Megatron's --overlap-param-gather.
+  copts.overlap_param_gather = false;
   auto compiled = compile::compile_strategy(options.model, train, t->strategy_, copts);
   if (!compiled.ok()) return compiled.status();
   t->compiled_ = std::move(compiled).value();

@@ -139,6 +139,24 @@ Result<CollectiveFlows> add_ring_all_gather(const Network& net, FlowSim* sim, co
   return ring(net, sim, devices, bytes, start, 1, "ring all-gather");
 }
 
+Result<CollectiveFlows> add_ring_shift(const Network& net, FlowSim* sim, const std::vector<int>& devices, double bytes,
+                                       const CollectiveStart& start) {
+  PIPER_RETURN_IF_ERROR(check_group(net, devices, "ring shift"));
+  PIPER_RETURN_IF_ERROR(check_bytes(bytes, "ring shift"));
+  const int n = static_cast<int>(devices.size());
+  CollectiveFlows out;
+  if (n < 2) return out;
+  std::vector<int> sent(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    PIPER_ASSIGN_OR_RETURN(sent[static_cast<size_t>(i)],
+                           add_routed(net, sim, devices[static_cast<size_t>(i)],
+                                      devices[static_cast<size_t>((i + 1) % n)], bytes, start.release_s, start.after));
+  }
+  out.flows = sent;
+  out.phases = {std::move(sent)};
+  return out;
+}
+
 Result<CollectiveFlows> add_ring_all_reduce(const Network& net, FlowSim* sim, const std::vector<int>& devices,
                                             double bytes, const CollectiveStart& start) {
   return ring(net, sim, devices, bytes, start, 2, "ring all-reduce");

@@ -24,6 +24,8 @@
 //     (and after its chunk j-1); the root sends chunk j down once it has all of it, every rank forwards it down
 //     once received (in chunk order). One tree, not NCCL's double tree: inner ranks' ports carry both directions.
 //   m2n: senders[m] sends bytes_matrix[m][r] to receivers[r], all at once (attention -> expert groups).
+//   ring_shift: every rank sends `bytes` to its ring successor at once (one step of a ring; the all-gather
+//     pieces of tp_overlap's ring exchange, compile/lower.h, algorithm "ring_step").
 //   p2p: one flow.
 // A zero-byte entry adds no flow. Thread-safety: none (mutates the FlowSim).
 #pragma once
@@ -60,6 +62,8 @@ Result<CollectiveFlows> add_ring_all_gather(const Network& net, FlowSim* sim, co
                                             double bytes, const CollectiveStart& start = {});
 Result<CollectiveFlows> add_ring_all_reduce(const Network& net, FlowSim* sim, const std::vector<int>& devices,
                                             double bytes, const CollectiveStart& start = {});
+Result<CollectiveFlows> add_ring_shift(const Network& net, FlowSim* sim, const std::vector<int>& devices, double bytes,
+                                       const CollectiveStart& start = {});
 Result<CollectiveFlows> add_tree_all_reduce(const Network& net, FlowSim* sim, const std::vector<int>& devices,
                                             double bytes, int chunks, const CollectiveStart& start = {});
 // bytes_matrix[i][j]: bytes rank i sends to rank j (the diagonal stays local and adds no flow).

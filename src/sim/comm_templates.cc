@@ -205,8 +205,11 @@ Result<std::vector<std::vector<int>>> CommTemplates::add_instance(FlowSim* scrat
         if (kind == ir::NodeKind::kReduceScatter) {
           PIPER_RETURN_IF_ERROR(keep(add_ring_reduce_scatter(*net_, scratch, ring, share)));
         }
-        if (kind == ir::NodeKind::kAllGather)
+        if (kind == ir::NodeKind::kAllGather && algorithm == "ring_step") {
+          PIPER_RETURN_IF_ERROR(keep(add_ring_shift(*net_, scratch, ring, share)));
+        } else if (kind == ir::NodeKind::kAllGather) {
           PIPER_RETURN_IF_ERROR(keep(add_ring_all_gather(*net_, scratch, ring, share)));
+        }
       }
       break;
     }

@@ -44,6 +44,9 @@ struct SimOptions {
   // simulate() only: compile with LowerOptions::interleave_overlap (DualPipeV/AF-Pipe F&B slots alternate chunk by
   // chunk). On by default, as in `piper compile`, so the simulated plan is the compiled one.
   bool interleave_overlap = true;
+  // simulate() only: compile with CompileOptions::overlap_param_gather (ZeRO-1/2 parameters gathered by the next
+  // step's forward, Megatron's --overlap-param-gather; false: right after the update, as the runtime runs it).
+  bool overlap_param_gather = true;
   // Wall-clock deadline (steady_clock): the event loop checks it every 1,024 event-loop rounds and gives up with
   // StatusCode::kDeadlineExceeded ("not simulated: budget ...", naming the simulated time reached and the events
   // run) once it has passed. The default (time_point::max()) never stops. Callers with a time budget

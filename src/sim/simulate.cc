@@ -25,6 +25,7 @@ Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, c
   PIPER_ASSIGN_OR_RETURN(TaskTimeFn task_time, cost_task_time(cm, strategy, calibration));
   compile::CompileOptions copts;
   copts.interleave_overlap = options.interleave_overlap;
+  copts.overlap_param_gather = options.overlap_param_gather;
   copts.recompute_reruns_tp_collectives = calibration.recompute_reruns_tp_collectives;
   PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, strategy, calibration));
   SimReport rep;

@@ -7,6 +7,7 @@
 
 #include "piper/cost/layer_cost.h"
 #include "piper/cost/model_state.h"
+#include "piper/cost/tp_overlap.h"
 
 namespace piper::sim {
 namespace {
@@ -34,6 +35,8 @@ struct PartPrice {
   std::array<TaskCost, 3> cost;  // summed over the cost parts, per task
   std::array<double, 3> time_s{};
   double update_s = 0;
+  // tp_overlap pieces (compile::Segment): the block's input and output GEMMs per task, time and flops.
+  std::array<double, 3> in_s{}, out_s{}, in_flops{}, out_flops{};
 };
 
 // Pipeline rank of the embedding's update node (a tied head on the same rank shares its parameters), cached
@@ -60,6 +63,7 @@ class EmbedRank {
 
 struct Prices {
   std::vector<std::pair<std::string, PartPrice>> parts;
+  double out_sm_share = 1;  // Calibration::tp_overlap_gemm_sm_share
   const PartPrice* find(const std::string& part) const {
     for (const auto& [name, p] : parts) {
       if (name == part) return &p;
@@ -72,6 +76,18 @@ void add(TaskCost& a, const TaskCost& b) {
   a.flops += b.flops;
   a.bytes += b.bytes;
   a.pointwise_bytes += b.pointwise_bytes;
+}
+
+// tp_overlap pieces: the block's first and last GEMM (cost/tp_overlap.h).
+void split_gemms(const cost::PartTable& table, const cost::DeviceModel& dev, const cost::PartShape& shape,
+                 const std::string& name, PartPrice& p) {
+  const Part matmul = name == "attn" ? Part::kAttention : name == "mlp" ? Part::kDenseMlp : Part::kSharedExperts;
+  if (name != "attn" && name != "mlp" && name != "shared") return;
+  const cost::BlockGemms g = cost::block_gemms(table, dev, shape, matmul);
+  p.in_s = g.first_s;
+  p.out_s = g.last_s;
+  p.in_flops = g.first_flops;
+  p.out_flops = g.last_flops;
 }
 
 Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, const Strategy& s,
@@ -122,8 +138,10 @@ Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, con
       }
     }
     p.update_s = dev.time_s(0, shard_params(name) * cost::optimizer_step_bytes_per_param(cm.bytes()), 0);
+    split_gemms(table, dev, shape, name, p);
     prices->parts.emplace_back(name, p);
   }
+  prices->out_sm_share = cal.tp_overlap_gemm_sm_share;
   return std::shared_ptr<const Prices>(std::move(prices));
 }
 
@@ -143,6 +161,24 @@ double task_value(const std::array<double, 3>& v, ir::Pass pass) {
   }
 }
 
+// The share of a node's `whole` value (per task) that instruction `in` does (compile::Segment).
+double piece_value(const std::array<double, 3>& whole, const std::array<double, 3>& in_gemm,
+                   const std::array<double, 3>& out_gemm, const compile::Instruction& in) {
+  const int pieces = std::max(1, in.pieces);
+  switch (in.segment) {
+    case compile::Segment::kWhole:
+      return task_value(whole, in.pass);
+    case compile::Segment::kIn:
+      return task_value(in_gemm, in.pass) / pieces;
+    case compile::Segment::kOut:
+      return task_value(out_gemm, in.pass) / pieces;
+    case compile::Segment::kRest:
+      return task_value(whole, in.pass) - (in.split_in ? task_value(in_gemm, in.pass) : 0.0) -
+             (in.split_out ? task_value(out_gemm, in.pass) : 0.0);
+  }
+  return 0;
+}
+
 }  // namespace
 
 Result<TaskTimeFn> cost_task_time(const cost::CostModel& model, const Strategy& strategy,
@@ -160,7 +196,8 @@ Result<TaskTimeFn> cost_task_time(const cost::CostModel& model, const Strategy& 
       return shared_with_embedding ? 0.0 : p->update_s;
     }
     // A recomputed forward is a compute instruction of pass F inside the backward: it costs f again.
-    return task_value(p->time_s, in.pass);
+    return piece_value(p->time_s, p->in_s, p->out_s, in) *
+           (in.segment == compile::Segment::kOut ? 1 / prices->out_sm_share : 1.0);
   });
 }
 
@@ -176,8 +213,10 @@ Result<compile::CostFn> cost_annotations(const cost::CostModel& model, const Str
       flops[k] = p->cost[k].flops;
       bytes[k] = p->cost[k].bytes + p->cost[k].pointwise_bytes;
     }
-    in.flops = static_cast<int64_t>(task_value(flops, n.tags.pass));
-    in.bytes = static_cast<int64_t>(task_value(bytes, n.tags.pass));
+    in.flops = static_cast<int64_t>(piece_value(flops, p->in_flops, p->out_flops, in));
+    // Memory traffic stays on the whole node or its kRest piece (a GEMM piece's own bytes are not split out).
+    const bool gemm_piece = in.segment == compile::Segment::kIn || in.segment == compile::Segment::kOut;
+    in.bytes = gemm_piece ? 0 : static_cast<int64_t>(task_value(bytes, n.tags.pass));
     (void)g;
   });
 }

@@ -18,6 +18,8 @@ int64_t mla_params(const ModelSpec& m) {
   return q + kv + o;
 }
 
+}  // namespace
+
 // Matmul weights only (no biases, norms or sinks): what a token multiplies with in the attention projections.
 int64_t attention_matmul_params(const ModelSpec& m) {
   if (m.attention == AttentionType::kMLA) {
@@ -31,6 +33,8 @@ int64_t attention_matmul_params(const ModelSpec& m) {
   const int64_t h = m.hidden_size, d = m.head_dim;
   return 2 * h * m.num_heads * d + 2 * h * m.num_kv_heads * d;
 }
+
+namespace {
 
 int64_t mlp_matmul_params(const ModelSpec& m, int64_t f) {
   return (m.mlp == MlpType::kSwiGLU ? 3 : 2) * m.hidden_size * f;

@@ -49,7 +49,8 @@ struct ParamCounts {
 };
 
 // Per-layer building blocks (parameter counts, element counts).
-int64_t attention_params(const ModelSpec& m);  // one layer's attention, including QK-norm, biases, sinks
+int64_t attention_params(const ModelSpec& m);         // one layer's attention, including QK-norm, biases, sinks
+int64_t attention_matmul_params(const ModelSpec& m);  // its projection weights only (no biases, norms, sinks)
 int64_t mlp_params(const ModelSpec& m, int64_t intermediate, bool bias);  // one MLP of the model's type
 int64_t dense_mlp_params(const ModelSpec& m);                             // one dense layer's MLP
 int64_t expert_params(const ModelSpec& m);                                // one routed expert

@@ -12,9 +12,9 @@ namespace piper {
 namespace {
 
 const std::vector<std::string>& key_names() {
-  static const std::vector<std::string> kKeys = {"dp",   "tp",    "pp",        "vpp",        "ep",           "etp",
-                                                 "zero", "sp",    "recompute", "schedule",   "microbatches", "mbs",
-                                                 "a2a",  "order", "disagg",    "attn_ranks", "ffn_ranks",    "fold"};
+  static const std::vector<std::string> kKeys = {
+      "dp",           "tp",  "pp",  "vpp",   "ep",     "etp",        "zero",      "sp",   "recompute", "schedule",
+      "microbatches", "mbs", "a2a", "order", "disagg", "attn_ranks", "ffn_ranks", "fold", "tp_overlap"};
   return kKeys;
 }
 
@@ -89,6 +89,8 @@ Status set_key(Strategy* s, const std::string& key, const std::string& value) {
     PIPER_ASSIGN_OR_RETURN(s->sp, parse_flag(key, value));
   } else if (key == "fold") {
     PIPER_ASSIGN_OR_RETURN(s->fold, parse_flag(key, value));
+  } else if (key == "tp_overlap") {
+    PIPER_ASSIGN_OR_RETURN(s->tp_overlap, parse_flag(key, value));
   } else if (key == "disagg") {
     PIPER_ASSIGN_OR_RETURN(s->disaggregate, parse_flag(key, value));
   } else if (key == "recompute") {
@@ -215,6 +217,7 @@ std::string Strategy::to_string() const {
     out += ",disagg=1,attn_ranks=" + std::to_string(attn_ranks) + ",ffn_ranks=" + std::to_string(ffn_ranks);
   }
   if (fold) out += ",fold=1";
+  if (tp_overlap) out += ",tp_overlap=1";
   return out;
 }
 
@@ -236,7 +239,8 @@ Json Strategy::to_json() const {
             {"disagg", disaggregate},
             {"attn_ranks", attn_ranks},
             {"ffn_ranks", ffn_ranks},
-            {"fold", fold}};
+            {"fold", fold},
+            {"tp_overlap", tp_overlap}};
   return j;
 }
 

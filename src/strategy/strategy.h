@@ -15,6 +15,7 @@
 //   a2a(flat|halo) order(tp-ep-dp-pp: mesh axes innermost first, '-' separated)
 //   disagg(0|1) attn_ranks(0) ffn_ranks(0)    attention/FFN disaggregation (af-pipe)
 //   fold(0|1)    MoE parallel folding (printed only when set)
+//   tp_overlap(0|1)  tensor-parallel GEMM/collective overlap, Megatron's --tp-comm-overlap (printed only when set)
 // e.g. "dp=8,tp=1,pp=4,vpp=1,ep=8,zero=1,sp=0,recompute=none,schedule=1f1b,microbatches=16,mbs=1".
 // to_string() prints every key, and parse(to_string(s)) == s.
 #pragma once
@@ -65,6 +66,11 @@ struct Strategy {
   // the tp*dp ranks, numbered tp innermost, form expert groups of ep consecutive ranks; a rank's experts are
   // replicated on the ranks tp*dp/ep apart. Without it ep is a sub-axis of dp (stride tp).
   bool fold = false;
+  // Tensor-parallel communication overlap (Megatron-LM --tp-comm-overlap, Transformer Engine's userbuffers): the
+  // all-gather before a tp chunk is pipelined with the chunk's first GEMM (ring exchange, tp pieces) and the
+  // reduce-scatter after it with its last GEMM (4 pieces). Needs sp=1, as in Megatron. Modelled by estimate and
+  // simulate (compile/lower.h: LowerOptions::tp_overlap_rs_pieces); the CPU runtime runs tp collectives whole.
+  bool tp_overlap = false;
 
   int world_size() const { return disaggregate ? attn_ranks + ffn_ranks : dp * tp * pp; }
   // Model chunks (virtual stages) each pipeline rank holds: vpp for interleaved, 2 for dualpipev (the V shape:

@@ -67,6 +67,12 @@ Status Strategy::validate() const {
                 divisors_text(tp));
   }
   if (sp && tp == 1) return fail("sp=1 needs tp >= 2 (sequence parallel splits TP-replicated activations); set sp=0");
+  if (tp_overlap && (tp == 1 || !sp)) {
+    return fail(
+        "tp_overlap=1 overlaps the sequence-parallel all-gathers and reduce-scatters with the tp GEMMs, so it "
+        "needs tp >= 2 and sp=1 (as Megatron's --tp-comm-overlap does; got tp=" +
+        std::to_string(tp) + ", sp=" + (sp ? "1" : "0") + "); set sp=1 or drop tp_overlap");
+  }
   // Mesh order: a permutation of the four axes.
   static const std::vector<std::string> kAxes = {"tp", "ep", "dp", "pp"};
   if (order.size() != kAxes.size()) {

@@ -52,6 +52,7 @@ TEST(RuntimeSupport, UnsupportedDimensionsAreNamed) {
       {"tp=2,sp=1,schedule=zb-h1,microbatches=2", "schedule 1f1b only"},
       {"dp=2,ep=2,pp=2,schedule=dualpipev,microbatches=4", "schedule 1f1b only"},
       {"pp=2,tp=2,sp=1,zero=1,schedule=1f1b,microbatches=4", "zero=0 only"},
+      {"tp=2,sp=1,tp_overlap=1,microbatches=2", "drop tp_overlap"},
   };
   for (const auto& [strategy, words] : refused) {
     Status st = check_runnable(parse(strategy));
@@ -104,6 +105,20 @@ TEST(RuntimeSupport, ListedRecomputeModesRun) {
   for (Recompute rc : runtime_support().recompute) {
     expect_one_step(std::string("schedule=1f1b,microbatches=2,mbs=1,recompute=") + to_string(rc));
   }
+}
+
+// The trainer refuses tp_overlap itself (it compiles the strategy, and a plan of GEMM pieces would run each chunk
+// several times), right after parsing it.
+TEST(RuntimeSupport, TrainerRefusesTpOverlap) {
+  TrainOptions o;
+  o.model = load_model("tiny-moe").value();
+  o.global_batch = 0;
+  o.seq_len = 16;
+  o.strategy = "tp=2,sp=1,tp_overlap=1,microbatches=2";
+  auto t = Trainer::create(o);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(t.status().message().find("drop tp_overlap"), std::string::npos) << t.status().to_string();
 }
 
 }  // namespace

@@ -148,6 +148,9 @@ TEST(StrategyTest, ValidateRules) {
       {"dp=8,tp=2,sp=1,ep=4,fold=1,order=dp-tp-ep-pp", "drop order="},
       {"dp=4,tp=2,sp=1,ep=8,fold=1,order=dp-tp-ep-pp", "drop order="},
       {"dp=2,ep=2,fold=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2", "with disagg=1"},
+      // tp_overlap pipelines the sequence-parallel collectives: tp > 1 and sp=1, as Megatron asserts.
+      {"tp=2,sp=0,tp_overlap=1", "needs tp >= 2 and sp=1"},
+      {"tp_overlap=1", "set sp=1 or drop tp_overlap"},
   };
   for (const auto& row : rows) {
     auto s = Strategy::parse(row.text);
@@ -172,6 +175,18 @@ TEST(StrategyTest, FoldRoundTripsAndCountsExpertReplicas) {
   EXPECT_EQ(u->expert_replicas(), 4);
   u->fold = true;
   EXPECT_EQ(u->expert_replicas(), 4);
+}
+
+TEST(StrategyTest, TpOverlapRoundTripsAndPrintsOnlyWhenSet) {
+  auto s = Strategy::parse("dp=2,tp=4,sp=1,tp_overlap=1");
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_TRUE(s->tp_overlap);
+  EXPECT_TRUE(s->validate().ok()) << s->validate().message();
+  EXPECT_NE(s->to_string().find(",tp_overlap=1"), std::string::npos);
+  EXPECT_EQ(*Strategy::parse(s->to_string()), *s);
+  EXPECT_EQ(*Strategy::from_json(s->to_json()), *s);
+  EXPECT_EQ(Strategy::parse("dp=2,tp=4,sp=1")->to_string().find("tp_overlap"), std::string::npos);
+  expect_error(Strategy::parse("tp=2,sp=1,tp_overlap=2").status(), "tp_overlap");
 }
 
 // validate_for(): rules against a model, a batch and a world size.

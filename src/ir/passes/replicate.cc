@@ -8,6 +8,8 @@
 //           re-sharded after each use (the lowering frees the gathered copy after its consumer), and no
 //           all_gather follows the update.
 // bucket_mb > 0 cuts a group's collectives into ceil(bytes / bucket) chained pieces.
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <map>
 
@@ -129,7 +131,15 @@ Status apply_replicate(Graph& g, const ReplicateDirective& d) {
     } else if (d.zero >= 1 || reduce == NodeKind::kReduceScatter) {
       Node ag = comm_node(upd_copy, NodeKind::kAllGather, "ag.params", -1, Pass::kU, axis, d, param_bytes);
       NodeId id = g.add_node(std::move(ag));
-      g.add_edge(grp.update, id, EdgeKind::kData, param_bytes);
+      if (d.param_gather == "before_forward" && !grp.fwd.empty()) {
+        int first_mb = INT_MAX;  // the earliest microbatch's forward chunks need the gathered parameters
+        for (NodeId c : grp.fwd) first_mb = std::min(first_mb, g.node(c).tags.mb);
+        for (NodeId c : grp.fwd) {
+          if (g.node(c).tags.mb == first_mb) g.add_edge(id, c, EdgeKind::kData, param_bytes);
+        }
+      } else {
+        g.add_edge(grp.update, id, EdgeKind::kData, param_bytes);
+      }
     }
   }
   if (replicated == 0) {
