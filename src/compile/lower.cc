@@ -6,6 +6,7 @@
 #include <unordered_map>
 
 #include "piper/compile/lower_steps.h"
+#include "piper/strategy/strategy.h"  // kTpOverlapRsPieces
 
 namespace piper::compile {
 namespace {
@@ -187,7 +188,7 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
     // tp_overlap: the chunks that run as pieces. Their collective must sit on another stream and serve only them.
     std::unordered_map<NodeId, TpSplit> splits;
     std::unordered_map<NodeId, NodeId> split_owner;  // a split all-gather / reduce-scatter -> its chunk
-    const int tp = std::max(1, g.mesh.tp), rs_pieces = std::max(1, options.tp_overlap_rs_pieces);
+    const int tp = std::max(1, g.mesh.tp), rs_pieces = kTpOverlapRsPieces;
     if (options.tp_overlap && tp > 1) {
       auto other_stream_only = [&](NodeId c, NodeId x, const std::vector<NodeId>& ends) {
         if (g.node(c).pp_rank != r || where[static_cast<size_t>(c)].first == where[static_cast<size_t>(x)].first)

@@ -45,13 +45,12 @@ struct LowerOptions {
   //  - all-gather + first GEMM, TE's "ring exchange": tp pieces; GEMM piece 0 works on the local shard at once,
   //    piece i waits for all-gather piece i, one ring step (algorithm "ring_step": each rank passes 1/tp of the
   //    gathered bytes to its ring successor);
-  //  - last GEMM + reduce-scatter, TE's "pipeline" split: tp_overlap_rs_pieces pieces; reduce-scatter piece i
+  //  - last GEMM + reduce-scatter, TE's "pipeline" split: kTpOverlapRsPieces (strategy.h); reduce-scatter piece i
   //    starts when GEMM piece i ends (a reduce-scatter of 1/pieces of the bytes).
   // The chunk's instructions become kIn pieces, one kRest, kOut pieces (plan.h: Segment); the recomputed
   // forward's re-run collectives (recompute_reruns_tp_collectives) stay whole. For the simulator only: the
   // runtime executes whole chunks (runtime/support.cc refuses tp_overlap=1).
   bool tp_overlap = false;
-  int tp_overlap_rs_pieces = 4;
 };
 
 // Mutates `graph` (inserts send/recv). Errors name the unplaced or mis-ordered node.

@@ -22,7 +22,7 @@ namespace piper::compile {
 enum class OpKind : uint8_t { kCompute, kSend, kRecv, kCollective, kRecord, kWait, kAlloc, kFree, kUpdate };
 const char* to_string(OpKind k);
 
-// Which part of its node's work an instruction does. Under tp_overlap (LowerOptions::tp_overlap_rs_pieces) a tp
+// Which part of its node's work an instruction does. Under tp_overlap (LowerOptions::tp_overlap) a tp
 // chunk runs as pieces so that its collectives pipeline with its GEMMs: kIn = 1/pieces of the GEMM that consumes
 // the all-gathered input, kOut = 1/pieces of the GEMM whose output is reduce-scattered, kRest = the rest of the
 // node (split_in / split_out say which of the two GEMMs run as pieces elsewhere). A split collective's pieces are

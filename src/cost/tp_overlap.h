@@ -20,11 +20,9 @@
 
 #include "piper/cost/device_model.h"
 #include "piper/cost/layer_cost.h"
+#include "piper/strategy/strategy.h"  // kTpOverlapRsPieces
 
 namespace piper::cost {
-
-// Pieces of the reduce-scatter side (TE's default num_splits for the pipeline method).
-inline constexpr int kTpOverlapRsPieces = 4;
 
 // A block's first and last GEMM per task (index 0 = F, 1 = B, 2 = W): roofline seconds on all SMs, and FLOPs.
 // `matmul` is the block's matmul cost part (kAttention, kDenseMlp or kSharedExperts); any other part gives zeros.

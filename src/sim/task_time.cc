@@ -78,16 +78,19 @@ void add(TaskCost& a, const TaskCost& b) {
   a.pointwise_bytes += b.pointwise_bytes;
 }
 
-// tp_overlap pieces: the block's first and last GEMM (cost/tp_overlap.h).
+// tp_overlap pieces: the block's first and last GEMM (cost/tp_overlap.h), from the IR part's matmul cost part
+// (block_gemms gives zeros for every other cost part, so parts without a tp block get none).
 void split_gemms(const cost::PartTable& table, const cost::DeviceModel& dev, const cost::PartShape& shape,
                  const std::string& name, PartPrice& p) {
-  const Part matmul = name == "attn" ? Part::kAttention : name == "mlp" ? Part::kDenseMlp : Part::kSharedExperts;
-  if (name != "attn" && name != "mlp" && name != "shared") return;
-  const cost::BlockGemms g = cost::block_gemms(table, dev, shape, matmul);
-  p.in_s = g.first_s;
-  p.out_s = g.last_s;
-  p.in_flops = g.first_flops;
-  p.out_flops = g.last_flops;
+  for (Part part : parts_of(name)) {
+    const cost::BlockGemms g = cost::block_gemms(table, dev, shape, part);
+    for (size_t k = 0; k < 3; ++k) {
+      p.in_s[k] += g.first_s[k];
+      p.out_s[k] += g.last_s[k];
+      p.in_flops[k] += g.first_flops[k];
+      p.out_flops[k] += g.last_flops[k];
+    }
+  }
 }
 
 Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, const Strategy& s,

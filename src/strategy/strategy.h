@@ -41,6 +41,10 @@ const std::vector<std::string>& schedule_names();  // "1f1b", "gpipe", "interlea
 Result<ScheduleKind> parse_schedule(const std::string& name);
 const char* to_string(ScheduleKind k);
 
+// tp_overlap: the pieces a reduce-scatter and the GEMM before it run as (Transformer Engine's num_splits for its
+// "pipeline" method). One value for the compiler (compile/lower.cc) and the closed form (cost/tp_overlap.h).
+inline constexpr int kTpOverlapRsPieces = 4;
+
 struct Strategy {
   int dp = 1;
   int tp = 1;
@@ -69,7 +73,7 @@ struct Strategy {
   // Tensor-parallel communication overlap (Megatron-LM --tp-comm-overlap, Transformer Engine's userbuffers): the
   // all-gather before a tp chunk is pipelined with the chunk's first GEMM (ring exchange, tp pieces) and the
   // reduce-scatter after it with its last GEMM (4 pieces). Needs sp=1, as in Megatron. Modelled by estimate and
-  // simulate (compile/lower.h: LowerOptions::tp_overlap_rs_pieces); the CPU runtime runs tp collectives whole.
+  // simulate (compile/lower.h: LowerOptions::tp_overlap); the CPU runtime runs tp collectives whole.
   bool tp_overlap = false;
 
   int world_size() const { return disaggregate ? attn_ranks + ffn_ranks : dp * tp * pp; }

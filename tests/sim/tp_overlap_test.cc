@@ -83,12 +83,12 @@ TEST(TpOverlapTest, EachTpBlockRunsAsPiecesBesideItsCollectivesPieces) {
       } else if (in.segment == Segment::kIn) {
         EXPECT_EQ(in.pieces, 4) << in.label;
       } else if (in.segment == Segment::kOut) {
-        EXPECT_EQ(in.pieces, cost::kTpOverlapRsPieces) << in.label;
+        EXPECT_EQ(in.pieces, kTpOverlapRsPieces) << in.label;
       }
     }
     EXPECT_EQ(chunk_pieces[Segment::kIn], 4) << chunk;  // ring exchange: tp pieces
     EXPECT_EQ(chunk_pieces[Segment::kRest], 1) << chunk;
-    EXPECT_EQ(chunk_pieces[Segment::kOut], cost::kTpOverlapRsPieces) << chunk;
+    EXPECT_EQ(chunk_pieces[Segment::kOut], kTpOverlapRsPieces) << chunk;
     EXPECT_EQ(chunk_pieces[Segment::kWhole], 0) << chunk;
     // The all-gather: tp - 1 ring steps, each passing one shard; the reduce-scatter: 4 pieces, its bytes.
     const std::vector<Instruction> ag_pieces = instructions(over.report.compiled.plan, ag);
@@ -98,7 +98,7 @@ TEST(TpOverlapTest, EachTpBlockRunsAsPiecesBesideItsCollectivesPieces) {
       EXPECT_EQ(in.comm_bytes, whole_ag[0].comm_bytes / 4);
     }
     const std::vector<Instruction> rs_pieces = instructions(over.report.compiled.plan, rs);
-    ASSERT_EQ(rs_pieces.size(), static_cast<size_t>(cost::kTpOverlapRsPieces)) << rs;
+    ASSERT_EQ(rs_pieces.size(), static_cast<size_t>(kTpOverlapRsPieces)) << rs;
     int64_t rs_bytes = 0;
     for (const Instruction& in : rs_pieces) rs_bytes += in.comm_bytes;
     EXPECT_EQ(rs_bytes, whole_rs[0].comm_bytes);
