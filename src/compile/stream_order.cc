@@ -26,16 +26,24 @@ namespace {
 // (docs/simulator.md): every dispatch and combine runs behind a chunk of the other microbatch. A slot that cannot
 // be completed this way keeps its order.
 void interleave_overlap_slots(const ir::Graph& g, std::vector<NodeId>& list) {
-  // True when `id` reads, through communication nodes only, an output of chunk `last`.
+  // True when `id` reads an output of chunk `last` through communication nodes only, at least one of them
+  // outside the tensor-parallel group. A tensor-parallel collective sits between every two consecutive chunks of a
+  // sequence-parallel layer and is short; counting it would make every chunk look like it waits for communication,
+  // and the pair would degenerate to F, F, B, B on the all-to-all stream (an F dispatch queued behind a B combine
+  // on the one `ep` stream, then both waiting on the expert GEMMs between them).
   auto needs_comm_of = [&](NodeId id, NodeId last) {
-    std::vector<NodeId> todo;
+    const int rank = g.node(id).pp_rank;
+    std::vector<std::pair<NodeId, bool>> todo;  // (communication node, a non-tp collective is on the path)
     for (NodeId p : g.preds(id)) {
-      if (g.node(p).kind != NodeKind::kChunk && g.node(p).pp_rank == g.node(id).pp_rank) todo.push_back(p);
+      if (g.node(p).kind != NodeKind::kChunk && g.node(p).pp_rank == rank) todo.push_back({p, g.node(p).group != "tp"});
     }
     for (size_t k = 0; k < todo.size() && k < 64; ++k) {
-      for (NodeId q : g.preds(todo[k])) {
-        if (q == last) return true;
-        if (g.node(q).kind != NodeKind::kChunk && g.node(q).pp_rank == g.node(id).pp_rank) todo.push_back(q);
+      const auto [node, slow] = todo[k];
+      for (NodeId q : g.preds(node)) {
+        if (q == last && slow) return true;
+        if (g.node(q).kind != NodeKind::kChunk && g.node(q).pp_rank == rank) {
+          todo.push_back({q, slow || g.node(q).group != "tp"});
+        }
       }
     }
     return false;
