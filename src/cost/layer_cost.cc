@@ -105,8 +105,14 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
       PartCost c;
       const double flops = T * t.attention_core_flops / tp;
       const double acts = T * 4 * h * s.act_bytes / tp;  // Q, K, V in, O out (order of magnitude for MLA too)
+      // Backward: dV = P^T dO, dP = dO V^T, dQ = dS K, dK = dS^T Q, and a fused (flash) kernel, which kept no
+      // scores, first recomputes S = Q K^T: 5 matmuls against the forward's 2, 2.5x its FLOPs (the convention of
+      // FlashAttention's and FlashAttention-3's benchmarks, Dao-AILab/flash-attention benchmarks/
+      // benchmark_flash_attention.py and hopper/benchmark_attn.py, whose measured backward TFLOP/s are per 2.5x).
+      // With materialised scores the backward reads P back: 4 matmuls, 2x.
+      const double backward = s.attention_score_bytes > 0 ? 2.0 : 2.5;
       c.f = {flops, acts, t.head_dim};
-      c.b = {2 * flops, 2 * acts, t.head_dim};
+      c.b = {backward * flops, 2 * acts, t.head_dim};
       // Materialised scores: QK^T writes them, softmax and dropout read and write them, AV reads them;
       // the backward moves about twice as much (pointwise convention above).
       c.f.pointwise_bytes = T * t.score_elements_per_token / tp * s.attention_score_bytes;

@@ -150,7 +150,11 @@ TEST(EstimateTest, FlopsMatchCounting) {
     add(Part::kSharedExperts, m->num_moe_layers());
     add(Part::kDenseMlp, m->num_dense_layers());
     add(Part::kHead, 1);
-    EXPECT_NEAR(sum / training_flops_per_token(*m, seq), 1.0, 2e-3) << name;
+    // Model FLOPs (3x forward) plus what fused attention executes beyond them: its backward recomputes Q K^T,
+    // half a forward of the attention core per layer.
+    const double recomputed_scores = 0.5 * t.attention_core_flops * m->num_layers;
+    EXPECT_NEAR(sum / (training_flops_per_token(*m, seq) + recomputed_scores), 1.0, 2e-3) << name;
+    EXPECT_GT(sum / training_flops_per_token(*m, seq), 1.0 + 1e-3) << name;
   }
 }
 
