@@ -161,19 +161,43 @@ Result<StreamOrder> order_streams(ir::Graph& g, bool interleave_overlap) {
     if (interleave_overlap) interleave_overlap_slots(g, list);
     for (size_t i = 0; i < list.size(); ++i) anchor[static_cast<size_t>(list[i])] = static_cast<int64_t>(i);
   }
-  // ZeRO-3 prefetch window: the all-gather feeding the k-th compute instruction of a rank may start once the
-  // (k-2)-th is done, so it overlaps the (k-1)-th but at most two gathered copies are live (FSDP's limit).
-  // Without the edge a stream of all-gathers would run ahead of compute and materialise every parameter.
-  for (size_t i = 0; i < n; ++i) {
-    const Node& nd = g.node(static_cast<NodeId>(i));
-    if (nd.kind != NodeKind::kAllGather || nd.group == "tp" || nd.tags.mb < 0 || !g.preds(nd.id).empty()) continue;
-    int64_t k = INT64_MAX;
-    for (NodeId c : g.succs(nd.id)) {
-      if (anchor[static_cast<size_t>(c)] >= 0) k = std::min(k, anchor[static_cast<size_t>(c)]);
+  // ZeRO-3 prefetch window, per FSDP unit: a unit is a run of consecutive compute instructions of one layer and
+  // microbatch (a layer's attention, router, experts ... chunks of one pass, with a backward's recomputed
+  // forward), as Megatron-FSDP and PyTorch FSDP wrap each transformer layer. The all-gather feeding an
+  // instruction of unit u may start once unit u-2 is done: it overlaps all of unit u-1 and at most two units'
+  // gathered parameters are live (FSDP's current + prefetched). Without the edge a stream of all-gathers would
+  // run ahead of compute and materialise every parameter. Megatron-FSDP: megatron_fsdp.py
+  // _pre_forward_param_unshard / _pre_backward_param_unshard gather a layer and prefetch the next.
+  for (const auto& list : compute) {
+    // last_before[k]: the last instruction of the unit two before instruction k's (-1: none).
+    std::vector<int64_t> last_before(list.size(), -1);
+    int64_t unit_start = 0, prev_unit_start = -1;
+    for (size_t k = 0; k < list.size(); ++k) {
+      const Node& a = g.node(list[k]);
+      if (k > 0) {
+        const Node& b = g.node(list[k - 1]);
+        const bool same = a.kind == NodeKind::kChunk && b.kind == NodeKind::kChunk && a.tags.layer == b.tags.layer &&
+                          a.tags.mb == b.tags.mb && a.tags.layer >= 0;
+        if (!same) {
+          prev_unit_start = unit_start;
+          unit_start = static_cast<int64_t>(k);
+        }
+      }
+      last_before[k] = prev_unit_start - 1;
     }
-    if (k == INT64_MAX || k < 2) continue;
-    const NodeId window = compute[static_cast<size_t>(nd.pp_rank)][static_cast<size_t>(k - 2)];
-    g.add_edge(window, static_cast<NodeId>(i), ir::EdgeKind::kTemporal);
+    for (size_t k = 0; k < list.size(); ++k) {
+      for (NodeId p : g.preds(list[k])) {
+        const Node& nd = g.node(p);
+        if (nd.kind != NodeKind::kAllGather || nd.group == "tp" || nd.tags.mb < 0 || !g.preds(p).empty()) continue;
+        // The gather's first consumer decides (a gather feeding several instructions waits for the earliest).
+        int64_t first = INT64_MAX;
+        for (NodeId c : g.succs(p)) {
+          if (anchor[static_cast<size_t>(c)] >= 0) first = std::min(first, anchor[static_cast<size_t>(c)]);
+        }
+        if (first != static_cast<int64_t>(k) || last_before[k] < 0) continue;
+        g.add_edge(list[static_cast<size_t>(last_before[k])], p, ir::EdgeKind::kTemporal);
+      }
+    }
   }
   // Comm nodes: after their latest same-rank producer (through comm chains), else before their first consumer.
   std::vector<int64_t> after(n, -1), before(n, INT64_MAX);

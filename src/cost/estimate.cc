@@ -321,10 +321,10 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
                   std::max(n_dense > 0 ? table_.dense_mlp_params / s.tp : 0.0,
                            n_moe > 0 ? table_.shared_params / s.tp + table_.router_params + sharded_experts : 0.0);
     // ZeRO-2/3: the full gradients of the chunks between their weight-gradient task and their per-microbatch
-    // reduce-scatter; ZeRO-3: the gathered parameters of the task running and the one prefetched. The runtime
-    // and the compiler's prefetch window hold two consecutive chunks (attention and FFN: about one layer).
-    if (s.zero >= 2) buffers += largest_layer * bytes_.grad;   // gradient bucket
-    if (s.zero >= 3) buffers += largest_layer * bytes_.param;  // gathered + prefetched
+    // reduce-scatter; ZeRO-3: the gathered parameters of the unit running and the one prefetched. The compiler's
+    // prefetch window (stream_order.cc) holds two FSDP units: two layers.
+    if (s.zero >= 2) buffers += largest_layer * bytes_.grad;       // gradient bucket
+    if (s.zero >= 3) buffers += 2 * largest_layer * bytes_.param;  // gathered + prefetched
     if (s.recompute == Recompute::kFull) buffers += T * peak_layer_act;
     // Deferred W: its B -> W gradients on top of the activation peak (counted as buffers, as the runtime does).
     if (kind == ScheduleKind::kZBH1) {
@@ -383,16 +383,18 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     pp_s = (kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kDualPipeV) ? 2.0 * (p - 1) * hop
                                                                                     : 2.0 * (m + p - 1) * hop;
   }
-  // ZeRO-2/3's exposed time per microbatch on rank r (ZeRO-2: reduce-scatters only). Chunks run F in layer
-  // order, then B (+ W) in reverse; on the cyclic sequence (steady state: a microbatch's backward is followed by
-  // another's forward) the gather of item j+1 starts when item j's compute starts (window of two gathered
-  // chunks), so item j+1 starts max(c_j, d_{j+1}) after item j: exposed = sum_j max(0, d_{j+1} - c_j), where d
-  // is the NIC stream's work before item j+1 may run: its gather, plus in the backward the reduce-scatter of
-  // item j, plus the EP dispatch and combine of item j if it is the experts.
+  // ZeRO-2/3's exposed time per microbatch on rank r (ZeRO-2: reduce-scatters only). Items are FSDP units (a
+  // layer's chunks of one pass; the embedding; the head), F in layer order, then B (+ W) in reverse; on the
+  // cyclic sequence (steady state: a microbatch's backward is followed by another's forward) the gathers of unit
+  // j+1 start when unit j's compute starts (the compiler's window of two gathered units, stream_order.cc), so
+  // unit j+1 starts max(c_j, d_{j+1}) after unit j: exposed = sum_j max(0, d_{j+1} - c_j), where d is the NIC
+  // stream's work before unit j+1 may run: its gathers, plus in the backward the reduce-scatters of unit j, plus
+  // the EP dispatches and combines of unit j.
   auto sharded_dp_exposed_per_microbatch = [&](int r) {
     struct Item {
       double f = 0, bw = 0;            // compute: forward; backward + weight gradient (with recomputation)
       double ag = 0, rs = 0, a2a = 0;  // NIC: all-gather, reduce-scatter, EP all-to-all per pass
+      bool moe = false;                // a MoE layer's unit: its compute also waits for the EP all-to-alls
     };
     auto recomputed = [&](Part q) {
       Fbw t = part(q);
@@ -415,7 +417,9 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     const Item router_i = item(recomputed(Part::kRouter), table_.router_params, g.dp);
     Item experts_i = item(recomputed(Part::kExperts),
                           expert_shard > 1 ? local_experts * table_.expert_params / s.etp : 0, g.expert_dp);
-    experts_i.a2a = ep_layer_s / 2;  // dispatch + combine in each pass
+    // Dispatch + combine in each pass, on the NIC only when the expert group spans nodes (folded EP 8 inside
+    // a node runs over NVLink beside the gathers).
+    experts_i.a2a = g.ep.nodes > 1 ? ep_layer_s / 2 : 0.0;
     const Item shared_i = item(recomputed(Part::kSharedExperts), table_.shared_params / s.tp, g.dp);
     const Item mlp_i = item(recomputed(Part::kDenseMlp), table_.dense_mlp_params / s.tp, g.dp);
     bool rank_has_emb = false;
@@ -441,22 +445,36 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
             layer[3] = &shared_i;
             n = table_.shared_params > 0 ? 4 : 3;
           }
-          for (int q = 0; q < n; ++q) fn(*layer[backward ? n - 1 - q : q]);
+          Item unit;  // one FSDP unit: the layer's chunks of this pass
+          for (int q = 0; q < n; ++q) {
+            unit.f += layer[q]->f;
+            unit.bw += layer[q]->bw;
+            unit.ag += layer[q]->ag;
+            unit.rs += layer[q]->rs;
+            unit.a2a += layer[q]->a2a;
+          }
+          unit.moe = n > 2;
+          fn(unit);
         }
         if (backward && st == 0) fn(emb_i);
         if (!backward && st == stages - 1) fn(head_i);
       }
     };
     // The cycle: F tasks, then B tasks; the first F task follows the last B task (the first F task, backward).
-    const Item* prev = stage_of_chunk(kind, p, v, r, 0) == 0 ? &emb_i : &attn_i;
+    // A MoE unit lasts its compute plus the time it waits for its all-to-alls (the closed form's exposed EP time
+    // per microbatch, spread over the rank's MoE units of both passes): the gathers run beside that wait too.
+    int moe_units = 0;
+    visit(false, [&](const Item& u) { moe_units += u.moe ? 2 : 0; });
+    const double ep_wait = moe_units > 0 ? ep_exposed / moe_units : 0.0;
+    Item prev = stage_of_chunk(kind, p, v, r, 0) == 0 ? emb_i : attn_i;
     bool prev_fwd = false;
     double exposed = 0;
     for (bool backward : {false, true}) {
       visit(backward, [&](const Item& cur) {
-        const double c_prev = prev_fwd ? prev->f : prev->bw;
-        const double d = cur.ag + prev->a2a + (prev_fwd ? 0.0 : prev->rs);
+        const double c_prev = (prev_fwd ? prev.f : prev.bw) + (prev.moe ? ep_wait : 0.0);
+        const double d = cur.ag + prev.a2a + (prev_fwd ? 0.0 : prev.rs);
         exposed += std::max(0.0, d - c_prev);
-        prev = &cur;
+        prev = cur;
         prev_fwd = !backward;
       });
     }

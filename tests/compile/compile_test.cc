@@ -73,6 +73,35 @@ TEST(CompileTest, PipelineExpertZero3CompilesAndReshardsPerMicrobatch) {
   EXPECT_LT(p0.static_bytes, z1->plan.templates[0].static_bytes);
 }
 
+// ZeRO-3 prefetches per FSDP unit (a layer's chunks of one microbatch and pass, as Megatron-FSDP and PyTorch FSDP
+// wrap transformer layers): every gather of layer L's forward may start once layer L-2's forward is done, so it
+// overlaps all of layer L-1 (attention, router and experts), not just the chunk before it.
+TEST(CompileTest, Zero3PrefetchesOneLayerAhead) {
+  auto r = compile("dp=4,ep=2,zero=3,microbatches=2");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  const ir::Graph& g = r->graph;
+  int checked = 0, experts = 0;
+  for (const ir::Node& n : g.nodes()) {
+    if (n.kind != ir::NodeKind::kAllGather || n.group == "tp" || n.tags.mb < 0 || n.tags.pass != ir::Pass::kF ||
+        n.tags.layer < 2 || n.tags.layer >= g.num_layers)
+      continue;
+    std::vector<int> window_layers;
+    for (int e : g.in_edges(n.id)) {
+      const ir::Edge& edge = g.edge(e);
+      if (!edge.alive || edge.kind != ir::EdgeKind::kTemporal) continue;
+      const ir::Node& w = g.node(edge.src);
+      EXPECT_EQ(w.tags.mb, n.tags.mb) << n.name << " waits for " << w.name;
+      window_layers.push_back(w.tags.layer);
+    }
+    ASSERT_EQ(window_layers.size(), 1u) << n.name;
+    EXPECT_EQ(window_layers[0], n.tags.layer - 2) << n.name;
+    ++checked;
+    experts += n.tags.part == "experts";
+  }
+  EXPECT_GT(checked, 0);
+  EXPECT_GT(experts, 0);
+}
+
 TEST(CompileTest, EveryScheduleCompilesAndVerifies) {
   for (const char* s :
        {"dp=2,pp=2,schedule=gpipe,microbatches=4", "dp=2,pp=2,ep=2,schedule=1f1b,microbatches=4",

@@ -117,13 +117,15 @@ TEST(CliPlanTest, FitsNowhereNamesTheMinimumMemoryAndClosestPlan) {
   EXPECT_TRUE(j["closest"]["strategy"].is_string());
 }
 
-// The compiler's memory check is stricter than the closed form here (Mixtral-8x7B, interleaved only): when every
-// compiled candidate is rejected, the message says so instead of claiming that nothing fits.
+// The compiler's memory check is stricter than the closed form here (Mixtral-8x7B, interleaved only: the best
+// candidate fits by the closed form, not compiled): when every compiled candidate is rejected, the message says
+// so instead of claiming that nothing fits. One attempt: the second-best candidate compiles since the closed form
+// counts ZeRO-3's two gathered layers (the ranking changed).
 TEST(CliPlanTest, CompilerRejectingEveryCandidateIsNamed) {
   int rc = 0;
   std::string out =
       run("plan --model mixtral-8x7b --cluster dgx-h100 --nodes 2 --global-batch 64 --schedules "
-          "interleaved --top 1 --verify-attempts 2",
+          "interleaved --top 1 --verify-attempts 1",
           &rc);
   if (out.find("compiled and verified, 0 rejected") != std::string::npos) GTEST_SKIP() << "the compiler accepted";
   EXPECT_NE(rc, 0);

@@ -90,8 +90,14 @@ void expect_parity(const std::string& strategy, const std::string& reference, in
     EXPECT_LE(rel, kRelTol) << "step " << i + 1 << ": " << strategy << " loss " << got[i] << " vs one rank " << ref[i];
   }
   const double mem_ratio = static_cast<double>(r.peak_bytes) / r.predicted_bytes;
-  EXPECT_NEAR(mem_ratio, 1.0, kMemTol) << strategy << " rank " << (*world)->rank() << ": peak memory " << r.peak_bytes
-                                       << " B vs the resource model's " << r.predicted_bytes << " B";
+  // ZeRO-3 prefetches the next FSDP unit's parameters (stream_order.cc): whether that gather is allocated
+  // while the running unit's copy is live depends on the comm thread's timing, so the measured peak lies between
+  // one and two gathered layers; the model counts the bound (two). Measured on this tiny model: 0.90-1.00.
+  const double low_tol = strategy.find("zero=3") != std::string::npos ? 0.15 : kMemTol;
+  EXPECT_GE(mem_ratio, 1.0 - low_tol) << strategy << " rank " << (*world)->rank() << ": peak memory " << r.peak_bytes
+                                      << " B vs the resource model's " << r.predicted_bytes << " B";
+  EXPECT_LE(mem_ratio, 1.0 + kMemTol) << strategy << " rank " << (*world)->rank() << ": peak memory " << r.peak_bytes
+                                      << " B vs the resource model's " << r.predicted_bytes << " B";
   std::printf("parity %s rank %d: peak memory %.2f MiB, model %.2f MiB (x%.3f); by category, peak/model MiB:%s\n",
               strategy.c_str(), (*world)->rank(), static_cast<double>(r.peak_bytes) / (1 << 20),
               r.predicted_bytes / (1 << 20), mem_ratio, r.breakdown.c_str());
