@@ -168,6 +168,7 @@ Result<StreamOrder> order_streams(ir::Graph& g, bool interleave_overlap) {
   // gathered parameters are live (FSDP's current + prefetched). Without the edge a stream of all-gathers would
   // run ahead of compute and materialise every parameter. Megatron-FSDP: megatron_fsdp.py
   // _pre_forward_param_unshard / _pre_backward_param_unshard gather a layer and prefetch the next.
+  std::vector<char> gather_seen(n, 0);
   for (const auto& list : compute) {
     // last_before[k]: the last instruction of the unit two before instruction k's (-1: none).
     std::vector<int64_t> last_before(list.size(), -1);
@@ -185,17 +186,15 @@ Result<StreamOrder> order_streams(ir::Graph& g, bool interleave_overlap) {
       }
       last_before[k] = prev_unit_start - 1;
     }
+    // Instructions in order: a gather is first met at its earliest consumer, which decides its window.
     for (size_t k = 0; k < list.size(); ++k) {
       for (NodeId p : g.preds(list[k])) {
         const Node& nd = g.node(p);
-        if (nd.kind != NodeKind::kAllGather || nd.group == "tp" || nd.tags.mb < 0 || !g.preds(p).empty()) continue;
-        // The gather's first consumer decides (a gather feeding several instructions waits for the earliest).
-        int64_t first = INT64_MAX;
-        for (NodeId c : g.succs(p)) {
-          if (anchor[static_cast<size_t>(c)] >= 0) first = std::min(first, anchor[static_cast<size_t>(c)]);
-        }
-        if (first != static_cast<int64_t>(k) || last_before[k] < 0) continue;
-        g.add_edge(list[static_cast<size_t>(last_before[k])], p, ir::EdgeKind::kTemporal);
+        if (gather_seen[static_cast<size_t>(p)] || nd.kind != NodeKind::kAllGather || nd.group == "tp" ||
+            nd.tags.mb < 0 || !g.preds(p).empty())
+          continue;
+        gather_seen[static_cast<size_t>(p)] = 1;
+        if (last_before[k] >= 0) g.add_edge(list[static_cast<size_t>(last_before[k])], p, ir::EdgeKind::kTemporal);
       }
     }
   }

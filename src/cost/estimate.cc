@@ -395,6 +395,14 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
       double f = 0, bw = 0;            // compute: forward; backward + weight gradient (with recomputation)
       double ag = 0, rs = 0, a2a = 0;  // NIC: all-gather, reduce-scatter, EP all-to-all per pass
       bool moe = false;                // a MoE layer's unit: its compute also waits for the EP all-to-alls
+      Item& operator+=(const Item& o) {
+        f += o.f;
+        bw += o.bw;
+        ag += o.ag;
+        rs += o.rs;
+        a2a += o.a2a;
+        return *this;
+      }
     };
     auto recomputed = [&](Part q) {
       Fbw t = part(q);
@@ -422,6 +430,14 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     experts_i.a2a = g.ep.nodes > 1 ? ep_layer_s / 2 : 0.0;
     const Item shared_i = item(recomputed(Part::kSharedExperts), table_.shared_params / s.tp, g.dp);
     const Item mlp_i = item(recomputed(Part::kDenseMlp), table_.dense_mlp_params / s.tp, g.dp);
+    // FSDP units (a layer's chunks of one pass): the order of the chunks inside a unit does not change its sums.
+    Item dense_unit = attn_i;
+    dense_unit += mlp_i;
+    Item moe_unit = attn_i;
+    moe_unit += router_i;
+    moe_unit += experts_i;
+    if (table_.shared_params > 0) moe_unit += shared_i;
+    moe_unit.moe = true;
     bool rank_has_emb = false;
     for (int c = 0; c < v; ++c) rank_has_emb = rank_has_emb || stage_of_chunk(kind, p, v, r, c) == 0;
     const Item emb_i = item(part(Part::kEmbedding), table_.embedding_params / s.tp, g.dp);
@@ -437,24 +453,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
         if (!backward && st == 0) fn(emb_i);
         for (int k = lo; k < hi; ++k) {
           const int l = backward ? hi - 1 - (k - lo) : k;
-          const Item* layer[4] = {&attn_i, &mlp_i, nullptr, nullptr};
-          int n = 2;
-          if (moe_layers_before(l + 1) > moe_layers_before(l)) {
-            layer[1] = &router_i;
-            layer[2] = &experts_i;
-            layer[3] = &shared_i;
-            n = table_.shared_params > 0 ? 4 : 3;
-          }
-          Item unit;  // one FSDP unit: the layer's chunks of this pass
-          for (int q = 0; q < n; ++q) {
-            unit.f += layer[q]->f;
-            unit.bw += layer[q]->bw;
-            unit.ag += layer[q]->ag;
-            unit.rs += layer[q]->rs;
-            unit.a2a += layer[q]->a2a;
-          }
-          unit.moe = n > 2;
-          fn(unit);
+          fn(moe_layers_before(l + 1) > moe_layers_before(l) ? moe_unit : dense_unit);
         }
         if (backward && st == 0) fn(emb_i);
         if (!backward && st == stages - 1) fn(head_i);
