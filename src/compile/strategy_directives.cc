@@ -98,7 +98,7 @@ Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const 
     PIPER_ASSIGN_OR_RETURN(auto parts, schedules::partition_directives(model.num_layers, mesh.num_stages()));
     out.insert(out.end(), parts.begin(), parts.end());
   }
-  schedules::ScheduleParams params{mesh.pp, s.microbatches, mesh.vpp};
+  schedules::ScheduleParams params{mesh.pp, s.microbatches, mesh.vpp, s.ep_overlap};
   PIPER_ASSIGN_OR_RETURN(auto sched, schedules::schedule_directives(s.schedule, params));
   out.insert(out.end(), sched.begin(), sched.end());
   return out;

@@ -287,7 +287,9 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
         chunk_act += T * act_head;
         chunk_wg += T * wg_head;
       }
-      act_peak += chunk_in_flight_units(kind, p, m, v, r, c) * chunk_act;
+      // ep_overlap: one more warm-up forward holds one more chunk-microbatch (spread over the rank's chunks).
+      const double units = chunk_in_flight_units(kind, p, m, v, r, c) + (s.ep_overlap ? 1.0 / v : 0.0);
+      act_peak += std::min(units, static_cast<double>(m)) * chunk_act;
       if (c < 2) {
         chunk_act_b[c] = chunk_act;
         chunk_wg_b[c] = chunk_wg;
@@ -355,7 +357,14 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     // the paired compute; the other schedules run it on the critical path.
     const double compute = t.f + t.b + t.w;
     const double tp_r = (n_layers - n_moe) * tp_dense_layer_s + n_moe * tp_moe_layer_s, ep_r = n_moe * ep_layer_s;
-    const double ep_exposed_r = kind == ScheduleKind::kDualPipeV ? std::max(0.0, ep_r - compute) : ep_r;
+    // ep_overlap (Megatron's combined 1F1B) pairs only the steady-state steps: m v - warm-up of the rank's m v
+    // forwards (and as many backwards) run in a pair, the warm-up forwards and cool-down backwards alone.
+    double paired = kind == ScheduleKind::kDualPipeV ? 1.0 : 0.0;
+    if (s.ep_overlap) {
+      const double warmup = std::min<double>(in_flight_units(kind, p, m, v, r), m * v);  // incl. the extra one
+      paired = std::max(0.0, (m * v - warmup) / (m * v));
+    }
+    const double ep_exposed_r = paired * std::max(0.0, ep_r - compute) + (1 - paired) * ep_r;
     if (compute + tp_r + ep_exposed_r > worst_time) {
       worst_time = compute + tp_r + ep_exposed_r;
       bottleneck = t;

@@ -13,8 +13,8 @@ namespace {
 
 const std::vector<std::string>& key_names() {
   static const std::vector<std::string> kKeys = {
-      "dp",           "tp",  "pp",  "vpp",   "ep",     "etp",        "zero",      "sp",   "recompute", "schedule",
-      "microbatches", "mbs", "a2a", "order", "disagg", "attn_ranks", "ffn_ranks", "fold", "tp_overlap"};
+      "dp",           "tp",  "pp",  "vpp",   "ep",     "etp",        "zero",      "sp",   "recompute",  "schedule",
+      "microbatches", "mbs", "a2a", "order", "disagg", "attn_ranks", "ffn_ranks", "fold", "tp_overlap", "ep_overlap"};
   return kKeys;
 }
 
@@ -91,6 +91,8 @@ Status set_key(Strategy* s, const std::string& key, const std::string& value) {
     PIPER_ASSIGN_OR_RETURN(s->fold, parse_flag(key, value));
   } else if (key == "tp_overlap") {
     PIPER_ASSIGN_OR_RETURN(s->tp_overlap, parse_flag(key, value));
+  } else if (key == "ep_overlap") {
+    PIPER_ASSIGN_OR_RETURN(s->ep_overlap, parse_flag(key, value));
   } else if (key == "disagg") {
     PIPER_ASSIGN_OR_RETURN(s->disaggregate, parse_flag(key, value));
   } else if (key == "recompute") {
@@ -218,6 +220,7 @@ std::string Strategy::to_string() const {
   }
   if (fold) out += ",fold=1";
   if (tp_overlap) out += ",tp_overlap=1";
+  if (ep_overlap) out += ",ep_overlap=1";
   return out;
 }
 
@@ -240,7 +243,8 @@ Json Strategy::to_json() const {
             {"attn_ranks", attn_ranks},
             {"ffn_ranks", ffn_ranks},
             {"fold", fold},
-            {"tp_overlap", tp_overlap}};
+            {"tp_overlap", tp_overlap},
+            {"ep_overlap", ep_overlap}};
   return j;
 }
 

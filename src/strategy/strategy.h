@@ -16,6 +16,8 @@
 //   disagg(0|1) attn_ranks(0) ffn_ranks(0)    attention/FFN disaggregation (af-pipe)
 //   fold(0|1)    MoE parallel folding (printed only when set)
 //   tp_overlap(0|1)  tensor-parallel GEMM/collective overlap, Megatron's --tp-comm-overlap (printed only when set)
+//   ep_overlap(0|1)  EP all-to-all overlap by F&B pairing, Megatron's --overlap-moe-expert-parallel-comm (printed
+//                    only when set)
 // e.g. "dp=8,tp=1,pp=4,vpp=1,ep=8,zero=1,sp=0,recompute=none,schedule=1f1b,microbatches=16,mbs=1".
 // to_string() prints every key, and parse(to_string(s)) == s.
 #pragma once
@@ -75,6 +77,11 @@ struct Strategy {
   // reduce-scatter after it with its last GEMM (4 pieces). Needs sp=1, as in Megatron. Modelled by estimate and
   // simulate (compile/lower.h: LowerOptions::tp_overlap); the CPU runtime runs tp collectives whole.
   bool tp_overlap = false;
+  // Expert-parallel all-to-all overlap (Megatron-LM --overlap-moe-expert-parallel-comm, its "combined 1F1B"):
+  // 1f1b and interleaved run one more warm-up forward, then every steady-state step's forward of one microbatch
+  // and backward of another share a may-overlap slot, so one's dispatch/combine runs behind the other's compute
+  // (as DualPipeV's F&B pairs; schedules/schedule.h). Needs ep >= 2, and interleaved when pp > 1 (as Megatron).
+  bool ep_overlap = false;
 
   int world_size() const { return disaggregate ? attn_ranks + ffn_ranks : dp * tp * pp; }
   // Model chunks (virtual stages) each pipeline rank holds: vpp for interleaved, 2 for dualpipev (the V shape:

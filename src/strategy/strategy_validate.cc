@@ -110,6 +110,30 @@ Status Strategy::validate() const {
     return fail("dualpipev needs microbatches >= 2*pp = " + std::to_string(2 * pp) + " (got " +
                 std::to_string(microbatches) + "); raise microbatches or use 1f1b");
   }
+  if (ep_overlap && ep < 2) {
+    return fail(
+        "ep_overlap=1 hides the expert-parallel all-to-alls behind another microbatch's compute, so it needs "
+        "ep >= 2 (got ep=" +
+        std::to_string(ep) + "); set ep or drop ep_overlap");
+  }
+  if (ep_overlap && kind != ScheduleKind::k1F1B && kind != ScheduleKind::kInterleaved) {
+    return fail(
+        "ep_overlap=1 pairs the steady-state forward and backward of 1f1b or interleaved (Megatron's combined "
+        "1F1B); schedule=" +
+        schedule +
+        (kind == ScheduleKind::kDualPipeV || kind == ScheduleKind::kAFPipe ? " pairs them by itself"
+                                                                           : " has no such pairs") +
+        "; drop ep_overlap or use schedule=interleaved");
+  }
+  if (ep_overlap && kind == ScheduleKind::k1F1B && pp > 1) {
+    // A pair's forward input arrives from the previous stage while the pair runs: under plain 1F1B it arrives late
+    // and holds the pair's backward chunks behind it (simulated: a slower step than without the overlap).
+    // Megatron-LM refuses it too ("virtual_pipeline_model_parallel_size must be specified when
+    // pipeline_model_parallel_size > 1", transformer_config.py).
+    return fail("ep_overlap=1 with pp=" + std::to_string(pp) +
+                " needs schedule=interleaved (under plain 1f1b a pair waits for its forward's input from the previous "
+                "stage, as in Megatron, which refuses it too); use schedule=interleaved with vpp >= 2, or pp=1");
+  }
   if ((kind == ScheduleKind::kAFPipe) != disaggregate) {
     return fail(disaggregate ? "disagg=1 needs schedule=af-pipe (the only schedule for disaggregated attention/FFN)"
                              : "schedule=af-pipe needs disagg=1 with attn_ranks and ffn_ranks set");

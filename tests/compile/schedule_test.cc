@@ -111,6 +111,54 @@ TEST(ScheduleTest, InflightMatchesFormulas) {
   }
 }
 
+// ep_overlap (Megatron's combined 1F1B): one more warm-up forward, then every steady step is one may-overlap slot
+// holding a forward and a backward of different microbatches (so neither waits for the other), m v - warm-up of
+// them per rank; one more microbatch in flight than without.
+TEST(ScheduleTest, EpOverlapPairsIndependentForwardAndBackward) {
+  struct Case {
+    const char* name;
+    int p, m, v;
+  };
+  for (const Case& c : {Case{"1f1b", 1, 4, 1}, Case{"1f1b", 2, 4, 1}, Case{"1f1b", 4, 8, 1},
+                        Case{"interleaved", 2, 4, 2}, Case{"interleaved", 4, 8, 2}, Case{"interleaved", 2, 8, 3}}) {
+    SCOPED_TRACE(std::string(c.name) + " p=" + std::to_string(c.p) + " m=" + std::to_string(c.m));
+    auto base = run_schedule(c.name, c.p, c.m, c.v);
+    auto r = run_schedule(c.name, c.p, c.m, c.v, {}, true);
+    ASSERT_TRUE(base.ok() && r.ok()) << (r.ok() ? base.status().message() : r.status().message());
+    for (int rank = 0; rank < c.p; ++rank) {
+      const auto& slots = r->schedule.ranks[static_cast<size_t>(rank)].slots;
+      int pairs = 0, leading_forwards = 0;
+      bool seen_backward = false;
+      for (const auto& slot : slots) {
+        if (slot.actions.size() == 2) {
+          ++pairs;
+          EXPECT_EQ(slot.actions[0].pass, ir::Pass::kF);
+          EXPECT_EQ(slot.actions[1].pass, ir::Pass::kBW);
+          const bool same = slot.actions[0].mb == slot.actions[1].mb && slot.actions[0].stage == slot.actions[1].stage;
+          EXPECT_FALSE(same) << "rank " << rank << ": " << slot_text(slot, true) << " pairs a microbatch with itself";
+        } else {
+          ASSERT_EQ(slot.actions.size(), 1u);
+        }
+        if (slot.actions.back().pass != ir::Pass::kF) seen_backward = true;
+        if (!seen_backward) ++leading_forwards;
+      }
+      // Warm-up: Megatron's count + 1 (1f1b: p - 1 - r + 1; interleaved: 2 (p - 1 - r) + (v - 1) p + 1).
+      const int warmup = std::min(c.v == 1 ? c.p - rank : 2 * (c.p - 1 - rank) + (c.v - 1) * c.p + 1, c.m * c.v);
+      EXPECT_EQ(leading_forwards, warmup) << "rank " << rank;
+      EXPECT_EQ(pairs, c.m * c.v - warmup) << "rank " << rank;
+      EXPECT_EQ(r->timeline.ranks[static_cast<size_t>(rank)].peak_inflight_microbatches,
+                std::min(base->timeline.ranks[static_cast<size_t>(rank)].peak_inflight_microbatches + 1, c.m * c.v))
+          << "rank " << rank;
+    }
+    EXPECT_DOUBLE_EQ(r->timeline.ranks[0].busy, base->timeline.ranks[0].busy);
+  }
+  auto bad = run_schedule("gpipe", 2, 4, 1, {}, true);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("ep_overlap pairs the steady forward and backward of 1f1b or interleaved"),
+            std::string::npos)
+      << bad.status().message();
+}
+
 TEST(ScheduleTest, ParameterErrors) {
   auto r = run_schedule("dualpipev", 4, 6, 2);
   ASSERT_FALSE(r.ok());

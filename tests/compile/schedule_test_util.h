@@ -15,8 +15,9 @@ struct Run {
   ScheduleTimeline timeline;
 };
 
-inline Result<Run> run_schedule(const std::string& name, int p, int m, int v, UnitCosts costs = {}) {
-  schedules::ScheduleParams params{p, m, v};
+inline Result<Run> run_schedule(const std::string& name, int p, int m, int v, UnitCosts costs = {},
+                                bool ep_overlap = false) {
+  schedules::ScheduleParams params{p, m, v, ep_overlap};
   PIPER_ASSIGN_OR_RETURN(auto directives, schedules::schedule_directives(name, params));
   PIPER_ASSIGN_OR_RETURN(int stages, schedules::schedule_num_stages(name, params));
   PIPER_ASSIGN_OR_RETURN(PipelineSchedule s, realize_schedule(directives, p, stages, m));

@@ -33,7 +33,9 @@ TEST(RuntimeSupport, ParityStrategiesAreRunnable) {
         "pp=2,dp=2,ep=2,zero=3,schedule=1f1b,microbatches=2",
         // recomputation with tp and ep (dist_parity_mpi_test.cc)
         "tp=2,sp=1,recompute=full,microbatches=4", "tp=2,sp=1,recompute=selective,microbatches=4",
-        "dp=2,ep=2,recompute=full,microbatches=2", "dp=2,ep=2,recompute=selective,microbatches=2"}) {
+        "dp=2,ep=2,recompute=full,microbatches=2", "dp=2,ep=2,recompute=selective,microbatches=2",
+        // combined 1F1B (dist_parity_mpi_test.cc)
+        "dp=2,ep=2,ep_overlap=1,microbatches=3"}) {
     EXPECT_TRUE(check_runnable(parse(s)).ok()) << s << ": " << check_runnable(parse(s)).to_string();
   }
 }

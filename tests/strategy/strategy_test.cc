@@ -189,6 +189,25 @@ TEST(StrategyTest, TpOverlapRoundTripsAndPrintsOnlyWhenSet) {
   expect_error(Strategy::parse("tp=2,sp=1,tp_overlap=2").status(), "tp_overlap");
 }
 
+TEST(StrategyTest, EpOverlapRoundTripsAndNeedsEpAndAPairingSchedule) {
+  auto s = Strategy::parse("dp=8,ep=8,pp=2,vpp=2,schedule=interleaved,microbatches=4,ep_overlap=1");
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_TRUE(s->ep_overlap);
+  EXPECT_TRUE(s->validate().ok()) << s->validate().message();
+  EXPECT_NE(s->to_string().find(",ep_overlap=1"), std::string::npos);
+  EXPECT_EQ(*Strategy::parse(s->to_string()), *s);
+  EXPECT_EQ(*Strategy::from_json(s->to_json()), *s);
+  EXPECT_EQ(Strategy::parse("dp=8,ep=8")->to_string().find("ep_overlap"), std::string::npos);
+  EXPECT_TRUE(Strategy::parse("dp=2,ep=2,ep_overlap=1,microbatches=2")->validate().ok());
+  expect_error(Strategy::parse("dp=2,ep_overlap=1")->validate(), "needs ep >= 2");
+  expect_error(Strategy::parse("dp=4,ep=2,pp=2,schedule=dualpipev,microbatches=4,ep_overlap=1")->validate(),
+               "schedule=dualpipev pairs them by itself");
+  expect_error(Strategy::parse("dp=4,ep=2,pp=2,schedule=gpipe,microbatches=4,ep_overlap=1")->validate(),
+               "schedule=gpipe has no such pairs");
+  expect_error(Strategy::parse("dp=4,ep=2,pp=2,schedule=1f1b,microbatches=4,ep_overlap=1")->validate(),
+               "needs schedule=interleaved");
+}
+
 // validate_for(): rules against a model, a batch and a world size.
 TEST(StrategyTest, ValidateForRules) {
   struct Row {

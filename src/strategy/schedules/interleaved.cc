@@ -1,6 +1,7 @@
 // Interleaved 1F1B (virtual pipeline): rank r holds stages r, r+p, ..., r+(v-1)p. The op sequence follows
 // torch's ScheduleInterleaved1F1B ("flex" rule), which reproduces Megatron's interleaved order when m is a
-// multiple of p (reference/schedules.md 3.3). The backward is fused (BW).
+// multiple of p (reference/schedules.md 3.3). The backward is fused (BW). With ep_overlap (Megatron's
+// --overlap-moe-expert-parallel-comm) one more warm-up forward, and each steady (F, BW) op is a may-overlap slot.
 #include "interleaved.h"
 
 #include <algorithm>
@@ -8,10 +9,10 @@
 
 namespace piper::schedules {
 
-Result<std::vector<InterleavedOp>> interleaved_ops(int p, int v, int m, int pos) {
+Result<std::vector<InterleavedOp>> interleaved_ops(int p, int v, int m, int pos, int extra_warmup) {
   if (m < p) {
-    return invalid_argument("interleaved orders need microbatches >= pp (got m=" + std::to_string(m) + ", pp=" +
-                            std::to_string(p) + "); raise microbatches");
+    return invalid_argument("interleaved orders need microbatches >= pp (got m=" + std::to_string(m) +
+                            ", pp=" + std::to_string(p) + "); raise microbatches");
   }
   const int rounds = std::max(1, m / p);
   if (m % rounds != 0) {
@@ -20,7 +21,7 @@ Result<std::vector<InterleavedOp>> interleaved_ops(int p, int v, int m, int pos)
   }
   const int per_round = m / rounds;
   const int total = m * v;
-  const int warmup = std::min((v - 1) * per_round + 2 * (p - 1 - pos), total);
+  const int warmup = std::min((v - 1) * per_round + 2 * (p - 1 - pos) + extra_warmup, total);
   auto fwd_local = [&](int step) { return (step / per_round) % v; };
   auto bwd_local = [&](int step) { return v - 1 - ((step - warmup) / per_round) % v; };
   std::vector<int> fcount(static_cast<size_t>(v), 0), bcount(static_cast<size_t>(v), 0);
@@ -50,8 +51,13 @@ Result<std::vector<ir::Directive>> interleaved_schedule(const ScheduleParams& p)
   ScheduleBuilder b(p.pp);
   for (int s = 0; s < p.pp * p.vpp; ++s) b.place(s, s % p.pp);
   for (int r = 0; r < p.pp; ++r) {
-    PIPER_ASSIGN_OR_RETURN(auto ops, interleaved_ops(p.pp, p.vpp, p.microbatches, r));
+    PIPER_ASSIGN_OR_RETURN(auto ops, interleaved_ops(p.pp, p.vpp, p.microbatches, r, p.ep_overlap ? 1 : 0));
     for (const auto& o : ops) {
+      if (p.ep_overlap && o.f_local >= 0 && o.b_local >= 0) {  // combined 1F1B: the pair may overlap
+        b.add_overlap(r, {ir::stage_filter(o.f_local * p.pp + r, o.f_mb, ir::Pass::kF),
+                          ir::stage_filter(o.b_local * p.pp + r, o.b_mb, ir::Pass::kBW)});
+        continue;
+      }
       if (o.f_local >= 0) b.add(r, o.f_local * p.pp + r, ir::Pass::kF, o.f_mb);
       if (o.b_local >= 0) b.add(r, o.b_local * p.pp + r, ir::Pass::kBW, o.b_mb);
     }

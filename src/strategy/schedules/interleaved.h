@@ -16,7 +16,8 @@ struct InterleavedOp {
 };
 
 // torch's "flex" interleaved rule (reference/schedules.md 3.3) for the rank at chain position `pos`:
-// rounds = max(1, m / p), mb_per_round = m / rounds, warm-up = min((v-1) * mb_per_round + 2 (p-1-pos), m v).
-Result<std::vector<InterleavedOp>> interleaved_ops(int p, int v, int m, int pos);
+// rounds = max(1, m / p), mb_per_round = m / rounds, warm-up = min((v-1) * mb_per_round + 2 (p-1-pos) +
+// extra_warmup, m v). extra_warmup = 1 under ep_overlap (ScheduleParams), as Megatron's combined 1F1B.
+Result<std::vector<InterleavedOp>> interleaved_ops(int p, int v, int m, int pos, int extra_warmup = 0);
 
 }  // namespace piper::schedules

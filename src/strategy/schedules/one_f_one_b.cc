@@ -24,7 +24,18 @@ Result<std::vector<ir::Directive>> one_f_one_b_schedule(const ScheduleParams& p)
   ScheduleBuilder b(p.pp);
   for (int r = 0; r < p.pp; ++r) {
     b.place(r, r);
-    add_one_f_one_b_row(b, p, r, [&](int mb) { b.add(r, r, ir::Pass::kBW, mb); });
+    if (!p.ep_overlap) {
+      add_one_f_one_b_row(b, p, r, [&](int mb) { b.add(r, r, ir::Pass::kBW, mb); });
+      continue;
+    }
+    // ep_overlap (Megatron's combined 1F1B; with pp = 1 its combined_1f1b_schedule_for_no_pipelining): one more
+    // warm-up forward, then F of microbatch f and BW of microbatch f - warmup in one may-overlap slot.
+    const int m = p.microbatches;
+    const int warmup = std::min(p.pp - r, m);
+    int f = 0, bw = 0;
+    while (f < warmup) b.add(r, r, ir::Pass::kF, f++);
+    while (f < m) b.add_overlap(r, {ir::stage_filter(r, f++, ir::Pass::kF), ir::stage_filter(r, bw++, ir::Pass::kBW)});
+    while (bw < m) b.add(r, r, ir::Pass::kBW, bw++);
   }
   return b.finish();
 }

@@ -61,6 +61,11 @@ void register_schedule(ScheduleInfo info) { registry()[info.name] = std::move(in
 Result<std::vector<ir::Directive>> schedule_directives(const std::string& name, const ScheduleParams& params) {
   PIPER_ASSIGN_OR_RETURN(ScheduleInfo info, find_schedule(name));
   PIPER_RETURN_IF_ERROR(check_params(name, params));
+  if (params.ep_overlap && name != "1f1b" && name != "interleaved") {
+    return invalid_argument("schedule " + name +
+                            ": ep_overlap pairs the steady forward and backward of 1f1b or interleaved only; drop "
+                            "ep_overlap or use one of those");
+  }
   auto out = info.generate(params);
   if (!out.ok()) return out.status().with_context("schedule " + name);
   return out;

@@ -12,6 +12,7 @@
 //   interleaved  v stages/rank  (rank r holds r, r+p, ...) torch "flex" interleaved 1F1B rule
 //   zb-h1        1 stage/rank   1F1B with B split into B (input grad) and W, W of rank r deferred by r B-steps
 //   dualpipev    2 stages/rank  (r and 2p-1-r), DeepSeek's DualPipeV step table with F&B overlap slots
+//   (1f1b and interleaved with ep_overlap: one more warm-up forward; steady F and BW pairs are may-overlap slots)
 //   af-pipe      v stages/rank  attention (A) and FFN (F) ranks alternate along the model (stage j on an A rank
 //                               when j is even), interleaved order with F&B overlap slots in the steady state
 // See docs/schedules.md for the rules and their sources.
@@ -30,6 +31,11 @@ struct ScheduleParams {
   int pp = 1;            // pipeline ranks
   int microbatches = 1;  // per step
   int vpp = 1;           // stages per rank for interleaved and af-pipe (dualpipev always uses 2)
+  // 1f1b and interleaved only (Strategy::ep_overlap, Megatron's --overlap-moe-expert-parallel-comm): one more
+  // warm-up forward, so that the forward and backward of every steady-state step belong to different
+  // microbatches, and each such pair is one may-overlap slot. Megatron schedules.py get_pp_rank_microbatches adds
+  // the extra warm-up forward "to ensure the forward and backward computations are independent in all 1f1b steps".
+  bool ep_overlap = false;
 };
 
 using ScheduleFn = std::function<Result<std::vector<ir::Directive>>(const ScheduleParams&)>;
