@@ -283,48 +283,62 @@ TEST(PlanExecTest, DualPipeVHidesExpertAllToAllWhere1F1BExposesIt) {
   EXPECT_LT(dual.step, 0.9 * dual_plain.step);
 }
 
+// A Qwen3-like MoE layer stack (DeepSeek-V3's layer without dense layers or shared expert), 8 layers.
+ModelSpec routed_moe_layers() {
+  ModelSpec m = model("deepseek-v3");
+  m.num_layers = 8;
+  m.moe.first_k_dense_layers = 0;
+  m.moe.num_shared_experts = 0;
+  m.vocab_size = 256;
+  return m;
+}
+
+// Exposed EP seconds summed over the simulated ranks; neighbours on rank 0's `ep` stream in the same direction
+// (F then F, B then B) and alternating (F then B, B then F).
+struct EpStream {
+  double exposed = 0;
+  int same = 0, alt = 0;
+};
+EpStream ep_stream(const SimReport& r) {
+  EpStream o;
+  for (const RankStats& k : r.sim.ranks) {
+    for (const auto& [group, sec] : k.exposed_by_group_s) o.exposed += group == "ep" ? sec : 0;
+  }
+  for (const auto& st : r.compiled.plan.templates[0].streams) {
+    char last = 0;
+    for (const auto& in : st.instrs) {
+      if (in.op != compile::OpKind::kCollective || in.group != "ep") continue;
+      const char dir = in.label.find(".F.") != std::string::npos ? 'F' : 'B';
+      if (last != 0) ++(dir == last ? o.same : o.alt);
+      last = dir;
+    }
+  }
+  return o;
+}
+
 // Under tensor parallelism with sequence parallelism a tp collective sits between every two chunks of a layer.
 // The pair interleave must not count it as an all-to-all to hide, or the `ep` stream runs F dispatch, F combine,
 // B combine, B dispatch: each all-to-all then waits for the expert GEMM of its own microbatch instead of running
 // behind the other's. Qwen3-like layer (no shared expert), tp=2: in the steady state the `ep` stream alternates F
 // and B, and DualPipeV hides most of what 1F1B exposes.
 TEST(PlanExecTest, DualPipeVAlternatesForwardAndBackwardAllToAllsUnderTensorParallelism) {
-  ModelSpec m = model("deepseek-v3");
-  m.num_layers = 8;
-  m.moe.first_k_dense_layers = 0;
-  m.moe.num_shared_experts = 0;
-  m.vocab_size = 256;
+  ModelSpec m = routed_moe_layers();
   ClusterSpec c = cluster("h800", 8);
   TrainSpec t = train(4096);
-  auto run = [&](const char* schedule, int* same_direction, int* alternations) {
+  auto run = [&](const char* schedule) {
     Strategy s = strategy(std::string("dp=16,tp=2,sp=1,pp=2,ep=16,zero=1,microbatches=16,schedule=") + schedule);
     auto r = simulate(m, c, t, s, {}, SimOptions{});
     PIPER_CHECK_OK(r.status());
-    double ep = 0;
-    for (const RankStats& k : r->sim.ranks) {
-      for (const auto& [group, sec] : k.exposed_by_group_s) ep += group == "ep" ? sec : 0;
-    }
-    if (same_direction != nullptr) {
-      for (const auto& st : r->compiled.plan.templates[0].streams) {
-        char last = 0;
-        for (const auto& in : st.instrs) {
-          if (in.op != compile::OpKind::kCollective || in.group != "ep") continue;
-          const char dir = in.label.find(".F.") != std::string::npos ? 'F' : 'B';
-          if (last != 0) ++(dir == last ? *same_direction : *alternations);
-          last = dir;
-        }
-      }
-    }
-    std::printf("%-9s tp=2: step %.3f s, ep exposed %.3f s\n", schedule, r->step_time_s, ep);
-    return ep;
+    const EpStream o = ep_stream(*r);
+    std::printf("%-9s tp=2: step %.3f s, ep exposed %.3f s\n", schedule, r->step_time_s, o.exposed);
+    return o;
   };
-  int same = 0, alt = 0;
-  const double one = run("1f1b", nullptr, nullptr);
-  const double dual = run("dualpipev", &same, &alt);
-  std::printf("dualpipev ep stream: %d alternations, %d same-direction neighbours\n", alt, same);
+  const EpStream one = run("1f1b");
+  const EpStream dual = run("dualpipev");
+  std::printf("dualpipev ep stream: %d alternations, %d same-direction neighbours\n", dual.alt, dual.same);
   // Warm-up and cool-down run one direction only; the overlapped pairs alternate.
-  EXPECT_GT(alt, 2 * same);
-  EXPECT_LT(dual, 0.6 * one);
+  EXPECT_GT(dual.alt, 2 * dual.same);
+  EXPECT_LT(dual.exposed, 0.6 * one.exposed);
 }
 
 // ep_overlap (Megatron's --overlap-moe-expert-parallel-comm, combined 1F1B): one more warm-up forward, then every
@@ -332,11 +346,7 @@ TEST(PlanExecTest, DualPipeVAlternatesForwardAndBackwardAllToAllsUnderTensorPara
 // compute. Same Qwen3-like layer and mesh as above: with the overlap the `ep` stream alternates F and B, the
 // exposed EP time falls below 0.6x that of the same schedule without it, and the closed form hides it too.
 TEST(PlanExecTest, CombinedOneFOneBHidesAllToAllsBehindThePairedMicrobatch) {
-  ModelSpec m = model("deepseek-v3");
-  m.num_layers = 8;
-  m.moe.first_k_dense_layers = 0;
-  m.moe.num_shared_experts = 0;
-  m.vocab_size = 256;
+  ModelSpec m = routed_moe_layers();
   ClusterSpec c = cluster("h800", 8);
   TrainSpec t = train(4096);
   auto cm = cost::CostModel::create(m, c, t);
@@ -351,22 +361,14 @@ TEST(PlanExecTest, CombinedOneFOneBHidesAllToAllsBehindThePairedMicrobatch) {
     PIPER_CHECK_OK(r.status());
     auto est = cm->estimate(s);
     PIPER_CHECK_OK(est.status());
+    const EpStream e = ep_stream(*r);
     Out o;
     o.step = r->step_time_s;
     o.est_step = est->step_time_s;
     o.est_ep = est->comm.ep_s;
-    for (const RankStats& k : r->sim.ranks) {
-      for (const auto& [group, sec] : k.exposed_by_group_s) o.ep += group == "ep" ? sec : 0;
-    }
-    for (const auto& st : r->compiled.plan.templates[0].streams) {
-      char last = 0;
-      for (const auto& in : st.instrs) {
-        if (in.op != compile::OpKind::kCollective || in.group != "ep") continue;
-        const char dir = in.label.find(".F.") != std::string::npos ? 'F' : 'B';
-        if (last != 0) ++(dir == last ? o.same : o.alt);
-        last = dir;
-      }
-    }
+    o.ep = e.exposed;
+    o.same = e.same;
+    o.alt = e.alt;
     std::printf(
         "%-45s step %.3f s (closed form %.3f), ep exposed %.3f s (closed form %.3f); ep stream: %d "
         "alternations, %d same-direction neighbours\n",
