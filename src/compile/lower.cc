@@ -249,6 +249,9 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
         if (auto it = buffers.alloc_before.find(id); it != buffers.alloc_before.end()) {
           st.instrs.push_back(buffer_op(OpKind::kAlloc, it->second));
         }
+        if (auto it = buffers.checkpoint_before.find(id); it != buffers.checkpoint_before.end()) {
+          st.instrs.push_back(buffer_op(OpKind::kAlloc, it->second));
+        }
         if (auto it = buffers.recompute_before.find(id); it != buffers.recompute_before.end()) {
           const NodeId f = buffers.recompute_of.at(id);
           const Node& fn = g.node(f);

@@ -58,6 +58,7 @@ struct Buffer {
 
 struct BufferPlan {
   std::map<ir::NodeId, Buffer> alloc_before;             // node -> buffer allocated right before it
+  std::map<ir::NodeId, Buffer> checkpoint_before;        // recomputed F -> its input, kept to its last backward
   std::map<ir::NodeId, Buffer> recompute_before;         // backward chunk -> buffer of the F it re-runs first
   std::map<ir::NodeId, ir::NodeId> recompute_of;         // backward chunk -> that recomputed F chunk
   std::map<ir::NodeId, std::vector<Buffer>> free_after;  // node -> buffers freed right after it

@@ -51,6 +51,12 @@ BufferPlan plan_buffers(const ir::Graph& g, int r, const std::vector<OrderKey>& 
     // constraints, not uses of its activations (under tensor parallelism every forward chunk precedes every
     // backward chunk of the microbatch), and re-running F before each of them computed it many times.
     free_after[nd.id].push_back(b);
+    // What the re-run starts from: the chunk's input, kept from F to its last backward.
+    if (nd.checkpoint_bytes > 0 && last != last_backward.end()) {
+      Buffer keep{next_buffer++, nd.checkpoint_bytes, "checkpoint " + nd.name};
+      out.checkpoint_before[nd.id] = keep;
+      free_after[last->second].push_back(keep);
+    }
     NodeId first = ir::kNoNode;
     for (NodeId c : g.succs(nd.id)) {
       const Node& cn = g.node(c);

@@ -3,79 +3,22 @@
 namespace piper::cost {
 namespace {
 
-// Bytes per token of the attention block, split into the part every TP rank keeps (`rep`: projection inputs
-// and dropout mask, divided by t only under sequence parallelism) and the part TP splits (`shard`).
-struct Split {
-  double rep = 0;
-  double shard = 0;
-};
-
-Split attention_split(const ModelSpec& m, const ActivationOptions& o, bool keep_core) {
-  const double b = o.act_bytes;
-  const double h = static_cast<double>(m.hidden_size);
-  Split s;
-  double heads = m.num_heads;
-  double q_width = 0, k_width = 0, v_width = 0;
-  if (m.attention == AttentionType::kMLA) {
-    const auto& a = m.mla;
-    const double qk = static_cast<double>(a.qk_nope_head_dim + a.qk_rope_head_dim);
-    q_width = heads * qk;
-    k_width = heads * qk;
-    v_width = heads * static_cast<double>(a.v_head_dim);
-    // Down-projection input (shared by Q and KV), the latent vectors (norm input and up-projection input)
-    // and the decoupled RoPE key: replicated across TP ranks like Megatron's MLA down projections.
-    s.rep += b * h;
-    if (a.q_lora_rank > 0) s.rep += 2 * b * static_cast<double>(a.q_lora_rank);
-    s.rep += b * (2 * static_cast<double>(a.kv_lora_rank) + static_cast<double>(a.qk_rope_head_dim));
-  } else {
-    q_width = heads * static_cast<double>(m.head_dim);
-    k_width = m.num_kv_heads * static_cast<double>(m.head_dim);
-    v_width = k_width;
-    s.rep += b * h;  // QKV input
-  }
-  s.shard += b * (q_width + k_width);  // Q and K for QK^T
-  s.shard += b * v_width;              // V for attention over values
-  s.shard += b * heads * (m.attention == AttentionType::kMLA ? static_cast<double>(m.mla.v_head_dim)
-                                                               : static_cast<double>(m.head_dim));  // out-proj input
-  if (o.dropout) s.rep += h;  // dropout mask after the output projection (1 byte)
-  if (keep_core) {
-    const double per_token_core = heads * static_cast<double>(o.seq_len);  // a*s entries per token
-    if (o.flash_attention) {
-      s.shard += 4 * heads;  // fp32 log-sum-exp per head
-    } else {
-      s.shard += per_token_core * (b + (o.dropout ? 1 + b : 0));  // softmax out (+ mask + dropout out)
-    }
-  }
-  return s;
-}
-
-Split dense_mlp_split(const ModelSpec& m, const ActivationOptions& o) {
-  const double b = o.act_bytes;
-  const double f = static_cast<double>(m.intermediate_size);
-  Split s;
-  s.rep += b * static_cast<double>(m.hidden_size);  // fc1 input
-  if (o.dropout) s.rep += static_cast<double>(m.hidden_size);
-  // GELU: activation input and fc2 input (2 tensors of f); SwiGLU: gate and up outputs and fc2 input (3).
-  s.shard += (m.mlp == MlpType::kSwiGLU ? 3 : 2) * b * f;
-  return s;
+ActivationShape shape_of(const ActivationOptions& o) {
+  ActivationShape a;
+  a.seq_len = o.seq_len;
+  a.act_bytes = o.act_bytes;
+  a.dropout = o.dropout;
+  a.flash_attention = o.flash_attention;
+  a.etp = o.etp;
+  return a;
 }
 
 // MoE FFN block per token, already divided by tp (tokens are split over TP ranks before dispatch).
 double moe_bytes(const ModelSpec& m, const ActivationOptions& o) {
-  const double b = o.act_bytes;
-  const double h = static_cast<double>(m.hidden_size);
-  const double k = m.moe.top_k;
-  const double e = m.moe.num_experts;
-  const double tensors = m.mlp == MlpType::kSwiGLU ? 3 : 2;
-  double bytes = b * h;                         // router / expert / shared-expert input (the norm output)
-  bytes += 4 * e;                               // fp32 router probabilities
-  bytes += 4 * k;                               // fp32 routing weights of the chosen experts
-  bytes += b * h * k;                           // dispatched tokens (expert GEMM input)
-  bytes += tensors * b * static_cast<double>(m.moe.expert_intermediate_size) * k / o.etp;  // expert intermediates
-  bytes += b * h * k;                           // expert outputs before the weighted combine
-  bytes += tensors * b * static_cast<double>(m.moe.shared_expert_intermediate_size) * m.moe.num_shared_experts;
-  if (o.dropout) bytes += h;
-  return bytes / o.tp;
+  const ActivationShape a = shape_of(o);
+  return (moe_router_activation_per_token(m, a) + moe_experts_activation_per_token(m, a) +
+          moe_shared_activation_per_token(m, a)) /
+         o.tp;
 }
 
 }  // namespace
@@ -103,15 +46,22 @@ LayerActivation layer_activation_bytes_per_token(const ModelSpec& m, bool moe_la
     }
     return out;
   }
-  Split attn = attention_split(m, o, o.recompute == Recompute::kNone);
-  out.attention = attn.rep / rep_div + attn.shard / t;
+  const ActivationShape a = shape_of(o);
+  if (o.recompute == Recompute::kSelective && o.recompute_per_chunk) {
+    // Piper's plan recomputes the whole attention chunk (projections and core) from its input, the norm input
+    // already counted in `norms`; its stash is re-materialised one chunk at a time during the backward.
+    out.attention = 0;
+  } else {
+    const BlockActivation attn = attention_activation_per_token(m, a, o.recompute == Recompute::kNone);
+    out.attention = attn.whole / rep_div + attn.split / t;
+  }
   if (moe_layer) {
     out.mlp = moe_bytes(m, o);
   } else {
-    Split mlp = dense_mlp_split(m, o);
-    out.mlp = mlp.rep / rep_div + mlp.shard / t;
+    const BlockActivation mlp = dense_mlp_activation_per_token(m, a);
+    out.mlp = mlp.whole / rep_div + mlp.split / t;
   }
-  out.norms = 2 * o.act_bytes * static_cast<double>(m.hidden_size) / rep_div;
+  out.norms = 2 * norm_input_bytes_per_token(m, a) / rep_div;
   return out;
 }
 
@@ -135,8 +85,8 @@ double layer_weight_grad_input_bytes_per_token(const ModelSpec& m, bool moe_laye
     double moe = b * h + 4.0 * m.moe.num_experts + b * k * h +
                  gated * b * k * static_cast<double>(m.moe.expert_intermediate_size) / o.etp;
     if (m.moe.num_shared_experts > 0) {
-      moe += b * (2 * h + gated * static_cast<double>(m.moe.shared_expert_intermediate_size) *
-                              m.moe.num_shared_experts);
+      moe +=
+          b * (2 * h + gated * static_cast<double>(m.moe.shared_expert_intermediate_size) * m.moe.num_shared_experts);
     }
     bytes += moe / t;
   } else {
@@ -155,11 +105,12 @@ double embedding_weight_grad_input_bytes_per_token(const ModelSpec& m, const Act
 }
 
 double head_activation_bytes_per_token(const ModelSpec& m, const ActivationOptions& o) {
-  return 4.0 * (static_cast<double>(m.hidden_size) + static_cast<double>(m.vocab_size)) / o.tp;
+  return head_activation_per_token(m) / o.tp;
 }
 
 double embedding_activation_bytes_per_token(const ModelSpec& m, const ActivationOptions& o) {
-  return 8.0 + (o.dropout ? static_cast<double>(m.hidden_size) / (o.sp ? o.tp : 1) : 0.0);
+  const BlockActivation e = embedding_activation_per_token(m, shape_of(o));
+  return kTokenIdBytes + e.whole / (o.sp ? o.tp : 1) + e.split / o.tp;
 }
 
 }  // namespace piper::cost

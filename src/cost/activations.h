@@ -17,6 +17,7 @@
 
 #include <cstdint>
 
+#include "piper/spec/activation_counting.h"
 #include "piper/spec/model_spec.h"
 #include "piper/strategy/strategy.h"
 
@@ -28,9 +29,9 @@ struct ActivationOptions {
   bool sp = false;
   Recompute recompute = Recompute::kNone;
   int64_t seq_len = 4096;
-  double act_bytes = 2;          // activation dtype width
-  bool dropout = false;          // 1-byte masks after attention, after the MLP and on the s x s probabilities
-  bool flash_attention = true;   // fused attention: no s x s tensors
+  double act_bytes = 2;         // activation dtype width
+  bool dropout = false;         // 1-byte masks after attention, after the MLP and on the s x s probabilities
+  bool flash_attention = true;  // fused attention: no s x s tensors
   // Full recompute granularity. Piper's runtime (src/runtime) recomputes per chunk (attn, router, experts,
   // shared, mlp, head): it keeps every chunk's input, i.e. per layer the layer input and the attention output,
   // and per MoE layer also the router's normed output and routing (k int32 indices + k fp32 weights) and, with

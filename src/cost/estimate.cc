@@ -167,7 +167,8 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     moe_ffn.b += moe_ffn.f;
     dense_ffn.b += dense_ffn.f;
   } else if (s.recompute == Recompute::kSelective) {
-    attn.b += part(Part::kAttentionCore).f;
+    // The plan's selective recomputation re-runs the attention chunk, projections and core (activations.h).
+    attn.b += part(Part::kAttention).f + part(Part::kAttentionCore).f;
   }
 
   // --- communication per layer and microbatch ---
@@ -245,8 +246,11 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   const double wg_moe = split_bw && model_.is_moe() ? layer_weight_grad_input_bytes_per_token(model_, true, ao) : 0.0;
   const double wg_head = split_bw ? head_weight_grad_input_bytes_per_token(model_, ao) : 0.0;
   const double wg_emb = split_bw ? embedding_weight_grad_input_bytes_per_token(model_, ao) : 0.0;
-  double peak_layer_act = 0;  // a fully recomputed layer re-materialises this during its backward
-  if (s.recompute == Recompute::kFull) {
+  double peak_layer_act = 0;  // a recomputed layer re-materialises this during its backward
+  if (s.recompute == Recompute::kSelective && ao.recompute_per_chunk) {
+    // The attention chunk's stash, re-run before its backward (the same for dense and MoE layers).
+    peak_layer_act = layer_activation_peak_bytes_per_token(model_, false, ao).attention;
+  } else if (s.recompute == Recompute::kFull) {
     // Piper's runtime re-runs one chunk at a time: the largest chunk's stash (attention or FFN with its norm).
     auto rematerialised = [&](bool moe_layer) {
       LayerActivation a = layer_activation_peak_bytes_per_token(model_, moe_layer, ao);
@@ -270,8 +274,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     double chunk_act_b[2] = {0, 0}, chunk_wg_b[2] = {0, 0};  // per microbatch: stash, B -> W gradients
     for (int c = 0; c < v; ++c) {
       const int st = stage_of_chunk(kind, p, v, r, c);
-      const int lo = static_cast<int>(static_cast<int64_t>(st) * L / stages);
-      const int hi = static_cast<int>(static_cast<int64_t>(st + 1) * L / stages);
+      const auto [lo, hi] = stage_layers(L, stages, st);  // the compiler's partition
       const int moe = moe_layers_before(hi) - moe_layers_before(lo);
       n_layers += hi - lo;
       n_moe += moe;
@@ -327,7 +330,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     // prefetch window (stream_order.cc) holds two FSDP units: two layers.
     if (s.zero >= 2) buffers += largest_layer * bytes_.grad;       // gradient bucket
     if (s.zero >= 3) buffers += 2 * largest_layer * bytes_.param;  // gathered + prefetched
-    if (s.recompute == Recompute::kFull) buffers += T * peak_layer_act;
+    buffers += T * peak_layer_act;
     // Deferred W: its B -> W gradients on top of the activation peak (counted as buffers, as the runtime does).
     if (kind == ScheduleKind::kZBH1) {
       buffers += deferred_w_units(kind, p, m, r) * chunk_wg_b[0];
@@ -416,7 +419,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     auto recomputed = [&](Part q) {
       Fbw t = part(q);
       if (s.recompute == Recompute::kFull) t.b += t.f;
-      if (s.recompute == Recompute::kSelective && q == Part::kAttentionCore) t.b += t.f;
+      if (s.recompute == Recompute::kSelective && (q == Part::kAttention || q == Part::kAttentionCore)) t.b += t.f;
       return t;
     };
     auto item = [&](Fbw t, double params, const GroupLayout& ring) {
@@ -456,8 +459,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
       for (int i = 0; i < v; ++i) {
         const int c = backward ? v - 1 - i : i;
         const int st = stage_of_chunk(kind, p, v, r, c);
-        const int lo = static_cast<int>(static_cast<int64_t>(st) * L / stages);
-        const int hi = static_cast<int>(static_cast<int64_t>(st + 1) * L / stages);
+        const auto [lo, hi] = stage_layers(L, stages, st);  // the compiler's partition
         if (backward && st == stages - 1) fn(head_i);
         if (!backward && st == 0) fn(emb_i);
         for (int k = lo; k < hi; ++k) {

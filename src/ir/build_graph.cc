@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "piper/spec/activation_counting.h"
 #include "piper/spec/cluster_spec.h"
 #include "piper/spec/counting.h"
 
@@ -18,8 +19,9 @@ struct ChunkSpec {
   std::string part;
   int layer;
   int64_t params;
-  double flops_per_token;    // forward
-  int64_t activation_elems;  // per token, kept from F to the backward
+  double flops_per_token;  // forward
+  BlockActivation act;     // bytes per token kept from F to the backward (whole: not split by tp without sp)
+  double checkpoint = 0;   // bytes per token a recomputed F keeps: its input
 };
 
 }  // namespace
@@ -37,37 +39,72 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
   const int64_t act_bytes = dtype_bytes(train.activation_dtype);
   const ParamCounts counts = count_params(model);
   const int64_t norm = norm_params(model);
+  // Activations as the closed form counts them (spec/activation_counting.h, flash attention, no dropout): the
+  // attention chunk keeps its norm's input and the attention block, the router the post-attention norm's input
+  // and its own, the experts and shared experts theirs. A recomputed chunk keeps its input: the layer input
+  // (attn), the attention output (router, mlp), the router's normed output and routing (k int32 indices and
+  // k fp32 weights: experts), the shared experts' output (summed by the next layer), as Piper's runtime does.
+  ActivationShape shape;
+  shape.seq_len = train.seq_len;
+  shape.act_bytes = static_cast<double>(act_bytes);
+  const double hidden = norm_input_bytes_per_token(model, shape);
+  BlockActivation attn_act = attention_activation_per_token(model, shape, true);
+  attn_act.whole += hidden;
   std::vector<ChunkSpec> chunks;
-  chunks.push_back({"embed", 0, counts.embedding.total, 0.0, h});
+  chunks.push_back({"embed",
+                    0,
+                    counts.embedding.total,
+                    0.0,
+                    {kTokenIdBytes + embedding_activation_per_token(model, shape).whole, 0},
+                    kTokenIdBytes});
   for (int l = 0; l < model.num_layers; ++l) {
     const size_t attn = chunks.size();
-    chunks.push_back({"attn", l, attention_params(model) + norm, 0.0, 8 * h});
+    chunks.push_back({"attn", l, attention_params(model) + norm, 0.0, attn_act, hidden});
     double ffn_weights = 0;  // matmul weights one token touches after attention
     if (model.is_moe_layer(l)) {
       const MoeSpec& e = model.moe;
       const double router = static_cast<double>(h) * e.num_experts;
       const double experts = static_cast<double>(e.top_k) * mlp_params(model, e.expert_intermediate_size, false);
-      chunks.push_back({"router", l, router_params(model) + norm, 2 * router, h});
-      chunks.push_back({"experts", l, e.num_experts * expert_params(model), 2 * experts,
-                        e.top_k * (h + 3 * e.expert_intermediate_size)});
+      chunks.push_back({"router",
+                        l,
+                        router_params(model) + norm,
+                        2 * router,
+                        {hidden + moe_router_activation_per_token(model, shape), 0},
+                        hidden});
+      chunks.push_back({"experts",
+                        l,
+                        e.num_experts * expert_params(model),
+                        2 * experts,
+                        {0, moe_experts_activation_per_token(model, shape)},
+                        hidden + 8.0 * e.top_k});
       ffn_weights = router + experts;
       if (e.num_shared_experts > 0) {
         const double shared =
             static_cast<double>(e.num_shared_experts) * mlp_params(model, e.shared_expert_intermediate_size, false);
-        chunks.push_back(
-            {"shared", l, shared_experts_params(model), 2 * shared, h + 3 * e.shared_expert_intermediate_size});
+        chunks.push_back({"shared",
+                          l,
+                          shared_experts_params(model),
+                          2 * shared,
+                          {0, moe_shared_activation_per_token(model, shape)},
+                          hidden});
         ffn_weights += shared;
       }
     } else {
       const double mlp = static_cast<double>(mlp_params(model, model.intermediate_size, false));
-      chunks.push_back({"mlp", l, dense_mlp_params(model) + norm, 2 * mlp, h + 3 * model.intermediate_size});
+      BlockActivation mlp_act = dense_mlp_activation_per_token(model, shape);
+      mlp_act.whole += hidden;
+      chunks.push_back({"mlp", l, dense_mlp_params(model) + norm, 2 * mlp, mlp_act, hidden});
       ffn_weights = mlp;
     }
     // Attention projections and core: the layer's forward FLOPs minus what the FFN side does.
     chunks[attn].flops_per_token = layer_forward_flops_per_token(model, l, train.seq_len) - 2 * ffn_weights;
   }
-  chunks.push_back({"head", model.num_layers - 1, counts.head.total + norm,
-                    2.0 * static_cast<double>(model.vocab_size) * static_cast<double>(h), model.vocab_size});
+  chunks.push_back({"head",
+                    model.num_layers - 1,
+                    counts.head.total + norm,
+                    2.0 * static_cast<double>(model.vocab_size) * static_cast<double>(h),
+                    {0, head_activation_per_token(model)},
+                    hidden});
 
   Graph g;
   g.mesh = mesh;
@@ -89,7 +126,12 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
       const auto fwd_flops = static_cast<int64_t>(std::llround(c.flops_per_token * static_cast<double>(tokens)));
       if (pass == Pass::kF) {
         n.flops = fwd_flops;
-        n.activation_bytes = tokens * c.activation_elems * act_bytes;
+        auto bytes = [&](double per_token) {
+          return static_cast<int64_t>(std::llround(per_token * static_cast<double>(tokens)));
+        };
+        n.activation_bytes = bytes(c.act.total());
+        n.activation_whole_bytes = bytes(c.act.whole);
+        n.checkpoint_bytes = bytes(c.checkpoint);
       } else if (pass == Pass::kBW) {
         n.flops = 2 * fwd_flops;
       }
@@ -99,7 +141,7 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
     bwd.push_back(add(NodeKind::kChunk, Pass::kBW, "BW"));
     NodeId u = add(NodeKind::kUpdate, Pass::kU, "U");
     g.add_edge(bwd.back(), u, EdgeKind::kData, c.params * g.grad_bytes);
-    g.add_edge(fwd.back(), bwd.back(), EdgeKind::kData, tokens * c.activation_elems * act_bytes);
+    g.add_edge(fwd.back(), bwd.back(), EdgeKind::kData, g.node(fwd.back()).activation_bytes);
   }
   // Forward data flow; the backward mirrors it. A MoE layer's router feeds experts; experts and shared both
   // read the attention output and feed the next layer.

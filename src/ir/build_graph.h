@@ -8,8 +8,10 @@
 // are not in the single-device graph: `shard` with axis ep inserts them as all_to_all nodes.
 // Annotations per microbatch: param_count and F flops come from the spec's counting (src/spec/counting.h): the
 // chunks' parameters add up to count_params(model).total() (each norm sits with the chunk that applies it) and
-// their F FLOPs to forward_flops_per_token(model, seq_len) x tokens; a BW costs 2 F. activation_bytes is a
-// first-order estimate. The cost model's callback may overwrite all of them at lowering time.
+// their F FLOPs to forward_flops_per_token(model, seq_len) x tokens; a BW costs 2 F. activation_bytes (with its
+// tp-replicated part and a recomputed F's checkpoint) comes from src/spec/activation_counting.h, the closed
+// form's own per-token terms, so the two agree on a stage's activations. The cost model's callback may
+// overwrite all of them at lowering time.
 #pragma once
 
 #include "piper/base/status.h"

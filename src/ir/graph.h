@@ -64,6 +64,11 @@ struct Node {
   int64_t param_count = 0;       // parameters this chunk owns (update nodes: the shard they step)
   int64_t flops = 0;             // per microbatch, filled by build_graph for chunk tasks
   int64_t activation_bytes = 0;  // activations kept from F until its backward
+  // The part of activation_bytes every tensor-parallel rank keeps whole without sequence parallelism (a
+  // projection's replicated input, the norm's input), and what a recomputed F keeps instead of its
+  // activations: its input (spec/activation_counting.h has both).
+  int64_t activation_whole_bytes = 0;
+  int64_t checkpoint_bytes = 0;
 
   // Communication (comm nodes).
   std::string group;        // mesh axis the op runs over: "dp", "edp", "ep", "tp", "pp", "a2f"

@@ -91,7 +91,15 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
                                     ") is not followed by a forward task on stream '" + stream.name + "'");
           }
           const ir::Node& f = graph.node(stream.instrs[j].node);
-          impl->buffer_owner[in.buffer] = StashKey{f.tags.layer, f.tags.part, f.tags.mb};
+          const StashKey key{f.tags.layer, f.tags.part, f.tags.mb};
+          // The first alloc before a forward is its activations'; one more (a recompute checkpoint) only counts.
+          bool first = true;
+          for (size_t k = i; k-- > 0 && stream.instrs[k].op == OpKind::kAlloc;) first = false;
+          if (first) {
+            impl->buffer_owner[in.buffer] = key;
+          } else {
+            impl->counted_only.insert(in.buffer);
+          }
           break;
         }
         case OpKind::kFree:
@@ -377,6 +385,10 @@ Status Executor::Impl::execute(const Task& t) {
             if (p.trainable) p.value = Tensor();
           }
         }
+        planned_live -= in.bytes;
+        return ok_status();
+      }
+      if (counted_only.count(in.buffer) > 0) {
         planned_live -= in.bytes;
         return ok_status();
       }

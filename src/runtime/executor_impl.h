@@ -88,6 +88,9 @@ struct Executor::Impl {
   TraceRecorder* trace = nullptr;  // null: no timeline recorded
   std::vector<std::vector<Task>> streams;
   std::map<int, StashKey> buffer_owner;
+  // Buffers that only count bytes: a recomputed forward's checkpoint (its input, which the chunk's stash keeps
+  // for the re-run), allocated before the same forward as its activations' buffer.
+  std::set<int> counted_only;
   std::map<Chunk*, int> updates_expected;
   std::map<const Chunk*, bool> norm_owner;  // multi-rank: this rank counts the chunk in the global norm
   int64_t grad_tasks_total = 0;

@@ -280,4 +280,10 @@ int Strategy::chunks_per_rank() const {
   return 1;
 }
 
+std::pair<int, int> stage_layers(int num_layers, int num_stages, int stage) {
+  const int base = num_layers / num_stages, extra = num_layers % num_stages;
+  const int lo = stage * base + std::min(stage, extra);
+  return {lo, lo + base + (stage < extra ? 1 : 0)};
+}
+
 }  // namespace piper

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "piper/base/json.h"
@@ -42,6 +43,10 @@ const std::vector<std::string>& schedule_names();  // "1f1b", "gpipe", "interlea
 // NotFound-free lookup: InvalidArgument listing the names (and a "did you mean") for an unknown name.
 Result<ScheduleKind> parse_schedule(const std::string& name);
 const char* to_string(ScheduleKind k);
+
+// Pipeline stage `stage`'s layers [first, last) when `num_layers` are cut into `num_stages` contiguous, balanced
+// stages, earlier stages taking the remainder: the compiler's partition, which the closed form counts too.
+std::pair<int, int> stage_layers(int num_layers, int num_stages, int stage);
 
 // tp_overlap: the pieces a reduce-scatter and the GEMM before it run as (Transformer Engine's num_splits for its
 // "pipeline" method). One value for the compiler (compile/lower.cc) and the closed form (cost/tp_overlap.h).

@@ -34,14 +34,15 @@ Estimate run(const CostModel& cm, const std::string& strategy) {
 constexpr const char* kDeepSeek = "dp=128,pp=16,ep=64,zero=1,schedule=dualpipev,microbatches=120,recompute=full";
 
 // DeepSeek-V3 on 2048 H800s (DeepSeek-V3 technical report: 16-way PP, 64-way EP over 8 nodes, ZeRO-1 DP,
-// DualPipe). Pipeline rank 1 holds stages 1 and 30 of 32: layers 1-2 (dense) and 57-58 (MoE).
+// DualPipe). Pipeline rank 1 holds stages 1 and 30 of 32; 61 layers cut as the compiler cuts them (the first 29
+// stages take 2 layers, stage_layers()): layers 2 (dense) and 3 (MoE), and 59 (MoE).
 TEST(EstimateTest, DeepSeekV3RankPlacement) {
   CostModel cm = make("deepseek-v3", "h800", 256);
   Estimate e = run(cm, kDeepSeek);
   ASSERT_EQ(e.ranks.size(), 16u);
   const ModelSpec& m = cm.model();
   const double layer = attention_params(m) + 2.0 * norm_params(m);
-  const double dense = 4 * layer + 2.0 * dense_mlp_params(m) + 2.0 * (router_params(m) + shared_experts_params(m));
+  const double dense = 3 * layer + 1.0 * dense_mlp_params(m) + 2.0 * (router_params(m) + shared_experts_params(m));
   const double experts = 2.0 * (256 / 64) * expert_params(m);
   // bf16 parameters and fp32 gradients are whole; master + Adam (12 B) shard over dp = 128 for the dense part
   // and over edp = dp/ep = 2 for the experts (the only ranks that hold the same experts).

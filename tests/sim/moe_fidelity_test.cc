@@ -40,7 +40,7 @@ struct MoeRow {
   double lo, hi;  // accepted simulated / published and closed form / published
   // The closed form's memory fits in 80 GB, as the published run did. Not for D: Megatron recomputed the
   // layernorm and MoE modules (--recompute-modules layernorm moe), which Piper's recompute modes cannot express;
-  // its selective recomputation (the attention core) keeps 16k tokens of MoE activations.
+  // its selective recomputation (the attention chunk) keeps 16k tokens of MoE activations.
   bool check_fits = true;
 };
 

@@ -64,9 +64,23 @@ Status shard_ep(Graph& g, const ShardDirective& d, const std::vector<NodeId>& ch
     const Node& o = g.node(other);
     return o.kind != NodeKind::kChunk && o.tags.layer == c.tags.layer && o.tags.part.rfind(c.tags.part + ".", 0) == 0;
   };
+  // The router before the experts keeps its T / tp tokens' activations too (the closed form's MoE terms are all
+  // divided by tp); it is divided once, when its experts chunk is sharded.
+  auto split_tokens = [&](Node& n) {
+    n.activation_bytes = ceil_div(n.activation_bytes, tp);
+    n.activation_whole_bytes = ceil_div(n.activation_whole_bytes, tp);
+    n.checkpoint_bytes = ceil_div(n.checkpoint_bytes, tp);
+  };
+  std::unordered_set<NodeId> routers;
   for (NodeId id : chunks) {
     g.node(id).shard_axis = "ep";
-    if (g.node(id).activation_bytes > 0) g.node(id).activation_bytes = ceil_div(g.node(id).activation_bytes, tp);
+    split_tokens(g.node(id));
+    for (NodeId p : g.preds(id)) {
+      Node& r = g.node(p);
+      if (r.kind == NodeKind::kChunk && r.tags.part == "router" && r.tags.layer == g.node(id).tags.layer &&
+          routers.insert(p).second)
+        split_tokens(r);
+    }
     const bool fwd = g.node(id).tags.pass == Pass::kF;
     for (int e : chunk_edges(g, id, true, "tp")) {
       if (set.count(g.edge(e).src) || own_collective(id, g.edge(e).src)) continue;
@@ -93,12 +107,12 @@ Status shard_tp(Graph& g, const ShardDirective& d, const std::vector<NodeId>& ch
     g.node(id).shard_axis = "tp";
     const std::string part = g.node(id).tags.part;
     // The activations the F keeps for its backward: split over tp, except, without sequence parallelism, the
-    // chunk's input (the norm's input, replicated on every tp rank); hidden = the bytes of one hidden-state edge.
+    // replicated part (the norm's and the projection's input); a recomputed F's checkpoint is its input.
     if (Node& nd = g.node(id); nd.activation_bytes > 0) {
-      int64_t hidden = 0;
-      for (int e : chunk_edges(g, id, true, "tp")) hidden = std::max(hidden, g.edge(e).bytes);
-      hidden = d.sequence_parallel ? 0 : std::min(hidden, nd.activation_bytes);
-      nd.activation_bytes = hidden + ceil_div(nd.activation_bytes - hidden, tp);
+      const int64_t whole = d.sequence_parallel ? 0 : std::min(nd.activation_whole_bytes, nd.activation_bytes);
+      nd.activation_bytes = whole + ceil_div(nd.activation_bytes - whole, tp);
+      nd.activation_whole_bytes = whole;
+      if (d.sequence_parallel) nd.checkpoint_bytes = ceil_div(nd.checkpoint_bytes, tp);
     }
     auto reroute = [&](bool into, NodeKind kind, const std::string& what) {
       std::vector<int> edges = chunk_edges(g, id, into, "tp");

@@ -24,6 +24,8 @@ void split_backward(Graph& g, const std::vector<NodeId>& nodes) {
     w.tags.pass = Pass::kW;
     w.flops -= b.flops;
     w.activation_bytes = 0;
+    w.activation_whole_bytes = 0;
+    w.checkpoint_bytes = 0;
     w.order_slot = -1;
     rename(w.name, ".W");
     NodeId wid = g.add_node(std::move(w));

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "piper/base/strings.h"
+#include "piper/strategy/strategy.h"
 
 namespace piper::schedules {
 namespace {
@@ -112,14 +113,12 @@ Result<std::vector<ir::Directive>> partition_directives(int num_layers, int num_
                             " pipeline stages; use at most " + std::to_string(num_layers) + " stages (pp*vpp)");
   }
   std::vector<ir::Directive> out;
-  int base = num_layers / num_stages, extra = num_layers % num_stages, lo = 0;
   for (int s = 0; s < num_stages; ++s) {
-    int n = base + (s < extra ? 1 : 0);
+    const auto [lo, hi] = piper::stage_layers(num_layers, num_stages, s);
     ir::PlaceDirective d;
-    d.filter.layer = ir::IntRange{lo, lo + n - 1};
+    d.filter.layer = ir::IntRange{lo, hi - 1};
     d.stage = s;
     out.push_back(ir::Directive{d});
-    lo += n;
   }
   return out;
 }

@@ -20,6 +20,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "piper/base/status.h"
@@ -83,7 +84,8 @@ void add_one_f_one_b_row(ScheduleBuilder& b, const ScheduleParams& p, int rank,
                          const std::function<void(int)>& backward_step);
 
 // Contiguous, balanced partition of `num_layers` layers into `num_stages` stages (earlier stages take the
-// remainder): `place` directives {layer range} -> stage. Errors when num_layers < num_stages.
+// remainder; stage_layers() in strategy.h): `place` directives {layer range} -> stage. Errors when
+// num_layers < num_stages.
 Result<std::vector<ir::Directive>> partition_directives(int num_layers, int num_stages);
 
 // The built-in generators (one file each).

@@ -1,0 +1,90 @@
+#include "piper/spec/activation_counting.h"
+
+namespace piper {
+
+BlockActivation attention_activation_per_token(const ModelSpec& m, const ActivationShape& a, bool keep_core) {
+  const double b = a.act_bytes;
+  const double h = static_cast<double>(m.hidden_size);
+  BlockActivation s;
+  const double heads = m.num_heads;
+  double q_width = 0, k_width = 0, v_width = 0;
+  if (m.attention == AttentionType::kMLA) {
+    const auto& l = m.mla;
+    const double qk = static_cast<double>(l.qk_nope_head_dim + l.qk_rope_head_dim);
+    q_width = heads * qk;
+    k_width = heads * qk;
+    v_width = heads * static_cast<double>(l.v_head_dim);
+    // Down-projection input (shared by Q and KV), the latent vectors (norm input and up-projection input)
+    // and the decoupled RoPE key: replicated across TP ranks like Megatron's MLA down projections.
+    s.whole += b * h;
+    if (l.q_lora_rank > 0) s.whole += 2 * b * static_cast<double>(l.q_lora_rank);
+    s.whole += b * (2 * static_cast<double>(l.kv_lora_rank) + static_cast<double>(l.qk_rope_head_dim));
+  } else {
+    q_width = heads * static_cast<double>(m.head_dim);
+    k_width = m.num_kv_heads * static_cast<double>(m.head_dim);
+    v_width = k_width;
+    s.whole += b * h;  // QKV input
+  }
+  s.split += b * (q_width + k_width);  // Q and K for QK^T
+  s.split += b * v_width;              // V for attention over values
+  s.split += b * heads *
+             (m.attention == AttentionType::kMLA ? static_cast<double>(m.mla.v_head_dim)
+                                                 : static_cast<double>(m.head_dim));  // out-proj input
+  if (a.dropout) s.whole += h;  // dropout mask after the output projection (1 byte)
+  if (keep_core) {
+    const double per_token_core = heads * static_cast<double>(a.seq_len);  // a*s entries per token
+    if (a.flash_attention) {
+      s.split += 4 * heads;  // fp32 log-sum-exp per head
+    } else {
+      s.split += per_token_core * (b + (a.dropout ? 1 + b : 0));  // softmax out (+ mask + dropout out)
+    }
+  }
+  return s;
+}
+
+BlockActivation dense_mlp_activation_per_token(const ModelSpec& m, const ActivationShape& a) {
+  const double b = a.act_bytes;
+  BlockActivation s;
+  s.whole += b * static_cast<double>(m.hidden_size);  // fc1 input
+  if (a.dropout) s.whole += static_cast<double>(m.hidden_size);
+  // GELU: activation input and fc2 input (2 tensors of f); SwiGLU: gate and up outputs and fc2 input (3).
+  s.split += (m.mlp == MlpType::kSwiGLU ? 3 : 2) * b * static_cast<double>(m.intermediate_size);
+  return s;
+}
+
+double moe_router_activation_per_token(const ModelSpec& m, const ActivationShape& a) {
+  return a.act_bytes * static_cast<double>(m.hidden_size) + 4.0 * m.moe.num_experts + 4.0 * m.moe.top_k;
+}
+
+double moe_experts_activation_per_token(const ModelSpec& m, const ActivationShape& a) {
+  const double b = a.act_bytes;
+  const double h = static_cast<double>(m.hidden_size);
+  const double k = m.moe.top_k;
+  const double tensors = m.mlp == MlpType::kSwiGLU ? 3 : 2;
+  double bytes = b * h * k;                                                                // dispatched tokens
+  bytes += tensors * b * static_cast<double>(m.moe.expert_intermediate_size) * k / a.etp;  // intermediates
+  bytes += b * h * k;  // expert outputs before the weighted combine
+  if (a.dropout) bytes += h;
+  return bytes;
+}
+
+double moe_shared_activation_per_token(const ModelSpec& m, const ActivationShape& a) {
+  const double tensors = m.mlp == MlpType::kSwiGLU ? 3 : 2;
+  return tensors * a.act_bytes * static_cast<double>(m.moe.shared_expert_intermediate_size) * m.moe.num_shared_experts;
+}
+
+double norm_input_bytes_per_token(const ModelSpec& m, const ActivationShape& a) {
+  return a.act_bytes * static_cast<double>(m.hidden_size);
+}
+
+double head_activation_per_token(const ModelSpec& m) {
+  return 4.0 * (static_cast<double>(m.hidden_size) + static_cast<double>(m.vocab_size));
+}
+
+BlockActivation embedding_activation_per_token(const ModelSpec& m, const ActivationShape& a) {
+  BlockActivation s;
+  s.whole = a.dropout ? static_cast<double>(m.hidden_size) : 0.0;
+  return s;
+}
+
+}  // namespace piper

@@ -1,0 +1,59 @@
+// Activation bytes per token that one forward keeps for its backward, block by block, before any parallelism:
+// the one formula shared by the closed form (cost/activations.h, which adds tensor parallelism and
+// recomputation) and the compiled plan (ir/build_graph.cc, whose chunks are these blocks; the simulator's and
+// the runtime's planned memory come from there). docs/resource_model.md "Activations" has the derivation
+// (Korthikanti et al., arXiv:2205.05198, generalised to GQA/MLA, SwiGLU, flash attention and MoE).
+//
+// `whole` is the part every tensor-parallel rank keeps in full without sequence parallelism (a projection's
+// replicated input, dropout masks); `split` is what tensor parallelism divides. A block's input norm is not in
+// it: the norm inputs (one hidden state per norm) are counted by norm_input_bytes_per_token.
+#pragma once
+
+#include <cstdint>
+
+#include "piper/spec/model_spec.h"
+
+namespace piper {
+
+struct ActivationShape {
+  int64_t seq_len = 4096;
+  double act_bytes = 2;         // activation dtype width
+  bool dropout = false;         // 1-byte masks after attention, after the MLP and on the s x s probabilities
+  bool flash_attention = true;  // fused attention: no s x s tensors, an fp32 log-sum-exp per head instead
+  int etp = 1;                  // expert tensor parallelism: divides the expert intermediates
+};
+
+struct BlockActivation {
+  double whole = 0;
+  double split = 0;
+  double total() const { return whole + split; }
+};
+
+// Attention: the QKV input (MLA: the down-projection input, latents and decoupled RoPE key), Q, K, V, the
+// out-projection input, the dropout mask; with keep_core also the core's own stash (log-sum-exp, or the s x s
+// probabilities without flash attention).
+BlockActivation attention_activation_per_token(const ModelSpec& m, const ActivationShape& a, bool keep_core);
+// Dense MLP: the fc1 input (+ dropout mask) whole; GELU 2 and SwiGLU 3 tensors of the intermediate width split.
+BlockActivation dense_mlp_activation_per_token(const ModelSpec& m, const ActivationShape& a);
+
+// The MoE blocks, per token of the layer (tokens are split over tensor-parallel ranks as a whole):
+// router: its input (the post-attention norm's output, also the experts' and shared experts' input), the fp32
+// router probabilities (E) and the fp32 routing weights of the chosen experts (k);
+double moe_router_activation_per_token(const ModelSpec& m, const ActivationShape& a);
+// routed experts: the dispatched tokens (k copies of h), their intermediates (GELU 2 / SwiGLU 3 tensors of the
+// expert width, / etp) and outputs before the weighted combine (k copies of h), + the dropout mask;
+double moe_experts_activation_per_token(const ModelSpec& m, const ActivationShape& a);
+// shared experts: their intermediates (their input is the router's).
+double moe_shared_activation_per_token(const ModelSpec& m, const ActivationShape& a);
+
+// One norm's input: a hidden state.
+double norm_input_bytes_per_token(const ModelSpec& m, const ActivationShape& a);
+
+// LM head and loss: Megatron's 4sbh(1 + V/h) (the fp32 final-norm input and logits), all split by vocabulary
+// parallelism; embedding: its dropout mask (h bytes with dropout, else nothing) besides the int64 token ids,
+// which every rank keeps (kTokenIdBytes).
+constexpr double kTokenIdBytes = 8;
+double head_activation_per_token(const ModelSpec& m);
+BlockActivation embedding_activation_per_token(const ModelSpec& m, const ActivationShape& a);
+
+}  // namespace piper
