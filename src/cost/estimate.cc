@@ -154,22 +154,21 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     part_t[i] = {time(c.f), time(c.b), time(c.w)};
   }
   auto part = [&](Part q) { return part_t[static_cast<int>(q)]; };
-  Fbw attn = part(Part::kAttention);
-  attn += part(Part::kAttentionCore);
-  attn += part(Part::kNorms);
-  Fbw moe_ffn = part(Part::kRouter);
-  moe_ffn += part(Part::kExperts);
-  moe_ffn += part(Part::kSharedExperts);
-  Fbw dense_ffn = part(Part::kDenseMlp);
-  // Recomputation re-runs forward work inside the backward.
-  if (s.recompute == Recompute::kFull) {
-    attn.b += attn.f;
-    moe_ffn.b += moe_ffn.f;
-    dense_ffn.b += dense_ffn.f;
-  } else if (s.recompute == Recompute::kSelective) {
-    // The plan's selective recomputation re-runs the attention chunk, projections and core (activations.h).
-    attn.b += part(Part::kAttention).f + part(Part::kAttentionCore).f;
-  }
+  // Recomputation re-runs forward work inside the backward: every part under full recomputation, the attention
+  // chunk (projections and core) under the plan's selective recomputation (activations.h).
+  auto recomputed = [&](Part q) {
+    Fbw t = part(q);
+    if (s.recompute == Recompute::kFull) t.b += t.f;
+    if (s.recompute == Recompute::kSelective && (q == Part::kAttention || q == Part::kAttentionCore)) t.b += t.f;
+    return t;
+  };
+  Fbw attn = recomputed(Part::kAttention);
+  attn += recomputed(Part::kAttentionCore);
+  attn += recomputed(Part::kNorms);
+  Fbw moe_ffn = recomputed(Part::kRouter);
+  moe_ffn += recomputed(Part::kExperts);
+  moe_ffn += recomputed(Part::kSharedExperts);
+  Fbw dense_ffn = recomputed(Part::kDenseMlp);
 
   // --- communication per layer and microbatch ---
   MeshGroups g = mesh_groups(s, net_);
@@ -416,12 +415,6 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
         return *this;
       }
     };
-    auto recomputed = [&](Part q) {
-      Fbw t = part(q);
-      if (s.recompute == Recompute::kFull) t.b += t.f;
-      if (s.recompute == Recompute::kSelective && (q == Part::kAttention || q == Part::kAttentionCore)) t.b += t.f;
-      return t;
-    };
     auto item = [&](Fbw t, double params, const GroupLayout& ring) {
       Item it;
       it.f = t.f;
@@ -430,6 +423,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
       it.rs = net_.reduce_scatter_s(params * bytes_.grad, ring);
       return it;
     };
+    // From the parts' own times: attn above also carries tp_overlap's slower GEMMs, these units do not.
     Fbw attn_t = recomputed(Part::kAttention);
     attn_t += recomputed(Part::kAttentionCore);
     attn_t += recomputed(Part::kNorms);

@@ -93,9 +93,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
           const ir::Node& f = graph.node(stream.instrs[j].node);
           const StashKey key{f.tags.layer, f.tags.part, f.tags.mb};
           // The first alloc before a forward is its activations'; one more (a recompute checkpoint) only counts.
-          bool first = true;
-          for (size_t k = i; k-- > 0 && stream.instrs[k].op == OpKind::kAlloc;) first = false;
-          if (first) {
+          if (i == 0 || stream.instrs[i - 1].op != OpKind::kAlloc) {
             impl->buffer_owner[in.buffer] = key;
           } else {
             impl->counted_only.insert(in.buffer);
