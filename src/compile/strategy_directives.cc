@@ -53,6 +53,12 @@ Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const 
   PIPER_ASSIGN_OR_RETURN(ir::MeshInfo mesh, strategy_mesh(s, model));
   std::vector<ir::Directive> out;
   out.push_back(ir::Directive{ir::SplitDirective{s.microbatches}});
+  if (!s.recompute_modules.empty()) {  // counts unsharded bytes: before the shard directives
+    ir::RecomputeDirective d;
+    d.filter.pass = ir::Pass::kF;
+    d.modules = s.recompute_modules;
+    out.push_back(ir::Directive{d});
+  }
   if (s.tp > 1) {
     // Vocabulary parallelism (embed, head; Megatron's VocabParallelEmbedding and column-parallel output layer):
     // each tp rank holds vocab/tp rows of the embedding and the head. The embedding's partial outputs are

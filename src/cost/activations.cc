@@ -10,6 +10,8 @@ ActivationShape shape_of(const ActivationOptions& o) {
   a.dropout = o.dropout;
   a.flash_attention = o.flash_attention;
   a.etp = o.etp;
+  a.recompute_moe_norm = o.recompute_moe_norm;
+  a.recompute_moe_act = o.recompute_moe_act;
   return a;
 }
 

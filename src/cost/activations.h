@@ -38,6 +38,9 @@ struct ActivationOptions {
   // shared experts, their output (the next layer sums it with the routed output). false = Megatron/Korthikanti
   // per-layer recompute: the layer input only (2sbh).
   bool recompute_per_chunk = true;
+  // Strategy::recompute_modules "layernorm" and "moe_act" (spec/activation_counting.h).
+  bool recompute_moe_norm = false;
+  bool recompute_moe_act = false;
 };
 
 // Bytes per token of one layer, split by part. `norms` is the two pre-norm inputs.

@@ -145,6 +145,8 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   shape.grad_bytes = bytes_.grad;
   shape.expert_load = calibration_.expert_load_imbalance;
   shape.attention_score_bytes = calibration_.attention_score_bytes;
+  shape.recompute_moe_norm = s.recomputes_module("layernorm");
+  shape.recompute_moe_act = s.recomputes_module("moe_act");
   Fbw part_t[kNumParts];
   for (int i = 0; i < kNumParts; ++i) {
     PartCost c = part_cost(table_, static_cast<Part>(i), shape);
@@ -233,6 +235,8 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   ao.etp = s.etp;
   ao.sp = s.sp;
   ao.recompute = s.recompute;
+  ao.recompute_moe_norm = s.recomputes_module("layernorm");
+  ao.recompute_moe_act = s.recomputes_module("moe_act");
   ao.seq_len = train_.seq_len;
   ao.act_bytes = act_b;
   const double act_dense = layer_activation_bytes_per_token(model_, false, ao).total();

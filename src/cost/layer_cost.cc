@@ -121,7 +121,10 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
     }
     case Part::kRouter: {  // + fp32 scores and top-k (read and write E), token permute (read and write k h)
       const double pw = T / tp * (8 * t.num_experts + 2 * t.top_k * h * s.act_bytes);
-      return matmul(T / tp, t.router_params, h, t.num_experts, std::min(T / tp, t.num_experts), s, pw);
+      PartCost c = matmul(T / tp, t.router_params, h, t.num_experts, std::min(T / tp, t.num_experts), s, pw);
+      // The pre-MLP norm (its parameters are the router chunk's): read h, write h per token.
+      if (s.recompute_moe_norm) c.b.pointwise_bytes += T / tp * 2 * h * s.act_bytes;
+      return c;
     }
     case Part::kExperts: {
       // Pairs this rank computes; per local expert the GEMM has M = pairs * ep / E rows (gathered over etp).
@@ -129,7 +132,8 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
       const double local_experts = t.num_experts / s.ep;
       const double rows_per_expert = pairs * s.etp / local_experts;
       // + the activation function (read 2f, write f per pair) and the weighted combine (read k h, write h)
-      const double pw = pairs * 3 * t.expert_width * s.act_bytes + T / tp * (t.top_k + 1) * h * s.act_bytes;
+      const double act_fn = pairs * 3 * t.expert_width * s.act_bytes;
+      const double pw = act_fn + T / tp * (t.top_k + 1) * h * s.act_bytes;
       PartCost c = matmul(pairs * s.etp, t.expert_params / s.etp, h, h,
                           std::min({rows_per_expert, t.expert_width / s.etp, h}), s, pw);
       // Weights read: every local expert's shard, not one expert.
@@ -137,6 +141,7 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
       c.f.bytes += wbytes * s.param_bytes - t.expert_params / s.etp * s.param_bytes;
       c.b.bytes += wbytes * s.param_bytes - t.expert_params / s.etp * s.param_bytes;
       c.w.bytes += (wbytes - t.expert_params / s.etp) * 2 * s.grad_bytes;
+      if (s.recompute_moe_act) c.b.pointwise_bytes += act_fn;
       return c;
     }
     case Part::kSharedExperts:

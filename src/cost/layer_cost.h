@@ -82,6 +82,10 @@ struct PartShape {
   // Device-memory bytes moved per attention-score element in the forward when the attention kernel
   // materialises the scores (Calibration::attention_score_bytes); 0: fused (flash) attention keeps them on chip.
   double attention_score_bytes = 0;
+  // Strategy::recompute_modules: the backward first re-runs the MoE layer's pre-MLP norm (router part) or the
+  // routed experts' activation function (experts part), the same pointwise traffic as in the forward.
+  bool recompute_moe_norm = false;
+  bool recompute_moe_act = false;
 };
 
 // One layer's part (or the embedding/head), on one rank, for one microbatch.

@@ -22,6 +22,10 @@ struct ChunkSpec {
   double flops_per_token;  // forward
   BlockActivation act;     // bytes per token kept from F to the backward (whole: not split by tp without sp)
   double checkpoint = 0;   // bytes per token a recomputed F keeps: its input
+  // Of `act`, what module recomputation drops (RecomputeDirective::modules): the pre-MLP norm output (router,
+  // whole) and the experts' activation output.
+  double norm_output = 0;
+  double act_output = 0;
 };
 
 }  // namespace
@@ -47,6 +51,9 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
   ActivationShape shape;
   shape.seq_len = train.seq_len;
   shape.act_bytes = static_cast<double>(act_bytes);
+  ActivationShape recompute_norm = shape, recompute_act = shape;
+  recompute_norm.recompute_moe_norm = true;
+  recompute_act.recompute_moe_act = true;
   const double hidden = norm_input_bytes_per_token(model, shape);
   BlockActivation attn_act = attention_activation_per_token(model, shape, true);
   attn_act.whole += hidden;
@@ -65,18 +72,23 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
       const MoeSpec& e = model.moe;
       const double router = static_cast<double>(h) * e.num_experts;
       const double experts = static_cast<double>(e.top_k) * mlp_params(model, e.expert_intermediate_size, false);
+      const double router_act = moe_router_activation_per_token(model, shape);
+      const double experts_act = moe_experts_activation_per_token(model, shape);
       chunks.push_back({"router",
                         l,
                         router_params(model) + norm,
                         2 * router,
-                        {hidden + moe_router_activation_per_token(model, shape), 0},
-                        hidden});
+                        {hidden + router_act, 0},
+                        hidden,
+                        router_act - moe_router_activation_per_token(model, recompute_norm)});
       chunks.push_back({"experts",
                         l,
                         e.num_experts * expert_params(model),
                         2 * experts,
-                        {0, moe_experts_activation_per_token(model, shape)},
-                        hidden + 8.0 * e.top_k});
+                        {0, experts_act},
+                        hidden + 8.0 * e.top_k,
+                        0,
+                        experts_act - moe_experts_activation_per_token(model, recompute_act)});
       ffn_weights = router + experts;
       if (e.num_shared_experts > 0) {
         const double shared =
@@ -132,6 +144,8 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
         n.activation_bytes = bytes(c.act.total());
         n.activation_whole_bytes = bytes(c.act.whole);
         n.checkpoint_bytes = bytes(c.checkpoint);
+        n.norm_output_bytes = bytes(c.norm_output);
+        n.act_output_bytes = bytes(c.act_output);
       } else if (pass == Pass::kBW) {
         n.flops = 2 * fwd_flops;
       }

@@ -108,6 +108,17 @@ Result<DirectiveBody> read_body(const std::string& kind, JsonReader& r) {
   if (kind == "recompute") {
     RecomputeDirective d;
     PIPER_ASSIGN_OR_RETURN(d.filter, read_filter(r, "filter", true));
+    std::string modules;
+    PIPER_RETURN_IF_ERROR(r.get_string("modules", &modules, false));
+    for (const std::string& raw : split(modules, '+')) {
+      const std::string m = trim(raw);
+      if (m.empty()) continue;
+      if (m != "layernorm" && m != "moe_act") {
+        return invalid_argument(r.field_path("modules") + ": unknown module '" + m +
+                                "'; known: layernorm, moe_act (leave modules out to re-run whole chunks)");
+      }
+      d.modules.push_back(m);
+    }
     return DirectiveBody{d};
   }
   if (kind == "disaggregate") {
@@ -186,7 +197,10 @@ Json Directive::to_json() const {
                           j["filter"] = d.filter.to_json();
                           j["stream"] = d.stream;
                         },
-                        [&](const RecomputeDirective& d) { j["filter"] = d.filter.to_json(); },
+                        [&](const RecomputeDirective& d) {
+                          j["filter"] = d.filter.to_json();
+                          if (!d.modules.empty()) j["modules"] = join(d.modules, "+");
+                        },
                         [&](const DisaggregateDirective& d) {
                           j["attn_groups"] = d.attn_groups;
                           j["ffn_groups"] = d.ffn_groups;

@@ -78,8 +78,13 @@ struct StreamDirective {
   std::string stream;
 };
 
+// Without modules: the matched forward chunks drop their activations and re-run before their backward. With
+// modules (Megatron's --recompute-modules names, '+' separated: "layernorm", "moe_act"), the matched chunks keep
+// their activations less what those modules re-run: Node::norm_output_bytes and Node::act_output_bytes. Module
+// recomputation counts unsharded bytes, so it must come before any shard directive.
 struct RecomputeDirective {
   TagFilter filter;
+  std::vector<std::string> modules;
 };
 
 // Attention chunks (attn, router, shared) on A-groups replicated over dp, expert chunks on F-groups sharded

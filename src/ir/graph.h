@@ -69,6 +69,11 @@ struct Node {
   // activations: its input (spec/activation_counting.h has both).
   int64_t activation_whole_bytes = 0;
   int64_t checkpoint_bytes = 0;
+  // What Megatron's module recomputation drops from activation_bytes (RecomputeDirective::modules): a MoE
+  // router's pre-MLP norm output ("layernorm", part of activation_whole_bytes) and the routed experts' activation
+  // output ("moe_act").
+  int64_t norm_output_bytes = 0;
+  int64_t act_output_bytes = 0;
 
   // Communication (comm nodes).
   std::string group;        // mesh axis the op runs over: "dp", "edp", "ep", "tp", "pp", "a2f"

@@ -27,6 +27,11 @@ RuntimeSupport runtime_support() {
 Status check_runnable(const Strategy& strategy) {
   const RuntimeSupport s = runtime_support();
   const std::string what = "strategy " + strategy.to_string() + ": ";
+  if (!strategy.recompute_modules.empty()) {
+    return unimplemented(what + "recompute_modules=" + join(strategy.recompute_modules, "+") +
+                         " (Megatron's module recomputation) is modelled by estimate and simulate only; the runtime "
+                         "keeps these activations: drop recompute_modules, or use recompute=selective or full");
+  }
   if (strategy.disaggregate && !s.disaggregate) {
     return unimplemented(what + "the runtime does not execute disaggregated attention/FFN (af-pipe) yet");
   }

@@ -208,6 +208,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   t->options_ = options;
   PIPER_ASSIGN_OR_RETURN(t->strategy_, train_strategy(options.strategy, options.global_batch));
   PIPER_RETURN_IF_ERROR(t->strategy_.validate());
+  if (!t->strategy_.recompute_modules.empty()) {
+    return unimplemented("strategy '" + t->strategy_.to_string() +
+                         "': recompute_modules (Megatron's module recomputation) is modelled by estimate and "
+                         "simulate; the runtime keeps these activations: drop recompute_modules, or use "
+                         "recompute=selective or full");
+  }
   if (t->strategy_.tp_overlap) {
     return unimplemented("strategy '" + t->strategy_.to_string() +
                          "': tp_overlap=1 (GEMM/collective pipelining, Megatron's --tp-comm-overlap) is modelled by "

@@ -110,6 +110,8 @@ Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, con
   shape.grad_bytes = cm.bytes().grad;
   shape.expert_load = cal.expert_load_imbalance;
   shape.attention_score_bytes = cal.attention_score_bytes;
+  shape.recompute_moe_norm = s.recomputes_module("layernorm");
+  shape.recompute_moe_act = s.recomputes_module("moe_act");
   // Parameters per rank and the ZeRO shard degree of each IR part (as the estimate's dense/expert split).
   const double tp = s.tp;
   const double expert_shard = std::max(1, s.expert_replicas());

@@ -53,14 +53,15 @@ BlockActivation dense_mlp_activation_per_token(const ModelSpec& m, const Activat
 }
 
 double moe_router_activation_per_token(const ModelSpec& m, const ActivationShape& a) {
-  return a.act_bytes * static_cast<double>(m.hidden_size) + 4.0 * m.moe.num_experts + 4.0 * m.moe.top_k;
+  const double normed = a.recompute_moe_norm ? 0.0 : a.act_bytes * static_cast<double>(m.hidden_size);
+  return normed + 4.0 * m.moe.num_experts + 4.0 * m.moe.top_k;
 }
 
 double moe_experts_activation_per_token(const ModelSpec& m, const ActivationShape& a) {
   const double b = a.act_bytes;
   const double h = static_cast<double>(m.hidden_size);
   const double k = m.moe.top_k;
-  const double tensors = m.mlp == MlpType::kSwiGLU ? 3 : 2;
+  const double tensors = (m.mlp == MlpType::kSwiGLU ? 3 : 2) - (a.recompute_moe_act ? 1 : 0);
   double bytes = b * h * k;                                                                // dispatched tokens
   bytes += tensors * b * static_cast<double>(m.moe.expert_intermediate_size) * k / a.etp;  // intermediates
   bytes += b * h * k;  // expert outputs before the weighted combine

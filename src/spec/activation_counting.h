@@ -21,6 +21,10 @@ struct ActivationShape {
   bool dropout = false;         // 1-byte masks after attention, after the MLP and on the s x s probabilities
   bool flash_attention = true;  // fused attention: no s x s tensors, an fp32 log-sum-exp per head instead
   int etp = 1;                  // expert tensor parallelism: divides the expert intermediates
+  // Megatron's module recomputation (Strategy::recompute_modules): the MoE layer's pre-MLP norm output
+  // ("layernorm") and the routed experts' activation output ("moe_act") are dropped and re-run.
+  bool recompute_moe_norm = false;
+  bool recompute_moe_act = false;
 };
 
 struct BlockActivation {
@@ -37,11 +41,12 @@ BlockActivation attention_activation_per_token(const ModelSpec& m, const Activat
 BlockActivation dense_mlp_activation_per_token(const ModelSpec& m, const ActivationShape& a);
 
 // The MoE blocks, per token of the layer (tokens are split over tensor-parallel ranks as a whole):
-// router: its input (the post-attention norm's output, also the experts' and shared experts' input), the fp32
-// router probabilities (E) and the fp32 routing weights of the chosen experts (k);
+// router: its input (the post-attention norm's output, also the experts' and shared experts' input; not with
+// recompute_moe_norm), the fp32 router probabilities (E) and the fp32 routing weights of the chosen experts (k);
 double moe_router_activation_per_token(const ModelSpec& m, const ActivationShape& a);
 // routed experts: the dispatched tokens (k copies of h), their intermediates (GELU 2 / SwiGLU 3 tensors of the
-// expert width, / etp) and outputs before the weighted combine (k copies of h), + the dropout mask;
+// expert width, / etp; one fewer, the activation output, with recompute_moe_act) and outputs before the
+// weighted combine (k copies of h), + the dropout mask;
 double moe_experts_activation_per_token(const ModelSpec& m, const ActivationShape& a);
 // shared experts: their intermediates (their input is the router's).
 double moe_shared_activation_per_token(const ModelSpec& m, const ActivationShape& a);

@@ -13,8 +13,9 @@ namespace {
 
 const std::vector<std::string>& key_names() {
   static const std::vector<std::string> kKeys = {
-      "dp",           "tp",  "pp",  "vpp",   "ep",     "etp",        "zero",      "sp",   "recompute",  "schedule",
-      "microbatches", "mbs", "a2a", "order", "disagg", "attn_ranks", "ffn_ranks", "fold", "tp_overlap", "ep_overlap"};
+      "dp",     "tp",         "pp",        "vpp",          "ep",         "etp",        "zero",
+      "sp",     "recompute",  "schedule",  "microbatches", "mbs",        "a2a",        "order",
+      "disagg", "attn_ranks", "ffn_ranks", "fold",         "tp_overlap", "ep_overlap", "recompute_modules"};
   return kKeys;
 }
 
@@ -44,6 +45,35 @@ Result<std::string> parse_choice(const std::string& key, const std::string& valu
     if (value == a) return a;
   }
   return bad_choice(key, value, allowed);
+}
+
+const std::vector<std::string>& recompute_module_names() {
+  static const std::vector<std::string> kNames = {"layernorm", "moe_act"};
+  return kNames;
+}
+
+// Megatron's other --recompute-modules, with what Piper offers instead.
+const char* module_alternative(const std::string& name) {
+  if (name == "core_attn")
+    return "Piper's recompute=selective re-runs the whole attention chunk (projections and core)";
+  if (name == "moe" || name == "mlp" || name == "shared_experts" || name == "mla_up_proj")
+    return "Piper re-runs whole chunks only: recompute=full re-runs every chunk from its input";
+  return nullptr;
+}
+
+Result<std::vector<std::string>> parse_modules(const std::string& value) {
+  std::set<std::string> names;
+  for (const std::string& raw : split(value, '+')) {
+    const std::string m = trim(raw);
+    if (m.empty() || m == "none") continue;
+    if (const char* alt = module_alternative(m)) {
+      return invalid_argument("strategy: recompute_modules=" + value + ": Megatron's module '" + m +
+                              "' is not modelled; " + alt);
+    }
+    PIPER_ASSIGN_OR_RETURN(std::string known, parse_choice("recompute_modules", m, recompute_module_names()));
+    names.insert(known);
+  }
+  return std::vector<std::string>(names.begin(), names.end());
 }
 
 Result<bool> parse_flag(const std::string& key, const std::string& value) {
@@ -93,6 +123,8 @@ Status set_key(Strategy* s, const std::string& key, const std::string& value) {
     PIPER_ASSIGN_OR_RETURN(s->tp_overlap, parse_flag(key, value));
   } else if (key == "ep_overlap") {
     PIPER_ASSIGN_OR_RETURN(s->ep_overlap, parse_flag(key, value));
+  } else if (key == "recompute_modules") {
+    PIPER_ASSIGN_OR_RETURN(s->recompute_modules, parse_modules(value));
   } else if (key == "disagg") {
     PIPER_ASSIGN_OR_RETURN(s->disaggregate, parse_flag(key, value));
   } else if (key == "recompute") {
@@ -152,6 +184,10 @@ Result<std::string> json_value_text(const std::string& key, const Json& v) {
 }
 
 }  // namespace
+
+bool Strategy::recomputes_module(const std::string& name) const {
+  return std::find(recompute_modules.begin(), recompute_modules.end(), name) != recompute_modules.end();
+}
 
 std::vector<std::string> Strategy::order_without_unit_axes(const std::vector<std::string>& axes) const {
   std::vector<std::string> out;
@@ -221,6 +257,7 @@ std::string Strategy::to_string() const {
   if (fold) out += ",fold=1";
   if (tp_overlap) out += ",tp_overlap=1";
   if (ep_overlap) out += ",ep_overlap=1";
+  if (!recompute_modules.empty()) out += ",recompute_modules=" + join(recompute_modules, "+");
   return out;
 }
 
@@ -245,6 +282,7 @@ Json Strategy::to_json() const {
             {"fold", fold},
             {"tp_overlap", tp_overlap},
             {"ep_overlap", ep_overlap}};
+  if (!recompute_modules.empty()) j["recompute_modules"] = join(recompute_modules, "+");
   return j;
 }
 

@@ -18,6 +18,8 @@
 //   tp_overlap(0|1)  tensor-parallel GEMM/collective overlap, Megatron's --tp-comm-overlap (printed only when set)
 //   ep_overlap(0|1)  EP all-to-all overlap by F&B pairing, Megatron's --overlap-moe-expert-parallel-comm (printed
 //                    only when set)
+//   recompute_modules(layernorm+moe_act)  Megatron's --recompute-modules inside a MoE layer, '+' separated
+//                    (printed only when set; see Strategy::recompute_modules)
 // e.g. "dp=8,tp=1,pp=4,vpp=1,ep=8,zero=1,sp=0,recompute=none,schedule=1f1b,microbatches=16,mbs=1".
 // to_string() prints every key, and parse(to_string(s)) == s.
 #pragma once
@@ -87,6 +89,14 @@ struct Strategy {
   // and backward of another share a may-overlap slot, so one's dispatch/combine runs behind the other's compute
   // (as DualPipeV's F&B pairs; schedules/schedule.h). Needs ep >= 2, and interleaved when pp > 1 (as Megatron).
   bool ep_overlap = false;
+  // Module-level recomputation inside a chunk (Megatron-LM --recompute-modules, the names it uses), on top of
+  // `recompute`: "layernorm" drops a MoE layer's pre-MLP norm output (the router's and experts' input) and re-runs
+  // the norm before the backward; "moe_act" drops the routed experts' activation output (fc2's input) and re-runs
+  // the activation function. As in Megatron with Transformer Engine, the input norm and a dense layer's pre-MLP
+  // norm are fused into the next linear (LayerNormLinear keeps its output), so only MoE layers are affected.
+  // Sorted, no duplicates. Modelled by estimate, simulate and plan; the CPU runtime keeps these activations.
+  std::vector<std::string> recompute_modules;
+  bool recomputes_module(const std::string& name) const;
 
   int world_size() const { return disaggregate ? attn_ranks + ffn_ranks : dp * tp * pp; }
   // Model chunks (virtual stages) each pipeline rank holds: vpp for interleaved, 2 for dualpipev (the V shape:

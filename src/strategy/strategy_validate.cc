@@ -39,6 +39,17 @@ Status Strategy::validate() const {
   for (const auto& n : schedule_names()) known = known || n == schedule;
   if (!known) return parse_schedule(schedule).status();
   if (a2a != "flat" && a2a != "halo") return fail("a2a=" + a2a + " is not one of {flat, halo}");
+  if (!recompute_modules.empty() && recompute == Recompute::kFull) {
+    return fail("recompute_modules=" + join(recompute_modules, "+") +
+                " with recompute=full: full recomputation already drops every chunk's activations; drop one");
+  }
+  for (size_t i = 0; i < recompute_modules.size(); ++i) {
+    const std::string& m = recompute_modules[i];
+    if ((m != "layernorm" && m != "moe_act") || (i > 0 && recompute_modules[i - 1] >= m)) {
+      return fail("recompute_modules must be a sorted set of {layernorm, moe_act}, got " +
+                  join(recompute_modules, "+"));
+    }
+  }
   // Disaggregated experts live on the FFN ranks (checked below against ffn_ranks), not inside the DP group.
   if (fold) {
     if (disaggregate)
@@ -167,6 +178,10 @@ Status Strategy::validate_for(const ModelSpec& model, const TrainSpec& train, in
     else if (!disaggregate)
       msg += "; pick tp*pp dividing " + std::to_string(world);
     return fail(msg);
+  }
+  if (!model.is_moe() && !recompute_modules.empty()) {
+    return fail("recompute_modules=" + join(recompute_modules, "+") + " acts on MoE layers only and model " +
+                model.name + " has none (its norms are fused into the next linear); drop recompute_modules");
   }
   if (!model.is_moe() && ep != 1) {
     return fail("ep=" + std::to_string(ep) + " but model " + model.name + " has no routed experts; set ep=1");

@@ -130,6 +130,37 @@ TEST(EstimateTest, ZeRO2And3PayTheRingLatencyPerChunkAndMicrobatch) {
   EXPECT_NEAR(z1.comm.dp_s / 31, 2, 0.01);
 }
 
+// Module recomputation re-runs pointwise kernels before the backward: the router part's B reads and writes the
+// pre-MLP norm once more (2h per token on its T / tp tokens), the experts part's B the activation function (read
+// 2f, write f per routed pair); nothing else moves, and no FLOPs are added.
+TEST(EstimateTest, RecomputeModulesAddTheirForwardPointwiseToTheBackward) {
+  auto m = load_model("qwen3-30b-a3b");
+  ASSERT_TRUE(m.ok());
+  PartTable t = make_part_table(*m, 4096);
+  PartShape base;
+  base.tokens = 4096;
+  base.tp = 2;
+  base.ep = 4;
+  base.sp = true;
+  PartShape mod = base;
+  mod.recompute_moe_norm = true;
+  mod.recompute_moe_act = true;
+  const double h = static_cast<double>(m->hidden_size);
+  const double pairs = 4096.0 / 2 * m->moe.top_k;
+  const double f = static_cast<double>(m->moe.expert_intermediate_size);
+  const PartCost r0 = part_cost(t, Part::kRouter, base), r1 = part_cost(t, Part::kRouter, mod);
+  const PartCost e0 = part_cost(t, Part::kExperts, base), e1 = part_cost(t, Part::kExperts, mod);
+  EXPECT_DOUBLE_EQ(r1.b.pointwise_bytes - r0.b.pointwise_bytes, 4096.0 / 2 * 2 * h * 2);
+  EXPECT_DOUBLE_EQ(e1.b.pointwise_bytes - e0.b.pointwise_bytes, pairs * 3 * f * 2);
+  for (const auto& [a, b] : {std::pair{r0, r1}, std::pair{e0, e1}}) {
+    EXPECT_EQ(a.f.pointwise_bytes, b.f.pointwise_bytes);
+    EXPECT_EQ(a.b.flops, b.b.flops);
+    EXPECT_EQ(a.w.pointwise_bytes, b.w.pointwise_bytes);
+  }
+  const PartCost a0 = part_cost(t, Part::kAttention, base), a1 = part_cost(t, Part::kAttention, mod);
+  EXPECT_EQ(a0.b.pointwise_bytes, a1.b.pointwise_bytes);
+}
+
 // F + B + W of every part, summed over the layers, is 3x the forward FLOPs docs/counting.md defines.
 TEST(EstimateTest, FlopsMatchCounting) {
   for (const char* name : {"deepseek-v3", "mixtral-8x7b", "gpt-oss-120b", "qwen3-30b-a3b"}) {

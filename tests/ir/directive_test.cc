@@ -19,10 +19,12 @@ TEST(DirectiveTest, RoundTripsEveryKind) {
     {"directive": "place", "filter": {"stage": 0}, "rank": 0},
     {"directive": "order", "rank": 0, "stream": "compute", "slots": ["0F0", ["0F1", "0BW0"], {"stage": 0, "pass": "B"}]},
     {"directive": "stream", "filter": {"pass": "W"}, "stream": "wgrad"},
-    {"directive": "recompute", "filter": {"part": "attn"}}]})";
+    {"directive": "recompute", "filter": {"part": "attn"}},
+    {"directive": "recompute", "filter": {"pass": "F"}, "modules": "layernorm+moe_act"}]})";
   auto d = directives_from_json(Json::parse(text), "t");
   ASSERT_TRUE(d.ok()) << d.status().message();
-  ASSERT_EQ(d->size(), 6u);
+  ASSERT_EQ(d->size(), 7u);
+  EXPECT_EQ(std::get<RecomputeDirective>((*d)[6].body).modules, (std::vector<std::string>{"layernorm", "moe_act"}));
   const auto& order = std::get<OrderDirective>((*d)[3].body);
   ASSERT_EQ(order.slots.size(), 3u);
   EXPECT_EQ(order.slots[1].size(), 2u);
@@ -50,6 +52,8 @@ TEST(DirectiveTest, MalformedFilesNameTheDirective) {
   EXPECT_NE(e.find("is empty"), std::string::npos) << e;
   e = error_of(R"([{"directive": "split", "microbatches": 2, "micro": 1}])");
   EXPECT_NE(e.find("unknown field(s): micro"), std::string::npos) << e;
+  e = error_of(R"([{"directive": "recompute", "filter": {"pass": "F"}, "modules": "core_attn"}])");
+  EXPECT_NE(e.find("unknown module 'core_attn'"), std::string::npos) << e;
   e = error_of(R"({"stuff": []})");
   EXPECT_NE(e.find("expected a list of directives"), std::string::npos) << e;
 }

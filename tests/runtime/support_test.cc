@@ -55,6 +55,7 @@ TEST(RuntimeSupport, UnsupportedDimensionsAreNamed) {
       {"dp=2,ep=2,pp=2,schedule=dualpipev,microbatches=4", "schedule 1f1b only"},
       {"pp=2,tp=2,sp=1,zero=1,schedule=1f1b,microbatches=4", "zero=0 only"},
       {"tp=2,sp=1,tp_overlap=1,microbatches=2", "drop tp_overlap"},
+      {"dp=2,ep=2,recompute_modules=moe_act,microbatches=2", "drop recompute_modules"},
   };
   for (const auto& [strategy, words] : refused) {
     Status st = check_runnable(parse(strategy));
@@ -121,6 +122,19 @@ TEST(RuntimeSupport, TrainerRefusesTpOverlap) {
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented);
   EXPECT_NE(t.status().message().find("drop tp_overlap"), std::string::npos) << t.status().to_string();
+}
+
+// Module recomputation changes what the plan counts, not what the runtime's kernels keep: refused by name.
+TEST(RuntimeSupport, TrainerRefusesRecomputeModules) {
+  TrainOptions o;
+  o.model = load_model("tiny-moe").value();
+  o.global_batch = 0;
+  o.seq_len = 16;
+  o.strategy = "dp=1,recompute_modules=layernorm,microbatches=2";
+  auto t = Trainer::create(o);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(t.status().message().find("drop recompute_modules"), std::string::npos) << t.status().to_string();
 }
 
 }  // namespace

@@ -115,6 +115,12 @@ TEST(TpShardingTest, SimulatedActivationsEqualTheClosedForm) {
       {"qwen3-30b-a3b", "dp=4,tp=2,sp=1,pp=2,ep=4,mbs=1,microbatches=8,recompute=none,schedule=1f1b", 1e-3},
       {"qwen3-30b-a3b", "dp=4,tp=2,sp=1,pp=2,ep=4,mbs=1,microbatches=8,recompute=selective,schedule=1f1b", 1e-3},
       {"qwen3-30b-a3b", "dp=8,tp=1,pp=2,ep=8,mbs=1,microbatches=8,recompute=full,schedule=1f1b", 0.2},
+      {"qwen3-30b-a3b",
+       "dp=4,tp=2,sp=1,pp=2,ep=4,mbs=1,microbatches=8,recompute=none,recompute_modules=layernorm+moe_act,"
+       "schedule=1f1b",
+       1e-3},
+      {"qwen3-30b-a3b",
+       "dp=8,tp=1,pp=2,ep=8,mbs=1,microbatches=8,recompute=selective,recompute_modules=moe_act,schedule=1f1b", 1e-3},
   };
   for (const Case& c : cases) {
     Measured r = run(c.model, c.strategy);
@@ -123,6 +129,27 @@ TEST(TpShardingTest, SimulatedActivationsEqualTheClosedForm) {
                 r.est_activations / 1e9);
     EXPECT_NEAR(r.sim_activations / r.est_activations, 1.0, c.tolerance) << c.model << " " << c.strategy;
   }
+}
+
+// Megatron's module recomputation drops, per token of a MoE layer on a tp rank, the pre-MLP norm output (h) and
+// the routed experts' activation output (k times the expert width): both models shrink by exactly that, times
+// the microbatches in flight on pipeline rank 0 and its layers.
+TEST(TpShardingTest, RecomputeModulesDropTheNormAndActivationOutputs) {
+  auto m = load_model("qwen3-30b-a3b");
+  ASSERT_TRUE(m.ok()) << m.status().message();
+  const std::string rest = ",pp=2,ep=4,mbs=1,microbatches=8,schedule=1f1b,recompute=none";
+  const std::string par = "dp=4,tp=2,sp=1";
+  Measured base = run("qwen3-30b-a3b", par + rest);
+  Measured norm = run("qwen3-30b-a3b", par + rest + ",recompute_modules=layernorm");
+  Measured both = run("qwen3-30b-a3b", par + rest + ",recompute_modules=layernorm+moe_act");
+  // Pipeline rank 0 of 1f1b holds pp = 2 microbatches of its 24 layers (48 on 2 stages), seq 4096, bf16.
+  const double tokens = 2.0 * 24 * 4096 / 2;  // per tp rank (sequence parallel)
+  const double h = static_cast<double>(m->hidden_size);
+  const double act = static_cast<double>(m->moe.top_k) * static_cast<double>(m->moe.expert_intermediate_size);
+  EXPECT_NEAR(base.est_activations - norm.est_activations, tokens * 2 * h, 1e-6 * base.est_activations);
+  EXPECT_NEAR(norm.est_activations - both.est_activations, tokens * 2 * act, 1e-6 * base.est_activations);
+  EXPECT_NEAR(base.sim_activations - norm.sim_activations, tokens * 2 * h, 1e-3 * base.sim_activations);
+  EXPECT_NEAR(norm.sim_activations - both.sim_activations, tokens * 2 * act, 1e-3 * base.sim_activations);
 }
 
 TEST(TpShardingTest, MoeTokensAreSplitOverTp) {

@@ -208,6 +208,28 @@ TEST(StrategyTest, EpOverlapRoundTripsAndNeedsEpAndAPairingSchedule) {
                "needs schedule=interleaved");
 }
 
+TEST(StrategyTest, RecomputeModulesRoundTripSortedAndNameMegatronsAlternatives) {
+  auto s = Strategy::parse("dp=8,ep=8,recompute_modules=moe_act+layernorm+moe_act");
+  ASSERT_TRUE(s.ok()) << s.status().to_string();
+  EXPECT_EQ(s->recompute_modules, (std::vector<std::string>{"layernorm", "moe_act"}));
+  EXPECT_TRUE(s->recomputes_module("layernorm"));
+  EXPECT_TRUE(s->recomputes_module("moe_act"));
+  EXPECT_TRUE(s->validate().ok()) << s->validate().message();
+  EXPECT_NE(s->to_string().find(",recompute_modules=layernorm+moe_act"), std::string::npos);
+  EXPECT_EQ(*Strategy::parse(s->to_string()), *s);
+  EXPECT_EQ(*Strategy::from_json(s->to_json()), *s);
+  EXPECT_EQ(Strategy::parse("dp=8,ep=8")->to_string().find("recompute_modules"), std::string::npos);
+  EXPECT_FALSE(Strategy::parse("dp=8,ep=8")->to_json().contains("recompute_modules"));
+  expect_error(Strategy::parse("recompute_modules=core_attn").status(), "recompute=selective");
+  expect_error(Strategy::parse("recompute_modules=moe").status(), "recompute=full");
+  expect_error(Strategy::parse("recompute_modules=layernorn").status(), "did you mean 'layernorm'");
+  expect_error(Strategy::parse("dp=8,ep=8,recompute=full,recompute_modules=moe_act")->validate(),
+               "full recomputation already drops");
+  Strategy unsorted;
+  unsorted.recompute_modules = {"moe_act", "layernorm"};
+  expect_error(unsorted.validate(), "sorted set");
+}
+
 // validate_for(): rules against a model, a batch and a world size.
 TEST(StrategyTest, ValidateForRules) {
   struct Row {
@@ -246,6 +268,9 @@ TEST(StrategyTest, ValidateForRules) {
   dense.moe = MoeSpec{};
   auto s = Strategy::parse("dp=8,ep=8,microbatches=16");
   expect_error(s->validate_for(dense, batch(128), 8), "has no routed experts; set ep=1");
+  auto modules = Strategy::parse("dp=8,microbatches=16,recompute_modules=layernorm");
+  expect_error(modules->validate_for(dense, batch(128), 8), "acts on MoE layers only");
+  EXPECT_TRUE(modules->validate_for(mixtral_like(), batch(128), 8).ok());
 }
 
 TEST(StrategyTest, ChunksPerRank) {
