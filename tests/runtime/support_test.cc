@@ -110,31 +110,24 @@ TEST(RuntimeSupport, ListedRecomputeModesRun) {
   }
 }
 
-// The trainer refuses tp_overlap itself (it compiles the strategy, and a plan of GEMM pieces would run each chunk
-// several times), right after parsing it.
-TEST(RuntimeSupport, TrainerRefusesTpOverlap) {
-  TrainOptions o;
-  o.model = load_model("tiny-moe").value();
-  o.global_batch = 0;
-  o.seq_len = 16;
-  o.strategy = "tp=2,sp=1,tp_overlap=1,microbatches=2";
-  auto t = Trainer::create(o);
-  ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(t.status().message().find("drop tp_overlap"), std::string::npos) << t.status().to_string();
-}
-
-// Module recomputation changes what the plan counts, not what the runtime's kernels keep: refused by name.
-TEST(RuntimeSupport, TrainerRefusesRecomputeModules) {
-  TrainOptions o;
-  o.model = load_model("tiny-moe").value();
-  o.global_batch = 0;
-  o.seq_len = 16;
-  o.strategy = "dp=1,recompute_modules=layernorm,microbatches=2";
-  auto t = Trainer::create(o);
-  ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(t.status().message().find("drop recompute_modules"), std::string::npos) << t.status().to_string();
+// The trainer refuses, right after parsing, what it would otherwise run wrong: tp_overlap (it compiles the
+// strategy, and a plan of GEMM pieces would run each chunk several times) and module recomputation (it changes
+// what the plan counts, not what the runtime's kernels keep).
+TEST(RuntimeSupport, TrainerRefusesModelOnlyKeys) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"tp=2,sp=1,tp_overlap=1,microbatches=2", "drop tp_overlap"},
+      {"dp=1,recompute_modules=layernorm,microbatches=2", "drop recompute_modules"}};
+  for (const auto& [strategy, needle] : cases) {
+    TrainOptions o;
+    o.model = load_model("tiny-moe").value();
+    o.global_batch = 0;
+    o.seq_len = 16;
+    o.strategy = strategy;
+    auto t = Trainer::create(o);
+    ASSERT_FALSE(t.ok()) << strategy;
+    EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented) << strategy;
+    EXPECT_NE(t.status().message().find(needle), std::string::npos) << t.status().to_string();
+  }
 }
 
 }  // namespace
