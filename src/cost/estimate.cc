@@ -118,6 +118,23 @@ Result<Estimate> CostModel::estimate(const Strategy& s) const {
   return e;
 }
 
+PartShape CostModel::part_shape(const Strategy& s, const Calibration& cal) const {
+  PartShape shape;
+  shape.tokens = static_cast<double>(s.mbs) * static_cast<double>(train_.seq_len);
+  shape.tp = s.tp;
+  shape.ep = s.ep;
+  shape.etp = s.etp;
+  shape.sp = s.sp;
+  shape.act_bytes = dtype_width(train_.activation_dtype);
+  shape.param_bytes = bytes_.param;
+  shape.grad_bytes = bytes_.grad;
+  shape.expert_load = cal.expert_load_imbalance;
+  shape.attention_score_bytes = cal.attention_score_bytes;
+  shape.recompute_moe_norm = s.recomputes_module("layernorm");
+  shape.recompute_moe_act = s.recomputes_module("moe_act");
+  return shape;
+}
+
 Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   PIPER_RETURN_IF_ERROR(s.validate_for(model_, train_, cluster_.world_size()));
   if (s.disaggregate) {
@@ -134,19 +151,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   const double sp_div = s.sp ? s.tp : 1;
 
   // --- per-layer part times (identical on every rank) ---
-  PartShape shape;
-  shape.tokens = T;
-  shape.tp = s.tp;
-  shape.ep = s.ep;
-  shape.etp = s.etp;
-  shape.sp = s.sp;
-  shape.act_bytes = act_b;
-  shape.param_bytes = bytes_.param;
-  shape.grad_bytes = bytes_.grad;
-  shape.expert_load = calibration_.expert_load_imbalance;
-  shape.attention_score_bytes = calibration_.attention_score_bytes;
-  shape.recompute_moe_norm = s.recomputes_module("layernorm");
-  shape.recompute_moe_act = s.recomputes_module("moe_act");
+  const PartShape shape = part_shape(s, calibration_);
   Fbw part_t[kNumParts];
   for (int i = 0; i < kNumParts; ++i) {
     PartCost c = part_cost(table_, static_cast<Part>(i), shape);

@@ -65,9 +65,9 @@ struct Estimate {
   double tokens_per_s = 0;
   double tokens_per_step = 0;
   double device_memory_bytes = 0;
-  int worst_rank = 0;       // pipeline rank with the largest memory total
-  int bottleneck_rank = 0;  // pipeline rank with the largest compute per microbatch
-  MemoryBreakdown memory;   // of worst_rank
+  int worst_rank = 0;                  // pipeline rank with the largest memory total
+  int bottleneck_rank = 0;             // pipeline rank with the largest compute per microbatch
+  MemoryBreakdown memory;              // of worst_rank
   std::vector<MemoryBreakdown> ranks;  // per pipeline rank (every dp/tp/ep coordinate of a stage is alike)
   TimeBreakdown time;
   CommBreakdown comm;
@@ -95,6 +95,9 @@ class CostModel {
   const DeviceModel& device() const { return device_; }
   const ByteConvention& bytes() const { return bytes_; }
   double flops_per_token() const { return flops_per_token_; }
+  // One microbatch's part shape on a rank under `strategy` (layer_cost.h), with `cal`'s expert load and
+  // attention-score traffic: what the closed form and the simulator's task prices both cost.
+  PartShape part_shape(const Strategy& strategy, const Calibration& cal) const;
 
  private:
   CostModel(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train, const Calibration& cal,

@@ -3,6 +3,7 @@
 #include <cctype>
 
 #include "piper/base/strings.h"
+#include "piper/spec/activation_counting.h"
 
 namespace piper::ir {
 namespace {
@@ -113,7 +114,7 @@ Result<DirectiveBody> read_body(const std::string& kind, JsonReader& r) {
     for (const std::string& raw : split(modules, '+')) {
       const std::string m = trim(raw);
       if (m.empty()) continue;
-      if (m != "layernorm" && m != "moe_act") {
+      if (!is_recompute_module(m)) {
         return invalid_argument(r.field_path("modules") + ": unknown module '" + m +
                                 "'; known: layernorm, moe_act (leave modules out to re-run whole chunks)");
       }

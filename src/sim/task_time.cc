@@ -98,20 +98,7 @@ Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, con
   PIPER_RETURN_IF_ERROR(s.validate_for(cm.model(), cm.train(), s.world_size()));
   const cost::PartTable& table = cm.parts();
   const cost::DeviceModel& dev = cm.device();
-  cost::PartShape shape;
-  shape.tokens = static_cast<double>(s.mbs) * static_cast<double>(cm.train().seq_len);
-  shape.tp = s.tp;
-  shape.ep = s.ep;
-  shape.etp = s.etp;
-  shape.sp = s.sp;
-  const DType act = cm.train().activation_dtype;
-  shape.act_bytes = act == DType::kFP32 ? 4 : act == DType::kFP8 ? 1 : 2;
-  shape.param_bytes = cm.bytes().param;
-  shape.grad_bytes = cm.bytes().grad;
-  shape.expert_load = cal.expert_load_imbalance;
-  shape.attention_score_bytes = cal.attention_score_bytes;
-  shape.recompute_moe_norm = s.recomputes_module("layernorm");
-  shape.recompute_moe_act = s.recomputes_module("moe_act");
+  const cost::PartShape shape = cm.part_shape(s, cal);
   // Parameters per rank and the ZeRO shard degree of each IR part (as the estimate's dense/expert split).
   const double tp = s.tp;
   const double expert_shard = std::max(1, s.expert_replicas());

@@ -2,6 +2,13 @@
 
 namespace piper {
 
+bool is_recompute_module(const std::string& name) {
+  for (const char* m : kRecomputeModules) {
+    if (name == m) return true;
+  }
+  return false;
+}
+
 BlockActivation attention_activation_per_token(const ModelSpec& m, const ActivationShape& a, bool keep_core) {
   const double b = a.act_bytes;
   const double h = static_cast<double>(m.hidden_size);

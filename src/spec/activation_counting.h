@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "piper/spec/model_spec.h"
 
@@ -26,6 +27,11 @@ struct ActivationShape {
   bool recompute_moe_norm = false;
   bool recompute_moe_act = false;
 };
+
+// Megatron's --recompute-modules names that the flags below model (Strategy::recompute_modules and the ir's
+// RecomputeDirective::modules accept exactly these).
+inline constexpr const char* kRecomputeModules[] = {"layernorm", "moe_act"};
+bool is_recompute_module(const std::string& name);
 
 struct BlockActivation {
   double whole = 0;

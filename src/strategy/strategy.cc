@@ -7,6 +7,7 @@
 
 #include "piper/base/check.h"
 #include "piper/base/strings.h"
+#include "piper/spec/activation_counting.h"
 
 namespace piper {
 namespace {
@@ -48,7 +49,7 @@ Result<std::string> parse_choice(const std::string& key, const std::string& valu
 }
 
 const std::vector<std::string>& recompute_module_names() {
-  static const std::vector<std::string> kNames = {"layernorm", "moe_act"};
+  static const std::vector<std::string> kNames(std::begin(kRecomputeModules), std::end(kRecomputeModules));
   return kNames;
 }
 

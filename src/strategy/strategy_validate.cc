@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "piper/base/strings.h"
+#include "piper/spec/activation_counting.h"
 #include "piper/spec/model_spec.h"
 #include "piper/spec/train_spec.h"
 #include "piper/strategy/strategy.h"
@@ -45,7 +46,7 @@ Status Strategy::validate() const {
   }
   for (size_t i = 0; i < recompute_modules.size(); ++i) {
     const std::string& m = recompute_modules[i];
-    if ((m != "layernorm" && m != "moe_act") || (i > 0 && recompute_modules[i - 1] >= m)) {
+    if (!is_recompute_module(m) || (i > 0 && recompute_modules[i - 1] >= m)) {
       return fail("recompute_modules must be a sorted set of {layernorm, moe_act}, got " +
                   join(recompute_modules, "+"));
     }

@@ -81,14 +81,19 @@ TEST(RuntimeSupport, AfPipeIsRunnableAsTested) {
                   .ok());
 }
 
-void expect_one_step(const std::string& strategy) {
-  kernels::set_kernel_threads(1);
+// tiny-moe, 16 tokens, the batch the strategy implies.
+TrainOptions tiny_options(const std::string& strategy) {
   TrainOptions o;
   o.model = load_model("tiny-moe").value();
   o.global_batch = 0;
   o.seq_len = 16;
   o.strategy = strategy;
-  auto t = Trainer::create(o);
+  return o;
+}
+
+void expect_one_step(const std::string& strategy) {
+  kernels::set_kernel_threads(1);
+  auto t = Trainer::create(tiny_options(strategy));
   ASSERT_TRUE(t.ok()) << strategy << ": " << t.status().to_string();
   auto step = (*t)->step();
   ASSERT_TRUE(step.ok()) << strategy << ": " << step.status().to_string();
@@ -118,12 +123,7 @@ TEST(RuntimeSupport, TrainerRefusesModelOnlyKeys) {
       {"tp=2,sp=1,tp_overlap=1,microbatches=2", "drop tp_overlap"},
       {"dp=1,recompute_modules=layernorm,microbatches=2", "drop recompute_modules"}};
   for (const auto& [strategy, needle] : cases) {
-    TrainOptions o;
-    o.model = load_model("tiny-moe").value();
-    o.global_batch = 0;
-    o.seq_len = 16;
-    o.strategy = strategy;
-    auto t = Trainer::create(o);
+    auto t = Trainer::create(tiny_options(strategy));
     ASSERT_FALSE(t.ok()) << strategy;
     EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented) << strategy;
     EXPECT_NE(t.status().message().find(needle), std::string::npos) << t.status().to_string();
