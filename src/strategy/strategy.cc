@@ -173,13 +173,14 @@ Result<std::string> json_value_text(const std::string& key, const Json& v) {
   if (v.is_number_integer()) return std::to_string(v.get<int64_t>());
   if (v.is_boolean()) return std::string(v.get<bool>() ? "1" : "0");
   if (v.is_string()) return v.get<std::string>();
-  if (key == "order" && v.is_array()) {
-    std::vector<std::string> axes;
+  // Lists: the mesh order ('-' in the compact form) and the recompute modules ('+').
+  if ((key == "order" || key == "recompute_modules") && v.is_array()) {
+    std::vector<std::string> items;
     for (const auto& a : v) {
-      if (!a.is_string()) return invalid_argument("strategy.order: expected an array of axis names");
-      axes.push_back(a.get<std::string>());
+      if (!a.is_string()) return invalid_argument("strategy." + key + ": expected an array of names, got " + v.dump());
+      items.push_back(a.get<std::string>());
     }
-    return join(axes, "-");
+    return join(items, key == "order" ? "-" : "+");
   }
   return invalid_argument("strategy." + key + ": expected an integer, boolean or string, got " + v.dump());
 }

@@ -220,6 +220,8 @@ TEST(StrategyTest, RecomputeModulesRoundTripSortedAndNameMegatronsAlternatives) 
   EXPECT_EQ(*Strategy::from_json(s->to_json()), *s);
   EXPECT_EQ(Strategy::parse("dp=8,ep=8")->to_string().find("recompute_modules"), std::string::npos);
   EXPECT_FALSE(Strategy::parse("dp=8,ep=8")->to_json().contains("recompute_modules"));
+  EXPECT_EQ(*Strategy::parse(R"({"dp": 8, "ep": 8, "recompute_modules": ["moe_act", "layernorm"]})"), *s);
+  expect_error(Strategy::parse(R"({"recompute_modules": [1]})").status(), "expected an array of names");
   expect_error(Strategy::parse("recompute_modules=core_attn").status(), "recompute=selective");
   expect_error(Strategy::parse("recompute_modules=moe").status(), "recompute=full");
   expect_error(Strategy::parse("recompute_modules=layernorn").status(), "did you mean 'layernorm'");
