@@ -1,7 +1,9 @@
 #include "piper/compile/strategy_directives.h"
 
+#include <algorithm>
 #include <string>
 
+#include "piper/base/strings.h"
 #include "piper/strategy/schedules/schedule.h"
 
 namespace piper::compile {
@@ -108,6 +110,36 @@ Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const 
   PIPER_ASSIGN_OR_RETURN(auto sched, schedules::schedule_directives(s.schedule, params));
   out.insert(out.end(), sched.begin(), sched.end());
   return out;
+}
+
+Status check_directives_fill_mesh(const ir::Graph& graph) {
+  const ir::MeshInfo& mesh = graph.mesh;
+  std::vector<bool> busy(static_cast<size_t>(mesh.pp), false);
+  int max_rank = -1, max_stage = -1;
+  for (const ir::Node& n : graph.nodes()) {
+    if (n.kind != ir::NodeKind::kChunk || n.pp_rank < 0 || n.pp_rank >= mesh.pp) continue;
+    busy[static_cast<size_t>(n.pp_rank)] = true;
+    max_rank = std::max(max_rank, n.pp_rank);
+    max_stage = std::max(max_stage, n.tags.stage);
+  }
+  std::vector<std::string> idle;
+  for (int r = 0; r < mesh.pp; ++r) {
+    if (!busy[static_cast<size_t>(r)]) idle.push_back(std::to_string(r));
+  }
+  if (idle.empty() || max_rank < 0) return ok_status();  // nothing placed at all: lowering names the first node
+  const int file_pp = max_rank + 1;
+  if (file_pp == mesh.pp) {
+    return invalid_argument("the directives leave pipeline rank(s) " + join(idle, ", ") + " of the mesh pp=" +
+                            std::to_string(mesh.pp) + " without work; place a stage on every rank");
+  }
+  const int file_stages = max_stage + 1;
+  return invalid_argument("the directives place the model on pipeline ranks 0.." + std::to_string(max_rank) + " (" +
+                          std::to_string(std::max(file_stages, file_pp)) + " stages: written for pp=" +
+                          std::to_string(file_pp) + ") but the mesh has pp=" + std::to_string(mesh.pp) +
+                          ", vpp=" + std::to_string(mesh.vpp) + ": pipeline rank(s) " + join(idle, ", ") +
+                          " would have no work; compile with the mesh the file was written "
+                          "for (--mesh pp=" +
+                          std::to_string(file_pp) + ") or emit the directives again for pp=" + std::to_string(mesh.pp));
 }
 
 }  // namespace piper::compile
