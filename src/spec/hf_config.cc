@@ -10,6 +10,12 @@
 namespace piper {
 namespace {
 
+// An out-of-range read of a bounded key says why the bound exists (spec/limits.h).
+Status with_reason(Status s, const char* why) {
+  if (s.ok() || s.message().find("is out of range") == std::string::npos) return s;
+  return Status(s.code(), s.message() + " (" + why + ")");
+}
+
 using Reader = std::function<Status(JsonReader&, ModelSpec*)>;
 
 // SwiGLU is the gated SiLU MLP of every MoE family here; anything else would be silently miscounted.
@@ -21,22 +27,25 @@ Status require_silu(JsonReader& r, const char* key) {
 
 // Fields shared by the llama family (llama, mixtral, qwen3_moe, deepseek, gpt_oss, olmoe).
 Status read_llama_common(JsonReader& r, ModelSpec* m) {
-  PIPER_RETURN_IF_ERROR(r.get_int("num_hidden_layers", &m->num_layers, true, 1, kMaxLayers));
-  PIPER_RETURN_IF_ERROR(r.get_int("hidden_size", &m->hidden_size, true, 1, kMaxHiddenSize));
-  PIPER_RETURN_IF_ERROR(r.get_int("num_attention_heads", &m->num_heads, true, 1, kMaxHeads));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("num_hidden_layers", &m->num_layers, true, 1, kMaxLayers), kWhyLayers));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("hidden_size", &m->hidden_size, true, 1, kMaxHiddenSize), kWhyHidden));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("num_attention_heads", &m->num_heads, true, 1, kMaxHeads), kWhyHeads));
   m->num_kv_heads = m->num_heads;  // transformers' default when num_key_value_heads is absent
-  PIPER_RETURN_IF_ERROR(r.get_int("num_key_value_heads", &m->num_kv_heads, false, 1, kMaxHeads));
+  PIPER_RETURN_IF_ERROR(
+      with_reason(r.get_int("num_key_value_heads", &m->num_kv_heads, false, 1, kMaxHeads), kWhyHeads));
   if (r.has("head_dim")) {
-    PIPER_RETURN_IF_ERROR(r.get_int("head_dim", &m->head_dim, true, 1, kMaxHeadDim));
+    PIPER_RETURN_IF_ERROR(with_reason(r.get_int("head_dim", &m->head_dim, true, 1, kMaxHeadDim), kWhyHeadDim));
   } else if (m->hidden_size % m->num_heads != 0) {
     return invalid_argument("num_attention_heads: " + std::to_string(m->num_heads) + " does not divide hidden_size=" +
                             std::to_string(m->hidden_size) + "; pick a divisor or give head_dim");
   } else {
     m->head_dim = m->hidden_size / m->num_heads;
   }
-  PIPER_RETURN_IF_ERROR(r.get_int("vocab_size", &m->vocab_size, true, 1, kMaxVocab));
-  PIPER_RETURN_IF_ERROR(r.get_int("max_position_embeddings", &m->max_seq_len, true, 1, kMaxSeqLen));
-  PIPER_RETURN_IF_ERROR(r.get_double("rope_theta", &m->rope_theta, false, 1e-9, kMaxRopeTheta));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("vocab_size", &m->vocab_size, true, 1, kMaxVocab), kWhyVocab));
+  PIPER_RETURN_IF_ERROR(
+      with_reason(r.get_int("max_position_embeddings", &m->max_seq_len, true, 1, kMaxSeqLen), kWhySeqLen));
+  PIPER_RETURN_IF_ERROR(
+      with_reason(r.get_double("rope_theta", &m->rope_theta, false, 1e-9, kMaxRopeTheta), kWhyRopeTheta));
   PIPER_RETURN_IF_ERROR(r.get_bool("tie_word_embeddings", &m->tie_embeddings, false));
   PIPER_RETURN_IF_ERROR(r.get_bool("attention_bias", &m->attention_bias, false));
   PIPER_RETURN_IF_ERROR(require_silu(r, "hidden_act"));
@@ -54,7 +63,8 @@ Status read_llama(JsonReader& r, ModelSpec* m) {
 Status read_mixtral(JsonReader& r, ModelSpec* m) {
   PIPER_RETURN_IF_ERROR(read_llama_common(r, m));
   m->rope_theta = 1e6;  // MixtralConfig default
-  PIPER_RETURN_IF_ERROR(r.get_double("rope_theta", &m->rope_theta, false, 1e-9, kMaxRopeTheta));
+  PIPER_RETURN_IF_ERROR(
+      with_reason(r.get_double("rope_theta", &m->rope_theta, false, 1e-9, kMaxRopeTheta), kWhyRopeTheta));
   PIPER_RETURN_IF_ERROR(r.get_int("num_local_experts", &m->moe.num_experts, true, 1));
   PIPER_RETURN_IF_ERROR(r.get_int("num_experts_per_tok", &m->moe.top_k, true, 1));
   PIPER_RETURN_IF_ERROR(r.get_int("intermediate_size", &m->moe.expert_intermediate_size, true, 1));
@@ -182,10 +192,10 @@ Status read_olmoe(JsonReader& r, ModelSpec* m) {
 }
 
 Status read_dbrx(JsonReader& r, ModelSpec* m) {
-  PIPER_RETURN_IF_ERROR(r.get_int("n_layers", &m->num_layers, true, 1, kMaxLayers));
-  PIPER_RETURN_IF_ERROR(r.get_int("d_model", &m->hidden_size, true, 1, kMaxHiddenSize));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("n_layers", &m->num_layers, true, 1, kMaxLayers), kWhyLayers));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("d_model", &m->hidden_size, true, 1, kMaxHiddenSize), kWhyHidden));
   PIPER_RETURN_IF_ERROR(r.get_int("n_heads", &m->num_heads, true, 1));
-  PIPER_RETURN_IF_ERROR(r.get_int("vocab_size", &m->vocab_size, true, 1, kMaxVocab));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("vocab_size", &m->vocab_size, true, 1, kMaxVocab), kWhyVocab));
   PIPER_RETURN_IF_ERROR(r.get_int("max_seq_len", &m->max_seq_len, true, 1));
   PIPER_RETURN_IF_ERROR(r.get_bool("tie_word_embeddings", &m->tie_embeddings, false));
   if (m->hidden_size % m->num_heads != 0) {
@@ -198,7 +208,8 @@ Status read_dbrx(JsonReader& r, ModelSpec* m) {
   if (attn == nullptr || ffn == nullptr) return invalid_argument("attn_config and ffn_config: required objects");
   JsonReader a(*attn, "attn_config");
   PIPER_RETURN_IF_ERROR(a.get_int("kv_n_heads", &m->num_kv_heads, true, 1));
-  PIPER_RETURN_IF_ERROR(a.get_double("rope_theta", &m->rope_theta, false, 1e-9, kMaxRopeTheta));
+  PIPER_RETURN_IF_ERROR(
+      with_reason(a.get_double("rope_theta", &m->rope_theta, false, 1e-9, kMaxRopeTheta), kWhyRopeTheta));
   JsonReader f(*ffn, "ffn_config");
   PIPER_RETURN_IF_ERROR(f.get_int("ffn_hidden_size", &m->moe.expert_intermediate_size, true, 1));
   PIPER_RETURN_IF_ERROR(f.get_int("moe_num_experts", &m->moe.num_experts, true, 1));
@@ -213,10 +224,10 @@ Status read_dbrx(JsonReader& r, ModelSpec* m) {
 }
 
 Status read_gpt2(JsonReader& r, ModelSpec* m) {
-  PIPER_RETURN_IF_ERROR(r.get_int("n_layer", &m->num_layers, true, 1, kMaxLayers));
-  PIPER_RETURN_IF_ERROR(r.get_int("n_embd", &m->hidden_size, true, 1, kMaxHiddenSize));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("n_layer", &m->num_layers, true, 1, kMaxLayers), kWhyLayers));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("n_embd", &m->hidden_size, true, 1, kMaxHiddenSize), kWhyHidden));
   PIPER_RETURN_IF_ERROR(r.get_int("n_head", &m->num_heads, true, 1));
-  PIPER_RETURN_IF_ERROR(r.get_int("vocab_size", &m->vocab_size, true, 1, kMaxVocab));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("vocab_size", &m->vocab_size, true, 1, kMaxVocab), kWhyVocab));
   PIPER_RETURN_IF_ERROR(r.get_int("n_positions", &m->max_seq_len, true, 1));
   if (m->hidden_size % m->num_heads != 0) {
     return invalid_argument("n_head: " + std::to_string(m->num_heads) +

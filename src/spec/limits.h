@@ -22,6 +22,17 @@ inline constexpr double kMaxRopeTheta = 1e12;         // largest published: 1e7 
 inline constexpr double kMaxRoutedScaling = 1e6;      // published: 1..16
 inline constexpr int64_t kMaxParams = 1000000000000000;  // 1e15 parameters: 600x the largest published (1.6T);
                                                          // keeps params x 16 bytes (AdamW state) inside int64
+// Why, for messages: "model.num_layers: 10000 is out of range; allowed [1, 4096] (<why>)".
+inline constexpr const char* kWhyLayers = "the deepest published model has 128";
+inline constexpr const char* kWhyHidden = "the widest published is 18432";
+inline constexpr const char* kWhyHeads = "published models have <= 128";
+inline constexpr const char* kWhyHeadDim = "published models use 64..256";
+inline constexpr const char* kWhyIntermediate = "the widest published is 73728";
+inline constexpr const char* kWhyVocab = "the largest published is 262144";
+inline constexpr const char* kWhySeqLen = "the longest published context is 10M tokens";
+inline constexpr const char* kWhyExperts = "the most published is 384 per layer";
+inline constexpr const char* kWhyRopeTheta = "the largest published is 1e7";
+
 // --- training (TrainSpec) ---
 inline constexpr int64_t kMaxMicroBatchSize = 1 << 16;    // sequences per microbatch
 inline constexpr int64_t kMaxGlobalBatch = 1 << 30;       // sequences per step; published: <= 65,536

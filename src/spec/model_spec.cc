@@ -27,30 +27,25 @@ Status finite_in(const char* field, double value, double max_value, const char* 
 
 // Upper bounds of every size (limits.h): far above published models, low enough that products fit int64.
 Status validate_bounds(const ModelSpec& m) {
-  PIPER_RETURN_IF_ERROR(in_range("num_layers", m.num_layers, 1, kMaxLayers, "the deepest published model has 128"));
-  PIPER_RETURN_IF_ERROR(in_range("hidden_size", m.hidden_size, 1, kMaxHiddenSize, "the widest published is 18432"));
-  PIPER_RETURN_IF_ERROR(in_range("num_heads", m.num_heads, 1, kMaxHeads, "published models have <= 128"));
-  PIPER_RETURN_IF_ERROR(in_range("num_kv_heads", m.num_kv_heads, 1, kMaxHeads, "published models have <= 128"));
-  PIPER_RETURN_IF_ERROR(in_range("head_dim", m.head_dim, 0, kMaxHeadDim, "published models use 64..256"));
-  PIPER_RETURN_IF_ERROR(
-      in_range("intermediate_size", m.intermediate_size, 0, kMaxIntermediate, "the widest published is 73728"));
-  PIPER_RETURN_IF_ERROR(in_range("vocab_size", m.vocab_size, 1, kMaxVocab, "the largest published is 262144"));
-  PIPER_RETURN_IF_ERROR(
-      in_range("max_seq_len", m.max_seq_len, 1, kMaxSeqLen, "the longest published context is 10M tokens"));
+  PIPER_RETURN_IF_ERROR(in_range("num_layers", m.num_layers, 1, kMaxLayers, kWhyLayers));
+  PIPER_RETURN_IF_ERROR(in_range("hidden_size", m.hidden_size, 1, kMaxHiddenSize, kWhyHidden));
+  PIPER_RETURN_IF_ERROR(in_range("num_heads", m.num_heads, 1, kMaxHeads, kWhyHeads));
+  PIPER_RETURN_IF_ERROR(in_range("num_kv_heads", m.num_kv_heads, 1, kMaxHeads, kWhyHeads));
+  PIPER_RETURN_IF_ERROR(in_range("head_dim", m.head_dim, 0, kMaxHeadDim, kWhyHeadDim));
+  PIPER_RETURN_IF_ERROR(in_range("intermediate_size", m.intermediate_size, 0, kMaxIntermediate, kWhyIntermediate));
+  PIPER_RETURN_IF_ERROR(in_range("vocab_size", m.vocab_size, 1, kMaxVocab, kWhyVocab));
+  PIPER_RETURN_IF_ERROR(in_range("max_seq_len", m.max_seq_len, 1, kMaxSeqLen, kWhySeqLen));
   PIPER_RETURN_IF_ERROR(in_range("sliding_window", m.sliding_window, 0, kMaxSeqLen, "at most max_seq_len's bound"));
   PIPER_RETURN_IF_ERROR(
       in_range("full_attention_every", m.full_attention_every, 1, kMaxLayers, "at most num_layers' bound"));
   const MlaSpec& a = m.mla;
   PIPER_RETURN_IF_ERROR(in_range("mla.q_lora_rank", a.q_lora_rank, 0, kMaxHiddenSize, "at most hidden_size's bound"));
   PIPER_RETURN_IF_ERROR(in_range("mla.kv_lora_rank", a.kv_lora_rank, 0, kMaxHiddenSize, "at most hidden_size's bound"));
-  PIPER_RETURN_IF_ERROR(
-      in_range("mla.qk_nope_head_dim", a.qk_nope_head_dim, 0, kMaxHeadDim, "published models use 64..256"));
-  PIPER_RETURN_IF_ERROR(
-      in_range("mla.qk_rope_head_dim", a.qk_rope_head_dim, 0, kMaxHeadDim, "published models use 64..256"));
-  PIPER_RETURN_IF_ERROR(in_range("mla.v_head_dim", a.v_head_dim, 0, kMaxHeadDim, "published models use 64..256"));
+  PIPER_RETURN_IF_ERROR(in_range("mla.qk_nope_head_dim", a.qk_nope_head_dim, 0, kMaxHeadDim, kWhyHeadDim));
+  PIPER_RETURN_IF_ERROR(in_range("mla.qk_rope_head_dim", a.qk_rope_head_dim, 0, kMaxHeadDim, kWhyHeadDim));
+  PIPER_RETURN_IF_ERROR(in_range("mla.v_head_dim", a.v_head_dim, 0, kMaxHeadDim, kWhyHeadDim));
   const MoeSpec& e = m.moe;
-  PIPER_RETURN_IF_ERROR(
-      in_range("moe.num_experts", e.num_experts, 0, kMaxExperts, "the most published is 384 per layer"));
+  PIPER_RETURN_IF_ERROR(in_range("moe.num_experts", e.num_experts, 0, kMaxExperts, kWhyExperts));
   PIPER_RETURN_IF_ERROR(
       in_range("moe.num_shared_experts", e.num_shared_experts, 0, kMaxExperts, "at most num_experts' bound"));
   PIPER_RETURN_IF_ERROR(in_range("moe.expert_intermediate_size", e.expert_intermediate_size, 0, kMaxIntermediate,
@@ -58,7 +53,7 @@ Status validate_bounds(const ModelSpec& m) {
   PIPER_RETURN_IF_ERROR(in_range("moe.shared_expert_intermediate_size", e.shared_expert_intermediate_size, 0,
                                  kMaxIntermediate, "at most intermediate_size's bound"));
   PIPER_RETURN_IF_ERROR(in_range("moe.layer_freq", e.layer_freq, 1, kMaxLayers, "at most num_layers' bound"));
-  PIPER_RETURN_IF_ERROR(finite_in("rope_theta", m.rope_theta, kMaxRopeTheta, "the largest published is 1e7"));
+  PIPER_RETURN_IF_ERROR(finite_in("rope_theta", m.rope_theta, kMaxRopeTheta, kWhyRopeTheta));
   if (m.is_moe()) {
     PIPER_RETURN_IF_ERROR(finite_in("moe.routed_scaling_factor", e.routed_scaling_factor, kMaxRoutedScaling,
                                     "published models use 1..16"));

@@ -318,6 +318,14 @@ TEST(CompileTest, DirectivesForAnotherMeshAreRefused) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("leave pipeline rank(s) 1 of the mesh pp=3 without work"), std::string::npos)
       << r.status().message();
+  // A file for vpp=1 under vpp=2: every rank busy, but stages 2 and 3 would hold no layer.
+  ir::MeshInfo vpp2 = mesh_pp2();
+  vpp2.vpp = 2;
+  r = compile_directives(tiny(), train_for(s), vpp2, *directives);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("the mesh has pp=2, vpp=2 = 4 stages: stage(s) 2, 3 would hold no layer"),
+            std::string::npos)
+      << r.status().message();
 }
 
 // Rank 1 wants microbatch 1 first while rank 0 sends microbatch 0 first. Each channel (ordered rank pair) has its

@@ -48,9 +48,7 @@ TEST(SpecBoundsTest, MillionLayersIsRefusedWithTheBound) {
   Json j = preset_json("tiny-moe");
   j["num_layers"] = 1000000;
   const std::string e = model_error(j);
-  expect_has(e, "model.num_layers");
-  expect_has(e, "1000000");
-  expect_has(e, "4096");
+  expect_has(e, "model.num_layers: 1000000 is out of range; allowed [1, 4096] (the deepest published model has 128)");
 }
 
 TEST(SpecBoundsTest, EveryModelSizeKeyHasAnUpperBound) {
@@ -139,7 +137,8 @@ TEST(SpecBoundsTest, HfConfigErrorsNameTheFilesKeys) {
   j["hidden_size"] = int64_t{1} << 31;
   m = model_from_hf_config(j, "mixtral", "config.json");
   ASSERT_FALSE(m.ok());
-  expect_has(m.status().message(), "hidden_size: 2147483648 is out of range");
+  expect_has(m.status().message(),
+             "hidden_size: 2147483648 is out of range; allowed [1, 1048576] (the widest published is 18432)");
 
   j = mixtral_config();
   j["num_local_experts"] = 1;  // top_k 2 > 1 expert: validate()'s message, in the file's words
