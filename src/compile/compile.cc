@@ -42,6 +42,7 @@ Result<CompileResult> compile_directives(const ModelSpec& model, const TrainSpec
   ir::ApplyOptions apply;
   apply.verify_each = options.verify_each_pass;
   Status s = ir::apply_directives(r.graph, directives, apply);
+  if (s.ok()) s = check_directives_fill_mesh(r.graph);
   if (!s.ok()) return s.with_context("compile: passes");
   timer.done("passes");
   LowerOptions lower_options;

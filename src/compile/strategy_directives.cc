@@ -1,7 +1,9 @@
 #include "piper/compile/strategy_directives.h"
 
+#include <algorithm>
 #include <string>
 
+#include "piper/base/strings.h"
 #include "piper/strategy/schedules/schedule.h"
 
 namespace piper::compile {
@@ -108,6 +110,56 @@ Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const 
   PIPER_ASSIGN_OR_RETURN(auto sched, schedules::schedule_directives(s.schedule, params));
   out.insert(out.end(), sched.begin(), sched.end());
   return out;
+}
+
+Status check_directives_fill_mesh(const ir::Graph& graph) {
+  const ir::MeshInfo& mesh = graph.mesh;
+  std::vector<bool> busy(static_cast<size_t>(mesh.pp), false);
+  std::vector<bool> staged(static_cast<size_t>(mesh.num_stages()), false);
+  int max_rank = -1, max_stage = -1;
+  for (const ir::Node& n : graph.nodes()) {
+    if (n.kind != ir::NodeKind::kChunk) continue;
+    if (n.tags.stage >= 0 && n.tags.stage < mesh.num_stages()) {
+      staged[static_cast<size_t>(n.tags.stage)] = true;
+      max_stage = std::max(max_stage, n.tags.stage);
+    }
+    if (n.pp_rank >= 0 && n.pp_rank < mesh.pp) {
+      busy[static_cast<size_t>(n.pp_rank)] = true;
+      max_rank = std::max(max_rank, n.pp_rank);
+    }
+  }
+  auto unused = [](const std::vector<bool>& used) {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < used.size(); ++i) {
+      if (!used[i]) out.push_back(std::to_string(i));
+    }
+    return out;
+  };
+  const std::vector<std::string> idle = unused(busy);
+  const std::string given = "the mesh has pp=" + std::to_string(mesh.pp) + ", vpp=" + std::to_string(mesh.vpp);
+  if (!idle.empty() && max_rank >= 0) {
+    const int file_pp = max_rank + 1;
+    if (file_pp == mesh.pp) {
+      return invalid_argument("the directives leave pipeline rank(s) " + join(idle, ", ") + " of the mesh pp=" +
+                              std::to_string(mesh.pp) + " without work; place a stage on every rank");
+    }
+    return invalid_argument(
+        "the directives place the model on pipeline ranks 0.." + std::to_string(max_rank) + " (" +
+        std::to_string(std::max(max_stage + 1, file_pp)) + " stages: written for pp=" + std::to_string(file_pp) +
+        ") but " + given + ": pipeline rank(s) " + join(idle, ", ") +
+        " would have no work; compile with the mesh the file was written for (--mesh pp=" + std::to_string(file_pp) +
+        ") or emit the directives again for pp=" + std::to_string(mesh.pp));
+  }
+  // Stages in use (placement by stage tag) must be the mesh's pp*vpp: a file for vpp=1 under vpp=2 leaves half.
+  const std::vector<std::string> empty_stages = unused(staged);
+  if (max_stage >= 0 && !empty_stages.empty()) {
+    return invalid_argument("the directives tag layers with stages 0.." + std::to_string(max_stage) + " but " + given +
+                            " = " + std::to_string(mesh.num_stages()) + " stages: stage(s) " +
+                            join(empty_stages, ", ") +
+                            " would hold no layer; compile with the pp and vpp the file was written for, or place "
+                            "a layer on every stage");
+  }
+  return ok_status();
 }
 
 }  // namespace piper::compile

@@ -39,4 +39,10 @@ struct DirectiveOptions {
 Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const ModelSpec& model,
                                                        const DirectiveOptions& options = {});
 
+// After the passes: every pipeline rank of the mesh holds some of the model's chunks. A directive file written
+// for a smaller mesh (pp=2 compiled with --mesh pp=4) leaves ranks without work: refused, naming the mesh the
+// directives fill (pipeline ranks and stages they place on) and the mesh given. (Ranks or stages past the mesh
+// are refused by the place pass itself.)
+Status check_directives_fill_mesh(const ir::Graph& graph);
+
 }  // namespace piper::compile

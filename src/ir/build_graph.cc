@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "piper/base/checked_math.h"
 #include "piper/spec/activation_counting.h"
 #include "piper/spec/cluster_spec.h"
 #include "piper/spec/counting.h"
@@ -118,6 +119,24 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
                     {0, head_activation_per_token(model)},
                     hidden});
 
+  // Every count below is a per-token value times the microbatch's tokens, rounded to int64: checked once here
+  // (checked_math.h), so no node gets a wrapped or undefined FLOP or byte count (the backward's 2x included).
+  for (const ChunkSpec& c : chunks) {
+    const double t = static_cast<double>(tokens);
+    for (double v : {3 * c.flops_per_token * t, c.act.total() * t, c.checkpoint * t}) {
+      if (!checked_llround(v).has_value()) {
+        return invalid_argument("build_graph: layer " + std::to_string(c.layer) + " " + c.part + " of model '" +
+                                model.name + "' with micro_batch_size*seq_len = " + std::to_string(tokens) +
+                                " tokens needs more than 2^63 FLOPs or bytes per microbatch; lower micro_batch_size or "
+                                "seq_len");
+      }
+    }
+  }
+  if (!checked_mul(tokens, h).has_value() || !checked_mul(tokens * h, act_bytes).has_value()) {
+    return invalid_argument(
+        "build_graph: micro_batch_size*seq_len*hidden_size overflows int64 bytes; lower "
+        "micro_batch_size or seq_len");
+  }
   Graph g;
   g.mesh = mesh;
   g.num_layers = model.num_layers;

@@ -4,6 +4,7 @@
 
 #include "piper/base/strings.h"
 #include "piper/spec/activation_counting.h"
+#include "piper/spec/limits.h"
 
 namespace piper::ir {
 namespace {
@@ -31,7 +32,7 @@ Result<TagFilter> read_slot_member(const Json& j, const std::string& what) {
 
 Result<OrderDirective> read_order(JsonReader& r) {
   OrderDirective d;
-  PIPER_RETURN_IF_ERROR(r.get_int("rank", &d.rank, true, 0));
+  PIPER_RETURN_IF_ERROR(r.get_int("rank", &d.rank, true, 0, kMaxWorldSize));
   PIPER_RETURN_IF_ERROR(r.get_string("stream", &d.stream, false));
   const Json* slots = r.find("slots");
   if (slots == nullptr || !slots->is_array()) {
@@ -59,14 +60,15 @@ Result<OrderDirective> read_order(JsonReader& r) {
 Result<DirectiveBody> read_body(const std::string& kind, JsonReader& r) {
   if (kind == "split") {
     SplitDirective d;
-    PIPER_RETURN_IF_ERROR(r.get_int("microbatches", &d.microbatches, true, 1));
+    // Bounded where it enters: split clones the graph once per microbatch (apply_split bounds the node count).
+    PIPER_RETURN_IF_ERROR(r.get_int("microbatches", &d.microbatches, true, 1, kMaxMicrobatches));
     return DirectiveBody{d};
   }
   if (kind == "place") {
     PlaceDirective d;
     PIPER_ASSIGN_OR_RETURN(d.filter, read_filter(r, "filter", true));
-    PIPER_RETURN_IF_ERROR(r.get_int("stage", &d.stage, false, 0));
-    PIPER_RETURN_IF_ERROR(r.get_int("rank", &d.rank, false, 0));
+    PIPER_RETURN_IF_ERROR(r.get_int("stage", &d.stage, false, 0, kMaxWorldSize * kMaxVpp));
+    PIPER_RETURN_IF_ERROR(r.get_int("rank", &d.rank, false, 0, kMaxWorldSize));
     if (d.stage < 0 && d.rank < 0) {
       return invalid_argument(
           "place needs \"stage\" (tag the nodes with a pipeline stage) or \"rank\" (put them on "
@@ -80,7 +82,7 @@ Result<DirectiveBody> read_body(const std::string& kind, JsonReader& r) {
     PIPER_RETURN_IF_ERROR(r.get_enum("axis", &d.axis, {"dp", "edp"}, false));
     PIPER_RETURN_IF_ERROR(r.get_int("zero", &d.zero, false, 0, 3));
     PIPER_RETURN_IF_ERROR(r.get_enum("reduce", &d.reduce, {"all_reduce", "reduce_scatter"}, false));
-    PIPER_RETURN_IF_ERROR(r.get_double("bucket_mb", &d.bucket_mb, false, 0));
+    PIPER_RETURN_IF_ERROR(r.get_double("bucket_mb", &d.bucket_mb, false, 0, 1e9));
     PIPER_RETURN_IF_ERROR(r.get_string("stream", &d.stream, false));
     PIPER_RETURN_IF_ERROR(r.get_enum("param_gather", &d.param_gather, {"after_update", "before_forward"}, false));
     if (d.zero >= 1) d.reduce = "reduce_scatter";
@@ -124,8 +126,8 @@ Result<DirectiveBody> read_body(const std::string& kind, JsonReader& r) {
   }
   if (kind == "disaggregate") {
     DisaggregateDirective d;
-    PIPER_RETURN_IF_ERROR(r.get_int("attn_groups", &d.attn_groups, true, 1));
-    PIPER_RETURN_IF_ERROR(r.get_int("ffn_groups", &d.ffn_groups, true, 1));
+    PIPER_RETURN_IF_ERROR(r.get_int("attn_groups", &d.attn_groups, true, 1, kMaxWorldSize));
+    PIPER_RETURN_IF_ERROR(r.get_int("ffn_groups", &d.ffn_groups, true, 1, kMaxWorldSize));
     return DirectiveBody{d};
   }
   std::string hint = closest_match(kind, directive_names());
@@ -274,6 +276,11 @@ Result<TagFilter> parse_action_filter(const std::string& text, int default_stage
   if (p == i || p == text.size()) return bad();
   for (size_t k = p; k < text.size(); ++k) {
     if (!std::isdigit(static_cast<unsigned char>(text[k]))) return bad();
+  }
+  // Digits only, so std::stoi can fail only by overflow: more than 7 digits is past any stage or microbatch.
+  constexpr size_t kMaxDigits = 7;
+  if (i > kMaxDigits || text.size() - p > kMaxDigits) {
+    return invalid_argument(what + ": '" + text + "' names a stage or microbatch above 9999999; no plan has one");
   }
   int stage = default_stage;
   if (i > 0) stage = std::stoi(text.substr(0, i));

@@ -50,10 +50,21 @@ bool is_collective(NodeKind k) {
 bool is_comm(NodeKind k) { return is_collective(k) || k == NodeKind::kSend || k == NodeKind::kRecv; }
 
 Result<IntRange> parse_range(const Json& value, const std::string& what) {
+  // Indices beyond any layer, stage or microbatch count are refused before narrowing to int (2^32 must not wrap
+  // to 0); the passes check ranges against the graph (check_filter_ranges).
+  constexpr int64_t kMaxIndex = int64_t{1} << 24;
+  auto index = [&](int64_t v, const std::string& text) -> Result<int> {
+    if (v < 0) return invalid_argument(what + ": " + text + " is negative; use an index >= 0");
+    if (v > kMaxIndex) {
+      return invalid_argument(what + ": " + text + " is out of range; allowed 0.." + std::to_string(kMaxIndex) +
+                              " (no layer, stage or microbatch index is larger)");
+    }
+    return static_cast<int>(v);
+  };
   if (value.is_number_integer()) {
-    int64_t v = value.get<int64_t>();
-    if (v < 0) return invalid_argument(what + ": " + std::to_string(v) + " is negative; use an index >= 0");
-    return IntRange::single(static_cast<int>(v));
+    int64_t v = value.is_number_unsigned() && value.get<uint64_t>() > INT64_MAX ? INT64_MAX : value.get<int64_t>();
+    PIPER_ASSIGN_OR_RETURN(int i, index(v, value.dump()));
+    return IntRange::single(i);
   }
   if (!value.is_string()) {
     return invalid_argument(what + ": expected an integer or a range string such as \"0-7\", got " +
@@ -63,14 +74,17 @@ Result<IntRange> parse_range(const Json& value, const std::string& what) {
   auto parts = split(text, '-');
   if (parts.size() == 1) {
     PIPER_ASSIGN_OR_RETURN(int64_t v, parse_int(trim(parts[0]), what));
-    if (v < 0) return invalid_argument(what + ": " + text + " is negative; use an index >= 0");
-    return IntRange::single(static_cast<int>(v));
+    PIPER_ASSIGN_OR_RETURN(int i, index(v, text));
+    return IntRange::single(i);
   }
-  if (parts.size() != 2) return invalid_argument(what + ": '" + text + "' is not a range; write \"lo-hi\", e.g. \"0-7\"");
+  if (parts.size() != 2)
+    return invalid_argument(what + ": '" + text + "' is not a range; write \"lo-hi\", e.g. \"0-7\"");
   PIPER_ASSIGN_OR_RETURN(int64_t lo, parse_int(trim(parts[0]), what));
   PIPER_ASSIGN_OR_RETURN(int64_t hi, parse_int(trim(parts[1]), what));
   if (lo > hi) return invalid_argument(what + ": range '" + text + "' is empty; write it as \"lo-hi\" with lo <= hi");
-  return IntRange{static_cast<int>(lo), static_cast<int>(hi)};
+  PIPER_ASSIGN_OR_RETURN(int lo_index, index(lo, text));
+  PIPER_ASSIGN_OR_RETURN(int hi_index, index(hi, text));
+  return IntRange{lo_index, hi_index};
 }
 
 Json range_to_json(const IntRange& r) {

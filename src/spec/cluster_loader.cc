@@ -1,5 +1,6 @@
 #include "piper/spec/cluster_loader.h"
 
+#include "piper/spec/limits.h"
 #include "piper/spec/model_loader.h"
 #include "piper/spec/presets.h"
 
@@ -27,7 +28,7 @@ Status read_link(const Json& json, const std::string& path, LinkSpec* link) {
 
 Status read_node(const Json& json, NodeSpec* n) {
   JsonReader r(json, "cluster.node");
-  PIPER_RETURN_IF_ERROR(r.get_int("devices_per_node", &n->devices_per_node, true, 1));
+  PIPER_RETURN_IF_ERROR(r.get_int("devices_per_node", &n->devices_per_node, true, 1, kMaxDevicesPerNode));
   const Json* intra = r.find("intra");
   if (intra == nullptr) return invalid_argument("cluster.node.intra: required object {bw_bytes_per_s, latency_s}");
   PIPER_RETURN_IF_ERROR(read_link(*intra, "cluster.node.intra", &n->intra));
@@ -57,7 +58,12 @@ Status read_node(const Json& json, NodeSpec* n) {
         return invalid_argument(nr.field_path("near_devices") + ": expected an array of device indices");
       for (const Json& d : *near) {
         if (!d.is_number_integer()) return invalid_argument(nr.field_path("near_devices") + ": expected integers");
-        nic.near_devices.push_back(d.get<int>());
+        const int64_t device = d.get<int64_t>();  // checked before narrowing: 2^32 must not wrap to device 0
+        if (device < 0 || device >= n->devices_per_node) {
+          return invalid_argument(nr.field_path("near_devices") + ": device " + std::to_string(device) +
+                                  " is out of range; allowed 0.." + std::to_string(n->devices_per_node - 1));
+        }
+        nic.near_devices.push_back(static_cast<int>(device));
       }
     }
     PIPER_RETURN_IF_ERROR(nr.check_no_unknown_keys());
@@ -95,7 +101,7 @@ Result<ClusterSpec> cluster_from_json(const Json& json, int num_nodes, const std
     PIPER_RETURN_IF_ERROR(r.get_string("name", &c.name, true));
     std::string source;
     PIPER_RETURN_IF_ERROR(r.get_string("source", &source, false));
-    PIPER_RETURN_IF_ERROR(r.get_int("max_nodes", &c.max_nodes, false, 0));
+    PIPER_RETURN_IF_ERROR(r.get_int("max_nodes", &c.max_nodes, false, 0, kMaxNodes));
     const Json* device = r.find("device");
     const Json* node = r.find("node");
     const Json* fabric = r.find("fabric");

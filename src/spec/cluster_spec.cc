@@ -1,6 +1,9 @@
 #include "piper/spec/cluster_spec.h"
 
+#include <cmath>
 #include <string>
+
+#include "piper/spec/limits.h"
 
 namespace piper {
 namespace {
@@ -11,14 +14,46 @@ std::string num(double v) {
   return buf;
 }
 
-Status positive(const std::string& field, double value) {
-  if (value > 0) return ok_status();
-  return invalid_argument("cluster." + field + ": " + num(value) + " must be > 0");
+// Every number of a cluster is finite and bounded (limits.h): a bandwidth of 1e300 or a NaN latency would make
+// every simulated time 0 or NaN without a word.
+Status positive(const std::string& field, double value, double max_value, const char* why) {
+  if (std::isfinite(value) && value > 0 && value <= max_value) return ok_status();
+  return invalid_argument("cluster." + field + ": " + num(value) + " is out of range; allowed (0, " + num(max_value) +
+                          "] (" + why + ")");
 }
 
-Status non_negative(const std::string& field, double value) {
-  if (value >= 0) return ok_status();
-  return invalid_argument("cluster." + field + ": " + num(value) + " must be >= 0");
+Status non_negative(const std::string& field, double value, double max_value, const char* why) {
+  if (std::isfinite(value) && value >= 0 && value <= max_value) return ok_status();
+  return invalid_argument("cluster." + field + ": " + num(value) + " is out of range; allowed [0, " + num(max_value) +
+                          "] (" + why + ")");
+}
+
+constexpr const char* kFlopsWhy = "FLOP/s per device; B200's fp8 dense peak is 4.5e15";
+constexpr const char* kBwWhy = "bytes/s; HBM3e gives 8e12, NVLink 5 9e11 per direction";
+constexpr const char* kLatencyWhy = "seconds per message; links take 1e-6..1e-5";
+
+Status validate_counts(const ClusterSpec& c) {
+  const int n = c.node.devices_per_node;
+  if (n < 1 || n > kMaxDevicesPerNode) {
+    return invalid_argument("cluster.node.devices_per_node: " + std::to_string(n) + " is out of range; allowed 1.." +
+                            std::to_string(kMaxDevicesPerNode) + " (the largest published box has 72)");
+  }
+  if (c.max_nodes < 0 || c.max_nodes > kMaxNodes) {
+    return invalid_argument("cluster.max_nodes: " + std::to_string(c.max_nodes) + " is out of range; allowed 0.." +
+                            std::to_string(kMaxNodes) + " (0 = unbounded)");
+  }
+  if (c.fabric.nodes_per_group < 0 || c.fabric.nodes_per_group > kMaxNodes) {
+    return invalid_argument("cluster.fabric.nodes_per_group: " + std::to_string(c.fabric.nodes_per_group) +
+                            " is out of range; allowed 0.." + std::to_string(kMaxNodes) + " (0 = one group)");
+  }
+  const int64_t world = static_cast<int64_t>(c.num_nodes) * n;
+  if (c.num_nodes > kMaxNodes || world > kMaxWorldSize) {
+    return invalid_argument("cluster " + c.name + ": --nodes " + std::to_string(c.num_nodes) + " x " +
+                            std::to_string(n) + " devices = " + std::to_string(world) + " ranks is out of range; " +
+                            "allowed up to " + std::to_string(kMaxNodes) + " nodes and " +
+                            std::to_string(kMaxWorldSize) + " ranks (per-rank state is held for every rank)");
+  }
+  return ok_status();
 }
 
 }  // namespace
@@ -107,18 +142,20 @@ int NodeSpec::nic_of_device(int local_device) const {
 
 Status ClusterSpec::validate() const {
   if (name.empty()) return invalid_argument("cluster.name: required, a non-empty string");
-  PIPER_RETURN_IF_ERROR(positive("device.peak_flops_fp32", device.peak_flops_fp32));
-  PIPER_RETURN_IF_ERROR(positive("device.peak_flops_bf16", device.peak_flops_bf16));
-  PIPER_RETURN_IF_ERROR(non_negative("device.peak_flops_fp8", device.peak_flops_fp8));
-  PIPER_RETURN_IF_ERROR(positive("device.memory_bytes", static_cast<double>(device.memory_bytes)));
-  PIPER_RETURN_IF_ERROR(positive("device.memory_bw_bytes_per_s", device.memory_bw_bytes_per_s));
+  PIPER_RETURN_IF_ERROR(positive("device.peak_flops_fp32", device.peak_flops_fp32, kMaxFlops, kFlopsWhy));
+  PIPER_RETURN_IF_ERROR(positive("device.peak_flops_bf16", device.peak_flops_bf16, kMaxFlops, kFlopsWhy));
+  PIPER_RETURN_IF_ERROR(non_negative("device.peak_flops_fp8", device.peak_flops_fp8, kMaxFlops, kFlopsWhy));
+  PIPER_RETURN_IF_ERROR(positive("device.memory_bytes", static_cast<double>(device.memory_bytes),
+                                 static_cast<double>(kMaxMemoryBytes), "1 PiB; devices hold <= 288 GB"));
+  PIPER_RETURN_IF_ERROR(positive("device.memory_bw_bytes_per_s", device.memory_bw_bytes_per_s, kMaxBandwidth, kBwWhy));
   if (!(device.gemm_efficiency > 0 && device.gemm_efficiency <= 1)) {
     return invalid_argument("cluster.device.gemm_efficiency: " + num(device.gemm_efficiency) + " must be in (0, 1]");
   }
+  PIPER_RETURN_IF_ERROR(validate_counts(*this));
   const int n = node.devices_per_node;
-  if (n < 1) return invalid_argument("cluster.node.devices_per_node: " + std::to_string(n) + " must be >= 1");
-  if (n > 1) PIPER_RETURN_IF_ERROR(positive("node.intra.bw_bytes_per_s", node.intra.bw_bytes_per_s));
-  PIPER_RETURN_IF_ERROR(non_negative("node.intra.latency_s", node.intra.latency_s));
+  if (n > 1)
+    PIPER_RETURN_IF_ERROR(positive("node.intra.bw_bytes_per_s", node.intra.bw_bytes_per_s, kMaxBandwidth, kBwWhy));
+  PIPER_RETURN_IF_ERROR(non_negative("node.intra.latency_s", node.intra.latency_s, kMaxLatency, kLatencyWhy));
   if (!node.pair_bw_bytes_per_s.empty()) {
     if (static_cast<int>(node.pair_bw_bytes_per_s.size()) != n) {
       return invalid_argument("cluster.node.pair_bw_bytes_per_s: needs " + std::to_string(n) +
@@ -133,14 +170,14 @@ Status ClusterSpec::validate() const {
         if (a != b) {
           PIPER_RETURN_IF_ERROR(
               positive("node.pair_bw_bytes_per_s[" + std::to_string(a) + "][" + std::to_string(b) + "]",
-                       node.pair_bw_bytes_per_s[a][b]));
+                       node.pair_bw_bytes_per_s[a][b], kMaxBandwidth, kBwWhy));
         }
       }
     }
   }
   for (size_t i = 0; i < node.nics.size(); ++i) {
     const std::string field = "node.nics[" + std::to_string(i) + "]";
-    PIPER_RETURN_IF_ERROR(positive(field + ".bw_bytes_per_s", node.nics[i].bw_bytes_per_s));
+    PIPER_RETURN_IF_ERROR(positive(field + ".bw_bytes_per_s", node.nics[i].bw_bytes_per_s, kMaxBandwidth, kBwWhy));
     for (int d : node.nics[i].near_devices) {
       if (d < 0 || d >= n) {
         return invalid_argument("cluster." + field + ".near_devices: device " + std::to_string(d) +
@@ -148,18 +185,17 @@ Status ClusterSpec::validate() const {
       }
     }
   }
-  PIPER_RETURN_IF_ERROR(non_negative("node.nic_latency_s", node.nic_latency_s));
-  if (fabric.nodes_per_group < 0) {
-    return invalid_argument("cluster.fabric.nodes_per_group: " + std::to_string(fabric.nodes_per_group) +
-                            " must be >= 0 (0 = one group)");
+  PIPER_RETURN_IF_ERROR(non_negative("node.nic_latency_s", node.nic_latency_s, kMaxLatency, kLatencyWhy));
+  for (const auto& [field, taper] : {std::pair{"intra_group_taper", fabric.intra_group_taper},
+                                     std::pair{"inter_group_taper", fabric.inter_group_taper}}) {
+    if (!(taper >= 1 && taper <= kMaxTaper)) {
+      return invalid_argument(std::string("cluster.fabric.") + field + ": " + num(taper) +
+                              " is out of range; allowed [1, " + num(kMaxTaper) +
+                              "] (1 = full bandwidth; published fabrics taper 1..4)");
+    }
   }
-  if (!(fabric.intra_group_taper >= 1) || !(fabric.inter_group_taper >= 1)) {
-    return invalid_argument(
-        "cluster.fabric: intra_group_taper and inter_group_taper must be >= 1 (1 = full bandwidth)");
-  }
-  PIPER_RETURN_IF_ERROR(non_negative("fabric.inter_group_latency_s", fabric.inter_group_latency_s));
-  if (max_nodes < 0)
-    return invalid_argument("cluster.max_nodes: " + std::to_string(max_nodes) + " must be >= 0 (0 = unbounded)");
+  PIPER_RETURN_IF_ERROR(
+      non_negative("fabric.inter_group_latency_s", fabric.inter_group_latency_s, kMaxLatency, kLatencyWhy));
   if (num_nodes < 1 || (max_nodes > 0 && num_nodes > max_nodes)) {
     std::string allowed = max_nodes > 0 ? "1.." + std::to_string(max_nodes) : ">= 1";
     return invalid_argument("cluster " + name + ": --nodes " + std::to_string(num_nodes) +

@@ -1,12 +1,20 @@
 #include "piper/spec/hf_config.h"
 
+#include <cctype>
 #include <functional>
 #include <map>
 
 #include "piper/base/strings.h"
+#include "piper/spec/limits.h"
 
 namespace piper {
 namespace {
+
+// An out-of-range read of a bounded key says why the bound exists (spec/limits.h).
+Status with_reason(Status s, const char* why) {
+  if (s.ok() || s.message().find("is out of range") == std::string::npos) return s;
+  return Status(s.code(), s.message() + " (" + why + ")");
+}
 
 using Reader = std::function<Status(JsonReader&, ModelSpec*)>;
 
@@ -19,22 +27,25 @@ Status require_silu(JsonReader& r, const char* key) {
 
 // Fields shared by the llama family (llama, mixtral, qwen3_moe, deepseek, gpt_oss, olmoe).
 Status read_llama_common(JsonReader& r, ModelSpec* m) {
-  PIPER_RETURN_IF_ERROR(r.get_int("num_hidden_layers", &m->num_layers, true, 1));
-  PIPER_RETURN_IF_ERROR(r.get_int("hidden_size", &m->hidden_size, true, 1));
-  PIPER_RETURN_IF_ERROR(r.get_int("num_attention_heads", &m->num_heads, true, 1));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("num_hidden_layers", &m->num_layers, true, 1, kMaxLayers), kWhyLayers));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("hidden_size", &m->hidden_size, true, 1, kMaxHiddenSize), kWhyHidden));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("num_attention_heads", &m->num_heads, true, 1, kMaxHeads), kWhyHeads));
   m->num_kv_heads = m->num_heads;  // transformers' default when num_key_value_heads is absent
-  PIPER_RETURN_IF_ERROR(r.get_int("num_key_value_heads", &m->num_kv_heads, false, 1));
+  PIPER_RETURN_IF_ERROR(
+      with_reason(r.get_int("num_key_value_heads", &m->num_kv_heads, false, 1, kMaxHeads), kWhyHeads));
   if (r.has("head_dim")) {
-    PIPER_RETURN_IF_ERROR(r.get_int("head_dim", &m->head_dim, true, 1));
+    PIPER_RETURN_IF_ERROR(with_reason(r.get_int("head_dim", &m->head_dim, true, 1, kMaxHeadDim), kWhyHeadDim));
   } else if (m->hidden_size % m->num_heads != 0) {
     return invalid_argument("num_attention_heads: " + std::to_string(m->num_heads) + " does not divide hidden_size=" +
                             std::to_string(m->hidden_size) + "; pick a divisor or give head_dim");
   } else {
     m->head_dim = m->hidden_size / m->num_heads;
   }
-  PIPER_RETURN_IF_ERROR(r.get_int("vocab_size", &m->vocab_size, true, 1));
-  PIPER_RETURN_IF_ERROR(r.get_int("max_position_embeddings", &m->max_seq_len, true, 1));
-  PIPER_RETURN_IF_ERROR(r.get_double("rope_theta", &m->rope_theta, false, 1e-9));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("vocab_size", &m->vocab_size, true, 1, kMaxVocab), kWhyVocab));
+  PIPER_RETURN_IF_ERROR(
+      with_reason(r.get_int("max_position_embeddings", &m->max_seq_len, true, 1, kMaxSeqLen), kWhySeqLen));
+  PIPER_RETURN_IF_ERROR(
+      with_reason(r.get_double("rope_theta", &m->rope_theta, false, 1e-9, kMaxRopeTheta), kWhyRopeTheta));
   PIPER_RETURN_IF_ERROR(r.get_bool("tie_word_embeddings", &m->tie_embeddings, false));
   PIPER_RETURN_IF_ERROR(r.get_bool("attention_bias", &m->attention_bias, false));
   PIPER_RETURN_IF_ERROR(require_silu(r, "hidden_act"));
@@ -52,7 +63,8 @@ Status read_llama(JsonReader& r, ModelSpec* m) {
 Status read_mixtral(JsonReader& r, ModelSpec* m) {
   PIPER_RETURN_IF_ERROR(read_llama_common(r, m));
   m->rope_theta = 1e6;  // MixtralConfig default
-  PIPER_RETURN_IF_ERROR(r.get_double("rope_theta", &m->rope_theta, false, 1e-9));
+  PIPER_RETURN_IF_ERROR(
+      with_reason(r.get_double("rope_theta", &m->rope_theta, false, 1e-9, kMaxRopeTheta), kWhyRopeTheta));
   PIPER_RETURN_IF_ERROR(r.get_int("num_local_experts", &m->moe.num_experts, true, 1));
   PIPER_RETURN_IF_ERROR(r.get_int("num_experts_per_tok", &m->moe.top_k, true, 1));
   PIPER_RETURN_IF_ERROR(r.get_int("intermediate_size", &m->moe.expert_intermediate_size, true, 1));
@@ -180,10 +192,10 @@ Status read_olmoe(JsonReader& r, ModelSpec* m) {
 }
 
 Status read_dbrx(JsonReader& r, ModelSpec* m) {
-  PIPER_RETURN_IF_ERROR(r.get_int("n_layers", &m->num_layers, true, 1));
-  PIPER_RETURN_IF_ERROR(r.get_int("d_model", &m->hidden_size, true, 1));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("n_layers", &m->num_layers, true, 1, kMaxLayers), kWhyLayers));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("d_model", &m->hidden_size, true, 1, kMaxHiddenSize), kWhyHidden));
   PIPER_RETURN_IF_ERROR(r.get_int("n_heads", &m->num_heads, true, 1));
-  PIPER_RETURN_IF_ERROR(r.get_int("vocab_size", &m->vocab_size, true, 1));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("vocab_size", &m->vocab_size, true, 1, kMaxVocab), kWhyVocab));
   PIPER_RETURN_IF_ERROR(r.get_int("max_seq_len", &m->max_seq_len, true, 1));
   PIPER_RETURN_IF_ERROR(r.get_bool("tie_word_embeddings", &m->tie_embeddings, false));
   if (m->hidden_size % m->num_heads != 0) {
@@ -196,7 +208,8 @@ Status read_dbrx(JsonReader& r, ModelSpec* m) {
   if (attn == nullptr || ffn == nullptr) return invalid_argument("attn_config and ffn_config: required objects");
   JsonReader a(*attn, "attn_config");
   PIPER_RETURN_IF_ERROR(a.get_int("kv_n_heads", &m->num_kv_heads, true, 1));
-  PIPER_RETURN_IF_ERROR(a.get_double("rope_theta", &m->rope_theta, false, 1e-9));
+  PIPER_RETURN_IF_ERROR(
+      with_reason(a.get_double("rope_theta", &m->rope_theta, false, 1e-9, kMaxRopeTheta), kWhyRopeTheta));
   JsonReader f(*ffn, "ffn_config");
   PIPER_RETURN_IF_ERROR(f.get_int("ffn_hidden_size", &m->moe.expert_intermediate_size, true, 1));
   PIPER_RETURN_IF_ERROR(f.get_int("moe_num_experts", &m->moe.num_experts, true, 1));
@@ -211,10 +224,10 @@ Status read_dbrx(JsonReader& r, ModelSpec* m) {
 }
 
 Status read_gpt2(JsonReader& r, ModelSpec* m) {
-  PIPER_RETURN_IF_ERROR(r.get_int("n_layer", &m->num_layers, true, 1));
-  PIPER_RETURN_IF_ERROR(r.get_int("n_embd", &m->hidden_size, true, 1));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("n_layer", &m->num_layers, true, 1, kMaxLayers), kWhyLayers));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("n_embd", &m->hidden_size, true, 1, kMaxHiddenSize), kWhyHidden));
   PIPER_RETURN_IF_ERROR(r.get_int("n_head", &m->num_heads, true, 1));
-  PIPER_RETURN_IF_ERROR(r.get_int("vocab_size", &m->vocab_size, true, 1));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("vocab_size", &m->vocab_size, true, 1, kMaxVocab), kWhyVocab));
   PIPER_RETURN_IF_ERROR(r.get_int("n_positions", &m->max_seq_len, true, 1));
   if (m->hidden_size % m->num_heads != 0) {
     return invalid_argument("n_head: " + std::to_string(m->num_heads) +
@@ -254,6 +267,108 @@ const std::map<std::string, Reader>& readers() {
   return r;
 }
 
+// Internal ModelSpec fields (as validate() names them, "model.num_kv_heads") and the config.json key each comes
+// from, per model_type: errors after reading name the file's key ("num_key_value_heads").
+using KeyMap = std::vector<std::pair<std::string, std::string>>;
+
+KeyMap llama_keys() {
+  return {{"num_layers", "num_hidden_layers"},
+          {"num_heads", "num_attention_heads"},
+          {"num_kv_heads", "num_key_value_heads"},
+          {"max_seq_len", "max_position_embeddings"},
+          {"hidden_size", "hidden_size"},
+          {"head_dim", "head_dim"},
+          {"vocab_size", "vocab_size"},
+          {"rope_theta", "rope_theta"},
+          {"sliding_window", "sliding_window"},
+          {"intermediate_size", "intermediate_size"}};
+}
+
+KeyMap file_keys(const std::string& type) {
+  KeyMap k = llama_keys();
+  auto more = [&k](KeyMap extra) { k.insert(k.end(), extra.begin(), extra.end()); };
+  if (type == "mixtral" || type == "gpt_oss") {
+    more({{"moe.num_experts", "num_local_experts"},
+          {"moe.top_k", "num_experts_per_tok"},
+          {"moe.expert_intermediate_size", "intermediate_size"}});
+  } else if (type == "olmoe") {
+    more({{"moe.num_experts", "num_experts"},
+          {"moe.top_k", "num_experts_per_tok"},
+          {"moe.expert_intermediate_size", "intermediate_size"}});
+  } else if (type == "qwen3_moe") {
+    more({{"moe.num_experts", "num_experts"},
+          {"moe.top_k", "num_experts_per_tok"},
+          {"moe.expert_intermediate_size", "moe_intermediate_size"},
+          {"moe.first_k_dense_layers", "decoder_sparse_step"},
+          {"moe.layer_freq", "decoder_sparse_step"}});
+  } else if (type.rfind("deepseek", 0) == 0) {
+    more({{"moe.num_experts", "n_routed_experts"},
+          {"moe.top_k", "num_experts_per_tok"},
+          {"moe.num_shared_experts", "n_shared_experts"},
+          {"moe.expert_intermediate_size", "moe_intermediate_size"},
+          {"moe.shared_expert_intermediate_size", "moe_intermediate_size"},
+          {"moe.first_k_dense_layers", "first_k_dense_replace"},
+          {"moe.layer_freq", "moe_layer_freq"},
+          {"moe.num_groups", "n_group"},
+          {"moe.topk_groups", "topk_group"},
+          {"moe.routed_scaling_factor", "routed_scaling_factor"},
+          {"mla.q_lora_rank", "q_lora_rank"},
+          {"mla.kv_lora_rank", "kv_lora_rank"},
+          {"mla.qk_nope_head_dim", "qk_nope_head_dim"},
+          {"mla.qk_rope_head_dim", "qk_rope_head_dim"},
+          {"mla.v_head_dim", "v_head_dim"}});
+  } else if (type == "dbrx") {
+    k = {{"num_layers", "n_layers"},
+         {"hidden_size", "d_model"},
+         {"num_heads", "n_heads"},
+         {"num_kv_heads", "attn_config.kv_n_heads"},
+         {"max_seq_len", "max_seq_len"},
+         {"vocab_size", "vocab_size"},
+         {"rope_theta", "attn_config.rope_theta"},
+         {"moe.num_experts", "ffn_config.moe_num_experts"},
+         {"moe.top_k", "ffn_config.moe_top_k"},
+         {"moe.expert_intermediate_size", "ffn_config.ffn_hidden_size"}};
+  } else if (type == "gpt2") {
+    k = {{"num_layers", "n_layer"},       {"hidden_size", "n_embd"},      {"num_heads", "n_head"},
+         {"num_kv_heads", "n_head"},      {"max_seq_len", "n_positions"}, {"vocab_size", "vocab_size"},
+         {"intermediate_size", "n_inner"}};
+  }
+  return k;
+}
+
+bool is_name_char(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.'; }
+
+// Replaces whole-word occurrences of `from` in `text` with `to`: not preceded by a letter, digit or '_' ("1..top_k="
+// is a word), nor followed by a name char when `from` ends in one.
+std::string replace_word(const std::string& text, const std::string& from, const std::string& to) {
+  std::string out;
+  size_t pos = 0;
+  while (true) {
+    size_t hit = text.find(from, pos);
+    if (hit == std::string::npos) break;
+    size_t end = hit + from.size();
+    const bool after_name =
+        hit > 0 && (std::isalnum(static_cast<unsigned char>(text[hit - 1])) || text[hit - 1] == '_');
+    bool word = !after_name && (!is_name_char(from.back()) || end == text.size() || !is_name_char(text[end]));
+    out += text.substr(pos, hit - pos) + (word ? to : from);
+    pos = end;
+  }
+  return out + text.substr(pos);
+}
+
+// Names config.json's keys in a ModelSpec::validate() message: "model.num_kv_heads: ... num_heads=8" becomes
+// "num_key_value_heads: ... num_attention_heads=8".
+Status with_file_keys(const Status& s, const std::string& type) {
+  if (s.ok()) return s;
+  std::string text = s.message();
+  for (const auto& [field, key] : file_keys(type)) {
+    text = replace_word(text, "model." + field, key);
+    const std::string last = field.substr(field.rfind('.') + 1);  // "moe.num_experts" is "num_experts=8" in text
+    text = replace_word(text, last + "=", key.substr(key.rfind('.') + 1) + "=");
+  }
+  return Status(s.code(), text);
+}
+
 }  // namespace
 
 bool is_hf_config(const Json& json) { return json.is_object() && json.contains("model_type"); }
@@ -268,7 +383,7 @@ Result<ModelSpec> model_from_hf_config(const Json& json, const std::string& name
   ModelSpec m;
   m.name = name;
   s = readers().at(type)(r, &m);
-  if (s.ok()) s = m.validate();
+  if (s.ok()) s = with_file_keys(m.validate(), type);
   if (!s.ok()) return s.with_context(what + " (Hugging Face config.json, model_type " + type + ")");
   return m;
 }

@@ -1,7 +1,15 @@
 #include "piper/spec/model_json.h"
 
+#include "piper/spec/limits.h"
+
 namespace piper {
 namespace {
+
+// An out-of-range read of a bounded key says why the bound exists (spec/limits.h).
+Status with_reason(Status s, const char* why) {
+  if (s.ok() || s.message().find("is out of range") == std::string::npos) return s;
+  return Status(s.code(), s.message() + " (" + why + ")");
+}
 
 Status read_mla(const Json& json, MlaSpec* mla) {
   JsonReader r(json, "model.mla");
@@ -15,9 +23,11 @@ Status read_mla(const Json& json, MlaSpec* mla) {
 
 Status read_moe(const Json& json, MoeSpec* moe) {
   JsonReader r(json, "model.moe");
-  PIPER_RETURN_IF_ERROR(r.get_int("num_experts", &moe->num_experts, true, 1));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("num_experts", &moe->num_experts, true, 1, kMaxExperts), kWhyExperts));
   PIPER_RETURN_IF_ERROR(r.get_int("top_k", &moe->top_k, true, 1));
-  PIPER_RETURN_IF_ERROR(r.get_int("expert_intermediate_size", &moe->expert_intermediate_size, true, 1));
+  PIPER_RETURN_IF_ERROR(
+      with_reason(r.get_int("expert_intermediate_size", &moe->expert_intermediate_size, true, 1, kMaxIntermediate),
+                  kWhyIntermediate));
   PIPER_RETURN_IF_ERROR(r.get_int("num_shared_experts", &moe->num_shared_experts, false, 0));
   PIPER_RETURN_IF_ERROR(r.get_int("shared_expert_intermediate_size", &moe->shared_expert_intermediate_size,
                                   moe->num_shared_experts > 0, 0));
@@ -39,7 +49,7 @@ Status read_attention(JsonReader& r, ModelSpec* m) {
   std::string type;
   PIPER_RETURN_IF_ERROR(r.get_enum("attention", &type, {"standard", "mla"}, true));
   m->attention = type == "mla" ? AttentionType::kMLA : AttentionType::kStandard;
-  PIPER_RETURN_IF_ERROR(r.get_int("num_heads", &m->num_heads, true, 1));
+  PIPER_RETURN_IF_ERROR(with_reason(r.get_int("num_heads", &m->num_heads, true, 1, kMaxHeads), kWhyHeads));
   if (m->attention == AttentionType::kMLA) {
     const Json* mla = r.find("mla");
     if (mla == nullptr || !mla->is_object()) {
@@ -55,9 +65,9 @@ Status read_attention(JsonReader& r, ModelSpec* m) {
     PIPER_RETURN_IF_ERROR(r.get_int("num_kv_heads", &m->num_kv_heads, false));
   } else {
     if (r.has("mla")) return invalid_argument("model.mla: only allowed with attention=mla (got attention=standard)");
-    PIPER_RETURN_IF_ERROR(r.get_int("num_kv_heads", &m->num_kv_heads, true, 1));
+    PIPER_RETURN_IF_ERROR(with_reason(r.get_int("num_kv_heads", &m->num_kv_heads, true, 1, kMaxHeads), kWhyHeads));
     if (r.has("head_dim")) {
-      PIPER_RETURN_IF_ERROR(r.get_int("head_dim", &m->head_dim, true, 1));
+      PIPER_RETURN_IF_ERROR(with_reason(r.get_int("head_dim", &m->head_dim, true, 1, kMaxHeadDim), kWhyHeadDim));
     } else if (m->hidden_size % m->num_heads != 0) {
       return invalid_argument("model.num_heads: " + std::to_string(m->num_heads) + " does not divide hidden_size=" +
                               std::to_string(m->hidden_size) + "; pick a divisor or give head_dim explicitly");
@@ -83,8 +93,8 @@ Result<ModelSpec> model_from_json(const Json& json, const std::string& what) {
   Status s = [&]() -> Status {
     PIPER_RETURN_IF_ERROR(r.get_string("name", &m.name, true));
     PIPER_RETURN_IF_ERROR(r.get_string("source", &m.source, false));
-    PIPER_RETURN_IF_ERROR(r.get_int("num_layers", &m.num_layers, true, 1));
-    PIPER_RETURN_IF_ERROR(r.get_int("hidden_size", &m.hidden_size, true, 1));
+    PIPER_RETURN_IF_ERROR(with_reason(r.get_int("num_layers", &m.num_layers, true, 1, kMaxLayers), kWhyLayers));
+    PIPER_RETURN_IF_ERROR(with_reason(r.get_int("hidden_size", &m.hidden_size, true, 1, kMaxHiddenSize), kWhyHidden));
     PIPER_RETURN_IF_ERROR(read_attention(r, &m));
     std::string mlp;
     PIPER_RETURN_IF_ERROR(r.get_enum("mlp", &mlp, {"swiglu", "gelu"}, true));
@@ -96,16 +106,19 @@ Result<ModelSpec> model_from_json(const Json& json, const std::string& what) {
     }
     // The dense MLP width is required exactly when some layer is dense.
     bool needs_dense = !m.is_moe() || m.moe.first_k_dense_layers > 0 || m.moe.layer_freq > 1;
-    PIPER_RETURN_IF_ERROR(r.get_int("intermediate_size", &m.intermediate_size, needs_dense, 0));
-    PIPER_RETURN_IF_ERROR(r.get_int("vocab_size", &m.vocab_size, true, 1));
+    PIPER_RETURN_IF_ERROR(with_reason(
+        r.get_int("intermediate_size", &m.intermediate_size, needs_dense, 0, kMaxIntermediate), kWhyIntermediate));
+    PIPER_RETURN_IF_ERROR(with_reason(r.get_int("vocab_size", &m.vocab_size, true, 1, kMaxVocab), kWhyVocab));
     PIPER_RETURN_IF_ERROR(r.get_bool("tie_embeddings", &m.tie_embeddings, true));
     std::string norm = "rmsnorm";
     PIPER_RETURN_IF_ERROR(r.get_enum("norm", &norm, {"rmsnorm", "layernorm"}, false));
     m.norm = norm == "layernorm" ? NormType::kLayerNorm : NormType::kRMSNorm;
     PIPER_RETURN_IF_ERROR(r.get_bool("norm_bias", &m.norm_bias, false));
     PIPER_RETURN_IF_ERROR(r.get_bool("learned_positions", &m.learned_positions, false));
-    PIPER_RETURN_IF_ERROR(r.get_int("max_seq_len", &m.max_seq_len, m.learned_positions, 1));
-    PIPER_RETURN_IF_ERROR(r.get_double("rope_theta", &m.rope_theta, false, 1e-9));
+    PIPER_RETURN_IF_ERROR(
+        with_reason(r.get_int("max_seq_len", &m.max_seq_len, m.learned_positions, 1, kMaxSeqLen), kWhySeqLen));
+    PIPER_RETURN_IF_ERROR(
+        with_reason(r.get_double("rope_theta", &m.rope_theta, false, 1e-9, kMaxRopeTheta), kWhyRopeTheta));
     PIPER_RETURN_IF_ERROR(r.check_no_unknown_keys());
     return m.validate();
   }();

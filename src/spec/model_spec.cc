@@ -1,11 +1,77 @@
 #include "piper/spec/model_spec.h"
 
+#include <cmath>
 #include <string>
+
+#include "piper/spec/counting.h"
+#include "piper/spec/limits.h"
 
 namespace piper {
 namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
+
+// value in [min_value, max_value]; the message names the range and why the upper bound exists.
+Status in_range(const char* field, int64_t value, int64_t min_value, int64_t max_value, const char* why) {
+  if (value >= min_value && value <= max_value) return ok_status();
+  return invalid_argument(std::string("model.") + field + ": " + str(value) + " is out of range; allowed " +
+                          str(min_value) + ".." + str(max_value) + " (" + why + ")");
+}
+
+Status finite_in(const char* field, double value, double max_value, const char* why) {
+  if (std::isfinite(value) && value > 0 && value <= max_value) return ok_status();
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), ": %g is out of range; allowed (0, %g] (", value, max_value);
+  return invalid_argument(std::string("model.") + field + buf + why + ")");
+}
+
+// Upper bounds of every size (limits.h): far above published models, low enough that products fit int64.
+Status validate_bounds(const ModelSpec& m) {
+  PIPER_RETURN_IF_ERROR(in_range("num_layers", m.num_layers, 1, kMaxLayers, kWhyLayers));
+  PIPER_RETURN_IF_ERROR(in_range("hidden_size", m.hidden_size, 1, kMaxHiddenSize, kWhyHidden));
+  PIPER_RETURN_IF_ERROR(in_range("num_heads", m.num_heads, 1, kMaxHeads, kWhyHeads));
+  PIPER_RETURN_IF_ERROR(in_range("num_kv_heads", m.num_kv_heads, 1, kMaxHeads, kWhyHeads));
+  PIPER_RETURN_IF_ERROR(in_range("head_dim", m.head_dim, 0, kMaxHeadDim, kWhyHeadDim));
+  PIPER_RETURN_IF_ERROR(in_range("intermediate_size", m.intermediate_size, 0, kMaxIntermediate, kWhyIntermediate));
+  PIPER_RETURN_IF_ERROR(in_range("vocab_size", m.vocab_size, 1, kMaxVocab, kWhyVocab));
+  PIPER_RETURN_IF_ERROR(in_range("max_seq_len", m.max_seq_len, 1, kMaxSeqLen, kWhySeqLen));
+  PIPER_RETURN_IF_ERROR(in_range("sliding_window", m.sliding_window, 0, kMaxSeqLen, "at most max_seq_len's bound"));
+  PIPER_RETURN_IF_ERROR(
+      in_range("full_attention_every", m.full_attention_every, 1, kMaxLayers, "at most num_layers' bound"));
+  const MlaSpec& a = m.mla;
+  PIPER_RETURN_IF_ERROR(in_range("mla.q_lora_rank", a.q_lora_rank, 0, kMaxHiddenSize, "at most hidden_size's bound"));
+  PIPER_RETURN_IF_ERROR(in_range("mla.kv_lora_rank", a.kv_lora_rank, 0, kMaxHiddenSize, "at most hidden_size's bound"));
+  PIPER_RETURN_IF_ERROR(in_range("mla.qk_nope_head_dim", a.qk_nope_head_dim, 0, kMaxHeadDim, kWhyHeadDim));
+  PIPER_RETURN_IF_ERROR(in_range("mla.qk_rope_head_dim", a.qk_rope_head_dim, 0, kMaxHeadDim, kWhyHeadDim));
+  PIPER_RETURN_IF_ERROR(in_range("mla.v_head_dim", a.v_head_dim, 0, kMaxHeadDim, kWhyHeadDim));
+  const MoeSpec& e = m.moe;
+  PIPER_RETURN_IF_ERROR(in_range("moe.num_experts", e.num_experts, 0, kMaxExperts, kWhyExperts));
+  PIPER_RETURN_IF_ERROR(
+      in_range("moe.num_shared_experts", e.num_shared_experts, 0, kMaxExperts, "at most num_experts' bound"));
+  PIPER_RETURN_IF_ERROR(in_range("moe.expert_intermediate_size", e.expert_intermediate_size, 0, kMaxIntermediate,
+                                 "at most intermediate_size's bound"));
+  PIPER_RETURN_IF_ERROR(in_range("moe.shared_expert_intermediate_size", e.shared_expert_intermediate_size, 0,
+                                 kMaxIntermediate, "at most intermediate_size's bound"));
+  PIPER_RETURN_IF_ERROR(in_range("moe.layer_freq", e.layer_freq, 1, kMaxLayers, "at most num_layers' bound"));
+  PIPER_RETURN_IF_ERROR(finite_in("rope_theta", m.rope_theta, kMaxRopeTheta, kWhyRopeTheta));
+  if (m.is_moe()) {
+    PIPER_RETURN_IF_ERROR(finite_in("moe.routed_scaling_factor", e.routed_scaling_factor, kMaxRoutedScaling,
+                                    "published models use 1..16"));
+  }
+  return ok_status();
+}
+
+// The parameter count, formed with saturating products (counting.cc): a count past kMaxParams (or one that
+// would overflow int64) is refused here, so every later product of counts and bytes fits int64.
+Status validate_total_size(const ModelSpec& m) {
+  const int64_t total = count_params(m).total();
+  if (total <= kMaxParams) return ok_status();
+  const std::string shown = total == INT64_MAX ? "more than 9.2e18" : str(total);
+  return invalid_argument("model: " + shown +
+                          " parameters exceed the bound of 1e15 (600x the largest published "
+                          "model; byte counts of its weights and optimizer state would overflow int64); lower "
+                          "num_layers, hidden_size, vocab_size, moe.num_experts or the intermediate sizes");
+}
 
 Status at_least(const char* field, int64_t value, int64_t min_value) {
   if (value >= min_value) return ok_status();
@@ -118,6 +184,7 @@ Status ModelSpec::validate() const {
   PIPER_RETURN_IF_ERROR(at_least("vocab_size", vocab_size, 1));
   PIPER_RETURN_IF_ERROR(at_least("max_seq_len", max_seq_len, 1));
   PIPER_RETURN_IF_ERROR(validate_attention(*this));
+  PIPER_RETURN_IF_ERROR(validate_bounds(*this));
   PIPER_RETURN_IF_ERROR(validate_moe(*this));
   if (num_dense_layers() > 0) {
     PIPER_RETURN_IF_ERROR(at_least("intermediate_size", intermediate_size, 1));
@@ -133,7 +200,7 @@ Status ModelSpec::validate() const {
     return invalid_argument("model.qk_norm_full: true needs qk_norm=true");
   }
   if (!(rope_theta > 0)) return invalid_argument("model.rope_theta: " + std::to_string(rope_theta) + " must be > 0");
-  return ok_status();
+  return validate_total_size(*this);
 }
 
 }  // namespace piper

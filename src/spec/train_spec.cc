@@ -1,8 +1,45 @@
 #include "piper/spec/train_spec.h"
 
+#include <cmath>
 #include <string>
 
+#include "piper/spec/limits.h"
+
 namespace piper {
+namespace {
+
+constexpr double kMaxLr = 10.0;
+
+std::string num(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%g", v);
+  return buf;
+}
+
+// Upper bounds (limits.h): tokens per microbatch times any per-token size must fit int64.
+Status validate_sizes(const TrainSpec& t) {
+  auto str = [](int64_t v) { return std::to_string(v); };
+  if (t.global_batch > kMaxGlobalBatch) {
+    return invalid_argument("train.global_batch: " + str(t.global_batch) + " is out of range; allowed 1.." +
+                            str(kMaxGlobalBatch) + " sequences (published runs use <= 65536)");
+  }
+  if (t.micro_batch_size > kMaxMicroBatchSize) {
+    return invalid_argument("train.micro_batch_size: " + str(t.micro_batch_size) + " is out of range; allowed 1.." +
+                            str(kMaxMicroBatchSize));
+  }
+  if (t.seq_len > kMaxSeqLen) {
+    return invalid_argument("train.seq_len: " + str(t.seq_len) + " is out of range; allowed 1.." + str(kMaxSeqLen) +
+                            " (the longest published context is 10M tokens)");
+  }
+  if (t.micro_batch_size * t.seq_len > kMaxMicrobatchTokens) {
+    return invalid_argument("train: micro_batch_size*seq_len = " + str(t.micro_batch_size * t.seq_len) +
+                            " tokens per microbatch is out of range; allowed <= " + str(kMaxMicrobatchTokens) +
+                            " (a microbatch's FLOPs and bytes must fit int64); lower micro_batch_size or seq_len");
+  }
+  return ok_status();
+}
+
+}  // namespace
 
 Status TrainSpec::validate() const {
   auto str = [](int64_t v) { return std::to_string(v); };
@@ -15,16 +52,28 @@ Status TrainSpec::validate() const {
                             " does not divide global_batch=" + str(global_batch));
   }
   if (seq_len < 1) return invalid_argument("train.seq_len: " + str(seq_len) + " must be >= 1");
+  PIPER_RETURN_IF_ERROR(validate_sizes(*this));
   if (optimizer.name != "adamw") {
     return invalid_argument("train.optimizer.name: '" + optimizer.name + "' is not supported; pick one of {adamw}");
   }
-  if (!(optimizer.lr > 0)) return invalid_argument("train.optimizer.lr: must be > 0");
+  if (!(std::isfinite(optimizer.lr) && optimizer.lr > 0 && optimizer.lr <= kMaxLr)) {
+    return invalid_argument("train.optimizer.lr: " + num(optimizer.lr) + " is out of range; allowed (0, " +
+                            num(kMaxLr) + "] (AdamW diverges far below it; published runs use 1e-5..1e-2)");
+  }
   if (!(optimizer.beta1 >= 0 && optimizer.beta1 < 1) || !(optimizer.beta2 >= 0 && optimizer.beta2 < 1)) {
     return invalid_argument("train.optimizer: beta1 and beta2 must be in [0, 1)");
   }
-  if (!(optimizer.eps > 0)) return invalid_argument("train.optimizer.eps: must be > 0");
-  if (!(optimizer.weight_decay >= 0)) return invalid_argument("train.optimizer.weight_decay: must be >= 0");
-  if (!(optimizer.grad_clip >= 0)) return invalid_argument("train.optimizer.grad_clip: must be >= 0 (0 = off)");
+  if (!(optimizer.eps > 0 && optimizer.eps <= 1)) {
+    return invalid_argument("train.optimizer.eps: " + num(optimizer.eps) + " is out of range; allowed (0, 1]");
+  }
+  if (!(optimizer.weight_decay >= 0 && optimizer.weight_decay <= 1e3)) {
+    return invalid_argument("train.optimizer.weight_decay: " + num(optimizer.weight_decay) +
+                            " is out of range; allowed [0, 1000] (published runs use 0..0.1)");
+  }
+  if (!(std::isfinite(optimizer.grad_clip) && optimizer.grad_clip >= 0)) {
+    return invalid_argument("train.optimizer.grad_clip: " + num(optimizer.grad_clip) +
+                            " is out of range; allowed finite >= 0 (0 = off)");
+  }
   if (dtype_bytes(master_dtype) < dtype_bytes(param_dtype)) {
     return invalid_argument(std::string("train.master_dtype: ") + to_string(master_dtype) +
                             " is narrower than param_dtype " + to_string(param_dtype));

@@ -4,6 +4,7 @@
 
 #include "piper/base/strings.h"
 #include "piper/spec/activation_counting.h"
+#include "piper/spec/limits.h"
 #include "piper/spec/model_spec.h"
 #include "piper/spec/train_spec.h"
 #include "piper/strategy/strategy.h"
@@ -22,6 +23,54 @@ std::string divisors_text(int64_t n, int64_t also = 0) {
   return "{" + join(out, ",") + "}";
 }
 
+std::string gib(double bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.1f GiB", bytes / (1024.0 * 1024 * 1024));
+  return buf;
+}
+
+// Upper bounds (spec/limits.h) on the sizes that schedules, plans and simulations allocate per unit.
+Status validate_sizes(const Strategy& s) {
+  struct Bound {
+    const char* name;
+    int value;
+    int64_t max;
+    const char* why;
+  };
+  const Bound bounds[] = {{"dp", s.dp, kMaxWorldSize, "ranks in the world"},
+                          {"tp", s.tp, kMaxWorldSize, "ranks in the world"},
+                          {"pp", s.pp, kMaxWorldSize, "ranks in the world"},
+                          {"ep", s.ep, kMaxWorldSize, "ranks in the world"},
+                          {"etp", s.etp, kMaxWorldSize, "ranks in the world"},
+                          {"attn_ranks", s.attn_ranks, kMaxWorldSize, "ranks in the world"},
+                          {"ffn_ranks", s.ffn_ranks, kMaxWorldSize, "ranks in the world"},
+                          {"vpp", s.vpp, kMaxVpp, "virtual stages per pipeline rank; published runs use <= 8"},
+                          {"microbatches", s.microbatches, kMaxMicrobatches, "per step; published runs use <= 512"},
+                          {"mbs", s.mbs, kMaxMicroBatchSize, "sequences per microbatch"}};
+  for (const auto& b : bounds) {
+    if (b.value > b.max) {
+      return fail(std::string(b.name) + "=" + std::to_string(b.value) + " is out of range; allowed 1.." +
+                  std::to_string(b.max) + " (" + b.why + ")");
+    }
+  }
+  const int64_t world = static_cast<int64_t>(s.dp) * s.tp * s.pp;
+  if (world > kMaxWorldSize) {
+    return fail("dp*tp*pp = " + std::to_string(world) + " ranks is out of range; allowed <= " +
+                std::to_string(kMaxWorldSize) + " (per-rank programs are built for every rank); lower dp, tp or pp");
+  }
+  // Every pipeline action (a forward or a backward of one microbatch on one stage) is a schedule entry, a program
+  // step per rank and a simulator event: ~0.5 KiB each, measured on the compiled plans.
+  const int64_t actions = static_cast<int64_t>(s.microbatches) * s.pp * s.chunks_per_rank();
+  if (actions > kMaxPipelineActions) {
+    return fail("microbatches*pp*chunks = " + std::to_string(s.microbatches) + "*" + std::to_string(s.pp) + "*" +
+                std::to_string(s.chunks_per_rank()) + " = " + std::to_string(actions) +
+                " pipeline actions is out of range; allowed <= " + std::to_string(kMaxPipelineActions) +
+                " (the schedule and plan would hold " + std::to_string(2 * actions) + " forward/backward actions, " +
+                gib(2.0 * static_cast<double>(actions) * 512) + " or more); lower microbatches or pp");
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 Status Strategy::validate() const {
@@ -35,6 +84,8 @@ Status Strategy::validate() const {
   for (const auto& d : degrees) {
     if (d.value < 1) return fail(std::string(d.name) + "=" + std::to_string(d.value) + " must be >= 1");
   }
+  if (attn_ranks < 0 || ffn_ranks < 0) return fail("attn_ranks and ffn_ranks must be >= 0");
+  PIPER_RETURN_IF_ERROR(validate_sizes(*this));
   if (zero < 0 || zero > 3) return fail("zero=" + std::to_string(zero) + " must be one of {0,1,2,3}");
   bool known = false;
   for (const auto& n : schedule_names()) known = known || n == schedule;

@@ -57,6 +57,32 @@ TEST(CliCompileTest, DirectiveFileCompilesToTheSameStats) {
   EXPECT_EQ(ja["instructions"], jb["instructions"]);
 }
 
+// A 2-rank directive file compiled with --mesh pp=4 said "verified deadlock-free" with two empty ranks.
+TEST(CliCompileTest, DirectiveFileForAnotherMeshIsRefused) {
+  int rc = 0;
+  std::string file = std::string(PIPER_BINARY_DIR) + "/cli_compile_test_directives_pp2.json";
+  std::string a = run(
+      "compile --model tiny-moe --seq 64 --emit-directives " + file + " --strategy pp=2,schedule=1f1b,microbatches=4",
+      &rc);
+  ASSERT_EQ(rc, 0) << a;
+  std::string b = run("compile --model tiny-moe --seq 64 --mesh pp=4 --directives " + file, &rc);
+  EXPECT_NE(rc, 0) << b;
+  EXPECT_EQ(b.find("deadlock-free"), std::string::npos) << b;
+  EXPECT_NE(b.find("written for pp=2) but the mesh has pp=4, vpp=1: pipeline rank(s) 2, 3 would have no work"),
+            std::string::npos)
+      << b;
+  std::string c = run("compile --model tiny-moe --seq 64 --mesh pp=2 --directives " + file, &rc);
+  EXPECT_EQ(rc, 0) << c;
+}
+
+// microbatches=16777216 passed the parser and threw std::bad_alloc in compile.
+TEST(CliCompileTest, OversizedStrategyIsRefusedWithTheBound) {
+  int rc = 0;
+  std::string out = run("compile --model tiny-moe --seq 64 --strategy microbatches=16777216", &rc);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("microbatches=16777216 is out of range; allowed 1..65536"), std::string::npos) << out;
+}
+
 TEST(CliCompileTest, TextOutputAndGlobalBatch) {
   int rc = 0;
   std::string out = run("compile --model tiny-moe --seq 64 --strategy dp=2,pp=2,schedule=gpipe --global-batch 8", &rc);

@@ -291,6 +291,43 @@ TEST(CompileTest, ImpossibleDirectivesNameTheDirective) {
   EXPECT_NE(r.status().message().find("cycle"), std::string::npos) << r.status().message();
 }
 
+// A directive file written for pp=2, compiled with --mesh pp=4: ranks 2 and 3 were left empty and the plan was
+// reported "verified deadlock-free". Refused, naming both meshes; the file's own mesh still compiles.
+TEST(CompileTest, DirectivesForAnotherMeshAreRefused) {
+  const Strategy s = strategy("pp=2,microbatches=2");
+  auto directives = strategy_directives(s, tiny());
+  ASSERT_TRUE(directives.ok()) << directives.status().message();
+  ir::MeshInfo pp4;
+  pp4.pp = 4;
+  auto r = compile_directives(tiny(), train_for(s), pp4, *directives);
+  ASSERT_FALSE(r.ok());
+  const std::string e = r.status().message();
+  EXPECT_NE(e.find("the directives place the model on pipeline ranks 0..1 (2 stages: written for pp=2) but the "
+                   "mesh has pp=4, vpp=1: pipeline rank(s) 2, 3 would have no work"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("--mesh pp=2"), std::string::npos) << e;
+  EXPECT_TRUE(compile_directives(tiny(), train_for(s), mesh_pp2(), *directives).ok());
+  // A rank left out in the middle of the mesh is named too.
+  ir::MeshInfo pp3;
+  pp3.pp = 3;
+  r = compile_directives(tiny(), train_for(s), pp3, parse(R"([
+    {"directive": "split", "microbatches": 2},
+    {"directive": "place", "filter": {"layer": "0-1"}, "stage": 0, "rank": 0},
+    {"directive": "place", "filter": {"layer": "2-3"}, "stage": 2, "rank": 2}])"));
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("leave pipeline rank(s) 1 of the mesh pp=3 without work"), std::string::npos)
+      << r.status().message();
+  // A file for vpp=1 under vpp=2: every rank busy, but stages 2 and 3 would hold no layer.
+  ir::MeshInfo vpp2 = mesh_pp2();
+  vpp2.vpp = 2;
+  r = compile_directives(tiny(), train_for(s), vpp2, *directives);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("the mesh has pp=2, vpp=2 = 4 stages: stage(s) 2, 3 would hold no layer"),
+            std::string::npos)
+      << r.status().message();
+}
+
 // Rank 1 wants microbatch 1 first while rank 0 sends microbatch 0 first. Each channel (ordered rank pair) has its
 // own streams and posts its receives in the sender's order (NCCL matches a rank pair's point-to-point calls in
 // issue order), so rank 1 receives mb0, then mb1, and runs F1 as soon as mb1 has arrived: no deadlock.

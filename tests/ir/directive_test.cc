@@ -74,3 +74,30 @@ TEST(DirectiveTest, FilterMatching) {
 
 }  // namespace
 }  // namespace piper::ir
+
+namespace piper::ir {
+namespace {
+
+// A split of 10^8 microbatches threw std::bad_alloc while cloning the graph.
+TEST(DirectiveBoundsTest, SplitMicrobatchesHaveAnUpperBound) {
+  const std::string e = error_of(R"([{"directive": "split", "microbatches": 100000000}])");
+  EXPECT_NE(e.find("microbatches: 100000000 is out of range; allowed [1, 65536]"), std::string::npos) << e;
+  EXPECT_EQ(error_of(R"([{"directive": "split", "microbatches": 65536}])"), "");
+}
+
+TEST(DirectiveBoundsTest, HugeIndicesAreRefusedNotWrapped) {
+  std::string e = error_of(R"([{"directive": "place", "filter": {"layer": 4294967296}, "stage": 0}])");
+  EXPECT_NE(e.find("4294967296 is out of range; allowed 0..16777216"), std::string::npos) << e;
+  e = error_of(R"([{"directive": "place", "filter": {"layer": "0-4294967296"}, "stage": 0}])");
+  EXPECT_NE(e.find("is out of range; allowed 0..16777216"), std::string::npos) << e;
+  // std::stoi threw std::out_of_range on these.
+  e = error_of(R"([{"directive": "order", "rank": 0, "slots": ["99999999999F0"]}])");
+  EXPECT_NE(e.find("'99999999999F0' names a stage or microbatch above 9999999"), std::string::npos) << e;
+  e = error_of(R"([{"directive": "order", "rank": 0, "slots": ["0F99999999999"]}])");
+  EXPECT_NE(e.find("above 9999999"), std::string::npos) << e;
+  e = error_of(R"([{"directive": "place", "filter": {}, "rank": 4294967296}])");
+  EXPECT_NE(e.find("rank: 4294967296 is out of range"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace piper::ir

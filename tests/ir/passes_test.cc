@@ -86,14 +86,56 @@ TEST(PassesTest, PlaceRejectsStagesAndRanksThatDoNotExist) {
   EXPECT_NE(s.message().find("pipeline rank 2 does not exist"), std::string::npos) << s.message();
   g = chain(4, 2);
   s = apply_directives(g, {place_stage(7, 9, 0)});
-  EXPECT_NE(s.message().find("matches no node"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("layer 7-9 is outside the model's 4 layers (allowed layer 0..3)"), std::string::npos)
+      << s.message();
+}
+
+// A layer filter 0-99 on a 4-layer model matched layers 0-3 without a word: a file written for another model.
+TEST(PassesTest, FiltersOutsideTheModelOrPlanAreRefused) {
+  Graph g = chain(4, 2);
+  Status s = apply_directives(g, {place_stage(0, 99, 0)});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(
+      s.message().find("directive 0 (place): filter {\"layer\":\"0-99\"}: layer 0-99 is outside the model's 4 layers "
+                       "(allowed layer 0..3)"),
+      std::string::npos)
+      << s.message();
+  g = chain(4, 2);
+  PlaceDirective by_stage;
+  by_stage.filter.stage = IntRange{0, 5};
+  by_stage.rank = 0;
+  s = apply_directives(g, {place_stage(0, 3, 0), Directive{by_stage}});
+  EXPECT_NE(s.message().find("stage 0-5 is outside the mesh's pp*vpp = 2 stages (allowed stage 0..1)"),
+            std::string::npos)
+      << s.message();
+  g = chain(4, 2);
+  StreamDirective by_mb;
+  by_mb.filter.mb = IntRange{0, 7};
+  by_mb.stream = "x";
+  s = apply_directives(g, {Directive{SplitDirective{4}}, Directive{by_mb}});
+  EXPECT_NE(s.message().find("mb 0-7 is outside the plan's 4 microbatches (split comes first) (allowed mb 0..3)"),
+            std::string::npos)
+      << s.message();
+  g = chain(4, 2);
+  EXPECT_TRUE(apply_directives(g, {place_stage(0, 3, 0)}).ok());  // exactly the model's layers
+}
+
+// The split graph is bounded before it is allocated.
+TEST(PassesTest, SplitRefusesAGraphPastTheNodeBound) {
+  Graph g = chain(512, 1);  // ~1.5k nodes x 65536 microbatches = ~10^8 nodes
+  Status s = apply_directives(g, {Directive{SplitDirective{65536}}});
+  ASSERT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("split into 65536 microbatches would make a graph of"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("allowed <= 4194304 nodes"), std::string::npos) << s.message();
 }
 
 TEST(PassesTest, OrderSplitsOnlyTheNamedBackwardsAndChainsSlots) {
   Graph g = chain(1, 1);
   OrderDirective o;
   o.rank = 0;
-  o.slots = {{stage_filter(0, 0, Pass::kF)}, {stage_filter(0, 1, Pass::kF)}, {stage_filter(0, 0, Pass::kB)},
+  o.slots = {{stage_filter(0, 0, Pass::kF)},
+             {stage_filter(0, 1, Pass::kF)},
+             {stage_filter(0, 0, Pass::kB)},
              {stage_filter(0, 1, Pass::kBW), stage_filter(0, 0, Pass::kW)}};
   Status s = apply_directives(g, {Directive{SplitDirective{2}}, place_stage(0, 0, 0), place_rank(0, 0), Directive{o}});
   ASSERT_TRUE(s.ok()) << s.message();

@@ -73,7 +73,8 @@ TEST(HfConfigTest, BadConfigsNameTheField) {
   EXPECT_NE(hf_error(with("")).find("num_hidden_layers: required field is missing"), std::string::npos);
   Json j = Json::parse(with(R"(, "num_hidden_layers": 32)"));
   j["num_experts_per_tok"] = 9;
-  EXPECT_NE(hf_error(j.dump()).find("model.moe.top_k: 9 is out of range; allowed 1..num_experts=8"), std::string::npos);
+  EXPECT_NE(hf_error(j.dump()).find("num_experts_per_tok: 9 is out of range; allowed 1..num_local_experts=8"),
+            std::string::npos);
   j["num_experts_per_tok"] = 2;
   j["num_attention_heads"] = 30;  // no head_dim: derived from hidden_size / heads
   EXPECT_NE(hf_error(j.dump()).find("num_attention_heads: 30 does not divide hidden_size=4096"), std::string::npos);
@@ -82,7 +83,7 @@ TEST(HfConfigTest, BadConfigsNameTheField) {
   EXPECT_NE(hf_error(j.dump()).find("hidden_act: 'relu' is not allowed; pick one of {silu, swish}"), std::string::npos);
   j["hidden_act"] = "silu";
   j["num_key_value_heads"] = 5;
-  EXPECT_NE(hf_error(j.dump()).find("num_kv_heads: 5 must divide num_heads=32"), std::string::npos);
+  EXPECT_NE(hf_error(j.dump()).find("num_key_value_heads: 5 must divide num_attention_heads=32"), std::string::npos);
 }
 
 }  // namespace

@@ -95,6 +95,21 @@ TEST(InfoCliTest, ContradictoryFieldsNameTheField) {
   EXPECT_NE(r.output.find("model.num_heads: 5 does not divide hidden_size=64"), std::string::npos) << r.output;
 }
 
+// hidden_size 2^31 overflowed the counts: info printed negative FLOPs, estimate negative TiB and "fits: yes".
+TEST(InfoCliTest, OversizedModelIsRefusedWithTheRange) {
+  std::string text = R"({"name": "x", "num_layers": 2, "hidden_size": 2147483648, "attention": "standard",
+    "num_heads": 4, "num_kv_heads": 4, "head_dim": 16, "mlp": "swiglu", "intermediate_size": 64, "vocab_size": 256,
+    "tie_embeddings": true})";
+  const std::string path = write_temp("huge_hidden.json", text);
+  for (const std::string& cmd :
+       {"info --model " + path, "estimate --model " + path + " --cluster dgx-h100 --nodes 1 --strategy dp=8"}) {
+    RunResult r = run_piper(cmd);
+    EXPECT_EQ(r.exit_code, 2) << cmd << ": " << r.output;
+    EXPECT_NE(r.output.find("model.hidden_size: 2147483648 is out of range; allowed [1, 1048576]"), std::string::npos)
+        << cmd << ": " << r.output;
+  }
+}
+
 TEST(InfoCliTest, BadNodeCountAndMissingArguments) {
   RunResult r = run_piper("info --cluster local-cpu --nodes 3");
   EXPECT_NE(r.exit_code, 0);

@@ -285,3 +285,47 @@ TEST(StrategyTest, ChunksPerRank) {
 
 }  // namespace
 }  // namespace piper
+
+namespace piper {
+namespace {
+
+std::string strategy_error(const std::string& text) {
+  auto s = Strategy::parse(text);
+  if (!s.ok()) return s.status().message();
+  Status v = s->validate();
+  return v.ok() ? "" : v.message();
+}
+
+// microbatches=16777216 passed the parser and threw std::bad_alloc in simulate/compile.
+TEST(StrategyBoundsTest, MicrobatchesHaveAnUpperBound) {
+  const std::string e = strategy_error("microbatches=16777216");
+  EXPECT_NE(e.find("microbatches=16777216 is out of range; allowed 1..65536"), std::string::npos) << e;
+  EXPECT_EQ(strategy_error("microbatches=65536"), "");
+}
+
+TEST(StrategyBoundsTest, PipelineActionsHaveAnUpperBound) {
+  const std::string e = strategy_error("pp=64,microbatches=65536");
+  EXPECT_NE(e.find("microbatches*pp*chunks = 65536*64*1 = 4194304 pipeline actions is out of range"), std::string::npos)
+      << e;
+  EXPECT_NE(e.find("GiB"), std::string::npos) << e;
+  // GPT-1T's published run (pp=64, 512 microbatches) and DeepSeek-V3's (pp=16 dualpipev) stay inside.
+  EXPECT_EQ(strategy_error("dp=6,tp=8,pp=64,microbatches=512"), "");
+  EXPECT_EQ(strategy_error("dp=128,pp=16,ep=64,zero=1,schedule=dualpipev,microbatches=120"), "");
+}
+
+TEST(StrategyBoundsTest, DegreesAndTheirProductHaveUpperBounds) {
+  std::string e = strategy_error("dp=16777216");
+  EXPECT_NE(e.find("dp=16777216 is out of range; allowed 1..1048576"), std::string::npos) << e;
+  e = strategy_error("dp=4096,tp=4096");  // 2^24 ranks; dp*tp*pp overflowed int at 2^31 before
+  EXPECT_NE(e.find("dp*tp*pp = 16777216 ranks is out of range; allowed <= 1048576"), std::string::npos) << e;
+  e = strategy_error("schedule=interleaved,vpp=5000,pp=1");
+  EXPECT_NE(e.find("vpp=5000 is out of range; allowed 1..1024"), std::string::npos) << e;
+  e = strategy_error("mbs=100000");
+  EXPECT_NE(e.find("mbs=100000 is out of range; allowed 1..65536"), std::string::npos) << e;
+  e = strategy_error("schedule=af-pipe,disagg=1,attn_ranks=4000000,ffn_ranks=4");
+  EXPECT_NE(e.find("attn_ranks=4000000 is out of range"), std::string::npos) << e;
+  EXPECT_EQ(strategy_error("dp=1024,pp=8,microbatches=8"), "");  // 8,192 GPUs
+}
+
+}  // namespace
+}  // namespace piper

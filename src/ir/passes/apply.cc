@@ -4,6 +4,46 @@
 #include "piper/ir/verify.h"
 
 namespace piper::ir {
+namespace {
+
+// A filter range past the graph selects nothing there: "layer 0-99" on a 4-layer model is a file written for
+// another model, refused instead of silently matching layers 0-3.
+Status check_range(const TagFilter& f, const IntRange& r, const char* key, int count, const std::string& what) {
+  if (r.empty() || r.hi < count) return ok_status();
+  return invalid_argument("filter " + f.to_string() + ": " + key + " " + std::to_string(r.lo) +
+                          (r.lo == r.hi ? "" : "-" + std::to_string(r.hi)) + " is outside the " + what + " (allowed " +
+                          key + " 0.." + std::to_string(count - 1) +
+                          "); was the directive file written for another model or mesh?");
+}
+
+Status check_filter(const Graph& g, const TagFilter& f) {
+  PIPER_RETURN_IF_ERROR(
+      check_range(f, f.layer, "layer", g.num_layers, "model's " + std::to_string(g.num_layers) + " layers"));
+  PIPER_RETURN_IF_ERROR(check_range(f, f.stage, "stage", g.mesh.num_stages(),
+                                    "mesh's pp*vpp = " + std::to_string(g.mesh.num_stages()) + " stages"));
+  return check_range(f, f.mb, "mb", g.num_microbatches,
+                     "plan's " + std::to_string(g.num_microbatches) + " microbatches (split comes first)");
+}
+
+Status check_filters(const Graph& g, const Directive& directive) {
+  return std::visit(
+      [&](const auto& d) -> Status {
+        using T = std::decay_t<decltype(d)>;
+        if constexpr (std::is_same_v<T, OrderDirective>) {
+          for (const auto& slot : d.slots) {
+            for (const TagFilter& f : slot) PIPER_RETURN_IF_ERROR(check_filter(g, f));
+          }
+          return ok_status();
+        } else if constexpr (requires { d.filter; }) {
+          return check_filter(g, d.filter);
+        } else {
+          return ok_status();
+        }
+      },
+      directive.body);
+}
+
+}  // namespace
 
 Status apply_directive(Graph& graph, const Directive& directive) {
   return std::visit(
@@ -24,7 +64,8 @@ Status apply_directive(Graph& graph, const Directive& directive) {
 Status apply_directives(Graph& graph, const std::vector<Directive>& directives, const ApplyOptions& options) {
   for (size_t i = 0; i < directives.size(); ++i) {
     std::string label = directive_label(directives[i], static_cast<int>(i));
-    Status s = apply_directive(graph, directives[i]);
+    Status s = check_filters(graph, directives[i]);
+    if (s.ok()) s = apply_directive(graph, directives[i]);
     if (!s.ok()) return s.with_context(label);
     if (options.verify_each) {
       s = verify_graph(graph);

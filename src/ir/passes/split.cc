@@ -4,6 +4,7 @@
 // copied inside each microbatch; edges into or out of shared nodes (updates) are duplicated so that every
 // microbatch's gradients feed the same update. Must run before place/order (they select by mb).
 #include "piper/ir/passes/passes.h"
+#include "piper/spec/limits.h"
 
 namespace piper::ir {
 
@@ -18,6 +19,15 @@ Status apply_split(Graph& g, const SplitDirective& d) {
     }
   }
   const int m = d.microbatches;
+  // The split graph holds a copy of every per-microbatch node for each microbatch: bounded before allocating.
+  const int64_t nodes = static_cast<int64_t>(g.num_nodes()) * m;
+  if (nodes > kMaxGraphNodes) {
+    const double gib = static_cast<double>(nodes) * static_cast<double>(sizeof(Node)) / (1u << 30);
+    return invalid_argument("split into " + std::to_string(m) + " microbatches would make a graph of " +
+                            std::to_string(g.num_nodes()) + " x " + std::to_string(m) + " = " + std::to_string(nodes) +
+                            " nodes (" + std::to_string(static_cast<int64_t>(gib)) + "+ GiB); allowed <= " +
+                            std::to_string(kMaxGraphNodes) + " nodes; lower microbatches or the model's layers");
+  }
   Graph out;
   out.mesh = g.mesh;
   out.num_layers = g.num_layers;
