@@ -271,7 +271,9 @@ TEST(KilledRank, DuringSaveLeavesThePreviousCheckpointAndResumeIsBitwise) {
   int interrupted = -1;
   double stop_s = 0;
   std::string log;
-  for (int attempt = 0; attempt < 3 && interrupted < 0 && !HasFailure(); ++attempt) {
+  int attempts = 0;
+  while (attempts < 3 && interrupted < 0 && !HasFailure()) {
+    ++attempts;
     interrupted = kill_during_save(kTrain, root, &stop_s, &log);
   }
   ASSERT_GT(interrupted, 0) << "every kill landed after its save had committed";
@@ -285,7 +287,8 @@ TEST(KilledRank, DuringSaveLeavesThePreviousCheckpointAndResumeIsBitwise) {
   ASSERT_LT(step, kTotalSteps) << "rank 1 was killed too late for this test";
   EXPECT_LT(stop_s, kTimeoutS + 10) << log;
   EXPECT_NE(log.find("rank 1"), std::string::npos) << "the error does not name rank 1:\n" << log;
-  std::printf("rank 1 killed while step %d was being saved: the job stopped %.2f s later\n", interrupted, stop_s);
+  std::printf("rank 1 killed while step %d was being saved (attempt %d): the job stopped %.2f s later\n", interrupted,
+              attempts, stop_s);
 
   // Resuming from it continues bit for bit; its own save removes the stale .tmp and keeps two checkpoints.
   const std::string rest = std::to_string(kTotalSteps - step);
