@@ -301,8 +301,10 @@ TEST(CheckpointTest, InterruptedSaveKeepsThePreviousCheckpoint) {
   auto r = CheckpointReader::open(s.root);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ((*r)->meta().step, 1);
+  fs::create_directories(s.root + "/step-00000007.tmp");  // another step's interrupted save
   ASSERT_TRUE(s.save(2).ok());
   EXPECT_FALSE(fs::exists(s.root + "/step-00000002.tmp"));
+  EXPECT_FALSE(fs::exists(s.root + "/step-00000007.tmp"));
   ASSERT_TRUE(s.save(3).ok());
   EXPECT_FALSE(fs::exists(s.root + "/step-00000001"));
   EXPECT_TRUE(fs::exists(s.root + "/step-00000002/index.json"));
