@@ -187,7 +187,8 @@ Status parse_piece(const Json& p, const std::string& name, const CheckpointReade
   ref->data_begin = static_cast<uint64_t>(offsets[0]);
   ref->data_end = static_cast<uint64_t>(offsets[1]);
   PIPER_RETURN_IF_ERROR(get_string(p, "fnv1a64", where + ".", path, &ref->checksum));
-  PIPER_RETURN_IF_ERROR(check_box(name, t.shape, ref->offset, ref->extent, ref->begin, ref->end).with_context(path));
+  const Status box = check_box(name, t.shape, ref->offset, ref->extent, ref->begin, ref->end);
+  if (!box.ok()) return bad_index(path, where + ": " + box.message());
   const std::string key = piece_key(name, t.shape, ref->offset, ref->extent, ref->begin, ref->end);
   if (ref->key != key) return bad_index(path, where + ": key '" + ref->key + "' should be '" + key + "'");
   if (ref->data_end - ref->data_begin != static_cast<uint64_t>(ref->end - ref->begin) * 4) {

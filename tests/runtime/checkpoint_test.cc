@@ -485,6 +485,53 @@ TEST(CheckpointRefuses, BrokenPointerOrNoCheckpoint) {
   EXPECT_NE(st.message().find("nothing"), std::string::npos);
 }
 
+// Damage anywhere in the index or the rank file (deterministic byte flips, cuts and inserted digits): every
+// open + restore ends in OK or a DataLoss/Unimplemented/NotFound naming the damaged file, never a crash;
+// and OK only when the checksums could not have seen the change (the file is byte for byte the original).
+TEST(CheckpointRefuses, RandomDamageIsRefusedOrHarmless) {
+  Saved s("random");
+  const std::string index = index_path(s), file = s.file();
+  const std::string index_bytes = read_all(index), file_bytes = read_all(file);
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto next = [&](uint64_t n) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (state >> 33) % n;
+  };
+  int refused = 0, harmless = 0;
+  for (int i = 0; i < 400; ++i) {
+    const bool in_index = i % 2 == 0;
+    std::string bytes = in_index ? index_bytes : file_bytes;
+    const size_t at = static_cast<size_t>(next(bytes.size()));
+    switch (next(3)) {
+      case 0: bytes[at] = static_cast<char>(bytes[at] ^ (1 << next(8))); break;
+      case 1: bytes.resize(at); break;
+      default: bytes.insert(at, "9"); break;
+    }
+    write_all(in_index ? index : file, bytes);
+    const Status st = restore_all(s.root);
+    write_all(in_index ? index : file, in_index ? index_bytes : file_bytes);
+    if (st.ok()) {
+      // Only insignificant index whitespace can change without a refusal.
+      ++harmless;
+      EXPECT_TRUE(in_index) << "a damaged rank file loaded (iteration " << i << ")";
+      if (in_index) {
+        EXPECT_EQ(Json::parse(bytes), Json::parse(index_bytes)) << i;
+      }
+      continue;
+    }
+    ++refused;
+    EXPECT_TRUE(st.code() == StatusCode::kDataLoss || st.code() == StatusCode::kUnimplemented ||
+                st.code() == StatusCode::kNotFound)
+        << st.to_string();
+    EXPECT_TRUE(st.message().find("index.json") != std::string::npos ||
+                st.message().find("rank-00000.safetensors") != std::string::npos)
+        << st.message();
+    EXPECT_EQ(st.message().find("another model"), std::string::npos) << st.message();
+  }
+  EXPECT_GT(refused, 350);
+  std::printf("400 damaged checkpoints: %d refused, %d harmless (index whitespace)\n", refused, harmless);
+}
+
 // Only a real model mismatch says "written for another model", with the fields that differ.
 TEST(CheckpointModel, AnotherArchitectureIsRefusedNamingTheFields) {
   Saved s("model");
