@@ -150,8 +150,10 @@ struct Saved {
   Status save(int64_t step) {
     meta.step = step;
     return save_checkpoint(root, meta,
-                           {{"layer0.w", {4, 3}, {}, &w1}, {"head.w", {5}, {}, &w2},
-                            {"layer0.w.m", {4, 3}, {}, &m1, 0, -1, true}, {"layer0.w.v", {4, 3}, {}, &v1, 0, -1, true}},
+                           {{"layer0.w", {4, 3}, {}, &w1},
+                            {"head.w", {5}, {}, &w2},
+                            {"layer0.w.m", {4, 3}, {}, &m1, 0, -1, true},
+                            {"layer0.w.v", {4, 3}, {}, &v1, 0, -1, true}},
                            nullptr, 1.0);
   }
   std::string file() const { return root + "/" + checkpoint_step_name(meta.step) + "/rank-00000.safetensors"; }
@@ -238,8 +240,8 @@ TEST(CheckpointTest, PiecesAssembleIntoAnyBox) {
   auto r = CheckpointReader::open(root);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ((*r)->tensors().at("e.w").pieces.size(), 3u);
-  for (const auto& [offset, extent] : std::vector<std::pair<Shape, Shape>>{
-           {{0, 0}, {4, 6}}, {{0, 3}, {4, 3}}, {{1, 2}, {2, 3}}, {{3, 0}, {1, 6}}}) {
+  for (const auto& [offset, extent] :
+       std::vector<std::pair<Shape, Shape>>{{{0, 0}, {4, 6}}, {{0, 3}, {4, 3}}, {{1, 2}, {2, 3}}, {{3, 0}, {1, 6}}}) {
     Tensor dst = Tensor::zeros_or_die(extent, MemCategory::kParameters);
     ASSERT_TRUE((*r)->restore("e.w", {4, 6}, offset, &dst).ok()) << shape_to_string(offset);
     for (int64_t i = 0; i < extent[0]; ++i) {
@@ -252,8 +254,8 @@ TEST(CheckpointTest, PiecesAssembleIntoAnyBox) {
   EXPECT_EQ((*r)->restore("e.w", {4, 6}, {3, 0}, &outside).code(), StatusCode::kInvalidArgument);
 
   // Overlapping different pieces, a box outside its tensor, ranks disagreeing on the shape: InvalidArgument.
-  Status s = save_checkpoint(root, meta, {{"e.w", {4, 6}, {0, 0}, &top}, {"e.w", {4, 6}, {1, 0}, &bottom}}, nullptr,
-                             1.0);
+  Status s =
+      save_checkpoint(root, meta, {{"e.w", {4, 6}, {0, 0}, &top}, {"e.w", {4, 6}, {1, 0}, &bottom}}, nullptr, 1.0);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("overlapping"), std::string::npos) << s.message();
   s = save_checkpoint(root, meta, {{"e.w", {4, 6}, {3, 0}, &top}}, nullptr, 1.0);
@@ -276,11 +278,11 @@ TEST(CheckpointTest, ShardStoresWriteAndReadRanges) {
   const std::string root = temp_dir("shard_store");
   Tensor full = ramp({4, 6}, 0.0f), lo = ramp({10}, 0.0f), hi = ramp({14}, 5.0f);
   CheckpointMeta meta{1, {}, {}, 8, "tiny", "dp=2,zero=1", 2, {}, {}};
-  ASSERT_TRUE(save_checkpoint(root, meta,
-                              {{"w.m", {4, 6}, {}, &lo, 0, 10, true, {4, 6}},
-                               {"w.m", {4, 6}, {}, &hi, 10, 24, true, {4, 6}}},
-                              nullptr, 1.0)
-                  .ok());
+  ASSERT_TRUE(
+      save_checkpoint(root, meta,
+                      {{"w.m", {4, 6}, {}, &lo, 0, 10, true, {4, 6}}, {"w.m", {4, 6}, {}, &hi, 10, 24, true, {4, 6}}},
+                      nullptr, 1.0)
+          .ok());
   auto r = CheckpointReader::open(root);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   Tensor whole = Tensor::zeros_or_die({4, 6}, MemCategory::kOptimizer);
@@ -355,6 +357,7 @@ void edit_index(const Saved& s, const std::function<void(Json&)>& edit, bool res
   write_all(index_path(s), index.dump(1));
 }
 void edit_and_reseal_index(const Saved& s, const std::function<void(Json&)>& edit) { edit_index(s, edit, true); }
+void edit_index_only(const Saved& s, const std::function<void(Json&)>& edit) { edit_index(s, edit, false); }
 
 TEST(CheckpointRefuses, TransposedShapeInTheFileHeader) {
   Saved s("transposed");
@@ -422,8 +425,7 @@ TEST(CheckpointRefuses, EditedStep) {
   {
     Saved s("step_other_dir");
     edit_and_reseal_index(s, [](Json& j) { j["step"] = 41; });
-    expect_refused(restore_all(s.root), StatusCode::kDataLoss,
-                   {"step is 41 but the directory is 'step-00000042'"});
+    expect_refused(restore_all(s.root), StatusCode::kDataLoss, {"step is 41 but the directory is 'step-00000042'"});
   }
   {
     Saved s("step_resealed_not");  // a plausible step, in a directory of another name: the index checksum
@@ -440,7 +442,7 @@ TEST(CheckpointRefuses, EditedStep) {
 TEST(CheckpointRefuses, EditedModelKeysAndVersion) {
   {
     Saved s("model_name");  // a valid name, not the one written: the index checksum
-    edit_index(s, [](Json& j) { j["model"]["name"] = "mixtral-8x7b"; }, false);
+    edit_index_only(s, [](Json& j) { j["model"]["name"] = "mixtral-8x7b"; });
     expect_refused(restore_all(s.root), StatusCode::kDataLoss, {"index.json", "do not match its index_fnv1a64"});
   }
   {
@@ -470,7 +472,7 @@ TEST(CheckpointRefuses, EditedModelKeysAndVersion) {
   }
   {
     Saved s("old_version");
-    edit_index(s, [](Json& j) { j["version"] = 2; }, false);
+    edit_index_only(s, [](Json& j) { j["version"] = 2; });
     expect_refused(restore_all(s.root), StatusCode::kUnimplemented,
                    {"format version 2; this build reads version 3 only", "without --resume"});
   }
@@ -503,9 +505,15 @@ TEST(CheckpointRefuses, RandomDamageIsRefusedOrHarmless) {
     std::string bytes = in_index ? index_bytes : file_bytes;
     const size_t at = static_cast<size_t>(next(bytes.size()));
     switch (next(3)) {
-      case 0: bytes[at] = static_cast<char>(bytes[at] ^ (1 << next(8))); break;
-      case 1: bytes.resize(at); break;
-      default: bytes.insert(at, "9"); break;
+      case 0:
+        bytes[at] = static_cast<char>(bytes[at] ^ (1 << next(8)));
+        break;
+      case 1:
+        bytes.resize(at);
+        break;
+      default:
+        bytes.insert(at, "9");
+        break;
     }
     write_all(in_index ? index : file, bytes);
     const Status st = restore_all(s.root);

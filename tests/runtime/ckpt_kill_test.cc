@@ -46,9 +46,9 @@ std::string read_all(const std::string& path) {
 }
 
 void set_mpi_env() {
-  for (const char* kv : {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_btl=self,vader",
-                         "OMPI_MCA_rmaps_base_oversubscribe=1", "OMPI_MCA_mpi_yield_when_idle=1",
-                         "OPENBLAS_NUM_THREADS=1"}) {
+  for (const char* kv :
+       {"OMPI_ALLOW_RUN_AS_ROOT=1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1", "OMPI_MCA_btl=self,vader",
+        "OMPI_MCA_rmaps_base_oversubscribe=1", "OMPI_MCA_mpi_yield_when_idle=1", "OPENBLAS_NUM_THREADS=1"}) {
     std::string s(kv);
     const size_t eq = s.find('=');
     setenv(s.substr(0, eq).c_str(), s.substr(eq + 1).c_str(), 0);
