@@ -32,6 +32,10 @@ Result<std::string> resolve(const std::string& root) {
                      "'); point it at a step-N directory of '" + root + "' or pass that directory to --resume");
   }
   const fs::path dir = fs::path(root) / name;
+  // Saving the step `latest` names again moves the old directory to step-N.old before renaming the new one in;
+  // a crash between the two renames leaves the old one there, complete.
+  const fs::path old = fs::path(root) / (name + ".old");
+  if (!fs::exists(dir / kIndexFile, ec) && fs::exists(old / kIndexFile, ec)) return old.string();
   if (!fs::exists(dir / kIndexFile, ec)) {
     return data_loss("checkpoint pointer '" + latest.string() + "' names '" + name + "', which has no " +
                      kIndexFile + "; pass another step-N directory of '" + root + "' to --resume");

@@ -167,7 +167,8 @@ OrderedJson build_index(const CheckpointMeta& meta, const std::vector<Claim>& pi
 }
 
 // Keeps the newest `keep` checkpoints up to `step`; later ones (an abandoned run's) are left alone. Removes
-// the .tmp directories of saves that were interrupted (one save runs at a time per ROOT).
+// the .tmp directories of saves that were interrupted (one save runs at a time per ROOT), and .old ones whose
+// step directory is complete again.
 void rotate(const fs::path& root, int64_t step, int keep) {
   std::error_code ec;
   std::vector<int64_t> steps;
@@ -178,7 +179,8 @@ void rotate(const fs::path& root, int64_t step, int keep) {
     char tail = 0;
     if (std::sscanf(n.c_str(), "step-%lld%c", &s, &tail) == 1 && n == checkpoint_step_name(s) && s <= step) {
       steps.push_back(s);
-    } else if (n == checkpoint_step_name(s) + ".tmp") {
+    } else if (n == checkpoint_step_name(s) + ".tmp" ||
+               (n == checkpoint_step_name(s) + ".old" && fs::exists(root / checkpoint_step_name(s) / kIndexFile))) {
       stale.push_back(entry.path());
     }
   }
@@ -195,10 +197,12 @@ Status commit(const fs::path& root, const fs::path& tmp, const fs::path& final_d
               const std::vector<Claim>& pieces, const std::vector<std::string>& reports, int keep) {
   PIPER_RETURN_IF_ERROR(write_synced(tmp / kIndexFile, build_index(meta, pieces, reports).dump(1) + "\n"));
   PIPER_RETURN_IF_ERROR(fsync_path(tmp.string()));  // the files' directory entries
+  // Saving a step again: the complete old directory goes to step-N.old until `latest` is rewritten (a reader
+  // falls back to it while step-N is missing); a stale step-N.old goes only once step-N is complete.
   std::error_code ec;
   const fs::path old = final_dir.string() + ".old";
-  fs::remove_all(old, ec);
   if (fs::exists(final_dir, ec)) {
+    fs::remove_all(old, ec);
     fs::rename(final_dir, old, ec);
     if (ec) return internal_error("cannot move the previous '" + final_dir.string() + "' aside: " + ec.message());
   }

@@ -159,6 +159,8 @@ struct Saved {
   std::string file() const { return root + "/" + checkpoint_step_name(meta.step) + "/rank-00000.safetensors"; }
 };
 
+Status restore_all(const std::string& root);
+
 TEST(CheckpointTest, RoundTripThroughLatest) {
   Saved s("roundtrip");
   EXPECT_EQ(read_all(s.root + "/latest"), "step-00000042\n");
@@ -313,6 +315,19 @@ TEST(CheckpointTest, InterruptedSaveKeepsThePreviousCheckpoint) {
   EXPECT_EQ(read_all(s.root + "/latest"), "step-00000003\n");
   ASSERT_TRUE(s.save(3).ok());  // the same step again replaces it
   EXPECT_EQ(CheckpointReader::open(s.root).value()->meta().step, 3);
+  // A crash while saving step 3 again, between moving the old step-3 aside and renaming the new one in.
+  fs::rename(s.root + "/step-00000003", s.root + "/step-00000003.old");
+  auto r3 = CheckpointReader::open(s.root);
+  ASSERT_TRUE(r3.ok()) << r3.status().to_string();
+  EXPECT_EQ((*r3)->meta().step, 3);
+  EXPECT_TRUE(restore_all(s.root).ok());
+  ASSERT_TRUE(s.save(3).ok());
+  EXPECT_FALSE(fs::exists(s.root + "/step-00000003.old"));
+  EXPECT_TRUE(fs::exists(s.root + "/step-00000003/index.json"));
+  // Such a leftover of another step goes with the next save once its step directory is complete.
+  fs::create_directories(s.root + "/step-00000002.old");
+  ASSERT_TRUE(s.save(4).ok());
+  EXPECT_FALSE(fs::exists(s.root + "/step-00000002.old"));
 }
 
 // Reads every tensor of a Saved checkpoint back, as a resume does.
