@@ -21,3 +21,9 @@ setup:
 
 clean:
 	rm -rf $(BUILD)
+
+# Hostile checkpoints against `piper train --resume`: every damage and edit refused, saying which
+# (docs/reliability.md, *Checkpoints*).
+.PHONY: checkpoint-campaign
+checkpoint-campaign: build
+	. scripts/env.sh && python3 scripts/checkpoint_campaign.py $(BUILD)/src/cli/piper

@@ -116,7 +116,7 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   t.model_options.router_skew = o.router_skew;
   if (o.device == "cuda") return train_gpu(t, o.steps, o.json);
   PIPER_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(t));
-  if (!o.save.empty()) PIPER_RETURN_IF_ERROR(trainer->checkpoint_supported("--save"));
+  if (!o.save.empty()) PIPER_RETURN_IF_ERROR(trainer->prepare_save(o.save));  // before the first step
   if (!o.resume.empty()) {
     PIPER_RETURN_IF_ERROR(trainer->resume(o.resume));
     if (!o.json && !quiet) {

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "piper/runtime/safetensors.h"
+
 namespace piper::checkpoint_format {
 
 std::string hex64(uint64_t v) {
@@ -14,6 +16,19 @@ std::string hex64(uint64_t v) {
 
 Status bad_index(const std::string& path, const std::string& what) {
   return data_loss("checkpoint index '" + path + "' is corrupt: " + what + "; resume from an earlier checkpoint");
+}
+
+std::string index_checksum(const Json& index) {
+  Json rest = index;
+  rest.erase(kIndexChecksumKey);
+  const std::string text = rest.dump();
+  return hex64(fnv1a64(text.data(), text.size()));
+}
+
+Shape stored_shape(const Shape& extent, int64_t begin, int64_t end) {
+  int64_t numel = 1;
+  for (int64_t e : extent) numel *= e;
+  return begin == 0 && end == numel ? extent : Shape{end - begin};
 }
 
 Status check_box(const std::string& name, const Shape& shape, const Shape& offset, const Shape& extent,

@@ -116,9 +116,9 @@ std::string rank_file(int rank) {
   return buf;
 }
 
-// Rank 0, once every rank's file is on disk: the index, then the rename of the directory, then `latest`.
-Status commit(const fs::path& root, const fs::path& tmp, const fs::path& final_dir, const CheckpointMeta& meta,
-              const std::vector<Claim>& pieces, const std::vector<std::string>& reports, int keep) {
+// The index of a checkpoint whose pieces are `pieces` and whose ranks reported `reports` (write_rank_file).
+OrderedJson build_index(const CheckpointMeta& meta, const std::vector<Claim>& pieces,
+                        const std::vector<std::string>& reports) {
   OrderedJson index;
   index["format"] = kFormat;
   index["version"] = kVersion;
@@ -126,7 +126,9 @@ Status commit(const fs::path& root, const fs::path& tmp, const fs::path& final_d
   index["data_position"] = {{"epoch", meta.data.epoch}, {"index", meta.data.index}};
   index["rng"] = {{"seed", meta.rng.seed}, {"stream", meta.rng.stream}, {"counter", meta.rng.counter}};
   index["seq_len"] = meta.seq_len;
-  index["model"] = meta.model;
+  OrderedJson arch = OrderedJson::object();
+  for (const auto& [field, value] : meta.model_arch) arch[field] = OrderedJson::parse(value);
+  index["model"] = {{"name", meta.model}, {"arch_hash", architecture_hash(meta.model_arch)}, {"arch", arch}};
   index["strategy"] = meta.strategy;
   index["world_size"] = reports.size();
   if (!meta.expert_placement.empty()) {
@@ -135,29 +137,72 @@ Status commit(const fs::path& root, const fs::path& tmp, const fs::path& final_d
     index["expert_placement"] = std::move(placement);
   }
   index["files"] = OrderedJson::object();
-  for (const std::string& r : reports) {
-    if (r.empty()) continue;
-    const Json j = Json::parse(r);
+  std::vector<Json> entries(reports.size());  // per rank: piece key -> [data begin, data end, checksum]
+  for (size_t r = 0; r < reports.size(); ++r) {
+    if (reports[r].empty()) continue;
+    const Json j = Json::parse(reports[r]);
     index["files"][j["file"].get<std::string>()] = {{"bytes", j["bytes"]}, {"fnv1a64", j["fnv1a64"]}};
+    entries[r] = j["entries"];
   }
   OrderedJson tensors = OrderedJson::object();
   for (const Claim& c : pieces) {
     if (!tensors.contains(c.name)) {
-      tensors[c.name] = {{"shape", c.shape}, {"optimizer", c.optimizer}, {"pieces", OrderedJson::array()}};
+      tensors[c.name] = {
+          {"shape", c.shape}, {"dtype", kDtype}, {"optimizer", c.optimizer}, {"pieces", OrderedJson::array()}};
     }
     if (c.begin == c.end) continue;
+    const std::string key = piece_key(c.name, c.shape, c.offset, c.extent, c.begin, c.end);
+    const Json& e = entries[static_cast<size_t>(c.rank)][key];
     tensors[c.name]["pieces"].push_back({{"file", rank_file(c.rank)},
-                                         {"key", piece_key(c.name, c.shape, c.offset, c.extent, c.begin, c.end)},
+                                         {"key", key},
                                          {"offset", c.offset},
                                          {"extent", c.extent},
-                                         {"range", {c.begin, c.end}}});
+                                         {"range", {c.begin, c.end}},
+                                         {"data_offsets", {e[0], e[1]}},
+                                         {"fnv1a64", e[2]}});
   }
   index["tensors"] = std::move(tensors);
-  PIPER_RETURN_IF_ERROR(write_synced(tmp / kIndexFile, index.dump(1) + "\n"));
+  index[kIndexChecksumKey] = index_checksum(Json::parse(index.dump()));
+  return index;
+}
+
+// Keeps the newest `keep` checkpoints up to `step`; later ones (an abandoned run's) are left alone. Removes
+// the .tmp directories of saves that were interrupted (one save runs at a time per ROOT), and .old ones whose
+// step directory is complete again.
+void rotate(const fs::path& root, int64_t step, int keep) {
+  std::error_code ec;
+  std::vector<int64_t> steps;
+  std::vector<fs::path> stale;
+  for (const auto& entry : fs::directory_iterator(root, ec)) {
+    const std::string n = entry.path().filename().string();
+    long long s = 0;
+    char tail = 0;
+    if (std::sscanf(n.c_str(), "step-%lld%c", &s, &tail) == 1 && n == checkpoint_step_name(s) && s <= step) {
+      steps.push_back(s);
+    } else if (n == checkpoint_step_name(s) + ".tmp" ||
+               (n == checkpoint_step_name(s) + ".old" && fs::exists(root / checkpoint_step_name(s) / kIndexFile))) {
+      stale.push_back(entry.path());
+    }
+  }
+  for (const fs::path& dir : stale) fs::remove_all(dir, ec);
+  std::sort(steps.rbegin(), steps.rend());
+  for (size_t i = static_cast<size_t>(std::max(1, keep)); i < steps.size(); ++i) {
+    fs::remove_all(root / checkpoint_step_name(steps[i]), ec);
+  }
+}
+
+// Rank 0, once every rank's file is in `tmp` and synced: the index, then the rename of the directory, then
+// `latest`. Until the rename, ROOT/latest and the step directories it names are untouched.
+Status commit(const fs::path& root, const fs::path& tmp, const fs::path& final_dir, const CheckpointMeta& meta,
+              const std::vector<Claim>& pieces, const std::vector<std::string>& reports, int keep) {
+  PIPER_RETURN_IF_ERROR(write_synced(tmp / kIndexFile, build_index(meta, pieces, reports).dump(1) + "\n"));
+  PIPER_RETURN_IF_ERROR(fsync_path(tmp.string()));  // the files' directory entries
+  // Saving a step again: the complete old directory goes to step-N.old until `latest` is rewritten (a reader
+  // falls back to it while step-N is missing); a stale step-N.old goes only once step-N is complete.
   std::error_code ec;
   const fs::path old = final_dir.string() + ".old";
-  fs::remove_all(old, ec);
   if (fs::exists(final_dir, ec)) {
+    fs::remove_all(old, ec);
     fs::rename(final_dir, old, ec);
     if (ec) return internal_error("cannot move the previous '" + final_dir.string() + "' aside: " + ec.message());
   }
@@ -166,20 +211,7 @@ Status commit(const fs::path& root, const fs::path& tmp, const fs::path& final_d
   PIPER_RETURN_IF_ERROR(fsync_path(root.string()));
   PIPER_RETURN_IF_ERROR(write_synced(root / kLatestFile, final_dir.filename().string() + "\n"));
   fs::remove_all(old, ec);
-  // Keep the newest `keep` checkpoints up to this step; later ones (an abandoned run's) are left alone.
-  std::vector<int64_t> steps;
-  for (const auto& entry : fs::directory_iterator(root, ec)) {
-    const std::string n = entry.path().filename().string();
-    long long s = 0;
-    char tail = 0;
-    if (std::sscanf(n.c_str(), "step-%lld%c", &s, &tail) == 1 && n == checkpoint_step_name(s) && s <= meta.step) {
-      steps.push_back(s);
-    }
-  }
-  std::sort(steps.rbegin(), steps.rend());
-  for (size_t i = static_cast<size_t>(std::max(1, keep)); i < steps.size(); ++i) {
-    fs::remove_all(root / checkpoint_step_name(steps[i]), ec);
-  }
+  rotate(root, meta.step, keep);
   return ok_status();
 }
 
@@ -227,6 +259,76 @@ Status agree_on_status(comm::Communicator* world, const Status& mine, double tim
   return ok_status();
 }
 
+namespace {
+
+// This rank's pieces as claims (JSON, exchanged between ranks) with their data.
+struct LocalClaims {
+  Json claims = Json::array();
+  std::vector<const float*> data;    // element `begin` of each claim
+  std::vector<const Tensor*> boxes;  // the whole box, when `local` is one
+};
+
+Status collect_claims(const std::vector<TensorPiece>& pieces, LocalClaims* out) {
+  for (const TensorPiece& p : pieces) {
+    if (p.local == nullptr) return internal_error("checkpoint: piece of '" + p.name + "' has no tensor");
+    Claim c;
+    c.name = p.name;
+    c.shape = p.global_shape;
+    c.offset = p.offset.empty() ? Shape(p.global_shape.size(), 0) : p.offset;
+    const bool shard_store = !p.extent.empty();
+    c.extent = shard_store ? p.extent : p.local->shape();
+    c.begin = p.begin;
+    c.end = p.end >= 0 ? p.end : shard_store ? p.begin + p.local->numel() : p.local->numel();
+    c.optimizer = p.optimizer;
+    PIPER_RETURN_IF_ERROR(check_box(c.name, c.shape, c.offset, c.extent, c.begin, c.end));
+    if (shard_store && p.local->numel() != c.end - c.begin) {
+      return invalid_argument("checkpoint: tensor '" + p.name + "' holds " + std::to_string(p.local->numel()) +
+                              " elements for the range [" + std::to_string(c.begin) + ", " + std::to_string(c.end) +
+                              ")");
+    }
+    out->claims.push_back(claim_json(c));
+    out->data.push_back(shard_store ? p.local->data() : p.local->data() + c.begin);
+    out->boxes.push_back(shard_store ? nullptr : p.local);
+  }
+  return ok_status();
+}
+
+// Writes the pieces this rank won into tmp/rank-R.safetensors and fsyncs it. Returns the report for the index
+// (file, bytes, whole-file checksum, per piece its data_offsets and checksum), or "" when the rank won none.
+Result<std::string> write_rank_file(const fs::path& tmp, int rank, const std::vector<Claim>& won,
+                                    const LocalClaims& local) {
+  std::map<std::string, size_t> local_index;
+  for (size_t i = 0; i < local.claims.size(); ++i) local_index[local.claims[i].dump()] = i;
+  std::deque<Tensor> ranges;
+  std::vector<std::pair<std::string, const Tensor*>> out;
+  for (const Claim& c : won) {
+    if (c.rank != rank || c.begin == c.end) continue;
+    const size_t at = local_index.at(claim_json(c).dump());
+    // Whole boxes are written from the tensor itself; ranges are copied out (stored_shape).
+    const std::string key = piece_key(c.name, c.shape, c.offset, c.extent, c.begin, c.end);
+    const Shape shape = stored_shape(c.extent, c.begin, c.end);
+    if (local.boxes[at] != nullptr && shape == c.extent) {
+      out.emplace_back(key, local.boxes[at]);
+      continue;
+    }
+    ranges.push_back(Tensor::zeros_or_die(shape, MemCategory::kBuffers));
+    std::memcpy(ranges.back().data(), local.data[at], static_cast<size_t>(c.end - c.begin) * sizeof(float));
+    out.emplace_back(key, &ranges.back());
+  }
+  if (out.empty()) return std::string();
+  const std::string file = rank_file(rank), path = (tmp / file).string();
+  PIPER_ASSIGN_OR_RETURN(SafetensorsWritten written, write_safetensors(path, out, {{"format", "pt"}}));
+  PIPER_RETURN_IF_ERROR(fsync_path(path));
+  Json entries = Json::object();
+  for (const SafetensorsEntry& e : written.entries) entries[e.name] = {e.begin, e.end, hex64(e.checksum)};
+  return Json{{"file", file}, {"bytes", written.bytes}, {"fnv1a64", hex64(written.file_hash)}, {"entries", entries}}
+      .dump();
+}
+
+}  // namespace
+
+// The protocol, every step agreed by all ranks before the next: rank 0 makes an empty ROOT/step-N.tmp; the
+// ranks exchange and check their pieces; each writes its file into the .tmp directory; rank 0 commits.
 Status save_checkpoint(const std::string& root, const CheckpointMeta& meta, const std::vector<TensorPiece>& pieces,
                        comm::Communicator* world, double timeout_s, int keep) {
   const int rank = world != nullptr ? world->rank() : 0;
@@ -242,76 +344,41 @@ Status save_checkpoint(const std::string& root, const CheckpointMeta& meta, cons
   }
   PIPER_RETURN_IF_ERROR(agree_on_status(world, st, timeout_s));
 
-  // This rank's claims, checked, with their data.
-  Json mine = Json::array();
-  std::vector<const float*> data;      // element `begin` of each claim
-  std::vector<const Tensor*> boxes;    // the whole box, when `local` is one
-  for (const TensorPiece& p : pieces) {
-    if (p.local == nullptr) {
-      st = internal_error("checkpoint: piece of '" + p.name + "' has no tensor");
-      break;
-    }
-    Claim c;
-    c.name = p.name;
-    c.shape = p.global_shape;
-    c.offset = p.offset.empty() ? Shape(p.global_shape.size(), 0) : p.offset;
-    const bool shard_store = !p.extent.empty();
-    c.extent = shard_store ? p.extent : p.local->shape();
-    c.begin = p.begin;
-    c.end = p.end >= 0 ? p.end : shard_store ? p.begin + p.local->numel() : p.local->numel();
-    c.optimizer = p.optimizer;
-    st = check_box(c.name, c.shape, c.offset, c.extent, c.begin, c.end);
-    if (st.ok() && shard_store && p.local->numel() != c.end - c.begin) {
-      st = invalid_argument("checkpoint: tensor '" + p.name + "' holds " + std::to_string(p.local->numel()) +
-                            " elements for the range [" + std::to_string(c.begin) + ", " + std::to_string(c.end) + ")");
-    }
-    if (!st.ok()) break;
-    mine.push_back(claim_json(c));
-    data.push_back(shard_store ? p.local->data() : p.local->data() + c.begin);
-    boxes.push_back(shard_store ? nullptr : p.local);
-  }
-  PIPER_RETURN_IF_ERROR(agree_on_status(world, st, timeout_s));
-  PIPER_ASSIGN_OR_RETURN(std::vector<std::string> all, all_gather_strings(world, mine.dump(), timeout_s));
-  Result<std::vector<Claim>> won = winners(all);
-  if (!won.ok()) return won.status();
+  LocalClaims local;
+  PIPER_RETURN_IF_ERROR(agree_on_status(world, collect_claims(pieces, &local), timeout_s));
+  PIPER_ASSIGN_OR_RETURN(std::vector<std::string> all, all_gather_strings(world, local.claims.dump(), timeout_s));
+  PIPER_ASSIGN_OR_RETURN(std::vector<Claim> won, winners(all));
 
-  // This rank's file: the pieces it won, partial ranges copied out as flat tensors.
-  std::string report;
-  {
-    std::map<std::string, size_t> local_index;
-    for (size_t i = 0; i < mine.size(); ++i) local_index[mine[i].dump()] = i;
-    std::deque<Tensor> ranges;
-    std::vector<std::pair<std::string, const Tensor*>> out;
-    for (const Claim& c : *won) {
-      if (c.rank != rank || c.begin == c.end) continue;
-      const size_t at = local_index.at(claim_json(c).dump());
-      // Whole boxes keep their shape in the file (written from the tensor itself); ranges are flat copies.
-      int64_t numel = 1;
-      for (int64_t e : c.extent) numel *= e;
-      const std::string key = piece_key(c.name, c.shape, c.offset, c.extent, c.begin, c.end);
-      if (boxes[at] != nullptr && c.begin == 0 && c.end == numel) {
-        out.emplace_back(key, boxes[at]);
-        continue;
-      }
-      const float* src = data[at];
-      ranges.push_back(Tensor::zeros_or_die(c.begin == 0 && c.end == numel ? c.extent : Shape{c.end - c.begin},
-                                            MemCategory::kBuffers));
-      std::memcpy(ranges.back().data(), src, static_cast<size_t>(c.end - c.begin) * sizeof(float));
-      out.emplace_back(key, &ranges.back());
-    }
-    if (!out.empty()) {
-      const std::string file = rank_file(rank), path = (tmp / file).string();
-      Result<uint64_t> hash = write_safetensors(path, out, {{"format", "pt"}});
-      st = hash.status();
-      if (st.ok()) st = fsync_path(path);
-      if (st.ok()) {
-        report = Json{{"file", file}, {"bytes", fs::file_size(path)}, {"fnv1a64", hex64(*hash)}}.dump();
+  Result<std::string> report = write_rank_file(tmp, rank, won, local);
+  PIPER_RETURN_IF_ERROR(agree_on_status(world, report.status(), timeout_s));
+  PIPER_ASSIGN_OR_RETURN(std::vector<std::string> reports, all_gather_strings(world, *report, timeout_s));
+  if (rank == 0) st = commit(root_dir, tmp, final_dir, meta, won, reports, keep);
+  return agree_on_status(world, st, timeout_s);
+}
+
+Status check_checkpoint_root_writable(const std::string& root, comm::Communicator* world, double timeout_s) {
+  const int rank = world != nullptr ? world->rank() : 0;
+  const fs::path probe = fs::path(root) / (".piper-write-probe-" + std::to_string(rank) + "-" +
+                                           std::to_string(static_cast<long long>(::getpid())));
+  Status st = ok_status();
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) {
+    st = invalid_argument("--save " + root + ": cannot create the directory: " + ec.message() +
+                          "; pass a directory you can write to");
+  } else {
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL, 0600);
+    if (fd < 0) {
+      st = invalid_argument("--save " + root + ": cannot write into the directory: " + std::strerror(errno) +
+                            "; pass a directory you can write to");
+    } else {
+      ::close(fd);
+      if (::unlink(probe.c_str()) != 0) {
+        st = invalid_argument("--save " + root + ": cannot remove a file from the directory: " + std::strerror(errno) +
+                              "; pass a directory you can write to");
       }
     }
   }
-  PIPER_RETURN_IF_ERROR(agree_on_status(world, st, timeout_s));
-  PIPER_ASSIGN_OR_RETURN(std::vector<std::string> reports, all_gather_strings(world, report, timeout_s));
-  if (rank == 0) st = commit(root_dir, tmp, final_dir, meta, *won, reports, keep);
   return agree_on_status(world, st, timeout_s);
 }
 

@@ -30,12 +30,23 @@ uint64_t fnv1a64(const void* data, size_t bytes, uint64_t hash) {
   return hash;
 }
 
-Result<uint64_t> write_safetensors(const std::string& path,
-                                   const std::vector<std::pair<std::string, const Tensor*>>& tensors,
-                                   const std::map<std::string, std::string>& metadata) {
+uint64_t safetensors_entry_checksum(const std::string& name, const std::string& dtype, const Shape& shape,
+                                    uint64_t begin, uint64_t end, const void* data) {
+  // Fields separated by NUL, so that moving a character from one field to the next changes the sum.
+  std::string entry = name + '\0' + dtype + '\0' + shape_to_string(shape) + '\0';
+  for (uint64_t v : {begin, end}) {
+    for (int i = 0; i < 8; ++i) entry.push_back(static_cast<char>(v >> (8 * i)));
+  }
+  return fnv1a64(data, static_cast<size_t>(end - begin), fnv1a64(entry.data(), entry.size()));
+}
+
+Result<SafetensorsWritten> write_safetensors(const std::string& path,
+                                             const std::vector<std::pair<std::string, const Tensor*>>& tensors,
+                                             const std::map<std::string, std::string>& metadata) {
   OrderedJson header = OrderedJson::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   std::set<std::string> seen;
+  SafetensorsWritten written;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     if (name.empty() || name == "__metadata__" || !seen.insert(name).second) {
@@ -43,6 +54,8 @@ Result<uint64_t> write_safetensors(const std::string& path,
     }
     const uint64_t bytes = static_cast<uint64_t>(t->nbytes());
     header[name] = {{"dtype", "F32"}, {"shape", t->shape()}, {"data_offsets", {offset, offset + bytes}}};
+    written.entries.push_back({name, "F32", t->shape(), offset, offset + bytes,
+                               safetensors_entry_checksum(name, "F32", t->shape(), offset, offset + bytes, t->data())});
     offset += bytes;
   }
   std::string text = header.dump();
@@ -54,7 +67,7 @@ Result<uint64_t> write_safetensors(const std::string& path,
   for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(static_cast<uint64_t>(text.size()) >> (8 * i));
   out.write(reinterpret_cast<const char*>(len), 8);
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  uint64_t hash = 0xcbf29ce484222325ull;
+  uint64_t hash = fnv1a64(text.data(), text.size(), fnv1a64(len, 8));
   for (const auto& entry : tensors) {
     const Tensor* t = entry.second;
     if (t->numel() == 0) continue;
@@ -66,7 +79,9 @@ Result<uint64_t> write_safetensors(const std::string& path,
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
   if (ec) return internal_error("cannot rename '" + tmp + "' to '" + path + "': " + ec.message());
-  return hash;
+  written.bytes = 8 + text.size() + offset;
+  written.file_hash = hash;
+  return written;
 }
 
 Result<SafetensorsFile> read_safetensors(const std::string& path, MemCategory category) {
@@ -153,11 +168,13 @@ Result<SafetensorsFile> read_safetensors(const std::string& path, MemCategory ca
     return corrupt(path, "the tensors cover " + std::to_string(expect) + " data bytes but the file has " +
                              std::to_string(data_size) + " (trailing bytes)");
   }
-  file.data_hash = fnv1a64(data, data_size);
+  file.file_hash = fnv1a64(bytes.data(), bytes.size());
   for (const Entry& e : entries) {
     PIPER_ASSIGN_OR_RETURN(Tensor t, Tensor::zeros(e.shape, category));
     if (t.numel() > 0) std::memcpy(t.data(), data + e.begin, e.end - e.begin);
     file.tensors.emplace_back(e.name, std::move(t));
+    file.entries.push_back({e.name, "F32", e.shape, e.begin, e.end,
+                            safetensors_entry_checksum(e.name, "F32", e.shape, e.begin, e.end, data + e.begin)});
   }
   return file;
 }

@@ -6,6 +6,8 @@
 // Reading validates everything and never trusts a length: a short, truncated or inconsistent file is a
 // DataLoss error that names the file and what is wrong. Only F32 is supported (others: Unimplemented).
 // Writing goes to "<path>.tmp" and renames, so a crash never leaves a half-written file under the real name.
+// Checksums (fnv1a64): one per tensor over its header entry (name, dtype, shape, data_offsets) and its data, so
+// that an edited shape is caught as surely as a flipped data bit, and one over the whole file.
 #pragma once
 
 #include <cstdint>
@@ -19,19 +21,39 @@
 
 namespace piper {
 
+// One tensor's header entry and the checksum that covers the entry and the tensor's data.
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;            // "F32"
+  Shape shape;                  // as the header says
+  uint64_t begin = 0, end = 0;  // data_offsets, bytes from the start of the data section
+  uint64_t checksum = 0;        // safetensors_entry_checksum of the above and the bytes [begin, end)
+};
+
 struct SafetensorsFile {
   std::vector<std::pair<std::string, Tensor>> tensors;  // in file order (sorted by data offset)
+  std::vector<SafetensorsEntry> entries;                // tensors[i]'s header entry and checksum
   std::map<std::string, std::string> metadata;
-  uint64_t data_hash = 0;  // fnv1a64 of the data section
+  uint64_t file_hash = 0;  // fnv1a64 of the whole file
+};
+
+struct SafetensorsWritten {
+  std::vector<SafetensorsEntry> entries;  // in the order given
+  uint64_t bytes = 0;                     // the file's size
+  uint64_t file_hash = 0;                 // fnv1a64 of the whole file
 };
 
 // FNV-1a, 64 bit, over bytes (used as the checkpoint's corruption check).
 uint64_t fnv1a64(const void* data, size_t bytes, uint64_t hash = 0xcbf29ce484222325ull);
 
-// Names must be unique and non-empty and must not be "__metadata__". Returns the data section's fnv1a64.
-Result<uint64_t> write_safetensors(const std::string& path,
-                                   const std::vector<std::pair<std::string, const Tensor*>>& tensors,
-                                   const std::map<std::string, std::string>& metadata);
+// The checksum of one tensor: fnv1a64 over its name, dtype, shape and data_offsets, then its data bytes.
+uint64_t safetensors_entry_checksum(const std::string& name, const std::string& dtype, const Shape& shape,
+                                    uint64_t begin, uint64_t end, const void* data);
+
+// Names must be unique and non-empty and must not be "__metadata__". Returns each entry with its checksum.
+Result<SafetensorsWritten> write_safetensors(const std::string& path,
+                                             const std::vector<std::pair<std::string, const Tensor*>>& tensors,
+                                             const std::map<std::string, std::string>& metadata);
 // Tensors are allocated in `category`.
 Result<SafetensorsFile> read_safetensors(const std::string& path, MemCategory category);
 

@@ -459,6 +459,11 @@ Status Trainer::checkpoint_supported(const std::string& flag) const {
                        "(docs/runtime.md)");
 }
 
+Status Trainer::prepare_save(const std::string& root) {
+  PIPER_RETURN_IF_ERROR(checkpoint_supported("--save"));
+  return check_checkpoint_root_writable(root, options_.world, comm_timeout_s());
+}
+
 Status Trainer::save(const std::string& dir) {
   PIPER_RETURN_IF_ERROR(checkpoint_supported("--save"));
   CheckpointMeta meta;
@@ -467,6 +472,7 @@ Status Trainer::save(const std::string& dir) {
   meta.rng = RngState{options_.seed, 0, 0};
   meta.seq_len = options_.seq_len;
   meta.model = options_.model.name;
+  meta.model_arch = model_architecture(options_.model);
   meta.strategy = strategy_.to_string();
   meta.world_size = options_.ranks;
   meta.expert_placement = executor_->expert_placement();
@@ -510,6 +516,7 @@ Status Trainer::save(const std::string& dir) {
 Status Trainer::restore_local(CheckpointReader& reader) {
   const CheckpointMeta& m = reader.meta();
   const std::string where = "resume from '" + reader.dir() + "'";
+  PIPER_RETURN_IF_ERROR(check_checkpoint_model(reader.dir(), m, options_.model));
   if (m.rng.seed != options_.seed) {
     return invalid_argument(where + ": the checkpoint was trained with --seed " + std::to_string(m.rng.seed) +
                             ", this run uses " + std::to_string(options_.seed) +
@@ -522,7 +529,6 @@ Status Trainer::restore_local(CheckpointReader& reader) {
   }
   std::map<std::string, Optimizer::StateTensor> moments;
   for (const Optimizer::StateTensor& st : optimizer_->state()) moments[st.name] = st;
-  const std::string hint = " (was the checkpoint written for another model? resume with the same --model)";
   // Expert parallelism: adopt the writer's placement when it fits this run (every MoE layer, each a
   // permutation of the experts: any ep degree); otherwise keep this run's. Either way every slot loads its
   // logical expert.
@@ -555,7 +561,7 @@ Status Trainer::restore_local(CheckpointReader& reader) {
                                      e - j * n, data + (b - store.lo));
           });
         }
-        if (!s.ok()) return s.with_context(where + hint);
+        if (!s.ok()) return s.with_context(where);
         return ok_status();
       }));
   Status s = loader_->seek(m.data);
@@ -571,7 +577,7 @@ Status Trainer::resume(const std::string& dir) {
   Status st = reader.status();
   if (st.ok()) st = restore_local(**reader);
   PIPER_RETURN_IF_ERROR(agree_on_status(options_.world, st, timeout_s));
-  // Every tensor of the checkpoint must be held by some rank of this run (else it was another model's).
+  // Every tensor of the checkpoint must be held by some rank of this run (its architecture was checked above).
   std::string mine;
   for (const Param* p : model_->params()) mine += p->name + "\n";
   PIPER_ASSIGN_OR_RETURN(std::vector<std::string> all, all_gather_strings(options_.world, mine, timeout_s));
@@ -582,9 +588,9 @@ Status Trainer::resume(const std::string& dir) {
   for (const auto& [name, info] : (*reader)->tensors()) {
     const std::string param = info.optimizer ? name.substr(0, name.rfind('.')) : name;
     if (!held.count(param)) {
-      return invalid_argument("resume from '" + (*reader)->dir() + "': the checkpoint has tensor '" + name +
-                              "', which this model does not (written for model '" + (*reader)->meta().model +
-                              "'; was the checkpoint written for another model? resume with the same --model)");
+      return data_loss("resume from '" + (*reader)->dir() + "': its index lists tensor '" + name +
+                       "', which model '" + options_.model.name + "' does not have although the checkpoint's " +
+                       "architecture is this model's (the index is inconsistent); resume from an earlier checkpoint");
     }
   }
   resumed_ = (*reader)->meta();

@@ -109,8 +109,12 @@ class Trainer {
   // not after its last step. Expert-parallel runs save every expert under its logical index with the placement
   // table; a resume under ep > 1 adopts the table. Tensor-parallel slices record their boxes (w_qkv: row blocks).
   Status checkpoint_supported(const std::string& flag) const;
+  // Collective, before the first step of a `--save ROOT` run: checkpoint_supported("--save"), then every rank
+  // creates ROOT if needed and creates and removes a probe file in it (InvalidArgument naming ROOT and errno).
+  Status prepare_save(const std::string& root);
   // Collective: loads a checkpoint written under any strategy and world size (dir: a --save ROOT or one of its
-  // step-N directories). The same error on every rank: naming the rank, the file and the fix.
+  // step-N directories) after checking that it was written for this model's architecture, --seed and --seq.
+  // The same error on every rank: naming the rank, the file and the fix.
   Status resume(const std::string& dir);
   // What the last resume() loaded (step, the writer's strategy and world size), and its step directory.
   const CheckpointMeta& resumed() const { return resumed_; }

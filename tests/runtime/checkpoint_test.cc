@@ -5,11 +5,14 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iterator>
 
 #include "piper/base/check.h"
 #include "piper/base/json.h"
+#include "piper/runtime/checkpoint_format.h"
 #include "piper/runtime/safetensors.h"
+#include "piper/spec/model_loader.h"
 
 namespace piper {
 namespace {
@@ -41,15 +44,17 @@ void write_all(const std::string& path, const std::string& bytes) {
 TEST(SafetensorsTest, RoundTripAndLayout) {
   const std::string path = temp_dir("st") + "/a.safetensors";
   Tensor a = ramp({2, 3}, 1.0f), b = ramp({4}, -2.0f), scalar = ramp({}, 7.0f), empty = ramp({0, 5}, 0.0f);
-  Result<uint64_t> hash =
+  Result<SafetensorsWritten> written =
       write_safetensors(path, {{"w.a", &a}, {"b", &b}, {"s", &scalar}, {"e", &empty}}, {{"format", "pt"}});
-  ASSERT_TRUE(hash.ok()) << hash.status().to_string();
+  ASSERT_TRUE(written.ok()) << written.status().to_string();
   // The layout is the safetensors spec: u64 LE header length, JSON header padded to 8, then the data.
   const std::string bytes = read_all(path);
   uint64_t n = 0;
   for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(static_cast<unsigned char>(bytes[i])) << (8 * i);
   EXPECT_EQ(n % 8, 0u);
   EXPECT_EQ(bytes.size(), 8 + n + (6 + 4 + 1) * 4);
+  EXPECT_EQ(written->bytes, bytes.size());
+  EXPECT_EQ(written->file_hash, fnv1a64(bytes.data(), bytes.size()));
   const Json header = Json::parse(bytes.substr(8, n));
   EXPECT_EQ(header["w.a"]["dtype"], "F32");
   EXPECT_EQ(header["w.a"]["shape"], Json::array({2, 3}));
@@ -64,8 +69,22 @@ TEST(SafetensorsTest, RoundTripAndLayout) {
   EXPECT_EQ(file->tensors[1].second[3], -0.5f);
   EXPECT_EQ(file->tensors[2].second[0], 7.0f);
   EXPECT_EQ(file->tensors[0].second.category(), MemCategory::kOptimizer);
-  EXPECT_EQ(file->data_hash, *hash);
+  EXPECT_EQ(file->file_hash, written->file_hash);
   EXPECT_EQ(file->metadata.at("format"), "pt");
+  // Each entry's checksum covers its header entry and its data, the same written and read.
+  ASSERT_EQ(file->entries.size(), 4u);
+  ASSERT_EQ(written->entries.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) {
+    EXPECT_EQ(file->entries[i].name, written->entries[i].name);
+    EXPECT_EQ(file->entries[i].checksum, written->entries[i].checksum) << file->entries[i].name;
+  }
+  EXPECT_EQ(file->entries[1].begin, 24u);
+  // The same data under a transposed shape, or other offsets, sums differently.
+  const uint64_t sum = safetensors_entry_checksum("w.a", "F32", {2, 3}, 0, 24, a.data());
+  EXPECT_EQ(sum, written->entries[0].checksum);
+  EXPECT_NE(sum, safetensors_entry_checksum("w.a", "F32", {3, 2}, 0, 24, a.data()));
+  EXPECT_NE(sum, safetensors_entry_checksum("w.b", "F32", {2, 3}, 0, 24, a.data()));
+  EXPECT_NE(sum, safetensors_entry_checksum("w.a", "F32", {2, 3}, 8, 32, a.data()));
 }
 
 // Every corruption of a valid file must give DataLoss naming the file, never a crash.
@@ -117,11 +136,13 @@ TEST(SafetensorsTest, CorruptFilesAreDataLoss) {
             StatusCode::kNotFound);
 }
 
+std::map<std::string, std::string> tiny_arch() { return model_architecture(load_model("tiny-moe").value()); }
+
 // A one-rank checkpoint of two parameters and the moments of one, at step 42.
 struct Saved {
   std::string root;
   Tensor w1 = ramp({4, 3}, 0.0f), w2 = ramp({5}, 10.0f), m1 = ramp({4, 3}, -1.0f), v1 = ramp({4, 3}, 2.0f);
-  CheckpointMeta meta{42, {3, 17}, {0xfeedfacecafebeefull, 1, 99}, 16, "tiny", "dp=1", 1, {}};
+  CheckpointMeta meta{42, {3, 17}, {0xfeedfacecafebeefull, 1, 99}, 16, "tiny", "dp=1", 1, {}, tiny_arch()};
   explicit Saved(const std::string& name, int64_t step = 42) : root(temp_dir(name)) {
     meta.step = step;
     PIPER_CHECK_OK(save(step));
@@ -129,12 +150,16 @@ struct Saved {
   Status save(int64_t step) {
     meta.step = step;
     return save_checkpoint(root, meta,
-                           {{"layer0.w", {4, 3}, {}, &w1}, {"head.w", {5}, {}, &w2},
-                            {"layer0.w.m", {4, 3}, {}, &m1, 0, -1, true}, {"layer0.w.v", {4, 3}, {}, &v1, 0, -1, true}},
+                           {{"layer0.w", {4, 3}, {}, &w1},
+                            {"head.w", {5}, {}, &w2},
+                            {"layer0.w.m", {4, 3}, {}, &m1, 0, -1, true},
+                            {"layer0.w.v", {4, 3}, {}, &v1, 0, -1, true}},
                            nullptr, 1.0);
   }
   std::string file() const { return root + "/" + checkpoint_step_name(meta.step) + "/rank-00000.safetensors"; }
 };
+
+Status restore_all(const std::string& root);
 
 TEST(CheckpointTest, RoundTripThroughLatest) {
   Saved s("roundtrip");
@@ -174,7 +199,7 @@ TEST(CheckpointTest, RoundTripThroughLatest) {
 TEST(CheckpointTest, ExpertPlacementRoundTrips) {
   const std::string root = temp_dir("placement");
   Tensor w = ramp({4, 2}, 0.0f);
-  CheckpointMeta meta{5, {}, {}, 8, "tiny", "ep=2", 2, {}};
+  CheckpointMeta meta{5, {}, {}, 8, "tiny", "ep=2", 2, {}, {}};
   meta.expert_placement = {{1, {2, 0, 3, 1}}, {3, {0, 1, 2, 3}}};
   ASSERT_TRUE(save_checkpoint(root, meta, {{"e.w", {4, 2}, {}, &w}}, nullptr, 1.0).ok());
   auto r = CheckpointReader::open(root);
@@ -206,7 +231,7 @@ TEST(CheckpointTest, PiecesAssembleIntoAnyBox) {
   const std::string root = temp_dir("pieces");
   Tensor full = ramp({4, 6}, 0.0f);
   Tensor top = ramp({2, 6}, 0.0f), bottom = ramp({2, 6}, 6.0f);
-  CheckpointMeta meta{3, {}, {}, 8, "tiny", "ep=2", 2, {}};
+  CheckpointMeta meta{3, {}, {}, 8, "tiny", "ep=2", 2, {}, {}};
   ASSERT_TRUE(save_checkpoint(root, meta,
                               {{"e.w", {4, 6}, {0, 0}, &top},
                                {"e.w", {4, 6}, {2, 0}, &bottom, 0, 5},
@@ -217,8 +242,8 @@ TEST(CheckpointTest, PiecesAssembleIntoAnyBox) {
   auto r = CheckpointReader::open(root);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ((*r)->tensors().at("e.w").pieces.size(), 3u);
-  for (const auto& [offset, extent] : std::vector<std::pair<Shape, Shape>>{
-           {{0, 0}, {4, 6}}, {{0, 3}, {4, 3}}, {{1, 2}, {2, 3}}, {{3, 0}, {1, 6}}}) {
+  for (const auto& [offset, extent] :
+       std::vector<std::pair<Shape, Shape>>{{{0, 0}, {4, 6}}, {{0, 3}, {4, 3}}, {{1, 2}, {2, 3}}, {{3, 0}, {1, 6}}}) {
     Tensor dst = Tensor::zeros_or_die(extent, MemCategory::kParameters);
     ASSERT_TRUE((*r)->restore("e.w", {4, 6}, offset, &dst).ok()) << shape_to_string(offset);
     for (int64_t i = 0; i < extent[0]; ++i) {
@@ -231,8 +256,8 @@ TEST(CheckpointTest, PiecesAssembleIntoAnyBox) {
   EXPECT_EQ((*r)->restore("e.w", {4, 6}, {3, 0}, &outside).code(), StatusCode::kInvalidArgument);
 
   // Overlapping different pieces, a box outside its tensor, ranks disagreeing on the shape: InvalidArgument.
-  Status s = save_checkpoint(root, meta, {{"e.w", {4, 6}, {0, 0}, &top}, {"e.w", {4, 6}, {1, 0}, &bottom}}, nullptr,
-                             1.0);
+  Status s =
+      save_checkpoint(root, meta, {{"e.w", {4, 6}, {0, 0}, &top}, {"e.w", {4, 6}, {1, 0}, &bottom}}, nullptr, 1.0);
   EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("overlapping"), std::string::npos) << s.message();
   s = save_checkpoint(root, meta, {{"e.w", {4, 6}, {3, 0}, &top}}, nullptr, 1.0);
@@ -254,12 +279,12 @@ TEST(CheckpointTest, PiecesAssembleIntoAnyBox) {
 TEST(CheckpointTest, ShardStoresWriteAndReadRanges) {
   const std::string root = temp_dir("shard_store");
   Tensor full = ramp({4, 6}, 0.0f), lo = ramp({10}, 0.0f), hi = ramp({14}, 5.0f);
-  CheckpointMeta meta{1, {}, {}, 8, "tiny", "dp=2,zero=1", 2, {}};
-  ASSERT_TRUE(save_checkpoint(root, meta,
-                              {{"w.m", {4, 6}, {}, &lo, 0, 10, true, {4, 6}},
-                               {"w.m", {4, 6}, {}, &hi, 10, 24, true, {4, 6}}},
-                              nullptr, 1.0)
-                  .ok());
+  CheckpointMeta meta{1, {}, {}, 8, "tiny", "dp=2,zero=1", 2, {}, {}};
+  ASSERT_TRUE(
+      save_checkpoint(root, meta,
+                      {{"w.m", {4, 6}, {}, &lo, 0, 10, true, {4, 6}}, {"w.m", {4, 6}, {}, &hi, 10, 24, true, {4, 6}}},
+                      nullptr, 1.0)
+          .ok());
   auto r = CheckpointReader::open(root);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   Tensor whole = Tensor::zeros_or_die({4, 6}, MemCategory::kOptimizer);
@@ -280,63 +305,301 @@ TEST(CheckpointTest, InterruptedSaveKeepsThePreviousCheckpoint) {
   auto r = CheckpointReader::open(s.root);
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   EXPECT_EQ((*r)->meta().step, 1);
+  fs::create_directories(s.root + "/step-00000007.tmp");  // another step's interrupted save
   ASSERT_TRUE(s.save(2).ok());
   EXPECT_FALSE(fs::exists(s.root + "/step-00000002.tmp"));
+  EXPECT_FALSE(fs::exists(s.root + "/step-00000007.tmp"));
   ASSERT_TRUE(s.save(3).ok());
   EXPECT_FALSE(fs::exists(s.root + "/step-00000001"));
   EXPECT_TRUE(fs::exists(s.root + "/step-00000002/index.json"));
   EXPECT_EQ(read_all(s.root + "/latest"), "step-00000003\n");
   ASSERT_TRUE(s.save(3).ok());  // the same step again replaces it
   EXPECT_EQ(CheckpointReader::open(s.root).value()->meta().step, 3);
+  // A crash while saving step 3 again, between moving the old step-3 aside and renaming the new one in.
+  fs::rename(s.root + "/step-00000003", s.root + "/step-00000003.old");
+  auto r3 = CheckpointReader::open(s.root);
+  ASSERT_TRUE(r3.ok()) << r3.status().to_string();
+  EXPECT_EQ((*r3)->meta().step, 3);
+  EXPECT_TRUE(restore_all(s.root).ok());
+  ASSERT_TRUE(s.save(3).ok());
+  EXPECT_FALSE(fs::exists(s.root + "/step-00000003.old"));
+  EXPECT_TRUE(fs::exists(s.root + "/step-00000003/index.json"));
+  // Such a leftover of another step goes with the next save once its step directory is complete.
+  fs::create_directories(s.root + "/step-00000002.old");
+  ASSERT_TRUE(s.save(4).ok());
+  EXPECT_FALSE(fs::exists(s.root + "/step-00000002.old"));
 }
 
-TEST(CheckpointTest, CorruptionIsDataLossNamingTheFile) {
-  auto restore_all = [](const std::string& root) -> Status {
-    PIPER_ASSIGN_OR_RETURN(auto r, CheckpointReader::open(root));
-    Tensor w = Tensor::zeros_or_die({4, 3}, MemCategory::kParameters);
-    return r->restore("layer0.w", {4, 3}, {}, &w);
-  };
-  {
-    Saved s("flip");  // one flipped bit in the data: caught by the checksum
-    std::string bytes = read_all(s.file());
-    bytes[bytes.size() - 5] ^= 0x10;
-    write_all(s.file(), bytes);
-    Status st = restore_all(s.root);
-    EXPECT_EQ(st.code(), StatusCode::kDataLoss);
-    EXPECT_NE(st.message().find("rank-00000.safetensors"), std::string::npos) << st.message();
-    EXPECT_NE(st.message().find("checksum"), std::string::npos);
+// Reads every tensor of a Saved checkpoint back, as a resume does.
+Status restore_all(const std::string& root) {
+  PIPER_ASSIGN_OR_RETURN(auto r, CheckpointReader::open(root));
+  Tensor w = Tensor::zeros_or_die({4, 3}, MemCategory::kParameters);
+  Tensor h = Tensor::zeros_or_die({5}, MemCategory::kParameters);
+  PIPER_RETURN_IF_ERROR(r->restore("layer0.w", {4, 3}, {}, &w));
+  PIPER_RETURN_IF_ERROR(r->restore("layer0.w.m", {4, 3}, {}, &w));
+  PIPER_RETURN_IF_ERROR(r->restore("layer0.w.v", {4, 3}, {}, &w));
+  return r->restore("head.w", {5}, {}, &h);
+}
+
+// `st` has `code` and a message containing every one of `parts`, and (not a model mismatch) no "another model".
+void expect_refused(const Status& st, StatusCode code, const std::vector<std::string>& parts) {
+  EXPECT_EQ(st.code(), code) << st.to_string();
+  for (const std::string& part : parts) {
+    EXPECT_NE(st.message().find(part), std::string::npos) << part << " in\n" << st.message();
   }
+  EXPECT_EQ(st.message().find("another model"), std::string::npos) << st.message();
+}
+
+// The safetensors header of a Saved file, edited by `edit` (same length, so the layout stays valid).
+void edit_header(const std::string& file, const std::string& from, const std::string& to) {
+  ASSERT_EQ(from.size(), to.size());
+  std::string bytes = read_all(file);
+  const size_t at = bytes.find(from);
+  ASSERT_NE(at, std::string::npos) << from;
+  ASSERT_LT(at, 8 + bytes.size() / 2);
+  bytes.replace(at, from.size(), to);
+  write_all(file, bytes);
+}
+
+std::string index_path(const Saved& s) { return s.root + "/" + checkpoint_step_name(s.meta.step) + "/index.json"; }
+
+// Rewrites the index through `edit`, its checksum left as it was (a careless edit) or resealed (a careful one,
+// to show the check that comes before the checksum).
+void edit_index(const Saved& s, const std::function<void(Json&)>& edit, bool reseal) {
+  Json index = Json::parse(read_all(index_path(s)));
+  edit(index);
+  if (reseal) index["index_fnv1a64"] = checkpoint_format::index_checksum(index);
+  write_all(index_path(s), index.dump(1));
+}
+void edit_and_reseal_index(const Saved& s, const std::function<void(Json&)>& edit) { edit_index(s, edit, true); }
+void edit_index_only(const Saved& s, const std::function<void(Json&)>& edit) { edit_index(s, edit, false); }
+
+TEST(CheckpointRefuses, TransposedShapeInTheFileHeader) {
+  Saved s("transposed");
+  edit_header(s.file(), R"("layer0.w":{"dtype":"F32","shape":[4,3])", R"("layer0.w":{"dtype":"F32","shape":[3,4])");
+  expect_refused(restore_all(s.root), StatusCode::kDataLoss,
+                 {"rank-00000.safetensors", "tensor 'layer0.w' has shape [3, 4] in its header, the index says [4, 3]"});
+}
+
+TEST(CheckpointRefuses, BitFlipInTheData) {
+  Saved s("flip_data");
+  std::string bytes = read_all(s.file());
+  bytes[bytes.size() - 5] ^= 0x10;  // in the last tensor of the file
+  write_all(s.file(), bytes);
+  expect_refused(restore_all(s.root), StatusCode::kDataLoss,
+                 {"rank-00000.safetensors", "tensor 'layer0.w.v' does not match its checksum", "earlier checkpoint"});
+}
+
+TEST(CheckpointRefuses, BitFlipInTheHeader) {
+  {
+    Saved s("flip_name");  // 'w' ^ 1 = 'v': a tensor the index does not list
+    edit_header(s.file(), R"("head.w")", R"("head.v")");
+    expect_refused(restore_all(s.root), StatusCode::kDataLoss, {"holds tensor 'head.v' that the index does not list"});
+  }
+  {
+    Saved s("flip_metadata");  // "pt" -> "pu": only the whole-file checksum covers the metadata
+    edit_header(s.file(), R"("format":"pt")", R"("format":"pu")");
+    expect_refused(restore_all(s.root), StatusCode::kDataLoss,
+                   {"rank-00000.safetensors", "whole file does not match its checksum"});
+  }
+  {
+    Saved s("flip_json");  // not JSON any more
+    edit_header(s.file(), R"({"__metadata__")", R"(["__metadata__")");
+    expect_refused(restore_all(s.root), StatusCode::kDataLoss, {"rank-00000.safetensors", "not valid JSON"});
+  }
+}
+
+TEST(CheckpointRefuses, TruncatedOrMissingFile) {
   {
     Saved s("truncate");
     const std::string bytes = read_all(s.file());
     write_all(s.file(), bytes.substr(0, bytes.size() - 8));
-    Status st = restore_all(s.root);
-    EXPECT_EQ(st.code(), StatusCode::kDataLoss);
-    EXPECT_NE(st.message().find("truncated"), std::string::npos) << st.message();
-  }
-  {
-    Saved s("index");
-    const std::string index = s.root + "/step-00000042/index.json";
-    write_all(index, read_all(index).substr(0, 40));
-    Status st = restore_all(s.root);
-    EXPECT_EQ(st.code(), StatusCode::kDataLoss);
-    EXPECT_NE(st.message().find("index.json"), std::string::npos);
+    const std::string sizes =
+        "has " + std::to_string(bytes.size() - 8) + " bytes but the index says " + std::to_string(bytes.size());
+    expect_refused(restore_all(s.root), StatusCode::kDataLoss, {"rank-00000.safetensors", sizes, "truncated"});
   }
   {
     Saved s("missing");
     fs::remove(s.file());
-    EXPECT_EQ(restore_all(s.root).code(), StatusCode::kDataLoss);
+    expect_refused(restore_all(s.root), StatusCode::kDataLoss, {"rank-00000.safetensors", "is missing"});
+  }
+}
+
+TEST(CheckpointRefuses, EditedStep) {
+  {
+    Saved s("step_huge");
+    edit_and_reseal_index(s, [](Json& j) { j["step"] = 1e15; });
+    expect_refused(restore_all(s.root), StatusCode::kDataLoss,
+                   {"index.json", "step must be an integer in [0, 1000000000000], got 1e+15"});
   }
   {
-    Saved s("pointer");
-    write_all(s.root + "/latest", "step-00000007\n");
-    Status st = restore_all(s.root);
-    EXPECT_EQ(st.code(), StatusCode::kDataLoss);
-    EXPECT_NE(st.message().find("latest"), std::string::npos) << st.message();
+    Saved s("step_negative");
+    edit_and_reseal_index(s, [](Json& j) { j["step"] = -3; });
+    expect_refused(restore_all(s.root), StatusCode::kDataLoss, {"step must be an integer", "got -3"});
   }
+  {
+    Saved s("step_other_dir");
+    edit_and_reseal_index(s, [](Json& j) { j["step"] = 41; });
+    expect_refused(restore_all(s.root), StatusCode::kDataLoss, {"step is 41 but the directory is 'step-00000042'"});
+  }
+  {
+    Saved s("step_resealed_not");  // a plausible step, in a directory of another name: the index checksum
+    fs::rename(s.root + "/step-00000042", s.root + "/copy");
+    const std::string index = s.root + "/copy/index.json";
+    Json j = Json::parse(read_all(index));
+    j["step"] = 7;
+    write_all(index, j.dump(1));
+    expect_refused(restore_all(s.root + "/copy"), StatusCode::kDataLoss,
+                   {"copy/index.json", "do not match its index_fnv1a64", "edited or damaged"});
+  }
+}
+
+TEST(CheckpointRefuses, EditedModelKeysAndVersion) {
+  {
+    Saved s("model_name");  // a valid name, not the one written: the index checksum
+    edit_index_only(s, [](Json& j) { j["model"]["name"] = "mixtral-8x7b"; });
+    expect_refused(restore_all(s.root), StatusCode::kDataLoss, {"index.json", "do not match its index_fnv1a64"});
+  }
+  {
+    Saved s("model_string");  // version 2's form
+    edit_and_reseal_index(s, [](Json& j) { j["model"] = "mixtral-8x7b"; });
+    expect_refused(restore_all(s.root), StatusCode::kDataLoss, {"model is not a JSON object"});
+  }
+  {
+    Saved s("model_arch");  // the fields edited, not their hash
+    edit_and_reseal_index(s, [](Json& j) { j["model"]["arch"]["num_layers"] = 32; });
+    expect_refused(restore_all(s.root), StatusCode::kDataLoss, {"model.arch_hash", "does not match model.arch"});
+  }
+  {
+    Saved s("unknown_key");
+    edit_and_reseal_index(s, [](Json& j) { j["stpe"] = 3; });
+    expect_refused(restore_all(s.root), StatusCode::kDataLoss, {"the index has the unknown key 'stpe'"});
+  }
+  {
+    Saved s("missing_key");
+    edit_and_reseal_index(s, [](Json& j) { j.erase("seq_len"); });
+    expect_refused(restore_all(s.root), StatusCode::kDataLoss, {"the index lacks the key 'seq_len'"});
+  }
+  {
+    Saved s("dtype");
+    edit_and_reseal_index(s, [](Json& j) { j["tensors"]["head.w"]["dtype"] = "BF16"; });
+    expect_refused(restore_all(s.root), StatusCode::kUnimplemented, {"tensor 'head.w' has dtype BF16", "F32"});
+  }
+  {
+    Saved s("old_version");
+    edit_index_only(s, [](Json& j) { j["version"] = 2; });
+    expect_refused(restore_all(s.root), StatusCode::kUnimplemented,
+                   {"format version 2; this build reads version 3 only", "without --resume"});
+  }
+}
+
+TEST(CheckpointRefuses, BrokenPointerOrNoCheckpoint) {
+  Saved s("pointer");
+  write_all(s.root + "/latest", "step-00000007\n");
+  expect_refused(restore_all(s.root), StatusCode::kDataLoss, {"latest", "step-00000007"});
   Status st = restore_all(temp_dir("nothing"));
   EXPECT_EQ(st.code(), StatusCode::kNotFound);
   EXPECT_NE(st.message().find("nothing"), std::string::npos);
+}
+
+// Damage anywhere in the index or the rank file (deterministic byte flips, cuts and inserted digits): every
+// open + restore ends in OK or a DataLoss/Unimplemented/NotFound naming the damaged file, never a crash;
+// and OK only when the checksums could not have seen the change (the file is byte for byte the original).
+TEST(CheckpointRefuses, RandomDamageIsRefusedOrHarmless) {
+  Saved s("random");
+  const std::string index = index_path(s), file = s.file();
+  const std::string index_bytes = read_all(index), file_bytes = read_all(file);
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  auto next = [&](uint64_t n) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return (state >> 33) % n;
+  };
+  int refused = 0, harmless = 0;
+  for (int i = 0; i < 400; ++i) {
+    const bool in_index = i % 2 == 0;
+    std::string bytes = in_index ? index_bytes : file_bytes;
+    const size_t at = static_cast<size_t>(next(bytes.size()));
+    switch (next(3)) {
+      case 0:
+        bytes[at] = static_cast<char>(bytes[at] ^ (1 << next(8)));
+        break;
+      case 1:
+        bytes.resize(at);
+        break;
+      default:
+        bytes.insert(at, "9");
+        break;
+    }
+    write_all(in_index ? index : file, bytes);
+    const Status st = restore_all(s.root);
+    write_all(in_index ? index : file, in_index ? index_bytes : file_bytes);
+    if (st.ok()) {
+      // Only insignificant index whitespace can change without a refusal.
+      ++harmless;
+      EXPECT_TRUE(in_index) << "a damaged rank file loaded (iteration " << i << ")";
+      if (in_index) {
+        EXPECT_EQ(Json::parse(bytes), Json::parse(index_bytes)) << i;
+      }
+      continue;
+    }
+    ++refused;
+    EXPECT_TRUE(st.code() == StatusCode::kDataLoss || st.code() == StatusCode::kUnimplemented ||
+                st.code() == StatusCode::kNotFound)
+        << st.to_string();
+    EXPECT_TRUE(st.message().find("index.json") != std::string::npos ||
+                st.message().find("rank-00000.safetensors") != std::string::npos)
+        << st.message();
+    EXPECT_EQ(st.message().find("another model"), std::string::npos) << st.message();
+  }
+  EXPECT_GT(refused, 350);
+  std::printf("400 damaged checkpoints: %d refused, %d harmless (index whitespace)\n", refused, harmless);
+}
+
+// Only a real model mismatch says "written for another model", with the fields that differ.
+TEST(CheckpointModel, AnotherArchitectureIsRefusedNamingTheFields) {
+  Saved s("model");
+  auto r = CheckpointReader::open(s.root);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ModelSpec tiny = load_model("tiny-moe").value();
+  EXPECT_TRUE(check_checkpoint_model((*r)->dir(), (*r)->meta(), tiny).ok());
+  ModelSpec renamed = tiny;  // the same architecture under another name loads
+  renamed.name = "my-tiny";
+  renamed.moe.top_k = 1;  // not a shape
+  EXPECT_TRUE(check_checkpoint_model((*r)->dir(), (*r)->meta(), renamed).ok());
+  ModelSpec other = tiny;
+  other.name = "bigger";
+  other.num_layers = 6;
+  other.hidden_size = 256;
+  Status st = check_checkpoint_model((*r)->dir(), (*r)->meta(), other);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  for (const std::string part : {"was written for another model: 'tiny'", "this run trains 'bigger'",
+                                 "hidden_size 128 vs 256", "num_layers 4 vs 6", "resume with --model tiny"}) {
+    EXPECT_NE(st.message().find(part), std::string::npos) << part << " in\n" << st.message();
+  }
+  EXPECT_NE(model_architecture(tiny), model_architecture(other));
+  EXPECT_EQ(architecture_hash(model_architecture(tiny)), architecture_hash(model_architecture(renamed)));
+}
+
+TEST(CheckpointRoot, UnwritableRootIsNamedWithTheReason) {
+  const std::string dir = temp_dir("probe");
+  const std::string fresh = dir + "/a/b";
+  ASSERT_TRUE(check_checkpoint_root_writable(fresh, nullptr, 1.0).ok());
+  EXPECT_TRUE(fs::is_directory(fresh));
+  EXPECT_TRUE(fs::is_empty(fresh));  // the probe is gone
+  write_all(dir + "/file", "x");
+  Status st = check_checkpoint_root_writable(dir + "/file/ckpt", nullptr, 1.0);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("--save " + dir + "/file/ckpt: cannot create the directory"), std::string::npos)
+      << st.message();
+  EXPECT_NE(st.message().find("Not a directory"), std::string::npos) << st.message();
+  if (::geteuid() != 0) {  // root writes anywhere
+    fs::create_directories(dir + "/ro");
+    fs::permissions(dir + "/ro", fs::perms::owner_read | fs::perms::owner_exec);
+    st = check_checkpoint_root_writable(dir + "/ro", nullptr, 1.0);
+    EXPECT_NE(st.message().find("cannot write into the directory: Permission denied"), std::string::npos)
+        << st.message();
+    fs::permissions(dir + "/ro", fs::perms::owner_all);
+  }
 }
 
 }  // namespace

@@ -119,6 +119,7 @@ TEST(TrainerTest, CorruptTruncatedOrMismatchedCheckpointIsAClearError) {
   Status s = fresh->resume(dir);
   EXPECT_EQ(s.code(), StatusCode::kDataLoss) << s.to_string();
   EXPECT_NE(s.message().find(file), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("another model"), std::string::npos) << "a flipped byte is not a model mismatch";
 
   ASSERT_TRUE(t->save(dir).ok());
   fs::resize_file(file, fs::file_size(file) - 100);
@@ -134,7 +135,9 @@ TEST(TrainerTest, CorruptTruncatedOrMismatchedCheckpointIsAClearError) {
   auto mismatched = Trainer::create(other).value();
   s = mismatched->resume(dir);
   EXPECT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("another model"), std::string::npos) << s.message();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.to_string();
+  EXPECT_NE(s.message().find("was written for another model"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("moe.num_shared_experts"), std::string::npos) << s.message();
 }
 
 TEST(TrainerTest, MissingDataFileIsNotFound) {
