@@ -17,11 +17,13 @@ namespace piper::cli {
 namespace {
 
 // Bounds of `piper schedule` (docs/reliability.md): the action lists and the timeline hold one row per
-// (rank, stage, microbatch) cell, so their product is bounded too.
-constexpr int64_t kMaxSchedulePp = 1024;
+// (rank, stage, microbatch) cell, so their product is bounded too; realising and simulating a schedule grows
+// faster than the cells with pp (pp=256 x 512 microbatches, the largest allowed, takes about 30 s; pp=1024 x 128
+// took minutes and pp=100000 x 100000 threw bad_alloc).
+constexpr int64_t kMaxSchedulePp = 256;
 constexpr int64_t kMaxScheduleMicrobatches = 65536;
 constexpr int64_t kMaxVpp = 64;
-constexpr int64_t kMaxScheduleCells = int64_t{1} << 20;
+constexpr int64_t kMaxScheduleCells = int64_t{1} << 18;
 constexpr double kMaxUnitCost = 1e6;
 
 struct ScheduleOptions {

@@ -66,10 +66,10 @@ TEST(CliScheduleTest, OutOfRangeFlagsAreRefusedWithTheRange) {
       {"--schedule interleaved --pp 2 --microbatches 4 --vpp 0", "--vpp: 0 is outside [1, 64] (stages per rank)"},
       {"--schedule interleaved --pp 2 --microbatches 4 --vpp -2", "--vpp: -2 is outside [1, 64]"},
       {"--schedule interleaved --pp 2 --microbatches 4 --vpp 1", "schedule interleaved needs --vpp >= 2"},
-      {"--schedule 1f1b --pp 100000 --microbatches 100000", "--pp: 100000 is outside [1, 1024] (pipeline ranks)"},
+      {"--schedule 1f1b --pp 100000 --microbatches 100000", "--pp: 100000 is outside [1, 256] (pipeline ranks)"},
       {"--schedule 1f1b --pp 2 --microbatches 2147483647", "--microbatches: 2147483647 is outside [1, 65536]"},
-      {"--schedule 1f1b --pp 1024 --microbatches 65536", "pipeline cells; at most 1048576"},
-      {"--schedule 1f1b --pp 0 --microbatches 4", "--pp: 0 is outside [1, 1024]"},
+      {"--schedule 1f1b --pp 256 --microbatches 65536", "pipeline cells; at most 262144"},
+      {"--schedule 1f1b --pp 0 --microbatches 4", "--pp: 0 is outside [1, 256]"},
   };
   for (const Case& c : cases) {
     int rc = 0;

@@ -51,8 +51,13 @@ void expect_error(const std::string& args, const std::string& needle) {
   int rc = 0;
   const std::string out = run(args, &rc);
   EXPECT_EQ(rc, 2) << out;
-  EXPECT_NE(out.find(needle), std::string::npos) << out;
-  EXPECT_EQ(out.find('\n'), out.size() - 1) << "not one line:\n" << out;
+  // One error line (a [W ...] environment warning of train's may precede it), and it holds the message.
+  const size_t at = out.find("piper: error: ");
+  ASSERT_NE(at, std::string::npos) << out;
+  EXPECT_EQ(out.find("piper: error: ", at + 1), std::string::npos) << "more than one error:\n" << out;
+  const std::string line = out.substr(at, out.find('\n', at) - at);
+  EXPECT_NE(line.find(needle), std::string::npos) << out;
+  EXPECT_EQ(out.find('\n', at), out.size() - 1) << "not one line:\n" << out;
 }
 
 // Every flag that names an input file: a FIFO was read (and blocked on) before.
