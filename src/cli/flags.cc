@@ -17,7 +17,8 @@ std::string format_real(double v) {
 }
 
 std::string describe(const IntRange& r) {
-  return "[" + std::to_string(r.lo) + ", " + std::to_string(r.hi) + "]" + (r.meaning.empty() ? "" : " (" + r.meaning + ")");
+  return "[" + std::to_string(r.lo) + ", " + std::to_string(r.hi) + "]" +
+         (r.meaning.empty() ? "" : " (" + r.meaning + ")");
 }
 
 std::string describe(const RealRange& r) {
@@ -56,8 +57,8 @@ CLI::Validator real_range(const RealRange& range) {
 Status check_seq_len(const ModelSpec& model, int64_t seq_len) {
   if (seq_len > model.max_seq_len) {
     return invalid_argument("--seq " + std::to_string(seq_len) + " exceeds the model's max_seq_len " +
-                            std::to_string(model.max_seq_len) + " (" + model.name + "); give --seq <= " +
-                            std::to_string(model.max_seq_len));
+                            std::to_string(model.max_seq_len) + " (" + model.name +
+                            "); give --seq <= " + std::to_string(model.max_seq_len));
   }
   return ok_status();
 }

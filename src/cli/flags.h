@@ -8,10 +8,9 @@
 // docs/reliability.md ("Input ranges: command-line flags and outputs") lists every flag with its range.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <cstdint>
 #include <string>
-
-#include <CLI/CLI.hpp>
 
 #include "piper/base/status.h"
 #include "piper/spec/model_spec.h"
@@ -20,17 +19,17 @@ namespace piper::cli {
 
 // Bounds shared by several commands. Each is far above any real run and low enough that the arrays sized by
 // it (per-step token buffers, per-microbatch graph nodes, per-rank schedules) fit in memory.
-inline constexpr int64_t kMaxSeqLen = int64_t{1} << 20;        // tokens per sequence (the longest context is 163840)
-inline constexpr int64_t kMaxGlobalBatch = int64_t{1} << 24;   // sequences per optimizer step
-inline constexpr int64_t kMaxMicrobatches = 4096;              // the graph holds every layer's chunks per microbatch
-inline constexpr int64_t kMaxNodes = 65536;                    // nodes of a cluster
-inline constexpr int64_t kMaxMeshDegree = 4096;                // ranks along one mesh axis
-inline constexpr int64_t kMaxWorldSize = 65536;                // ranks of one plan (compile's per-rank programs)
-inline constexpr int64_t kMaxThreads = 1024;                   // worker threads
-inline constexpr int64_t kMaxLocalRanks = 64;                  // MPI ranks started on this machine (oversubscribed)
-inline constexpr int64_t kMaxSteps = 1000000000;               // optimizer steps
-inline constexpr double kMaxLearningRate = 1.0;                // AdamW's peak lr; above 1 the loss diverges at once
-inline constexpr double kMaxCapacityGib = 1048576;             // 1 PiB of device memory
+inline constexpr int64_t kMaxSeqLen = int64_t{1} << 20;       // tokens per sequence (the longest context is 163840)
+inline constexpr int64_t kMaxGlobalBatch = int64_t{1} << 24;  // sequences per optimizer step
+inline constexpr int64_t kMaxMicrobatches = 4096;             // the graph holds every layer's chunks per microbatch
+inline constexpr int64_t kMaxNodes = 65536;                   // nodes of a cluster
+inline constexpr int64_t kMaxMeshDegree = 4096;               // ranks along one mesh axis
+inline constexpr int64_t kMaxWorldSize = 65536;               // ranks of one plan (compile's per-rank programs)
+inline constexpr int64_t kMaxThreads = 1024;                  // worker threads
+inline constexpr int64_t kMaxLocalRanks = 64;                 // MPI ranks started on this machine (oversubscribed)
+inline constexpr int64_t kMaxSteps = 1000000000;              // optimizer steps
+inline constexpr double kMaxLearningRate = 1.0;               // AdamW's peak lr; above 1 the loss diverges at once
+inline constexpr double kMaxCapacityGib = 1048576;            // 1 PiB of device memory
 
 struct IntRange {
   int64_t lo = 0;

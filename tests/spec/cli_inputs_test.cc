@@ -117,7 +117,8 @@ TEST(CliInputsTest, NumericFlagsOutsideTheirRangeAreRefused) {
       {"compile --model tiny-moe --strategy dp=1 --global-batch 0", "--global-batch: 0 is outside [1, 16777216]"},
       {"compile --model tiny-moe --strategy dp=1 --capacity-gib -1", "--capacity-gib: -1 is outside (0, 1.04858e+06]"},
       {"compile --model tiny-moe --strategy dp=1 --capacity-gib nan", "--capacity-gib: nan is not finite"},
-      {"compile --model tiny-moe --mesh pp=100000 --directives x.json", "--mesh pp=100000: degrees must be in [1, 4096]"},
+      {"compile --model tiny-moe --mesh pp=100000 --directives x.json",
+       "--mesh pp=100000: degrees must be in [1, 4096]"},
       {"info --model tiny-moe --seq 0", "--seq: 0 is outside [1, 1048576]"},
       {"info --model tiny-moe --seq 4096", "exceeds the model's max_seq_len 128"},
       {train + "--global-batch -4", "--global-batch: -4 is outside [1, 16777216]"},
@@ -159,8 +160,8 @@ TEST(CliInputsTest, LongValuesAreElidedInMessages) {
 // --json: one JSON document on stdout whatever happens; on failure the error object with the exit code.
 TEST(CliInputsTest, JsonFailuresPrintOneErrorObject) {
   int rc = 0;
-  std::string out = run("estimate --model no-such-model --cluster local-cpu --nodes 1 --strategy dp=1 --json", &rc,
-                        false);
+  std::string out =
+      run("estimate --model no-such-model --cluster local-cpu --nodes 1 --strategy dp=1 --json", &rc, false);
   EXPECT_EQ(rc, 2);
   piper::Json j = piper::Json::parse(out);
   EXPECT_EQ(j["error"]["code"], "not_found");
