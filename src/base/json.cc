@@ -1,5 +1,7 @@
 #include "piper/base/json.h"
 
+#include "piper/base/files.h"
+
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -41,23 +43,9 @@ Result<Json> parse_json(const std::string& text, const std::string& what) {
   }
 }
 
-Result<std::string> read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found("cannot open '" + path + "': " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return data_loss("error reading '" + path + "'");
-  return ss.str();
-}
+Result<std::string> read_text_file(const std::string& path) { return read_regular_file(path); }
 
-Status write_text_file(const std::string& path, const std::string& text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return not_found("cannot write '" + path + "': " + std::strerror(errno));
-  out << text;
-  out.close();
-  if (!out) return data_loss("error writing '" + path + "'");
-  return ok_status();
-}
+Status write_text_file(const std::string& path, const std::string& text) { return write_file_atomic(path, text); }
 
 Result<Json> load_json_file(const std::string& path) {
   PIPER_ASSIGN_OR_RETURN(std::string text, read_text_file(path));

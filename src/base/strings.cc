@@ -5,6 +5,8 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include "piper/base/files.h"
+
 namespace piper {
 
 std::vector<std::string> split(std::string_view text, char sep) {
@@ -55,7 +57,7 @@ Result<int64_t> parse_int(std::string_view text, const std::string& what) {
   char* end = nullptr;
   long long v = std::strtoll(s.c_str(), &end, 10);
   if (end != s.c_str() + s.size() || errno == ERANGE) {
-    return invalid_argument(what + ": expected an integer, got '" + s + "'");
+    return invalid_argument(what + ": expected an integer, got '" + elide(s) + "'");
   }
   return static_cast<int64_t>(v);
 }
@@ -67,7 +69,7 @@ Result<double> parse_double(std::string_view text, const std::string& what) {
   char* end = nullptr;
   double v = std::strtod(s.c_str(), &end);
   if (end != s.c_str() + s.size() || errno == ERANGE) {
-    return invalid_argument(what + ": expected a number, got '" + s + "'");
+    return invalid_argument(what + ": expected a number, got '" + elide(s) + "'");
   }
   return v;
 }

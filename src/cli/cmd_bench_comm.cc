@@ -5,15 +5,19 @@
 #include <memory>
 #include <sstream>
 
+#include "piper/base/files.h"
 #include "piper/base/json.h"
 #include "piper/base/strings.h"
 #include "piper/cli/cmd_bench.h"
+#include "piper/cli/flags.h"
 #include "piper/comm/comm_bench.h"
 #include "piper/comm/launch.h"
 #include "piper/comm/mpi/mpi_communicator.h"
 
 namespace piper::cli {
 namespace {
+
+constexpr int64_t kMaxBytesPerPair = int64_t{1} << 30;
 
 struct BenchCommFlags {
   int ranks = 8;
@@ -43,11 +47,16 @@ Result<size_t> parse_size(const std::string& text) {
       break;
     }
   }
-  auto value = parse_int(t, "--sizes entry '" + text + "'");
+  auto value = parse_int(t, "--sizes entry");
   if (!value.ok() || *value < 1) {
-    return invalid_argument("--sizes: '" + text + "' is not a positive size; use e.g. 4096, 64KiB, 1MiB");
+    return invalid_argument("--sizes: '" + elide(text) + "' is not a positive size; use e.g. 4096, 64KiB, 1MiB");
   }
-  return static_cast<size_t>(*value * scale);
+  const double bytes = static_cast<double>(*value) * scale;
+  if (bytes > static_cast<double>(kMaxBytesPerPair)) {
+    return invalid_argument("--sizes: '" + elide(text) + "' is more than 1GiB per pair (every rank holds a buffer " +
+                            "per peer); use at most 1GiB");
+  }
+  return static_cast<size_t>(bytes);
 }
 
 Result<std::vector<std::string>> own_argv() {
@@ -74,7 +83,7 @@ Status run_bench(const BenchCommFlags& f) {
   } else {
     auto direct = parse_size(f.halo_direct);
     if (!direct.ok()) {
-      return invalid_argument("--halo-direct: '" + f.halo_direct + "' is not a size; use 0 (batch every block) " +
+      return invalid_argument("--halo-direct: '" + elide(f.halo_direct) + "' is not a size; use 0 (batch every block) " +
                               "or e.g. 64KiB");
     }
     options.halo_direct_pair_bytes = *direct;
@@ -90,7 +99,6 @@ Status run_bench(const BenchCommFlags& f) {
   }
 
   if (!comm::launched_by_mpi()) {
-    if (f.ranks < 1) return invalid_argument("--ranks must be >= 1, got " + std::to_string(f.ranks));
     PIPER_ASSIGN_OR_RETURN(auto argv, own_argv());
     comm::MpirunOptions launch;
     launch.ranks = f.ranks;
@@ -132,9 +140,12 @@ PIPER_REGISTER_BENCH(
     "All-to-all, MoE dispatch and combine: MPI_Alltoallv vs pairwise vs HALO; alpha-beta calibration",
     [](CLI::App* sub) {
       auto f = std::make_shared<BenchCommFlags>();
-      sub->add_option("--ranks", f->ranks, "ranks to launch when not already under mpirun")->capture_default_str();
-      sub->add_option("--ranks-per-node", f->ranks_per_node, "ranks per (emulated) node for HALO; default ranks / 2");
-      sub->add_option("--lanes", f->lanes,
+      add_int_option(sub, "--ranks", &f->ranks, {1, kMaxLocalRanks, "MPI ranks started on this machine"},
+                     "ranks to launch when not already under mpirun")
+          ->capture_default_str();
+      add_int_option(sub, "--ranks-per-node", &f->ranks_per_node, {1, kMaxLocalRanks, "ranks per emulated node"},
+                     "ranks per (emulated) node for HALO; default ranks / 2");
+      add_int_option(sub, "--lanes", &f->lanes, {0, kMaxLocalRanks, "NICs per node; 0 = one per rank"},
                       "HALO lanes per node (NICs); 1 = one proxy per node pair, 0 = one per rank (a NIC "
                       "per GPU, as DGX H100/H800 rails)")
           ->capture_default_str();
@@ -144,16 +155,23 @@ PIPER_REGISTER_BENCH(
           ->capture_default_str();
       sub->add_option("--sizes", f->sizes, "bytes per pair, comma separated (4096, 64KiB, 1MiB)")
           ->capture_default_str();
-      sub->add_option("--iterations", f->iterations, "timed iterations per point")->capture_default_str();
+      add_int_option(sub, "--iterations", &f->iterations, {1, 1000000, "timed iterations"},
+                     "timed iterations per point")
+          ->capture_default_str();
       sub->add_flag("--interleave,!--no-interleave", f->interleave,
                     "run the candidates of a row (MPI, pairwise, HALO) interleaved, one call of each per "
                     "iteration (default); --no-interleave times each in a block of iterations")
           ->capture_default_str();
-      sub->add_option("--tokens", f->tokens, "MoE dispatch: tokens per rank (0 skips)")->capture_default_str();
-      sub->add_option("--token-bytes", f->token_bytes, "MoE dispatch/combine: bytes per token (multiple of 4)")
+      add_int_option(sub, "--tokens", &f->tokens, {0, 1 << 20, "tokens per rank; 0 skips the MoE rows"},
+                     "MoE dispatch: tokens per rank (0 skips)")
           ->capture_default_str();
-      sub->add_option("--experts", f->experts, "MoE dispatch: experts")->capture_default_str();
-      sub->add_option("--top-k", f->top_k, "MoE dispatch: experts per token")->capture_default_str();
+      add_int_option(sub, "--token-bytes", &f->token_bytes, {4, 1 << 20, "bytes per token, a multiple of 4"},
+                     "MoE dispatch/combine: bytes per token (multiple of 4)")
+          ->capture_default_str();
+      add_int_option(sub, "--experts", &f->experts, {1, 4096, "experts"}, "MoE dispatch: experts")
+          ->capture_default_str();
+      add_int_option(sub, "--top-k", &f->top_k, {1, 64, "experts per token"}, "MoE dispatch: experts per token")
+          ->capture_default_str();
       sub->add_option("--calibration-out", f->calibration_out,
                       "write the measured alpha-beta figures to this JSON file");
       sub->add_flag("--no-calibrate", f->no_calibrate, "skip the ping-pong calibration");

@@ -4,7 +4,9 @@
 #include "piper/base/json.h"
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
+#include "piper/base/files.h"
 #include "piper/cli/command.h"
+#include "piper/cli/flags.h"
 #include "piper/compile/compile.h"
 #include "piper/compile/plan_summary.h"
 #include "piper/compile/strategy_directives.h"
@@ -19,10 +21,10 @@ struct CompileCliOptions {
   std::string strategy;
   std::string directives_file;
   std::string mesh;  // with --directives: "pp=2,dp=4,ep=2" (vpp, tp default 1)
-  int64_t global_batch = 0;
-  int64_t seq_len = 4096;
-  int microbatches = 0;
-  double capacity_gib = 0;
+  int64_t global_batch = 0;  // 0: not given
+  int64_t seq_len = 0;       // 0: not given (min(4096, the model's max_seq_len))
+  int microbatches = 0;      // 0: not given (the strategy's)
+  double capacity_gib = 0;   // 0: not given (no memory check)
   std::string emit_directives;
   bool verbose = false;
   bool json = false;
@@ -32,9 +34,12 @@ Result<ir::MeshInfo> parse_mesh(const std::string& text) {
   ir::MeshInfo mesh;
   for (const std::string& item : split(text, ',')) {
     auto kv = split(trim(item), '=');
-    if (kv.size() != 2) return invalid_argument("--mesh '" + text + "': expected key=value pairs such as pp=2,dp=4");
+    if (kv.size() != 2) return invalid_argument("--mesh '" + elide(text) + "': expected key=value pairs such as pp=2,dp=4");
     PIPER_ASSIGN_OR_RETURN(int64_t v, parse_int(trim(kv[1]), "--mesh " + kv[0]));
-    if (v < 1) return invalid_argument("--mesh " + item + ": degrees must be >= 1");
+    if (v < 1 || v > kMaxMeshDegree) {
+      return invalid_argument("--mesh " + elide(item) + ": degrees must be in [1, " + std::to_string(kMaxMeshDegree) +
+                              "] (ranks along one axis)");
+    }
     const std::string key = trim(kv[0]);
     int* field = key == "pp"    ? &mesh.pp
                  : key == "vpp" ? &mesh.vpp
@@ -44,6 +49,11 @@ Result<ir::MeshInfo> parse_mesh(const std::string& text) {
                                 : nullptr;
     if (field == nullptr) return invalid_argument("--mesh: unknown axis '" + key + "'; use pp, vpp, dp, ep, tp");
     *field = static_cast<int>(v);
+  }
+  const int64_t world = static_cast<int64_t>(mesh.pp) * mesh.dp * mesh.tp;
+  if (world > kMaxWorldSize) {
+    return invalid_argument("--mesh '" + elide(text) + "': pp*dp*tp = " + std::to_string(world) + " ranks; at most " +
+                            std::to_string(kMaxWorldSize) + " (one program per rank); use smaller degrees");
   }
   if (mesh.dp % mesh.ep != 0) {
     return invalid_argument("--mesh: ep=" + std::to_string(mesh.ep) + " must divide dp=" + std::to_string(mesh.dp));
@@ -64,12 +74,9 @@ Result<Inputs> resolve(const CompileCliOptions& o) {
   if (o.strategy.empty() == o.directives_file.empty()) {
     return invalid_argument("give exactly one of --strategy S (dp=8,pp=4,ep=8,schedule=1f1b,...) or --directives FILE");
   }
-  if (o.seq_len < 1) return invalid_argument("--seq " + std::to_string(o.seq_len) + " must be >= 1");
-  if (o.global_batch < 0) return invalid_argument("--global-batch must be >= 1");
-  if (o.microbatches < 0) return invalid_argument("--microbatches must be >= 1");
   Inputs in;
   PIPER_ASSIGN_OR_RETURN(in.model, load_model(o.model));
-  in.train.seq_len = o.seq_len;
+  PIPER_ASSIGN_OR_RETURN(in.train.seq_len, resolve_seq_len(in.model, o.seq_len));
   if (!o.directives_file.empty()) {
     if (o.mesh.empty()) return invalid_argument("--directives needs --mesh pp=P[,vpp=V,dp=D,ep=E,tp=T]");
     if (o.microbatches > 0) {
@@ -105,14 +112,15 @@ Result<Inputs> resolve(const CompileCliOptions& o) {
 
 Status run(const CompileCliOptions& o) {
   PIPER_ASSIGN_OR_RETURN(Inputs in, resolve(o));
-  if (!o.emit_directives.empty()) {
-    PIPER_RETURN_IF_ERROR(write_text_file(o.emit_directives, ir::directives_to_json(in.directives).dump(1) + "\n"));
-  }
   compile::CompileOptions options;
   options.verbose = o.verbose;
   options.capacity_bytes = static_cast<int64_t>(o.capacity_gib * static_cast<double>(1LL << 30));
   PIPER_ASSIGN_OR_RETURN(compile::CompileResult r,
                          compile::compile_directives(in.model, in.train, in.mesh, in.directives, options));
+  // Written only once the directives compiled and verified: a failed compile leaves no file behind.
+  if (!o.emit_directives.empty()) {
+    PIPER_RETURN_IF_ERROR(write_text_file(o.emit_directives, ir::directives_to_json(in.directives).dump(1) + "\n"));
+  }
   const auto summary = compile::summarize_plan(r.plan, r.stats);
   double total_s = 0;
   for (const auto& [step, s] : r.step_seconds) total_s += s;
@@ -157,10 +165,15 @@ PIPER_REGISTER_COMMAND(
       sub->add_option("--strategy", o->strategy, "compact strategy (dp=8,pp=4,...) or JSON file");
       sub->add_option("--directives", o->directives_file, "a JSON directive file instead");
       sub->add_option("--mesh", o->mesh, "mesh for --directives: pp=P[,vpp=V,dp=D,ep=E,tp=T]");
-      sub->add_option("--global-batch", o->global_batch, "sequences per step (default: dp*microbatches*mbs)");
-      sub->add_option("--seq", o->seq_len, "sequence length")->capture_default_str();
-      sub->add_option("--microbatches", o->microbatches, "override the strategy's microbatches");
-      sub->add_option("--capacity-gib", o->capacity_gib, "check every rank's peak against this device memory (GiB)");
+      add_int_option(sub, "--global-batch", &o->global_batch, {1, kMaxGlobalBatch, "sequences per step"},
+                     "sequences per step (default: dp*microbatches*mbs)");
+      add_int_option(sub, "--seq", &o->seq_len, {1, kMaxSeqLen, "tokens per sequence"},
+                     "sequence length (default: min(4096, the model's max_seq_len))");
+      add_int_option(sub, "--microbatches", &o->microbatches,
+                     {1, kMaxMicrobatches, "microbatches per step; the graph holds every layer per microbatch"},
+                     "override the strategy's microbatches");
+      add_real_option(sub, "--capacity-gib", &o->capacity_gib, {0, kMaxCapacityGib, true, "GiB of device memory"},
+                      "check every rank's peak against this device memory (GiB)");
       sub->add_option("--emit-directives", o->emit_directives,
                       "write the directives that were compiled to this JSON file");
       sub->add_flag("--verbose", o->verbose, "log each compile step with its time");

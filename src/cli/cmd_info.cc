@@ -6,6 +6,7 @@
 #include "piper/base/json.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
+#include "piper/cli/flags.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/counting.h"
 #include "piper/spec/model_json.h"
@@ -17,7 +18,7 @@ namespace {
 struct InfoOptions {
   std::string model;
   std::string cluster;
-  int64_t seq_len = 0;  // 0 = min(4096, max_seq_len)
+  int64_t seq_len = 0;  // 0: not given (min(4096, max_seq_len))
   int nodes = 1;
   bool json = false;
 };
@@ -125,9 +126,8 @@ Status run_info(const InfoOptions& o) {
   }
   OrderedJson out;
   if (!o.model.empty()) {
-    if (o.seq_len < 0) return invalid_argument("--seq: " + std::to_string(o.seq_len) + " must be >= 1");
     PIPER_ASSIGN_OR_RETURN(ModelSpec m, load_model(o.model));
-    int64_t seq = o.seq_len > 0 ? o.seq_len : std::min<int64_t>(4096, m.max_seq_len);
+    PIPER_ASSIGN_OR_RETURN(const int64_t seq, resolve_seq_len(m, o.seq_len));
     if (o.json) {
       out = model_info_json(m, seq);
     } else {
@@ -154,10 +154,12 @@ PIPER_REGISTER_COMMAND(g_info, "info", "Parameters, active parameters and FLOPs/
                        [](CLI::App* sub) {
                          auto o = std::make_shared<InfoOptions>();
                          sub->add_option("--model", o->model, "preset name or JSON file (ours or HF config.json)");
-                         sub->add_option("--seq", o->seq_len,
-                                         "sequence length for FLOPs (default min(4096, max_seq_len))");
+                         add_int_option(sub, "--seq", &o->seq_len, {1, kMaxSeqLen, "tokens per sequence"},
+                                        "sequence length for FLOPs (default min(4096, max_seq_len))");
                          sub->add_option("--cluster", o->cluster, "cluster preset name or JSON file");
-                         sub->add_option("--nodes", o->nodes, "number of nodes of the cluster")->capture_default_str();
+                         add_int_option(sub, "--nodes", &o->nodes, {1, kMaxNodes, "nodes of the cluster"},
+                                        "number of nodes of the cluster")
+                             ->capture_default_str();
                          sub->add_flag("--json", o->json, "print one JSON object");
                          return std::function<Status()>([o] { return run_info(*o); });
                        });

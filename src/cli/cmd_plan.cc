@@ -9,6 +9,7 @@
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
+#include "piper/cli/flags.h"
 #include "piper/cli/local_plan.h"
 #include "piper/cli/train_report.h"
 #include "piper/plan/disaggregate.h"
@@ -26,9 +27,9 @@ struct PlanOptions {
   std::string cluster;
   int nodes = 1;
   int64_t global_batch = 0;
-  int64_t seq_len = 4096;
+  int64_t seq_len = 0;  // 0: not given (min(4096, the model's max_seq_len))
   int top_k = kPlanTopK;
-  int threads = 0;
+  int threads = 0;  // 0: not given (all cores)
   double memory_fraction = 0.95;
   std::string schedules;
   std::string calibration;
@@ -37,12 +38,12 @@ struct PlanOptions {
   bool disaggregate = false;
   bool no_verify = false;
   int verify_attempts = 3;
-  int simulate_top = -1;  // -1: as many as --top
+  int simulate_top = -1;  // -1: not given (as many as --top)
   int local_search = kPlanLocalSearchSteps;
   double sim_budget_s = kPlanSimBudgetS;
   std::string solver = "cbc";
   std::string af_placement = "spread";
-  int local_ranks = 0;  // > 0: plan for this many ranks on this machine (train_report.h local_cluster)
+  int local_ranks = 0;  // 0: not given; > 0: plan for this many ranks on this machine (train_report.h local_cluster)
   bool runnable = false;
 };
 
@@ -270,6 +271,7 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
 
 Status run_plan(const PlanOptions& o) {
   PIPER_ASSIGN_OR_RETURN(ModelSpec model, load_model(o.model));
+  PIPER_ASSIGN_OR_RETURN(const int64_t seq_len, resolve_seq_len(model, o.seq_len));
   ClusterSpec cluster;
   TrainSpec train;
   cost::Calibration local_calibration;
@@ -280,12 +282,12 @@ Status run_plan(const PlanOptions& o) {
                                                          o.calibration, o.comm_calibration));
     cluster = m.cluster;
     local_calibration = m.calibration;
-    train = local_train_spec(o.global_batch, o.seq_len);
+    train = local_train_spec(o.global_batch, seq_len);
   } else {
     PIPER_ASSIGN_OR_RETURN(cluster, load_cluster(o.cluster, o.nodes));
     if (!o.comm_calibration.empty()) PIPER_RETURN_IF_ERROR(load_comm_calibration(o.comm_calibration, &cluster));
     train.global_batch = o.global_batch;
-    train.seq_len = o.seq_len;
+    train.seq_len = seq_len;
   }
   if (o.disaggregate) {
     cost::Calibration calibration = local_calibration;
@@ -342,31 +344,39 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
   auto o = std::make_shared<PlanOptions>();
   sub->add_option("--model", o->model, "model preset or config file")->required();
   sub->add_option("--cluster", o->cluster, "cluster preset or file (required unless --local-ranks)");
-  sub->add_option("--nodes", o->nodes, "number of nodes (with --cluster)")->capture_default_str();
-  sub->add_option("--local-ranks", o->local_ranks,
-                  "plan for R ranks on this machine (local-cpu, cores shared; what `piper train --ranks R` runs on)");
+  add_int_option(sub, "--nodes", &o->nodes, {1, kMaxNodes, "nodes of the cluster"}, "number of nodes (with --cluster)")
+      ->capture_default_str();
+  add_int_option(sub, "--local-ranks", &o->local_ranks,
+                 {1, kMaxLocalRanks, "MPI ranks on this machine, as piper train --ranks"},
+                 "plan for R ranks on this machine (local-cpu, cores shared; what `piper train --ranks R` runs on)");
   sub->add_flag("--runnable", o->runnable,
                 "only strategies the runtime executes today (src/runtime/support.h; `piper train` can run them)");
-  sub->add_option("--global-batch", o->global_batch, "sequences per optimizer step")->required();
-  sub->add_option("--seq", o->seq_len, "sequence length")->capture_default_str();
-  sub->add_option("--top", o->top_k, "how many plans to print")->capture_default_str();
-  sub->add_option("--threads", o->threads, "search threads (default: all cores)");
+  add_int_option(sub, "--global-batch", &o->global_batch, {1, kMaxGlobalBatch, "sequences per step"},
+                 "sequences per optimizer step")
+      ->required();
+  add_int_option(sub, "--seq", &o->seq_len, {1, kMaxSeqLen, "tokens per sequence"},
+                 "sequence length (default: min(4096, the model's max_seq_len))");
+  add_int_option(sub, "--top", &o->top_k, {1, 1000, "plans kept"}, "how many plans to print")->capture_default_str();
+  add_int_option(sub, "--threads", &o->threads, {1, kMaxThreads, "search threads"},
+                 "search threads (default: all cores)");
   sub->add_option("--schedules", o->schedules, "comma-separated schedules to search (default: all but af-pipe)");
-  sub->add_option("--memory-fraction", o->memory_fraction, "fraction of device memory a plan may use")
+  add_real_option(sub, "--memory-fraction", &o->memory_fraction, {0, 1, true, "share of device memory"},
+                  "fraction of device memory a plan may use")
       ->capture_default_str();
   sub->add_option("--calibration", o->calibration, "calibration JSON (src/cost/device_model.h)");
   sub->add_option("--comm-calibration", o->comm_calibration,
                   "measured link latency/bandwidth JSON from `piper bench comm --calibration-out` "
                   "(src/spec/comm_calibration.h)");
   sub->add_flag("--no-verify", o->no_verify, "skip compiling the best plans with the plan verifier");
-  sub->add_option("--verify-attempts", o->verify_attempts, "compile at most this many plans per plan returned")
+  add_int_option(sub, "--verify-attempts", &o->verify_attempts, {1, 1000, "compilations per plan returned"},
+                 "compile at most this many plans per plan returned")
       ->capture_default_str();
-  sub->add_option("--simulate-top", o->simulate_top,
-                  "re-score this many of the best plans with the simulator (default: --top; 0: closed form only)");
-  sub->add_option("--local-search", o->local_search,
-                  "simulate at most this many neighbours of the best simulated plan (0: no local search)")
+  add_int_option(sub, "--simulate-top", &o->simulate_top, {0, 1000, "plans re-scored by the simulator"},
+                 "re-score this many of the best plans with the simulator (default: --top; 0: closed form only)");
+  add_int_option(sub, "--local-search", &o->local_search, {0, 1000, "neighbours simulated"},
+                 "simulate at most this many neighbours of the best simulated plan (0: no local search)")
       ->capture_default_str();
-  sub->add_option("--sim-budget-s", o->sim_budget_s,
+  add_real_option(sub, "--sim-budget-s", &o->sim_budget_s, {0, 86400, false, "seconds, at most a day"},
                   "re-scoring time limit: no simulation starts, and running ones stop, after this many seconds")
       ->capture_default_str();
   sub->add_flag("--disaggregate", o->disaggregate,
@@ -377,10 +387,6 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
   sub->add_option("--solver", o->solver, "disaggregation solver: cbc (MILP) or enumeration")->capture_default_str();
   sub->add_flag("--json", o->json, "print one JSON object");
   return std::function<Status()>([o] {
-    if (o->seq_len < 1) return invalid_argument("--seq=" + std::to_string(o->seq_len) + " must be >= 1");
-    if (o->global_batch < 1) return invalid_argument("--global-batch must be >= 1 sequence");
-    if (o->top_k < 1) return invalid_argument("--top=" + std::to_string(o->top_k) + " must be >= 1");
-    if (o->local_ranks < 0) return invalid_argument("--local-ranks must be >= 1");
     if (o->local_ranks > 0 && !o->cluster.empty()) {
       return invalid_argument("--local-ranks plans for this machine; drop --cluster/--nodes, or drop --local-ranks");
     }
@@ -396,12 +402,6 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
           "with equal groups: piper train --strategy dp=D,ep=E,pp=P,schedule=af-pipe,disagg=1,attn_ranks=D*P,"
           "ffn_ranks=D*P --ranks 2*D*P");
     }
-    if (o->verify_attempts < 1) {
-      return invalid_argument("--verify-attempts=" + std::to_string(o->verify_attempts) + " must be >= 1");
-    }
-    if (o->simulate_top < -1) return invalid_argument("--simulate-top must be >= 0");
-    if (o->local_search < 0) return invalid_argument("--local-search must be >= 0");
-    if (!(o->sim_budget_s >= 0)) return invalid_argument("--sim-budget-s must be >= 0 seconds");
     return run_plan(*o);
   });
 });

@@ -1,9 +1,13 @@
 // piper schedule: show a pipeline schedule per rank, from a built-in schedule or a user's directive file.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 
 #include "piper/base/json.h"
 #include "piper/base/strings.h"
+#include "piper/base/files.h"
 #include "piper/cli/command.h"
+#include "piper/cli/flags.h"
 #include "piper/compile/pipeline_schedule.h"
 #include "piper/compile/schedule_render.h"
 #include "piper/compile/schedule_sim.h"
@@ -12,12 +16,22 @@
 namespace piper::cli {
 namespace {
 
+// Bounds of `piper schedule` (docs/reliability.md): the action lists and the timeline hold one row per
+// (rank, stage, microbatch) cell, so their product is bounded too; realising and simulating a schedule grows
+// faster than the cells with pp (pp=256 x 512 microbatches, the largest allowed, takes about 30 s; pp=1024 x 128
+// took minutes and pp=100000 x 100000 threw bad_alloc).
+constexpr int64_t kMaxSchedulePp = 256;
+constexpr int64_t kMaxScheduleMicrobatches = 65536;
+constexpr int64_t kMaxVpp = 64;
+constexpr int64_t kMaxScheduleCells = int64_t{1} << 18;
+constexpr double kMaxUnitCost = 1e6;
+
 struct ScheduleOptions {
   std::string schedule;
   std::string directives_file;
   int pp = 0;
   int microbatches = 0;
-  int vpp = 0;  // 0 = the schedule's default
+  int vpp = 0;  // 0: not given (the schedule's default)
   std::string costs = "1,1,1";
   std::string svg;
   std::string emit_directives;
@@ -27,14 +41,19 @@ struct ScheduleOptions {
 Result<compile::UnitCosts> parse_costs(const std::string& text) {
   auto parts = split(text, ',');
   if (parts.size() != 3) {
-    return invalid_argument("--costs '" + text + "': expected three numbers F,B,W such as 1,1,1 or 1,2,1");
+    return invalid_argument("--costs '" + elide(text) + "': expected three numbers F,B,W such as 1,1,1 or 1,2,1");
   }
   double v[3];
   for (int i = 0; i < 3; ++i) {
     PIPER_ASSIGN_OR_RETURN(v[i], parse_double(trim(parts[static_cast<size_t>(i)]), "--costs"));
-    if (v[i] < 0) return invalid_argument("--costs '" + text + "': costs must be >= 0");
+    if (!std::isfinite(v[i]) || v[i] < 0 || v[i] > kMaxUnitCost) {
+      return invalid_argument("--costs '" + elide(text) + "': each cost must be a finite number in [0, " +
+                              std::to_string(static_cast<int64_t>(kMaxUnitCost)) + "] (relative time units); e.g. 1,2,1");
+    }
   }
-  if (v[0] + v[1] + v[2] <= 0) return invalid_argument("--costs '" + text + "': at least one cost must be positive");
+  if (v[0] + v[1] + v[2] <= 0) {
+    return invalid_argument("--costs '" + elide(text) + "': at least one cost must be positive");
+  }
   return compile::UnitCosts{v[0], v[1], v[2]};
 }
 
@@ -43,8 +62,17 @@ Status run(const ScheduleOptions& o) {
     return invalid_argument("give exactly one of --schedule NAME (" + join(schedules::schedule_names(), ", ") +
                             ") or --directives FILE");
   }
-  if (o.pp < 1) return invalid_argument("--pp " + std::to_string(o.pp) + ": need at least one pipeline rank");
-  if (o.microbatches < 1) return invalid_argument("--microbatches must be >= 1");
+  const int64_t cells = static_cast<int64_t>(o.pp) * std::max(o.vpp, 2) * o.microbatches;
+  if (cells > kMaxScheduleCells) {
+    return invalid_argument("--pp " + std::to_string(o.pp) + " x --microbatches " + std::to_string(o.microbatches) +
+                            " x stages per rank = " + std::to_string(cells) + " pipeline cells; at most " +
+                            std::to_string(kMaxScheduleCells) + " (each is a row of the per-rank timeline); " +
+                            "lower --pp or --microbatches");
+  }
+  if (!o.schedule.empty() && o.schedule == "interleaved" && o.vpp == 1) {
+    return invalid_argument("--vpp 1: schedule interleaved needs --vpp >= 2 (vpp 1 is plain 1f1b); give --vpp 2 or "
+                            "--schedule 1f1b");
+  }
   PIPER_ASSIGN_OR_RETURN(compile::UnitCosts costs, parse_costs(o.costs));
   std::vector<ir::Directive> directives;
   int num_stages = 0;
@@ -66,12 +94,13 @@ Status run(const ScheduleOptions& o) {
     num_stages = o.pp * (o.vpp > 0 ? o.vpp : 1);
     title = o.directives_file;
   }
-  if (!o.emit_directives.empty()) {
-    PIPER_RETURN_IF_ERROR(write_text_file(o.emit_directives, ir::directives_to_json(directives).dump(1) + "\n"));
-  }
   PIPER_ASSIGN_OR_RETURN(compile::PipelineSchedule sched,
                          compile::realize_schedule(directives, o.pp, num_stages, o.microbatches));
   PIPER_ASSIGN_OR_RETURN(compile::ScheduleTimeline timeline, compile::simulate_schedule(sched, costs));
+  // Output files are written once the schedule is realised and simulated: a failure leaves none behind.
+  if (!o.emit_directives.empty()) {
+    PIPER_RETURN_IF_ERROR(write_text_file(o.emit_directives, ir::directives_to_json(directives).dump(1) + "\n"));
+  }
   if (!o.svg.empty()) {
     PIPER_RETURN_IF_ERROR(write_text_file(o.svg, compile::schedule_to_svg(sched, timeline, costs, title)));
   }
@@ -106,9 +135,14 @@ PIPER_REGISTER_COMMAND(g_schedule, "schedule", "Show a pipeline schedule per ran
                                          "gpipe|1f1b|interleaved|zb-h1|dualpipev|af-pipe");
                          sub->add_option("--directives", o->directives_file,
                                          "a JSON directive file (place + order) instead of --schedule");
-                         sub->add_option("--pp", o->pp, "pipeline ranks")->required();
-                         sub->add_option("--microbatches", o->microbatches, "microbatches per step")->required();
-                         sub->add_option("--vpp", o->vpp, "stages per rank (interleaved, af-pipe: default 2)");
+                         add_int_option(sub, "--pp", &o->pp, {1, kMaxSchedulePp, "pipeline ranks"}, "pipeline ranks")
+                             ->required();
+                         add_int_option(sub, "--microbatches", &o->microbatches,
+                                        {1, kMaxScheduleMicrobatches, "microbatches per step"},
+                                        "microbatches per step")
+                             ->required();
+                         add_int_option(sub, "--vpp", &o->vpp, {1, kMaxVpp, "stages per rank"},
+                                        "stages per rank (interleaved, af-pipe: default 2)");
                          sub->add_option("--costs", o->costs, "unit costs F,B,W (a fused backward costs B+W)")
                              ->capture_default_str();
                          sub->add_option("--svg", o->svg, "write the pipeline picture to this SVG file");

@@ -11,6 +11,7 @@
 #include "piper/base/json.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
+#include "piper/cli/flags.h"
 #include "piper/cli/scenario.h"
 #include "piper/report/chrome_trace.h"
 #include "piper/runtime/trainer.h"
@@ -168,6 +169,8 @@ Status run_simulate(const SimulateOptions& o) {
   const ClusterSpec& cluster = sc.cluster;
   const Strategy& s = sc.strategy;
   const TrainSpec& train = sc.train;
+  // An invalid strategy (order=foo) is named as such before the simulator says which valid ones it cannot run.
+  PIPER_RETURN_IF_ERROR(s.validate());
   sim::SimOptions options;
   options.full = o.full;
   options.interleave_overlap = o.interleave;
@@ -209,11 +212,11 @@ PIPER_REGISTER_COMMAND(g_simulate, "simulate", "Execute a compiled strategy on t
   sub->add_flag("--interleave-overlap,!--no-interleave-overlap", o->interleave,
                 "may-overlap slots (dualpipev, af-pipe F&B pairs) alternate chunk by chunk (lower.h; default); "
                 "--no-interleave-overlap runs each slot's F, then its B");
-  sub->add_option("--expert-zipf", o->expert_zipf,
+  add_real_option(sub, "--expert-zipf", &o->expert_zipf, {0, 100, true, "the Zipf exponent of expert popularity"},
                   "also simulate expert loads skewed by Zipf(S) popularity, under the contiguous placement and after "
                   "the migration planner's moves, with the migration's cost (ep > 1; docs/balance.md)");
-  sub->add_option("--migrate-window", o->migrate_window,
-                  "--expert-zipf: steps between migrations (the planner's window)")
+  add_int_option(sub, "--migrate-window", &o->migrate_window, {1, 1000000, "steps between migrations"},
+                 "--expert-zipf: steps between migrations (the planner's window)")
       ->capture_default_str();
   sub->add_flag("--json", o->json, "print one JSON object");
   return std::function<Status()>([o] {

@@ -3,6 +3,7 @@
 // oversubscription flags); under an outside mpirun/srun it joins the job. Rank 0 prints; any rank's error is
 // printed with its rank and the job exits non-zero (mpirun then stops the other ranks).
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -12,7 +13,9 @@
 #include "piper/base/json.h"
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
+#include "piper/base/files.h"
 #include "piper/cli/command.h"
+#include "piper/cli/flags.h"
 #include "piper/cli/local_plan.h"
 #include "piper/cli/train_gpu.h"
 #include "piper/cli/train_report.h"
@@ -28,19 +31,19 @@ namespace {
 
 struct TrainCliOptions {
   std::string model = "tiny-moe";
-  int ranks = 0;  // 0 = the MPI job's size, or 1 outside one
+  int ranks = 0;  // 0: not given (the MPI job's size, or 1 outside one)
   std::string data;
   int64_t steps = 20;
-  int64_t global_batch = 0;
+  int64_t global_batch = 0;  // 0: not given (16, or the strategy's)
   int64_t seq_len = 128;
   uint64_t seed = 1234;
   std::string strategy;
   double lr = 3e-3;
   int64_t warmup = 10;
-  int threads = 0;
-  int ranks_per_node = 0;  // 0 = the MPI job's local size (HALO exchanges)
+  int threads = 0;         // 0: not given (all cores, shared by this machine's ranks)
+  int ranks_per_node = 0;  // 0: not given (the MPI job's local size; HALO exchanges)
   std::string save;
-  int64_t save_every = 0;  // 0 = only at the end
+  int64_t save_every = 0;  // 0: not given (only at the end)
   std::string resume;
   std::string trace;
   std::string calibration;
@@ -323,14 +326,22 @@ Result<std::vector<std::string>> own_argv() {
   return args;
 }
 
+// The strategy (the default one too) must be for exactly --ranks ranks; the trainer checks it again on every rank.
+Status check_ranks_before_launch(const TrainCliOptions& o) {
+  if (o.strategy == "auto") return ok_status();  // the planner sizes it for --ranks
+  PIPER_ASSIGN_OR_RETURN(ModelSpec model, load_model(o.model));
+  PIPER_RETURN_IF_ERROR(check_seq_len(model, o.seq_len));
+  const int64_t batch = o.global_batch > 0 || !o.strategy.empty() ? o.global_batch : 16;
+  PIPER_ASSIGN_OR_RETURN(Strategy s, runtime::train_strategy(o.strategy, batch));
+  PIPER_RETURN_IF_ERROR(s.validate());
+  if (s.world_size() == o.ranks) return ok_status();
+  std::string fix = "give --ranks " + std::to_string(s.world_size());
+  if (!s.disaggregate && o.ranks % (s.tp * s.pp) == 0) fix += " or set dp=" + std::to_string(o.ranks / (s.tp * s.pp));
+  return invalid_argument("--ranks " + std::to_string(o.ranks) + " but strategy '" + elide(s.to_string()) +
+                          "' runs on " + std::to_string(s.world_size()) + " rank(s) (dp*tp*pp); " + fix);
+}
+
 Status run_train(const TrainCliOptions& o) {
-  if (o.steps < 1) return invalid_argument("--steps must be >= 1, got " + std::to_string(o.steps));
-  if (o.threads < 0) return invalid_argument("--threads must be >= 0 (0 = all cores)");
-  if (o.ranks_per_node < 0) {
-    return invalid_argument("--ranks-per-node must be >= 1 (or 0 = the MPI job's), got " +
-                            std::to_string(o.ranks_per_node));
-  }
-  if (o.ranks < 0) return invalid_argument("--ranks must be >= 1, got " + std::to_string(o.ranks));
   if (o.device != "cpu" && o.device != "cuda") {
     return invalid_argument("--device must be cpu or cuda, got '" + o.device + "'");
   }
@@ -345,7 +356,6 @@ Status run_train(const TrainCliOptions& o) {
                               "' does not exist; create it or write the trace elsewhere");
     }
   }
-  if (o.save_every < 0) return invalid_argument("--save-every must be >= 0 (0 = only at the end)");
   if (o.save_every > 0 && o.save.empty()) return invalid_argument("--save-every needs --save DIR");
   if (comm::launched_by_mpi()) {
     PIPER_RETURN_IF_ERROR(comm::mpi_init(nullptr, nullptr));
@@ -364,6 +374,8 @@ Status run_train(const TrainCliOptions& o) {
     return comm::mpi_finalize();
   }
   if (o.ranks > 1) {
+    // Checked here, once, before mpirun starts --ranks copies that would each print the same error.
+    PIPER_RETURN_IF_ERROR(check_ranks_before_launch(o));
     PIPER_ASSIGN_OR_RETURN(auto argv, own_argv());
     comm::MpirunOptions launch;
     launch.ranks = o.ranks;
@@ -375,21 +387,34 @@ Status run_train(const TrainCliOptions& o) {
 PIPER_REGISTER_COMMAND(g_train, "train", "Train a model through its compiled Plan, on one rank or on --ranks MPI ranks", [](CLI::App* sub) {
   auto o = std::make_shared<TrainCliOptions>();
   sub->add_option("--model", o->model, "model preset or config file")->capture_default_str();
-  sub->add_option("--ranks", o->ranks, "MPI ranks; > 1 starts mpirun on this machine (default: the MPI job's size, or 1)");
+  add_int_option(sub, "--ranks", &o->ranks,
+                 {1, kMaxLocalRanks, "MPI ranks; mpirun starts them on this machine, which they share"},
+                 "MPI ranks; > 1 starts mpirun on this machine (default: the MPI job's size, or 1)");
   sub->add_option("--data", o->data, "text file, .u16/.bin/.tokens file or directory (default: Debian fortunes)");
-  sub->add_option("--steps", o->steps, "optimizer steps")->capture_default_str();
-  sub->add_option("--global-batch", o->global_batch, "sequences per step (default 16, or the strategy's)");
-  sub->add_option("--seq", o->seq_len, "sequence length")->capture_default_str();
-  sub->add_option("--seed", o->seed, "seed of the initial weights and the data order")->capture_default_str();
+  add_int_option(sub, "--steps", &o->steps, {1, kMaxSteps, "optimizer steps"}, "optimizer steps")
+      ->capture_default_str();
+  add_int_option(sub, "--global-batch", &o->global_batch, {1, kMaxGlobalBatch, "sequences per step"},
+                 "sequences per step (default 16, or the strategy's)");
+  add_int_option(sub, "--seq", &o->seq_len, {1, kMaxSeqLen, "tokens per sequence; at most the model's max_seq_len"},
+                 "sequence length")
+      ->capture_default_str();
+  add_int_option(sub, "--seed", &o->seed, {0, INT64_MAX, "a non-negative 63-bit integer"},
+                 "seed of the initial weights and the data order")
+      ->capture_default_str();
   sub->add_option("--strategy", o->strategy, "strategy, e.g. schedule=zb-h1,microbatches=4,mbs=4 (default 1f1b), or auto: the planner's best that the "
                   "runtime runs on these ranks (piper plan --local-ranks R --runnable)");
-  sub->add_option("--lr", o->lr, "peak learning rate (AdamW)")->capture_default_str();
-  sub->add_option("--warmup", o->warmup, "linear warm-up steps")->capture_default_str();
-  sub->add_option("--threads", o->threads, "kernel threads (0 = all cores)")->capture_default_str();
-  sub->add_option("--ranks-per-node", o->ranks_per_node,
-                  "ranks per emulated node for a2a=halo (node-major; default: the MPI job's local size)");
+  add_real_option(sub, "--lr", &o->lr, {0, kMaxLearningRate, true, "AdamW's peak learning rate"},
+                  "peak learning rate (AdamW)")
+      ->capture_default_str();
+  add_int_option(sub, "--warmup", &o->warmup, {0, kMaxSteps, "linear warm-up steps"}, "linear warm-up steps")
+      ->capture_default_str();
+  add_int_option(sub, "--threads", &o->threads, {1, kMaxThreads, "kernel threads per rank"},
+                 "kernel threads (default: all cores, shared by this machine's ranks)");
+  add_int_option(sub, "--ranks-per-node", &o->ranks_per_node, {1, kMaxLocalRanks, "ranks per emulated node"},
+                 "ranks per emulated node for a2a=halo (node-major; default: the MPI job's local size)");
   sub->add_option("--save", o->save, "write checkpoints under this directory (DIR/step-N, DIR/latest) at the end");
-  sub->add_option("--save-every", o->save_every, "also write a checkpoint every N steps (0 = only at the end)");
+  add_int_option(sub, "--save-every", &o->save_every, {1, kMaxSteps, "steps between checkpoints"},
+                 "also write a checkpoint every N steps (default: only at the end)");
   sub->add_option("--resume", o->resume, "resume from a checkpoint (a --save DIR, or one of its step-N directories)");
   sub->add_option("--trace", o->trace, "write the measured timeline of every rank as a Chrome/Perfetto trace");
   sub->add_option("--calibration", o->calibration,
@@ -399,17 +424,18 @@ PIPER_REGISTER_COMMAND(g_train, "train", "Train a model through its compiled Pla
   sub->add_flag("--migrate", o->migration.enabled,
                 "expert-parallel runs: move experts between the ranks of each ep group when their loads are imbalanced "
                 "(docs/balance.md)");
-  sub->add_option("--migrate-window", o->migration.window_steps,
-                  "--migrate: steps of expert load the planner reads; it plans every this many steps")
+  add_int_option(sub, "--migrate-window", &o->migration.window_steps, {1, 1000000, "steps of expert load"},
+                 "--migrate: steps of expert load the planner reads; it plans every this many steps")
       ->capture_default_str();
-  sub->add_option("--migrate-threshold", o->migration.threshold,
+  add_real_option(sub, "--migrate-threshold", &o->migration.threshold,
+                  {1, 1000000, false, "max/mean tokens per ep rank, >= 1"},
                   "--migrate: plan a layer when its max/mean tokens per ep rank over the window exceeds this")
       ->capture_default_str();
-  sub->add_option("--migrate-horizon", o->migration.horizon_steps,
-                  "--migrate: steps a new placement is expected to serve; a move is made when its saving over them "
+  add_int_option(sub, "--migrate-horizon", &o->migration.horizon_steps, {0, 1000000, "steps; 0 = the window"},
+                 "--migrate: steps a new placement is expected to serve; a move is made when its saving over them "
                   "exceeds its cost (0 = the window)")
       ->capture_default_str();
-  sub->add_option("--router-skew", o->router_skew,
+  add_real_option(sub, "--router-skew", &o->router_skew, {0, 100, false, "added router logit"},
                   "testing: routers prefer low-index experts by this much (selection only) to make loads imbalanced")
       ->capture_default_str();
   sub->add_flag("--json", o->json, "print one JSON object");

@@ -1,6 +1,6 @@
 // The `piper` command registry. Each subcommand lives in its own cmd_<name>.cc and registers itself with
 // PIPER_REGISTER_COMMAND; main() builds the CLI11 parser from the registry, runs the chosen command and turns
-// its Status into an exit code and a one-line hint on stderr.
+// its Status into an exit code and a one-line hint on stderr (and, with --json, one JSON error object on stdout).
 #pragma once
 
 #include <functional>
@@ -27,7 +27,9 @@ struct CommandRegistrar {
   explicit CommandRegistrar(Command command) { command_registry().push_back(std::move(command)); }
 };
 
-// Prints one JSON object (pretty when --json is used interactively) on stdout.
+// Queues one JSON object for stdout. main() prints it only when the command succeeds; when it fails, main()
+// prints one error object instead ({"error": {"code", "message", "exit_code", "details": this object}}), so
+// `--json` output is always exactly one JSON document (docs/reliability.md).
 void print_json(const std::string& dumped);
 
 }  // namespace piper::cli

@@ -1,5 +1,6 @@
 #include "piper/cli/scenario.h"
 
+#include "piper/cli/flags.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/comm_calibration.h"
 #include "piper/spec/model_loader.h"
@@ -9,10 +10,12 @@ namespace piper::cli {
 void add_scenario_options(CLI::App* sub, ScenarioOptions* o) {
   sub->add_option("--model", o->model, "model preset or config file")->required();
   sub->add_option("--cluster", o->cluster, "cluster preset or file")->required();
-  sub->add_option("--nodes", o->nodes, "number of nodes")->required();
+  add_int_option(sub, "--nodes", &o->nodes, {1, kMaxNodes, "nodes of the cluster"}, "number of nodes")->required();
   sub->add_option("--strategy", o->strategy, "compact strategy (dp=8,pp=4,...) or a JSON file")->required();
-  sub->add_option("--global-batch", o->global_batch, "sequences per step (default: dp*microbatches*mbs)");
-  sub->add_option("--seq", o->seq_len, "sequence length")->capture_default_str();
+  add_int_option(sub, "--global-batch", &o->global_batch, {1, kMaxGlobalBatch, "sequences per step"},
+                 "sequences per step (default: dp*microbatches*mbs)");
+  add_int_option(sub, "--seq", &o->seq_len, {1, kMaxSeqLen, "tokens per sequence"},
+                 "sequence length (default: min(4096, the model's max_seq_len))");
   sub->add_option("--calibration", o->calibration, "calibration JSON (src/cost/device_model.h)");
   sub->add_option("--comm-calibration", o->comm_calibration,
                   "measured link latency/bandwidth JSON from `piper bench comm --calibration-out` "
@@ -20,16 +23,15 @@ void add_scenario_options(CLI::App* sub, ScenarioOptions* o) {
 }
 
 Result<Scenario> load_scenario(const ScenarioOptions& o) {
-  if (o.seq_len < 1) return invalid_argument("--seq=" + std::to_string(o.seq_len) + " must be >= 1");
-  if (o.global_batch < 0) return invalid_argument("--global-batch must be >= 1");
   Scenario sc;
   PIPER_ASSIGN_OR_RETURN(sc.model, load_model(o.model));
+  PIPER_ASSIGN_OR_RETURN(const int64_t seq_len, resolve_seq_len(sc.model, o.seq_len));
   PIPER_ASSIGN_OR_RETURN(sc.cluster, load_cluster(o.cluster, o.nodes));
   if (!o.comm_calibration.empty()) PIPER_RETURN_IF_ERROR(load_comm_calibration(o.comm_calibration, &sc.cluster));
   PIPER_ASSIGN_OR_RETURN(sc.strategy, Strategy::parse(o.strategy));
   sc.train.global_batch = o.global_batch;
   sc.train.micro_batch_size = sc.strategy.mbs;
-  sc.train.seq_len = o.seq_len;
+  sc.train.seq_len = seq_len;
   if (!o.calibration.empty()) {
     PIPER_ASSIGN_OR_RETURN(sc.calibration, cost::Calibration::load(o.calibration));
   }

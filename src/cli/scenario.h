@@ -21,8 +21,8 @@ struct ScenarioOptions {
   std::string cluster;
   int nodes = 1;
   std::string strategy;
-  int64_t global_batch = 0;  // 0: dp * microbatches * mbs
-  int64_t seq_len = 4096;
+  int64_t global_batch = 0;  // 0: not given (dp * microbatches * mbs)
+  int64_t seq_len = 0;       // 0: not given (min(4096, the model's max_seq_len))
   std::string calibration;
   std::string comm_calibration;  // `piper bench comm --calibration-out F`: measured link latency and bandwidth
 };
@@ -38,8 +38,8 @@ struct Scenario {
 // --model, --cluster, --nodes, --strategy (required), --global-batch, --seq, --calibration, --comm-calibration.
 void add_scenario_options(CLI::App* sub, ScenarioOptions* o);
 
-// Checks --seq and --global-batch, then loads the model, cluster (with the comm calibration applied), strategy
-// and calibration.
+// Loads the model, cluster (with the comm calibration applied), strategy and calibration; --seq is checked against
+// the model's max_seq_len as `piper train` checks it (the flags' own ranges are checked as they are parsed).
 Result<Scenario> load_scenario(const ScenarioOptions& o);
 
 }  // namespace piper::cli

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "piper/base/files.h"
 #include "piper/runtime/tokenizer.h"
 
 namespace piper {
@@ -18,13 +19,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-Result<std::string> read_bytes(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return not_found("data file '" + path + "' cannot be opened: " + std::strerror(errno));
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) return data_loss("data file '" + path + "': read error");
-  return bytes;
-}
+// A FIFO or a device given as --data is refused (files.h), never blocked on.
+Result<std::string> read_bytes(const std::string& path) { return read_regular_file(path, "data file"); }
 
 }  // namespace
 

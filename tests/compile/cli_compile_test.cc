@@ -115,4 +115,21 @@ TEST(CliCompileTest, BadInputsExitNonZeroWithAHint) {
   EXPECT_NE(out.find("--mesh"), std::string::npos) << out;
 }
 
+// `compile --emit-directives F` wrote F although compilation failed.
+TEST(CliCompileTest, FailedCompileWritesNoDirectiveFile) {
+  const std::string file = std::string(PIPER_BINARY_DIR) + "/cli_compile_test_failed.json";
+  std::remove(file.c_str());
+  int rc = 0;
+  std::string out = run("compile --model tiny-moe --seq 64 --strategy dp=1 --capacity-gib 0.000001 --emit-directives " +
+                            file, &rc);
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_EQ(std::fopen(file.c_str(), "r"), nullptr) << file << " was written although compilation failed:\n" << out;
+  out = run("compile --model tiny-moe --seq 64 --strategy dp=1 --emit-directives " + file, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  FILE* f = std::fopen(file.c_str(), "r");
+  ASSERT_NE(f, nullptr) << out;
+  std::fclose(f);
+  std::remove(file.c_str());
+}
+
 }  // namespace

@@ -1,5 +1,6 @@
 // End-to-end: the piper binary's `train` command (tiny-moe, a few short steps on the default corpus).
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -62,8 +63,8 @@ TEST(CliTrainTest, ClearErrors) {
   int rc = 0;
   std::string out = run("train --model tiny-moe --seq 32 --global-batch 4 --steps 1 --ranks 2", &rc, false);
   EXPECT_NE(rc, 0);
-  // Two ranks (mpirun started by piper itself) but a one-rank strategy: every rank names the fix.
-  EXPECT_NE(out.find("world 2 != dp*tp*pp = 1; set dp=2"), std::string::npos) << out;
+  // Two ranks but a one-rank strategy: refused once, before mpirun starts ranks that would each print it.
+  EXPECT_NE(out.find("runs on 1 rank(s) (dp*tp*pp); give --ranks 1 or set dp=2"), std::string::npos) << out;
   out = run(kSmall + "--steps 1 --data /nonexistent/corpus.txt", &rc, false);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("/nonexistent/corpus.txt"), std::string::npos) << out;
@@ -74,6 +75,42 @@ TEST(CliTrainTest, ClearErrors) {
             false);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("--global-batch 4"), std::string::npos) << out;
+}
+
+// A real --ranks 16 with a strategy for one rank printed 16 copies of the error; now one line, before mpirun.
+TEST(CliTrainTest, RanksThatDoNotMatchTheStrategyAreRefusedOnce) {
+  int rc = 0;
+  std::string out =
+      run("train --model tiny-moe --seq 32 --global-batch 4 --steps 1 --ranks 16 --strategy dp=1,microbatches=4", &rc,
+          false);
+  EXPECT_EQ(WEXITSTATUS(rc), 2) << out;
+  const std::string needle = "--ranks 16 but strategy";
+  ASSERT_NE(out.find(needle), std::string::npos) << out;
+  EXPECT_EQ(out.find(needle, out.find(needle) + 1), std::string::npos) << "printed more than once:\n" << out;
+  EXPECT_EQ(out.find("mpirun"), std::string::npos) << out;
+}
+
+// --lr inf gave null losses and --lr 1e30 NaN losses: refused at the flag (the trainer also stops at the first
+// non-finite loss: trainer_test NonFiniteLossStopsTrainingAndNamesTheStep).
+TEST(CliTrainTest, AbsurdLearningRatesAreRefusedAtTheFlag) {
+  int rc = 0;
+  for (const char* lr : {"inf", "nan", "1e30", "-0.1"}) {
+    std::string out = run(kSmall + "--steps 1 --lr " + lr, &rc, false);
+    EXPECT_EQ(WEXITSTATUS(rc), 2) << out;
+    EXPECT_NE(out.find("--lr: "), std::string::npos) << out;
+    EXPECT_NE(out.find("(0, 1] (AdamW's peak learning rate)"), std::string::npos) << out;
+    EXPECT_EQ(out.find("loss"), std::string::npos) << out;
+  }
+}
+
+// --global-batch -4 trained with the default batch, and 0 meant "default".
+TEST(CliTrainTest, GlobalBatchZeroOrNegativeIsRefused) {
+  int rc = 0;
+  for (const char* b : {"0", "-4"}) {
+    std::string out = run("train --model tiny-moe --steps 1 --seq 32 --global-batch " + std::string(b), &rc, false);
+    EXPECT_EQ(WEXITSTATUS(rc), 2) << out;
+    EXPECT_NE(out.find("--global-batch: " + std::string(b) + " is outside [1, 16777216]"), std::string::npos) << out;
+  }
 }
 
 }  // namespace

@@ -3,8 +3,10 @@
 #include "piper/runtime/trainer.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -161,6 +163,44 @@ TEST(TrainerTest, TokenIdOutsideVocabularyIsOutOfRange) {
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.status().code(), StatusCode::kOutOfRange);
   EXPECT_NE(t.status().message().find("300"), std::string::npos) << t.status().message();
+}
+
+TEST(TrainerTest, DataFifoIsRefusedWithoutBlocking) {
+  const std::string path = temp_path("corpus.fifo");
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0) << std::strerror(errno);
+  TrainOptions o = small_options();
+  o.data = path;
+  auto t = Trainer::create(o);  // blocked forever before: a FIFO with no writer
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(t.status().message().find("is not a regular file (a FIFO)"), std::string::npos) << t.status().message();
+}
+
+// A learning rate that makes the loss overflow stops training at the first non-finite step, with the step, the
+// value and the fix (the CLI refuses such an lr at the flag; the library check catches any divergence).
+TEST(TrainerTest, NonFiniteLossStopsTrainingAndNamesTheStep) {
+  TrainOptions o = small_options();
+  o.optimizer.lr = 1e30;
+  o.warmup_steps = 0;
+  auto t = Trainer::create(o);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  Status failure;
+  int steps_ok = 0;
+  for (int i = 0; i < 5 && failure.ok(); ++i) {
+    auto s = (*t)->step();
+    if (s.ok()) {
+      EXPECT_TRUE(std::isfinite(s->loss) && std::isfinite(s->grad_norm)) << "step " << s->step << " reported "
+                                                                          << s->loss;
+      ++steps_ok;
+    } else {
+      failure = s.status();
+    }
+  }
+  ASSERT_FALSE(failure.ok()) << "lr 1e30 trained 5 steps without a non-finite loss";
+  EXPECT_EQ(failure.code(), StatusCode::kFailedPrecondition);
+  const std::string& m = failure.message();
+  EXPECT_NE(m.find("training diverged at step " + std::to_string(steps_ok + 1)), std::string::npos) << m;
+  EXPECT_NE(m.find("lower --lr (now 1e+30)"), std::string::npos) << m;
 }
 
 TEST(TrainerTest, MoreThanOneRankWithoutMpiWorldNamesTheLauncher) {

@@ -22,7 +22,7 @@ std::string run(const std::string& args, int* rc) {
 TEST(CliSimulateTest, JsonHasTheDocumentedKeys) {
   int rc = 0;
   const std::string trace = std::string(PIPER_BINARY_DIR) + "/cli_simulate_test_trace.json";
-  std::string out = run("simulate --model tiny-moe --cluster dgx-h100 --nodes 1 --seq 256 --strategy "
+  std::string out = run("simulate --model tiny-moe --cluster dgx-h100 --nodes 1 --seq 128 --strategy "
                         "dp=4,ep=4,pp=2,zero=1,microbatches=4 --json --trace " + trace, &rc);
   ASSERT_EQ(rc, 0) << out;
   auto j = piper::Json::parse(out);
@@ -33,7 +33,7 @@ TEST(CliSimulateTest, JsonHasTheDocumentedKeys) {
   ASSERT_EQ(j["peak_memory_bytes"]["per_rank"].size(), 2u);
   EXPECT_EQ(j["peak_memory_bytes"]["max"], std::max(j["peak_memory_bytes"]["per_rank"][0].get<int64_t>(),
                                                     j["peak_memory_bytes"]["per_rank"][1].get<int64_t>()));
-  EXPECT_NEAR(j["tokens_per_s"].get<double>() * j["step_time_s"].get<double>(), 16.0 * 256, 1e-6);
+  EXPECT_NEAR(j["tokens_per_s"].get<double>() * j["step_time_s"].get<double>(), 16.0 * 128, 1e-6);
   FILE* f = std::fopen(trace.c_str(), "r");
   ASSERT_NE(f, nullptr);
   std::fclose(f);
