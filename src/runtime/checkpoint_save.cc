@@ -9,6 +9,7 @@
 #include <deque>
 #include <filesystem>
 
+#include "piper/base/fault.h"
 #include "piper/base/json.h"
 #include "piper/runtime/checkpoint.h"
 #include "piper/runtime/checkpoint_format.h"
@@ -299,6 +300,7 @@ Status save_checkpoint(const std::string& root, const CheckpointMeta& meta, cons
       std::memcpy(ranges.back().data(), src, static_cast<size_t>(c.end - c.begin) * sizeof(float));
       out.emplace_back(key, &ranges.back());
     }
+    fault_point("ckpt_write");
     if (!out.empty()) {
       const std::string file = rank_file(rank), path = (tmp / file).string();
       Result<uint64_t> hash = write_safetensors(path, out, {{"format", "pt"}});
