@@ -17,8 +17,8 @@ set +e
 PIPER_FAULT_MATRIX=full "$BUILD/tests/runtime/runtime_fault_matrix_tests" --gtest_filter='Rows/FaultMatrix.*' >"$log" 2>&1
 rc=$?
 set -e
-echo "| point | strategy (4 ranks) | action | rank@step | survivors exit (s) | launcher summary | resumed from | losses after resume |"
-echo "|---|---|---|---|---|---|---|---|"
+echo "| point | strategy (4 ranks) | action | rank@step | exit after fault (s) | launcher names | survivors whose heartbeat named it | survivors that printed their error | resumed from | losses after resume |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 grep '^| ' "$log" || true
 grep -E '^\[  (FAILED|PASSED) ' "$log" | sed 's/^/# /'
 [ $rc -eq 0 ] || { echo "# failures:"; grep -B2 -A12 'Failure' "$log" | head -80; }

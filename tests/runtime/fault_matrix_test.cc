@@ -238,9 +238,34 @@ TEST_P(FaultMatrix, SurvivorsStopNamingTheRankAndResumeIsBitwise) {
     EXPECT_EQ(got.losses[i], expected.losses[static_cast<size_t>(from) + i]) << "step " << from + i + 1;
     equal += got.losses[i] == expected.losses[static_cast<size_t>(from) + i];
   }
-  std::printf("| %s | %s | %s | %d@%d | %.2f | %s | step-%d | %d/%zu bitwise |\n", row.point, row.strategy,
-              row.action, row.rank, step, exit_s, one_line(summary.substr(14)).c_str(), from, equal,
-              got.losses.size());
+  // Every survivor of a stopped rank names it (its heartbeat logs the verdict, its error repeats it); survivors of a
+  // killed rank are stopped by mpirun about a second later, before any verdict, and the launcher names the rank.
+  int named_by = 0;
+  for (int r = 0; r < kRanks; ++r) {
+    if (r == row.rank) continue;
+    const std::string heard = "[E rank " + std::to_string(r) + " ", want = "comm: no heartbeat from " + rank + " for ";
+    for (size_t at = out.find(heard); at != std::string::npos; at = out.find(heard, at + 1)) {
+      const size_t close = out.find("] ", at);
+      if (close != std::string::npos && out.compare(close + 2, want.size(), want) == 0) {
+        ++named_by;
+        break;
+      }
+    }
+  }
+  if (stop) {
+    EXPECT_EQ(named_by, kRanks - 1) << out;
+  }
+  // The table's cells: what the launcher blamed, and which survivors printed their own error first.
+  const size_t blamed_at = summary.find(blamed);
+  const std::string named = blamed_at == std::string::npos ? "-" : summary.substr(blamed_at, summary.find(';', blamed_at) - blamed_at);
+  const size_t by_at = summary.find(" reported errors");
+  const size_t ranks_at = summary.rfind("; rank", by_at);
+  const std::string reporters = by_at == std::string::npos || ranks_at == std::string::npos
+                                    ? "none (mpirun stopped them first)"
+                                    : summary.substr(ranks_at + 2, by_at - ranks_at - 2);
+  std::printf("| %s | %s | %s | %d@%d | %.2f | %s | %d/%d | %s | step-%d | %d/%zu bitwise |\n", row.point,
+              row.strategy, row.action, row.rank, step, exit_s, one_line(named).c_str(), named_by, kRanks - 1,
+              reporters.c_str(), from, equal, got.losses.size());
   std::fflush(stdout);
   fs::remove_all(root);
   fs::remove(log);

@@ -46,7 +46,12 @@ class MpiHeartbeat : public Heartbeat {
     }
     cv_.notify_all();
     thread_.join();
-    if (reported_) clear_silent_peer();
+    if (reported_) {
+      // This rank is about to fail because of its verdict; its exit makes mpirun stop the job. Two more periods
+      // let the other survivors reach (and log) their own verdict first, so every one of them names the rank.
+      std::this_thread::sleep_for(std::chrono::duration<double>(2 * options_.period_s));
+      clear_silent_peer();
+    }
     // The communicator is not freed: beats and goodbyes of peers may still be in flight to it, and OpenMPI
     // hands messages for a freed context id to the next communicator that reuses it (seen: a segfault in
     // mca_pml_ob1_add_comm at the next MPI_Comm_split). Left alone, they land in this communicator's queue
