@@ -152,7 +152,9 @@ Status run_under_mpirun(const MpirunOptions& options, const std::vector<std::str
   sigaction(SIGTERM, &old_term, nullptr);
   const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   if (code == 0) return ok_status();
-  return unavailable(summarize_job_failure(lines, options.ranks, code));
+  // Exit status 2 is the ranks' "bad input" (the CLI's convention): keep it for the caller's exit status.
+  const std::string summary = summarize_job_failure(lines, options.ranks, code);
+  return code == 2 ? invalid_argument(summary) : unavailable(summary);
 }
 
 Result<std::string> self_executable() {

@@ -29,7 +29,8 @@ Status exec_under_mpirun(const MpirunOptions& options, const std::vector<std::st
 // Runs `program_argv` under mpirun as a child and waits for it. mpirun's stdout is this process's; its stderr is
 // passed through line by line and kept, so that when the job fails the caller gets one line saying which rank
 // died or stopped and what the other ranks reported (summarize_job_failure). SIGINT and SIGTERM received
-// meanwhile are passed on to mpirun. OK when mpirun exits 0; else Unavailable with that summary.
+// meanwhile are passed on to mpirun. OK when mpirun exits 0; else that summary, as InvalidArgument when mpirun
+// exits 2 (the ranks refused their input) and Unavailable otherwise.
 Status run_under_mpirun(const MpirunOptions& options, const std::vector<std::string>& program_argv);
 
 // The one-line summary of a failed job from its stderr lines: the rank mpirun saw die ("process rank 1 ...
