@@ -22,6 +22,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,6 +47,11 @@ struct Row {
   const char* action;
   bool ci;
 };
+
+// CTest lists the rows by name with this, not as bytes.
+void PrintTo(const Row& row, std::ostream* os) {
+  *os << row.point << " on " << row.strategy << ", " << row.action << " rank " << row.rank;
+}
 
 const char* const kDp2Pp2 = "--strategy dp=2,pp=2,schedule=1f1b,microbatches=4,mbs=1";
 const char* const kPp4 = "--strategy pp=4,schedule=1f1b,microbatches=4,mbs=1";
