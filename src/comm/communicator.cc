@@ -91,7 +91,8 @@ Status Communicator::stalled_error(Handle& handle, double waited_s) {
   std::vector<int> missing = handle.pending_ ? handle.pending_->missing_ranks() : std::vector<int>{};
   bool exact = handle.pending_ ? handle.pending_->tracks_arrivals() : true;
   std::ostringstream os;
-  os << describe(to_string(handle.op_)) << " on rank " << rank() << " timed out after " << seconds_text(waited_s) << " s; ";
+  os << describe(to_string(handle.op_)) << " on rank " << rank() << " timed out after " << seconds_text(waited_s)
+     << " s; ";
   if (missing.empty()) {
     os << (exact ? "every rank arrived but the operation has not completed (backend stalled)"
                  : "the backend cannot tell which ranks are missing");
@@ -114,7 +115,9 @@ Status Communicator::wait(Handle& handle, double timeout_s) {
   if (handle.done_ || handle.pending_ == nullptr) return ok_status();
   const auto start = Clock::now();
   Result<bool> done = poll_until([&] { return test(handle); }, deadline_after(timeout_s));
-  if (!done.ok()) return done.status().with_context(describe(to_string(handle.op_)) + " on rank " + std::to_string(rank()));
+  if (!done.ok()) {
+    return done.status().with_context(describe(to_string(handle.op_)) + " on rank " + std::to_string(rank()));
+  }
   if (!*done) return stalled_error(handle, seconds_since(start));
   return ok_status();
 }

@@ -97,8 +97,8 @@ std::string summarize_job_failure(const std::vector<std::string>& lines, int ran
   if (reporters.empty()) {
     out += "; no rank reported an error before mpirun stopped the job";
   } else {
-    out += "; rank" + std::string(reporters.size() > 1 ? "s " : " ") + rank_list(reporters) + " reported errors, first " +
-           first_error;
+    out += "; rank" + std::string(reporters.size() > 1 ? "s " : " ") + rank_list(reporters) +
+           " reported errors, first " + first_error;
   }
   return out;
 }
@@ -119,7 +119,8 @@ Status run_under_mpirun(const MpirunOptions& options, const std::vector<std::str
     close(fds[0]);
     close(fds[1]);
     execvp(argv[0], argv.data());
-    std::fprintf(stderr, "piper: error: could not start '%s': %s; install openmpi-bin or point PIPER_MPIRUN at mpirun\n",
+    std::fprintf(stderr,
+                 "piper: error: could not start '%s': %s; install openmpi-bin or point PIPER_MPIRUN at mpirun\n",
                  argv[0], std::strerror(errno));
     _exit(127);
   }

@@ -263,7 +263,8 @@ TEST_P(FaultMatrix, SurvivorsStopNamingTheRankAndResumeIsBitwise) {
   }
   // The table's cells: what the launcher blamed, and which survivors printed their own error first.
   const size_t blamed_at = summary.find(blamed);
-  const std::string named = blamed_at == std::string::npos ? "-" : summary.substr(blamed_at, summary.find(';', blamed_at) - blamed_at);
+  const std::string named =
+      blamed_at == std::string::npos ? "-" : summary.substr(blamed_at, summary.find(';', blamed_at) - blamed_at);
   const size_t by_at = summary.find(" reported errors");
   const size_t ranks_at = summary.rfind("; rank", by_at);
   const std::string reporters = by_at == std::string::npos || ranks_at == std::string::npos
