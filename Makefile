@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: run test build setup clean
+.PHONY: run test build setup clean fault-matrix
 
 run: build
 	. scripts/env.sh && scripts/main-job.sh $(BUILD)/src/cli/piper
@@ -18,6 +18,10 @@ build: setup
 
 setup:
 	@scripts/setup.sh
+
+# The whole kill-at-point matrix as a table (docs/reliability.md, "Faults"; a few minutes).
+fault-matrix: build
+	. scripts/env.sh && scripts/fault-matrix.sh $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

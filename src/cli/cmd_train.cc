@@ -379,7 +379,8 @@ Status run_train(const TrainCliOptions& o) {
     PIPER_ASSIGN_OR_RETURN(auto argv, own_argv());
     comm::MpirunOptions launch;
     launch.ranks = o.ranks;
-    return comm::exec_under_mpirun(launch, argv);
+    // A child, not exec: when the job fails, one line says which rank died or stopped (comm/launch.h).
+    return comm::run_under_mpirun(launch, argv);
   }
   return train(o, nullptr);
 }

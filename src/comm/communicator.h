@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "piper/base/status.h"
+#include "piper/comm/heartbeat.h"
 
 namespace piper::comm {
 
@@ -107,12 +108,20 @@ class Communicator {
                                       std::span<const size_t> recv_bytes) = 0;
   virtual Result<Handle> barrier() = 0;
 
+  // Collective: starts this rank's heartbeat over a duplicate of this communicator (comm/heartbeat.h); it runs
+  // until the returned object is destroyed. nullptr when options.silence_s is 0 or the backend has none.
+  virtual Result<std::unique_ptr<Heartbeat>> start_heartbeat(const HeartbeatOptions& options);
+
   // Progress without blocking: true once complete (the handle is then done()).
   Result<bool> test(Handle& handle);
-  // Blocks until complete or timeout_s passed (DEADLINE_EXCEEDED naming op, group and missing ranks).
+  // Blocks until complete or timeout_s passed (DEADLINE_EXCEEDED naming op, group and missing ranks, and the
+  // seconds actually waited), or until the heartbeat declared a rank stopped (Unavailable naming it).
   Status wait(Handle& handle, double timeout_s);
   // Waits for all handles with one deadline; the error names the first one still incomplete.
   Status wait_all(std::span<Handle> handles, double timeout_s);
+  // The DEADLINE_EXCEEDED of an operation that made no progress for waited_s seconds (op, group, the ranks
+  // that did not arrive); for callers with polling loops of their own. `handle` must be incomplete.
+  Status stalled_error(Handle& handle, double waited_s);
 
  protected:
   Communicator(std::string name, std::vector<int> world_ranks)
@@ -121,7 +130,6 @@ class Communicator {
   std::string describe(const std::string& what) const;
 
  private:
-  Status timeout_error(Handle& handle, double timeout_s);
   std::string name_;
   std::vector<int> world_ranks_;
 };
@@ -134,5 +142,8 @@ void idle_while_polling(double waited_s);
 
 // Default timeout for waits whose caller has no better figure (seconds); PIPER_COMM_TIMEOUT_S overrides it.
 double default_timeout_s();
+// PIPER_COMM_TIMEOUT_S checked: the default (300 s) when unset, else a number of seconds in (0, 1e6];
+// InvalidArgument naming the value and the range otherwise (default_timeout_s() ignores a bad value).
+Result<double> timeout_from_env();
 
 }  // namespace piper::comm

@@ -26,6 +26,18 @@ std::vector<std::string> mpirun_command(const MpirunOptions& options, const std:
 // Replaces this process with mpirun running `program_argv` (execvp). Returns only on failure.
 Status exec_under_mpirun(const MpirunOptions& options, const std::vector<std::string>& program_argv);
 
+// Runs `program_argv` under mpirun as a child and waits for it. mpirun's stdout is this process's; its stderr is
+// passed through line by line and kept, so that when the job fails the caller gets one line saying which rank
+// died or stopped and what the other ranks reported (summarize_job_failure). SIGINT and SIGTERM received
+// meanwhile are passed on to mpirun. OK when mpirun exits 0; else that summary, as InvalidArgument when mpirun
+// exits 2 (the ranks refused their input) and Unavailable otherwise.
+Status run_under_mpirun(const MpirunOptions& options, const std::vector<std::string>& program_argv);
+
+// The one-line summary of a failed job from its stderr lines: the rank mpirun saw die ("process rank 1 ...
+// exited on signal 9"), the rank the others named as stopped ("rank 1 stopped responding"), a fault injected on
+// purpose (PIPER_FAULT), and which ranks reported errors, with the first such error (elided). Pure.
+std::string summarize_job_failure(const std::vector<std::string>& stderr_lines, int ranks, int exit_code);
+
 // Absolute path of the running executable (/proc/self/exe).
 Result<std::string> self_executable();
 

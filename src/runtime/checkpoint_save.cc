@@ -9,6 +9,7 @@
 #include <deque>
 #include <filesystem>
 
+#include "piper/base/fault.h"
 #include "piper/base/json.h"
 #include "piper/runtime/checkpoint.h"
 #include "piper/runtime/checkpoint_format.h"
@@ -315,6 +316,7 @@ Result<std::string> write_rank_file(const fs::path& tmp, int rank, const std::ve
     std::memcpy(ranges.back().data(), local.data[at], static_cast<size_t>(c.end - c.begin) * sizeof(float));
     out.emplace_back(key, &ranges.back());
   }
+  fault_point("ckpt_write");
   if (out.empty()) return std::string();
   const std::string file = rank_file(rank), path = (tmp / file).string();
   PIPER_ASSIGN_OR_RETURN(SafetensorsWritten written, write_safetensors(path, out, {{"format", "pt"}}));

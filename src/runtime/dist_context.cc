@@ -57,12 +57,14 @@ Result<std::unique_ptr<DistContext>> DistContext::create(comm::Communicator& wor
                             std::to_string(plan.world_size) + " (or mpirun -np " + std::to_string(plan.world_size) +
                             ")");
   }
+  // Checked before any collective, so that every rank refuses a bad value the same way.
+  PIPER_ASSIGN_OR_RETURN(comm::HeartbeatOptions heartbeat, comm::heartbeat_options_from_env());
   auto ctx = std::unique_ptr<DistContext>(new DistContext());
   ctx->rank_ = world.rank();
   ctx->world_size_ = world.size();
   ctx->plan_ = &plan;
   ctx->coord_ = plan.coords[static_cast<size_t>(ctx->rank_)];
-  ctx->timeout_s_ = comm::default_timeout_s();
+  PIPER_ASSIGN_OR_RETURN(ctx->timeout_s_, comm::timeout_from_env());
   ctx->ranks_per_node_ = ctx->world_size_;
   if (const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) {
     const int k = std::atoi(local);
@@ -114,6 +116,8 @@ Result<std::unique_ptr<DistContext>> DistContext::create(comm::Communicator& wor
     }
     ctx->groups_[axis.name] = std::move(comm);
   }
+  // Last, once every communicator exists: a rank that stops from here on is named within silence_s.
+  PIPER_ASSIGN_OR_RETURN(ctx->heartbeat_, world.start_heartbeat(heartbeat));
   return ctx;
 }
 

@@ -10,6 +10,8 @@
 //   edp_tp   when tp > 1 and edp > 1: the ranks of one pipeline stage with the same expert shard (edp x tp), the
 //            ZeRO group of the experts, which are replicated over tp (etp=1)
 //   ctl      per-step control traffic: global gradient norm and loss reduction (rank order, in doubles)
+// and, last, starts this rank's heartbeat (comm/heartbeat.h; PIPER_HEARTBEAT_S, checked first), which beats until
+// the context is destroyed: every wait of the run then fails within seconds, naming the rank, when one stops.
 // Collective over `world`: every rank calls create() in the same order. The communicators are owned here; the
 // world must outlive the context. Thread-safety: each communicator is used by one stream thread at a time.
 #pragma once
@@ -58,6 +60,7 @@ class DistContext {
   const compile::Plan* plan_ = nullptr;
   std::unique_ptr<comm::Communicator> p2p_, ctl_;
   std::map<std::string, std::unique_ptr<comm::Communicator>> groups_;
+  std::unique_ptr<comm::Heartbeat> heartbeat_;
   double timeout_s_ = 60;
   int ranks_per_node_ = 1;
 };

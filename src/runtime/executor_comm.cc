@@ -5,6 +5,7 @@
 #include <thread>
 #include <type_traits>
 
+#include "piper/base/fault.h"
 #include "piper/kernels/cpu/optimizer.h"
 #include "piper/runtime/executor_impl.h"
 
@@ -185,17 +186,17 @@ Status Executor::Impl::wait_comm(comm::Communicator& c, comm::Handle& h, std::sh
     PIPER_ASSIGN_OR_RETURN(bool done, c.test(h));
     if (done) return ok_status();
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (stop || waited > dist->timeout_s()) {
+    Status live = comm::peer_liveness();
+    if (stop || !live.ok() || waited > dist->timeout_s()) {
       Status st = ok_status();
       if (stop) {
         st = unavailable(what + ": abandoned, another stream of this rank failed");
+      } else if (!live.ok()) {
+        st = live.with_context(what + " on rank " + std::to_string(dist->rank()));
       } else {
-        st = c.wait(h, 1e-3);
-        if (!st.ok()) {
-          st = deadline_exceeded(what + " on rank " + std::to_string(dist->rank()) + " made no progress for " +
-                                 std::to_string(static_cast<int>(waited)) +
-                                 " s (PIPER_COMM_TIMEOUT_S): " + st.message());
-        }
+        st = deadline_exceeded(what + " on rank " + std::to_string(dist->rank()) + " made no progress for " +
+                               std::to_string(static_cast<int>(waited)) + " s (PIPER_COMM_TIMEOUT_S): " +
+                               c.stalled_error(h, waited).message());
       }
       std::lock_guard<std::mutex> lock(mu);
       abandoned.push_back(std::move(keep));  // MPI may still touch it
@@ -239,6 +240,7 @@ Status Executor::Impl::send(const Task& t) {
   if (tensor == nullptr) return internal_error("'" + in.label + "': the message has no hidden tensor");
   PIPER_ASSIGN_OR_RETURN(comm::Handle h, dist->p2p().isend(tensor->data(), static_cast<size_t>(tensor->nbytes()),
                                                            t.peer, static_cast<int>(in.tag)));
+  fault_point("pp_send");
   return wait_comm(dist->p2p(), h, tensor, "send to rank " + std::to_string(t.peer));
 }
 

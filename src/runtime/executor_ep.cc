@@ -19,6 +19,7 @@
 #include <numeric>
 #include <span>
 
+#include "piper/base/fault.h"
 #include "piper/comm/algorithms/halo_all_to_all.h"
 #include "piper/comm/algorithms/moe_combine.h"
 #include "piper/comm/algorithms/moe_dispatch.h"
@@ -555,6 +556,7 @@ Result<ExpertMigration> Executor::Impl::ep_migrate(const std::map<int, std::vect
     size_t total_in = 0;
     for (size_t b : recv_bytes) total_in += b;
     std::vector<float> recv(total_in / sizeof(float));
+    fault_point("migrate");
     Status st = comm::pairwise_all_to_all_v(c, send.data(), send_bytes, recv.data(), recv_bytes, dist->timeout_s());
     if (!st.ok()) {
       return st.with_context("expert migration of layer " + std::to_string(layer) + " over the ep group (rank " +

@@ -7,6 +7,7 @@
 #include <deque>
 #include <set>
 
+#include "piper/base/fault.h"
 #include "piper/base/strings.h"
 #include "piper/runtime/checkpoint.h"
 #include "piper/runtime/chunks/tp_slice.h"
@@ -208,6 +209,7 @@ Trainer::~Trainer() = default;
 
 Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   if (options.ranks < 1) return invalid_argument("--ranks must be >= 1, got " + std::to_string(options.ranks));
+  PIPER_RETURN_IF_ERROR(init_fault_injection());
   if (options.ranks > 1 && options.world == nullptr) {
     return invalid_argument("--ranks " + std::to_string(options.ranks) +
                             " needs an MPI job: run `piper train --ranks N`, which starts mpirun itself");
@@ -385,6 +387,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
 }
 
 Result<TrainStepStats> Trainer::step() {
+  set_fault_step(optimizer_->step() + 1);
   loader_->next_batch(&batch_);
   const Batch* batch = &batch_;
   if (dist_ != nullptr && data_parallel() > 1) {
@@ -487,6 +490,7 @@ Status Trainer::save(const std::string& dir) {
   PIPER_RETURN_IF_ERROR(checkpoint_supported("--save"));
   CheckpointMeta meta;
   meta.step = optimizer_->step();
+  set_fault_step(meta.step);
   meta.data = loader_->position();
   meta.rng = RngState{options_.seed, 0, 0};
   meta.seq_len = options_.seq_len;

@@ -4,6 +4,8 @@
 #include <cstring>
 #include <sstream>
 
+#include "piper/base/fault.h"
+
 namespace piper::comm {
 
 std::span<uint8_t> HaloScratch::take(size_t bytes) {
@@ -74,6 +76,7 @@ class Exchange {
     start_ = Clock::now();
     PIPER_RETURN_IF_ERROR(post_receives());
     PIPER_RETURN_IF_ERROR(post_sends());
+    fault_point("halo");
     stats_.posted_s = since_start();
     Status status = progress(timeout_s);
     stats_.total_s = since_start();
@@ -274,17 +277,20 @@ class Exchange {
         continue;
       }
       if (first_ == pending_.size() && jobs_done()) return ok_status();
+      if (Status live = peer_liveness(); !live.ok()) {
+        return live.with_context("halo exchange on group '" + comm_.name() + "' rank " + std::to_string(me_));
+      }
       auto now = Clock::now();
-      if (now >= deadline) return timeout_error(timeout_s);
+      if (now >= deadline) return timeout_error(std::chrono::duration<double>(now - start_).count());
       ++stats_.idle_rounds;
       // The back-off restarts whenever a job moves, so a proxy polls its fresh batch promptly.
       idle_while_polling(std::chrono::duration<double>(now - idle_since).count());
     }
   }
 
-  Status timeout_error(double timeout_s) const {
+  Status timeout_error(double waited_s) const {
     std::ostringstream os;
-    os << "halo exchange on group '" << comm_.name() << "' rank " << me_ << " timed out after " << timeout_s
+    os << "halo exchange on group '" << comm_.name() << "' rank " << me_ << " timed out after " << waited_s
        << " s; still waiting for:";
     for (const Pending& p : pending_) {
       if (!p.handle.done()) {

@@ -3,6 +3,8 @@
 #include <cstring>
 #include <vector>
 
+#include "piper/base/fault.h"
+
 namespace piper::comm {
 
 Result<std::vector<size_t>> displacements(const Communicator& comm, std::span<const size_t> bytes, const char* what) {
@@ -43,6 +45,7 @@ Status pairwise_all_to_all_v(Communicator& comm, const void* send, std::span<con
     PIPER_ASSIGN_OR_RETURN(Handle h, comm.isend(src + sdispl[peer], send_bytes[peer], peer, kTag));
     handles.push_back(std::move(h));
   }
+  fault_point("ep_a2a");
   for (int i = 1; i < n; ++i) {
     int peer = (me + n - i) % n;
     PIPER_ASSIGN_OR_RETURN(Handle h, comm.irecv(dst + rdispl[peer], recv_bytes[peer], peer, kTag));

@@ -7,6 +7,7 @@
 
 #include "piper/base/check.h"
 #include "piper/comm/mpi/mpi_check.h"
+#include "piper/comm/mpi/mpi_heartbeat.h"
 #include "piper/comm/mpi/mpi_pending.h"
 
 namespace piper::comm {
@@ -94,6 +95,10 @@ class MpiCommunicator : public Communicator {
     MPI_Comm copy = MPI_COMM_NULL;
     PIPER_MPI_RETURN_IF_ERROR(MPI_Comm_dup(comm_, &copy));
     return wrap(copy, name, world_ranks(), options_);
+  }
+
+  Result<std::unique_ptr<Heartbeat>> start_heartbeat(const HeartbeatOptions& options) override {
+    return start_mpi_heartbeat(comm_, world_ranks(), options);
   }
 
   Result<Handle> isend(const void* data, size_t bytes, int peer, int tag) override {
