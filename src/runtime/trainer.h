@@ -40,16 +40,13 @@
 
 namespace piper::runtime {
 
-// Live expert migration (expert-parallel runs, docs/balance.md). The defaults, named once.
-inline constexpr int kMigrationWindowSteps = 10;
-inline constexpr double kMigrationThreshold = 1.10;
-
+// Live expert migration (expert-parallel runs, docs/balance.md); defaults from balance/planner.h.
 struct MigrationOptions {
   bool enabled = false;
   // The planner reads the expert loads of the last window_steps steps and runs every window_steps steps.
-  int window_steps = kMigrationWindowSteps;
+  int window_steps = balance::kDefaultWindowSteps;
   // A layer is planned when its window imbalance (max / mean ep-rank tokens) exceeds this (>= 1).
-  double threshold = kMigrationThreshold;
+  double threshold = balance::kDefaultImbalanceThreshold;
   // Steps a new placement is expected to serve: the planner weighs a move's cost against its saving over them
   // (balance/planner.h steps_next_window). 0 = window_steps (the next plan may undo it).
   int horizon_steps = 0;
