@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -71,6 +72,11 @@ struct TrainOptions {
   int ranks_per_node = 0;
   // Expert-parallel runs: move experts between the ranks of each ep group when their loads are imbalanced.
   MigrationOptions migration;
+  // Prices for the plan's cost annotations (compile::CompileOptions::cost), given the resolved strategy and
+  // training spec. `piper train` passes the local machine's (sim::cost_annotations), so that the plan the ranks
+  // run is the very plan its prediction simulates (same plan_hash). Empty: the graph's own estimates. The runtime
+  // itself reads no annotation, so the prices change no computed value.
+  std::function<Result<compile::CostFn>(const Strategy&, const TrainSpec&)> plan_prices;
 };
 
 struct TrainStepStats {
