@@ -50,8 +50,14 @@ struct MigrationCost {
   Status validate() const;
 };
 
+// Live migration's defaults (docs/balance.md), named once for the trainer, `piper simulate --expert-zipf` and
+// the CLI: the planner runs every kDefaultWindowSteps steps over that many steps' loads, and plans a layer whose
+// window imbalance (max / mean ep-rank tokens) exceeds kDefaultImbalanceThreshold.
+inline constexpr int kDefaultWindowSteps = 10;
+inline constexpr double kDefaultImbalanceThreshold = 1.10;
+
 struct PlannerOptions {
-  double imbalance_threshold = 1.10;   // plan only above this max/mean; >= 1
+  double imbalance_threshold = kDefaultImbalanceThreshold;   // plan only above this max/mean; >= 1
   int max_steps = 100000;              // bound on hill-climbing steps (a safety net; the climb ends far earlier)
   bool stop_at_greedy_balance = true;  // stop climbing once as balanced as greedy repacking from scratch
 };

@@ -14,7 +14,6 @@
 #include "piper/cli/flags.h"
 #include "piper/cli/scenario.h"
 #include "piper/report/chrome_trace.h"
-#include "piper/runtime/trainer.h"
 #include "piper/sim/simulate.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/counting.h"
@@ -31,7 +30,7 @@ struct SimulateOptions {
   bool interleave = true;
   bool json = false;
   double expert_zipf = 0;  // 0 = balanced experts (the calibration's expert_load_imbalance)
-  int migrate_window = runtime::kMigrationWindowSteps;
+  int migrate_window = balance::kDefaultWindowSteps;
 };
 
 // The step with Zipf-skewed expert loads, without and with migration.

@@ -118,6 +118,11 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   t.migration = o.migration;
   t.model_options.router_skew = o.router_skew;
   if (o.device == "cuda") return train_gpu(t, o.steps, o.json);
+  // The machine the predictions are for; loaded now so that a bad calibration file fails before training. Its
+  // prices annotate the plan the ranks run, and the prediction simulates that plan (predict_vs_measured).
+  PIPER_ASSIGN_OR_RETURN(LocalMachine machine,
+                         local_cluster(t.ranks, kernels::kernel_threads(), o.calibration, o.comm_calibration));
+  t.plan_prices = local_plan_prices(machine, t.model);
   PIPER_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(t));
   if (!o.save.empty()) PIPER_RETURN_IF_ERROR(trainer->prepare_save(o.save));  // before the first step
   if (!o.resume.empty()) {
@@ -129,9 +134,6 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
     }
   }
   const auto& plan = trainer->compiled().plan;
-  // The machine the predictions are for; loaded now so that a bad calibration file fails before training.
-  PIPER_ASSIGN_OR_RETURN(LocalMachine machine,
-                         local_cluster(plan.world_size, kernels::kernel_threads(), o.calibration, o.comm_calibration));
   if (!o.json && !quiet) {
     std::printf("model     %s (%s trainable parameters)\n", t.model.name.c_str(),
                 format_count(static_cast<double>(trainer->num_params())).c_str());
@@ -142,7 +144,7 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
     if (trainer->dist() != nullptr) {
       std::printf("ranks     %d MPI ranks (pp=%d dp=%d ep=%d tp=%d), plan hash %016llx equal on every rank\n",
                   plan.world_size, plan.mesh.pp, plan.mesh.dp, plan.mesh.ep, plan.mesh.tp,
-                  static_cast<unsigned long long>(runtime::plan_hash(plan)));
+                  static_cast<unsigned long long>(compile::plan_hash(plan)));
     }
     std::printf("batch     %lld x %lld tokens per step, data %s, seed %llu%s\n",
                 static_cast<long long>(trainer->options().global_batch), static_cast<long long>(o.seq_len),
@@ -261,7 +263,8 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
            {"plan_activation_peak_bytes", trainer->executor().planned_peak_bytes()},
            {"pool_reserved_peak_bytes", trainer->reserved_peak_bytes()},
            {"seconds", seconds},
-           {"ranks", plan.world_size}};
+           {"ranks", plan.world_size},
+           {"plan_hash", hex_hash(compile::plan_hash(plan))}};
     j["predicted_vs_measured"] = prediction.to_json();
     if (!o.trace.empty()) j["trace"] = o.trace;
     if (!o.save.empty()) j["saved"] = o.save;

@@ -9,6 +9,7 @@
 #include "piper/cost/estimate.h"
 #include "piper/report/chrome_trace.h"
 #include "piper/sim/simulate.h"
+#include "piper/sim/task_time.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/comm_calibration.h"
 
@@ -42,6 +43,23 @@ Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::str
   return m;
 }
 
+std::function<Result<compile::CostFn>(const Strategy&, const TrainSpec&)> local_plan_prices(const LocalMachine& machine,
+                                                                                           const ModelSpec& model) {
+  return [machine, model](const Strategy& strategy, const TrainSpec& train_in) -> Result<compile::CostFn> {
+    TrainSpec train = train_in;
+    train.micro_batch_size = strategy.mbs;
+    PIPER_ASSIGN_OR_RETURN(cost::CostModel cm,
+                           cost::CostModel::create(model, machine.cluster, train, machine.calibration));
+    return sim::cost_annotations(cm, strategy, machine.calibration);
+  };
+}
+
+std::string hex_hash(uint64_t hash) {
+  char buf[20];
+  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(hash));
+  return buf;
+}
+
 Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, const LocalMachine& machine,
                                              const std::vector<RankMeasurement>& measured) {
   const compile::Plan& plan = trainer.compiled().plan;
@@ -55,8 +73,9 @@ Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, co
   r.machine = machine;
   sim::SimOptions so;
   so.full = true;  // every rank: the runs here are small
-  PIPER_ASSIGN_OR_RETURN(sim::SimReport sim,
-                         sim::simulate(model, machine.cluster, train, trainer.strategy(), machine.calibration, so));
+  PIPER_ASSIGN_OR_RETURN(sim::SimReport sim, sim::simulate_compiled(trainer.compiled(), model, machine.cluster, train,
+                                                                    trainer.strategy(), machine.calibration, so));
+  r.sim_plan_hash = sim.plan_hash;
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm,
                          cost::CostModel::create(model, machine.cluster, train, machine.calibration));
   cost::Estimate e;
@@ -146,6 +165,7 @@ Json PredictionReport::to_json() const {
               {"cores_per_rank", machine.cores_per_rank},
               {"calibration", machine.calibration_source},
               {"simulated_step_time_s", sim_step_s},
+              {"simulated_plan_hash", hex_hash(sim_plan_hash)},
               {"resource_model_step_time_s", model_step_s},
               {"note", note},
               {"ranks", ranks_json}};

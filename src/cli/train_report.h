@@ -1,6 +1,7 @@
 // What `piper train` reports at the end of a run besides the losses: the measured timeline as a Chrome trace
 // (--trace) and, per rank, the measured step time, compute time and peak memory beside the simulator's
-// (src/sim, the same strategy compiled for the same model and batch) and the resource model's (src/cost)
+// (src/sim, executing the very plan the ranks ran: the trainer compiles it with this machine's prices,
+// local_plan_prices, and the simulator takes it without recompiling) and the resource model's (src/cost)
 // predictions on a ClusterSpec of this machine.
 //
 // The ClusterSpec of this machine (local_cluster): the `local-cpu` preset (one device = one CPU core) with one
@@ -14,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,6 +46,13 @@ struct LocalMachine {
 Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::string& calibration,
                                    const std::string& comm_calibration);
 
+// The machine's task prices for the plan the trainer compiles (runtime::TrainOptions::plan_prices).
+std::function<Result<compile::CostFn>(const Strategy&, const TrainSpec&)> local_plan_prices(const LocalMachine& machine,
+                                                                                           const ModelSpec& model);
+
+// "%016llx" of a plan hash, as the JSON reports carry it.
+std::string hex_hash(uint64_t hash);
+
 struct RankComparison {
   int rank = 0, pp_rank = 0;
   RankMeasurement measured;
@@ -55,6 +64,7 @@ struct PredictionReport {
   LocalMachine machine;
   std::vector<RankComparison> ranks;  // ascending rank
   double sim_step_s = 0, model_step_s = 0;
+  uint64_t sim_plan_hash = 0;  // the hash of the plan simulated: the trainer's (compile::plan_hash)
   // Set when a prediction is missing or comes from elsewhere (af-pipe: the compiled plan's peak).
   std::string note;
 
@@ -62,7 +72,7 @@ struct PredictionReport {
   Json to_json() const;
 };
 
-// Simulates and estimates the trainer's strategy on `machine` and pairs it with `measured` (one per rank).
+// Simulates the trainer's compiled plan and estimates its strategy on `machine` and pairs it with `measured` (one per rank).
 Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, const LocalMachine& machine,
                                              const std::vector<RankMeasurement>& measured);
 

@@ -4,7 +4,6 @@
 
 #include "piper/base/check.h"
 #include "piper/base/strings.h"
-#include "piper/strategy/strategy.h"
 
 namespace piper::comm {
 
@@ -27,22 +26,6 @@ Result<Mesh> Mesh::create(std::vector<std::string> axes, std::vector<int> sizes)
   mesh.axes_ = std::move(axes);
   mesh.sizes_ = std::move(sizes);
   return mesh;
-}
-
-Result<Mesh> Mesh::from_strategy(const Strategy& s) {
-  if (s.ep < 1 || s.dp % s.ep != 0) {
-    return invalid_argument("mesh: ep=" + std::to_string(s.ep) + " does not divide dp=" + std::to_string(s.dp) +
-                            "; pick ep among the divisors of dp");
-  }
-  std::vector<int> sizes;
-  for (const std::string& axis : s.order) {
-    if (axis == "tp") sizes.push_back(s.tp);
-    else if (axis == "ep") sizes.push_back(s.ep);
-    else if (axis == "dp") sizes.push_back(s.dp / s.ep);
-    else if (axis == "pp") sizes.push_back(s.pp);
-    else return invalid_argument("mesh: unknown axis '" + axis + "' in the strategy order; use tp, ep, dp, pp");
-  }
-  return create(s.order, sizes);
 }
 
 Result<int> Mesh::axis_index(const std::string& axis) const {

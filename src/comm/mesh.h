@@ -3,9 +3,7 @@
 //
 // rank = c0 + s0 * (c1 + s1 * (c2 + ...)) for axes (a0, a1, a2, ...) with sizes (s0, s1, ...). With the
 // Strategy's default order tp-ep-dp-pp, tensor-parallel peers are adjacent ranks (same node) and pipeline
-// stages are the farthest apart. from_strategy() uses Megatron's convention: world = dp * tp * pp with ep
-// dividing dp, so the mesh axes are tp (tp), ep (ep), dp (dp / ep = expert-data-parallel), pp (pp); the
-// attention data-parallel group is then the union of axes {ep, dp}.
+// stages are the farthest apart.
 #pragma once
 
 #include <memory>
@@ -15,17 +13,12 @@
 #include "piper/base/status.h"
 #include "piper/comm/communicator.h"
 
-namespace piper {
-struct Strategy;
-}
-
 namespace piper::comm {
 
 class Mesh {
  public:
   // Axis names must be unique and non-empty, sizes positive.
   static Result<Mesh> create(std::vector<std::string> axes, std::vector<int> sizes);
-  static Result<Mesh> from_strategy(const Strategy& strategy);
 
   int size() const { return size_; }
   const std::vector<std::string>& axes() const { return axes_; }

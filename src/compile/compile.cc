@@ -65,8 +65,8 @@ Result<CompileResult> compile_strategy(const ModelSpec& model, const TrainSpec& 
                                        const CompileOptions& options) {
   PIPER_ASSIGN_OR_RETURN(ir::MeshInfo mesh, strategy_mesh(strategy, model));
   DirectiveOptions dopts;
-  dopts.vocab_parallel = options.vocab_parallel;
-  dopts.overlap_param_gather = options.overlap_param_gather;
+  dopts.vocab_parallel = options.target.vocab_parallel;
+  dopts.overlap_param_gather = options.target.overlap_param_gather;
   PIPER_ASSIGN_OR_RETURN(auto directives, strategy_directives(strategy, model, dopts));
   CompileOptions opts = options;
   opts.tp_overlap = options.tp_overlap || strategy.tp_overlap;

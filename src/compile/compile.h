@@ -12,6 +12,7 @@
 #include "piper/base/status.h"
 #include "piper/compile/lower.h"
 #include "piper/compile/plan.h"
+#include "piper/compile/target.h"
 #include "piper/compile/verify_plan.h"
 #include "piper/ir/directive.h"
 #include "piper/ir/graph.h"
@@ -32,8 +33,7 @@ struct CompileOptions {
   CostFn cost;                                   // optional cost annotations
   bool interleave_overlap = true;                // LowerOptions::interleave_overlap
   bool recompute_reruns_tp_collectives = false;  // LowerOptions::recompute_reruns_tp_collectives
-  bool vocab_parallel = true;                    // compile_strategy: DirectiveOptions::vocab_parallel
-  bool overlap_param_gather = true;              // compile_strategy: DirectiveOptions::overlap_param_gather
+  Target target = megatron_target();             // compile_strategy: how the backend runs the strategy
   bool tp_overlap = false;                       // LowerOptions::tp_overlap (compile_strategy: or Strategy's)
 };
 

@@ -116,4 +116,14 @@ Result<std::vector<int>> Plan::group_ranks(int rank, const std::string& axis) co
   return out;
 }
 
+uint64_t plan_hash(const Plan& plan) {
+  const std::string text = plan.to_json().dump();
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
 }  // namespace piper::compile

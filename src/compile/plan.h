@@ -98,6 +98,10 @@ struct Plan {
   Result<std::vector<int>> group_ranks(int rank, const std::string& axis) const;
 };
 
+// FNV-1a 64 of plan.to_json().dump(): equal plans hash equal. The ranks of a run compare it (runtime
+// DistContext) and `piper train` reports it beside the hash of the plan its prediction simulated.
+uint64_t plan_hash(const Plan& plan);
+
 // Called once per lowered node instruction to fill or overwrite its cost annotations.
 using CostFn = std::function<void(const ir::Graph& graph, const ir::Node& node, Instruction& instr)>;
 

@@ -18,16 +18,6 @@ std::vector<int> members(const compile::Plan& plan, const compile::RankCoord& me
 
 }  // namespace
 
-uint64_t plan_hash(const compile::Plan& plan) {
-  const std::string text = plan.to_json().dump();
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
 int DistContext::pipeline_peer(int pp_rank) const {
   for (int r = 0; r < plan_->world_size; ++r) {
     const compile::RankCoord& c = plan_->coords[static_cast<size_t>(r)];
@@ -72,7 +62,7 @@ Result<std::unique_ptr<DistContext>> DistContext::create(comm::Communicator& wor
   }
 
   // Every rank compiled its own plan: they must be the same program set.
-  const uint64_t mine = plan_hash(plan);
+  const uint64_t mine = compile::plan_hash(plan);
   std::vector<uint64_t> all(static_cast<size_t>(world.size()));
   PIPER_ASSIGN_OR_RETURN(comm::Handle h, world.all_gather(&mine, all.data(), sizeof(mine)));
   PIPER_RETURN_IF_ERROR(world.wait(h, ctx->timeout_s_));

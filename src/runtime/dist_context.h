@@ -28,9 +28,6 @@
 
 namespace piper::runtime {
 
-// FNV-1a 64 of plan.to_json().dump(): equal plans hash equal.
-uint64_t plan_hash(const compile::Plan& plan);
-
 class DistContext {
  public:
   static Result<std::unique_ptr<DistContext>> create(comm::Communicator& world, const compile::Plan& plan);

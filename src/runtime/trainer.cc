@@ -259,13 +259,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   PIPER_RETURN_IF_ERROR(train.validate());
   PIPER_RETURN_IF_ERROR(t->strategy_.validate_for(options.model, train, options.ranks));
   t->train_ = train;
-  // The CPU runtime keeps the embedding and the head whole on every tp rank: it has no vocabulary-parallel
-  // cross-entropy (the simulator and the closed form shard them over tp, as Megatron does).
   compile::CompileOptions copts;
-  copts.vocab_parallel = false;
-  // ZeRO-1/2 parameters are gathered right after the update, so every rank ends the step with whole parameters
-  // (checkpoints, parity); the simulator gathers them by the next forward, as Megatron's --overlap-param-gather.
-  copts.overlap_param_gather = false;
+  copts.target = compile::cpu_runtime_target();
+  if (options.plan_prices) {
+    PIPER_ASSIGN_OR_RETURN(copts.cost, options.plan_prices(t->strategy_, train));
+  }
   auto compiled = compile::compile_strategy(options.model, train, t->strategy_, copts);
   if (!compiled.ok()) return compiled.status();
   t->compiled_ = std::move(compiled).value();

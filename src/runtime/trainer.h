@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -40,16 +41,13 @@
 
 namespace piper::runtime {
 
-// Live expert migration (expert-parallel runs, docs/balance.md). The defaults, named once.
-inline constexpr int kMigrationWindowSteps = 10;
-inline constexpr double kMigrationThreshold = 1.10;
-
+// Live expert migration (expert-parallel runs, docs/balance.md); defaults from balance/planner.h.
 struct MigrationOptions {
   bool enabled = false;
   // The planner reads the expert loads of the last window_steps steps and runs every window_steps steps.
-  int window_steps = kMigrationWindowSteps;
+  int window_steps = balance::kDefaultWindowSteps;
   // A layer is planned when its window imbalance (max / mean ep-rank tokens) exceeds this (>= 1).
-  double threshold = kMigrationThreshold;
+  double threshold = balance::kDefaultImbalanceThreshold;
   // Steps a new placement is expected to serve: the planner weighs a move's cost against its saving over them
   // (balance/planner.h steps_next_window). 0 = window_steps (the next plan may undo it).
   int horizon_steps = 0;
@@ -74,6 +72,11 @@ struct TrainOptions {
   int ranks_per_node = 0;
   // Expert-parallel runs: move experts between the ranks of each ep group when their loads are imbalanced.
   MigrationOptions migration;
+  // Prices for the plan's cost annotations (compile::CompileOptions::cost), given the resolved strategy and
+  // training spec. `piper train` passes the local machine's (sim::cost_annotations), so that the plan the ranks
+  // run is the very plan its prediction simulates (same plan_hash). Empty: the graph's own estimates. The runtime
+  // itself reads no annotation, so the prices change no computed value.
+  std::function<Result<compile::CostFn>(const Strategy&, const TrainSpec&)> plan_prices;
 };
 
 struct TrainStepStats {

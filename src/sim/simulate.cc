@@ -8,43 +8,13 @@
 
 namespace piper::sim {
 
-Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train_in,
-                           const Strategy& strategy, const cost::Calibration& calibration, const SimOptions& options) {
-  // The compiler lays global ranks out tp innermost, then ep inside dp, then pp (compile/lower.cc, Plan::rank_of),
-  // and the simulator's groups and representative ranks follow that layout; an order that differs from it only
-  // in where size-1 axes sit is the same layout.
-  if (strategy.order_without_unit_axes(strategy.order) != strategy.order_without_unit_axes(Strategy{}.order)) {
-    return invalid_argument("simulate: order=" + join(strategy.order, "-") +
-                            " is priced by the closed form only (piper estimate): the compiler lays ranks out "
-                            "tp-ep-dp-pp and the simulator executes that layout; drop order= to simulate it");
-  }
-  TrainSpec train = train_in;
-  train.micro_batch_size = strategy.mbs;
-  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
-  PIPER_RETURN_IF_ERROR(strategy.validate_for(model, train, cluster.world_size()));
-  PIPER_ASSIGN_OR_RETURN(TaskTimeFn task_time, cost_task_time(cm, strategy, calibration));
-  compile::CompileOptions copts;
-  copts.interleave_overlap = options.interleave_overlap;
-  copts.overlap_param_gather = options.overlap_param_gather;
-  copts.recompute_reruns_tp_collectives = calibration.recompute_reruns_tp_collectives;
-  PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, strategy, calibration));
-  SimReport rep;
-  auto t0 = std::chrono::steady_clock::now();
-  auto compiled = compile::compile_strategy(model, train, strategy, copts);
-  if (!compiled.ok()) return compiled.status().with_context("simulate");
-  rep.compiled = std::move(compiled).value();
-  auto t1 = std::chrono::steady_clock::now();
-  if (t1 >= options.deadline) {
-    return deadline_exceeded("not simulated: budget: the wall-clock deadline passed while compiling (" +
-                             std::to_string(std::chrono::duration<double>(t1 - t0).count()) +
-                             " s); give it more time (plan --sim-budget-s)");
-  }
-  PIPER_ASSIGN_OR_RETURN(Network net, Network::build(cluster));
-  PIPER_ASSIGN_OR_RETURN(rep.sim, simulate_plan(rep.compiled.plan, rep.compiled.graph, net, task_time, options));
-  auto t2 = std::chrono::steady_clock::now();
-  rep.compile_wall_s = std::chrono::duration<double>(t1 - t0).count();
-  rep.simulate_wall_s = std::chrono::duration<double>(t2 - t1).count();
+namespace {
+
+// Step time, tokens/s, MFU, bubble and exposed-communication fractions and peak memory from rep.sim.
+void summarise(SimReport& rep, const cost::CostModel& cm, const ClusterSpec& cluster, const TrainSpec& train,
+               const Strategy& strategy) {
   rep.world_size = rep.compiled.plan.world_size;
+  rep.plan_hash = compile::plan_hash(rep.compiled.plan);
   rep.step_time_s = rep.sim.step_time_s;
   const int64_t batch = train.global_batch > 0 ? train.global_batch : strategy.global_batch();
   rep.tokens_per_step = static_cast<double>(batch) * static_cast<double>(train.seq_len);
@@ -64,6 +34,58 @@ Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, c
   for (const RankStats& r : rep.sim.ranks)
     rep.peak_memory_max_bytes = std::max(rep.peak_memory_max_bytes, r.peak_bytes);
   rep.device_memory_bytes = static_cast<double>(cluster.device.memory_bytes);
+}
+
+}  // namespace
+
+Result<SimReport> simulate_compiled(compile::CompileResult compiled, const ModelSpec& model,
+                                    const ClusterSpec& cluster, const TrainSpec& train_in, const Strategy& strategy,
+                                    const cost::Calibration& calibration, const SimOptions& options) {
+  TrainSpec train = train_in;
+  train.micro_batch_size = strategy.mbs;
+  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
+  PIPER_ASSIGN_OR_RETURN(TaskTimeFn task_time, cost_task_time(cm, strategy, calibration));
+  PIPER_ASSIGN_OR_RETURN(Network net, Network::build(cluster));
+  SimReport rep;
+  rep.compiled = std::move(compiled);
+  auto t0 = std::chrono::steady_clock::now();
+  PIPER_ASSIGN_OR_RETURN(rep.sim, simulate_plan(rep.compiled.plan, rep.compiled.graph, net, task_time, options));
+  rep.simulate_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  summarise(rep, cm, cluster, train, strategy);
+  return rep;
+}
+
+Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train_in,
+                           const Strategy& strategy, const cost::Calibration& calibration, const SimOptions& options) {
+  // The compiler lays global ranks out tp innermost, then ep inside dp, then pp (compile/lower.cc, Plan::rank_of),
+  // and the simulator's groups and representative ranks follow that layout; an order that differs from it only
+  // in where size-1 axes sit is the same layout.
+  if (strategy.order_without_unit_axes(strategy.order) != strategy.order_without_unit_axes(Strategy{}.order)) {
+    return invalid_argument("simulate: order=" + join(strategy.order, "-") +
+                            " is priced by the closed form only (piper estimate): the compiler lays ranks out "
+                            "tp-ep-dp-pp and the simulator executes that layout; drop order= to simulate it");
+  }
+  TrainSpec train = train_in;
+  train.micro_batch_size = strategy.mbs;
+  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
+  PIPER_RETURN_IF_ERROR(strategy.validate_for(model, train, cluster.world_size()));
+  compile::CompileOptions copts;
+  copts.interleave_overlap = options.interleave_overlap;
+  copts.target.overlap_param_gather = options.overlap_param_gather;
+  copts.recompute_reruns_tp_collectives = calibration.recompute_reruns_tp_collectives;
+  PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, strategy, calibration));
+  auto t0 = std::chrono::steady_clock::now();
+  auto compiled = compile::compile_strategy(model, train, strategy, copts);
+  if (!compiled.ok()) return compiled.status().with_context("simulate");
+  auto t1 = std::chrono::steady_clock::now();
+  if (t1 >= options.deadline) {
+    return deadline_exceeded("not simulated: budget: the wall-clock deadline passed while compiling (" +
+                             std::to_string(std::chrono::duration<double>(t1 - t0).count()) +
+                             " s); give it more time (plan --sim-budget-s)");
+  }
+  PIPER_ASSIGN_OR_RETURN(SimReport rep, simulate_compiled(std::move(compiled).value(), model, cluster, train,
+                                                          strategy, calibration, options));
+  rep.compile_wall_s = std::chrono::duration<double>(t1 - t0).count();
   return rep;
 }
 

@@ -39,6 +39,7 @@ struct SimReport {
   double exposed_comm_fraction = 0;
   int64_t peak_memory_max_bytes = 0;
   double device_memory_bytes = 0;
+  uint64_t plan_hash = 0;  // compile::plan_hash of the simulated plan
   double compile_wall_s = 0;
   double simulate_wall_s = 0;
 
@@ -48,8 +49,18 @@ struct SimReport {
 };
 
 // `train.micro_batch_size` is taken from the strategy (mbs); train.global_batch 0 means dp * microbatches * mbs.
+// Compiles the strategy for compile::megatron_target() with this cluster's cost annotations, then
+// simulate_compiled().
 Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
                            const Strategy& strategy, const cost::Calibration& calibration = {},
                            const SimOptions& options = {});
+
+// Executes a plan compiled elsewhere, without recompiling it: the plan `piper train` ran (runtime::Trainer::
+// compiled()), so its prediction is of that very plan (the report's plan_hash is the plan's). Its cost
+// annotations should be this cluster's (cost_annotations() as CompileOptions::cost); `strategy` is the one the
+// plan was compiled from (task prices). compile_wall_s stays 0.
+Result<SimReport> simulate_compiled(compile::CompileResult compiled, const ModelSpec& model,
+                                    const ClusterSpec& cluster, const TrainSpec& train, const Strategy& strategy,
+                                    const cost::Calibration& calibration = {}, const SimOptions& options = {});
 
 }  // namespace piper::sim

@@ -27,21 +27,6 @@ TEST(Mesh, GroupsAlongAxes) {
   EXPECT_EQ(mesh->group_name(7, {"ep"}), "ep[tp=1,pp=1]");
 }
 
-TEST(Mesh, FromStrategyUsesExpertDataParallelAxis) {
-  Strategy s;
-  s.dp = 4;
-  s.ep = 2;
-  s.tp = 2;
-  s.pp = 3;
-  auto mesh = Mesh::from_strategy(s);
-  ASSERT_TRUE(mesh.ok());
-  EXPECT_EQ(mesh->size(), 24);
-  EXPECT_EQ(mesh->axes(), (std::vector<std::string>{"tp", "ep", "dp", "pp"}));
-  EXPECT_EQ(mesh->sizes(), (std::vector<int>{2, 2, 2, 3}));
-  s.ep = 3;
-  EXPECT_FALSE(Mesh::from_strategy(s).ok());
-}
-
 TEST(Mesh, BadInputNamesTheProblem) {
   EXPECT_FALSE(Mesh::create({"tp", "tp"}, {2, 2}).ok());
   EXPECT_FALSE(Mesh::create({"tp"}, {0}).ok());

@@ -102,6 +102,23 @@ TEST(CliTrainReport, OneRankTraceAndPrediction) {
   std::filesystem::remove(path);
 }
 
+// The prediction simulates the plan the ranks ran, not a plan compiled again with the simulator's own options:
+// tp=2 (the runtime keeps the embedding and head whole; Megatron shards them) and ZeRO-1 (the runtime gathers
+// parameters after the update; Megatron by the next forward) would compile to other plans for the GPU target.
+TEST(CliTrainReport, ThePredictionSimulatesThePlanTheRanksRan) {
+  for (const std::string strategy : {"tp=2,sp=1,microbatches=2,mbs=2", "dp=2,zero=1,microbatches=2,mbs=2"}) {
+    int rc = 0;
+    std::string out = run("train --model tiny-moe --ranks 2 --seq 16 --strategy " + strategy + " --steps 1 --json",
+                          &rc, true);
+    ASSERT_EQ(rc, 0) << strategy << "\n" << out;
+    auto j = piper::Json::parse(out);
+    const std::string ran = j["plan_hash"];
+    EXPECT_EQ(ran.size(), 16u) << ran;
+    EXPECT_EQ(j["predicted_vs_measured"]["simulated_plan_hash"], ran) << strategy;
+    EXPECT_GT(j["predicted_vs_measured"]["simulated_step_time_s"].get<double>(), 0) << strategy;
+  }
+}
+
 TEST(CliTrainReport, TwoRanksGatheredIntoOneTrace) {
   const std::string path = temp_file("two.json");
   int rc = 0;

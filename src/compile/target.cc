@@ -1,0 +1,9 @@
+#include "piper/compile/target.h"
+
+namespace piper::compile {
+
+Target megatron_target() { return Target{"megatron", true, true}; }
+
+Target cpu_runtime_target() { return Target{"cpu-runtime", false, false}; }
+
+}  // namespace piper::compile
