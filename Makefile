@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: run test build setup clean fault-matrix
+.PHONY: run test build setup clean fault-matrix sanitize
 
 run: build
 	. scripts/env.sh && scripts/main-job.sh $(BUILD)/src/cli/piper
@@ -15,6 +15,11 @@ test: build
 build: setup
 	@if [ ! -f $(BUILD)/build.ninja ]; then cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS); fi
 	cmake --build $(BUILD) -j$(JOBS)
+
+# CI's sanitizer jobs: ASan + UBSan on the unit and MPI tests, TSan on the executor's multi-stream tests, in
+# build-asan/ and build-tsan/ (docs/reliability.md "Sanitizers").
+sanitize:
+	scripts/ci-sanitizers.sh
 
 setup:
 	@scripts/setup.sh

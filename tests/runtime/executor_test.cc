@@ -6,9 +6,11 @@
 
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "piper/compile/compile.h"
 #include "piper/compile/strategy_directives.h"
+#include "piper/runtime/trace.h"
 #include "reference_step.h"
 
 namespace piper::runtime::testing {
@@ -178,7 +180,8 @@ TEST(ExecutorTest, BatchThatDoesNotSplitIntoMicrobatchesIsRejected) {
 }
 
 // Updates on their own logical stream: the program has two streams joined by events, run on two threads; the
-// update stream must wait for every gradient (global-norm clipping) and give the same bits as one stream.
+// update stream must wait for every gradient (global-norm clipping) and give the same bits as one stream. Both
+// threads record into one trace and one memory tracker (the TSan job of scripts/ci-sanitizers.sh runs this).
 TEST(ExecutorTest, UpdatesOnASecondStreamGiveTheSameBits) {
   const ModelSpec spec = small_moe_spec(true);
   Strategy st = Strategy::parse("schedule=1f1b,microbatches=2,mbs=2").value();
@@ -198,6 +201,9 @@ TEST(ExecutorTest, UpdatesOnASecondStreamGiveTheSameBits) {
   auto ex = Executor::create(compiled->graph, compiled->plan.program(0), model.get(), &opt, &alloc);
   ASSERT_TRUE(ex.ok()) << ex.status().to_string();
   EXPECT_EQ((*ex)->num_streams(), 2);
+  TraceRecorder recorder(0, 0, &tracker);
+  (*ex)->set_trace(&recorder);
+  recorder.start();
   auto single = make_setup(spec, "schedule=1f1b,microbatches=2,mbs=2", 5);
   ASSERT_NE(single->executor, nullptr);
   for (int i = 0; i < 3; ++i) {
@@ -207,6 +213,18 @@ TEST(ExecutorTest, UpdatesOnASecondStreamGiveTheSameBits) {
     ASSERT_TRUE(a.ok() && b.ok()) << a.status().to_string() << b.status().to_string();
     EXPECT_EQ(a->loss, b->loss);
     EXPECT_EQ(a->grad_norm, b->grad_norm);
+  }
+  (*ex)->set_trace(nullptr);
+  std::map<int, int> spans_per_stream;
+  std::map<int, double> stream_end;
+  for (const TraceSpan& sp : recorder.timeline().spans) {
+    EXPECT_GE(sp.start_s, stream_end[sp.stream]) << "stream " << sp.stream << " instr " << sp.instr;
+    stream_end[sp.stream] = sp.end_s;
+    spans_per_stream[sp.stream]++;
+  }
+  for (size_t k = 0; k < 2; ++k) {  // every instruction of both threads, once per step
+    const auto instrs = static_cast<int>(compiled->plan.program(0).streams[k].instrs.size());
+    EXPECT_EQ(spans_per_stream[static_cast<int>(k)], 3 * instrs) << "stream " << k;
   }
   auto pa = model->params(), pb = single->model->params();
   for (size_t i = 0; i < pa.size(); ++i) {
