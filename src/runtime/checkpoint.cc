@@ -39,6 +39,15 @@ Status get_shape(const Json& obj, const std::string& key, const std::string& pat
   return ok_status();
 }
 
+// An optional string field ("" when absent); nlohmann's value() would throw on another type.
+Status get_optional_string(const Json& obj, const std::string& key, const std::string& path, std::string* out) {
+  out->clear();
+  if (!obj.contains(key)) return ok_status();
+  if (!obj[key].is_string()) return bad_index(path, "field '" + key + "' is not a string");
+  *out = obj[key].get<std::string>();
+  return ok_status();
+}
+
 Status parse_meta(const Json& index, const std::string& path, CheckpointMeta* meta) {
   uint64_t step = 0, epoch = 0, pos = 0, seq = 0, world = 0;
   PIPER_RETURN_IF_ERROR(get_u64(index, "step", path, &step));
@@ -56,8 +65,8 @@ Status parse_meta(const Json& index, const std::string& path, CheckpointMeta* me
   meta->data = {static_cast<int64_t>(epoch), static_cast<int64_t>(pos)};
   meta->seq_len = static_cast<int64_t>(seq);
   meta->world_size = static_cast<int>(world);
-  meta->model = index.value("model", "");
-  meta->strategy = index.value("strategy", "");
+  PIPER_RETURN_IF_ERROR(get_optional_string(index, "model", path, &meta->model));
+  PIPER_RETURN_IF_ERROR(get_optional_string(index, "strategy", path, &meta->strategy));
   meta->expert_placement.clear();
   if (index.contains("expert_placement")) {
     const Json& table = index["expert_placement"];
@@ -69,7 +78,9 @@ Status parse_meta(const Json& index, const std::string& path, CheckpointMeta* me
       }
       std::vector<int>& out = meta->expert_placement[l];
       for (const Json& e : slots) {
-        if (!e.is_number_unsigned()) return bad_index(path, "expert_placement." + layer + " holds a non-expert");
+        if (!e.is_number_unsigned() || e.get<uint64_t>() > static_cast<uint64_t>(INT32_MAX)) {
+          return bad_index(path, "expert_placement." + layer + " holds a non-expert");
+        }
         out.push_back(e.get<int>());
       }
     }
@@ -107,10 +118,16 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::stri
   PIPER_ASSIGN_OR_RETURN(std::string dir, resolve(root));
   const std::string path = (fs::path(dir) / kIndexFile).string();
   PIPER_ASSIGN_OR_RETURN(std::string text, read_text_file(path));
+  return from_index_text(text, dir, path);
+}
+
+Result<std::unique_ptr<CheckpointReader>> CheckpointReader::from_index_text(const std::string& text,
+                                                                            const std::string& dir,
+                                                                            const std::string& path) {
   Result<Json> parsed = parse_json(text, path);
   if (!parsed.ok()) return bad_index(path, parsed.status().message());
   const Json& index = *parsed;
-  if (!index.is_object() || index.value("format", "") != kFormat) {
+  if (!index.is_object() || !index.contains("format") || index["format"] != kFormat) {
     return bad_index(path, std::string("format is not '") + kFormat + "'");
   }
   uint64_t version = 0;
@@ -139,7 +156,10 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::stri
   for (const auto& [name, info] : index["tensors"].items()) {
     TensorInfo t;
     PIPER_RETURN_IF_ERROR(get_shape(info, "shape", path, &t.shape));
-    t.optimizer = info.value("optimizer", false);
+    if (info.contains("optimizer") && !info["optimizer"].is_boolean()) {
+      return bad_index(path, name + ".optimizer is not true or false");
+    }
+    t.optimizer = info.contains("optimizer") && info["optimizer"].get<bool>();
     if (!info.contains("pieces") || !info["pieces"].is_array()) return bad_index(path, name + ".pieces is missing");
     for (const Json& p : info["pieces"]) {
       PieceRef ref;

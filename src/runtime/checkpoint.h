@@ -92,6 +92,10 @@ class CheckpointReader {
 
   // NotFound when ROOT has neither `latest` nor index.json; DataLoss for a corrupt index.
   static Result<std::unique_ptr<CheckpointReader>> open(const std::string& root);
+  // The same from the text of an index already read: `dir` is the step directory its files are read from (on
+  // first use), `path` names the index in messages.
+  static Result<std::unique_ptr<CheckpointReader>> from_index_text(const std::string& text, const std::string& dir,
+                                                                   const std::string& path);
 
   const std::string& dir() const { return dir_; }  // the resolved step directory
   const CheckpointMeta& meta() const { return meta_; }
