@@ -150,6 +150,11 @@ Status Strategy::validate() const {
     return fail(disaggregate ? "disagg=1 needs schedule=af-pipe (the only schedule for disaggregated attention/FFN)"
                              : "schedule=af-pipe needs disagg=1 with attn_ranks and ffn_ranks set");
   }
+  if (!disaggregate && (attn_ranks != 0 || ffn_ranks != 0)) {
+    // Without disagg=1 they would be ignored, and the compact form (to_string) drops them.
+    return fail("attn_ranks=" + std::to_string(attn_ranks) + ", ffn_ranks=" + std::to_string(ffn_ranks) +
+                " take effect only with disagg=1,schedule=af-pipe; add those or drop attn_ranks and ffn_ranks");
+  }
   if (disaggregate) {
     if (attn_ranks < 1 || ffn_ranks < 1) {
       return fail("disagg=1 needs attn_ranks >= 1 and ffn_ranks >= 1 (got " + std::to_string(attn_ranks) + ", " +

@@ -141,6 +141,8 @@ TEST(StrategyTest, ValidateRules) {
       {"schedule=af-pipe", "af-pipe needs disagg=1"},
       {"disagg=1", "disagg=1 needs schedule=af-pipe"},
       {"dp=2,schedule=af-pipe,disagg=1,attn_ranks=3,ffn_ranks=2", "attn_ranks=3 != dp*tp*pp = 2"},
+      // Found by fuzz/strategy_string_fuzz (fuzz/corpus/strategy_string/crash-ffn-ranks-without-disagg).
+      {"ffn_ranks=4", "take effect only with disagg=1,schedule=af-pipe"},
       // MoE parallel folding: ep over tp*dp; the unfolded error points to it when it would fit.
       {"dp=16,tp=2,sp=1,ep=32", "or set fold=1"},
       {"dp=16,tp=2,sp=1,ep=3,fold=1", "ep=3 does not divide tp*dp=32"},
