@@ -339,5 +339,45 @@ TEST(CheckpointTest, CorruptionIsDataLossNamingTheFile) {
   EXPECT_NE(st.message().find("nothing"), std::string::npos);
 }
 
+// Index fields of the wrong type or with sizes that overflow are corrupt-index errors, not an uncaught exception
+// or signed overflow (found by fuzz/checkpoint_index_fuzz; regressions in fuzz/corpus/checkpoint_index/).
+TEST(CheckpointTest, MistypedOrOverflowingIndexIsDataLoss) {
+  const std::string meta = R"("version": 2, "step": 1, "data_position": {"epoch": 0, "index": 0},
+      "rng": {"seed": 1, "stream": 0, "counter": 0}, "seq_len": 8, "world_size": 1)";
+  auto open_index = [&](const std::string& rest) -> Status {
+    auto r = CheckpointReader::from_index_text("{" + meta + ", " + rest + "}", "/nonexistent", "x/index.json");
+    return r.ok() ? ok_status() : r.status();
+  };
+  EXPECT_TRUE(open_index(R"("format": "piper-checkpoint", "files": {}, "tensors": {})").ok());
+  const std::string files = R"("files": {"f": {"bytes": 8, "fnv1a64": "0"}})";
+  const struct {
+    std::string rest;
+    const char* needle;
+    StatusCode code = StatusCode::kDataLoss;
+  } rows[] = {
+      {R"("format": {"seed": 1}, "files": {}, "tensors": {})", "format is not 'piper-checkpoint'"},
+      {R"("format": "piper-checkpoint", "model": 7, "files": {}, "tensors": {})", "field 'model' is not a string"},
+      {R"("format": "piper-checkpoint", "strategy": [], "files": {}, "tensors": {})", "'strategy' is not a string"},
+      {R"("format": "piper-checkpoint", "expert_placement": {"0": [4294967296]}, "files": {}, "tensors": {})",
+       "expert_placement.0 holds a non-expert"},
+      {R"("format": "piper-checkpoint", "files": {}, "tensors": {"w": {"shape": [2], "optimizer": 1, "pieces": []}})",
+       "w.optimizer is not true or false"},
+      // offset + extent and the product of the extents would overflow int64.
+      {R"("format": "piper-checkpoint", )" + std::string(files) + R"(, "tensors": {"w": {"shape": [9223372036854775807],
+       "pieces": [{"file": "f", "key": "w", "offset": [9223372036854775807], "extent": [9223372036854775807],
+       "range": [0, 1]}]}})",
+       "lies outside the tensor's shape", StatusCode::kInvalidArgument},
+      {R"("format": "piper-checkpoint", )" + std::string(files) + R"(, "tensors": {"w": {"shape": [4294967296,
+       4294967296], "pieces": [{"file": "f", "key": "w", "offset": [0, 0], "extent": [4294967296, 4294967296],
+       "range": [0, 1]}]}})",
+       "more than 2^63 elements", StatusCode::kInvalidArgument},
+  };
+  for (const auto& row : rows) {
+    Status st = open_index(row.rest);
+    EXPECT_EQ(st.code(), row.code) << row.rest << ": " << st.message();
+    EXPECT_NE(st.message().find(row.needle), std::string::npos) << st.message();
+  }
+}
+
 }  // namespace
 }  // namespace piper
