@@ -1,4 +1,5 @@
 // Strategy::validate and validate_for: every rule names itself and a fix.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,20 @@ Status Strategy::validate() const {
     if (d.value < 1) return fail(std::string(d.name) + "=" + std::to_string(d.value) + " must be >= 1");
   }
   if (zero < 0 || zero > 3) return fail("zero=" + std::to_string(zero) + " must be one of {0,1,2,3}");
+  // The products below are ints everywhere (world_size(), num_stages(), ...): refuse degrees they overflow.
+  const struct {
+    const char* name;
+    int64_t value;
+  } products[] = {{"dp*tp*pp", int64_t{dp} * tp * pp},
+                  {"pp*vpp", int64_t{pp} * vpp},
+                  {"pp*ep", int64_t{pp} * ep},
+                  {"attn_ranks+ffn_ranks", int64_t{attn_ranks} + ffn_ranks}};
+  for (const auto& p : products) {
+    if (p.value > INT32_MAX) {
+      return fail(std::string(p.name) + " = " + std::to_string(p.value) + " overflows an int (at most " +
+                  std::to_string(INT32_MAX) + "); pick smaller degrees");
+    }
+  }
   bool known = false;
   for (const auto& n : schedule_names()) known = known || n == schedule;
   if (!known) return parse_schedule(schedule).status();
