@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: run test build setup clean fault-matrix sanitize
+.PHONY: run test build setup clean fault-matrix sanitize fuzz
 
 run: build
 	. scripts/env.sh && scripts/main-job.sh $(BUILD)/src/cli/piper
@@ -27,6 +27,19 @@ setup:
 # The whole kill-at-point matrix as a table (docs/reliability.md, "Faults"; a few minutes).
 fault-matrix: build
 	. scripts/env.sh && scripts/fault-matrix.sh $(BUILD)
+
+# `make fuzz FUZZ_SECONDS=N`: builds the libFuzzer targets of fuzz/ with clang 14 (ASan + UBSan) in build-fuzz and
+# runs each for N seconds with its seed corpus; new inputs go to a scratch directory (docs/reliability.md).
+FUZZ_SECONDS ?= 60
+FUZZ_BUILD ?= build-fuzz
+FUZZ_JOBS ?= 1
+fuzz:
+	@scripts/setup.sh fuzz
+	@if [ ! -f $(FUZZ_BUILD)/build.ninja ]; then cmake -S . -B $(FUZZ_BUILD) -G Ninja -DPIPER_FUZZ=ON \
+	  -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  $$(command -v ccache >/dev/null && echo -DCMAKE_CXX_COMPILER_LAUNCHER=ccache); fi
+	cmake --build $(FUZZ_BUILD) -j$(JOBS) --target fuzz_targets
+	FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_JOBS=$(FUZZ_JOBS) scripts/fuzz.sh $(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(BUILD)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Installs the Debian packages Piper needs, only those missing (idempotent; run as root or with sudo).
+# Usage: scripts/setup.sh [fuzz]
 set -euo pipefail
 
 PACKAGES=(
@@ -11,6 +12,11 @@ PACKAGES=(
   coinor-libcbc-dev
   fortunes fortunes-min
 )
+# `scripts/setup.sh fuzz` (make fuzz, scripts/ci-fuzz.sh): also clang 14 with libFuzzer and the sanitizer runtimes
+# (libclang-rt-14-dev) and llvm-symbolizer (llvm-14) for readable crash stacks.
+if [ "${1:-}" = "fuzz" ]; then
+  PACKAGES+=(clang-14 libclang-rt-14-dev llvm-14)
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

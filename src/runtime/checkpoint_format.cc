@@ -40,10 +40,13 @@ Status check_box(const std::string& name, const Shape& shape, const Shape& offse
   }
   int64_t numel = 1;
   for (size_t d = 0; d < shape.size(); ++d) {
-    if (offset[d] < 0 || extent[d] < 0 || offset[d] + extent[d] > shape[d]) {
+    // Written so that nothing overflows: the sizes come from a file.
+    if (shape[d] < 0 || offset[d] < 0 || extent[d] < 0 || offset[d] > shape[d] || extent[d] > shape[d] - offset[d]) {
       return invalid_argument(box + " lies outside the tensor's shape " + shape_to_string(shape));
     }
-    numel *= extent[d];
+    if (__builtin_mul_overflow(numel, extent[d], &numel)) {
+      return invalid_argument(box + " has more than 2^63 elements");
+    }
   }
   if (begin < 0 || begin > end || end > numel) {
     return invalid_argument(box + ": element range [" + std::to_string(begin) + ", " + std::to_string(end) +

@@ -30,6 +30,10 @@ bool is_token_file(const std::string& path) {
 
 Status append_file(const std::string& path, int64_t vocab_size, Corpus* corpus) {
   PIPER_ASSIGN_OR_RETURN(std::string bytes, read_bytes(path));
+  return append_bytes(bytes, path, vocab_size, corpus);
+}
+
+Status append_bytes(const std::string& bytes, const std::string& path, int64_t vocab_size, Corpus* corpus) {
   if (!is_token_file(path)) {
     if (vocab_size < ByteTokenizer::kVocabSize) {
       return invalid_argument("text file '" + path +

@@ -27,6 +27,8 @@ struct Corpus {
 bool is_token_file(const std::string& path);
 // Reads one file (text or tokens by extension) and appends to corpus.
 Status append_file(const std::string& path, int64_t vocab_size, Corpus* corpus);
+// The same on a file's bytes already in memory: `path` (its extension) says text or tokens and names it.
+Status append_bytes(const std::string& bytes, const std::string& path, int64_t vocab_size, Corpus* corpus);
 // A file or a directory; an empty path means the default corpus.
 Result<Corpus> load_corpus(const std::string& path, int64_t vocab_size);
 // Writes tokens as little-endian uint16 (for tests and for pre-tokenizing).

@@ -88,6 +88,11 @@ Result<SafetensorsFile> read_safetensors(const std::string& path, MemCategory ca
   std::ifstream in(path, std::ios::binary);
   if (!in) return not_found("safetensors file '" + path + "' cannot be opened: " + std::strerror(errno));
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return data_loss("safetensors file '" + path + "': read error");
+  return parse_safetensors(bytes, path, category);
+}
+
+Result<SafetensorsFile> parse_safetensors(const std::string& bytes, const std::string& path, MemCategory category) {
   if (bytes.size() < 8) {
     return corrupt(path, "it has " + std::to_string(bytes.size()) + " bytes, fewer than the 8-byte header length");
   }

@@ -56,5 +56,7 @@ Result<SafetensorsWritten> write_safetensors(const std::string& path,
                                              const std::map<std::string, std::string>& metadata);
 // Tensors are allocated in `category`.
 Result<SafetensorsFile> read_safetensors(const std::string& path, MemCategory category);
+// The same on a file's bytes already in memory; `path` names the source in messages.
+Result<SafetensorsFile> parse_safetensors(const std::string& bytes, const std::string& path, MemCategory category);
 
 }  // namespace piper

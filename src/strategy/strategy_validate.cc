@@ -1,4 +1,5 @@
 // Strategy::validate and validate_for: every rule names itself and a fix.
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,20 @@ Status Strategy::validate() const {
   if (attn_ranks < 0 || ffn_ranks < 0) return fail("attn_ranks and ffn_ranks must be >= 0");
   PIPER_RETURN_IF_ERROR(validate_sizes(*this));
   if (zero < 0 || zero > 3) return fail("zero=" + std::to_string(zero) + " must be one of {0,1,2,3}");
+  // The products below are ints everywhere (world_size(), num_stages(), ...): refuse degrees they overflow.
+  const struct {
+    const char* name;
+    int64_t value;
+  } products[] = {{"dp*tp*pp", int64_t{dp} * tp * pp},
+                  {"pp*vpp", int64_t{pp} * vpp},
+                  {"pp*ep", int64_t{pp} * ep},
+                  {"attn_ranks+ffn_ranks", int64_t{attn_ranks} + ffn_ranks}};
+  for (const auto& p : products) {
+    if (p.value > INT32_MAX) {
+      return fail(std::string(p.name) + " = " + std::to_string(p.value) + " overflows an int (at most " +
+                  std::to_string(INT32_MAX) + "); pick smaller degrees");
+    }
+  }
   bool known = false;
   for (const auto& n : schedule_names()) known = known || n == schedule;
   if (!known) return parse_schedule(schedule).status();
@@ -200,6 +215,11 @@ Status Strategy::validate() const {
   if ((kind == ScheduleKind::kAFPipe) != disaggregate) {
     return fail(disaggregate ? "disagg=1 needs schedule=af-pipe (the only schedule for disaggregated attention/FFN)"
                              : "schedule=af-pipe needs disagg=1 with attn_ranks and ffn_ranks set");
+  }
+  if (!disaggregate && (attn_ranks != 0 || ffn_ranks != 0)) {
+    // Without disagg=1 they would be ignored, and the compact form (to_string) drops them.
+    return fail("attn_ranks=" + std::to_string(attn_ranks) + ", ffn_ranks=" + std::to_string(ffn_ranks) +
+                " take effect only with disagg=1,schedule=af-pipe; add those or drop attn_ranks and ffn_ranks");
   }
   if (disaggregate) {
     if (attn_ranks < 1 || ffn_ranks < 1) {

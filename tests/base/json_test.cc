@@ -12,6 +12,37 @@ TEST(JsonTest, MalformedReportsPosition) {
       << r.status().message();
 }
 
+// A number no double holds is an error naming the number and its position, not an exception (issue 28: found
+// by the fuzz targets in every JSON input, e.g. fuzz/corpus/cluster_json/crash-number-overflow).
+TEST(JsonTest, NumberTooLargeForADoubleIsAnError) {
+  auto r = parse_json("{\"dp\": 2,\n \"tp\": 1e400}", "s.json");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("s.json: the number 1e400 at line 2, column 8 (byte 17) does not fit a double"),
+            std::string::npos)
+      << r.status().message();
+  r = parse_json("[-134E400000000]", "x");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("-134E400000000 at line 1, column 2 (byte 1)"), std::string::npos)
+      << r.status().message();
+  EXPECT_TRUE(parse_json("[1e308, -1e-400]", "x").ok());  // the largest finite and an underflow to 0 are fine
+}
+
+// Integers written as floats or above INT64_MAX are range errors, never a wrapped or undefined conversion.
+TEST(JsonTest, IntegerOutsideInt64IsOutOfRange) {
+  Json j = Json::parse(R"({"big": 1e300, "huge": 18446744073709551615, "whole": 64.0, "neg": -9.3e18})");
+  JsonReader reader(j, "m");
+  int64_t v = 0;
+  Status s = reader.get_int("big", &v, true);
+  EXPECT_NE(s.message().find("m.big: 1e+300 is out of range"), std::string::npos) << s.message();
+  s = reader.get_int("huge", &v, true);
+  EXPECT_NE(s.message().find("m.huge: 18446744073709551615 is out of range"), std::string::npos) << s.message();
+  s = reader.get_int("neg", &v, true);
+  EXPECT_FALSE(s.ok());
+  ASSERT_TRUE(reader.get_int("whole", &v, true).ok());
+  EXPECT_EQ(v, 64);
+}
+
 TEST(JsonTest, ReaderFieldErrors) {
   Json j = Json::parse(R"({"n": -3, "s": 5, "e": "relu", "extra": 1, "f": 2.5})");
   JsonReader reader(j, "model");
