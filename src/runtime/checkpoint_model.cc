@@ -1,4 +1,6 @@
 // A checkpoint's model identity (checkpoint.h): the ModelSpec fields that determine tensor shapes and their hash.
+#include <cstdio>
+
 #include "piper/base/json.h"
 #include "piper/runtime/checkpoint.h"
 #include "piper/runtime/checkpoint_format.h"
@@ -76,6 +78,12 @@ Status check_checkpoint_model(const std::string& dir, const CheckpointMeta& meta
                           model.name + "' (architecture " + architecture_hash(mine) + "); they differ in " + diff +
                           " (checkpoint vs this run); resume with --model " + meta.model +
                           " (or that model's config file), or start without --resume");
+}
+
+std::string checkpoint_step_name(int64_t step) {
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
+  return buf;
 }
 
 }  // namespace piper

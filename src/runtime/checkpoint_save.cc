@@ -218,12 +218,6 @@ Status commit(const fs::path& root, const fs::path& tmp, const fs::path& final_d
 
 }  // namespace
 
-std::string checkpoint_step_name(int64_t step) {
-  char buf[40];
-  std::snprintf(buf, sizeof(buf), "step-%08lld", static_cast<long long>(step));
-  return buf;
-}
-
 Result<std::vector<std::string>> all_gather_strings(comm::Communicator* world, const std::string& mine,
                                                     double timeout_s) {
   if (world == nullptr) return std::vector<std::string>{mine};
