@@ -143,9 +143,10 @@ TEST(StrategyTest, ValidateRules) {
       {"dp=2,schedule=af-pipe,disagg=1,attn_ranks=3,ffn_ranks=2", "attn_ranks=3 != dp*tp*pp = 2"},
       // Found by fuzz/strategy_string_fuzz (fuzz/corpus/strategy_string/crash-ffn-ranks-without-disagg).
       {"ffn_ranks=4", "take effect only with disagg=1,schedule=af-pipe"},
-      // Products of degrees that overflow an int (fuzz/corpus/strategy_string/crash-world-size-overflow).
-      {"dp=65536,tp=65536", "dp*tp*pp = 4294967296 overflows an int"},
-      {"pp=65536,vpp=65536,microbatches=65536,schedule=interleaved", "pp*vpp = 4294967296 overflows an int"},
+      // Products of degrees that overflow an int (fuzz/corpus/strategy_string/crash-world-size-overflow): the
+      // bounds on the world and on vpp refuse them before any product is formed.
+      {"dp=65536,tp=65536", "dp*tp*pp = 4294967296 ranks is out of range; allowed <= 1048576"},
+      {"pp=65536,vpp=65536,microbatches=65536,schedule=interleaved", "vpp=65536 is out of range; allowed 1..1024"},
       // MoE parallel folding: ep over tp*dp; the unfolded error points to it when it would fit.
       {"dp=16,tp=2,sp=1,ep=32", "or set fold=1"},
       {"dp=16,tp=2,sp=1,ep=3,fold=1", "ep=3 does not divide tp*dp=32"},
