@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "piper/base/hash.h"
 #include "piper/base/json.h"
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
@@ -264,7 +265,7 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
            {"pool_reserved_peak_bytes", trainer->reserved_peak_bytes()},
            {"seconds", seconds},
            {"ranks", plan.world_size},
-           {"plan_hash", hex_hash(compile::plan_hash(plan))}};
+           {"plan_hash", hex64(compile::plan_hash(plan))}};
     j["predicted_vs_measured"] = prediction.to_json();
     if (!o.trace.empty()) j["trace"] = o.trace;
     if (!o.save.empty()) j["saved"] = o.save;

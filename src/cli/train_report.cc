@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "piper/base/hash.h"
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
 #include "piper/cost/estimate.h"
@@ -52,12 +53,6 @@ std::function<Result<compile::CostFn>(const Strategy&, const TrainSpec&)> local_
                            cost::CostModel::create(model, machine.cluster, train, machine.calibration));
     return sim::cost_annotations(cm, strategy, machine.calibration);
   };
-}
-
-std::string hex_hash(uint64_t hash) {
-  char buf[20];
-  std::snprintf(buf, sizeof(buf), "%016llx", static_cast<unsigned long long>(hash));
-  return buf;
 }
 
 Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, const LocalMachine& machine,
@@ -165,7 +160,7 @@ Json PredictionReport::to_json() const {
               {"cores_per_rank", machine.cores_per_rank},
               {"calibration", machine.calibration_source},
               {"simulated_step_time_s", sim_step_s},
-              {"simulated_plan_hash", hex_hash(sim_plan_hash)},
+              {"simulated_plan_hash", hex64(sim_plan_hash)},
               {"resource_model_step_time_s", model_step_s},
               {"note", note},
               {"ranks", ranks_json}};

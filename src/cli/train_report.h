@@ -50,9 +50,6 @@ Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::str
 std::function<Result<compile::CostFn>(const Strategy&, const TrainSpec&)> local_plan_prices(const LocalMachine& machine,
                                                                                            const ModelSpec& model);
 
-// "%016llx" of a plan hash, as the JSON reports carry it.
-std::string hex_hash(uint64_t hash);
-
 struct RankComparison {
   int rank = 0, pp_rank = 0;
   RankMeasurement measured;

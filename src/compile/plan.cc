@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "piper/base/hash.h"
+
 namespace piper::compile {
 
 size_t Program::num_instructions() const {
@@ -117,13 +119,9 @@ Result<std::vector<int>> Plan::group_ranks(int rank, const std::string& axis) co
 }
 
 uint64_t plan_hash(const Plan& plan) {
+  // This basis (not FNV's 14695981039346656037) is the one plan hashes have always used: kept so they stay equal.
   const std::string text = plan.to_json().dump();
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
+  return fnv1a64(text.data(), text.size(), 1469598103934665603ull);
 }
 
 }  // namespace piper::compile

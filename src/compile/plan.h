@@ -98,7 +98,7 @@ struct Plan {
   Result<std::vector<int>> group_ranks(int rank, const std::string& axis) const;
 };
 
-// FNV-1a 64 of plan.to_json().dump(): equal plans hash equal. The ranks of a run compare it (runtime
+// FNV-1a 64 (base/hash.h) of plan.to_json().dump(): equal plans hash equal. The ranks of a run compare it (runtime
 // DistContext) and `piper train` reports it beside the hash of the plan its prediction simulated.
 uint64_t plan_hash(const Plan& plan);
 

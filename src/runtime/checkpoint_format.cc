@@ -1,18 +1,11 @@
 #include "piper/runtime/checkpoint_format.h"
 
-#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 
 #include "piper/runtime/safetensors.h"
 
 namespace piper::checkpoint_format {
-
-std::string hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof(buf), "%016" PRIx64, v);
-  return buf;
-}
 
 Status bad_index(const std::string& path, const std::string& what) {
   return data_loss("checkpoint index '" + path + "' is corrupt: " + what + "; resume from an earlier checkpoint");

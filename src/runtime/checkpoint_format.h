@@ -24,7 +24,6 @@ inline constexpr const char* kDtype = "F32";
 inline constexpr const char* kIndexChecksumKey = "index_fnv1a64";
 inline constexpr int64_t kMaxStep = 1'000'000'000'000;  // 10^12 optimizer steps: far beyond any real run
 
-std::string hex64(uint64_t v);
 Status bad_index(const std::string& path, const std::string& what);
 
 // The index's own checksum: fnv1a64 of its compact dump with sorted keys, without the checksum key.

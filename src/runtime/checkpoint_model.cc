@@ -53,7 +53,7 @@ std::map<std::string, std::string> model_architecture(const ModelSpec& m) {
 std::string architecture_hash(const std::map<std::string, std::string>& arch) {
   std::string text;
   for (const auto& [field, value] : arch) text += field + "=" + value + "\n";
-  return checkpoint_format::hex64(fnv1a64(text.data(), text.size()));
+  return hex64(fnv1a64(text.data(), text.size()));
 }
 
 Status check_checkpoint_model(const std::string& dir, const CheckpointMeta& meta, const ModelSpec& model) {

@@ -21,15 +21,6 @@ Status corrupt(const std::string& path, const std::string& what) {
 
 }  // namespace
 
-uint64_t fnv1a64(const void* data, size_t bytes, uint64_t hash) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < bytes; ++i) {
-    hash ^= p[i];
-    hash *= 0x100000001b3ull;
-  }
-  return hash;
-}
-
 uint64_t safetensors_entry_checksum(const std::string& name, const std::string& dtype, const Shape& shape,
                                     uint64_t begin, uint64_t end, const void* data) {
   // Fields separated by NUL, so that moving a character from one field to the next changes the sum.

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "piper/base/hash.h"
 #include "piper/base/status.h"
 #include "piper/tensor/tensor.h"
 
@@ -43,8 +44,6 @@ struct SafetensorsWritten {
   uint64_t file_hash = 0;                 // fnv1a64 of the whole file
 };
 
-// FNV-1a, 64 bit, over bytes (used as the checkpoint's corruption check).
-uint64_t fnv1a64(const void* data, size_t bytes, uint64_t hash = 0xcbf29ce484222325ull);
 
 // The checksum of one tensor: fnv1a64 over its name, dtype, shape and data_offsets, then its data bytes.
 uint64_t safetensors_entry_checksum(const std::string& name, const std::string& dtype, const Shape& shape,
