@@ -8,7 +8,9 @@
 # Environment: FUZZ_BUILD (build-fuzz), FUZZ_JOBS (targets run at once, default 1), FUZZ_WORK, FUZZ_NICE (0),
 # FUZZ_FORK=1 (long campaigns: libFuzzer's fork mode keeps going after a crash and counts the crashes; each crash
 # input is still saved and the target still fails).
-# Prints one line per target: seconds, execs, corpus entries, crashes and the result; the logs stay in FUZZ_WORK.
+# Prints one line per target: wall seconds, CPU seconds (user + system, fork mode's children included: on a shared
+# machine the CPU time, not the wall time, is what the target really ran), execs, corpus entries, crashes and the
+# result; the logs stay in FUZZ_WORK.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:?usage: scripts/fuzz.sh SECONDS [TARGET...]}
@@ -31,10 +33,11 @@ run_one() {
   local mode=(-print_final_stats=1)
   [ "${FUZZ_FORK:-0}" = 1 ] && mode=(-fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1)
   local rc=0
-  nice -n "${FUZZ_NICE:-0}" "$build/fuzz/${t}_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
+  /usr/bin/time -f '%U %S' -o "$dir/cpu" nice -n "${FUZZ_NICE:-0}" "$build/fuzz/${t}_fuzz" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 \
     "${mode[@]}" "${dict[@]}" -artifact_prefix="$dir/artifacts/" "$dir/corpus" "fuzz/corpus/$t" \
     >"$dir/log" 2>&1 || rc=$?
-  local execs corpus crashes
+  local execs corpus crashes cpu
+  cpu=$(awk 'END { printf "%d", $1 + $2 }' "$dir/cpu" 2>/dev/null || echo '?')
   crashes=$(find "$dir/artifacts" -type f | wc -l)
   if [ "${FUZZ_FORK:-0}" = 1 ]; then  # fork mode's status lines: "#EXECS: cov: C ft: F corp: N exec/s ..."
     execs=$(grep -oE '^#[0-9]+: cov' "$dir/log" | tail -1 | tr -dc '0-9')
@@ -44,10 +47,11 @@ run_one() {
     corpus=$(grep -oE 'corp: [0-9]+/[0-9]+[a-zA-Z]*' "$dir/log" | tail -1 | cut -d' ' -f2)
   fi
   if [ "$rc" -eq 0 ] && [ "$crashes" -eq 0 ]; then
-    printf '%-20s %5ss  execs %-10s corpus %-12s crashes 0  ok\n' "$t" "$seconds" "${execs:-?}" "${corpus:-?}"
+    printf '%-20s %5ss  cpu %6ss  execs %-10s corpus %-12s crashes 0  ok\n' "$t" "$seconds" "$cpu" "${execs:-?}" \
+      "${corpus:-?}"
   else
-    printf '%-20s %5ss  execs %-10s corpus %-12s crashes %s  FAILED (exit %s): %s\n' "$t" "$seconds" \
-      "${execs:-?}" "${corpus:-?}" "$crashes" "$rc" "$(grep -m1 -E 'SUMMARY|ERROR|invariant' "$dir/log" || true)"
+    printf '%-20s %5ss  cpu %6ss  execs %-10s corpus %-12s crashes %s  FAILED (exit %s): %s\n' "$t" "$seconds" \
+      "$cpu" "${execs:-?}" "${corpus:-?}" "$crashes" "$rc" "$(grep -m1 -E 'SUMMARY|ERROR|invariant' "$dir/log" || true)"
     grep -m1 -E 'Test unit written to' "$dir/log" || true
     return 1
   fi

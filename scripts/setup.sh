@@ -13,9 +13,9 @@ PACKAGES=(
   fortunes fortunes-min
 )
 # `scripts/setup.sh fuzz` (make fuzz, scripts/ci-fuzz.sh): also clang 14 with libFuzzer and the sanitizer runtimes
-# (libclang-rt-14-dev) and llvm-symbolizer (llvm-14) for readable crash stacks.
+# (libclang-rt-14-dev), llvm-symbolizer (llvm-14) for readable crash stacks, and GNU time (each target's CPU time).
 if [ "${1:-}" = "fuzz" ]; then
-  PACKAGES+=(clang-14 libclang-rt-14-dev llvm-14)
+  PACKAGES+=(clang-14 libclang-rt-14-dev llvm-14 time)
 fi
 
 missing=()
