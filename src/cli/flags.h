@@ -13,6 +13,7 @@
 #include <string>
 
 #include "piper/base/status.h"
+#include "piper/spec/limits.h"
 #include "piper/spec/model_spec.h"
 
 namespace piper::cli {
@@ -20,7 +21,7 @@ namespace piper::cli {
 // Bounds shared by several commands. Each is far above any real run and low enough that the arrays sized by
 // it (per-step token buffers, per-microbatch graph nodes, per-rank schedules) fit in memory.
 inline constexpr int64_t kMaxSeqLen = int64_t{1} << 20;       // tokens per sequence (the longest context is 163840)
-inline constexpr int64_t kMaxGlobalBatch = int64_t{1} << 24;  // sequences per optimizer step
+using piper::kMaxGlobalBatch;                                // sequences per optimizer step (spec/limits.h)
 inline constexpr int64_t kMaxMicrobatches = 4096;             // the graph holds every layer's chunks per microbatch
 inline constexpr int64_t kMaxNodes = 65536;                   // nodes of a cluster
 inline constexpr int64_t kMaxMeshDegree = 4096;               // ranks along one mesh axis
@@ -28,7 +29,7 @@ inline constexpr int64_t kMaxWorldSize = 65536;               // ranks of one pl
 inline constexpr int64_t kMaxThreads = 1024;                  // worker threads
 inline constexpr int64_t kMaxLocalRanks = 64;                 // MPI ranks started on this machine (oversubscribed)
 inline constexpr int64_t kMaxSteps = 1000000000;              // optimizer steps
-inline constexpr double kMaxLearningRate = 1.0;               // AdamW's peak lr; above 1 the loss diverges at once
+using piper::kMaxLearningRate;                               // AdamW's peak lr (spec/limits.h)
 inline constexpr double kMaxCapacityGib = 1048576;            // 1 PiB of device memory
 
 struct IntRange {

@@ -32,21 +32,15 @@ Result<Strategy> train_strategy(const std::string& text, int64_t global_batch) {
   return s;
 }
 
-namespace {
-
-// A diverged step (non-finite loss or gradient norm) stops training at once instead of printing NaN losses: the
-// step, the values and the fix. The update has run by then, so nothing from this step may be saved.
-Status check_finite(const StepResult& r, int64_t step, double lr) {
-  if (std::isfinite(r.loss) && std::isfinite(r.grad_norm)) return ok_status();
+Status check_step_finite(double loss, double grad_norm, int64_t step, double lr) {
+  if (std::isfinite(loss) && std::isfinite(grad_norm)) return ok_status();
   char text[160];
-  std::snprintf(text, sizeof(text), "loss %g, gradient norm %g is not finite; ", r.loss, r.grad_norm);
+  std::snprintf(text, sizeof(text), "loss %g, gradient norm %g is not finite; ", loss, grad_norm);
   char fix[64];
   std::snprintf(fix, sizeof(fix), "lower --lr (now %g)", lr);
   return failed_precondition("training diverged at step " + std::to_string(step) + ": " + text +
                              "training stopped, nothing of this step was saved; " + fix + " or check the data");
 }
-
-}  // namespace
 
 Status MigrationOptions::validate() const {
   if (window_steps < 1) {
@@ -399,7 +393,8 @@ Result<TrainStepStats> Trainer::step() {
     batch = &local_batch_;
   }
   PIPER_ASSIGN_OR_RETURN(StepResult r, executor_->run_step(*batch));
-  PIPER_RETURN_IF_ERROR(check_finite(r, optimizer_->step(), options_.optimizer.lr));
+  // The update has run by then, so nothing from this step may be saved: the error stops training before a save.
+  PIPER_RETURN_IF_ERROR(check_step_finite(r.loss, r.grad_norm, optimizer_->step(), options_.optimizer.lr));
   TrainStepStats s;
   s.step = optimizer_->step();
   s.loss = r.loss;

@@ -183,4 +183,8 @@ class Trainer {
 // The strategy a run uses: `text` parsed, or the default for the batch (see TrainOptions::strategy).
 Result<Strategy> train_strategy(const std::string& text, int64_t global_batch);
 
+// A diverged step (non-finite loss or gradient norm) stops training at once instead of printing NaN losses: an
+// error naming the step, the values and the fix (lower `lr`). Both trainers (CPU ranks, --device cuda) call it.
+Status check_step_finite(double loss, double grad_norm, int64_t step, double lr);
+
 }  // namespace piper::runtime

@@ -35,7 +35,10 @@ inline constexpr const char* kWhyRopeTheta = "the largest published is 1e7";
 
 // --- training (TrainSpec) ---
 inline constexpr int64_t kMaxMicroBatchSize = 1 << 16;    // sequences per microbatch
-inline constexpr int64_t kMaxGlobalBatch = 1 << 30;       // sequences per step; published: <= 65,536
+inline constexpr int64_t kMaxGlobalBatch = 1 << 24;       // sequences per step; published: <= 65,536; the
+                                                          // trainer's per-step token buffers are sized by it
+inline constexpr double kMaxLearningRate = 1.0;           // AdamW's peak lr; published 1e-5..1e-2, and above 1
+                                                          // the loss diverges at once
 inline constexpr int64_t kMaxMicrobatchTokens = 1 << 26;  // mbs * seq_len: 67M tokens per microbatch, so that
                                                           // per-microbatch FLOPs and bytes fit int64
 // --- cluster (ClusterSpec) ---

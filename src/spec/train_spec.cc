@@ -8,8 +8,6 @@
 namespace piper {
 namespace {
 
-constexpr double kMaxLr = 10.0;
-
 std::string num(double v) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%g", v);
@@ -56,9 +54,9 @@ Status TrainSpec::validate() const {
   if (optimizer.name != "adamw") {
     return invalid_argument("train.optimizer.name: '" + optimizer.name + "' is not supported; pick one of {adamw}");
   }
-  if (!(std::isfinite(optimizer.lr) && optimizer.lr > 0 && optimizer.lr <= kMaxLr)) {
+  if (!(std::isfinite(optimizer.lr) && optimizer.lr > 0 && optimizer.lr <= kMaxLearningRate)) {
     return invalid_argument("train.optimizer.lr: " + num(optimizer.lr) + " is out of range; allowed (0, " +
-                            num(kMaxLr) + "] (AdamW diverges far below it; published runs use 1e-5..1e-2)");
+                            num(kMaxLearningRate) + "] (AdamW diverges far below it; published runs use 1e-5..1e-2)");
   }
   if (!(optimizer.beta1 >= 0 && optimizer.beta1 < 1) || !(optimizer.beta2 >= 0 && optimizer.beta2 < 1)) {
     return invalid_argument("train.optimizer: beta1 and beta2 must be in [0, 1)");

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <utility>
 
 #include "piper/runtime/data_source.h"
 #include "piper/spec/model_loader.h"
@@ -198,6 +199,21 @@ TEST(TrainerTest, NonFiniteLossStopsTrainingAndNamesTheStep) {
   const std::string& m = s.status().message();
   EXPECT_NE(m.find("training diverged at step 3"), std::string::npos) << m;
   EXPECT_NE(m.find("lower --lr (now "), std::string::npos) << m;
+}
+
+// The check both trainers call (the CPU ranks after the step, --device cuda before its update): a NaN or an infinite
+// loss or gradient norm is refused with the step, the values and the lr; finite values pass.
+TEST(TrainerTest, StepFiniteCheckNamesStepValuesAndLr) {
+  EXPECT_TRUE(check_step_finite(2.5, 0.7, 4, 3e-3).ok());
+  const double nan = std::numeric_limits<double>::quiet_NaN(), inf = std::numeric_limits<double>::infinity();
+  for (const auto& [loss, norm] : {std::pair{nan, 1.0}, std::pair{1.0, inf}, std::pair{-inf, nan}}) {
+    const Status st = check_step_finite(loss, norm, 7, 3e-3);
+    ASSERT_FALSE(st.ok()) << loss << " " << norm;
+    EXPECT_EQ(st.code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(st.message().find("training diverged at step 7: loss "), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("is not finite"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("lower --lr (now 0.003)"), std::string::npos) << st.message();
+  }
 }
 
 TEST(TrainerTest, MoreThanOneRankWithoutMpiWorldNamesTheLauncher) {

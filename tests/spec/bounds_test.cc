@@ -208,8 +208,15 @@ TEST(SpecBoundsTest, TrainKeysAreBounded) {
   expect_has(train_error(Json{{"global_batch", 1 << 16}, {"micro_batch_size", 1 << 16}, {"seq_len", 1 << 20}}),
              "micro_batch_size*seq_len = 68719476736 tokens per microbatch is out of range");
   expect_has(train_error(Json{{"global_batch", int64_t{1} << 40}}), "train.global_batch: 1099511627776");
+  // The file's bounds are the flags' bounds (--global-batch, --lr): one constant each in limits.h.
+  expect_has(train_error(Json{{"global_batch", (1 << 24) + 1}}),
+             "train.global_batch: 16777217 is out of range; allowed 1..16777216");
+  EXPECT_EQ(train_error(Json{{"global_batch", 1 << 24}}), "");
   expect_has(train_error(Json{{"global_batch", 8}, {"optimizer", {{"lr", 1e30}}}}),
-             "train.optimizer.lr: 1e+30 is out of range; allowed (0, 10]");
+             "train.optimizer.lr: 1e+30 is out of range; allowed (0, 1]");
+  expect_has(train_error(Json{{"global_batch", 8}, {"optimizer", {{"lr", 2.0}}}}),
+             "train.optimizer.lr: 2 is out of range; allowed (0, 1]");
+  EXPECT_EQ(train_error(Json{{"global_batch", 8}, {"optimizer", {{"lr", 1.0}}}}), "");
   TrainSpec t;
   t.global_batch = 8;
   t.optimizer.lr = std::numeric_limits<double>::infinity();

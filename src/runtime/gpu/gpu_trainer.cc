@@ -184,6 +184,8 @@ class GpuTrainerImpl : public GpuTrainer {
       for (double x : cu::download<double>(parts.get(), blocks)) total += x;
     }
     s.grad_norm = std::sqrt(total);
+    // Checked before the update, so a diverged step leaves the weights as they were.
+    PIPER_RETURN_IF_ERROR(check_step_finite(s.loss, s.grad_norm, step_ + 1, options_.optimizer.lr));
     const double clip = kernels::clip_scale(s.grad_norm, options_.optimizer.grad_clip);
     ++step_;
     double lr = options_.optimizer.lr;
