@@ -298,7 +298,8 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
     if (predicted <= 0) {  // af-pipe: estimate() has no model (the report below compares with the plan's peak)
       std::printf("peak_memory_bytes %lld (%s)  predicted_peak_memory_bytes: none (no resource model of %s)\n",
                   static_cast<long long>(mem.peak_total_bytes),
-                  format_bytes(static_cast<double>(mem.peak_total_bytes)).c_str(), trainer->strategy().schedule.c_str());
+                  format_bytes(static_cast<double>(mem.peak_total_bytes)).c_str(),
+                  o.directives.empty() ? trainer->strategy().schedule.c_str() : "the directive file's own schedule");
     } else {
       std::printf("peak_memory_bytes %lld (%s)  predicted_peak_memory_bytes %.0f (%s, %+.1f %%)\n",
                   static_cast<long long>(mem.peak_total_bytes),

@@ -17,18 +17,18 @@
 namespace piper::sim {
 namespace {
 
-struct Setup {
+struct Fixture {
   ModelSpec model = load_model("tiny-moe").value();
   ClusterSpec cluster = load_cluster("dgx-h100", 1).value();
   TrainSpec train;
-  Setup() { train.seq_len = 128; }
+  Fixture() { train.seq_len = 128; }
 };
 
 // The strategy's directives written to JSON and read back (what `compile --emit-directives` writes and
 // `simulate --directives` reads), resolved and simulated, against simulate(strategy).
 void expect_same_step(const std::string& text) {
   SCOPED_TRACE(text);
-  Setup u;
+  Fixture u;
   Strategy s = Strategy::parse(text).value();
   auto mesh = compile::strategy_mesh(s, u.model);
   auto emitted = compile::strategy_directives(s, u.model);
@@ -67,7 +67,7 @@ TEST(SimulateDirectivesTest, EpOverlapAndTpWithRecompute) {
 // A hand-edited list (1f1b's rows with the steady F and BW pairs merged into may-overlap slots) is not any
 // strategy's: it is priced by the strategy with its settings and simulated with its own order.
 TEST(SimulateDirectivesTest, AnEditedListIsPricedNotRecognised) {
-  Setup u;
+  Fixture u;
   Strategy s = Strategy::parse("dp=4,ep=4,pp=2,zero=1,microbatches=4").value();
   auto mesh = compile::strategy_mesh(s, u.model).value();
   auto d = compile::strategy_directives(s, u.model).value();
@@ -104,7 +104,7 @@ Result<std::vector<ir::Directive>> reversed_gpipe(const schedules::ScheduleParam
 TEST(SimulateDirectivesTest, ARegisteredScheduleIsAStrategysSchedule) {
   schedules::register_schedule({"test-reversed-gpipe", "gpipe, backwards newest first",
                                 [](const schedules::ScheduleParams&) { return 1; }, reversed_gpipe});
-  Setup u;
+  Fixture u;
   auto s = Strategy::parse("dp=4,ep=4,pp=2,zero=1,schedule=test-reversed-gpipe,microbatches=4");
   ASSERT_TRUE(s.ok()) << s.status().to_string();
   EXPECT_EQ(s->schedule_kind(), ScheduleKind::kCustom);
