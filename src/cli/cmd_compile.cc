@@ -46,6 +46,10 @@ Result<Inputs> resolve(const CompileCliOptions& o) {
     return invalid_argument("--target " + o.target + " is not one of {megatron, cpu-runtime}; cpu-runtime writes the "
                             "directives `piper train` runs (whole embedding and head, ZeRO gathers after the update)");
   }
+  if (o.target != "megatron" && !o.directives_file.empty()) {
+    return invalid_argument("--target " + o.target + " chooses how a --strategy is lowered; a --directives file is "
+                            "compiled as written: drop --target");
+  }
   if (o.strategy.empty() == o.directives_file.empty()) {
     return invalid_argument("give exactly one of --strategy S (dp=8,pp=4,ep=8,schedule=1f1b,...) or --directives FILE");
   }
