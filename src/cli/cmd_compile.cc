@@ -6,6 +6,7 @@
 #include "piper/base/units.h"
 #include "piper/base/files.h"
 #include "piper/cli/command.h"
+#include "piper/cli/directive_input.h"
 #include "piper/cli/flags.h"
 #include "piper/compile/compile.h"
 #include "piper/compile/plan_summary.h"
@@ -26,40 +27,10 @@ struct CompileCliOptions {
   int microbatches = 0;      // 0: not given (the strategy's)
   double capacity_gib = 0;   // 0: not given (no memory check)
   std::string emit_directives;
+  std::string target = "megatron";  // which backend a strategy's directives are for
   bool verbose = false;
   bool json = false;
 };
-
-Result<ir::MeshInfo> parse_mesh(const std::string& text) {
-  ir::MeshInfo mesh;
-  for (const std::string& item : split(text, ',')) {
-    auto kv = split(trim(item), '=');
-    if (kv.size() != 2) return invalid_argument("--mesh '" + elide(text) + "': expected key=value pairs such as pp=2,dp=4");
-    PIPER_ASSIGN_OR_RETURN(int64_t v, parse_int(trim(kv[1]), "--mesh " + kv[0]));
-    if (v < 1 || v > kMaxMeshDegree) {
-      return invalid_argument("--mesh " + elide(item) + ": degrees must be in [1, " + std::to_string(kMaxMeshDegree) +
-                              "] (ranks along one axis)");
-    }
-    const std::string key = trim(kv[0]);
-    int* field = key == "pp"    ? &mesh.pp
-                 : key == "vpp" ? &mesh.vpp
-                 : key == "dp"  ? &mesh.dp
-                 : key == "ep"  ? &mesh.ep
-                 : key == "tp"  ? &mesh.tp
-                                : nullptr;
-    if (field == nullptr) return invalid_argument("--mesh: unknown axis '" + key + "'; use pp, vpp, dp, ep, tp");
-    *field = static_cast<int>(v);
-  }
-  const int64_t world = static_cast<int64_t>(mesh.pp) * mesh.dp * mesh.tp;
-  if (world > kMaxWorldSize) {
-    return invalid_argument("--mesh '" + elide(text) + "': pp*dp*tp = " + std::to_string(world) + " ranks; at most " +
-                            std::to_string(kMaxWorldSize) + " (one program per rank); use smaller degrees");
-  }
-  if (mesh.dp % mesh.ep != 0) {
-    return invalid_argument("--mesh: ep=" + std::to_string(mesh.ep) + " must divide dp=" + std::to_string(mesh.dp));
-  }
-  return mesh;
-}
 
 // Resolves the model, training setup, mesh and directives from the options.
 struct Inputs {
@@ -71,6 +42,14 @@ struct Inputs {
 };
 
 Result<Inputs> resolve(const CompileCliOptions& o) {
+  if (o.target != "megatron" && o.target != "cpu-runtime") {
+    return invalid_argument("--target " + o.target + " is not one of {megatron, cpu-runtime}; cpu-runtime writes the "
+                            "directives `piper train` runs (whole embedding and head, ZeRO gathers after the update)");
+  }
+  if (o.target != "megatron" && !o.directives_file.empty()) {
+    return invalid_argument("--target " + o.target + " chooses how a --strategy is lowered; a --directives file is "
+                            "compiled as written: drop --target");
+  }
   if (o.strategy.empty() == o.directives_file.empty()) {
     return invalid_argument("give exactly one of --strategy S (dp=8,pp=4,ep=8,schedule=1f1b,...) or --directives FILE");
   }
@@ -105,7 +84,9 @@ Result<Inputs> resolve(const CompileCliOptions& o) {
   in.train.global_batch = o.global_batch > 0 ? o.global_batch : s.global_batch();
   PIPER_RETURN_IF_ERROR(s.validate_for(in.model, in.train, s.world_size()));
   PIPER_ASSIGN_OR_RETURN(in.mesh, compile::strategy_mesh(s, in.model));
-  PIPER_ASSIGN_OR_RETURN(in.directives, compile::strategy_directives(s, in.model));
+  compile::DirectiveOptions dopts;  // the target's (compile_strategy does the same)
+  if (o.target == "cpu-runtime") dopts.vocab_parallel = dopts.overlap_param_gather = false;
+  PIPER_ASSIGN_OR_RETURN(in.directives, compile::strategy_directives(s, in.model, dopts));
   in.source = s.to_string();
   return in;
 }
@@ -176,6 +157,7 @@ PIPER_REGISTER_COMMAND(
                       "check every rank's peak against this device memory (GiB)");
       sub->add_option("--emit-directives", o->emit_directives,
                       "write the directives that were compiled to this JSON file");
+      sub->add_option("--target", o->target, "megatron (default) or cpu-runtime: the backend a strategy is lowered for");
       sub->add_flag("--verbose", o->verbose, "log each compile step with its time");
       sub->add_flag("--json", o->json, "print one JSON object");
       return std::function<Status()>([o] { return run(*o); });

@@ -65,6 +65,11 @@ Status run_estimate(const EstimateOptions& o) {
   const TrainSpec& train = sc.train;
   const cost::Calibration& calibration = sc.calibration;
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
+  if (sc.from_directives && !sc.input.resolved.recognised) {
+    return unimplemented("estimate: the closed form prices the built-in schedules of a strategy, and " +
+                         sc.input.file + " is not the directives of any strategy (its order, placement or overlap "
+                         "is its own); price it with `piper simulate --directives " + sc.input.file + "`");
+  }
   cost::Estimate e;
   PIPER_RETURN_IF_ERROR(cm.estimate(s, &e));
   if (o.json) {
@@ -73,11 +78,13 @@ Status run_estimate(const EstimateOptions& o) {
     j["cluster"] = cluster.name;
     j["nodes"] = cluster.num_nodes;
     j["strategy"] = s.to_json();
+    if (sc.from_directives) j["directives"] = sc.input.file;
     j["seq_len"] = train.seq_len;
     j["global_batch"] = s.global_batch();
     print_json(j.dump(2));
   } else {
     print_text(cm, s, e);
+    if (sc.from_directives) std::printf("\ndirectives %s: %s\n", sc.input.file.c_str(), describe(sc.input).c_str());
   }
   return ok_status();
 }

@@ -9,12 +9,14 @@
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
+#include "piper/cli/directive_input.h"
 #include "piper/cli/flags.h"
 #include "piper/cli/local_plan.h"
 #include "piper/cli/train_report.h"
 #include "piper/plan/disaggregate.h"
 #include "piper/plan/rescore.h"
 #include "piper/plan/search.h"
+#include "piper/sim/simulate.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/comm_calibration.h"
 #include "piper/spec/model_loader.h"
@@ -45,10 +47,39 @@ struct PlanOptions {
   std::string af_placement = "spread";
   int local_ranks = 0;  // 0: not given; > 0: plan for this many ranks on this machine (train_report.h local_cluster)
   bool runnable = false;
+  std::string candidate, candidate_mesh;  // --candidate FILE --mesh M: a user's directive file, ranked too
 };
 
+// The user's plan (--candidate), simulated on the same cluster and ranked among the searched plans by simulated
+// step time.
+struct Candidate {
+  bool given = false;
+  DirectiveInput input;
+  double step_time_s = 0;
+  int rank = 0;  // 1-based position among the searched plans' simulated step times
+  Json to_json() const {
+    return Json{{"file", input.file},
+                {"recognised", input.resolved.recognised},
+                {"priced_as", input.resolved.strategy.to_string()},
+                {"simulated_step_time_s", step_time_s},
+                {"rank", rank}};
+  }
+};
+
+Status score_candidate(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+                       const cost::Calibration& calibration, const plan::SearchResult& r, Candidate* c) {
+  sim::SimOptions so;
+  PIPER_ASSIGN_OR_RETURN(sim::SimReport rep,
+                         sim::simulate_directives(model, cluster, train, c->input.mesh, c->input.directives,
+                                                  c->input.resolved.strategy, calibration, so));
+  c->step_time_s = rep.step_time_s;
+  c->rank = 1;
+  for (const auto& p : r.top) c->rank += p.simulated && p.sim_step_time_s < c->step_time_s ? 1 : 0;
+  return ok_status();
+}
+
 void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train, bool verify,
-                 const plan::SearchResult& r) {
+                 const plan::SearchResult& r, const Candidate& c) {
   const auto& st = r.stats;
   std::printf("model     %s, seq %lld, global batch %lld sequences\n", model.name.c_str(),
               static_cast<long long>(train.seq_len), static_cast<long long>(train.global_batch));
@@ -88,8 +119,15 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
   }
   std::printf("\n %-3s %11s %11s %7s %12s %11s %12s  %s\n", "#", "simulated", "step time", "MFU", "tokens/s",
               "peak mem", "compiled pk", "strategy");
+  int simulated_rows = 0;
+  auto print_candidate = [&] {
+    std::printf(" %-3s %11s %11s %7s %12s %11s %12s  %s  (--candidate, %s)\n", "C",
+                format_seconds(c.step_time_s).c_str(), "-", "-", "-", "-", "-", c.input.file.c_str(),
+                describe(c.input).c_str());
+  };
   for (size_t i = 0; i < r.top.size(); ++i) {
     const auto& p = r.top[i];
+    if (c.given && p.simulated && ++simulated_rows == c.rank) print_candidate();
     std::printf(" %-3zu %11s %11s %6.1f%% %12s %11s %12s  %s%s\n", i + 1,
                 p.simulated ? format_seconds(p.sim_step_time_s).c_str() : "-",
                 format_seconds(p.estimate.step_time_s).c_str(), 100 * p.estimate.mfu,
@@ -97,7 +135,12 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
                 p.verified ? format_bytes(p.verification.compiled_peak_bytes).c_str() : "-",
                 p.strategy.to_string().c_str(), p.origin == "search" ? "" : "  (local search)");
   }
+  if (c.given && simulated_rows < c.rank) print_candidate();
   std::printf("(simulated: step time by the simulator; step time, MFU, tokens/s: closed form)\n");
+  if (c.given) {
+    std::printf("candidate %s: simulated step %s, rank %d among the %d simulated plans\n", c.input.file.c_str(),
+                format_seconds(c.step_time_s).c_str(), c.rank, simulated_rows + 1);
+  }
   if (!r.top.empty()) {
     std::printf("\nmemory per pipeline rank of #1:");
     const auto& ranks = r.top[0].estimate.ranks;
@@ -314,7 +357,18 @@ Status run_plan(const PlanOptions& o) {
   if (o.runnable) {
     restrict_to_runtime(model, options.memory_fraction * static_cast<double>(cluster.device.memory_bytes), &options);
   }
+  Candidate candidate;
+  if (!o.candidate.empty() || !o.candidate_mesh.empty()) {
+    if (o.candidate.empty()) return invalid_argument("--mesh is for --candidate FILE; add --candidate or drop --mesh");
+    candidate.given = true;
+    PIPER_ASSIGN_OR_RETURN(candidate.input, load_directive_input(model, "", o.candidate, o.candidate_mesh,
+                                                                 train.global_batch, cluster.world_size()));
+  }
   PIPER_ASSIGN_OR_RETURN(plan::SearchResult r, plan::search(model, cluster, train, options));
+  if (candidate.given) {
+    Status st = score_candidate(model, cluster, train, options.calibration, r, &candidate);
+    if (!st.ok()) return st.with_context("--candidate " + o.candidate);
+  }
   if (o.json) {
     Json plans = Json::array();
     for (const auto& p : r.top) plans.push_back(p.to_json());
@@ -328,13 +382,14 @@ Status run_plan(const PlanOptions& o) {
               {"simulated", r.stats.simulated},
               {"plans", plans},
               {"fits_nowhere", r.top.empty()}};
+    if (candidate.given) j["candidate"] = candidate.to_json();
     if (r.top.empty() && r.has_smallest) {
       j["min_memory_bytes"] = r.smallest.peak_memory_bytes();
       j["closest"] = r.smallest.to_json();
     }
     print_json(j.dump(2));
   } else {
-    print_plans(model, cluster, train, options.verify, r);
+    print_plans(model, cluster, train, options.verify, r, candidate);
   }
   if (r.top.empty()) return nothing_fits(cluster, options.memory_fraction, r);
   return ok_status();
@@ -385,8 +440,13 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
                   "disaggregation: spread (groups share nodes, NICs split freely) or node (whole nodes per group)")
       ->capture_default_str();
   sub->add_option("--solver", o->solver, "disaggregation solver: cbc (MILP) or enumeration")->capture_default_str();
+  sub->add_option("--candidate", o->candidate, "also simulate this directive file and rank it with the searched plans");
+  sub->add_option("--mesh", o->candidate_mesh, "with --candidate: pp=P[,vpp=V,dp=D,ep=E,tp=T]");
   sub->add_flag("--json", o->json, "print one JSON object");
   return std::function<Status()>([o] {
+    if (o->disaggregate && !o->candidate.empty()) {
+      return invalid_argument("--candidate ranks a plan with the strategy search; drop --disaggregate");
+    }
     if (o->local_ranks > 0 && !o->cluster.empty()) {
       return invalid_argument("--local-ranks plans for this machine; drop --cluster/--nodes, or drop --local-ranks");
     }

@@ -174,7 +174,15 @@ Status run_simulate(const SimulateOptions& o) {
   options.full = o.full;
   options.interleave_overlap = o.interleave;
   options.record_timeline = !o.trace.empty();
-  PIPER_ASSIGN_OR_RETURN(sim::SimReport r, sim::simulate(model, cluster, train, s, sc.calibration, options));
+  if (sc.from_directives && o.expert_zipf != 0) {
+    return invalid_argument("--expert-zipf re-simulates a strategy under skewed loads; with --directives give "
+                            "--strategy instead, or drop --expert-zipf");
+  }
+  PIPER_ASSIGN_OR_RETURN(sim::SimReport r, sc.from_directives
+                                               ? sim::simulate_directives(model, cluster, train, sc.input.mesh,
+                                                                          sc.input.directives, s, sc.calibration,
+                                                                          options)
+                                               : sim::simulate(model, cluster, train, s, sc.calibration, options));
   ExpertBalance balance;
   if (o.expert_zipf != 0) {
     sim::SimOptions quiet = options;
@@ -190,6 +198,10 @@ Status run_simulate(const SimulateOptions& o) {
     j["cluster"] = cluster.name;
     j["nodes"] = cluster.num_nodes;
     j["strategy"] = s.to_json();
+    if (sc.from_directives) {
+      j["directives"] = sc.input.file;
+      j["recognised"] = sc.input.resolved.recognised;
+    }
     j["seq_len"] = train.seq_len;
     j["global_batch"] = train.global_batch > 0 ? train.global_batch : s.global_batch();
     if (!o.trace.empty()) j["trace"] = o.trace;
@@ -197,6 +209,7 @@ Status run_simulate(const SimulateOptions& o) {
     print_json(j.dump(2));
   } else {
     print_text(model, cluster, s, r);
+    if (sc.from_directives) std::printf("\ndirectives %s: %s\n", sc.input.file.c_str(), describe(sc.input).c_str());
     if (o.expert_zipf != 0) print_balance(balance);
     if (!o.trace.empty()) std::printf("\ntrace written to %s (open in https://ui.perfetto.dev)\n", o.trace.c_str());
   }

@@ -16,6 +16,7 @@
 #include "piper/base/units.h"
 #include "piper/base/files.h"
 #include "piper/cli/command.h"
+#include "piper/cli/directive_input.h"
 #include "piper/cli/flags.h"
 #include "piper/cli/local_plan.h"
 #include "piper/cli/train_gpu.h"
@@ -39,6 +40,7 @@ struct TrainCliOptions {
   int64_t seq_len = 128;
   uint64_t seed = 1234;
   std::string strategy;
+  std::string directives, mesh;  // --directives FILE --mesh M instead of --strategy
   double lr = 3e-3;
   int64_t warmup = 10;
   int threads = 0;         // 0: not given (all cores, shared by this machine's ranks)
@@ -99,6 +101,14 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   t.world = world;
   t.strategy = o.strategy;
   t.global_batch = o.global_batch > 0 ? o.global_batch : (o.strategy.empty() ? 16 : 0);
+  if (!o.directives.empty()) {
+    PIPER_ASSIGN_OR_RETURN(DirectiveInput in, load_directive_input(t.model, o.strategy, o.directives, o.mesh,
+                                                                   o.global_batch, t.ranks));
+    t.directives = std::move(in.directives);
+    t.mesh = in.mesh;
+    t.global_batch = o.global_batch;  // 0: one sequence per microbatch
+    if (o.device == "cuda") return invalid_argument("--directives runs on --device cpu; drop --device cuda");
+  }
   std::string auto_note;
   if (o.strategy == "auto") {
     // The planner's best strategy that the runtime executes, for these ranks on this machine. Every rank plans
@@ -139,6 +149,7 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
     std::printf("model     %s (%s trainable parameters)\n", t.model.name.c_str(),
                 format_count(static_cast<double>(trainer->num_params())).c_str());
     std::printf("strategy  %s%s\n", trainer->strategy().to_string().c_str(), auto_note.c_str());
+    if (!o.directives.empty()) std::printf("directives %s (compiled as written)\n", o.directives.c_str());
     std::printf("plan      %zu instructions on %zu stream(s) on rank 0, %d microbatches per rank\n",
                 plan.program(0).num_instructions(), plan.program(0).streams.size(),
                 trainer->executor().num_microbatches());
@@ -287,7 +298,8 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
     if (predicted <= 0) {  // af-pipe: estimate() has no model (the report below compares with the plan's peak)
       std::printf("peak_memory_bytes %lld (%s)  predicted_peak_memory_bytes: none (no resource model of %s)\n",
                   static_cast<long long>(mem.peak_total_bytes),
-                  format_bytes(static_cast<double>(mem.peak_total_bytes)).c_str(), trainer->strategy().schedule.c_str());
+                  format_bytes(static_cast<double>(mem.peak_total_bytes)).c_str(),
+                  o.directives.empty() ? trainer->strategy().schedule.c_str() : "the directive file's own schedule");
     } else {
       std::printf("peak_memory_bytes %lld (%s)  predicted_peak_memory_bytes %.0f (%s, %+.1f %%)\n",
                   static_cast<long long>(mem.peak_total_bytes),
@@ -335,6 +347,9 @@ Status check_ranks_before_launch(const TrainCliOptions& o) {
   if (o.strategy == "auto") return ok_status();  // the planner sizes it for --ranks
   PIPER_ASSIGN_OR_RETURN(ModelSpec model, load_model(o.model));
   PIPER_RETURN_IF_ERROR(check_seq_len(model, o.seq_len));
+  if (!o.directives.empty()) {
+    return load_directive_input(model, o.strategy, o.directives, o.mesh, o.global_batch, o.ranks).status();
+  }
   const int64_t batch = o.global_batch > 0 || !o.strategy.empty() ? o.global_batch : 16;
   PIPER_ASSIGN_OR_RETURN(Strategy s, runtime::train_strategy(o.strategy, batch));
   PIPER_RETURN_IF_ERROR(s.validate());
@@ -361,6 +376,12 @@ Status run_train(const TrainCliOptions& o) {
     }
   }
   if (o.save_every > 0 && o.save.empty()) return invalid_argument("--save-every needs --save DIR");
+  if (!o.mesh.empty() && o.directives.empty()) {
+    return invalid_argument("--mesh is for --directives; a strategy carries its mesh: drop --mesh");
+  }
+  if (!o.directives.empty() && (!o.strategy.empty() || o.mesh.empty())) {
+    return load_directive_input(ModelSpec{}, o.strategy, o.directives, o.mesh, 0, 0).status();  // names the fix
+  }
   if (comm::launched_by_mpi()) {
     PIPER_RETURN_IF_ERROR(comm::mpi_init(nullptr, nullptr));
     int rank = 0;
@@ -408,6 +429,8 @@ PIPER_REGISTER_COMMAND(g_train, "train", "Train a model through its compiled Pla
       ->capture_default_str();
   sub->add_option("--strategy", o->strategy, "strategy, e.g. schedule=zb-h1,microbatches=4,mbs=4 (default 1f1b), or auto: the planner's best that the "
                   "runtime runs on these ranks (piper plan --local-ranks R --runnable)");
+  sub->add_option("--directives", o->directives, "a directive file instead of --strategy (docs/directives.md)");
+  sub->add_option("--mesh", o->mesh, "with --directives: pp=P[,vpp=V,dp=D,ep=E,tp=T]");
   add_real_option(sub, "--lr", &o->lr, {0, kMaxLearningRate, true, "AdamW's peak learning rate"},
                   "peak learning rate (AdamW)")
       ->capture_default_str();

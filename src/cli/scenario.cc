@@ -11,7 +11,9 @@ void add_scenario_options(CLI::App* sub, ScenarioOptions* o) {
   sub->add_option("--model", o->model, "model preset or config file")->required();
   sub->add_option("--cluster", o->cluster, "cluster preset or file")->required();
   add_int_option(sub, "--nodes", &o->nodes, {1, kMaxNodes, "nodes of the cluster"}, "number of nodes")->required();
-  sub->add_option("--strategy", o->strategy, "compact strategy (dp=8,pp=4,...) or a JSON file")->required();
+  sub->add_option("--strategy", o->strategy, "compact strategy (dp=8,pp=4,...) or a JSON file");
+  sub->add_option("--directives", o->directives, "a directive file instead of --strategy (docs/directives.md)");
+  sub->add_option("--mesh", o->mesh, "with --directives: pp=P[,vpp=V,dp=D,ep=E,tp=T]");
   add_int_option(sub, "--global-batch", &o->global_batch, {1, kMaxGlobalBatch, "sequences per step"},
                  "sequences per step (default: dp*microbatches*mbs)");
   add_int_option(sub, "--seq", &o->seq_len, {1, kMaxSeqLen, "tokens per sequence"},
@@ -28,7 +30,17 @@ Result<Scenario> load_scenario(const ScenarioOptions& o) {
   PIPER_ASSIGN_OR_RETURN(const int64_t seq_len, resolve_seq_len(sc.model, o.seq_len));
   PIPER_ASSIGN_OR_RETURN(sc.cluster, load_cluster(o.cluster, o.nodes));
   if (!o.comm_calibration.empty()) PIPER_RETURN_IF_ERROR(load_comm_calibration(o.comm_calibration, &sc.cluster));
-  PIPER_ASSIGN_OR_RETURN(sc.strategy, Strategy::parse(o.strategy));
+  if (!o.mesh.empty() && o.directives.empty()) {
+    return invalid_argument("--mesh is for --directives; a strategy carries its mesh: drop --mesh");
+  }
+  if (o.strategy.empty() || !o.directives.empty()) {
+    sc.from_directives = true;
+    PIPER_ASSIGN_OR_RETURN(sc.input, load_directive_input(sc.model, o.strategy, o.directives, o.mesh,
+                                                          o.global_batch, sc.cluster.world_size()));
+    sc.strategy = sc.input.resolved.strategy;
+  } else {
+    PIPER_ASSIGN_OR_RETURN(sc.strategy, Strategy::parse(o.strategy));
+  }
   sc.train.global_batch = o.global_batch;
   sc.train.micro_batch_size = sc.strategy.mbs;
   sc.train.seq_len = seq_len;

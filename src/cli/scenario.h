@@ -8,6 +8,7 @@
 
 #include "piper/base/status.h"
 #include "piper/cli/command.h"
+#include "piper/cli/directive_input.h"
 #include "piper/cost/device_model.h"
 #include "piper/spec/cluster_spec.h"
 #include "piper/spec/model_spec.h"
@@ -25,6 +26,8 @@ struct ScenarioOptions {
   int64_t seq_len = 0;       // 0: not given (min(4096, the model's max_seq_len))
   std::string calibration;
   std::string comm_calibration;  // `piper bench comm --calibration-out F`: measured link latency and bandwidth
+  std::string directives;        // instead of --strategy: a directive file (with mesh)
+  std::string mesh;
 };
 
 struct Scenario {
@@ -33,9 +36,12 @@ struct Scenario {
   Strategy strategy;
   TrainSpec train;
   cost::Calibration calibration;
+  // With --directives: the file, its mesh and what it was resolved to; `strategy` is resolved.strategy.
+  bool from_directives = false;
+  DirectiveInput input;
 };
 
-// --model, --cluster, --nodes, --strategy (required), --global-batch, --seq, --calibration, --comm-calibration.
+// --model, --cluster, --nodes, --strategy or --directives with --mesh, --global-batch, --seq, --calibration, --comm-calibration.
 void add_scenario_options(CLI::App* sub, ScenarioOptions* o);
 
 // Loads the model, cluster (with the comm calibration applied), strategy and calibration; --seq is checked against

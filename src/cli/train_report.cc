@@ -74,11 +74,17 @@ Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, co
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm,
                          cost::CostModel::create(model, machine.cluster, train, machine.calibration));
   cost::Estimate e;
-  const bool disagg = trainer.strategy().disaggregate;
+  // estimate() has no closed-form model of af-pipe, of a registered schedule or of a directive file's own order
+  // (Unimplemented): the 'model' peak is the compiled plan's (static bytes + the planned activations of the rank's
+  // program) and there is no modelled step time.
+  const bool custom = trainer.strategy().schedule_kind() == ScheduleKind::kCustom;
+  const bool own_order = !trainer.options().directives.empty() && trainer.predicted_memory().total() <= 0;
+  const bool disagg = trainer.strategy().disaggregate || custom || own_order;
   if (disagg) {
-    // estimate() has no closed-form model of af-pipe (Unimplemented): the 'model' peak is the compiled plan's
-    // (static bytes + the planned activations of the rank's program) and there is no modelled step time.
-    r.note = "af-pipe: estimate() has no closed form; the 'model' peak is the compiled plan's, no modelled step";
+    r.note = std::string(trainer.strategy().disaggregate ? "af-pipe"
+                         : custom                        ? "schedule=" + trainer.strategy().schedule
+                                                         : "the directive file's own schedule") +
+             ": estimate() has no closed form; the 'model' peak is the compiled plan's, no modelled step";
   } else {
     PIPER_ASSIGN_OR_RETURN(e, cm.estimate(trainer.strategy()));
   }

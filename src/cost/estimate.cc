@@ -143,6 +143,11 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
         "use a non-disaggregated strategy here, or `piper simulate`");
   }
   const ScheduleKind kind = s.schedule_kind();
+  if (kind == ScheduleKind::kCustom) {
+    return unimplemented("estimate: schedule=" + s.schedule +
+                         " is a registered schedule the closed form has no model of (its order is code); "
+                         "price it with `piper simulate`");
+  }
   const int p = s.pp, v = s.chunks_per_rank(), stages = p * v, m = s.microbatches;
   const int L = model_.num_layers;
   const double T = static_cast<double>(s.mbs) * static_cast<double>(train_.seq_len);

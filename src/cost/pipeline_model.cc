@@ -18,6 +18,7 @@ double in_flight_units(ScheduleKind kind, int pp, int m, int v, int r) {
     case ScheduleKind::kInterleaved: return std::min(2 * (pp - r - 1) + (v - 1) * pp + 1, m * v);
     case ScheduleKind::kDualPipeV: return std::min(2 * pp + 1, 2 * m);
     case ScheduleKind::kAFPipe: return std::min(pp - r, m) + 1;
+    case ScheduleKind::kCustom: return static_cast<double>(m) * v;  // unknown order: at most every microbatch
   }
   return m;
 }
@@ -42,6 +43,7 @@ double bubble_time_s(ScheduleKind kind, int pp, int v, double t_f, double t_b, d
     case ScheduleKind::kZBH1: b = p1 * (t_f + t_b - 2 * t_w); break;
     case ScheduleKind::kDualPipeV: b = p1 * (t_f / 2 + t_b - 1.5 * t_w); break;
     case ScheduleKind::kAFPipe: b = p1 * (t_f + t_b) / 4; break;
+    case ScheduleKind::kCustom: b = p1 * (t_f + t_b); break;  // estimate() refuses it; 1F1B's as a bound
   }
   return std::max(0.0, b);
 }

@@ -85,6 +85,12 @@ struct Context {
   bool apply_rules;
 };
 
+Strategy gpipe_proxy(Strategy s) {
+  s.schedule = "gpipe";
+  s.vpp = 1;
+  return s;
+}
+
 int chunks_per_rank(const std::string& schedule, int vpp) {
   return schedule == "interleaved" ? vpp : schedule == "dualpipev" ? 2 : 1;
 }
@@ -215,7 +221,10 @@ void run_item(const Context& ctx, int64_t index, Sink* sink, Strategy* s, cost::
                     }
                   }
                   s->order = sp.orders[static_cast<size_t>(io)];
-                  Status st = cm.estimate(*s, e);
+                  // A registered schedule has no closed form: it is kept on gpipe's (every microbatch's
+                  // activations in flight, the bound on memory) and re-scored by the simulator with its own order.
+                  Status st = s->schedule_kind() == ScheduleKind::kCustom ? cm.estimate(gpipe_proxy(*s), e)
+                                                                          : cm.estimate(*s, e);
                   if (!st.ok()) {
                     reject(Rule::kInvalid, 1);
                     continue;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <set>
+#include <variant>
 
 #include "piper/base/fault.h"
 #include "piper/base/strings.h"
@@ -220,47 +221,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   PIPER_RETURN_IF_ERROR(options.migration.validate());
   auto t = std::unique_ptr<Trainer>(new Trainer());
   t->options_ = options;
-  PIPER_ASSIGN_OR_RETURN(t->strategy_, train_strategy(options.strategy, options.global_batch));
-  PIPER_RETURN_IF_ERROR(t->strategy_.validate());
-  if (!t->strategy_.recompute_modules.empty()) {
-    return unimplemented("strategy '" + t->strategy_.to_string() +
-                         "': recompute_modules (Megatron's module recomputation) is modelled by estimate and "
-                         "simulate; the runtime keeps these activations: drop recompute_modules, or use "
-                         "recompute=selective or full");
-  }
-  if (t->strategy_.tp_overlap) {
-    return unimplemented("strategy '" + t->strategy_.to_string() +
-                         "': tp_overlap=1 (GEMM/collective pipelining, Megatron's --tp-comm-overlap) is modelled by "
-                         "estimate and simulate; the runtime runs each tp collective whole: drop tp_overlap");
-  }
-  if (t->options_.global_batch == 0 || !options.strategy.empty()) {
-    if (options.global_batch != 0 && options.global_batch != t->strategy_.global_batch()) {
-      return invalid_argument("--global-batch " + std::to_string(options.global_batch) +
-                              " differs from the "
-                              "strategy's dp*microbatches*mbs = " +
-                              std::to_string(t->strategy_.global_batch()) +
-                              "; drop --global-batch or change microbatches/mbs");
-    }
-    t->options_.global_batch = t->strategy_.global_batch();
-  }
-  TrainSpec train;
-  train.global_batch = t->options_.global_batch;
-  train.micro_batch_size = t->strategy_.mbs;
-  train.seq_len = options.seq_len;
-  train.param_dtype = train.grad_dtype = train.master_dtype = DType::kFP32;
-  train.optimizer_dtype = train.activation_dtype = DType::kFP32;
-  train.optimizer = options.optimizer;
-  PIPER_RETURN_IF_ERROR(train.validate());
-  PIPER_RETURN_IF_ERROR(t->strategy_.validate_for(options.model, train, options.ranks));
-  t->train_ = train;
-  compile::CompileOptions copts;
-  copts.target = compile::cpu_runtime_target();
-  if (options.plan_prices) {
-    PIPER_ASSIGN_OR_RETURN(copts.cost, options.plan_prices(t->strategy_, train));
-  }
-  auto compiled = compile::compile_strategy(options.model, train, t->strategy_, copts);
-  if (!compiled.ok()) return compiled.status();
-  t->compiled_ = std::move(compiled).value();
+  PIPER_RETURN_IF_ERROR(t->resolve_and_compile());
   if (options.migration.enabled && t->compiled_.plan.mesh.ep < 2) {
     return invalid_argument("--migrate moves experts between the ranks of an expert-parallel group, but strategy '" +
                             t->strategy_.to_string() + "' has ep=1: add ep=N (N > 1) or drop --migrate");
@@ -352,8 +313,10 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   // No CUDA context or cuBLAS/NCCL workspace on a CPU rank: the calibration's GPU workspace does not apply.
   cost::Calibration calibration;
   calibration.workspace_bytes = 0;
-  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(options.model, cluster, train, calibration));
-  if (!t->strategy_.disaggregate) {  // estimate() has no closed-form model of af-pipe (Unimplemented): none
+  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(options.model, cluster, t->train_, calibration));
+  // estimate() has no closed-form model of af-pipe, registered schedules or a directive file's own order: none.
+  if (!t->strategy_.disaggregate && t->strategy_.schedule_kind() != ScheduleKind::kCustom &&
+      (t->options_.directives.empty() || t->directives_recognised_)) {
     PIPER_ASSIGN_OR_RETURN(cost::Estimate e, cm.estimate(t->strategy_));
     t->predicted_ = e.memory;
     const size_t stage = static_cast<size_t>(t->dist_ != nullptr ? t->dist_->coord().pp : 0);
@@ -376,6 +339,94 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   t->flops_per_token_ = cm.flops_per_token();
   t->tracker_.reset_peaks();
   return t;
+}
+
+// --directives: the strategy the list stands for, and what the CPU runtime cannot execute, by name.
+Status Trainer::resolve_directives() {
+  for (size_t i = 0; i < options_.directives.size(); ++i) {
+    const ir::Directive& d = options_.directives[i];
+    const std::string label = ir::directive_label(d, static_cast<int>(i));
+    if (const auto* sh = std::get_if<ir::ShardDirective>(&d.body)) {
+      if (sh->axis == "tp" && (sh->filter.part == "embed" || sh->filter.part == "head" || sh->filter.part.empty())) {
+        return unimplemented(label + " shards " + (sh->filter.part.empty() ? "every part" : sh->filter.part) +
+                             " over tp: the CPU runtime keeps the embedding and the head whole (no vocabulary-"
+                             "parallel cross-entropy); shard only attn/mlp/shared, as `piper compile --target "
+                             "cpu-runtime --emit-directives` writes");
+      }
+    }
+    if (const auto* r = std::get_if<ir::ReplicateDirective>(&d.body)) {
+      if ((r->zero == 1 || r->zero == 2) && r->param_gather == "before_forward") {
+        return unimplemented(label + ": param_gather \"before_forward\" gathers ZeRO-" + std::to_string(r->zero) +
+                             " parameters in the next step; the CPU runtime gathers them after the update: set "
+                             "\"param_gather\": \"after_update\"");
+      }
+    }
+  }
+  const int microbatches = compile::directive_microbatches(options_.directives);
+  const int64_t per = static_cast<int64_t>(options_.mesh.dp) * microbatches;
+  if (options_.global_batch == 0) options_.global_batch = per;
+  if (options_.global_batch % per != 0) {
+    return invalid_argument("--global-batch " + std::to_string(options_.global_batch) +
+                            " is not a multiple of dp*microbatches = " + std::to_string(per) +
+                            " (the mesh's dp and the directives' split); give a multiple of " + std::to_string(per));
+  }
+  PIPER_ASSIGN_OR_RETURN(compile::DirectiveStrategy ds,
+                         compile::strategy_of_directives(options_.model, options_.mesh, options_.directives,
+                                                         static_cast<int>(options_.global_batch / per)));
+  strategy_ = ds.strategy;
+  directives_recognised_ = ds.recognised;
+  return ok_status();
+}
+
+Status Trainer::resolve_and_compile() {
+  if (!options_.directives.empty()) {
+    PIPER_RETURN_IF_ERROR(resolve_directives());
+  } else {
+    PIPER_ASSIGN_OR_RETURN(strategy_, train_strategy(options_.strategy, options_.global_batch));
+  }
+  PIPER_RETURN_IF_ERROR(strategy_.validate());
+  if (!strategy_.recompute_modules.empty()) {
+    return unimplemented("strategy '" + strategy_.to_string() +
+                         "': recompute_modules (Megatron's module recomputation) is modelled by estimate and "
+                         "simulate; the runtime keeps these activations: drop recompute_modules, or use "
+                         "recompute=selective or full");
+  }
+  if (strategy_.tp_overlap) {
+    return unimplemented("strategy '" + strategy_.to_string() +
+                         "': tp_overlap=1 (GEMM/collective pipelining, Megatron's --tp-comm-overlap) is modelled by "
+                         "estimate and simulate; the runtime runs each tp collective whole: drop tp_overlap");
+  }
+  if (options_.directives.empty() && (options_.global_batch == 0 || !options_.strategy.empty())) {
+    if (options_.global_batch != 0 && options_.global_batch != strategy_.global_batch()) {
+      return invalid_argument("--global-batch " + std::to_string(options_.global_batch) +
+                              " differs from the "
+                              "strategy's dp*microbatches*mbs = " +
+                              std::to_string(strategy_.global_batch()) +
+                              "; drop --global-batch or change microbatches/mbs");
+    }
+    options_.global_batch = strategy_.global_batch();
+  }
+  TrainSpec train;
+  train.global_batch = options_.global_batch;
+  train.micro_batch_size = strategy_.mbs;
+  train.seq_len = options_.seq_len;
+  train.param_dtype = train.grad_dtype = train.master_dtype = DType::kFP32;
+  train.optimizer_dtype = train.activation_dtype = DType::kFP32;
+  train.optimizer = options_.optimizer;
+  PIPER_RETURN_IF_ERROR(train.validate());
+  PIPER_RETURN_IF_ERROR(strategy_.validate_for(options_.model, train, options_.ranks));
+  train_ = train;
+  compile::CompileOptions copts;
+  copts.target = compile::cpu_runtime_target();
+  if (options_.plan_prices) {
+    PIPER_ASSIGN_OR_RETURN(copts.cost, options_.plan_prices(strategy_, train));
+  }
+  auto compiled = options_.directives.empty()
+                      ? compile::compile_strategy(options_.model, train, strategy_, copts)
+                      : compile::compile_directives(options_.model, train, options_.mesh, options_.directives, copts);
+  if (!compiled.ok()) return compiled.status();
+  compiled_ = std::move(compiled).value();
+  return ok_status();
 }
 
 Result<TrainStepStats> Trainer::step() {

@@ -27,6 +27,7 @@
 #include "piper/balance/planner.h"
 #include "piper/base/status.h"
 #include "piper/compile/compile.h"
+#include "piper/compile/directive_strategy.h"
 #include "piper/cost/estimate.h"
 #include "piper/comm/communicator.h"
 #include "piper/runtime/checkpoint.h"
@@ -58,6 +59,12 @@ struct TrainOptions {
   ModelSpec model;
   int ranks = 1;
   std::string strategy;       // compact form or JSON file; "" = 1f1b, microbatches = global_batch / mbs
+  // Instead of `strategy` (`piper train --directives`): a directive list for `mesh`, compiled as it is. The run's
+  // strategy() is what compile::strategy_of_directives resolves it to (zero, tp, ep, recompute; mbs from
+  // global_batch, which 0 makes one sequence per microbatch). Directives the CPU runtime cannot execute
+  // (vocabulary-parallel embed/head, ZeRO-1/2 parameters gathered before the forward) are refused by name.
+  std::vector<ir::Directive> directives;
+  ir::MeshInfo mesh;
   int64_t global_batch = 16;  // sequences per step; 0 = from the strategy
   int64_t seq_len = 128;
   uint64_t seed = 1234;
@@ -155,6 +162,10 @@ class Trainer {
   // After a step: feeds the expert loads to the monitor, sets stats->imbalance and, with migration on and a
   // full window, plans and migrates (every rank the same plan from the same all-gathered loads).
   Status balance_experts(TrainStepStats* stats);
+  // Resolves strategy_ and train_ from the options' strategy or directives and compiles the run's plan.
+  Status resolve_and_compile();
+  Status resolve_directives();
+  bool directives_recognised_ = false;
   TrainOptions options_;
   Strategy strategy_;
   MemoryTracker tracker_;

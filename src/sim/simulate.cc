@@ -89,6 +89,28 @@ Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, c
   return rep;
 }
 
+Result<SimReport> simulate_directives(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train_in,
+                                      const ir::MeshInfo& mesh, const std::vector<ir::Directive>& directives,
+                                      const Strategy& pricing, const cost::Calibration& calibration,
+                                      const SimOptions& options) {
+  TrainSpec train = train_in;
+  train.micro_batch_size = pricing.mbs;
+  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
+  PIPER_RETURN_IF_ERROR(pricing.validate_for(model, train, cluster.world_size()));
+  compile::CompileOptions copts;
+  copts.interleave_overlap = options.interleave_overlap;
+  copts.recompute_reruns_tp_collectives = calibration.recompute_reruns_tp_collectives;
+  PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, pricing, calibration));
+  auto t0 = std::chrono::steady_clock::now();
+  auto compiled = compile::compile_directives(model, train, mesh, directives, copts);
+  if (!compiled.ok()) return compiled.status().with_context("simulate");
+  auto t1 = std::chrono::steady_clock::now();
+  PIPER_ASSIGN_OR_RETURN(SimReport rep, simulate_compiled(std::move(compiled).value(), model, cluster, train,
+                                                          pricing, calibration, options));
+  rep.compile_wall_s = std::chrono::duration<double>(t1 - t0).count();
+  return rep;
+}
+
 Json SimReport::to_json() const {
   Json j;
   j["step_time_s"] = step_time_s;

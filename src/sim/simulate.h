@@ -63,4 +63,13 @@ Result<SimReport> simulate_compiled(compile::CompileResult compiled, const Model
                                     const ClusterSpec& cluster, const TrainSpec& train, const Strategy& strategy,
                                     const cost::Calibration& calibration = {}, const SimOptions& options = {});
 
+// Compiles a directive list (a user's file, `piper simulate --directives`) on `mesh` for this cluster's prices and
+// executes it. `pricing` prices the tasks (compile::strategy_of_directives: its tp, ep, zero, mbs, recomputation);
+// the schedule is the directives' own. Compiled with the options simulate() uses, so that the directives a
+// strategy emits (`piper compile --emit-directives`) simulate to the strategy's step time exactly.
+Result<SimReport> simulate_directives(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+                                      const ir::MeshInfo& mesh, const std::vector<ir::Directive>& directives,
+                                      const Strategy& pricing, const cost::Calibration& calibration = {},
+                                      const SimOptions& options = {});
+
 }  // namespace piper::sim

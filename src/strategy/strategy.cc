@@ -132,7 +132,8 @@ Status set_key(Strategy* s, const std::string& key, const std::string& value) {
     PIPER_ASSIGN_OR_RETURN(std::string r, parse_choice(key, value, recompute_names()));
     s->recompute = r == "none" ? Recompute::kNone : r == "selective" ? Recompute::kSelective : Recompute::kFull;
   } else if (key == "schedule") {
-    PIPER_ASSIGN_OR_RETURN(s->schedule, parse_choice(key, value, schedule_names()));
+    PIPER_RETURN_IF_ERROR(parse_schedule(value).status());  // names the registered ones and the fix
+    s->schedule = value;
   } else if (key == "a2a") {
     PIPER_ASSIGN_OR_RETURN(s->a2a, parse_choice(key, value, a2a_names()));
   } else if (key == "order") {
@@ -225,15 +226,37 @@ const std::vector<std::string>& schedule_names() {
   return kNames;
 }
 
+namespace {
+std::set<std::string>& registered_schedule_names() {
+  static std::set<std::string> names;
+  return names;
+}
+}  // namespace
+
+std::vector<std::string> known_schedule_names() {
+  std::vector<std::string> out = schedule_names();
+  for (const std::string& n : registered_schedule_names()) {
+    if (std::find(out.begin(), out.end(), n) == out.end()) out.push_back(n);
+  }
+  return out;
+}
+
+void register_schedule_name(const std::string& name) { registered_schedule_names().insert(name); }
+
 Result<ScheduleKind> parse_schedule(const std::string& name) {
   const auto& names = schedule_names();
   for (size_t i = 0; i < names.size(); ++i) {
     if (name == names[i]) return static_cast<ScheduleKind>(i);
   }
-  return bad_choice("schedule", name, names);
+  if (registered_schedule_names().count(name) > 0) return ScheduleKind::kCustom;
+  return invalid_argument(bad_choice("schedule", name, known_schedule_names()).message() +
+                          "; pick one of them, or register a C++ schedule under that name "
+                          "(schedules::register_schedule) before parsing");
 }
 
-const char* to_string(ScheduleKind k) { return schedule_names()[static_cast<size_t>(k)].c_str(); }
+const char* to_string(ScheduleKind k) {
+  return k == ScheduleKind::kCustom ? "custom" : schedule_names()[static_cast<size_t>(k)].c_str();
+}
 
 ScheduleKind Strategy::schedule_kind() const {
   // Cheap path for the planner: compare against the fixed names without building a Status.
@@ -241,6 +264,7 @@ ScheduleKind Strategy::schedule_kind() const {
   for (size_t i = 0; i < names.size(); ++i) {
     if (schedule == names[i]) return static_cast<ScheduleKind>(i);
   }
+  if (registered_schedule_names().count(schedule) > 0) return ScheduleKind::kCustom;
   PIPER_CHECK(false, "unknown schedule '", schedule, "' in a strategy that was not validated");
   return ScheduleKind::k1F1B;
 }
@@ -317,6 +341,7 @@ Result<Strategy> Strategy::parse(const std::string& text) {
 int Strategy::chunks_per_rank() const {
   if (schedule == "interleaved") return vpp;
   if (schedule == "dualpipev") return 2;
+  if (registered_schedule_names().count(schedule) > 0) return vpp;  // the registered generator's ScheduleParams::vpp
   return 1;
 }
 

@@ -39,9 +39,15 @@ struct TrainSpec;
 enum class Recompute { kNone, kSelective, kFull };
 const char* to_string(Recompute r);
 
-// Pipeline schedules a Strategy may name, in the order of the compact-form documentation.
-enum class ScheduleKind { k1F1B, kGPipe, kInterleaved, kZBH1, kDualPipeV, kAFPipe };
+// Pipeline schedules a Strategy may name, in the order of the compact-form documentation. kCustom: a schedule
+// registered in C++ (schedules::register_schedule, which calls register_schedule_name): the compiler, simulator
+// and runtime run it; the closed form (cost/estimate) has no model of it and says so.
+enum class ScheduleKind { k1F1B, kGPipe, kInterleaved, kZBH1, kDualPipeV, kAFPipe, kCustom };
 const std::vector<std::string>& schedule_names();  // "1f1b", "gpipe", "interleaved", "zb-h1", "dualpipev", "af-pipe"
+// The built-in names, then every registered one (sorted): what `schedule=` accepts.
+std::vector<std::string> known_schedule_names();
+// Makes `name` a valid `schedule=` value (kCustom). Not thread-safe: call at start-up, as register_schedule.
+void register_schedule_name(const std::string& name);
 // NotFound-free lookup: InvalidArgument listing the names (and a "did you mean") for an unknown name.
 Result<ScheduleKind> parse_schedule(const std::string& name);
 const char* to_string(ScheduleKind k);

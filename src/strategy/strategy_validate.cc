@@ -102,9 +102,7 @@ Status Strategy::validate() const {
                   std::to_string(INT32_MAX) + "); pick smaller degrees");
     }
   }
-  bool known = false;
-  for (const auto& n : schedule_names()) known = known || n == schedule;
-  if (!known) return parse_schedule(schedule).status();
+  PIPER_RETURN_IF_ERROR(parse_schedule(schedule).status());
   if (a2a != "flat" && a2a != "halo") return fail("a2a=" + a2a + " is not one of {flat, halo}");
   if (!recompute_modules.empty() && recompute == Recompute::kFull) {
     return fail("recompute_modules=" + join(recompute_modules, "+") +
@@ -173,7 +171,7 @@ Status Strategy::validate() const {
                   std::to_string(microbatches) +
                   "); use microbatches=" + std::to_string((microbatches + pp - 1) / pp * pp));
     }
-  } else if (vpp != 1) {
+  } else if (vpp != 1 && kind != ScheduleKind::kCustom) {
     return fail("vpp=" + std::to_string(vpp) + " needs schedule=interleaved (schedule=" + schedule + " places " +
                 (kind == ScheduleKind::kDualPipeV ? "2 chunks" : "1 chunk") +
                 " per rank by itself); set vpp=1 or schedule=interleaved");

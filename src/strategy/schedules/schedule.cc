@@ -57,7 +57,10 @@ Result<ScheduleInfo> find_schedule(const std::string& name) {
   return it->second;
 }
 
-void register_schedule(ScheduleInfo info) { registry()[info.name] = std::move(info); }
+void register_schedule(ScheduleInfo info) {
+  register_schedule_name(info.name);  // so that a Strategy may name it (schedule=NAME)
+  registry()[info.name] = std::move(info);
+}
 
 Result<std::vector<ir::Directive>> schedule_directives(const std::string& name, const ScheduleParams& params) {
   PIPER_ASSIGN_OR_RETURN(ScheduleInfo info, find_schedule(name));
