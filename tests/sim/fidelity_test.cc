@@ -146,6 +146,7 @@ TEST(FidelityTest, RecomputeRerunningTpCollectivesAddsTwoAllReducesPerLayer) {
   Loaded l = load(row);
   l.strategy = *Strategy::parse("dp=2,tp=8,pp=1,mbs=1,microbatches=2,recompute=full,schedule=1f1b");
   l.train.global_batch = 4;
+  l.train.micro_batch_size = 1;
   auto count_reruns = [](const SimReport& r) {
     int n = 0;
     for (const auto& st : r.compiled.plan.templates[0].streams)
@@ -174,7 +175,7 @@ TEST(FidelityTest, RecomputeRerunningTpCollectivesAddsTwoAllReducesPerLayer) {
   auto cm_off = cost::CostModel::create(l.model, two_nodes, l.train, piper_cal);
   ASSERT_TRUE(cm_on.ok() && cm_off.ok());
   auto on = cm_on->estimate(l.strategy), off = cm_off->estimate(l.strategy);
-  ASSERT_TRUE(on.ok() && off.ok());
+  ASSERT_TRUE(on.ok() && off.ok()) << (on.ok() ? off.status().message() : on.status().message());
   EXPECT_NEAR(on->comm.tp_s / off->comm.tp_s, 1.5, 1e-9);
 
   auto j = parse_json(R"({"recompute_reruns_tp_collectives": 1})", "cal.json");
