@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: run test build setup clean fault-matrix sanitize fuzz
+.PHONY: run test build setup clean fault-matrix sanitize fuzz fidelity
 
 run: build
 	. scripts/env.sh && scripts/main-job.sh $(BUILD)/src/cli/piper
@@ -23,6 +23,10 @@ sanitize:
 
 setup:
 	@scripts/setup.sh
+
+# Every row of every fidelity table as docs/fidelity.md and docs/fidelity.json (regenerates the checked-in report).
+fidelity: build
+	. scripts/env.sh && scripts/fidelity.sh $(BUILD)
 
 # The whole kill-at-point matrix as a table (docs/reliability.md, "Faults"; a few minutes).
 fault-matrix: build

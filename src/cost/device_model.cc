@@ -16,6 +16,7 @@ Result<Calibration> Calibration::from_json(const Json& json, const std::string& 
   PIPER_RETURN_IF_ERROR(r.get_double("attention_score_bytes", &c.attention_score_bytes, false, 0.0, 1e3));
   PIPER_RETURN_IF_ERROR(r.get_bool("recompute_reruns_tp_collectives", &c.recompute_reruns_tp_collectives, false));
   PIPER_RETURN_IF_ERROR(r.get_double("tp_overlap_gemm_sm_share", &c.tp_overlap_gemm_sm_share, false, 0.05, 1.0));
+  PIPER_RETURN_IF_ERROR(r.get_bool("gemm_table", &c.gemm_table, false));
   PIPER_RETURN_IF_ERROR(r.check_no_unknown_keys());
   return c;
 }
@@ -41,10 +42,11 @@ DeviceModel::DeviceModel(const DeviceSpec& device, DType compute_dtype, const Ca
   gemm_efficiency_ = calibration.gemm_efficiency > 0 ? calibration.gemm_efficiency : device.gemm_efficiency;
   gemm_half_dim_ = calibration.gemm_half_dim;
   memory_bw_ = device.memory_bw_bytes_per_s * calibration.memory_bw_efficiency;
+  if (calibration.gemm_table && calibration.gemm_efficiency <= 0) gemm_table_ = find_gemm_table(device, compute_dtype);
 }
 
-double DeviceModel::time_s(double flops, double bytes, double min_dim) const {
-  double eff = gemm_efficiency(min_dim);
+double DeviceModel::time_s(double flops, double bytes, double min_dim, bool attention_kernel) const {
+  double eff = attention_kernel ? curve_efficiency(min_dim) : gemm_efficiency(min_dim);
   double t_compute = flops > 0 ? flops / (peak_flops_ * (eff > 0 ? eff : gemm_efficiency_)) : 0.0;
   double t_memory = bytes > 0 ? bytes / memory_bw_ : 0.0;
   return std::max(t_compute, t_memory);

@@ -1,7 +1,11 @@
 // Compute time on one device: a roofline with shape-dependent GEMM efficiency, overridable by calibration.
 //
 //   time = max(flops / (peak * eff(d)), bytes / (memory_bw * memory_bw_efficiency))
+//   eff(d) = the device's measured GEMM table at d (cost/gemm_table.h), where it has one, else
 //   eff(d) = gemm_efficiency * d / (d + gemm_half_dim)        d = the smallest GEMM dimension
+//
+// gemm_table (default true): price GEMMs from the measured table of the device (H100 SXM BF16: OpenXLA's sm_90
+// data) unless the calibration sets gemm_efficiency (a measurement of its own); false: the curve everywhere.
 //
 // The saturating curve captures why skinny GEMMs (few tokens per expert) run far below peak even when the
 // roofline says they are compute-bound: tile quantisation and too few thread blocks to fill the device.
@@ -35,6 +39,7 @@
 
 #include "piper/base/json.h"
 #include "piper/base/status.h"
+#include "piper/cost/gemm_table.h"
 #include "piper/spec/cluster_spec.h"
 
 namespace piper::cost {
@@ -49,6 +54,7 @@ struct Calibration {
   double attention_score_bytes = 0;    // see above; 0: fused attention (scores never leave the chip)
   bool recompute_reruns_tp_collectives = false;     // see above; false: Piper's own recomputation
   double tp_overlap_gemm_sm_share = 116.0 / 132.0;  // see above
+  bool gemm_table = true;                           // see above
 
   static Result<Calibration> from_json(const Json& json, const std::string& what);
   static Result<Calibration> load(const std::string& path);
@@ -60,11 +66,20 @@ class DeviceModel {
 
   double peak_flops() const { return peak_flops_; }
   // Fraction of peak for a GEMM whose smallest dimension is `min_dim` (0 or less: not a GEMM, returns 0).
+  // The measured table where the device has one (cost/gemm_table.h), else the curve.
   double gemm_efficiency(double min_dim) const {
+    if (min_dim <= 0) return 0.0;
+    if (gemm_table_) return gemm_table_->efficiency(min_dim, peak_flops_);
+    return curve_efficiency(min_dim);
+  }
+  // The curve gemm_efficiency * d / (d + gemm_half_dim), whatever the device.
+  double curve_efficiency(double min_dim) const {
     return min_dim <= 0 ? 0.0 : gemm_efficiency_ * min_dim / (min_dim + gemm_half_dim_);
   }
-  // Roofline time of a task. min_dim <= 0 means memory-bound work with no GEMM.
-  double time_s(double flops, double bytes, double min_dim) const;
+  const GemmTable* gemm_table() const { return gemm_table_; }  // nullptr: the curve
+  // Roofline time of a task. min_dim <= 0 means memory-bound work with no GEMM. attention_kernel: a fused
+  // attention kernel, priced by the curve (TaskCost::attention_kernel).
+  double time_s(double flops, double bytes, double min_dim, bool attention_kernel = false) const;
   // Time of memory-bound kernels that cannot overlap a GEMM: bytes / achievable bandwidth.
   double memory_time_s(double bytes) const { return bytes > 0 ? bytes / memory_bw_ : 0.0; }
 
@@ -73,6 +88,7 @@ class DeviceModel {
   double gemm_efficiency_ = 0.8;
   double gemm_half_dim_ = 64;
   double memory_bw_ = 0;
+  const GemmTable* gemm_table_ = nullptr;
 };
 
 }  // namespace piper::cost

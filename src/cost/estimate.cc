@@ -161,7 +161,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   for (int i = 0; i < kNumParts; ++i) {
     PartCost c = part_cost(table_, static_cast<Part>(i), shape);
     auto time = [&](const TaskCost& k) {
-      return device_.time_s(k.flops, k.bytes, k.gemm_dim) + device_.memory_time_s(k.pointwise_bytes);
+      return device_.time_s(k.flops, k.bytes, k.gemm_dim, k.attention_kernel) + device_.memory_time_s(k.pointwise_bytes);
     };
     part_t[i] = {time(c.f), time(c.b), time(c.w)};
   }

@@ -113,6 +113,7 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
       const double backward = s.attention_score_bytes > 0 ? 2.0 : 2.5;
       c.f = {flops, acts, t.head_dim};
       c.b = {backward * flops, 2 * acts, t.head_dim};
+      c.f.attention_kernel = c.b.attention_kernel = true;
       // Materialised scores: QK^T writes them, softmax and dropout read and write them, AV reads them;
       // the backward moves about twice as much (pointwise convention above).
       c.f.pointwise_bytes = T * t.score_elements_per_token / tp * s.attention_score_bytes;

@@ -40,6 +40,9 @@ struct TaskCost {
   double flops = 0;
   double bytes = 0;            // GEMM operands: overlaps with the FLOPs (roofline max)
   double gemm_dim = 0;         // 0: no GEMM (memory-bound)
+  // The attention core (one fused kernel, gemm_dim = head dim): priced by the device's curve, not its measured
+  // GEMM table (cost/gemm_table.h measures plain matmuls).
+  bool attention_kernel = false;
   double pointwise_bytes = 0;  // separate memory-bound kernels (norms, activation function, RoPE, softmax,
                                // permute/combine, loss): their time adds to the GEMM time
 };

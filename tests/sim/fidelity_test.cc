@@ -14,12 +14,17 @@
 //   attention_score_bytes = 13            the attention materialised its s x s scores (no FlashAttention);
 //   recompute_reruns_tp_collectives       full recomputation re-ran whole layers, tp all-reduces included.
 // The cluster is the dgx-a100 preset, with NVLink at NCCL's effective 240 GB/s (configs/clusters/dgx-a100.json).
+// The rows (tests/sim/fidelity_rows.cc, shared with `make fidelity`) run as the published script ran them:
+// Megatron-LM examples/sc21/run_table_1.sh (micro batch sizes, the interleaved schedule on four rows).
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <set>
 #include <string>
 
+#include "fidelity_rows.h"
 #include "piper/cost/estimate.h"
 #include "piper/sim/simulate.h"
 #include "piper/spec/cluster_loader.h"
@@ -29,60 +34,6 @@
 namespace piper::sim {
 namespace {
 
-struct FidelityRow {
-  const char* source;
-  const char* model;
-  const char* cluster;
-  int gpus;
-  const char* strategy;  // t/p/d, batch split; schedule details are our assumption (see source note)
-  int64_t global_batch;
-  int64_t seq_len;
-  double tflops_per_gpu;  // measured
-  bool small;             // simulated in MegatronTable1SimulatedWithinTenPercent (else in ...LargestRows...)
-};
-
-constexpr const char* kTable1 =
-    "Narayanan et al. SC'21 (arXiv:2104.04473) Table 1 (heads/hidden/layers/t/p/GPUs/batch/achieved TFLOP/s)";
-
-// Microbatch size 1 and the schedule (1F1B, PipeDream-Flush, the paper's default) are not in Table 1: our
-// assumption. d = GPUs / (t p), microbatches = batch / d.
-const FidelityRow kRows[] = {
-    {kTable1, "gpt-1.7b", "dgx-a100", 32, "dp=32,tp=1,pp=1,mbs=1,microbatches=16,recompute=full,schedule=1f1b", 512,
-     2048, 137, true},
-    {kTable1, "gpt-3.6b", "dgx-a100", 64, "dp=32,tp=2,pp=1,mbs=1,microbatches=16,recompute=full,schedule=1f1b", 512,
-     2048, 138, true},
-    {kTable1, "gpt-7.5b", "dgx-a100", 128, "dp=32,tp=4,pp=1,mbs=1,microbatches=16,recompute=full,schedule=1f1b", 512,
-     2048, 142, true},
-    {kTable1, "gpt-18b", "dgx-a100", 256, "dp=32,tp=8,pp=1,mbs=1,microbatches=32,recompute=full,schedule=1f1b", 1024,
-     2048, 135, true},
-    {kTable1, "gpt-39b", "dgx-a100", 512, "dp=32,tp=8,pp=2,mbs=1,microbatches=48,recompute=full,schedule=1f1b", 1536,
-     2048, 138, true},
-    {kTable1, "gpt-76b", "dgx-a100", 1024, "dp=32,tp=8,pp=4,mbs=1,microbatches=56,recompute=full,schedule=1f1b", 1792,
-     2048, 140, true},
-    {kTable1, "gpt-145b", "dgx-a100", 1536, "dp=24,tp=8,pp=8,mbs=1,microbatches=96,recompute=full,schedule=1f1b", 2304,
-     2048, 148, true},
-    {kTable1, "gpt-310b", "dgx-a100", 1920, "dp=15,tp=8,pp=16,mbs=1,microbatches=144,recompute=full,schedule=1f1b",
-     2160, 2048, 155, true},
-    // The two largest take 10 s and 40 s to compile and simulate: their own test below.
-    {kTable1, "gpt-530b", "dgx-a100", 2520, "dp=9,tp=8,pp=35,mbs=1,microbatches=280,recompute=full,schedule=1f1b", 2520,
-     2048, 163, false},
-    {kTable1, "gpt-1t", "dgx-a100", 3072, "dp=6,tp=8,pp=64,mbs=1,microbatches=512,recompute=full,schedule=1f1b", 3072,
-     2048, 163, false},
-};
-
-double megatron_flops_per_iteration(const ModelSpec& m, int64_t batch, int64_t seq) {
-  const double B = static_cast<double>(batch), s = static_cast<double>(seq), l = m.num_layers,
-               h = static_cast<double>(m.hidden_size), V = static_cast<double>(m.vocab_size);
-  return 96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h));
-}
-
-cost::Calibration megatron_2021() {
-  cost::Calibration c;
-  c.attention_score_bytes = 13;
-  c.recompute_reruns_tp_collectives = true;
-  return c;
-}
-
 struct Loaded {
   ModelSpec model;
   ClusterSpec cluster;
@@ -90,73 +41,95 @@ struct Loaded {
   Strategy strategy;
 };
 
-Loaded load(const FidelityRow& row) {
+Loaded load(const fidelity::Row& row) {
   Loaded l;
   auto m = load_model(row.model);
   EXPECT_TRUE(m.ok()) << m.status().message();
   l.model = *m;
-  auto c = load_cluster(row.cluster, row.gpus / 8);
+  auto c = load_cluster(row.cluster, row.nodes);
   EXPECT_TRUE(c.ok()) << c.status().message();
   l.cluster = *c;
   auto s = Strategy::parse(row.strategy);
   EXPECT_TRUE(s.ok()) << s.status().message();
   l.strategy = *s;
-  EXPECT_EQ(l.strategy.world_size(), row.gpus) << row.model;
-  EXPECT_EQ(l.strategy.global_batch(), row.global_batch) << row.model;
   l.train.seq_len = row.seq_len;
   l.train.global_batch = row.global_batch;
+  l.train.micro_batch_size = l.strategy.mbs;
   return l;
 }
 
-double tflops(const FidelityRow& row, const ModelSpec& m, double step_time_s) {
-  return megatron_flops_per_iteration(m, row.global_batch, row.seq_len) / step_time_s / row.gpus / 1e12;
+// SC'21 rows run as published (docs/fidelity.md). Regression rows: simulated and closed form within +-10 % of the
+// published TFLOP/s (the band on the step time is [1/1.1, 1/0.9]). Open gaps (the interleaved rows): asserted to
+// be still outside, so a model change that brings one in is noticed.
+void expect_rows_within_band(bool slow) {
+  int checked = 0;
+  for (const fidelity::Row& row : fidelity::sc21_rows()) {
+    if (row.slow != slow) continue;
+    auto r = fidelity::evaluate(row);
+    ASSERT_TRUE(r.ok()) << row.name << ": " << r.status().message();
+    std::printf("%-9s simulated %.3f (TFLOP/s x%.3f), closed form %.3f (x%.3f), %s\n", row.name.c_str(),
+                r->simulated_ratio, 1 / r->simulated_ratio, r->closed_form_ratio, 1 / r->closed_form_ratio,
+                fidelity::row_status_name(row.status));
+    EXPECT_TRUE(r->fits) << row.name;
+    ++checked;
+    if (row.status == fidelity::RowStatus::kOpenGap) {
+      EXPECT_FALSE(r->in_band()) << row.name << " is an open gap but now within +-10 % by both models: make it a "
+                                 << "regression row and update docs/fidelity.md";
+      continue;
+    }
+    for (const auto& [what, ratio] : {std::pair{"simulated", r->simulated_ratio},
+                                      std::pair{"closed form", r->closed_form_ratio}}) {
+      EXPECT_GE(ratio, row.lo) << row.name << ": " << what << " TFLOP/s " << 1 / ratio << "x published ("
+                               << row.published << ", " << row.source << ")";
+      EXPECT_LE(ratio, row.hi) << row.name << ": " << what << " TFLOP/s " << 1 / ratio << "x published ("
+                               << row.published << ", " << row.source << ")";
+    }
+  }
+  EXPECT_GE(checked, 2);
 }
 
-void expect_simulated_within_ten_percent(bool small) {
-  int simulated = 0;
-  for (const FidelityRow& row : kRows) {
-    if (row.small != small) continue;
-    Loaded l = load(row);
-    auto r = simulate(l.model, l.cluster, l.train, l.strategy, megatron_2021());
-    ASSERT_TRUE(r.ok()) << row.model << ": " << r.status().message();
-    const double got = tflops(row, l.model, r->step_time_s);
-    EXPECT_NEAR(got / row.tflops_per_gpu, 1.0, 0.10)
-        << row.model << " on " << row.gpus << " GPUs: simulated " << got << " TFLOP/s per GPU, measured "
-        << row.tflops_per_gpu << " (" << row.source << ")";
-    ++simulated;
+TEST(FidelityTest, MegatronTable1AsPublishedWithinTenPercentOrListedAsGap) { expect_rows_within_band(false); }
+
+TEST(FidelityTest, MegatronTable1LargestRowsAsPublishedWithinTenPercentOrListedAsGap) { expect_rows_within_band(true); }
+
+// The rows run what the published script ran (examples/sc21/run_table_1.sh): the interleaved schedule exactly on
+// the four rows that set --num-layers-per-virtual-pipeline-stage, with vpp = layers / pp / that number.
+TEST(FidelityTest, MegatronTable1RowsRunThePublishedSchedule) {
+  int interleaved = 0;
+  for (const fidelity::Row& row : fidelity::sc21_rows()) {
+    auto s = Strategy::parse(row.strategy);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    if (s->schedule_kind() == ScheduleKind::kInterleaved) ++interleaved;
+    const int want_vpp = row.name == "gpt-76b" || row.name == "gpt-530b"    ? 3
+                         : row.name == "gpt-145b" || row.name == "gpt-310b" ? 2
+                                                                             : 1;
+    EXPECT_EQ(s->vpp, want_vpp) << row.name;
+    if (row.name == "gpt-1.7b") {
+      EXPECT_EQ(s->mbs, 16);
+    }
   }
-  EXPECT_GE(simulated, 2);
+  EXPECT_EQ(interleaved, 4);
 }
 
-TEST(FidelityTest, MegatronTable1SimulatedWithinTenPercent) { expect_simulated_within_ten_percent(true); }
-
-TEST(FidelityTest, MegatronTable1LargestRowsSimulatedWithinTenPercent) { expect_simulated_within_ten_percent(false); }
-
-TEST(FidelityTest, MegatronTable1ClosedFormWithinTenPercent) {
-  for (const FidelityRow& row : kRows) {
-    Loaded l = load(row);
-    auto cm = cost::CostModel::create(l.model, l.cluster, l.train, megatron_2021());
-    ASSERT_TRUE(cm.ok()) << cm.status().message();
-    auto e = cm->estimate(l.strategy);
-    ASSERT_TRUE(e.ok()) << row.model << ": " << e.status().message();
-    EXPECT_TRUE(e->fits) << row.model;
-    const double got = tflops(row, l.model, e->step_time_s);
-    EXPECT_NEAR(got / row.tflops_per_gpu, 1.0, 0.10)
-        << row.model << " on " << row.gpus << " GPUs: closed form " << got << " TFLOP/s per GPU, measured "
-        << row.tflops_per_gpu << " (" << row.source << ")";
+// The open gaps of Table 1 are exactly its four interleaved rows; closing one is a decision the docs record.
+TEST(FidelityTest, MegatronTable1OpenGapsAreTheInterleavedRows) {
+  std::set<std::string> gaps;
+  for (const fidelity::Row& row : fidelity::sc21_rows()) {
+    if (row.status == fidelity::RowStatus::kOpenGap) gaps.insert(row.name);
   }
+  EXPECT_EQ(gaps, (std::set<std::string>{"gpt-76b", "gpt-145b", "gpt-310b", "gpt-530b"}));
 }
 
 // The calibration is what moves the 1.7B row: without it (fused attention) the model is far too fast there,
 // and the knob changes nothing else (a model check that the term is wired into both the estimate and the
 // simulator, and that it scales with heads x sequence / tp).
 TEST(FidelityTest, MaterialisedAttentionScoresCostMemoryTime) {
-  const FidelityRow& row = kRows[0];
+  const fidelity::Row row = fidelity::sc21_rows()[0];
   Loaded l = load(row);
   auto fused = simulate(l.model, l.cluster, l.train, l.strategy, cost::Calibration{});
-  auto mat = simulate(l.model, l.cluster, l.train, l.strategy, megatron_2021());
+  auto mat = simulate(l.model, l.cluster, l.train, l.strategy, row.calibration);
   ASSERT_TRUE(fused.ok() && mat.ok());
-  EXPECT_GT(tflops(row, l.model, fused->step_time_s) / row.tflops_per_gpu, 1.3);
+  EXPECT_GT(row.published_step_s / fused->step_time_s, 1.3);
   EXPECT_GT(mat->step_time_s, fused->step_time_s * 1.2);
   auto j = parse_json(R"({"attention_score_bytes": -1})", "cal.json");
   ASSERT_TRUE(j.ok());
@@ -169,10 +142,11 @@ TEST(FidelityTest, MaterialisedAttentionScoresCostMemoryTime) {
 // microbatch instead of 4): the knob adds exactly those to the simulated plan (on the compute stream, labelled
 // "(recompute)") and to the closed form, and nothing without tp or without full recomputation.
 TEST(FidelityTest, RecomputeRerunningTpCollectivesAddsTwoAllReducesPerLayer) {
-  const FidelityRow& row = kRows[3];  // gpt-18b, tp=8, 40 layers
+  const fidelity::Row row = fidelity::sc21_rows()[3];  // gpt-18b, tp=8, 40 layers
   Loaded l = load(row);
   l.strategy = *Strategy::parse("dp=2,tp=8,pp=1,mbs=1,microbatches=2,recompute=full,schedule=1f1b");
   l.train.global_batch = 4;
+  l.train.micro_batch_size = 1;
   auto count_reruns = [](const SimReport& r) {
     int n = 0;
     for (const auto& st : r.compiled.plan.templates[0].streams)
@@ -181,8 +155,8 @@ TEST(FidelityTest, RecomputeRerunningTpCollectivesAddsTwoAllReducesPerLayer) {
     return n;
   };
   ClusterSpec two_nodes = *load_cluster(row.cluster, 2);
-  auto ours = simulate(l.model, two_nodes, l.train, l.strategy, megatron_2021());
-  cost::Calibration piper_cal = megatron_2021();
+  auto ours = simulate(l.model, two_nodes, l.train, l.strategy, row.calibration);
+  cost::Calibration piper_cal = row.calibration;
   piper_cal.recompute_reruns_tp_collectives = false;
   auto piper_style = simulate(l.model, two_nodes, l.train, l.strategy, piper_cal);
   ASSERT_TRUE(ours.ok() && piper_style.ok());
@@ -192,16 +166,16 @@ TEST(FidelityTest, RecomputeRerunningTpCollectivesAddsTwoAllReducesPerLayer) {
   EXPECT_EQ(count_reruns(*piper_style), 0);
   EXPECT_GT(ours->step_time_s, piper_style->step_time_s);
   auto none = *Strategy::parse("dp=2,tp=8,pp=1,mbs=1,microbatches=2,recompute=none,schedule=1f1b");
-  auto no_recompute = simulate(l.model, two_nodes, l.train, none, megatron_2021());
+  auto no_recompute = simulate(l.model, two_nodes, l.train, none, row.calibration);
   ASSERT_TRUE(no_recompute.ok());
   EXPECT_EQ(count_reruns(*no_recompute), 0);
 
   // Closed form: the difference is 2 ring all-reduces of one microbatch's hidden states per layer.
-  auto cm_on = cost::CostModel::create(l.model, two_nodes, l.train, megatron_2021());
+  auto cm_on = cost::CostModel::create(l.model, two_nodes, l.train, row.calibration);
   auto cm_off = cost::CostModel::create(l.model, two_nodes, l.train, piper_cal);
   ASSERT_TRUE(cm_on.ok() && cm_off.ok());
   auto on = cm_on->estimate(l.strategy), off = cm_off->estimate(l.strategy);
-  ASSERT_TRUE(on.ok() && off.ok());
+  ASSERT_TRUE(on.ok() && off.ok()) << (on.ok() ? off.status().message() : on.status().message());
   EXPECT_NEAR(on->comm.tp_s / off->comm.tp_s, 1.5, 1e-9);
 
   auto j = parse_json(R"({"recompute_reruns_tp_collectives": 1})", "cal.json");
