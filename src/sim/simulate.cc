@@ -122,7 +122,8 @@ Json SimReport::to_json() const {
   j["representative"] = sim.reduced;
   j["ranks"] = ranks;
   j["counters"] = {{"instructions", sim.instructions}, {"flows", sim.flows},
-                   {"rate_updates", sim.rate_updates}, {"comm_templates", sim.comm_templates},
+                   {"rate_updates", sim.rate_updates}, {"full_rate_updates", sim.full_rate_updates},
+                   {"comm_templates", sim.comm_templates},
                    {"compile_wall_s", compile_wall_s}, {"simulate_wall_s", simulate_wall_s}};
   return j;
 }
