@@ -4,6 +4,7 @@
 #include <chrono>
 #include <thread>
 
+#include "piper/base/units.h"
 #include "piper/sim/simulate.h"
 
 namespace piper::plan {
@@ -65,6 +66,12 @@ size_t simulate_batch(const ModelSpec& model, const ClusterSpec& cluster, const 
       }
     }
     done += n;
+    if (options.progress) {
+      options.progress("simulate: " + std::to_string(stats->simulated) + " run (" +
+                       std::to_string(stats->simulate_stopped) + " stopped by the budget), " +
+                       format_seconds(since(start)) + " of the " + format_seconds(options.simulate_budget_s) +
+                       " budget");
+    }
   }
   return done;
 }

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include "piper/base/units.h"
 #include "piper/plan/rescore.h"
 
 namespace piper::plan {
@@ -268,6 +269,13 @@ void verify_plans(const ModelSpec& model, const TrainSpec& train, const SearchOp
       }
     }
     next += batch;
+    if (options.progress) {
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      options.progress("verify: " + std::to_string(out->stats.verified) + " verified, " +
+                       std::to_string(out->stats.verify_failed) + " rejected by the compiler, " +
+                       std::to_string(next) + " of at most " + std::to_string(out->top.size()) + " compiled, " +
+                       format_seconds(t));
+    }
   }
   out->top = std::move(kept);
   out->stats.verify_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -344,6 +352,10 @@ Result<SearchResult> run_search(const ModelSpec& model, const ClusterSpec& clust
   out.top = std::move(distinct);
   if (static_cast<int>(out.top.size()) > keep) out.top.resize(static_cast<size_t>(keep));
   out.stats.search_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (options.progress) {
+    options.progress("search: " + std::to_string(out.stats.scored) + " candidates scored, " +
+                     std::to_string(out.stats.fitting) + " fit, " + format_seconds(out.stats.search_time_s));
+  }
   if (verify) {
     verify_plans(model, train, options, cluster, threads, &out);
   } else if (static_cast<int>(out.top.size()) > options.top_k) {
