@@ -55,6 +55,23 @@ Result<SimReport> simulate_compiled(compile::CompileResult compiled, const Model
   return rep;
 }
 
+Result<compile::CompileResult> compile_for_simulation(const ModelSpec& model, const ClusterSpec& cluster,
+                                                      const TrainSpec& train_in, const Strategy& strategy,
+                                                      const cost::Calibration& calibration, const SimOptions& options,
+                                                      int64_t capacity_bytes) {
+  TrainSpec train = train_in;
+  train.micro_batch_size = strategy.mbs;
+  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
+  PIPER_RETURN_IF_ERROR(strategy.validate_for(model, train, cluster.world_size()));
+  compile::CompileOptions copts;
+  copts.interleave_overlap = options.interleave_overlap;
+  copts.target.overlap_param_gather = options.overlap_param_gather;
+  copts.recompute_reruns_tp_collectives = calibration.recompute_reruns_tp_collectives;
+  copts.capacity_bytes = capacity_bytes;
+  PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, strategy, calibration));
+  return compile::compile_strategy(model, train, strategy, copts);
+}
+
 Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train_in,
                            const Strategy& strategy, const cost::Calibration& calibration, const SimOptions& options) {
   // The compiler lays global ranks out tp innermost, then ep inside dp, then pp (compile/lower.cc, Plan::rank_of),
@@ -67,15 +84,10 @@ Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, c
   }
   TrainSpec train = train_in;
   train.micro_batch_size = strategy.mbs;
-  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
+  PIPER_RETURN_IF_ERROR(cost::CostModel::create(model, cluster, train, calibration).status());
   PIPER_RETURN_IF_ERROR(strategy.validate_for(model, train, cluster.world_size()));
-  compile::CompileOptions copts;
-  copts.interleave_overlap = options.interleave_overlap;
-  copts.target.overlap_param_gather = options.overlap_param_gather;
-  copts.recompute_reruns_tp_collectives = calibration.recompute_reruns_tp_collectives;
-  PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, strategy, calibration));
   auto t0 = std::chrono::steady_clock::now();
-  auto compiled = compile::compile_strategy(model, train, strategy, copts);
+  auto compiled = compile_for_simulation(model, cluster, train, strategy, calibration, options, 0);
   if (!compiled.ok()) return compiled.status().with_context("simulate");
   auto t1 = std::chrono::steady_clock::now();
   if (t1 >= options.deadline) {

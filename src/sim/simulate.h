@@ -55,6 +55,14 @@ Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, c
                            const Strategy& strategy, const cost::Calibration& calibration = {},
                            const SimOptions& options = {});
 
+// The compile simulate() runs (megatron_target(), this cluster's cost annotations, options' overlap settings),
+// with the plan verifier's memory check at capacity_bytes (0: none). plan::verify_strategy uses it so that a
+// verified plan can be simulated without compiling it again (simulate_compiled()).
+Result<compile::CompileResult> compile_for_simulation(const ModelSpec& model, const ClusterSpec& cluster,
+                                                      const TrainSpec& train, const Strategy& strategy,
+                                                      const cost::Calibration& calibration, const SimOptions& options,
+                                                      int64_t capacity_bytes);
+
 // Executes a plan compiled elsewhere, without recompiling it: the plan `piper train` ran (runtime::Trainer::
 // compiled()), so its prediction is of that very plan (the report's plan_hash is the plan's). Its cost
 // annotations should be this cluster's (cost_annotations() as CompileOptions::cost); `strategy` is the one the
