@@ -108,19 +108,21 @@ void FluidNet::add_active(int transfer, int flow, double bytes) {
     inside_count_.assign(link_bw_.size(), 0);
     inside_load_.assign(link_bw_.size(), 0.0);
   }
-  const int id = static_cast<int>(active_.size());
+  // Slots past num_active_ keep their member_pos storage: a flow start allocates nothing once the net is warm.
+  const int id = static_cast<int>(num_active_);
   fresh_.push_back(id);
-  active_.push_back({transfer,
-                     flow,
-                     bytes,
-                     0.0,
-                     bytes,
-                     kInf,
-                     kInf,
-                     &transfers_[static_cast<size_t>(transfer)].tmpl->flows[static_cast<size_t>(flow)].hops,
-                     {},
-                     true});
-  Active& a = active_.back();
+  if (num_active_ == active_.size()) active_.emplace_back();
+  ++num_active_;
+  Active& a = active_[static_cast<size_t>(id)];
+  a.transfer = transfer;
+  a.flow = flow;
+  a.left = bytes;
+  a.rate = 0.0;
+  a.bytes = bytes;
+  a.finish = kInf;
+  a.due = kInf;
+  a.hops = &transfers_[static_cast<size_t>(transfer)].tmpl->flows[static_cast<size_t>(flow)].hops;
+  a.fresh = true;
   const std::vector<Hop>& hops = hops_of(a);
   a.member_pos.resize(hops.size());
   for (size_t k = 0; k < hops.size(); ++k) {
@@ -164,7 +166,7 @@ void FluidNet::remove_active(size_t i) {
       }
     }
   }
-  const size_t last = active_.size() - 1;
+  const size_t last = num_active_ - 1;
   if (i != last) {
     std::swap(active_[i], active_[last]);
     const Active& moved = active_[i];
@@ -174,7 +176,7 @@ void FluidNet::remove_active(size_t i) {
       members_[static_cast<size_t>(hops[k].link)][static_cast<size_t>(moved.member_pos[k])].flow = static_cast<int>(i);
     }
   }
-  active_.pop_back();
+  --num_active_;
 }
 
 void FluidNet::recompute_rates() {
@@ -183,7 +185,8 @@ void FluidNet::recompute_rates() {
   seed_links_.clear();
   // Every flow's finish time is valid until the set of transferring flows changes again.
   next_finish_ = next_due_ = kInf;
-  for (const Active& a : active_) {
+  for (size_t f = 0; f < num_active_; ++f) {
+    const Active& a = active_[f];
     next_finish_ = std::min(next_finish_, a.finish);
     next_due_ = std::min(next_due_, a.due);
   }
@@ -192,7 +195,7 @@ void FluidNet::recompute_rates() {
 }
 
 void FluidNet::recompute_all() {
-  const size_t nf = active_.size();
+  const size_t nf = num_active_;
   frozen_.assign(nf, 0);
   new_rate_.resize(nf);
   for (int l : links_) {
@@ -205,7 +208,8 @@ void FluidNet::recompute_all() {
   for (size_t f = 0; f < nf; ++f) component_flows_[f] = f;
   apply_rates();
   for (int l : links_) load_[static_cast<size_t>(l)] = 0;  // exact again, free of the local updates' rounding
-  for (const Active& a : active_) {
+  for (size_t f = 0; f < num_active_; ++f) {
+    const Active& a = active_[f];
     for (const Hop& h : hops_of(a)) load_[static_cast<size_t>(h.link)] += h.weight * a.rate;
   }
   ++full_rate_updates_;
@@ -214,7 +218,7 @@ void FluidNet::recompute_all() {
 bool FluidNet::recompute_local() {
   // The component: fresh flows, and every flow reachable from them, or from saturated links that ended flows
   // left, through links that were saturated. frozen_ marks flows outside it (their rates stay).
-  const size_t nf = active_.size();
+  const size_t nf = num_active_;
   frozen_.assign(nf, 1);
   new_rate_.resize(nf);
   mark_epoch_ += 2;
@@ -340,9 +344,9 @@ void FluidNet::advance(double t, std::vector<int64_t>* completed) {
   const double slack = kClockSlack * std::max(1.0, now_);
   // Rates are constant between recomputations, so no flow can pass the done test below before next_due_: the
   // scan is skipped unless some flow is due.
-  if (!active_.empty() && next_due_ <= now_ + slack) {
+  if (num_active_ > 0 && next_due_ <= now_ + slack) {
     finished_.clear();
-    for (size_t i = 0; i < active_.size();) {
+    for (size_t i = 0; i < num_active_;) {
       Active& a = active_[i];
       const double remaining = std::max(0.0, a.finish - now_);
       // Done when (almost) nothing is left, or when what is left cannot move time forward any more (it would

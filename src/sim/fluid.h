@@ -103,7 +103,8 @@ class FluidNet {
   std::vector<Transfer> transfers_;
   std::vector<int> free_transfers_;
   int live_transfers_ = 0;
-  std::vector<Active> active_;
+  std::vector<Active> active_;  // the first num_active_ are in flight
+  size_t num_active_ = 0;
   bool dirty_ = false;
   double now_ = 0;
   std::priority_queue<Timer, std::vector<Timer>, std::greater<>> timers_;
