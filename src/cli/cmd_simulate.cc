@@ -174,6 +174,7 @@ Status run_simulate(const SimulateOptions& o) {
   sim::SimOptions options;
   options.full = o.full;
   options.reference_rates = o.reference_rates;
+  options.plan_hash = false;  // not printed
   options.interleave_overlap = o.interleave;
   options.record_timeline = !o.trace.empty();
   PIPER_ASSIGN_OR_RETURN(sim::SimReport r, sim::simulate(model, cluster, train, s, sc.calibration, options));

@@ -21,6 +21,7 @@ Result<double> simulate_compiled_step_time(const ModelSpec& model, const Cluster
   t.micro_batch_size = p->strategy.mbs;
   sim::SimOptions so;
   so.deadline = deadline;
+  so.plan_hash = false;
   compile::CompileResult compiled = std::move(*p->compiled);
   p->compiled.reset();
   PIPER_ASSIGN_OR_RETURN(sim::SimReport rep, sim::simulate_compiled(std::move(compiled), model, cluster, t,
@@ -107,6 +108,7 @@ Result<double> simulate_step_time(const ModelSpec& model, const ClusterSpec& clu
   if (options.simulator) return options.simulator(strategy, t);
   sim::SimOptions so;
   so.deadline = deadline;
+  so.plan_hash = false;
   PIPER_ASSIGN_OR_RETURN(sim::SimReport rep, sim::simulate(model, cluster, t, strategy, options.calibration, so));
   return rep.step_time_s;
 }

@@ -12,9 +12,9 @@ namespace {
 
 // Step time, tokens/s, MFU, bubble and exposed-communication fractions and peak memory from rep.sim.
 void summarise(SimReport& rep, const cost::CostModel& cm, const ClusterSpec& cluster, const TrainSpec& train,
-               const Strategy& strategy) {
+               const Strategy& strategy, bool with_plan_hash) {
   rep.world_size = rep.compiled.plan.world_size;
-  rep.plan_hash = compile::plan_hash(rep.compiled.plan);
+  if (with_plan_hash) rep.plan_hash = compile::plan_hash(rep.compiled.plan);
   rep.step_time_s = rep.sim.step_time_s;
   const int64_t batch = train.global_batch > 0 ? train.global_batch : strategy.global_batch();
   rep.tokens_per_step = static_cast<double>(batch) * static_cast<double>(train.seq_len);
@@ -51,7 +51,7 @@ Result<SimReport> simulate_compiled(compile::CompileResult compiled, const Model
   auto t0 = std::chrono::steady_clock::now();
   PIPER_ASSIGN_OR_RETURN(rep.sim, simulate_plan(rep.compiled.plan, rep.compiled.graph, net, task_time, options));
   rep.simulate_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  summarise(rep, cm, cluster, train, strategy);
+  summarise(rep, cm, cluster, train, strategy, options.plan_hash);
   return rep;
 }
 

@@ -39,7 +39,7 @@ struct SimReport {
   double exposed_comm_fraction = 0;
   int64_t peak_memory_max_bytes = 0;
   double device_memory_bytes = 0;
-  uint64_t plan_hash = 0;  // compile::plan_hash of the simulated plan
+  uint64_t plan_hash = 0;  // compile::plan_hash of the simulated plan (0 unless SimOptions::plan_hash)
   double compile_wall_s = 0;
   double simulate_wall_s = 0;
 
