@@ -2,8 +2,11 @@
 // simulated with one representative rank per pipeline rank and aggregate flows. Prints compile time, simulation
 // wall and CPU time (the simulator is single-threaded; on a shared machine CPU time is the one-core figure),
 // events per CPU second, and, as a baseline measured in the same run, the same model and schedule on 16 ranks
-// (dp = ep = 1: no collectives). Not a test: no assertion on time.
+// (dp = ep = 1: no collectives). The 1,024-rank case runs twice, with FluidNet's local rate recomputation (the
+// default) and with the reference (SimOptions::reference_rates: every flow at each change); the bench prints the
+// CPU-time ratio and the two step times. Not a test: no assertion on time.
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <ctime>
 
@@ -21,7 +24,11 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-double run(const piper::ModelSpec& model, int nodes, const std::string& text) {
+struct Figures {
+  double cpu_s = 0, step_s = 0;
+};
+
+Figures run(const piper::ModelSpec& model, int nodes, const std::string& text, bool reference = false) {
   auto cluster = piper::load_cluster("h800", nodes);
   PIPER_CHECK_OK(cluster.status());
   auto s = piper::Strategy::parse(text);
@@ -44,11 +51,14 @@ double run(const piper::ModelSpec& model, int nodes, const std::string& text) {
   PIPER_CHECK_OK(net.status());
   t0 = Clock::now();
   const std::clock_t c0 = std::clock();
-  auto r = piper::sim::simulate_plan(compiled->plan, compiled->graph, *net, *task_time);
+  piper::sim::SimOptions options;
+  options.reference_rates = reference;
+  auto r = piper::sim::simulate_plan(compiled->plan, compiled->graph, *net, *task_time, options);
   PIPER_CHECK_OK(r.status());
   const double sim_s = seconds_since(t0);
   const double cpu_s = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
-  std::printf("%s on %d ranks (%zu simulated)\n", text.c_str(), compiled->plan.world_size, r->ranks.size());
+  std::printf("%s on %d ranks (%zu simulated)%s\n", text.c_str(), compiled->plan.world_size, r->ranks.size(),
+              reference ? ", reference rates" : "");
   // Events: instructions executed + flows started (each also ends) + max-min recomputations.
   const double events = static_cast<double>(r->instructions + 2 * r->flows + r->rate_updates);
   std::printf(
@@ -56,8 +66,8 @@ double run(const piper::ModelSpec& model, int nodes, const std::string& text) {
       "%lld rate updates, %d comm templates; %.3g events, %.3g events per CPU second\n",
       compile_s, sim_s, cpu_s, static_cast<long long>(r->instructions), static_cast<long long>(r->flows),
       static_cast<long long>(r->rate_updates), r->comm_templates, events, events / cpu_s);
-  std::printf("  simulated step %.3f s\n", r->step_time_s);
-  return cpu_s;
+  std::printf("  simulated step %.17g s\n", r->step_time_s);
+  return {cpu_s, r->step_time_s};
 }
 
 }  // namespace
@@ -65,8 +75,12 @@ double run(const piper::ModelSpec& model, int nodes, const std::string& text) {
 int main() {
   auto model = piper::load_model("deepseek-v3");
   PIPER_CHECK_OK(model.status());
-  const double base = run(*model, 2, "dp=1,pp=16,ep=1,zero=0,schedule=1f1b,microbatches=32");
-  const double big = run(*model, 128, "dp=64,pp=16,ep=64,zero=1,schedule=1f1b,microbatches=32");
-  std::printf("1,024-rank simulation / 16-rank baseline: %.0fx CPU time\n", big / base);
+  const char* big_case = "dp=64,pp=16,ep=64,zero=1,schedule=1f1b,microbatches=32";
+  const Figures base = run(*model, 2, "dp=1,pp=16,ep=1,zero=0,schedule=1f1b,microbatches=32");
+  const Figures ref = run(*model, 128, big_case, /*reference=*/true);
+  const Figures big = run(*model, 128, big_case);
+  std::printf("1,024-rank simulation / 16-rank baseline: %.0fx CPU time\n", big.cpu_s / base.cpu_s);
+  std::printf("local rates / reference rates (1,024 ranks): %.2fx CPU time; step times differ by %.2g (relative)\n",
+              big.cpu_s / ref.cpu_s, std::abs(big.step_s - ref.step_s) / ref.step_s);
   return 0;
 }

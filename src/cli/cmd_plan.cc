@@ -1,4 +1,5 @@
 // piper plan: search the strategy space for the fastest plans that fit (src/plan/search.h).
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <memory>
@@ -348,6 +349,13 @@ Status run_plan(const PlanOptions& o) {
   options.simulate_top = o.simulate_top < 0 ? o.top_k : o.simulate_top;
   options.local_search_steps = o.local_search;
   options.simulate_budget_s = o.sim_budget_s;
+  // Progress on stderr (stdout keeps the table or the JSON object) once the command has run for a second.
+  const auto started = std::chrono::steady_clock::now();
+  options.progress = [started](const std::string& line) {
+    if (std::chrono::steady_clock::now() - started >= std::chrono::seconds(1)) {
+      std::fprintf(stderr, "plan: %s\n", line.c_str());
+    }
+  };
   if (!o.schedules.empty()) options.space.schedules = split(o.schedules, ',');
   if (o.local_ranks > 0) {
     options.calibration = local_calibration;

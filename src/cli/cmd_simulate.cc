@@ -27,6 +27,7 @@ struct SimulateOptions {
   ScenarioOptions scenario;
   std::string trace;
   bool full = false;
+  bool reference_rates = false;
   bool interleave = true;
   bool json = false;
   double expert_zipf = 0;  // 0 = balanced experts (the calibration's expert_load_imbalance)
@@ -172,6 +173,8 @@ Status run_simulate(const SimulateOptions& o) {
   PIPER_RETURN_IF_ERROR(s.validate());
   sim::SimOptions options;
   options.full = o.full;
+  options.reference_rates = o.reference_rates;
+  options.plan_hash = false;  // not printed
   options.interleave_overlap = o.interleave;
   options.record_timeline = !o.trace.empty();
   if (sc.from_directives && o.expert_zipf != 0) {
@@ -221,6 +224,8 @@ PIPER_REGISTER_COMMAND(g_simulate, "simulate", "Execute a compiled strategy on t
   add_scenario_options(sub, &o->scenario);
   sub->add_option("--trace", o->trace, "write a Chrome trace JSON of the step to this file");
   sub->add_flag("--full", o->full, "simulate every rank (default: one representative per pipeline rank)");
+  sub->add_flag("--reference-rates", o->reference_rates,
+                "recompute every flow's rate at each change (the reference; default: only the flows it can affect)");
   sub->add_flag("--interleave-overlap,!--no-interleave-overlap", o->interleave,
                 "may-overlap slots (dualpipev, af-pipe F&B pairs) alternate chunk by chunk (lower.h; default); "
                 "--no-interleave-overlap runs each slot's F, then its B");

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <thread>
 
+#include "piper/base/units.h"
 #include "piper/sim/simulate.h"
 
 namespace piper::plan {
@@ -12,6 +13,21 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The simulated step time of a plan whose verification kept its compile (SearchOptions::reuse_compiles).
+Result<double> simulate_compiled_step_time(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+                                           Plan* p, const SearchOptions& options, Clock::time_point deadline) {
+  TrainSpec t = train;
+  t.micro_batch_size = p->strategy.mbs;
+  sim::SimOptions so;
+  so.deadline = deadline;
+  so.plan_hash = false;
+  compile::CompileResult compiled = std::move(*p->compiled);
+  p->compiled.reset();
+  PIPER_ASSIGN_OR_RETURN(sim::SimReport rep, sim::simulate_compiled(std::move(compiled), model, cluster, t,
+                                                                     p->strategy, options.calibration, so));
+  return rep.step_time_s;
+}
 
 // Simulates plans[i] for every i in `which`, `threads` at a time, while the budget lasts. Returns how many ran.
 size_t simulate_batch(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
@@ -42,7 +58,8 @@ size_t simulate_batch(const ModelSpec& model, const ClusterSpec& cluster, const 
             return;
           }
         }
-        auto t = simulate_step_time(model, cluster, train, p->strategy, options, deadline);
+        auto t = p->compiled ? simulate_compiled_step_time(model, cluster, train, p, options, deadline)
+                             : simulate_step_time(model, cluster, train, p->strategy, options, deadline);
         if (t.ok()) {
           p->simulated = true;
           p->sim_step_time_s = *t;
@@ -65,6 +82,12 @@ size_t simulate_batch(const ModelSpec& model, const ClusterSpec& cluster, const 
       }
     }
     done += n;
+    if (options.progress) {
+      options.progress("simulate: " + std::to_string(stats->simulated) + " run (" +
+                       std::to_string(stats->simulate_stopped) + " stopped by the budget), " +
+                       format_seconds(since(start)) + " of the " + format_seconds(options.simulate_budget_s) +
+                       " budget");
+    }
   }
   return done;
 }
@@ -85,6 +108,7 @@ Result<double> simulate_step_time(const ModelSpec& model, const ClusterSpec& clu
   if (options.simulator) return options.simulator(strategy, t);
   sim::SimOptions so;
   so.deadline = deadline;
+  so.plan_hash = false;
   PIPER_ASSIGN_OR_RETURN(sim::SimReport rep, sim::simulate(model, cluster, t, strategy, options.calibration, so));
   return rep.step_time_s;
 }

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <thread>
 
+#include "piper/base/units.h"
 #include "piper/plan/rescore.h"
 
 namespace piper::plan {
@@ -252,14 +253,27 @@ void verify_plans(const ModelSpec& model, const TrainSpec& train, const SearchOp
   size_t next = 0;
   while (static_cast<int>(kept.size()) < options.top_k && next < out->top.size()) {
     const size_t batch = std::min(out->top.size() - next, static_cast<size_t>(std::max(1, threads)));
+    // Plans that may be in re-scoring's first batch keep their compile for it.
+    const int first_batch = std::min(std::max(1, threads), options.simulate_top);
+    const bool reuse = options.reuse_compiles && !options.verifier && !options.simulator;
+    const size_t keep_compiles =
+        reuse ? static_cast<size_t>(std::max(0, first_batch - static_cast<int>(kept.size()))) : 0;
     std::vector<std::thread> pool;
     for (size_t i = 0; i < batch; ++i) {
       pool.emplace_back([&, i] {
         Plan& p = out->top[next + i];
         TrainSpec t = train;
         t.micro_batch_size = p.strategy.mbs;
-        p.verification =
-            options.verifier ? options.verifier(p.strategy, t) : verify_strategy(model, t, p.strategy, capacity);
+        const Strategy& s = p.strategy;
+        if (options.verifier) {
+          p.verification = options.verifier(s, t);
+        } else if (i < keep_compiles &&
+                   s.order_without_unit_axes(s.order) == s.order_without_unit_axes(Strategy{}.order)) {
+          p.verification =
+              verify_strategy_for_simulation(model, cluster, t, s, options.calibration, capacity, &p.compiled);
+        } else {
+          p.verification = verify_strategy(model, t, s, capacity);
+        }
         p.verified = p.verification.ok;
       });
     }
@@ -277,6 +291,13 @@ void verify_plans(const ModelSpec& model, const TrainSpec& train, const SearchOp
       }
     }
     next += batch;
+    if (options.progress) {
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      options.progress("verify: " + std::to_string(out->stats.verified) + " verified, " +
+                       std::to_string(out->stats.verify_failed) + " rejected by the compiler, " +
+                       std::to_string(next) + " of at most " + std::to_string(out->top.size()) + " compiled, " +
+                       format_seconds(t));
+    }
   }
   out->top = std::move(kept);
   out->stats.verify_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -353,6 +374,10 @@ Result<SearchResult> run_search(const ModelSpec& model, const ClusterSpec& clust
   out.top = std::move(distinct);
   if (static_cast<int>(out.top.size()) > keep) out.top.resize(static_cast<size_t>(keep));
   out.stats.search_time_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (options.progress) {
+    options.progress("search: " + std::to_string(out.stats.scored) + " candidates scored, " +
+                     std::to_string(out.stats.fitting) + " fit, " + format_seconds(out.stats.search_time_s));
+  }
   if (verify) {
     verify_plans(model, train, options, cluster, threads, &out);
   } else if (static_cast<int>(out.top.size()) > options.top_k) {

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "piper/base/json.h"
@@ -43,6 +44,9 @@ struct Plan {
   std::string sim_error;          // the simulator's message when it failed or was stopped
   bool sim_stopped = false;       // stopped by the re-scoring budget ("not simulated: budget ...")
   std::string origin = "search";  // "search" or "local-search"
+  // The verifier's compile, kept for the first plans re-scoring simulates (SearchOptions::reuse_compiles);
+  // released once simulated.
+  std::shared_ptr<compile::CompileResult> compiled;
   double peak_memory_bytes() const { return estimate.memory.total(); }
   Json to_json() const;
 };
@@ -59,6 +63,10 @@ struct SearchOptions {
   // returning it; plans that fail are skipped and counted. At most verify_attempts_per_plan * top_k compiles.
   bool verify = true;
   int verify_attempts_per_plan = 3;
+  // The first plans that re-scoring simulates at once (min(threads, simulate_top)) are verified with the compile the
+  // simulator runs, which re-scoring then simulates without compiling again (verify.h). Same verdicts and step
+  // times; false: compile them twice (the former path; tests compare both).
+  bool reuse_compiles = true;
   // Replaces compile::compile_strategy as the verifier when set (tests); called concurrently.
   std::function<Verification(const Strategy&, const TrainSpec&)> verifier;
   // Re-scoring with the simulator (rescore.h): the best `simulate_top` returned plans are simulated and the
@@ -70,6 +78,10 @@ struct SearchOptions {
   double simulate_budget_s = 60;
   // Replaces sim::simulate (returns the step time) when set (tests); called concurrently.
   std::function<Result<double>(const Strategy&, const TrainSpec&)> simulator;
+  // Called from the calling thread after the search and after every batch of compiles and simulations with one
+  // line of progress ("verify: 4 verified, 2 rejected by the compiler, 6 of at most 15 compiled, 12.3 s"). The
+  // CLI prints it on stderr; unset: silent.
+  std::function<void(const std::string&)> progress;
 };
 
 struct SearchStats {

@@ -4,7 +4,12 @@
 // verdict. Thread-safety: verify_strategy may run concurrently (it shares no state).
 #pragma once
 
+#include <memory>
 #include <string>
+
+#include "piper/compile/compile.h"
+#include "piper/cost/device_model.h"
+#include "piper/spec/cluster_spec.h"
 
 #include "piper/spec/model_spec.h"
 #include "piper/spec/train_spec.h"
@@ -22,5 +27,13 @@ struct Verification {
 // `train` must carry the strategy's micro batch size and the global batch. capacity_bytes <= 0: no memory check.
 Verification verify_strategy(const ModelSpec& model, const TrainSpec& train, const Strategy& strategy,
                              double capacity_bytes);
+
+// The same verdict from the compile the simulator runs (sim::compile_for_simulation: the plan with this cluster's
+// cost annotations; the annotations do not change what the verifier checks, tests/plan/verify_reuse_test.cc). On
+// success *compiled holds the result, so the planner's re-scoring simulates it without compiling it again.
+Verification verify_strategy_for_simulation(const ModelSpec& model, const ClusterSpec& cluster,
+                                            const TrainSpec& train, const Strategy& strategy,
+                                            const cost::Calibration& calibration, double capacity_bytes,
+                                            std::shared_ptr<compile::CompileResult>* compiled);
 
 }  // namespace piper::plan

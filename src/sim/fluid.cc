@@ -28,7 +28,8 @@ void FlowTemplate::finalize() {
   }
 }
 
-FluidNet::FluidNet(std::vector<double> link_bw_bytes_per_s) : link_bw_(std::move(link_bw_bytes_per_s)) {
+FluidNet::FluidNet(std::vector<double> link_bw_bytes_per_s, bool local_rates)
+    : link_bw_(std::move(link_bw_bytes_per_s)), local_rates_(local_rates) {
   for (double bw : link_bw_) PIPER_CHECK(std::isfinite(bw) && bw > 0, "link bandwidth ", bw);
 }
 
@@ -101,18 +102,27 @@ void FluidNet::add_active(int transfer, int flow, double bytes) {
     weight_.assign(link_bw_.size(), 0.0);
     weight_sum_.assign(link_bw_.size(), 0.0);
     left_.assign(link_bw_.size(), 0.0);
+    saturated_link_.assign(link_bw_.size(), 0);
+    load_.assign(link_bw_.size(), 0.0);
+    link_mark_.assign(link_bw_.size(), 0);
+    inside_count_.assign(link_bw_.size(), 0);
+    inside_load_.assign(link_bw_.size(), 0.0);
   }
-  const int id = static_cast<int>(active_.size());
-  active_.push_back({transfer,
-                     flow,
-                     bytes,
-                     0.0,
-                     bytes,
-                     kInf,
-                     kInf,
-                     &transfers_[static_cast<size_t>(transfer)].tmpl->flows[static_cast<size_t>(flow)].hops,
-                     {}});
-  Active& a = active_.back();
+  // Slots past num_active_ keep their member_pos storage: a flow start allocates nothing once the net is warm.
+  const int id = static_cast<int>(num_active_);
+  fresh_.push_back(id);
+  if (num_active_ == active_.size()) active_.emplace_back();
+  ++num_active_;
+  Active& a = active_[static_cast<size_t>(id)];
+  a.transfer = transfer;
+  a.flow = flow;
+  a.left = bytes;
+  a.rate = 0.0;
+  a.bytes = bytes;
+  a.finish = kInf;
+  a.due = kInf;
+  a.hops = &transfers_[static_cast<size_t>(transfer)].tmpl->flows[static_cast<size_t>(flow)].hops;
+  a.fresh = true;
   const std::vector<Hop>& hops = hops_of(a);
   a.member_pos.resize(hops.size());
   for (size_t k = 0; k < hops.size(); ++k) {
@@ -132,9 +142,12 @@ void FluidNet::remove_active(size_t i) {
   // flow, whose member entries are renumbered).
   {
     const Active& a = active_[i];
+    if (a.fresh) fresh_.erase(std::find(fresh_.begin(), fresh_.end(), static_cast<int>(i)));
     const std::vector<Hop>& hops = hops_of(a);
     for (size_t k = 0; k < hops.size(); ++k) {
       const auto l = static_cast<size_t>(hops[k].link);
+      load_[l] -= hops[k].weight * a.rate;
+      if (saturated_link_[l]) seed_links_.push_back(hops[k].link);  // its other flows may speed up
       auto& mem = members_[l];
       const auto p = static_cast<size_t>(a.member_pos[k]);
       mem[p] = mem.back();
@@ -148,53 +161,144 @@ void FluidNet::remove_active(size_t i) {
         link_pos_[static_cast<size_t>(links_[lp])] = static_cast<int>(lp);
         links_.pop_back();
         link_pos_[l] = -1;
+        load_[l] = 0;
+        saturated_link_[l] = 0;
       }
     }
   }
-  const size_t last = active_.size() - 1;
+  const size_t last = num_active_ - 1;
   if (i != last) {
     std::swap(active_[i], active_[last]);
     const Active& moved = active_[i];
+    if (moved.fresh) *std::find(fresh_.begin(), fresh_.end(), static_cast<int>(last)) = static_cast<int>(i);
     const std::vector<Hop>& hops = hops_of(moved);
     for (size_t k = 0; k < hops.size(); ++k) {
       members_[static_cast<size_t>(hops[k].link)][static_cast<size_t>(moved.member_pos[k])].flow = static_cast<int>(i);
     }
   }
-  active_.pop_back();
+  --num_active_;
 }
 
 void FluidNet::recompute_rates() {
-  // Progressive filling (flow_sim.h's max_min_rates) over the links that active flows cross. Every link keeps its
-  // member list up to date as flows start and end (add_active / remove_active), so a call costs O(members +
-  // touched links x rounds + flows x hops) with small constants: nothing is rebuilt, the weight of each link's
-  // members is summed as they come and go, the last round subtracts nothing, and only flows whose rate changed get
-  // a new finish time.
-  const size_t nf = active_.size();
+  if (!local_rates_ || !recompute_local()) recompute_all();
+  fresh_.clear();
+  seed_links_.clear();
+  // Every flow's finish time is valid until the set of transferring flows changes again.
+  next_finish_ = next_due_ = kInf;
+  for (size_t f = 0; f < num_active_; ++f) {
+    const Active& a = active_[f];
+    next_finish_ = std::min(next_finish_, a.finish);
+    next_due_ = std::min(next_due_, a.due);
+  }
+  dirty_ = false;
+  ++rate_updates_;
+}
+
+void FluidNet::recompute_all() {
+  const size_t nf = num_active_;
   frozen_.assign(nf, 0);
   new_rate_.resize(nf);
   for (int l : links_) {
     weight_[static_cast<size_t>(l)] = weight_sum_[static_cast<size_t>(l)];
     left_[static_cast<size_t>(l)] = link_bw_[static_cast<size_t>(l)];
   }
-  size_t unfrozen = nf;
+  ++mark_epoch_;  // no link is shared with flows outside the computation
+  fill(nf, links_);
+  component_flows_.resize(nf);
+  for (size_t f = 0; f < nf; ++f) component_flows_[f] = f;
+  apply_rates();
+  for (int l : links_) load_[static_cast<size_t>(l)] = 0;  // exact again, free of the local updates' rounding
+  for (size_t f = 0; f < num_active_; ++f) {
+    const Active& a = active_[f];
+    for (const Hop& h : hops_of(a)) load_[static_cast<size_t>(h.link)] += h.weight * a.rate;
+  }
+  ++full_rate_updates_;
+}
+
+bool FluidNet::recompute_local() {
+  // The component: fresh flows, and every flow reachable from them, or from saturated links that ended flows
+  // left, through links that were saturated. frozen_ marks flows outside it (their rates stay).
+  const size_t nf = num_active_;
+  frozen_.assign(nf, 1);
+  new_rate_.resize(nf);
+  mark_epoch_ += 2;
+  const int visited = mark_epoch_, shared = mark_epoch_ + 1;
+  component_flows_.clear();
+  component_links_.clear();
+  std::vector<int>& todo = seed_links_;  // consumed as a stack
+  auto take = [&](size_t f) {
+    frozen_[f] = 0;
+    component_flows_.push_back(f);
+    for (const Hop& h : hops_of(active_[f])) todo.push_back(h.link);
+  };
+  for (int f : fresh_) take(static_cast<size_t>(f));
+  while (!todo.empty()) {
+    const auto l = static_cast<size_t>(todo.back());
+    todo.pop_back();
+    if (link_mark_[l] >= visited || members_[l].empty()) continue;
+    link_mark_[l] = visited;
+    component_links_.push_back(static_cast<int>(l));
+    if (!saturated_link_[l]) continue;
+    for (const Member& m : members_[l]) {
+      if (frozen_[static_cast<size_t>(m.flow)]) take(static_cast<size_t>(m.flow));
+    }
+  }
+  for (int l : component_links_) {
+    inside_count_[static_cast<size_t>(l)] = 0;
+    inside_load_[static_cast<size_t>(l)] = 0;
+    weight_[static_cast<size_t>(l)] = 0;
+  }
+  for (size_t f : component_flows_) {
+    for (const Hop& h : hops_of(active_[f])) {
+      const auto l = static_cast<size_t>(h.link);
+      ++inside_count_[l];
+      inside_load_[l] += h.weight * active_[f].rate;
+      weight_[l] += h.weight;
+    }
+  }
+  for (int li : component_links_) {
+    const auto l = static_cast<size_t>(li);
+    left_[l] = link_bw_[l];
+    if (static_cast<size_t>(inside_count_[l]) < members_[l].size()) {  // the capacity the others leave
+      link_mark_[l] = shared;
+      left_[l] -= load_[l] - inside_load_[l];
+    }
+  }
+  if (!fill(component_flows_.size(), component_links_)) return false;
+  apply_rates();
+  return true;
+}
+
+bool FluidNet::fill(size_t unfrozen, const std::vector<int>& links) {
+  // Progressive filling (flow_sim.h's max_min_rates) over `links`, for the flows not frozen_. Every link keeps its
+  // member list up to date as flows start and end (add_active / remove_active), so a call costs O(members +
+  // touched links x rounds + flows x hops) with small constants: nothing is rebuilt, the weight of each link's
+  // members is summed as they come and go, the last round subtracts nothing. Returns false when a link shared
+  // with flows outside the computation saturates (recompute_local() then gives way to recompute_all()).
+  for (int l : links) saturated_link_[static_cast<size_t>(l)] = 0;
+  const int shared = mark_epoch_ + 1;
   double level = 0;
   while (unfrozen > 0) {
     double inc = kInf;
-    for (int l : links_) {
+    for (int l : links) {
       const auto i = static_cast<size_t>(l);
       if (weight_[i] > 0) inc = std::min(inc, left_[i] / weight_[i]);
     }
     PIPER_CHECK(std::isfinite(inc), "an active flow crosses no loaded link");
     level += inc;
     saturated_.clear();
-    for (int l : links_) {
+    for (int l : links) {
       const auto i = static_cast<size_t>(l);
       if (weight_[i] <= 0) continue;
       left_[i] -= inc * weight_[i];
-      if (left_[i] <= 4e-12 * link_bw_[i]) saturated_.push_back(i);
+      if (left_[i] <= 4e-12 * link_bw_[i]) {
+        if (link_mark_[i] == shared) return false;
+        saturated_.push_back(i);
+      }
     }
     just_frozen_.clear();
     for (size_t i : saturated_) {
+      saturated_link_[i] = 1;
       for (const Member& m : members_[i]) {
         const auto f = static_cast<size_t>(m.flow);
         if (frozen_[f]) continue;
@@ -210,22 +314,21 @@ void FluidNet::recompute_rates() {
       for (const Hop& h : hops_of(active_[f])) weight_[static_cast<size_t>(h.link)] -= h.weight;
     }
   }
-  // Absolute finish times; a flow whose rate did not change keeps its own, and all stay valid until the set of
-  // transferring flows changes.
-  next_finish_ = next_due_ = kInf;
-  for (size_t f = 0; f < nf; ++f) {
+  return true;
+}
+
+void FluidNet::apply_rates() {
+  // Absolute finish times of the flows just computed; a flow whose rate did not change keeps its own.
+  for (size_t f : component_flows_) {
     Active& a = active_[f];
-    if (new_rate_[f] != a.rate) {
-      if (a.rate > 0) a.left = std::max(0.0, a.rate * (a.finish - now_));  // bytes left at now_ at the old rate
-      a.rate = new_rate_[f];
-      a.finish = now_ + a.left / a.rate;
-      a.due = a.finish - kDoneFraction * a.bytes / a.rate;  // advance()'s done test
-    }
-    next_finish_ = std::min(next_finish_, a.finish);
-    next_due_ = std::min(next_due_, a.due);
+    a.fresh = false;
+    if (new_rate_[f] == a.rate) continue;
+    for (const Hop& h : hops_of(a)) load_[static_cast<size_t>(h.link)] += h.weight * (new_rate_[f] - a.rate);
+    if (a.rate > 0) a.left = std::max(0.0, a.rate * (a.finish - now_));  // bytes left at now_ at the old rate
+    a.rate = new_rate_[f];
+    a.finish = now_ + a.left / a.rate;
+    a.due = a.finish - kDoneFraction * a.bytes / a.rate;  // advance()'s done test
   }
-  dirty_ = false;
-  ++rate_updates_;
 }
 
 double FluidNet::next_time() {
@@ -241,9 +344,9 @@ void FluidNet::advance(double t, std::vector<int64_t>* completed) {
   const double slack = kClockSlack * std::max(1.0, now_);
   // Rates are constant between recomputations, so no flow can pass the done test below before next_due_: the
   // scan is skipped unless some flow is due.
-  if (!active_.empty() && next_due_ <= now_ + slack) {
+  if (num_active_ > 0 && next_due_ <= now_ + slack) {
     finished_.clear();
-    for (size_t i = 0; i < active_.size();) {
+    for (size_t i = 0; i < num_active_;) {
       Active& a = active_[i];
       const double remaining = std::max(0.0, a.finish - now_);
       // Done when (almost) nothing is left, or when what is left cannot move time forward any more (it would

@@ -5,6 +5,15 @@
 // other flow in flight, whichever transfer it belongs to. The caller alternates next_time() and advance(): rates are
 // recomputed lazily, only after the set of transferring flows changed.
 //
+// Local recomputation (the default; `local_rates` = false keeps the reference, a progressive filling over every
+// flow in flight each time). The max-min fair allocation is the unique one in which every flow has a bottleneck:
+// a saturated link on which no flow gets more. So when flows start or end, only the flows connected to them
+// through links that were saturated can change rate: rates are recomputed for that component alone, on the
+// capacity the other flows leave. A link shared with flows outside the component that was not saturated (the
+// fabric link every inter-node flow crosses) keeps the others' rates valid as long as it stays unsaturated;
+// if the component's new rates saturate it, the whole allocation is recomputed as in the reference. Both give
+// the same rates up to floating-point rounding (tests/sim/fluid_test.cc compares them; docs/simulator.md).
+//
 // Bytes of a template are per unit of payload; start() scales them, so one template serves every transfer of the
 // same shape. A transfer with no flows (or only empty ones) completes at its start time.
 // Thread-safety: none.
@@ -34,7 +43,7 @@ struct FlowTemplate {
 
 class FluidNet {
  public:
-  explicit FluidNet(std::vector<double> link_bw_bytes_per_s);
+  explicit FluidNet(std::vector<double> link_bw_bytes_per_s, bool local_rates = true);
 
   // Starts a transfer at time `now` (>= the last advance time). `tmpl` must outlive the transfer. `token` is
   // returned by advance() when the transfer completes.
@@ -48,6 +57,8 @@ class FluidNet {
   bool idle() const { return live_transfers_ == 0 && done_tokens_.empty(); }
   int64_t flows_started() const { return flows_started_; }
   int64_t rate_updates() const { return rate_updates_; }
+  // Of rate_updates(): how many the local form had to widen to every flow (a shared link saturated).
+  int64_t full_rate_updates() const { return full_rate_updates_; }
 
  private:
   struct Transfer {
@@ -67,6 +78,7 @@ class FluidNet {
     double due = 0;                          // when it passes advance()'s done test at `rate`
     const std::vector<Hop>* hops = nullptr;  // the template flow's
     std::vector<int> member_pos;             // per hop: its index in members_[hop's link]
+    bool fresh = true;                       // started since the last rate computation
   };
   struct Member {
     int flow = 0;  // index into active_
@@ -79,6 +91,10 @@ class FluidNet {
   void flow_ready(int transfer, int flow, double t);  // latency paid: starts transferring (or completes)
   void flow_done(int transfer, int flow, double t);
   void recompute_rates();
+  void recompute_all();
+  bool recompute_local();  // false: a shared link saturated, recompute_all() must run instead
+  bool fill(size_t unfrozen, const std::vector<int>& links);
+  void apply_rates();  // new_rate_ of component_flows_
   void add_active(int transfer, int flow, double bytes);
   void remove_active(size_t i);
   static const std::vector<Hop>& hops_of(const Active& a) { return *a.hops; }
@@ -87,13 +103,16 @@ class FluidNet {
   std::vector<Transfer> transfers_;
   std::vector<int> free_transfers_;
   int live_transfers_ = 0;
-  std::vector<Active> active_;
+  std::vector<Active> active_;  // the first num_active_ are in flight
+  size_t num_active_ = 0;
   bool dirty_ = false;
   double now_ = 0;
   std::priority_queue<Timer, std::vector<Timer>, std::greater<>> timers_;
   std::vector<int64_t> done_tokens_;
   int64_t flows_started_ = 0;
   int64_t rate_updates_ = 0;
+  int64_t full_rate_updates_ = 0;
+  bool local_rates_ = true;
   double next_finish_ = std::numeric_limits<double>::infinity();  // earliest finish of an active flow
   double next_due_ = std::numeric_limits<double>::infinity();     // earliest time a flow passes the done test
   std::vector<std::pair<int, int>> finished_;
@@ -108,6 +127,18 @@ class FluidNet {
   std::vector<double> new_rate_;  // per active flow
   std::vector<size_t> just_frozen_;
   std::vector<size_t> saturated_;
+  // Local recomputation: saturated in the last allocation, per link; load (bytes/s of all flows) per link;
+  // flows started and saturated links left by ended flows since then; the component's flows and links.
+  std::vector<char> saturated_link_;
+  std::vector<double> load_;
+  std::vector<int> fresh_;
+  std::vector<int> seed_links_;
+  std::vector<int> link_mark_;  // >= mark_epoch_: visited in this component search; mark_epoch_ + 1: shared
+  std::vector<int> inside_count_;  // per component link: its member flows in the component, and their load
+  std::vector<double> inside_load_;
+  int mark_epoch_ = 0;
+  std::vector<int> component_links_;
+  std::vector<size_t> component_flows_;
 };
 
 }  // namespace piper::sim

@@ -123,7 +123,7 @@ class Executor {
         options_(options),
         templates_(std::move(templates)),
         infos_(std::move(infos)),
-        fluid_(net.link_bandwidths()) {}
+        fluid_(net.link_bandwidths(), !options.reference_rates) {}
 
   Result<SimResult> run();
   // af-pipe: the m2n nodes to or from an experts chunk (routed over the ep block, CommTemplates::m2n).
@@ -479,6 +479,7 @@ Result<SimResult> Executor::run() {
   out.instructions = instructions_;
   out.flows = fluid_.flows_started();
   out.rate_updates = fluid_.rate_updates();
+  out.full_rate_updates = fluid_.full_rate_updates();
   out.comm_templates = templates_.num_templates();
   return out;
 }

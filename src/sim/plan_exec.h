@@ -52,6 +52,14 @@ struct SimOptions {
   // run) once it has passed. The default (time_point::max()) never stops. Callers with a time budget
   // (plan/rescore.h) set it so that one long simulation cannot overrun the budget.
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  // Recompute every flow's max-min rate whenever a transfer starts or ends (FluidNet's reference form) instead
+  // of only the flows connected to it through saturated links (fluid.h). Same step times up to rounding; tests
+  // and bench/sim compare the two.
+  bool reference_rates = false;
+  // simulate() / simulate_compiled(): fill SimReport::plan_hash (compile::plan_hash serialises the whole plan to
+  // JSON: about as long as the simulation itself and several times its memory on a 2,048-rank DualPipeV plan).
+  // Only `piper train`'s predicted-against-measured report reads it; the planner and `piper simulate` turn it off.
+  bool plan_hash = true;
 };
 
 struct InstrSpan {
@@ -90,6 +98,7 @@ struct SimResult {
   int64_t instructions = 0;      // instructions executed
   int64_t flows = 0;             // flows started in the network model
   int64_t rate_updates = 0;      // max-min recomputations
+  int64_t full_rate_updates = 0;  // of which over every flow in flight (reference_rates, or a shared link saturated)
   int comm_templates = 0;
 };
 

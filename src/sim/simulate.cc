@@ -12,9 +12,9 @@ namespace {
 
 // Step time, tokens/s, MFU, bubble and exposed-communication fractions and peak memory from rep.sim.
 void summarise(SimReport& rep, const cost::CostModel& cm, const ClusterSpec& cluster, const TrainSpec& train,
-               const Strategy& strategy) {
+               const Strategy& strategy, bool with_plan_hash) {
   rep.world_size = rep.compiled.plan.world_size;
-  rep.plan_hash = compile::plan_hash(rep.compiled.plan);
+  if (with_plan_hash) rep.plan_hash = compile::plan_hash(rep.compiled.plan);
   rep.step_time_s = rep.sim.step_time_s;
   const int64_t batch = train.global_batch > 0 ? train.global_batch : strategy.global_batch();
   rep.tokens_per_step = static_cast<double>(batch) * static_cast<double>(train.seq_len);
@@ -51,8 +51,25 @@ Result<SimReport> simulate_compiled(compile::CompileResult compiled, const Model
   auto t0 = std::chrono::steady_clock::now();
   PIPER_ASSIGN_OR_RETURN(rep.sim, simulate_plan(rep.compiled.plan, rep.compiled.graph, net, task_time, options));
   rep.simulate_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  summarise(rep, cm, cluster, train, strategy);
+  summarise(rep, cm, cluster, train, strategy, options.plan_hash);
   return rep;
+}
+
+Result<compile::CompileResult> compile_for_simulation(const ModelSpec& model, const ClusterSpec& cluster,
+                                                      const TrainSpec& train_in, const Strategy& strategy,
+                                                      const cost::Calibration& calibration, const SimOptions& options,
+                                                      int64_t capacity_bytes) {
+  TrainSpec train = train_in;
+  train.micro_batch_size = strategy.mbs;
+  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
+  PIPER_RETURN_IF_ERROR(strategy.validate_for(model, train, cluster.world_size()));
+  compile::CompileOptions copts;
+  copts.interleave_overlap = options.interleave_overlap;
+  copts.target.overlap_param_gather = options.overlap_param_gather;
+  copts.recompute_reruns_tp_collectives = calibration.recompute_reruns_tp_collectives;
+  copts.capacity_bytes = capacity_bytes;
+  PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, strategy, calibration));
+  return compile::compile_strategy(model, train, strategy, copts);
 }
 
 Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train_in,
@@ -67,15 +84,10 @@ Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, c
   }
   TrainSpec train = train_in;
   train.micro_batch_size = strategy.mbs;
-  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
+  PIPER_RETURN_IF_ERROR(cost::CostModel::create(model, cluster, train, calibration).status());
   PIPER_RETURN_IF_ERROR(strategy.validate_for(model, train, cluster.world_size()));
-  compile::CompileOptions copts;
-  copts.interleave_overlap = options.interleave_overlap;
-  copts.target.overlap_param_gather = options.overlap_param_gather;
-  copts.recompute_reruns_tp_collectives = calibration.recompute_reruns_tp_collectives;
-  PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, strategy, calibration));
   auto t0 = std::chrono::steady_clock::now();
-  auto compiled = compile::compile_strategy(model, train, strategy, copts);
+  auto compiled = compile_for_simulation(model, cluster, train, strategy, calibration, options, 0);
   if (!compiled.ok()) return compiled.status().with_context("simulate");
   auto t1 = std::chrono::steady_clock::now();
   if (t1 >= options.deadline) {
@@ -144,7 +156,8 @@ Json SimReport::to_json() const {
   j["representative"] = sim.reduced;
   j["ranks"] = ranks;
   j["counters"] = {{"instructions", sim.instructions}, {"flows", sim.flows},
-                   {"rate_updates", sim.rate_updates}, {"comm_templates", sim.comm_templates},
+                   {"rate_updates", sim.rate_updates}, {"full_rate_updates", sim.full_rate_updates},
+                   {"comm_templates", sim.comm_templates},
                    {"compile_wall_s", compile_wall_s}, {"simulate_wall_s", simulate_wall_s}};
   return j;
 }

@@ -39,7 +39,7 @@ struct SimReport {
   double exposed_comm_fraction = 0;
   int64_t peak_memory_max_bytes = 0;
   double device_memory_bytes = 0;
-  uint64_t plan_hash = 0;  // compile::plan_hash of the simulated plan
+  uint64_t plan_hash = 0;  // compile::plan_hash of the simulated plan (0 unless SimOptions::plan_hash)
   double compile_wall_s = 0;
   double simulate_wall_s = 0;
 
@@ -54,6 +54,14 @@ struct SimReport {
 Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
                            const Strategy& strategy, const cost::Calibration& calibration = {},
                            const SimOptions& options = {});
+
+// The compile simulate() runs (megatron_target(), this cluster's cost annotations, options' overlap settings),
+// with the plan verifier's memory check at capacity_bytes (0: none). plan::verify_strategy uses it so that a
+// verified plan can be simulated without compiling it again (simulate_compiled()).
+Result<compile::CompileResult> compile_for_simulation(const ModelSpec& model, const ClusterSpec& cluster,
+                                                      const TrainSpec& train, const Strategy& strategy,
+                                                      const cost::Calibration& calibration, const SimOptions& options,
+                                                      int64_t capacity_bytes);
 
 // Executes a plan compiled elsewhere, without recompiling it: the plan `piper train` ran (runtime::Trainer::
 // compiled()), so its prediction is of that very plan (the report's plan_hash is the plan's). Its cost
