@@ -7,6 +7,7 @@
 #include "piper/base/files.h"
 #include "piper/cli/command.h"
 #include "piper/cli/flags.h"
+#include "piper/cli/precision_flags.h"
 #include "piper/compile/compile.h"
 #include "piper/compile/plan_summary.h"
 #include "piper/compile/strategy_directives.h"
@@ -28,6 +29,7 @@ struct CompileCliOptions {
   std::string emit_directives;
   bool verbose = false;
   bool json = false;
+  PrecisionOptions precision;  // the stash, wire and dispatch bytes of the compiled plan
 };
 
 Result<ir::MeshInfo> parse_mesh(const std::string& text) {
@@ -77,6 +79,7 @@ Result<Inputs> resolve(const CompileCliOptions& o) {
   Inputs in;
   PIPER_ASSIGN_OR_RETURN(in.model, load_model(o.model));
   PIPER_ASSIGN_OR_RETURN(in.train.seq_len, resolve_seq_len(in.model, o.seq_len));
+  PIPER_RETURN_IF_ERROR(apply_precision_options(o.precision, &in.train));
   if (!o.directives_file.empty()) {
     if (o.mesh.empty()) return invalid_argument("--directives needs --mesh pp=P[,vpp=V,dp=D,ep=E,tp=T]");
     if (o.microbatches > 0) {
@@ -177,6 +180,7 @@ PIPER_REGISTER_COMMAND(
       sub->add_option("--emit-directives", o->emit_directives,
                       "write the directives that were compiled to this JSON file");
       sub->add_flag("--verbose", o->verbose, "log each compile step with its time");
+      add_precision_options(sub, &o->precision);
       sub->add_flag("--json", o->json, "print one JSON object");
       return std::function<Status()>([o] { return run(*o); });
     });

@@ -8,6 +8,7 @@
 
 #include "piper/base/status.h"
 #include "piper/cli/command.h"
+#include "piper/cli/precision_flags.h"
 #include "piper/cost/device_model.h"
 #include "piper/spec/cluster_spec.h"
 #include "piper/spec/model_spec.h"
@@ -25,6 +26,8 @@ struct ScenarioOptions {
   int64_t seq_len = 0;       // 0: not given (min(4096, the model's max_seq_len))
   std::string calibration;
   std::string comm_calibration;  // `piper bench comm --calibration-out F`: measured link latency and bandwidth
+  PrecisionOptions precision;    // --precision and the per-state dtypes
+  int domain_nodes = 0;          // --domain-nodes; 0: not given (the whole scale-up domain)
 };
 
 struct Scenario {
@@ -35,7 +38,8 @@ struct Scenario {
   cost::Calibration calibration;
 };
 
-// --model, --cluster, --nodes, --strategy (required), --global-batch, --seq, --calibration, --comm-calibration.
+// --model, --cluster, --nodes, --strategy (required), --global-batch, --seq, --calibration, --comm-calibration,
+// --domain-nodes, --precision and the dtype flags (precision_flags.h).
 void add_scenario_options(CLI::App* sub, ScenarioOptions* o);
 
 // Loads the model, cluster (with the comm calibration applied), strategy and calibration; --seq is checked against
