@@ -1,10 +1,10 @@
 // piper compile: strategy (or directive file) -> verified per-rank Plan; prints per-template statistics.
 #include <cstdio>
 
+#include "piper/base/files.h"
 #include "piper/base/json.h"
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
-#include "piper/base/files.h"
 #include "piper/cli/command.h"
 #include "piper/cli/flags.h"
 #include "piper/cli/precision_flags.h"

@@ -119,14 +119,19 @@ void print_cluster(const ClusterSpec& c) {
   const ScaleUpSpec& u = c.scale_up;
   if (u.nodes_per_domain > 1) {
     const int dn = u.domain_nodes(), last = c.num_nodes - (c.num_domains() - 1) * dn;
-    std::printf("domain   %s: %d nodes x %d = %d devices per scale-up domain, reached through the node link (%s per "
-                "direction), not the NICs\n",
-                u.name.empty() ? "scale-up" : u.name.c_str(), u.nodes_per_domain, n.devices_per_node,
-                u.nodes_per_domain * n.devices_per_node, bw(n.intra.bw_bytes_per_s).c_str());
-    std::printf("         this job: %d node(s) of each domain (%d ranks); %d domain(s)", dn, c.devices_per_domain(),
-                c.num_domains());
-    if (last != dn) std::printf(", the last with %d node(s)", last);
-    std::printf("\n");
+    std::printf(
+        "domain   %s: %d nodes x %d = %d devices per scale-up domain, reached through the node link (%s per "
+        "direction), not the NICs\n",
+        u.name.empty() ? "scale-up" : u.name.c_str(), u.nodes_per_domain, n.devices_per_node,
+        u.nodes_per_domain * n.devices_per_node, bw(n.intra.bw_bytes_per_s).c_str());
+    if (c.num_domains() == 1) {
+      std::printf("         this job: %d node(s) = %d ranks, all in one domain\n", c.num_nodes, c.world_size());
+    } else {
+      std::printf("         this job: %d domains of %d node(s) = %d ranks each (--domain-nodes)", c.num_domains(), dn,
+                  c.devices_per_domain());
+      if (last != dn) std::printf(", the last with %d node(s)", last);
+      std::printf("\n");
+    }
   } else {
     std::printf("domain   each node is its own scale-up domain (%d devices)\n", n.devices_per_node);
   }
@@ -157,9 +162,8 @@ Status run_info(const InfoOptions& o) {
       OrderedJson cj = to_json(c);
       cj["num_nodes"] = c.num_nodes;
       cj["world_size"] = c.world_size();
-      cj["domain"] = {{"nodes", c.scale_up.domain_nodes()},
-                      {"devices", c.devices_per_domain()},
-                      {"num_domains", c.num_domains()}};
+      cj["domain"] = {
+          {"nodes", c.scale_up.domain_nodes()}, {"devices", c.devices_per_domain()}, {"num_domains", c.num_domains()}};
       out["cluster"] = cj;
     } else {
       if (!o.model.empty()) std::printf("\n");

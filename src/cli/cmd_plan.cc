@@ -99,7 +99,9 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
               "peak mem", "compiled pk", "ep group", "strategy");
   for (size_t i = 0; i < r.top.size(); ++i) {
     const auto& p = r.top[i];
-    const char* ep_place = p.strategy.ep <= 1 ? "-" : plan::ep_inside_domain(p.strategy, cluster) ? "in domain" : "spans";
+    const char* ep_place = p.strategy.ep <= 1                            ? "-"
+                           : plan::ep_inside_domain(p.strategy, cluster) ? "in domain"
+                                                                         : "spans";
     std::printf(" %-3zu %11s %11s %6.1f%% %12s %11s %12s %9s  %s%s\n", i + 1,
                 p.simulated ? format_seconds(p.sim_step_time_s).c_str() : "-",
                 format_seconds(p.estimate.step_time_s).c_str(), 100 * p.estimate.mfu,

@@ -455,10 +455,11 @@ PIPER_REGISTER_COMMAND(g_train, "train", "Train a model through its compiled Pla
     if (!o->precision.empty()) {
       PIPER_ASSIGN_OR_RETURN(const Precision p, parse_precision(o->precision, "--precision"));
       if (p != Precision::kBF16 || o->device != "cuda") {
-        return invalid_argument("--precision " + o->precision + " with --device " + o->device +
-                                ": the runtime trains fp32 on cpu and bf16 GEMMs on cuda, and has no fp8 kernels; " +
-                                "drop --precision (or use bf16 with --device cuda), or model fp8 with piper estimate, " +
-                                "simulate or plan --precision " + o->precision);
+        return invalid_argument(
+            "--precision " + o->precision + " with --device " + o->device +
+            ": the runtime trains fp32 on cpu and bf16 GEMMs on cuda, and has no fp8 kernels; " +
+            "drop --precision (or use bf16 with --device cuda), or model fp8 with piper estimate, " +
+            "simulate or plan --precision " + o->precision);
       }
     }
     return run_train(*o);

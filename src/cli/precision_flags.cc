@@ -58,11 +58,10 @@ Status apply_precision_options(const PrecisionOptions& o, TrainSpec* train) {
 }
 
 std::string describe_precision(const TrainSpec& t) {
-  std::string s = std::string(to_string(t.precision)) + " (activations " + to_string(t.activation_dtype) +
-                  ", wire " + to_string(t.wire_dtype()) + ", dispatch " +
-                  to_string(t.dispatch_dtype.value_or(t.wire_dtype())) + "; params " + to_string(t.param_dtype) +
-                  ", grads " + to_string(t.grad_dtype) + ", master " + to_string(t.master_dtype) + ", moments " +
-                  to_string(t.optimizer_dtype) + ")";
+  std::string s = std::string(to_string(t.precision)) + " (activations " + to_string(t.activation_dtype) + ", wire " +
+                  to_string(t.wire_dtype()) + ", dispatch " + to_string(t.dispatch_dtype.value_or(t.wire_dtype())) +
+                  "; params " + to_string(t.param_dtype) + ", grads " + to_string(t.grad_dtype) + ", master " +
+                  to_string(t.master_dtype) + ", moments " + to_string(t.optimizer_dtype) + ")";
   return s;
 }
 

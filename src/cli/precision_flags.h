@@ -20,7 +20,7 @@
 namespace piper::cli {
 
 struct PrecisionOptions {
-  std::string precision;  // "" = not given (bf16)
+  std::string precision;                                                // "" = not given (bf16)
   std::string param, grad, master, moment, activation, comm, dispatch;  // "" = not given
 };
 

@@ -100,8 +100,8 @@ Result<CostModel> CostModel::create(const ModelSpec& model, const ClusterSpec& c
   }
   if (train.precision != Precision::kBF16 && !(cluster.device.peak_flops_fp8 > 0)) {
     return invalid_argument("cluster " + cluster.name + ": device " + cluster.device.name +
-                            " has no fp8 peak (device.peak_flops_fp8 = 0) for precision " +
-                            to_string(train.precision) + "; use --precision bf16 or a device with fp8 tensor cores");
+                            " has no fp8 peak (device.peak_flops_fp8 = 0) for precision " + to_string(train.precision) +
+                            "; use --precision bf16 or a device with fp8 tensor cores");
   }
   if (cluster.num_nodes > 1 && cm.net_.nic_bw_per_device() <= 0) {
     return invalid_argument("cluster " + cluster.name + ": " + std::to_string(cluster.num_nodes) +
@@ -168,7 +168,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   const int L = model_.num_layers;
   const double T = static_cast<double>(s.mbs) * static_cast<double>(train_.seq_len);
   const double act_b = train_.activation_bytes();  // stashed for the backward
-  const double wire_b = train_.comm_bytes();        // TP collectives, PP sends, combine
+  const double wire_b = train_.comm_bytes();       // TP collectives, PP sends, combine
   const double h = table_.hidden;
   const double sp_div = s.sp ? s.tp : 1;
 
@@ -350,7 +350,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     mem.activations = act_peak;
     double buffers = calibration_.workspace_bytes;
     if (p > 1) buffers += 4 * T * h * wire_b / sp_div;  // P2P send/recv, activations and gradients
-    if (s.ep > 1 && n_moe > 0) {  // all-to-all staging: the dispatched tokens and the combine's
+    if (s.ep > 1 && n_moe > 0) {                        // all-to-all staging: the dispatched tokens and the combine's
       buffers += T / s.tp * table_.top_k * (dispatch_bytes_per_token() + combine_bytes_per_token());
     }
     // The largest layer's parameters that ZeRO shards: experts only when they are replicated (edp > 1); with

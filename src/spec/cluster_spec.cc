@@ -53,9 +53,10 @@ Status validate_counts(const ClusterSpec& c) {
                             " (1 = each node is its own NVLink domain; GB200 NVL72 has 18 trays)");
   }
   if (c.scale_up.job_nodes_per_domain < 0 || c.scale_up.job_nodes_per_domain > per_domain) {
-    return invalid_argument("cluster " + c.name + ": --domain-nodes " + std::to_string(c.scale_up.job_nodes_per_domain) +
-                            " is out of range; allowed 1.." + std::to_string(per_domain) +
-                            " (nodes of one scale-up domain; the domain has " + std::to_string(per_domain) + ")");
+    return invalid_argument("cluster " + c.name + ": --domain-nodes " +
+                            std::to_string(c.scale_up.job_nodes_per_domain) + " is out of range; allowed 1.." +
+                            std::to_string(per_domain) + " (nodes of one scale-up domain; the domain has " +
+                            std::to_string(per_domain) + ")");
   }
   if (static_cast<int64_t>(per_domain) * n > kMaxDevicesPerDomain) {
     return invalid_argument("cluster.scale_up.nodes_per_domain: " + std::to_string(per_domain) + " x " +

@@ -75,8 +75,8 @@ struct FabricSpec {
 // domain): job_nodes_per_domain (from --domain-nodes, 0 = all of them) is how many of its nodes ranks fill
 // before moving to the next domain. The last domain may hold fewer nodes.
 struct ScaleUpSpec {
-  std::string name;           // the fabric, for display: "NVLink 5 switch (NVL72)"
-  int nodes_per_domain = 1;   // physical nodes per domain
+  std::string name;              // the fabric, for display: "NVLink 5 switch (NVL72)"
+  int nodes_per_domain = 1;      // physical nodes per domain
   int job_nodes_per_domain = 0;  // nodes of each domain the job uses; 0 = nodes_per_domain
 
   int domain_nodes() const { return job_nodes_per_domain > 0 ? job_nodes_per_domain : nodes_per_domain; }

@@ -41,7 +41,7 @@ struct TrainSpec {
   DType grad_dtype = DType::kFP32;       // gradient accumulation
   DType master_dtype = DType::kFP32;     // master weights held by the optimizer (none when == param_dtype)
   DType optimizer_dtype = DType::kFP32;  // Adam moments
-  DType activation_dtype = DType::kBF16;  // activations stashed for the backward
+  DType activation_dtype = DType::kBF16;   // activations stashed for the backward
   Precision precision = Precision::kBF16;  // GEMM format (see Precision)
   // Activations on the wire (TP collectives, PP sends, the MoE combine); unset: activation_dtype.
   std::optional<DType> comm_dtype;

@@ -131,7 +131,8 @@ TEST(PrecisionTest, ParsingNamesTheValidChoices) {
 
 TEST(PrecisionTest, TrainJsonKeysOverrideTheRecipe) {
   auto t = train_from_json(
-      Json::parse(R"({"global_batch": 8, "precision": "mxfp8", "activation_dtype": "bf16", "optimizer_dtype": "bf16"})"),
+      Json::parse(
+          R"({"global_batch": 8, "precision": "mxfp8", "activation_dtype": "bf16", "optimizer_dtype": "bf16"})"),
       "t");
   ASSERT_TRUE(t.ok()) << t.status().message();
   EXPECT_EQ(t->precision, Precision::kMXFP8);
