@@ -1,13 +1,14 @@
 // piper compile: strategy (or directive file) -> verified per-rank Plan; prints per-template statistics.
 #include <cstdio>
 
+#include "piper/base/files.h"
 #include "piper/base/json.h"
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
-#include "piper/base/files.h"
 #include "piper/cli/command.h"
 #include "piper/cli/directive_input.h"
 #include "piper/cli/flags.h"
+#include "piper/cli/precision_flags.h"
 #include "piper/compile/compile.h"
 #include "piper/compile/plan_summary.h"
 #include "piper/compile/strategy_directives.h"
@@ -30,6 +31,7 @@ struct CompileCliOptions {
   std::string target = "megatron";  // which backend a strategy's directives are for
   bool verbose = false;
   bool json = false;
+  PrecisionOptions precision;  // the stash, wire and dispatch bytes of the compiled plan
 };
 
 // Resolves the model, training setup, mesh and directives from the options.
@@ -56,6 +58,7 @@ Result<Inputs> resolve(const CompileCliOptions& o) {
   Inputs in;
   PIPER_ASSIGN_OR_RETURN(in.model, load_model(o.model));
   PIPER_ASSIGN_OR_RETURN(in.train.seq_len, resolve_seq_len(in.model, o.seq_len));
+  PIPER_RETURN_IF_ERROR(apply_precision_options(o.precision, &in.train));
   if (!o.directives_file.empty()) {
     if (o.mesh.empty()) return invalid_argument("--directives needs --mesh pp=P[,vpp=V,dp=D,ep=E,tp=T]");
     if (o.microbatches > 0) {
@@ -159,6 +162,7 @@ PIPER_REGISTER_COMMAND(
                       "write the directives that were compiled to this JSON file");
       sub->add_option("--target", o->target, "megatron (default) or cpu-runtime: the backend a strategy is lowered for");
       sub->add_flag("--verbose", o->verbose, "log each compile step with its time");
+      add_precision_options(sub, &o->precision);
       sub->add_flag("--json", o->json, "print one JSON object");
       return std::function<Status()>([o] { return run(*o); });
     });

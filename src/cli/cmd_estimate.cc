@@ -5,6 +5,7 @@
 #include "piper/base/json.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
+#include "piper/cli/precision_flags.h"
 #include "piper/cli/scenario.h"
 #include "piper/cost/estimate.h"
 #include "piper/spec/cluster_loader.h"
@@ -31,6 +32,11 @@ void print_text(const cost::CostModel& cm, const Strategy& s, const cost::Estima
               static_cast<long long>(cm.train().seq_len));
   std::printf("cluster   %s: %d nodes x %d = %d devices (%s, %s each)\n", c.name.c_str(), c.num_nodes,
               c.node.devices_per_node, c.world_size(), c.device.name.c_str(), format_bytes(e.device_memory_bytes).c_str());
+  if (c.has_multi_node_domain()) {
+    std::printf("domain    %d ranks per scale-up domain (%s), %d domains\n", c.devices_per_domain(),
+                c.scale_up.name.c_str(), c.num_domains());
+  }
+  std::printf("precision %s\n", describe_precision(cm.train()).c_str());
   std::printf("strategy  %s\n", s.to_string().c_str());
   std::printf("batch     %lld sequences = %s tokens per step\n\n", static_cast<long long>(s.global_batch()),
               format_count(e.tokens_per_step).c_str());

@@ -7,6 +7,7 @@
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
 #include "piper/cli/flags.h"
+#include "piper/cli/precision_flags.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/counting.h"
 #include "piper/spec/model_json.h"
@@ -20,6 +21,7 @@ struct InfoOptions {
   std::string cluster;
   int64_t seq_len = 0;  // 0: not given (min(4096, max_seq_len))
   int nodes = 1;
+  int domain_nodes = 0;  // 0: not given (the whole scale-up domain)
   bool json = false;
 };
 
@@ -114,6 +116,25 @@ void print_cluster(const ClusterSpec& c) {
       std::printf("         nic %zu: %s near devices {%s}\n", i, bw(n.nics[i].bw_bytes_per_s).c_str(), near.c_str());
     }
   }
+  const ScaleUpSpec& u = c.scale_up;
+  if (u.nodes_per_domain > 1) {
+    const int dn = u.domain_nodes(), last = c.num_nodes - (c.num_domains() - 1) * dn;
+    std::printf(
+        "domain   %s: %d nodes x %d = %d devices per scale-up domain, reached through the node link (%s per "
+        "direction), not the NICs\n",
+        u.name.empty() ? "scale-up" : u.name.c_str(), u.nodes_per_domain, n.devices_per_node,
+        u.nodes_per_domain * n.devices_per_node, bw(n.intra.bw_bytes_per_s).c_str());
+    if (c.num_domains() == 1) {
+      std::printf("         this job: %d node(s) = %d ranks, all in one domain\n", c.num_nodes, c.world_size());
+    } else {
+      std::printf("         this job: %d domains of %d node(s) = %d ranks each (--domain-nodes)", c.num_domains(), dn,
+                  c.devices_per_domain());
+      if (last != dn) std::printf(", the last with %d node(s)", last);
+      std::printf("\n");
+    }
+  } else {
+    std::printf("domain   each node is its own scale-up domain (%d devices)\n", n.devices_per_node);
+  }
   const FabricSpec& f = c.fabric;
   std::printf("fabric   %s", to_string(f.topology));
   if (f.nodes_per_group > 0) std::printf(", %d nodes per group", f.nodes_per_group);
@@ -136,10 +157,13 @@ Status run_info(const InfoOptions& o) {
   }
   if (!o.cluster.empty()) {
     PIPER_ASSIGN_OR_RETURN(ClusterSpec c, load_cluster(o.cluster, o.nodes));
+    PIPER_RETURN_IF_ERROR(apply_domain_nodes(o.domain_nodes, &c));
     if (o.json) {
       OrderedJson cj = to_json(c);
       cj["num_nodes"] = c.num_nodes;
       cj["world_size"] = c.world_size();
+      cj["domain"] = {
+          {"nodes", c.scale_up.domain_nodes()}, {"devices", c.devices_per_domain()}, {"num_domains", c.num_domains()}};
       out["cluster"] = cj;
     } else {
       if (!o.model.empty()) std::printf("\n");
@@ -160,6 +184,7 @@ PIPER_REGISTER_COMMAND(g_info, "info", "Parameters, active parameters and FLOPs/
                          add_int_option(sub, "--nodes", &o->nodes, {1, kMaxNodes, "nodes of the cluster"},
                                         "number of nodes of the cluster")
                              ->capture_default_str();
+                         add_domain_option(sub, &o->domain_nodes);
                          sub->add_flag("--json", o->json, "print one JSON object");
                          return std::function<Status()>([o] { return run_info(*o); });
                        });

@@ -13,8 +13,10 @@
 #include "piper/cli/directive_input.h"
 #include "piper/cli/flags.h"
 #include "piper/cli/local_plan.h"
+#include "piper/cli/precision_flags.h"
 #include "piper/cli/train_report.h"
 #include "piper/plan/disaggregate.h"
+#include "piper/plan/domain.h"
 #include "piper/plan/rescore.h"
 #include "piper/plan/search.h"
 #include "piper/sim/simulate.h"
@@ -49,6 +51,8 @@ struct PlanOptions {
   int local_ranks = 0;  // 0: not given; > 0: plan for this many ranks on this machine (train_report.h local_cluster)
   bool runnable = false;
   std::string candidate, candidate_mesh;  // --candidate FILE --mesh M: a user's directive file, ranked too
+  PrecisionOptions precision;
+  int domain_nodes = 0;  // 0: not given (the whole scale-up domain)
 };
 
 // The user's plan (--candidate), simulated on the same cluster and ranked among the searched plans by simulated
@@ -87,6 +91,11 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
   std::printf("cluster   %s: %d nodes x %d = %d devices (%s each)\n", cluster.name.c_str(), cluster.num_nodes,
               cluster.node.devices_per_node, cluster.world_size(),
               format_bytes(static_cast<double>(cluster.device.memory_bytes)).c_str());
+  std::printf("precision %s\n", describe_precision(train).c_str());
+  if (cluster.has_multi_node_domain()) {
+    std::printf("domain    %d ranks per scale-up domain (%d nodes), %d domains\n", cluster.devices_per_domain(),
+                cluster.scale_up.domain_nodes(), cluster.num_domains());
+  }
   std::printf(
       "search    %lld strategies considered, %lld rejected, %lld scored (closed form), %lld fit; %s on %d "
       "threads; simulated: %lld\n",
@@ -118,22 +127,25 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
                   static_cast<long long>(st.rejected[k]));
     }
   }
-  std::printf("\n %-3s %11s %11s %7s %12s %11s %12s  %s\n", "#", "simulated", "step time", "MFU", "tokens/s",
-              "peak mem", "compiled pk", "strategy");
+  std::printf("\n %-3s %11s %11s %7s %12s %11s %12s %9s  %s\n", "#", "simulated", "step time", "MFU", "tokens/s",
+              "peak mem", "compiled pk", "ep group", "strategy");
   int simulated_rows = 0;
   auto print_candidate = [&] {
-    std::printf(" %-3s %11s %11s %7s %12s %11s %12s  %s  (--candidate, %s)\n", "C",
-                format_seconds(c.step_time_s).c_str(), "-", "-", "-", "-", "-", c.input.file.c_str(),
+    std::printf(" %-3s %11s %11s %7s %12s %11s %12s %9s  %s  (--candidate, %s)\n", "C",
+                format_seconds(c.step_time_s).c_str(), "-", "-", "-", "-", "-", "-", c.input.file.c_str(),
                 describe(c.input).c_str());
   };
   for (size_t i = 0; i < r.top.size(); ++i) {
     const auto& p = r.top[i];
     if (c.given && p.simulated && ++simulated_rows == c.rank) print_candidate();
-    std::printf(" %-3zu %11s %11s %6.1f%% %12s %11s %12s  %s%s\n", i + 1,
+    const char* ep_place = p.strategy.ep <= 1                            ? "-"
+                           : plan::ep_inside_domain(p.strategy, cluster) ? "in domain"
+                                                                         : "spans";
+    std::printf(" %-3zu %11s %11s %6.1f%% %12s %11s %12s %9s  %s%s\n", i + 1,
                 p.simulated ? format_seconds(p.sim_step_time_s).c_str() : "-",
                 format_seconds(p.estimate.step_time_s).c_str(), 100 * p.estimate.mfu,
                 format_count(p.estimate.tokens_per_s).c_str(), format_bytes(p.peak_memory_bytes()).c_str(),
-                p.verified ? format_bytes(p.verification.compiled_peak_bytes).c_str() : "-",
+                p.verified ? format_bytes(p.verification.compiled_peak_bytes).c_str() : "-", ep_place,
                 p.strategy.to_string().c_str(), p.origin == "search" ? "" : "  (local search)");
   }
   if (c.given && simulated_rows < c.rank) print_candidate();
@@ -329,9 +341,11 @@ Status run_plan(const PlanOptions& o) {
     train = local_train_spec(o.global_batch, seq_len);
   } else {
     PIPER_ASSIGN_OR_RETURN(cluster, load_cluster(o.cluster, o.nodes));
+    PIPER_RETURN_IF_ERROR(apply_domain_nodes(o.domain_nodes, &cluster));
     if (!o.comm_calibration.empty()) PIPER_RETURN_IF_ERROR(load_comm_calibration(o.comm_calibration, &cluster));
     train.global_batch = o.global_batch;
     train.seq_len = seq_len;
+    PIPER_RETURN_IF_ERROR(apply_precision_options(o.precision, &train));
   }
   if (o.disaggregate) {
     cost::Calibration calibration = local_calibration;
@@ -379,11 +393,18 @@ Status run_plan(const PlanOptions& o) {
   }
   if (o.json) {
     Json plans = Json::array();
-    for (const auto& p : r.top) plans.push_back(p.to_json());
+    for (const auto& p : r.top) {
+      Json pj = p.to_json();
+      pj["ep_inside_domain"] = plan::ep_inside_domain(p.strategy, cluster);
+      pj["ep_fits_domain"] = plan::ep_fits_domain(p.strategy, cluster);
+      plans.push_back(pj);
+    }
     Json j = {{"model", model.name},
               {"cluster", cluster.name},
               {"nodes", cluster.num_nodes},
               {"world_size", cluster.world_size()},
+              {"devices_per_domain", cluster.devices_per_domain()},
+              {"precision", to_string(train.precision)},
               {"seq_len", train.seq_len},
               {"global_batch", train.global_batch},
               {"search", r.stats.to_json()},
@@ -451,9 +472,16 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
   sub->add_option("--candidate", o->candidate, "also simulate this directive file and rank it with the searched plans");
   sub->add_option("--mesh", o->candidate_mesh, "with --candidate: pp=P[,vpp=V,dp=D,ep=E,tp=T]");
   sub->add_flag("--json", o->json, "print one JSON object");
+  add_domain_option(sub, &o->domain_nodes);
+  add_precision_options(sub, &o->precision);
   return std::function<Status()>([o] {
     if (o->disaggregate && !o->candidate.empty()) {
       return invalid_argument("--candidate ranks a plan with the strategy search; drop --disaggregate");
+    }
+    if (o->local_ranks > 0 && (!o->precision.precision.empty() || o->domain_nodes > 0)) {
+      return invalid_argument(
+          "--local-ranks plans fp32 training on this machine's cores; drop --precision/--domain-nodes, or plan for a "
+          "--cluster");
     }
     if (o->local_ranks > 0 && !o->cluster.empty()) {
       return invalid_argument("--local-ranks plans for this machine; drop --cluster/--nodes, or drop --local-ranks");

@@ -145,6 +145,9 @@ void print_text(const ModelSpec& model, const ClusterSpec& c, const Strategy& s,
   std::printf("model     %s (%d layers)\n", model.name.c_str(), model.num_layers);
   std::printf("cluster   %s: %d nodes x %d = %d devices\n", c.name.c_str(), c.num_nodes, c.node.devices_per_node,
               c.world_size());
+  if (c.has_multi_node_domain()) {
+    std::printf("domain    %d ranks per scale-up domain, %d domains\n", c.devices_per_domain(), c.num_domains());
+  }
   std::printf("strategy  %s\n", s.to_string().c_str());
   std::printf("plan      %d ranks, %zu simulated (%s), %lld instructions executed, %lld flows\n\n", r.world_size,
               r.sim.ranks.size(), r.sim.reduced ? "one per pipeline rank" : "all",

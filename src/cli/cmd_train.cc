@@ -27,11 +27,13 @@
 #include "piper/runtime/trace.h"
 #include "piper/runtime/trainer.h"
 #include "piper/spec/model_loader.h"
+#include "piper/spec/train_spec.h"
 
 namespace piper::cli {
 namespace {
 
 struct TrainCliOptions {
+  std::string precision;  // "" = not given; only the runtime's own format is accepted (see the flag's check)
   std::string model = "tiny-moe";
   int ranks = 0;  // 0: not given (the MPI job's size, or 1 outside one)
   std::string data;
@@ -469,7 +471,22 @@ PIPER_REGISTER_COMMAND(g_train, "train", "Train a model through its compiled Pla
   sub->add_flag("--json", o->json, "print one JSON object");
   sub->add_option("--device", o->device, "cpu, or cuda: one GPU, bf16 GEMMs with fp32 master weights (docs/gpu.md)")
       ->capture_default_str();
-  return std::function<Status()>([o] { return run_train(*o); });
+  sub->add_option("--precision", o->precision,
+                  "training precision the runtime runs: fp32 on cpu, bf16 with --device cuda (fp8 and mxfp8: "
+                  "estimate, simulate and plan model them; the runtime has no fp8 kernels)");
+  return std::function<Status()>([o] {
+    if (!o->precision.empty()) {
+      PIPER_ASSIGN_OR_RETURN(const Precision p, parse_precision(o->precision, "--precision"));
+      if (p != Precision::kBF16 || o->device != "cuda") {
+        return invalid_argument(
+            "--precision " + o->precision + " with --device " + o->device +
+            ": the runtime trains fp32 on cpu and bf16 GEMMs on cuda, and has no fp8 kernels; " +
+            "drop --precision (or use bf16 with --device cuda), or model fp8 with piper estimate, " +
+            "simulate or plan --precision " + o->precision);
+      }
+    }
+    return run_train(*o);
+  });
 });
 
 }  // namespace

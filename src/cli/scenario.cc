@@ -22,6 +22,8 @@ void add_scenario_options(CLI::App* sub, ScenarioOptions* o) {
   sub->add_option("--comm-calibration", o->comm_calibration,
                   "measured link latency/bandwidth JSON from `piper bench comm --calibration-out` "
                   "(src/spec/comm_calibration.h)");
+  add_domain_option(sub, &o->domain_nodes);
+  add_precision_options(sub, &o->precision);
 }
 
 Result<Scenario> load_scenario(const ScenarioOptions& o) {
@@ -29,6 +31,7 @@ Result<Scenario> load_scenario(const ScenarioOptions& o) {
   PIPER_ASSIGN_OR_RETURN(sc.model, load_model(o.model));
   PIPER_ASSIGN_OR_RETURN(const int64_t seq_len, resolve_seq_len(sc.model, o.seq_len));
   PIPER_ASSIGN_OR_RETURN(sc.cluster, load_cluster(o.cluster, o.nodes));
+  PIPER_RETURN_IF_ERROR(apply_domain_nodes(o.domain_nodes, &sc.cluster));
   if (!o.comm_calibration.empty()) PIPER_RETURN_IF_ERROR(load_comm_calibration(o.comm_calibration, &sc.cluster));
   if (!o.mesh.empty() && o.directives.empty()) {
     return invalid_argument("--mesh is for --directives; a strategy carries its mesh: drop --mesh");
@@ -44,6 +47,7 @@ Result<Scenario> load_scenario(const ScenarioOptions& o) {
   sc.train.global_batch = o.global_batch;
   sc.train.micro_batch_size = sc.strategy.mbs;
   sc.train.seq_len = seq_len;
+  PIPER_RETURN_IF_ERROR(apply_precision_options(o.precision, &sc.train));
   if (!o.calibration.empty()) {
     PIPER_ASSIGN_OR_RETURN(sc.calibration, cost::Calibration::load(o.calibration));
   }

@@ -9,6 +9,7 @@
 #include "piper/base/status.h"
 #include "piper/cli/command.h"
 #include "piper/cli/directive_input.h"
+#include "piper/cli/precision_flags.h"
 #include "piper/cost/device_model.h"
 #include "piper/spec/cluster_spec.h"
 #include "piper/spec/model_spec.h"
@@ -28,6 +29,8 @@ struct ScenarioOptions {
   std::string comm_calibration;  // `piper bench comm --calibration-out F`: measured link latency and bandwidth
   std::string directives;        // instead of --strategy: a directive file (with mesh)
   std::string mesh;
+  PrecisionOptions precision;    // --precision and the per-state dtypes
+  int domain_nodes = 0;          // --domain-nodes; 0: not given (the whole scale-up domain)
 };
 
 struct Scenario {
@@ -41,7 +44,8 @@ struct Scenario {
   DirectiveInput input;
 };
 
-// --model, --cluster, --nodes, --strategy or --directives with --mesh, --global-batch, --seq, --calibration, --comm-calibration.
+// --model, --cluster, --nodes, --strategy or --directives with --mesh, --global-batch, --seq, --calibration,
+// --comm-calibration, --domain-nodes, --precision and the dtype flags (precision_flags.h).
 void add_scenario_options(CLI::App* sub, ScenarioOptions* o);
 
 // Loads the model, cluster (with the comm calibration applied), strategy and calibration; --seq is checked against

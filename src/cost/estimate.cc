@@ -81,7 +81,8 @@ CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const T
       bytes_(bytes),
       table_(make_part_table(model, train.seq_len)),
       net_(cluster),
-      device_(cluster.device, train.param_dtype, cal),
+      device_(cluster.device, train.gemm_dtype(), cal),
+      device_hp_(cluster.device, train.param_dtype, cal),
       flops_per_token_(training_flops_per_token(model, train.seq_len)) {}
 
 Result<CostModel> CostModel::create(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
@@ -97,11 +98,28 @@ Result<CostModel> CostModel::create(const ModelSpec& model, const ClusterSpec& c
     return invalid_argument("cluster " + cluster.name + ": device " + cluster.device.name + " has no peak FLOP/s for " +
                             to_string(train.param_dtype) + "; set it in the cluster file or change train.param_dtype");
   }
+  if (train.precision != Precision::kBF16 && !(cluster.device.peak_flops_fp8 > 0)) {
+    return invalid_argument("cluster " + cluster.name + ": device " + cluster.device.name +
+                            " has no fp8 peak (device.peak_flops_fp8 = 0) for precision " + to_string(train.precision) +
+                            "; use --precision bf16 or a device with fp8 tensor cores");
+  }
   if (cluster.num_nodes > 1 && cm.net_.nic_bw_per_device() <= 0) {
     return invalid_argument("cluster " + cluster.name + ": " + std::to_string(cluster.num_nodes) +
                             " nodes but no NIC bandwidth; describe node.nics in the cluster file");
   }
   return cm;
+}
+
+const DeviceModel& CostModel::device_for(Part part) const {
+  switch (part) {
+    case Part::kAttention:
+    case Part::kExperts:
+    case Part::kSharedExperts:
+    case Part::kDenseMlp:
+      return device_;
+    default:
+      return device_hp_;
+  }
 }
 
 int CostModel::moe_layers_before(int x) const {
@@ -125,7 +143,10 @@ PartShape CostModel::part_shape(const Strategy& s, const Calibration& cal) const
   shape.ep = s.ep;
   shape.etp = s.etp;
   shape.sp = s.sp;
-  shape.act_bytes = dtype_width(train_.activation_dtype);
+  // Working activations (what the kernels read and write): the activation dtype, or bf16 when the stash is fp8
+  // (fp8 exists only as the GEMM inputs; norms, the activation function and residuals run in bf16).
+  shape.act_bytes = train_.precision == Precision::kBF16 ? dtype_width(train_.activation_dtype) : 2.0;
+  quantize_bytes_per_element(train_.precision, &shape.quantize_f_bytes, &shape.quantize_b_bytes);
   shape.param_bytes = bytes_.param;
   shape.grad_bytes = bytes_.grad;
   shape.expert_load = cal.expert_load_imbalance;
@@ -151,7 +172,8 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   const int p = s.pp, v = s.chunks_per_rank(), stages = p * v, m = s.microbatches;
   const int L = model_.num_layers;
   const double T = static_cast<double>(s.mbs) * static_cast<double>(train_.seq_len);
-  const double act_b = dtype_width(train_.activation_dtype);
+  const double act_b = train_.activation_bytes();  // stashed for the backward
+  const double wire_b = train_.comm_bytes();       // TP collectives, PP sends, combine
   const double h = table_.hidden;
   const double sp_div = s.sp ? s.tp : 1;
 
@@ -160,8 +182,9 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   Fbw part_t[kNumParts];
   for (int i = 0; i < kNumParts; ++i) {
     PartCost c = part_cost(table_, static_cast<Part>(i), shape);
+    const DeviceModel& dev = device_for(static_cast<Part>(i));
     auto time = [&](const TaskCost& k) {
-      return device_.time_s(k.flops, k.bytes, k.gemm_dim, k.attention_kernel) + device_.memory_time_s(k.pointwise_bytes);
+      return dev.time_s(k.flops, k.bytes, k.gemm_dim, k.attention_kernel) + dev.memory_time_s(k.pointwise_bytes);
     };
     part_t[i] = {time(c.f), time(c.b), time(c.w)};
   }
@@ -186,7 +209,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   MeshGroups g = mesh_groups(s, net_);
   // TP: two all-reduces (or reduce-scatter + all-gather under SP, the same bytes) forward, two backward, and two
   // more when full recomputation re-runs them (Calibration::recompute_reruns_tp_collectives: Megatron-LM's).
-  const double tp_ar_s = s.tp > 1 ? net_.all_reduce_s(T * h * act_b, g.tp, AllReduceAlgo::kRing) : 0.0;
+  const double tp_ar_s = s.tp > 1 ? net_.all_reduce_s(T * h * wire_b, g.tp, AllReduceAlgo::kRing) : 0.0;
   const double tp_rerun_s =
       s.recompute == Recompute::kFull && calibration_.recompute_reruns_tp_collectives ? 2 * tp_ar_s : 0.0;
   double tp_dense_layer_s = 4 * tp_ar_s + tp_rerun_s, tp_moe_layer_s = tp_dense_layer_s;
@@ -198,8 +221,8 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     // collectives of a recomputed forward stay whole (compile/lower.h).
     const bool split = kind == ScheduleKind::kZBH1 || kind == ScheduleKind::kDualPipeV;
     // The all-gather's ring steps take the whole all-gather's time; the reduce-scatter runs as k smaller ones.
-    const double ag = net_.all_gather_s(T * h * act_b, g.tp),
-                 rs = kTpOverlapRsPieces * net_.reduce_scatter_s(T * h * act_b / kTpOverlapRsPieces, g.tp);
+    const double ag = net_.all_gather_s(T * h * wire_b, g.tp),
+                 rs = kTpOverlapRsPieces * net_.reduce_scatter_s(T * h * wire_b / kTpOverlapRsPieces, g.tp);
     const double slow = 1 / calibration_.tp_overlap_gemm_sm_share;
     auto block = [&](Part matmul, Fbw* compute) {
       const BlockGemms gm = block_gemms(table_, device_, shape, matmul);
@@ -233,9 +256,13 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
         else if (groups % g.ep.nodes == 0)
           cap = std::min(g.ep.nodes, top_groups);
       }
-      ep_layer_s = 4 * net_.all_to_all_halo_s(tokens, h * act_b, k, g.ep, cap);
+      // The forward dispatch in dispatch_bytes_per_token (fp8 under DeepSeek-V3's recipe), the forward combine
+      // and both backward all-to-alls in the wire dtype.
+      ep_layer_s = net_.all_to_all_halo_s(tokens, dispatch_bytes_per_token(), k, g.ep, cap) +
+                   3 * net_.all_to_all_halo_s(tokens, combine_bytes_per_token(), k, g.ep, cap);
     } else {
-      ep_layer_s = 4 * net_.all_to_all_flat_s(tokens * k * h * act_b, g.ep);
+      ep_layer_s = net_.all_to_all_flat_s(tokens * k * dispatch_bytes_per_token(), g.ep) +
+                   3 * net_.all_to_all_flat_s(tokens * k * combine_bytes_per_token(), g.ep);
     }
   }
 
@@ -327,8 +354,10 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     mem.optimizer = states.optimizer;
     mem.activations = act_peak;
     double buffers = calibration_.workspace_bytes;
-    if (p > 1) buffers += 4 * T * h * act_b / sp_div;  // P2P send/recv, activations and gradients
-    if (s.ep > 1 && n_moe > 0) buffers += 2 * T / s.tp * table_.top_k * h * act_b;  // all-to-all staging
+    if (p > 1) buffers += 4 * T * h * wire_b / sp_div;  // P2P send/recv, activations and gradients
+    if (s.ep > 1 && n_moe > 0) {                        // all-to-all staging: the dispatched tokens and the combine's
+      buffers += T / s.tp * table_.top_k * (dispatch_bytes_per_token() + combine_bytes_per_token());
+    }
     // The largest layer's parameters that ZeRO shards: experts only when they are replicated (edp > 1); with
     // ep == dp each rank's experts are its own, never gathered or reduce-scattered.
     const double sharded_experts = expert_shard > 1 ? local_experts * table_.expert_params / s.etp : 0.0;
@@ -402,7 +431,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   const double t_b = bottleneck.b + bottleneck.w + per_mb_comm / 2;  // B and W
   double pp_s = 0;
   if (p > 1) {
-    const double hop = net_.p2p_s(T * h * act_b / sp_div, g.pp_cross_node);
+    const double hop = net_.p2p_s(T * h * wire_b / sp_div, g.pp_cross_node);
     // Blocking P2P per microbatch (activations forward, gradients backward) unless the schedule overlaps it
     // (interleaved and dualpipev post P2P asynchronously; only the fill and drain hops stay exposed).
     pp_s = (kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kDualPipeV) ? 2.0 * (p - 1) * hop

@@ -92,7 +92,14 @@ class CostModel {
   const TrainSpec& train() const { return train_; }
   const PartTable& parts() const { return table_; }
   const Network& network() const { return net_; }
+  // The device at the block GEMMs' format (TrainSpec::gemm_dtype: fp8 under fp8/mxfp8), and the one every other
+  // part runs at (the parameters' dtype: the attention core, router, embedding, head and norms stay in bf16).
   const DeviceModel& device() const { return device_; }
+  const DeviceModel& device_for(Part part) const;
+  // Bytes one token's hidden state takes in the MoE dispatch (TrainSpec::dispatch_bytes) and in the combine and
+  // the backward all-to-alls (TrainSpec::comm_bytes): DeepSeek-V3 dispatches fp8 and combines bf16.
+  double dispatch_bytes_per_token() const { return table_.hidden * train_.dispatch_bytes(); }
+  double combine_bytes_per_token() const { return table_.hidden * train_.comm_bytes(); }
   const ByteConvention& bytes() const { return bytes_; }
   double flops_per_token() const { return flops_per_token_; }
   // One microbatch's part shape on a rank under `strategy` (layer_cost.h), with `cal`'s expert load and
@@ -113,6 +120,7 @@ class CostModel {
   PartTable table_;
   Network net_;
   DeviceModel device_;
+  DeviceModel device_hp_;  // the parameters' dtype (bf16), for the parts that never run in fp8
   double flops_per_token_ = 0;
   int max_nodes_per_token_ = 0;  // node-limited routing cap for HALO (0 = none)
 };

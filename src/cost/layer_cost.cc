@@ -66,8 +66,11 @@ PartTable make_part_table(const ModelSpec& m, int64_t seq_len) {
 namespace {
 
 // A matmul part: F = B = W = 2 * tokens * weights (per rank); bytes = weights + activations in and out.
+// inner_width >= 0 marks a block that runs its GEMMs in fp8 when the shape says so: its GEMM inputs are the
+// block input (in_width) and the inner activation (inner_width, e.g. the MLP's f / tp), its output gradients
+// out_width and inner_width (PartShape::quantize_*_bytes).
 PartCost matmul(double tokens, double weights_per_rank, double in_width, double out_width, double gemm_dim,
-                const PartShape& s, double pointwise_f = 0) {
+                const PartShape& s, double pointwise_f = 0, double inner_width = -1) {
   PartCost c;
   const double flops = 2 * tokens * weights_per_rank;
   const double acts = tokens * (in_width + out_width) * s.act_bytes;
@@ -76,10 +79,25 @@ PartCost matmul(double tokens, double weights_per_rank, double in_width, double 
   c.w = {flops, weights_per_rank * 2 * s.grad_bytes + acts, gemm_dim};
   c.f.pointwise_bytes = pointwise_f;
   c.b.pointwise_bytes = 2 * pointwise_f;
+  if (inner_width >= 0) {
+    c.f.pointwise_bytes += tokens * (in_width + inner_width) * s.quantize_f_bytes;
+    c.b.pointwise_bytes += tokens * (out_width + inner_width) * s.quantize_b_bytes;
+  }
   return c;
 }
 
 }  // namespace
+
+void quantize_bytes_per_element(Precision precision, double* forward, double* backward) {
+  const double fp8 = 1.0 + 1.0 / 32.0;  // an element and its share of the scales (TrainSpec::stored_bytes)
+  *forward = 0;
+  *backward = 0;
+  if (precision == Precision::kBF16) return;
+  // Forward: read bf16 (2), write row-wise fp8; MXFP8 scales along the other dimension for the weight gradient
+  // too (a second, column-wise copy). Backward: read 2, write both copies (input gradient and weight gradient).
+  *forward = 2 + (precision == Precision::kMXFP8 ? 2 : 1) * fp8;
+  *backward = 2 + 2 * fp8;
+}
 
 PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
   const double T = s.tokens;
@@ -100,7 +118,7 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
       return c;
     }
     case Part::kAttention:  // + RoPE on Q and K (read and write)
-      return matmul(T, t.attention_params / tp, h, h, std::min(T, h / tp), s, T * 4 * h * s.act_bytes / tp);
+      return matmul(T, t.attention_params / tp, h, h, std::min(T, h / tp), s, T * 4 * h * s.act_bytes / tp, h / tp);
     case Part::kAttentionCore: {
       PartCost c;
       const double flops = T * t.attention_core_flops / tp;
@@ -136,7 +154,7 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
       const double act_fn = pairs * 3 * t.expert_width * s.act_bytes;
       const double pw = act_fn + T / tp * (t.top_k + 1) * h * s.act_bytes;
       PartCost c = matmul(pairs * s.etp, t.expert_params / s.etp, h, h,
-                          std::min({rows_per_expert, t.expert_width / s.etp, h}), s, pw);
+                          std::min({rows_per_expert, t.expert_width / s.etp, h}), s, pw, t.expert_width / s.etp);
       // Weights read: every local expert's shard, not one expert.
       const double wbytes = local_experts * t.expert_params / s.etp;
       c.f.bytes += wbytes * s.param_bytes - t.expert_params / s.etp * s.param_bytes;
@@ -147,10 +165,10 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
     }
     case Part::kSharedExperts:
       return matmul(T, t.shared_params / tp, h, h, std::min(T, t.shared_width / tp), s,
-                    T * 3 * t.shared_width * s.act_bytes / tp);
+                    T * 3 * t.shared_width * s.act_bytes / tp, t.shared_width / tp);
     case Part::kDenseMlp:
       return matmul(T, t.dense_mlp_params / tp, h, h, std::min({T, t.dense_width / tp, h}), s,
-                    T * 3 * t.dense_width * s.act_bytes / tp);
+                    T * 3 * t.dense_width * s.act_bytes / tp, t.dense_width / tp);
     case Part::kHead:
       // + softmax and cross entropy over fp32 logits (write, read, write the gradient)
       return matmul(T, t.head_params / tp, h, t.vocab / tp, std::min({T, t.vocab / tp, h}), s, T * 12 * t.vocab / tp);

@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "piper/spec/model_spec.h"
+#include "piper/spec/train_spec.h"
 
 namespace piper::cost {
 
@@ -89,7 +90,17 @@ struct PartShape {
   // routed experts' activation function (experts part), the same pointwise traffic as in the forward.
   bool recompute_moe_norm = false;
   bool recompute_moe_act = false;
+  // FP8 GEMMs (TrainSpec::precision fp8/mxfp8) in the block parts (attention projections, experts, shared
+  // experts, dense MLP): quantising kernels are memory-bound work beside them, per element of a GEMM input:
+  // quantize_f_bytes in the forward (the block input and the inner activation: read bf16, write fp8 + scales;
+  // MXFP8 also writes the column-wise copy the weight gradient needs), quantize_b_bytes in the backward (the
+  // output gradients, read once and written row-wise and column-wise). 0: bf16 GEMMs, no quantisation.
+  double quantize_f_bytes = 0;
+  double quantize_b_bytes = 0;
 };
+
+// Quantisation traffic per element for a precision (0, 0 under bf16); see PartShape.
+void quantize_bytes_per_element(Precision precision, double* forward, double* backward);
 
 // One layer's part (or the embedding/head), on one rank, for one microbatch.
 PartCost part_cost(const PartTable& table, Part part, const PartShape& shape);

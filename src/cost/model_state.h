@@ -7,6 +7,8 @@
 //   stage 1: optimizer states    (p + g) * N + o * N / d
 //   stage 2: + gradients          p * N + (g + o) * N / d
 //   stage 3: + parameters         (p + g + o) * N / d
+// Under fp8/mxfp8 GEMMs the rank also holds fp8 copies of its weights (ByteConvention::weight_copy, 2.0625
+// bytes/param), counted with the parameters (sharded with them under stage 3).
 // Megatron's distributed optimizer is stage 1: 6 + 12/dp bytes/param with the 18-byte convention.
 // Callers pick the group: dense parameters shard over dp, expert parameters over the expert-data-parallel
 // group (dp/ep, times tp/etp when experts are not tensor-sliced), because only those ranks hold a replica.
@@ -22,6 +24,7 @@ struct ByteConvention {
   double grad = 4;       // gradient accumulation buffer
   double master = 4;     // fp32 master copy held by the optimizer (0 when params are already the master)
   double optimizer = 8;  // optimizer moments (Adam: 2 x moment dtype)
+  double weight_copy = 0;  // fp8 weight copies (row-wise + column-wise with scales) under fp8/mxfp8 GEMMs
 
   double optimizer_total() const { return master + optimizer; }  // what ZeRO-1 shards
   double total() const { return param + grad + master + optimizer; }

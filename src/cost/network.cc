@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 namespace piper::cost {
 namespace {
@@ -42,6 +43,14 @@ Network::Network(const ClusterSpec& cluster) {
   const NodeSpec& node = cluster.node;
   devices_per_node_ = std::max(1, node.devices_per_node);
   nodes_per_group_ = cluster.fabric.nodes_per_group;
+  const int domain_nodes = std::max(1, cluster.scale_up.domain_nodes());
+  if (domain_nodes > 1 && node.pair_bw_bytes_per_s.empty()) {
+    // The domain's switches reach every device of the domain at the node link's bandwidth: the domain is the
+    // innermost level. Dragonfly groups are counted in domains.
+    multi_node_domain_ = true;
+    devices_per_node_ = std::max(1, cluster.devices_per_domain());
+    if (nodes_per_group_ > 0) nodes_per_group_ = std::max(1, (nodes_per_group_ + domain_nodes - 1) / domain_nodes);
+  }
   intra_bw_ = node.intra.bw_bytes_per_s;
   if (!node.pair_bw_bytes_per_s.empty() && devices_per_node_ > 1) {
     // Mean of the off-diagonal pairs: rings and all-to-alls use all of them (Frontier: 50-200 GB/s).
@@ -60,11 +69,12 @@ Network::Network(const ClusterSpec& cluster) {
   }
   intra_latency_s_ = node.intra.latency_s;
   const int num_nics = static_cast<int>(node.nics.size());
+  const int node_devices = std::max(1, node.devices_per_node);
   double share = 0;
   for (int i = 0; i < num_nics; ++i) {
     int attached = static_cast<int>(node.nics[i].near_devices.size());
     if (attached == 0) {  // round-robin attachment
-      for (int d = 0; d < devices_per_node_; ++d) attached += d % num_nics == i ? 1 : 0;
+      for (int d = 0; d < node_devices; ++d) attached += d % num_nics == i ? 1 : 0;
     }
     double s = node.nics[i].bw_bytes_per_s / std::max(1, attached);
     share = i == 0 ? s : std::min(share, s);
@@ -81,6 +91,10 @@ GroupLayout Network::layout(int size, int stride) const {
   if (g.size == 1) return g;
   const int G = devices_per_node_;
   g.per_node = stride >= G ? 1 : std::min(g.size, std::max(1, G / std::max(1, stride)));
+  if (multi_node_domain_ && stride < G) {
+    const int span = static_cast<int>(std::min<int64_t>(int64_t{stride} * g.size, int64_t{1} << 30));
+    g.per_node = std::min(g.size, std::max(1, std::gcd(G, span) / std::max(1, stride)));
+  }
   g.nodes = static_cast<int>(ceil_div(g.size, g.per_node));
   const double span_nodes = ceil_div(static_cast<double>(stride) * g.size, G);
   g.crosses_groups = nodes_per_group_ > 0 && g.nodes > 1 && span_nodes > nodes_per_group_;

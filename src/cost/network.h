@@ -1,6 +1,8 @@
 // Communication cost: alpha-beta per topology level, for the collectives Piper emits.
 //
-// Levels (ClusterSpec): the intra-node device link, the NICs (each device's share of the NIC it is attached
+// Levels (ClusterSpec): the intra-node device link (which, on a cluster with a multi-node scale-up domain such
+// as GB200 NVL72, reaches every device of the domain: the model's "node" is then the domain as the job uses it,
+// ClusterSpec::devices_per_domain() ranks), the NICs (each device's share of the NIC it is attached
 // to: NIC bandwidth / devices attached, the worst NIC counts), and the global links between dragonfly groups
 // (NIC share / inter_group_taper, extra latency). A communication group is described by its GroupLayout: how
 // many members share a node and how many nodes it spans. Every group of the same kind runs at the same time
@@ -52,12 +54,16 @@ class Network {
  public:
   explicit Network(const ClusterSpec& cluster);
 
+  // Devices that share the innermost (device-link) level: a node, or a scale-up domain when it spans nodes.
   int devices_per_node() const { return devices_per_node_; }
+  bool multi_node_domain() const { return multi_node_domain_; }
   double intra_bw() const { return intra_bw_; }
   double nic_bw_per_device() const { return nic_bw_per_device_; }
 
   // Layout of a group of `size` members whose ranks are `stride` apart (ranks numbered node-major), or of a
-  // group made of several mesh axes: members per node multiply (see GroupLayout).
+  // group made of several mesh axes: members per node multiply (see GroupLayout). With a multi-node domain
+  // (72 ranks, say) a group whose span does not divide the domain straddles two of them: it is given the
+  // members per domain of its worst-aligned copy, gcd(domain, stride * size) / stride.
   GroupLayout layout(int size, int stride) const;
   GroupLayout combine(const GroupLayout& inner, const GroupLayout& outer, int outer_stride) const;
 
@@ -79,6 +85,7 @@ class Network {
   double step_latency(const GroupLayout& g) const;
 
   int devices_per_node_ = 1;
+  bool multi_node_domain_ = false;
   int nodes_per_group_ = 0;
   double intra_bw_ = 0;
   double intra_latency_s_ = 0;

@@ -41,7 +41,8 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
   }
   const int64_t h = model.hidden_size;
   const int64_t tokens = train.micro_batch_size * train.seq_len;
-  const int64_t act_bytes = dtype_bytes(train.activation_dtype);
+  // Edges carry activations in the wire dtype (bf16 under the fp8 recipes); the stash is activation_bytes().
+  const int64_t act_bytes = std::llround(train.comm_bytes());
   const ParamCounts counts = count_params(model);
   const int64_t norm = norm_params(model);
   // Activations as the closed form counts them (spec/activation_counting.h, flash attention, no dropout): the
@@ -51,7 +52,7 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
   // k fp32 weights: experts), the shared experts' output (summed by the next layer), as Piper's runtime does.
   ActivationShape shape;
   shape.seq_len = train.seq_len;
-  shape.act_bytes = static_cast<double>(act_bytes);
+  shape.act_bytes = train.activation_bytes();
   ActivationShape recompute_norm = shape, recompute_act = shape;
   recompute_norm.recompute_moe_norm = true;
   recompute_act.recompute_moe_act = true;
@@ -143,6 +144,7 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
   g.param_bytes = dtype_bytes(train.param_dtype);
   g.grad_bytes = dtype_bytes(train.grad_dtype);
   g.moe_top_k = std::max(1, model.moe.top_k);
+  g.moe_dispatch_ratio = train.dispatch_bytes() / train.comm_bytes();
   std::vector<NodeId> fwd, bwd;
   for (const ChunkSpec& c : chunks) {
     std::string base = (c.part == "embed" || c.part == "head") ? c.part : "L" + std::to_string(c.layer) + "." + c.part;

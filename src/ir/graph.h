@@ -100,6 +100,9 @@ class Graph {
   int param_bytes = 2;          // bytes per parameter element (compute copy)
   int grad_bytes = 4;           // bytes per gradient element
   int moe_top_k = 1;            // tokens are sent to top_k experts by dispatch
+  // The forward dispatch's bytes per element over the edges' (TrainSpec::dispatch_bytes / comm_bytes): 0.516
+  // when DeepSeek-V3's recipe dispatches fp8 (with scales) and combines bf16; 1 otherwise.
+  double moe_dispatch_ratio = 1.0;
 
   NodeId add_node(Node node);
   int add_edge(NodeId src, NodeId dst, EdgeKind kind, int64_t bytes = 0);

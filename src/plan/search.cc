@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "piper/base/units.h"
+#include "piper/plan/domain.h"
 #include "piper/plan/rescore.h"
 
 namespace piper::plan {
@@ -141,6 +142,18 @@ void run_item(const Context& ctx, int64_t index, Sink* sink, Strategy* s, cost::
       for (size_t q = 0; q < o && !order_dup[o]; ++q) order_dup[o] = reduced[q] == reduced[o];
     }
   }
+  // Keep EP inside the scale-up domain when it fits (plan/domain.h): on a cluster whose domains span nodes,
+  // orders that spread the EP groups over domains are not searched while another order keeps them inside.
+  std::vector<char> ep_outside(sp.orders.size(), 0);
+  const ClusterSpec& cluster = (*ctx.models)[0].cluster();
+  if (ctx.apply_rules && cluster.has_multi_node_domain() && item.ep > 1) {
+    const std::vector<std::string> kept_order = s->order;
+    for (size_t o = 0; o < sp.orders.size(); ++o) {
+      s->order = sp.orders[o];
+      ep_outside[o] = ep_fits_domain(*s, cluster) && !ep_inside_domain(*s, cluster);
+    }
+    s->order = kept_order;
+  }
   const int n_etp = static_cast<int>(r.etp_count(item.tp));
   for (int ie = 0; ie < n_etp; ++ie) {
     s->etp = ie == 0 ? 1 : item.tp;
@@ -214,6 +227,10 @@ void run_item(const Context& ctx, int64_t index, Sink* sink, Strategy* s, cost::
                     }
                     if (order_dup[static_cast<size_t>(io)]) {
                       reject(Rule::kDuplicateOrder, 1);
+                      continue;
+                    }
+                    if (ep_outside[static_cast<size_t>(io)]) {
+                      reject(Rule::kEpOutsideDomain, 1);
                       continue;
                     }
                     if (memory_known && !memory_fits) {  // memory does not depend on a2a or order

@@ -7,6 +7,9 @@
 // the end by (step time, enumeration index), so the result does not depend on the number of threads or on
 // timing. Only candidates that fit in device memory are returned as plans.
 //
+// On a cluster whose scale-up domains span nodes (GB200 NVL72), mesh orders that spread the EP groups over domains
+// are not searched when another order keeps them inside (Rule::kEpOutsideDomain, plan/domain.h): a preference,
+// so brute_force, which applies no rules, may return such an order where the cost model hides its all-to-alls.
 // brute_force() is the test oracle: one thread, no rules, no memory shortcut: every candidate goes through
 // Strategy::validate_for and estimate(). Both functions return the same best plan (tests/plan/search_test.cc).
 // With options.verify the best plans are then compiled (verify.h), `threads` at a time, best first; a plan the

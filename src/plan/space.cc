@@ -38,6 +38,7 @@ const char* to_string(Rule rule) {
                                           "interleaved_microbatches",
                                           "duplicate_a2a",
                                           "duplicate_order",
+                                          "ep_outside_domain",
                                           "memory",
                                           "invalid"};
   return kNames[static_cast<int>(rule)];
@@ -99,7 +100,7 @@ Result<ResolvedSpace> resolve_space(const SearchSpace& space, const ModelSpec& m
   const int max_tp = space.max_tp > 0 ? space.max_tp : cluster.node.devices_per_node;
   const std::vector<int> eps =
       model.is_moe() ? divisors(model.moe.num_experts, space.max_ep > 0 ? space.max_ep : model.moe.num_experts)
-                      : std::vector<int>{1};
+                     : std::vector<int>{1};
   for (int tp : divisors(r.world, max_tp)) {
     for (int pp : divisors(r.world / tp, model.num_layers)) {
       for (int ep : eps) r.items.push_back({tp, pp, ep});

@@ -59,10 +59,11 @@ enum class Rule {
   kInterleavedMicrobatches,
   kDuplicateA2a,
   kDuplicateOrder,
+  kEpOutsideDomain,  // a multi-node scale-up domain (NVL72) could hold the EP groups, this mesh order spreads them
   kMemory,
   kInvalid,
 };
-inline constexpr int kNumRules = 13;
+inline constexpr int kNumRules = 14;
 const char* to_string(Rule rule);
 using RuleCounts = std::array<int64_t, kNumRules>;
 

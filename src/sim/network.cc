@@ -16,6 +16,10 @@ Status check_cluster(const ClusterSpec& c) {
   const int g = c.node.devices_per_node;
   if (g < 1) return invalid_argument(where + "node.devices_per_node=" + std::to_string(g) + " must be >= 1");
   const auto& m = c.node.pair_bw_bytes_per_s;
+  if (c.scale_up.domain_nodes() < 1 || (c.scale_up.domain_nodes() > 1 && !m.empty())) {
+    return invalid_argument(where + "scale_up: " + std::to_string(c.scale_up.domain_nodes()) +
+                            " nodes per domain needs >= 1 and a switched node (no pair_bw_bytes_per_s)");
+  }
   if (!m.empty()) {
     if (static_cast<int>(m.size()) != g) {
       return invalid_argument(where + "node.pair_bw_bytes_per_s has " + std::to_string(m.size()) +
@@ -134,6 +138,7 @@ Result<Network> Network::build(const ClusterSpec& c) {
   net.num_nodes_ = c.num_nodes;
   net.devices_per_node_ = g;
   net.nodes_per_group_ = c.fabric.nodes_per_group == 0 ? c.num_nodes : c.fabric.nodes_per_group;
+  net.domain_nodes_ = std::max(1, c.scale_up.domain_nodes());
   net.num_nics_ = static_cast<int>(c.node.nics.size());
   net.pair_matrix_ = !c.node.pair_bw_bytes_per_s.empty();
   net.nic_of_local_.assign(g, 0);
@@ -151,7 +156,7 @@ Result<Network> Network::build(const ClusterSpec& c) {
         }
       }
       net.pair_.push_back(std::move(pairs));
-    } else if (g > 1) {
+    } else if (g > 1 || net.domain_nodes_ > 1) {
       for (int a = 0; a < g; ++a) {
         net.port_out_.push_back(
             net.add_link({LinkKind::kPortOut, c.node.intra.bw_bytes_per_s, c.node.intra.latency_s, n, a, -1}));
@@ -202,6 +207,8 @@ Result<Route> Network::route(int src, int dst) const {
     } else {
       r.links = {port_out_[src], port_in_[dst]};
     }
+  } else if (!pair_matrix_ && domain_of_node(na) == domain_of_node(nb)) {
+    r.links = {port_out_[src], port_in_[dst]};  // one scale-up (NVLink switch) domain spans both nodes
   } else {
     const int ga = group_of_node(na), gb = group_of_node(nb);
     r.links.push_back(nic_tx_[na * num_nics_ + nic_of(src)]);

@@ -7,6 +7,9 @@
 //     node.intra.latency_s on the egress port.
 //   - inside a node, per-pair matrix: direct links (Infinity-Fabric-like), one per ordered pair with
 //     pair_bw_bytes_per_s[a][b] bandwidth (pairs with 0 have no direct link and are an error to route).
+//   - inside a scale-up domain of several nodes (ClusterSpec::scale_up, e.g. GB200 NVL72's 18 trays): the same
+//     egress/ingress ports as inside a node; a -> b in another node of the domain crosses port_out(a), port_in(b)
+//     (one NVLink switch fabric), never the NICs. Domains hold scale_up.domain_nodes() consecutive nodes.
 //   - across nodes: NIC transmit and receive links per NIC (node.nics[i].bw per direction). A device uses its
 //     nearest NIC (NodeSpec::nic_of_device: the first NIC whose near_devices lists it, else local index mod
 //     NICs). The device-to-NIC hop (PCIe) is not modelled. Latency node.nic_latency_s on the transmit link.
@@ -16,7 +19,7 @@
 //   - between groups (dragonfly global links, or the spine of a fat tree) every group has a global transmit and
 //     a global receive link of capacity (nodes in group * sum of NIC bandwidths) / inter_group_taper; latency
 //     fabric.inter_group_latency_s on the transmit side.
-// Paths: same node: [port_out(a), port_in(b)] or [pair(a,b)]; same group: [nic_tx, fabric(g), nic_rx];
+// Paths: same node or domain: [port_out(a), port_in(b)] or [pair(a,b)]; same group: [nic_tx, fabric(g), nic_rx];
 // other group: [nic_tx, fabric(ga), global_tx(ga), global_rx(gb), fabric(gb), nic_rx]. a == b: empty path.
 // Thread-safety: immutable after build(); share freely.
 #pragma once
@@ -57,6 +60,7 @@ class Network {
   int devices_per_node() const { return devices_per_node_; }
   int node_of(int device) const { return device / devices_per_node_; }
   int group_of_node(int node) const { return node / nodes_per_group_; }
+  int domain_of_node(int node) const { return node / domain_nodes_; }
   int num_groups() const { return (num_nodes_ + nodes_per_group_ - 1) / nodes_per_group_; }
   int nic_of(int device) const { return nic_of_local_[device % devices_per_node_]; }
   const std::vector<Link>& links() const { return links_; }
@@ -71,6 +75,7 @@ class Network {
   int num_nodes_ = 0;
   int devices_per_node_ = 0;
   int nodes_per_group_ = 1;
+  int domain_nodes_ = 1;  // nodes per scale-up domain as the job uses it
   int num_nics_ = 0;
   bool pair_matrix_ = false;
   std::vector<int> nic_of_local_;

@@ -124,8 +124,11 @@ Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, con
       const TaskCost* tasks[3] = {&c.f, &c.b, &c.w};
       for (int k = 0; k < 3; ++k) {
         // Same formula as the estimate: each cost part is its own kernel (roofline + pointwise traffic).
-        p.time_s[static_cast<size_t>(k)] += dev.time_s(tasks[k]->flops, tasks[k]->bytes, tasks[k]->gemm_dim, tasks[k]->attention_kernel) +
-                                            dev.memory_time_s(tasks[k]->pointwise_bytes);
+        // fp8/mxfp8 run the block GEMMs at the fp8 peak, the rest at bf16's (CostModel::device_for).
+        const cost::DeviceModel& part_dev = cm.device_for(part);
+        p.time_s[static_cast<size_t>(k)] += part_dev.time_s(tasks[k]->flops, tasks[k]->bytes, tasks[k]->gemm_dim,
+                                                            tasks[k]->attention_kernel) +
+                                            part_dev.memory_time_s(tasks[k]->pointwise_bytes);
         add(p.cost[static_cast<size_t>(k)], *tasks[k]);
       }
     }

@@ -90,6 +90,13 @@ Status read_fabric(const Json& json, FabricSpec* f) {
   return r.check_no_unknown_keys();
 }
 
+Status read_scale_up(const Json& json, ScaleUpSpec* u) {
+  JsonReader r(json, "cluster.scale_up");
+  PIPER_RETURN_IF_ERROR(r.get_string("name", &u->name, false));
+  PIPER_RETURN_IF_ERROR(r.get_int("nodes_per_domain", &u->nodes_per_domain, true, 1, kMaxNodesPerDomain));
+  return r.check_no_unknown_keys();
+}
+
 }  // namespace
 
 Result<ClusterSpec> cluster_from_json(const Json& json, int num_nodes, const std::string& what) {
@@ -110,6 +117,7 @@ Result<ClusterSpec> cluster_from_json(const Json& json, int num_nodes, const std
     }
     PIPER_RETURN_IF_ERROR(read_device(*device, &c.device));
     PIPER_RETURN_IF_ERROR(read_node(*node, &c.node));
+    if (const Json* scale_up = r.find("scale_up")) PIPER_RETURN_IF_ERROR(read_scale_up(*scale_up, &c.scale_up));
     PIPER_RETURN_IF_ERROR(read_fabric(*fabric, &c.fabric));
     PIPER_RETURN_IF_ERROR(r.check_no_unknown_keys());
     return c.validate();
@@ -152,6 +160,9 @@ OrderedJson to_json(const ClusterSpec& c) {
   }
   node["nic_latency_s"] = c.node.nic_latency_s;
   j["node"] = node;
+  if (c.scale_up.nodes_per_domain > 1) {
+    j["scale_up"] = {{"name", c.scale_up.name}, {"nodes_per_domain", c.scale_up.nodes_per_domain}};
+  }
   j["fabric"] = {{"topology", to_string(c.fabric.topology)},
                  {"nodes_per_group", c.fabric.nodes_per_group},
                  {"intra_group_taper", c.fabric.intra_group_taper},

@@ -46,6 +46,32 @@ Status validate_counts(const ClusterSpec& c) {
     return invalid_argument("cluster.fabric.nodes_per_group: " + std::to_string(c.fabric.nodes_per_group) +
                             " is out of range; allowed 0.." + std::to_string(kMaxNodes) + " (0 = one group)");
   }
+  const int per_domain = c.scale_up.nodes_per_domain;
+  if (per_domain < 1 || per_domain > kMaxNodesPerDomain) {
+    return invalid_argument("cluster.scale_up.nodes_per_domain: " + std::to_string(per_domain) +
+                            " is out of range; allowed 1.." + std::to_string(kMaxNodesPerDomain) +
+                            " (1 = each node is its own NVLink domain; GB200 NVL72 has 18 trays)");
+  }
+  if (c.scale_up.job_nodes_per_domain < 0 || c.scale_up.job_nodes_per_domain > per_domain) {
+    return invalid_argument("cluster " + c.name + ": --domain-nodes " +
+                            std::to_string(c.scale_up.job_nodes_per_domain) + " is out of range; allowed 1.." +
+                            std::to_string(per_domain) + " (nodes of one scale-up domain; the domain has " +
+                            std::to_string(per_domain) + ")");
+  }
+  if (static_cast<int64_t>(per_domain) * n > kMaxDevicesPerDomain) {
+    return invalid_argument("cluster.scale_up.nodes_per_domain: " + std::to_string(per_domain) + " x " +
+                            std::to_string(n) + " devices is out of range; allowed <= " +
+                            std::to_string(kMaxDevicesPerDomain) + " devices per domain (NVL576 is the largest)");
+  }
+  if (per_domain > 1 && !c.node.pair_bw_bytes_per_s.empty()) {
+    return invalid_argument("cluster.scale_up.nodes_per_domain: " + std::to_string(per_domain) +
+                            " needs a switched node (node.intra); a per-pair matrix (node.pair_bw_bytes_per_s) "
+                            "describes direct links inside one node only; drop one of them");
+  }
+  if (per_domain > 1 && !(c.node.intra.bw_bytes_per_s > 0)) {
+    return invalid_argument("cluster.scale_up.nodes_per_domain: " + std::to_string(per_domain) +
+                            " needs node.intra.bw_bytes_per_s > 0 (the domain's links)");
+  }
   const int64_t world = static_cast<int64_t>(c.num_nodes) * n;
   if (c.num_nodes > kMaxNodes || world > kMaxWorldSize) {
     return invalid_argument("cluster " + c.name + ": --nodes " + std::to_string(c.num_nodes) + " x " +

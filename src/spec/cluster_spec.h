@@ -3,7 +3,9 @@
 // Bandwidths are bytes per second per direction; latencies are seconds. A cluster is a preset
 // (configs/clusters/) with num_nodes set from --nodes. Topology levels, innermost first:
 //   device-to-device inside a node (intra_node link, or a per-pair matrix when links differ, as on Frontier),
-//   node-to-node inside a group through the NICs, group-to-group through the (possibly tapered) global links.
+//   device-to-device inside a scale-up domain of several nodes (GB200 NVL72: 18 trays of 4 GPUs behind one
+//   NVLink switch fabric; ScaleUpSpec), node-to-node through the NICs, group-to-group through the (possibly
+//   tapered) global links. Ranks are numbered node-major, so a domain holds consecutive ranks.
 #pragma once
 
 #include <cstdint>
@@ -66,15 +68,34 @@ struct FabricSpec {
   double inter_group_latency_s = 0;
 };
 
+// A scale-up domain: nodes whose devices reach one another through one switched fabric (NVLink switches) at the
+// node's intra bandwidth and latency, never through the NICs. GB200/GB300 NVL72: 18 compute trays of 4 GPUs.
+// nodes_per_domain = 1: every node is its own domain (DGX H100, MI300X). A job may hold only some nodes of each
+// domain (Slurm's --segment; NVIDIA schedules NVL72 racks in 16-tray segments so that 64 ranks share a
+// domain): job_nodes_per_domain (from --domain-nodes, 0 = all of them) is how many of its nodes ranks fill
+// before moving to the next domain. The last domain may hold fewer nodes.
+struct ScaleUpSpec {
+  std::string name;              // the fabric, for display: "NVLink 5 switch (NVL72)"
+  int nodes_per_domain = 1;      // physical nodes per domain
+  int job_nodes_per_domain = 0;  // nodes of each domain the job uses; 0 = nodes_per_domain
+
+  int domain_nodes() const { return job_nodes_per_domain > 0 ? job_nodes_per_domain : nodes_per_domain; }
+};
+
 struct ClusterSpec {
   std::string name;
   DeviceSpec device;
   NodeSpec node;
+  ScaleUpSpec scale_up;
   FabricSpec fabric;
   int num_nodes = 1;
   int max_nodes = 0;  // 0 = unbounded; presets of a fixed box (local-cpu) set it
 
   int world_size() const { return num_nodes * node.devices_per_node; }
+  // Ranks of one scale-up domain as the job uses it (devices_per_node when nodes are their own domains).
+  int devices_per_domain() const { return scale_up.domain_nodes() * node.devices_per_node; }
+  int num_domains() const { return (num_nodes + scale_up.domain_nodes() - 1) / scale_up.domain_nodes(); }
+  bool has_multi_node_domain() const { return scale_up.domain_nodes() > 1; }
   Status validate() const;
 };
 

@@ -44,6 +44,8 @@ inline constexpr int64_t kMaxMicrobatchTokens = 1 << 26;  // mbs * seq_len: 67M 
 // --- cluster (ClusterSpec) ---
 inline constexpr int64_t kMaxDevicesPerNode = 1024;  // largest published box: 72 (GB200 NVL72); n x n link matrix
 inline constexpr int64_t kMaxNodes = 1 << 17;        // 131,072 nodes
+inline constexpr int64_t kMaxNodesPerDomain = 1024;  // nodes of one scale-up (NVLink) domain; NVL72: 18 trays
+inline constexpr int64_t kMaxDevicesPerDomain = 4096;  // announced: 576 GPUs (Rubin Ultra NVL576)
 inline constexpr int64_t kMaxWorldSize = 1 << 20;    // 1,048,576 ranks; largest published job: ~100,000 GPUs
 inline constexpr double kMaxFlops = 1e18;            // FLOP/s per device; B200 fp8 dense: 4.5e15
 inline constexpr int64_t kMaxMemoryBytes = int64_t{1} << 50;  // 1 PiB per device; published: <= 288 GB

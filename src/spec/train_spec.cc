@@ -39,6 +39,42 @@ Status validate_sizes(const TrainSpec& t) {
 
 }  // namespace
 
+const char* to_string(Precision p) {
+  switch (p) {
+    case Precision::kBF16:
+      return "bf16";
+    case Precision::kFP8:
+      return "fp8";
+    case Precision::kMXFP8:
+      return "mxfp8";
+  }
+  return "?";
+}
+
+Result<Precision> parse_precision(const std::string& text, const std::string& what) {
+  if (text == "bf16") return Precision::kBF16;
+  if (text == "fp8") return Precision::kFP8;
+  if (text == "mxfp8") return Precision::kMXFP8;
+  return invalid_argument(what + ": '" + text + "' is not a training precision; pick one of {bf16, fp8, mxfp8}");
+}
+
+void TrainSpec::apply_precision(Precision p) {
+  precision = p;
+  if (p == Precision::kBF16) {
+    activation_dtype = DType::kBF16;
+    comm_dtype.reset();
+    dispatch_dtype.reset();
+  } else {
+    activation_dtype = DType::kFP8;
+    comm_dtype = DType::kBF16;
+    dispatch_dtype = DType::kFP8;
+  }
+}
+
+double TrainSpec::stored_bytes(DType d) const {
+  return d == DType::kFP8 ? 1.0 + 1.0 / 32.0 : static_cast<double>(dtype_bytes(d));
+}
+
 Status TrainSpec::validate() const {
   auto str = [](int64_t v) { return std::to_string(v); };
   if (global_batch < 1) return invalid_argument("train.global_batch: " + str(global_batch) + " must be >= 1");
@@ -71,6 +107,21 @@ Status TrainSpec::validate() const {
   if (!(std::isfinite(optimizer.grad_clip) && optimizer.grad_clip >= 0)) {
     return invalid_argument("train.optimizer.grad_clip: " + num(optimizer.grad_clip) +
                             " is out of range; allowed finite >= 0 (0 = off)");
+  }
+  if (param_dtype == DType::kFP8) {
+    return invalid_argument(
+        "train.param_dtype: fp8 is not a master or compute copy of the weights; keep params in bf16 and set "
+        "precision fp8 or mxfp8 (the GEMMs then read fp8 copies of them)");
+  }
+  if (precision != Precision::kBF16 && param_dtype == DType::kFP32) {
+    return invalid_argument(std::string("train.precision: ") + to_string(precision) +
+                            " with param_dtype fp32; fp8 GEMMs quantise a bf16 compute copy; set params to bf16");
+  }
+  for (const auto& [key, d] : {std::pair{"grad_dtype", grad_dtype}, std::pair{"master_dtype", master_dtype}}) {
+    if (d == DType::kFP8) {
+      return invalid_argument(std::string("train.") + key + ": fp8 is out of range; allowed {fp32, bf16, fp16} " +
+                              "(fp8 gradient accumulation and master weights diverge; DeepSeek-V3 keeps them in fp32)");
+    }
   }
   if (dtype_bytes(master_dtype) < dtype_bytes(param_dtype)) {
     return invalid_argument(std::string("train.master_dtype: ") + to_string(master_dtype) +

@@ -45,6 +45,37 @@ TEST(CliPlanTest, JsonPlansRoundTripThroughEstimate) {
   }
 }
 
+// Issue 32: DeepSeek-V3 on 256 GB200 with MXFP8 keeps EP inside the NVLink domain when it fits, and with 16-tray
+// segments (64-rank domains) runs EP wider than a DGX node there.
+TEST(CliPlanTest, DeepSeekV3On256Gb200KeepsEpInsideTheDomain) {
+  for (const char* domain : {"", " --domain-nodes 16"}) {
+    int rc = 0;
+    std::string out = run(std::string("plan --model deepseek-v3 --cluster gb200-nvl72 --nodes 64 --global-batch 4096 "
+                                      "--precision mxfp8 --no-verify --simulate-top 0 --top 5 --json") +
+                              domain,
+                          &rc, false);
+    ASSERT_EQ(rc, 0) << out;
+    auto j = piper::Json::parse(out);
+    EXPECT_EQ(j["precision"].get<std::string>(), "mxfp8");
+    ASSERT_FALSE(j["plans"].empty());
+    int wide_inside = 0;
+    for (const auto& p : j["plans"]) {
+      if (p["ep_fits_domain"].get<bool>()) {
+        EXPECT_TRUE(p["ep_inside_domain"].get<bool>()) << p.dump();
+      }
+      const std::string st = p["strategy"].get<std::string>();
+      const int ep = std::stoi(st.substr(st.find(",ep=") + 4));
+      if (ep > 8 && p["ep_inside_domain"].get<bool>()) ++wide_inside;
+    }
+    if (std::string(domain).empty()) {
+      EXPECT_EQ(j["devices_per_domain"].get<int>(), 72);
+    } else {
+      EXPECT_EQ(j["devices_per_domain"].get<int>(), 64);
+      EXPECT_GT(wide_inside, 0) << out;
+    }
+  }
+}
+
 TEST(CliPlanTest, PlansAreVerifiedUnlessNoVerify) {
   int rc = 0;
   const std::string base =

@@ -26,6 +26,25 @@ TEST(NetworkTest, UniformNodeIsASwitch) {
   EXPECT_EQ(net.route(0, 4).status().code(), StatusCode::kOutOfRange);
 }
 
+// GB200 NVL72 (issue 32): trays of one 72-GPU domain reach each other through the NVLink switches, not the NICs.
+TEST(NetworkTest, ScaleUpDomainSpansNodes) {
+  ClusterSpec c = make_cluster(20, 4, 720e9, 1, 50e9, 3e-6);
+  c.scale_up.nodes_per_domain = 18;
+  Network net = Network::build(c).value();
+  EXPECT_EQ(net.domain_of_node(17), 0);
+  EXPECT_EQ(net.domain_of_node(18), 1);
+  Route in = net.route(0, 17 * 4 + 3).value();  // tray 0 -> tray 17: same domain
+  EXPECT_EQ(names(net, in), (std::vector<std::string>{"node0.dev0.out", "node17.dev3.in"}));
+  EXPECT_DOUBLE_EQ(net.links()[in.links[0]].bw_bytes_per_s, 720e9);
+  Route out = net.route(0, 18 * 4).value();  // tray 0 -> tray 18: the next domain, over the NICs
+  EXPECT_EQ(net.links()[out.links.front()].kind, LinkKind::kNicTx);
+  EXPECT_EQ(net.links()[out.links.back()].kind, LinkKind::kNicRx);
+  c.scale_up.job_nodes_per_domain = 16;  // the job holds 16 trays per rack
+  Network seg = Network::build(c).value();
+  EXPECT_EQ(seg.links()[seg.route(0, 16 * 4).value().links.front()].kind, LinkKind::kNicTx);
+  EXPECT_EQ(seg.links()[seg.route(0, 15 * 4).value().links.front()].kind, LinkKind::kPortOut);
+}
+
 TEST(NetworkTest, PerPairMatrixGivesDirectLinks) {
   ClusterSpec c = make_cluster(1, 3, 0, 0, 0, 1e-6);
   c.node.pair_bw_bytes_per_s = {{0, 50e9, 100e9}, {50e9, 0, 0}, {100e9, 0, 0}};

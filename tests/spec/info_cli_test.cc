@@ -56,6 +56,22 @@ TEST(InfoCliTest, TableAndCluster) {
   EXPECT_NE(r.output.find("cluster h800: 2 node(s) x 8 devices = 16 devices"), std::string::npos) << r.output;
 }
 
+// Issue 32: the NVL72 domain spans trays; --domain-nodes says how many of each rack the job holds.
+TEST(InfoCliTest, Nvl72ShowsItsNvlinkDomain) {
+  RunResult r = run_piper("info --cluster gb200-nvl72 --nodes 4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("18 nodes x 4 = 72 devices per scale-up domain"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("this job: 4 node(s) = 16 ranks, all in one domain"), std::string::npos) << r.output;
+  r = run_piper("info --cluster gb200-nvl72 --nodes 64 --domain-nodes 16 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  Json j = Json::parse(r.output);
+  EXPECT_EQ(j["cluster"]["domain"]["devices"].get<int>(), 64);
+  EXPECT_EQ(j["cluster"]["domain"]["num_domains"].get<int>(), 4);
+  r = run_piper("info --cluster gb200-nvl72 --nodes 4 --domain-nodes 19");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--domain-nodes 19 is out of range; allowed 1..18"), std::string::npos) << r.output;
+}
+
 TEST(InfoCliTest, UnknownPresetListsPresets) {
   RunResult r = run_piper("info --model mixtral-8x8b");
   EXPECT_NE(r.exit_code, 0);

@@ -6,6 +6,7 @@
 // tp: each matched chunk gets an all_reduce on its outputs (column->row parallel pair), or with sequence
 //     parallelism an all_gather on its inputs and a reduce_scatter on its outputs; F and B/BW alike.
 #include <algorithm>
+#include <cmath>
 #include <unordered_set>
 
 #include "piper/ir/passes/passes.h"
@@ -85,6 +86,8 @@ Status shard_ep(Graph& g, const ShardDirective& d, const std::vector<NodeId>& ch
     for (int e : chunk_edges(g, id, true, "tp")) {
       if (set.count(g.edge(e).src) || own_collective(id, g.edge(e).src)) continue;
       int64_t bytes = ceil_div(g.edge(e).bytes * g.moe_top_k, tp);
+      // The forward dispatch may travel in a narrower format (fp8) than the edge's activations.
+      if (fwd) bytes = static_cast<int64_t>(std::ceil(static_cast<double>(bytes) * g.moe_dispatch_ratio));
       g.insert_on_edge(e, comm_like(g.node(id), NodeKind::kAllToAll, fwd ? "dispatch" : "combine", "ep", d.algorithm,
                                     stream, bytes));
     }
