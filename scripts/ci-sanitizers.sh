@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # CI's sanitizer jobs (docs/reliability.md "Sanitizers"):
-#   asan  build-asan: ASan + UBSan (-O1), the unit and MPI tests (ctest -L 'unit|mpi'), leaks included;
+#   asan  build-asan: ASan + UBSan (-O1), the unit and MPI tests (ctest -L 'unit|mpi'), leaks included; not the
+#         fidelity tables (label fidelity: published tables simulated at scale, minutes each even without ASan);
 #   tsan  build-tsan: ThreadSanitizer, the executor's tests, whose multi-stream programs run one thread per stream.
 # Usage: scripts/ci-sanitizers.sh [asan|tsan|all]   (default all). Fails on any failing test and on any sanitizer
 # report, even one from a process whose test passes on its output alone (reports go to files, checked at the end).
