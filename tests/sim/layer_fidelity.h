@@ -34,7 +34,7 @@ struct LayerRow {
   double published_forward_ms = 0, published_backward_ms = 0;
   double lo = 0, hi = 0;  // band for predicted / published, on forward, backward and their sum
   RowStatus status = RowStatus::kRegression;
-  std::string note;       // why a gap is what it is
+  std::string note;  // why a gap is what it is
   cost::Calibration calibration;
 };
 
