@@ -1,7 +1,10 @@
 // `make fidelity` (scripts/fidelity.sh): every row of every fidelity table, published against simulated and closed
 // form, as markdown and JSON (docs/fidelity.md, docs/fidelity.json).
 //
-//   fidelity_report --md OUT.md --json OUT.json [--table sc21|mcore-h100|moe-h100] [--no-gemm-table]
+//   fidelity_report --md OUT.md --json OUT.json [--table sc21|mcore-h100|moe-h100|layer-a100] [--no-gemm-table]
+//
+// layer-a100 is the independent per-layer check (layer_fidelity.h): measured forward and backward times of one
+// layer against the per-task pricing alone.
 //
 // --no-gemm-table prices every GEMM with the efficiency curve (the pricing before measured tables), for the
 // before/after comparison in docs/simulator.md.
@@ -11,6 +14,7 @@
 #include <vector>
 
 #include "fidelity_rows.h"
+#include "layer_fidelity.h"
 
 namespace {
 
@@ -47,6 +51,84 @@ std::string status_text(const Row& row, const RowResult& r) {
   return s;
 }
 
+const char* recompute_name(piper::fidelity::LayerRecompute r) {
+  switch (r) {
+    case piper::fidelity::LayerRecompute::kNone:
+      return "none";
+    case piper::fidelity::LayerRecompute::kAttentionCore:
+      return "selective (attention core)";
+    case piper::fidelity::LayerRecompute::kFull:
+      return "full";
+  }
+  return "?";
+}
+
+// The per-layer rows: markdown section, JSON array, gap lines. Returns false if a row could not be evaluated.
+bool layer_rows(std::string* md, std::string* json, std::string* gaps) {
+  using piper::fidelity::LayerRow;
+  bool ok = true;
+  *md +=
+      "\n## Per-layer times: Korthikanti et al. Table 4 (A100, one layer of the 22B model)\n\nThe independent "
+      "check (docs/simulator.md, \"The independent per-layer check\"): one layer priced with the per-task costs "
+      "alone (cost/layer_cost.h + DeviceModel) plus its tensor-parallel collectives (cost/network.h, not "
+      "overlapped); no pipeline, schedule or data parallelism. Ratios predicted / published; the band applies to "
+      "forward, backward and their sum. *Piper kSelective bwd*: the backward if the projections were re-run "
+      "too, as Piper's `recompute=selective` does.\n\n| row | published fwd / bwd / sum | predicted fwd | "
+      "predicted bwd | predicted sum | compute fwd / bwd | tp fwd / bwd | Piper kSelective bwd | band | status | "
+      "setup | source |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  bool first = true;
+  for (const LayerRow& row : piper::fidelity::korthikanti_layer_rows()) {
+    auto r = piper::fidelity::evaluate_layer(row);
+    if (!r.ok()) {
+      std::fprintf(stderr, "fidelity_report: %s: %s\n", row.name.c_str(), r.status().message().c_str());
+      ok = false;
+      continue;
+    }
+    const double pub_sum = row.published_forward_ms + row.published_backward_ms;
+    const double sum_ms = (r->forward_s() + r->backward_s()) * 1e3;
+    std::string status = piper::fidelity::row_status_name(row.status);
+    if (row.status == RowStatus::kRegression && !r->in_band()) status += ": OUT OF BAND";
+    if (row.status == RowStatus::kOpenGap && r->in_band()) status += ": NOW IN BAND";
+    const std::string setup = "tp " + std::to_string(row.tp) + (row.sp ? ", sequence parallel" : "") + ", recompute " +
+                              recompute_name(row.recompute) + ", mbs " + std::to_string(row.mbs) + ", s " +
+                              std::to_string(row.seq_len) + ", " + row.cluster;
+    const std::string kselective =
+        row.recompute == piper::fidelity::LayerRecompute::kAttentionCore
+            ? fmt("%.2f ms (%.2f)", (r->backward_s() + r->attention_projections_forward_s) * 1e3,
+                  (r->backward_s() + r->attention_projections_forward_s) * 1e3 / row.published_backward_ms)
+            : std::string("-");
+    *md += "| " + row.name + " | " + fmt("%.1f / %.1f", row.published_forward_ms, row.published_backward_ms) +
+           fmt(" / %.1f ms", pub_sum) + " | " + fmt("%.2f ms: **%.2f**", r->forward_s() * 1e3, r->forward_ratio) +
+           " | " + fmt("%.2f ms: **%.2f**", r->backward_s() * 1e3, r->backward_ratio) + " | " +
+           fmt("%.2f ms: **%.2f**", sum_ms, r->combined_ratio) + " | " +
+           fmt("%.2f / %.2f ms", r->compute_forward_s * 1e3, r->compute_backward_s * 1e3) + " | " +
+           fmt("%.2f / %.2f ms", r->tp_forward_s * 1e3, r->tp_backward_s * 1e3) + " | " + kselective + " | " +
+           fmt("%.2f-%.2f", row.lo, row.hi) + " | " + status + " | " + setup + " | " + row.source + " |\n";
+    if (row.status != RowStatus::kRegression) {
+      *gaps += "- **" + row.name + "** (layer-a100, " + piper::fidelity::row_status_name(row.status) +
+               fmt(", forward %.2f, backward %.2f", r->forward_ratio, r->backward_ratio) +
+               fmt(", sum %.2f): ", r->combined_ratio) + row.note + "\n";
+    }
+    *json += std::string(first ? "" : ",\n") + "    {\"row\": \"" + json_escape(row.name) + "\", \"setup\": \"" +
+             json_escape(setup) + "\", \"published_forward_ms\": " + fmt("%.6g", row.published_forward_ms) +
+             ", \"published_backward_ms\": " + fmt("%.6g", row.published_backward_ms) +
+             ", \"forward_ms\": " + fmt("%.6g", r->forward_s() * 1e3) +
+             ", \"backward_ms\": " + fmt("%.6g", r->backward_s() * 1e3) +
+             ", \"compute_forward_ms\": " + fmt("%.6g", r->compute_forward_s * 1e3) +
+             ", \"compute_backward_ms\": " + fmt("%.6g", r->compute_backward_s * 1e3) +
+             ", \"tp_forward_ms\": " + fmt("%.6g", r->tp_forward_s * 1e3) +
+             ", \"tp_backward_ms\": " + fmt("%.6g", r->tp_backward_s * 1e3) +
+             ", \"forward_ratio\": " + fmt("%.4f", r->forward_ratio) +
+             ", \"backward_ratio\": " + fmt("%.4f", r->backward_ratio) +
+             ", \"combined_ratio\": " + fmt("%.4f", r->combined_ratio) + ", \"band\": [" +
+             fmt("%.4f, %.4f", row.lo, row.hi) + "], \"in_band\": " + (r->in_band() ? "true" : "false") +
+             ", \"status\": \"" + piper::fidelity::row_status_name(row.status) + "\", \"note\": \"" +
+             json_escape(row.note) + "\", \"source\": \"" + json_escape(row.source) + "\"}";
+    first = false;
+  }
+  return ok;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -64,7 +146,7 @@ int main(int argc, char** argv) {
       gemm_table = false;
     } else {
       std::fprintf(stderr, "fidelity_report: unknown argument '%s'; usage: --md OUT.md --json OUT.json "
-                   "[--table sc21|mcore-h100|moe-h100] [--no-gemm-table]\n", a.c_str());
+                   "[--table sc21|mcore-h100|moe-h100|layer-a100] [--no-gemm-table]\n", a.c_str());
       return 2;
     }
   }
@@ -72,10 +154,10 @@ int main(int argc, char** argv) {
   std::string md, json = "{\n  \"gemm_table\": " + std::string(gemm_table ? "true" : "false") + ",\n  \"rows\": [\n";
   md += "# Fidelity report\n\nGenerated by `make fidelity` (scripts/fidelity.sh, tests/sim/fidelity_report.cc); do "
         "not edit by hand. Ratios are predicted / published step time (above 1: Piper predicts slower). Status: "
-        "*regression* rows are asserted within their band by CTest (sim_fidelity_tests); *open gap* rows are "
-        "reported and asserted to stay outside it (the reason is on the row); *reported only* rows are not a "
-        "separate check. Rows, sources and statuses: tests/sim/fidelity_rows*.cc; the model changes behind them: "
-        "docs/simulator.md. GEMM pricing: " +
+        "*regression* rows are asserted within their band by CTest (sim_fidelity_tests; the per-layer rows: "
+        "sim_layer_fidelity_tests); *open gap* rows are reported and asserted to stay outside it (the reason is on "
+        "the row); *reported only* rows are not a separate check. Rows, sources and statuses: "
+        "tests/sim/fidelity_rows*.cc; the model changes behind them: docs/simulator.md. GEMM pricing: " +
         std::string(gemm_table ? "measured tables where a device has one (docs/resource_model.md)"
                                : "efficiency curve only (--no-gemm-table)") +
         ".\n";
@@ -119,6 +201,8 @@ int main(int argc, char** argv) {
             json_escape(row.source) + "\"}";
     first = false;
   }
+  json += "\n  ],\n  \"layer_rows\": [\n";
+  if ((only.empty() || only == "layer-a100") && !layer_rows(&md, &json, &gaps)) failed = true;
   json += "\n  ]\n}\n";
   md += "\n## Open gaps and reported-only rows\n\n" + (gaps.empty() ? std::string("None.\n") : gaps);
   auto write = [](const std::string& path, const std::string& text) {
