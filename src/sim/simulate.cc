@@ -55,6 +55,22 @@ Result<SimReport> simulate_compiled(compile::CompileResult compiled, const Model
   return rep;
 }
 
+namespace {
+
+// The compile options every simulation shares, for a plan priced as `pricing` on `cm`'s cluster: the
+// interleaved-overlap and recompute-collective choices the simulator executes, and this cluster's cost annotations.
+// What applies to a compiled strategy only (overlap_param_gather, the capacity check) the caller adds.
+Result<compile::CompileOptions> sim_compile_options(const cost::CostModel& cm, const Strategy& pricing,
+                                                    const cost::Calibration& calibration, const SimOptions& options) {
+  compile::CompileOptions copts;
+  copts.interleave_overlap = options.interleave_overlap;
+  copts.recompute_reruns_tp_collectives = calibration.recompute_reruns_tp_collectives;
+  PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, pricing, calibration));
+  return copts;
+}
+
+}  // namespace
+
 Result<compile::CompileResult> compile_for_simulation(const ModelSpec& model, const ClusterSpec& cluster,
                                                       const TrainSpec& train_in, const Strategy& strategy,
                                                       const cost::Calibration& calibration, const SimOptions& options,
@@ -63,12 +79,9 @@ Result<compile::CompileResult> compile_for_simulation(const ModelSpec& model, co
   train.micro_batch_size = strategy.mbs;
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
   PIPER_RETURN_IF_ERROR(strategy.validate_for(model, train, cluster.world_size()));
-  compile::CompileOptions copts;
-  copts.interleave_overlap = options.interleave_overlap;
+  PIPER_ASSIGN_OR_RETURN(compile::CompileOptions copts, sim_compile_options(cm, strategy, calibration, options));
   copts.target.overlap_param_gather = options.overlap_param_gather;
-  copts.recompute_reruns_tp_collectives = calibration.recompute_reruns_tp_collectives;
   copts.capacity_bytes = capacity_bytes;
-  PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, strategy, calibration));
   return compile::compile_strategy(model, train, strategy, copts);
 }
 
@@ -109,10 +122,7 @@ Result<SimReport> simulate_directives(const ModelSpec& model, const ClusterSpec&
   train.micro_batch_size = pricing.mbs;
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
   PIPER_RETURN_IF_ERROR(pricing.validate_for(model, train, cluster.world_size()));
-  compile::CompileOptions copts;
-  copts.interleave_overlap = options.interleave_overlap;
-  copts.recompute_reruns_tp_collectives = calibration.recompute_reruns_tp_collectives;
-  PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, pricing, calibration));
+  PIPER_ASSIGN_OR_RETURN(compile::CompileOptions copts, sim_compile_options(cm, pricing, calibration, options));
   auto t0 = std::chrono::steady_clock::now();
   auto compiled = compile::compile_directives(model, train, mesh, directives, copts);
   if (!compiled.ok()) return compiled.status().with_context("simulate");

@@ -2,6 +2,8 @@
 // memory bound: every microbatch in flight) and ranked by the simulator with its own order.
 #include <gtest/gtest.h>
 
+#include "../strategy/reversed_gpipe.h"
+
 #include "piper/plan/search.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
@@ -10,20 +12,9 @@
 namespace piper::plan {
 namespace {
 
-// GPipe with the backwards newest first.
-Result<std::vector<ir::Directive>> reversed_gpipe(const schedules::ScheduleParams& p) {
-  schedules::ScheduleBuilder b(p.pp);
-  for (int r = 0; r < p.pp; ++r) {
-    b.place(r, r);
-    for (int i = 0; i < p.microbatches; ++i) b.add(r, r, ir::Pass::kF, i);
-    for (int i = p.microbatches - 1; i >= 0; --i) b.add(r, r, ir::Pass::kBW, i);
-  }
-  return b.finish();
-}
 
 TEST(CustomScheduleSearchTest, ARegisteredScheduleIsSearchedAndSimulated) {
-  schedules::register_schedule({"test-reversed-gpipe", "gpipe, backwards newest first",
-                                [](const schedules::ScheduleParams&) { return 1; }, reversed_gpipe});
+  piper::testing::register_reversed_gpipe();
   TrainSpec train;
   train.global_batch = 16;
   train.seq_len = 128;

@@ -5,6 +5,8 @@
 // Run by CTest under mpiexec with --gtest_filter per case (tests/runtime/CMakeLists.txt).
 #include <gtest/gtest.h>
 
+#include "../strategy/reversed_gpipe.h"
+
 #include <cmath>
 #include <string>
 
@@ -78,20 +80,9 @@ TEST(Directives, EmittedDualPipeVEpZero1TrainsLikeTheStrategy) {
   expect_bitwise("dp=2,pp=2,ep=2,zero=1,schedule=dualpipev,microbatches=4,mbs=1");
 }
 
-// GPipe with the backwards newest first: not a built-in.
-Result<std::vector<ir::Directive>> reversed_gpipe(const schedules::ScheduleParams& p) {
-  schedules::ScheduleBuilder b(p.pp);
-  for (int r = 0; r < p.pp; ++r) {
-    b.place(r, r);
-    for (int i = 0; i < p.microbatches; ++i) b.add(r, r, ir::Pass::kF, i);
-    for (int i = p.microbatches - 1; i >= 0; --i) b.add(r, r, ir::Pass::kBW, i);
-  }
-  return b.finish();
-}
 
 TEST(Directives, RegisteredScheduleTrainsLikeOneRank) {
-  schedules::register_schedule({"test-reversed-gpipe", "gpipe, backwards newest first",
-                                [](const schedules::ScheduleParams&) { return 1; }, reversed_gpipe});
+  piper::testing::register_reversed_gpipe();
   const std::vector<double> ref = losses(tiny_moe_options("microbatches=4,mbs=1", kLr), false);
   const std::string s = "pp=2,schedule=test-reversed-gpipe,microbatches=4,mbs=1";
   expect_near(losses(tiny_moe_options(s, kLr), true), ref, s);

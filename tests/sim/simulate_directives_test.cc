@@ -3,6 +3,8 @@
 // `schedule=` like a built-in one: simulated, refused by the closed form with a pointer to simulate.
 #include <gtest/gtest.h>
 
+#include "../strategy/reversed_gpipe.h"
+
 #include <string>
 
 #include "piper/compile/directive_strategy.h"
@@ -90,20 +92,9 @@ TEST(SimulateDirectivesTest, AnEditedListIsPricedNotRecognised) {
   EXPECT_GT(got->step_time_s, 0);
 }
 
-// GPipe with the backwards in reverse microbatch order (the newest activations freed first): not a built-in.
-Result<std::vector<ir::Directive>> reversed_gpipe(const schedules::ScheduleParams& p) {
-  schedules::ScheduleBuilder b(p.pp);
-  for (int r = 0; r < p.pp; ++r) {
-    b.place(r, r);
-    for (int i = 0; i < p.microbatches; ++i) b.add(r, r, ir::Pass::kF, i);
-    for (int i = p.microbatches - 1; i >= 0; --i) b.add(r, r, ir::Pass::kBW, i);
-  }
-  return b.finish();
-}
 
 TEST(SimulateDirectivesTest, ARegisteredScheduleIsAStrategysSchedule) {
-  schedules::register_schedule({"test-reversed-gpipe", "gpipe, backwards newest first",
-                                [](const schedules::ScheduleParams&) { return 1; }, reversed_gpipe});
+  piper::testing::register_reversed_gpipe();
   Fixture u;
   auto s = Strategy::parse("dp=4,ep=4,pp=2,zero=1,schedule=test-reversed-gpipe,microbatches=4");
   ASSERT_TRUE(s.ok()) << s.status().to_string();
