@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "piper/balance/migration_cost.h"
 #include "piper/balance/planner.h"
 #include "piper/base/json.h"
 #include "piper/base/units.h"
@@ -105,17 +106,10 @@ Result<ExpertBalance> expert_balance(const Scenario& sc, const sim::SimOptions& 
   PIPER_ASSIGN_OR_RETURN(b.step_before_s, step(b.imbalance_before));
   const double max_rows = static_cast<double>(*std::max_element(ranks.begin(), ranks.end())) / window;
   const double mean_rows = max_rows / b.imbalance_before;
-  balance::MigrationCost cost;
-  const TrainSpec& t = sc.train;
-  cost.bytes_per_expert = static_cast<double>(expert_params(m)) / std::max(1, s.etp) *
-                          (dtype_bytes(t.param_dtype) + dtype_bytes(t.grad_dtype) + 2 * dtype_bytes(t.optimizer_dtype) +
-                           (t.master_dtype != t.param_dtype ? dtype_bytes(t.master_dtype) : 0));
-  cost.link_bw_bytes_per_s = sc.cluster.node.intra.bw_bytes_per_s;
-  cost.link_latency_s = sc.cluster.node.intra.latency_s;
-  cost.steps_next_window = window;
-  cost.time_per_token_s = max_rows > mean_rows ? std::max(0.0, b.step_before_s - b.step_balanced_s) /
-                                                     ((max_rows - mean_rows) * std::max(1, b.moe_layers))
-                                               : 0.0;
+  const double time_per_token_s = max_rows > mean_rows ? std::max(0.0, b.step_before_s - b.step_balanced_s) /
+                                                             ((max_rows - mean_rows) * std::max(1, b.moe_layers))
+                                                       : 0.0;
+  const balance::MigrationCost cost = balance::migration_cost(m, sc.train, sc.cluster, s.etp, window, time_per_token_s);
   PIPER_ASSIGN_OR_RETURN(balance::MigrationPlan plan, balance::plan_migration(tokens, window, start, cost));
   b.imbalance_after = plan.imbalance_after;
   b.moved_per_layer = static_cast<int>(plan.moves.size());

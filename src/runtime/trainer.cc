@@ -8,6 +8,7 @@
 #include <set>
 #include <variant>
 
+#include "piper/balance/migration_cost.h"
 #include "piper/base/fault.h"
 #include "piper/base/strings.h"
 #include "piper/runtime/checkpoint.h"
@@ -322,19 +323,15 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
     const size_t stage = static_cast<size_t>(t->dist_ != nullptr ? t->dist_->coord().pp : 0);
     t->predicted_rank_ = stage < e.ranks.size() ? e.ranks[stage] : e.memory;
   }
-  // The planner's cost model (balance/planner.h) from the same cluster description, identical on every rank:
-  // an expert moves with its weights, gradients and both AdamW moments (fp32) over the device-to-device link;
-  // a routed token costs the busiest rank its expert's forward and backward FLOPs (3 GEMMs of 2 h f, times 3).
+  // The planner's cost model (balance/migration_cost.h) from the same cluster description, identical on every
+  // rank; a routed token costs the busiest rank its expert's forward and backward FLOPs (3 GEMMs of 2 h f, times 3).
   if (options.model.is_moe()) {
     const double h = static_cast<double>(options.model.hidden_size);
     const double f = static_cast<double>(options.model.moe.expert_intermediate_size);
-    t->migration_cost_.bytes_per_expert = 4.0 * 3.0 * h * f * sizeof(float);
-    t->migration_cost_.link_bw_bytes_per_s = cluster.node.intra.bw_bytes_per_s;
-    t->migration_cost_.link_latency_s = cluster.node.intra.latency_s;
-    t->migration_cost_.steps_next_window =
-        options.migration.horizon_steps > 0 ? options.migration.horizon_steps : options.migration.window_steps;
-    t->migration_cost_.time_per_token_s =
-        18.0 * h * f / (cluster.device.peak_flops_fp32 * cluster.device.gemm_efficiency);
+    t->migration_cost_ = balance::migration_cost(
+        options.model, t->train_, cluster, t->strategy_.etp,
+        options.migration.horizon_steps > 0 ? options.migration.horizon_steps : options.migration.window_steps,
+        18.0 * h * f / (cluster.device.peak_flops_fp32 * cluster.device.gemm_efficiency));
   }
   t->flops_per_token_ = cm.flops_per_token();
   t->tracker_.reset_peaks();
