@@ -186,16 +186,16 @@ Status write_train_trace(const std::string& path, const compile::Plan& plan,
     sim::RankStats r;
     r.rank = t.rank;
     r.pp_rank = t.pp_rank;
-    for (const runtime::TraceSpan& s : t.spans) {
+    for (const compile::InstrSpan& s : t.spans) {
       if (s.stream < 0 || static_cast<size_t>(s.stream) >= prog.streams.size() || s.instr < 0 ||
           static_cast<size_t>(s.instr) >= prog.streams[static_cast<size_t>(s.stream)].instrs.size()) {
         return internal_error("--trace: rank " + std::to_string(t.rank) + " recorded instruction " +
                               std::to_string(s.instr) + " of stream " + std::to_string(s.stream) +
                               ", which its program lacks");
       }
-      r.spans.push_back(sim::InstrSpan{s.stream, s.instr, s.start_s, s.end_s});
+      r.spans.push_back(s);
     }
-    for (const runtime::TraceMemorySample& m : t.memory) r.memory.push_back(sim::MemorySample{m.time_s, m.live_bytes});
+    r.memory.insert(r.memory.end(), t.memory.begin(), t.memory.end());
     measured.ranks.push_back(std::move(r));
   }
   Status st = report::write_chrome_trace(path, plan, measured, "piper train");

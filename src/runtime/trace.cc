@@ -21,13 +21,13 @@ void TraceRecorder::start() {
 
 void TraceRecorder::record(int stream, int instr, Clock::time_point begin, Clock::time_point end) {
   std::lock_guard<std::mutex> lock(mu_);
-  timeline_.spans.push_back(TraceSpan{stream, instr, seconds(begin), seconds(end)});
+  timeline_.spans.push_back(InstrSpan{stream, instr, seconds(begin), seconds(end)});
   if (tracker_ == nullptr) return;
   // Sampled under the lock so that samples stay in time order when several streams finish at once.
   const int64_t live = tracker_->stats().live_total_bytes;
   if (live == last_live_bytes_) return;
   const double t = timeline_.memory.empty() ? seconds(end) : std::max(seconds(end), timeline_.memory.back().time_s);
-  timeline_.memory.push_back(TraceMemorySample{t, live});
+  timeline_.memory.push_back(MemorySample{t, live});
   last_live_bytes_ = live;
 }
 
@@ -39,10 +39,10 @@ std::vector<double> pack(const RankTimeline& t) {
   std::vector<double> out = {static_cast<double>(t.rank), static_cast<double>(t.pp_rank),
                              static_cast<double>(t.spans.size()), static_cast<double>(t.memory.size())};
   out.reserve(4 + 4 * t.spans.size() + 2 * t.memory.size());
-  for (const TraceSpan& s : t.spans) {
+  for (const InstrSpan& s : t.spans) {
     out.insert(out.end(), {static_cast<double>(s.stream), static_cast<double>(s.instr), s.start_s, s.end_s});
   }
-  for (const TraceMemorySample& m : t.memory) out.insert(out.end(), {m.time_s, static_cast<double>(m.live_bytes)});
+  for (const MemorySample& m : t.memory) out.insert(out.end(), {m.time_s, static_cast<double>(m.live_bytes)});
   return out;
 }
 
@@ -56,10 +56,10 @@ Result<RankTimeline> unpack(const std::vector<double>& v, int from) {
   if (v.size() != 4 + 4 * spans + 2 * samples) return internal_error(what + ": size does not match its header");
   size_t k = 4;
   for (size_t i = 0; i < spans; ++i, k += 4) {
-    t.spans.push_back(TraceSpan{static_cast<int>(v[k]), static_cast<int>(v[k + 1]), v[k + 2], v[k + 3]});
+    t.spans.push_back(InstrSpan{static_cast<int>(v[k]), static_cast<int>(v[k + 1]), v[k + 2], v[k + 3]});
   }
   for (size_t i = 0; i < samples; ++i, k += 2) {
-    t.memory.push_back(TraceMemorySample{v[k], static_cast<int64_t>(v[k + 1])});
+    t.memory.push_back(MemorySample{v[k], static_cast<int64_t>(v[k + 1])});
   }
   return t;
 }

@@ -22,28 +22,20 @@
 
 #include "piper/base/status.h"
 #include "piper/comm/communicator.h"
+#include "piper/compile/timeline.h"
 #include "piper/tensor/memory.h"
 
 namespace piper::runtime {
 
-struct TraceSpan {
-  int stream = 0;
-  int instr = 0;  // index in Program::streams[stream].instrs
-  double start_s = 0;
-  double end_s = 0;
-};
-
-struct TraceMemorySample {
-  double time_s = 0;
-  int64_t live_bytes = 0;
-};
+using compile::InstrSpan;  // compile/timeline.h: the simulated timeline's type too
+using compile::MemorySample;
 
 // One rank's measured timeline (spans in completion order, memory samples in time order).
 struct RankTimeline {
   int rank = 0;
   int pp_rank = 0;
-  std::vector<TraceSpan> spans;
-  std::vector<TraceMemorySample> memory;
+  std::vector<InstrSpan> spans;
+  std::vector<MemorySample> memory;
 };
 
 class TraceRecorder {

@@ -31,6 +31,7 @@
 
 #include "piper/base/status.h"
 #include "piper/compile/plan.h"
+#include "piper/compile/timeline.h"
 #include "piper/ir/graph.h"
 #include "piper/sim/network.h"
 #include "piper/sim/task_time.h"
@@ -62,17 +63,8 @@ struct SimOptions {
   bool plan_hash = true;
 };
 
-struct InstrSpan {
-  int stream = 0;
-  int instr = 0;  // index in Program::streams[stream].instrs
-  double start_s = 0;
-  double end_s = 0;
-};
-
-struct MemorySample {
-  double time_s = 0;
-  int64_t live_bytes = 0;
-};
+using compile::InstrSpan;     // compile/timeline.h: the measured timeline's type too
+using compile::MemorySample;
 
 struct RankStats {
   int rank = 0;     // global rank

@@ -217,7 +217,7 @@ TEST(ExecutorTest, UpdatesOnASecondStreamGiveTheSameBits) {
   (*ex)->set_trace(nullptr);
   std::map<int, int> spans_per_stream;
   std::map<int, double> stream_end;
-  for (const TraceSpan& sp : recorder.timeline().spans) {
+  for (const InstrSpan& sp : recorder.timeline().spans) {
     EXPECT_GE(sp.start_s, stream_end[sp.stream]) << "stream " << sp.stream << " instr " << sp.instr;
     stream_end[sp.stream] = sp.end_s;
     spans_per_stream[sp.stream]++;

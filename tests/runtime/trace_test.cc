@@ -46,7 +46,7 @@ void expect_complete_timeline(const std::string& strategy, int steps) {
   const RankTimeline& tl = recorder.timeline();
   std::map<std::pair<int, int>, int> seen;
   std::map<int, double> stream_end;
-  for (const TraceSpan& s : tl.spans) {
+  for (const InstrSpan& s : tl.spans) {
     ASSERT_GE(s.stream, 0);
     ASSERT_LT(static_cast<size_t>(s.stream), program.streams.size());
     ASSERT_LT(static_cast<size_t>(s.instr), program.streams[static_cast<size_t>(s.stream)].instrs.size());
