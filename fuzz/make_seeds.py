@@ -65,6 +65,15 @@ def calibrations():
     put("comm_calibration", "empty.json", "{}")
 
 
+def expert_loads():
+    def loads(layers, experts=8, model="tiny-moe", steps=6):
+        return json.dumps({"format": "piper-expert-loads", "version": 1, "model": model, "num_experts": experts,
+                           "steps": steps, "layers": [{"layer": l, "tokens": t} for l, t in layers]}, indent=1)
+    put("expert_loads", "skewed.json", loads([(1, [3072, 2578, 494, 0, 0, 0, 0, 0]), (2, [3072, 3072, 0, 0, 0, 0, 0, 0])]))
+    put("expert_loads", "balanced.json", loads([(0, [100] * 8)]))
+    put("expert_loads", "one_expert.json", loads([(3, [7])], experts=1, model="x", steps=1))
+
+
 def directives():
     lists = [
         [{"directive": "split", "microbatches": 4},
@@ -211,6 +220,7 @@ def main():
     strategies()
     calibrations()
     directives()
+    expert_loads()
     checkpoints()
     token_files()
     dictionaries()

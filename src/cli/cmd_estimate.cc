@@ -85,11 +85,13 @@ Status run_estimate(const EstimateOptions& o) {
     j["nodes"] = cluster.num_nodes;
     j["strategy"] = s.to_json();
     if (sc.from_directives) j["directives"] = sc.input.file;
+    if (!sc.expert_loads.empty()) j["expert_loads"] = sc.expert_loads_json();
     j["seq_len"] = train.seq_len;
     j["global_batch"] = s.global_batch();
     print_json(j.dump(2));
   } else {
     print_text(cm, s, e);
+    if (!sc.expert_loads.empty()) std::printf("%s\n", sc.expert_loads_line().c_str());
     if (sc.from_directives) std::printf("\ndirectives %s: %s\n", sc.input.file.c_str(), describe(sc.input).c_str());
   }
   return ok_status();

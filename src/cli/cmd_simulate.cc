@@ -178,6 +178,9 @@ Status run_simulate(const SimulateOptions& o) {
     return invalid_argument("--expert-zipf re-simulates a strategy under skewed loads; with --directives give "
                             "--strategy instead, or drop --expert-zipf");
   }
+  if (!sc.expert_loads.empty() && o.expert_zipf != 0) {
+    return invalid_argument("--expert-loads gives measured expert loads and --expert-zipf synthetic ones; give one");
+  }
   PIPER_ASSIGN_OR_RETURN(sim::SimReport r, sc.from_directives
                                                ? sim::simulate_directives(model, cluster, train, sc.input.mesh,
                                                                           sc.input.directives, s, sc.calibration,
@@ -206,11 +209,13 @@ Status run_simulate(const SimulateOptions& o) {
     j["global_batch"] = train.global_batch > 0 ? train.global_batch : s.global_batch();
     if (!o.trace.empty()) j["trace"] = o.trace;
     if (o.expert_zipf != 0) j["expert_balance"] = balance.to_json();
+    if (!sc.expert_loads.empty()) j["expert_loads"] = sc.expert_loads_json();
     print_json(j.dump(2));
   } else {
     print_text(model, cluster, s, r);
     if (sc.from_directives) std::printf("\ndirectives %s: %s\n", sc.input.file.c_str(), describe(sc.input).c_str());
     if (o.expert_zipf != 0) print_balance(balance);
+    if (!sc.expert_loads.empty()) std::printf("%s\n", sc.expert_loads_line().c_str());
     if (!o.trace.empty()) std::printf("\ntrace written to %s (open in https://ui.perfetto.dev)\n", o.trace.c_str());
   }
   return ok_status();

@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "piper/balance/expert_loads.h"
 #include "piper/base/hash.h"
 #include "piper/base/json.h"
 #include "piper/base/strings.h"
@@ -51,6 +52,7 @@ struct TrainCliOptions {
   int64_t save_every = 0;  // 0: not given (only at the end)
   std::string resume;
   std::string trace;
+  std::string record_expert_loads;  // --record-expert-loads FILE (balance/expert_loads.h)
   std::string calibration;
   std::string comm_calibration;
   bool json = false;
@@ -137,6 +139,10 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
                          local_cluster(t.ranks, kernels::kernel_threads(), o.calibration, o.comm_calibration));
   t.plan_prices = local_plan_prices(machine, t.model);
   PIPER_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(t));
+  if (!o.record_expert_loads.empty() && trainer->strategy().ep < 2) {
+    return invalid_argument("--record-expert-loads: the strategy has ep=1; expert loads are gathered over the "
+                            "expert-parallel ranks: use ep >= 2");
+  }
   if (!o.save.empty()) PIPER_RETURN_IF_ERROR(trainer->prepare_save(o.save));  // before the first step
   if (!o.resume.empty()) {
     PIPER_RETURN_IF_ERROR(trainer->resume(o.resume));
@@ -245,6 +251,9 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   }
   if (quiet) return ok_status();
   if (!o.trace.empty()) PIPER_RETURN_IF_ERROR(write_train_trace(o.trace, plan, timelines, mine.step_time_s));
+  if (!o.record_expert_loads.empty()) {
+    PIPER_RETURN_IF_ERROR(balance::save_expert_loads(o.record_expert_loads, trainer->expert_loads()));
+  }
   PIPER_ASSIGN_OR_RETURN(PredictionReport prediction, predict_vs_measured(*trainer, machine, measured));
   const double tokens_per_s =
       timed_seconds > 0 ? static_cast<double>(trainer->tokens_per_step() * timed_steps) / timed_seconds : 0;
@@ -281,6 +290,7 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
            {"plan_hash", hex64(compile::plan_hash(plan))}};
     j["predicted_vs_measured"] = prediction.to_json();
     if (!o.trace.empty()) j["trace"] = o.trace;
+    if (!o.record_expert_loads.empty()) j["expert_loads"] = o.record_expert_loads;
     if (!o.save.empty()) j["saved"] = o.save;
     if (expert_parallel) {
       j["experts"] = Json{{"imbalance_first_window", imbalance_first},
@@ -328,6 +338,10 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
       }
     }
     if (!o.trace.empty()) std::printf("trace     %s (measured timeline, Chrome/Perfetto)\n", o.trace.c_str());
+    if (!o.record_expert_loads.empty()) {
+      std::printf("experts   loads of %lld step(s) written to %s (estimate/simulate --expert-loads)\n",
+                  static_cast<long long>(trainer->expert_loads().steps), o.record_expert_loads.c_str());
+    }
     if (!o.save.empty()) {
       std::printf("checkpoint saved to %s/%s\n", o.save.c_str(), checkpoint_step_name(trainer->steps_done()).c_str());
     }
@@ -362,6 +376,17 @@ Status check_ranks_before_launch(const TrainCliOptions& o) {
                           "' runs on " + std::to_string(s.world_size()) + " rank(s) (dp*tp*pp); " + fix);
 }
 
+// An output file's directory must exist before training starts, not be found missing after the last step.
+Status check_output_directory(const std::string& flag, const std::string& path) {
+  if (path.empty()) return ok_status();
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty() && !std::filesystem::is_directory(dir)) {
+    return invalid_argument(flag + " " + elide(path) + ": directory '" + elide(dir.string()) +
+                            "' does not exist; create it or write the file elsewhere");
+  }
+  return ok_status();
+}
+
 Status run_train(const TrainCliOptions& o) {
   if (o.device != "cpu" && o.device != "cuda") {
     return invalid_argument("--device must be cpu or cuda, got '" + o.device + "'");
@@ -370,12 +395,10 @@ Status run_train(const TrainCliOptions& o) {
     PIPER_RETURN_IF_ERROR(
         check_gpu_train_flags(o.ranks, o.strategy, !o.save.empty(), !o.resume.empty(), !o.trace.empty()));
   }
-  if (!o.trace.empty()) {
-    const std::filesystem::path dir = std::filesystem::path(o.trace).parent_path();
-    if (!dir.empty() && !std::filesystem::is_directory(dir)) {
-      return invalid_argument("--trace " + o.trace + ": directory '" + dir.string() +
-                              "' does not exist; create it or write the trace elsewhere");
-    }
+  PIPER_RETURN_IF_ERROR(check_output_directory("--trace", o.trace));
+  PIPER_RETURN_IF_ERROR(check_output_directory("--record-expert-loads", o.record_expert_loads));
+  if (o.device == "cuda" && !o.record_expert_loads.empty()) {
+    return invalid_argument("--record-expert-loads is recorded by the CPU ranks' trainer; drop --device cuda");
   }
   if (o.save_every > 0 && o.save.empty()) return invalid_argument("--save-every needs --save DIR");
   if (!o.mesh.empty() && o.directives.empty()) {
@@ -447,6 +470,9 @@ PIPER_REGISTER_COMMAND(g_train, "train", "Train a model through its compiled Pla
                  "also write a checkpoint every N steps (default: only at the end)");
   sub->add_option("--resume", o->resume, "resume from a checkpoint (a --save DIR, or one of its step-N directories)");
   sub->add_option("--trace", o->trace, "write the measured timeline of every rank as a Chrome/Perfetto trace");
+  sub->add_option("--record-expert-loads", o->record_expert_loads,
+                  "write the tokens every routed expert received over the run (ep >= 2) for estimate/simulate "
+                  "--expert-loads (docs/balance.md)");
   sub->add_option("--calibration", o->calibration,
                   "device calibration JSON for the predictions (src/cost/device_model.h)");
   sub->add_option("--comm-calibration", o->comm_calibration,

@@ -1,5 +1,9 @@
 #include "piper/cli/scenario.h"
 
+#include <cstdio>
+
+#include "piper/balance/expert_loads.h"
+#include "piper/base/files.h"
 #include "piper/cli/flags.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/comm_calibration.h"
@@ -23,8 +27,34 @@ void add_scenario_options(CLI::App* sub, ScenarioOptions* o) {
                   "measured link latency/bandwidth JSON from `piper bench comm --calibration-out` "
                   "(src/spec/comm_calibration.h)");
   add_domain_option(sub, &o->domain_nodes);
+  sub->add_option("--expert-loads", o->expert_loads,
+                  "measured expert loads from `piper train --record-expert-loads`: price the busiest expert-parallel "
+                  "rank from them (default: balanced experts, or the calibration's expert_load_imbalance)");
   add_precision_options(sub, &o->precision);
 }
+
+namespace {
+
+// --expert-loads: the measured loads of this model's experts, placed as the strategy's ep places them, replace the
+// calibration's expert_load_imbalance (which a --calibration file may also set: the flag wins, and says so).
+Status apply_expert_loads(const std::string& path, Scenario* sc) {
+  PIPER_ASSIGN_OR_RETURN(balance::ExpertLoads loads, balance::load_expert_loads(path));
+  if (loads.model != sc->model.name || loads.num_experts != sc->model.moe.num_experts) {
+    return invalid_argument("--expert-loads " + elide(path) + ": recorded on model '" + elide(loads.model) + "' (" +
+                            std::to_string(loads.num_experts) + " experts), not '" + sc->model.name + "' (" +
+                            std::to_string(sc->model.moe.num_experts) +
+                            " experts); record it with `piper train --model " + sc->model.name +
+                            " --record-expert-loads FILE`");
+  }
+  auto imbalance = balance::contiguous_imbalance(loads, sc->strategy.ep);
+  if (!imbalance.ok()) return imbalance.status().with_context("--expert-loads " + elide(path));
+  sc->expert_loads = path;
+  sc->expert_load_imbalance = *imbalance;
+  sc->calibration.expert_load_imbalance = *imbalance;
+  return ok_status();
+}
+
+}  // namespace
 
 Result<Scenario> load_scenario(const ScenarioOptions& o) {
   Scenario sc;
@@ -51,7 +81,21 @@ Result<Scenario> load_scenario(const ScenarioOptions& o) {
   if (!o.calibration.empty()) {
     PIPER_ASSIGN_OR_RETURN(sc.calibration, cost::Calibration::load(o.calibration));
   }
+  if (!o.expert_loads.empty()) PIPER_RETURN_IF_ERROR(apply_expert_loads(o.expert_loads, &sc));
   return sc;
+}
+
+std::string Scenario::expert_loads_line() const {
+  if (expert_loads.empty()) return "";
+  char buf[96];
+  std::snprintf(buf, sizeof(buf), ": busiest ep rank %.3f x the mean at ep=%d (measured)", expert_load_imbalance,
+                strategy.ep);
+  return "experts   " + expert_loads + buf;
+}
+
+Json Scenario::expert_loads_json() const {
+  if (expert_loads.empty()) return Json();
+  return Json{{"file", expert_loads}, {"imbalance", expert_load_imbalance}, {"ep", strategy.ep}};
 }
 
 }  // namespace piper::cli

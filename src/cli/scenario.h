@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 
+#include "piper/base/json.h"
 #include "piper/base/status.h"
 #include "piper/cli/command.h"
 #include "piper/cli/directive_input.h"
@@ -31,6 +32,7 @@ struct ScenarioOptions {
   std::string mesh;
   PrecisionOptions precision;    // --precision and the per-state dtypes
   int domain_nodes = 0;          // --domain-nodes; 0: not given (the whole scale-up domain)
+  std::string expert_loads;      // --expert-loads FILE (balance/expert_loads.h): measured expert loads
 };
 
 struct Scenario {
@@ -42,10 +44,17 @@ struct Scenario {
   // With --directives: the file, its mesh and what it was resolved to; `strategy` is resolved.strategy.
   bool from_directives = false;
   DirectiveInput input;
+  // With --expert-loads: the file, and the imbalance it gave calibration.expert_load_imbalance.
+  std::string expert_loads;
+  double expert_load_imbalance = 1.0;
+
+  // "--expert-loads FILE: ..." for the text reports, or "" without the flag; and the JSON object (null without).
+  std::string expert_loads_line() const;
+  Json expert_loads_json() const;
 };
 
 // --model, --cluster, --nodes, --strategy or --directives with --mesh, --global-batch, --seq, --calibration,
-// --comm-calibration, --domain-nodes, --precision and the dtype flags (precision_flags.h).
+// --comm-calibration, --domain-nodes, --expert-loads, --precision and the dtype flags (precision_flags.h).
 void add_scenario_options(CLI::App* sub, ScenarioOptions* o);
 
 // Loads the model, cluster (with the comm calibration applied), strategy and calibration; --seq is checked against

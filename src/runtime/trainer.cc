@@ -326,6 +326,8 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   // The planner's cost model (balance/migration_cost.h) from the same cluster description, identical on every
   // rank; a routed token costs the busiest rank its expert's forward and backward FLOPs (3 GEMMs of 2 h f, times 3).
   if (options.model.is_moe()) {
+    t->expert_loads_.model = options.model.name;
+    t->expert_loads_.num_experts = options.model.moe.num_experts;
     const double h = static_cast<double>(options.model.hidden_size);
     const double f = static_cast<double>(options.model.moe.expert_intermediate_size);
     t->migration_cost_ = balance::migration_cost(
@@ -482,6 +484,9 @@ Status Trainer::balance_experts(TrainStepStats* s) {
     tokens.push_back(it->second);
   }
   PIPER_RETURN_IF_ERROR(monitor_->record_step(tokens));
+  std::vector<std::pair<int, std::vector<int64_t>>> by_layer;
+  for (size_t i = 0; i < tokens.size(); ++i) by_layer.emplace_back(monitor_layers_[i], tokens[i]);
+  PIPER_RETURN_IF_ERROR(expert_loads_.add_step(by_layer));
   s->imbalance = 1.0;
   for (int i = 0; i < monitor_->num_layers(); ++i) {
     s->imbalance = std::max(s->imbalance, monitor_->layer_stats(i).last_step_imbalance);

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "piper/balance/expert_loads.h"
 #include "piper/balance/load_monitor.h"
 #include "piper/balance/planner.h"
 #include "piper/base/status.h"
@@ -153,6 +154,9 @@ class Trainer {
   // Null on one rank.
   const DistContext* dist() const { return dist_.get(); }
   const TrainOptions& options() const { return options_; }
+  // Expert-parallel runs: the tokens every routed expert received over the steps run so far, the same on every
+  // rank (what `piper train --record-expert-loads` writes); no layers without expert parallelism.
+  const balance::ExpertLoads& expert_loads() const { return expert_loads_; }
 
  private:
   Trainer() = default;
@@ -187,6 +191,7 @@ class Trainer {
   std::vector<int> monitor_layers_;                // MoE layer of each monitor layer
   int64_t last_plan_step_ = 0;
   balance::MigrationCost migration_cost_;
+  balance::ExpertLoads expert_loads_;
   CheckpointMeta resumed_;
   std::string resumed_dir_;
 };

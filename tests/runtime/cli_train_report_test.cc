@@ -244,6 +244,45 @@ TEST(CliTrainReport, MigrationIsReported) {
   EXPECT_NE(out.find("has ep=1: add ep=N (N > 1) or drop --migrate"), std::string::npos) << out;
 }
 
+// --record-expert-loads writes the routed tokens of every expert; estimate and simulate --expert-loads price the
+// busiest ep rank from them (balance/expert_loads.h).
+TEST(CliTrainReport, RecordedExpertLoadsPriceEstimateAndSimulate) {
+  const std::string loads = temp_file("expert_loads.json");
+  int rc = 0;
+  std::string out = run("train --model tiny-moe --ranks 4 --seq 16 --global-batch 4 --strategy "
+                        "dp=4,ep=4,microbatches=1,mbs=1 --steps 3 --router-skew 1.0 --record-expert-loads " + loads,
+                        &rc, false);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("loads of 3 step(s) written to " + loads), std::string::npos) << out;
+  const piper::Json file = read_json(loads);
+  EXPECT_EQ(file["steps"], 3);
+  // Every routed token of every step is counted once: 3 steps x 4 sequences x 16 tokens x top-k per MoE layer.
+  const int64_t per_layer = 3 * 4 * 16 * 2;
+  for (const auto& layer : file["layers"]) {
+    int64_t sum = 0;
+    for (const auto& t : layer["tokens"]) sum += t.get<int64_t>();
+    EXPECT_EQ(sum, per_layer) << layer.dump();
+  }
+  const std::string scenario = " --model tiny-moe --cluster dgx-h100 --nodes 1 --strategy dp=8,ep=4,microbatches=2 --json";
+  const piper::Json balanced = piper::Json::parse(run("simulate" + scenario, &rc, true));
+  const piper::Json skewed = piper::Json::parse(run("simulate" + scenario + " --expert-loads " + loads, &rc, true));
+  ASSERT_EQ(rc, 0);
+  EXPECT_GT(skewed["expert_loads"]["imbalance"].get<double>(), 1.5) << skewed["expert_loads"].dump();
+  EXPECT_GT(skewed["step_time_s"].get<double>(), balanced["step_time_s"].get<double>());
+  const piper::Json est = piper::Json::parse(run("estimate" + scenario + " --expert-loads " + loads, &rc, true));
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(est["expert_loads"]["imbalance"], skewed["expert_loads"]["imbalance"]);
+  out = run("estimate --model mixtral-8x7b --cluster dgx-h100 --nodes 1 --strategy dp=8,ep=4 --expert-loads " + loads,
+            &rc, false);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("recorded on model 'tiny-moe'"), std::string::npos) << out;
+  std::filesystem::remove(loads);
+  out = run("train --model tiny-moe --seq 16 --global-batch 4 --steps 1 --record-expert-loads " + loads, &rc, false);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--record-expert-loads: the strategy has ep=1"), std::string::npos) << out;
+  EXPECT_FALSE(std::filesystem::exists(loads));
+}
+
 // Checkpoints of af-pipe runs with ep > 1 are not written yet: `--save` is refused before the first step, not
 // after the last one (the run's work would be lost), and nothing is written.
 TEST(CliTrainReport, SaveOfAnAfPipeExpertParallelRunIsRefusedBeforeTraining) {

@@ -1,0 +1,49 @@
+// Measured expert loads: the tokens each routed expert of each MoE layer received over a training run, recorded by
+// `piper train --record-expert-loads FILE` and read by `piper estimate|simulate --expert-loads FILE`, which price
+// the busiest expert-parallel rank from it instead of assuming balanced experts (docs/balance.md).
+//
+// File (JSON): {"format": "piper-expert-loads", "version": 1, "model": "tiny-moe", "num_experts": 8, "steps": 20,
+//               "layers": [{"layer": 0, "tokens": [812, 640, ...]}, ...]}
+// tokens[e] is the count of (token, expert) routings to logical expert e summed over `steps` steps; placement
+// independent (a migration changes which rank serves an expert, not what the router sends it).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "piper/base/json.h"
+#include "piper/base/status.h"
+
+namespace piper::balance {
+
+struct LayerLoads {
+  int layer = 0;                // the model's layer index
+  std::vector<int64_t> tokens;  // [num_experts]
+};
+
+struct ExpertLoads {
+  std::string model;  // the model the run trained (checked against the model it is applied to)
+  int num_experts = 0;
+  int64_t steps = 0;
+  std::vector<LayerLoads> layers;  // MoE layers, increasing layer index
+
+  Json to_json() const;
+  // Adds one step's loads (layer -> tokens per expert, as runtime::TrainStepStats::expert_tokens).
+  Status add_step(const std::vector<std::pair<int, std::vector<int64_t>>>& step);
+};
+
+// Parses and checks a loads file's JSON (`what` names it in errors): format and version, 1 <= num_experts <=
+// kMaxExperts, at most kMaxLayers layers in increasing order, non-negative counts, not all zero.
+Result<ExpertLoads> parse_expert_loads(const std::string& text, const std::string& what);
+Result<ExpertLoads> load_expert_loads(const std::string& path);
+// Written whole or not at all (temporary + rename).
+Status save_expert_loads(const std::string& path, const ExpertLoads& loads);
+
+// The busiest ep rank's tokens over the mean rank's, with the experts placed contiguously over `ep` ranks
+// (num_experts / ep each, as the compiler places them), averaged over layers: a step's expert time is the sum over
+// layers of each layer's busiest rank, so the mean of the per-layer ratios is the one scalar that prices it
+// (cost::Calibration::expert_load_imbalance). 1 at ep = 1. ep must divide num_experts.
+Result<double> contiguous_imbalance(const ExpertLoads& loads, int ep);
+
+}  // namespace piper::balance
