@@ -13,6 +13,7 @@
 #include "piper/cli/directive_input.h"
 #include "piper/cli/flags.h"
 #include "piper/cli/local_plan.h"
+#include "piper/cli/plan_validate.h"
 #include "piper/cli/precision_flags.h"
 #include "piper/cli/train_report.h"
 #include "piper/plan/disaggregate.h"
@@ -53,6 +54,8 @@ struct PlanOptions {
   std::string candidate, candidate_mesh;  // --candidate FILE --mesh M: a user's directive file, ranked too
   PrecisionOptions precision;
   int domain_nodes = 0;  // 0: not given (the whole scale-up domain)
+  int validate = 0;      // --validate K (plan_validate.h); 0: off
+  int validate_steps = 5;
 };
 
 // The user's plan (--candidate), simulated on the same cluster and ranked among the searched plans by simulated
@@ -376,7 +379,7 @@ Status run_plan(const PlanOptions& o) {
   } else if (!o.calibration.empty()) {
     PIPER_ASSIGN_OR_RETURN(options.calibration, cost::Calibration::load(o.calibration));
   }
-  if (o.runnable) {
+  if (o.runnable || o.validate > 0) {  // --validate trains the plans
     restrict_to_runtime(model, options.memory_fraction * static_cast<double>(cluster.device.memory_bytes), &options);
   }
   Candidate candidate;
@@ -386,7 +389,17 @@ Status run_plan(const PlanOptions& o) {
     PIPER_ASSIGN_OR_RETURN(candidate.input, load_directive_input(model, "", o.candidate, o.candidate_mesh,
                                                                  train.global_batch, cluster.world_size()));
   }
+  // --validate K draws K plans from the rest of the ranked list: keep a longer list than the top printed.
+  if (o.validate > 0) options.top_k = std::max(options.top_k, kValidateRankedPlans);
+  if (o.validate > 0 && o.simulate_top < 0) options.simulate_top = options.top_k;
   PIPER_ASSIGN_OR_RETURN(plan::SearchResult r, plan::search(model, cluster, train, options));
+  ValidationReport validation;
+  if (o.validate > 0) {
+    ValidateOptions v{o.validate, o.validate_steps, o.local_ranks, o.model, train.global_batch, train.seq_len,
+                      o.calibration, o.comm_calibration};
+    PIPER_ASSIGN_OR_RETURN(validation, validate_plans(r.top, v));
+    if (static_cast<int>(r.top.size()) > o.top_k) r.top.resize(static_cast<size_t>(o.top_k));
+  }
   if (candidate.given) {
     Status st = score_candidate(model, cluster, train, options.calibration, r, &candidate);
     if (!st.ok()) return st.with_context("--candidate " + o.candidate);
@@ -412,6 +425,7 @@ Status run_plan(const PlanOptions& o) {
               {"plans", plans},
               {"fits_nowhere", r.top.empty()}};
     if (candidate.given) j["candidate"] = candidate.to_json();
+    if (o.validate > 0) j["validation"] = validation.to_json();
     if (r.top.empty() && r.has_smallest) {
       j["min_memory_bytes"] = r.smallest.peak_memory_bytes();
       j["closest"] = r.smallest.to_json();
@@ -419,6 +433,7 @@ Status run_plan(const PlanOptions& o) {
     print_json(j.dump(2));
   } else {
     print_plans(model, cluster, train, options.verify, r, candidate);
+    if (o.validate > 0) print_validation(validation, o.validate_steps, o.local_ranks);
   }
   if (r.top.empty()) return nothing_fits(cluster, options.memory_fraction, r);
   return ok_status();
@@ -471,6 +486,12 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
   sub->add_option("--solver", o->solver, "disaggregation solver: cbc (MILP) or enumeration")->capture_default_str();
   sub->add_option("--candidate", o->candidate, "also simulate this directive file and rank it with the searched plans");
   sub->add_option("--mesh", o->candidate_mesh, "with --candidate: pp=P[,vpp=V,dp=D,ep=E,tp=T]");
+  add_int_option(sub, "--validate", &o->validate, {1, 20, "plans from the top, and as many from the rest"},
+                 "with --local-ranks: train the best K plans and K others from the rest, and print predicted vs "
+                 "measured step time and memory with the rank correlation (docs/planner.md)");
+  add_int_option(sub, "--validate-steps", &o->validate_steps, {2, 1000, "training steps per validated plan"},
+                 "--validate: steps each plan trains (the first is not timed)")
+      ->capture_default_str();
   sub->add_flag("--json", o->json, "print one JSON object");
   add_domain_option(sub, &o->domain_nodes);
   add_precision_options(sub, &o->precision);
@@ -482,6 +503,10 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
       return invalid_argument(
           "--local-ranks plans fp32 training on this machine's cores; drop --precision/--domain-nodes, or plan for a "
           "--cluster");
+    }
+    if (o->validate > 0 && (o->local_ranks == 0 || o->disaggregate || !o->candidate.empty())) {
+      return invalid_argument("--validate trains plans on this machine: it needs --local-ranks R (and neither "
+                              "--disaggregate nor --candidate)");
     }
     if (o->local_ranks > 0 && !o->cluster.empty()) {
       return invalid_argument("--local-ranks plans for this machine; drop --cluster/--nodes, or drop --local-ranks");

@@ -208,4 +208,29 @@ TEST(CliPlanTest, DisaggregateJsonAgreesWithEnumeration) {
   EXPECT_NE(out.find("MoE"), std::string::npos) << out;
 }
 
+// --validate K trains the planner's best K plans and K from the rest on local ranks and compares them.
+TEST(CliPlanTest, ValidateTrainsTopAndOtherPlansOnLocalRanks) {
+  int rc = 0;
+  std::string out = run("plan --model tiny-moe --local-ranks 2 --global-batch 4 --seq 16 --validate 1 "
+                        "--validate-steps 2 --json", &rc, false);
+  ASSERT_EQ(rc, 0) << out;
+  const piper::Json j = piper::Json::parse(out);
+  const piper::Json& v = j["validation"];
+  ASSERT_EQ(v["plans"].size(), 2u) << v.dump();
+  EXPECT_EQ(v["plans"][0]["predicted_rank"], 1);
+  EXPECT_TRUE(v["plans"][0]["top"].get<bool>());
+  EXPECT_FALSE(v["plans"][1]["top"].get<bool>());
+  for (const auto& p : v["plans"]) {
+    ASSERT_FALSE(p.contains("error")) << p.dump();
+    EXPECT_GT(p["measured_step_time_s"].get<double>(), 0);
+    EXPECT_GT(p["measured_peak_memory_bytes"].get<double>(), 0);
+  }
+  EXPECT_GE(v["kendall_tau"].get<double>(), -1.0);
+  EXPECT_LE(v["kendall_tau"].get<double>(), 1.0);
+  EXPECT_LE(j["plans"].size(), 5u);  // --top as given, not the longer list validation ranks
+  out = run("plan --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 4 --validate 1", &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--validate trains plans on this machine: it needs --local-ranks R"), std::string::npos) << out;
+}
+
 }  // namespace
