@@ -9,6 +9,7 @@
 #include "piper/base/log.h"
 #include "piper/base/strings.h"
 #include "piper/cli/command.h"
+#include "piper/comm/launch.h"
 
 namespace piper::cli {
 namespace {
@@ -27,11 +28,12 @@ bool wants_json(int argc, char** argv) {
 }
 
 // Prints the final error: one line on stderr, and with --json one error object on stdout (docs/reliability.md,
-// "The JSON error object"); any JSON the command produced before failing goes under error.details.
+// "The JSON error object"); any JSON the command produced before failing goes under error.details. A rank of a job
+// `piper train --ranks R` launched prints no object: the launcher prints the job's one (comm/launch.h).
 int report_error(StatusCode code, const std::string& message_in, bool json, int exit_code) {
   const std::string message = elide_long_words(message_in);
   std::fprintf(stderr, "piper: error: %s\n", message.c_str());
-  if (json) {
+  if (json && !comm::launcher_reports()) {
     Json error{{"code", to_lower(status_code_name(code))}, {"message", message}, {"exit_code", exit_code}};
     if (pending_json().has_value()) {
       try {

@@ -21,6 +21,11 @@ bool launched_by_mpi() {
   return false;
 }
 
+bool launcher_reports() {
+  const char* v = std::getenv(kLauncherReportsEnv);
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}
+
 std::vector<std::string> mpirun_command(const MpirunOptions& options, const std::vector<std::string>& program_argv) {
   const char* launcher = std::getenv("PIPER_MPIRUN");
   std::vector<std::string> cmd = {launcher != nullptr && *launcher ? launcher : "mpirun"};
@@ -29,6 +34,10 @@ std::vector<std::string> mpirun_command(const MpirunOptions& options, const std:
     cmd.push_back(arg);
   }
   cmd.insert(cmd.end(), options.extra_args.begin(), options.extra_args.end());
+  if (options.launcher_reports) {
+    cmd.push_back("-x");
+    cmd.push_back(std::string(kLauncherReportsEnv) + "=1");
+  }
   cmd.push_back("-np");
   cmd.push_back(std::to_string(options.ranks));
   cmd.insert(cmd.end(), program_argv.begin(), program_argv.end());
@@ -105,7 +114,9 @@ std::string summarize_job_failure(const std::vector<std::string>& lines, int ran
 
 Status run_under_mpirun(const MpirunOptions& options, const std::vector<std::string>& program_argv) {
   if (options.ranks < 1) return invalid_argument("--ranks must be >= 1, got " + std::to_string(options.ranks));
-  std::vector<std::string> cmd = mpirun_command(options, program_argv);
+  MpirunOptions reporting = options;
+  reporting.launcher_reports = true;
+  std::vector<std::string> cmd = mpirun_command(reporting, program_argv);
   std::vector<char*> argv;
   for (std::string& s : cmd) argv.push_back(s.data());
   argv.push_back(nullptr);

@@ -90,6 +90,20 @@ TEST(CliTrainTest, RanksThatDoNotMatchTheStrategyAreRefusedOnce) {
   EXPECT_EQ(out.find("mpirun"), std::string::npos) << out;
 }
 
+// A multi-rank job whose ranks all refuse their input prints one JSON error object (the launcher's, naming the
+// ranks and the first error), not one per rank followed by the launcher's: stdout stays one JSON document.
+TEST(CliTrainTest, FailedMultiRankJobPrintsOneJsonErrorObject) {
+  int rc = 0;
+  const std::string out =
+      run("train --model tiny-moe --ranks 2 --seq 16 --global-batch 4 --steps 1 --strategy dp=2 --json", &rc, true);
+  EXPECT_EQ(WEXITSTATUS(rc), 2) << out;
+  piper::Json j;
+  ASSERT_NO_THROW(j = piper::Json::parse(out)) << out;
+  const std::string message = j["error"]["message"];
+  EXPECT_NE(message.find("the 2-rank job failed"), std::string::npos) << message;
+  EXPECT_NE(message.find("differs from the strategy's dp*microbatches*mbs"), std::string::npos) << message;
+}
+
 // --lr inf gave null losses and --lr 1e30 NaN losses: refused at the flag (the trainer also stops at the first
 // non-finite loss: trainer_test NonFiniteLossStopsTrainingAndNamesTheStep).
 TEST(CliTrainTest, AbsurdLearningRatesAreRefusedAtTheFlag) {
