@@ -17,6 +17,8 @@ Result<Calibration> Calibration::from_json(const Json& json, const std::string& 
   PIPER_RETURN_IF_ERROR(r.get_bool("recompute_reruns_tp_collectives", &c.recompute_reruns_tp_collectives, false));
   PIPER_RETURN_IF_ERROR(r.get_double("tp_overlap_gemm_sm_share", &c.tp_overlap_gemm_sm_share, false, 0.05, 1.0));
   PIPER_RETURN_IF_ERROR(r.get_bool("gemm_table", &c.gemm_table, false));
+  std::string source;  // where the numbers come from (`piper calibrate` writes it); informational
+  PIPER_RETURN_IF_ERROR(r.get_string("source", &source, false));
   PIPER_RETURN_IF_ERROR(r.check_no_unknown_keys());
   return c;
 }

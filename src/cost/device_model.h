@@ -15,6 +15,7 @@
 // throughput. A calibration JSON file (written from `piper bench kernels` measurements) overrides any field:
 //   {"gemm_efficiency": 0.72, "gemm_half_dim": 96, "memory_bw_efficiency": 0.85,
 //    "workspace_bytes": 1073741824, "expert_load_imbalance": 1.1, "attention_score_bytes": 13}
+// and an optional "source" string saying where the numbers come from (`piper calibrate` writes one).
 // attention_score_bytes (default 0 = fused/flash attention): device-memory bytes moved per attention-score
 // element in the forward by an attention that materialises the s x s scores per head (Megatron-LM before
 // FlashAttention: QK^T writes 2 B, fused scale-mask-softmax reads 2 + writes 2, dropout reads 2 + writes 2 and

@@ -1,0 +1,165 @@
+// `piper calibrate`: measures this machine's CPU core and writes a device calibration (cost/device_model.h) for
+// `--calibration FILE` in estimate, simulate, plan and train (docs/calibration.md).
+//
+// Stages (a progress line each on stderr): the fp32 GEMM the runtime's kernels use (kernels::sgemm, one thread)
+// at the token counts of skinny and square GEMMs, fitted to the device model's curve; the streaming bandwidth of
+// one core (a triad over arrays far larger than the caches). Both are relative to the local-cpu preset's per-core
+// peak, which `local_cluster` (train_report.h) scales by the cores each rank gets.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "piper/base/files.h"
+#include "piper/base/json.h"
+#include "piper/base/units.h"
+#include "piper/cli/calibrate_fit.h"
+#include "piper/cli/command.h"
+#include "piper/cli/flags.h"
+#include "piper/kernels/cpu/gemm.h"
+#include "piper/spec/cluster_loader.h"
+
+namespace piper::cli {
+namespace {
+
+constexpr int64_t kGemmWidth = 512;  // n = k: a hidden size of a small model, the runtime's common GEMM width
+const std::vector<int64_t> kGemmDims = {8, 16, 32, 64, 128, 256, 512};
+
+using Clock = std::chrono::steady_clock;
+
+// The median over `rounds` of the mean seconds per call of `fn`, each round at least `min_round_s` long.
+template <typename Fn>
+double median_seconds(Fn fn, int rounds, double min_round_s) {
+  fn();  // warm-up: first-touch page faults, library initialisation
+  std::vector<double> per_call;
+  for (int r = 0; r < rounds; ++r) {
+    int calls = 0;
+    const auto start = Clock::now();
+    double elapsed = 0;
+    while (elapsed < min_round_s || calls < 2) {
+      fn();
+      ++calls;
+      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+    }
+    per_call.push_back(elapsed / calls);
+  }
+  std::sort(per_call.begin(), per_call.end());
+  return per_call[per_call.size() / 2];
+}
+
+// C[d, w] = A[d, w] * B[w, w] on one thread: (d, efficiency against `peak`).
+GemmPoint measure_gemm(int64_t d, double peak, int rounds) {
+  std::vector<float> a(static_cast<size_t>(d * kGemmWidth), 0.5f), b(static_cast<size_t>(kGemmWidth * kGemmWidth), 0.25f);
+  std::vector<float> c(static_cast<size_t>(d * kGemmWidth), 0.0f);
+  const double s = median_seconds(
+      [&] {
+        kernels::sgemm(false, false, d, kGemmWidth, kGemmWidth, 1.0f, a.data(), kGemmWidth, b.data(), kGemmWidth, 0.0f,
+                       c.data(), kGemmWidth);
+      },
+      rounds, 0.05);
+  const double flops = 2.0 * static_cast<double>(d) * kGemmWidth * kGemmWidth;
+  return GemmPoint{static_cast<double>(d), flops / s / peak};
+}
+
+// a[i] = b[i] + 3 c[i] over 3 x 64 MiB: bytes per second of one core (two reads and one write per element).
+double measure_stream_bw(int rounds) {
+  const size_t n = 16u << 20;
+  std::vector<float> a(n, 0.0f), b(n, 1.0f), c(n, 2.0f);
+  const double s = median_seconds(
+      [&] {
+        float* pa = a.data();
+        const float* pb = b.data();
+        const float* pc = c.data();
+        for (size_t i = 0; i < n; ++i) pa[i] = pb[i] + 3.0f * pc[i];
+      },
+      rounds, 0.05);
+  return 3.0 * sizeof(float) * static_cast<double>(n) / s;
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "this machine";
+  return buf;
+}
+
+std::string utc_now() {
+  const std::time_t t = std::time(nullptr);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
+  return buf;
+}
+
+struct CalibrateOptions {
+  std::string out;
+  int rounds = 9;
+  bool json = false;
+};
+
+Status run_calibrate(const CalibrateOptions& o) {
+  PIPER_ASSIGN_OR_RETURN(ClusterSpec preset, load_cluster("local-cpu", 1));
+  const double peak = preset.device.peak_flops_fp32;
+  const int threads_before = kernels::kernel_threads();
+  kernels::set_kernel_threads(1);
+  const auto started = Clock::now();
+  std::vector<GemmPoint> points;
+  for (int64_t d : kGemmDims) {
+    std::fprintf(stderr, "calibrate: GEMM %lld x %lld x %lld (fp32, one thread)\n", static_cast<long long>(d),
+                 static_cast<long long>(kGemmWidth), static_cast<long long>(kGemmWidth));
+    points.push_back(measure_gemm(d, peak, o.rounds));
+  }
+  std::fprintf(stderr, "calibrate: streaming bandwidth (one core, 3 x 64 MiB)\n");
+  const double bw = measure_stream_bw(o.rounds);
+  kernels::set_kernel_threads(threads_before);
+  PIPER_ASSIGN_OR_RETURN(GemmCurve curve, fit_gemm_curve(points));
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  // The file's ranges (Calibration::from_json): a fraction above 1 means the preset's peak is too low; say so.
+  const double gemm_eff = std::min(1.0, curve.gemm_efficiency);
+  const double bw_eff = std::clamp(bw / preset.device.memory_bw_bytes_per_s, 0.01, 1.0);
+  Json file{{"gemm_efficiency", gemm_eff},
+            {"gemm_half_dim", curve.gemm_half_dim},
+            {"memory_bw_efficiency", bw_eff},
+            {"gemm_table", false},
+            {"workspace_bytes", 0},
+            {"source", "piper calibrate on " + host_name() + " at " + utc_now() + ": one core, kernels::sgemm (" +
+                           kernels::to_string(kernels::gemm_backend()) + ") and a triad, against local-cpu's peak"}};
+  if (!o.out.empty()) PIPER_RETURN_IF_ERROR(write_file_atomic(o.out, file.dump(2) + "\n"));
+  Json measured = Json::array();
+  for (const GemmPoint& p : points) measured.push_back({{"min_dim", p.min_dim}, {"efficiency", p.efficiency}});
+  if (o.json) {
+    print_json(Json{{"calibration", file}, {"gemm_points", measured}, {"stream_bytes_per_s", bw},
+                    {"fit_gemm_efficiency", curve.gemm_efficiency}, {"seconds", seconds},
+                    {"out", o.out}}.dump(2));
+    return ok_status();
+  }
+  std::printf("GEMM (fp32, one thread, n = k = %lld), fraction of local-cpu's %s per core:\n",
+              static_cast<long long>(kGemmWidth), format_si(peak, "FLOP/s").c_str());
+  for (const GemmPoint& p : points) {
+    std::printf("  d = %4.0f   measured %.3f   fitted %.3f\n", p.min_dim, p.efficiency,
+                curve.gemm_efficiency * p.min_dim / (p.min_dim + curve.gemm_half_dim));
+  }
+  std::printf("fit       gemm_efficiency %.3f%s, gemm_half_dim %.1f\n", curve.gemm_efficiency,
+              curve.gemm_efficiency > 1 ? " (above the preset's peak: written as 1)" : "", curve.gemm_half_dim);
+  std::printf("stream    %s per core = %.2f of the preset's %s%s\n", format_si(bw, "B/s").c_str(),
+              bw / preset.device.memory_bw_bytes_per_s, format_si(preset.device.memory_bw_bytes_per_s, "B/s").c_str(),
+              bw > preset.device.memory_bw_bytes_per_s ? " (written as 1)" : "");
+  std::printf("took      %.1f s\n", seconds);
+  if (!o.out.empty()) std::printf("written   %s (use it with --calibration %s)\n", o.out.c_str(), o.out.c_str());
+  return ok_status();
+}
+
+PIPER_REGISTER_COMMAND(g_calibrate, "calibrate", "Measure this machine's core and write a device calibration",
+                       [](CLI::App* sub) {
+                         auto o = std::make_shared<CalibrateOptions>();
+                         sub->add_option("--out", o->out, "write the calibration JSON here (for --calibration FILE)");
+                         add_int_option(sub, "--rounds", &o->rounds, {1, 100, "timed rounds per measurement"},
+                                        "timed rounds per measurement (the median is kept)")
+                             ->capture_default_str();
+                         sub->add_flag("--json", o->json, "print one JSON object");
+                         return std::function<Status()>([o] { return run_calibrate(*o); });
+                       });
+
+}  // namespace
+}  // namespace piper::cli
