@@ -67,6 +67,9 @@ Result<compile::CompileResult> compile_for_simulation(const ModelSpec& model, co
   copts.interleave_overlap = options.interleave_overlap;
   copts.target.overlap_param_gather = options.overlap_param_gather;
   copts.recompute_reruns_tp_collectives = calibration.recompute_reruns_tp_collectives;
+  copts.p2p_blocking = calibration.p2p_blocking;
+  copts.p2p_scatter_gather = calibration.p2p_scatter_gather;
+  copts.dp_reduce_after_backward = calibration.dp_reduce_after_backward;
   copts.capacity_bytes = capacity_bytes;
   PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, strategy, calibration));
   return compile::compile_strategy(model, train, strategy, copts);
@@ -112,6 +115,9 @@ Result<SimReport> simulate_directives(const ModelSpec& model, const ClusterSpec&
   compile::CompileOptions copts;
   copts.interleave_overlap = options.interleave_overlap;
   copts.recompute_reruns_tp_collectives = calibration.recompute_reruns_tp_collectives;
+  copts.p2p_blocking = calibration.p2p_blocking;
+  copts.p2p_scatter_gather = calibration.p2p_scatter_gather;
+  copts.dp_reduce_after_backward = calibration.dp_reduce_after_backward;
   PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, pricing, calibration));
   auto t0 = std::chrono::steady_clock::now();
   auto compiled = compile::compile_directives(model, train, mesh, directives, copts);
