@@ -55,8 +55,7 @@ Result<StreamOrder> order_streams(ir::Graph& g, bool interleave_overlap = false)
 // producer's stream (the stream waits until the send completes). dp_reduce_after_backward: the rank's last chunk
 // on the stream of a data-parallel all-reduce's gradients -> that all-reduce (no overlap with the backward).
 // Returns the number of edges added.
-int add_legacy_pipeline_edges(ir::Graph& g, const StreamOrder& order, bool p2p_blocking,
-                              bool dp_reduce_after_backward);
+int add_legacy_pipeline_edges(ir::Graph& g, const StreamOrder& order, bool p2p_blocking, bool dp_reduce_after_backward);
 
 struct Buffer {
   int id = -1;

@@ -1,15 +1,15 @@
 // insert_p2p: every data edge between two pipeline ranks becomes a send on the producer's rank and a recv on
 // the consumer's, on the channel's streams p2p_to_<peer> / p2p_from_<peer>.
+#include <unordered_map>
+
 #include "piper/compile/lower.h"
 #include "piper/compile/lower_steps.h"
 
-#include <unordered_map>
-
 namespace piper::compile {
 
+using ir::EdgeKind;
 using ir::Node;
 using ir::NodeId;
-using ir::EdgeKind;
 using ir::NodeKind;
 
 Result<int> insert_p2p(ir::Graph& g) {

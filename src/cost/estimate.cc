@@ -442,8 +442,8 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     // Calibration::p2p_blocking (2021 Megatron-LM waits for every batched isend/irecv) every one of the rank's
     // 2 m v transfers is exposed, v per microbatch and direction under the interleaved schedule; for v = 1 this
     // is the 1F1B count.
-    const bool async = !calibration_.p2p_blocking &&
-                       (kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kDualPipeV);
+    const bool async =
+        !calibration_.p2p_blocking && (kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kDualPipeV);
     const double chunks = kind == ScheduleKind::kInterleaved ? v : 1;
     pp_s = async ? 2.0 * (p - 1) * hop : 2.0 * (m * chunks + p - 1) * hop;
   }

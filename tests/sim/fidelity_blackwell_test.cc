@@ -25,14 +25,14 @@ void check_rows(bool large) {
     ASSERT_TRUE(r.ok()) << row.name << ": " << r.status().message();
     const bool gap = row.status == fidelity::RowStatus::kOpenGap;
     std::printf("%-28s published %6.2f s  simulated %6.2f s (%.2f)  closed form %6.2f s (%.2f)  %s%s\n",
-                row.name.c_str(), row.published_step_s, r->simulated_step_s, r->simulated_ratio,
-                r->closed_form_step_s, r->closed_form_ratio, gap ? "OPEN GAP: " : "covered", row.note.c_str());
+                row.name.c_str(), row.published_step_s, r->simulated_step_s, r->simulated_ratio, r->closed_form_step_s,
+                r->closed_form_ratio, gap ? "OPEN GAP: " : "covered", row.note.c_str());
     if (gap) {
       EXPECT_FALSE(r->in_band()) << row.name << " is an open gap but now within 15 % by both models: make it a "
                                  << "covered row and update docs/fidelity.md";
     }
-    for (const auto& [what, ratio] : {std::pair{"simulated", r->simulated_ratio},
-                                      std::pair{"closed form", r->closed_form_ratio}}) {
+    for (const auto& [what, ratio] :
+         {std::pair{"simulated", r->simulated_ratio}, std::pair{"closed form", r->closed_form_ratio}}) {
       const double lo = gap ? kGapLo : row.lo, hi = gap ? kGapHi : row.hi;
       EXPECT_GE(ratio, lo) << row.name << ": " << what << " / published = " << ratio << " (" << row.source << ")";
       EXPECT_LE(ratio, hi) << row.name << ": " << what << " / published = " << ratio << " (" << row.source << ")";

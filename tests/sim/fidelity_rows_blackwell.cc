@@ -40,8 +40,7 @@ struct BlackwellRow {
   const char* gap;  // nullptr: covered (within 15 %); else why the row is an open gap
 };
 
-constexpr const char* kBridge =
-    "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md, 25.11 NeMo container";
+constexpr const char* kBridge = "NVIDIA-NeMo/Megatron-Bridge docs/performance-summary.md, 25.11 NeMo container";
 
 // Why the model runs ahead of these rows (the same gaps as H100 rows C and E of moe_fidelity_test.cc; see
 // docs/simulator.md "Blackwell rows"): Megatron-Core's per-layer MoE work that the model does not cost (router
@@ -121,8 +120,7 @@ std::vector<Row> blackwell_rows() {
     r.strategy = b.strategy;
     r.global_batch = b.global_batch;
     r.seq_len = b.seq_len;
-    r.published_step_s =
-        static_cast<double>(b.global_batch * b.seq_len) / (b.published_tokens_per_s_per_gpu * b.gpus);
+    r.published_step_s = static_cast<double>(b.global_batch * b.seq_len) / (b.published_tokens_per_s_per_gpu * b.gpus);
     char buf[64];
     std::snprintf(buf, sizeof buf, "%.0f tokens/s per GPU", b.published_tokens_per_s_per_gpu);
     r.published = buf;
@@ -130,8 +128,8 @@ std::vector<Row> blackwell_rows() {
     r.hi = 1.15;
     r.precision = b.precision;
     r.bf16_dispatch = b.precision != Precision::kBF16;  // see the header
-    r.job_nodes_per_domain = 16;                         // 16 trays of each NVL72 rack (see the header)
-    r.check_fits = false;  // the published runs' memory is not what these rows check
+    r.job_nodes_per_domain = 16;                        // 16 trays of each NVL72 rack (see the header)
+    r.check_fits = false;                               // the published runs' memory is not what these rows check
     r.slow = b.gpus >= 256;
     if (b.gap != nullptr) {
       r.status = RowStatus::kOpenGap;
