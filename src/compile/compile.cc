@@ -49,6 +49,9 @@ Result<CompileResult> compile_directives(const ModelSpec& model, const TrainSpec
   lower_options.cost = options.cost;
   lower_options.interleave_overlap = options.interleave_overlap;
   lower_options.recompute_reruns_tp_collectives = options.recompute_reruns_tp_collectives;
+  lower_options.p2p_blocking = options.p2p_blocking;
+  lower_options.p2p_scatter_gather = options.p2p_scatter_gather;
+  lower_options.dp_reduce_after_backward = options.dp_reduce_after_backward;
   lower_options.tp_overlap = options.tp_overlap;
   auto plan = lower(r.graph, lower_options);
   if (!plan.ok()) return plan.status().with_context("compile: lower");

@@ -35,6 +35,9 @@ struct CompileOptions {
   bool recompute_reruns_tp_collectives = false;  // LowerOptions::recompute_reruns_tp_collectives
   Target target = megatron_target();             // compile_strategy: how the backend runs the strategy
   bool tp_overlap = false;                       // LowerOptions::tp_overlap (compile_strategy: or Strategy's)
+  bool p2p_blocking = false;                     // LowerOptions::p2p_blocking
+  bool p2p_scatter_gather = false;               // LowerOptions::p2p_scatter_gather
+  bool dp_reduce_after_backward = false;         // LowerOptions::dp_reduce_after_backward
 };
 
 struct CompileResult {

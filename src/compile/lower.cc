@@ -118,6 +118,21 @@ Instruction rerun_collective(const ir::Graph& g, const Node& c, const Cost& cost
   return in;
 }
 
+// LowerOptions::p2p_scatter_gather: the receiver all-gathers the tp pieces of a received tensor (2021 Megatron-LM's
+// mpu.gather_split_1d_tensor), `bytes` the whole tensor.
+Instruction gather_split(const Node& recv, int64_t bytes) {
+  Instruction in;
+  in.op = OpKind::kCollective;
+  in.comm = NodeKind::kAllGather;
+  in.group = "tp";
+  in.algorithm = "ring";
+  in.label = recv.name + " (gather tp pieces)";
+  in.pass = recv.tags.pass;
+  in.mb = recv.tags.mb;
+  in.comm_bytes = bytes;
+  return in;
+}
+
 }  // namespace
 
 const char* to_string(OpKind k) {
@@ -147,6 +162,9 @@ const char* to_string(OpKind k) {
 Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
   PIPER_RETURN_IF_ERROR(insert_p2p(g).status());
   PIPER_ASSIGN_OR_RETURN(StreamOrder order, order_streams(g, options.interleave_overlap));
+  if (options.p2p_blocking || options.dp_reduce_after_backward) {
+    add_legacy_pipeline_edges(g, order, options.p2p_blocking, options.dp_reduce_after_backward);
+  }
   const size_t n = g.num_nodes();
   const int pp = g.mesh.pp;
   const std::vector<int64_t>& tag_of = order.tag;
@@ -246,6 +264,10 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
           in.tag = tag_of[static_cast<size_t>(id)];
         }
         cost(g, nd, in);
+        const bool scatter = options.p2p_scatter_gather && g.mesh.tp > 1 && nd.group == "pp" &&
+                             (nd.kind == NodeKind::kSend || nd.kind == NodeKind::kRecv);
+        const int64_t whole_bytes = in.comm_bytes;
+        if (scatter) in.comm_bytes /= g.mesh.tp;
         if (auto it = buffers.alloc_before.find(id); it != buffers.alloc_before.end()) {
           st.instrs.push_back(buffer_op(OpKind::kAlloc, it->second));
         }
@@ -327,6 +349,7 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
         } else {
           st.instrs.push_back(in);
         }
+        if (scatter && nd.kind == NodeKind::kRecv) st.instrs.push_back(gather_split(nd, whole_bytes));
         if (auto it = buffers.free_after.find(id); it != buffers.free_after.end()) {
           for (const Buffer& b : it->second) {
             Instruction f = buffer_op(OpKind::kFree, b);

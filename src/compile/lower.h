@@ -51,6 +51,14 @@ struct LowerOptions {
   // forward's re-run collectives (recompute_reruns_tp_collectives) stay whole. For the simulator only: the
   // runtime executes whole chunks (runtime/support.cc refuses tp_overlap=1).
   bool tp_overlap = false;
+  // 2021 Megatron-LM's pipeline (cost::Calibration: p2p_blocking, p2p_scatter_gather, dp_reduce_after_backward;
+  // lower_steps.h add_legacy_pipeline_edges). p2p_blocking: the stream that produced a pipeline send waits
+  // until the send completes. p2p_scatter_gather: sends and receives carry 1/tp of their bytes, and each receive
+  // is followed on its stream by an all-gather of the whole tensor over tp. dp_reduce_after_backward: the
+  // data-parallel all-reduces wait for the rank's last chunk. For the simulator only.
+  bool p2p_blocking = false;
+  bool p2p_scatter_gather = false;
+  bool dp_reduce_after_backward = false;
 };
 
 // Mutates `graph` (inserts send/recv). Errors name the unplaced or mis-ordered node.

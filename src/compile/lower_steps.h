@@ -50,6 +50,13 @@ struct StreamOrder {
 // interleave_overlap: LowerOptions::interleave_overlap.
 Result<StreamOrder> order_streams(ir::Graph& g, bool interleave_overlap = false);
 
+// 2021 Megatron-LM's pipeline, for the simulator (LowerOptions::p2p_blocking, dp_reduce_after_backward): temporal
+// edges on the ordered streams. p2p_blocking: each pipeline send -> the instruction after its producer on the
+// producer's stream (the stream waits until the send completes). dp_reduce_after_backward: the rank's last chunk
+// on the stream of a data-parallel all-reduce's gradients -> that all-reduce (no overlap with the backward).
+// Returns the number of edges added.
+int add_legacy_pipeline_edges(ir::Graph& g, const StreamOrder& order, bool p2p_blocking, bool dp_reduce_after_backward);
+
 struct Buffer {
   int id = -1;
   int64_t bytes = 0;

@@ -1,10 +1,13 @@
 // insert_p2p: every data edge between two pipeline ranks becomes a send on the producer's rank and a recv on
 // the consumer's, on the channel's streams p2p_to_<peer> / p2p_from_<peer>.
+#include <unordered_map>
+
 #include "piper/compile/lower.h"
 #include "piper/compile/lower_steps.h"
 
 namespace piper::compile {
 
+using ir::EdgeKind;
 using ir::Node;
 using ir::NodeId;
 using ir::NodeKind;
@@ -53,6 +56,60 @@ Result<int> insert_p2p(ir::Graph& g) {
     ++count;
   }
   return count;
+}
+
+int add_legacy_pipeline_edges(ir::Graph& g, const StreamOrder& order, bool p2p_blocking,
+                              bool dp_reduce_after_backward) {
+  int added = 0;
+  for (const auto& rank_streams : order.streams) {
+    // (stream, position) of every node of the rank; the last chunk (not an update) of each stream.
+    std::unordered_map<NodeId, std::pair<const std::vector<NodeId>*, size_t>> where;
+    std::unordered_map<std::string, NodeId> last_chunk;
+    for (const auto& [name, nodes] : rank_streams) {
+      for (size_t k = 0; k < nodes.size(); ++k) {
+        where[nodes[k]] = {&nodes, k};
+        const Node& n = g.node(nodes[k]);
+        if (n.kind == NodeKind::kChunk && !skipped(n)) last_chunk[name] = nodes[k];
+      }
+    }
+    for (const auto& [name, nodes] : rank_streams) {
+      for (NodeId id : nodes) {
+        const Node& n = g.node(id);
+        if (p2p_blocking && n.kind == NodeKind::kSend && n.group == "pp") {
+          // The stream to hold is the compute stream: walk back from the producer (e.g. a tp all-reduce on its
+          // own stream) to the chunk that computed the tensor.
+          std::vector<NodeId> producers = g.preds(id);
+          for (int depth = 0; depth < 4 && !producers.empty() && g.node(producers[0]).kind != NodeKind::kChunk;
+               ++depth) {
+            producers = g.preds(producers[0]);
+          }
+          for (NodeId p : producers) {
+            auto it = where.find(p);
+            if (it == where.end()) continue;
+            const auto& [list, k] = it->second;
+            for (size_t j = k + 1; j < list->size(); ++j) {
+              if (skipped(g.node((*list)[j]))) continue;
+              g.add_edge(id, (*list)[j], EdgeKind::kTemporal);
+              ++added;
+              break;
+            }
+          }
+        }
+        if (dp_reduce_after_backward && n.kind == NodeKind::kAllReduce && (n.group == "dp" || n.group == "edp")) {
+          for (NodeId p : g.preds(id)) {
+            const Node& pn = g.node(p);
+            if (pn.kind != NodeKind::kChunk) continue;
+            auto last = last_chunk.find(pn.stream);
+            if (last == last_chunk.end() || last->second == p) break;
+            g.add_edge(last->second, id, EdgeKind::kTemporal);
+            ++added;
+            break;
+          }
+        }
+      }
+    }
+  }
+  return added;
 }
 
 }  // namespace piper::compile

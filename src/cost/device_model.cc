@@ -15,6 +15,9 @@ Result<Calibration> Calibration::from_json(const Json& json, const std::string& 
   PIPER_RETURN_IF_ERROR(r.get_double("expert_load_imbalance", &c.expert_load_imbalance, false, 1.0, 1e3));
   PIPER_RETURN_IF_ERROR(r.get_double("attention_score_bytes", &c.attention_score_bytes, false, 0.0, 1e3));
   PIPER_RETURN_IF_ERROR(r.get_bool("recompute_reruns_tp_collectives", &c.recompute_reruns_tp_collectives, false));
+  PIPER_RETURN_IF_ERROR(r.get_bool("p2p_blocking", &c.p2p_blocking, false));
+  PIPER_RETURN_IF_ERROR(r.get_bool("p2p_scatter_gather", &c.p2p_scatter_gather, false));
+  PIPER_RETURN_IF_ERROR(r.get_bool("dp_reduce_after_backward", &c.dp_reduce_after_backward, false));
   PIPER_RETURN_IF_ERROR(r.get_double("tp_overlap_gemm_sm_share", &c.tp_overlap_gemm_sm_share, false, 0.05, 1.0));
   PIPER_RETURN_IF_ERROR(r.get_bool("gemm_table", &c.gemm_table, false));
   std::string source;  // where the numbers come from (`piper calibrate` writes it); informational

@@ -34,6 +34,18 @@
 // transformer_engine/pytorch/module/base.py get_default_config and common/comm_gemm_overlap/comm_gemm_overlap.cpp
 // (_math_sms = sm_count - num_comm_sm), v2.0 and later]. A property of the software on H100; on another device
 // set it to (SMs - 16) / SMs.
+// Three properties of 2021 Megatron-LM's pipeline (the SC'21 paper's software; default false = Piper's own):
+// p2p_blocking: every pipeline send/recv is waited for on the compute stream. megatron/p2p_communication.py
+//   `_communicate` (2021) posts torch.distributed.batch_isend_irecv, waits for every request and calls
+//   torch.cuda.synchronize(), so no compute runs while a rank's send is in flight: each chunk boundary of the
+//   schedule (v per microbatch and direction under the interleaved schedule) is exposed.
+// p2p_scatter_gather: `--scatter-gather-tensors-in-pipeline` (on by default in 2021 Megatron-LM and named by the
+//   SC'21 paper, section 4.1): each tensor-parallel rank sends 1/tp of the boundary tensor
+//   (mpu.split_tensor_into_1d_equal_chunks) and the receiver all-gathers it over tp (mpu.gather_split_1d_tensor)
+//   on the compute stream.
+// dp_reduce_after_backward: `--DDP-impl local` (examples/sc21/run_table_1.sh sets it on every pipelined row):
+//   megatron/model/distributed.py DistributedDataParallel.allreduce_gradients() runs after the whole
+//   forward-backward pass (megatron/training.py train_step), so the data-parallel all-reduce overlaps nothing.
 #pragma once
 
 #include <string>
@@ -56,6 +68,9 @@ struct Calibration {
   bool recompute_reruns_tp_collectives = false;     // see above; false: Piper's own recomputation
   double tp_overlap_gemm_sm_share = 116.0 / 132.0;  // see above
   bool gemm_table = true;                           // see above
+  bool p2p_blocking = false;                        // see above (2021 Megatron-LM)
+  bool p2p_scatter_gather = false;                  // see above (2021 Megatron-LM)
+  bool dp_reduce_after_backward = false;            // see above (2021 Megatron-LM, --DDP-impl local)
 
   static Result<Calibration> from_json(const Json& json, const std::string& what);
   static Result<Calibration> load(const std::string& path);

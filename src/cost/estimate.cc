@@ -431,11 +431,21 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   const double t_b = bottleneck.b + bottleneck.w + per_mb_comm / 2;  // B and W
   double pp_s = 0;
   if (p > 1) {
-    const double hop = net_.p2p_s(T * h * wire_b / sp_div, g.pp_cross_node);
+    // Scatter/gather (2021 Megatron-LM, Calibration::p2p_scatter_gather): each tp rank sends 1/tp of the boundary
+    // tensor and the receiver all-gathers it over tp on the compute stream, so a transfer costs both.
+    const double boundary_b = T * h * wire_b / sp_div;
+    const bool split = calibration_.p2p_scatter_gather && s.tp > 1 && !s.sp;
+    const double hop = split ? net_.p2p_s(boundary_b / s.tp, g.pp_cross_node) + net_.all_gather_s(boundary_b, g.tp)
+                             : net_.p2p_s(boundary_b, g.pp_cross_node);
     // Blocking P2P per microbatch (activations forward, gradients backward) unless the schedule overlaps it
-    // (interleaved and dualpipev post P2P asynchronously; only the fill and drain hops stay exposed).
-    pp_s = (kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kDualPipeV) ? 2.0 * (p - 1) * hop
-                                                                                    : 2.0 * (m + p - 1) * hop;
+    // (interleaved and dualpipev post P2P asynchronously; only the fill and drain hops stay exposed). With
+    // Calibration::p2p_blocking (2021 Megatron-LM waits for every batched isend/irecv) every one of the rank's
+    // 2 m v transfers is exposed, v per microbatch and direction under the interleaved schedule; for v = 1 this
+    // is the 1F1B count.
+    const bool async =
+        !calibration_.p2p_blocking && (kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kDualPipeV);
+    const double chunks = kind == ScheduleKind::kInterleaved ? v : 1;
+    pp_s = async ? 2.0 * (p - 1) * hop : 2.0 * (m * chunks + p - 1) * hop;
   }
   // ZeRO-2/3's exposed time per microbatch on rank r (ZeRO-2: reduce-scatters only). Items are FSDP units (a
   // layer's chunks of one pass; the embedding; the head), F in layer order, then B (+ W) in reverse; on the
@@ -535,7 +545,9 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   const double expert_param_b = bottleneck_expert_params * bytes_.param;
   if (s.zero == 0) {
     double ar = net_.all_reduce_s(dense_grad_b, g.dp) + net_.all_reduce_s(expert_grad_b, g.expert_dp);
-    dp_s = std::max(0.0, ar - t_b);  // overlapped with the last microbatch's backward
+    // Overlapped with the last microbatch's backward, unless the all-reduce runs after the whole backward
+    // (Calibration::dp_reduce_after_backward: 2021 Megatron-LM's --DDP-impl local).
+    dp_s = calibration_.dp_reduce_after_backward ? ar : std::max(0.0, ar - t_b);
   } else if (s.zero == 1) {
     double rs = net_.reduce_scatter_s(dense_grad_b, g.dp) + net_.reduce_scatter_s(expert_grad_b, g.expert_dp);
     double ag = net_.all_gather_s(dense_param_b, g.dp) + net_.all_gather_s(expert_param_b, g.expert_dp);

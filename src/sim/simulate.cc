@@ -65,6 +65,9 @@ Result<compile::CompileOptions> sim_compile_options(const cost::CostModel& cm, c
   compile::CompileOptions copts;
   copts.interleave_overlap = options.interleave_overlap;
   copts.recompute_reruns_tp_collectives = calibration.recompute_reruns_tp_collectives;
+  copts.p2p_blocking = calibration.p2p_blocking;
+  copts.p2p_scatter_gather = calibration.p2p_scatter_gather;
+  copts.dp_reduce_after_backward = calibration.dp_reduce_after_backward;
   PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, pricing, calibration));
   return copts;
 }

@@ -17,6 +17,7 @@
 
 #include "piper/base/status.h"
 #include "piper/cost/device_model.h"
+#include "piper/spec/train_spec.h"
 
 namespace piper::fidelity {
 
@@ -24,7 +25,7 @@ enum class RowStatus { kRegression, kOpenGap, kReportedOnly };
 const char* row_status_name(RowStatus s);
 
 struct Row {
-  std::string table;  // "sc21", "mcore-h100", "moe-h100"
+  std::string table;  // "sc21", "mcore-h100", "moe-h100", "blackwell"
   std::string name;
   std::string source;
   std::string model;        // preset name, or inline JSON (starts with '{')
@@ -41,6 +42,9 @@ struct Row {
   bool check_fits = true;   // the closed form's memory must fit, as the published run did
   bool slow = false;        // more than ~5 s to simulate: a test of its own
   cost::Calibration calibration;
+  Precision precision = Precision::kBF16;  // the training recipe (TrainSpec::apply_precision)
+  bool bf16_dispatch = false;               // a low-precision recipe whose MoE dispatch stays bf16
+  int job_nodes_per_domain = 0;             // > 0: nodes of each multi-node NVLink domain the job holds
 };
 
 struct RowResult {
@@ -55,6 +59,8 @@ struct RowResult {
 std::vector<Row> sc21_rows();
 std::vector<Row> mcore_h100_rows();
 std::vector<Row> moe_h100_rows();
+// Megatron-Bridge 25.11 performance summary on GB200, GB300 and B200 (MoE, bf16 and mxfp8).
+std::vector<Row> blackwell_rows();
 std::vector<Row> all_rows();
 
 // Simulates and estimates one row (its calibration, overridden by `use_gemm_table` when set to false).
