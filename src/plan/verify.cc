@@ -40,9 +40,10 @@ std::optional<compile::CompileResult> compile_with_microbatches(const ModelSpec&
   return std::move(r).value();
 }
 
-// VerifyOptions::memory_screen (verify.h): the full compile's rejection from two small compiles, or nullopt.
+// VerifyOptions::memory_screen (verify.h): the full compile's verdict from two small compiles, or nullopt.
 std::optional<Verification> screen_memory(const ModelSpec& model, const TrainSpec& train, const Strategy& strategy,
-                                          int64_t capacity_bytes, std::chrono::steady_clock::time_point start) {
+                                          int64_t capacity_bytes, const VerifyOptions& options,
+                                          std::chrono::steady_clock::time_point start) {
   const int m1 = 2 * strategy.pp * std::max(1, strategy.vpp);
   const int m2 = 2 * m1;
   if (capacity_bytes <= 0 || strategy.microbatches <= m1 + m2) return std::nullopt;
@@ -50,15 +51,22 @@ std::optional<Verification> screen_memory(const ModelSpec& model, const TrainSpe
   if (!small) return std::nullopt;
   int64_t peak = 0;
   for (int64_t b : small->stats.peak_bytes) peak = std::max(peak, b);
-  if (peak <= capacity_bytes) return std::nullopt;  // only the full compile may accept
+  if (peak <= capacity_bytes && !options.accept_steady) return std::nullopt;  // only the full compile may accept
+  const auto large_start = std::chrono::steady_clock::now();
   auto large = compile_with_microbatches(model, train, strategy, m2);
   if (!large || large->stats.peak_bytes != small->stats.peak_bytes) return std::nullopt;  // not steady
+  const double large_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - large_start).count();
   auto checked = compile::verify_plan(large->plan, capacity_bytes);
-  if (checked.ok()) return std::nullopt;
   Verification v;
-  v.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  v.message = checked.status().with_context("compile: verify").message();
   v.screened = true;
+  if (checked.ok()) {
+    v.ok = true;
+    v.compiled_peak_bytes = static_cast<double>(peak);
+    v.full_compile_estimate_s = large_s * strategy.microbatches / m2;
+  } else {
+    v.message = checked.status().with_context("compile: verify").message();
+  }
+  v.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return v;
 }
 
@@ -68,7 +76,7 @@ Verification verify_strategy(const ModelSpec& model, const TrainSpec& train, con
                              double capacity_bytes, const VerifyOptions& verify_options) {
   const auto start = std::chrono::steady_clock::now();
   if (verify_options.memory_screen) {
-    if (auto v = screen_memory(model, train, strategy, capacity(capacity_bytes), start)) return *v;
+    if (auto v = screen_memory(model, train, strategy, capacity(capacity_bytes), verify_options, start)) return *v;
   }
   compile::CompileOptions options;
   options.capacity_bytes = capacity(capacity_bytes);
@@ -82,7 +90,9 @@ Verification verify_strategy_for_simulation(const ModelSpec& model, const Cluste
                                             const VerifyOptions& verify_options) {
   const auto start = std::chrono::steady_clock::now();
   if (verify_options.memory_screen) {
-    if (auto v = screen_memory(model, train, strategy, capacity(capacity_bytes), start)) return *v;
+    auto v = screen_memory(model, train, strategy, capacity(capacity_bytes), verify_options, start);
+    // A screened plan is compiled in full here only when re-scoring may simulate it within its budget.
+    if (v && (!v->ok || v->full_compile_estimate_s > verify_options.max_full_compile_s)) return *v;
   }
   auto result = sim::compile_for_simulation(model, cluster, train, strategy, calibration, sim::SimOptions{},
                                             capacity(capacity_bytes));

@@ -4,6 +4,7 @@
 // verdict. Thread-safety: verify_strategy may run concurrently (it shares no state).
 #pragma once
 
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -22,22 +23,29 @@ struct Verification {
   std::string message;             // the compiler's error when !ok
   double seconds = 0;              // wall time of the compile
   double compiled_peak_bytes = 0;  // the verifier's largest per-rank peak (0 when it failed before measuring)
-  // Rejected by the memory screen (below) from two small compiles, without compiling every microbatch.
+  // Decided by the memory screen (below) from two small compiles, without compiling every microbatch.
   bool screened = false;
+  // Screened and accepted: the full compile's wall time extrapolated from the larger screen compile (compile time
+  // grows linearly with the microbatch count); re-scoring does not start a simulation it cannot compile in time.
+  double full_compile_estimate_s = 0;
 };
 
 // The memory screen. A plan with many microbatches is first compiled with two small microbatch counts,
 // m1 = 2*pp*vpp and m2 = 2*m1 (same strategy otherwise, global batch dp*mbs*m). When both give the same peak on
-// every pipeline rank (a steady-state schedule: 1F1B, ZB-H1, DualPipeV, interleaved keep a bounded number of
-// microbatches in flight, so the peak is reached within the first m1 and stays the same for any larger count)
-// and that peak exceeds the capacity, the plan is rejected with the verifier's own message from the m2 compile,
-// which is the message the full compile gives. Otherwise (peaks that grow with m, such as GPipe's; a plan that
-// fits; any compile error) the full plan is compiled as before, so a plan is never accepted by the screen and
-// every accepted plan's compile is the full one. Only used when m > m1 + m2 (the screen is cheaper than the
-// full compile; compile time grows with the microbatch count). tests/plan/verify_screen_test.cc compares the
-// verdicts, messages and peaks with and without it.
+// every pipeline rank (a steady-state schedule: 1F1B, ZB-H1, DualPipeV, interleaved and ZeRO-3 keep a bounded
+// number of microbatches in flight, so the peak is reached within the first m1 and is the same for any larger
+// count), the verifier's verdict on the m2 compile is the plan's: a rejection carries the message the full
+// compile gives and an acceptance its peak (accept_steady; the m2 program is the full one's with fewer
+// steady-state repetitions, so sends, receives and dependencies match alike). Otherwise (peaks that grow with
+// m, such as GPipe's; any compile error) the full plan is compiled as before. Only used when m > m1 + m2 (the
+// screen is then cheaper than the full compile, whose time grows with the microbatch count).
+// tests/plan/verify_screen_test.cc compares the verdicts, messages and peaks with and without it.
 struct VerifyOptions {
   bool memory_screen = true;
+  bool accept_steady = true;  // false: only rejections are screened, every accepted plan is compiled in full
+  // verify_strategy_for_simulation: a screened, accepted plan is still compiled in full (and kept) when its
+  // estimated full compile takes at most this many seconds; otherwise it is returned without a compile.
+  double max_full_compile_s = std::numeric_limits<double>::infinity();
 };
 
 // `train` must carry the strategy's micro batch size and the global batch. capacity_bytes <= 0: no memory check.
@@ -46,7 +54,8 @@ Verification verify_strategy(const ModelSpec& model, const TrainSpec& train, con
 
 // The same verdict from the compile the simulator runs (sim::compile_for_simulation: the plan with this cluster's
 // cost annotations; the annotations do not change what the verifier checks, tests/plan/verify_reuse_test.cc). On
-// success *compiled holds the result, so the planner's re-scoring simulates it without compiling it again.
+// success *compiled holds the result, so the planner's re-scoring simulates it without compiling it again, except
+// for a plan the memory screen accepted whose full compile would take over options.max_full_compile_s.
 Verification verify_strategy_for_simulation(const ModelSpec& model, const ClusterSpec& cluster,
                                             const TrainSpec& train, const Strategy& strategy,
                                             const cost::Calibration& calibration, double capacity_bytes,

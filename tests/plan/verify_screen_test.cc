@@ -1,12 +1,14 @@
-// The memory screen (VerifyOptions::memory_screen): a plan rejected from two small compiles gets the verdict,
-// message and peak the full compile gives; plans whose peak grows with the microbatch count (GPipe) and plans that
-// fit are compiled in full.
+// The memory screen (VerifyOptions::memory_screen): a plan decided from two small compiles gets the verdict,
+// message and peak the full compile gives; plans whose peak grows with the microbatch count (GPipe) are compiled in
+// full.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "piper/plan/verify.h"
+#include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
 
 namespace piper::plan {
@@ -53,12 +55,19 @@ TEST(VerifyScreenTest, RejectionsMatchTheFullCompile) {
     EXPECT_EQ(new_reject.compiled_peak_bytes, old_reject.compiled_peak_bytes) << c.strategy;
     EXPECT_FALSE(old_reject.screened) << c.strategy;
     EXPECT_EQ(new_reject.screened, c.steady) << c.strategy;
-    // At the peak: accepted by both, always by the full compile, with the same peak.
+    // At the peak: accepted by both with the same peak, by the screen when the schedule is steady.
     const Verification old_accept = verify_strategy(*model, t, *s, unlimited.compiled_peak_bytes, full);
     const Verification new_accept = verify_strategy(*model, t, *s, unlimited.compiled_peak_bytes, screen);
     EXPECT_TRUE(old_accept.ok && new_accept.ok) << c.strategy << ": " << new_accept.message;
-    EXPECT_FALSE(new_accept.screened) << c.strategy;
+    EXPECT_EQ(new_accept.screened, c.steady) << c.strategy;
     EXPECT_EQ(new_accept.compiled_peak_bytes, old_accept.compiled_peak_bytes) << c.strategy;
+    EXPECT_EQ(new_accept.full_compile_estimate_s > 0, c.steady) << c.strategy;
+    // Rejections only: the accepted plan is compiled in full.
+    VerifyOptions reject_only;
+    reject_only.accept_steady = false;
+    const Verification full_accept = verify_strategy(*model, t, *s, unlimited.compiled_peak_bytes, reject_only);
+    EXPECT_TRUE(full_accept.ok && !full_accept.screened) << c.strategy;
+    EXPECT_EQ(full_accept.compiled_peak_bytes, old_accept.compiled_peak_bytes) << c.strategy;
   }
 }
 
@@ -76,6 +85,31 @@ TEST(VerifyScreenTest, FewMicrobatchesAreCompiledInFull) {
   EXPECT_FALSE(v.ok);
   EXPECT_FALSE(v.screened);
   EXPECT_NE(v.message.find("at its peak"), std::string::npos) << v.message;
+}
+
+TEST(VerifyScreenTest, SimulationCompileIsKeptOnlyWhenItFitsTheBudget) {
+  auto model = load_model("deepseek-v2-lite");
+  auto cluster = load_cluster("h800", 2);
+  ASSERT_TRUE(model.ok() && cluster.ok());
+  auto s = Strategy::parse(screen_cases()[0].strategy);
+  ASSERT_TRUE(s.ok());
+  TrainSpec t;
+  t.seq_len = 1024;
+  t.global_batch = s->global_batch();
+  const double capacity = 0.95 * static_cast<double>(cluster->device.memory_bytes);
+  const Verification full = verify_strategy(*model, t, *s, capacity, VerifyOptions{false});
+  ASSERT_TRUE(full.ok) << full.message;
+  VerifyOptions o;
+  std::shared_ptr<compile::CompileResult> compiled;
+  const Verification kept = verify_strategy_for_simulation(*model, *cluster, t, *s, {}, capacity, &compiled, o);
+  EXPECT_TRUE(kept.ok && !kept.screened && compiled != nullptr);
+  EXPECT_EQ(kept.compiled_peak_bytes, full.compiled_peak_bytes);
+  o.max_full_compile_s = 0;
+  compiled.reset();
+  const Verification skipped = verify_strategy_for_simulation(*model, *cluster, t, *s, {}, capacity, &compiled, o);
+  EXPECT_TRUE(skipped.ok && skipped.screened);
+  EXPECT_EQ(compiled, nullptr);
+  EXPECT_EQ(skipped.compiled_peak_bytes, full.compiled_peak_bytes);
 }
 
 }  // namespace
