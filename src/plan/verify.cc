@@ -43,15 +43,21 @@ std::optional<compile::CompileResult> compile_with_microbatches(const ModelSpec&
 // VerifyOptions::memory_screen (verify.h): the full compile's verdict from two small compiles, or nullopt.
 std::optional<Verification> screen_memory(const ModelSpec& model, const TrainSpec& train, const Strategy& strategy,
                                           int64_t capacity_bytes, const VerifyOptions& options,
-                                          std::chrono::steady_clock::time_point start) {
+                                          std::chrono::steady_clock::time_point start, bool for_simulation) {
   const int m1 = 2 * strategy.pp * std::max(1, strategy.vpp);
   const int m2 = 2 * m1;
   if (capacity_bytes <= 0 || strategy.microbatches <= m1 + m2) return std::nullopt;
+  const auto small_start = std::chrono::steady_clock::now();
   auto small = compile_with_microbatches(model, train, strategy, m1);
   if (!small) return std::nullopt;
+  const double small_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - small_start).count();
   int64_t peak = 0;
   for (int64_t b : small->stats.peak_bytes) peak = std::max(peak, b);
-  if (peak <= capacity_bytes && !options.accept_steady) return std::nullopt;  // only the full compile may accept
+  if (peak <= capacity_bytes) {
+    if (!options.accept_steady) return std::nullopt;  // only the full compile may accept
+    // A plan that fits and will be compiled in full for the simulator anyway needs no second small compile.
+    if (for_simulation && small_s * strategy.microbatches / m1 <= options.max_full_compile_s) return std::nullopt;
+  }
   const auto large_start = std::chrono::steady_clock::now();
   auto large = compile_with_microbatches(model, train, strategy, m2);
   if (!large || large->stats.peak_bytes != small->stats.peak_bytes) return std::nullopt;  // not steady
@@ -76,7 +82,9 @@ Verification verify_strategy(const ModelSpec& model, const TrainSpec& train, con
                              double capacity_bytes, const VerifyOptions& verify_options) {
   const auto start = std::chrono::steady_clock::now();
   if (verify_options.memory_screen) {
-    if (auto v = screen_memory(model, train, strategy, capacity(capacity_bytes), verify_options, start)) return *v;
+    if (auto v = screen_memory(model, train, strategy, capacity(capacity_bytes), verify_options, start, false)) {
+      return *v;
+    }
   }
   compile::CompileOptions options;
   options.capacity_bytes = capacity(capacity_bytes);
@@ -90,7 +98,7 @@ Verification verify_strategy_for_simulation(const ModelSpec& model, const Cluste
                                             const VerifyOptions& verify_options) {
   const auto start = std::chrono::steady_clock::now();
   if (verify_options.memory_screen) {
-    auto v = screen_memory(model, train, strategy, capacity(capacity_bytes), verify_options, start);
+    auto v = screen_memory(model, train, strategy, capacity(capacity_bytes), verify_options, start, true);
     // A screened plan is compiled in full here only when re-scoring may simulate it within its budget.
     if (v && (!v->ok || v->full_compile_estimate_s > verify_options.max_full_compile_s)) return *v;
   }

@@ -43,8 +43,9 @@ struct Verification {
 struct VerifyOptions {
   bool memory_screen = true;
   bool accept_steady = true;  // false: only rejections are screened, every accepted plan is compiled in full
-  // verify_strategy_for_simulation: a screened, accepted plan is still compiled in full (and kept) when its
-  // estimated full compile takes at most this many seconds; otherwise it is returned without a compile.
+  // verify_strategy_for_simulation: a plan that fits is still compiled in full (and kept) when its estimated full
+  // compile (the m1 compile's time x m/m1, then the m2 compile's) takes at most this many seconds, without the m2
+  // compile when the first estimate allows it; otherwise it is returned, screened, without a compile.
   double max_full_compile_s = std::numeric_limits<double>::infinity();
 };
 
