@@ -50,9 +50,9 @@ size_t simulate_batch(const ModelSpec& model, const ClusterSpec& cluster, const 
           TrainSpec vt = train;
           vt.micro_batch_size = p->strategy.mbs;
           const double capacity = options.memory_fraction * static_cast<double>(cluster.device.memory_bytes);
-          p->verification =
-              options.verifier ? options.verifier(p->strategy, vt)
-                               : verify_strategy(model, vt, p->strategy, capacity, VerifyOptions{options.memory_screen});
+          p->verification = options.verifier ? options.verifier(p->strategy, vt)
+                                             : verify_strategy(model, vt, p->strategy, capacity,
+                                                               VerifyOptions{options.memory_screen});
           p->verified = p->verification.ok;
           if (!p->verified) {
             p->sim_error = "not verified: " + p->verification.message;

@@ -75,8 +75,9 @@ TEST(VerifyScreenTest, FewMicrobatchesAreCompiledInFull) {
   auto model = load_model("deepseek-v2-lite");
   ASSERT_TRUE(model.ok());
   // pp=4: the screen compiles 8 and 16 microbatches, so 24 or fewer are compiled in full only.
-  auto s = Strategy::parse("dp=4,tp=1,pp=4,vpp=1,ep=4,etp=1,zero=1,sp=0,recompute=none,schedule=1f1b,"
-                           "microbatches=24,mbs=1,a2a=flat");
+  auto s = Strategy::parse(
+      "dp=4,tp=1,pp=4,vpp=1,ep=4,etp=1,zero=1,sp=0,recompute=none,schedule=1f1b,"
+      "microbatches=24,mbs=1,a2a=flat");
   ASSERT_TRUE(s.ok()) << s.status().message();
   TrainSpec t;
   t.seq_len = 1024;
