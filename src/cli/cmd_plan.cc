@@ -43,6 +43,7 @@ struct PlanOptions {
   bool json = false;
   bool disaggregate = false;
   bool no_verify = false;
+  bool no_memory_screen = false;
   int verify_attempts = 3;
   int simulate_top = -1;  // -1: not given (as many as --top)
   int local_search = kPlanLocalSearchSteps;
@@ -106,8 +107,10 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
       static_cast<long long>(st.scored), static_cast<long long>(st.fitting), format_seconds(st.search_time_s).c_str(),
       st.threads, static_cast<long long>(st.simulated - st.simulate_stopped));
   if (st.verified + st.verify_failed > 0) {
-    std::printf("verify    %lld compiled and verified, %lld rejected by the compiler, %s\n",
-                static_cast<long long>(st.verified), static_cast<long long>(st.verify_failed),
+    const std::string screened =
+        st.verify_screened > 0 ? " (" + std::to_string(st.verify_screened) + " by the memory screen)" : "";
+    std::printf("verify    %lld compiled and verified, %lld rejected by the compiler%s, %s\n",
+                static_cast<long long>(st.verified), static_cast<long long>(st.verify_failed), screened.c_str(),
                 format_seconds(st.verify_time_s).c_str());
     if (!st.first_verify_failure.empty())
       std::printf("          first rejection: %s\n", st.first_verify_failure.c_str());
@@ -361,6 +364,7 @@ Status run_plan(const PlanOptions& o) {
   options.top_k = o.top_k;
   options.memory_fraction = o.memory_fraction;
   options.verify = !o.no_verify;
+  options.memory_screen = !o.no_memory_screen;
   options.verify_attempts_per_plan = o.verify_attempts;
   options.threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   options.simulate_top = o.simulate_top < 0 ? o.top_k : o.simulate_top;
@@ -467,6 +471,8 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
                   "measured link latency/bandwidth JSON from `piper bench comm --calibration-out` "
                   "(src/spec/comm_calibration.h)");
   sub->add_flag("--no-verify", o->no_verify, "skip compiling the best plans with the plan verifier");
+  sub->add_flag("--no-memory-screen", o->no_memory_screen,
+                "compile every microbatch of a plan before rejecting it by memory (the former path; same verdicts)");
   add_int_option(sub, "--verify-attempts", &o->verify_attempts, {1, 1000, "compilations per plan returned"},
                  "compile at most this many plans per plan returned")
       ->capture_default_str();

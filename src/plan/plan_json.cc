@@ -44,6 +44,7 @@ Json SearchStats::to_json() const {
               {"threads", threads},
               {"verified", verified},
               {"verify_failed", verify_failed},
+              {"verify_screened", verify_screened},
               {"verify_time_s", verify_time_s},
               {"first_verify_failure", first_verify_failure},
               {"simulated", simulated},

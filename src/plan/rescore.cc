@@ -50,13 +50,25 @@ size_t simulate_batch(const ModelSpec& model, const ClusterSpec& cluster, const 
           TrainSpec vt = train;
           vt.micro_batch_size = p->strategy.mbs;
           const double capacity = options.memory_fraction * static_cast<double>(cluster.device.memory_bytes);
-          p->verification =
-              options.verifier ? options.verifier(p->strategy, vt) : verify_strategy(model, vt, p->strategy, capacity);
+          p->verification = options.verifier ? options.verifier(p->strategy, vt)
+                                             : verify_strategy(model, vt, p->strategy, capacity,
+                                                               VerifyOptions{options.memory_screen});
           p->verified = p->verification.ok;
           if (!p->verified) {
             p->sim_error = "not verified: " + p->verification.message;
             return;
           }
+        }
+        // A plan the memory screen accepted has not been compiled in full: do not start a compile that
+        // cannot finish within the budget (compiles are not interrupted, verify.h).
+        const double left_s = options.simulate_budget_s - since(start);
+        if (!p->compiled && !options.simulator && p->verification.screened &&
+            p->verification.full_compile_estimate_s > left_s) {
+          p->sim_error = "not simulated: budget: compiling its " + std::to_string(p->strategy.microbatches) +
+                         " microbatches would take about " + format_seconds(p->verification.full_compile_estimate_s) +
+                         ", more than the " + format_seconds(std::max(0.0, left_s)) + " left";
+          p->sim_stopped = true;
+          return;
         }
         auto t = p->compiled ? simulate_compiled_step_time(model, cluster, train, p, options, deadline)
                              : simulate_step_time(model, cluster, train, p->strategy, options, deadline);

@@ -282,14 +282,17 @@ void verify_plans(const ModelSpec& model, const TrainSpec& train, const SearchOp
         TrainSpec t = train;
         t.micro_batch_size = p.strategy.mbs;
         const Strategy& s = p.strategy;
+        VerifyOptions vo;
+        vo.memory_screen = options.memory_screen;
+        vo.max_full_compile_s = options.simulate_budget_s;
         if (options.verifier) {
           p.verification = options.verifier(s, t);
         } else if (i < keep_compiles &&
                    s.order_without_unit_axes(s.order) == s.order_without_unit_axes(Strategy{}.order)) {
           p.verification =
-              verify_strategy_for_simulation(model, cluster, t, s, options.calibration, capacity, &p.compiled);
+              verify_strategy_for_simulation(model, cluster, t, s, options.calibration, capacity, &p.compiled, vo);
         } else {
-          p.verification = verify_strategy(model, t, s, capacity);
+          p.verification = verify_strategy(model, t, s, capacity, vo);
         }
         p.verified = p.verification.ok;
       });
@@ -302,6 +305,7 @@ void verify_plans(const ModelSpec& model, const TrainSpec& train, const SearchOp
         if (static_cast<int>(kept.size()) < options.top_k) kept.push_back(std::move(p));
       } else {
         ++out->stats.verify_failed;
+        if (p.verification.screened) ++out->stats.verify_screened;
         if (out->stats.first_verify_failure.empty()) {
           out->stats.first_verify_failure = p.strategy.to_string() + ": " + p.verification.message;
         }

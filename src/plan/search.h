@@ -70,6 +70,9 @@ struct SearchOptions {
   // simulator runs, which re-scoring then simulates without compiling again (verify.h). Same verdicts and step
   // times; false: compile them twice (the former path; tests compare both).
   bool reuse_compiles = true;
+  // Reject plans whose compiled peak exceeds the capacity from two small compiles before compiling every
+  // microbatch (VerifyOptions::memory_screen, verify.h). Same verdicts and messages; false: the former path.
+  bool memory_screen = true;
   // Replaces compile::compile_strategy as the verifier when set (tests); called concurrently.
   std::function<Verification(const Strategy&, const TrainSpec&)> verifier;
   // Re-scoring with the simulator (rescore.h): the best `simulate_top` returned plans are simulated and the
@@ -95,6 +98,7 @@ struct SearchStats {
   double search_time_s = 0;  // enumeration and scoring (verification excluded)
   int threads = 1;
   int64_t verified = 0, verify_failed = 0;
+  int64_t verify_screened = 0;  // of verify_failed: rejected by the memory screen without a full compile
   double verify_time_s = 0;
   std::string first_verify_failure;            // strategy and compiler message of the first plan that failed
   int64_t simulated = 0, simulate_failed = 0;  // simulator runs (re-scoring and local search together)

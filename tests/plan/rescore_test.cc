@@ -201,6 +201,40 @@ TEST(RescoreTest, BudgetStopsARunningSimulation) {
   EXPECT_EQ(r.stats.to_json()["simulate_stopped"].get<int64_t>(), 1);
 }
 
+// A plan the memory screen accepted without a full compile (verify.h) is not compiled for simulation when its
+// estimated full compile is longer than the budget left: it is stopped by the budget at once, the next plan runs.
+TEST(RescoreTest, ScreenedPlanTooLargeToCompileInTheBudgetIsNotStarted) {
+  Case c = tiny_moe();
+  SearchOptions o;
+  o.top_k = 2;
+  o.simulate_top = 2;
+  o.local_search_steps = 0;
+  o.simulate_budget_s = 60;
+  o.simulate_top = 0;  // verified, not yet simulated
+  auto r = search(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_EQ(r->top.size(), 2u);
+  o.simulate_top = 2;
+  SearchResult s;
+  s.top = r->top;
+  for (Plan& p : s.top) p.compiled.reset();
+  s.top[0].verification.screened = true;
+  s.top[0].verification.full_compile_estimate_s = 1e6;
+  s.top[1].verification.screened = true;
+  s.top[1].verification.full_compile_estimate_s = 1e-3;
+  rescore_with_simulator(c.model, c.cluster, c.train, o, 1, &s);
+  ASSERT_EQ(s.top.size(), 2u);
+  const Plan& ran = s.top[0];  // the simulated plan moves first
+  const Plan& skipped = s.top[1];
+  EXPECT_TRUE(ran.simulated) << ran.sim_error;
+  EXPECT_EQ(ran.strategy, r->top[1].strategy);
+  EXPECT_FALSE(skipped.simulated);
+  EXPECT_TRUE(skipped.sim_stopped);
+  EXPECT_NE(skipped.sim_error.find("would take about"), std::string::npos) << skipped.sim_error;
+  EXPECT_EQ(s.stats.simulate_stopped, 1);
+  EXPECT_EQ(s.stats.simulate_failed, 0);
+}
+
 TEST(RescoreTest, BadOptionsAreRejectedByName) {
   Case c = tiny_moe();
   SearchOptions o;
