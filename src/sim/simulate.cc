@@ -58,7 +58,8 @@ Result<SimReport> simulate_compiled(compile::CompileResult compiled, const Model
 namespace {
 
 // The compile options every simulation shares, for a plan priced as `pricing` on `cm`'s cluster: the
-// interleaved-overlap and recompute-collective choices the simulator executes, and this cluster's cost annotations.
+// interleaved-overlap, recompute-collective and 2021 Megatron pipeline choices (p2p_blocking, p2p_scatter_gather,
+// dp_reduce_after_backward) the simulator executes, and this cluster's cost annotations.
 // What applies to a compiled strategy only (overlap_param_gather, the capacity check) the caller adds.
 Result<compile::CompileOptions> sim_compile_options(const cost::CostModel& cm, const Strategy& pricing,
                                                     const cost::Calibration& calibration, const SimOptions& options) {
