@@ -32,7 +32,12 @@ constexpr double kLr = 1e-3;
 constexpr int kTpSteps = kSteps;
 constexpr double kTpLr = 5e-4;
 
-TrainOptions options(const std::string& strategy, double lr = kLr) { return tiny_moe_options(strategy, lr); }
+// kv_heads > 0: tiny-moe with that many key/value heads (tp=4 needs 4: tp divides num_kv_heads).
+TrainOptions options(const std::string& strategy, double lr = kLr, int kv_heads = 0) {
+  TrainOptions o = tiny_moe_options(strategy, lr);
+  if (kv_heads > 0) o.model.num_kv_heads = kv_heads;
+  return o;
+}
 
 struct Run {
   std::vector<double> losses;
@@ -72,11 +77,12 @@ std::vector<double> losses(const TrainOptions& o, int steps) { return run(o, ste
 // `strategy` on the world against `reference` (same global batch and mbs) on one rank. Every rank's measured
 // peak memory must also be within kMemTol of the resource model's prediction for its stage.
 constexpr double kMemTol = 0.10;
-void expect_parity(const std::string& strategy, const std::string& reference, int steps = kSteps, double lr = kLr) {
+void expect_parity(const std::string& strategy, const std::string& reference, int steps = kSteps, double lr = kLr,
+                   int kv_heads = 0) {
   auto world = comm::mpi_world();
   ASSERT_TRUE(world.ok()) << world.status().to_string();
-  const std::vector<double> ref = losses(options(reference, lr), steps);
-  TrainOptions o = options(strategy, lr);
+  const std::vector<double> ref = losses(options(reference, lr, kv_heads), steps);
+  TrainOptions o = options(strategy, lr, kv_heads);
   o.ranks = (*world)->size();
   o.world = world->get();
   const Run r = run(o, steps);
@@ -187,6 +193,42 @@ TEST(Parity, Ep2Recompute) {
 TEST(Parity, Dp2Tp2Zero1) { expect_parity("dp=2,tp=2,sp=1,zero=1,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5); }
 TEST(Parity, Dp2Tp2Zero2) { expect_parity("dp=2,tp=2,sp=1,zero=2,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5); }
 TEST(Parity, Dp2Tp2Zero3) { expect_parity("dp=2,tp=2,sp=1,zero=3,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5); }
+
+
+// Compositions check_runnable refused before they had a test (issue 26; 3 steps each, docs/runtime.md "Parity").
+// Every pipeline schedule at pp=2 against one rank.
+TEST(Parity, Pp2InterleavedAndGpipe) {
+  expect_parity("pp=2,vpp=2,schedule=interleaved,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3);
+  expect_parity("pp=2,vpp=2,schedule=interleaved,zero=1,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3);
+  expect_parity("pp=2,schedule=gpipe,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3);
+}
+// Expert parallelism under every schedule but 1f1b (tested above): the all-to-alls run in each schedule's order.
+TEST(Parity, Pp2Ep2DualPipeVZero) {
+  expect_parity("dp=2,pp=2,ep=2,zero=1,schedule=dualpipev,microbatches=4,mbs=1", "microbatches=8,mbs=1", 3);
+  expect_parity("dp=2,pp=2,ep=2,zero=3,schedule=dualpipev,microbatches=4,mbs=1", "microbatches=8,mbs=1", 3);
+}
+TEST(Parity, Pp2Ep2Schedules) {
+  expect_parity("dp=2,pp=2,ep=2,schedule=zb-h1,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3);
+  expect_parity("dp=2,pp=2,ep=2,schedule=gpipe,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3);
+  expect_parity("dp=2,pp=2,ep=2,vpp=2,schedule=interleaved,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3);
+}
+// Tensor parallelism under every schedule but 1f1b: the sequence slices cross the stage boundaries.
+TEST(Parity, Pp2Tp2Schedules) {
+  expect_parity("pp=2,tp=2,sp=1,schedule=zb-h1,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+  expect_parity("pp=2,tp=2,sp=1,schedule=dualpipev,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+}
+TEST(Parity, Pp2Tp2MoreSchedules) {
+  expect_parity("pp=2,tp=2,sp=1,schedule=gpipe,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+  expect_parity("pp=2,tp=2,sp=1,vpp=2,schedule=interleaved,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+}
+// tp x pp with ZeRO (8 ranks: dp=2 so that ZeRO shards something).
+TEST(Parity, Dp2Pp2Tp2Zero1) {
+  expect_parity("dp=2,pp=2,tp=2,sp=1,zero=1,schedule=1f1b,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+}
+// tp=4 (tiny-moe with 4 key/value heads: tp divides the kv heads).
+TEST(Parity, Tp4) { expect_parity("tp=4,sp=1,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr, 4); }
+// ep=8: every one of tiny-moe's 8 experts on its own rank.
+TEST(Parity, Ep8) { expect_parity("dp=8,ep=8,microbatches=1,mbs=1", "microbatches=8,mbs=1", 3); }
 
 }  // namespace
 }  // namespace piper::runtime::testing
