@@ -158,10 +158,13 @@ Status Executor::Impl::resolve_ep(const Instruction& in, Task* t) {
   for (int e : graph->in_edges(n.id)) {
     const ir::Edge& ed = graph->edge(e);
     if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
+    // Under tp x ep the combine's backward reads the next split chunk's input gradient from its sequence
+    // reduce-scatter: this rank's token slice, the rows its forward combined (executor_tp.cc).
     const ir::NodeKind k = graph->node(ed.src).kind;
-    if (k != ir::NodeKind::kChunk && k != ir::NodeKind::kRecv) {
+    if (k != ir::NodeKind::kChunk && k != ir::NodeKind::kRecv && !detail::is_tp_exchange(graph->node(ed.src))) {
       return unimplemented("executor: '" + in.label + "' reads from '" + graph->node(ed.src).name +
-                           "'; an expert all-to-all must be fed by a chunk or a pipeline receive");
+                           "'; an expert all-to-all must be fed by a chunk, a pipeline receive or a tensor-parallel "
+                           "exchange");
     }
     t->sources.push_back(ed.src);
   }

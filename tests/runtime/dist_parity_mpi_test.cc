@@ -227,6 +227,23 @@ TEST(Parity, Dp2Pp2Tp2Zero1) {
 }
 // tp=4 (tiny-moe with 4 key/value heads: tp divides the kv heads).
 TEST(Parity, Tp4) { expect_parity("tp=4,sp=1,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr, 4); }
+// tp x ep (etp=1): each tensor rank routes its sequence slice over its own ep group (the ranks of its tp
+// coordinate); the experts' gradients are averaged over edp and summed over tp; their ZeRO shards span edp x tp.
+TEST(Parity, Dp2Tp2Ep2) {
+  expect_parity("dp=2,tp=2,ep=2,sp=1,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+  expect_parity("dp=2,tp=2,ep=2,sp=1,zero=1,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+  expect_parity("dp=2,tp=2,ep=2,sp=1,zero=3,recompute=full,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+}
+// With two expert-data-parallel replicas, and with pipelines under dualpipev and interleaved (8 ranks).
+TEST(Parity, Dp4Tp2Ep2Zero2) {
+  expect_parity("dp=4,tp=2,ep=2,sp=1,zero=2,microbatches=1,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+}
+TEST(Parity, Dp2Pp2Tp2Ep2Schedules) {
+  expect_parity("dp=2,pp=2,tp=2,ep=2,sp=1,zero=1,schedule=dualpipev,microbatches=4,mbs=1", "microbatches=8,mbs=1", 3,
+                kTpLr);
+  expect_parity("dp=2,pp=2,tp=2,ep=2,sp=1,zero=3,vpp=2,schedule=interleaved,microbatches=2,mbs=1",
+                "microbatches=4,mbs=1", 3, kTpLr);
+}
 // ep=8: every one of tiny-moe's 8 experts on its own rank.
 TEST(Parity, Ep8) { expect_parity("dp=8,ep=8,microbatches=1,mbs=1", "microbatches=8,mbs=1", 3); }
 
