@@ -13,8 +13,10 @@
 #include "piper/comm/mpi/mpi_communicator.h"
 #include "piper/kernels/cpu/gemm.h"
 #include "piper/runtime/dist_context.h"
+#include "piper/runtime/support.h"
 #include "piper/runtime/trainer.h"
 #include "piper/spec/model_loader.h"
+#include "piper/strategy/strategy.h"
 
 namespace piper::runtime::testing {
 namespace {
@@ -246,6 +248,74 @@ TEST(Parity, Dp2Pp2Tp2Ep2Schedules) {
 }
 // ep=8: every one of tiny-moe's 8 experts on its own rank.
 TEST(Parity, Ep8) { expect_parity("dp=8,ep=8,microbatches=1,mbs=1", "microbatches=8,mbs=1", 3); }
+
+
+// check_runnable agrees with `piper train` on 4 ranks: a sweep over the meshes of 4 ranks (dp, tp, pp, ep), every
+// schedule, ZeRO 0/1/3 and etp, of the strategies valid for tiny-moe. Every one check_runnable refuses is refused
+// by Trainer::create with the same message; every 8th one it accepts trains 2 steps (all of them: ~1 min).
+TEST(RuntimeSupport, RunnableAgreesWithTrain) {
+  auto world = comm::mpi_world();
+  ASSERT_TRUE(world.ok()) << world.status().to_string();
+  const int ranks = (*world)->size();
+  const char* meshes[] = {"dp=4",      "dp=4,ep=2",      "dp=4,ep=4",      "dp=2,tp=2,sp=1", "dp=2,tp=2,sp=1,ep=2",
+                          "dp=2,pp=2", "dp=2,pp=2,ep=2", "pp=2,tp=2,sp=1", "pp=4"};
+  const char* schedules[] = {"schedule=1f1b", "schedule=zb-h1", "schedule=dualpipev", "schedule=gpipe",
+                             "schedule=interleaved,vpp=2"};
+  std::vector<std::string> sweep;
+  for (const char* mesh : meshes) {
+    for (const char* sched : schedules) {
+      for (const char* zero : {"zero=0", "zero=1", "zero=3"}) {
+        sweep.push_back(std::string(mesh) + "," + sched + "," + zero + ",microbatches=8,mbs=1");
+      }
+    }
+  }
+  for (const char* extra : {"dp=2,tp=2,sp=1,etp=2,microbatches=4,mbs=1",
+                            "dp=2,tp=2,sp=1,tp_overlap=1,microbatches=4,mbs=1",
+                            "dp=4,recompute_modules=moe_act,microbatches=2,mbs=1",
+                            "tp=2,sp=1,ep=2,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=4,mbs=1"}) {
+    sweep.emplace_back(extra);
+  }
+  int accepted = 0, trained = 0, refused = 0, invalid = 0;
+  for (const std::string& text : sweep) {
+    auto parsed = Strategy::parse(text);
+    ASSERT_TRUE(parsed.ok()) << text << ": " << parsed.status().to_string();
+    TrainOptions o = options(text);
+    TrainSpec train;
+    train.global_batch = parsed->global_batch();
+    train.micro_batch_size = parsed->mbs;
+    train.seq_len = o.seq_len;
+    if (!parsed->validate().ok() || !parsed->validate_for(o.model, train, ranks).ok()) {
+      ++invalid;  // not a strategy of this model and world: nothing to agree on
+      continue;
+    }
+    const Status runnable = check_runnable(*parsed);
+    o.ranks = ranks;
+    o.world = world->get();
+    if (!runnable.ok()) {
+      ++refused;
+      auto t = Trainer::create(o);
+      ASSERT_FALSE(t.ok()) << text << ": check_runnable refuses it (" << runnable.message() << ") but train accepts it";
+      EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented) << text;
+      EXPECT_NE(t.status().message().find(runnable.message()), std::string::npos)
+          << text << ": train says '" << t.status().message() << "', check_runnable '" << runnable.message() << "'";
+      continue;
+    }
+    if (accepted++ % 8 != 0) continue;
+    ++trained;
+    auto t = Trainer::create(o);
+    ASSERT_TRUE(t.ok()) << text << ": check_runnable accepts it but train refuses: " << t.status().to_string();
+    const std::vector<TrainStepStats> steps = train_steps(**t, 2);
+    ASSERT_EQ(steps.size(), 2u) << text;
+    EXPECT_TRUE(std::isfinite(steps[1].loss)) << text;
+  }
+  EXPECT_GE(refused, 4);
+  EXPECT_GE(trained, 8);
+  if ((*world)->rank() == 0) {
+    std::printf("runnable sweep on %d ranks: %zu strategies, %d invalid for tiny-moe, %d refused (same message), "
+                "%d accepted of which %d trained\n",
+                ranks, sweep.size(), invalid, refused, accepted, trained);
+  }
+}
 
 }  // namespace
 }  // namespace piper::runtime::testing
