@@ -284,20 +284,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   PIPER_ASSIGN_OR_RETURN(t->executor_,
                          Executor::create(t->compiled_.graph, t->compiled_.plan.program(rank), t->model_.get(),
                                           t->optimizer_.get(), t->allocator_.get(), t->dist_.get()));
-  if (options.migration.enabled) {
-    // Migration moves whole experts with their moments; a ZeRO shard of the experts' optimizer state covers other
-    // slots on the other replicas, so refuse before training rather than at the first migration.
-    for (const auto& chunk : t->model_->chunks()) {
-      if (chunk->part() != "experts") continue;
-      int64_t total = 0;
-      for (const Param& p : chunk->params()) total += p.trainable ? p.value.numel() : 0;
-      if (t->executor_->update_range(*chunk) != std::make_pair(int64_t{0}, total)) {
-        return unimplemented("--migrate: strategy '" + t->strategy_.to_string() +
-                             "' shards the experts' optimizer state (ZeRO over the expert-data-parallel replicas), "
-                             "which migration does not move yet; use zero=0, or dp = ep, or drop --migrate");
-      }
-    }
-  }
   PIPER_ASSIGN_OR_RETURN(Corpus corpus, load_corpus(options.data, options.model.vocab_size));
   PIPER_ASSIGN_OR_RETURN(DataLoader loader, DataLoader::create(std::move(corpus.tokens), options.seq_len,
                                                                t->options_.global_batch, options.seed));
