@@ -57,6 +57,12 @@ Status check_runnable(const Strategy& strategy) {
                            " without sequence parallelism is not executed: the runtime's unsplit chunks (router, "
                            "experts, embedding, head) run on token slices; set sp=1");
     }
+    if (strategy.fold && strategy.ep > 1) {
+      return unimplemented(what + "fold=1 with tp=" + std::to_string(strategy.tp) + " and ep=" +
+                           std::to_string(strategy.ep) + ": the runtime builds unfolded expert groups (ep data-"
+                           "parallel ranks of one tensor rank) and sums the experts' gradients over tp, which "
+                           "assumes every tensor rank holds the same experts; set fold=0");
+    }
     if (strategy.etp != 1) {
       return unimplemented(what + "etp=" + std::to_string(strategy.etp) +
                            ": the compiler does not lower expert tensor parallelism (the plan keeps every expert "

@@ -57,6 +57,7 @@ TEST(RuntimeSupport, UnsupportedDimensionsAreNamed) {
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"tp=2,sp=0,microbatches=2", "set sp=1"},
       {"tp=2,sp=1,etp=2,microbatches=2", "set etp=1"},
+      {"dp=2,tp=2,sp=1,ep=2,fold=1,microbatches=2", "set fold=0"},
       {"tp=2,sp=1,tp_overlap=1,microbatches=2", "drop tp_overlap"},
       {"dp=2,ep=2,recompute_modules=moe_act,microbatches=2", "drop recompute_modules"},
   };
