@@ -52,11 +52,6 @@ Status check_runnable(const Strategy& strategy) {
                          join(s.schedules, ", "));
   }
   if (strategy.tp > 1) {
-    if (!strategy.sp) {
-      return unimplemented(what + "tp=" + std::to_string(strategy.tp) +
-                           " without sequence parallelism is not executed: the runtime's unsplit chunks (router, "
-                           "experts, embedding, head) run on token slices; set sp=1");
-    }
     if (strategy.fold && strategy.ep > 1) {
       return unimplemented(what + "fold=1 with tp=" + std::to_string(strategy.tp) + " and ep=" +
                            std::to_string(strategy.ep) + ": the runtime builds unfolded expert groups (ep data-"

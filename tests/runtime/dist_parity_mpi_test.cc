@@ -34,10 +34,12 @@ constexpr double kLr = 1e-3;
 constexpr int kTpSteps = kSteps;
 constexpr double kTpLr = 5e-4;
 
-// kv_heads > 0: tiny-moe with that many key/value heads (tp=4 needs 4: tp divides num_kv_heads).
-TrainOptions options(const std::string& strategy, double lr = kLr, int kv_heads = 0) {
+// kv_heads > 0: tiny-moe with that many key/value heads (tp=4 needs 4: tp divides num_kv_heads). dense: without
+// its experts (every layer a dense MLP; tp without sequence parallelism needs a dense model).
+TrainOptions options(const std::string& strategy, double lr = kLr, int kv_heads = 0, bool dense = false) {
   TrainOptions o = tiny_moe_options(strategy, lr);
   if (kv_heads > 0) o.model.num_kv_heads = kv_heads;
+  if (dense) o.model.moe = MoeSpec{};
   return o;
 }
 
@@ -80,11 +82,11 @@ std::vector<double> losses(const TrainOptions& o, int steps) { return run(o, ste
 // peak memory must also be within kMemTol of the resource model's prediction for its stage.
 constexpr double kMemTol = 0.10;
 void expect_parity(const std::string& strategy, const std::string& reference, int steps = kSteps, double lr = kLr,
-                   int kv_heads = 0) {
+                   int kv_heads = 0, bool dense = false) {
   auto world = comm::mpi_world();
   ASSERT_TRUE(world.ok()) << world.status().to_string();
-  const std::vector<double> ref = losses(options(reference, lr, kv_heads), steps);
-  TrainOptions o = options(strategy, lr, kv_heads);
+  const std::vector<double> ref = losses(options(reference, lr, kv_heads, dense), steps);
+  TrainOptions o = options(strategy, lr, kv_heads, dense);
   o.ranks = (*world)->size();
   o.world = world->get();
   const Run r = run(o, steps);
@@ -245,6 +247,16 @@ TEST(Parity, Dp2Pp2Tp2Ep2Schedules) {
                 kTpLr);
   expect_parity("dp=2,pp=2,tp=2,ep=2,sp=1,zero=3,vpp=2,schedule=interleaved,microbatches=2,mbs=1",
                 "microbatches=4,mbs=1", 3, kTpLr);
+}
+// tp without sequence parallelism (dense models only: MoE needs sp=1): the split chunks' outputs are all-reduced
+// over tp and every other chunk runs on the whole microbatch on each tensor rank.
+TEST(Parity, DenseTp2NoSp) {
+  expect_parity("tp=2,sp=0,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr, 0, true);
+}
+TEST(Parity, DenseDp2Tp2NoSpZero) {
+  expect_parity("dp=2,tp=2,sp=0,zero=1,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3, kTpLr, 0, true);
+  expect_parity("dp=2,tp=2,sp=0,zero=3,recompute=full,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3, kTpLr, 0,
+                true);
 }
 // ep=8: every one of tiny-moe's 8 experts on its own rank.
 TEST(Parity, Ep8) { expect_parity("dp=8,ep=8,microbatches=1,mbs=1", "microbatches=8,mbs=1", 3); }
