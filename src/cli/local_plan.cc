@@ -28,8 +28,12 @@ void restrict_to_runtime(const ModelSpec& model, double capacity_bytes, plan::Se
   sp.schedules = intersect(sp.schedules, rs.schedules);
   sp.zero = intersect(sp.zero, rs.zero);
   sp.recompute = intersect(sp.recompute, rs.recompute);
-  sp.max_tp = sp.max_tp > 0 ? std::min(sp.max_tp, rs.max_tp) : rs.max_tp;
-  sp.max_ep = sp.max_ep > 0 ? std::min(sp.max_ep, rs.max_ep) : rs.max_ep;
+  // A bound of 0 is none (on either side).
+  auto bound = [](int space, int runtime) {
+    return space > 0 && runtime > 0 ? std::min(space, runtime) : space + runtime;
+  };
+  sp.max_tp = bound(sp.max_tp, rs.max_tp);
+  sp.max_ep = bound(sp.max_ep, rs.max_ep);
   sp.search_etp = false;  // the runtime does not slice experts over tp (etp=1); check_runnable refuses etp > 1
   auto inner = options->verifier;
   options->verifier = [model, capacity_bytes, inner](const Strategy& s, const TrainSpec& t) {

@@ -92,11 +92,14 @@ Result<std::unique_ptr<DistContext>> DistContext::create(comm::Communicator& wor
       {"tp", m.tp, [](const C& a, const C& b, int) { return a.pp == b.pp && a.dp == b.dp; }},
       // ZeRO over the experts' replicas under tensor parallelism: with etp=1 the experts are replicated over
       // edp and tp, and their state is sharded over both (executor_comm.cc).
-      {"edp_tp", m.tp > 1 && m.dp / ep > 1 ? m.dp / ep * m.tp : 1,
+      {"edp_tp", m.tp > 1 && (m.dp / ep > 1 || ep > 1) ? m.dp / ep * m.tp : 1,
        [](const C& a, const C& b, int) { return a.pp == b.pp && a.ep == b.ep; }},
   };
   for (const Axis& axis : axes) {
-    if (axis.degree <= 1) continue;
+    // tp x ep with dp = ep: the plan reduces the experts over its edp (= edp x tp here); the executor averages
+    // over the runtime's edp, of one rank, and sums over tp itself (executor_tp.cc), so edp exists with one rank.
+    const bool single_edp = std::string(axis.name) == "edp" && m.tp > 1 && ep > 1;
+    if (axis.degree <= 1 && !single_edp) continue;
     std::vector<int> group = members(plan, ctx->coord_, [&](const C& c, const C& me) { return axis.same(c, me, ep); });
     PIPER_ASSIGN_OR_RETURN(auto comm, world.split(group, axis.name));
     if (comm == nullptr || comm->size() != axis.degree) {

@@ -102,11 +102,13 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
     Shard& sh = shard_of(t->chunk, t->degree, t->comm->rank());
     sh.params_sharded = true;
     sh.over_tp = over_tp;
+    sh.group = t->comm;
     return ok_status();
   }
   if (zero1_rs || zero2_rs) {
     Shard& sh = shard_of(t->chunk, t->degree, t->comm->rank());
     sh.over_tp = over_tp;
+    sh.group = t->comm;
     sh.per_microbatch = zero2_rs;
     ++sh.count;
     if (zero2_rs) {

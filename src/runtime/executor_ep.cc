@@ -158,10 +158,13 @@ Status Executor::Impl::resolve_ep(const Instruction& in, Task* t) {
   for (int e : graph->in_edges(n.id)) {
     const ir::Edge& ed = graph->edge(e);
     if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
+    // Under tp x ep the combine's backward reads the next split chunk's input gradient from its sequence
+    // reduce-scatter: this rank's token slice, the rows its forward combined (executor_tp.cc).
     const ir::NodeKind k = graph->node(ed.src).kind;
-    if (k != ir::NodeKind::kChunk && k != ir::NodeKind::kRecv) {
+    if (k != ir::NodeKind::kChunk && k != ir::NodeKind::kRecv && !detail::is_tp_exchange(graph->node(ed.src))) {
       return unimplemented("executor: '" + in.label + "' reads from '" + graph->node(ed.src).name +
-                           "'; an expert all-to-all must be fed by a chunk or a pipeline receive");
+                           "'; an expert all-to-all must be fed by a chunk, a pipeline receive or a tensor-parallel "
+                           "exchange");
     }
     t->sources.push_back(ed.src);
   }
@@ -491,19 +494,38 @@ Result<ExpertMigration> Executor::Impl::ep_migrate(const std::map<int, std::vect
     }
     Chunk* chunk = model->find(layer, "experts");
     if (chunk == nullptr) continue;  // another pipeline stage's layer: only the table changes here
-    if (shards.count(chunk)) {
-      return unimplemented("expert migration: the experts of layer " + std::to_string(layer) +
-                           " have ZeRO-sharded optimizer state, which migration does not move yet; train with "
-                           "zero=0 or without --migrate");
+    // A ZeRO-sharded chunk moves whole experts too: its shard group's moments (and ZeRO-3 values) are gathered
+    // into whole tensors first and each rank keeps its shard of the moved ones after.
+    auto shard = shards.find(chunk);
+    Shard* sh = shard == shards.end() ? nullptr : &shard->second;
+    std::vector<std::vector<std::vector<float>>> whole;
+    if (sh != nullptr) {
+      PIPER_ASSIGN_OR_RETURN(whole, gather_shard_state(*chunk, *sh));
     }
     // Everything that travels with an expert: each parameter's value, gradient and AdamW moments, as
     // [per, ...] tensors whose slot j is elements [j * n, (j + 1) * n).
     std::vector<std::pair<float*, int64_t>> parts;  // (slot 0 of the tensor, elements per slot)
+    size_t index = 0;                               // of the trainable parameter
     for (Param& prm : chunk->params()) {
-      const int64_t n = prm.value.numel() / per;
-      parts.emplace_back(prm.value.data(), n);
-      if (!prm.trainable) continue;
-      parts.emplace_back(prm.grad.data(), n);
+      if (!prm.trainable) {
+        parts.emplace_back(prm.value.data(), prm.value.numel() / per);
+        continue;
+      }
+      int64_t total = prm.value.numel();
+      if (sh != nullptr) {
+        total = 1;
+        for (int64_t dim : sh->shapes[index]) total *= dim;
+      }
+      const int64_t n = total / per;
+      parts.emplace_back(sh != nullptr && sh->params_sharded ? whole[2][index].data() : prm.value.data(), n);
+      if (prm.grad.numel() == total) parts.emplace_back(prm.grad.data(), n);  // ZeRO-2/3: none between steps
+      if (sh != nullptr) {
+        parts.emplace_back(whole[0][index].data(), n);
+        parts.emplace_back(whole[1][index].data(), n);
+        ++index;
+        continue;
+      }
+      ++index;
       for (const char* suffix : {".m", ".v"}) {
         auto it = moments.find(prm.name + suffix);
         if (it == moments.end() || it->second->numel() != prm.value.numel()) {
@@ -573,6 +595,7 @@ Result<ExpertMigration> Executor::Impl::ep_migrate(const std::map<int, std::vect
       at[static_cast<size_t>(src)] += static_cast<size_t>(per_expert);
     }
     for (const auto& [slot, data] : stay) unpack(slot, data.data());
+    if (sh != nullptr) scatter_shard_state(*chunk, *sh, whole);
   }
   // Every rank switches its tables at the same point (between the same two steps).
   for (const auto& [layer, next] : placement) {
@@ -582,6 +605,67 @@ Result<ExpertMigration> Executor::Impl::ep_migrate(const std::map<int, std::vect
   }
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return out;
+}
+
+Result<std::vector<std::vector<std::vector<float>>>> Executor::Impl::gather_shard_state(Chunk& chunk,
+                                                                                      const Shard& sh) {
+  if (sh.group == nullptr) return internal_error("expert migration: " + chunk.name() + " has no shard group");
+  std::map<std::string, Tensor*> moments;
+  for (const Optimizer::StateTensor& st : optimizer->state()) moments[st.name] = st.tensor;
+  const size_t per = static_cast<size_t>(sh.per_rank), degree = static_cast<size_t>(sh.group->size());
+  std::vector<std::vector<std::vector<float>>> whole(sh.params_sharded ? 3 : 2);
+  for (size_t kind = 0; kind < whole.size(); ++kind) {
+    std::vector<float> mine(per, 0.0f), all(per * degree);
+    size_t at = 0, index = 0;
+    for (const Param& p : chunk.params()) {
+      if (!p.trainable) continue;
+      const Tensor* piece = nullptr;
+      if (kind == 2) {
+        piece = &sh.values[index];
+      } else {
+        auto it = moments.find(p.name + (kind == 0 ? ".m" : ".v"));
+        if (it == moments.end()) return internal_error("expert migration: no optimizer state for " + p.name);
+        piece = it->second;
+      }
+      ++index;
+      if (at + static_cast<size_t>(piece->numel()) > per) {
+        return internal_error("expert migration: the shard of " + chunk.name() + " exceeds its per-rank size");
+      }
+      std::copy(piece->data(), piece->data() + piece->numel(), mine.data() + at);
+      at += static_cast<size_t>(piece->numel());
+    }
+    PIPER_ASSIGN_OR_RETURN(comm::Handle h, sh.group->all_gather(mine.data(), all.data(), per * sizeof(float)));
+    Status st = sh.group->wait(h, dist->timeout_s());
+    if (!st.ok()) return st.with_context("expert migration: gathering the ZeRO shards of " + chunk.name());
+    size_t offset = 0;  // rank r's shard is flat elements [r * per, (r + 1) * per): `all` is the flat vector
+    for (const Shape& shape : sh.shapes) {
+      size_t n = 1;
+      for (int64_t dim : shape) n *= static_cast<size_t>(dim);
+      whole[kind].emplace_back(all.begin() + static_cast<std::ptrdiff_t>(offset),
+                               all.begin() + static_cast<std::ptrdiff_t>(offset + n));
+      offset += n;
+    }
+  }
+  return whole;
+}
+
+void Executor::Impl::scatter_shard_state(Chunk& chunk, Shard& sh,
+                                         const std::vector<std::vector<std::vector<float>>>& whole) {
+  std::map<std::string, Tensor*> moments;
+  for (const Optimizer::StateTensor& st : optimizer->state()) moments[st.name] = st.tensor;
+  for (size_t kind = 0; kind < whole.size(); ++kind) {
+    std::vector<float> flat;
+    for (const std::vector<float>& t : whole[kind]) flat.insert(flat.end(), t.begin(), t.end());
+    size_t at = static_cast<size_t>(sh.begin), index = 0;
+    for (const Param& p : chunk.params()) {
+      if (!p.trainable) continue;
+      Tensor* piece = kind == 2 ? &sh.values[index] : moments.at(p.name + (kind == 0 ? ".m" : ".v"));
+      ++index;
+      std::copy(flat.begin() + static_cast<std::ptrdiff_t>(at),
+                flat.begin() + static_cast<std::ptrdiff_t>(at + static_cast<size_t>(piece->numel())), piece->data());
+      at += static_cast<size_t>(piece->numel());
+    }
+  }
 }
 
 const std::map<int, std::vector<int>>& Executor::expert_placement() const {

@@ -110,6 +110,7 @@ struct Executor::Impl {
     // Sharded over edp x tp (the experts under tp with sequence parallelism): the reduce-scatter also sums the
     // tensor ranks' partial gradients, so the tp sum skips the chunk and every rank owns its shard in the norm.
     bool over_tp = false;
+    comm::Communicator* group = nullptr;  // the ranks the chunk is sharded over (dp, edp or edp_tp)
   };
   std::map<const Chunk*, Shard> shards;  // gradient all-reduce / reduce-scatter instructions of the step
   // Sets up shards[chunk] for a group of `degree` ranks in which this rank is `rank` (once per chunk).
@@ -234,6 +235,10 @@ struct Executor::Impl {
   // Checks a placement table (every layer an experts layer, each a permutation of the experts).
   Status check_expert_placement(const std::map<int, std::vector<int>>& placement) const;
   Result<ExpertMigration> ep_migrate(const std::map<int, std::vector<int>>& placement);
+  // Expert migration of a ZeRO-sharded experts chunk: the moments (and the ZeRO-3 values) of the shard group
+  // all-gathered into whole tensors per trainable parameter (kinds m, v[, value]), and back into this rank's shard.
+  Result<std::vector<std::vector<std::vector<float>>>> gather_shard_state(Chunk& chunk, const Shard& sh);
+  void scatter_shard_state(Chunk& chunk, Shard& sh, const std::vector<std::vector<std::vector<float>>>& whole);
   static const std::map<int, std::vector<int>> kNoPlacement;
 };
 

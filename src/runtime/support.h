@@ -19,11 +19,12 @@ struct RuntimeSupport {
   std::vector<std::string> schedules;  // pipeline schedules the executor runs
   std::vector<int> zero;               // ZeRO stages
   std::vector<Recompute> recompute;
-  int max_tp = 1;             // tensor parallelism (1: none); tp > 1 needs sp=1 and etp=1 (experts not sliced)
-  int max_ep = 1;             // expert parallelism (1: none); ep > 1 with a2a flat or halo
+  // 0: no runtime bound (the model's divisibility, Strategy::validate_for, is the only one); else the largest.
+  int max_tp = 0;             // tensor parallelism; tp > 1 needs sp=1 and etp=1 (experts not sliced)
+  int max_ep = 0;             // expert parallelism; ep > 1 with a2a flat or halo
   bool disaggregate = false;  // attention/FFN disaggregation (af-pipe)
-  // Compositions beyond the per-dimension lists are checked by check_runnable(): tp > 1 and ep > 1 are run with
-  // the 1f1b schedule and no recomputation, and not together (the parity tests' combinations).
+  // Compositions beyond the per-dimension lists are checked by check_runnable(), which refuses only what the
+  // executor cannot run, each with its reason (tests/runtime/support_test.cc trains what it accepts).
 };
 
 RuntimeSupport runtime_support();

@@ -14,6 +14,7 @@
 #include "piper/runtime/checkpoint.h"
 #include "piper/runtime/chunks/tp_slice.h"
 #include "piper/runtime/data_source.h"
+#include "piper/runtime/support.h"
 #include "piper/spec/cluster_loader.h"
 
 namespace piper::runtime {
@@ -233,12 +234,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   if (options.world != nullptr) {
     PIPER_ASSIGN_OR_RETURN(t->dist_, DistContext::create(*options.world, t->compiled_.plan));
     if (options.ranks_per_node > 0) PIPER_RETURN_IF_ERROR(t->dist_->set_ranks_per_node(options.ranks_per_node));
-    if (t->compiled_.plan.mesh.tp > 1 && t->compiled_.plan.mesh.ep > 1) {
-      return unimplemented("tp=" + std::to_string(t->compiled_.plan.mesh.tp) +
-                           " with ep=" + std::to_string(t->compiled_.plan.mesh.ep) +
-                           " is not executed yet (their token slices and "
-                           "expert shards are not composed and tested together): use tp or ep, not both");
-    }
     if (options.model.moe.router_bias && t->compiled_.plan.mesh.tp > 1) {
       return unimplemented("model '" + options.model.name + "' balances experts with a router bias; under tp=" +
                            std::to_string(t->compiled_.plan.mesh.tp) +
@@ -290,20 +285,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   PIPER_ASSIGN_OR_RETURN(t->executor_,
                          Executor::create(t->compiled_.graph, t->compiled_.plan.program(rank), t->model_.get(),
                                           t->optimizer_.get(), t->allocator_.get(), t->dist_.get()));
-  if (options.migration.enabled) {
-    // Migration moves whole experts with their moments; a ZeRO shard of the experts' optimizer state covers other
-    // slots on the other replicas, so refuse before training rather than at the first migration.
-    for (const auto& chunk : t->model_->chunks()) {
-      if (chunk->part() != "experts") continue;
-      int64_t total = 0;
-      for (const Param& p : chunk->params()) total += p.trainable ? p.value.numel() : 0;
-      if (t->executor_->update_range(*chunk) != std::make_pair(int64_t{0}, total)) {
-        return unimplemented("--migrate: strategy '" + t->strategy_.to_string() +
-                             "' shards the experts' optimizer state (ZeRO over the expert-data-parallel replicas), "
-                             "which migration does not move yet; use zero=0, or dp = ep, or drop --migrate");
-      }
-    }
-  }
   PIPER_ASSIGN_OR_RETURN(Corpus corpus, load_corpus(options.data, options.model.vocab_size));
   PIPER_ASSIGN_OR_RETURN(DataLoader loader, DataLoader::create(std::move(corpus.tokens), options.seq_len,
                                                                t->options_.global_batch, options.seed));
@@ -384,17 +365,8 @@ Status Trainer::resolve_and_compile() {
     PIPER_ASSIGN_OR_RETURN(strategy_, train_strategy(options_.strategy, options_.global_batch));
   }
   PIPER_RETURN_IF_ERROR(strategy_.validate());
-  if (!strategy_.recompute_modules.empty()) {
-    return unimplemented("strategy '" + strategy_.to_string() +
-                         "': recompute_modules (Megatron's module recomputation) is modelled by estimate and "
-                         "simulate; the runtime keeps these activations: drop recompute_modules, or use "
-                         "recompute=selective or full");
-  }
-  if (strategy_.tp_overlap) {
-    return unimplemented("strategy '" + strategy_.to_string() +
-                         "': tp_overlap=1 (GEMM/collective pipelining, Megatron's --tp-comm-overlap) is modelled by "
-                         "estimate and simulate; the runtime runs each tp collective whole: drop tp_overlap");
-  }
+  // What the runtime cannot execute, named as `piper plan --runnable` names it (runtime/support.cc).
+  PIPER_RETURN_IF_ERROR(check_runnable(strategy_));
   if (options_.directives.empty() && (options_.global_batch == 0 || !options_.strategy.empty())) {
     if (options_.global_batch != 0 && options_.global_batch != strategy_.global_batch()) {
       return invalid_argument("--global-batch " + std::to_string(options_.global_batch) +

@@ -53,7 +53,7 @@ std::vector<std::vector<double>> run(const TrainOptions& o, int steps, Trainer**
 }
 
 // `strategy` on the world against one rank with `reference` (the same batches).
-void expect_parity(const std::string& strategy, const std::string& reference, int ranks) {
+void expect_parity(const std::string& strategy, const std::string& reference, int ranks, int steps = kSteps) {
   auto world = comm::mpi_world();
   ASSERT_TRUE(world.ok()) << world.status().to_string();
   ASSERT_EQ((*world)->size(), ranks) << "run under mpiexec -n " << ranks;
@@ -62,19 +62,19 @@ void expect_parity(const std::string& strategy, const std::string& reference, in
   o.world = world->get();
   std::unique_ptr<Trainer> trainer;
   Trainer* t = nullptr;
-  const auto got = run(o, kSteps, &t, &trainer);
-  ASSERT_EQ(got.size(), static_cast<size_t>(kSteps));
+  const auto got = run(o, steps, &t, &trainer);
+  ASSERT_EQ(got.size(), static_cast<size_t>(steps));
   ASSERT_NE(t, nullptr);
   const size_t width = got[0].size();
   const int64_t moe_layers = o.model.num_layers - o.model.moe.first_k_dense_layers;
   ASSERT_EQ(width, static_cast<size_t>(1 + moe_layers * o.model.moe.num_experts));
 
   // Rank 0's single-rank reference on every rank.
-  std::vector<double> flat(kSteps * width, 0.0);
+  std::vector<double> flat(static_cast<size_t>(steps) * width, 0.0);
   if ((*world)->rank() == 0) {
-    const auto ref = run(options(reference), kSteps);
-    ASSERT_EQ(ref.size(), static_cast<size_t>(kSteps));
-    for (int i = 0; i < kSteps; ++i) {
+    const auto ref = run(options(reference), steps);
+    ASSERT_EQ(ref.size(), static_cast<size_t>(steps));
+    for (int i = 0; i < steps; ++i) {
       ASSERT_EQ(ref[static_cast<size_t>(i)].size(), width);
       std::copy(ref[static_cast<size_t>(i)].begin(), ref[static_cast<size_t>(i)].end(), flat.begin() + i * width);
     }
@@ -85,7 +85,7 @@ void expect_parity(const std::string& strategy, const std::string& reference, in
   ASSERT_TRUE((*world)->wait(*h, 300).ok());
 
   double worst = 0;
-  for (int i = 0; i < kSteps; ++i) {
+  for (int i = 0; i < steps; ++i) {
     const double* ref = all.data() + i * width;  // rank 0's block comes first
     const std::vector<double>& mine = got[static_cast<size_t>(i)];
     const double rel = std::abs(mine[0] - ref[0]) / std::abs(ref[0]);
@@ -115,7 +115,7 @@ void expect_parity(const std::string& strategy, const std::string& reference, in
   ASSERT_TRUE(hp.ok());
   ASSERT_TRUE((*world)->wait(*hp, 60).ok());
   if (rank == 0) {
-    std::printf("parity %s: %d steps, loss %.6f -> %.6f, max relative difference %.3g\n", strategy.c_str(), kSteps,
+    std::printf("parity %s: %d steps, loss %.6f -> %.6f, max relative difference %.3g\n", strategy.c_str(), steps,
                 got.front()[0], got.back()[0], worst);
     for (int r = 0; r < ranks; ++r) {
       std::printf("rank %d (%s): peak memory %.0f bytes measured, %.0f planned (%.3fx)\n", r,
@@ -140,6 +140,20 @@ TEST(AfPipeParity, TwoAttentionTwoFfnRanks) { expect_parity(kAfPipe, "microbatch
 TEST(AfPipeParity, TwoPipelineRanksPerSide) {
   expect_parity("dp=2,ep=2,pp=2,schedule=af-pipe,disagg=1,attn_ranks=4,ffn_ranks=4,microbatches=4,mbs=1",
                 "microbatches=8,mbs=1", 8);
+}
+
+// af-pipe with ZeRO and recomputation (3 steps each): the attention ranks shard their state over dp, the FFN
+// ranks their experts' over edp; a recomputed F re-runs its M2N dispatch like any forward.
+TEST(AfPipeParity, ZeroAndRecompute) {
+  const std::string af = "dp=2,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=2,mbs=1";
+  expect_parity(af + ",zero=1,recompute=full", "microbatches=4,mbs=1", 4, 3);
+  expect_parity(af + ",zero=2", "microbatches=4,mbs=1", 4, 3);
+  expect_parity(af + ",zero=3,recompute=selective", "microbatches=4,mbs=1", 4, 3);
+}
+TEST(AfPipeParity, TwoPipelineRanksPerSideZeroRecompute) {
+  expect_parity("dp=2,ep=2,pp=2,schedule=af-pipe,disagg=1,attn_ranks=4,ffn_ranks=4,zero=1,recompute=full,"
+                "microbatches=4,mbs=1",
+                "microbatches=8,mbs=1", 8, 3);
 }
 
 }  // namespace

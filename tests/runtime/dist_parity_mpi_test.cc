@@ -13,8 +13,10 @@
 #include "piper/comm/mpi/mpi_communicator.h"
 #include "piper/kernels/cpu/gemm.h"
 #include "piper/runtime/dist_context.h"
+#include "piper/runtime/support.h"
 #include "piper/runtime/trainer.h"
 #include "piper/spec/model_loader.h"
+#include "piper/strategy/strategy.h"
 
 namespace piper::runtime::testing {
 namespace {
@@ -32,7 +34,14 @@ constexpr double kLr = 1e-3;
 constexpr int kTpSteps = kSteps;
 constexpr double kTpLr = 5e-4;
 
-TrainOptions options(const std::string& strategy, double lr = kLr) { return tiny_moe_options(strategy, lr); }
+// kv_heads > 0: tiny-moe with that many key/value heads (tp=4 needs 4: tp divides num_kv_heads). dense: without
+// its experts (every layer a dense MLP; tp without sequence parallelism needs a dense model).
+TrainOptions options(const std::string& strategy, double lr = kLr, int kv_heads = 0, bool dense = false) {
+  TrainOptions o = tiny_moe_options(strategy, lr);
+  if (kv_heads > 0) o.model.num_kv_heads = kv_heads;
+  if (dense) o.model.moe = MoeSpec{};
+  return o;
+}
 
 struct Run {
   std::vector<double> losses;
@@ -72,11 +81,12 @@ std::vector<double> losses(const TrainOptions& o, int steps) { return run(o, ste
 // `strategy` on the world against `reference` (same global batch and mbs) on one rank. Every rank's measured
 // peak memory must also be within kMemTol of the resource model's prediction for its stage.
 constexpr double kMemTol = 0.10;
-void expect_parity(const std::string& strategy, const std::string& reference, int steps = kSteps, double lr = kLr) {
+void expect_parity(const std::string& strategy, const std::string& reference, int steps = kSteps, double lr = kLr,
+                   int kv_heads = 0, bool dense = false) {
   auto world = comm::mpi_world();
   ASSERT_TRUE(world.ok()) << world.status().to_string();
-  const std::vector<double> ref = losses(options(reference, lr), steps);
-  TrainOptions o = options(strategy, lr);
+  const std::vector<double> ref = losses(options(reference, lr, kv_heads, dense), steps);
+  TrainOptions o = options(strategy, lr, kv_heads, dense);
   o.ranks = (*world)->size();
   o.world = world->get();
   const Run r = run(o, steps);
@@ -187,6 +197,138 @@ TEST(Parity, Ep2Recompute) {
 TEST(Parity, Dp2Tp2Zero1) { expect_parity("dp=2,tp=2,sp=1,zero=1,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5); }
 TEST(Parity, Dp2Tp2Zero2) { expect_parity("dp=2,tp=2,sp=1,zero=2,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5); }
 TEST(Parity, Dp2Tp2Zero3) { expect_parity("dp=2,tp=2,sp=1,zero=3,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5); }
+
+
+// Compositions check_runnable refused before they had a test (issue 26; 3 steps each, docs/runtime.md "Parity").
+// Every pipeline schedule at pp=2 against one rank.
+TEST(Parity, Pp2InterleavedAndGpipe) {
+  expect_parity("pp=2,vpp=2,schedule=interleaved,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3);
+  expect_parity("pp=2,vpp=2,schedule=interleaved,zero=1,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3);
+  expect_parity("pp=2,schedule=gpipe,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3);
+}
+// Expert parallelism under every schedule but 1f1b (tested above): the all-to-alls run in each schedule's order.
+TEST(Parity, Pp2Ep2DualPipeVZero) {
+  expect_parity("dp=2,pp=2,ep=2,zero=1,schedule=dualpipev,microbatches=4,mbs=1", "microbatches=8,mbs=1", 3);
+  expect_parity("dp=2,pp=2,ep=2,zero=3,schedule=dualpipev,microbatches=4,mbs=1", "microbatches=8,mbs=1", 3);
+}
+TEST(Parity, Pp2Ep2Schedules) {
+  expect_parity("dp=2,pp=2,ep=2,schedule=zb-h1,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3);
+  expect_parity("dp=2,pp=2,ep=2,schedule=gpipe,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3);
+  expect_parity("dp=2,pp=2,ep=2,vpp=2,schedule=interleaved,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3);
+}
+// Tensor parallelism under every schedule but 1f1b: the sequence slices cross the stage boundaries.
+TEST(Parity, Pp2Tp2Schedules) {
+  expect_parity("pp=2,tp=2,sp=1,schedule=zb-h1,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+  expect_parity("pp=2,tp=2,sp=1,schedule=dualpipev,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+}
+TEST(Parity, Pp2Tp2MoreSchedules) {
+  expect_parity("pp=2,tp=2,sp=1,schedule=gpipe,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+  expect_parity("pp=2,tp=2,sp=1,vpp=2,schedule=interleaved,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+}
+// tp x pp with ZeRO (8 ranks: dp=2 so that ZeRO shards something).
+TEST(Parity, Dp2Pp2Tp2Zero1) {
+  expect_parity("dp=2,pp=2,tp=2,sp=1,zero=1,schedule=1f1b,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+}
+// tp=4 (tiny-moe with 4 key/value heads: tp divides the kv heads).
+TEST(Parity, Tp4) { expect_parity("tp=4,sp=1,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr, 4); }
+// tp x ep (etp=1): each tensor rank routes its sequence slice over its own ep group (the ranks of its tp
+// coordinate); the experts' gradients are averaged over edp and summed over tp; their ZeRO shards span edp x tp.
+TEST(Parity, Dp2Tp2Ep2) {
+  expect_parity("dp=2,tp=2,ep=2,sp=1,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+  expect_parity("dp=2,tp=2,ep=2,sp=1,zero=1,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+  expect_parity("dp=2,tp=2,ep=2,sp=1,zero=3,recompute=full,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+}
+// With two expert-data-parallel replicas, and with pipelines under dualpipev and interleaved (8 ranks).
+TEST(Parity, Dp4Tp2Ep2Zero2) {
+  expect_parity("dp=4,tp=2,ep=2,sp=1,zero=2,microbatches=1,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+}
+TEST(Parity, Dp2Pp2Tp2Ep2Schedules) {
+  expect_parity("dp=2,pp=2,tp=2,ep=2,sp=1,zero=1,schedule=dualpipev,microbatches=4,mbs=1", "microbatches=8,mbs=1", 3,
+                kTpLr);
+  expect_parity("dp=2,pp=2,tp=2,ep=2,sp=1,zero=3,vpp=2,schedule=interleaved,microbatches=2,mbs=1",
+                "microbatches=4,mbs=1", 3, kTpLr);
+}
+// tp without sequence parallelism (dense models only: MoE needs sp=1): the split chunks' outputs are all-reduced
+// over tp and every other chunk runs on the whole microbatch on each tensor rank.
+TEST(Parity, DenseTp2NoSp) {
+  expect_parity("tp=2,sp=0,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr, 0, true);
+}
+TEST(Parity, DenseDp2Tp2NoSpZero) {
+  expect_parity("dp=2,tp=2,sp=0,zero=1,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3, kTpLr, 0, true);
+  expect_parity("dp=2,tp=2,sp=0,zero=3,recompute=full,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3, kTpLr, 0,
+                true);
+}
+// ep=8: every one of tiny-moe's 8 experts on its own rank.
+TEST(Parity, Ep8) { expect_parity("dp=8,ep=8,microbatches=1,mbs=1", "microbatches=8,mbs=1", 3); }
+
+
+// check_runnable agrees with `piper train` on 4 ranks: a sweep over the meshes of 4 ranks (dp, tp, pp, ep), every
+// schedule, ZeRO 0/1/3 and etp, of the strategies valid for tiny-moe. Every one check_runnable refuses is refused
+// by Trainer::create with the same message; every 8th one it accepts trains 2 steps (all of them: ~1 min).
+TEST(RuntimeSupport, RunnableAgreesWithTrain) {
+  auto world = comm::mpi_world();
+  ASSERT_TRUE(world.ok()) << world.status().to_string();
+  const int ranks = (*world)->size();
+  const char* meshes[] = {"dp=4",      "dp=4,ep=2",      "dp=4,ep=4",      "dp=2,tp=2,sp=1", "dp=2,tp=2,sp=1,ep=2",
+                          "dp=2,pp=2", "dp=2,pp=2,ep=2", "pp=2,tp=2,sp=1", "pp=4"};
+  const char* schedules[] = {"schedule=1f1b", "schedule=zb-h1", "schedule=dualpipev", "schedule=gpipe",
+                             "schedule=interleaved,vpp=2"};
+  std::vector<std::string> sweep;
+  for (const char* mesh : meshes) {
+    for (const char* sched : schedules) {
+      for (const char* zero : {"zero=0", "zero=1", "zero=3"}) {
+        sweep.push_back(std::string(mesh) + "," + sched + "," + zero + ",microbatches=8,mbs=1");
+      }
+    }
+  }
+  for (const char* extra : {"dp=2,tp=2,sp=1,etp=2,microbatches=4,mbs=1",
+                            "dp=2,tp=2,sp=1,ep=2,fold=1,microbatches=4,mbs=1",
+                            "dp=2,tp=2,sp=1,tp_overlap=1,microbatches=4,mbs=1",
+                            "dp=4,recompute_modules=moe_act,microbatches=2,mbs=1",
+                            "tp=2,sp=1,ep=2,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=4,mbs=1"}) {
+    sweep.emplace_back(extra);
+  }
+  int accepted = 0, trained = 0, refused = 0, invalid = 0;
+  for (const std::string& text : sweep) {
+    auto parsed = Strategy::parse(text);
+    ASSERT_TRUE(parsed.ok()) << text << ": " << parsed.status().to_string();
+    TrainOptions o = options(text);
+    TrainSpec train;
+    train.global_batch = parsed->global_batch();
+    train.micro_batch_size = parsed->mbs;
+    train.seq_len = o.seq_len;
+    if (!parsed->validate().ok() || !parsed->validate_for(o.model, train, ranks).ok()) {
+      ++invalid;  // not a strategy of this model and world: nothing to agree on
+      continue;
+    }
+    const Status runnable = check_runnable(*parsed);
+    o.ranks = ranks;
+    o.world = world->get();
+    if (!runnable.ok()) {
+      ++refused;
+      auto t = Trainer::create(o);
+      ASSERT_FALSE(t.ok()) << text << ": check_runnable refuses it (" << runnable.message() << ") but train accepts it";
+      EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented) << text;
+      EXPECT_NE(t.status().message().find(runnable.message()), std::string::npos)
+          << text << ": train says '" << t.status().message() << "', check_runnable '" << runnable.message() << "'";
+      continue;
+    }
+    if (accepted++ % 8 != 0) continue;
+    ++trained;
+    auto t = Trainer::create(o);
+    ASSERT_TRUE(t.ok()) << text << ": check_runnable accepts it but train refuses: " << t.status().to_string();
+    const std::vector<TrainStepStats> steps = train_steps(**t, 2);
+    ASSERT_EQ(steps.size(), 2u) << text;
+    EXPECT_TRUE(std::isfinite(steps[1].loss)) << text;
+  }
+  EXPECT_GE(refused, 5);
+  EXPECT_GE(trained, 8);
+  if ((*world)->rank() == 0) {
+    std::printf("runnable sweep on %d ranks: %zu strategies, %d invalid for tiny-moe, %d refused (same message), "
+                "%d accepted of which %d trained\n",
+                ranks, sweep.size(), invalid, refused, accepted, trained);
+  }
+}
 
 }  // namespace
 }  // namespace piper::runtime::testing

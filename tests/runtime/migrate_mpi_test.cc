@@ -24,8 +24,8 @@ constexpr double kSkew = 0.15;  // on softmax scores of ~1/8 per expert: experts
 constexpr int kWindow = 5;
 const char* const kEp4 = "dp=4,ep=4,a2a=flat,microbatches=1,mbs=1";
 
-TrainOptions options(comm::Communicator* world, bool migrate) {
-  TrainOptions o = tiny_moe_options(kEp4, 1e-3);
+TrainOptions options(comm::Communicator* world, bool migrate, const std::string& strategy = kEp4, int steps = kSteps) {
+  TrainOptions o = tiny_moe_options(strategy, 1e-3);
   o.ranks = world->size();
   o.world = world;
   o.model_options.router_skew = kSkew;
@@ -33,7 +33,7 @@ TrainOptions options(comm::Communicator* world, bool migrate) {
   o.migration.window_steps = kWindow;
   // tiny-moe's experts are cheap to compute and dear to move (weights, gradients and moments): count the
   // saving over the rest of the run, not just the next window, so that the planner's moves pay.
-  o.migration.horizon_steps = kSteps;
+  o.migration.horizon_steps = steps;
   return o;
 }
 
@@ -52,16 +52,17 @@ double mean_imbalance(const std::vector<TrainStepStats>& s, size_t begin, size_t
   return sum / static_cast<double>(end - begin);
 }
 
-TEST(Migrate, Ep4SkewedRoutingSameLossesWithAndWithoutMigration) {
+// `strategy` trained `steps` steps with migration off and on (see the file comment).
+void expect_same_losses(const std::string& strategy, int steps) {
   auto world = comm::mpi_world();
   ASSERT_TRUE(world.ok()) << world.status().to_string();
   comm::Communicator* w = world->get();
   std::map<int, std::vector<int>> fixed, moved;
-  const double o_clip = options(w, false).optimizer.grad_clip;
-  const std::vector<TrainStepStats> off = run(options(w, false), kSteps, &fixed);
-  const std::vector<TrainStepStats> on = run(options(w, true), kSteps, &moved);
-  ASSERT_EQ(off.size(), static_cast<size_t>(kSteps));
-  ASSERT_EQ(on.size(), static_cast<size_t>(kSteps));
+  const double o_clip = options(w, false, strategy, steps).optimizer.grad_clip;
+  const std::vector<TrainStepStats> off = run(options(w, false, strategy, steps), steps, &fixed);
+  const std::vector<TrainStepStats> on = run(options(w, true, strategy, steps), steps, &moved);
+  ASSERT_EQ(off.size(), static_cast<size_t>(steps));
+  ASSERT_EQ(on.size(), static_cast<size_t>(steps));
   double worst = 0;
   bool bitwise = true;
   int migrations = 0, experts = 0, norms_equal = 0, clipped = 0;
@@ -93,18 +94,27 @@ TEST(Migrate, Ep4SkewedRoutingSameLossesWithAndWithoutMigration) {
   EXPECT_GE(migrations, 1) << "the skewed routing never triggered a migration";
   EXPECT_NE(moved, fixed) << "the placement table is still the initial one";
   // Before the first plan both runs see the same imbalance; afterwards migration lowers it.
-  const double skewed = mean_imbalance(off, kSteps - 10, kSteps);
-  const double balanced = mean_imbalance(on, kSteps - 10, kSteps);
+  const double skewed = mean_imbalance(off, steps - 10, steps);
+  const double balanced = mean_imbalance(on, steps - 10, steps);
   EXPECT_GT(mean_imbalance(off, 0, kWindow), 1.5) << "the skew did not make the loads imbalanced";
   EXPECT_LT(balanced, skewed);
   if (w->rank() == 0) {
     std::printf(
-        "migration ep=4, skew %.2f, %d steps: %d migration(s), %d expert(s) moved, %.1f ms; imbalance over "
+        "migration %s, skew %.2f, %d steps: %d migration(s), %d expert(s) moved, %.1f ms; imbalance over "
         "the last 10 steps %.3f without vs %.3f with; losses max relative difference %.3g (%s); gradient "
         "norms bitwise equal on %d of %d steps (clipped on %d)\n",
-        kSkew, kSteps, migrations, experts, seconds * 1e3, skewed, balanced, worst,
-        bitwise ? "bitwise equal" : "not bitwise", norms_equal, kSteps, clipped);
+        strategy.c_str(), kSkew, steps, migrations, experts, seconds * 1e3, skewed, balanced, worst,
+        bitwise ? "bitwise equal" : "not bitwise", norms_equal, steps, clipped);
   }
+}
+
+TEST(Migrate, Ep4SkewedRoutingSameLossesWithAndWithoutMigration) { expect_same_losses(kEp4, kSteps); }
+
+// Two replicas of each expert (dp=4, ep=2) with ZeRO: the experts' moments (zero=1) and values (zero=3) are
+// sharded over the replicas; a migration gathers them whole, moves the experts, and each replica keeps its shard.
+TEST(Migrate, ZeroShardedExpertsSameLossesWithAndWithoutMigration) {
+  expect_same_losses("dp=4,ep=2,zero=1,a2a=flat,microbatches=1,mbs=1", 15);
+  expect_same_losses("dp=4,ep=2,zero=3,a2a=flat,microbatches=1,mbs=1", 15);
 }
 
 TEST(Migrate, BadOptionsAreRejected) {
@@ -115,14 +125,6 @@ TEST(Migrate, BadOptionsAreRejected) {
   auto t = Trainer::create(o);
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("has ep=1"), std::string::npos) << t.status().message();
-  // Two replicas of each expert (dp=4, ep=2) with ZeRO-1: the experts' moments are sharded; refused up front.
-  o = options(world->get(), true);
-  o.strategy = "dp=4,ep=2,zero=1,microbatches=1,mbs=1";
-  t = Trainer::create(o);
-  ASSERT_FALSE(t.ok());
-  EXPECT_EQ(t.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(t.status().message().find("shards the experts' optimizer state"), std::string::npos)
-      << t.status().message();
   o = options(world->get(), true);
   o.migration.window_steps = 0;
   t = Trainer::create(o);

@@ -35,25 +35,28 @@ TEST(RuntimeSupport, ParityStrategiesAreRunnable) {
         "tp=2,sp=1,recompute=full,microbatches=4", "tp=2,sp=1,recompute=selective,microbatches=4",
         "dp=2,ep=2,recompute=full,microbatches=2", "dp=2,ep=2,recompute=selective,microbatches=2",
         // combined 1F1B (dist_parity_mpi_test.cc)
-        "dp=2,ep=2,ep_overlap=1,microbatches=3"}) {
+        "dp=2,ep=2,ep_overlap=1,microbatches=3",
+        // every schedule with ep and tp, tp x pp x ZeRO, tp=4, ep=8 (dist_parity_mpi_test.cc, issue 26)
+        "dp=2,pp=2,ep=2,zero=1,schedule=dualpipev,microbatches=4",
+        "dp=2,pp=2,ep=2,zero=3,schedule=dualpipev,microbatches=4",
+        "dp=2,pp=2,ep=2,schedule=zb-h1,microbatches=2", "dp=2,pp=2,ep=2,schedule=gpipe,microbatches=2",
+        "dp=2,pp=2,ep=2,vpp=2,schedule=interleaved,microbatches=2", "pp=2,tp=2,sp=1,schedule=zb-h1,microbatches=4",
+        "pp=2,tp=2,sp=1,schedule=dualpipev,microbatches=4", "pp=2,tp=2,sp=1,vpp=2,schedule=interleaved,microbatches=4",
+        "dp=2,pp=2,tp=2,sp=1,zero=1,schedule=1f1b,microbatches=2", "tp=4,sp=1,microbatches=4",
+        "dp=8,ep=8,microbatches=1", "dp=2,tp=2,ep=2,sp=1,microbatches=2", "dp=2,tp=2,sp=0,zero=3,microbatches=2",
+        "dp=2,pp=2,tp=2,ep=2,sp=1,zero=1,schedule=dualpipev,microbatches=4"}) {
     EXPECT_TRUE(check_runnable(parse(s)).ok()) << s << ": " << check_runnable(parse(s)).to_string();
   }
 }
 
 TEST(RuntimeSupport, UnsupportedDimensionsAreNamed) {
   const RuntimeSupport rs = runtime_support();
-  EXPECT_EQ(rs.max_tp, 2);
-  EXPECT_EQ(rs.max_ep, 4);
+  EXPECT_EQ(rs.max_tp, 0);  // no runtime bound
+  EXPECT_EQ(rs.max_ep, 0);
   // Each refused strategy and the words its message must contain.
   const std::vector<std::pair<std::string, std::string>> refused = {
-      {"tp=4,sp=1,microbatches=2", "tp=4"},
-      {"dp=8,ep=8,microbatches=2", "ep=8"},
-      {"tp=2,sp=0,microbatches=2", "sp=1"},
-      {"tp=2,sp=1,etp=2,microbatches=2", "etp=2"},
-      {"dp=2,tp=2,ep=2,sp=1,microbatches=2", "tp or ep"},
-      {"tp=2,sp=1,schedule=zb-h1,microbatches=2", "schedule 1f1b only"},
-      {"dp=2,ep=2,pp=2,schedule=dualpipev,microbatches=4", "schedule 1f1b only"},
-      {"pp=2,tp=2,sp=1,zero=1,schedule=1f1b,microbatches=4", "zero=0 only"},
+      {"tp=2,sp=1,etp=2,microbatches=2", "set etp=1"},
+      {"dp=2,tp=2,sp=1,ep=2,fold=1,microbatches=2", "set fold=0"},
       {"tp=2,sp=1,tp_overlap=1,microbatches=2", "drop tp_overlap"},
       {"dp=2,ep=2,recompute_modules=moe_act,microbatches=2", "drop recompute_modules"},
   };
@@ -64,17 +67,19 @@ TEST(RuntimeSupport, UnsupportedDimensionsAreNamed) {
   }
 }
 
-// af-pipe runs (tests/runtime/dist_m2n_mpi_test.cc: 2 attention + 2 FFN ranks, ep=2) in its tested combination
-// only; the rest is refused naming what differs.
+// af-pipe runs (tests/runtime/dist_m2n_mpi_test.cc: 2 attention + 2 FFN ranks, ep=2) with every ZeRO stage and
+// recomputation; with tp it is refused naming tp.
 TEST(RuntimeSupport, AfPipeIsRunnableAsTested) {
   ASSERT_TRUE(runtime_support().disaggregate);
   const std::string af = "dp=2,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=2";
   EXPECT_TRUE(check_runnable(parse(af)).ok()) << check_runnable(parse(af)).to_string();
-  for (const std::string& other : {af + ",zero=1", af + ",recompute=full"}) {
-    Status st = check_runnable(parse(other));
-    EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << other;
-    EXPECT_NE(st.message().find("tp=1, zero=0 and no recomputation"), std::string::npos) << st.to_string();
+  for (const std::string& other : {af + ",zero=1,recompute=full", af + ",zero=3,recompute=selective"}) {
+    EXPECT_TRUE(check_runnable(parse(other)).ok()) << other << ": " << check_runnable(parse(other)).to_string();
   }
+  const std::string with_tp = "dp=2,tp=2,sp=1,ep=2,schedule=af-pipe,disagg=1,attn_ranks=4,ffn_ranks=4,microbatches=2";
+  Status st = check_runnable(parse(with_tp));
+  EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << with_tp;
+  EXPECT_NE(st.message().find("use tp=1 with af-pipe"), std::string::npos) << st.to_string();
   // Several attention / FFN pipeline ranks (the FFN group combines, executor_m2n.cc).
   EXPECT_TRUE(check_runnable(parse("dp=2,ep=2,pp=2,schedule=af-pipe,disagg=1,attn_ranks=4,ffn_ranks=4,"
                                    "microbatches=4"))
