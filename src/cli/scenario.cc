@@ -27,16 +27,30 @@ void add_scenario_options(CLI::App* sub, ScenarioOptions* o) {
 }
 
 Result<Scenario> load_scenario(const ScenarioOptions& o) {
+  PIPER_ASSIGN_OR_RETURN(ModelSpec model, load_model(o.model));
+  // --seq is checked before the cluster is loaded, as it always was (the first bad flag is the one named).
+  PIPER_RETURN_IF_ERROR(resolve_seq_len(model, o.seq_len).status());
+  PIPER_ASSIGN_OR_RETURN(ClusterSpec cluster, load_cluster(o.cluster, o.nodes));
+  return make_scenario(std::move(model), std::move(cluster), o);
+}
+
+Result<Scenario> make_scenario(ModelSpec model, ClusterSpec cluster, const ScenarioOptions& o) {
   Scenario sc;
-  PIPER_ASSIGN_OR_RETURN(sc.model, load_model(o.model));
+  sc.model = std::move(model);
+  sc.cluster = std::move(cluster);
   PIPER_ASSIGN_OR_RETURN(const int64_t seq_len, resolve_seq_len(sc.model, o.seq_len));
-  PIPER_ASSIGN_OR_RETURN(sc.cluster, load_cluster(o.cluster, o.nodes));
   PIPER_RETURN_IF_ERROR(apply_domain_nodes(o.domain_nodes, &sc.cluster));
   if (!o.comm_calibration.empty()) PIPER_RETURN_IF_ERROR(load_comm_calibration(o.comm_calibration, &sc.cluster));
-  if (!o.mesh.empty() && o.directives.empty()) {
+  const bool with_directives = !o.directives.empty() || o.has_directive_list;
+  if (!o.mesh.empty() && !with_directives) {
     return invalid_argument("--mesh is for --directives; a strategy carries its mesh: drop --mesh");
   }
-  if (o.strategy.empty() || !o.directives.empty()) {
+  if (o.has_directive_list) {
+    sc.from_directives = true;
+    PIPER_ASSIGN_OR_RETURN(sc.input, resolve_directive_input(sc.model, o.directive_list, o.directives_label, o.mesh,
+                                                             o.global_batch, sc.cluster.world_size()));
+    sc.strategy = sc.input.resolved.strategy;
+  } else if (o.strategy.empty() || with_directives) {
     sc.from_directives = true;
     PIPER_ASSIGN_OR_RETURN(sc.input, load_directive_input(sc.model, o.strategy, o.directives, o.mesh,
                                                           o.global_batch, sc.cluster.world_size()));
