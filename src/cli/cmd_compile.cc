@@ -6,6 +6,7 @@
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
+#include "piper/cli/command_json.h"
 #include "piper/cli/compile_input.h"
 #include "piper/cli/flags.h"
 #include "piper/cli/precision_flags.h"
@@ -34,20 +35,7 @@ Status run(const CompileCliOptions& o) {
   for (const auto& [step, s] : r.step_seconds) total_s += s;
   const ir::MeshInfo& m = r.plan.mesh;
   if (o.json) {
-    Json steps = Json::object();
-    for (const auto& [step, s] : r.step_seconds) steps[step] = s;
-    Json j{{"model", in.model.name},
-           {"source", in.source},
-           {"world_size", r.plan.world_size},
-           {"mesh", Json{{"pp", m.pp}, {"vpp", m.vpp}, {"dp", m.dp}, {"ep", m.ep}, {"tp", m.tp}}},
-           {"microbatches", r.graph.num_microbatches},
-           {"directives", in.directives.size()},
-           {"graph_nodes", r.graph.num_nodes()},
-           {"instructions", r.stats.instructions},
-           {"compile_seconds", total_s},
-           {"step_seconds", steps},
-           {"templates", compile::summary_to_json(summary)}};
-    print_json(j.dump());
+    print_json(compile_json(in, r).dump());
     return ok_status();
   }
   std::printf("compiled %s with %s: %d ranks (pp=%d vpp=%d dp=%d ep=%d tp=%d), %d microbatches\n",

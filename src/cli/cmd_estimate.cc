@@ -5,6 +5,7 @@
 #include "piper/base/json.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
+#include "piper/cli/command_json.h"
 #include "piper/cli/precision_flags.h"
 #include "piper/cli/scenario.h"
 #include "piper/cost/estimate.h"
@@ -79,15 +80,7 @@ Status run_estimate(const EstimateOptions& o) {
   cost::Estimate e;
   PIPER_RETURN_IF_ERROR(cm.estimate(s, &e));
   if (o.json) {
-    Json j = e.to_json();
-    j["model"] = model.name;
-    j["cluster"] = cluster.name;
-    j["nodes"] = cluster.num_nodes;
-    j["strategy"] = s.to_json();
-    if (sc.from_directives) j["directives"] = sc.input.file;
-    j["seq_len"] = train.seq_len;
-    j["global_batch"] = s.global_batch();
-    print_json(j.dump(2));
+    print_json(estimate_json(sc, e).dump(2));
   } else {
     print_text(cm, s, e);
     if (sc.from_directives) std::printf("\ndirectives %s: %s\n", sc.input.file.c_str(), describe(sc.input).c_str());

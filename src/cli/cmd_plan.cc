@@ -10,6 +10,7 @@
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
+#include "piper/cli/command_json.h"
 #include "piper/cli/directive_input.h"
 #include "piper/cli/flags.h"
 #include "piper/cli/local_plan.h"
@@ -370,30 +371,8 @@ Status run_plan(const PlanOptions& o) {
     if (!st.ok()) return st.with_context("--candidate " + o.candidate);
   }
   if (o.json) {
-    Json plans = Json::array();
-    for (const auto& p : r.top) {
-      Json pj = p.to_json();
-      pj["ep_inside_domain"] = plan::ep_inside_domain(p.strategy, cluster);
-      pj["ep_fits_domain"] = plan::ep_fits_domain(p.strategy, cluster);
-      plans.push_back(pj);
-    }
-    Json j = {{"model", model.name},
-              {"cluster", cluster.name},
-              {"nodes", cluster.num_nodes},
-              {"world_size", cluster.world_size()},
-              {"devices_per_domain", cluster.devices_per_domain()},
-              {"precision", to_string(train.precision)},
-              {"seq_len", train.seq_len},
-              {"global_batch", train.global_batch},
-              {"search", r.stats.to_json()},
-              {"simulated", r.stats.simulated},
-              {"plans", plans},
-              {"fits_nowhere", r.top.empty()}};
+    Json j = plan_json(model, cluster, train, r);
     if (candidate.given) j["candidate"] = candidate.to_json();
-    if (r.top.empty() && r.has_smallest) {
-      j["min_memory_bytes"] = r.smallest.peak_memory_bytes();
-      j["closest"] = r.smallest.to_json();
-    }
     print_json(j.dump(2));
   } else {
     print_plans(model, cluster, train, options.verify, r, candidate);
