@@ -15,15 +15,14 @@
 #include "piper/base/files.h"
 #include "piper/base/json.h"
 #include "piper/base/status.h"
+#include "piper/cli/command_json.h"
 #include "piper/cli/compile_input.h"
 #include "piper/cli/flags.h"
 #include "piper/cli/plan_outcome.h"
 #include "piper/cli/scenario.h"
 #include "piper/compile/compile.h"
-#include "piper/compile/plan_summary.h"
 #include "piper/cost/estimate.h"
 #include "piper/ir/directive.h"
-#include "piper/plan/domain.h"
 #include "piper/plan/search.h"
 #include "piper/report/chrome_trace.h"
 #include "piper/sim/simulate.h"
@@ -71,6 +70,13 @@ T get_int(const py::dict& d, const char* key, const char* flag, const cli::IntRa
   return d[key].cast<T>();
 }
 
+double get_real(const py::dict& d, const char* key, const char* flag, const cli::RealRange& range, double fallback) {
+  if (!d.contains(key) || d[key].is_none()) return fallback;
+  const std::string error = cli::check_real_text(py::str(d[key]).cast<std::string>(), range);
+  if (!error.empty()) throw StatusError{StatusCode::kInvalidArgument, std::string(flag) + ": " + error};
+  return d[key].cast<double>();
+}
+
 const cli::IntRange kGlobalBatchRange{1, cli::kMaxGlobalBatch, "sequences per step"};
 const cli::IntRange kSeqRange{1, cli::kMaxSeqLen, "tokens per sequence"};
 
@@ -107,8 +113,8 @@ cli::ScenarioOptions scenario_options(const py::dict& o) {
   return s;
 }
 
-// `piper estimate --json`.
-Json estimate_json(const ModelSpec& model, const ClusterSpec& cluster, const cli::ScenarioOptions& o) {
+// `piper estimate --json` (command_json.h).
+Json run_estimate(const ModelSpec& model, const ClusterSpec& cluster, const cli::ScenarioOptions& o) {
   cli::Scenario sc = take(cli::make_scenario(model, cluster, o));
   cost::CostModel cm = take(cost::CostModel::create(sc.model, sc.cluster, sc.train, sc.calibration));
   if (sc.from_directives && !sc.input.resolved.recognised) {
@@ -118,19 +124,11 @@ Json estimate_json(const ModelSpec& model, const ClusterSpec& cluster, const cli
   }
   cost::Estimate e;
   check(cm.estimate(sc.strategy, &e));
-  Json j = e.to_json();
-  j["model"] = sc.model.name;
-  j["cluster"] = sc.cluster.name;
-  j["nodes"] = sc.cluster.num_nodes;
-  j["strategy"] = sc.strategy.to_json();
-  if (sc.from_directives) j["directives"] = sc.input.file;
-  j["seq_len"] = sc.train.seq_len;
-  j["global_batch"] = sc.strategy.global_batch();
-  return j;
+  return cli::estimate_json(sc, e);
 }
 
 // `piper simulate --json` (without --expert-zipf), writing the Chrome trace when `trace` is given.
-Json simulate_json(const ModelSpec& model, const ClusterSpec& cluster, const cli::ScenarioOptions& o,
+Json run_simulate(const ModelSpec& model, const ClusterSpec& cluster, const cli::ScenarioOptions& o,
                    const std::string& trace, bool full) {
   cli::Scenario sc = take(cli::make_scenario(model, cluster, o));
   check(sc.strategy.validate());
@@ -143,19 +141,7 @@ Json simulate_json(const ModelSpec& model, const ClusterSpec& cluster, const cli
                                                          sc.input.directives, sc.strategy, sc.calibration, options)
                               : sim::simulate(sc.model, sc.cluster, sc.train, sc.strategy, sc.calibration, options));
   if (!trace.empty()) check(report::write_chrome_trace(trace, r.compiled.plan, r.sim));
-  Json j = r.to_json();
-  j["model"] = sc.model.name;
-  j["cluster"] = sc.cluster.name;
-  j["nodes"] = sc.cluster.num_nodes;
-  j["strategy"] = sc.strategy.to_json();
-  if (sc.from_directives) {
-    j["directives"] = sc.input.file;
-    j["recognised"] = sc.input.resolved.recognised;
-  }
-  j["seq_len"] = sc.train.seq_len;
-  j["global_batch"] = sc.train.global_batch > 0 ? sc.train.global_batch : sc.strategy.global_batch();
-  if (!trace.empty()) j["trace"] = trace;
-  return j;
+  return cli::simulate_json(sc, r, trace);
 }
 
 cli::CompileCliOptions compile_options(const py::dict& o) {
@@ -168,7 +154,8 @@ cli::CompileCliOptions compile_options(const py::dict& o) {
   c.microbatches = get_int<int>(o, "microbatches", "--microbatches",
                                 {1, cli::kMaxMicrobatches, "microbatches per step; the graph holds every layer per "
                                  "microbatch"}, 0);
-  c.capacity_gib = opt_value<double>(o, "capacity_gib", 0.0);
+  c.capacity_gib =
+      get_real(o, "capacity_gib", "--capacity-gib", {0, cli::kMaxCapacityGib, true, "GiB of device memory"}, 0.0);
   c.target = opt_value<std::string>(o, "target", "megatron");
   c.precision = precision_options(o);
   if (o.contains("directives_json") && !o["directives_json"].is_none()) {
@@ -180,29 +167,12 @@ cli::CompileCliOptions compile_options(const py::dict& o) {
 }
 
 // `piper compile --json`: the verified plan's statistics (per program template: instructions, peak memory).
-Json compile_json(const ModelSpec& model, const cli::CompileCliOptions& o) {
+Json run_compile(const ModelSpec& model, const cli::CompileCliOptions& o) {
   cli::CompileInputs in = take(cli::resolve_compile_inputs(o, &model));
   compile::CompileOptions options;
   options.capacity_bytes = static_cast<int64_t>(o.capacity_gib * static_cast<double>(1LL << 30));
   compile::CompileResult r = take(compile::compile_directives(in.model, in.train, in.mesh, in.directives, options));
-  double total_s = 0;
-  Json steps = Json::object();
-  for (const auto& [step, s] : r.step_seconds) {
-    steps[step] = s;
-    total_s += s;
-  }
-  const ir::MeshInfo& m = r.plan.mesh;
-  return Json{{"model", in.model.name},
-              {"source", in.source},
-              {"world_size", r.plan.world_size},
-              {"mesh", Json{{"pp", m.pp}, {"vpp", m.vpp}, {"dp", m.dp}, {"ep", m.ep}, {"tp", m.tp}}},
-              {"microbatches", r.graph.num_microbatches},
-              {"directives", in.directives.size()},
-              {"graph_nodes", r.graph.num_nodes()},
-              {"instructions", r.stats.instructions},
-              {"compile_seconds", total_s},
-              {"step_seconds", steps},
-              {"templates", compile::summary_to_json(compile::summarize_plan(r.plan, r.stats))}};
+  return cli::compile_json(in, r);
 }
 
 // The directives a strategy stands for (the list in `piper compile --strategy S --emit-directives F`) and its mesh.
@@ -215,7 +185,7 @@ Json strategy_directives_json(const ModelSpec& model, const cli::CompileCliOptio
 
 // `piper plan --json` over a cluster (not --local-ranks, --disaggregate or --candidate); no plan raises the CLI's
 // error (plan_outcome.h).
-Json plan_json(const ModelSpec& model, ClusterSpec cluster, const py::dict& o) {
+Json run_plan(const ModelSpec& model, ClusterSpec cluster, const py::dict& o) {
   cli::ScenarioOptions so = scenario_options(o);
   TrainSpec train;
   train.global_batch = so.global_batch;
@@ -223,14 +193,20 @@ Json plan_json(const ModelSpec& model, ClusterSpec cluster, const py::dict& o) {
   check(cli::apply_domain_nodes(so.domain_nodes, &cluster));
   check(cli::apply_precision_options(so.precision, &train));
   plan::SearchOptions options;
-  options.top_k = opt_value<int>(o, "top", 5);
-  options.memory_fraction = opt_value<double>(o, "memory_fraction", 0.95);
+  // The ranges of `piper plan`'s flags (cmd_plan.cc).
+  options.top_k = get_int<int>(o, "top", "--top", {1, 1000, "plans kept"}, 5);
+  options.memory_fraction =
+      get_real(o, "memory_fraction", "--memory-fraction", {0, 1, true, "share of device memory"}, 0.95);
   options.verify = opt_value<bool>(o, "verify", true);
-  options.verify_attempts_per_plan = opt_value<int>(o, "verify_attempts", 3);
-  options.threads = opt_value<int>(o, "threads", static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
-  options.simulate_top = opt_value<int>(o, "simulate_top", options.top_k);
-  options.local_search_steps = opt_value<int>(o, "local_search", 8);
-  options.simulate_budget_s = opt_value<double>(o, "sim_budget_s", 15.0);
+  options.verify_attempts_per_plan =
+      get_int<int>(o, "verify_attempts", "--verify-attempts", {1, 1000, "compilations per plan returned"}, 3);
+  options.threads = get_int<int>(o, "threads", "--threads", {1, cli::kMaxThreads, "search threads"},
+                                 static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  options.simulate_top =
+      get_int<int>(o, "simulate_top", "--simulate-top", {0, 1000, "plans re-scored by the simulator"}, options.top_k);
+  options.local_search_steps = get_int<int>(o, "local_search", "--local-search", {0, 1000, "neighbours simulated"}, 8);
+  options.simulate_budget_s =
+      get_real(o, "sim_budget_s", "--sim-budget-s", {0, 86400, false, "seconds, at most a day"}, 15.0);
   if (!so.calibration.empty()) options.calibration = take(cost::Calibration::load(so.calibration));
   if (o.contains("schedules") && !o["schedules"].is_none()) {
     options.space.schedules = o["schedules"].cast<std::vector<std::string>>();
@@ -241,25 +217,7 @@ Json plan_json(const ModelSpec& model, ClusterSpec cluster, const py::dict& o) {
     r = take(plan::search(model, cluster, train, options));
   }
   if (r.top.empty()) check(cli::nothing_fits(cluster, options.memory_fraction, r));
-  Json plans = Json::array();
-  for (const auto& p : r.top) {
-    Json pj = p.to_json();
-    pj["ep_inside_domain"] = plan::ep_inside_domain(p.strategy, cluster);
-    pj["ep_fits_domain"] = plan::ep_fits_domain(p.strategy, cluster);
-    plans.push_back(pj);
-  }
-  return Json{{"model", model.name},
-              {"cluster", cluster.name},
-              {"nodes", cluster.num_nodes},
-              {"world_size", cluster.world_size()},
-              {"devices_per_domain", cluster.devices_per_domain()},
-              {"precision", to_string(train.precision)},
-              {"seq_len", train.seq_len},
-              {"global_batch", train.global_batch},
-              {"search", r.stats.to_json()},
-              {"simulated", r.stats.simulated},
-              {"plans", plans},
-              {"fits_nowhere", false}};
+  return cli::plan_json(model, cluster, train, r);
 }
 
 // Runs `f` (which returns Json) without the GIL and converts its result with it.
@@ -317,24 +275,24 @@ PYBIND11_MODULE(_core, m) {
   define_specs(m);
   m.def("estimate", [](const ModelSpec& model, const ClusterSpec& cluster, const py::dict& o) {
     cli::ScenarioOptions so = scenario_options(o);
-    return released([&] { return estimate_json(model, cluster, so); });
+    return released([&] { return run_estimate(model, cluster, so); });
   });
   m.def("simulate", [](const ModelSpec& model, const ClusterSpec& cluster, const py::dict& o) {
     cli::ScenarioOptions so = scenario_options(o);
     const std::string trace = opt_value<std::string>(o, "trace", "");
     const bool full = opt_value<bool>(o, "full", false);
-    return released([&] { return simulate_json(model, cluster, so, trace, full); });
+    return released([&] { return run_simulate(model, cluster, so, trace, full); });
   });
   m.def("compile", [](const ModelSpec& model, const py::dict& o) {
     cli::CompileCliOptions co = compile_options(o);
-    return released([&] { return compile_json(model, co); });
+    return released([&] { return run_compile(model, co); });
   });
   m.def("strategy_directives", [](const ModelSpec& model, const py::dict& o) {
     cli::CompileCliOptions co = compile_options(o);
     return released([&] { return strategy_directives_json(model, co); });
   });
   m.def("plan", [](const ModelSpec& model, const ClusterSpec& cluster, const py::dict& o) {
-    return to_python(plan_json(model, cluster, o).dump());
+    return to_python(run_plan(model, cluster, o).dump());
   });
   m.def("schedule_names", [] { return schedules::schedule_names(); });
   // The C++ reader's view of a directive list: parsed (errors as the CLI names them) and written back (the list of

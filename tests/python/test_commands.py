@@ -97,6 +97,24 @@ def test_bad_seq_raises_the_cli_message(tiny, h100):
     assert str(e.value) == cli_error("estimate", *SCENARIO[:-2], "--seq", "4096", "--strategy", STRATEGY)
 
 
+def test_plan_keyword_out_of_range_is_the_flag_message():
+    with pytest.raises(piper.InvalidArgument) as e:
+        piper.plan("tiny-moe", "dgx-h100", global_batch=8, seq=128, top=0)
+    assert str(e.value) + " (see piper --help)" == cli_error("plan", "--model", "tiny-moe", "--cluster", "dgx-h100",
+                                                             "--nodes", "1", "--global-batch", "8", "--top", "0")
+    with pytest.raises(piper.InvalidArgument) as e:
+        piper.compile("tiny-moe", STRATEGY, seq=128, capacity_gib=-1)
+    assert str(e.value) + " (see piper --help)" == cli_error("compile", "--model", "tiny-moe", "--seq", "128",
+                                                             "--strategy", STRATEGY, "--capacity-gib", "-1")
+
+
+def test_nothing_fits_raises_the_cli_message():
+    with pytest.raises(piper.ResourceExhausted) as e:
+        piper.plan("deepseek-v3", "dgx-h100", global_batch=8, simulate_top=0, threads=2)
+    assert str(e.value) == cli_error("plan", "--model", "deepseek-v3", "--cluster", "dgx-h100", "--nodes", "1",
+                                     "--global-batch", "8", "--simulate-top", "0", "--threads", "2")
+
+
 def test_error_does_not_poison_the_next_call(tiny, h100):
     for _ in range(3):
         with pytest.raises(piper.Error):
