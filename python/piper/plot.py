@@ -89,17 +89,19 @@ def memory(estimate, path=None):
     return _save(fig, path)
 
 
-def sweep(results, x, y="step_time_s", path=None, label=None):
+def sweep(results, x, y="step_time_s", path=None, label=None, ax=None):
     """One point per result: `x` and `y` are field names, dotted for nested ones ("strategy.pp"); a strategy key
-    alone ("pp") is looked up in the result's strategy."""
+    alone ("pp") is looked up in the result's strategy. Give `ax` (a previous call's figure's axes) to draw
+    several series on one plot."""
     def value(r, name):
         try:
             return _field(r, name)
         except (KeyError, TypeError):
             return _field(r, "strategy." + name)
     points = sorted((value(r, x), value(r, y)) for r in results)
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(5, 4))
+    if ax is None:
+        fig, ax = _pyplot().subplots(figsize=(5, 4))
+    fig = ax.figure
     ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
     ax.set_xlabel(x)
     ax.set_ylabel(y)

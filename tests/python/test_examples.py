@@ -28,3 +28,15 @@ def test_best_plan_bad_config_prints_the_error(tmp_path):
                        timeout=60)
     assert p.returncode == 1
     assert p.stderr.startswith("error: ") and "missing.json" in p.stderr
+
+
+def test_sweep_pp_ep_writes_a_png(tmp_path):
+    script = os.path.join(SOURCE_DIR, "examples", "python", "sweep_pp_ep.py")
+    png = tmp_path / "sweep.png"
+    p = subprocess.run([sys.executable, script, str(png)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    rows = [l for l in p.stdout.splitlines() if l.startswith("ep=")]
+    assert len(rows) >= 4  # at least one line of four points
+    assert p.stdout.splitlines()[-1] == "wrote %s" % png
+    width, height = png_size(png)
+    assert width > 200 and height > 200
