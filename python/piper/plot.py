@@ -52,14 +52,18 @@ def timeline(sim_result, path=None, max_ranks=16):
     row = {lane: i for i, lane in enumerate(lanes)}
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(12, 0.35 * len(lanes) + 1.5))
-    colors = {"F": "tab:blue", "B": "tab:orange", "W": "tab:green", "BW": "tab:red"}
+    # Compute by pass (F, B, W, BW), communication and the optimizer update by kind, as the trace's args say.
+    colors = {"F": "tab:blue", "B": "tab:orange", "W": "tab:green", "BW": "tab:red", "collective": "tab:purple",
+              "send": "tab:brown", "recv": "tab:pink", "update": "tab:olive"}
     for ev in tasks:
         lane = (ev["pid"], ev.get("tid", 0))
         if lane not in row:
             continue
-        kind = ev.get("cat", "")
-        color = colors.get(kind) or colors.get(str(ev.get("name", ""))[:1], "tab:gray")
+        args = ev.get("args", {})
+        color = colors.get(args.get("pass") if ev.get("cat") == "compute" else ev.get("cat"), "tab:gray")
         ax.barh(row[lane], ev.get("dur", 0) / 1e3, left=ev["ts"] / 1e3, height=0.8, color=color, linewidth=0)
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(color=c, label=k) for k, c in colors.items()], fontsize=7, ncol=4, loc="upper right")
     ax.set_yticks(range(len(lanes)))
     ax.set_yticklabels(["rank %d %s" % (pid, names.get((pid, tid), tid)) for pid, tid in lanes], fontsize=7)
     ax.invert_yaxis()

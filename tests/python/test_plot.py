@@ -1,4 +1,5 @@
 """piper.plot: each plot writes a valid PNG of the size matplotlib reports, drawn from the result's own fields."""
+import json
 import struct
 
 import pytest
@@ -32,7 +33,12 @@ def test_timeline(tiny, h100, tmp_path):
     sim = piper.simulate(tiny, h100, STRATEGY, seq=128, trace=tmp_path / "step.json")
     fig = piper.plot.timeline(sim, tmp_path / "timeline.png")
     check_png(fig, tmp_path / "timeline.png")
-    assert len(fig.axes[0].patches) > 0  # one bar per task
+    bars = fig.axes[0].patches
+    with open(tmp_path / "step.json") as f:
+        events = json.load(f)
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert len(bars) == sum(1 for ev in events if ev.get("ph") == "X")  # one bar per task of the 4 ranks shown
+    assert len({b.get_facecolor() for b in bars}) >= 4  # F, BW, collectives, p2p at least
     with pytest.raises(ValueError):
         piper.plot.timeline(piper.simulate(tiny, h100, STRATEGY, seq=128))
 
