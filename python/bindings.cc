@@ -27,6 +27,7 @@
 #include "piper/report/chrome_trace.h"
 #include "piper/sim/simulate.h"
 #include "piper/spec/cluster_loader.h"
+#include "piper/spec/limits.h"
 #include "piper/spec/model_json.h"
 #include "piper/spec/model_loader.h"
 #include "piper/strategy/schedules/schedule.h"
@@ -103,7 +104,8 @@ cli::ScenarioOptions scenario_options(const py::dict& o) {
   s.comm_calibration = opt_value<std::string>(o, "comm_calibration", "");
   s.directives = opt_value<std::string>(o, "directives_file", "");
   s.mesh = opt_value<std::string>(o, "mesh", "");
-  s.domain_nodes = opt_value<int>(o, "domain_nodes", 0);
+  s.domain_nodes =
+      get_int<int>(o, "domain_nodes", "--domain-nodes", {1, kMaxNodesPerDomain, "nodes per scale-up domain"}, 0);
   s.precision = precision_options(o);
   if (o.contains("directives_json") && !o["directives_json"].is_none()) {
     s.directives_label = opt_value<std::string>(o, "directives_label", "<python>");

@@ -209,6 +209,9 @@ def _as_cluster(cluster, nodes):
 def _options(strategy, directives, mesh, kw):
     """The keyword dict the C++ side reads (python/bindings.cc): strategy or directives (a builder or a file)."""
     o = {k: v for k, v in kw.items() if v is not None}
+    for path_key in ("calibration", "comm_calibration"):
+        if path_key in o:
+            o[path_key] = os.fspath(o[path_key])
     if strategy is not None:
         o["strategy"] = str(strategy)
     if isinstance(directives, Directives):
@@ -252,6 +255,8 @@ def plan(model, cluster, *, nodes=None, global_batch, seq=None, top=5, schedules
              simulate_top=simulate_top, local_search=local_search, sim_budget_s=sim_budget_s,
              memory_fraction=memory_fraction, precision=precision, calibration=calibration,
              domain_nodes=domain_nodes)
+    if calibration is not None:
+        o["calibration"] = os.fspath(calibration)
     if schedules is not None:
         o["schedules"] = schedules.split(",") if isinstance(schedules, str) else list(schedules)
     r = _core.plan(_as_model(model)._spec, _as_cluster(cluster, nodes)._spec, {k: v for k, v in o.items()

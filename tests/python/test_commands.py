@@ -140,3 +140,10 @@ def test_long_calls_release_the_gil(tiny, h100):
         state["ticks"] += 1
     t.join()
     assert state["ticks"] > 1000
+
+
+def test_domain_nodes_out_of_range_is_the_flag_message(tiny, h100):
+    with pytest.raises(piper.InvalidArgument) as e:
+        piper.estimate(tiny, h100, STRATEGY, seq=128, domain_nodes=0)
+    assert str(e.value) + " (see piper --help)" == cli_error("estimate", *SCENARIO, "--strategy", STRATEGY,
+                                                             "--domain-nodes", "0")
