@@ -72,11 +72,7 @@ Status run_estimate(const EstimateOptions& o) {
   const TrainSpec& train = sc.train;
   const cost::Calibration& calibration = sc.calibration;
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
-  if (sc.from_directives && !sc.input.resolved.recognised) {
-    return unimplemented("estimate: the closed form prices the built-in schedules of a strategy, and " +
-                         sc.input.file + " is not the directives of any strategy (its order, placement or overlap "
-                         "is its own); price it with `piper simulate --directives " + sc.input.file + "`");
-  }
+  PIPER_RETURN_IF_ERROR(check_estimable(sc));
   cost::Estimate e;
   PIPER_RETURN_IF_ERROR(cm.estimate(s, &e));
   if (o.json) {

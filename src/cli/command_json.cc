@@ -55,7 +55,8 @@ Json compile_json(const CompileInputs& in, const compile::CompileResult& r) {
               {"templates", compile::summary_to_json(compile::summarize_plan(r.plan, r.stats))}};
 }
 
-Json plan_json(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train, const plan::SearchResult& r) {
+Json plan_json(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+               const plan::SearchResult& r) {
   Json plans = Json::array();
   for (const auto& p : r.top) {
     Json pj = p.to_json();

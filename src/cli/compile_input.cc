@@ -10,12 +10,14 @@ namespace piper::cli {
 
 Result<CompileInputs> resolve_compile_inputs(const CompileCliOptions& o, const ModelSpec* preloaded) {
   if (o.target != "megatron" && o.target != "cpu-runtime") {
-    return invalid_argument("--target " + o.target + " is not one of {megatron, cpu-runtime}; cpu-runtime writes the "
+    return invalid_argument("--target " + o.target +
+                            " is not one of {megatron, cpu-runtime}; cpu-runtime writes the "
                             "directives `piper train` runs (whole embedding and head, ZeRO gathers after the update)");
   }
   const bool from_directives = !o.directives_file.empty() || o.has_directive_list;
   if (o.target != "megatron" && from_directives) {
-    return invalid_argument("--target " + o.target + " chooses how a --strategy is lowered; a --directives file is "
+    return invalid_argument("--target " + o.target +
+                            " chooses how a --strategy is lowered; a --directives file is "
                             "compiled as written: drop --target");
   }
   if (o.strategy.empty() != from_directives) {

@@ -19,7 +19,7 @@ struct CompileCliOptions {
   std::string model;
   std::string strategy;
   std::string directives_file;
-  std::string mesh;  // with --directives: "pp=2,dp=4,ep=2" (vpp, tp default 1)
+  std::string mesh;          // with --directives: "pp=2,dp=4,ep=2" (vpp, tp default 1)
   int64_t global_batch = 0;  // 0: not given
   int64_t seq_len = 0;       // 0: not given (min(4096, the model's max_seq_len))
   int microbatches = 0;      // 0: not given (the strategy's)

@@ -68,4 +68,11 @@ Result<Scenario> make_scenario(ModelSpec model, ClusterSpec cluster, const Scena
   return sc;
 }
 
+Status check_estimable(const Scenario& sc) {
+  if (!sc.from_directives || sc.input.resolved.recognised) return ok_status();
+  return unimplemented("estimate: the closed form prices the built-in schedules of a strategy, and " + sc.input.file +
+                       " is not the directives of any strategy (its order, placement or overlap is its own); price "
+                       "it with `piper simulate --directives " + sc.input.file + "`");
+}
+
 }  // namespace piper::cli

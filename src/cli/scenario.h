@@ -58,6 +58,10 @@ void add_scenario_options(CLI::App* sub, ScenarioOptions* o);
 // the model's max_seq_len as `piper train` checks it (the flags' own ranges are checked as they are parsed).
 Result<Scenario> load_scenario(const ScenarioOptions& o);
 
+// `piper estimate`'s refusal of a directive file that is not the directives of any strategy (the closed form prices
+// only the built-in schedules; such a file is priced by `piper simulate`); ok otherwise.
+Status check_estimable(const Scenario& sc);
+
 // The same from a model and cluster already loaded (the Python module's Model and Cluster objects): o.model,
 // o.cluster and o.nodes are not read. load_scenario() loads those two and calls it.
 Result<Scenario> make_scenario(ModelSpec model, ClusterSpec cluster, const ScenarioOptions& o);
