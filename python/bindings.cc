@@ -119,11 +119,7 @@ cli::ScenarioOptions scenario_options(const py::dict& o) {
 Json run_estimate(const ModelSpec& model, const ClusterSpec& cluster, const cli::ScenarioOptions& o) {
   cli::Scenario sc = take(cli::make_scenario(model, cluster, o));
   cost::CostModel cm = take(cost::CostModel::create(sc.model, sc.cluster, sc.train, sc.calibration));
-  if (sc.from_directives && !sc.input.resolved.recognised) {
-    check(unimplemented("estimate: the closed form prices the built-in schedules of a strategy, and " +
-                        sc.input.file + " is not the directives of any strategy (its order, placement or overlap "
-                        "is its own); price it with `piper simulate --directives " + sc.input.file + "`"));
-  }
+  check(cli::check_estimable(sc));
   cost::Estimate e;
   check(cm.estimate(sc.strategy, &e));
   return cli::estimate_json(sc, e);
@@ -131,15 +127,15 @@ Json run_estimate(const ModelSpec& model, const ClusterSpec& cluster, const cli:
 
 // `piper simulate --json` (without --expert-zipf), writing the Chrome trace when `trace` is given.
 Json run_simulate(const ModelSpec& model, const ClusterSpec& cluster, const cli::ScenarioOptions& o,
-                   const std::string& trace, bool full) {
+                  const std::string& trace, bool full) {
   cli::Scenario sc = take(cli::make_scenario(model, cluster, o));
   check(sc.strategy.validate());
   sim::SimOptions options;
   options.full = full;
   options.plan_hash = false;
   options.record_timeline = !trace.empty();
-  sim::SimReport r = take(sc.from_directives
-                              ? sim::simulate_directives(sc.model, sc.cluster, sc.train, sc.input.mesh,
+  sim::SimReport r =
+      take(sc.from_directives ? sim::simulate_directives(sc.model, sc.cluster, sc.train, sc.input.mesh,
                                                          sc.input.directives, sc.strategy, sc.calibration, options)
                               : sim::simulate(sc.model, sc.cluster, sc.train, sc.strategy, sc.calibration, options));
   if (!trace.empty()) check(report::write_chrome_trace(trace, r.compiled.plan, r.sim));
@@ -154,8 +150,10 @@ cli::CompileCliOptions compile_options(const py::dict& o) {
   c.global_batch = get_int<int64_t>(o, "global_batch", "--global-batch", kGlobalBatchRange, 0);
   c.seq_len = get_int<int64_t>(o, "seq", "--seq", kSeqRange, 0);
   c.microbatches = get_int<int>(o, "microbatches", "--microbatches",
-                                {1, cli::kMaxMicrobatches, "microbatches per step; the graph holds every layer per "
-                                 "microbatch"}, 0);
+                                {1, cli::kMaxMicrobatches,
+                                 "microbatches per step; the graph holds every layer per "
+                                 "microbatch"},
+                                0);
   c.capacity_gib =
       get_real(o, "capacity_gib", "--capacity-gib", {0, cli::kMaxCapacityGib, true, "GiB of device memory"}, 0.0);
   c.target = opt_value<std::string>(o, "target", "megatron");

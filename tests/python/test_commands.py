@@ -147,3 +147,18 @@ def test_domain_nodes_out_of_range_is_the_flag_message(tiny, h100):
         piper.estimate(tiny, h100, STRATEGY, seq=128, domain_nodes=0)
     assert str(e.value) + " (see piper --help)" == cli_error("estimate", *SCENARIO, "--strategy", STRATEGY,
                                                              "--domain-nodes", "0")
+
+
+def test_estimate_of_a_file_with_its_own_schedule_is_unimplemented():
+    # examples/v_shape.json is no strategy's directive list: the closed form refuses it as the CLI does.
+    from conftest import SOURCE_DIR
+    path = os.path.join(SOURCE_DIR, "examples", "v_shape.json")
+    cluster = piper.Cluster.preset("local-cpu", nodes=1)
+    with pytest.raises(piper.Unimplemented) as e:
+        piper.estimate("tiny-moe", cluster, directives=path, mesh="pp=2,vpp=2", seq=16)
+    assert str(e.value) == cli_error("estimate", "--model", "tiny-moe", "--cluster", "local-cpu", "--nodes", "1",
+                                     "--seq", "16", "--directives", path, "--mesh", "pp=2,vpp=2")
+    sim = piper.simulate("tiny-moe", cluster, directives=path, mesh="pp=2,vpp=2", seq=16)
+    assert sim.recognised is False and sim.step_time_s > 0
+    built = piper.Directives.load(path, mesh="pp=2,vpp=2")
+    assert piper.simulate("tiny-moe", cluster, directives=built, seq=16).step_time_s == sim.step_time_s
