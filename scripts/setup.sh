@@ -11,6 +11,7 @@ PACKAGES=(
   libopenblas-dev libdnnl-dev
   coinor-libcbc-dev
   fortunes fortunes-min
+  python3-dev pybind11-dev python3-pybind11 python3-pytest python3-matplotlib  # the Python module (docs/python.md)
 )
 # `scripts/setup.sh fuzz` (make fuzz, scripts/ci-fuzz.sh): also clang 14 with libFuzzer and the sanitizer runtimes
 # (libclang-rt-14-dev), llvm-symbolizer (llvm-14) for readable crash stacks, and GNU time (each target's CPU time).

@@ -6,7 +6,8 @@
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
-#include "piper/cli/directive_input.h"
+#include "piper/cli/command_json.h"
+#include "piper/cli/compile_input.h"
 #include "piper/cli/flags.h"
 #include "piper/cli/precision_flags.h"
 #include "piper/compile/compile.h"
@@ -18,84 +19,8 @@
 namespace piper::cli {
 namespace {
 
-struct CompileCliOptions {
-  std::string model;
-  std::string strategy;
-  std::string directives_file;
-  std::string mesh;  // with --directives: "pp=2,dp=4,ep=2" (vpp, tp default 1)
-  int64_t global_batch = 0;  // 0: not given
-  int64_t seq_len = 0;       // 0: not given (min(4096, the model's max_seq_len))
-  int microbatches = 0;      // 0: not given (the strategy's)
-  double capacity_gib = 0;   // 0: not given (no memory check)
-  std::string emit_directives;
-  std::string target = "megatron";  // which backend a strategy's directives are for
-  bool verbose = false;
-  bool json = false;
-  PrecisionOptions precision;  // the stash, wire and dispatch bytes of the compiled plan
-};
-
-// Resolves the model, training setup, mesh and directives from the options.
-struct Inputs {
-  ModelSpec model;
-  TrainSpec train;
-  ir::MeshInfo mesh;
-  std::vector<ir::Directive> directives;
-  std::string source;  // the strategy text or the file name
-};
-
-Result<Inputs> resolve(const CompileCliOptions& o) {
-  if (o.target != "megatron" && o.target != "cpu-runtime") {
-    return invalid_argument("--target " + o.target + " is not one of {megatron, cpu-runtime}; cpu-runtime writes the "
-                            "directives `piper train` runs (whole embedding and head, ZeRO gathers after the update)");
-  }
-  if (o.target != "megatron" && !o.directives_file.empty()) {
-    return invalid_argument("--target " + o.target + " chooses how a --strategy is lowered; a --directives file is "
-                            "compiled as written: drop --target");
-  }
-  if (o.strategy.empty() == o.directives_file.empty()) {
-    return invalid_argument("give exactly one of --strategy S (dp=8,pp=4,ep=8,schedule=1f1b,...) or --directives FILE");
-  }
-  Inputs in;
-  PIPER_ASSIGN_OR_RETURN(in.model, load_model(o.model));
-  PIPER_ASSIGN_OR_RETURN(in.train.seq_len, resolve_seq_len(in.model, o.seq_len));
-  PIPER_RETURN_IF_ERROR(apply_precision_options(o.precision, &in.train));
-  if (!o.directives_file.empty()) {
-    if (o.mesh.empty()) return invalid_argument("--directives needs --mesh pp=P[,vpp=V,dp=D,ep=E,tp=T]");
-    if (o.microbatches > 0) {
-      return invalid_argument(
-          "--microbatches comes from the directive file's split directive with --directives; "
-          "drop --microbatches");
-    }
-    PIPER_ASSIGN_OR_RETURN(in.mesh, parse_mesh(o.mesh));
-    PIPER_ASSIGN_OR_RETURN(in.directives, ir::load_directives_file(o.directives_file));
-    in.train.global_batch = o.global_batch;
-    in.source = o.directives_file;
-    return in;
-  }
-  if (!o.mesh.empty()) return invalid_argument("--mesh is for --directives; the strategy carries the mesh");
-  PIPER_ASSIGN_OR_RETURN(Strategy s, Strategy::parse(o.strategy));
-  if (o.microbatches > 0) s.microbatches = o.microbatches;
-  if (o.global_batch > 0 && o.microbatches == 0) {
-    const int64_t per_microbatch = static_cast<int64_t>(s.dp) * s.mbs;
-    if (o.global_batch % per_microbatch != 0) {
-      return invalid_argument("--global-batch " + std::to_string(o.global_batch) + " is not a multiple of dp*mbs = " +
-                              std::to_string(per_microbatch) + "; pick a multiple or give --microbatches");
-    }
-    s.microbatches = static_cast<int>(o.global_batch / per_microbatch);
-  }
-  in.train.micro_batch_size = s.mbs;
-  in.train.global_batch = o.global_batch > 0 ? o.global_batch : s.global_batch();
-  PIPER_RETURN_IF_ERROR(s.validate_for(in.model, in.train, s.world_size()));
-  PIPER_ASSIGN_OR_RETURN(in.mesh, compile::strategy_mesh(s, in.model));
-  compile::DirectiveOptions dopts;  // the target's (compile_strategy does the same)
-  if (o.target == "cpu-runtime") dopts.vocab_parallel = dopts.overlap_param_gather = false;
-  PIPER_ASSIGN_OR_RETURN(in.directives, compile::strategy_directives(s, in.model, dopts));
-  in.source = s.to_string();
-  return in;
-}
-
 Status run(const CompileCliOptions& o) {
-  PIPER_ASSIGN_OR_RETURN(Inputs in, resolve(o));
+  PIPER_ASSIGN_OR_RETURN(CompileInputs in, resolve_compile_inputs(o));
   compile::CompileOptions options;
   options.verbose = o.verbose;
   options.capacity_bytes = static_cast<int64_t>(o.capacity_gib * static_cast<double>(1LL << 30));
@@ -110,20 +35,7 @@ Status run(const CompileCliOptions& o) {
   for (const auto& [step, s] : r.step_seconds) total_s += s;
   const ir::MeshInfo& m = r.plan.mesh;
   if (o.json) {
-    Json steps = Json::object();
-    for (const auto& [step, s] : r.step_seconds) steps[step] = s;
-    Json j{{"model", in.model.name},
-           {"source", in.source},
-           {"world_size", r.plan.world_size},
-           {"mesh", Json{{"pp", m.pp}, {"vpp", m.vpp}, {"dp", m.dp}, {"ep", m.ep}, {"tp", m.tp}}},
-           {"microbatches", r.graph.num_microbatches},
-           {"directives", in.directives.size()},
-           {"graph_nodes", r.graph.num_nodes()},
-           {"instructions", r.stats.instructions},
-           {"compile_seconds", total_s},
-           {"step_seconds", steps},
-           {"templates", compile::summary_to_json(summary)}};
-    print_json(j.dump());
+    print_json(compile_json(in, r).dump());
     return ok_status();
   }
   std::printf("compiled %s with %s: %d ranks (pp=%d vpp=%d dp=%d ep=%d tp=%d), %d microbatches\n",

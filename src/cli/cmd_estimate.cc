@@ -5,6 +5,7 @@
 #include "piper/base/json.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
+#include "piper/cli/command_json.h"
 #include "piper/cli/precision_flags.h"
 #include "piper/cli/scenario.h"
 #include "piper/cost/estimate.h"
@@ -71,24 +72,11 @@ Status run_estimate(const EstimateOptions& o) {
   const TrainSpec& train = sc.train;
   const cost::Calibration& calibration = sc.calibration;
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
-  if (sc.from_directives && !sc.input.resolved.recognised) {
-    return unimplemented("estimate: the closed form prices the built-in schedules of a strategy, and " +
-                         sc.input.file + " is not the directives of any strategy (its order, placement or overlap "
-                         "is its own); price it with `piper simulate --directives " + sc.input.file + "`");
-  }
+  PIPER_RETURN_IF_ERROR(check_estimable(sc));
   cost::Estimate e;
   PIPER_RETURN_IF_ERROR(cm.estimate(s, &e));
   if (o.json) {
-    Json j = e.to_json();
-    j["model"] = model.name;
-    j["cluster"] = cluster.name;
-    j["nodes"] = cluster.num_nodes;
-    j["strategy"] = s.to_json();
-    if (sc.from_directives) j["directives"] = sc.input.file;
-    if (!sc.expert_loads.empty()) j["expert_loads"] = sc.expert_loads_json();
-    j["seq_len"] = train.seq_len;
-    j["global_batch"] = s.global_batch();
-    print_json(j.dump(2));
+    print_json(estimate_json(sc, e).dump(2));
   } else {
     print_text(cm, s, e);
     if (!sc.expert_loads.empty()) std::printf("%s\n", sc.expert_loads_line().c_str());

@@ -10,9 +10,11 @@
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
+#include "piper/cli/command_json.h"
 #include "piper/cli/directive_input.h"
 #include "piper/cli/flags.h"
 #include "piper/cli/local_plan.h"
+#include "piper/cli/plan_outcome.h"
 #include "piper/cli/plan_validate.h"
 #include "piper/cli/precision_flags.h"
 #include "piper/cli/train_report.h"
@@ -166,29 +168,6 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
     for (size_t k = 0; k < ranks.size(); ++k) std::printf(" %s", format_bytes(ranks[k].total()).c_str());
     std::printf("\n");
   }
-}
-
-Status nothing_fits(const ClusterSpec& cluster, double memory_fraction, const plan::SearchResult& r) {
-  const std::string device = format_bytes(static_cast<double>(cluster.device.memory_bytes) * memory_fraction);
-  if (r.stats.fitting > 0) {
-    return failed_precondition("plan: " + std::to_string(r.stats.fitting) +
-                               " strategies fit by the closed-form model, but the compiler rejected the " +
-                               std::to_string(r.stats.verify_failed) +
-                               " best of them (first: " + r.stats.first_verify_failure +
-                               "); try more with --verify-attempts, or see the "
-                               "closed-form ranking with --no-verify");
-  }
-  if (!r.has_smallest) {
-    return failed_precondition("plan: no valid strategy in the space (" + std::to_string(r.stats.rejected_total()) +
-                               " rejected by rule; see --json rejected_by_rule); check that --global-batch is a "
-                               "multiple of the data-parallel size and the model has enough layers and heads");
-  }
-  const auto& p = r.smallest;
-  return resource_exhausted("plan: no strategy fits in " + device + " per device (--memory-fraction of " +
-                            format_bytes(static_cast<double>(cluster.device.memory_bytes)) + "); the smallest needs " +
-                            format_bytes(p.peak_memory_bytes()) + " on pipeline rank " +
-                            std::to_string(p.estimate.worst_rank) + " (closest plan: " + p.strategy.to_string() +
-                            "); add nodes, use a cluster with more device memory, or lower --seq/--global-batch");
 }
 
 void print_allocation(const char* label, const plan::AfAllocation& a) {
@@ -409,31 +388,9 @@ Status run_plan(const PlanOptions& o) {
     if (!st.ok()) return st.with_context("--candidate " + o.candidate);
   }
   if (o.json) {
-    Json plans = Json::array();
-    for (const auto& p : r.top) {
-      Json pj = p.to_json();
-      pj["ep_inside_domain"] = plan::ep_inside_domain(p.strategy, cluster);
-      pj["ep_fits_domain"] = plan::ep_fits_domain(p.strategy, cluster);
-      plans.push_back(pj);
-    }
-    Json j = {{"model", model.name},
-              {"cluster", cluster.name},
-              {"nodes", cluster.num_nodes},
-              {"world_size", cluster.world_size()},
-              {"devices_per_domain", cluster.devices_per_domain()},
-              {"precision", to_string(train.precision)},
-              {"seq_len", train.seq_len},
-              {"global_batch", train.global_batch},
-              {"search", r.stats.to_json()},
-              {"simulated", r.stats.simulated},
-              {"plans", plans},
-              {"fits_nowhere", r.top.empty()}};
+    Json j = plan_json(model, cluster, train, r);
     if (candidate.given) j["candidate"] = candidate.to_json();
     if (o.validate > 0) j["validation"] = validation.to_json();
-    if (r.top.empty() && r.has_smallest) {
-      j["min_memory_bytes"] = r.smallest.peak_memory_bytes();
-      j["closest"] = r.smallest.to_json();
-    }
     print_json(j.dump(2));
   } else {
     print_plans(model, cluster, train, options.verify, r, candidate);

@@ -12,6 +12,7 @@
 #include "piper/base/json.h"
 #include "piper/base/units.h"
 #include "piper/cli/command.h"
+#include "piper/cli/command_json.h"
 #include "piper/cli/flags.h"
 #include "piper/cli/scenario.h"
 #include "piper/report/chrome_trace.h"
@@ -196,20 +197,8 @@ Status run_simulate(const SimulateOptions& o) {
     PIPER_RETURN_IF_ERROR(report::write_chrome_trace(o.trace, r.compiled.plan, r.sim));
   }
   if (o.json) {
-    Json j = r.to_json();
-    j["model"] = model.name;
-    j["cluster"] = cluster.name;
-    j["nodes"] = cluster.num_nodes;
-    j["strategy"] = s.to_json();
-    if (sc.from_directives) {
-      j["directives"] = sc.input.file;
-      j["recognised"] = sc.input.resolved.recognised;
-    }
-    j["seq_len"] = train.seq_len;
-    j["global_batch"] = train.global_batch > 0 ? train.global_batch : s.global_batch();
-    if (!o.trace.empty()) j["trace"] = o.trace;
+    Json j = simulate_json(sc, r, o.trace);
     if (o.expert_zipf != 0) j["expert_balance"] = balance.to_json();
-    if (!sc.expert_loads.empty()) j["expert_loads"] = sc.expert_loads_json();
     print_json(j.dump(2));
   } else {
     print_text(model, cluster, s, r);

@@ -37,6 +37,41 @@ Result<ir::MeshInfo> parse_mesh(const std::string& text) {
   return mesh;
 }
 
+namespace {
+
+// The mesh text, parsed and checked against the run's ranks (`world` > 0).
+Result<ir::MeshInfo> checked_mesh(const std::string& mesh, int world) {
+  PIPER_ASSIGN_OR_RETURN(ir::MeshInfo m, parse_mesh(mesh));
+  const int64_t ranks = static_cast<int64_t>(m.pp) * m.dp * m.tp;
+  if (world > 0 && ranks != world) {
+    return invalid_argument("--mesh " + mesh + " has pp*dp*tp = " + std::to_string(ranks) + " ranks but the run has " +
+                            std::to_string(world) + "; give a mesh of " + std::to_string(world) +
+                            " ranks or change --nodes / --ranks");
+  }
+  return m;
+}
+
+// Resolves the strategy of in->directives on in->mesh (in->file names them in messages).
+Status resolve_strategy(const ModelSpec& model, int64_t global_batch, DirectiveInput* in) {
+  const int microbatches = compile::directive_microbatches(in->directives);
+  int mbs = 1;
+  if (global_batch > 0) {
+    const int64_t per = static_cast<int64_t>(in->mesh.dp) * microbatches;
+    if (global_batch % per != 0) {
+      return invalid_argument("--global-batch " + std::to_string(global_batch) + " is not a multiple of dp*microbatches = " +
+                              std::to_string(per) + " (the mesh's dp and the file's split); give a multiple of " +
+                              std::to_string(per));
+    }
+    mbs = static_cast<int>(global_batch / per);
+  }
+  auto resolved = compile::strategy_of_directives(model, in->mesh, in->directives, mbs);
+  if (!resolved.ok()) return resolved.status().with_context("--directives " + in->file);
+  in->resolved = std::move(resolved).value();
+  return ok_status();
+}
+
+}  // namespace
+
 Result<DirectiveInput> load_directive_input(const ModelSpec& model, const std::string& strategy,
                                             const std::string& file, const std::string& mesh, int64_t global_batch,
                                             int world) {
@@ -51,28 +86,24 @@ Result<DirectiveInput> load_directive_input(const ModelSpec& model, const std::s
   }
   DirectiveInput in;
   in.file = file;
-  PIPER_ASSIGN_OR_RETURN(in.mesh, parse_mesh(mesh));
-  const int64_t ranks = static_cast<int64_t>(in.mesh.pp) * in.mesh.dp * in.mesh.tp;
-  if (world > 0 && ranks != world) {
-    return invalid_argument("--mesh " + mesh + " has pp*dp*tp = " + std::to_string(ranks) + " ranks but the run has " +
-                            std::to_string(world) + "; give a mesh of " + std::to_string(world) +
-                            " ranks or change --nodes / --ranks");
-  }
+  PIPER_ASSIGN_OR_RETURN(in.mesh, checked_mesh(mesh, world));
   PIPER_ASSIGN_OR_RETURN(in.directives, ir::load_directives_file(file));
-  const int microbatches = compile::directive_microbatches(in.directives);
-  int mbs = 1;
-  if (global_batch > 0) {
-    const int64_t per = static_cast<int64_t>(in.mesh.dp) * microbatches;
-    if (global_batch % per != 0) {
-      return invalid_argument("--global-batch " + std::to_string(global_batch) + " is not a multiple of dp*microbatches = " +
-                              std::to_string(per) + " (the mesh's dp and the file's split); give a multiple of " +
-                              std::to_string(per));
-    }
-    mbs = static_cast<int>(global_batch / per);
+  PIPER_RETURN_IF_ERROR(resolve_strategy(model, global_batch, &in));
+  return in;
+}
+
+Result<DirectiveInput> resolve_directive_input(const ModelSpec& model, std::vector<ir::Directive> directives,
+                                               const std::string& label, const std::string& mesh,
+                                               int64_t global_batch, int world) {
+  if (mesh.empty()) {
+    return invalid_argument("--directives " + label + " needs --mesh pp=P[,vpp=V,dp=D,ep=E,tp=T] (the mesh the "
+                            "directives were written for)");
   }
-  auto resolved = compile::strategy_of_directives(model, in.mesh, in.directives, mbs);
-  if (!resolved.ok()) return resolved.status().with_context("--directives " + file);
-  in.resolved = std::move(resolved).value();
+  DirectiveInput in;
+  in.file = label;
+  PIPER_ASSIGN_OR_RETURN(in.mesh, checked_mesh(mesh, world));
+  in.directives = std::move(directives);
+  PIPER_RETURN_IF_ERROR(resolve_strategy(model, global_batch, &in));
   return in;
 }
 

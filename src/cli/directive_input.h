@@ -33,6 +33,12 @@ Result<DirectiveInput> load_directive_input(const ModelSpec& model, const std::s
                                             const std::string& file, const std::string& mesh, int64_t global_batch,
                                             int world);
 
+// The same for a directive list already parsed (the Python module's builder), named `label` in messages where a
+// file would be named; the mesh is checked as for a file.
+Result<DirectiveInput> resolve_directive_input(const ModelSpec& model, std::vector<ir::Directive> directives,
+                                               const std::string& label, const std::string& mesh,
+                                               int64_t global_batch, int world);
+
 // "recognised as S" / "priced as S (the directives' own schedule)", for the commands' output.
 std::string describe(const DirectiveInput& in);
 

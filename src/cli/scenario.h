@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "piper/base/json.h"
 #include "piper/base/status.h"
@@ -33,6 +34,11 @@ struct ScenarioOptions {
   PrecisionOptions precision;    // --precision and the per-state dtypes
   int domain_nodes = 0;          // --domain-nodes; 0: not given (the whole scale-up domain)
   std::string expert_loads;      // --expert-loads FILE (balance/expert_loads.h): measured expert loads
+  // Instead of a --directives file: a directive list already parsed (the Python module's builder), named
+  // `directives_label` in messages; needs `mesh` as a file does.
+  bool has_directive_list = false;
+  std::vector<ir::Directive> directive_list;
+  std::string directives_label;
 };
 
 struct Scenario {
@@ -60,5 +66,13 @@ void add_scenario_options(CLI::App* sub, ScenarioOptions* o);
 // Loads the model, cluster (with the comm calibration applied), strategy and calibration; --seq is checked against
 // the model's max_seq_len as `piper train` checks it (the flags' own ranges are checked as they are parsed).
 Result<Scenario> load_scenario(const ScenarioOptions& o);
+
+// `piper estimate`'s refusal of a directive file that is not the directives of any strategy (the closed form prices
+// only the built-in schedules; such a file is priced by `piper simulate`); ok otherwise.
+Status check_estimable(const Scenario& sc);
+
+// The same from a model and cluster already loaded (the Python module's Model and Cluster objects): o.model,
+// o.cluster and o.nodes are not read. load_scenario() loads those two and calls it.
+Result<Scenario> make_scenario(ModelSpec model, ClusterSpec cluster, const ScenarioOptions& o);
 
 }  // namespace piper::cli

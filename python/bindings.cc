@@ -1,0 +1,303 @@
+// piper._core: the C++ side of the Python module (docs/python.md). Thin: every function loads its inputs with the
+// loaders the commands use (src/cli/scenario.h, compile_input.h, directive_input.h) and calls the library; results
+// come back as the JSON objects of the matching `piper <command> --json`, converted to Python values. A Status
+// error becomes a piper.Error subclass (piper/errors.py) carrying the message the CLI prints. The GIL is released
+// while the library runs; no call aborts the interpreter on bad input.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "piper/base/files.h"
+#include "piper/base/json.h"
+#include "piper/base/status.h"
+#include "piper/cli/command_json.h"
+#include "piper/cli/compile_input.h"
+#include "piper/cli/flags.h"
+#include "piper/cli/plan_outcome.h"
+#include "piper/cli/scenario.h"
+#include "piper/compile/compile.h"
+#include "piper/cost/estimate.h"
+#include "piper/ir/directive.h"
+#include "piper/plan/search.h"
+#include "piper/report/chrome_trace.h"
+#include "piper/sim/simulate.h"
+#include "piper/spec/cluster_loader.h"
+#include "piper/spec/limits.h"
+#include "piper/spec/model_json.h"
+#include "piper/spec/model_loader.h"
+#include "piper/strategy/schedules/schedule.h"
+#include "piper/strategy/strategy.h"
+
+namespace py = pybind11;
+
+namespace piper::python {
+namespace {
+
+// A failed Status on its way to Python (translated in PYBIND11_MODULE below).
+struct StatusError {
+  StatusCode code;
+  std::string message;
+};
+
+void check(const Status& s) {
+  if (!s.ok()) throw StatusError{s.code(), elide_long_words(s.message())};
+}
+
+template <typename T>
+T take(Result<T> r) {
+  check(r.status());
+  return std::move(r).value();
+}
+
+// Through the JSON text: one conversion path for every result (nlohmann's object -> Python dict/list/str/number).
+py::object to_python(const std::string& dumped) { return py::module_::import("json").attr("loads")(dumped); }
+
+template <typename T>
+T opt_value(const py::dict& d, const char* key, T fallback) {
+  return d.contains(key) && !d[key].is_none() ? d[key].cast<T>() : fallback;
+}
+
+// A numeric keyword checked as the CLI checks its flag (flags.h): the message names the flag, the value and the range.
+template <typename T>
+T get_int(const py::dict& d, const char* key, const char* flag, const cli::IntRange& range, T fallback) {
+  if (!d.contains(key) || d[key].is_none()) return fallback;
+  const std::string error = cli::check_int_text(py::str(d[key]).cast<std::string>(), range);
+  if (!error.empty()) throw StatusError{StatusCode::kInvalidArgument, std::string(flag) + ": " + error};
+  return d[key].cast<T>();
+}
+
+double get_real(const py::dict& d, const char* key, const char* flag, const cli::RealRange& range, double fallback) {
+  if (!d.contains(key) || d[key].is_none()) return fallback;
+  const std::string error = cli::check_real_text(py::str(d[key]).cast<std::string>(), range);
+  if (!error.empty()) throw StatusError{StatusCode::kInvalidArgument, std::string(flag) + ": " + error};
+  return d[key].cast<double>();
+}
+
+const cli::IntRange kGlobalBatchRange{1, cli::kMaxGlobalBatch, "sequences per step"};
+const cli::IntRange kSeqRange{1, cli::kMaxSeqLen, "tokens per sequence"};
+
+// The directive list a Python builder wrote (a JSON list), read by the C++ reader; errors name `label`.
+std::vector<ir::Directive> parse_directives(const std::string& json_text, const std::string& label) {
+  Json j = Json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) throw StatusError{StatusCode::kInvalidArgument, label + ": not valid JSON"};
+  return take(ir::directives_from_json(j, label));
+}
+
+cli::PrecisionOptions precision_options(const py::dict& o) {
+  cli::PrecisionOptions p;
+  p.precision = opt_value<std::string>(o, "precision", "");
+  return p;
+}
+
+// ScenarioOptions from the keyword arguments of piper.estimate / piper.simulate (piper/__init__.py names them).
+cli::ScenarioOptions scenario_options(const py::dict& o) {
+  cli::ScenarioOptions s;
+  s.strategy = opt_value<std::string>(o, "strategy", "");
+  s.global_batch = get_int<int64_t>(o, "global_batch", "--global-batch", kGlobalBatchRange, 0);
+  s.seq_len = get_int<int64_t>(o, "seq", "--seq", kSeqRange, 0);
+  s.calibration = opt_value<std::string>(o, "calibration", "");
+  s.comm_calibration = opt_value<std::string>(o, "comm_calibration", "");
+  s.directives = opt_value<std::string>(o, "directives_file", "");
+  s.mesh = opt_value<std::string>(o, "mesh", "");
+  s.domain_nodes =
+      get_int<int>(o, "domain_nodes", "--domain-nodes", {1, kMaxNodesPerDomain, "nodes per scale-up domain"}, 0);
+  s.precision = precision_options(o);
+  if (o.contains("directives_json") && !o["directives_json"].is_none()) {
+    s.directives_label = opt_value<std::string>(o, "directives_label", "<python>");
+    s.directive_list = parse_directives(o["directives_json"].cast<std::string>(), s.directives_label);
+    s.has_directive_list = true;
+  }
+  return s;
+}
+
+// `piper estimate --json` (command_json.h).
+Json run_estimate(const ModelSpec& model, const ClusterSpec& cluster, const cli::ScenarioOptions& o) {
+  cli::Scenario sc = take(cli::make_scenario(model, cluster, o));
+  cost::CostModel cm = take(cost::CostModel::create(sc.model, sc.cluster, sc.train, sc.calibration));
+  check(cli::check_estimable(sc));
+  cost::Estimate e;
+  check(cm.estimate(sc.strategy, &e));
+  return cli::estimate_json(sc, e);
+}
+
+// `piper simulate --json` (without --expert-zipf), writing the Chrome trace when `trace` is given.
+Json run_simulate(const ModelSpec& model, const ClusterSpec& cluster, const cli::ScenarioOptions& o,
+                  const std::string& trace, bool full) {
+  cli::Scenario sc = take(cli::make_scenario(model, cluster, o));
+  check(sc.strategy.validate());
+  sim::SimOptions options;
+  options.full = full;
+  options.plan_hash = false;
+  options.record_timeline = !trace.empty();
+  sim::SimReport r =
+      take(sc.from_directives ? sim::simulate_directives(sc.model, sc.cluster, sc.train, sc.input.mesh,
+                                                         sc.input.directives, sc.strategy, sc.calibration, options)
+                              : sim::simulate(sc.model, sc.cluster, sc.train, sc.strategy, sc.calibration, options));
+  if (!trace.empty()) check(report::write_chrome_trace(trace, r.compiled.plan, r.sim));
+  return cli::simulate_json(sc, r, trace);
+}
+
+cli::CompileCliOptions compile_options(const py::dict& o) {
+  cli::CompileCliOptions c;
+  c.strategy = opt_value<std::string>(o, "strategy", "");
+  c.directives_file = opt_value<std::string>(o, "directives_file", "");
+  c.mesh = opt_value<std::string>(o, "mesh", "");
+  c.global_batch = get_int<int64_t>(o, "global_batch", "--global-batch", kGlobalBatchRange, 0);
+  c.seq_len = get_int<int64_t>(o, "seq", "--seq", kSeqRange, 0);
+  c.microbatches = get_int<int>(o, "microbatches", "--microbatches",
+                                {1, cli::kMaxMicrobatches,
+                                 "microbatches per step; the graph holds every layer per "
+                                 "microbatch"},
+                                0);
+  c.capacity_gib =
+      get_real(o, "capacity_gib", "--capacity-gib", {0, cli::kMaxCapacityGib, true, "GiB of device memory"}, 0.0);
+  c.target = opt_value<std::string>(o, "target", "megatron");
+  c.precision = precision_options(o);
+  if (o.contains("directives_json") && !o["directives_json"].is_none()) {
+    c.directives_label = opt_value<std::string>(o, "directives_label", "<python>");
+    c.directive_list = parse_directives(o["directives_json"].cast<std::string>(), c.directives_label);
+    c.has_directive_list = true;
+  }
+  return c;
+}
+
+// `piper compile --json`: the verified plan's statistics (per program template: instructions, peak memory).
+Json run_compile(const ModelSpec& model, const cli::CompileCliOptions& o) {
+  cli::CompileInputs in = take(cli::resolve_compile_inputs(o, &model));
+  compile::CompileOptions options;
+  options.capacity_bytes = static_cast<int64_t>(o.capacity_gib * static_cast<double>(1LL << 30));
+  compile::CompileResult r = take(compile::compile_directives(in.model, in.train, in.mesh, in.directives, options));
+  return cli::compile_json(in, r);
+}
+
+// The directives a strategy stands for (the list in `piper compile --strategy S --emit-directives F`) and its mesh.
+Json strategy_directives_json(const ModelSpec& model, const cli::CompileCliOptions& o) {
+  cli::CompileInputs in = take(cli::resolve_compile_inputs(o, &model));
+  const ir::MeshInfo& m = in.mesh;
+  return Json{{"directives", ir::directives_to_json(in.directives)["directives"]},
+              {"mesh", Json{{"pp", m.pp}, {"vpp", m.vpp}, {"dp", m.dp}, {"ep", m.ep}, {"tp", m.tp}}}};
+}
+
+// `piper plan --json` over a cluster (not --local-ranks, --disaggregate or --candidate); no plan raises the CLI's
+// error (plan_outcome.h).
+Json run_plan(const ModelSpec& model, ClusterSpec cluster, const py::dict& o) {
+  cli::ScenarioOptions so = scenario_options(o);
+  TrainSpec train;
+  train.global_batch = so.global_batch;
+  train.seq_len = take(cli::resolve_seq_len(model, so.seq_len));
+  check(cli::apply_domain_nodes(so.domain_nodes, &cluster));
+  check(cli::apply_precision_options(so.precision, &train));
+  plan::SearchOptions options;
+  // The ranges of `piper plan`'s flags (cmd_plan.cc).
+  options.top_k = get_int<int>(o, "top", "--top", {1, 1000, "plans kept"}, 5);
+  options.memory_fraction =
+      get_real(o, "memory_fraction", "--memory-fraction", {0, 1, true, "share of device memory"}, 0.95);
+  options.verify = opt_value<bool>(o, "verify", true);
+  options.verify_attempts_per_plan =
+      get_int<int>(o, "verify_attempts", "--verify-attempts", {1, 1000, "compilations per plan returned"}, 3);
+  options.threads = get_int<int>(o, "threads", "--threads", {1, cli::kMaxThreads, "search threads"},
+                                 static_cast<int>(std::max(1u, std::thread::hardware_concurrency())));
+  options.simulate_top =
+      get_int<int>(o, "simulate_top", "--simulate-top", {0, 1000, "plans re-scored by the simulator"}, options.top_k);
+  options.local_search_steps = get_int<int>(o, "local_search", "--local-search", {0, 1000, "neighbours simulated"}, 8);
+  options.simulate_budget_s =
+      get_real(o, "sim_budget_s", "--sim-budget-s", {0, 86400, false, "seconds, at most a day"}, 15.0);
+  if (!so.calibration.empty()) options.calibration = take(cost::Calibration::load(so.calibration));
+  if (o.contains("schedules") && !o["schedules"].is_none()) {
+    options.space.schedules = o["schedules"].cast<std::vector<std::string>>();
+  }
+  plan::SearchResult r;
+  {
+    py::gil_scoped_release release;
+    r = take(plan::search(model, cluster, train, options));
+  }
+  if (r.top.empty()) check(cli::nothing_fits(cluster, options.memory_fraction, r));
+  return cli::plan_json(model, cluster, train, r);
+}
+
+// Runs `f` (which returns Json) without the GIL and converts its result with it.
+template <typename F>
+py::object released(F&& f) {
+  std::string dumped;
+  {
+    py::gil_scoped_release release;
+    dumped = f().dump();
+  }
+  return to_python(dumped);
+}
+
+void define_specs(py::module_& m) {
+  py::class_<ModelSpec>(m, "ModelSpec")
+      .def_property_readonly("name", [](const ModelSpec& s) { return s.name; })
+      .def("to_json", [](const ModelSpec& s) { return to_python(to_json(s).dump()); });
+  py::class_<ClusterSpec>(m, "ClusterSpec")
+      .def_property_readonly("name", [](const ClusterSpec& c) { return c.name; })
+      .def_property_readonly("num_nodes", [](const ClusterSpec& c) { return c.num_nodes; })
+      .def_property_readonly("world_size", [](const ClusterSpec& c) { return c.world_size(); })
+      .def("to_json", [](const ClusterSpec& c) { return to_python(to_json(c).dump()); });
+  m.def("load_model", [](const std::string& name_or_path) { return take(load_model(name_or_path)); });
+  m.def("model_from_text", [](const std::string& text, const std::string& name, const std::string& what) {
+    return take(load_model_from_text(text, name, what));
+  });
+  m.def("load_cluster", [](const std::string& name_or_path, const py::object& nodes) {
+    py::dict d;
+    d["nodes"] = nodes;
+    const int n = get_int<int>(d, "nodes", "--nodes", {1, cli::kMaxNodes, "nodes of the cluster"}, 1);
+    return take(load_cluster(name_or_path, n));
+  });
+  // (canonical text, every key as JSON): Strategy::parse, whose to_string() parses back to the same strategy.
+  m.def("parse_strategy", [](const std::string& text) {
+    Strategy s = take(Strategy::parse(text));
+    return py::make_tuple(s.to_string(), to_python(s.to_json().dump()));
+  });
+}
+
+}  // namespace
+}  // namespace piper::python
+
+PYBIND11_MODULE(_core, m) {
+  using namespace piper;
+  using namespace piper::python;
+  m.doc() = "Piper's C++ library (use the package piper, not this module)";
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const StatusError& e) {
+      py::object cls = py::module_::import("piper.errors").attr("error_class")(status_code_name(e.code));
+      PyErr_SetObject(cls.ptr(), py::str(e.message).ptr());
+    }
+  });
+  define_specs(m);
+  m.def("estimate", [](const ModelSpec& model, const ClusterSpec& cluster, const py::dict& o) {
+    cli::ScenarioOptions so = scenario_options(o);
+    return released([&] { return run_estimate(model, cluster, so); });
+  });
+  m.def("simulate", [](const ModelSpec& model, const ClusterSpec& cluster, const py::dict& o) {
+    cli::ScenarioOptions so = scenario_options(o);
+    const std::string trace = opt_value<std::string>(o, "trace", "");
+    const bool full = opt_value<bool>(o, "full", false);
+    return released([&] { return run_simulate(model, cluster, so, trace, full); });
+  });
+  m.def("compile", [](const ModelSpec& model, const py::dict& o) {
+    cli::CompileCliOptions co = compile_options(o);
+    return released([&] { return run_compile(model, co); });
+  });
+  m.def("strategy_directives", [](const ModelSpec& model, const py::dict& o) {
+    cli::CompileCliOptions co = compile_options(o);
+    return released([&] { return strategy_directives_json(model, co); });
+  });
+  m.def("plan", [](const ModelSpec& model, const ClusterSpec& cluster, const py::dict& o) {
+    return to_python(run_plan(model, cluster, o).dump());
+  });
+  m.def("schedule_names", [] { return schedules::schedule_names(); });
+  // The C++ reader's view of a directive list: parsed (errors as the CLI names them) and written back (the list of
+  // the {"directives": [...]} object `piper compile --emit-directives` writes).
+  m.def("read_directives", [](const std::string& json_text, const std::string& label) {
+    return to_python(ir::directives_to_json(parse_directives(json_text, label))["directives"].dump());
+  });
+}
