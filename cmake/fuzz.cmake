@@ -17,5 +17,5 @@ if(PIPER_FUZZ)
   set(PIPER_WARNINGS -Wall -Wextra -Wno-unused-parameter)
   # Whole modules the targets link; fuzz/CMakeLists.txt picks the loader files of ir, cost and runtime (whose
   # other files the targets do not need, and some of which clang 14 does not compile).
-  set(PIPER_FUZZ_MODULES base spec strategy tensor)
+  set(PIPER_FUZZ_MODULES base spec strategy tensor balance)
 endif()
