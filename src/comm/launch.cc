@@ -34,10 +34,6 @@ std::vector<std::string> mpirun_command(const MpirunOptions& options, const std:
     cmd.push_back(arg);
   }
   cmd.insert(cmd.end(), options.extra_args.begin(), options.extra_args.end());
-  if (options.launcher_reports) {
-    cmd.push_back("-x");
-    cmd.push_back(std::string(kLauncherReportsEnv) + "=1");
-  }
   cmd.push_back("-np");
   cmd.push_back(std::to_string(options.ranks));
   cmd.insert(cmd.end(), program_argv.begin(), program_argv.end());
@@ -114,9 +110,7 @@ std::string summarize_job_failure(const std::vector<std::string>& lines, int ran
 
 Status run_under_mpirun(const MpirunOptions& options, const std::vector<std::string>& program_argv) {
   if (options.ranks < 1) return invalid_argument("--ranks must be >= 1, got " + std::to_string(options.ranks));
-  MpirunOptions reporting = options;
-  reporting.launcher_reports = true;
-  std::vector<std::string> cmd = mpirun_command(reporting, program_argv);
+  std::vector<std::string> cmd = mpirun_command(options, program_argv);
   std::vector<char*> argv;
   for (std::string& s : cmd) argv.push_back(s.data());
   argv.push_back(nullptr);
@@ -129,6 +123,7 @@ Status run_under_mpirun(const MpirunOptions& options, const std::vector<std::str
     dup2(fds[1], STDERR_FILENO);
     close(fds[0]);
     close(fds[1]);
+    setenv(kLauncherReportsEnv, "1", 1);  // inherited by the local ranks (launch.h)
     execvp(argv[0], argv.data());
     std::fprintf(stderr,
                  "piper: error: could not start '%s': %s; install openmpi-bin or point PIPER_MPIRUN at mpirun\n",

@@ -12,9 +12,10 @@ namespace piper::comm {
 // True when this process was started by mpirun/mpiexec/srun (OpenMPI, PMI or PMIx variables are set).
 bool launched_by_mpi();
 
-// Set (to 1) in the ranks of a job that run_under_mpirun started: a launcher process waits for them and reports the
-// job's one outcome, so a rank's error goes to stderr only (the launcher's summary quotes it), never as a second
-// `--json` error object on the shared stdout.
+// Set (to 1) in the environment of the mpirun that run_under_mpirun starts, which its local ranks inherit (not by
+// `mpirun -x`: OpenMPI refuses -x together with mca_base_env_list, which the sanitizer job sets). A launcher process
+// waits for those ranks and reports the job's one outcome, so a rank's error goes to stderr only (the launcher's
+// summary quotes it), never as a second `--json` error object on the shared stdout.
 inline constexpr const char* kLauncherReportsEnv = "PIPER_LAUNCHER_REPORTS";
 bool launcher_reports();
 
@@ -22,7 +23,6 @@ struct MpirunOptions {
   int ranks = 1;
   // Extra mpirun arguments (e.g. "--hostfile", "h.txt"); the defaults below come first.
   std::vector<std::string> extra_args;
-  bool launcher_reports = false;  // export kLauncherReportsEnv=1 to the ranks (run_under_mpirun sets it)
 };
 
 // The argv that runs `program_argv` under mpirun with `ranks` ranks on this machine: --oversubscribe,
