@@ -23,7 +23,7 @@
 #include "piper/compile/compile.h"
 #include "piper/cost/estimate.h"
 #include "piper/ir/directive.h"
-#include "piper/plan/search.h"
+#include "piper/planner/search.h"
 #include "piper/report/chrome_trace.h"
 #include "piper/sim/simulate.h"
 #include "piper/spec/cluster_loader.h"
@@ -192,7 +192,7 @@ Json run_plan(const ModelSpec& model, ClusterSpec cluster, const py::dict& o) {
   train.seq_len = take(cli::resolve_seq_len(model, so.seq_len));
   check(cli::apply_domain_nodes(so.domain_nodes, &cluster));
   check(cli::apply_precision_options(so.precision, &train));
-  plan::SearchOptions options;
+  planner::SearchOptions options;
   // The ranges of `piper plan`'s flags (cmd_plan.cc).
   options.top_k = get_int<int>(o, "top", "--top", {1, 1000, "plans kept"}, 5);
   options.memory_fraction =
@@ -211,10 +211,10 @@ Json run_plan(const ModelSpec& model, ClusterSpec cluster, const py::dict& o) {
   if (o.contains("schedules") && !o["schedules"].is_none()) {
     options.space.schedules = o["schedules"].cast<std::vector<std::string>>();
   }
-  plan::SearchResult r;
+  planner::SearchResult r;
   {
     py::gil_scoped_release release;
-    r = take(plan::search(model, cluster, train, options));
+    r = take(planner::search(model, cluster, train, options));
   }
   if (r.top.empty()) check(cli::nothing_fits(cluster, options.memory_fraction, r));
   return cli::plan_json(model, cluster, train, r);

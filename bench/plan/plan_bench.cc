@@ -10,7 +10,7 @@
 #include <cstdio>
 #include <string>
 
-#include "piper/plan/search.h"
+#include "piper/planner/search.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
 
@@ -26,11 +26,11 @@ int run_case(const char* model_name, const char* cluster_name, int nodes, int64_
   piper::TrainSpec train;
   train.global_batch = batch;
   train.seq_len = seq;
-  piper::plan::SearchOptions o;
+  piper::planner::SearchOptions o;
   o.verify = false;
   o.threads = threads;
-  auto fast = piper::plan::search(*model, *cluster, train, o);
-  auto slow = piper::plan::brute_force(*model, *cluster, train, o);
+  auto fast = piper::planner::search(*model, *cluster, train, o);
+  auto slow = piper::planner::brute_force(*model, *cluster, train, o);
   if (!fast.ok() || !slow.ok()) {
     std::fprintf(stderr, "plan_bench: %s\n", (fast.ok() ? slow.status() : fast.status()).message().c_str());
     return 1;
@@ -54,16 +54,16 @@ int run_rescore_case(int threads) {
   piper::TrainSpec train;
   train.global_batch = 256;
   train.seq_len = 4096;
-  piper::plan::SearchOptions o;
+  piper::planner::SearchOptions o;
   o.threads = threads;
   o.top_k = 3;
   o.simulate_top = 3;
   double cpu_s[2];
-  piper::Result<piper::plan::SearchResult> r[2] = {piper::internal_error("not run"), piper::internal_error("not run")};
+  piper::Result<piper::planner::SearchResult> r[2] = {piper::internal_error("not run"), piper::internal_error("not run")};
   for (int reuse = 0; reuse < 2; ++reuse) {
     o.reuse_compiles = reuse == 1;
     const std::clock_t c0 = std::clock();
-    r[reuse] = piper::plan::search(*model, *cluster, train, o);
+    r[reuse] = piper::planner::search(*model, *cluster, train, o);
     cpu_s[reuse] = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
     if (!r[reuse].ok()) {
       std::fprintf(stderr, "plan_bench: %s\n", r[reuse].status().message().c_str());

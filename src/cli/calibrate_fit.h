@@ -1,5 +1,5 @@
 // `piper calibrate`'s fit (cmd_calibrate.cc): the device model's GEMM curve eff(d) = a * d / (d + h)
-// (cost/device_model.h) through measured (d, efficiency) points. Pure; tested in tests/plan/calibrate_fit_test.cc.
+// (cost/device_model.h) through measured (d, efficiency) points. Pure; tested in tests/planner/calibrate_fit_test.cc.
 #pragma once
 
 #include <vector>

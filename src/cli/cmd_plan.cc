@@ -1,4 +1,4 @@
-// piper plan: search the strategy space for the fastest plans that fit (src/plan/search.h).
+// piper plan: search the strategy space for the fastest plans that fit (src/planner/search.h).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -18,10 +18,10 @@
 #include "piper/cli/plan_validate.h"
 #include "piper/cli/precision_flags.h"
 #include "piper/cli/train_report.h"
-#include "piper/plan/disaggregate.h"
-#include "piper/plan/domain.h"
-#include "piper/plan/rescore.h"
-#include "piper/plan/search.h"
+#include "piper/planner/disaggregate.h"
+#include "piper/planner/domain.h"
+#include "piper/planner/rescore.h"
+#include "piper/planner/search.h"
 #include "piper/sim/simulate.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/comm_calibration.h"
@@ -78,7 +78,7 @@ struct Candidate {
 };
 
 Status score_candidate(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
-                       const cost::Calibration& calibration, const plan::SearchResult& r, Candidate* c) {
+                       const cost::Calibration& calibration, const planner::SearchResult& r, Candidate* c) {
   sim::SimOptions so;
   PIPER_ASSIGN_OR_RETURN(sim::SimReport rep,
                          sim::simulate_directives(model, cluster, train, c->input.mesh, c->input.directives,
@@ -90,7 +90,7 @@ Status score_candidate(const ModelSpec& model, const ClusterSpec& cluster, const
 }
 
 void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train, bool verify,
-                 const plan::SearchResult& r, const Candidate& c) {
+                 const planner::SearchResult& r, const Candidate& c) {
   const auto& st = r.stats;
   std::printf("model     %s, seq %lld, global batch %lld sequences\n", model.name.c_str(),
               static_cast<long long>(train.seq_len), static_cast<long long>(train.global_batch));
@@ -129,9 +129,9 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
         st.simulate_budget_hit ? " (stopped by --sim-budget-s)" : "");
   }
   std::printf("rejected by rule:\n");
-  for (int k = 0; k < plan::kNumRules; ++k) {
+  for (int k = 0; k < planner::kNumRules; ++k) {
     if (st.rejected[k] > 0) {
-      std::printf("  %-26s %lld\n", plan::to_string(static_cast<plan::Rule>(k)),
+      std::printf("  %-26s %lld\n", planner::to_string(static_cast<planner::Rule>(k)),
                   static_cast<long long>(st.rejected[k]));
     }
   }
@@ -147,7 +147,7 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
     const auto& p = r.top[i];
     if (c.given && p.simulated && ++simulated_rows == c.rank) print_candidate();
     const char* ep_place = p.strategy.ep <= 1                            ? "-"
-                           : plan::ep_inside_domain(p.strategy, cluster) ? "in domain"
+                           : planner::ep_inside_domain(p.strategy, cluster) ? "in domain"
                                                                          : "spans";
     std::printf(" %-3zu %11s %11s %6.1f%% %12s %11s %12s %9s  %s%s\n", i + 1,
                 p.simulated ? format_seconds(p.sim_step_time_s).c_str() : "-",
@@ -170,7 +170,7 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
   }
 }
 
-void print_allocation(const char* label, const plan::AfAllocation& a) {
+void print_allocation(const char* label, const planner::AfAllocation& a) {
   const auto& c = a.candidate;
   std::printf(
       "%s attention %d GPUs / %d ports, FFN %d GPUs / %d ports (A:F = %.2f), pp %d, ep %d, dp_attn %d, "
@@ -193,12 +193,12 @@ void print_allocation(const char* label, const plan::AfAllocation& a) {
 // (the best allocation when it is even, and the best even split); an uneven one says why it is not simulated.
 struct AfRescored {
   std::string name;
-  plan::AfAllocation alloc;
+  planner::AfAllocation alloc;
   double sim_step_s = 0;
   std::string why;  // not simulated: the reason
 };
 
-AfRescored rescore_af(const std::string& name, const plan::AfAllocation& a, const ModelSpec& model,
+AfRescored rescore_af(const std::string& name, const planner::AfAllocation& a, const ModelSpec& model,
                       const ClusterSpec& cluster, const TrainSpec& train, const cost::Calibration& calibration) {
   AfRescored x{name, a, 0, ""};
   Strategy s = a.candidate.strategy();
@@ -209,9 +209,9 @@ AfRescored rescore_af(const std::string& name, const plan::AfAllocation& a, cons
             ": the compiler lowers equal groups only";
     return x;
   }
-  plan::SearchOptions so;
+  planner::SearchOptions so;
   so.calibration = calibration;
-  Result<double> t = plan::simulate_step_time(model, cluster, train, s, so);
+  Result<double> t = planner::simulate_step_time(model, cluster, train, s, so);
   if (!t.ok()) {
     x.why = t.status().message();
   } else {
@@ -222,20 +222,20 @@ AfRescored rescore_af(const std::string& name, const plan::AfAllocation& a, cons
 
 Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const ClusterSpec& cluster,
                         const TrainSpec& train, const cost::Calibration& calibration) {
-  plan::AfOptions options;
+  planner::AfOptions options;
   options.memory_fraction = o.memory_fraction;
-  PIPER_ASSIGN_OR_RETURN(options.placement, plan::parse_af_placement(o.af_placement));
-  PIPER_ASSIGN_OR_RETURN(plan::AfModel af, plan::AfModel::create(model, cluster, train, options));
-  std::unique_ptr<plan::MilpSolver> solver;
+  PIPER_ASSIGN_OR_RETURN(options.placement, planner::parse_af_placement(o.af_placement));
+  PIPER_ASSIGN_OR_RETURN(planner::AfModel af, planner::AfModel::create(model, cluster, train, options));
+  std::unique_ptr<planner::MilpSolver> solver;
   if (o.solver == "cbc") {
-    PIPER_ASSIGN_OR_RETURN(solver, plan::make_cbc_solver());
+    PIPER_ASSIGN_OR_RETURN(solver, planner::make_cbc_solver());
   } else if (o.solver != "enumeration") {
     return invalid_argument("--solver=" + o.solver + " is not one of {cbc, enumeration}");
   }
-  PIPER_ASSIGN_OR_RETURN(plan::DisaggregateResult r, plan::disaggregate(af, solver.get()));
+  PIPER_ASSIGN_OR_RETURN(planner::DisaggregateResult r, planner::disaggregate(af, solver.get()));
   // The exhaustive oracle over the same candidates, as a check on the MILP.
   auto cands = af.candidates(nullptr);
-  PIPER_ASSIGN_OR_RETURN(plan::AfAllocation oracle, plan::enumerate_allocation(af, cands));
+  PIPER_ASSIGN_OR_RETURN(planner::AfAllocation oracle, planner::enumerate_allocation(af, cands));
   const bool agrees = std::abs(oracle.objective - r.best.objective) <= 1e-9 * std::abs(oracle.objective);
   std::vector<AfRescored> rescored = {rescore_af("best", r.best, model, cluster, train, calibration)};
   if (r.has_even &&
@@ -339,7 +339,7 @@ Status run_plan(const PlanOptions& o) {
     }
     return run_disaggregate(o, model, cluster, train, calibration);
   }
-  plan::SearchOptions options;
+  planner::SearchOptions options;
   options.top_k = o.top_k;
   options.memory_fraction = o.memory_fraction;
   options.verify = !o.no_verify;
@@ -375,7 +375,7 @@ Status run_plan(const PlanOptions& o) {
   // --validate K draws K plans from the rest of the ranked list: keep a longer list than the top printed.
   if (o.validate > 0) options.top_k = std::max(options.top_k, kValidateRankedPlans);
   if (o.validate > 0 && o.simulate_top < 0) options.simulate_top = options.top_k;
-  PIPER_ASSIGN_OR_RETURN(plan::SearchResult r, plan::search(model, cluster, train, options));
+  PIPER_ASSIGN_OR_RETURN(planner::SearchResult r, planner::search(model, cluster, train, options));
   ValidationReport validation;
   if (o.validate > 0) {
     ValidateOptions v{o.validate, o.validate_steps, o.local_ranks, o.model, train.global_batch, train.seq_len,

@@ -1,7 +1,7 @@
 #include "piper/cli/command_json.h"
 
 #include "piper/compile/plan_summary.h"
-#include "piper/plan/domain.h"
+#include "piper/planner/domain.h"
 
 namespace piper::cli {
 namespace {
@@ -57,12 +57,12 @@ Json compile_json(const CompileInputs& in, const compile::CompileResult& r) {
 }
 
 Json plan_json(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
-               const plan::SearchResult& r) {
+               const planner::SearchResult& r) {
   Json plans = Json::array();
   for (const auto& p : r.top) {
     Json pj = p.to_json();
-    pj["ep_inside_domain"] = plan::ep_inside_domain(p.strategy, cluster);
-    pj["ep_fits_domain"] = plan::ep_fits_domain(p.strategy, cluster);
+    pj["ep_inside_domain"] = planner::ep_inside_domain(p.strategy, cluster);
+    pj["ep_fits_domain"] = planner::ep_fits_domain(p.strategy, cluster);
     plans.push_back(pj);
   }
   Json j = {{"model", model.name},

@@ -9,7 +9,7 @@
 #include "piper/cli/scenario.h"
 #include "piper/compile/compile.h"
 #include "piper/cost/estimate.h"
-#include "piper/plan/search.h"
+#include "piper/planner/search.h"
 #include "piper/sim/simulate.h"
 
 namespace piper::cli {
@@ -25,6 +25,6 @@ Json compile_json(const CompileInputs& in, const compile::CompileResult& r);
 
 // The search: the plans best first (with their scale-up domain fit), the search statistics, and when nothing fits
 // the closest plan.
-Json plan_json(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train, const plan::SearchResult& r);
+Json plan_json(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train, const planner::SearchResult& r);
 
 }  // namespace piper::cli

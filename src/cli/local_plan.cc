@@ -4,7 +4,7 @@
 #include <thread>
 
 #include "piper/cli/train_report.h"
-#include "piper/plan/verify.h"
+#include "piper/planner/verify.h"
 #include "piper/runtime/support.h"
 
 namespace piper::cli {
@@ -22,9 +22,9 @@ std::vector<T> intersect(const std::vector<T>& space, const std::vector<T>& allo
 
 }  // namespace
 
-void restrict_to_runtime(const ModelSpec& model, double capacity_bytes, plan::SearchOptions* options) {
+void restrict_to_runtime(const ModelSpec& model, double capacity_bytes, planner::SearchOptions* options) {
   const runtime::RuntimeSupport rs = runtime::runtime_support();
-  plan::SearchSpace& sp = options->space;
+  planner::SearchSpace& sp = options->space;
   sp.schedules = intersect(sp.schedules, rs.schedules);
   sp.zero = intersect(sp.zero, rs.zero);
   sp.recompute = intersect(sp.recompute, rs.recompute);
@@ -39,11 +39,11 @@ void restrict_to_runtime(const ModelSpec& model, double capacity_bytes, plan::Se
   options->verifier = [model, capacity_bytes, inner](const Strategy& s, const TrainSpec& t) {
     Status st = runtime::check_runnable(s);
     if (!st.ok()) {
-      plan::Verification v;
+      planner::Verification v;
       v.message = st.message();
       return v;
     }
-    return inner ? inner(s, t) : plan::verify_strategy(model, t, s, capacity_bytes);
+    return inner ? inner(s, t) : planner::verify_strategy(model, t, s, capacity_bytes);
   };
 }
 
@@ -63,7 +63,7 @@ Result<AutoStrategy> auto_strategy(const ModelSpec& model, int ranks, int kernel
   const TrainSpec train = local_train_spec(global_batch, seq_len);
   // The same search as `piper plan --local-ranks R --runnable` with its defaults (the kept plans re-scored by
   // the simulator, then a local search around the best), so --strategy auto runs that command's #1.
-  plan::SearchOptions o;
+  planner::SearchOptions o;
   o.top_k = kPlanTopK;
   o.simulate_top = o.top_k;
   o.local_search_steps = kPlanLocalSearchSteps;
@@ -71,7 +71,7 @@ Result<AutoStrategy> auto_strategy(const ModelSpec& model, int ranks, int kernel
   o.calibration = m.calibration;
   o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   restrict_to_runtime(model, o.memory_fraction * static_cast<double>(m.cluster.device.memory_bytes), &o);
-  PIPER_ASSIGN_OR_RETURN(plan::SearchResult r, plan::search(model, m.cluster, train, o));
+  PIPER_ASSIGN_OR_RETURN(planner::SearchResult r, planner::search(model, m.cluster, train, o));
   if (r.top.empty()) {
     return failed_precondition(
         "--strategy auto: the planner found no strategy the runtime runs for " + std::to_string(ranks) +

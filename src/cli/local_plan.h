@@ -11,7 +11,7 @@
 #include <string>
 
 #include "piper/base/status.h"
-#include "piper/plan/search.h"
+#include "piper/planner/search.h"
 #include "piper/spec/model_spec.h"
 #include "piper/spec/train_spec.h"
 #include "piper/strategy/strategy.h"
@@ -20,7 +20,7 @@ namespace piper::cli {
 
 // Requires options->space to be the default (or a narrower) space; intersects it with runtime_support().
 // `model` and the cluster's device memory are needed by the wrapped verifier (verify_strategy).
-void restrict_to_runtime(const ModelSpec& model, double capacity_bytes, plan::SearchOptions* options);
+void restrict_to_runtime(const ModelSpec& model, double capacity_bytes, planner::SearchOptions* options);
 
 // The training setup of a CPU run: fp32 parameters, gradients, optimizer state and activations (the runtime's).
 TrainSpec local_train_spec(int64_t global_batch, int64_t seq_len);

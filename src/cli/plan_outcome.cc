@@ -6,7 +6,7 @@
 
 namespace piper::cli {
 
-Status nothing_fits(const ClusterSpec& cluster, double memory_fraction, const plan::SearchResult& r) {
+Status nothing_fits(const ClusterSpec& cluster, double memory_fraction, const planner::SearchResult& r) {
   const std::string device = format_bytes(static_cast<double>(cluster.device.memory_bytes) * memory_fraction);
   if (r.stats.fitting > 0) {
     return failed_precondition("plan: " + std::to_string(r.stats.fitting) +

@@ -2,7 +2,7 @@
 #pragma once
 
 #include "piper/base/status.h"
-#include "piper/plan/search.h"
+#include "piper/planner/search.h"
 #include "piper/spec/cluster_spec.h"
 
 namespace piper::cli {
@@ -10,6 +10,6 @@ namespace piper::cli {
 // The error of a search whose `top` is empty: the compiler rejected every fitting plan (failed precondition), no
 // valid strategy exists (failed precondition), or none fits in memory_fraction of the device (resource exhausted,
 // naming the closest plan and what it needs).
-Status nothing_fits(const ClusterSpec& cluster, double memory_fraction, const plan::SearchResult& r);
+Status nothing_fits(const ClusterSpec& cluster, double memory_fraction, const planner::SearchResult& r);
 
 }  // namespace piper::cli

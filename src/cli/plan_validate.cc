@@ -131,10 +131,10 @@ std::vector<int> pick_validation_plans(int ranked, int k, uint64_t seed) {
   return picked;
 }
 
-Result<ValidationReport> validate_plans(const std::vector<plan::Plan>& ranked, const ValidateOptions& o) {
+Result<ValidationReport> validate_plans(const std::vector<planner::Plan>& ranked, const ValidateOptions& o) {
   ValidationReport report;
   for (int i : pick_validation_plans(static_cast<int>(ranked.size()), o.k, o.seed)) {
-    const plan::Plan& p = ranked[static_cast<size_t>(i)];
+    const planner::Plan& p = ranked[static_cast<size_t>(i)];
     ValidatedPlan v;
     v.predicted_rank = i + 1;
     v.top = i < o.k;

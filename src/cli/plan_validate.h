@@ -12,7 +12,7 @@
 
 #include "piper/base/json.h"
 #include "piper/base/status.h"
-#include "piper/plan/search.h"
+#include "piper/planner/search.h"
 
 namespace piper::cli {
 
@@ -57,7 +57,7 @@ double kendall_tau(const std::vector<double>& a, const std::vector<double>& b);
 std::vector<int> pick_validation_plans(int ranked, int k, uint64_t seed);
 
 // Trains each picked plan and measures it. `ranked` is the planner's order (SearchResult::top).
-Result<ValidationReport> validate_plans(const std::vector<plan::Plan>& ranked, const ValidateOptions& options);
+Result<ValidationReport> validate_plans(const std::vector<planner::Plan>& ranked, const ValidateOptions& options);
 
 void print_validation(const ValidationReport& report, int steps, int ranks);
 

@@ -56,7 +56,7 @@ Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, c
                            const SimOptions& options = {});
 
 // The compile simulate() runs (megatron_target(), this cluster's cost annotations, options' overlap settings),
-// with the plan verifier's memory check at capacity_bytes (0: none). plan::verify_strategy uses it so that a
+// with the plan verifier's memory check at capacity_bytes (0: none). planner::verify_strategy uses it so that a
 // verified plan can be simulated without compiling it again (simulate_compiled()).
 Result<compile::CompileResult> compile_for_simulation(const ModelSpec& model, const ClusterSpec& cluster,
                                                       const TrainSpec& train, const Strategy& strategy,

@@ -1,4 +1,4 @@
-#include "piper/plan/milp.h"
+#include "piper/planner/milp.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,7 +7,7 @@
 #include <coin/Cbc_C_Interface.h>
 #endif
 
-namespace piper::plan {
+namespace piper::planner {
 
 int MilpProblem::add_column(const std::string& name, double cost_per_unit, double lo, double hi, bool is_integer) {
   cost.push_back(cost_per_unit);
@@ -133,4 +133,4 @@ Result<std::unique_ptr<MilpSolver>> make_cbc_solver(double) {
 }
 #endif
 
-}  // namespace piper::plan
+}  // namespace piper::planner

@@ -1,9 +1,9 @@
 // The MILP problem type and the CBC backend on problems with known optima.
-#include "piper/plan/milp.h"
+#include "piper/planner/milp.h"
 
 #include <gtest/gtest.h>
 
-namespace piper::plan {
+namespace piper::planner {
 namespace {
 
 using Sense = MilpProblem::Sense;
@@ -83,4 +83,4 @@ TEST(MilpTest, CbcReportsInfeasibleAndInvalidProblems) {
 }
 
 }  // namespace
-}  // namespace piper::plan
+}  // namespace piper::planner

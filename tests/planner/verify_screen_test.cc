@@ -7,11 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "piper/plan/verify.h"
+#include "piper/planner/verify.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
 
-namespace piper::plan {
+namespace piper::planner {
 namespace {
 
 struct ScreenCase {
@@ -114,4 +114,4 @@ TEST(VerifyScreenTest, SimulationCompileIsKeptOnlyWhenItFitsTheBudget) {
 }
 
 }  // namespace
-}  // namespace piper::plan
+}  // namespace piper::planner

@@ -1,14 +1,14 @@
 // EP placement relative to the scale-up domain (issue 32): plan/domain.h and what the planner picks for
 // DeepSeek-V3 on 256 GB200 (64 NVL72 trays) with --precision mxfp8.
-#include "piper/plan/domain.h"
+#include "piper/planner/domain.h"
 
 #include <gtest/gtest.h>
 
-#include "piper/plan/search.h"
+#include "piper/planner/search.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
 
-namespace piper::plan {
+namespace piper::planner {
 namespace {
 
 Strategy parse(const char* text) {
@@ -76,4 +76,4 @@ TEST(EpDomainTest, DeepSeekV3On256Gb200KeepsEpInsideTheDomain) {
 }
 
 }  // namespace
-}  // namespace piper::plan
+}  // namespace piper::planner

@@ -1,10 +1,10 @@
-#include "piper/plan/space.h"
+#include "piper/planner/space.h"
 
 #include <algorithm>
 
 #include "piper/base/strings.h"
 
-namespace piper::plan {
+namespace piper::planner {
 namespace {
 
 std::vector<int> divisors(int n, int at_most) {
@@ -109,4 +109,4 @@ Result<ResolvedSpace> resolve_space(const SearchSpace& space, const ModelSpec& m
   return r;
 }
 
-}  // namespace piper::plan
+}  // namespace piper::planner

@@ -1,10 +1,10 @@
-#include "piper/plan/disaggregate.h"
+#include "piper/planner/disaggregate.h"
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 
-namespace piper::plan {
+namespace piper::planner {
 
 AfAllocation make_allocation(const AfModel& model, const AfCandidate& c, int ports_attn) {
   AfAllocation a;
@@ -209,4 +209,4 @@ Json DisaggregateResult::to_json() const {
   return j;
 }
 
-}  // namespace piper::plan
+}  // namespace piper::planner

@@ -13,7 +13,7 @@
 // Rules reject candidates that Strategy::validate_for would reject (each names the broken constraint) and
 // candidates that are exact duplicates of an earlier one (a2a or mesh order that cannot matter because the axis
 // has size 1). They never reject a valid, distinct strategy, so the search returns the same optimum as
-// scoring every candidate (tests/plan/search_test.cc checks this against brute_force()).
+// scoring every candidate (tests/planner/search_test.cc checks this against brute_force()).
 #pragma once
 
 #include <array>
@@ -25,7 +25,7 @@
 #include "piper/spec/model_spec.h"
 #include "piper/strategy/strategy.h"
 
-namespace piper::plan {
+namespace piper::planner {
 
 struct SearchSpace {
   std::vector<int> mbs = {1, 2, 4, 8};
@@ -94,4 +94,4 @@ struct ResolvedSpace {
 Result<ResolvedSpace> resolve_space(const SearchSpace& space, const ModelSpec& model, const ClusterSpec& cluster,
                                     int64_t global_batch);
 
-}  // namespace piper::plan
+}  // namespace piper::planner

@@ -15,7 +15,7 @@
 
 #include "piper/base/status.h"
 
-namespace piper::plan {
+namespace piper::planner {
 
 struct MilpProblem {
   enum class Sense { kLessEqual, kGreaterEqual, kEqual };
@@ -62,4 +62,4 @@ bool have_cbc();
 // `time_limit_s` bounds one solve; a solve stopped by the limit is reported as not proven optimal.
 Result<std::unique_ptr<MilpSolver>> make_cbc_solver(double time_limit_s = 10);
 
-}  // namespace piper::plan
+}  // namespace piper::planner

@@ -12,7 +12,7 @@
 #include "piper/spec/cluster_spec.h"
 #include "piper/strategy/strategy.h"
 
-namespace piper::plan {
+namespace piper::planner {
 
 // Ranks between consecutive members of an EP group (1 with parallel folding, whose expert groups are ep
 // consecutive ranks of a stage).
@@ -25,4 +25,4 @@ bool ep_inside_domain(const Strategy& s, const ClusterSpec& cluster);
 // stays innermost, divides the domain's ranks).
 bool ep_fits_domain(const Strategy& s, const ClusterSpec& cluster);
 
-}  // namespace piper::plan
+}  // namespace piper::planner

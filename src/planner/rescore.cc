@@ -1,4 +1,4 @@
-#include "piper/plan/rescore.h"
+#include "piper/planner/rescore.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,7 +7,7 @@
 #include "piper/base/units.h"
 #include "piper/sim/simulate.h"
 
-namespace piper::plan {
+namespace piper::planner {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -227,4 +227,4 @@ void rescore_with_simulator(const ModelSpec& model, const ClusterSpec& cluster, 
   out->stats.simulate_time_s = since(start);
 }
 
-}  // namespace piper::plan
+}  // namespace piper::planner

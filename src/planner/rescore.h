@@ -21,9 +21,9 @@
 
 #include <chrono>
 
-#include "piper/plan/search.h"
+#include "piper/planner/search.h"
 
-namespace piper::plan {
+namespace piper::planner {
 
 // Simulated step time of `strategy` (the simulator, or options.simulator in tests). Errors: the compiler's or
 // the simulator's message; StatusCode::kDeadlineExceeded ("not simulated: budget ...") when `deadline` passed
@@ -40,4 +40,4 @@ std::vector<Strategy> neighbours(const Strategy& s);
 void rescore_with_simulator(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
                             const SearchOptions& options, int threads, SearchResult* out);
 
-}  // namespace piper::plan
+}  // namespace piper::planner

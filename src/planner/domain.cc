@@ -1,6 +1,6 @@
-#include "piper/plan/domain.h"
+#include "piper/planner/domain.h"
 
-namespace piper::plan {
+namespace piper::planner {
 
 int ep_stride(const Strategy& s) {
   if (s.fold) return 1;
@@ -25,4 +25,4 @@ bool ep_fits_domain(const Strategy& s, const ClusterSpec& cluster) {
   return cluster.devices_per_domain() % (static_cast<int64_t>(s.tp) * s.ep) == 0;
 }
 
-}  // namespace piper::plan
+}  // namespace piper::planner

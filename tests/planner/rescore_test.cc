@@ -1,6 +1,6 @@
-// plan::rescore_with_simulator: the best plans re-ordered by simulated step time, the local search on
+// planner::rescore_with_simulator: the best plans re-ordered by simulated step time, the local search on
 // simulated times, budgets, and bad inputs.
-#include "piper/plan/rescore.h"
+#include "piper/planner/rescore.h"
 
 #include <gtest/gtest.h>
 
@@ -11,7 +11,7 @@
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
 
-namespace piper::plan {
+namespace piper::planner {
 namespace {
 
 struct Case {
@@ -245,4 +245,4 @@ TEST(RescoreTest, BadOptionsAreRejectedByName) {
 }
 
 }  // namespace
-}  // namespace piper::plan
+}  // namespace piper::planner

@@ -4,12 +4,12 @@
 
 #include "../strategy/reversed_gpipe.h"
 
-#include "piper/plan/search.h"
+#include "piper/planner/search.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
 #include "piper/strategy/schedules/schedule.h"
 
-namespace piper::plan {
+namespace piper::planner {
 namespace {
 
 
@@ -36,4 +36,4 @@ TEST(CustomScheduleSearchTest, ARegisteredScheduleIsSearchedAndSimulated) {
 }
 
 }  // namespace
-}  // namespace piper::plan
+}  // namespace piper::planner

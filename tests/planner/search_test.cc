@@ -1,5 +1,5 @@
-// plan::search against the brute-force oracle, hand-counted rules, and properties of every returned plan.
-#include "piper/plan/search.h"
+// planner::search against the brute-force oracle, hand-counted rules, and properties of every returned plan.
+#include "piper/planner/search.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
 
-namespace piper::plan {
+namespace piper::planner {
 namespace {
 
 struct Case {
@@ -279,4 +279,4 @@ TEST(SearchTest, BadInputsAreErrors) {
 }
 
 }  // namespace
-}  // namespace piper::plan
+}  // namespace piper::planner

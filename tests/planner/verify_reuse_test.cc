@@ -7,12 +7,12 @@
 #include <vector>
 
 #include "piper/base/check.h"
-#include "piper/plan/search.h"
-#include "piper/plan/verify.h"
+#include "piper/planner/search.h"
+#include "piper/planner/verify.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
 
-namespace piper::plan {
+namespace piper::planner {
 namespace {
 
 TEST(VerifyReuseTest, VerdictsEqualThoseOfTheVerifierCompile) {
@@ -89,4 +89,4 @@ TEST(VerifyReuseTest, SearchReturnsTheSamePlansAndSimulatedTimes) {
 }
 
 }  // namespace
-}  // namespace piper::plan
+}  // namespace piper::planner

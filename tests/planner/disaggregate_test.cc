@@ -1,6 +1,6 @@
 // The disaggregation allocator: MILP against exhaustive enumeration, the roofline formulas, and the
 // sequence-length trend DisagMoE reports.
-#include "piper/plan/disaggregate.h"
+#include "piper/planner/disaggregate.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
 
-namespace piper::plan {
+namespace piper::planner {
 namespace {
 
 AfModel make_model(const std::string& model, const std::string& cluster, int nodes, int64_t batch, int64_t seq,
@@ -168,4 +168,4 @@ TEST(DisaggregateTest, BadInputsAreErrors) {
 }
 
 }  // namespace
-}  // namespace piper::plan
+}  // namespace piper::planner

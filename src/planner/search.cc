@@ -1,4 +1,4 @@
-#include "piper/plan/search.h"
+#include "piper/planner/search.h"
 
 #include <algorithm>
 #include <atomic>
@@ -6,10 +6,10 @@
 #include <thread>
 
 #include "piper/base/units.h"
-#include "piper/plan/domain.h"
-#include "piper/plan/rescore.h"
+#include "piper/planner/domain.h"
+#include "piper/planner/rescore.h"
 
-namespace piper::plan {
+namespace piper::planner {
 namespace {
 
 bool plan_before(double time_a, int64_t item_a, int64_t off_a, double time_b, int64_t item_b, int64_t off_b) {
@@ -428,4 +428,4 @@ Result<SearchResult> brute_force(const ModelSpec& model, const ClusterSpec& clus
   return run_search(model, cluster, train, options, /*apply_rules=*/false, 1);
 }
 
-}  // namespace piper::plan
+}  // namespace piper::planner

@@ -39,7 +39,7 @@
 #include "piper/spec/train_spec.h"
 #include "piper/strategy/strategy.h"
 
-namespace piper::plan {
+namespace piper::planner {
 
 // One GPU split: everything that does not depend on the port split.
 struct AfCandidate {
@@ -116,4 +116,4 @@ class AfModel {
   cost::Calibration calibration_;
 };
 
-}  // namespace piper::plan
+}  // namespace piper::planner

@@ -20,10 +20,10 @@
 
 #include "piper/base/json.h"
 #include "piper/base/status.h"
-#include "piper/plan/af_model.h"
-#include "piper/plan/milp.h"
+#include "piper/planner/af_model.h"
+#include "piper/planner/milp.h"
 
-namespace piper::plan {
+namespace piper::planner {
 
 struct AfAllocation {
   AfCandidate candidate;
@@ -56,4 +56,4 @@ Result<AfAllocation> milp_allocation(const AfModel& model, const std::vector<AfC
 // Candidates, then the MILP (solver != nullptr) or enumeration, plus the even split and the roofline report.
 Result<DisaggregateResult> disaggregate(const AfModel& model, const MilpSolver* solver);
 
-}  // namespace piper::plan
+}  // namespace piper::planner

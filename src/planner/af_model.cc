@@ -1,4 +1,4 @@
-#include "piper/plan/af_model.h"
+#include "piper/planner/af_model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -11,7 +11,7 @@
 #include "piper/cost/network.h"
 #include "piper/spec/counting.h"
 
-namespace piper::plan {
+namespace piper::planner {
 namespace {
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
@@ -292,4 +292,4 @@ double AfModel::mfu(double step_time_s) const {
   return model_flops_per_token_ * tokens / (step_time_s * world_ * peak_);
 }
 
-}  // namespace piper::plan
+}  // namespace piper::planner

@@ -1,7 +1,7 @@
 // JSON forms of plans and search statistics (the `piper plan --json` output uses them).
-#include "piper/plan/search.h"
+#include "piper/planner/search.h"
 
-namespace piper::plan {
+namespace piper::planner {
 
 Json Plan::to_json() const {
   Json ranks = Json::array();
@@ -56,4 +56,4 @@ Json SearchStats::to_json() const {
               {"local_search_improved", local_search_improved}};
 }
 
-}  // namespace piper::plan
+}  // namespace piper::planner

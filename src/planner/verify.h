@@ -16,7 +16,7 @@
 #include "piper/spec/train_spec.h"
 #include "piper/strategy/strategy.h"
 
-namespace piper::plan {
+namespace piper::planner {
 
 struct Verification {
   bool ok = false;
@@ -39,7 +39,7 @@ struct Verification {
 // steady-state repetitions, so sends, receives and dependencies match alike). Otherwise (peaks that grow with
 // m, such as GPipe's; any compile error) the full plan is compiled as before. Only used when m > m1 + m2 (the
 // screen is then cheaper than the full compile, whose time grows with the microbatch count).
-// tests/plan/verify_screen_test.cc compares the verdicts, messages and peaks with and without it.
+// tests/planner/verify_screen_test.cc compares the verdicts, messages and peaks with and without it.
 struct VerifyOptions {
   bool memory_screen = true;
   bool accept_steady = true;  // false: only rejections are screened, every accepted plan is compiled in full
@@ -54,7 +54,7 @@ Verification verify_strategy(const ModelSpec& model, const TrainSpec& train, con
                              double capacity_bytes, const VerifyOptions& options = {});
 
 // The same verdict from the compile the simulator runs (sim::compile_for_simulation: the plan with this cluster's
-// cost annotations; the annotations do not change what the verifier checks, tests/plan/verify_reuse_test.cc). On
+// cost annotations; the annotations do not change what the verifier checks, tests/planner/verify_reuse_test.cc). On
 // success *compiled holds the result, so the planner's re-scoring simulates it without compiling it again, except
 // for a plan the memory screen accepted whose full compile would take over options.max_full_compile_s.
 Verification verify_strategy_for_simulation(const ModelSpec& model, const ClusterSpec& cluster,
@@ -63,4 +63,4 @@ Verification verify_strategy_for_simulation(const ModelSpec& model, const Cluste
                                             std::shared_ptr<compile::CompileResult>* compiled,
                                             const VerifyOptions& options = {});
 
-}  // namespace piper::plan
+}  // namespace piper::planner

@@ -1,4 +1,4 @@
-// plan::search: the fastest strategies for a model, cluster and training setup, by the closed-form estimate.
+// planner::search: the fastest strategies for a model, cluster and training setup, by the closed-form estimate.
 //
 // Enumerates the space of space.h, rejects candidates by rule (counted per rule), skips the variants of a
 // candidate that only differ in a2a algorithm or mesh order once the memory model says it does not fit (memory
@@ -11,7 +11,7 @@
 // are not searched when another order keeps them inside (Rule::kEpOutsideDomain, plan/domain.h): a preference,
 // so brute_force, which applies no rules, may return such an order where the cost model hides its all-to-alls.
 // brute_force() is the test oracle: one thread, no rules, no memory shortcut: every candidate goes through
-// Strategy::validate_for and estimate(). Both functions return the same best plan (tests/plan/search_test.cc).
+// Strategy::validate_for and estimate(). Both functions return the same best plan (tests/planner/search_test.cc).
 // With options.verify the best plans are then compiled (verify.h), `threads` at a time, best first; a plan the
 // compiler rejects is replaced by the next one, so every returned plan verifies.
 // Thread-safety: both are pure functions of their arguments.
@@ -25,14 +25,14 @@
 #include "piper/base/json.h"
 #include "piper/base/status.h"
 #include "piper/cost/estimate.h"
-#include "piper/plan/space.h"
-#include "piper/plan/verify.h"
+#include "piper/planner/space.h"
+#include "piper/planner/verify.h"
 #include "piper/spec/cluster_spec.h"
 #include "piper/spec/model_spec.h"
 #include "piper/spec/train_spec.h"
 #include "piper/strategy/strategy.h"
 
-namespace piper::plan {
+namespace piper::planner {
 
 struct Plan {
   Strategy strategy;
@@ -127,4 +127,4 @@ Result<SearchResult> search(const ModelSpec& model, const ClusterSpec& cluster, 
 Result<SearchResult> brute_force(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
                                  const SearchOptions& options);
 
-}  // namespace piper::plan
+}  // namespace piper::planner

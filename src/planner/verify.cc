@@ -1,4 +1,4 @@
-#include "piper/plan/verify.h"
+#include "piper/planner/verify.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,7 +8,7 @@
 #include "piper/compile/compile.h"
 #include "piper/sim/simulate.h"
 
-namespace piper::plan {
+namespace piper::planner {
 
 namespace {
 
@@ -109,4 +109,4 @@ Verification verify_strategy_for_simulation(const ModelSpec& model, const Cluste
   return v;
 }
 
-}  // namespace piper::plan
+}  // namespace piper::planner
