@@ -3,12 +3,14 @@
 //
 // Stages (a progress line each on stderr): the fp32 GEMM the runtime's kernels use (kernels::sgemm, one thread)
 // at the token counts of skinny and square GEMMs, fitted to the device model's curve; the streaming bandwidth of
-// one core (a triad over arrays far larger than the caches). Both are relative to the local-cpu preset's per-core
-// peak, which `local_cluster` (train_report.h) scales by the cores each rank gets.
+// one core (a triad over arrays far larger than the caches). The file holds one core's measured figures
+// (peak_flops_fp32: the fitted curve's large-GEMM asymptote; memory_bw_bytes_per_s), which replace the local-cpu
+// preset's; `local_cluster` (train_report.h) scales them by the cores each rank gets.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <filesystem>
 #include <string>
 #include <unistd.h>
 #include <vector>
@@ -17,6 +19,7 @@
 #include "piper/base/json.h"
 #include "piper/base/units.h"
 #include "piper/cli/calibrate_fit.h"
+#include "piper/cli/calibration_file.h"
 #include "piper/cli/command.h"
 #include "piper/cli/flags.h"
 #include "piper/kernels/cpu/gemm.h"
@@ -92,6 +95,21 @@ std::string utc_now() {
   return buf;
 }
 
+// --out, or this machine's default calibration file (calibration_file.h), whose folder is created; "" under
+// PIPER_CALIBRATION=none.
+Result<std::string> output_path(const std::string& out) {
+  if (!out.empty()) return out;
+  const std::string path = default_calibration_path();
+  if (path.empty()) return std::string();
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  if (ec) {
+    return failed_precondition("cannot create the folder of the default calibration file " + path + ": " + ec.message() +
+                    "; pass --out FILE, or set PIPER_CALIBRATION to a writable path");
+  }
+  return path;
+}
+
 struct CalibrateOptions {
   std::string out;
   int rounds = 9;
@@ -115,23 +133,25 @@ Status run_calibrate(const CalibrateOptions& o) {
   kernels::set_kernel_threads(threads_before);
   PIPER_ASSIGN_OR_RETURN(GemmCurve curve, fit_gemm_curve(points));
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  // The file's ranges (Calibration::from_json): a fraction above 1 means the preset's peak is too low; say so.
-  const double gemm_eff = std::min(1.0, curve.gemm_efficiency);
-  const double bw_eff = std::clamp(bw / preset.device.memory_bw_bytes_per_s, 0.01, 1.0);
-  Json file{{"gemm_efficiency", gemm_eff},
+  // The measured figures of one core replace the preset's (its base-clock peak and memcpy bandwidth): the large-GEMM
+  // asymptote of the fitted curve and the triad's bandwidth, each then reached in full (efficiency 1).
+  Json file{{"peak_flops_fp32", curve.gemm_efficiency * peak},
+            {"gemm_efficiency", 1.0},
             {"gemm_half_dim", curve.gemm_half_dim},
-            {"memory_bw_efficiency", bw_eff},
+            {"memory_bw_bytes_per_s", bw},
+            {"memory_bw_efficiency", 1.0},
             {"gemm_table", false},
             {"workspace_bytes", 0},
             {"source", "piper calibrate on " + host_name() + " at " + utc_now() + ": one core, kernels::sgemm (" +
-                           kernels::to_string(kernels::gemm_backend()) + ") and a triad, against local-cpu's peak"}};
-  if (!o.out.empty()) PIPER_RETURN_IF_ERROR(write_file_atomic(o.out, file.dump(2) + "\n"));
+                           kernels::to_string(kernels::gemm_backend()) + ") and a triad"}};
+  PIPER_ASSIGN_OR_RETURN(const std::string out, output_path(o.out));
+  if (!out.empty()) PIPER_RETURN_IF_ERROR(write_file_atomic(out, file.dump(2) + "\n"));
   Json measured = Json::array();
   for (const GemmPoint& p : points) measured.push_back({{"min_dim", p.min_dim}, {"efficiency", p.efficiency}});
   if (o.json) {
     print_json(Json{{"calibration", file}, {"gemm_points", measured}, {"stream_bytes_per_s", bw},
                     {"fit_gemm_efficiency", curve.gemm_efficiency}, {"seconds", seconds},
-                    {"out", o.out}}.dump(2));
+                    {"out", out}}.dump(2));
     return ok_status();
   }
   std::printf("GEMM (fp32, one thread, n = k = %lld), fraction of local-cpu's %s per core:\n",
@@ -140,20 +160,28 @@ Status run_calibrate(const CalibrateOptions& o) {
     std::printf("  d = %4.0f   measured %.3f   fitted %.3f\n", p.min_dim, p.efficiency,
                 curve.gemm_efficiency * p.min_dim / (p.min_dim + curve.gemm_half_dim));
   }
-  std::printf("fit       gemm_efficiency %.3f%s, gemm_half_dim %.1f\n", curve.gemm_efficiency,
-              curve.gemm_efficiency > 1 ? " (above the preset's peak: written as 1)" : "", curve.gemm_half_dim);
-  std::printf("stream    %s per core = %.2f of the preset's %s%s\n", format_si(bw, "B/s").c_str(),
-              bw / preset.device.memory_bw_bytes_per_s, format_si(preset.device.memory_bw_bytes_per_s, "B/s").c_str(),
-              bw > preset.device.memory_bw_bytes_per_s ? " (written as 1)" : "");
+  std::printf("fit       %.3f x d / (d + %.1f) of the preset's peak: large GEMMs reach %s per core\n",
+              curve.gemm_efficiency, curve.gemm_half_dim, format_si(curve.gemm_efficiency * peak, "FLOP/s").c_str());
+  std::printf("stream    %s per core = %.2f x the preset's %s\n", format_si(bw, "B/s").c_str(),
+              bw / preset.device.memory_bw_bytes_per_s, format_si(preset.device.memory_bw_bytes_per_s, "B/s").c_str());
   std::printf("took      %.1f s\n", seconds);
-  if (!o.out.empty()) std::printf("written   %s (use it with --calibration %s)\n", o.out.c_str(), o.out.c_str());
+  if (out.empty()) {
+    std::printf("written   nowhere (PIPER_CALIBRATION=none); pass --out FILE to keep it\n");
+  } else if (o.out.empty()) {
+    std::printf("written   %s (this machine's default: train, plan --local-ranks and --cluster local-cpu use it)\n",
+                out.c_str());
+  } else {
+    std::printf("written   %s (use it with --calibration %s)\n", out.c_str(), out.c_str());
+  }
   return ok_status();
 }
 
 PIPER_REGISTER_COMMAND(g_calibrate, "calibrate", "Measure this machine's core and write a device calibration",
                        [](CLI::App* sub) {
                          auto o = std::make_shared<CalibrateOptions>();
-                         sub->add_option("--out", o->out, "write the calibration JSON here (for --calibration FILE)");
+                         sub->add_option("--out", o->out,
+                                         "write the calibration JSON here (for --calibration FILE; default: this "
+                                         "machine's calibration file, docs/calibration.md)");
                          add_int_option(sub, "--rounds", &o->rounds, {1, 100, "timed rounds per measurement"},
                                         "timed rounds per measurement (the median is kept)")
                              ->capture_default_str();

@@ -9,6 +9,7 @@
 #include "piper/base/json.h"
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
+#include "piper/cli/calibration_file.h"
 #include "piper/cli/command.h"
 #include "piper/cli/command_json.h"
 #include "piper/cli/directive_input.h"
@@ -315,14 +316,16 @@ Status run_plan(const PlanOptions& o) {
   PIPER_ASSIGN_OR_RETURN(const int64_t seq_len, resolve_seq_len(model, o.seq_len));
   ClusterSpec cluster;
   TrainSpec train;
-  cost::Calibration local_calibration;
+  cost::Calibration calibration;
+  std::string calibration_source;
   if (o.local_ranks > 0) {
     // This machine as `piper train --ranks R` sees it (CPU ranks sharing the cores, fp32 training).
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     PIPER_ASSIGN_OR_RETURN(LocalMachine m, local_cluster(o.local_ranks, std::max(1, cores / o.local_ranks),
                                                          o.calibration, o.comm_calibration));
     cluster = m.cluster;
-    local_calibration = m.calibration;
+    calibration = m.calibration;
+    calibration_source = m.calibration_source;
     train = local_train_spec(o.global_batch, seq_len);
   } else {
     PIPER_ASSIGN_OR_RETURN(cluster, load_cluster(o.cluster, o.nodes));
@@ -331,12 +334,12 @@ Status run_plan(const PlanOptions& o) {
     train.global_batch = o.global_batch;
     train.seq_len = seq_len;
     PIPER_RETURN_IF_ERROR(apply_precision_options(o.precision, &train));
+    PIPER_ASSIGN_OR_RETURN(DeviceCalibration device, load_device_calibration(o.calibration, cluster.name));
+    calibration = device.calibration;
+    calibration_source = device.source;
   }
   if (o.disaggregate) {
-    cost::Calibration calibration = local_calibration;
-    if (o.local_ranks <= 0 && !o.calibration.empty()) {
-      PIPER_ASSIGN_OR_RETURN(calibration, cost::Calibration::load(o.calibration));
-    }
+    if (!o.json) std::fprintf(stderr, "plan: calibration %s\n", calibration_source.c_str());
     return run_disaggregate(o, model, cluster, train, calibration);
   }
   planner::SearchOptions options;
@@ -357,11 +360,7 @@ Status run_plan(const PlanOptions& o) {
     }
   };
   if (!o.schedules.empty()) options.space.schedules = split(o.schedules, ',');
-  if (o.local_ranks > 0) {
-    options.calibration = local_calibration;
-  } else if (!o.calibration.empty()) {
-    PIPER_ASSIGN_OR_RETURN(options.calibration, cost::Calibration::load(o.calibration));
-  }
+  options.calibration = calibration;
   if (o.runnable || o.validate > 0) {  // --validate trains the plans
     restrict_to_runtime(model, options.memory_fraction * static_cast<double>(cluster.device.memory_bytes), &options);
   }
@@ -391,9 +390,11 @@ Status run_plan(const PlanOptions& o) {
     Json j = plan_json(model, cluster, train, r);
     if (candidate.given) j["candidate"] = candidate.to_json();
     if (o.validate > 0) j["validation"] = validation.to_json();
+    j["calibration"] = calibration_source;
     print_json(j.dump(2));
   } else {
     print_plans(model, cluster, train, options.verify, r, candidate);
+    std::printf("calibration %s\n", calibration_source.c_str());
     if (o.validate > 0) print_validation(validation, o.validate_steps, o.local_ranks);
   }
   if (r.top.empty()) return nothing_fits(cluster, options.memory_fraction, r);

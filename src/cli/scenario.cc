@@ -4,6 +4,7 @@
 
 #include "piper/balance/expert_loads.h"
 #include "piper/base/files.h"
+#include "piper/cli/calibration_file.h"
 #include "piper/cli/flags.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/comm_calibration.h"
@@ -92,9 +93,9 @@ Result<Scenario> make_scenario(ModelSpec model, ClusterSpec cluster, const Scena
   sc.train.micro_batch_size = sc.strategy.mbs;
   sc.train.seq_len = seq_len;
   PIPER_RETURN_IF_ERROR(apply_precision_options(o.precision, &sc.train));
-  if (!o.calibration.empty()) {
-    PIPER_ASSIGN_OR_RETURN(sc.calibration, cost::Calibration::load(o.calibration));
-  }
+  PIPER_ASSIGN_OR_RETURN(DeviceCalibration device, load_device_calibration(o.calibration, sc.cluster.name));
+  sc.calibration = device.calibration;
+  sc.calibration_source = device.source;
   if (!o.expert_loads.empty()) PIPER_RETURN_IF_ERROR(apply_expert_loads(o.expert_loads, &sc));
   return sc;
 }

@@ -47,6 +47,7 @@ struct Scenario {
   Strategy strategy;
   TrainSpec train;
   cost::Calibration calibration;
+  std::string calibration_source;  // which file (calibration_file.h) or "preset figures ...", for the reports
   // With --directives: the file, its mesh and what it was resolved to; `strategy` is resolved.strategy.
   bool from_directives = false;
   DirectiveInput input;

@@ -7,6 +7,7 @@
 #include "piper/base/hash.h"
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
+#include "piper/cli/calibration_file.h"
 #include "piper/cost/estimate.h"
 #include "piper/report/chrome_trace.h"
 #include "piper/sim/simulate.h"
@@ -34,13 +35,15 @@ Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::str
     PIPER_RETURN_IF_ERROR(load_comm_calibration(comm_calibration, &m.cluster));
     sources.push_back("links from " + comm_calibration);
   }
-  if (!calibration.empty()) {
-    PIPER_ASSIGN_OR_RETURN(m.calibration, cost::Calibration::load(calibration));
-    sources.push_back("device from " + calibration);
-  }
+  PIPER_ASSIGN_OR_RETURN(DeviceCalibration device, load_device_calibration(calibration, m.cluster.name));
+  m.calibration = device.calibration;
+  // A calibration of this machine measures one core (piper calibrate); a rank gets cores_per_rank of them.
+  m.calibration.peak_flops_fp32 *= m.cores_per_rank;
+  m.calibration.memory_bw_bytes_per_s *= m.cores_per_rank;
+  sources.push_back(device.path.empty() ? "device: " + device.source : "device from " + device.source);
   m.calibration.workspace_bytes = 0;  // no CUDA context or cuBLAS/NCCL workspace on a CPU rank
   PIPER_RETURN_IF_ERROR(m.cluster.validate());
-  m.calibration_source = sources.empty() ? "preset figures (no calibration file)" : join(sources, ", ");
+  m.calibration_source = join(sources, ", ");
   return m;
 }
 

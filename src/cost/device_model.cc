@@ -20,6 +20,8 @@ Result<Calibration> Calibration::from_json(const Json& json, const std::string& 
   PIPER_RETURN_IF_ERROR(r.get_bool("dp_reduce_after_backward", &c.dp_reduce_after_backward, false));
   PIPER_RETURN_IF_ERROR(r.get_double("tp_overlap_gemm_sm_share", &c.tp_overlap_gemm_sm_share, false, 0.05, 1.0));
   PIPER_RETURN_IF_ERROR(r.get_bool("gemm_table", &c.gemm_table, false));
+  PIPER_RETURN_IF_ERROR(r.get_double("peak_flops_fp32", &c.peak_flops_fp32, false, 1e6, 1e18));
+  PIPER_RETURN_IF_ERROR(r.get_double("memory_bw_bytes_per_s", &c.memory_bw_bytes_per_s, false, 1e6, 1e15));
   std::string source;  // where the numbers come from (`piper calibrate` writes it); informational
   PIPER_RETURN_IF_ERROR(r.get_string("source", &source, false));
   PIPER_RETURN_IF_ERROR(r.check_no_unknown_keys());
@@ -34,7 +36,7 @@ Result<Calibration> Calibration::load(const std::string& path) {
 DeviceModel::DeviceModel(const DeviceSpec& device, DType compute_dtype, const Calibration& calibration) {
   switch (compute_dtype) {
     case DType::kFP32:
-      peak_flops_ = device.peak_flops_fp32;
+      peak_flops_ = calibration.peak_flops_fp32 > 0 ? calibration.peak_flops_fp32 : device.peak_flops_fp32;
       break;
     case DType::kBF16:
     case DType::kFP16:
@@ -46,7 +48,9 @@ DeviceModel::DeviceModel(const DeviceSpec& device, DType compute_dtype, const Ca
   }
   gemm_efficiency_ = calibration.gemm_efficiency > 0 ? calibration.gemm_efficiency : device.gemm_efficiency;
   gemm_half_dim_ = calibration.gemm_half_dim;
-  memory_bw_ = device.memory_bw_bytes_per_s * calibration.memory_bw_efficiency;
+  memory_bw_ = (calibration.memory_bw_bytes_per_s > 0 ? calibration.memory_bw_bytes_per_s
+                                                       : device.memory_bw_bytes_per_s) *
+               calibration.memory_bw_efficiency;
   if (calibration.gemm_table && calibration.gemm_efficiency <= 0) gemm_table_ = find_gemm_table(device, compute_dtype);
 }
 

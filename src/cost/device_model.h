@@ -71,6 +71,11 @@ struct Calibration {
   bool p2p_blocking = false;                        // see above (2021 Megatron-LM)
   bool p2p_scatter_gather = false;                  // see above (2021 Megatron-LM)
   bool dp_reduce_after_backward = false;            // see above (2021 Megatron-LM, --DDP-impl local)
+  // Measured figures of one device that replace the preset's (<= 0: the preset's). `piper calibrate` writes both
+  // for a CPU core, whose turbo clock and caches beat the preset's base-clock peak and memcpy bandwidth; the
+  // fractions above are then of these figures. peak_flops_fp32 prices fp32 compute only.
+  double peak_flops_fp32 = 0;
+  double memory_bw_bytes_per_s = 0;
 
   static Result<Calibration> from_json(const Json& json, const std::string& what);
   static Result<Calibration> load(const std::string& path);

@@ -1,0 +1,39 @@
+// Where a command's device calibration comes from (docs/calibration.md, "Where the file lives").
+//
+// A calibration measured by `piper calibrate` describes the machine it ran on, so it is found without a flag only
+// for that machine: when the cluster is `local-cpu` (piper train, plan --local-ranks, and estimate/simulate/plan
+// with --cluster local-cpu). For any other cluster a file is used only when --calibration names it.
+//
+// The default file, in order:
+//   PIPER_CALIBRATION=FILE   that file (it must exist: the user asked for it);
+//   PIPER_CALIBRATION=none   no default file (the test suite sets this, so a developer's own calibration never
+//                            changes a test's numbers);
+//   otherwise                $XDG_CONFIG_HOME/piper/calibration/<hostname>.json, or ~/.config/piper/... when
+//                            XDG_CONFIG_HOME is unset; used when it exists (per host, so a home directory shared
+//                            between machines keeps one file per machine).
+#pragma once
+
+#include <string>
+
+#include "piper/base/status.h"
+#include "piper/cost/device_model.h"
+
+namespace piper::cli {
+
+struct DeviceCalibration {
+  cost::Calibration calibration;  // the defaults when no file applies
+  std::string path;               // the file read; empty: preset figures
+  std::string source;             // for the reports: "FILE (--calibration)", "FILE (default ...)", "preset figures ..."
+};
+
+// The default file's path for this machine, or "" under PIPER_CALIBRATION=none (or with neither HOME nor
+// XDG_CONFIG_HOME set). `explicit_env` says whether PIPER_CALIBRATION named it.
+std::string default_calibration_path(bool* explicit_env = nullptr);
+
+// --calibration FLAG (empty: not given) for a command on `cluster_name`; see the rules above.
+Result<DeviceCalibration> load_device_calibration(const std::string& flag, const std::string& cluster_name);
+
+// The name of the cluster preset whose calibration lives at the default location.
+inline constexpr const char* kThisMachineCluster = "local-cpu";
+
+}  // namespace piper::cli
