@@ -95,3 +95,12 @@ def test_missing_executable_is_not_found(monkeypatch):
     monkeypatch.setattr(training.shutil, "which", lambda name: None)
     with pytest.raises(piper.NotFound, match="no piper executable"):
         piper.train("tiny-moe", steps=1)
+
+
+def test_a_model_built_in_python_reaches_the_ranks(tiny):
+    # A Model from a dict has no file: piper.train writes its JSON for the ranks; same weights, same losses.
+    import json
+    copy = piper.Model(piper._core.model_from_text(json.dumps(tiny.to_dict()), "tiny-copy", "dict"))
+    assert copy._source is None
+    assert piper.train(copy, "microbatches=2,mbs=2", steps=2, seq=32).losses == \
+        piper.train(tiny, "microbatches=2,mbs=2", steps=2, seq=32).losses
