@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -267,12 +268,18 @@ std::string plan_report_svg(const Json& plan, double memory_fraction, int max_pl
 
 Status check_plan_report_path(const std::string& path) {
   const std::string lower = to_lower(path);
-  for (const char* ext : {".html", ".htm", ".svg"}) {
-    if (ends_with(lower, ext)) return ok_status();
+  if (!ends_with(lower, ".html") && !ends_with(lower, ".htm") && !ends_with(lower, ".svg")) {
+    return invalid_argument("--report " + elide(path) +
+                            ": the report is HTML (FILE.html) or SVG (FILE.svg); name the file with one of those "
+                            "extensions");
   }
-  return invalid_argument("--report " + elide(path) +
-                          ": the report is HTML (FILE.html) or SVG (FILE.svg); name the "
-                          "file with one of those extensions");
+  // Checked before a search that may take minutes, not found missing after it.
+  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
+  if (!dir.empty() && !std::filesystem::is_directory(dir)) {
+    return invalid_argument("--report " + elide(path) + ": directory '" + elide(dir.string()) +
+                            "' does not exist; create it or write the report elsewhere");
+  }
+  return ok_status();
 }
 
 Status write_plan_report(const std::string& path, const Json& plan, double memory_fraction) {

@@ -81,3 +81,6 @@ def test_bad_report_extension():
     with pytest.raises(piper.InvalidArgument) as e:
         piper.plan("tiny-moe", "dgx-h100", seq=128, global_batch=8, report="plans.pdf")
     assert str(e.value) == msg
+    assert cli_error(*PLAN, "--report", "/nonexistent/plans.html") == (
+        "--report /nonexistent/plans.html: directory '/nonexistent' does not exist; create it or write the report "
+        "elsewhere")
