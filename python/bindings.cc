@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <thread>
 #include <utility>
@@ -19,6 +20,7 @@
 #include "piper/cli/compile_input.h"
 #include "piper/cli/flags.h"
 #include "piper/cli/plan_outcome.h"
+#include "piper/cli/plan_report.h"
 #include "piper/cli/scenario.h"
 #include "piper/compile/compile.h"
 #include "piper/cost/estimate.h"
@@ -54,8 +56,49 @@ T take(Result<T> r) {
   return std::move(r).value();
 }
 
-// Through the JSON text: one conversion path for every result (nlohmann's object -> Python dict/list/str/number).
-py::object to_python(const std::string& dumped) { return py::module_::import("json").attr("loads")(dumped); }
+// nlohmann's object -> Python dict/list/str/number: the values json.loads(j.dump()) gives for the CLI's output (a
+// non-finite float as None: the dump writes null), built directly (dump + json.loads took a third of a
+// piper.estimate call; bench/python/estimate_calls.py). Needs the GIL.
+PyObject* new_python_value(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::boolean:
+      return PyBool_FromLong(j.get<bool>() ? 1 : 0);
+    case Json::value_t::number_integer:
+      return PyLong_FromLongLong(j.get<int64_t>());
+    case Json::value_t::number_unsigned:
+      return PyLong_FromUnsignedLongLong(j.get<uint64_t>());
+    case Json::value_t::number_float: {
+      const double v = j.get<double>();
+      if (std::isfinite(v)) return PyFloat_FromDouble(v);
+      Py_RETURN_NONE;
+    }
+    case Json::value_t::string: {
+      const std::string& v = j.get_ref<const std::string&>();
+      return PyUnicode_FromStringAndSize(v.data(), static_cast<Py_ssize_t>(v.size()));
+    }
+    case Json::value_t::array: {
+      PyObject* list = PyList_New(static_cast<Py_ssize_t>(j.size()));
+      Py_ssize_t i = 0;
+      for (const Json& v : j) PyList_SET_ITEM(list, i++, new_python_value(v));
+      return list;
+    }
+    case Json::value_t::object: {
+      PyObject* dict = PyDict_New();
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        PyObject* key = PyUnicode_FromStringAndSize(it.key().data(), static_cast<Py_ssize_t>(it.key().size()));
+        PyObject* value = new_python_value(it.value());
+        PyDict_SetItem(dict, key, value);
+        Py_DECREF(key);
+        Py_DECREF(value);
+      }
+      return dict;
+    }
+    default:
+      Py_RETURN_NONE;  // null (binary and discarded values do not occur in results)
+  }
+}
+
+py::object to_python(const Json& j) { return py::reinterpret_steal<py::object>(new_python_value(j)); }
 
 template <typename T>
 T opt_value(const py::dict& d, const char* key, T fallback) {
@@ -223,23 +266,69 @@ Json run_plan(const ModelSpec& model, ClusterSpec cluster, const py::dict& o) {
 // Runs `f` (which returns Json) without the GIL and converts its result with it.
 template <typename F>
 py::object released(F&& f) {
-  std::string dumped;
+  Json result;
   {
     py::gil_scoped_release release;
-    dumped = f().dump();
+    result = f();
   }
-  return to_python(dumped);
+  return to_python(result);
+}
+
+// A schedule written in Python (piper.register_schedule, piper/schedules.py). `generate(params)` returns the
+// directive list as JSON text; it is called under the GIL, from whichever thread compiles (the planner's threads
+// hold no GIL). `stages_per_rank` is a constant >= 1, or 0 for "the strategy's vpp". The Python callable is kept
+// for the life of the process, as C++ schedules are (the registry outlives the interpreter, so it never releases
+// the reference: a release after the interpreter finalised would crash at exit).
+void register_python_schedule(const std::string& name, const std::string& help, int stages_per_rank,
+                              const py::function& generate) {
+  const std::vector<std::string>& built_in = piper::schedule_names();
+  if (std::find(built_in.begin(), built_in.end(), name) != built_in.end()) {
+    throw StatusError{StatusCode::kInvalidArgument, "register_schedule: '" + name +
+                                                        "' is a built-in schedule and cannot be replaced; pick "
+                                                        "another name"};
+  }
+  PyObject* fn = generate.ptr();
+  Py_INCREF(fn);
+  schedules::ScheduleInfo info;
+  info.name = name;
+  info.help = help;
+  info.stages_per_rank = [stages_per_rank](const schedules::ScheduleParams& p) {
+    return stages_per_rank > 0 ? stages_per_rank : p.vpp;
+  };
+  info.generate = [fn, name](const schedules::ScheduleParams& p) -> Result<std::vector<ir::Directive>> {
+    std::string text;
+    {
+      py::gil_scoped_acquire gil;
+      try {
+        py::dict params;
+        params["pp"] = p.pp;
+        params["microbatches"] = p.microbatches;
+        params["vpp"] = p.vpp;
+        params["ep_overlap"] = p.ep_overlap;
+        text = py::reinterpret_borrow<py::function>(fn)(params).cast<std::string>();
+      } catch (py::error_already_set& e) {  // "Type: message", without pybind11's traceback lines
+        const std::string type = py::str(e.type().attr("__name__"));
+        return invalid_argument("the Python function raised " + type + ": " + std::string(py::str(e.value())));
+      } catch (const py::cast_error&) {
+        return internal_error("the Python wrapper returned no JSON text (piper/schedules.py)");
+      }
+    }
+    Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return internal_error("the Python wrapper returned invalid JSON (piper/schedules.py)");
+    return ir::directives_from_json(j, "schedule " + name + " (Python)");
+  };
+  schedules::register_schedule(std::move(info));
 }
 
 void define_specs(py::module_& m) {
   py::class_<ModelSpec>(m, "ModelSpec")
       .def_property_readonly("name", [](const ModelSpec& s) { return s.name; })
-      .def("to_json", [](const ModelSpec& s) { return to_python(to_json(s).dump()); });
+      .def("to_json", [](const ModelSpec& s) { return to_python(to_json(s)); });
   py::class_<ClusterSpec>(m, "ClusterSpec")
       .def_property_readonly("name", [](const ClusterSpec& c) { return c.name; })
       .def_property_readonly("num_nodes", [](const ClusterSpec& c) { return c.num_nodes; })
       .def_property_readonly("world_size", [](const ClusterSpec& c) { return c.world_size(); })
-      .def("to_json", [](const ClusterSpec& c) { return to_python(to_json(c).dump()); });
+      .def("to_json", [](const ClusterSpec& c) { return to_python(to_json(c)); });
   m.def("load_model", [](const std::string& name_or_path) { return take(load_model(name_or_path)); });
   m.def("model_from_text", [](const std::string& text, const std::string& name, const std::string& what) {
     return take(load_model_from_text(text, name, what));
@@ -253,7 +342,7 @@ void define_specs(py::module_& m) {
   // (canonical text, every key as JSON): Strategy::parse, whose to_string() parses back to the same strategy.
   m.def("parse_strategy", [](const std::string& text) {
     Strategy s = take(Strategy::parse(text));
-    return py::make_tuple(s.to_string(), to_python(s.to_json().dump()));
+    return py::make_tuple(s.to_string(), to_python(s.to_json()));
   });
 }
 
@@ -292,12 +381,29 @@ PYBIND11_MODULE(_core, m) {
     return released([&] { return strategy_directives_json(model, co); });
   });
   m.def("plan", [](const ModelSpec& model, const ClusterSpec& cluster, const py::dict& o) {
-    return to_python(run_plan(model, cluster, o).dump());
+    return to_python(run_plan(model, cluster, o));
+  });
+  // `piper plan --report FILE` from a plan's JSON (plan_report.h): the extension check, and the writer.
+  m.def("check_plan_report_path", [](const std::string& path) { check(cli::check_plan_report_path(path)); });
+  m.def("write_plan_report", [](const std::string& path, const std::string& plan, double memory_fraction) {
+    check(cli::write_plan_report(path, Json::parse(plan), memory_fraction));
   });
   m.def("schedule_names", [] { return schedules::schedule_names(); });
+  m.def("builtin_schedule_names", [] { return piper::schedule_names(); });
+  m.def("register_schedule", &register_python_schedule);
+  // A schedule's own directives (place + order), as the compiler asks for them (`piper schedule` prints them).
+  m.def("schedule_directives", [](const std::string& name, int pp, int microbatches, int vpp, bool ep_overlap) {
+    schedules::ScheduleParams p{pp, microbatches, vpp, ep_overlap};
+    std::vector<ir::Directive> d;
+    {
+      py::gil_scoped_release release;
+      d = take(schedules::schedule_directives(name, p));
+    }
+    return to_python(ir::directives_to_json(d)["directives"]);
+  });
   // The C++ reader's view of a directive list: parsed (errors as the CLI names them) and written back (the list of
   // the {"directives": [...]} object `piper compile --emit-directives` writes).
   m.def("read_directives", [](const std::string& json_text, const std::string& label) {
-    return to_python(ir::directives_to_json(parse_directives(json_text, label))["directives"].dump());
+    return to_python(ir::directives_to_json(parse_directives(json_text, label))["directives"]);
   });
 }

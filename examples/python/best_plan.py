@@ -25,12 +25,14 @@ def main(argv=None):
     p.add_argument("--verify-attempts", type=int, default=3, help="compilations per plan returned (as piper plan)")
     p.add_argument("--simulate-top", type=int, default=None, help="plans re-scored by the simulator (default: --top)")
     p.add_argument("--memory-png", help="also save the best plan's memory per pipeline rank as a PNG")
+    p.add_argument("--report", help="also write `piper plan --report`'s charts of the plans (.html or .svg)")
     a = p.parse_args(argv)
     try:
         model = piper.Model.from_hf_config(a.config)
         cluster = piper.Cluster.preset(a.cluster, nodes=a.nodes)
         result = piper.plan(model, cluster, global_batch=a.global_batch, seq=a.seq, top=a.top,
-                            verify_attempts=a.verify_attempts, simulate_top=a.simulate_top, local_search=0 if a.simulate_top == 0 else 8)
+                            verify_attempts=a.verify_attempts, simulate_top=a.simulate_top,
+                            local_search=0 if a.simulate_top == 0 else 8, report=a.report)
     except piper.Error as e:  # the CLI's one-line message
         print("error: %s" % e, file=sys.stderr)
         return 1
@@ -50,6 +52,8 @@ def main(argv=None):
     if a.memory_png:
         piper.plot.memory(best, a.memory_png)
         print("wrote %s" % a.memory_png)
+    if a.report:
+        print("wrote %s" % a.report)
     return 0
 
 

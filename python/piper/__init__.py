@@ -18,11 +18,14 @@ import os
 
 from . import _core
 from .directives import Directives, action, make_filter
+from .schedules import ScheduleParams, python_schedules, register_schedule, schedule, schedule_directives
+from .training import TrainResult, train
 from .errors import (DataLoss, DeadlineExceeded, Error, FailedPrecondition, Internal, InvalidArgument, NotFound,
                      OutOfRange, ResourceExhausted, Unavailable, Unimplemented)
 
 __all__ = ["Model", "Cluster", "Strategy", "Result", "Directives", "estimate", "simulate", "plan", "compile",
-           "action", "make_filter", "Error", "InvalidArgument", "NotFound", "OutOfRange", "FailedPrecondition",
+           "train", "TrainResult", "register_schedule", "schedule", "ScheduleParams", "python_schedules",
+           "schedule_directives", "action", "make_filter", "Error", "InvalidArgument", "NotFound", "OutOfRange", "FailedPrecondition",
            "DataLoss", "DeadlineExceeded", "Unavailable", "ResourceExhausted", "Unimplemented", "Internal"]
 
 
@@ -82,13 +85,15 @@ def _wrap(value):
 class Model:
     """A model spec: a preset name (configs/models), our JSON file, or a Hugging Face config.json."""
 
-    def __init__(self, spec):
+    def __init__(self, spec, source=None):
         self._spec = spec
+        self._source = source  # the preset name or file it was loaded from (piper.train passes it to the ranks)
 
     @classmethod
     def preset(cls, name):
         """A preset ("deepseek-v3", "mixtral-8x7b", ...) or a file path, as `piper info --model` takes it."""
-        return cls(_core.load_model(str(name)))
+        name = os.fspath(name) if hasattr(name, "__fspath__") else str(name)
+        return cls(_core.load_model(name), os.path.abspath(name) if os.path.exists(name) else name)
 
     load = preset
 
@@ -99,7 +104,7 @@ class Model:
         if isinstance(path_or_dict, dict):
             name = name or path_or_dict.get("_name_or_path") or path_or_dict.get("model_type") or "hf-config"
             return cls(_core.model_from_text(json.dumps(path_or_dict), str(name), "config dict"))
-        return cls(_core.load_model(os.fspath(path_or_dict)))
+        return cls.preset(path_or_dict)
 
     @property
     def name(self):
@@ -248,9 +253,13 @@ def simulate(model, cluster, strategy=None, *, nodes=None, directives=None, mesh
 
 def plan(model, cluster, *, nodes=None, global_batch, seq=None, top=5, schedules=None, threads=None, verify=True,
          verify_attempts=3, simulate_top=None, local_search=8, sim_budget_s=15.0, memory_fraction=0.95,
-         precision=None, calibration=None, domain_nodes=None):
+         precision=None, calibration=None, domain_nodes=None, report=None):
     """`piper plan --json`: the best strategies for a model on a cluster, best first (``.plans``; ``.best`` is the
-    first's Strategy). Raises piper.ResourceExhausted when nothing fits, with the CLI's message."""
+    first's Strategy). Raises piper.ResourceExhausted when nothing fits, with the CLI's message. ``report``:
+    also write `piper plan --report`'s charts to this .html or .svg file."""
+    if report is not None:
+        report = os.fspath(report)
+        _core.check_plan_report_path(report)
     o = dict(global_batch=global_batch, seq=seq, top=top, threads=threads, verify=verify, verify_attempts=verify_attempts,
              simulate_top=simulate_top, local_search=local_search, sim_budget_s=sim_budget_s,
              memory_fraction=memory_fraction, precision=precision, calibration=calibration,
@@ -261,6 +270,8 @@ def plan(model, cluster, *, nodes=None, global_batch, seq=None, top=5, schedules
         o["schedules"] = schedules.split(",") if isinstance(schedules, str) else list(schedules)
     r = _core.plan(_as_model(model)._spec, _as_cluster(cluster, nodes)._spec, {k: v for k, v in o.items()
                                                                                if v is not None})
+    if report is not None:
+        _core.write_plan_report(report, json.dumps(r), memory_fraction)
     return PlanResult(r, "plan")
 
 

@@ -16,6 +16,7 @@
 #include "piper/cli/flags.h"
 #include "piper/cli/local_plan.h"
 #include "piper/cli/plan_outcome.h"
+#include "piper/cli/plan_report.h"
 #include "piper/cli/plan_validate.h"
 #include "piper/cli/precision_flags.h"
 #include "piper/cli/train_report.h"
@@ -56,6 +57,7 @@ struct PlanOptions {
   int local_ranks = 0;  // 0: not given; > 0: plan for this many ranks on this machine (train_report.h local_cluster)
   bool runnable = false;
   std::string candidate, candidate_mesh;  // --candidate FILE --mesh M: a user's directive file, ranked too
+  std::string report;                     // --report FILE.html|FILE.svg (plan_report.h)
   PrecisionOptions precision;
   int domain_nodes = 0;  // 0: not given (the whole scale-up domain)
   int validate = 0;      // --validate K (plan_validate.h); 0: off
@@ -386,6 +388,9 @@ Status run_plan(const PlanOptions& o) {
     Status st = score_candidate(model, cluster, train, options.calibration, r, &candidate);
     if (!st.ok()) return st.with_context("--candidate " + o.candidate);
   }
+  if (!o.report.empty()) {
+    PIPER_RETURN_IF_ERROR(write_plan_report(o.report, plan_json(model, cluster, train, r), options.memory_fraction));
+  }
   if (o.json) {
     Json j = plan_json(model, cluster, train, r);
     if (candidate.given) j["candidate"] = candidate.to_json();
@@ -456,10 +461,17 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
   add_int_option(sub, "--validate-steps", &o->validate_steps, {2, 1000, "training steps per validated plan"},
                  "--validate: steps each plan trains (the first is not timed)")
       ->capture_default_str();
+  sub->add_option("--report", o->report,
+                  "also write the plans as charts: FILE.html (table, step-time breakdown, memory per rank; inline "
+                  "SVG, no other files) or FILE.svg");
   sub->add_flag("--json", o->json, "print one JSON object");
   add_domain_option(sub, &o->domain_nodes);
   add_precision_options(sub, &o->precision);
   return std::function<Status()>([o] {
+    if (!o->report.empty()) {
+      if (o->disaggregate) return invalid_argument("--report charts the strategy search's plans; drop --disaggregate");
+      PIPER_RETURN_IF_ERROR(check_plan_report_path(o->report));
+    }
     if (o->disaggregate && !o->candidate.empty()) {
       return invalid_argument("--candidate ranks a plan with the strategy search; drop --disaggregate");
     }

@@ -24,3 +24,9 @@ def test_cmake_install_then_import(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip() == "2"
+    # piper.train of the installed package runs the installed executable.
+    code = "import piper.training as t; print(t.executable())"
+    env = {k: v for k, v in env.items() if k != "PIPER_BIN"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == str(tmp_path / "bin" / "piper")
