@@ -4,11 +4,14 @@
 // events per CPU second, and, as a baseline measured in the same run, the same model and schedule on 16 ranks
 // (dp = ep = 1: no collectives). The 1,024-rank case runs twice, with FluidNet's local rate recomputation (the
 // default) and with the reference (SimOptions::reference_rates: every flow at each change); the bench prints the
-// CPU-time ratio and the two step times. Not a test: no assertion on time.
+// CPU-time ratio and the two step times, and a third time with every pipeline slice's collective templates built
+// (SimOptions::reuse_slice_templates = false, the former path) against translated ones (the default): the CPU-time
+// ratio and whether the step times are identical. Not a test: no assertion on time.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <string>
 
 #include "piper/base/check.h"
 #include "piper/compile/compile.h"
@@ -28,7 +31,8 @@ struct Figures {
   double cpu_s = 0, step_s = 0;
 };
 
-Figures run(const piper::ModelSpec& model, int nodes, const std::string& text, bool reference = false) {
+Figures run(const piper::ModelSpec& model, int nodes, const std::string& text, bool reference = false,
+            bool reuse_slices = true) {
   auto cluster = piper::load_cluster("h800", nodes);
   PIPER_CHECK_OK(cluster.status());
   auto s = piper::Strategy::parse(text);
@@ -53,12 +57,13 @@ Figures run(const piper::ModelSpec& model, int nodes, const std::string& text, b
   const std::clock_t c0 = std::clock();
   piper::sim::SimOptions options;
   options.reference_rates = reference;
+  options.reuse_slice_templates = reuse_slices;
   auto r = piper::sim::simulate_plan(compiled->plan, compiled->graph, *net, *task_time, options);
   PIPER_CHECK_OK(r.status());
   const double sim_s = seconds_since(t0);
   const double cpu_s = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
-  std::printf("%s on %d ranks (%zu simulated)%s\n", text.c_str(), compiled->plan.world_size, r->ranks.size(),
-              reference ? ", reference rates" : "");
+  std::printf("%s on %d ranks (%zu simulated)%s%s\n", text.c_str(), compiled->plan.world_size, r->ranks.size(),
+              reference ? ", reference rates" : "", reuse_slices ? "" : ", every slice's templates built");
   // Events: instructions executed + flows started (each also ends) + max-min recomputations.
   const double events = static_cast<double>(r->instructions + 2 * r->flows + r->rate_updates);
   std::printf(
@@ -72,14 +77,22 @@ Figures run(const piper::ModelSpec& model, int nodes, const std::string& text, b
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
   auto model = piper::load_model("deepseek-v3");
   PIPER_CHECK_OK(model.status());
   const char* big_case = "dp=64,pp=16,ep=64,zero=1,schedule=1f1b,microbatches=32";
+  if (argc > 1 && std::string(argv[1]) == "--only-local") {  // for profilers: the 1,024-rank case alone
+    run(*model, 128, big_case);
+    return 0;
+  }
   const Figures base = run(*model, 2, "dp=1,pp=16,ep=1,zero=0,schedule=1f1b,microbatches=32");
   const Figures ref = run(*model, 128, big_case, /*reference=*/true);
+  const Figures rebuilt = run(*model, 128, big_case, /*reference=*/false, /*reuse_slices=*/false);
   const Figures big = run(*model, 128, big_case);
   std::printf("1,024-rank simulation / 16-rank baseline: %.0fx CPU time\n", big.cpu_s / base.cpu_s);
+  std::printf("templates translated between slices / built for every slice (1,024 ranks): %.2fx CPU time; step "
+              "times %s\n",
+              big.cpu_s / rebuilt.cpu_s, big.step_s == rebuilt.step_s ? "identical" : "DIFFER");
   std::printf("local rates / reference rates (1,024 ranks): %.2fx CPU time; step times differ by %.2g (relative)\n",
               big.cpu_s / ref.cpu_s, std::abs(big.step_s - ref.step_s) / ref.step_s);
   return 0;

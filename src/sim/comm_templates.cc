@@ -237,6 +237,15 @@ Result<const FlowTemplate*> CommTemplates::collective(int rank, ir::NodeKind kin
   const int pp = plan_->coords[static_cast<size_t>(rank)].pp;
   auto key = std::make_tuple(static_cast<int>(kind), axis, algorithm, reduced_ ? pp : mine.front());
   if (auto it = cache_.find(key); it != cache_.end()) return it->second.get();
+  if (reduced_ && mine.size() > 1) {
+    if (std::unique_ptr<FlowTemplate> moved = translated_collective(kind, axis, algorithm, pp)) {
+      const FlowTemplate* out = moved.get();
+      cache_.emplace(key, std::move(moved));
+      ++translated_;
+      return out;
+    }
+    built_pp_.emplace(std::make_tuple(static_cast<int>(kind), axis, algorithm), pp);
+  }
   FlowSim scratch(net_->link_bandwidths());
   auto t = std::make_unique<FlowTemplate>();
   PIPER_ASSIGN_OR_RETURN(std::vector<std::vector<int>> own, add_instance(&scratch, kind, algorithm, mine));
@@ -264,6 +273,68 @@ Result<const FlowTemplate*> CommTemplates::collective(int rank, ir::NodeKind kin
   const FlowTemplate* out = t.get();
   cache_.emplace(key, std::move(t));
   return out;
+}
+
+std::unique_ptr<FlowTemplate> CommTemplates::translated_collective(ir::NodeKind kind, const std::string& axis,
+                                                                   const std::string& algorithm, int pp) {
+  if (!reuse_slices_) return nullptr;
+  auto built = built_pp_.find(std::make_tuple(static_cast<int>(kind), axis, algorithm));
+  if (built == built_pp_.end()) return nullptr;
+  const int dpn = net_->devices_per_node();
+  if (slice_size() % dpn != 0) return nullptr;  // slices share nodes
+  auto base = cache_.find(std::make_tuple(static_cast<int>(kind), axis, algorithm, built->second));
+  if (base == cache_.end()) return nullptr;
+  const int offset = (pp - built->second) * (slice_size() / dpn);
+  // Nodes per fabric group and per scale-up domain (the first node of group / domain 1): the move must keep both.
+  int per_group = net_->num_nodes(), per_domain = net_->num_nodes();
+  for (int n = net_->num_nodes() - 1; n > 0; --n) {
+    if (net_->group_of_node(n) != net_->group_of_node(0)) per_group = n;
+    if (net_->domain_of_node(n) != net_->domain_of_node(0)) per_domain = n;
+  }
+  if (offset % per_group != 0 && net_->num_groups() > 1) return nullptr;
+  if (offset % per_domain != 0 && per_domain < net_->num_nodes()) return nullptr;
+  return translate(*base->second, offset);
+}
+
+std::unique_ptr<FlowTemplate> CommTemplates::translate(const FlowTemplate& base, int node_offset) {
+  const std::vector<Link>& links = net_->links();
+  if (link_ids_.empty()) {
+    for (size_t l = 0; l < links.size(); ++l) {
+      link_ids_.emplace(std::make_tuple(static_cast<int>(links[l].kind), links[l].node, links[l].index, links[l].peer),
+                        static_cast<int>(l));
+    }
+  }
+  int per_group = net_->num_nodes();
+  for (int n = net_->num_nodes() - 1; n > 0; --n) {
+    if (net_->group_of_node(n) != net_->group_of_node(0)) per_group = n;
+  }
+  std::unordered_map<int, int> moved;
+  auto move = [&](int l) -> int {
+    if (auto it = moved.find(l); it != moved.end()) return it->second;
+    const Link& from = links[static_cast<size_t>(l)];
+    int node = from.node, index = from.index;
+    if (node >= 0) {
+      node += node_offset;
+    } else if (net_->num_groups() > 1) {  // fabric and global links belong to a group
+      index += node_offset / per_group;
+    }
+    auto it = link_ids_.find(std::make_tuple(static_cast<int>(from.kind), node, index, from.peer));
+    int to = -1;
+    if (it != link_ids_.end()) {
+      const Link& l2 = links[static_cast<size_t>(it->second)];
+      if (l2.bw_bytes_per_s == from.bw_bytes_per_s && l2.latency_s == from.latency_s) to = it->second;
+    }
+    moved.emplace(l, to);
+    return to;
+  };
+  auto t = std::make_unique<FlowTemplate>(base);
+  for (FlowTemplate::Flow& f : t->flows) {
+    for (Hop& h : f.hops) {
+      h.link = move(h.link);
+      if (h.link < 0) return nullptr;
+    }
+  }
+  return t;
 }
 
 Result<const FlowTemplate*> CommTemplates::p2p(int src_rank, int dst_rank) {

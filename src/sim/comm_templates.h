@@ -60,6 +60,14 @@ class CommTemplates {
   Result<const FlowTemplate*> m2n(int src_rank, int dst_pp);
 
   int num_templates() const { return static_cast<int>(cache_.size()); }
+  // Representative templates of collectives (reduced mode): the pipeline slices of a plan run the same groups on
+  // whole nodes, so pipeline rank pp's template is pipeline rank p0's with every link moved by (pp - p0) x the
+  // slice's nodes, when that move keeps every link's kind, bandwidth and latency and the fabric groups and scale-up
+  // domains (the offset is a whole number of each). Such templates are translated instead of rebuilt from every
+  // group instance of the slice (the same flows, bytes, weights and dependencies: CommTemplatesTest checks them
+  // against rebuilt ones). Off: every pipeline rank's templates are built (SimOptions::reuse_slice_templates).
+  void set_reuse_slices(bool on) { reuse_slices_ = on; }
+  int num_translated() const { return translated_; }
 
  private:
   CommTemplates(const Network& net, const compile::Plan& plan, bool reduced) : net_(&net), plan_(&plan), reduced_(reduced) {}
@@ -68,11 +76,19 @@ class CommTemplates {
                                         const std::vector<int>& ranks) const;
   std::vector<std::vector<int>> ring_channels(const std::vector<int>& ranks) const;
   int slice_size() const { return plan_->mesh.dp * plan_->mesh.tp; }
+  // `base` with every link moved by node_offset nodes; nullptr when a moved link does not exist or differs.
+  std::unique_ptr<FlowTemplate> translate(const FlowTemplate& base, int node_offset);
+  std::unique_ptr<FlowTemplate> translated_collective(ir::NodeKind kind, const std::string& axis,
+                                                      const std::string& algorithm, int pp);
 
   const Network* net_;
   const compile::Plan* plan_;
   bool reduced_;
   std::map<std::tuple<int, std::string, std::string, int>, std::unique_ptr<FlowTemplate>> cache_;
+  bool reuse_slices_ = true;
+  int translated_ = 0;
+  std::map<std::tuple<int, std::string, std::string>, int> built_pp_;  // the pipeline rank a shape was built for
+  std::map<std::tuple<int, int, int, int>, int> link_ids_;             // (kind, node, index, peer) -> link
 };
 
 // Representative flows with aggregate weights (see above). `instances[0]` is the representative's instance;

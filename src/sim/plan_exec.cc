@@ -495,6 +495,7 @@ Result<SimResult> simulate_plan(const compile::Plan& plan, const ir::Graph& grap
                             " is not pp*dp*tp = " + std::to_string(plan.mesh.pp * plan.mesh.dp * plan.mesh.tp));
   }
   PIPER_ASSIGN_OR_RETURN(CommTemplates templates, CommTemplates::create(net, plan, !options.full));
+  templates.set_reuse_slices(options.reuse_slice_templates);
   std::vector<TemplateInfo> infos;
   for (size_t t = 0; t < plan.templates.size(); ++t) {
     PIPER_ASSIGN_OR_RETURN(TemplateInfo info, prepare(plan.templates[t], static_cast<int>(t), graph, task_time));

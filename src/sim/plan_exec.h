@@ -61,6 +61,10 @@ struct SimOptions {
   // JSON: about as long as the simulation itself and several times its memory on a 2,048-rank DualPipeV plan).
   // Only `piper train`'s predicted-against-measured report reads it; the planner and `piper simulate` turn it off.
   bool plan_hash = true;
+  // Representative ranks: translate a collective's flow template from another pipeline slice's instead of building
+  // it from every group instance of the slice (CommTemplates::set_reuse_slices; same templates, so the same step
+  // times). false: the former path, for tests and bench/sim's baseline.
+  bool reuse_slice_templates = true;
 };
 
 using compile::InstrSpan;     // compile/timeline.h: the measured timeline's type too

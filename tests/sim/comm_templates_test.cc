@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
+#include <tuple>
 
 #include "test_clusters.h"
 
@@ -133,6 +135,64 @@ TEST(CommTemplatesTest, AllToAllAndAllReduceOnTheSameNicContend) {
   // Sharing loses little: together they take about as long as one after the other (max-min is not perfectly
   // work-conserving across different bottleneck links).
   EXPECT_LE(std::max(both[0], both[1]), (a2a_alone + ar_alone) * 1.05);
+}
+
+// Pipeline slices on whole nodes run the same groups, so a slice's collective templates are another slice's with
+// the links moved (CommTemplates::set_reuse_slices). Every translated template must equal the one built from the
+// slice's own group instances: same flows, hops (links and weights), bytes, latencies and dependencies. Cases: one
+// fabric group; several groups that the move keeps (2 nodes per slice, 2 per group); slices of half a group (moves
+// by two slices are whole groups: translated, the others built); groups of 3 nodes (only the move by 6 nodes is
+// whole groups, onto the partial last group: the templates that cross its narrower fabric are built, those inside a
+// node translated); a partial last group whose fabric is narrower (built); slices that share a node (built).
+TEST(CommTemplatesTest, TranslatedSliceTemplatesEqualBuiltOnes) {
+  struct Case {
+    int nodes, gpus, nics, per_group, pp, dp, ep, tp;
+    bool translates;
+  };
+  for (const Case& k : {Case{4, 4, 2, 0, 4, 4, 4, 1, true}, Case{8, 4, 2, 2, 4, 8, 4, 1, true},
+                        Case{8, 4, 2, 4, 4, 4, 2, 2, true}, Case{8, 4, 2, 3, 4, 8, 4, 1, true},
+                        Case{6, 4, 2, 4, 3, 8, 8, 1, false},
+                        Case{2, 4, 2, 0, 4, 2, 2, 1, false}}) {
+    ClusterSpec c = testing::make_cluster(k.nodes, k.gpus, 400e9, k.nics, 50e9, 2e-6, 5e-6);
+    c.fabric.nodes_per_group = k.per_group;
+    c.fabric.intra_group_taper = 1.5;
+    Network net = Network::build(c).value();
+    compile::Plan plan = make_plan(k.pp, k.dp, k.ep, k.tp);
+    CommTemplates moved = CommTemplates::create(net, plan, true).value();
+    CommTemplates built = CommTemplates::create(net, plan, true).value();
+    built.set_reuse_slices(false);
+    const std::string at = std::to_string(k.nodes) + " nodes, pp=" + std::to_string(k.pp) + " dp=" +
+                           std::to_string(k.dp) + " tp=" + std::to_string(k.tp) + " per group " +
+                           std::to_string(k.per_group);
+    for (auto [kind, axis, algorithm] :
+         {std::make_tuple(ir::NodeKind::kAllReduce, "dp", "ring"), std::make_tuple(ir::NodeKind::kAllToAll, "ep", "flat"),
+          std::make_tuple(ir::NodeKind::kAllToAll, "ep", "halo"), std::make_tuple(ir::NodeKind::kReduceScatter, "dp", "ring"),
+          std::make_tuple(ir::NodeKind::kAllGather, "tp", "ring")}) {
+      if (std::string(axis) == "tp" && k.tp == 1) continue;
+      for (int pp = 0; pp < k.pp; ++pp) {
+        const int rank = pp * k.dp * k.tp;
+        auto a = moved.collective(rank, kind, axis, algorithm);
+        auto b = built.collective(rank, kind, axis, algorithm);
+        ASSERT_TRUE(a.ok() && b.ok()) << at << " " << axis;
+        ASSERT_EQ((*a)->flows.size(), (*b)->flows.size()) << at << " " << axis << " pp " << pp;
+        for (size_t f = 0; f < (*a)->flows.size(); ++f) {
+          const FlowTemplate::Flow& x = (*a)->flows[f];
+          const FlowTemplate::Flow& y = (*b)->flows[f];
+          EXPECT_EQ(x.bytes, y.bytes);
+          EXPECT_EQ(x.latency_s, y.latency_s);
+          EXPECT_EQ(x.after, y.after);
+          EXPECT_EQ(x.children, y.children);
+          ASSERT_EQ(x.hops.size(), y.hops.size()) << at << " " << axis << " pp " << pp << " flow " << f;
+          for (size_t h = 0; h < x.hops.size(); ++h) {
+            EXPECT_EQ(x.hops[h].link, y.hops[h].link) << at << " " << axis << " pp " << pp << " flow " << f;
+            EXPECT_EQ(x.hops[h].weight, y.hops[h].weight);
+          }
+        }
+      }
+    }
+    EXPECT_EQ(built.num_translated(), 0);
+    EXPECT_EQ(moved.num_translated() > 0, k.translates) << at << ": " << moved.num_translated() << " translated";
+  }
 }
 
 TEST(CommTemplatesTest, TooFewDevicesIsAnError) {

@@ -222,6 +222,32 @@ TEST(PlanExecTest, RepresentativeRanksEqualTheFullSimulation) {
   }
 }
 
+// Pipeline slices of one node each: every slice's collective templates after the first are translated from it
+// (CommTemplates::set_reuse_slices); the simulation must be the same to the bit as with every template built.
+TEST(PlanExecTest, SliceTemplateReuseGivesTheSameSimulation) {
+  ModelSpec m = model("tiny-moe");
+  for (const char* text : {"dp=4,ep=4,pp=2,zero=1,microbatches=4", "dp=4,ep=4,pp=2,a2a=halo,microbatches=4",
+                           "dp=2,ep=2,tp=2,sp=1,pp=2,zero=2,microbatches=2"}) {
+    ClusterSpec c = testing::make_cluster(2, 4, 100e9, 2, 5e9, 2e-6, 5e-6);
+    c.device = cluster("dgx-h100", 1).device;
+    Strategy s = strategy(text);
+    SimOptions moved, built;
+    built.reuse_slice_templates = false;
+    auto a = simulate(m, c, train(512), s, {}, moved);
+    auto b = simulate(m, c, train(512), s, {}, built);
+    ASSERT_TRUE(a.ok()) << text << ": " << a.status().message();
+    ASSERT_TRUE(b.ok()) << text << ": " << b.status().message();
+    EXPECT_EQ(a->step_time_s, b->step_time_s) << text;
+    EXPECT_EQ(a->sim.flows, b->sim.flows) << text;
+    EXPECT_EQ(a->sim.rate_updates, b->sim.rate_updates) << text;
+    ASSERT_EQ(a->sim.ranks.size(), b->sim.ranks.size());
+    for (size_t k = 0; k < a->sim.ranks.size(); ++k) {
+      EXPECT_EQ(a->sim.ranks[k].exposed_comm_s, b->sim.ranks[k].exposed_comm_s) << text << " rank " << k;
+      EXPECT_EQ(a->sim.ranks[k].busy_s, b->sim.ranks[k].busy_s) << text << " rank " << k;
+    }
+  }
+}
+
 // GPipe keeps every microbatch's activations until its backward: rank 0's peak is its static bytes plus m times
 // one microbatch's activation allocations.
 // DualPipeV hides the EP all-to-all behind compute where 1F1B exposes it. A DeepSeek-V3-like model: its MoE layer
