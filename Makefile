@@ -4,13 +4,17 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: run test build setup clean fault-matrix sanitize fuzz fidelity
+.PHONY: run test build setup clean fault-matrix sanitize fuzz fidelity property-large
 
 run: build
 	. scripts/env.sh && scripts/main-job.sh $(BUILD)/src/cli/piper
 
 test: build
 	. scripts/env.sh && cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 600
+
+# The larger random draw of the strategy property test (128 strategies on 2, 4 and 8 ranks; tests/runtime).
+property-large: build
+	. scripts/env.sh && cd $(BUILD) && ctest -C property-large -L property-large --output-on-failure --timeout 1800
 
 build: setup
 	@if [ ! -f $(BUILD)/build.ninja ]; then cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS); fi

@@ -20,6 +20,7 @@
 #include "piper/cli/plan_validate.h"
 #include "piper/cli/precision_flags.h"
 #include "piper/cli/train_report.h"
+#include "piper/planner/af_refine.h"
 #include "piper/planner/disaggregate.h"
 #include "piper/planner/domain.h"
 #include "piper/planner/rescore.h"
@@ -46,6 +47,7 @@ struct PlanOptions {
   std::string comm_calibration;
   bool json = false;
   bool disaggregate = false;
+  int af_local_search = 8;  // simulations the local search around the best allocation may spend
   bool no_verify = false;
   bool no_memory_screen = false;
   int verify_attempts = 3;
@@ -191,38 +193,6 @@ void print_allocation(const char* label, const planner::AfAllocation& a) {
   std::printf("    strategy %s\n", c.strategy().to_string().c_str());
 }
 
-// Re-scoring with the simulator: the compiler lowers af-pipe only with attn_ranks = ffn_ranks (every pipeline
-// rank of a plan runs on dp*tp ranks), so the allocations simulated are the even ones among the roofline's best
-// (the best allocation when it is even, and the best even split); an uneven one says why it is not simulated.
-struct AfRescored {
-  std::string name;
-  planner::AfAllocation alloc;
-  double sim_step_s = 0;
-  std::string why;  // not simulated: the reason
-};
-
-AfRescored rescore_af(const std::string& name, const planner::AfAllocation& a, const ModelSpec& model,
-                      const ClusterSpec& cluster, const TrainSpec& train, const cost::Calibration& calibration) {
-  AfRescored x{name, a, 0, ""};
-  Strategy s = a.candidate.strategy();
-  const int64_t per_mb = static_cast<int64_t>(s.dp) * s.microbatches;
-  if (per_mb > 0 && train.global_batch % per_mb == 0) s.mbs = static_cast<int>(train.global_batch / per_mb);
-  if (s.attn_ranks != s.ffn_ranks) {
-    x.why = "attn_ranks=" + std::to_string(s.attn_ranks) + " != ffn_ranks=" + std::to_string(s.ffn_ranks) +
-            ": the compiler lowers equal groups only";
-    return x;
-  }
-  planner::SearchOptions so;
-  so.calibration = calibration;
-  Result<double> t = planner::simulate_step_time(model, cluster, train, s, so);
-  if (!t.ok()) {
-    x.why = t.status().message();
-  } else {
-    x.sim_step_s = *t;
-  }
-  return x;
-}
-
 Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const ClusterSpec& cluster,
                         const TrainSpec& train, const cost::Calibration& calibration) {
   planner::AfOptions options;
@@ -240,11 +210,33 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
   auto cands = af.candidates(nullptr);
   PIPER_ASSIGN_OR_RETURN(planner::AfAllocation oracle, planner::enumerate_allocation(af, cands));
   const bool agrees = std::abs(oracle.objective - r.best.objective) <= 1e-9 * std::abs(oracle.objective);
-  std::vector<AfRescored> rescored = {rescore_af("best", r.best, model, cluster, train, calibration)};
+  // Re-scoring with the simulator (planner/af_refine.h): the best allocation, the best even one, and a local
+  // search around the best.
+  planner::SearchOptions so;
+  so.calibration = calibration;
+  std::vector<planner::AfScored> rescored = {planner::score_allocation("best", r.best, model, cluster, train, so)};
   if (r.has_even &&
       !(r.even.candidate.attn == r.best.candidate.attn && r.even.candidate.pp == r.best.candidate.pp &&
         r.even.candidate.ep == r.best.candidate.ep && r.even.candidate.microbatches == r.best.candidate.microbatches)) {
-    rescored.push_back(rescore_af("even", r.even, model, cluster, train, calibration));
+    rescored.push_back(planner::score_allocation("even", r.even, model, cluster, train, so));
+  }
+  if (r.best.candidate.attn == r.best.candidate.ffn) {
+    // The roofline's best uneven allocation too, so that an uneven plan is simulated beside an even best.
+    std::vector<planner::AfCandidate> uneven;
+    for (const auto& c : cands) {
+      if (c.attn != c.ffn) uneven.push_back(c);
+    }
+    auto u = planner::enumerate_allocation(af, uneven);
+    if (!uneven.empty() && u.ok()) {
+      rescored.push_back(planner::score_allocation("uneven", *u, model, cluster, train, so));
+    }
+  }
+  const planner::AfLocalSearch walk =
+      planner::af_local_search(af, rescored.front(), model, cluster, train, so, o.af_local_search);
+  if (rescored.front().simulated()) {
+    planner::AfScored found = walk.best;
+    found.name = "local";
+    rescored.push_back(found);
   }
   if (o.json) {
     Json j = r.to_json();
@@ -261,9 +253,12 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
     j["enumeration"] = oracle.to_json();
     j["enumeration_agrees"] = agrees;
     Json sims = Json::array();
-    for (const AfRescored& x : rescored) {
+    for (const planner::AfScored& x : rescored) {
       Json e{{"allocation", x.name},
-             {"strategy", x.alloc.candidate.strategy().to_string()},
+             {"strategy", x.strategy.to_string()},
+             {"uneven", x.alloc.candidate.attn != x.alloc.candidate.ffn},
+             {"attn_gpus", x.alloc.candidate.attn},
+             {"ffn_gpus", x.alloc.candidate.ffn},
              {"roofline_step_time_s", x.alloc.step_time_s}};
       if (x.why.empty()) {
         e["simulated_step_time_s"] = x.sim_step_s;
@@ -273,6 +268,19 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
       sims.push_back(e);
     }
     j["simulated"] = sims;
+    Json tried = Json::array();
+    for (const planner::AfScored& x : walk.tried) {
+      Json e{{"strategy", x.strategy.to_string()},
+             {"attn_gpus", x.alloc.candidate.attn},
+             {"ffn_gpus", x.alloc.candidate.ffn}};
+      if (x.simulated()) {
+        e["simulated_step_time_s"] = x.sim_step_s;
+      } else {
+        e["not_simulated"] = x.why;
+      }
+      tried.push_back(e);
+    }
+    j["local_search"] = {{"simulations", walk.simulations}, {"moves", walk.moves}, {"tried", tried}};
     print_json(j.dump(2));
   } else {
     std::printf(
@@ -297,15 +305,27 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
         "FLOP/B vs %.0f -> %s-bound\n",
         r.attn_intensity, r.attn_balance, r.attn_intensity < r.attn_balance ? "network" : "compute", r.attn_turning_seq,
         r.ffn_intensity, r.ffn_balance, r.ffn_intensity < r.ffn_balance ? "network" : "compute");
-    for (const AfRescored& x : rescored) {
-      if (x.why.empty()) {
-        std::printf("simulate %-5s %s: %s (roofline %s, x%.2f)\n", x.name.c_str(),
-                    x.alloc.candidate.strategy().to_string().c_str(), format_seconds(x.sim_step_s).c_str(),
+    for (const planner::AfScored& x : rescored) {
+      const auto& c = x.alloc.candidate;
+      if (x.simulated()) {
+        std::printf("simulate %-6s %s A:F %d:%d GPUs: %s (roofline %s, x%.2f)  %s\n", x.name.c_str(),
+                    c.attn == c.ffn ? "even  " : "uneven", c.attn, c.ffn, format_seconds(x.sim_step_s).c_str(),
                     format_seconds(x.alloc.step_time_s).c_str(),
-                    x.alloc.step_time_s > 0 ? x.sim_step_s / x.alloc.step_time_s : 0.0);
+                    x.alloc.step_time_s > 0 ? x.sim_step_s / x.alloc.step_time_s : 0.0, x.strategy.to_string().c_str());
       } else {
-        std::printf("simulate %-5s not simulated: %s\n", x.name.c_str(), x.why.c_str());
+        std::printf("simulate %-6s %s A:F %d:%d GPUs not simulated: %s\n", x.name.c_str(),
+                    c.attn == c.ffn ? "even  " : "uneven", c.attn, c.ffn, x.why.c_str());
       }
+    }
+    for (const planner::AfScored& x : walk.tried) {
+      const auto& c = x.alloc.candidate;
+      std::printf("  tried  A:F %d:%d GPUs, pp %d, recompute %s: %s\n", c.attn, c.ffn, c.pp, to_string(c.recompute),
+                  x.simulated() ? format_seconds(x.sim_step_s).c_str() : ("not simulated: " + x.why).c_str());
+    }
+    if (rescored.front().simulated()) {
+      std::printf("local    search around the best: %d simulations, %d improving moves (neighbouring GPU splits, "
+                  "recomputation, pp; the simulator does not use the port split)\n",
+                  walk.simulations, walk.moves);
     }
     std::printf("note     af-pipe plans are not scored by `piper estimate` (no closed form)\n");
   }
@@ -452,6 +472,9 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
   sub->add_option("--af-placement", o->af_placement,
                   "disaggregation: spread (groups share nodes, NICs split freely) or node (whole nodes per group)")
       ->capture_default_str();
+  add_int_option(sub, "--af-local-search", &o->af_local_search, {0, 64, "simulations"},
+                 "disaggregation: simulations the local search around the best allocation may spend (0: none)")
+      ->capture_default_str();
   sub->add_option("--solver", o->solver, "disaggregation solver: cbc (MILP) or enumeration")->capture_default_str();
   sub->add_option("--candidate", o->candidate, "also simulate this directive file and rank it with the searched plans");
   sub->add_option("--mesh", o->candidate_mesh, "with --candidate: pp=P[,vpp=V,dp=D,ep=E,tp=T]");
@@ -494,10 +517,9 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
     }
     if (o->disaggregate && o->runnable) {
       return invalid_argument(
-          "--runnable with --disaggregate: the allocator splits GPUs and NICs between unequal attention and FFN "
-          "groups, which the compiler does not lower yet (it needs attn_ranks = ffn_ranks); the runtime runs af-pipe "
-          "with equal groups: piper train --strategy dp=D,ep=E,pp=P,schedule=af-pipe,disagg=1,attn_ranks=D*P,"
-          "ffn_ranks=D*P --ranks 2*D*P");
+          "--runnable with --disaggregate: the allocator sizes GPU clusters, not this machine's ranks; train an "
+          "af-pipe plan on this machine with piper train --strategy dp=D,ep=E,pp=P,schedule=af-pipe,disagg=1,"
+          "attn_ranks=D*P,ffn_ranks=D*F --ranks D*(P+F)");
     }
     return run_plan(*o);
   });

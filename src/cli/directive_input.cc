@@ -22,8 +22,11 @@ Result<ir::MeshInfo> parse_mesh(const std::string& text) {
                  : key == "dp"  ? &mesh.dp
                  : key == "ep"  ? &mesh.ep
                  : key == "tp"  ? &mesh.tp
+                 : key == "stages" ? &mesh.stages
                                 : nullptr;
-    if (field == nullptr) return invalid_argument("--mesh: unknown axis '" + key + "'; use pp, vpp, dp, ep, tp");
+    if (field == nullptr) {
+      return invalid_argument("--mesh: unknown axis '" + key + "'; use pp, vpp, dp, ep, tp (or stages)");
+    }
     *field = static_cast<int>(v);
   }
   const int64_t world = static_cast<int64_t>(mesh.pp) * mesh.dp * mesh.tp;
@@ -34,6 +37,7 @@ Result<ir::MeshInfo> parse_mesh(const std::string& text) {
   if (mesh.dp % mesh.ep != 0) {
     return invalid_argument("--mesh: ep=" + std::to_string(mesh.ep) + " must divide dp=" + std::to_string(mesh.dp));
   }
+  if (mesh.stages == mesh.pp * mesh.vpp) mesh.stages = 0;  // stages= is for a count that pp*vpp cannot give
   return mesh;
 }
 

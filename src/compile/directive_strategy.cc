@@ -37,14 +37,16 @@ Strategy settings_of(const ir::MeshInfo& mesh, const std::vector<ir::Directive>&
       s.disaggregate = true;
       s.schedule = "af-pipe";
       s.pp = dg->attn_groups;
-      s.attn_ranks = s.ffn_ranks = s.dp * s.tp * s.pp;
+      s.attn_ranks = s.dp * s.tp * dg->attn_groups;
+      s.ffn_ranks = s.dp * s.tp * dg->ffn_groups;
     }
   }
   return s;
 }
 
 bool same_mesh(const ir::MeshInfo& a, const ir::MeshInfo& b) {
-  return a.pp == b.pp && a.vpp == b.vpp && a.dp == b.dp && a.ep == b.ep && a.tp == b.tp && a.fold == b.fold;
+  return a.pp == b.pp && a.vpp == b.vpp && a.dp == b.dp && a.ep == b.ep && a.tp == b.tp && a.fold == b.fold &&
+         a.num_stages() == b.num_stages();
 }
 
 // Schedule variants of `base` on the mesh that validate, in the order they are tried.

@@ -67,14 +67,14 @@ Json Plan::to_json() const {
   }
   Json coord_list = Json::array();
   for (const RankCoord& c : coords) coord_list.push_back(Json::array({c.pp, c.dp, c.ep, c.tp}));
-  return Json{
-      {"world_size", world_size},
-      {"mesh",
-       Json{
-           {"pp", mesh.pp}, {"vpp", mesh.vpp}, {"dp", mesh.dp}, {"ep", mesh.ep}, {"tp", mesh.tp}, {"fold", mesh.fold}}},
-      {"rank_template", rank_template},
-      {"coords", coord_list},  // [pp, dp, ep, tp] per global rank
-      {"programs", programs}};
+  Json mesh_json{{"pp", mesh.pp}, {"vpp", mesh.vpp}, {"dp", mesh.dp},
+                 {"ep", mesh.ep}, {"tp", mesh.tp},   {"fold", mesh.fold}};
+  if (mesh.stages > 0) mesh_json["stages"] = mesh.stages;  // absent otherwise: earlier plans keep their hash
+  return Json{{"world_size", world_size},
+              {"mesh", mesh_json},
+              {"rank_template", rank_template},
+              {"coords", coord_list},  // [pp, dp, ep, tp] per global rank
+              {"programs", programs}};
 }
 
 int Plan::rank_of(const RankCoord& c) const {

@@ -19,29 +19,42 @@ Result<ir::MeshInfo> strategy_mesh(const Strategy& s, const ModelSpec& model) {
     if (s.schedule != "af-pipe") {
       return invalid_argument("disagg=1 runs with schedule=af-pipe (got schedule=" + s.schedule + ")");
     }
-    if (s.ffn_ranks != s.attn_ranks) {
-      return invalid_argument(
-          "compile: every pipeline rank of a plan runs on dp*tp ranks, so disaggregation needs "
-          "ffn_ranks = attn_ranks = " +
-          std::to_string(s.attn_ranks) + " (got ffn_ranks=" + std::to_string(s.ffn_ranks) +
-          "); set ffn_ranks=" + std::to_string(s.attn_ranks));
+    const int width = s.dp * s.tp;
+    if (s.attn_ranks != width * s.pp) {
+      return invalid_argument("attn_ranks=" + std::to_string(s.attn_ranks) + " != dp*tp*pp = " +
+                              std::to_string(width * s.pp) + "; set attn_ranks=" + std::to_string(width * s.pp));
     }
-    if (s.attn_ranks != s.dp * s.tp * s.pp) {
-      return invalid_argument("attn_ranks=" + std::to_string(s.attn_ranks) +
-                              " != dp*tp*pp = " + std::to_string(s.dp * s.tp * s.pp) +
-                              "; set attn_ranks=" + std::to_string(s.dp * s.tp * s.pp));
+    if (s.ffn_ranks % width != 0) {
+      const int nearest = std::max(1, (s.ffn_ranks + width / 2) / width) * width;
+      return invalid_argument("compile: every pipeline rank of a plan runs on dp*tp = " + std::to_string(width) +
+                              " ranks, so ffn_ranks=" + std::to_string(s.ffn_ranks) +
+                              " must be a multiple of it; set ffn_ranks=" + std::to_string(nearest));
     }
     if (s.ep < 1 || s.dp % s.ep != 0) {
       return invalid_argument("compile: the FFN side of a stage has dp=" + std::to_string(s.dp) +
                               " ranks per tp slice, so ep=" + std::to_string(s.ep) + " must divide dp");
     }
-    if (s.pp < 1 || model.num_layers % s.pp != 0) {
-      return invalid_argument("disaggregation deals num_layers=" + std::to_string(model.num_layers) +
-                              " round-robin to pp=" + std::to_string(s.pp) +
-                              " attention (and FFN) stages: pp must divide num_layers");
+    const int ffn_groups = s.ffn_ranks / width;
+    if (ffn_groups == s.pp) {
+      if (s.pp < 1 || model.num_layers % s.pp != 0) {
+        return invalid_argument("disaggregation deals num_layers=" + std::to_string(model.num_layers) +
+                                " round-robin to pp=" + std::to_string(s.pp) +
+                                " attention (and FFN) stages: pp must divide num_layers");
+      }
+      mesh.pp = 2 * s.pp;
+      mesh.vpp = model.num_layers / s.pp;
+      return mesh;
     }
-    mesh.pp = 2 * s.pp;
-    mesh.vpp = model.num_layers / s.pp;
+    // Unequal groups: pp attention and ffn_groups FFN pipeline ranks over the 2 * num_layers stages.
+    if (model.num_layers < std::max(s.pp, ffn_groups)) {
+      return invalid_argument("disaggregation: num_layers=" + std::to_string(model.num_layers) +
+                              " cannot give each of pp=" + std::to_string(s.pp) + " attention and " +
+                              std::to_string(ffn_groups) + " FFN pipeline ranks a layer; lower pp or ffn_ranks");
+    }
+    mesh.pp = s.pp + ffn_groups;
+    const int stages = 2 * model.num_layers;
+    mesh.vpp = stages % mesh.pp == 0 ? stages / mesh.pp : 1;
+    mesh.stages = stages % mesh.pp == 0 ? 0 : stages;
     return mesh;
   }
   schedules::ScheduleParams params{s.pp, s.microbatches, s.vpp};
@@ -101,12 +114,16 @@ Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const 
     out.push_back(ir::Directive{d});
   }
   if (s.disaggregate) {
-    out.push_back(ir::Directive{ir::DisaggregateDirective{s.pp, s.pp}});
+    out.push_back(ir::Directive{ir::DisaggregateDirective{s.pp, mesh.pp - s.pp}});
   } else {
     PIPER_ASSIGN_OR_RETURN(auto parts, schedules::partition_directives(model.num_layers, mesh.num_stages()));
     out.insert(out.end(), parts.begin(), parts.end());
   }
   schedules::ScheduleParams params{mesh.pp, s.microbatches, mesh.vpp, s.ep_overlap};
+  if (s.disaggregate) {
+    params.attn_groups = s.pp;
+    params.stages = mesh.stages;
+  }
   PIPER_ASSIGN_OR_RETURN(auto sched, schedules::schedule_directives(s.schedule, params));
   out.insert(out.end(), sched.begin(), sched.end());
   return out;

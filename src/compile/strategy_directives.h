@@ -20,10 +20,12 @@
 namespace piper::compile {
 
 // The mesh a strategy compiles to; vpp is the schedule's stages per rank (dualpipev 2).
-// Disaggregation (disagg=1, schedule af-pipe): the strategy's pp attention stages run on attn_ranks = dp*tp*pp
-// ranks and as many FFN stages on ffn_ranks. The plan gives each side pp pipeline ranks, so the mesh has
-// pp' = 2*pp (attention ranks 0..pp-1, FFN ranks pp..2pp-1), vpp = num_layers / pp, and every pipeline rank
-// is run by dp*tp ranks: ffn_ranks must equal attn_ranks and ep divide dp (errors say so).
+// Disaggregation (disagg=1, schedule af-pipe): the strategy's pp attention pipeline ranks run on attn_ranks =
+// dp*tp*pp ranks and f = ffn_ranks / (dp*tp) FFN pipeline ranks on ffn_ranks: every pipeline rank is run by dp*tp
+// ranks, so ffn_ranks must be a multiple of dp*tp and ep divide dp (errors say so). The mesh has pp' = pp + f
+// (attention ranks 0..pp-1, FFN ranks pp..pp+f-1) over 2 * num_layers stages: vpp = num_layers / pp when f = pp,
+// else vpp = 2 num_layers / pp' when that divides, or MeshInfo::stages = 2 num_layers. f != pp is an uneven
+// attention:FFN split (1:3 is pp=1 with ffn_ranks = 3 dp tp).
 Result<ir::MeshInfo> strategy_mesh(const Strategy& s, const ModelSpec& model);
 
 // The defaults are what Megatron does and what the closed form models; the CPU runtime turns both off.

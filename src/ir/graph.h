@@ -40,7 +40,10 @@ struct MeshInfo {
   // MoE parallel folding (Strategy::fold): expert groups are ep consecutive ranks of a stage's tp*dp ranks (tp
   // innermost) instead of ep dp-ranks at stride tp.
   bool fold = false;
-  int num_stages() const { return pp * vpp; }
+  // Stages when they are not pp*vpp (0: pp*vpp). af-pipe with unequal attention and FFN groups cuts the model
+  // into 2 * num_layers stages over attn_groups + ffn_groups pipeline ranks, which need not divide it.
+  int stages = 0;
+  int num_stages() const { return stages > 0 ? stages : pp * vpp; }
   // Ranks of a pipeline stage holding the same ep-sharded experts (group "edp"): tp*dp / ep. Unfolded, the dp / ep
   // expert-data-parallel ranks times the tp ranks, which keep whole experts (expert tensor parallelism 1, as
   // Megatron's --expert-tensor-parallel-size 1 and the closed form's etp = 1) and route different tokens (T / tp).

@@ -18,7 +18,8 @@ RuntimeSupport runtime_support() {
   // tp x ep with every ZeRO stage and schedule (Parity.*Tp2Ep2*).
   s.max_tp = 0;
   s.max_ep = 0;
-  // af-pipe (M2N, executor_m2n.cc) with every ZeRO stage and recomputation (dist_m2n_mpi_test.cc); not with tp.
+  // af-pipe (M2N, executor_m2n.cc) with every ZeRO stage and recomputation, equal or uneven attention:FFN splits
+  // (dist_m2n_mpi_test.cc: 2:2, 4:4, 1:3, 2:1, 4:2); not with tp.
   s.disaggregate = true;
   return s;
 }

@@ -76,8 +76,8 @@ struct Strategy {
   std::string a2a = "flat";  // EP all-to-all algorithm: flat or halo
   // Mesh axes innermost (closest devices) first.
   std::vector<std::string> order = {"tp", "ep", "dp", "pp"};
-  // Attention/FFN disaggregation: attention chunks on attn_ranks (DP), expert chunks on ffn_ranks (EP). There
-  // ep shards each stage's experts over the FFN ranks (ffn_ranks a multiple of pp * ep) and need not divide dp.
+  // Attention/FFN disaggregation: attention on attn_ranks = dp*tp*pp, experts on ffn_ranks (a multiple of ep): the
+  // compiler runs ffn_ranks/(dp*tp) FFN pipeline ranks of dp*tp ranks (uneven when != pp; strategy_directives.h).
   bool disaggregate = false;
   int attn_ranks = 0;
   int ffn_ranks = 0;

@@ -229,9 +229,9 @@ Status Strategy::validate() const {
                   " (attention runs data-parallel over dp on the attention group); set attn_ranks=" +
                   std::to_string(dp * tp * pp));
     }
-    if (ffn_ranks % (pp * ep) != 0) {
-      return fail("ffn_ranks=" + std::to_string(ffn_ranks) + " is not a multiple of pp*ep = " +
-                  std::to_string(pp * ep) + " (each pipeline stage shards its experts over ep ranks)");
+    if (ffn_ranks % ep != 0) {
+      return fail("ffn_ranks=" + std::to_string(ffn_ranks) + " is not a multiple of ep = " + std::to_string(ep) +
+                  " (each FFN pipeline rank shards its experts over ep ranks)");
     }
   }
   return ok_status();

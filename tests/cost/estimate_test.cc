@@ -205,8 +205,8 @@ TEST(EstimateTest, BadStrategiesAreErrors) {
       {"dp=64,pp=32,ep=64,schedule=dualpipev,microbatches=240", "pp*2 (dualpipev)=64 > num_layers=61"},
       {"dp=4,pp=4,tp=2,ep=4,sp=1,schedule=af-pipe,disagg=1,attn_ranks=32,ffn_ranks=2016,microbatches=3840",
        "no closed-form model yet"},
-      {"dp=4,pp=4,tp=2,ep=4,sp=1,schedule=af-pipe,disagg=1,attn_ranks=32,ffn_ranks=2008,microbatches=3840",
-       "ffn_ranks=2008 is not a multiple of pp*ep = 16"},
+      {"dp=4,pp=4,tp=2,ep=4,sp=1,schedule=af-pipe,disagg=1,attn_ranks=32,ffn_ranks=2010,microbatches=3840",
+       "ffn_ranks=2010 is not a multiple of ep = 4"},
   };
   for (const auto& row : rows) {
     auto s = Strategy::parse(row.strategy);

@@ -193,6 +193,22 @@ TEST(CliPlanTest, DisaggregateJsonAgreesWithEnumeration) {
   EXPECT_NE(best["strategy"].get<std::string>().find("disagg=1"), std::string::npos);
   EXPECT_GT(j["gpu_splits"].get<int64_t>(), 0);
   EXPECT_TRUE(j["roofline"].contains("attn_turning_seq"));
+  // The simulator scores the best allocation (even or not: the compiler lowers uneven splits) and the local
+  // search's result, which is never slower than the best.
+  double best_sim = -1, local_sim = -1;
+  for (const auto& e : j["simulated"]) {
+    const std::string name = e["allocation"].get<std::string>();
+    if (name == "best") {
+      ASSERT_TRUE(e.contains("simulated_step_time_s")) << e.dump();
+      best_sim = e["simulated_step_time_s"].get<double>();
+      EXPECT_EQ(e["uneven"].get<bool>(), best["attn_gpus"].get<int>() != best["ffn_gpus"].get<int>());
+    }
+    if (name == "local") local_sim = e["simulated_step_time_s"].get<double>();
+  }
+  EXPECT_GT(best_sim, 0);
+  EXPECT_GT(local_sim, 0);
+  EXPECT_LE(local_sim, best_sim);
+  EXPECT_GE(j["local_search"]["simulations"].get<int>(), 1);
   std::string text =
       run("plan --model deepseek-v2-lite --cluster h800 --nodes 4 --global-batch 240 --disaggregate "
           "--solver enumeration",

@@ -111,6 +111,7 @@ void expect_example(const std::string& name, const std::string& mesh_text, int m
 TEST(Directives, ExampleOneFOneBEpOverlap) { expect_example("1f1b_ep_overlap", "pp=2,dp=2,ep=2", 4); }
 TEST(Directives, ExampleVShape) { expect_example("v_shape", "pp=2,vpp=2", 4); }
 TEST(Directives, ExampleUnevenZeroBubble) { expect_example("uneven_zero_bubble", "pp=2", 4); }
+TEST(Directives, ExampleAfPipeOneToThree) { expect_example("af_pipe_1to3", "pp=4,vpp=2", 4); }
 
 }  // namespace
 }  // namespace piper::runtime::testing

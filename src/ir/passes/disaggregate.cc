@@ -1,13 +1,16 @@
-// disaggregate: attention/FFN disaggregation (DisagMoE). With g = attn_groups = ffn_groups = pp/2:
-//   attention-side chunks (embed, attn, router) of layer l -> stage 2l on pipeline rank (l mod g)
-//   FFN-side chunks (experts, shared, mlp, head) of layer l   -> stage 2l+1 on rank g + (l mod g)
-// (the placement the af-pipe schedule emits). Dispatch/combine all-to-alls are dissolved and every data edge
+// disaggregate: attention/FFN disaggregation (DisagMoE). With a = attn_groups, f = ffn_groups, pp = a + f:
+//   attention-side chunks (embed, attn, router) of layer l -> stage 2l on pipeline rank (l mod a)
+//   FFN-side chunks (experts, shared, mlp, head) of layer l   -> stage 2l+1 on rank a + (l mod f)
+// (the placement the af-pipe schedule emits). a != f is an uneven attention:FFN split (a*w : f*w ranks with w
+// ranks per pipeline rank). Dispatch/combine all-to-alls are dissolved and every data edge
 // between the two sides becomes one unidirectional m2n exchange: an m2n node on the sending rank and one on
 // the receiving rank, deliberately not linked (like send/recv). As for pipeline send/recv, every channel (ordered
 // rank pair) gets its own streams: m2n_to_<peer> on the sender and m2n_from_<peer> on the receiver, so compute
 // never blocks on communication (DisagMoE runs compute, send and receive on separate streams) and an attention
 // worker that receives activations from one FFN worker and gradients from another waits on neither's order.
 // The lowering posts each channel's receives in its send order.
+#include <algorithm>
+
 #include "piper/ir/passes/passes.h"
 
 namespace piper::ir {
@@ -20,21 +23,25 @@ bool ffn_side(const std::string& part) {
 }  // namespace
 
 Status apply_disaggregate(Graph& g, const DisaggregateDirective& d) {
-  if (d.attn_groups != d.ffn_groups) {
-    return invalid_argument("attn_groups=" + std::to_string(d.attn_groups) + " and ffn_groups=" +
-                            std::to_string(d.ffn_groups) + " must be equal (AF-Pipe shares one pipeline depth)");
+  const int na = d.attn_groups, nf = d.ffn_groups;
+  if (na < 1 || nf < 1) {
+    return invalid_argument("disaggregate needs attn_groups >= 1 and ffn_groups >= 1 (got " + std::to_string(na) +
+                            ", " + std::to_string(nf) + ")");
   }
-  const int groups = d.attn_groups;
-  if (g.mesh.pp != 2 * groups) {
-    return invalid_argument("disaggregate needs pp = attn_groups + ffn_groups = " + std::to_string(2 * groups) +
+  if (g.mesh.pp != na + nf) {
+    return invalid_argument("disaggregate needs pp = attn_groups + ffn_groups = " + std::to_string(na + nf) +
                             " (got pp=" + std::to_string(g.mesh.pp) + ")");
   }
-  if (g.num_layers % groups != 0 || g.mesh.num_stages() != 2 * g.num_layers) {
+  if (g.mesh.num_stages() != 2 * g.num_layers || (na == nf && g.num_layers % na != 0)) {
     return invalid_argument(
-        "disaggregate deals " + std::to_string(g.num_layers) + " layers round-robin to " + std::to_string(groups) +
-        " groups: num_layers must be a multiple of the groups and "
-        "vpp = num_layers / groups (= " +
-        std::to_string(g.num_layers / std::max(groups, 1)) + ", got vpp=" + std::to_string(g.mesh.vpp) + ")");
+        "disaggregate cuts " + std::to_string(g.num_layers) + " layers into " + std::to_string(2 * g.num_layers) +
+        " stages (attention and FFN of each layer) dealt round-robin to the groups: the mesh needs pp*vpp = " +
+        std::to_string(2 * g.num_layers) + " (got pp=" + std::to_string(g.mesh.pp) + ", vpp=" +
+        std::to_string(g.mesh.vpp) + (na == nf ? ", and equal groups must divide num_layers)" : "; or stages=)"));
+  }
+  if (g.num_layers < std::max(na, nf)) {
+    return invalid_argument("disaggregate: " + std::to_string(g.num_layers) + " layers cannot give each of " +
+                            std::to_string(na) + " attention and " + std::to_string(nf) + " FFN groups a layer");
   }
   for (const Node& n : g.nodes()) {
     if (n.order_slot >= 0) return invalid_argument("disaggregate must come before order rows");
@@ -62,9 +69,9 @@ Status apply_disaggregate(Graph& g, const DisaggregateDirective& d) {
   for (size_t i = 0; i < g.num_nodes(); ++i) {
     Node& n = g.node(static_cast<NodeId>(i));
     if (n.tags.layer < 0 || n.tags.part == "dissolved") continue;
-    const bool f = ffn_side(n.tags.part);
-    n.tags.stage = 2 * n.tags.layer + (f ? 1 : 0);
-    n.pp_rank = (f ? groups : 0) + n.tags.layer % groups;
+    const bool ffn = ffn_side(n.tags.part);
+    n.tags.stage = 2 * n.tags.layer + (ffn ? 1 : 0);
+    n.pp_rank = ffn ? na + n.tags.layer % nf : n.tags.layer % na;
   }
   // Side-crossing data edges become m2n pairs.
   const size_t num_edges = g.edges().size();

@@ -14,7 +14,9 @@
 //   dualpipev    2 stages/rank  (r and 2p-1-r), DeepSeek's DualPipeV step table with F&B overlap slots
 //   (1f1b and interleaved with ep_overlap: one more warm-up forward; steady F and BW pairs are may-overlap slots)
 //   af-pipe      v stages/rank  attention (A) and FFN (F) ranks alternate along the model (stage j on an A rank
-//                               when j is even), interleaved order with F&B overlap slots in the steady state
+//                               when j is even), interleaved order with F&B overlap slots in the steady state;
+//                               with attn_groups != pp/2 (unequal groups) stage 2l on A rank l mod a, 2l+1 on
+//                               F rank a + l mod (pp-a), each rank's row a projection of one 1F1B-like chain order
 // See docs/schedules.md for the rules and their sources.
 #pragma once
 
@@ -37,6 +39,10 @@ struct ScheduleParams {
   // microbatches, and each such pair is one may-overlap slot. Megatron schedules.py get_pp_rank_microbatches adds
   // the extra warm-up forward "to ensure the forward and backward computations are independent in all 1f1b steps".
   bool ep_overlap = false;
+  // af-pipe only: attention pipeline ranks (0: pp / 2, equal groups) and, with unequal groups, the model's
+  // stages (2 * num_layers, alternating attention and FFN) when pp * vpp is not that count.
+  int attn_groups = 0;
+  int stages = 0;
 };
 
 using ScheduleFn = std::function<Result<std::vector<ir::Directive>>(const ScheduleParams&)>;
