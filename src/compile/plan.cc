@@ -87,7 +87,7 @@ Json Plan::to_json() const {
     for (const Stream& s : p.streams) {
       Json instrs = Json::array();
       for (const Instruction& in : s.instrs) {
-        // Fields at their default value are left out.
+        // Fields at their default value are left out (compile/plan_io.h reads them back as the default).
         Json j = {{"op", to_string(in.op)}, {"label", in.label}};
         if (in.mb >= 0) j["mb"] = in.mb;
         if (in.pass != ir::Pass::kNone) j["pass"] = ir::to_string(in.pass);
@@ -124,6 +124,8 @@ Json Plan::to_json() const {
   Json coord_list = Json::array();
   for (const RankCoord& c : coords) coord_list.push_back(Json::array({c.pp, c.dp, c.ep, c.tp}));
   return Json{
+      {"format", kPlanFormat},
+      {"version", kPlanFormatVersion},
       {"world_size", world_size},
       {"mesh",
        Json{

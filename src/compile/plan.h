@@ -81,11 +81,13 @@ struct Instruction {
   int pieces = 1;          // kIn / kOut: how many pieces the GEMM or collective is cut into
   bool split_in = false;   // kRest: the input GEMM runs as kIn pieces
   bool split_out = false;  // kRest: the output GEMM runs as kOut pieces
+  bool operator==(const Instruction&) const = default;
 };
 
 struct Stream {
   std::string name;
   std::vector<Instruction> instrs;
+  bool operator==(const Stream&) const = default;
 };
 
 struct Program {
@@ -93,10 +95,17 @@ struct Program {
   std::vector<Stream> streams;
   int64_t static_bytes = 0;  // parameters, gradients and optimizer state resident for the whole step
   size_t num_instructions() const;
+  bool operator==(const Program&) const = default;
 };
+
+// The plan file's "format" and "version" (Plan::to_json). The version changes whenever a field changes meaning or
+// a reader would need a field that older files lack.
+inline constexpr const char* kPlanFormat = "piper-plan";
+inline constexpr int kPlanFormatVersion = 1;
 
 struct RankCoord {
   int pp = 0, dp = 0, ep = 0, tp = 0;
+  bool operator==(const RankCoord&) const = default;
 };
 
 struct Plan {
@@ -108,7 +117,10 @@ struct Plan {
   const Program& program(int rank) const {
     return templates[static_cast<size_t>(rank_template[static_cast<size_t>(rank)])];
   }
-  Json to_json() const;  // full dump of every field (used to compare plans)
+  // Every field, in the plan file format (`piper compile --emit-plan`; compile/plan_io.h reads it back): format
+  // kPlanFormat, version kPlanFormatVersion, world_size, mesh, rank_template, coords, programs.
+  Json to_json() const;
+  bool operator==(const Plan&) const = default;
 
   // Global rank layout (the one place that defines it): tp innermost, then dp, then pp,
   //   rank = (pp * mesh.dp + dp) * mesh.tp + tp,   ep = dp mod mesh.ep,

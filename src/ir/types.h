@@ -37,6 +37,7 @@ struct MeshInfo {
   // A rank's expert coordinate and expert group (ranks sharing `ep_block`) from its dp and tp coordinates.
   int ep_coord(int dp_c, int tp_c) const { return fold ? (dp_c * tp + tp_c) % ep : dp_c % ep; }
   int ep_block(int dp_c, int tp_c) const { return fold ? (dp_c * tp + tp_c) / ep : dp_c / ep * tp + tp_c; }
+  bool operator==(const MeshInfo&) const = default;
 };
 
 // The task a node performs. BW is a fused backward (input and weight gradients in one go, its outputs available
