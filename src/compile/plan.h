@@ -55,8 +55,8 @@ struct Instruction {
   OpKind op = OpKind::kCompute;
   ir::NodeId node = ir::kNoNode;  // the graph node it lowers (kNoNode for record/wait/alloc/free)
   std::string label;              // "L3.attn.F.mb2", "send L3.attn.F.mb2 -> rank 1", "wait e12"
-  // The chunk and task (compute/update), or the node's tags (comm): pass, microbatch (-1: none), model layer (-1:
-  // embedding, head and nodes of no layer) and part ("attn", "router", "experts", "shared", "mlp", "embed", "head";
+  // The chunk and task (compute/update), or the node's tags (comm): pass, microbatch (-1: none), model layer (the
+  // embedding's is 0, the head's the last layer's; -1: none) and part ("attn", "router", "experts", "shared", "mlp", "embed", "head";
   // comm: "dispatch", "combine", "m2n", ...; "" for record/wait/alloc/free).
   ir::Pass pass = ir::Pass::kNone;
   int mb = -1;
