@@ -58,7 +58,7 @@ Figures run(const piper::ModelSpec& model, int nodes, const std::string& text, b
   piper::sim::SimOptions options;
   options.reference_rates = reference;
   options.reuse_slice_templates = reuse_slices;
-  auto r = piper::sim::simulate_plan(compiled->plan, compiled->graph, *net, *task_time, options);
+  auto r = piper::sim::simulate_plan(compiled->plan, *net, *task_time, options);
   PIPER_CHECK_OK(r.status());
   const double sim_s = seconds_since(t0);
   const double cpu_s = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;

@@ -11,6 +11,7 @@
 #include "piper/cli/flags.h"
 #include "piper/cli/precision_flags.h"
 #include "piper/compile/compile.h"
+#include "piper/compile/plan_io.h"
 #include "piper/compile/plan_summary.h"
 #include "piper/compile/strategy_directives.h"
 #include "piper/spec/model_loader.h"
@@ -30,6 +31,7 @@ Status run(const CompileCliOptions& o) {
   if (!o.emit_directives.empty()) {
     PIPER_RETURN_IF_ERROR(write_text_file(o.emit_directives, ir::directives_to_json(in.directives).dump(1) + "\n"));
   }
+  if (!o.emit_plan.empty()) PIPER_RETURN_IF_ERROR(compile::write_plan_file(o.emit_plan, r.plan));
   const auto summary = compile::summarize_plan(r.plan, r.stats);
   double total_s = 0;
   for (const auto& [step, s] : r.step_seconds) total_s += s;
@@ -51,6 +53,7 @@ Status run(const CompileCliOptions& o) {
       "\npeak mem: live bytes at the peak of the verifier's abstract execution (model state + activations "
       "+ gathered parameters)\n");
   if (!o.emit_directives.empty()) std::printf("wrote %s\n", o.emit_directives.c_str());
+  if (!o.emit_plan.empty()) std::printf("wrote %s\n", o.emit_plan.c_str());
   return ok_status();
 }
 
@@ -72,6 +75,8 @@ PIPER_REGISTER_COMMAND(
                       "check every rank's peak against this device memory (GiB)");
       sub->add_option("--emit-directives", o->emit_directives,
                       "write the directives that were compiled to this JSON file");
+      sub->add_option("--emit-plan", o->emit_plan,
+                      "write the compiled plan (every rank's program) to this JSON file (docs/ir.md, Plan files)");
       sub->add_option("--target", o->target, "megatron (default) or cpu-runtime: the backend a strategy is lowered for");
       sub->add_flag("--verbose", o->verbose, "log each compile step with its time");
       add_precision_options(sub, &o->precision);

@@ -25,6 +25,7 @@ struct CompileCliOptions {
   int microbatches = 0;      // 0: not given (the strategy's)
   double capacity_gib = 0;   // 0: not given (no memory check)
   std::string emit_directives;
+  std::string emit_plan;  // --emit-plan FILE: the compiled Plan as JSON (compile/plan_io.h)
   std::string target = "megatron";  // which backend a strategy's directives are for
   bool verbose = false;
   bool json = false;

@@ -76,6 +76,35 @@ Instruction piece_of(const Instruction& whole, Segment seg, int i, int n) {
   return p;
 }
 
+// What communication node `nd` means to an executor (Instruction::role).
+CommRole comm_role(const Node& nd) {
+  switch (nd.kind) {
+    case NodeKind::kSend:
+    case NodeKind::kRecv:
+      return CommRole::kPipeline;
+    case NodeKind::kM2N:
+      if (nd.m2n_dst_part == "experts") return CommRole::kM2NToExperts;
+      return nd.m2n_src_part == "experts" ? CommRole::kM2NFromExperts : CommRole::kM2NDense;
+    case NodeKind::kAllToAll:
+      if (nd.tags.part == "dispatch") return CommRole::kEpDispatch;
+      return nd.tags.part == "combine" ? CommRole::kEpCombine : CommRole::kNone;
+    case NodeKind::kAllGather:
+    case NodeKind::kReduceScatter:
+    case NodeKind::kAllReduce:
+      if (nd.group == "tp") {
+        return nd.kind == NodeKind::kAllGather       ? CommRole::kTpGather
+               : nd.kind == NodeKind::kReduceScatter ? CommRole::kTpScatter
+                                                     : CommRole::kTpReduce;
+      }
+      if (nd.group == "dp" || nd.group == "edp") {
+        return nd.kind == NodeKind::kAllGather ? CommRole::kParamGather : CommRole::kGradReduce;
+      }
+      return CommRole::kNone;
+    default:
+      return CommRole::kNone;
+  }
+}
+
 // The instruction that runs node `nd` (send/recv peers and tags, and the cost, are the caller's).
 Instruction node_instruction(const Node& nd) {
   Instruction in;
@@ -83,8 +112,12 @@ Instruction node_instruction(const Node& nd) {
   in.label = nd.name;
   in.pass = nd.tags.pass;
   in.mb = nd.tags.mb;
+  in.layer = nd.tags.layer;
+  in.part = nd.tags.part;
   in.group = nd.group;
   in.algorithm = nd.algorithm;
+  in.comm_bytes = nd.comm_bytes;
+  in.role = comm_role(nd);
   switch (nd.kind) {
     case NodeKind::kChunk:
       in.op = OpKind::kCompute;
@@ -129,35 +162,14 @@ Instruction gather_split(const Node& recv, int64_t bytes) {
   in.label = recv.name + " (gather tp pieces)";
   in.pass = recv.tags.pass;
   in.mb = recv.tags.mb;
+  in.layer = recv.tags.layer;
+  in.part = recv.tags.part;
+  in.role = CommRole::kTpGather;
   in.comm_bytes = bytes;
   return in;
 }
 
 }  // namespace
-
-const char* to_string(OpKind k) {
-  switch (k) {
-    case OpKind::kCompute:
-      return "compute";
-    case OpKind::kSend:
-      return "send";
-    case OpKind::kRecv:
-      return "recv";
-    case OpKind::kCollective:
-      return "collective";
-    case OpKind::kRecord:
-      return "record";
-    case OpKind::kWait:
-      return "wait";
-    case OpKind::kAlloc:
-      return "alloc";
-    case OpKind::kFree:
-      return "free";
-    case OpKind::kUpdate:
-      return "update";
-  }
-  return "?";
-}
 
 Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
   PIPER_RETURN_IF_ERROR(insert_p2p(g).status());
@@ -171,7 +183,13 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
   Plan plan;
   plan.mesh = g.mesh;
   plan.templates.resize(static_cast<size_t>(pp));
-  CostFn cost = options.cost ? options.cost : CostFn(default_cost);
+  auto cost = [&options](const ir::Graph& graph, const Node& nd, Instruction& in) {
+    if (options.cost) {
+      options.cost(in);
+    } else {
+      default_cost(graph, nd, in);
+    }
+  };
   std::vector<int> event_of(n, -1);
   std::vector<std::pair<int, size_t>> where(n, {-1, 0});  // (stream index, position) per node
   int next_event = 0, next_buffer = 0;

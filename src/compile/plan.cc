@@ -12,6 +12,60 @@ size_t Program::num_instructions() const {
   return n;
 }
 
+const char* to_string(CommRole r) {
+  switch (r) {
+    case CommRole::kNone:
+      return "none";
+    case CommRole::kPipeline:
+      return "pipeline";
+    case CommRole::kGradReduce:
+      return "grad_reduce";
+    case CommRole::kParamGather:
+      return "param_gather";
+    case CommRole::kTpGather:
+      return "tp_gather";
+    case CommRole::kTpScatter:
+      return "tp_scatter";
+    case CommRole::kTpReduce:
+      return "tp_reduce";
+    case CommRole::kEpDispatch:
+      return "ep_dispatch";
+    case CommRole::kEpCombine:
+      return "ep_combine";
+    case CommRole::kM2NToExperts:
+      return "m2n_to_experts";
+    case CommRole::kM2NFromExperts:
+      return "m2n_from_experts";
+    case CommRole::kM2NDense:
+      return "m2n_dense";
+  }
+  return "?";
+}
+
+const char* to_string(OpKind k) {
+  switch (k) {
+    case OpKind::kCompute:
+      return "compute";
+    case OpKind::kSend:
+      return "send";
+    case OpKind::kRecv:
+      return "recv";
+    case OpKind::kCollective:
+      return "collective";
+    case OpKind::kRecord:
+      return "record";
+    case OpKind::kWait:
+      return "wait";
+    case OpKind::kAlloc:
+      return "alloc";
+    case OpKind::kFree:
+      return "free";
+    case OpKind::kUpdate:
+      return "update";
+  }
+  return "?";
+}
+
 const char* to_string(Segment s) {
   switch (s) {
     case Segment::kWhole:
@@ -33,14 +87,16 @@ Json Plan::to_json() const {
     for (const Stream& s : p.streams) {
       Json instrs = Json::array();
       for (const Instruction& in : s.instrs) {
+        // Fields at their default value are left out (compile/plan_io.h reads them back as the default).
         Json j = {{"op", to_string(in.op)}, {"label", in.label}};
         if (in.mb >= 0) j["mb"] = in.mb;
         if (in.pass != ir::Pass::kNone) j["pass"] = ir::to_string(in.pass);
-        if (in.op == OpKind::kCollective || in.op == OpKind::kSend || in.op == OpKind::kRecv) {
-          j["comm"] = ir::to_string(in.comm);
-          if (!in.group.empty()) j["group"] = in.group;
-          if (!in.algorithm.empty()) j["algorithm"] = in.algorithm;
-        }
+        if (in.layer >= 0) j["layer"] = in.layer;
+        if (!in.part.empty()) j["part"] = in.part;
+        if (in.comm != ir::NodeKind::kChunk) j["comm"] = ir::to_string(in.comm);
+        if (in.role != CommRole::kNone) j["role"] = to_string(in.role);
+        if (!in.group.empty()) j["group"] = in.group;
+        if (!in.algorithm.empty()) j["algorithm"] = in.algorithm;
         if (in.node != ir::kNoNode) j["node"] = in.node;
         if (in.peer >= 0) j["peer"] = in.peer;
         if (in.tag >= 0) j["tag"] = in.tag;
@@ -70,7 +126,9 @@ Json Plan::to_json() const {
   Json mesh_json{{"pp", mesh.pp}, {"vpp", mesh.vpp}, {"dp", mesh.dp},
                  {"ep", mesh.ep}, {"tp", mesh.tp},   {"fold", mesh.fold}};
   if (mesh.stages > 0) mesh_json["stages"] = mesh.stages;  // absent otherwise: earlier plans keep their hash
-  return Json{{"world_size", world_size},
+  return Json{{"format", kPlanFormat},
+              {"version", kPlanFormatVersion},
+              {"world_size", world_size},
               {"mesh", mesh_json},
               {"rank_template", rank_template},
               {"coords", coord_list},  // [pp, dp, ep, tp] per global rank

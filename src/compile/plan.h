@@ -6,6 +6,10 @@
 // or expert-parallel coordinate run the same Program (a *template*): Plan::templates holds one per pipeline
 // rank and Plan::rank_template maps a global rank to it, so a 1,024-rank plan stores 16 programs for pp=16.
 // Cost annotations are plain fields filled by a CostFn at lowering time (default: the graph's own estimates).
+// The Plan is the whole contract between the compiler and the executors: every instruction carries what executing it
+// needs (what a communication means, which chunk a compute runs, sizes), so the simulator reads no ir::Graph.
+// Instruction::node is the id of the graph node it lowers, kept as an opaque key (messages between instructions
+// are matched by it) and for messages; nothing that executes a plan looks the node up.
 #pragma once
 
 #include <cstdint>
@@ -15,12 +19,29 @@
 
 #include "piper/base/json.h"
 #include "piper/base/status.h"
-#include "piper/ir/graph.h"
+#include "piper/ir/types.h"
 
 namespace piper::compile {
 
 enum class OpKind : uint8_t { kCompute, kSend, kRecv, kCollective, kRecord, kWait, kAlloc, kFree, kUpdate };
 const char* to_string(OpKind k);
+
+// What a communication instruction means to an executor, decided by the compiler from the node it lowers.
+enum class CommRole : uint8_t {
+  kNone,          // not a communication (and a collective with none of the roles below)
+  kPipeline,      // send/recv of an activation or gradient between pipeline ranks (group pp)
+  kGradReduce,    // dp/edp all_reduce or reduce_scatter of gradients (ZeRO-1: mb < 0, after the last microbatch)
+  kParamGather,   // dp/edp all_gather of ZeRO-sharded parameters (ZeRO-1/2: pass U, after the update; ZeRO-3: F/B)
+  kTpGather,      // tp all_gather of activations (sequence parallelism; p2p_scatter_gather's re-assembly)
+  kTpScatter,     // tp reduce_scatter of a tp block's output (sequence parallelism)
+  kTpReduce,      // tp all_reduce of a tp block's output (no sequence parallelism)
+  kEpDispatch,    // ep all_to_all that sends routed tokens to the experts (part "dispatch")
+  kEpCombine,     // ep all_to_all that brings the experts' outputs back (part "combine")
+  kM2NToExperts,  // m2n whose consuming chunk is the experts (af-pipe dispatch, forward)
+  kM2NFromExperts,  // m2n whose producing chunk is the experts (af-pipe combine; the dispatch's gradient)
+  kM2NDense,      // m2n between two chunks neither of which is the experts (a pipeline message across the sides)
+};
+const char* to_string(CommRole r);
 
 // Which part of its node's work an instruction does. Under tp_overlap (LowerOptions::tp_overlap) a tp
 // chunk runs as pieces so that its collectives pipeline with its GEMMs: kIn = 1/pieces of the GEMM that consumes
@@ -34,11 +55,16 @@ struct Instruction {
   OpKind op = OpKind::kCompute;
   ir::NodeId node = ir::kNoNode;  // the graph node it lowers (kNoNode for record/wait/alloc/free)
   std::string label;              // "L3.attn.F.mb2", "send L3.attn.F.mb2 -> rank 1", "wait e12"
-  // compute/update
+  // The chunk and task (compute/update), or the node's tags (comm): pass, microbatch (-1: none), model layer (the
+  // embedding's is 0, the head's the last layer's; -1: none) and part ("attn", "router", "experts", "shared", "mlp", "embed", "head";
+  // comm: "dispatch", "combine", "m2n", ...; "" for record/wait/alloc/free).
   ir::Pass pass = ir::Pass::kNone;
   int mb = -1;
+  int layer = -1;
+  std::string part;
   // comm
   ir::NodeKind comm = ir::NodeKind::kChunk;  // send, recv, all_reduce, ..., m2n
+  CommRole role = CommRole::kNone;
   std::string group;                         // mesh axis: dp, edp, ep, tp, a2f, pp
   std::string algorithm;
   int peer = -1;     // send/recv/m2n: peer pipeline rank
@@ -55,11 +81,13 @@ struct Instruction {
   int pieces = 1;          // kIn / kOut: how many pieces the GEMM or collective is cut into
   bool split_in = false;   // kRest: the input GEMM runs as kIn pieces
   bool split_out = false;  // kRest: the output GEMM runs as kOut pieces
+  bool operator==(const Instruction&) const = default;
 };
 
 struct Stream {
   std::string name;
   std::vector<Instruction> instrs;
+  bool operator==(const Stream&) const = default;
 };
 
 struct Program {
@@ -67,10 +95,17 @@ struct Program {
   std::vector<Stream> streams;
   int64_t static_bytes = 0;  // parameters, gradients and optimizer state resident for the whole step
   size_t num_instructions() const;
+  bool operator==(const Program&) const = default;
 };
+
+// The plan file's "format" and "version" (Plan::to_json). The version changes whenever a field changes meaning or
+// a reader would need a field that older files lack.
+inline constexpr const char* kPlanFormat = "piper-plan";
+inline constexpr int kPlanFormatVersion = 1;
 
 struct RankCoord {
   int pp = 0, dp = 0, ep = 0, tp = 0;
+  bool operator==(const RankCoord&) const = default;
 };
 
 struct Plan {
@@ -82,7 +117,10 @@ struct Plan {
   const Program& program(int rank) const {
     return templates[static_cast<size_t>(rank_template[static_cast<size_t>(rank)])];
   }
-  Json to_json() const;  // full dump of every field (used to compare plans)
+  // Every field, in the plan file format (`piper compile --emit-plan`; compile/plan_io.h reads it back): format
+  // kPlanFormat, version kPlanFormatVersion, world_size, mesh, rank_template, coords, programs.
+  Json to_json() const;
+  bool operator==(const Plan&) const = default;
 
   // Global rank layout (the one place that defines it): tp innermost, then dp, then pp,
   //   rank = (pp * mesh.dp + dp) * mesh.tp + tp,   ep = dp mod mesh.ep,
@@ -102,7 +140,9 @@ struct Plan {
 // DistContext) and `piper train` reports it beside the hash of the plan its prediction simulated.
 uint64_t plan_hash(const Plan& plan);
 
-// Called once per lowered node instruction to fill or overwrite its cost annotations.
-using CostFn = std::function<void(const ir::Graph& graph, const ir::Node& node, Instruction& instr)>;
+// Called once per lowered node instruction to fill or overwrite its cost annotations (flops, bytes, comm_bytes),
+// from the instruction's own fields: op, pass, part, segment, pieces and comm_bytes (the node's payload per rank,
+// filled before the call).
+using CostFn = std::function<void(Instruction& instr)>;
 
 }  // namespace piper::compile

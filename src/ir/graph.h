@@ -17,9 +17,6 @@
 
 namespace piper::ir {
 
-using NodeId = int32_t;
-inline constexpr NodeId kNoNode = -1;
-
 enum class EdgeKind : uint8_t { kData, kTemporal };
 
 struct Edge {
@@ -28,29 +25,6 @@ struct Edge {
   EdgeKind kind = EdgeKind::kData;
   int64_t bytes = 0;  // tensor bytes per microbatch for data edges (0 when unknown)
   bool alive = true;
-};
-
-// Mesh degrees the graph is distributed over (set by whoever builds it; directives are checked against them).
-struct MeshInfo {
-  int pp = 1;
-  int vpp = 1;  // stages per pipeline rank
-  int dp = 1;
-  int ep = 1;
-  int tp = 1;
-  // MoE parallel folding (Strategy::fold): expert groups are ep consecutive ranks of a stage's tp*dp ranks (tp
-  // innermost) instead of ep dp-ranks at stride tp.
-  bool fold = false;
-  // Stages when they are not pp*vpp (0: pp*vpp). af-pipe with unequal attention and FFN groups cuts the model
-  // into 2 * num_layers stages over attn_groups + ffn_groups pipeline ranks, which need not divide it.
-  int stages = 0;
-  int num_stages() const { return stages > 0 ? stages : pp * vpp; }
-  // Ranks of a pipeline stage holding the same ep-sharded experts (group "edp"): tp*dp / ep. Unfolded, the dp / ep
-  // expert-data-parallel ranks times the tp ranks, which keep whole experts (expert tensor parallelism 1, as
-  // Megatron's --expert-tensor-parallel-size 1 and the closed form's etp = 1) and route different tokens (T / tp).
-  int expert_replicas() const { return dp * tp / ep; }
-  // A rank's expert coordinate and expert group (ranks sharing `ep_block`) from its dp and tp coordinates.
-  int ep_coord(int dp_c, int tp_c) const { return fold ? (dp_c * tp + tp_c) % ep : dp_c % ep; }
-  int ep_block(int dp_c, int tp_c) const { return fold ? (dp_c * tp + tp_c) / ep : dp_c / ep * tp + tp_c; }
 };
 
 struct Node {
@@ -84,6 +58,8 @@ struct Node {
   int peer_pp_rank = -1;    // send/recv: the pipeline rank on the other side
   int64_t comm_bytes = 0;   // payload per rank
   bool m2n_sender = false;  // m2n: true on the sending side of the exchange, false on the receiving side
+  std::string m2n_src_part;  // m2n: part of the chunk that produces the exchanged tensor (both sides)
+  std::string m2n_dst_part;  // m2n: part of the chunk that consumes it (both sides)
   std::string shard_axis;   // chunk parameters sharded over this axis ("ep", "tp"); "" = not sharded
 
   // Rewrites' annotations.

@@ -1,4 +1,5 @@
-// Small value types of the IR: passes (tasks), node kinds, integer ranges and tag filters.
+// Small value types of the IR: node ids, mesh degrees, passes (tasks), node kinds, integer ranges and tag filters.
+// They are also the compiled Plan's vocabulary (compile/plan.h includes this header, not graph.h).
 //
 // Every node carries tags {layer, part, mb, pass} plus `stage` once a place directive assigned one. A TagFilter
 // selects nodes by those tags: an unset field matches anything. JSON form (all keys optional):
@@ -14,6 +15,33 @@
 #include "piper/base/status.h"
 
 namespace piper::ir {
+
+using NodeId = int32_t;
+inline constexpr NodeId kNoNode = -1;
+
+// Mesh degrees the graph is distributed over (set by whoever builds it; directives are checked against them).
+struct MeshInfo {
+  int pp = 1;
+  int vpp = 1;  // stages per pipeline rank
+  int dp = 1;
+  int ep = 1;
+  int tp = 1;
+  // MoE parallel folding (Strategy::fold): expert groups are ep consecutive ranks of a stage's tp*dp ranks (tp
+  // innermost) instead of ep dp-ranks at stride tp.
+  bool fold = false;
+  // Stages when they are not pp*vpp (0: pp*vpp). af-pipe with unequal attention and FFN groups cuts the model
+  // into 2 * num_layers stages over attn_groups + ffn_groups pipeline ranks, which need not divide it.
+  int stages = 0;
+  int num_stages() const { return stages > 0 ? stages : pp * vpp; }
+  // Ranks of a pipeline stage holding the same ep-sharded experts (group "edp"): tp*dp / ep. Unfolded, the dp / ep
+  // expert-data-parallel ranks times the tp ranks, which keep whole experts (expert tensor parallelism 1, as
+  // Megatron's --expert-tensor-parallel-size 1 and the closed form's etp = 1) and route different tokens (T / tp).
+  int expert_replicas() const { return dp * tp / ep; }
+  // A rank's expert coordinate and expert group (ranks sharing `ep_block`) from its dp and tp coordinates.
+  int ep_coord(int dp_c, int tp_c) const { return fold ? (dp_c * tp + tp_c) % ep : dp_c % ep; }
+  int ep_block(int dp_c, int tp_c) const { return fold ? (dp_c * tp + tp_c) / ep : dp_c / ep * tp + tp_c; }
+  bool operator==(const MeshInfo&) const = default;
+};
 
 // The task a node performs. BW is a fused backward (input and weight gradients in one go, its outputs available
 // when both are done); the split-backward rewrite turns a BW into B (input grad) -> W (weight grad).

@@ -29,7 +29,7 @@ struct TemplateInfo {
   int num_events = 0;
 };
 
-Result<TemplateInfo> prepare(const Program& prog, int index, const ir::Graph& graph, const TaskTimeFn& task_time) {
+Result<TemplateInfo> prepare(const Program& prog, int index, const TaskTimeFn& task_time) {
   TemplateInfo info;
   std::unordered_map<int, int> local;
   for (size_t s = 0; s < prog.streams.size(); ++s) {
@@ -39,9 +39,9 @@ Result<TemplateInfo> prepare(const Program& prog, int index, const ir::Graph& gr
     for (size_t i = 0; i < instrs.size(); ++i) {
       const Instruction& in = instrs[i];
       if (in.op == OpKind::kCompute || in.op == OpKind::kUpdate) {
-        const double t = task_time(graph, in);
+        const double t = task_time(prog, in);
         if (!std::isfinite(t) || t < 0) {
-          std::string part = in.node != ir::kNoNode ? graph.node(in.node).tags.part : "?";
+          const std::string part = in.part.empty() ? "?" : in.part;
           return invalid_argument("pipeline rank " + std::to_string(index) + " stream '" + prog.streams[s].name +
                                   "' instruction " + std::to_string(i) + " (" + in.label +
                                   "): the cost model has no time for part '" + part + "'");
@@ -126,8 +126,6 @@ class Executor {
         fluid_(net.link_bandwidths(), !options.reference_rates) {}
 
   Result<SimResult> run();
-  // af-pipe: the m2n nodes to or from an experts chunk (routed over the ep block, CommTemplates::m2n).
-  void set_routed_m2n(std::set<ir::NodeId> nodes) { routed_m2n_ = std::move(nodes); }
 
  private:
   const Program& program(const RankState& r) const { return plan_.templates[static_cast<size_t>(r.tmpl)]; }
@@ -157,7 +155,6 @@ class Executor {
   }
 
   const compile::Plan& plan_;
-  std::set<ir::NodeId> routed_m2n_;
   const SimOptions& options_;
   CommTemplates templates_;
   std::vector<TemplateInfo> infos_;
@@ -279,9 +276,9 @@ Status Executor::arrive_p2p(int ri, int s, const Instruction& in) {
     if (q.empty()) p2p_.erase(key);
     const FlowTemplate* tmpl = nullptr;
     if (!options_.zero_comm) {
-      // af-pipe: an m2n to or from the experts spreads the sender's rows over the ep ranks of its block (the
-      // disaggregate pass names its nodes "<producer>-><consumer>.m2n.<side>"); other m2n are point-to-point.
-      const bool routed = in.comm == ir::NodeKind::kM2N && routed_m2n_.count(in.node) > 0;
+      // af-pipe: an m2n to or from the experts spreads the sender's rows over the ep ranks of its block; other m2n
+      // are point-to-point.
+      const bool routed = in.role == compile::CommRole::kM2NToExperts || in.role == compile::CommRole::kM2NFromExperts;
       if (routed) {
         PIPER_ASSIGN_OR_RETURN(tmpl, templates_.m2n(key.src, plan_.coords[static_cast<size_t>(key.dst)].pp));
       } else {
@@ -486,7 +483,7 @@ Result<SimResult> Executor::run() {
 
 }  // namespace
 
-Result<SimResult> simulate_plan(const compile::Plan& plan, const ir::Graph& graph, const Network& net,
+Result<SimResult> simulate_plan(const compile::Plan& plan, const Network& net,
                                 const TaskTimeFn& task_time, const SimOptions& options) {
   if (plan.templates.empty() || plan.world_size < 1) return invalid_argument("simulate_plan: the plan has no ranks");
   if (plan.world_size % std::max(1, plan.mesh.dp * plan.mesh.tp) != 0 ||
@@ -498,16 +495,10 @@ Result<SimResult> simulate_plan(const compile::Plan& plan, const ir::Graph& grap
   templates.set_reuse_slices(options.reuse_slice_templates);
   std::vector<TemplateInfo> infos;
   for (size_t t = 0; t < plan.templates.size(); ++t) {
-    PIPER_ASSIGN_OR_RETURN(TemplateInfo info, prepare(plan.templates[t], static_cast<int>(t), graph, task_time));
+    PIPER_ASSIGN_OR_RETURN(TemplateInfo info, prepare(plan.templates[t], static_cast<int>(t), task_time));
     infos.push_back(std::move(info));
   }
   Executor ex(plan, net, options, std::move(templates), std::move(infos));
-  // The disaggregate pass names an m2n node "<producer>-><consumer>.m2n.<side>" after its two chunks.
-  std::set<ir::NodeId> routed;
-  for (const ir::Node& n : graph.nodes()) {
-    if (n.kind == ir::NodeKind::kM2N && n.name.find(".experts.") != std::string::npos) routed.insert(n.id);
-  }
-  ex.set_routed_m2n(std::move(routed));
   return ex.run();
 }
 

@@ -32,7 +32,6 @@
 #include "piper/base/status.h"
 #include "piper/compile/plan.h"
 #include "piper/compile/timeline.h"
-#include "piper/ir/graph.h"
 #include "piper/sim/network.h"
 #include "piper/sim/task_time.h"
 
@@ -101,7 +100,7 @@ struct SimResult {
 // Errors: a plan that needs more devices than the network has, an instruction the TaskTimeFn cannot price, an unknown
 // group axis, a deadlock (names every blocked rank, stream and instruction), and kDeadlineExceeded when
 // options.deadline passed before the step was simulated.
-Result<SimResult> simulate_plan(const compile::Plan& plan, const ir::Graph& graph, const Network& net,
+Result<SimResult> simulate_plan(const compile::Plan& plan, const Network& net,
                                 const TaskTimeFn& task_time, const SimOptions& options = {});
 
 }  // namespace piper::sim

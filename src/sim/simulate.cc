@@ -49,7 +49,7 @@ Result<SimReport> simulate_compiled(compile::CompileResult compiled, const Model
   SimReport rep;
   rep.compiled = std::move(compiled);
   auto t0 = std::chrono::steady_clock::now();
-  PIPER_ASSIGN_OR_RETURN(rep.sim, simulate_plan(rep.compiled.plan, rep.compiled.graph, net, task_time, options));
+  PIPER_ASSIGN_OR_RETURN(rep.sim, simulate_plan(rep.compiled.plan, net, task_time, options));
   rep.simulate_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   summarise(rep, cm, cluster, train, strategy, options.plan_hash);
   return rep;

@@ -39,27 +39,16 @@ struct PartPrice {
   std::array<double, 3> in_s{}, out_s{}, in_flops{}, out_flops{};
 };
 
-// Pipeline rank of the embedding's update node (a tied head on the same rank shares its parameters), cached
-// per graph.
-class EmbedRank {
- public:
-  int of(const ir::Graph& g) {
-    if (&g != graph_ || g.num_nodes() != nodes_) {
-      graph_ = &g;
-      nodes_ = g.num_nodes();
-      rank_ = -1;
-      for (const ir::Node& n : g.nodes()) {
-        if (n.kind == ir::NodeKind::kUpdate && n.tags.part == "embed") rank_ = n.pp_rank;
-      }
+// Whether `program` steps the embedding's parameters (its rank holds the embedding: a tied LM head there shares
+// them and updates nothing of its own).
+bool updates_embedding(const compile::Program& program) {
+  for (const compile::Stream& s : program.streams) {
+    for (const compile::Instruction& in : s.instrs) {
+      if (in.op == compile::OpKind::kUpdate && in.part == "embed") return true;
     }
-    return rank_;
   }
-
- private:
-  const ir::Graph* graph_ = nullptr;
-  size_t nodes_ = 0;
-  int rank_ = -1;
-};
+  return false;
+}
 
 struct Prices {
   std::vector<std::pair<std::string, PartPrice>> parts;
@@ -179,15 +168,13 @@ double piece_value(const std::array<double, 3>& whole, const std::array<double, 
 Result<TaskTimeFn> cost_task_time(const cost::CostModel& model, const Strategy& strategy,
                                   const cost::Calibration& calibration) {
   PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Prices> prices, make_prices(model, strategy, calibration));
-  auto embed = std::make_shared<EmbedRank>();
   const bool tied = model.model().tie_embeddings;
-  return TaskTimeFn([prices, embed, tied](const ir::Graph& g, const compile::Instruction& in) -> double {
-    if (in.node == ir::kNoNode) return 0.0;
-    const ir::Node& n = g.node(in.node);
-    const PartPrice* p = prices->find(n.tags.part);
+  return TaskTimeFn([prices, tied](const compile::Program& program, const compile::Instruction& in) -> double {
+    if (in.op != compile::OpKind::kCompute && in.op != compile::OpKind::kUpdate) return 0.0;
+    const PartPrice* p = prices->find(in.part);
     if (p == nullptr) return std::numeric_limits<double>::quiet_NaN();  // unpriced part: simulate_plan reports it
     if (in.op == compile::OpKind::kUpdate) {
-      const bool shared_with_embedding = tied && n.tags.part == "head" && embed->of(g) == n.pp_rank;
+      const bool shared_with_embedding = tied && in.part == "head" && updates_embedding(program);
       return shared_with_embedding ? 0.0 : p->update_s;
     }
     // A recomputed forward is a compute instruction of pass F inside the backward: it costs f again.
@@ -199,10 +186,10 @@ Result<TaskTimeFn> cost_task_time(const cost::CostModel& model, const Strategy& 
 Result<compile::CostFn> cost_annotations(const cost::CostModel& model, const Strategy& strategy,
                                          const cost::Calibration& calibration) {
   PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Prices> prices, make_prices(model, strategy, calibration));
-  return compile::CostFn([prices](const ir::Graph& g, const ir::Node& n, compile::Instruction& in) {
-    in.comm_bytes = n.comm_bytes;
-    const PartPrice* p = prices->find(n.tags.part);
-    if (p == nullptr || n.kind != ir::NodeKind::kChunk) return;
+  // comm_bytes stays the node's payload, which the lowering filled in.
+  return compile::CostFn([prices](compile::Instruction& in) {
+    const PartPrice* p = prices->find(in.part);
+    if (p == nullptr || in.op != compile::OpKind::kCompute) return;
     std::array<double, 3> flops{}, bytes{};
     for (size_t k = 0; k < 3; ++k) {
       flops[k] = p->cost[k].flops;
@@ -211,16 +198,15 @@ Result<compile::CostFn> cost_annotations(const cost::CostModel& model, const Str
     in.flops = static_cast<int64_t>(piece_value(flops, p->in_flops, p->out_flops, in));
     // Memory traffic stays on the whole node or its kRest piece (a GEMM piece's own bytes are not split out).
     const bool gemm_piece = in.segment == compile::Segment::kIn || in.segment == compile::Segment::kOut;
-    in.bytes = gemm_piece ? 0 : static_cast<int64_t>(task_value(bytes, n.tags.pass));
-    (void)g;
+    in.bytes = gemm_piece ? 0 : static_cast<int64_t>(task_value(bytes, in.pass));
   });
 }
 
 TaskTimeFn unit_task_time(const std::string& part, double f, double b, double w) {
   const std::array<double, 3> v = {f, b, w};
-  return [part, v](const ir::Graph& g, const compile::Instruction& in) -> double {
-    if (in.node == ir::kNoNode || in.op != compile::OpKind::kCompute) return 0.0;
-    return g.node(in.node).tags.part == part ? task_value(v, in.pass) : 0.0;
+  return [part, v](const compile::Program&, const compile::Instruction& in) -> double {
+    if (in.op != compile::OpKind::kCompute) return 0.0;
+    return in.part == part ? task_value(v, in.pass) : 0.0;
   };
 }
 

@@ -9,7 +9,8 @@
 // and passes F, B, W to the part's f, b, w (a fused BW is b + w; a recomputed F costs f again). An update
 // instruction streams the optimizer bytes of the rank's parameter shard (ZeRO >= 1 shards dense parameters over
 // dp, experts over dp / ep * tp / etp), as the estimate's optimizer term does; a tied LM head updates nothing on the
-// embedding's rank and a full copy elsewhere. The returned function caches per graph and is not thread-safe.
+// embedding's rank and a full copy elsewhere. Both read only the instruction (its op, part, pass, segment) and,
+// for a tied head's update, whether its program also updates the embedding; the returned functions are pure.
 // cost_annotations() fills the Plan's flops/bytes annotations from the same numbers (pass it as
 // CompileOptions::cost) so that the plan, the simulator and the estimate agree.
 #pragma once
@@ -20,14 +21,14 @@
 #include "piper/compile/plan.h"
 #include "piper/cost/device_model.h"
 #include "piper/cost/estimate.h"
-#include "piper/ir/graph.h"
 #include "piper/strategy/strategy.h"
 
 namespace piper::sim {
 
-// Seconds one compute or update instruction keeps the device's compute engine busy. NaN (or a negative value)
-// means "cannot price this instruction"; simulate_plan() turns it into an error naming the instruction.
-using TaskTimeFn = std::function<double(const ir::Graph& graph, const compile::Instruction& instr)>;
+// Seconds one compute or update instruction of `program` keeps the device's compute engine busy. NaN (or a
+// negative value) means "cannot price this instruction"; simulate_plan() turns it into an error naming the
+// instruction.
+using TaskTimeFn = std::function<double(const compile::Program& program, const compile::Instruction& instr)>;
 
 // Errors: a strategy the cost model rejects (validate_for), or a chunk part the cost model has no price for.
 Result<TaskTimeFn> cost_task_time(const cost::CostModel& model, const Strategy& strategy,

@@ -3,9 +3,11 @@
 
 #include <array>
 #include <cstdio>
+#include <filesystem>
 #include <string>
 
 #include "piper/base/json.h"
+#include "piper/compile/plan_io.h"
 
 namespace {
 
@@ -55,6 +57,26 @@ TEST(CliCompileTest, DirectiveFileCompilesToTheSameStats) {
   auto ja = piper::Json::parse(a), jb = piper::Json::parse(b);
   EXPECT_EQ(ja["templates"], jb["templates"]);
   EXPECT_EQ(ja["instructions"], jb["instructions"]);
+}
+
+// --emit-plan writes the compiled plan; it loads back (compile/plan_io.h) with the instructions the command counts.
+// A compile that fails writes no file.
+TEST(CliCompileTest, EmitPlanWritesALoadablePlan) {
+  int rc = 0;
+  const std::string file = std::string(PIPER_BINARY_DIR) + "/cli_compile_test_plan.json";
+  std::filesystem::remove(file);
+  std::string a = run("compile --model tiny-moe --seq 64 --json --emit-plan " + file + " " + kStrategy, &rc);
+  ASSERT_EQ(rc, 0) << a;
+  auto plan = piper::compile::load_plan_file(file);
+  ASSERT_TRUE(plan.ok()) << plan.status().message();
+  EXPECT_EQ(plan->world_size, 8);
+  size_t instructions = 0;
+  for (const auto& p : plan->templates) instructions += p.num_instructions();
+  EXPECT_EQ(piper::Json::parse(a)["instructions"].get<size_t>(), instructions);
+  std::filesystem::remove(file);
+  std::string b = run("compile --model tiny-moe --seq 64 --emit-plan " + file + " --strategy dp=4,ep=3", &rc);
+  EXPECT_NE(rc, 0) << b;
+  EXPECT_FALSE(std::filesystem::exists(file));
 }
 
 // A 2-rank directive file compiled with --mesh pp=4 said "verified deadlock-free" with two empty ranks.

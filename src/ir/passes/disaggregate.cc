@@ -97,6 +97,8 @@ Status apply_disaggregate(Graph& g, const DisaggregateDirective& d) {
     s.algorithm = "direct";
     s.comm_bytes = ed.bytes * (ffn_side(b.tags.part) && b.tags.part == "experts" ? g.moe_top_k : 1);
     s.m2n_sender = true;
+    s.m2n_src_part = a.tags.part;
+    s.m2n_dst_part = b.tags.part;
     Node r = s;
     r.tags = b.tags;
     r.tags.part = "m2n";

@@ -1,0 +1,187 @@
+// Plan files (compile/plan_io.h): a compiled plan written as JSON reads back to the same Plan, field for field; a
+// damaged file gets an error that names the field and never crashes.
+#include "piper/compile/plan_io.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <set>
+#include <string>
+
+#include "piper/compile/compile.h"
+#include "piper/spec/model_loader.h"
+
+namespace piper::compile {
+namespace {
+
+Plan compiled(const std::string& text) {
+  auto model = load_model("tiny-moe");
+  EXPECT_TRUE(model.ok());
+  auto s = Strategy::parse(text);
+  EXPECT_TRUE(s.ok()) << s.status().message();
+  TrainSpec t;
+  t.seq_len = 64;
+  t.global_batch = s->global_batch();
+  auto r = compile_strategy(*model, t, *s);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return r.ok() ? r->plan : Plan{};
+}
+
+// Every kind of instruction and field: ZeRO-3 gathers, tp collectives, ep all-to-alls, pipeline p2p, events,
+// buffers, updates; af-pipe's m2n; tp_overlap's pieces.
+const char* const kStrategies[] = {
+    "dp=4,ep=2,tp=2,sp=1,pp=2,zero=3,schedule=1f1b,microbatches=2",
+    "dp=4,ep=4,pp=2,schedule=dualpipev,zero=1,microbatches=4",
+    "dp=4,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=4,ffn_ranks=4,microbatches=2",
+    "dp=2,tp=2,sp=1,tp_overlap=1,pp=2,microbatches=2",
+};
+
+TEST(PlanIoTest, EveryPlanReadsBackToTheSamePlan) {
+  for (const char* text : kStrategies) {
+    SCOPED_TRACE(text);
+    const Plan plan = compiled(text);
+    ASSERT_GT(plan.world_size, 0);
+    auto back = plan_from_json(Json::parse(plan.to_json().dump()));
+    ASSERT_TRUE(back.ok()) << back.status().message();
+    EXPECT_TRUE(*back == plan);
+    EXPECT_EQ(plan_hash(*back), plan_hash(plan));
+  }
+}
+
+TEST(PlanIoTest, InstructionsSayWhatTheyMean) {
+  const Plan plan = compiled(kStrategies[0]);
+  std::set<std::string> roles, parts;
+  for (const Program& p : plan.templates) {
+    for (const Stream& s : p.streams) {
+      for (const Instruction& in : s.instrs) {
+        roles.insert(to_string(in.role));
+        if (in.op == OpKind::kCompute) {
+          parts.insert(in.part);
+          EXPECT_EQ(in.role, CommRole::kNone) << in.label;
+        }
+        if (in.op == OpKind::kSend || in.op == OpKind::kRecv) {
+          EXPECT_EQ(in.role, CommRole::kPipeline) << in.label;
+        }
+        if (in.comm == ir::NodeKind::kAllToAll) {
+          EXPECT_TRUE(in.role == CommRole::kEpDispatch || in.role == CommRole::kEpCombine) << in.label;
+        }
+      }
+    }
+  }
+  for (const char* r :
+       {"pipeline", "grad_reduce", "param_gather", "tp_gather", "tp_scatter", "ep_dispatch", "ep_combine"}) {
+    EXPECT_EQ(roles.count(r), 1u) << r;
+  }
+  for (const char* p : {"attn", "router", "experts", "embed", "head"}) EXPECT_EQ(parts.count(p), 1u) << p;
+  // af-pipe: every m2n says whether it goes to the experts, comes from them, or neither.
+  std::set<CommRole> m2n;
+  for (const Program& p : compiled(kStrategies[2]).templates) {
+    for (const Stream& s : p.streams) {
+      for (const Instruction& in : s.instrs) {
+        if (in.comm == ir::NodeKind::kM2N) m2n.insert(in.role);
+      }
+    }
+  }
+  EXPECT_EQ(m2n.count(CommRole::kM2NToExperts), 1u);
+  EXPECT_EQ(m2n.count(CommRole::kM2NFromExperts), 1u);
+}
+
+// The error plan_from_json gives for `j` (fails the test when it loads).
+std::string error_of(const Json& j) {
+  auto r = plan_from_json(j, "f.json");
+  EXPECT_FALSE(r.ok());
+  return r.ok() ? std::string() : r.status().message();
+}
+
+Json& first_instruction(Json& j, const std::string& op) {
+  for (Json& s : j["programs"][1]["streams"]) {
+    for (Json& in : s["instructions"]) {
+      if (in["op"] == op) return in;
+    }
+  }
+  ADD_FAILURE() << "no " << op;
+  return j;
+}
+
+TEST(PlanIoTest, ADamagedFileIsRefusedWithTheField) {
+  const Json good = compiled(kStrategies[0]).to_json();
+  auto with = [&](auto edit) {
+    Json j = good;
+    edit(j);
+    return error_of(j);
+  };
+  EXPECT_NE(with([](Json& j) { j["version"] = 2; }).find("version 2"), std::string::npos);
+  EXPECT_NE(with([](Json& j) { j["format"] = "x"; }).find("--emit-plan"), std::string::npos);
+  EXPECT_NE(with([](Json& j) { j.erase("programs"); }).find("f.json.programs"), std::string::npos);
+  EXPECT_NE(with([](Json& j) { j.erase("version"); }).find("version: required"), std::string::npos);
+  EXPECT_NE(with([](Json& j) { j["mesh"]["dp"] = 3; }).find("ep=2 does not divide dp=3"), std::string::npos);
+  EXPECT_NE(with([](Json& j) { j["world_size"] = 8; }).find("pp*dp*tp"), std::string::npos);
+  EXPECT_NE(with([](Json& j) { j["rank_template"][3] = 7; }).find("rank_template[3]"), std::string::npos);
+  EXPECT_NE(with([](Json& j) { j["coords"][5] = Json::array({0, 0, 0, 0}); }).find("coords[5]"), std::string::npos);
+  EXPECT_NE(with([](Json& j) { j["programs"].erase(1); }).find("one program per pipeline rank"), std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "send")["peer"] = 2; }).find("peer 2"), std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "recv").erase("tag"); }).find("\"tag\""), std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "collective")["group"] = "xy"; }).find("group 'xy'"),
+            std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "compute")["op"] = "jump"; }).find("instructions["),
+            std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "compute")["flops"] = -1; }).find("flops"), std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "compute")["lyaer"] = 1; }).find("lyaer"), std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "wait")["event"] = 1 << 30; }).find("no instruction of this"),
+            std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "alloc").erase("buffer"); }).find("\"buffer\""), std::string::npos);
+  EXPECT_NE(with([](Json& j) { j["programs"][0]["streams"][0] = 5; }).find("stream object"), std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "send")["tag"] = 1 << 20; }).find("no matching receive"),
+            std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "send")["tag"] = int64_t{1} << 41; }).find("tag"),
+            std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "alloc")["mem_delta"] = int64_t{1} << 51; }).find("mem_delta"),
+            std::string::npos);
+  EXPECT_NE(error_of(Json::array()).find("JSON object"), std::string::npos);
+}
+
+// Any key of any of the first instructions removed or set to another type: loaded or refused, never a crash.
+TEST(PlanIoTest, EveryFieldRemovedOrRetypedIsHandled) {
+  const Json good = compiled(kStrategies[0]).to_json();
+  int refused = 0;
+  for (size_t s = 0; s < good["programs"][0]["streams"].size(); ++s) {
+    const Json& in = good["programs"][0]["streams"][s]["instructions"][0];
+    for (const auto& [key, value] : in.items()) {
+      for (const Json& other : {Json(), Json("x"), Json(-5), Json::array(), Json(1.5)}) {
+        Json j = good;
+        Json& target = j["programs"][0]["streams"][s]["instructions"][0];
+        if (other.is_null()) {
+          target.erase(key);
+        } else {
+          target[key] = other;
+        }
+        refused += plan_from_json(j).ok() ? 0 : 1;
+      }
+    }
+  }
+  EXPECT_GT(refused, 0);
+}
+
+TEST(PlanIoTest, FilesAreWrittenAtomicallyAndReadBack) {
+  const Plan plan = compiled(kStrategies[1]);
+  const std::string path = std::string(PIPER_BINARY_DIR) + "/plan_io_test_plan.json";
+  ASSERT_TRUE(write_plan_file(path, plan).ok());
+  auto back = load_plan_file(path);
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_TRUE(*back == plan);
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("{\"format\": \"piper-plan\", \"version\": 1, \"mesh\": {", f);
+  std::fclose(f);
+  auto truncated = load_plan_file(path);
+  ASSERT_FALSE(truncated.ok());
+  EXPECT_NE(truncated.status().message().find(path), std::string::npos);
+  auto missing = load_plan_file(path + ".absent");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find(".absent"), std::string::npos);
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace piper::compile
