@@ -16,6 +16,7 @@
 #include "piper/base/files.h"
 #include "piper/base/json.h"
 #include "piper/base/status.h"
+#include "piper/cli/calibration_file.h"
 #include "piper/cli/command_json.h"
 #include "piper/cli/compile_input.h"
 #include "piper/cli/flags.h"
@@ -250,7 +251,8 @@ Json run_plan(const ModelSpec& model, ClusterSpec cluster, const py::dict& o) {
   options.local_search_steps = get_int<int>(o, "local_search", "--local-search", {0, 1000, "neighbours simulated"}, 8);
   options.simulate_budget_s =
       get_real(o, "sim_budget_s", "--sim-budget-s", {0, 86400, false, "seconds, at most a day"}, 15.0);
-  if (!so.calibration.empty()) options.calibration = take(cost::Calibration::load(so.calibration));
+  const cli::DeviceCalibration device = take(cli::load_device_calibration(so.calibration, cluster.name));
+  options.calibration = device.calibration;
   if (o.contains("schedules") && !o["schedules"].is_none()) {
     options.space.schedules = o["schedules"].cast<std::vector<std::string>>();
   }
@@ -260,7 +262,9 @@ Json run_plan(const ModelSpec& model, ClusterSpec cluster, const py::dict& o) {
     r = take(planner::search(model, cluster, train, options));
   }
   if (r.top.empty()) check(cli::nothing_fits(cluster, options.memory_fraction, r));
-  return cli::plan_json(model, cluster, train, r);
+  Json j = cli::plan_json(model, cluster, train, r);
+  j["calibration"] = device.source;
+  return j;
 }
 
 // Runs `f` (which returns Json) without the GIL and converts its result with it.

@@ -19,7 +19,8 @@ struct GemmCurve {
 };
 
 // Least squares on the linearised curve 1/eff = 1/a + (h/a) * (1/d). Needs >= 2 points with distinct d and positive
-// efficiency; InvalidArgument otherwise, or when the points do not fall with 1/d (a <= 0 or h < 0).
+// efficiency. When 1/eff does not fall with 1/d (a <= 0 or h < 0): a flat curve (h = 0, a = the harmonic mean) if
+// every point is within 15 % of it, else InvalidArgument (too noisy to fit).
 Result<GemmCurve> fit_gemm_curve(const std::vector<GemmPoint>& points);
 
 }  // namespace piper::cli

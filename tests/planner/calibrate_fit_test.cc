@@ -28,9 +28,19 @@ TEST(CalibrateFitTest, RefusesPointsThatCannotBeFitted) {
   EXPECT_FALSE(fit_gemm_curve({{64, 0.5}, {64, 0.6}}).ok());  // one distinct size
   EXPECT_FALSE(fit_gemm_curve({{64, 0.0}, {128, 0.6}}).ok());
   // Efficiency falling with size: no curve of this form; the message says to rerun on an idle machine.
+  // (Falling by a factor of 3 is not "flat within noise", below.)
   auto falling = fit_gemm_curve({{16, 0.9}, {256, 0.3}});
   ASSERT_FALSE(falling.ok());
   EXPECT_NE(falling.status().message().find("too noisy"), std::string::npos) << falling.status().message();
+}
+
+// Points that do not rise with size but stay within 15 % of their harmonic mean: a flat curve (h = 0).
+TEST(CalibrateFitTest, FlatWithinNoiseIsACurveWithoutAKnee) {
+  auto c = fit_gemm_curve({{8, 1.05}, {64, 0.98}, {512, 0.95}});
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->gemm_half_dim, 0.0);
+  EXPECT_NEAR(c->gemm_efficiency, 3.0 / (1 / 1.05 + 1 / 0.98 + 1 / 0.95), 1e-12);
+  EXPECT_FALSE(fit_gemm_curve({{8, 1.3}, {64, 0.98}, {512, 0.95}}).ok());  // 8: 23 % above the harmonic mean
 }
 
 TEST(CalibrateCliTest, WritesACalibrationThatTheModelLoads) {
