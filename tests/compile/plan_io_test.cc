@@ -11,22 +11,10 @@
 
 #include "piper/compile/compile.h"
 #include "piper/spec/model_loader.h"
+#include "tiny_plan.h"
 
 namespace piper::compile {
 namespace {
-
-Plan compiled(const std::string& text) {
-  auto model = load_model("tiny-moe");
-  EXPECT_TRUE(model.ok());
-  auto s = Strategy::parse(text);
-  EXPECT_TRUE(s.ok()) << s.status().message();
-  TrainSpec t;
-  t.seq_len = 64;
-  t.global_batch = s->global_batch();
-  auto r = compile_strategy(*model, t, *s);
-  EXPECT_TRUE(r.ok()) << r.status().message();
-  return r.ok() ? r->plan : Plan{};
-}
 
 // Every kind of instruction and field: ZeRO-3 gathers, tp collectives, ep all-to-alls, pipeline p2p, events,
 // buffers, updates; af-pipe's m2n; tp_overlap's pieces.

@@ -8,22 +8,10 @@
 
 #include "piper/compile/compile.h"
 #include "piper/spec/model_loader.h"
+#include "tiny_plan.h"
 
 namespace piper::compile {
 namespace {
-
-Plan compiled(const std::string& text) {
-  auto model = load_model("tiny-moe");
-  EXPECT_TRUE(model.ok());
-  auto s = Strategy::parse(text);
-  EXPECT_TRUE(s.ok()) << s.status().message();
-  TrainSpec t;
-  t.seq_len = 64;
-  t.global_batch = s->global_batch();
-  auto r = compile_strategy(*model, t, *s);
-  EXPECT_TRUE(r.ok()) << r.status().message();
-  return r.ok() ? r->plan : Plan{};
-}
 
 TEST(PlanTest, GroupsPartitionTheWorld) {
   const Plan plan = compiled("dp=4,ep=2,tp=2,sp=1,pp=2,schedule=1f1b,microbatches=2");
