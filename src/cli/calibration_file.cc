@@ -14,6 +14,13 @@ std::string env(const char* name) {
   return v == nullptr ? "" : v;
 }
 
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace
+
 std::string host_name() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0 || buf[0] == '\0') return "localhost";
@@ -23,13 +30,6 @@ std::string host_name() {
   }
   return h;
 }
-
-bool exists(const std::string& path) {
-  struct stat st {};
-  return ::stat(path.c_str(), &st) == 0;
-}
-
-}  // namespace
 
 std::string default_calibration_path(bool* explicit_env) {
   const std::string named = env("PIPER_CALIBRATION");

@@ -26,6 +26,9 @@ struct DeviceCalibration {
   std::string source;             // for the reports: "FILE (--calibration)", "FILE (default ...)", "preset figures ..."
 };
 
+// This machine's host name as a file name ('/' and '\\' replaced; "localhost" when it cannot be read).
+std::string host_name();
+
 // The default file's path for this machine, or "" under PIPER_CALIBRATION=none (or with neither HOME nor
 // XDG_CONFIG_HOME set). `explicit_env` says whether PIPER_CALIBRATION named it.
 std::string default_calibration_path(bool* explicit_env = nullptr);

@@ -12,7 +12,6 @@
 #include <ctime>
 #include <filesystem>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "piper/base/files.h"
@@ -80,12 +79,6 @@ double measure_stream_bw(int rounds) {
       },
       rounds, 0.05);
   return 3.0 * sizeof(float) * static_cast<double>(n) / s;
-}
-
-std::string host_name() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof(buf) - 1) != 0) return "this machine";
-  return buf;
 }
 
 std::string utc_now() {
