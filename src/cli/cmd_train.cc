@@ -1,6 +1,6 @@
-// piper train: training through the compiled Plan (src/runtime/trainer.h), on one rank or, with --ranks R > 1,
-// on R MPI ranks: outside an MPI job the command re-executes itself under mpirun (comm/launch.h: root and
-// oversubscription flags); under an outside mpirun/srun it joins the job. Rank 0 prints; any rank's error is
+// piper train: training through the compiled Plan (src/runtime/trainer.h; the loop is runtime::run_training), on
+// one rank or, with --ranks R > 1, on R MPI ranks: outside an MPI job the command re-executes itself under
+// mpirun (comm/launch.h: root and oversubscription flags); under an outside mpirun/srun it joins the job. Rank 0 prints; any rank's error is
 // printed with its rank and the job exits non-zero (mpirun then stops the other ranks).
 #include <algorithm>
 #include <cstdint>
@@ -27,6 +27,7 @@
 #include "piper/kernels/cpu/gemm.h"
 #include "piper/runtime/trace.h"
 #include "piper/runtime/trainer.h"
+#include "piper/runtime/training_run.h"
 #include "piper/spec/model_loader.h"
 #include "piper/spec/train_spec.h"
 
@@ -61,23 +62,6 @@ struct TrainCliOptions {
   std::string device = "cpu";  // cpu | cuda (single-rank GPU trainer, cli/train_gpu.h)
 };
 
-constexpr double kReportTimeoutS = 120;
-
-// All ranks' measurements on every rank (one rank: just `mine`).
-Result<std::vector<RankMeasurement>> gather_measurements(comm::Communicator* world, const RankMeasurement& mine) {
-  if (world == nullptr) return std::vector<RankMeasurement>{mine};
-  const double in[3] = {mine.step_time_s, mine.compute_s, static_cast<double>(mine.peak_bytes)};
-  std::vector<double> all(static_cast<size_t>(3 * world->size()));
-  PIPER_ASSIGN_OR_RETURN(comm::Handle h, world->all_gather(in, all.data(), sizeof(in)));
-  PIPER_RETURN_IF_ERROR(world->wait(h, kReportTimeoutS));
-  std::vector<RankMeasurement> out;
-  for (int r = 0; r < world->size(); ++r) {
-    const double* v = &all[static_cast<size_t>(3 * r)];
-    out.push_back(RankMeasurement{v[0], v[1], static_cast<int64_t>(v[2])});
-  }
-  return out;
-}
-
 Json memory_json(const MemoryStats& m) {
   Json j;
   for (int c = 0; c < kNumMemCategories; ++c) j[to_string(static_cast<MemCategory>(c))] = m.peak_bytes[c];
@@ -90,15 +74,17 @@ Json predicted_json(const cost::MemoryBreakdown& m) {
               {"activations", m.activations}, {"buffers", m.buffers}, {"total", m.total()}};
 }
 
-Status train(const TrainCliOptions& o, comm::Communicator* world) {
-  const bool quiet = world != nullptr && world->rank() != 0;
-  if (!quiet) kernels::warn_gemm_environment();
+// Kernel threads of this rank: --threads, or the machine's cores shared by its ranks.
+void set_rank_threads(const TrainCliOptions& o, comm::Communicator* world) {
   if (o.threads > 0) {
     kernels::set_kernel_threads(o.threads);
   } else if (world != nullptr && world->size() > 1) {
-    // Ranks of this machine share its cores.
     kernels::set_kernel_threads(std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / world->size()));
   }
+}
+
+// The trainer's options from the flags; `auto_note` says what --strategy auto chose.
+Result<runtime::TrainOptions> train_options(const TrainCliOptions& o, comm::Communicator* world, std::string* auto_note) {
   runtime::TrainOptions t;
   PIPER_ASSIGN_OR_RETURN(t.model, load_model(o.model));
   t.ranks = world != nullptr ? world->size() : 1;
@@ -113,7 +99,6 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
     t.global_batch = o.global_batch;  // 0: one sequence per microbatch
     if (o.device == "cuda") return invalid_argument("--directives runs on --device cpu; drop --device cuda");
   }
-  std::string auto_note;
   if (o.strategy == "auto") {
     // The planner's best strategy that the runtime executes, for these ranks on this machine. Every rank plans
     // (a pure function of the same inputs); DistContext's plan hash check catches any disagreement.
@@ -121,8 +106,8 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
     PIPER_ASSIGN_OR_RETURN(AutoStrategy a, auto_strategy(t.model, t.ranks, kernels::kernel_threads(), t.global_batch,
                                                          o.seq_len, o.calibration, o.comm_calibration));
     t.strategy = a.strategy.to_string();
-    auto_note = "  (--strategy auto: `piper plan --local-ranks " + std::to_string(t.ranks) + " --runnable` #1 of " +
-                std::to_string(a.scored) + " scored, predicted step " + format_seconds(a.step_time_s) + ")";
+    *auto_note = "  (--strategy auto: `piper plan --local-ranks " + std::to_string(t.ranks) + " --runnable` #1 of " +
+                 std::to_string(a.scored) + " scored, predicted step " + format_seconds(a.step_time_s) + ")";
   }
   t.seq_len = o.seq_len;
   t.seed = o.seed;
@@ -132,6 +117,167 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   t.ranks_per_node = o.ranks_per_node;
   t.migration = o.migration;
   t.model_options.router_skew = o.router_skew;
+  return t;
+}
+
+// Resume and --save's probe, both collective, before the first step.
+Status prepare_checkpoints(const TrainCliOptions& o, runtime::Trainer& trainer, bool quiet) {
+  if (!o.record_expert_loads.empty() && trainer.strategy().ep < 2) {
+    return invalid_argument("--record-expert-loads: the strategy has ep=1; expert loads are gathered over the "
+                            "expert-parallel ranks: use ep >= 2");
+  }
+  if (!o.save.empty()) PIPER_RETURN_IF_ERROR(trainer.prepare_save(o.save));  // before the first step
+  if (o.resume.empty()) return ok_status();
+  PIPER_RETURN_IF_ERROR(trainer.resume(o.resume));
+  if (!o.json && !quiet) {
+    const CheckpointMeta& r = trainer.resumed();
+    std::printf("resumed   from %s: step %lld, written by %d rank(s) under %s\n", trainer.resumed_dir().c_str(),
+                static_cast<long long>(r.step), r.world_size, r.strategy.c_str());
+  }
+  return ok_status();
+}
+
+void print_header(const TrainCliOptions& o, runtime::Trainer& trainer, const std::string& auto_note) {
+  const auto& plan = trainer.compiled().plan;
+  std::printf("model     %s (%s trainable parameters)\n", trainer.options().model.name.c_str(),
+              format_count(static_cast<double>(trainer.num_params())).c_str());
+  std::printf("strategy  %s%s\n", trainer.strategy().to_string().c_str(), auto_note.c_str());
+  if (!o.directives.empty()) std::printf("directives %s (compiled as written)\n", o.directives.c_str());
+  std::printf("plan      %zu instructions on %zu stream(s) on rank 0, %d microbatches per rank\n",
+              plan.program(0).num_instructions(), plan.program(0).streams.size(),
+              trainer.executor().num_microbatches());
+  if (trainer.dist() != nullptr) {
+    std::printf("ranks     %d MPI ranks (pp=%d dp=%d ep=%d tp=%d), plan hash %016llx equal on every rank\n",
+                plan.world_size, plan.mesh.pp, plan.mesh.dp, plan.mesh.ep, plan.mesh.tp,
+                static_cast<unsigned long long>(compile::plan_hash(plan)));
+  }
+  std::printf("batch     %lld x %lld tokens per step, data %s, seed %llu%s\n",
+              static_cast<long long>(trainer.options().global_batch), static_cast<long long>(o.seq_len),
+              o.data.empty() ? "(default corpus)" : o.data.c_str(), static_cast<unsigned long long>(o.seed),
+              o.resume.empty() ? "" : (", resumed at step " + std::to_string(trainer.steps_done())).c_str());
+}
+
+void print_step(const runtime::TrainStepStats& s, bool expert_parallel) {
+  char imb[40] = "";
+  if (expert_parallel) std::snprintf(imb, sizeof(imb), "  imbalance %.2f", s.imbalance);
+  std::printf("step %5lld  loss %.4f  aux %.4f  |g| %.3f  %8.0f tok/s  %6.2f GFLOP/s  %.3f s%s\n",
+              static_cast<long long>(s.step), s.loss, s.aux_loss, s.grad_norm, s.tokens_per_s, s.flops_per_s / 1e9,
+              s.seconds, imb);
+  if (s.migrated_experts > 0) {
+    std::printf("migrate   after step %lld: %d expert(s) moved, window imbalance %.3f -> %.3f, %.2f ms\n",
+                static_cast<long long>(s.step), s.migrated_experts, s.window_imbalance_before,
+                s.window_imbalance_after, s.migration_seconds * 1e3);
+  }
+  std::fflush(stdout);
+}
+
+Json steps_json(const runtime::RunSummary& r) {
+  Json steps = Json::array();
+  for (const runtime::StepRecord& s : r.steps) {
+    steps.push_back(Json{{"step", s.step}, {"loss", s.loss}, {"aux_loss", s.aux_loss}, {"grad_norm", s.grad_norm},
+                         {"seconds", s.seconds}});
+    if (r.expert_parallel) {
+      steps.back()["imbalance"] = s.imbalance;
+      steps.back()["migrated_experts"] = s.migrated_experts;
+      steps.back()["migration_seconds"] = s.migration_seconds;
+    }
+  }
+  return steps;
+}
+
+void print_json_report(const TrainCliOptions& o, runtime::Trainer& trainer, const runtime::RunSummary& r,
+                       const PredictionReport& prediction) {
+  const auto& plan = trainer.compiled().plan;
+  const MemoryStats mem = trainer.memory();
+  Json j{{"model", trainer.options().model.name},
+         {"strategy", trainer.strategy().to_string()},
+         {"strategy_auto", o.strategy == "auto"},
+         {"steps", steps_json(r)},
+         {"loss_first", r.loss_first},
+         {"loss_last", r.loss_last},
+         {"tokens_per_s", r.tokens_per_s},
+         {"achieved_flops", r.achieved_flops},
+         {"peak_memory_bytes", mem.peak_total_bytes},
+         {"predicted_peak_memory_bytes", trainer.predicted_memory().total()},
+         {"peak_memory", memory_json(mem)},
+         {"predicted_memory", predicted_json(trainer.predicted_memory())},
+         {"plan_activation_peak_bytes", trainer.executor().planned_peak_bytes()},
+         {"pool_reserved_peak_bytes", trainer.reserved_peak_bytes()},
+         {"seconds", r.seconds},
+         {"ranks", plan.world_size},
+         {"plan_hash", hex64(compile::plan_hash(plan))}};
+  j["predicted_vs_measured"] = prediction.to_json();
+  if (!o.trace.empty()) j["trace"] = o.trace;
+  if (!o.record_expert_loads.empty()) j["expert_loads"] = o.record_expert_loads;
+  if (!o.save.empty()) j["saved"] = o.save;
+  if (r.expert_parallel) {
+    j["experts"] = Json{{"imbalance_first_window", r.imbalance_first},
+                        {"imbalance_last_window", r.imbalance_last},
+                        {"window_steps", r.window},
+                        {"migrate", trainer.options().migration.enabled},
+                        {"migrations", r.migrations},
+                        {"migrated_experts", r.migrated_experts},
+                        {"migration_seconds", r.migration_seconds},
+                        {"migration_share", r.migration_share}};
+  }
+  print_json(j.dump(2));
+}
+
+void print_memory(const TrainCliOptions& o, runtime::Trainer& trainer) {
+  const MemoryStats mem = trainer.memory();
+  const double predicted = trainer.predicted_memory().total();
+  const auto peak = static_cast<long long>(mem.peak_total_bytes);
+  const std::string peak_text = format_bytes(static_cast<double>(mem.peak_total_bytes));
+  if (predicted <= 0) {  // af-pipe: estimate() has no model (the report below compares with the plan's peak)
+    std::printf("peak_memory_bytes %lld (%s)  predicted_peak_memory_bytes: none (no resource model of %s)\n", peak,
+                peak_text.c_str(),
+                o.directives.empty() ? trainer.strategy().schedule.c_str() : "the directive file's own schedule");
+  } else {
+    std::printf("peak_memory_bytes %lld (%s)  predicted_peak_memory_bytes %.0f (%s, %+.1f %%)\n", peak,
+                peak_text.c_str(), predicted, format_bytes(predicted).c_str(),
+                100.0 * (static_cast<double>(mem.peak_total_bytes) - predicted) / predicted);
+  }
+  std::printf("  by category (measured peak / predicted):");
+  const cost::MemoryBreakdown& p = trainer.predicted_memory();
+  const double pred[] = {p.params, p.grads, p.optimizer, p.activations, p.buffers};
+  for (int c = 0; c < kNumMemCategories; ++c) {
+    std::printf(" %s %s / %s", to_string(static_cast<MemCategory>(c)),
+                format_bytes(static_cast<double>(mem.peak_bytes[c])).c_str(), format_bytes(pred[c]).c_str());
+  }
+  std::printf("\n");
+}
+
+void print_text_report(const TrainCliOptions& o, runtime::Trainer& trainer, const runtime::RunSummary& r,
+                       const PredictionReport& prediction) {
+  std::printf("\nloss_first %.4f  loss_last %.4f  (%lld steps, %.1f s)\n", r.loss_first, r.loss_last,
+              static_cast<long long>(o.steps), r.seconds);
+  std::printf("tokens_per_s %.0f  achieved_flops %s\n", r.tokens_per_s, format_si(r.achieved_flops, "FLOP/s").c_str());
+  print_memory(o, trainer);
+  prediction.print();
+  if (r.expert_parallel) {
+    std::printf("experts   imbalance (max/mean tokens per ep rank, mean of %zu steps) first %.3f  last %.3f\n",
+                r.window, r.imbalance_first, r.imbalance_last);
+    if (trainer.options().migration.enabled) {
+      std::printf("migration %d migration(s), %d expert(s) moved, %.3f s = %.2f %% of training time (rank 0)\n",
+                  r.migrations, r.migrated_experts, r.migration_seconds, 100.0 * r.migration_share);
+    }
+  }
+  if (!o.trace.empty()) std::printf("trace     %s (measured timeline, Chrome/Perfetto)\n", o.trace.c_str());
+  if (!o.record_expert_loads.empty()) {
+    std::printf("experts   loads of %lld step(s) written to %s (estimate/simulate --expert-loads)\n",
+                static_cast<long long>(trainer.expert_loads().steps), o.record_expert_loads.c_str());
+  }
+  if (!o.save.empty()) {
+    std::printf("checkpoint saved to %s/%s\n", o.save.c_str(), checkpoint_step_name(trainer.steps_done()).c_str());
+  }
+}
+
+Status train(const TrainCliOptions& o, comm::Communicator* world) {
+  const bool quiet = world != nullptr && world->rank() != 0;
+  if (!quiet) kernels::warn_gemm_environment();
+  set_rank_threads(o, world);
+  std::string auto_note;
+  PIPER_ASSIGN_OR_RETURN(runtime::TrainOptions t, train_options(o, world, &auto_note));
   if (o.device == "cuda") return train_gpu(t, o.steps, o.json);
   // The machine the predictions are for; loaded now so that a bad calibration file fails before training. Its
   // prices annotate the plan the ranks run, and the prediction simulates that plan (predict_vs_measured).
@@ -139,212 +285,27 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
                          local_cluster(t.ranks, kernels::kernel_threads(), o.calibration, o.comm_calibration));
   t.plan_prices = local_plan_prices(machine, t.model);
   PIPER_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(t));
-  if (!o.record_expert_loads.empty() && trainer->strategy().ep < 2) {
-    return invalid_argument("--record-expert-loads: the strategy has ep=1; expert loads are gathered over the "
-                            "expert-parallel ranks: use ep >= 2");
-  }
-  if (!o.save.empty()) PIPER_RETURN_IF_ERROR(trainer->prepare_save(o.save));  // before the first step
-  if (!o.resume.empty()) {
-    PIPER_RETURN_IF_ERROR(trainer->resume(o.resume));
-    if (!o.json && !quiet) {
-      const CheckpointMeta& r = trainer->resumed();
-      std::printf("resumed   from %s: step %lld, written by %d rank(s) under %s\n", trainer->resumed_dir().c_str(),
-                  static_cast<long long>(r.step), r.world_size, r.strategy.c_str());
-    }
-  }
-  const auto& plan = trainer->compiled().plan;
-  if (!o.json && !quiet) {
-    std::printf("model     %s (%s trainable parameters)\n", t.model.name.c_str(),
-                format_count(static_cast<double>(trainer->num_params())).c_str());
-    std::printf("strategy  %s%s\n", trainer->strategy().to_string().c_str(), auto_note.c_str());
-    if (!o.directives.empty()) std::printf("directives %s (compiled as written)\n", o.directives.c_str());
-    std::printf("plan      %zu instructions on %zu stream(s) on rank 0, %d microbatches per rank\n",
-                plan.program(0).num_instructions(), plan.program(0).streams.size(),
-                trainer->executor().num_microbatches());
-    if (trainer->dist() != nullptr) {
-      std::printf("ranks     %d MPI ranks (pp=%d dp=%d ep=%d tp=%d), plan hash %016llx equal on every rank\n",
-                  plan.world_size, plan.mesh.pp, plan.mesh.dp, plan.mesh.ep, plan.mesh.tp,
-                  static_cast<unsigned long long>(compile::plan_hash(plan)));
-    }
-    std::printf("batch     %lld x %lld tokens per step, data %s, seed %llu%s\n",
-                static_cast<long long>(trainer->options().global_batch), static_cast<long long>(o.seq_len),
-                o.data.empty() ? "(default corpus)" : o.data.c_str(), static_cast<unsigned long long>(o.seed),
-                o.resume.empty() ? "" : (", resumed at step " + std::to_string(trainer->steps_done())).c_str());
-  }
-  // --trace: every rank records its timeline from a common origin (taken right after a barrier).
-  std::unique_ptr<runtime::TraceRecorder> recorder;
-  if (!o.trace.empty()) {
-    const int rank = world != nullptr ? world->rank() : 0;
-    recorder = std::make_unique<runtime::TraceRecorder>(rank, plan.coords[static_cast<size_t>(rank)].pp,
-                                                        &trainer->memory_tracker());
-    trainer->executor().set_trace(recorder.get());
-    if (world != nullptr) {
-      PIPER_ASSIGN_OR_RETURN(comm::Handle b, world->barrier());
-      PIPER_RETURN_IF_ERROR(world->wait(b, kReportTimeoutS));
-    }
-    recorder->start();
-  }
-  Json steps = Json::array();
-  double loss_first = 0, loss_last = 0, seconds = 0, steady_seconds = 0, compute_seconds = 0, steady_compute = 0;
-  // Expert-parallel runs: each step's imbalance (max / mean tokens per ep rank) and the migrations.
+  PIPER_RETURN_IF_ERROR(prepare_checkpoints(o, *trainer, quiet));
+  if (!o.json && !quiet) print_header(o, *trainer, auto_note);
+  runtime::RunOptions run;
+  run.steps = o.steps;
+  run.save_dir = o.save;
+  run.save_every = o.save_every;
+  run.trace = !o.trace.empty();
   const bool expert_parallel = !trainer->executor().expert_placement().empty();
-  std::vector<double> imbalance;
-  double migration_seconds = 0;
-  int migrations = 0, migrated_experts = 0;
-  for (int64_t i = 0; i < o.steps; ++i) {
-    PIPER_ASSIGN_OR_RETURN(runtime::TrainStepStats s, trainer->step());
-    imbalance.push_back(s.imbalance);
-    migration_seconds += s.migration_seconds;
-    if (s.migrated_experts > 0) {
-      ++migrations;
-      migrated_experts += s.migrated_experts;
-    }
-    if (i == 0) loss_first = s.loss;
-    loss_last = s.loss;
-    seconds += s.seconds;
-    double step_compute = 0;
-    for (const auto& [task, task_s] : s.task_seconds) step_compute += task_s;
-    compute_seconds += step_compute;
-    if (i > 0) steady_seconds += s.seconds;
-    if (i > 0) steady_compute += step_compute;
-    steps.push_back(Json{{"step", s.step}, {"loss", s.loss}, {"aux_loss", s.aux_loss}, {"grad_norm", s.grad_norm},
-                         {"seconds", s.seconds}});
-    if (expert_parallel) {
-      steps.back()["imbalance"] = s.imbalance;
-      steps.back()["migrated_experts"] = s.migrated_experts;
-      steps.back()["migration_seconds"] = s.migration_seconds;
-    }
-    const bool save_now = !o.save.empty() && (i + 1 == o.steps || (o.save_every > 0 && s.step % o.save_every == 0));
-    if (save_now) PIPER_RETURN_IF_ERROR(trainer->save(o.save));
-    if (!o.json && !quiet) {
-      char imb[40] = "";
-      if (expert_parallel) std::snprintf(imb, sizeof(imb), "  imbalance %.2f", s.imbalance);
-      std::printf("step %5lld  loss %.4f  aux %.4f  |g| %.3f  %8.0f tok/s  %6.2f GFLOP/s  %.3f s%s\n",
-                  static_cast<long long>(s.step), s.loss, s.aux_loss, s.grad_norm, s.tokens_per_s, s.flops_per_s / 1e9,
-                  s.seconds, imb);
-      if (s.migrated_experts > 0) {
-        std::printf("migrate   after step %lld: %d expert(s) moved, window imbalance %.3f -> %.3f, %.2f ms\n",
-                    static_cast<long long>(s.step), s.migrated_experts, s.window_imbalance_before,
-                    s.window_imbalance_after, s.migration_seconds * 1e3);
-      }
-      std::fflush(stdout);
-    }
-  }
-  if (recorder != nullptr) trainer->executor().set_trace(nullptr);
-  // Throughput over the steps after the first (which pays for first-touch page faults), unless there is one.
-  const int64_t timed_steps = o.steps > 1 ? o.steps - 1 : 1;
-  const double timed_seconds = o.steps > 1 ? steady_seconds : seconds;
-  // Every rank's measurements (and timeline) go to rank 0.
-  const MemoryStats mem = trainer->memory();
-  RankMeasurement mine;
-  mine.step_time_s = timed_seconds / static_cast<double>(timed_steps);
-  mine.compute_s = (o.steps > 1 ? steady_compute : compute_seconds) / static_cast<double>(timed_steps);
-  mine.peak_bytes = mem.peak_total_bytes;
-  PIPER_ASSIGN_OR_RETURN(std::vector<RankMeasurement> measured, gather_measurements(world, mine));
-  std::vector<runtime::RankTimeline> timelines;
-  if (recorder != nullptr) {
-    if (world != nullptr) {
-      PIPER_ASSIGN_OR_RETURN(timelines, runtime::gather_timelines(*world, recorder->timeline(), kReportTimeoutS));
-    } else {
-      timelines.push_back(recorder->timeline());
-    }
-  }
+  if (!o.json && !quiet) run.on_step = [&](const runtime::TrainStepStats& s) { print_step(s, expert_parallel); };
+  PIPER_ASSIGN_OR_RETURN(runtime::RunSummary r, runtime::run_training(*trainer, run));
   if (quiet) return ok_status();
-  if (!o.trace.empty()) PIPER_RETURN_IF_ERROR(write_train_trace(o.trace, plan, timelines, mine.step_time_s));
+  const auto& plan = trainer->compiled().plan;
+  if (!o.trace.empty()) PIPER_RETURN_IF_ERROR(write_train_trace(o.trace, plan, r.timelines, r.mine.step_time_s));
   if (!o.record_expert_loads.empty()) {
     PIPER_RETURN_IF_ERROR(balance::save_expert_loads(o.record_expert_loads, trainer->expert_loads()));
   }
-  PIPER_ASSIGN_OR_RETURN(PredictionReport prediction, predict_vs_measured(*trainer, machine, measured));
-  const double tokens_per_s =
-      timed_seconds > 0 ? static_cast<double>(trainer->tokens_per_step() * timed_steps) / timed_seconds : 0;
-  const double flops = tokens_per_s * trainer->flops_per_token();
-  const double predicted = trainer->predicted_memory().total();
-  // Imbalance over the first and the last window of steps (mean of the steps' max / mean ep-rank tokens), and
-  // the time spent migrating as a share of the training time (steps + migrations, this rank's wall time).
-  const size_t window = std::min(imbalance.size(), static_cast<size_t>(t.migration.window_steps));
-  auto mean_of = [](auto begin, auto end) {
-    double sum = 0;
-    for (auto it = begin; it != end; ++it) sum += *it;
-    return end > begin ? sum / static_cast<double>(end - begin) : 1.0;
-  };
-  const double imbalance_first = mean_of(imbalance.begin(), imbalance.begin() + static_cast<ptrdiff_t>(window));
-  const double imbalance_last = mean_of(imbalance.end() - static_cast<ptrdiff_t>(window), imbalance.end());
-  const double migration_share = migration_seconds / std::max(1e-12, seconds + migration_seconds);
+  PIPER_ASSIGN_OR_RETURN(PredictionReport prediction, predict_vs_measured(*trainer, machine, r.measured));
   if (o.json) {
-    Json j{{"model", t.model.name},
-           {"strategy", trainer->strategy().to_string()},
-           {"strategy_auto", o.strategy == "auto"},
-           {"steps", steps},
-           {"loss_first", loss_first},
-           {"loss_last", loss_last},
-           {"tokens_per_s", tokens_per_s},
-           {"achieved_flops", flops},
-           {"peak_memory_bytes", mem.peak_total_bytes},
-           {"predicted_peak_memory_bytes", predicted},
-           {"peak_memory", memory_json(mem)},
-           {"predicted_memory", predicted_json(trainer->predicted_memory())},
-           {"plan_activation_peak_bytes", trainer->executor().planned_peak_bytes()},
-           {"pool_reserved_peak_bytes", trainer->reserved_peak_bytes()},
-           {"seconds", seconds},
-           {"ranks", plan.world_size},
-           {"plan_hash", hex64(compile::plan_hash(plan))}};
-    j["predicted_vs_measured"] = prediction.to_json();
-    if (!o.trace.empty()) j["trace"] = o.trace;
-    if (!o.record_expert_loads.empty()) j["expert_loads"] = o.record_expert_loads;
-    if (!o.save.empty()) j["saved"] = o.save;
-    if (expert_parallel) {
-      j["experts"] = Json{{"imbalance_first_window", imbalance_first},
-                          {"imbalance_last_window", imbalance_last},
-                          {"window_steps", window},
-                          {"migrate", t.migration.enabled},
-                          {"migrations", migrations},
-                          {"migrated_experts", migrated_experts},
-                          {"migration_seconds", migration_seconds},
-                          {"migration_share", migration_share}};
-    }
-    print_json(j.dump(2));
+    print_json_report(o, *trainer, r, prediction);
   } else {
-    std::printf("\nloss_first %.4f  loss_last %.4f  (%lld steps, %.1f s)\n", loss_first, loss_last,
-                static_cast<long long>(o.steps), seconds);
-    std::printf("tokens_per_s %.0f  achieved_flops %s\n", tokens_per_s, format_si(flops, "FLOP/s").c_str());
-    if (predicted <= 0) {  // af-pipe: estimate() has no model (the report below compares with the plan's peak)
-      std::printf("peak_memory_bytes %lld (%s)  predicted_peak_memory_bytes: none (no resource model of %s)\n",
-                  static_cast<long long>(mem.peak_total_bytes),
-                  format_bytes(static_cast<double>(mem.peak_total_bytes)).c_str(),
-                  o.directives.empty() ? trainer->strategy().schedule.c_str() : "the directive file's own schedule");
-    } else {
-      std::printf("peak_memory_bytes %lld (%s)  predicted_peak_memory_bytes %.0f (%s, %+.1f %%)\n",
-                  static_cast<long long>(mem.peak_total_bytes),
-                  format_bytes(static_cast<double>(mem.peak_total_bytes)).c_str(), predicted,
-                  format_bytes(predicted).c_str(),
-                  100.0 * (static_cast<double>(mem.peak_total_bytes) - predicted) / predicted);
-    }
-    std::printf("  by category (measured peak / predicted):");
-    const double pred[] = {trainer->predicted_memory().params, trainer->predicted_memory().grads,
-                           trainer->predicted_memory().optimizer, trainer->predicted_memory().activations,
-                           trainer->predicted_memory().buffers};
-    for (int c = 0; c < kNumMemCategories; ++c) {
-      std::printf(" %s %s / %s", to_string(static_cast<MemCategory>(c)), format_bytes(static_cast<double>(mem.peak_bytes[c])).c_str(),
-                  format_bytes(pred[c]).c_str());
-    }
-    std::printf("\n");
-    prediction.print();
-    if (expert_parallel) {
-      std::printf("experts   imbalance (max/mean tokens per ep rank, mean of %zu steps) first %.3f  last %.3f\n",
-                  window, imbalance_first, imbalance_last);
-      if (t.migration.enabled) {
-        std::printf("migration %d migration(s), %d expert(s) moved, %.3f s = %.2f %% of training time (rank 0)\n",
-                    migrations, migrated_experts, migration_seconds, 100.0 * migration_share);
-      }
-    }
-    if (!o.trace.empty()) std::printf("trace     %s (measured timeline, Chrome/Perfetto)\n", o.trace.c_str());
-    if (!o.record_expert_loads.empty()) {
-      std::printf("experts   loads of %lld step(s) written to %s (estimate/simulate --expert-loads)\n",
-                  static_cast<long long>(trainer->expert_loads().steps), o.record_expert_loads.c_str());
-    }
-    if (!o.save.empty()) {
-      std::printf("checkpoint saved to %s/%s\n", o.save.c_str(), checkpoint_step_name(trainer->steps_done()).c_str());
-    }
+    print_text_report(o, *trainer, r, prediction);
   }
   return ok_status();
 }

@@ -11,7 +11,7 @@
 // --calibration-out F`, src/spec/comm_calibration.h) replaces the link latency and bandwidth; `calibration`
 // (src/cost/device_model.h JSON) the GEMM efficiency curve. A CPU rank has no CUDA workspace: workspace_bytes = 0
 // as in Trainer::predicted_memory().
-// Rank 0 calls these; the measurements of every rank are gathered by the caller (cmd_train.cc).
+// Rank 0 calls these; the measurements of every rank are gathered by runtime::run_training.
 #pragma once
 
 #include <cstdint>
@@ -24,16 +24,13 @@
 #include "piper/cost/device_model.h"
 #include "piper/runtime/trace.h"
 #include "piper/runtime/trainer.h"
+#include "piper/runtime/training_run.h"
 #include "piper/spec/cluster_spec.h"
 
 namespace piper::cli {
 
-// One rank's measurements, means over the timed steps (all but the first when there are several).
-struct RankMeasurement {
-  double step_time_s = 0;
-  double compute_s = 0;  // wall seconds in compute and update tasks per step (all streams)
-  int64_t peak_bytes = 0;
-};
+// One rank's measurements (runtime/training_run.h).
+using RankMeasurement = runtime::RankMeasurement;
 
 struct LocalMachine {
   ClusterSpec cluster;

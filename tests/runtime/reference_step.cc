@@ -3,9 +3,23 @@
 #include <gtest/gtest.h>
 
 #include "piper/base/check.h"
+#include "piper/runtime/data_source.h"
 #include "piper/tensor/rng.h"
 
 namespace piper::runtime::testing {
+
+std::string write_pattern_token_file(const std::string& path) {
+  std::vector<uint16_t> tokens;
+  Rng rng(5);
+  for (int i = 0; i < 4000; ++i) {
+    const uint16_t a = static_cast<uint16_t>(rng.next_below(8));
+    tokens.push_back(a);
+    tokens.push_back(static_cast<uint16_t>(8 + 2 * a));
+    tokens.push_back(static_cast<uint16_t>(9 + 2 * a) % 32);
+  }
+  EXPECT_TRUE(write_token_file(path, tokens).ok()) << path;
+  return path;
+}
 
 ModelSpec small_moe_spec(bool shared_expert) {
   ModelSpec m;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "piper/runtime/data_loader.h"
@@ -16,6 +17,10 @@ namespace piper::runtime::testing {
 
 // 3 layers (dense, MoE with a shared expert, MoE), hidden 16, GQA 2/1 heads of 8, 4 experts top-2, vocab 32.
 ModelSpec small_moe_spec(bool shared_expert = true);
+
+// Writes a token file (.u16) with a learnable pattern of ids in [0, 32) (small_moe_spec's vocabulary) to `path`
+// and returns `path`.
+std::string write_pattern_token_file(const std::string& path);
 
 // Random batch of ids in [0, vocab).
 Batch random_batch(int64_t batch_size, int64_t seq, int64_t vocab, uint64_t seed);

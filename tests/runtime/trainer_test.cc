@@ -32,19 +32,7 @@ std::string temp_path(const std::string& name) {
 
 // A token file with a learnable pattern (ids in [0, 32)).
 std::string token_file() {
-  static const std::string path = [] {
-    std::string p = temp_path("tokens.u16");
-    std::vector<uint16_t> tokens;
-    Rng rng(5);
-    for (int i = 0; i < 4000; ++i) {
-      const uint16_t a = static_cast<uint16_t>(rng.next_below(8));
-      tokens.push_back(a);
-      tokens.push_back(static_cast<uint16_t>(8 + 2 * a));
-      tokens.push_back(static_cast<uint16_t>(9 + 2 * a) % 32);
-    }
-    EXPECT_TRUE(write_token_file(p, tokens).ok());
-    return p;
-  }();
+  static const std::string path = write_pattern_token_file(temp_path("tokens.u16"));
   return path;
 }
 

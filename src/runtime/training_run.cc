@@ -1,0 +1,138 @@
+#include "piper/runtime/training_run.h"
+
+#include <algorithm>
+#include <memory>
+#include <string>
+
+
+namespace piper::runtime {
+namespace {
+
+constexpr double kGatherTimeoutS = 120;
+
+// All ranks' measurements on every rank (one rank: just `mine`).
+Result<std::vector<RankMeasurement>> gather_measurements(comm::Communicator* world, const RankMeasurement& mine) {
+  if (world == nullptr) return std::vector<RankMeasurement>{mine};
+  const double in[3] = {mine.step_time_s, mine.compute_s, static_cast<double>(mine.peak_bytes)};
+  std::vector<double> all(static_cast<size_t>(3 * world->size()));
+  PIPER_ASSIGN_OR_RETURN(comm::Handle h, world->all_gather(in, all.data(), sizeof(in)));
+  PIPER_RETURN_IF_ERROR(world->wait(h, kGatherTimeoutS));
+  std::vector<RankMeasurement> out;
+  for (int r = 0; r < world->size(); ++r) {
+    const double* v = &all[static_cast<size_t>(3 * r)];
+    out.push_back(RankMeasurement{v[0], v[1], static_cast<int64_t>(v[2])});
+  }
+  return out;
+}
+
+// A recorder of this rank's timeline, attached to the executor and started right after a barrier, so that every
+// rank's timeline has (nearly) the same origin.
+Result<std::unique_ptr<TraceRecorder>> start_trace(Trainer& trainer) {
+  comm::Communicator* world = trainer.options().world;
+  const int rank = world != nullptr ? world->rank() : 0;
+  const auto& plan = trainer.compiled().plan;
+  auto recorder = std::make_unique<TraceRecorder>(rank, plan.coords[static_cast<size_t>(rank)].pp,
+                                                  &trainer.memory_tracker());
+  trainer.executor().set_trace(recorder.get());
+  if (world != nullptr) {
+    PIPER_ASSIGN_OR_RETURN(comm::Handle b, world->barrier());
+    PIPER_RETURN_IF_ERROR(world->wait(b, kGatherTimeoutS));
+  }
+  recorder->start();
+  return recorder;
+}
+
+StepRecord record_of(const TrainStepStats& s) {
+  return StepRecord{s.step, s.loss, s.aux_loss, s.grad_norm, s.seconds, s.imbalance, s.migrated_experts,
+                    s.migration_seconds};
+}
+
+double compute_seconds_of(const TrainStepStats& s) {
+  double sum = 0;
+  for (const auto& [task, task_s] : s.task_seconds) sum += task_s;
+  return sum;
+}
+
+bool save_due(const RunOptions& o, int64_t index, int64_t step) {
+  if (o.save_dir.empty()) return false;
+  return index + 1 == o.steps || (o.save_every > 0 && step % o.save_every == 0);
+}
+
+double mean_imbalance(std::vector<StepRecord>::const_iterator begin, std::vector<StepRecord>::const_iterator end) {
+  double sum = 0;
+  for (auto it = begin; it != end; ++it) sum += it->imbalance;
+  return end > begin ? sum / static_cast<double>(end - begin) : 1.0;
+}
+
+// Throughput, imbalance windows and migration share from the recorded steps.
+void summarise(const Trainer& trainer, int window_steps, double compute_all, double compute_steady, RunSummary* r) {
+  const int64_t n = static_cast<int64_t>(r->steps.size());
+  double steady = 0;
+  for (int64_t i = 1; i < n; ++i) steady += r->steps[static_cast<size_t>(i)].seconds;
+  r->timed_steps = n > 1 ? n - 1 : 1;
+  r->timed_seconds = n > 1 ? steady : r->seconds;
+  const double timed = static_cast<double>(r->timed_steps);
+  r->mine.step_time_s = r->timed_seconds / timed;
+  r->mine.compute_s = (n > 1 ? compute_steady : compute_all) / timed;
+  r->mine.peak_bytes = trainer.memory().peak_total_bytes;
+  r->tokens_per_s =
+      r->timed_seconds > 0 ? static_cast<double>(trainer.tokens_per_step()) * timed / r->timed_seconds : 0;
+  r->achieved_flops = r->tokens_per_s * trainer.flops_per_token();
+  r->window = std::min(r->steps.size(), static_cast<size_t>(std::max(0, window_steps)));
+  const auto w = static_cast<ptrdiff_t>(r->window);
+  r->imbalance_first = mean_imbalance(r->steps.begin(), r->steps.begin() + w);
+  r->imbalance_last = mean_imbalance(r->steps.end() - w, r->steps.end());
+  r->migration_share = r->migration_seconds / std::max(1e-12, r->seconds + r->migration_seconds);
+}
+
+// The steps, with their checkpoints and the caller's callback; accumulates into `r`.
+Status run_steps(Trainer& trainer, const RunOptions& o, RunSummary* r, double* compute_all, double* compute_steady) {
+  for (int64_t i = 0; i < o.steps; ++i) {
+    PIPER_ASSIGN_OR_RETURN(TrainStepStats s, trainer.step());
+    r->steps.push_back(record_of(s));
+    if (i == 0) r->loss_first = s.loss;
+    r->loss_last = s.loss;
+    r->seconds += s.seconds;
+    const double c = compute_seconds_of(s);
+    *compute_all += c;
+    if (i > 0) *compute_steady += c;
+    r->migration_seconds += s.migration_seconds;
+    if (s.migrated_experts > 0) {
+      ++r->migrations;
+      r->migrated_experts += s.migrated_experts;
+    }
+    if (save_due(o, i, s.step)) PIPER_RETURN_IF_ERROR(trainer.save(o.save_dir));
+    if (o.on_step) o.on_step(s);
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<RunSummary> run_training(Trainer& trainer, const RunOptions& o) {
+  if (o.steps < 1) return invalid_argument("run_training: steps must be >= 1, got " + std::to_string(o.steps));
+  if (o.save_every < 0) return invalid_argument("run_training: save_every must be >= 0");
+  RunSummary r;
+  r.expert_parallel = !trainer.executor().expert_placement().empty();
+  std::unique_ptr<TraceRecorder> recorder;
+  if (o.trace) {
+    PIPER_ASSIGN_OR_RETURN(recorder, start_trace(trainer));
+  }
+  double compute_all = 0, compute_steady = 0;
+  const Status ran = run_steps(trainer, o, &r, &compute_all, &compute_steady);
+  if (recorder != nullptr) trainer.executor().set_trace(nullptr);  // before the recorder goes, failed or not
+  PIPER_RETURN_IF_ERROR(ran);
+  summarise(trainer, trainer.options().migration.window_steps, compute_all, compute_steady, &r);
+  comm::Communicator* world = trainer.options().world;
+  PIPER_ASSIGN_OR_RETURN(r.measured, gather_measurements(world, r.mine));
+  if (recorder != nullptr) {
+    if (world != nullptr) {
+      PIPER_ASSIGN_OR_RETURN(r.timelines, gather_timelines(*world, recorder->timeline(), kGatherTimeoutS));
+    } else {
+      r.timelines.push_back(recorder->timeline());
+    }
+  }
+  return r;
+}
+
+}  // namespace piper::runtime

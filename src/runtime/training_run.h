@@ -1,0 +1,77 @@
+// The training loop of one rank: `steps` optimizer steps of a Trainer, checkpoints at the save points, the
+// measured timeline when asked, and the run's measurements gathered from every rank. `piper train` (and any
+// other front end) calls run_training() and prints what it returns; it decides nothing about the run itself.
+//
+// Collective: every rank of a multi-rank trainer calls run_training() with the same options, in the same order
+// as the trainer's other collectives. What each rank gets back:
+//   - steps, losses, seconds, imbalance, migrations: this rank's (losses are the all-rank loss, the same on
+//     every rank);
+//   - measured: every rank's RankMeasurement, ascending rank (one entry on one rank);
+//   - timelines (with RunOptions::trace): on rank 0 every rank's timeline, ascending rank; empty elsewhere.
+// Errors: a failed step (its error), a failed checkpoint write, a communication failure or timeout while
+// gathering (naming the rank). A step's error stops the loop at once; nothing after it runs.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "piper/base/status.h"
+#include "piper/runtime/trace.h"
+#include "piper/runtime/trainer.h"
+
+namespace piper::runtime {
+
+struct RunOptions {
+  int64_t steps = 1;  // >= 1
+  // Write a checkpoint under save_dir after the last step and, with save_every > 0, after every step whose
+  // number (TrainStepStats::step) is a multiple of save_every. "" = no checkpoints.
+  std::string save_dir;
+  int64_t save_every = 0;
+  // Record every rank's measured timeline (Executor::set_trace) from a common origin taken after a barrier.
+  bool trace = false;
+  // Called on this rank after each step and its checkpoint (e.g. to print the step). May be empty.
+  std::function<void(const TrainStepStats&)> on_step;
+};
+
+// One step as the run reports it (TrainStepStats without the per-task and per-expert maps).
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0, aux_loss = 0, grad_norm = 0, seconds = 0;
+  double imbalance = 1.0;
+  int migrated_experts = 0;
+  double migration_seconds = 0;
+};
+
+// One rank's measurements, means over the timed steps (all but the first when there are several: the first pays
+// for first-touch page faults).
+struct RankMeasurement {
+  double step_time_s = 0;
+  double compute_s = 0;  // wall seconds in compute and update tasks per step (all streams)
+  int64_t peak_bytes = 0;
+};
+
+struct RunSummary {
+  std::vector<StepRecord> steps;
+  double loss_first = 0, loss_last = 0;
+  double seconds = 0;        // all steps, this rank's wall time
+  int64_t timed_steps = 0;   // the steps the throughput is over (all but the first when there are several)
+  double timed_seconds = 0;  // their wall time
+  double tokens_per_s = 0, achieved_flops = 0;  // over the timed steps; model FLOPs (docs/counting.md)
+  // Expert-parallel runs (imbalance = max / mean tokens per ep rank): the mean over the first and the last
+  // `window` steps (window = min(steps, migration window)), the migrations and the share of this rank's
+  // time (steps + migrations) spent migrating.
+  bool expert_parallel = false;
+  size_t window = 0;
+  double imbalance_first = 1.0, imbalance_last = 1.0;
+  int migrations = 0, migrated_experts = 0;
+  double migration_seconds = 0, migration_share = 0;
+  RankMeasurement mine;
+  std::vector<RankMeasurement> measured;  // every rank's, ascending rank
+  std::vector<RankTimeline> timelines;    // RunOptions::trace, rank 0: every rank's; otherwise empty
+};
+
+Result<RunSummary> run_training(Trainer& trainer, const RunOptions& options);
+
+}  // namespace piper::runtime
