@@ -194,7 +194,8 @@ void print_allocation(const char* label, const planner::AfAllocation& a) {
 }
 
 Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const ClusterSpec& cluster,
-                        const TrainSpec& train, const cost::Calibration& calibration) {
+                        const TrainSpec& train, const cost::Calibration& calibration,
+                        const std::string& calibration_source) {
   planner::AfOptions options;
   options.memory_fraction = o.memory_fraction;
   PIPER_ASSIGN_OR_RETURN(options.placement, planner::parse_af_placement(o.af_placement));
@@ -246,6 +247,7 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
     j["world_size"] = cluster.world_size();
     j["seq_len"] = train.seq_len;
     j["global_batch"] = train.global_batch;
+    j["calibration"] = calibration_source;
     j["ports"] = {{"count", af.total_ports()},
                   {"bw_bytes_per_s", af.port_bw()},
                   {"nics", af.ports_are_nics()},
@@ -289,6 +291,7 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
         model.name.c_str(), cluster.name.c_str(), cluster.num_nodes, cluster.world_size(), af.total_ports(),
         af.ports_are_nics() ? "NIC ports" : "device-link ports", format_si(af.port_bw(), "B/s").c_str(),
         static_cast<long long>(train.seq_len), static_cast<long long>(train.global_batch));
+    std::printf("calibration %s\n", calibration_source.c_str());
     std::printf("search   %lld feasible GPU splits x %lld port splits; rejected:", static_cast<long long>(r.gpu_splits),
                 static_cast<long long>(r.port_splits));
     for (const auto& [rule, n] : r.rejected) {
@@ -361,8 +364,7 @@ Status run_plan(const PlanOptions& o) {
     calibration_source = device.source;
   }
   if (o.disaggregate) {
-    if (!o.json) std::fprintf(stderr, "plan: calibration %s\n", calibration_source.c_str());
-    return run_disaggregate(o, model, cluster, train, calibration);
+    return run_disaggregate(o, model, cluster, train, calibration, calibration_source);
   }
   planner::SearchOptions options;
   options.top_k = o.top_k;

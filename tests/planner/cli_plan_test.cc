@@ -193,6 +193,9 @@ TEST(CliPlanTest, DisaggregateJsonAgreesWithEnumeration) {
   EXPECT_NE(best["strategy"].get<std::string>().find("disagg=1"), std::string::npos);
   EXPECT_GT(j["gpu_splits"].get<int64_t>(), 0);
   EXPECT_TRUE(j["roofline"].contains("attn_turning_seq"));
+  // Like every other report, it names the calibration it used (here the cluster preset's figures), in the JSON.
+  ASSERT_TRUE(j.contains("calibration")) << out;
+  EXPECT_FALSE(j["calibration"].get<std::string>().empty());
   // The simulator scores the best allocation (even or not: the compiler lowers uneven splits) and the local
   // search's result, which is never slower than the best.
   double best_sim = -1, local_sim = -1;
@@ -215,6 +218,7 @@ TEST(CliPlanTest, DisaggregateJsonAgreesWithEnumeration) {
           &rc);
   ASSERT_EQ(rc, 0) << text;
   EXPECT_NE(text.find("roofline"), std::string::npos) << text;
+  EXPECT_NE(text.find("\ncalibration "), std::string::npos) << text;
   out = run("plan --model deepseek-v2-lite --cluster h800 --nodes 4 --global-batch 240 --disaggregate --solver glpk",
             &rc);
   EXPECT_NE(rc, 0);
