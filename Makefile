@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: run test build setup clean fault-matrix sanitize fuzz fidelity property-large
+.PHONY: run test build setup clean fault-matrix sanitize fuzz fidelity property-large experiments
 
 run: build
 	. scripts/env.sh && scripts/main-job.sh $(BUILD)/src/cli/piper
@@ -31,6 +31,11 @@ setup:
 # Every row of every fidelity table as docs/fidelity.md and docs/fidelity.json (regenerates the checked-in report).
 fidelity: build
 	. scripts/env.sh && scripts/fidelity.sh $(BUILD)
+
+# The design's headline experiments (experiments/*.py): tables (markdown + JSON) and SVG plots under
+# docs/experiments/, and the summary page docs/experiments.md (a few minutes on 2 cores).
+experiments: build
+	. scripts/env.sh && PIPER=$(BUILD)/src/cli/piper experiments/run_all.sh
 
 # The whole kill-at-point matrix as a table (docs/reliability.md, "Faults"; a few minutes).
 fault-matrix: build
