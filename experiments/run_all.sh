@@ -9,7 +9,7 @@ export PIPER=$(readlink -f "${PIPER:-build/src/cli/piper}")
 # may lack it.
 PY=python3
 if ! python3 -c "import matplotlib" 2>/dev/null && [ -x /usr/bin/python3 ]; then PY=/usr/bin/python3; fi
-for s in disaggregation schedules hpc_scaling migration halo_measured; do
+for s in disaggregation af_model schedules hpc_scaling migration halo_measured; do
   echo "experiments: $s" >&2
   $PY "experiments/$s.py" || { echo "experiments: $s.py failed" >&2; exit 1; }
 done
