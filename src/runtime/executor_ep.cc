@@ -215,16 +215,7 @@ Status Executor::Impl::ep_exchange(const Task& t) {
   };
 
   if (!t.gradient) {
-    Activation a;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      std::optional<Activation> taken = detail::take_pending(fwd, t.sources[0]);
-      if (!taken) {
-        return internal_error("input of '" + t.in->label + "' from '" + graph->node(t.sources[0]).name +
-                              "' is not available: the plan runs it before its producer");
-      }
-      a = std::move(*taken);
-    }
+    PIPER_ASSIGN_OR_RETURN(Activation a, take_message<Activation>(t, t.sources[0]));
     Activation out;
     if (is_dispatch(n)) {
       if (!a.routed || !a.hidden) return internal_error("'" + t.in->label + "': the router sent no routing");
@@ -294,25 +285,21 @@ Status Executor::Impl::ep_exchange(const Task& t) {
       for (int64_t i = 0; i < hidden->numel(); ++i) o[i] = xr[i] + scale * y[static_cast<size_t>(i)];
       out.hidden = std::move(hidden);
     }
+    publish_message(t, std::move(out));
     std::lock_guard<std::mutex> lock(mu);
-    fwd[t.in->node] = detail::Pending<Activation>{std::move(out), t.consumers};
     task_seconds["a2a." + n.tags.part + ".F"] +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return ok_status();
   }
 
   std::vector<Gradient> grads;
+  for (ir::NodeId src : t.sources) {
+    PIPER_ASSIGN_OR_RETURN(Gradient g, take_message<Gradient>(t, src));
+    grads.push_back(std::move(g));
+  }
   std::shared_ptr<detail::EpExchange> x;
   {
     std::lock_guard<std::mutex> lock(mu);
-    for (ir::NodeId src : t.sources) {
-      std::optional<Gradient> g = detail::take_pending(bwd, src);
-      if (!g) {
-        return internal_error("gradient of '" + t.in->label + "' from '" + graph->node(src).name +
-                              "' is not available: the plan runs it before its producer");
-      }
-      grads.push_back(std::move(*g));
-    }
     auto it = ep->exchanges.find(exchange_key);
     if (it == ep->exchanges.end()) return internal_error("'" + t.in->label + "' runs before its forward dispatch");
     x = it->second;
@@ -372,9 +359,9 @@ Status Executor::Impl::ep_exchange(const Task& t) {
     out.dnormed = tensor_from(dhn.data(), tokens, h, MemCategory::kBuffers, allocator);
     out.dtopk_w = std::move(dtopk_w);
   }
+  publish_message(t, std::move(out));
   std::lock_guard<std::mutex> lock(mu);
   if (is_dispatch(n)) ep->exchanges.erase(exchange_key);
-  bwd[t.in->node] = detail::Pending<Gradient>{std::move(out), t.consumers};
   task_seconds["a2a." + n.tags.part + ".B"] +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return ok_status();

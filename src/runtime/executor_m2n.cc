@@ -285,24 +285,6 @@ Status Executor::Impl::m2n_exchange(const Task& t) {
     }
     return ok_status();
   };
-  auto take_fwd = [&](ir::NodeId src) -> Result<Activation> {
-    std::lock_guard<std::mutex> lock(mu);
-    std::optional<Activation> a = detail::take_pending(fwd, src);
-    if (!a) {
-      return internal_error("'" + in.label + "': the output of '" + graph->node(src).name +
-                            "' is not available: the plan sends it before it is computed");
-    }
-    return std::move(*a);
-  };
-  auto take_bwd = [&](ir::NodeId src) -> Result<Gradient> {
-    std::lock_guard<std::mutex> lock(mu);
-    std::optional<Gradient> g = detail::take_pending(bwd, src);
-    if (!g) {
-      return internal_error("'" + in.label + "': the gradient of '" + graph->node(src).name +
-                            "' is not available: the plan sends it before it is computed");
-    }
-    return std::move(*g);
-  };
   // The receive streams post their receives in the channel's order, concurrently with the send stream that
   // dispatches: wait (bounded by the communication timeout) until the dispatch recorded its routing.
   auto source_state = [&]() -> Result<std::shared_ptr<detail::M2nSource>> {
@@ -332,14 +314,6 @@ Status Executor::Impl::m2n_exchange(const Task& t) {
     return m2n->sinks.at(key);
   };
 
-  auto publish_fwd = [&](Activation a) {
-    std::lock_guard<std::mutex> lock(mu);
-    fwd[in.node] = detail::Pending<Activation>{std::move(a), t.consumers};
-  };
-  auto publish_bwd = [&](Gradient g) {
-    std::lock_guard<std::mutex> lock(mu);
-    bwd[in.node] = detail::Pending<Gradient>{std::move(g), t.consumers};
-  };
   struct Meta {
     int32_t expert;
     float weight;
@@ -349,7 +323,7 @@ Status Executor::Impl::m2n_exchange(const Task& t) {
 
   if (!t.gradient && sending && !t.m2n_ffn) {
     // router -> experts F (attention rank): rows to the expert's FFN rank.
-    PIPER_ASSIGN_OR_RETURN(Activation a, take_fwd(t.source));
+    PIPER_ASSIGN_OR_RETURN(Activation a, take_message<Activation>(t, t.source));
     if (!a.routed || !a.hidden) return internal_error("'" + in.label + "': the router sent no routing");
     auto s = std::make_shared<detail::M2nSource>();
     s->tokens = a.hidden->numel() / h;
@@ -502,10 +476,10 @@ Status Executor::Impl::m2n_exchange(const Task& t) {
     }
     Activation a;
     a.ep = std::move(got);
-    publish_fwd(std::move(a));
+    publish_message(t, std::move(a));
   } else if (!t.gradient && sending && t.m2n_ffn) {
     // experts -> next F (FFN rank): output rows back to their sources.
-    PIPER_ASSIGN_OR_RETURN(Activation a, take_fwd(t.source));
+    PIPER_ASSIGN_OR_RETURN(Activation a, take_message<Activation>(t, t.source));
     PIPER_ASSIGN_OR_RETURN(auto sink, sink_state());
     if (!a.ep || !a.ep->rows) return internal_error("'" + in.label + "': the experts chunk produced no rows");
     if (t.m2n_local) {
@@ -556,10 +530,10 @@ Status Executor::Impl::m2n_exchange(const Task& t) {
     std::shared_ptr<Tensor> out = combine_rows(*s, back->data(), h, k, scale, allocator);
     Activation a;
     a.hidden = std::move(out);
-    publish_fwd(std::move(a));
+    publish_message(t, std::move(a));
   } else if (t.gradient && sending && !t.m2n_ffn) {
     // next -> experts B (attention rank): the scaled output gradient dispatched like the tokens.
-    PIPER_ASSIGN_OR_RETURN(Gradient g, take_bwd(t.source));
+    PIPER_ASSIGN_OR_RETURN(Gradient g, take_message<Gradient>(t, t.source));
     PIPER_ASSIGN_OR_RETURN(auto s, source_state());
     if (!g.dhidden || g.dhidden->numel() != s->tokens * h) {
       return internal_error("'" + in.label + "': the gradient is not [tokens, hidden]");
@@ -603,10 +577,10 @@ Status Executor::Impl::m2n_exchange(const Task& t) {
     got->rows = std::move(rows_t);
     Gradient g;
     g.ep = std::move(got);
-    publish_bwd(std::move(g));
+    publish_message(t, std::move(g));
   } else if (t.gradient && sending && t.m2n_ffn) {
     // experts -> router B (FFN rank): each source's input-gradient rows and routing-weight gradients.
-    PIPER_ASSIGN_OR_RETURN(Gradient g, take_bwd(t.source));
+    PIPER_ASSIGN_OR_RETURN(Gradient g, take_message<Gradient>(t, t.source));
     PIPER_ASSIGN_OR_RETURN(auto sink, sink_state());
     if (!g.ep || !g.ep->rows) return internal_error("'" + in.label + "': the experts chunk produced no row gradients");
     const size_t stride = static_cast<size_t>(h) + 1;
@@ -712,7 +686,7 @@ Status Executor::Impl::m2n_exchange(const Task& t) {
       std::lock_guard<std::mutex> lock(mu);
       m2n->sources.erase(key);
     }
-    publish_bwd(std::move(g));
+    publish_message(t, std::move(g));
   }
   std::lock_guard<std::mutex> lock(mu);
   task_seconds[std::string("m2n.") + (t.gradient ? "B" : "F")] +=
