@@ -217,6 +217,7 @@ struct Executor::Impl {
   // After every instruction is resolved: MoE layers, expert norm owners, the HALO context (collective over ep).
   Status ep_setup();
   Status ep_exchange(const Task& t);
+  struct EpCall;  // one all-to-all being run: flat/HALO exchanges and the dispatch/combine F/B (executor_ep.cc)
   // Before the global norm: expert gradients become the mean over the ep group's objectives.
   void ep_scale_grads();
   // Tokens each expert received this step, per MoE layer, summed over the ranks (collective when distributed).
@@ -237,6 +238,10 @@ struct Executor::Impl {
   // Checks a placement table (every layer an experts layer, each a permutation of the experts).
   Status check_expert_placement(const std::map<int, std::vector<int>>& placement) const;
   Result<ExpertMigration> ep_migrate(const std::map<int, std::vector<int>>& placement);
+  // One layer of ep_migrate whose placement changes to `next`: counts the experts that change rank, and on the
+  // rank holding the layer's experts moves their state (ZeRO shards gathered first, re-sharded after).
+  Status migrate_layer(int layer, const std::vector<int>& next, const std::map<std::string, Tensor*>& moments,
+                       ExpertMigration* out);
   // Expert migration of a ZeRO-sharded experts chunk: the moments (and the ZeRO-3 values) of the shard group
   // all-gathered into whole tensors per trainable parameter (kinds m, v[, value]), and back into this rank's shard.
   Result<std::vector<std::vector<std::vector<float>>>> gather_shard_state(Chunk& chunk, const Shard& sh);
