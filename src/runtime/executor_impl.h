@@ -230,7 +230,9 @@ struct Executor::Impl {
   // chunk is a routed exchange (true); a dense one (false) runs as a pipeline send/recv with the same-dp peer.
   std::shared_ptr<detail::M2nState> m2n;
   Result<bool> resolve_m2n(const compile::Instruction& in, Task* t);
+  // Runs the variant of (pass, side, direction) that M2nCall's table names (executor_m2n.cc).
   Status m2n_exchange(const Task& t);
+  struct M2nCall;  // one routed m2n instruction being run: its context, shared pieces and the eight variants
   // Before a compute task on an FFN rank: the experts' output rows for the head become its hidden input (the
   // combine inside the FFN group), and the head's gradient becomes the experts' row gradients (transposed).
   Status m2n_local_inputs(const Task& t, std::vector<Activation>* inputs);
