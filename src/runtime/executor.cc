@@ -19,8 +19,6 @@ using compile::OpKind;
 using detail::key_name;
 using detail::StashKey;
 using detail::Task;
-template <typename Msg>
-using Pending = detail::Pending<Msg>;
 
 namespace {
 constexpr auto kWaitTimeout = std::chrono::seconds(600);
@@ -29,6 +27,31 @@ constexpr auto kWaitTimeout = std::chrono::seconds(600);
 std::string detail::key_name(const StashKey& k) {
   return "(layer " + std::to_string(std::get<0>(k)) + ", " + std::get<1>(k) + ", mb " + std::to_string(std::get<2>(k)) +
          ")";
+}
+
+Result<std::shared_ptr<const Tensor>> Executor::Impl::take_hidden(const Task& t, const std::string& boundary) {
+  if (t.gradient) {
+    PIPER_ASSIGN_OR_RETURN(Gradient g, take_message<Gradient>(t, t.source));
+    if (g.dnormed || g.dtopk_w) {
+      return unimplemented("'" + t.in->label + "': an experts -> router edge crosses " + boundary);
+    }
+    return g.dhidden;
+  }
+  PIPER_ASSIGN_OR_RETURN(Activation a, take_message<Activation>(t, t.source));
+  if (a.routed) return unimplemented("'" + t.in->label + "': a router -> experts edge crosses " + boundary);
+  return a.hidden;
+}
+
+void Executor::Impl::publish_hidden(const Task& t, std::shared_ptr<const Tensor> x) {
+  if (t.gradient) {
+    Gradient g;
+    g.dhidden = std::move(x);
+    publish_message(t, std::move(g));
+  } else {
+    Activation a;
+    a.hidden = std::move(x);
+    publish_message(t, std::move(a));
+  }
 }
 
 Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const compile::Program& program,
@@ -255,14 +278,9 @@ Status Executor::Impl::compute(const Task& t) {
       inputs = std::move(it->second);
       recompute_inputs.erase(it);
     } else {
-      std::lock_guard<std::mutex> lock(mu);
       for (ir::NodeId src : t.sources) {
-        std::optional<Activation> a = detail::take_pending(fwd, src);
-        if (!a) {
-          return internal_error("input of '" + label + "' from '" + graph->node(src).name +
-                                "' is not available: the plan runs it before its producer");
-        }
-        inputs.push_back(std::move(*a));
+        PIPER_ASSIGN_OR_RETURN(Activation a, take_message<Activation>(t, src));
+        inputs.push_back(std::move(a));
       }
     }
     if (m2n != nullptr) PIPER_RETURN_IF_ERROR(m2n_local_inputs(t, &inputs));  // af-pipe (executor_m2n.cc)
@@ -285,7 +303,7 @@ Status Executor::Impl::compute(const Task& t) {
     loss_mb[static_cast<size_t>(t.mb)] += (*stash)->loss;
     aux_mb[static_cast<size_t>(t.mb)] += (*stash)->aux_loss;
     stashes[t.key] = std::move(stash).value();
-    if (t.consumers > 0) fwd[t.in->node] = Pending<Activation>{std::move(out), t.consumers};
+    if (t.consumers > 0) publish_message(t, std::move(out));
     return ok_status();
   }
   if (t.grad_index >= 0 && shard != shards.end() && shard->second.per_microbatch) {
@@ -317,14 +335,10 @@ Status Executor::Impl::compute(const Task& t) {
                             ": its forward has not run or they were freed");
     }
     stash = it->second.get();
-    for (ir::NodeId src : t.sources) {
-      std::optional<Gradient> g = detail::take_pending(bwd, src);
-      if (!g) {
-        return internal_error("gradient of '" + label + "' from '" + graph->node(src).name +
-                              "' is not available: the plan runs it before its producer");
-      }
-      grads.push_back(std::move(*g));
-    }
+  }
+  for (ir::NodeId src : t.sources) {
+    PIPER_ASSIGN_OR_RETURN(Gradient g, take_message<Gradient>(t, src));
+    grads.push_back(std::move(g));
   }
   if (m2n != nullptr) PIPER_RETURN_IF_ERROR(m2n_local_grads(t, &grads));  // af-pipe (executor_m2n.cc)
   if (t.pass == ir::Pass::kW) {
@@ -336,8 +350,7 @@ Status Executor::Impl::compute(const Task& t) {
     PIPER_RETURN_IF_ERROR(t.chunk->backward_input(ctx, ptrs, *stash, &dx));
     grads.clear();
     if (t.pass == ir::Pass::kBW) t.chunk->backward_weight(ctx, *stash);
-    std::lock_guard<std::mutex> lock(mu);
-    if (t.consumers > 0) bwd[t.in->node] = Pending<Gradient>{std::move(dx), t.consumers};
+    if (t.consumers > 0) publish_message(t, std::move(dx));
   }
   if (t.pass == ir::Pass::kW || t.pass == ir::Pass::kBW) {
     std::lock_guard<std::mutex> lock(mu);
@@ -492,8 +505,7 @@ Result<StepResult> Executor::run_step(const Batch& batch) {
   m.model->zero_grads();
   m.batch = &batch;
   m.mbs = batch.batch_size / m.num_mb;
-  m.fwd.clear();
-  m.bwd.clear();
+  m.messages.clear();
   m.stashes.clear();
   m.recompute_inputs.clear();
   m.events.assign(static_cast<size_t>(m.num_events), 0);
@@ -540,8 +552,7 @@ Result<StepResult> Executor::run_step(const Batch& batch) {
   if (m.failed) {
     m.stashes.clear();
     m.recompute_inputs.clear();
-    m.fwd.clear();
-    m.bwd.clear();
+    m.messages.clear();
     return m.error;
   }
   if (!m.recompute_inputs.empty()) {
@@ -551,9 +562,8 @@ Result<StepResult> Executor::run_step(const Batch& batch) {
   if (!m.stashes.empty()) {
     return internal_error("executor: the plan never freed the activations of " + key_name(m.stashes.begin()->first));
   }
-  if (!m.fwd.empty() || !m.bwd.empty()) {
-    return internal_error("executor: a task's output was never consumed (node '" +
-                          m.graph->node(!m.fwd.empty() ? m.fwd.begin()->first : m.bwd.begin()->first).name + "')");
+  if (std::optional<ir::NodeId> left = m.messages.leftover()) {
+    return internal_error("executor: a task's output was never consumed (node '" + m.graph->node(*left).name + "')");
   }
   if (m.updates_done != m.updates_expected) return internal_error("executor: not every chunk was updated once");
   StepResult r;

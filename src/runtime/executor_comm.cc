@@ -217,28 +217,7 @@ Status Executor::Impl::wait_comm(comm::Communicator& c, comm::Handle& h, std::sh
 Status Executor::Impl::send(const Task& t) {
   const Instruction& in = *t.in;
   if (t.m2n_routed) return m2n_exchange(t);
-  std::shared_ptr<const Tensor> tensor;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto take = [&](auto& map) -> Status {
-      auto taken = detail::take_pending(map, t.source);
-      if (!taken) {
-        return internal_error("'" + in.label + "': the output of '" + graph->node(t.source).name +
-                              "' is not available: the plan sends it before it is computed");
-      }
-      const auto& msg = *taken;
-      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(msg)>, Activation>) {
-        if (msg.routed) return unimplemented("'" + in.label + "': a router -> experts edge crosses ranks");
-        tensor = msg.hidden;
-      } else {
-        if (msg.dnormed || msg.dtopk_w)
-          return unimplemented("'" + in.label + "': an experts -> router edge crosses ranks");
-        tensor = msg.dhidden;
-      }
-      return ok_status();
-    };
-    PIPER_RETURN_IF_ERROR(t.gradient ? take(bwd) : take(fwd));
-  }
+  PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Tensor> tensor, take_hidden(t, "ranks"));
   if (tensor == nullptr) return internal_error("'" + in.label + "': the message has no hidden tensor");
   PIPER_ASSIGN_OR_RETURN(comm::Handle h, dist->p2p().isend(tensor->data(), static_cast<size_t>(tensor->nbytes()),
                                                            t.peer, static_cast<int>(in.tag)));
@@ -256,16 +235,7 @@ Status Executor::Impl::recv(const Task& t) {
   PIPER_ASSIGN_OR_RETURN(comm::Handle h, dist->p2p().irecv(tensor->data(), static_cast<size_t>(tensor->nbytes()),
                                                            t.peer, static_cast<int>(in.tag)));
   PIPER_RETURN_IF_ERROR(wait_comm(dist->p2p(), h, tensor, "receive from rank " + std::to_string(t.peer)));
-  std::lock_guard<std::mutex> lock(mu);
-  if (t.gradient) {
-    Gradient g;
-    g.dhidden = tensor;
-    bwd[in.node] = detail::Pending<Gradient>{std::move(g), t.consumers};
-  } else {
-    Activation a;
-    a.hidden = tensor;
-    fwd[in.node] = detail::Pending<Activation>{std::move(a), t.consumers};
-  }
+  publish_hidden(t, std::move(tensor));
   return ok_status();
 }
 

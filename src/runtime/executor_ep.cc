@@ -183,199 +183,238 @@ Status Executor::Impl::resolve_ep(const Instruction& in, Task* t) {
   return ok_status();
 }
 
+// One expert all-to-all instruction being run: its context, the flat or HALO version of each exchange, and the
+// four exchanges (dispatch and combine, forward and backward).
+struct Executor::Impl::EpCall {
+  EpCall(Impl& impl, const Task& task, int layer)
+      : x(impl),
+        t(task),
+        h(impl.model->dims().hidden),
+        k(impl.model->dims().top_k),
+        scale(static_cast<float>(impl.model->dims().routed_scaling)),
+        timeout_s(impl.dist->timeout_s()),
+        c(*task.comm),
+        p(task.comm->size()),
+        layer(layer) {}
+
+  Result<comm::DispatchResult> dispatch(const float* tokens, const comm::MoeRouting& r) const {
+    if (x.ep->halo) return comm::halo_dispatch(*x.ep->halo_context, tokens, h * sizeof(float), r, timeout_s);
+    return comm::flat_dispatch(c, tokens, h * sizeof(float), r, comm::FlatDispatchKind::kPairwise, timeout_s);
+  }
+  Result<std::vector<float>> combine(std::span<const float> rows, const comm::MoeRouting& r,
+                                     std::span<const float> w) const {
+    if (x.ep->halo) return comm::halo_combine(*x.ep->halo_context, rows, h, r, w, timeout_s);
+    return comm::flat_combine(c, rows, h, r, w, comm::FlatDispatchKind::kPairwise, timeout_s);
+  }
+  Status all_to_all(const void* send, std::span<const size_t> send_bytes, void* recv,
+                    std::span<const size_t> recv_bytes) const {
+    if (x.ep->halo) return comm::halo_all_to_all_v(*x.ep->halo_context, send, send_bytes, recv, recv_bytes, timeout_s);
+    return comm::pairwise_all_to_all_v(c, send, send_bytes, recv, recv_bytes, timeout_s);
+  }
+
+  Result<Activation> dispatch_forward(const Activation& a);
+  Result<Activation> combine_forward(const Activation& a);
+  Result<Gradient> combine_backward(const std::vector<Gradient>& grads, const detail::EpExchange& ex);
+  Result<Gradient> dispatch_backward(const std::vector<Gradient>& grads, const detail::EpExchange& ex);
+
+  Impl& x;
+  const Task& t;
+  const int64_t h;
+  const int k;
+  const float scale;
+  const double timeout_s;
+  comm::Communicator& c;
+  const int p;
+  const int layer;
+};
+
+namespace {
+
+std::vector<size_t> scaled_bytes(const std::vector<size_t>& rows, size_t b) {
+  std::vector<size_t> out(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) out[i] = rows[i] * b;
+  return out;
+}
+
+// Each dispatched row's local expert and routing weight, in the dispatch's (source, token, slot) order.
+struct RowMeta {
+  int32_t expert;
+  float weight;
+};
+
+}  // namespace
+
+// dispatch F: rows (token, slot) of the normed input to the expert's rank, each row's local expert and weight
+// after them; the routing is kept until the dispatch B.
+Result<Activation> Executor::Impl::EpCall::dispatch_forward(const Activation& a) {
+  if (!a.routed || !a.hidden) return internal_error("'" + t.in->label + "': the router sent no routing");
+  auto ex = std::make_shared<detail::EpExchange>();
+  ex->routed = a.routed;
+  const int64_t tokens = a.hidden->numel() / h;
+  ex->routing.num_tokens = tokens;
+  ex->routing.top_k = k;
+  ex->routing.dest_ranks.resize(static_cast<size_t>(tokens * k));
+  ex->rows_to.assign(static_cast<size_t>(p), 0);
+  // The physical slot of each routed (token, slot): its rank and local expert there.
+  const std::vector<int>& slot_of = x.ep->expert_slot.at(layer);
+  std::vector<int32_t> slots(ex->routing.dest_ranks.size());
+  for (size_t i = 0; i < ex->routing.dest_ranks.size(); ++i) {
+    slots[i] = slot_of[static_cast<size_t>(a.routed->topk_idx[i])];
+    const int d = slots[i] / x.ep->experts_per_rank;
+    ex->routing.dest_ranks[i] = d;
+    ++ex->rows_to[static_cast<size_t>(d)];
+  }
+  PIPER_ASSIGN_OR_RETURN(comm::DispatchResult got, dispatch(a.routed->normed->data(), ex->routing));
+  ex->rows_from.assign(got.rows_from.begin(), got.rows_from.end());
+  int64_t rows = 0;
+  for (size_t r : ex->rows_from) rows += static_cast<int64_t>(r);
+  std::vector<size_t> first(static_cast<size_t>(p) + 1, 0);
+  for (int d = 0; d < p; ++d) first[d + 1] = first[d] + ex->rows_to[d];
+  std::vector<RowMeta> send(first[p]), recv(static_cast<size_t>(rows));
+  for (size_t i = 0; i < ex->routing.dest_ranks.size(); ++i) {
+    const int d = ex->routing.dest_ranks[i];
+    send[first[d]++] = RowMeta{slots[i] - d * x.ep->experts_per_rank, a.routed->topk_w.data()[i]};
+  }
+  PIPER_RETURN_IF_ERROR(all_to_all(send.data(), scaled_bytes(ex->rows_to, sizeof(RowMeta)), recv.data(),
+                                   scaled_bytes(ex->rows_from, sizeof(RowMeta))));
+  auto rows_in = std::make_shared<EpRows>();
+  rows_in->rows = tensor_from(got.rows.data(), rows, h, MemCategory::kActivations, x.allocator);
+  rows_in->expert.resize(static_cast<size_t>(rows));
+  rows_in->weight.resize(static_cast<size_t>(rows));
+  for (size_t i = 0; i < recv.size(); ++i) {
+    rows_in->expert[i] = recv[i].expert;
+    rows_in->weight[i] = recv[i].weight;
+  }
+  ex->dispatched = rows_in;
+  Activation out;
+  out.hidden = a.hidden;
+  out.routed = a.routed;
+  out.ep = std::move(rows_in);
+  std::lock_guard<std::mutex> lock(x.mu);
+  x.ep->exchanges[std::make_pair(layer, t.mb)] = std::move(ex);
+  return out;
+}
+
+// combine F: the expert output rows back to their source, weighted and summed in slot order, plus the residual.
+Result<Activation> Executor::Impl::EpCall::combine_forward(const Activation& a) {
+  std::shared_ptr<detail::EpExchange> ex;
+  {
+    std::lock_guard<std::mutex> lock(x.mu);
+    ex = x.ep->exchanges.at(std::make_pair(layer, t.mb));
+  }
+  if (!a.ep || !a.ep->rows || !a.hidden) return internal_error("'" + t.in->label + "': no expert output rows");
+  const Tensor& rows = *a.ep->rows;
+  PIPER_ASSIGN_OR_RETURN(std::vector<float> y,
+                         combine({rows.data(), static_cast<size_t>(rows.numel())}, ex->routing,
+                                 {ex->routed->topk_w.data(), static_cast<size_t>(ex->routed->topk_w.numel())}));
+  auto hidden =
+      std::make_shared<Tensor>(Tensor::zeros_or_die(a.hidden->shape(), MemCategory::kActivations, x.allocator));
+  const float* xr = a.hidden->data();
+  float* o = hidden->data();
+  for (int64_t i = 0; i < hidden->numel(); ++i) o[i] = xr[i] + scale * y[static_cast<size_t>(i)];
+  Activation out;
+  out.hidden = std::move(hidden);
+  return out;
+}
+
+// combine B: the output gradient (summed over consumers in edge order), times routed_scaling, dispatched like the
+// tokens.
+Result<Gradient> Executor::Impl::EpCall::combine_backward(const std::vector<Gradient>& grads,
+                                                          const detail::EpExchange& ex) {
+  const int64_t tokens = ex.routing.num_tokens;
+  for (const Gradient& g : grads) {
+    if (!g.dhidden || g.dhidden->numel() != tokens * h) {
+      return internal_error("'" + t.in->label + "': a consumer's gradient is not [tokens, hidden]");
+    }
+  }
+  std::shared_ptr<const Tensor> dout = grads[0].dhidden;
+  if (grads.size() > 1) {
+    auto sum = std::make_shared<Tensor>(grads[0].dhidden->clone(MemCategory::kBuffers));
+    for (size_t i = 1; i < grads.size(); ++i) {
+      for (int64_t j = 0; j < sum->numel(); ++j) sum->data()[j] += grads[i].dhidden->data()[j];
+    }
+    dout = std::move(sum);
+  }
+  const float* dy = dout->data();
+  Tensor scaled;
+  if (scale != 1.0f) {
+    scaled = dout->clone(MemCategory::kBuffers);
+    for (int64_t i = 0; i < scaled.numel(); ++i) scaled[i] *= scale;
+    dy = scaled.data();
+  }
+  PIPER_ASSIGN_OR_RETURN(comm::DispatchResult got, dispatch(dy, ex.routing));
+  const int64_t rows = static_cast<int64_t>(ex.dispatched->expert.size());
+  if (static_cast<int64_t>(got.rows.size()) != rows * h * static_cast<int64_t>(sizeof(float))) {
+    return internal_error("'" + t.in->label + "' received another number of rows than its forward dispatch");
+  }
+  auto rows_in = std::make_shared<EpRows>();
+  rows_in->rows = tensor_from(got.rows.data(), rows, h, MemCategory::kBuffers, x.allocator);
+  Gradient out;
+  out.dhidden = std::move(dout);
+  out.ep = std::move(rows_in);
+  return out;
+}
+
+// dispatch B: the rows' input gradients summed per token in slot order (unit weights), the routing-weight
+// gradients back to their source.
+Result<Gradient> Executor::Impl::EpCall::dispatch_backward(const std::vector<Gradient>& grads,
+                                                           const detail::EpExchange& ex) {
+  if (grads.size() != 1 || !grads[0].ep || !grads[0].ep->rows) {
+    return internal_error("'" + t.in->label + "' expects the experts chunk's row gradients");
+  }
+  const int64_t tokens = ex.routing.num_tokens;
+  const EpRows& g = *grads[0].ep;
+  const std::vector<float> ones(static_cast<size_t>(tokens * k), 1.0f);
+  PIPER_ASSIGN_OR_RETURN(std::vector<float> dhn,
+                         combine({g.rows->data(), static_cast<size_t>(g.rows->numel())}, ex.routing, ones));
+  std::vector<float> back(static_cast<size_t>(tokens * k));
+  PIPER_RETURN_IF_ERROR(all_to_all(g.dweight.data(), scaled_bytes(ex.rows_from, sizeof(float)), back.data(),
+                                   scaled_bytes(ex.rows_to, sizeof(float))));
+  auto dtopk_w = std::make_shared<Tensor>(Tensor::zeros_or_die({tokens, k}, MemCategory::kBuffers, x.allocator));
+  std::vector<size_t> first(static_cast<size_t>(p) + 1, 0);
+  for (int d = 0; d < p; ++d) first[d + 1] = first[d] + ex.rows_to[d];
+  for (size_t i = 0; i < ex.routing.dest_ranks.size(); ++i) {
+    dtopk_w->data()[i] = back[first[ex.routing.dest_ranks[i]]++];
+  }
+  Gradient out;
+  out.dhidden = grads[0].dhidden;
+  out.dnormed = tensor_from(dhn.data(), tokens, h, MemCategory::kBuffers, x.allocator);
+  out.dtopk_w = std::move(dtopk_w);
+  return out;
+}
+
 Status Executor::Impl::ep_exchange(const Task& t) {
   const auto start = std::chrono::steady_clock::now();
   const ir::Node& n = graph->node(t.in->node);
-  const int64_t h = model->dims().hidden;
-  const int k = model->dims().top_k;
-  const float scale = static_cast<float>(model->dims().routed_scaling);
-  const double timeout_s = dist->timeout_s();
-  comm::Communicator& c = *t.comm;
-  const int p = c.size();
+  EpCall call(*this, t, n.tags.layer);
   const auto exchange_key = std::make_pair(n.tags.layer, t.mb);
-  // The flat or HALO version of each exchange.
-  auto dispatch = [&](const float* tokens, const comm::MoeRouting& r) -> Result<comm::DispatchResult> {
-    if (ep->halo) return comm::halo_dispatch(*ep->halo_context, tokens, h * sizeof(float), r, timeout_s);
-    return comm::flat_dispatch(c, tokens, h * sizeof(float), r, comm::FlatDispatchKind::kPairwise, timeout_s);
-  };
-  auto combine = [&](std::span<const float> rows, const comm::MoeRouting& r,
-                     std::span<const float> w) -> Result<std::vector<float>> {
-    if (ep->halo) return comm::halo_combine(*ep->halo_context, rows, h, r, w, timeout_s);
-    return comm::flat_combine(c, rows, h, r, w, comm::FlatDispatchKind::kPairwise, timeout_s);
-  };
-  auto all_to_all = [&](const void* send, std::span<const size_t> send_bytes, void* recv,
-                        std::span<const size_t> recv_bytes) -> Status {
-    if (ep->halo) return comm::halo_all_to_all_v(*ep->halo_context, send, send_bytes, recv, recv_bytes, timeout_s);
-    return comm::pairwise_all_to_all_v(c, send, send_bytes, recv, recv_bytes, timeout_s);
-  };
-  auto scaled_bytes = [](const std::vector<size_t>& rows, size_t b) {
-    std::vector<size_t> out(rows.size());
-    for (size_t i = 0; i < rows.size(); ++i) out[i] = rows[i] * b;
-    return out;
-  };
-
   if (!t.gradient) {
-    Activation a;
+    PIPER_ASSIGN_OR_RETURN(Activation a, take_message<Activation>(t, t.sources[0]));
+    PIPER_ASSIGN_OR_RETURN(Activation out, is_dispatch(n) ? call.dispatch_forward(a) : call.combine_forward(a));
+    publish_message(t, std::move(out));
+  } else {
+    std::vector<Gradient> grads;
+    for (ir::NodeId src : t.sources) {
+      PIPER_ASSIGN_OR_RETURN(Gradient g, take_message<Gradient>(t, src));
+      grads.push_back(std::move(g));
+    }
+    std::shared_ptr<detail::EpExchange> ex;
     {
       std::lock_guard<std::mutex> lock(mu);
-      std::optional<Activation> taken = detail::take_pending(fwd, t.sources[0]);
-      if (!taken) {
-        return internal_error("input of '" + t.in->label + "' from '" + graph->node(t.sources[0]).name +
-                              "' is not available: the plan runs it before its producer");
-      }
-      a = std::move(*taken);
+      auto it = ep->exchanges.find(exchange_key);
+      if (it == ep->exchanges.end()) return internal_error("'" + t.in->label + "' runs before its forward dispatch");
+      ex = it->second;
     }
-    Activation out;
+    PIPER_ASSIGN_OR_RETURN(Gradient out,
+                           is_dispatch(n) ? call.dispatch_backward(grads, *ex) : call.combine_backward(grads, *ex));
     if (is_dispatch(n)) {
-      if (!a.routed || !a.hidden) return internal_error("'" + t.in->label + "': the router sent no routing");
-      auto x = std::make_shared<detail::EpExchange>();
-      x->routed = a.routed;
-      const int64_t tokens = a.hidden->numel() / h;
-      x->routing.num_tokens = tokens;
-      x->routing.top_k = k;
-      x->routing.dest_ranks.resize(static_cast<size_t>(tokens * k));
-      x->rows_to.assign(static_cast<size_t>(p), 0);
-      // The physical slot of each routed (token, slot): its rank and local expert there.
-      const std::vector<int>& slot_of = ep->expert_slot.at(n.tags.layer);
-      std::vector<int32_t> slots(x->routing.dest_ranks.size());
-      for (size_t i = 0; i < x->routing.dest_ranks.size(); ++i) {
-        slots[i] = slot_of[static_cast<size_t>(a.routed->topk_idx[i])];
-        const int d = slots[i] / ep->experts_per_rank;
-        x->routing.dest_ranks[i] = d;
-        ++x->rows_to[static_cast<size_t>(d)];
-      }
-      PIPER_ASSIGN_OR_RETURN(comm::DispatchResult got, dispatch(a.routed->normed->data(), x->routing));
-      x->rows_from.assign(got.rows_from.begin(), got.rows_from.end());
-      int64_t rows = 0;
-      for (size_t r : x->rows_from) rows += static_cast<int64_t>(r);
-      // Each row's local expert and routing weight, in the dispatch's (source, token, slot) order.
-      struct Meta {
-        int32_t expert;
-        float weight;
-      };
-      std::vector<size_t> first(static_cast<size_t>(p) + 1, 0);
-      for (int d = 0; d < p; ++d) first[d + 1] = first[d] + x->rows_to[d];
-      std::vector<Meta> send(first[p]), recv(static_cast<size_t>(rows));
-      for (size_t i = 0; i < x->routing.dest_ranks.size(); ++i) {
-        const int d = x->routing.dest_ranks[i];
-        send[first[d]++] = Meta{slots[i] - d * ep->experts_per_rank, a.routed->topk_w.data()[i]};
-      }
-      PIPER_RETURN_IF_ERROR(all_to_all(send.data(), scaled_bytes(x->rows_to, sizeof(Meta)), recv.data(),
-                                       scaled_bytes(x->rows_from, sizeof(Meta))));
-      auto rows_in = std::make_shared<EpRows>();
-      rows_in->rows = tensor_from(got.rows.data(), rows, h, MemCategory::kActivations, allocator);
-      rows_in->expert.resize(static_cast<size_t>(rows));
-      rows_in->weight.resize(static_cast<size_t>(rows));
-      for (size_t i = 0; i < recv.size(); ++i) {
-        rows_in->expert[i] = recv[i].expert;
-        rows_in->weight[i] = recv[i].weight;
-      }
-      x->dispatched = rows_in;
-      out.hidden = a.hidden;
-      out.routed = a.routed;
-      out.ep = std::move(rows_in);
       std::lock_guard<std::mutex> lock(mu);
-      ep->exchanges[exchange_key] = std::move(x);
-    } else {
-      std::shared_ptr<detail::EpExchange> x;
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        x = ep->exchanges.at(exchange_key);
-      }
-      if (!a.ep || !a.ep->rows || !a.hidden) return internal_error("'" + t.in->label + "': no expert output rows");
-      const Tensor& rows = *a.ep->rows;
-      PIPER_ASSIGN_OR_RETURN(std::vector<float> y,
-                             combine({rows.data(), static_cast<size_t>(rows.numel())}, x->routing,
-                                     {x->routed->topk_w.data(), static_cast<size_t>(x->routed->topk_w.numel())}));
-      auto hidden =
-          std::make_shared<Tensor>(Tensor::zeros_or_die(a.hidden->shape(), MemCategory::kActivations, allocator));
-      const float* xr = a.hidden->data();
-      float* o = hidden->data();
-      for (int64_t i = 0; i < hidden->numel(); ++i) o[i] = xr[i] + scale * y[static_cast<size_t>(i)];
-      out.hidden = std::move(hidden);
+      ep->exchanges.erase(exchange_key);
     }
-    std::lock_guard<std::mutex> lock(mu);
-    fwd[t.in->node] = detail::Pending<Activation>{std::move(out), t.consumers};
-    task_seconds["a2a." + n.tags.part + ".F"] +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return ok_status();
-  }
-
-  std::vector<Gradient> grads;
-  std::shared_ptr<detail::EpExchange> x;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    for (ir::NodeId src : t.sources) {
-      std::optional<Gradient> g = detail::take_pending(bwd, src);
-      if (!g) {
-        return internal_error("gradient of '" + t.in->label + "' from '" + graph->node(src).name +
-                              "' is not available: the plan runs it before its producer");
-      }
-      grads.push_back(std::move(*g));
-    }
-    auto it = ep->exchanges.find(exchange_key);
-    if (it == ep->exchanges.end()) return internal_error("'" + t.in->label + "' runs before its forward dispatch");
-    x = it->second;
-  }
-  Gradient out;
-  const int64_t tokens = x->routing.num_tokens;
-  if (!is_dispatch(n)) {
-    // combine B: the output gradient (summed over consumers in edge order), dispatched like the tokens.
-    for (const Gradient& g : grads) {
-      if (!g.dhidden || g.dhidden->numel() != tokens * h) {
-        return internal_error("'" + t.in->label + "': a consumer's gradient is not [tokens, hidden]");
-      }
-    }
-    std::shared_ptr<const Tensor> dout = grads[0].dhidden;
-    if (grads.size() > 1) {
-      auto sum = std::make_shared<Tensor>(grads[0].dhidden->clone(MemCategory::kBuffers));
-      for (size_t i = 1; i < grads.size(); ++i) {
-        for (int64_t j = 0; j < sum->numel(); ++j) sum->data()[j] += grads[i].dhidden->data()[j];
-      }
-      dout = std::move(sum);
-    }
-    const float* dy = dout->data();
-    Tensor scaled;
-    if (scale != 1.0f) {
-      scaled = dout->clone(MemCategory::kBuffers);
-      for (int64_t i = 0; i < scaled.numel(); ++i) scaled[i] *= scale;
-      dy = scaled.data();
-    }
-    PIPER_ASSIGN_OR_RETURN(comm::DispatchResult got, dispatch(dy, x->routing));
-    const int64_t rows = static_cast<int64_t>(x->dispatched->expert.size());
-    if (static_cast<int64_t>(got.rows.size()) != rows * h * static_cast<int64_t>(sizeof(float))) {
-      return internal_error("'" + t.in->label + "' received another number of rows than its forward dispatch");
-    }
-    auto rows_in = std::make_shared<EpRows>();
-    rows_in->rows = tensor_from(got.rows.data(), rows, h, MemCategory::kBuffers, allocator);
-    out.dhidden = std::move(dout);
-    out.ep = std::move(rows_in);
-  } else {
-    // dispatch B: rows' input gradients summed per token in slot order (unit weights), weight gradients back.
-    if (grads.size() != 1 || !grads[0].ep || !grads[0].ep->rows) {
-      return internal_error("'" + t.in->label + "' expects the experts chunk's row gradients");
-    }
-    const EpRows& g = *grads[0].ep;
-    const std::vector<float> ones(static_cast<size_t>(tokens * k), 1.0f);
-    PIPER_ASSIGN_OR_RETURN(std::vector<float> dhn,
-                           combine({g.rows->data(), static_cast<size_t>(g.rows->numel())}, x->routing, ones));
-    std::vector<float> back(static_cast<size_t>(tokens * k));
-    PIPER_RETURN_IF_ERROR(all_to_all(g.dweight.data(), scaled_bytes(x->rows_from, sizeof(float)), back.data(),
-                                     scaled_bytes(x->rows_to, sizeof(float))));
-    auto dtopk_w = std::make_shared<Tensor>(Tensor::zeros_or_die({tokens, k}, MemCategory::kBuffers, allocator));
-    std::vector<size_t> first(static_cast<size_t>(p) + 1, 0);
-    for (int d = 0; d < p; ++d) first[d + 1] = first[d] + x->rows_to[d];
-    for (size_t i = 0; i < x->routing.dest_ranks.size(); ++i) {
-      dtopk_w->data()[i] = back[first[x->routing.dest_ranks[i]]++];
-    }
-    out.dhidden = grads[0].dhidden;
-    out.dnormed = tensor_from(dhn.data(), tokens, h, MemCategory::kBuffers, allocator);
-    out.dtopk_w = std::move(dtopk_w);
+    publish_message(t, std::move(out));
   }
   std::lock_guard<std::mutex> lock(mu);
-  if (is_dispatch(n)) ep->exchanges.erase(exchange_key);
-  bwd[t.in->node] = detail::Pending<Gradient>{std::move(out), t.consumers};
-  task_seconds["a2a." + n.tags.part + ".B"] +=
+  task_seconds["a2a." + n.tags.part + (t.gradient ? ".B" : ".F")] +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return ok_status();
 }
@@ -477,132 +516,170 @@ Status Executor::Impl::check_expert_placement(const std::map<int, std::vector<in
   return ok_status();
 }
 
+namespace {
+
+// Everything that travels with an expert of a chunk: each parameter's value, gradient and AdamW moments, as
+// [per, ...] tensors whose slot j is elements [j * n, (j + 1) * n).
+struct ExpertParts {
+  std::vector<std::pair<float*, int64_t>> parts;  // (slot 0 of the tensor, elements per slot)
+  int64_t per_expert = 0;
+
+  void pack(int slot, float* dst) const {
+    for (const auto& [base, n] : parts) {
+      std::memcpy(dst, base + static_cast<int64_t>(slot) * n, static_cast<size_t>(n) * sizeof(float));
+      dst += n;
+    }
+  }
+  void unpack(int slot, const float* src) const {
+    for (const auto& [base, n] : parts) {
+      std::memcpy(base + static_cast<int64_t>(slot) * n, src, static_cast<size_t>(n) * sizeof(float));
+      src += n;
+    }
+  }
+};
+
+// The parts of `chunk` with `per` experts per rank. ZeRO-sharded (shard_shapes: per trainable parameter its whole
+// shape): the moments (and with params_sharded the values) are the gathered whole tensors `whole` (kinds m, v,
+// value); otherwise the optimizer's state in `moments`.
+Result<ExpertParts> expert_parts(Chunk& chunk, int per, const std::map<std::string, Tensor*>& moments,
+                                 const std::vector<Shape>* shard_shapes, bool params_sharded,
+                                 std::vector<std::vector<std::vector<float>>>& whole) {
+  ExpertParts out;
+  size_t index = 0;  // of the trainable parameter
+  for (Param& prm : chunk.params()) {
+    if (!prm.trainable) {
+      out.parts.emplace_back(prm.value.data(), prm.value.numel() / per);
+      continue;
+    }
+    int64_t total = prm.value.numel();
+    if (shard_shapes != nullptr) {
+      total = 1;
+      for (int64_t dim : (*shard_shapes)[index]) total *= dim;
+    }
+    const int64_t n = total / per;
+    out.parts.emplace_back(shard_shapes != nullptr && params_sharded ? whole[2][index].data() : prm.value.data(), n);
+    if (prm.grad.numel() == total) out.parts.emplace_back(prm.grad.data(), n);  // ZeRO-2/3: none between steps
+    if (shard_shapes != nullptr) {
+      out.parts.emplace_back(whole[0][index].data(), n);
+      out.parts.emplace_back(whole[1][index].data(), n);
+      ++index;
+      continue;
+    }
+    ++index;
+    for (const char* suffix : {".m", ".v"}) {
+      auto it = moments.find(prm.name + suffix);
+      if (it == moments.end() || it->second->numel() != prm.value.numel()) {
+        return unimplemented("expert migration: the optimizer holds no whole state '" + prm.name + suffix +
+                             "' to move with its expert");
+      }
+      out.parts.emplace_back(it->second->data(), n);
+    }
+  }
+  for (const auto& part : out.parts) out.per_expert += part.second;
+  return out;
+}
+
+// Moves one layer's experts over the ep group `c` from the slots of `old_slot` (expert -> slot) to those of `next`
+// (slot -> expert), `per` slots per rank: the experts leaving this rank go in one all-to-all-v, in the order of
+// their new slots (the receiver walks its new slots in the same order); shuffles inside this rank are copies.
+Status move_experts(comm::Communicator& c, const std::vector<int>& old_slot, const std::vector<int>& next, int per,
+                    const ExpertParts& parts, double timeout_s, int64_t* bytes_sent) {
+  const int me = c.rank(), p = c.size();
+  const size_t per_expert = static_cast<size_t>(parts.per_expert);
+  std::vector<std::vector<float>> to(static_cast<size_t>(p));
+  std::vector<std::pair<int, std::vector<float>>> stay;  // (new local slot, data)
+  std::vector<size_t> send_bytes(static_cast<size_t>(p), 0), recv_bytes(static_cast<size_t>(p), 0);
+  for (int s = 0; s < static_cast<int>(next.size()); ++s) {
+    const int from = old_slot[static_cast<size_t>(next[static_cast<size_t>(s)])];
+    const int src = from / per, dst = s / per;
+    if (from == s) continue;
+    if (src == me && dst == me) {
+      stay.emplace_back(s - me * per, std::vector<float>(per_expert));
+      parts.pack(from - me * per, stay.back().second.data());
+    } else if (src == me) {
+      std::vector<float>& buf = to[static_cast<size_t>(dst)];
+      buf.resize(buf.size() + per_expert);
+      parts.pack(from - me * per, buf.data() + buf.size() - per_expert);
+    } else if (dst == me) {
+      recv_bytes[static_cast<size_t>(src)] += per_expert * sizeof(float);
+    }
+  }
+  std::vector<float> send;
+  for (int d = 0; d < p; ++d) {
+    send_bytes[static_cast<size_t>(d)] = to[static_cast<size_t>(d)].size() * sizeof(float);
+    send.insert(send.end(), to[static_cast<size_t>(d)].begin(), to[static_cast<size_t>(d)].end());
+    *bytes_sent += static_cast<int64_t>(send_bytes[static_cast<size_t>(d)]);
+  }
+  size_t total_in = 0;
+  for (size_t b : recv_bytes) total_in += b;
+  std::vector<float> recv(total_in / sizeof(float));
+  fault_point("migrate");
+  PIPER_RETURN_IF_ERROR(comm::pairwise_all_to_all_v(c, send.data(), send_bytes, recv.data(), recv_bytes, timeout_s));
+  // Receives, per source rank in the order of this rank's new slots.
+  std::vector<size_t> at(static_cast<size_t>(p) + 1, 0);
+  for (int r = 0; r < p; ++r) at[r + 1] = at[r] + recv_bytes[static_cast<size_t>(r)] / sizeof(float);
+  for (int s = me * per; s < (me + 1) * per; ++s) {
+    const int from = old_slot[static_cast<size_t>(next[static_cast<size_t>(s)])];
+    const int src = from / per;
+    if (src == me) continue;
+    parts.unpack(s - me * per, recv.data() + at[static_cast<size_t>(src)]);
+    at[static_cast<size_t>(src)] += per_expert;
+  }
+  for (const auto& [slot, data] : stay) parts.unpack(slot, data.data());
+  return ok_status();
+}
+
+// The placement tables of `placement`'s layers: slot -> expert and its inverse.
+void set_tables(detail::EpState& ep, const std::map<int, std::vector<int>>& placement) {
+  for (const auto& [layer, next] : placement) {
+    ep.slot_expert[layer] = next;
+    std::vector<int>& inverse = ep.expert_slot[layer];
+    for (size_t s = 0; s < next.size(); ++s) inverse[static_cast<size_t>(next[s])] = static_cast<int>(s);
+  }
+}
+
+}  // namespace
+
+Status Executor::Impl::migrate_layer(int layer, const std::vector<int>& next,
+                                     const std::map<std::string, Tensor*>& moments, ExpertMigration* out) {
+  const int per = ep->experts_per_rank;
+  const std::vector<int>& old_slot = ep->expert_slot.at(layer);
+  for (size_t s = 0; s < next.size(); ++s) {
+    if (old_slot[static_cast<size_t>(next[s])] / per != static_cast<int>(s) / per) ++out->moved_experts;
+  }
+  Chunk* chunk = model->find(layer, "experts");
+  if (chunk == nullptr) return ok_status();  // another pipeline stage's layer: only the table changes here
+  // A ZeRO-sharded chunk moves whole experts too: its shard group's moments (and ZeRO-3 values) are gathered
+  // into whole tensors first and each rank keeps its shard of the moved ones after.
+  auto shard = shards.find(chunk);
+  Shard* sh = shard == shards.end() ? nullptr : &shard->second;
+  std::vector<std::vector<std::vector<float>>> whole;
+  if (sh != nullptr) {
+    PIPER_ASSIGN_OR_RETURN(whole, gather_shard_state(*chunk, *sh));
+  }
+  PIPER_ASSIGN_OR_RETURN(ExpertParts parts, expert_parts(*chunk, per, moments, sh != nullptr ? &sh->shapes : nullptr,
+                                                         sh != nullptr && sh->params_sharded, whole));
+  Status st = move_experts(*ep->comm, old_slot, next, per, parts, dist->timeout_s(), &out->bytes_sent);
+  if (!st.ok()) {
+    return st.with_context("expert migration of layer " + std::to_string(layer) + " over the ep group (rank " +
+                           std::to_string(dist->rank()) + ")");
+  }
+  if (sh != nullptr) scatter_shard_state(*chunk, *sh, whole);
+  return ok_status();
+}
+
 Result<ExpertMigration> Executor::Impl::ep_migrate(const std::map<int, std::vector<int>>& placement) {
   PIPER_RETURN_IF_ERROR(check_expert_placement(placement));
   const auto start = std::chrono::steady_clock::now();
   ExpertMigration out;
-  comm::Communicator& c = *ep->comm;
-  const int me = c.rank(), p = c.size(), per = ep->experts_per_rank;
   std::map<std::string, Tensor*> moments;
   for (const Optimizer::StateTensor& st : optimizer->state()) moments[st.name] = st.tensor;
   for (const auto& [layer, next] : placement) {
-    const std::vector<int>& now = ep->slot_expert.at(layer);
-    if (next == now) continue;
-    const std::vector<int>& old_slot = ep->expert_slot.at(layer);
-    for (size_t s = 0; s < next.size(); ++s) {
-      if (old_slot[static_cast<size_t>(next[s])] / per != static_cast<int>(s) / per) ++out.moved_experts;
-    }
-    Chunk* chunk = model->find(layer, "experts");
-    if (chunk == nullptr) continue;  // another pipeline stage's layer: only the table changes here
-    // A ZeRO-sharded chunk moves whole experts too: its shard group's moments (and ZeRO-3 values) are gathered
-    // into whole tensors first and each rank keeps its shard of the moved ones after.
-    auto shard = shards.find(chunk);
-    Shard* sh = shard == shards.end() ? nullptr : &shard->second;
-    std::vector<std::vector<std::vector<float>>> whole;
-    if (sh != nullptr) {
-      PIPER_ASSIGN_OR_RETURN(whole, gather_shard_state(*chunk, *sh));
-    }
-    // Everything that travels with an expert: each parameter's value, gradient and AdamW moments, as
-    // [per, ...] tensors whose slot j is elements [j * n, (j + 1) * n).
-    std::vector<std::pair<float*, int64_t>> parts;  // (slot 0 of the tensor, elements per slot)
-    size_t index = 0;                               // of the trainable parameter
-    for (Param& prm : chunk->params()) {
-      if (!prm.trainable) {
-        parts.emplace_back(prm.value.data(), prm.value.numel() / per);
-        continue;
-      }
-      int64_t total = prm.value.numel();
-      if (sh != nullptr) {
-        total = 1;
-        for (int64_t dim : sh->shapes[index]) total *= dim;
-      }
-      const int64_t n = total / per;
-      parts.emplace_back(sh != nullptr && sh->params_sharded ? whole[2][index].data() : prm.value.data(), n);
-      if (prm.grad.numel() == total) parts.emplace_back(prm.grad.data(), n);  // ZeRO-2/3: none between steps
-      if (sh != nullptr) {
-        parts.emplace_back(whole[0][index].data(), n);
-        parts.emplace_back(whole[1][index].data(), n);
-        ++index;
-        continue;
-      }
-      ++index;
-      for (const char* suffix : {".m", ".v"}) {
-        auto it = moments.find(prm.name + suffix);
-        if (it == moments.end() || it->second->numel() != prm.value.numel()) {
-          return unimplemented("expert migration: the optimizer holds no whole state '" + prm.name + suffix +
-                               "' to move with its expert");
-        }
-        parts.emplace_back(it->second->data(), n);
-      }
-    }
-    int64_t per_expert = 0;
-    for (const auto& part : parts) per_expert += part.second;
-    auto pack = [&](int slot, float* dst) {
-      for (const auto& [base, n] : parts) {
-        std::memcpy(dst, base + static_cast<int64_t>(slot) * n, static_cast<size_t>(n) * sizeof(float));
-        dst += n;
-      }
-    };
-    auto unpack = [&](int slot, const float* src) {
-      for (const auto& [base, n] : parts) {
-        std::memcpy(base + static_cast<int64_t>(slot) * n, src, static_cast<size_t>(n) * sizeof(float));
-        src += n;
-      }
-    };
-    // Sends: the experts in this rank's old slots whose new slot is elsewhere, in the order of the new slots
-    // (the receiver walks its new slots in the same order). Slot shuffles inside this rank go through `stay`.
-    std::vector<std::vector<float>> to(static_cast<size_t>(p));
-    std::vector<std::pair<int, std::vector<float>>> stay;  // (new local slot, data)
-    std::vector<size_t> send_bytes(static_cast<size_t>(p), 0), recv_bytes(static_cast<size_t>(p), 0);
-    for (int s = 0; s < static_cast<int>(next.size()); ++s) {
-      const int from = old_slot[static_cast<size_t>(next[static_cast<size_t>(s)])];
-      const int src = from / per, dst = s / per;
-      if (from == s) continue;
-      if (src == me && dst == me) {
-        stay.emplace_back(s - me * per, std::vector<float>(static_cast<size_t>(per_expert)));
-        pack(from - me * per, stay.back().second.data());
-      } else if (src == me) {
-        std::vector<float>& buf = to[static_cast<size_t>(dst)];
-        buf.resize(buf.size() + static_cast<size_t>(per_expert));
-        pack(from - me * per, buf.data() + buf.size() - static_cast<size_t>(per_expert));
-      } else if (dst == me) {
-        recv_bytes[static_cast<size_t>(src)] += static_cast<size_t>(per_expert) * sizeof(float);
-      }
-    }
-    std::vector<float> send;
-    for (int d = 0; d < p; ++d) {
-      send_bytes[static_cast<size_t>(d)] = to[static_cast<size_t>(d)].size() * sizeof(float);
-      send.insert(send.end(), to[static_cast<size_t>(d)].begin(), to[static_cast<size_t>(d)].end());
-      out.bytes_sent += static_cast<int64_t>(send_bytes[static_cast<size_t>(d)]);
-    }
-    size_t total_in = 0;
-    for (size_t b : recv_bytes) total_in += b;
-    std::vector<float> recv(total_in / sizeof(float));
-    fault_point("migrate");
-    Status st = comm::pairwise_all_to_all_v(c, send.data(), send_bytes, recv.data(), recv_bytes, dist->timeout_s());
-    if (!st.ok()) {
-      return st.with_context("expert migration of layer " + std::to_string(layer) + " over the ep group (rank " +
-                             std::to_string(dist->rank()) + ")");
-    }
-    // Receives, per source rank in the order of this rank's new slots.
-    std::vector<size_t> at(static_cast<size_t>(p) + 1, 0);
-    for (int r = 0; r < p; ++r) at[r + 1] = at[r] + recv_bytes[static_cast<size_t>(r)] / sizeof(float);
-    for (int s = me * per; s < (me + 1) * per; ++s) {
-      const int from = old_slot[static_cast<size_t>(next[static_cast<size_t>(s)])];
-      const int src = from / per;
-      if (src == me) continue;
-      unpack(s - me * per, recv.data() + at[static_cast<size_t>(src)]);
-      at[static_cast<size_t>(src)] += static_cast<size_t>(per_expert);
-    }
-    for (const auto& [slot, data] : stay) unpack(slot, data.data());
-    if (sh != nullptr) scatter_shard_state(*chunk, *sh, whole);
+    if (next == ep->slot_expert.at(layer)) continue;
+    PIPER_RETURN_IF_ERROR(migrate_layer(layer, next, moments, &out));
   }
   // Every rank switches its tables at the same point (between the same two steps).
-  for (const auto& [layer, next] : placement) {
-    ep->slot_expert[layer] = next;
-    std::vector<int>& inverse = ep->expert_slot[layer];
-    for (size_t s = 0; s < next.size(); ++s) inverse[static_cast<size_t>(next[s])] = static_cast<int>(s);
-  }
+  set_tables(*ep, placement);
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return out;
 }
@@ -680,11 +757,7 @@ int Executor::experts_per_rank() const {
 
 Status Executor::set_expert_placement(const std::map<int, std::vector<int>>& placement) {
   PIPER_RETURN_IF_ERROR(impl_->check_expert_placement(placement));
-  for (const auto& [layer, next] : placement) {
-    impl_->ep->slot_expert[layer] = next;
-    std::vector<int>& inverse = impl_->ep->expert_slot[layer];
-    for (size_t s = 0; s < next.size(); ++s) inverse[static_cast<size_t>(next[s])] = static_cast<int>(s);
-  }
+  set_tables(*impl_->ep, placement);
   return ok_status();
 }
 

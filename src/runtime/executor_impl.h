@@ -12,10 +12,12 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "piper/runtime/dist_context.h"
 #include "piper/runtime/executor.h"
+#include "piper/runtime/message_table.h"
 
 namespace piper::runtime::detail {
 
@@ -54,23 +56,6 @@ struct Task {
 
 struct EpState;   // executor_ep.cc
 struct M2nState;  // executor_m2n.cc
-
-template <typename Msg>
-struct Pending {
-  Msg msg;
-  int remaining = 0;
-};
-
-// One consumer's copy of the message node `src` left in `map` (Impl::fwd or Impl::bwd); the entry is erased after
-// its last consumer. nullopt: not there (the caller names the instruction in its error). The caller holds mu.
-template <typename Msg>
-std::optional<Msg> take_pending(std::map<ir::NodeId, Pending<Msg>>& map, ir::NodeId src) {
-  auto it = map.find(src);
-  if (it == map.end()) return std::nullopt;
-  Msg msg = it->second.msg;
-  if (--it->second.remaining == 0) map.erase(it);
-  return msg;
-}
 
 }  // namespace piper::runtime::detail
 
@@ -131,8 +116,6 @@ struct Executor::Impl {
   std::mutex norm_mu;  // serialises the multi-rank norm exchange
   std::condition_variable cv;
   std::atomic<bool> stop{false};  // mirrors `failed` for threads polling communication
-  std::map<ir::NodeId, detail::Pending<Activation>> fwd;
-  std::map<ir::NodeId, detail::Pending<Gradient>> bwd;
   std::map<StashKey, std::unique_ptr<Stash>> stashes;
   std::map<StashKey, std::vector<Activation>> recompute_inputs;  // inputs kept for the re-run of a dropped F
   std::vector<char> events;
@@ -155,6 +138,25 @@ struct Executor::Impl {
   // The batch of the running step.
   const Batch* batch = nullptr;
   int64_t mbs = 0;
+
+  // The core's message table (message_table.h): what each task published for its consumers this step. Every
+  // task takes its inputs and publishes its output through the four calls below.
+  detail::MessageTable messages;
+  // `reader`'s copy of node `src`'s message (Activation forward, Gradient backward); an internal error naming
+  // both when it is not there (the plan runs the reader before the producer).
+  template <typename Msg>
+  Result<Msg> take_message(const Task& reader, ir::NodeId src);
+  // `t`'s output (Activation) or gradient (Gradient), for its t.consumers readers.
+  template <typename Msg>
+  void publish_message(const Task& t, Msg msg) {
+    messages.publish(t.in->node, std::move(msg), t.consumers);
+  }
+  // A pipeline or tensor-parallel message is one hidden state or its gradient: the hidden tensor of t.source's
+  // message (t.gradient: its Gradient), refused when it carries a routing (a router -> experts edge or its
+  // gradient) across `boundary` ("ranks", "tensor ranks").
+  Result<std::shared_ptr<const Tensor>> take_hidden(const Task& t, const std::string& boundary);
+  // Publishes `x` as t's Activation::hidden (t.gradient: Gradient::dhidden).
+  void publish_hidden(const Task& t, std::shared_ptr<const Tensor> x);
 
   Status execute(const Task& t);
   Status compute(const Task& t);
@@ -215,6 +217,7 @@ struct Executor::Impl {
   // After every instruction is resolved: MoE layers, expert norm owners, the HALO context (collective over ep).
   Status ep_setup();
   Status ep_exchange(const Task& t);
+  struct EpCall;  // one all-to-all being run: flat/HALO exchanges and the dispatch/combine F/B (executor_ep.cc)
   // Before the global norm: expert gradients become the mean over the ep group's objectives.
   void ep_scale_grads();
   // Tokens each expert received this step, per MoE layer, summed over the ranks (collective when distributed).
@@ -227,7 +230,9 @@ struct Executor::Impl {
   // chunk is a routed exchange (true); a dense one (false) runs as a pipeline send/recv with the same-dp peer.
   std::shared_ptr<detail::M2nState> m2n;
   Result<bool> resolve_m2n(const compile::Instruction& in, Task* t);
+  // Runs the variant of (pass, side, direction) that M2nCall's table names (executor_m2n.cc).
   Status m2n_exchange(const Task& t);
+  struct M2nCall;  // one routed m2n instruction being run: its context, shared pieces and the eight variants
   // Before a compute task on an FFN rank: the experts' output rows for the head become its hidden input (the
   // combine inside the FFN group), and the head's gradient becomes the experts' row gradients (transposed).
   Status m2n_local_inputs(const Task& t, std::vector<Activation>* inputs);
@@ -235,11 +240,25 @@ struct Executor::Impl {
   // Checks a placement table (every layer an experts layer, each a permutation of the experts).
   Status check_expert_placement(const std::map<int, std::vector<int>>& placement) const;
   Result<ExpertMigration> ep_migrate(const std::map<int, std::vector<int>>& placement);
+  // One layer of ep_migrate whose placement changes to `next`: counts the experts that change rank, and on the
+  // rank holding the layer's experts moves their state (ZeRO shards gathered first, re-sharded after).
+  Status migrate_layer(int layer, const std::vector<int>& next, const std::map<std::string, Tensor*>& moments,
+                       ExpertMigration* out);
   // Expert migration of a ZeRO-sharded experts chunk: the moments (and the ZeRO-3 values) of the shard group
   // all-gathered into whole tensors per trainable parameter (kinds m, v[, value]), and back into this rank's shard.
   Result<std::vector<std::vector<std::vector<float>>>> gather_shard_state(Chunk& chunk, const Shard& sh);
   void scatter_shard_state(Chunk& chunk, Shard& sh, const std::vector<std::vector<std::vector<float>>>& whole);
   static const std::map<int, std::vector<int>> kNoPlacement;
 };
+
+template <typename Msg>
+Result<Msg> Executor::Impl::take_message(const Task& reader, ir::NodeId src) {
+  std::optional<Msg> msg = messages.take<Msg>(src);
+  if (!msg) {
+    return internal_error("'" + reader.in->label + "': the " + (std::is_same_v<Msg, Gradient> ? "gradient" : "output") +
+                          " of '" + graph->node(src).name + "' is not available: the plan runs it before its producer");
+  }
+  return std::move(*msg);
+}
 
 }  // namespace piper::runtime

@@ -36,8 +36,16 @@
 // (posted in a fixed order, so they match in order); zero-row blocks post nothing. Every wait is wait_comm's
 // (timeout naming the ranks, abandon when another stream failed). Expert gradients are divided by ep before the
 // norm (ep_scale_grads): an FFN rank's experts served ep attention ranks' objectives.
+//
+// Code: m2n_exchange looks the instruction's (pass, side, direction) up in a table of eight M2nCall member
+// functions, one per exchange above and side (dispatch_send/recv, combine_send/recv, combine_grad_send/recv,
+// dispatch_grad_send/recv); they share the posting (post_all, post_blocks, post_same_dp), the waits for the other
+// stream's state (source_state, sink_state) and the routing (route_tokens, pack_dispatch, combine_rows). Where the
+// FFN group combines, the variants call send/recv_local_routing and combine_in_ffn_group.
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 
 #include "piper/comm/algorithms/pairwise_all_to_all.h"
 #include "piper/runtime/executor_impl.h"
@@ -255,468 +263,558 @@ Result<bool> Executor::Impl::resolve_m2n(const Instruction& in, Task* t) {
   return true;
 }
 
-Status Executor::Impl::m2n_exchange(const Task& t) {
-  const auto start = std::chrono::steady_clock::now();
-  const Instruction& in = *t.in;
-  const bool sending = in.op == OpKind::kSend;
-  const int64_t h = model->dims().hidden;
-  const int k = model->dims().top_k;
-  const float scale = static_cast<float>(model->dims().routed_scaling);
-  const int layer = std::get<0>(t.key);
-  const auto key = std::make_pair(layer, t.mb);
-  const size_t peers = t.peers.size();
-  comm::Communicator& c = dist->p2p();
-  const int tag = static_cast<int>(in.tag);
-  auto who = [&](size_t i) { return "rank " + std::to_string(t.peers[i]); };
+namespace {
+
+// A dispatched row's local expert and routing weight (the row's header in the dispatch payload).
+struct Meta {
+  int32_t expert;
+  float weight;
+};
+
+// The three coordinates that name an m2n variant.
+enum class M2nPass { kForward, kBackward };
+enum class M2nSide { kAttention, kFfn };
+enum class M2nDirection { kSend, kRecv };
+
+struct M2nKey {
+  M2nPass pass;
+  M2nSide side;
+  M2nDirection direction;
+  bool operator==(const M2nKey&) const = default;
+};
+
+}  // namespace
+
+// One routed m2n instruction being run (the exchanges described at the top of this file): its context, the pieces
+// its variants share, and the eight variants, one per (pass, side, direction), chosen by m2n_exchange's table.
+struct Executor::Impl::M2nCall {
+  M2nCall(Impl& impl, const Task& task)
+      : x(impl),
+        t(task),
+        in(*task.in),
+        h(impl.model->dims().hidden),
+        k(impl.model->dims().top_k),
+        scale(static_cast<float>(impl.model->dims().routed_scaling)),
+        layer(std::get<0>(task.key)),
+        key(layer, task.mb),
+        peers(task.peers.size()),
+        c(impl.dist->p2p()),
+        tag(static_cast<int>(task.in->tag)),
+        experts_per_peer(impl.model->dims().num_experts / static_cast<int>(peers)),
+        me_idx(static_cast<size_t>(impl.dist->coord().dp % std::max(1, impl.graph->mesh.ep))) {}
+
+  Status dispatch_send();       // router -> experts F, attention rank
+  Status dispatch_recv();       // router -> experts F, FFN rank
+  Status combine_send();        // experts -> next F, FFN rank
+  Status combine_recv();        // experts -> next F, attention rank
+  Status combine_grad_send();   // next -> experts B, attention rank
+  Status combine_grad_recv();   // next -> experts B, FFN rank
+  Status dispatch_grad_send();  // experts -> router B, FFN rank
+  Status dispatch_grad_recv();  // experts -> router B, attention rank
+
+  // Pieces of the dispatch F: the routing of the router's tokens over the peers, the payload of each peer
+  // (row headers, then rows), and the rows an FFN rank receives.
+  Result<std::shared_ptr<detail::M2nSource>> route_tokens(const Activation& a) const;
+  void pack_dispatch(const detail::M2nSource& s, const Routed& routed, std::vector<int64_t>* counts,
+                     std::vector<std::vector<char>>* payload) const;
+  Result<std::shared_ptr<EpRows>> recv_dispatch_rows(const std::vector<size_t>& rows_from);
+  // experts -> router B on the attention rank: the rows summed per token in slot order and the weight gradients.
+  Result<Gradient> router_grads(const detail::M2nSource& s, const std::vector<float>& packed,
+                                const std::vector<size_t>& first) const;
+
+  // The FFN group combines (t.m2n_local): the same-dp source's residual and routing travel with the dispatch, and
+  // the experts' send combines in the group before it sends the hidden state.
+  Status send_local_routing(const detail::M2nSource& s, std::vector<char>* extra,
+                            const std::shared_ptr<const void>& keep);
+  Result<std::shared_ptr<detail::M2nSource>> recv_local_routing();
+  Status combine_in_ffn_group(const EpRows& rows, const detail::M2nSink& sink);
+
+  std::string who(size_t i) const { return "rank " + std::to_string(t.peers[i]); }
   // Posts one message per peer (skipping empty ones) and waits for all; `keep` owns the buffers.
-  auto post_all = [&](bool send, const std::vector<void*>& bufs, const std::vector<size_t>& bytes,
-                      const std::shared_ptr<const void>& keep) -> Status {
-    std::vector<std::pair<size_t, comm::Handle>> handles;
-    for (size_t i = 0; i < peers; ++i) {
-      if (bytes[i] == 0) continue;
-      Result<comm::Handle> posted =
-          send ? c.isend(bufs[i], bytes[i], t.peers[i], tag) : c.irecv(bufs[i], bytes[i], t.peers[i], tag);
-      if (!posted.ok()) return posted.status();
-      handles.emplace_back(i, std::move(posted).value());
-    }
-    for (auto& [i, handle] : handles) {
-      PIPER_RETURN_IF_ERROR(
-          wait_comm(c, handle, keep, std::string(send ? "M2N send to " : "M2N receive from ") + who(i)));
-    }
-    return ok_status();
-  };
-  auto take_fwd = [&](ir::NodeId src) -> Result<Activation> {
-    std::lock_guard<std::mutex> lock(mu);
-    std::optional<Activation> a = detail::take_pending(fwd, src);
-    if (!a) {
-      return internal_error("'" + in.label + "': the output of '" + graph->node(src).name +
-                            "' is not available: the plan sends it before it is computed");
-    }
-    return std::move(*a);
-  };
-  auto take_bwd = [&](ir::NodeId src) -> Result<Gradient> {
-    std::lock_guard<std::mutex> lock(mu);
-    std::optional<Gradient> g = detail::take_pending(bwd, src);
-    if (!g) {
-      return internal_error("'" + in.label + "': the gradient of '" + graph->node(src).name +
-                            "' is not available: the plan sends it before it is computed");
-    }
-    return std::move(*g);
-  };
-  // The receive streams post their receives in the channel's order, concurrently with the send stream that
-  // dispatches: wait (bounded by the communication timeout) until the dispatch recorded its routing.
-  auto source_state = [&]() -> Result<std::shared_ptr<detail::M2nSource>> {
-    std::unique_lock<std::mutex> lock(mu);
-    const bool ready = cv.wait_for(lock, std::chrono::duration<double>(dist->timeout_s()),
-                                   [&] { return failed || m2n->sources.count(key) > 0; });
-    if (failed) return unavailable("'" + in.label + "': abandoned, another stream of this rank failed");
-    if (!ready) {
-      return deadline_exceeded("'" + in.label + "' waited " + std::to_string(static_cast<int>(dist->timeout_s())) +
-                               " s (PIPER_COMM_TIMEOUT_S) for the dispatch of (layer " + std::to_string(layer) +
-                               ", mb " + std::to_string(t.mb) + ") on rank " + std::to_string(dist->rank()));
-    }
-    return m2n->sources.at(key);
-  };
-  // With pp > 1 an FFN rank receives a layer's dispatch and its output gradient from different attention ranks,
-  // on different receive streams: wait (bounded) until the dispatch's rows arrived.
-  auto sink_state = [&]() -> Result<std::shared_ptr<detail::M2nSink>> {
-    std::unique_lock<std::mutex> lock(mu);
-    const bool ready = cv.wait_for(lock, std::chrono::duration<double>(dist->timeout_s()),
-                                   [&] { return failed || m2n->sinks.count(key) > 0; });
-    if (failed) return unavailable("'" + in.label + "': abandoned, another stream of this rank failed");
-    if (!ready) {
-      return deadline_exceeded("'" + in.label + "' waited " + std::to_string(static_cast<int>(dist->timeout_s())) +
-                               " s (PIPER_COMM_TIMEOUT_S) for the rows of (layer " + std::to_string(layer) + ", mb " +
-                               std::to_string(t.mb) + ") on rank " + std::to_string(dist->rank()));
-    }
-    return m2n->sinks.at(key);
-  };
+  Status post_all(bool send, const std::vector<void*>& bufs, const std::vector<size_t>& bytes,
+                  const std::shared_ptr<const void>& keep);
+  // post_all of consecutive blocks of `base`: rows[i] rows of `stride` floats for peer i.
+  Status post_blocks(bool send, float* base, const std::vector<size_t>& rows, size_t stride,
+                     const std::shared_ptr<const void>& keep);
+  // post_all of one message with the same-dp peer only.
+  Status post_same_dp(bool send, void* buf, size_t bytes, const std::shared_ptr<const void>& keep);
+  Result<std::shared_ptr<detail::M2nSource>> source_state();
+  Result<std::shared_ptr<detail::M2nSink>> sink_state();
 
-  auto publish_fwd = [&](Activation a) {
-    std::lock_guard<std::mutex> lock(mu);
-    fwd[in.node] = detail::Pending<Activation>{std::move(a), t.consumers};
-  };
-  auto publish_bwd = [&](Gradient g) {
-    std::lock_guard<std::mutex> lock(mu);
-    bwd[in.node] = detail::Pending<Gradient>{std::move(g), t.consumers};
-  };
-  struct Meta {
-    int32_t expert;
-    float weight;
-  };
-  const int experts_per_peer = model->dims().num_experts / static_cast<int>(peers);
-  const size_t me_idx = static_cast<size_t>(dist->coord().dp % std::max(1, graph->mesh.ep));  // my same-dp peer
+  Impl& x;
+  const Task& t;
+  const Instruction& in;
+  const int64_t h;
+  const int k;
+  const float scale;
+  const int layer;
+  const std::pair<int, int> key;  // (layer, mb)
+  const size_t peers;
+  comm::Communicator& c;
+  const int tag;
+  const int experts_per_peer;
+  const size_t me_idx;  // my same-dp peer
+};
 
-  if (!t.gradient && sending && !t.m2n_ffn) {
-    // router -> experts F (attention rank): rows to the expert's FFN rank.
-    PIPER_ASSIGN_OR_RETURN(Activation a, take_fwd(t.source));
-    if (!a.routed || !a.hidden) return internal_error("'" + in.label + "': the router sent no routing");
-    auto s = std::make_shared<detail::M2nSource>();
-    s->tokens = a.hidden->numel() / h;
-    s->residual = a.hidden;
-    s->routed = a.routed;
-    const size_t slots = static_cast<size_t>(s->tokens * k);
-    s->dest.resize(slots);
-    s->weight.assign(a.routed->topk_w.data(), a.routed->topk_w.data() + slots);
-    for (size_t i = 0; i < slots; ++i) {
-      const int d = a.routed->topk_idx[i] / experts_per_peer;
-      if (d < 0 || static_cast<size_t>(d) >= peers) {
-        return internal_error("'" + in.label + "': expert " + std::to_string(a.routed->topk_idx[i]) + " out of range");
-      }
-      s->dest[i] = d;
-    }
-    route_slots(s.get(), peers);
-    std::vector<size_t> first(peers + 1, 0);
-    for (size_t d = 0; d < peers; ++d) first[d + 1] = first[d] + s->rows_to[d];
-    auto counts = std::make_shared<std::vector<int64_t>>(peers);
-    auto payload = std::make_shared<std::vector<std::vector<char>>>(peers + 1);
-    const size_t row_bytes = static_cast<size_t>(h) * sizeof(float);
-    for (size_t d = 0; d < peers; ++d) {
-      (*counts)[d] = static_cast<int64_t>(s->rows_to[d]);
-      (*payload)[d].resize(s->rows_to[d] * (sizeof(Meta) + row_bytes));
-    }
-    const float* normed = a.routed->normed->data();
-    for (size_t i = 0; i < slots; ++i) {
-      const size_t d = static_cast<size_t>(s->dest[i]);
-      const size_t j = s->slot_row[i] - first[d];  // row within the peer's block
-      char* block = (*payload)[d].data();
-      const Meta m{a.routed->topk_idx[i] - static_cast<int>(d) * experts_per_peer, s->weight[i]};
-      std::memcpy(block + j * sizeof(Meta), &m, sizeof(Meta));
-      std::memcpy(block + s->rows_to[d] * sizeof(Meta) + j * row_bytes, normed + (i / k) * h, row_bytes);
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      m2n->sources[key] = s;
-      cv.notify_all();
-    }
-    std::shared_ptr<const void> keep =
-        std::make_shared<std::pair<decltype(counts), decltype(payload)>>(counts, payload);
-    std::vector<void*> cb(peers), pb(peers);
-    std::vector<size_t> cbytes(peers, sizeof(int64_t)), pbytes(peers);
-    for (size_t d = 0; d < peers; ++d) {
-      cb[d] = &(*counts)[d];
-      pb[d] = (*payload)[d].data();
-      pbytes[d] = (*payload)[d].size();
-    }
-    PIPER_RETURN_IF_ERROR(post_all(true, cb, cbytes, keep));
-    PIPER_RETURN_IF_ERROR(post_all(true, pb, pbytes, keep));
-    if (t.m2n_local) {
-      // The experts' output feeds the head on the same-dp FFN rank: it combines, so it gets the residual and
-      // the routing (weights and destination blocks) of this source's tokens.
-      std::vector<char>& extra = (*payload)[peers];
-      extra.resize(static_cast<size_t>(s->tokens * h) * sizeof(float) + slots * (sizeof(float) + sizeof(int32_t)));
-      char* at = extra.data();
-      std::memcpy(at, s->residual->data(), static_cast<size_t>(s->tokens * h) * sizeof(float));
-      at += static_cast<size_t>(s->tokens * h) * sizeof(float);
-      std::memcpy(at, s->weight.data(), slots * sizeof(float));
-      at += slots * sizeof(float);
-      for (size_t i = 0; i < slots; ++i) {
-        const int32_t d = s->dest[i];
-        std::memcpy(at + i * sizeof(int32_t), &d, sizeof(int32_t));
-      }
-      std::vector<void*> xb(peers, nullptr);
-      std::vector<size_t> xbytes(peers, 0);
-      xb[me_idx] = extra.data();
-      xbytes[me_idx] = extra.size();
-      PIPER_RETURN_IF_ERROR(post_all(true, xb, xbytes, keep));
-    }
-  } else if (!t.gradient && !sending && t.m2n_ffn) {
-    // router -> experts F (FFN rank): every source's rows, in (source, token, slot) order.
-    auto counts = std::make_shared<std::vector<int64_t>>(peers, 0);
-    std::vector<void*> cb(peers);
-    for (size_t s = 0; s < peers; ++s) cb[s] = &(*counts)[s];
-    PIPER_RETURN_IF_ERROR(post_all(false, cb, std::vector<size_t>(peers, sizeof(int64_t)), counts));
-    auto sink = std::make_shared<detail::M2nSink>();
-    auto payload = std::make_shared<std::vector<std::vector<char>>>(peers);
-    const size_t row_bytes = static_cast<size_t>(h) * sizeof(float);
-    std::vector<void*> pb(peers);
-    std::vector<size_t> pbytes(peers);
-    int64_t rows = 0;
-    for (size_t s = 0; s < peers; ++s) {
-      if ((*counts)[s] < 0 || (*counts)[s] > int64_t{1} << 40) {
-        return internal_error("'" + in.label + "': " + who(s) + " announced " + std::to_string((*counts)[s]) + " rows");
-      }
-      sink->rows_from.push_back(static_cast<size_t>((*counts)[s]));
-      (*payload)[s].resize(sink->rows_from[s] * (sizeof(Meta) + row_bytes));
-      pb[s] = (*payload)[s].data();
-      pbytes[s] = (*payload)[s].size();
-      rows += (*counts)[s];
-    }
-    PIPER_RETURN_IF_ERROR(post_all(false, pb, pbytes, payload));
-    auto got = std::make_shared<EpRows>();
-    PIPER_ASSIGN_OR_RETURN(Tensor t_rows, Tensor::zeros({rows, h}, MemCategory::kActivations, allocator));
-    auto rows_t = std::make_shared<Tensor>(std::move(t_rows));
-    got->expert.resize(static_cast<size_t>(rows));
-    got->weight.resize(static_cast<size_t>(rows));
-    size_t r = 0;
-    for (size_t s = 0; s < peers; ++s) {
-      const char* block = (*payload)[s].data();
-      const size_t n = sink->rows_from[s];
-      for (size_t j = 0; j < n; ++j) {
-        Meta m;
-        std::memcpy(&m, block + j * sizeof(Meta), sizeof(Meta));
-        got->expert[r + j] = m.expert;
-        got->weight[r + j] = m.weight;
-      }
-      if (n > 0) std::memcpy(rows_t->data() + r * static_cast<size_t>(h), block + n * sizeof(Meta), n * row_bytes);
-      r += n;
-    }
-    got->rows = std::move(rows_t);
-    if (t.m2n_local) {
-      // The same-dp source's residual and routing, for the combine before the head (m2n_local_inputs).
-      auto local = std::make_shared<detail::M2nSource>();
-      local->tokens = mbs * batch->seq_len;
-      const size_t slots = static_cast<size_t>(local->tokens * k);
-      auto extra = std::make_shared<std::vector<char>>(static_cast<size_t>(local->tokens * h) * sizeof(float) +
-                                                       slots * (sizeof(float) + sizeof(int32_t)));
-      std::vector<void*> xb(peers, nullptr);
-      std::vector<size_t> xbytes(peers, 0);
-      xb[me_idx] = extra->data();
-      xbytes[me_idx] = extra->size();
-      PIPER_RETURN_IF_ERROR(post_all(false, xb, xbytes, extra));
-      const char* at = extra->data();
-      auto x = std::make_shared<Tensor>(Tensor::zeros_or_die({local->tokens, h}, MemCategory::kActivations, allocator));
-      std::memcpy(x->data(), at, static_cast<size_t>(local->tokens * h) * sizeof(float));
-      at += static_cast<size_t>(local->tokens * h) * sizeof(float);
-      local->residual = std::move(x);
-      local->weight.resize(slots);
-      std::memcpy(local->weight.data(), at, slots * sizeof(float));
-      at += slots * sizeof(float);
-      local->dest.resize(slots);
-      for (size_t i = 0; i < slots; ++i) {
-        int32_t d = 0;
-        std::memcpy(&d, at + i * sizeof(int32_t), sizeof(int32_t));
-        if (d < 0 || static_cast<size_t>(d) >= peers) {
-          return internal_error("'" + in.label + "': " + who(me_idx) + " sent a slot for expert block " +
-                                std::to_string(d));
-        }
-        local->dest[i] = d;
-      }
-      route_slots(local.get(), peers);
-      sink->local = std::move(local);
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      m2n->sinks[key] = sink;
-      cv.notify_all();
-    }
-    Activation a;
-    a.ep = std::move(got);
-    publish_fwd(std::move(a));
-  } else if (!t.gradient && sending && t.m2n_ffn) {
-    // experts -> next F (FFN rank): output rows back to their sources.
-    PIPER_ASSIGN_OR_RETURN(Activation a, take_fwd(t.source));
-    PIPER_ASSIGN_OR_RETURN(auto sink, sink_state());
-    if (!a.ep || !a.ep->rows) return internal_error("'" + in.label + "': the experts chunk produced no rows");
-    if (t.m2n_local) {
-      // The next attention is on another attention rank than the router: combine in the FFN group here and send
-      // the hidden state to the same-dp rank of that attention rank.
-      if (sink->local == nullptr) return internal_error("'" + in.label + "': no routing of the same-dp source");
-      const detail::M2nSource& local = *sink->local;
-      std::vector<float> back(static_cast<size_t>(local.tokens * k * h));
-      PIPER_RETURN_IF_ERROR(ffn_group_exchange(t.comm, a.ep->rows->data(), sink->rows_from, back.data(), local.rows_to,
-                                               h, dist->timeout_s()));
-      std::shared_ptr<Tensor> out = combine_rows(local, back.data(), h, k, scale, allocator);
-      std::vector<void*> xb(peers, nullptr);
-      std::vector<size_t> xbytes(peers, 0);
-      xb[me_idx] = out->data();
-      xbytes[me_idx] = static_cast<size_t>(out->nbytes());
-      PIPER_RETURN_IF_ERROR(post_all(true, xb, xbytes, out));
-      std::lock_guard<std::mutex> lock(mu);
-      task_seconds["m2n.F"] += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      return ok_status();
-    }
-    std::shared_ptr<const Tensor> rows = a.ep->rows;
-    std::vector<void*> b(peers);
-    std::vector<size_t> bytes(peers);
-    size_t r = 0;
-    for (size_t s = 0; s < peers; ++s) {
-      b[s] = const_cast<float*>(rows->data()) + r * static_cast<size_t>(h);
-      bytes[s] = sink->rows_from[s] * static_cast<size_t>(h) * sizeof(float);
-      r += sink->rows_from[s];
-    }
-    if (static_cast<int64_t>(r) * h != rows->numel()) {
-      return internal_error("'" + in.label + "': the experts returned another number of rows than they received");
-    }
-    PIPER_RETURN_IF_ERROR(post_all(true, b, bytes, rows));
-  } else if (!t.gradient && !sending && !t.m2n_ffn) {
-    // experts -> next F (attention rank): weighted sum in slot order plus the residual.
-    PIPER_ASSIGN_OR_RETURN(auto s, source_state());
-    const size_t total = static_cast<size_t>(s->tokens * k);
-    auto back = std::make_shared<std::vector<float>>(total * static_cast<size_t>(h));
-    std::vector<void*> b(peers);
-    std::vector<size_t> bytes(peers);
-    size_t r = 0;
-    for (size_t d = 0; d < peers; ++d) {
-      b[d] = back->data() + r * static_cast<size_t>(h);
-      bytes[d] = s->rows_to[d] * static_cast<size_t>(h) * sizeof(float);
-      r += s->rows_to[d];
-    }
-    PIPER_RETURN_IF_ERROR(post_all(false, b, bytes, back));
-    std::shared_ptr<Tensor> out = combine_rows(*s, back->data(), h, k, scale, allocator);
-    Activation a;
-    a.hidden = std::move(out);
-    publish_fwd(std::move(a));
-  } else if (t.gradient && sending && !t.m2n_ffn) {
-    // next -> experts B (attention rank): the scaled output gradient dispatched like the tokens.
-    PIPER_ASSIGN_OR_RETURN(Gradient g, take_bwd(t.source));
-    PIPER_ASSIGN_OR_RETURN(auto s, source_state());
-    if (!g.dhidden || g.dhidden->numel() != s->tokens * h) {
-      return internal_error("'" + in.label + "': the gradient is not [tokens, hidden]");
-    }
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (s->dresidual) {
-        return unimplemented("'" + in.label + "': the experts' output of layer " + std::to_string(layer) +
-                             " has two consumers; the runtime's M2N combine serves one");
-      }
-      s->dresidual = g.dhidden;
-    }
-    auto rows = scatter_grad(*s, g.dhidden->data(), h, k, scale);
-    std::vector<void*> b(peers);
-    std::vector<size_t> bytes(peers);
-    size_t r = 0;
-    for (size_t d = 0; d < peers; ++d) {
-      b[d] = rows->data() + r * static_cast<size_t>(h);
-      bytes[d] = s->rows_to[d] * static_cast<size_t>(h) * sizeof(float);
-      r += s->rows_to[d];
-    }
-    PIPER_RETURN_IF_ERROR(post_all(true, b, bytes, rows));
-  } else if (t.gradient && !sending && t.m2n_ffn) {
-    // next -> experts B (FFN rank): row gradients in the forward's receive order.
-    PIPER_ASSIGN_OR_RETURN(auto sink, sink_state());
-    size_t total = 0;
-    for (size_t n : sink->rows_from) total += n;
-    PIPER_ASSIGN_OR_RETURN(Tensor t_rows,
-                           Tensor::zeros({static_cast<int64_t>(total), h}, MemCategory::kBuffers, allocator));
-    auto rows_t = std::make_shared<Tensor>(std::move(t_rows));
-    std::vector<void*> b(peers);
-    std::vector<size_t> bytes(peers);
-    size_t r = 0;
-    for (size_t s = 0; s < peers; ++s) {
-      b[s] = rows_t->data() + r * static_cast<size_t>(h);
-      bytes[s] = sink->rows_from[s] * static_cast<size_t>(h) * sizeof(float);
-      r += sink->rows_from[s];
-    }
-    PIPER_RETURN_IF_ERROR(post_all(false, b, bytes, rows_t));
-    auto got = std::make_shared<EpRows>();
-    got->rows = std::move(rows_t);
-    Gradient g;
-    g.ep = std::move(got);
-    publish_bwd(std::move(g));
-  } else if (t.gradient && sending && t.m2n_ffn) {
-    // experts -> router B (FFN rank): each source's input-gradient rows and routing-weight gradients.
-    PIPER_ASSIGN_OR_RETURN(Gradient g, take_bwd(t.source));
-    PIPER_ASSIGN_OR_RETURN(auto sink, sink_state());
-    if (!g.ep || !g.ep->rows) return internal_error("'" + in.label + "': the experts chunk produced no row gradients");
-    const size_t stride = static_cast<size_t>(h) + 1;
-    auto packed = std::make_shared<std::vector<float>>();
-    size_t total = 0;
-    for (size_t n : sink->rows_from) total += n;
-    if (g.ep->rows->numel() != static_cast<int64_t>(total) * h || g.ep->dweight.size() != total) {
-      return internal_error("'" + in.label + "': the experts' row gradients do not match the received rows");
-    }
-    packed->resize(total * stride);
-    std::vector<void*> b(peers);
-    std::vector<size_t> bytes(peers);
-    size_t r = 0;
-    for (size_t s = 0; s < peers; ++s) {
-      const size_t n = sink->rows_from[s];
-      float* block = packed->data() + r * stride;
-      if (n > 0) {
-        std::memcpy(block, g.ep->rows->data() + r * static_cast<size_t>(h), n * static_cast<size_t>(h) * sizeof(float));
-        std::memcpy(block + n * static_cast<size_t>(h), g.ep->dweight.data() + r, n * sizeof(float));
-      }
-      b[s] = block;
-      bytes[s] = n * stride * sizeof(float);
-      r += n;
-    }
-    PIPER_RETURN_IF_ERROR(post_all(true, b, bytes, packed));
-    if (t.m2n_local) {
-      // The head's gradient is the residual's: back to the same-dp source for its router.
-      if (!sink->local || !sink->local->dresidual) {
-        return internal_error("'" + in.label + "' runs before the head's gradient reached the experts");
-      }
-      std::vector<void*> xb(peers, nullptr);
-      std::vector<size_t> xbytes(peers, 0);
-      xb[me_idx] = const_cast<float*>(sink->local->dresidual->data());
-      xbytes[me_idx] = static_cast<size_t>(sink->local->dresidual->nbytes());
-      PIPER_RETURN_IF_ERROR(post_all(true, xb, xbytes, sink->local->dresidual));
-    }
-    std::lock_guard<std::mutex> lock(mu);
-    m2n->sinks.erase(key);
-  } else {
-    // experts -> router B (attention rank): dnormed, dtopk_w and the residual gradient for the router.
-    PIPER_ASSIGN_OR_RETURN(auto s, source_state());
-
-    const size_t stride = static_cast<size_t>(h) + 1;
-    const size_t total = static_cast<size_t>(s->tokens * k);
-    auto packed = std::make_shared<std::vector<float>>(total * stride);
-    std::vector<void*> b(peers);
-    std::vector<size_t> bytes(peers);
-    std::vector<size_t> first(peers + 1, 0);
-    for (size_t d = 0; d < peers; ++d) {
-      first[d + 1] = first[d] + s->rows_to[d];
-      b[d] = packed->data() + first[d] * stride;
-      bytes[d] = s->rows_to[d] * stride * sizeof(float);
-    }
-    PIPER_RETURN_IF_ERROR(post_all(false, b, bytes, packed));
-    if (t.m2n_local) {  // the residual's gradient: the head's, from the same-dp FFN rank
-      auto dres = std::make_shared<Tensor>(Tensor::zeros_or_die({s->tokens, h}, MemCategory::kBuffers, allocator));
-      std::vector<void*> xb(peers, nullptr);
-      std::vector<size_t> xbytes(peers, 0);
-      xb[me_idx] = dres->data();
-      xbytes[me_idx] = static_cast<size_t>(dres->nbytes());
-      PIPER_RETURN_IF_ERROR(post_all(false, xb, xbytes, dres));
-      std::lock_guard<std::mutex> lock(mu);
-      s->dresidual = std::move(dres);
-    }
-    {
-      // The FFN ranks sent these rows after the experts' backward, which needed the output gradient that this
-      // rank's combine B send recorded first.
-      std::lock_guard<std::mutex> lock(mu);
-      if (!s->dresidual) {
-        return internal_error("'" + in.label + "' received the experts' gradients before this rank sent theirs");
-      }
-    }
-    PIPER_ASSIGN_OR_RETURN(Tensor dn, Tensor::zeros({s->tokens, h}, MemCategory::kBuffers, allocator));
-    PIPER_ASSIGN_OR_RETURN(Tensor dw, Tensor::zeros({s->tokens, k}, MemCategory::kBuffers, allocator));
-    auto dnormed = std::make_shared<Tensor>(std::move(dn));
-    auto dtopk_w = std::make_shared<Tensor>(std::move(dw));
-    // Row slot_row[i] lies in peer dest[i]'s block at (slot_row[i] - first[d]): rows, then dweights.
-    auto row_of = [&](size_t i) {
-      const size_t d = static_cast<size_t>(s->dest[i]);
-      return packed->data() + first[d] * stride + (s->slot_row[i] - first[d]) * static_cast<size_t>(h);
-    };
-    auto dweight_of = [&](size_t i) {
-      const size_t d = static_cast<size_t>(s->dest[i]);
-      return packed->data()[first[d] * stride + s->rows_to[d] * static_cast<size_t>(h) + (s->slot_row[i] - first[d])];
-    };
-    for (int64_t tok = 0; tok < s->tokens; ++tok) {
-      float* acc = dnormed->data() + tok * h;
-      for (int j = 0; j < k; ++j) {
-        const size_t i = static_cast<size_t>(tok * k + j);
-        const float* row = row_of(i);
-        for (int64_t col = 0; col < h; ++col) acc[col] += 1.0f * row[col];
-        dtopk_w->data()[i] = dweight_of(i);
-      }
-    }
-    Gradient g;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      g.dhidden = s->dresidual;
-    }
-    g.dnormed = std::move(dnormed);
-    g.dtopk_w = std::move(dtopk_w);
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      m2n->sources.erase(key);
-    }
-    publish_bwd(std::move(g));
-  }
+Status Executor::Impl::m2n_exchange(const Task& t) {
+  using Variant = Status (M2nCall::*)();
+  struct Entry {
+    M2nKey key;
+    Variant run;
+  };
+  using enum M2nPass;
+  using enum M2nSide;
+  using enum M2nDirection;
+  // (pass, side of this rank, direction) -> variant; the exchanges of the comment at the top of this file.
+  static constexpr Entry kVariants[] = {
+      {{kForward, kAttention, kSend}, &M2nCall::dispatch_send},        // router -> experts F
+      {{kForward, kFfn, kRecv}, &M2nCall::dispatch_recv},              // router -> experts F
+      {{kForward, kFfn, kSend}, &M2nCall::combine_send},               // experts -> next F
+      {{kForward, kAttention, kRecv}, &M2nCall::combine_recv},         // experts -> next F
+      {{kBackward, kAttention, kSend}, &M2nCall::combine_grad_send},   // next -> experts B
+      {{kBackward, kFfn, kRecv}, &M2nCall::combine_grad_recv},         // next -> experts B
+      {{kBackward, kFfn, kSend}, &M2nCall::dispatch_grad_send},        // experts -> router B
+      {{kBackward, kAttention, kRecv}, &M2nCall::dispatch_grad_recv},  // experts -> router B
+  };
+  static_assert(std::size(kVariants) == 8, "one variant per (pass, side, direction)");
+  const auto start = std::chrono::steady_clock::now();
+  const M2nKey want{t.gradient ? kBackward : kForward, t.m2n_ffn ? kFfn : kAttention,
+                    t.in->op == OpKind::kSend ? kSend : kRecv};
+  const Entry* entry =
+      std::find_if(std::begin(kVariants), std::end(kVariants), [&](const Entry& e) { return e.key == want; });
+  if (entry == std::end(kVariants)) return internal_error("'" + t.in->label + "': no M2N variant");
+  M2nCall call(*this, t);
+  PIPER_RETURN_IF_ERROR((call.*(entry->run))());
   std::lock_guard<std::mutex> lock(mu);
   task_seconds[std::string("m2n.") + (t.gradient ? "B" : "F")] +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return ok_status();
+}
+
+Status Executor::Impl::M2nCall::post_all(bool send, const std::vector<void*>& bufs, const std::vector<size_t>& bytes,
+                                         const std::shared_ptr<const void>& keep) {
+  std::vector<std::pair<size_t, comm::Handle>> handles;
+  for (size_t i = 0; i < peers; ++i) {
+    if (bytes[i] == 0) continue;
+    Result<comm::Handle> posted =
+        send ? c.isend(bufs[i], bytes[i], t.peers[i], tag) : c.irecv(bufs[i], bytes[i], t.peers[i], tag);
+    if (!posted.ok()) return posted.status();
+    handles.emplace_back(i, std::move(posted).value());
+  }
+  for (auto& [i, handle] : handles) {
+    PIPER_RETURN_IF_ERROR(
+        x.wait_comm(c, handle, keep, std::string(send ? "M2N send to " : "M2N receive from ") + who(i)));
+  }
+  return ok_status();
+}
+
+Status Executor::Impl::M2nCall::post_blocks(bool send, float* base, const std::vector<size_t>& rows, size_t stride,
+                                            const std::shared_ptr<const void>& keep) {
+  std::vector<void*> b(peers);
+  std::vector<size_t> bytes(peers);
+  size_t r = 0;
+  for (size_t i = 0; i < peers; ++i) {
+    b[i] = base + r * stride;
+    bytes[i] = rows[i] * stride * sizeof(float);
+    r += rows[i];
+  }
+  return post_all(send, b, bytes, keep);
+}
+
+Status Executor::Impl::M2nCall::post_same_dp(bool send, void* buf, size_t bytes,
+                                             const std::shared_ptr<const void>& keep) {
+  std::vector<void*> b(peers, nullptr);
+  std::vector<size_t> n(peers, 0);
+  b[me_idx] = buf;
+  n[me_idx] = bytes;
+  return post_all(send, b, n, keep);
+}
+
+// The receive streams post their receives in the channel's order, concurrently with the send stream that
+// dispatches: wait (bounded by the communication timeout) until the dispatch recorded its routing.
+Result<std::shared_ptr<detail::M2nSource>> Executor::Impl::M2nCall::source_state() {
+  std::unique_lock<std::mutex> lock(x.mu);
+  const bool ready = x.cv.wait_for(lock, std::chrono::duration<double>(x.dist->timeout_s()),
+                                   [&] { return x.failed || x.m2n->sources.count(key) > 0; });
+  if (x.failed) return unavailable("'" + in.label + "': abandoned, another stream of this rank failed");
+  if (!ready) {
+    return deadline_exceeded("'" + in.label + "' waited " + std::to_string(static_cast<int>(x.dist->timeout_s())) +
+                             " s (PIPER_COMM_TIMEOUT_S) for the dispatch of (layer " + std::to_string(layer) + ", mb " +
+                             std::to_string(t.mb) + ") on rank " + std::to_string(x.dist->rank()));
+  }
+  return x.m2n->sources.at(key);
+}
+
+// With pp > 1 an FFN rank receives a layer's dispatch and its output gradient from different attention ranks, on
+// different receive streams: wait (bounded) until the dispatch's rows arrived.
+Result<std::shared_ptr<detail::M2nSink>> Executor::Impl::M2nCall::sink_state() {
+  std::unique_lock<std::mutex> lock(x.mu);
+  const bool ready = x.cv.wait_for(lock, std::chrono::duration<double>(x.dist->timeout_s()),
+                                   [&] { return x.failed || x.m2n->sinks.count(key) > 0; });
+  if (x.failed) return unavailable("'" + in.label + "': abandoned, another stream of this rank failed");
+  if (!ready) {
+    return deadline_exceeded("'" + in.label + "' waited " + std::to_string(static_cast<int>(x.dist->timeout_s())) +
+                             " s (PIPER_COMM_TIMEOUT_S) for the rows of (layer " + std::to_string(layer) + ", mb " +
+                             std::to_string(t.mb) + ") on rank " + std::to_string(x.dist->rank()));
+  }
+  return x.m2n->sinks.at(key);
+}
+
+Result<std::shared_ptr<detail::M2nSource>> Executor::Impl::M2nCall::route_tokens(const Activation& a) const {
+  if (!a.routed || !a.hidden) return internal_error("'" + in.label + "': the router sent no routing");
+  auto s = std::make_shared<detail::M2nSource>();
+  s->tokens = a.hidden->numel() / h;
+  s->residual = a.hidden;
+  s->routed = a.routed;
+  const size_t slots = static_cast<size_t>(s->tokens * k);
+  s->dest.resize(slots);
+  s->weight.assign(a.routed->topk_w.data(), a.routed->topk_w.data() + slots);
+  for (size_t i = 0; i < slots; ++i) {
+    const int d = a.routed->topk_idx[i] / experts_per_peer;
+    if (d < 0 || static_cast<size_t>(d) >= peers) {
+      return internal_error("'" + in.label + "': expert " + std::to_string(a.routed->topk_idx[i]) + " out of range");
+    }
+    s->dest[i] = d;
+  }
+  route_slots(s.get(), peers);
+  return s;
+}
+
+void Executor::Impl::M2nCall::pack_dispatch(const detail::M2nSource& s, const Routed& routed,
+                                            std::vector<int64_t>* counts,
+                                            std::vector<std::vector<char>>* payload) const {
+  std::vector<size_t> first(peers + 1, 0);
+  for (size_t d = 0; d < peers; ++d) first[d + 1] = first[d] + s.rows_to[d];
+  const size_t row_bytes = static_cast<size_t>(h) * sizeof(float);
+  for (size_t d = 0; d < peers; ++d) {
+    (*counts)[d] = static_cast<int64_t>(s.rows_to[d]);
+    (*payload)[d].resize(s.rows_to[d] * (sizeof(Meta) + row_bytes));
+  }
+  const float* normed = routed.normed->data();
+  for (size_t i = 0; i < s.dest.size(); ++i) {
+    const size_t d = static_cast<size_t>(s.dest[i]);
+    const size_t j = s.slot_row[i] - first[d];  // row within the peer's block
+    char* block = (*payload)[d].data();
+    const Meta m{routed.topk_idx[i] - static_cast<int>(d) * experts_per_peer, s.weight[i]};
+    std::memcpy(block + j * sizeof(Meta), &m, sizeof(Meta));
+    std::memcpy(block + s.rows_to[d] * sizeof(Meta) + j * row_bytes, normed + (i / k) * h, row_bytes);
+  }
+}
+
+// router -> experts F (attention rank): each (token, slot) row to the FFN rank of its expert, row counts first.
+Status Executor::Impl::M2nCall::dispatch_send() {
+  PIPER_ASSIGN_OR_RETURN(Activation a, x.take_message<Activation>(t, t.source));
+  PIPER_ASSIGN_OR_RETURN(std::shared_ptr<detail::M2nSource> s, route_tokens(a));
+  auto counts = std::make_shared<std::vector<int64_t>>(peers);
+  auto payload = std::make_shared<std::vector<std::vector<char>>>(peers + 1);
+  pack_dispatch(*s, *a.routed, counts.get(), payload.get());
+  {
+    std::lock_guard<std::mutex> lock(x.mu);
+    x.m2n->sources[key] = s;
+    x.cv.notify_all();
+  }
+  std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(counts), decltype(payload)>>(counts, payload);
+  std::vector<void*> cb(peers), pb(peers);
+  std::vector<size_t> cbytes(peers, sizeof(int64_t)), pbytes(peers);
+  for (size_t d = 0; d < peers; ++d) {
+    cb[d] = &(*counts)[d];
+    pb[d] = (*payload)[d].data();
+    pbytes[d] = (*payload)[d].size();
+  }
+  PIPER_RETURN_IF_ERROR(post_all(true, cb, cbytes, keep));
+  PIPER_RETURN_IF_ERROR(post_all(true, pb, pbytes, keep));
+  if (t.m2n_local) return send_local_routing(*s, &(*payload)[peers], keep);
+  return ok_status();
+}
+
+// The experts' output feeds the head on the same-dp FFN rank (or the next attention elsewhere): that rank
+// combines, so it gets the residual and the routing (weights and destination blocks) of this source's tokens.
+Status Executor::Impl::M2nCall::send_local_routing(const detail::M2nSource& s, std::vector<char>* extra,
+                                                   const std::shared_ptr<const void>& keep) {
+  const size_t slots = s.dest.size();
+  extra->resize(static_cast<size_t>(s.tokens * h) * sizeof(float) + slots * (sizeof(float) + sizeof(int32_t)));
+  char* at = extra->data();
+  std::memcpy(at, s.residual->data(), static_cast<size_t>(s.tokens * h) * sizeof(float));
+  at += static_cast<size_t>(s.tokens * h) * sizeof(float);
+  std::memcpy(at, s.weight.data(), slots * sizeof(float));
+  at += slots * sizeof(float);
+  for (size_t i = 0; i < slots; ++i) {
+    const int32_t d = s.dest[i];
+    std::memcpy(at + i * sizeof(int32_t), &d, sizeof(int32_t));
+  }
+  return post_same_dp(true, extra->data(), extra->size(), keep);
+}
+
+// The rows of every source in (source, token, slot) order, with their local experts and weights.
+Result<std::shared_ptr<EpRows>> Executor::Impl::M2nCall::recv_dispatch_rows(const std::vector<size_t>& rows_from) {
+  auto payload = std::make_shared<std::vector<std::vector<char>>>(peers);
+  const size_t row_bytes = static_cast<size_t>(h) * sizeof(float);
+  std::vector<void*> pb(peers);
+  std::vector<size_t> pbytes(peers);
+  int64_t rows = 0;
+  for (size_t s = 0; s < peers; ++s) {
+    (*payload)[s].resize(rows_from[s] * (sizeof(Meta) + row_bytes));
+    pb[s] = (*payload)[s].data();
+    pbytes[s] = (*payload)[s].size();
+    rows += static_cast<int64_t>(rows_from[s]);
+  }
+  PIPER_RETURN_IF_ERROR(post_all(false, pb, pbytes, payload));
+  auto got = std::make_shared<EpRows>();
+  PIPER_ASSIGN_OR_RETURN(Tensor t_rows, Tensor::zeros({rows, h}, MemCategory::kActivations, x.allocator));
+  auto rows_t = std::make_shared<Tensor>(std::move(t_rows));
+  got->expert.resize(static_cast<size_t>(rows));
+  got->weight.resize(static_cast<size_t>(rows));
+  size_t r = 0;
+  for (size_t s = 0; s < peers; ++s) {
+    const char* block = (*payload)[s].data();
+    const size_t n = rows_from[s];
+    for (size_t j = 0; j < n; ++j) {
+      Meta m;
+      std::memcpy(&m, block + j * sizeof(Meta), sizeof(Meta));
+      got->expert[r + j] = m.expert;
+      got->weight[r + j] = m.weight;
+    }
+    if (n > 0) std::memcpy(rows_t->data() + r * static_cast<size_t>(h), block + n * sizeof(Meta), n * row_bytes);
+    r += n;
+  }
+  got->rows = std::move(rows_t);
+  return got;
+}
+
+// router -> experts F (FFN rank): every source's rows, the experts chunk's expert-parallel input.
+Status Executor::Impl::M2nCall::dispatch_recv() {
+  auto counts = std::make_shared<std::vector<int64_t>>(peers, 0);
+  std::vector<void*> cb(peers);
+  for (size_t s = 0; s < peers; ++s) cb[s] = &(*counts)[s];
+  PIPER_RETURN_IF_ERROR(post_all(false, cb, std::vector<size_t>(peers, sizeof(int64_t)), counts));
+  auto sink = std::make_shared<detail::M2nSink>();
+  for (size_t s = 0; s < peers; ++s) {
+    if ((*counts)[s] < 0 || (*counts)[s] > int64_t{1} << 40) {
+      return internal_error("'" + in.label + "': " + who(s) + " announced " + std::to_string((*counts)[s]) + " rows");
+    }
+    sink->rows_from.push_back(static_cast<size_t>((*counts)[s]));
+  }
+  PIPER_ASSIGN_OR_RETURN(std::shared_ptr<EpRows> got, recv_dispatch_rows(sink->rows_from));
+  if (t.m2n_local) {
+    // The same-dp source's residual and routing, for the combine before the head (m2n_local_inputs).
+    PIPER_ASSIGN_OR_RETURN(sink->local, recv_local_routing());
+  }
+  {
+    std::lock_guard<std::mutex> lock(x.mu);
+    x.m2n->sinks[key] = sink;
+    x.cv.notify_all();
+  }
+  Activation a;
+  a.ep = std::move(got);
+  x.publish_message(t, std::move(a));
+  return ok_status();
+}
+
+Result<std::shared_ptr<detail::M2nSource>> Executor::Impl::M2nCall::recv_local_routing() {
+  auto local = std::make_shared<detail::M2nSource>();
+  local->tokens = x.mbs * x.batch->seq_len;
+  const size_t slots = static_cast<size_t>(local->tokens * k);
+  auto extra = std::make_shared<std::vector<char>>(static_cast<size_t>(local->tokens * h) * sizeof(float) +
+                                                   slots * (sizeof(float) + sizeof(int32_t)));
+  PIPER_RETURN_IF_ERROR(post_same_dp(false, extra->data(), extra->size(), extra));
+  const char* at = extra->data();
+  auto res = std::make_shared<Tensor>(Tensor::zeros_or_die({local->tokens, h}, MemCategory::kActivations, x.allocator));
+  std::memcpy(res->data(), at, static_cast<size_t>(local->tokens * h) * sizeof(float));
+  at += static_cast<size_t>(local->tokens * h) * sizeof(float);
+  local->residual = std::move(res);
+  local->weight.resize(slots);
+  std::memcpy(local->weight.data(), at, slots * sizeof(float));
+  at += slots * sizeof(float);
+  local->dest.resize(slots);
+  for (size_t i = 0; i < slots; ++i) {
+    int32_t d = 0;
+    std::memcpy(&d, at + i * sizeof(int32_t), sizeof(int32_t));
+    if (d < 0 || static_cast<size_t>(d) >= peers) {
+      return internal_error("'" + in.label + "': " + who(me_idx) + " sent a slot for expert block " +
+                            std::to_string(d));
+    }
+    local->dest[i] = d;
+  }
+  route_slots(local.get(), peers);
+  return local;
+}
+
+// experts -> next F (FFN rank): the output rows back to their sources.
+Status Executor::Impl::M2nCall::combine_send() {
+  PIPER_ASSIGN_OR_RETURN(Activation a, x.take_message<Activation>(t, t.source));
+  PIPER_ASSIGN_OR_RETURN(auto sink, sink_state());
+  if (!a.ep || !a.ep->rows) return internal_error("'" + in.label + "': the experts chunk produced no rows");
+  if (t.m2n_local) return combine_in_ffn_group(*a.ep, *sink);
+  std::shared_ptr<const Tensor> rows = a.ep->rows;
+  size_t total = 0;
+  for (size_t n : sink->rows_from) total += n;
+  if (static_cast<int64_t>(total) * h != rows->numel()) {
+    return internal_error("'" + in.label + "': the experts returned another number of rows than they received");
+  }
+  return post_blocks(true, const_cast<float*>(rows->data()), sink->rows_from, static_cast<size_t>(h), rows);
+}
+
+// The next attention is on another attention rank than the router: combine in the FFN group here and send the
+// hidden state to the same-dp rank of that attention rank.
+Status Executor::Impl::M2nCall::combine_in_ffn_group(const EpRows& rows, const detail::M2nSink& sink) {
+  if (sink.local == nullptr) return internal_error("'" + in.label + "': no routing of the same-dp source");
+  const detail::M2nSource& local = *sink.local;
+  std::vector<float> back(static_cast<size_t>(local.tokens * k * h));
+  PIPER_RETURN_IF_ERROR(ffn_group_exchange(t.comm, rows.rows->data(), sink.rows_from, back.data(), local.rows_to, h,
+                                           x.dist->timeout_s()));
+  std::shared_ptr<Tensor> out = combine_rows(local, back.data(), h, k, scale, x.allocator);
+  return post_same_dp(true, out->data(), static_cast<size_t>(out->nbytes()), out);
+}
+
+// experts -> next F (attention rank): the weighted sum in slot order plus the residual.
+Status Executor::Impl::M2nCall::combine_recv() {
+  PIPER_ASSIGN_OR_RETURN(auto s, source_state());
+  const size_t total = static_cast<size_t>(s->tokens * k);
+  auto back = std::make_shared<std::vector<float>>(total * static_cast<size_t>(h));
+  PIPER_RETURN_IF_ERROR(post_blocks(false, back->data(), s->rows_to, static_cast<size_t>(h), back));
+  std::shared_ptr<Tensor> out = combine_rows(*s, back->data(), h, k, scale, x.allocator);
+  Activation a;
+  a.hidden = std::move(out);
+  x.publish_message(t, std::move(a));
+  return ok_status();
+}
+
+// next -> experts B (attention rank): the scaled output gradient dispatched like the tokens; the unscaled one is
+// kept as the residual's gradient for the router.
+Status Executor::Impl::M2nCall::combine_grad_send() {
+  PIPER_ASSIGN_OR_RETURN(Gradient g, x.take_message<Gradient>(t, t.source));
+  PIPER_ASSIGN_OR_RETURN(auto s, source_state());
+  if (!g.dhidden || g.dhidden->numel() != s->tokens * h) {
+    return internal_error("'" + in.label + "': the gradient is not [tokens, hidden]");
+  }
+  {
+    std::lock_guard<std::mutex> lock(x.mu);
+    if (s->dresidual) {
+      return unimplemented("'" + in.label + "': the experts' output of layer " + std::to_string(layer) +
+                           " has two consumers; the runtime's M2N combine serves one");
+    }
+    s->dresidual = g.dhidden;
+  }
+  auto rows = scatter_grad(*s, g.dhidden->data(), h, k, scale);
+  return post_blocks(true, rows->data(), s->rows_to, static_cast<size_t>(h), rows);
+}
+
+// next -> experts B (FFN rank): the row gradients in the forward's receive order.
+Status Executor::Impl::M2nCall::combine_grad_recv() {
+  PIPER_ASSIGN_OR_RETURN(auto sink, sink_state());
+  size_t total = 0;
+  for (size_t n : sink->rows_from) total += n;
+  PIPER_ASSIGN_OR_RETURN(Tensor t_rows,
+                         Tensor::zeros({static_cast<int64_t>(total), h}, MemCategory::kBuffers, x.allocator));
+  auto rows_t = std::make_shared<Tensor>(std::move(t_rows));
+  PIPER_RETURN_IF_ERROR(post_blocks(false, rows_t->data(), sink->rows_from, static_cast<size_t>(h), rows_t));
+  auto got = std::make_shared<EpRows>();
+  got->rows = std::move(rows_t);
+  Gradient g;
+  g.ep = std::move(got);
+  x.publish_message(t, std::move(g));
+  return ok_status();
+}
+
+// experts -> router B (FFN rank): each source's input-gradient rows, then its routing-weight gradients.
+Status Executor::Impl::M2nCall::dispatch_grad_send() {
+  PIPER_ASSIGN_OR_RETURN(Gradient g, x.take_message<Gradient>(t, t.source));
+  PIPER_ASSIGN_OR_RETURN(auto sink, sink_state());
+  if (!g.ep || !g.ep->rows) return internal_error("'" + in.label + "': the experts chunk produced no row gradients");
+  const size_t stride = static_cast<size_t>(h) + 1;
+  auto packed = std::make_shared<std::vector<float>>();
+  size_t total = 0;
+  for (size_t n : sink->rows_from) total += n;
+  if (g.ep->rows->numel() != static_cast<int64_t>(total) * h || g.ep->dweight.size() != total) {
+    return internal_error("'" + in.label + "': the experts' row gradients do not match the received rows");
+  }
+  packed->resize(total * stride);
+  size_t r = 0;
+  for (size_t s = 0; s < peers; ++s) {
+    const size_t n = sink->rows_from[s];
+    float* block = packed->data() + r * stride;
+    if (n > 0) {
+      std::memcpy(block, g.ep->rows->data() + r * static_cast<size_t>(h), n * static_cast<size_t>(h) * sizeof(float));
+      std::memcpy(block + n * static_cast<size_t>(h), g.ep->dweight.data() + r, n * sizeof(float));
+    }
+    r += n;
+  }
+  PIPER_RETURN_IF_ERROR(post_blocks(true, packed->data(), sink->rows_from, stride, packed));
+  if (t.m2n_local) {
+    // The head's gradient is the residual's: back to the same-dp source for its router.
+    if (!sink->local || !sink->local->dresidual) {
+      return internal_error("'" + in.label + "' runs before the head's gradient reached the experts");
+    }
+    const std::shared_ptr<const Tensor>& dres = sink->local->dresidual;
+    PIPER_RETURN_IF_ERROR(
+        post_same_dp(true, const_cast<float*>(dres->data()), static_cast<size_t>(dres->nbytes()), dres));
+  }
+  std::lock_guard<std::mutex> lock(x.mu);
+  x.m2n->sinks.erase(key);
+  return ok_status();
+}
+
+// Row slot_row[i] lies in peer dest[i]'s block at (slot_row[i] - first[d]): rows, then dweights.
+Result<Gradient> Executor::Impl::M2nCall::router_grads(const detail::M2nSource& s, const std::vector<float>& packed,
+                                                       const std::vector<size_t>& first) const {
+  const size_t stride = static_cast<size_t>(h) + 1;
+  PIPER_ASSIGN_OR_RETURN(Tensor dn, Tensor::zeros({s.tokens, h}, MemCategory::kBuffers, x.allocator));
+  PIPER_ASSIGN_OR_RETURN(Tensor dw, Tensor::zeros({s.tokens, k}, MemCategory::kBuffers, x.allocator));
+  auto dnormed = std::make_shared<Tensor>(std::move(dn));
+  auto dtopk_w = std::make_shared<Tensor>(std::move(dw));
+  auto row_of = [&](size_t i) {
+    const size_t d = static_cast<size_t>(s.dest[i]);
+    return packed.data() + first[d] * stride + (s.slot_row[i] - first[d]) * static_cast<size_t>(h);
+  };
+  auto dweight_of = [&](size_t i) {
+    const size_t d = static_cast<size_t>(s.dest[i]);
+    return packed.data()[first[d] * stride + s.rows_to[d] * static_cast<size_t>(h) + (s.slot_row[i] - first[d])];
+  };
+  for (int64_t tok = 0; tok < s.tokens; ++tok) {
+    float* acc = dnormed->data() + tok * h;
+    for (int j = 0; j < k; ++j) {
+      const size_t i = static_cast<size_t>(tok * k + j);
+      const float* row = row_of(i);
+      for (int64_t col = 0; col < h; ++col) acc[col] += 1.0f * row[col];
+      dtopk_w->data()[i] = dweight_of(i);
+    }
+  }
+  Gradient g;
+  g.dnormed = std::move(dnormed);
+  g.dtopk_w = std::move(dtopk_w);
+  return g;
+}
+
+// experts -> router B (attention rank): dnormed, dtopk_w and the residual gradient, the router's backward input.
+Status Executor::Impl::M2nCall::dispatch_grad_recv() {
+  PIPER_ASSIGN_OR_RETURN(auto s, source_state());
+  const size_t stride = static_cast<size_t>(h) + 1;
+  const size_t total = static_cast<size_t>(s->tokens * k);
+  auto packed = std::make_shared<std::vector<float>>(total * stride);
+  std::vector<size_t> first(peers + 1, 0);
+  for (size_t d = 0; d < peers; ++d) first[d + 1] = first[d] + s->rows_to[d];
+  PIPER_RETURN_IF_ERROR(post_blocks(false, packed->data(), s->rows_to, stride, packed));
+  if (t.m2n_local) {  // the residual's gradient: the head's, from the same-dp FFN rank
+    auto dres = std::make_shared<Tensor>(Tensor::zeros_or_die({s->tokens, h}, MemCategory::kBuffers, x.allocator));
+    PIPER_RETURN_IF_ERROR(post_same_dp(false, dres->data(), static_cast<size_t>(dres->nbytes()), dres));
+    std::lock_guard<std::mutex> lock(x.mu);
+    s->dresidual = std::move(dres);
+  }
+  {
+    // The FFN ranks sent these rows after the experts' backward, which needed the output gradient that this
+    // rank's combine B send recorded first.
+    std::lock_guard<std::mutex> lock(x.mu);
+    if (!s->dresidual) {
+      return internal_error("'" + in.label + "' received the experts' gradients before this rank sent theirs");
+    }
+  }
+  PIPER_ASSIGN_OR_RETURN(Gradient g, router_grads(*s, *packed, first));
+  {
+    std::lock_guard<std::mutex> lock(x.mu);
+    g.dhidden = s->dresidual;
+    x.m2n->sources.erase(key);
+  }
+  x.publish_message(t, std::move(g));
   return ok_status();
 }
 

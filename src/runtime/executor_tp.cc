@@ -75,28 +75,7 @@ Status Executor::Impl::resolve_tp(const Instruction& in, Task* t) {
 
 Status Executor::Impl::tp_exchange(const Task& t) {
   const Instruction& in = *t.in;
-  std::shared_ptr<const Tensor> x;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto take = [&](auto& map) -> Status {
-      auto taken = detail::take_pending(map, t.source);
-      if (!taken) {
-        return internal_error("'" + in.label + "': the output of '" + graph->node(t.source).name +
-                              "' is not available: the plan exchanges it before it is computed");
-      }
-      const auto& msg = *taken;
-      if constexpr (std::is_same_v<std::remove_cvref_t<decltype(msg)>, Activation>) {
-        if (msg.routed) return unimplemented("'" + in.label + "': a router -> experts edge crosses tensor ranks");
-        x = msg.hidden;
-      } else {
-        if (msg.dnormed || msg.dtopk_w)
-          return unimplemented("'" + in.label + "': an experts -> router edge crosses tensor ranks");
-        x = msg.dhidden;
-      }
-      return ok_status();
-    };
-    PIPER_RETURN_IF_ERROR(t.gradient ? take(bwd) : take(fwd));
-  }
+  PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Tensor> x, take_hidden(t, "tensor ranks"));
   const int64_t h = model->dims().hidden, T = t.degree;
   if (x == nullptr || x->numel() % h != 0) return internal_error("'" + in.label + "': the message is not [n, hidden]");
   const int64_t rows = x->numel() / h;
@@ -127,16 +106,7 @@ Status Executor::Impl::tp_exchange(const Task& t) {
   }
   std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(x), decltype(out)>>(x, out);
   PIPER_RETURN_IF_ERROR(wait_comm(*t.comm, handle, keep, "tensor-parallel " + what + " '" + in.label + "'"));
-  std::lock_guard<std::mutex> lock(mu);
-  if (t.gradient) {
-    Gradient g;
-    g.dhidden = std::move(out);
-    bwd[in.node] = detail::Pending<Gradient>{std::move(g), t.consumers};
-  } else {
-    Activation a;
-    a.hidden = std::move(out);
-    fwd[in.node] = detail::Pending<Activation>{std::move(a), t.consumers};
-  }
+  publish_hidden(t, std::move(out));
   return ok_status();
 }
 
