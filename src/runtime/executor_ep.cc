@@ -47,7 +47,7 @@ struct EpState {
   bool halo = false;
   comm::Communicator* comm = nullptr;
   std::unique_ptr<comm::HaloContext> halo_context;
-  std::set<int> moe_layers;  // layers with an experts chunk in the graph (every rank: same graph)
+  std::set<int> moe_layers;  // layers with an experts chunk in the plan (every rank: same plan)
   // Expert parallelism: per MoE layer the logical expert in each physical slot, and its inverse.
   std::map<int, std::vector<int>> slot_expert, expert_slot;
   std::map<std::pair<int, int>, std::shared_ptr<EpExchange>> exchanges;  // (layer, mb); guarded by Impl::mu
@@ -57,7 +57,7 @@ struct EpState {
 
 namespace {
 
-bool is_dispatch(const ir::Node& n) { return n.tags.part == "dispatch"; }
+bool is_dispatch(const Instruction& n) { return n.part == "dispatch"; }
 
 // Node-major layout of the ep group on the world's nodes (ranks_per_node consecutive world ranks a node):
 // the group's ranks per node, or an error when the group is not spread evenly and node-major.
@@ -91,10 +91,13 @@ std::shared_ptr<Tensor> tensor_from(const void* data, int64_t rows, int64_t h, M
 }  // namespace
 
 Status Executor::Impl::ep_setup() {
-  for (const ir::Node& n : graph->nodes()) {
-    if (n.kind == ir::NodeKind::kChunk && n.tags.part == "experts") {
-      if (ep == nullptr) ep = std::make_shared<detail::EpState>();
-      ep->moe_layers.insert(n.tags.layer);
+  for (const compile::Program& prog : plan->templates) {
+    for (const compile::Stream& st : prog.streams) {
+      for (const Instruction& n : st.instrs) {
+        if (n.op != compile::OpKind::kCompute || n.part != "experts") continue;
+        if (ep == nullptr) ep = std::make_shared<detail::EpState>();
+        ep->moe_layers.insert(n.layer);
+      }
     }
   }
   if (ep == nullptr || ep->comm == nullptr) return ok_status();
@@ -134,9 +137,9 @@ Status Executor::Impl::ep_setup() {
 }
 
 Status Executor::Impl::resolve_ep(const Instruction& in, Task* t) {
-  const ir::Node& n = graph->node(in.node);
-  if (in.group != "ep" || (n.tags.part != "dispatch" && n.tags.part != "combine")) {
-    return unimplemented("executor: '" + in.label + "' is an all_to_all over '" + in.group + "' (" + n.tags.part +
+  const Instruction& n = in;
+  if (in.group != "ep" || (n.part != "dispatch" && n.part != "combine")) {
+    return unimplemented("executor: '" + in.label + "' is an all_to_all over '" + in.group + "' (" + n.part +
                          "); the runtime executes the expert dispatch and combine over ep only");
   }
   if (in.algorithm != "flat" && in.algorithm != "halo") {
@@ -151,27 +154,22 @@ Status Executor::Impl::resolve_ep(const Instruction& in, Task* t) {
   ep->ep = t->comm->size();
   ep->halo = ep->halo || in.algorithm == "halo";
   t->degree = t->comm->size();
-  t->pass = n.tags.pass;
-  t->mb = std::max(0, n.tags.mb);
-  t->key = detail::StashKey{n.tags.layer, n.tags.part, t->mb};
-  t->gradient = n.tags.pass != ir::Pass::kF;
-  for (int e : graph->in_edges(n.id)) {
-    const ir::Edge& ed = graph->edge(e);
-    if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
+  t->pass = n.pass;
+  t->mb = std::max(0, n.mb);
+  t->key = detail::StashKey{n.layer, n.part, t->mb};
+  t->gradient = n.pass != ir::Pass::kF;
+  for (ir::NodeId src : in.inputs) {
     // Under tp x ep the combine's backward reads the next split chunk's input gradient from its sequence
     // reduce-scatter: this rank's token slice, the rows its forward combined (executor_tp.cc).
-    const ir::NodeKind k = graph->node(ed.src).kind;
-    if (k != ir::NodeKind::kChunk && k != ir::NodeKind::kRecv && !detail::is_tp_exchange(graph->node(ed.src))) {
-      return unimplemented("executor: '" + in.label + "' reads from '" + graph->node(ed.src).name +
+    const ir::NodeKind k = instr_of(src).comm;
+    if (k != ir::NodeKind::kChunk && k != ir::NodeKind::kRecv && !detail::is_tp_exchange(instr_of(src))) {
+      return unimplemented("executor: '" + in.label + "' reads from '" + name_of(src) +
                            "'; an expert all-to-all must be fed by a chunk, a pipeline receive or a tensor-parallel "
                            "exchange");
     }
-    t->sources.push_back(ed.src);
+    t->sources.push_back(src);
   }
-  for (int e : graph->out_edges(n.id)) {
-    const ir::Edge& ed = graph->edge(e);
-    if (ed.alive && ed.kind == ir::EdgeKind::kData) ++t->consumers;
-  }
+  t->consumers = static_cast<int>(in.outputs.size());
   if (t->sources.empty() || t->consumers == 0) {
     return internal_error("executor: '" + in.label + "' has " + std::to_string(t->sources.size()) + " inputs and " +
                           std::to_string(t->consumers) + " consumers");
@@ -185,14 +183,14 @@ Status Executor::Impl::resolve_ep(const Instruction& in, Task* t) {
 
 Status Executor::Impl::ep_exchange(const Task& t) {
   const auto start = std::chrono::steady_clock::now();
-  const ir::Node& n = graph->node(t.in->node);
+  const Instruction& n = *t.in;
   const int64_t h = model->dims().hidden;
   const int k = model->dims().top_k;
   const float scale = static_cast<float>(model->dims().routed_scaling);
   const double timeout_s = dist->timeout_s();
   comm::Communicator& c = *t.comm;
   const int p = c.size();
-  const auto exchange_key = std::make_pair(n.tags.layer, t.mb);
+  const auto exchange_key = std::make_pair(n.layer, t.mb);
   // The flat or HALO version of each exchange.
   auto dispatch = [&](const float* tokens, const comm::MoeRouting& r) -> Result<comm::DispatchResult> {
     if (ep->halo) return comm::halo_dispatch(*ep->halo_context, tokens, h * sizeof(float), r, timeout_s);
@@ -220,7 +218,7 @@ Status Executor::Impl::ep_exchange(const Task& t) {
       std::lock_guard<std::mutex> lock(mu);
       std::optional<Activation> taken = detail::take_pending(fwd, t.sources[0]);
       if (!taken) {
-        return internal_error("input of '" + t.in->label + "' from '" + graph->node(t.sources[0]).name +
+        return internal_error("input of '" + t.in->label + "' from '" + name_of(t.sources[0]) +
                               "' is not available: the plan runs it before its producer");
       }
       a = std::move(*taken);
@@ -236,7 +234,7 @@ Status Executor::Impl::ep_exchange(const Task& t) {
       x->routing.dest_ranks.resize(static_cast<size_t>(tokens * k));
       x->rows_to.assign(static_cast<size_t>(p), 0);
       // The physical slot of each routed (token, slot): its rank and local expert there.
-      const std::vector<int>& slot_of = ep->expert_slot.at(n.tags.layer);
+      const std::vector<int>& slot_of = ep->expert_slot.at(n.layer);
       std::vector<int32_t> slots(x->routing.dest_ranks.size());
       for (size_t i = 0; i < x->routing.dest_ranks.size(); ++i) {
         slots[i] = slot_of[static_cast<size_t>(a.routed->topk_idx[i])];
@@ -296,7 +294,7 @@ Status Executor::Impl::ep_exchange(const Task& t) {
     }
     std::lock_guard<std::mutex> lock(mu);
     fwd[t.in->node] = detail::Pending<Activation>{std::move(out), t.consumers};
-    task_seconds["a2a." + n.tags.part + ".F"] +=
+    task_seconds["a2a." + n.part + ".F"] +=
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     return ok_status();
   }
@@ -308,7 +306,7 @@ Status Executor::Impl::ep_exchange(const Task& t) {
     for (ir::NodeId src : t.sources) {
       std::optional<Gradient> g = detail::take_pending(bwd, src);
       if (!g) {
-        return internal_error("gradient of '" + t.in->label + "' from '" + graph->node(src).name +
+        return internal_error("gradient of '" + t.in->label + "' from '" + name_of(src) +
                               "' is not available: the plan runs it before its producer");
       }
       grads.push_back(std::move(*g));
@@ -375,7 +373,7 @@ Status Executor::Impl::ep_exchange(const Task& t) {
   std::lock_guard<std::mutex> lock(mu);
   if (is_dispatch(n)) ep->exchanges.erase(exchange_key);
   bwd[t.in->node] = detail::Pending<Gradient>{std::move(out), t.consumers};
-  task_seconds["a2a." + n.tags.part + ".B"] +=
+  task_seconds["a2a." + n.part + ".B"] +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return ok_status();
 }
@@ -414,7 +412,7 @@ Status Executor::Impl::collect_expert_tokens(std::map<int, std::vector<int64_t>>
   out->clear();
   if (ep == nullptr) return ok_status();
   const int E = model->dims().num_experts;
-  const size_t L = static_cast<size_t>(graph->num_layers);
+  const size_t L = static_cast<size_t>(plan->num_layers);
   std::vector<int64_t> local(L * static_cast<size_t>(E), 0);
   for (const auto& chunk : model->chunks()) {
     std::vector<int64_t> v = chunk->take_expert_tokens();

@@ -19,8 +19,9 @@
 
 namespace piper::runtime::detail {
 
-// A tensor-parallel collective over hidden states (the shard pass's tp_ag / tp_rs / tp_ar nodes).
-bool is_tp_exchange(const ir::Node& n);
+// A tensor-parallel collective over hidden states (the shard pass's tp_ag / tp_rs / tp_ar nodes): the plan's
+// roles kTpGather, kTpScatter, kTpReduce.
+bool is_tp_exchange(const compile::Instruction& in);
 
 using StashKey = std::tuple<int, std::string, int>;  // (layer, part, mb)
 
@@ -80,7 +81,12 @@ struct Executor::Impl {
   using Task = detail::Task;
   using StashKey = detail::StashKey;
 
-  const ir::Graph* graph = nullptr;
+  const compile::Plan* plan = nullptr;
+  // The first instruction of this rank's program lowering each node: messages are named by node ids
+  // (Instruction::inputs / outputs), and a producer's or consumer's kind, pass and chunk are its instruction's.
+  std::map<ir::NodeId, const compile::Instruction*> by_node;
+  const compile::Instruction& instr_of(ir::NodeId id) const { return *by_node.at(id); }
+  const std::string& name_of(ir::NodeId id) const { return instr_of(id).label; }
   Model* model = nullptr;
   Optimizer* optimizer = nullptr;
   Allocator* allocator = nullptr;
@@ -155,6 +161,15 @@ struct Executor::Impl {
   // The batch of the running step.
   const Batch* batch = nullptr;
   int64_t mbs = 0;
+
+  // create(): every instruction resolved into its Task (executor.cc).
+  Status index_program(const compile::Program& program);  // by_node; every node a data flow names is in it
+  Status resolve(const compile::Stream& stream, size_t i, Task* t);
+  Status resolve_alloc(const compile::Stream& stream, size_t i);
+  Status resolve_compute(const compile::Instruction& in, Task* t);
+  Status wire_compute(const compile::Instruction& in, Task* t);
+  std::map<ir::NodeId, int> computes_of_node;           // create() only
+  std::map<const Chunk*, int> grad_tasks_of_chunk;      // create() only
 
   Status execute(const Task& t);
   Status compute(const Task& t);
