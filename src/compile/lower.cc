@@ -398,6 +398,7 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
     plan.coords.push_back(c);
     plan.rank_template.push_back(c.pp);
   }
+  annotate_dataflow(g, plan);
   return plan;
 }
 

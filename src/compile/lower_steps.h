@@ -5,6 +5,8 @@
 //   plan_buffers (memory_plan.cc)   each rank's activation / gathered-parameter buffers: where they are
 //                                   allocated and freed
 //   model_state_bytes (memory_plan.cc) resident parameters, gradients and optimizer state of a rank
+//   annotate_dataflow (exec_info.cc) what executors read instead of the graph: each instruction's data flow,
+//                                   chunk facts and m2n decisions
 // lower.cc turns the ordered streams into instructions (events for cross-stream dependencies, buffers around
 // the nodes that own them) and fills the rank layout.
 #pragma once
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "piper/base/status.h"
+#include "piper/compile/plan.h"
 #include "piper/ir/graph.h"
 
 namespace piper::compile {
@@ -77,5 +80,11 @@ BufferPlan plan_buffers(const ir::Graph& g, int rank, const std::vector<OrderKey
 // Parameters (sharded over the data-parallel group with ZeRO-3), gradients (ZeRO >= 2) and fp32 Adam state
 // with master weights (ZeRO >= 1) resident on one rank of pipeline rank `rank` for the whole step.
 int64_t model_state_bytes(const ir::Graph& g, int rank);
+
+// Fills, for every instruction of `plan` that lowers a node of `g`, what executors read instead of the graph
+// (plan.h: Instruction::inputs, outputs, recompute, shard_axis, src_part, dst_part, experts_layer, combine_on_ffn),
+// and Plan::num_microbatches and num_layers. Inputs and outputs keep only neighbours lowered on the same pipeline
+// rank (every data edge between ranks went through a send/recv or m2n pair).
+void annotate_dataflow(const ir::Graph& g, Plan& plan);
 
 }  // namespace piper::compile

@@ -115,6 +115,14 @@ Json Plan::to_json() const {
             j["pieces"] = in.pieces;
           }
         }
+        if (!in.inputs.empty()) j["inputs"] = in.inputs;
+        if (!in.outputs.empty()) j["outputs"] = in.outputs;
+        if (in.recompute) j["recompute"] = true;
+        if (!in.shard_axis.empty()) j["shard_axis"] = in.shard_axis;
+        if (!in.src_part.empty()) j["src_part"] = in.src_part;
+        if (!in.dst_part.empty()) j["dst_part"] = in.dst_part;
+        if (in.experts_layer >= 0) j["experts_layer"] = in.experts_layer;
+        if (in.combine_on_ffn) j["combine_on_ffn"] = true;
         instrs.push_back(std::move(j));
       }
       streams.push_back(Json{{"name", s.name}, {"instructions", instrs}});
@@ -129,6 +137,8 @@ Json Plan::to_json() const {
   return Json{{"format", kPlanFormat},
               {"version", kPlanFormatVersion},
               {"world_size", world_size},
+              {"num_microbatches", num_microbatches},
+              {"num_layers", num_layers},
               {"mesh", mesh_json},
               {"rank_template", rank_template},
               {"coords", coord_list},  // [pp, dp, ep, tp] per global rank

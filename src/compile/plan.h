@@ -9,7 +9,8 @@
 // The Plan is the whole contract between the compiler and the executors: every instruction carries what executing it
 // needs (what a communication means, which chunk a compute runs, sizes), so the simulator reads no ir::Graph.
 // Instruction::node is the id of the graph node it lowers, kept as an opaque key (messages between instructions
-// are matched by it) and for messages; nothing that executes a plan looks the node up.
+// are matched by it: Instruction::inputs / outputs); nothing that executes a plan looks the node up, and neither
+// executor includes an ir/ header.
 #pragma once
 
 #include <cstdint>
@@ -81,6 +82,22 @@ struct Instruction {
   int pieces = 1;          // kIn / kOut: how many pieces the GEMM or collective is cut into
   bool split_in = false;   // kRest: the input GEMM runs as kIn pieces
   bool split_out = false;  // kRest: the output GEMM runs as kOut pieces
+  // Data flow, for executors (compile/exec_info.cc fills it from the node's live data edges; empty without a node).
+  // A message between two instructions of a rank is named by the node id of the instruction that publishes it:
+  // `inputs` are the nodes whose messages this instruction reads, in edge order (a compute F: its producers; a
+  // backward: the consumers of its forward, whose gradients it reads; a send: its producer), `outputs` the nodes
+  // that read its own. Every id is the node of an instruction of the same Program (plan_io checks it).
+  std::vector<ir::NodeId> inputs;
+  std::vector<ir::NodeId> outputs;
+  bool recompute = false;  // compute: the chunk's F stash is dropped and rebuilt before its backward
+  std::string shard_axis;  // compute/update: the mesh axis the chunk's parameters are split over ("tp", "ep", "")
+  // m2n: the parts of the chunks that produce and consume the exchanged tensor (the same on both sides), the layer
+  // of the experts chunk at either end (-1: neither end is the experts), and where that layer's combine runs,
+  // decided once by the compiler: true when the FFN group combines, because the experts' output feeds a chunk on
+  // the FFN rank (the head) or the next layer's attention on another attention rank than the router's.
+  std::string src_part, dst_part;
+  int experts_layer = -1;
+  bool combine_on_ffn = false;
   bool operator==(const Instruction&) const = default;
 };
 
@@ -101,7 +118,7 @@ struct Program {
 // The plan file's "format" and "version" (Plan::to_json). The version changes whenever a field changes meaning or
 // a reader would need a field that older files lack.
 inline constexpr const char* kPlanFormat = "piper-plan";
-inline constexpr int kPlanFormatVersion = 1;
+inline constexpr int kPlanFormatVersion = 2;  // 2: num_microbatches, num_layers, the executors' data flow
 
 struct RankCoord {
   int pp = 0, dp = 0, ep = 0, tp = 0;
@@ -114,11 +131,14 @@ struct Plan {
   std::vector<Program> templates;  // one per pipeline rank
   std::vector<int> rank_template;  // global rank -> index into templates
   std::vector<RankCoord> coords;   // global rank -> mesh coordinates
+  int num_microbatches = 1;        // per step; every instruction's mb is below it
+  int num_layers = 0;              // model layers; every instruction's layer is below it
   const Program& program(int rank) const {
     return templates[static_cast<size_t>(rank_template[static_cast<size_t>(rank)])];
   }
   // Every field, in the plan file format (`piper compile --emit-plan`; compile/plan_io.h reads it back): format
-  // kPlanFormat, version kPlanFormatVersion, world_size, mesh, rank_template, coords, programs.
+  // kPlanFormat, version kPlanFormatVersion, world_size, num_microbatches, num_layers, mesh, rank_template, coords,
+  // programs.
   Json to_json() const;
   bool operator==(const Plan&) const = default;
 

@@ -104,6 +104,44 @@ Status check_op(const Instruction& in, const std::string& where, int pp) {
   return ok_status();
 }
 
+// Instruction::inputs / outputs: node ids (each checked against the program's nodes by check_dataflow).
+Status node_list_from_json(JsonReader& r, const std::string& key, std::vector<ir::NodeId>* out) {
+  const Json* v = r.find(key);
+  if (v == nullptr) return ok_status();
+  if (!v->is_array()) return invalid_argument(r.field_path(key) + ": expected an array of node ids");
+  for (const Json& id : *v) {
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() >= kMaxGraphNodes) {
+      return invalid_argument(r.field_path(key) + ": " + id.dump() + " is not a node id (an integer in [0, " +
+                              std::to_string(kMaxGraphNodes) + "))");
+    }
+    out->push_back(static_cast<ir::NodeId>(id.get<int64_t>()));
+  }
+  return ok_status();
+}
+
+// What executors read instead of the graph (plan.h, "Data flow").
+Status dataflow_from_json(JsonReader& r, Instruction& in) {
+  PIPER_RETURN_IF_ERROR(node_list_from_json(r, "inputs", &in.inputs));
+  PIPER_RETURN_IF_ERROR(node_list_from_json(r, "outputs", &in.outputs));
+  PIPER_RETURN_IF_ERROR(r.get_bool("recompute", &in.recompute, false));
+  static const std::vector<std::string> axes = {"tp", "ep"};
+  if (r.has("shard_axis")) PIPER_RETURN_IF_ERROR(r.get_enum("shard_axis", &in.shard_axis, axes, false));
+  PIPER_RETURN_IF_ERROR(r.get_string("src_part", &in.src_part, false));
+  PIPER_RETURN_IF_ERROR(r.get_string("dst_part", &in.dst_part, false));
+  PIPER_RETURN_IF_ERROR(r.get_int("experts_layer", &in.experts_layer, false, -1, static_cast<int>(kMaxLayers) - 1));
+  PIPER_RETURN_IF_ERROR(r.get_bool("combine_on_ffn", &in.combine_on_ffn, false));
+  if (in.comm != ir::NodeKind::kM2N &&
+      (!in.src_part.empty() || !in.dst_part.empty() || in.experts_layer >= 0 || in.combine_on_ffn)) {
+    return invalid_argument(r.field_path("src_part") + ": src_part, dst_part, experts_layer and combine_on_ffn " +
+                            "belong to m2n instructions; this one has comm " + ir::to_string(in.comm));
+  }
+  if (in.comm == ir::NodeKind::kM2N && in.node != ir::kNoNode && (in.src_part.empty() || in.dst_part.empty())) {
+    return invalid_argument(r.field_path("src_part") + ": an m2n instruction names the parts of both ends " +
+                            "(src_part and dst_part); emit the plan again with piper compile --emit-plan");
+  }
+  return ok_status();
+}
+
 Result<Instruction> instruction_from_json(const Json& j, const std::string& where, int pp) {
   if (!j.is_object()) return invalid_argument(where + ": expected an instruction object");
   JsonReader r(j, where);
@@ -136,6 +174,7 @@ Result<Instruction> instruction_from_json(const Json& j, const std::string& wher
   PIPER_RETURN_IF_ERROR(r.get_int("pieces", &in.pieces, false, 1, 1 << 16));
   PIPER_RETURN_IF_ERROR(r.get_bool("split_in", &in.split_in, false));
   PIPER_RETURN_IF_ERROR(r.get_bool("split_out", &in.split_out, false));
+  PIPER_RETURN_IF_ERROR(dataflow_from_json(r, in));
   PIPER_RETURN_IF_ERROR(r.check_no_unknown_keys());
   PIPER_RETURN_IF_ERROR(check_op(in, where, pp));
   return in;
@@ -169,7 +208,37 @@ Status check_events(const Program& prog, const std::string& where) {
   return ok_status();
 }
 
-Result<Program> program_from_json(const Json& j, const std::string& where, int pp) {
+// Every instruction's microbatch and layers lie inside the plan's, and every node its data flow names is lowered
+// by an instruction of the same program (messages never cross ranks without a send/recv or m2n pair).
+Status check_dataflow(const Program& prog, const std::string& where, int num_mb, int num_layers) {
+  std::set<ir::NodeId> nodes;
+  for (const Stream& s : prog.streams) {
+    for (const Instruction& in : s.instrs) nodes.insert(in.node);
+  }
+  for (const Stream& s : prog.streams) {
+    for (const Instruction& in : s.instrs) {
+      const std::string what = where + " stream '" + s.name + "': '" + in.label + "'";
+      if (in.mb >= num_mb || in.layer >= num_layers || in.experts_layer >= num_layers) {
+        return invalid_argument(what + " names microbatch " + std::to_string(in.mb) + ", layer " +
+                                std::to_string(std::max(in.layer, in.experts_layer)) + "; the plan has " +
+                                std::to_string(num_mb) + " microbatches and " + std::to_string(num_layers) +
+                                " layers (num_microbatches, num_layers)");
+      }
+      for (const auto* list : {&in.inputs, &in.outputs}) {
+        for (ir::NodeId id : *list) {
+          if (in.node == ir::kNoNode || nodes.count(id) == 0) {
+            return invalid_argument(what + " exchanges messages with node " + std::to_string(id) +
+                                    ", which no instruction of this program lowers" +
+                                    (in.node == ir::kNoNode ? " (and it lowers no node itself)" : ""));
+          }
+        }
+      }
+    }
+  }
+  return ok_status();
+}
+
+Result<Program> program_from_json(const Json& j, const std::string& where, int pp, int num_mb, int num_layers) {
   if (!j.is_object()) return invalid_argument(where + ": expected a program object");
   JsonReader r(j, where);
   Program prog;
@@ -194,6 +263,7 @@ Result<Program> program_from_json(const Json& j, const std::string& where, int p
     prog.streams.push_back(std::move(st));
   }
   PIPER_RETURN_IF_ERROR(check_events(prog, where));
+  PIPER_RETURN_IF_ERROR(check_dataflow(prog, where, num_mb, num_layers));
   int64_t deltas = 0;
   for (const Stream& st : prog.streams) {
     for (const Instruction& in : st.instrs) {
@@ -289,6 +359,9 @@ Result<Plan> plan_from_json(const Json& j, const std::string& what) {
     return invalid_argument(r.field_path("world_size") + ": " + std::to_string(plan.world_size) +
                             " is not pp*dp*tp = " + std::to_string(world));
   }
+  PIPER_RETURN_IF_ERROR(
+      r.get_int("num_microbatches", &plan.num_microbatches, true, 1, static_cast<int>(kMaxMicrobatches)));
+  PIPER_RETURN_IF_ERROR(r.get_int("num_layers", &plan.num_layers, true, 1, static_cast<int>(kMaxLayers)));
   PIPER_RETURN_IF_ERROR(ranks_from_json(r, plan));
   PIPER_ASSIGN_OR_RETURN(const Json* programs, get_array(r, "programs"));
   PIPER_RETURN_IF_ERROR(r.check_no_unknown_keys());
@@ -298,7 +371,8 @@ Result<Plan> plan_from_json(const Json& j, const std::string& what) {
   }
   for (size_t p = 0; p < programs->size(); ++p) {
     const std::string where = r.field_path("programs") + "[" + std::to_string(p) + "]";
-    PIPER_ASSIGN_OR_RETURN(Program prog, program_from_json((*programs)[p], where, plan.mesh.pp));
+    PIPER_ASSIGN_OR_RETURN(Program prog, program_from_json((*programs)[p], where, plan.mesh.pp,
+                                                           plan.num_microbatches, plan.num_layers));
     if (prog.pp_rank != static_cast<int>(p)) {
       return invalid_argument(where + ".pp_rank: " + std::to_string(prog.pp_rank) + " (programs are in pipeline " +
                               "rank order; expected " + std::to_string(p) + ")");

@@ -54,159 +54,26 @@ void Executor::Impl::publish_hidden(const Task& t, std::shared_ptr<const Tensor>
   }
 }
 
-Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const compile::Program& program,
+Result<std::unique_ptr<Executor>> Executor::create(const compile::Plan& plan, const compile::Program& program,
                                                    Model* model, Optimizer* optimizer, Allocator* allocator,
                                                    DistContext* dist) {
   auto impl = std::make_unique<Impl>();
   impl->dist = dist;
-  impl->graph = &graph;
+  impl->plan = &plan;
   impl->model = model;
   impl->optimizer = optimizer;
   impl->allocator = allocator;
-  impl->num_mb = std::max(1, graph.num_microbatches);
+  impl->num_mb = std::max(1, plan.num_microbatches);
   if (program.streams.empty())
     return invalid_argument("executor: the program of rank " + std::to_string(program.pp_rank) + " has no streams");
-  if (dist != nullptr && graph.mesh.tp > 1) PIPER_RETURN_IF_ERROR(impl->init_tp(program));
-  std::map<const Chunk*, int> grad_tasks_of_chunk;
-  auto chunk_key = [&](ir::NodeId id) { return std::make_pair(graph.node(id).tags.layer, graph.node(id).tags.part); };
-  std::map<ir::NodeId, int> computes_of_node;
+  PIPER_RETURN_IF_ERROR(impl->index_program(program));
+  if (dist != nullptr && plan.mesh.tp > 1) PIPER_RETURN_IF_ERROR(impl->init_tp(program));
   for (const compile::Stream& stream : program.streams) {
     std::vector<Task> tasks;
     for (size_t i = 0; i < stream.instrs.size(); ++i) {
-      const Instruction& in = stream.instrs[i];
       Task t;
-      t.in = &in;
-      switch (in.op) {
-        case OpKind::kSend:
-        case OpKind::kRecv:
-        case OpKind::kCollective:
-          if (dist == nullptr) {
-            return invalid_argument("executor: instruction '" + in.label + "' (" + compile::to_string(in.op) + " " +
-                                    ir::to_string(in.comm) + ") needs other ranks; run the plan on its " +
-                                    "ranks (piper train --ranks N) or compile a single-rank strategy");
-          }
-          PIPER_RETURN_IF_ERROR(impl->resolve_comm(in, &t));
-          break;
-        case OpKind::kRecord:
-        case OpKind::kWait:
-          impl->num_events = std::max(impl->num_events, in.event + 1);
-          break;
-        case OpKind::kAlloc: {
-          size_t j = i + 1;
-          while (j < stream.instrs.size() && stream.instrs[j].op == OpKind::kAlloc) ++j;
-          if (j < stream.instrs.size() && stream.instrs[j].op == OpKind::kCollective &&
-              stream.instrs[j].comm == ir::NodeKind::kAllGather && stream.instrs[j].node != ir::kNoNode &&
-              graph.node(stream.instrs[j].node).tags.mb >= 0 && graph.node(stream.instrs[j].node).group != "tp") {
-            // ZeRO-3: the buffer of the parameters this all-gather materialises; its free re-shards them.
-            const ir::Node& ag = graph.node(stream.instrs[j].node);
-            Chunk* chunk = model->find(ag.tags.layer, ag.tags.part);
-            if (chunk == nullptr) {
-              return invalid_argument("executor: '" + in.label + "' gathers the parameters of (layer " +
-                                      std::to_string(ag.tags.layer) + ", " + ag.tags.part +
-                                      "), which this rank does not hold");
-            }
-            impl->param_buffers[in.buffer] = chunk;
-            break;
-          }
-          while (j < stream.instrs.size() && stream.instrs[j].op != OpKind::kCompute) ++j;
-          if (j == stream.instrs.size() || graph.node(stream.instrs[j].node).tags.pass != ir::Pass::kF) {
-            return invalid_argument("executor: '" + in.label + "' (buffer " + std::to_string(in.buffer) +
-                                    ") is not followed by a forward task on stream '" + stream.name + "'");
-          }
-          const ir::Node& f = graph.node(stream.instrs[j].node);
-          const StashKey key{f.tags.layer, f.tags.part, f.tags.mb};
-          // The first alloc before a forward is its activations'; one more (a recompute checkpoint) only counts.
-          if (i == 0 || stream.instrs[i - 1].op != OpKind::kAlloc) {
-            impl->buffer_owner[in.buffer] = key;
-          } else {
-            impl->counted_only.insert(in.buffer);
-          }
-          break;
-        }
-        case OpKind::kFree:
-          break;
-        case OpKind::kUpdate: {
-          const ir::Node& n = graph.node(in.node);
-          t.chunk = model->find(n.tags.layer, n.tags.part);
-          if (t.chunk == nullptr) {
-            return invalid_argument("executor: update '" + in.label + "' names (layer " + std::to_string(n.tags.layer) +
-                                    ", " + n.tags.part + "), which the model lacks");
-          }
-          impl->updates_expected[t.chunk]++;
-          break;
-        }
-        case OpKind::kCompute: {
-          const ir::Node& n = graph.node(in.node);
-          if (n.kind != ir::NodeKind::kChunk) {
-            return invalid_argument("executor: compute '" + in.label + "' is not a chunk node");
-          }
-          const int occurrence = computes_of_node[in.node]++;
-          t.recomputed = n.recompute;
-          t.rerun = occurrence > 0;
-          if (occurrence > (n.recompute ? 1 : 0)) {
-            return invalid_argument("executor: '" + in.label + "' computes node '" + n.name + "' " +
-                                    std::to_string(occurrence + 1) + " times; only a recomputed forward runs twice");
-          }
-          t.chunk = model->find(n.tags.layer, n.tags.part);
-          if (t.chunk == nullptr) {
-            return invalid_argument("executor: graph node '" + n.name + "' (layer " + std::to_string(n.tags.layer) +
-                                    ", part " + n.tags.part + ") has no chunk in the model");
-          }
-          t.pass = n.tags.pass;
-          t.mb = std::max(0, n.tags.mb);
-          t.key = StashKey{n.tags.layer, n.tags.part, t.mb};
-          const bool fwd = t.pass == ir::Pass::kF;
-          if (!fwd && !ir::is_backward(t.pass)) {
-            return invalid_argument("executor: '" + in.label + "' has pass " + ir::to_string(t.pass));
-          }
-          auto relevant = [&](ir::NodeId other) {
-            const ir::Node& o = graph.node(other);
-            // Pipeline send/recv endpoints carry the message to / from the other rank.
-            if (o.kind == ir::NodeKind::kSend || o.kind == ir::NodeKind::kRecv) return true;
-            if (o.kind == ir::NodeKind::kM2N) return true;       // af-pipe exchange (executor_m2n.cc)
-            if (o.kind == ir::NodeKind::kAllToAll) return true;  // expert dispatch / combine (executor_ep.cc)
-            if (detail::is_tp_exchange(o)) return true;          // tensor-parallel exchange (executor_tp.cc)
-            if (ir::is_comm(o.kind)) return false;
-            if (o.kind != ir::NodeKind::kChunk || chunk_key(other) == chunk_key(n.id)) return false;
-            return fwd ? o.tags.pass == ir::Pass::kF : (o.tags.pass == ir::Pass::kB || o.tags.pass == ir::Pass::kBW);
-          };
-          if (t.pass != ir::Pass::kW) {
-            for (int e : graph.in_edges(n.id)) {
-              const ir::Edge& ed = graph.edge(e);
-              if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
-              const ir::NodeKind src_kind = graph.node(ed.src).kind;
-              const bool exchanged = src_kind == ir::NodeKind::kRecv || src_kind == ir::NodeKind::kAllToAll ||
-                                     src_kind == ir::NodeKind::kM2N || detail::is_tp_exchange(graph.node(ed.src));
-              // ZeRO-3: the parameter all-gather before the task (executor_comm.cc); no message. A recomputed
-              // forward re-runs right before its backward, after the wait for that backward's all-gather, and
-              // uses those gathered parameters.
-              if (src_kind == ir::NodeKind::kAllGather && !exchanged) continue;
-              if (ir::is_comm(src_kind) && !exchanged) {
-                return unimplemented("executor: '" + in.label + "' reads from communication node '" +
-                                     graph.node(ed.src).name + "' (" + ir::to_string(src_kind) +
-                                     "); the runtime does not execute that kind of exchange yet (docs/runtime.md)");
-              }
-              if (relevant(ed.src)) t.sources.push_back(ed.src);
-            }
-            for (int e : graph.out_edges(n.id)) {
-              const ir::Edge& ed = graph.edge(e);
-              if (ed.alive && ed.kind == ir::EdgeKind::kData && relevant(ed.dst)) ++t.consumers;
-            }
-          }
-          if (t.pass == ir::Pass::kW || t.pass == ir::Pass::kBW) {
-            ++impl->grad_tasks_total;
-            t.grad_index = grad_tasks_of_chunk[t.chunk]++;
-          }
-          impl->norm_owner[t.chunk] = true;
-          if (dist != nullptr) {
-            // Each parameter counts once in the global norm: on tensor rank 0 of its first data-parallel replica.
-            const compile::RankCoord& c = dist->coord();
-            const int ep = std::max(1, graph.mesh.ep);
-            impl->norm_owner[t.chunk] = c.tp == 0 && (n.shard_axis == "ep" ? c.dp / ep == 0 : c.dp == 0);
-          }
-          break;
-        }
-      }
+      t.in = &stream.instrs[i];
+      PIPER_RETURN_IF_ERROR(impl->resolve(stream, i, &t));
       tasks.push_back(std::move(t));
     }
     impl->streams.push_back(std::move(tasks));
@@ -221,6 +88,167 @@ Result<std::unique_ptr<Executor>> Executor::create(const ir::Graph& graph, const
     }
   }
   return std::unique_ptr<Executor>(new Executor(std::move(impl)));
+}
+
+Status Executor::Impl::index_program(const compile::Program& program) {
+  for (const compile::Stream& stream : program.streams) {
+    for (const Instruction& in : stream.instrs) {
+      if (in.node != ir::kNoNode) by_node.emplace(in.node, &in);
+    }
+  }
+  for (const compile::Stream& stream : program.streams) {
+    for (const Instruction& in : stream.instrs) {
+      for (const auto* list : {&in.inputs, &in.outputs}) {
+        for (ir::NodeId id : *list) {
+          if (by_node.count(id) == 0) {
+            return invalid_argument("executor: '" + in.label + "' exchanges messages with node " + std::to_string(id) +
+                                    ", which no instruction of rank " + std::to_string(program.pp_rank) +
+                                    "'s program runs; compile the plan again");
+          }
+        }
+      }
+    }
+  }
+  return ok_status();
+}
+
+Status Executor::Impl::resolve(const compile::Stream& stream, size_t i, Task* t) {
+  const Instruction& in = stream.instrs[i];
+  switch (in.op) {
+    case OpKind::kSend:
+    case OpKind::kRecv:
+    case OpKind::kCollective:
+      if (dist == nullptr) {
+        return invalid_argument("executor: instruction '" + in.label + "' (" + compile::to_string(in.op) + " " +
+                                ir::to_string(in.comm) + ") needs other ranks; run the plan on its " +
+                                "ranks (piper train --ranks N) or compile a single-rank strategy");
+      }
+      return resolve_comm(in, t);
+    case OpKind::kRecord:
+    case OpKind::kWait:
+      num_events = std::max(num_events, in.event + 1);
+      return ok_status();
+    case OpKind::kAlloc:
+      return resolve_alloc(stream, i);
+    case OpKind::kFree:
+      return ok_status();
+    case OpKind::kUpdate:
+      t->chunk = model->find(in.layer, in.part);
+      if (t->chunk == nullptr) {
+        return invalid_argument("executor: update '" + in.label + "' names (layer " + std::to_string(in.layer) +
+                                ", " + in.part + "), which the model lacks");
+      }
+      updates_expected[t->chunk]++;
+      return ok_status();
+    case OpKind::kCompute:
+      return resolve_compute(in, t);
+  }
+  return internal_error("executor: '" + in.label + "' has an unknown op");
+}
+
+// The owner of an alloc's buffer: the ZeRO-3 parameters the next all-gather materialises (its free re-shards
+// them), or the forward chunk that follows (a second alloc before it, a recompute checkpoint, only counts bytes).
+Status Executor::Impl::resolve_alloc(const compile::Stream& stream, size_t i) {
+  const Instruction& in = stream.instrs[i];
+  size_t j = i + 1;
+  while (j < stream.instrs.size() && stream.instrs[j].op == OpKind::kAlloc) ++j;
+  if (j < stream.instrs.size() && stream.instrs[j].op == OpKind::kCollective &&
+      stream.instrs[j].comm == ir::NodeKind::kAllGather && stream.instrs[j].node != ir::kNoNode &&
+      stream.instrs[j].mb >= 0 && stream.instrs[j].group != "tp") {
+    const Instruction& ag = stream.instrs[j];
+    Chunk* chunk = model->find(ag.layer, ag.part);
+    if (chunk == nullptr) {
+      return invalid_argument("executor: '" + in.label + "' gathers the parameters of (layer " +
+                              std::to_string(ag.layer) + ", " + ag.part + "), which this rank does not hold");
+    }
+    param_buffers[in.buffer] = chunk;
+    return ok_status();
+  }
+  while (j < stream.instrs.size() && stream.instrs[j].op != OpKind::kCompute) ++j;
+  if (j == stream.instrs.size() || stream.instrs[j].pass != ir::Pass::kF) {
+    return invalid_argument("executor: '" + in.label + "' (buffer " + std::to_string(in.buffer) +
+                            ") is not followed by a forward task on stream '" + stream.name + "'");
+  }
+  const Instruction& f = stream.instrs[j];
+  const StashKey key{f.layer, f.part, f.mb};
+  if (i == 0 || stream.instrs[i - 1].op != OpKind::kAlloc) {
+    buffer_owner[in.buffer] = key;
+  } else {
+    counted_only.insert(in.buffer);
+  }
+  return ok_status();
+}
+
+Status Executor::Impl::resolve_compute(const Instruction& in, Task* t) {
+  if (in.comm != ir::NodeKind::kChunk) {
+    return invalid_argument("executor: compute '" + in.label + "' is not a chunk node");
+  }
+  const int occurrence = computes_of_node[in.node]++;
+  t->recomputed = in.recompute;
+  t->rerun = occurrence > 0;
+  if (occurrence > (in.recompute ? 1 : 0)) {
+    return invalid_argument("executor: '" + in.label + "' computes node '" + name_of(in.node) + "' " +
+                            std::to_string(occurrence + 1) + " times; only a recomputed forward runs twice");
+  }
+  t->chunk = model->find(in.layer, in.part);
+  if (t->chunk == nullptr) {
+    return invalid_argument("executor: compute '" + name_of(in.node) + "' (layer " + std::to_string(in.layer) +
+                            ", part " + in.part + ") has no chunk in the model");
+  }
+  t->pass = in.pass;
+  t->mb = std::max(0, in.mb);
+  t->key = StashKey{in.layer, in.part, t->mb};
+  if (t->pass != ir::Pass::kF && !ir::is_backward(t->pass)) {
+    return invalid_argument("executor: '" + in.label + "' has pass " + ir::to_string(t->pass));
+  }
+  if (t->pass != ir::Pass::kW) PIPER_RETURN_IF_ERROR(wire_compute(in, t));
+  if (t->pass == ir::Pass::kW || t->pass == ir::Pass::kBW) {
+    ++grad_tasks_total;
+    t->grad_index = grad_tasks_of_chunk[t->chunk]++;
+  }
+  norm_owner[t->chunk] = true;
+  if (dist != nullptr) {
+    // Each parameter counts once in the global norm: on tensor rank 0 of its first data-parallel replica.
+    const compile::RankCoord& c = dist->coord();
+    const int ep_deg = std::max(1, plan->mesh.ep);
+    norm_owner[t->chunk] = c.tp == 0 && (in.shard_axis == "ep" ? c.dp / ep_deg == 0 : c.dp == 0);
+  }
+  return ok_status();
+}
+
+// A compute's messages: the plan's inputs that carry one (forward: producers' F; backward: consumers' B/BW; any
+// exchange), and how many of its outputs take its own.
+Status Executor::Impl::wire_compute(const Instruction& in, Task* t) {
+  const bool fwd = t->pass == ir::Pass::kF;
+  auto relevant = [&](ir::NodeId other) {
+    const Instruction& o = instr_of(other);
+    // Pipeline send/recv endpoints carry the message to / from the other rank.
+    if (o.comm == ir::NodeKind::kSend || o.comm == ir::NodeKind::kRecv) return true;
+    if (o.comm == ir::NodeKind::kM2N) return true;       // af-pipe exchange (executor_m2n.cc)
+    if (o.comm == ir::NodeKind::kAllToAll) return true;  // expert dispatch / combine (executor_ep.cc)
+    if (detail::is_tp_exchange(o)) return true;          // tensor-parallel exchange (executor_tp.cc)
+    if (ir::is_comm(o.comm)) return false;
+    if (o.comm != ir::NodeKind::kChunk || (o.layer == in.layer && o.part == in.part)) return false;
+    return fwd ? o.pass == ir::Pass::kF : (o.pass == ir::Pass::kB || o.pass == ir::Pass::kBW);
+  };
+  for (ir::NodeId src : in.inputs) {
+    const Instruction& o = instr_of(src);
+    const bool exchanged = o.comm == ir::NodeKind::kRecv || o.comm == ir::NodeKind::kAllToAll ||
+                           o.comm == ir::NodeKind::kM2N || detail::is_tp_exchange(o);
+    // ZeRO-3: the parameter all-gather before the task (executor_comm.cc); no message. A recomputed forward re-runs
+    // right before its backward, after the wait for that backward's all-gather, and uses those gathered parameters.
+    if (o.comm == ir::NodeKind::kAllGather && !exchanged) continue;
+    if (ir::is_comm(o.comm) && !exchanged) {
+      return unimplemented("executor: '" + in.label + "' reads from communication node '" + o.label + "' (" +
+                           ir::to_string(o.comm) +
+                           "); the runtime does not execute that kind of exchange yet (docs/runtime.md)");
+    }
+    if (relevant(src)) t->sources.push_back(src);
+  }
+  for (ir::NodeId dst : in.outputs) {
+    if (relevant(dst)) ++t->consumers;
+  }
+  return ok_status();
 }
 
 Executor::Executor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -563,7 +591,7 @@ Result<StepResult> Executor::run_step(const Batch& batch) {
     return internal_error("executor: the plan never freed the activations of " + key_name(m.stashes.begin()->first));
   }
   if (std::optional<ir::NodeId> left = m.messages.leftover()) {
-    return internal_error("executor: a task's output was never consumed (node '" + m.graph->node(*left).name + "')");
+    return internal_error("executor: a task's output was never consumed (node '" + m.name_of(*left) + "')");
   }
   if (m.updates_done != m.updates_expected) return internal_error("executor: not every chunk was updated once");
   StepResult r;

@@ -3,11 +3,11 @@
 // - Streams: each logical stream of the Program runs its instructions in order, on its own thread when the
 //   Program has several streams, inline on the caller's thread when it has one (deterministic either way: the
 //   kernels give the same bits for any thread count, and cross-stream order comes only from events).
-// - compute: dispatched by the graph node's tags {layer, part, pass, mb} to the chunk (layer, part) and task
-//   F, B, W or BW on microbatch mb. Inputs are the tensors produced by the node's data-edge predecessors in the
-//   graph (forward: the producers' Activations; backward: the consumers' Gradients), so the executor wires
-//   exactly what the compiled graph says. A chunk's stash lives from its F until the `free` of its activation
-//   buffer (after the last backward task, as lowered by compile::lower).
+// - compute: dispatched by the instruction's {layer, part, pass, mb} to the chunk (layer, part) and task
+//   F, B, W or BW on microbatch mb. Inputs are the messages of the instructions the plan lists in its `inputs`
+//   (forward: the producers' Activations; backward: the consumers' Gradients), so the executor wires exactly
+//   what the compiler wrote; it reads only the Plan (no ir::Graph). A chunk's stash lives from its F until the
+//   `free` of its activation buffer (after the last backward task, as lowered by compile::lower).
 // - recompute: a recomputed chunk's F keeps only its inputs (the producers' tensors) once the plan frees its
 //   stash right after F; the plan's second compute of the same F node re-runs it from those inputs before the
 //   first backward (same bits: the kernels are deterministic), without publishing outputs or losses again.
@@ -44,7 +44,6 @@
 
 #include "piper/base/status.h"
 #include "piper/compile/plan.h"
-#include "piper/ir/graph.h"
 #include "piper/runtime/data_loader.h"
 #include "piper/runtime/model.h"
 #include "piper/runtime/optimizer.h"
@@ -79,11 +78,11 @@ struct ExpertMigration {
 
 class Executor {
  public:
-  // Checks that every compute/update node of `program` has a chunk in `model`, that alloc buffers belong to a
-  // forward chunk, and resolves communication peers and groups. The graph, program, model and optimizer must outlive
-  // the executor. `allocator` serves the step's temporary tensors (normally the one the model uses).
-  // `dist` (may be null) must outlive the executor; with it, run_step() is collective over its world.
-  static Result<std::unique_ptr<Executor>> create(const ir::Graph& graph, const compile::Program& program,
+  // Checks that every compute/update instruction of `program` (one of `plan`'s) has a chunk in `model`, that alloc
+  // buffers belong to a forward chunk, and resolves communication peers and groups. The plan, program, model and
+  // optimizer must outlive the executor. `allocator` serves the step's temporary tensors (normally the one the
+  // model uses). `dist` (may be null) must outlive the executor; with it, run_step() is collective over its world.
+  static Result<std::unique_ptr<Executor>> create(const compile::Plan& plan, const compile::Program& program,
                                                   Model* model, Optimizer* optimizer, Allocator* allocator,
                                                   DistContext* dist = nullptr);
   ~Executor();

@@ -17,7 +17,6 @@ using detail::Task;
 
 Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
   if (in.node == ir::kNoNode) return internal_error("executor: '" + in.label + "' names no graph node");
-  const ir::Node& n = graph->node(in.node);
   if (in.op == OpKind::kSend || in.op == OpKind::kRecv) {
     if (in.comm == ir::NodeKind::kM2N) {  // af-pipe (executor_m2n.cc); a dense m2n is a pipeline message
       PIPER_ASSIGN_OR_RETURN(bool routed, resolve_m2n(in, t));
@@ -34,19 +33,17 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
     }
     const bool sending = in.op == OpKind::kSend;
     int count = 0;
-    for (int e : sending ? graph->in_edges(n.id) : graph->out_edges(n.id)) {
-      const ir::Edge& ed = graph->edge(e);
-      if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
-      const ir::Node& chunk = graph->node(sending ? ed.src : ed.dst);
+    for (ir::NodeId id : sending ? in.inputs : in.outputs) {
+      const Instruction& chunk = instr_of(id);
       // A chunk, an expert combine whose output crosses to the next stage (executor_ep.cc), or a tensor-parallel
       // exchange at a stage boundary (its reduce-scatter feeds the send, the receive feeds its all-gather: the
       // message is then the sequence slice, executor_tp.cc).
-      if (chunk.kind != ir::NodeKind::kChunk && chunk.kind != ir::NodeKind::kAllToAll &&
+      if (chunk.comm != ir::NodeKind::kChunk && chunk.comm != ir::NodeKind::kAllToAll &&
           !detail::is_tp_exchange(chunk)) {
-        return internal_error("executor: '" + in.label + "' is linked to non-chunk node '" + chunk.name + "'");
+        return internal_error("executor: '" + in.label + "' is linked to non-chunk node '" + chunk.label + "'");
       }
-      t->gradient = chunk.tags.pass != ir::Pass::kF;
-      if (sending) t->source = chunk.id;
+      t->gradient = chunk.pass != ir::Pass::kF;
+      if (sending) t->source = id;
       ++count;
     }
     if (sending && count != 1) {
@@ -55,16 +52,16 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
     if (!sending) t->consumers = count;
     return ok_status();
   }
-  if (detail::is_tp_exchange(n)) return resolve_tp(in, t);
+  if (detail::is_tp_exchange(in)) return resolve_tp(in, t);
   // Collective: gradient all-reduce (zero=0), gradient reduce-scatter once per step (zero=1) or per microbatch
   // (zero=2, 3), the all-gather of the updated parameters (zero=1, 2) and the parameter all-gather before each
   // F and B/BW (zero=3).
   if (in.comm == ir::NodeKind::kAllToAll) return resolve_ep(in, t);  // executor_ep.cc
-  const bool zero1_rs = in.comm == ir::NodeKind::kReduceScatter && n.tags.mb < 0;
-  const bool zero2_rs = in.comm == ir::NodeKind::kReduceScatter && n.tags.mb >= 0;
-  const bool zero1_ag = in.comm == ir::NodeKind::kAllGather && n.tags.pass == ir::Pass::kU;
-  const bool zero3_ag = in.comm == ir::NodeKind::kAllGather && n.tags.mb >= 0 &&
-                        (n.tags.pass == ir::Pass::kF || ir::is_backward(n.tags.pass));
+  const bool zero1_rs = in.comm == ir::NodeKind::kReduceScatter && in.mb < 0;
+  const bool zero2_rs = in.comm == ir::NodeKind::kReduceScatter && in.mb >= 0;
+  const bool zero1_ag = in.comm == ir::NodeKind::kAllGather && in.pass == ir::Pass::kU;
+  const bool zero3_ag = in.comm == ir::NodeKind::kAllGather && in.mb >= 0 &&
+                        (in.pass == ir::Pass::kF || ir::is_backward(in.pass));
   if (in.comm != ir::NodeKind::kAllReduce && !zero1_rs && !zero2_rs && !zero1_ag && !zero3_ag) {
     return unimplemented("executor: '" + in.label + "' (" + ir::to_string(in.comm) + " over " + in.group +
                          ") is not executed yet: the runtime runs pipeline, data (zero=0..3), expert and tensor " +
@@ -76,17 +73,17 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
                           "', which has degree 1 on this plan");
   }
   t->degree = t->comm->size();
-  t->chunk = model->find(n.tags.layer, n.tags.part);
+  t->chunk = model->find(in.layer, in.part);
   if (t->chunk == nullptr) {
     return invalid_argument("executor: '" + in.label + "' reduces the gradients of (layer " +
-                            std::to_string(n.tags.layer) + ", " + n.tags.part + "), which this rank does not hold");
+                            std::to_string(in.layer) + ", " + in.part + "), which this rank does not hold");
   }
   // ZeRO under tensor parallelism with sequence parallelism: the experts (not split over tp, etp=1) are replicated
   // over edp x tp and their gradients are partial on each tensor rank, so their shards span both: one
   // reduce-scatter over edp_tp sums over tp and averages over edp (the resource model's expert shard).
   bool over_tp = false;
   if ((zero1_rs || zero2_rs || zero1_ag || zero3_ag) && tp.size > 1 && tp.sequence_parallel &&
-      t->chunk->part() == "experts" && t->degree == graph->mesh.dp / std::max(1, graph->mesh.ep)) {
+      t->chunk->part() == "experts" && t->degree == plan->mesh.dp / std::max(1, plan->mesh.ep)) {
     t->comm = dist->group("edp_tp");
     if (t->comm == nullptr) {
       return internal_error("executor: '" + in.label + "' shards the experts over edp x tp, but this rank has " +
@@ -97,8 +94,8 @@ Status Executor::Impl::resolve_comm(const Instruction& in, Task* t) {
   }
   if (zero1_ag) return ok_status();  // the update before it is sharded; nothing to count
   if (zero3_ag) {
-    t->pass = n.tags.pass;
-    t->mb = n.tags.mb;
+    t->pass = in.pass;
+    t->mb = in.mb;
     Shard& sh = shard_of(t->chunk, t->degree, t->comm->rank());
     sh.params_sharded = true;
     sh.over_tp = over_tp;
@@ -241,7 +238,7 @@ Status Executor::Impl::recv(const Task& t) {
 
 Status Executor::Impl::collective(const Task& t) {
   if (t.in->comm == ir::NodeKind::kAllToAll) return ep_exchange(t);
-  if (detail::is_tp_exchange(graph->node(t.in->node))) return tp_exchange(t);
+  if (detail::is_tp_exchange(*t.in)) return tp_exchange(t);
   if (t.in->comm == ir::NodeKind::kReduceScatter) return reduce_scatter(t);
   if (t.in->comm == ir::NodeKind::kAllGather) return gather_params(t);
   size_t total = 0;
@@ -431,7 +428,7 @@ Status Executor::Impl::reduce_losses(double* loss, double* aux) {
     sum_loss += (*all)[2 * static_cast<size_t>(r)];
     sum_aux += (*all)[2 * static_cast<size_t>(r) + 1];
   }
-  const double dp = std::max(1, graph->mesh.dp);
+  const double dp = std::max(1, plan->mesh.dp);
   *loss = sum_loss / (dp * num_mb * shards);
   *aux = sum_aux / dp;
   return ok_status();

@@ -47,7 +47,7 @@ struct EpState {
   bool halo = false;
   comm::Communicator* comm = nullptr;
   std::unique_ptr<comm::HaloContext> halo_context;
-  std::set<int> moe_layers;  // layers with an experts chunk in the graph (every rank: same graph)
+  std::set<int> moe_layers;  // layers with an experts chunk in the plan (every rank: same plan)
   // Expert parallelism: per MoE layer the logical expert in each physical slot, and its inverse.
   std::map<int, std::vector<int>> slot_expert, expert_slot;
   std::map<std::pair<int, int>, std::shared_ptr<EpExchange>> exchanges;  // (layer, mb); guarded by Impl::mu
@@ -57,7 +57,7 @@ struct EpState {
 
 namespace {
 
-bool is_dispatch(const ir::Node& n) { return n.tags.part == "dispatch"; }
+bool is_dispatch(const Instruction& n) { return n.part == "dispatch"; }
 
 // Node-major layout of the ep group on the world's nodes (ranks_per_node consecutive world ranks a node):
 // the group's ranks per node, or an error when the group is not spread evenly and node-major.
@@ -91,10 +91,13 @@ std::shared_ptr<Tensor> tensor_from(const void* data, int64_t rows, int64_t h, M
 }  // namespace
 
 Status Executor::Impl::ep_setup() {
-  for (const ir::Node& n : graph->nodes()) {
-    if (n.kind == ir::NodeKind::kChunk && n.tags.part == "experts") {
-      if (ep == nullptr) ep = std::make_shared<detail::EpState>();
-      ep->moe_layers.insert(n.tags.layer);
+  for (const compile::Program& prog : plan->templates) {
+    for (const compile::Stream& st : prog.streams) {
+      for (const Instruction& n : st.instrs) {
+        if (n.op != compile::OpKind::kCompute || n.part != "experts") continue;
+        if (ep == nullptr) ep = std::make_shared<detail::EpState>();
+        ep->moe_layers.insert(n.layer);
+      }
     }
   }
   if (ep == nullptr || ep->comm == nullptr) return ok_status();
@@ -134,9 +137,9 @@ Status Executor::Impl::ep_setup() {
 }
 
 Status Executor::Impl::resolve_ep(const Instruction& in, Task* t) {
-  const ir::Node& n = graph->node(in.node);
-  if (in.group != "ep" || (n.tags.part != "dispatch" && n.tags.part != "combine")) {
-    return unimplemented("executor: '" + in.label + "' is an all_to_all over '" + in.group + "' (" + n.tags.part +
+  const Instruction& n = in;
+  if (in.group != "ep" || (n.part != "dispatch" && n.part != "combine")) {
+    return unimplemented("executor: '" + in.label + "' is an all_to_all over '" + in.group + "' (" + n.part +
                          "); the runtime executes the expert dispatch and combine over ep only");
   }
   if (in.algorithm != "flat" && in.algorithm != "halo") {
@@ -151,27 +154,22 @@ Status Executor::Impl::resolve_ep(const Instruction& in, Task* t) {
   ep->ep = t->comm->size();
   ep->halo = ep->halo || in.algorithm == "halo";
   t->degree = t->comm->size();
-  t->pass = n.tags.pass;
-  t->mb = std::max(0, n.tags.mb);
-  t->key = detail::StashKey{n.tags.layer, n.tags.part, t->mb};
-  t->gradient = n.tags.pass != ir::Pass::kF;
-  for (int e : graph->in_edges(n.id)) {
-    const ir::Edge& ed = graph->edge(e);
-    if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
+  t->pass = n.pass;
+  t->mb = std::max(0, n.mb);
+  t->key = detail::StashKey{n.layer, n.part, t->mb};
+  t->gradient = n.pass != ir::Pass::kF;
+  for (ir::NodeId src : in.inputs) {
     // Under tp x ep the combine's backward reads the next split chunk's input gradient from its sequence
     // reduce-scatter: this rank's token slice, the rows its forward combined (executor_tp.cc).
-    const ir::NodeKind k = graph->node(ed.src).kind;
-    if (k != ir::NodeKind::kChunk && k != ir::NodeKind::kRecv && !detail::is_tp_exchange(graph->node(ed.src))) {
-      return unimplemented("executor: '" + in.label + "' reads from '" + graph->node(ed.src).name +
+    const ir::NodeKind k = instr_of(src).comm;
+    if (k != ir::NodeKind::kChunk && k != ir::NodeKind::kRecv && !detail::is_tp_exchange(instr_of(src))) {
+      return unimplemented("executor: '" + in.label + "' reads from '" + name_of(src) +
                            "'; an expert all-to-all must be fed by a chunk, a pipeline receive or a tensor-parallel "
                            "exchange");
     }
-    t->sources.push_back(ed.src);
+    t->sources.push_back(src);
   }
-  for (int e : graph->out_edges(n.id)) {
-    const ir::Edge& ed = graph->edge(e);
-    if (ed.alive && ed.kind == ir::EdgeKind::kData) ++t->consumers;
-  }
+  t->consumers = static_cast<int>(in.outputs.size());
   if (t->sources.empty() || t->consumers == 0) {
     return internal_error("executor: '" + in.label + "' has " + std::to_string(t->sources.size()) + " inputs and " +
                           std::to_string(t->consumers) + " consumers");
@@ -385,9 +383,9 @@ Result<Gradient> Executor::Impl::EpCall::dispatch_backward(const std::vector<Gra
 
 Status Executor::Impl::ep_exchange(const Task& t) {
   const auto start = std::chrono::steady_clock::now();
-  const ir::Node& n = graph->node(t.in->node);
-  EpCall call(*this, t, n.tags.layer);
-  const auto exchange_key = std::make_pair(n.tags.layer, t.mb);
+  const Instruction& n = *t.in;
+  EpCall call(*this, t, n.layer);
+  const auto exchange_key = std::make_pair(n.layer, t.mb);
   if (!t.gradient) {
     PIPER_ASSIGN_OR_RETURN(Activation a, take_message<Activation>(t, t.sources[0]));
     PIPER_ASSIGN_OR_RETURN(Activation out, is_dispatch(n) ? call.dispatch_forward(a) : call.combine_forward(a));
@@ -414,7 +412,7 @@ Status Executor::Impl::ep_exchange(const Task& t) {
     publish_message(t, std::move(out));
   }
   std::lock_guard<std::mutex> lock(mu);
-  task_seconds["a2a." + n.tags.part + (t.gradient ? ".B" : ".F")] +=
+  task_seconds["a2a." + n.part + (t.gradient ? ".B" : ".F")] +=
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return ok_status();
 }
@@ -453,7 +451,7 @@ Status Executor::Impl::collect_expert_tokens(std::map<int, std::vector<int64_t>>
   out->clear();
   if (ep == nullptr) return ok_status();
   const int E = model->dims().num_experts;
-  const size_t L = static_cast<size_t>(graph->num_layers);
+  const size_t L = static_cast<size_t>(plan->num_layers);
   std::vector<int64_t> local(L * static_cast<size_t>(E), 0);
   for (const auto& chunk : model->chunks()) {
     std::vector<int64_t> v = chunk->take_expert_tokens();

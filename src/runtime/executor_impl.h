@@ -21,8 +21,9 @@
 
 namespace piper::runtime::detail {
 
-// A tensor-parallel collective over hidden states (the shard pass's tp_ag / tp_rs / tp_ar nodes).
-bool is_tp_exchange(const ir::Node& n);
+// A tensor-parallel collective over hidden states (the shard pass's tp_ag / tp_rs / tp_ar nodes): the plan's
+// roles kTpGather, kTpScatter, kTpReduce.
+bool is_tp_exchange(const compile::Instruction& in);
 
 using StashKey = std::tuple<int, std::string, int>;  // (layer, part, mb)
 
@@ -65,7 +66,12 @@ struct Executor::Impl {
   using Task = detail::Task;
   using StashKey = detail::StashKey;
 
-  const ir::Graph* graph = nullptr;
+  const compile::Plan* plan = nullptr;
+  // The first instruction of this rank's program lowering each node: messages are named by node ids
+  // (Instruction::inputs / outputs), and a producer's or consumer's kind, pass and chunk are its instruction's.
+  std::map<ir::NodeId, const compile::Instruction*> by_node;
+  const compile::Instruction& instr_of(ir::NodeId id) const { return *by_node.at(id); }
+  const std::string& name_of(ir::NodeId id) const { return instr_of(id).label; }
   Model* model = nullptr;
   Optimizer* optimizer = nullptr;
   Allocator* allocator = nullptr;
@@ -157,6 +163,15 @@ struct Executor::Impl {
   Result<std::shared_ptr<const Tensor>> take_hidden(const Task& t, const std::string& boundary);
   // Publishes `x` as t's Activation::hidden (t.gradient: Gradient::dhidden).
   void publish_hidden(const Task& t, std::shared_ptr<const Tensor> x);
+
+  // create(): every instruction resolved into its Task (executor.cc).
+  Status index_program(const compile::Program& program);  // by_node; every node a data flow names is in it
+  Status resolve(const compile::Stream& stream, size_t i, Task* t);
+  Status resolve_alloc(const compile::Stream& stream, size_t i);
+  Status resolve_compute(const compile::Instruction& in, Task* t);
+  Status wire_compute(const compile::Instruction& in, Task* t);
+  std::map<ir::NodeId, int> computes_of_node;           // create() only
+  std::map<const Chunk*, int> grad_tasks_of_chunk;      // create() only
 
   Status execute(const Task& t);
   Status compute(const Task& t);
@@ -256,7 +271,7 @@ Result<Msg> Executor::Impl::take_message(const Task& reader, ir::NodeId src) {
   std::optional<Msg> msg = messages.take<Msg>(src);
   if (!msg) {
     return internal_error("'" + reader.in->label + "': the " + (std::is_same_v<Msg, Gradient> ? "gradient" : "output") +
-                          " of '" + graph->node(src).name + "' is not available: the plan runs it before its producer");
+                          " of '" + name_of(src) + "' is not available: the plan runs it before its producer");
   }
   return std::move(*msg);
 }

@@ -90,48 +90,6 @@ namespace {
 Status ffn_group_exchange(comm::Communicator* group, const float* send, const std::vector<size_t>& send_rows,
                           float* recv, const std::vector<size_t>& recv_rows, int64_t h, double timeout_s);
 
-// The chunk at the local end of an m2n node (a send's producer, a recv's consumer).
-const ir::Node* local_chunk(const ir::Graph& g, const ir::Node& n) {
-  const auto& edges = n.m2n_sender ? g.in_edges(n.id) : g.out_edges(n.id);
-  for (int e : edges) {
-    const ir::Edge& ed = g.edge(e);
-    if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
-    const ir::Node& c = g.node(n.m2n_sender ? ed.src : ed.dst);
-    if (c.kind == ir::NodeKind::kChunk) return &c;
-  }
-  return nullptr;
-}
-
-std::string pair_name(const ir::Node& n) { return n.name.substr(0, n.name.rfind('.')); }
-
-// Whether the combine of the experts of (layer, mb) runs inside the FFN group: their output feeds a chunk on the
-// FFN rank (the head) or the next layer's attention on another attention rank than the router (pp > 1), so the
-// router's rank cannot combine. The FFN rank then gets the residual and routing with the dispatch, combines
-// (m2n_local_inputs or the combine send), and returns the output gradient's residual part with the experts' input
-// gradients; the exchanges with the next layer are then dense messages.
-bool combine_on_ffn(const ir::Graph& g, const ir::Node& experts) {
-  const ir::Node* fwd = nullptr;
-  int router_pp = -1;
-  for (const ir::Node& n : g.nodes()) {
-    if (n.kind != ir::NodeKind::kChunk || n.tags.layer != experts.tags.layer || n.tags.mb != experts.tags.mb ||
-        n.tags.pass != ir::Pass::kF) {
-      continue;
-    }
-    if (n.tags.part == "experts") fwd = &n;
-    if (n.tags.part == "router") router_pp = n.pp_rank;
-  }
-  if (fwd == nullptr) return false;
-  for (int e : g.out_edges(fwd->id)) {
-    const ir::Edge& ed = g.edge(e);
-    if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
-    const ir::Node& c = g.node(ed.dst);
-    // Not the chunk's own F -> BW (stash) edge: another part's chunk, or an m2n to another attention rank.
-    if (c.kind == ir::NodeKind::kChunk && c.tags.part != fwd->tags.part) return true;
-    if (c.kind == ir::NodeKind::kM2N && c.peer_pp_rank != router_pp) return true;
-  }
-  return false;
-}
-
 // Slot bookkeeping of one source's routing over `peers` expert blocks: rows per peer and each slot's row in the
 // peers' blocks, concatenated.
 void route_slots(detail::M2nSource* s, size_t peers) {
@@ -178,32 +136,28 @@ std::shared_ptr<std::vector<float>> scatter_grad(const detail::M2nSource& s, con
 }  // namespace
 
 Result<bool> Executor::Impl::resolve_m2n(const Instruction& in, Task* t) {
-  const ir::Node& n = graph->node(in.node);
-  const ir::Node* mine = local_chunk(*graph, n);
-  const ir::Node* other = nullptr;
-  for (const ir::Node& p : graph->nodes()) {  // the partner node on the other side of the exchange
-    if (p.kind == ir::NodeKind::kM2N && p.m2n_sender != n.m2n_sender && pair_name(p) == pair_name(n)) {
-      other = local_chunk(*graph, p);
-      break;
-    }
-  }
-  if (mine == nullptr || other == nullptr) {
+  const bool sending = in.op == OpKind::kSend;
+  // The parts of the chunks at this end and the other end of the exchange, as the compiler wrote them.
+  const std::string& mine = sending ? in.src_part : in.dst_part;
+  const std::string& other = sending ? in.dst_part : in.src_part;
+  if (mine.empty() || other.empty()) {
     return internal_error("executor: '" + in.label + "' does not link two chunks");
   }
-  const bool routed = mine->tags.part == "experts" || other->tags.part == "experts";
+  const bool routed = mine == "experts" || other == "experts";
   if (!routed) return false;  // a dense edge: a pipeline-like message with the same-dp peer
-  const ir::Node& experts = mine->tags.part == "experts" ? *mine : *other;
-  const ir::Node& peer_chunk = mine->tags.part == "experts" ? *other : *mine;
-  if (peer_chunk.tags.part != "router" && peer_chunk.tags.part != "attn" && peer_chunk.tags.part != "head") {
-    return unimplemented("executor: '" + in.label + "' links experts with '" + peer_chunk.name +
-                         "'; the runtime's M2N exchanges connect experts with a router, attention or head");
+  const std::string& peer_chunk = mine == "experts" ? other : mine;
+  if (peer_chunk != "router" && peer_chunk != "attn" && peer_chunk != "head") {
+    return unimplemented("executor: '" + in.label + "' links experts with a '" + peer_chunk +
+                         "' chunk; the runtime's M2N exchanges connect experts with a router, attention or head");
   }
-  const bool on_ffn = combine_on_ffn(*graph, experts);
-  const bool sending = in.op == OpKind::kSend;
+  if (in.experts_layer < 0) {
+    return internal_error("executor: '" + in.label + "' links the experts but names no experts_layer");
+  }
+  // Where the combine runs: the compiler decided it (Instruction::combine_on_ffn).
+  const bool on_ffn = in.combine_on_ffn;
   // The FFN group combines: the experts' output goes to the next layer's attention as a dense message, and its
   // gradient comes back as one; only the FFN side's forward send combines first (below).
-  if (on_ffn && peer_chunk.tags.part != "router" &&
-      !(sending && mine->tags.part == "experts" && mine->tags.pass == ir::Pass::kF)) {
+  if (on_ffn && peer_chunk != "router" && !(sending && mine == "experts" && in.pass == ir::Pass::kF)) {
     return false;
   }
   if (in.tag < 0 || in.tag > 32767) {
@@ -211,9 +165,9 @@ Result<bool> Executor::Impl::resolve_m2n(const Instruction& in, Task* t) {
                             " outside the communicator's [0, 32767]");
   }
   if (m2n == nullptr) m2n = std::make_shared<detail::M2nState>();
-  const compile::Plan& plan = dist->plan();
+  const compile::Plan& layout = dist->plan();
   const compile::RankCoord& me = dist->coord();
-  const int ep_deg = std::max(1, graph->mesh.ep);
+  const int ep_deg = std::max(1, plan->mesh.ep);
   const int block = me.dp / ep_deg * ep_deg;
   t->peers.clear();
   for (int d = block; d < block + ep_deg; ++d) {
@@ -222,19 +176,17 @@ Result<bool> Executor::Impl::resolve_m2n(const Instruction& in, Task* t) {
     c.dp = d;
     c.ep = d % ep_deg;
     c.tp = me.tp;
-    t->peers.push_back(plan.rank_of(c));
+    t->peers.push_back(layout.rank_of(c));
   }
   t->m2n_routed = true;
   t->m2n_local = on_ffn;
-  t->m2n_ffn = mine->tags.part == "experts";
-  t->gradient = mine->tags.pass != ir::Pass::kF;
-  t->mb = std::max(0, n.tags.mb);
-  t->key = detail::StashKey{experts.tags.layer, "m2n", t->mb};
+  t->m2n_ffn = mine == "experts";
+  t->gradient = in.pass != ir::Pass::kF;
+  t->mb = std::max(0, in.mb);
+  t->key = detail::StashKey{in.experts_layer, "m2n", t->mb};
   int count = 0;
-  for (int e : sending ? graph->in_edges(n.id) : graph->out_edges(n.id)) {
-    const ir::Edge& ed = graph->edge(e);
-    if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
-    if (sending) t->source = ed.src;
+  for (ir::NodeId id : sending ? in.inputs : in.outputs) {
+    if (sending) t->source = id;
     ++count;
   }
   if (sending && count != 1) {
@@ -250,7 +202,7 @@ Result<bool> Executor::Impl::resolve_m2n(const Instruction& in, Task* t) {
                             " ranks");
     }
     PIPER_RETURN_IF_ERROR(ep_serve_m2n(group));
-    if (on_ffn && sending && t->m2n_ffn && !t->gradient && peer_chunk.tags.part != "router") {
+    if (on_ffn && sending && t->m2n_ffn && !t->gradient && peer_chunk != "router") {
       // This send stream combines inside the FFN group concurrently with the compute stream's combines (the
       // head's input, the experts' gradients): its own communicator, one per peer pipeline rank (= stream).
       auto& c = m2n->combine_comms[in.peer];
@@ -301,7 +253,7 @@ struct Executor::Impl::M2nCall {
         c(impl.dist->p2p()),
         tag(static_cast<int>(task.in->tag)),
         experts_per_peer(impl.model->dims().num_experts / static_cast<int>(peers)),
-        me_idx(static_cast<size_t>(impl.dist->coord().dp % std::max(1, impl.graph->mesh.ep))) {}
+        me_idx(static_cast<size_t>(impl.dist->coord().dp % std::max(1, impl.plan->mesh.ep))) {}
 
   Status dispatch_send();       // router -> experts F, attention rank
   Status dispatch_recv();       // router -> experts F, FFN rank
@@ -848,7 +800,7 @@ Status Executor::Impl::m2n_local_inputs(const Task& t, std::vector<Activation>* 
     Activation& a = (*inputs)[i];
     if (!a.ep || a.hidden) continue;
     // The experts' output rows of this FFN rank (every source's) -> the same-dp source's tokens, combined.
-    const auto key = std::make_pair(graph->node(t.sources[i]).tags.layer, t.mb);
+    const auto key = std::make_pair(instr_of(t.sources[i]).layer, t.mb);
     std::shared_ptr<detail::M2nSink> sink;
     {
       std::lock_guard<std::mutex> lock(mu);

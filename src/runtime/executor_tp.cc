@@ -21,13 +21,13 @@ using compile::Instruction;
 using compile::OpKind;
 using detail::Task;
 
-bool detail::is_tp_exchange(const ir::Node& n) {
-  return n.group == "tp" && (n.kind == ir::NodeKind::kAllGather || n.kind == ir::NodeKind::kReduceScatter ||
-                             n.kind == ir::NodeKind::kAllReduce);
+bool detail::is_tp_exchange(const Instruction& in) {
+  using compile::CommRole;
+  return in.role == CommRole::kTpGather || in.role == CommRole::kTpScatter || in.role == CommRole::kTpReduce;
 }
 
 Status Executor::Impl::init_tp(const compile::Program& program) {
-  tp.size = graph->mesh.tp;
+  tp.size = plan->mesh.tp;
   tp.rank = dist->coord().tp;
   comm::Communicator* group = dist->group("tp");
   if (group == nullptr || group->size() != tp.size) {
@@ -36,10 +36,9 @@ Status Executor::Impl::init_tp(const compile::Program& program) {
   for (const compile::Stream& stream : program.streams) {
     for (const Instruction& in : stream.instrs) {
       if (in.node == ir::kNoNode) continue;
-      const ir::Node& n = graph->node(in.node);
-      if (detail::is_tp_exchange(n) && n.kind != ir::NodeKind::kAllReduce) tp.sequence_parallel = true;
-      if (in.op != OpKind::kCompute || n.shard_axis != "tp") continue;
-      Chunk* c = model->find(n.tags.layer, n.tags.part);
+      if (detail::is_tp_exchange(in) && in.comm != ir::NodeKind::kAllReduce) tp.sequence_parallel = true;
+      if (in.op != OpKind::kCompute || in.shard_axis != "tp") continue;
+      Chunk* c = model->find(in.layer, in.part);
       if (c != nullptr) tp.sliced.insert(c);
     }
   }
@@ -49,27 +48,18 @@ Status Executor::Impl::init_tp(const compile::Program& program) {
 }
 
 Status Executor::Impl::resolve_tp(const Instruction& in, Task* t) {
-  const ir::Node& n = graph->node(in.node);
   t->comm = dist->group("tp");
   if (t->comm == nullptr || tp.size <= 1) {
     return internal_error("executor: '" + in.label + "' runs over tp, which has degree 1 on this plan");
   }
   t->degree = t->comm->size();
-  t->gradient = n.tags.pass != ir::Pass::kF;
-  int inputs = 0;
-  for (int e : graph->in_edges(n.id)) {
-    const ir::Edge& ed = graph->edge(e);
-    if (!ed.alive || ed.kind != ir::EdgeKind::kData) continue;
-    t->source = ed.src;
-    ++inputs;
+  t->gradient = in.pass != ir::Pass::kF;
+  if (in.inputs.size() != 1) {
+    return internal_error("executor: '" + in.label + "' has " + std::to_string(in.inputs.size()) +
+                          " inputs, expected 1");
   }
-  if (inputs != 1) {
-    return internal_error("executor: '" + in.label + "' has " + std::to_string(inputs) + " inputs, expected 1");
-  }
-  for (int e : graph->out_edges(n.id)) {
-    const ir::Edge& ed = graph->edge(e);
-    if (ed.alive && ed.kind == ir::EdgeKind::kData) ++t->consumers;
-  }
+  t->source = in.inputs[0];
+  t->consumers = static_cast<int>(in.outputs.size());
   return ok_status();
 }
 

@@ -252,8 +252,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   for (const compile::Stream& stream : t->compiled_.plan.program(rank).streams) {
     for (const compile::Instruction& in : stream.instrs) {
       if (in.op != compile::OpKind::kCompute && in.op != compile::OpKind::kUpdate) continue;
-      const ir::Node& n = t->compiled_.graph.node(in.node);
-      mine.emplace(n.tags.layer, n.tags.part);
+      mine.emplace(in.layer, in.part);
     }
   }
   // Expert parallelism: this rank's experts chunk holds only its ep rank's block of experts.
@@ -269,8 +268,12 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   if (t->dist_ != nullptr && t->compiled_.plan.mesh.tp > 1) {
     // Tensor parallelism: the chunks the compiler split over tp hold this rank's slice (chunks/tp_slice.h).
     std::set<std::pair<int, std::string>> split;
-    for (const ir::Node& n : t->compiled_.graph.nodes()) {
-      if (n.kind == ir::NodeKind::kChunk && n.shard_axis == "tp") split.emplace(n.tags.layer, n.tags.part);
+    for (const compile::Program& prog : t->compiled_.plan.templates) {
+      for (const compile::Stream& stream : prog.streams) {
+        for (const compile::Instruction& in : stream.instrs) {
+          if (in.op == compile::OpKind::kCompute && in.shard_axis == "tp") split.emplace(in.layer, in.part);
+        }
+      }
     }
     for (const auto& [layer, part] : split) {
       const Chunk* whole = t->model_->find(layer, part);
@@ -283,7 +286,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   t->num_params_ = t->model_->num_params();
   t->optimizer_ = std::make_unique<Optimizer>(options.optimizer, options.warmup_steps, *t->model_, t->allocator_.get());
   PIPER_ASSIGN_OR_RETURN(t->executor_,
-                         Executor::create(t->compiled_.graph, t->compiled_.plan.program(rank), t->model_.get(),
+                         Executor::create(t->compiled_.plan, t->compiled_.plan.program(rank), t->model_.get(),
                                           t->optimizer_.get(), t->allocator_.get(), t->dist_.get()));
   PIPER_ASSIGN_OR_RETURN(Corpus corpus, load_corpus(options.data, options.model.vocab_size));
   PIPER_ASSIGN_OR_RETURN(DataLoader loader, DataLoader::create(std::move(corpus.tokens), options.seq_len,

@@ -75,6 +75,65 @@ TEST(PlanIoTest, InstructionsSayWhatTheyMean) {
   EXPECT_EQ(m2n.count(CommRole::kM2NFromExperts), 1u);
 }
 
+// What the executors read instead of the graph: each instruction's data flow (messages named by the node of the
+// instruction that publishes them, all on its own rank), chunk facts, and the m2n decisions.
+TEST(PlanIoTest, InstructionsCarryTheirDataFlow) {
+  for (const char* text : kStrategies) {
+    SCOPED_TRACE(text);
+    const Plan plan = compiled(text);
+    EXPECT_GE(plan.num_microbatches, 2);
+    EXPECT_GE(plan.num_layers, 2);
+    for (const Program& p : plan.templates) {
+      std::set<ir::NodeId> nodes;
+      for (const Stream& s : p.streams) {
+        for (const Instruction& in : s.instrs) nodes.insert(in.node);
+      }
+      for (const Stream& s : p.streams) {
+        for (const Instruction& in : s.instrs) {
+          for (ir::NodeId id : in.inputs) EXPECT_EQ(nodes.count(id), 1u) << in.label << " input " << id;
+          for (ir::NodeId id : in.outputs) EXPECT_EQ(nodes.count(id), 1u) << in.label << " output " << id;
+          // Every forward but the embedding's reads a message; every send sends one; every receive feeds one.
+          if (in.op == OpKind::kCompute && in.pass == ir::Pass::kF && in.part != "embed") {
+            EXPECT_FALSE(in.inputs.empty()) << in.label;
+          }
+          if (in.op == OpKind::kSend && in.node != ir::kNoNode) {
+            EXPECT_EQ(in.inputs.size(), 1u) << in.label;
+          }
+          if (in.op == OpKind::kRecv && in.node != ir::kNoNode) {
+            EXPECT_FALSE(in.outputs.empty()) << in.label;
+          }
+          if (in.node == ir::kNoNode) {
+            EXPECT_TRUE(in.inputs.empty() && in.outputs.empty()) << in.label;
+          }
+          if (in.op == OpKind::kCompute && in.part == "experts" && plan.mesh.ep > 1) {
+            EXPECT_EQ(in.shard_axis, "ep") << in.label;
+          }
+        }
+      }
+    }
+  }
+  // af-pipe: both ends' parts on every m2n; the experts' layer on those touching the experts; the last layer's
+  // experts feed the head on the FFN rank, so its combine runs in the FFN group, while the others' runs on the
+  // router's attention rank (one attention pipeline rank).
+  std::set<bool> placements;
+  for (const Program& p : compiled(kStrategies[2]).templates) {
+    for (const Stream& s : p.streams) {
+      for (const Instruction& in : s.instrs) {
+        if (in.comm != ir::NodeKind::kM2N) {
+          EXPECT_TRUE(in.src_part.empty() && in.experts_layer < 0 && !in.combine_on_ffn) << in.label;
+          continue;
+        }
+        EXPECT_FALSE(in.src_part.empty() || in.dst_part.empty()) << in.label;
+        const bool experts = in.src_part == "experts" || in.dst_part == "experts";
+        EXPECT_EQ(in.experts_layer >= 0, experts) << in.label;
+        EXPECT_EQ(in.role == CommRole::kM2NDense, !experts) << in.label;
+        if (experts) placements.insert(in.combine_on_ffn);
+      }
+    }
+  }
+  EXPECT_EQ(placements.size(), 2u);
+}
+
 // The error plan_from_json gives for `j` (fails the test when it loads).
 std::string error_of(const Json& j) {
   auto r = plan_from_json(j, "f.json");
@@ -99,7 +158,7 @@ TEST(PlanIoTest, ADamagedFileIsRefusedWithTheField) {
     edit(j);
     return error_of(j);
   };
-  EXPECT_NE(with([](Json& j) { j["version"] = 2; }).find("version 2"), std::string::npos);
+  EXPECT_NE(with([](Json& j) { j["version"] = 1; }).find("version 1"), std::string::npos);
   EXPECT_NE(with([](Json& j) { j["format"] = "x"; }).find("--emit-plan"), std::string::npos);
   EXPECT_NE(with([](Json& j) { j.erase("programs"); }).find("f.json.programs"), std::string::npos);
   EXPECT_NE(with([](Json& j) { j.erase("version"); }).find("version: required"), std::string::npos);
@@ -127,6 +186,28 @@ TEST(PlanIoTest, ADamagedFileIsRefusedWithTheField) {
   EXPECT_NE(with([](Json& j) { first_instruction(j, "alloc")["mem_delta"] = int64_t{1} << 51; }).find("mem_delta"),
             std::string::npos);
   EXPECT_NE(error_of(Json::array()).find("JSON object"), std::string::npos);
+  // The executors' data flow and chunk facts (plan.h, "Data flow").
+  EXPECT_NE(with([](Json& j) { j.erase("num_microbatches"); }).find("num_microbatches: required"), std::string::npos);
+  EXPECT_NE(with([](Json& j) { j["num_layers"] = 0; }).find("num_layers"), std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "compute")["mb"] = 2; }).find("2 microbatches"),
+            std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "compute")["layer"] = 99; }).find("layer 99"), std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "compute")["inputs"] = Json::array({1 << 21}); })
+                .find("no instruction of this program lowers"),
+            std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "send")["inputs"] = "x"; }).find("inputs: expected an array"),
+            std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "send")["outputs"] = Json::array({-1}); }).find("not a node id"),
+            std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "alloc")["outputs"] = Json::array({0}); })
+                .find("lowers no node itself"),
+            std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "compute")["shard_axis"] = "dp"; }).find("shard_axis"),
+            std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "compute")["combine_on_ffn"] = true; }).find("m2n instructions"),
+            std::string::npos);
+  EXPECT_NE(with([](Json& j) { first_instruction(j, "compute")["recompute"] = 1; }).find("recompute"),
+            std::string::npos);
 }
 
 // Any key of any of the first instructions removed or set to another type: loaded or refused, never a crash.
@@ -160,7 +241,7 @@ TEST(PlanIoTest, FilesAreWrittenAtomicallyAndReadBack) {
   EXPECT_TRUE(*back == plan);
   std::FILE* f = std::fopen(path.c_str(), "w");
   ASSERT_NE(f, nullptr);
-  std::fputs("{\"format\": \"piper-plan\", \"version\": 1, \"mesh\": {", f);
+  std::fputs("{\"format\": \"piper-plan\", \"version\": 2, \"mesh\": {", f);
   std::fclose(f);
   auto truncated = load_plan_file(path);
   ASSERT_FALSE(truncated.ok());

@@ -32,6 +32,23 @@ std::vector<std::string> dependency_names(const std::string& cell) {
   return names;
 }
 
+// "spec, strategy (not ir: the closed form ...)" -> {"ir"}: the modules a remark starting with "not" names, up to
+// its colon.
+std::vector<std::string> forbidden_names(const std::string& cell) {
+  std::vector<std::string> names;
+  size_t open = cell.find('(');
+  while (open != std::string::npos) {
+    const size_t close = cell.find(')', open);
+    std::string remark = trim(cell.substr(open + 1, close == std::string::npos ? std::string::npos : close - open - 1));
+    if (remark.rfind("not ", 0) == 0) {
+      remark = remark.substr(4, remark.find(':') == std::string::npos ? std::string::npos : remark.find(':') - 4);
+      for (const std::string& name : dependency_names(remark)) names.push_back(name);
+    }
+    open = close == std::string::npos ? close : cell.find('(', close);
+  }
+  return names;
+}
+
 Status check_acyclic(const ModuleTable& table) {
   for (const auto& [module, unused] : table.deps) {
     if (table.everything.count(module)) continue;
@@ -60,6 +77,15 @@ Result<ModuleTable> parse_module_table(const std::string& markdown) {
     if (names.size() == 1 && names[0] == "everything") table.everything.insert(module);
     else listed[module] = names;
     table.deps[module];
+    for (const std::string& name : forbidden_names(cells[cells.size() - 2])) table.direct_forbidden[module].insert(name);
+  }
+  for (const auto& [module, names] : table.direct_forbidden) {
+    for (const std::string& name : names) {
+      if (!table.deps.count(name)) {
+        return invalid_argument("module table: the row of '" + module + "' says 'not " + name +
+                                "', which is no row of the table; fix the name");
+      }
+    }
   }
   if (table.deps.empty()) return invalid_argument("module table: no row of the form | `folder/` | ... | deps | found");
   for (const auto& [module, names] : listed) {
@@ -89,6 +115,9 @@ std::set<std::string> allowed_includes(const ModuleTable& table, const std::stri
     todo.pop_back();
     if (!seen.insert(next).second) continue;
     for (const std::string& dep : table.deps.at(next)) todo.push_back(dep);
+  }
+  if (auto no = table.direct_forbidden.find(module); no != table.direct_forbidden.end()) {
+    for (const std::string& name : no->second) seen.erase(name);
   }
   return seen;
 }

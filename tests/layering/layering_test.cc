@@ -80,6 +80,11 @@ TEST(Layering, EdgesFollowTheTableTransitivelyAndSubfoldersAreModulesOfTheirOwn)
   EXPECT_EQ(check("base/x.cc", "spec/model_spec.h").size(), 1u);
   EXPECT_TRUE(check("cli/x.cc", "runtime/trainer.h").empty());  // cli: everything
   EXPECT_EQ(check("newmodule/x.cc", "base/status.h").size(), 1u);  // a folder without a row
+  // The executors read only the Plan: compile reaches ir, but neither sim nor runtime may include it itself.
+  EXPECT_TRUE(check("runtime/x.cc", "compile/plan.h").empty());
+  EXPECT_TRUE(check("runtime/x.cc", "spec/model_spec.h").empty());  // runtime -> compile -> ir -> spec
+  EXPECT_EQ(check("runtime/x.cc", "ir/graph.h").size(), 1u);
+  EXPECT_EQ(check("sim/x.cc", "ir/types.h").size(), 1u);
 }
 
 TEST(Layering, ABrokenTableIsRefusedWithTheRow) {
@@ -94,6 +99,12 @@ TEST(Layering, ABrokenTableIsRefusedWithTheRow) {
   ASSERT_TRUE(ok.ok()) << ok.status().message();
   EXPECT_EQ(allowed_includes(*ok, "b"), (std::set<std::string>{"a"}));
   EXPECT_EQ(allowed_includes(*ok, "c"), (std::set<std::string>{"a", "b", "c"}));
+  auto no = parse_module_table("| `a/` | x | — |\n| `b/` | x | a |\n| `c/` | x | b (not a: why) |\n");
+  ASSERT_TRUE(no.ok()) << no.status().message();
+  EXPECT_EQ(allowed_includes(*no, "c"), (std::set<std::string>{"b"}));
+  auto typo = parse_module_table("| `a/` | x | — |\n| `b/` | x | a (not z: why) |\n");
+  ASSERT_FALSE(typo.ok());
+  EXPECT_NE(typo.status().message().find("'not z'"), std::string::npos);
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ std::unique_ptr<Setup> make_setup(const ModelSpec& spec, const std::string& stra
   s->compiled = compile::compile_strategy(spec, fp32_train(st.global_batch(), st.mbs, 8), st).value();
   s->model = Model::create(spec, {}, seed, &s->alloc).value();
   s->optimizer = std::make_unique<Optimizer>(OptimizerSpec{}, 0, *s->model, &s->alloc);
-  auto ex = Executor::create(s->compiled.graph, s->compiled.plan.program(0), s->model.get(), s->optimizer.get(),
+  auto ex = Executor::create(s->compiled.plan, s->compiled.plan.program(0), s->model.get(), s->optimizer.get(),
                              &s->alloc);
   EXPECT_TRUE(ex.ok()) << ex.status().to_string();
   if (ex.ok()) s->executor = std::move(ex).value();
@@ -198,7 +198,7 @@ TEST(ExecutorTest, UpdatesOnASecondStreamGiveTheSameBits) {
   TrackingAllocator alloc(&tracker);
   auto model = Model::create(spec, {}, 5, &alloc).value();
   Optimizer opt(OptimizerSpec{}, 0, *model, &alloc);
-  auto ex = Executor::create(compiled->graph, compiled->plan.program(0), model.get(), &opt, &alloc);
+  auto ex = Executor::create(compiled->plan, compiled->plan.program(0), model.get(), &opt, &alloc);
   ASSERT_TRUE(ex.ok()) << ex.status().to_string();
   EXPECT_EQ((*ex)->num_streams(), 2);
   TraceRecorder recorder(0, 0, &tracker);
@@ -242,7 +242,7 @@ TEST(ExecutorTest, MultiRankProgramWithoutDistContextIsRejectedWithHint) {
   TrackingAllocator alloc(&tracker);
   auto model = Model::create(spec, {}, 1, &alloc).value();
   Optimizer opt(OptimizerSpec{}, 0, *model, &alloc);
-  auto ex = Executor::create(compiled->graph, compiled->plan.program(0), model.get(), &opt, &alloc);
+  auto ex = Executor::create(compiled->plan, compiled->plan.program(0), model.get(), &opt, &alloc);
   ASSERT_FALSE(ex.ok());
   EXPECT_EQ(ex.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(ex.status().message().find("piper train --ranks N"), std::string::npos) << ex.status().message();
