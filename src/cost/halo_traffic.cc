@@ -240,7 +240,7 @@ Result<HaloTraffic> halo_combine_traffic(const HaloGroupShape& g, const HaloRout
       if (t.node_of(s) != m) to[t.local_of(reducer(s, m))] += rows_bytes;
     }
     for (int rho = 0; rho < c; ++rho) {
-      const int id = add(&out, g, e, t.rank(m, rho), to[rho], HaloStep::kToReducer, done[e]);
+      const int id = add(&out, g, e, t.rank(m, rho), to[rho], HaloStep::kToReducer, {});
       if (id < 0) continue;
       next[e].push_back(id);
       next[t.rank(m, rho)].push_back(id);
@@ -257,9 +257,7 @@ Result<HaloTraffic> halo_combine_traffic(const HaloGroupShape& g, const HaloRout
       }
     }
   }
-  for (int e = 0; e < p; ++e) {
-    if (next[e].empty()) next[e] = done[e];
-  }
+  for (int e = 0; e < p; ++e) next[e].insert(next[e].end(), done[e].begin(), done[e].end());
   append_halo_all_to_all_v(g, blocks, direct_pair_bytes, next, &out);
   return out;
 }

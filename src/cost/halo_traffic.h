@@ -26,10 +26,11 @@
 // Combine (halo_combine: rows of row_bytes; the slots of a token on a remote node m are reduced by the rank
 // that scattered the token in the dispatch, reducer(s, m), before one partial per (token, node) goes back):
 //   kSlotMeta    s -> reducer(s, m), m remote: T hit(m) top_k 8 bytes (MPI all-to-all-v of (local rank, weight))
-//   kToReducer   expert rank e -> reducer rho on its node: the rows of the remote sources rho serves, after e's
-//                kSlotMeta messages (sent and received: the runtime waits for the whole all-to-all-v)
+//   kToReducer   expert rank e -> reducer rho on its node: the rows of the remote sources rho serves, at once
+//                (overlapping kSlotMeta)
 //   then a HALO all-to-all-v (halo_all_to_all_v) of partials T hit(m) row_bytes to each served source, and of
-//   the raw rows of same-node sources, after the sender's kToReducer messages: a block between nodes of at least
+//   the raw rows of same-node sources, after the sender's kSlotMeta and kToReducer messages (sent and received:
+//   the runtime waits for both all-to-all-v's before it reduces): a block between nodes of at least
 //   direct_pair_bytes goes straight (kRemoteDirect); smaller ones are batched: kDirect / kGather, kBatch, kScatter.
 // Not modelled: the small count all-gathers before each exchange (metadata; latency only).
 // Messages with no bytes are left out (the engine counts only non-empty messages, HaloExchangeStats).
