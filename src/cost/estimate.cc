@@ -248,18 +248,21 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     const double tokens = T / s.tp;
     const double k = table_.top_k;
     if (s.a2a == "halo") {
-      int cap = 0;
-      const int groups = model_.moe.num_groups, top_groups = model_.moe.topk_groups;
-      if (groups > 1 && g.ep.nodes > 1) {
-        if (g.ep.nodes % groups == 0)
-          cap = top_groups * (g.ep.nodes / groups);
-        else if (groups % g.ep.nodes == 0)
-          cap = std::min(g.ep.nodes, top_groups);
+      // The runtime's HALO messages (halo_traffic.h, the simulator's flows): the forward dispatch in
+      // dispatch_bytes_per_token (fp8 under DeepSeek-V3's recipe), the combine's backward (a dispatch) in the wire
+      // dtype, and two combines (forward, and the dispatch's backward).
+      const HaloGroupShape halo_shape = net_.halo_shape(g.ep);
+      const HaloLinkModel link = net_.halo_link(g.ep);
+      const HaloRouting routing{static_cast<int>(table_.num_experts), static_cast<int>(table_.top_k), std::max(1, model_.moe.num_groups),
+                                std::max(1, model_.moe.topk_groups)};
+      double halo_s = 0;
+      for (double tb : {dispatch_bytes_per_token(), combine_bytes_per_token()}) {
+        PIPER_ASSIGN_OR_RETURN(HaloTraffic d, halo_dispatch_traffic(halo_shape, routing, tokens, tb));
+        halo_s += halo_traffic_time_s(halo_shape, d, link);
       }
-      // The forward dispatch in dispatch_bytes_per_token (fp8 under DeepSeek-V3's recipe), the forward combine
-      // and both backward all-to-alls in the wire dtype.
-      ep_layer_s = net_.all_to_all_halo_s(tokens, dispatch_bytes_per_token(), k, g.ep, cap) +
-                   3 * net_.all_to_all_halo_s(tokens, combine_bytes_per_token(), k, g.ep, cap);
+      PIPER_ASSIGN_OR_RETURN(HaloTraffic c, halo_combine_traffic(halo_shape, routing, tokens, combine_bytes_per_token(),
+                                                                 kHaloDirectPairBytes));
+      ep_layer_s = halo_s + 2 * halo_traffic_time_s(halo_shape, c, link);
     } else {
       ep_layer_s = net_.all_to_all_flat_s(tokens * k * dispatch_bytes_per_token(), g.ep) +
                    3 * net_.all_to_all_flat_s(tokens * k * combine_bytes_per_token(), g.ep);

@@ -122,7 +122,6 @@ class CostModel {
   DeviceModel device_;
   DeviceModel device_hp_;  // the parameters' dtype (bf16), for the parts that never run in fp8
   double flops_per_token_ = 0;
-  int max_nodes_per_token_ = 0;  // node-limited routing cap for HALO (0 = none)
 };
 
 }  // namespace piper::cost

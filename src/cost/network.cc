@@ -27,18 +27,6 @@ A2aTraffic flat_a2a_traffic_per_token(double token_bytes, double top_k, const Gr
   return t;
 }
 
-A2aTraffic halo_a2a_traffic_per_token(double token_bytes, double top_k, const GroupLayout& g, int max_nodes) {
-  if (g.nodes <= 1) return flat_a2a_traffic_per_token(token_bytes, top_k, g);
-  A2aTraffic t;
-  const double n = g.nodes, c = g.per_node;
-  const double remote_nodes = expected_distinct_nodes(g.nodes, top_k, max_nodes) * (n - 1) / n;
-  t.inter_node = token_bytes * remote_nodes;
-  // Phase I: a remote-bound copy moves to the rail peer unless this rank is it; phase III: every (token,
-  // expert) pair reaches its GPU inside the destination node.
-  t.intra_node = token_bytes * remote_nodes * (c - 1) / c + token_bytes * top_k * (c - 1) / c;
-  return t;
-}
-
 Network::Network(const ClusterSpec& cluster) {
   const NodeSpec& node = cluster.node;
   devices_per_node_ = std::max(1, node.devices_per_node);
@@ -81,6 +69,7 @@ Network::Network(const ClusterSpec& cluster) {
   }
   nic_bw_per_device_ = share;
   nic_latency_s_ = node.nic_latency_s;
+  nics_per_node_ = num_nics;
   inter_group_taper_ = std::max(1.0, cluster.fabric.inter_group_taper);
   inter_group_latency_s_ = cluster.fabric.inter_group_latency_s;
 }
@@ -161,18 +150,22 @@ double Network::all_to_all_flat_s(double bytes_per_rank, const GroupLayout& g) c
   return (n - 1) * step_latency(g) + std::max(t_remote, t_local);
 }
 
-double Network::all_to_all_halo_s(double tokens_per_rank, double token_bytes, double top_k, const GroupLayout& g,
-                                  int max_nodes) const {
-  if (g.size <= 1 || tokens_per_rank <= 0) return 0;
-  if (g.nodes <= 1) return all_to_all_flat_s(tokens_per_rank * top_k * token_bytes, g);
-  const double n = g.nodes, c = g.per_node;
-  const double remote_nodes = expected_distinct_nodes(g.nodes, top_k, max_nodes) * (n - 1) / n;
-  double nic = g.crosses_groups ? nic_bw_per_device_ / inter_group_taper_ : nic_bw_per_device_;
-  const double phase2 = tokens_per_rank * token_bytes * remote_nodes / nic + (n - 1) * cross_latency(g);
-  const double phase1 = tokens_per_rank * token_bytes * remote_nodes * (c - 1) / c / intra_bw_ +
-                        (c - 1) * intra_latency_s_;
-  const double phase3 = tokens_per_rank * token_bytes * top_k * (c - 1) / c / intra_bw_ + (c - 1) * intra_latency_s_;
-  return std::max(phase1, phase2) + phase3;
+HaloGroupShape Network::halo_shape(const GroupLayout& g) const {
+  HaloGroupShape h;
+  h.nodes = std::max(1, g.nodes);
+  h.ranks_per_node = std::max(1, g.per_node);
+  h.lanes = nics_per_node_ > 0 && h.ranks_per_node % nics_per_node_ == 0 ? nics_per_node_ : 1;
+  return h;
+}
+
+HaloLinkModel Network::halo_link(const GroupLayout& g) const {
+  const HaloGroupShape h = halo_shape(g);
+  HaloLinkModel link;
+  link.intra_bw = intra_bw_;
+  link.intra_alpha_s = intra_latency_s_;
+  link.lane_bw = cross_bw(g) / h.lanes;  // per_node NIC shares, split over the lanes
+  link.inter_alpha_s = cross_latency(g);
+  return link;
 }
 
 double Network::m2n_s(double bytes_per_sender, int senders, int receivers) const {

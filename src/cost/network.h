@@ -15,14 +15,14 @@
 //   reduce-scatter      (n-1)/n * S / bw + (n-1) * alpha            (S = the full, unsharded buffer)
 //   all-gather          same as reduce-scatter                      (S = the gathered size)
 //   flat all-to-all     (n-1) * alpha + max(remote / nic, local / intra)  per-rank payload split evenly
-//   HALO all-to-all     max(phase I, phase II) + phase III: phase I gathers remote-bound tokens on the rail
-//                       peer inside the node, phase II sends one copy per (token, destination node) over the
-//                       NICs in one batched message per node pair, phase III scatters to the expert GPUs
+//   HALO all-to-all     the runtime's messages (halo_traffic.h, shared with the simulator) priced by
+//                       halo_traffic_time_s with halo_link(): phase I overlapped with phases II + III
 //   M2N                 senders -> receivers over NICs: receivers * alpha + max(send side, receive side)
 //   P2P                 alpha + S / bw of the level crossed
 // All functions are pure and allocation-free; thread-safe after construction.
 #pragma once
 
+#include "piper/cost/halo_traffic.h"
 #include "piper/spec/cluster_spec.h"
 
 namespace piper::cost {
@@ -40,15 +40,13 @@ enum class AllReduceAlgo { kAuto, kRing, kTree };
 // N * (1 - (1 - 1/N)^k); capped by node-limited routing (max_nodes > 0, DeepSeek-V3 routes to <= 4 nodes).
 double expected_distinct_nodes(int nodes, double top_k, int max_nodes = 0);
 
-// Bytes one token moves in a dispatch (the combine moves the same back), at each level.
+// Bytes one token moves in a flat dispatch (the combine moves the same back), at each level: every (token,
+// expert) pair is its own message; a fraction (N-1)/N of them leaves the node.
 struct A2aTraffic {
   double inter_node = 0;  // over the NICs
   double intra_node = 0;  // over the device links
 };
-// Flat: every (token, expert) pair is its own message; a fraction (N-1)/N of them leaves the node.
 A2aTraffic flat_a2a_traffic_per_token(double token_bytes, double top_k, const GroupLayout& g);
-// HALO: one copy per distinct remote node (node-level dedup), intra-node gather before and scatter after.
-A2aTraffic halo_a2a_traffic_per_token(double token_bytes, double top_k, const GroupLayout& g, int max_nodes = 0);
 
 class Network {
  public:
@@ -72,8 +70,10 @@ class Network {
   double all_gather_s(double bytes, const GroupLayout& g) const;
   // bytes_per_rank: what one rank sends in total (tokens * k * token bytes for a dispatch).
   double all_to_all_flat_s(double bytes_per_rank, const GroupLayout& g) const;
-  double all_to_all_halo_s(double tokens_per_rank, double token_bytes, double top_k, const GroupLayout& g,
-                           int max_nodes = 0) const;
+  // HALO (halo_traffic.h): the group's shape (lanes = NICs per node when they divide g.per_node, else 1, as the
+  // simulator picks them) and the alpha-beta links its messages cross (a lane's NIC: W members' NIC shares).
+  HaloGroupShape halo_shape(const GroupLayout& g) const;
+  HaloLinkModel halo_link(const GroupLayout& g) const;
   double m2n_s(double bytes_per_sender, int senders, int receivers) const;
   double p2p_s(double bytes, bool cross_node) const;
 
@@ -93,6 +93,7 @@ class Network {
   double nic_latency_s_ = 0;
   double inter_group_taper_ = 1;
   double inter_group_latency_s_ = 0;
+  int nics_per_node_ = 0;
 };
 
 }  // namespace piper::cost

@@ -273,66 +273,28 @@ Result<HaloLayout> HaloLayout::of_group(const Network& net, const std::vector<in
   return layout;
 }
 
-Result<CollectiveFlows> add_all_to_all_halo(const Network& net, FlowSim* sim, const std::vector<int>& devices,
-                                            int lanes, const std::vector<std::vector<double>>& bytes_matrix,
-                                            const CollectiveStart& start) {
-  PIPER_ASSIGN_OR_RETURN(HaloLayout t, HaloLayout::of_group(net, devices, lanes));
-  PIPER_RETURN_IF_ERROR(check_matrix(bytes_matrix, devices.size(), devices.size(), "HALO all-to-all"));
-  const int k = t.ranks_per_node, nodes = static_cast<int>(devices.size()) / k, w = t.lane_width();
-  auto rank = [&](int node, int local) { return node * k + local; };
-  auto send = [&](int src, int dst, double bytes, std::vector<int> after, std::vector<int>* phase) -> Result<int> {
-    if (after.empty()) after = start.after;
-    PIPER_ASSIGN_OR_RETURN(int id, add_routed(net, sim, devices[src], devices[dst], bytes, start.release_s, after));
-    phase->push_back(id);
-    return id;
-  };
+Result<CollectiveFlows> add_halo_traffic(const Network& net, FlowSim* sim, const std::vector<int>& devices,
+                                         const cost::HaloTraffic& traffic, const CollectiveStart& start) {
+  PIPER_RETURN_IF_ERROR(HaloLayout::of_group(net, devices, 1).status());
+  const int size = static_cast<int>(devices.size());
   CollectiveFlows out;
   out.phases.assign(3, {});
-  // Phase I: same-node blocks directly, and each rank's piece for node m to its lane's send proxy for m.
-  // gathers[n][m][l]: gather flows into the send proxy of (n -> m, lane l).
-  std::vector<std::vector<std::vector<std::vector<int>>>> gathers(
-      nodes, std::vector<std::vector<std::vector<int>>>(nodes, std::vector<std::vector<int>>(t.lanes)));
-  for (int n = 0; n < nodes; ++n) {
-    for (int g = 0; g < k; ++g) {
-      for (int h = 0; h < k; ++h) {
-        const double b = bytes_matrix[rank(n, g)][rank(n, h)];
-        if (g != h && b > 0) PIPER_RETURN_IF_ERROR(send(rank(n, g), rank(n, h), b, {}, &out.phases[0]).status());
-      }
-      for (int m = 0; m < nodes; ++m) {
-        const int proxy = t.send_proxy(n, m, t.lane_of(g));
-        double piece = 0;
-        for (int h = 0; h < k; ++h) piece += bytes_matrix[rank(n, g)][rank(m, h)];
-        if (m == n || proxy == g || piece == 0) continue;
-        PIPER_ASSIGN_OR_RETURN(int id, send(rank(n, g), rank(n, proxy), piece, {}, &out.phases[0]));
-        gathers[n][m][t.lane_of(g)].push_back(id);
-      }
+  std::vector<int> ids;  // flow of each message
+  ids.reserve(traffic.messages.size());
+  for (const cost::HaloMessage& m : traffic.messages) {
+    if (m.src < 0 || m.dst < 0 || m.src >= size || m.dst >= size) {
+      return invalid_argument("HALO traffic: a message between ranks " + std::to_string(m.src) + " and " +
+                              std::to_string(m.dst) + " is outside the group of " + std::to_string(size));
     }
+    std::vector<int> after;
+    for (int a : m.after) after.push_back(ids.at(static_cast<size_t>(a)));
+    if (after.empty()) after = start.after;
+    PIPER_ASSIGN_OR_RETURN(int id, add_routed(net, sim, devices[m.src], devices[m.dst], m.bytes, start.release_s, after));
+    ids.push_back(id);
+    const int phase = m.step == cost::HaloStep::kBatch ? 1 : m.step == cost::HaloStep::kScatter ? 2 : 0;
+    out.phases[static_cast<size_t>(phase)].push_back(id);
+    out.flows.push_back(id);
   }
-  // Phase II: one batch per (node n -> node m, lane), once its gather is complete; phase III: the receive proxy
-  // scatters the batch to the other ranks of node m once it has arrived.
-  for (int n = 0; n < nodes; ++n) {
-    for (int m = 0; m < nodes; ++m) {
-      if (m == n) continue;
-      for (int l = 0; l < t.lanes; ++l) {
-        const int rproxy = t.recv_proxy(n, m, l);
-        double batch = 0;
-        std::vector<double> part(k, 0.0);  // bytes of this batch for each local rank h of node m
-        for (int g = l * w; g < (l + 1) * w; ++g) {
-          for (int h = 0; h < k; ++h) part[h] += bytes_matrix[rank(n, g)][rank(m, h)];
-        }
-        for (double b : part) batch += b;
-        if (batch == 0) continue;
-        PIPER_ASSIGN_OR_RETURN(
-            int id, send(rank(n, t.send_proxy(n, m, l)), rank(m, rproxy), batch, gathers[n][m][l], &out.phases[1]));
-        for (int h = 0; h < k; ++h) {
-          if (h != rproxy && part[h] > 0) {
-            PIPER_RETURN_IF_ERROR(send(rank(m, rproxy), rank(m, h), part[h], {id}, &out.phases[2]).status());
-          }
-        }
-      }
-    }
-  }
-  for (const auto& phase : out.phases) out.flows.insert(out.flows.end(), phase.begin(), phase.end());
   return out;
 }
 

@@ -13,12 +13,13 @@
 //     as kMaxRingStages stages of g = ceil((n-1) / kMaxRingStages) consecutive steps (g * bytes/n and g * alpha
 //     per flow): the same time on constant-rate links, ~16x fewer flow events for n = 1,024.
 //   all_to_all_flat: every rank sends bytes_matrix[i][j] to every other rank j at once (pairwise, one flow each).
-//   all_to_all_halo: the hierarchical all-to-all of the runtime (comm/algorithms/halo_engine.h), for a group
-//     laid out node-major (ranks n*k .. n*k+k-1 on one node) split into `lanes` lanes per node (lanes = NICs per
-//     node; lanes = k is rail-aligned). Phase I: same-node blocks go directly, and each rank sends its piece for
-//     remote node m to its lane's send proxy for m (gather). Phase II: each send proxy sends one batch to the
-//     receive proxy on m once its gather is complete. Phase III: the receive proxy sends each other rank of m
-//     its part of the batch once the batch has arrived. Proxies follow HaloLayout (= comm::NodeTopology).
+//   halo_traffic: the messages of the runtime's hierarchical all-to-all (comm/algorithms/halo_engine.h) as the
+//     one HALO model computes them (cost/halo_traffic.h: MoE dispatch and combine with node deduplication, or a
+//     plain all-to-all-v), for a group laid out node-major (ranks n*k .. n*k+k-1 on one node). Phase I: same-node
+//     blocks go directly, and each rank sends its piece for remote node m to its lane's send proxy for m (gather).
+//     Phase II: each send proxy sends one batch to the receive proxy on m once its gather is complete. Phase III:
+//     the receive proxy sends each other rank of m its part of the batch once the batch has arrived. Proxies
+//     follow HaloLayout (= comm::NodeTopology).
 //   tree_all_reduce: a binary tree over the group order (parent of i is (i-1)/2, root devices[0]), the buffer cut
 //     into `chunks` pieces that are pipelined: a rank sends chunk j up once chunk j arrived from all its children
 //     (and after its chunk j-1); the root sends chunk j down once it has all of it, every rank forwards it down
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "piper/base/status.h"
+#include "piper/cost/halo_traffic.h"
 #include "piper/sim/flow_sim.h"
 #include "piper/sim/network.h"
 
@@ -81,9 +83,13 @@ struct HaloLayout {
   // Checks that `devices` is node-major with the same count k per node and that lanes divides k.
   static Result<HaloLayout> of_group(const Network& net, const std::vector<int>& devices, int lanes);
 };
-Result<CollectiveFlows> add_all_to_all_halo(const Network& net, FlowSim* sim, const std::vector<int>& devices,
-                                            int lanes, const std::vector<std::vector<double>>& bytes_matrix,
-                                            const CollectiveStart& start = {});
+// The messages of a HALO traffic model (cost/halo_traffic.h: the runtime's MoE dispatch or combine, in
+// expectation over the routing) as flows, one per message: message rank i runs on devices[i] (node-major, as
+// HaloLayout::of_group checks), a flow waits for the flows of its message's `after` list, and a message with none
+// waits for start.after. phases: [0] phase I and the combine's steps before its exchange (direct, gather,
+// remote_direct, slot_meta, to_reducer), [1] batches, [2] scatters.
+Result<CollectiveFlows> add_halo_traffic(const Network& net, FlowSim* sim, const std::vector<int>& devices,
+                                         const cost::HaloTraffic& traffic, const CollectiveStart& start = {});
 Result<CollectiveFlows> add_m2n(const Network& net, FlowSim* sim, const std::vector<int>& senders,
                                 const std::vector<int>& receivers, const std::vector<std::vector<double>>& bytes_matrix,
                                 const CollectiveStart& start = {});

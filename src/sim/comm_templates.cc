@@ -214,13 +214,8 @@ Result<std::vector<std::vector<int>>> CommTemplates::add_instance(FlowSim* scrat
       break;
     }
     case ir::NodeKind::kAllToAll:
-      if (algorithm == "halo") {
-        int nodes = net_->node_of(devices.back()) - net_->node_of(devices.front()) + 1;
-        int per_node = n / std::max(1, nodes);
-        int nics = 0;
-        for (int d = 0; d < net_->devices_per_node(); ++d) nics = std::max(nics, net_->nic_of(d) + 1);
-        int lanes = nics > 0 && per_node % nics == 0 ? nics : 1;
-        PIPER_RETURN_IF_ERROR(keep(add_all_to_all_halo(*net_, scratch, devices, lanes, uniform_all_to_all(n, 1.0))));
+      if (algorithm.rfind("halo", 0) == 0) {
+        PIPER_RETURN_IF_ERROR(keep(add_halo_instance(scratch, algorithm, devices)));
       } else {
         PIPER_RETURN_IF_ERROR(keep(add_all_to_all_flat(*net_, scratch, devices, uniform_all_to_all(n, 1.0))));
       }
@@ -229,6 +224,48 @@ Result<std::vector<std::vector<int>>> CommTemplates::add_instance(FlowSim* scrat
       return invalid_argument(std::string("collective kind ") + ir::to_string(kind) + " is not simulated");
   }
   return out;
+}
+
+Result<std::string> halo_template_key(const HaloSimModel& model, const compile::Instruction& in) {
+  const bool fwd = in.pass == ir::Pass::kF;
+  if (in.role != compile::CommRole::kEpDispatch && in.role != compile::CommRole::kEpCombine) {
+    return invalid_argument("'" + in.label + "': a HALO all_to_all must be an ep dispatch or combine");
+  }
+  if (model.routing.top_k < 1 || model.token_bytes <= 0) {
+    return invalid_argument("'" + in.label + "': a2a=halo needs the model's MoE routing (SimOptions::halo; "
+                            "simulate() fills it from the model)");
+  }
+  const bool dispatch = (in.role == compile::CommRole::kEpDispatch) == fwd;
+  const double tb = in.role == compile::CommRole::kEpDispatch && fwd ? model.dispatch_token_bytes : model.token_bytes;
+  return std::string(dispatch ? "halo:dispatch:" : "halo:combine:") + std::to_string(tb) + ":" +
+         std::to_string(in.comm_bytes);
+}
+
+Result<CollectiveFlows> CommTemplates::add_halo_instance(FlowSim* scratch, const std::string& key,
+                                                         const std::vector<int>& devices) const {
+  // key = halo:<shape>:<token bytes>:<payload> (halo_template_key).
+  const size_t a = key.find(':'), b = key.find(':', a + 1), c = key.find(':', b + 1);
+  if (a == std::string::npos || b == std::string::npos || c == std::string::npos) {
+    return invalid_argument("HALO template key '" + key + "' is not halo:<shape>:<token bytes>:<payload>");
+  }
+  const std::string shape = key.substr(a + 1, b - a - 1);
+  const double token_bytes = std::stod(key.substr(b + 1, c - b - 1)), payload = std::stod(key.substr(c + 1));
+  const int n = static_cast<int>(devices.size());
+  const int nodes = net_->node_of(devices.back()) - net_->node_of(devices.front()) + 1;
+  const int per_node = n / std::max(1, nodes);
+  int nics = 0;
+  for (int d = 0; d < net_->devices_per_node(); ++d) nics = std::max(nics, net_->nic_of(d) + 1);
+  const cost::HaloGroupShape g{nodes, per_node, nics > 0 && per_node % nics == 0 ? nics : 1};
+  const int k = halo_.routing.top_k;
+  if (payload <= 0 || token_bytes <= 0 || k < 1) return CollectiveFlows{};
+  // The payload is the flat volume, tokens x top_k x token bytes per rank; flows are per unit payload.
+  const double tokens = payload / (k * token_bytes);
+  Result<cost::HaloTraffic> traffic =
+      shape == "dispatch" ? cost::halo_dispatch_traffic(g, halo_.routing, tokens, token_bytes)
+                          : cost::halo_combine_traffic(g, halo_.routing, tokens, token_bytes, halo_.direct_pair_bytes);
+  PIPER_RETURN_IF_ERROR(traffic.status());
+  for (cost::HaloMessage& m : traffic->messages) m.bytes /= payload;
+  return add_halo_traffic(*net_, scratch, devices, *traffic);
 }
 
 Result<const FlowTemplate*> CommTemplates::collective(int rank, ir::NodeKind kind, const std::string& axis,

@@ -9,7 +9,11 @@
 // channels (NCCL's rings, one per NIC rail: channel j rotates each node's members by j so its node-crossing hop
 // uses another NIC) carrying 1/c of the buffer each, which is the closed form's min(intra, c * NIC) bandwidth;
 // all_to_all flat (uniform: every rank sends bytes / n to every rank)
-// or HALO (algorithm "halo", one lane per NIC of a node when that divides the group's ranks per node).
+// or HALO: the messages of the runtime's HALO MoE dispatch or combine (cost/halo_traffic.h, one lane per NIC of a
+// node when that divides the group's ranks per node), from the plan's routing (HaloSimModel). A HALO all_to_all's
+// template key is halo_template_key(): its shape (dispatch or combine), token bytes and payload, because the
+// deduplicated volume is not proportional to the payload alone (the multiplicity lists and slot metadata are
+// per token) and the direct-send threshold compares absolute block sizes.
 //
 // Two modes:
 //  - full: the template of one group instance (or one send/recv pair) with its exact flows; the caller starts it
@@ -36,10 +40,26 @@
 
 #include "piper/base/status.h"
 #include "piper/compile/plan.h"
+#include "piper/cost/halo_traffic.h"
+#include "piper/sim/collectives.h"
 #include "piper/sim/fluid.h"
 #include "piper/sim/network.h"
 
 namespace piper::sim {
+
+// What the simulator needs of the MoE routing to build HALO templates. routing.top_k = 0: unknown (a HALO
+// all_to_all is then an error naming SimOptions::halo).
+struct HaloSimModel {
+  cost::HaloRouting routing{0, 0, 1, 1};
+  double dispatch_token_bytes = 0;  // the forward dispatch's wire bytes per token (fp8 under DeepSeek's recipe)
+  double token_bytes = 0;           // every other ep all-to-all's
+  double direct_pair_bytes = cost::kHaloDirectPairBytes;  // the combine's final all-to-all-v
+};
+
+// The template key of a HALO all_to_all instruction: "halo:dispatch:<token bytes>:<payload>" when the traffic is
+// dispatch-shaped (forward dispatch, and the combine's backward: the runtime runs halo_dispatch for both), else
+// "halo:combine:...". Errors: a HALO all_to_all without an ep dispatch/combine role, or with no routing model.
+Result<std::string> halo_template_key(const HaloSimModel& model, const compile::Instruction& in);
 
 class CommTemplates {
  public:
@@ -60,6 +80,8 @@ class CommTemplates {
   Result<const FlowTemplate*> m2n(int src_rank, int dst_pp);
 
   int num_templates() const { return static_cast<int>(cache_.size()); }
+  // The routing behind HALO templates (algorithm = halo_template_key(...)).
+  void set_halo_model(const HaloSimModel& model) { halo_ = model; }
   // Representative templates of collectives (reduced mode): the pipeline slices of a plan run the same groups on
   // whole nodes, so pipeline rank pp's template is pipeline rank p0's with every link moved by (pp - p0) x the
   // slice's nodes, when that move keeps every link's kind, bandwidth and latency and the fabric groups and scale-up
@@ -74,6 +96,8 @@ class CommTemplates {
   // Adds one group instance's flows (unit payload) to `scratch`; returns their ids per ring channel.
   Result<std::vector<std::vector<int>>> add_instance(FlowSim* scratch, ir::NodeKind kind, const std::string& algorithm,
                                         const std::vector<int>& ranks) const;
+  // The flows of one HALO group instance for a halo_template_key (per unit payload).
+  Result<CollectiveFlows> add_halo_instance(FlowSim* scratch, const std::string& key, const std::vector<int>& devices) const;
   std::vector<std::vector<int>> ring_channels(const std::vector<int>& ranks) const;
   int slice_size() const { return plan_->mesh.dp * plan_->mesh.tp; }
   // `base` with every link moved by node_offset nodes; nullptr when a moved link does not exist or differs.
@@ -85,6 +109,7 @@ class CommTemplates {
   const compile::Plan* plan_;
   bool reduced_;
   std::map<std::tuple<int, std::string, std::string, int>, std::unique_ptr<FlowTemplate>> cache_;
+  HaloSimModel halo_;
   bool reuse_slices_ = true;
   int translated_ = 0;
   std::map<std::tuple<int, std::string, std::string>, int> built_pp_;  // the pipeline rank a shape was built for

@@ -309,7 +309,13 @@ Status Executor::arrive_collective(int ri, int s, const Instruction& in) {
   colls_.erase(key);
   const FlowTemplate* tmpl = nullptr;
   if (!options_.zero_comm && members.size() > 1) {
-    auto t = templates_.collective(r.rank, in.comm, in.group, in.algorithm);
+    std::string algorithm = in.algorithm;
+    if (in.comm == ir::NodeKind::kAllToAll && algorithm == "halo") {
+      auto halo_key = halo_template_key(options_.halo, in);
+      if (!halo_key.ok()) return halo_key.status().with_context("rank " + std::to_string(r.rank));
+      algorithm = *halo_key;
+    }
+    auto t = templates_.collective(r.rank, in.comm, in.group, algorithm);
     if (!t.ok()) return t.status().with_context("rank " + std::to_string(r.rank) + " instruction '" + in.label + "'");
     tmpl = *t;
   }
@@ -493,6 +499,7 @@ Result<SimResult> simulate_plan(const compile::Plan& plan, const Network& net,
   }
   PIPER_ASSIGN_OR_RETURN(CommTemplates templates, CommTemplates::create(net, plan, !options.full));
   templates.set_reuse_slices(options.reuse_slice_templates);
+  templates.set_halo_model(options.halo);
   std::vector<TemplateInfo> infos;
   for (size_t t = 0; t < plan.templates.size(); ++t) {
     PIPER_ASSIGN_OR_RETURN(TemplateInfo info, prepare(plan.templates[t], static_cast<int>(t), task_time));

@@ -32,6 +32,7 @@
 #include "piper/base/status.h"
 #include "piper/compile/plan.h"
 #include "piper/compile/timeline.h"
+#include "piper/sim/comm_templates.h"
 #include "piper/sim/network.h"
 #include "piper/sim/task_time.h"
 
@@ -64,6 +65,9 @@ struct SimOptions {
   // it from every group instance of the slice (CommTemplates::set_reuse_slices; same templates, so the same step
   // times). false: the former path, for tests and bench/sim's baseline.
   bool reuse_slice_templates = true;
+  // The MoE routing behind a2a=halo templates (comm_templates.h); simulate() and simulate_compiled() fill it from
+  // the model and train spec (halo_sim_model in simulate.h). A plan with a HALO all_to_all needs it.
+  HaloSimModel halo;
 };
 
 using compile::InstrSpan;     // compile/timeline.h: the measured timeline's type too

@@ -38,6 +38,16 @@ void summarise(SimReport& rep, const cost::CostModel& cm, const ClusterSpec& clu
 
 }  // namespace
 
+HaloSimModel halo_sim_model(const ModelSpec& model, const TrainSpec& train) {
+  HaloSimModel h;
+  if (!model.is_moe()) return h;
+  h.routing = cost::HaloRouting{model.moe.num_experts, model.moe.top_k, std::max(1, model.moe.num_groups),
+                                std::max(1, model.moe.topk_groups)};
+  h.dispatch_token_bytes = static_cast<double>(model.hidden_size) * train.dispatch_bytes();
+  h.token_bytes = static_cast<double>(model.hidden_size) * train.comm_bytes();
+  return h;
+}
+
 Result<SimReport> simulate_compiled(compile::CompileResult compiled, const ModelSpec& model,
                                     const ClusterSpec& cluster, const TrainSpec& train_in, const Strategy& strategy,
                                     const cost::Calibration& calibration, const SimOptions& options) {
@@ -48,8 +58,10 @@ Result<SimReport> simulate_compiled(compile::CompileResult compiled, const Model
   PIPER_ASSIGN_OR_RETURN(Network net, Network::build(cluster));
   SimReport rep;
   rep.compiled = std::move(compiled);
+  SimOptions run = options;
+  if (run.halo.routing.top_k < 1) run.halo = halo_sim_model(model, train);
   auto t0 = std::chrono::steady_clock::now();
-  PIPER_ASSIGN_OR_RETURN(rep.sim, simulate_plan(rep.compiled.plan, net, task_time, options));
+  PIPER_ASSIGN_OR_RETURN(rep.sim, simulate_plan(rep.compiled.plan, net, task_time, run));
   rep.simulate_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   summarise(rep, cm, cluster, train, strategy, options.plan_hash);
   return rep;

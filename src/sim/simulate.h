@@ -48,6 +48,10 @@ struct SimReport {
   Json to_json() const;
 };
 
+// The routing behind a2a=halo flows (SimOptions::halo): the model's experts, top-k and group-limited routing, and
+// the wire bytes per token of the forward dispatch and of the other ep all-to-alls.
+HaloSimModel halo_sim_model(const ModelSpec& model, const TrainSpec& train);
+
 // `train.micro_batch_size` is taken from the strategy (mbs); train.global_batch 0 means dp * microbatches * mbs.
 // Compiles the strategy for compile::megatron_target() with this cluster's cost annotations, then
 // simulate_compiled().

@@ -32,28 +32,26 @@ TEST(NetworkTest, ExpectedDistinctNodes) {
   EXPECT_DOUBLE_EQ(expected_distinct_nodes(8, 8, 4), 4.0);  // DeepSeek-V3 node-limited routing: <= 4 nodes
 }
 
-// HALO vs flat traffic per token (moe_comm_and_balance.md §1): flat sends every (token, expert) pair on its
-// own, so k (N-1)/N copies leave the node; HALO sends one per distinct remote node, (N-1)(1 - (1-1/N)^k):
-// -34 % at N = 8, k = 8.
+// HALO vs flat on the NICs: flat sends every (token, expert) pair on its own, so k (N-1)/N copies leave the node;
+// HALO (halo_traffic.h) sends one per distinct remote node, (N-1)(1 - C(E - E/N, k)/C(E, k)) for uniform routing:
+// 4.63 of 7 at N = 8, k = 8, E = 256 (moe_comm_and_balance.md §1 gives the with-replacement 5.25 - 5.25/8).
 TEST(NetworkTest, HaloVsFlatTraffic) {
   Network net(dgx_like(8));
   GroupLayout ep64 = net.layout(64, 1);
   ASSERT_EQ(ep64.nodes, 8);
   ASSERT_EQ(ep64.per_node, 8);
-  const double token = 7168 * 2;
+  const double token = 7168 * 2, tokens = 4096;
   A2aTraffic flat = flat_a2a_traffic_per_token(token, 8, ep64);
-  A2aTraffic halo = halo_a2a_traffic_per_token(token, 8, ep64);
   EXPECT_DOUBLE_EQ(flat.inter_node, token * 8 * 7 / 8);
-  EXPECT_NEAR(halo.inter_node, token * 7 * (1 - std::pow(7.0 / 8, 8)), 1e-6);
-  EXPECT_NEAR(halo.inter_node / flat.inter_node, 5.25 / 8, 0.001);
-  // Node-limited routing caps it further: at most 4 nodes, of which 7/8 are remote on average.
-  EXPECT_DOUBLE_EQ(halo_a2a_traffic_per_token(token, 8, ep64, 4).inter_node, token * 4 * 7 / 8);
-  // Inside one node HALO degenerates to the flat exchange.
-  GroupLayout ep8 = net.layout(8, 1);
-  EXPECT_DOUBLE_EQ(halo_a2a_traffic_per_token(token, 8, ep8).intra_node, flat_a2a_traffic_per_token(token, 8, ep8).intra_node);
+  const HaloGroupShape shape = net.halo_shape(ep64);
+  EXPECT_EQ(shape.lanes, 8);  // one NIC per GPU: rail-aligned proxies
+  HaloTraffic halo = halo_dispatch_traffic(shape, {256, 8}, tokens, token).value();
+  double avoid = 1;
+  for (int i = 0; i < 8; ++i) avoid *= (224.0 - i) / (256 - i);
+  EXPECT_NEAR(halo.bytes_inter / 64 / tokens, 7 * (1 - avoid) * (token + 8), 1e-6 * token);
+  EXPECT_LT(halo.bytes_inter, 64 * tokens * flat.inter_node);
   // And the time follows: HALO beats flat across nodes (the NICs are the bottleneck).
-  const double tokens = 4096;
-  EXPECT_LT(net.all_to_all_halo_s(tokens, token, 8, ep64), net.all_to_all_flat_s(tokens * 8 * token, ep64));
+  EXPECT_LT(halo_traffic_time_s(shape, halo, net.halo_link(ep64)), net.all_to_all_flat_s(tokens * 8 * token, ep64));
 }
 
 TEST(NetworkTest, Layouts) {

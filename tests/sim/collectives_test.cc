@@ -105,6 +105,16 @@ TEST(CollectivesTest, FlatAllToAllByHand) {
   EXPECT_NEAR(time_alone(net, [&](FlowSim* s) { return add_all_to_all_flat(net, s, iota(4), m); }), 0.4, 1e-12);
 }
 
+// The runtime's HALO all-to-all-v (cost/halo_traffic.h append_halo_all_to_all_v, every block batched) as flows.
+Result<CollectiveFlows> halo_all_to_all_v(const Network& net, FlowSim* sim, const std::vector<int>& devices, int lanes,
+                                          const std::vector<std::vector<double>>& m) {
+  PIPER_ASSIGN_OR_RETURN(HaloLayout layout, HaloLayout::of_group(net, devices, lanes));
+  const int k = layout.ranks_per_node;
+  cost::HaloTraffic traffic;
+  cost::append_halo_all_to_all_v({static_cast<int>(devices.size()) / k, k, lanes}, m, 0, {}, &traffic);
+  return add_halo_traffic(net, sim, devices, traffic);
+}
+
 TEST(CollectivesTest, HaloRailAlignedByHand) {
   // Same cluster, lanes = 2 (every rank is its own proxy). Phase I (same node, 1 GB, 0.01 s) runs during
   // phase II: each device sends its 2 GB for the other node to its rail peer; the two batches of a node share its
@@ -113,7 +123,7 @@ TEST(CollectivesTest, HaloRailAlignedByHand) {
   Network net = Network::build(make_cluster(2, 2, 100e9, 1, 10e9)).value();
   FlowSim sim(net.link_bandwidths());
   const auto m = std::vector<std::vector<double>>(4, std::vector<double>(4, 1e9));
-  CollectiveFlows c = add_all_to_all_halo(net, &sim, iota(4), 2, m).value();
+  CollectiveFlows c = halo_all_to_all_v(net, &sim, iota(4), 2, m).value();
   ASSERT_EQ(c.phases.size(), 3u);
   EXPECT_EQ(c.phases[0].size(), 4u);  // 2 nodes x 2 ordered pairs, no gather (own proxy)
   EXPECT_EQ(c.phases[1].size(), 4u);  // each device -> its rail peer
@@ -138,7 +148,7 @@ TEST(CollectivesTest, HaloOneLaneByHand) {
   Network net = Network::build(make_cluster(2, 2, 100e9, 1, 10e9)).value();
   FlowSim sim(net.link_bandwidths());
   const auto m = std::vector<std::vector<double>>(4, std::vector<double>(4, 1e9));
-  CollectiveFlows c = add_all_to_all_halo(net, &sim, iota(4), 1, m).value();
+  CollectiveFlows c = halo_all_to_all_v(net, &sim, iota(4), 1, m).value();
   EXPECT_EQ(c.phases[0].size(), 6u);  // 4 direct + 2 gathers
   ASSERT_EQ(c.phases[1].size(), 2u);  // one batch per ordered node pair
   EXPECT_EQ(c.phases[2].size(), 2u);
@@ -163,7 +173,7 @@ TEST(CollectivesTest, HaloConservesBytesOnUnevenTraffic) {
     }
   }
   FlowSim sim(net.link_bandwidths());
-  CollectiveFlows c = add_all_to_all_halo(net, &sim, iota(12), 2, m).value();
+  CollectiveFlows c = halo_all_to_all_v(net, &sim, iota(12), 2, m).value();
   double batched = 0;
   for (int f : c.phases[1]) batched += sim.flow(f).bytes;
   EXPECT_DOUBLE_EQ(batched, remote);
@@ -173,14 +183,40 @@ TEST(CollectivesTest, HaloConservesBytesOnUnevenTraffic) {
   EXPECT_GT(finish_time_s(t, c), 0);
 }
 
+// The MoE dispatch and combine of the one HALO model (cost/halo_traffic.h) as flows: deduplicated per node, the
+// dispatch crosses the NICs with fewer bytes than the flat all-to-all of the same tokens, and the simulated time
+// agrees with the closed form's alpha-beta time of the same messages (halo_traffic_time_s) within 10 %.
+TEST(CollectivesTest, HaloDispatchAndCombineFollowTheTrafficModel) {
+  for (int lanes : {1, 2}) {
+    Network net = Network::build(make_cluster(2, 2, 100e9, lanes, 10e9 / lanes, 1e-6, 5e-6)).value();
+    const cost::HaloGroupShape g{2, 2, lanes};
+    const cost::HaloRouting r{16, 4};
+    const double tokens = 4096, tb = 16384;
+    const cost::HaloLinkModel link{100e9, 1e-6, 10e9 / lanes, 5e-6};
+    const double flat_s = time_alone(net, [&](FlowSim* s) {
+      return add_all_to_all_flat(net, s, iota(4), uniform_all_to_all(4, tokens * r.top_k * tb));
+    });
+    for (bool dispatch : {true, false}) {
+      const cost::HaloTraffic t = dispatch ? cost::halo_dispatch_traffic(g, r, tokens, tb).value()
+                                           : cost::halo_combine_traffic(g, r, tokens, tb, 64 * 1024).value();
+      FlowSim sim(net.link_bandwidths());
+      CollectiveFlows c = add_halo_traffic(net, &sim, iota(4), t).value();
+      ASSERT_EQ(c.flows.size(), t.messages.size());
+      const double sim_s = finish_time_s(sim.run(), c), model_s = cost::halo_traffic_time_s(g, t, link);
+      EXPECT_NEAR(sim_s, model_s, 0.1 * model_s) << "lanes " << lanes << (dispatch ? " dispatch" : " combine");
+      EXPECT_LT(sim_s, flat_s) << "lanes " << lanes << (dispatch ? " dispatch" : " combine");
+    }
+  }
+}
+
 TEST(CollectivesTest, HaloNeedsANodeMajorGroup) {
   Network net = Network::build(make_cluster(2, 2, 100e9, 1, 10e9)).value();
   FlowSim sim(net.link_bandwidths());
   const auto m3 = std::vector<std::vector<double>>(3, std::vector<double>(3, 1.0));
-  EXPECT_NE(add_all_to_all_halo(net, &sim, {0, 1, 2}, 1, m3).status().message().find("node-major"), std::string::npos);
+  EXPECT_NE(halo_all_to_all_v(net, &sim, {0, 1, 2}, 1, m3).status().message().find("node-major"), std::string::npos);
   const auto m4 = std::vector<std::vector<double>>(4, std::vector<double>(4, 1.0));
-  EXPECT_FALSE(add_all_to_all_halo(net, &sim, {0, 2, 1, 3}, 1, m4).ok());
-  EXPECT_NE(add_all_to_all_halo(net, &sim, iota(4), 3, m4).status().message().find("lanes=3"), std::string::npos);
+  EXPECT_FALSE(halo_all_to_all_v(net, &sim, {0, 2, 1, 3}, 1, m4).ok());
+  EXPECT_NE(halo_all_to_all_v(net, &sim, iota(4), 3, m4).status().message().find("lanes=3"), std::string::npos);
 }
 
 TEST(CollectivesTest, EpAllToAllAndDpAllReduceContendOnTheNic) {

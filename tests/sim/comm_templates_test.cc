@@ -161,12 +161,19 @@ TEST(CommTemplatesTest, TranslatedSliceTemplatesEqualBuiltOnes) {
     CommTemplates moved = CommTemplates::create(net, plan, true).value();
     CommTemplates built = CommTemplates::create(net, plan, true).value();
     built.set_reuse_slices(false);
+    HaloSimModel halo;
+    halo.routing = cost::HaloRouting{16, 2, 1, 1};
+    halo.dispatch_token_bytes = halo.token_bytes = 64;
+    moved.set_halo_model(halo);
+    built.set_halo_model(halo);
     const std::string at = std::to_string(k.nodes) + " nodes, pp=" + std::to_string(k.pp) + " dp=" +
                            std::to_string(k.dp) + " tp=" + std::to_string(k.tp) + " per group " +
                            std::to_string(k.per_group);
     for (auto [kind, axis, algorithm] :
          {std::make_tuple(ir::NodeKind::kAllReduce, "dp", "ring"), std::make_tuple(ir::NodeKind::kAllToAll, "ep", "flat"),
-          std::make_tuple(ir::NodeKind::kAllToAll, "ep", "halo"), std::make_tuple(ir::NodeKind::kReduceScatter, "dp", "ring"),
+          std::make_tuple(ir::NodeKind::kAllToAll, "ep", "halo:dispatch:64:6400"),
+          std::make_tuple(ir::NodeKind::kAllToAll, "ep", "halo:combine:64:6400"),
+          std::make_tuple(ir::NodeKind::kReduceScatter, "dp", "ring"),
           std::make_tuple(ir::NodeKind::kAllGather, "tp", "ring")}) {
       if (std::string(axis) == "tp" && k.tp == 1) continue;
       for (int pp = 0; pp < k.pp; ++pp) {

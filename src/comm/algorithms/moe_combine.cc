@@ -156,7 +156,9 @@ Result<std::vector<float>> halo_combine(HaloContext& context, std::span<const fl
     meta_total += recv_bytes[s] / sizeof(SlotRef);
   }
   meta_recv.resize(meta_total);
-  PIPER_RETURN_IF_ERROR(exchange(comm, meta_send.data(), send_bytes, meta_recv.data(), recv_bytes, timeout_s));
+  // Waited for together with step 3: the rows a reducer receives do not depend on the metadata, so the node-local
+  // shuffle overlaps the metadata's trip across nodes (send_bytes and recv_bytes stay untouched until then).
+  PIPER_ASSIGN_OR_RETURN(Handle meta, comm.all_to_all_v(meta_send.data(), send_bytes, meta_recv.data(), recv_bytes));
 
   // 3. Inside the node: rows of remote sources to their reducer, grouped by reducer then source.
   std::vector<size_t> node_send(gpn, 0), node_recv(gpn, 0);
@@ -179,8 +181,10 @@ Result<std::vector<float>> halo_combine(HaloContext& context, std::span<const fl
     recv_rows_total += node_recv[g] / sizeof(float);
   }
   rows_recv.resize(recv_rows_total);
-  PIPER_RETURN_IF_ERROR(
-      exchange(context.node(), rows_send.data(), node_send, rows_recv.data(), node_recv, timeout_s));
+  PIPER_ASSIGN_OR_RETURN(Handle shuffle,
+                         context.node().all_to_all_v(rows_send.data(), node_send, rows_recv.data(), node_recv));
+  PIPER_RETURN_IF_ERROR(context.node().wait(shuffle, timeout_s));
+  PIPER_RETURN_IF_ERROR(comm.wait(meta, timeout_s));
 
   // 4. Reduce, and 5. send partials and same-node rows back to the sources.
   std::vector<float> back_send;

@@ -13,7 +13,8 @@
 //   1. all-gather of row and token counts (as the dispatch);
 //   2. source -> reducer: per (token, remote node) its top_k (local rank or -1, weight) pairs (8 B a slot);
 //      the reducer of (source s, node m) is the rank that scattered s's tokens in the HALO dispatch;
-//   3. intra-node all-to-all-v: each expert rank sends the rows of remote tokens to their reducer;
+//   3. intra-node all-to-all-v: each expert rank sends the rows of remote tokens to their reducer (posted
+//      before step 2 is waited for: the two overlap);
 //   4. reducer: partial(t, m) = sum over the slots j of t on node m, in slot order, of w_j * row_j;
 //   5. HALO all-to-all-v (batched per node pair and lane): partials, and the raw rows of same-node slots;
 //   6. source: y[t] = sum over slots in slot order, where a same-node slot adds w_j * row_j and the first
