@@ -41,9 +41,9 @@ Result<CompileResult> compile_directives(const ModelSpec& model, const TrainSpec
   timer.done("build");
   ir::ApplyOptions apply;
   apply.verify_each = options.verify_each_pass;
-  apply.defer_order_cycle_checks = true;  // one cycle check per run of order directives (passes.h)
+  apply.defer_order_cycle_checks = options.defer_order_cycle_checks;
   Status s = ir::apply_directives(r.graph, directives, apply);
-  if (!s.ok()) {  // the message of the directive that failed: the passes again, each order checked on its own
+  if (!s.ok() && options.defer_order_cycle_checks) {  // the message of the directive that failed: the passes again, each order checked on its own
     auto again = ir::build_graph(model, train, mesh);
     if (!again.ok()) return again.status().with_context("compile: build");
     r.graph = std::move(again).value();
