@@ -4,12 +4,17 @@
 // the speed-up, the goal (< 60 s for the DeepSeek-V3 plan including verification) and whether the two agree.
 // Then verification and simulator re-scoring of DeepSeek-V2-Lite on 4 H800 nodes with the compile reuse
 // (SearchOptions::reuse_compiles) against without it, in the same run: CPU seconds of each, their ratio, and whether
-// the plans and simulated step times agree.
+// the plans and simulated step times agree. Then the compile of the DeepSeek-V3 plan's #1 (DualPipeV, pp=8) at 32
+// microbatches with one cycle check per run of order directives (CompileOptions::defer_order_cycle_checks, the
+// default) against a check after every order directive (the former path), in the same run: CPU seconds, ratio and
+// whether the two plans are equal.
+// `plan_bench --compile-only` runs only that last comparison.
 #include <chrono>
 #include <ctime>
 #include <cstdio>
 #include <string>
 
+#include "piper/compile/compile.h"
 #include "piper/planner/search.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
@@ -82,13 +87,45 @@ int run_rescore_case(int threads) {
   return agree ? 0 : 1;
 }
 
+int run_compile_case() {
+  auto model = piper::load_model("deepseek-v3");
+  auto s = piper::Strategy::parse(
+      "dp=128,tp=2,pp=8,ep=32,etp=2,zero=1,sp=1,recompute=selective,schedule=dualpipev,microbatches=32,a2a=halo");
+  if (!model.ok() || !s.ok()) return 1;
+  piper::TrainSpec train;
+  train.global_batch = s->global_batch();
+  train.seq_len = 4096;
+  double cpu_s[2];
+  piper::Result<piper::compile::CompileResult> r[2] = {piper::internal_error("not run"),
+                                                      piper::internal_error("not run")};
+  for (int defer = 0; defer < 2; ++defer) {
+    piper::compile::CompileOptions o;
+    o.defer_order_cycle_checks = defer == 1;
+    const std::clock_t c0 = std::clock();
+    r[defer] = piper::compile::compile_strategy(*model, train, *s, o);
+    cpu_s[defer] = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+    if (!r[defer].ok()) {
+      std::fprintf(stderr, "plan_bench: %s\n", r[defer].status().message().c_str());
+      return 1;
+    }
+  }
+  const bool same = r[0]->plan == r[1]->plan;
+  std::printf(
+      "deepseek-v3 #1 plan at 32 microbatches (2,048 ranks): compile with one cycle check per run of orders %.2f s "
+      "CPU, a check per order %.2f s CPU, ratio %.2f; same plan: %s\n",
+      cpu_s[1], cpu_s[0], cpu_s[1] / cpu_s[0], same ? "yes" : "NO");
+  return same ? 0 : 1;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--compile-only") return run_compile_case();
   int rc = 0;
   rc |= run_case("deepseek-v3", "h800", 256, 15360, 4096, 2);
   rc |= run_case("mixtral-8x7b", "dgx-h100", 8, 512, 4096, 2);
   rc |= run_rescore_case(2);
+  rc |= run_compile_case();
   std::printf("goal: the DeepSeek-V3 plan (search + verification of the top 5) under 60 s on 2 cores\n");
   return rc;
 }

@@ -6,7 +6,9 @@
 // default) and with the reference (SimOptions::reference_rates: every flow at each change); the bench prints the
 // CPU-time ratio and the two step times, and a third time with every pipeline slice's collective templates built
 // (SimOptions::reuse_slice_templates = false, the former path) against translated ones (the default): the CPU-time
-// ratio and whether the step times are identical. Not a test: no assertion on time.
+// ratio and whether the step times are identical, and a fourth time with FluidNet testing every flow in flight for
+// completion at each step (SimOptions::due_filter = false, the former scan) against only the flows due (the
+// default): the CPU-time ratio and whether the step times are identical. Not a test: no assertion on time.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -32,7 +34,7 @@ struct Figures {
 };
 
 Figures run(const piper::ModelSpec& model, int nodes, const std::string& text, bool reference = false,
-            bool reuse_slices = true) {
+            bool reuse_slices = true, bool due_filter = true) {
   auto cluster = piper::load_cluster("h800", nodes);
   PIPER_CHECK_OK(cluster.status());
   auto s = piper::Strategy::parse(text);
@@ -58,12 +60,14 @@ Figures run(const piper::ModelSpec& model, int nodes, const std::string& text, b
   piper::sim::SimOptions options;
   options.reference_rates = reference;
   options.reuse_slice_templates = reuse_slices;
+  options.due_filter = due_filter;
   auto r = piper::sim::simulate_plan(compiled->plan, *net, *task_time, options);
   PIPER_CHECK_OK(r.status());
   const double sim_s = seconds_since(t0);
   const double cpu_s = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
-  std::printf("%s on %d ranks (%zu simulated)%s%s\n", text.c_str(), compiled->plan.world_size, r->ranks.size(),
-              reference ? ", reference rates" : "", reuse_slices ? "" : ", every slice's templates built");
+  std::printf("%s on %d ranks (%zu simulated)%s%s%s\n", text.c_str(), compiled->plan.world_size, r->ranks.size(),
+              reference ? ", reference rates" : "", reuse_slices ? "" : ", every slice's templates built",
+              due_filter ? "" : ", every flow tested for completion");
   // Events: instructions executed + flows started (each also ends) + max-min recomputations.
   const double events = static_cast<double>(r->instructions + 2 * r->flows + r->rate_updates);
   std::printf(
@@ -88,11 +92,14 @@ int main(int argc, char** argv) {
   const Figures base = run(*model, 2, "dp=1,pp=16,ep=1,zero=0,schedule=1f1b,microbatches=32");
   const Figures ref = run(*model, 128, big_case, /*reference=*/true);
   const Figures rebuilt = run(*model, 128, big_case, /*reference=*/false, /*reuse_slices=*/false);
+  const Figures scan_all = run(*model, 128, big_case, /*reference=*/false, /*reuse_slices=*/true, /*due_filter=*/false);
   const Figures big = run(*model, 128, big_case);
   std::printf("1,024-rank simulation / 16-rank baseline: %.0fx CPU time\n", big.cpu_s / base.cpu_s);
   std::printf("templates translated between slices / built for every slice (1,024 ranks): %.2fx CPU time; step "
               "times %s\n",
               big.cpu_s / rebuilt.cpu_s, big.step_s == rebuilt.step_s ? "identical" : "DIFFER");
+  std::printf("only due flows tested / every flow tested for completion (1,024 ranks): %.2fx CPU time; step times %s\n",
+              big.cpu_s / scan_all.cpu_s, big.step_s == scan_all.step_s ? "identical" : "DIFFER");
   std::printf("local rates / reference rates (1,024 ranks): %.2fx CPU time; step times differ by %.2g (relative)\n",
               big.cpu_s / ref.cpu_s, std::abs(big.step_s - ref.step_s) / ref.step_s);
   return 0;

@@ -41,7 +41,15 @@ Result<CompileResult> compile_directives(const ModelSpec& model, const TrainSpec
   timer.done("build");
   ir::ApplyOptions apply;
   apply.verify_each = options.verify_each_pass;
+  apply.defer_order_cycle_checks = options.defer_order_cycle_checks;
   Status s = ir::apply_directives(r.graph, directives, apply);
+  if (!s.ok() && options.defer_order_cycle_checks) {  // the message of the directive that failed: the passes again, each order checked on its own
+    auto again = ir::build_graph(model, train, mesh);
+    if (!again.ok()) return again.status().with_context("compile: build");
+    r.graph = std::move(again).value();
+    apply.defer_order_cycle_checks = false;
+    s = ir::apply_directives(r.graph, directives, apply);
+  }
   if (s.ok()) s = check_directives_fill_mesh(r.graph);
   if (!s.ok()) return s.with_context("compile: passes");
   timer.done("passes");

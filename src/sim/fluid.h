@@ -43,7 +43,8 @@ struct FlowTemplate {
 
 class FluidNet {
  public:
-  explicit FluidNet(std::vector<double> link_bw_bytes_per_s, bool local_rates = true);
+  // due_filter = false: advance() tests every flow in flight in full (the reference for the filter, tests only).
+  explicit FluidNet(std::vector<double> link_bw_bytes_per_s, bool local_rates = true, bool due_filter = true);
 
   // Starts a transfer at time `now` (>= the last advance time). `tmpl` must outlive the transfer. `token` is
   // returned by advance() when the transfer completes.
@@ -72,14 +73,17 @@ class FluidNet {
     int transfer = 0;
     int flow = 0;
     double left = 0;                         // bytes, as of the last change of `rate`
-    double rate = 0;                         // bytes/s per member flow (0: not computed yet)
-    double bytes = 0;                        // size
-    double finish = 0;                       // absolute time it completes at `rate`
-    double due = 0;                          // when it passes advance()'s done test at `rate`
     const std::vector<Hop>* hops = nullptr;  // the template flow's
     std::vector<int> member_pos;             // per hop: its index in members_[hop's link]
     bool fresh = true;                       // started since the last rate computation
   };
+  // Per active_ slot, apart from Active so that the scans over every flow in flight read dense arrays:
+  // recompute_rates() the earliest finish_ and due_, advance() due_ (and the done test's fields for the few flows
+  // that can pass it).
+  std::vector<double> rate_;        // bytes/s per member flow (0: not computed yet)
+  std::vector<double> finish_;      // absolute time it completes at its rate
+  std::vector<double> due_;         // when it passes advance()'s done test at its rate
+  std::vector<double> done_bytes_;  // kDoneFraction x its size: advance()'s done test
   struct Member {
     int flow = 0;  // index into active_
     int hop = 0;   // index into the flow's hops
@@ -97,6 +101,7 @@ class FluidNet {
   void apply_rates();  // new_rate_ of component_flows_
   void add_active(int transfer, int flow, double bytes);
   void remove_active(size_t i);
+  void set_slot(size_t i, size_t from);  // copies slot `from`'s per-slot arrays into slot i
   static const std::vector<Hop>& hops_of(const Active& a) { return *a.hops; }
 
   std::vector<double> link_bw_;
@@ -113,6 +118,7 @@ class FluidNet {
   int64_t rate_updates_ = 0;
   int64_t full_rate_updates_ = 0;
   bool local_rates_ = true;
+  bool due_filter_ = true;
   double next_finish_ = std::numeric_limits<double>::infinity();  // earliest finish of an active flow
   double next_due_ = std::numeric_limits<double>::infinity();     // earliest time a flow passes the done test
   std::vector<std::pair<int, int>> finished_;

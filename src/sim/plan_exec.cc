@@ -123,7 +123,7 @@ class Executor {
         options_(options),
         templates_(std::move(templates)),
         infos_(std::move(infos)),
-        fluid_(net.link_bandwidths(), !options.reference_rates) {}
+        fluid_(net.link_bandwidths(), !options.reference_rates, options.due_filter) {}
 
   Result<SimResult> run();
 

@@ -57,6 +57,9 @@ struct SimOptions {
   // of only the flows connected to it through saturated links (fluid.h). Same step times up to rounding; tests
   // and bench/sim compare the two.
   bool reference_rates = false;
+  // false: FluidNet tests every flow in flight for completion at each step instead of only those due (fluid.h's
+  // due_filter; the same simulation, for bench/sim's ratio).
+  bool due_filter = true;
   // simulate() / simulate_compiled(): fill SimReport::plan_hash (compile::plan_hash serialises the whole plan to
   // JSON: about as long as the simulation itself and several times its memory on a 2,048-rank DualPipeV plan).
   // Only `piper train`'s predicted-against-measured report reads it; the planner and `piper simulate` turn it off.

@@ -92,7 +92,8 @@ TEST(FluidTest, EmptyTransferCompletesAtItsStart) {
 // Random transfers over a small network with one large link every flow crosses (a fabric): the local rate
 // recomputation (the default) against the reference (every flow at each change). Returns the completion time of
 // each transfer; `full` counts the local form's fallbacks to a recomputation over every flow.
-std::vector<double> run_random(uint64_t seed, bool local_rates, int64_t* full) {
+std::vector<double> run_random(uint64_t seed, bool local_rates, int64_t* full, bool due_filter = true,
+                               std::vector<int64_t>* order = nullptr) {
   uint64_t x = seed * 0x9E3779B97F4A7C15ULL + 1;
   auto next = [&x](int n) {  // xorshift64*, then uniform in [0, n)
     x ^= x >> 12;
@@ -122,7 +123,7 @@ std::vector<double> run_random(uint64_t seed, bool local_rates, int64_t* full) {
     }
     t.finalize();
   }
-  FluidNet net(bw, local_rates);
+  FluidNet net(bw, local_rates, due_filter);
   std::vector<double> starts(tmpls.size());
   for (size_t i = 0; i < starts.size(); ++i) starts[i] = 0.05 * next(100);
   std::sort(starts.begin(), starts.end());
@@ -136,6 +137,7 @@ std::vector<double> run_random(uint64_t seed, bool local_rates, int64_t* full) {
     net.advance(t, &out);
     now = t;
     for (int64_t k : out) done[static_cast<size_t>(k)] = now;
+    if (order) order->insert(order->end(), out.begin(), out.end());
     while (started < tmpls.size() && starts[started] <= now) {
       net.start(&tmpls[started], 1.0 + next(3), now, static_cast<int64_t>(started));
       ++started;
@@ -161,6 +163,26 @@ TEST(FluidTest, LocalRatesGiveTheReferenceCompletionTimes) {
   }
   EXPECT_GT(fallbacks, 0);      // the shared link saturated somewhere: the fallback ran and was checked too
   EXPECT_GT(local_updates, 0);  // and the local form did most of the work
+}
+
+// advance() tests only the flows due by now (plus a margin) in full; without the filter it tests every flow in flight.
+// Both must complete the same transfers at the same times, to the bit, in the same order.
+TEST(FluidTest, DueFilterGivesTheSameCompletionsAsTestingEveryFlow) {
+  for (bool local : {true, false}) {
+    for (uint64_t seed = 1; seed <= 40; ++seed) {
+      int64_t full_a = 0, full_b = 0;
+      std::vector<int64_t> order_a, order_b;
+      const std::vector<double> filtered = run_random(seed, local, &full_a, true, &order_a);
+      const std::vector<double> every = run_random(seed, local, &full_b, false, &order_b);
+      ASSERT_EQ(filtered.size(), every.size());
+      for (size_t i = 0; i < every.size(); ++i) {
+        ASSERT_GT(every[i], 0) << "seed " << seed << " transfer " << i;
+        EXPECT_EQ(filtered[i], every[i]) << "seed " << seed << " transfer " << i;
+      }
+      EXPECT_EQ(order_a, order_b) << "seed " << seed;
+      EXPECT_EQ(full_a, full_b) << "seed " << seed;
+    }
+  }
 }
 
 }  // namespace

@@ -1,3 +1,5 @@
+#include <algorithm>
+#include <string>
 #include <variant>
 
 #include "piper/ir/passes/passes.h"
@@ -62,15 +64,36 @@ Status apply_directive(Graph& graph, const Directive& directive) {
 }
 
 Status apply_directives(Graph& graph, const std::vector<Directive>& directives, const ApplyOptions& options) {
+  size_t unchecked_from = directives.size();  // first order directive whose cycle check is deferred
   for (size_t i = 0; i < directives.size(); ++i) {
+    const auto* order = std::get_if<OrderDirective>(&directives[i].body);
+    if (unchecked_from < i && !order) {
+      if (!graph.is_acyclic()) {
+        return invalid_argument("order directives " + std::to_string(unchecked_from) + "-" + std::to_string(i - 1) +
+                                " make a cycle (apply them with defer_order_cycle_checks off to name the directive)");
+      }
+      unchecked_from = directives.size();
+    }
     std::string label = directive_label(directives[i], static_cast<int>(i));
     Status s = check_filters(graph, directives[i]);
-    if (s.ok()) s = apply_directive(graph, directives[i]);
+    if (s.ok()) {
+      if (order && options.defer_order_cycle_checks) {
+        s = apply_order(graph, *order, /*check_cycles=*/false);
+        unchecked_from = std::min(unchecked_from, i);
+      } else {
+        s = apply_directive(graph, directives[i]);
+      }
+    }
     if (!s.ok()) return s.with_context(label);
     if (options.verify_each) {
       s = verify_graph(graph);
       if (!s.ok()) return s.with_context("verifier after " + label);
     }
+  }
+  if (unchecked_from < directives.size() && !graph.is_acyclic()) {
+    return invalid_argument("order directives " + std::to_string(unchecked_from) + "-" +
+                            std::to_string(directives.size() - 1) +
+                            " make a cycle (apply them with defer_order_cycle_checks off to name the directive)");
   }
   return ok_status();
 }

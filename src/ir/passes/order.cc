@@ -13,30 +13,44 @@
 namespace piper::ir {
 namespace {
 
-// Nodes bucketed by microbatch so that filters naming one mb scan only that bucket.
+// Nodes bucketed by (microbatch, stage) so that a filter naming microbatches scans only their buckets, and one
+// that also names stages only theirs. Nodes whose stage is outside the mesh's stages (or whose mb is outside the
+// graph's microbatches) sit in a bucket that every filter naming microbatches scans; every candidate is tested with
+// TagFilter::matches and must have an mb of the graph, as when the index had one bucket per microbatch.
 class MbIndex {
  public:
-  explicit MbIndex(const Graph& g) : buckets_(static_cast<size_t>(g.num_microbatches) + 1) {
-    for (const Node& n : g.nodes()) {
-      size_t b = n.tags.mb < 0 || n.tags.mb >= g.num_microbatches ? 0 : static_cast<size_t>(n.tags.mb) + 1;
-      buckets_[b].push_back(n.id);
-    }
+  explicit MbIndex(const Graph& g)
+      : stages_(std::max(0, g.mesh.num_stages())),
+        mbs_(std::max(0, g.num_microbatches)),
+        buckets_(static_cast<size_t>(mbs_) * static_cast<size_t>(stages_) + 1) {
+    for (const Node& n : g.nodes()) buckets_[bucket(n.tags.mb, n.tags.stage)].push_back(n.id);
   }
   std::vector<NodeId> select(const Graph& g, const TagFilter& f) const {
+    if (f.mb.empty()) return g.select(f);
     std::vector<NodeId> out;
-    if (!f.mb.empty()) {
-      for (int mb = std::max(f.mb.lo, 0); mb <= f.mb.hi && mb + 1 < static_cast<int>(buckets_.size()); ++mb) {
-        for (NodeId id : buckets_[static_cast<size_t>(mb) + 1]) {
-          if (f.matches(g.node(id).tags)) out.push_back(id);
-        }
+    auto scan = [&](const std::vector<NodeId>& ids) {
+      for (NodeId id : ids) {
+        const Tags& t = g.node(id).tags;
+        if (t.mb >= 0 && t.mb < mbs_ && f.matches(t)) out.push_back(id);
       }
-      std::sort(out.begin(), out.end());
-      return out;
+    };
+    const int stage_lo = f.stage.empty() ? 0 : std::max(f.stage.lo, 0);
+    const int stage_hi = f.stage.empty() ? stages_ - 1 : std::min(f.stage.hi, stages_ - 1);
+    for (int mb = std::max(f.mb.lo, 0); mb <= f.mb.hi && mb < mbs_; ++mb) {
+      for (int stage = stage_lo; stage <= stage_hi; ++stage) scan(buckets_[bucket(mb, stage)]);
     }
-    return g.select(f);
+    scan(buckets_[0]);
+    std::sort(out.begin(), out.end());
+    return out;
   }
 
  private:
+  size_t bucket(int mb, int stage) const {
+    if (mb < 0 || mb >= mbs_ || stage < 0 || stage >= stages_) return 0;
+    return 1 + static_cast<size_t>(mb) * static_cast<size_t>(stages_) + static_cast<size_t>(stage);
+  }
+  int stages_;
+  int mbs_;
   std::vector<std::vector<NodeId>> buckets_;
 };
 
@@ -46,7 +60,7 @@ std::string slot_label(size_t k, size_t f, size_t size) {
 
 }  // namespace
 
-Status apply_order(Graph& g, const OrderDirective& d) {
+Status apply_order(Graph& g, const OrderDirective& d, bool check_cycles) {
   if (d.rank < 0 || d.rank >= g.mesh.pp) {
     return invalid_argument("rank " + std::to_string(d.rank) + " does not exist: pp=" + std::to_string(g.mesh.pp) +
                             " (ranks 0.." + std::to_string(g.mesh.pp - 1) + ")");
@@ -126,7 +140,7 @@ Status apply_order(Graph& g, const OrderDirective& d) {
     }
     prev = sources_sinks(set, false);
   }
-  if (g.is_acyclic()) return ok_status();
+  if (!check_cycles || g.is_acyclic()) return ok_status();
   auto topo = g.topo_order();  // names the nodes on the cycle
   if (!topo.ok()) {
     return invalid_argument("rank " + std::to_string(d.rank) + " row contradicts the dependencies: " +

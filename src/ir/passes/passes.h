@@ -19,6 +19,13 @@ struct ApplyOptions {
 #else
   bool verify_each = true;
 #endif
+  // Check a run of consecutive order directives for cycles once, after its last directive, instead of after each.
+  // Order directives only add temporal edges and subdivide edges (split_backward moves a BW's weight-gradient
+  // edges behind B -> W), so a graph that has a cycle after one of them still has one at the end of the run: an
+  // acyclic end means every directive of the run would have passed its own check, and the graph is the same. When
+  // the end has a cycle (or anything fails) the error names no directive ("order directives ... make a cycle"):
+  // the caller re-applies every directive with this off for the exact message (compile::compile_directives does).
+  bool defer_order_cycle_checks = false;
 };
 
 Status apply_directive(Graph& graph, const Directive& directive);
@@ -29,7 +36,8 @@ Status apply_split(Graph& graph, const SplitDirective& d);
 Status apply_place(Graph& graph, const PlaceDirective& d);
 Status apply_replicate(Graph& graph, const ReplicateDirective& d);
 Status apply_shard(Graph& graph, const ShardDirective& d);
-Status apply_order(Graph& graph, const OrderDirective& d);
+// check_cycles = false: the caller checks for cycles later (ApplyOptions::defer_order_cycle_checks).
+Status apply_order(Graph& graph, const OrderDirective& d, bool check_cycles = true);
 Status apply_stream(Graph& graph, const StreamDirective& d);
 Status apply_recompute(Graph& graph, const RecomputeDirective& d);
 Status apply_disaggregate(Graph& graph, const DisaggregateDirective& d);
