@@ -2,8 +2,11 @@
 #include "piper/compile/lower.h"
 
 #include <algorithm>
+#include <map>
 #include <string>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "piper/compile/lower_steps.h"
 #include "piper/strategy/strategy.h"  // kTpOverlapRsPieces
@@ -169,6 +172,297 @@ Instruction gather_split(const Node& recv, int64_t bytes) {
   return in;
 }
 
+// One lowering: the graph's stream order turned into each pipeline rank's Program (lower() below).
+class Lowering {
+ public:
+  Lowering(ir::Graph& g, const LowerOptions& options, StreamOrder order)
+      : g_(g),
+        options_(options),
+        order_(std::move(order)),
+        event_of_(g.num_nodes(), -1),
+        where_(g.num_nodes(), {-1, 0}),
+        tp_(std::max(1, g.mesh.tp)) {}
+
+  Result<Plan> run() {
+    const int pp = g_.mesh.pp;
+    plan_.mesh = g_.mesh;
+    plan_.templates.resize(static_cast<size_t>(pp));
+    for (int r = 0; r < pp; ++r) PIPER_RETURN_IF_ERROR(lower_rank(r));
+    assign_ranks();
+    annotate_dataflow(g_, plan_);
+    return std::move(plan_);
+  }
+
+ private:
+  using RankStreams = std::map<std::string, std::vector<NodeId>>;  // StreamOrder::streams of one rank
+
+  void cost(const Node& nd, Instruction& in) const {
+    if (options_.cost) {
+      options_.cost(in);
+    } else {
+      default_cost(g_, nd, in);
+    }
+  }
+
+  Status lower_rank(int r) {
+    Program& prog = plan_.templates[static_cast<size_t>(r)];
+    prog.pp_rank = r;
+    RankStreams& rank_streams = order_.streams[static_cast<size_t>(r)];
+    int si = 0;
+    for (auto& [name, nodes] : rank_streams) {
+      for (size_t k = 0; k < nodes.size(); ++k) where_[static_cast<size_t>(nodes[k])] = {si, k};
+      ++si;
+    }
+    PIPER_RETURN_IF_ERROR(mark_events(r, rank_streams));
+    find_tp_splits(r, rank_streams);
+    // Buffers are planned before any stream is emitted (an alloc and its free may sit on different streams).
+    buffers_ = plan_buffers(g_, r, order_.keys, next_buffer_);
+    for (auto& [name, nodes] : rank_streams) {
+      Stream st;
+      st.name = name;
+      st.instrs.reserve(2 * nodes.size());
+      for (NodeId id : nodes) emit_node(r, id, st);
+      prog.streams.push_back(std::move(st));
+    }
+    prog.static_bytes = model_state_bytes(g_, r);
+    return ok_status();
+  }
+
+  // Which nodes need an event (a consumer on another stream of this rank); an error when a stream's order
+  // contradicts the DAG.
+  Status mark_events(int r, const RankStreams& rank_streams) {
+    for (const auto& [name, nodes] : rank_streams) {
+      for (NodeId id : nodes) {
+        for (NodeId s : g_.succs(id)) {
+          const Node& sn = g_.node(s);
+          if (sn.pp_rank != r || skipped(sn)) continue;
+          auto [ws, wp] = where_[static_cast<size_t>(s)];
+          auto [ms, mp] = where_[static_cast<size_t>(id)];
+          if (ws != ms) {
+            if (event_of_[static_cast<size_t>(id)] < 0) event_of_[static_cast<size_t>(id)] = next_event_++;
+          } else if (wp < mp) {
+            return invalid_argument("rank " + std::to_string(r) + " stream '" + sn.stream + "': instruction " +
+                                    std::to_string(wp) + " (" + sn.name + ") runs before instruction " +
+                                    std::to_string(mp) + " (" + g_.node(id).name +
+                                    ") that it depends on; the stream order contradicts the DAG");
+          }
+        }
+      }
+    }
+    return ok_status();
+  }
+
+  // tp_overlap: the chunks that run as pieces. Their collective must sit on another stream and serve only them.
+  void find_tp_splits(int r, const RankStreams& rank_streams) {
+    splits_.clear();
+    split_owner_.clear();
+    if (!options_.tp_overlap || tp_ <= 1) return;
+    auto other_stream_only = [&](NodeId c, NodeId x, const std::vector<NodeId>& ends) {
+      if (g_.node(c).pp_rank != r || where_[static_cast<size_t>(c)].first == where_[static_cast<size_t>(x)].first)
+        return false;
+      return std::all_of(ends.begin(), ends.end(), [&](NodeId e) { return e == x; });
+    };
+    for (const auto& [name, nodes] : rank_streams) {
+      for (NodeId id : nodes) {
+        if (!overlapped_part(g_.node(id))) continue;
+        TpSplit sp;
+        for (NodeId p : g_.preds(id)) {
+          if (is_tp_input_collective(g_.node(p)) && other_stream_only(p, id, g_.succs(p))) sp.ag = p;
+        }
+        for (NodeId q : g_.succs(id)) {
+          const Node& qn = g_.node(q);
+          if (qn.group == "tp" && qn.kind == NodeKind::kReduceScatter && other_stream_only(q, id, g_.preds(q)))
+            sp.rs = q;
+        }
+        if (sp.ag == ir::kNoNode && sp.rs == ir::kNoNode) continue;
+        if (sp.ag != ir::kNoNode) {
+          for (int i = 1; i < tp_; ++i) sp.in_events.push_back(next_event_++);
+          split_owner_[sp.ag] = id;
+        }
+        if (sp.rs != ir::kNoNode) {
+          for (int i = 0; i < kTpOverlapRsPieces; ++i) sp.out_events.push_back(next_event_++);
+          split_owner_[sp.rs] = id;
+        }
+        splits_.emplace(id, std::move(sp));
+      }
+    }
+  }
+
+  // Node `id`'s instructions on its stream: waits, allocations, a recomputation, the node itself (whole or in
+  // pieces), frees and its record.
+  void emit_node(int r, NodeId id, Stream& st) {
+    const Node& nd = g_.node(id);
+    const auto split_it = splits_.find(id);
+    const TpSplit* split = split_it == splits_.end() ? nullptr : &split_it->second;
+    const auto owner_it = split_owner_.find(id);
+    const NodeId owner = owner_it == split_owner_.end() ? ir::kNoNode : owner_it->second;
+    const TpSplit* coll = owner == ir::kNoNode ? nullptr : &splits_.at(owner);
+    emit_waits(r, id, split, owner, st);
+    Instruction in = node_instruction(nd);
+    if (nd.kind == NodeKind::kSend || nd.kind == NodeKind::kRecv || nd.kind == NodeKind::kM2N) {
+      in.peer = nd.peer_pp_rank;
+      in.tag = order_.tag[static_cast<size_t>(id)];
+    }
+    cost(nd, in);
+    const bool scatter = options_.p2p_scatter_gather && g_.mesh.tp > 1 && nd.group == "pp" &&
+                         (nd.kind == NodeKind::kSend || nd.kind == NodeKind::kRecv);
+    const int64_t whole_bytes = in.comm_bytes;
+    if (scatter) in.comm_bytes /= g_.mesh.tp;
+    emit_allocs(id, st);
+    if (split != nullptr) {
+      emit_split_chunk(nd, in, *split, st);
+    } else if (coll != nullptr) {
+      emit_split_collective(id, in, *coll, owner, st);
+    } else {
+      st.instrs.push_back(in);
+    }
+    if (scatter && nd.kind == NodeKind::kRecv) st.instrs.push_back(gather_split(nd, whole_bytes));
+    emit_frees(id, nd, st);
+    if (event_of_[static_cast<size_t>(id)] >= 0) {
+      st.instrs.push_back(event_op(OpKind::kRecord, event_of_[static_cast<size_t>(id)], "record " + nd.name));
+    }
+  }
+
+  // A wait for every producer of `id` on another stream of this rank; split pieces wait for their own pieces
+  // (emit_split_*), not for the whole.
+  void emit_waits(int r, NodeId id, const TpSplit* split, NodeId owner, Stream& st) const {
+    for (NodeId p : g_.preds(id)) {
+      const Node& pn = g_.node(p);
+      if ((split != nullptr && p == split->ag) || (owner != ir::kNoNode && p == owner)) continue;
+      if (pn.pp_rank == r && where_[static_cast<size_t>(p)].first != where_[static_cast<size_t>(id)].first) {
+        st.instrs.push_back(event_op(OpKind::kWait, event_of_[static_cast<size_t>(p)], "wait " + pn.name));
+      }
+    }
+  }
+
+  // The buffers allocated before `id`, and the recomputation of its forward when it has one.
+  void emit_allocs(NodeId id, Stream& st) const {
+    if (auto it = buffers_.alloc_before.find(id); it != buffers_.alloc_before.end()) {
+      st.instrs.push_back(buffer_op(OpKind::kAlloc, it->second));
+    }
+    if (auto it = buffers_.checkpoint_before.find(id); it != buffers_.checkpoint_before.end()) {
+      st.instrs.push_back(buffer_op(OpKind::kAlloc, it->second));
+    }
+    auto it = buffers_.recompute_before.find(id);
+    if (it == buffers_.recompute_before.end()) return;
+    const NodeId f = buffers_.recompute_of.at(id);
+    const Node& fn = g_.node(f);
+    st.instrs.push_back(buffer_op(OpKind::kAlloc, it->second));
+    Instruction re = node_instruction(fn);
+    re.label += " (recompute)";
+    cost(fn, re);
+    auto cost_fn = [this](const ir::Graph&, const Node& nd, Instruction& in) { cost(nd, in); };
+    if (!options_.recompute_reruns_tp_collectives || fn.shard_axis != "tp") {
+      st.instrs.push_back(re);
+      return;
+    }
+    for (NodeId p : g_.preds(f)) {
+      if (is_tp_input_collective(g_.node(p))) st.instrs.push_back(rerun_collective(g_, g_.node(p), cost_fn));
+    }
+    st.instrs.push_back(re);
+    for (NodeId q : g_.succs(f)) {
+      if (is_tp_output_collective(g_.node(q))) st.instrs.push_back(rerun_collective(g_, g_.node(q), cost_fn));
+    }
+  }
+
+  // A split chunk: GEMM pieces behind the all-gather's pieces, the rest, GEMM pieces ahead of the reduce-scatter's.
+  void emit_split_chunk(const Node& nd, const Instruction& in, const TpSplit& split, Stream& st) const {
+    if (split.ag != ir::kNoNode) {
+      for (int i = 0; i < tp_; ++i) {
+        if (i > 0) {
+          st.instrs.push_back(event_op(OpKind::kWait, split.in_events[static_cast<size_t>(i - 1)],
+                                       "wait " + g_.node(split.ag).name + " piece " + std::to_string(i)));
+        }
+        Instruction piece = piece_of(in, Segment::kIn, i, tp_);
+        cost(nd, piece);
+        st.instrs.push_back(piece);
+      }
+    }
+    Instruction rest = in;
+    rest.segment = Segment::kRest;
+    rest.split_in = split.ag != ir::kNoNode;
+    rest.split_out = split.rs != ir::kNoNode;
+    rest.label += " [rest]";
+    cost(nd, rest);
+    st.instrs.push_back(rest);
+    if (split.rs == ir::kNoNode) return;
+    for (int i = 0; i < kTpOverlapRsPieces; ++i) {
+      Instruction piece = piece_of(in, Segment::kOut, i, kTpOverlapRsPieces);
+      cost(nd, piece);
+      st.instrs.push_back(piece);
+      st.instrs.push_back(
+          event_op(OpKind::kRecord, split.out_events[static_cast<size_t>(i)], "record " + piece.label));
+    }
+  }
+
+  // A split collective: 1/pieces of the bytes each (the last takes the remainder).
+  void emit_split_collective(NodeId id, const Instruction& in, const TpSplit& coll, NodeId owner,
+                             Stream& st) const {
+    const bool gather = id == coll.ag;
+    const int count = gather ? tp_ - 1 : kTpOverlapRsPieces;
+    for (int i = 0; i < count; ++i) {
+      if (!gather) {
+        st.instrs.push_back(event_op(OpKind::kWait, coll.out_events[static_cast<size_t>(i)],
+                                     "wait " + g_.node(owner).name + " piece " + std::to_string(i + 1)));
+      }
+      Instruction piece = piece_of(in, gather ? Segment::kIn : Segment::kOut, i, count);
+      if (gather) {
+        // One ring step: every rank passes one shard (1/tp of the gathered bytes) to its successor.
+        piece.algorithm = "ring_step";
+        piece.comm_bytes = in.comm_bytes / tp_;
+      } else {
+        piece.comm_bytes = in.comm_bytes / count + (i == count - 1 ? in.comm_bytes % count : 0);
+      }
+      st.instrs.push_back(piece);
+      if (gather) {
+        st.instrs.push_back(
+            event_op(OpKind::kRecord, coll.in_events[static_cast<size_t>(i)], "record " + piece.label));
+      }
+    }
+  }
+
+  void emit_frees(NodeId id, const Node& nd, Stream& st) const {
+    auto it = buffers_.free_after.find(id);
+    if (it == buffers_.free_after.end()) return;
+    for (const Buffer& b : it->second) {
+      Instruction f = buffer_op(OpKind::kFree, b);
+      f.label += b.what.rfind("params ", 0) == 0 ? " after " + nd.name + " (re-shard)"
+                 : b.what == "act " + nd.name    ? " (recompute)"
+                                                 : "";
+      st.instrs.push_back(f);
+    }
+  }
+
+  // Global ranks: tp innermost, then dp (ep inside dp, or folded over tp*dp), then pp; ranks sharing a pp
+  // coordinate share a program.
+  void assign_ranks() {
+    const int pp = g_.mesh.pp, dp = std::max(1, g_.mesh.dp);
+    plan_.world_size = pp * dp * tp_;
+    for (int rank = 0; rank < plan_.world_size; ++rank) {
+      RankCoord c;
+      c.tp = rank % tp_;
+      c.dp = (rank / tp_) % dp;
+      c.ep = g_.mesh.ep_coord(c.dp, c.tp);
+      c.pp = rank / (tp_ * dp);
+      plan_.coords.push_back(c);
+      plan_.rank_template.push_back(c.pp);
+    }
+  }
+
+  ir::Graph& g_;
+  const LowerOptions& options_;
+  StreamOrder order_;
+  Plan plan_;
+  std::vector<int> event_of_;
+  std::vector<std::pair<int, size_t>> where_;  // (stream index, position) per node
+  int next_event_ = 0, next_buffer_ = 0;
+  const int tp_;
+  // Per rank (lower_rank):
+  std::unordered_map<NodeId, TpSplit> splits_;
+  std::unordered_map<NodeId, NodeId> split_owner_;  // a split all-gather / reduce-scatter -> its chunk
+  BufferPlan buffers_;
+};
+
 }  // namespace
 
 Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
@@ -177,229 +471,7 @@ Result<Plan> lower(ir::Graph& g, const LowerOptions& options) {
   if (options.p2p_blocking || options.dp_reduce_after_backward) {
     add_legacy_pipeline_edges(g, order, options.p2p_blocking, options.dp_reduce_after_backward);
   }
-  const size_t n = g.num_nodes();
-  const int pp = g.mesh.pp;
-  const std::vector<int64_t>& tag_of = order.tag;
-  Plan plan;
-  plan.mesh = g.mesh;
-  plan.templates.resize(static_cast<size_t>(pp));
-  auto cost = [&options](const ir::Graph& graph, const Node& nd, Instruction& in) {
-    if (options.cost) {
-      options.cost(in);
-    } else {
-      default_cost(graph, nd, in);
-    }
-  };
-  std::vector<int> event_of(n, -1);
-  std::vector<std::pair<int, size_t>> where(n, {-1, 0});  // (stream index, position) per node
-  int next_event = 0, next_buffer = 0;
-  for (int r = 0; r < pp; ++r) {
-    Program& prog = plan.templates[static_cast<size_t>(r)];
-    prog.pp_rank = r;
-    auto& rank_streams = order.streams[static_cast<size_t>(r)];
-    int si = 0;
-    for (auto& [name, nodes] : rank_streams) {
-      for (size_t k = 0; k < nodes.size(); ++k) where[static_cast<size_t>(nodes[k])] = {si, k};
-      ++si;
-    }
-    // Which nodes need an event (a consumer on another stream of this rank).
-    for (auto& [name, nodes] : rank_streams) {
-      for (NodeId id : nodes) {
-        for (NodeId s : g.succs(id)) {
-          const Node& sn = g.node(s);
-          if (sn.pp_rank != r || skipped(sn)) continue;
-          auto [ws, wp] = where[static_cast<size_t>(s)];
-          auto [ms, mp] = where[static_cast<size_t>(id)];
-          if (ws != ms) {
-            if (event_of[static_cast<size_t>(id)] < 0) event_of[static_cast<size_t>(id)] = next_event++;
-          } else if (wp < mp) {
-            return invalid_argument("rank " + std::to_string(r) + " stream '" + sn.stream + "': instruction " +
-                                    std::to_string(wp) + " (" + sn.name + ") runs before instruction " +
-                                    std::to_string(mp) + " (" + g.node(id).name +
-                                    ") that it depends on; the stream order contradicts the DAG");
-          }
-        }
-      }
-    }
-    // tp_overlap: the chunks that run as pieces. Their collective must sit on another stream and serve only them.
-    std::unordered_map<NodeId, TpSplit> splits;
-    std::unordered_map<NodeId, NodeId> split_owner;  // a split all-gather / reduce-scatter -> its chunk
-    const int tp = std::max(1, g.mesh.tp), rs_pieces = kTpOverlapRsPieces;
-    if (options.tp_overlap && tp > 1) {
-      auto other_stream_only = [&](NodeId c, NodeId x, const std::vector<NodeId>& ends) {
-        if (g.node(c).pp_rank != r || where[static_cast<size_t>(c)].first == where[static_cast<size_t>(x)].first)
-          return false;
-        return std::all_of(ends.begin(), ends.end(), [&](NodeId e) { return e == x; });
-      };
-      for (auto& [name, nodes] : rank_streams) {
-        for (NodeId id : nodes) {
-          if (!overlapped_part(g.node(id))) continue;
-          TpSplit sp;
-          for (NodeId p : g.preds(id)) {
-            if (is_tp_input_collective(g.node(p)) && other_stream_only(p, id, g.succs(p))) sp.ag = p;
-          }
-          for (NodeId q : g.succs(id)) {
-            const Node& qn = g.node(q);
-            if (qn.group == "tp" && qn.kind == NodeKind::kReduceScatter && other_stream_only(q, id, g.preds(q)))
-              sp.rs = q;
-          }
-          if (sp.ag == ir::kNoNode && sp.rs == ir::kNoNode) continue;
-          if (sp.ag != ir::kNoNode) {
-            for (int i = 1; i < tp; ++i) sp.in_events.push_back(next_event++);
-            split_owner[sp.ag] = id;
-          }
-          if (sp.rs != ir::kNoNode) {
-            for (int i = 0; i < rs_pieces; ++i) sp.out_events.push_back(next_event++);
-            split_owner[sp.rs] = id;
-          }
-          splits.emplace(id, std::move(sp));
-        }
-      }
-    }
-    // Buffers are planned before any stream is emitted (an alloc and its free may sit on different streams).
-    const BufferPlan buffers = plan_buffers(g, r, order.keys, next_buffer);
-    for (auto& [name, nodes] : rank_streams) {
-      Stream st;
-      st.name = name;
-      st.instrs.reserve(2 * nodes.size());
-      for (NodeId id : nodes) {
-        const Node& nd = g.node(id);
-        const auto split_it = splits.find(id);
-        const TpSplit* split = split_it == splits.end() ? nullptr : &split_it->second;
-        const auto owner_it = split_owner.find(id);
-        const TpSplit* coll = owner_it == split_owner.end() ? nullptr : &splits.at(owner_it->second);
-        for (NodeId p : g.preds(id)) {
-          const Node& pn = g.node(p);
-          // Split pieces wait for their own pieces (below), not for the whole.
-          if ((split != nullptr && p == split->ag) || (coll != nullptr && p == owner_it->second)) continue;
-          if (pn.pp_rank == r && where[static_cast<size_t>(p)].first != where[static_cast<size_t>(id)].first) {
-            st.instrs.push_back(event_op(OpKind::kWait, event_of[static_cast<size_t>(p)], "wait " + pn.name));
-          }
-        }
-        Instruction in = node_instruction(nd);
-        if (nd.kind == NodeKind::kSend || nd.kind == NodeKind::kRecv || nd.kind == NodeKind::kM2N) {
-          in.peer = nd.peer_pp_rank;
-          in.tag = tag_of[static_cast<size_t>(id)];
-        }
-        cost(g, nd, in);
-        const bool scatter = options.p2p_scatter_gather && g.mesh.tp > 1 && nd.group == "pp" &&
-                             (nd.kind == NodeKind::kSend || nd.kind == NodeKind::kRecv);
-        const int64_t whole_bytes = in.comm_bytes;
-        if (scatter) in.comm_bytes /= g.mesh.tp;
-        if (auto it = buffers.alloc_before.find(id); it != buffers.alloc_before.end()) {
-          st.instrs.push_back(buffer_op(OpKind::kAlloc, it->second));
-        }
-        if (auto it = buffers.checkpoint_before.find(id); it != buffers.checkpoint_before.end()) {
-          st.instrs.push_back(buffer_op(OpKind::kAlloc, it->second));
-        }
-        if (auto it = buffers.recompute_before.find(id); it != buffers.recompute_before.end()) {
-          const NodeId f = buffers.recompute_of.at(id);
-          const Node& fn = g.node(f);
-          st.instrs.push_back(buffer_op(OpKind::kAlloc, it->second));
-          Instruction re = node_instruction(fn);
-          re.label += " (recompute)";
-          cost(g, fn, re);
-          if (options.recompute_reruns_tp_collectives && fn.shard_axis == "tp") {
-            for (NodeId p : g.preds(f)) {
-              if (is_tp_input_collective(g.node(p))) st.instrs.push_back(rerun_collective(g, g.node(p), cost));
-            }
-            st.instrs.push_back(re);
-            for (NodeId q : g.succs(f)) {
-              if (is_tp_output_collective(g.node(q))) st.instrs.push_back(rerun_collective(g, g.node(q), cost));
-            }
-          } else {
-            st.instrs.push_back(re);
-          }
-        }
-        if (split != nullptr) {
-          // GEMM pieces behind the all-gather's pieces, the rest, GEMM pieces ahead of the reduce-scatter's.
-          if (split->ag != ir::kNoNode) {
-            for (int i = 0; i < tp; ++i) {
-              if (i > 0) {
-                st.instrs.push_back(event_op(OpKind::kWait, split->in_events[static_cast<size_t>(i - 1)],
-                                             "wait " + g.node(split->ag).name + " piece " + std::to_string(i)));
-              }
-              Instruction piece = piece_of(in, Segment::kIn, i, tp);
-              cost(g, nd, piece);
-              st.instrs.push_back(piece);
-            }
-          }
-          Instruction rest = in;
-          rest.segment = Segment::kRest;
-          rest.split_in = split->ag != ir::kNoNode;
-          rest.split_out = split->rs != ir::kNoNode;
-          rest.label += " [rest]";
-          cost(g, nd, rest);
-          st.instrs.push_back(rest);
-          if (split->rs != ir::kNoNode) {
-            for (int i = 0; i < rs_pieces; ++i) {
-              Instruction piece = piece_of(in, Segment::kOut, i, rs_pieces);
-              cost(g, nd, piece);
-              st.instrs.push_back(piece);
-              st.instrs.push_back(
-                  event_op(OpKind::kRecord, split->out_events[static_cast<size_t>(i)], "record " + piece.label));
-            }
-          }
-        } else if (coll != nullptr) {
-          // A split collective: 1/pieces of the bytes each (the last takes the remainder).
-          const bool gather = id == coll->ag;
-          const int count = gather ? tp - 1 : rs_pieces;
-          for (int i = 0; i < count; ++i) {
-            if (!gather) {
-              st.instrs.push_back(
-                  event_op(OpKind::kWait, coll->out_events[static_cast<size_t>(i)],
-                           "wait " + g.node(owner_it->second).name + " piece " + std::to_string(i + 1)));
-            }
-            Instruction piece = piece_of(in, gather ? Segment::kIn : Segment::kOut, i, count);
-            if (gather) {
-              // One ring step: every rank passes one shard (1/tp of the gathered bytes) to its successor.
-              piece.algorithm = "ring_step";
-              piece.comm_bytes = in.comm_bytes / tp;
-            } else {
-              piece.comm_bytes = in.comm_bytes / count + (i == count - 1 ? in.comm_bytes % count : 0);
-            }
-            st.instrs.push_back(piece);
-            if (gather) {
-              st.instrs.push_back(
-                  event_op(OpKind::kRecord, coll->in_events[static_cast<size_t>(i)], "record " + piece.label));
-            }
-          }
-        } else {
-          st.instrs.push_back(in);
-        }
-        if (scatter && nd.kind == NodeKind::kRecv) st.instrs.push_back(gather_split(nd, whole_bytes));
-        if (auto it = buffers.free_after.find(id); it != buffers.free_after.end()) {
-          for (const Buffer& b : it->second) {
-            Instruction f = buffer_op(OpKind::kFree, b);
-            f.label += b.what.rfind("params ", 0) == 0 ? " after " + nd.name + " (re-shard)"
-                       : b.what == "act " + nd.name    ? " (recompute)"
-                                                       : "";
-            st.instrs.push_back(f);
-          }
-        }
-        if (event_of[static_cast<size_t>(id)] >= 0) {
-          st.instrs.push_back(event_op(OpKind::kRecord, event_of[static_cast<size_t>(id)], "record " + nd.name));
-        }
-      }
-      prog.streams.push_back(std::move(st));
-    }
-    prog.static_bytes = model_state_bytes(g, r);
-  }
-  // Global ranks: tp innermost, then dp (ep inside dp, or folded over tp*dp), then pp; ranks sharing a pp
-  // coordinate share a program.
-  const int tp = std::max(1, g.mesh.tp), dp = std::max(1, g.mesh.dp);
-  plan.world_size = pp * dp * tp;
-  for (int rank = 0; rank < plan.world_size; ++rank) {
-    RankCoord c;
-    c.tp = rank % tp;
-    c.dp = (rank / tp) % dp;
-    c.ep = g.mesh.ep_coord(c.dp, c.tp);
-    c.pp = rank / (tp * dp);
-    plan.coords.push_back(c);
-    plan.rank_template.push_back(c.pp);
-  }
-  annotate_dataflow(g, plan);
-  return plan;
+  return Lowering(g, options, std::move(order)).run();
 }
 
 }  // namespace piper::compile
