@@ -126,13 +126,16 @@ void interleave_overlap_slots(const ir::Graph& g, std::vector<NodeId>& list) {
 
 }  // namespace
 
-Result<StreamOrder> order_streams(ir::Graph& g, bool interleave_overlap) {
-  PIPER_ASSIGN_OR_RETURN(std::vector<NodeId> topo, g.topo_order());
-  const size_t n = g.num_nodes();
-  std::vector<int64_t> topo_pos(n);
-  for (size_t i = 0; i < topo.size(); ++i) topo_pos[static_cast<size_t>(topo[i])] = static_cast<int64_t>(i);
-  const int pp = g.mesh.pp;
+namespace {
 
+using RankStreams = std::map<std::string, std::vector<NodeId>>;
+
+// The compute (chunk and update) nodes of each rank in schedule order: order rows (slot, filter, topological
+// position), updates last; anchor[id] = the node's position in its rank's list (-1 for others).
+Result<std::vector<std::vector<NodeId>>> compute_order(const ir::Graph& g, const std::vector<int64_t>& topo_pos,
+                                                       bool interleave_overlap, std::vector<int64_t>* anchor_out) {
+  const size_t n = g.num_nodes();
+  const int pp = g.mesh.pp;
   // Anchor index of compute nodes per rank.
   std::vector<bool> ordered_rank(static_cast<size_t>(pp), false);
   for (const Node& nd : g.nodes()) {
@@ -147,7 +150,8 @@ Result<StreamOrder> order_streams(ir::Graph& g, bool interleave_overlap) {
     }
     compute[static_cast<size_t>(nd.pp_rank)].push_back(nd.id);
   }
-  std::vector<int64_t> anchor(n, -1);
+  std::vector<int64_t>& anchor = *anchor_out;
+  anchor.assign(n, -1);
   for (auto& list : compute) {
     std::sort(list.begin(), list.end(), [&](NodeId x, NodeId y) {
       const Node& a = g.node(x);
@@ -161,6 +165,11 @@ Result<StreamOrder> order_streams(ir::Graph& g, bool interleave_overlap) {
     if (interleave_overlap) interleave_overlap_slots(g, list);
     for (size_t i = 0; i < list.size(); ++i) anchor[static_cast<size_t>(list[i])] = static_cast<int64_t>(i);
   }
+  return compute;
+}
+
+void add_prefetch_windows(ir::Graph& g, const std::vector<std::vector<NodeId>>& compute) {
+  const size_t n = g.num_nodes();
   // ZeRO-3 prefetch window, per FSDP unit: a unit is a run of consecutive compute instructions of one layer and
   // microbatch (a layer's attention, router, experts ... chunks of one pass, with a backward's recomputed
   // forward), as Megatron-FSDP and PyTorch FSDP wrap each transformer layer. The all-gather feeding an
@@ -198,7 +207,12 @@ Result<StreamOrder> order_streams(ir::Graph& g, bool interleave_overlap) {
       }
     }
   }
-  // Comm nodes: after their latest same-rank producer (through comm chains), else before their first consumer.
+}
+
+// Comm nodes: after their latest same-rank producer (through comm chains), else before their first consumer.
+std::vector<OrderKey> order_keys(const ir::Graph& g, const std::vector<NodeId>& topo,
+                                 const std::vector<int64_t>& topo_pos, const std::vector<int64_t>& anchor) {
+  const size_t n = g.num_nodes();
   std::vector<int64_t> after(n, -1), before(n, INT64_MAX);
   for (NodeId id : topo) {
     const Node& nd = g.node(id);
@@ -226,28 +240,34 @@ Result<StreamOrder> order_streams(ir::Graph& g, bool interleave_overlap) {
     if (before[i] != INT64_MAX) return {before[i], 0, topo_pos[i]};
     return {INT64_MAX, 0, topo_pos[i]};
   };
-  StreamOrder out;
-  std::vector<OrderKey>& keys = out.keys;
-  keys.resize(n);
+  std::vector<OrderKey> keys(n);
   for (size_t i = 0; i < n; ++i) keys[i] = compute_key(static_cast<NodeId>(i));
-  auto key_of = [&](NodeId id) -> const OrderKey& { return keys[static_cast<size_t>(id)]; };
+  return keys;
+}
 
-  // Streams per rank.
-  auto& streams = out.streams;
-  streams.resize(static_cast<size_t>(pp));
+// Every rank's streams, each in the order of its keys: compute follows the schedule, comm sits next to its chunks.
+Status group_streams(const ir::Graph& g, const std::vector<OrderKey>& keys, std::vector<RankStreams>* streams_out) {
+  auto key_of = [&](NodeId id) -> const OrderKey& { return keys[static_cast<size_t>(id)]; };
+  auto& streams = *streams_out;
+  streams.resize(static_cast<size_t>(g.mesh.pp));
   for (const Node& nd : g.nodes()) {
     if (skipped(nd)) continue;
     if (nd.pp_rank < 0) return invalid_argument(ir::describe(nd) + " is not placed on a pipeline rank");
     streams[static_cast<size_t>(nd.pp_rank)][nd.stream].push_back(nd.id);
   }
-  // Every stream in the order of its keys: compute follows the schedule, comm sits next to its chunks.
   for (auto& rank_streams : streams) {
     for (auto& [name, nodes] : rank_streams) {
       std::sort(nodes.begin(), nodes.end(), [&](NodeId a, NodeId b) { return key_of(a) < key_of(b); });
     }
   }
-  // Point-to-point pairs share the name up to the last '.'; tags are numbered in send-node id order.
-  std::vector<int64_t>& tag_of = out.tag;
+  return ok_status();
+}
+
+// Point-to-point pairs share the name up to the last '.'; tags are numbered in send-node id order. Returns each
+// p2p node's partner.
+Result<std::vector<NodeId>> number_p2p_tags(const ir::Graph& g, std::vector<int64_t>* tags) {
+  const size_t n = g.num_nodes();
+  std::vector<int64_t>& tag_of = *tags;
   tag_of.assign(n, -1);
   std::vector<NodeId> partner(n, ir::kNoNode);
   {
@@ -270,10 +290,15 @@ Result<StreamOrder> order_streams(ir::Graph& g, bool interleave_overlap) {
       }
     }
   }
+  return partner;
+}
+
   // A receive stream posts its receives in the order its sender sends (FIFO per channel, as NCCL matches
   // point-to-point operations between two ranks): a message may arrive before its consumer needs it, but a
   // channel never blocks on its own order. Sends stay in production order.
-  std::vector<size_t> pos(n, 0);
+void receives_in_sender_order(const ir::Graph& g, const std::vector<NodeId>& partner,
+                              std::vector<RankStreams>& streams) {
+  std::vector<size_t> pos(g.num_nodes(), 0);
   for (auto& rank_streams : streams) {
     for (auto& [name, nodes] : rank_streams) {
       for (size_t k = 0; k < nodes.size(); ++k) pos[static_cast<size_t>(nodes[k])] = k;
@@ -291,7 +316,23 @@ Result<StreamOrder> order_streams(ir::Graph& g, bool interleave_overlap) {
       std::stable_sort(nodes.begin(), nodes.end(), [&](NodeId a, NodeId b) { return sender_key(a) < sender_key(b); });
     }
   }
+}
 
+}  // namespace
+
+Result<StreamOrder> order_streams(ir::Graph& g, bool interleave_overlap) {
+  PIPER_ASSIGN_OR_RETURN(std::vector<NodeId> topo, g.topo_order());
+  std::vector<int64_t> topo_pos(g.num_nodes());
+  for (size_t i = 0; i < topo.size(); ++i) topo_pos[static_cast<size_t>(topo[i])] = static_cast<int64_t>(i);
+  std::vector<int64_t> anchor;
+  PIPER_ASSIGN_OR_RETURN(std::vector<std::vector<NodeId>> compute,
+                         compute_order(g, topo_pos, interleave_overlap, &anchor));
+  add_prefetch_windows(g, compute);
+  StreamOrder out;
+  out.keys = order_keys(g, topo, topo_pos, anchor);
+  PIPER_RETURN_IF_ERROR(group_streams(g, out.keys, &out.streams));
+  PIPER_ASSIGN_OR_RETURN(std::vector<NodeId> partner, number_p2p_tags(g, &out.tag));
+  receives_in_sender_order(g, partner, out.streams);
   return out;
 }
 
