@@ -27,6 +27,7 @@ def bench_once():
 
 def main():
     rows, why = [], None
+    load_before = os.getloadavg()[0]
     if os.geteuid() != 0:
         why = "not run: needs root (network namespaces and tc)"
     else:
@@ -46,7 +47,9 @@ def main():
                ("flat_internode_mib", "flat inter-node MiB"), ("dispatch_internode_mib", "HALO inter-node MiB"),
                ("a2a_64k", "all-to-all 64 KiB"), ("a2a_256k", "256 KiB"), ("a2a_1024k", "1 MiB")]
     notes = ["HALO/MPI = MPI_Alltoallv time / HALO time (above 1: HALO faster), `piper bench comm` on two emulated nodes",
-             "(1 Gbit/s, 4 ranks each). Issue 30 asks for >= 1.5 for the dispatch and the combine."]
+             "(1 Gbit/s, 4 ranks each). Issue 30 asks for >= 1.5 for the dispatch and the combine. Load average of",
+             "this machine (2 cores) before the runs: %.1f -> after: %.1f; a loaded machine slows both sides." % (
+                 load_before, os.getloadavg()[0])]
     if why:
         notes.insert(0, "**%s**" % why)
     common.write_table("halo_measured", "HALO against MPI_Alltoallv on two emulated nodes (measured)", columns, rows,
