@@ -23,7 +23,7 @@ endfunction()
 # piper_test(<name> SOURCES ... DEPS ... [LABELS ...]): one GoogleTest binary per module; every test case is
 # registered with CTest at test time (no test runs during the build).
 function(piper_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS;LIBS" ${ARGN})
+  cmake_parse_arguments(ARG "SERIAL" "TIMEOUT" "SOURCES;DEPS;LABELS;LIBS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_compile_options(${name} PRIVATE ${PIPER_WARNINGS})
   set(deps "")
@@ -41,9 +41,14 @@ function(piper_test name)
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 300)
   endif()
+  # SERIAL: the test measures this machine (piper calibrate), so no other test may run beside it.
+  set(serial "")
+  if(ARG_SERIAL)
+    set(serial RUN_SERIAL TRUE)
+  endif()
   include(GoogleTest)
   # PIPER_CALIBRATION=none: a developer's own calibration of this machine (cli/calibration_file.h) never changes a
   # test's numbers; tests of the default location set their own.
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
-                       PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT} ENVIRONMENT "PIPER_CALIBRATION=none")
+                       PROPERTIES LABELS "${ARG_LABELS}" TIMEOUT ${ARG_TIMEOUT} ENVIRONMENT "PIPER_CALIBRATION=none" ${serial})
 endfunction()

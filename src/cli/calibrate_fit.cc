@@ -1,6 +1,7 @@
 #include "piper/cli/calibrate_fit.h"
 
 #include <cmath>
+#include <cstdio>
 #include <set>
 #include <string>
 
@@ -37,8 +38,14 @@ Result<GemmCurve> fit_gemm_curve(const std::vector<GemmPoint>& points) {
     bool flat = true;
     for (const GemmPoint& p : points) flat = flat && std::abs(p.efficiency * mean_y - 1.0) <= kFlatTolerance;
     if (flat) return GemmCurve{1.0 / mean_y, 0.0};
-    return invalid_argument("calibrate: the measured GEMM efficiency does not rise with size (1/eff = " +
-                            std::to_string(intercept) + " + " + std::to_string(slope) +
+    std::string measured;
+    for (const GemmPoint& p : points) {
+      char buf[48];
+      std::snprintf(buf, sizeof(buf), "%s%.3f at d=%.0f", measured.empty() ? "" : ", ", p.efficiency, p.min_dim);
+      measured += buf;
+    }
+    return invalid_argument("calibrate: the measured GEMM efficiency does not rise with size (" + measured +
+                            "; 1/eff = " + std::to_string(intercept) + " + " + std::to_string(slope) +
                             " / d); the machine is too noisy to fit: rerun it when idle");
   }
   GemmCurve c;

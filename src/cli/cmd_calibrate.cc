@@ -10,7 +10,10 @@
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <time.h>
 #include <filesystem>
+#include <functional>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -32,53 +35,82 @@ const std::vector<int64_t> kGemmDims = {8, 16, 32, 64, 128, 256, 512};
 
 using Clock = std::chrono::steady_clock;
 
-// The median over `rounds` of the mean seconds per call of `fn`, each round at least `min_round_s` long.
-template <typename Fn>
-double median_seconds(Fn fn, int rounds, double min_round_s) {
-  fn();  // warm-up: first-touch page faults, library initialisation
-  std::vector<double> per_call;
-  for (int r = 0; r < rounds; ++r) {
-    int calls = 0;
-    const auto start = Clock::now();
-    double elapsed = 0;
-    while (elapsed < min_round_s || calls < 2) {
-      fn();
-      ++calls;
-      elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-    }
-    per_call.push_back(elapsed / calls);
-  }
-  std::sort(per_call.begin(), per_call.end());
-  return per_call[per_call.size() / 2];
+// CPU seconds this process has run: time-slicing with other processes on the machine does not count, so a
+// loaded machine measures the core's speed rather than the share of it this process happened to get.
+double cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
 }
 
-// C[d, w] = A[d, w] * B[w, w] on one thread: (d, efficiency against `peak`).
-GemmPoint measure_gemm(int64_t d, double peak, int rounds) {
-  std::vector<float> a(static_cast<size_t>(d * kGemmWidth), 0.5f), b(static_cast<size_t>(kGemmWidth * kGemmWidth), 0.25f);
-  std::vector<float> c(static_cast<size_t>(d * kGemmWidth), 0.0f);
-  const double s = median_seconds(
-      [&] {
-        kernels::sgemm(false, false, d, kGemmWidth, kGemmWidth, 1.0f, a.data(), kGemmWidth, b.data(), kGemmWidth, 0.0f,
-                       c.data(), kGemmWidth);
-      },
-      rounds, 0.05);
-  const double flops = 2.0 * static_cast<double>(d) * kGemmWidth * kGemmWidth;
-  return GemmPoint{static_cast<double>(d), flops / s / peak};
+// CPU seconds per call of `fn` over one round of at least `min_round_s` of CPU time (and two calls).
+template <typename Fn>
+double round_seconds(Fn& fn, double min_round_s) {
+  int calls = 0;
+  const double start = cpu_seconds();
+  double elapsed = 0;
+  while (elapsed < min_round_s || calls < 2) {
+    fn();
+    ++calls;
+    elapsed = cpu_seconds() - start;
+  }
+  return elapsed / calls;
+}
+
+// One timed kernel: a warm-up call (first-touch page faults, library initialisation), then the fastest round.
+// Other processes on the machine only ever slow a round down, so the fastest round is the kernel's own speed.
+struct Timed {
+  std::function<void()> fn;
+  double best_s = std::numeric_limits<double>::infinity();
+};
+
+// `rounds` rounds of >= 50 ms, each visiting every kernel in turn: a load that comes and goes during the
+// measurement then slows every size alike instead of bending the fitted curve.
+void time_interleaved(std::vector<Timed>& timed, int rounds) {
+  for (Timed& k : timed) k.fn();
+  for (int r = 0; r < rounds; ++r) {
+    for (Timed& k : timed) k.best_s = std::min(k.best_s, round_seconds(k.fn, 0.05));
+  }
+}
+
+// C[d, w] = A[d, w] * B[w, w] on one thread, for every d: (d, efficiency against `peak`).
+std::vector<GemmPoint> measure_gemms(double peak, int rounds) {
+  std::vector<std::vector<float>> as, cs;
+  const std::vector<float> b(static_cast<size_t>(kGemmWidth * kGemmWidth), 0.25f);
+  std::vector<Timed> timed;
+  as.reserve(kGemmDims.size());
+  cs.reserve(kGemmDims.size());
+  for (int64_t d : kGemmDims) {
+    std::fprintf(stderr, "calibrate: GEMM %lld x %lld x %lld (fp32, one thread)\n", static_cast<long long>(d),
+                 static_cast<long long>(kGemmWidth), static_cast<long long>(kGemmWidth));
+    as.emplace_back(static_cast<size_t>(d * kGemmWidth), 0.5f);
+    cs.emplace_back(static_cast<size_t>(d * kGemmWidth), 0.0f);
+    timed.push_back({[d, a = as.back().data(), c = cs.back().data(), pb = b.data()] {
+      kernels::sgemm(false, false, d, kGemmWidth, kGemmWidth, 1.0f, a, kGemmWidth, pb, kGemmWidth, 0.0f, c, kGemmWidth);
+    }});
+  }
+  time_interleaved(timed, rounds);
+  std::vector<GemmPoint> points;
+  for (size_t i = 0; i < kGemmDims.size(); ++i) {
+    const double d = static_cast<double>(kGemmDims[i]);
+    const double flops = 2.0 * d * kGemmWidth * kGemmWidth;
+    points.push_back(GemmPoint{d, flops / timed[i].best_s / peak});
+  }
+  return points;
 }
 
 // a[i] = b[i] + 3 c[i] over 3 x 64 MiB: bytes per second of one core (two reads and one write per element).
 double measure_stream_bw(int rounds) {
   const size_t n = 16u << 20;
   std::vector<float> a(n, 0.0f), b(n, 1.0f), c(n, 2.0f);
-  const double s = median_seconds(
-      [&] {
-        float* pa = a.data();
-        const float* pb = b.data();
-        const float* pc = c.data();
-        for (size_t i = 0; i < n; ++i) pa[i] = pb[i] + 3.0f * pc[i];
-      },
-      rounds, 0.05);
-  return 3.0 * sizeof(float) * static_cast<double>(n) / s;
+  std::vector<Timed> triad{{[&] {
+    float* pa = a.data();
+    const float* pb = b.data();
+    const float* pc = c.data();
+    for (size_t i = 0; i < n; ++i) pa[i] = pb[i] + 3.0f * pc[i];
+  }}};
+  time_interleaved(triad, rounds);
+  return 3.0 * sizeof(float) * static_cast<double>(n) / triad[0].best_s;
 }
 
 std::string utc_now() {
@@ -115,12 +147,7 @@ Status run_calibrate(const CalibrateOptions& o) {
   const int threads_before = kernels::kernel_threads();
   kernels::set_kernel_threads(1);
   const auto started = Clock::now();
-  std::vector<GemmPoint> points;
-  for (int64_t d : kGemmDims) {
-    std::fprintf(stderr, "calibrate: GEMM %lld x %lld x %lld (fp32, one thread)\n", static_cast<long long>(d),
-                 static_cast<long long>(kGemmWidth), static_cast<long long>(kGemmWidth));
-    points.push_back(measure_gemm(d, peak, o.rounds));
-  }
+  const std::vector<GemmPoint> points = measure_gemms(peak, o.rounds);
   std::fprintf(stderr, "calibrate: streaming bandwidth (one core, 3 x 64 MiB)\n");
   const double bw = measure_stream_bw(o.rounds);
   kernels::set_kernel_threads(threads_before);
@@ -176,7 +203,7 @@ PIPER_REGISTER_COMMAND(g_calibrate, "calibrate", "Measure this machine's core an
                                          "write the calibration JSON here (for --calibration FILE; default: this "
                                          "machine's calibration file, docs/calibration.md)");
                          add_int_option(sub, "--rounds", &o->rounds, {1, 100, "timed rounds per measurement"},
-                                        "timed rounds per measurement (the median is kept)")
+                                        "timed rounds per measurement (the fastest is kept)")
                              ->capture_default_str();
                          sub->add_flag("--json", o->json, "print one JSON object");
                          return std::function<Status()>([o] { return run_calibrate(*o); });

@@ -43,25 +43,6 @@ TEST(CalibrateFitTest, FlatWithinNoiseIsACurveWithoutAKnee) {
   EXPECT_FALSE(fit_gemm_curve({{8, 1.3}, {64, 0.98}, {512, 0.95}}).ok());  // 8: 23 % above the harmonic mean
 }
 
-TEST(CalibrateCliTest, WritesACalibrationThatTheModelLoads) {
-  const std::string out = (std::filesystem::temp_directory_path() /
-                           ("piper_calibrate_" + std::to_string(::getpid()) + ".json")).string();
-  const std::string cmd = std::string(PIPER_BIN_PATH) + " calibrate --rounds 1 --out " + out + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  std::string text;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), f)) text.append(buf.data(), n);
-  ASSERT_EQ(pclose(f), 0) << text;
-  EXPECT_NE(text.find("calibrate: GEMM 8 x 512 x 512"), std::string::npos) << text;  // progress lines
-  auto c = cost::Calibration::load(out);
-  ASSERT_TRUE(c.ok()) << c.status().to_string() << "\n" << text;
-  EXPECT_EQ(c->gemm_efficiency, 1);  // of the measured peak below
-  EXPECT_GT(c->peak_flops_fp32, 1e9);  // a core's fp32 GEMM: tens of GFLOP/s at least
-  EXPECT_GT(c->memory_bw_bytes_per_s, 1e9);
-  EXPECT_FALSE(c->gemm_table);
-  std::filesystem::remove(out);
-}
-
 // Runs `env_prefix piper args` through the shell; stdout and stderr in *text; the exit status.
 int run_piper(const std::string& env_prefix, const std::string& args, std::string* text) {
   const std::string cmd = env_prefix + " " + std::string(PIPER_BIN_PATH) + " " + args + " 2>&1";
@@ -70,6 +51,39 @@ int run_piper(const std::string& env_prefix, const std::string& args, std::strin
   text->clear();
   while (size_t n = fread(buf.data(), 1, buf.size(), f)) text->append(buf.data(), n);
   return pclose(f);
+}
+
+bool too_noisy(const std::string& text) { return text.find("too noisy to fit") != std::string::npos; }
+
+// `piper calibrate` (serial in CTest, so no other test runs beside it). A machine loaded from outside can still
+// bend the measured curve, which the command refuses to fit; it is tried up to three times before the caller skips.
+int run_calibrate(const std::string& env_prefix, const std::string& args, std::string* text) {
+  int rc = 0;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    rc = run_piper(env_prefix, "calibrate --rounds 3 " + args, text);
+    if (rc == 0 || !too_noisy(*text)) break;
+  }
+  return rc;
+}
+
+TEST(CalibrateCliTest, WritesACalibrationThatTheModelLoads) {
+  const std::string out = (std::filesystem::temp_directory_path() /
+                           ("piper_calibrate_" + std::to_string(::getpid()) + ".json")).string();
+  std::string text;
+  const int rc = run_calibrate("", "--out " + out, &text);
+  if (rc != 0 && too_noisy(text)) {
+    EXPECT_FALSE(std::filesystem::exists(out));  // a refused fit writes nothing
+    GTEST_SKIP() << "the machine was too loaded to fit the GEMM curve three times: " << text;
+  }
+  ASSERT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("calibrate: GEMM 8 x 512 x 512"), std::string::npos) << text;  // progress lines
+  auto c = cost::Calibration::load(out);
+  ASSERT_TRUE(c.ok()) << c.status().to_string() << "\n" << text;
+  EXPECT_EQ(c->gemm_efficiency, 1);  // of the measured peak below
+  EXPECT_GT(c->peak_flops_fp32, 1e9);  // a core's fp32 GEMM: tens of GFLOP/s at least
+  EXPECT_GT(c->memory_bw_bytes_per_s, 1e9);
+  EXPECT_FALSE(c->gemm_table);
+  std::filesystem::remove(out);
 }
 
 std::string host() {
@@ -117,9 +131,9 @@ TEST(CalibrateCliTest, WritesTheDefaultFileWithoutOut) {
   const auto dir = std::filesystem::temp_directory_path() / ("piper_xdg_out_" + std::to_string(::getpid()));
   const std::string file = (dir / "piper" / "calibration" / (host() + ".json")).string();
   std::string text;
-  const int rc = run_piper("env -u PIPER_CALIBRATION XDG_CONFIG_HOME=" + dir.string(), "calibrate --rounds 1", &text);
+  const int rc = run_calibrate("env -u PIPER_CALIBRATION XDG_CONFIG_HOME=" + dir.string(), "", &text);
   if (rc != 0) {
-    EXPECT_NE(text.find("too noisy to fit"), std::string::npos) << text;
+    EXPECT_TRUE(too_noisy(text)) << text;
     EXPECT_FALSE(std::filesystem::exists(file));
     std::filesystem::remove_all(dir);
     GTEST_SKIP() << "the machine was too loaded to fit the GEMM curve";
