@@ -40,8 +40,8 @@
 // Code: m2n_exchange looks the instruction's (pass, side, direction) up in a table of eight M2nCall member
 // functions, one per exchange above and side (dispatch_send/recv, combine_send/recv, combine_grad_send/recv,
 // dispatch_grad_send/recv); they share the posting (post_all, post_blocks, post_same_dp), the waits for the other
-// stream's state (source_state, sink_state) and the routing (route_tokens, pack_dispatch, combine_rows). Where the
-// FFN group combines, the variants call send/recv_local_routing and combine_in_ffn_group.
+// stream's state (source_state, sink_state, both wait_for_state) and the routing (route_tokens, pack_dispatch,
+// combine_rows). Where the FFN group combines, the variants call send/recv_local_routing and combine_in_ffn_group.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -290,6 +290,10 @@ struct Executor::Impl::M2nCall {
                      const std::shared_ptr<const void>& keep);
   // post_all of one message with the same-dp peer only.
   Status post_same_dp(bool send, void* buf, size_t bytes, const std::shared_ptr<const void>& keep);
+  // Waits for the state of (layer, mb) that another stream records (the dispatch's routing, the received rows).
+  template <typename State>
+  Result<std::shared_ptr<State>> wait_for_state(std::map<std::pair<int, int>, std::shared_ptr<State>>& states,
+                                                const char* what);
   Result<std::shared_ptr<detail::M2nSource>> source_state();
   Result<std::shared_ptr<detail::M2nSink>> sink_state();
 
@@ -382,34 +386,33 @@ Status Executor::Impl::M2nCall::post_same_dp(bool send, void* buf, size_t bytes,
   return post_all(send, b, n, keep);
 }
 
-// The receive streams post their receives in the channel's order, concurrently with the send stream that
-// dispatches: wait (bounded by the communication timeout) until the dispatch recorded its routing.
-Result<std::shared_ptr<detail::M2nSource>> Executor::Impl::M2nCall::source_state() {
+// The state another stream of this rank records for (layer, mb) in `states`: wait (bounded by the communication
+// timeout) until it is there. `what` names it in the timeout's message.
+template <typename State>
+Result<std::shared_ptr<State>> Executor::Impl::M2nCall::wait_for_state(
+    std::map<std::pair<int, int>, std::shared_ptr<State>>& states, const char* what) {
   std::unique_lock<std::mutex> lock(x.mu);
   const bool ready = x.cv.wait_for(lock, std::chrono::duration<double>(x.dist->timeout_s()),
-                                   [&] { return x.failed || x.m2n->sources.count(key) > 0; });
+                                   [&] { return x.failed || states.count(key) > 0; });
   if (x.failed) return unavailable("'" + in.label + "': abandoned, another stream of this rank failed");
   if (!ready) {
     return deadline_exceeded("'" + in.label + "' waited " + std::to_string(static_cast<int>(x.dist->timeout_s())) +
-                             " s (PIPER_COMM_TIMEOUT_S) for the dispatch of (layer " + std::to_string(layer) + ", mb " +
-                             std::to_string(t.mb) + ") on rank " + std::to_string(x.dist->rank()));
+                             " s (PIPER_COMM_TIMEOUT_S) for " + what + " of (layer " + std::to_string(layer) +
+                             ", mb " + std::to_string(t.mb) + ") on rank " + std::to_string(x.dist->rank()));
   }
-  return x.m2n->sources.at(key);
+  return states.at(key);
+}
+
+// The receive streams post their receives in the channel's order, concurrently with the send stream that
+// dispatches: wait until the dispatch recorded its routing.
+Result<std::shared_ptr<detail::M2nSource>> Executor::Impl::M2nCall::source_state() {
+  return wait_for_state(x.m2n->sources, "the dispatch");
 }
 
 // With pp > 1 an FFN rank receives a layer's dispatch and its output gradient from different attention ranks, on
-// different receive streams: wait (bounded) until the dispatch's rows arrived.
+// different receive streams: wait until the dispatch's rows arrived.
 Result<std::shared_ptr<detail::M2nSink>> Executor::Impl::M2nCall::sink_state() {
-  std::unique_lock<std::mutex> lock(x.mu);
-  const bool ready = x.cv.wait_for(lock, std::chrono::duration<double>(x.dist->timeout_s()),
-                                   [&] { return x.failed || x.m2n->sinks.count(key) > 0; });
-  if (x.failed) return unavailable("'" + in.label + "': abandoned, another stream of this rank failed");
-  if (!ready) {
-    return deadline_exceeded("'" + in.label + "' waited " + std::to_string(static_cast<int>(x.dist->timeout_s())) +
-                             " s (PIPER_COMM_TIMEOUT_S) for the rows of (layer " + std::to_string(layer) + ", mb " +
-                             std::to_string(t.mb) + ") on rank " + std::to_string(x.dist->rank()));
-  }
-  return x.m2n->sinks.at(key);
+  return wait_for_state(x.m2n->sinks, "the rows");
 }
 
 Result<std::shared_ptr<detail::M2nSource>> Executor::Impl::M2nCall::route_tokens(const Activation& a) const {
