@@ -292,7 +292,7 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   run.save_dir = o.save;
   run.save_every = o.save_every;
   run.trace = !o.trace.empty();
-  const bool expert_parallel = !trainer->executor().expert_placement().empty();
+  const bool expert_parallel = trainer->expert_parallel();
   if (!o.json && !quiet) run.on_step = [&](const runtime::TrainStepStats& s) { print_step(s, expert_parallel); };
   PIPER_ASSIGN_OR_RETURN(runtime::RunSummary r, runtime::run_training(*trainer, run));
   if (quiet) return ok_status();

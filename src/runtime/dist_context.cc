@@ -91,7 +91,7 @@ Result<std::unique_ptr<DistContext>> DistContext::create(comm::Communicator& wor
       {"ep", ep, [](const C& a, const C& b, int e) { return a.pp == b.pp && a.tp == b.tp && a.dp / e == b.dp / e; }},
       {"tp", m.tp, [](const C& a, const C& b, int) { return a.pp == b.pp && a.dp == b.dp; }},
       // ZeRO over the experts' replicas under tensor parallelism: with etp=1 the experts are replicated over
-      // edp and tp, and their state is sharded over both (executor_comm.cc).
+      // edp and tp, and their state is sharded over both (executor_dp.cc).
       {"edp_tp", m.tp > 1 && (m.dp / ep > 1 || ep > 1) ? m.dp / ep * m.tp : 1,
        [](const C& a, const C& b, int) { return a.pp == b.pp && a.ep == b.ep; }},
   };

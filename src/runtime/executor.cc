@@ -9,27 +9,24 @@
 #include <tuple>
 
 #include "piper/kernels/cpu/gemm.h"
-#include "piper/runtime/executor_impl.h"
+#include "piper/runtime/executor_handlers.h"
 #include "piper/runtime/trace.h"
 
 namespace piper::runtime {
 
 using compile::Instruction;
 using compile::OpKind;
+using detail::Core;
 using detail::key_name;
 using detail::StashKey;
 using detail::Task;
-
-namespace {
-constexpr auto kWaitTimeout = std::chrono::seconds(600);
-}  // namespace
 
 std::string detail::key_name(const StashKey& k) {
   return "(layer " + std::to_string(std::get<0>(k)) + ", " + std::get<1>(k) + ", mb " + std::to_string(std::get<2>(k)) +
          ")";
 }
 
-Result<std::shared_ptr<const Tensor>> Executor::Impl::take_hidden(const Task& t, const std::string& boundary) {
+Result<std::shared_ptr<const Tensor>> Core::take_hidden(const Task& t, const std::string& boundary) {
   if (t.gradient) {
     PIPER_ASSIGN_OR_RETURN(Gradient g, take_message<Gradient>(t, t.source));
     if (g.dnormed || g.dtopk_w) {
@@ -42,7 +39,7 @@ Result<std::shared_ptr<const Tensor>> Executor::Impl::take_hidden(const Task& t,
   return a.hidden;
 }
 
-void Executor::Impl::publish_hidden(const Task& t, std::shared_ptr<const Tensor> x) {
+void Core::publish_hidden(const Task& t, std::shared_ptr<const Tensor> x) {
   if (t.gradient) {
     Gradient g;
     g.dhidden = std::move(x);
@@ -52,6 +49,48 @@ void Executor::Impl::publish_hidden(const Task& t, std::shared_ptr<const Tensor>
     a.hidden = std::move(x);
     publish_message(t, std::move(a));
   }
+}
+
+Core::Core()
+    : p2p(std::make_unique<detail::PipelineP2p>(*this)),
+      dp(std::make_unique<detail::DataParallel>(*this)),
+      tp(std::make_unique<detail::TensorParallel>(*this)),
+      ep(std::make_unique<detail::ExpertParallel>(*this)),
+      m2n(std::make_unique<detail::M2n>(*this)),
+      // Norm shares are claimed in this order (tp's split chunks, then ZeRO shards, then experts), and the
+      // pre-norm hooks run in it (the tp gradient sum before the expert scaling).
+      handlers{tp.get(), dp.get(), ep.get(), m2n.get(), p2p.get()} {}
+
+Core::~Core() = default;
+
+void Core::fail(const Status& st) {
+  std::lock_guard<std::mutex> lock(mu);
+  if (!failed) {
+    failed = true;
+    error = st;
+  }
+  stop = true;
+  cv.notify_all();
+}
+
+Status Core::wait_until(const std::function<bool()>& ready, std::chrono::duration<double> timeout,
+                        const std::string& what) {
+  std::unique_lock<std::mutex> lock(mu);
+  if (!cv.wait_for(lock, timeout, [&] { return failed || ready(); })) {
+    return deadline_exceeded(what);
+  }
+  if (failed) return unavailable("abandoned, another stream of this rank failed");
+  return ok_status();
+}
+
+void Core::notify() {
+  { std::lock_guard<std::mutex> lock(mu); }
+  cv.notify_all();
+}
+
+void Core::add_seconds(const std::string& key, double seconds) {
+  std::lock_guard<std::mutex> lock(mu);
+  task_seconds[key] += seconds;
 }
 
 Result<std::unique_ptr<Executor>> Executor::create(const compile::Plan& plan, const compile::Program& program,
@@ -67,7 +106,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const compile::Plan& plan, co
   if (program.streams.empty())
     return invalid_argument("executor: the program of rank " + std::to_string(program.pp_rank) + " has no streams");
   PIPER_RETURN_IF_ERROR(impl->index_program(program));
-  if (dist != nullptr && plan.mesh.tp > 1) PIPER_RETURN_IF_ERROR(impl->init_tp(program));
+  if (dist != nullptr && plan.mesh.tp > 1) PIPER_RETURN_IF_ERROR(impl->tp->init(program));
   for (const compile::Stream& stream : program.streams) {
     std::vector<Task> tasks;
     for (size_t i = 0; i < stream.instrs.size(); ++i) {
@@ -78,8 +117,9 @@ Result<std::unique_ptr<Executor>> Executor::create(const compile::Plan& plan, co
     }
     impl->streams.push_back(std::move(tasks));
   }
-  PIPER_RETURN_IF_ERROR(impl->ep_setup());
-  PIPER_RETURN_IF_ERROR(impl->shard_state());
+  // The MoE layers, expert norm owners and HALO context, then the ZeRO shards of state, gradients and parameters.
+  PIPER_RETURN_IF_ERROR(impl->ep->setup());
+  PIPER_RETURN_IF_ERROR(impl->dp->setup());
   for (const auto& c : model->chunks()) {
     const int n = impl->updates_expected.count(c.get()) ? impl->updates_expected[c.get()] : 0;
     if (n != 1) {
@@ -90,7 +130,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const compile::Plan& plan, co
   return std::unique_ptr<Executor>(new Executor(std::move(impl)));
 }
 
-Status Executor::Impl::index_program(const compile::Program& program) {
+Status Core::index_program(const compile::Program& program) {
   for (const compile::Stream& stream : program.streams) {
     for (const Instruction& in : stream.instrs) {
       if (in.node != ir::kNoNode) by_node.emplace(in.node, &in);
@@ -112,7 +152,7 @@ Status Executor::Impl::index_program(const compile::Program& program) {
   return ok_status();
 }
 
-Status Executor::Impl::resolve(const compile::Stream& stream, size_t i, Task* t) {
+Status Core::resolve(const compile::Stream& stream, size_t i, Task* t) {
   const Instruction& in = stream.instrs[i];
   switch (in.op) {
     case OpKind::kSend:
@@ -135,8 +175,8 @@ Status Executor::Impl::resolve(const compile::Stream& stream, size_t i, Task* t)
     case OpKind::kUpdate:
       t->chunk = model->find(in.layer, in.part);
       if (t->chunk == nullptr) {
-        return invalid_argument("executor: update '" + in.label + "' names (layer " + std::to_string(in.layer) +
-                                ", " + in.part + "), which the model lacks");
+        return invalid_argument("executor: update '" + in.label + "' names (layer " + std::to_string(in.layer) + ", " +
+                                in.part + "), which the model lacks");
       }
       updates_expected[t->chunk]++;
       return ok_status();
@@ -146,9 +186,30 @@ Status Executor::Impl::resolve(const compile::Stream& stream, size_t i, Task* t)
   return internal_error("executor: '" + in.label + "' has an unknown op");
 }
 
+// A communication instruction goes to the handler of its kind: m2n send/recv to M2n when routed (a dense edge is a
+// pipeline message), other send/recv to the pipeline, tp exchanges to TensorParallel, all_to_all to
+// ExpertParallel, gradient reductions and parameter gathers to DataParallel.
+Status Core::resolve_comm(const Instruction& in, Task* t) {
+  if (in.node == ir::kNoNode) return internal_error("executor: '" + in.label + "' names no graph node");
+  if (in.op == OpKind::kSend || in.op == OpKind::kRecv) {
+    bool routed = false;
+    if (in.comm == ir::NodeKind::kM2N) {
+      PIPER_ASSIGN_OR_RETURN(routed, m2n->routed(in));
+    }
+    t->handler = routed ? static_cast<detail::Handler*>(m2n.get()) : p2p.get();
+  } else if (detail::is_tp_exchange(in)) {
+    t->handler = tp.get();
+  } else if (in.comm == ir::NodeKind::kAllToAll) {
+    t->handler = ep.get();
+  } else {
+    t->handler = dp.get();
+  }
+  return t->handler->resolve(in, t);
+}
+
 // The owner of an alloc's buffer: the ZeRO-3 parameters the next all-gather materialises (its free re-shards
 // them), or the forward chunk that follows (a second alloc before it, a recompute checkpoint, only counts bytes).
-Status Executor::Impl::resolve_alloc(const compile::Stream& stream, size_t i) {
+Status Core::resolve_alloc(const compile::Stream& stream, size_t i) {
   const Instruction& in = stream.instrs[i];
   size_t j = i + 1;
   while (j < stream.instrs.size() && stream.instrs[j].op == OpKind::kAlloc) ++j;
@@ -161,7 +222,7 @@ Status Executor::Impl::resolve_alloc(const compile::Stream& stream, size_t i) {
       return invalid_argument("executor: '" + in.label + "' gathers the parameters of (layer " +
                               std::to_string(ag.layer) + ", " + ag.part + "), which this rank does not hold");
     }
-    param_buffers[in.buffer] = chunk;
+    dp->own_param_buffer(in.buffer, chunk);
     return ok_status();
   }
   while (j < stream.instrs.size() && stream.instrs[j].op != OpKind::kCompute) ++j;
@@ -179,7 +240,7 @@ Status Executor::Impl::resolve_alloc(const compile::Stream& stream, size_t i) {
   return ok_status();
 }
 
-Status Executor::Impl::resolve_compute(const Instruction& in, Task* t) {
+Status Core::resolve_compute(const Instruction& in, Task* t) {
   if (in.comm != ir::NodeKind::kChunk) {
     return invalid_argument("executor: compute '" + in.label + "' is not a chunk node");
   }
@@ -218,7 +279,7 @@ Status Executor::Impl::resolve_compute(const Instruction& in, Task* t) {
 
 // A compute's messages: the plan's inputs that carry one (forward: producers' F; backward: consumers' B/BW; any
 // exchange), and how many of its outputs take its own.
-Status Executor::Impl::wire_compute(const Instruction& in, Task* t) {
+Status Core::wire_compute(const Instruction& in, Task* t) {
   const bool fwd = t->pass == ir::Pass::kF;
   auto relevant = [&](ir::NodeId other) {
     const Instruction& o = instr_of(other);
@@ -235,7 +296,7 @@ Status Executor::Impl::wire_compute(const Instruction& in, Task* t) {
     const Instruction& o = instr_of(src);
     const bool exchanged = o.comm == ir::NodeKind::kRecv || o.comm == ir::NodeKind::kAllToAll ||
                            o.comm == ir::NodeKind::kM2N || detail::is_tp_exchange(o);
-    // ZeRO-3: the parameter all-gather before the task (executor_comm.cc); no message. A recomputed forward re-runs
+    // ZeRO-3: the parameter all-gather before the task (executor_dp.cc); no message. A recomputed forward re-runs
     // right before its backward, after the wait for that backward's all-gather, and uses those gathered parameters.
     if (o.comm == ir::NodeKind::kAllGather && !exchanged) continue;
     if (ir::is_comm(o.comm) && !exchanged) {
@@ -258,101 +319,67 @@ int Executor::num_microbatches() const { return impl_->num_mb; }
 int Executor::num_streams() const { return static_cast<int>(impl_->streams.size()); }
 int64_t Executor::planned_peak_bytes() const { return impl_->planned_peak; }
 void Executor::set_trace(TraceRecorder* recorder) { impl_->trace = recorder; }
-std::vector<Executor::ParamShard> Executor::param_shards(const Chunk& chunk) {
-  std::vector<ParamShard> out;
-  auto it = impl_->shards.find(&chunk);
-  if (it == impl_->shards.end() || !it->second.params_sharded) return out;
-  Impl::Shard& sh = it->second;
-  int64_t offset = 0;
-  size_t i = 0;
-  for (const Param& p : chunk.params()) {
-    if (!p.trainable) continue;
-    int64_t n = 1;
-    for (int64_t d : sh.shapes[i]) n *= d;
-    const int64_t lo = std::max(sh.begin, offset), hi = std::max(lo, std::min(sh.end, offset + n));
-    out.push_back({&p, sh.shapes[i], &sh.values[i], std::min(lo - offset, n), std::min(hi - offset, n)});
-    offset += n;
-    ++i;
-  }
-  return out;
-}
+std::vector<Executor::ParamShard> Executor::param_shards(const Chunk& chunk) { return impl_->dp->param_shards(chunk); }
 
 std::pair<int64_t, int64_t> Executor::update_range(const Chunk& chunk) const {
-  auto it = impl_->shards.find(&chunk);
-  if (it != impl_->shards.end()) return {it->second.begin, it->second.end};
+  if (const detail::DataParallel::Shard* sh = impl_->dp->shard(chunk)) return {sh->begin, sh->end};
   int64_t total = 0;
   for (const Param& p : chunk.params()) total += p.trainable ? p.value.numel() : 0;
   return {0, total};
 }
 
-Status Executor::Impl::compute(const Task& t) {
+Status Core::compute(const Task& t) {
   StepContext ctx{num_mb, allocator};
+  PIPER_RETURN_IF_ERROR(dp->check_gathered(t));
+  if (t.pass == ir::Pass::kF) return forward(t, ctx);
+  return backward(t, ctx);
+}
+
+Status Core::forward(const Task& t, StepContext& ctx) {
   const std::string& label = t.in->label;
-  auto shard = shards.find(t.chunk);
-  if (shard != shards.end() && shard->second.params_sharded && t.pass != ir::Pass::kW) {
+  std::vector<Activation> inputs;
+  if (t.rerun) {
     std::lock_guard<std::mutex> lock(mu);
-    if (shard->second.gathered == 0) {
-      return internal_error("'" + label + "' runs before the all-gather of its parameters (zero=3)");
+    auto it = recompute_inputs.find(t.key);
+    if (it == recompute_inputs.end()) {
+      return internal_error("'" + label + "': no kept inputs for " + key_name(t.key) + " (first forward missing)");
+    }
+    inputs = std::move(it->second);
+    recompute_inputs.erase(it);
+  } else {
+    for (ir::NodeId src : t.sources) {
+      PIPER_ASSIGN_OR_RETURN(Activation a, take_message<Activation>(t, src));
+      inputs.push_back(std::move(a));
     }
   }
-  if (t.pass == ir::Pass::kF) {
-    std::vector<Activation> inputs;
-    if (t.rerun) {
-      std::lock_guard<std::mutex> lock(mu);
-      auto it = recompute_inputs.find(t.key);
-      if (it == recompute_inputs.end()) {
-        return internal_error("'" + label + "': no kept inputs for " + key_name(t.key) + " (first forward missing)");
-      }
-      inputs = std::move(it->second);
-      recompute_inputs.erase(it);
-    } else {
-      for (ir::NodeId src : t.sources) {
-        PIPER_ASSIGN_OR_RETURN(Activation a, take_message<Activation>(t, src));
-        inputs.push_back(std::move(a));
-      }
-    }
-    if (m2n != nullptr) PIPER_RETURN_IF_ERROR(m2n_local_inputs(t, &inputs));  // af-pipe (executor_m2n.cc)
-    std::vector<const Activation*> ptrs;
-    for (const Activation& a : inputs) ptrs.push_back(&a);
-    const int64_t offset = static_cast<int64_t>(t.mb) * mbs * batch->seq_len;
-    Microbatch mb{batch->inputs.data() + offset, batch->targets.data() + offset, mbs, batch->seq_len};
-    PIPER_RETURN_IF_ERROR(tp_context(t, &ctx, &mb));
-    Activation out;
-    ctx.recompute = t.rerun;
-    auto stash = t.chunk->forward(ctx, mb, ptrs, &out);
-    if (!stash.ok()) return stash.status();
-    std::lock_guard<std::mutex> lock(mu);
-    if (stashes.count(t.key)) return internal_error("'" + label + "' ran twice for " + key_name(t.key));
-    if (t.rerun) {  // the outputs and losses were published by the first run
-      stashes[t.key] = std::move(stash).value();
-      return ok_status();
-    }
-    if (t.recomputed) recompute_inputs[t.key] = std::move(inputs);
-    loss_mb[static_cast<size_t>(t.mb)] += (*stash)->loss;
-    aux_mb[static_cast<size_t>(t.mb)] += (*stash)->aux_loss;
+  PIPER_RETURN_IF_ERROR(m2n->local_inputs(t, &inputs));  // af-pipe (executor_m2n.cc)
+  std::vector<const Activation*> ptrs;
+  for (const Activation& a : inputs) ptrs.push_back(&a);
+  const int64_t offset = static_cast<int64_t>(t.mb) * mbs * batch->seq_len;
+  Microbatch mb{batch->inputs.data() + offset, batch->targets.data() + offset, mbs, batch->seq_len};
+  PIPER_RETURN_IF_ERROR(tp->context(t, &ctx, &mb));
+  Activation out;
+  ctx.recompute = t.rerun;
+  auto stash = t.chunk->forward(ctx, mb, ptrs, &out);
+  if (!stash.ok()) return stash.status();
+  std::lock_guard<std::mutex> lock(mu);
+  if (stashes.count(t.key)) return internal_error("'" + label + "' ran twice for " + key_name(t.key));
+  if (t.rerun) {  // the outputs and losses were published by the first run
     stashes[t.key] = std::move(stash).value();
-    if (t.consumers > 0) publish_message(t, std::move(out));
     return ok_status();
   }
-  if (t.grad_index >= 0 && shard != shards.end() && shard->second.per_microbatch) {
-    // ZeRO-2/3: the previous microbatch's gradient must have left the full tensors before this one accumulates
-    // into them; they are then allocated again, zero.
-    // At most kFullGradWindow chunks hold a full gradient at once (the one accumulating and the one its
-    // reduce-scatter is about to take), so that compute running ahead of the reductions does not materialise
-    // every chunk's gradient (the resource model's gradient bucket).
-    std::unique_lock<std::mutex> lock(mu);
-    if (!cv.wait_for(lock, kWaitTimeout, [&] {
-          return (packs_done[t.chunk] >= t.grad_index && full_grads_live < kFullGradWindow) || failed;
-        })) {
-      return deadline_exceeded("'" + label + "' waited 600 s for the gradient reduce-scatter of its previous " +
-                               "microbatch or of earlier chunks (ZeRO-2/3 keep at most " +
-                               std::to_string(kFullGradWindow) + " full gradients)");
-    }
-    if (failed) return ok_status();
-    materialize_grads(t.chunk, shard->second);
-    ++full_grads_live;
-  }
-  PIPER_RETURN_IF_ERROR(tp_context(t, &ctx, nullptr));
+  if (t.recomputed) recompute_inputs[t.key] = std::move(inputs);
+  loss_mb[static_cast<size_t>(t.mb)] += (*stash)->loss;
+  aux_mb[static_cast<size_t>(t.mb)] += (*stash)->aux_loss;
+  stashes[t.key] = std::move(stash).value();
+  if (t.consumers > 0) publish_message(t, std::move(out));
+  return ok_status();
+}
+
+Status Core::backward(const Task& t, StepContext& ctx) {
+  const std::string& label = t.in->label;
+  if (t.grad_index >= 0) PIPER_RETURN_IF_ERROR(dp->before_grad_task(t));  // ZeRO-2/3 (executor_dp.cc)
+  PIPER_RETURN_IF_ERROR(tp->context(t, &ctx, nullptr));
   Stash* stash = nullptr;
   std::vector<Gradient> grads;
   {
@@ -368,7 +395,7 @@ Status Executor::Impl::compute(const Task& t) {
     PIPER_ASSIGN_OR_RETURN(Gradient g, take_message<Gradient>(t, src));
     grads.push_back(std::move(g));
   }
-  if (m2n != nullptr) PIPER_RETURN_IF_ERROR(m2n_local_grads(t, &grads));  // af-pipe (executor_m2n.cc)
+  PIPER_RETURN_IF_ERROR(m2n->local_grads(t, &grads));  // af-pipe (executor_m2n.cc)
   if (t.pass == ir::Pass::kW) {
     t.chunk->backward_weight(ctx, *stash);
   } else {
@@ -388,60 +415,81 @@ Status Executor::Impl::compute(const Task& t) {
   return ok_status();
 }
 
-Status Executor::Impl::execute(const Task& t) {
+Status Core::free_buffer(const Instruction& in) {
+  PIPER_ASSIGN_OR_RETURN(bool params, dp->free_buffer(in));  // ZeRO-3: re-shard (executor_dp.cc)
+  std::unique_ptr<Stash> dead;
+  std::lock_guard<std::mutex> lock(mu);
+  if (params || counted_only.count(in.buffer) > 0) {
+    planned_live -= in.bytes;
+    return ok_status();
+  }
+  auto owner = buffer_owner.find(in.buffer);
+  if (owner == buffer_owner.end()) return internal_error("'" + in.label + "' frees a buffer never allocated");
+  auto it = stashes.find(owner->second);
+  if (it == stashes.end()) {
+    return internal_error("'" + in.label + "': no activations of " + key_name(owner->second) + " to free");
+  }
+  dead = std::move(it->second);
+  stashes.erase(it);
+  planned_live -= in.bytes;
+  return ok_status();
+}
+
+Status Core::update(const Task& t) {
+  const Instruction& in = *t.in;
+  Status waited = wait_until([&] { return grad_tasks_done == grad_tasks_total && dp->reductions_complete(); },
+                             kWaitTimeout, "'" + in.label + "' waited 600 s for the step's gradients");
+  if (!waited.ok()) return waited.code() == StatusCode::kUnavailable ? ok_status() : waited;
+  if (dist == nullptr) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!norm_done) {
+      grad_norm = optimizer->begin_step();
+      norm_done = true;
+    }
+  } else {
+    // One norm exchange per step, whichever stream's update gets here first.
+    std::lock_guard<std::mutex> norm_lock(norm_mu);
+    if (!norm_done) {
+      for (detail::Handler* h : handlers) PIPER_RETURN_IF_ERROR(h->prepare_norm());
+      PIPER_ASSIGN_OR_RETURN(double norm, global_grad_norm());
+      std::lock_guard<std::mutex> lock(mu);
+      grad_norm = norm;
+      optimizer->begin_step_with_norm(norm);
+      norm_done = true;
+    }
+  }
+  const auto start = std::chrono::steady_clock::now();
+  dp->update(*optimizer, *t.chunk);
+  t.chunk->after_update();
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::lock_guard<std::mutex> lock(mu);
+  updates_done[t.chunk]++;
+  task_seconds["update"] += s;
+  return ok_status();
+}
+
+Status Core::execute(const Task& t) {
   const Instruction& in = *t.in;
   switch (in.op) {
     case OpKind::kCompute: {
       const auto start = std::chrono::steady_clock::now();
       Status st = compute(t);
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::lock_guard<std::mutex> lock(mu);
-      task_seconds[t.chunk->part() + "." + ir::to_string(t.pass)] += s;
+      add_seconds(t.chunk->part() + "." + ir::to_string(t.pass),
+                  std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       return st;
     }
     case OpKind::kSend:
-      return send(t);
     case OpKind::kRecv:
-      return recv(t);
     case OpKind::kCollective:
-      return collective(t);
+      return t.handler->run(t);
     case OpKind::kAlloc: {
       std::lock_guard<std::mutex> lock(mu);
       planned_live += in.bytes;
       planned_peak = std::max(planned_peak, planned_live);
       return ok_status();
     }
-    case OpKind::kFree: {
-      std::unique_ptr<Stash> dead;
-      std::lock_guard<std::mutex> lock(mu);
-      auto param = param_buffers.find(in.buffer);
-      if (param != param_buffers.end()) {
-        // ZeRO-3: re-shard: the gathered copy dies with the last plan buffer that holds it.
-        Shard& sh = shards.at(param->second);
-        if (sh.gathered <= 0) return internal_error("'" + in.label + "' frees parameters never gathered");
-        if (--sh.gathered == 0) {
-          for (Param& p : param->second->params()) {
-            if (p.trainable) p.value = Tensor();
-          }
-        }
-        planned_live -= in.bytes;
-        return ok_status();
-      }
-      if (counted_only.count(in.buffer) > 0) {
-        planned_live -= in.bytes;
-        return ok_status();
-      }
-      auto owner = buffer_owner.find(in.buffer);
-      if (owner == buffer_owner.end()) return internal_error("'" + in.label + "' frees a buffer never allocated");
-      auto it = stashes.find(owner->second);
-      if (it == stashes.end()) {
-        return internal_error("'" + in.label + "': no activations of " + key_name(owner->second) + " to free");
-      }
-      dead = std::move(it->second);
-      stashes.erase(it);
-      planned_live -= in.bytes;
-      return ok_status();
-    }
+    case OpKind::kFree:
+      return free_buffer(in);
     case OpKind::kRecord: {
       std::lock_guard<std::mutex> lock(mu);
       events[static_cast<size_t>(in.event)] = 1;
@@ -449,60 +497,17 @@ Status Executor::Impl::execute(const Task& t) {
       return ok_status();
     }
     case OpKind::kWait: {
-      std::unique_lock<std::mutex> lock(mu);
-      if (!cv.wait_for(lock, kWaitTimeout, [&] { return events[static_cast<size_t>(in.event)] || failed; })) {
-        return deadline_exceeded("'" + in.label + "' waited 600 s for event " + std::to_string(in.event));
-      }
-      return ok_status();
+      Status waited = wait_until([&] { return events[static_cast<size_t>(in.event)] != 0; }, kWaitTimeout,
+                                 "'" + in.label + "' waited 600 s for event " + std::to_string(in.event));
+      return waited.code() == StatusCode::kUnavailable ? ok_status() : waited;
     }
-    case OpKind::kUpdate: {
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        if (!cv.wait_for(lock, kWaitTimeout, [&] {
-              return (grad_tasks_done == grad_tasks_total && reductions_done == reductions_total) || failed;
-            })) {
-          return deadline_exceeded("'" + in.label + "' waited 600 s for the step's gradients");
-        }
-        if (failed) return ok_status();
-        if (!norm_done && dist == nullptr) {
-          grad_norm = optimizer->begin_step();
-          norm_done = true;
-        }
-      }
-      if (dist != nullptr) {
-        // One norm exchange per step, whichever stream's update gets here first.
-        std::lock_guard<std::mutex> norm_lock(norm_mu);
-        if (!norm_done) {
-          if (tp.size > 1) PIPER_RETURN_IF_ERROR(tp_sync_grads());
-          PIPER_ASSIGN_OR_RETURN(double norm, global_grad_norm());
-          std::lock_guard<std::mutex> lock(mu);
-          grad_norm = norm;
-          optimizer->begin_step_with_norm(norm);
-          norm_done = true;
-        }
-      }
-      const auto start = std::chrono::steady_clock::now();
-      auto shard = shards.find(t.chunk);
-      if (shard == shards.end()) {
-        optimizer->update(*t.chunk);
-      } else {
-        Shard& sh = shard->second;
-        optimizer->update_range(*t.chunk, sh.begin, sh.end, sh.per_microbatch ? sh.grad.data() : nullptr,
-                                sh.params_sharded ? &sh.values : nullptr);
-      }
-      t.chunk->after_update();
-      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      std::lock_guard<std::mutex> lock(mu);
-      updates_done[t.chunk]++;
-      task_seconds["update"] += s;
-      return ok_status();
-    }
-    default:
-      return internal_error("executor: unexpected instruction '" + in.label + "'");
+    case OpKind::kUpdate:
+      return update(t);
   }
+  return internal_error("executor: unexpected instruction '" + in.label + "'");
 }
 
-void Executor::Impl::run_stream(size_t s) {
+void Core::run_stream(size_t s) {
   for (size_t i = 0; i < streams[s].size(); ++i) {
     const Task& t = streams[s][i];
     {
@@ -519,6 +524,62 @@ void Executor::Impl::run_stream(size_t s) {
   }
 }
 
+void Core::begin_step(const Batch& b) {
+  model->zero_grads();
+  batch = &b;
+  mbs = b.batch_size / num_mb;
+  messages.clear();
+  stashes.clear();
+  recompute_inputs.clear();
+  events.assign(static_cast<size_t>(num_events), 0);
+  updates_done.clear();
+  grad_tasks_done = 0;
+  for (detail::Handler* h : handlers) h->begin_step();
+  stop = false;
+  norm_done = false;
+  grad_norm = 0;
+  failed = false;
+  error = ok_status();
+  loss_mb.assign(static_cast<size_t>(num_mb), 0.0);
+  aux_mb.assign(static_cast<size_t>(num_mb), 0.0);
+  planned_live = 0;
+  planned_peak = 0;
+  task_seconds.clear();
+}
+
+Result<StepResult> Core::end_step() {
+  batch = nullptr;
+  if (failed) {
+    stashes.clear();
+    recompute_inputs.clear();
+    messages.clear();
+    return error;
+  }
+  if (!recompute_inputs.empty()) {
+    return internal_error("executor: the plan never re-ran the recomputed forward of " +
+                          key_name(recompute_inputs.begin()->first));
+  }
+  if (!stashes.empty()) {
+    return internal_error("executor: the plan never freed the activations of " + key_name(stashes.begin()->first));
+  }
+  if (std::optional<ir::NodeId> left = messages.leftover()) {
+    return internal_error("executor: a task's output was never consumed (node '" + name_of(*left) + "')");
+  }
+  if (updates_done != updates_expected) return internal_error("executor: not every chunk was updated once");
+  StepResult r;
+  for (int k = 0; k < num_mb; ++k) {
+    r.loss += loss_mb[static_cast<size_t>(k)];
+    r.aux_loss += aux_mb[static_cast<size_t>(k)];
+  }
+  r.loss /= num_mb;
+  if (dist != nullptr) PIPER_RETURN_IF_ERROR(reduce_losses(&r.loss, &r.aux_loss));
+  for (detail::Handler* h : handlers) PIPER_RETURN_IF_ERROR(h->end_step(&r));
+  r.grad_norm = grad_norm;
+  r.task_seconds = task_seconds;
+  for (const auto& s : streams) r.num_instructions += static_cast<int64_t>(s.size());
+  return r;
+}
+
 Result<StepResult> Executor::run_step(const Batch& batch) {
   Impl& m = *impl_;
   if (batch.batch_size < 1 || batch.batch_size % m.num_mb != 0) {
@@ -530,38 +591,7 @@ Result<StepResult> Executor::run_step(const Batch& batch) {
     return invalid_argument("executor: batch arrays do not match [batch_size, seq_len]");
   }
   const auto start = std::chrono::steady_clock::now();
-  m.model->zero_grads();
-  m.batch = &batch;
-  m.mbs = batch.batch_size / m.num_mb;
-  m.messages.clear();
-  m.stashes.clear();
-  m.recompute_inputs.clear();
-  m.events.assign(static_cast<size_t>(m.num_events), 0);
-  m.updates_done.clear();
-  m.grad_tasks_done = 0;
-  m.reductions_done = 0;
-  m.packs_done.clear();
-  m.shard_reductions.clear();
-  m.full_grads_live = 0;
-  for (auto& [chunk, sh] : m.shards) {
-    if (sh.per_microbatch) sh.grad.fill(0.0f);
-    if (sh.gathered > 0) {  // left by a failed step: re-shard
-      for (Param& p : const_cast<Chunk*>(chunk)->params()) {
-        if (p.trainable) p.value = Tensor();
-      }
-      sh.gathered = 0;
-    }
-  }
-  m.stop = false;
-  m.norm_done = false;
-  m.grad_norm = 0;
-  m.failed = false;
-  m.error = ok_status();
-  m.loss_mb.assign(static_cast<size_t>(m.num_mb), 0.0);
-  m.aux_mb.assign(static_cast<size_t>(m.num_mb), 0.0);
-  m.planned_live = 0;
-  m.planned_peak = 0;
-  m.task_seconds.clear();
+  m.begin_step(batch);
   if (m.streams.size() == 1) {
     m.run_stream(0);
   } else {
@@ -576,36 +606,8 @@ Result<StepResult> Executor::run_step(const Batch& batch) {
     }
     for (auto& th : threads) th.join();
   }
-  m.batch = nullptr;
-  if (m.failed) {
-    m.stashes.clear();
-    m.recompute_inputs.clear();
-    m.messages.clear();
-    return m.error;
-  }
-  if (!m.recompute_inputs.empty()) {
-    return internal_error("executor: the plan never re-ran the recomputed forward of " +
-                          key_name(m.recompute_inputs.begin()->first));
-  }
-  if (!m.stashes.empty()) {
-    return internal_error("executor: the plan never freed the activations of " + key_name(m.stashes.begin()->first));
-  }
-  if (std::optional<ir::NodeId> left = m.messages.leftover()) {
-    return internal_error("executor: a task's output was never consumed (node '" + m.name_of(*left) + "')");
-  }
-  if (m.updates_done != m.updates_expected) return internal_error("executor: not every chunk was updated once");
-  StepResult r;
-  for (int k = 0; k < m.num_mb; ++k) {
-    r.loss += m.loss_mb[static_cast<size_t>(k)];
-    r.aux_loss += m.aux_mb[static_cast<size_t>(k)];
-  }
-  r.loss /= m.num_mb;
-  if (m.dist != nullptr) PIPER_RETURN_IF_ERROR(m.reduce_losses(&r.loss, &r.aux_loss));
-  PIPER_RETURN_IF_ERROR(m.collect_expert_tokens(&r.expert_tokens));
-  r.grad_norm = m.grad_norm;
-  r.task_seconds = m.task_seconds;
+  PIPER_ASSIGN_OR_RETURN(StepResult r, m.end_step());
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  for (const auto& s : m.streams) r.num_instructions += static_cast<int64_t>(s.size());
   return r;
 }
 

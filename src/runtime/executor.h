@@ -27,7 +27,7 @@
 //   Tensor-parallel collectives (all-gather / reduce-scatter / all-reduce over tp) move hidden states between
 //   the chunks' slices and the rest of the model; gradients partial on each tensor rank are summed over tp before
 //   the norm (executor_tp.cc, docs/runtime.md).
-//   ZeRO (executor_comm.cc): a rank keeps the optimizer state (zero>=1), the accumulated gradient (zero>=2) and
+//   ZeRO (executor_dp.cc): a rank keeps the optimizer state (zero>=1), the accumulated gradient (zero>=2) and
 //   the parameters between uses (zero=3) only for its flat shard of each replicated chunk; ZeRO-3's all-gather
 //   before an F or B/BW materialises the whole parameters until the plan frees that buffer.
 //   Without a DistContext a Program with communication is rejected at create().

@@ -24,14 +24,11 @@
 #include "piper/comm/algorithms/moe_combine.h"
 #include "piper/comm/algorithms/moe_dispatch.h"
 #include "piper/comm/algorithms/pairwise_all_to_all.h"
-#include "piper/runtime/executor_impl.h"
+#include "piper/runtime/executor_handlers.h"
 
-namespace piper::runtime {
+namespace piper::runtime::detail {
 
 using compile::Instruction;
-using detail::Task;
-
-namespace detail {
 
 struct EpExchange {
   comm::MoeRouting routing;                  // group rank of each (token, slot)
@@ -40,20 +37,6 @@ struct EpExchange {
   std::shared_ptr<const Routed> routed;      // the source's routing (weights for the combine)
   std::shared_ptr<const EpRows> dispatched;  // experts and weights of the received rows
 };
-
-struct EpState {
-  int ep = 1;  // group size (1: no expert parallelism, only the load count)
-  int experts_per_rank = 0;
-  bool halo = false;
-  comm::Communicator* comm = nullptr;
-  std::unique_ptr<comm::HaloContext> halo_context;
-  std::set<int> moe_layers;  // layers with an experts chunk in the plan (every rank: same plan)
-  // Expert parallelism: per MoE layer the logical expert in each physical slot, and its inverse.
-  std::map<int, std::vector<int>> slot_expert, expert_slot;
-  std::map<std::pair<int, int>, std::shared_ptr<EpExchange>> exchanges;  // (layer, mb); guarded by Impl::mu
-};
-
-}  // namespace detail
 
 namespace {
 
@@ -90,39 +73,37 @@ std::shared_ptr<Tensor> tensor_from(const void* data, int64_t rows, int64_t h, M
 
 }  // namespace
 
-Status Executor::Impl::ep_setup() {
-  for (const compile::Program& prog : plan->templates) {
+Status ExpertParallel::setup() {
+  for (const compile::Program& prog : core_.plan->templates) {
     for (const compile::Stream& st : prog.streams) {
       for (const Instruction& n : st.instrs) {
         if (n.op != compile::OpKind::kCompute || n.part != "experts") continue;
-        if (ep == nullptr) ep = std::make_shared<detail::EpState>();
-        ep->moe_layers.insert(n.layer);
+        has_experts_ = true;
+        moe_layers_.insert(n.layer);
       }
     }
   }
-  if (ep == nullptr || ep->comm == nullptr) return ok_status();
+  if (comm_ == nullptr) return ok_status();
   // Each expert counts once in the global norm: on the first expert-data-parallel replica (the first ep block of
   // dp coordinates), where the ep ranks hold distinct experts.
-  const compile::RankCoord& c = dist->coord();
-  for (const auto& chunk : model->chunks()) {
-    if (chunk->part() == "experts") norm_owner[chunk.get()] = c.tp == 0 && c.dp / ep->ep == 0;
-  }
-  const ChunkDims& d = model->dims();
-  if (d.local_experts() * ep->ep != d.num_experts) {
+  const compile::RankCoord& c = core_.dist->coord();
+  owns_expert_norm_ = c.tp == 0 && c.dp / ep_ == 0;
+  const ChunkDims& d = core_.model->dims();
+  if (d.local_experts() * ep_ != d.num_experts) {
     return invalid_argument("executor: the plan shards " + std::to_string(d.num_experts) + " experts over ep=" +
-                            std::to_string(ep->ep) + " but the model holds " + std::to_string(d.local_experts()) +
-                            " per rank; build it with ModelOptions expert_ranks=" + std::to_string(ep->ep));
+                            std::to_string(ep_) + " but the model holds " + std::to_string(d.local_experts()) +
+                            " per rank; build it with ModelOptions expert_ranks=" + std::to_string(ep_));
   }
-  ep->experts_per_rank = d.local_experts();
-  for (int layer : ep->moe_layers) {
+  experts_per_rank_ = d.local_experts();
+  for (int layer : moe_layers_) {
     std::vector<int> identity(static_cast<size_t>(d.num_experts));
     std::iota(identity.begin(), identity.end(), 0);
-    ep->slot_expert[layer] = identity;
-    ep->expert_slot[layer] = identity;
+    slot_expert_[layer] = identity;
+    expert_slot_[layer] = identity;
   }
-  if (ep->halo) {
-    PIPER_ASSIGN_OR_RETURN(std::vector<int> members, dist->plan().group_ranks(dist->rank(), "ep"));
-    const int world_rpn = dist->ranks_per_node();
+  if (halo_) {
+    PIPER_ASSIGN_OR_RETURN(std::vector<int> members, core_.dist->plan().group_ranks(core_.dist->rank(), "ep"));
+    const int world_rpn = core_.dist->ranks_per_node();
     Result<int> rpn = group_ranks_per_node(members, world_rpn);
     if (!rpn.ok()) {
       return invalid_argument("executor: a2a=halo on " + std::to_string(world_rpn) +
@@ -130,13 +111,13 @@ Status Executor::Impl::ep_setup() {
     }
     // One lane per rank: every rank is its own proxy (a NIC per GPU, DGX rails), the layout that measured fastest
     // on the emulated two nodes (docs/comm.md: one lane is one TCP stream per node pair).
-    PIPER_ASSIGN_OR_RETURN(comm::NodeTopology topo, comm::NodeTopology::create(ep->ep, *rpn, *rpn));
-    PIPER_ASSIGN_OR_RETURN(ep->halo_context, comm::HaloContext::create(*ep->comm, topo));
+    PIPER_ASSIGN_OR_RETURN(comm::NodeTopology topo, comm::NodeTopology::create(ep_, *rpn, *rpn));
+    PIPER_ASSIGN_OR_RETURN(halo_context_, comm::HaloContext::create(*comm_, topo));
   }
   return ok_status();
 }
 
-Status Executor::Impl::resolve_ep(const Instruction& in, Task* t) {
+Status ExpertParallel::resolve(const Instruction& in, Task* t) {
   const Instruction& n = in;
   if (in.group != "ep" || (n.part != "dispatch" && n.part != "combine")) {
     return unimplemented("executor: '" + in.label + "' is an all_to_all over '" + in.group + "' (" + n.part +
@@ -146,24 +127,24 @@ Status Executor::Impl::resolve_ep(const Instruction& in, Task* t) {
     return unimplemented("executor: '" + in.label + "' uses all-to-all algorithm '" + in.algorithm +
                          "'; the runtime runs a2a=flat and a2a=halo");
   }
-  if (ep == nullptr) ep = std::make_shared<detail::EpState>();
-  t->comm = dist->group("ep");
+  has_experts_ = true;
+  t->comm = core_.dist->group("ep");
   if (t->comm == nullptr) return internal_error("executor: '" + in.label + "' runs over ep, which has degree 1");
-  if (ep->comm != nullptr && ep->comm != t->comm) return internal_error("executor: two ep groups on one rank");
-  ep->comm = t->comm;
-  ep->ep = t->comm->size();
-  ep->halo = ep->halo || in.algorithm == "halo";
+  if (comm_ != nullptr && comm_ != t->comm) return internal_error("executor: two ep groups on one rank");
+  comm_ = t->comm;
+  ep_ = t->comm->size();
+  halo_ = halo_ || in.algorithm == "halo";
   t->degree = t->comm->size();
   t->pass = n.pass;
   t->mb = std::max(0, n.mb);
-  t->key = detail::StashKey{n.layer, n.part, t->mb};
+  t->key = StashKey{n.layer, n.part, t->mb};
   t->gradient = n.pass != ir::Pass::kF;
   for (ir::NodeId src : in.inputs) {
     // Under tp x ep the combine's backward reads the next split chunk's input gradient from its sequence
     // reduce-scatter: this rank's token slice, the rows its forward combined (executor_tp.cc).
-    const ir::NodeKind k = instr_of(src).comm;
-    if (k != ir::NodeKind::kChunk && k != ir::NodeKind::kRecv && !detail::is_tp_exchange(instr_of(src))) {
-      return unimplemented("executor: '" + in.label + "' reads from '" + name_of(src) +
+    const ir::NodeKind k = core_.instr_of(src).comm;
+    if (k != ir::NodeKind::kChunk && k != ir::NodeKind::kRecv && !is_tp_exchange(core_.instr_of(src))) {
+      return unimplemented("executor: '" + in.label + "' reads from '" + core_.name_of(src) +
                            "'; an expert all-to-all must be fed by a chunk, a pipeline receive or a tensor-parallel "
                            "exchange");
     }
@@ -183,39 +164,41 @@ Status Executor::Impl::resolve_ep(const Instruction& in, Task* t) {
 
 // One expert all-to-all instruction being run: its context, the flat or HALO version of each exchange, and the
 // four exchanges (dispatch and combine, forward and backward).
-struct Executor::Impl::EpCall {
-  EpCall(Impl& impl, const Task& task, int layer)
-      : x(impl),
+struct ExpertParallel::Call {
+  Call(ExpertParallel& ep, const Task& task, int layer)
+      : x(ep),
+        core(ep.core_),
         t(task),
-        h(impl.model->dims().hidden),
-        k(impl.model->dims().top_k),
-        scale(static_cast<float>(impl.model->dims().routed_scaling)),
-        timeout_s(impl.dist->timeout_s()),
+        h(ep.core_.model->dims().hidden),
+        k(ep.core_.model->dims().top_k),
+        scale(static_cast<float>(ep.core_.model->dims().routed_scaling)),
+        timeout_s(ep.core_.dist->timeout_s()),
         c(*task.comm),
         p(task.comm->size()),
         layer(layer) {}
 
   Result<comm::DispatchResult> dispatch(const float* tokens, const comm::MoeRouting& r) const {
-    if (x.ep->halo) return comm::halo_dispatch(*x.ep->halo_context, tokens, h * sizeof(float), r, timeout_s);
+    if (x.halo_) return comm::halo_dispatch(*x.halo_context_, tokens, h * sizeof(float), r, timeout_s);
     return comm::flat_dispatch(c, tokens, h * sizeof(float), r, comm::FlatDispatchKind::kPairwise, timeout_s);
   }
   Result<std::vector<float>> combine(std::span<const float> rows, const comm::MoeRouting& r,
                                      std::span<const float> w) const {
-    if (x.ep->halo) return comm::halo_combine(*x.ep->halo_context, rows, h, r, w, timeout_s);
+    if (x.halo_) return comm::halo_combine(*x.halo_context_, rows, h, r, w, timeout_s);
     return comm::flat_combine(c, rows, h, r, w, comm::FlatDispatchKind::kPairwise, timeout_s);
   }
   Status all_to_all(const void* send, std::span<const size_t> send_bytes, void* recv,
                     std::span<const size_t> recv_bytes) const {
-    if (x.ep->halo) return comm::halo_all_to_all_v(*x.ep->halo_context, send, send_bytes, recv, recv_bytes, timeout_s);
+    if (x.halo_) return comm::halo_all_to_all_v(*x.halo_context_, send, send_bytes, recv, recv_bytes, timeout_s);
     return comm::pairwise_all_to_all_v(c, send, send_bytes, recv, recv_bytes, timeout_s);
   }
 
   Result<Activation> dispatch_forward(const Activation& a);
   Result<Activation> combine_forward(const Activation& a);
-  Result<Gradient> combine_backward(const std::vector<Gradient>& grads, const detail::EpExchange& ex);
-  Result<Gradient> dispatch_backward(const std::vector<Gradient>& grads, const detail::EpExchange& ex);
+  Result<Gradient> combine_backward(const std::vector<Gradient>& grads, const EpExchange& ex);
+  Result<Gradient> dispatch_backward(const std::vector<Gradient>& grads, const EpExchange& ex);
 
-  Impl& x;
+  ExpertParallel& x;
+  Core& core;
   const Task& t;
   const int64_t h;
   const int k;
@@ -244,9 +227,9 @@ struct RowMeta {
 
 // dispatch F: rows (token, slot) of the normed input to the expert's rank, each row's local expert and weight
 // after them; the routing is kept until the dispatch B.
-Result<Activation> Executor::Impl::EpCall::dispatch_forward(const Activation& a) {
+Result<Activation> ExpertParallel::Call::dispatch_forward(const Activation& a) {
   if (!a.routed || !a.hidden) return internal_error("'" + t.in->label + "': the router sent no routing");
-  auto ex = std::make_shared<detail::EpExchange>();
+  auto ex = std::make_shared<EpExchange>();
   ex->routed = a.routed;
   const int64_t tokens = a.hidden->numel() / h;
   ex->routing.num_tokens = tokens;
@@ -254,11 +237,11 @@ Result<Activation> Executor::Impl::EpCall::dispatch_forward(const Activation& a)
   ex->routing.dest_ranks.resize(static_cast<size_t>(tokens * k));
   ex->rows_to.assign(static_cast<size_t>(p), 0);
   // The physical slot of each routed (token, slot): its rank and local expert there.
-  const std::vector<int>& slot_of = x.ep->expert_slot.at(layer);
+  const std::vector<int>& slot_of = x.expert_slot_.at(layer);
   std::vector<int32_t> slots(ex->routing.dest_ranks.size());
   for (size_t i = 0; i < ex->routing.dest_ranks.size(); ++i) {
     slots[i] = slot_of[static_cast<size_t>(a.routed->topk_idx[i])];
-    const int d = slots[i] / x.ep->experts_per_rank;
+    const int d = slots[i] / x.experts_per_rank_;
     ex->routing.dest_ranks[i] = d;
     ++ex->rows_to[static_cast<size_t>(d)];
   }
@@ -271,12 +254,12 @@ Result<Activation> Executor::Impl::EpCall::dispatch_forward(const Activation& a)
   std::vector<RowMeta> send(first[p]), recv(static_cast<size_t>(rows));
   for (size_t i = 0; i < ex->routing.dest_ranks.size(); ++i) {
     const int d = ex->routing.dest_ranks[i];
-    send[first[d]++] = RowMeta{slots[i] - d * x.ep->experts_per_rank, a.routed->topk_w.data()[i]};
+    send[first[d]++] = RowMeta{slots[i] - d * x.experts_per_rank_, a.routed->topk_w.data()[i]};
   }
   PIPER_RETURN_IF_ERROR(all_to_all(send.data(), scaled_bytes(ex->rows_to, sizeof(RowMeta)), recv.data(),
                                    scaled_bytes(ex->rows_from, sizeof(RowMeta))));
   auto rows_in = std::make_shared<EpRows>();
-  rows_in->rows = tensor_from(got.rows.data(), rows, h, MemCategory::kActivations, x.allocator);
+  rows_in->rows = tensor_from(got.rows.data(), rows, h, MemCategory::kActivations, core.allocator);
   rows_in->expert.resize(static_cast<size_t>(rows));
   rows_in->weight.resize(static_cast<size_t>(rows));
   for (size_t i = 0; i < recv.size(); ++i) {
@@ -288,17 +271,17 @@ Result<Activation> Executor::Impl::EpCall::dispatch_forward(const Activation& a)
   out.hidden = a.hidden;
   out.routed = a.routed;
   out.ep = std::move(rows_in);
-  std::lock_guard<std::mutex> lock(x.mu);
-  x.ep->exchanges[std::make_pair(layer, t.mb)] = std::move(ex);
+  std::lock_guard<std::mutex> lock(x.mu_);
+  x.exchanges_[std::make_pair(layer, t.mb)] = std::move(ex);
   return out;
 }
 
 // combine F: the expert output rows back to their source, weighted and summed in slot order, plus the residual.
-Result<Activation> Executor::Impl::EpCall::combine_forward(const Activation& a) {
-  std::shared_ptr<detail::EpExchange> ex;
+Result<Activation> ExpertParallel::Call::combine_forward(const Activation& a) {
+  std::shared_ptr<EpExchange> ex;
   {
-    std::lock_guard<std::mutex> lock(x.mu);
-    ex = x.ep->exchanges.at(std::make_pair(layer, t.mb));
+    std::lock_guard<std::mutex> lock(x.mu_);
+    ex = x.exchanges_.at(std::make_pair(layer, t.mb));
   }
   if (!a.ep || !a.ep->rows || !a.hidden) return internal_error("'" + t.in->label + "': no expert output rows");
   const Tensor& rows = *a.ep->rows;
@@ -306,7 +289,7 @@ Result<Activation> Executor::Impl::EpCall::combine_forward(const Activation& a) 
                          combine({rows.data(), static_cast<size_t>(rows.numel())}, ex->routing,
                                  {ex->routed->topk_w.data(), static_cast<size_t>(ex->routed->topk_w.numel())}));
   auto hidden =
-      std::make_shared<Tensor>(Tensor::zeros_or_die(a.hidden->shape(), MemCategory::kActivations, x.allocator));
+      std::make_shared<Tensor>(Tensor::zeros_or_die(a.hidden->shape(), MemCategory::kActivations, core.allocator));
   const float* xr = a.hidden->data();
   float* o = hidden->data();
   for (int64_t i = 0; i < hidden->numel(); ++i) o[i] = xr[i] + scale * y[static_cast<size_t>(i)];
@@ -317,8 +300,7 @@ Result<Activation> Executor::Impl::EpCall::combine_forward(const Activation& a) 
 
 // combine B: the output gradient (summed over consumers in edge order), times routed_scaling, dispatched like the
 // tokens.
-Result<Gradient> Executor::Impl::EpCall::combine_backward(const std::vector<Gradient>& grads,
-                                                          const detail::EpExchange& ex) {
+Result<Gradient> ExpertParallel::Call::combine_backward(const std::vector<Gradient>& grads, const EpExchange& ex) {
   const int64_t tokens = ex.routing.num_tokens;
   for (const Gradient& g : grads) {
     if (!g.dhidden || g.dhidden->numel() != tokens * h) {
@@ -346,7 +328,7 @@ Result<Gradient> Executor::Impl::EpCall::combine_backward(const std::vector<Grad
     return internal_error("'" + t.in->label + "' received another number of rows than its forward dispatch");
   }
   auto rows_in = std::make_shared<EpRows>();
-  rows_in->rows = tensor_from(got.rows.data(), rows, h, MemCategory::kBuffers, x.allocator);
+  rows_in->rows = tensor_from(got.rows.data(), rows, h, MemCategory::kBuffers, core.allocator);
   Gradient out;
   out.dhidden = std::move(dout);
   out.ep = std::move(rows_in);
@@ -355,8 +337,7 @@ Result<Gradient> Executor::Impl::EpCall::combine_backward(const std::vector<Grad
 
 // dispatch B: the rows' input gradients summed per token in slot order (unit weights), the routing-weight
 // gradients back to their source.
-Result<Gradient> Executor::Impl::EpCall::dispatch_backward(const std::vector<Gradient>& grads,
-                                                           const detail::EpExchange& ex) {
+Result<Gradient> ExpertParallel::Call::dispatch_backward(const std::vector<Gradient>& grads, const EpExchange& ex) {
   if (grads.size() != 1 || !grads[0].ep || !grads[0].ep->rows) {
     return internal_error("'" + t.in->label + "' expects the experts chunk's row gradients");
   }
@@ -368,7 +349,7 @@ Result<Gradient> Executor::Impl::EpCall::dispatch_backward(const std::vector<Gra
   std::vector<float> back(static_cast<size_t>(tokens * k));
   PIPER_RETURN_IF_ERROR(all_to_all(g.dweight.data(), scaled_bytes(ex.rows_from, sizeof(float)), back.data(),
                                    scaled_bytes(ex.rows_to, sizeof(float))));
-  auto dtopk_w = std::make_shared<Tensor>(Tensor::zeros_or_die({tokens, k}, MemCategory::kBuffers, x.allocator));
+  auto dtopk_w = std::make_shared<Tensor>(Tensor::zeros_or_die({tokens, k}, MemCategory::kBuffers, core.allocator));
   std::vector<size_t> first(static_cast<size_t>(p) + 1, 0);
   for (int d = 0; d < p; ++d) first[d + 1] = first[d] + ex.rows_to[d];
   for (size_t i = 0; i < ex.routing.dest_ranks.size(); ++i) {
@@ -376,66 +357,65 @@ Result<Gradient> Executor::Impl::EpCall::dispatch_backward(const std::vector<Gra
   }
   Gradient out;
   out.dhidden = grads[0].dhidden;
-  out.dnormed = tensor_from(dhn.data(), tokens, h, MemCategory::kBuffers, x.allocator);
+  out.dnormed = tensor_from(dhn.data(), tokens, h, MemCategory::kBuffers, core.allocator);
   out.dtopk_w = std::move(dtopk_w);
   return out;
 }
 
-Status Executor::Impl::ep_exchange(const Task& t) {
+Status ExpertParallel::run(const Task& t) {
   const auto start = std::chrono::steady_clock::now();
   const Instruction& n = *t.in;
-  EpCall call(*this, t, n.layer);
+  Call call(*this, t, n.layer);
   const auto exchange_key = std::make_pair(n.layer, t.mb);
   if (!t.gradient) {
-    PIPER_ASSIGN_OR_RETURN(Activation a, take_message<Activation>(t, t.sources[0]));
+    PIPER_ASSIGN_OR_RETURN(Activation a, core_.take_message<Activation>(t, t.sources[0]));
     PIPER_ASSIGN_OR_RETURN(Activation out, is_dispatch(n) ? call.dispatch_forward(a) : call.combine_forward(a));
-    publish_message(t, std::move(out));
+    core_.publish_message(t, std::move(out));
   } else {
     std::vector<Gradient> grads;
     for (ir::NodeId src : t.sources) {
-      PIPER_ASSIGN_OR_RETURN(Gradient g, take_message<Gradient>(t, src));
+      PIPER_ASSIGN_OR_RETURN(Gradient g, core_.take_message<Gradient>(t, src));
       grads.push_back(std::move(g));
     }
-    std::shared_ptr<detail::EpExchange> ex;
+    std::shared_ptr<EpExchange> ex;
     {
-      std::lock_guard<std::mutex> lock(mu);
-      auto it = ep->exchanges.find(exchange_key);
-      if (it == ep->exchanges.end()) return internal_error("'" + t.in->label + "' runs before its forward dispatch");
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = exchanges_.find(exchange_key);
+      if (it == exchanges_.end()) return internal_error("'" + t.in->label + "' runs before its forward dispatch");
       ex = it->second;
     }
     PIPER_ASSIGN_OR_RETURN(Gradient out,
                            is_dispatch(n) ? call.dispatch_backward(grads, *ex) : call.combine_backward(grads, *ex));
     if (is_dispatch(n)) {
-      std::lock_guard<std::mutex> lock(mu);
-      ep->exchanges.erase(exchange_key);
+      std::lock_guard<std::mutex> lock(mu_);
+      exchanges_.erase(exchange_key);
     }
-    publish_message(t, std::move(out));
+    core_.publish_message(t, std::move(out));
   }
-  std::lock_guard<std::mutex> lock(mu);
-  task_seconds["a2a." + n.part + (t.gradient ? ".B" : ".F")] +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  core_.add_seconds("a2a." + n.part + (t.gradient ? ".B" : ".F"),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return ok_status();
 }
 
-Status Executor::Impl::ep_serve_m2n(comm::Communicator* group) {
-  if (ep == nullptr) ep = std::make_shared<detail::EpState>();
-  if (ep->comm != nullptr && ep->comm != group) return internal_error("executor: two ep groups on one rank");
-  ep->comm = group;
-  ep->ep = group->size();
+Status ExpertParallel::serve_m2n(comm::Communicator* group) {
+  has_experts_ = true;
+  if (comm_ != nullptr && comm_ != group) return internal_error("executor: two ep groups on one rank");
+  comm_ = group;
+  ep_ = group->size();
   return ok_status();
 }
 
-void Executor::Impl::ep_scale_grads() {
+Status ExpertParallel::prepare_norm() {
   // Every rank weights its microbatches' losses by 1 / (its microbatches): an expert that served the tokens of
   // the ep ranks of its group sums ep such objectives. Its gradient is their mean over the group (power of two
   // for the usual ep, so exact), as the data-parallel all-reduce makes the other chunks' the mean over dp.
-  if (ep == nullptr || ep->comm == nullptr) return;
-  const float s = 1.0f / static_cast<float>(ep->ep);
-  for (const auto& chunk : model->chunks()) {
+  if (comm_ == nullptr) return ok_status();
+  const float s = 1.0f / static_cast<float>(ep_);
+  for (const auto& chunk : core_.model->chunks()) {
     if (chunk->part() != "experts") continue;
-    auto shard = shards.find(chunk.get());
-    if (shard != shards.end() && shard->second.per_microbatch) {  // ZeRO-2/3 over edp: the gradient is its shard
-      Tensor& g = shard->second.grad;
+    DataParallel::Shard* shard = core_.dp->shard(*chunk);
+    if (shard != nullptr && shard->per_microbatch) {  // ZeRO-2/3 over edp: the gradient is its shard
+      Tensor& g = shard->grad;
       for (int64_t i = 0; i < g.numel(); ++i) g.data()[i] *= s;
       continue;
     }
@@ -445,57 +425,74 @@ void Executor::Impl::ep_scale_grads() {
       for (int64_t i = 0; i < p.grad.numel(); ++i) g[i] *= s;
     }
   }
+  return ok_status();
 }
 
-Status Executor::Impl::collect_expert_tokens(std::map<int, std::vector<int64_t>>* out) {
+std::optional<double> ExpertParallel::grad_sq(const Chunk& chunk) {
+  if (comm_ == nullptr || chunk.part() != "experts") return std::nullopt;
+  return owns_expert_norm_ ? Optimizer::grad_sq(chunk) : 0.0;
+}
+
+Status ExpertParallel::end_step(StepResult* result) {
+  std::map<int, std::vector<int64_t>>* out = &result->expert_tokens;
   out->clear();
-  if (ep == nullptr) return ok_status();
-  const int E = model->dims().num_experts;
-  const size_t L = static_cast<size_t>(plan->num_layers);
+  if (!has_experts_) return ok_status();
+  const int E = core_.model->dims().num_experts;
+  const size_t L = static_cast<size_t>(core_.plan->num_layers);
   std::vector<int64_t> local(L * static_cast<size_t>(E), 0);
-  for (const auto& chunk : model->chunks()) {
+  for (const auto& chunk : core_.model->chunks()) {
     std::vector<int64_t> v = chunk->take_expert_tokens();
     if (v.empty() || chunk->layer() < 0 || static_cast<size_t>(chunk->layer()) >= L) continue;
     // Under expert parallelism the chunk counts by physical slot: back to logical experts.
-    auto table = ep->slot_expert.find(chunk->layer());
+    auto table = slot_expert_.find(chunk->layer());
     auto out_begin = local.begin() + static_cast<ptrdiff_t>(chunk->layer()) * E;
-    if (ep->comm == nullptr || table == ep->slot_expert.end()) {
+    if (comm_ == nullptr || table == slot_expert_.end()) {
       std::copy(v.begin(), v.end(), out_begin);
     } else {
       for (size_t s = 0; s < v.size(); ++s) out_begin[table->second[s]] = v[s];
     }
   }
-  if (dist != nullptr) {
+  if (core_.dist != nullptr) {
     // Tokens per expert over the whole run: every rank's count of the rows its experts received (tensor ranks
     // see the same rows: only tp rank 0 counts), summed in rank order.
-    if (dist->coord().tp != 0) std::fill(local.begin(), local.end(), 0);
-    auto all = std::make_shared<std::vector<int64_t>>(local.size() * static_cast<size_t>(dist->world_size()));
+    if (core_.dist->coord().tp != 0) std::fill(local.begin(), local.end(), 0);
+    auto all = std::make_shared<std::vector<int64_t>>(local.size() * static_cast<size_t>(core_.dist->world_size()));
     PIPER_ASSIGN_OR_RETURN(comm::Handle h,
-                           dist->ctl().all_gather(local.data(), all->data(), local.size() * sizeof(int64_t)));
-    PIPER_RETURN_IF_ERROR(wait_comm(dist->ctl(), h, all, "expert load exchange"));
+                           core_.dist->ctl().all_gather(local.data(), all->data(), local.size() * sizeof(int64_t)));
+    PIPER_RETURN_IF_ERROR(core_.wait_comm(core_.dist->ctl(), h, all, "expert load exchange"));
     std::fill(local.begin(), local.end(), 0);
-    for (int r = 0; r < dist->world_size(); ++r) {
+    for (int r = 0; r < core_.dist->world_size(); ++r) {
       for (size_t i = 0; i < local.size(); ++i) local[i] += (*all)[static_cast<size_t>(r) * local.size() + i];
     }
   }
-  for (int layer : ep->moe_layers) {
+  for (int layer : moe_layers_) {
     auto begin = local.begin() + static_cast<ptrdiff_t>(layer) * E;
     (*out)[layer] = std::vector<int64_t>(begin, begin + E);
   }
   return ok_status();
 }
 
-const std::map<int, std::vector<int>> Executor::Impl::kNoPlacement;
+namespace {
+const std::map<int, std::vector<int>> kNoPlacement;
+}  // namespace
 
-Status Executor::Impl::check_expert_placement(const std::map<int, std::vector<int>>& placement) const {
-  if (ep == nullptr || ep->comm == nullptr) {
+const std::map<int, std::vector<int>>& ExpertParallel::placement() const {
+  return comm_ == nullptr ? kNoPlacement : slot_expert_;
+}
+
+int ExpertParallel::experts_per_rank() const {
+  return comm_ != nullptr ? experts_per_rank_ : core_.model->dims().num_experts;
+}
+
+Status ExpertParallel::check_placement(const std::map<int, std::vector<int>>& placement) const {
+  if (comm_ == nullptr) {
     return invalid_argument(
         "expert placement: this run is not expert-parallel (ep=1); experts have no slots to "
         "move between ranks");
   }
-  const int E = model->dims().num_experts;
+  const int E = core_.model->dims().num_experts;
   for (const auto& [layer, slots] : placement) {
-    if (!ep->moe_layers.count(layer)) {
+    if (!moe_layers_.count(layer)) {
       return invalid_argument("expert placement: layer " + std::to_string(layer) + " has no experts");
     }
     std::vector<char> seen(static_cast<size_t>(E), 0);
@@ -627,140 +624,79 @@ Status move_experts(comm::Communicator& c, const std::vector<int>& old_slot, con
   return ok_status();
 }
 
+}  // namespace
+
 // The placement tables of `placement`'s layers: slot -> expert and its inverse.
-void set_tables(detail::EpState& ep, const std::map<int, std::vector<int>>& placement) {
+void ExpertParallel::set_tables(const std::map<int, std::vector<int>>& placement) {
   for (const auto& [layer, next] : placement) {
-    ep.slot_expert[layer] = next;
-    std::vector<int>& inverse = ep.expert_slot[layer];
+    slot_expert_[layer] = next;
+    std::vector<int>& inverse = expert_slot_[layer];
     for (size_t s = 0; s < next.size(); ++s) inverse[static_cast<size_t>(next[s])] = static_cast<int>(s);
   }
 }
 
-}  // namespace
-
-Status Executor::Impl::migrate_layer(int layer, const std::vector<int>& next,
+Status ExpertParallel::migrate_layer(int layer, const std::vector<int>& next,
                                      const std::map<std::string, Tensor*>& moments, ExpertMigration* out) {
-  const int per = ep->experts_per_rank;
-  const std::vector<int>& old_slot = ep->expert_slot.at(layer);
+  const int per = experts_per_rank_;
+  const std::vector<int>& old_slot = expert_slot_.at(layer);
   for (size_t s = 0; s < next.size(); ++s) {
     if (old_slot[static_cast<size_t>(next[s])] / per != static_cast<int>(s) / per) ++out->moved_experts;
   }
-  Chunk* chunk = model->find(layer, "experts");
+  Chunk* chunk = core_.model->find(layer, "experts");
   if (chunk == nullptr) return ok_status();  // another pipeline stage's layer: only the table changes here
   // A ZeRO-sharded chunk moves whole experts too: its shard group's moments (and ZeRO-3 values) are gathered
   // into whole tensors first and each rank keeps its shard of the moved ones after.
-  auto shard = shards.find(chunk);
-  Shard* sh = shard == shards.end() ? nullptr : &shard->second;
+  DataParallel::Shard* sh = core_.dp->shard(*chunk);
   std::vector<std::vector<std::vector<float>>> whole;
   if (sh != nullptr) {
-    PIPER_ASSIGN_OR_RETURN(whole, gather_shard_state(*chunk, *sh));
+    PIPER_ASSIGN_OR_RETURN(whole, core_.dp->gather_shard_state(*chunk, *sh));
   }
   PIPER_ASSIGN_OR_RETURN(ExpertParts parts, expert_parts(*chunk, per, moments, sh != nullptr ? &sh->shapes : nullptr,
                                                          sh != nullptr && sh->params_sharded, whole));
-  Status st = move_experts(*ep->comm, old_slot, next, per, parts, dist->timeout_s(), &out->bytes_sent);
+  Status st = move_experts(*comm_, old_slot, next, per, parts, core_.dist->timeout_s(), &out->bytes_sent);
   if (!st.ok()) {
     return st.with_context("expert migration of layer " + std::to_string(layer) + " over the ep group (rank " +
-                           std::to_string(dist->rank()) + ")");
+                           std::to_string(core_.dist->rank()) + ")");
   }
-  if (sh != nullptr) scatter_shard_state(*chunk, *sh, whole);
+  if (sh != nullptr) core_.dp->scatter_shard_state(*chunk, *sh, whole);
   return ok_status();
 }
 
-Result<ExpertMigration> Executor::Impl::ep_migrate(const std::map<int, std::vector<int>>& placement) {
-  PIPER_RETURN_IF_ERROR(check_expert_placement(placement));
+Result<ExpertMigration> ExpertParallel::migrate(const std::map<int, std::vector<int>>& placement) {
+  PIPER_RETURN_IF_ERROR(check_placement(placement));
   const auto start = std::chrono::steady_clock::now();
   ExpertMigration out;
   std::map<std::string, Tensor*> moments;
-  for (const Optimizer::StateTensor& st : optimizer->state()) moments[st.name] = st.tensor;
+  for (const Optimizer::StateTensor& st : core_.optimizer->state()) moments[st.name] = st.tensor;
   for (const auto& [layer, next] : placement) {
-    if (next == ep->slot_expert.at(layer)) continue;
+    if (next == slot_expert_.at(layer)) continue;
     PIPER_RETURN_IF_ERROR(migrate_layer(layer, next, moments, &out));
   }
   // Every rank switches its tables at the same point (between the same two steps).
-  set_tables(*ep, placement);
+  set_tables(placement);
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return out;
 }
 
-Result<std::vector<std::vector<std::vector<float>>>> Executor::Impl::gather_shard_state(Chunk& chunk,
-                                                                                      const Shard& sh) {
-  if (sh.group == nullptr) return internal_error("expert migration: " + chunk.name() + " has no shard group");
-  std::map<std::string, Tensor*> moments;
-  for (const Optimizer::StateTensor& st : optimizer->state()) moments[st.name] = st.tensor;
-  const size_t per = static_cast<size_t>(sh.per_rank), degree = static_cast<size_t>(sh.group->size());
-  std::vector<std::vector<std::vector<float>>> whole(sh.params_sharded ? 3 : 2);
-  for (size_t kind = 0; kind < whole.size(); ++kind) {
-    std::vector<float> mine(per, 0.0f), all(per * degree);
-    size_t at = 0, index = 0;
-    for (const Param& p : chunk.params()) {
-      if (!p.trainable) continue;
-      const Tensor* piece = nullptr;
-      if (kind == 2) {
-        piece = &sh.values[index];
-      } else {
-        auto it = moments.find(p.name + (kind == 0 ? ".m" : ".v"));
-        if (it == moments.end()) return internal_error("expert migration: no optimizer state for " + p.name);
-        piece = it->second;
-      }
-      ++index;
-      if (at + static_cast<size_t>(piece->numel()) > per) {
-        return internal_error("expert migration: the shard of " + chunk.name() + " exceeds its per-rank size");
-      }
-      std::copy(piece->data(), piece->data() + piece->numel(), mine.data() + at);
-      at += static_cast<size_t>(piece->numel());
-    }
-    PIPER_ASSIGN_OR_RETURN(comm::Handle h, sh.group->all_gather(mine.data(), all.data(), per * sizeof(float)));
-    Status st = sh.group->wait(h, dist->timeout_s());
-    if (!st.ok()) return st.with_context("expert migration: gathering the ZeRO shards of " + chunk.name());
-    size_t offset = 0;  // rank r's shard is flat elements [r * per, (r + 1) * per): `all` is the flat vector
-    for (const Shape& shape : sh.shapes) {
-      size_t n = 1;
-      for (int64_t dim : shape) n *= static_cast<size_t>(dim);
-      whole[kind].emplace_back(all.begin() + static_cast<std::ptrdiff_t>(offset),
-                               all.begin() + static_cast<std::ptrdiff_t>(offset + n));
-      offset += n;
-    }
-  }
-  return whole;
-}
+ExpertParallel::ExpertParallel(Core& core) : Handler(core) {}
+ExpertParallel::~ExpertParallel() = default;
 
-void Executor::Impl::scatter_shard_state(Chunk& chunk, Shard& sh,
-                                         const std::vector<std::vector<std::vector<float>>>& whole) {
-  std::map<std::string, Tensor*> moments;
-  for (const Optimizer::StateTensor& st : optimizer->state()) moments[st.name] = st.tensor;
-  for (size_t kind = 0; kind < whole.size(); ++kind) {
-    std::vector<float> flat;
-    for (const std::vector<float>& t : whole[kind]) flat.insert(flat.end(), t.begin(), t.end());
-    size_t at = static_cast<size_t>(sh.begin), index = 0;
-    for (const Param& p : chunk.params()) {
-      if (!p.trainable) continue;
-      Tensor* piece = kind == 2 ? &sh.values[index] : moments.at(p.name + (kind == 0 ? ".m" : ".v"));
-      ++index;
-      std::copy(flat.begin() + static_cast<std::ptrdiff_t>(at),
-                flat.begin() + static_cast<std::ptrdiff_t>(at + static_cast<size_t>(piece->numel())), piece->data());
-      at += static_cast<size_t>(piece->numel());
-    }
-  }
-}
+}  // namespace piper::runtime::detail
 
-const std::map<int, std::vector<int>>& Executor::expert_placement() const {
-  if (impl_->ep == nullptr || impl_->ep->comm == nullptr) return Impl::kNoPlacement;
-  return impl_->ep->slot_expert;
-}
+namespace piper::runtime {
 
-int Executor::experts_per_rank() const {
-  return impl_->ep != nullptr && impl_->ep->comm != nullptr ? impl_->ep->experts_per_rank
-                                                            : impl_->model->dims().num_experts;
-}
+const std::map<int, std::vector<int>>& Executor::expert_placement() const { return impl_->ep->placement(); }
+
+int Executor::experts_per_rank() const { return impl_->ep->experts_per_rank(); }
 
 Status Executor::set_expert_placement(const std::map<int, std::vector<int>>& placement) {
-  PIPER_RETURN_IF_ERROR(impl_->check_expert_placement(placement));
-  set_tables(*impl_->ep, placement);
+  PIPER_RETURN_IF_ERROR(impl_->ep->check_placement(placement));
+  impl_->ep->set_tables(placement);
   return ok_status();
 }
 
 Result<ExpertMigration> Executor::migrate_experts(const std::map<int, std::vector<int>>& placement) {
-  return impl_->ep_migrate(placement);
+  return impl_->ep->migrate(placement);
 }
 
 }  // namespace piper::runtime

@@ -7,7 +7,7 @@
 // over ep: FFN rank d holds expert block d mod ep.
 //
 //   dense edges (attn <-> mlp, shared): a point-to-point message with the same-dp rank of the other side,
-//     exactly a pipeline send/recv (executor_comm.cc runs it).
+//     exactly a pipeline send/recv (the PipelineP2p handler runs it, executor_p2p.cc).
 //   routed edges (router <-> experts, experts <-> the next layer's attention or the head): each attention rank d
 //     exchanges with the ep FFN ranks of its ep block (dp coordinates [d/ep*ep, d/ep*ep + ep)), peer e holding
 //     experts [e E/ep, (e+1) E/ep); each of those FFN ranks serves the ep attention ranks of the block.
@@ -35,28 +35,27 @@
 // The messages of one instruction go to / come from each peer with the plan's tag on the p2p communicator
 // (posted in a fixed order, so they match in order); zero-row blocks post nothing. Every wait is wait_comm's
 // (timeout naming the ranks, abandon when another stream failed). Expert gradients are divided by ep before the
-// norm (ep_scale_grads): an FFN rank's experts served ep attention ranks' objectives.
+// norm (ExpertParallel::prepare_norm): an FFN rank's experts served ep attention ranks' objectives.
 //
-// Code: m2n_exchange looks the instruction's (pass, side, direction) up in a table of eight M2nCall member
-// functions, one per exchange above and side (dispatch_send/recv, combine_send/recv, combine_grad_send/recv,
-// dispatch_grad_send/recv); they share the posting (post_all, post_blocks, post_same_dp), the waits for the other
-// stream's state (source_state, sink_state) and the routing (route_tokens, pack_dispatch, combine_rows). Where the
-// FFN group combines, the variants call send/recv_local_routing and combine_in_ffn_group.
+// Code: the M2n handler (executor_handlers.h) owns the per-(layer, microbatch) state under its own lock. M2n::run
+// looks the instruction's (pass, side, direction) up in a table of eight M2n::Call member functions, one per
+// exchange above and side (dispatch_send/recv, combine_send/recv, combine_grad_send/recv, dispatch_grad_send/recv);
+// they share the posting (post_all, post_blocks, post_same_dp), the waits for the other stream's state
+// (source_state, sink_state, both wait_for_state: the core's bounded wait on this handler's maps) and the routing
+// (route_tokens, pack_dispatch, combine_rows). Where the FFN group combines, the variants call
+// send/recv_local_routing and combine_in_ffn_group.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <iterator>
 
 #include "piper/comm/algorithms/pairwise_all_to_all.h"
-#include "piper/runtime/executor_impl.h"
+#include "piper/runtime/executor_handlers.h"
 
-namespace piper::runtime {
+namespace piper::runtime::detail {
 
 using compile::Instruction;
 using compile::OpKind;
-using detail::Task;
-
-namespace detail {
 
 // Attention side, one (MoE layer, microbatch): from the router's forward to the router's backward.
 struct M2nSource {
@@ -77,14 +76,6 @@ struct M2nSink {
   std::shared_ptr<M2nSource> local;
 };
 
-struct M2nState {
-  std::map<std::pair<int, int>, std::shared_ptr<M2nSource>> sources;  // guarded by Impl::mu
-  std::map<std::pair<int, int>, std::shared_ptr<M2nSink>> sinks;      // guarded by Impl::mu
-  std::map<int, std::unique_ptr<comm::Communicator>> combine_comms;   // FFN group per m2n_to stream (create())
-};
-
-}  // namespace detail
-
 namespace {
 
 Status ffn_group_exchange(comm::Communicator* group, const float* send, const std::vector<size_t>& send_rows,
@@ -92,7 +83,7 @@ Status ffn_group_exchange(comm::Communicator* group, const float* send, const st
 
 // Slot bookkeeping of one source's routing over `peers` expert blocks: rows per peer and each slot's row in the
 // peers' blocks, concatenated.
-void route_slots(detail::M2nSource* s, size_t peers) {
+void route_slots(M2nSource* s, size_t peers) {
   s->rows_to.assign(peers, 0);
   for (int d : s->dest) ++s->rows_to[static_cast<size_t>(d)];
   std::vector<size_t> at(peers, 0);
@@ -103,7 +94,7 @@ void route_slots(detail::M2nSource* s, size_t peers) {
 
 // x + scale * sum over slots (in slot order) of weight * row: the single-rank experts chunk's output, with the
 // arithmetic of flat_combine.
-std::shared_ptr<Tensor> combine_rows(const detail::M2nSource& s, const float* back, int64_t h, int k, float scale,
+std::shared_ptr<Tensor> combine_rows(const M2nSource& s, const float* back, int64_t h, int k, float scale,
                                      Allocator* allocator) {
   std::vector<float> y(static_cast<size_t>(s.tokens * h), 0.0f);
   for (int64_t tok = 0; tok < s.tokens; ++tok) {
@@ -122,8 +113,7 @@ std::shared_ptr<Tensor> combine_rows(const detail::M2nSource& s, const float* ba
 }
 
 // The output gradient times scale, one row per (token, slot) at its slot_row.
-std::shared_ptr<std::vector<float>> scatter_grad(const detail::M2nSource& s, const float* dy, int64_t h, int k,
-                                                 float scale) {
+std::shared_ptr<std::vector<float>> scatter_grad(const M2nSource& s, const float* dy, int64_t h, int k, float scale) {
   auto rows = std::make_shared<std::vector<float>>(static_cast<size_t>(s.tokens * k * h));
   for (size_t i = 0; i < s.slot_row.size(); ++i) {
     float* row = rows->data() + s.slot_row[i] * static_cast<size_t>(h);
@@ -135,11 +125,22 @@ std::shared_ptr<std::vector<float>> scatter_grad(const detail::M2nSource& s, con
 
 }  // namespace
 
-Result<bool> Executor::Impl::resolve_m2n(const Instruction& in, Task* t) {
+namespace {
+
+// The parts of the chunks at this end and at the other end of an m2n exchange, as the compiler wrote them.
+std::pair<const std::string&, const std::string&> m2n_ends(const Instruction& in) {
   const bool sending = in.op == OpKind::kSend;
-  // The parts of the chunks at this end and the other end of the exchange, as the compiler wrote them.
-  const std::string& mine = sending ? in.src_part : in.dst_part;
-  const std::string& other = sending ? in.dst_part : in.src_part;
+  return {sending ? in.src_part : in.dst_part, sending ? in.dst_part : in.src_part};
+}
+
+}  // namespace
+
+M2n::M2n(Core& core) : Handler(core) {}
+M2n::~M2n() = default;
+
+Result<bool> M2n::routed(const Instruction& in) const {
+  const bool sending = in.op == OpKind::kSend;
+  const auto [mine, other] = m2n_ends(in);
   if (mine.empty() || other.empty()) {
     return internal_error("executor: '" + in.label + "' does not link two chunks");
   }
@@ -153,21 +154,26 @@ Result<bool> Executor::Impl::resolve_m2n(const Instruction& in, Task* t) {
   if (in.experts_layer < 0) {
     return internal_error("executor: '" + in.label + "' links the experts but names no experts_layer");
   }
-  // Where the combine runs: the compiler decided it (Instruction::combine_on_ffn).
+  // Where the combine runs: the compiler decided it (Instruction::combine_on_ffn). When the FFN group combines,
+  // the experts' output goes to the next layer's attention as a dense message, and its gradient comes back as
+  // one; only the FFN side's forward send combines first (resolve).
+  return !(in.combine_on_ffn && peer_chunk != "router" && !(sending && mine == "experts" && in.pass == ir::Pass::kF));
+}
+
+Status M2n::resolve(const Instruction& in, Task* t) {
+  const bool sending = in.op == OpKind::kSend;
+  const auto [mine, other] = m2n_ends(in);
+  const std::string& peer_chunk = mine == "experts" ? other : mine;
   const bool on_ffn = in.combine_on_ffn;
-  // The FFN group combines: the experts' output goes to the next layer's attention as a dense message, and its
-  // gradient comes back as one; only the FFN side's forward send combines first (below).
-  if (on_ffn && peer_chunk != "router" && !(sending && mine == "experts" && in.pass == ir::Pass::kF)) {
-    return false;
-  }
   if (in.tag < 0 || in.tag > 32767) {
     return invalid_argument("executor: '" + in.label + "' has tag " + std::to_string(in.tag) +
                             " outside the communicator's [0, 32767]");
   }
-  if (m2n == nullptr) m2n = std::make_shared<detail::M2nState>();
+  active_ = true;
+  DistContext* dist = core_.dist;
   const compile::Plan& layout = dist->plan();
   const compile::RankCoord& me = dist->coord();
-  const int ep_deg = std::max(1, plan->mesh.ep);
+  const int ep_deg = std::max(1, core_.plan->mesh.ep);
   const int block = me.dp / ep_deg * ep_deg;
   t->peers.clear();
   for (int d = block; d < block + ep_deg; ++d) {
@@ -178,12 +184,11 @@ Result<bool> Executor::Impl::resolve_m2n(const Instruction& in, Task* t) {
     c.tp = me.tp;
     t->peers.push_back(layout.rank_of(c));
   }
-  t->m2n_routed = true;
   t->m2n_local = on_ffn;
   t->m2n_ffn = mine == "experts";
   t->gradient = in.pass != ir::Pass::kF;
   t->mb = std::max(0, in.mb);
-  t->key = detail::StashKey{in.experts_layer, "m2n", t->mb};
+  t->key = StashKey{in.experts_layer, "m2n", t->mb};
   int count = 0;
   for (ir::NodeId id : sending ? in.inputs : in.outputs) {
     if (sending) t->source = id;
@@ -195,24 +200,24 @@ Result<bool> Executor::Impl::resolve_m2n(const Instruction& in, Task* t) {
   if (!sending) t->consumers = count;
   if (t->m2n_ffn && ep_deg > 1) {
     // The FFN rank's experts chunk holds one ep block: expert gradients are the mean over the ep sources'
-    // objectives and each expert counts once in the norm (ep_setup, ep_scale_grads).
+    // objectives and each expert counts once in the norm (ExpertParallel).
     comm::Communicator* group = dist->group("ep");
     if (group == nullptr || group->size() != ep_deg) {
       return internal_error("executor: '" + in.label + "': the FFN rank has no ep group of " + std::to_string(ep_deg) +
                             " ranks");
     }
-    PIPER_RETURN_IF_ERROR(ep_serve_m2n(group));
+    PIPER_RETURN_IF_ERROR(core_.ep->serve_m2n(group));
     if (on_ffn && sending && t->m2n_ffn && !t->gradient && peer_chunk != "router") {
       // This send stream combines inside the FFN group concurrently with the compute stream's combines (the
       // head's input, the experts' gradients): its own communicator, one per peer pipeline rank (= stream).
-      auto& c = m2n->combine_comms[in.peer];
+      auto& c = combine_comms_[in.peer];
       if (c == nullptr) {
         PIPER_ASSIGN_OR_RETURN(c, group->dup("m2n_combine_" + std::to_string(in.peer)));
       }
       t->comm = c.get();
     }
   }
-  return true;
+  return ok_status();
 }
 
 namespace {
@@ -238,22 +243,23 @@ struct M2nKey {
 }  // namespace
 
 // One routed m2n instruction being run (the exchanges described at the top of this file): its context, the pieces
-// its variants share, and the eight variants, one per (pass, side, direction), chosen by m2n_exchange's table.
-struct Executor::Impl::M2nCall {
-  M2nCall(Impl& impl, const Task& task)
-      : x(impl),
+// its variants share, and the eight variants, one per (pass, side, direction), chosen by M2n::run's table.
+struct M2n::Call {
+  Call(M2n& m2n, const Task& task)
+      : x(m2n),
+        core(m2n.core_),
         t(task),
         in(*task.in),
-        h(impl.model->dims().hidden),
-        k(impl.model->dims().top_k),
-        scale(static_cast<float>(impl.model->dims().routed_scaling)),
+        h(m2n.core_.model->dims().hidden),
+        k(m2n.core_.model->dims().top_k),
+        scale(static_cast<float>(m2n.core_.model->dims().routed_scaling)),
         layer(std::get<0>(task.key)),
         key(layer, task.mb),
         peers(task.peers.size()),
-        c(impl.dist->p2p()),
+        c(m2n.core_.dist->p2p()),
         tag(static_cast<int>(task.in->tag)),
-        experts_per_peer(impl.model->dims().num_experts / static_cast<int>(peers)),
-        me_idx(static_cast<size_t>(impl.dist->coord().dp % std::max(1, impl.plan->mesh.ep))) {}
+        experts_per_peer(m2n.core_.model->dims().num_experts / static_cast<int>(peers)),
+        me_idx(static_cast<size_t>(m2n.core_.dist->coord().dp % std::max(1, m2n.core_.plan->mesh.ep))) {}
 
   Status dispatch_send();       // router -> experts F, attention rank
   Status dispatch_recv();       // router -> experts F, FFN rank
@@ -266,20 +272,19 @@ struct Executor::Impl::M2nCall {
 
   // Pieces of the dispatch F: the routing of the router's tokens over the peers, the payload of each peer
   // (row headers, then rows), and the rows an FFN rank receives.
-  Result<std::shared_ptr<detail::M2nSource>> route_tokens(const Activation& a) const;
-  void pack_dispatch(const detail::M2nSource& s, const Routed& routed, std::vector<int64_t>* counts,
+  Result<std::shared_ptr<M2nSource>> route_tokens(const Activation& a) const;
+  void pack_dispatch(const M2nSource& s, const Routed& routed, std::vector<int64_t>* counts,
                      std::vector<std::vector<char>>* payload) const;
   Result<std::shared_ptr<EpRows>> recv_dispatch_rows(const std::vector<size_t>& rows_from);
   // experts -> router B on the attention rank: the rows summed per token in slot order and the weight gradients.
-  Result<Gradient> router_grads(const detail::M2nSource& s, const std::vector<float>& packed,
+  Result<Gradient> router_grads(const M2nSource& s, const std::vector<float>& packed,
                                 const std::vector<size_t>& first) const;
 
   // The FFN group combines (t.m2n_local): the same-dp source's residual and routing travel with the dispatch, and
   // the experts' send combines in the group before it sends the hidden state.
-  Status send_local_routing(const detail::M2nSource& s, std::vector<char>* extra,
-                            const std::shared_ptr<const void>& keep);
-  Result<std::shared_ptr<detail::M2nSource>> recv_local_routing();
-  Status combine_in_ffn_group(const EpRows& rows, const detail::M2nSink& sink);
+  Status send_local_routing(const M2nSource& s, std::vector<char>* extra, const std::shared_ptr<const void>& keep);
+  Result<std::shared_ptr<M2nSource>> recv_local_routing();
+  Status combine_in_ffn_group(const EpRows& rows, const M2nSink& sink);
 
   std::string who(size_t i) const { return "rank " + std::to_string(t.peers[i]); }
   // Posts one message per peer (skipping empty ones) and waits for all; `keep` owns the buffers.
@@ -290,10 +295,15 @@ struct Executor::Impl::M2nCall {
                      const std::shared_ptr<const void>& keep);
   // post_all of one message with the same-dp peer only.
   Status post_same_dp(bool send, void* buf, size_t bytes, const std::shared_ptr<const void>& keep);
-  Result<std::shared_ptr<detail::M2nSource>> source_state();
-  Result<std::shared_ptr<detail::M2nSink>> sink_state();
+  // Waits for the state of (layer, mb) that another stream records (the dispatch's routing, the received rows).
+  template <typename State>
+  Result<std::shared_ptr<State>> wait_for_state(std::map<std::pair<int, int>, std::shared_ptr<State>>& states,
+                                                const char* what);
+  Result<std::shared_ptr<M2nSource>> source_state();
+  Result<std::shared_ptr<M2nSink>> sink_state();
 
-  Impl& x;
+  M2n& x;
+  Core& core;
   const Task& t;
   const Instruction& in;
   const int64_t h;
@@ -308,8 +318,8 @@ struct Executor::Impl::M2nCall {
   const size_t me_idx;  // my same-dp peer
 };
 
-Status Executor::Impl::m2n_exchange(const Task& t) {
-  using Variant = Status (M2nCall::*)();
+Status M2n::run(const Task& t) {
+  using Variant = Status (Call::*)();
   struct Entry {
     M2nKey key;
     Variant run;
@@ -319,14 +329,14 @@ Status Executor::Impl::m2n_exchange(const Task& t) {
   using enum M2nDirection;
   // (pass, side of this rank, direction) -> variant; the exchanges of the comment at the top of this file.
   static constexpr Entry kVariants[] = {
-      {{kForward, kAttention, kSend}, &M2nCall::dispatch_send},        // router -> experts F
-      {{kForward, kFfn, kRecv}, &M2nCall::dispatch_recv},              // router -> experts F
-      {{kForward, kFfn, kSend}, &M2nCall::combine_send},               // experts -> next F
-      {{kForward, kAttention, kRecv}, &M2nCall::combine_recv},         // experts -> next F
-      {{kBackward, kAttention, kSend}, &M2nCall::combine_grad_send},   // next -> experts B
-      {{kBackward, kFfn, kRecv}, &M2nCall::combine_grad_recv},         // next -> experts B
-      {{kBackward, kFfn, kSend}, &M2nCall::dispatch_grad_send},        // experts -> router B
-      {{kBackward, kAttention, kRecv}, &M2nCall::dispatch_grad_recv},  // experts -> router B
+      {{kForward, kAttention, kSend}, &Call::dispatch_send},        // router -> experts F
+      {{kForward, kFfn, kRecv}, &Call::dispatch_recv},              // router -> experts F
+      {{kForward, kFfn, kSend}, &Call::combine_send},               // experts -> next F
+      {{kForward, kAttention, kRecv}, &Call::combine_recv},         // experts -> next F
+      {{kBackward, kAttention, kSend}, &Call::combine_grad_send},   // next -> experts B
+      {{kBackward, kFfn, kRecv}, &Call::combine_grad_recv},         // next -> experts B
+      {{kBackward, kFfn, kSend}, &Call::dispatch_grad_send},        // experts -> router B
+      {{kBackward, kAttention, kRecv}, &Call::dispatch_grad_recv},  // experts -> router B
   };
   static_assert(std::size(kVariants) == 8, "one variant per (pass, side, direction)");
   const auto start = std::chrono::steady_clock::now();
@@ -335,16 +345,15 @@ Status Executor::Impl::m2n_exchange(const Task& t) {
   const Entry* entry =
       std::find_if(std::begin(kVariants), std::end(kVariants), [&](const Entry& e) { return e.key == want; });
   if (entry == std::end(kVariants)) return internal_error("'" + t.in->label + "': no M2N variant");
-  M2nCall call(*this, t);
+  Call call(*this, t);
   PIPER_RETURN_IF_ERROR((call.*(entry->run))());
-  std::lock_guard<std::mutex> lock(mu);
-  task_seconds[std::string("m2n.") + (t.gradient ? "B" : "F")] +=
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  core_.add_seconds(std::string("m2n.") + (t.gradient ? "B" : "F"),
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return ok_status();
 }
 
-Status Executor::Impl::M2nCall::post_all(bool send, const std::vector<void*>& bufs, const std::vector<size_t>& bytes,
-                                         const std::shared_ptr<const void>& keep) {
+Status M2n::Call::post_all(bool send, const std::vector<void*>& bufs, const std::vector<size_t>& bytes,
+                           const std::shared_ptr<const void>& keep) {
   std::vector<std::pair<size_t, comm::Handle>> handles;
   for (size_t i = 0; i < peers; ++i) {
     if (bytes[i] == 0) continue;
@@ -355,13 +364,13 @@ Status Executor::Impl::M2nCall::post_all(bool send, const std::vector<void*>& bu
   }
   for (auto& [i, handle] : handles) {
     PIPER_RETURN_IF_ERROR(
-        x.wait_comm(c, handle, keep, std::string(send ? "M2N send to " : "M2N receive from ") + who(i)));
+        core.wait_comm(c, handle, keep, std::string(send ? "M2N send to " : "M2N receive from ") + who(i)));
   }
   return ok_status();
 }
 
-Status Executor::Impl::M2nCall::post_blocks(bool send, float* base, const std::vector<size_t>& rows, size_t stride,
-                                            const std::shared_ptr<const void>& keep) {
+Status M2n::Call::post_blocks(bool send, float* base, const std::vector<size_t>& rows, size_t stride,
+                              const std::shared_ptr<const void>& keep) {
   std::vector<void*> b(peers);
   std::vector<size_t> bytes(peers);
   size_t r = 0;
@@ -373,8 +382,7 @@ Status Executor::Impl::M2nCall::post_blocks(bool send, float* base, const std::v
   return post_all(send, b, bytes, keep);
 }
 
-Status Executor::Impl::M2nCall::post_same_dp(bool send, void* buf, size_t bytes,
-                                             const std::shared_ptr<const void>& keep) {
+Status M2n::Call::post_same_dp(bool send, void* buf, size_t bytes, const std::shared_ptr<const void>& keep) {
   std::vector<void*> b(peers, nullptr);
   std::vector<size_t> n(peers, 0);
   b[me_idx] = buf;
@@ -382,39 +390,37 @@ Status Executor::Impl::M2nCall::post_same_dp(bool send, void* buf, size_t bytes,
   return post_all(send, b, n, keep);
 }
 
-// The receive streams post their receives in the channel's order, concurrently with the send stream that
-// dispatches: wait (bounded by the communication timeout) until the dispatch recorded its routing.
-Result<std::shared_ptr<detail::M2nSource>> Executor::Impl::M2nCall::source_state() {
-  std::unique_lock<std::mutex> lock(x.mu);
-  const bool ready = x.cv.wait_for(lock, std::chrono::duration<double>(x.dist->timeout_s()),
-                                   [&] { return x.failed || x.m2n->sources.count(key) > 0; });
-  if (x.failed) return unavailable("'" + in.label + "': abandoned, another stream of this rank failed");
-  if (!ready) {
-    return deadline_exceeded("'" + in.label + "' waited " + std::to_string(static_cast<int>(x.dist->timeout_s())) +
-                             " s (PIPER_COMM_TIMEOUT_S) for the dispatch of (layer " + std::to_string(layer) + ", mb " +
-                             std::to_string(t.mb) + ") on rank " + std::to_string(x.dist->rank()));
-  }
-  return x.m2n->sources.at(key);
+// The state another stream of this rank records for (layer, mb) in `states`: wait (bounded by the communication
+// timeout) until it is there. `what` names it in the timeout's message.
+template <typename State>
+Result<std::shared_ptr<State>> M2n::Call::wait_for_state(std::map<std::pair<int, int>, std::shared_ptr<State>>& states,
+                                                         const char* what) {
+  Status st = core.wait_until(
+      [&] {
+        std::lock_guard<std::mutex> lock(x.mu_);
+        return states.count(key) > 0;
+      },
+      std::chrono::duration<double>(core.dist->timeout_s()),
+      "'" + in.label + "' waited " + std::to_string(static_cast<int>(core.dist->timeout_s())) +
+          " s (PIPER_COMM_TIMEOUT_S) for " + what + " of (layer " + std::to_string(layer) + ", mb " +
+          std::to_string(t.mb) + ") on rank " + std::to_string(core.dist->rank()));
+  if (st.code() == StatusCode::kUnavailable) return st.with_context("'" + in.label + "'");
+  PIPER_RETURN_IF_ERROR(st);
+  std::lock_guard<std::mutex> lock(x.mu_);
+  return states.at(key);
 }
+
+// The receive streams post their receives in the channel's order, concurrently with the send stream that
+// dispatches: wait until the dispatch recorded its routing.
+Result<std::shared_ptr<M2nSource>> M2n::Call::source_state() { return wait_for_state(x.sources_, "the dispatch"); }
 
 // With pp > 1 an FFN rank receives a layer's dispatch and its output gradient from different attention ranks, on
-// different receive streams: wait (bounded) until the dispatch's rows arrived.
-Result<std::shared_ptr<detail::M2nSink>> Executor::Impl::M2nCall::sink_state() {
-  std::unique_lock<std::mutex> lock(x.mu);
-  const bool ready = x.cv.wait_for(lock, std::chrono::duration<double>(x.dist->timeout_s()),
-                                   [&] { return x.failed || x.m2n->sinks.count(key) > 0; });
-  if (x.failed) return unavailable("'" + in.label + "': abandoned, another stream of this rank failed");
-  if (!ready) {
-    return deadline_exceeded("'" + in.label + "' waited " + std::to_string(static_cast<int>(x.dist->timeout_s())) +
-                             " s (PIPER_COMM_TIMEOUT_S) for the rows of (layer " + std::to_string(layer) + ", mb " +
-                             std::to_string(t.mb) + ") on rank " + std::to_string(x.dist->rank()));
-  }
-  return x.m2n->sinks.at(key);
-}
+// different receive streams: wait until the dispatch's rows arrived.
+Result<std::shared_ptr<M2nSink>> M2n::Call::sink_state() { return wait_for_state(x.sinks_, "the rows"); }
 
-Result<std::shared_ptr<detail::M2nSource>> Executor::Impl::M2nCall::route_tokens(const Activation& a) const {
+Result<std::shared_ptr<M2nSource>> M2n::Call::route_tokens(const Activation& a) const {
   if (!a.routed || !a.hidden) return internal_error("'" + in.label + "': the router sent no routing");
-  auto s = std::make_shared<detail::M2nSource>();
+  auto s = std::make_shared<M2nSource>();
   s->tokens = a.hidden->numel() / h;
   s->residual = a.hidden;
   s->routed = a.routed;
@@ -432,9 +438,8 @@ Result<std::shared_ptr<detail::M2nSource>> Executor::Impl::M2nCall::route_tokens
   return s;
 }
 
-void Executor::Impl::M2nCall::pack_dispatch(const detail::M2nSource& s, const Routed& routed,
-                                            std::vector<int64_t>* counts,
-                                            std::vector<std::vector<char>>* payload) const {
+void M2n::Call::pack_dispatch(const M2nSource& s, const Routed& routed, std::vector<int64_t>* counts,
+                              std::vector<std::vector<char>>* payload) const {
   std::vector<size_t> first(peers + 1, 0);
   for (size_t d = 0; d < peers; ++d) first[d + 1] = first[d] + s.rows_to[d];
   const size_t row_bytes = static_cast<size_t>(h) * sizeof(float);
@@ -454,17 +459,17 @@ void Executor::Impl::M2nCall::pack_dispatch(const detail::M2nSource& s, const Ro
 }
 
 // router -> experts F (attention rank): each (token, slot) row to the FFN rank of its expert, row counts first.
-Status Executor::Impl::M2nCall::dispatch_send() {
-  PIPER_ASSIGN_OR_RETURN(Activation a, x.take_message<Activation>(t, t.source));
-  PIPER_ASSIGN_OR_RETURN(std::shared_ptr<detail::M2nSource> s, route_tokens(a));
+Status M2n::Call::dispatch_send() {
+  PIPER_ASSIGN_OR_RETURN(Activation a, core.take_message<Activation>(t, t.source));
+  PIPER_ASSIGN_OR_RETURN(std::shared_ptr<M2nSource> s, route_tokens(a));
   auto counts = std::make_shared<std::vector<int64_t>>(peers);
   auto payload = std::make_shared<std::vector<std::vector<char>>>(peers + 1);
   pack_dispatch(*s, *a.routed, counts.get(), payload.get());
   {
-    std::lock_guard<std::mutex> lock(x.mu);
-    x.m2n->sources[key] = s;
-    x.cv.notify_all();
+    std::lock_guard<std::mutex> lock(x.mu_);
+    x.sources_[key] = s;
   }
+  core.notify();
   std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(counts), decltype(payload)>>(counts, payload);
   std::vector<void*> cb(peers), pb(peers);
   std::vector<size_t> cbytes(peers, sizeof(int64_t)), pbytes(peers);
@@ -481,8 +486,8 @@ Status Executor::Impl::M2nCall::dispatch_send() {
 
 // The experts' output feeds the head on the same-dp FFN rank (or the next attention elsewhere): that rank
 // combines, so it gets the residual and the routing (weights and destination blocks) of this source's tokens.
-Status Executor::Impl::M2nCall::send_local_routing(const detail::M2nSource& s, std::vector<char>* extra,
-                                                   const std::shared_ptr<const void>& keep) {
+Status M2n::Call::send_local_routing(const M2nSource& s, std::vector<char>* extra,
+                                     const std::shared_ptr<const void>& keep) {
   const size_t slots = s.dest.size();
   extra->resize(static_cast<size_t>(s.tokens * h) * sizeof(float) + slots * (sizeof(float) + sizeof(int32_t)));
   char* at = extra->data();
@@ -498,7 +503,7 @@ Status Executor::Impl::M2nCall::send_local_routing(const detail::M2nSource& s, s
 }
 
 // The rows of every source in (source, token, slot) order, with their local experts and weights.
-Result<std::shared_ptr<EpRows>> Executor::Impl::M2nCall::recv_dispatch_rows(const std::vector<size_t>& rows_from) {
+Result<std::shared_ptr<EpRows>> M2n::Call::recv_dispatch_rows(const std::vector<size_t>& rows_from) {
   auto payload = std::make_shared<std::vector<std::vector<char>>>(peers);
   const size_t row_bytes = static_cast<size_t>(h) * sizeof(float);
   std::vector<void*> pb(peers);
@@ -512,7 +517,7 @@ Result<std::shared_ptr<EpRows>> Executor::Impl::M2nCall::recv_dispatch_rows(cons
   }
   PIPER_RETURN_IF_ERROR(post_all(false, pb, pbytes, payload));
   auto got = std::make_shared<EpRows>();
-  PIPER_ASSIGN_OR_RETURN(Tensor t_rows, Tensor::zeros({rows, h}, MemCategory::kActivations, x.allocator));
+  PIPER_ASSIGN_OR_RETURN(Tensor t_rows, Tensor::zeros({rows, h}, MemCategory::kActivations, core.allocator));
   auto rows_t = std::make_shared<Tensor>(std::move(t_rows));
   got->expert.resize(static_cast<size_t>(rows));
   got->weight.resize(static_cast<size_t>(rows));
@@ -534,12 +539,12 @@ Result<std::shared_ptr<EpRows>> Executor::Impl::M2nCall::recv_dispatch_rows(cons
 }
 
 // router -> experts F (FFN rank): every source's rows, the experts chunk's expert-parallel input.
-Status Executor::Impl::M2nCall::dispatch_recv() {
+Status M2n::Call::dispatch_recv() {
   auto counts = std::make_shared<std::vector<int64_t>>(peers, 0);
   std::vector<void*> cb(peers);
   for (size_t s = 0; s < peers; ++s) cb[s] = &(*counts)[s];
   PIPER_RETURN_IF_ERROR(post_all(false, cb, std::vector<size_t>(peers, sizeof(int64_t)), counts));
-  auto sink = std::make_shared<detail::M2nSink>();
+  auto sink = std::make_shared<M2nSink>();
   for (size_t s = 0; s < peers; ++s) {
     if ((*counts)[s] < 0 || (*counts)[s] > int64_t{1} << 40) {
       return internal_error("'" + in.label + "': " + who(s) + " announced " + std::to_string((*counts)[s]) + " rows");
@@ -548,29 +553,30 @@ Status Executor::Impl::M2nCall::dispatch_recv() {
   }
   PIPER_ASSIGN_OR_RETURN(std::shared_ptr<EpRows> got, recv_dispatch_rows(sink->rows_from));
   if (t.m2n_local) {
-    // The same-dp source's residual and routing, for the combine before the head (m2n_local_inputs).
+    // The same-dp source's residual and routing, for the combine before the head (local_inputs).
     PIPER_ASSIGN_OR_RETURN(sink->local, recv_local_routing());
   }
   {
-    std::lock_guard<std::mutex> lock(x.mu);
-    x.m2n->sinks[key] = sink;
-    x.cv.notify_all();
+    std::lock_guard<std::mutex> lock(x.mu_);
+    x.sinks_[key] = sink;
   }
+  core.notify();
   Activation a;
   a.ep = std::move(got);
-  x.publish_message(t, std::move(a));
+  core.publish_message(t, std::move(a));
   return ok_status();
 }
 
-Result<std::shared_ptr<detail::M2nSource>> Executor::Impl::M2nCall::recv_local_routing() {
-  auto local = std::make_shared<detail::M2nSource>();
-  local->tokens = x.mbs * x.batch->seq_len;
+Result<std::shared_ptr<M2nSource>> M2n::Call::recv_local_routing() {
+  auto local = std::make_shared<M2nSource>();
+  local->tokens = core.mbs * core.batch->seq_len;
   const size_t slots = static_cast<size_t>(local->tokens * k);
   auto extra = std::make_shared<std::vector<char>>(static_cast<size_t>(local->tokens * h) * sizeof(float) +
                                                    slots * (sizeof(float) + sizeof(int32_t)));
   PIPER_RETURN_IF_ERROR(post_same_dp(false, extra->data(), extra->size(), extra));
   const char* at = extra->data();
-  auto res = std::make_shared<Tensor>(Tensor::zeros_or_die({local->tokens, h}, MemCategory::kActivations, x.allocator));
+  auto res =
+      std::make_shared<Tensor>(Tensor::zeros_or_die({local->tokens, h}, MemCategory::kActivations, core.allocator));
   std::memcpy(res->data(), at, static_cast<size_t>(local->tokens * h) * sizeof(float));
   at += static_cast<size_t>(local->tokens * h) * sizeof(float);
   local->residual = std::move(res);
@@ -592,8 +598,8 @@ Result<std::shared_ptr<detail::M2nSource>> Executor::Impl::M2nCall::recv_local_r
 }
 
 // experts -> next F (FFN rank): the output rows back to their sources.
-Status Executor::Impl::M2nCall::combine_send() {
-  PIPER_ASSIGN_OR_RETURN(Activation a, x.take_message<Activation>(t, t.source));
+Status M2n::Call::combine_send() {
+  PIPER_ASSIGN_OR_RETURN(Activation a, core.take_message<Activation>(t, t.source));
   PIPER_ASSIGN_OR_RETURN(auto sink, sink_state());
   if (!a.ep || !a.ep->rows) return internal_error("'" + in.label + "': the experts chunk produced no rows");
   if (t.m2n_local) return combine_in_ffn_group(*a.ep, *sink);
@@ -608,39 +614,39 @@ Status Executor::Impl::M2nCall::combine_send() {
 
 // The next attention is on another attention rank than the router: combine in the FFN group here and send the
 // hidden state to the same-dp rank of that attention rank.
-Status Executor::Impl::M2nCall::combine_in_ffn_group(const EpRows& rows, const detail::M2nSink& sink) {
+Status M2n::Call::combine_in_ffn_group(const EpRows& rows, const M2nSink& sink) {
   if (sink.local == nullptr) return internal_error("'" + in.label + "': no routing of the same-dp source");
-  const detail::M2nSource& local = *sink.local;
+  const M2nSource& local = *sink.local;
   std::vector<float> back(static_cast<size_t>(local.tokens * k * h));
   PIPER_RETURN_IF_ERROR(ffn_group_exchange(t.comm, rows.rows->data(), sink.rows_from, back.data(), local.rows_to, h,
-                                           x.dist->timeout_s()));
-  std::shared_ptr<Tensor> out = combine_rows(local, back.data(), h, k, scale, x.allocator);
+                                           core.dist->timeout_s()));
+  std::shared_ptr<Tensor> out = combine_rows(local, back.data(), h, k, scale, core.allocator);
   return post_same_dp(true, out->data(), static_cast<size_t>(out->nbytes()), out);
 }
 
 // experts -> next F (attention rank): the weighted sum in slot order plus the residual.
-Status Executor::Impl::M2nCall::combine_recv() {
+Status M2n::Call::combine_recv() {
   PIPER_ASSIGN_OR_RETURN(auto s, source_state());
   const size_t total = static_cast<size_t>(s->tokens * k);
   auto back = std::make_shared<std::vector<float>>(total * static_cast<size_t>(h));
   PIPER_RETURN_IF_ERROR(post_blocks(false, back->data(), s->rows_to, static_cast<size_t>(h), back));
-  std::shared_ptr<Tensor> out = combine_rows(*s, back->data(), h, k, scale, x.allocator);
+  std::shared_ptr<Tensor> out = combine_rows(*s, back->data(), h, k, scale, core.allocator);
   Activation a;
   a.hidden = std::move(out);
-  x.publish_message(t, std::move(a));
+  core.publish_message(t, std::move(a));
   return ok_status();
 }
 
 // next -> experts B (attention rank): the scaled output gradient dispatched like the tokens; the unscaled one is
 // kept as the residual's gradient for the router.
-Status Executor::Impl::M2nCall::combine_grad_send() {
-  PIPER_ASSIGN_OR_RETURN(Gradient g, x.take_message<Gradient>(t, t.source));
+Status M2n::Call::combine_grad_send() {
+  PIPER_ASSIGN_OR_RETURN(Gradient g, core.take_message<Gradient>(t, t.source));
   PIPER_ASSIGN_OR_RETURN(auto s, source_state());
   if (!g.dhidden || g.dhidden->numel() != s->tokens * h) {
     return internal_error("'" + in.label + "': the gradient is not [tokens, hidden]");
   }
   {
-    std::lock_guard<std::mutex> lock(x.mu);
+    std::lock_guard<std::mutex> lock(x.mu_);
     if (s->dresidual) {
       return unimplemented("'" + in.label + "': the experts' output of layer " + std::to_string(layer) +
                            " has two consumers; the runtime's M2N combine serves one");
@@ -652,25 +658,25 @@ Status Executor::Impl::M2nCall::combine_grad_send() {
 }
 
 // next -> experts B (FFN rank): the row gradients in the forward's receive order.
-Status Executor::Impl::M2nCall::combine_grad_recv() {
+Status M2n::Call::combine_grad_recv() {
   PIPER_ASSIGN_OR_RETURN(auto sink, sink_state());
   size_t total = 0;
   for (size_t n : sink->rows_from) total += n;
   PIPER_ASSIGN_OR_RETURN(Tensor t_rows,
-                         Tensor::zeros({static_cast<int64_t>(total), h}, MemCategory::kBuffers, x.allocator));
+                         Tensor::zeros({static_cast<int64_t>(total), h}, MemCategory::kBuffers, core.allocator));
   auto rows_t = std::make_shared<Tensor>(std::move(t_rows));
   PIPER_RETURN_IF_ERROR(post_blocks(false, rows_t->data(), sink->rows_from, static_cast<size_t>(h), rows_t));
   auto got = std::make_shared<EpRows>();
   got->rows = std::move(rows_t);
   Gradient g;
   g.ep = std::move(got);
-  x.publish_message(t, std::move(g));
+  core.publish_message(t, std::move(g));
   return ok_status();
 }
 
 // experts -> router B (FFN rank): each source's input-gradient rows, then its routing-weight gradients.
-Status Executor::Impl::M2nCall::dispatch_grad_send() {
-  PIPER_ASSIGN_OR_RETURN(Gradient g, x.take_message<Gradient>(t, t.source));
+Status M2n::Call::dispatch_grad_send() {
+  PIPER_ASSIGN_OR_RETURN(Gradient g, core.take_message<Gradient>(t, t.source));
   PIPER_ASSIGN_OR_RETURN(auto sink, sink_state());
   if (!g.ep || !g.ep->rows) return internal_error("'" + in.label + "': the experts chunk produced no row gradients");
   const size_t stride = static_cast<size_t>(h) + 1;
@@ -701,17 +707,17 @@ Status Executor::Impl::M2nCall::dispatch_grad_send() {
     PIPER_RETURN_IF_ERROR(
         post_same_dp(true, const_cast<float*>(dres->data()), static_cast<size_t>(dres->nbytes()), dres));
   }
-  std::lock_guard<std::mutex> lock(x.mu);
-  x.m2n->sinks.erase(key);
+  std::lock_guard<std::mutex> lock(x.mu_);
+  x.sinks_.erase(key);
   return ok_status();
 }
 
 // Row slot_row[i] lies in peer dest[i]'s block at (slot_row[i] - first[d]): rows, then dweights.
-Result<Gradient> Executor::Impl::M2nCall::router_grads(const detail::M2nSource& s, const std::vector<float>& packed,
-                                                       const std::vector<size_t>& first) const {
+Result<Gradient> M2n::Call::router_grads(const M2nSource& s, const std::vector<float>& packed,
+                                         const std::vector<size_t>& first) const {
   const size_t stride = static_cast<size_t>(h) + 1;
-  PIPER_ASSIGN_OR_RETURN(Tensor dn, Tensor::zeros({s.tokens, h}, MemCategory::kBuffers, x.allocator));
-  PIPER_ASSIGN_OR_RETURN(Tensor dw, Tensor::zeros({s.tokens, k}, MemCategory::kBuffers, x.allocator));
+  PIPER_ASSIGN_OR_RETURN(Tensor dn, Tensor::zeros({s.tokens, h}, MemCategory::kBuffers, core.allocator));
+  PIPER_ASSIGN_OR_RETURN(Tensor dw, Tensor::zeros({s.tokens, k}, MemCategory::kBuffers, core.allocator));
   auto dnormed = std::make_shared<Tensor>(std::move(dn));
   auto dtopk_w = std::make_shared<Tensor>(std::move(dw));
   auto row_of = [&](size_t i) {
@@ -738,7 +744,7 @@ Result<Gradient> Executor::Impl::M2nCall::router_grads(const detail::M2nSource& 
 }
 
 // experts -> router B (attention rank): dnormed, dtopk_w and the residual gradient, the router's backward input.
-Status Executor::Impl::M2nCall::dispatch_grad_recv() {
+Status M2n::Call::dispatch_grad_recv() {
   PIPER_ASSIGN_OR_RETURN(auto s, source_state());
   const size_t stride = static_cast<size_t>(h) + 1;
   const size_t total = static_cast<size_t>(s->tokens * k);
@@ -747,26 +753,26 @@ Status Executor::Impl::M2nCall::dispatch_grad_recv() {
   for (size_t d = 0; d < peers; ++d) first[d + 1] = first[d] + s->rows_to[d];
   PIPER_RETURN_IF_ERROR(post_blocks(false, packed->data(), s->rows_to, stride, packed));
   if (t.m2n_local) {  // the residual's gradient: the head's, from the same-dp FFN rank
-    auto dres = std::make_shared<Tensor>(Tensor::zeros_or_die({s->tokens, h}, MemCategory::kBuffers, x.allocator));
+    auto dres = std::make_shared<Tensor>(Tensor::zeros_or_die({s->tokens, h}, MemCategory::kBuffers, core.allocator));
     PIPER_RETURN_IF_ERROR(post_same_dp(false, dres->data(), static_cast<size_t>(dres->nbytes()), dres));
-    std::lock_guard<std::mutex> lock(x.mu);
+    std::lock_guard<std::mutex> lock(x.mu_);
     s->dresidual = std::move(dres);
   }
   {
     // The FFN ranks sent these rows after the experts' backward, which needed the output gradient that this
     // rank's combine B send recorded first.
-    std::lock_guard<std::mutex> lock(x.mu);
+    std::lock_guard<std::mutex> lock(x.mu_);
     if (!s->dresidual) {
       return internal_error("'" + in.label + "' received the experts' gradients before this rank sent theirs");
     }
   }
   PIPER_ASSIGN_OR_RETURN(Gradient g, router_grads(*s, *packed, first));
   {
-    std::lock_guard<std::mutex> lock(x.mu);
+    std::lock_guard<std::mutex> lock(x.mu_);
     g.dhidden = s->dresidual;
-    x.m2n->sources.erase(key);
+    x.sources_.erase(key);
   }
-  x.publish_message(t, std::move(g));
+  core.publish_message(t, std::move(g));
   return ok_status();
 }
 
@@ -791,51 +797,47 @@ Status ffn_group_exchange(comm::Communicator* group, const float* send, const st
 
 }  // namespace
 
-Status Executor::Impl::m2n_local_inputs(const Task& t, std::vector<Activation>* inputs) {
-  if (m2n == nullptr || t.chunk == nullptr || t.chunk->part() == "experts") return ok_status();
-  const int64_t h = model->dims().hidden;
-  const int k = model->dims().top_k;
-  const float scale = static_cast<float>(model->dims().routed_scaling);
+std::shared_ptr<M2nSink> M2n::find_sink(std::pair<int, int> key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = sinks_.find(key);
+  return it == sinks_.end() ? nullptr : it->second;
+}
+
+Status M2n::local_inputs(const Task& t, std::vector<Activation>* inputs) {
+  if (!active_ || t.chunk == nullptr || t.chunk->part() == "experts") return ok_status();
+  const int64_t h = core_.model->dims().hidden;
+  const int k = core_.model->dims().top_k;
+  const float scale = static_cast<float>(core_.model->dims().routed_scaling);
   for (size_t i = 0; i < inputs->size() && i < t.sources.size(); ++i) {
     Activation& a = (*inputs)[i];
     if (!a.ep || a.hidden) continue;
     // The experts' output rows of this FFN rank (every source's) -> the same-dp source's tokens, combined.
-    const auto key = std::make_pair(instr_of(t.sources[i]).layer, t.mb);
-    std::shared_ptr<detail::M2nSink> sink;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      auto it = m2n->sinks.find(key);
-      if (it != m2n->sinks.end()) sink = it->second;
-    }
+    const auto key = std::make_pair(core_.instr_of(t.sources[i]).layer, t.mb);
+    std::shared_ptr<M2nSink> sink = find_sink(key);
     if (sink == nullptr || sink->local == nullptr || !a.ep->rows) {
       return internal_error("'" + t.in->label + "': expert rows of layer " + std::to_string(key.first) +
                             " without the routing of their same-dp source");
     }
-    const detail::M2nSource& local = *sink->local;
+    const M2nSource& local = *sink->local;
     std::vector<float> back(static_cast<size_t>(local.tokens * k * h));
-    PIPER_RETURN_IF_ERROR(ffn_group_exchange(dist->group("ep"), a.ep->rows->data(), sink->rows_from, back.data(),
-                                             local.rows_to, h, dist->timeout_s()));
+    PIPER_RETURN_IF_ERROR(ffn_group_exchange(core_.dist->group("ep"), a.ep->rows->data(), sink->rows_from, back.data(),
+                                             local.rows_to, h, core_.dist->timeout_s()));
     Activation out;
-    out.hidden = combine_rows(local, back.data(), h, k, scale, allocator);
+    out.hidden = combine_rows(local, back.data(), h, k, scale, core_.allocator);
     a = std::move(out);
   }
   return ok_status();
 }
 
-Status Executor::Impl::m2n_local_grads(const Task& t, std::vector<Gradient>* grads) {
-  if (m2n == nullptr || t.chunk == nullptr || t.chunk->part() != "experts") return ok_status();
+Status M2n::local_grads(const Task& t, std::vector<Gradient>* grads) {
+  if (!active_ || t.chunk == nullptr || t.chunk->part() != "experts") return ok_status();
   if (grads->size() != 1 || (*grads)[0].ep || !(*grads)[0].dhidden) return ok_status();
   // The head's gradient of the same-dp source's tokens -> the row gradients of this rank's experts.
-  const int64_t h = model->dims().hidden;
-  const int k = model->dims().top_k;
-  const float scale = static_cast<float>(model->dims().routed_scaling);
+  const int64_t h = core_.model->dims().hidden;
+  const int k = core_.model->dims().top_k;
+  const float scale = static_cast<float>(core_.model->dims().routed_scaling);
   const auto key = std::make_pair(t.chunk->layer(), t.mb);
-  std::shared_ptr<detail::M2nSink> sink;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = m2n->sinks.find(key);
-    if (it != m2n->sinks.end()) sink = it->second;
-  }
+  std::shared_ptr<M2nSink> sink = find_sink(key);
   if (sink == nullptr || sink->local == nullptr) {
     return internal_error("'" + t.in->label + "': a gradient for the experts of layer " + std::to_string(key.first) +
                           " without the routing of their same-dp source");
@@ -850,9 +852,9 @@ Status Executor::Impl::m2n_local_grads(const Task& t, std::vector<Gradient>* gra
   for (size_t n : sink->rows_from) total += n;
   auto got = std::make_shared<EpRows>();
   auto rows_t = std::make_shared<Tensor>(
-      Tensor::zeros_or_die({static_cast<int64_t>(total), h}, MemCategory::kBuffers, allocator));
-  PIPER_RETURN_IF_ERROR(ffn_group_exchange(dist->group("ep"), rows->data(), sink->local->rows_to, rows_t->data(),
-                                           sink->rows_from, h, dist->timeout_s()));
+      Tensor::zeros_or_die({static_cast<int64_t>(total), h}, MemCategory::kBuffers, core_.allocator));
+  PIPER_RETURN_IF_ERROR(ffn_group_exchange(core_.dist->group("ep"), rows->data(), sink->local->rows_to, rows_t->data(),
+                                           sink->rows_from, h, core_.dist->timeout_s()));
   got->rows = std::move(rows_t);
   Gradient out;
   out.ep = std::move(got);
@@ -860,4 +862,4 @@ Status Executor::Impl::m2n_local_grads(const Task& t, std::vector<Gradient>* gra
   return ok_status();
 }
 
-}  // namespace piper::runtime
+}  // namespace piper::runtime::detail

@@ -137,6 +137,9 @@ class Trainer {
   // Trainable elements of this rank's model (whole parameters, also under ZeRO-3, which keeps only shards).
   int64_t num_params() const { return num_params_; }
   Executor& executor() { return *executor_; }
+  // Whether experts are sharded over ep ranks (an expert placement table exists): what the loop's step lines and
+  // the run summary report the expert imbalance for.
+  bool expert_parallel() const { return !executor_->expert_placement().empty(); }
   MemoryStats memory() const { return tracker_.stats(); }
   // The tracker every tensor of this rank is counted in (e.g. for a TraceRecorder's memory track).
   const MemoryTracker& memory_tracker() const { return tracker_; }

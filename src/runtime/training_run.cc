@@ -113,7 +113,7 @@ Result<RunSummary> run_training(Trainer& trainer, const RunOptions& o) {
   if (o.steps < 1) return invalid_argument("run_training: steps must be >= 1, got " + std::to_string(o.steps));
   if (o.save_every < 0) return invalid_argument("run_training: save_every must be >= 0");
   RunSummary r;
-  r.expert_parallel = !trainer.executor().expert_placement().empty();
+  r.expert_parallel = trainer.expert_parallel();
   std::unique_ptr<TraceRecorder> recorder;
   if (o.trace) {
     PIPER_ASSIGN_OR_RETURN(recorder, start_trace(trainer));
