@@ -33,8 +33,9 @@ def main():
     else:
         try:
             for run in range(1, RUNS + 1):
+                load = os.getloadavg()[0]
                 j = bench_once()
-                row = {"run": run, "dispatch": j["moe_dispatch"]["halo_over_mpi"],
+                row = {"run": run, "load": load, "dispatch": j["moe_dispatch"]["halo_over_mpi"],
                        "combine": j["moe_combine"]["halo_over_mpi"],
                        "dispatch_internode_mib": j["moe_dispatch"]["halo_internode_bytes"] / 2**20,
                        "flat_internode_mib": j["moe_dispatch"]["flat_internode_bytes"] / 2**20}
@@ -43,13 +44,14 @@ def main():
                 rows.append(row)
         except (common.PiperError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
             why = "failed: %s" % e
-    columns = [("run", "run"), ("dispatch", "MoE dispatch HALO/MPI"), ("combine", "MoE combine HALO/MPI"),
+    columns = [("run", "run"), ("load", "load avg (1 min) before"), ("dispatch", "MoE dispatch HALO/MPI"),
+               ("combine", "MoE combine HALO/MPI"),
                ("flat_internode_mib", "flat inter-node MiB"), ("dispatch_internode_mib", "HALO inter-node MiB"),
                ("a2a_64k", "all-to-all 64 KiB"), ("a2a_256k", "256 KiB"), ("a2a_1024k", "1 MiB")]
     notes = ["HALO/MPI = MPI_Alltoallv time / HALO time (above 1: HALO faster), `piper bench comm` on two emulated nodes",
-             "(1 Gbit/s, 4 ranks each). Issue 30 asks for >= 1.5 for the dispatch and the combine. Load average of",
-             "this machine (2 cores) before the runs: %.1f -> after: %.1f; a loaded machine slows both sides." % (
-                 load_before, os.getloadavg()[0])]
+             "(1 Gbit/s, 4 ranks each). Issue 30 asks for >= 1.5 for the dispatch and the combine. This machine (2 cores) is",
+             "shared with other builds; load average before the runs: %.1f -> after: %.1f (before each run: its row);" % (
+                 load_before, os.getloadavg()[0]), "a loaded machine slows both sides."]
     if why:
         notes.insert(0, "**%s**" % why)
     common.write_table("halo_measured", "HALO against MPI_Alltoallv on two emulated nodes (measured)", columns, rows,

@@ -110,6 +110,8 @@ def hpc():
         out += ["Measured on two emulated nodes (1 Gbit/s, 4 ranks each; three runs of `piper bench comm`): HALO / MPI",
                 "%s for the MoE dispatch and %s for the combine (issue 30 asks for >= 1.5 for both;" % (
                     ", ".join(f(r["dispatch"]) for r in measured), ", ".join(f(r["combine"]) for r in measured)),
+                "load average %s before the runs on this shared 2-core machine;" % ", ".join(
+                    f(r.get("load")) for r in measured),
                 "[halo_measured.md](experiments/halo_measured.md)).", ""]
     else:
         out += ["Measured on two emulated nodes: not in this run (experiments/halo_measured.py needs root).", ""]

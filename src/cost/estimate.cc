@@ -260,8 +260,8 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
         PIPER_ASSIGN_OR_RETURN(HaloTraffic d, halo_dispatch_traffic(halo_shape, routing, tokens, tb));
         halo_s += halo_traffic_time_s(halo_shape, d, link);
       }
-      PIPER_ASSIGN_OR_RETURN(HaloTraffic c, halo_combine_traffic(halo_shape, routing, tokens, combine_bytes_per_token(),
-                                                                 kHaloDirectPairBytes));
+      PIPER_ASSIGN_OR_RETURN(HaloTraffic c,
+                             halo_combine_traffic(halo_shape, routing, tokens, combine_bytes_per_token()));
       ep_layer_s = halo_s + 2 * halo_traffic_time_s(halo_shape, c, link);
     } else {
       ep_layer_s = net_.all_to_all_flat_s(tokens * k * dispatch_bytes_per_token(), g.ep) +

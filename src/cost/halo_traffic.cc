@@ -58,6 +58,7 @@ const char* to_string(HaloStep step) {
     case HaloStep::kRemoteDirect: return "remote_direct";
     case HaloStep::kSlotMeta: return "slot_meta";
     case HaloStep::kToReducer: return "to_reducer";
+    case HaloStep::kPartial: return "partial";
   }
   return "?";
 }
@@ -213,52 +214,47 @@ void append_halo_all_to_all_v(const HaloGroupShape& g, const std::vector<std::ve
 }
 
 Result<HaloTraffic> halo_combine_traffic(const HaloGroupShape& g, const HaloRouting& r, double tokens_per_rank,
-                                         double row_bytes, double direct_pair_bytes) {
+                                         double row_bytes) {
   PIPER_RETURN_IF_ERROR(validate_halo(g, r));
   const Layout t{g};
-  const int c = g.ranks_per_node, p = g.size();
+  const int c = g.ranks_per_node, p = g.size(), w = t.w();
   const double rows_bytes = tokens_per_rank * r.top_k / p * row_bytes;  // rows of one source at one expert rank
   std::vector<double> hit(g.nodes);
   for (int m = 0; m < g.nodes; ++m) hit[m] = halo_node_hit_probability(g, r, m);
-  auto reducer = [&](int s, int m) { return t.rank(m, t.recv_proxy(t.node_of(s), t.lane_of(t.local_of(s)))); };
+  // inputs[(m * nodes + n) * lanes + l]: what the reducer on node m of the lane-l sources of node n waits for.
+  std::vector<std::vector<int>> inputs(static_cast<size_t>(g.nodes) * g.nodes * g.lanes);
+  auto group = [&](int m, int n, int l) -> std::vector<int>& {
+    return inputs[(static_cast<size_t>(m) * g.nodes + n) * g.lanes + l];
+  };
+  auto reducer = [&](int m, int n, int l) { return t.rank(m, t.recv_proxy(n, l)); };
   HaloTraffic out;
-  std::vector<std::vector<int>> done(p);  // per rank: the messages it sent or received in the last step
   for (int s = 0; s < p; ++s) {
+    const int n = t.node_of(s), l = t.lane_of(t.local_of(s));
     for (int m = 0; m < g.nodes; ++m) {
-      if (m == t.node_of(s)) continue;
-      const int id = add(&out, g, s, reducer(s, m), tokens_per_rank * hit[m] * r.top_k * 8.0, HaloStep::kSlotMeta, {});
-      if (id < 0) continue;
-      done[s].push_back(id);
-      done[reducer(s, m)].push_back(id);
+      if (m == n) continue;
+      const double meta = tokens_per_rank * hit[m] * r.top_k * 8.0;
+      const int id = add(&out, g, s, reducer(m, n, l), meta, HaloStep::kSlotMeta, {});
+      if (id >= 0) group(m, n, l).push_back(id);
     }
   }
-  std::vector<std::vector<int>> next(p);
   for (int e = 0; e < p; ++e) {
     const int m = t.node_of(e);
-    std::vector<double> to(c, 0.0);  // rows for each reducer of the node
-    for (int s = 0; s < p; ++s) {
-      if (t.node_of(s) != m) to[t.local_of(reducer(s, m))] += rows_bytes;
+    for (int n = 0; n < g.nodes; ++n) {
+      for (int l = 0; l < g.lanes && n != m; ++l) {
+        const int id = add(&out, g, e, reducer(m, n, l), w * rows_bytes, HaloStep::kToReducer, {});
+        if (id >= 0) group(m, n, l).push_back(id);
+      }
     }
-    for (int rho = 0; rho < c; ++rho) {
-      const int id = add(&out, g, e, t.rank(m, rho), to[rho], HaloStep::kToReducer, {});
-      if (id < 0) continue;
-      next[e].push_back(id);
-      next[t.rank(m, rho)].push_back(id);
-    }
+    for (int h = 0; h < c; ++h) add(&out, g, e, t.rank(m, h), rows_bytes, HaloStep::kDirect, {});
   }
-  // Partials to the served sources, raw rows to same-node sources.
-  std::vector<std::vector<double>> blocks(p, std::vector<double>(p, 0.0));
-  for (int me = 0; me < p; ++me) {
-    for (int s = 0; s < p; ++s) {
-      if (t.node_of(s) == t.node_of(me)) {
-        if (s != me) blocks[me][s] = rows_bytes;
-      } else if (reducer(s, t.node_of(me)) == me) {
-        blocks[me][s] = tokens_per_rank * hit[t.node_of(me)] * row_bytes;
+  for (int s = 0; s < p; ++s) {
+    const int n = t.node_of(s), l = t.lane_of(t.local_of(s));
+    for (int m = 0; m < g.nodes; ++m) {
+      if (m != n) {
+        add(&out, g, reducer(m, n, l), s, tokens_per_rank * hit[m] * row_bytes, HaloStep::kPartial, group(m, n, l));
       }
     }
   }
-  for (int e = 0; e < p; ++e) next[e].insert(next[e].end(), done[e].begin(), done[e].end());
-  append_halo_all_to_all_v(g, blocks, direct_pair_bytes, next, &out);
   return out;
 }
 

@@ -23,15 +23,15 @@
 //   phase II  kBatch   send proxy (n -> m, l) -> receive proxy: the lane's pieces, after that proxy's gathers
 //   phase III kScatter receive proxy -> every other rank h of node m: the rows of the lane's sources for h,
 //                      after the batch
-// Combine (halo_combine: rows of row_bytes; the slots of a token on a remote node m are reduced by the rank
-// that scattered the token in the dispatch, reducer(s, m), before one partial per (token, node) goes back):
-//   kSlotMeta    s -> reducer(s, m), m remote: T hit(m) top_k 8 bytes (MPI all-to-all-v of (local rank, weight))
-//   kToReducer   expert rank e -> reducer rho on its node: the rows of the remote sources rho serves, at once
-//                (overlapping kSlotMeta)
-//   then a HALO all-to-all-v (halo_all_to_all_v) of partials T hit(m) row_bytes to each served source, and of
-//   the raw rows of same-node sources, after the sender's kSlotMeta and kToReducer messages (sent and received:
-//   the runtime waits for both all-to-all-v's before it reduces): a block between nodes of at least
-//   direct_pair_bytes goes straight (kRemoteDirect); smaller ones are batched: kDirect / kGather, kBatch, kScatter.
+// Combine (halo_combine: rows of row_bytes; the slots of a token on a remote node m are reduced by the rank that
+// scattered the token in the dispatch, the reducer of (s's node n, s's lane l) on m, before one partial per
+// (token, node) goes back), every message point to point and posted at once but the partials:
+//   kSlotMeta    s -> its reducer on each remote node m: T hit(m) top_k 8 bytes ((local rank, weight) per slot)
+//   kToReducer   expert rank e -> the reducer on its node of each remote (node n, lane l): the W lane sources' rows
+//                it holds, W rows(s -> e) row_bytes (contiguous in e's expert outputs: no packing)
+//   kDirect      expert rank e -> each other source s of its node: rows(s -> e) row_bytes (raw rows, unreduced)
+//   kPartial     reducer -> each source s of its group: T hit(m) row_bytes, after the group's kSlotMeta and
+//                kToReducer messages (the reducer reduces a group as soon as they are in)
 // Not modelled: the small count all-gathers before each exchange (metadata; latency only).
 // Messages with no bytes are left out (the engine counts only non-empty messages, HaloExchangeStats).
 // All functions are pure; thread-safe.
@@ -79,6 +79,7 @@ enum class HaloStep {
   kRemoteDirect,  // a large block between nodes sent straight (HALO all-to-all-v)
   kSlotMeta,      // combine: slot metadata to the reducers
   kToReducer,     // combine: expert rows to their reducer inside the node
+  kPartial,       // combine: a reducer's partial sums to a source on another node
 };
 const char* to_string(HaloStep step);
 
@@ -98,13 +99,12 @@ struct HaloTraffic {
 // tokens_per_rank tokens of token_bytes each, dispatched by every rank of g.
 Result<HaloTraffic> halo_dispatch_traffic(const HaloGroupShape& g, const HaloRouting& r, double tokens_per_rank,
                                           double token_bytes);
-// The combine of those tokens' expert outputs, rows of row_bytes; direct_pair_bytes as HaloContext's (0: batch
-// every block).
+// The combine of those tokens' expert outputs, rows of row_bytes.
 Result<HaloTraffic> halo_combine_traffic(const HaloGroupShape& g, const HaloRouting& r, double tokens_per_rank,
-                                         double row_bytes, double direct_pair_bytes);
+                                         double row_bytes);
 
 // The HALO all-to-all-v of halo_all_to_all_v for a block matrix (bytes[i][j]: rank i to rank j), appended to
-// `out`; every message waits for `after_of[src]` (may be empty). Exposed for the combine and tests.
+// `out`; every message waits for `after_of[src]` (may be empty). Exposed for tests and other exchanges.
 void append_halo_all_to_all_v(const HaloGroupShape& g, const std::vector<std::vector<double>>& bytes,
                               double direct_pair_bytes, const std::vector<std::vector<int>>& after_of,
                               HaloTraffic* out);

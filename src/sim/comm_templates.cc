@@ -262,7 +262,7 @@ Result<CollectiveFlows> CommTemplates::add_halo_instance(FlowSim* scratch, const
   const double tokens = payload / (k * token_bytes);
   Result<cost::HaloTraffic> traffic =
       shape == "dispatch" ? cost::halo_dispatch_traffic(g, halo_.routing, tokens, token_bytes)
-                          : cost::halo_combine_traffic(g, halo_.routing, tokens, token_bytes, halo_.direct_pair_bytes);
+                          : cost::halo_combine_traffic(g, halo_.routing, tokens, token_bytes);
   PIPER_RETURN_IF_ERROR(traffic.status());
   for (cost::HaloMessage& m : traffic->messages) m.bytes /= payload;
   return add_halo_traffic(*net_, scratch, devices, *traffic);

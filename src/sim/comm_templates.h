@@ -53,7 +53,6 @@ struct HaloSimModel {
   cost::HaloRouting routing{0, 0, 1, 1};
   double dispatch_token_bytes = 0;  // the forward dispatch's wire bytes per token (fp8 under DeepSeek's recipe)
   double token_bytes = 0;           // every other ep all-to-all's
-  double direct_pair_bytes = cost::kHaloDirectPairBytes;  // the combine's final all-to-all-v
 };
 
 // The template key of a HALO all_to_all instruction: "halo:dispatch:<token bytes>:<payload>" when the traffic is

@@ -198,7 +198,7 @@ TEST(CollectivesTest, HaloDispatchAndCombineFollowTheTrafficModel) {
     });
     for (bool dispatch : {true, false}) {
       const cost::HaloTraffic t = dispatch ? cost::halo_dispatch_traffic(g, r, tokens, tb).value()
-                                           : cost::halo_combine_traffic(g, r, tokens, tb, 64 * 1024).value();
+                                           : cost::halo_combine_traffic(g, r, tokens, tb).value();
       FlowSim sim(net.link_bandwidths());
       CollectiveFlows c = add_halo_traffic(net, &sim, iota(4), t).value();
       ASSERT_EQ(c.flows.size(), t.messages.size());

@@ -9,16 +9,20 @@
 // Flat: an all-to-all of row counts, one all-to-all-v of rows back to the sources (MPI_Alltoallv or
 // pairwise), then the weighted sum at the source.
 // HALO: the rows of a token's slots on a remote node m are reduced inside m, so the token crosses the network
-// back once per node (the reverse of the dispatch's node deduplication):
+// back once per node (the reverse of the dispatch's node deduplication). The reducer of (source s, node m) is the
+// rank that scattered s's tokens in the HALO dispatch (the receive proxy of s's lane); it serves the lane's
+// sources as one group.
 //   1. all-gather of row and token counts (as the dispatch);
-//   2. source -> reducer: per (token, remote node) its top_k (local rank or -1, weight) pairs (8 B a slot);
-//      the reducer of (source s, node m) is the rank that scattered s's tokens in the HALO dispatch;
-//   3. intra-node all-to-all-v: each expert rank sends the rows of remote tokens to their reducer (posted
-//      before step 2 is waited for: the two overlap);
-//   4. reducer: partial(t, m) = sum over the slots j of t on node m, in slot order, of w_j * row_j;
-//   5. HALO all-to-all-v (batched per node pair and lane): partials, and the raw rows of same-node slots;
-//   6. source: y[t] = sum over slots in slot order, where a same-node slot adds w_j * row_j and the first
+//   2. posted at once, point to point: source -> reducer, per (token, remote node) its top_k (local rank or -1,
+//      weight) pairs (8 B a slot); every expert rank -> each reducer of its node, the rows of that reducer's
+//      group, sent straight from expert_rows (a group's rows are contiguous there); every expert rank -> each
+//      other source of its node, its raw rows;
+//   3. a reducer reduces a group as soon as its metadata and rows are in: partial(t, m) = sum over the slots j
+//      of t on node m, in slot order, of w_j * row_j; and sends each source of the group its partials at once
+//      (a partial from a rank it also sends partials to is received only after those are posted);
+//   4. source: y[t] = sum over slots in slot order, where a same-node slot adds w_j * row_j and the first
 //      slot of each remote node adds that node's partial.
+// Buffers come from the context's scratch arena (no fresh memory from call to call).
 // Summation order: HALO equals flat bit for bit when no token has two slots on the same remote node (the same
 // additions in the same order). Otherwise HALO regroups the additions (partial per node first), so results
 // agree to rounding (a few ulp per slot); they are still bitwise equal whenever products and sums are exact.
