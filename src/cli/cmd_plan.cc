@@ -50,6 +50,7 @@ struct PlanOptions {
   int af_local_search = 8;  // simulations the local search around the best allocation may spend
   bool no_verify = false;
   bool no_memory_screen = false;
+  bool no_closed_form_memo = false;
   int verify_attempts = 3;
   int simulate_top = -1;  // -1: not given (as many as --top)
   int local_search = kPlanLocalSearchSteps;
@@ -371,6 +372,7 @@ Status run_plan(const PlanOptions& o) {
   options.memory_fraction = o.memory_fraction;
   options.verify = !o.no_verify;
   options.memory_screen = !o.no_memory_screen;
+  options.memoise_closed_form = !o.no_closed_form_memo;
   options.verify_attempts_per_plan = o.verify_attempts;
   options.threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   options.simulate_top = o.simulate_top < 0 ? o.top_k : o.simulate_top;
@@ -458,6 +460,8 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
   sub->add_flag("--no-verify", o->no_verify, "skip compiling the best plans with the plan verifier");
   sub->add_flag("--no-memory-screen", o->no_memory_screen,
                 "compile every microbatch of a plan before rejecting it by memory (the former path; same verdicts)");
+  sub->add_flag("--no-closed-form-memo", o->no_closed_form_memo,
+                "recompute the HALO all-to-all time for every candidate (the former path; same estimates)");
   add_int_option(sub, "--verify-attempts", &o->verify_attempts, {1, 1000, "compilations per plan returned"},
                  "compile at most this many plans per plan returned")
       ->capture_default_str();

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "piper/cost/activations.h"
 #include "piper/cost/pipeline_model.h"
@@ -83,7 +86,14 @@ CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const T
       net_(cluster),
       device_(cluster.device, train.gemm_dtype(), cal),
       device_hp_(cluster.device, train.param_dtype, cal),
-      flops_per_token_(training_flops_per_token(model, train.seq_len)) {}
+      flops_per_token_(training_flops_per_token(model, train.seq_len)),
+      halo_memo_(std::make_shared<HaloMemo>()) {}
+
+void CostModel::set_halo_memo(bool on) { halo_memo_ = on ? std::make_shared<HaloMemo>() : nullptr; }
+
+void CostModel::share_halo_memo(const CostModel& other) {
+  if (halo_memo_ && other.halo_memo_) halo_memo_ = other.halo_memo_;
+}
 
 Result<CostModel> CostModel::create(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
                                     const Calibration& calibration) {
@@ -154,6 +164,48 @@ PartShape CostModel::part_shape(const Strategy& s, const Calibration& cal) const
   shape.recompute_moe_norm = s.recomputes_module("layernorm");
   shape.recompute_moe_act = s.recomputes_module("moe_act");
   return shape;
+}
+
+// The runtime's HALO messages (halo_traffic.h, the simulator's flows): the forward dispatch in
+// dispatch_bytes_per_token (fp8 under DeepSeek-V3's recipe), the combine's backward (a dispatch) in the wire dtype,
+// and two combines (forward, and the dispatch's backward). Building the messages is O(group size^2), so the time
+// is memoised per (shape, link, tokens): the planner asks for the same few groups for 100,000s of strategies.
+Result<double> CostModel::halo_ep_layer_s(const GroupLayout& ep_group, double tokens) const {
+  const HaloGroupShape halo_shape = net_.halo_shape(ep_group);
+  const HaloLinkModel link = net_.halo_link(ep_group);
+  const HaloRouting routing{static_cast<int>(table_.num_experts), static_cast<int>(table_.top_k),
+                            std::max(1, model_.moe.num_groups), std::max(1, model_.moe.topk_groups)};
+  const HaloMemo::Key key{halo_shape.nodes,
+                          halo_shape.ranks_per_node,
+                          halo_shape.lanes,
+                          routing.num_experts,
+                          routing.top_k,
+                          routing.num_groups,
+                          routing.topk_groups,
+                          link.intra_bw,
+                          link.intra_alpha_s,
+                          link.lane_bw,
+                          link.inter_alpha_s,
+                          tokens,
+                          dispatch_bytes_per_token(),
+                          combine_bytes_per_token()};
+  if (halo_memo_) {
+    std::lock_guard<std::mutex> lock(halo_memo_->mutex);
+    auto it = halo_memo_->time_s.find(key);
+    if (it != halo_memo_->time_s.end()) return it->second;
+  }
+  double halo_s = 0;
+  for (double tb : {dispatch_bytes_per_token(), combine_bytes_per_token()}) {
+    PIPER_ASSIGN_OR_RETURN(HaloTraffic d, halo_dispatch_traffic(halo_shape, routing, tokens, tb));
+    halo_s += halo_traffic_time_s(halo_shape, d, link);
+  }
+  PIPER_ASSIGN_OR_RETURN(HaloTraffic c, halo_combine_traffic(halo_shape, routing, tokens, combine_bytes_per_token()));
+  const double layer_s = halo_s + 2 * halo_traffic_time_s(halo_shape, c, link);
+  if (halo_memo_) {
+    std::lock_guard<std::mutex> lock(halo_memo_->mutex);
+    halo_memo_->time_s.emplace(key, layer_s);
+  }
+  return layer_s;
 }
 
 Status CostModel::estimate(const Strategy& s, Estimate* out) const {
@@ -248,21 +300,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     const double tokens = T / s.tp;
     const double k = table_.top_k;
     if (s.a2a == "halo") {
-      // The runtime's HALO messages (halo_traffic.h, the simulator's flows): the forward dispatch in
-      // dispatch_bytes_per_token (fp8 under DeepSeek-V3's recipe), the combine's backward (a dispatch) in the wire
-      // dtype, and two combines (forward, and the dispatch's backward).
-      const HaloGroupShape halo_shape = net_.halo_shape(g.ep);
-      const HaloLinkModel link = net_.halo_link(g.ep);
-      const HaloRouting routing{static_cast<int>(table_.num_experts), static_cast<int>(table_.top_k), std::max(1, model_.moe.num_groups),
-                                std::max(1, model_.moe.topk_groups)};
-      double halo_s = 0;
-      for (double tb : {dispatch_bytes_per_token(), combine_bytes_per_token()}) {
-        PIPER_ASSIGN_OR_RETURN(HaloTraffic d, halo_dispatch_traffic(halo_shape, routing, tokens, tb));
-        halo_s += halo_traffic_time_s(halo_shape, d, link);
-      }
-      PIPER_ASSIGN_OR_RETURN(HaloTraffic c,
-                             halo_combine_traffic(halo_shape, routing, tokens, combine_bytes_per_token()));
-      ep_layer_s = halo_s + 2 * halo_traffic_time_s(halo_shape, c, link);
+      PIPER_ASSIGN_OR_RETURN(ep_layer_s, halo_ep_layer_s(g.ep, tokens));
     } else {
       ep_layer_s = net_.all_to_all_flat_s(tokens * k * dispatch_bytes_per_token(), g.ep) +
                    3 * net_.all_to_all_flat_s(tokens * k * combine_bytes_per_token(), g.ep);

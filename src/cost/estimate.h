@@ -7,7 +7,8 @@
 // planner can score well over 100,000 strategies per second on one core (bench/cost/).
 // A strategy that is inconsistent with the model, batch or world size returns the validate_for() error (rule
 // broken + fix); it never yields a number. Disaggregated (af-pipe) strategies are not modelled in closed form
-// yet and return Unimplemented. Thread-safety: a CostModel is immutable; estimate() may run concurrently.
+// yet and return Unimplemented. Thread-safety: a CostModel is immutable (but for its HALO memo, which is
+// locked); estimate() may run concurrently.
 //
 // Step time (bottleneck rank: the largest per-microbatch compute), m microbatches:
 //   compute      = m * (t_f + t_b)                     t_b includes W and any recomputed forward
@@ -19,6 +20,10 @@
 //       / (world size * peak FLOP/s of the compute dtype).
 #pragma once
 
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
 #include <vector>
 
 #include "piper/base/json.h"
@@ -101,6 +106,15 @@ class CostModel {
   double dispatch_bytes_per_token() const { return table_.hidden * train_.dispatch_bytes(); }
   double combine_bytes_per_token() const { return table_.hidden * train_.comm_bytes(); }
   const ByteConvention& bytes() const { return bytes_; }
+  // HALO all-to-all times are memoised per (EP group shape, link model, tokens) by default: a pure function of
+  // those, and O(group size^2) to build (halo_traffic.h), while the planner asks for a few groups 100,000s of
+  // times. Copies of a CostModel share the memo (thread-safe). set_halo_memo(false) recomputes every time (the
+  // former path, for benchmarks and tests); call it before sharing the model between threads.
+  void set_halo_memo(bool on);
+  // Use `other`'s memo (both on): the key holds every input (shape, routing, link, tokens, bytes per token), so
+  // models of the same cluster that differ elsewhere (the planner's one per micro batch size) can share it.
+  void share_halo_memo(const CostModel& other);
+  bool halo_memo() const { return halo_memo_ != nullptr; }
   double flops_per_token() const { return flops_per_token_; }
   // One microbatch's part shape on a rank under `strategy` (layer_cost.h), with `cal`'s expert load and
   // attention-score traffic: what the closed form and the simulator's task prices both cost.
@@ -111,6 +125,14 @@ class CostModel {
             const ByteConvention& bytes);
   // MoE layers among layers [0, x).
   int moe_layers_before(int x) const;
+  // Per-layer EP time of the HALO all-to-alls for tokens per rank (dispatch x2 dtypes, combine x2).
+  Result<double> halo_ep_layer_s(const GroupLayout& ep_group, double tokens) const;
+
+  struct HaloMemo {
+    using Key = std::tuple<int, int, int, int, int, int, int, double, double, double, double, double, double, double>;
+    std::mutex mutex;
+    std::map<Key, double> time_s;
+  };
 
   ModelSpec model_;
   ClusterSpec cluster_;
@@ -122,6 +144,7 @@ class CostModel {
   DeviceModel device_;
   DeviceModel device_hp_;  // the parameters' dtype (bf16), for the parts that never run in fp8
   double flops_per_token_ = 0;
+  std::shared_ptr<HaloMemo> halo_memo_;  // null: no memo
 };
 
 }  // namespace piper::cost

@@ -349,6 +349,11 @@ Result<SearchResult> run_search(const ModelSpec& model, const ClusterSpec& clust
     TrainSpec t = train;
     t.micro_batch_size = mbs;
     PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, t, options.calibration));
+    if (!options.memoise_closed_form) {
+      cm.set_halo_memo(false);
+    } else if (!models.empty()) {
+      cm.share_halo_memo(models.front());
+    }
     models.push_back(std::move(cm));
   }
   Context ctx{&model, &space, &models, apply_rules};

@@ -73,6 +73,10 @@ struct SearchOptions {
   // Reject plans whose compiled peak exceeds the capacity from two small compiles before compiling every
   // microbatch (VerifyOptions::memory_screen, verify.h). Same verdicts and messages; false: the former path.
   bool memory_screen = true;
+  // One memo of the closed form's HALO all-to-all times for every cost model of the search
+  // (cost::CostModel::set_halo_memo): the same estimates; false: recompute them per candidate (the former path,
+  // about 1,000x slower on DeepSeek-V3 / 2,048 GPUs; bench/plan compares both).
+  bool memoise_closed_form = true;
   // Replaces compile::compile_strategy as the verifier when set (tests); called concurrently.
   std::function<Verification(const Strategy&, const TrainSpec&)> verifier;
   // Re-scoring with the simulator (rescore.h): the best `simulate_top` returned plans are simulated and the

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <set>
+
 #include "piper/base/check.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
@@ -107,6 +109,38 @@ TEST(SearchTest, RuleCountsByHand) {
   EXPECT_EQ(r->stats.scored, 8);
   EXPECT_EQ(r->stats.fitting, 8);
   EXPECT_EQ(r->stats.rejected_total(), 376);
+}
+
+// The HALO memo shared by the search's cost models (one per micro batch size, so keys differ in tokens and the
+// memo must tell them apart) gives the same estimates, bit for bit, as recomputing the traffic per candidate.
+TEST(SearchTest, ClosedFormMemoGivesTheSameSearch) {
+  Case c = make_case("deepseek-v2-lite", "h800", 8, 256, 4096);
+  SearchOptions o;
+  o.top_k = 40;
+  o.verify = false;
+  o.space.a2a = {"halo"};
+  o.memoise_closed_form = false;
+  auto off = search(c.model, c.cluster, c.train, o);
+  o.memoise_closed_form = true;
+  auto on = search(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(off.ok() && on.ok());
+  expect_same_plans(*off, *on);
+  EXPECT_EQ(off->stats.rejected, on->stats.rejected);
+  EXPECT_EQ(off->stats.scored, on->stats.scored);
+  EXPECT_EQ(off->stats.fitting, on->stats.fitting);
+  std::set<int> ep_sizes, mbs_sizes;
+  for (size_t i = 0; i < on->top.size(); ++i) {
+    const Plan& a = off->top[i];
+    const Plan& b = on->top[i];
+    EXPECT_EQ(a.estimate.comm.ep_s, b.estimate.comm.ep_s) << "plan " << i;
+    EXPECT_EQ(a.estimate.t_f_s, b.estimate.t_f_s) << "plan " << i;
+    EXPECT_EQ(a.peak_memory_bytes(), b.peak_memory_bytes()) << "plan " << i;
+    if (b.strategy.ep > 1) ep_sizes.insert(b.strategy.ep);
+    mbs_sizes.insert(b.strategy.mbs);
+  }
+  // The comparison covers several EP groups and micro batch sizes (distinct memo keys).
+  EXPECT_GE(ep_sizes.size(), 2u);
+  EXPECT_GE(mbs_sizes.size(), 2u);
 }
 
 TEST(SearchTest, ResultDoesNotDependOnThreadCount) {
