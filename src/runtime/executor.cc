@@ -319,6 +319,8 @@ Status Executor::Impl::compute(const Task& t) {
     PIPER_RETURN_IF_ERROR(tp_context(t, &ctx, &mb));
     Activation out;
     ctx.recompute = t.rerun;
+    ctx.recompute_norm = t.in->recompute_norm;
+    ctx.recompute_act = t.in->recompute_act;
     auto stash = t.chunk->forward(ctx, mb, ptrs, &out);
     if (!stash.ok()) return stash.status();
     std::lock_guard<std::mutex> lock(mu);

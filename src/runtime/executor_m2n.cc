@@ -417,7 +417,7 @@ Result<std::shared_ptr<detail::M2nSource>> Executor::Impl::M2nCall::route_tokens
   auto s = std::make_shared<detail::M2nSource>();
   s->tokens = a.hidden->numel() / h;
   s->residual = a.hidden;
-  s->routed = a.routed;
+  s->routed = routing_only(a.routed);
   const size_t slots = static_cast<size_t>(s->tokens * k);
   s->dest.resize(slots);
   s->weight.assign(a.routed->topk_w.data(), a.routed->topk_w.data() + slots);

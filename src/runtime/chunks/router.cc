@@ -71,7 +71,14 @@ class RouterChunk : public Chunk {
       std::lock_guard<std::mutex> lock(mutex_);
       for (int e = 0; e < dims_.num_experts; ++e) counts_[static_cast<size_t>(e)] += routed->routing.count(e);
     }
-    st->routed = routed;
+    if (ctx.recompute_norm) {
+      // Module recomputation ("layernorm"): the norm output leaves with the message; the backward recomputes it.
+      routed->normed_recomputed = true;
+      st->hn = nullptr;
+      st->routed = routing_only(routed);
+    } else {
+      st->routed = routed;
+    }
     out->hidden = st->x;
     out->routed = std::move(routed);
     return std::unique_ptr<Stash>(std::move(st));
@@ -110,7 +117,15 @@ class RouterChunk : public Chunk {
     auto& st = static_cast<RouterStash&>(stash);
     const int64_t n = st.n, h = dims_.hidden;
     kernels::rmsnorm_backward_weight(params_[0].grad.data(), st.dhn.data(), st.x->data(), st.rstd.data(), n, h);
-    kernels::router_backward_weight(params_[1].grad.data(), st.dlogits.data(), st.hn->data(), n, h, config(ctx));
+    std::shared_ptr<const Tensor> hn = st.hn;
+    if (hn == nullptr) {  // dropped after F (recompute_norm): the same kernel on the same input, the same bits
+      auto again = new_shared({n, h}, MemCategory::kBuffers);  // recompute scratch
+      Tensor rstd = new_tensor({n}, MemCategory::kBuffers);
+      kernels::rmsnorm_forward(again->data(), rstd.data(), st.x->data(), params_[0].value.data(), n, h,
+                               dims_.norm_eps);
+      hn = std::move(again);
+    }
+    kernels::router_backward_weight(params_[1].grad.data(), st.dlogits.data(), hn->data(), n, h, config(ctx));
     st.dlogits = Tensor();
     st.dhn = Tensor();
   }
