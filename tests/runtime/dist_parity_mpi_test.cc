@@ -196,6 +196,9 @@ TEST(Parity, RecomputeModulesEp2) {
   expect_parity("dp=2,ep=2,recompute_modules=layernorm+moe_act,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3);
   expect_parity("dp=2,ep=2,zero=1,recompute=selective,recompute_modules=layernorm,microbatches=2,mbs=1",
                 "microbatches=4,mbs=1", 3);
+  // ZeRO-3 gathers the norm weight for F and B only: the router recomputes its norm output in B.
+  expect_parity("dp=2,ep=2,zero=3,schedule=zb-h1,recompute_modules=layernorm+moe_act,microbatches=2,mbs=1",
+                "microbatches=4,mbs=1", 3);
 }
 // With tensor parallelism (each tensor rank's sequence slice) and a pipeline.
 TEST(Parity, RecomputeModulesPp2Tp2) {
