@@ -66,6 +66,8 @@ void annotate(const ir::Graph& g, const Node& n, const Node* partner, const Comb
   in.outputs = data_neighbours(g, n, false);
   if (n.kind == NodeKind::kChunk || n.kind == NodeKind::kUpdate) {
     in.recompute = n.kind == NodeKind::kChunk && n.recompute;
+    in.recompute_norm = n.kind == NodeKind::kChunk && n.recompute_norm;
+    in.recompute_act = n.kind == NodeKind::kChunk && n.recompute_act;
     in.shard_axis = n.shard_axis;
   }
   if (n.kind != NodeKind::kM2N) return;

@@ -118,6 +118,8 @@ Json Plan::to_json() const {
         if (!in.inputs.empty()) j["inputs"] = in.inputs;
         if (!in.outputs.empty()) j["outputs"] = in.outputs;
         if (in.recompute) j["recompute"] = true;
+        if (in.recompute_norm) j["recompute_norm"] = true;
+        if (in.recompute_act) j["recompute_act"] = true;
         if (!in.shard_axis.empty()) j["shard_axis"] = in.shard_axis;
         if (!in.src_part.empty()) j["src_part"] = in.src_part;
         if (!in.dst_part.empty()) j["dst_part"] = in.dst_part;

@@ -90,6 +90,10 @@ struct Instruction {
   std::vector<ir::NodeId> inputs;
   std::vector<ir::NodeId> outputs;
   bool recompute = false;  // compute: the chunk's F stash is dropped and rebuilt before its backward
+  // compute F: Megatron's module recomputation (recompute_modules): the router's norm output ("layernorm") or the
+  // experts' activation output ("moe_act") is dropped after F and recomputed before the backward that reads it.
+  bool recompute_norm = false;
+  bool recompute_act = false;
   std::string shard_axis;  // compute/update: the mesh axis the chunk's parameters are split over ("tp", "ep", "")
   // m2n: the parts of the chunks that produce and consume the exchanged tensor (the same on both sides), the layer
   // of the experts chunk at either end (-1: neither end is the experts), and where that layer's combine runs,

@@ -124,6 +124,8 @@ Status dataflow_from_json(JsonReader& r, Instruction& in) {
   PIPER_RETURN_IF_ERROR(node_list_from_json(r, "inputs", &in.inputs));
   PIPER_RETURN_IF_ERROR(node_list_from_json(r, "outputs", &in.outputs));
   PIPER_RETURN_IF_ERROR(r.get_bool("recompute", &in.recompute, false));
+  PIPER_RETURN_IF_ERROR(r.get_bool("recompute_norm", &in.recompute_norm, false));
+  PIPER_RETURN_IF_ERROR(r.get_bool("recompute_act", &in.recompute_act, false));
   static const std::vector<std::string> axes = {"tp", "ep"};
   if (r.has("shard_axis")) PIPER_RETURN_IF_ERROR(r.get_enum("shard_axis", &in.shard_axis, axes, false));
   PIPER_RETURN_IF_ERROR(r.get_string("src_part", &in.src_part, false));

@@ -51,6 +51,9 @@ struct Node {
   // output ("moe_act").
   int64_t norm_output_bytes = 0;
   int64_t act_output_bytes = 0;
+  // Which of them this chunk drops (the directive matched it): executors recompute them before the backward.
+  bool recompute_norm = false;
+  bool recompute_act = false;
 
   // Communication (comm nodes).
   std::string group;        // mesh axis the op runs over: "dp", "edp", "ep", "tp", "pp", "a2f"

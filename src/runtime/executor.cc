@@ -360,6 +360,8 @@ Status Core::forward(const Task& t, StepContext& ctx) {
   PIPER_RETURN_IF_ERROR(tp->context(t, &ctx, &mb));
   Activation out;
   ctx.recompute = t.rerun;
+  ctx.recompute_norm = t.in->recompute_norm;
+  ctx.recompute_act = t.in->recompute_act;
   auto stash = t.chunk->forward(ctx, mb, ptrs, &out);
   if (!stash.ok()) return stash.status();
   std::lock_guard<std::mutex> lock(mu);

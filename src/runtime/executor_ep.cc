@@ -230,7 +230,7 @@ struct RowMeta {
 Result<Activation> ExpertParallel::Call::dispatch_forward(const Activation& a) {
   if (!a.routed || !a.hidden) return internal_error("'" + t.in->label + "': the router sent no routing");
   auto ex = std::make_shared<EpExchange>();
-  ex->routed = a.routed;
+  ex->routed = routing_only(a.routed);
   const int64_t tokens = a.hidden->numel() / h;
   ex->routing.num_tokens = tokens;
   ex->routing.top_k = k;

@@ -423,7 +423,7 @@ Result<std::shared_ptr<M2nSource>> M2n::Call::route_tokens(const Activation& a) 
   auto s = std::make_shared<M2nSource>();
   s->tokens = a.hidden->numel() / h;
   s->residual = a.hidden;
-  s->routed = a.routed;
+  s->routed = routing_only(a.routed);
   const size_t slots = static_cast<size_t>(s->tokens * k);
   s->dest.resize(slots);
   s->weight.assign(a.routed->topk_w.data(), a.routed->topk_w.data() + slots);

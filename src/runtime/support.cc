@@ -27,11 +27,9 @@ RuntimeSupport runtime_support() {
 Status check_runnable(const Strategy& strategy) {
   const RuntimeSupport s = runtime_support();
   const std::string what = "strategy " + strategy.to_string() + ": ";
-  if (!strategy.recompute_modules.empty()) {
-    return unimplemented(what + "recompute_modules=" + join(strategy.recompute_modules, "+") +
-                         " (Megatron's module recomputation) is modelled by estimate and simulate only; the runtime "
-                         "keeps these activations: drop recompute_modules, or use recompute=selective or full");
-  }
+  // recompute_modules (Megatron's module recomputation) runs: the router drops its norm output ("layernorm") and
+  // the experts their activation output ("moe_act") after F and recompute them in the backward
+  // (chunks/router.cc, experts.cc; Parity.RecomputeModules*, dist_parity_mpi_test.cc).
   if (strategy.disaggregate && !s.disaggregate) {
     return unimplemented(what + "the runtime does not execute disaggregated attention/FFN (af-pipe) yet");
   }

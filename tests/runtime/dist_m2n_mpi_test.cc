@@ -155,6 +155,15 @@ TEST(AfPipeParity, ZeroAndRecompute) {
   expect_parity(af + ",zero=2", "microbatches=4,mbs=1", 4, 3);
   expect_parity(af + ",zero=3,recompute=selective", "microbatches=4,mbs=1", 4, 3);
 }
+// Module recomputation on both sides: the attention ranks' routers recompute their norm output (the M2N source
+// keeps only the routing, routing_only), the FFN ranks' experts their activation output; 2:2 with ZeRO-1, 1:3.
+TEST(AfPipeParity, RecomputeModules) {
+  const std::string af = "dp=2,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=2,mbs=1";
+  expect_parity(af + ",zero=1,recompute_modules=layernorm+moe_act", "microbatches=4,mbs=1", 4, 3);
+  expect_parity("dp=1,pp=1,schedule=af-pipe,disagg=1,attn_ranks=1,ffn_ranks=3,recompute=selective,"
+                "recompute_modules=layernorm+moe_act,microbatches=4,mbs=1",
+                "microbatches=4,mbs=1", 4, 3);
+}
 TEST(AfPipeParity, TwoPipelineRanksPerSideZeroRecompute) {
   expect_parity("dp=2,ep=2,pp=2,schedule=af-pipe,disagg=1,attn_ranks=4,ffn_ranks=4,zero=1,recompute=full,"
                 "microbatches=4,mbs=1",

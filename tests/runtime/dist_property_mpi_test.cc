@@ -1,8 +1,9 @@
 // Property: every strategy the compiler verifies trains with one rank's losses. Strategies are drawn at random
 // (seeded, the same list on every rank) from the planner's dimensions (planner/space.h: tp, pp, ep, schedule with
-// vpp, zero, recompute, a2a, mbs; the disaggregated mode's attention:FFN splits) for tiny-moe on the run's world;
-// each draw must validate (Strategy::validate_for) and be runnable (check_runnable, which refuses only etp > 1,
-// tp_overlap, recompute_modules, fold with tp x ep and af-pipe with tp, none of which the draw picks). Every
+// vpp, zero, recompute, a2a, mbs; the disaggregated mode's attention:FFN splits) and Megatron's module
+// recomputation (recompute_modules) for tiny-moe on the run's world; each draw must validate
+// (Strategy::validate_for) and be runnable (check_runnable, which refuses only etp > 1, tp_overlap, fold with
+// tp x ep and af-pipe with tp, none of which the draw picks). Every
 // drawn strategy trains 3 steps (Trainer::create compiles and verifies it), and each step's loss must be within
 // 1e-5 (relative) of one rank with the same global batch and micro-batch size.
 // The first draws cover the compositions named by issue 26, where the world allows them: tp x ep,
@@ -63,6 +64,10 @@ Draw draw_one(std::mt19937_64& rng, int world, const std::string& kind) {
   d.mbs = pick(rng, std::vector<int>{1, 2});
   const std::string zero = std::to_string(pick(rng, std::vector<int>{0, 1, 2, 3}));
   const std::string rc = pick(rng, std::vector<std::string>{"none", "selective", "full"});
+  // Module recomputation (the draw with recompute=full is not valid and is drawn again).
+  static const std::vector<std::string> kModules = {"", "", ",recompute_modules=layernorm",
+                                                    ",recompute_modules=moe_act",
+                                                    ",recompute_modules=layernorm+moe_act"};
   if (kind == "af_uneven") {
     // Uneven attention:FFN splits the world allows (every pipeline rank on dp ranks).
     struct Split {
@@ -79,10 +84,11 @@ Draw draw_one(std::mt19937_64& rng, int world, const std::string& kind) {
     const int ep = pick(rng, divisors(s.dp, 8));
     const int m = pick(rng, std::vector<int>{2, 4});
     const std::string z = s.dp > 1 ? std::to_string(pick(rng, std::vector<int>{1, 2, 3})) : "0";
+    const std::string modules = pick(rng, kModules);
     d.strategy = "dp=" + std::to_string(s.dp) + ",ep=" + std::to_string(ep) + ",pp=" + std::to_string(s.pp) +
                  ",schedule=af-pipe,disagg=1,attn_ranks=" + std::to_string(s.dp * s.pp) +
                  ",ffn_ranks=" + std::to_string(s.ffn) + ",zero=" + z +
-                 ",recompute=" + pick(rng, std::vector<std::string>{"selective", "full"}) +
+                 ",recompute=" + pick(rng, std::vector<std::string>{"selective", "full"}) + modules +
                  ",microbatches=" + std::to_string(m) + ",mbs=" + std::to_string(d.mbs);
     d.global_batch = static_cast<int64_t>(s.dp) * m * d.mbs;
     return d;
@@ -107,6 +113,7 @@ Draw draw_one(std::mt19937_64& rng, int world, const std::string& kind) {
   d.strategy = "dp=" + std::to_string(dp) + ",tp=" + std::to_string(tp) + ",pp=" + std::to_string(pp) +
                ",ep=" + std::to_string(ep) + (tp > 1 ? ",sp=1" : "") + ",schedule=" + schedule +
                (vpp > 1 ? ",vpp=2" : "") + ",zero=" + (kind == "dualpipev_ep_zero3" ? "3" : zero) + ",recompute=" + rc +
+               (rc == "full" ? "" : pick(rng, kModules)) +
                ",a2a=" + (ep > 1 ? pick(rng, std::vector<std::string>{"flat", "halo"}) : "flat") +
                ",microbatches=" + std::to_string(m) + ",mbs=" + std::to_string(d.mbs);
   d.global_batch = static_cast<int64_t>(dp) * m * d.mbs;

@@ -27,11 +27,13 @@ Status apply_module_recompute(Graph& g, const RecomputeDirective& d) {
     int64_t drop = 0;
     if (norm && n.norm_output_bytes > 0) {
       drop += n.norm_output_bytes;
+      n.recompute_norm = true;
       n.activation_whole_bytes -= std::min(n.activation_whole_bytes, n.norm_output_bytes);
       n.norm_output_bytes = 0;
     }
     if (act && n.act_output_bytes > 0) {
       drop += n.act_output_bytes;
+      n.recompute_act = true;
       n.act_output_bytes = 0;
     }
     if (drop == 0) continue;

@@ -122,4 +122,14 @@ Result<std::unique_ptr<Chunk>> make_chunk(const std::string& part, int layer, co
                           "' (known: embed, attn, router, experts, shared, mlp, head)");
 }
 
+std::shared_ptr<const Routed> routing_only(const std::shared_ptr<const Routed>& r) {
+  if (r == nullptr || !r->normed_recomputed) return r;
+  auto out = std::make_shared<Routed>();
+  out->topk_idx = r->topk_idx;
+  out->topk_w = r->topk_w.clone();
+  out->routing = r->routing;
+  out->normed_recomputed = true;
+  return out;
+}
+
 }  // namespace piper::runtime

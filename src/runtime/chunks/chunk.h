@@ -77,6 +77,10 @@ struct StepContext {
   int num_microbatches = 1;
   Allocator* allocator = nullptr;
   bool recompute = false;  // this forward re-runs an earlier one before its backward (no step statistics)
+  // Module recomputation (the plan's Instruction::recompute_norm / recompute_act): the forward drops its norm
+  // output (router) or activation output (experts) and the backward recomputes it.
+  bool recompute_norm = false;
+  bool recompute_act = false;
   // Sequence parallelism: the task sees one of `token_shards` equal slices of the microbatch's tokens (the
   // others are on the other tensor-parallel ranks). The head scales its loss gradient by 1 / token_shards (the
   // objective is the mean over all slices); the router sums its balancing statistics over the slices with
@@ -91,7 +95,14 @@ struct Routed {
   std::vector<int32_t> topk_idx;         // [n, k]
   Tensor topk_w;                         // [n, k]
   kernels::Routing routing;
+  // Module recomputation ("layernorm"): the router recomputes `normed` for its backward, so whoever keeps the
+  // routing past the experts' forward keeps it through routing_only() and the norm output is freed.
+  bool normed_recomputed = false;
 };
+
+// What a consumer of the router's message keeps for the backward: `r` itself, or, when the router recomputes its
+// norm output, a copy of the routing without `normed` (so that the norm output lives only until it is consumed).
+std::shared_ptr<const Routed> routing_only(const std::shared_ptr<const Routed>& r);
 
 // Expert parallelism: routed rows exchanged over the ep group, in dispatch order (source rank, token, slot).
 //   dispatch -> experts (F): rows = the normed tokens, expert = local expert of each row, weight = its routing weight

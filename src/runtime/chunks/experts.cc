@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "piper/kernels/cpu/ops.h"
+#include "piper/kernels/cpu/vec_math.h"
 #include "piper/runtime/chunks/parts.h"
 
 namespace piper::runtime {
@@ -15,6 +16,7 @@ struct ExpertsStash : Stash {
   std::shared_ptr<const Routed> routed;
   std::shared_ptr<const EpRows> ep_in;  // expert parallelism: the dispatched rows (weights for the backward)
   kernels::Routing local;               // expert parallelism: received rows grouped by local expert
+  bool act_dropped = false;  // recompute_act: hh freed after F, recomputed in backward_weight
   Tensor xp, g, u, hh, yp;  // [rows, h] / [rows, f]: dispatched tokens, intermediates, expert outputs
   // B -> W
   Tensor dyp, dg, du;
@@ -61,9 +63,10 @@ class ExpertsChunk : public Chunk {
     }
     auto st = std::make_unique<ExpertsStash>();
     st->n = n;
-    st->routed = inputs[0]->routed;
+    st->routed = routing_only(inputs[0]->routed);
     const Routed& r = *st->routed;
-    run_experts(*st, r.normed->data(), n * dims_.top_k);
+    run_experts(*st, inputs[0]->routed->normed->data(), n * dims_.top_k);
+    drop_act(ctx, *st);
     if (!ctx.recompute) count(r.routing, 0);
     auto y = new_shared_output({n, h}, MemCategory::kActivations);
     kernels::unpermute_forward(y->data(), st->yp.data(), r.topk_w.data(), r.routing, h);
@@ -107,12 +110,23 @@ class ExpertsChunk : public Chunk {
 
   void backward_weight(const StepContext& ctx, Stash& stash) override {
     auto& st = static_cast<ExpertsStash&>(stash);
+    if (st.act_dropped) {
+      // Dropped after F (recompute_act): silu(g) * u again, row by row as the forward's kernel computes it.
+      const int64_t rows = st.g.numel() / dims_.expert_intermediate;
+      st.hh = new_tensor({rows, dims_.expert_intermediate}, MemCategory::kBuffers);  // recompute scratch
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t at = i * dims_.expert_intermediate;
+        kernels::vec::swiglu_gate_forward(st.hh.data() + at, st.g.data() + at, st.u.data() + at,
+                                          dims_.expert_intermediate);
+      }
+    }
     kernels::expert_swiglu_backward_weight(g(0), g(1), g(2), st.dyp.data(), st.xp.data(), st.hh.data(),
                                            st.dg.data(), st.du.data(), st.routing(), dims_.hidden,
                                            dims_.expert_intermediate);
     st.dyp = Tensor();
     st.dg = Tensor();
     st.du = Tensor();
+    if (st.act_dropped) st.hh = Tensor();
   }
 
   std::vector<int64_t> take_expert_tokens() override {
@@ -136,6 +150,13 @@ class ExpertsChunk : public Chunk {
                                    w(2), st.routing(), h, f);
   }
 
+  // Module recomputation ("moe_act"): the activation output is freed after F; backward_weight recomputes it.
+  static void drop_act(const StepContext& ctx, ExpertsStash& st) {
+    if (!ctx.recompute_act) return;
+    st.hh = Tensor();
+    st.act_dropped = true;
+  }
+
   // Expert parallelism: the dispatched rows through the local experts, outputs back in dispatch order. The
   // residual and the routing pass through to the combine, which weights and adds at the source.
   Result<std::unique_ptr<Stash>> forward_ep(const StepContext& ctx, const Activation& in, Activation* out) {
@@ -153,10 +174,11 @@ class ExpertsChunk : public Chunk {
     }
     auto st = std::make_unique<ExpertsStash>();
     st->n = in.hidden ? in.hidden->numel() / h : 0;
-    st->routed = in.routed;
+    st->routed = routing_only(in.routed);
     st->ep_in = in.ep;
     st->local = kernels::build_routing(ep.expert.data(), rows, 1, dims_.local_experts());
     run_experts(*st, ep.rows->data(), rows);
+    drop_act(ctx, *st);
     if (!ctx.recompute) count(st->local, dims_.expert_begin);
     auto back = new_shared({rows, h}, MemCategory::kActivations);
     kernels::permute_backward_input(back->data(), st->yp.data(), st->local, h);  // one slot a row: a gather

@@ -14,6 +14,7 @@ struct RouterStash : Stash {
   std::shared_ptr<const Tensor> x, hn;
   Tensor rstd, scores;
   std::shared_ptr<const Routed> routed;
+  bool norm_dropped = false;  // recompute_norm: hn recomputed in B, freed after W
   std::vector<double> aux_counts;  // sequence parallelism: expert counts of the whole microbatch (all slices)
   // B -> W
   Tensor dlogits, dhn;
@@ -71,7 +72,14 @@ class RouterChunk : public Chunk {
       std::lock_guard<std::mutex> lock(mutex_);
       for (int e = 0; e < dims_.num_experts; ++e) counts_[static_cast<size_t>(e)] += routed->routing.count(e);
     }
-    st->routed = routed;
+    if (ctx.recompute_norm) {
+      // Module recomputation ("layernorm"): the norm output leaves with the message; the backward recomputes it.
+      routed->normed_recomputed = true;
+      st->hn = nullptr;
+      st->routed = routing_only(routed);
+    } else {
+      st->routed = routed;
+    }
     out->hidden = st->x;
     out->routed = std::move(routed);
     return std::unique_ptr<Stash>(std::move(st));
@@ -103,6 +111,16 @@ class RouterChunk : public Chunk {
                                     st.rstd.data(), n, h);
     add_into(dxt->data(), dxt->data(), gin.dhidden->data(), n * h);
     dx->dhidden = std::move(dxt);
+    if (st.hn == nullptr) {
+      // Dropped after F (recompute_norm): the same kernel on the same input, the same bits. Here, not in W: under
+      // ZeRO-3 the norm weight is gathered for F and B only. Kept for W as recompute scratch.
+      auto again = new_shared({n, h}, MemCategory::kBuffers);
+      Tensor rstd = new_tensor({n}, MemCategory::kBuffers);
+      kernels::rmsnorm_forward(again->data(), rstd.data(), st.x->data(), params_[0].value.data(), n, h,
+                               dims_.norm_eps);
+      st.hn = std::move(again);
+      st.norm_dropped = true;
+    }
     return ok_status();
   }
 
@@ -111,6 +129,7 @@ class RouterChunk : public Chunk {
     const int64_t n = st.n, h = dims_.hidden;
     kernels::rmsnorm_backward_weight(params_[0].grad.data(), st.dhn.data(), st.x->data(), st.rstd.data(), n, h);
     kernels::router_backward_weight(params_[1].grad.data(), st.dlogits.data(), st.hn->data(), n, h, config(ctx));
+    if (st.norm_dropped) st.hn = nullptr;
     st.dlogits = Tensor();
     st.dhn = Tensor();
   }
