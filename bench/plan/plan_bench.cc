@@ -9,7 +9,9 @@
 // default) against a check after every order directive (the former path), in the same run: CPU seconds, ratio and
 // whether the two plans are equal.
 // Then the search of DeepSeek-V3 on 32 H800 nodes with the closed form's HALO memo against without it.
-// `plan_bench --compile-only` runs only the compile comparison, `--memo-only` only the memo one.
+// Then search + verification of the DeepSeek-V3 / 2,048-GPU case with the verdict cache against without it.
+// `plan_bench --compile-only` runs only the compile comparison, `--memo-only` only the memo one, `--verify-cache-only`
+// only the verdict cache one.
 #include <chrono>
 #include <ctime>
 #include <cstdio>
@@ -129,6 +131,50 @@ int run_rescore_case(int threads) {
   return agree ? 0 : 1;
 }
 
+// The verdict cache (SearchOptions::verify_cache) against compiling every candidate, on the docs/planner.md case:
+// DeepSeek-V3 on 256 H800 nodes, search + verification of the top 5 (no re-scoring), the same run. CPU seconds of the
+// whole search() call (the closed-form search, about 2.6 s CPU, is in both), verification wall times, and whether
+// the plans, verdicts and counts agree.
+int run_verify_cache_case(int threads) {
+  auto model = piper::load_model("deepseek-v3");
+  auto cluster = piper::load_cluster("h800", 256);
+  if (!model.ok() || !cluster.ok()) return 1;
+  piper::TrainSpec train;
+  train.global_batch = 15360;
+  train.seq_len = 4096;
+  piper::planner::SearchOptions o;
+  o.threads = threads;
+  double cpu_s[2];
+  piper::Result<piper::planner::SearchResult> r[2] = {piper::internal_error("not run"),
+                                                      piper::internal_error("not run")};
+  for (int cache = 0; cache < 2; ++cache) {
+    o.verify_cache = cache == 1;
+    const std::clock_t c0 = std::clock();
+    r[cache] = piper::planner::search(*model, *cluster, train, o);
+    cpu_s[cache] = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+    if (!r[cache].ok()) {
+      std::fprintf(stderr, "plan_bench: %s\n", r[cache].status().message().c_str());
+      return 1;
+    }
+  }
+  const auto& a = r[0]->stats;
+  const auto& b = r[1]->stats;
+  bool same = r[0]->top.size() == r[1]->top.size() && a.verified == b.verified &&
+              a.verify_failed == b.verify_failed && a.first_verify_failure == b.first_verify_failure;
+  for (size_t i = 0; same && i < r[0]->top.size(); ++i) {
+    same = r[0]->top[i].strategy == r[1]->top[i].strategy &&
+           r[0]->top[i].verification.compiled_peak_bytes == r[1]->top[i].verification.compiled_peak_bytes;
+  }
+  std::printf(
+      "deepseek-v3 h800 x256: search + verify top 5 (%lld verified, %lld rejected, %lld verdicts cached), verdict "
+      "cache on %.2f s CPU (verify %.2f s wall), off %.2f s CPU (verify %.2f s wall), CPU ratio %.2f; same plans, "
+      "verdicts and peaks: %s\n",
+      static_cast<long long>(b.verified), static_cast<long long>(b.verify_failed),
+      static_cast<long long>(b.verify_cached), cpu_s[1], b.verify_time_s, cpu_s[0], a.verify_time_s,
+      cpu_s[1] / cpu_s[0], same ? "yes" : "NO");
+  return same ? 0 : 1;
+}
+
 int run_compile_case() {
   auto model = piper::load_model("deepseek-v3");
   auto s = piper::Strategy::parse(
@@ -164,12 +210,14 @@ int run_compile_case() {
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--compile-only") return run_compile_case();
   if (argc > 1 && std::string(argv[1]) == "--memo-only") return run_memo_case(2);
+  if (argc > 1 && std::string(argv[1]) == "--verify-cache-only") return run_verify_cache_case(2);
   int rc = 0;
   rc |= run_case("deepseek-v3", "h800", 256, 15360, 4096, 2);
   rc |= run_case("mixtral-8x7b", "dgx-h100", 8, 512, 4096, 2);
   rc |= run_memo_case(2);
   rc |= run_rescore_case(2);
   rc |= run_compile_case();
+  rc |= run_verify_cache_case(2);
   std::printf("goal: the DeepSeek-V3 plan (search + verification of the top 5) under 60 s on 2 cores\n");
   return rc;
 }

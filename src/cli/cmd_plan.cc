@@ -50,6 +50,7 @@ struct PlanOptions {
   int af_local_search = 8;  // simulations the local search around the best allocation may spend
   bool no_verify = false;
   bool no_memory_screen = false;
+  bool no_verify_cache = false;
   bool no_closed_form_memo = false;
   int verify_attempts = 3;
   int simulate_top = -1;  // -1: not given (as many as --top)
@@ -117,9 +118,12 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
   if (st.verified + st.verify_failed > 0) {
     const std::string screened =
         st.verify_screened > 0 ? " (" + std::to_string(st.verify_screened) + " by the memory screen)" : "";
-    std::printf("verify    %lld compiled and verified, %lld rejected by the compiler%s, %s\n",
+    const std::string cached = st.verify_cached > 0 ? ", " + std::to_string(st.verify_cached) +
+                                                          " verdicts shared with an equivalent plan (no compile)"
+                                                    : "";
+    std::printf("verify    %lld compiled and verified, %lld rejected by the compiler%s%s, %s\n",
                 static_cast<long long>(st.verified), static_cast<long long>(st.verify_failed), screened.c_str(),
-                format_seconds(st.verify_time_s).c_str());
+                cached.c_str(), format_seconds(st.verify_time_s).c_str());
     if (!st.first_verify_failure.empty())
       std::printf("          first rejection: %s\n", st.first_verify_failure.c_str());
   } else {
@@ -372,6 +376,7 @@ Status run_plan(const PlanOptions& o) {
   options.memory_fraction = o.memory_fraction;
   options.verify = !o.no_verify;
   options.memory_screen = !o.no_memory_screen;
+  options.verify_cache = !o.no_verify_cache;
   options.memoise_closed_form = !o.no_closed_form_memo;
   options.verify_attempts_per_plan = o.verify_attempts;
   options.threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
@@ -460,6 +465,9 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
   sub->add_flag("--no-verify", o->no_verify, "skip compiling the best plans with the plan verifier");
   sub->add_flag("--no-memory-screen", o->no_memory_screen,
                 "compile every microbatch of a plan before rejecting it by memory (the former path; same verdicts)");
+  sub->add_flag("--no-verify-cache", o->no_verify_cache,
+                "compile every candidate, also those differing from a verified one only in mesh order, etp or a2a "
+                "(the former path; same verdicts)");
   sub->add_flag("--no-closed-form-memo", o->no_closed_form_memo,
                 "recompute the HALO all-to-all time for every candidate (the former path; same estimates)");
   add_int_option(sub, "--verify-attempts", &o->verify_attempts, {1, 1000, "compilations per plan returned"},

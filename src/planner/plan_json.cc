@@ -45,6 +45,7 @@ Json SearchStats::to_json() const {
               {"verified", verified},
               {"verify_failed", verify_failed},
               {"verify_screened", verify_screened},
+              {"verify_cached", verify_cached},
               {"verify_time_s", verify_time_s},
               {"first_verify_failure", first_verify_failure},
               {"simulated", simulated},

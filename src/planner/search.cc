@@ -267,6 +267,7 @@ void verify_plans(const ModelSpec& model, const TrainSpec& train, const SearchOp
   const auto start = std::chrono::steady_clock::now();
   const double capacity = options.memory_fraction * static_cast<double>(cluster.device.memory_bytes);
   std::vector<Plan> kept;
+  VerifyCache cache;
   size_t next = 0;
   while (static_cast<int>(kept.size()) < options.top_k && next < out->top.size()) {
     const size_t batch = std::min(out->top.size() - next, static_cast<size_t>(std::max(1, threads)));
@@ -290,7 +291,10 @@ void verify_plans(const ModelSpec& model, const TrainSpec& train, const SearchOp
         } else if (i < keep_compiles &&
                    s.order_without_unit_axes(s.order) == s.order_without_unit_axes(Strategy{}.order)) {
           p.verification =
-              verify_strategy_for_simulation(model, cluster, t, s, options.calibration, capacity, &p.compiled, vo);
+              verify_strategy_for_simulation(model, cluster, t, s, options.calibration, capacity, &p.compiled, vo,
+                                             options.verify_cache ? &cache : nullptr);
+        } else if (options.verify_cache) {
+          p.verification = cache.verify(model, t, s, capacity, vo);
         } else {
           p.verification = verify_strategy(model, t, s, capacity, vo);
         }
@@ -300,6 +304,7 @@ void verify_plans(const ModelSpec& model, const TrainSpec& train, const SearchOp
     for (auto& th : pool) th.join();
     for (size_t i = 0; i < batch; ++i) {
       Plan& p = out->top[next + i];
+      if (p.verification.cached) ++out->stats.verify_cached;
       if (p.verified) {
         ++out->stats.verified;
         if (static_cast<int>(kept.size()) < options.top_k) kept.push_back(std::move(p));
@@ -316,7 +321,8 @@ void verify_plans(const ModelSpec& model, const TrainSpec& train, const SearchOp
       const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       options.progress("verify: " + std::to_string(out->stats.verified) + " verified, " +
                        std::to_string(out->stats.verify_failed) + " rejected by the compiler, " +
-                       std::to_string(next) + " of at most " + std::to_string(out->top.size()) + " compiled, " +
+                       std::to_string(next) + " of at most " + std::to_string(out->top.size()) + " compiled (" +
+                       std::to_string(out->stats.verify_cached) + " verdicts from the cache), " +
                        format_seconds(t));
     }
   }

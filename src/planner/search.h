@@ -73,6 +73,10 @@ struct SearchOptions {
   // Reject plans whose compiled peak exceeds the capacity from two small compiles before compiling every
   // microbatch (VerifyOptions::memory_screen, verify.h). Same verdicts and messages; false: the former path.
   bool memory_screen = true;
+  // Verify a candidate that the verifier cannot tell apart from one already verified (it differs only in mesh order,
+  // etp or all-to-all algorithm: VerifyCache, verify.h) by that candidate's verdict instead of compiling it again.
+  // Same verdicts, messages and peaks; false: compile every candidate (the former path, `--no-verify-cache`).
+  bool verify_cache = true;
   // One memo of the closed form's HALO all-to-all times for every cost model of the search
   // (cost::CostModel::set_halo_memo): the same estimates; false: recompute them per candidate (the former path,
   // about 1,000x slower on DeepSeek-V3 / 2,048 GPUs; bench/plan compares both).
@@ -103,6 +107,7 @@ struct SearchStats {
   int threads = 1;
   int64_t verified = 0, verify_failed = 0;
   int64_t verify_screened = 0;  // of verify_failed: rejected by the memory screen without a full compile
+  int64_t verify_cached = 0;    // of verified + verify_failed: verdicts taken from the VerifyCache (no compile)
   double verify_time_s = 0;
   std::string first_verify_failure;            // strategy and compiler message of the first plan that failed
   int64_t simulated = 0, simulate_failed = 0;  // simulator runs (re-scoring and local search together)

@@ -4,8 +4,12 @@
 // verdict. Thread-safety: verify_strategy may run concurrently (it shares no state).
 #pragma once
 
+#include <cstdint>
+#include <future>
 #include <limits>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "piper/compile/compile.h"
@@ -28,6 +32,9 @@ struct Verification {
   // Screened and accepted: the full compile's wall time extrapolated from the larger screen compile (compile time
   // grows linearly with the microbatch count); re-scoring does not start a simulation it cannot compile in time.
   double full_compile_estimate_s = 0;
+  // Taken from a VerifyCache (below): the verdict of an equivalent candidate; `seconds` is then the look-up's wall
+  // time (including any wait for that candidate's compile), the other fields are that candidate's.
+  bool cached = false;
 };
 
 // The memory screen. A plan with many microbatches is first compiled with two small microbatch counts,
@@ -49,6 +56,8 @@ struct VerifyOptions {
   double max_full_compile_s = std::numeric_limits<double>::infinity();
 };
 
+class VerifyCache;
+
 // `train` must carry the strategy's micro batch size and the global batch. capacity_bytes <= 0: no memory check.
 Verification verify_strategy(const ModelSpec& model, const TrainSpec& train, const Strategy& strategy,
                              double capacity_bytes, const VerifyOptions& options = {});
@@ -57,10 +66,50 @@ Verification verify_strategy(const ModelSpec& model, const TrainSpec& train, con
 // cost annotations; the annotations do not change what the verifier checks, tests/planner/verify_reuse_test.cc). On
 // success *compiled holds the result, so the planner's re-scoring simulates it without compiling it again, except
 // for a plan the memory screen accepted whose full compile would take over options.max_full_compile_s.
+// With a cache, the verdict verify_strategy would give is offered to it (VerifyCache::offer), so that candidates
+// equivalent to this one are not compiled again.
 Verification verify_strategy_for_simulation(const ModelSpec& model, const ClusterSpec& cluster,
                                             const TrainSpec& train, const Strategy& strategy,
                                             const cost::Calibration& calibration, double capacity_bytes,
                                             std::shared_ptr<compile::CompileResult>* compiled,
-                                            const VerifyOptions& options = {});
+                                            const VerifyOptions& options = {}, VerifyCache* cache = nullptr);
+
+// Verdicts shared between candidates the verifier cannot tell apart (SearchOptions::verify_cache).
+//
+// verify_strategy's verdict (ok, message, compiled peak, screened, the screen's full-compile estimate) is a function
+// of what compile::compile_strategy and the memory screen read. They do not read Strategy::order (a rank layout:
+// the compiled plan numbers pipeline ranks and runs one program template per pipeline rank) nor Strategy::etp (the
+// compiler does not slice experts by tensor parallelism); Strategy::a2a reaches only Instruction::algorithm, which
+// the plan verifier does not read. The only place they enter is the screen's Strategy::validate_for of its two
+// small variants, whose outcomes are part of the key. So candidates that differ only in order, etp and a2a (the
+// search keeps such variants when their closed-form step times differ) get the same verdict, messages included;
+// tests/planner/verify_cache_test.cc compares cached and uncached verdicts, half of them rejections.
+//
+// One cache serves one model and one TrainSpec apart from micro_batch_size (a search). Thread-safe: concurrent
+// calls with the same key compile once; the others wait for that verdict.
+class VerifyCache {
+ public:
+  // verify_strategy's verdict, computed once per key.
+  Verification verify(const ModelSpec& model, const TrainSpec& train, const Strategy& strategy,
+                      double capacity_bytes, const VerifyOptions& options = {});
+  int64_t hits() const;
+  // Stores `verdict` under the strategy's key unless the key has one. The caller promises that it is the verdict
+  // verify_strategy gives for these arguments (verify_strategy_for_simulation offers only such verdicts: the
+  // screen's own, the full compile's where the screen does not decide, and a screened acceptance where it skipped
+  // its second small compile and the full compile's per-rank peaks equal the first's; the compile time estimate is
+  // then the full compile's measured time).
+  void offer(const ModelSpec& model, const TrainSpec& train, const Strategy& strategy, double capacity_bytes,
+             const VerifyOptions& options, const Verification& verdict);
+
+  // The key: the strategy with order, etp and a2a reset, the train's mbs and global batch, the capacity, the options
+  // that change the verdict, and whether the screen's small variants validate.
+  static std::string key(const ModelSpec& model, const TrainSpec& train, const Strategy& strategy,
+                         double capacity_bytes, const VerifyOptions& options);
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::string, std::shared_future<Verification>> verdicts_;
+  int64_t hits_ = 0;
+};
 
 }  // namespace piper::planner
