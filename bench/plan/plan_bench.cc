@@ -159,8 +159,8 @@ int run_verify_cache_case(int threads) {
   }
   const auto& a = r[0]->stats;
   const auto& b = r[1]->stats;
-  bool same = r[0]->top.size() == r[1]->top.size() && a.verified == b.verified &&
-              a.verify_failed == b.verify_failed && a.first_verify_failure == b.first_verify_failure;
+  bool same = r[0]->top.size() == r[1]->top.size() && a.verified == b.verified && a.verify_failed == b.verify_failed &&
+              a.first_verify_failure == b.first_verify_failure;
   for (size_t i = 0; same && i < r[0]->top.size(); ++i) {
     same = r[0]->top[i].strategy == r[1]->top[i].strategy &&
            r[0]->top[i].verification.compiled_peak_bytes == r[1]->top[i].verification.compiled_peak_bytes;

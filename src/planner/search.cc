@@ -290,9 +290,8 @@ void verify_plans(const ModelSpec& model, const TrainSpec& train, const SearchOp
           p.verification = options.verifier(s, t);
         } else if (i < keep_compiles &&
                    s.order_without_unit_axes(s.order) == s.order_without_unit_axes(Strategy{}.order)) {
-          p.verification =
-              verify_strategy_for_simulation(model, cluster, t, s, options.calibration, capacity, &p.compiled, vo,
-                                             options.verify_cache ? &cache : nullptr);
+          p.verification = verify_strategy_for_simulation(model, cluster, t, s, options.calibration, capacity,
+                                                          &p.compiled, vo, options.verify_cache ? &cache : nullptr);
         } else if (options.verify_cache) {
           p.verification = cache.verify(model, t, s, capacity, vo);
         } else {
@@ -320,10 +319,9 @@ void verify_plans(const ModelSpec& model, const TrainSpec& train, const SearchOp
     if (options.progress) {
       const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       options.progress("verify: " + std::to_string(out->stats.verified) + " verified, " +
-                       std::to_string(out->stats.verify_failed) + " rejected by the compiler, " +
-                       std::to_string(next) + " of at most " + std::to_string(out->top.size()) + " compiled (" +
-                       std::to_string(out->stats.verify_cached) + " verdicts from the cache), " +
-                       format_seconds(t));
+                       std::to_string(out->stats.verify_failed) + " rejected by the compiler, " + std::to_string(next) +
+                       " of at most " + std::to_string(out->top.size()) + " compiled (" +
+                       std::to_string(out->stats.verify_cached) + " verdicts from the cache), " + format_seconds(t));
     }
   }
   out->top = std::move(kept);

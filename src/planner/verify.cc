@@ -119,10 +119,9 @@ Verification verify_strategy(const ModelSpec& model, const TrainSpec& train, con
   return verdict(compile::compile_strategy(model, train, strategy, options), start);
 }
 
-Verification verify_strategy_for_simulation(const ModelSpec& model, const ClusterSpec& cluster,
-                                            const TrainSpec& train, const Strategy& strategy,
-                                            const cost::Calibration& calibration, double capacity_bytes,
-                                            std::shared_ptr<compile::CompileResult>* compiled,
+Verification verify_strategy_for_simulation(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+                                            const Strategy& strategy, const cost::Calibration& calibration,
+                                            double capacity_bytes, std::shared_ptr<compile::CompileResult>* compiled,
                                             const VerifyOptions& verify_options, VerifyCache* cache) {
   const auto start = std::chrono::steady_clock::now();
   std::optional<Verification> screened;
@@ -165,8 +164,8 @@ std::string VerifyCache::key(const ModelSpec& model, const TrainSpec& train, con
   s.a2a = "flat";
   std::string k = s.to_string() + "|mbs=" + std::to_string(train.micro_batch_size) +
                   "|global_batch=" + std::to_string(train.global_batch) +
-                  "|capacity=" + std::to_string(capacity(capacity_bytes)) + "|screen=" +
-                  (options.memory_screen ? "1" : "0") + (options.accept_steady ? "1" : "0");
+                  "|capacity=" + std::to_string(capacity(capacity_bytes)) +
+                  "|screen=" + (options.memory_screen ? "1" : "0") + (options.accept_steady ? "1" : "0");
   if (options.memory_screen) {  // screen_memory validates its two variants: the only reader of order, etp, a2a
     Strategy v;
     TrainSpec t;
@@ -205,8 +204,8 @@ Verification VerifyCache::verify(const ModelSpec& model, const TrainSpec& train,
   return v;
 }
 
-void VerifyCache::offer(const ModelSpec& model, const TrainSpec& train, const Strategy& strategy,
-                        double capacity_bytes, const VerifyOptions& options, const Verification& verdict) {
+void VerifyCache::offer(const ModelSpec& model, const TrainSpec& train, const Strategy& strategy, double capacity_bytes,
+                        const VerifyOptions& options, const Verification& verdict) {
   const std::string k = key(model, train, strategy, capacity_bytes, options);
   std::lock_guard<std::mutex> lock(mu_);
   if (verdicts_.count(k) != 0) return;

@@ -15,7 +15,6 @@
 #include "piper/compile/compile.h"
 #include "piper/cost/device_model.h"
 #include "piper/spec/cluster_spec.h"
-
 #include "piper/spec/model_spec.h"
 #include "piper/spec/train_spec.h"
 #include "piper/strategy/strategy.h"
@@ -68,10 +67,9 @@ Verification verify_strategy(const ModelSpec& model, const TrainSpec& train, con
 // for a plan the memory screen accepted whose full compile would take over options.max_full_compile_s.
 // With a cache, the verdict verify_strategy would give is offered to it (VerifyCache::offer), so that candidates
 // equivalent to this one are not compiled again.
-Verification verify_strategy_for_simulation(const ModelSpec& model, const ClusterSpec& cluster,
-                                            const TrainSpec& train, const Strategy& strategy,
-                                            const cost::Calibration& calibration, double capacity_bytes,
-                                            std::shared_ptr<compile::CompileResult>* compiled,
+Verification verify_strategy_for_simulation(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
+                                            const Strategy& strategy, const cost::Calibration& calibration,
+                                            double capacity_bytes, std::shared_ptr<compile::CompileResult>* compiled,
                                             const VerifyOptions& options = {}, VerifyCache* cache = nullptr);
 
 // Verdicts shared between candidates the verifier cannot tell apart (SearchOptions::verify_cache).
@@ -90,8 +88,8 @@ Verification verify_strategy_for_simulation(const ModelSpec& model, const Cluste
 class VerifyCache {
  public:
   // verify_strategy's verdict, computed once per key.
-  Verification verify(const ModelSpec& model, const TrainSpec& train, const Strategy& strategy,
-                      double capacity_bytes, const VerifyOptions& options = {});
+  Verification verify(const ModelSpec& model, const TrainSpec& train, const Strategy& strategy, double capacity_bytes,
+                      const VerifyOptions& options = {});
   int64_t hits() const;
   // Stores `verdict` under the strategy's key unless the key has one. The caller promises that it is the verdict
   // verify_strategy gives for these arguments (verify_strategy_for_simulation offers only such verdicts: the

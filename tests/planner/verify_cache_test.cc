@@ -17,9 +17,9 @@
 namespace piper::planner {
 namespace {
 
-// DeepSeek-V2-Lite on 16 ranks with 32 microbatches (the memory screen applies: more than 2·pp + 4·pp). Each "hit" differs from an earlier
-// candidate only in order, etp or a2a; the others differ in what the compiler reads (ZeRO stage, recomputation,
-// mesh) and must be compiled.
+// DeepSeek-V2-Lite on 16 ranks with 32 microbatches (the memory screen applies: more than 2·pp + 4·pp). Each "hit"
+// differs from an earlier candidate only in order, etp or a2a; the others differ in what the compiler reads (ZeRO
+// stage, recomputation, mesh) and must be compiled.
 struct CacheCase {
   std::string strategy;
   bool hit;
@@ -127,8 +127,8 @@ TEST(VerifyCacheTest, SimulationCompilesOfferTheVerifiersVerdict) {
   for (const double capacity : {unlimited.compiled_peak_bytes, unlimited.compiled_peak_bytes - (1 << 20)}) {
     VerifyCache cache;
     std::shared_ptr<compile::CompileResult> compiled;
-    const Verification sim = verify_strategy_for_simulation(*model, *cluster, train_for(*a), *a, {}, capacity,
-                                                            &compiled, {}, &cache);
+    const Verification sim =
+        verify_strategy_for_simulation(*model, *cluster, train_for(*a), *a, {}, capacity, &compiled, {}, &cache);
     const Verification own = verify_strategy(*model, train_for(*b), *b, capacity);
     const Verification cached = cache.verify(*model, train_for(*b), *b, capacity);
     EXPECT_EQ(sim.ok, own.ok);
