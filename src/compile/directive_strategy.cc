@@ -4,6 +4,7 @@
 
 #include "piper/compile/strategy_directives.h"
 #include "piper/compile/target.h"
+#include "piper/spec/part.h"
 
 namespace piper::compile {
 namespace {
@@ -27,7 +28,7 @@ Strategy settings_of(const ir::MeshInfo& mesh, const std::vector<ir::Directive>&
     if (const auto* rc = std::get_if<ir::RecomputeDirective>(&d.body)) {
       if (!rc->modules.empty()) {
         s.recompute_modules = rc->modules;
-      } else if (rc->filter.part == "attn") {
+      } else if (chunk_part(rc->filter.part) == Part::kAttention) {
         s.recompute = s.recompute == Recompute::kFull ? Recompute::kFull : Recompute::kSelective;
       } else {
         s.recompute = Recompute::kFull;

@@ -3,6 +3,7 @@
 #include <map>
 #include <utility>
 
+#include "piper/base/check.h"
 #include "piper/compile/lower_steps.h"
 
 namespace piper::compile {
@@ -32,8 +33,9 @@ class CombinePlacement {
   explicit CombinePlacement(const ir::Graph& g) : g_(g) {
     for (const Node& n : g.nodes()) {
       if (n.kind != NodeKind::kChunk || n.tags.pass != ir::Pass::kF) continue;
-      if (n.tags.part == "experts") experts_f_[{n.tags.layer, n.tags.mb}] = n.id;
-      if (n.tags.part == "router") router_pp_[{n.tags.layer, n.tags.mb}] = n.pp_rank;
+      const std::optional<Part> part = chunk_part(n.tags.part);
+      if (part == Part::kExperts) experts_f_[{n.tags.layer, n.tags.mb}] = n.id;
+      if (part == Part::kRouter) router_pp_[{n.tags.layer, n.tags.mb}] = n.pp_rank;
     }
   }
   bool on_ffn(int layer, int mb) const {
@@ -71,14 +73,16 @@ void annotate(const ir::Graph& g, const Node& n, const Node* partner, const Comb
     in.shard_axis = n.shard_axis;
   }
   if (n.kind != NodeKind::kM2N) return;
-  in.src_part = n.m2n_src_part;
-  in.dst_part = n.m2n_dst_part;
+  // The IR's part names become the enum here, once (disaggregate connects chunks only: both ends name one).
+  in.src_part = chunk_part(n.m2n_src_part);
+  in.dst_part = chunk_part(n.m2n_dst_part);
+  PIPER_CHECK(in.src_part && in.dst_part);
   // The node carries its local chunk's tags (the producer's on the sender, the consumer's on the receiver).
-  const std::string& mine = n.m2n_sender ? n.m2n_src_part : n.m2n_dst_part;
-  const std::string& theirs = n.m2n_sender ? n.m2n_dst_part : n.m2n_src_part;
-  if (mine == "experts") {
+  const Part mine = n.m2n_sender ? *in.src_part : *in.dst_part;
+  const Part theirs = n.m2n_sender ? *in.dst_part : *in.src_part;
+  if (mine == Part::kExperts) {
     in.experts_layer = n.tags.layer;
-  } else if (theirs == "experts" && partner != nullptr) {
+  } else if (theirs == Part::kExperts && partner != nullptr) {
     in.experts_layer = partner->tags.layer;
   }
   if (in.experts_layer >= 0) in.combine_on_ffn = combine.on_ffn(in.experts_layer, n.tags.mb);

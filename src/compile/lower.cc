@@ -58,9 +58,10 @@ struct TpSplit {
 };
 
 bool overlapped_part(const Node& n) {
-  const std::string& p = n.tags.part;
+  const std::optional<Part> p = chunk_part(n.tags.part);
   const bool pass = n.tags.pass == ir::Pass::kF || n.tags.pass == ir::Pass::kB || n.tags.pass == ir::Pass::kBW;
-  return n.kind == NodeKind::kChunk && n.shard_axis == "tp" && pass && (p == "attn" || p == "mlp" || p == "shared");
+  return n.kind == NodeKind::kChunk && n.shard_axis == "tp" && pass &&
+         (p == Part::kAttention || p == Part::kDenseMlp || p == Part::kSharedExperts);
 }
 
 Instruction event_op(OpKind op, int event, const std::string& label) {
@@ -79,6 +80,13 @@ Instruction piece_of(const Instruction& whole, Segment seg, int i, int n) {
   return p;
 }
 
+// Instruction::part from a node's part tag: parsed once into the enum; a tag that names no chunk (a communication's
+// "dispatch", "m2n", "attn.tp_ag") is kept as comm_part.
+void set_part(Instruction& in, const std::string& tag) {
+  in.part = chunk_part(tag);
+  if (!in.part) in.comm_part = tag;
+}
+
 // What communication node `nd` means to an executor (Instruction::role).
 CommRole comm_role(const Node& nd) {
   switch (nd.kind) {
@@ -86,8 +94,8 @@ CommRole comm_role(const Node& nd) {
     case NodeKind::kRecv:
       return CommRole::kPipeline;
     case NodeKind::kM2N:
-      if (nd.m2n_dst_part == "experts") return CommRole::kM2NToExperts;
-      return nd.m2n_src_part == "experts" ? CommRole::kM2NFromExperts : CommRole::kM2NDense;
+      if (chunk_part(nd.m2n_dst_part) == Part::kExperts) return CommRole::kM2NToExperts;
+      return chunk_part(nd.m2n_src_part) == Part::kExperts ? CommRole::kM2NFromExperts : CommRole::kM2NDense;
     case NodeKind::kAllToAll:
       if (nd.tags.part == "dispatch") return CommRole::kEpDispatch;
       return nd.tags.part == "combine" ? CommRole::kEpCombine : CommRole::kNone;
@@ -116,7 +124,7 @@ Instruction node_instruction(const Node& nd) {
   in.pass = nd.tags.pass;
   in.mb = nd.tags.mb;
   in.layer = nd.tags.layer;
-  in.part = nd.tags.part;
+  set_part(in, nd.tags.part);
   in.group = nd.group;
   in.algorithm = nd.algorithm;
   in.comm_bytes = nd.comm_bytes;
@@ -166,7 +174,7 @@ Instruction gather_split(const Node& recv, int64_t bytes) {
   in.pass = recv.tags.pass;
   in.mb = recv.tags.mb;
   in.layer = recv.tags.layer;
-  in.part = recv.tags.part;
+  set_part(in, recv.tags.part);
   in.role = CommRole::kTpGather;
   in.comm_bytes = bytes;
   return in;

@@ -92,7 +92,7 @@ Json Plan::to_json() const {
         if (in.mb >= 0) j["mb"] = in.mb;
         if (in.pass != ir::Pass::kNone) j["pass"] = ir::to_string(in.pass);
         if (in.layer >= 0) j["layer"] = in.layer;
-        if (!in.part.empty()) j["part"] = in.part;
+        if (const std::string part = in.part_name(); !part.empty()) j["part"] = part;
         if (in.comm != ir::NodeKind::kChunk) j["comm"] = ir::to_string(in.comm);
         if (in.role != CommRole::kNone) j["role"] = to_string(in.role);
         if (!in.group.empty()) j["group"] = in.group;
@@ -121,8 +121,8 @@ Json Plan::to_json() const {
         if (in.recompute_norm) j["recompute_norm"] = true;
         if (in.recompute_act) j["recompute_act"] = true;
         if (!in.shard_axis.empty()) j["shard_axis"] = in.shard_axis;
-        if (!in.src_part.empty()) j["src_part"] = in.src_part;
-        if (!in.dst_part.empty()) j["dst_part"] = in.dst_part;
+        if (in.src_part) j["src_part"] = chunk_name(*in.src_part);
+        if (in.dst_part) j["dst_part"] = chunk_name(*in.dst_part);
         if (in.experts_layer >= 0) j["experts_layer"] = in.experts_layer;
         if (in.combine_on_ffn) j["combine_on_ffn"] = true;
         instrs.push_back(std::move(j));

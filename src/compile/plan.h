@@ -15,12 +15,14 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "piper/base/json.h"
 #include "piper/base/status.h"
 #include "piper/ir/types.h"
+#include "piper/spec/part.h"
 
 namespace piper::compile {
 
@@ -57,12 +59,18 @@ struct Instruction {
   ir::NodeId node = ir::kNoNode;  // the graph node it lowers (kNoNode for record/wait/alloc/free)
   std::string label;              // "L3.attn.F.mb2", "send L3.attn.F.mb2 -> rank 1", "wait e12"
   // The chunk and task (compute/update), or the node's tags (comm): pass, microbatch (-1: none), model layer (the
-  // embedding's is 0, the head's the last layer's; -1: none) and part ("attn", "router", "experts", "shared", "mlp", "embed", "head";
-  // comm: "dispatch", "combine", "m2n", ...; "" for record/wait/alloc/free).
+  // embedding's is 0, the head's the last layer's; -1: none) and part (spec/part.h): the chunk a compute or update
+  // runs, or the chunk whose tensor a pipeline send/recv or a dp reduce/gather moves; nullopt for record/wait/
+  // alloc/free and for a communication that belongs to no one chunk, whose node's tag is then `comm_part`
+  // ("dispatch", "combine", "m2n", "attn.tp_ag", ...). A plan file writes either as "part" (the chunk's name,
+  // chunk_name()); a compute or update with a name that is no chunk part is refused when the file is read.
   ir::Pass pass = ir::Pass::kNone;
   int mb = -1;
   int layer = -1;
-  std::string part;
+  std::optional<Part> part;
+  std::string comm_part;
+  // The name a plan file writes as "part": chunk_name(*part), else comm_part ("" for neither).
+  std::string part_name() const { return part ? chunk_name(*part) : comm_part; }
   // comm
   ir::NodeKind comm = ir::NodeKind::kChunk;  // send, recv, all_reduce, ..., m2n
   CommRole role = CommRole::kNone;
@@ -99,7 +107,7 @@ struct Instruction {
   // of the experts chunk at either end (-1: neither end is the experts), and where that layer's combine runs,
   // decided once by the compiler: true when the FFN group combines, because the experts' output feeds a chunk on
   // the FFN rank (the head) or the next layer's attention on another attention rank than the router's.
-  std::string src_part, dst_part;
+  std::optional<Part> src_part, dst_part;
   int experts_layer = -1;
   bool combine_on_ffn = false;
   bool operator==(const Instruction&) const = default;

@@ -119,6 +119,26 @@ Status node_list_from_json(JsonReader& r, const std::string& key, std::vector<ir
   return ok_status();
 }
 
+// An optional chunk part, read by its name (spec/part.h); an unknown name is refused with the names there are.
+Status chunk_part_from_json(JsonReader& r, const std::string& key, std::optional<Part>* out) {
+  std::string name;
+  PIPER_RETURN_IF_ERROR(r.get_string(key, &name, false));
+  if (!r.has(key)) return ok_status();
+  PIPER_ASSIGN_OR_RETURN(Part p, parse_chunk_part(name, r.field_path(key)));
+  *out = p;
+  return ok_status();
+}
+
+// "part": a compute's or update's chunk part, or a communication's chunk part or node tag (Instruction::comm_part).
+Status part_from_json(JsonReader& r, Instruction& in) {
+  if (in.op == OpKind::kCompute || in.op == OpKind::kUpdate) return chunk_part_from_json(r, "part", &in.part);
+  std::string name;
+  PIPER_RETURN_IF_ERROR(r.get_string("part", &name, false));
+  in.part = chunk_part(name);
+  if (!in.part) in.comm_part = name;
+  return ok_status();
+}
+
 // What executors read instead of the graph (plan.h, "Data flow").
 Status dataflow_from_json(JsonReader& r, Instruction& in) {
   PIPER_RETURN_IF_ERROR(node_list_from_json(r, "inputs", &in.inputs));
@@ -128,16 +148,15 @@ Status dataflow_from_json(JsonReader& r, Instruction& in) {
   PIPER_RETURN_IF_ERROR(r.get_bool("recompute_act", &in.recompute_act, false));
   static const std::vector<std::string> axes = {"tp", "ep"};
   if (r.has("shard_axis")) PIPER_RETURN_IF_ERROR(r.get_enum("shard_axis", &in.shard_axis, axes, false));
-  PIPER_RETURN_IF_ERROR(r.get_string("src_part", &in.src_part, false));
-  PIPER_RETURN_IF_ERROR(r.get_string("dst_part", &in.dst_part, false));
+  PIPER_RETURN_IF_ERROR(chunk_part_from_json(r, "src_part", &in.src_part));
+  PIPER_RETURN_IF_ERROR(chunk_part_from_json(r, "dst_part", &in.dst_part));
   PIPER_RETURN_IF_ERROR(r.get_int("experts_layer", &in.experts_layer, false, -1, static_cast<int>(kMaxLayers) - 1));
   PIPER_RETURN_IF_ERROR(r.get_bool("combine_on_ffn", &in.combine_on_ffn, false));
-  if (in.comm != ir::NodeKind::kM2N &&
-      (!in.src_part.empty() || !in.dst_part.empty() || in.experts_layer >= 0 || in.combine_on_ffn)) {
+  if (in.comm != ir::NodeKind::kM2N && (in.src_part || in.dst_part || in.experts_layer >= 0 || in.combine_on_ffn)) {
     return invalid_argument(r.field_path("src_part") + ": src_part, dst_part, experts_layer and combine_on_ffn " +
                             "belong to m2n instructions; this one has comm " + ir::to_string(in.comm));
   }
-  if (in.comm == ir::NodeKind::kM2N && in.node != ir::kNoNode && (in.src_part.empty() || in.dst_part.empty())) {
+  if (in.comm == ir::NodeKind::kM2N && in.node != ir::kNoNode && (!in.src_part || !in.dst_part)) {
     return invalid_argument(r.field_path("src_part") + ": an m2n instruction names the parts of both ends " +
                             "(src_part and dst_part); emit the plan again with piper compile --emit-plan");
   }
@@ -155,7 +174,7 @@ Result<Instruction> instruction_from_json(const Json& j, const std::string& wher
       r, "pass", &in.pass, pass_names(), [](ir::Pass p) { return ir::to_string(p); }, false));
   PIPER_RETURN_IF_ERROR(r.get_int("mb", &in.mb, false, -1));
   PIPER_RETURN_IF_ERROR(r.get_int("layer", &in.layer, false, -1, static_cast<int>(kMaxLayers)));
-  PIPER_RETURN_IF_ERROR(r.get_string("part", &in.part, false));
+  PIPER_RETURN_IF_ERROR(part_from_json(r, in));
   PIPER_RETURN_IF_ERROR(get_enum(
       r, "comm", &in.comm, kind_names(), [](ir::NodeKind k) { return ir::to_string(k); }, false));
   PIPER_RETURN_IF_ERROR(get_enum(

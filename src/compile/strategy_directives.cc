@@ -4,6 +4,7 @@
 #include <string>
 
 #include "piper/base/strings.h"
+#include "piper/spec/part.h"
 #include "piper/strategy/schedules/schedule.h"
 
 namespace piper::compile {
@@ -80,13 +81,13 @@ Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const 
     // all-reduced (with sequence parallelism: reduce-scattered); the head all-gathers its input (sp) and its input
     // gradient is all-reduced / reduce-scattered, as any column-parallel layer's. The cross-entropy's three
     // reductions over the vocabulary shards carry 3 floats per token and are not emitted.
-    for (const std::string part : {"attn", "mlp", "shared", "embed", "head"}) {
-      const bool present = part == "attn" || (part == "mlp" && model.num_dense_layers() > 0) ||
-                           (part == "shared" && model.moe.num_shared_experts > 0 && model.is_moe()) ||
-                           ((part == "embed" || part == "head") && options.vocab_parallel);
+    for (const Part part : {Part::kAttention, Part::kDenseMlp, Part::kSharedExperts, Part::kEmbedding, Part::kHead}) {
+      const bool present = part == Part::kAttention || (part == Part::kDenseMlp && model.num_dense_layers() > 0) ||
+                           (part == Part::kSharedExperts && model.moe.num_shared_experts > 0 && model.is_moe()) ||
+                           ((part == Part::kEmbedding || part == Part::kHead) && options.vocab_parallel);
       if (!present) continue;
       ir::ShardDirective d;
-      d.filter.part = part;
+      d.filter.part = chunk_name(part);
       d.axis = "tp";
       d.algorithm = "ring";
       d.sequence_parallel = s.sp;
@@ -95,7 +96,7 @@ Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const 
   }
   if (s.ep > 1) {
     ir::ShardDirective d;
-    d.filter.part = "experts";
+    d.filter.part = chunk_name(Part::kExperts);
     d.axis = "ep";
     d.algorithm = s.a2a;
     out.push_back(ir::Directive{d});
@@ -110,7 +111,7 @@ Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const 
   if (s.recompute != Recompute::kNone) {
     ir::RecomputeDirective d;
     d.filter.pass = ir::Pass::kF;
-    if (s.recompute == Recompute::kSelective) d.filter.part = "attn";
+    if (s.recompute == Recompute::kSelective) d.filter.part = chunk_name(Part::kAttention);
     out.push_back(ir::Directive{d});
   }
   if (s.disaggregate) {

@@ -6,30 +6,6 @@
 
 namespace piper::cost {
 
-const char* to_string(Part p) {
-  switch (p) {
-    case Part::kEmbedding:
-      return "embedding";
-    case Part::kNorms:
-      return "norms";
-    case Part::kAttention:
-      return "attention";
-    case Part::kAttentionCore:
-      return "attention_core";
-    case Part::kRouter:
-      return "router";
-    case Part::kExperts:
-      return "experts";
-    case Part::kSharedExperts:
-      return "shared_experts";
-    case Part::kDenseMlp:
-      return "dense_mlp";
-    case Part::kHead:
-      return "head";
-  }
-  return "?";
-}
-
 PartTable make_part_table(const ModelSpec& m, int64_t seq_len) {
   PartTable t;
   t.hidden = static_cast<double>(m.hidden_size);

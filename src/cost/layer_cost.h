@@ -19,23 +19,14 @@
 #include <cstdint>
 
 #include "piper/spec/model_spec.h"
+#include "piper/spec/part.h"
 #include "piper/spec/train_spec.h"
 
 namespace piper::cost {
 
-enum class Part {
-  kEmbedding,
-  kNorms,  // the two norms and residual adds of a layer: pointwise only
-  kAttention,
-  kAttentionCore,
-  kRouter,
-  kExperts,
-  kSharedExperts,
-  kDenseMlp,
-  kHead
-};
-inline constexpr int kNumParts = 9;
-const char* to_string(Part p);
+// The parts the model is priced by: the one enum of spec/part.h, whose chunks the Plan and the runtime run too.
+using piper::kNumParts;
+using piper::Part;
 
 struct TaskCost {
   double flops = 0;

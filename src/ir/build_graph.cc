@@ -7,6 +7,7 @@
 #include "piper/spec/activation_counting.h"
 #include "piper/spec/cluster_spec.h"
 #include "piper/spec/counting.h"
+#include "piper/spec/part.h"
 
 namespace piper::ir {
 namespace {
@@ -17,7 +18,7 @@ namespace {
 // FLOPs: 2 per matmul weight a token touches; the attention chunk also carries the attention core, so the F
 // FLOPs of all chunks add up to forward_flops_per_token(model, seq) per token.
 struct ChunkSpec {
-  std::string part;
+  Part part;  // tagged by its name (chunk_name: spec/part.h)
   int layer;
   int64_t params;
   double flops_per_token;  // forward
@@ -60,7 +61,7 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
   BlockActivation attn_act = attention_activation_per_token(model, shape, true);
   attn_act.whole += hidden;
   std::vector<ChunkSpec> chunks;
-  chunks.push_back({"embed",
+  chunks.push_back({Part::kEmbedding,
                     0,
                     counts.embedding.total,
                     0.0,
@@ -68,7 +69,7 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
                     kTokenIdBytes});
   for (int l = 0; l < model.num_layers; ++l) {
     const size_t attn = chunks.size();
-    chunks.push_back({"attn", l, attention_params(model) + norm, 0.0, attn_act, hidden});
+    chunks.push_back({Part::kAttention, l, attention_params(model) + norm, 0.0, attn_act, hidden});
     double ffn_weights = 0;  // matmul weights one token touches after attention
     if (model.is_moe_layer(l)) {
       const MoeSpec& e = model.moe;
@@ -76,14 +77,14 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
       const double experts = static_cast<double>(e.top_k) * mlp_params(model, e.expert_intermediate_size, false);
       const double router_act = moe_router_activation_per_token(model, shape);
       const double experts_act = moe_experts_activation_per_token(model, shape);
-      chunks.push_back({"router",
+      chunks.push_back({Part::kRouter,
                         l,
                         router_params(model) + norm,
                         2 * router,
                         {hidden + router_act, 0},
                         hidden,
                         router_act - moe_router_activation_per_token(model, recompute_norm)});
-      chunks.push_back({"experts",
+      chunks.push_back({Part::kExperts,
                         l,
                         e.num_experts * expert_params(model),
                         2 * experts,
@@ -95,7 +96,7 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
       if (e.num_shared_experts > 0) {
         const double shared =
             static_cast<double>(e.num_shared_experts) * mlp_params(model, e.shared_expert_intermediate_size, false);
-        chunks.push_back({"shared",
+        chunks.push_back({Part::kSharedExperts,
                           l,
                           shared_experts_params(model),
                           2 * shared,
@@ -107,13 +108,13 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
       const double mlp = static_cast<double>(mlp_params(model, model.intermediate_size, false));
       BlockActivation mlp_act = dense_mlp_activation_per_token(model, shape);
       mlp_act.whole += hidden;
-      chunks.push_back({"mlp", l, dense_mlp_params(model) + norm, 2 * mlp, mlp_act, hidden});
+      chunks.push_back({Part::kDenseMlp, l, dense_mlp_params(model) + norm, 2 * mlp, mlp_act, hidden});
       ffn_weights = mlp;
     }
     // Attention projections and core: the layer's forward FLOPs minus what the FFN side does.
     chunks[attn].flops_per_token = layer_forward_flops_per_token(model, l, train.seq_len) - 2 * ffn_weights;
   }
-  chunks.push_back({"head",
+  chunks.push_back({Part::kHead,
                     model.num_layers - 1,
                     counts.head.total + norm,
                     2.0 * static_cast<double>(model.vocab_size) * static_cast<double>(h),
@@ -126,8 +127,9 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
     const double t = static_cast<double>(tokens);
     for (double v : {3 * c.flops_per_token * t, c.act.total() * t, c.checkpoint * t}) {
       if (!checked_llround(v).has_value()) {
-        return invalid_argument("build_graph: layer " + std::to_string(c.layer) + " " + c.part + " of model '" +
-                                model.name + "' with micro_batch_size*seq_len = " + std::to_string(tokens) +
+        return invalid_argument("build_graph: layer " + std::to_string(c.layer) + " " + chunk_name(c.part) +
+                                " of model '" + model.name +
+                                "' with micro_batch_size*seq_len = " + std::to_string(tokens) +
                                 " tokens needs more than 2^63 FLOPs or bytes per microbatch; lower micro_batch_size or "
                                 "seq_len");
       }
@@ -147,12 +149,14 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
   g.moe_dispatch_ratio = train.dispatch_bytes() / train.comm_bytes();
   std::vector<NodeId> fwd, bwd;
   for (const ChunkSpec& c : chunks) {
-    std::string base = (c.part == "embed" || c.part == "head") ? c.part : "L" + std::to_string(c.layer) + "." + c.part;
+    const std::string name = chunk_name(c.part);
+    std::string base =
+        (c.part == Part::kEmbedding || c.part == Part::kHead) ? name : "L" + std::to_string(c.layer) + "." + name;
     auto add = [&](NodeKind kind, Pass pass, const char* suffix) {
       Node n;
       n.kind = kind;
       n.tags.layer = c.layer;
-      n.tags.part = c.part;
+      n.tags.part = name;
       n.tags.pass = pass;
       n.name = base + "." + suffix;
       n.param_count = c.params;
@@ -191,12 +195,12 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
     size_t attn = i++;
     for (size_t p : prev) link(p, attn);
     prev.clear();
-    if (chunks[i].part == "router") {
+    if (chunks[i].part == Part::kRouter) {
       size_t router = i++, experts = i++;
       link(attn, router);
       link(router, experts);
       prev.push_back(experts);
-      if (i < chunks.size() && chunks[i].part == "shared" && chunks[i].layer == l) {
+      if (i < chunks.size() && chunks[i].part == Part::kSharedExperts && chunks[i].layer == l) {
         link(attn, i);
         prev.push_back(i++);
       }

@@ -176,7 +176,7 @@ Status Core::resolve(const compile::Stream& stream, size_t i, Task* t) {
       t->chunk = model->find(in.layer, in.part);
       if (t->chunk == nullptr) {
         return invalid_argument("executor: update '" + in.label + "' names (layer " + std::to_string(in.layer) + ", " +
-                                in.part + "), which the model lacks");
+                                in.part_name() + "), which the model lacks");
       }
       updates_expected[t->chunk]++;
       return ok_status();
@@ -220,7 +220,7 @@ Status Core::resolve_alloc(const compile::Stream& stream, size_t i) {
     Chunk* chunk = model->find(ag.layer, ag.part);
     if (chunk == nullptr) {
       return invalid_argument("executor: '" + in.label + "' gathers the parameters of (layer " +
-                              std::to_string(ag.layer) + ", " + ag.part + "), which this rank does not hold");
+                              std::to_string(ag.layer) + ", " + ag.part_name() + "), which this rank does not hold");
     }
     dp->own_param_buffer(in.buffer, chunk);
     return ok_status();
@@ -231,7 +231,7 @@ Status Core::resolve_alloc(const compile::Stream& stream, size_t i) {
                             ") is not followed by a forward task on stream '" + stream.name + "'");
   }
   const Instruction& f = stream.instrs[j];
-  const StashKey key{f.layer, f.part, f.mb};
+  const StashKey key{f.layer, f.part_name(), f.mb};
   if (i == 0 || stream.instrs[i - 1].op != OpKind::kAlloc) {
     buffer_owner[in.buffer] = key;
   } else {
@@ -254,11 +254,11 @@ Status Core::resolve_compute(const Instruction& in, Task* t) {
   t->chunk = model->find(in.layer, in.part);
   if (t->chunk == nullptr) {
     return invalid_argument("executor: compute '" + name_of(in.node) + "' (layer " + std::to_string(in.layer) +
-                            ", part " + in.part + ") has no chunk in the model");
+                            ", part " + in.part_name() + ") has no chunk in the model");
   }
   t->pass = in.pass;
   t->mb = std::max(0, in.mb);
-  t->key = StashKey{in.layer, in.part, t->mb};
+  t->key = StashKey{in.layer, in.part_name(), t->mb};
   if (t->pass != ir::Pass::kF && !ir::is_backward(t->pass)) {
     return invalid_argument("executor: '" + in.label + "' has pass " + ir::to_string(t->pass));
   }
@@ -476,7 +476,7 @@ Status Core::execute(const Task& t) {
     case OpKind::kCompute: {
       const auto start = std::chrono::steady_clock::now();
       Status st = compute(t);
-      add_seconds(t.chunk->part() + "." + ir::to_string(t.pass),
+      add_seconds(std::string(chunk_name(t.chunk->part())) + "." + ir::to_string(t.pass),
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       return st;
     }

@@ -36,14 +36,14 @@ Status DataParallel::resolve(const Instruction& in, Task* t) {
   t->chunk = core_.model->find(in.layer, in.part);
   if (t->chunk == nullptr) {
     return invalid_argument("executor: '" + in.label + "' reduces the gradients of (layer " + std::to_string(in.layer) +
-                            ", " + in.part + "), which this rank does not hold");
+                            ", " + in.part_name() + "), which this rank does not hold");
   }
   // ZeRO under tensor parallelism with sequence parallelism: the experts (not split over tp, etp=1) are replicated
   // over edp x tp and their gradients are partial on each tensor rank, so their shards span both: one
   // reduce-scatter over edp_tp sums over tp and averages over edp (the resource model's expert shard).
   bool over_tp = false;
   if ((zero1_rs || zero2_rs || zero1_ag || zero3_ag) && core_.tp->size() > 1 && core_.tp->sequence_parallel() &&
-      t->chunk->part() == "experts" && t->degree == core_.plan->mesh.dp / std::max(1, core_.plan->mesh.ep)) {
+      t->chunk->part() == Part::kExperts && t->degree == core_.plan->mesh.dp / std::max(1, core_.plan->mesh.ep)) {
     t->comm = core_.dist->group("edp_tp");
     if (t->comm == nullptr) {
       return internal_error("executor: '" + in.label + "' shards the experts over edp x tp, but this rank has " +

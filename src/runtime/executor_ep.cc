@@ -40,7 +40,7 @@ struct EpExchange {
 
 namespace {
 
-bool is_dispatch(const Instruction& n) { return n.part == "dispatch"; }
+bool is_dispatch(const Instruction& n) { return n.role == compile::CommRole::kEpDispatch; }
 
 // Node-major layout of the ep group on the world's nodes (ranks_per_node consecutive world ranks a node):
 // the group's ranks per node, or an error when the group is not spread evenly and node-major.
@@ -77,7 +77,7 @@ Status ExpertParallel::setup() {
   for (const compile::Program& prog : core_.plan->templates) {
     for (const compile::Stream& st : prog.streams) {
       for (const Instruction& n : st.instrs) {
-        if (n.op != compile::OpKind::kCompute || n.part != "experts") continue;
+        if (n.op != compile::OpKind::kCompute || n.part != Part::kExperts) continue;
         has_experts_ = true;
         moe_layers_.insert(n.layer);
       }
@@ -119,8 +119,8 @@ Status ExpertParallel::setup() {
 
 Status ExpertParallel::resolve(const Instruction& in, Task* t) {
   const Instruction& n = in;
-  if (in.group != "ep" || (n.part != "dispatch" && n.part != "combine")) {
-    return unimplemented("executor: '" + in.label + "' is an all_to_all over '" + in.group + "' (" + n.part +
+  if (in.group != "ep" || (n.role != compile::CommRole::kEpDispatch && n.role != compile::CommRole::kEpCombine)) {
+    return unimplemented("executor: '" + in.label + "' is an all_to_all over '" + in.group + "' (" + n.part_name() +
                          "); the runtime executes the expert dispatch and combine over ep only");
   }
   if (in.algorithm != "flat" && in.algorithm != "halo") {
@@ -137,7 +137,7 @@ Status ExpertParallel::resolve(const Instruction& in, Task* t) {
   t->degree = t->comm->size();
   t->pass = n.pass;
   t->mb = std::max(0, n.mb);
-  t->key = StashKey{n.layer, n.part, t->mb};
+  t->key = StashKey{n.layer, n.part_name(), t->mb};
   t->gradient = n.pass != ir::Pass::kF;
   for (ir::NodeId src : in.inputs) {
     // Under tp x ep the combine's backward reads the next split chunk's input gradient from its sequence
@@ -392,7 +392,7 @@ Status ExpertParallel::run(const Task& t) {
     }
     core_.publish_message(t, std::move(out));
   }
-  core_.add_seconds("a2a." + n.part + (t.gradient ? ".B" : ".F"),
+  core_.add_seconds("a2a." + n.part_name() + (t.gradient ? ".B" : ".F"),
                     std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   return ok_status();
 }
@@ -412,7 +412,7 @@ Status ExpertParallel::prepare_norm() {
   if (comm_ == nullptr) return ok_status();
   const float s = 1.0f / static_cast<float>(ep_);
   for (const auto& chunk : core_.model->chunks()) {
-    if (chunk->part() != "experts") continue;
+    if (chunk->part() != Part::kExperts) continue;
     DataParallel::Shard* shard = core_.dp->shard(*chunk);
     if (shard != nullptr && shard->per_microbatch) {  // ZeRO-2/3 over edp: the gradient is its shard
       Tensor& g = shard->grad;
@@ -429,7 +429,7 @@ Status ExpertParallel::prepare_norm() {
 }
 
 std::optional<double> ExpertParallel::grad_sq(const Chunk& chunk) {
-  if (comm_ == nullptr || chunk.part() != "experts") return std::nullopt;
+  if (comm_ == nullptr || chunk.part() != Part::kExperts) return std::nullopt;
   return owns_expert_norm_ ? Optimizer::grad_sq(chunk) : 0.0;
 }
 
@@ -642,7 +642,7 @@ Status ExpertParallel::migrate_layer(int layer, const std::vector<int>& next,
   for (size_t s = 0; s < next.size(); ++s) {
     if (old_slot[static_cast<size_t>(next[s])] / per != static_cast<int>(s) / per) ++out->moved_experts;
   }
-  Chunk* chunk = core_.model->find(layer, "experts");
+  Chunk* chunk = core_.model->find(layer, Part::kExperts);
   if (chunk == nullptr) return ok_status();  // another pipeline stage's layer: only the table changes here
   // A ZeRO-sharded chunk moves whole experts too: its shard group's moments (and ZeRO-3 values) are gathered
   // into whole tensors first and each rank keeps its shard of the moved ones after.

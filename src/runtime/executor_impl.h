@@ -38,7 +38,9 @@ namespace piper::runtime::detail {
 // roles kTpGather, kTpScatter, kTpReduce.
 bool is_tp_exchange(const compile::Instruction& in);
 
-using StashKey = std::tuple<int, std::string, int>;  // (layer, part, mb)
+// (layer, name, mb): a chunk's F state under its part's name (Instruction::part_name), an ep exchange's under
+// "dispatch" / "combine", an af-pipe exchange's under "m2n" and the experts' layer.
+using StashKey = std::tuple<int, std::string, int>;
 
 std::string key_name(const StashKey& k);
 

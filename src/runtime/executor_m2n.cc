@@ -128,7 +128,7 @@ std::shared_ptr<std::vector<float>> scatter_grad(const M2nSource& s, const float
 namespace {
 
 // The parts of the chunks at this end and at the other end of an m2n exchange, as the compiler wrote them.
-std::pair<const std::string&, const std::string&> m2n_ends(const Instruction& in) {
+std::pair<std::optional<Part>, std::optional<Part>> m2n_ends(const Instruction& in) {
   const bool sending = in.op == OpKind::kSend;
   return {sending ? in.src_part : in.dst_part, sending ? in.dst_part : in.src_part};
 }
@@ -141,14 +141,14 @@ M2n::~M2n() = default;
 Result<bool> M2n::routed(const Instruction& in) const {
   const bool sending = in.op == OpKind::kSend;
   const auto [mine, other] = m2n_ends(in);
-  if (mine.empty() || other.empty()) {
+  if (!mine || !other) {
     return internal_error("executor: '" + in.label + "' does not link two chunks");
   }
-  const bool routed = mine == "experts" || other == "experts";
+  const bool routed = mine == Part::kExperts || other == Part::kExperts;
   if (!routed) return false;  // a dense edge: a pipeline-like message with the same-dp peer
-  const std::string& peer_chunk = mine == "experts" ? other : mine;
-  if (peer_chunk != "router" && peer_chunk != "attn" && peer_chunk != "head") {
-    return unimplemented("executor: '" + in.label + "' links experts with a '" + peer_chunk +
+  const Part peer_chunk = mine == Part::kExperts ? *other : *mine;
+  if (peer_chunk != Part::kRouter && peer_chunk != Part::kAttention && peer_chunk != Part::kHead) {
+    return unimplemented("executor: '" + in.label + "' links experts with a '" + chunk_name(peer_chunk) +
                          "' chunk; the runtime's M2N exchanges connect experts with a router, attention or head");
   }
   if (in.experts_layer < 0) {
@@ -157,13 +157,14 @@ Result<bool> M2n::routed(const Instruction& in) const {
   // Where the combine runs: the compiler decided it (Instruction::combine_on_ffn). When the FFN group combines,
   // the experts' output goes to the next layer's attention as a dense message, and its gradient comes back as
   // one; only the FFN side's forward send combines first (resolve).
-  return !(in.combine_on_ffn && peer_chunk != "router" && !(sending && mine == "experts" && in.pass == ir::Pass::kF));
+  return !(in.combine_on_ffn && peer_chunk != Part::kRouter &&
+           !(sending && mine == Part::kExperts && in.pass == ir::Pass::kF));
 }
 
 Status M2n::resolve(const Instruction& in, Task* t) {
   const bool sending = in.op == OpKind::kSend;
   const auto [mine, other] = m2n_ends(in);
-  const std::string& peer_chunk = mine == "experts" ? other : mine;
+  const std::optional<Part> peer_chunk = mine == Part::kExperts ? other : mine;
   const bool on_ffn = in.combine_on_ffn;
   if (in.tag < 0 || in.tag > 32767) {
     return invalid_argument("executor: '" + in.label + "' has tag " + std::to_string(in.tag) +
@@ -185,7 +186,7 @@ Status M2n::resolve(const Instruction& in, Task* t) {
     t->peers.push_back(layout.rank_of(c));
   }
   t->m2n_local = on_ffn;
-  t->m2n_ffn = mine == "experts";
+  t->m2n_ffn = mine == Part::kExperts;
   t->gradient = in.pass != ir::Pass::kF;
   t->mb = std::max(0, in.mb);
   t->key = StashKey{in.experts_layer, "m2n", t->mb};
@@ -207,7 +208,7 @@ Status M2n::resolve(const Instruction& in, Task* t) {
                             " ranks");
     }
     PIPER_RETURN_IF_ERROR(core_.ep->serve_m2n(group));
-    if (on_ffn && sending && t->m2n_ffn && !t->gradient && peer_chunk != "router") {
+    if (on_ffn && sending && t->m2n_ffn && !t->gradient && peer_chunk != Part::kRouter) {
       // This send stream combines inside the FFN group concurrently with the compute stream's combines (the
       // head's input, the experts' gradients): its own communicator, one per peer pipeline rank (= stream).
       auto& c = combine_comms_[in.peer];
@@ -804,7 +805,7 @@ std::shared_ptr<M2nSink> M2n::find_sink(std::pair<int, int> key) {
 }
 
 Status M2n::local_inputs(const Task& t, std::vector<Activation>* inputs) {
-  if (!active_ || t.chunk == nullptr || t.chunk->part() == "experts") return ok_status();
+  if (!active_ || t.chunk == nullptr || t.chunk->part() == Part::kExperts) return ok_status();
   const int64_t h = core_.model->dims().hidden;
   const int k = core_.model->dims().top_k;
   const float scale = static_cast<float>(core_.model->dims().routed_scaling);
@@ -830,7 +831,7 @@ Status M2n::local_inputs(const Task& t, std::vector<Activation>* inputs) {
 }
 
 Status M2n::local_grads(const Task& t, std::vector<Gradient>* grads) {
-  if (!active_ || t.chunk == nullptr || t.chunk->part() != "experts") return ok_status();
+  if (!active_ || t.chunk == nullptr || t.chunk->part() != Part::kExperts) return ok_status();
   if (grads->size() != 1 || (*grads)[0].ep || !(*grads)[0].dhidden) return ok_status();
   // The head's gradient of the same-dp source's tokens -> the row gradients of this rank's experts.
   const int64_t h = core_.model->dims().hidden;

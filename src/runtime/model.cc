@@ -71,35 +71,35 @@ Result<ChunkDims> runtime_dims(const ModelSpec& m, const ModelOptions& o) {
 
 Result<std::unique_ptr<Model>> Model::create(const ModelSpec& spec, const ModelOptions& options, uint64_t seed,
                                              Allocator* allocator) {
-  return create(spec, options, seed, allocator, [](int, const std::string&) { return true; });
+  return create(spec, options, seed, allocator, [](int, Part) { return true; });
 }
 
 Result<std::unique_ptr<Model>> Model::create(const ModelSpec& spec, const ModelOptions& options, uint64_t seed,
                                              Allocator* allocator, const KeepFn& keep) {
   auto model = std::unique_ptr<Model>(new Model());
   PIPER_ASSIGN_OR_RETURN(model->dims_, runtime_dims(spec, options));
-  auto add = [&](const std::string& part, int layer) -> Status {
+  auto add = [&](Part part, int layer) -> Status {
     if (!keep(layer, part)) return ok_status();
     PIPER_ASSIGN_OR_RETURN(auto chunk, make_chunk(part, layer, model->dims_, seed, allocator));
     model->chunks_.push_back(std::move(chunk));
     return ok_status();
   };
-  PIPER_RETURN_IF_ERROR(add("embed", 0));
+  PIPER_RETURN_IF_ERROR(add(Part::kEmbedding, 0));
   for (int l = 0; l < spec.num_layers; ++l) {
-    PIPER_RETURN_IF_ERROR(add("attn", l));
+    PIPER_RETURN_IF_ERROR(add(Part::kAttention, l));
     if (spec.is_moe_layer(l)) {
-      PIPER_RETURN_IF_ERROR(add("router", l));
-      PIPER_RETURN_IF_ERROR(add("experts", l));
-      if (spec.moe.num_shared_experts > 0) PIPER_RETURN_IF_ERROR(add("shared", l));
+      PIPER_RETURN_IF_ERROR(add(Part::kRouter, l));
+      PIPER_RETURN_IF_ERROR(add(Part::kExperts, l));
+      if (spec.moe.num_shared_experts > 0) PIPER_RETURN_IF_ERROR(add(Part::kSharedExperts, l));
     } else {
-      PIPER_RETURN_IF_ERROR(add("mlp", l));
+      PIPER_RETURN_IF_ERROR(add(Part::kDenseMlp, l));
     }
   }
-  PIPER_RETURN_IF_ERROR(add("head", spec.num_layers - 1));
+  PIPER_RETURN_IF_ERROR(add(Part::kHead, spec.num_layers - 1));
   return model;
 }
 
-Chunk* Model::find(int layer, const std::string& part) const {
+Chunk* Model::find(int layer, std::optional<Part> part) const {
   for (const auto& c : chunks_) {
     if (c->layer() == layer && c->part() == part) return c.get();
   }

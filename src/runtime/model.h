@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,13 +47,13 @@ class Model {
                                                Allocator* allocator);
   // Only the chunks for which keep(layer, part) is true (a pipeline rank's stages): their parameters are the
   // same bits as in the whole model, since every chunk draws its own from (seed, name).
-  using KeepFn = std::function<bool(int layer, const std::string& part)>;
+  using KeepFn = std::function<bool(int layer, Part part)>;
   static Result<std::unique_ptr<Model>> create(const ModelSpec& spec, const ModelOptions& options, uint64_t seed,
                                                Allocator* allocator, const KeepFn& keep);
 
   const ChunkDims& dims() const { return dims_; }
-  // The chunk tagged (layer, part), or nullptr.
-  Chunk* find(int layer, const std::string& part) const;
+  // The chunk tagged (layer, part), or nullptr (also for no part: an instruction of no chunk).
+  Chunk* find(int layer, std::optional<Part> part) const;
   const std::vector<std::unique_ptr<Chunk>>& chunks() const { return chunks_; }
   // Puts `chunk` in place of the chunk with the same (layer, part), e.g. its tensor-parallel slice
   // (chunks/tp_slice.h). InvalidArgument when the model has no such chunk. Call before building an optimizer.

@@ -248,11 +248,11 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
     }
   }
   // Only the chunks this rank's Program computes (all of them on one rank).
-  std::set<std::pair<int, std::string>> mine;
+  std::set<std::pair<int, Part>> mine;
   for (const compile::Stream& stream : t->compiled_.plan.program(rank).streams) {
     for (const compile::Instruction& in : stream.instrs) {
       if (in.op != compile::OpKind::kCompute && in.op != compile::OpKind::kUpdate) continue;
-      mine.emplace(in.layer, in.part);
+      if (in.part) mine.emplace(in.layer, *in.part);
     }
   }
   // Expert parallelism: this rank's experts chunk holds only its ep rank's block of experts.
@@ -262,16 +262,19 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
     model_options.expert_rank = t->dist_ != nullptr ? t->dist_->coord().ep : 0;
   }
   PIPER_ASSIGN_OR_RETURN(t->model_, Model::create(options.model, model_options, options.seed, t->allocator_.get(),
-                                                  [&](int layer, const std::string& part) {
+                                                  [&](int layer, Part part) {
                                                     return mine.count({layer, part}) > 0;
                                                   }));
   if (t->dist_ != nullptr && t->compiled_.plan.mesh.tp > 1) {
     // Tensor parallelism: the chunks the compiler split over tp hold this rank's slice (chunks/tp_slice.h).
-    std::set<std::pair<int, std::string>> split;
+    // (A layer has an mlp or shared experts, not both: the order is the one the part names had.)
+    std::set<std::pair<int, Part>> split;
     for (const compile::Program& prog : t->compiled_.plan.templates) {
       for (const compile::Stream& stream : prog.streams) {
         for (const compile::Instruction& in : stream.instrs) {
-          if (in.op == compile::OpKind::kCompute && in.shard_axis == "tp") split.emplace(in.layer, in.part);
+          if (in.op == compile::OpKind::kCompute && in.shard_axis == "tp" && in.part) {
+            split.emplace(in.layer, *in.part);
+          }
         }
       }
     }
@@ -330,7 +333,8 @@ Status Trainer::resolve_directives() {
     const ir::Directive& d = options_.directives[i];
     const std::string label = ir::directive_label(d, static_cast<int>(i));
     if (const auto* sh = std::get_if<ir::ShardDirective>(&d.body)) {
-      if (sh->axis == "tp" && (sh->filter.part == "embed" || sh->filter.part == "head" || sh->filter.part.empty())) {
+      const std::optional<Part> part = chunk_part(sh->filter.part);
+      if (sh->axis == "tp" && (part == Part::kEmbedding || part == Part::kHead || sh->filter.part.empty())) {
         return unimplemented(label + " shards " + (sh->filter.part.empty() ? "every part" : sh->filter.part) +
                              " over tp: the CPU runtime keeps the embedding and the head whole (no vocabulary-"
                              "parallel cross-entropy); shard only attn/mlp/shared, as `piper compile --target "
@@ -530,7 +534,7 @@ Status Trainer::save(const std::string& dir) {
       *model_, *executor_, moments,
       [&](const Chunk& chunk, Param& p, const Shape& box, const Shape& global, const ParamStore& st) -> Status {
         const auto table =
-            chunk.part() == "experts" ? meta.expert_placement.find(chunk.layer()) : meta.expert_placement.end();
+            chunk.part() == Part::kExperts ? meta.expert_placement.find(chunk.layer()) : meta.expert_placement.end();
         if (table == meta.expert_placement.end()) {
           add_pieces(p,
                      st.whole
@@ -588,7 +592,7 @@ Status Trainer::restore_local(CheckpointReader& reader) {
   PIPER_RETURN_IF_ERROR(for_each_param_store(
       *model_, *executor_, moments,
       [&](const Chunk& chunk, Param& p, const Shape& box, const Shape& global, const ParamStore& store) -> Status {
-        const auto slots = chunk.part() == "experts" ? table.find(chunk.layer()) : table.end();
+        const auto slots = chunk.part() == Part::kExperts ? table.find(chunk.layer()) : table.end();
         float* data = store.tensor->data();
         Status s = ok_status();
         if (slots == table.end()) {

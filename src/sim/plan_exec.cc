@@ -41,7 +41,7 @@ Result<TemplateInfo> prepare(const Program& prog, int index, const TaskTimeFn& t
       if (in.op == OpKind::kCompute || in.op == OpKind::kUpdate) {
         const double t = task_time(prog, in);
         if (!std::isfinite(t) || t < 0) {
-          const std::string part = in.part.empty() ? "?" : in.part;
+          const std::string part = in.part_name().empty() ? "?" : in.part_name();
           return invalid_argument("pipeline rank " + std::to_string(index) + " stream '" + prog.streams[s].name +
                                   "' instruction " + std::to_string(i) + " (" + in.label +
                                   "): the cost model has no time for part '" + part + "'");

@@ -3,6 +3,7 @@
 #include <array>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "piper/cost/layer_cost.h"
@@ -17,19 +18,11 @@ using cost::TaskCost;
 
 enum Task { kF, kB, kW };
 
-// The cost parts behind one IR part.
-std::vector<Part> parts_of(const std::string& part) {
-  if (part == "attn") return {Part::kAttention, Part::kAttentionCore, Part::kNorms};
-  if (part == "router") return {Part::kRouter};
-  if (part == "experts") return {Part::kExperts};
-  if (part == "shared") return {Part::kSharedExperts};
-  if (part == "mlp") return {Part::kDenseMlp};
-  if (part == "embed") return {Part::kEmbedding};
-  if (part == "head") return {Part::kHead};
-  return {};
+// The cost parts behind one chunk part (the attention chunk holds its core and the layer's norms too).
+std::vector<Part> parts_of(Part chunk) {
+  if (chunk == Part::kAttention) return {Part::kAttention, Part::kAttentionCore, Part::kNorms};
+  return {chunk};
 }
-
-const char* const kParts[] = {"attn", "router", "experts", "shared", "mlp", "embed", "head"};
 
 struct PartPrice {
   std::array<TaskCost, 3> cost;  // summed over the cost parts, per task
@@ -44,20 +37,18 @@ struct PartPrice {
 bool updates_embedding(const compile::Program& program) {
   for (const compile::Stream& s : program.streams) {
     for (const compile::Instruction& in : s.instrs) {
-      if (in.op == compile::OpKind::kUpdate && in.part == "embed") return true;
+      if (in.op == compile::OpKind::kUpdate && in.part == Part::kEmbedding) return true;
     }
   }
   return false;
 }
 
 struct Prices {
-  std::vector<std::pair<std::string, PartPrice>> parts;
+  std::array<std::optional<PartPrice>, kNumParts> parts;  // by chunk part (spec/part.h)
   double out_sm_share = 1;  // Calibration::tp_overlap_gemm_sm_share
-  const PartPrice* find(const std::string& part) const {
-    for (const auto& [name, p] : parts) {
-      if (name == part) return &p;
-    }
-    return nullptr;
+  const PartPrice* find(std::optional<Part> part) const {
+    if (!part || !parts[static_cast<size_t>(*part)]) return nullptr;
+    return &*parts[static_cast<size_t>(*part)];
   }
 };
 
@@ -69,9 +60,9 @@ void add(TaskCost& a, const TaskCost& b) {
 
 // tp_overlap pieces: the block's first and last GEMM (cost/tp_overlap.h), from the IR part's matmul cost part
 // (block_gemms gives zeros for every other cost part, so parts without a tp block get none).
-void split_gemms(const cost::PartTable& table, const cost::DeviceModel& dev, const cost::PartShape& shape,
-                 const std::string& name, PartPrice& p) {
-  for (Part part : parts_of(name)) {
+void split_gemms(const cost::PartTable& table, const cost::DeviceModel& dev, const cost::PartShape& shape, Part chunk,
+                 PartPrice& p) {
+  for (Part part : parts_of(chunk)) {
     const cost::BlockGemms g = cost::block_gemms(table, dev, shape, part);
     for (size_t k = 0; k < 3; ++k) {
       p.in_s[k] += g.first_s[k];
@@ -91,24 +82,40 @@ Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, con
   // Parameters per rank and the ZeRO shard degree of each IR part (as the estimate's dense/expert split).
   const double tp = s.tp;
   const double expert_shard = std::max(1, s.expert_replicas());
-  auto shard_params = [&](const std::string& part) {
+  auto shard_params = [&](Part part) {
     double params = 0, shard = s.dp;
-    if (part == "attn") params = table.attention_params / tp + table.norm_params_per_layer;
-    if (part == "router") params = table.router_params;
-    if (part == "experts") {
-      params = table.num_experts / s.ep * table.expert_params / s.etp;
-      shard = expert_shard;
+    switch (part) {
+      case Part::kAttention:
+        params = table.attention_params / tp + table.norm_params_per_layer;
+        break;
+      case Part::kRouter:
+        params = table.router_params;
+        break;
+      case Part::kExperts:
+        params = table.num_experts / s.ep * table.expert_params / s.etp;
+        shard = expert_shard;
+        break;
+      case Part::kSharedExperts:
+        params = table.shared_params / tp;
+        break;
+      case Part::kDenseMlp:
+        params = table.dense_mlp_params / tp;
+        break;
+      case Part::kEmbedding:
+        params = table.embedding_params / tp;
+        break;
+      case Part::kHead:
+        params = table.head_params / tp;  // tied: only when not on the embedding's rank (below)
+        break;
+      default:
+        break;
     }
-    if (part == "shared") params = table.shared_params / tp;
-    if (part == "mlp") params = table.dense_mlp_params / tp;
-    if (part == "embed") params = table.embedding_params / tp;
-    if (part == "head") params = table.head_params / tp;  // tied: only when not on the embedding's rank (below)
     return s.zero >= 1 ? params / shard : params;
   };
   auto prices = std::make_shared<Prices>();
-  for (const char* name : kParts) {
+  for (Part chunk : kChunkParts) {
     PartPrice p;
-    for (Part part : parts_of(name)) {
+    for (Part part : parts_of(chunk)) {
       cost::PartCost c = cost::part_cost(table, part, shape);
       const TaskCost* tasks[3] = {&c.f, &c.b, &c.w};
       for (int k = 0; k < 3; ++k) {
@@ -121,9 +128,9 @@ Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, con
         add(p.cost[static_cast<size_t>(k)], *tasks[k]);
       }
     }
-    p.update_s = dev.time_s(0, shard_params(name) * cost::optimizer_step_bytes_per_param(cm.bytes()), 0);
-    split_gemms(table, dev, shape, name, p);
-    prices->parts.emplace_back(name, p);
+    p.update_s = dev.time_s(0, shard_params(chunk) * cost::optimizer_step_bytes_per_param(cm.bytes()), 0);
+    split_gemms(table, dev, shape, chunk, p);
+    prices->parts[static_cast<size_t>(chunk)] = p;
   }
   prices->out_sm_share = cal.tp_overlap_gemm_sm_share;
   return std::shared_ptr<const Prices>(std::move(prices));
@@ -174,7 +181,7 @@ Result<TaskTimeFn> cost_task_time(const cost::CostModel& model, const Strategy& 
     const PartPrice* p = prices->find(in.part);
     if (p == nullptr) return std::numeric_limits<double>::quiet_NaN();  // unpriced part: simulate_plan reports it
     if (in.op == compile::OpKind::kUpdate) {
-      const bool shared_with_embedding = tied && in.part == "head" && updates_embedding(program);
+      const bool shared_with_embedding = tied && in.part == Part::kHead && updates_embedding(program);
       return shared_with_embedding ? 0.0 : p->update_s;
     }
     // A recomputed forward is a compute instruction of pass F inside the backward: it costs f again.
@@ -202,7 +209,7 @@ Result<compile::CostFn> cost_annotations(const cost::CostModel& model, const Str
   });
 }
 
-TaskTimeFn unit_task_time(const std::string& part, double f, double b, double w) {
+TaskTimeFn unit_task_time(Part part, double f, double b, double w) {
   const std::array<double, 3> v = {f, b, w};
   return [part, v](const compile::Program&, const compile::Instruction& in) -> double {
     if (in.op != compile::OpKind::kCompute) return 0.0;

@@ -39,6 +39,6 @@ Result<compile::CostFn> cost_annotations(const cost::CostModel& model, const Str
 
 // Unit costs for schedule checks: a chunk of part `part` costs f, b, w for F, B, W (BW = b + w); every other chunk
 // and every update costs 0.
-TaskTimeFn unit_task_time(const std::string& part, double f = 1, double b = 1, double w = 1);
+TaskTimeFn unit_task_time(Part part, double f = 1, double b = 1, double w = 1);
 
 }  // namespace piper::sim

@@ -39,13 +39,15 @@ TEST(PlanIoTest, EveryPlanReadsBackToTheSamePlan) {
 
 TEST(PlanIoTest, InstructionsSayWhatTheyMean) {
   const Plan plan = compiled(kStrategies[0]);
-  std::set<std::string> roles, parts;
+  std::set<std::string> roles;
+  std::set<Part> parts;
   for (const Program& p : plan.templates) {
     for (const Stream& s : p.streams) {
       for (const Instruction& in : s.instrs) {
         roles.insert(to_string(in.role));
         if (in.op == OpKind::kCompute) {
-          parts.insert(in.part);
+          ASSERT_TRUE(in.part.has_value()) << in.label;
+          parts.insert(*in.part);
           EXPECT_EQ(in.role, CommRole::kNone) << in.label;
         }
         if (in.op == OpKind::kSend || in.op == OpKind::kRecv) {
@@ -61,7 +63,9 @@ TEST(PlanIoTest, InstructionsSayWhatTheyMean) {
        {"pipeline", "grad_reduce", "param_gather", "tp_gather", "tp_scatter", "ep_dispatch", "ep_combine"}) {
     EXPECT_EQ(roles.count(r), 1u) << r;
   }
-  for (const char* p : {"attn", "router", "experts", "embed", "head"}) EXPECT_EQ(parts.count(p), 1u) << p;
+  for (Part p : {Part::kAttention, Part::kRouter, Part::kExperts, Part::kEmbedding, Part::kHead}) {
+    EXPECT_EQ(parts.count(p), 1u) << chunk_name(p);
+  }
   // af-pipe: every m2n says whether it goes to the experts, comes from them, or neither.
   std::set<CommRole> m2n;
   for (const Program& p : compiled(kStrategies[2]).templates) {
@@ -93,7 +97,7 @@ TEST(PlanIoTest, InstructionsCarryTheirDataFlow) {
           for (ir::NodeId id : in.inputs) EXPECT_EQ(nodes.count(id), 1u) << in.label << " input " << id;
           for (ir::NodeId id : in.outputs) EXPECT_EQ(nodes.count(id), 1u) << in.label << " output " << id;
           // Every forward but the embedding's reads a message; every send sends one; every receive feeds one.
-          if (in.op == OpKind::kCompute && in.pass == ir::Pass::kF && in.part != "embed") {
+          if (in.op == OpKind::kCompute && in.pass == ir::Pass::kF && in.part != Part::kEmbedding) {
             EXPECT_FALSE(in.inputs.empty()) << in.label;
           }
           if (in.op == OpKind::kSend && in.node != ir::kNoNode) {
@@ -105,7 +109,7 @@ TEST(PlanIoTest, InstructionsCarryTheirDataFlow) {
           if (in.node == ir::kNoNode) {
             EXPECT_TRUE(in.inputs.empty() && in.outputs.empty()) << in.label;
           }
-          if (in.op == OpKind::kCompute && in.part == "experts" && plan.mesh.ep > 1) {
+          if (in.op == OpKind::kCompute && in.part == Part::kExperts && plan.mesh.ep > 1) {
             EXPECT_EQ(in.shard_axis, "ep") << in.label;
           }
         }
@@ -120,11 +124,11 @@ TEST(PlanIoTest, InstructionsCarryTheirDataFlow) {
     for (const Stream& s : p.streams) {
       for (const Instruction& in : s.instrs) {
         if (in.comm != ir::NodeKind::kM2N) {
-          EXPECT_TRUE(in.src_part.empty() && in.experts_layer < 0 && !in.combine_on_ffn) << in.label;
+          EXPECT_TRUE(!in.src_part && in.experts_layer < 0 && !in.combine_on_ffn) << in.label;
           continue;
         }
-        EXPECT_FALSE(in.src_part.empty() || in.dst_part.empty()) << in.label;
-        const bool experts = in.src_part == "experts" || in.dst_part == "experts";
+        EXPECT_FALSE(!in.src_part || !in.dst_part) << in.label;
+        const bool experts = in.src_part == Part::kExperts || in.dst_part == Part::kExperts;
         EXPECT_EQ(in.experts_layer >= 0, experts) << in.label;
         EXPECT_EQ(in.role == CommRole::kM2NDense, !experts) << in.label;
         if (experts) placements.insert(in.combine_on_ffn);
@@ -208,6 +212,11 @@ TEST(PlanIoTest, ADamagedFileIsRefusedWithTheField) {
             std::string::npos);
   EXPECT_NE(with([](Json& j) { first_instruction(j, "compute")["recompute"] = 1; }).find("recompute"),
             std::string::npos);
+  // Part names are read once into the enum (spec/part.h): an unknown one is refused with the names there are.
+  const std::string bad_part = with([](Json& j) { first_instruction(j, "compute")["part"] = "atn"; });
+  EXPECT_NE(bad_part.find("part 'atn' is not a chunk part; use one of embed, attn, router"), std::string::npos)
+      << bad_part;
+  EXPECT_NE(bad_part.find(".part"), std::string::npos) << bad_part;
 }
 
 // Any key of any of the first instructions removed or set to another type: loaded or refused, never a crash.

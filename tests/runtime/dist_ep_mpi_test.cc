@@ -136,8 +136,8 @@ TEST(EpModel, ExpertShardIsSliceOfWholeModel) {
   auto shard = Model::create(spec, shard_options, 1234, nullptr);
   ASSERT_TRUE(shard.ok()) << shard.status().to_string();
   const int layer = 1;
-  Chunk* a = (*whole)->find(layer, "experts");
-  Chunk* b = (*shard)->find(layer, "experts");
+  Chunk* a = (*whole)->find(layer, Part::kExperts);
+  Chunk* b = (*shard)->find(layer, Part::kExperts);
   ASSERT_NE(a, nullptr);
   ASSERT_NE(b, nullptr);
   ASSERT_EQ(a->params().size(), b->params().size());
@@ -148,8 +148,8 @@ TEST(EpModel, ExpertShardIsSliceOfWholeModel) {
     for (int64_t j = 0; j < part.numel(); ++j) ASSERT_EQ(part.data()[j], full.data()[full.numel() / 2 + j]);
   }
   // Anything but the experts chunk is whole.
-  EXPECT_EQ((*shard)->find(layer, "router")->params()[1].value.numel(),
-            (*whole)->find(layer, "router")->params()[1].value.numel());
+  EXPECT_EQ((*shard)->find(layer, Part::kRouter)->params()[1].value.numel(),
+            (*whole)->find(layer, Part::kRouter)->params()[1].value.numel());
   ModelOptions bad;
   bad.expert_ranks = 3;  // does not divide 8
   auto rejected = Model::create(spec, bad, 1234, nullptr);

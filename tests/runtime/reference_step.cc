@@ -82,30 +82,30 @@ ReferenceResult reference_step(Model& model, const Batch& batch, int num_microba
     for (const auto& c : model.chunks()) {
       Node n;
       n.chunk = c.get();
-      const std::string& part = c->part();
-      if (part == "embed") {
+      const Part part = c->part();
+      if (part == Part::kEmbedding) {
         prev = {};
-      } else if (part == "attn") {
+      } else if (part == Part::kAttention) {
         n.inputs = prev;
-      } else if (part == "router" || part == "mlp" || part == "shared") {
+      } else if (part == Part::kRouter || part == Part::kDenseMlp || part == Part::kSharedExperts) {
         // The layer's attn is the latest attn node.
         int attn = -1;
         for (int i = static_cast<int>(nodes.size()) - 1; i >= 0; --i) {
-          if (nodes[static_cast<size_t>(i)].chunk->part() == "attn") {
+          if (nodes[static_cast<size_t>(i)].chunk->part() == Part::kAttention) {
             attn = i;
             break;
           }
         }
         n.inputs = {attn};
-      } else if (part == "experts") {
+      } else if (part == Part::kExperts) {
         n.inputs = {static_cast<int>(nodes.size()) - 1};  // its router
-      } else if (part == "head") {
+      } else if (part == Part::kHead) {
         n.inputs = prev;
       }
       const int id = static_cast<int>(nodes.size());
-      if (part == "embed" || part == "mlp") prev = {id};
-      if (part == "experts") prev = {id};
-      if (part == "shared") prev.push_back(id);
+      if (part == Part::kEmbedding || part == Part::kDenseMlp) prev = {id};
+      if (part == Part::kExperts) prev = {id};
+      if (part == Part::kSharedExperts) prev.push_back(id);
       nodes.push_back(std::move(n));
     }
     for (size_t i = 0; i < nodes.size(); ++i) {

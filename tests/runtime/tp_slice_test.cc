@@ -64,7 +64,8 @@ Tensor random(int64_t n, int64_t h, uint64_t stream) {
   return t;
 }
 
-void check_part(const std::string& part) {
+void check_part(Part part) {
+  const std::string name = chunk_name(part);
   const ChunkDims d = tiny_dims();
   const int64_t batch = 2, seq = 8, n = batch * seq, h = d.hidden;
   auto whole = make_chunk(part, 0, d, 1234, nullptr).value();
@@ -79,7 +80,7 @@ void check_part(const std::string& part) {
     ASSERT_EQ(s.size(), w.size());
     EXPECT_EQ(all(s[0].value), all(w[0].value)) << "norm weight is replicated";
     EXPECT_FALSE(tp_param_split(s[0]));
-    if (part == "attn") {
+    if (part == Part::kAttention) {
       const int64_t hd = d.head_dim, q = d.num_heads * hd / kTp, k = d.num_kv_heads * hd / kTp;
       const int64_t qd = d.num_heads * hd, kd = d.num_kv_heads * hd;
       std::vector<float> qkv = block(w[1].value, r * q, q, 0, h);
@@ -100,26 +101,26 @@ void check_part(const std::string& part) {
     for (size_t i = 0; i < dx.size(); ++i) dx[i] += got.dx[i];
     for (int64_t i = 0; i < h; ++i) dnorm[static_cast<size_t>(i)] += s[0].grad.data()[i];
     // Split weights: this rank's gradient is the slice of the whole chunk's.
-    if (part == "attn") {
+    if (part == Part::kAttention) {
       const int64_t q = d.num_heads * d.head_dim / kTp;
-      expect_near(all(s[2].grad), block(w[2].grad, 0, h, r * q, q), part + " wo gradient slice");
+      expect_near(all(s[2].grad), block(w[2].grad, 0, h, r * q, q), name + " wo gradient slice");
     } else {
       const int64_t f = w[1].value.shape()[0] / kTp;
-      expect_near(all(s[1].grad), block(w[1].grad, r * f, f, 0, h), part + " w_gate gradient slice");
-      expect_near(all(s[3].grad), block(w[3].grad, 0, h, r * f, f), part + " w_down gradient slice");
+      expect_near(all(s[1].grad), block(w[1].grad, r * f, f, 0, h), name + " w_gate gradient slice");
+      expect_near(all(s[3].grad), block(w[3].grad, 0, h, r * f, f), name + " w_down gradient slice");
     }
   }
-  expect_near(y, want.y, part + " output = sum of the slices' outputs");
-  expect_near(dx, want.dx, part + " input gradient = sum of the slices'");
-  expect_near(dnorm, all(whole->params()[0].grad), part + " norm gradient = sum of the slices'");
+  expect_near(y, want.y, name + " output = sum of the slices' outputs");
+  expect_near(dx, want.dx, name + " input gradient = sum of the slices'");
+  expect_near(dnorm, all(whole->params()[0].grad), name + " norm gradient = sum of the slices'");
 }
 
-TEST(TpSlice, AttentionHeadsAssembleAndSum) { check_part("attn"); }
-TEST(TpSlice, MlpUnitsAssembleAndSum) { check_part("mlp"); }
+TEST(TpSlice, AttentionHeadsAssembleAndSum) { check_part(Part::kAttention); }
+TEST(TpSlice, MlpUnitsAssembleAndSum) { check_part(Part::kDenseMlp); }
 
 // The slices' recorded places (Param::global_shape with global_offset or global_blocks, what checkpoints store
 // them by) put every split parameter's elements where the whole chunk has them, each element exactly once.
-void check_places(const std::string& part) {
+void check_places(Part part) {
   const ChunkDims d = tiny_dims();
   auto whole = make_chunk(part, 0, d, 1234, nullptr).value();
   const auto& w = whole->params();
@@ -172,16 +173,16 @@ void check_places(const std::string& part) {
   }
 }
 
-TEST(TpSlice, AttentionSlicesRecordTheirPlace) { check_places("attn"); }
-TEST(TpSlice, MlpSlicesRecordTheirPlace) { check_places("mlp"); }
+TEST(TpSlice, AttentionSlicesRecordTheirPlace) { check_places(Part::kAttention); }
+TEST(TpSlice, MlpSlicesRecordTheirPlace) { check_places(Part::kDenseMlp); }
 
 TEST(TpSlice, BadSplitIsNamed) {
   ChunkDims d = tiny_dims();
-  auto whole = make_chunk("attn", 0, d, 1, nullptr).value();
+  auto whole = make_chunk(Part::kAttention, 0, d, 1, nullptr).value();
   auto slice = make_tp_slice(*whole, d, 0, 4, nullptr);  // 2 KV heads over 4 ranks
   ASSERT_FALSE(slice.ok());
   EXPECT_NE(slice.status().message().find("key/value heads"), std::string::npos) << slice.status().message();
-  auto router = make_chunk("router", 1, d, 1, nullptr).value();
+  auto router = make_chunk(Part::kRouter, 1, d, 1, nullptr).value();
   EXPECT_FALSE(make_tp_slice(*router, d, 0, 2, nullptr).ok());
 }
 

@@ -146,7 +146,7 @@ TEST(PlanExecTest, UnitCostMakespansEqualTheScheduleSimulator) {
     Network net = Network::build(testing::make_cluster(1, 8, 1e12, 1, 1e11)).value();
     SimOptions o;
     o.zero_comm = true;
-    auto r = simulate_plan(compiled->plan, net, unit_task_time("attn"), o);
+    auto r = simulate_plan(compiled->plan, net, unit_task_time(Part::kAttention), o);
     ASSERT_TRUE(r.ok()) << r.status().message();
 
     schedules::ScheduleParams params{s.pp, s.microbatches, s.vpp};
@@ -423,7 +423,7 @@ TEST(PlanExecTest, GpipePeakMemoryHoldsEveryMicrobatch) {
   auto compiled = compile::compile_strategy(m, t, s);
   ASSERT_TRUE(compiled.ok()) << compiled.status().message();
   Network net = Network::build(testing::make_cluster(1, 2, 1e11, 1, 1e10)).value();
-  auto r = simulate_plan(compiled->plan, net, unit_task_time("attn"));
+  auto r = simulate_plan(compiled->plan, net, unit_task_time(Part::kAttention));
   ASSERT_TRUE(r.ok()) << r.status().message();
   const compile::Program& p0 = compiled->plan.templates[0];
   int64_t per_mb = 0;
@@ -445,7 +445,7 @@ TEST(PlanExecTest, ErrorsNameTheProblem) {
   auto compiled = compile::compile_strategy(m, t, s);
   ASSERT_TRUE(compiled.ok()) << compiled.status().message();
   Network small = Network::build(testing::make_cluster(1, 2, 1e11, 1, 1e10)).value();
-  auto r = simulate_plan(compiled->plan, small, unit_task_time("attn"));
+  auto r = simulate_plan(compiled->plan, small, unit_task_time(Part::kAttention));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("raise --nodes"), std::string::npos) << r.status().message();
   Network net = Network::build(testing::make_cluster(1, 4, 1e11, 1, 1e10)).value();
@@ -460,7 +460,7 @@ TEST(PlanExecTest, ErrorsNameTheProblem) {
       if (in.op == compile::OpKind::kRecv) in.tag += 1;
     }
   }
-  r = simulate_plan(broken, net, unit_task_time("attn"));
+  r = simulate_plan(broken, net, unit_task_time(Part::kAttention));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("deadlocked"), std::string::npos) << r.status().message();
 }
@@ -476,7 +476,7 @@ TEST(PlanExecTest, DeadlineStopsTheSimulation) {
   auto compiled = compile::compile_strategy(m, t, s);
   ASSERT_TRUE(compiled.ok()) << compiled.status().message();
   Network net = Network::build(testing::make_cluster(2, 4, 100e9, 2, 5e9, 2e-6, 5e-6)).value();
-  auto free_run = simulate_plan(compiled->plan, net, unit_task_time("attn"));
+  auto free_run = simulate_plan(compiled->plan, net, unit_task_time(Part::kAttention));
   ASSERT_TRUE(free_run.ok()) << free_run.status().message();
   // Enough work for the loop to look at the clock (every 1,024 rounds; each round completes at least one
   // instruction or network event).
@@ -484,14 +484,14 @@ TEST(PlanExecTest, DeadlineStopsTheSimulation) {
 
   SimOptions far;
   far.deadline = std::chrono::steady_clock::now() + std::chrono::hours(1);
-  auto with_far = simulate_plan(compiled->plan, net, unit_task_time("attn"), far);
+  auto with_far = simulate_plan(compiled->plan, net, unit_task_time(Part::kAttention), far);
   ASSERT_TRUE(with_far.ok()) << with_far.status().message();
   EXPECT_EQ(with_far->step_time_s, free_run->step_time_s);
   EXPECT_EQ(with_far->instructions, free_run->instructions);
 
   SimOptions passed;
   passed.deadline = std::chrono::steady_clock::now();
-  auto stopped = simulate_plan(compiled->plan, net, unit_task_time("attn"), passed);
+  auto stopped = simulate_plan(compiled->plan, net, unit_task_time(Part::kAttention), passed);
   ASSERT_FALSE(stopped.ok());
   EXPECT_EQ(stopped.status().code(), StatusCode::kDeadlineExceeded) << stopped.status().to_string();
   EXPECT_NE(stopped.status().message().find("not simulated: budget"), std::string::npos) << stopped.status().message();

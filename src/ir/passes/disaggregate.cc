@@ -12,12 +12,14 @@
 #include <algorithm>
 
 #include "piper/ir/passes/passes.h"
+#include "piper/spec/part.h"
 
 namespace piper::ir {
 namespace {
 
 bool ffn_side(const std::string& part) {
-  return part == "experts" || part == "shared" || part == "mlp" || part == "head";
+  const std::optional<Part> p = chunk_part(part);
+  return p == Part::kExperts || p == Part::kSharedExperts || p == Part::kDenseMlp || p == Part::kHead;
 }
 
 }  // namespace
@@ -95,7 +97,7 @@ Status apply_disaggregate(Graph& g, const DisaggregateDirective& d) {
     s.stream = "m2n_to_" + std::to_string(b.pp_rank);
     s.group = "a2f";
     s.algorithm = "direct";
-    s.comm_bytes = ed.bytes * (ffn_side(b.tags.part) && b.tags.part == "experts" ? g.moe_top_k : 1);
+    s.comm_bytes = ed.bytes * (chunk_part(b.tags.part) == Part::kExperts ? g.moe_top_k : 1);
     s.m2n_sender = true;
     s.m2n_src_part = a.tags.part;
     s.m2n_dst_part = b.tags.part;

@@ -14,6 +14,7 @@
 #include <map>
 
 #include "piper/ir/passes/passes.h"
+#include "piper/spec/part.h"
 
 namespace piper::ir {
 namespace {
@@ -30,7 +31,7 @@ Node comm_node(const Node& like, NodeKind kind, const std::string& what, int mb,
   n.tags = like.tags;
   n.tags.mb = mb;
   n.tags.pass = pass;
-  n.name = (like.tags.part == "embed" || like.tags.part == "head"
+  n.name = (chunk_part(like.tags.part) == Part::kEmbedding || chunk_part(like.tags.part) == Part::kHead
                 ? like.tags.part
                 : "L" + std::to_string(like.tags.layer) + "." + like.tags.part) +
            "." + what + (mb >= 0 ? ".mb" + std::to_string(mb) : "");

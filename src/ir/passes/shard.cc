@@ -10,6 +10,7 @@
 #include <unordered_set>
 
 #include "piper/ir/passes/passes.h"
+#include "piper/spec/part.h"
 
 namespace piper::ir {
 namespace {
@@ -78,8 +79,8 @@ Status shard_ep(Graph& g, const ShardDirective& d, const std::vector<NodeId>& ch
     split_tokens(g.node(id));
     for (NodeId p : g.preds(id)) {
       Node& r = g.node(p);
-      if (r.kind == NodeKind::kChunk && r.tags.part == "router" && r.tags.layer == g.node(id).tags.layer &&
-          routers.insert(p).second)
+      if (r.kind == NodeKind::kChunk && chunk_part(r.tags.part) == Part::kRouter &&
+          r.tags.layer == g.node(id).tags.layer && routers.insert(p).second)
         split_tokens(r);
     }
     const bool fwd = g.node(id).tags.pass == Pass::kF;
@@ -169,7 +170,7 @@ Status apply_shard(Graph& g, const ShardDirective& d) {
   if (chunks.empty()) return invalid_argument("filter " + d.filter.to_string() + " matches no chunk");
   if (d.axis == "ep") {
     for (NodeId id : chunks) {
-      if (g.node(id).tags.part != "experts") {
+      if (chunk_part(g.node(id).tags.part) != Part::kExperts) {
         return invalid_argument("axis ep shards expert chunks only, but the filter matches " + describe(g.node(id)) +
                                 "; add \"part\": \"experts\" to the filter");
       }

@@ -22,7 +22,7 @@ struct AttnStash : Stash {
 class AttnChunk : public Chunk {
  public:
   AttnChunk(int layer, const ChunkDims& d, uint64_t seed, Allocator* allocator, bool residual)
-      : Chunk("attn", layer, d, allocator), residual_(residual) {
+      : Chunk(Part::kAttention, layer, d, allocator), residual_(residual) {
     const int64_t qd = d.num_heads * d.head_dim, kd = d.num_kv_heads * d.head_dim;
     add_param("norm", {d.hidden}, seed, 0.0f, 1.0f, false);
     add_param("w_qkv", {qd + 2 * kd, d.hidden}, seed, init_std(), 0.0f, true);

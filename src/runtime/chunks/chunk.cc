@@ -12,8 +12,8 @@
 namespace piper::runtime {
 
 std::string Chunk::name() const {
-  if (part_ == "embed" || part_ == "head") return part_;
-  return "L" + std::to_string(layer_) + "." + part_;
+  if (part_ == Part::kEmbedding || part_ == Part::kHead) return chunk_name(part_);
+  return "L" + std::to_string(layer_) + "." + chunk_name(part_);
 }
 
 void Chunk::zero_grads() {
@@ -109,17 +109,30 @@ void add_into(float* out, const float* a, const float* b, int64_t n) {
   }
 }
 
-Result<std::unique_ptr<Chunk>> make_chunk(const std::string& part, int layer, const ChunkDims& dims, uint64_t seed,
+Result<std::unique_ptr<Chunk>> make_chunk(Part part, int layer, const ChunkDims& dims, uint64_t seed,
                                           Allocator* allocator) {
-  if (part == "embed") return make_embed_chunk(layer, dims, seed, allocator);
-  if (part == "attn") return make_attn_chunk(layer, dims, seed, allocator);
-  if (part == "router") return make_router_chunk(layer, dims, seed, allocator);
-  if (part == "experts") return make_experts_chunk(layer, dims, seed, allocator);
-  if (part == "shared") return make_shared_chunk(layer, dims, seed, allocator);
-  if (part == "mlp") return make_mlp_chunk(layer, dims, seed, allocator);
-  if (part == "head") return make_head_chunk(layer, dims, seed, allocator);
-  return invalid_argument("no runtime chunk for part '" + part +
-                          "' (known: embed, attn, router, experts, shared, mlp, head)");
+  switch (part) {
+    case Part::kEmbedding:
+      return make_embed_chunk(layer, dims, seed, allocator);
+    case Part::kAttention:
+      return make_attn_chunk(layer, dims, seed, allocator);
+    case Part::kRouter:
+      return make_router_chunk(layer, dims, seed, allocator);
+    case Part::kExperts:
+      return make_experts_chunk(layer, dims, seed, allocator);
+    case Part::kSharedExperts:
+      return make_shared_chunk(layer, dims, seed, allocator);
+    case Part::kDenseMlp:
+      return make_mlp_chunk(layer, dims, seed, allocator);
+    case Part::kHead:
+      return make_head_chunk(layer, dims, seed, allocator);
+    case Part::kNorms:
+    case Part::kAttentionCore:
+      break;
+  }
+  return invalid_argument(std::string("no runtime chunk for part '") + to_string(part) +
+                          "': it is priced inside the attention chunk (chunks: embed, attn, router, experts, shared, "
+                          "mlp, head)");
 }
 
 std::shared_ptr<const Routed> routing_only(const std::shared_ptr<const Routed>& r) {

@@ -31,6 +31,7 @@
 
 #include "piper/base/status.h"
 #include "piper/kernels/cpu/moe_reference.h"
+#include "piper/spec/part.h"
 #include "piper/tensor/tensor.h"
 
 namespace piper::runtime {
@@ -163,15 +164,15 @@ struct Param {
 
 class Chunk {
  public:
-  Chunk(std::string part, int layer, const ChunkDims& dims, Allocator* allocator)
-      : part_(std::move(part)), layer_(layer), dims_(dims), allocator_(allocator) {}
+  Chunk(Part part, int layer, const ChunkDims& dims, Allocator* allocator)
+      : part_(part), layer_(layer), dims_(dims), allocator_(allocator) {}
   virtual ~Chunk() = default;
   Chunk(const Chunk&) = delete;
   Chunk& operator=(const Chunk&) = delete;
 
-  const std::string& part() const { return part_; }
+  Part part() const { return part_; }
   int layer() const { return layer_; }
-  // "embed", "head" or "L3.attn".
+  // "embed", "head" or "L3.attn" (spec/part.h's chunk_name: checkpoint tensors are named by it).
   std::string name() const;
   std::vector<Param>& params() { return params_; }
   const std::vector<Param>& params() const { return params_; }
@@ -204,7 +205,7 @@ class Chunk {
   Tensor new_output(const Shape& shape, MemCategory category) const;
   std::shared_ptr<Tensor> new_shared_output(const Shape& shape, MemCategory category) const;
 
-  std::string part_;
+  Part part_;
   int layer_;
   ChunkDims dims_;
   Allocator* allocator_;
@@ -219,8 +220,8 @@ Result<std::shared_ptr<const Tensor>> sum_hidden(const Chunk& chunk, const std::
 Result<std::shared_ptr<const Tensor>> sum_dhidden(const Chunk& chunk, const std::vector<const Gradient*>& grads,
                                                   int64_t n, int64_t h);
 
-// The chunk for (part, layer); InvalidArgument for an unknown part. Parameters are drawn from `seed`.
-Result<std::unique_ptr<Chunk>> make_chunk(const std::string& part, int layer, const ChunkDims& dims, uint64_t seed,
+// The chunk for (part, layer); InvalidArgument for a part that is no chunk. Parameters are drawn from `seed`.
+Result<std::unique_ptr<Chunk>> make_chunk(Part part, int layer, const ChunkDims& dims, uint64_t seed,
                                           Allocator* allocator);
 
 }  // namespace piper::runtime

@@ -13,7 +13,7 @@ struct EmbedStash : Stash {
 class EmbedChunk : public Chunk {
  public:
   EmbedChunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator)
-      : Chunk("embed", layer, dims, allocator) {
+      : Chunk(Part::kEmbedding, layer, dims, allocator) {
     add_param("table", {dims.vocab, dims.hidden}, seed, 0.02f, 0.0f, false);
   }
 

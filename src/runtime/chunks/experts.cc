@@ -26,7 +26,7 @@ struct ExpertsStash : Stash {
 class ExpertsChunk : public Chunk {
  public:
   ExpertsChunk(int layer, const ChunkDims& d, uint64_t seed, Allocator* allocator)
-      : Chunk("experts", layer, d, allocator), counts_(static_cast<size_t>(d.num_experts), 0) {
+      : Chunk(Part::kExperts, layer, d, allocator), counts_(static_cast<size_t>(d.num_experts), 0) {
     const int64_t E = d.local_experts(), f = d.expert_intermediate;
     // The local experts' slices of the whole model's [num_experts, ...] tensors: same bits as on one rank.
     const uint64_t offset = static_cast<uint64_t>(d.expert_begin) * static_cast<uint64_t>(f * d.hidden);

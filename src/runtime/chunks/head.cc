@@ -16,7 +16,8 @@ struct HeadStash : Stash {
 
 class HeadChunk : public Chunk {
  public:
-  HeadChunk(int layer, const ChunkDims& d, uint64_t seed, Allocator* allocator) : Chunk("head", layer, d, allocator) {
+  HeadChunk(int layer, const ChunkDims& d, uint64_t seed, Allocator* allocator)
+      : Chunk(Part::kHead, layer, d, allocator) {
     add_param("norm", {d.hidden}, seed, 0.0f, 1.0f, false);
     add_param("w_out", {d.vocab, d.hidden}, seed, init_std(), 0.0f, true);
   }

@@ -16,9 +16,8 @@ struct FfnStash : Stash {
 
 class FfnChunk : public Chunk {
  public:
-  FfnChunk(std::string part, int layer, const ChunkDims& d, int64_t width, bool residual, uint64_t seed,
-           Allocator* allocator)
-      : Chunk(std::move(part), layer, d, allocator), f_(width), residual_(residual) {
+  FfnChunk(Part part, int layer, const ChunkDims& d, int64_t width, bool residual, uint64_t seed, Allocator* allocator)
+      : Chunk(part, layer, d, allocator), f_(width), residual_(residual) {
     add_param("norm", {d.hidden}, seed, 0.0f, 1.0f, false);
     add_param("w_gate", {f_, d.hidden}, seed, init_std(), 0.0f, true);
     add_param("w_up", {f_, d.hidden}, seed, init_std(), 0.0f, true);
@@ -83,13 +82,13 @@ class FfnChunk : public Chunk {
 
 }  // namespace
 
-std::unique_ptr<Chunk> make_ffn_chunk(const std::string& part, int layer, const ChunkDims& dims, int64_t width,
-                                      bool residual, uint64_t seed, Allocator* allocator) {
+std::unique_ptr<Chunk> make_ffn_chunk(Part part, int layer, const ChunkDims& dims, int64_t width, bool residual,
+                                      uint64_t seed, Allocator* allocator) {
   return std::make_unique<FfnChunk>(part, layer, dims, width, residual, seed, allocator);
 }
 
 std::unique_ptr<Chunk> make_mlp_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator) {
-  return make_ffn_chunk("mlp", layer, dims, dims.intermediate, true, seed, allocator);
+  return make_ffn_chunk(Part::kDenseMlp, layer, dims, dims.intermediate, true, seed, allocator);
 }
 
 }  // namespace piper::runtime

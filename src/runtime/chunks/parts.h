@@ -18,8 +18,8 @@ std::unique_ptr<Chunk> make_experts_chunk(int layer, const ChunkDims& dims, uint
 std::unique_ptr<Chunk> make_shared_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator);
 std::unique_ptr<Chunk> make_mlp_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator);
 // Pre-norm SwiGLU block of the given width, with or without the residual add (mlp, shared).
-std::unique_ptr<Chunk> make_ffn_chunk(const std::string& part, int layer, const ChunkDims& dims, int64_t width,
-                                      bool residual, uint64_t seed, Allocator* allocator);
+std::unique_ptr<Chunk> make_ffn_chunk(Part part, int layer, const ChunkDims& dims, int64_t width, bool residual,
+                                      uint64_t seed, Allocator* allocator);
 std::unique_ptr<Chunk> make_head_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator);
 
 // Standard deviation of the initial weights: 0.02, and 0.02 / sqrt(2 · layers) for projections that write into

@@ -23,7 +23,7 @@ struct RouterStash : Stash {
 class RouterChunk : public Chunk {
  public:
   RouterChunk(int layer, const ChunkDims& d, uint64_t seed, Allocator* allocator)
-      : Chunk("router", layer, d, allocator), counts_(static_cast<size_t>(d.num_experts), 0) {
+      : Chunk(Part::kRouter, layer, d, allocator), counts_(static_cast<size_t>(d.num_experts), 0) {
     add_param("norm", {d.hidden}, seed, 0.0f, 1.0f, false);
     add_param("w_router", {d.num_experts, d.hidden}, seed, init_std(), 0.0f, false);
     if (d.expert_bias) add_param("bias", {d.num_experts}, seed, 0.0f, 0.0f, false, /*trainable=*/false);

@@ -7,8 +7,8 @@
 namespace piper::runtime {
 
 std::unique_ptr<Chunk> make_shared_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator) {
-  return make_ffn_chunk("shared", layer, dims, dims.shared_intermediate * std::max(1, dims.num_shared_experts),
-                        false, seed, allocator);
+  return make_ffn_chunk(Part::kSharedExperts, layer, dims,
+                        dims.shared_intermediate * std::max(1, dims.num_shared_experts), false, seed, allocator);
 }
 
 }  // namespace piper::runtime

@@ -42,10 +42,10 @@ Result<std::unique_ptr<Chunk>> make_tp_slice(const Chunk& whole, const ChunkDims
                             " does not exist");
   }
   const bool residual = rank == 0;
-  const std::string& part = whole.part();
+  const Part part = whole.part();
   const auto& w = whole.params();
   std::unique_ptr<Chunk> slice;
-  if (part == "attn") {
+  if (part == Part::kAttention) {
     PIPER_RETURN_IF_ERROR(divides(whole, "query heads", dims.num_heads, size));
     PIPER_RETURN_IF_ERROR(divides(whole, "key/value heads", dims.num_kv_heads, size));
     ChunkDims d = dims;
@@ -68,11 +68,11 @@ Result<std::unique_ptr<Chunk>> make_tp_slice(const Chunk& whole, const ChunkDims
                           {qd_r + kd_r, kd_r, {qd + kd + rank * kd_r, 0}}};
     s[2].global_shape = w[2].value.shape();
     s[2].global_offset = {0, rank * qd_r};
-  } else if (part == "mlp" || part == "shared") {
+  } else if (part == Part::kDenseMlp || part == Part::kSharedExperts) {
     const int64_t width = w[1].value.shape()[0];
     PIPER_RETURN_IF_ERROR(divides(whole, "intermediate width", width, size));
     const int64_t f = width / size;
-    const bool add_residual = part == "mlp" && residual;
+    const bool add_residual = part == Part::kDenseMlp && residual;
     slice = make_ffn_chunk(part, whole.layer(), dims, f, add_residual, /*seed=*/0, allocator);
     auto& s = slice->params();
     std::copy(w[0].value.data(), w[0].value.data() + w[0].value.numel(), s[0].value.data());
@@ -86,8 +86,8 @@ Result<std::unique_ptr<Chunk>> make_tp_slice(const Chunk& whole, const ChunkDims
     s[3].global_shape = w[3].value.shape();
     s[3].global_offset = {0, rank * f};
   } else {
-    return invalid_argument("no tensor-parallel slice for part '" + part + "' (" + whole.name() +
-                            "); the compiler shards attn, mlp and shared over tp");
+    return invalid_argument("no tensor-parallel slice for part '" + std::string(chunk_name(part)) + "' (" +
+                            whole.name() + "); the compiler shards attn, mlp and shared over tp");
   }
   return slice;
 }

@@ -209,7 +209,7 @@ class GpuTrainerImpl : public GpuTrainer {
     // Aux-loss-free balancing: the bias moves on the host (router_update_bias) and goes back to the device.
     if (dims_.expert_bias) {
       for (size_t c = 0; c < model_->chunks().size(); ++c) {
-        if (model_->chunks()[c]->part() != "router") continue;
+        if (model_->chunks()[c]->part() != Part::kRouter) continue;
         DParam* bias = chunk_params_[c][2];
         kernels::router_update_bias(bias->host->value.data(), expert_counts_[c].data(), dims_.num_experts,
                                     dims_.bias_update_rate);
@@ -231,55 +231,55 @@ class GpuTrainerImpl : public GpuTrainer {
     std::vector<Saved> saved(chunks.size());
     Buf cur, layer_in;
     for (size_t c = 0; c < chunks.size(); ++c) {
-      const std::string& part = chunks[c]->part();
+      const Part part = chunks[c]->part();
       Saved& st = saved[c];
       const auto& P = chunk_params_[c];
-      if (part == "embed") {
+      if (part == Part::kEmbedding) {
         st.ids = std::make_shared<DeviceBuffer>(cu::upload(std::vector<int32_t>(ids, ids + n)));
         cur = f32(n * dims_.hidden);
         cu::embedding_forward(F(cur), st.ids->as<int32_t>(), P[0]->w(), n, dims_.hidden);
-      } else if (part == "attn") {
+      } else if (part == Part::kAttention) {
         cur = attn_forward(st, P, cur, batch, seq);
-      } else if (part == "mlp") {
+      } else if (part == Part::kDenseMlp) {
         cur = ffn_forward(st, P, cur, n, dims_.intermediate, true);
-      } else if (part == "router") {
+      } else if (part == Part::kRouter) {
         layer_in = cur;
         PIPER_ASSIGN_OR_RETURN(double a, router_forward(st, P, cur, n, c));
         *aux += a;
-      } else if (part == "experts") {
-        if (c == 0 || chunks[c - 1]->part() != "router") return internal_error("experts chunk without its router");
+      } else if (part == Part::kExperts) {
+        if (c == 0 || chunks[c - 1]->part() != Part::kRouter) return internal_error("experts chunk without its router");
         cur = experts_forward(st, P, saved[c - 1], cur, n);
-      } else if (part == "shared") {
+      } else if (part == Part::kSharedExperts) {
         Buf y = ffn_forward(st, P, layer_in, n, shared_width(), false);
         cu::add_scaled(F(y), F(cur), F(y), 1.0f, n * dims_.hidden);
         cur = y;
-      } else if (part == "head") {
+      } else if (part == Part::kHead) {
         st.targets = std::make_shared<DeviceBuffer>(cu::upload(std::vector<int32_t>(targets, targets + n)));
         *loss = head_forward(st, P, cur, n);
       } else {
-        return invalid_argument("--device cuda: no GPU path for chunk part '" + part + "'");
+        return invalid_argument("--device cuda: no GPU path for chunk part '" + std::string(to_string(part)) + "'");
       }
     }
     // Backward in reverse chunk order; dcur = gradient of the last forward output (the main path).
     Buf dcur, dshared;
     for (size_t c = chunks.size(); c-- > 0;) {
-      const std::string& part = chunks[c]->part();
+      const Part part = chunks[c]->part();
       Saved& st = saved[c];
       const auto& P = chunk_params_[c];
-      if (part == "head") {
+      if (part == Part::kHead) {
         dcur = head_backward(st, P, n);
-      } else if (part == "shared") {
+      } else if (part == Part::kSharedExperts) {
         dshared = ffn_backward(st, P, dcur, n, shared_width(), false);
-      } else if (part == "experts") {
+      } else if (part == Part::kExperts) {
         experts_backward(st, P, saved[c - 1], dcur, n);
-      } else if (part == "router") {
+      } else if (part == Part::kRouter) {
         dcur = router_backward(st, P, dcur, dshared, n);
         dshared.reset();
-      } else if (part == "mlp") {
+      } else if (part == Part::kDenseMlp) {
         dcur = ffn_backward(st, P, dcur, n, dims_.intermediate, true);
-      } else if (part == "attn") {
+      } else if (part == Part::kAttention) {
         dcur = attn_backward(st, P, dcur, batch, seq);
-      } else if (part == "embed") {
+      } else if (part == Part::kEmbedding) {
         std::vector<int32_t> host_ids(ids, ids + n);
         const cu::EmbeddingPlan plan = cu::build_embedding_plan(host_ids.data(), n, dims_.vocab);
         DeviceBuffer off = cu::upload(plan.offsets), tok = cu::upload(plan.tokens);
