@@ -20,8 +20,8 @@ build: setup
 	@if [ ! -f $(BUILD)/build.ninja ]; then cmake -S . -B $(BUILD) -G Ninja $(CMAKE_FLAGS); fi
 	cmake --build $(BUILD) -j$(JOBS)
 
-# CI's sanitizer jobs: ASan + UBSan on the unit and MPI tests, TSan on the executor's multi-stream tests, in
-# build-asan/ and build-tsan/ (docs/reliability.md "Sanitizers").
+# CI's sanitizer jobs: ASan + UBSan on the unit tests and a chosen set of MPI tests (ASAN_MPI=all: every one),
+# TSan on the executor's multi-stream tests, in build-asan/ and build-tsan/ (docs/reliability.md "Sanitizers").
 sanitize:
 	scripts/ci-sanitizers.sh
 
