@@ -2,7 +2,10 @@
 # Both install missing packages, configure and build first.
 BUILD ?= build
 JOBS ?= $(shell nproc)
-CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
+# RelWithDebInfo with line tables only (-g1): stacks and sanitizer reports name file and line, and the build takes
+# about a quarter less compile time than with full debug info (-g); configure with -DCMAKE_BUILD_TYPE=Debug to step
+# through locals in a debugger. Test sources compile at -O1 (PIPER_FAST_TESTS, cmake/piper.cmake).
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG"
 
 .PHONY: run test build setup clean fault-matrix sanitize fuzz fidelity property-large experiments
 

@@ -91,9 +91,10 @@ status=0
 
 if [ "$WHAT" = asan ] || [ "$WHAT" = all ]; then
   start=$SECONDS
-  # The whole build minus benchmarks: every unit and MPI test binary, and the piper binary that the CLI tests in
-  # compile_tests, sim_tests and runtime_ckpt_kill_tests (and comm's `piper bench comm` tests) run.
-  build "$ASAN_BUILD" address,undefined
+  # Only what this job runs: the unit and MPI test binaries (piper_tests_<label>, cmake/piper.cmake) and the piper
+  # binary that the CLI tests in compile_tests, sim_tests and runtime_ckpt_kill_tests (and comm's `piper bench comm`
+  # tests) run; not the e2e, fidelity or benchmark binaries, which it does not run.
+  build "$ASAN_BUILD" address,undefined piper piper_tests_unit piper_tests_mpi
   built=$SECONDS
   reports=$ROOT/$ASAN_BUILD/sanitizer-reports
   rm -rf "$reports" && mkdir -p "$reports/unit" "$reports/mpi"
