@@ -24,9 +24,10 @@ endfunction()
 # optimized builds, and at -O0 under sanitizers, while Piper's own code keeps its build type's flags. A test's own
 # code is setup and assertions; what it runs is the library, optimized as a user builds it (the parity references
 # in tests/runtime are plain loops, correct at any -O: no -ffast-math, no FMA contraction without -mfma). The test
-# sources are about 40 % of the translation units and most of the compile time (gtest's macros, one TU per file):
-# these flags halve their compile time (docs/build.md, "Build time"). Off: every source gets the build type's flags.
-option(PIPER_FAST_TESTS "Compile tests/ at -O1 -g1 (-O0 under sanitizers) to halve their build time" ON)
+# sources are about 40 % of the translation units and half of the compile time (gtest's macros, one TU per file):
+# these flags cut their compile CPU by about a third (docs/reliability.md, "CI's time"). Off: every source gets
+# the build type's flags.
+option(PIPER_FAST_TESTS "Compile tests/ at -O1 -g1 (-O0 under sanitizers): a third less compile time" ON)
 function(piper_fast_test_flags dir)
   if(NOT PIPER_FAST_TESTS)
     return()

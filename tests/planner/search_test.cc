@@ -6,27 +6,13 @@
 #include <set>
 
 #include "piper/base/check.h"
-#include "piper/spec/cluster_loader.h"
-#include "piper/spec/model_loader.h"
+#include "search_case.h"
 
 namespace piper::planner {
 namespace {
 
-struct Case {
-  ModelSpec model;
-  ClusterSpec cluster;
-  TrainSpec train;
-};
-
-Case make_case(const std::string& model, const std::string& cluster, int nodes, int64_t batch, int64_t seq) {
-  auto m = load_model(model);
-  auto c = load_cluster(cluster, nodes);
-  PIPER_CHECK(m.ok() && c.ok(), "test presets must load");
-  TrainSpec t;
-  t.global_batch = batch;
-  t.seq_len = seq;
-  return {*m, *c, t};
-}
+using Case = test_support::SearchCase;
+using test_support::make_case;
 
 void expect_same_plans(const SearchResult& a, const SearchResult& b) {
   ASSERT_EQ(a.top.size(), b.top.size());

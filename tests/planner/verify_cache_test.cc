@@ -11,8 +11,8 @@
 
 #include "piper/planner/search.h"
 #include "piper/planner/verify.h"
-#include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
+#include "search_case.h"
 
 namespace piper::planner {
 namespace {
@@ -142,18 +142,13 @@ TEST(VerifyCacheTest, SimulationCompilesOfferTheVerifiersVerdict) {
 }
 
 TEST(VerifyCacheTest, SearchReturnsTheSamePlansWithAndWithoutTheCache) {
-  auto model = load_model("deepseek-v2-lite");
-  auto cluster = load_cluster("h800", 2);
-  ASSERT_TRUE(model.ok() && cluster.ok());
-  TrainSpec train;
-  train.global_batch = 64;
-  train.seq_len = 1024;
+  const test_support::SearchCase c = test_support::make_case("deepseek-v2-lite", "h800", 2, 64, 1024);
   SearchOptions o;
   o.top_k = 6;
   o.verify_cache = false;
-  auto before = search(*model, *cluster, train, o);
+  auto before = search(c.model, c.cluster, c.train, o);
   o.verify_cache = true;
-  auto after = search(*model, *cluster, train, o);
+  auto after = search(c.model, c.cluster, c.train, o);
   ASSERT_TRUE(before.ok() && after.ok());
   ASSERT_EQ(after->top.size(), before->top.size());
   for (size_t i = 0; i < before->top.size(); ++i) {

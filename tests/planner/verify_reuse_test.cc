@@ -6,26 +6,20 @@
 #include <algorithm>
 #include <vector>
 
-#include "piper/base/check.h"
 #include "piper/planner/search.h"
 #include "piper/planner/verify.h"
-#include "piper/spec/cluster_loader.h"
-#include "piper/spec/model_loader.h"
+#include "search_case.h"
 
 namespace piper::planner {
 namespace {
 
 TEST(VerifyReuseTest, VerdictsEqualThoseOfTheVerifierCompile) {
-  auto model = load_model("deepseek-v2-lite");
-  auto cluster = load_cluster("h800", 2);
-  ASSERT_TRUE(model.ok() && cluster.ok());
-  TrainSpec train;
-  train.global_batch = 64;
-  train.seq_len = 1024;
+  const test_support::SearchCase c = test_support::make_case("deepseek-v2-lite", "h800", 2, 64, 1024);
+  const TrainSpec& train = c.train;
   SearchOptions o;
   o.top_k = 8;
   o.verify = false;
-  auto r = search(*model, *cluster, train, o);
+  auto r = search(c.model, c.cluster, train, o);
   ASSERT_TRUE(r.ok()) << r.status().message();
   ASSERT_GE(r->top.size(), 4u);
   // Peaks without a limit, then a limit between the smallest and the largest so that both verdicts occur.
@@ -33,7 +27,7 @@ TEST(VerifyReuseTest, VerdictsEqualThoseOfTheVerifierCompile) {
   for (const Plan& p : r->top) {
     TrainSpec t = train;
     t.micro_batch_size = p.strategy.mbs;
-    const Verification v = verify_strategy(*model, t, p.strategy, 0);
+    const Verification v = verify_strategy(c.model, t, p.strategy, 0);
     ASSERT_TRUE(v.ok) << p.strategy.to_string() << ": " << v.message;
     peaks.push_back(v.compiled_peak_bytes);
   }
@@ -44,10 +38,10 @@ TEST(VerifyReuseTest, VerdictsEqualThoseOfTheVerifierCompile) {
   for (const Plan& p : r->top) {
     TrainSpec t = train;
     t.micro_batch_size = p.strategy.mbs;
-    const Verification old_path = verify_strategy(*model, t, p.strategy, capacity);
+    const Verification old_path = verify_strategy(c.model, t, p.strategy, capacity);
     std::shared_ptr<compile::CompileResult> compiled;
     const Verification new_path =
-        verify_strategy_for_simulation(*model, *cluster, t, p.strategy, o.calibration, capacity, &compiled);
+        verify_strategy_for_simulation(c.model, c.cluster, t, p.strategy, o.calibration, capacity, &compiled);
     EXPECT_EQ(new_path.ok, old_path.ok) << p.strategy.to_string();
     EXPECT_EQ(new_path.message, old_path.message) << p.strategy.to_string();
     EXPECT_EQ(new_path.compiled_peak_bytes, old_path.compiled_peak_bytes) << p.strategy.to_string();
@@ -59,20 +53,15 @@ TEST(VerifyReuseTest, VerdictsEqualThoseOfTheVerifierCompile) {
 }
 
 TEST(VerifyReuseTest, SearchReturnsTheSamePlansAndSimulatedTimes) {
-  auto model = load_model("tiny-moe");
-  auto cluster = load_cluster("local-cpu", 1);
-  ASSERT_TRUE(model.ok() && cluster.ok());
-  TrainSpec train;
-  train.global_batch = 8;
-  train.seq_len = 128;
+  const test_support::SearchCase c = test_support::make_case("tiny-moe", "local-cpu", 1, 8, 128);
   SearchOptions o;
   o.top_k = 3;
   o.simulate_top = 3;
   o.local_search_steps = 2;
   o.reuse_compiles = false;
-  auto before = search(*model, *cluster, train, o);
+  auto before = search(c.model, c.cluster, c.train, o);
   o.reuse_compiles = true;
-  auto after = search(*model, *cluster, train, o);
+  auto after = search(c.model, c.cluster, c.train, o);
   ASSERT_TRUE(before.ok() && after.ok());
   ASSERT_EQ(after->top.size(), before->top.size());
   for (size_t i = 0; i < before->top.size(); ++i) {
