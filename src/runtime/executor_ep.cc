@@ -453,9 +453,10 @@ Status ExpertParallel::end_step(StepResult* result) {
     }
   }
   if (core_.dist != nullptr) {
-    // Tokens per expert over the whole run: every rank's count of the rows its experts received (tensor ranks
-    // see the same rows: only tp rank 0 counts), summed in rank order.
-    if (core_.dist->coord().tp != 0) std::fill(local.begin(), local.end(), 0);
+    // Tokens per expert over the whole run: every rank's count of the rows its experts received, summed in rank
+    // order. Without sequence parallelism tensor ranks see the same rows: only tp rank 0 counts; with it each
+    // routes its own token slice.
+    if (core_.dist->coord().tp != 0 && core_.tp->token_shards() == 1) std::fill(local.begin(), local.end(), 0);
     auto all = std::make_shared<std::vector<int64_t>>(local.size() * static_cast<size_t>(core_.dist->world_size()));
     PIPER_ASSIGN_OR_RETURN(comm::Handle h,
                            core_.dist->ctl().all_gather(local.data(), all->data(), local.size() * sizeof(int64_t)));
