@@ -78,6 +78,10 @@ Result<std::unique_ptr<DistContext>> DistContext::create(comm::Communicator& wor
   PIPER_ASSIGN_OR_RETURN(ctx->ctl_, world.dup("ctl"));
   const ir::MeshInfo& m = plan.mesh;
   const int ep = std::max(1, m.ep);
+  // MoE parallel folding: the experts' groups are the plan's (Plan::group_ranks): ep = ep consecutive ranks of the
+  // stage's tp*dp ranks, edp = every rank of the stage with the same expert block, tensor ranks included
+  // (MeshInfo::expert_replicas ranks; it reduces their gradients, so there is no edp_tp).
+  const bool fold = folds_experts(m);
   using C = compile::RankCoord;
   struct Axis {
     const char* name;
@@ -96,16 +100,23 @@ Result<std::unique_ptr<DistContext>> DistContext::create(comm::Communicator& wor
        [](const C& a, const C& b, int) { return a.pp == b.pp && a.ep == b.ep; }},
   };
   for (const Axis& axis : axes) {
+    const std::string name = axis.name;
     // tp x ep with dp = ep: the plan reduces the experts over its edp (= edp x tp here); the executor averages
     // over the runtime's edp, of one rank, and sums over tp itself (executor_tp.cc), so edp exists with one rank.
-    const bool single_edp = std::string(axis.name) == "edp" && m.tp > 1 && ep > 1;
-    if (axis.degree <= 1 && !single_edp) continue;
-    std::vector<int> group = members(plan, ctx->coord_, [&](const C& c, const C& me) { return axis.same(c, me, ep); });
+    const bool single_edp = name == "edp" && m.tp > 1 && ep > 1 && !fold;
+    const bool from_plan = fold && (name == "ep" || name == "edp");
+    const int degree = from_plan && name == "edp" ? m.expert_replicas() : axis.degree;
+    if ((degree <= 1 && !single_edp) || (fold && name == "edp_tp")) continue;
+    std::vector<int> group;
+    if (from_plan) {
+      PIPER_ASSIGN_OR_RETURN(group, plan.group_ranks(ctx->rank_, name));
+    } else {
+      group = members(plan, ctx->coord_, [&](const C& c, const C& me) { return axis.same(c, me, ep); });
+    }
     PIPER_ASSIGN_OR_RETURN(auto comm, world.split(group, axis.name));
-    if (comm == nullptr || comm->size() != axis.degree) {
+    if (comm == nullptr || comm->size() != degree) {
       return internal_error(std::string("mesh group '") + axis.name + "' of rank " + std::to_string(ctx->rank_) +
-                            " has " + std::to_string(group.size()) + " ranks, expected " +
-                            std::to_string(axis.degree));
+                            " has " + std::to_string(group.size()) + " ranks, expected " + std::to_string(degree));
     }
     ctx->groups_[axis.name] = std::move(comm);
   }

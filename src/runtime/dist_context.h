@@ -6,9 +6,10 @@
 // It then builds the communicators the executor uses, each a separate matching context:
 //   p2p      pipeline send/recv (all channels; messages are told apart by the plan's tags, unique per plan)
 //   dp, edp, ep, tp   one communicator per mesh axis of degree > 1, over the ranks that share every other
-//            coordinate (edp: same expert shard; ep: same dp/ep block), members in world-rank order
-//   edp_tp   when tp > 1 and edp > 1: the ranks of one pipeline stage with the same expert shard (edp x tp), the
-//            ZeRO group of the experts, which are replicated over tp (etp=1)
+//            coordinate (edp: same expert shard; ep: same dp/ep block), members in world-rank order; folded
+//            (folds_experts below) ep and edp are the plan's groups (Plan::group_ranks)
+//   edp_tp   when tp > 1 and edp > 1, unfolded: the ranks of one pipeline stage with the same expert shard
+//            (edp x tp), the ZeRO group of the experts, which are replicated over tp (etp=1)
 //   ctl      per-step control traffic: global gradient norm and loss reduction (rank order, in doubles)
 // and, last, starts this rank's heartbeat (comm/heartbeat.h; PIPER_HEARTBEAT_S, checked first), which beats until
 // the context is destroyed: every wait of the run then fails within seconds, naming the rank, when one stops.
@@ -27,6 +28,12 @@
 #include "piper/compile/plan.h"
 
 namespace piper::runtime {
+
+// MoE parallel folding changes the expert groups (ir::MeshInfo::fold with tp > 1 and ep > 1; with tp = 1 or
+// ep = 1 the folded groups are the unfolded ones). Then ep and edp are the plan's groups (Plan::group_ranks): ep
+// consecutive ranks of a stage's tp*dp ranks, and every rank of the stage holding the same expert block, tensor
+// ranks included (ir::MeshInfo::expert_replicas ranks), over which the experts' gradients are reduced.
+inline bool folds_experts(const ir::MeshInfo& m) { return m.fold && m.tp > 1 && m.ep > 1; }
 
 class DistContext {
  public:

@@ -270,9 +270,9 @@ Status Core::resolve_compute(const Instruction& in, Task* t) {
   norm_owner[t->chunk] = true;
   if (dist != nullptr) {
     // Each parameter counts once in the global norm: on tensor rank 0 of its first data-parallel replica.
+    // Experts (shard_axis ep): on the ranks of the first expert group, which hold distinct experts.
     const compile::RankCoord& c = dist->coord();
-    const int ep_deg = std::max(1, plan->mesh.ep);
-    norm_owner[t->chunk] = c.tp == 0 && (in.shard_axis == "ep" ? c.dp / ep_deg == 0 : c.dp == 0);
+    norm_owner[t->chunk] = in.shard_axis == "ep" ? plan->mesh.ep_block(c.dp, c.tp) == 0 : c.tp == 0 && c.dp == 0;
   }
   return ok_status();
 }

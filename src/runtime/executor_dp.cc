@@ -41,9 +41,13 @@ Status DataParallel::resolve(const Instruction& in, Task* t) {
   // ZeRO under tensor parallelism with sequence parallelism: the experts (not split over tp, etp=1) are replicated
   // over edp x tp and their gradients are partial on each tensor rank, so their shards span both: one
   // reduce-scatter over edp_tp sums over tp and averages over edp (the resource model's expert shard).
+  // Folded (folds_experts, dist_context.h), the plan's edp group already spans the tensor ranks that hold the same
+  // experts (DistContext builds it from Plan::group_ranks): the reduction is a plain mean over it.
   bool over_tp = false;
-  if ((zero1_rs || zero2_rs || zero1_ag || zero3_ag) && core_.tp->size() > 1 && core_.tp->sequence_parallel() &&
-      t->chunk->part() == Part::kExperts && t->degree == core_.plan->mesh.dp / std::max(1, core_.plan->mesh.ep)) {
+  const bool folded_experts = folds_experts(core_.plan->mesh) && t->chunk->part() == Part::kExperts;
+  if (!folded_experts && (zero1_rs || zero2_rs || zero1_ag || zero3_ag) && core_.tp->size() > 1 &&
+      core_.tp->sequence_parallel() && t->chunk->part() == Part::kExperts &&
+      t->degree == core_.plan->mesh.dp / std::max(1, core_.plan->mesh.ep)) {
     t->comm = core_.dist->group("edp_tp");
     if (t->comm == nullptr) {
       return internal_error("executor: '" + in.label + "' shards the experts over edp x tp, but this rank has " +
@@ -59,12 +63,14 @@ Status DataParallel::resolve(const Instruction& in, Task* t) {
     Shard& sh = shard_of(t->chunk, t->degree, t->comm->rank());
     sh.params_sharded = true;
     sh.over_tp = over_tp;
+    sh.every_tp_rank_owns = over_tp || folded_experts;
     sh.group = t->comm;
     return ok_status();
   }
   if (zero1_rs || zero2_rs) {
     Shard& sh = shard_of(t->chunk, t->degree, t->comm->rank());
     sh.over_tp = over_tp;
+    sh.every_tp_rank_owns = over_tp || folded_experts;
     sh.group = t->comm;
     sh.per_microbatch = zero2_rs;
     ++sh.count;
@@ -238,8 +244,9 @@ void DataParallel::update(Optimizer& optimizer, Chunk& chunk) {
 std::optional<double> DataParallel::grad_sq(const Chunk& chunk) {
   const Shard* sh = shard(chunk);
   if (sh == nullptr) return std::nullopt;
-  // Every data-parallel rank owns its shard (on tensor rank 0, or every tensor rank when sharded over edp x tp).
-  const bool owner = core_.dist->coord().tp == 0 || sh->over_tp;
+  // Every data-parallel rank owns its shard (on tensor rank 0, or every tensor rank when sharded over edp x tp or
+  // when the tensor ranks hold different experts, folded).
+  const bool owner = core_.dist->coord().tp == 0 || sh->every_tp_rank_owns;
   if (sh->per_microbatch) {  // ZeRO-2/3: the accumulated gradient shard
     const double norm = kernels::grad_global_norm({{sh->grad.data(), sh->grad.numel()}});
     return owner ? norm * norm : 0.0;

@@ -84,10 +84,11 @@ Status ExpertParallel::setup() {
     }
   }
   if (comm_ == nullptr) return ok_status();
-  // Each expert counts once in the global norm: on the first expert-data-parallel replica (the first ep block of
-  // dp coordinates), where the ep ranks hold distinct experts.
+  // Each expert counts once in the global norm: on the first expert group (MeshInfo::ep_block 0: the first ep
+  // block of dp coordinates of tensor rank 0, or folded the first ep ranks of the stage), whose ranks hold
+  // distinct experts.
   const compile::RankCoord& c = core_.dist->coord();
-  owns_expert_norm_ = c.tp == 0 && c.dp / ep_ == 0;
+  owns_expert_norm_ = core_.plan->mesh.ep_block(c.dp, c.tp) == 0;
   const ChunkDims& d = core_.model->dims();
   if (d.local_experts() * ep_ != d.num_experts) {
     return invalid_argument("executor: the plan shards " + std::to_string(d.num_experts) + " experts over ep=" +
@@ -409,8 +410,13 @@ Status ExpertParallel::prepare_norm() {
   // Every rank weights its microbatches' losses by 1 / (its microbatches): an expert that served the tokens of
   // the ep ranks of its group sums ep such objectives. Its gradient is their mean over the group (power of two
   // for the usual ep, so exact), as the data-parallel all-reduce makes the other chunks' the mean over dp.
+  // Folded, the tensor ranks of a replica route its token slices to different expert groups and the reduction
+  // over the plan's edp group (dp * tp / ep ranks, MeshInfo::expert_replicas) is a mean: times tp / ep it is the
+  // sum over every rank of the stage divided by dp, the mean over the data-parallel replicas (powers of two for
+  // the usual degrees, so exact). Without an edp reduction (dp * tp = ep) tp / ep = 1 / dp as well.
   if (comm_ == nullptr) return ok_status();
-  const float s = 1.0f / static_cast<float>(ep_);
+  const ir::MeshInfo& m = core_.plan->mesh;
+  const float s = static_cast<float>(folds_experts(m) ? m.tp : 1) / static_cast<float>(ep_);
   for (const auto& chunk : core_.model->chunks()) {
     if (chunk->part() != Part::kExperts) continue;
     DataParallel::Shard* shard = core_.dp->shard(*chunk);
@@ -453,9 +459,10 @@ Status ExpertParallel::end_step(StepResult* result) {
     }
   }
   if (core_.dist != nullptr) {
-    // Tokens per expert over the whole run: every rank's count of the rows its experts received (tensor ranks
-    // see the same rows: only tp rank 0 counts), summed in rank order.
-    if (core_.dist->coord().tp != 0) std::fill(local.begin(), local.end(), 0);
+    // Tokens per expert over the whole run: every rank's count of the rows its experts received, summed in rank
+    // order. Without sequence parallelism tensor ranks see the same rows: only tp rank 0 counts; with it each
+    // routes its own token slice.
+    if (core_.dist->coord().tp != 0 && core_.tp->token_shards() == 1) std::fill(local.begin(), local.end(), 0);
     auto all = std::make_shared<std::vector<int64_t>>(local.size() * static_cast<size_t>(core_.dist->world_size()));
     PIPER_ASSIGN_OR_RETURN(comm::Handle h,
                            core_.dist->ctl().all_gather(local.data(), all->data(), local.size() * sizeof(int64_t)));

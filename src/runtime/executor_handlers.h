@@ -93,6 +93,9 @@ class DataParallel final : public Handler {
     // Sharded over edp x tp (the experts under tp with sequence parallelism): the reduce-scatter also sums the
     // tensor ranks' partial gradients, so the tp sum skips the chunk and every rank owns its shard in the norm.
     bool over_tp = false;
+    // Each tensor rank's shard counts in the norm: over_tp, or the folded experts (folds_experts, dist_context.h),
+    // whose shard groups are the plan's edp groups, one per expert block, so tensor ranks hold other experts.
+    bool every_tp_rank_owns = false;
     comm::Communicator* group = nullptr;  // the ranks the chunk is sharded over (dp, edp or edp_tp)
   };
 

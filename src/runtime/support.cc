@@ -15,7 +15,8 @@ RuntimeSupport runtime_support() {
   s.recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
   // No runtime bound on tp or ep: tp (with sequence parallelism, executor_tp.cc) must divide the heads and ep
   // the experts, which Strategy::validate_for checks. Tested: tp=2 and 4 (Parity.Tp4), ep=2, 4 and 8 (Parity.Ep8),
-  // tp x ep with every ZeRO stage and schedule (Parity.*Tp2Ep2*).
+  // tp x ep with every ZeRO stage and schedule (Parity.*Tp2Ep2*), folded or not (Parity.*Fold*: ep=2 and 4 over
+  // tp*dp, ZeRO 0-3, dualpipev).
   s.max_tp = 0;
   s.max_ep = 0;
   // af-pipe (M2N, executor_m2n.cc) with every ZeRO stage and recomputation, equal or uneven attention:FFN splits
@@ -50,13 +51,9 @@ Status check_runnable(const Strategy& strategy) {
     return unimplemented(what + "the runtime does not run schedule " + strategy.schedule + " yet; it runs " +
                          join(s.schedules, ", "));
   }
+  // fold=1 (MoE parallel folding) runs with tp x ep: the runtime takes the expert groups from the plan
+  // (Plan::group_ranks, DistContext) and reduces the experts over its edp group (Parity.*Fold*).
   if (strategy.tp > 1) {
-    if (strategy.fold && strategy.ep > 1) {
-      return unimplemented(what + "fold=1 with tp=" + std::to_string(strategy.tp) + " and ep=" +
-                           std::to_string(strategy.ep) + ": the runtime builds unfolded expert groups (ep data-"
-                           "parallel ranks of one tensor rank) and sums the experts' gradients over tp, which "
-                           "assumes every tensor rank holds the same experts; set fold=0");
-    }
     if (strategy.etp != 1) {
       return unimplemented(what + "etp=" + std::to_string(strategy.etp) +
                            ": the compiler does not lower expert tensor parallelism (the plan keeps every expert "

@@ -170,6 +170,11 @@ TEST(Resume4, Pp4ToOneRank) { expect_resume("pp=4,schedule=1f1b,microbatches=4,m
 // Expert parallelism: every expert is saved under its logical index, so ep checkpoints load under any strategy.
 TEST(Resume, Ep2ToOneRank) { expect_resume("dp=2,ep=2,a2a=flat,microbatches=2,mbs=1", kOneRank); }
 TEST(Resume, OneRankToEp2) { expect_resume(kOneRank, "dp=2,ep=2,a2a=flat,microbatches=2,mbs=1"); }
+// MoE parallel folding with tp x ep (fold=1): the tensor ranks of a replica hold different experts, whose ZeRO-1
+// moments are sharded over the plan's edp groups; saved and loaded by their logical index as unfolded.
+const char* const kFoldedTpEp = "dp=2,tp=2,sp=1,ep=2,fold=1,zero=1,a2a=flat,microbatches=2,mbs=1";
+TEST(Resume4, FoldedTpEpToOneRank) { expect_resume(kFoldedTpEp, kOneRank); }
+TEST(Resume4, OneRankToFoldedTpEp) { expect_resume(kOneRank, kFoldedTpEp); }
 TEST(Resume4, Ep2ToEp4) {
   expect_resume("dp=4,ep=2,a2a=flat,microbatches=1,mbs=1", "dp=4,ep=4,a2a=flat,microbatches=1,mbs=1");
 }

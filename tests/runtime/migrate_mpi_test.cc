@@ -117,6 +117,13 @@ TEST(Migrate, ZeroShardedExpertsSameLossesWithAndWithoutMigration) {
   expect_same_losses("dp=4,ep=2,zero=3,a2a=flat,microbatches=1,mbs=1", 15);
 }
 
+// MoE parallel folding with tp x ep: the ep groups are the tensor groups (dp2 x tp2 x ep2, fold=1), each tensor
+// rank routes its own sequence slice, and the experts' ZeRO-1 shards span the plan's edp groups: every ep group
+// makes the same move, each edp replica keeps its shard.
+TEST(Migrate, FoldedTpEpSameLossesWithAndWithoutMigration) {
+  expect_same_losses("dp=2,tp=2,sp=1,ep=2,fold=1,zero=1,a2a=flat,microbatches=1,mbs=1", 15);
+}
+
 TEST(Migrate, BadOptionsAreRejected) {
   auto world = comm::mpi_world();
   ASSERT_TRUE(world.ok()) << world.status().to_string();

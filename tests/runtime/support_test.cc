@@ -46,7 +46,11 @@ TEST(RuntimeSupport, ParityStrategiesAreRunnable) {
         "pp=2,tp=2,sp=1,schedule=dualpipev,microbatches=4", "pp=2,tp=2,sp=1,vpp=2,schedule=interleaved,microbatches=4",
         "dp=2,pp=2,tp=2,sp=1,zero=1,schedule=1f1b,microbatches=2", "tp=4,sp=1,microbatches=4",
         "dp=8,ep=8,microbatches=1", "dp=2,tp=2,ep=2,sp=1,microbatches=2", "dp=2,tp=2,sp=0,zero=3,microbatches=2",
-        "dp=2,pp=2,tp=2,ep=2,sp=1,zero=1,schedule=dualpipev,microbatches=4"}) {
+        "dp=2,pp=2,tp=2,ep=2,sp=1,zero=1,schedule=dualpipev,microbatches=4",
+        // MoE parallel folding with tp x ep (Parity.*Fold*)
+        "tp=2,sp=1,ep=2,fold=1,microbatches=4", "dp=2,tp=2,sp=1,ep=2,fold=1,microbatches=2",
+        "dp=2,tp=2,sp=1,ep=4,fold=1,zero=3,microbatches=2", "dp=4,tp=2,sp=1,ep=4,fold=1,zero=2,microbatches=1",
+        "dp=2,pp=2,tp=2,ep=2,sp=1,fold=1,zero=1,schedule=dualpipev,microbatches=4"}) {
     EXPECT_TRUE(check_runnable(parse(s)).ok()) << s << ": " << check_runnable(parse(s)).to_string();
   }
 }
@@ -58,7 +62,6 @@ TEST(RuntimeSupport, UnsupportedDimensionsAreNamed) {
   // Each refused strategy and the words its message must contain.
   const std::vector<std::pair<std::string, std::string>> refused = {
       {"tp=2,sp=1,etp=2,microbatches=2", "set etp=1"},
-      {"dp=2,tp=2,sp=1,ep=2,fold=1,microbatches=2", "set fold=0"},
       {"tp=2,sp=1,tp_overlap=1,microbatches=2", "drop tp_overlap"},
   };
   for (const auto& [strategy, words] : refused) {
