@@ -172,6 +172,10 @@ class Trainer {
   // Resolves strategy_ and train_ from the options' strategy or directives and compiles the run's plan.
   Status resolve_and_compile();
   Status resolve_directives();
+  // Parts of create(), after the plan is compiled and dist_ is set up: the model of rank `rank`, then the
+  // resource model's prediction and the migration cost.
+  Status build_model(int rank);
+  Status predict_resources();
   bool directives_recognised_ = false;
   TrainOptions options_;
   Strategy strategy_;
