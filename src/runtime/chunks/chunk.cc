@@ -3,10 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "piper/base/hash.h"
 #include "piper/kernels/cpu/vec_math.h"
 #include "piper/runtime/chunks/parts.h"
-
-#include "piper/runtime/safetensors.h"
 #include "piper/tensor/rng.h"
 
 namespace piper::runtime {
