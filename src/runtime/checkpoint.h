@@ -42,7 +42,7 @@
 
 #include "piper/base/status.h"
 #include "piper/comm/communicator.h"
-#include "piper/runtime/data_loader.h"
+#include "piper/runtime/data/data_loader.h"
 #include "piper/spec/model_spec.h"
 #include "piper/tensor/rng.h"
 #include "piper/tensor/tensor.h"

@@ -13,7 +13,7 @@
 #include "piper/base/strings.h"
 #include "piper/runtime/checkpoint.h"
 #include "piper/runtime/chunks/tp_slice.h"
-#include "piper/runtime/data_source.h"
+#include "piper/runtime/data/data_source.h"
 #include "piper/runtime/support.h"
 #include "piper/spec/cluster_loader.h"
 

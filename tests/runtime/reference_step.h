@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "piper/runtime/data_loader.h"
+#include "piper/runtime/data/data_loader.h"
 #include "piper/runtime/model.h"
 #include "piper/spec/model_spec.h"
 

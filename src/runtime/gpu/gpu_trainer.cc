@@ -11,8 +11,8 @@
 #include "piper/kernels/cpu/moe_reference.h"
 #include "piper/kernels/cpu/optimizer.h"
 #include "piper/kernels/cuda/cuda_api.h"
-#include "piper/runtime/data_loader.h"
-#include "piper/runtime/data_source.h"
+#include "piper/runtime/data/data_loader.h"
+#include "piper/runtime/data/data_source.h"
 #include "piper/runtime/memory_pool.h"
 #include "piper/runtime/model.h"
 

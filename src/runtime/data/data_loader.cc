@@ -1,4 +1,4 @@
-#include "piper/runtime/data_loader.h"
+#include "piper/runtime/data/data_loader.h"
 
 #include <numeric>
 #include <utility>

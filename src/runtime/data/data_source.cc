@@ -1,4 +1,4 @@
-#include "piper/runtime/data_source.h"
+#include "piper/runtime/data/data_source.h"
 
 #include <algorithm>
 #include <cerrno>
@@ -8,7 +8,7 @@
 #include <iterator>
 
 #include "piper/base/files.h"
-#include "piper/runtime/tokenizer.h"
+#include "piper/runtime/data/tokenizer.h"
 
 namespace piper {
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-#include "piper/runtime/tokenizer.h"
+#include "piper/runtime/data/tokenizer.h"
 
 namespace piper {
 
