@@ -11,7 +11,7 @@
 #include "piper/balance/migration_cost.h"
 #include "piper/base/fault.h"
 #include "piper/base/strings.h"
-#include "piper/runtime/checkpoint.h"
+#include "piper/runtime/checkpoint/checkpoint.h"
 #include "piper/runtime/chunks/tp_slice.h"
 #include "piper/runtime/data/data_source.h"
 #include "piper/runtime/support.h"

@@ -149,7 +149,7 @@ struct Param {
   // A rank that holds only a slice of the whole model's tensor `name` (EP: its experts; TP: its heads or
   // columns) says where it lies: the whole tensor's shape and this slice's offset along each dimension (value's
   // shape is the extent). Both empty = the whole tensor. Checkpoints store and load tensors by (name, box), so
-  // that a checkpoint written under one slicing loads under another (runtime/checkpoint.h).
+  // that a checkpoint written under one slicing loads under another (runtime/checkpoint/checkpoint.h).
   Shape global_shape;
   Shape global_offset;
   // A slice that is not one box of the whole tensor (TP's fused w_qkv: this rank's Q, K and V rows lie in three

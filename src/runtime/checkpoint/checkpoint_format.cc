@@ -1,9 +1,9 @@
-#include "piper/runtime/checkpoint_format.h"
+#include "piper/runtime/checkpoint/checkpoint_format.h"
 
 #include <cstdio>
 #include <cstring>
 
-#include "piper/runtime/safetensors.h"
+#include "piper/runtime/checkpoint/safetensors.h"
 
 namespace piper::checkpoint_format {
 

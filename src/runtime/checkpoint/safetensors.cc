@@ -1,4 +1,4 @@
-#include "piper/runtime/safetensors.h"
+#include "piper/runtime/checkpoint/safetensors.h"
 
 #include <cerrno>
 #include <cstdio>

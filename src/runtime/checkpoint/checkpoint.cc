@@ -1,13 +1,13 @@
 // Reading checkpoints (checkpoint.h); writing is checkpoint_save.cc.
-#include "piper/runtime/checkpoint.h"
+#include "piper/runtime/checkpoint/checkpoint.h"
 
 #include <algorithm>
 #include <filesystem>
 
 #include "piper/base/json.h"
 #include "piper/base/strings.h"
-#include "piper/runtime/checkpoint_format.h"
-#include "piper/runtime/safetensors.h"
+#include "piper/runtime/checkpoint/checkpoint_format.h"
+#include "piper/runtime/checkpoint/safetensors.h"
 
 namespace piper {
 namespace fs = std::filesystem;

@@ -11,9 +11,9 @@
 
 #include "piper/base/fault.h"
 #include "piper/base/json.h"
-#include "piper/runtime/checkpoint.h"
-#include "piper/runtime/checkpoint_format.h"
-#include "piper/runtime/safetensors.h"
+#include "piper/runtime/checkpoint/checkpoint.h"
+#include "piper/runtime/checkpoint/checkpoint_format.h"
+#include "piper/runtime/checkpoint/safetensors.h"
 
 namespace piper {
 namespace fs = std::filesystem;

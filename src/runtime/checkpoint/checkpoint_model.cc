@@ -2,9 +2,9 @@
 #include <cstdio>
 
 #include "piper/base/json.h"
-#include "piper/runtime/checkpoint.h"
-#include "piper/runtime/checkpoint_format.h"
-#include "piper/runtime/safetensors.h"
+#include "piper/runtime/checkpoint/checkpoint.h"
+#include "piper/runtime/checkpoint/checkpoint_format.h"
+#include "piper/runtime/checkpoint/safetensors.h"
 
 namespace piper {
 

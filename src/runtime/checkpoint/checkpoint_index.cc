@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <set>
 
-#include "piper/runtime/checkpoint_format.h"
+#include "piper/runtime/checkpoint/checkpoint_format.h"
 
 namespace piper::checkpoint_format {
 namespace {

@@ -9,7 +9,7 @@
 
 #include "piper/base/json.h"
 #include "piper/base/status.h"
-#include "piper/runtime/checkpoint.h"
+#include "piper/runtime/checkpoint/checkpoint.h"
 #include "piper/tensor/tensor.h"
 
 namespace piper::checkpoint_format {
