@@ -45,8 +45,8 @@
 #include "piper/base/status.h"
 #include "piper/compile/plan.h"
 #include "piper/runtime/data/data_loader.h"
-#include "piper/runtime/model.h"
-#include "piper/runtime/optimizer.h"
+#include "piper/runtime/model/model.h"
+#include "piper/runtime/model/optimizer.h"
 #include "piper/tensor/memory.h"
 
 namespace piper::runtime {

@@ -1,5 +1,5 @@
 // Tensor parallelism in the executor (docs/runtime.md): the shard pass's collectives over `tp` move hidden
-// states between the split chunks (chunks/tp_slice.h) and the rest of the model, and the gradients that are
+// states between the split chunks (model/chunks/tp_slice.h) and the rest of the model, and the gradients that are
 // partial on each tensor rank are summed over tp before the optimizer step.
 //
 // Message sizes ([n, h] with n = mbs * seq tokens of a microbatch, T = tp):
@@ -12,8 +12,8 @@
 #include <type_traits>
 
 #include "piper/kernels/cpu/optimizer.h"
-#include "piper/runtime/chunks/tp_slice.h"
 #include "piper/runtime/executor_handlers.h"
+#include "piper/runtime/model/chunks/tp_slice.h"
 
 namespace piper::runtime::detail {
 

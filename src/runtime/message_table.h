@@ -14,7 +14,7 @@
 #include <type_traits>
 #include <utility>
 
-#include "piper/runtime/chunks/chunk.h"
+#include "piper/runtime/model/chunks/chunk.h"
 
 namespace piper::runtime::detail {
 

@@ -29,7 +29,7 @@ Status check_runnable(const Strategy& strategy) {
   const std::string what = "strategy " + strategy.to_string() + ": ";
   // recompute_modules (Megatron's module recomputation) runs: the router drops its norm output ("layernorm") and
   // the experts their activation output ("moe_act") after F and recompute them in the backward
-  // (chunks/router.cc, experts.cc; Parity.RecomputeModules*, dist_parity_mpi_test.cc).
+  // (model/chunks/router.cc, experts.cc; Parity.RecomputeModules*, dist_parity_mpi_test.cc).
   if (strategy.disaggregate && !s.disaggregate) {
     return unimplemented(what + "the runtime does not execute disaggregated attention/FFN (af-pipe) yet");
   }

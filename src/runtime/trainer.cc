@@ -12,8 +12,8 @@
 #include "piper/base/fault.h"
 #include "piper/base/strings.h"
 #include "piper/runtime/checkpoint/checkpoint.h"
-#include "piper/runtime/chunks/tp_slice.h"
 #include "piper/runtime/data/data_source.h"
+#include "piper/runtime/model/chunks/tp_slice.h"
 #include "piper/runtime/support.h"
 #include "piper/spec/cluster_loader.h"
 
@@ -284,7 +284,7 @@ Status Trainer::build_model(int rank) {
                                                     return mine.count({layer, part}) > 0;
                                                   }));
   if (dist_ != nullptr && compiled_.plan.mesh.tp > 1) {
-    // Tensor parallelism: the chunks the compiler split over tp hold this rank's slice (chunks/tp_slice.h).
+    // Tensor parallelism: the chunks the compiler split over tp hold this rank's slice (model/chunks/tp_slice.h).
     // (A layer has an mlp or shared experts, not both: the order is the one the part names had.)
     std::set<std::pair<int, Part>> split;
     for (const compile::Program& prog : compiled_.plan.templates) {

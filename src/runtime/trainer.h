@@ -36,8 +36,8 @@
 #include "piper/runtime/dist_context.h"
 #include "piper/runtime/executor.h"
 #include "piper/runtime/memory_pool.h"
-#include "piper/runtime/model.h"
-#include "piper/runtime/optimizer.h"
+#include "piper/runtime/model/model.h"
+#include "piper/runtime/model/optimizer.h"
 #include "piper/spec/model_spec.h"
 #include "piper/strategy/strategy.h"
 

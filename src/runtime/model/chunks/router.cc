@@ -4,7 +4,7 @@
 #include <mutex>
 
 #include "piper/kernels/cpu/ops.h"
-#include "piper/runtime/chunks/parts.h"
+#include "piper/runtime/model/chunks/parts.h"
 
 namespace piper::runtime {
 namespace {

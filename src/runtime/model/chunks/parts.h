@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "piper/runtime/chunks/chunk.h"
+#include "piper/runtime/model/chunks/chunk.h"
 
 namespace piper::runtime {
 

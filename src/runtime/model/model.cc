@@ -1,4 +1,4 @@
-#include "piper/runtime/model.h"
+#include "piper/runtime/model/model.h"
 
 namespace piper::runtime {
 namespace {

@@ -1,9 +1,9 @@
 // Tensor-parallel slices of attn, mlp and shared chunks (tp_slice.h).
-#include "piper/runtime/chunks/tp_slice.h"
+#include "piper/runtime/model/chunks/tp_slice.h"
 
 #include <algorithm>
 
-#include "piper/runtime/chunks/parts.h"
+#include "piper/runtime/model/chunks/parts.h"
 
 namespace piper::runtime {
 namespace {

@@ -1,4 +1,4 @@
-#include "piper/runtime/optimizer.h"
+#include "piper/runtime/model/optimizer.h"
 
 #include <algorithm>
 #include <limits>

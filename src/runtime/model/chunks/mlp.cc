@@ -1,6 +1,6 @@
 // mlp (dense layers) and the feed-forward block shared with `shared`: y = SwiGLU(rms(x)) (+ x when residual).
 #include "piper/kernels/cpu/ops.h"
-#include "piper/runtime/chunks/parts.h"
+#include "piper/runtime/model/chunks/parts.h"
 
 namespace piper::runtime {
 namespace {

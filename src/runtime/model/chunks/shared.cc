@@ -2,7 +2,7 @@
 // so they run as one. The output has no residual (the routed experts' chunk adds it); the next layer sums both.
 // Unlike DeepSeek, which feeds one normed input to routed and shared experts, the graph gives `shared` its own
 // edge from `attn`, so it has its own RMSNorm weight.
-#include "piper/runtime/chunks/parts.h"
+#include "piper/runtime/model/chunks/parts.h"
 
 namespace piper::runtime {
 

@@ -6,7 +6,7 @@
 
 #include "piper/kernels/cpu/ops.h"
 #include "piper/kernels/cpu/vec_math.h"
-#include "piper/runtime/chunks/parts.h"
+#include "piper/runtime/model/chunks/parts.h"
 
 namespace piper::runtime {
 namespace {

@@ -5,7 +5,7 @@
 #include <algorithm>
 
 #include "piper/kernels/cpu/ops.h"
-#include "piper/runtime/chunks/parts.h"
+#include "piper/runtime/model/chunks/parts.h"
 
 namespace piper::runtime {
 namespace {

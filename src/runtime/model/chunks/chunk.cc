@@ -1,11 +1,11 @@
-#include "piper/runtime/chunks/chunk.h"
+#include "piper/runtime/model/chunks/chunk.h"
 
 #include <algorithm>
 #include <cmath>
 
 #include "piper/base/hash.h"
 #include "piper/kernels/cpu/vec_math.h"
-#include "piper/runtime/chunks/parts.h"
+#include "piper/runtime/model/chunks/parts.h"
 #include "piper/tensor/rng.h"
 
 namespace piper::runtime {

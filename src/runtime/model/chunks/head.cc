@@ -1,6 +1,6 @@
 // head: final RMSNorm, LM head and mean token cross-entropy. B starts the backward with dloss = 1 / M.
 #include "piper/kernels/cpu/ops.h"
-#include "piper/runtime/chunks/parts.h"
+#include "piper/runtime/model/chunks/parts.h"
 
 namespace piper::runtime {
 namespace {

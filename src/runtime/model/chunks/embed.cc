@@ -1,6 +1,6 @@
 // embed: token ids -> hidden vectors (a table lookup). No input gradient; W scatters the output gradient.
 #include "piper/kernels/cpu/ops.h"
-#include "piper/runtime/chunks/parts.h"
+#include "piper/runtime/model/chunks/parts.h"
 
 namespace piper::runtime {
 namespace {

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "piper/base/status.h"
-#include "piper/runtime/chunks/chunk.h"
+#include "piper/runtime/model/chunks/chunk.h"
 #include "piper/spec/model_spec.h"
 
 namespace piper::runtime {

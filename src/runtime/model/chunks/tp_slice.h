@@ -17,7 +17,7 @@
 #include <memory>
 
 #include "piper/base/status.h"
-#include "piper/runtime/chunks/chunk.h"
+#include "piper/runtime/model/chunks/chunk.h"
 
 namespace piper::runtime {
 

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "piper/runtime/model.h"
+#include "piper/runtime/model/model.h"
 #include "piper/spec/train_spec.h"
 
 namespace piper::runtime {
