@@ -13,7 +13,7 @@ RuntimeSupport runtime_support() {
   s.schedules = {"1f1b", "gpipe", "interleaved", "zb-h1", "dualpipev"};
   s.zero = {0, 1, 2, 3};
   s.recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
-  // No runtime bound on tp or ep: tp (with sequence parallelism, executor_tp.cc) must divide the heads and ep
+  // No runtime bound on tp or ep: tp (with sequence parallelism, exec/executor_tp.cc) must divide the heads and ep
   // the experts, which Strategy::validate_for checks. Tested: tp=2 and 4 (Parity.Tp4), ep=2, 4 and 8 (Parity.Ep8),
   // tp x ep with every ZeRO stage and schedule (Parity.*Tp2Ep2*).
   s.max_tp = 0;

@@ -13,7 +13,7 @@
 #include "piper/kernels/cuda/cuda_api.h"
 #include "piper/runtime/data/data_loader.h"
 #include "piper/runtime/data/data_source.h"
-#include "piper/runtime/memory_pool.h"
+#include "piper/runtime/exec/memory_pool.h"
 #include "piper/runtime/model/model.h"
 
 namespace piper::runtime {

@@ -1,7 +1,7 @@
 // experts: permute the normed tokens by expert, grouped SwiGLU experts, weighted unpermute, residual add.
 // Under expert parallelism (an input carrying EpRows) the chunk holds only its local experts and computes only
 // the rows the dispatch delivered: the permutation, the weighted combine and the residual add happen at the
-// tokens' source ranks (executor_ep.cc); here the rows are grouped by local expert and back again.
+// tokens' source ranks (exec/executor_ep.cc); here the rows are grouped by local expert and back again.
 #include <mutex>
 
 #include "piper/kernels/cpu/ops.h"

@@ -94,7 +94,7 @@ class Executor {
   int num_streams() const;
   // Largest sum of live activation-buffer bytes the plan's alloc/free instructions describe (its estimate).
   int64_t planned_peak_bytes() const;
-  // Records every executed instruction's span into `recorder` (runtime/trace.h) from now on; null stops.
+  // Records every executed instruction's span into `recorder` (runtime/exec/trace.h) from now on; null stops.
   // The recorder must outlive the executor or be unset first. Not while a step runs.
   void set_trace(TraceRecorder* recorder);
   // The flat range [begin, end) of `chunk`'s trainable elements (its trainable parameters in order, as one

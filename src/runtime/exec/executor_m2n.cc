@@ -50,7 +50,7 @@
 #include <iterator>
 
 #include "piper/comm/algorithms/pairwise_all_to_all.h"
-#include "piper/runtime/executor_handlers.h"
+#include "piper/runtime/exec/executor_handlers.h"
 
 namespace piper::runtime::detail {
 

@@ -1,4 +1,4 @@
-#include "piper/runtime/trace.h"
+#include "piper/runtime/exec/trace.h"
 
 #include <algorithm>
 #include <string>

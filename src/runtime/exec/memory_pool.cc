@@ -1,4 +1,4 @@
-#include "piper/runtime/memory_pool.h"
+#include "piper/runtime/exec/memory_pool.h"
 
 #include <algorithm>
 #include <cstdlib>

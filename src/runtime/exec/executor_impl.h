@@ -28,9 +28,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "piper/runtime/dist_context.h"
-#include "piper/runtime/executor.h"
-#include "piper/runtime/message_table.h"
+#include "piper/runtime/exec/dist_context.h"
+#include "piper/runtime/exec/executor.h"
+#include "piper/runtime/exec/message_table.h"
 
 namespace piper::runtime::detail {
 

@@ -1,4 +1,4 @@
-#include "piper/runtime/executor.h"
+#include "piper/runtime/exec/executor.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,8 +9,8 @@
 #include <tuple>
 
 #include "piper/kernels/cpu/gemm.h"
-#include "piper/runtime/executor_handlers.h"
-#include "piper/runtime/trace.h"
+#include "piper/runtime/exec/executor_handlers.h"
+#include "piper/runtime/exec/trace.h"
 
 namespace piper::runtime {
 

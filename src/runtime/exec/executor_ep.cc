@@ -24,7 +24,7 @@
 #include "piper/comm/algorithms/moe_combine.h"
 #include "piper/comm/algorithms/moe_dispatch.h"
 #include "piper/comm/algorithms/pairwise_all_to_all.h"
-#include "piper/runtime/executor_handlers.h"
+#include "piper/runtime/exec/executor_handlers.h"
 
 namespace piper::runtime::detail {
 

@@ -1,7 +1,7 @@
 // The executor's pipeline handler: send / recv of one hidden state (or its gradient) between pipeline ranks, and
 // af-pipe's dense m2n edges, which are the same message with the same-dp peer. See executor_handlers.h.
 #include "piper/base/fault.h"
-#include "piper/runtime/executor_handlers.h"
+#include "piper/runtime/exec/executor_handlers.h"
 
 namespace piper::runtime::detail {
 

@@ -8,7 +8,7 @@
 
 #include "piper/base/fault.h"
 #include "piper/kernels/cpu/optimizer.h"
-#include "piper/runtime/executor_handlers.h"
+#include "piper/runtime/exec/executor_handlers.h"
 
 namespace piper::runtime {
 

@@ -6,7 +6,7 @@
 #include <chrono>
 
 #include "piper/kernels/cpu/optimizer.h"
-#include "piper/runtime/executor_handlers.h"
+#include "piper/runtime/exec/executor_handlers.h"
 
 namespace piper::runtime::detail {
 

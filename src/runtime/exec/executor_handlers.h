@@ -27,7 +27,7 @@
 #include <utility>
 #include <vector>
 
-#include "piper/runtime/executor_impl.h"
+#include "piper/runtime/exec/executor_impl.h"
 
 namespace piper::comm {
 class HaloContext;

@@ -1,4 +1,4 @@
-#include "piper/runtime/dist_context.h"
+#include "piper/runtime/exec/dist_context.h"
 
 #include <cstdlib>
 #include <cstring>

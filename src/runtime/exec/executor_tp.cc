@@ -12,7 +12,7 @@
 #include <type_traits>
 
 #include "piper/kernels/cpu/optimizer.h"
-#include "piper/runtime/executor_handlers.h"
+#include "piper/runtime/exec/executor_handlers.h"
 #include "piper/runtime/model/chunks/tp_slice.h"
 
 namespace piper::runtime::detail {
