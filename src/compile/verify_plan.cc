@@ -156,11 +156,11 @@ Status check_capacity(const PlanStats& stats, int64_t capacity) {
   if (capacity <= 0) return ok_status();
   for (size_t p = 0; p < stats.peak_bytes.size(); ++p) {
     if (stats.peak_bytes[p] > capacity) {
-      return resource_exhausted(
-          "rank " + std::to_string(p) + " needs " + std::to_string(stats.peak_bytes[p] >> 20) +
-          " MiB at its peak but "
-          "the device has " +
-          std::to_string(capacity >> 20) + " MiB; raise pp/ep/zero, add recompute, or lower microbatch size");
+      return resource_exhausted("rank " + std::to_string(p) + " needs " + std::to_string(stats.peak_bytes[p] >> 20) +
+                                " MiB at its peak but "
+                                "the device has " +
+                                std::to_string(capacity >> 20) +
+                                " MiB; raise pp/ep/zero, add recompute, or lower microbatch size");
     }
   }
   return ok_status();

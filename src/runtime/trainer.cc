@@ -279,10 +279,10 @@ Status Trainer::build_model(int rank) {
     model_options.expert_ranks = compiled_.plan.mesh.ep;
     model_options.expert_rank = dist_ != nullptr ? dist_->coord().ep : 0;
   }
-  PIPER_ASSIGN_OR_RETURN(model_, Model::create(options_.model, model_options, options_.seed, allocator_.get(),
-                                                  [&](int layer, Part part) {
-                                                    return mine.count({layer, part}) > 0;
-                                                  }));
+  PIPER_ASSIGN_OR_RETURN(
+      model_, Model::create(options_.model, model_options, options_.seed, allocator_.get(), [&](int layer, Part part) {
+        return mine.count({layer, part}) > 0;
+      }));
   if (dist_ != nullptr && compiled_.plan.mesh.tp > 1) {
     // Tensor parallelism: the chunks the compiler split over tp hold this rank's slice (model/chunks/tp_slice.h).
     // (A layer has an mlp or shared experts, not both: the order is the one the part names had.)
