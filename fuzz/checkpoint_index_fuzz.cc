@@ -4,7 +4,7 @@
 #include <cstdint>
 
 #include "fuzz_common.h"
-#include "piper/runtime/checkpoint_format.h"
+#include "piper/runtime/checkpoint/checkpoint_format.h"
 
 using namespace piper;
 

@@ -3,7 +3,7 @@
 #include <cstdint>
 
 #include "fuzz_common.h"
-#include "piper/runtime/safetensors.h"
+#include "piper/runtime/checkpoint/safetensors.h"
 
 using namespace piper;
 

@@ -4,8 +4,8 @@
 #include <cstdint>
 
 #include "fuzz_common.h"
-#include "piper/runtime/data_source.h"
-#include "piper/runtime/tokenizer.h"
+#include "piper/runtime/data/data_source.h"
+#include "piper/runtime/data/tokenizer.h"
 
 using namespace piper;
 

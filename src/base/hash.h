@@ -1,5 +1,6 @@
-// 64-bit FNV-1a over bytes and its 16-digit hex form: the one checksum of checkpoints (runtime/safetensors.h),
-// of plans (compile::plan_hash) and of the parameter names that seed each tensor's RNG stream.
+// 64-bit FNV-1a over bytes and its 16-digit hex form: the one checksum of checkpoints
+// (runtime/checkpoint/safetensors.h), of plans (compile::plan_hash) and of the parameter names that seed each
+// tensor's RNG stream.
 // Thread-safety: pure functions.
 #pragma once
 

@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "piper/balance/expert_loads.h"
+#include "piper/base/files.h"
 #include "piper/base/hash.h"
 #include "piper/base/json.h"
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
-#include "piper/base/files.h"
 #include "piper/cli/command.h"
 #include "piper/cli/directive_input.h"
 #include "piper/cli/flags.h"
@@ -25,7 +25,7 @@
 #include "piper/comm/launch.h"
 #include "piper/comm/mpi/mpi_communicator.h"
 #include "piper/kernels/cpu/gemm.h"
-#include "piper/runtime/trace.h"
+#include "piper/runtime/exec/trace.h"
 #include "piper/runtime/trainer.h"
 #include "piper/runtime/training_run.h"
 #include "piper/spec/model_loader.h"

@@ -22,7 +22,7 @@
 #include "piper/base/json.h"
 #include "piper/base/status.h"
 #include "piper/cost/device_model.h"
-#include "piper/runtime/trace.h"
+#include "piper/runtime/exec/trace.h"
 #include "piper/runtime/trainer.h"
 #include "piper/runtime/training_run.h"
 #include "piper/spec/cluster_spec.h"

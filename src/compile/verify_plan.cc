@@ -24,18 +24,21 @@ std::string where(const Plan& plan, int p, int s, size_t pos) {
          ")";
 }
 
-}  // namespace
-
-Result<PlanStats> verify_plan(const Plan& plan, int64_t capacity) {
-  const int np = static_cast<int>(plan.templates.size());
-  // Match point-to-point pairs by (sender rank, tag).
+// Every send and receive of the plan, keyed by (sender rank, tag).
+struct PairTable {
+  int np = 0;
   std::unordered_map<int64_t, Loc> sends, recvs;
-  auto key = [np](int rank, int64_t tag) { return tag * np + rank; };
-  PlanStats stats;
-  stats.peak_bytes.assign(static_cast<size_t>(np), 0);
+  int64_t key(int rank, int64_t tag) const { return tag * np + rank; }
+};
+
+// Collects the sends and receives of every rank (counting the plan's instructions into stats) and checks that
+// each has exactly one partner with the same tag on its peer rank.
+Result<PairTable> match_point_to_point(const Plan& plan, PlanStats& stats) {
+  PairTable pairs;
+  pairs.np = static_cast<int>(plan.templates.size());
+  const int np = pairs.np;
   for (int p = 0; p < np; ++p) {
     const Program& prog = plan.templates[static_cast<size_t>(p)];
-    std::vector<bool> recorded;
     for (int s = 0; s < static_cast<int>(prog.streams.size()); ++s) {
       const auto& instrs = prog.streams[static_cast<size_t>(s)].instrs;
       stats.instructions += instrs.size();
@@ -45,8 +48,8 @@ Result<PlanStats> verify_plan(const Plan& plan, int64_t capacity) {
           if (in.peer < 0 || in.peer >= np || in.peer == p) {
             return failed_precondition(where(plan, p, s, i) + ": peer rank " + std::to_string(in.peer) + " is invalid");
           }
-          auto& table = in.op == OpKind::kSend ? sends : recvs;
-          int64_t k = key(in.op == OpKind::kSend ? p : in.peer, in.tag);
+          auto& table = in.op == OpKind::kSend ? pairs.sends : pairs.recvs;
+          int64_t k = pairs.key(in.op == OpKind::kSend ? p : in.peer, in.tag);
           if (!table.emplace(k, Loc{p, s, i}).second) {
             return failed_precondition(where(plan, p, s, i) + ": a second " + to_string(in.op) + " with the same tag");
           }
@@ -54,20 +57,45 @@ Result<PlanStats> verify_plan(const Plan& plan, int64_t capacity) {
       }
     }
   }
-  for (const auto& [k, loc] : sends) {
-    auto it = recvs.find(k);
+  for (const auto& [k, loc] : pairs.sends) {
+    auto it = pairs.recvs.find(k);
     const Instruction& in =
         plan.templates[static_cast<size_t>(loc.prog)].streams[static_cast<size_t>(loc.stream)].instrs[loc.pos];
-    if (it == recvs.end() || it->second.prog != in.peer) {
+    if (it == pairs.recvs.end() || it->second.prog != in.peer) {
       return failed_precondition(where(plan, loc.prog, loc.stream, loc.pos) +
                                  ": send has no matching receive on rank " + std::to_string(in.peer));
     }
   }
-  for (const auto& [k, loc] : recvs) {
-    if (!sends.count(k))
+  for (const auto& [k, loc] : pairs.recvs) {
+    if (!pairs.sends.count(k))
       return failed_precondition(where(plan, loc.prog, loc.stream, loc.pos) + ": receive has no matching send");
   }
-  // Abstract execution.
+  return pairs;
+}
+
+// The error naming the first (up to 8) streams that the abstract execution left blocked at `head`.
+Status deadlock_error(const Plan& plan, const std::vector<std::vector<size_t>>& head) {
+  std::string msg = "deadlock under blocking point-to-point semantics:";
+  int shown = 0;
+  const int np = static_cast<int>(plan.templates.size());
+  for (int p = 0; p < np && shown < 8; ++p) {
+    const Program& prog = plan.templates[static_cast<size_t>(p)];
+    for (int s = 0; s < static_cast<int>(prog.streams.size()) && shown < 8; ++s) {
+      size_t h = head[static_cast<size_t>(p)][static_cast<size_t>(s)];
+      if (h >= prog.streams[static_cast<size_t>(s)].instrs.size()) continue;
+      msg += " " + where(plan, p, s, h) + " is blocked;";
+      ++shown;
+    }
+  }
+  msg.pop_back();
+  return failed_precondition(msg);
+}
+
+// Abstract execution: advances every stream of every rank as far as it can (a wait needs its record, a send and
+// its receive complete together when both are at the head of their streams) and tracks each rank's live bytes
+// into stats.peak_bytes. Fails naming the blocked streams when no stream can move before all are done.
+Status execute_abstractly(const Plan& plan, PairTable& pairs, PlanStats& stats) {
+  const int np = pairs.np;
   std::vector<std::vector<size_t>> head(static_cast<size_t>(np));
   std::vector<std::unordered_map<int, bool>> events(static_cast<size_t>(np));
   std::vector<int64_t> live(static_cast<size_t>(np));
@@ -109,7 +137,7 @@ Result<PlanStats> verify_plan(const Plan& plan, int64_t capacity) {
             if (!events[static_cast<size_t>(p)].count(in.event)) break;
           } else if (in.op == OpKind::kSend || in.op == OpKind::kRecv) {
             const bool send = in.op == OpKind::kSend;
-            const Loc& other = send ? recvs[key(p, in.tag)] : sends[key(in.peer, in.tag)];
+            const Loc& other = send ? pairs.recvs[pairs.key(p, in.tag)] : pairs.sends[pairs.key(in.peer, in.tag)];
             if (at(other) == nullptr) break;
             complete(other.prog, other.stream);
           }
@@ -119,32 +147,33 @@ Result<PlanStats> verify_plan(const Plan& plan, int64_t capacity) {
       }
     }
   }
-  if (remaining > 0) {
-    std::string msg = "deadlock under blocking point-to-point semantics:";
-    int shown = 0;
-    for (int p = 0; p < np && shown < 8; ++p) {
-      const Program& prog = plan.templates[static_cast<size_t>(p)];
-      for (int s = 0; s < static_cast<int>(prog.streams.size()) && shown < 8; ++s) {
-        size_t h = head[static_cast<size_t>(p)][static_cast<size_t>(s)];
-        if (h >= prog.streams[static_cast<size_t>(s)].instrs.size()) continue;
-        msg += " " + where(plan, p, s, h) + " is blocked;";
-        ++shown;
-      }
-    }
-    msg.pop_back();
-    return failed_precondition(msg);
-  }
-  if (capacity > 0) {
-    for (int p = 0; p < np; ++p) {
-      if (stats.peak_bytes[static_cast<size_t>(p)] > capacity) {
-        return resource_exhausted(
-            "rank " + std::to_string(p) + " needs " + std::to_string(stats.peak_bytes[static_cast<size_t>(p)] >> 20) +
-            " MiB at its peak but "
-            "the device has " +
-            std::to_string(capacity >> 20) + " MiB; raise pp/ep/zero, add recompute, or lower microbatch size");
-      }
+  if (remaining > 0) return deadlock_error(plan, head);
+  return ok_status();
+}
+
+// With a capacity (> 0): every rank's peak along the abstract execution must fit.
+Status check_capacity(const PlanStats& stats, int64_t capacity) {
+  if (capacity <= 0) return ok_status();
+  for (size_t p = 0; p < stats.peak_bytes.size(); ++p) {
+    if (stats.peak_bytes[p] > capacity) {
+      return resource_exhausted("rank " + std::to_string(p) + " needs " + std::to_string(stats.peak_bytes[p] >> 20) +
+                                " MiB at its peak but "
+                                "the device has " +
+                                std::to_string(capacity >> 20) +
+                                " MiB; raise pp/ep/zero, add recompute, or lower microbatch size");
     }
   }
+  return ok_status();
+}
+
+}  // namespace
+
+Result<PlanStats> verify_plan(const Plan& plan, int64_t capacity) {
+  PlanStats stats;
+  stats.peak_bytes.assign(plan.templates.size(), 0);
+  PIPER_ASSIGN_OR_RETURN(PairTable pairs, match_point_to_point(plan, stats));
+  PIPER_RETURN_IF_ERROR(execute_abstractly(plan, pairs, stats));
+  PIPER_RETURN_IF_ERROR(check_capacity(stats, capacity));
   return stats;
 }
 

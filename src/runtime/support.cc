@@ -13,7 +13,7 @@ RuntimeSupport runtime_support() {
   s.schedules = {"1f1b", "gpipe", "interleaved", "zb-h1", "dualpipev"};
   s.zero = {0, 1, 2, 3};
   s.recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
-  // No runtime bound on tp or ep: tp (with sequence parallelism, executor_tp.cc) must divide the heads and ep
+  // No runtime bound on tp or ep: tp (with sequence parallelism, exec/executor_tp.cc) must divide the heads and ep
   // the experts, which Strategy::validate_for checks. Tested: tp=2 and 4 (Parity.Tp4), ep=2, 4 and 8 (Parity.Ep8),
   // tp x ep with every ZeRO stage and schedule (Parity.*Tp2Ep2*), folded or not (Parity.*Fold*: ep=2 and 4 over
   // tp*dp, ZeRO 0-3, dualpipev).
@@ -30,7 +30,7 @@ Status check_runnable(const Strategy& strategy) {
   const std::string what = "strategy " + strategy.to_string() + ": ";
   // recompute_modules (Megatron's module recomputation) runs: the router drops its norm output ("layernorm") and
   // the experts their activation output ("moe_act") after F and recompute them in the backward
-  // (chunks/router.cc, experts.cc; Parity.RecomputeModules*, dist_parity_mpi_test.cc).
+  // (model/chunks/router.cc, experts.cc; Parity.RecomputeModules*, dist_parity_mpi_test.cc).
   if (strategy.disaggregate && !s.disaggregate) {
     return unimplemented(what + "the runtime does not execute disaggregated attention/FFN (af-pipe) yet");
   }

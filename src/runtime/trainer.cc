@@ -11,9 +11,9 @@
 #include "piper/balance/migration_cost.h"
 #include "piper/base/fault.h"
 #include "piper/base/strings.h"
-#include "piper/runtime/checkpoint.h"
-#include "piper/runtime/chunks/tp_slice.h"
-#include "piper/runtime/data_source.h"
+#include "piper/runtime/checkpoint/checkpoint.h"
+#include "piper/runtime/data/data_source.h"
+#include "piper/runtime/model/chunks/tp_slice.h"
 #include "piper/runtime/support.h"
 #include "piper/spec/cluster_loader.h"
 
@@ -247,46 +247,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
                            "replicas yet, so the replicas would diverge: use dp=1 (pipeline parallelism)");
     }
   }
-  // Only the chunks this rank's Program computes (all of them on one rank).
-  std::set<std::pair<int, Part>> mine;
-  for (const compile::Stream& stream : t->compiled_.plan.program(rank).streams) {
-    for (const compile::Instruction& in : stream.instrs) {
-      if (in.op != compile::OpKind::kCompute && in.op != compile::OpKind::kUpdate) continue;
-      if (in.part) mine.emplace(in.layer, *in.part);
-    }
-  }
-  // Expert parallelism: this rank's experts chunk holds only its ep rank's block of experts.
-  ModelOptions model_options = options.model_options;
-  if (t->compiled_.plan.mesh.ep > 1) {
-    model_options.expert_ranks = t->compiled_.plan.mesh.ep;
-    model_options.expert_rank = t->dist_ != nullptr ? t->dist_->coord().ep : 0;
-  }
-  PIPER_ASSIGN_OR_RETURN(t->model_, Model::create(options.model, model_options, options.seed, t->allocator_.get(),
-                                                  [&](int layer, Part part) {
-                                                    return mine.count({layer, part}) > 0;
-                                                  }));
-  if (t->dist_ != nullptr && t->compiled_.plan.mesh.tp > 1) {
-    // Tensor parallelism: the chunks the compiler split over tp hold this rank's slice (chunks/tp_slice.h).
-    // (A layer has an mlp or shared experts, not both: the order is the one the part names had.)
-    std::set<std::pair<int, Part>> split;
-    for (const compile::Program& prog : t->compiled_.plan.templates) {
-      for (const compile::Stream& stream : prog.streams) {
-        for (const compile::Instruction& in : stream.instrs) {
-          if (in.op == compile::OpKind::kCompute && in.shard_axis == "tp" && in.part) {
-            split.emplace(in.layer, *in.part);
-          }
-        }
-      }
-    }
-    for (const auto& [layer, part] : split) {
-      const Chunk* whole = t->model_->find(layer, part);
-      if (whole == nullptr) continue;
-      PIPER_ASSIGN_OR_RETURN(auto slice, make_tp_slice(*whole, t->model_->dims(), t->dist_->coord().tp,
-                                                       t->compiled_.plan.mesh.tp, t->allocator_.get()));
-      PIPER_RETURN_IF_ERROR(t->model_->replace_chunk(std::move(slice)));
-    }
-  }
-  t->num_params_ = t->model_->num_params();
+  PIPER_RETURN_IF_ERROR(t->build_model(rank));
   t->optimizer_ = std::make_unique<Optimizer>(options.optimizer, options.warmup_steps, *t->model_, t->allocator_.get());
   PIPER_ASSIGN_OR_RETURN(t->executor_,
                          Executor::create(t->compiled_.plan, t->compiled_.plan.program(rank), t->model_.get(),
@@ -296,35 +257,88 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
                                                                t->options_.global_batch, options.seed));
   t->loader_ = std::make_unique<DataLoader>(std::move(loader));
 
+  PIPER_RETURN_IF_ERROR(t->predict_resources());
+  t->tracker_.reset_peaks();
+  return t;
+}
+
+// This rank's model: only the chunks its Program computes (all of them on one rank), its ep rank's block of
+// experts, and its tp slice of the chunks the compiler split over tp.
+Status Trainer::build_model(int rank) {
+  // Only the chunks this rank's Program computes (all of them on one rank).
+  std::set<std::pair<int, Part>> mine;
+  for (const compile::Stream& stream : compiled_.plan.program(rank).streams) {
+    for (const compile::Instruction& in : stream.instrs) {
+      if (in.op != compile::OpKind::kCompute && in.op != compile::OpKind::kUpdate) continue;
+      if (in.part) mine.emplace(in.layer, *in.part);
+    }
+  }
+  // Expert parallelism: this rank's experts chunk holds only its ep rank's block of experts.
+  ModelOptions model_options = options_.model_options;
+  if (compiled_.plan.mesh.ep > 1) {
+    model_options.expert_ranks = compiled_.plan.mesh.ep;
+    model_options.expert_rank = dist_ != nullptr ? dist_->coord().ep : 0;
+  }
+  PIPER_ASSIGN_OR_RETURN(
+      model_, Model::create(options_.model, model_options, options_.seed, allocator_.get(), [&](int layer, Part part) {
+        return mine.count({layer, part}) > 0;
+      }));
+  if (dist_ != nullptr && compiled_.plan.mesh.tp > 1) {
+    // Tensor parallelism: the chunks the compiler split over tp hold this rank's slice (model/chunks/tp_slice.h).
+    // (A layer has an mlp or shared experts, not both: the order is the one the part names had.)
+    std::set<std::pair<int, Part>> split;
+    for (const compile::Program& prog : compiled_.plan.templates) {
+      for (const compile::Stream& stream : prog.streams) {
+        for (const compile::Instruction& in : stream.instrs) {
+          if (in.op == compile::OpKind::kCompute && in.shard_axis == "tp" && in.part) {
+            split.emplace(in.layer, *in.part);
+          }
+        }
+      }
+    }
+    for (const auto& [layer, part] : split) {
+      const Chunk* whole = model_->find(layer, part);
+      if (whole == nullptr) continue;
+      PIPER_ASSIGN_OR_RETURN(auto slice, make_tp_slice(*whole, model_->dims(), dist_->coord().tp,
+                                                       compiled_.plan.mesh.tp, allocator_.get()));
+      PIPER_RETURN_IF_ERROR(model_->replace_chunk(std::move(slice)));
+    }
+  }
+  num_params_ = model_->num_params();
+  return ok_status();
+}
+
+// What the resource model predicts for this run (memory per rank, FLOPs per token) and, for a MoE model, the
+// migration cost model, from the local CPU cluster description.
+Status Trainer::predict_resources() {
   PIPER_ASSIGN_OR_RETURN(ClusterSpec cluster, load_cluster("local-cpu", 1));
-  cluster.node.devices_per_node = options.ranks;  // the preset describes both cores; this run uses one rank
+  cluster.node.devices_per_node = options_.ranks;  // the preset describes both cores; this run uses one rank
   // No CUDA context or cuBLAS/NCCL workspace on a CPU rank: the calibration's GPU workspace does not apply.
   cost::Calibration calibration;
   calibration.workspace_bytes = 0;
-  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(options.model, cluster, t->train_, calibration));
+  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(options_.model, cluster, train_, calibration));
   // estimate() has no closed-form model of af-pipe, registered schedules or a directive file's own order: none.
-  if (!t->strategy_.disaggregate && t->strategy_.schedule_kind() != ScheduleKind::kCustom &&
-      (t->options_.directives.empty() || t->directives_recognised_)) {
-    PIPER_ASSIGN_OR_RETURN(cost::Estimate e, cm.estimate(t->strategy_));
-    t->predicted_ = e.memory;
-    const size_t stage = static_cast<size_t>(t->dist_ != nullptr ? t->dist_->coord().pp : 0);
-    t->predicted_rank_ = stage < e.ranks.size() ? e.ranks[stage] : e.memory;
+  if (!strategy_.disaggregate && strategy_.schedule_kind() != ScheduleKind::kCustom &&
+      (options_.directives.empty() || directives_recognised_)) {
+    PIPER_ASSIGN_OR_RETURN(cost::Estimate e, cm.estimate(strategy_));
+    predicted_ = e.memory;
+    const size_t stage = static_cast<size_t>(dist_ != nullptr ? dist_->coord().pp : 0);
+    predicted_rank_ = stage < e.ranks.size() ? e.ranks[stage] : e.memory;
   }
   // The planner's cost model (balance/migration_cost.h) from the same cluster description, identical on every
   // rank; a routed token costs the busiest rank its expert's forward and backward FLOPs (3 GEMMs of 2 h f, times 3).
-  if (options.model.is_moe()) {
-    t->expert_loads_.model = options.model.name;
-    t->expert_loads_.num_experts = options.model.moe.num_experts;
-    const double h = static_cast<double>(options.model.hidden_size);
-    const double f = static_cast<double>(options.model.moe.expert_intermediate_size);
-    t->migration_cost_ = balance::migration_cost(
-        options.model, t->train_, cluster, t->strategy_.etp,
-        options.migration.horizon_steps > 0 ? options.migration.horizon_steps : options.migration.window_steps,
+  if (options_.model.is_moe()) {
+    expert_loads_.model = options_.model.name;
+    expert_loads_.num_experts = options_.model.moe.num_experts;
+    const double h = static_cast<double>(options_.model.hidden_size);
+    const double f = static_cast<double>(options_.model.moe.expert_intermediate_size);
+    migration_cost_ = balance::migration_cost(
+        options_.model, train_, cluster, strategy_.etp,
+        options_.migration.horizon_steps > 0 ? options_.migration.horizon_steps : options_.migration.window_steps,
         18.0 * h * f / (cluster.device.peak_flops_fp32 * cluster.device.gemm_efficiency));
   }
-  t->flops_per_token_ = cm.flops_per_token();
-  t->tracker_.reset_peaks();
-  return t;
+  flops_per_token_ = cm.flops_per_token();
+  return ok_status();
 }
 
 // --directives: the strategy the list stands for, and what the CPU runtime cannot execute, by name.

@@ -3,8 +3,8 @@
 // create(): resolves the strategy (default: 1f1b on one rank, mbs = min(4, global batch)), validates it for
 // the model, batch and world size, compiles it with compile::compile_strategy, builds the Model from the seed,
 // the Optimizer, the corpus and its DataLoader, and an Executor over the rank-0 Program. step() runs one
-// optimizer step on the next batch. save()/resume() write and read a checkpoint (runtime/checkpoint.h: model,
-// AdamW moments, optimizer step, data position, seed) so that a resumed run continues bit for bit.
+// optimizer step on the next batch. save()/resume() write and read a checkpoint (runtime/checkpoint/checkpoint.h:
+// model, AdamW moments, optimizer step, data position, seed) so that a resumed run continues bit for bit.
 // Every tensor is allocated through the trainer's own MemoryTracker, so memory() is this run's, by category.
 // The resource model's prediction for the same configuration (src/cost on the local-cpu cluster preset, fp32
 // everywhere) is predicted_memory().
@@ -27,17 +27,17 @@
 #include "piper/balance/load_monitor.h"
 #include "piper/balance/planner.h"
 #include "piper/base/status.h"
+#include "piper/comm/communicator.h"
 #include "piper/compile/compile.h"
 #include "piper/compile/directive_strategy.h"
 #include "piper/cost/estimate.h"
-#include "piper/comm/communicator.h"
-#include "piper/runtime/checkpoint.h"
-#include "piper/runtime/data_loader.h"
-#include "piper/runtime/dist_context.h"
-#include "piper/runtime/executor.h"
-#include "piper/runtime/memory_pool.h"
-#include "piper/runtime/model.h"
-#include "piper/runtime/optimizer.h"
+#include "piper/runtime/checkpoint/checkpoint.h"
+#include "piper/runtime/data/data_loader.h"
+#include "piper/runtime/exec/dist_context.h"
+#include "piper/runtime/exec/executor.h"
+#include "piper/runtime/exec/memory_pool.h"
+#include "piper/runtime/model/model.h"
+#include "piper/runtime/model/optimizer.h"
 #include "piper/spec/model_spec.h"
 #include "piper/strategy/strategy.h"
 
@@ -112,8 +112,8 @@ class Trainer {
   ~Trainer();
 
   Result<TrainStepStats> step();
-  // Collective over the run's ranks (runtime/checkpoint.h): every rank writes the parameters it holds and the
-  // AdamW moments of the elements it updates; rank 0 commits the checkpoint ROOT/step-N and ROOT/latest.
+  // Collective over the run's ranks (runtime/checkpoint/checkpoint.h): every rank writes the parameters it holds and
+  // the AdamW moments of the elements it updates; rank 0 commits the checkpoint ROOT/step-N and ROOT/latest.
   Status save(const std::string& dir);
   // OK when this run's checkpoints can be written and read; Unimplemented (naming `flag`) for af-pipe runs with
   // ep > 1 (untested). save() and resume() check it; call it before training so that a --save run fails at once,
@@ -172,6 +172,10 @@ class Trainer {
   // Resolves strategy_ and train_ from the options' strategy or directives and compiles the run's plan.
   Status resolve_and_compile();
   Status resolve_directives();
+  // Parts of create(), after the plan is compiled and dist_ is set up: the model of rank `rank`, then the
+  // resource model's prediction and the migration cost.
+  Status build_model(int rank);
+  Status predict_resources();
   bool directives_recognised_ = false;
   TrainOptions options_;
   Strategy strategy_;

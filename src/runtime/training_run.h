@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "piper/base/status.h"
-#include "piper/runtime/trace.h"
+#include "piper/runtime/exec/trace.h"
 #include "piper/runtime/trainer.h"
 
 namespace piper::runtime {

@@ -1,9 +1,10 @@
 // The module layering rule of docs/ARCHITECTURE.md, checked against the sources.
 //
-// parse_module_table() reads the "Modules" table: one row per folder under src/ (`base/`, `strategy/schedules/`),
-// whose last cell lists the modules it may include ("base, spec", "—" for none, "everything" for all). A module
-// may include its own headers, those of the modules it lists and, transitively, what they list (dependencies
-// point one way). find_violations() reports every `#include "piper/<module>/..."` that breaks the rule; a file
+// parse_module_table() reads the "Modules" table and the runtime's folders' table: one row per folder under src/
+// (`base/`, `strategy/schedules/`, `runtime/exec/`), whose last cell lists the modules it may include ("base, spec",
+// "—" for none, "everything" for all); every row of the document whose first cell is one backquoted folder counts.
+// A module may include its own headers, those of the modules it lists and, transitively, what they list
+// (dependencies point one way). find_violations() reports every `#include "piper/<module>/..."` that breaks the rule; a file
 // belongs to the longest folder of the table that contains it, and so does an included header. A remark that
 // starts with "not" ("compile, cost (not ir: the simulator reads only the Plan)") forbids the module to include the
 // named modules itself even where its dependencies reach them (they may; it may not).

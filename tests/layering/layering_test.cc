@@ -59,12 +59,40 @@ TEST(Layering, AForbiddenIncludeAddedToTheTreeIsReported) {
   for (SourceFile& f : files) {
     if (f.path == "comm/communicator.cc") f.text += "\n#include \"piper/strategy/strategy.h\"\n";
     if (f.path == "sim/simulate.cc") f.text += "\n#include \"piper/runtime/trainer.h\"\n";
+    if (f.path == "runtime/model/model.cc") f.text += "\n#include \"piper/runtime/exec/executor.h\"\n";
   }
   std::vector<std::string> after = find_violations(table, files);
-  ASSERT_EQ(after.size(), before + 2) << lines(after);
+  ASSERT_EQ(after.size(), before + 3) << lines(after);
   EXPECT_NE(lines(after).find("comm/communicator.cc:"), std::string::npos);
   EXPECT_NE(lines(after).find("comm -> strategy"), std::string::npos);
   EXPECT_NE(lines(after).find("sim -> runtime"), std::string::npos);
+  EXPECT_NE(lines(after).find("runtime/model -> runtime/exec"), std::string::npos);
+}
+
+// The runtime's folders (docs/ARCHITECTURE.md, "The runtime's folders"): rows of their own inside one library.
+TEST(Layering, TheRuntimesFoldersIncludeOnlyWhatTheirRowsList) {
+  ModuleTable table = architecture_table();
+  auto check = [&](const std::string& path, const std::string& header) {
+    return find_violations(table, {{path, "#include \"piper/" + header + "\"\n"}});
+  };
+  EXPECT_EQ(module_of(table, "runtime/model/chunks/attn.cc"), "runtime/model");
+  EXPECT_EQ(module_of(table, "runtime/gpu/gpu_trainer.cc"), "runtime");
+  EXPECT_TRUE(check("runtime/model/chunks/x.cc", "runtime/model/model.h").empty());  // its own folder
+  EXPECT_TRUE(check("runtime/exec/x.cc", "runtime/model/optimizer.h").empty());
+  EXPECT_TRUE(check("runtime/exec/x.cc", "runtime/data/data_loader.h").empty());
+  EXPECT_TRUE(check("runtime/exec/x.cc", "compile/plan.h").empty());
+  EXPECT_TRUE(check("runtime/checkpoint/x.cc", "runtime/data/data_loader.h").empty());
+  EXPECT_TRUE(check("runtime/trainer.cc", "runtime/exec/executor.h").empty());      // the top reaches every folder
+  EXPECT_TRUE(check("runtime/trainer.cc", "runtime/model/chunks/tp_slice.h").empty());
+  EXPECT_TRUE(check("runtime/gpu/x.cc", "runtime/exec/memory_pool.h").empty());
+  EXPECT_EQ(check("runtime/model/x.cc", "runtime/exec/executor.h").size(), 1u);     // the model knows no executor
+  EXPECT_EQ(check("runtime/model/x.cc", "runtime/checkpoint/safetensors.h").size(), 1u);
+  EXPECT_EQ(check("runtime/data/x.cc", "runtime/model/model.h").size(), 1u);
+  EXPECT_EQ(check("runtime/exec/x.cc", "runtime/checkpoint/checkpoint.h").size(), 1u);
+  EXPECT_EQ(check("runtime/exec/x.cc", "runtime/trainer.h").size(), 1u);            // no folder includes the top
+  EXPECT_EQ(check("runtime/checkpoint/x.cc", "runtime/exec/executor.h").size(), 1u);
+  EXPECT_EQ(check("runtime/exec/x.cc", "ir/graph.h").size(), 1u);                   // its own "(not ir: ...)"
+  EXPECT_EQ(check("runtime/model/x.cc", "compile/plan.h").size(), 1u);
 }
 
 TEST(Layering, EdgesFollowTheTableTransitivelyAndSubfoldersAreModulesOfTheirOwn) {

@@ -1,4 +1,4 @@
-#include "piper/runtime/checkpoint.h"
+#include "piper/runtime/checkpoint/checkpoint.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -10,8 +10,8 @@
 
 #include "piper/base/check.h"
 #include "piper/base/json.h"
-#include "piper/runtime/checkpoint_format.h"
-#include "piper/runtime/safetensors.h"
+#include "piper/runtime/checkpoint/checkpoint_format.h"
+#include "piper/runtime/checkpoint/safetensors.h"
 #include "piper/spec/model_loader.h"
 
 namespace piper {

@@ -16,7 +16,7 @@
 #include "piper/base/check.h"
 #include "piper/comm/mpi/mpi_communicator.h"
 #include "piper/kernels/cpu/gemm.h"
-#include "piper/runtime/checkpoint.h"
+#include "piper/runtime/checkpoint/checkpoint.h"
 #include "piper/runtime/trainer.h"
 #include "piper/spec/model_loader.h"
 

@@ -7,9 +7,9 @@
 #include <set>
 
 #include "piper/base/json.h"
-#include "piper/runtime/data_loader.h"
-#include "piper/runtime/data_source.h"
-#include "piper/runtime/tokenizer.h"
+#include "piper/runtime/data/data_loader.h"
+#include "piper/runtime/data/data_source.h"
+#include "piper/runtime/data/tokenizer.h"
 
 namespace piper {
 namespace {

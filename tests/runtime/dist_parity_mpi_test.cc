@@ -12,7 +12,7 @@
 #include "piper/base/check.h"
 #include "piper/comm/mpi/mpi_communicator.h"
 #include "piper/kernels/cpu/gemm.h"
-#include "piper/runtime/dist_context.h"
+#include "piper/runtime/exec/dist_context.h"
 #include "piper/runtime/support.h"
 #include "piper/runtime/trainer.h"
 #include "piper/spec/model_loader.h"

@@ -1,6 +1,6 @@
 // The Plan-executed step equals the sequential reference composition of the same chunks: same loss, same
 // gradients, for 1F1B, GPipe and the B/W-split zb-h1 order; and the executor's input checks.
-#include "piper/runtime/executor.h"
+#include "piper/runtime/exec/executor.h"
 
 #include <gtest/gtest.h>
 
@@ -10,7 +10,7 @@
 
 #include "piper/compile/compile.h"
 #include "piper/compile/strategy_directives.h"
-#include "piper/runtime/trace.h"
+#include "piper/runtime/exec/trace.h"
 #include "reference_step.h"
 
 namespace piper::runtime::testing {

@@ -1,6 +1,6 @@
-// The executor core's message table (src/runtime/message_table.h): one copy per consumer, the entry leaves with
+// The executor core's message table (src/runtime/exec/message_table.h): one copy per consumer, the entry leaves with
 // the last, forward and backward messages of one node apart, safe from several threads.
-#include "piper/runtime/message_table.h"
+#include "piper/runtime/exec/message_table.h"
 
 #include <gtest/gtest.h>
 

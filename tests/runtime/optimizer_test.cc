@@ -1,6 +1,6 @@
 // Optimizer::shard / update_range: ZeRO's sharded AdamW state gives the same bits as the whole optimizer, and
 // holds only the shard's moments.
-#include "piper/runtime/optimizer.h"
+#include "piper/runtime/model/optimizer.h"
 
 #include <gtest/gtest.h>
 

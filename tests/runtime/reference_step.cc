@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "piper/base/check.h"
-#include "piper/runtime/data_source.h"
+#include "piper/runtime/data/data_source.h"
 #include "piper/tensor/rng.h"
 
 namespace piper::runtime::testing {

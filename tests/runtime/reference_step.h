@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "piper/runtime/data_loader.h"
-#include "piper/runtime/model.h"
+#include "piper/runtime/data/data_loader.h"
+#include "piper/runtime/model/model.h"
 #include "piper/spec/model_spec.h"
 
 namespace piper::runtime::testing {

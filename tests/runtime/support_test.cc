@@ -136,7 +136,7 @@ TEST(RuntimeSupport, TrainerRefusesModelOnlyKeys) {
   }
 }
 
-// Megatron's module recomputation runs (chunks/router.cc, experts.cc): the router's norm output and the experts'
+// Megatron's module recomputation runs (model/chunks/router.cc, experts.cc): the router's norm output and the experts'
 // activation output are dropped after F and recomputed by the same kernels, so the losses are those of the run
 // that keeps them, bit for bit; the measured activation peak falls, by what the plan no longer counts.
 TEST(RuntimeSupport, RecomputeModulesRunWithTheSameLossesAndLessMemory) {

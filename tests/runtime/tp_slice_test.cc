@@ -1,14 +1,14 @@
-// Tensor-parallel slices (chunks/tp_slice.h): the slices' parameters assemble into the whole chunk's, and the
+// Tensor-parallel slices (model/chunks/tp_slice.h): the slices' parameters assemble into the whole chunk's, and the
 // slices' partial outputs and input gradients sum to the whole chunk's (forward and backward), their split
 // weight gradients are the slices of the whole's and their norm-weight gradients sum to the whole's.
-#include "piper/runtime/chunks/tp_slice.h"
+#include "piper/runtime/model/chunks/tp_slice.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "piper/runtime/model.h"
+#include "piper/runtime/model/model.h"
 #include "piper/spec/model_loader.h"
 #include "piper/tensor/rng.h"
 

@@ -1,6 +1,6 @@
 // TraceRecorder through the executor: every instruction of the Program is recorded once per step, spans of a
 // stream are ordered and disjoint, and the memory track follows the tracker (never above its peak).
-#include "piper/runtime/trace.h"
+#include "piper/runtime/exec/trace.h"
 
 #include <gtest/gtest.h>
 

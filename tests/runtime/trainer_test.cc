@@ -14,7 +14,7 @@
 #include <limits>
 #include <utility>
 
-#include "piper/runtime/data_source.h"
+#include "piper/runtime/data/data_source.h"
 #include "piper/spec/model_loader.h"
 #include "piper/tensor/rng.h"
 #include "reference_step.h"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "piper/runtime/checkpoint.h"
+#include "piper/runtime/checkpoint/checkpoint.h"
 #include "reference_step.h"
 
 namespace piper::runtime::testing {

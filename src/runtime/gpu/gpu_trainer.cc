@@ -1,5 +1,5 @@
 // GpuTrainer on the CUDA kernels (see gpu_trainer.h). Tensors are DeviceBuffers; every chunk of the model runs
-// as a fixed sequence of kernel calls mirroring its CPU chunk (runtime/chunks/*.cc).
+// as a fixed sequence of kernel calls mirroring its CPU chunk (runtime/model/chunks/*.cc).
 #include "piper/runtime/gpu/gpu_trainer.h"
 
 #include <chrono>
@@ -11,10 +11,10 @@
 #include "piper/kernels/cpu/moe_reference.h"
 #include "piper/kernels/cpu/optimizer.h"
 #include "piper/kernels/cuda/cuda_api.h"
-#include "piper/runtime/data_loader.h"
-#include "piper/runtime/data_source.h"
-#include "piper/runtime/memory_pool.h"
-#include "piper/runtime/model.h"
+#include "piper/runtime/data/data_loader.h"
+#include "piper/runtime/data/data_source.h"
+#include "piper/runtime/exec/memory_pool.h"
+#include "piper/runtime/model/model.h"
 
 namespace piper::runtime {
 namespace {
@@ -174,7 +174,7 @@ class GpuTrainerImpl : public GpuTrainer {
       s.aux_loss += aux;
     }
     s.loss /= microbatches_;
-    // Global-norm clipping and AdamW (runtime/optimizer.cc's rules).
+    // Global-norm clipping and AdamW (runtime/model/optimizer.cc's rules).
     double total = 0;
     for (auto& p : params_) {
       if (!p->host->trainable) continue;

@@ -1,0 +1,509 @@
+// The executor's data-parallel handler (see executor_handlers.h, docs/runtime.md): the gradient all-reduce over dp
+// (zero=0) and ZeRO. A rank keeps the optimizer state (zero>=1), the accumulated gradient (zero>=2) and the
+// parameters between uses (zero=3) only for its flat shard of each replicated chunk; ZeRO-3's all-gather before an
+// F or B/BW materialises the whole parameters until the plan frees that buffer.
+#include <algorithm>
+#include <chrono>
+
+#include "piper/kernels/cpu/optimizer.h"
+#include "piper/runtime/exec/executor_handlers.h"
+
+namespace piper::runtime::detail {
+
+using compile::Instruction;
+using compile::OpKind;
+
+// The collectives of data parallelism: gradient all-reduce (zero=0), gradient reduce-scatter once per step
+// (zero=1) or per microbatch (zero=2, 3), the all-gather of the updated parameters (zero=1, 2) and the parameter
+// all-gather before each F and B/BW (zero=3).
+Status DataParallel::resolve(const Instruction& in, Task* t) {
+  const bool zero1_rs = in.comm == ir::NodeKind::kReduceScatter && in.mb < 0;
+  const bool zero2_rs = in.comm == ir::NodeKind::kReduceScatter && in.mb >= 0;
+  const bool zero1_ag = in.comm == ir::NodeKind::kAllGather && in.pass == ir::Pass::kU;
+  const bool zero3_ag =
+      in.comm == ir::NodeKind::kAllGather && in.mb >= 0 && (in.pass == ir::Pass::kF || ir::is_backward(in.pass));
+  if (in.comm != ir::NodeKind::kAllReduce && !zero1_rs && !zero2_rs && !zero1_ag && !zero3_ag) {
+    return unimplemented("executor: '" + in.label + "' (" + ir::to_string(in.comm) + " over " + in.group +
+                         ") is not executed yet: the runtime runs pipeline, data (zero=0..3), expert and tensor " +
+                         "parallelism; drop what this instruction implements from the strategy (docs/runtime.md)");
+  }
+  t->comm = core_.dist->group(in.group);
+  if (t->comm == nullptr) {
+    return internal_error("executor: '" + in.label + "' runs over mesh axis '" + in.group +
+                          "', which has degree 1 on this plan");
+  }
+  t->degree = t->comm->size();
+  t->chunk = core_.model->find(in.layer, in.part);
+  if (t->chunk == nullptr) {
+    return invalid_argument("executor: '" + in.label + "' reduces the gradients of (layer " + std::to_string(in.layer) +
+                            ", " + in.part_name() + "), which this rank does not hold");
+  }
+  // ZeRO under tensor parallelism with sequence parallelism: the experts (not split over tp, etp=1) are replicated
+  // over edp x tp and their gradients are partial on each tensor rank, so their shards span both: one
+  // reduce-scatter over edp_tp sums over tp and averages over edp (the resource model's expert shard).
+  // Folded (folds_experts, dist_context.h), the plan's edp group already spans the tensor ranks that hold the same
+  // experts (DistContext builds it from Plan::group_ranks): the reduction is a plain mean over it.
+  bool over_tp = false;
+  const bool folded_experts = folds_experts(core_.plan->mesh) && t->chunk->part() == Part::kExperts;
+  if (!folded_experts && (zero1_rs || zero2_rs || zero1_ag || zero3_ag) && core_.tp->size() > 1 &&
+      core_.tp->sequence_parallel() && t->chunk->part() == Part::kExperts &&
+      t->degree == core_.plan->mesh.dp / std::max(1, core_.plan->mesh.ep)) {
+    t->comm = core_.dist->group("edp_tp");
+    if (t->comm == nullptr) {
+      return internal_error("executor: '" + in.label + "' shards the experts over edp x tp, but this rank has " +
+                            "no edp_tp group");
+    }
+    t->degree = t->comm->size();
+    over_tp = true;
+  }
+  if (zero1_ag) return ok_status();  // the update before it is sharded; nothing to count
+  if (zero3_ag) {
+    t->pass = in.pass;
+    t->mb = in.mb;
+    Shard& sh = shard_of(t->chunk, t->degree, t->comm->rank());
+    sh.params_sharded = true;
+    sh.over_tp = over_tp;
+    sh.every_tp_rank_owns = over_tp || folded_experts;
+    sh.group = t->comm;
+    return ok_status();
+  }
+  if (zero1_rs || zero2_rs) {
+    Shard& sh = shard_of(t->chunk, t->degree, t->comm->rank());
+    sh.over_tp = over_tp;
+    sh.every_tp_rank_owns = over_tp || folded_experts;
+    sh.group = t->comm;
+    sh.per_microbatch = zero2_rs;
+    ++sh.count;
+    if (zero2_rs) {
+      ++reductions_total_;
+      return ok_status();
+    }
+  }
+  if (reduced_.count(t->chunk)) {
+    return unimplemented("executor: '" + in.label + "' is a second gradient reduction of " + t->chunk->name() +
+                         " (bucketed or per-microbatch reduction); the runtime reduces each chunk once per step");
+  }
+  reduced_.insert(t->chunk);
+  ++reductions_total_;
+  return ok_status();
+}
+
+DataParallel::Shard& DataParallel::shard_of(Chunk* chunk, int degree, int rank) {
+  Shard& sh = shards_[chunk];
+  if (!sh.shapes.empty() || sh.per_rank > 0) return sh;
+  int64_t total = 0;
+  for (const Param& p : chunk->params()) {
+    if (!p.trainable) continue;
+    total += p.value.numel();
+    sh.shapes.push_back(p.value.shape());
+  }
+  sh.per_rank = (total + degree - 1) / degree;
+  sh.begin = std::min(total, sh.per_rank * rank);
+  sh.end = std::min(total, sh.begin + sh.per_rank);
+  return sh;
+}
+
+Status DataParallel::setup() {
+  for (auto& [c, sh] : shards_) {
+    Chunk* chunk = const_cast<Chunk*>(c);
+    if (sh.params_sharded && !sh.per_microbatch) {
+      return internal_error("executor: " + chunk->name() + " has ZeRO-3 parameter all-gathers but no gradient " +
+                            "reduce-scatter per microbatch");
+    }
+    // The optimizer state exists only for this rank's shard (ZeRO-1, 2, 3).
+    core_.optimizer->shard(*chunk, sh.begin, sh.end);
+    if (!sh.per_microbatch) continue;
+    // ZeRO-2/3: the gradient is accumulated in a shard-sized tensor; the full one is a per-microbatch transient.
+    PIPER_ASSIGN_OR_RETURN(sh.grad, Tensor::zeros({sh.end - sh.begin}, MemCategory::kGradients, core_.allocator));
+    int64_t offset = 0;
+    for (Param& p : chunk->params()) {
+      if (!p.trainable) continue;
+      p.grad = Tensor();
+      if (sh.params_sharded) {
+        // ZeRO-3: keep this rank's elements; the whole tensor exists only between an all-gather and the free of
+        // its plan buffer.
+        const int64_t n = p.value.numel(), lo = std::max(sh.begin, offset), hi = std::min(sh.end, offset + n);
+        PIPER_ASSIGN_OR_RETURN(
+            Tensor mine, Tensor::zeros({std::max<int64_t>(0, hi - lo)}, MemCategory::kParameters, core_.allocator));
+        if (lo < hi) std::copy(p.value.data() + (lo - offset), p.value.data() + (hi - offset), mine.data());
+        sh.values.push_back(std::move(mine));
+        p.value = Tensor();
+        offset += n;
+      }
+    }
+  }
+  return ok_status();
+}
+
+void DataParallel::materialize_grads(Chunk* chunk, Shard& sh) {
+  size_t i = 0;
+  for (Param& p : chunk->params()) {
+    if (!p.trainable) continue;
+    if (p.grad.numel() == 0) p.grad = Tensor::zeros_or_die(sh.shapes[i], MemCategory::kGradients, core_.allocator);
+    ++i;
+  }
+}
+
+DataParallel::Shard* DataParallel::shard(const Chunk& chunk) {
+  auto it = shards_.find(&chunk);
+  return it == shards_.end() ? nullptr : &it->second;
+}
+
+const DataParallel::Shard* DataParallel::shard(const Chunk& chunk) const {
+  auto it = shards_.find(&chunk);
+  return it == shards_.end() ? nullptr : &it->second;
+}
+
+void DataParallel::begin_step() {
+  std::lock_guard<std::mutex> lock(mu_);
+  reductions_done_ = 0;
+  packs_done_.clear();
+  full_grads_live_ = 0;
+  for (auto& [chunk, sh] : shards_) {
+    if (sh.per_microbatch) sh.grad.fill(0.0f);
+    if (sh.gathered > 0) {  // left by a failed step: re-shard
+      for (Param& p : const_cast<Chunk*>(chunk)->params()) {
+        if (p.trainable) p.value = Tensor();
+      }
+      sh.gathered = 0;
+    }
+  }
+}
+
+void DataParallel::reduction_done() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++reductions_done_;
+  }
+  core_.notify();
+}
+
+bool DataParallel::reductions_complete() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reductions_done_ == reductions_total_;
+}
+
+Status DataParallel::check_gathered(const Task& t) {
+  const Shard* sh = shard(*t.chunk);
+  if (sh == nullptr || !sh->params_sharded || t.pass == ir::Pass::kW) return ok_status();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (sh->gathered == 0) {
+    return internal_error("'" + t.in->label + "' runs before the all-gather of its parameters (zero=3)");
+  }
+  return ok_status();
+}
+
+Status DataParallel::before_grad_task(const Task& t) {
+  Shard* sh = shard(*t.chunk);
+  if (sh == nullptr || !sh->per_microbatch) return ok_status();
+  // ZeRO-2/3: the previous microbatch's gradient must have left the full tensors before this one accumulates
+  // into them; they are then allocated again, zero.
+  // At most kFullGradWindow chunks hold a full gradient at once (the one accumulating and the one its
+  // reduce-scatter is about to take), so that compute running ahead of the reductions does not materialise
+  // every chunk's gradient (the resource model's gradient bucket). The wait claims its place in the window.
+  PIPER_RETURN_IF_ERROR(core_.wait_until(
+      [&] {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (packs_done_[t.chunk] < t.grad_index || full_grads_live_ >= kFullGradWindow) return false;
+        ++full_grads_live_;
+        return true;
+      },
+      Core::kWaitTimeout,
+      "'" + t.in->label + "' waited 600 s for the gradient reduce-scatter of its previous microbatch or of " +
+          "earlier chunks (ZeRO-2/3 keep at most " + std::to_string(kFullGradWindow) + " full gradients)"));
+  std::lock_guard<std::mutex> lock(mu_);
+  materialize_grads(t.chunk, *sh);
+  return ok_status();
+}
+
+Result<bool> DataParallel::free_buffer(const Instruction& in) {
+  auto param = param_buffers_.find(in.buffer);
+  if (param == param_buffers_.end()) return false;
+  // ZeRO-3: re-shard: the gathered copy dies with the last plan buffer that holds it.
+  Shard& sh = shards_.at(param->second);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (sh.gathered <= 0) return internal_error("'" + in.label + "' frees parameters never gathered");
+  if (--sh.gathered == 0) {
+    for (Param& p : param->second->params()) {
+      if (p.trainable) p.value = Tensor();
+    }
+  }
+  return true;
+}
+
+void DataParallel::update(Optimizer& optimizer, Chunk& chunk) {
+  Shard* sh = shard(chunk);
+  if (sh == nullptr) {
+    optimizer.update(chunk);
+    return;
+  }
+  optimizer.update_range(chunk, sh->begin, sh->end, sh->per_microbatch ? sh->grad.data() : nullptr,
+                         sh->params_sharded ? &sh->values : nullptr);
+}
+
+std::optional<double> DataParallel::grad_sq(const Chunk& chunk) {
+  const Shard* sh = shard(chunk);
+  if (sh == nullptr) return std::nullopt;
+  // Every data-parallel rank owns its shard (on tensor rank 0, or every tensor rank when sharded over edp x tp or
+  // when the tensor ranks hold different experts, folded).
+  const bool owner = core_.dist->coord().tp == 0 || sh->every_tp_rank_owns;
+  if (sh->per_microbatch) {  // ZeRO-2/3: the accumulated gradient shard
+    const double norm = kernels::grad_global_norm({{sh->grad.data(), sh->grad.numel()}});
+    return owner ? norm * norm : 0.0;
+  }
+  // ZeRO-1: the shard of the reduced gradient.
+  return owner ? Optimizer::grad_sq_range(chunk, sh->begin, sh->end) : 0.0;
+}
+
+std::vector<Executor::ParamShard> DataParallel::param_shards(const Chunk& chunk) {
+  std::vector<Executor::ParamShard> out;
+  Shard* found = shard(chunk);
+  if (found == nullptr || !found->params_sharded) return out;
+  Shard& sh = *found;
+  int64_t offset = 0;
+  size_t i = 0;
+  for (const Param& p : chunk.params()) {
+    if (!p.trainable) continue;
+    int64_t n = 1;
+    for (int64_t d : sh.shapes[i]) n *= d;
+    const int64_t lo = std::max(sh.begin, offset), hi = std::max(lo, std::min(sh.end, offset + n));
+    out.push_back({&p, sh.shapes[i], &sh.values[i], std::min(lo - offset, n), std::min(hi - offset, n)});
+    offset += n;
+    ++i;
+  }
+  return out;
+}
+
+Status DataParallel::run(const Task& t) {
+  if (t.in->comm == ir::NodeKind::kReduceScatter) return reduce_scatter(t);
+  if (t.in->comm == ir::NodeKind::kAllGather) return gather_params(t);
+  return all_reduce(t);
+}
+
+Status DataParallel::all_reduce(const Task& t) {
+  size_t total = 0;
+  for (const Param& p : t.chunk->params()) total += p.trainable ? static_cast<size_t>(p.grad.numel()) : 0;
+  auto buf = std::make_shared<std::vector<float>>(total);
+  size_t at = 0;
+  for (const Param& p : t.chunk->params()) {
+    if (!p.trainable) continue;
+    std::copy(p.grad.data(), p.grad.data() + p.grad.numel(), buf->data() + at);
+    at += static_cast<size_t>(p.grad.numel());
+  }
+  PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->all_reduce_sum(buf->data(), buf->data(), total));
+  PIPER_RETURN_IF_ERROR(core_.wait_comm(*t.comm, h, buf, "gradient all-reduce of " + t.chunk->name()));
+  // The data-parallel gradient is the mean of the replicas' (each already a mean over its microbatches).
+  const float scale = 1.0f / static_cast<float>(t.degree);
+  at = 0;
+  for (Param& p : t.chunk->params()) {
+    if (!p.trainable) continue;
+    float* g = p.grad.data();
+    for (int64_t i = 0; i < p.grad.numel(); ++i) g[i] = (*buf)[at + static_cast<size_t>(i)] * scale;
+    at += static_cast<size_t>(p.grad.numel());
+  }
+  reduction_done();
+  return ok_status();
+}
+
+// The chunk's trainable tensors as one flat vector, `per_rank * degree` long (zero padded).
+namespace {
+template <typename Get>
+std::shared_ptr<std::vector<float>> pack(Chunk& chunk, size_t padded, Get get) {
+  auto buf = std::make_shared<std::vector<float>>(padded, 0.0f);
+  size_t at = 0;
+  for (Param& p : chunk.params()) {
+    if (!p.trainable) continue;
+    const Tensor& t = get(p);
+    std::copy(t.data(), t.data() + t.numel(), buf->data() + at);
+    at += static_cast<size_t>(t.numel());
+  }
+  return buf;
+}
+}  // namespace
+
+Status DataParallel::reduce_scatter(const Task& t) {
+  Shard& sh = shards_.at(t.chunk);
+  const size_t per_rank = static_cast<size_t>(sh.per_rank);
+  auto in = pack(*t.chunk, per_rank * static_cast<size_t>(t.degree), [](Param& p) -> const Tensor& { return p.grad; });
+  if (sh.per_microbatch) {
+    // ZeRO-2/3: this microbatch's gradient leaves the full tensors, which are freed (the chunk's next
+    // weight-gradient task waits for this, executor.cc, and allocates them again from zero), so no contribution
+    // is counted twice or lost.
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (Param& p : t.chunk->params()) {
+        if (p.trainable) p.grad = Tensor();
+      }
+      --full_grads_live_;
+      ++packs_done_[t.chunk];
+    }
+    core_.notify();
+  }
+  auto out = std::make_shared<std::vector<float>>(per_rank);
+  PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->reduce_scatter_sum(in->data(), out->data(), per_rank));
+  std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(in), decltype(out)>>(in, out);
+  PIPER_RETURN_IF_ERROR(core_.wait_comm(*t.comm, h, keep, "gradient reduce-scatter of " + t.chunk->name()));
+  // The mean over the data-parallel replicas; over edp x tp the tensor ranks' partial gradients are summed.
+  const float scale = 1.0f / static_cast<float>(sh.over_tp ? t.degree / core_.tp->size() : t.degree);
+  if (sh.per_microbatch) {
+    // Gradients accumulate sharded, as the mean over the group of each microbatch's gradient.
+    float* acc = sh.grad.data();
+    for (int64_t i = 0; i < sh.end - sh.begin; ++i) acc[i] += (*out)[static_cast<size_t>(i)] * scale;
+    reduction_done();
+    return ok_status();
+  }
+  // ZeRO-1: this rank's shard of the mean gradient; the rest of the chunk's gradient is not used by its update
+  // or norm.
+  int64_t offset = 0;
+  for (Param& p : t.chunk->params()) {
+    if (!p.trainable) continue;
+    const int64_t lo = std::max(sh.begin, offset), hi = std::min(sh.end, offset + p.grad.numel());
+    for (int64_t i = lo; i < hi; ++i) {
+      p.grad.data()[i - offset] = (*out)[static_cast<size_t>(i - sh.begin)] * scale;
+    }
+    offset += p.grad.numel();
+  }
+  reduction_done();
+  return ok_status();
+}
+
+Status DataParallel::gather_params(const Task& t) {
+  auto it = shards_.find(t.chunk);
+  if (it == shards_.end()) return internal_error("'" + t.in->label + "': parameters gathered without a reduce-scatter");
+  Shard& sh = it->second;
+  const size_t per_rank = static_cast<size_t>(sh.per_rank);
+  if (sh.params_sharded) {
+    // ZeRO-3: every rank contributes its kept elements; the whole parameters exist until the plan frees the
+    // gathered buffer after the task that uses them. Tasks of one step see the same values (the update comes
+    // after every use), so a copy still live from an earlier all-gather is kept and this one's data dropped.
+    auto mine = std::make_shared<std::vector<float>>(per_rank, 0.0f);
+    size_t at = 0;
+    for (const Tensor& v : sh.values) {
+      std::copy(v.data(), v.data() + v.numel(), mine->data() + at);
+      at += static_cast<size_t>(v.numel());
+    }
+    auto full = std::make_shared<std::vector<float>>(per_rank * static_cast<size_t>(t.degree));
+    PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->all_gather(mine->data(), full->data(), per_rank * sizeof(float)));
+    std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(mine), decltype(full)>>(mine, full);
+    PIPER_RETURN_IF_ERROR(core_.wait_comm(*t.comm, h, keep, "parameter all-gather of " + t.chunk->name()));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (sh.gathered++ == 0) {
+      at = 0;
+      size_t i = 0;
+      for (Param& p : t.chunk->params()) {
+        if (!p.trainable) continue;
+        PIPER_ASSIGN_OR_RETURN(p.value, Tensor::zeros(sh.shapes[i++], MemCategory::kBuffers, core_.allocator));
+        std::copy(full->data() + at, full->data() + at + p.value.numel(), p.value.data());
+        at += static_cast<size_t>(p.value.numel());
+      }
+    }
+    return ok_status();
+  }
+  auto full =
+      pack(*t.chunk, per_rank * static_cast<size_t>(t.degree), [](Param& p) -> const Tensor& { return p.value; });
+  auto mine = std::make_shared<std::vector<float>>(full->begin() + sh.begin, full->begin() + sh.begin + sh.per_rank);
+  PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->all_gather(mine->data(), full->data(), per_rank * sizeof(float)));
+  std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(mine), decltype(full)>>(mine, full);
+  PIPER_RETURN_IF_ERROR(core_.wait_comm(*t.comm, h, keep, "parameter all-gather of " + t.chunk->name()));
+  size_t at = 0;
+  for (Param& p : t.chunk->params()) {
+    if (!p.trainable) continue;
+    std::copy(full->data() + at, full->data() + at + p.value.numel(), p.value.data());
+    at += static_cast<size_t>(p.value.numel());
+  }
+  return ok_status();
+}
+
+std::vector<std::pair<float*, int64_t>> DataParallel::grad_pieces(Chunk& chunk,
+                                                                  const std::function<bool(const Param&)>& select) {
+  std::vector<std::pair<float*, int64_t>> out;
+  const Shard* sh = shard(chunk);
+  int64_t offset = 0;
+  size_t i = 0;
+  for (Param& p : chunk.params()) {
+    if (!p.trainable) continue;
+    // Under ZeRO-2/3 p.grad is empty between microbatches: the element count comes from the recorded shape.
+    int64_t n = p.grad.numel();
+    if (sh != nullptr && i < sh->shapes.size()) {
+      n = 1;
+      for (int64_t d : sh->shapes[i]) n *= d;
+    }
+    ++i;
+    if (select(p)) {
+      if (sh == nullptr) {
+        out.emplace_back(p.grad.data(), n);
+      } else {
+        const int64_t lo = std::max(sh->begin, offset), hi = std::min(sh->end, offset + n);
+        if (lo < hi) {
+          float* base = sh->per_microbatch ? const_cast<float*>(sh->grad.data()) + (lo - sh->begin)
+                                           : p.grad.data() + (lo - offset);
+          out.emplace_back(base, hi - lo);
+        }
+      }
+    }
+    offset += n;
+  }
+  return out;
+}
+
+Result<std::vector<std::vector<std::vector<float>>>> DataParallel::gather_shard_state(Chunk& chunk, const Shard& sh) {
+  if (sh.group == nullptr) return internal_error("expert migration: " + chunk.name() + " has no shard group");
+  std::map<std::string, Tensor*> moments;
+  for (const Optimizer::StateTensor& st : core_.optimizer->state()) moments[st.name] = st.tensor;
+  const size_t per = static_cast<size_t>(sh.per_rank), degree = static_cast<size_t>(sh.group->size());
+  std::vector<std::vector<std::vector<float>>> whole(sh.params_sharded ? 3 : 2);
+  for (size_t kind = 0; kind < whole.size(); ++kind) {
+    std::vector<float> mine(per, 0.0f), all(per * degree);
+    size_t at = 0, index = 0;
+    for (const Param& p : chunk.params()) {
+      if (!p.trainable) continue;
+      const Tensor* piece = nullptr;
+      if (kind == 2) {
+        piece = &sh.values[index];
+      } else {
+        auto it = moments.find(p.name + (kind == 0 ? ".m" : ".v"));
+        if (it == moments.end()) return internal_error("expert migration: no optimizer state for " + p.name);
+        piece = it->second;
+      }
+      ++index;
+      if (at + static_cast<size_t>(piece->numel()) > per) {
+        return internal_error("expert migration: the shard of " + chunk.name() + " exceeds its per-rank size");
+      }
+      std::copy(piece->data(), piece->data() + piece->numel(), mine.data() + at);
+      at += static_cast<size_t>(piece->numel());
+    }
+    PIPER_ASSIGN_OR_RETURN(comm::Handle h, sh.group->all_gather(mine.data(), all.data(), per * sizeof(float)));
+    Status st = sh.group->wait(h, core_.dist->timeout_s());
+    if (!st.ok()) return st.with_context("expert migration: gathering the ZeRO shards of " + chunk.name());
+    size_t offset = 0;  // rank r's shard is flat elements [r * per, (r + 1) * per): `all` is the flat vector
+    for (const Shape& shape : sh.shapes) {
+      size_t n = 1;
+      for (int64_t dim : shape) n *= static_cast<size_t>(dim);
+      whole[kind].emplace_back(all.begin() + static_cast<std::ptrdiff_t>(offset),
+                               all.begin() + static_cast<std::ptrdiff_t>(offset + n));
+      offset += n;
+    }
+  }
+  return whole;
+}
+
+void DataParallel::scatter_shard_state(Chunk& chunk, Shard& sh,
+                                       const std::vector<std::vector<std::vector<float>>>& whole) {
+  std::map<std::string, Tensor*> moments;
+  for (const Optimizer::StateTensor& st : core_.optimizer->state()) moments[st.name] = st.tensor;
+  for (size_t kind = 0; kind < whole.size(); ++kind) {
+    std::vector<float> flat;
+    for (const std::vector<float>& t : whole[kind]) flat.insert(flat.end(), t.begin(), t.end());
+    size_t at = static_cast<size_t>(sh.begin), index = 0;
+    for (const Param& p : chunk.params()) {
+      if (!p.trainable) continue;
+      Tensor* piece = kind == 2 ? &sh.values[index] : moments.at(p.name + (kind == 0 ? ".m" : ".v"));
+      ++index;
+      std::copy(flat.begin() + static_cast<std::ptrdiff_t>(at),
+                flat.begin() + static_cast<std::ptrdiff_t>(at + static_cast<size_t>(piece->numel())), piece->data());
+      at += static_cast<size_t>(piece->numel());
+    }
+  }
+}
+
+}  // namespace piper::runtime::detail

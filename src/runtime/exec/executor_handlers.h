@@ -1,0 +1,268 @@
+// The executor's handlers (internal, not a public header): one object per kind of communication, each with its
+// own state (and a lock where streams share that state), over the core of executor_impl.h.
+//
+// Every handler implements the Handler interface: resolve (create(): an instruction of its kind into a Task),
+// run (one such Task, on its stream's thread), begin_step / end_step (around a step, no stream running),
+// prepare_norm (before the global gradient norm, once per step, every gradient task and reduction done) and
+// grad_sq (its share of the squared norm: the chunks whose gradients it holds in another form than whole).
+//
+//   PipelineP2p     pipeline send / recv of hidden states, and af-pipe's dense m2n edges (executor_p2p.cc)
+//   DataParallel    the dp gradient all-reduce and ZeRO 1-3: shards, reduce-scatters, parameter all-gathers,
+//                   re-sharding at the free of a gathered buffer, sharded updates (executor_dp.cc)
+//   TensorParallel  the tp gather / scatter / reduce of hidden states, the sequence slice of unsplit chunks,
+//                   the gradient sum over tp (executor_tp.cc)
+//   ExpertParallel  ep dispatch / combine (flat or HALO), expert placement and migration, expert gradient
+//                   scaling and norm ownership, the per-step expert load (executor_ep.cc)
+//   M2n             af-pipe's routed attention <-> experts exchanges (eight variants) and the FFN group's
+//                   combine (executor_m2n.cc)
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "piper/runtime/exec/executor_impl.h"
+
+namespace piper::comm {
+class HaloContext;
+}
+
+namespace piper::runtime::detail {
+
+class Handler {
+ public:
+  explicit Handler(Core& core) : core_(core) {}
+  virtual ~Handler() = default;
+  Handler(const Handler&) = delete;
+  Handler& operator=(const Handler&) = delete;
+
+  // create(): fills `t` for instruction `in` of this handler's kind (the core set t->in and t->handler).
+  virtual Status resolve(const compile::Instruction& in, Task* t) = 0;
+  // create(), after every instruction is resolved.
+  virtual Status setup() { return ok_status(); }
+  // Runs one resolved Task on its stream's thread.
+  virtual Status run(const Task& t) = 0;
+  // Before a step's streams start / after they all ended without failure.
+  virtual void begin_step() {}
+  virtual Status end_step(StepResult* /*result*/) { return ok_status(); }
+  // Multi-rank, once per step before the global norm (after every gradient task and reduction).
+  virtual Status prepare_norm() { return ok_status(); }
+  // This rank's share of `chunk`'s squared gradient norm when this handler holds the chunk's gradient (its
+  // slices, shards or experts); nullopt leaves the chunk to the next handler and then to the core.
+  virtual std::optional<double> grad_sq(const Chunk& /*chunk*/) { return std::nullopt; }
+
+ protected:
+  Core& core_;
+};
+
+// Pipeline send / recv: one hidden state (or its gradient) with the peer of the plan's tag on the p2p
+// communicator. No state of its own.
+class PipelineP2p final : public Handler {
+ public:
+  using Handler::Handler;
+  Status resolve(const compile::Instruction& in, Task* t) override;
+  Status run(const Task& t) override;
+
+ private:
+  Status send(const Task& t);
+  Status recv(const Task& t);
+};
+
+// The data-parallel gradient reduction (all-reduce, zero=0) and ZeRO 1-3. Thread-safety: the shards' layout is
+// fixed at create(); mu_ guards what the streams change during a step (gathered copies, packs, the window of
+// full gradients, reductions done).
+class DataParallel final : public Handler {
+ public:
+  // ZeRO: chunks whose gradients are reduce-scattered; this rank owns flat elements [begin, end) of the chunk's
+  // trainable parameters taken as one vector (zero padded to per_rank * degree).
+  struct Shard {
+    int64_t begin = 0, end = 0, per_rank = 0;
+    bool per_microbatch = false;  // ZeRO-2/3: one reduce-scatter per microbatch, gradient accumulated sharded
+    bool params_sharded = false;  // ZeRO-3: only [begin, end) of the parameters is kept between uses
+    int count = 0;                // reduce-scatters of the chunk per step
+    std::vector<Shape> shapes;    // per trainable parameter
+    Tensor grad;                  // ZeRO-2/3: this rank's accumulated gradient shard [end - begin] (mean over dp)
+    std::vector<Tensor> values;   // ZeRO-3: per trainable parameter its elements inside [begin, end)
+    int gathered = 0;             // ZeRO-3: all-gathered copies whose plan buffer is not freed yet (mu_)
+    // Sharded over edp x tp (the experts under tp with sequence parallelism): the reduce-scatter also sums the
+    // tensor ranks' partial gradients, so the tp sum skips the chunk and every rank owns its shard in the norm.
+    bool over_tp = false;
+    // Each tensor rank's shard counts in the norm: over_tp, or the folded experts (folds_experts, dist_context.h),
+    // whose shard groups are the plan's edp groups, one per expert block, so tensor ranks hold other experts.
+    bool every_tp_rank_owns = false;
+    comm::Communicator* group = nullptr;  // the ranks the chunk is sharded over (dp, edp or edp_tp)
+  };
+
+  using Handler::Handler;
+  Status resolve(const compile::Instruction& in, Task* t) override;
+  // After every instruction is resolved: shrinks the optimizer state, gradients (ZeRO-2/3) and parameters
+  // (ZeRO-3) of sharded chunks to this rank's shard.
+  Status setup() override;
+  Status run(const Task& t) override;
+  void begin_step() override;
+  std::optional<double> grad_sq(const Chunk& chunk) override;
+
+  // An alloc whose buffer holds the ZeRO-3 parameters of `chunk` that the next all-gather materialises.
+  void own_param_buffer(int buffer, Chunk* chunk) { param_buffers_[buffer] = chunk; }
+  // The free of a buffer: true when it was a gathered-parameter buffer (the last one re-shards the chunk).
+  Result<bool> free_buffer(const compile::Instruction& in);
+  // Before a compute task: ZeRO-3 parameters gathered (not for W).
+  Status check_gathered(const Task& t);
+  // Before a weight-gradient task of a ZeRO-2/3 chunk: waits until the previous microbatch's gradient left the
+  // full tensors and at most kFullGradWindow chunks hold one, then allocates them (zero).
+  Status before_grad_task(const Task& t);
+  // Every gradient reduction of the step has run.
+  bool reductions_complete();
+  // The optimizer update of `chunk`: its shard (ZeRO) or all of it.
+  void update(Optimizer& optimizer, Chunk& chunk);
+
+  const Shard* shard(const Chunk& chunk) const;
+  Shard* shard(const Chunk& chunk);
+  std::vector<Executor::ParamShard> param_shards(const Chunk& chunk);
+  // The pieces of `chunk`'s gradient this rank holds reduced (the whole tensors; under ZeRO-1 the shard's part
+  // of them, under ZeRO-2/3 of the accumulated shard) for the trainable parameters `select` accepts.
+  std::vector<std::pair<float*, int64_t>> grad_pieces(Chunk& chunk, const std::function<bool(const Param&)>& select);
+  // Expert migration of a ZeRO-sharded experts chunk: the moments (and the ZeRO-3 values) of the shard group
+  // all-gathered into whole tensors per trainable parameter (kinds m, v[, value]), and back into this rank's shard.
+  Result<std::vector<std::vector<std::vector<float>>>> gather_shard_state(Chunk& chunk, const Shard& sh);
+  void scatter_shard_state(Chunk& chunk, Shard& sh, const std::vector<std::vector<std::vector<float>>>& whole);
+
+  static constexpr int kFullGradWindow = 2;
+
+ private:
+  // Sets up shards_[chunk] for a group of `degree` ranks in which this rank is `rank` (once per chunk).
+  Shard& shard_of(Chunk* chunk, int degree, int rank);
+  void materialize_grads(Chunk* chunk, Shard& sh);
+  Status all_reduce(const Task& t);
+  Status reduce_scatter(const Task& t);
+  Status gather_params(const Task& t);
+  void reduction_done();
+
+  std::map<const Chunk*, Shard> shards_;
+  std::map<int, Chunk*> param_buffers_;  // ZeRO-3: plan buffers of gathered parameters (freed = re-shard)
+  std::set<const Chunk*> reduced_;       // chunks with a gradient all-reduce or ZeRO-1 reduce-scatter
+  int64_t reductions_total_ = 0;
+  std::mutex mu_;
+  int64_t reductions_done_ = 0;
+  std::map<const Chunk*, int> packs_done_;  // ZeRO-2: microbatch gradients taken out of the full buffer
+  int full_grads_live_ = 0;  // ZeRO-2/3: chunks whose full gradient tensors exist (at most kFullGradWindow)
+};
+
+// Tensor parallelism (docs/runtime.md). Its state is fixed at create(): no lock.
+class TensorParallel final : public Handler {
+ public:
+  using Handler::Handler;
+  Status init(const compile::Program& program);
+  Status resolve(const compile::Instruction& in, Task* t) override;
+  Status run(const Task& t) override;
+  // Sums over tp the gradients that are partial on each tensor rank (replicated parameters). Under ZeRO only
+  // this rank's data-parallel shard of them is summed (the shards of one chunk cover the same elements on every
+  // tensor rank: each holds the same chunk structure).
+  Status prepare_norm() override;
+  // Split chunks: split tensors count on every tensor rank, replicated ones on tensor rank 0, over this rank's
+  // ZeRO shard when the chunk is sharded.
+  std::optional<double> grad_sq(const Chunk& chunk) override;
+  // Sequence parallelism: a chunk that is not split over tp sees this rank's slice of the microbatch's tokens.
+  Status context(const Task& t, StepContext* ctx, Microbatch* mb);
+  // How many token slices a hidden state between chunks is cut into (tp under sequence parallelism, else 1).
+  int token_shards() const { return sequence_parallel_ ? size_ : 1; }
+  int size() const { return size_; }
+  bool sequence_parallel() const { return sequence_parallel_; }
+
+ private:
+  int size_ = 1, rank_ = 0;
+  bool sequence_parallel_ = false;            // the plan exchanges sequence slices (all-gather / reduce-scatter)
+  std::set<const Chunk*> sliced_;             // chunks split over tp (tp_slice.h)
+  std::unique_ptr<comm::Communicator> sync_;  // the tp group in its own matching context (grad sums, router)
+};
+
+struct EpExchange;
+
+// Expert parallelism (executor_ep.cc) and the expert load. Thread-safety: mu_ guards the exchanges between a
+// dispatch and its backward; the placement tables change only between steps.
+class ExpertParallel final : public Handler {
+ public:
+  explicit ExpertParallel(Core& core);
+  ~ExpertParallel() override;
+  // An all_to_all instruction (dispatch/combine over ep): group, producers, consumers.
+  Status resolve(const compile::Instruction& in, Task* t) override;
+  // MoE layers, expert norm ownership, the HALO context (collective over ep).
+  Status setup() override;
+  Status run(const Task& t) override;
+  // The tokens each expert received this step (StepResult::expert_tokens), summed over the ranks.
+  Status end_step(StepResult* result) override;
+  // Expert gradients become the mean over the ep group's objectives.
+  Status prepare_norm() override;
+  // Experts chunks count once: on the first expert-data-parallel replica.
+  std::optional<double> grad_sq(const Chunk& chunk) override;
+  // af-pipe: this FFN rank's experts serve the ep attention ranks of its block over M2N; their gradient scaling
+  // and norm ownership are expert parallelism's over `group`.
+  Status serve_m2n(comm::Communicator* group);
+
+  bool parallel() const { return comm_ != nullptr; }
+  const std::map<int, std::vector<int>>& placement() const;
+  int experts_per_rank() const;
+  // Checks a placement table (every layer an experts layer, each a permutation of the experts).
+  Status check_placement(const std::map<int, std::vector<int>>& placement) const;
+  void set_tables(const std::map<int, std::vector<int>>& placement);
+  Result<ExpertMigration> migrate(const std::map<int, std::vector<int>>& placement);
+
+ private:
+  struct Call;  // one all-to-all being run: flat/HALO exchanges and the dispatch/combine F/B
+  // One layer of migrate whose placement changes to `next`: counts the experts that change rank, and on the
+  // rank holding the layer's experts moves their state (ZeRO shards gathered first, re-sharded after).
+  Status migrate_layer(int layer, const std::vector<int>& next, const std::map<std::string, Tensor*>& moments,
+                       ExpertMigration* out);
+
+  bool has_experts_ = false;
+  int ep_ = 1;  // group size (1: no expert parallelism, only the load count)
+  int experts_per_rank_ = 0;
+  bool halo_ = false;
+  comm::Communicator* comm_ = nullptr;
+  std::unique_ptr<comm::HaloContext> halo_context_;
+  std::set<int> moe_layers_;  // layers with an experts chunk in the plan (every rank: same plan)
+  // Expert parallelism: per MoE layer the logical expert in each physical slot, and its inverse.
+  std::map<int, std::vector<int>> slot_expert_, expert_slot_;
+  bool owns_expert_norm_ = false;
+  std::mutex mu_;
+  std::map<std::pair<int, int>, std::shared_ptr<EpExchange>> exchanges_;  // (layer, mb); mu_
+};
+
+struct M2nSource;
+struct M2nSink;
+
+// af-pipe's routed M2N exchanges (executor_m2n.cc). Thread-safety: mu_ guards the per-(layer, microbatch)
+// routing of the attention side and rows of the FFN side, which the send and receive streams share.
+class M2n final : public Handler {
+ public:
+  explicit M2n(Core& core);
+  ~M2n() override;
+  // Whether an m2n send / recv is a routed exchange this handler runs (true) or a dense edge that runs as a
+  // pipeline message with the same-dp peer (false).
+  Result<bool> routed(const compile::Instruction& in) const;
+  Status resolve(const compile::Instruction& in, Task* t) override;
+  // Runs the variant of (pass, side, direction) that Call's table names.
+  Status run(const Task& t) override;
+  // Before a compute task on an FFN rank: the experts' output rows for the head become its hidden input (the
+  // combine inside the FFN group), and the head's gradient becomes the experts' row gradients (transposed).
+  Status local_inputs(const Task& t, std::vector<Activation>* inputs);
+  Status local_grads(const Task& t, std::vector<Gradient>* grads);
+
+ private:
+  struct Call;  // one routed m2n instruction being run: its context, shared pieces and the eight variants
+  std::shared_ptr<M2nSink> find_sink(std::pair<int, int> key);
+
+  bool active_ = false;
+  std::map<int, std::unique_ptr<comm::Communicator>> combine_comms_;  // FFN group per m2n_to stream (create())
+  std::mutex mu_;
+  std::map<std::pair<int, int>, std::shared_ptr<M2nSource>> sources_;  // mu_
+  std::map<std::pair<int, int>, std::shared_ptr<M2nSink>> sinks_;      // mu_
+};
+
+}  // namespace piper::runtime::detail

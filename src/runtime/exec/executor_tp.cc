@@ -1,0 +1,182 @@
+// Tensor parallelism in the executor (docs/runtime.md): the shard pass's collectives over `tp` move hidden
+// states between the split chunks (model/chunks/tp_slice.h) and the rest of the model, and the gradients that are
+// partial on each tensor rank are summed over tp before the optimizer step.
+//
+// Message sizes ([n, h] with n = mbs * seq tokens of a microbatch, T = tp):
+//   all_gather      (tp_ag, sequence parallel)  [n/T, h] slice -> [n, h]   (the input of a split chunk, F and B)
+//   reduce_scatter  (tp_rs, sequence parallel)  [n, h] partial -> [n/T, h] slice of the sum (its output)
+//   all_reduce      (tp_ar, without sp)         [n, h] partial -> [n, h] sum
+// The slices are contiguous token rows: tensor rank r holds rows [r*n/T, (r+1)*n/T) of the microbatch, and
+// under sequence parallelism every chunk that is not split (embed, router, experts, head) runs on those rows.
+#include <algorithm>
+#include <type_traits>
+
+#include "piper/kernels/cpu/optimizer.h"
+#include "piper/runtime/exec/executor_handlers.h"
+#include "piper/runtime/model/chunks/tp_slice.h"
+
+namespace piper::runtime::detail {
+
+using compile::Instruction;
+using compile::OpKind;
+
+bool is_tp_exchange(const Instruction& in) {
+  using compile::CommRole;
+  return in.role == CommRole::kTpGather || in.role == CommRole::kTpScatter || in.role == CommRole::kTpReduce;
+}
+
+Status TensorParallel::init(const compile::Program& program) {
+  size_ = core_.plan->mesh.tp;
+  rank_ = core_.dist->coord().tp;
+  comm::Communicator* group = core_.dist->group("tp");
+  if (group == nullptr || group->size() != size_) {
+    return internal_error("executor: the plan has tp=" + std::to_string(size_) + " but this rank has no such group");
+  }
+  for (const compile::Stream& stream : program.streams) {
+    for (const Instruction& in : stream.instrs) {
+      if (in.node == ir::kNoNode) continue;
+      if (is_tp_exchange(in) && in.comm != ir::NodeKind::kAllReduce) sequence_parallel_ = true;
+      if (in.op != OpKind::kCompute || in.shard_axis != "tp") continue;
+      Chunk* c = core_.model->find(in.layer, in.part);
+      if (c != nullptr) sliced_.insert(c);
+    }
+  }
+  // Every rank of the tp group creates its executor in the same order, so dup() is matched.
+  PIPER_ASSIGN_OR_RETURN(sync_, group->dup("tp_sync"));
+  return ok_status();
+}
+
+Status TensorParallel::resolve(const Instruction& in, Task* t) {
+  t->comm = core_.dist->group("tp");
+  if (t->comm == nullptr || size_ <= 1) {
+    return internal_error("executor: '" + in.label + "' runs over tp, which has degree 1 on this plan");
+  }
+  t->degree = t->comm->size();
+  t->gradient = in.pass != ir::Pass::kF;
+  if (in.inputs.size() != 1) {
+    return internal_error("executor: '" + in.label + "' has " + std::to_string(in.inputs.size()) +
+                          " inputs, expected 1");
+  }
+  t->source = in.inputs[0];
+  t->consumers = static_cast<int>(in.outputs.size());
+  return ok_status();
+}
+
+Status TensorParallel::run(const Task& t) {
+  const Instruction& in = *t.in;
+  PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Tensor> x, core_.take_hidden(t, "tensor ranks"));
+  const int64_t h = core_.model->dims().hidden, T = t.degree;
+  if (x == nullptr || x->numel() % h != 0) return internal_error("'" + in.label + "': the message is not [n, hidden]");
+  const int64_t rows = x->numel() / h;
+  const MemCategory cat = t.gradient ? MemCategory::kBuffers : MemCategory::kActivations;
+  std::shared_ptr<Tensor> out;
+  comm::Handle handle;
+  std::string what;
+  if (in.comm == ir::NodeKind::kAllGather) {
+    PIPER_ASSIGN_OR_RETURN(Tensor buf, Tensor::zeros({rows * T, h}, cat, core_.allocator));
+    out = std::make_shared<Tensor>(std::move(buf));
+    PIPER_ASSIGN_OR_RETURN(handle, t.comm->all_gather(x->data(), out->data(), static_cast<size_t>(x->nbytes())));
+    what = "sequence all-gather";
+  } else if (in.comm == ir::NodeKind::kReduceScatter) {
+    if (rows % T != 0) {
+      return invalid_argument("'" + in.label + "': " + std::to_string(rows) + " tokens do not split over tp=" +
+                              std::to_string(T) + "; make mbs * seq a multiple of tp");
+    }
+    PIPER_ASSIGN_OR_RETURN(Tensor buf, Tensor::zeros({rows / T, h}, cat, core_.allocator));
+    out = std::make_shared<Tensor>(std::move(buf));
+    PIPER_ASSIGN_OR_RETURN(handle,
+                           t.comm->reduce_scatter_sum(x->data(), out->data(), static_cast<size_t>(out->numel())));
+    what = "sequence reduce-scatter";
+  } else {
+    PIPER_ASSIGN_OR_RETURN(Tensor buf, Tensor::zeros({rows, h}, cat, core_.allocator));
+    out = std::make_shared<Tensor>(std::move(buf));
+    PIPER_ASSIGN_OR_RETURN(handle, t.comm->all_reduce_sum(x->data(), out->data(), static_cast<size_t>(x->numel())));
+    what = "all-reduce";
+  }
+  std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(x), decltype(out)>>(x, out);
+  PIPER_RETURN_IF_ERROR(core_.wait_comm(*t.comm, handle, keep, "tensor-parallel " + what + " '" + in.label + "'"));
+  core_.publish_hidden(t, std::move(out));
+  return ok_status();
+}
+
+Status TensorParallel::context(const Task& t, StepContext* ctx, Microbatch* mb) {
+  if (!sequence_parallel_ || sliced_.count(t.chunk)) return ok_status();
+  const int64_t n = core_.mbs * core_.batch->seq_len;
+  if (n % size_ != 0) {
+    return invalid_argument("'" + t.in->label + "': sequence parallelism splits a microbatch's " + std::to_string(n) +
+                            " tokens (mbs * seq) over tp=" + std::to_string(size_) +
+                            "; make mbs * seq a multiple of tp");
+  }
+  ctx->token_shards = size_;
+  ctx->sum_over_shards = [this](double* values, int64_t count) -> Status {
+    auto buf = std::make_shared<std::vector<double>>(values, values + count);
+    auto all = std::make_shared<std::vector<double>>(static_cast<size_t>(count * size_));
+    PIPER_ASSIGN_OR_RETURN(comm::Handle h,
+                           sync_->all_gather(buf->data(), all->data(), static_cast<size_t>(count) * sizeof(double)));
+    std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(buf), decltype(all)>>(buf, all);
+    PIPER_RETURN_IF_ERROR(core_.wait_comm(*sync_, h, keep, "router statistics exchange over tp"));
+    for (int64_t i = 0; i < count; ++i) {
+      double sum = 0;
+      for (int r = 0; r < size_; ++r) sum += (*all)[static_cast<size_t>(r * count + i)];  // rank order
+      values[i] = sum;
+    }
+    return ok_status();
+  };
+  if (mb != nullptr) {
+    const int64_t part = n / size_, offset = part * rank_;
+    *mb = Microbatch{mb->inputs + offset, mb->targets + offset, 1, part};
+  }
+  return ok_status();
+}
+
+Status TensorParallel::prepare_norm() {
+  if (size_ <= 1) return ok_status();
+  // Partial on each tensor rank: the replicated tensors of split chunks (their input gradient is split over
+  // heads / units), and under sequence parallelism every tensor of the other chunks (each saw a token slice).
+  // Summing over tp commutes with the mean over dp, so under ZeRO the sum runs on the reduced shard.
+  std::vector<std::pair<float*, int64_t>> partial;
+  for (const auto& c : core_.model->chunks()) {
+    const bool split = sliced_.count(c.get()) > 0;
+    if (!split && !sequence_parallel_) continue;
+    const DataParallel::Shard* shard = core_.dp->shard(*c);
+    if (shard != nullptr && shard->over_tp) continue;  // summed by its reduce-scatter over edp_tp
+    // Folded, the experts' reduction over the plan's edp group sums their tensor ranks' slices (and the tensor
+    // ranks of one edp group hold other experts than the rest of their tp group).
+    if (folds_experts(core_.plan->mesh) && c->part() == Part::kExperts) continue;
+    for (const auto& piece : core_.dp->grad_pieces(*c, [&](const Param& p) { return !(split && tp_param_split(p)); })) {
+      partial.push_back(piece);
+    }
+  }
+  size_t total = 0;
+  for (const auto& [ptr, n] : partial) total += static_cast<size_t>(n);
+  if (total == 0) return ok_status();
+  auto buf = std::make_shared<std::vector<float>>(total);
+  size_t at = 0;
+  for (const auto& [ptr, n] : partial) {
+    std::copy(ptr, ptr + n, buf->data() + at);
+    at += static_cast<size_t>(n);
+  }
+  PIPER_ASSIGN_OR_RETURN(comm::Handle h, sync_->all_reduce_sum(buf->data(), buf->data(), total));
+  PIPER_RETURN_IF_ERROR(core_.wait_comm(*sync_, h, buf, "gradient sum over tp of the replicated parameters"));
+  at = 0;
+  for (const auto& [ptr, n] : partial) {
+    std::copy(buf->data() + at, buf->data() + at + n, ptr);
+    at += static_cast<size_t>(n);
+  }
+  return ok_status();
+}
+
+std::optional<double> TensorParallel::grad_sq(const Chunk& chunk) {
+  if (!sliced_.count(&chunk)) return std::nullopt;
+  // Each tensor rank owns its slice; under ZeRO each data-parallel rank its shard of it, else dp rank 0.
+  if (core_.dp->shard(chunk) == nullptr && core_.dist->coord().dp != 0) return 0.0;
+  std::vector<std::pair<const float*, int64_t>> grads;
+  for (const auto& [ptr, n] : core_.dp->grad_pieces(const_cast<Chunk&>(chunk),
+                                                    [&](const Param& p) { return tp_param_split(p) || rank_ == 0; })) {
+    grads.emplace_back(ptr, n);
+  }
+  const double norm = kernels::grad_global_norm(grads);
+  return norm * norm;
+}
+
+}  // namespace piper::runtime::detail

@@ -1,0 +1,145 @@
+// attn: pre-norm causal GQA self-attention with rotary positions and the residual add. Q, K and V come from one
+// fused projection (w_qkv = [Wq; Wk; Wv], one GEMM forward and one per backward task instead of three).
+// Like flash attention, the s x s probabilities are not stashed: B recomputes them from the stashed (rotated)
+// q and k into a temporary buffer, so the stash matches the resource model (src/cost/activations.h).
+#include <algorithm>
+
+#include "piper/kernels/cpu/ops.h"
+#include "piper/runtime/model/chunks/parts.h"
+
+namespace piper::runtime {
+namespace {
+
+struct AttnStash : Stash {
+  int64_t batch = 0, seq = 0;
+  std::shared_ptr<const Tensor> x;  // input (norm input)
+  Tensor rstd, xn, q, k, v, o;      // q, k after rotary; o = attention output (out-projection input)
+  // B -> W
+  std::shared_ptr<const Tensor> dout;
+  Tensor dqkv, dxn;  // dqkv = [dq | dk | dv] per token (before rotary for q, k)
+};
+
+class AttnChunk : public Chunk {
+ public:
+  AttnChunk(int layer, const ChunkDims& d, uint64_t seed, Allocator* allocator, bool residual)
+      : Chunk(Part::kAttention, layer, d, allocator), residual_(residual) {
+    const int64_t qd = d.num_heads * d.head_dim, kd = d.num_kv_heads * d.head_dim;
+    add_param("norm", {d.hidden}, seed, 0.0f, 1.0f, false);
+    add_param("w_qkv", {qd + 2 * kd, d.hidden}, seed, init_std(), 0.0f, true);
+    add_param("wo", {d.hidden, qd}, seed, residual_init_std(d), 0.0f, true);
+  }
+
+  Result<std::unique_ptr<Stash>> forward(const StepContext& ctx, const Microbatch& mb,
+                                         const std::vector<const Activation*>& inputs, Activation* out) override {
+    const int64_t n = mb.num_tokens(), h = dims_.hidden, qd = qdim(), kd = kdim();
+    auto st = std::make_unique<AttnStash>();
+    st->batch = mb.batch;
+    st->seq = mb.seq;
+    PIPER_ASSIGN_OR_RETURN(st->x, sum_hidden(*this, inputs, n, h));
+    st->rstd = new_output({n}, MemCategory::kActivations);
+    st->xn = new_output({n, h}, MemCategory::kActivations);
+    kernels::rmsnorm_forward(st->xn.data(), st->rstd.data(), st->x->data(), w(0), n, h, dims_.norm_eps);
+    st->q = new_output({n, qd}, MemCategory::kActivations);
+    st->k = new_output({n, kd}, MemCategory::kActivations);
+    st->v = new_output({n, kd}, MemCategory::kActivations);
+    {
+      Tensor qkv = new_output({n, qd + 2 * kd}, MemCategory::kBuffers);
+      kernels::linear_forward(qkv.data(), st->xn.data(), w(1), n, h, qd + 2 * kd);
+      unpack(qkv, &st->q, &st->k, &st->v, n);
+    }
+    kernels::rotary_forward(st->q.data(), st->q.data(), mb.batch, mb.seq, dims_.num_heads, dims_.head_dim,
+                            dims_.rope_theta);
+    kernels::rotary_forward(st->k.data(), st->k.data(), mb.batch, mb.seq, dims_.num_kv_heads, dims_.head_dim,
+                            dims_.rope_theta);
+    st->o = new_output({n, qd}, MemCategory::kActivations);
+    {
+      Tensor probs = new_output({mb.batch, dims_.num_heads, mb.seq, mb.seq}, MemCategory::kBuffers);
+      kernels::attention_forward(st->o.data(), probs.data(), st->q.data(), st->k.data(), st->v.data(), shape(*st));
+    }
+    auto y = new_shared_output({n, h}, MemCategory::kActivations);
+    kernels::linear_forward(y->data(), st->o.data(), w(2), n, qd, h);
+    if (residual_) add_into(y->data(), y->data(), st->x->data(), n * h);
+    out->hidden = std::move(y);
+    return std::unique_ptr<Stash>(std::move(st));
+  }
+
+  Status backward_input(const StepContext& ctx, const std::vector<const Gradient*>& grads, Stash& stash,
+                        Gradient* dx) override {
+    auto& st = static_cast<AttnStash&>(stash);
+    const int64_t n = st.batch * st.seq, h = dims_.hidden, qd = qdim(), kd = kdim();
+    PIPER_ASSIGN_OR_RETURN(st.dout, sum_dhidden(*this, grads, n, h));
+    Tensor d_o = new_output({n, qd}, MemCategory::kBuffers);
+    kernels::linear_backward_input(d_o.data(), st.dout->data(), w(2), n, qd, h);
+    Tensor dq = new_output({n, qd}, MemCategory::kBuffers);
+    Tensor dk = new_output({n, kd}, MemCategory::kBuffers);
+    Tensor dv = new_output({n, kd}, MemCategory::kBuffers);
+    {
+      Tensor probs = new_output({st.batch, dims_.num_heads, st.seq, st.seq}, MemCategory::kBuffers);
+      kernels::attention_probs(probs.data(), st.q.data(), st.k.data(), shape(st));
+      kernels::attention_backward_input(dq.data(), dk.data(), dv.data(), d_o.data(), st.q.data(), st.k.data(),
+                                        st.v.data(), probs.data(), shape(st));
+    }
+    kernels::rotary_backward_input(dq.data(), dq.data(), st.batch, st.seq, dims_.num_heads, dims_.head_dim,
+                                   dims_.rope_theta);
+    kernels::rotary_backward_input(dk.data(), dk.data(), st.batch, st.seq, dims_.num_kv_heads, dims_.head_dim,
+                                   dims_.rope_theta);
+    st.dqkv = new_output({n, qd + 2 * kd}, MemCategory::kBuffers);
+    pack(dq, dk, dv, &st.dqkv, n);
+    st.dxn = new_output({n, h}, MemCategory::kBuffers);
+    kernels::linear_backward_input(st.dxn.data(), st.dqkv.data(), w(1), n, h, qd + 2 * kd);
+    auto dxt = new_shared_output({n, h}, MemCategory::kBuffers);
+    kernels::rmsnorm_backward_input(dxt->data(), st.dxn.data(), st.x->data(), w(0), st.rstd.data(), n, h);
+    if (residual_) add_into(dxt->data(), dxt->data(), st.dout->data(), n * h);
+    dx->dhidden = std::move(dxt);
+    return ok_status();
+  }
+
+  void backward_weight(const StepContext& ctx, Stash& stash) override {
+    auto& st = static_cast<AttnStash&>(stash);
+    const int64_t n = st.batch * st.seq, h = dims_.hidden, qd = qdim(), kd = kdim();
+    kernels::rmsnorm_backward_weight(g(0), st.dxn.data(), st.x->data(), st.rstd.data(), n, h);
+    kernels::linear_backward_weight(g(1), st.dqkv.data(), st.xn.data(), n, h, qd + 2 * kd);
+    kernels::linear_backward_weight(g(2), st.dout->data(), st.o.data(), n, qd, h);
+    st.dout.reset();
+    st.dqkv = Tensor();
+    st.dxn = Tensor();
+  }
+
+ private:
+  // [n, qd + 2kd] <-> q [n, qd], k, v [n, kd].
+  void unpack(const Tensor& qkv, Tensor* q, Tensor* k, Tensor* v, int64_t n) const {
+    const int64_t qd = qdim(), kd = kdim(), w = qd + 2 * kd;
+    for (int64_t t = 0; t < n; ++t) {
+      const float* src = qkv.data() + t * w;
+      std::copy(src, src + qd, q->data() + t * qd);
+      std::copy(src + qd, src + qd + kd, k->data() + t * kd);
+      std::copy(src + qd + kd, src + w, v->data() + t * kd);
+    }
+  }
+  void pack(const Tensor& q, const Tensor& k, const Tensor& v, Tensor* qkv, int64_t n) const {
+    const int64_t qd = qdim(), kd = kdim(), w = qd + 2 * kd;
+    for (int64_t t = 0; t < n; ++t) {
+      float* dst = qkv->data() + t * w;
+      std::copy(q.data() + t * qd, q.data() + (t + 1) * qd, dst);
+      std::copy(k.data() + t * kd, k.data() + (t + 1) * kd, dst + qd);
+      std::copy(v.data() + t * kd, v.data() + (t + 1) * kd, dst + qd + kd);
+    }
+  }
+  int64_t qdim() const { return dims_.num_heads * dims_.head_dim; }
+  int64_t kdim() const { return dims_.num_kv_heads * dims_.head_dim; }
+  const float* w(size_t i) const { return params_[i].value.data(); }
+  float* g(size_t i) { return params_[i].grad.data(); }
+  kernels::AttentionShape shape(const AttnStash& st) const {
+    return {st.batch, st.seq, dims_.num_heads, dims_.num_kv_heads, dims_.head_dim};
+  }
+  bool residual_;  // false on tensor ranks > 0 (tp_slice.h): the residual is added once over the TP group
+};
+
+}  // namespace
+
+std::unique_ptr<Chunk> make_attn_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator,
+                                       bool residual) {
+  return std::make_unique<AttnChunk>(layer, dims, seed, allocator, residual);
+}
+
+}  // namespace piper::runtime
