@@ -85,7 +85,6 @@ Run run(const TrainOptions& o, int steps) {
   return out;
 }
 
-
 // `strategy` on the world against `reference` (same global batch and mbs) on one rank. Every rank's measured
 // peak memory must also be within kMemTol of the resource model's prediction for its stage.
 constexpr double kMemTol = 0.10;

@@ -2,8 +2,8 @@
 // (seeded, the same list on every rank) from the planner's dimensions (planner/space.h: tp, pp, ep, schedule with
 // vpp, zero, recompute, a2a, mbs; the disaggregated mode's attention:FFN splits) and Megatron's module
 // recomputation (recompute_modules) for tiny-moe on the run's world; each draw must validate
-// (Strategy::validate_for) and be runnable (check_runnable, which refuses only etp > 1, tp_overlap, fold with
-// tp x ep and af-pipe with tp, none of which the draw picks). Every
+// (Strategy::validate_for) and be runnable (check_runnable, which refuses only etp > 1, tp_overlap and af-pipe with
+// tp, none of which the draw picks; fold=1 with tp x ep runs but is not drawn: Parity.*Fold* test it). Every
 // drawn strategy trains 3 steps (Trainer::create compiles and verifies it), and each step's loss must be within
 // 1e-5 (relative) of one rank with the same global batch and micro-batch size.
 // The first draws cover the compositions named by issue 26, where the world allows them: tp x ep,

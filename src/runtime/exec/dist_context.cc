@@ -79,7 +79,7 @@ Result<std::unique_ptr<DistContext>> DistContext::create(comm::Communicator& wor
   const ir::MeshInfo& m = plan.mesh;
   const int ep = std::max(1, m.ep);
   // MoE parallel folding: the experts' groups are the plan's (Plan::group_ranks): ep = ep consecutive ranks of the
-  // stage's tp*dp ranks, edp = every rank of the stage with the same expert block, tensor ranks included
+  // stage's tp*dp ranks, edp = every rank of the stage with the same expert shard (ep_coord), tensor ranks included
   // (MeshInfo::expert_replicas ranks; it reduces their gradients, so there is no edp_tp).
   const bool fold = folds_experts(m);
   using C = compile::RankCoord;
