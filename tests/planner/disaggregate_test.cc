@@ -9,19 +9,15 @@
 #include "piper/base/check.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
+#include "search_case.h"
 
 namespace piper::planner {
 namespace {
 
 AfModel make_model(const std::string& model, const std::string& cluster, int nodes, int64_t batch, int64_t seq,
                    AfOptions options = {}) {
-  auto m = load_model(model);
-  auto c = load_cluster(cluster, nodes);
-  PIPER_CHECK(m.ok() && c.ok(), "test presets must load");
-  TrainSpec t;
-  t.global_batch = batch;
-  t.seq_len = seq;
-  auto a = AfModel::create(*m, *c, t, options);
+  const test_support::SearchCase c = test_support::make_case(model, cluster, nodes, batch, seq);
+  auto a = AfModel::create(c.model, c.cluster, c.train, options);
   PIPER_CHECK(a.ok(), a.status().message());
   return *a;
 }
