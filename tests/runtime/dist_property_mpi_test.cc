@@ -1,13 +1,16 @@
 // Property: every strategy the compiler verifies trains with one rank's losses. Strategies are drawn at random
 // (seeded, the same list on every rank) from the planner's dimensions (planner/space.h: tp, pp, ep, schedule with
-// vpp, zero, recompute, a2a, mbs; the disaggregated mode's attention:FFN splits) and Megatron's module
-// recomputation (recompute_modules) for tiny-moe on the run's world; each draw must validate
-// (Strategy::validate_for) and be runnable (check_runnable, which refuses only etp > 1, tp_overlap and af-pipe with
-// tp, none of which the draw picks; fold=1 with tp x ep runs but is not drawn: Parity.*Fold* test it). Every
-// drawn strategy trains 3 steps (Trainer::create compiles and verifies it), and each step's loss must be within
-// 1e-5 (relative) of one rank with the same global batch and micro-batch size.
+// vpp, zero, recompute, a2a, mbs; the disaggregated mode's attention:FFN splits), Megatron's module
+// recomputation (recompute_modules) and MoE parallel folding (fold=1: ep over the stage's tp*dp ranks) for
+// tiny-moe on the run's world; each draw must validate (Strategy::validate_for) and be runnable (check_runnable,
+// which refuses only etp > 1, tp_overlap and af-pipe with tp, none of which the draw picks). Every drawn strategy
+// trains 3 steps (Trainer::create compiles and verifies it), and each step's loss must be within 1e-5 (relative)
+// of one rank with the same global batch and micro-batch size.
 // The first draws cover the compositions named by issue 26, where the world allows them: tp x ep,
-// dualpipev x ep x zero=3, interleaved pp=2 vpp=2, zb-h1 with ep, uneven af-pipe with ZeRO and recomputation.
+// dualpipev x ep x zero=3, interleaved pp=2 vpp=2, zb-h1 with ep, uneven af-pipe with ZeRO and recomputation;
+// then tp=2 x ep folded (every world). A later draw with tp > 1 folds with probability 1/2 (ep then among the
+// divisors > 1 of tp*dp); folding draws from its own stream, so a seed's other dimensions are drawn as before
+// folding was (draw_strategies). The run prints how many of its strategies fold.
 // PIPER_PROPERTY_DRAWS sets the number of draws (CTest: a small draw per world in `make test`, a larger one
 // under `ctest -C property-large`); PIPER_PROPERTY_SEED the seed. Run under mpiexec -n 2, 4 or 8.
 #include <gtest/gtest.h>
@@ -49,17 +52,20 @@ std::vector<int> divisors(int n, int at_most) {
   return out;
 }
 
-// One draw: the strategy text (pipeline-parallel or af-pipe) and its global batch.
+// One draw: the strategy text (pipeline-parallel or af-pipe), its global batch, its tp and whether it folds.
 struct Draw {
   std::string strategy;
   int64_t global_batch = 0;
   int mbs = 1;
+  int tp = 1;
+  bool fold = false;
 };
 
 // The planner's dimensions on `world` ranks of tiny-moe (4 layers, 4 heads / 2 kv heads, 8 experts). `kind`
 // constrains the draw to one composition: "" any, "tp_ep", "dualpipev_ep_zero3", "interleaved_pp2_vpp2",
-// "zbh1_ep", "af_uneven".
-Draw draw_one(std::mt19937_64& rng, int world, const std::string& kind) {
+// "zbh1_ep", "af_uneven". With `fold_rng` and tp > 1 the draw folds (fold=1): ep is drawn from fold_rng among the
+// divisors > 1 of tp*dp (Megatron's MoE parallel folding lays the expert groups over the stage's tp*dp ranks).
+Draw draw_one(std::mt19937_64& rng, int world, const std::string& kind, std::mt19937_64* fold_rng = nullptr) {
   Draw d;
   d.mbs = pick(rng, std::vector<int>{1, 2});
   const std::string zero = std::to_string(pick(rng, std::vector<int>{0, 1, 2, 3}));
@@ -104,7 +110,14 @@ Draw draw_one(std::mt19937_64& rng, int world, const std::string& kind) {
   const int dp = world / (tp * pp);
   std::vector<int> eps = divisors(dp, 8);
   if (want_ep && eps.size() > 1) eps.erase(eps.begin());  // ep > 1
-  const int ep = pick(rng, eps);
+  int ep = pick(rng, eps);
+  d.tp = tp;
+  d.fold = fold_rng != nullptr && tp > 1;
+  if (d.fold) {
+    std::vector<int> folded = divisors(dp * tp, 8);
+    folded.erase(folded.begin());  // ep > 1
+    ep = pick(*fold_rng, folded);
+  }
   const int vpp = schedule == "interleaved" ? 2 : 1;
   // Microbatches: the schedules' minimums (1f1b, zb-h1, interleaved >= pp, interleaved a multiple of pp,
   // dualpipev >= 2 pp), one or two times that.
@@ -115,7 +128,7 @@ Draw draw_one(std::mt19937_64& rng, int world, const std::string& kind) {
                (vpp > 1 ? ",vpp=2" : "") + ",zero=" + (kind == "dualpipev_ep_zero3" ? "3" : zero) + ",recompute=" + rc +
                (rc == "full" ? "" : pick(rng, kModules)) +
                ",a2a=" + (ep > 1 ? pick(rng, std::vector<std::string>{"flat", "halo"}) : "flat") +
-               ",microbatches=" + std::to_string(m) + ",mbs=" + std::to_string(d.mbs);
+               ",microbatches=" + std::to_string(m) + ",mbs=" + std::to_string(d.mbs) + (d.fold ? ",fold=1" : "");
   d.global_batch = static_cast<int64_t>(dp) * m * d.mbs;
   return d;
 }
@@ -133,16 +146,32 @@ bool admissible(const Draw& d, int world) {
   return check_runnable(*s).ok();
 }
 
+// The first draws are the kinds (above), then "tp_ep_fold" (tp=2, pp=1, folded), then free draws. Folding has its
+// own stream (fold_rng): "tp_ep_fold" is drawn from it whole, and a free draw with tp > 1 folds with probability
+// 1/2 by replaying the main stream's draw with fold=1 (kept when admissible, else the unfolded draw stands). The
+// main stream advances as without folding, so a seed draws the other dimensions as it did before fold was drawn.
 std::vector<Draw> draw_strategies(int world, int count, uint64_t seed) {
   std::mt19937_64 rng(seed * 1000003u + static_cast<uint64_t>(world));
+  std::mt19937_64 fold_rng(seed * 1000033u + static_cast<uint64_t>(world) + 7u);
   std::vector<std::string> kinds = {"interleaved_pp2_vpp2"};
   if (world >= 4) {
     for (const char* k : {"tp_ep", "dualpipev_ep_zero3", "zbh1_ep", "af_uneven"}) kinds.push_back(k);
   }
+  kinds.push_back("tp_ep_fold");
   std::vector<Draw> out;
   for (int i = 0, tries = 0; static_cast<int>(out.size()) < count && tries < 100000; ++tries) {
     const std::string kind = i < static_cast<int>(kinds.size()) ? kinds[static_cast<size_t>(i)] : "";
-    Draw d = draw_one(rng, world, kind);
+    Draw d;
+    if (kind == "tp_ep_fold") {
+      d = draw_one(fold_rng, world, "tp_ep", &fold_rng);
+    } else {
+      std::mt19937_64 replay = rng;
+      d = draw_one(rng, world, kind);
+      if (kind.empty() && d.tp > 1 && fold_rng() % 2 == 0) {
+        Draw f = draw_one(replay, world, kind, &fold_rng);
+        if (admissible(f, world)) d = f;
+      }
+    }
     if (!admissible(d, world)) continue;
     bool seen = false;
     for (const Draw& e : out) seen = seen || e.strategy == d.strategy;
@@ -171,7 +200,9 @@ TEST(StrategyProperty, DrawnStrategiesTrainWithOneRanksLosses) {
   const std::vector<Draw> draws = draw_strategies(ranks, count, seed);
   ASSERT_EQ(static_cast<int>(draws.size()), count) << "fewer admissible strategies than draws on " << ranks;
   double worst = 0;
+  int folded = 0;
   for (const Draw& d : draws) {
+    folded += d.fold;
     TrainOptions o = tiny_moe_options(d.strategy, kLr);
     o.ranks = ranks;
     o.world = world->get();
@@ -200,8 +231,8 @@ TEST(StrategyProperty, DrawnStrategiesTrainWithOneRanksLosses) {
     EXPECT_LE(rel, kRelTol) << d.strategy << " on " << ranks << " ranks: losses differ from one rank's";
   }
   if ((*world)->rank() == 0) {
-    std::printf("property: %zu strategies on %d ranks, worst relative loss difference %.3g\n", draws.size(), ranks,
-                worst);
+    std::printf("property: %zu strategies on %d ranks (%d with fold=1), worst relative loss difference %.3g\n",
+                draws.size(), ranks, folded, worst);
   }
 }
 
