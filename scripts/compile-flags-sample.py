@@ -4,8 +4,8 @@ time"): compiles every STEP-th translation unit of a build configured with the n
 flags (-O2 -g everywhere: -g1 back to -g, the tests' -O1 dropped) and once as configured, and prints the CPU seconds
 (user + system of the compiler) of each, per folder and in total.
 
-Usage: scripts/compile-flags-sample.py BUILD_DIR [STEP]   (BUILD_DIR configured with
-  -DCMAKE_EXPORT_COMPILE_COMMANDS=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG")
+Usage: scripts/compile-flags-sample.py BUILD_DIR [STEP]   (BUILD_DIR configured with -DCMAKE_EXPORT_COMPILE_COMMANDS=ON
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG")
 """
 import json
 import os

@@ -31,8 +31,9 @@ namespace piper::runtime {
 
 // MoE parallel folding changes the expert groups (ir::MeshInfo::fold with tp > 1 and ep > 1; with tp = 1 or
 // ep = 1 the folded groups are the unfolded ones). Then ep and edp are the plan's groups (Plan::group_ranks): ep
-// consecutive ranks of a stage's tp*dp ranks, and every rank of the stage holding the same expert shard (ep_coord), tensor
-// ranks included (ir::MeshInfo::expert_replicas ranks), over which the experts' gradients are reduced.
+// consecutive ranks of a stage's tp*dp ranks, and every rank of the stage holding the same expert shard
+// (ep_coord), tensor ranks included (ir::MeshInfo::expert_replicas ranks), over which the experts' gradients are
+// reduced.
 inline bool folds_experts(const ir::MeshInfo& m) { return m.fold && m.tp > 1 && m.ep > 1; }
 
 class DistContext {
