@@ -49,6 +49,8 @@ def case(model, seq):
     terms = best["per_step"]
     sim = common.piper("simulate", "--model", model, "--cluster", "h800", "--nodes", NODES, "--seq", seq,
                        "--global-batch", BATCH, "--strategy", best["strategy"])
+    closed = common.piper("estimate", "--model", model, "--cluster", "h800", "--nodes", NODES, "--seq", seq,
+                          "--global-batch", BATCH, "--strategy", best["strategy"])
     attn, ffn = plan_traffic(model, seq, best["strategy"])
     attn_rank = next(r for r in sim["ranks"] if r["pp_rank"] == attn["pp_rank"])
     ffn_rank = next(r for r in sim["ranks"] if r["pp_rank"] == ffn["pp_rank"])
@@ -57,6 +59,7 @@ def case(model, seq):
     return {
         "model": model, "seq": seq, "allocation": "%d:%d" % (best["attn_gpus"], best["ffn_gpus"]),
         "roof_step_s": best["step_time_s"], "sim_step_s": sim["step_time_s"],
+        "closed_step_s": closed["step_time_s"],
         "roof_attn_compute_s": terms["attn_compute_s"], "sim_attn_busy_s": attn_rank["busy_s"],
         "roof_ffn_compute_s": terms["ffn_compute_s"], "sim_ffn_busy_s": ffn_rank["busy_s"],
         "roof_net_s": max(terms["attn_network_s"], terms["ffn_network_s"]), "sim_attn_comm_s": attn_rank["comm_s"],
@@ -71,11 +74,13 @@ def main():
     rows = [case(m, s) for m, s in CASES]
     for r in rows:
         r["step_ratio"] = common.ratio(r["sim_step_s"], r["roof_step_s"])
+        r["closed_ratio"] = common.ratio(r["closed_step_s"], r["sim_step_s"])
         r["a2f_ratio"] = common.ratio(r["plan_a2f_gb"], r["roof_bytes_per_dir_gb"])
         r["ffn_ratio"] = common.ratio(r["sim_ffn_busy_s"], r["roof_ffn_compute_s"])
         r["attn_ratio"] = common.ratio(r["sim_attn_busy_s"], r["roof_attn_compute_s"])
     columns = [("model", "model"), ("seq", "seq"), ("allocation", "A:F"), ("roof_step_s", "roofline step s"),
                ("sim_step_s", "simulated step s"), ("step_ratio", "sim / roofline"),
+               ("closed_step_s", "closed form step s"), ("closed_ratio", "closed form / sim"),
                ("roof_attn_compute_s", "A compute, roofline s"), ("sim_attn_busy_s", "A busy, sim s"),
                ("roof_ffn_compute_s", "F compute, roofline s"), ("sim_ffn_busy_s", "F busy, sim s"),
                ("roof_bytes_per_dir_gb", "A->F GB per A GPU, roofline"), ("plan_a2f_gb", "A->F GB, plan"),
@@ -99,10 +104,15 @@ def main():
         "  carries up to twice the roofline's bytes (`plan_a2f_by_role` in the JSON).",
         "- **Overlap.** The roofline takes the step as max(compute, network) per side plus the fill; the simulator",
         "  finds part of the exchange exposed (`A comm in flight` is the time with an exchange outstanding).",
-        "So the simulated step is the one to trust for this plan; the roofline/MILP ranks allocations with a model of",
-        "a different plan (DisagMoE's placement, deduplicated gradients). Making them one model means either the",
-        "compiler adopting the roofline's placement and F-side gradient fan-out (the faster plan), or the roofline",
-        "pricing the compiled plan; neither is done yet (issue 30, part 2)."]
+        "So the roofline/MILP ranks allocations with a model of a different plan (DisagMoE's placement, deduplicated",
+        "gradients). `piper estimate` prices the compiled plan instead (session 21, cost/estimate_af.cc, docs/",
+        "resource_model.md \"af-pipe\"): its placement, its m2n bytes (equal to the `plan` columns), compute against",
+        "the NIC per rank, and the round trip of one microbatch through the chain (`closed form step`). It agrees with",
+        "the simulator within 15 % on tests/sim/afpipe_closed_form_test.cc's nine rows and here on deepseek-moe-16b and",
+        "qwen3 at 16K; qwen3 at 4K (pp=4, both sides network-bound) is 0.82: idle NIC time between dependent",
+        "exchanges that the closed form does not model (docs/resource_model.md, \"af-pipe\"). Still not done: the",
+        "allocator searching with that model, or the compiler adopting the roofline's placement and F-side gradient",
+        "fan-out (the faster plan)."]
     common.write_table("af_model", "AF-Pipe: roofline/MILP against the simulated plan, term by term", columns, rows,
                        notes)
 

@@ -42,7 +42,8 @@ def disaggregation():
                 "picks an even split at every sequence length here, where the paper reports 16:10 at 16K" if even else
                 "moves away from an even split as the sequence grows, as the paper reports"),
             "The roofline against the simulated plan, term by term (placement of shared experts, dense layers and",
-            "head; A->F bytes; overlap): [af_model.md](experiments/af_model.md).",
+            "head; A->F bytes; overlap), and `piper estimate`'s closed form of the compiled plan beside both:",
+            "[af_model.md](experiments/af_model.md).",
             "", "Table: [disaggregation.md](experiments/disaggregation.md); plot:",
             "![](experiments/disaggregation.svg)", ""]
     return out

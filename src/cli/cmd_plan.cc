@@ -20,6 +20,7 @@
 #include "piper/cli/plan_validate.h"
 #include "piper/cli/precision_flags.h"
 #include "piper/cli/train_report.h"
+#include "piper/cost/estimate.h"
 #include "piper/planner/af_refine.h"
 #include "piper/planner/disaggregate.h"
 #include "piper/planner/domain.h"
@@ -198,6 +199,19 @@ void print_allocation(const char* label, const planner::AfAllocation& a) {
   std::printf("    strategy %s\n", c.strategy().to_string().c_str());
 }
 
+// The af-pipe closed form (`piper estimate`, cost/estimate_af.cc) of each re-scored plan; 0 where it has none.
+std::vector<double> af_closed_forms(const std::vector<planner::AfScored>& plans, const ModelSpec& model,
+                                    const ClusterSpec& cluster, const TrainSpec& train,
+                                    const cost::Calibration& calibration) {
+  std::vector<double> out(plans.size(), 0.0);
+  auto cm = cost::CostModel::create(model, cluster, train, calibration);
+  for (size_t i = 0; cm.ok() && i < plans.size(); ++i) {
+    auto e = cm->estimate(plans[i].strategy);
+    if (e.ok()) out[i] = e->step_time_s;
+  }
+  return out;
+}
+
 Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const ClusterSpec& cluster,
                         const TrainSpec& train, const cost::Calibration& calibration,
                         const std::string& calibration_source) {
@@ -244,6 +258,7 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
     found.name = "local";
     rescored.push_back(found);
   }
+  const std::vector<double> closed = af_closed_forms(rescored, model, cluster, train, calibration);
   if (o.json) {
     Json j = r.to_json();
     j["model"] = model.name;
@@ -260,13 +275,15 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
     j["enumeration"] = oracle.to_json();
     j["enumeration_agrees"] = agrees;
     Json sims = Json::array();
-    for (const planner::AfScored& x : rescored) {
+    for (size_t i = 0; i < rescored.size(); ++i) {
+      const planner::AfScored& x = rescored[i];
       Json e{{"allocation", x.name},
              {"strategy", x.strategy.to_string()},
              {"uneven", x.alloc.candidate.attn != x.alloc.candidate.ffn},
              {"attn_gpus", x.alloc.candidate.attn},
              {"ffn_gpus", x.alloc.candidate.ffn},
-             {"roofline_step_time_s", x.alloc.step_time_s}};
+             {"roofline_step_time_s", x.alloc.step_time_s},
+             {"closed_form_step_time_s", closed[i]}};
       if (x.why.empty()) {
         e["simulated_step_time_s"] = x.sim_step_s;
       } else {
@@ -313,13 +330,15 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
         "FLOP/B vs %.0f -> %s-bound\n",
         r.attn_intensity, r.attn_balance, r.attn_intensity < r.attn_balance ? "network" : "compute", r.attn_turning_seq,
         r.ffn_intensity, r.ffn_balance, r.ffn_intensity < r.ffn_balance ? "network" : "compute");
-    for (const planner::AfScored& x : rescored) {
+    for (size_t i = 0; i < rescored.size(); ++i) {
+      const planner::AfScored& x = rescored[i];
       const auto& c = x.alloc.candidate;
       if (x.simulated()) {
-        std::printf("simulate %-6s %s A:F %d:%d GPUs: %s (roofline %s, x%.2f)  %s\n", x.name.c_str(),
+        std::printf("simulate %-6s %s A:F %d:%d GPUs: %s (roofline %s, x%.2f; closed form %s)  %s\n", x.name.c_str(),
                     c.attn == c.ffn ? "even  " : "uneven", c.attn, c.ffn, format_seconds(x.sim_step_s).c_str(),
                     format_seconds(x.alloc.step_time_s).c_str(),
-                    x.alloc.step_time_s > 0 ? x.sim_step_s / x.alloc.step_time_s : 0.0, x.strategy.to_string().c_str());
+                    x.alloc.step_time_s > 0 ? x.sim_step_s / x.alloc.step_time_s : 0.0,
+                    closed[i] > 0 ? format_seconds(closed[i]).c_str() : "-", x.strategy.to_string().c_str());
       } else {
         std::printf("simulate %-6s %s A:F %d:%d GPUs not simulated: %s\n", x.name.c_str(),
                     c.attn == c.ffn ? "even  " : "uneven", c.attn, c.ffn, x.why.c_str());
@@ -335,7 +354,6 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
                   "recomputation, pp; the simulator does not use the port split)\n",
                   walk.simulations, walk.moves);
     }
-    std::printf("note     af-pipe plans are not scored by `piper estimate` (no closed form)\n");
   }
   if (!agrees) return internal_error("plan --disaggregate: the MILP and the enumeration disagree; please report");
   return ok_status();

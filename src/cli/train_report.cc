@@ -77,16 +77,15 @@ Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, co
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm,
                          cost::CostModel::create(model, machine.cluster, train, machine.calibration));
   cost::Estimate e;
-  // estimate() has no closed-form model of af-pipe, of a registered schedule or of a directive file's own order
+  // estimate() has no closed-form model of a registered schedule or of a directive file's own order
   // (Unimplemented): the 'model' peak is the compiled plan's (static bytes + the planned activations of the rank's
-  // program) and there is no modelled step time.
+  // program) and there is no modelled step time. af-pipe has one (cost/estimate_af.cc), per pipeline rank of
+  // either side.
   const bool custom = trainer.strategy().schedule_kind() == ScheduleKind::kCustom;
   const bool own_order = !trainer.options().directives.empty() && trainer.predicted_memory().total() <= 0;
-  const bool disagg = trainer.strategy().disaggregate || custom || own_order;
+  const bool disagg = custom || own_order;
   if (disagg) {
-    r.note = std::string(trainer.strategy().disaggregate ? "af-pipe"
-                         : custom                        ? "schedule=" + trainer.strategy().schedule
-                                                         : "the directive file's own schedule") +
+    r.note = std::string(custom ? "schedule=" + trainer.strategy().schedule : "the directive file's own schedule") +
              ": estimate() has no closed form; the 'model' peak is the compiled plan's, no modelled step";
   } else {
     PIPER_ASSIGN_OR_RETURN(e, cm.estimate(trainer.strategy()));

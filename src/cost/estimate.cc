@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "piper/cost/activations.h"
+#include "piper/cost/estimate_internal.h"
 #include "piper/cost/pipeline_model.h"
 #include "piper/cost/tp_overlap.h"
 #include "piper/spec/counting.h"
@@ -15,18 +16,6 @@ namespace piper::cost {
 namespace {
 
 double dtype_width(DType d) { return d == DType::kFP32 ? 4 : d == DType::kFP8 ? 1 : 2; }
-
-// F, B, W times of one thing (a layer part, a layer, a rank's microbatch).
-struct Fbw {
-  double f = 0, b = 0, w = 0;
-  Fbw& operator+=(const Fbw& o) {
-    f += o.f;
-    b += o.b;
-    w += o.w;
-    return *this;
-  }
-  Fbw operator*(double k) const { return {f * k, b * k, w * k}; }
-};
 
 // Communication groups of the mesh: ranks are numbered with the first axis of `order` innermost.
 struct MeshGroups {
@@ -210,11 +199,7 @@ Result<double> CostModel::halo_ep_layer_s(const GroupLayout& ep_group, double to
 
 Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   PIPER_RETURN_IF_ERROR(s.validate_for(model_, train_, cluster_.world_size()));
-  if (s.disaggregate) {
-    return unimplemented(
-        "estimate: disaggregated attention/FFN (af-pipe) has no closed-form model yet; "
-        "use a non-disaggregated strategy here, or `piper simulate`");
-  }
+  if (s.disaggregate) return estimate_af_pipe(s, out);
   const ScheduleKind kind = s.schedule_kind();
   if (kind == ScheduleKind::kCustom) {
     return unimplemented("estimate: schedule=" + s.schedule +

@@ -6,9 +6,9 @@
 // heap allocation on success when the same Estimate is reused (its `ranks` vector keeps its capacity), so the
 // planner can score well over 100,000 strategies per second on one core (bench/cost/).
 // A strategy that is inconsistent with the model, batch or world size returns the validate_for() error (rule
-// broken + fix); it never yields a number. Disaggregated (af-pipe) strategies are not modelled in closed form
-// yet and return Unimplemented. Thread-safety: a CostModel is immutable (but for its HALO memo, which is
-// locked); estimate() may run concurrently.
+// broken + fix); it never yields a number. Disaggregated (af-pipe) strategies have their own closed form
+// (estimate_af.cc: the compiled plan's placement and m2n bytes, below). Thread-safety: a CostModel is immutable
+// (but for its HALO memo, which is locked); estimate() may run concurrently.
 //
 // Step time (bottleneck rank: the largest per-microbatch compute), m microbatches:
 //   compute      = m * (t_f + t_b)                     t_b includes W and any recomputed forward
@@ -16,6 +16,9 @@
 //                  critical path + the part of the DP gradient/parameter sync not overlapped with compute
 //   bubble       = pipeline_model.h with the communication-stretched t_f, t_b
 //   optimizer    = bytes the optimizer touches on this rank's shard / achievable memory bandwidth
+// af-pipe (disagg=1, estimate_af.cc): attention ranks and FFN ranks run their own layers' parts; per microbatch
+// each rank is busy max(compute, its NIC's M2N + ZeRO traffic) (compute, send and receive run on their own
+// streams); step = m * that on the slowest rank + the chain's fill + its gradient sync and optimizer step.
 // MFU = training_flops_per_token (docs/counting.md: model FLOPs, no recomputation) * tokens/s
 //       / (world size * peak FLOP/s of the compute dtype).
 #pragma once
@@ -88,7 +91,8 @@ class CostModel {
   static Result<CostModel> create(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
                                   const Calibration& calibration = {});
 
-  // Fills *out. Errors: the strategy's validate_for() message, or Unimplemented for disaggregation.
+  // Fills *out. Errors: the strategy's validate_for() message, or Unimplemented for what has no closed form (a
+  // registered schedule; af-pipe with tp > 1).
   Status estimate(const Strategy& strategy, Estimate* out) const;
   Result<Estimate> estimate(const Strategy& strategy) const;
 
@@ -106,6 +110,7 @@ class CostModel {
   double dispatch_bytes_per_token() const { return table_.hidden * train_.dispatch_bytes(); }
   double combine_bytes_per_token() const { return table_.hidden * train_.comm_bytes(); }
   const ByteConvention& bytes() const { return bytes_; }
+  const Calibration& calibration() const { return calibration_; }
   // HALO all-to-all times are memoised per (EP group shape, link model, tokens) by default: a pure function of
   // those, and O(group size^2) to build (halo_traffic.h), while the planner asks for a few groups 100,000s of
   // times. Copies of a CostModel share the memo (thread-safe). set_halo_memo(false) recomputes every time (the
@@ -125,6 +130,8 @@ class CostModel {
             const ByteConvention& bytes);
   // MoE layers among layers [0, x).
   int moe_layers_before(int x) const;
+  // The af-pipe closed form (estimate_af.cc).
+  Status estimate_af_pipe(const Strategy& s, Estimate* out) const;
   // Per-layer EP time of the HALO all-to-alls for tokens per rank (dispatch x2 dtypes, combine x2).
   Result<double> halo_ep_layer_s(const GroupLayout& ep_group, double tokens) const;
 

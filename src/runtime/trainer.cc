@@ -317,8 +317,9 @@ Status Trainer::predict_resources() {
   cost::Calibration calibration;
   calibration.workspace_bytes = 0;
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(options_.model, cluster, train_, calibration));
-  // estimate() has no closed-form model of af-pipe, registered schedules or a directive file's own order: none.
-  if (!strategy_.disaggregate && strategy_.schedule_kind() != ScheduleKind::kCustom &&
+  // estimate() has no closed-form model of registered schedules, a directive file's own order or af-pipe with tp:
+  // none. af-pipe's (cost/estimate_af.cc) has a MemoryBreakdown per pipeline rank of either side.
+  if ((!strategy_.disaggregate || strategy_.tp == 1) && strategy_.schedule_kind() != ScheduleKind::kCustom &&
       (options_.directives.empty() || directives_recognised_)) {
     PIPER_ASSIGN_OR_RETURN(cost::Estimate e, cm.estimate(strategy_));
     predicted_ = e.memory;

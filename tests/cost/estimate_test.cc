@@ -204,7 +204,10 @@ TEST(EstimateTest, BadStrategiesAreErrors) {
       {"dp=128,pp=16,ep=64,schedule=dualpipev,microbatches=16", "dualpipev needs microbatches >= 2*pp = 32"},
       {"dp=64,pp=32,ep=64,schedule=dualpipev,microbatches=240", "pp*2 (dualpipev)=64 > num_layers=61"},
       {"dp=4,pp=4,tp=2,ep=4,sp=1,schedule=af-pipe,disagg=1,attn_ranks=32,ffn_ranks=2016,microbatches=3840",
-       "no closed-form model yet"},
+       "af-pipe with tp=2 has no closed form"},
+      // The compiler's af-pipe rules (every FFN pipeline rank on dp ranks), not a division by zero.
+      {"dp=20,ep=4,schedule=af-pipe,disagg=1,attn_ranks=20,ffn_ranks=2028,microbatches=768",
+       "ffn_ranks=2028 must be a multiple of it"},
       {"dp=4,pp=4,tp=2,ep=4,sp=1,schedule=af-pipe,disagg=1,attn_ranks=32,ffn_ranks=2010,microbatches=3840",
        "ffn_ranks=2010 is not a multiple of ep = 4"},
   };

@@ -2,7 +2,8 @@
 // attention, router; data parallel) and 2 FFN ranks (dense MLP and head replicated, experts sharded over ep=2),
 // every attention <-> FFN edge an M2N exchange (executor_m2n.cc). The losses equal the single-rank reference
 // step by step within 1e-5 relative, the per-step expert loads equal the single-rank counts exactly, and each
-// rank's measured peak memory stays within the compiled plan's peak (estimate() has no af-pipe model).
+// rank's measured peak memory stays within the compiled plan's peak (the closed form's af-pipe peak is checked
+// against the simulator in tests/sim/afpipe_closed_form_test.cc).
 // Rank 0 runs the reference and shares it; all ranks check. Run by CTest under mpiexec -n 4.
 #include <gtest/gtest.h>
 
@@ -128,7 +129,7 @@ void expect_parity(const std::string& strategy, const std::string& reference, in
                   peaks_all[2 * r + 1], peaks_all[2 * r] / peaks_all[2 * r + 1]);
     }
   }
-  // estimate() has no af-pipe model, so the bound is the compiled plan's peak: the runtime must stay within it
+  // The bound is the compiled plan's peak: the runtime must stay within it
   // (+10 %). It stays below it (0.88x attention, 0.92x FFN, docs/runtime.md): the plan counts 12 bytes a
   // parameter of optimizer state (an fp32 master copy and Adam's moments) where fp32 training keeps no master
   // copy, and fewer activation bytes than the chunks stash.
