@@ -52,7 +52,7 @@ struct AfCandidate {
   int max_ports_attn = 0, max_ports_ffn = 0;
   double mem_attn_bytes = 0, mem_ffn_bytes = 0;
   double distinct_ffn_ranks = 1;  // d
-  Strategy strategy() const;      // the af-pipe Strategy (disagg=1); estimate() does not model it (Unimplemented)
+  Strategy strategy() const;      // the af-pipe Strategy (disagg=1), which estimate() prices (cost/estimate_af.cc)
 };
 
 enum class AfPlacement { kSpread, kNode };
