@@ -53,6 +53,7 @@ struct PlanOptions {
   bool no_verify_cache = false;
   bool no_closed_form_memo = false;
   bool no_etp_compile_share = false;
+  bool compile_data_edges = false;
   int verify_attempts = 3;
   int simulate_top = -1;  // -1: not given (as many as --top)
   int local_search = kPlanLocalSearchSteps;
@@ -384,6 +385,7 @@ Status run_plan(const PlanOptions& o) {
   options.verify_cache = !o.no_verify_cache;
   options.memoise_closed_form = !o.no_closed_form_memo;
   options.share_etp_compiles = !o.no_etp_compile_share;
+  options.data_edges = o.compile_data_edges;
   options.verify_attempts_per_plan = o.verify_attempts;
   options.threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
   options.simulate_top = o.simulate_top < 0 ? o.top_k : o.simulate_top;
@@ -479,6 +481,9 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
   sub->add_flag("--no-etp-compile-share", o->no_etp_compile_share,
                 "re-scoring: compile a plan that differs from a simulated one only in etp instead of re-pricing that "
                 "plan's compile (the former path; same step times)");
+  sub->add_flag("--compile-data-edges", o->compile_data_edges,
+                "compile the plans verified and simulated with their instructions' data edges, which neither reads "
+                "(the former path; same verdicts and step times)");
   add_int_option(sub, "--verify-attempts", &o->verify_attempts, {1, 1000, "compilations per plan returned"},
                  "compile at most this many plans per plan returned")
       ->capture_default_str();

@@ -49,6 +49,13 @@ class EtpCompiles {
   std::vector<std::pair<Strategy, std::shared_ptr<compile::CompileResult>>> kept_;
 };
 
+VerifyOptions verify_options(const SearchOptions& options) {
+  VerifyOptions v;
+  v.memory_screen = options.memory_screen;
+  v.data_edges = options.data_edges;
+  return v;
+}
+
 // Whether a plan of `later` without a compile of its own differs from `s` only in etp.
 bool wanted_later(const Strategy& s, const std::vector<Plan*>& later) {
   return std::any_of(later.begin(), later.end(),
@@ -68,6 +75,7 @@ Result<double> simulate_plan_step_time(const ModelSpec& model, const ClusterSpec
   sim::SimOptions so;
   so.deadline = deadline;
   so.plan_hash = false;
+  so.data_edges = options.data_edges;
   sim::SimReport rep;
   if (p->compiled) {
     compile::CompileResult compiled = std::move(*p->compiled);
@@ -105,8 +113,7 @@ size_t simulate_batch(const ModelSpec& model, const ClusterSpec& cluster, const 
           vt.micro_batch_size = p->strategy.mbs;
           const double capacity = options.memory_fraction * static_cast<double>(cluster.device.memory_bytes);
           p->verification = options.verifier ? options.verifier(p->strategy, vt)
-                                             : verify_strategy(model, vt, p->strategy, capacity,
-                                                               VerifyOptions{options.memory_screen});
+                                             : verify_strategy(model, vt, p->strategy, capacity, verify_options(options));
           p->verified = p->verification.ok;
           if (!p->verified) {
             p->sim_error = "not verified: " + p->verification.message;
@@ -187,6 +194,7 @@ Result<double> simulate_step_time(const ModelSpec& model, const ClusterSpec& clu
   sim::SimOptions so;
   so.deadline = deadline;
   so.plan_hash = false;
+  so.data_edges = options.data_edges;
   PIPER_ASSIGN_OR_RETURN(sim::SimReport rep, sim::simulate(model, cluster, t, strategy, options.calibration, so));
   return rep.step_time_s;
 }

@@ -95,6 +95,10 @@ struct SearchOptions {
   // own compile), instead of compiling it again. Same step times; false: compile it (the former path,
   // `--no-etp-compile-share`).
   bool share_etp_compiles = true;
+  // Compile plans for verification and re-scoring with Instruction::inputs/outputs (CompileOptions::data_edges),
+  // which neither the verifier nor the simulator reads. false (default): cheaper compiles, the same verdicts, peaks
+  // and step times; true: the former path (`--compile-data-edges`).
+  bool data_edges = false;
   // Replaces sim::simulate (returns the step time) when set (tests); called concurrently.
   std::function<Result<double>(const Strategy&, const TrainSpec&)> simulator;
   // Called from the calling thread after the search and after every batch of compiles and simulations with one

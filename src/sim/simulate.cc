@@ -81,6 +81,7 @@ Result<compile::CompileOptions> sim_compile_options(const cost::CostModel& cm, c
   copts.p2p_blocking = calibration.p2p_blocking;
   copts.p2p_scatter_gather = calibration.p2p_scatter_gather;
   copts.dp_reduce_after_backward = calibration.dp_reduce_after_backward;
+  copts.data_edges = options.data_edges;
   PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, pricing, calibration));
   return copts;
 }
