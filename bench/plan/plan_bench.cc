@@ -217,8 +217,9 @@ int run_compile_case() {
 int run_etp_share_case() {
   auto model = piper::load_model("deepseek-v3");
   auto cluster = piper::load_cluster("h800", 256);
-  const std::string mesh = "dp=64,tp=2,pp=16,vpp=1,ep=32,zero=1,sp=1,recompute=selective,schedule=dualpipev,"
-                           "microbatches=240,mbs=1,a2a=halo,order=tp-ep-dp-pp,";
+  const std::string mesh =
+      "dp=64,tp=2,pp=16,vpp=1,ep=32,zero=1,sp=1,recompute=selective,schedule=dualpipev,"
+      "microbatches=240,mbs=1,a2a=halo,order=tp-ep-dp-pp,";
   auto donor = piper::Strategy::parse(mesh + "etp=1");
   auto variant = piper::Strategy::parse(mesh + "etp=2");
   if (!model.ok() || !cluster.ok() || !donor.ok() || !variant.ok()) return 1;
@@ -269,7 +270,7 @@ int run_data_edges_case() {
   bool same = true;
   for (int pair = 0; pair < 3; ++pair) {
     piper::Result<piper::compile::CompileResult> r[2] = {piper::internal_error("not run"),
-                                                        piper::internal_error("not run")};
+                                                         piper::internal_error("not run")};
     for (int edges = 0; edges < 2; ++edges) {
       piper::sim::SimOptions so;
       so.data_edges = edges == 1;

@@ -62,8 +62,8 @@ class CombinePlacement {
 };
 
 // The facts of node `n` every instruction lowering it carries. `partner`: the other side of an m2n pair.
-void annotate(const ir::Graph& g, const Node& n, const Node* partner, const CombinePlacement& combine,
-              bool data_edges, Instruction& in) {
+void annotate(const ir::Graph& g, const Node& n, const Node* partner, const CombinePlacement& combine, bool data_edges,
+              Instruction& in) {
   if (data_edges) {
     in.inputs = data_neighbours(g, n, true);
     in.outputs = data_neighbours(g, n, false);

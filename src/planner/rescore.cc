@@ -80,8 +80,8 @@ Result<double> simulate_plan_step_time(const ModelSpec& model, const ClusterSpec
   if (p->compiled) {
     compile::CompileResult compiled = std::move(*p->compiled);
     p->compiled.reset();
-    PIPER_ASSIGN_OR_RETURN(rep, sim::simulate_compiled(std::move(compiled), model, cluster, t, p->strategy,
-                                                       options.calibration, so));
+    PIPER_ASSIGN_OR_RETURN(
+        rep, sim::simulate_compiled(std::move(compiled), model, cluster, t, p->strategy, options.calibration, so));
   } else {
     PIPER_ASSIGN_OR_RETURN(rep, sim::simulate(model, cluster, t, p->strategy, options.calibration, so));
   }
@@ -112,8 +112,9 @@ size_t simulate_batch(const ModelSpec& model, const ClusterSpec& cluster, const 
           TrainSpec vt = train;
           vt.micro_batch_size = p->strategy.mbs;
           const double capacity = options.memory_fraction * static_cast<double>(cluster.device.memory_bytes);
-          p->verification = options.verifier ? options.verifier(p->strategy, vt)
-                                             : verify_strategy(model, vt, p->strategy, capacity, verify_options(options));
+          p->verification = options.verifier
+                                ? options.verifier(p->strategy, vt)
+                                : verify_strategy(model, vt, p->strategy, capacity, verify_options(options));
           p->verified = p->verification.ok;
           if (!p->verified) {
             p->sim_error = "not verified: " + p->verification.message;

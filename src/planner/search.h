@@ -120,7 +120,7 @@ struct SearchStats {
   double verify_time_s = 0;
   std::string first_verify_failure;            // strategy and compiler message of the first plan that failed
   int64_t simulated = 0, simulate_failed = 0;  // simulator runs (re-scoring and local search together)
-  int64_t simulate_compiles_shared = 0;  // of `simulated`: run from an etp variant's compile (share_etp_compiles)
+  int64_t simulate_compiles_shared = 0;        // of `simulated`: run from an etp variant's compile (share_etp_compiles)
   int64_t simulate_stopped = 0;  // runs stopped at the budget's deadline (not failures; counted in `simulated`)
   int64_t local_search_tried = 0, local_search_improved = 0;
   double simulate_time_s = 0;

@@ -14,10 +14,11 @@ namespace {
 TEST(DataEdgesTest, WithoutDataEdgesThePlanIsTheSameButForInputsAndOutputs) {
   auto model = load_model("deepseek-v2-lite");
   ASSERT_TRUE(model.ok());
-  for (const std::string text : {"dp=4,tp=2,pp=2,ep=4,sp=1,zero=1,schedule=1f1b,microbatches=4",
-                                 "dp=4,tp=2,pp=2,ep=2,sp=1,zero=3,schedule=dualpipev,microbatches=8,recompute=selective",
-                                 "dp=2,tp=2,pp=4,ep=2,sp=1,zero=2,schedule=zb-h1,microbatches=8,mbs=2,tp_overlap=1",
-                                 "dp=2,tp=1,pp=4,vpp=2,ep=2,zero=1,schedule=interleaved,microbatches=8"}) {
+  for (const std::string text :
+       {"dp=4,tp=2,pp=2,ep=4,sp=1,zero=1,schedule=1f1b,microbatches=4",
+        "dp=4,tp=2,pp=2,ep=2,sp=1,zero=3,schedule=dualpipev,microbatches=8,recompute=selective",
+        "dp=2,tp=2,pp=4,ep=2,sp=1,zero=2,schedule=zb-h1,microbatches=8,mbs=2,tp_overlap=1",
+        "dp=2,tp=1,pp=4,vpp=2,ep=2,zero=1,schedule=interleaved,microbatches=8"}) {
     auto s = Strategy::parse(text);
     ASSERT_TRUE(s.ok()) << text << ": " << s.status().message();
     TrainSpec train;
