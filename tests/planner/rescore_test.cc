@@ -22,14 +22,18 @@ struct Case {
   TrainSpec train;
 };
 
-Case tiny_moe() {
-  auto m = load_model("tiny-moe");
-  auto c = load_cluster("local-cpu", 1);
+Case load_case(const std::string& model, const std::string& cluster, int nodes, int64_t global_batch, int seq_len) {
+  auto m = load_model(model);
+  auto c = load_cluster(cluster, nodes);
   PIPER_CHECK(m.ok() && c.ok(), "test presets must load");
   TrainSpec t;
-  t.global_batch = 8;
-  t.seq_len = 128;
+  t.global_batch = global_batch;
+  t.seq_len = seq_len;
   return {*m, *c, t};
+}
+
+Case tiny_moe() {
+  return load_case("tiny-moe", "local-cpu", 1, 8, 128);
 }
 
 TEST(RescoreTest, NeighboursDifferFromTheStrategyAndAreDistinct) {
@@ -241,11 +245,7 @@ TEST(RescoreTest, ScreenedPlanTooLargeToCompileInTheBudgetIsNotStarted) {
 // plan's compile, re-priced, with the step time its own compile gives; the other plans are untouched. One and two
 // threads (the variant's donor in an earlier batch either way); the former path compiles every plan.
 TEST(RescoreTest, AnEtpVariantIsSimulatedFromItsDonorsCompileWithTheSameStepTime) {
-  auto m = load_model("deepseek-v2-lite");
-  auto cl = load_cluster("h800", 2);
-  ASSERT_TRUE(m.ok() && cl.ok());
-  TrainSpec t;
-  t.seq_len = 1024;
+  Case c = load_case("deepseek-v2-lite", "h800", 2, 0, 1024);
   const std::string mesh = "dp=4,tp=2,pp=2,ep=4,sp=1,schedule=1f1b,microbatches=4,mbs=1,";
   std::vector<Plan> plans;
   for (const std::string tail : {"zero=1,etp=1", "zero=2,etp=1", "zero=1,etp=2"}) {
@@ -256,7 +256,7 @@ TEST(RescoreTest, AnEtpVariantIsSimulatedFromItsDonorsCompileWithTheSameStepTime
     p.verified = true;
     plans.push_back(p);
   }
-  t.global_batch = plans[0].strategy.global_batch();
+  c.train.global_batch = plans[0].strategy.global_batch();
   for (int threads : {1, 2}) {
     SearchResult out[2];
     for (int share = 0; share < 2; ++share) {
@@ -266,7 +266,7 @@ TEST(RescoreTest, AnEtpVariantIsSimulatedFromItsDonorsCompileWithTheSameStepTime
       o.local_search_steps = 0;
       o.share_etp_compiles = share == 1;
       out[share].top = plans;
-      rescore_with_simulator(*m, *cl, t, o, threads, &out[share]);
+      rescore_with_simulator(c.model, c.cluster, c.train, o, threads, &out[share]);
       ASSERT_EQ(out[share].top.size(), 3u);
       EXPECT_EQ(out[share].stats.simulate_compiles_shared, share) << threads << " threads";
     }
