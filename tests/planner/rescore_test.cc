@@ -32,9 +32,7 @@ Case load_case(const std::string& model, const std::string& cluster, int nodes, 
   return {*m, *c, t};
 }
 
-Case tiny_moe() {
-  return load_case("tiny-moe", "local-cpu", 1, 8, 128);
-}
+Case tiny_moe() { return load_case("tiny-moe", "local-cpu", 1, 8, 128); }
 
 TEST(RescoreTest, NeighboursDifferFromTheStrategyAndAreDistinct) {
   auto s = Strategy::parse("dp=2,tp=1,pp=1,ep=2,zero=1,recompute=none,schedule=1f1b,microbatches=2,mbs=2");
