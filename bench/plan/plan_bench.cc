@@ -10,8 +10,14 @@
 // whether the two plans are equal.
 // Then the search of DeepSeek-V3 on 32 H800 nodes with the closed form's HALO memo against without it.
 // Then search + verification of the DeepSeek-V3 / 2,048-GPU case with the verdict cache against without it.
+// Then re-scoring of an etp variant of a simulated plan (SearchOptions::share_etp_compiles): DeepSeek-V3 / 2,048
+// GPUs, the #2 plan's compile re-priced for its etp=2 variant (the #3) and simulated, against compiling that variant
+// and simulating it (the former path), in the same run: CPU seconds, ratio, and whether plans and step times agree.
+// Then the compile of the DeepSeek-V3 #1 plan (120 microbatches) for the simulator without Instruction::inputs/outputs
+// (SimOptions::data_edges = false, the planner's compiles) against with them, in the same run, alternating (3 pairs):
+// CPU seconds, ratio, and whether the plans are equal but for those fields.
 // `plan_bench --compile-only` runs only the compile comparison, `--memo-only` only the memo one, `--verify-cache-only`
-// only the verdict cache one.
+// only the verdict cache one, `--etp-share-only` only the etp one, `--data-edges-only` only the data edges one.
 #include <chrono>
 #include <ctime>
 #include <cstdio>
@@ -19,6 +25,7 @@
 
 #include "piper/compile/compile.h"
 #include "piper/planner/search.h"
+#include "piper/sim/simulate.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
 
@@ -205,12 +212,98 @@ int run_compile_case() {
   return same ? 0 : 1;
 }
 
+// SearchOptions::share_etp_compiles on the 2,048-GPU case: the etp=2 variant of the #2 plan (the #3 after
+// re-scoring) simulated from #2's compile, re-priced, against its own compile.
+int run_etp_share_case() {
+  auto model = piper::load_model("deepseek-v3");
+  auto cluster = piper::load_cluster("h800", 256);
+  const std::string mesh =
+      "dp=64,tp=2,pp=16,vpp=1,ep=32,zero=1,sp=1,recompute=selective,schedule=dualpipev,"
+      "microbatches=240,mbs=1,a2a=halo,order=tp-ep-dp-pp,";
+  auto donor = piper::Strategy::parse(mesh + "etp=1");
+  auto variant = piper::Strategy::parse(mesh + "etp=2");
+  if (!model.ok() || !cluster.ok() || !donor.ok() || !variant.ok()) return 1;
+  piper::TrainSpec train;
+  train.global_batch = 15360;
+  train.seq_len = 4096;
+  piper::sim::SimOptions so;
+  so.plan_hash = false;
+  auto donor_compile = piper::sim::compile_for_simulation(*model, *cluster, train, *donor, {}, so, 0);
+  if (!donor_compile.ok()) return 1;
+  // The former path: the variant's own compile, then its simulation.
+  std::clock_t c0 = std::clock();
+  auto own = piper::sim::compile_for_simulation(*model, *cluster, train, *variant, {}, so, 0);
+  if (!own.ok()) return 1;
+  const piper::compile::Plan own_plan = own->plan;
+  auto own_rep = piper::sim::simulate_compiled(std::move(own).value(), *model, *cluster, train, *variant, {}, so);
+  const double own_s = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+  // The shared path: the donor's compile re-priced, then the simulation (the plan comparison is not timed).
+  c0 = std::clock();
+  piper::compile::CompileResult shared = std::move(donor_compile).value();
+  if (!piper::sim::reprice_for_simulation(&shared, *model, *cluster, train, *variant, {}).ok()) return 1;
+  double shared_s = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+  const bool same_plan = shared.plan == own_plan;
+  c0 = std::clock();
+  auto shared_rep = piper::sim::simulate_compiled(std::move(shared), *model, *cluster, train, *variant, {}, so);
+  shared_s += static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+  if (!own_rep.ok() || !shared_rep.ok()) return 1;
+  const bool same = same_plan && own_rep->step_time_s == shared_rep->step_time_s;
+  std::printf(
+      "deepseek-v3 h800 x256: re-scoring the etp=2 variant of dp=64,pp=16,ep=32 (240 microbatches): from the etp=1 "
+      "compile re-priced %.2f s CPU, own compile %.2f s CPU, ratio %.2f; step time %.9f s against %.9f s; same plan "
+      "and step time: %s\n",
+      shared_s, own_s, shared_s / own_s, shared_rep->step_time_s, own_rep->step_time_s, same ? "yes" : "NO");
+  return same ? 0 : 1;
+}
+
+// SimOptions::data_edges on the #1 plan's full compile for the simulator (DeepSeek-V3 / 2,048 GPUs, m = 120).
+int run_data_edges_case() {
+  auto model = piper::load_model("deepseek-v3");
+  auto cluster = piper::load_cluster("h800", 256);
+  auto s = piper::Strategy::parse(
+      "dp=128,tp=2,pp=8,ep=32,etp=2,zero=1,sp=1,recompute=selective,schedule=dualpipev,microbatches=120,a2a=halo");
+  if (!model.ok() || !cluster.ok() || !s.ok()) return 1;
+  piper::TrainSpec train;
+  train.global_batch = s->global_batch();
+  train.seq_len = 4096;
+  double cpu_s[2] = {0, 0};
+  bool same = true;
+  for (int pair = 0; pair < 3; ++pair) {
+    piper::Result<piper::compile::CompileResult> r[2] = {piper::internal_error("not run"),
+                                                         piper::internal_error("not run")};
+    for (int edges = 0; edges < 2; ++edges) {
+      piper::sim::SimOptions so;
+      so.data_edges = edges == 1;
+      const std::clock_t c0 = std::clock();
+      r[edges] = piper::sim::compile_for_simulation(*model, *cluster, train, *s, {}, so, 0);
+      cpu_s[edges] += static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+      if (!r[edges].ok()) return 1;
+    }
+    for (auto& prog : r[1]->plan.templates) {
+      for (auto& st : prog.streams) {
+        for (auto& in : st.instrs) {
+          in.inputs.clear();
+          in.outputs.clear();
+        }
+      }
+    }
+    same = same && r[0]->plan == r[1]->plan && r[0]->stats.peak_bytes == r[1]->stats.peak_bytes;
+  }
+  std::printf(
+      "deepseek-v3 #1 plan, full compile for the simulator (120 microbatches, 2,048 ranks), 3 pairs: without data "
+      "edges %.2f s CPU, with %.2f s CPU, ratio %.2f; same plan but for inputs/outputs: %s\n",
+      cpu_s[0], cpu_s[1], cpu_s[0] / cpu_s[1], same ? "yes" : "NO");
+  return same ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--compile-only") return run_compile_case();
   if (argc > 1 && std::string(argv[1]) == "--memo-only") return run_memo_case(2);
   if (argc > 1 && std::string(argv[1]) == "--verify-cache-only") return run_verify_cache_case(2);
+  if (argc > 1 && std::string(argv[1]) == "--etp-share-only") return run_etp_share_case();
+  if (argc > 1 && std::string(argv[1]) == "--data-edges-only") return run_data_edges_case();
   int rc = 0;
   rc |= run_case("deepseek-v3", "h800", 256, 15360, 4096, 2);
   rc |= run_case("mixtral-8x7b", "dgx-h100", 8, 512, 4096, 2);
@@ -218,6 +311,8 @@ int main(int argc, char** argv) {
   rc |= run_rescore_case(2);
   rc |= run_compile_case();
   rc |= run_verify_cache_case(2);
+  rc |= run_etp_share_case();
+  rc |= run_data_edges_case();
   std::printf("goal: the DeepSeek-V3 plan (search + verification of the top 5) under 60 s on 2 cores\n");
   return rc;
 }

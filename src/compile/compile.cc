@@ -61,6 +61,7 @@ Result<CompileResult> compile_directives(const ModelSpec& model, const TrainSpec
   lower_options.p2p_scatter_gather = options.p2p_scatter_gather;
   lower_options.dp_reduce_after_backward = options.dp_reduce_after_backward;
   lower_options.tp_overlap = options.tp_overlap;
+  lower_options.data_edges = options.data_edges;
   auto plan = lower(r.graph, lower_options);
   if (!plan.ok()) return plan.status().with_context("compile: lower");
   r.plan = std::move(plan).value();

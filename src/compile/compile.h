@@ -38,6 +38,7 @@ struct CompileOptions {
   bool p2p_blocking = false;                     // LowerOptions::p2p_blocking
   bool p2p_scatter_gather = false;               // LowerOptions::p2p_scatter_gather
   bool dp_reduce_after_backward = false;         // LowerOptions::dp_reduce_after_backward
+  bool data_edges = true;                        // LowerOptions::data_edges (false: for the verifier/simulator only)
   // ir::ApplyOptions::defer_order_cycle_checks (one cycle check per run of order directives; on failure the
   // passes run again with a check per directive, for its message). false: the former check after every order.
   bool defer_order_cycle_checks = true;

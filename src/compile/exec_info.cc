@@ -62,10 +62,12 @@ class CombinePlacement {
 };
 
 // The facts of node `n` every instruction lowering it carries. `partner`: the other side of an m2n pair.
-void annotate(const ir::Graph& g, const Node& n, const Node* partner, const CombinePlacement& combine,
+void annotate(const ir::Graph& g, const Node& n, const Node* partner, const CombinePlacement& combine, bool data_edges,
               Instruction& in) {
-  in.inputs = data_neighbours(g, n, true);
-  in.outputs = data_neighbours(g, n, false);
+  if (data_edges) {
+    in.inputs = data_neighbours(g, n, true);
+    in.outputs = data_neighbours(g, n, false);
+  }
   if (n.kind == NodeKind::kChunk || n.kind == NodeKind::kUpdate) {
     in.recompute = n.kind == NodeKind::kChunk && n.recompute;
     in.recompute_norm = n.kind == NodeKind::kChunk && n.recompute_norm;
@@ -90,7 +92,7 @@ void annotate(const ir::Graph& g, const Node& n, const Node* partner, const Comb
 
 }  // namespace
 
-void annotate_dataflow(const ir::Graph& g, Plan& plan) {
+void annotate_dataflow(const ir::Graph& g, Plan& plan, bool data_edges) {
   plan.num_microbatches = std::max(1, g.num_microbatches);
   plan.num_layers = g.num_layers;
   // Both sides of an m2n pair share pair_name (lower_steps.h); the sender's side is the first of the two.
@@ -112,7 +114,7 @@ void annotate_dataflow(const ir::Graph& g, Plan& plan) {
           const NodeId other = n.m2n_sender ? r : s;
           if (other != ir::kNoNode) partner = &g.node(other);
         }
-        annotate(g, n, partner, combine, in);
+        annotate(g, n, partner, combine, data_edges, in);
       }
     }
   }

@@ -197,7 +197,7 @@ class Lowering {
     plan_.templates.resize(static_cast<size_t>(pp));
     for (int r = 0; r < pp; ++r) PIPER_RETURN_IF_ERROR(lower_rank(r));
     assign_ranks();
-    annotate_dataflow(g_, plan_);
+    annotate_dataflow(g_, plan_, options_.data_edges);
     return std::move(plan_);
   }
 

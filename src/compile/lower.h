@@ -59,6 +59,10 @@ struct LowerOptions {
   bool p2p_blocking = false;
   bool p2p_scatter_gather = false;
   bool dp_reduce_after_backward = false;
+  // Fill Instruction::inputs and outputs (annotate_dataflow): what the runtime's executors read. The plan verifier
+  // and the simulator read neither, so the planner's compiles turn them off (the rest of the plan is the same;
+  // tests/compile/data_edges_test.cc); true keeps them (every plan a runtime or a plan file may execute).
+  bool data_edges = true;
 };
 
 // Mutates `graph` (inserts send/recv). Errors name the unplaced or mis-ordered node.

@@ -84,7 +84,8 @@ int64_t model_state_bytes(const ir::Graph& g, int rank);
 // Fills, for every instruction of `plan` that lowers a node of `g`, what executors read instead of the graph
 // (plan.h: Instruction::inputs, outputs, recompute, shard_axis, src_part, dst_part, experts_layer, combine_on_ffn),
 // and Plan::num_microbatches and num_layers. Inputs and outputs keep only neighbours lowered on the same pipeline
-// rank (every data edge between ranks went through a send/recv or m2n pair).
-void annotate_dataflow(const ir::Graph& g, Plan& plan);
+// rank (every data edge between ranks went through a send/recv or m2n pair); data_edges = false leaves them empty
+// (LowerOptions::data_edges).
+void annotate_dataflow(const ir::Graph& g, Plan& plan, bool data_edges = true);
 
 }  // namespace piper::compile

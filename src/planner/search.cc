@@ -285,6 +285,7 @@ void verify_plans(const ModelSpec& model, const TrainSpec& train, const SearchOp
         const Strategy& s = p.strategy;
         VerifyOptions vo;
         vo.memory_screen = options.memory_screen;
+        vo.data_edges = options.data_edges;
         vo.max_full_compile_s = options.simulate_budget_s;
         if (options.verifier) {
           p.verification = options.verifier(s, t);

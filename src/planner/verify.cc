@@ -48,11 +48,13 @@ bool screen_variant(const ModelSpec& model, const TrainSpec& train, const Strate
 
 // The strategy with m microbatches, compiled without a capacity; nullopt when it does not validate or compile.
 std::optional<compile::CompileResult> compile_with_microbatches(const ModelSpec& model, const TrainSpec& train,
-                                                                const Strategy& strategy, int m) {
+                                                                const Strategy& strategy, int m, bool data_edges) {
   Strategy s;
   TrainSpec t;
   if (!screen_variant(model, train, strategy, m, &s, &t)) return std::nullopt;
-  auto r = compile::compile_strategy(model, t, s, compile::CompileOptions{});
+  compile::CompileOptions options;
+  options.data_edges = data_edges;
+  auto r = compile::compile_strategy(model, t, s, options);
   if (!r.ok()) return std::nullopt;
   return std::move(r).value();
 }
@@ -73,7 +75,7 @@ std::optional<Verification> screen_memory(const ModelSpec& model, const TrainSpe
   const int m2 = 2 * m1;
   if (capacity_bytes <= 0 || strategy.microbatches <= m1 + m2) return std::nullopt;
   const auto small_start = std::chrono::steady_clock::now();
-  auto small = compile_with_microbatches(model, train, strategy, m1);
+  auto small = compile_with_microbatches(model, train, strategy, m1, options.data_edges);
   if (!small) return std::nullopt;
   const double small_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - small_start).count();
   int64_t peak = 0;
@@ -87,7 +89,7 @@ std::optional<Verification> screen_memory(const ModelSpec& model, const TrainSpe
     }
   }
   const auto large_start = std::chrono::steady_clock::now();
-  auto large = compile_with_microbatches(model, train, strategy, m2);
+  auto large = compile_with_microbatches(model, train, strategy, m2, options.data_edges);
   if (!large || large->stats.peak_bytes != small->stats.peak_bytes) return std::nullopt;  // not steady
   const double large_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - large_start).count();
   auto checked = compile::verify_plan(large->plan, capacity_bytes);
@@ -116,6 +118,7 @@ Verification verify_strategy(const ModelSpec& model, const TrainSpec& train, con
   }
   compile::CompileOptions options;
   options.capacity_bytes = capacity(capacity_bytes);
+  options.data_edges = verify_options.data_edges;
   return verdict(compile::compile_strategy(model, train, strategy, options), start);
 }
 
@@ -134,8 +137,10 @@ Verification verify_strategy_for_simulation(const ModelSpec& model, const Cluste
       return *screened;
     }
   }
-  auto result = sim::compile_for_simulation(model, cluster, train, strategy, calibration, sim::SimOptions{},
-                                            capacity(capacity_bytes));
+  sim::SimOptions sim_options;
+  sim_options.data_edges = verify_options.data_edges;
+  auto result =
+      sim::compile_for_simulation(model, cluster, train, strategy, calibration, sim_options, capacity(capacity_bytes));
   Verification v = verdict(result, start);
   if (cache) {
     // What verify_strategy would have said (VerifyCache::offer, verify.h): the screen's verdict when it had one; the

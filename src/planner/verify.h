@@ -53,6 +53,9 @@ struct VerifyOptions {
   // compile (the m1 compile's time x m/m1, then the m2 compile's) takes at most this many seconds, without the m2
   // compile when the first estimate allows it; otherwise it is returned, screened, without a compile.
   double max_full_compile_s = std::numeric_limits<double>::infinity();
+  // Compile with CompileOptions::data_edges (Instruction::inputs/outputs, read by neither the verifier nor the
+  // simulator): false is cheaper with the same verdicts and step times (SearchOptions::data_edges).
+  bool data_edges = false;
 };
 
 class VerifyCache;

@@ -68,6 +68,10 @@ struct SimOptions {
   // it from every group instance of the slice (CommTemplates::set_reuse_slices; same templates, so the same step
   // times). false: the former path, for tests and bench/sim's baseline.
   bool reuse_slice_templates = true;
+  // simulate() / compile_for_simulation(): compile with CompileOptions::data_edges (Instruction::inputs/outputs,
+  // which the simulator does not read). The planner turns it off (a cheaper compile, the same step times:
+  // tests/compile/data_edges_test.cc); on by default so that SimReport::compiled is the plan `piper compile` makes.
+  bool data_edges = true;
   // The MoE routing behind a2a=halo templates (comm_templates.h); simulate() and simulate_compiled() fill it from
   // the model and train spec (halo_sim_model in simulate.h). A plan with a HALO all_to_all needs it.
   HaloSimModel halo;

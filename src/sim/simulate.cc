@@ -81,6 +81,7 @@ Result<compile::CompileOptions> sim_compile_options(const cost::CostModel& cm, c
   copts.p2p_blocking = calibration.p2p_blocking;
   copts.p2p_scatter_gather = calibration.p2p_scatter_gather;
   copts.dp_reduce_after_backward = calibration.dp_reduce_after_backward;
+  copts.data_edges = options.data_edges;
   PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, pricing, calibration));
   return copts;
 }
@@ -99,6 +100,23 @@ Result<compile::CompileResult> compile_for_simulation(const ModelSpec& model, co
   copts.target.overlap_param_gather = options.overlap_param_gather;
   copts.capacity_bytes = capacity_bytes;
   return compile::compile_strategy(model, train, strategy, copts);
+}
+
+Status reprice_for_simulation(compile::CompileResult* compiled, const ModelSpec& model, const ClusterSpec& cluster,
+                              const TrainSpec& train_in, const Strategy& strategy,
+                              const cost::Calibration& calibration) {
+  TrainSpec train = train_in;
+  train.micro_batch_size = strategy.mbs;
+  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
+  PIPER_ASSIGN_OR_RETURN(compile::CostFn price, cost_annotations(cm, strategy, calibration));
+  for (compile::Program& prog : compiled->plan.templates) {
+    for (compile::Stream& st : prog.streams) {
+      for (compile::Instruction& in : st.instrs) {
+        if (in.op == compile::OpKind::kCompute) price(in);
+      }
+    }
+  }
+  return ok_status();
 }
 
 Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train_in,

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "piper/base/check.h"
 #include "piper/spec/cluster_loader.h"
@@ -20,15 +22,17 @@ struct Case {
   TrainSpec train;
 };
 
-Case tiny_moe() {
-  auto m = load_model("tiny-moe");
-  auto c = load_cluster("local-cpu", 1);
+Case load_case(const std::string& model, const std::string& cluster, int nodes, int64_t global_batch, int seq_len) {
+  auto m = load_model(model);
+  auto c = load_cluster(cluster, nodes);
   PIPER_CHECK(m.ok() && c.ok(), "test presets must load");
   TrainSpec t;
-  t.global_batch = 8;
-  t.seq_len = 128;
+  t.global_batch = global_batch;
+  t.seq_len = seq_len;
   return {*m, *c, t};
 }
+
+Case tiny_moe() { return load_case("tiny-moe", "local-cpu", 1, 8, 128); }
 
 TEST(RescoreTest, NeighboursDifferFromTheStrategyAndAreDistinct) {
   auto s = Strategy::parse("dp=2,tp=1,pp=1,ep=2,zero=1,recompute=none,schedule=1f1b,microbatches=2,mbs=2");
@@ -233,6 +237,46 @@ TEST(RescoreTest, ScreenedPlanTooLargeToCompileInTheBudgetIsNotStarted) {
   EXPECT_NE(skipped.sim_error.find("would take about"), std::string::npos) << skipped.sim_error;
   EXPECT_EQ(s.stats.simulate_stopped, 1);
   EXPECT_EQ(s.stats.simulate_failed, 0);
+}
+
+// SearchOptions::share_etp_compiles: a plan that differs from a simulated one only in etp is simulated from that
+// plan's compile, re-priced, with the step time its own compile gives; the other plans are untouched. One and two
+// threads (the variant's donor in an earlier batch either way); the former path compiles every plan.
+TEST(RescoreTest, AnEtpVariantIsSimulatedFromItsDonorsCompileWithTheSameStepTime) {
+  Case c = load_case("deepseek-v2-lite", "h800", 2, 0, 1024);
+  const std::string mesh = "dp=4,tp=2,pp=2,ep=4,sp=1,schedule=1f1b,microbatches=4,mbs=1,";
+  std::vector<Plan> plans;
+  for (const std::string tail : {"zero=1,etp=1", "zero=2,etp=1", "zero=1,etp=2"}) {
+    auto s = Strategy::parse(mesh + tail);
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    Plan p;
+    p.strategy = *s;
+    p.verified = true;
+    plans.push_back(p);
+  }
+  c.train.global_batch = plans[0].strategy.global_batch();
+  for (int threads : {1, 2}) {
+    SearchResult out[2];
+    for (int share = 0; share < 2; ++share) {
+      SearchOptions o;
+      o.top_k = 3;
+      o.simulate_top = 3;
+      o.local_search_steps = 0;
+      o.share_etp_compiles = share == 1;
+      out[share].top = plans;
+      rescore_with_simulator(c.model, c.cluster, c.train, o, threads, &out[share]);
+      ASSERT_EQ(out[share].top.size(), 3u);
+      EXPECT_EQ(out[share].stats.simulate_compiles_shared, share) << threads << " threads";
+    }
+    for (size_t i = 0; i < 3; ++i) {
+      const Plan& a = out[0].top[i];
+      const Plan& b = out[1].top[i];
+      EXPECT_EQ(a.strategy, b.strategy) << threads << " threads";
+      ASSERT_TRUE(a.simulated && b.simulated) << a.sim_error << " / " << b.sim_error;
+      EXPECT_EQ(a.sim_step_time_s, b.sim_step_time_s) << a.strategy.to_string();
+      EXPECT_FALSE(b.compiled) << "a simulated plan releases its compile";
+    }
+  }
 }
 
 TEST(RescoreTest, BadOptionsAreRejectedByName) {
