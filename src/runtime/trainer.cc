@@ -514,20 +514,11 @@ Status Trainer::balance_experts(TrainStepStats* s) {
 
 double Trainer::comm_timeout_s() const { return dist_ != nullptr ? dist_->timeout_s() : comm::default_timeout_s(); }
 
-Status Trainer::checkpoint_supported(const std::string& flag) const {
-  if (!strategy_.disaggregate || compiled_.plan.mesh.ep == 1) return ok_status();
-  return unimplemented(flag + ": checkpoints of af-pipe runs with ep > 1 are not supported yet (their FFN ranks' " +
-                       "expert slices are not tested against a resume); train af-pipe with ep=1 to save or resume " +
-                       "(docs/runtime.md)");
-}
-
 Status Trainer::prepare_save(const std::string& root) {
-  PIPER_RETURN_IF_ERROR(checkpoint_supported("--save"));
   return check_checkpoint_root_writable(root, options_.world, comm_timeout_s());
 }
 
 Status Trainer::save(const std::string& dir) {
-  PIPER_RETURN_IF_ERROR(checkpoint_supported("--save"));
   CheckpointMeta meta;
   meta.step = optimizer_->step();
   set_fault_step(meta.step);
@@ -634,7 +625,6 @@ Status Trainer::restore_local(CheckpointReader& reader) {
 }
 
 Status Trainer::resume(const std::string& dir) {
-  PIPER_RETURN_IF_ERROR(checkpoint_supported("--resume"));
   const double timeout_s = comm_timeout_s();
   Result<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::open(dir);
   Status st = reader.status();

@@ -115,13 +115,12 @@ class Trainer {
   // Collective over the run's ranks (runtime/checkpoint/checkpoint.h): every rank writes the parameters it holds and
   // the AdamW moments of the elements it updates; rank 0 commits the checkpoint ROOT/step-N and ROOT/latest.
   Status save(const std::string& dir);
-  // OK when this run's checkpoints can be written and read; Unimplemented (naming `flag`) for af-pipe runs with
-  // ep > 1 (untested). save() and resume() check it; call it before training so that a --save run fails at once,
-  // not after its last step. Expert-parallel runs save every expert under its logical index with the placement
-  // table; a resume under ep > 1 adopts the table. Tensor-parallel slices record their boxes (w_qkv: row blocks).
-  Status checkpoint_supported(const std::string& flag) const;
-  // Collective, before the first step of a `--save ROOT` run: checkpoint_supported("--save"), then every rank
-  // creates ROOT if needed and creates and removes a probe file in it (InvalidArgument naming ROOT and errno).
+  // Every strategy's checkpoints load under every other (af-pipe's FFN ranks too, ep > 1 included: ckpt_mpi_test).
+  // Expert-parallel runs save every expert under its logical index with the placement table; a resume under
+  // ep > 1 adopts the table. Tensor-parallel slices record their boxes (w_qkv: row blocks).
+  // Collective, before the first step of a `--save ROOT` run: every rank creates ROOT if needed and creates and
+  // removes a probe file in it (InvalidArgument naming ROOT and errno), so a --save run fails at once, not after
+  // its last step.
   Status prepare_save(const std::string& root);
   // Collective: loads a checkpoint written under any strategy and world size (dir: a --save ROOT or one of its
   // step-N directories) after checking that it was written for this model's architecture, --seed and --seq.

@@ -279,21 +279,24 @@ TEST(CliTrainReport, RecordedExpertLoadsPriceEstimateAndSimulate) {
   EXPECT_FALSE(std::filesystem::exists(loads));
 }
 
-// Checkpoints of af-pipe runs with ep > 1 are not written yet: `--save` is refused before the first step, not
-// after the last one (the run's work would be lost), and nothing is written.
-TEST(CliTrainReport, SaveOfAnAfPipeExpertParallelRunIsRefusedBeforeTraining) {
-  const std::string dir = temp_file("tp_ckpt");
+// af-pipe with ep > 1 saves (its FFN ranks write their experts under the logical index) and one rank resumes it
+// (ckpt_mpi_test.cc's Resume4.AfPipeEp2* check the losses).
+TEST(CliTrainReport, AfPipeExpertParallelRunSavesAndOneRankResumes) {
+  const std::string dir = temp_file("af_ckpt");
   int rc = 0;
   std::string out =
       run("train --model tiny-moe --ranks 4 --seq 16 --global-batch 4 --strategy "
-          "dp=2,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=2,mbs=1 --steps 1000 --save " +
+          "dp=2,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=2,mbs=1 --steps 2 --save " +
               dir,
           &rc, false);
-  EXPECT_NE(rc, 0) << out;
-  EXPECT_NE(out.find("--save: checkpoints of af-pipe runs with ep > 1 are not supported yet"), std::string::npos)
-      << out;
-  EXPECT_EQ(out.find("step     1"), std::string::npos) << out;
-  EXPECT_FALSE(std::filesystem::exists(dir));
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(dir) / "latest")) << out;
+  out = run("train --model tiny-moe --ranks 1 --seq 16 --global-batch 4 --strategy microbatches=4,mbs=1 --steps 3 "
+            "--resume " + dir,
+            &rc, false);
+  EXPECT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("step     3"), std::string::npos) << out;
+  std::filesystem::remove_all(dir);
 }
 
 namespace {

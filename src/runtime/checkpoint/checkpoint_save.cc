@@ -8,6 +8,7 @@
 #include <cstring>
 #include <deque>
 #include <filesystem>
+#include <map>
 
 #include "piper/base/fault.h"
 #include "piper/base/json.h"
@@ -321,6 +322,28 @@ Result<std::string> write_rank_file(const fs::path& tmp, int rank, const std::ve
       .dump();
 }
 
+// The placement table the index records: the one every expert-holding rank holds (rank 0 may hold no experts:
+// af-pipe's attention ranks). Ranks that hold experts must agree on it.
+Result<std::map<int, std::vector<int>>> agreed_placement(const std::map<int, std::vector<int>>& mine,
+                                                         comm::Communicator* world, double timeout_s) {
+  Json j = Json::object();
+  for (const auto& [layer, slots] : mine) j[std::to_string(layer)] = slots;
+  PIPER_ASSIGN_OR_RETURN(std::vector<std::string> all, all_gather_strings(world, j.dump(), timeout_s));
+  std::string agreed = "{}";
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r] == "{}") continue;
+    if (agreed != "{}" && all[r] != agreed) {
+      return internal_error("checkpoint: ranks hold different expert placement tables (rank " + std::to_string(r) +
+                            "'s differs from an earlier rank's); please report");
+    }
+    agreed = all[r];
+  }
+  std::map<int, std::vector<int>> out;
+  const Json table = Json::parse(agreed);
+  for (const auto& [layer, slots] : table.items()) out[std::stoi(layer)] = slots.get<std::vector<int>>();
+  return out;
+}
+
 }  // namespace
 
 // The protocol, every step agreed by all ranks before the next: rank 0 makes an empty ROOT/step-N.tmp; the
@@ -348,7 +371,11 @@ Status save_checkpoint(const std::string& root, const CheckpointMeta& meta, cons
   Result<std::string> report = write_rank_file(tmp, rank, won, local);
   PIPER_RETURN_IF_ERROR(agree_on_status(world, report.status(), timeout_s));
   PIPER_ASSIGN_OR_RETURN(std::vector<std::string> reports, all_gather_strings(world, *report, timeout_s));
-  if (rank == 0) st = commit(root_dir, tmp, final_dir, meta, won, reports, keep);
+  CheckpointMeta committed = meta;
+  Result<std::map<int, std::vector<int>>> placement = agreed_placement(meta.expert_placement, world, timeout_s);
+  PIPER_RETURN_IF_ERROR(agree_on_status(world, placement.status(), timeout_s));
+  committed.expert_placement = *placement;
+  if (rank == 0) st = commit(root_dir, tmp, final_dir, committed, won, reports, keep);
   return agree_on_status(world, st, timeout_s);
 }
 
