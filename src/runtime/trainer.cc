@@ -304,6 +304,18 @@ Status Trainer::build_model(int rank) {
       PIPER_RETURN_IF_ERROR(model_->replace_chunk(std::move(slice)));
     }
   }
+  if (dist_ != nullptr && compiled_.plan.mesh.etp > 1) {
+    // Expert tensor parallelism: every experts chunk holds this rank's slice (tp coordinate mod etp, the plan's
+    // etp group being etp consecutive tensor ranks) of its local experts (model/chunks/tp_slice.h).
+    const int etp = compiled_.plan.mesh.etp;
+    for (int layer = 0; layer < compiled_.plan.num_layers; ++layer) {
+      const Chunk* whole = model_->find(layer, Part::kExperts);
+      if (whole == nullptr) continue;
+      PIPER_ASSIGN_OR_RETURN(auto slice,
+                             make_etp_slice(*whole, model_->dims(), dist_->coord().tp % etp, etp, allocator_.get()));
+      PIPER_RETURN_IF_ERROR(model_->replace_chunk(std::move(slice)));
+    }
+  }
   num_params_ = model_->num_params();
   return ok_status();
 }

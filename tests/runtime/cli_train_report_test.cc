@@ -183,7 +183,8 @@ TEST(CliTrainReport, AutoStrategyIsTheRunnablePlansFirst) {
   auto plans = piper::Json::parse(out);
   ASSERT_FALSE(plans["plans"].empty());
   EXPECT_EQ(plans["world_size"], 2);
-  // check_runnable (src/runtime/support.cc) refuses etp > 1; every kept plan avoids it.
+  // check_runnable (src/runtime/support.cc) refuses etp > 1 with ep = 1, the only etp = tp = 2 on 2 ranks (ep divides
+  // dp = 1); every kept plan avoids it.
   for (const auto& p : plans["plans"]) {
     const std::string s = p["strategy"];
     EXPECT_NE(s.find("etp=1,"), std::string::npos) << s;
