@@ -120,8 +120,11 @@ Status restore_param(CheckpointReader& reader, const Param& p, const std::string
 
 // Expert parallelism: slot j of an experts chunk's tensor (elements [j * n, (j + 1) * n)) as the box of logical
 // expert `expert` in the whole [num_experts, ...] tensor.
-Shape expert_offset(const Shape& global, int expert) {
-  Shape o(global.size(), 0);
+// Where one expert of a rank's box lies in the whole tensor: at `expert` along the experts' dimension and, for an
+// expert tensor-parallel slice (make_etp_slice), at the slice's offset along the others (`offset`: the parameter's
+// Param::global_offset; empty for whole experts).
+Shape expert_offset(const Shape& global, const Shape& offset, int expert) {
+  Shape o = offset.size() == global.size() ? offset : Shape(global.size(), 0);
   o[0] = expert;
   return o;
 }
@@ -579,8 +582,8 @@ Status Trainer::save(const std::string& dir) {
           std::memcpy(copies.back().data(), st.tensor->data() + (b - st.lo),
                       static_cast<size_t>(e - b) * sizeof(float));
           const int expert = table->second.at(static_cast<size_t>(first + j));
-          pieces.push_back({st.name, global, expert_offset(global, expert), &copies.back(), b - j * n, e - j * n,
-                            st.optimizer, expert_extent(box)});
+          pieces.push_back({st.name, global, expert_offset(global, p.global_offset, expert), &copies.back(), b - j * n,
+                            e - j * n, st.optimizer, expert_extent(box)});
         });
         return ok_status();
       }));
@@ -631,8 +634,8 @@ Status Trainer::restore_local(CheckpointReader& reader) {
           for_each_slot(per, n, store.lo, store.hi, [&](int j, int64_t b, int64_t e) {
             if (!s.ok()) return;
             const int expert = slots->second.at(static_cast<size_t>(first + j));
-            s = reader.restore_range(store.name, global, expert_offset(global, expert), expert_extent(box), b - j * n,
-                                     e - j * n, data + (b - store.lo));
+            s = reader.restore_range(store.name, global, expert_offset(global, p.global_offset, expert),
+                                     expert_extent(box), b - j * n, e - j * n, data + (b - store.lo));
           });
         }
         if (!s.ok()) return s.with_context(where);
