@@ -140,7 +140,7 @@ Json Plan::to_json() const {
   Json mesh_json{{"pp", mesh.pp}, {"vpp", mesh.vpp}, {"dp", mesh.dp},
                  {"ep", mesh.ep}, {"tp", mesh.tp},   {"fold", mesh.fold}};
   if (mesh.stages > 0) mesh_json["stages"] = mesh.stages;  // absent otherwise: earlier plans keep their hash
-  if (mesh.etp > 1) mesh_json["etp"] = mesh.etp;        // likewise
+  if (mesh.etp > 1) mesh_json["etp"] = mesh.etp;           // likewise
   return Json{{"format", kPlanFormat},
               {"version", kPlanFormatVersion},
               {"world_size", world_size},

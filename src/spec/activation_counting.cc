@@ -74,7 +74,7 @@ double moe_experts_activation_per_token(const ModelSpec& m, const ActivationShap
   // Expert tensor parallelism: the rank runs its 1/etp slice of the experts on the rows of all etp ranks (gathered):
   // etp times the rows of width h, the same intermediate bytes (etp times the rows of 1/etp the width).
   const double etp = std::max(1, a.etp);
-  double bytes = b * h * k * etp;                                                   // dispatched (gathered) tokens
+  double bytes = b * h * k * etp;                                                  // dispatched (gathered) tokens
   bytes += tensors * b * static_cast<double>(m.moe.expert_intermediate_size) * k;  // intermediates
   bytes += b * h * k * etp;  // expert outputs (partial under etp) before the reduce-scatter / weighted combine
   if (a.dropout) bytes += h;

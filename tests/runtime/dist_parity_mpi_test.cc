@@ -308,9 +308,10 @@ TEST(Parity, Dp2Tp2Ep2Etp2) {
 }
 TEST(Parity, Dp2Tp2Ep2Etp2Recompute) {
   expect_parity("dp=2,tp=2,ep=2,etp=2,sp=1,recompute=full,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
-  expect_parity("dp=2,tp=2,ep=2,etp=2,sp=1,zero=1,recompute=selective,recompute_modules=layernorm+moe_act,"
-                "microbatches=2,mbs=1",
-                "microbatches=4,mbs=1", 3, kTpLr);
+  expect_parity(
+      "dp=2,tp=2,ep=2,etp=2,sp=1,zero=1,recompute=selective,recompute_modules=layernorm+moe_act,"
+      "microbatches=2,mbs=1",
+      "microbatches=4,mbs=1", 3, kTpLr);
 }
 TEST(Parity, Dp4Tp2Ep2Etp2Zero) {
   expect_parity("dp=4,tp=2,ep=2,etp=2,sp=1,microbatches=1,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
@@ -322,8 +323,8 @@ TEST(Parity, Dp4Tp2Ep2Etp2Zero) {
 // rank, 0.13 MiB above the model's 1/tp share in each of params, grads and moments, as at etp=1 (1.08x there), and
 // the sliced experts leave less state to hide that behind.)
 TEST(Parity, Dp2Pp2Tp2Ep2Etp2Schedules) {
-  expect_parity("dp=2,pp=2,tp=2,ep=2,etp=2,sp=1,zero=3,schedule=dualpipev,microbatches=4,mbs=1",
-                "microbatches=8,mbs=1", 3, kTpLr);
+  expect_parity("dp=2,pp=2,tp=2,ep=2,etp=2,sp=1,zero=3,schedule=dualpipev,microbatches=4,mbs=1", "microbatches=8,mbs=1",
+                3, kTpLr);
   expect_parity("dp=2,pp=2,tp=2,ep=2,etp=2,sp=1,zero=1,schedule=1f1b,microbatches=2,mbs=1", "microbatches=4,mbs=1",
                 3, kTpLr);
 }

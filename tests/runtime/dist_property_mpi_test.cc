@@ -252,9 +252,10 @@ TEST(StrategyProperty, DrawnStrategiesTrainWithOneRanksLosses) {
     EXPECT_LE(rel, kRelTol) << d.strategy << " on " << ranks << " ranks: losses differ from one rank's";
   }
   if ((*world)->rank() == 0) {
-    std::printf("property: %zu strategies on %d ranks (%d with fold=1, %d with etp > 1), worst relative loss "
-                "difference %.3g\n",
-                draws.size(), ranks, folded, sliced, worst);
+    std::printf(
+        "property: %zu strategies on %d ranks (%d with fold=1, %d with etp > 1), worst relative loss "
+        "difference %.3g\n",
+        draws.size(), ranks, folded, sliced, worst);
   }
 }
 

@@ -34,7 +34,7 @@ struct Measured {
   std::map<std::string, int> etp;  // etp collectives on pipeline rank 0 by "part.pass" (experts.etp_ag.F, ...)
   std::vector<int> etp_group;      // rank 0's etp and edp groups in the compiled plan
   std::vector<int> edp_group;
-  double sim_etp_exposed = 0;      // rank 0's exposed etp time
+  double sim_etp_exposed = 0;  // rank 0's exposed etp time
 };
 
 Measured run(const std::string& model, const std::string& strategy) {
@@ -254,7 +254,7 @@ TEST(TpShardingTest, ExpertTensorParallelismSlicesExpertsInThePlan) {
   EXPECT_EQ(sliced.etp.size(), 4u);
   EXPECT_EQ(sliced.a2a, whole.a2a);  // the same all-to-alls, outside the etp exchanges
   EXPECT_EQ(sliced.etp_group, (std::vector<int>{0, 1}));
-  EXPECT_EQ(whole.edp_group.size(), 4u);   // dp*tp/ep
+  EXPECT_EQ(whole.edp_group.size(), 4u);                  // dp*tp/ep
   EXPECT_EQ(sliced.edp_group, (std::vector<int>{0, 8}));  // dp*tp/(ep*etp): same expert shard and slice
   EXPECT_GT(sliced.sim_etp_exposed, 0);
   EXPECT_LT(sliced.sim_static, 0.75 * whole.sim_static);  // the experts are most of the state

@@ -39,8 +39,7 @@ void split_backward(Graph& g, const std::vector<NodeId>& nodes) {
       // chunk's B: a cycle with any order that runs W late, i.e. zb-h1 and dualpipev with tp > 1).
       bool grad_collective = dst.kind == NodeKind::kAllReduce || dst.kind == NodeKind::kReduceScatter;
       // The experts' etp reduce-scatter (shard ep with etp > 1) sums their input-row gradients: B's too.
-      bool weight_grad =
-          dst.kind == NodeKind::kUpdate || (grad_collective && dst.group != "tp" && dst.group != "etp");
+      bool weight_grad = dst.kind == NodeKind::kUpdate || (grad_collective && dst.group != "tp" && dst.group != "etp");
       if (!weight_grad) continue;
       g.remove_edge(e);
       g.add_edge(wid, ed.dst, ed.kind, ed.bytes);

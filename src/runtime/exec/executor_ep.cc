@@ -31,12 +31,12 @@ namespace piper::runtime::detail {
 using compile::Instruction;
 
 struct EpExchange {
-  comm::MoeRouting routing;                  // group rank of each (token, slot)
-  std::vector<size_t> rows_to;               // rows sent to each rank
-  std::vector<size_t> rows_from;             // rows received from each rank
-  std::shared_ptr<const Routed> routed;      // the source's routing (weights for the combine)
-  int64_t rows_received = 0;                 // rows the forward dispatch delivered (not kept: under etp the
-                                             // experts keep the gathered rows instead)
+  comm::MoeRouting routing;              // group rank of each (token, slot)
+  std::vector<size_t> rows_to;           // rows sent to each rank
+  std::vector<size_t> rows_from;         // rows received from each rank
+  std::shared_ptr<const Routed> routed;  // the source's routing (weights for the combine)
+  int64_t rows_received = 0;             // rows the forward dispatch delivered (not kept: under etp the
+                                         // experts keep the gathered rows instead)
 };
 
 namespace {
