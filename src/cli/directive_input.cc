@@ -22,10 +22,11 @@ Result<ir::MeshInfo> parse_mesh(const std::string& text) {
                  : key == "dp"  ? &mesh.dp
                  : key == "ep"  ? &mesh.ep
                  : key == "tp"  ? &mesh.tp
+                 : key == "etp" ? &mesh.etp
                  : key == "stages" ? &mesh.stages
                                 : nullptr;
     if (field == nullptr) {
-      return invalid_argument("--mesh: unknown axis '" + key + "'; use pp, vpp, dp, ep, tp (or stages)");
+      return invalid_argument("--mesh: unknown axis '" + key + "'; use pp, vpp, dp, ep, tp, etp (or stages)");
     }
     *field = static_cast<int>(v);
   }
@@ -36,6 +37,10 @@ Result<ir::MeshInfo> parse_mesh(const std::string& text) {
   }
   if (mesh.dp % mesh.ep != 0) {
     return invalid_argument("--mesh: ep=" + std::to_string(mesh.ep) + " must divide dp=" + std::to_string(mesh.dp));
+  }
+  if (mesh.etp > 1 && (mesh.tp % mesh.etp != 0 || mesh.ep == 1)) {
+    return invalid_argument("--mesh: etp=" + std::to_string(mesh.etp) + " slices the experts of an ep > 1 mesh over " +
+                            "tensor ranks: it must divide tp=" + std::to_string(mesh.tp) + " and needs ep > 1");
   }
   if (mesh.stages == mesh.pp * mesh.vpp) mesh.stages = 0;  // stages= is for a count that pp*vpp cannot give
   return mesh;

@@ -34,7 +34,8 @@ void restrict_to_runtime(const ModelSpec& model, double capacity_bytes, planner:
   };
   sp.max_tp = bound(sp.max_tp, rs.max_tp);
   sp.max_ep = bound(sp.max_ep, rs.max_ep);
-  sp.search_etp = false;  // the runtime does not slice experts over tp (etp=1); check_runnable refuses etp > 1
+  // etp = tp is searched too: the runtime slices experts over etp with ep > 1 (check_runnable refuses etp with ep = 1,
+  // through the verifier below).
   auto inner = options->verifier;
   options->verifier = [model, capacity_bytes, inner](const Strategy& s, const TrainSpec& t) {
     Status st = runtime::check_runnable(s);

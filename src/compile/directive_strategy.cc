@@ -17,6 +17,7 @@ Strategy settings_of(const ir::MeshInfo& mesh, const std::vector<ir::Directive>&
   s.ep = mesh.ep;
   s.pp = mesh.pp;
   s.fold = mesh.fold;
+  s.etp = mesh.etp;
   s.mbs = mbs;
   s.microbatches = directive_microbatches(directives);
   for (const ir::Directive& d : directives) {
@@ -47,7 +48,7 @@ Strategy settings_of(const ir::MeshInfo& mesh, const std::vector<ir::Directive>&
 
 bool same_mesh(const ir::MeshInfo& a, const ir::MeshInfo& b) {
   return a.pp == b.pp && a.vpp == b.vpp && a.dp == b.dp && a.ep == b.ep && a.tp == b.tp && a.fold == b.fold &&
-         a.num_stages() == b.num_stages();
+         a.etp == b.etp && a.num_stages() == b.num_stages();
 }
 
 // Schedule variants of `base` on the mesh that validate, in the order they are tried.

@@ -110,6 +110,11 @@ CommRole comm_role(const Node& nd) {
       if (nd.group == "dp" || nd.group == "edp") {
         return nd.kind == NodeKind::kAllGather ? CommRole::kParamGather : CommRole::kGradReduce;
       }
+      if (nd.group == "etp") {
+        return nd.kind == NodeKind::kAllGather       ? CommRole::kEtpGather
+               : nd.kind == NodeKind::kReduceScatter ? CommRole::kEtpScatter
+                                                     : CommRole::kNone;
+      }
       return CommRole::kNone;
     default:
       return CommRole::kNone;

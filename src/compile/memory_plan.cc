@@ -28,7 +28,7 @@ BufferPlan plan_buffers(const ir::Graph& g, int r, const std::vector<OrderKey>& 
   }
   for (const Node& nd : g.nodes()) {
     if (nd.pp_rank != r || skipped(nd)) continue;
-    if (nd.kind == NodeKind::kAllGather && nd.group != "tp" && nd.tags.mb >= 0) {
+    if (nd.kind == NodeKind::kAllGather && nd.group != "tp" && nd.group != "etp" && nd.tags.mb >= 0) {
       // ZeRO-3: the gathered parameters live until the chunk that uses them is done (re-shard).
       Buffer b{next_buffer++, nd.comm_bytes, "params " + nd.name};
       alloc_before[nd.id] = b;
@@ -89,7 +89,7 @@ int64_t model_state_bytes(const ir::Graph& g, int r) {
     int64_t params = it->second->param_count;
     const int zero = nd.zero;
     const std::string& axis = it->second->shard_axis;
-    if (axis == "ep") params /= std::max(1, g.mesh.ep);
+    if (axis == "ep") params /= std::max(1, g.mesh.ep) * std::max(1, g.mesh.etp);  // sliced over etp too
     if (axis == "tp") params /= std::max(1, g.mesh.tp);
     int64_t deg = nd.group.empty() ? 1 : nd.group == "edp" ? std::max(1, g.mesh.expert_replicas()) : g.mesh.dp;
     bytes += params * g.param_bytes / (zero >= 3 ? deg : 1);

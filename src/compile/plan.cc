@@ -32,6 +32,10 @@ const char* to_string(CommRole r) {
       return "ep_dispatch";
     case CommRole::kEpCombine:
       return "ep_combine";
+    case CommRole::kEtpGather:
+      return "etp_gather";
+    case CommRole::kEtpScatter:
+      return "etp_scatter";
     case CommRole::kM2NToExperts:
       return "m2n_to_experts";
     case CommRole::kM2NFromExperts:
@@ -136,6 +140,7 @@ Json Plan::to_json() const {
   Json mesh_json{{"pp", mesh.pp}, {"vpp", mesh.vpp}, {"dp", mesh.dp},
                  {"ep", mesh.ep}, {"tp", mesh.tp},   {"fold", mesh.fold}};
   if (mesh.stages > 0) mesh_json["stages"] = mesh.stages;  // absent otherwise: earlier plans keep their hash
+  if (mesh.etp > 1) mesh_json["etp"] = mesh.etp;           // likewise
   return Json{{"format", kPlanFormat},
               {"version", kPlanFormatVersion},
               {"world_size", world_size},
@@ -165,6 +170,7 @@ Result<std::vector<int>> Plan::group_ranks(int rank, const std::string& axis) co
   const RankCoord me = coords[static_cast<size_t>(rank)];
   // Every group but pp lies inside the rank's pipeline stage, whose ranks are contiguous (rank_of).
   const int slice = std::max(1, mesh.dp) * std::max(1, mesh.tp);
+  const int etp = std::max(1, mesh.etp);
   const int lo = axis == "pp" ? 0 : me.pp * slice, hi = axis == "pp" ? world_size : lo + slice;
   std::vector<int> out;
   for (int r = lo; r < hi; ++r) {
@@ -177,11 +183,14 @@ Result<std::vector<int>> Plan::group_ranks(int rank, const std::string& axis) co
     } else if (axis == "ep") {
       member = c.pp == me.pp && mesh.ep_block(c.dp, c.tp) == mesh.ep_block(me.dp, me.tp);
     } else if (axis == "edp") {
-      member = c.pp == me.pp && c.ep == me.ep;  // every tp rank too (MeshInfo::expert_replicas)
+      // Every tp rank with the same expert slice too (MeshInfo::expert_replicas).
+      member = c.pp == me.pp && c.ep == me.ep && c.tp % etp == me.tp % etp;
+    } else if (axis == "etp") {
+      member = c.pp == me.pp && c.dp == me.dp && c.tp / etp == me.tp / etp;
     } else if (axis == "pp") {
       member = c.dp == me.dp && c.tp == me.tp;
     } else {
-      return invalid_argument("group axis '" + axis + "' is not one of tp, dp, ep, edp, pp");
+      return invalid_argument("group axis '" + axis + "' is not one of tp, dp, ep, edp, etp, pp");
     }
     if (member) out.push_back(r);
   }

@@ -40,6 +40,8 @@ enum class CommRole : uint8_t {
   kTpReduce,      // tp all_reduce of a tp block's output (no sequence parallelism)
   kEpDispatch,    // ep all_to_all that sends routed tokens to the experts (part "dispatch")
   kEpCombine,     // ep all_to_all that brings the experts' outputs back (part "combine")
+  kEtpGather,     // etp all_gather of the experts' input rows (expert tensor parallelism: after the dispatch, F and B)
+  kEtpScatter,    // etp reduce_scatter of the experts' partial output rows (before the combine, F and B)
   kM2NToExperts,  // m2n whose consuming chunk is the experts (af-pipe dispatch, forward)
   kM2NFromExperts,  // m2n whose producing chunk is the experts (af-pipe combine; the dispatch's gradient)
   kM2NDense,      // m2n between two chunks neither of which is the experts (a pipeline message across the sides)
@@ -74,7 +76,7 @@ struct Instruction {
   // comm
   ir::NodeKind comm = ir::NodeKind::kChunk;  // send, recv, all_reduce, ..., m2n
   CommRole role = CommRole::kNone;
-  std::string group;                         // mesh axis: dp, edp, ep, tp, a2f, pp
+  std::string group;                         // mesh axis: dp, edp, ep, etp, tp, a2f, pp
   std::string algorithm;
   int peer = -1;     // send/recv/m2n: peer pipeline rank
   int64_t tag = -1;  // send/recv/m2n: matching key shared by both sides
@@ -163,7 +165,9 @@ struct Plan {
   int p2p_peer(int rank, int peer_pp) const;
   // Members of `rank`'s group over a collective's axis, ascending (rank included):
   //   "tp": same pp and dp;  "dp": same pp and tp;  "ep": same pp, tp and ep block (dp / mesh.ep);
-  //   "edp": same pp, tp and ep coordinate (expert data parallelism, dp/ep members);  "pp": same dp and tp.
+  //   "edp": same pp, ep coordinate and expert slice (tp mod mesh.etp): the ranks holding the same expert slice,
+  //   tp ranks included (MeshInfo::expert_replicas members);  "etp": same pp and dp, tp / mesh.etp (the ranks that
+  //   slice the same experts);  "pp": same dp and tp.
   // Unknown axes give an error naming them.
   Result<std::vector<int>> group_ranks(int rank, const std::string& axis) const;
 };

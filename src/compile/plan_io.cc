@@ -90,9 +90,9 @@ Status check_op(const Instruction& in, const std::string& where, int pp) {
                               "all_to_all, not " +
                               std::string(ir::to_string(in.comm)));
     }
-    static const std::set<std::string> axes = {"tp", "dp", "ep", "edp", "pp"};
+    static const std::set<std::string> axes = {"tp", "dp", "ep", "edp", "etp", "pp"};
     if (axes.count(in.group) == 0) {
-      return invalid_argument(where + ": group '" + in.group + "' is not one of tp, dp, ep, edp, pp");
+      return invalid_argument(where + ": group '" + in.group + "' is not one of tp, dp, ep, edp, etp, pp");
     }
   }
   if ((in.op == OpKind::kRecord || in.op == OpKind::kWait) && in.event < 0) {
@@ -310,7 +310,13 @@ Result<ir::MeshInfo> mesh_from_json(JsonReader& top) {
   PIPER_RETURN_IF_ERROR(r.get_bool("fold", &mesh.fold, true));
   // Written only when the stages are not pp*vpp (uneven af-pipe splits, MeshInfo::stages).
   PIPER_RETURN_IF_ERROR(r.get_int("stages", &mesh.stages, false, 1, static_cast<int>(2 * kMaxLayers)));
+  // Written only when > 1 (MeshInfo::etp).
+  PIPER_RETURN_IF_ERROR(r.get_int("etp", &mesh.etp, false, 1, most));
   PIPER_RETURN_IF_ERROR(r.check_no_unknown_keys());
+  if (mesh.tp % mesh.etp != 0 || (mesh.fold && mesh.etp > 1)) {
+    return invalid_argument(r.field_path("etp") + ": etp=" + std::to_string(mesh.etp) +
+                            " must divide tp=" + std::to_string(mesh.tp) + " and needs fold=false");
+  }
   const int64_t expert_ranks = mesh.fold ? int64_t{mesh.dp} * mesh.tp : mesh.dp;
   if (expert_ranks % mesh.ep != 0) {
     return invalid_argument(r.field_path("ep") + ": ep=" + std::to_string(mesh.ep) + " does not divide " +

@@ -15,6 +15,10 @@ Result<ir::MeshInfo> strategy_mesh(const Strategy& s, const ModelSpec& model) {
   mesh.dp = s.dp;
   mesh.ep = s.ep;
   mesh.fold = s.fold;
+  // Expert tensor parallelism slices the experts of an expert-parallel layer (the etp exchanges sit next to the ep
+  // all-to-alls, ir shard pass); with ep = 1 or disaggregated experts the plan keeps them whole (check_runnable
+  // refuses those, and estimate/simulate still price etp's compute and weights).
+  mesh.etp = s.ep > 1 && !s.disaggregate ? s.etp : 1;
   mesh.tp = s.tp;
   if (s.disaggregate) {
     if (s.schedule != "af-pipe") {

@@ -1,5 +1,7 @@
 #include "piper/cost/activations.h"
 
+#include <algorithm>
+
 namespace piper::cost {
 namespace {
 
@@ -84,8 +86,11 @@ double layer_weight_grad_input_bytes_per_token(const ModelSpec& m, bool moe_laye
   double bytes = b * (2 * h + latents) / rep_div + b * qkv / t;  // attention
   if (moe_layer) {
     const double k = m.moe.top_k;
-    double moe = b * h + 4.0 * m.moe.num_experts + b * k * h +
-                 gated * b * k * static_cast<double>(m.moe.expert_intermediate_size) / o.etp;
+    // Under etp the experts' rows are gathered over the etp ranks (etp times the output-gradient rows) and the
+    // gate/up gradients are 1/etp of the width: the same bytes as whole experts.
+    const double etp = std::max(1, o.etp);
+    double moe = b * h + 4.0 * m.moe.num_experts + b * k * h * etp +
+                 gated * b * k * static_cast<double>(m.moe.expert_intermediate_size);
     if (m.moe.num_shared_experts > 0) {
       moe +=
           b * (2 * h + gated * static_cast<double>(m.moe.shared_expert_intermediate_size) * m.moe.num_shared_experts);

@@ -68,8 +68,9 @@ double embedding_activation_bytes_per_token(const ModelSpec& model, const Activa
 // gradients of the outputs of every weight-bearing op, so B's results live until W. Per token of one layer:
 // attention: the pre-norm output grad h, the QKV output grads (q + k + v widths; MLA also its latents), the
 // out-projection output grad h; dense MLP: norm output grad h, output grad h, gate/up output grads (2f SwiGLU,
-// f GELU); MoE (/tp): router norm output grad h, fp32 router logits grad E, expert output grads k h, expert
-// gate/up grads (2 or 1) k f_e / etp, and the shared experts like a dense MLP. Same dtype as activations.
+// f GELU); MoE (/tp): router norm output grad h, fp32 router logits grad E, expert output grads k h (k h etp under
+// expert tensor parallelism: the etp group's rows), expert gate/up grads (2 or 1) k f_e (etp times the rows of
+// 1/etp the width), and the shared experts like a dense MLP. Same dtype as activations.
 double layer_weight_grad_input_bytes_per_token(const ModelSpec& model, bool moe_layer, const ActivationOptions& o);
 // The head's W inputs: the fp32 logits grad V/tp and the final-norm output grad h; the embedding's: dhidden h.
 double head_weight_grad_input_bytes_per_token(const ModelSpec& model, const ActivationOptions& o);

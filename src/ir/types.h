@@ -29,14 +29,25 @@ struct MeshInfo {
   // MoE parallel folding (Strategy::fold): expert groups are ep consecutive ranks of a stage's tp*dp ranks (tp
   // innermost) instead of ep dp-ranks at stride tp.
   bool fold = false;
+  // Expert tensor parallelism (Strategy::etp, Megatron's --expert-tensor-parallel-size; divides tp, unfolded only):
+  // each expert's FFN is sliced over the etp consecutive tensor ranks of an "etp" group (fc1 column-, fc2 row-
+  // parallel); the rows those ranks received from their dispatches are all-gathered over the group before the
+  // expert GEMMs and the partial outputs reduce-scattered (summed) back after, so each rank keeps its own rows.
+  // A rank's expert slice is tp_c % etp.
+  int etp = 1;
   // Stages when they are not pp*vpp (0: pp*vpp). af-pipe with unequal attention and FFN groups cuts the model
   // into 2 * num_layers stages over attn_groups + ffn_groups pipeline ranks, which need not divide it.
   int stages = 0;
   int num_stages() const { return stages > 0 ? stages : pp * vpp; }
-  // Ranks of a pipeline stage holding the same ep-sharded experts (group "edp"): tp*dp / ep. Unfolded, the dp / ep
-  // expert-data-parallel ranks times the tp ranks, which keep whole experts (expert tensor parallelism 1, as
-  // Megatron's --expert-tensor-parallel-size 1 and the closed form's etp = 1) and route different tokens (T / tp).
-  int expert_replicas() const { return dp * tp / ep; }
+  // Ranks of a pipeline stage holding the same ep-sharded expert slice (group "edp"): tp*dp / (ep*etp). Unfolded,
+  // the dp / ep expert-data-parallel ranks times the tp / etp ranks with the same expert slice, which route
+  // different tokens (T / tp). With etp = 1 (Megatron's --expert-tensor-parallel-size 1) every tensor rank keeps
+  // whole experts.
+  int expert_replicas() const { return dp * tp / (ep * etp); }
+  // The compiler reduces the experts' gradients over the plan's edp group, tensor ranks included, and the
+  // experts' gradients are not summed over tp on their own: folded tp x ep, or expert tensor parallelism. (Unfolded
+  // with etp = 1 the executors reduce over dp / ep and sum over tp; the plan's edp group prices the same traffic.)
+  bool experts_reduce_over_edp() const { return (fold && tp > 1 && ep > 1) || etp > 1; }
   // A rank's expert coordinate and expert group (ranks sharing `ep_block`) from its dp and tp coordinates.
   int ep_coord(int dp_c, int tp_c) const { return fold ? (dp_c * tp + tp_c) % ep : dp_c % ep; }
   int ep_block(int dp_c, int tp_c) const { return fold ? (dp_c * tp + tp_c) / ep : dp_c / ep * tp + tp_c; }

@@ -73,8 +73,8 @@ struct SearchOptions {
   // Reject plans whose compiled peak exceeds the capacity from two small compiles before compiling every
   // microbatch (VerifyOptions::memory_screen, verify.h). Same verdicts and messages; false: the former path.
   bool memory_screen = true;
-  // Verify a candidate that the verifier cannot tell apart from one already verified (it differs only in mesh order,
-  // etp or all-to-all algorithm: VerifyCache, verify.h) by that candidate's verdict instead of compiling it again.
+  // Verify a candidate that the verifier cannot tell apart from one already verified (it differs only in mesh order
+  // or all-to-all algorithm: VerifyCache, verify.h) by that candidate's verdict instead of compiling it again.
   // Same verdicts, messages and peaks; false: compile every candidate (the former path, `--no-verify-cache`).
   bool verify_cache = true;
   // One memo of the closed form's HALO all-to-all times for every cost model of the search

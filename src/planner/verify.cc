@@ -165,13 +165,12 @@ std::string VerifyCache::key(const ModelSpec& model, const TrainSpec& train, con
                              double capacity_bytes, const VerifyOptions& options) {
   Strategy s = strategy;
   s.order = Strategy{}.order;
-  s.etp = 1;
   s.a2a = "flat";
   std::string k = s.to_string() + "|mbs=" + std::to_string(train.micro_batch_size) +
                   "|global_batch=" + std::to_string(train.global_batch) +
                   "|capacity=" + std::to_string(capacity(capacity_bytes)) +
                   "|screen=" + (options.memory_screen ? "1" : "0") + (options.accept_steady ? "1" : "0");
-  if (options.memory_screen) {  // screen_memory validates its two variants: the only reader of order, etp, a2a
+  if (options.memory_screen) {  // screen_memory validates its two variants: the only reader of order and a2a
     Strategy v;
     TrainSpec t;
     const int m1 = screen_m1(strategy);

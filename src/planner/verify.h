@@ -79,11 +79,12 @@ Verification verify_strategy_for_simulation(const ModelSpec& model, const Cluste
 //
 // verify_strategy's verdict (ok, message, compiled peak, screened, the screen's full-compile estimate) is a function
 // of what compile::compile_strategy and the memory screen read. They do not read Strategy::order (a rank layout:
-// the compiled plan numbers pipeline ranks and runs one program template per pipeline rank) nor Strategy::etp (the
-// compiler does not slice experts by tensor parallelism); Strategy::a2a reaches only Instruction::algorithm, which
-// the plan verifier does not read. The only place they enter is the screen's Strategy::validate_for of its two
-// small variants, whose outcomes are part of the key. So candidates that differ only in order, etp and a2a (the
-// search keeps such variants when their closed-form step times differ) get the same verdict, messages included;
+// the compiled plan numbers pipeline ranks and runs one program template per pipeline rank); Strategy::a2a reaches
+// only Instruction::algorithm, which the plan verifier does not read. The only place they enter is the screen's
+// Strategy::validate_for of its two small variants, whose outcomes are part of the key. (Strategy::etp is part of
+// the key: the compiler slices the experts over etp, which changes their state and activations.) So candidates
+// that differ only in order and a2a (the search keeps such variants when their closed-form step times differ) get
+// the same verdict, messages included;
 // tests/planner/verify_cache_test.cc compares cached and uncached verdicts, half of them rejections.
 //
 // One cache serves one model and one TrainSpec apart from micro_batch_size (a search). Thread-safe: concurrent
@@ -102,7 +103,7 @@ class VerifyCache {
   void offer(const ModelSpec& model, const TrainSpec& train, const Strategy& strategy, double capacity_bytes,
              const VerifyOptions& options, const Verification& verdict);
 
-  // The key: the strategy with order, etp and a2a reset, the train's mbs and global batch, the capacity, the options
+  // The key: the strategy with order and a2a reset, the train's mbs and global batch, the capacity, the options
   // that change the verdict, and whether the screen's small variants validate.
   static std::string key(const ModelSpec& model, const TrainSpec& train, const Strategy& strategy,
                          double capacity_bytes, const VerifyOptions& options);

@@ -53,12 +53,13 @@ Status check_runnable(const Strategy& strategy) {
   }
   // fold=1 (MoE parallel folding) runs with tp x ep: the runtime takes the expert groups from the plan
   // (Plan::group_ranks, DistContext) and reduces the experts over its edp group (Parity.*Fold*).
-  if (strategy.tp > 1) {
-    if (strategy.etp != 1) {
-      return unimplemented(what + "etp=" + std::to_string(strategy.etp) +
-                           ": the compiler does not lower expert tensor parallelism (the plan keeps every expert "
-                           "whole on a rank; etp is priced by estimate and simulate only); set etp=1");
-    }
+  // Expert tensor parallelism (etp > 1, unfolded: Strategy::validate refuses fold=1 with it, and validate_for sp=0
+  // with tp on a MoE model) runs with ep > 1: the experts are sliced over the plan's etp group, which gathers and
+  // reduce-scatters their rows (exec/executor_ep_etp.cc; Parity.*Etp2*, dist_parity_mpi_test.cc).
+  if (strategy.etp > 1 && strategy.ep == 1) {
+    return unimplemented(what + "etp=" + std::to_string(strategy.etp) +
+                         " with ep=1: the compiler slices the experts of expert-parallel layers only (its etp "
+                         "exchanges sit beside the ep all-to-alls); set ep > 1 or etp=1");
   }
   if (std::find(s.zero.begin(), s.zero.end(), strategy.zero) == s.zero.end()) {
     std::vector<std::string> z;

@@ -120,8 +120,11 @@ Status restore_param(CheckpointReader& reader, const Param& p, const std::string
 
 // Expert parallelism: slot j of an experts chunk's tensor (elements [j * n, (j + 1) * n)) as the box of logical
 // expert `expert` in the whole [num_experts, ...] tensor.
-Shape expert_offset(const Shape& global, int expert) {
-  Shape o(global.size(), 0);
+// Where one expert of a rank's box lies in the whole tensor: at `expert` along the experts' dimension and, for an
+// expert tensor-parallel slice (make_etp_slice), at the slice's offset along the others (`offset`: the parameter's
+// Param::global_offset; empty for whole experts).
+Shape expert_offset(const Shape& global, const Shape& offset, int expert) {
+  Shape o = offset.size() == global.size() ? offset : Shape(global.size(), 0);
   o[0] = expert;
   return o;
 }
@@ -301,6 +304,18 @@ Status Trainer::build_model(int rank) {
       if (whole == nullptr) continue;
       PIPER_ASSIGN_OR_RETURN(auto slice, make_tp_slice(*whole, model_->dims(), dist_->coord().tp,
                                                        compiled_.plan.mesh.tp, allocator_.get()));
+      PIPER_RETURN_IF_ERROR(model_->replace_chunk(std::move(slice)));
+    }
+  }
+  if (dist_ != nullptr && compiled_.plan.mesh.etp > 1) {
+    // Expert tensor parallelism: every experts chunk holds this rank's slice (tp coordinate mod etp, the plan's
+    // etp group being etp consecutive tensor ranks) of its local experts (model/chunks/tp_slice.h).
+    const int etp = compiled_.plan.mesh.etp;
+    for (int layer = 0; layer < compiled_.plan.num_layers; ++layer) {
+      const Chunk* whole = model_->find(layer, Part::kExperts);
+      if (whole == nullptr) continue;
+      PIPER_ASSIGN_OR_RETURN(auto slice,
+                             make_etp_slice(*whole, model_->dims(), dist_->coord().tp % etp, etp, allocator_.get()));
       PIPER_RETURN_IF_ERROR(model_->replace_chunk(std::move(slice)));
     }
   }
@@ -559,8 +574,8 @@ Status Trainer::save(const std::string& dir) {
           std::memcpy(copies.back().data(), st.tensor->data() + (b - st.lo),
                       static_cast<size_t>(e - b) * sizeof(float));
           const int expert = table->second.at(static_cast<size_t>(first + j));
-          pieces.push_back({st.name, global, expert_offset(global, expert), &copies.back(), b - j * n, e - j * n,
-                            st.optimizer, expert_extent(box)});
+          pieces.push_back({st.name, global, expert_offset(global, p.global_offset, expert), &copies.back(), b - j * n,
+                            e - j * n, st.optimizer, expert_extent(box)});
         });
         return ok_status();
       }));
@@ -611,8 +626,8 @@ Status Trainer::restore_local(CheckpointReader& reader) {
           for_each_slot(per, n, store.lo, store.hi, [&](int j, int64_t b, int64_t e) {
             if (!s.ok()) return;
             const int expert = slots->second.at(static_cast<size_t>(first + j));
-            s = reader.restore_range(store.name, global, expert_offset(global, expert), expert_extent(box), b - j * n,
-                                     e - j * n, data + (b - store.lo));
+            s = reader.restore_range(store.name, global, expert_offset(global, p.global_offset, expert),
+                                     expert_extent(box), b - j * n, e - j * n, data + (b - store.lo));
           });
         }
         if (!s.ok()) return s.with_context(where);

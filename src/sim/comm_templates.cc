@@ -150,8 +150,8 @@ Result<CommTemplates> CommTemplates::create(const Network& net, const compile::P
 Result<std::vector<int>> CommTemplates::group(int rank, const std::string& axis) const {
   // The compiler's groups (Plan::group_ranks), so that the simulator loads the links the plan's layout uses; the
   // simulator prices collectives only, so pp (send/recv pairs) is not a group here.
-  if (axis != "tp" && axis != "dp" && axis != "ep" && axis != "edp") {
-    return invalid_argument("collective over axis '" + axis + "': the simulator knows tp, dp, ep and edp groups");
+  if (axis != "tp" && axis != "dp" && axis != "ep" && axis != "edp" && axis != "etp") {
+    return invalid_argument("collective over axis '" + axis + "': the simulator knows tp, dp, ep, edp and etp groups");
   }
   return plan_->group_ranks(rank, axis);
 }

@@ -1,5 +1,7 @@
 #include "piper/spec/activation_counting.h"
 
+#include <algorithm>
+
 namespace piper {
 
 bool is_recompute_module(const std::string& name) {
@@ -69,9 +71,12 @@ double moe_experts_activation_per_token(const ModelSpec& m, const ActivationShap
   const double h = static_cast<double>(m.hidden_size);
   const double k = m.moe.top_k;
   const double tensors = (m.mlp == MlpType::kSwiGLU ? 3 : 2) - (a.recompute_moe_act ? 1 : 0);
-  double bytes = b * h * k;                                                                // dispatched tokens
-  bytes += tensors * b * static_cast<double>(m.moe.expert_intermediate_size) * k / a.etp;  // intermediates
-  bytes += b * h * k;  // expert outputs before the weighted combine
+  // Expert tensor parallelism: the rank runs its 1/etp slice of the experts on the rows of all etp ranks (gathered):
+  // etp times the rows of width h, the same intermediate bytes (etp times the rows of 1/etp the width).
+  const double etp = std::max(1, a.etp);
+  double bytes = b * h * k * etp;                                                  // dispatched (gathered) tokens
+  bytes += tensors * b * static_cast<double>(m.moe.expert_intermediate_size) * k;  // intermediates
+  bytes += b * h * k * etp;  // expert outputs (partial under etp) before the reduce-scatter / weighted combine
   if (a.dropout) bytes += h;
   return bytes;
 }

@@ -21,7 +21,7 @@ struct ActivationShape {
   double act_bytes = 2;         // activation dtype width
   bool dropout = false;         // 1-byte masks after attention, after the MLP and on the s x s probabilities
   bool flash_attention = true;  // fused attention: no s x s tensors, an fp32 log-sum-exp per head instead
-  int etp = 1;                  // expert tensor parallelism: divides the expert intermediates
+  int etp = 1;                  // expert tensor parallelism: multiplies the experts' rows (gathered over etp)
   // Megatron's module recomputation (Strategy::recompute_modules): the MoE layer's pre-MLP norm output
   // ("layernorm") and the routed experts' activation output ("moe_act") are dropped and re-run.
   bool recompute_moe_norm = false;
@@ -51,8 +51,9 @@ BlockActivation dense_mlp_activation_per_token(const ModelSpec& m, const Activat
 // recompute_moe_norm), the fp32 router probabilities (E) and the fp32 routing weights of the chosen experts (k);
 double moe_router_activation_per_token(const ModelSpec& m, const ActivationShape& a);
 // routed experts: the dispatched tokens (k copies of h), their intermediates (GELU 2 / SwiGLU 3 tensors of the
-// expert width, / etp; one fewer, the activation output, with recompute_moe_act) and outputs before the
-// weighted combine (k copies of h), + the dropout mask;
+// expert width; one fewer, the activation output, with recompute_moe_act) and outputs before the weighted
+// combine (k copies of h), + the dropout mask. With expert tensor parallelism the rank computes its 1/etp of the
+// expert width for the rows all etp ranks gathered: the h-wide rows count etp times, the intermediates once;
 double moe_experts_activation_per_token(const ModelSpec& m, const ActivationShape& a);
 // shared experts: their intermediates (their input is the router's).
 double moe_shared_activation_per_token(const ModelSpec& m, const ActivationShape& a);

@@ -98,7 +98,8 @@ TEST(ActivationsTest, SwigluFlashNoDropout) {
 
 // MoE layer: every FFN term is multiplied by k (llm-analysis `analysis.py`; X-MoE activation table). Derived
 // per-token form (hardware_and_models.md §4.2 item 4): h(2 + 4k) + 6k f_e + 6 f_s + 4E bytes; we also keep the
-// k fp32 routing weights (4k bytes). Expert intermediates divide by etp, every term by tp (tokens split).
+// k fp32 routing weights (4k bytes). Every term divides by tp (tokens split); etp multiplies the experts' h-wide
+// rows (gathered over the etp ranks) and leaves the intermediates (etp times the rows of 1/etp the width).
 TEST(ActivationsTest, MoeTopKDuplication) {
   ModelSpec m = gpt(7168, 128);
   m.mlp = MlpType::kSwiGLU;
@@ -116,6 +117,8 @@ TEST(ActivationsTest, MoeTopKDuplication) {
   EXPECT_DOUBLE_EQ(layer_activation_bytes_per_token(m, true, o).mlp, expected / 4);
   o.tp = 1;
   o.sp = false;
+  o.etp = 2;
+  EXPECT_DOUBLE_EQ(layer_activation_bytes_per_token(m, true, o).mlp, expected + 2 * 2 * k * h);
   o.etp = 1;
   m.moe.top_k = 4;
   const double k4 = h * (2 + 16) + 24 * fe + 6 * fs + 4 * e + 16;

@@ -190,6 +190,15 @@ TEST(Resume4, AfPipeEp2ToOneRank) { expect_resume(kAfPipeEp2, kOneRank); }
 TEST(Resume4, OneRankToAfPipeEp2) { expect_resume(kOneRank, kAfPipeEp2); }
 TEST(Resume4, AfPipeEp2ToEp4) { expect_resume(kAfPipeEp2, "dp=4,ep=4,a2a=flat,microbatches=1,mbs=1"); }
 TEST(Resume4, AfPipeEp2SameIsBitwise) { expect_resume(kAfPipeEp2, kAfPipeEp2, true); }
+// Expert tensor parallelism: each rank saves its slice of its experts' intermediate units (a box of the whole
+// [num_experts, F, h] and [num_experts, h, F] tensors) and its ZeRO-1 shard of their moments; one rank, or tp x ep
+// with whole experts (etp=1), resumes from it, and back.
+const char* const kTpEpEtp2 = "dp=2,tp=2,sp=1,ep=2,etp=2,zero=1,a2a=flat,microbatches=2,mbs=1";
+const char* const kTpEpEtp1 = "dp=2,tp=2,sp=1,ep=2,zero=1,a2a=flat,microbatches=2,mbs=1";
+TEST(Resume4, Etp2ToOneRank) { expect_resume(kTpEpEtp2, kOneRank); }
+TEST(Resume4, OneRankToEtp2) { expect_resume(kOneRank, kTpEpEtp2); }
+TEST(Resume4, Etp2ToEtp1) { expect_resume(kTpEpEtp2, kTpEpEtp1); }
+TEST(Resume4, Etp1ToEtp2) { expect_resume(kTpEpEtp1, kTpEpEtp2); }
 TEST(Resume4, Ep2ToEp4) {
   expect_resume("dp=4,ep=2,a2a=flat,microbatches=1,mbs=1", "dp=4,ep=4,a2a=flat,microbatches=1,mbs=1");
 }

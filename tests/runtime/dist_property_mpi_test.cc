@@ -3,14 +3,17 @@
 // vpp, zero, recompute, a2a, mbs; the disaggregated mode's attention:FFN splits), Megatron's module
 // recomputation (recompute_modules) and MoE parallel folding (fold=1: ep over the stage's tp*dp ranks) for
 // tiny-moe on the run's world; each draw must validate (Strategy::validate_for) and be runnable (check_runnable,
-// which refuses only etp > 1, tp_overlap and af-pipe with tp, none of which the draw picks). Every drawn strategy
+// which refuses only etp > 1 with ep = 1 or without sp, tp_overlap and af-pipe with tp, none of which the draw
+// keeps). Every drawn strategy
 // trains 3 steps (Trainer::create compiles and verifies it), and each step's loss must be within 1e-5 (relative)
 // of one rank with the same global batch and micro-batch size.
 // The first draws cover the compositions named by issue 26, where the world allows them: tp x ep,
 // dualpipev x ep x zero=3, interleaved pp=2 vpp=2, zb-h1 with ep, uneven af-pipe with ZeRO and recomputation;
 // then tp=2 x ep folded (every world). A later draw with tp > 1 folds with probability 1/2 (ep then among the
 // divisors > 1 of tp*dp); folding draws from its own stream, so a seed's other dimensions are drawn as before
-// folding was (draw_strategies). The run prints how many of its strategies fold.
+// folding was (draw_strategies). Expert tensor parallelism likewise: on 4 and 8 ranks a "tp_ep_etp" draw (tp=2 x ep,
+// etp=2), and a later unfolded draw with tp > 1 slices its experts (etp = tp) with probability 1/2 from its own
+// stream when ep > 1. The run prints how many of its strategies fold and how many slice experts.
 // PIPER_PROPERTY_DRAWS sets the number of draws (CTest: a small draw per world in `make test`, a larger one
 // under `ctest -C property-large`); PIPER_PROPERTY_SEED the seed. Run under mpiexec -n 2, 4 or 8.
 #include <gtest/gtest.h>
@@ -59,6 +62,7 @@ struct Draw {
   int mbs = 1;
   int tp = 1;
   bool fold = false;
+  bool etp = false;  // etp = tp (expert tensor parallelism), unfolded with ep > 1
 };
 
 // The planner's dimensions on `world` ranks of tiny-moe (4 layers, 4 heads / 2 kv heads, 8 experts). `kind`
@@ -146,6 +150,13 @@ bool admissible(const Draw& d, int world) {
   return check_runnable(*s).ok();
 }
 
+// `d` with its experts sliced over the tensor ranks (etp = tp).
+Draw with_etp(Draw d) {
+  d.strategy += ",etp=" + std::to_string(d.tp);
+  d.etp = true;
+  return d;
+}
+
 // The first draws are the kinds (above), then "tp_ep_fold" (tp=2, pp=1, folded), then free draws. Folding has its
 // own stream (fold_rng): "tp_ep_fold" is drawn from it whole, and a free draw with tp > 1 folds with probability
 // 1/2 by replaying the main stream's draw with fold=1 (kept when admissible, else the unfolded draw stands). The
@@ -153,23 +164,32 @@ bool admissible(const Draw& d, int world) {
 std::vector<Draw> draw_strategies(int world, int count, uint64_t seed) {
   std::mt19937_64 rng(seed * 1000003u + static_cast<uint64_t>(world));
   std::mt19937_64 fold_rng(seed * 1000033u + static_cast<uint64_t>(world) + 7u);
+  std::mt19937_64 etp_rng(seed * 1000037u + static_cast<uint64_t>(world) + 11u);
   std::vector<std::string> kinds = {"interleaved_pp2_vpp2"};
   if (world >= 4) {
     for (const char* k : {"tp_ep", "dualpipev_ep_zero3", "zbh1_ep", "af_uneven"}) kinds.push_back(k);
   }
   kinds.push_back("tp_ep_fold");
+  if (world >= 4) kinds.push_back("tp_ep_etp");
   std::vector<Draw> out;
   for (int i = 0, tries = 0; static_cast<int>(out.size()) < count && tries < 100000; ++tries) {
     const std::string kind = i < static_cast<int>(kinds.size()) ? kinds[static_cast<size_t>(i)] : "";
     Draw d;
     if (kind == "tp_ep_fold") {
       d = draw_one(fold_rng, world, "tp_ep", &fold_rng);
+    } else if (kind == "tp_ep_etp") {
+      d = with_etp(draw_one(etp_rng, world, "tp_ep"));
     } else {
       std::mt19937_64 replay = rng;
       d = draw_one(rng, world, kind);
       if (kind.empty() && d.tp > 1 && fold_rng() % 2 == 0) {
         Draw f = draw_one(replay, world, kind, &fold_rng);
         if (admissible(f, world)) d = f;
+      }
+      // Unfolded with tp > 1: etp = tp with probability 1/2 from its own stream (kept when admissible: ep > 1).
+      if (kind.empty() && d.tp > 1 && !d.fold && etp_rng() % 2 == 0) {
+        Draw e = with_etp(d);
+        if (admissible(e, world)) d = e;
       }
     }
     if (!admissible(d, world)) continue;
@@ -200,9 +220,10 @@ TEST(StrategyProperty, DrawnStrategiesTrainWithOneRanksLosses) {
   const std::vector<Draw> draws = draw_strategies(ranks, count, seed);
   ASSERT_EQ(static_cast<int>(draws.size()), count) << "fewer admissible strategies than draws on " << ranks;
   double worst = 0;
-  int folded = 0;
+  int folded = 0, sliced = 0;
   for (const Draw& d : draws) {
     folded += d.fold;
+    sliced += d.etp;
     TrainOptions o = tiny_moe_options(d.strategy, kLr);
     o.ranks = ranks;
     o.world = world->get();
@@ -231,8 +252,10 @@ TEST(StrategyProperty, DrawnStrategiesTrainWithOneRanksLosses) {
     EXPECT_LE(rel, kRelTol) << d.strategy << " on " << ranks << " ranks: losses differ from one rank's";
   }
   if ((*world)->rank() == 0) {
-    std::printf("property: %zu strategies on %d ranks (%d with fold=1), worst relative loss difference %.3g\n",
-                draws.size(), ranks, folded, worst);
+    std::printf(
+        "property: %zu strategies on %d ranks (%d with fold=1, %d with etp > 1), worst relative loss "
+        "difference %.3g\n",
+        draws.size(), ranks, folded, sliced, worst);
   }
 }
 

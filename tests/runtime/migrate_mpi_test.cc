@@ -146,6 +146,13 @@ TEST(Migrate, UnfoldedTpEpSameLossesWithAndWithoutMigration) {
   expect_same_losses("dp=2,tp=2,sp=1,ep=2,zero=1,a2a=flat,microbatches=1,mbs=1", 15);
 }
 
+// Expert tensor parallelism (dp2 x tp2 x ep2, etp=2): each rank holds a slice of its experts; an ep group (one
+// tensor coordinate, so one slice) moves its slices as whole experts are moved, and both ep groups make the same
+// move (the load counts each gathered row once, on etp rank 0).
+TEST(Migrate, EtpSameLossesWithAndWithoutMigration) {
+  expect_same_losses("dp=2,tp=2,sp=1,ep=2,etp=2,zero=1,a2a=flat,microbatches=1,mbs=1", 15);
+}
+
 TEST(Migrate, BadOptionsAreRejected) {
   auto world = comm::mpi_world();
   ASSERT_TRUE(world.ok()) << world.status().to_string();

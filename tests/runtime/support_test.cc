@@ -50,7 +50,11 @@ TEST(RuntimeSupport, ParityStrategiesAreRunnable) {
         // MoE parallel folding with tp x ep (Parity.*Fold*)
         "tp=2,sp=1,ep=2,fold=1,microbatches=4", "dp=2,tp=2,sp=1,ep=2,fold=1,microbatches=2",
         "dp=2,tp=2,sp=1,ep=4,fold=1,zero=3,microbatches=2", "dp=4,tp=2,sp=1,ep=4,fold=1,zero=2,microbatches=1",
-        "dp=2,pp=2,tp=2,ep=2,sp=1,fold=1,zero=1,schedule=dualpipev,microbatches=4"}) {
+        "dp=2,pp=2,tp=2,ep=2,sp=1,fold=1,zero=1,schedule=dualpipev,microbatches=4",
+        // Expert tensor parallelism (Parity.*Etp2*).
+        "dp=2,tp=2,sp=1,ep=2,etp=2,microbatches=2", "dp=2,tp=2,sp=1,ep=2,etp=2,zero=3,microbatches=2",
+        "dp=4,tp=2,sp=1,ep=2,etp=2,zero=1,microbatches=1",
+        "dp=2,pp=2,tp=2,ep=2,sp=1,etp=2,zero=3,schedule=dualpipev,microbatches=4"}) {
     EXPECT_TRUE(check_runnable(parse(s)).ok()) << s << ": " << check_runnable(parse(s)).to_string();
   }
 }
@@ -61,7 +65,7 @@ TEST(RuntimeSupport, UnsupportedDimensionsAreNamed) {
   EXPECT_EQ(rs.max_ep, 0);
   // Each refused strategy and the words its message must contain.
   const std::vector<std::pair<std::string, std::string>> refused = {
-      {"tp=2,sp=1,etp=2,microbatches=2", "set etp=1"},
+      {"tp=2,sp=1,etp=2,microbatches=2", "with ep=1"},
       {"tp=2,sp=1,tp_overlap=1,microbatches=2", "drop tp_overlap"},
   };
   for (const auto& [strategy, words] : refused) {

@@ -199,7 +199,9 @@ TEST(PlanExecTest, RepresentativeRanksEqualTheFullSimulation) {
        {"dp=4,ep=4,pp=2,zero=1,microbatches=4", "dp=2,ep=2,tp=2,sp=1,pp=2,microbatches=2",
         "dp=8,ep=8,zero=2,microbatches=2", "dp=8,ep=4,a2a=halo,microbatches=2",
         // MoE parallel folding: ep = 4 > dp = 2; and expert groups of one node, replicas across.
-        "dp=2,ep=4,tp=2,sp=1,pp=2,fold=1,zero=1,microbatches=2", "dp=4,ep=4,tp=2,sp=1,fold=1,zero=3,microbatches=2"}) {
+        "dp=2,ep=4,tp=2,sp=1,pp=2,fold=1,zero=1,microbatches=2", "dp=4,ep=4,tp=2,sp=1,fold=1,zero=3,microbatches=2",
+        // Expert tensor parallelism: the etp exchanges over each replica's two tensor ranks.
+        "dp=2,ep=2,tp=2,sp=1,etp=2,pp=2,zero=1,microbatches=2"}) {
     ClusterSpec c = testing::make_cluster(2, 4, 100e9, 2, 5e9, 2e-6, 5e-6);
     c.device = cluster("dgx-h100", 1).device;
     Strategy s = strategy(text);

@@ -31,6 +31,10 @@ struct Measured {
   int64_t dispatch_bytes = 0;      // the first EP dispatch instruction's payload
   int64_t head_dp_rs_bytes = -1;   // the head's data-parallel gradient reduce-scatter payload (-1: none)
   std::map<std::string, int> a2a;  // EP all-to-alls on pipeline rank 0 by "part.pass" (dispatch.F, combine.BW, ...)
+  std::map<std::string, int> etp;  // etp collectives on pipeline rank 0 by "part.pass" (experts.etp_ag.F, ...)
+  std::vector<int> etp_group;      // rank 0's etp and edp groups in the compiled plan
+  std::vector<int> edp_group;
+  double sim_etp_exposed = 0;  // rank 0's exposed etp time
 };
 
 Measured run(const std::string& model, const std::string& strategy) {
@@ -49,11 +53,19 @@ Measured run(const std::string& model, const std::string& strategy) {
   for (const auto& [group, secs] : r->sim.ranks[0].exposed_by_group_s)
     if (group == "ep") out.sim_ep_exposed = secs;
   if (auto g = r->compiled.plan.group_ranks(0, "ep"); g.ok()) out.ep_group = *g;
+  if (auto g = r->compiled.plan.group_ranks(0, "etp"); g.ok()) out.etp_group = *g;
+  if (auto g = r->compiled.plan.group_ranks(0, "edp"); g.ok()) out.edp_group = *g;
+  for (const auto& [group, secs] : r->sim.ranks[0].exposed_by_group_s)
+    if (group == "etp") out.sim_etp_exposed = secs;
   for (const auto& st : r->compiled.plan.templates[0].streams)
     for (const auto& in : st.instrs) {
       if (in.op == compile::OpKind::kCollective && in.group == "dp" && in.label.rfind("head.", 0) == 0 &&
           in.comm == ir::NodeKind::kReduceScatter)
         out.head_dp_rs_bytes = in.comm_bytes;
+      if (in.op == compile::OpKind::kCollective && in.group == "etp") {
+        const std::string rest = in.label.substr(in.label.find('.') + 1);
+        ++out.etp[rest.substr(0, rest.rfind(".mb"))];
+      }
       if (in.comm == ir::NodeKind::kAllToAll) {
         if (out.dispatch_bytes == 0) out.dispatch_bytes = in.comm_bytes;
         // Names are L<layer>.<part>.<pass>.mb<m>: keep "<part>.<pass>".
@@ -114,6 +126,8 @@ TEST(TpShardingTest, SimulatedActivationsEqualTheClosedForm) {
       {"gpt-7.5b", "dp=4,tp=2,sp=1,pp=2,vpp=2,mbs=1,microbatches=8,recompute=none,schedule=interleaved", 1e-3},
       {"qwen3-30b-a3b", "dp=4,tp=2,sp=1,pp=2,ep=4,mbs=1,microbatches=8,recompute=none,schedule=1f1b", 1e-3},
       {"qwen3-30b-a3b", "dp=4,tp=2,sp=1,pp=2,ep=4,mbs=1,microbatches=8,recompute=selective,schedule=1f1b", 1e-3},
+      // Expert tensor parallelism: the experts keep the rows their etp group gathered.
+      {"qwen3-30b-a3b", "dp=4,tp=2,sp=1,pp=2,ep=4,etp=2,mbs=1,microbatches=8,recompute=none,schedule=1f1b", 1e-3},
       {"qwen3-30b-a3b", "dp=8,tp=1,pp=2,ep=8,mbs=1,microbatches=8,recompute=full,schedule=1f1b", 0.2},
       {"qwen3-30b-a3b",
        "dp=4,tp=2,sp=1,pp=2,ep=4,mbs=1,microbatches=8,recompute=none,recompute_modules=layernorm+moe_act,"
@@ -219,6 +233,32 @@ TEST(TpShardingTest, FoldedExpertGroupsStayInsideANode) {
   ASSERT_GT(folded.est_states - wide.est_states, 0);
   EXPECT_NEAR((folded.sim_static - wide.sim_static) / (folded.est_states - wide.est_states), 1.0, 0.01);
   EXPECT_NEAR(wide.sim_static / wide.est_states, 1.0, 0.01);
+}
+
+// Expert tensor parallelism (etp = 2, Megatron's --expert-tensor-parallel-size): the plan slices every expert over
+// the two tensor ranks of a replica (its etp group), all-gathers the rows their dispatches received before the
+// experts and reduce-scatters the partial outputs after, forward and backward, as real collectives the simulator
+// prices; the experts' state is 1/etp per rank and reduced over dp*tp/(ep*etp) ranks, as the closed form counts.
+TEST(TpShardingTest, ExpertTensorParallelismSlicesExpertsInThePlan) {
+  const char* rest = ",pp=1,mbs=1,microbatches=2,recompute=full,schedule=1f1b,zero=1";
+  auto m = load_model("qwen3-30b-a3b");
+  ASSERT_TRUE(m.ok());
+  const int per_pass = m->num_layers * 2;  // layers x microbatches on the one pipeline rank
+  Measured whole = run("qwen3-30b-a3b", std::string("dp=8,tp=2,sp=1,ep=4") + rest);
+  Measured sliced = run("qwen3-30b-a3b", std::string("dp=8,tp=2,sp=1,ep=4,etp=2") + rest);
+  EXPECT_TRUE(whole.etp.empty());
+  EXPECT_EQ(sliced.etp["experts.etp_ag.F"], per_pass);
+  EXPECT_EQ(sliced.etp["experts.etp_rs.F"], per_pass);
+  EXPECT_EQ(sliced.etp["experts.etp_ag.BW"], per_pass);
+  EXPECT_EQ(sliced.etp["experts.etp_rs.BW"], per_pass);
+  EXPECT_EQ(sliced.etp.size(), 4u);
+  EXPECT_EQ(sliced.a2a, whole.a2a);  // the same all-to-alls, outside the etp exchanges
+  EXPECT_EQ(sliced.etp_group, (std::vector<int>{0, 1}));
+  EXPECT_EQ(whole.edp_group.size(), 4u);                  // dp*tp/ep
+  EXPECT_EQ(sliced.edp_group, (std::vector<int>{0, 8}));  // dp*tp/(ep*etp): same expert shard and slice
+  EXPECT_GT(sliced.sim_etp_exposed, 0);
+  EXPECT_LT(sliced.sim_static, 0.75 * whole.sim_static);  // the experts are most of the state
+  EXPECT_NEAR(sliced.sim_static / sliced.est_states, 1.0, 0.05);
 }
 
 // Vocabulary parallelism (strategy_directives): the embedding and the head are split over tp, as Megatron's

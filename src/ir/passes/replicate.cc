@@ -75,7 +75,8 @@ Status apply_replicate(Graph& g, const ReplicateDirective& d) {
     if (degree <= 1) continue;  // nothing to replicate over (e.g. experts with ep == dp)
     ++replicated;
     int64_t params = first.param_count;
-    if (!first.shard_axis.empty()) params /= first.shard_axis == "ep" ? g.mesh.ep : g.mesh.tp;
+    // Experts: sharded over ep and sliced over etp (MeshInfo::etp).
+    if (!first.shard_axis.empty()) params /= first.shard_axis == "ep" ? g.mesh.ep * g.mesh.etp : g.mesh.tp;
     const int64_t grad_bytes = params * g.grad_bytes, param_bytes = params * g.param_bytes;
     const int pieces =
         d.bucket_mb > 0

@@ -49,6 +49,24 @@ std::vector<int> chunk_edges(const Graph& g, NodeId id, bool into, const std::st
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// Expert tensor parallelism (MeshInfo::etp > 1): on edge `e` entering (into) or leaving the experts chunk `id`, the
+// all-gather of the rows over the etp group next to the chunk (into: its input rows, F or B) or the reduce-scatter
+// of its partial outputs (leaving). `rows_bytes` is this rank's rows before the gather / after the scatter.
+// Returns the edge on which the expert all-to-all goes (the outer side), `e` itself without etp.
+int etp_exchange(Graph& g, int e, NodeId id, bool into, int64_t rows_bytes, const std::string& stream) {
+  const int etp = std::max(1, g.mesh.etp);
+  if (etp == 1) return e;
+  const Node& chunk = g.node(id);
+  const NodeKind kind = into ? NodeKind::kAllGather : NodeKind::kReduceScatter;
+  // A collective's comm_bytes is its buffer: the gathered rows (all-gather) or the partial rows (reduce-scatter).
+  const NodeId c = g.insert_on_edge(e, comm_like(chunk, kind, chunk.tags.part + (into ? ".etp_ag" : ".etp_rs"), "etp",
+                                                 "ring", stream, rows_bytes * etp));
+  for (int x : into ? g.in_edges(c) : g.out_edges(c)) {
+    if (g.edge(x).alive) return x;
+  }
+  return e;  // unreachable: insert_on_edge links both sides
+}
+
 Status shard_ep(Graph& g, const ShardDirective& d, const std::vector<NodeId>& chunks) {
   if (g.mesh.ep <= 1)
     return invalid_argument("axis ep needs ep > 1 in the mesh (ep=" + std::to_string(g.mesh.ep) + ")");
@@ -86,17 +104,25 @@ Status shard_ep(Graph& g, const ShardDirective& d, const std::vector<NodeId>& ch
     const bool fwd = g.node(id).tags.pass == Pass::kF;
     for (int e : chunk_edges(g, id, true, "tp")) {
       if (set.count(g.edge(e).src) || own_collective(id, g.edge(e).src)) continue;
-      int64_t bytes = ceil_div(g.edge(e).bytes * g.moe_top_k, tp);
+      const int64_t rows_bytes = ceil_div(g.edge(e).bytes * g.moe_top_k, tp);
       // The forward dispatch may travel in a narrower format (fp8) than the edge's activations.
-      if (fwd) bytes = static_cast<int64_t>(std::ceil(static_cast<double>(bytes) * g.moe_dispatch_ratio));
-      g.insert_on_edge(e, comm_like(g.node(id), NodeKind::kAllToAll, fwd ? "dispatch" : "combine", "ep", d.algorithm,
-                                    stream, bytes));
+      const int64_t bytes =
+          fwd ? static_cast<int64_t>(std::ceil(static_cast<double>(rows_bytes) * g.moe_dispatch_ratio)) : rows_bytes;
+      const int outer = etp_exchange(g, e, id, true, rows_bytes, stream);
+      // Under etp the F keeps the rows of its whole etp group (its input and its partial outputs, each of width
+      // h): etp times the closed form's per-token rows (spec/activation_counting.h), the intermediates unchanged.
+      if (fwd && g.mesh.etp > 1 && g.node(id).activation_bytes > 0) {
+        g.node(id).activation_bytes += 2 * (g.mesh.etp - 1) * rows_bytes;
+      }
+      g.insert_on_edge(outer, comm_like(g.node(id), NodeKind::kAllToAll, fwd ? "dispatch" : "combine", "ep",
+                                        d.algorithm, stream, bytes));
     }
     for (int e : chunk_edges(g, id, false, "tp")) {
       if (set.count(g.edge(e).dst) || own_collective(id, g.edge(e).dst)) continue;
-      int64_t bytes = ceil_div(g.edge(e).bytes * g.moe_top_k, tp);
-      g.insert_on_edge(e, comm_like(g.node(id), NodeKind::kAllToAll, fwd ? "combine" : "dispatch", "ep", d.algorithm,
-                                    stream, bytes));
+      const int64_t bytes = ceil_div(g.edge(e).bytes * g.moe_top_k, tp);
+      const int outer = etp_exchange(g, e, id, false, bytes, stream);
+      g.insert_on_edge(outer, comm_like(g.node(id), NodeKind::kAllToAll, fwd ? "combine" : "dispatch", "ep",
+                                        d.algorithm, stream, bytes));
     }
   }
   return ok_status();

@@ -2,7 +2,7 @@
 //
 // B keeps the BW node's id and its incoming edges; outgoing edges that carry weight gradients (to update
 // nodes and to data-parallel gradient collectives) move to the new W node, edges carrying input gradients
-// (to other chunks' backwards and to tensor-parallel collectives) stay on B.
+// (to other chunks' backwards, to tensor-parallel collectives and to the experts' etp reduce-scatter) stay on B.
 #include "piper/ir/passes/passes.h"
 
 namespace piper::ir {
@@ -38,7 +38,8 @@ void split_backward(Graph& g, const std::vector<NodeId>& nodes) {
       // reduce-scatter (shard tp) carry input gradients and stay on B (moving them made W feed the previous
       // chunk's B: a cycle with any order that runs W late, i.e. zb-h1 and dualpipev with tp > 1).
       bool grad_collective = dst.kind == NodeKind::kAllReduce || dst.kind == NodeKind::kReduceScatter;
-      bool weight_grad = dst.kind == NodeKind::kUpdate || (grad_collective && dst.group != "tp");
+      // The experts' etp reduce-scatter (shard ep with etp > 1) sums their input-row gradients: B's too.
+      bool weight_grad = dst.kind == NodeKind::kUpdate || (grad_collective && dst.group != "tp" && dst.group != "etp");
       if (!weight_grad) continue;
       g.remove_edge(e);
       g.add_edge(wid, ed.dst, ed.kind, ed.bytes);

@@ -187,8 +187,8 @@ Status Core::resolve(const compile::Stream& stream, size_t i, Task* t) {
 }
 
 // A communication instruction goes to the handler of its kind: m2n send/recv to M2n when routed (a dense edge is a
-// pipeline message), other send/recv to the pipeline, tp exchanges to TensorParallel, all_to_all to
-// ExpertParallel, gradient reductions and parameter gathers to DataParallel.
+// pipeline message), other send/recv to the pipeline, tp exchanges to TensorParallel, all_to_all and the etp
+// gather / reduce-scatter to ExpertParallel, gradient reductions and parameter gathers to DataParallel.
 Status Core::resolve_comm(const Instruction& in, Task* t) {
   if (in.node == ir::kNoNode) return internal_error("executor: '" + in.label + "' names no graph node");
   if (in.op == OpKind::kSend || in.op == OpKind::kRecv) {
@@ -199,7 +199,7 @@ Status Core::resolve_comm(const Instruction& in, Task* t) {
     t->handler = routed ? static_cast<detail::Handler*>(m2n.get()) : p2p.get();
   } else if (detail::is_tp_exchange(in)) {
     t->handler = tp.get();
-  } else if (in.comm == ir::NodeKind::kAllToAll) {
+  } else if (in.comm == ir::NodeKind::kAllToAll || detail::is_etp_exchange(in)) {
     t->handler = ep.get();
   } else {
     t->handler = dp.get();
@@ -215,7 +215,7 @@ Status Core::resolve_alloc(const compile::Stream& stream, size_t i) {
   while (j < stream.instrs.size() && stream.instrs[j].op == OpKind::kAlloc) ++j;
   if (j < stream.instrs.size() && stream.instrs[j].op == OpKind::kCollective &&
       stream.instrs[j].comm == ir::NodeKind::kAllGather && stream.instrs[j].node != ir::kNoNode &&
-      stream.instrs[j].mb >= 0 && stream.instrs[j].group != "tp") {
+      stream.instrs[j].mb >= 0 && stream.instrs[j].group != "tp" && stream.instrs[j].group != "etp") {
     const Instruction& ag = stream.instrs[j];
     Chunk* chunk = model->find(ag.layer, ag.part);
     if (chunk == nullptr) {
@@ -288,6 +288,7 @@ Status Core::wire_compute(const Instruction& in, Task* t) {
     if (o.comm == ir::NodeKind::kM2N) return true;       // af-pipe exchange (executor_m2n.cc)
     if (o.comm == ir::NodeKind::kAllToAll) return true;  // expert dispatch / combine (executor_ep.cc)
     if (detail::is_tp_exchange(o)) return true;          // tensor-parallel exchange (executor_tp.cc)
+    if (detail::is_etp_exchange(o)) return true;         // the experts' etp rows (executor_ep_etp.cc)
     if (ir::is_comm(o.comm)) return false;
     if (o.comm != ir::NodeKind::kChunk || (o.layer == in.layer && o.part == in.part)) return false;
     return fwd ? o.pass == ir::Pass::kF : (o.pass == ir::Pass::kB || o.pass == ir::Pass::kBW);
@@ -295,7 +296,7 @@ Status Core::wire_compute(const Instruction& in, Task* t) {
   for (ir::NodeId src : in.inputs) {
     const Instruction& o = instr_of(src);
     const bool exchanged = o.comm == ir::NodeKind::kRecv || o.comm == ir::NodeKind::kAllToAll ||
-                           o.comm == ir::NodeKind::kM2N || detail::is_tp_exchange(o);
+                           o.comm == ir::NodeKind::kM2N || detail::is_tp_exchange(o) || detail::is_etp_exchange(o);
     // ZeRO-3: the parameter all-gather before the task (executor_dp.cc); no message. A recomputed forward re-runs
     // right before its backward, after the wait for that backward's all-gather, and uses those gathered parameters.
     if (o.comm == ir::NodeKind::kAllGather && !exchanged) continue;

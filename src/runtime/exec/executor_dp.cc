@@ -41,11 +41,12 @@ Status DataParallel::resolve(const Instruction& in, Task* t) {
   // ZeRO under tensor parallelism with sequence parallelism: the experts (not split over tp, etp=1) are replicated
   // over edp x tp and their gradients are partial on each tensor rank, so their shards span both: one
   // reduce-scatter over edp_tp sums over tp and averages over edp (the resource model's expert shard).
-  // Folded (folds_experts, dist_context.h), the plan's edp group already spans the tensor ranks that hold the same
-  // experts (DistContext builds it from Plan::group_ranks): the reduction is a plain mean over it.
+  // Folded or with etp > 1 (MeshInfo::experts_reduce_over_edp, what the compiler decided), the plan's edp group
+  // already spans the tensor ranks that hold the same expert slice (DistContext builds it from Plan::group_ranks):
+  // the reduction is a plain mean over it.
   bool over_tp = false;
-  const bool folded_experts = folds_experts(core_.plan->mesh) && t->chunk->part() == Part::kExperts;
-  if (!folded_experts && (zero1_rs || zero2_rs || zero1_ag || zero3_ag) && core_.tp->size() > 1 &&
+  const bool plan_edp_experts = core_.plan->mesh.experts_reduce_over_edp() && t->chunk->part() == Part::kExperts;
+  if (!plan_edp_experts && (zero1_rs || zero2_rs || zero1_ag || zero3_ag) && core_.tp->size() > 1 &&
       core_.tp->sequence_parallel() && t->chunk->part() == Part::kExperts &&
       t->degree == core_.plan->mesh.dp / std::max(1, core_.plan->mesh.ep)) {
     t->comm = core_.dist->group("edp_tp");
@@ -60,17 +61,15 @@ Status DataParallel::resolve(const Instruction& in, Task* t) {
   if (zero3_ag) {
     t->pass = in.pass;
     t->mb = in.mb;
-    Shard& sh = shard_of(t->chunk, t->degree, t->comm->rank());
+    Shard& sh = shard_of(t->chunk, t->degree, t->comm->rank(), over_tp || plan_edp_experts);
     sh.params_sharded = true;
     sh.over_tp = over_tp;
-    sh.every_tp_rank_owns = over_tp || folded_experts;
     sh.group = t->comm;
     return ok_status();
   }
   if (zero1_rs || zero2_rs) {
-    Shard& sh = shard_of(t->chunk, t->degree, t->comm->rank());
+    Shard& sh = shard_of(t->chunk, t->degree, t->comm->rank(), over_tp || plan_edp_experts);
     sh.over_tp = over_tp;
-    sh.every_tp_rank_owns = over_tp || folded_experts;
     sh.group = t->comm;
     sh.per_microbatch = zero2_rs;
     ++sh.count;
@@ -88,9 +87,10 @@ Status DataParallel::resolve(const Instruction& in, Task* t) {
   return ok_status();
 }
 
-DataParallel::Shard& DataParallel::shard_of(Chunk* chunk, int degree, int rank) {
+DataParallel::Shard& DataParallel::shard_of(Chunk* chunk, int degree, int rank, bool every_tp_rank_owns) {
   Shard& sh = shards_[chunk];
   if (!sh.shapes.empty() || sh.per_rank > 0) return sh;
+  sh.every_tp_rank_owns = every_tp_rank_owns;
   int64_t total = 0;
   for (const Param& p : chunk->params()) {
     if (!p.trainable) continue;

@@ -31,11 +31,12 @@ namespace piper::runtime::detail {
 using compile::Instruction;
 
 struct EpExchange {
-  comm::MoeRouting routing;                  // group rank of each (token, slot)
-  std::vector<size_t> rows_to;               // rows sent to each rank
-  std::vector<size_t> rows_from;             // rows received from each rank
-  std::shared_ptr<const Routed> routed;      // the source's routing (weights for the combine)
-  std::shared_ptr<const EpRows> dispatched;  // experts and weights of the received rows
+  comm::MoeRouting routing;              // group rank of each (token, slot)
+  std::vector<size_t> rows_to;           // rows sent to each rank
+  std::vector<size_t> rows_from;         // rows received from each rank
+  std::shared_ptr<const Routed> routed;  // the source's routing (weights for the combine)
+  int64_t rows_received = 0;             // rows the forward dispatch delivered (not kept: under etp the
+                                         // experts keep the gathered rows instead)
 };
 
 namespace {
@@ -88,7 +89,9 @@ Status ExpertParallel::setup() {
   // block of dp coordinates of tensor rank 0, or folded the first ep ranks of the stage), whose ranks hold
   // distinct experts.
   const compile::RankCoord& c = core_.dist->coord();
-  owns_expert_norm_ = core_.plan->mesh.ep_block(c.dp, c.tp) == 0;
+  // With etp > 1 the first ep block's first etp tensor ranks, which hold distinct slices.
+  const ir::MeshInfo& m = core_.plan->mesh;
+  owns_expert_norm_ = m.etp > 1 ? c.dp / std::max(1, m.ep) == 0 && c.tp / m.etp == 0 : m.ep_block(c.dp, c.tp) == 0;
   const ChunkDims& d = core_.model->dims();
   if (d.local_experts() * ep_ != d.num_experts) {
     return invalid_argument("executor: the plan shards " + std::to_string(d.num_experts) + " experts over ep=" +
@@ -119,6 +122,7 @@ Status ExpertParallel::setup() {
 }
 
 Status ExpertParallel::resolve(const Instruction& in, Task* t) {
+  if (is_etp_exchange(in)) return resolve_etp(in, t);
   const Instruction& n = in;
   if (in.group != "ep" || (n.role != compile::CommRole::kEpDispatch && n.role != compile::CommRole::kEpCombine)) {
     return unimplemented("executor: '" + in.label + "' is an all_to_all over '" + in.group + "' (" + n.part_name() +
@@ -144,10 +148,11 @@ Status ExpertParallel::resolve(const Instruction& in, Task* t) {
     // Under tp x ep the combine's backward reads the next split chunk's input gradient from its sequence
     // reduce-scatter: this rank's token slice, the rows its forward combined (executor_tp.cc).
     const ir::NodeKind k = core_.instr_of(src).comm;
-    if (k != ir::NodeKind::kChunk && k != ir::NodeKind::kRecv && !is_tp_exchange(core_.instr_of(src))) {
+    if (k != ir::NodeKind::kChunk && k != ir::NodeKind::kRecv && !is_tp_exchange(core_.instr_of(src)) &&
+        !is_etp_exchange(core_.instr_of(src))) {
       return unimplemented("executor: '" + in.label + "' reads from '" + core_.name_of(src) +
-                           "'; an expert all-to-all must be fed by a chunk, a pipeline receive or a tensor-parallel "
-                           "exchange");
+                           "'; an expert all-to-all must be fed by a chunk, a pipeline receive, a tensor-parallel "
+                           "exchange or the experts' etp reduce-scatter");
     }
     t->sources.push_back(src);
   }
@@ -267,7 +272,7 @@ Result<Activation> ExpertParallel::Call::dispatch_forward(const Activation& a) {
     rows_in->expert[i] = recv[i].expert;
     rows_in->weight[i] = recv[i].weight;
   }
-  ex->dispatched = rows_in;
+  ex->rows_received = rows;
   Activation out;
   out.hidden = a.hidden;
   out.routed = a.routed;
@@ -324,7 +329,7 @@ Result<Gradient> ExpertParallel::Call::combine_backward(const std::vector<Gradie
     dy = scaled.data();
   }
   PIPER_ASSIGN_OR_RETURN(comm::DispatchResult got, dispatch(dy, ex.routing));
-  const int64_t rows = static_cast<int64_t>(ex.dispatched->expert.size());
+  const int64_t rows = ex.rows_received;
   if (static_cast<int64_t>(got.rows.size()) != rows * h * static_cast<int64_t>(sizeof(float))) {
     return internal_error("'" + t.in->label + "' received another number of rows than its forward dispatch");
   }
@@ -364,6 +369,7 @@ Result<Gradient> ExpertParallel::Call::dispatch_backward(const std::vector<Gradi
 }
 
 Status ExpertParallel::run(const Task& t) {
+  if (is_etp_exchange(*t.in)) return run_etp(t);
   const auto start = std::chrono::steady_clock::now();
   const Instruction& n = *t.in;
   Call call(*this, t, n.layer);
@@ -416,7 +422,9 @@ Status ExpertParallel::prepare_norm() {
   // the usual degrees, so exact). Without an edp reduction (dp * tp = ep) tp / ep = 1 / dp as well.
   if (comm_ == nullptr) return ok_status();
   const ir::MeshInfo& m = core_.plan->mesh;
-  const float s = static_cast<float>(folds_experts(m) ? m.tp : 1) / static_cast<float>(ep_);
+  // With etp > 1 the plan's edp group has dp * tp / (ep * etp) ranks: times tp / (ep * etp) likewise.
+  const float s = m.experts_reduce_over_edp() ? static_cast<float>(m.tp) / static_cast<float>(ep_ * std::max(1, m.etp))
+                                              : 1.0f / static_cast<float>(ep_);
   for (const auto& chunk : core_.model->chunks()) {
     if (chunk->part() != Part::kExperts) continue;
     DataParallel::Shard* shard = core_.dp->shard(*chunk);
@@ -463,6 +471,9 @@ Status ExpertParallel::end_step(StepResult* result) {
     // order. Without sequence parallelism tensor ranks see the same rows: only tp rank 0 counts; with it each
     // routes its own token slice.
     if (core_.dist->coord().tp != 0 && core_.tp->token_shards() == 1) std::fill(local.begin(), local.end(), 0);
+    // With etp > 1 the ranks of an etp group count the same gathered rows: only its first rank counts.
+    const int etp = std::max(1, core_.plan->mesh.etp);
+    if (core_.dist->coord().tp % etp != 0) std::fill(local.begin(), local.end(), 0);
     auto all = std::make_shared<std::vector<int64_t>>(local.size() * static_cast<size_t>(core_.dist->world_size()));
     PIPER_ASSIGN_OR_RETURN(comm::Handle h,
                            core_.dist->ctl().all_gather(local.data(), all->data(), local.size() * sizeof(int64_t)));

@@ -93,8 +93,9 @@ class DataParallel final : public Handler {
     // Sharded over edp x tp (the experts under tp with sequence parallelism): the reduce-scatter also sums the
     // tensor ranks' partial gradients, so the tp sum skips the chunk and every rank owns its shard in the norm.
     bool over_tp = false;
-    // Each tensor rank's shard counts in the norm: over_tp, or the folded experts (folds_experts, dist_context.h),
-    // whose shard groups are the plan's edp groups, one per expert block, so tensor ranks hold other experts.
+    // Each tensor rank's shard counts in the norm: over_tp, or experts reduced over the plan's edp group (folded or
+    // etp > 1, MeshInfo::experts_reduce_over_edp), one group per expert block or slice, so tensor ranks hold other
+    // experts or slices. Set once, where the shard is built.
     bool every_tp_rank_owns = false;
     comm::Communicator* group = nullptr;  // the ranks the chunk is sharded over (dp, edp or edp_tp)
   };
@@ -136,8 +137,9 @@ class DataParallel final : public Handler {
   static constexpr int kFullGradWindow = 2;
 
  private:
-  // Sets up shards_[chunk] for a group of `degree` ranks in which this rank is `rank` (once per chunk).
-  Shard& shard_of(Chunk* chunk, int degree, int rank);
+  // Sets up shards_[chunk] for a group of `degree` ranks in which this rank is `rank` (once per chunk), and whether
+  // every tensor rank's shard counts in the norm (Shard::every_tp_rank_owns).
+  Shard& shard_of(Chunk* chunk, int degree, int rank, bool every_tp_rank_owns);
   void materialize_grads(Chunk* chunk, Shard& sh);
   Status all_reduce(const Task& t);
   Status reduce_scatter(const Task& t);
@@ -215,6 +217,10 @@ class ExpertParallel final : public Handler {
 
  private:
   struct Call;  // one all-to-all being run: flat/HALO exchanges and the dispatch/combine F/B
+  // Expert tensor parallelism (executor_ep_etp.cc): the all-gather of the experts' input rows over etp and the
+  // reduce-scatter of their partial outputs, F and B.
+  Status resolve_etp(const compile::Instruction& in, Task* t);
+  Status run_etp(const Task& t);
   // One layer of migrate whose placement changes to `next`: counts the experts that change rank, and on the
   // rank holding the layer's experts moves their state (ZeRO shards gathered first, re-sharded after).
   Status migrate_layer(int layer, const std::vector<int>& next, const std::map<std::string, Tensor*>& moments,
@@ -232,6 +238,9 @@ class ExpertParallel final : public Handler {
   bool owns_expert_norm_ = false;
   std::mutex mu_;
   std::map<std::pair<int, int>, std::shared_ptr<EpExchange>> exchanges_;  // (layer, mb); mu_
+  // etp: per (layer, mb) the rows each rank of the etp group contributed (from the F all-gather to the B
+  // reduce-scatter); mu_
+  std::map<std::pair<int, int>, std::vector<int64_t>> etp_rows_;
 };
 
 struct M2nSource;

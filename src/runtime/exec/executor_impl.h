@@ -37,6 +37,8 @@ namespace piper::runtime::detail {
 // A tensor-parallel collective over hidden states (the shard pass's tp_ag / tp_rs / tp_ar nodes): the plan's
 // roles kTpGather, kTpScatter, kTpReduce.
 bool is_tp_exchange(const compile::Instruction& in);
+// The experts' etp all-gather or reduce-scatter of rows (executor_ep_etp.cc).
+bool is_etp_exchange(const compile::Instruction& in);
 
 // (layer, name, mb): a chunk's F state under its part's name (Instruction::part_name), an ep exchange's under
 // "dispatch" / "combine", an af-pipe exchange's under "m2n" and the experts' layer.

@@ -140,9 +140,9 @@ Status TensorParallel::prepare_norm() {
     if (!split && !sequence_parallel_) continue;
     const DataParallel::Shard* shard = core_.dp->shard(*c);
     if (shard != nullptr && shard->over_tp) continue;  // summed by its reduce-scatter over edp_tp
-    // Folded, the experts' reduction over the plan's edp group sums their tensor ranks' slices (and the tensor
-    // ranks of one edp group hold other experts than the rest of their tp group).
-    if (folds_experts(core_.plan->mesh) && c->part() == Part::kExperts) continue;
+    // Folded or with etp > 1, the experts' reduction over the plan's edp group sums their tensor ranks' token
+    // slices (and the tensor ranks of one tp group hold other experts or expert slices).
+    if (core_.plan->mesh.experts_reduce_over_edp() && c->part() == Part::kExperts) continue;
     for (const auto& piece : core_.dp->grad_pieces(*c, [&](const Param& p) { return !(split && tp_param_split(p)); })) {
       partial.push_back(piece);
     }

@@ -92,4 +92,43 @@ Result<std::unique_ptr<Chunk>> make_tp_slice(const Chunk& whole, const ChunkDims
   return slice;
 }
 
+Result<std::unique_ptr<Chunk>> make_etp_slice(const Chunk& whole, const ChunkDims& dims, int rank, int size,
+                                              Allocator* allocator) {
+  if (whole.part() != Part::kExperts || whole.params().size() != 3) {
+    return invalid_argument("no expert tensor-parallel slice for " + whole.name() + "; etp slices experts chunks");
+  }
+  if (size < 1 || rank < 0 || rank >= size) {
+    return invalid_argument("expert tensor-parallel slice " + std::to_string(rank) + " of " + std::to_string(size) +
+                            " does not exist");
+  }
+  const int64_t width = dims.expert_intermediate;
+  if (width % size != 0) {
+    return invalid_argument(whole.name() + ": etp=" + std::to_string(size) + " does not divide the expert " +
+                            "intermediate width (" + std::to_string(width) + "); pick an etp that divides it");
+  }
+  ChunkDims d = dims;
+  d.expert_intermediate = width / size;
+  const int64_t f = d.expert_intermediate, h = dims.hidden, experts = dims.local_experts();
+  std::unique_ptr<Chunk> slice = make_experts_chunk(whole.layer(), d, /*seed=*/0, allocator);
+  const auto& w = whole.params();
+  auto& s = slice->params();
+  for (int64_t e = 0; e < experts; ++e) {
+    // w_gate, w_up [E, F, h]: rows [rank f, (rank + 1) f) of each expert; w_down [E, h, F]: those columns.
+    for (int i : {0, 1}) {
+      const float* from = w[static_cast<size_t>(i)].value.data() + (e * width + rank * f) * h;
+      std::copy(from, from + f * h, s[static_cast<size_t>(i)].value.data() + e * f * h);
+    }
+    for (int64_t r = 0; r < h; ++r) {
+      const float* from = w[2].value.data() + (e * h + r) * width + rank * f;
+      std::copy(from, from + f, s[2].value.data() + (e * h + r) * f);
+    }
+  }
+  for (size_t i = 0; i < 3; ++i) {
+    s[i].global_shape = w[i].global_shape.empty() ? w[i].value.shape() : w[i].global_shape;
+    s[i].global_offset = w[i].global_offset.empty() ? Shape(3, 0) : w[i].global_offset;
+    s[i].global_offset[i == 2 ? 2 : 1] = rank * f;
+  }
+  return slice;
+}
+
 }  // namespace piper::runtime

@@ -1,4 +1,5 @@
-// Tensor-parallel slices of the chunks the compiler shards over `tp` (ir shard pass: attn, mlp, shared).
+// Tensor-parallel slices of the chunks the compiler shards over `tp` (ir shard pass: attn, mlp, shared), and the
+// expert tensor-parallel slices of the experts (etp).
 //
 // Megatron's split, for tensor rank r of T:
 //   attn    heads split: query heads [r*H/T, (r+1)*H/T) and their KV heads [r*K/T, (r+1)*K/T) (GQA groups stay
@@ -25,6 +26,15 @@ namespace piper::runtime {
 // `size` does not divide the heads, KV heads or the intermediate width, or for another part.
 Result<std::unique_ptr<Chunk>> make_tp_slice(const Chunk& whole, const ChunkDims& dims, int rank, int size,
                                              Allocator* allocator);
+
+// Expert tensor parallelism (ir::MeshInfo::etp): the slice `rank` of `size` of an experts chunk `whole` (its local
+// experts): every expert's intermediate units [r*F/S, (r+1)*F/S), i.e. those rows of w_gate and w_up (fc1, column
+// parallel) and columns of w_down (fc2, row parallel). The slice computes a partial output for every row it is
+// given; the etp reduce-scatter sums them (exec/executor_ep_etp.cc). The parameters keep the whole tensors' names
+// and record their box in them (global_shape, global_offset), so checkpoints store them by position.
+// InvalidArgument when `size` does not divide the expert intermediate width or `whole` is no experts chunk.
+Result<std::unique_ptr<Chunk>> make_etp_slice(const Chunk& whole, const ChunkDims& dims, int rank, int size,
+                                              Allocator* allocator);
 
 // True for the parameters of a slice chunk that are split over tp (false: replicated, e.g. the norm weight).
 bool tp_param_split(const Param& p);

@@ -1,0 +1,160 @@
+// Expert tensor parallelism in the executor (ir::MeshInfo::etp > 1, Megatron's --expert-tensor-parallel-size): the
+// ranks of an etp group hold slices of the same experts (model/chunks/tp_slice.h: make_etp_slice) and run them on
+// the rows all of them received from their dispatches. Instructions over the plan's `etp` group:
+//   etp_ag F  the dispatched rows (and each row's local expert and weight) all-gathered in group-rank order
+//   etp_rs F  the experts' partial output rows summed over the group; each rank keeps its own rows
+//   etp_ag B  the combine's row gradients all-gathered like the forward rows
+//   etp_rs B  the partial input-row gradients and routing-weight gradients summed; each rank keeps its own
+// Row counts differ between ranks: the forward gather exchanges them first and they are kept per (layer,
+// microbatch) until the backward reduce-scatter; the buffers are padded to the largest count.
+#include <algorithm>
+#include <cstring>
+
+#include "piper/runtime/exec/executor_handlers.h"
+
+namespace piper::runtime::detail {
+
+using compile::Instruction;
+
+bool is_etp_exchange(const Instruction& in) {
+  return in.role == compile::CommRole::kEtpGather || in.role == compile::CommRole::kEtpScatter;
+}
+
+Status ExpertParallel::resolve_etp(const Instruction& in, Task* t) {
+  t->comm = core_.dist->group("etp");
+  if (in.group != "etp" || t->comm == nullptr) {
+    return internal_error("executor: '" + in.label + "' runs over '" + in.group + "', but this rank has no etp group");
+  }
+  t->degree = t->comm->size();
+  t->pass = in.pass;
+  t->mb = std::max(0, in.mb);
+  t->gradient = in.pass != ir::Pass::kF;
+  if (in.inputs.size() != 1 || in.outputs.empty()) {
+    return internal_error("executor: '" + in.label + "' has " + std::to_string(in.inputs.size()) + " inputs and " +
+                          std::to_string(in.outputs.size()) + " consumers, expected 1 and at least 1");
+  }
+  t->sources.push_back(in.inputs[0]);
+  t->consumers = static_cast<int>(in.outputs.size());
+  return ok_status();
+}
+
+namespace {
+
+struct EtpCall {
+  Core& core;
+  const Task& t;
+  comm::Communicator& c;
+  int size, rank;
+
+  Status wait(comm::Handle& h, std::shared_ptr<const void> keep, const std::string& what) {
+    return core.wait_comm(c, h, std::move(keep), "etp " + what + " '" + t.in->label + "'");
+  }
+  // All-gathers `count` per rank of the `width`-element records of T: rank order, rows[r] records from rank r.
+  template <typename T>
+  Result<std::vector<T>> gather(const T* mine, const std::vector<int64_t>& rows, int64_t width) {
+    // At least one record a rank: no zero-byte collective when no rank of the group received a row.
+    const int64_t most = std::max<int64_t>(1, *std::max_element(rows.begin(), rows.end()));
+    auto send = std::make_shared<std::vector<T>>(static_cast<size_t>(most * width), T{});
+    auto all = std::make_shared<std::vector<T>>(static_cast<size_t>(most * width * size));
+    std::copy(mine, mine + rows[static_cast<size_t>(rank)] * width, send->data());
+    PIPER_ASSIGN_OR_RETURN(comm::Handle h, c.all_gather(send->data(), all->data(), send->size() * sizeof(T)));
+    PIPER_RETURN_IF_ERROR(wait(h, std::make_shared<std::pair<decltype(send), decltype(all)>>(send, all), "gather"));
+    std::vector<T> out;
+    for (int r = 0; r < size; ++r) {
+      const T* from = all->data() + r * most * width;
+      out.insert(out.end(), from, from + rows[static_cast<size_t>(r)] * width);
+    }
+    return out;
+  }
+  // Reduce-scatters (sums) the concatenated per-rank blocks of `width` floats: this rank's rows of the sum.
+  Result<std::vector<float>> scatter(const float* all_rows, const std::vector<int64_t>& rows, int64_t width) {
+    const int64_t most = std::max<int64_t>(1, *std::max_element(rows.begin(), rows.end()));
+    auto send = std::make_shared<std::vector<float>>(static_cast<size_t>(most * width * size), 0.0f);
+    auto mine = std::make_shared<std::vector<float>>(static_cast<size_t>(most * width));
+    int64_t at = 0;
+    for (int r = 0; r < size; ++r) {
+      const int64_t n = rows[static_cast<size_t>(r)] * width;
+      std::copy(all_rows + at, all_rows + at + n, send->data() + r * most * width);
+      at += n;
+    }
+    PIPER_ASSIGN_OR_RETURN(comm::Handle h, c.reduce_scatter_sum(send->data(), mine->data(), mine->size()));
+    PIPER_RETURN_IF_ERROR(wait(h, std::make_shared<std::pair<decltype(send), decltype(mine)>>(send, mine), "sum"));
+    mine->resize(static_cast<size_t>(rows[static_cast<size_t>(rank)] * width));
+    return std::move(*mine);
+  }
+  std::shared_ptr<Tensor> rows_tensor(const std::vector<float>& v, int64_t h, MemCategory cat) {
+    auto out = std::make_shared<Tensor>(
+        Tensor::zeros_or_die({static_cast<int64_t>(v.size()) / std::max<int64_t>(1, h), h}, cat, core.allocator));
+    if (!v.empty()) std::memcpy(out->data(), v.data(), v.size() * sizeof(float));
+    return out;
+  }
+};
+
+}  // namespace
+
+Status ExpertParallel::run_etp(const Task& t) {
+  const Instruction& n = *t.in;
+  const int64_t h = core_.model->dims().hidden;
+  EtpCall call{core_, t, *t.comm, t.comm->size(), t.comm->rank()};
+  const auto key = std::make_pair(n.layer, t.mb);
+  const bool gather = n.role == compile::CommRole::kEtpGather;
+  std::vector<int64_t> rows;
+  if (!t.gradient && gather) {
+    PIPER_ASSIGN_OR_RETURN(Activation a, core_.take_message<Activation>(t, t.sources[0]));
+    if (!a.ep || !a.ep->rows) return internal_error("'" + n.label + "': no dispatched rows");
+    const int64_t mine = static_cast<int64_t>(a.ep->expert.size());
+    PIPER_ASSIGN_OR_RETURN(rows, call.gather(&mine, std::vector<int64_t>(static_cast<size_t>(call.size), 1), 1));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      etp_rows_[key] = rows;
+    }
+    auto got = std::make_shared<EpRows>();
+    PIPER_ASSIGN_OR_RETURN(std::vector<float> r, call.gather(a.ep->rows->data(), rows, h));
+    got->rows = call.rows_tensor(r, h, MemCategory::kActivations);
+    PIPER_ASSIGN_OR_RETURN(got->expert, call.gather(a.ep->expert.data(), rows, 1));
+    PIPER_ASSIGN_OR_RETURN(got->weight, call.gather(a.ep->weight.data(), rows, 1));
+    a.ep = std::move(got);
+    core_.publish_message(t, std::move(a));
+    return ok_status();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = etp_rows_.find(key);
+    if (it == etp_rows_.end()) return internal_error("'" + n.label + "' runs before its forward etp all-gather");
+    rows = it->second;
+    if (t.gradient && !gather) etp_rows_.erase(it);  // the last of the four
+  }
+  int64_t total = 0;
+  for (int64_t r : rows) total += r;
+  if (!t.gradient) {  // F reduce-scatter of the partial expert outputs
+    PIPER_ASSIGN_OR_RETURN(Activation a, core_.take_message<Activation>(t, t.sources[0]));
+    if (!a.ep || !a.ep->rows || a.ep->rows->numel() != total * h) {
+      return internal_error("'" + n.label + "': the experts' output is not the gathered rows");
+    }
+    PIPER_ASSIGN_OR_RETURN(std::vector<float> y, call.scatter(a.ep->rows->data(), rows, h));
+    auto out = std::make_shared<EpRows>();
+    out->rows = call.rows_tensor(y, h, MemCategory::kActivations);
+    a.ep = std::move(out);
+    core_.publish_message(t, std::move(a));
+    return ok_status();
+  }
+  PIPER_ASSIGN_OR_RETURN(Gradient g, core_.take_message<Gradient>(t, t.sources[0]));
+  if (!g.ep || !g.ep->rows) return internal_error("'" + n.label + "': no row gradients");
+  auto out = std::make_shared<EpRows>();
+  if (gather) {  // B all-gather of the combine's row gradients
+    PIPER_ASSIGN_OR_RETURN(std::vector<float> r, call.gather(g.ep->rows->data(), rows, h));
+    out->rows = call.rows_tensor(r, h, MemCategory::kBuffers);
+  } else {  // B reduce-scatter of the partial input-row and routing-weight gradients
+    if (g.ep->rows->numel() != total * h || static_cast<int64_t>(g.ep->dweight.size()) != total) {
+      return internal_error("'" + n.label + "': the experts' row gradients are not the gathered rows");
+    }
+    PIPER_ASSIGN_OR_RETURN(std::vector<float> dx, call.scatter(g.ep->rows->data(), rows, h));
+    out->rows = call.rows_tensor(dx, h, MemCategory::kBuffers);
+    PIPER_ASSIGN_OR_RETURN(out->dweight, call.scatter(g.ep->dweight.data(), rows, 1));
+  }
+  g.ep = std::move(out);
+  core_.publish_message(t, std::move(g));
+  return ok_status();
+}
+
+}  // namespace piper::runtime::detail
