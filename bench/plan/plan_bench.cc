@@ -11,7 +11,7 @@
 // Then the search of DeepSeek-V3 on 32 H800 nodes with the closed form's HALO memo against without it.
 // Then search + verification of the DeepSeek-V3 / 2,048-GPU case with the verdict cache against without it.
 // Then re-scoring of an etp variant of a simulated plan (SearchOptions::share_etp_compiles): DeepSeek-V3 / 2,048
-// GPUs, the #2 plan's compile re-priced for its etp=2 variant (the #3) and simulated, against compiling that variant
+// GPUs, dp=64 pp=16 without ep, the etp=1 compile re-priced for its etp=2 variant and simulated, against compiling it
 // and simulating it (the former path), in the same run: CPU seconds, ratio, and whether plans and step times agree.
 // Then the compile of the DeepSeek-V3 #1 plan (120 microbatches) for the simulator without Instruction::inputs/outputs
 // (SimOptions::data_edges = false, the planner's compiles) against with them, in the same run, alternating (3 pairs):
@@ -212,14 +212,14 @@ int run_compile_case() {
   return same ? 0 : 1;
 }
 
-// SearchOptions::share_etp_compiles on the 2,048-GPU case: the etp=2 variant of the #2 plan (the #3 after
-// re-scoring) simulated from #2's compile, re-priced, against its own compile.
+// SearchOptions::share_etp_compiles on the 2,048-GPU case's mesh without expert parallelism (with ep > 1 the compiler
+// lowers etp and nothing is shared): the etp=2 variant simulated from the etp=1 compile, re-priced, against its own.
 int run_etp_share_case() {
   auto model = piper::load_model("deepseek-v3");
   auto cluster = piper::load_cluster("h800", 256);
   const std::string mesh =
-      "dp=64,tp=2,pp=16,vpp=1,ep=32,zero=1,sp=1,recompute=selective,schedule=dualpipev,"
-      "microbatches=240,mbs=1,a2a=halo,order=tp-ep-dp-pp,";
+      "dp=64,tp=2,pp=16,vpp=1,ep=1,zero=1,sp=1,recompute=selective,schedule=dualpipev,"
+      "microbatches=240,mbs=1,order=tp-ep-dp-pp,";
   auto donor = piper::Strategy::parse(mesh + "etp=1");
   auto variant = piper::Strategy::parse(mesh + "etp=2");
   if (!model.ok() || !cluster.ok() || !donor.ok() || !variant.ok()) return 1;
@@ -249,7 +249,7 @@ int run_etp_share_case() {
   if (!own_rep.ok() || !shared_rep.ok()) return 1;
   const bool same = same_plan && own_rep->step_time_s == shared_rep->step_time_s;
   std::printf(
-      "deepseek-v3 h800 x256: re-scoring the etp=2 variant of dp=64,pp=16,ep=32 (240 microbatches): from the etp=1 "
+      "deepseek-v3 h800 x256: re-scoring the etp=2 variant of dp=64,pp=16,ep=1 (240 microbatches): from the etp=1 "
       "compile re-priced %.2f s CPU, own compile %.2f s CPU, ratio %.2f; step time %.9f s against %.9f s; same plan "
       "and step time: %s\n",
       shared_s, own_s, shared_s / own_s, shared_rep->step_time_s, own_rep->step_time_s, same ? "yes" : "NO");

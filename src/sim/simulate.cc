@@ -105,6 +105,11 @@ Result<compile::CompileResult> compile_for_simulation(const ModelSpec& model, co
 Status reprice_for_simulation(compile::CompileResult* compiled, const ModelSpec& model, const ClusterSpec& cluster,
                               const TrainSpec& train_in, const Strategy& strategy,
                               const cost::Calibration& calibration) {
+  if (compiled->plan.mesh.etp != (strategy.ep > 1 ? strategy.etp : 1)) {
+    return invalid_argument("reprice_for_simulation: the plan slices experts over etp=" +
+                            std::to_string(compiled->plan.mesh.etp) + " and " + strategy.to_string() +
+                            " needs another plan (with ep > 1 the compiler lowers etp); compile it");
+  }
   TrainSpec train = train_in;
   train.micro_batch_size = strategy.mbs;
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
