@@ -219,21 +219,10 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   Fbw part_t[kNumParts];
   for (int i = 0; i < kNumParts; ++i) {
     PartCost c = part_cost(table_, static_cast<Part>(i), shape);
-    const DeviceModel& dev = device_for(static_cast<Part>(i));
-    auto time = [&](const TaskCost& k) {
-      return dev.time_s(k.flops, k.bytes, k.gemm_dim, k.attention_kernel) + dev.memory_time_s(k.pointwise_bytes);
-    };
-    part_t[i] = {time(c.f), time(c.b), time(c.w)};
+    part_t[i] = part_fbw(c, device_for(static_cast<Part>(i)));
   }
   auto part = [&](Part q) { return part_t[static_cast<int>(q)]; };
-  // Recomputation re-runs forward work inside the backward: every part under full recomputation, the attention
-  // chunk (projections and core) under the plan's selective recomputation (activations.h).
-  auto recomputed = [&](Part q) {
-    Fbw t = part(q);
-    if (s.recompute == Recompute::kFull) t.b += t.f;
-    if (s.recompute == Recompute::kSelective && (q == Part::kAttention || q == Part::kAttentionCore)) t.b += t.f;
-    return t;
-  };
+  auto recomputed = [&](Part q) { return with_recompute(part(q), q, s.recompute); };
   Fbw attn = recomputed(Part::kAttention);
   attn += recomputed(Part::kAttentionCore);
   attn += recomputed(Part::kNorms);

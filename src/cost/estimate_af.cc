@@ -78,15 +78,7 @@ AfChain af_chain(const CostModel& cm, const Strategy& s) {
   const bool shared = model.is_moe() && table.shared_params > 0;
   const PartShape shape = cm.part_shape(s, cm.calibration());
   auto part = [&](Part q) {
-    PartCost c = part_cost(table, q, shape);
-    const DeviceModel& dev = cm.device_for(q);
-    auto time = [&](const TaskCost& k) {
-      return dev.time_s(k.flops, k.bytes, k.gemm_dim, k.attention_kernel) + dev.memory_time_s(k.pointwise_bytes);
-    };
-    Fbw t{time(c.f), time(c.b), time(c.w)};
-    if (s.recompute == Recompute::kFull) t.b += t.f;
-    if (s.recompute == Recompute::kSelective && (q == Part::kAttention || q == Part::kAttentionCore)) t.b += t.f;
-    return t;
+    return with_recompute(part_fbw(part_cost(table, q, shape), cm.device_for(q)), q, s.recompute);
   };
   Fbw attn_t = part(Part::kAttention);
   attn_t += part(Part::kAttentionCore);
