@@ -83,7 +83,8 @@ ASAN_MPI_TESTS=(
   runtime_parity_dp2_zero3_np2 runtime_parity_pp2_dualpipev_np2 runtime_parity_dense_dp2_tp2_nosp_zero_np4
   runtime_parity_ep2_halo_np2 runtime_parity_ep2_overlap_np2 runtime_parity_afpipe_2a2f_zero_recompute_np4
   runtime_directives_emitted_dualpipev_ep2_np4 runtime_ckpt_resume_1_to_dp2_zero3_np2
-  runtime_migrate_zero_sharded_np4 runtime_hung_rank_dp2_np2
+  runtime_migrate_zero_sharded_np4 runtime_hung_rank_dp2_np2 runtime_parity_dp2_tp2_ep2_etp2_np4
+  runtime_ckpt_resume_af_pipe_ep2_to_1_np4
   'KilledRank\.DuringSaveLeavesThePreviousCheckpointAndResumeIsBitwise' 'CheckpointCli\..*'
 )
 
