@@ -43,19 +43,24 @@ void print_text(const cost::CostModel& cm, const Strategy& s, const cost::Estima
               format_count(e.tokens_per_step).c_str());
   std::printf("memory per rank (pipeline rank %d has the most):\n", e.worst_rank);
   print_memory_row("worst", e.memory);
+  // af-pipe's pipeline ranks: the attention ranks first, then the FFN ranks (cost/estimate_af.cc).
+  auto label = [&](size_t r) {
+    if (!s.disaggregate) return "pp " + std::to_string(r);
+    const size_t a = static_cast<size_t>(s.pp);
+    return r < a ? "attn " + std::to_string(r) : "ffn " + std::to_string(r - a);
+  };
   const size_t shown = e.ranks.size() <= 8 ? e.ranks.size() : 4;
-  for (size_t r = 0; r < shown; ++r) print_memory_row(("pp " + std::to_string(r)).c_str(), e.ranks[r]);
+  for (size_t r = 0; r < shown; ++r) print_memory_row(label(r).c_str(), e.ranks[r]);
   if (shown < e.ranks.size()) {
     std::printf("  ...\n");
-    for (size_t r = e.ranks.size() - 2; r < e.ranks.size(); ++r) {
-      print_memory_row(("pp " + std::to_string(r)).c_str(), e.ranks[r]);
-    }
+    for (size_t r = e.ranks.size() - 2; r < e.ranks.size(); ++r) print_memory_row(label(r).c_str(), e.ranks[r]);
   }
   std::printf("  fits: %s\n\n", e.fits ? "yes" : "NO (largest rank exceeds device memory)");
   std::printf("step time %s (bottleneck pipeline rank %d):\n", format_seconds(e.step_time_s).c_str(), e.bottleneck_rank);
   std::printf("  compute       %s\n", format_seconds(e.time.compute_s).c_str());
-  std::printf("  exposed comm  %s  (tp %s, ep %s, pp %s, dp %s)\n", format_seconds(e.time.exposed_comm_s).c_str(),
-              format_seconds(e.comm.tp_s).c_str(), format_seconds(e.comm.ep_s).c_str(),
+  // af-pipe: the ep share is the attention/FFN m2n exchange (and ZeRO-2/3's traffic on the same NIC).
+  std::printf("  exposed comm  %s  (tp %s, %s %s, pp %s, dp %s)\n", format_seconds(e.time.exposed_comm_s).c_str(),
+              format_seconds(e.comm.tp_s).c_str(), s.disaggregate ? "m2n" : "ep", format_seconds(e.comm.ep_s).c_str(),
               format_seconds(e.comm.pp_s).c_str(), format_seconds(e.comm.dp_s).c_str());
   std::printf("  bubble        %s\n", format_seconds(e.time.bubble_s).c_str());
   std::printf("  optimizer     %s\n", format_seconds(e.time.optimizer_s).c_str());
