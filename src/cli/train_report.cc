@@ -83,8 +83,8 @@ Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, co
   // either side.
   const bool custom = trainer.strategy().schedule_kind() == ScheduleKind::kCustom;
   const bool own_order = !trainer.options().directives.empty() && trainer.predicted_memory().total() <= 0;
-  const bool disagg = custom || own_order;
-  if (disagg) {
+  const bool no_closed_form = custom || own_order;
+  if (no_closed_form) {
     r.note = std::string(custom ? "schedule=" + trainer.strategy().schedule : "the directive file's own schedule") +
              ": estimate() has no closed form; the 'model' peak is the compiled plan's, no modelled step";
   } else {
@@ -104,7 +104,7 @@ Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, co
       c.sim_busy_s = s.busy_s;
       c.sim_peak_bytes = static_cast<double>(s.peak_bytes);
     }
-    if (disagg) {
+    if (no_closed_form) {
       const size_t tmpl = static_cast<size_t>(plan.rank_template[static_cast<size_t>(rank)]);
       if (tmpl < trainer.compiled().stats.peak_bytes.size()) {
         c.model_peak_bytes = static_cast<double>(trainer.compiled().stats.peak_bytes[tmpl]);

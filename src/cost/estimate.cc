@@ -594,10 +594,7 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   out->time.exposed_comm_s = out->comm.tp_s + out->comm.ep_s + out->comm.pp_s + out->comm.dp_s;
   out->time.bubble_s = bubble_time_s(kind, p, v, t_f, t_b, bottleneck.w);
   out->time.optimizer_s = device_.time_s(0, shard_params * optimizer_step_bytes_per_param(bytes_), 0);
-  out->step_time_s = out->time.compute_s + out->time.exposed_comm_s + out->time.bubble_s + out->time.optimizer_s;
-  out->tokens_per_step = static_cast<double>(s.global_batch()) * static_cast<double>(train_.seq_len);
-  out->tokens_per_s = out->tokens_per_step / out->step_time_s;
-  out->mfu = flops_per_token_ * out->tokens_per_s / (static_cast<double>(s.world_size()) * device_.peak_flops());
+  finish_step(s, static_cast<double>(train_.seq_len), flops_per_token_, device_.peak_flops(), out);
   return ok_status();
 }
 

@@ -290,10 +290,7 @@ Status CostModel::estimate_af_pipe(const Strategy& s, Estimate* out) const {
   const double rounds = static_cast<double>(m) / ahead * chain.round_trip_s;
   out->time.bubble_s = std::max(fill, rounds - m * busy_b);
   out->time.optimizer_s = opt_b;
-  out->step_time_s = out->time.compute_s + out->time.exposed_comm_s + out->time.bubble_s + out->time.optimizer_s;
-  out->tokens_per_step = static_cast<double>(s.global_batch()) * static_cast<double>(train_.seq_len);
-  out->tokens_per_s = out->tokens_per_step / out->step_time_s;
-  out->mfu = flops_per_token_ * out->tokens_per_s / (static_cast<double>(s.world_size()) * device_.peak_flops());
+  finish_step(s, static_cast<double>(train_.seq_len), flops_per_token_, device_.peak_flops(), out);
   return ok_status();
 }
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include "piper/cost/device_model.h"
+#include "piper/cost/estimate.h"
 #include "piper/cost/layer_cost.h"
 #include "piper/spec/part.h"
 #include "piper/strategy/strategy.h"
@@ -36,6 +37,15 @@ inline Fbw with_recompute(Fbw t, Part part, Recompute recompute) {
   if (recompute == Recompute::kFull) t.b += t.f;
   if (recompute == Recompute::kSelective && (part == Part::kAttention || part == Part::kAttentionCore)) t.b += t.f;
   return t;
+}
+
+// The step time from its four parts, then tokens per step and per second and MFU (estimate.h's formulas), for a
+// strategy whose out->time is filled; both closed forms (estimate.cc, estimate_af.cc) end with it.
+inline void finish_step(const Strategy& s, double seq_len, double flops_per_token, double peak_flops, Estimate* out) {
+  out->step_time_s = out->time.compute_s + out->time.exposed_comm_s + out->time.bubble_s + out->time.optimizer_s;
+  out->tokens_per_step = static_cast<double>(s.global_batch()) * seq_len;
+  out->tokens_per_s = out->tokens_per_step / out->step_time_s;
+  out->mfu = flops_per_token * out->tokens_per_s / (static_cast<double>(s.world_size()) * peak_flops);
 }
 
 }  // namespace piper::cost
