@@ -218,29 +218,38 @@ std::vector<double> af_closed_forms(const std::vector<planner::AfScored>& plans,
   return out;
 }
 
-Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const ClusterSpec& cluster,
-                        const TrainSpec& train, const cost::Calibration& calibration,
-                        const std::string& calibration_source) {
-  planner::AfOptions options;
-  options.memory_fraction = o.memory_fraction;
-  PIPER_ASSIGN_OR_RETURN(options.placement, planner::parse_af_placement(o.af_placement));
-  PIPER_ASSIGN_OR_RETURN(planner::AfModel af, planner::AfModel::create(model, cluster, train, options));
+// What `plan --disaggregate` found: the MILP's allocation and the enumeration that checks it, the allocations
+// re-scored by the simulator (with their closed forms, `closed[i]` for `rescored[i]`) and the local search.
+struct AfOutcome {
+  planner::DisaggregateResult r;
+  planner::AfAllocation oracle;
+  bool agrees = false;
+  std::vector<planner::AfScored> rescored;
+  std::vector<double> closed;
+  planner::AfLocalSearch walk;
+};
+
+Result<AfOutcome> af_outcome(const PlanOptions& o, const planner::AfModel& af, const ModelSpec& model,
+                             const ClusterSpec& cluster, const TrainSpec& train, const cost::Calibration& calibration) {
   std::unique_ptr<planner::MilpSolver> solver;
   if (o.solver == "cbc") {
     PIPER_ASSIGN_OR_RETURN(solver, planner::make_cbc_solver());
   } else if (o.solver != "enumeration") {
     return invalid_argument("--solver=" + o.solver + " is not one of {cbc, enumeration}");
   }
-  PIPER_ASSIGN_OR_RETURN(planner::DisaggregateResult r, planner::disaggregate(af, solver.get()));
+  AfOutcome out;
+  PIPER_ASSIGN_OR_RETURN(out.r, planner::disaggregate(af, solver.get()));
+  const planner::DisaggregateResult& r = out.r;
   // The exhaustive oracle over the same candidates, as a check on the MILP.
   auto cands = af.candidates(nullptr);
-  PIPER_ASSIGN_OR_RETURN(planner::AfAllocation oracle, planner::enumerate_allocation(af, cands));
-  const bool agrees = std::abs(oracle.objective - r.best.objective) <= 1e-9 * std::abs(oracle.objective);
+  PIPER_ASSIGN_OR_RETURN(out.oracle, planner::enumerate_allocation(af, cands));
+  out.agrees = std::abs(out.oracle.objective - r.best.objective) <= 1e-9 * std::abs(out.oracle.objective);
   // Re-scoring with the simulator (planner/af_refine.h): the best allocation, the best even one, and a local
   // search around the best.
   planner::SearchOptions so;
   so.calibration = calibration;
-  std::vector<planner::AfScored> rescored = {planner::score_allocation("best", r.best, model, cluster, train, so)};
+  std::vector<planner::AfScored>& rescored = out.rescored;
+  rescored = {planner::score_allocation("best", r.best, model, cluster, train, so)};
   if (r.has_even &&
       !(r.even.candidate.attn == r.best.candidate.attn && r.even.candidate.pp == r.best.candidate.pp &&
         r.even.candidate.ep == r.best.candidate.ep && r.even.candidate.microbatches == r.best.candidate.microbatches)) {
@@ -257,111 +266,140 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
       rescored.push_back(planner::score_allocation("uneven", *u, model, cluster, train, so));
     }
   }
-  const planner::AfLocalSearch walk =
-      planner::af_local_search(af, rescored.front(), model, cluster, train, so, o.af_local_search);
+  out.walk = planner::af_local_search(af, rescored.front(), model, cluster, train, so, o.af_local_search);
   if (rescored.front().simulated()) {
-    planner::AfScored found = walk.best;
+    planner::AfScored found = out.walk.best;
     found.name = "local";
     rescored.push_back(found);
   }
-  const std::vector<double> closed = af_closed_forms(rescored, model, cluster, train, calibration);
-  if (o.json) {
-    Json j = r.to_json();
-    j["model"] = model.name;
-    j["cluster"] = cluster.name;
-    j["nodes"] = cluster.num_nodes;
-    j["world_size"] = cluster.world_size();
-    j["seq_len"] = train.seq_len;
-    j["global_batch"] = train.global_batch;
-    j["calibration"] = calibration_source;
-    j["ports"] = {{"count", af.total_ports()},
-                  {"bw_bytes_per_s", af.port_bw()},
-                  {"nics", af.ports_are_nics()},
-                  {"placement", o.af_placement}};
-    j["enumeration"] = oracle.to_json();
-    j["enumeration_agrees"] = agrees;
-    Json sims = Json::array();
-    for (size_t i = 0; i < rescored.size(); ++i) {
-      const planner::AfScored& x = rescored[i];
-      Json e{{"allocation", x.name},
-             {"strategy", x.strategy.to_string()},
-             {"uneven", x.alloc.candidate.attn != x.alloc.candidate.ffn},
-             {"attn_gpus", x.alloc.candidate.attn},
-             {"ffn_gpus", x.alloc.candidate.ffn},
-             {"roofline_step_time_s", x.alloc.step_time_s},
-             {"closed_form_step_time_s", closed[i]}};
-      if (x.why.empty()) {
-        e["simulated_step_time_s"] = x.sim_step_s;
-      } else {
-        e["not_simulated"] = x.why;
-      }
-      sims.push_back(e);
+  out.closed = af_closed_forms(rescored, model, cluster, train, calibration);
+  return out;
+}
+
+void print_af_json(const AfOutcome& a, const planner::AfModel& af, const PlanOptions& o, const ModelSpec& model,
+                   const ClusterSpec& cluster, const TrainSpec& train, const std::string& calibration_source) {
+  const planner::DisaggregateResult& r = a.r;
+  const std::vector<planner::AfScored>& rescored = a.rescored;
+  const std::vector<double>& closed = a.closed;
+  const planner::AfLocalSearch& walk = a.walk;
+  const planner::AfAllocation& oracle = a.oracle;
+  Json j = r.to_json();
+  j["model"] = model.name;
+  j["cluster"] = cluster.name;
+  j["nodes"] = cluster.num_nodes;
+  j["world_size"] = cluster.world_size();
+  j["seq_len"] = train.seq_len;
+  j["global_batch"] = train.global_batch;
+  j["calibration"] = calibration_source;
+  j["ports"] = {{"count", af.total_ports()},
+                {"bw_bytes_per_s", af.port_bw()},
+                {"nics", af.ports_are_nics()},
+                {"placement", o.af_placement}};
+  j["enumeration"] = oracle.to_json();
+  j["enumeration_agrees"] = a.agrees;
+  Json sims = Json::array();
+  for (size_t i = 0; i < rescored.size(); ++i) {
+    const planner::AfScored& x = rescored[i];
+    Json e{{"allocation", x.name},
+           {"strategy", x.strategy.to_string()},
+           {"uneven", x.alloc.candidate.attn != x.alloc.candidate.ffn},
+           {"attn_gpus", x.alloc.candidate.attn},
+           {"ffn_gpus", x.alloc.candidate.ffn},
+           {"roofline_step_time_s", x.alloc.step_time_s},
+           {"closed_form_step_time_s", closed[i]}};
+    if (x.why.empty()) {
+      e["simulated_step_time_s"] = x.sim_step_s;
+    } else {
+      e["not_simulated"] = x.why;
     }
-    j["simulated"] = sims;
-    Json tried = Json::array();
-    for (const planner::AfScored& x : walk.tried) {
-      Json e{{"strategy", x.strategy.to_string()},
-             {"attn_gpus", x.alloc.candidate.attn},
-             {"ffn_gpus", x.alloc.candidate.ffn}};
-      if (x.simulated()) {
-        e["simulated_step_time_s"] = x.sim_step_s;
-      } else {
-        e["not_simulated"] = x.why;
-      }
-      tried.push_back(e);
+    sims.push_back(e);
+  }
+  j["simulated"] = sims;
+  Json tried = Json::array();
+  for (const planner::AfScored& x : walk.tried) {
+    Json e{{"strategy", x.strategy.to_string()},
+           {"attn_gpus", x.alloc.candidate.attn},
+           {"ffn_gpus", x.alloc.candidate.ffn}};
+    if (x.simulated()) {
+      e["simulated_step_time_s"] = x.sim_step_s;
+    } else {
+      e["not_simulated"] = x.why;
     }
-    j["local_search"] = {{"simulations", walk.simulations}, {"moves", walk.moves}, {"tried", tried}};
-    print_json(j.dump(2));
-  } else {
-    std::printf(
-        "disaggregated attention/FFN (af-pipe): %s on %s, %d nodes = %d GPUs, %d %s of %s; seq %lld, global "
-        "batch %lld\n",
-        model.name.c_str(), cluster.name.c_str(), cluster.num_nodes, cluster.world_size(), af.total_ports(),
-        af.ports_are_nics() ? "NIC ports" : "device-link ports", format_si(af.port_bw(), "B/s").c_str(),
-        static_cast<long long>(train.seq_len), static_cast<long long>(train.global_batch));
-    std::printf("calibration %s\n", calibration_source.c_str());
-    std::printf("search   %lld feasible GPU splits x %lld port splits; rejected:", static_cast<long long>(r.gpu_splits),
-                static_cast<long long>(r.port_splits));
-    for (const auto& [rule, n] : r.rejected) {
-      if (n > 0) std::printf(" %s %lld", rule.c_str(), static_cast<long long>(n));
-    }
-    std::printf("\nsolver   %s%s in %s; exhaustive enumeration %s (objective %.6g vs %.6g)\n", r.method.c_str(),
-                r.proven_optimal ? " (proven optimal)" : " (NOT proven optimal)",
-                format_seconds(r.solve_time_s).c_str(), agrees ? "agrees" : "DISAGREES", r.best.objective,
-                oracle.objective);
-    print_allocation("best    ", r.best);
-    if (r.has_even) print_allocation("even    ", r.even);
-    std::printf(
-        "roofline attention %.0f FLOP/B vs its balance %.0f -> %s-bound (compute-bound from seq ~%.0f); FFN %.0f "
-        "FLOP/B vs %.0f -> %s-bound\n",
-        r.attn_intensity, r.attn_balance, r.attn_intensity < r.attn_balance ? "network" : "compute", r.attn_turning_seq,
-        r.ffn_intensity, r.ffn_balance, r.ffn_intensity < r.ffn_balance ? "network" : "compute");
-    for (size_t i = 0; i < rescored.size(); ++i) {
-      const planner::AfScored& x = rescored[i];
-      const auto& c = x.alloc.candidate;
-      if (x.simulated()) {
-        std::printf("simulate %-6s %s A:F %d:%d GPUs: %s (roofline %s, x%.2f; closed form %s)  %s\n", x.name.c_str(),
-                    c.attn == c.ffn ? "even  " : "uneven", c.attn, c.ffn, format_seconds(x.sim_step_s).c_str(),
-                    format_seconds(x.alloc.step_time_s).c_str(),
-                    x.alloc.step_time_s > 0 ? x.sim_step_s / x.alloc.step_time_s : 0.0,
-                    closed[i] > 0 ? format_seconds(closed[i]).c_str() : "-", x.strategy.to_string().c_str());
-      } else {
-        std::printf("simulate %-6s %s A:F %d:%d GPUs not simulated: %s\n", x.name.c_str(),
-                    c.attn == c.ffn ? "even  " : "uneven", c.attn, c.ffn, x.why.c_str());
-      }
-    }
-    for (const planner::AfScored& x : walk.tried) {
-      const auto& c = x.alloc.candidate;
-      std::printf("  tried  A:F %d:%d GPUs, pp %d, recompute %s: %s\n", c.attn, c.ffn, c.pp, to_string(c.recompute),
-                  x.simulated() ? format_seconds(x.sim_step_s).c_str() : ("not simulated: " + x.why).c_str());
-    }
-    if (rescored.front().simulated()) {
-      std::printf("local    search around the best: %d simulations, %d improving moves (neighbouring GPU splits, "
-                  "recomputation, pp; the simulator does not use the port split)\n",
-                  walk.simulations, walk.moves);
+    tried.push_back(e);
+  }
+  j["local_search"] = {{"simulations", walk.simulations}, {"moves", walk.moves}, {"tried", tried}};
+  print_json(j.dump(2));
+}
+
+void print_af_text(const AfOutcome& a, const planner::AfModel& af, const ModelSpec& model, const ClusterSpec& cluster,
+                   const TrainSpec& train, const std::string& calibration_source) {
+  const planner::DisaggregateResult& r = a.r;
+  const std::vector<planner::AfScored>& rescored = a.rescored;
+  const std::vector<double>& closed = a.closed;
+  const planner::AfLocalSearch& walk = a.walk;
+  std::printf(
+      "disaggregated attention/FFN (af-pipe): %s on %s, %d nodes = %d GPUs, %d %s of %s; seq %lld, global "
+      "batch %lld\n",
+      model.name.c_str(), cluster.name.c_str(), cluster.num_nodes, cluster.world_size(), af.total_ports(),
+      af.ports_are_nics() ? "NIC ports" : "device-link ports", format_si(af.port_bw(), "B/s").c_str(),
+      static_cast<long long>(train.seq_len), static_cast<long long>(train.global_batch));
+  std::printf("calibration %s\n", calibration_source.c_str());
+  std::printf("search   %lld feasible GPU splits x %lld port splits; rejected:", static_cast<long long>(r.gpu_splits),
+              static_cast<long long>(r.port_splits));
+  for (const auto& [rule, n] : r.rejected) {
+    if (n > 0) std::printf(" %s %lld", rule.c_str(), static_cast<long long>(n));
+  }
+  std::printf("\nsolver   %s%s in %s; exhaustive enumeration %s (objective %.6g vs %.6g)\n", r.method.c_str(),
+              r.proven_optimal ? " (proven optimal)" : " (NOT proven optimal)", format_seconds(r.solve_time_s).c_str(),
+              a.agrees ? "agrees" : "DISAGREES", r.best.objective, a.oracle.objective);
+  print_allocation("best    ", r.best);
+  if (r.has_even) print_allocation("even    ", r.even);
+  std::printf(
+      "roofline attention %.0f FLOP/B vs its balance %.0f -> %s-bound (compute-bound from seq ~%.0f); FFN %.0f "
+      "FLOP/B vs %.0f -> %s-bound\n",
+      r.attn_intensity, r.attn_balance, r.attn_intensity < r.attn_balance ? "network" : "compute", r.attn_turning_seq,
+      r.ffn_intensity, r.ffn_balance, r.ffn_intensity < r.ffn_balance ? "network" : "compute");
+  for (size_t i = 0; i < rescored.size(); ++i) {
+    const planner::AfScored& x = rescored[i];
+    const auto& c = x.alloc.candidate;
+    if (x.simulated()) {
+      std::printf("simulate %-6s %s A:F %d:%d GPUs: %s (roofline %s, x%.2f; closed form %s)  %s\n", x.name.c_str(),
+                  c.attn == c.ffn ? "even  " : "uneven", c.attn, c.ffn, format_seconds(x.sim_step_s).c_str(),
+                  format_seconds(x.alloc.step_time_s).c_str(),
+                  x.alloc.step_time_s > 0 ? x.sim_step_s / x.alloc.step_time_s : 0.0,
+                  closed[i] > 0 ? format_seconds(closed[i]).c_str() : "-", x.strategy.to_string().c_str());
+    } else {
+      std::printf("simulate %-6s %s A:F %d:%d GPUs not simulated: %s\n", x.name.c_str(),
+                  c.attn == c.ffn ? "even  " : "uneven", c.attn, c.ffn, x.why.c_str());
     }
   }
-  if (!agrees) return internal_error("plan --disaggregate: the MILP and the enumeration disagree; please report");
+  for (const planner::AfScored& x : walk.tried) {
+    const auto& c = x.alloc.candidate;
+    std::printf("  tried  A:F %d:%d GPUs, pp %d, recompute %s: %s\n", c.attn, c.ffn, c.pp, to_string(c.recompute),
+                x.simulated() ? format_seconds(x.sim_step_s).c_str() : ("not simulated: " + x.why).c_str());
+  }
+  if (rescored.front().simulated()) {
+    std::printf(
+        "local    search around the best: %d simulations, %d improving moves (neighbouring GPU splits, "
+        "recomputation, pp; the simulator does not use the port split)\n",
+        walk.simulations, walk.moves);
+  }
+}
+
+Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const ClusterSpec& cluster,
+                        const TrainSpec& train, const cost::Calibration& calibration,
+                        const std::string& calibration_source) {
+  planner::AfOptions options;
+  options.memory_fraction = o.memory_fraction;
+  PIPER_ASSIGN_OR_RETURN(options.placement, planner::parse_af_placement(o.af_placement));
+  PIPER_ASSIGN_OR_RETURN(planner::AfModel af, planner::AfModel::create(model, cluster, train, options));
+  PIPER_ASSIGN_OR_RETURN(AfOutcome a, af_outcome(o, af, model, cluster, train, calibration));
+  if (o.json) {
+    print_af_json(a, af, o, model, cluster, train, calibration_source);
+  } else {
+    print_af_text(a, af, model, cluster, train, calibration_source);
+  }
+  if (!a.agrees) return internal_error("plan --disaggregate: the MILP and the enumeration disagree; please report");
   return ok_status();
 }
 
