@@ -202,7 +202,7 @@ void print_allocation(const char* label, const planner::AfAllocation& a) {
       format_seconds(c.fill_s).c_str());
   std::printf("    memory per GPU: attention %s, FFN %s\n", format_bytes(c.mem_attn_bytes).c_str(),
               format_bytes(c.mem_ffn_bytes).c_str());
-  std::printf("    strategy %s\n", c.strategy().to_string().c_str());
+  std::printf("    strategy %s\n", a.strategy().to_string().c_str());
 }
 
 // The af-pipe closed form (`piper estimate`, cost/estimate_af.cc) of each re-scored plan; 0 where it has none.
@@ -363,8 +363,9 @@ void print_af_text(const AfOutcome& a, const planner::AfModel& af, const ModelSp
     const planner::AfScored& x = rescored[i];
     const auto& c = x.alloc.candidate;
     if (x.simulated()) {
-      std::printf("simulate %-6s %s A:F %d:%d GPUs: %s (roofline %s, x%.2f; closed form %s)  %s\n", x.name.c_str(),
-                  c.attn == c.ffn ? "even  " : "uneven", c.attn, c.ffn, format_seconds(x.sim_step_s).c_str(),
+      std::printf("simulate %-6s %s A:F %d:%d GPUs, %d:%d ports: %s (roofline %s, x%.2f; closed form %s)  %s\n",
+                  x.name.c_str(), c.attn == c.ffn ? "even  " : "uneven", c.attn, c.ffn, x.alloc.ports_attn,
+                  x.alloc.ports_ffn, format_seconds(x.sim_step_s).c_str(),
                   format_seconds(x.alloc.step_time_s).c_str(),
                   x.alloc.step_time_s > 0 ? x.sim_step_s / x.alloc.step_time_s : 0.0,
                   closed[i] > 0 ? format_seconds(closed[i]).c_str() : "-", x.strategy.to_string().c_str());
@@ -375,13 +376,14 @@ void print_af_text(const AfOutcome& a, const planner::AfModel& af, const ModelSp
   }
   for (const planner::AfScored& x : walk.tried) {
     const auto& c = x.alloc.candidate;
-    std::printf("  tried  A:F %d:%d GPUs, pp %d, recompute %s: %s\n", c.attn, c.ffn, c.pp, to_string(c.recompute),
+    std::printf("  tried  A:F %d:%d GPUs, %d:%d ports, pp %d, recompute %s: %s\n", c.attn, c.ffn, x.alloc.ports_attn,
+                x.alloc.ports_ffn, c.pp, to_string(c.recompute),
                 x.simulated() ? format_seconds(x.sim_step_s).c_str() : ("not simulated: " + x.why).c_str());
   }
   if (rescored.front().simulated()) {
     std::printf(
         "local    search around the best: %d simulations, %d improving moves (neighbouring GPU splits, "
-        "recomputation, pp; the simulator does not use the port split)\n",
+        "recomputation, pp, one node's NICs moved either way)\n",
         walk.simulations, walk.moves);
   }
 }

@@ -41,6 +41,8 @@ Strategy settings_of(const ir::MeshInfo& mesh, const std::vector<ir::Directive>&
       s.pp = dg->attn_groups;
       s.attn_ranks = s.dp * s.tp * dg->attn_groups;
       s.ffn_ranks = s.dp * s.tp * dg->ffn_groups;
+      s.attn_ports = dg->attn_ports;
+      s.ffn_ports = dg->ffn_ports;
     }
   }
   return s;

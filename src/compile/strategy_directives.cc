@@ -119,7 +119,7 @@ Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const 
     out.push_back(ir::Directive{d});
   }
   if (s.disaggregate) {
-    out.push_back(ir::Directive{ir::DisaggregateDirective{s.pp, mesh.pp - s.pp}});
+    out.push_back(ir::Directive{ir::DisaggregateDirective{s.pp, mesh.pp - s.pp, s.attn_ports, s.ffn_ports}});
   } else {
     PIPER_ASSIGN_OR_RETURN(auto parts, schedules::partition_directives(model.num_layers, mesh.num_stages()));
     out.insert(out.end(), parts.begin(), parts.end());

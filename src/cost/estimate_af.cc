@@ -12,7 +12,9 @@
 // the hidden state in the wire dtype (the plan carries no fp8 dispatch across the sides).
 // Time: compute, sends and receives run on separate streams (every channel its own), so per microbatch a rank is
 // busy max(compute, NIC), the NIC carrying the larger of its send and receive bytes (full duplex) and, under
-// ZeRO-2/3, the per-microbatch gathers and reduce-scatters of its parameters. The step is m times the slowest
+// ZeRO-2/3, the per-microbatch gathers and reduce-scatters of its parameters. With a NIC split (attn_ports,
+// ffn_ports; nic_split.h) a side's exchange runs at its share of the ports' bandwidth (the round trip's hop at the
+// slower side's); its ZeRO collectives keep the NIC's own bandwidth. The step is m times the slowest
 // rank's busy time, plus the fill of the chain of a + f ranks (one layer-side per hop, the interleaved rule
 // (P - 1) chunks with P = a + f), plus that rank's gradient synchronisation left exposed and its optimizer step.
 // Memory: the ranks' own parameters (the experts sharded over ep, replicated dp / ep times) and the activations of
@@ -25,6 +27,7 @@
 #include "piper/cost/activations.h"
 #include "piper/cost/estimate.h"
 #include "piper/cost/estimate_internal.h"
+#include "piper/cost/nic_split.h"
 
 namespace piper::cost {
 namespace {
@@ -62,14 +65,16 @@ struct AfChain {
   double round_trip_s = 0;
 };
 
-// Seconds of `bytes` in `msgs` exchanges between the sides.
-double af_hop_s(const CostModel& cm, bool cross_node, double bytes, int msgs) {
+// Seconds of `bytes` in `msgs` exchanges between the sides; across nodes the NICs carry nic_scale times their
+// bandwidth (af-pipe's NIC split, nic_split.h).
+double af_hop_s(const CostModel& cm, bool cross_node, double bytes, int msgs, double nic_scale) {
   const Network& net = cm.network();
-  return bytes / (cross_node ? net.nic_bw_per_device() : net.intra_bw()) + msgs * net.p2p_s(1, cross_node);
+  return bytes / (cross_node ? net.nic_bw_per_device() * nic_scale : net.intra_bw()) +
+         msgs * net.p2p_s(1, cross_node);
 }
 
 // Per microbatch: each rank's parts, exchanges, parameters and activations, and the chain's round trip.
-AfChain af_chain(const CostModel& cm, const Strategy& s) {
+AfChain af_chain(const CostModel& cm, const Strategy& s, const NicSplit& nics) {
   const ModelSpec& model = cm.model();
   const PartTable& table = cm.parts();
   const int a = s.pp, f = s.ffn_ranks / s.dp, L = model.num_layers;
@@ -123,7 +128,8 @@ AfChain af_chain(const CostModel& cm, const Strategy& s) {
     A.msgs += bytes.msgs;
     F.msgs += bytes.msgs;
     chain.round_trip_s += (moe ? attn_t + router_t : attn_t).total() + (moe ? moe_ffn_t : mlp_t).total() +
-                          af_hop_s(cm, cross, bytes.a2f + bytes.f2a, 2 * bytes.msgs);
+                          af_hop_s(cm, cross, bytes.a2f + bytes.f2a, 2 * bytes.msgs,
+                                   std::min(nics.attn_scale, nics.ffn_scale));
   }
   AfRank& first = ranks[0];
   const Fbw emb_t = part(Part::kEmbedding), head_t = part(Part::kHead);
@@ -237,7 +243,8 @@ Status CostModel::estimate_af_pipe(const Strategy& s, Estimate* out) const {
                          "refuses it too); use tp=1, or `piper simulate`");
   }
   PIPER_RETURN_IF_ERROR(af_check(model_, s));
-  const AfChain chain = af_chain(*this, s);
+  PIPER_ASSIGN_OR_RETURN(const NicSplit nics, nic_split(s, cluster_));
+  const AfChain chain = af_chain(*this, s, nics);
   const std::vector<AfRank>& ranks = chain.ranks;
   const int P = static_cast<int>(ranks.size()), m = s.microbatches;
   const bool cross = cluster_.num_nodes > 1;
@@ -254,7 +261,9 @@ Status CostModel::estimate_af_pipe(const Strategy& s, Estimate* out) const {
       out->worst_rank = r;
     }
     // Per microbatch: compute against the NIC (the larger direction, ZeRO-2/3's collectives on the same NIC).
-    const double nic = af_hop_s(*this, cross, std::max(x.send_b, x.recv_b), x.msgs) + af_zero_nic_s(*this, s, x, dp, edp);
+    const double nic = af_hop_s(*this, cross, std::max(x.send_b, x.recv_b), x.msgs,
+                                x.ffn ? nics.ffn_scale : nics.attn_scale) +
+                       af_zero_nic_s(*this, s, x, dp, edp);
     const double busy = std::max(x.t.total(), nic);
     chunk[x.ffn ? 1 : 0] = std::max(chunk[x.ffn ? 1 : 0], busy / std::max(1, x.layers));
     const double shard = s.zero >= 1 ? x.dense_params / s.dp + x.expert_params / std::max(1, s.expert_replicas())

@@ -128,6 +128,8 @@ Result<DirectiveBody> read_body(const std::string& kind, JsonReader& r) {
     DisaggregateDirective d;
     PIPER_RETURN_IF_ERROR(r.get_int("attn_groups", &d.attn_groups, true, 1, kMaxWorldSize));
     PIPER_RETURN_IF_ERROR(r.get_int("ffn_groups", &d.ffn_groups, true, 1, kMaxWorldSize));
+    PIPER_RETURN_IF_ERROR(r.get_int("attn_ports", &d.attn_ports, false, 0, kMaxWorldSize));
+    PIPER_RETURN_IF_ERROR(r.get_int("ffn_ports", &d.ffn_ports, false, 0, kMaxWorldSize));
     return DirectiveBody{d};
   }
   std::string hint = closest_match(kind, directive_names());
@@ -207,6 +209,10 @@ Json Directive::to_json() const {
                         [&](const DisaggregateDirective& d) {
                           j["attn_groups"] = d.attn_groups;
                           j["ffn_groups"] = d.ffn_groups;
+                          if (d.attn_ports > 0 || d.ffn_ports > 0) {
+                            j["attn_ports"] = d.attn_ports;
+                            j["ffn_ports"] = d.ffn_ports;
+                          }
                         }},
              body);
   return j;

@@ -11,7 +11,8 @@
 //   {"directive": "order", "rank": 0, "stream": "compute", "slots": ["0F0", ["0F7", "7BW3"], {"stage": 0, ...}]}
 //   {"directive": "stream", "filter": {"pass": "W"}, "stream": "wgrad"}
 //   {"directive": "recompute", "filter": {"part": "attn"}}
-//   {"directive": "disaggregate", "attn_groups": 2, "ffn_groups": 2}
+//   {"directive": "disaggregate", "attn_groups": 2, "ffn_groups": 2}            (optional: "attn_ports",
+//                                                                             "ffn_ports", the NIC split)
 // An order slot is one filter or a list of filters; a list means its members "may overlap" (no order among
 // them). A filter may be written as an action string "<stage><pass><mb>" ("0F3", "7BW2", "5W0").
 // Errors from parsing and applying name the directive: "directive 4 (order): ...".
@@ -89,9 +90,13 @@ struct RecomputeDirective {
 
 // Attention chunks (attn, router, shared) on A-groups replicated over dp, expert chunks on F-groups sharded
 // over ep; layer l goes to group l mod groups; dispatch + combine become one m2n exchange each way.
+// attn_ports/ffn_ports: the NIC split between the groups (Strategy::attn_ports; 0: the NICs of the nodes each
+// group occupies). The graph pass does not read them; they travel with the plan's strategy to the simulator.
 struct DisaggregateDirective {
   int attn_groups = 1;
   int ffn_groups = 1;
+  int attn_ports = 0;
+  int ffn_ports = 0;
 };
 
 using DirectiveBody = std::variant<SplitDirective, PlaceDirective, ReplicateDirective, ShardDirective, OrderDirective,

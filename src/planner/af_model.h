@@ -96,6 +96,7 @@ class AfModel {
 
   double busy_weight() const { return options_.busy_weight; }
   int total_ports() const { return total_ports_; }
+  int ports_per_node() const { return ports_per_node_; }  // NICs of a node (GPUs on one node)
   int world() const { return world_; }
   double port_bw() const { return port_bw_; }
   bool ports_are_nics() const { return ports_are_nics_; }

@@ -10,7 +10,7 @@ namespace piper::planner {
 Result<Strategy> compilable_af_strategy(const AfAllocation& a, const ModelSpec& model, const TrainSpec& train) {
   (void)model;
   const AfCandidate& c = a.candidate;
-  Strategy s = c.strategy();
+  Strategy s = a.strategy();  // with the MILP's NIC split, priced by the simulator (cost/nic_split.h)
   if (c.ffn % c.dp_a != 0) {
     return invalid_argument("ffn=" + std::to_string(c.ffn) + " GPUs are not a multiple of dp_attn=" +
                             std::to_string(c.dp_a) + ": the compiler runs every pipeline rank on dp*tp ranks");
@@ -32,7 +32,7 @@ AfScored score_allocation(const std::string& name, const AfAllocation& a, const 
   x.alloc = a;
   Result<Strategy> s = compilable_af_strategy(a, model, train);
   if (!s.ok()) {
-    x.strategy = a.candidate.strategy();
+    x.strategy = a.strategy();
     x.why = s.status().message();
     return x;
   }
@@ -50,12 +50,29 @@ AfScored score_allocation(const std::string& name, const AfAllocation& a, const 
 
 namespace {
 
-bool same_split(const AfCandidate& a, const AfCandidate& b) {
-  return a.attn == b.attn && a.pp == b.pp && a.recompute == b.recompute && a.microbatches == b.microbatches;
+bool same_split(const AfAllocation& a, const AfAllocation& b) {
+  const AfCandidate &x = a.candidate, &y = b.candidate;
+  return x.attn == y.attn && x.pp == y.pp && x.recompute == y.recompute && x.microbatches == y.microbatches &&
+         a.ports_attn == b.ports_attn;
 }
 
-// The neighbours of `c` among `cands` (see the header): next attention share down and up at the same pp and
-// recomputation, the other recomputation, pp halved and doubled at the same attention share.
+// The port split the roofline prefers for GPU split `c`; -1 when none is feasible.
+int best_ports(const AfModel& model_af, const AfCandidate& c) {
+  int ports = -1;
+  double best_obj = -1;
+  for (int p = 1; p < model_af.total_ports(); ++p) {
+    if (!model_af.ports_feasible(c, p)) continue;
+    const double obj = model_af.objective(c, p);
+    if (best_obj < 0 || obj < best_obj) {
+      best_obj = obj;
+      ports = p;
+    }
+  }
+  return ports;
+}
+
+// The GPU-split neighbours of `c` among `cands` (see the header): next attention share down and up at the same pp
+// and recomputation, the other recomputation, pp halved and doubled at the same attention share.
 std::vector<AfCandidate> neighbour_splits(const AfCandidate& c, const std::vector<AfCandidate>& cands) {
   std::vector<AfCandidate> out;
   const AfCandidate* down = nullptr;
@@ -76,6 +93,25 @@ std::vector<AfCandidate> neighbour_splits(const AfCandidate& c, const std::vecto
   return out;
 }
 
+// Every neighbour of `a`: its GPU-split neighbours, each at the port split the roofline prefers for it, and the
+// same GPU split with one node's NICs moved from one group to the other (each way, when feasible).
+std::vector<AfAllocation> neighbours(const AfModel& model_af, const AfAllocation& a,
+                                     const std::vector<AfCandidate>& cands) {
+  std::vector<AfAllocation> out;
+  for (const AfCandidate& n : neighbour_splits(a.candidate, cands)) {
+    const int ports = best_ports(model_af, n);
+    if (ports > 0) out.push_back(make_allocation(model_af, n, ports));
+  }
+  if (model_af.total_ports() > model_af.ports_per_node()) {  // one node: the split is the GPUs' own links
+    for (int d : {-model_af.ports_per_node(), model_af.ports_per_node()}) {
+      if (model_af.ports_feasible(a.candidate, a.ports_attn + d)) {
+        out.push_back(make_allocation(model_af, a.candidate, a.ports_attn + d));
+      }
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 AfLocalSearch af_local_search(const AfModel& model_af, const AfScored& start, const ModelSpec& model,
@@ -85,29 +121,16 @@ AfLocalSearch af_local_search(const AfModel& model_af, const AfScored& start, co
   r.best = start;
   r.simulations = start.simulated() ? 1 : 0;
   const std::vector<AfCandidate> cands = model_af.candidates(nullptr);
-  std::vector<AfCandidate> seen = {start.alloc.candidate};
+  std::vector<AfAllocation> seen = {start.alloc};
   bool moved = start.simulated();
   while (moved && r.simulations < max_simulations) {
     moved = false;
     AfScored step_best = r.best;
-    for (const AfCandidate& n : neighbour_splits(r.best.alloc.candidate, cands)) {
+    for (const AfAllocation& n : neighbours(model_af, r.best.alloc, cands)) {
       if (r.simulations >= max_simulations) break;
-      if (std::any_of(seen.begin(), seen.end(), [&](const AfCandidate& s) { return same_split(s, n); })) continue;
+      if (std::any_of(seen.begin(), seen.end(), [&](const AfAllocation& s) { return same_split(s, n); })) continue;
       seen.push_back(n);
-      // The port split the roofline prefers for this GPU split (the simulator does not use it; reported only).
-      int ports = r.best.alloc.ports_attn;
-      double best_obj = -1;
-      for (int p = 1; p < model_af.total_ports(); ++p) {
-        if (!model_af.ports_feasible(n, p)) continue;
-        const double obj = model_af.objective(n, p);
-        if (best_obj < 0 || obj < best_obj) {
-          best_obj = obj;
-          ports = p;
-        }
-      }
-      if (best_obj < 0) continue;
-      AfScored x =
-          score_allocation("local-search", make_allocation(model_af, n, ports), model, cluster, train, options);
+      AfScored x = score_allocation("local-search", n, model, cluster, train, options);
       if (x.simulated()) ++r.simulations;
       r.tried.push_back(x);
       if (x.simulated() && x.sim_step_s < step_best.sim_step_s) step_best = x;

@@ -6,14 +6,15 @@
 // allocation of `attn` attention GPUs (pp stages of dp_a) and `ffn` FFN GPUs runs as pp attention pipeline ranks
 // and ffn / dp_a FFN pipeline ranks of dp_a ranks each, layers dealt round-robin to each side's ranks (an uneven
 // split when ffn != attn). The experts of an FFN pipeline rank are sharded over ep' = gcd(ep, dp_a) of its ranks.
-// Not carried: the MILP's port (NIC) split. The simulator places rank r on device r (attention ranks first), so
-// each group uses the NICs of the nodes it occupies (the kNode placement's ports), whatever split the MILP chose.
+// The MILP's port (NIC) split is carried as Strategy::attn_ports / ffn_ports, which the simulator prices as each
+// group's share of the NICs' bandwidth (cost/nic_split.h).
 //
 // Local search: from the best allocation, its neighbours are the candidates (AfModel::candidates) with the same
 // pp and recomputation whose attention share is the next smaller or larger one, the same split with the other
 // recomputation, and the same attention share with pp halved or doubled; the walk moves to the fastest simulated
-// neighbour while it improves, until `max_simulations` have been spent. (Port-split neighbours would simulate
-// the same plan, so they are not tried.)
+// neighbour while it improves, until `max_simulations` have been spent. Each GPU-split neighbour runs at the port
+// split the roofline prefers for it; the same GPU split with one node's NICs moved to the other group (each way)
+// are neighbours too (not on one node, where the split is the GPUs' own links).
 #pragma once
 
 #include <string>

@@ -162,9 +162,16 @@ Result<DisaggregateResult> disaggregate(const AfModel& model, const MilpSolver* 
   return r;
 }
 
+Strategy AfAllocation::strategy() const {
+  Strategy s = candidate.strategy();
+  s.attn_ports = ports_attn;
+  s.ffn_ports = ports_ffn;
+  return s;
+}
+
 Json AfAllocation::to_json() const {
   const AfCandidate& c = candidate;
-  return Json{{"strategy", c.strategy().to_string()},
+  return Json{{"strategy", strategy().to_string()},
               {"attn_gpus", c.attn},
               {"ffn_gpus", c.ffn},
               {"attn_ports", ports_attn},

@@ -28,6 +28,8 @@ namespace piper::planner {
 struct AfAllocation {
   AfCandidate candidate;
   int ports_attn = 0, ports_ffn = 0;
+  // The candidate's strategy with this port split (Strategy::attn_ports, ffn_ports).
+  Strategy strategy() const;
   double objective = 0, step_time_s = 0, bottleneck_s = 0, net_attn_s = 0, net_ffn_s = 0, mfu = 0;
   Json to_json() const;
 };

@@ -131,8 +131,13 @@ std::vector<double> Network::link_bandwidths() const {
   return bw;
 }
 
-Result<Network> Network::build(const ClusterSpec& c) {
+Result<Network> Network::build(const ClusterSpec& c, const std::vector<double>& nic_scale) {
   PIPER_RETURN_IF_ERROR(check_cluster(c));
+  const size_t nic_links = static_cast<size_t>(c.num_nodes) * c.node.nics.size();
+  if (!nic_scale.empty() && nic_scale.size() != nic_links) {
+    return invalid_argument("network: " + std::to_string(nic_scale.size()) + " NIC scales for " +
+                            std::to_string(nic_links) + " NICs");
+  }
   Network net;
   const int g = c.node.devices_per_node;
   net.num_nodes_ = c.num_nodes;
@@ -164,9 +169,10 @@ Result<Network> Network::build(const ClusterSpec& c) {
       }
     }
     for (int i = 0; i < net.num_nics_; ++i) {
-      net.nic_tx_.push_back(
-          net.add_link({LinkKind::kNicTx, c.node.nics[i].bw_bytes_per_s, c.node.nic_latency_s, n, i, -1}));
-      net.nic_rx_.push_back(net.add_link({LinkKind::kNicRx, c.node.nics[i].bw_bytes_per_s, 0, n, i, -1}));
+      const double bw = c.node.nics[i].bw_bytes_per_s *
+                        (nic_scale.empty() ? 1.0 : nic_scale[static_cast<size_t>(n) * net.num_nics_ + i]);
+      net.nic_tx_.push_back(net.add_link({LinkKind::kNicTx, bw, c.node.nic_latency_s, n, i, -1}));
+      net.nic_rx_.push_back(net.add_link({LinkKind::kNicRx, bw, 0, n, i, -1}));
     }
   }
   if (c.num_nodes > 1) {

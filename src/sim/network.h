@@ -52,8 +52,9 @@ struct Route {
 
 class Network {
  public:
-  // Errors name the ClusterSpec field that is missing or out of range.
-  static Result<Network> build(const ClusterSpec& cluster);
+  // Errors name the ClusterSpec field that is missing or out of range. nic_scale (empty: all 1) multiplies each
+  // NIC's bandwidth, [node * nics_per_node + nic] (af-pipe's NIC split, cost/nic_split.h).
+  static Result<Network> build(const ClusterSpec& cluster, const std::vector<double>& nic_scale = {});
 
   int num_devices() const { return num_nodes_ * devices_per_node_; }
   int num_nodes() const { return num_nodes_; }

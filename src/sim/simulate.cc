@@ -4,6 +4,7 @@
 
 #include "piper/base/strings.h"
 #include "piper/cost/estimate.h"
+#include "piper/cost/nic_split.h"
 #include "piper/sim/task_time.h"
 
 namespace piper::sim {
@@ -55,7 +56,8 @@ Result<SimReport> simulate_compiled(compile::CompileResult compiled, const Model
   train.micro_batch_size = strategy.mbs;
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
   PIPER_ASSIGN_OR_RETURN(TaskTimeFn task_time, cost_task_time(cm, strategy, calibration));
-  PIPER_ASSIGN_OR_RETURN(Network net, Network::build(cluster));
+  PIPER_ASSIGN_OR_RETURN(cost::NicSplit nics, cost::nic_split(strategy, cluster));
+  PIPER_ASSIGN_OR_RETURN(Network net, Network::build(cluster, nics.nic_scale));
   SimReport rep;
   rep.compiled = std::move(compiled);
   SimOptions run = options;

@@ -16,7 +16,8 @@ const std::vector<std::string>& key_names() {
   static const std::vector<std::string> kKeys = {
       "dp",     "tp",         "pp",        "vpp",          "ep",         "etp",        "zero",
       "sp",     "recompute",  "schedule",  "microbatches", "mbs",        "a2a",        "order",
-      "disagg", "attn_ranks", "ffn_ranks", "fold",         "tp_overlap", "ep_overlap", "recompute_modules"};
+      "disagg", "attn_ranks", "ffn_ranks", "fold",         "tp_overlap", "ep_overlap", "recompute_modules",
+      "attn_ports", "ffn_ports"};
   return kKeys;
 }
 
@@ -109,7 +110,9 @@ Status set_key(Strategy* s, const std::string& key, const std::string& value) {
                                     {"microbatches", &Strategy::microbatches},
                                     {"mbs", &Strategy::mbs},
                                     {"attn_ranks", &Strategy::attn_ranks},
-                                    {"ffn_ranks", &Strategy::ffn_ranks}};
+                                    {"ffn_ranks", &Strategy::ffn_ranks},
+                                    {"attn_ports", &Strategy::attn_ports},
+                                    {"ffn_ports", &Strategy::ffn_ports}};
   for (const auto& k : kIntKeys) {
     if (key == k.name) {
       PIPER_ASSIGN_OR_RETURN(s->*(k.field), parse_degree(key, value));
@@ -279,6 +282,9 @@ std::string Strategy::to_string() const {
          ",a2a=" + a2a + ",order=" + join(order, "-");
   if (disaggregate) {
     out += ",disagg=1,attn_ranks=" + std::to_string(attn_ranks) + ",ffn_ranks=" + std::to_string(ffn_ranks);
+    if (attn_ports > 0 || ffn_ports > 0) {
+      out += ",attn_ports=" + std::to_string(attn_ports) + ",ffn_ports=" + std::to_string(ffn_ports);
+    }
   }
   if (fold) out += ",fold=1";
   if (tp_overlap) out += ",tp_overlap=1";
@@ -309,6 +315,10 @@ Json Strategy::to_json() const {
             {"tp_overlap", tp_overlap},
             {"ep_overlap", ep_overlap}};
   if (!recompute_modules.empty()) j["recompute_modules"] = join(recompute_modules, "+");
+  if (attn_ports > 0 || ffn_ports > 0) {
+    j["attn_ports"] = attn_ports;
+    j["ffn_ports"] = ffn_ports;
+  }
   return j;
 }
 

@@ -14,6 +14,7 @@
 //   schedule(1f1b|gpipe|interleaved|zb-h1|dualpipev|af-pipe) microbatches(1) mbs(1)
 //   a2a(flat|halo) order(tp-ep-dp-pp: mesh axes innermost first, '-' separated)
 //   disagg(0|1) attn_ranks(0) ffn_ranks(0)    attention/FFN disaggregation (af-pipe)
+//   attn_ports(0) ffn_ports(0)   af-pipe's NIC split (printed only when set; see Strategy::attn_ports)
 //   fold(0|1)    MoE parallel folding (printed only when set)
 //   tp_overlap(0|1)  tensor-parallel GEMM/collective overlap, Megatron's --tp-comm-overlap (printed only when set)
 //   ep_overlap(0|1)  EP all-to-all overlap by F&B pairing, Megatron's --overlap-moe-expert-parallel-comm (printed
@@ -81,6 +82,13 @@ struct Strategy {
   bool disaggregate = false;
   int attn_ranks = 0;
   int ffn_ranks = 0;
+  // af-pipe's NIC (port) split, as the disaggregation allocator's MILP chooses it (planner/disaggregate.h;
+  // DisagMoE splits a cluster's GPUs and NICs between the two groups separately): the attention group's ranks share
+  // attn_ports NICs' bandwidth and the FFN group's ffn_ports. 0 and 0 (the default): each group uses the NICs of
+  // the nodes it occupies. Both set or neither; their sum at most the cluster's NICs (checked by the simulator and
+  // the closed form, which price it; sim/nic_split.h). The CPU runtime has no NICs and ignores it.
+  int attn_ports = 0;
+  int ffn_ports = 0;
   // MoE parallel folding (Megatron-Core's expert mesh, --expert-tensor-parallel-size 1): within a pipeline stage
   // the tp*dp ranks, numbered tp innermost, form expert groups of ep consecutive ranks; a rank's experts are
   // replicated on the ranks tp*dp/ep apart. Without it ep is a sub-axis of dp (stride tp).

@@ -45,6 +45,8 @@ Status validate_sizes(const Strategy& s) {
                           {"etp", s.etp, kMaxWorldSize, "ranks in the world"},
                           {"attn_ranks", s.attn_ranks, kMaxWorldSize, "ranks in the world"},
                           {"ffn_ranks", s.ffn_ranks, kMaxWorldSize, "ranks in the world"},
+                          {"attn_ports", s.attn_ports, kMaxWorldSize, "NICs in the cluster"},
+                          {"ffn_ports", s.ffn_ports, kMaxWorldSize, "NICs in the cluster"},
                           {"vpp", s.vpp, kMaxVpp, "virtual stages per pipeline rank; published runs use <= 8"},
                           {"microbatches", s.microbatches, kMaxMicrobatches, "per step; published runs use <= 512"},
                           {"mbs", s.mbs, kMaxMicroBatchSize, "sequences per microbatch"}};
@@ -86,6 +88,7 @@ Status Strategy::validate() const {
     if (d.value < 1) return fail(std::string(d.name) + "=" + std::to_string(d.value) + " must be >= 1");
   }
   if (attn_ranks < 0 || ffn_ranks < 0) return fail("attn_ranks and ffn_ranks must be >= 0");
+  if (attn_ports < 0 || ffn_ports < 0) return fail("attn_ports and ffn_ports must be >= 0");
   PIPER_RETURN_IF_ERROR(validate_sizes(*this));
   if (zero < 0 || zero > 3) return fail("zero=" + std::to_string(zero) + " must be one of {0,1,2,3}");
   // The products below are ints everywhere (world_size(), num_stages(), ...): refuse degrees they overflow.
@@ -218,6 +221,16 @@ Status Strategy::validate() const {
     // Without disagg=1 they would be ignored, and the compact form (to_string) drops them.
     return fail("attn_ranks=" + std::to_string(attn_ranks) + ", ffn_ranks=" + std::to_string(ffn_ranks) +
                 " take effect only with disagg=1,schedule=af-pipe; add those or drop attn_ranks and ffn_ranks");
+  }
+  if (!disaggregate && (attn_ports != 0 || ffn_ports != 0)) {
+    return fail("attn_ports=" + std::to_string(attn_ports) + ", ffn_ports=" + std::to_string(ffn_ports) +
+                " split the NICs between af-pipe's attention and FFN groups; add disagg=1,schedule=af-pipe or drop "
+                "attn_ports and ffn_ports");
+  }
+  if ((attn_ports == 0) != (ffn_ports == 0)) {
+    return fail("attn_ports=" + std::to_string(attn_ports) + ", ffn_ports=" + std::to_string(ffn_ports) +
+                ": set both (the NIC split between the attention and FFN groups) or neither (each group uses the "
+                "NICs of the nodes it occupies)");
   }
   if (disaggregate) {
     if (attn_ranks < 1 || ffn_ranks < 1) {

@@ -191,6 +191,11 @@ TEST(CliPlanTest, DisaggregateJsonAgreesWithEnumeration) {
   const auto& best = j["best"];
   EXPECT_EQ(best["attn_gpus"].get<int>() + best["ffn_gpus"].get<int>(), 32);
   EXPECT_NE(best["strategy"].get<std::string>().find("disagg=1"), std::string::npos);
+  // The MILP's NIC split is part of the strategy that is simulated (cost/nic_split.h).
+  EXPECT_NE(best["strategy"].get<std::string>().find(",attn_ports=" + std::to_string(best["attn_ports"].get<int>()) +
+                                                      ",ffn_ports=" + std::to_string(best["ffn_ports"].get<int>())),
+            std::string::npos)
+      << best.dump();
   EXPECT_GT(j["gpu_splits"].get<int64_t>(), 0);
   EXPECT_TRUE(j["roofline"].contains("attn_turning_seq"));
   // Like every other report, it names the calibration it used (here the cluster preset's figures), in the JSON.

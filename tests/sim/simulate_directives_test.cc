@@ -52,6 +52,11 @@ void expect_same_step(const std::string& text) {
 }
 
 TEST(SimulateDirectivesTest, OneFOneBWithEpAndZero1) { expect_same_step("dp=4,ep=4,pp=2,zero=1,microbatches=4"); }
+// The NIC split travels in the disaggregate directive (attn_ports, ffn_ports) and back into the strategy.
+TEST(SimulateDirectivesTest, AfPipeWithItsNicSplit) {
+  expect_same_step("dp=4,ep=4,schedule=af-pipe,microbatches=4,disagg=1,attn_ranks=4,ffn_ranks=4,attn_ports=4,"
+                   "ffn_ports=4");
+}
 TEST(SimulateDirectivesTest, InterleavedWithEpAndZero2) {
   expect_same_step("dp=4,ep=2,pp=2,vpp=2,schedule=interleaved,zero=2,microbatches=4");
 }
