@@ -233,8 +233,8 @@ Status af_check(const ModelSpec& model, const Strategy& s) {
 Status CostModel::estimate_af_pipe(const Strategy& s, Estimate* out) const {
   if (s.tp != 1) {
     return unimplemented("estimate: af-pipe with tp=" + std::to_string(s.tp) +
-                         " has no closed form (the FFN side's exchange is not sliced over tp, and the runtime "
-                         "refuses it too); use tp=1, or `piper simulate`");
+                         " has no closed form yet (its tp collectives on both sides, the token slices of the m2n "
+                         "exchanges and the tp-sliced state are priced by the simulator only); use `piper simulate`");
   }
   PIPER_RETURN_IF_ERROR(af_check(model_, s));
   const AfChain chain = af_chain(*this, s);
