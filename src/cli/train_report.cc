@@ -77,9 +77,9 @@ Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, co
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm,
                          cost::CostModel::create(model, machine.cluster, train, machine.calibration));
   cost::Estimate e;
-  // estimate() has no closed-form model of a registered schedule or of a directive file's own order, nor of
-  // af-pipe with tp > 1 (Unimplemented, cost/estimate_af.cc): the 'model' peak is the compiled plan's (static bytes +
-  // the planned activations of the rank's program) and there is no modelled step time. af-pipe with tp = 1 has one,
+  // estimate() has no closed-form model of a registered schedule or of a directive file's own order, nor of any
+  // strategy it answers Unimplemented for: the 'model' peak is the compiled plan's (static bytes + the planned
+  // activations of the rank's program) and there is no modelled step time. af-pipe has one (cost/estimate_af.cc),
   // per pipeline rank of either side.
   const bool custom = trainer.strategy().schedule_kind() == ScheduleKind::kCustom;
   const bool own_order = !trainer.options().directives.empty() && trainer.predicted_memory().total() <= 0;
