@@ -218,11 +218,11 @@ TEST(AfPipeParity, Tp2TwoAttentionFourFfnRanks) {
                 "microbatches=4,mbs=1",
                 "microbatches=4,mbs=1", 6, 3);
 }
-// tp x ep (dp=2, tp=2, ep=2; 4:4) with ZeRO-3: the FFN ranks of one tp coordinate shard the experts over ep, and the
-// experts' state is sharded over edp x tp.
+// tp x ep (dp=2, tp=2, ep=2; 4:4) with ZeRO-3 and full recomputation: the FFN ranks of one tp coordinate shard the
+// experts over ep, and the experts' state is sharded over edp x tp.
 TEST(AfPipeParity, Dp2Tp2Ep2Zero3) {
-  expect_parity("dp=2,tp=2,sp=1,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=4,ffn_ranks=4,zero=3,microbatches=2,"
-                "mbs=1",
+  expect_parity("dp=2,tp=2,sp=1,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=4,ffn_ranks=4,zero=3,recompute=full,"
+                "microbatches=2,mbs=1",
                 "microbatches=4,mbs=1", 8, 3);
 }
 
