@@ -84,10 +84,9 @@ AfChain af_chain(const CostModel& cm, const Strategy& s) {
   const double hidden = T * table.hidden * cm.train().comm_bytes() / (s.sp ? s.tp : 1);
   // A tp-split block (attention; the dense MLP or the shared experts) gathers its input and reduce-scatters its
   // output, forward and backward: two all-reduces' time (the compiled plan's tp collectives; the experts are whole).
-  const double tp_block_s =
-      s.tp > 1 ? 2 * cm.network().all_reduce_s(T * table.hidden * cm.train().comm_bytes(),
-                                                cm.network().layout(s.tp, 1), AllReduceAlgo::kRing)
-               : 0.0;
+  const double tp_block_s = s.tp > 1 ? 2 * cm.network().all_reduce_s(T * table.hidden * cm.train().comm_bytes(),
+                                                                     cm.network().layout(s.tp, 1), AllReduceAlgo::kRing)
+                                     : 0.0;
   const bool shared = model.is_moe() && table.shared_params > 0;
   const PartShape shape = cm.part_shape(s, cm.calibration());
   auto part = [&](Part q) {
@@ -126,8 +125,7 @@ AfChain af_chain(const CostModel& cm, const Strategy& s) {
     ++F.layers;
     A.t += moe ? attn_t + router_t : attn_t;
     A.tp_s += tp_block_s;
-    A.dense_params +=
-        table.attention_params / s.tp + table.norm_params_per_layer + (moe ? table.router_params : 0.0);
+    A.dense_params += table.attention_params / s.tp + table.norm_params_per_layer + (moe ? table.router_params : 0.0);
     A.act_b += T * (act.attention + act.norms);
     F.t += moe ? moe_ffn_t : mlp_t;
     const bool ffn_split = !moe || shared;  // the dense MLP or the shared experts

@@ -415,8 +415,8 @@ Result<const FlowTemplate*> CommTemplates::m2n(int src_rank, int dst_pp) {
     const std::vector<int> receivers = plan_->m2n_peers(sender, dst_pp);
     if (static_cast<int>(receivers.size()) != ep) {
       return internal_error("simulate: the plan gives rank " + std::to_string(sender) + " " +
-                            std::to_string(receivers.size()) + " m2n peers on pipeline rank " +
-                            std::to_string(dst_pp) + ", expected ep=" + std::to_string(ep));
+                            std::to_string(receivers.size()) + " m2n peers on pipeline rank " + std::to_string(dst_pp) +
+                            ", expected ep=" + std::to_string(ep));
     }
     PIPER_ASSIGN_OR_RETURN(CollectiveFlows f,
                            add_m2n(*net_, scratch, {sender}, receivers,

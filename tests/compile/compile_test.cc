@@ -283,8 +283,8 @@ TEST(CompileTest, DisaggregationWithTensorParallelism) {
       for (const auto& st : p.streams) {
         for (const auto& in : st.instrs) {
           EXPECT_NE(in.role, CommRole::kPipeline) << t << ": " << in.label;
-          const bool ffn_part = in.label.find("mlp.tp_") != std::string::npos ||
-                                in.label.find("head.tp_") != std::string::npos;
+          const bool ffn_part =
+              in.label.find("mlp.tp_") != std::string::npos || in.label.find("head.tp_") != std::string::npos;
           if (in.op == OpKind::kCollective && ffn_part) {
             EXPECT_GE(p.pp_rank, 1) << t << ": " << in.label;
           }

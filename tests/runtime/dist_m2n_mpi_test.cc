@@ -214,16 +214,18 @@ TEST(AfPipeParity, Tp2TwoAttentionTwoFfnRanks) {
 // Uneven 2:4 (dp=1, tp=2): one attention pipeline rank, two FFN pipeline ranks (the second holds experts only and no
 // tp exchange of its own, yet serves token slices), selective recomputation.
 TEST(AfPipeParity, Tp2TwoAttentionFourFfnRanks) {
-  expect_parity("dp=1,tp=2,sp=1,pp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=4,recompute=selective,"
-                "microbatches=4,mbs=1",
-                "microbatches=4,mbs=1", 6, 3);
+  expect_parity(
+      "dp=1,tp=2,sp=1,pp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=4,recompute=selective,"
+      "microbatches=4,mbs=1",
+      "microbatches=4,mbs=1", 6, 3);
 }
 // tp x ep (dp=2, tp=2, ep=2; 4:4) with ZeRO-3 and full recomputation: the FFN ranks of one tp coordinate shard the
 // experts over ep, and the experts' state is sharded over edp x tp.
 TEST(AfPipeParity, Dp2Tp2Ep2Zero3) {
-  expect_parity("dp=2,tp=2,sp=1,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=4,ffn_ranks=4,zero=3,recompute=full,"
-                "microbatches=2,mbs=1",
-                "microbatches=4,mbs=1", 8, 3);
+  expect_parity(
+      "dp=2,tp=2,sp=1,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=4,ffn_ranks=4,zero=3,recompute=full,"
+      "microbatches=2,mbs=1",
+      "microbatches=4,mbs=1", 8, 3);
 }
 
 }  // namespace

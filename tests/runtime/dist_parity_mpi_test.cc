@@ -375,12 +375,11 @@ TEST(RuntimeSupport, RunnableAgreesWithTrain) {
       }
     }
   }
-  for (const char* extra : {"dp=2,tp=2,sp=1,etp=2,microbatches=4,mbs=1",
-                            "dp=2,tp=2,sp=1,ep=2,etp=2,zero=1,microbatches=4,mbs=1",
-                            "dp=2,tp=2,sp=1,ep=2,fold=1,microbatches=4,mbs=1",
-                            "dp=2,tp=2,sp=1,tp_overlap=1,microbatches=4,mbs=1",
-                            "dp=4,recompute_modules=moe_act,microbatches=2,mbs=1",
-                            "tp=2,sp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=4,mbs=1"}) {
+  for (const char* extra :
+       {"dp=2,tp=2,sp=1,etp=2,microbatches=4,mbs=1", "dp=2,tp=2,sp=1,ep=2,etp=2,zero=1,microbatches=4,mbs=1",
+        "dp=2,tp=2,sp=1,ep=2,fold=1,microbatches=4,mbs=1", "dp=2,tp=2,sp=1,tp_overlap=1,microbatches=4,mbs=1",
+        "dp=4,recompute_modules=moe_act,microbatches=2,mbs=1",
+        "tp=2,sp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=4,mbs=1"}) {
     sweep.emplace_back(extra);
   }
   int accepted = 0, trained = 0, refused = 0, invalid = 0;
