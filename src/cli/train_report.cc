@@ -77,18 +77,23 @@ Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, co
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm,
                          cost::CostModel::create(model, machine.cluster, train, machine.calibration));
   cost::Estimate e;
-  // estimate() has no closed-form model of a registered schedule or of a directive file's own order
-  // (Unimplemented): the 'model' peak is the compiled plan's (static bytes + the planned activations of the rank's
-  // program) and there is no modelled step time. af-pipe has one (cost/estimate_af.cc), per pipeline rank of
-  // either side.
+  // estimate() has no closed-form model of a registered schedule or of a directive file's own order, nor of any
+  // strategy it answers Unimplemented for: the 'model' peak is the compiled plan's (static bytes + the planned
+  // activations of the rank's program) and there is no modelled step time. af-pipe has one (cost/estimate_af.cc),
+  // per pipeline rank of either side.
   const bool custom = trainer.strategy().schedule_kind() == ScheduleKind::kCustom;
   const bool own_order = !trainer.options().directives.empty() && trainer.predicted_memory().total() <= 0;
-  const bool no_closed_form = custom || own_order;
+  bool no_closed_form = custom || own_order;
   if (no_closed_form) {
     r.note = std::string(custom ? "schedule=" + trainer.strategy().schedule : "the directive file's own schedule") +
              ": estimate() has no closed form; the 'model' peak is the compiled plan's, no modelled step";
+  } else if (Result<cost::Estimate> got = cm.estimate(trainer.strategy()); got.ok()) {
+    e = std::move(got).value();
+  } else if (got.status().code() == StatusCode::kUnimplemented) {
+    no_closed_form = true;
+    r.note = got.status().message() + "; the 'model' peak is the compiled plan's, no modelled step";
   } else {
-    PIPER_ASSIGN_OR_RETURN(e, cm.estimate(trainer.strategy()));
+    return got.status();
   }
   r.sim_step_s = sim.step_time_s;
   r.model_step_s = e.step_time_s;

@@ -162,6 +162,17 @@ int Plan::p2p_peer(int rank, int peer_pp) const {
   return rank_of(c);
 }
 
+std::vector<int> Plan::m2n_peers(int rank, int peer_pp) const {
+  const RankCoord& me = coords[static_cast<size_t>(rank)];
+  const int slice = std::max(1, mesh.dp) * std::max(1, mesh.tp);
+  std::vector<int> out;
+  for (int r = peer_pp * slice; r < (peer_pp + 1) * slice && r < world_size; ++r) {
+    const RankCoord& c = coords[static_cast<size_t>(r)];
+    if (c.tp == me.tp && mesh.ep_block(c.dp, c.tp) == mesh.ep_block(me.dp, me.tp)) out.push_back(r);
+  }
+  return out;
+}
+
 Result<std::vector<int>> Plan::group_ranks(int rank, const std::string& axis) const {
   if (rank < 0 || rank >= world_size) {
     return invalid_argument("rank " + std::to_string(rank) + " is outside the plan's world of " +

@@ -163,6 +163,12 @@ struct Plan {
   // The global rank that `rank`'s send/recv/m2n instruction with peer pipeline rank `peer_pp` talks to: the
   // rank with the same dp and tp coordinates on pipeline rank peer_pp.
   int p2p_peer(int rank, int peer_pp) const;
+  // The ranks that `rank`'s routed m2n instruction (af-pipe: router <-> experts, experts <-> the next layer's
+  // attention or its tp all-gather / reduce-scatter) with peer pipeline rank `peer_pp` exchanges with, ascending:
+  // the ranks of peer_pp in `rank`'s expert group (same tp coordinate and ep block, MeshInfo::ep_block), peer i
+  // holding expert block i. Under sequence parallelism rank (dp, tp) routes its tp-th token slice, so the FFN ranks
+  // of tp coordinate t serve the attention ranks of coordinate t. p2p_peer(rank, peer_pp) is one of them.
+  std::vector<int> m2n_peers(int rank, int peer_pp) const;
   // Members of `rank`'s group over a collective's axis, ascending (rank included):
   //   "tp": same pp and dp;  "dp": same pp and tp;  "ep": same pp, tp and ep block (dp / mesh.ep);
   //   "edp": same pp, ep coordinate and expert slice (tp mod mesh.etp): the ranks holding the same expert slice,

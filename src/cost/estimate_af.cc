@@ -1,7 +1,7 @@
 // The af-pipe closed form (CostModel::estimate for disagg=1): the plan the compiler lowers, in arithmetic.
 //
-// Placement (ir/passes/disaggregate.cc): with a = pp attention and f = ffn_ranks / dp FFN pipeline ranks of dp
-// ranks each, layer l's attention side (attention, norms, router; the embedding with layer 0) runs on attention
+// Placement (ir/passes/disaggregate.cc): with a = pp attention and f = ffn_ranks / (dp*tp) FFN pipeline ranks of
+// dp*tp ranks each, layer l's attention side (attention, norms, router; the embedding with layer 0) runs on attention
 // rank l mod a and its FFN side (routed experts, shared experts or the dense MLP; the head with the last layer) on
 // FFN rank l mod f. Every data edge between the sides is one m2n exchange, per microbatch and attention rank:
 //   forward   A->F: the router's output to the experts (top_k copies) + the attention output to the shared
@@ -9,9 +9,14 @@
 //   backward  the transposes: A->F the next layer's input gradient to each of them (top_k + 1), F->A their input
 //             gradients (1 + 1)
 // The last layer's FFN side feeds the head on its own rank: no F->A forward and no A->F backward there. Bytes are
-// the hidden state in the wire dtype (the plan carries no fp8 dispatch across the sides).
+// the hidden state in the wire dtype (the plan carries no fp8 dispatch across the sides), a rank's token slice
+// (1/tp) under sequence parallelism.
+// Tensor parallelism (sp=1): attention, the dense MLP and the shared experts are split over tp and each gathers its
+// input and reduce-scatters its output, forward and backward, on the rank's compute path (tp_s); their parameters,
+// the embedding's and the head's (vocabulary parallel) are 1/tp, the norms', the router's and the experts' whole;
+// the activations are the tp-split per-token counts (spec/activation_counting.h).
 // Time: compute, sends and receives run on separate streams (every channel its own), so per microbatch a rank is
-// busy max(compute, NIC), the NIC carrying the larger of its send and receive bytes (full duplex) and, under
+// busy max(compute + tp_s, NIC), the NIC carrying the larger of its send and receive bytes (full duplex) and, under
 // ZeRO-2/3, the per-microbatch gathers and reduce-scatters of its parameters. With a NIC split (attn_ports,
 // ffn_ports; nic_split.h) a side's exchange runs at its share of the ports' bandwidth (the round trip's hop at the
 // slower side's); its ZeRO collectives keep the NIC's own bandwidth. The step is m times the slowest
@@ -51,6 +56,7 @@ struct AfRank {
   bool ffn = false;
   int layers = 0;
   Fbw t;                          // compute
+  double tp_s = 0;                // its chunks' tp all-gathers and reduce-scatters, in line with the compute
   double send_b = 0, recv_b = 0;  // m2n bytes
   int msgs = 0;                   // m2n exchanges each way
   double dense_params = 0, expert_params = 0;
@@ -77,9 +83,15 @@ double af_hop_s(const CostModel& cm, bool cross_node, double bytes, int msgs, do
 AfChain af_chain(const CostModel& cm, const Strategy& s, const NicSplit& nics) {
   const ModelSpec& model = cm.model();
   const PartTable& table = cm.parts();
-  const int a = s.pp, f = s.ffn_ranks / s.dp, L = model.num_layers;
+  const int a = s.pp, f = s.ffn_ranks / (s.dp * s.tp), L = model.num_layers;
   const double T = static_cast<double>(s.mbs) * static_cast<double>(cm.train().seq_len);
-  const double hidden = T * table.hidden * cm.train().comm_bytes();
+  // Under sequence parallelism a rank exchanges its token slice (ir/passes/disaggregate.cc).
+  const double hidden = T * table.hidden * cm.train().comm_bytes() / (s.sp ? s.tp : 1);
+  // A tp-split block (attention; the dense MLP or the shared experts) gathers its input and reduce-scatters its
+  // output, forward and backward: two all-reduces' time (the compiled plan's tp collectives; the experts are whole).
+  const double tp_block_s = s.tp > 1 ? 2 * cm.network().all_reduce_s(T * table.hidden * cm.train().comm_bytes(),
+                                                                     cm.network().layout(s.tp, 1), AllReduceAlgo::kRing)
+                                     : 0.0;
   const bool shared = model.is_moe() && table.shared_params > 0;
   const PartShape shape = cm.part_shape(s, cm.calibration());
   auto part = [&](Part q) {
@@ -93,6 +105,8 @@ AfChain af_chain(const CostModel& cm, const Strategy& s, const NicSplit& nics) {
   const Fbw router_t = part(Part::kRouter), mlp_t = part(Part::kDenseMlp);
 
   ActivationOptions ao;
+  ao.tp = s.tp;
+  ao.sp = s.sp;
   ao.recompute = s.recompute;
   ao.recompute_moe_norm = s.recomputes_module("layernorm");
   ao.recompute_moe_act = s.recomputes_module("moe_act");
@@ -115,10 +129,13 @@ AfChain af_chain(const CostModel& cm, const Strategy& s, const NicSplit& nics) {
     ++A.layers;
     ++F.layers;
     A.t += moe ? attn_t + router_t : attn_t;
-    A.dense_params += table.attention_params + table.norm_params_per_layer + (moe ? table.router_params : 0.0);
+    A.tp_s += tp_block_s;
+    A.dense_params += table.attention_params / s.tp + table.norm_params_per_layer + (moe ? table.router_params : 0.0);
     A.act_b += T * (act.attention + act.norms);
     F.t += moe ? moe_ffn_t : mlp_t;
-    F.dense_params += moe ? table.shared_params : table.dense_mlp_params;
+    const bool ffn_split = !moe || shared;  // the dense MLP or the shared experts
+    F.tp_s += ffn_split ? tp_block_s : 0.0;
+    F.dense_params += (moe ? table.shared_params : table.dense_mlp_params) / s.tp;
     F.expert_params += moe ? table.num_experts / s.ep * table.expert_params : 0.0;
     F.act_b += T * act.mlp;
     A.send_b += bytes.a2f;
@@ -128,6 +145,7 @@ AfChain af_chain(const CostModel& cm, const Strategy& s, const NicSplit& nics) {
     A.msgs += bytes.msgs;
     F.msgs += bytes.msgs;
     chain.round_trip_s += (moe ? attn_t + router_t : attn_t).total() + (moe ? moe_ffn_t : mlp_t).total() +
+                          tp_block_s * (ffn_split ? 2 : 1) +
                           af_hop_s(cm, cross, bytes.a2f + bytes.f2a, 2 * bytes.msgs,
                                    std::min(nics.attn_scale, nics.ffn_scale));
   }
@@ -135,11 +153,11 @@ AfChain af_chain(const CostModel& cm, const Strategy& s, const NicSplit& nics) {
   const Fbw emb_t = part(Part::kEmbedding), head_t = part(Part::kHead);
   chain.round_trip_s += emb_t.total() + head_t.total();
   first.t += emb_t;
-  first.dense_params += table.embedding_params;
+  first.dense_params += table.embedding_params / s.tp;  // vocabulary parallel
   first.act_b += T * embedding_activation_bytes_per_token(model, ao);
   AfRank& last = ranks[static_cast<size_t>(a + (L - 1) % f)];  // the head sits with the last layer's FFN side
   last.t += head_t;
-  last.dense_params += table.head_params;  // tied or not: the embedding's rank is another one
+  last.dense_params += table.head_params / s.tp;  // tied or not: the embedding's rank is another one
   last.head_act_b = T * head_activation_bytes_per_token(model, ao);
   return chain;
 }
@@ -183,7 +201,7 @@ bool af_interleaved(const Strategy& s, int ranks) {
 
 // Memory of pipeline rank r (chain position: attention rank i at 2i, FFN rank j at 2j + 1 with equal groups).
 MemoryBreakdown af_memory(const CostModel& cm, const Strategy& s, const AfRank& x, int r) {
-  const int a = s.pp, f = s.ffn_ranks / s.dp, P = a + f, m = s.microbatches, v = std::max(1, x.layers);
+  const int a = s.pp, f = s.ffn_ranks / (s.dp * s.tp), P = a + f, m = s.microbatches, v = std::max(1, x.layers);
   MemoryBreakdown mem;
   ModelStateBytes st = model_state_bytes(x.dense_params, s.zero, s.dp, cm.bytes());
   st += model_state_bytes(x.expert_params, s.zero, std::max(1, s.expert_replicas()), cm.bytes());
@@ -214,14 +232,15 @@ MemoryBreakdown af_memory(const CostModel& cm, const Strategy& s, const AfRank& 
 // every pipeline rank on dp ranks, ep inside them, a layer for every rank, equal groups dividing the layers.
 Status af_check(const ModelSpec& model, const Strategy& s) {
   const std::string what = "estimate: af-pipe " + s.to_string() + ": ";
-  if (s.ffn_ranks < s.dp || s.ffn_ranks % s.dp != 0) {
-    return invalid_argument(what + "every FFN pipeline rank runs on dp = " + std::to_string(s.dp) +
+  const int width = s.dp * s.tp;
+  if (s.ffn_ranks < width || s.ffn_ranks % width != 0) {
+    return invalid_argument(what + "every FFN pipeline rank runs on dp*tp = " + std::to_string(width) +
                             " ranks, so ffn_ranks=" + std::to_string(s.ffn_ranks) + " must be a multiple of it");
   }
   if (s.ep < 1 || s.dp % s.ep != 0) {
     return invalid_argument(what + "ep=" + std::to_string(s.ep) + " must divide dp=" + std::to_string(s.dp));
   }
-  const int f = s.ffn_ranks / s.dp, L = model.num_layers;
+  const int f = s.ffn_ranks / width, L = model.num_layers;
   if (L < std::max(s.pp, f)) {
     return invalid_argument(what + "num_layers=" + std::to_string(L) + " cannot give each of pp=" +
                             std::to_string(s.pp) + " attention and " + std::to_string(f) +
@@ -237,18 +256,17 @@ Status af_check(const ModelSpec& model, const Strategy& s) {
 }  // namespace
 
 Status CostModel::estimate_af_pipe(const Strategy& s, Estimate* out) const {
-  if (s.tp != 1) {
-    return unimplemented("estimate: af-pipe with tp=" + std::to_string(s.tp) +
-                         " has no closed form (the FFN side's exchange is not sliced over tp, and the runtime "
-                         "refuses it too); use tp=1, or `piper simulate`");
-  }
   PIPER_RETURN_IF_ERROR(af_check(model_, s));
   PIPER_ASSIGN_OR_RETURN(const NicSplit nics, nic_split(s, cluster_));
   const AfChain chain = af_chain(*this, s, nics);
   const std::vector<AfRank>& ranks = chain.ranks;
   const int P = static_cast<int>(ranks.size()), m = s.microbatches;
   const bool cross = cluster_.num_nodes > 1;
-  const GroupLayout dp = net_.layout(s.dp, 1), edp = net_.layout(std::max(1, s.expert_replicas()), s.ep);
+  // Ranks tp innermost (compile::Plan::rank_of): dp at stride tp; the experts' replicas are the dp / ep ranks of
+  // an expert block at stride tp * ep, times the tp ranks (etp = 1: every tensor rank keeps whole experts).
+  const GroupLayout dp = net_.layout(s.dp, s.tp);
+  const GroupLayout edp_dp = net_.layout(std::max(1, s.dp / s.ep), s.tp * s.ep);
+  const GroupLayout edp = s.tp > 1 ? net_.combine(net_.layout(s.tp, 1), edp_dp, s.tp * s.ep) : edp_dp;
   out->ranks.resize(static_cast<size_t>(P));
   out->device_memory_bytes = static_cast<double>(cluster_.device.memory_bytes);
   double worst_total = -1, worst_time = -1, chunk[2] = {0, 0};
@@ -264,7 +282,7 @@ Status CostModel::estimate_af_pipe(const Strategy& s, Estimate* out) const {
     const double nic = af_hop_s(*this, cross, std::max(x.send_b, x.recv_b), x.msgs,
                                 x.ffn ? nics.ffn_scale : nics.attn_scale) +
                        af_zero_nic_s(*this, s, x, dp, edp);
-    const double busy = std::max(x.t.total(), nic);
+    const double busy = std::max(x.t.total() + x.tp_s, nic);
     chunk[x.ffn ? 1 : 0] = std::max(chunk[x.ffn ? 1 : 0], busy / std::max(1, x.layers));
     const double shard = s.zero >= 1 ? x.dense_params / s.dp + x.expert_params / std::max(1, s.expert_replicas())
                                      : x.dense_params + x.expert_params;

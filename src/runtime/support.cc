@@ -20,7 +20,9 @@ RuntimeSupport runtime_support() {
   s.max_tp = 0;
   s.max_ep = 0;
   // af-pipe (M2N, executor_m2n.cc) with every ZeRO stage and recomputation, equal or uneven attention:FFN splits
-  // (dist_m2n_mpi_test.cc: 2:2, 4:4, 1:3, 2:1, 4:2); not with tp.
+  // (dist_m2n_mpi_test.cc: 2:2, 4:4, 1:3, 2:1, 4:2), and with tp (sequence parallel; each rank exchanges its token
+  // slice with the other side's ranks of its tp coordinate, Plan::m2n_peers): 2:2 and 2:4 at tp=2, and
+  // dp=2 x tp=2 x ep=2 with ZeRO-3 (AfPipeParity.Tp2*, Dp2Tp2Ep2Zero3).
   s.disaggregate = true;
   return s;
 }
@@ -35,12 +37,9 @@ Status check_runnable(const Strategy& strategy) {
     return unimplemented(what + "the runtime does not execute disaggregated attention/FFN (af-pipe) yet");
   }
   if (strategy.disaggregate) {
-    if (strategy.tp != 1) {
-      return unimplemented(what + "af-pipe with tp=" + std::to_string(strategy.tp) +
-                           ": the FFN ranks' M2N exchange does not slice tokens over tp and their experts' gradient "
-                           "reduction spans edp x tp (executor_m2n.cc); use tp=1 with af-pipe");
-    }
-    return ok_status();  // ep shards the experts over the FFN ranks (executor_m2n.cc)
+    // ep shards the experts over the FFN ranks of each tp coordinate; tp slices the tokens (sequence parallelism)
+    // on both sides, and the FFN ranks sum their experts' gradients over tp (executor_m2n.cc, executor_tp.cc).
+    return ok_status();
   }
   if (strategy.tp_overlap) {
     return unimplemented(what + "tp_overlap=1 is modelled by estimate and simulate only; drop tp_overlap");

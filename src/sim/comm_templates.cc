@@ -409,16 +409,14 @@ Result<const FlowTemplate*> CommTemplates::m2n(int src_rank, int dst_pp) {
   auto key = std::make_tuple(-2, std::string("m2n"), std::string(), id);
   if (auto it = cache_.find(key); it != cache_.end()) return it->second.get();
   const int ep = std::max(1, plan_->mesh.ep);
-  // One sender's flows: to each ep rank of its block on dst_pp, 1/ep of the unit payload.
+  // One sender's flows: to each ep rank of its block (and tp coordinate) on dst_pp, 1/ep of the unit payload; the
+  // plan names them (Plan::m2n_peers), as for the runtime.
   auto add_sender = [&](FlowSim* scratch, int sender) -> Result<std::vector<int>> {
-    compile::RankCoord c = plan_->coords[static_cast<size_t>(sender)];
-    std::vector<int> receivers;
-    for (int d = c.dp / ep * ep; d < c.dp / ep * ep + ep; ++d) {
-      compile::RankCoord r = c;
-      r.pp = dst_pp;
-      r.dp = d;
-      r.ep = d % ep;
-      receivers.push_back(plan_->rank_of(r));
+    const std::vector<int> receivers = plan_->m2n_peers(sender, dst_pp);
+    if (static_cast<int>(receivers.size()) != ep) {
+      return internal_error("simulate: the plan gives rank " + std::to_string(sender) + " " +
+                            std::to_string(receivers.size()) + " m2n peers on pipeline rank " + std::to_string(dst_pp) +
+                            ", expected ep=" + std::to_string(ep));
     }
     PIPER_ASSIGN_OR_RETURN(CollectiveFlows f,
                            add_m2n(*net_, scratch, {sender}, receivers,

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 
 #include "piper/base/check.h"
 #include "piper/compile/strategy_directives.h"
@@ -267,6 +268,61 @@ TEST(CompileTest, DisaggregationUsesM2N) {
   }
   EXPECT_GT(m2n, 0u);
   EXPECT_EQ(a2a, 0u);  // dispatch and combine became m2n exchanges
+}
+
+// af-pipe with tp (sequence parallel): a chunk's tp collectives run on its own side (the dense MLP's and the head's
+// on the FFN ranks), every edge between the sides is an m2n pair (none a pipeline send/recv), each carrying a
+// rank's token slice (1/tp of the tp=1 plan's bytes), and Plan::m2n_peers pairs ranks of one tp coordinate.
+TEST(CompileTest, DisaggregationWithTensorParallelism) {
+  for (const char* t : {"dp=1,tp=2,sp=1,pp=1,schedule=af-pipe,microbatches=2,disagg=1,attn_ranks=2,ffn_ranks=4",
+                        "dp=2,tp=2,sp=1,ep=2,pp=1,schedule=af-pipe,microbatches=2,disagg=1,attn_ranks=4,ffn_ranks=4"}) {
+    auto r = compile(t);
+    ASSERT_TRUE(r.ok()) << t << ": " << r.status().message();
+    const Plan& plan = r->plan;
+    for (const auto& p : plan.templates) {
+      for (const auto& st : p.streams) {
+        for (const auto& in : st.instrs) {
+          EXPECT_NE(in.role, CommRole::kPipeline) << t << ": " << in.label;
+          const bool ffn_part =
+              in.label.find("mlp.tp_") != std::string::npos || in.label.find("head.tp_") != std::string::npos;
+          if (in.op == OpKind::kCollective && ffn_part) {
+            EXPECT_GE(p.pp_rank, 1) << t << ": " << in.label;
+          }
+        }
+      }
+    }
+  }
+  // Bytes: the tp=2 plan's m2n instructions carry half the tp=1 plan's (same dp, same split per tp coordinate).
+  auto one = compile("dp=1,pp=1,schedule=af-pipe,microbatches=2,disagg=1,attn_ranks=1,ffn_ranks=1");
+  auto two = compile("dp=1,tp=2,sp=1,pp=1,schedule=af-pipe,microbatches=2,disagg=1,attn_ranks=2,ffn_ranks=2");
+  ASSERT_TRUE(one.ok() && two.ok());
+  std::map<std::string, int64_t> bytes_one;
+  for (const auto& st : one->plan.templates[0].streams) {
+    for (const auto& in : st.instrs) {
+      if (in.comm == ir::NodeKind::kM2N) bytes_one[in.label] = in.comm_bytes;
+    }
+  }
+  size_t m2n = 0;
+  for (const auto& st : two->plan.templates[0].streams) {
+    for (const auto& in : st.instrs) {
+      if (in.comm != ir::NodeKind::kM2N || in.role == CommRole::kM2NDense) continue;
+      ++m2n;
+      // The routed exchanges keep their labels (chunk to chunk, or experts to the next attention's all-gather).
+      std::string label = in.label;
+      for (const char* c : {".tp_ag", ".tp_rs"}) {
+        if (size_t at = label.find(c); at != std::string::npos) label.erase(at, 6);
+      }
+      ASSERT_TRUE(bytes_one.count(label)) << in.label;
+      EXPECT_EQ(2 * in.comm_bytes, bytes_one[label]) << in.label;
+    }
+  }
+  EXPECT_GT(m2n, 0u);
+  // Rank (attention, dp 1, tp 1) of dp=2 x tp=2 x ep=2 exchanges with the FFN ranks (dp 0 and 1, tp 1).
+  auto tp_ep = compile("dp=2,tp=2,sp=1,ep=2,pp=1,schedule=af-pipe,microbatches=2,disagg=1,attn_ranks=4,ffn_ranks=4");
+  ASSERT_TRUE(tp_ep.ok());
+  const Plan& p = tp_ep->plan;
+  const int me = p.rank_of(RankCoord{0, 1, 1, 1});
+  EXPECT_EQ(p.m2n_peers(me, 1), (std::vector<int>{p.rank_of(RankCoord{1, 0, 0, 1}), p.rank_of(RankCoord{1, 1, 1, 1})}));
 }
 
 TEST(CompileTest, DirectiveFileAndBuiltinScheduleGiveIdenticalPlans) {

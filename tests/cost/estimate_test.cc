@@ -203,9 +203,9 @@ TEST(EstimateTest, BadStrategiesAreErrors) {
       {"dp=128,pp=16,ep=64,schedule=dualpipev,microbatches=100", "set microbatches=120"},
       {"dp=128,pp=16,ep=64,schedule=dualpipev,microbatches=16", "dualpipev needs microbatches >= 2*pp = 32"},
       {"dp=64,pp=32,ep=64,schedule=dualpipev,microbatches=240", "pp*2 (dualpipev)=64 > num_layers=61"},
-      {"dp=4,pp=4,tp=2,ep=4,sp=1,schedule=af-pipe,disagg=1,attn_ranks=32,ffn_ranks=2016,microbatches=3840",
-       "af-pipe with tp=2 has no closed form"},
-      // The compiler's af-pipe rules (every FFN pipeline rank on dp ranks), not a division by zero.
+      // The compiler's af-pipe rules (every FFN pipeline rank on dp*tp ranks), not a division by zero.
+      {"dp=6,pp=2,tp=2,ep=2,sp=1,schedule=af-pipe,disagg=1,attn_ranks=24,ffn_ranks=2024,microbatches=2560",
+       "every FFN pipeline rank runs on dp*tp = 12 ranks, so ffn_ranks=2024 must be a multiple of it"},
       {"dp=20,ep=4,schedule=af-pipe,disagg=1,attn_ranks=20,ffn_ranks=2028,microbatches=768",
        "ffn_ranks=2028 must be a multiple of it"},
       {"dp=4,pp=4,tp=2,ep=4,sp=1,schedule=af-pipe,disagg=1,attn_ranks=32,ffn_ranks=2010,microbatches=3840",

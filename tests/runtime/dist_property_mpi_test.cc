@@ -3,8 +3,8 @@
 // vpp, zero, recompute, a2a, mbs; the disaggregated mode's attention:FFN splits), Megatron's module
 // recomputation (recompute_modules) and MoE parallel folding (fold=1: ep over the stage's tp*dp ranks) for
 // tiny-moe on the run's world; each draw must validate (Strategy::validate_for) and be runnable (check_runnable,
-// which refuses only etp > 1 with ep = 1 or without sp, tp_overlap and af-pipe with tp, none of which the draw
-// keeps). Every drawn strategy
+// which refuses only etp > 1 with ep = 1 or without sp and tp_overlap, neither of which the draw keeps; af-pipe is
+// drawn with tp = 1, its tp compositions are dist_m2n_mpi_test.cc's AfPipeParity.Tp2*). Every drawn strategy
 // trains 3 steps (Trainer::create compiles and verifies it), and each step's loss must be within 1e-5 (relative)
 // of one rank with the same global batch and micro-batch size.
 // The first draws cover the compositions named by issue 26, where the world allows them: tp x ep,

@@ -76,7 +76,7 @@ TEST(RuntimeSupport, UnsupportedDimensionsAreNamed) {
 }
 
 // af-pipe runs (tests/runtime/dist_m2n_mpi_test.cc: 2 attention + 2 FFN ranks, ep=2) with every ZeRO stage and
-// recomputation; with tp it is refused naming tp.
+// recomputation, and with tp (AfPipeParity.Tp2*, Dp2Tp2Ep2Zero3).
 TEST(RuntimeSupport, AfPipeIsRunnableAsTested) {
   ASSERT_TRUE(runtime_support().disaggregate);
   const std::string af = "dp=2,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=2";
@@ -84,10 +84,14 @@ TEST(RuntimeSupport, AfPipeIsRunnableAsTested) {
   for (const std::string& other : {af + ",zero=1,recompute=full", af + ",zero=3,recompute=selective"}) {
     EXPECT_TRUE(check_runnable(parse(other)).ok()) << other << ": " << check_runnable(parse(other)).to_string();
   }
-  const std::string with_tp = "dp=2,tp=2,sp=1,ep=2,schedule=af-pipe,disagg=1,attn_ranks=4,ffn_ranks=4,microbatches=2";
-  Status st = check_runnable(parse(with_tp));
-  EXPECT_EQ(st.code(), StatusCode::kUnimplemented) << with_tp;
-  EXPECT_NE(st.message().find("use tp=1 with af-pipe"), std::string::npos) << st.to_string();
+  for (const std::string& with_tp :
+       {std::string("dp=2,tp=2,sp=1,ep=2,schedule=af-pipe,disagg=1,attn_ranks=4,ffn_ranks=4,zero=3,microbatches=2"),
+        std::string("dp=1,tp=2,sp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,zero=1,recompute=full,"
+                    "microbatches=4"),
+        std::string("dp=1,tp=2,sp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=4,recompute=selective,"
+                    "microbatches=4")}) {
+    EXPECT_TRUE(check_runnable(parse(with_tp)).ok()) << with_tp << ": " << check_runnable(parse(with_tp)).to_string();
+  }
   // Several attention / FFN pipeline ranks (the FFN group combines, executor_m2n.cc).
   EXPECT_TRUE(check_runnable(parse("dp=2,ep=2,pp=2,schedule=af-pipe,disagg=1,attn_ranks=4,ffn_ranks=4,"
                                    "microbatches=4"))

@@ -1,5 +1,5 @@
 // The af-pipe closed form (cost/estimate_af.cc) against the simulator on the compiled plan: equal and unequal
-// attention:FFN splits (the interleaved and the chain order), with pp, ZeRO 1-3 and full recomputation, on one
+// attention:FFN splits (the interleaved and the chain order), with pp, ZeRO 1-3, full recomputation and tp=2, on one
 // 8-GPU H800 node and on 16 nodes (issue 30's deepseek-moe-16b case, the one `plan --disaggregate` picks).
 #include <gtest/gtest.h>
 
@@ -65,6 +65,14 @@ TEST(AfPipeClosedForm, StepAndPeakAgreeWithTheSimulatedPlan) {
        "dp=64,pp=1,ep=64,zero=1,schedule=af-pipe,microbatches=16,disagg=1,attn_ranks=64,ffn_ranks=64"},
       {"deepseek-moe-16b", 16, 4096, 1024,
        "dp=16,pp=2,ep=16,zero=1,schedule=af-pipe,microbatches=64,disagg=1,attn_ranks=32,ffn_ranks=96"},
+      // With tp=2 (sequence parallel): the tp collectives of attention and the dense MLP, token-slice exchanges.
+      {"deepseek-moe-16b", 1, 2048, 16,
+       "dp=2,tp=2,sp=1,pp=1,ep=2,zero=1,recompute=full,schedule=af-pipe,microbatches=8,disagg=1,attn_ranks=4,"
+       "ffn_ranks=4"},
+      {"deepseek-moe-16b", 2, 2048, 16,
+       "dp=2,tp=2,sp=1,pp=2,ep=2,zero=1,schedule=af-pipe,microbatches=8,disagg=1,attn_ranks=8,ffn_ranks=8"},
+      {"deepseek-moe-16b", 2, 2048, 16,
+       "dp=2,tp=2,sp=1,pp=1,ep=2,schedule=af-pipe,microbatches=8,disagg=1,attn_ranks=4,ffn_ranks=12"},
       // Equal groups whose microbatches are not whole rounds run the chain order too (MLA attention, 4 nodes).
       {"deepseek-v2-lite", 4, 4096, 240,
        "dp=16,pp=1,ep=16,zero=1,schedule=af-pipe,microbatches=15,disagg=1,attn_ranks=16,ffn_ranks=16"},

@@ -9,7 +9,12 @@
 // never blocks on communication (DisagMoE runs compute, send and receive on separate streams) and an attention
 // worker that receives activations from one FFN worker and gradients from another waits on neither's order.
 // The lowering posts each channel's receives in its send order.
+// With tensor parallelism a chunk's tp collectives (shard pass: <part>.tp_ag / tp_rs / tp_ar) go with their chunk:
+// the dense MLP's and the head's gather and scatter run in the FFN ranks' tp groups, and an edge that crosses the
+// sides from or to such a collective is an m2n pair like a chunk-to-chunk one.
 #include <algorithm>
+#include <optional>
+#include <string>
 
 #include "piper/ir/passes/passes.h"
 #include "piper/spec/part.h"
@@ -20,6 +25,27 @@ namespace {
 bool ffn_side(const std::string& part) {
   const std::optional<Part> p = chunk_part(part);
   return p == Part::kExperts || p == Part::kSharedExperts || p == Part::kDenseMlp || p == Part::kHead;
+}
+
+// The chunk part a node belongs to: a chunk's own, or for a tensor-parallel collective of a chunk ("mlp.tp_ag",
+// "attn.tp_rs", "head.tp_ar": the shard pass names them <part>.<what>, group tp) its chunk's, so that it sits on
+// its chunk's side and the edges it links across the sides are exchanged like the chunk's own. nullopt otherwise.
+std::optional<std::string> owner_part(const Node& n) {
+  if (n.kind == NodeKind::kChunk) return n.tags.part;
+  if (n.group != "tp") return std::nullopt;
+  const size_t dot = n.tags.part.find('.');
+  if (dot == std::string::npos || !chunk_part(n.tags.part.substr(0, dot))) return std::nullopt;
+  return n.tags.part.substr(0, dot);
+}
+
+// Sequence parallelism: the tp shards cut the hidden states between chunks into token slices (tp_ag / tp_rs
+// instead of tp_ar), so every exchange between the sides carries a rank's slice, 1/tp of the tokens.
+bool sequence_parallel(const Graph& g) {
+  if (g.mesh.tp <= 1) return false;
+  for (const Node& n : g.nodes()) {
+    if (n.group == "tp" && (n.kind == NodeKind::kAllGather || n.kind == NodeKind::kReduceScatter)) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -67,15 +93,19 @@ Status apply_disaggregate(Graph& g, const DisaggregateDirective& d) {
     g.node(static_cast<NodeId>(i)).tags.part = "dissolved";
     g.node(static_cast<NodeId>(i)).pp_rank = -1;
   }
-  // Place every node with a layer by its side.
+  // Place every node with a layer by its side (a chunk's tp collectives by their chunk's).
   for (size_t i = 0; i < g.num_nodes(); ++i) {
     Node& n = g.node(static_cast<NodeId>(i));
     if (n.tags.layer < 0 || n.tags.part == "dissolved") continue;
-    const bool ffn = ffn_side(n.tags.part);
+    const bool ffn = ffn_side(owner_part(n).value_or(n.tags.part));
     n.tags.stage = 2 * n.tags.layer + (ffn ? 1 : 0);
     n.pp_rank = ffn ? na + n.tags.layer % nf : n.tags.layer % na;
   }
-  // Side-crossing data edges become m2n pairs.
+  // Side-crossing data edges become m2n pairs: between two chunks, or with tensor parallelism between a chunk or
+  // its tp collective and the other side's (experts -> the next attention's all-gather, the attention's reduce-
+  // scatter -> the dense MLP's all-gather, ...). The pair names the two chunks' parts; under sequence parallelism
+  // each rank exchanges its token slice with the other side's ranks of its tp coordinate (Plan::m2n_peers).
+  const int64_t slices = sequence_parallel(g) ? g.mesh.tp : 1;
   const size_t num_edges = g.edges().size();
   int exchanges = 0;
   for (size_t e = 0; e < num_edges; ++e) {
@@ -83,8 +113,9 @@ Status apply_disaggregate(Graph& g, const DisaggregateDirective& d) {
     if (!ed.alive || ed.kind != EdgeKind::kData) continue;
     const Node& a = g.node(ed.src);
     const Node& b = g.node(ed.dst);
-    if (a.kind != NodeKind::kChunk || b.kind != NodeKind::kChunk || a.pp_rank == b.pp_rank) continue;
-    if (ffn_side(a.tags.part) == ffn_side(b.tags.part)) continue;
+    const std::optional<std::string> a_part = owner_part(a), b_part = owner_part(b);
+    if (!a_part || !b_part || a.pp_rank == b.pp_rank) continue;
+    if (ffn_side(*a_part) == ffn_side(*b_part)) continue;
     g.remove_edge(static_cast<int>(e));
     std::string name = a.name + "->" + b.name + ".m2n";
     Node s;
@@ -97,10 +128,11 @@ Status apply_disaggregate(Graph& g, const DisaggregateDirective& d) {
     s.stream = "m2n_to_" + std::to_string(b.pp_rank);
     s.group = "a2f";
     s.algorithm = "direct";
-    s.comm_bytes = ed.bytes * (chunk_part(b.tags.part) == Part::kExperts ? g.moe_top_k : 1);
+    const int64_t bytes = ed.bytes * (chunk_part(*b_part) == Part::kExperts ? g.moe_top_k : 1);
+    s.comm_bytes = (bytes + slices - 1) / slices;
     s.m2n_sender = true;
-    s.m2n_src_part = a.tags.part;
-    s.m2n_dst_part = b.tags.part;
+    s.m2n_src_part = *a_part;
+    s.m2n_dst_part = *b_part;
     Node r = s;
     r.tags = b.tags;
     r.tags.part = "m2n";

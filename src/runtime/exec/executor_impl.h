@@ -73,11 +73,13 @@ struct Task {
   // collectives: the group's communicator and degree.
   comm::Communicator* comm = nullptr;
   int degree = 1;
-  // m2n between attention and experts (executor_m2n.cc): the world ranks of the other side it exchanges with;
-  // whether this rank is the FFN side of it; m2n_local: the FFN group combines the experts' output (the head is
-  // on the FFN rank, or the next attention on another attention rank than the router).
+  // m2n between attention and experts (executor_m2n.cc): the world ranks of the other side it exchanges with
+  // (Plan::m2n_peers) and which of them is this rank's same-dp peer (Plan::p2p_peer); whether this rank is the FFN
+  // side of it; m2n_local: the FFN group combines the experts' output (the head is on the FFN rank, or the next
+  // attention on another attention rank than the router).
   bool m2n_ffn = false, m2n_local = false;
   std::vector<int> peers;
+  size_t same_dp_peer = 0;
 };
 
 class Core {

@@ -173,18 +173,17 @@ Status M2n::resolve(const Instruction& in, Task* t) {
   active_ = true;
   DistContext* dist = core_.dist;
   const compile::Plan& layout = dist->plan();
-  const compile::RankCoord& me = dist->coord();
   const int ep_deg = std::max(1, core_.plan->mesh.ep);
-  const int block = me.dp / ep_deg * ep_deg;
-  t->peers.clear();
-  for (int d = block; d < block + ep_deg; ++d) {
-    compile::RankCoord c;
-    c.pp = in.peer;
-    c.dp = d;
-    c.ep = d % ep_deg;
-    c.tp = me.tp;
-    t->peers.push_back(layout.rank_of(c));
+  // The plan's rank layout names the peers (Plan::m2n_peers: the other side's ranks of this rank's expert group
+  // and tp coordinate) and the same-dp one among them (Plan::p2p_peer).
+  t->peers = layout.m2n_peers(dist->rank(), in.peer);
+  const auto same = std::find(t->peers.begin(), t->peers.end(), layout.p2p_peer(dist->rank(), in.peer));
+  if (static_cast<int>(t->peers.size()) != ep_deg || same == t->peers.end()) {
+    return internal_error("executor: '" + in.label + "': the plan gives rank " + std::to_string(dist->rank()) + " " +
+                          std::to_string(t->peers.size()) + " m2n peers on pipeline rank " + std::to_string(in.peer) +
+                          " (expected ep=" + std::to_string(ep_deg) + ", its same-dp rank among them)");
   }
+  t->same_dp_peer = static_cast<size_t>(same - t->peers.begin());
   t->m2n_local = on_ffn;
   t->m2n_ffn = mine == Part::kExperts;
   t->gradient = in.pass != ir::Pass::kF;
@@ -260,7 +259,7 @@ struct M2n::Call {
         c(m2n.core_.dist->p2p()),
         tag(static_cast<int>(task.in->tag)),
         experts_per_peer(m2n.core_.model->dims().num_experts / static_cast<int>(peers)),
-        me_idx(static_cast<size_t>(m2n.core_.dist->coord().dp % std::max(1, m2n.core_.plan->mesh.ep))) {}
+        me_idx(task.same_dp_peer) {}
 
   Status dispatch_send();       // router -> experts F, attention rank
   Status dispatch_recv();       // router -> experts F, FFN rank
@@ -570,7 +569,7 @@ Status M2n::Call::dispatch_recv() {
 
 Result<std::shared_ptr<M2nSource>> M2n::Call::recv_local_routing() {
   auto local = std::make_shared<M2nSource>();
-  local->tokens = core.mbs * core.batch->seq_len;
+  local->tokens = core.mbs * core.batch->seq_len / core.tp->token_shards();  // the source's token slice
   const size_t slots = static_cast<size_t>(local->tokens * k);
   auto extra = std::make_shared<std::vector<char>>(static_cast<size_t>(local->tokens * h) * sizeof(float) +
                                                    slots * (sizeof(float) + sizeof(int32_t)));

@@ -32,10 +32,18 @@ Status TensorParallel::init(const compile::Program& program) {
   if (group == nullptr || group->size() != size_) {
     return internal_error("executor: the plan has tp=" + std::to_string(size_) + " but this rank has no such group");
   }
+  // Sequence parallelism is the plan's, not this program's: an af-pipe FFN rank that holds experts only has no tp
+  // exchange of its own, yet it serves the token slices of its tp coordinate (Plan::m2n_peers).
+  for (const compile::Program& any : core_.plan->templates) {
+    for (const compile::Stream& stream : any.streams) {
+      for (const Instruction& in : stream.instrs) {
+        if (is_tp_exchange(in) && in.comm != ir::NodeKind::kAllReduce) sequence_parallel_ = true;
+      }
+    }
+  }
   for (const compile::Stream& stream : program.streams) {
     for (const Instruction& in : stream.instrs) {
       if (in.node == ir::kNoNode) continue;
-      if (is_tp_exchange(in) && in.comm != ir::NodeKind::kAllReduce) sequence_parallel_ = true;
       if (in.op != OpKind::kCompute || in.shard_axis != "tp") continue;
       Chunk* c = core_.model->find(in.layer, in.part);
       if (c != nullptr) sliced_.insert(c);
