@@ -38,9 +38,9 @@ Result<ir::MeshInfo> parse_mesh(const std::string& text) {
   if (mesh.dp % mesh.ep != 0) {
     return invalid_argument("--mesh: ep=" + std::to_string(mesh.ep) + " must divide dp=" + std::to_string(mesh.dp));
   }
-  if (mesh.etp > 1 && (mesh.tp % mesh.etp != 0 || mesh.ep == 1)) {
-    return invalid_argument("--mesh: etp=" + std::to_string(mesh.etp) + " slices the experts of an ep > 1 mesh over " +
-                            "tensor ranks: it must divide tp=" + std::to_string(mesh.tp) + " and needs ep > 1");
+  if (mesh.etp > 1 && mesh.tp % mesh.etp != 0) {
+    return invalid_argument("--mesh: etp=" + std::to_string(mesh.etp) +
+                            " slices the experts over tensor ranks: " + "it must divide tp=" + std::to_string(mesh.tp));
   }
   if (mesh.stages == mesh.pp * mesh.vpp) mesh.stages = 0;  // stages= is for a count that pp*vpp cannot give
   return mesh;

@@ -9,16 +9,18 @@
 
 namespace piper::compile {
 
+int lowered_etp(const Strategy& s, const ModelSpec& model) { return s.disaggregate || !model.is_moe() ? 1 : s.etp; }
+
 Result<ir::MeshInfo> strategy_mesh(const Strategy& s, const ModelSpec& model) {
   ir::MeshInfo mesh;
   mesh.pp = s.pp;
   mesh.dp = s.dp;
   mesh.ep = s.ep;
   mesh.fold = s.fold;
-  // Expert tensor parallelism slices the experts of an expert-parallel layer (the etp exchanges sit next to the ep
-  // all-to-alls, ir shard pass); with ep = 1 or disaggregated experts the plan keeps them whole (check_runnable
-  // refuses those, and estimate/simulate still price etp's compute and weights).
-  mesh.etp = s.ep > 1 && !s.disaggregate ? s.etp : 1;
+  // Expert tensor parallelism slices the experts over the etp group (ir shard pass: its gather and reduce-scatter
+  // sit next to the ep all-to-alls, or alone with ep = 1, Megatron's expert_model_parallel_size 1); disaggregated
+  // experts stay whole.
+  mesh.etp = lowered_etp(s, model);
   mesh.tp = s.tp;
   if (s.disaggregate) {
     if (s.schedule != "af-pipe") {
@@ -98,7 +100,7 @@ Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const 
       out.push_back(ir::Directive{d});
     }
   }
-  if (s.ep > 1) {
+  if (s.ep > 1 || mesh.etp > 1) {
     ir::ShardDirective d;
     d.filter.part = chunk_name(Part::kExperts);
     d.axis = "ep";
@@ -180,6 +182,16 @@ Status check_directives_fill_mesh(const ir::Graph& graph) {
                             join(empty_stages, ", ") +
                             " would hold no layer; compile with the pp and vpp the file was written for, or place "
                             "a layer on every stage");
+  }
+  // A mesh with etp > 1 slices every experts chunk over its etp group (the runtime builds the slices from the mesh):
+  // the slices need the etp exchanges that the experts' shard ep puts around them.
+  for (const ir::Node& n : graph.nodes()) {
+    if (mesh.etp > 1 && n.kind == ir::NodeKind::kChunk && chunk_part(n.tags.part) == Part::kExperts &&
+        n.tags.pass != ir::Pass::kW && n.shard_axis != "ep") {
+      return invalid_argument("the mesh has etp=" + std::to_string(mesh.etp) + " but " + ir::describe(n) +
+                              " is not sharded over ep, so its expert slices would have no etp gather and "
+                              "reduce-scatter; add a shard directive with axis ep on the experts or set etp=1");
+    }
   }
   return ok_status();
 }

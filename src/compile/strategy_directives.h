@@ -2,7 +2,7 @@
 //
 //   split(microbatches)
 //   shard tp on attn/mlp/shared and, vocabulary-parallel, embed/head (tp > 1, sequence parallel when sp)
-//   shard ep on experts (ep > 1)
+//   shard ep on experts (ep > 1, or etp > 1: the etp exchanges alone when ep = 1)
 //   replicate {} with the strategy's ZeRO stage (dp > 1)                  recompute (full: every F; selective: attn)
 //   disaggregate (af-pipe with disagg=1) or place layers -> stages (contiguous, balanced)
 //   the schedule's place + order directives
@@ -27,6 +27,11 @@ namespace piper::compile {
 // else vpp = 2 num_layers / pp' when that divides, or MeshInfo::stages = 2 num_layers. f != pp is an uneven
 // attention:FFN split (1:3 is pp=1 with ffn_ranks = 3 dp tp).
 Result<ir::MeshInfo> strategy_mesh(const Strategy& s, const ModelSpec& model);
+
+// The expert tensor parallelism the compiler lowers for `s` (MeshInfo::etp): s.etp, with ep > 1 or ep = 1 alike,
+// except under disaggregation (af-pipe), whose FFN ranks keep whole experts, and on a model without routed experts
+// (both 1).
+int lowered_etp(const Strategy& s, const ModelSpec& model);
 
 // The defaults are what Megatron does and what the closed form models; the CPU runtime turns both off.
 struct DirectiveOptions {

@@ -20,6 +20,7 @@ double dtype_width(DType d) { return d == DType::kFP32 ? 4 : d == DType::kFP8 ? 
 // Communication groups of the mesh: ranks are numbered with the first axis of `order` innermost.
 struct MeshGroups {
   GroupLayout tp, ep, dp, expert_dp;
+  GroupLayout etp;  // the etp consecutive tensor ranks that slice the same experts (size 1 folded: etp = 1)
   bool pp_cross_node = false;
 };
 
@@ -53,6 +54,7 @@ MeshGroups mesh_groups(const Strategy& s, const Network& net) {
     return g;
   }
   g.tp = net.layout(s.tp, stride_tp);
+  g.etp = net.layout(s.etp, stride_tp);
   g.ep = net.layout(s.ep, stride_ep);
   GroupLayout edp = net.layout(s.edp(), stride_dp);
   g.dp = net.combine(g.ep, edp, stride_dp);
@@ -281,6 +283,15 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     }
   }
 
+  // Expert tensor parallelism: the gather of the routed rows over the etp group before the experts and the
+  // reduce-scatter of their partial outputs after, forward and backward (the plan's etp exchanges, on the ep
+  // stream beside the all-to-alls, or alone with ep = 1); each buffer holds the etp group's rows.
+  double etp_layer_s = 0;
+  if (s.etp > 1 && !s.fold && model_.is_moe()) {
+    const double group_rows_bytes = T / s.tp * table_.top_k * combine_bytes_per_token() * s.etp;
+    etp_layer_s = 2 * (net_.all_gather_s(group_rows_bytes, g.etp) + net_.reduce_scatter_s(group_rows_bytes, g.etp));
+  }
+
   // --- per pipeline rank: layers, parameters, memory, compute ---
   ActivationOptions ao;
   ao.tp = s.tp;
@@ -416,7 +427,8 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
     // DualPipeV overlaps one microbatch's forward with another's backward, hiding the EP all-to-all behind
     // the paired compute; the other schedules run it on the critical path.
     const double compute = t.f + t.b + t.w;
-    const double tp_r = (n_layers - n_moe) * tp_dense_layer_s + n_moe * tp_moe_layer_s, ep_r = n_moe * ep_layer_s;
+    const double tp_r = (n_layers - n_moe) * tp_dense_layer_s + n_moe * tp_moe_layer_s,
+                 ep_r = n_moe * (ep_layer_s + etp_layer_s);
     // ep_overlap (Megatron's combined 1F1B) pairs only the steady-state steps: m v - warm-up of the rank's m v
     // forwards (and as many backwards) run in a pair, the warm-up forwards and cool-down backwards alone.
     double paired = kind == ScheduleKind::kDualPipeV ? 1.0 : 0.0;

@@ -31,9 +31,9 @@ struct MeshInfo {
   bool fold = false;
   // Expert tensor parallelism (Strategy::etp, Megatron's --expert-tensor-parallel-size; divides tp, unfolded only):
   // each expert's FFN is sliced over the etp consecutive tensor ranks of an "etp" group (fc1 column-, fc2 row-
-  // parallel); the rows those ranks received from their dispatches are all-gathered over the group before the
-  // expert GEMMs and the partial outputs reduce-scattered (summed) back after, so each rank keeps its own rows.
-  // A rank's expert slice is tp_c % etp.
+  // parallel); the rows those ranks received from their dispatches (with ep = 1: routed themselves) are
+  // all-gathered over the group before the expert GEMMs and the partial outputs reduce-scattered (summed) back
+  // after, so each rank keeps its own rows. A rank's expert slice is tp_c % etp.
   int etp = 1;
   // Stages when they are not pp*vpp (0: pp*vpp). af-pipe with unequal attention and FFN groups cuts the model
   // into 2 * num_layers stages over attn_groups + ffn_groups pipeline ranks, which need not divide it.

@@ -20,16 +20,16 @@ using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // SearchOptions::share_etp_compiles: compiles kept after their simulation for a later plan that differs only in etp
-// (sim::reprice_for_simulation turns one into the other's). Shared by the threads of a batch. Only without expert
-// parallelism: with ep > 1 the compiler slices the experts over etp (the etp group's gather and reduce-scatter, the
-// sliced weights' memory), so an etp variant's plan is another plan; with ep = 1 it compiles etp = 1 and only the
-// simulator's prices read etp.
+// (sim::reprice_for_simulation turns one into the other's). Shared by the threads of a batch. Only where the
+// compiler keeps whole experts for both (compile::lowered_etp is 1: disaggregated attention/FFN): elsewhere it
+// slices the experts over etp, ep > 1 or ep = 1 (the etp group's gather and reduce-scatter, the sliced weights'
+// memory), so an etp variant's plan is another plan.
 class EtpCompiles {
  public:
   static bool etp_variant(const Strategy& a, const Strategy& b) {
     Strategy x = a;
     x.etp = b.etp;
-    return a.ep == 1 && !(a == b) && x == b;
+    return a.disaggregate && !(a == b) && x == b;  // compile::lowered_etp: 1 for both
   }
   // The kept compile of an etp variant of `s`, removed from the pool; null when there is none.
   std::shared_ptr<compile::CompileResult> take(const Strategy& s) {

@@ -90,10 +90,10 @@ struct SearchOptions {
   int simulate_top = 0;
   int local_search_steps = 0;
   double simulate_budget_s = 60;
-  // Re-scoring simulates a plan without expert parallelism that differs from an already simulated one only in etp
-  // from that plan's compile, re-priced (sim::reprice_for_simulation: with ep = 1 the compiler keeps etp = 1; the
-  // re-priced plan equals the plan's own compile), instead of compiling it again (with ep > 1 etp is lowered). Same step times; false: compile it (the former path,
-  // `--no-etp-compile-share`).
+  // Re-scoring simulates a disaggregated plan that differs from an already simulated one only in etp from that
+  // plan's compile, re-priced (sim::reprice_for_simulation: there the compiler keeps whole experts, etp = 1; the
+  // re-priced plan equals the plan's own compile), instead of compiling it again (elsewhere etp is lowered, ep > 1
+  // or not). Same step times; false: compile it (the former path, `--no-etp-compile-share`).
   bool share_etp_compiles = true;
   // Compile plans for verification and re-scoring with Instruction::inputs/outputs (CompileOptions::data_edges),
   // which neither the verifier nor the simulator reads. false (default): cheaper compiles, the same verdicts, peaks

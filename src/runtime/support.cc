@@ -53,13 +53,8 @@ Status check_runnable(const Strategy& strategy) {
   // fold=1 (MoE parallel folding) runs with tp x ep: the runtime takes the expert groups from the plan
   // (Plan::group_ranks, DistContext) and reduces the experts over its edp group (Parity.*Fold*).
   // Expert tensor parallelism (etp > 1, unfolded: Strategy::validate refuses fold=1 with it, and validate_for sp=0
-  // with tp on a MoE model) runs with ep > 1: the experts are sliced over the plan's etp group, which gathers and
-  // reduce-scatters their rows (exec/executor_ep_etp.cc; Parity.*Etp2*, dist_parity_mpi_test.cc).
-  if (strategy.etp > 1 && strategy.ep == 1) {
-    return unimplemented(what + "etp=" + std::to_string(strategy.etp) +
-                         " with ep=1: the compiler slices the experts of expert-parallel layers only (its etp "
-                         "exchanges sit beside the ep all-to-alls); set ep > 1 or etp=1");
-  }
+  // with tp on a MoE model) runs with ep > 1 and with ep = 1: the experts are sliced over the plan's etp group,
+  // which gathers and reduce-scatters their rows (exec/executor_ep_etp.cc; Parity.*Etp2*, dist_parity_mpi_test.cc).
   if (std::find(s.zero.begin(), s.zero.end(), strategy.zero) == s.zero.end()) {
     std::vector<std::string> z;
     for (int v : s.zero) z.push_back(std::to_string(v));

@@ -20,7 +20,7 @@ struct RuntimeSupport {
   std::vector<int> zero;               // ZeRO stages
   std::vector<Recompute> recompute;
   // 0: no runtime bound (the model's divisibility, Strategy::validate_for, is the only one); else the largest.
-  int max_tp = 0;             // tensor parallelism; etp > 1 needs ep > 1 (check_runnable)
+  int max_tp = 0;             // tensor parallelism (and etp, which divides it), with or without ep
   int max_ep = 0;             // expert parallelism; ep > 1 with a2a flat or halo
   bool disaggregate = false;  // attention/FFN disaggregation (af-pipe)
   // Compositions beyond the per-dimension lists are checked by check_runnable(), which refuses only what the

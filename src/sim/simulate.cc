@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "piper/base/strings.h"
+#include "piper/compile/strategy_directives.h"
 #include "piper/cost/estimate.h"
 #include "piper/cost/nic_split.h"
 #include "piper/sim/task_time.h"
@@ -107,10 +108,10 @@ Result<compile::CompileResult> compile_for_simulation(const ModelSpec& model, co
 Status reprice_for_simulation(compile::CompileResult* compiled, const ModelSpec& model, const ClusterSpec& cluster,
                               const TrainSpec& train_in, const Strategy& strategy,
                               const cost::Calibration& calibration) {
-  if (compiled->plan.mesh.etp != (strategy.ep > 1 ? strategy.etp : 1)) {
+  if (compiled->plan.mesh.etp != compile::lowered_etp(strategy, model)) {
     return invalid_argument("reprice_for_simulation: the plan slices experts over etp=" +
                             std::to_string(compiled->plan.mesh.etp) + " and " + strategy.to_string() +
-                            " needs another plan (with ep > 1 the compiler lowers etp); compile it");
+                            " needs another plan (the compiler lowers etp but under disaggregation); compile it");
   }
   TrainSpec train = train_in;
   train.micro_batch_size = strategy.mbs;

@@ -347,6 +347,28 @@ TEST(CompileTest, DirectiveFileAndBuiltinScheduleGiveIdenticalPlans) {
   }
 }
 
+// Expert tensor parallelism without expert parallelism (ep=1, etp=2): the experts are sharded and sliced over etp,
+// with the etp gather and reduce-scatter around every experts chunk (F and B) and no all-to-all; the experts'
+// gradients are reduced over edp (dp*tp/etp ranks).
+TEST(CompileTest, EtpWithoutEpLowersTheEtpExchangesAlone) {
+  auto r = compile("dp=2,tp=2,sp=1,etp=2,microbatches=2");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->plan.mesh.etp, 2);
+  EXPECT_EQ(r->plan.mesh.ep, 1);
+  size_t gathers = 0, scatters = 0, all_to_alls = 0;
+  for (const auto& st : r->plan.templates[0].streams) {
+    for (const auto& in : st.instrs) {
+      gathers += in.role == CommRole::kEtpGather;
+      scatters += in.role == CommRole::kEtpScatter;
+      all_to_alls += in.comm == ir::NodeKind::kAllToAll;
+    }
+  }
+  // tiny-moe: 3 MoE layers (of 4) x 2 microbatches x (F + B).
+  EXPECT_EQ(gathers, 12u);
+  EXPECT_EQ(scatters, 12u);
+  EXPECT_EQ(all_to_alls, 0u);
+}
+
 std::vector<ir::Directive> parse(const std::string& text) {
   auto d = ir::directives_from_json(Json::parse(text), "user.json");
   PIPER_CHECK_OK(d.status());
@@ -376,6 +398,21 @@ TEST(CompileTest, ImpossibleDirectivesNameTheDirective) {
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("directive 3 (order)"), std::string::npos) << r.status().message();
   EXPECT_NE(r.status().message().find("cycle"), std::string::npos) << r.status().message();
+}
+
+// A mesh with etp > 1 whose directives leave the experts unsharded would slice them with no etp exchange: refused.
+TEST(CompileTest, EtpMeshWithUnshardedExpertsIsRefused) {
+  const Strategy s = strategy("tp=2,sp=1,microbatches=2");
+  auto directives = strategy_directives(s, tiny());
+  ASSERT_TRUE(directives.ok()) << directives.status().message();
+  auto mesh = strategy_mesh(s, tiny());
+  ASSERT_TRUE(mesh.ok());
+  mesh->etp = 2;
+  auto r = compile_directives(tiny(), train_for(s), *mesh, *directives);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("the mesh has etp=2 but"), std::string::npos) << r.status().message();
+  EXPECT_NE(r.status().message().find("shard directive with axis ep on the experts or set etp=1"), std::string::npos)
+      << r.status().message();
 }
 
 // A directive file written for pp=2, compiled with --mesh pp=4: ranks 2 and 3 were left empty and the plan was

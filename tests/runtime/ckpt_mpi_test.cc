@@ -199,6 +199,8 @@ TEST(Resume4, Etp2ToOneRank) { expect_resume(kTpEpEtp2, kOneRank); }
 TEST(Resume4, OneRankToEtp2) { expect_resume(kOneRank, kTpEpEtp2); }
 TEST(Resume4, Etp2ToEtp1) { expect_resume(kTpEpEtp2, kTpEpEtp1); }
 TEST(Resume4, Etp1ToEtp2) { expect_resume(kTpEpEtp1, kTpEpEtp2); }
+// ... and without expert parallelism (ep=1): every rank holds a half-width slice of every expert.
+TEST(Resume4, Etp2Ep1ToOneRank) { expect_resume("dp=2,tp=2,sp=1,etp=2,zero=1,microbatches=2,mbs=1", kOneRank); }
 TEST(Resume4, Ep2ToEp4) {
   expect_resume("dp=4,ep=2,a2a=flat,microbatches=1,mbs=1", "dp=4,ep=4,a2a=flat,microbatches=1,mbs=1");
 }

@@ -3,8 +3,8 @@
 // vpp, zero, recompute, a2a, mbs; the disaggregated mode's attention:FFN splits), Megatron's module
 // recomputation (recompute_modules) and MoE parallel folding (fold=1: ep over the stage's tp*dp ranks) for
 // tiny-moe on the run's world; each draw must validate (Strategy::validate_for) and be runnable (check_runnable,
-// which refuses only etp > 1 with ep = 1 or without sp and tp_overlap, neither of which the draw keeps; af-pipe is
-// drawn with tp = 1, its tp compositions are dist_m2n_mpi_test.cc's AfPipeParity.Tp2*). Every drawn strategy
+// which refuses only tp_overlap, which the draw does not keep; af-pipe is drawn with tp = 1, its tp compositions
+// are dist_m2n_mpi_test.cc's AfPipeParity.Tp2*). Every drawn strategy
 // trains 3 steps (Trainer::create compiles and verifies it), and each step's loss must be within 1e-5 (relative)
 // of one rank with the same global batch and micro-batch size.
 // The first draws cover the compositions named by issue 26, where the world allows them: tp x ep,
@@ -13,9 +13,9 @@
 // divisors > 1 of tp*dp); folding draws from its own stream, so a seed's other dimensions are drawn as before
 // folding was (draw_strategies). Expert tensor parallelism likewise: on 4 and 8 ranks a "tp_ep_etp" draw (tp=2 x ep,
 // etp=2), and a later unfolded draw with tp > 1 slices its experts (etp = tp) with probability 1/2 from its own
-// stream when ep > 1. The run prints how many of its strategies fold and how many slice experts.
-// PIPER_PROPERTY_DRAWS sets the number of draws (CTest: a small draw per world in `make test`, a larger one
-// under `ctest -C property-large`); PIPER_PROPERTY_SEED the seed. Run under mpiexec -n 2, 4 or 8.
+// stream, with ep > 1 or ep = 1 (the etp exchanges alone). The run prints how many of its strategies fold and how many
+// slice experts. PIPER_PROPERTY_DRAWS sets the number of draws (CTest: a small draw per world in `make test`, a larger
+// one under `ctest -C property-large`); PIPER_PROPERTY_SEED the seed. Run under mpiexec -n 2, 4 or 8.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -62,7 +62,7 @@ struct Draw {
   int mbs = 1;
   int tp = 1;
   bool fold = false;
-  bool etp = false;  // etp = tp (expert tensor parallelism), unfolded with ep > 1
+  bool etp = false;  // etp = tp (expert tensor parallelism), unfolded, any ep
 };
 
 // The planner's dimensions on `world` ranks of tiny-moe (4 layers, 4 heads / 2 kv heads, 8 experts). `kind`
@@ -186,7 +186,7 @@ std::vector<Draw> draw_strategies(int world, int count, uint64_t seed) {
         Draw f = draw_one(replay, world, kind, &fold_rng);
         if (admissible(f, world)) d = f;
       }
-      // Unfolded with tp > 1: etp = tp with probability 1/2 from its own stream (kept when admissible: ep > 1).
+      // Unfolded with tp > 1: etp = tp with probability 1/2 from its own stream (kept when admissible).
       if (kind.empty() && d.tp > 1 && !d.fold && etp_rng() % 2 == 0) {
         Draw e = with_etp(d);
         if (admissible(e, world)) d = e;

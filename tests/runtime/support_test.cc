@@ -54,7 +54,10 @@ TEST(RuntimeSupport, ParityStrategiesAreRunnable) {
         // Expert tensor parallelism (Parity.*Etp2*).
         "dp=2,tp=2,sp=1,ep=2,etp=2,microbatches=2", "dp=2,tp=2,sp=1,ep=2,etp=2,zero=3,microbatches=2",
         "dp=4,tp=2,sp=1,ep=2,etp=2,zero=1,microbatches=1",
-        "dp=2,pp=2,tp=2,ep=2,sp=1,etp=2,zero=3,schedule=dualpipev,microbatches=4"}) {
+        "dp=2,pp=2,tp=2,ep=2,sp=1,etp=2,zero=3,schedule=dualpipev,microbatches=4",
+        // ... and without expert parallelism (ep = 1; Parity.*Etp2Ep1*)
+        "tp=2,sp=1,etp=2,microbatches=2", "dp=2,tp=2,sp=1,etp=2,zero=3,microbatches=2",
+        "tp=2,sp=1,etp=2,recompute=full,microbatches=2", "pp=2,tp=2,sp=1,etp=2,schedule=dualpipev,microbatches=4"}) {
     EXPECT_TRUE(check_runnable(parse(s)).ok()) << s << ": " << check_runnable(parse(s)).to_string();
   }
 }
@@ -65,7 +68,6 @@ TEST(RuntimeSupport, UnsupportedDimensionsAreNamed) {
   EXPECT_EQ(rs.max_ep, 0);
   // Each refused strategy and the words its message must contain.
   const std::vector<std::pair<std::string, std::string>> refused = {
-      {"tp=2,sp=1,etp=2,microbatches=2", "with ep=1"},
       {"tp=2,sp=1,tp_overlap=1,microbatches=2", "drop tp_overlap"},
   };
   for (const auto& [strategy, words] : refused) {

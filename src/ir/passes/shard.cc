@@ -2,7 +2,9 @@
 //
 // ep: every chunk-to-chunk data edge entering the matched set gets an all_to_all (forward: dispatch;
 //     backward: the combine's gradient), every edge leaving it another (forward: combine; backward: the
-//     dispatch's gradient). Payload = edge bytes x top_k. Parameters are sharded over ep.
+//     dispatch's gradient). Payload = edge bytes x top_k. Parameters are sharded over ep. With etp > 1 the
+//     experts' rows are gathered over the etp group inside the all-to-alls and reduce-scattered after them; with
+//     ep = 1 and etp > 1 (Megatron's expert_model_parallel_size 1) the etp exchanges stand alone.
 // tp: each matched chunk gets an all_reduce on its outputs (column->row parallel pair), or with sequence
 //     parallelism an all_gather on its inputs and a reduce_scatter on its outputs; F and B/BW alike.
 #include <algorithm>
@@ -68,8 +70,11 @@ int etp_exchange(Graph& g, int e, NodeId id, bool into, int64_t rows_bytes, cons
 }
 
 Status shard_ep(Graph& g, const ShardDirective& d, const std::vector<NodeId>& chunks) {
-  if (g.mesh.ep <= 1)
-    return invalid_argument("axis ep needs ep > 1 in the mesh (ep=" + std::to_string(g.mesh.ep) + ")");
+  if (g.mesh.ep <= 1 && g.mesh.etp <= 1) {
+    return invalid_argument("axis ep needs ep > 1 or etp > 1 in the mesh (ep=" + std::to_string(g.mesh.ep) +
+                            ", etp=" + std::to_string(g.mesh.etp) + ")");
+  }
+  const bool all_to_all = g.mesh.ep > 1;  // ep = 1: the etp exchanges alone
   std::unordered_set<NodeId> set(chunks.begin(), chunks.end());
   const std::string stream = d.stream.empty() ? "ep" : d.stream;
   // Under tensor parallelism the MoE layer's tokens are split over the tp ranks (sequence parallelism, as in
@@ -114,6 +119,7 @@ Status shard_ep(Graph& g, const ShardDirective& d, const std::vector<NodeId>& ch
       if (fwd && g.mesh.etp > 1 && g.node(id).activation_bytes > 0) {
         g.node(id).activation_bytes += 2 * (g.mesh.etp - 1) * rows_bytes;
       }
+      if (!all_to_all) continue;
       g.insert_on_edge(outer, comm_like(g.node(id), NodeKind::kAllToAll, fwd ? "dispatch" : "combine", "ep",
                                         d.algorithm, stream, bytes));
     }
@@ -121,6 +127,7 @@ Status shard_ep(Graph& g, const ShardDirective& d, const std::vector<NodeId>& ch
       if (set.count(g.edge(e).dst) || own_collective(id, g.edge(e).dst)) continue;
       const int64_t bytes = ceil_div(g.edge(e).bytes * g.moe_top_k, tp);
       const int outer = etp_exchange(g, e, id, false, bytes, stream);
+      if (!all_to_all) continue;
       g.insert_on_edge(outer, comm_like(g.node(id), NodeKind::kAllToAll, fwd ? "combine" : "dispatch", "ep",
                                         d.algorithm, stream, bytes));
     }

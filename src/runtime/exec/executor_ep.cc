@@ -84,6 +84,12 @@ Status ExpertParallel::setup() {
       }
     }
   }
+  // Expert tensor parallelism without expert parallelism (ep = 1, etp > 1): no ep group, but the experts are
+  // sliced over etp and reduced over the plan's edp like an expert-parallel layer's (executor_ep_etp.cc).
+  etp_without_ep_ = comm_ == nullptr && has_experts_ && core_.dist != nullptr && core_.plan->mesh.etp > 1;
+  if (etp_without_ep_) {
+    owns_expert_norm_ = core_.dist->coord().dp == 0 && core_.dist->coord().tp / core_.plan->mesh.etp == 0;
+  }
   if (comm_ == nullptr) return ok_status();
   // Each expert counts once in the global norm: on the first expert group (MeshInfo::ep_block 0: the first ep
   // block of dp coordinates of tensor rank 0, or folded the first ep ranks of the stage), whose ranks hold
@@ -420,7 +426,7 @@ Status ExpertParallel::prepare_norm() {
   // over the plan's edp group (dp * tp / ep ranks, MeshInfo::expert_replicas) is a mean: times tp / ep it is the
   // sum over every rank of the stage divided by dp, the mean over the data-parallel replicas (powers of two for
   // the usual degrees, so exact). Without an edp reduction (dp * tp = ep) tp / ep = 1 / dp as well.
-  if (comm_ == nullptr) return ok_status();
+  if (comm_ == nullptr && !etp_without_ep_) return ok_status();
   const ir::MeshInfo& m = core_.plan->mesh;
   // With etp > 1 the plan's edp group has dp * tp / (ep * etp) ranks: times tp / (ep * etp) likewise.
   const float s = m.experts_reduce_over_edp() ? static_cast<float>(m.tp) / static_cast<float>(ep_ * std::max(1, m.etp))
@@ -443,7 +449,7 @@ Status ExpertParallel::prepare_norm() {
 }
 
 std::optional<double> ExpertParallel::grad_sq(const Chunk& chunk) {
-  if (comm_ == nullptr || chunk.part() != Part::kExperts) return std::nullopt;
+  if ((comm_ == nullptr && !etp_without_ep_) || chunk.part() != Part::kExperts) return std::nullopt;
   return owns_expert_norm_ ? Optimizer::grad_sq(chunk) : 0.0;
 }
 

@@ -7,6 +7,9 @@
 //   etp_rs B  the partial input-row gradients and routing-weight gradients summed; each rank keeps its own
 // Row counts differ between ranks: the forward gather exchanges them first and they are kept per (layer,
 // microbatch) until the backward reduce-scatter; the buffers are padded to the largest count.
+// Without expert parallelism (ep = 1, Megatron's expert_model_parallel_size 1) no all-to-all surrounds them: each
+// rank's rows are its own tokens' (token, slot) pairs, and the exchanges do the dispatch and combine in place
+// (local_dispatch below; the rank holds every expert, so a row's local expert is its logical one).
 #include <algorithm>
 #include <cstring>
 
@@ -29,11 +32,14 @@ Status ExpertParallel::resolve_etp(const Instruction& in, Task* t) {
   t->pass = in.pass;
   t->mb = std::max(0, in.mb);
   t->gradient = in.pass != ir::Pass::kF;
-  if (in.inputs.size() != 1 || in.outputs.empty()) {
+  // ep = 1: the backward gather takes the place of the combine's backward and sums its consumers' gradients.
+  const bool many = core_.plan->mesh.ep <= 1 && t->gradient && in.role == compile::CommRole::kEtpGather;
+  if (in.inputs.empty() || (in.inputs.size() != 1 && !many) || in.outputs.empty()) {
     return internal_error("executor: '" + in.label + "' has " + std::to_string(in.inputs.size()) + " inputs and " +
-                          std::to_string(in.outputs.size()) + " consumers, expected 1 and at least 1");
+                          std::to_string(in.outputs.size()) + " consumers, expected " + (many ? "some" : "1") +
+                          " and at least 1");
   }
-  t->sources.push_back(in.inputs[0]);
+  t->sources.assign(in.inputs.begin(), in.inputs.end());
   t->consumers = static_cast<int>(in.outputs.size());
   return ok_status();
 }
@@ -90,17 +96,96 @@ struct EtpCall {
   }
 };
 
+// ep = 1: the dispatch in place, rows (token, slot) of the router's normed input with their expert and weight.
+std::shared_ptr<EpRows> local_dispatch(const Routed& r, int64_t tokens, int k, int64_t h, Allocator* allocator) {
+  const int64_t rows = tokens * k;
+  auto out = std::make_shared<EpRows>();
+  auto t = std::make_shared<Tensor>(Tensor::zeros_or_die({rows, h}, MemCategory::kActivations, allocator));
+  for (int64_t i = 0; i < rows; ++i) {
+    std::memcpy(t->data() + i * h, r.normed->data() + (i / k) * h, static_cast<size_t>(h) * sizeof(float));
+  }
+  out->rows = std::move(t);
+  out->expert.assign(r.topk_idx.begin(), r.topk_idx.end());
+  out->weight.assign(r.topk_w.data(), r.topk_w.data() + rows);
+  return out;
+}
+
+// ep = 1: the combine in place, x + routed_scaling * (each token's rows weighted and summed in slot order).
+std::shared_ptr<Tensor> local_combine(const Tensor& x, const std::vector<float>& y, const Routed& r, int k, int64_t h,
+                                      float scale) {
+  auto out = std::make_shared<Tensor>(x.clone(MemCategory::kActivations));
+  const int64_t tokens = x.numel() / h;
+  const float* w = r.topk_w.data();
+  float* o = out->data();
+  for (int64_t tok = 0; tok < tokens; ++tok) {
+    for (int64_t j = 0; j < h; ++j) {
+      float sum = 0;
+      for (int s = 0; s < k; ++s) sum += w[tok * k + s] * y[static_cast<size_t>((tok * k + s) * h + j)];
+      o[tok * h + j] += scale * sum;
+    }
+  }
+  return out;
+}
+
+// ep = 1: the combine's backward in place, each row the routed_scaling times its token's output gradient (summed
+// over the consumers in edge order).
+Result<std::vector<float>> local_combine_backward(const std::vector<Gradient>& grads, int64_t tokens, int k, int64_t h,
+                                                  float scale, std::shared_ptr<const Tensor>* dout) {
+  for (const Gradient& g : grads) {
+    if (!g.dhidden || g.dhidden->numel() != tokens * h) {
+      return internal_error("a consumer's gradient of the experts is not [tokens, hidden]");
+    }
+  }
+  *dout = grads[0].dhidden;
+  if (grads.size() > 1) {
+    auto sum = std::make_shared<Tensor>(grads[0].dhidden->clone(MemCategory::kBuffers));
+    for (size_t i = 1; i < grads.size(); ++i) {
+      for (int64_t j = 0; j < sum->numel(); ++j) sum->data()[j] += grads[i].dhidden->data()[j];
+    }
+    *dout = std::move(sum);
+  }
+  std::vector<float> rows(static_cast<size_t>(tokens * k * h));
+  const float* dy = (*dout)->data();
+  for (int64_t i = 0; i < tokens * k; ++i) {
+    for (int64_t j = 0; j < h; ++j) rows[static_cast<size_t>(i * h + j)] = scale * dy[(i / k) * h + j];
+  }
+  return rows;
+}
+
+// ep = 1: the dispatch's backward in place, each token's row gradients summed in slot order (unit weights).
+std::shared_ptr<Tensor> local_dispatch_backward(const std::vector<float>& drows, int64_t tokens, int k, int64_t h,
+                                                Allocator* allocator) {
+  auto out = std::make_shared<Tensor>(Tensor::zeros_or_die({tokens, h}, MemCategory::kBuffers, allocator));
+  float* o = out->data();
+  for (int64_t tok = 0; tok < tokens; ++tok) {
+    for (int s = 0; s < k; ++s) {
+      const float* r = drows.data() + (tok * k + s) * h;
+      for (int64_t j = 0; j < h; ++j) o[tok * h + j] += r[j];
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 Status ExpertParallel::run_etp(const Task& t) {
   const Instruction& n = *t.in;
   const int64_t h = core_.model->dims().hidden;
+  const int k = core_.model->dims().top_k;
+  const float scale = static_cast<float>(core_.model->dims().routed_scaling);
+  const bool local = core_.plan->mesh.ep <= 1;  // no all-to-all: dispatch and combine here
   EtpCall call{core_, t, *t.comm, t.comm->size(), t.comm->rank()};
   const auto key = std::make_pair(n.layer, t.mb);
   const bool gather = n.role == compile::CommRole::kEtpGather;
   std::vector<int64_t> rows;
   if (!t.gradient && gather) {
     PIPER_ASSIGN_OR_RETURN(Activation a, core_.take_message<Activation>(t, t.sources[0]));
+    if (local) {
+      if (!a.routed || !a.hidden) return internal_error("'" + n.label + "': the router sent no routing");
+      a.ep = local_dispatch(*a.routed, a.hidden->numel() / h, k, h, core_.allocator);
+      std::lock_guard<std::mutex> lock(mu_);
+      etp_routed_[key] = routing_only(a.routed);
+    }
     if (!a.ep || !a.ep->rows) return internal_error("'" + n.label + "': no dispatched rows");
     const int64_t mine = static_cast<int64_t>(a.ep->expert.size());
     PIPER_ASSIGN_OR_RETURN(rows, call.gather(&mine, std::vector<int64_t>(static_cast<size_t>(call.size), 1), 1));
@@ -117,28 +202,56 @@ Status ExpertParallel::run_etp(const Task& t) {
     core_.publish_message(t, std::move(a));
     return ok_status();
   }
+  std::shared_ptr<const Routed> routed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = etp_rows_.find(key);
     if (it == etp_rows_.end()) return internal_error("'" + n.label + "' runs before its forward etp all-gather");
     rows = it->second;
-    if (t.gradient && !gather) etp_rows_.erase(it);  // the last of the four
+    if (local) routed = etp_routed_.at(key);
+    if (t.gradient && !gather) {  // the last of the four
+      etp_rows_.erase(it);
+      etp_routed_.erase(key);
+    }
   }
   int64_t total = 0;
   for (int64_t r : rows) total += r;
-  if (!t.gradient) {  // F reduce-scatter of the partial expert outputs
+  const int64_t tokens = rows[static_cast<size_t>(call.rank)] / k;  // ep = 1: this rank's own rows are (token, slot)
+  if (!t.gradient) {                                                // F reduce-scatter of the partial expert outputs
     PIPER_ASSIGN_OR_RETURN(Activation a, core_.take_message<Activation>(t, t.sources[0]));
     if (!a.ep || !a.ep->rows || a.ep->rows->numel() != total * h) {
       return internal_error("'" + n.label + "': the experts' output is not the gathered rows");
     }
     PIPER_ASSIGN_OR_RETURN(std::vector<float> y, call.scatter(a.ep->rows->data(), rows, h));
+    if (local) {
+      if (!a.hidden || a.hidden->numel() != tokens * h) return internal_error("'" + n.label + "': no residual");
+      Activation out;
+      out.hidden = local_combine(*a.hidden, y, *routed, k, h, scale);
+      core_.publish_message(t, std::move(out));
+      return ok_status();
+    }
     auto out = std::make_shared<EpRows>();
     out->rows = call.rows_tensor(y, h, MemCategory::kActivations);
     a.ep = std::move(out);
     core_.publish_message(t, std::move(a));
     return ok_status();
   }
-  PIPER_ASSIGN_OR_RETURN(Gradient g, core_.take_message<Gradient>(t, t.sources[0]));
+  std::vector<Gradient> grads;
+  for (ir::NodeId src : t.sources) {
+    PIPER_ASSIGN_OR_RETURN(Gradient g, core_.take_message<Gradient>(t, src));
+    grads.push_back(std::move(g));
+  }
+  Gradient& g = grads[0];
+  if (local && gather) {  // the combine's backward here: the rows' output gradients
+    std::shared_ptr<const Tensor> dout;
+    Result<std::vector<float>> dy = local_combine_backward(grads, tokens, k, h, scale, &dout);
+    if (!dy.ok()) return internal_error("'" + n.label + "': " + dy.status().message());
+    auto mine = std::make_shared<EpRows>();
+    mine->rows = call.rows_tensor(*dy, h, MemCategory::kBuffers);
+    g = Gradient{};
+    g.dhidden = std::move(dout);
+    g.ep = std::move(mine);
+  }
   if (!g.ep || !g.ep->rows) return internal_error("'" + n.label + "': no row gradients");
   auto out = std::make_shared<EpRows>();
   if (gather) {  // B all-gather of the combine's row gradients
@@ -149,8 +262,20 @@ Status ExpertParallel::run_etp(const Task& t) {
       return internal_error("'" + n.label + "': the experts' row gradients are not the gathered rows");
     }
     PIPER_ASSIGN_OR_RETURN(std::vector<float> dx, call.scatter(g.ep->rows->data(), rows, h));
+    PIPER_ASSIGN_OR_RETURN(std::vector<float> dw, call.scatter(g.ep->dweight.data(), rows, 1));
+    if (local) {  // the dispatch's backward here: the router's input and routing-weight gradients
+      Gradient back;
+      back.dhidden = g.dhidden;
+      back.dnormed = local_dispatch_backward(dx, tokens, k, h, core_.allocator);
+      auto dtopk_w =
+          std::make_shared<Tensor>(Tensor::zeros_or_die({tokens, k}, MemCategory::kBuffers, core_.allocator));
+      std::copy(dw.begin(), dw.end(), dtopk_w->data());
+      back.dtopk_w = std::move(dtopk_w);
+      core_.publish_message(t, std::move(back));
+      return ok_status();
+    }
     out->rows = call.rows_tensor(dx, h, MemCategory::kBuffers);
-    PIPER_ASSIGN_OR_RETURN(out->dweight, call.scatter(g.ep->dweight.data(), rows, 1));
+    out->dweight = std::move(dw);
   }
   g.ep = std::move(out);
   core_.publish_message(t, std::move(g));

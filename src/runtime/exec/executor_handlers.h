@@ -241,6 +241,10 @@ class ExpertParallel final : public Handler {
   // etp: per (layer, mb) the rows each rank of the etp group contributed (from the F all-gather to the B
   // reduce-scatter); mu_
   std::map<std::pair<int, int>, std::vector<int64_t>> etp_rows_;
+  // etp with ep = 1: per (layer, mb) the router's routing (weights for the combine, token count); mu_
+  std::map<std::pair<int, int>, std::shared_ptr<const Routed>> etp_routed_;
+  // etp with ep = 1: the experts are sliced over etp with no ep group (comm_ null); norm and scaling as with ep.
+  bool etp_without_ep_ = false;
 };
 
 struct M2nSource;

@@ -23,10 +23,12 @@ Status PipelineP2p::resolve(const Instruction& in, Task* t) {
   int count = 0;
   for (ir::NodeId id : sending ? in.inputs : in.outputs) {
     const Instruction& chunk = core_.instr_of(id);
-    // A chunk, an expert combine whose output crosses to the next stage (executor_ep.cc), or a tensor-parallel
-    // exchange at a stage boundary (its reduce-scatter feeds the send, the receive feeds its all-gather: the
-    // message is then the sequence slice, executor_tp.cc).
-    if (chunk.comm != ir::NodeKind::kChunk && chunk.comm != ir::NodeKind::kAllToAll && !is_tp_exchange(chunk)) {
+    // A chunk, an expert combine whose output crosses to the next stage (executor_ep.cc; with ep = 1 and etp > 1
+    // the experts' etp reduce-scatter, which combines in place, and the receive feeds the etp all-gather of the
+    // output gradients: executor_ep_etp.cc), or a tensor-parallel exchange at a stage boundary (its reduce-scatter
+    // feeds the send, the receive feeds its all-gather: the message is then the sequence slice, executor_tp.cc).
+    if (chunk.comm != ir::NodeKind::kChunk && chunk.comm != ir::NodeKind::kAllToAll && !is_tp_exchange(chunk) &&
+        !is_etp_exchange(chunk)) {
       return internal_error("executor: '" + in.label + "' is linked to non-chunk node '" + chunk.label + "'");
     }
     t->gradient = chunk.pass != ir::Pass::kF;
