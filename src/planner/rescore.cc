@@ -23,7 +23,9 @@ double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock:
 // (sim::reprice_for_simulation turns one into the other's). Shared by the threads of a batch. Only where the
 // compiler keeps whole experts for both (compile::lowered_etp is 1: disaggregated attention/FFN): elsewhere it
 // slices the experts over etp, ep > 1 or ep = 1 (the etp group's gather and reduce-scatter, the sliced weights'
-// memory), so an etp variant's plan is another plan.
+// memory), so an etp variant's plan is another plan. Since session 22 Strategy::validate refuses etp > 1 with
+// disagg=1 too (the FFN ranks' whole experts would be priced as sliced), so nothing shares today: this waits for an
+// af-pipe whose FFN side slices its experts over etp.
 class EtpCompiles {
  public:
   static bool etp_variant(const Strategy& a, const Strategy& b) {

@@ -145,6 +145,12 @@ Status Strategy::validate() const {
     return fail("etp=" + std::to_string(etp) + " does not divide tp=" + std::to_string(tp) + "; pick etp in " +
                 divisors_text(tp));
   }
+  if (disaggregate && etp != 1) {
+    // The compiler keeps the FFN ranks' experts whole (compile::lowered_etp); pricing or running etp there would
+    // describe a plan nobody executes.
+    return fail("etp=" + std::to_string(etp) + " with disagg=1: af-pipe's FFN ranks hold whole experts (sharded over "
+                "ep, not sliced over etp); set etp=1");
+  }
   if (sp && tp == 1) return fail("sp=1 needs tp >= 2 (sequence parallel splits TP-replicated activations); set sp=0");
   if (tp_overlap && (tp == 1 || !sp)) {
     return fail(

@@ -280,7 +280,7 @@ void expect_etp_sharing(const std::string& mesh, int shared) {
 
 // The compiler slices the experts over etp, with ep = 1 as with ep > 1, so an etp variant is another plan: nothing
 // is shared and each plan keeps its own step time. (Sharing needs whole experts at every etp, compile::lowered_etp:
-// disaggregated plans, where etp > 1 needs tp > 1, which af-pipe does not compile today.)
+// disaggregated plans, where Strategy::validate refuses etp > 1 since session 22.)
 TEST(RescoreTest, AnEtpVariantOfASlicedPlanIsCompiledOnItsOwn) {
   for (const int ep : {1, 4}) {
     SCOPED_TRACE("ep=" + std::to_string(ep));

@@ -1,5 +1,5 @@
 // reprice_for_simulation: where the compiler keeps whole experts whatever etp says (compile::lowered_etp: only
-// disaggregated attention/FFN, where etp > 1 needs tp > 1, which af-pipe does not compile today), the compile of a
+// disaggregated attention/FFN, where Strategy::validate refuses etp > 1 since session 22), the compile of a
 // strategy's etp variant, re-priced, would be the strategy's own compile; every plan the compiler accepts with
 // etp > 1 slices the experts, and re-pricing an etp variant of it is refused. (Until session 22 the compiler kept
 // whole experts with ep = 1, and AnEtpVariantRepricedEqualsItsOwnCompile checked the re-priced plans there.)

@@ -154,6 +154,11 @@ TEST(StrategyTest, ValidateRules) {
       {"dp=8,tp=2,sp=1,ep=4,fold=1,order=dp-tp-ep-pp", "drop order="},
       {"dp=4,tp=2,sp=1,ep=8,fold=1,order=dp-tp-ep-pp", "drop order="},
       {"dp=2,ep=2,fold=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2", "with disagg=1"},
+      // af-pipe's FFN ranks keep whole experts: an etp there would be priced but never run.
+      {"dp=2,tp=2,sp=1,etp=2,ep=2,schedule=af-pipe,disagg=1,attn_ranks=4,ffn_ranks=4", "set etp=1"},
+      // The NIC split belongs to af-pipe and takes both sides.
+      {"dp=2,attn_ports=1,ffn_ports=1", "add disagg=1,schedule=af-pipe"},
+      {"dp=2,ep=2,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,ffn_ports=3", "set both"},
       // tp_overlap pipelines the sequence-parallel collectives: tp > 1 and sp=1, as Megatron asserts.
       {"tp=2,sp=0,tp_overlap=1", "needs tp >= 2 and sp=1"},
       {"tp_overlap=1", "set sp=1 or drop tp_overlap"},
