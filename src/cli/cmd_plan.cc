@@ -48,7 +48,7 @@ struct PlanOptions {
   std::string comm_calibration;
   bool json = false;
   bool disaggregate = false;
-  int af_local_search = 8;  // simulations the local search around the best allocation may spend
+  int af_local_search = 12;  // simulations the local search around the best allocation may spend
   bool no_verify = false;
   bool no_memory_screen = false;
   bool no_verify_cache = false;
@@ -305,6 +305,8 @@ void print_af_json(const AfOutcome& a, const planner::AfModel& af, const PlanOpt
            {"uneven", x.alloc.candidate.attn != x.alloc.candidate.ffn},
            {"attn_gpus", x.alloc.candidate.attn},
            {"ffn_gpus", x.alloc.candidate.ffn},
+           {"attn_ports", x.alloc.ports_attn},
+           {"ffn_ports", x.alloc.ports_ffn},
            {"roofline_step_time_s", x.alloc.step_time_s},
            {"closed_form_step_time_s", closed[i]}};
     if (x.why.empty()) {
@@ -319,7 +321,10 @@ void print_af_json(const AfOutcome& a, const planner::AfModel& af, const PlanOpt
   for (const planner::AfScored& x : walk.tried) {
     Json e{{"strategy", x.strategy.to_string()},
            {"attn_gpus", x.alloc.candidate.attn},
-           {"ffn_gpus", x.alloc.candidate.ffn}};
+           {"ffn_gpus", x.alloc.candidate.ffn},
+           {"attn_ports", x.alloc.ports_attn},
+           {"ffn_ports", x.alloc.ports_ffn},
+           {"pp", x.alloc.candidate.pp}};
     if (x.simulated()) {
       e["simulated_step_time_s"] = x.sim_step_s;
     } else {

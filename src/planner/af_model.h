@@ -97,6 +97,11 @@ class AfModel {
   double busy_weight() const { return options_.busy_weight; }
   int total_ports() const { return total_ports_; }
   int ports_per_node() const { return ports_per_node_; }  // NICs of a node (GPUs on one node)
+  // The attention group's ports when each group uses the NICs of the nodes its GPUs fill in rank order (attention
+  // first; the simulator's placement without a split, cost/nic_split.h): attn x NICs per GPU.
+  int natural_ports_attn(const AfCandidate& c) const {
+    return ports_are_nics_ ? c.attn * ports_per_node_ / cluster_.node.devices_per_node : c.attn;
+  }
   int world() const { return world_; }
   double port_bw() const { return port_bw_; }
   bool ports_are_nics() const { return ports_are_nics_; }

@@ -103,9 +103,10 @@ std::vector<AfAllocation> neighbours(const AfModel& model_af, const AfAllocation
     if (ports > 0) out.push_back(make_allocation(model_af, n, ports));
   }
   if (model_af.total_ports() > model_af.ports_per_node()) {  // one node: the split is the GPUs' own links
-    for (int d : {-model_af.ports_per_node(), model_af.ports_per_node()}) {
-      if (model_af.ports_feasible(a.candidate, a.ports_attn + d)) {
-        out.push_back(make_allocation(model_af, a.candidate, a.ports_attn + d));
+    const int natural = model_af.natural_ports_attn(a.candidate);
+    for (int p : {a.ports_attn - model_af.ports_per_node(), a.ports_attn + model_af.ports_per_node(), natural}) {
+      if (p != a.ports_attn && model_af.ports_feasible(a.candidate, p)) {
+        out.push_back(make_allocation(model_af, a.candidate, p));
       }
     }
   }

@@ -14,7 +14,8 @@
 // recomputation, and the same attention share with pp halved or doubled; the walk moves to the fastest simulated
 // neighbour while it improves, until `max_simulations` have been spent. Each GPU-split neighbour runs at the port
 // split the roofline prefers for it; the same GPU split with one node's NICs moved to the other group (each way)
-// are neighbours too (not on one node, where the split is the GPUs' own links).
+// and with the natural split (each group the NICs of the nodes its GPUs fill) are neighbours too (not on one
+// node, where the split is the GPUs' own links).
 #pragma once
 
 #include <string>

@@ -217,6 +217,20 @@ TEST(CliPlanTest, DisaggregateJsonAgreesWithEnumeration) {
   EXPECT_GT(local_sim, 0);
   EXPECT_LE(local_sim, best_sim);
   EXPECT_GE(j["local_search"]["simulations"].get<int>(), 1);
+  // Port-split neighbours: the local search's start (best or local) with one node's NICs moved either way, or the
+  // natural split, at the same GPU split and pp; each simulates the strategy with those ports.
+  int port_neighbours = 0;
+  for (const auto& e : j["local_search"]["tried"]) {
+    const bool same_gpus = e["attn_gpus"] == best["attn_gpus"] && e["pp"] == best["pp"];
+    if (!same_gpus || e["attn_ports"] == best["attn_ports"]) continue;
+    ++port_neighbours;
+    EXPECT_NE(e["strategy"].get<std::string>().find(",attn_ports=" + std::to_string(e["attn_ports"].get<int>())),
+              std::string::npos)
+        << e.dump();
+    EXPECT_EQ(e["attn_ports"].get<int>() + e["ffn_ports"].get<int>(), best["attn_ports"].get<int>() +
+                                                                        best["ffn_ports"].get<int>());
+  }
+  EXPECT_GE(port_neighbours, 1) << j["local_search"].dump();
   std::string text =
       run("plan --model deepseek-v2-lite --cluster h800 --nodes 4 --global-batch 240 --disaggregate "
           "--solver enumeration",
