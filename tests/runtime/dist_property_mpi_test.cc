@@ -3,19 +3,20 @@
 // vpp, zero, recompute, a2a, mbs; the disaggregated mode's attention:FFN splits), Megatron's module
 // recomputation (recompute_modules) and MoE parallel folding (fold=1: ep over the stage's tp*dp ranks) for
 // tiny-moe on the run's world; each draw must validate (Strategy::validate_for) and be runnable (check_runnable,
-// which refuses only tp_overlap, which the draw does not keep; af-pipe is drawn with tp = 1, its tp compositions
-// are dist_m2n_mpi_test.cc's AfPipeParity.Tp2*). Every drawn strategy
-// trains 3 steps (Trainer::create compiles and verifies it), and each step's loss must be within 1e-5 (relative)
-// of one rank with the same global batch and micro-batch size.
-// The first draws cover the compositions named by issue 26, where the world allows them: tp x ep,
-// dualpipev x ep x zero=3, interleaved pp=2 vpp=2, zb-h1 with ep, uneven af-pipe with ZeRO and recomputation;
-// then tp=2 x ep folded (every world). A later draw with tp > 1 folds with probability 1/2 (ep then among the
-// divisors > 1 of tp*dp); folding draws from its own stream, so a seed's other dimensions are drawn as before
-// folding was (draw_strategies). Expert tensor parallelism likewise: on 4 and 8 ranks a "tp_ep_etp" draw (tp=2 x ep,
-// etp=2), and a later unfolded draw with tp > 1 slices its experts (etp = tp) with probability 1/2 from its own
-// stream, with ep > 1 or ep = 1 (the etp exchanges alone). The run prints how many of its strategies fold and how many
-// slice experts. PIPER_PROPERTY_DRAWS sets the number of draws (CTest: a small draw per world in `make test`, a larger
-// one under `ctest -C property-large`); PIPER_PROPERTY_SEED the seed. Run under mpiexec -n 2, 4 or 8.
+// which refuses only tp_overlap, which the draw does not keep). Every drawn strategy trains 3 steps (Trainer::create
+// compiles and verifies it), and each step's loss must be within 1e-5 (relative) of one rank with the same global batch
+// and micro-batch size. The first draws cover the compositions named by issue 26, where the world allows them: tp x ep,
+// dualpipev x ep x zero=3, interleaved pp=2 vpp=2, zb-h1 with ep, uneven af-pipe (tp=1) with ZeRO and recomputation;
+// then tp=2 x ep folded (every world), tp=2 x ep x etp=2 (4 and 8 ranks), and af-pipe with tp=2, sp=1 (etp=1, which
+// disagg=1 needs) on a split the world allows, drawn from its own stream (af_tp2_splits): dp=1 on 4 ranks (2:2) and
+// 8 ranks (2:6, 4:4 pp=2, 6:2), dp=2 with ep 1 or 2 on 8 ranks (4:4); these take the places of the last free draws. A
+// later draw with tp > 1 folds with probability 1/2 (ep then among the divisors > 1 of tp*dp); folding draws from its
+// own stream, so a seed's other dimensions are drawn as before folding was (draw_strategies). Expert tensor parallelism
+// likewise: on 4 and 8 ranks a "tp_ep_etp" draw (tp=2 x ep, etp=2), and a later unfolded draw with tp > 1 slices its
+// experts (etp = tp) with probability 1/2 from its own stream, with ep > 1 or ep = 1 (the etp exchanges alone). The run
+// prints how many of its strategies fold, how many slice experts, and how many are af-pipe (with tp > 1, and their
+// worst loss difference). PIPER_PROPERTY_DRAWS sets the number of draws (CTest: a small draw per world in `make test`,
+// a larger one under `ctest -C property-large`); PIPER_PROPERTY_SEED the seed. Run under mpiexec -n 2, 4 or 8.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -63,21 +64,61 @@ struct Draw {
   int tp = 1;
   bool fold = false;
   bool etp = false;  // etp = tp (expert tensor parallelism), unfolded, any ep
+  bool af = false;   // af-pipe (disagg=1)
 };
+
+// An af-pipe attention:FFN split with tp=2: pp attention and f FFN pipeline ranks, each run by dp*tp ranks.
+struct AfSplit {
+  int dp, pp, f;
+};
+constexpr int kAfTp = 2;
+
+// The splits, even (f = pp) or uneven, of `world` ranks with tp=2 and `dp`: attn_ranks = dp*tp*pp, ffn_ranks =
+// f*dp*tp (the compiler's grammar), at most tiny-moe's 4 layers on either side. np4: dp=1 gives 2:2; np8: dp=1 gives
+// 2:6, 4:4 (pp=2) and 6:2, dp=2 gives 4:4; np2 none.
+std::vector<AfSplit> af_tp2_splits(int world, int dp) {
+  std::vector<AfSplit> splits;
+  const int width = dp * kAfTp;
+  for (int pp = 1; pp <= 4; ++pp) {
+    const int ffn = world - width * pp;
+    if (ffn > 0 && ffn % width == 0 && ffn / width <= 4) splits.push_back({dp, pp, ffn / width});
+  }
+  return splits;
+}
+
+// af-pipe with tp=2 on one of af_tp2_splits(world, dp): sp=1 (MoE with tp > 1 needs it), etp=1 (disagg=1 needs
+// it), ep dividing dp (each tp slice of an FFN pipeline rank shards its experts over ep), zero, recompute and modules
+// as drawn by draw_one.
+Draw draw_af_tp2(std::mt19937_64& rng, int world, int dp, int mbs, const std::string& zero, const std::string& rc,
+                 const std::string& modules) {
+  const AfSplit s = pick(rng, af_tp2_splits(world, dp));
+  const int ep = pick(rng, divisors(s.dp, 8));
+  const int m = pick(rng, std::vector<int>{2, 4});
+  Draw d;
+  d.mbs = mbs;
+  d.tp = kAfTp;
+  d.af = true;
+  d.strategy = "dp=" + std::to_string(s.dp) + ",tp=2,sp=1,ep=" + std::to_string(ep) + ",pp=" + std::to_string(s.pp) +
+               ",schedule=af-pipe,disagg=1,attn_ranks=" + std::to_string(s.dp * kAfTp * s.pp) +
+               ",ffn_ranks=" + std::to_string(s.f * s.dp * kAfTp) + ",zero=" + zero + ",recompute=" + rc +
+               (rc == "full" ? "" : modules) + ",microbatches=" + std::to_string(m) + ",mbs=" + std::to_string(mbs);
+  d.global_batch = static_cast<int64_t>(s.dp) * m * mbs;
+  return d;
+}
 
 // The planner's dimensions on `world` ranks of tiny-moe (4 layers, 4 heads / 2 kv heads, 8 experts). `kind`
 // constrains the draw to one composition: "" any, "tp_ep", "dualpipev_ep_zero3", "interleaved_pp2_vpp2",
-// "zbh1_ep", "af_uneven". With `fold_rng` and tp > 1 the draw folds (fold=1): ep is drawn from fold_rng among the
-// divisors > 1 of tp*dp (Megatron's MoE parallel folding lays the expert groups over the stage's tp*dp ranks).
+// "zbh1_ep", "af_uneven" (af-pipe, tp=1), "af_tp2_dp1" / "af_tp2_dp2" (af-pipe, tp=2: draw_af_tp2). With `fold_rng` and
+// tp > 1 the draw folds (fold=1): ep is drawn from fold_rng among the divisors > 1 of tp*dp (Megatron's MoE parallel
+// folding lays the expert groups over the stage's tp*dp ranks).
 Draw draw_one(std::mt19937_64& rng, int world, const std::string& kind, std::mt19937_64* fold_rng = nullptr) {
   Draw d;
   d.mbs = pick(rng, std::vector<int>{1, 2});
   const std::string zero = std::to_string(pick(rng, std::vector<int>{0, 1, 2, 3}));
   const std::string rc = pick(rng, std::vector<std::string>{"none", "selective", "full"});
   // Module recomputation (the draw with recompute=full is not valid and is drawn again).
-  static const std::vector<std::string> kModules = {"", "", ",recompute_modules=layernorm",
-                                                    ",recompute_modules=moe_act",
-                                                    ",recompute_modules=layernorm+moe_act"};
+  static const std::vector<std::string> kModules = {
+      "", "", ",recompute_modules=layernorm", ",recompute_modules=moe_act", ",recompute_modules=layernorm+moe_act"};
   if (kind == "af_uneven") {
     // Uneven attention:FFN splits the world allows (every pipeline rank on dp ranks).
     struct Split {
@@ -101,7 +142,12 @@ Draw draw_one(std::mt19937_64& rng, int world, const std::string& kind, std::mt1
                  ",recompute=" + pick(rng, std::vector<std::string>{"selective", "full"}) + modules +
                  ",microbatches=" + std::to_string(m) + ",mbs=" + std::to_string(d.mbs);
     d.global_batch = static_cast<int64_t>(s.dp) * m * d.mbs;
+    d.af = true;
     return d;
+  }
+  if (kind.rfind("af_tp2_dp", 0) == 0) {
+    const std::string modules = pick(rng, kModules);
+    return draw_af_tp2(rng, world, std::stoi(kind.substr(9)), d.mbs, zero, rc, modules);
   }
   const bool want_ep = kind == "tp_ep" || kind == "dualpipev_ep_zero3" || kind == "zbh1_ep";
   int tp = kind == "tp_ep" ? 2 : want_ep ? 1 : pick(rng, divisors(world, 2));
@@ -165,12 +211,16 @@ std::vector<Draw> draw_strategies(int world, int count, uint64_t seed) {
   std::mt19937_64 rng(seed * 1000003u + static_cast<uint64_t>(world));
   std::mt19937_64 fold_rng(seed * 1000033u + static_cast<uint64_t>(world) + 7u);
   std::mt19937_64 etp_rng(seed * 1000037u + static_cast<uint64_t>(world) + 11u);
+  std::mt19937_64 af_rng(seed * 1000039u + static_cast<uint64_t>(world) + 13u);
   std::vector<std::string> kinds = {"interleaved_pp2_vpp2"};
   if (world >= 4) {
     for (const char* k : {"tp_ep", "dualpipev_ep_zero3", "zbh1_ep", "af_uneven"}) kinds.push_back(k);
   }
   kinds.push_back("tp_ep_fold");
   if (world >= 4) kinds.push_back("tp_ep_etp");
+  for (int dp : {1, 2}) {
+    if (!af_tp2_splits(world, dp).empty()) kinds.push_back("af_tp2_dp" + std::to_string(dp));
+  }
   std::vector<Draw> out;
   for (int i = 0, tries = 0; static_cast<int>(out.size()) < count && tries < 100000; ++tries) {
     const std::string kind = i < static_cast<int>(kinds.size()) ? kinds[static_cast<size_t>(i)] : "";
@@ -179,6 +229,8 @@ std::vector<Draw> draw_strategies(int world, int count, uint64_t seed) {
       d = draw_one(fold_rng, world, "tp_ep", &fold_rng);
     } else if (kind == "tp_ep_etp") {
       d = with_etp(draw_one(etp_rng, world, "tp_ep"));
+    } else if (kind.rfind("af_tp2", 0) == 0) {
+      d = draw_one(af_rng, world, kind);
     } else {
       std::mt19937_64 replay = rng;
       d = draw_one(rng, world, kind);
@@ -220,10 +272,13 @@ TEST(StrategyProperty, DrawnStrategiesTrainWithOneRanksLosses) {
   const std::vector<Draw> draws = draw_strategies(ranks, count, seed);
   ASSERT_EQ(static_cast<int>(draws.size()), count) << "fewer admissible strategies than draws on " << ranks;
   double worst = 0;
-  int folded = 0, sliced = 0;
+  int folded = 0, sliced = 0, af = 0, af_tp = 0;
+  double worst_af_tp = 0;
   for (const Draw& d : draws) {
     folded += d.fold;
     sliced += d.etp;
+    af += d.af;
+    af_tp += d.af && d.tp > 1;
     TrainOptions o = tiny_moe_options(d.strategy, kLr);
     o.ranks = ranks;
     o.world = world->get();
@@ -248,14 +303,15 @@ TEST(StrategyProperty, DrawnStrategiesTrainWithOneRanksLosses) {
                               std::abs(ref[static_cast<size_t>(i)]));
     }
     worst = std::max(worst, rel);
+    if (d.af && d.tp > 1) worst_af_tp = std::max(worst_af_tp, rel);
     if ((*world)->rank() == 0) std::printf("property %-110s max rel %.3g\n", d.strategy.c_str(), rel);
     EXPECT_LE(rel, kRelTol) << d.strategy << " on " << ranks << " ranks: losses differ from one rank's";
   }
   if ((*world)->rank() == 0) {
     std::printf(
-        "property: %zu strategies on %d ranks (%d with fold=1, %d with etp > 1), worst relative loss "
-        "difference %.3g\n",
-        draws.size(), ranks, folded, sliced, worst);
+        "property: %zu strategies on %d ranks (%d with fold=1, %d with etp > 1, %d af-pipe of which %d with tp > 1: "
+        "worst %.3g), worst relative loss difference %.3g\n",
+        draws.size(), ranks, folded, sliced, af, af_tp, worst_af_tp, worst);
   }
 }
 
