@@ -33,6 +33,7 @@ STRATEGIES = [
     "dp=1,recompute_modules=layernorm+moe_act,microbatches=2", "dp=4,ep=4,a2a=halo,ep_overlap=1",
     "dp=2,tp=2,tp_overlap=1,etp=2", "disagg=1,attn_ranks=2,ffn_ranks=2,schedule=af-pipe,microbatches=4",
     "dp=4,order=tp-ep-dp-pp,pp=1", "dp=2,pp=2,schedule=gpipe,microbatches=2,mbs=2",
+    "dp=2,ep=2,schedule=af-pipe,microbatches=4,disagg=1,attn_ranks=2,ffn_ranks=2,attn_ports=1,ffn_ports=3",
 ]
 
 
@@ -45,7 +46,9 @@ def strategies():
             {"dp": 16, "pp": 4, "vpp": 2, "schedule": "interleaved", "microbatches": 16, "sp": True, "tp": 2},
             {"dp": 4, "ep": 4, "a2a": "halo", "order": ["tp", "ep", "dp", "pp"], "fold": False},
             {"dp": 1, "recompute_modules": ["layernorm", "moe_act"], "microbatches": 2, "tp_overlap": 0},
-            {"disagg": 1, "attn_ranks": 2, "ffn_ranks": 2, "schedule": "af-pipe", "microbatches": 4}]
+            {"disagg": 1, "attn_ranks": 2, "ffn_ranks": 2, "schedule": "af-pipe", "microbatches": 4},
+            {"disagg": 1, "attn_ranks": 2, "ffn_ranks": 2, "attn_ports": 3, "ffn_ports": 5, "schedule": "af-pipe",
+             "microbatches": 4}]
     for i, o in enumerate(objs):
         put("strategy_json", "seed-%02d.json" % i, json.dumps(o))
 
@@ -98,6 +101,7 @@ def directives():
          {"directive": "place", "filter": {"stage": 1}, "rank": 1},
          {"directive": "order", "rank": 0, "slots": ["0F0", "0F1", "0B0", "0F2", "0B1", "0F3", "0B2", "0B3"]},
          {"directive": "order", "rank": 1, "slots": ["1F0", "1B0", "1F1", "1B1", "1F2", "1B2", "1F3", "1B3"]}],
+        [{"directive": "disaggregate", "attn_groups": 1, "ffn_groups": 3, "attn_ports": 2, "ffn_ports": 6}],
     ]
     for i, l in enumerate(lists):
         put("directive_json", "seed-%02d.json" % i, json.dumps({"directives": l} if i % 2 == 0 else l))
