@@ -215,6 +215,7 @@ Json run_compile(const ModelSpec& model, const cli::CompileCliOptions& o) {
   cli::CompileInputs in = take(cli::resolve_compile_inputs(o, &model));
   compile::CompileOptions options;
   options.capacity_bytes = static_cast<int64_t>(o.capacity_gib * static_cast<double>(1LL << 30));
+  options.tp_overlap = in.tp_overlap;
   compile::CompileResult r = take(compile::compile_directives(in.model, in.train, in.mesh, in.directives, options));
   return cli::compile_json(in, r);
 }

@@ -24,6 +24,7 @@ Status run(const CompileCliOptions& o) {
   PIPER_ASSIGN_OR_RETURN(CompileInputs in, resolve_compile_inputs(o));
   compile::CompileOptions options;
   options.verbose = o.verbose;
+  options.tp_overlap = in.tp_overlap;  // as compile_strategy: the plan the simulator and `piper train` run
   options.capacity_bytes = static_cast<int64_t>(o.capacity_gib * static_cast<double>(1LL << 30));
   PIPER_ASSIGN_OR_RETURN(compile::CompileResult r,
                          compile::compile_directives(in.model, in.train, in.mesh, in.directives, options));

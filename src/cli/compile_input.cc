@@ -67,6 +67,7 @@ Result<CompileInputs> resolve_compile_inputs(const CompileCliOptions& o, const M
   if (o.target == "cpu-runtime") dopts.vocab_parallel = dopts.overlap_param_gather = false;
   PIPER_ASSIGN_OR_RETURN(in.directives, compile::strategy_directives(s, in.model, dopts));
   in.source = s.to_string();
+  in.tp_overlap = s.tp_overlap;
   return in;
 }
 

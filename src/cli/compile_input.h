@@ -44,6 +44,7 @@ struct CompileInputs {
   ir::MeshInfo mesh;
   std::vector<ir::Directive> directives;
   std::string source;  // the strategy text or the file name
+  bool tp_overlap = false;  // the strategy's tp_overlap (compile::CompileOptions::tp_overlap; a directive file: false)
 };
 
 // Checks the flag combination, loads the model (or takes `preloaded`, the Python module's Model; o.model is then not

@@ -48,8 +48,8 @@ struct LowerOptions {
   //  - last GEMM + reduce-scatter, TE's "pipeline" split: kTpOverlapRsPieces (strategy.h); reduce-scatter piece i
   //    starts when GEMM piece i ends (a reduce-scatter of 1/pieces of the bytes).
   // The chunk's instructions become kIn pieces, one kRest, kOut pieces (plan.h: Segment); the recomputed
-  // forward's re-run collectives (recompute_reruns_tp_collectives) stay whole. For the simulator only: the
-  // runtime executes whole chunks (runtime/support.cc refuses tp_overlap=1).
+  // forward's re-run collectives (recompute_reruns_tp_collectives) stay whole. The CPU runtime runs these
+  // pieces as they are (runtime/exec/executor_tp_overlap.cc).
   bool tp_overlap = false;
   // 2021 Megatron-LM's pipeline (cost::Calibration: p2p_blocking, p2p_scatter_gather, dp_reduce_after_backward;
   // lower_steps.h add_legacy_pipeline_edges). p2p_blocking: the stream that produced a pipeline send waits

@@ -41,9 +41,8 @@ Status check_runnable(const Strategy& strategy) {
     // on both sides, and the FFN ranks sum their experts' gradients over tp (executor_m2n.cc, executor_tp.cc).
     return ok_status();
   }
-  if (strategy.tp_overlap) {
-    return unimplemented(what + "tp_overlap=1 is modelled by estimate and simulate only; drop tp_overlap");
-  }
+  // tp_overlap=1 runs the compiler's pieces: ring steps of the all-gather, row pieces of the first and last GEMMs,
+  // row blocks of the reduce-scatter (exec/executor_tp_overlap.cc; Parity.Tp2Overlap*, dist_parity_mpi_test.cc).
   // A schedule registered with register_schedule runs as the compiler lowers it (dist_directives_mpi_test.cc).
   if (strategy.schedule_kind() != ScheduleKind::kCustom &&
       std::find(s.schedules.begin(), s.schedules.end(), strategy.schedule) == s.schedules.end()) {

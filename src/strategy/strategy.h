@@ -96,7 +96,8 @@ struct Strategy {
   // Tensor-parallel communication overlap (Megatron-LM --tp-comm-overlap, Transformer Engine's userbuffers): the
   // all-gather before a tp chunk is pipelined with the chunk's first GEMM (ring exchange, tp pieces) and the
   // reduce-scatter after it with its last GEMM (4 pieces). Needs sp=1, as in Megatron. Modelled by estimate and
-  // simulate (compile/lower.h: LowerOptions::tp_overlap); the CPU runtime runs tp collectives whole.
+  // simulate (compile/lower.h: LowerOptions::tp_overlap) and run in those pieces by the CPU runtime
+  // (runtime/exec/executor_tp_overlap.cc).
   bool tp_overlap = false;
   // Expert-parallel all-to-all overlap (Megatron-LM --overlap-moe-expert-parallel-comm, its "combined 1F1B"):
   // 1f1b and interleaved run one more warm-up forward, then every steady-state step's forward of one microbatch

@@ -183,8 +183,8 @@ TEST(CliTrainReport, AutoStrategyIsTheRunnablePlansFirst) {
   auto plans = piper::Json::parse(out);
   ASSERT_FALSE(plans["plans"].empty());
   EXPECT_EQ(plans["world_size"], 2);
-  // check_runnable (src/runtime/support.cc) refuses only tp_overlap and af-pipe with tp, which this search does not
-  // keep: --runnable gives the same plans as without it, among them expert tensor parallelism without expert
+  // check_runnable (src/runtime/support.cc) refuses nothing since tp_overlap runs (session 23): --runnable gives
+  // the same plans as without it, among them expert tensor parallelism without expert
   // parallelism (etp = tp = 2 with ep = 1, the only etp > 1 on 2 ranks; refused before session 22, runnable since).
   std::string all = run("plan --model tiny-moe --local-ranks 2 --global-batch 8 --seq 16 --top 8 --json", &rc, true);
   ASSERT_EQ(rc, 0) << all;

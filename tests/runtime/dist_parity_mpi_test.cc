@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 
 #include "dist_test_util.h"
 #include "piper/base/check.h"
@@ -37,10 +38,14 @@ constexpr double kTpLr = 5e-4;
 
 // kv_heads > 0: tiny-moe with that many key/value heads (tp=4 needs 4: tp divides num_kv_heads). dense: without
 // its experts (every layer a dense MLP; tp without sequence parallelism needs a dense model).
-TrainOptions options(const std::string& strategy, double lr = kLr, int kv_heads = 0, bool dense = false) {
+// tweak: any other change of the options, applied to the run and its reference alike.
+using Tweak = std::function<void(TrainOptions&)>;
+TrainOptions options(const std::string& strategy, double lr = kLr, int kv_heads = 0, bool dense = false,
+                     const Tweak& tweak = nullptr) {
   TrainOptions o = tiny_moe_options(strategy, lr);
   if (kv_heads > 0) o.model.num_kv_heads = kv_heads;
   if (dense) o.model.moe = MoeSpec{};
+  if (tweak) tweak(o);
   return o;
 }
 
@@ -89,12 +94,12 @@ Run run(const TrainOptions& o, int steps) {
 // peak memory must also be within kMemTol of the resource model's prediction for its stage.
 constexpr double kMemTol = 0.10;
 void expect_parity(const std::string& strategy, const std::string& reference, int steps = kSteps, double lr = kLr,
-                   int kv_heads = 0, bool dense = false) {
+                   int kv_heads = 0, bool dense = false, const Tweak& tweak = nullptr) {
   auto world = comm::mpi_world();
   ASSERT_TRUE(world.ok()) << world.status().to_string();
-  const Run reference_run = run(options(reference, lr, kv_heads, dense), steps);
+  const Run reference_run = run(options(reference, lr, kv_heads, dense, tweak), steps);
   const std::vector<double>& ref = reference_run.losses;
-  TrainOptions o = options(strategy, lr, kv_heads, dense);
+  TrainOptions o = options(strategy, lr, kv_heads, dense, tweak);
   o.ranks = (*world)->size();
   o.world = world->get();
   const Run r = run(o, steps);
@@ -159,6 +164,40 @@ TEST(Parity, Dp2Tp2) { expect_parity("dp=2,tp=2,sp=1,microbatches=2,mbs=1", "mic
 // Stage messages are sequence slices.
 TEST(Parity, Pp2Tp2) {
   expect_parity("pp=2,tp=2,sp=1,schedule=1f1b,microbatches=4,mbs=1", "microbatches=4,mbs=1", kTpSteps, kTpLr);
+}
+
+// tp_overlap (exec/executor_tp_overlap.cc): the all-gather runs as ring steps of one shard each, the first GEMM of
+// attn and mlp (and shared) as row pieces behind them, the last GEMM as row blocks of every shard, each block
+// reduce-scattered by its own piece. 3 steps each: tiny-moe (attn; mlp in layer 0), with a shared expert, and 10
+// tokens per sequence (shards of 5 rows: blocks of 1, 1, 1 and 2 rows).
+void with_shared_expert(TrainOptions& o) {
+  o.model.moe.num_shared_experts = 1;
+  o.model.moe.shared_expert_intermediate_size = 128;
+}
+TEST(Parity, Tp2Overlap) {
+  expect_parity("tp=2,sp=1,tp_overlap=1,microbatches=2,mbs=1", "microbatches=2,mbs=1", 3, kTpLr);
+  expect_parity("tp=2,sp=1,tp_overlap=1,microbatches=2,mbs=1", "microbatches=2,mbs=1", 3, kTpLr, 0, false,
+                with_shared_expert);
+  expect_parity("tp=2,sp=1,tp_overlap=1,microbatches=2,mbs=1", "microbatches=2,mbs=1", 3, kTpLr, 0, false,
+                [](TrainOptions& o) { o.seq_len = 10; });
+}
+// tp=4: three ring steps (shard (r-i-1) mod 4 arrives at step i); 24 tokens give shards of 6 rows, blocks 1, 2, 1, 2.
+TEST(Parity, Tp4Overlap) {
+  expect_parity("tp=4,sp=1,tp_overlap=1,microbatches=2,mbs=1", "microbatches=2,mbs=1", 3, kTpLr, 4, false,
+                [](TrainOptions& o) { o.seq_len = 24; });
+}
+// With a pipeline: 1f1b runs BW pieces (the weight gradients at the last piece), zb-h1 B pieces and a whole W.
+TEST(Parity, Pp2Tp2Overlap) {
+  expect_parity("pp=2,tp=2,sp=1,tp_overlap=1,schedule=1f1b,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+  expect_parity("pp=2,tp=2,sp=1,tp_overlap=1,schedule=zb-h1,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr,
+                0, false, with_shared_expert);
+}
+// With data parallelism and ZeRO-3 (parameters gathered before the first piece), and ZeRO-1 with full
+// recomputation (the re-run forward is whole, on the input the pieces gathered).
+TEST(Parity, Dp2Tp2OverlapZero) {
+  expect_parity("dp=2,tp=2,sp=1,tp_overlap=1,zero=3,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
+  expect_parity("dp=2,tp=2,sp=1,tp_overlap=1,zero=1,recompute=full,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3,
+                kTpLr);
 }
 
 // Rank 1 compiles another strategy of the same shape: create() fails on every rank, naming rank 1.
@@ -371,8 +410,8 @@ TEST(Parity, Ep8) { expect_parity("dp=8,ep=8,microbatches=1,mbs=1", "microbatche
 
 
 // check_runnable agrees with `piper train` on 4 ranks: a sweep over the meshes of 4 ranks (dp, tp, pp, ep), every
-// schedule, ZeRO 0/1/3 and etp, of the strategies valid for tiny-moe. Every one check_runnable refuses is refused
-// by Trainer::create with the same message; every 8th one it accepts trains 2 steps (all of them: ~1 min).
+// schedule, ZeRO 0/1/3, etp and tp_overlap, of the strategies valid for tiny-moe. Every one check_runnable refuses
+// is refused by Trainer::create with the same message; every 8th one it accepts trains 2 steps (all of them: ~1 min).
 TEST(RuntimeSupport, RunnableAgreesWithTrain) {
   auto world = comm::mpi_world();
   ASSERT_TRUE(world.ok()) << world.status().to_string();
@@ -392,6 +431,9 @@ TEST(RuntimeSupport, RunnableAgreesWithTrain) {
   for (const char* extra :
        {"dp=2,tp=2,sp=1,etp=2,microbatches=4,mbs=1", "dp=2,tp=2,sp=1,ep=2,etp=2,zero=1,microbatches=4,mbs=1",
         "dp=2,tp=2,sp=1,ep=2,fold=1,microbatches=4,mbs=1", "dp=2,tp=2,sp=1,tp_overlap=1,microbatches=4,mbs=1",
+        "pp=2,tp=2,sp=1,tp_overlap=1,schedule=dualpipev,zero=1,microbatches=4,mbs=1",
+        "pp=2,tp=2,sp=1,tp_overlap=1,schedule=interleaved,vpp=2,microbatches=4,mbs=1",
+        "dp=2,tp=2,sp=1,ep=2,tp_overlap=1,zero=3,microbatches=4,mbs=1",
         "dp=4,recompute_modules=moe_act,microbatches=2,mbs=1",
         "tp=2,sp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=4,mbs=1"}) {
     sweep.emplace_back(extra);
@@ -421,10 +463,11 @@ TEST(RuntimeSupport, RunnableAgreesWithTrain) {
           << text << ": train says '" << t.status().message() << "', check_runnable '" << runnable.message() << "'";
       continue;
     }
-    // Every 8th accepted strategy trains, and the module recomputation, etp and af-pipe with tp (refused before
-    // issue 26's widening).
+    // Every 8th accepted strategy trains, and the module recomputation, etp, af-pipe with tp and tp_overlap
+    // (refused before issue 26's widening).
     if (accepted++ % 8 != 0 && text.find("recompute_modules") == std::string::npos &&
-        text.find("etp=2") == std::string::npos && text.find("af-pipe") == std::string::npos)
+        text.find("etp=2") == std::string::npos && text.find("af-pipe") == std::string::npos &&
+        text.find("tp_overlap") == std::string::npos)
       continue;
     ++trained;
     auto t = Trainer::create(o);
@@ -433,7 +476,9 @@ TEST(RuntimeSupport, RunnableAgreesWithTrain) {
     ASSERT_EQ(steps.size(), 2u) << text;
     EXPECT_TRUE(std::isfinite(steps[1].loss)) << text;
   }
-  EXPECT_GE(refused, 1);  // tp_overlap (etp=2 with ep=1 and af-pipe with tp run since session 22; both train here)
+  // Nothing is refused any more: etp=2 with ep=1 and af-pipe with tp run since session 22, tp_overlap since
+  // session 23; all three train here.
+  EXPECT_EQ(refused, 0);
   EXPECT_GE(trained, 8);
   if ((*world)->rank() == 0) {
     std::printf("runnable sweep on %d ranks: %zu strategies, %d invalid for tiny-moe, %d refused (same message), "

@@ -27,6 +27,7 @@ std::string detail::key_name(const StashKey& k) {
 }
 
 Result<std::shared_ptr<const Tensor>> Core::take_hidden(const Task& t, const std::string& boundary) {
+  if (t.sources.size() > 1) return take_hidden_sum(t, boundary);
   if (t.gradient) {
     PIPER_ASSIGN_OR_RETURN(Gradient g, take_message<Gradient>(t, t.source));
     if (g.dnormed || g.dtopk_w) {
@@ -37,6 +38,29 @@ Result<std::shared_ptr<const Tensor>> Core::take_hidden(const Task& t, const std
   PIPER_ASSIGN_OR_RETURN(Activation a, take_message<Activation>(t, t.source));
   if (a.routed) return unimplemented("'" + t.in->label + "': a router -> experts edge crosses " + boundary);
   return a.hidden;
+}
+
+// Several producers (the tp all-gather before the attention after a MoE layer with shared experts: the experts' and
+// the shared experts' outputs): their hidden tensors summed in edge order, as a chunk sums its inputs.
+Result<std::shared_ptr<const Tensor>> Core::take_hidden_sum(const Task& t, const std::string& boundary) {
+  std::shared_ptr<Tensor> sum;
+  for (ir::NodeId src : t.sources) {
+    Task one = t;
+    one.sources.clear();
+    one.source = src;
+    PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Tensor> x, take_hidden(one, boundary));
+    if (x == nullptr) return internal_error("'" + t.in->label + "': the message of '" + name_of(src) + "' is empty");
+    if (sum == nullptr) {
+      PIPER_ASSIGN_OR_RETURN(Tensor buf, Tensor::zeros(x->shape(), x->category(), allocator));
+      sum = std::make_shared<Tensor>(std::move(buf));
+    } else if (x->numel() != sum->numel()) {
+      return internal_error("'" + t.in->label + "': its producers' messages differ in size");
+    }
+    float* out = sum->data();
+    const float* in = x->data();
+    for (int64_t i = 0; i < x->numel(); ++i) out[i] += in[i];
+  }
+  return std::shared_ptr<const Tensor>(std::move(sum));
 }
 
 void Core::publish_hidden(const Task& t, std::shared_ptr<const Tensor> x) {
@@ -244,7 +268,12 @@ Status Core::resolve_compute(const Instruction& in, Task* t) {
   if (in.comm != ir::NodeKind::kChunk) {
     return invalid_argument("executor: compute '" + in.label + "' is not a chunk node");
   }
-  const int occurrence = computes_of_node[in.node]++;
+  // tp_overlap: the kIn and kOut pieces of a node run beside its kRest, which counts as the node's compute.
+  const bool side_piece = in.segment == compile::Segment::kIn || in.segment == compile::Segment::kOut;
+  if (side_piece) t->piece = pieces_of_node[{in.node, in.segment}]++;
+  t->last_piece = in.segment == compile::Segment::kWhole || (in.segment == compile::Segment::kRest && !in.split_out) ||
+                  (in.segment == compile::Segment::kOut && t->piece == in.pieces - 1);
+  const int occurrence = side_piece ? 0 : computes_of_node[in.node]++;
   t->recomputed = in.recompute;
   t->rerun = occurrence > 0;
   if (occurrence > (in.recompute ? 1 : 0)) {
@@ -263,7 +292,8 @@ Status Core::resolve_compute(const Instruction& in, Task* t) {
     return invalid_argument("executor: '" + in.label + "' has pass " + ir::to_string(t->pass));
   }
   if (t->pass != ir::Pass::kW) PIPER_RETURN_IF_ERROR(wire_compute(in, t));
-  if (t->pass == ir::Pass::kW || t->pass == ir::Pass::kBW) {
+  if (in.segment != compile::Segment::kWhole) PIPER_RETURN_IF_ERROR(tp->resolve_piece(in, t));
+  if ((t->pass == ir::Pass::kW || t->pass == ir::Pass::kBW) && t->last_piece) {
     ++grad_tasks_total;
     t->grad_index = grad_tasks_of_chunk[t->chunk]++;
   }
@@ -332,6 +362,7 @@ std::pair<int64_t, int64_t> Executor::update_range(const Chunk& chunk) const {
 Status Core::compute(const Task& t) {
   StepContext ctx{num_mb, allocator};
   PIPER_RETURN_IF_ERROR(dp->check_gathered(t));
+  if (t.in->segment != compile::Segment::kWhole) return tp->run_piece(t, ctx);  // tp_overlap
   if (t.pass == ir::Pass::kF) return forward(t, ctx);
   return backward(t, ctx);
 }

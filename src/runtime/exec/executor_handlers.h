@@ -156,13 +156,22 @@ class DataParallel final : public Handler {
   int full_grads_live_ = 0;  // ZeRO-2/3: chunks whose full gradient tensors exist (at most kFullGradWindow)
 };
 
-// Tensor parallelism (docs/runtime.md). Its state is fixed at create(): no lock.
+struct SplitNode;
+
+// Tensor parallelism (docs/runtime.md). Its layout is fixed at create(); mu_ guards the split nodes of
+// tp_overlap, which a chunk's pieces on the compute stream share with its collective's pieces on the tp stream.
 class TensorParallel final : public Handler {
  public:
-  using Handler::Handler;
+  explicit TensorParallel(Core& core);
+  ~TensorParallel() override;
   Status init(const compile::Program& program);
   Status resolve(const compile::Instruction& in, Task* t) override;
   Status run(const Task& t) override;
+  void begin_step() override;
+  // tp_overlap (executor_tp_overlap.cc): a compute piece of a split chunk (create(): checks the chunk runs in
+  // row pieces; run: its share of the chunk's work, docs/runtime.md "tp_overlap").
+  Status resolve_piece(const compile::Instruction& in, Task* t);
+  Status run_piece(const Task& t, StepContext& ctx);
   // Sums over tp the gradients that are partial on each tensor rank (replicated parameters). Under ZeRO only
   // this rank's data-parallel shard of them is summed (the shards of one chunk cover the same elements on every
   // tensor rank: each holds the same chunk structure).
@@ -182,6 +191,17 @@ class TensorParallel final : public Handler {
   bool sequence_parallel_ = false;            // the plan exchanges sequence slices (all-gather / reduce-scatter)
   std::set<const Chunk*> sliced_;             // chunks split over tp (tp_slice.h)
   std::unique_ptr<comm::Communicator> sync_;  // the tp group in its own matching context (grad sums, router)
+
+  // tp_overlap (executor_tp_overlap.cc).
+  Status resolve_collective_piece(const compile::Instruction& in, Task* t);
+  Status gather_piece(const Task& t);   // one ring step of a split all-gather
+  Status scatter_piece(const Task& t);  // one row block of a split reduce-scatter
+  Status begin_pieces(const Task& t, SplitNode& s, StepContext& ctx);
+  Status finish_pieces(const Task& t, SplitNode& s, StepContext& ctx);
+  std::shared_ptr<SplitNode> split_node(ir::NodeId node);
+  std::map<ir::NodeId, int> collective_pieces_;           // create() only: pieces seen per collective node
+  std::mutex mu_;
+  std::map<ir::NodeId, std::shared_ptr<SplitNode>> splits_;  // this step's split chunk nodes; mu_
 };
 
 struct EpExchange;

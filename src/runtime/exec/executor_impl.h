@@ -66,6 +66,13 @@ struct Task {
   bool recomputed = false;          // F of a chunk whose stash is dropped and rebuilt before its backward
   bool rerun = false;               // the rebuilding F (the second compute of the same node)
   int grad_index = -1;              // W/BW: how many weight-gradient tasks of the chunk come before it
+  // tp_overlap pieces (compile::Segment; executor_tp_overlap.cc): the index of this piece among its node's pieces
+  // of the same segment; whether it is the node's last compute piece (the last kOut piece, or kRest when the
+  // output GEMM is whole), which publishes, stashes and counts the node as one whole task would; a collective
+  // piece's split chunk (the node whose input it gathers or whose output it reduce-scatters).
+  int piece = 0;
+  bool last_piece = true;
+  ir::NodeId split_owner = ir::kNoNode;
   // send/recv: the world rank on the other side, the message kind; send: the producing task's node.
   int peer = -1;
   bool gradient = false;
@@ -158,7 +165,9 @@ class Core {
   // A pipeline or tensor-parallel message is one hidden state or its gradient: the hidden tensor of t.source's
   // message (t.gradient: its Gradient), refused when it carries a routing (a router -> experts edge or its
   // gradient) across `boundary` ("ranks", "tensor ranks").
+  // With several t.sources (a tp all-gather after experts and shared experts): their tensors summed in edge order.
   Result<std::shared_ptr<const Tensor>> take_hidden(const Task& t, const std::string& boundary);
+  Result<std::shared_ptr<const Tensor>> take_hidden_sum(const Task& t, const std::string& boundary);
   // Publishes `x` as t's Activation::hidden (t.gradient: Gradient::dhidden).
   void publish_hidden(const Task& t, std::shared_ptr<const Tensor> x);
 
@@ -184,6 +193,7 @@ class Core {
   Status resolve_compute(const compile::Instruction& in, Task* t);
   Status wire_compute(const compile::Instruction& in, Task* t);
   std::map<ir::NodeId, int> computes_of_node;       // create() only
+  std::map<std::pair<ir::NodeId, compile::Segment>, int> pieces_of_node;  // create() only: tp_overlap pieces
   std::map<const Chunk*, int> grad_tasks_of_chunk;  // create() only
 
   Status execute(const Task& t);

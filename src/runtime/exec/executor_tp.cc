@@ -59,19 +59,24 @@ Status TensorParallel::resolve(const Instruction& in, Task* t) {
   if (t->comm == nullptr || size_ <= 1) {
     return internal_error("executor: '" + in.label + "' runs over tp, which has degree 1 on this plan");
   }
+  if (in.segment != compile::Segment::kWhole) return resolve_collective_piece(in, t);
   t->degree = t->comm->size();
   t->gradient = in.pass != ir::Pass::kF;
-  if (in.inputs.size() != 1) {
+  if (in.inputs.empty() || (in.inputs.size() > 1 && in.comm != ir::NodeKind::kAllGather)) {
     return internal_error("executor: '" + in.label + "' has " + std::to_string(in.inputs.size()) +
-                          " inputs, expected 1");
+                          " inputs, expected 1 (an all-gather: 1 or more, summed)");
   }
   t->source = in.inputs[0];
+  if (in.inputs.size() > 1) t->sources = in.inputs;
   t->consumers = static_cast<int>(in.outputs.size());
   return ok_status();
 }
 
 Status TensorParallel::run(const Task& t) {
   const Instruction& in = *t.in;
+  if (in.segment != compile::Segment::kWhole) {  // tp_overlap (executor_tp_overlap.cc)
+    return in.comm == ir::NodeKind::kAllGather ? gather_piece(t) : scatter_piece(t);
+  }
   PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Tensor> x, core_.take_hidden(t, "tensor ranks"));
   const int64_t h = core_.model->dims().hidden, T = t.degree;
   if (x == nullptr || x->numel() % h != 0) return internal_error("'" + in.label + "': the message is not [n, hidden]");

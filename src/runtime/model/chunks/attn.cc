@@ -17,9 +17,10 @@ struct AttnStash : Stash {
   // B -> W
   std::shared_ptr<const Tensor> dout;
   Tensor dqkv, dxn;  // dqkv = [dq | dk | dv] per token (before rotary for q, k)
+  Tensor d_o;        // B, from backward_in to backward_rest: the out-projection's input gradient
 };
 
-class AttnChunk : public Chunk {
+class AttnChunk : public Chunk, public PiecewiseChunk {
  public:
   AttnChunk(int layer, const ChunkDims& d, uint64_t seed, Allocator* allocator, bool residual)
       : Chunk(Part::kAttention, layer, d, allocator), residual_(residual) {
@@ -29,69 +30,132 @@ class AttnChunk : public Chunk {
     add_param("wo", {d.hidden, qd}, seed, residual_init_std(d), 0.0f, true);
   }
 
+  PiecewiseChunk* piecewise() override { return this; }
+
+  // Whole: the pieces over every row.
   Result<std::unique_ptr<Stash>> forward(const StepContext& ctx, const Microbatch& mb,
                                          const std::vector<const Activation*>& inputs, Activation* out) override {
-    const int64_t n = mb.num_tokens(), h = dims_.hidden, qd = qdim(), kd = kdim();
+    const int64_t n = mb.num_tokens(), h = dims_.hidden;
+    PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Tensor> x, sum_hidden(*this, inputs, n, h));
+    std::unique_ptr<Stash> st = forward_begin(mb, std::move(x));
+    forward_in(*st, {0, n});
+    forward_rest(*st);
+    auto y = new_shared_output({n, h}, MemCategory::kActivations);
+    forward_out(*st, {0, n}, y.get());
+    out->hidden = std::move(y);
+    return st;
+  }
+
+  std::unique_ptr<Stash> forward_begin(const Microbatch& mb, std::shared_ptr<const Tensor> x) override {
+    const int64_t n = mb.num_tokens(), h = dims_.hidden;
     auto st = std::make_unique<AttnStash>();
     st->batch = mb.batch;
     st->seq = mb.seq;
-    PIPER_ASSIGN_OR_RETURN(st->x, sum_hidden(*this, inputs, n, h));
+    st->x = std::move(x);
     st->rstd = new_output({n}, MemCategory::kActivations);
     st->xn = new_output({n, h}, MemCategory::kActivations);
-    kernels::rmsnorm_forward(st->xn.data(), st->rstd.data(), st->x->data(), w(0), n, h, dims_.norm_eps);
-    st->q = new_output({n, qd}, MemCategory::kActivations);
-    st->k = new_output({n, kd}, MemCategory::kActivations);
-    st->v = new_output({n, kd}, MemCategory::kActivations);
-    {
-      Tensor qkv = new_output({n, qd + 2 * kd}, MemCategory::kBuffers);
-      kernels::linear_forward(qkv.data(), st->xn.data(), w(1), n, h, qd + 2 * kd);
-      unpack(qkv, &st->q, &st->k, &st->v, n);
-    }
-    kernels::rotary_forward(st->q.data(), st->q.data(), mb.batch, mb.seq, dims_.num_heads, dims_.head_dim,
+    st->q = new_output({n, qdim()}, MemCategory::kActivations);
+    st->k = new_output({n, kdim()}, MemCategory::kActivations);
+    st->v = new_output({n, kdim()}, MemCategory::kActivations);
+    return st;
+  }
+
+  // Norm and the QKV projection of `rows`.
+  void forward_in(Stash& stash, RowRange r) override {
+    auto& st = static_cast<AttnStash&>(stash);
+    const int64_t h = dims_.hidden, w = qdim() + 2 * kdim();
+    if (r.size() == 0) return;
+    kernels::rmsnorm_forward(st.xn.data() + r.begin * h, st.rstd.data() + r.begin, st.x->data() + r.begin * h,
+                             this->w(0), r.size(), h, dims_.norm_eps);
+    Tensor qkv = new_output({r.size(), w}, MemCategory::kBuffers);
+    kernels::linear_forward(qkv.data(), st.xn.data() + r.begin * h, this->w(1), r.size(), h, w);
+    unpack(qkv, &st.q, &st.k, &st.v, r);
+  }
+
+  // Rotary and the attention core: every row.
+  void forward_rest(Stash& stash) override {
+    auto& st = static_cast<AttnStash&>(stash);
+    kernels::rotary_forward(st.q.data(), st.q.data(), st.batch, st.seq, dims_.num_heads, dims_.head_dim,
                             dims_.rope_theta);
-    kernels::rotary_forward(st->k.data(), st->k.data(), mb.batch, mb.seq, dims_.num_kv_heads, dims_.head_dim,
+    kernels::rotary_forward(st.k.data(), st.k.data(), st.batch, st.seq, dims_.num_kv_heads, dims_.head_dim,
                             dims_.rope_theta);
-    st->o = new_output({n, qd}, MemCategory::kActivations);
-    {
-      Tensor probs = new_output({mb.batch, dims_.num_heads, mb.seq, mb.seq}, MemCategory::kBuffers);
-      kernels::attention_forward(st->o.data(), probs.data(), st->q.data(), st->k.data(), st->v.data(), shape(*st));
-    }
-    auto y = new_shared_output({n, h}, MemCategory::kActivations);
-    kernels::linear_forward(y->data(), st->o.data(), w(2), n, qd, h);
-    if (residual_) add_into(y->data(), y->data(), st->x->data(), n * h);
-    out->hidden = std::move(y);
-    return std::unique_ptr<Stash>(std::move(st));
+    st.o = new_output({st.batch * st.seq, qdim()}, MemCategory::kActivations);
+    Tensor probs = new_output({st.batch, dims_.num_heads, st.seq, st.seq}, MemCategory::kBuffers);
+    kernels::attention_forward(st.o.data(), probs.data(), st.q.data(), st.k.data(), st.v.data(), shape(st));
+  }
+
+  // The out-projection (and the residual) of `rows` into y.
+  void forward_out(Stash& stash, RowRange r, Tensor* y) override {
+    auto& st = static_cast<AttnStash&>(stash);
+    const int64_t h = dims_.hidden;
+    if (r.size() == 0) return;
+    float* yr = y->data() + r.begin * h;
+    kernels::linear_forward(yr, st.o.data() + r.begin * qdim(), w(2), r.size(), qdim(), h);
+    if (residual_) add_into(yr, yr, st.x->data() + r.begin * h, r.size() * h);
   }
 
   Status backward_input(const StepContext& ctx, const std::vector<const Gradient*>& grads, Stash& stash,
                         Gradient* dx) override {
     auto& st = static_cast<AttnStash&>(stash);
-    const int64_t n = st.batch * st.seq, h = dims_.hidden, qd = qdim(), kd = kdim();
-    PIPER_ASSIGN_OR_RETURN(st.dout, sum_dhidden(*this, grads, n, h));
-    Tensor d_o = new_output({n, qd}, MemCategory::kBuffers);
-    kernels::linear_backward_input(d_o.data(), st.dout->data(), w(2), n, qd, h);
+    const int64_t n = st.batch * st.seq, h = dims_.hidden;
+    PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Tensor> dout, sum_dhidden(*this, grads, n, h));
+    backward_begin(st, std::move(dout));
+    backward_in(st, {0, n});
+    backward_rest(st);
+    auto dxt = new_shared_output({n, h}, MemCategory::kBuffers);
+    backward_out(st, {0, n}, dxt.get());
+    dx->dhidden = std::move(dxt);
+    return ok_status();
+  }
+
+  void backward_begin(Stash& stash, std::shared_ptr<const Tensor> dout) override {
+    auto& st = static_cast<AttnStash&>(stash);
+    st.dout = std::move(dout);
+    st.d_o = new_output({st.batch * st.seq, qdim()}, MemCategory::kBuffers);
+  }
+
+  // The out-projection's input gradient of `rows`.
+  void backward_in(Stash& stash, RowRange r) override {
+    auto& st = static_cast<AttnStash&>(stash);
+    if (r.size() == 0) return;
+    kernels::linear_backward_input(st.d_o.data() + r.begin * qdim(), st.dout->data() + r.begin * dims_.hidden, w(2),
+                                   r.size(), qdim(), dims_.hidden);
+  }
+
+  // The attention core's and rotary's backward: every row.
+  void backward_rest(Stash& stash) override {
+    auto& st = static_cast<AttnStash&>(stash);
+    const int64_t n = st.batch * st.seq, qd = qdim(), kd = kdim();
     Tensor dq = new_output({n, qd}, MemCategory::kBuffers);
     Tensor dk = new_output({n, kd}, MemCategory::kBuffers);
     Tensor dv = new_output({n, kd}, MemCategory::kBuffers);
     {
       Tensor probs = new_output({st.batch, dims_.num_heads, st.seq, st.seq}, MemCategory::kBuffers);
       kernels::attention_probs(probs.data(), st.q.data(), st.k.data(), shape(st));
-      kernels::attention_backward_input(dq.data(), dk.data(), dv.data(), d_o.data(), st.q.data(), st.k.data(),
+      kernels::attention_backward_input(dq.data(), dk.data(), dv.data(), st.d_o.data(), st.q.data(), st.k.data(),
                                         st.v.data(), probs.data(), shape(st));
     }
+    st.d_o = Tensor();
     kernels::rotary_backward_input(dq.data(), dq.data(), st.batch, st.seq, dims_.num_heads, dims_.head_dim,
                                    dims_.rope_theta);
     kernels::rotary_backward_input(dk.data(), dk.data(), st.batch, st.seq, dims_.num_kv_heads, dims_.head_dim,
                                    dims_.rope_theta);
     st.dqkv = new_output({n, qd + 2 * kd}, MemCategory::kBuffers);
     pack(dq, dk, dv, &st.dqkv, n);
-    st.dxn = new_output({n, h}, MemCategory::kBuffers);
-    kernels::linear_backward_input(st.dxn.data(), st.dqkv.data(), w(1), n, h, qd + 2 * kd);
-    auto dxt = new_shared_output({n, h}, MemCategory::kBuffers);
-    kernels::rmsnorm_backward_input(dxt->data(), st.dxn.data(), st.x->data(), w(0), st.rstd.data(), n, h);
-    if (residual_) add_into(dxt->data(), dxt->data(), st.dout->data(), n * h);
-    dx->dhidden = std::move(dxt);
-    return ok_status();
+    st.dxn = new_output({n, dims_.hidden}, MemCategory::kBuffers);
+  }
+
+  // The QKV projection's and the norm's input gradients (and the residual's) of `rows` into dx.
+  void backward_out(Stash& stash, RowRange r, Tensor* dx) override {
+    auto& st = static_cast<AttnStash&>(stash);
+    const int64_t h = dims_.hidden, w3 = qdim() + 2 * kdim();
+    if (r.size() == 0) return;
+    float* dxn = st.dxn.data() + r.begin * h;
+    float* dxr = dx->data() + r.begin * h;
+    kernels::linear_backward_input(dxn, st.dqkv.data() + r.begin * w3, w(1), r.size(), h, w3);
+    kernels::rmsnorm_backward_input(dxr, dxn, st.x->data() + r.begin * h, w(0), st.rstd.data() + r.begin, r.size(),
+                                    h);
+    if (residual_) add_into(dxr, dxr, st.dout->data() + r.begin * h, r.size() * h);
   }
 
   void backward_weight(const StepContext& ctx, Stash& stash) override {
@@ -106,11 +170,12 @@ class AttnChunk : public Chunk {
   }
 
  private:
-  // [n, qd + 2kd] <-> q [n, qd], k, v [n, kd].
-  void unpack(const Tensor& qkv, Tensor* q, Tensor* k, Tensor* v, int64_t n) const {
+  // [rows, qd + 2kd] <-> q [n, qd], k, v [n, kd].
+  // qkv holds rows r of [q | k | v].
+  void unpack(const Tensor& qkv, Tensor* q, Tensor* k, Tensor* v, RowRange r) const {
     const int64_t qd = qdim(), kd = kdim(), w = qd + 2 * kd;
-    for (int64_t t = 0; t < n; ++t) {
-      const float* src = qkv.data() + t * w;
+    for (int64_t t = r.begin; t < r.end; ++t) {
+      const float* src = qkv.data() + (t - r.begin) * w;
       std::copy(src, src + qd, q->data() + t * qd);
       std::copy(src + qd, src + qd + kd, k->data() + t * kd);
       std::copy(src + qd + kd, src + w, v->data() + t * kd);

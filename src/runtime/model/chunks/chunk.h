@@ -162,6 +162,35 @@ struct Param {
   std::vector<RowBlock> global_blocks;
 };
 
+// Rows [begin, end) of a microbatch's tokens ([batch, seq] row-major).
+struct RowRange {
+  int64_t begin = 0, end = 0;
+  int64_t size() const { return end - begin; }
+};
+
+// A tensor-parallel chunk (attn, mlp, shared) run as row pieces under tp_overlap (docs/runtime.md, "tp_overlap"):
+// its first GEMM runs per block of input rows as the all-gather delivers them, its last GEMM per block of output
+// rows that a reduce-scatter piece takes. Every call of one task runs on one thread, in this order:
+//   F: forward_begin, forward_in (once per row block, every row once), forward_rest, forward_out (every row once)
+//   B: backward_begin, backward_in (every row once), backward_rest, backward_out (every row once)
+// The row-wise parts: F in = norm + first GEMM (attn: QKV; mlp: gate and up), rest = what needs every row (attn:
+// rotary and the attention core; mlp: the SwiGLU gate), out = last GEMM (attn: wo; mlp: down) + residual into
+// y's rows. B in = the last GEMM's input gradient, rest = the core's backward, out = the first GEMM's input
+// gradient + the norm's + residual into dx's rows. backward_weight() runs whole once B's pieces are done.
+// forward_begin's `x` [n, h] may still be filling: forward_in reads only the rows it is given.
+class PiecewiseChunk {
+ public:
+  virtual ~PiecewiseChunk() = default;
+  virtual std::unique_ptr<Stash> forward_begin(const Microbatch& mb, std::shared_ptr<const Tensor> x) = 0;
+  virtual void forward_in(Stash& stash, RowRange rows) = 0;
+  virtual void forward_rest(Stash& stash) = 0;
+  virtual void forward_out(Stash& stash, RowRange rows, Tensor* y) = 0;  // y: [n, h], the chunk's partial output
+  virtual void backward_begin(Stash& stash, std::shared_ptr<const Tensor> dout) = 0;
+  virtual void backward_in(Stash& stash, RowRange rows) = 0;
+  virtual void backward_rest(Stash& stash) = 0;
+  virtual void backward_out(Stash& stash, RowRange rows, Tensor* dx) = 0;  // dx: [n, h]
+};
+
 class Chunk {
  public:
   Chunk(Part part, int layer, const ChunkDims& dims, Allocator* allocator)
@@ -185,6 +214,8 @@ class Chunk {
                                 Gradient* dx) = 0;
   // W: accumulates parameter gradients and releases the B->W intermediates.
   virtual void backward_weight(const StepContext& ctx, Stash& stash) = 0;
+  // The row pieces of this chunk (attn, mlp, shared), or null when it runs only whole.
+  virtual PiecewiseChunk* piecewise() { return nullptr; }
   // After the optimizer step of this chunk (router: balancing-bias update). Default: nothing.
   virtual void after_update() {}
   // experts: the rows (token slots) each of the num_experts experts received in forwards since the last call

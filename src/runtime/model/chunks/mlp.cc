@@ -1,5 +1,7 @@
 // mlp (dense layers) and the feed-forward block shared with `shared`: y = SwiGLU(rms(x)) (+ x when residual).
+#include "piper/kernels/cpu/gemm.h"
 #include "piper/kernels/cpu/ops.h"
+#include "piper/kernels/cpu/vec_math.h"
 #include "piper/runtime/model/chunks/parts.h"
 
 namespace piper::runtime {
@@ -14,7 +16,7 @@ struct FfnStash : Stash {
   Tensor dg, du, dxn;
 };
 
-class FfnChunk : public Chunk {
+class FfnChunk : public Chunk, public PiecewiseChunk {
  public:
   FfnChunk(Part part, int layer, const ChunkDims& d, int64_t width, bool residual, uint64_t seed, Allocator* allocator)
       : Chunk(part, layer, d, allocator), f_(width), residual_(residual) {
@@ -24,41 +26,116 @@ class FfnChunk : public Chunk {
     add_param("w_down", {d.hidden, f_}, seed, residual_init_std(d), 0.0f, true);
   }
 
+  PiecewiseChunk* piecewise() override { return this; }
+
+  // Whole: the pieces over every row (the fast swiglu kernels' steps, in their order).
   Result<std::unique_ptr<Stash>> forward(const StepContext& ctx, const Microbatch& mb,
                                          const std::vector<const Activation*>& inputs, Activation* out) override {
     const int64_t n = mb.num_tokens(), h = dims_.hidden;
+    PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Tensor> x, sum_hidden(*this, inputs, n, h));
+    std::unique_ptr<Stash> st = forward_begin(mb, std::move(x));
+    forward_in(*st, {0, n});
+    forward_rest(*st);
+    auto y = new_shared_output({n, h}, MemCategory::kActivations);
+    forward_out(*st, {0, n}, y.get());
+    out->hidden = std::move(y);
+    return st;
+  }
+
+  std::unique_ptr<Stash> forward_begin(const Microbatch& mb, std::shared_ptr<const Tensor> x) override {
+    const int64_t n = mb.num_tokens();
     auto st = std::make_unique<FfnStash>();
     st->n = n;
-    PIPER_ASSIGN_OR_RETURN(st->x, sum_hidden(*this, inputs, n, h));
+    st->x = std::move(x);
     st->rstd = new_output({n}, MemCategory::kActivations);
-    st->xn = new_output({n, h}, MemCategory::kActivations);
-    kernels::rmsnorm_forward(st->xn.data(), st->rstd.data(), st->x->data(), w(0), n, h, dims_.norm_eps);
+    st->xn = new_output({n, dims_.hidden}, MemCategory::kActivations);
     st->g = new_output({n, f_}, MemCategory::kActivations);
     st->u = new_output({n, f_}, MemCategory::kActivations);
     st->hh = new_output({n, f_}, MemCategory::kActivations);
-    auto y = new_shared_output({n, h}, MemCategory::kActivations);
-    kernels::swiglu_forward(y->data(), st->g.data(), st->u.data(), st->hh.data(), st->xn.data(), w(1), w(2), w(3), n,
-                            h, f_);
-    if (residual_) add_into(y->data(), y->data(), st->x->data(), n * h);
-    out->hidden = std::move(y);
-    return std::unique_ptr<Stash>(std::move(st));
+    return st;
+  }
+
+  // Norm, gate and up projections of `rows`.
+  void forward_in(Stash& stash, RowRange r) override {
+    auto& st = static_cast<FfnStash&>(stash);
+    const int64_t h = dims_.hidden;
+    if (r.size() == 0) return;
+    const float* xn = st.xn.data() + r.begin * h;
+    kernels::rmsnorm_forward(st.xn.data() + r.begin * h, st.rstd.data() + r.begin, st.x->data() + r.begin * h, w(0),
+                             r.size(), h, dims_.norm_eps);
+    kernels::linear_forward(st.g.data() + r.begin * f_, xn, w(1), r.size(), h, f_);
+    kernels::linear_forward(st.u.data() + r.begin * f_, xn, w(2), r.size(), h, f_);
+  }
+
+  // The SwiGLU gate of every row.
+  void forward_rest(Stash& stash) override {
+    auto& st = static_cast<FfnStash&>(stash);
+    for (int64_t i = 0; i < st.n; ++i) {
+      kernels::vec::swiglu_gate_forward(st.hh.data() + i * f_, st.g.data() + i * f_, st.u.data() + i * f_, f_);
+    }
+  }
+
+  // The down projection (and the residual) of `rows` into y.
+  void forward_out(Stash& stash, RowRange r, Tensor* y) override {
+    auto& st = static_cast<FfnStash&>(stash);
+    const int64_t h = dims_.hidden;
+    if (r.size() == 0) return;
+    float* yr = y->data() + r.begin * h;
+    kernels::linear_forward(yr, st.hh.data() + r.begin * f_, w(3), r.size(), f_, h);
+    if (residual_) add_into(yr, yr, st.x->data() + r.begin * h, r.size() * h);
   }
 
   Status backward_input(const StepContext& ctx, const std::vector<const Gradient*>& grads, Stash& stash,
                         Gradient* dx) override {
     auto& st = static_cast<FfnStash&>(stash);
     const int64_t n = st.n, h = dims_.hidden;
-    PIPER_ASSIGN_OR_RETURN(st.dout, sum_dhidden(*this, grads, n, h));
-    st.dxn = new_output({n, h}, MemCategory::kBuffers);
-    st.dg = new_output({n, f_}, MemCategory::kBuffers);
-    st.du = new_output({n, f_}, MemCategory::kBuffers);
-    kernels::swiglu_backward_input(st.dxn.data(), st.dg.data(), st.du.data(), st.dout->data(), st.g.data(),
-                                   st.u.data(), w(1), w(2), w(3), n, h, f_);
+    PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Tensor> dout, sum_dhidden(*this, grads, n, h));
+    backward_begin(st, std::move(dout));
+    backward_in(st, {0, n});
+    backward_rest(st);
     auto dxt = new_shared_output({n, h}, MemCategory::kBuffers);
-    kernels::rmsnorm_backward_input(dxt->data(), st.dxn.data(), st.x->data(), w(0), st.rstd.data(), n, h);
-    if (residual_) add_into(dxt->data(), dxt->data(), st.dout->data(), n * h);
+    backward_out(st, {0, n}, dxt.get());
     dx->dhidden = std::move(dxt);
     return ok_status();
+  }
+
+  void backward_begin(Stash& stash, std::shared_ptr<const Tensor> dout) override {
+    auto& st = static_cast<FfnStash&>(stash);
+    st.dout = std::move(dout);
+    st.dxn = new_output({st.n, dims_.hidden}, MemCategory::kBuffers);
+    st.dg = new_output({st.n, f_}, MemCategory::kBuffers);
+    st.du = new_output({st.n, f_}, MemCategory::kBuffers);
+  }
+
+  // The down projection's input gradient of `rows` (held in dg until the gate's backward).
+  void backward_in(Stash& stash, RowRange r) override {
+    auto& st = static_cast<FfnStash&>(stash);
+    if (r.size() == 0) return;
+    kernels::linear_backward_input(st.dg.data() + r.begin * f_, st.dout->data() + r.begin * dims_.hidden, w(3),
+                                   r.size(), f_, dims_.hidden);
+  }
+
+  // The SwiGLU gate's backward of every row.
+  void backward_rest(Stash& stash) override {
+    auto& st = static_cast<FfnStash&>(stash);
+    for (int64_t i = 0; i < st.n; ++i) {
+      float* dg = st.dg.data() + i * f_;
+      kernels::vec::swiglu_gate_backward(dg, st.du.data() + i * f_, dg, st.g.data() + i * f_, st.u.data() + i * f_,
+                                         f_);
+    }
+  }
+
+  // The gate and up projections' and the norm's input gradients (and the residual's) of `rows` into dx.
+  void backward_out(Stash& stash, RowRange r, Tensor* dx) override {
+    auto& st = static_cast<FfnStash&>(stash);
+    const int64_t h = dims_.hidden, m = r.size();
+    if (m == 0) return;
+    float* dxn = st.dxn.data() + r.begin * h;
+    float* dxr = dx->data() + r.begin * h;
+    kernels::sgemm(false, false, m, h, f_, 1.0f, st.dg.data() + r.begin * f_, f_, w(1), h, 0.0f, dxn, h);
+    kernels::sgemm(false, false, m, h, f_, 1.0f, st.du.data() + r.begin * f_, f_, w(2), h, 1.0f, dxn, h);
+    kernels::rmsnorm_backward_input(dxr, dxn, st.x->data() + r.begin * h, w(0), st.rstd.data() + r.begin, m, h);
+    if (residual_) add_into(dxr, dxr, st.dout->data() + r.begin * h, m * h);
   }
 
   void backward_weight(const StepContext& ctx, Stash& stash) override {
