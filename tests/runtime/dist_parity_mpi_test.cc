@@ -181,6 +181,11 @@ TEST(Parity, Tp2Overlap) {
   expect_parity("tp=2,sp=1,tp_overlap=1,microbatches=2,mbs=1", "microbatches=2,mbs=1", 3, kTpLr, 0, false,
                 [](TrainOptions& o) { o.seq_len = 10; });
 }
+// A MoE layer with shared experts under tp (whole chunks): the next attention's all-gather sums the experts' and
+// the shared experts' outputs (Core::take_hidden_sum; refused at create() before session 23).
+TEST(Parity, Tp2SharedExpert) {
+  expect_parity("tp=2,sp=1,microbatches=2,mbs=1", "microbatches=2,mbs=1", 3, kTpLr, 0, false, with_shared_expert);
+}
 // tp=4: three ring steps (shard (r-i-1) mod 4 arrives at step i); 24 tokens give shards of 6 rows, blocks 1, 2, 1, 2.
 TEST(Parity, Tp4Overlap) {
   expect_parity("tp=4,sp=1,tp_overlap=1,microbatches=2,mbs=1", "microbatches=2,mbs=1", 3, kTpLr, 4, false,

@@ -10,7 +10,8 @@
 //   DataParallel    the dp gradient all-reduce and ZeRO 1-3: shards, reduce-scatters, parameter all-gathers,
 //                   re-sharding at the free of a gathered buffer, sharded updates (executor_dp.cc)
 //   TensorParallel  the tp gather / scatter / reduce of hidden states, the sequence slice of unsplit chunks,
-//                   the gradient sum over tp (executor_tp.cc)
+//                   the gradient sum over tp (executor_tp.cc); tp_overlap's pieces of split chunks and of their
+//                   all-gathers and reduce-scatters (executor_tp_overlap.cc)
 //   ExpertParallel  ep dispatch / combine (flat or HALO), expert placement and migration, expert gradient
 //                   scaling and norm ownership, the per-step expert load (executor_ep.cc)
 //   M2n             af-pipe's routed attention <-> experts exchanges (eight variants) and the FFN group's
