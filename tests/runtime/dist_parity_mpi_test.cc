@@ -194,8 +194,8 @@ TEST(Parity, Tp4Overlap) {
 // With a pipeline: 1f1b runs BW pieces (the weight gradients at the last piece), zb-h1 B pieces and a whole W.
 TEST(Parity, Pp2Tp2Overlap) {
   expect_parity("pp=2,tp=2,sp=1,tp_overlap=1,schedule=1f1b,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
-  expect_parity("pp=2,tp=2,sp=1,tp_overlap=1,schedule=zb-h1,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr,
-                0, false, with_shared_expert);
+  expect_parity("pp=2,tp=2,sp=1,tp_overlap=1,schedule=zb-h1,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr, 0,
+                false, with_shared_expert);
 }
 // With data parallelism and ZeRO-3 (parameters gathered before the first piece), and ZeRO-1 with full
 // recomputation (the re-run forward is whole, on the input the pieces gathered).
@@ -412,7 +412,6 @@ TEST(Parity, DenseDp2Tp2NoSpZero) {
 }
 // ep=8: every one of tiny-moe's 8 experts on its own rank.
 TEST(Parity, Ep8) { expect_parity("dp=8,ep=8,microbatches=1,mbs=1", "microbatches=8,mbs=1", 3); }
-
 
 // check_runnable agrees with `piper train` on 4 ranks: a sweep over the meshes of 4 ranks (dp, tp, pp, ep), every
 // schedule, ZeRO 0/1/3, etp and tp_overlap, of the strategies valid for tiny-moe. Every one check_runnable refuses

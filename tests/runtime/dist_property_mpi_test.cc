@@ -5,7 +5,8 @@
 // tiny-moe on the run's world; each draw must validate (Strategy::validate_for) and be runnable (check_runnable,
 // which refuses nothing since tp_overlap runs; the draw does not keep tp_overlap: Parity.*Overlap test it). Every
 // drawn strategy trains 3 steps (Trainer::create compiles and verifies it), and each step's loss must be within
-// 1e-5 (relative) of one rank with the same global batch and micro-batch size. The first draws cover the compositions named by issue 26, where the world allows them: tp x ep,
+// 1e-5 (relative) of one rank with the same global batch and micro-batch size. The first draws cover the
+// compositions named by issue 26, where the world allows them: tp x ep,
 // dualpipev x ep x zero=3, interleaved pp=2 vpp=2, zb-h1 with ep, uneven af-pipe (tp=1) with ZeRO and recomputation;
 // then tp=2 x ep folded (every world), tp=2 x ep x etp=2 (4 and 8 ranks), and af-pipe with tp=2, sp=1 (etp=1, which
 // disagg=1 needs) on a split the world allows, drawn from its own stream (af_tp2_splits): dp=1 on 4 ranks (2:2) and

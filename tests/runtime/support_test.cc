@@ -68,8 +68,9 @@ TEST(RuntimeSupport, UnsupportedDimensionsAreNamed) {
   EXPECT_EQ(rs.max_ep, 0);
   // tp_overlap, the last refusal, runs since session 23 (exec/executor_tp_overlap.cc; Parity.Tp2Overlap*), with
   // pipelines, data parallelism, ZeRO and recomputation.
-  for (const char* s : {"tp=2,sp=1,tp_overlap=1,microbatches=2", "pp=2,tp=2,sp=1,tp_overlap=1,schedule=zb-h1,microbatches=4",
-                        "dp=2,tp=2,sp=1,tp_overlap=1,zero=3,recompute=full,microbatches=2"}) {
+  for (const char* s :
+       {"tp=2,sp=1,tp_overlap=1,microbatches=2", "pp=2,tp=2,sp=1,tp_overlap=1,schedule=zb-h1,microbatches=4",
+        "dp=2,tp=2,sp=1,tp_overlap=1,zero=3,recompute=full,microbatches=2"}) {
     EXPECT_TRUE(check_runnable(parse(s)).ok()) << s << ": " << check_runnable(parse(s)).to_string();
   }
 }

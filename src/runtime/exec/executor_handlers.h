@@ -197,10 +197,10 @@ class TensorParallel final : public Handler {
   Status resolve_collective_piece(const compile::Instruction& in, Task* t);
   Status gather_piece(const Task& t);   // one ring step of a split all-gather
   Status scatter_piece(const Task& t);  // one row block of a split reduce-scatter
-  Status begin_pieces(const Task& t, SplitNode& s, StepContext& ctx);
+  Status begin_pieces(const Task& t, SplitNode& s);
   Status finish_pieces(const Task& t, SplitNode& s, StepContext& ctx);
   std::shared_ptr<SplitNode> split_node(ir::NodeId node);
-  std::map<ir::NodeId, int> collective_pieces_;           // create() only: pieces seen per collective node
+  std::map<ir::NodeId, int> collective_pieces_;  // create() only: pieces seen per collective node
   std::mutex mu_;
   std::map<ir::NodeId, std::shared_ptr<SplitNode>> splits_;  // this step's split chunk nodes; mu_
 };

@@ -185,9 +185,11 @@ Status TensorParallel::scatter_piece(const Task& t) {
       const float* from = out->data() + (q * m + b.begin) * h;
       std::copy(from, from + b.size() * h, send->data() + q * b.size() * h);
     }
-    PIPER_ASSIGN_OR_RETURN(comm::Handle handle, t.comm->reduce_scatter_sum(send->data(), scattered->data() + b.begin * h,
-                                                                           static_cast<size_t>(b.size() * h)));
-    std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(send), decltype(scattered)>>(send, scattered);
+    PIPER_ASSIGN_OR_RETURN(
+        comm::Handle handle,
+        t.comm->reduce_scatter_sum(send->data(), scattered->data() + b.begin * h, static_cast<size_t>(b.size() * h)));
+    std::shared_ptr<const void> keep =
+        std::make_shared<std::pair<decltype(send), decltype(scattered)>>(send, scattered);
     PIPER_RETURN_IF_ERROR(core_.wait_comm(*t.comm, handle, keep, "tp_overlap reduce-scatter '" + in.label + "'"));
   }
   if (!t.last_piece) return ok_status();
@@ -206,12 +208,14 @@ Status TensorParallel::run_piece(const Task& t, StepContext& ctx) {
   const bool fwd = t.pass == ir::Pass::kF;
   std::shared_ptr<SplitNode> s = split_node(in.node);
   const bool first = (in.segment == Segment::kIn && t.piece == 0) || (in.segment == Segment::kRest && !in.split_in);
-  if (first) PIPER_RETURN_IF_ERROR(begin_pieces(t, *s, ctx));
+  if (first) PIPER_RETURN_IF_ERROR(begin_pieces(t, *s));
   if (s->stash == nullptr) return internal_error("'" + in.label + "' runs before the first piece of its node");
   Stash& st = *s->stash;
   const int64_t n = core_.mbs * core_.batch->seq_len;
   auto rows_in = [&](RowRange r) { fwd ? pc.forward_in(st, r) : pc.backward_in(st, r); };
-  auto rows_out = [&](RowRange r) { fwd ? pc.forward_out(st, r, s->output.get()) : pc.backward_out(st, r, s->output.get()); };
+  auto rows_out = [&](RowRange r) {
+    fwd ? pc.forward_out(st, r, s->output.get()) : pc.backward_out(st, r, s->output.get());
+  };
   if (in.segment == Segment::kIn) {
     rows_in(shard_rows(n, size_, ring(rank_ - t.piece, size_)));
   } else if (in.segment == Segment::kRest) {
@@ -235,12 +239,13 @@ Status TensorParallel::run_piece(const Task& t, StepContext& ctx) {
 
 // The first piece: the chunk's input (the gathered rows once this rank's are in, or the whole message) and the
 // stash (F: begun here; B: the forward's).
-Status TensorParallel::begin_pieces(const Task& t, SplitNode& s, StepContext& ctx) {
+Status TensorParallel::begin_pieces(const Task& t, SplitNode& s) {
   const Instruction& in = *t.in;
   const int64_t n = core_.mbs * core_.batch->seq_len, h = core_.model->dims().hidden;
   if (n % size_ != 0) {
     return invalid_argument("'" + in.label + "': sequence parallelism splits a microbatch's " + std::to_string(n) +
-                            " tokens (mbs * seq) over tp=" + std::to_string(size_) + "; make mbs * seq a multiple of tp");
+                            " tokens (mbs * seq) over tp=" + std::to_string(size_) +
+                            "; make mbs * seq a multiple of tp");
   }
   if (in.segment == Segment::kIn) {
     PIPER_RETURN_IF_ERROR(core_.wait_until(

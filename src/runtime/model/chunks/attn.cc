@@ -153,8 +153,7 @@ class AttnChunk : public Chunk, public PiecewiseChunk {
     float* dxn = st.dxn.data() + r.begin * h;
     float* dxr = dx->data() + r.begin * h;
     kernels::linear_backward_input(dxn, st.dqkv.data() + r.begin * w3, w(1), r.size(), h, w3);
-    kernels::rmsnorm_backward_input(dxr, dxn, st.x->data() + r.begin * h, w(0), st.rstd.data() + r.begin, r.size(),
-                                    h);
+    kernels::rmsnorm_backward_input(dxr, dxn, st.x->data() + r.begin * h, w(0), st.rstd.data() + r.begin, r.size(), h);
     if (residual_) add_into(dxr, dxr, st.dout->data() + r.begin * h, r.size() * h);
   }
 

@@ -120,8 +120,7 @@ class FfnChunk : public Chunk, public PiecewiseChunk {
     auto& st = static_cast<FfnStash&>(stash);
     for (int64_t i = 0; i < st.n; ++i) {
       float* dg = st.dg.data() + i * f_;
-      kernels::vec::swiglu_gate_backward(dg, st.du.data() + i * f_, dg, st.g.data() + i * f_, st.u.data() + i * f_,
-                                         f_);
+      kernels::vec::swiglu_gate_backward(dg, st.du.data() + i * f_, dg, st.g.data() + i * f_, st.u.data() + i * f_, f_);
     }
   }
 
