@@ -210,6 +210,8 @@ TEST(AfPipeParity, Tp2TwoAttentionTwoFfnRanks) {
   const std::string af = "dp=1,tp=2,sp=1,pp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=4,mbs=1";
   expect_parity(af, "microbatches=4,mbs=1", 4, 3);
   expect_parity(af + ",zero=1,recompute=full", "microbatches=4,mbs=1", 4, 3);
+  // tp_overlap: the attention ranks run their tp chunks in the compiler's pieces (exec/executor_tp_overlap.cc).
+  expect_parity(af + ",tp_overlap=1", "microbatches=4,mbs=1", 4, 3);
 }
 // Uneven 2:4 (dp=1, tp=2): one attention pipeline rank, two FFN pipeline ranks (the second holds experts only and no
 // tp exchange of its own, yet serves token slices), selective recomputation.
