@@ -118,6 +118,50 @@ void check_part(Part part) {
 TEST(TpSlice, AttentionHeadsAssembleAndSum) { check_part(Part::kAttention); }
 TEST(TpSlice, MlpUnitsAssembleAndSum) { check_part(Part::kDenseMlp); }
 
+// tp_overlap's row pieces (PiecewiseChunk): F and B run with the first GEMM's rows in one order and the last GEMM's
+// in uneven blocks in another give the whole chunk's output, input gradient and weight gradients.
+Run run_pieces(Chunk& c, const Tensor& x, const Tensor& dy, int64_t batch, int64_t seq) {
+  PiecewiseChunk* pc = c.piecewise();
+  EXPECT_NE(pc, nullptr) << c.name();
+  if (pc == nullptr) return {};
+  const int64_t n = batch * seq, h = x.shape()[1];
+  const std::vector<RowRange> in_rows = {{n / 2, n}, {0, n / 2}};            // shard 1, then shard 0
+  const std::vector<RowRange> out_rows = {{9, 16}, {0, 3}, {8, 9}, {3, 8}};  // 7, 3, 1, 5 rows
+  std::vector<int32_t> ids(static_cast<size_t>(n), 0);
+  Microbatch mb{ids.data(), ids.data(), batch, seq};
+  std::unique_ptr<Stash> st = pc->forward_begin(mb, std::make_shared<Tensor>(x.clone()));
+  for (RowRange r : in_rows) pc->forward_in(*st, r);
+  pc->forward_rest(*st);
+  Tensor y = Tensor::zeros_or_die({n, h}, MemCategory::kActivations);
+  for (RowRange r : out_rows) pc->forward_out(*st, r, &y);
+  pc->backward_begin(*st, std::make_shared<Tensor>(dy.clone()));
+  for (RowRange r : in_rows) pc->backward_in(*st, r);
+  pc->backward_rest(*st);
+  Tensor dx = Tensor::zeros_or_die({n, h}, MemCategory::kBuffers);
+  for (RowRange r : out_rows) pc->backward_out(*st, r, &dx);
+  c.backward_weight(StepContext{}, *st);
+  return Run{all(y), all(dx)};
+}
+
+TEST(TpSlice, RowPiecesInAnyOrderEqualTheWholeChunk) {
+  ChunkDims d = tiny_dims();
+  d.num_shared_experts = 1;  // tiny-moe has none
+  d.shared_intermediate = 128;
+  for (Part part : {Part::kAttention, Part::kDenseMlp, Part::kSharedExperts}) {
+    const std::string name = chunk_name(part);
+    auto whole = make_chunk(part, 0, d, 1234, nullptr).value();
+    auto pieces = make_chunk(part, 0, d, 1234, nullptr).value();
+    const Tensor x = random(16, d.hidden, 1), dy = random(16, d.hidden, 2);
+    const auto want = run(*whole, x, dy, 2, 8);
+    const auto got = run_pieces(*pieces, x, dy, 2, 8);
+    expect_near(got.y, want.y, name + " output");
+    expect_near(got.dx, want.dx, name + " input gradient");
+    for (size_t i = 0; i < whole->params().size(); ++i) {
+      expect_near(all(pieces->params()[i].grad), all(whole->params()[i].grad), name + " gradient " + std::to_string(i));
+    }
+  }
+}
+
 // The slices' recorded places (Param::global_shape with global_offset or global_blocks, what checkpoints store
 // them by) put every split parameter's elements where the whole chunk has them, each element exactly once.
 void check_places(Part part) {
