@@ -198,6 +198,7 @@ class TensorParallel final : public Handler {
   Status gather_piece(const Task& t);   // one ring step of a split all-gather
   Status scatter_piece(const Task& t);  // one row block of a split reduce-scatter
   Status begin_pieces(const Task& t, SplitNode& s);
+  Status piece_input(const Task& t, SplitNode& s, int64_t n, int64_t h);
   Status finish_pieces(const Task& t, SplitNode& s, StepContext& ctx);
   std::shared_ptr<SplitNode> split_node(ir::NodeId node);
   std::map<ir::NodeId, int> collective_pieces_;  // create() only: pieces seen per collective node

@@ -237,8 +237,46 @@ Status TensorParallel::run_piece(const Task& t, StepContext& ctx) {
   return t.last_piece ? finish_pieces(t, *s, ctx) : ok_status();
 }
 
-// The first piece: the chunk's input (the gathered rows once this rank's are in, or the whole message) and the
-// stash (F: begun here; B: the forward's).
+namespace {
+
+// A piece's whole input when the all-gather is not split: its producers' messages (Msg: Activation or Gradient),
+// summed in edge order as the whole chunk sums them.
+template <typename Msg, typename SumFn>
+Result<std::shared_ptr<const Tensor>> sum_messages(Core& core, const Task& t, int64_t n, int64_t h, SumFn sum) {
+  std::vector<Msg> msgs;
+  for (ir::NodeId src : t.sources) {
+    PIPER_ASSIGN_OR_RETURN(Msg m, core.take_message<Msg>(t, src));
+    msgs.push_back(std::move(m));
+  }
+  std::vector<const Msg*> ptrs;
+  for (const Msg& m : msgs) ptrs.push_back(&m);
+  return sum(*t.chunk, ptrs, n, h);
+}
+
+}  // namespace
+
+// The chunk's input for its first piece: the gathered rows once this rank's own are in (kIn), else the messages.
+Status TensorParallel::piece_input(const Task& t, SplitNode& s, int64_t n, int64_t h) {
+  if (t.in->segment != Segment::kIn) {
+    if (t.pass == ir::Pass::kF) {
+      PIPER_ASSIGN_OR_RETURN(s.x, sum_messages<Activation>(core_, t, n, h, sum_hidden));
+    } else {
+      PIPER_ASSIGN_OR_RETURN(s.x, sum_messages<Gradient>(core_, t, n, h, sum_dhidden));
+    }
+    return ok_status();
+  }
+  PIPER_RETURN_IF_ERROR(core_.wait_until(
+      [&] {
+        std::lock_guard<std::mutex> lock(mu_);
+        return s.own_rows;
+      },
+      Core::kWaitTimeout, "'" + t.in->label + "' waited 600 s for this rank's rows of its all-gather"));
+  std::lock_guard<std::mutex> lock(mu_);
+  s.x = s.input;
+  return ok_status();
+}
+
+// The first piece: the chunk's input and the stash (F: begun here; B: the forward's).
 Status TensorParallel::begin_pieces(const Task& t, SplitNode& s) {
   const Instruction& in = *t.in;
   const int64_t n = core_.mbs * core_.batch->seq_len, h = core_.model->dims().hidden;
@@ -247,34 +285,7 @@ Status TensorParallel::begin_pieces(const Task& t, SplitNode& s) {
                             " tokens (mbs * seq) over tp=" + std::to_string(size_) +
                             "; make mbs * seq a multiple of tp");
   }
-  if (in.segment == Segment::kIn) {
-    PIPER_RETURN_IF_ERROR(core_.wait_until(
-        [&] {
-          std::lock_guard<std::mutex> lock(mu_);
-          return s.own_rows;
-        },
-        Core::kWaitTimeout, "'" + in.label + "' waited 600 s for this rank's rows of its all-gather"));
-    std::lock_guard<std::mutex> lock(mu_);
-    s.x = s.input;
-  } else if (t.pass == ir::Pass::kF) {
-    std::vector<Activation> msgs;
-    for (ir::NodeId src : t.sources) {
-      PIPER_ASSIGN_OR_RETURN(Activation a, core_.take_message<Activation>(t, src));
-      msgs.push_back(std::move(a));
-    }
-    std::vector<const Activation*> ptrs;
-    for (const Activation& a : msgs) ptrs.push_back(&a);
-    PIPER_ASSIGN_OR_RETURN(s.x, sum_hidden(*t.chunk, ptrs, n, h));
-  } else {
-    std::vector<Gradient> msgs;
-    for (ir::NodeId src : t.sources) {
-      PIPER_ASSIGN_OR_RETURN(Gradient g, core_.take_message<Gradient>(t, src));
-      msgs.push_back(std::move(g));
-    }
-    std::vector<const Gradient*> ptrs;
-    for (const Gradient& g : msgs) ptrs.push_back(&g);
-    PIPER_ASSIGN_OR_RETURN(s.x, sum_dhidden(*t.chunk, ptrs, n, h));
-  }
+  PIPER_RETURN_IF_ERROR(piece_input(t, s, n, h));
   PiecewiseChunk& pc = *t.chunk->piecewise();
   if (t.pass == ir::Pass::kF) {
     const int64_t offset = static_cast<int64_t>(t.mb) * n;
