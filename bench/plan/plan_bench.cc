@@ -10,14 +10,11 @@
 // whether the two plans are equal.
 // Then the search of DeepSeek-V3 on 32 H800 nodes with the closed form's HALO memo against without it.
 // Then search + verification of the DeepSeek-V3 / 2,048-GPU case with the verdict cache against without it.
-// Then an etp variant of a simulated plan (SearchOptions::share_etp_compiles): DeepSeek-V3 / 2,048 GPUs, dp=64 pp=16
-// without ep; since session 22 the variant slices its experts, so it is compiled and simulated on its own (CPU
-// seconds, step time) and re-pricing the etp=1 compile for it must be refused.
 // Then the compile of the DeepSeek-V3 #1 plan (120 microbatches) for the simulator without Instruction::inputs/outputs
 // (SimOptions::data_edges = false, the planner's compiles) against with them, in the same run, alternating (3 pairs):
 // CPU seconds, ratio, and whether the plans are equal but for those fields.
 // `plan_bench --compile-only` runs only the compile comparison, `--memo-only` only the memo one, `--verify-cache-only`
-// only the verdict cache one, `--etp-share-only` only the etp one, `--data-edges-only` only the data edges one.
+// only the verdict cache one, `--data-edges-only` only the data edges one.
 #include <chrono>
 #include <ctime>
 #include <cstdio>
@@ -212,42 +209,6 @@ int run_compile_case() {
   return same ? 0 : 1;
 }
 
-// SearchOptions::share_etp_compiles on the 2,048-GPU case's mesh without expert parallelism. Since session 22 the
-// compiler slices the experts over etp with ep = 1 too, so the etp=2 variant is another plan: re-pricing the etp=1
-// compile for it is refused and re-scoring compiles it (sharing is left to plans that keep whole experts at every
-// etp, compile::lowered_etp). Measures the variant's own compile and checks the refusal.
-int run_etp_share_case() {
-  auto model = piper::load_model("deepseek-v3");
-  auto cluster = piper::load_cluster("h800", 256);
-  const std::string mesh =
-      "dp=64,tp=2,pp=16,vpp=1,ep=1,zero=1,sp=1,recompute=selective,schedule=dualpipev,"
-      "microbatches=240,mbs=1,order=tp-ep-dp-pp,";
-  auto donor = piper::Strategy::parse(mesh + "etp=1");
-  auto variant = piper::Strategy::parse(mesh + "etp=2");
-  if (!model.ok() || !cluster.ok() || !donor.ok() || !variant.ok()) return 1;
-  piper::TrainSpec train;
-  train.global_batch = 15360;
-  train.seq_len = 4096;
-  piper::sim::SimOptions so;
-  so.plan_hash = false;
-  auto donor_compile = piper::sim::compile_for_simulation(*model, *cluster, train, *donor, {}, so, 0);
-  if (!donor_compile.ok()) return 1;
-  std::clock_t c0 = std::clock();
-  auto own = piper::sim::compile_for_simulation(*model, *cluster, train, *variant, {}, so, 0);
-  if (!own.ok()) return 1;
-  const int sliced = own->plan.mesh.etp;
-  auto own_rep = piper::sim::simulate_compiled(std::move(own).value(), *model, *cluster, train, *variant, {}, so);
-  const double own_s = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
-  piper::compile::CompileResult shared = std::move(donor_compile).value();
-  const piper::Status refused = piper::sim::reprice_for_simulation(&shared, *model, *cluster, train, *variant, {});
-  if (!own_rep.ok()) return 1;
-  std::printf(
-      "deepseek-v3 h800 x256: the etp=2 variant of dp=64,pp=16,ep=1 (240 microbatches) compiles to etp=%d: own compile "
-      "and simulation %.2f s CPU, step time %.9f s; re-pricing the etp=1 compile %s\n",
-      sliced, own_s, own_rep->step_time_s, refused.ok() ? "was ACCEPTED (wrong)" : "is refused (another plan)");
-  return refused.ok() || sliced != 2 ? 1 : 0;
-}
-
 // SimOptions::data_edges on the #1 plan's full compile for the simulator (DeepSeek-V3 / 2,048 GPUs, m = 120).
 int run_data_edges_case() {
   auto model = piper::load_model("deepseek-v3");
@@ -294,7 +255,6 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--compile-only") return run_compile_case();
   if (argc > 1 && std::string(argv[1]) == "--memo-only") return run_memo_case(2);
   if (argc > 1 && std::string(argv[1]) == "--verify-cache-only") return run_verify_cache_case(2);
-  if (argc > 1 && std::string(argv[1]) == "--etp-share-only") return run_etp_share_case();
   if (argc > 1 && std::string(argv[1]) == "--data-edges-only") return run_data_edges_case();
   int rc = 0;
   rc |= run_case("deepseek-v3", "h800", 256, 15360, 4096, 2);
@@ -303,7 +263,6 @@ int main(int argc, char** argv) {
   rc |= run_rescore_case(2);
   rc |= run_compile_case();
   rc |= run_verify_cache_case(2);
-  rc |= run_etp_share_case();
   rc |= run_data_edges_case();
   std::printf("goal: the DeepSeek-V3 plan (search + verification of the top 5) under 60 s on 2 cores\n");
   return rc;

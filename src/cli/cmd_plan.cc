@@ -53,7 +53,6 @@ struct PlanOptions {
   bool no_memory_screen = false;
   bool no_verify_cache = false;
   bool no_closed_form_memo = false;
-  bool no_etp_compile_share = false;
   bool compile_data_edges = false;
   int verify_attempts = 3;
   int simulate_top = -1;  // -1: not given (as many as --top)
@@ -133,15 +132,11 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
     std::printf("verify    %s\n", verify ? "nothing to compile (no plan fits)" : "off (--no-verify)");
   }
   if (st.simulated > 0) {
-    const std::string shared = st.simulate_compiles_shared > 0
-                                   ? ", " + std::to_string(st.simulate_compiles_shared) +
-                                         " from an etp variant's compile (re-priced, not compiled)"
-                                   : "";
     std::printf(
-        "simulate  %lld simulated (%lld failed, %lld stopped by the budget%s), local search %lld tried / %lld "
+        "simulate  %lld simulated (%lld failed, %lld stopped by the budget), local search %lld tried / %lld "
         "improved, %s%s\n",
         static_cast<long long>(st.simulated - st.simulate_stopped), static_cast<long long>(st.simulate_failed),
-        static_cast<long long>(st.simulate_stopped), shared.c_str(), static_cast<long long>(st.local_search_tried),
+        static_cast<long long>(st.simulate_stopped), static_cast<long long>(st.local_search_tried),
         static_cast<long long>(st.local_search_improved), format_seconds(st.simulate_time_s).c_str(),
         st.simulate_budget_hit ? " (stopped by --sim-budget-s)" : "");
   }
@@ -447,7 +442,6 @@ Status run_plan(const PlanOptions& o) {
   options.memory_screen = !o.no_memory_screen;
   options.verify_cache = !o.no_verify_cache;
   options.memoise_closed_form = !o.no_closed_form_memo;
-  options.share_etp_compiles = !o.no_etp_compile_share;
   options.data_edges = o.compile_data_edges;
   options.verify_attempts_per_plan = o.verify_attempts;
   options.threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
@@ -541,9 +535,6 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
                 "(the former path; same verdicts)");
   sub->add_flag("--no-closed-form-memo", o->no_closed_form_memo,
                 "recompute the HALO all-to-all time for every candidate (the former path; same estimates)");
-  sub->add_flag("--no-etp-compile-share", o->no_etp_compile_share,
-                "re-scoring: compile a plan that differs from a simulated one only in etp instead of re-pricing that "
-                "plan's compile (the former path; same step times)");
   sub->add_flag("--compile-data-edges", o->compile_data_edges,
                 "compile the plans verified and simulated with their instructions' data edges, which neither reads "
                 "(the former path; same verdicts and step times)");

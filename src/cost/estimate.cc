@@ -17,13 +17,6 @@ namespace {
 
 double dtype_width(DType d) { return d == DType::kFP32 ? 4 : d == DType::kFP8 ? 1 : 2; }
 
-// Communication groups of the mesh: ranks are numbered with the first axis of `order` innermost.
-struct MeshGroups {
-  GroupLayout tp, ep, dp, expert_dp;
-  GroupLayout etp;  // the etp consecutive tensor ranks that slice the same experts (size 1 folded: etp = 1)
-  bool pp_cross_node = false;
-};
-
 MeshGroups mesh_groups(const Strategy& s, const Network& net) {
   int stride_tp = 1, stride_ep = 1, stride_dp = 1, stride_pp = 1;
   int stride = 1;
@@ -123,14 +116,6 @@ const DeviceModel& CostModel::device_for(Part part) const {
   }
 }
 
-int CostModel::moe_layers_before(int x) const {
-  if (!model_.is_moe()) return 0;
-  const int k = model_.moe.first_k_dense_layers;
-  const int f = std::max(1, model_.moe.layer_freq);
-  x = std::min(x, model_.num_layers);
-  return x <= k ? 0 : (x - k + f - 1) / f;
-}
-
 Result<Estimate> CostModel::estimate(const Strategy& s) const {
   Estimate e;
   PIPER_RETURN_IF_ERROR(estimate(s, &e));
@@ -199,6 +184,408 @@ Result<double> CostModel::halo_ep_layer_s(const GroupLayout& ep_group, double to
   return layer_s;
 }
 
+namespace {
+
+// The closed form's steps (CostModel::estimate, at the end of this file): one microbatch's layer times, the
+// activation bytes per token, then each pipeline rank's layers, memory and time, then the step on the bottleneck
+// rank (pipeline P2P, the data-parallel sync, the bubble, the optimizer).
+
+bool split_backward(ScheduleKind kind) { return kind == ScheduleKind::kZBH1 || kind == ScheduleKind::kDualPipeV; }
+
+PartTimes part_times(const CostModel& cm, const Strategy& s, const PartShape& shape) {
+  PartTimes pt;
+  pt.recompute = s.recompute;
+  for (int i = 0; i < kNumParts; ++i) {
+    PartCost c = part_cost(cm.parts(), static_cast<Part>(i), shape);
+    pt.t[i] = part_fbw(c, cm.device_for(static_cast<Part>(i)));
+  }
+  return pt;
+}
+
+// One layer per microbatch, identical on every rank: the compute of its chunks (with recomputation, and the
+// slower GEMMs under tp_overlap) and the communication of each kind.
+struct LayerTimes {
+  Fbw attn, moe_ffn, dense_ffn;
+  double tp_dense_s = 0, tp_moe_s = 0;  // TP collectives of a dense and of a MoE layer, exposed
+  double ep_s = 0;                      // EP dispatch and combine, both passes
+  double etp_s = 0;                     // the etp group's gather and reduce-scatter, both passes
+};
+
+// Megatron's --tp-comm-overlap (cost/tp_overlap.h): each block's all-gather and reduce-scatter pipeline with its
+// first and last GEMM, forward and backward, as the compiled plan runs them; the last GEMM runs on the SMs the
+// reduce-scatter leaves it (compute grows by that). A fused backward (B and W in one chunk) overlaps with both its
+// gradient GEMMs; a split one (zb-h1, dualpipev) with the B's. The re-run collectives of a recomputed forward stay
+// whole (compile/lower.h).
+struct TpOverlap {
+  double ag = 0, rs = 0;  // the whole all-gather; the reduce-scatter as kTpOverlapRsPieces smaller ones
+  double slow = 1;        // the last GEMM's slow-down
+  bool split = false;     // split backward
+  int tp = 1;
+};
+
+// The exposed TP time of one block whose GEMMs are `matmul`'s; adds the last GEMM's slow-down to *compute.
+double tp_overlap_block_s(const CostModel& cm, const PartShape& shape, const TpOverlap& o, Part matmul, Fbw* compute) {
+  const BlockGemms gm = block_gemms(cm.parts(), cm.device(), shape, matmul);
+  const double b_first = gm.first_s[1] + (o.split ? 0 : gm.first_s[2]);
+  compute->f += gm.last_s[0] * (o.slow - 1);
+  compute->b += gm.last_s[1] * (o.slow - 1);
+  if (!o.split) compute->w += gm.last_s[2] * (o.slow - 1);
+  const double b_last = (gm.last_s[1] + (o.split ? 0 : gm.last_s[2])) * o.slow;
+  return tp_overlap_all_gather_exposed_s(o.ag, gm.first_s[0], o.tp) +
+         tp_overlap_reduce_scatter_exposed_s(o.rs, gm.last_s[0] * o.slow, kTpOverlapRsPieces) +
+         tp_overlap_all_gather_exposed_s(o.ag, b_first, o.tp) +
+         tp_overlap_reduce_scatter_exposed_s(o.rs, b_last, kTpOverlapRsPieces);
+}
+
+// TP: two all-reduces (or reduce-scatter + all-gather under SP, the same bytes) forward, two backward, and two
+// more when full recomputation re-runs them (Calibration::recompute_reruns_tp_collectives: Megatron-LM's).
+void add_tp_times(const CostModel& cm, const Strategy& s, ScheduleKind kind, const PartShape& shape,
+                  const GroupLayout& tp, double tokens, LayerTimes* lt) {
+  const Network& net = cm.network();
+  const Calibration& cal = cm.calibration();
+  const double wire_b = cm.train().comm_bytes();
+  const double h = cm.parts().hidden;
+  const double tp_ar_s = s.tp > 1 ? net.all_reduce_s(tokens * h * wire_b, tp, AllReduceAlgo::kRing) : 0.0;
+  const double tp_rerun_s = s.recompute == Recompute::kFull && cal.recompute_reruns_tp_collectives ? 2 * tp_ar_s : 0.0;
+  lt->tp_dense_s = 4 * tp_ar_s + tp_rerun_s;
+  lt->tp_moe_s = lt->tp_dense_s;
+  if (!s.tp_overlap) return;
+  TpOverlap o;
+  o.split = split_backward(kind);
+  o.ag = net.all_gather_s(tokens * h * wire_b, tp);
+  o.rs = kTpOverlapRsPieces * net.reduce_scatter_s(tokens * h * wire_b / kTpOverlapRsPieces, tp);
+  o.slow = 1 / cal.tp_overlap_gemm_sm_share;
+  o.tp = s.tp;
+  const double attn_s = tp_overlap_block_s(cm, shape, o, Part::kAttention, &lt->attn);
+  lt->tp_dense_s = attn_s + tp_overlap_block_s(cm, shape, o, Part::kDenseMlp, &lt->dense_ffn) + tp_rerun_s;
+  // A MoE layer's second pair overlaps with the shared experts' GEMMs, if the model has them.
+  lt->tp_moe_s = attn_s +
+                 (cm.parts().shared_params > 0 ? tp_overlap_block_s(cm, shape, o, Part::kSharedExperts, &lt->moe_ffn)
+                                               : 2 * tp_ar_s) +
+                 tp_rerun_s;
+}
+
+// Expert tensor parallelism: the gather of the routed rows over the etp group before the experts and the
+// reduce-scatter of their partial outputs after, forward and backward (the plan's etp exchanges, on the ep
+// stream beside the all-to-alls, or alone with ep = 1); each buffer holds the etp group's rows.
+double etp_layer_s(const CostModel& cm, const Strategy& s, const GroupLayout& etp, double tokens) {
+  if (s.etp <= 1 || s.fold || !cm.model().is_moe()) return 0.0;
+  const double group_rows_bytes = tokens / s.tp * cm.parts().top_k * cm.combine_bytes_per_token() * s.etp;
+  const Network& net = cm.network();
+  return 2 * (net.all_gather_s(group_rows_bytes, etp) + net.reduce_scatter_s(group_rows_bytes, etp));
+}
+
+// Every layer time but the EP all-to-alls (CostModel::ep_layer_s).
+LayerTimes layer_times(const CostModel& cm, const Strategy& s, ScheduleKind kind, const PartShape& shape,
+                       const PartTimes& pt, const MeshGroups& g, double tokens) {
+  LayerTimes lt;
+  lt.attn = pt.attention();
+  lt.moe_ffn = pt.recomputed(Part::kRouter);
+  lt.moe_ffn += pt.recomputed(Part::kExperts);
+  lt.moe_ffn += pt.recomputed(Part::kSharedExperts);
+  lt.dense_ffn = pt.recomputed(Part::kDenseMlp);
+  add_tp_times(cm, s, kind, shape, g.tp, tokens, &lt);
+  lt.etp_s = etp_layer_s(cm, s, g.etp, tokens);
+  return lt;
+}
+
+// Bytes per token that a layer (dense, MoE), the head and the embedding stash for the backward (activations.h),
+// the B -> W gradients a split backward holds between them (zb-h1, dualpipev's zero-bubble steps), and what a
+// recomputed layer re-materialises during its backward.
+struct ActBytes {
+  double dense = 0, moe = 0, head = 0, emb = 0;
+  double wg_dense = 0, wg_moe = 0, wg_head = 0, wg_emb = 0;
+  double recomputed_layer = 0;
+};
+
+// A recomputed layer's peak: the attention chunk's stash under selective recomputation per chunk; under full,
+// the largest chunk's stash (attention or FFN with its norm), as Piper's runtime re-runs one chunk at a time.
+double recomputed_layer_bytes_per_token(const ModelSpec& model, const Strategy& s, const ActivationOptions& ao) {
+  if (s.recompute == Recompute::kSelective && ao.recompute_per_chunk) {
+    return layer_activation_peak_bytes_per_token(model, false, ao).attention;  // the same for dense and MoE layers
+  }
+  if (s.recompute != Recompute::kFull) return 0.0;
+  auto rematerialised = [&](bool moe_layer) {
+    LayerActivation a = layer_activation_peak_bytes_per_token(model, moe_layer, ao);
+    return ao.recompute_per_chunk ? std::max(a.attention, a.mlp) + a.norms / 2 : a.total();
+  };
+  return std::max(rematerialised(false), model.is_moe() ? rematerialised(true) : 0.0);
+}
+
+ActBytes act_bytes_per_token(const CostModel& cm, const Strategy& s, ScheduleKind kind) {
+  const ModelSpec& model = cm.model();
+  ActivationOptions ao;
+  ao.tp = s.tp;
+  ao.etp = s.etp;
+  ao.sp = s.sp;
+  ao.recompute = s.recompute;
+  ao.recompute_moe_norm = s.recomputes_module("layernorm");
+  ao.recompute_moe_act = s.recomputes_module("moe_act");
+  ao.seq_len = cm.train().seq_len;
+  ao.act_bytes = cm.train().activation_bytes();
+  ActBytes a;
+  a.dense = layer_activation_bytes_per_token(model, false, ao).total();
+  a.moe = model.is_moe() ? layer_activation_bytes_per_token(model, true, ao).total() : 0.0;
+  a.head = head_activation_bytes_per_token(model, ao);
+  a.emb = embedding_activation_bytes_per_token(model, ao);
+  const bool split_bw = split_backward(kind);
+  a.wg_dense = split_bw ? layer_weight_grad_input_bytes_per_token(model, false, ao) : 0.0;
+  a.wg_moe = split_bw && model.is_moe() ? layer_weight_grad_input_bytes_per_token(model, true, ao) : 0.0;
+  a.wg_head = split_bw ? head_weight_grad_input_bytes_per_token(model, ao) : 0.0;
+  a.wg_emb = split_bw ? embedding_weight_grad_input_bytes_per_token(model, ao) : 0.0;
+  a.recomputed_layer = recomputed_layer_bytes_per_token(model, s, ao);
+  return a;
+}
+
+// Pipeline rank r's share of the model: its layers over its chunks (the compiler's partition), the embedding and
+// the head if its chunks hold the first and last stage, and the activations it holds.
+struct RankLayers {
+  int layers = 0, moe = 0;
+  bool emb = false, head = false;
+  double act_peak = 0;  // bytes held at the rank's peak: in-flight units x each chunk's microbatch bytes
+  double chunk_act_b[2] = {0, 0}, chunk_wg_b[2] = {0, 0};  // per microbatch: stash, B -> W gradients
+  int dense() const { return layers - moe; }
+};
+
+RankLayers rank_layers(const CostModel& cm, const Strategy& s, const PipelineShape& pl, const ActBytes& a,
+                       double tokens, int r) {
+  const ScheduleKind kind = pl.kind;
+  const int p = pl.p, v = pl.v, stages = pl.stages(), m = pl.m;
+  const double T = tokens;
+  RankLayers x;
+  for (int c = 0; c < v; ++c) {
+    const int st = stage_of_chunk(kind, p, v, r, c);
+    const auto [lo, hi] = stage_layers(cm.model().num_layers, stages, st);  // the compiler's partition
+    const int moe = cm.moe_layers_before(hi) - cm.moe_layers_before(lo);
+    x.layers += hi - lo;
+    x.moe += moe;
+    double chunk_act = T * ((hi - lo - moe) * a.dense + moe * a.moe);
+    double chunk_wg = T * ((hi - lo - moe) * a.wg_dense + moe * a.wg_moe);
+    if (st == 0) {
+      x.emb = true;
+      chunk_act += T * a.emb;
+      chunk_wg += T * a.wg_emb;
+    }
+    if (st == stages - 1) {
+      x.head = true;
+      chunk_act += T * a.head;
+      chunk_wg += T * a.wg_head;
+    }
+    // ep_overlap: one more warm-up forward holds one more chunk-microbatch (spread over the rank's chunks).
+    const double units = chunk_in_flight_units(kind, p, m, v, r, c) + (s.ep_overlap ? 1.0 / v : 0.0);
+    x.act_peak += std::min(units, static_cast<double>(m)) * chunk_act;
+    if (c < 2) {
+      x.chunk_act_b[c] = chunk_act;
+      x.chunk_wg_b[c] = chunk_wg;
+    }
+  }
+  return x;
+}
+
+RankParams rank_params(const CostModel& cm, const Strategy& s, const RankLayers& x) {
+  const PartTable& table = cm.parts();
+  RankParams params;
+  params.dense = x.layers * (table.attention_params / s.tp + table.norm_params_per_layer) +
+                 x.dense() * table.dense_mlp_params / s.tp + x.moe * (table.router_params + table.shared_params / s.tp);
+  if (x.emb) params.dense += table.embedding_params / s.tp;
+  if (x.head && (!cm.model().tie_embeddings || !x.emb)) params.dense += table.head_params / s.tp;
+  params.expert = x.moe * local_experts(cm, s) * table.expert_params / s.etp;
+  return params;
+}
+
+// The largest layer's parameters that ZeRO shards: experts only when they are replicated (edp > 1); with ep == dp
+// each rank's experts are its own, never gathered or reduce-scattered.
+double largest_sharded_layer_params(const CostModel& cm, const Strategy& s, const RankLayers& x) {
+  const PartTable& table = cm.parts();
+  if (s.dp <= 1) return 0.0;
+  const double sharded_experts = expert_shard(s) > 1 ? local_experts(cm, s) * table.expert_params / s.etp : 0.0;
+  return table.attention_params / s.tp +
+         std::max(x.dense() > 0 ? table.dense_mlp_params / s.tp : 0.0,
+                  x.moe > 0 ? table.shared_params / s.tp + table.router_params + sharded_experts : 0.0);
+}
+
+// Deferred W: its B -> W gradients on top of the activation peak (counted as buffers, as the runtime does).
+double deferred_w_bytes(const PipelineShape& pl, const RankLayers& x, int r) {
+  const ScheduleKind kind = pl.kind;
+  const int p = pl.p, m = pl.m;
+  if (kind == ScheduleKind::kZBH1) return deferred_w_units(kind, p, m, r) * x.chunk_wg_b[0];
+  if (kind != ScheduleKind::kDualPipeV) return 0.0;
+  // Step 3 (B1 W1 F1): 2p-r-1 + r+1 units and one chunk-1 W pending; cool-down (steps 6-8): p-r-1 chunk-0 units
+  // not yet backwarded plus r+1 deferred units of either chunk. The main phase (the 2p+1 peak) has no split
+  // backward.
+  const double a_max = std::max(x.chunk_act_b[0], x.chunk_act_b[1]);
+  const double g_max = std::max(x.chunk_wg_b[0], x.chunk_wg_b[1]);
+  const double step3 =
+      r < p - 1 ? (2 * p - r - 1) * x.chunk_act_b[0] + (r + 1) * x.chunk_act_b[1] + x.chunk_wg_b[1] : 0.0;
+  const double cool = (p - r - 1) * x.chunk_act_b[0] + (r + 1) * (a_max + g_max);
+  return std::max(0.0, std::max(step3, cool) - x.act_peak);
+}
+
+// Communication staging, ZeRO's buffers, the recomputed layer's scratch, the workspace and deferred W.
+double rank_buffer_bytes(const CostModel& cm, const Strategy& s, const PipelineShape& pl, const RankLayers& x,
+                         double recomputed_layer, double tokens, int r) {
+  const ByteConvention& bytes = cm.bytes();
+  const double T = tokens;
+  double buffers = cm.calibration().workspace_bytes;
+  const double sp_div = s.sp ? s.tp : 1;
+  if (s.pp > 1) buffers += 4 * T * cm.parts().hidden * cm.train().comm_bytes() / sp_div;  // P2P, both ways
+  if (s.ep > 1 && x.moe > 0) {  // all-to-all staging: the dispatched tokens and the combine's
+    buffers += T / s.tp * cm.parts().top_k * (cm.dispatch_bytes_per_token() + cm.combine_bytes_per_token());
+  }
+  // ZeRO-2/3: the full gradients of the chunks between their weight-gradient task and their per-microbatch
+  // reduce-scatter; ZeRO-3: the gathered parameters of the unit running and the one prefetched. The compiler's
+  // prefetch window (stream_order.cc) holds two FSDP units: two layers.
+  const double largest_layer = largest_sharded_layer_params(cm, s, x);
+  if (s.zero >= 2) buffers += largest_layer * bytes.grad;       // gradient bucket
+  if (s.zero >= 3) buffers += 2 * largest_layer * bytes.param;  // gathered + prefetched
+  buffers += T * recomputed_layer;
+  return buffers + deferred_w_bytes(pl, x, r);
+}
+
+MemoryBreakdown rank_memory(const CostModel& cm, const Strategy& s, const PipelineShape& pl, const RankLayers& x,
+                            const RankParams& params, double recomputed_layer, double tokens, int r) {
+  ModelStateBytes states = model_state_bytes(params.dense, s.zero, s.dp, cm.bytes());
+  states += model_state_bytes(params.expert, s.zero, expert_shard(s), cm.bytes());
+  MemoryBreakdown mem;
+  mem.params = states.params;
+  mem.grads = states.grads;
+  mem.optimizer = states.optimizer;
+  mem.activations = x.act_peak;
+  mem.buffers = rank_buffer_bytes(cm, s, pl, x, recomputed_layer, tokens, r);
+  return mem;
+}
+
+// One microbatch on a rank: compute, and the TP and EP communication it cannot hide. DualPipeV overlaps one
+// microbatch's forward with another's backward, hiding the EP all-to-all behind the paired compute; the other
+// schedules run it on the critical path.
+struct RankTime {
+  Fbw t;
+  double tp_s = 0, ep_exposed_s = 0;
+  double total() const { return t.f + t.b + t.w + tp_s + ep_exposed_s; }
+};
+
+RankTime rank_time(const PartTimes& pt, const LayerTimes& lt, const Strategy& s, const PipelineShape& pl,
+                   const RankLayers& x, int r) {
+  const ScheduleKind kind = pl.kind;
+  const int p = pl.p, v = pl.v, m = pl.m;
+  RankTime rt;
+  rt.t = lt.attn * x.layers;
+  rt.t += lt.moe_ffn * x.moe;
+  rt.t += lt.dense_ffn * x.dense();
+  if (x.emb) rt.t += pt(Part::kEmbedding);
+  if (x.head) rt.t += pt(Part::kHead);
+  const double compute = rt.t.f + rt.t.b + rt.t.w;
+  rt.tp_s = (x.layers - x.moe) * lt.tp_dense_s + x.moe * lt.tp_moe_s;
+  const double ep_s = x.moe * (lt.ep_s + lt.etp_s);
+  // ep_overlap (Megatron's combined 1F1B) pairs only the steady-state steps: m v - warm-up of the rank's m v
+  // forwards (and as many backwards) run in a pair, the warm-up forwards and cool-down backwards alone.
+  double paired = kind == ScheduleKind::kDualPipeV ? 1.0 : 0.0;
+  if (s.ep_overlap) {
+    const double warmup = std::min<double>(in_flight_units(kind, p, m, v, r), m * v);  // incl. the extra one
+    paired = std::max(0.0, (m * v - warmup) / (m * v));
+  }
+  rt.ep_exposed_s = paired * std::max(0.0, ep_s - compute) + (1 - paired) * ep_s;
+  return rt;
+}
+
+// The rank that sets the pace (the largest time per microbatch) and its parameters, for the step.
+struct Bottleneck {
+  RankTime time;
+  RankParams params;
+};
+
+// Every pipeline rank's memory (out->ranks, worst_rank, memory, fits) and time (bottleneck_rank).
+Bottleneck price_ranks(const CostModel& cm, const Strategy& s, const PipelineShape& pl, const PartTimes& pt,
+                       const LayerTimes& lt, double tokens, Estimate* out) {
+  const ActBytes a = act_bytes_per_token(cm, s, pl.kind);
+  out->ranks.resize(pl.p);
+  out->device_memory_bytes = static_cast<double>(cm.cluster().device.memory_bytes);
+  double worst_total = -1, worst_time = -1;
+  Bottleneck b;
+  for (int r = 0; r < pl.p; ++r) {
+    const RankLayers x = rank_layers(cm, s, pl, a, tokens, r);
+    const RankParams params = rank_params(cm, s, x);
+    MemoryBreakdown& mem = out->ranks[r];
+    mem = rank_memory(cm, s, pl, x, params, a.recomputed_layer, tokens, r);
+    if (mem.total() > worst_total) {
+      worst_total = mem.total();
+      out->worst_rank = r;
+    }
+    const RankTime t = rank_time(pt, lt, s, pl, x, r);
+    if (t.total() > worst_time) {
+      worst_time = t.total();
+      b = {t, params};
+      out->bottleneck_rank = r;
+    }
+  }
+  out->memory = out->ranks[out->worst_rank];
+  out->fits = out->memory.total() <= out->device_memory_bytes;
+  return b;
+}
+
+// Pipeline P2P on the critical path per step.
+double pp_exposed_s(const CostModel& cm, const Strategy& s, const PipelineShape& pl, const MeshGroups& g,
+                    double tokens) {
+  const ScheduleKind kind = pl.kind;
+  const int p = pl.p, v = pl.v, m = pl.m;
+  if (p <= 1) return 0.0;
+  const Network& net = cm.network();
+  const Calibration& cal = cm.calibration();
+  // Scatter/gather (2021 Megatron-LM, Calibration::p2p_scatter_gather): each tp rank sends 1/tp of the boundary
+  // tensor and the receiver all-gathers it over tp on the compute stream, so a transfer costs both.
+  const double sp_div = s.sp ? s.tp : 1;
+  const double boundary_b = tokens * cm.parts().hidden * cm.train().comm_bytes() / sp_div;
+  const bool split = cal.p2p_scatter_gather && s.tp > 1 && !s.sp;
+  const double hop = split ? net.p2p_s(boundary_b / s.tp, g.pp_cross_node) + net.all_gather_s(boundary_b, g.tp)
+                           : net.p2p_s(boundary_b, g.pp_cross_node);
+  // Blocking P2P per microbatch (activations forward, gradients backward) unless the schedule overlaps it
+  // (interleaved and dualpipev post P2P asynchronously; only the fill and drain hops stay exposed). With
+  // Calibration::p2p_blocking (2021 Megatron-LM waits for every batched isend/irecv) every one of the rank's
+  // 2 m v transfers is exposed, v per microbatch and direction under the interleaved schedule; for v = 1 this
+  // is the 1F1B count.
+  const bool async = !cal.p2p_blocking && (kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kDualPipeV);
+  const double chunks = kind == ScheduleKind::kInterleaved ? v : 1;
+  return async ? 2.0 * (p - 1) * hop : 2.0 * (m * chunks + p - 1) * hop;
+}
+
+// The step on the bottleneck rank: its microbatches, the pipeline's P2P and bubble, the data-parallel sync and the
+// optimizer step; then tokens/s and MFU.
+void price_step(const CostModel& cm, const Strategy& s, const PipelineShape& pl, const PartTimes& parts,
+                const MeshGroups& g, const LayerTimes& layer, const Bottleneck& b, double tokens, Estimate* out) {
+  const int m = pl.m;
+  const Fbw& t = b.time.t;
+  const double per_mb_comm = b.time.tp_s + b.time.ep_exposed_s;
+  const double t_f = t.f + per_mb_comm / 2;
+  const double t_b = t.b + t.w + per_mb_comm / 2;  // B and W
+  const double shard_params =
+      s.zero >= 1 ? b.params.dense / s.dp + b.params.expert / expert_shard(s) : b.params.dense + b.params.expert;
+  out->t_f_s = t_f;
+  out->t_b_s = t_b;
+  out->t_w_s = t.w;
+  out->comm.tp_s = m * b.time.tp_s;
+  out->comm.ep_s = m * b.time.ep_exposed_s;
+  out->comm.pp_s = pp_exposed_s(cm, s, pl, g, tokens);
+  out->comm.dp_s =
+      dp_exposed_s(cm, s, pl, parts, g, {out->bottleneck_rank, b.params, t_f, t_b, layer.ep_s, b.time.ep_exposed_s});
+  out->time.compute_s = m * (t.f + t.b + t.w);
+  out->time.exposed_comm_s = out->comm.tp_s + out->comm.ep_s + out->comm.pp_s + out->comm.dp_s;
+  out->time.bubble_s = bubble_time_s(pl.kind, pl.p, pl.v, t_f, t_b, t.w);
+  out->time.optimizer_s = cm.device().time_s(0, shard_params * optimizer_step_bytes_per_param(cm.bytes()), 0);
+  finish_step(s, static_cast<double>(cm.train().seq_len), cm.flops_per_token(), cm.device().peak_flops(), out);
+}
+
+}  // namespace
+
+// EP: dispatch and combine forward, their transposes backward.
+Result<double> CostModel::ep_layer_s(const Strategy& s, const GroupLayout& ep_group, double tokens) const {
+  if (s.ep <= 1 || !model_.is_moe()) return 0.0;
+  const double rank_tokens = tokens / s.tp;
+  if (s.a2a == "halo") return halo_ep_layer_s(ep_group, rank_tokens);
+  const double k = table_.top_k;
+  return net_.all_to_all_flat_s(rank_tokens * k * dispatch_bytes_per_token(), ep_group) +
+         3 * net_.all_to_all_flat_s(rank_tokens * k * combine_bytes_per_token(), ep_group);
+}
+
 Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   PIPER_RETURN_IF_ERROR(s.validate_for(model_, train_, cluster_.world_size()));
   if (s.disaggregate) return estimate_af_pipe(s, out);
@@ -208,405 +595,15 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
                          " is a registered schedule the closed form has no model of (its order is code); "
                          "price it with `piper simulate`");
   }
-  const int p = s.pp, v = s.chunks_per_rank(), stages = p * v, m = s.microbatches;
-  const int L = model_.num_layers;
-  const double T = static_cast<double>(s.mbs) * static_cast<double>(train_.seq_len);
-  const double act_b = train_.activation_bytes();  // stashed for the backward
-  const double wire_b = train_.comm_bytes();       // TP collectives, PP sends, combine
-  const double h = table_.hidden;
-  const double sp_div = s.sp ? s.tp : 1;
-
-  // --- per-layer part times (identical on every rank) ---
+  const PipelineShape pl{kind, s.pp, s.chunks_per_rank(), s.microbatches};
+  const double tokens = static_cast<double>(s.mbs) * static_cast<double>(train_.seq_len);
   const PartShape shape = part_shape(s, calibration_);
-  Fbw part_t[kNumParts];
-  for (int i = 0; i < kNumParts; ++i) {
-    PartCost c = part_cost(table_, static_cast<Part>(i), shape);
-    part_t[i] = part_fbw(c, device_for(static_cast<Part>(i)));
-  }
-  auto part = [&](Part q) { return part_t[static_cast<int>(q)]; };
-  auto recomputed = [&](Part q) { return with_recompute(part(q), q, s.recompute); };
-  Fbw attn = recomputed(Part::kAttention);
-  attn += recomputed(Part::kAttentionCore);
-  attn += recomputed(Part::kNorms);
-  Fbw moe_ffn = recomputed(Part::kRouter);
-  moe_ffn += recomputed(Part::kExperts);
-  moe_ffn += recomputed(Part::kSharedExperts);
-  Fbw dense_ffn = recomputed(Part::kDenseMlp);
-
-  // --- communication per layer and microbatch ---
-  MeshGroups g = mesh_groups(s, net_);
-  // TP: two all-reduces (or reduce-scatter + all-gather under SP, the same bytes) forward, two backward, and two
-  // more when full recomputation re-runs them (Calibration::recompute_reruns_tp_collectives: Megatron-LM's).
-  const double tp_ar_s = s.tp > 1 ? net_.all_reduce_s(T * h * wire_b, g.tp, AllReduceAlgo::kRing) : 0.0;
-  const double tp_rerun_s =
-      s.recompute == Recompute::kFull && calibration_.recompute_reruns_tp_collectives ? 2 * tp_ar_s : 0.0;
-  double tp_dense_layer_s = 4 * tp_ar_s + tp_rerun_s, tp_moe_layer_s = tp_dense_layer_s;
-  if (s.tp_overlap) {
-    // Megatron's --tp-comm-overlap (cost/tp_overlap.h): each block's all-gather and reduce-scatter pipeline
-    // with its first and last GEMM, forward and backward, as the compiled plan runs them; the last GEMM runs on
-    // the SMs the reduce-scatter leaves it (compute grows by that). A fused backward (B and W in one chunk)
-    // overlaps with both its gradient GEMMs; a split one (zb-h1, dualpipev) with the B's. The re-run
-    // collectives of a recomputed forward stay whole (compile/lower.h).
-    const bool split = kind == ScheduleKind::kZBH1 || kind == ScheduleKind::kDualPipeV;
-    // The all-gather's ring steps take the whole all-gather's time; the reduce-scatter runs as k smaller ones.
-    const double ag = net_.all_gather_s(T * h * wire_b, g.tp),
-                 rs = kTpOverlapRsPieces * net_.reduce_scatter_s(T * h * wire_b / kTpOverlapRsPieces, g.tp);
-    const double slow = 1 / calibration_.tp_overlap_gemm_sm_share;
-    auto block = [&](Part matmul, Fbw* compute) {
-      const BlockGemms gm = block_gemms(table_, device_, shape, matmul);
-      const double b_first = gm.first_s[1] + (split ? 0 : gm.first_s[2]);
-      compute->f += gm.last_s[0] * (slow - 1);
-      compute->b += gm.last_s[1] * (slow - 1);
-      if (!split) compute->w += gm.last_s[2] * (slow - 1);
-      const double b_last = (gm.last_s[1] + (split ? 0 : gm.last_s[2])) * slow;
-      return tp_overlap_all_gather_exposed_s(ag, gm.first_s[0], s.tp) +
-             tp_overlap_reduce_scatter_exposed_s(rs, gm.last_s[0] * slow, kTpOverlapRsPieces) +
-             tp_overlap_all_gather_exposed_s(ag, b_first, s.tp) +
-             tp_overlap_reduce_scatter_exposed_s(rs, b_last, kTpOverlapRsPieces);
-    };
-    const double attn_s = block(Part::kAttention, &attn);
-    tp_dense_layer_s = attn_s + block(Part::kDenseMlp, &dense_ffn) + tp_rerun_s;
-    // A MoE layer's second pair overlaps with the shared experts' GEMMs, if the model has them.
-    tp_moe_layer_s =
-        attn_s + (table_.shared_params > 0 ? block(Part::kSharedExperts, &moe_ffn) : 2 * tp_ar_s) + tp_rerun_s;
-  }
-  // EP: dispatch and combine forward, their transposes backward.
-  double ep_layer_s = 0;
-  if (s.ep > 1 && model_.is_moe()) {
-    const double tokens = T / s.tp;
-    const double k = table_.top_k;
-    if (s.a2a == "halo") {
-      PIPER_ASSIGN_OR_RETURN(ep_layer_s, halo_ep_layer_s(g.ep, tokens));
-    } else {
-      ep_layer_s = net_.all_to_all_flat_s(tokens * k * dispatch_bytes_per_token(), g.ep) +
-                   3 * net_.all_to_all_flat_s(tokens * k * combine_bytes_per_token(), g.ep);
-    }
-  }
-
-  // Expert tensor parallelism: the gather of the routed rows over the etp group before the experts and the
-  // reduce-scatter of their partial outputs after, forward and backward (the plan's etp exchanges, on the ep
-  // stream beside the all-to-alls, or alone with ep = 1); each buffer holds the etp group's rows.
-  double etp_layer_s = 0;
-  if (s.etp > 1 && !s.fold && model_.is_moe()) {
-    const double group_rows_bytes = T / s.tp * table_.top_k * combine_bytes_per_token() * s.etp;
-    etp_layer_s = 2 * (net_.all_gather_s(group_rows_bytes, g.etp) + net_.reduce_scatter_s(group_rows_bytes, g.etp));
-  }
-
-  // --- per pipeline rank: layers, parameters, memory, compute ---
-  ActivationOptions ao;
-  ao.tp = s.tp;
-  ao.etp = s.etp;
-  ao.sp = s.sp;
-  ao.recompute = s.recompute;
-  ao.recompute_moe_norm = s.recomputes_module("layernorm");
-  ao.recompute_moe_act = s.recomputes_module("moe_act");
-  ao.seq_len = train_.seq_len;
-  ao.act_bytes = act_b;
-  const double act_dense = layer_activation_bytes_per_token(model_, false, ao).total();
-  const double act_moe = model_.is_moe() ? layer_activation_bytes_per_token(model_, true, ao).total() : 0.0;
-  const double act_head = head_activation_bytes_per_token(model_, ao);
-  const double act_emb = embedding_activation_bytes_per_token(model_, ao);
-  // B -> W gradients of a split backward (zb-h1, dualpipev's zero-bubble steps).
-  const bool split_bw = kind == ScheduleKind::kZBH1 || kind == ScheduleKind::kDualPipeV;
-  const double wg_dense = split_bw ? layer_weight_grad_input_bytes_per_token(model_, false, ao) : 0.0;
-  const double wg_moe = split_bw && model_.is_moe() ? layer_weight_grad_input_bytes_per_token(model_, true, ao) : 0.0;
-  const double wg_head = split_bw ? head_weight_grad_input_bytes_per_token(model_, ao) : 0.0;
-  const double wg_emb = split_bw ? embedding_weight_grad_input_bytes_per_token(model_, ao) : 0.0;
-  double peak_layer_act = 0;  // a recomputed layer re-materialises this during its backward
-  if (s.recompute == Recompute::kSelective && ao.recompute_per_chunk) {
-    // The attention chunk's stash, re-run before its backward (the same for dense and MoE layers).
-    peak_layer_act = layer_activation_peak_bytes_per_token(model_, false, ao).attention;
-  } else if (s.recompute == Recompute::kFull) {
-    // Piper's runtime re-runs one chunk at a time: the largest chunk's stash (attention or FFN with its norm).
-    auto rematerialised = [&](bool moe_layer) {
-      LayerActivation a = layer_activation_peak_bytes_per_token(model_, moe_layer, ao);
-      return ao.recompute_per_chunk ? std::max(a.attention, a.mlp) + a.norms / 2 : a.total();
-    };
-    peak_layer_act = std::max(rematerialised(false), model_.is_moe() ? rematerialised(true) : 0.0);
-  }
-  const double local_experts = table_.num_experts / s.ep;
-  const int expert_shard = std::max(1, s.expert_replicas());
-  const bool tied = model_.tie_embeddings;
-
-  out->ranks.resize(p);
-  out->device_memory_bytes = static_cast<double>(cluster_.device.memory_bytes);
-  double worst_total = -1, worst_time = -1;
-  Fbw bottleneck;
-  double bottleneck_tp = 0, bottleneck_ep = 0, bottleneck_dense_params = 0, bottleneck_expert_params = 0;
-  for (int r = 0; r < p; ++r) {
-    int n_layers = 0, n_moe = 0;
-    bool has_emb = false, has_head = false;
-    double act_peak = 0;  // bytes held at the rank's peak: in-flight units x each chunk's microbatch bytes
-    double chunk_act_b[2] = {0, 0}, chunk_wg_b[2] = {0, 0};  // per microbatch: stash, B -> W gradients
-    for (int c = 0; c < v; ++c) {
-      const int st = stage_of_chunk(kind, p, v, r, c);
-      const auto [lo, hi] = stage_layers(L, stages, st);  // the compiler's partition
-      const int moe = moe_layers_before(hi) - moe_layers_before(lo);
-      n_layers += hi - lo;
-      n_moe += moe;
-      double chunk_act = T * ((hi - lo - moe) * act_dense + moe * act_moe);
-      double chunk_wg = T * ((hi - lo - moe) * wg_dense + moe * wg_moe);
-      if (st == 0) {
-        has_emb = true;
-        chunk_act += T * act_emb;
-        chunk_wg += T * wg_emb;
-      }
-      if (st == stages - 1) {
-        has_head = true;
-        chunk_act += T * act_head;
-        chunk_wg += T * wg_head;
-      }
-      // ep_overlap: one more warm-up forward holds one more chunk-microbatch (spread over the rank's chunks).
-      const double units = chunk_in_flight_units(kind, p, m, v, r, c) + (s.ep_overlap ? 1.0 / v : 0.0);
-      act_peak += std::min(units, static_cast<double>(m)) * chunk_act;
-      if (c < 2) {
-        chunk_act_b[c] = chunk_act;
-        chunk_wg_b[c] = chunk_wg;
-      }
-    }
-    const int n_dense = n_layers - n_moe;
-    double dense_params = n_layers * (table_.attention_params / s.tp + table_.norm_params_per_layer) +
-                          n_dense * table_.dense_mlp_params / s.tp +
-                          n_moe * (table_.router_params + table_.shared_params / s.tp);
-    if (has_emb) dense_params += table_.embedding_params / s.tp;
-    if (has_head && (!tied || !has_emb)) dense_params += table_.head_params / s.tp;
-    const double expert_params = n_moe * local_experts * table_.expert_params / s.etp;
-
-    MemoryBreakdown& mem = out->ranks[r];
-    ModelStateBytes states = model_state_bytes(dense_params, s.zero, s.dp, bytes_);
-    states += model_state_bytes(expert_params, s.zero, expert_shard, bytes_);
-    mem.params = states.params;
-    mem.grads = states.grads;
-    mem.optimizer = states.optimizer;
-    mem.activations = act_peak;
-    double buffers = calibration_.workspace_bytes;
-    if (p > 1) buffers += 4 * T * h * wire_b / sp_div;  // P2P send/recv, activations and gradients
-    if (s.ep > 1 && n_moe > 0) {                        // all-to-all staging: the dispatched tokens and the combine's
-      buffers += T / s.tp * table_.top_k * (dispatch_bytes_per_token() + combine_bytes_per_token());
-    }
-    // The largest layer's parameters that ZeRO shards: experts only when they are replicated (edp > 1); with
-    // ep == dp each rank's experts are its own, never gathered or reduce-scattered.
-    const double sharded_experts = expert_shard > 1 ? local_experts * table_.expert_params / s.etp : 0.0;
-    const double largest_layer =
-        s.dp <= 1
-            ? 0.0
-            : table_.attention_params / s.tp +
-                  std::max(n_dense > 0 ? table_.dense_mlp_params / s.tp : 0.0,
-                           n_moe > 0 ? table_.shared_params / s.tp + table_.router_params + sharded_experts : 0.0);
-    // ZeRO-2/3: the full gradients of the chunks between their weight-gradient task and their per-microbatch
-    // reduce-scatter; ZeRO-3: the gathered parameters of the unit running and the one prefetched. The compiler's
-    // prefetch window (stream_order.cc) holds two FSDP units: two layers.
-    if (s.zero >= 2) buffers += largest_layer * bytes_.grad;       // gradient bucket
-    if (s.zero >= 3) buffers += 2 * largest_layer * bytes_.param;  // gathered + prefetched
-    buffers += T * peak_layer_act;
-    // Deferred W: its B -> W gradients on top of the activation peak (counted as buffers, as the runtime does).
-    if (kind == ScheduleKind::kZBH1) {
-      buffers += deferred_w_units(kind, p, m, r) * chunk_wg_b[0];
-    } else if (kind == ScheduleKind::kDualPipeV) {
-      // Step 3 (B1 W1 F1): 2p-r-1 + r+1 units and one chunk-1 W pending; cool-down (steps 6-8): p-r-1 chunk-0
-      // units not yet backwarded plus r+1 deferred units of either chunk. The main phase (the 2p+1 peak) has
-      // no split backward.
-      const double a_max = std::max(chunk_act_b[0], chunk_act_b[1]), g_max = std::max(chunk_wg_b[0], chunk_wg_b[1]);
-      const double step3 =
-          r < p - 1 ? (2 * p - r - 1) * chunk_act_b[0] + (r + 1) * chunk_act_b[1] + chunk_wg_b[1] : 0.0;
-      const double cool = (p - r - 1) * chunk_act_b[0] + (r + 1) * (a_max + g_max);
-      buffers += std::max(0.0, std::max(step3, cool) - act_peak);
-    }
-    mem.buffers = buffers;
-    if (mem.total() > worst_total) {
-      worst_total = mem.total();
-      out->worst_rank = r;
-    }
-
-    Fbw t = attn * n_layers;
-    t += moe_ffn * n_moe;
-    t += dense_ffn * n_dense;
-    if (has_emb) t += part(Part::kEmbedding);
-    if (has_head) t += part(Part::kHead);
-    // The slowest rank per microbatch sets the pace: compute plus the TP and EP communication it cannot hide.
-    // DualPipeV overlaps one microbatch's forward with another's backward, hiding the EP all-to-all behind
-    // the paired compute; the other schedules run it on the critical path.
-    const double compute = t.f + t.b + t.w;
-    const double tp_r = (n_layers - n_moe) * tp_dense_layer_s + n_moe * tp_moe_layer_s,
-                 ep_r = n_moe * (ep_layer_s + etp_layer_s);
-    // ep_overlap (Megatron's combined 1F1B) pairs only the steady-state steps: m v - warm-up of the rank's m v
-    // forwards (and as many backwards) run in a pair, the warm-up forwards and cool-down backwards alone.
-    double paired = kind == ScheduleKind::kDualPipeV ? 1.0 : 0.0;
-    if (s.ep_overlap) {
-      const double warmup = std::min<double>(in_flight_units(kind, p, m, v, r), m * v);  // incl. the extra one
-      paired = std::max(0.0, (m * v - warmup) / (m * v));
-    }
-    const double ep_exposed_r = paired * std::max(0.0, ep_r - compute) + (1 - paired) * ep_r;
-    if (compute + tp_r + ep_exposed_r > worst_time) {
-      worst_time = compute + tp_r + ep_exposed_r;
-      bottleneck = t;
-      out->bottleneck_rank = r;
-      bottleneck_tp = tp_r;
-      bottleneck_ep = ep_exposed_r;
-      bottleneck_dense_params = dense_params;
-      bottleneck_expert_params = expert_params;
-    }
-  }
-  out->memory = out->ranks[out->worst_rank];
-  out->fits = out->memory.total() <= out->device_memory_bytes;
-
-  // --- step time on the bottleneck rank ---
-  const double mb_compute = bottleneck.f + bottleneck.b + bottleneck.w;
-  const double ep_exposed = bottleneck_ep;
-  const double per_mb_comm = bottleneck_tp + ep_exposed;
-  const double t_f = bottleneck.f + per_mb_comm / 2;
-  const double t_b = bottleneck.b + bottleneck.w + per_mb_comm / 2;  // B and W
-  double pp_s = 0;
-  if (p > 1) {
-    // Scatter/gather (2021 Megatron-LM, Calibration::p2p_scatter_gather): each tp rank sends 1/tp of the boundary
-    // tensor and the receiver all-gathers it over tp on the compute stream, so a transfer costs both.
-    const double boundary_b = T * h * wire_b / sp_div;
-    const bool split = calibration_.p2p_scatter_gather && s.tp > 1 && !s.sp;
-    const double hop = split ? net_.p2p_s(boundary_b / s.tp, g.pp_cross_node) + net_.all_gather_s(boundary_b, g.tp)
-                             : net_.p2p_s(boundary_b, g.pp_cross_node);
-    // Blocking P2P per microbatch (activations forward, gradients backward) unless the schedule overlaps it
-    // (interleaved and dualpipev post P2P asynchronously; only the fill and drain hops stay exposed). With
-    // Calibration::p2p_blocking (2021 Megatron-LM waits for every batched isend/irecv) every one of the rank's
-    // 2 m v transfers is exposed, v per microbatch and direction under the interleaved schedule; for v = 1 this
-    // is the 1F1B count.
-    const bool async =
-        !calibration_.p2p_blocking && (kind == ScheduleKind::kInterleaved || kind == ScheduleKind::kDualPipeV);
-    const double chunks = kind == ScheduleKind::kInterleaved ? v : 1;
-    pp_s = async ? 2.0 * (p - 1) * hop : 2.0 * (m * chunks + p - 1) * hop;
-  }
-  // ZeRO-2/3's exposed time per microbatch on rank r (ZeRO-2: reduce-scatters only). Items are FSDP units (a
-  // layer's chunks of one pass; the embedding; the head), F in layer order, then B (+ W) in reverse; on the
-  // cyclic sequence (steady state: a microbatch's backward is followed by another's forward) the gathers of unit
-  // j+1 start when unit j's compute starts (the compiler's window of two gathered units, stream_order.cc), so
-  // unit j+1 starts max(c_j, d_{j+1}) after unit j: exposed = sum_j max(0, d_{j+1} - c_j), where d is the NIC
-  // stream's work before unit j+1 may run: its gathers, plus in the backward the reduce-scatters of unit j, plus
-  // the EP dispatches and combines of unit j.
-  auto sharded_dp_exposed_per_microbatch = [&](int r) {
-    struct Item {
-      double f = 0, bw = 0;            // compute: forward; backward + weight gradient (with recomputation)
-      double ag = 0, rs = 0, a2a = 0;  // NIC: all-gather, reduce-scatter, EP all-to-all per pass
-      bool moe = false;                // a MoE layer's unit: its compute also waits for the EP all-to-alls
-      Item& operator+=(const Item& o) {
-        f += o.f;
-        bw += o.bw;
-        ag += o.ag;
-        rs += o.rs;
-        a2a += o.a2a;
-        return *this;
-      }
-    };
-    auto item = [&](Fbw t, double params, const GroupLayout& ring) {
-      Item it;
-      it.f = t.f;
-      it.bw = t.b + t.w;
-      it.ag = s.zero >= 3 ? net_.all_gather_s(params * bytes_.param, ring) : 0.0;  // ZeRO-2: no gathers
-      it.rs = net_.reduce_scatter_s(params * bytes_.grad, ring);
-      return it;
-    };
-    // From the parts' own times: attn above also carries tp_overlap's slower GEMMs, these units do not.
-    Fbw attn_t = recomputed(Part::kAttention);
-    attn_t += recomputed(Part::kAttentionCore);
-    attn_t += recomputed(Part::kNorms);
-    const Item attn_i = item(attn_t, table_.attention_params / s.tp + table_.norm_params_per_layer, g.dp);
-    const Item router_i = item(recomputed(Part::kRouter), table_.router_params, g.dp);
-    Item experts_i = item(recomputed(Part::kExperts),
-                          expert_shard > 1 ? local_experts * table_.expert_params / s.etp : 0, g.expert_dp);
-    // Dispatch + combine in each pass, on the NIC only when the expert group spans nodes (folded EP 8 inside
-    // a node runs over NVLink beside the gathers).
-    experts_i.a2a = g.ep.nodes > 1 ? ep_layer_s / 2 : 0.0;
-    const Item shared_i = item(recomputed(Part::kSharedExperts), table_.shared_params / s.tp, g.dp);
-    const Item mlp_i = item(recomputed(Part::kDenseMlp), table_.dense_mlp_params / s.tp, g.dp);
-    // FSDP units (a layer's chunks of one pass): the order of the chunks inside a unit does not change its sums.
-    Item dense_unit = attn_i;
-    dense_unit += mlp_i;
-    Item moe_unit = attn_i;
-    moe_unit += router_i;
-    moe_unit += experts_i;
-    if (table_.shared_params > 0) moe_unit += shared_i;
-    moe_unit.moe = true;
-    bool rank_has_emb = false;
-    for (int c = 0; c < v; ++c) rank_has_emb = rank_has_emb || stage_of_chunk(kind, p, v, r, c) == 0;
-    const Item emb_i = item(part(Part::kEmbedding), table_.embedding_params / s.tp, g.dp);
-    const Item head_i = item(part(Part::kHead), !tied || !rank_has_emb ? table_.head_params / s.tp : 0.0, g.dp);
-    // The rank's tasks of one pass in execution order: F in layer order, B in reverse (no allocation).
-    auto visit = [&](bool backward, auto&& fn) {
-      for (int i = 0; i < v; ++i) {
-        const int c = backward ? v - 1 - i : i;
-        const int st = stage_of_chunk(kind, p, v, r, c);
-        const auto [lo, hi] = stage_layers(L, stages, st);  // the compiler's partition
-        if (backward && st == stages - 1) fn(head_i);
-        if (!backward && st == 0) fn(emb_i);
-        for (int k = lo; k < hi; ++k) {
-          const int l = backward ? hi - 1 - (k - lo) : k;
-          fn(moe_layers_before(l + 1) > moe_layers_before(l) ? moe_unit : dense_unit);
-        }
-        if (backward && st == 0) fn(emb_i);
-        if (!backward && st == stages - 1) fn(head_i);
-      }
-    };
-    // The cycle: F tasks, then B tasks; the first F task follows the last B task (the first F task, backward).
-    // A MoE unit lasts its compute plus the time it waits for its all-to-alls (the closed form's exposed EP time
-    // per microbatch, spread over the rank's MoE units of both passes): the gathers run beside that wait too.
-    int moe_units = 0;
-    visit(false, [&](const Item& u) { moe_units += u.moe ? 2 : 0; });
-    const double ep_wait = moe_units > 0 ? ep_exposed / moe_units : 0.0;
-    Item prev = stage_of_chunk(kind, p, v, r, 0) == 0 ? emb_i : attn_i;
-    bool prev_fwd = false;
-    double exposed = 0;
-    for (bool backward : {false, true}) {
-      visit(backward, [&](const Item& cur) {
-        const double c_prev = (prev_fwd ? prev.f : prev.bw) + (prev.moe ? ep_wait : 0.0);
-        const double d = cur.ag + prev.a2a + (prev_fwd ? 0.0 : prev.rs);
-        exposed += std::max(0.0, d - c_prev);
-        prev = cur;
-        prev_fwd = !backward;
-      });
-    }
-    return exposed;
-  };
-  // DP: gradient sync of the dense part over dp and of the experts over their replicas.
-  double dp_s = 0;
-  const double dense_grad_b = bottleneck_dense_params * bytes_.grad;
-  const double expert_grad_b = bottleneck_expert_params * bytes_.grad;
-  const double dense_param_b = bottleneck_dense_params * bytes_.param;
-  const double expert_param_b = bottleneck_expert_params * bytes_.param;
-  if (s.zero == 0) {
-    double ar = net_.all_reduce_s(dense_grad_b, g.dp) + net_.all_reduce_s(expert_grad_b, g.expert_dp);
-    // Overlapped with the last microbatch's backward, unless the all-reduce runs after the whole backward
-    // (Calibration::dp_reduce_after_backward: 2021 Megatron-LM's --DDP-impl local).
-    dp_s = calibration_.dp_reduce_after_backward ? ar : std::max(0.0, ar - t_b);
-  } else if (s.zero == 1) {
-    double rs = net_.reduce_scatter_s(dense_grad_b, g.dp) + net_.reduce_scatter_s(expert_grad_b, g.expert_dp);
-    double ag = net_.all_gather_s(dense_param_b, g.dp) + net_.all_gather_s(expert_param_b, g.expert_dp);
-    dp_s = std::max(0.0, rs - t_b) + std::max(0.0, ag - t_f);  // param gather overlaps the next first forward
-  } else if (s.zero == 2) {
-    // ZeRO-2 reduce-scatters each chunk's gradients per microbatch (the compiler's replicate pass), on the NIC
-    // stream with the EP all-to-alls: the same cycle without gathers; the updated parameters are gathered once.
-    double ag = net_.all_gather_s(dense_param_b, g.dp) + net_.all_gather_s(expert_param_b, g.expert_dp);
-    dp_s = m * sharded_dp_exposed_per_microbatch(out->bottleneck_rank) + std::max(0.0, ag - t_f);
-  } else {
-    // Per microbatch and parameter chunk (embedding, attention, router, experts, shared experts or dense MLP,
-    // head -- the compiler's replicate pass): an all-gather before its F, another before its B, a
-    // reduce-scatter after its W, each a separate ring paying (n-1) alpha. The prefetch window (two gathered
-    // chunks) lets chunk j+1's gather overlap only chunk j's compute, and one NIC stream carries the gathers,
-    // the reduce-scatters and the EP all-to-alls; see docs/resource_model.md "ZeRO-3".
-    dp_s = m * sharded_dp_exposed_per_microbatch(out->bottleneck_rank);
-  }
-  const double shard_params = s.zero >= 1 ? bottleneck_dense_params / s.dp + bottleneck_expert_params / expert_shard
-                                          : bottleneck_dense_params + bottleneck_expert_params;
-
-  out->t_f_s = t_f;
-  out->t_b_s = t_b;
-  out->t_w_s = bottleneck.w;
-  out->comm.tp_s = m * bottleneck_tp;
-  out->comm.ep_s = m * ep_exposed;
-  out->comm.pp_s = pp_s;
-  out->comm.dp_s = dp_s;
-  out->time.compute_s = m * mb_compute;
-  out->time.exposed_comm_s = out->comm.tp_s + out->comm.ep_s + out->comm.pp_s + out->comm.dp_s;
-  out->time.bubble_s = bubble_time_s(kind, p, v, t_f, t_b, bottleneck.w);
-  out->time.optimizer_s = device_.time_s(0, shard_params * optimizer_step_bytes_per_param(bytes_), 0);
-  finish_step(s, static_cast<double>(train_.seq_len), flops_per_token_, device_.peak_flops(), out);
+  const PartTimes pt = part_times(*this, s, shape);
+  const MeshGroups g = mesh_groups(s, net_);
+  LayerTimes layer = layer_times(*this, s, kind, shape, pt, g, tokens);
+  PIPER_ASSIGN_OR_RETURN(layer.ep_s, ep_layer_s(s, g.ep, tokens));
+  const Bottleneck b = price_ranks(*this, s, pl, pt, layer, tokens, out);
+  price_step(*this, s, pl, pt, g, layer, b, tokens, out);
   return ok_status();
 }
 

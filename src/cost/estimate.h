@@ -23,6 +23,7 @@
 //       / (world size * peak FLOP/s of the compute dtype).
 #pragma once
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -121,6 +122,14 @@ class CostModel {
   void share_halo_memo(const CostModel& other);
   bool halo_memo() const { return halo_memo_ != nullptr; }
   double flops_per_token() const { return flops_per_token_; }
+  // MoE layers among layers [0, x). Inline: the ZeRO-2/3 cycle (estimate_dp.cc) asks for every layer it visits.
+  int moe_layers_before(int x) const {
+    if (!model_.is_moe()) return 0;
+    const int k = model_.moe.first_k_dense_layers;
+    const int f = std::max(1, model_.moe.layer_freq);
+    x = std::min(x, model_.num_layers);
+    return x <= k ? 0 : (x - k + f - 1) / f;
+  }
   // One microbatch's part shape on a rank under `strategy` (layer_cost.h), with `cal`'s expert load and
   // attention-score traffic: what the closed form and the simulator's task prices both cost.
   PartShape part_shape(const Strategy& strategy, const Calibration& cal) const;
@@ -128,10 +137,11 @@ class CostModel {
  private:
   CostModel(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train, const Calibration& cal,
             const ByteConvention& bytes);
-  // MoE layers among layers [0, x).
-  int moe_layers_before(int x) const;
   // The af-pipe closed form (estimate_af.cc).
   Status estimate_af_pipe(const Strategy& s, Estimate* out) const;
+  // Per-layer EP time of a microbatch of `tokens` (dispatch and combine forward, their transposes backward) on
+  // `ep_group` under the strategy's all-to-all algorithm; 0 without expert parallelism.
+  Result<double> ep_layer_s(const Strategy& s, const GroupLayout& ep_group, double tokens) const;
   // Per-layer EP time of the HALO all-to-alls for tokens per rank (dispatch x2 dtypes, combine x2).
   Result<double> halo_ep_layer_s(const GroupLayout& ep_group, double tokens) const;
 

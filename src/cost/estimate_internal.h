@@ -1,5 +1,8 @@
-// Pieces shared by the closed form's translation units (estimate.cc, estimate_af.cc); not part of the API.
+// Pieces shared by the closed form's translation units (estimate.cc, estimate_af.cc, estimate_dp.cc); not part of
+// the API.
 #pragma once
+
+#include <algorithm>
 
 #include "piper/cost/device_model.h"
 #include "piper/cost/estimate.h"
@@ -38,6 +41,60 @@ inline Fbw with_recompute(Fbw t, Part part, Recompute recompute) {
   if (recompute == Recompute::kSelective && (part == Part::kAttention || part == Part::kAttentionCore)) t.b += t.f;
   return t;
 }
+
+// The strategy's pipeline as the closed form walks it (Strategy::schedule_kind and chunks_per_rank read the
+// schedule's name, so they are read once per estimate).
+struct PipelineShape {
+  ScheduleKind kind = ScheduleKind::k1F1B;
+  int p = 1, v = 1, m = 1;  // pipeline ranks, chunks per rank, microbatches
+  int stages() const { return p * v; }
+};
+
+// Communication groups of the mesh (estimate.cc's mesh_groups): ranks are numbered with the first axis of `order`
+// innermost.
+struct MeshGroups {
+  GroupLayout tp, ep, dp, expert_dp;
+  GroupLayout etp;  // the etp consecutive tensor ranks that slice the same experts (size 1 folded: etp = 1)
+  bool pp_cross_node = false;
+};
+
+// Each part's F, B and W for one microbatch (layer_cost.h), alone and with the strategy's recomputation.
+struct PartTimes {
+  Fbw t[kNumParts];
+  Recompute recompute = Recompute::kNone;
+  Fbw operator()(Part q) const { return t[static_cast<int>(q)]; }
+  Fbw recomputed(Part q) const { return with_recompute((*this)(q), q, recompute); }
+  // A layer's attention chunk: projections, core and norms.
+  Fbw attention() const {
+    Fbw a = recomputed(Part::kAttention);
+    a += recomputed(Part::kAttentionCore);
+    a += recomputed(Part::kNorms);
+    return a;
+  }
+};
+
+// The parameters a rank of the stage holds: the dense part (split over tp) and its local experts (over etp).
+struct RankParams {
+  double dense = 0, expert = 0;
+};
+
+// Routed experts per expert-parallel rank, and the ranks each expert's replicas are sharded over by ZeRO.
+inline double local_experts(const CostModel& cm, const Strategy& s) { return cm.parts().num_experts / s.ep; }
+inline int expert_shard(const Strategy& s) { return std::max(1, s.expert_replicas()); }
+
+// What the data-parallel sync needs of the bottleneck rank.
+struct DpSyncInputs {
+  int rank = 0;  // pipeline rank
+  RankParams params;
+  double t_f = 0, t_b = 0;  // one microbatch's forward, and backward with W, stretched by exposed TP and EP time
+  double ep_layer_s = 0;    // a MoE layer's EP all-to-alls, both passes
+  double ep_exposed_s = 0;  // the rank's EP time per microbatch that compute does not hide
+};
+
+// The data-parallel sync per step left exposed on that rank (estimate_dp.cc): the gradient all-reduce (ZeRO-0), the
+// reduce-scatter and parameter all-gather (ZeRO-1), or ZeRO-2/3's per-microbatch collectives of each FSDP unit.
+double dp_exposed_s(const CostModel& cm, const Strategy& s, const PipelineShape& pl, const PartTimes& pt,
+                    const MeshGroups& g, const DpSyncInputs& in);
 
 // The step time from its four parts, then tokens per step and per second and MFU (estimate.h's formulas), for a
 // strategy whose out->time is filled; both closed forms (estimate.cc, estimate_af.cc) end with it.

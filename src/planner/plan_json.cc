@@ -51,7 +51,6 @@ Json SearchStats::to_json() const {
               {"simulated", simulated},
               {"simulate_failed", simulate_failed},
               {"simulate_stopped", simulate_stopped},
-              {"simulate_compiles_shared", simulate_compiles_shared},
               {"simulate_time_s", simulate_time_s},
               {"simulate_budget_hit", simulate_budget_hit},
               {"local_search_tried", local_search_tried},

@@ -1,9 +1,7 @@
 #include "piper/planner/rescore.h"
 
 #include <algorithm>
-#include <atomic>
 #include <memory>
-#include <mutex>
 #include <utility>
 #include <vector>
 #include <chrono>
@@ -19,41 +17,6 @@ using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
-// SearchOptions::share_etp_compiles: compiles kept after their simulation for a later plan that differs only in etp
-// (sim::reprice_for_simulation turns one into the other's). Shared by the threads of a batch. Only where the
-// compiler keeps whole experts for both (compile::lowered_etp is 1: disaggregated attention/FFN): elsewhere it
-// slices the experts over etp, ep > 1 or ep = 1 (the etp group's gather and reduce-scatter, the sliced weights'
-// memory), so an etp variant's plan is another plan. Since session 22 Strategy::validate refuses etp > 1 with
-// disagg=1 too (the FFN ranks' whole experts would be priced as sliced), so nothing shares today: this waits for an
-// af-pipe whose FFN side slices its experts over etp.
-class EtpCompiles {
- public:
-  static bool etp_variant(const Strategy& a, const Strategy& b) {
-    Strategy x = a;
-    x.etp = b.etp;
-    return a.disaggregate && !(a == b) && x == b;  // compile::lowered_etp: 1 for both
-  }
-  // The kept compile of an etp variant of `s`, removed from the pool; null when there is none.
-  std::shared_ptr<compile::CompileResult> take(const Strategy& s) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = kept_.begin(); it != kept_.end(); ++it) {
-      if (!etp_variant(it->first, s)) continue;
-      auto c = std::move(it->second);
-      kept_.erase(it);
-      return c;
-    }
-    return nullptr;
-  }
-  void keep(const Strategy& s, std::shared_ptr<compile::CompileResult> c) {
-    std::lock_guard<std::mutex> lock(mu_);
-    kept_.emplace_back(s, std::move(c));
-  }
-
- private:
-  std::mutex mu_;
-  std::vector<std::pair<Strategy, std::shared_ptr<compile::CompileResult>>> kept_;
-};
-
 VerifyOptions verify_options(const SearchOptions& options) {
   VerifyOptions v;
   v.memory_screen = options.memory_screen;
@@ -61,43 +24,28 @@ VerifyOptions verify_options(const SearchOptions& options) {
   return v;
 }
 
-// Whether a plan of `later` without a compile of its own differs from `s` only in etp.
-bool wanted_later(const Strategy& s, const std::vector<Plan*>& later) {
-  return std::any_of(later.begin(), later.end(),
-                     [&](const Plan* q) { return !q->compiled && EtpCompiles::etp_variant(s, q->strategy); });
-}
-
 // The simulated step time of `p`: from the compile its verification kept (SearchOptions::reuse_compiles), else
-// compiled here (simulate_step_time). With `keep`, the compile is handed back after the simulation.
+// compiled here (simulate_step_time).
 Result<double> simulate_plan_step_time(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
-                                       Plan* p, const SearchOptions& options, Clock::time_point deadline,
-                                       std::shared_ptr<compile::CompileResult>* keep) {
-  if (!p->compiled && (options.simulator || keep == nullptr)) {
-    return simulate_step_time(model, cluster, train, p->strategy, options, deadline);
-  }
+                                       Plan* p, const SearchOptions& options, Clock::time_point deadline) {
+  if (!p->compiled) return simulate_step_time(model, cluster, train, p->strategy, options, deadline);
   TrainSpec t = train;
   t.micro_batch_size = p->strategy.mbs;
   sim::SimOptions so;
   so.deadline = deadline;
   so.plan_hash = false;
   so.data_edges = options.data_edges;
-  sim::SimReport rep;
-  if (p->compiled) {
-    compile::CompileResult compiled = std::move(*p->compiled);
-    p->compiled.reset();
-    PIPER_ASSIGN_OR_RETURN(
-        rep, sim::simulate_compiled(std::move(compiled), model, cluster, t, p->strategy, options.calibration, so));
-  } else {
-    PIPER_ASSIGN_OR_RETURN(rep, sim::simulate(model, cluster, t, p->strategy, options.calibration, so));
-  }
-  if (keep) *keep = std::make_shared<compile::CompileResult>(std::move(rep.compiled));
+  compile::CompileResult compiled = std::move(*p->compiled);
+  p->compiled.reset();
+  PIPER_ASSIGN_OR_RETURN(sim::SimReport rep, sim::simulate_compiled(std::move(compiled), model, cluster, t, p->strategy,
+                                                                    options.calibration, so));
   return rep.step_time_s;
 }
 
 // Simulates plans[i] for every i in `which`, `threads` at a time, while the budget lasts. Returns how many ran.
 size_t simulate_batch(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
                       const SearchOptions& options, int threads, Clock::time_point start, std::vector<Plan*> which,
-                      SearchStats* stats, EtpCompiles* shared = nullptr) {
+                      SearchStats* stats) {
   size_t done = 0;
   const auto deadline =
       start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options.simulate_budget_s));
@@ -107,8 +55,6 @@ size_t simulate_batch(const ModelSpec& model, const ClusterSpec& cluster, const 
       break;
     }
     const size_t n = std::min(which.size() - done, static_cast<size_t>(std::max(1, threads)));
-    const std::vector<Plan*> later(which.begin() + static_cast<std::ptrdiff_t>(done + n), which.end());
-    std::atomic<int64_t> shared_hits{0};
     std::vector<std::thread> pool;
     for (size_t i = 0; i < n; ++i) {
       pool.emplace_back([&, i] {
@@ -126,15 +72,6 @@ size_t simulate_batch(const ModelSpec& model, const ClusterSpec& cluster, const 
             return;
           }
         }
-        if (!p->compiled && shared && !options.simulator) {  // an etp variant's compile, priced for this plan
-          if (auto donor = shared->take(p->strategy)) {
-            if (sim::reprice_for_simulation(donor.get(), model, cluster, train, p->strategy, options.calibration)
-                    .ok()) {
-              p->compiled = std::move(donor);
-              ++shared_hits;
-            }
-          }
-        }
         // A plan the memory screen accepted has not been compiled in full: do not start a compile that
         // cannot finish within the budget (compiles are not interrupted, verify.h).
         const double left_s = options.simulate_budget_s - since(start);
@@ -146,13 +83,10 @@ size_t simulate_batch(const ModelSpec& model, const ClusterSpec& cluster, const 
           p->sim_stopped = true;
           return;
         }
-        std::shared_ptr<compile::CompileResult> kept;
-        const bool keep = shared != nullptr && wanted_later(p->strategy, later);
-        auto t = simulate_plan_step_time(model, cluster, train, p, options, deadline, keep ? &kept : nullptr);
+        auto t = simulate_plan_step_time(model, cluster, train, p, options, deadline);
         if (t.ok()) {
           p->simulated = true;
           p->sim_step_time_s = *t;
-          if (kept) shared->keep(p->strategy, std::move(kept));
         } else {
           p->sim_error = t.status().message();
           p->sim_stopped = t.status().code() == StatusCode::kDeadlineExceeded;
@@ -160,7 +94,6 @@ size_t simulate_batch(const ModelSpec& model, const ClusterSpec& cluster, const 
       });
     }
     for (auto& th : pool) th.join();
-    stats->simulate_compiles_shared += shared_hits.exchange(0);
     for (size_t i = 0; i < n; ++i) {
       ++stats->simulated;
       const Plan* p = which[done + i];
@@ -254,9 +187,7 @@ void rescore_with_simulator(const ModelSpec& model, const ClusterSpec& cluster, 
   for (size_t i = 0; i < out->top.size() && static_cast<int>(i) < options.simulate_top; ++i) {
     first.push_back(&out->top[i]);
   }
-  EtpCompiles shared;
-  simulate_batch(model, cluster, train, options, threads, start, first, &out->stats,
-                 options.share_etp_compiles ? &shared : nullptr);
+  simulate_batch(model, cluster, train, options, threads, start, first, &out->stats);
   std::stable_sort(out->top.begin(), out->top.end(), sim_before);
 
   // Greedy local search from the best simulated plan.

@@ -90,11 +90,6 @@ struct SearchOptions {
   int simulate_top = 0;
   int local_search_steps = 0;
   double simulate_budget_s = 60;
-  // Re-scoring simulates a disaggregated plan that differs from an already simulated one only in etp from that
-  // plan's compile, re-priced (sim::reprice_for_simulation: there the compiler keeps whole experts, etp = 1; the
-  // re-priced plan equals the plan's own compile), instead of compiling it again (elsewhere etp is lowered, ep > 1
-  // or not). Same step times; false: compile it (the former path, `--no-etp-compile-share`).
-  bool share_etp_compiles = true;
   // Compile plans for verification and re-scoring with Instruction::inputs/outputs (CompileOptions::data_edges),
   // which neither the verifier nor the simulator reads. false (default): cheaper compiles, the same verdicts, peaks
   // and step times; true: the former path (`--compile-data-edges`).
@@ -120,7 +115,6 @@ struct SearchStats {
   double verify_time_s = 0;
   std::string first_verify_failure;            // strategy and compiler message of the first plan that failed
   int64_t simulated = 0, simulate_failed = 0;  // simulator runs (re-scoring and local search together)
-  int64_t simulate_compiles_shared = 0;        // of `simulated`: run from an etp variant's compile (share_etp_compiles)
   int64_t simulate_stopped = 0;  // runs stopped at the budget's deadline (not failures; counted in `simulated`)
   int64_t local_search_tried = 0, local_search_improved = 0;
   double simulate_time_s = 0;

@@ -105,28 +105,6 @@ Result<compile::CompileResult> compile_for_simulation(const ModelSpec& model, co
   return compile::compile_strategy(model, train, strategy, copts);
 }
 
-Status reprice_for_simulation(compile::CompileResult* compiled, const ModelSpec& model, const ClusterSpec& cluster,
-                              const TrainSpec& train_in, const Strategy& strategy,
-                              const cost::Calibration& calibration) {
-  if (compiled->plan.mesh.etp != compile::lowered_etp(strategy, model)) {
-    return invalid_argument("reprice_for_simulation: the plan slices experts over etp=" +
-                            std::to_string(compiled->plan.mesh.etp) + " and " + strategy.to_string() +
-                            " needs another plan (the compiler lowers etp but under disaggregation); compile it");
-  }
-  TrainSpec train = train_in;
-  train.micro_batch_size = strategy.mbs;
-  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, train, calibration));
-  PIPER_ASSIGN_OR_RETURN(compile::CostFn price, cost_annotations(cm, strategy, calibration));
-  for (compile::Program& prog : compiled->plan.templates) {
-    for (compile::Stream& st : prog.streams) {
-      for (compile::Instruction& in : st.instrs) {
-        if (in.op == compile::OpKind::kCompute) price(in);
-      }
-    }
-  }
-  return ok_status();
-}
-
 Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train_in,
                            const Strategy& strategy, const cost::Calibration& calibration, const SimOptions& options) {
   // The compiler lays global ranks out tp innermost, then ep inside dp, then pp (compile/lower.cc, Plan::rank_of),

@@ -67,18 +67,6 @@ Result<compile::CompileResult> compile_for_simulation(const ModelSpec& model, co
                                                       const cost::Calibration& calibration, const SimOptions& options,
                                                       int64_t capacity_bytes);
 
-// Re-prices `compiled`, which compile_for_simulation produced for a strategy equal to `strategy` in every field but
-// etp, as compile_for_simulation(strategy) would have. Only where the compiler keeps whole experts for both
-// (compile::lowered_etp is 1: disaggregated attention/FFN, or a model without routed experts): there the two
-// compiles differ only in the cost annotations (cost_annotations(): flops and bytes of compute instructions, a
-// function of the instruction's part, pass and segment and the strategy's prices). Every compute instruction is
-// priced again; the result equals that compile (tests/sim/reprice_test.cc compares the plans with operator==). The
-// planner's re-scoring uses it so that an etp variant of a simulated plan is not compiled again. An error when the
-// prices cannot be made (as compile_for_simulation's), or when the plan's etp is not the one `strategy` compiles to
-// (the compiler slices the experts over etp, ep > 1 or not; compile that strategy instead).
-Status reprice_for_simulation(compile::CompileResult* compiled, const ModelSpec& model, const ClusterSpec& cluster,
-                              const TrainSpec& train, const Strategy& strategy, const cost::Calibration& calibration);
-
 // Executes a plan compiled elsewhere, without recompiling it: the plan `piper train` ran (runtime::Trainer::
 // compiled()), so its prediction is of that very plan (the report's plan_hash is the plan's). Its cost
 // annotations should be this cluster's (cost_annotations() as CompileOptions::cost); `strategy` is the one the

@@ -239,55 +239,6 @@ TEST(RescoreTest, ScreenedPlanTooLargeToCompileInTheBudgetIsNotStarted) {
   EXPECT_EQ(s.stats.simulate_failed, 0);
 }
 
-// SearchOptions::share_etp_compiles: a plan that differs from a simulated one only in etp would be simulated from
-// that plan's compile, re-priced, with the step time its own compile gives; the other plans are untouched. One and two
-// threads (the variant's donor in an earlier batch either way); the former path compiles every plan.
-void expect_etp_sharing(const std::string& mesh, int shared) {
-  Case c = load_case("deepseek-v2-lite", "h800", 2, 0, 1024);
-  std::vector<Plan> plans;
-  for (const std::string tail : {"zero=1,etp=1", "zero=2,etp=1", "zero=1,etp=2"}) {
-    auto s = Strategy::parse(mesh + tail);
-    ASSERT_TRUE(s.ok()) << s.status().message();
-    Plan p;
-    p.strategy = *s;
-    p.verified = true;
-    plans.push_back(p);
-  }
-  c.train.global_batch = plans[0].strategy.global_batch();
-  for (int threads : {1, 2}) {
-    SearchResult out[2];
-    for (int share = 0; share < 2; ++share) {
-      SearchOptions o;
-      o.top_k = 3;
-      o.simulate_top = 3;
-      o.local_search_steps = 0;
-      o.share_etp_compiles = share == 1;
-      out[share].top = plans;
-      rescore_with_simulator(c.model, c.cluster, c.train, o, threads, &out[share]);
-      ASSERT_EQ(out[share].top.size(), 3u);
-      EXPECT_EQ(out[share].stats.simulate_compiles_shared, share * shared) << threads << " threads";
-    }
-    for (size_t i = 0; i < 3; ++i) {
-      const Plan& a = out[0].top[i];
-      const Plan& b = out[1].top[i];
-      EXPECT_EQ(a.strategy, b.strategy) << threads << " threads";
-      ASSERT_TRUE(a.simulated && b.simulated) << a.sim_error << " / " << b.sim_error;
-      EXPECT_EQ(a.sim_step_time_s, b.sim_step_time_s) << a.strategy.to_string();
-      EXPECT_FALSE(b.compiled) << "a simulated plan releases its compile";
-    }
-  }
-}
-
-// The compiler slices the experts over etp, with ep = 1 as with ep > 1, so an etp variant is another plan: nothing
-// is shared and each plan keeps its own step time. (Sharing needs whole experts at every etp, compile::lowered_etp:
-// disaggregated plans, where Strategy::validate refuses etp > 1 since session 22.)
-TEST(RescoreTest, AnEtpVariantOfASlicedPlanIsCompiledOnItsOwn) {
-  for (const int ep : {1, 4}) {
-    SCOPED_TRACE("ep=" + std::to_string(ep));
-    expect_etp_sharing("dp=4,tp=2,pp=2,ep=" + std::to_string(ep) + ",sp=1,schedule=1f1b,microbatches=4,mbs=1,", 0);
-  }
-}
-
 TEST(RescoreTest, BadOptionsAreRejectedByName) {
   Case c = tiny_moe();
   SearchOptions o;
