@@ -88,6 +88,13 @@ void annotate(const ir::Graph& g, const Node& n, const Node* partner, const Comb
     in.experts_layer = partner->tags.layer;
   }
   if (in.experts_layer >= 0) in.combine_on_ffn = combine.on_ffn(in.experts_layer, n.tags.mb);
+  // Where the FFN group combines, the combine (experts -> next, F) and its gradient (next -> experts, B) carry one
+  // hidden row per token, not the top_k routed rows the disaggregate pass priced (executor_m2n.cc).
+  const bool combine_path = (*in.src_part == Part::kExperts && n.tags.pass == ir::Pass::kF) ||
+                            (*in.dst_part == Part::kExperts && ir::is_backward(n.tags.pass));
+  if (in.combine_on_ffn && combine_path && g.moe_top_k > 1) {
+    in.comm_bytes = (in.comm_bytes + g.moe_top_k - 1) / g.moe_top_k;
+  }
 }
 
 }  // namespace

@@ -199,6 +199,7 @@ class Lowering {
   Result<Plan> run() {
     const int pp = g_.mesh.pp;
     plan_.mesh = g_.mesh;
+    plan_.sequence_parallel = g_.sequence_parallel();
     plan_.templates.resize(static_cast<size_t>(pp));
     for (int r = 0; r < pp; ++r) PIPER_RETURN_IF_ERROR(lower_rank(r));
     assign_ranks();
@@ -317,7 +318,7 @@ class Lowering {
       in.tag = order_.tag[static_cast<size_t>(id)];
     }
     cost(nd, in);
-    const bool scatter = options_.p2p_scatter_gather && g_.mesh.tp > 1 && nd.group == "pp" &&
+    const bool scatter = options_.p2p_scatter_gather && g_.mesh.tp > 1 && !g_.sequence_parallel() && nd.group == "pp" &&
                          (nd.kind == NodeKind::kSend || nd.kind == NodeKind::kRecv);
     const int64_t whole_bytes = in.comm_bytes;
     if (scatter) in.comm_bytes /= g_.mesh.tp;

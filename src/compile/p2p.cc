@@ -41,7 +41,9 @@ Result<int> insert_p2p(ir::Graph& g) {
     s.peer_pp_rank = b.pp_rank;
     s.stream = "p2p_to_" + std::to_string(b.pp_rank);
     s.group = "pp";
-    s.comm_bytes = ed.bytes;
+    // Under sequence parallelism each tensor rank sends its token slice (Megatron-LM's p2p tensor_shape with
+    // sequence_parallel: seq_length / tp), which the receiving stage's rank of the same tp coordinate holds.
+    s.comm_bytes = g.sequence_parallel() ? (ed.bytes + g.mesh.tp - 1) / g.mesh.tp : ed.bytes;
     Node r = s;
     r.kind = NodeKind::kRecv;
     r.tags = b.tags;

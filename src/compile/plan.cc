@@ -141,7 +141,7 @@ Json Plan::to_json() const {
                  {"ep", mesh.ep}, {"tp", mesh.tp},   {"fold", mesh.fold}};
   if (mesh.stages > 0) mesh_json["stages"] = mesh.stages;  // absent otherwise: earlier plans keep their hash
   if (mesh.etp > 1) mesh_json["etp"] = mesh.etp;           // likewise
-  return Json{{"format", kPlanFormat},
+  Json j{{"format", kPlanFormat},
               {"version", kPlanFormatVersion},
               {"world_size", world_size},
               {"num_microbatches", num_microbatches},
@@ -150,6 +150,8 @@ Json Plan::to_json() const {
               {"rank_template", rank_template},
               {"coords", coord_list},  // [pp, dp, ep, tp] per global rank
               {"programs", programs}};
+  if (sequence_parallel) j["sequence_parallel"] = true;  // absent otherwise: earlier plans keep their hash
+  return j;
 }
 
 int Plan::rank_of(const RankCoord& c) const {

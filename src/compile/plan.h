@@ -147,12 +147,16 @@ struct Plan {
   std::vector<RankCoord> coords;   // global rank -> mesh coordinates
   int num_microbatches = 1;        // per step; every instruction's mb is below it
   int num_layers = 0;              // model layers; every instruction's layer is below it
+  // Sequence parallelism (ir::Graph::sequence_parallel, decided by the tp shard directives): under it tensor rank
+  // t holds rows [t n/tp, (t+1) n/tp) of a microbatch's n tokens outside the tp chunks, which all-gather their
+  // input and reduce-scatter their output, and pipeline and m2n messages carry that slice. Executors read it here.
+  bool sequence_parallel = false;
   const Program& program(int rank) const {
     return templates[static_cast<size_t>(rank_template[static_cast<size_t>(rank)])];
   }
   // Every field, in the plan file format (`piper compile --emit-plan`; compile/plan_io.h reads it back): format
-  // kPlanFormat, version kPlanFormatVersion, world_size, num_microbatches, num_layers, mesh, rank_template, coords,
-  // programs.
+  // kPlanFormat, version kPlanFormatVersion, world_size, num_microbatches, num_layers, sequence_parallel (written
+  // only when true), mesh, rank_template, coords, programs.
   Json to_json() const;
   bool operator==(const Plan&) const = default;
 

@@ -259,6 +259,27 @@ Status check_dataflow(const Program& prog, const std::string& where, int num_mb,
   return ok_status();
 }
 
+// Plan::sequence_parallel against the programs: it needs tp > 1, and a tp reduce-scatter of a chunk's output
+// (CommRole::kTpScatter) exists only under it.
+Status check_sequence_parallel(const Plan& plan, const std::string& where) {
+  if (plan.sequence_parallel && plan.mesh.tp <= 1) {
+    return invalid_argument(where + ": true needs tp > 1 (mesh tp=" + std::to_string(plan.mesh.tp) +
+                            "); drop it or emit the plan again");
+  }
+  if (plan.sequence_parallel) return ok_status();
+  for (const Program& prog : plan.templates) {
+    for (const Stream& st : prog.streams) {
+      for (const Instruction& in : st.instrs) {
+        if (in.role != CommRole::kTpScatter) continue;
+        return invalid_argument(where + ": the plan reduce-scatters '" + in.label +
+                                "' over tp (sequence parallelism) but does not set sequence_parallel; emit the plan "
+                                "again with this piper");
+      }
+    }
+  }
+  return ok_status();
+}
+
 Result<Program> program_from_json(const Json& j, const std::string& where, int pp, int num_mb, int num_layers) {
   if (!j.is_object()) return invalid_argument(where + ": expected a program object");
   JsonReader r(j, where);
@@ -389,6 +410,7 @@ Result<Plan> plan_from_json(const Json& j, const std::string& what) {
   PIPER_RETURN_IF_ERROR(
       r.get_int("num_microbatches", &plan.num_microbatches, true, 1, static_cast<int>(kMaxMicrobatches)));
   PIPER_RETURN_IF_ERROR(r.get_int("num_layers", &plan.num_layers, true, 1, static_cast<int>(kMaxLayers)));
+  PIPER_RETURN_IF_ERROR(r.get_bool("sequence_parallel", &plan.sequence_parallel, false));
   PIPER_RETURN_IF_ERROR(ranks_from_json(r, plan));
   PIPER_ASSIGN_OR_RETURN(const Json* programs, get_array(r, "programs"));
   PIPER_RETURN_IF_ERROR(r.check_no_unknown_keys());
@@ -406,6 +428,7 @@ Result<Plan> plan_from_json(const Json& j, const std::string& what) {
     }
     plan.templates.push_back(std::move(prog));
   }
+  PIPER_RETURN_IF_ERROR(check_sequence_parallel(plan, r.field_path("sequence_parallel")));
   // What the compiler checked before writing it: matched sends and receives, no deadlock (compile/verify_plan.h).
   auto verified = verify_plan(plan);
   if (!verified.ok()) return invalid_argument(what + ": " + verified.status().message());

@@ -4,10 +4,14 @@
 // dp*tp ranks each, layer l's attention side (attention, norms, router; the embedding with layer 0) runs on attention
 // rank l mod a and its FFN side (routed experts, shared experts or the dense MLP; the head with the last layer) on
 // FFN rank l mod f. Every data edge between the sides is one m2n exchange, per microbatch and attention rank:
-//   forward   A->F: the router's output to the experts (top_k copies) + the attention output to the shared
-//                   experts or the dense MLP (one copy); F->A: the experts' and shared experts' outputs (one each)
-//   backward  the transposes: A->F the next layer's input gradient to each of them (top_k + 1), F->A their input
-//             gradients (1 + 1)
+//   forward   A->F: the router's output to the experts (top_k rows per token) + the attention output to the
+//                   shared experts or the dense MLP (one row); F->A: the experts' output (top_k rows where the
+//                   router's rank combines, one combined row where the FFN group does) + the shared experts' (one)
+//   backward  the transposes: A->F the next layer's input gradient to the experts (top_k rows or one, as the
+//             combine) and to the shared experts (one), F->A the experts' input gradients (top_k rows: the
+//             dispatch's gradient) + the shared experts' (one)
+// The router's rank combines when the next layer's attention runs on it (one attention rank, a = 1); otherwise,
+// and for the last layer (whose experts feed the head), the FFN group does (compile/exec_info.cc combine_on_ffn).
 // The last layer's FFN side feeds the head on its own rank: no F->A forward and no A->F backward there. Bytes are
 // the hidden state in the wire dtype (the plan carries no fp8 dispatch across the sides), a rank's token slice
 // (1/tp) under sequence parallelism.
@@ -43,12 +47,17 @@ struct AfLayerBytes {
   int msgs = 0;  // exchanges each way
 };
 
-AfLayerBytes af_layer_bytes(bool moe, bool shared, bool last, double hidden, double top_k) {
-  const double into_ffn = moe ? (top_k + (shared ? 1 : 0)) * hidden : hidden;
-  const double out_of_ffn = moe ? (shared ? 2 : 1) * hidden : hidden;
-  const int passes = last ? 1 : 2;
+AfLayerBytes af_layer_bytes(bool moe, bool shared, bool last, double hidden, double top_k, bool attn_combines) {
   const int edges_in = moe ? (shared ? 2 : 1) : 1;
-  return {passes * into_ffn, passes * out_of_ffn, passes * edges_in};
+  if (!moe) return {(last ? 1 : 2) * hidden, (last ? 1 : 2) * hidden, (last ? 1 : 2) * edges_in};
+  const double one = shared ? hidden : 0.0;  // the shared experts' row, either way
+  const double routed = top_k * hidden;
+  const double combine = (attn_combines && !last) ? routed : hidden;
+  // A->F: dispatch (F) and, but for the last layer, the combine's gradient (B); F->A: the combine (F, but for the
+  // last layer) and the dispatch's gradient (B).
+  const double a2f = routed + one + (last ? 0.0 : combine + one);
+  const double f2a = routed + one + (last ? 0.0 : combine + one);
+  return {a2f, f2a, (last ? 1 : 2) * edges_in};
 }
 
 // One pipeline rank of either side, per microbatch.
@@ -122,7 +131,7 @@ AfChain af_chain(const CostModel& cm, const Strategy& s, const NicSplit& nics) {
   for (int r = 0; r < a + f; ++r) ranks[static_cast<size_t>(r)].ffn = r >= a;
   for (int l = 0; l < L; ++l) {
     const bool moe = model.is_moe_layer(l);
-    const AfLayerBytes bytes = af_layer_bytes(moe, shared, l == L - 1, hidden, table.top_k);
+    const AfLayerBytes bytes = af_layer_bytes(moe, shared, l == L - 1, hidden, table.top_k, a == 1);
     const LayerActivation& act = moe ? act_moe : act_dense;
     AfRank& A = ranks[static_cast<size_t>(l % a)];
     AfRank& F = ranks[static_cast<size_t>(a + l % f)];

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,11 @@ class Graph {
   int param_bytes = 2;          // bytes per parameter element (compute copy)
   int grad_bytes = 4;           // bytes per gradient element
   int moe_top_k = 1;            // tokens are sent to top_k experts by dispatch
+  // Sequence parallelism, decided once by the tp shard directives (ShardDirective::sequence_parallel; they must
+  // agree): the hidden states between tp chunks are token slices, 1/tp of a microbatch's rows per tensor rank, so
+  // pipeline and m2n messages carry a slice. nullopt until a tp shard runs (then as false).
+  std::optional<bool> tp_sequence_parallel;
+  bool sequence_parallel() const { return tp_sequence_parallel.value_or(false) && mesh.tp > 1; }
   // The forward dispatch's bytes per element over the edges' (TrainSpec::dispatch_bytes / comm_bytes): 0.516
   // when DeepSeek-V3's recipe dispatches fp8 (with scales) and combines bf16; 1 otherwise.
   double moe_dispatch_ratio = 1.0;

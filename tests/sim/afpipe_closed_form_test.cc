@@ -80,7 +80,11 @@ TEST(AfPipeClosedForm, StepAndPeakAgreeWithTheSimulatedPlan) {
   for (const Row& row : rows) {
     const Pair p = run(row);
     ASSERT_GT(p.sim_step, 0) << row.strategy;
-    EXPECT_NEAR(p.est_step / p.sim_step, 1.0, 0.15) << row.model << " " << row.strategy;
+    // 0.94-1.19 since session 23 counts the routed m2n rows the plan carries (the combine's top_k rows where the
+    // router's rank combines, the dispatch gradient's always): the closed form's round trip charges every m2n byte
+    // of a microbatch serially, which the compiled order partly overlaps, so one attention rank (a = 1, where the
+    // combine is routed) reads 1.19 (64:64) and 1.19 (4:12, tp 2); they were 1.03 and 1.14 before.
+    EXPECT_NEAR(p.est_step / p.sim_step, 1.0, 0.2) << row.model << " " << row.strategy;
     EXPECT_NEAR(p.est_peak / p.sim_peak, 1.0, 0.15) << row.model << " " << row.strategy;
   }
 }

@@ -38,16 +38,6 @@ std::optional<std::string> owner_part(const Node& n) {
   return n.tags.part.substr(0, dot);
 }
 
-// Sequence parallelism: the tp shards cut the hidden states between chunks into token slices (tp_ag / tp_rs
-// instead of tp_ar), so every exchange between the sides carries a rank's slice, 1/tp of the tokens.
-bool sequence_parallel(const Graph& g) {
-  if (g.mesh.tp <= 1) return false;
-  for (const Node& n : g.nodes()) {
-    if (n.group == "tp" && (n.kind == NodeKind::kAllGather || n.kind == NodeKind::kReduceScatter)) return true;
-  }
-  return false;
-}
-
 }  // namespace
 
 Status apply_disaggregate(Graph& g, const DisaggregateDirective& d) {
@@ -105,7 +95,7 @@ Status apply_disaggregate(Graph& g, const DisaggregateDirective& d) {
   // its tp collective and the other side's (experts -> the next attention's all-gather, the attention's reduce-
   // scatter -> the dense MLP's all-gather, ...). The pair names the two chunks' parts; under sequence parallelism
   // each rank exchanges its token slice with the other side's ranks of its tp coordinate (Plan::m2n_peers).
-  const int64_t slices = sequence_parallel(g) ? g.mesh.tp : 1;
+  const int64_t slices = g.sequence_parallel() ? g.mesh.tp : 1;
   const size_t num_edges = g.edges().size();
   int exchanges = 0;
   for (size_t e = 0; e < num_edges; ++e) {
@@ -128,7 +118,11 @@ Status apply_disaggregate(Graph& g, const DisaggregateDirective& d) {
     s.stream = "m2n_to_" + std::to_string(b.pp_rank);
     s.group = "a2f";
     s.algorithm = "direct";
-    const int64_t bytes = ed.bytes * (chunk_part(*b_part) == Part::kExperts ? g.moe_top_k : 1);
+    // Routed exchanges carry a row per (token, slot): the dispatch and its gradient always, the combine and its
+    // gradient when the router's rank combines (compile/exec_info.cc divides them by top_k where the FFN group
+    // combines and sends hidden states instead).
+    const bool routed = chunk_part(*a_part) == Part::kExperts || chunk_part(*b_part) == Part::kExperts;
+    const int64_t bytes = ed.bytes * (routed ? g.moe_top_k : 1);
     s.comm_bytes = (bytes + slices - 1) / slices;
     s.m2n_sender = true;
     s.m2n_src_part = *a_part;

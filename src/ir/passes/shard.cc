@@ -138,6 +138,14 @@ Status shard_ep(Graph& g, const ShardDirective& d, const std::vector<NodeId>& ch
 Status shard_tp(Graph& g, const ShardDirective& d, const std::vector<NodeId>& chunks) {
   if (g.mesh.tp <= 1)
     return invalid_argument("axis tp needs tp > 1 in the mesh (tp=" + std::to_string(g.mesh.tp) + ")");
+  if (g.tp_sequence_parallel && *g.tp_sequence_parallel != d.sequence_parallel) {
+    return invalid_argument(std::string("this tp shard has sequence_parallel ") +
+                            (d.sequence_parallel ? "true" : "false") + " but an earlier one has " +
+                            (d.sequence_parallel ? "false" : "true") +
+                            "; the hidden states between chunks are either token slices or whole, so give every "
+                            "tp shard directive the same sequence_parallel");
+  }
+  g.tp_sequence_parallel = d.sequence_parallel;
   const std::string stream = d.stream.empty() ? "tp" : d.stream;
   const int64_t tp = g.mesh.tp;
   for (NodeId id : chunks) {

@@ -37,6 +37,7 @@ Status apply_split(Graph& g, const SplitDirective& d) {
   out.grad_bytes = g.grad_bytes;
   out.moe_top_k = g.moe_top_k;  // without it every EP dispatch/combine carried 1/top_k of its bytes
   out.moe_dispatch_ratio = g.moe_dispatch_ratio;
+  out.tp_sequence_parallel = g.tp_sequence_parallel;
   auto per_mb = [](const Node& n) { return n.kind != NodeKind::kUpdate && n.tags.mb < 0; };
   // new_id[old][k]: copy k of an old node (shared nodes have one copy).
   std::vector<std::vector<NodeId>> new_id(g.num_nodes());

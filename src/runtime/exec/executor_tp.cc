@@ -34,13 +34,7 @@ Status TensorParallel::init(const compile::Program& program) {
   }
   // Sequence parallelism is the plan's, not this program's: an af-pipe FFN rank that holds experts only has no tp
   // exchange of its own, yet it serves the token slices of its tp coordinate (Plan::m2n_peers).
-  for (const compile::Program& any : core_.plan->templates) {
-    for (const compile::Stream& stream : any.streams) {
-      for (const Instruction& in : stream.instrs) {
-        if (is_tp_exchange(in) && in.comm != ir::NodeKind::kAllReduce) sequence_parallel_ = true;
-      }
-    }
-  }
+  sequence_parallel_ = core_.plan->sequence_parallel;
   for (const compile::Stream& stream : program.streams) {
     for (const Instruction& in : stream.instrs) {
       if (in.node == ir::kNoNode) continue;
