@@ -136,19 +136,7 @@ std::shared_ptr<Tensor> local_combine(const Tensor& x, const std::vector<float>&
 Result<std::vector<float>> local_combine_backward(const std::vector<Gradient>& grads, const kernels::Routing& slots,
                                                   int64_t h, float scale, std::shared_ptr<const Tensor>* dout) {
   const int64_t tokens = slots.num_tokens;
-  for (const Gradient& g : grads) {
-    if (!g.dhidden || g.dhidden->numel() != tokens * h) {
-      return internal_error("a consumer's gradient of the experts is not [tokens, hidden]");
-    }
-  }
-  *dout = grads[0].dhidden;
-  if (grads.size() > 1) {
-    auto sum = std::make_shared<Tensor>(grads[0].dhidden->clone(MemCategory::kBuffers));
-    for (size_t i = 1; i < grads.size(); ++i) {
-      for (int64_t j = 0; j < sum->numel(); ++j) sum->data()[j] += grads[i].dhidden->data()[j];
-    }
-    *dout = std::move(sum);
-  }
+  PIPER_ASSIGN_OR_RETURN(*dout, sum_consumer_gradients(grads, tokens, h));
   std::vector<float> dy(static_cast<size_t>(tokens * h));
   for (int64_t i = 0; i < tokens * h; ++i) dy[static_cast<size_t>(i)] = scale * (*dout)->data()[i];
   std::vector<float> rows(static_cast<size_t>(tokens * slots.top_k * h));
