@@ -1,25 +1,28 @@
 // Property: every strategy the compiler verifies trains with one rank's losses. Strategies are drawn at random
 // (seeded, the same list on every rank) from the planner's dimensions (planner/space.h: tp, pp, ep, schedule with
 // vpp, zero, recompute, a2a, mbs; the disaggregated mode's attention:FFN splits), Megatron's module
-// recomputation (recompute_modules) and MoE parallel folding (fold=1: ep over the stage's tp*dp ranks) for
-// tiny-moe on the run's world; each draw must validate (Strategy::validate_for) and be runnable (check_runnable,
-// which refuses nothing since tp_overlap runs; the draw does not keep tp_overlap: Parity.*Overlap test it). Every
-// drawn strategy trains 3 steps (Trainer::create compiles and verifies it), and each step's loss must be within
-// 1e-5 (relative) of one rank with the same global batch and micro-batch size. The first draws cover the
-// compositions named by issue 26, where the world allows them: tp x ep,
-// dualpipev x ep x zero=3, interleaved pp=2 vpp=2, zb-h1 with ep, uneven af-pipe (tp=1) with ZeRO and recomputation;
-// then tp=2 x ep folded (every world), tp=2 x ep x etp=2 (4 and 8 ranks), and af-pipe with tp=2, sp=1 (etp=1, which
-// disagg=1 needs) on a split the world allows, drawn from its own stream (af_tp2_splits): dp=1 on 4 ranks (2:2) and
-// 8 ranks (2:6, 4:4 pp=2, 6:2), dp=2 with ep 1 or 2 on 8 ranks (4:4); these take the places of the last free draws. A
-// later draw with tp > 1 folds with probability 1/2 (ep then among the divisors > 1 of tp*dp); folding draws from its
-// own stream, so a seed's other dimensions are drawn as before folding was (draw_strategies). Expert tensor parallelism
-// likewise: on 4 and 8 ranks a "tp_ep_etp" draw (tp=2 x ep, etp=2), and a later unfolded draw with tp > 1 slices its
-// experts (etp = tp) with probability 1/2 from its own stream, with ep > 1 or ep = 1 (the etp exchanges alone). The run
-// prints how many of its strategies fold, how many slice experts, and how many are af-pipe (with tp > 1, and their
-// worst loss difference). PIPER_PROPERTY_DRAWS sets the number of draws (CTest: a small draw per world in `make test`,
-// a larger one under `ctest -C property-large`); PIPER_PROPERTY_SEED the seed. Run under mpiexec -n 2, 4 or 8.
+// recomputation (recompute_modules), MoE parallel folding (fold=1: ep over the stage's tp*dp ranks) and tp
+// communication overlap (tp_overlap=1) for tiny-moe on the run's world; each draw must validate
+// (Strategy::validate_for) and be runnable (check_runnable, which refuses nothing). Every drawn strategy trains 3
+// steps (Trainer::create compiles and verifies it), and each step's loss must be within 1e-5 (relative) of one rank
+// with the same global batch and micro-batch size. The first draws cover the compositions named by issue 26, where
+// the world allows them: tp x ep, dualpipev x ep x zero=3, interleaved pp=2 vpp=2, zb-h1 with ep, uneven af-pipe
+// (tp=1) with ZeRO and recomputation; then tp=2 x ep folded (every world), tp=2 x ep x etp=2 (4 and 8 ranks), and
+// af-pipe with tp=2, sp=1 (etp=1, which disagg=1 needs) on a split the world allows, drawn from its own stream
+// (af_tp2_splits): dp=1 on 4 ranks (2:2) and 8 ranks (2:6, 4:4 pp=2, 6:2), dp=2 with ep 1 or 2 on 8 ranks (4:4);
+// these take the places of the last free draws. A later draw with tp > 1 folds with probability 1/2 (ep then among
+// the divisors > 1 of tp*dp); folding draws from its own stream, so a seed's other dimensions are drawn as before
+// folding was (draw_strategies). Expert tensor parallelism likewise: on 4 and 8 ranks a "tp_ep_etp" draw (tp=2 x ep,
+// etp=2), and a later unfolded draw with tp > 1 slices its experts (etp = tp) with probability 1/2 from its own
+// stream, with ep > 1 or ep = 1 (the etp exchanges alone). Any draw with tp > 1 (all have sp=1) then runs its tp
+// chunks as overlapped pieces (tp_overlap=1) with probability 1/2, again from its own stream: the draw takes the
+// place of the same strategy without it. The run prints how many of its strategies fold, slice experts, overlap tp
+// and are af-pipe (with tp > 1), with the worst loss difference of the overlapped and of the af-pipe tp draws.
+// PIPER_PROPERTY_DRAWS sets the number of draws (CTest: a small draw per world in `make test`, a larger one under
+// `ctest -C property-large`); PIPER_PROPERTY_SEED the seed. Run under mpiexec -n 2, 4 or 8.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -64,8 +67,9 @@ struct Draw {
   int mbs = 1;
   int tp = 1;
   bool fold = false;
-  bool etp = false;  // etp = tp (expert tensor parallelism), unfolded, any ep
-  bool af = false;   // af-pipe (disagg=1)
+  bool etp = false;      // etp = tp (expert tensor parallelism), unfolded, any ep
+  bool af = false;       // af-pipe (disagg=1)
+  bool overlap = false;  // tp_overlap=1
 };
 
 // An af-pipe attention:FFN split with tp=2: pp attention and f FFN pipeline ranks, each run by dp*tp ranks.
@@ -204,15 +208,25 @@ Draw with_etp(Draw d) {
   return d;
 }
 
+// `d` with its tp chunks run as pieces overlapped with their collectives (tp > 1, sp=1).
+Draw with_tp_overlap(Draw d) {
+  d.strategy += ",tp_overlap=1";
+  d.overlap = true;
+  return d;
+}
+
 // The first draws are the kinds (above), then "tp_ep_fold" (tp=2, pp=1, folded), then free draws. Folding has its
 // own stream (fold_rng): "tp_ep_fold" is drawn from it whole, and a free draw with tp > 1 folds with probability
 // 1/2 by replaying the main stream's draw with fold=1 (kept when admissible, else the unfolded draw stands). The
 // main stream advances as without folding, so a seed draws the other dimensions as it did before fold was drawn.
+// Last, a new admissible draw with tp > 1 overlaps tp (tp_overlap=1) with probability 1/2 from overlap_rng (kept
+// when admissible): the seed's strategies are the same but for that flag.
 std::vector<Draw> draw_strategies(int world, int count, uint64_t seed) {
   std::mt19937_64 rng(seed * 1000003u + static_cast<uint64_t>(world));
   std::mt19937_64 fold_rng(seed * 1000033u + static_cast<uint64_t>(world) + 7u);
   std::mt19937_64 etp_rng(seed * 1000037u + static_cast<uint64_t>(world) + 11u);
   std::mt19937_64 af_rng(seed * 1000039u + static_cast<uint64_t>(world) + 13u);
+  std::mt19937_64 overlap_rng(seed * 1000081u + static_cast<uint64_t>(world) + 17u);
   std::vector<std::string> kinds = {"interleaved_pp2_vpp2"};
   if (world >= 4) {
     for (const char* k : {"tp_ep", "dualpipev_ep_zero3", "zbh1_ep", "af_uneven"}) kinds.push_back(k);
@@ -223,6 +237,7 @@ std::vector<Draw> draw_strategies(int world, int count, uint64_t seed) {
     if (!af_tp2_splits(world, dp).empty()) kinds.push_back("af_tp2_dp" + std::to_string(dp));
   }
   std::vector<Draw> out;
+  std::vector<std::string> drawn;  // the strategies of `out` without tp_overlap
   for (int i = 0, tries = 0; static_cast<int>(out.size()) < count && tries < 100000; ++tries) {
     const std::string kind = i < static_cast<int>(kinds.size()) ? kinds[static_cast<size_t>(i)] : "";
     Draw d;
@@ -246,9 +261,12 @@ std::vector<Draw> draw_strategies(int world, int count, uint64_t seed) {
       }
     }
     if (!admissible(d, world)) continue;
-    bool seen = false;
-    for (const Draw& e : out) seen = seen || e.strategy == d.strategy;
-    if (seen) continue;
+    if (std::find(drawn.begin(), drawn.end(), d.strategy) != drawn.end()) continue;
+    drawn.push_back(d.strategy);
+    if (d.tp > 1 && overlap_rng() % 2 == 0) {
+      Draw o = with_tp_overlap(d);
+      if (admissible(o, world)) d = o;
+    }
     out.push_back(d);
     ++i;
   }
@@ -273,11 +291,12 @@ TEST(StrategyProperty, DrawnStrategiesTrainWithOneRanksLosses) {
   const std::vector<Draw> draws = draw_strategies(ranks, count, seed);
   ASSERT_EQ(static_cast<int>(draws.size()), count) << "fewer admissible strategies than draws on " << ranks;
   double worst = 0;
-  int folded = 0, sliced = 0, af = 0, af_tp = 0;
-  double worst_af_tp = 0;
+  int folded = 0, sliced = 0, overlapped = 0, af = 0, af_tp = 0;
+  double worst_overlap = 0, worst_af_tp = 0;
   for (const Draw& d : draws) {
     folded += d.fold;
     sliced += d.etp;
+    overlapped += d.overlap;
     af += d.af;
     af_tp += d.af && d.tp > 1;
     TrainOptions o = tiny_moe_options(d.strategy, kLr);
@@ -304,15 +323,16 @@ TEST(StrategyProperty, DrawnStrategiesTrainWithOneRanksLosses) {
                               std::abs(ref[static_cast<size_t>(i)]));
     }
     worst = std::max(worst, rel);
+    if (d.overlap) worst_overlap = std::max(worst_overlap, rel);
     if (d.af && d.tp > 1) worst_af_tp = std::max(worst_af_tp, rel);
     if ((*world)->rank() == 0) std::printf("property %-110s max rel %.3g\n", d.strategy.c_str(), rel);
     EXPECT_LE(rel, kRelTol) << d.strategy << " on " << ranks << " ranks: losses differ from one rank's";
   }
   if ((*world)->rank() == 0) {
     std::printf(
-        "property: %zu strategies on %d ranks (%d with fold=1, %d with etp > 1, %d af-pipe of which %d with tp > 1: "
-        "worst %.3g), worst relative loss difference %.3g\n",
-        draws.size(), ranks, folded, sliced, af, af_tp, worst_af_tp, worst);
+        "property: %zu strategies on %d ranks (%d with fold=1, %d with etp > 1, %d with tp_overlap=1: worst %.3g, "
+        "%d af-pipe of which %d with tp > 1: worst %.3g), worst relative loss difference %.3g\n",
+        draws.size(), ranks, folded, sliced, overlapped, worst_overlap, af, af_tp, worst_af_tp, worst);
   }
 }
 

@@ -313,20 +313,9 @@ Result<Activation> ExpertParallel::Call::combine_forward(const Activation& a) {
 // combine B: the output gradient (summed over consumers in edge order), times routed_scaling, dispatched like the
 // tokens.
 Result<Gradient> ExpertParallel::Call::combine_backward(const std::vector<Gradient>& grads, const EpExchange& ex) {
-  const int64_t tokens = ex.routing.num_tokens;
-  for (const Gradient& g : grads) {
-    if (!g.dhidden || g.dhidden->numel() != tokens * h) {
-      return internal_error("'" + t.in->label + "': a consumer's gradient is not [tokens, hidden]");
-    }
-  }
-  std::shared_ptr<const Tensor> dout = grads[0].dhidden;
-  if (grads.size() > 1) {
-    auto sum = std::make_shared<Tensor>(grads[0].dhidden->clone(MemCategory::kBuffers));
-    for (size_t i = 1; i < grads.size(); ++i) {
-      for (int64_t j = 0; j < sum->numel(); ++j) sum->data()[j] += grads[i].dhidden->data()[j];
-    }
-    dout = std::move(sum);
-  }
+  Result<std::shared_ptr<const Tensor>> summed = sum_consumer_gradients(grads, ex.routing.num_tokens, h);
+  if (!summed.ok()) return internal_error("'" + t.in->label + "': " + summed.status().message());
+  std::shared_ptr<const Tensor> dout = std::move(summed).value();
   const float* dy = dout->data();
   Tensor scaled;
   if (scale != 1.0f) {
@@ -372,6 +361,22 @@ Result<Gradient> ExpertParallel::Call::dispatch_backward(const std::vector<Gradi
   out.dnormed = tensor_from(dhn.data(), tokens, h, MemCategory::kBuffers, core.allocator);
   out.dtopk_w = std::move(dtopk_w);
   return out;
+}
+
+Result<std::shared_ptr<const Tensor>> sum_consumer_gradients(const std::vector<Gradient>& grads, int64_t tokens,
+                                                             int64_t h) {
+  if (grads.empty()) return internal_error("no consumer's gradient");
+  for (const Gradient& g : grads) {
+    if (!g.dhidden || g.dhidden->numel() != tokens * h) {
+      return internal_error("a consumer's gradient is not [tokens, hidden]");
+    }
+  }
+  if (grads.size() == 1) return grads[0].dhidden;
+  auto sum = std::make_shared<Tensor>(grads[0].dhidden->clone(MemCategory::kBuffers));
+  for (size_t i = 1; i < grads.size(); ++i) {
+    for (int64_t j = 0; j < sum->numel(); ++j) sum->data()[j] += grads[i].dhidden->data()[j];
+  }
+  return std::shared_ptr<const Tensor>(std::move(sum));
 }
 
 Status ExpertParallel::run(const Task& t) {

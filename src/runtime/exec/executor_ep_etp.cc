@@ -9,10 +9,12 @@
 // microbatch) until the backward reduce-scatter; the buffers are padded to the largest count.
 // Without expert parallelism (ep = 1, Megatron's expert_model_parallel_size 1) no all-to-all surrounds them: each
 // rank's rows are its own tokens' (token, slot) pairs, and the exchanges do the dispatch and combine in place
-// (local_dispatch below; the rank holds every expert, so a row's local expert is its logical one).
+// (local_dispatch below, with the experts chunk's permute and unpermute kernels over the rows in (token, slot)
+// order; the rank holds every expert, so a row's local expert is its logical one).
 #include <algorithm>
 #include <cstring>
 
+#include "piper/kernels/cpu/ops.h"
 #include "piper/runtime/exec/executor_handlers.h"
 
 namespace piper::runtime::detail {
@@ -96,14 +98,22 @@ struct EtpCall {
   }
 };
 
+// ep = 1: this rank's own rows, (token, slot) in that order, as a kernels::Routing of one group. The experts
+// chunk's permute and unpermute kernels (model/chunks/experts.cc) then do the dispatch and combine in place: they
+// copy each token to its top_k rows and sum a token's rows back in slot order, as they do in expert order on one
+// rank, so the sums run in the same order and give the same bits.
+kernels::Routing slot_order(int64_t tokens, int k) {
+  const std::vector<int32_t> one_group(static_cast<size_t>(tokens * k), 0);
+  return kernels::build_routing(one_group.data(), tokens, k, 1);
+}
+
 // ep = 1: the dispatch in place, rows (token, slot) of the router's normed input with their expert and weight.
-std::shared_ptr<EpRows> local_dispatch(const Routed& r, int64_t tokens, int k, int64_t h, Allocator* allocator) {
-  const int64_t rows = tokens * k;
-  auto out = std::make_shared<EpRows>();
+std::shared_ptr<EpRows> local_dispatch(const Routed& r, const kernels::Routing& slots, int64_t h,
+                                       Allocator* allocator) {
+  const int64_t rows = slots.num_tokens * slots.top_k;
   auto t = std::make_shared<Tensor>(Tensor::zeros_or_die({rows, h}, MemCategory::kActivations, allocator));
-  for (int64_t i = 0; i < rows; ++i) {
-    std::memcpy(t->data() + i * h, r.normed->data() + (i / k) * h, static_cast<size_t>(h) * sizeof(float));
-  }
+  kernels::permute_forward(t->data(), r.normed->data(), slots, h);
+  auto out = std::make_shared<EpRows>();
   out->rows = std::move(t);
   out->expert.assign(r.topk_idx.begin(), r.topk_idx.end());
   out->weight.assign(r.topk_w.data(), r.topk_w.data() + rows);
@@ -111,58 +121,34 @@ std::shared_ptr<EpRows> local_dispatch(const Routed& r, int64_t tokens, int k, i
 }
 
 // ep = 1: the combine in place, x + routed_scaling * (each token's rows weighted and summed in slot order).
-std::shared_ptr<Tensor> local_combine(const Tensor& x, const std::vector<float>& y, const Routed& r, int k, int64_t h,
-                                      float scale) {
-  auto out = std::make_shared<Tensor>(x.clone(MemCategory::kActivations));
-  const int64_t tokens = x.numel() / h;
-  const float* w = r.topk_w.data();
+std::shared_ptr<Tensor> local_combine(const Tensor& x, const std::vector<float>& y, const Routed& r,
+                                      const kernels::Routing& slots, int64_t h, float scale, Allocator* allocator) {
+  auto out = std::make_shared<Tensor>(Tensor::zeros_or_die(x.shape(), MemCategory::kActivations, allocator));
   float* o = out->data();
-  for (int64_t tok = 0; tok < tokens; ++tok) {
-    for (int64_t j = 0; j < h; ++j) {
-      float sum = 0;
-      for (int s = 0; s < k; ++s) sum += w[tok * k + s] * y[static_cast<size_t>((tok * k + s) * h + j)];
-      o[tok * h + j] += scale * sum;
-    }
-  }
+  kernels::unpermute_forward(o, y.data(), r.topk_w.data(), slots, h);
+  const float* xr = x.data();
+  for (int64_t i = 0; i < out->numel(); ++i) o[i] = xr[i] + scale * o[i];
   return out;
 }
 
 // ep = 1: the combine's backward in place, each row the routed_scaling times its token's output gradient (summed
 // over the consumers in edge order).
-Result<std::vector<float>> local_combine_backward(const std::vector<Gradient>& grads, int64_t tokens, int k, int64_t h,
-                                                  float scale, std::shared_ptr<const Tensor>* dout) {
-  for (const Gradient& g : grads) {
-    if (!g.dhidden || g.dhidden->numel() != tokens * h) {
-      return internal_error("a consumer's gradient of the experts is not [tokens, hidden]");
-    }
-  }
-  *dout = grads[0].dhidden;
-  if (grads.size() > 1) {
-    auto sum = std::make_shared<Tensor>(grads[0].dhidden->clone(MemCategory::kBuffers));
-    for (size_t i = 1; i < grads.size(); ++i) {
-      for (int64_t j = 0; j < sum->numel(); ++j) sum->data()[j] += grads[i].dhidden->data()[j];
-    }
-    *dout = std::move(sum);
-  }
-  std::vector<float> rows(static_cast<size_t>(tokens * k * h));
-  const float* dy = (*dout)->data();
-  for (int64_t i = 0; i < tokens * k; ++i) {
-    for (int64_t j = 0; j < h; ++j) rows[static_cast<size_t>(i * h + j)] = scale * dy[(i / k) * h + j];
-  }
+Result<std::vector<float>> local_combine_backward(const std::vector<Gradient>& grads, const kernels::Routing& slots,
+                                                  int64_t h, float scale, std::shared_ptr<const Tensor>* dout) {
+  const int64_t tokens = slots.num_tokens;
+  PIPER_ASSIGN_OR_RETURN(*dout, sum_consumer_gradients(grads, tokens, h));
+  std::vector<float> dy(static_cast<size_t>(tokens * h));
+  for (int64_t i = 0; i < tokens * h; ++i) dy[static_cast<size_t>(i)] = scale * (*dout)->data()[i];
+  std::vector<float> rows(static_cast<size_t>(tokens * slots.top_k * h));
+  kernels::permute_forward(rows.data(), dy.data(), slots, h);
   return rows;
 }
 
 // ep = 1: the dispatch's backward in place, each token's row gradients summed in slot order (unit weights).
-std::shared_ptr<Tensor> local_dispatch_backward(const std::vector<float>& drows, int64_t tokens, int k, int64_t h,
-                                                Allocator* allocator) {
-  auto out = std::make_shared<Tensor>(Tensor::zeros_or_die({tokens, h}, MemCategory::kBuffers, allocator));
-  float* o = out->data();
-  for (int64_t tok = 0; tok < tokens; ++tok) {
-    for (int s = 0; s < k; ++s) {
-      const float* r = drows.data() + (tok * k + s) * h;
-      for (int64_t j = 0; j < h; ++j) o[tok * h + j] += r[j];
-    }
-  }
+std::shared_ptr<Tensor> local_dispatch_backward(const std::vector<float>& drows, const kernels::Routing& slots,
+                                                int64_t h, Allocator* allocator) {
+  auto out = std::make_shared<Tensor>(Tensor::zeros_or_die({slots.num_tokens, h}, MemCategory::kBuffers, allocator));
+  kernels::permute_backward_input(out->data(), drows.data(), slots, h);
   return out;
 }
 
@@ -182,7 +168,7 @@ Status ExpertParallel::run_etp(const Task& t) {
     PIPER_ASSIGN_OR_RETURN(Activation a, core_.take_message<Activation>(t, t.sources[0]));
     if (local) {
       if (!a.routed || !a.hidden) return internal_error("'" + n.label + "': the router sent no routing");
-      a.ep = local_dispatch(*a.routed, a.hidden->numel() / h, k, h, core_.allocator);
+      a.ep = local_dispatch(*a.routed, slot_order(a.hidden->numel() / h, k), h, core_.allocator);
       std::lock_guard<std::mutex> lock(mu_);
       etp_routed_[key] = routing_only(a.routed);
     }
@@ -217,7 +203,8 @@ Status ExpertParallel::run_etp(const Task& t) {
   int64_t total = 0;
   for (int64_t r : rows) total += r;
   const int64_t tokens = rows[static_cast<size_t>(call.rank)] / k;  // ep = 1: this rank's own rows are (token, slot)
-  if (!t.gradient) {                                                // F reduce-scatter of the partial expert outputs
+  const kernels::Routing slots = local ? slot_order(tokens, k) : kernels::Routing{};
+  if (!t.gradient) {  // F reduce-scatter of the partial expert outputs
     PIPER_ASSIGN_OR_RETURN(Activation a, core_.take_message<Activation>(t, t.sources[0]));
     if (!a.ep || !a.ep->rows || a.ep->rows->numel() != total * h) {
       return internal_error("'" + n.label + "': the experts' output is not the gathered rows");
@@ -226,7 +213,7 @@ Status ExpertParallel::run_etp(const Task& t) {
     if (local) {
       if (!a.hidden || a.hidden->numel() != tokens * h) return internal_error("'" + n.label + "': no residual");
       Activation out;
-      out.hidden = local_combine(*a.hidden, y, *routed, k, h, scale);
+      out.hidden = local_combine(*a.hidden, y, *routed, slots, h, scale, core_.allocator);
       core_.publish_message(t, std::move(out));
       return ok_status();
     }
@@ -244,7 +231,7 @@ Status ExpertParallel::run_etp(const Task& t) {
   Gradient& g = grads[0];
   if (local && gather) {  // the combine's backward here: the rows' output gradients
     std::shared_ptr<const Tensor> dout;
-    Result<std::vector<float>> dy = local_combine_backward(grads, tokens, k, h, scale, &dout);
+    Result<std::vector<float>> dy = local_combine_backward(grads, slots, h, scale, &dout);
     if (!dy.ok()) return internal_error("'" + n.label + "': " + dy.status().message());
     auto mine = std::make_shared<EpRows>();
     mine->rows = call.rows_tensor(*dy, h, MemCategory::kBuffers);
@@ -266,7 +253,7 @@ Status ExpertParallel::run_etp(const Task& t) {
     if (local) {  // the dispatch's backward here: the router's input and routing-weight gradients
       Gradient back;
       back.dhidden = g.dhidden;
-      back.dnormed = local_dispatch_backward(dx, tokens, k, h, core_.allocator);
+      back.dnormed = local_dispatch_backward(dx, slots, h, core_.allocator);
       auto dtopk_w =
           std::make_shared<Tensor>(Tensor::zeros_or_die({tokens, k}, MemCategory::kBuffers, core_.allocator));
       std::copy(dw.begin(), dw.end(), dtopk_w->data());

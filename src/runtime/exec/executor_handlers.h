@@ -208,6 +208,12 @@ class TensorParallel final : public Handler {
 
 struct EpExchange;
 
+// A MoE combine's output gradient: its consumers' dhidden, each [tokens, h], summed in edge order (the first itself
+// when there is one). The expert all-to-all's combine B (executor_ep.cc) and etp's in-place combine B with ep = 1
+// (executor_ep_etp.cc) start from it.
+Result<std::shared_ptr<const Tensor>> sum_consumer_gradients(const std::vector<Gradient>& grads, int64_t tokens,
+                                                             int64_t h);
+
 // Expert parallelism (executor_ep.cc) and the expert load. Thread-safety: mu_ guards the exchanges between a
 // dispatch and its backward; the placement tables change only between steps.
 class ExpertParallel final : public Handler {
