@@ -237,18 +237,6 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const TrainOptions& options) {
   if (options.world != nullptr) {
     PIPER_ASSIGN_OR_RETURN(t->dist_, DistContext::create(*options.world, t->compiled_.plan));
     if (options.ranks_per_node > 0) PIPER_RETURN_IF_ERROR(t->dist_->set_ranks_per_node(options.ranks_per_node));
-    if (options.model.moe.router_bias && t->compiled_.plan.mesh.tp > 1) {
-      return unimplemented("model '" + options.model.name + "' balances experts with a router bias; under tp=" +
-                           std::to_string(t->compiled_.plan.mesh.tp) +
-                           " with sequence parallelism its expert "
-                           "counts are not summed across the token slices yet: use tp=1");
-    }
-    if (options.model.moe.router_bias && t->compiled_.plan.mesh.dp > 1) {
-      return unimplemented("model '" + options.model.name + "' balances experts with a router bias; under dp=" +
-                           std::to_string(t->compiled_.plan.mesh.dp) +
-                           " its expert counts are not summed across "
-                           "replicas yet, so the replicas would diverge: use dp=1 (pipeline parallelism)");
-    }
   }
   PIPER_RETURN_IF_ERROR(t->build_model(rank));
   t->optimizer_ = std::make_unique<Optimizer>(options.optimizer, options.warmup_steps, *t->model_, t->allocator_.get());

@@ -485,6 +485,7 @@ Status Core::update(const Task& t) {
     std::lock_guard<std::mutex> norm_lock(norm_mu);
     if (!norm_done) {
       for (detail::Handler* h : handlers) PIPER_RETURN_IF_ERROR(h->prepare_norm());
+      PIPER_RETURN_IF_ERROR(sum_bias_counts());
       PIPER_ASSIGN_OR_RETURN(double norm, global_grad_norm());
       std::lock_guard<std::mutex> lock(mu);
       grad_norm = norm;

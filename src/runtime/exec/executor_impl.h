@@ -210,6 +210,8 @@ class Core {
   // shares, then the chunks no handler claims), and the step's loss over the ranks that own it.
   Result<double> global_grad_norm();
   Status reduce_losses(double* loss, double* aux);
+  // The balancing-bias routers' expert loads summed over their replicas, once per step before any update.
+  Status sum_bias_counts();
 };
 
 template <typename Msg>

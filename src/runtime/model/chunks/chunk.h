@@ -218,6 +218,10 @@ class Chunk {
   virtual PiecewiseChunk* piecewise() { return nullptr; }
   // After the optimizer step of this chunk (router: balancing-bias update). Default: nothing.
   virtual void after_update() {}
+  // router with a balancing bias (moe.router_bias): the tokens per expert this rank routed since the last update,
+  // which the executor replaces by their sum over the router's replicas before after_update (the bias follows the
+  // whole batch's loads, as on one rank). Other chunks: empty.
+  virtual std::vector<int64_t>* bias_counts() { return nullptr; }
   // experts: the rows (token slots) each of the num_experts experts received in forwards since the last call
   // (zero for experts this rank does not hold), then restarts the count. Other chunks: empty.
   virtual std::vector<int64_t> take_expert_tokens() { return {}; }

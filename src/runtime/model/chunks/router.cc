@@ -134,6 +134,8 @@ class RouterChunk : public Chunk {
     st.dhn = Tensor();
   }
 
+  std::vector<int64_t>* bias_counts() override { return dims_.expert_bias ? &counts_ : nullptr; }
+
   void after_update() override {
     if (!dims_.expert_bias) return;
     std::lock_guard<std::mutex> lock(mutex_);
