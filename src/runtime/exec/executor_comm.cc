@@ -71,6 +71,39 @@ Result<double> Core::global_grad_norm() {
   return std::sqrt(sum);
 }
 
+// Routers with a balancing bias (moe.router_bias) count the tokens their own rank routed: its dp replica's
+// microbatches and, under sequence parallelism, its tp slice. The bias must follow the whole batch's loads, as on
+// one rank, so before any update the counts are summed over every rank in rank order (one slot per layer, zero
+// where a rank holds no such router; exact integers, the same sum on every rank). Without sequence parallelism the
+// tensor ranks route the same tokens: only tp rank 0 contributes.
+Status Core::sum_bias_counts() {
+  if (!model->dims().expert_bias) return ok_status();
+  const size_t E = static_cast<size_t>(model->dims().num_experts), slots = static_cast<size_t>(plan->num_layers) * E;
+  const bool contributes = tp->token_shards() > 1 || dist->coord().tp == 0;
+  auto mine = std::make_shared<std::vector<double>>(slots, 0.0);
+  std::vector<std::pair<std::vector<int64_t>*, size_t>> routers;  // counts, first slot
+  for (const auto& c : model->chunks()) {
+    std::vector<int64_t>* counts = c->bias_counts();
+    if (counts == nullptr || counts->size() != E || c->layer() < 0 || c->layer() >= plan->num_layers) continue;
+    const size_t at = static_cast<size_t>(c->layer()) * E;
+    routers.emplace_back(counts, at);
+    for (size_t e = 0; e < E && contributes; ++e) (*mine)[at + e] = static_cast<double>((*counts)[e]);
+  }
+  const size_t world = static_cast<size_t>(dist->world_size());
+  auto all = std::make_shared<std::vector<double>>(world * slots);
+  PIPER_ASSIGN_OR_RETURN(comm::Handle h, dist->ctl().all_gather(mine->data(), all->data(), slots * sizeof(double)));
+  std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(mine), decltype(all)>>(mine, all);
+  PIPER_RETURN_IF_ERROR(wait_comm(dist->ctl(), h, keep, "expert-load exchange of the balancing-bias routers"));
+  for (auto& [counts, at] : routers) {
+    for (size_t e = 0; e < E; ++e) {
+      double sum = 0;
+      for (size_t r = 0; r < world; ++r) sum += (*all)[r * slots + at + e];  // rank order
+      (*counts)[e] = static_cast<int64_t>(sum);
+    }
+  }
+  return ok_status();
+}
+
 Status Core::reduce_losses(double* loss, double* aux) {
   // Ranks of one tensor-parallel group see the same tokens: only tp rank 0 reports. With sequence parallelism
   // each sees a slice: the loss is the mean of the slices' means and the aux losses are parts of one sum.
