@@ -20,30 +20,20 @@ struct AttnStash : Stash {
   Tensor d_o;        // B, from backward_in to backward_rest: the out-projection's input gradient
 };
 
-class AttnChunk : public Chunk, public PiecewiseChunk {
+class AttnChunk : public RowPiecesChunk {
  public:
   AttnChunk(int layer, const ChunkDims& d, uint64_t seed, Allocator* allocator, bool residual)
-      : Chunk(Part::kAttention, layer, d, allocator), residual_(residual) {
+      : RowPiecesChunk(Part::kAttention, layer, d, allocator), residual_(residual) {
     const int64_t qd = d.num_heads * d.head_dim, kd = d.num_kv_heads * d.head_dim;
     add_param("norm", {d.hidden}, seed, 0.0f, 1.0f, false);
     add_param("w_qkv", {qd + 2 * kd, d.hidden}, seed, init_std(), 0.0f, true);
     add_param("wo", {d.hidden, qd}, seed, residual_init_std(d), 0.0f, true);
   }
 
-  PiecewiseChunk* piecewise() override { return this; }
-
-  // Whole: the pieces over every row.
-  Result<std::unique_ptr<Stash>> forward(const StepContext& ctx, const Microbatch& mb,
-                                         const std::vector<const Activation*>& inputs, Activation* out) override {
-    const int64_t n = mb.num_tokens(), h = dims_.hidden;
-    PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Tensor> x, sum_hidden(*this, inputs, n, h));
-    std::unique_ptr<Stash> st = forward_begin(mb, std::move(x));
-    forward_in(*st, {0, n});
-    forward_rest(*st);
-    auto y = new_shared_output({n, h}, MemCategory::kActivations);
-    forward_out(*st, {0, n}, y.get());
-    out->hidden = std::move(y);
-    return st;
+  // Run whole, as its pieces over every row (RowPiecesChunk).
+  int64_t stash_rows(const Stash& stash) const override {
+    const auto& st = static_cast<const AttnStash&>(stash);
+    return st.batch * st.seq;
   }
 
   std::unique_ptr<Stash> forward_begin(const Microbatch& mb, std::shared_ptr<const Tensor> x) override {
@@ -92,20 +82,6 @@ class AttnChunk : public Chunk, public PiecewiseChunk {
     float* yr = y->data() + r.begin * h;
     kernels::linear_forward(yr, st.o.data() + r.begin * qdim(), w(2), r.size(), qdim(), h);
     if (residual_) add_into(yr, yr, st.x->data() + r.begin * h, r.size() * h);
-  }
-
-  Status backward_input(const StepContext& ctx, const std::vector<const Gradient*>& grads, Stash& stash,
-                        Gradient* dx) override {
-    auto& st = static_cast<AttnStash&>(stash);
-    const int64_t n = st.batch * st.seq, h = dims_.hidden;
-    PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Tensor> dout, sum_dhidden(*this, grads, n, h));
-    backward_begin(st, std::move(dout));
-    backward_in(st, {0, n});
-    backward_rest(st);
-    auto dxt = new_shared_output({n, h}, MemCategory::kBuffers);
-    backward_out(st, {0, n}, dxt.get());
-    dx->dhidden = std::move(dxt);
-    return ok_status();
   }
 
   void backward_begin(Stash& stash, std::shared_ptr<const Tensor> dout) override {

@@ -144,4 +144,31 @@ std::shared_ptr<const Routed> routing_only(const std::shared_ptr<const Routed>& 
   return out;
 }
 
+Result<std::unique_ptr<Stash>> RowPiecesChunk::forward(const StepContext& ctx, const Microbatch& mb,
+                                                       const std::vector<const Activation*>& inputs,
+                                                       Activation* out) {
+  const int64_t n = mb.num_tokens(), h = dims_.hidden;
+  PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Tensor> x, sum_hidden(*this, inputs, n, h));
+  std::unique_ptr<Stash> st = forward_begin(mb, std::move(x));
+  forward_in(*st, {0, n});
+  forward_rest(*st);
+  auto y = new_shared_output({n, h}, MemCategory::kActivations);
+  forward_out(*st, {0, n}, y.get());
+  out->hidden = std::move(y);
+  return st;
+}
+
+Status RowPiecesChunk::backward_input(const StepContext& ctx, const std::vector<const Gradient*>& grads,
+                                      Stash& stash, Gradient* dx) {
+  const int64_t n = stash_rows(stash), h = dims_.hidden;
+  PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Tensor> dout, sum_dhidden(*this, grads, n, h));
+  backward_begin(stash, std::move(dout));
+  backward_in(stash, {0, n});
+  backward_rest(stash);
+  auto dxt = new_shared_output({n, h}, MemCategory::kBuffers);
+  backward_out(stash, {0, n}, dxt.get());
+  dx->dhidden = std::move(dxt);
+  return ok_status();
+}
+
 }  // namespace piper::runtime

@@ -247,6 +247,22 @@ class Chunk {
   std::vector<Param> params_;
 };
 
+// A chunk that runs whole as its own row pieces over every row (attn, mlp, shared): forward and backward_input
+// call the PiecewiseChunk steps over [0, n), so the whole path and tp_overlap's split path are one code.
+class RowPiecesChunk : public Chunk, public PiecewiseChunk {
+ public:
+  using Chunk::Chunk;
+  PiecewiseChunk* piecewise() override { return this; }
+  Result<std::unique_ptr<Stash>> forward(const StepContext& ctx, const Microbatch& mb,
+                                         const std::vector<const Activation*>& inputs, Activation* out) override;
+  Status backward_input(const StepContext& ctx, const std::vector<const Gradient*>& grads, Stash& stash,
+                        Gradient* dx) override;
+
+ protected:
+  // The token rows of the microbatch whose forward made `stash`.
+  virtual int64_t stash_rows(const Stash& stash) const = 0;
+};
+
 // Sums the hidden tensors of `inputs` in order (one input: shared, no copy; a sum is allocated like the first). Errors if there are none or a
 // shape differs from [n, h].
 Result<std::shared_ptr<const Tensor>> sum_hidden(const Chunk& chunk, const std::vector<const Activation*>& inputs,

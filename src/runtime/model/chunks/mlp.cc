@@ -16,31 +16,18 @@ struct FfnStash : Stash {
   Tensor dg, du, dxn;
 };
 
-class FfnChunk : public Chunk, public PiecewiseChunk {
+class FfnChunk : public RowPiecesChunk {
  public:
   FfnChunk(Part part, int layer, const ChunkDims& d, int64_t width, bool residual, uint64_t seed, Allocator* allocator)
-      : Chunk(part, layer, d, allocator), f_(width), residual_(residual) {
+      : RowPiecesChunk(part, layer, d, allocator), f_(width), residual_(residual) {
     add_param("norm", {d.hidden}, seed, 0.0f, 1.0f, false);
     add_param("w_gate", {f_, d.hidden}, seed, init_std(), 0.0f, true);
     add_param("w_up", {f_, d.hidden}, seed, init_std(), 0.0f, true);
     add_param("w_down", {d.hidden, f_}, seed, residual_init_std(d), 0.0f, true);
   }
 
-  PiecewiseChunk* piecewise() override { return this; }
-
-  // Whole: the pieces over every row (the fast swiglu kernels' steps, in their order).
-  Result<std::unique_ptr<Stash>> forward(const StepContext& ctx, const Microbatch& mb,
-                                         const std::vector<const Activation*>& inputs, Activation* out) override {
-    const int64_t n = mb.num_tokens(), h = dims_.hidden;
-    PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Tensor> x, sum_hidden(*this, inputs, n, h));
-    std::unique_ptr<Stash> st = forward_begin(mb, std::move(x));
-    forward_in(*st, {0, n});
-    forward_rest(*st);
-    auto y = new_shared_output({n, h}, MemCategory::kActivations);
-    forward_out(*st, {0, n}, y.get());
-    out->hidden = std::move(y);
-    return st;
-  }
+  // Run whole, as its pieces over every row (RowPiecesChunk; the fast swiglu kernels' steps, in their order).
+  int64_t stash_rows(const Stash& stash) const override { return static_cast<const FfnStash&>(stash).n; }
 
   std::unique_ptr<Stash> forward_begin(const Microbatch& mb, std::shared_ptr<const Tensor> x) override {
     const int64_t n = mb.num_tokens();
@@ -83,20 +70,6 @@ class FfnChunk : public Chunk, public PiecewiseChunk {
     float* yr = y->data() + r.begin * h;
     kernels::linear_forward(yr, st.hh.data() + r.begin * f_, w(3), r.size(), f_, h);
     if (residual_) add_into(yr, yr, st.x->data() + r.begin * h, r.size() * h);
-  }
-
-  Status backward_input(const StepContext& ctx, const std::vector<const Gradient*>& grads, Stash& stash,
-                        Gradient* dx) override {
-    auto& st = static_cast<FfnStash&>(stash);
-    const int64_t n = st.n, h = dims_.hidden;
-    PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Tensor> dout, sum_dhidden(*this, grads, n, h));
-    backward_begin(st, std::move(dout));
-    backward_in(st, {0, n});
-    backward_rest(st);
-    auto dxt = new_shared_output({n, h}, MemCategory::kBuffers);
-    backward_out(st, {0, n}, dxt.get());
-    dx->dhidden = std::move(dxt);
-    return ok_status();
   }
 
   void backward_begin(Stash& stash, std::shared_ptr<const Tensor> dout) override {
