@@ -396,17 +396,22 @@ Status Core::forward(const Task& t, StepContext& ctx) {
   ctx.recompute_act = t.in->recompute_act;
   auto stash = t.chunk->forward(ctx, mb, ptrs, &out);
   if (!stash.ok()) return stash.status();
+  return keep_forward(t, std::move(stash).value(), std::move(inputs), std::move(out), true);
+}
+
+Status Core::keep_forward(const Task& t, std::unique_ptr<Stash> stash, std::vector<Activation> inputs, Activation out,
+                          bool publish) {
   std::lock_guard<std::mutex> lock(mu);
-  if (stashes.count(t.key)) return internal_error("'" + label + "' ran twice for " + key_name(t.key));
+  if (stashes.count(t.key)) return internal_error("'" + t.in->label + "' ran twice for " + key_name(t.key));
   if (t.rerun) {  // the outputs and losses were published by the first run
-    stashes[t.key] = std::move(stash).value();
+    stashes[t.key] = std::move(stash);
     return ok_status();
   }
   if (t.recomputed) recompute_inputs[t.key] = std::move(inputs);
-  loss_mb[static_cast<size_t>(t.mb)] += (*stash)->loss;
-  aux_mb[static_cast<size_t>(t.mb)] += (*stash)->aux_loss;
-  stashes[t.key] = std::move(stash).value();
-  if (t.consumers > 0) publish_message(t, std::move(out));
+  loss_mb[static_cast<size_t>(t.mb)] += stash->loss;
+  aux_mb[static_cast<size_t>(t.mb)] += stash->aux_loss;
+  stashes[t.key] = std::move(stash);
+  if (publish && t.consumers > 0) publish_message(t, std::move(out));
   return ok_status();
 }
 

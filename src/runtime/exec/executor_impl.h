@@ -200,6 +200,10 @@ class Core {
   Status compute(const Task& t);
   Status forward(const Task& t, StepContext& ctx);
   Status backward(const Task& t, StepContext& ctx);
+  // The end of a forward task, whole or in tp_overlap pieces: its stash, a recomputed forward's inputs, the
+  // microbatch's losses and its output message (publish: false where the reduce-scatter's pieces publish it).
+  Status keep_forward(const Task& t, std::unique_ptr<Stash> stash, std::vector<Activation> inputs, Activation out,
+                      bool publish);
   Status free_buffer(const compile::Instruction& in);
   Status update(const Task& t);
   void run_stream(size_t s);

@@ -320,15 +320,11 @@ Status TensorParallel::finish_pieces(const Task& t, SplitNode& s, StepContext& c
   }
   std::shared_ptr<const Tensor> x = std::move(s.x);
   if (t.pass == ir::Pass::kF) {
-    std::lock_guard<std::mutex> lock(core_.mu);
-    if (core_.stashes.count(t.key)) return internal_error("'" + t.in->label + "' ran twice for " + key_name(t.key));
-    if (t.recomputed) core_.recompute_inputs[t.key].push_back(Activation{x, nullptr, nullptr});
-    core_.loss_mb[static_cast<size_t>(t.mb)] += s.fstash->loss;
-    core_.aux_mb[static_cast<size_t>(t.mb)] += s.fstash->aux_loss;
-    core_.stashes[t.key] = std::move(s.fstash);
     s.stash = nullptr;
-    if (!split_out && t.consumers > 0) core_.publish_message(t, Activation{std::move(out), nullptr, nullptr});
-    return ok_status();
+    std::vector<Activation> inputs;
+    inputs.push_back(Activation{std::move(x), nullptr, nullptr});
+    return core_.keep_forward(t, std::move(s.fstash), std::move(inputs), Activation{std::move(out), nullptr, nullptr},
+                              !split_out);
   }
   if (t.pass == ir::Pass::kBW) {
     if (t.grad_index >= 0) PIPER_RETURN_IF_ERROR(core_.dp->before_grad_task(t));  // ZeRO-2/3
