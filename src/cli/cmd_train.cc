@@ -330,7 +330,13 @@ Status check_ranks_before_launch(const TrainCliOptions& o) {
   const int64_t batch = o.global_batch > 0 || !o.strategy.empty() ? o.global_batch : 16;
   PIPER_ASSIGN_OR_RETURN(Strategy s, runtime::train_strategy(o.strategy, batch));
   PIPER_RETURN_IF_ERROR(s.validate());
-  if (s.world_size() == o.ranks) return ok_status();
+  if (s.world_size() == o.ranks) {
+    // The rules against the model and the sequence (heads, experts, token slices), once here, not once per rank.
+    TrainSpec train;
+    train.micro_batch_size = s.mbs;
+    train.seq_len = o.seq_len;
+    return s.validate_for(model, train, o.ranks);
+  }
   std::string fix = "give --ranks " + std::to_string(s.world_size());
   if (!s.disaggregate && o.ranks % (s.tp * s.pp) == 0) fix += " or set dp=" + std::to_string(o.ranks / (s.tp * s.pp));
   return invalid_argument("--ranks " + std::to_string(o.ranks) + " but strategy '" + elide(s.to_string()) +

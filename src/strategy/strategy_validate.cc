@@ -291,6 +291,12 @@ Status Strategy::validate_for(const ModelSpec& model, const TrainSpec& train, in
     return fail("tp=" + std::to_string(tp) + " does not divide num_kv_heads=" + std::to_string(model.num_kv_heads) +
                 "; pick tp in " + divisors_text(model.num_kv_heads));
   }
+  if (sp && tp > 1 && (train.micro_batch_size * train.seq_len) % tp != 0) {
+    return fail("sp=1 splits each microbatch's mbs*seq = " + std::to_string(train.micro_batch_size * train.seq_len) +
+                " tokens over tp=" + std::to_string(tp) + " ranks, and " + std::to_string(tp) +
+                " does not divide it; make mbs*seq a multiple of tp (e.g. seq " +
+                std::to_string((train.seq_len + tp - 1) / tp * tp) + ")");
+  }
   if (num_stages() > model.num_layers) {
     std::string what = chunks_per_rank() == 1 ? "pp" : schedule == "dualpipev" ? "pp*2 (dualpipev)" : "pp*vpp";
     return fail(what + "=" + std::to_string(num_stages()) + " > num_layers=" + std::to_string(model.num_layers) +

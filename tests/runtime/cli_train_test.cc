@@ -65,6 +65,11 @@ TEST(CliTrainTest, ClearErrors) {
   EXPECT_NE(rc, 0);
   // Two ranks but a one-rank strategy: refused once, before mpirun starts ranks that would each print it.
   EXPECT_NE(out.find("runs on 1 rank(s) (dp*tp*pp); give --ranks 1 or set dp=2"), std::string::npos) << out;
+  // Token slices that do not split: refused once, before mpirun (not once per rank, nor at the first step).
+  out = run("train --model tiny-moe --seq 31 --global-batch 1 --steps 1 --ranks 2 --strategy tp=2,sp=1", &rc, false);
+  EXPECT_NE(rc, 0);
+  EXPECT_EQ(out.find("mpirun"), std::string::npos) << out;
+  EXPECT_NE(out.find("make mbs*seq a multiple of tp (e.g. seq 32)"), std::string::npos) << out;
   out = run(kSmall + "--steps 1 --data /nonexistent/corpus.txt", &rc, false);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("/nonexistent/corpus.txt"), std::string::npos) << out;

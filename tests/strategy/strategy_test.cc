@@ -284,6 +284,15 @@ TEST(StrategyTest, ValidateForRules) {
   auto modules = Strategy::parse("dp=8,microbatches=16,recompute_modules=layernorm");
   expect_error(modules->validate_for(dense, batch(128), 8), "acts on MoE layers only");
   EXPECT_TRUE(modules->validate_for(mixtral_like(), batch(128), 8).ok());
+  // Sequence parallelism needs equal token slices: mbs*seq a multiple of tp (refused before any rank starts).
+  TrainSpec odd = batch(2);
+  odd.seq_len = 4095;
+  auto sp = Strategy::parse("tp=2,sp=1,microbatches=2");
+  expect_error(sp->validate_for(mixtral_like(), odd, 2),
+               "splits each microbatch's mbs*seq = 4095 tokens over tp=2 ranks, and 2 does not divide it; make mbs*seq "
+               "a multiple of tp (e.g. seq 4096)");
+  odd.seq_len = 4096;
+  EXPECT_TRUE(sp->validate_for(mixtral_like(), odd, 2).ok());
 }
 
 TEST(StrategyTest, ChunksPerRank) {
