@@ -55,7 +55,11 @@ struct TpSplit {
   NodeId ag = ir::kNoNode, rs = ir::kNoNode;
   std::vector<int> in_events;   // all-gather piece i -> GEMM piece i + 1
   std::vector<int> out_events;  // GEMM piece i -> reduce-scatter piece i
+  int64_t ring_tag = -1;        // the all-gather's ring steps: their point-to-point tag (Instruction::tag)
 };
+
+// Point-to-point tags of the communicator are in [0, kRingTags) (comm/communicator.h).
+constexpr int64_t kRingTags = 32768;
 
 bool overlapped_part(const Node& n) {
   const std::optional<Part> p = chunk_part(n.tags.part);
@@ -291,6 +295,9 @@ class Lowering {
         if (sp.ag == ir::kNoNode && sp.rs == ir::kNoNode) continue;
         if (sp.ag != ir::kNoNode) {
           for (int i = 1; i < tp_; ++i) sp.in_events.push_back(next_event_++);
+          // The tp ranks of one pipeline rank run this template, so they number their rings alike; a tag that
+          // wraps is shared by rings far apart in the stream, which the channel matches in posting order.
+          sp.ring_tag = next_ring_tag_++ % kRingTags;
           split_owner_[sp.ag] = id;
         }
         if (sp.rs != ir::kNoNode) {
@@ -424,6 +431,7 @@ class Lowering {
         // One ring step: every rank passes one shard (1/tp of the gathered bytes) to its successor.
         piece.algorithm = "ring_step";
         piece.comm_bytes = in.comm_bytes / tp_;
+        piece.tag = coll.ring_tag;
       } else {
         piece.comm_bytes = in.comm_bytes / count + (i == count - 1 ? in.comm_bytes % count : 0);
       }
@@ -470,6 +478,7 @@ class Lowering {
   std::vector<int> event_of_;
   std::vector<std::pair<int, size_t>> where_;  // (stream index, position) per node
   int next_event_ = 0, next_buffer_ = 0;
+  int64_t next_ring_tag_ = 0;  // TpSplit::ring_tag
   const int tp_;
   // Per rank (lower_rank):
   std::unordered_map<NodeId, TpSplit> splits_;

@@ -94,6 +94,11 @@ Status check_op(const Instruction& in, const std::string& where, int pp) {
     if (axes.count(in.group) == 0) {
       return invalid_argument(where + ": group '" + in.group + "' is not one of tp, dp, ep, edp, etp, pp");
     }
+    // A tp_overlap all-gather's ring step passes its shard point to point, on the tag the compiler gave its ring.
+    if (in.algorithm == "ring_step" && (in.tag < 0 || in.tag > 32767)) {
+      return invalid_argument(where + ": a ring_step piece needs \"tag\" in [0, 32767] (its ring's point-to-point " +
+                              "tag); got " + std::to_string(in.tag));
+    }
   }
   if ((in.op == OpKind::kRecord || in.op == OpKind::kWait) && in.event < 0) {
     return invalid_argument(where + ": a " + op + " needs \"event\" (>= 0)");

@@ -219,6 +219,37 @@ TEST(PlanIoTest, ADamagedFileIsRefusedWithTheField) {
   EXPECT_NE(bad_part.find(".part"), std::string::npos) << bad_part;
 }
 
+// tp_overlap's all-gather runs as ring steps, point to point on its ring's tag, which the compiler assigns (the
+// same on every tp rank of a template, one per ring) and a plan file must carry.
+TEST(PlanIoTest, RingStepsCarryTheirRingsTag) {
+  const Plan plan = compiled(kStrategies[3]);
+  std::set<int64_t> tags;
+  int steps = 0;
+  for (const Program& p : plan.templates) {
+    for (const Stream& s : p.streams) {
+      for (const Instruction& in : s.instrs) {
+        if (in.algorithm != "ring_step") continue;
+        ++steps;
+        EXPECT_GE(in.tag, 0) << in.label;
+        EXPECT_LE(in.tag, 32767) << in.label;
+        tags.insert(in.tag);
+      }
+    }
+  }
+  ASSERT_GT(steps, 0);
+  EXPECT_GT(tags.size(), 1u);  // rings of different chunks are told apart
+  Json j = plan.to_json();
+  Json* step = nullptr;
+  for (Json& s : j["programs"][0]["streams"]) {
+    for (Json& in : s["instructions"]) {
+      if (step == nullptr && in.contains("algorithm") && in["algorithm"] == "ring_step") step = &in;
+    }
+  }
+  ASSERT_NE(step, nullptr);
+  step->erase("tag");
+  EXPECT_NE(error_of(j).find("a ring_step piece needs \"tag\" in [0, 32767]"), std::string::npos) << error_of(j);
+}
+
 // Any key of any of the first instructions removed or set to another type: loaded or refused, never a crash.
 TEST(PlanIoTest, EveryFieldRemovedOrRetypedIsHandled) {
   const Json good = compiled(kStrategies[0]).to_json();

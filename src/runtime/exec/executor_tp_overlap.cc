@@ -100,6 +100,10 @@ Status TensorParallel::resolve_collective_piece(const Instruction& in, Task* t) 
     return internal_error("executor: '" + in.label + "' is one of " + std::to_string(in.pieces) +
                           " ring steps; tp=" + std::to_string(size_) + " needs " + std::to_string(size_ - 1));
   }
+  if (gather && (in.tag < 0 || in.tag > 32767)) {
+    return invalid_argument("executor: '" + in.label + "' is a ring step with tag " + std::to_string(in.tag) +
+                            "; the compiler gives each ring a tag in [0, 32767]: compile the plan again");
+  }
   t->degree = size_;
   t->gradient = in.pass != ir::Pass::kF;
   t->source = in.inputs[0];
@@ -140,7 +144,7 @@ Status TensorParallel::gather_piece(const Task& t) {
   const int64_t m = buf->shape()[0] / size_;
   const size_t bytes = static_cast<size_t>(m * h) * sizeof(float);
   const int send_q = ring(rank_ - t.piece, size_), recv_q = ring(rank_ - t.piece - 1, size_);
-  const int tag = static_cast<int>(t.split_owner % 32768);
+  const int tag = static_cast<int>(t.in->tag);  // the ring's, from the plan (compile/lower.cc)
   comm::Communicator& c = *t.comm;
   PIPER_ASSIGN_OR_RETURN(comm::Handle rh, c.irecv(buf->data() + recv_q * m * h, bytes, ring(rank_ - 1, size_), tag));
   PIPER_ASSIGN_OR_RETURN(comm::Handle sh, c.isend(buf->data() + send_q * m * h, bytes, ring(rank_ + 1, size_), tag));
