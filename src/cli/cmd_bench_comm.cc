@@ -59,15 +59,6 @@ Result<size_t> parse_size(const std::string& text) {
   return static_cast<size_t>(bytes);
 }
 
-Result<std::vector<std::string>> own_argv() {
-  PIPER_ASSIGN_OR_RETURN(std::string cmdline, read_text_file("/proc/self/cmdline"));
-  std::vector<std::string> args = split(cmdline, '\0');
-  while (!args.empty() && args.back().empty()) args.pop_back();
-  PIPER_ASSIGN_OR_RETURN(std::string exe, comm::self_executable());
-  if (!args.empty()) args[0] = exe;
-  return args;
-}
-
 Status run_bench(const BenchCommFlags& f) {
   comm::CommBenchOptions options;
   options.lanes = f.lanes;
@@ -99,7 +90,7 @@ Status run_bench(const BenchCommFlags& f) {
   }
 
   if (!comm::launched_by_mpi()) {
-    PIPER_ASSIGN_OR_RETURN(auto argv, own_argv());
+    PIPER_ASSIGN_OR_RETURN(auto argv, comm::self_argv());
     comm::MpirunOptions launch;
     launch.ranks = f.ranks;
     if (!f.mpirun_args.empty()) {

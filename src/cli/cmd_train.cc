@@ -310,15 +310,6 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   return ok_status();
 }
 
-Result<std::vector<std::string>> own_argv() {
-  PIPER_ASSIGN_OR_RETURN(std::string cmdline, read_text_file("/proc/self/cmdline"));
-  std::vector<std::string> args = split(cmdline, '\0');
-  while (!args.empty() && args.back().empty()) args.pop_back();
-  PIPER_ASSIGN_OR_RETURN(std::string exe, comm::self_executable());
-  if (!args.empty()) args[0] = exe;
-  return args;
-}
-
 // The strategy (the default one too) must be for exactly --ranks ranks; the trainer checks it again on every rank.
 Status check_ranks_before_launch(const TrainCliOptions& o) {
   if (o.strategy == "auto") return ok_status();  // the planner sizes it for --ranks
@@ -393,7 +384,7 @@ Status run_train(const TrainCliOptions& o) {
   if (o.ranks > 1) {
     // Checked here, once, before mpirun starts --ranks copies that would each print the same error.
     PIPER_RETURN_IF_ERROR(check_ranks_before_launch(o));
-    PIPER_ASSIGN_OR_RETURN(auto argv, own_argv());
+    PIPER_ASSIGN_OR_RETURN(auto argv, comm::self_argv());
     comm::MpirunOptions launch;
     launch.ranks = o.ranks;
     // A child, not exec: when the job fails, one line says which rank died or stopped (comm/launch.h).

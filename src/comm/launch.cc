@@ -12,6 +12,9 @@
 #include <regex>
 #include <set>
 
+#include "piper/base/json.h"
+#include "piper/base/strings.h"
+
 namespace piper::comm {
 
 bool launched_by_mpi() {
@@ -169,6 +172,15 @@ Result<std::string> self_executable() {
   ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
   if (n <= 0) return internal_error(std::string("readlink(/proc/self/exe) failed: ") + std::strerror(errno));
   return std::string(path, n);
+}
+
+Result<std::vector<std::string>> self_argv() {
+  PIPER_ASSIGN_OR_RETURN(std::string cmdline, read_text_file("/proc/self/cmdline"));
+  std::vector<std::string> args = split(cmdline, '\0');
+  while (!args.empty() && args.back().empty()) args.pop_back();
+  PIPER_ASSIGN_OR_RETURN(std::string exe, self_executable());
+  if (!args.empty()) args[0] = exe;
+  return args;
 }
 
 }  // namespace piper::comm

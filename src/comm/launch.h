@@ -48,4 +48,8 @@ std::string summarize_job_failure(const std::vector<std::string>& stderr_lines, 
 // Absolute path of the running executable (/proc/self/exe).
 Result<std::string> self_executable();
 
+// This process's command line (/proc/self/cmdline) with argv[0] made absolute: what a launcher runs again on
+// every rank.
+Result<std::vector<std::string>> self_argv();
+
 }  // namespace piper::comm
