@@ -29,7 +29,8 @@
 //   the norm (executor_tp.cc, docs/runtime.md).
 //   ZeRO (executor_dp.cc): a rank keeps the optimizer state (zero>=1), the accumulated gradient (zero>=2) and
 //   the parameters between uses (zero=3) only for its flat shard of each replicated chunk; ZeRO-3's all-gather
-//   before an F or B/BW materialises the whole parameters until the plan frees that buffer.
+//   before an F or B/BW materialises the whole parameters until the plan frees that buffer. ZeRO-1/2's all-gather
+//   of the updated shards runs after the update or at the next step's start, as placed (complete_param_gathers).
 //   Without a DistContext a Program with communication is rejected at create().
 // Errors in a task abort the step with the instruction's label in the message; other streams stop at their
 // next instruction. Thread-safety: one run_step() at a time.

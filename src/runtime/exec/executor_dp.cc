@@ -1,7 +1,9 @@
 // The executor's data-parallel handler (see executor_handlers.h, docs/runtime.md): the gradient all-reduce over dp
 // (zero=0) and ZeRO. A rank keeps the optimizer state (zero>=1), the accumulated gradient (zero>=2) and the
 // parameters between uses (zero=3) only for its flat shard of each replicated chunk; ZeRO-3's all-gather before an
-// F or B/BW materialises the whole parameters until the plan frees that buffer.
+// F or B/BW materialises the whole parameters until the plan frees that buffer. ZeRO-1/2's all-gather of the updated
+// shards runs where the plan put it: after the update, or (no update among its inputs) at the start of the next step,
+// with complete_deferred_gathers() for whoever needs whole parameters between steps (docs/runtime.md).
 #include <algorithm>
 #include <chrono>
 
