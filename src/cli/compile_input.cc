@@ -3,6 +3,7 @@
 #include "piper/cli/directive_input.h"
 #include "piper/cli/flags.h"
 #include "piper/compile/strategy_directives.h"
+#include "piper/compile/target.h"
 #include "piper/spec/model_loader.h"
 #include "piper/strategy/strategy.h"
 
@@ -12,7 +13,7 @@ Result<CompileInputs> resolve_compile_inputs(const CompileCliOptions& o, const M
   if (o.target != "megatron" && o.target != "cpu-runtime") {
     return invalid_argument("--target " + o.target +
                             " is not one of {megatron, cpu-runtime}; cpu-runtime writes the "
-                            "directives `piper train` runs (whole embedding and head, ZeRO gathers after the update)");
+                            "directives `piper train` runs (whole embedding and head under tp)");
   }
   const bool from_directives = !o.directives_file.empty() || o.has_directive_list;
   if (o.target != "megatron" && from_directives) {
@@ -63,8 +64,11 @@ Result<CompileInputs> resolve_compile_inputs(const CompileCliOptions& o, const M
   in.train.global_batch = o.global_batch > 0 ? o.global_batch : s.global_batch();
   PIPER_RETURN_IF_ERROR(s.validate_for(in.model, in.train, s.world_size()));
   PIPER_ASSIGN_OR_RETURN(in.mesh, compile::strategy_mesh(s, in.model));
-  compile::DirectiveOptions dopts;  // the target's (compile_strategy does the same)
-  if (o.target == "cpu-runtime") dopts.vocab_parallel = dopts.overlap_param_gather = false;
+  // The target's options, as compile_strategy sets them.
+  const compile::Target target = o.target == "cpu-runtime" ? compile::cpu_runtime_target() : compile::megatron_target();
+  compile::DirectiveOptions dopts;
+  dopts.vocab_parallel = target.vocab_parallel;
+  dopts.overlap_param_gather = target.overlap_param_gather;
   PIPER_ASSIGN_OR_RETURN(in.directives, compile::strategy_directives(s, in.model, dopts));
   in.source = s.to_string();
   in.tp_overlap = s.tp_overlap;

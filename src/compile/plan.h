@@ -34,7 +34,8 @@ enum class CommRole : uint8_t {
   kNone,          // not a communication (and a collective with none of the roles below)
   kPipeline,      // send/recv of an activation or gradient between pipeline ranks (group pp)
   kGradReduce,    // dp/edp all_reduce or reduce_scatter of gradients (ZeRO-1: mb < 0, after the last microbatch)
-  kParamGather,   // dp/edp all_gather of ZeRO-sharded parameters (ZeRO-1/2: pass U, after the update; ZeRO-3: F/B)
+  kParamGather,   // dp/edp all_gather of ZeRO-sharded parameters (ZeRO-1/2: pass U, after the update or, with no
+                  // inputs, before the next step's first forward; ZeRO-3: F/B)
   kTpGather,      // tp all_gather of activations (sequence parallelism; p2p_scatter_gather's re-assembly)
   kTpScatter,     // tp reduce_scatter of a tp block's output (sequence parallelism)
   kTpReduce,      // tp all_reduce of a tp block's output (no sequence parallelism)

@@ -33,14 +33,14 @@ Result<ir::MeshInfo> strategy_mesh(const Strategy& s, const ModelSpec& model);
 // (both 1).
 int lowered_etp(const Strategy& s, const ModelSpec& model);
 
-// The defaults are what Megatron does and what the closed form models; the CPU runtime turns both off.
+// The defaults are what Megatron does and what the closed form models; the CPU runtime turns vocab_parallel off.
 struct DirectiveOptions {
   // Shard the embedding and the head over tp; false keeps them whole on every tp rank (the CPU runtime has no
   // vocabulary-parallel cross-entropy).
   bool vocab_parallel = true;
   // ZeRO-1/2: gather the updated parameters by the next step's forward (ReplicateDirective::param_gather
-  // "before_forward", Megatron's --overlap-param-gather); false: right after the update ("after_update"), which
-  // the runtime executes (it keeps every rank's parameters whole at the end of a step, for checkpoints).
+  // "before_forward", Megatron's --overlap-param-gather); false: right after the update ("after_update"). The
+  // runtime executes both (docs/runtime.md, "ZeRO-1/2 parameter gathers").
   bool overlap_param_gather = true;
 };
 Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const ModelSpec& model,

@@ -5,8 +5,9 @@
 //     (vocabulary-parallel embedding and head; ZeRO-1/2 parameters gathered by the next forward, as
 //     --overlap-param-gather);
 //   - cpu_runtime_target(): Piper's CPU runtime (runtime/), which keeps the embedding and the head whole on every
-//     tp rank (it has no vocabulary-parallel cross-entropy) and gathers ZeRO-1/2 parameters right after the update
-//     so every rank ends a step with whole parameters (checkpoints, parity).
+//     tp rank (it has no vocabulary-parallel cross-entropy). It gathers ZeRO-1/2 parameters by the next forward as
+//     the megatron target does (the runtime completes the deferred gathers before a checkpoint and at the end of a
+//     run, Executor::complete_param_gathers).
 // `piper train` compiles for cpu_runtime_target() and its prediction simulates that very plan.
 #pragma once
 

@@ -52,9 +52,11 @@ struct ReplicateDirective {
   double bucket_mb = 0;               // 0 = one bucket per chunk
   std::string stream = "dp";          // stream of the inserted collectives
   // zero 1/2: when the sharded update's parameters are gathered. "after_update": right after the update, in
-  // the step that computed it (what the runtime executes). "before_forward": Megatron's --overlap-param-gather,
-  // by the next step's forward; in the one-step plan the all-gather has no predecessor and feeds the group's first
-  // forward (its earliest microbatch), so it runs beside the earlier layers' forwards (the closed form's model).
+  // the step that computed it. "before_forward": Megatron's --overlap-param-gather, by the next step's forward; in
+  // the one-step plan the all-gather has no predecessor and feeds the group's first forward (its earliest
+  // microbatch), so it runs beside the earlier layers' forwards (the closed form's model; what strategies emit for
+  // every compile target). The runtime executes both as placed; under before_forward it completes the pending
+  // gathers before a checkpoint, an expert migration and at the end of a run (Executor::complete_param_gathers).
   std::string param_gather = "after_update";
 };
 

@@ -359,13 +359,6 @@ Status Trainer::resolve_directives() {
                              "cpu-runtime --emit-directives` writes");
       }
     }
-    if (const auto* r = std::get_if<ir::ReplicateDirective>(&d.body)) {
-      if ((r->zero == 1 || r->zero == 2) && r->param_gather == "before_forward") {
-        return unimplemented(label + ": param_gather \"before_forward\" gathers ZeRO-" + std::to_string(r->zero) +
-                             " parameters in the next step; the CPU runtime gathers them after the update: set "
-                             "\"param_gather\": \"after_update\"");
-      }
-    }
   }
   const int microbatches = compile::directive_microbatches(options_.directives);
   const int64_t per = static_cast<int64_t>(options_.mesh.dp) * microbatches;
@@ -522,6 +515,8 @@ Status Trainer::prepare_save(const std::string& root) {
 }
 
 Status Trainer::save(const std::string& dir) {
+  // ZeRO-1/2 before_forward: each rank's whole parameters hold only its own shard's last update until gathered.
+  PIPER_RETURN_IF_ERROR(complete_param_gathers());
   CheckpointMeta meta;
   meta.step = optimizer_->step();
   set_fault_step(meta.step);

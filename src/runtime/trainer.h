@@ -63,7 +63,7 @@ struct TrainOptions {
   // Instead of `strategy` (`piper train --directives`): a directive list for `mesh`, compiled as it is. The run's
   // strategy() is what compile::strategy_of_directives resolves it to (zero, tp, ep, recompute; mbs from
   // global_batch, which 0 makes one sequence per microbatch). Directives the CPU runtime cannot execute
-  // (vocabulary-parallel embed/head, ZeRO-1/2 parameters gathered before the forward) are refused by name.
+  // (vocabulary-parallel embed/head) are refused by name.
   std::vector<ir::Directive> directives;
   ir::MeshInfo mesh;
   int64_t global_batch = 16;  // sequences per step; 0 = from the strategy
@@ -112,8 +112,13 @@ class Trainer {
   ~Trainer();
 
   Result<TrainStepStats> step();
+  // Collective: completes the ZeRO-1/2 parameter all-gathers that the plan places before the next step's forward
+  // (Executor::complete_param_gathers), so that every rank's model() holds the whole updated parameters. save(),
+  // expert migration and run_training's end call it; call it before reading parameters after step() otherwise.
+  Status complete_param_gathers() { return executor_->complete_param_gathers(); }
   // Collective over the run's ranks (runtime/checkpoint/checkpoint.h): every rank writes the parameters it holds and
   // the AdamW moments of the elements it updates; rank 0 commits the checkpoint ROOT/step-N and ROOT/latest.
+  // Parameters gathered by the next step's forward (ZeRO-1/2 before_forward) are gathered first.
   Status save(const std::string& dir);
   // Every strategy's checkpoints load under every other (af-pipe's FFN ranks too, ep > 1 included: ckpt_mpi_test).
   // Expert-parallel runs save every expert under its logical index with the placement table; a resume under
@@ -132,6 +137,8 @@ class Trainer {
 
   const Strategy& strategy() const { return strategy_; }
   const compile::CompileResult& compiled() const { return compiled_; }
+  // This rank's chunks. Under ZeRO-1/2 with before_forward gathers, whole parameters are current after
+  // complete_param_gathers() (save() and run_training call it); between steps otherwise only this rank's shard is.
   Model& model() { return *model_; }
   // Trainable elements of this rank's model (whole parameters, also under ZeRO-3, which keeps only shards).
   int64_t num_params() const { return num_params_; }

@@ -122,6 +122,8 @@ Result<RunSummary> run_training(Trainer& trainer, const RunOptions& o) {
   const Status ran = run_steps(trainer, o, &r, &compute_all, &compute_steady);
   if (recorder != nullptr) trainer.executor().set_trace(nullptr);  // before the recorder goes, failed or not
   PIPER_RETURN_IF_ERROR(ran);
+  // The run ends with whole parameters on every rank (ZeRO-1/2 gathers the plan defers to a next step).
+  PIPER_RETURN_IF_ERROR(trainer.complete_param_gathers());
   summarise(trainer, trainer.options().migration.window_steps, compute_all, compute_steady, &r);
   comm::Communicator* world = trainer.options().world;
   PIPER_ASSIGN_OR_RETURN(r.measured, gather_measurements(world, r.mine));

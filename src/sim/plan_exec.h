@@ -46,7 +46,7 @@ struct SimOptions {
   // chunk). On by default, as in `piper compile`, so the simulated plan is the compiled one.
   bool interleave_overlap = true;
   // simulate() only: compile with CompileOptions::overlap_param_gather (ZeRO-1/2 parameters gathered by the next
-  // step's forward, Megatron's --overlap-param-gather; false: right after the update, as the runtime runs it).
+  // step's forward, Megatron's --overlap-param-gather, as both compile targets; false: right after the update).
   bool overlap_param_gather = true;
   // Wall-clock deadline (steady_clock): the event loop checks it every 1,024 event-loop rounds and gives up with
   // StatusCode::kDeadlineExceeded ("not simulated: budget ...", naming the simulated time reached and the events

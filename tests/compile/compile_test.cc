@@ -8,6 +8,7 @@
 
 #include "piper/base/check.h"
 #include "piper/compile/strategy_directives.h"
+#include "piper/compile/target.h"
 #include "piper/ir/passes/passes.h"
 #include "piper/spec/model_loader.h"
 
@@ -344,6 +345,34 @@ TEST(CompileTest, DirectiveFileAndBuiltinScheduleGiveIdenticalPlans) {
     auto from_file = compile_directives(tiny(), train_for(s), *mesh, *loaded);
     ASSERT_TRUE(from_file.ok()) << from_file.status().message();
     EXPECT_EQ(builtin->plan.to_json(), from_file->plan.to_json()) << text;
+  }
+}
+
+// The CPU runtime's target and the megatron target (the simulator's) lower a strategy without tp to the same plan:
+// both gather ZeRO-1/2 parameters before the next step's forward (the all-gather has no input, it feeds the
+// group's first forward), so `piper train` runs the plan `piper simulate` times.
+TEST(CompileTest, CpuRuntimeTargetGathersZeroParamsBeforeTheForwardLikeMegatron) {
+  for (const char* text : {"dp=2,zero=1,microbatches=2", "dp=2,pp=2,zero=2,schedule=1f1b,microbatches=4",
+                           "dp=4,ep=2,zero=1,microbatches=2"}) {
+    CompileOptions cpu;
+    cpu.target = cpu_runtime_target();
+    auto runtime = compile(text, cpu);
+    ASSERT_TRUE(runtime.ok()) << runtime.status().message();
+    auto megatron = compile(text);
+    ASSERT_TRUE(megatron.ok()) << megatron.status().message();
+    EXPECT_EQ(plan_hash(runtime->plan), plan_hash(megatron->plan)) << text;
+    int gathers = 0;
+    for (const Program& p : runtime->plan.templates) {
+      for (const Stream& st : p.streams) {
+        for (const Instruction& in : st.instrs) {
+          if (in.role != CommRole::kParamGather) continue;
+          ++gathers;
+          EXPECT_TRUE(in.inputs.empty()) << text << ": " << in.label << " waits for the update";
+          EXPECT_FALSE(in.outputs.empty()) << text << ": " << in.label << " feeds no forward";
+        }
+      }
+    }
+    EXPECT_GT(gathers, 0) << text;
   }
 }
 

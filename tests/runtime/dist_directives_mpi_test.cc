@@ -13,6 +13,7 @@
 #include "dist_test_util.h"
 #include "piper/comm/mpi/mpi_communicator.h"
 #include "piper/compile/strategy_directives.h"
+#include "piper/compile/target.h"
 #include "piper/strategy/schedules/schedule.h"
 
 namespace piper::runtime::testing {
@@ -49,7 +50,8 @@ TrainOptions emitted(const std::string& strategy) {
   TrainOptions o = tiny_moe_options("", kLr);
   Strategy s = Strategy::parse(strategy).value();
   compile::DirectiveOptions d;
-  d.vocab_parallel = d.overlap_param_gather = false;
+  d.vocab_parallel = compile::cpu_runtime_target().vocab_parallel;
+  d.overlap_param_gather = compile::cpu_runtime_target().overlap_param_gather;
   o.directives = compile::strategy_directives(s, o.model, d).value();
   o.mesh = compile::strategy_mesh(s, o.model).value();
   o.global_batch = s.global_batch();

@@ -6,13 +6,18 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <map>
 
 #include "dist_test_util.h"
 #include "piper/base/check.h"
+#include "piper/base/strings.h"
 #include "piper/comm/mpi/mpi_communicator.h"
+#include "piper/compile/strategy_directives.h"
 #include "piper/kernels/cpu/gemm.h"
+#include "piper/runtime/checkpoint/checkpoint.h"
 #include "piper/runtime/exec/dist_context.h"
 #include "piper/runtime/support.h"
 #include "piper/runtime/trainer.h"
@@ -156,6 +161,118 @@ TEST(Parity, Pp2Ep2Zero3) {
   expect_parity("pp=2,dp=2,ep=2,zero=3,schedule=1f1b,microbatches=2,mbs=1", "microbatches=4,mbs=1");
 }
 TEST(Parity, Dp2Pp2) { expect_parity("dp=2,pp=2,schedule=1f1b,microbatches=2,mbs=1", "microbatches=4,mbs=1"); }
+
+// ZeRO-1/2 with the parameter all-gather before the next step's forward (param_gather "before_forward", what
+// both compile targets emit; docs/runtime.md "ZeRO-1/2 parameter gathers"), 3 steps.
+constexpr int kGatherSteps = 3;
+
+// The ZeRO-1/2 parameter all-gathers of this rank's program, and how many of them have no input (deferred).
+std::pair<int, int> param_gathers(const Trainer& t, int rank) {
+  int all = 0, deferred = 0;
+  for (const compile::Stream& stream : t.compiled().plan.program(rank).streams) {
+    for (const compile::Instruction& in : stream.instrs) {
+      if (in.role != compile::CommRole::kParamGather || in.pass != ir::Pass::kU) continue;
+      ++all;
+      deferred += in.inputs.empty() ? 1 : 0;
+    }
+  }
+  return {all, deferred};
+}
+
+// Per trainable tensor this rank holds ("name@offset", tp coordinate), an FNV-1a hash of its values.
+std::string param_hashes(Trainer& t) {
+  std::string out;
+  for (const Param* p : t.model().params()) {
+    if (!p->trainable) continue;
+    uint64_t h = 1469598103934665603ull;
+    const auto* bytes = reinterpret_cast<const unsigned char*>(p->value.data());
+    for (size_t i = 0; i < static_cast<size_t>(p->value.numel()) * sizeof(float); ++i)
+      h = (h ^ bytes[i]) * 1099511628211ull;
+    out += p->name + "@";
+    for (int64_t o : p->global_offset) out += std::to_string(o) + ",";
+    out += "tp" + std::to_string(t.dist()->coord().tp) + " " + std::to_string(h) + "\n";
+  }
+  return out;
+}
+
+// Whether every tensor held by several ranks (data-parallel replicas) has the same values on all of them.
+bool replicas_agree(comm::Communicator* world, Trainer& t) {
+  auto all = all_gather_strings(world, param_hashes(t), 60);
+  EXPECT_TRUE(all.ok()) << all.status().to_string();
+  if (!all.ok()) return false;
+  std::map<std::string, std::string> seen;
+  for (const std::string& rank : *all) {
+    for (const std::string& line : split(rank, '\n')) {
+      if (line.empty()) continue;
+      const size_t space = line.rfind(' ');
+      auto [it, fresh] = seen.emplace(line.substr(0, space), line.substr(space + 1));
+      if (!fresh && it->second != line.substr(space + 1)) return false;
+    }
+  }
+  return true;
+}
+
+// `strategy` (ZeRO-1 or 2) on the world: its plan defers every parameter all-gather; its losses are within kRelTol
+// of one rank's and equal, bit for bit, to those of the same strategy's directives with the gathers right after
+// the update; after the last step the replicas' parameters differ (each holds only its own shard's update) until
+// complete_param_gathers, then agree.
+void expect_deferred_gather_parity(const std::string& strategy, const std::string& reference) {
+  auto world = comm::mpi_world();
+  ASSERT_TRUE(world.ok()) << world.status().to_string();
+  comm::Communicator* w = world->get();
+  const std::vector<double> ref = run(options(reference), kGatherSteps).losses;
+  TrainOptions o = options(strategy);
+  o.ranks = w->size();
+  o.world = w;
+  auto t = Trainer::create(o);
+  ASSERT_TRUE(t.ok()) << t.status().to_string();
+  const auto [gathers, deferred] = param_gathers(**t, w->rank());
+  EXPECT_GT(gathers, 0) << strategy;
+  EXPECT_EQ(deferred, gathers) << strategy << ": the cpu-runtime target gathers ZeRO-1/2 parameters before_forward";
+  std::vector<double> got;
+  for (const TrainStepStats& s : train_steps(**t, kGatherSteps)) got.push_back(s.loss);
+  ASSERT_EQ(got.size(), ref.size());
+  EXPECT_FALSE(replicas_agree(w, **t)) << strategy << ": the last update is not gathered until the next step";
+  ASSERT_TRUE((*t)->complete_param_gathers().ok());
+  EXPECT_TRUE(replicas_agree(w, **t)) << strategy << ": complete_param_gathers leaves every replica whole";
+  (*t).reset();
+  // The same strategy with the gathers right after the update.
+  TrainOptions after = options("");
+  const Strategy s = Strategy::parse(strategy).value();
+  compile::DirectiveOptions d;
+  d.vocab_parallel = d.overlap_param_gather = false;
+  after.directives = compile::strategy_directives(s, after.model, d).value();
+  after.mesh = compile::strategy_mesh(s, after.model).value();
+  after.global_batch = s.global_batch();
+  after.ranks = w->size();
+  after.world = w;
+  const std::vector<double> after_update = run(after, kGatherSteps).losses;
+  EXPECT_EQ(got, after_update) << strategy << ": before_forward and after_update gather the same values";
+  double worst = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double rel = std::abs(got[i] - ref[i]) / std::abs(ref[i]);
+    worst = std::max(worst, rel);
+    EXPECT_LE(rel, kRelTol) << "step " << i + 1 << ": " << strategy << " loss " << got[i] << " vs one rank " << ref[i];
+  }
+  if (w->rank() == 0) {
+    std::printf("param_gather before_forward %s: %d steps, max relative difference to one rank %.3g\n",
+                strategy.c_str(), kGatherSteps, worst);
+  }
+}
+
+TEST(Parity, ParamGatherBeforeForwardDp2Zero1) {
+  expect_deferred_gather_parity("dp=2,zero=1,microbatches=2,mbs=1", "microbatches=4,mbs=1");
+}
+TEST(Parity, ParamGatherBeforeForwardDp2Zero2) {
+  expect_deferred_gather_parity("dp=2,zero=2,microbatches=2,mbs=1", "microbatches=4,mbs=1");
+}
+TEST(Parity, ParamGatherBeforeForwardDp2Pp2Zero1) {
+  expect_deferred_gather_parity("dp=2,pp=2,zero=1,schedule=1f1b,microbatches=2,mbs=1", "microbatches=4,mbs=1");
+}
+// dp=4 x ep=2: the experts are replicated over edp = 2 and ZeRO-sharded there.
+TEST(Parity, ParamGatherBeforeForwardDp4Ep2Zero2) {
+  expect_deferred_gather_parity("dp=4,ep=2,zero=2,microbatches=1,mbs=1", "microbatches=4,mbs=1");
+}
 TEST(Parity, Pp4) { expect_parity("pp=4,schedule=1f1b,microbatches=4,mbs=1", "microbatches=4,mbs=1"); }
 // Tensor parallelism with sequence parallelism (Megatron split of attention heads and the dense MLP; router,
 // experts, embedding and head on token slices, their gradients and the load-balance statistics summed over tp).
@@ -489,9 +606,10 @@ TEST(RuntimeSupport, RunnableAgreesWithTrain) {
   EXPECT_EQ(refused, 0);
   EXPECT_GE(trained, 8);
   if ((*world)->rank() == 0) {
-    std::printf("runnable sweep on %d ranks: %zu strategies, %d invalid for tiny-moe, %d refused (same message), "
-                "%d accepted of which %d trained\n",
-                ranks, sweep.size(), invalid, refused, accepted, trained);
+    std::printf(
+        "runnable sweep on %d ranks: %zu strategies, %d invalid for tiny-moe, %d refused (same message), "
+        "%d accepted of which %d trained\n",
+        ranks, sweep.size(), invalid, refused, accepted, trained);
   }
 }
 

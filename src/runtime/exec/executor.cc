@@ -351,6 +351,7 @@ int Executor::num_streams() const { return static_cast<int>(impl_->streams.size(
 int64_t Executor::planned_peak_bytes() const { return impl_->planned_peak; }
 void Executor::set_trace(TraceRecorder* recorder) { impl_->trace = recorder; }
 std::vector<Executor::ParamShard> Executor::param_shards(const Chunk& chunk) { return impl_->dp->param_shards(chunk); }
+Status Executor::complete_param_gathers() { return impl_->dp->complete_deferred_gathers(); }
 
 std::pair<int64_t, int64_t> Executor::update_range(const Chunk& chunk) const {
   if (const detail::DataParallel::Shard* sh = impl_->dp->shard(chunk)) return {sh->begin, sh->end};

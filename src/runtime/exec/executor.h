@@ -29,7 +29,8 @@
 //   the norm (executor_tp.cc, docs/runtime.md).
 //   ZeRO (executor_dp.cc): a rank keeps the optimizer state (zero>=1), the accumulated gradient (zero>=2) and
 //   the parameters between uses (zero=3) only for its flat shard of each replicated chunk; ZeRO-3's all-gather
-//   before an F or B/BW materialises the whole parameters until the plan frees that buffer.
+//   before an F or B/BW materialises the whole parameters until the plan frees that buffer. ZeRO-1/2's all-gather
+//   of the updated shards runs after the update or at the next step's start, as placed (complete_param_gathers).
 //   Without a DistContext a Program with communication is rejected at create().
 // Errors in a task abort the step with the instruction's label in the message; other streams stop at their
 // next instruction. Thread-safety: one run_step() at a time.
@@ -110,6 +111,15 @@ class Executor {
     int64_t begin = 0, end = 0;
   };
   std::vector<ParamShard> param_shards(const Chunk& chunk);
+  // ZeRO-1/2 with the parameter all-gather placed before the next step's forward (ReplicateDirective::
+  // param_gather "before_forward": the plan's all-gather has no update before it): after a step each rank's whole
+  // parameters hold the update only in its own shard until the next step's first instruction gathers them. This
+  // runs now every such all-gather whose chunk was updated since its last gather, so that every rank holds the
+  // whole updated parameters; the next step's gathers then find nothing to move and skip. Call between steps
+  // before reading whole parameters (checkpoints, the end of a run; migrate_experts calls it). Collective over
+  // the world (every rank calls it at the same point; a rank without such chunks returns at once). A no-op for
+  // plans that gather right after the update, and on one rank.
+  Status complete_param_gathers();
 
   // Expert parallelism (ep > 1): per MoE layer, the logical expert held in each physical slot; slot s lives on
   // ep rank s / experts_per_rank() as its local expert s % experts_per_rank(). The same on every rank; the
@@ -124,8 +134,9 @@ class Executor {
   // Live migration between steps, collective over the world (every rank passes the same tables): the experts
   // whose slot changes travel with their gradients and AdamW moments point-to-point inside each ep group
   // (pairwise exchanges over the ep communicator, bounded by the communication timeout), then every rank
-  // switches to the new tables. Layers missing from `placement` keep theirs. Unimplemented when the experts'
-  // optimizer state is ZeRO-sharded. Not while a step runs.
+  // switches to the new tables. Layers missing from `placement` keep theirs. ZeRO-sharded experts move whole:
+  // their shard group's moments (and ZeRO-3 values) are gathered first, and deferred parameter all-gathers are
+  // completed (complete_param_gathers). Not while a step runs.
   Result<ExpertMigration> migrate_experts(const std::map<int, std::vector<int>>& placement);
 
  private:

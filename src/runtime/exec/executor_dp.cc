@@ -1,7 +1,9 @@
 // The executor's data-parallel handler (see executor_handlers.h, docs/runtime.md): the gradient all-reduce over dp
 // (zero=0) and ZeRO. A rank keeps the optimizer state (zero>=1), the accumulated gradient (zero>=2) and the
 // parameters between uses (zero=3) only for its flat shard of each replicated chunk; ZeRO-3's all-gather before an
-// F or B/BW materialises the whole parameters until the plan frees that buffer.
+// F or B/BW materialises the whole parameters until the plan frees that buffer. ZeRO-1/2's all-gather of the updated
+// shards runs where the plan put it: after the update, or (no update among its inputs) at the start of the next step,
+// with complete_deferred_gathers() for whoever needs whole parameters between steps (docs/runtime.md).
 #include <algorithm>
 #include <chrono>
 
@@ -57,7 +59,14 @@ Status DataParallel::resolve(const Instruction& in, Task* t) {
     t->degree = t->comm->size();
     over_tp = true;
   }
-  if (zero1_ag) return ok_status();  // the update before it is sharded; nothing to count
+  if (zero1_ag) {
+    // The update before it is sharded; nothing to count. Without the update among its inputs the plan defers it to
+    // the next step's forward (param_gather "before_forward").
+    const bool after_update = std::any_of(in.inputs.begin(), in.inputs.end(),
+                                          [&](ir::NodeId id) { return core_.instr_of(id).op == OpKind::kUpdate; });
+    if (!after_update) deferred_[t->chunk].comm = t->comm;
+    return ok_status();
+  }
   if (zero3_ag) {
     t->pass = in.pass;
     t->mb = in.mb;
@@ -104,6 +113,13 @@ DataParallel::Shard& DataParallel::shard_of(Chunk* chunk, int degree, int rank, 
 }
 
 Status DataParallel::setup() {
+  for (const auto& [chunk, d] : deferred_) {
+    const auto it = shards_.find(chunk);
+    if (it == shards_.end() || it->second.params_sharded) {
+      return internal_error("executor: " + chunk->name() + " has a parameter all-gather before its forward but no " +
+                            "ZeRO-1/2 gradient reduce-scatter");
+    }
+  }
   for (auto& [c, sh] : shards_) {
     Chunk* chunk = const_cast<Chunk*>(c);
     if (sh.params_sharded && !sh.per_microbatch) {
@@ -239,6 +255,28 @@ void DataParallel::update(Optimizer& optimizer, Chunk& chunk) {
   }
   optimizer.update_range(chunk, sh->begin, sh->end, sh->per_microbatch ? sh->grad.data() : nullptr,
                          sh->params_sharded ? &sh->values : nullptr);
+  if (auto d = deferred_.find(&chunk); d != deferred_.end()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    d->second.pending = true;
+  }
+}
+
+Status DataParallel::complete_deferred_gathers() {
+  std::vector<std::pair<std::pair<int, Part>, const Chunk*>> order;
+  for (const auto& [chunk, d] : deferred_) order.push_back({{chunk->layer(), chunk->part()}, chunk});
+  std::sort(order.begin(), order.end());
+  for (const auto& [key, chunk] : order) {
+    DeferredGather& d = deferred_.at(chunk);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!d.pending) continue;
+    }
+    Status st = gather_whole(*const_cast<Chunk*>(chunk), shards_.at(chunk), *d.comm);
+    if (!st.ok()) return st.with_context("completing the parameter all-gathers the plan defers to the next step");
+    std::lock_guard<std::mutex> lock(mu_);
+    d.pending = false;
+  }
+  return ok_status();
 }
 
 std::optional<double> DataParallel::grad_sq(const Chunk& chunk) {
@@ -399,14 +437,30 @@ Status DataParallel::gather_params(const Task& t) {
     }
     return ok_status();
   }
+  auto deferred = deferred_.find(t.chunk);
+  if (deferred == deferred_.end()) return gather_whole(*t.chunk, sh, *t.comm);
+  // Deferred to this step (before_forward): the previous step's update, if one ran since the last gather (the
+  // first step's and one after complete_deferred_gathers() find every replica whole already).
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!deferred->second.pending) return ok_status();
+  }
+  PIPER_RETURN_IF_ERROR(gather_whole(*t.chunk, sh, *t.comm));
+  std::lock_guard<std::mutex> lock(mu_);
+  deferred->second.pending = false;
+  return ok_status();
+}
+
+Status DataParallel::gather_whole(Chunk& chunk, const Shard& sh, comm::Communicator& comm) {
+  const size_t per_rank = static_cast<size_t>(sh.per_rank);
   auto full =
-      pack(*t.chunk, per_rank * static_cast<size_t>(t.degree), [](Param& p) -> const Tensor& { return p.value; });
+      pack(chunk, per_rank * static_cast<size_t>(comm.size()), [](Param& p) -> const Tensor& { return p.value; });
   auto mine = std::make_shared<std::vector<float>>(full->begin() + sh.begin, full->begin() + sh.begin + sh.per_rank);
-  PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->all_gather(mine->data(), full->data(), per_rank * sizeof(float)));
+  PIPER_ASSIGN_OR_RETURN(comm::Handle h, comm.all_gather(mine->data(), full->data(), per_rank * sizeof(float)));
   std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(mine), decltype(full)>>(mine, full);
-  PIPER_RETURN_IF_ERROR(core_.wait_comm(*t.comm, h, keep, "parameter all-gather of " + t.chunk->name()));
+  PIPER_RETURN_IF_ERROR(core_.wait_comm(comm, h, keep, "parameter all-gather of " + chunk.name()));
   size_t at = 0;
-  for (Param& p : t.chunk->params()) {
+  for (Param& p : chunk.params()) {
     if (!p.trainable) continue;
     std::copy(full->data() + at, full->data() + at + p.value.numel(), p.value.data());
     at += static_cast<size_t>(p.value.numel());

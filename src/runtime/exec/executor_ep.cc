@@ -725,6 +725,8 @@ Status Executor::set_expert_placement(const std::map<int, std::vector<int>>& pla
 }
 
 Result<ExpertMigration> Executor::migrate_experts(const std::map<int, std::vector<int>>& placement) {
+  // Experts move with their whole parameters: those the plan gathers at the next step's start first.
+  PIPER_RETURN_IF_ERROR(complete_param_gathers());
   return impl_->ep->migrate(placement);
 }
 

@@ -121,8 +121,13 @@ class DataParallel final : public Handler {
   Status before_grad_task(const Task& t);
   // Every gradient reduction of the step has run.
   bool reductions_complete();
-  // The optimizer update of `chunk`: its shard (ZeRO) or all of it.
+  // The optimizer update of `chunk`: its shard (ZeRO) or all of it. A chunk whose all-gather the plan defers
+  // (deferred_) then holds a pending gather.
   void update(Optimizer& optimizer, Chunk& chunk);
+  // Between steps: runs every pending deferred all-gather, in (layer, part) order on every rank (each group sees
+  // its collectives in one order), so that every rank holds the whole updated parameters (Executor::
+  // complete_param_gathers).
+  Status complete_deferred_gathers();
 
   const Shard* shard(const Chunk& chunk) const;
   Shard* shard(const Chunk& chunk);
@@ -145,11 +150,23 @@ class DataParallel final : public Handler {
   Status all_reduce(const Task& t);
   Status reduce_scatter(const Task& t);
   Status gather_params(const Task& t);
+  // ZeRO-1/2: every rank of `comm` contributes its shard of `chunk`'s whole parameters and receives the others'.
+  Status gather_whole(Chunk& chunk, const Shard& sh, comm::Communicator& comm);
   void reduction_done();
 
   std::map<const Chunk*, Shard> shards_;
   std::map<int, Chunk*> param_buffers_;  // ZeRO-3: plan buffers of gathered parameters (freed = re-shard)
   std::set<const Chunk*> reduced_;       // chunks with a gradient all-reduce or ZeRO-1 reduce-scatter
+  // ZeRO-1/2 chunks whose parameter all-gather the plan places before the next step's forward (param_gather
+  // "before_forward": the instruction has no update before it), fixed at create(). `pending` (mu_): the chunk was
+  // updated since its last gather, so the other ranks' shards of its whole parameters are a step old; false at the
+  // start (every replica holds the same initial or resumed parameters), so the first step's gather has nothing to
+  // move and is skipped.
+  struct DeferredGather {
+    comm::Communicator* comm = nullptr;
+    bool pending = false;
+  };
+  std::map<const Chunk*, DeferredGather> deferred_;
   int64_t reductions_total_ = 0;
   std::mutex mu_;
   int64_t reductions_done_ = 0;
