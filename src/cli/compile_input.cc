@@ -64,7 +64,7 @@ Result<CompileInputs> resolve_compile_inputs(const CompileCliOptions& o, const M
   PIPER_RETURN_IF_ERROR(s.validate_for(in.model, in.train, s.world_size()));
   PIPER_ASSIGN_OR_RETURN(in.mesh, compile::strategy_mesh(s, in.model));
   compile::DirectiveOptions dopts;  // the target's (compile_strategy does the same)
-  if (o.target == "cpu-runtime") dopts.vocab_parallel = dopts.overlap_param_gather = false;
+  if (o.target == "cpu-runtime") dopts.overlap_param_gather = false;
   PIPER_ASSIGN_OR_RETURN(in.directives, compile::strategy_directives(s, in.model, dopts));
   in.source = s.to_string();
   in.tp_overlap = s.tp_overlap;

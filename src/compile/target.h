@@ -4,9 +4,8 @@
 //   - megatron_target(): the Megatron-Core-like GPU system the closed form, the simulator and the planner model
 //     (vocabulary-parallel embedding and head; ZeRO-1/2 parameters gathered by the next forward, as
 //     --overlap-param-gather);
-//   - cpu_runtime_target(): Piper's CPU runtime (runtime/), which keeps the embedding and the head whole on every
-//     tp rank (it has no vocabulary-parallel cross-entropy) and gathers ZeRO-1/2 parameters right after the update
-//     so every rank ends a step with whole parameters (checkpoints, parity).
+//   - cpu_runtime_target(): Piper's CPU runtime (runtime/), vocabulary parallel as Megatron, which gathers ZeRO-1/2
+//     parameters right after the update so every rank ends a step with whole parameters (checkpoints, parity).
 // `piper train` compiles for cpu_runtime_target() and its prediction simulates that very plan.
 #pragma once
 

@@ -148,8 +148,7 @@ TEST(CliTrainTest, EmittedDirectivesTrainLikeTheirStrategy) {
   const piper::Json w = piper::Json::parse(want), g = piper::Json::parse(got);
   ASSERT_EQ(g["steps"].size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(g["steps"][i]["loss"].get<double>(), w["steps"][i]["loss"].get<double>());
-  // The megatron target's file (vocabulary-parallel head under tp, ZeRO gathers before the forward) is refused
-  // by name; so is a mesh of other ranks.
+  // The megatron target's file (ZeRO gathers before the forward) is refused by name; so is a mesh of other ranks.
   out = run("train --model tiny-moe --ranks 2 --seq 32 --steps 1 --directives " + file + " --mesh pp=2,dp=2", &rc,
             false);
   EXPECT_NE(rc, 0);

@@ -49,7 +49,7 @@ TrainOptions emitted(const std::string& strategy) {
   TrainOptions o = tiny_moe_options("", kLr);
   Strategy s = Strategy::parse(strategy).value();
   compile::DirectiveOptions d;
-  d.vocab_parallel = d.overlap_param_gather = false;
+  d.overlap_param_gather = false;
   o.directives = compile::strategy_directives(s, o.model, d).value();
   o.mesh = compile::strategy_mesh(s, o.model).value();
   o.global_batch = s.global_batch();

@@ -157,8 +157,9 @@ TEST(Parity, Pp2Ep2Zero3) {
 }
 TEST(Parity, Dp2Pp2) { expect_parity("dp=2,pp=2,schedule=1f1b,microbatches=2,mbs=1", "microbatches=4,mbs=1"); }
 TEST(Parity, Pp4) { expect_parity("pp=4,schedule=1f1b,microbatches=4,mbs=1", "microbatches=4,mbs=1"); }
-// Tensor parallelism with sequence parallelism (Megatron split of attention heads and the dense MLP; router,
-// experts, embedding and head on token slices, their gradients and the load-balance statistics summed over tp).
+// Tensor parallelism with sequence parallelism (Megatron split of attention heads and the dense MLP, vocabulary-
+// parallel embedding and head; router and experts on token slices, their gradients and the load-balance statistics
+// summed over tp).
 TEST(Parity, Tp2) { expect_parity("tp=2,sp=1,microbatches=4,mbs=1", "microbatches=4,mbs=1", kTpSteps, kTpLr); }
 TEST(Parity, Dp2Tp2) { expect_parity("dp=2,tp=2,sp=1,microbatches=2,mbs=1", "microbatches=4,mbs=1", kTpSteps, kTpLr); }
 // Stage messages are sequence slices.
@@ -408,6 +409,11 @@ TEST(Parity, Dp2Pp2Tp2Ep2Schedules) {
 // over tp and every other chunk runs on the whole microbatch on each tensor rank.
 TEST(Parity, DenseTp2NoSp) {
   expect_parity("tp=2,sp=0,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr, 0, true);
+}
+// tp=4 without sequence parallelism: the vocabulary-parallel head's statistics gathered over 4 ranks, the embedding's
+// partial lookups all-reduced.
+TEST(Parity, DenseTp4NoSp) {
+  expect_parity("tp=4,sp=0,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr, 4, true);
 }
 TEST(Parity, DenseDp2Tp2NoSpZero) {
   expect_parity("dp=2,tp=2,sp=0,zero=1,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3, kTpLr, 0, true);
