@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "piper/base/check.h"
 #include "piper/compile/strategy_directives.h"
@@ -344,6 +345,29 @@ TEST(CompileTest, DirectiveFileAndBuiltinScheduleGiveIdenticalPlans) {
     auto from_file = compile_directives(tiny(), train_for(s), *mesh, *loaded);
     ASSERT_TRUE(from_file.ok()) << from_file.status().message();
     EXPECT_EQ(builtin->plan.to_json(), from_file->plan.to_json()) << text;
+  }
+}
+
+// The CPU runtime's target splits the embedding and the head over tp as the megatron target does (vocabulary
+// parallelism): wherever ZeRO-1/2's parameter gather (the targets' one difference) does not apply, `piper train`
+// and `piper simulate` compile the same plan; the embed and head computes are tp-sharded in both.
+TEST(CompileTest, CpuRuntimeAndMegatronTargetsCompileTheSamePlanUnderTp) {
+  for (const char* text : {"tp=2,sp=1,microbatches=2", "dp=2,pp=2,tp=2,sp=1,zero=3,schedule=1f1b,microbatches=4",
+                           "dp=1,tp=2,sp=1,pp=1,schedule=af-pipe,microbatches=2,disagg=1,attn_ranks=2,ffn_ranks=2"}) {
+    CompileOptions cpu;
+    cpu.target = cpu_runtime_target();
+    auto sim = compile(text), train = compile(text, cpu);
+    ASSERT_TRUE(sim.ok() && train.ok()) << text;
+    EXPECT_EQ(sim->plan.to_json(), train->plan.to_json()) << text;
+    std::set<std::string> split;
+    for (const Program& p : train->plan.templates) {
+      for (const Stream& st : p.streams) {
+        for (const Instruction& in : st.instrs) {
+          if (in.op == OpKind::kCompute && in.shard_axis == "tp" && in.part) split.insert(chunk_name(*in.part));
+        }
+      }
+    }
+    EXPECT_TRUE(split.count("embed") && split.count("head")) << text;
   }
 }
 
