@@ -63,8 +63,8 @@ std::vector<Head> sharded_head(const FVec& h, const FVec& w, const std::vector<i
     Head& o = out[static_cast<size_t>(s)];
     o.probs.resize(kN * rows);
     const FVec ws = rows_of(w, s * rows, rows, kD);
-    lm_head_shard_forward(o.probs.data(), all_stats.data() + s * kN * kVocabStats, h.data(), ws.data(),
-                          targets.data(), kN, kD, s * rows, rows);
+    lm_head_shard_forward(o.probs.data(), all_stats.data() + s * kN * kVocabStats, h.data(), ws.data(), targets.data(),
+                          kN, kD, s * rows, rows);
   }
   for (int s = 0; s < shards; ++s) {
     Head& o = out[static_cast<size_t>(s)];

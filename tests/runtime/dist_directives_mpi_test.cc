@@ -83,7 +83,6 @@ TEST(Directives, EmittedDualPipeVEpZero1TrainsLikeTheStrategy) {
 // The megatron target's file of a tp strategy (`shard tp` on embed and head: vocabulary parallelism) trains.
 TEST(Directives, EmittedMegatronTp2TrainsLikeTheStrategy) { expect_bitwise("tp=2,sp=1,microbatches=2,mbs=1", true); }
 
-
 TEST(Directives, RegisteredScheduleTrainsLikeOneRank) {
   piper::testing::register_reversed_gpipe();
   const std::vector<double> ref = losses(tiny_moe_options("microbatches=4,mbs=1", kLr), false);

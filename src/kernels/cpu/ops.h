@@ -94,8 +94,8 @@ void lm_head_loss_backward_weight(float* dw, const float* dlogits, const float* 
 //
 // Embedding: out row i = table[ids[i] - begin] for the ids this shard holds, zeros for the others (the shards'
 // outputs sum to the whole lookup). The weight gradient accumulates the rows this shard holds, in token order.
-void embedding_shard_forward(float* out, const int32_t* ids, const float* table, int64_t n, int64_t begin,
-                             int64_t rows, int64_t d);
+void embedding_shard_forward(float* out, const int32_t* ids, const float* table, int64_t n, int64_t begin, int64_t rows,
+                             int64_t d);
 void embedding_shard_backward_weight(float* dtable, const float* dout, const int32_t* ids, int64_t n, int64_t begin,
                                      int64_t rows, int64_t d);
 // LM head + cross-entropy in three steps, the middle one the caller's:
@@ -112,7 +112,7 @@ void lm_head_shard_forward(float* probs, float* stats, const float* h, const flo
                            int64_t n, int64_t d, int64_t begin, int64_t rows);
 void lm_head_shard_loss(float* loss, float* probs, const float* all_stats, int shards, int shard, int64_t n,
                         int64_t rows);
-void lm_head_shard_backward_input(float* dh, float* dlogits, const float* probs, const int32_t* targets,
-                                  const float* w, float dloss, int64_t n, int64_t d, int64_t begin, int64_t rows);
+void lm_head_shard_backward_input(float* dh, float* dlogits, const float* probs, const int32_t* targets, const float* w,
+                                  float dloss, int64_t n, int64_t d, int64_t begin, int64_t rows);
 
 }  // namespace piper::kernels

@@ -9,8 +9,8 @@
 
 namespace piper::kernels {
 
-void embedding_shard_forward(float* out, const int32_t* ids, const float* table, int64_t n, int64_t begin,
-                             int64_t rows, int64_t d) {
+void embedding_shard_forward(float* out, const int32_t* ids, const float* table, int64_t n, int64_t begin, int64_t rows,
+                             int64_t d) {
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const int64_t r = static_cast<int64_t>(ids[i]) - begin;
@@ -78,8 +78,8 @@ void lm_head_shard_loss(float* loss, float* probs, const float* all_stats, int s
   *loss = static_cast<float>(n > 0 ? total / static_cast<double>(n) : 0.0);
 }
 
-void lm_head_shard_backward_input(float* dh, float* dlogits, const float* probs, const int32_t* targets,
-                                  const float* w, float dloss, int64_t n, int64_t d, int64_t begin, int64_t rows) {
+void lm_head_shard_backward_input(float* dh, float* dlogits, const float* probs, const int32_t* targets, const float* w,
+                                  float dloss, int64_t n, int64_t d, int64_t begin, int64_t rows) {
   const float scale = n > 0 ? dloss / static_cast<float>(n) : 0.0f;
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {

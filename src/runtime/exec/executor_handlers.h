@@ -321,7 +321,7 @@ class M2n final : public Handler {
 
   bool active_ = false;
   std::map<int, std::unique_ptr<comm::Communicator>> combine_comms_;  // FFN group per m2n_to stream (create())
-  std::unique_ptr<comm::Communicator> combine_off_compute_;          // create(): combine_comm_off_compute()
+  std::unique_ptr<comm::Communicator> combine_off_compute_;           // create(): combine_comm_off_compute()
   std::mutex mu_;
   std::map<std::pair<int, int>, std::shared_ptr<M2nSource>> sources_;  // mu_
   std::map<std::pair<int, int>, std::shared_ptr<M2nSink>> sinks_;      // mu_

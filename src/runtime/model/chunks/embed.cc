@@ -53,8 +53,8 @@ class EmbedChunk : public Chunk {
   void backward_weight(const StepContext& ctx, Stash& stash) override {
     auto& st = static_cast<EmbedStash&>(stash);
     const int64_t n = static_cast<int64_t>(st.ids.size());
-    kernels::embedding_shard_backward_weight(params_[0].grad.data(), st.dout->data(), st.ids.data(), n, begin_,
-                                             rows_, dims_.hidden);
+    kernels::embedding_shard_backward_weight(params_[0].grad.data(), st.dout->data(), st.ids.data(), n, begin_, rows_,
+                                             dims_.hidden);
     st.dout.reset();
   }
 

@@ -22,7 +22,10 @@ struct HeadStash : Stash {
 class HeadChunk : public Chunk {
  public:
   HeadChunk(int layer, const ChunkDims& d, uint64_t seed, Allocator* allocator, VocabSlice slice)
-      : Chunk(Part::kHead, layer, d, allocator), slice_(slice), begin_(slice.begin(d.vocab)), rows_(slice.rows(d.vocab)) {
+      : Chunk(Part::kHead, layer, d, allocator),
+        slice_(slice),
+        begin_(slice.begin(d.vocab)),
+        rows_(slice.rows(d.vocab)) {
     add_param("norm", {d.hidden}, seed, 0.0f, 1.0f, false);
     add_param("w_out", {rows_, d.hidden}, seed, init_std(), 0.0f, true);
   }

@@ -87,8 +87,9 @@ Result<std::unique_ptr<Chunk>> make_tp_slice(const Chunk& whole, const ChunkDims
     s[3].global_offset = {0, rank * f};
   } else if (part == Part::kEmbedding || part == Part::kHead) {
     if (dims.vocab % size != 0) {
-      return invalid_argument(whole.name() + ": tp=" + std::to_string(size) + " does not divide vocab_size=" +
-                              std::to_string(dims.vocab) + "; the runtime splits the vocabulary's rows evenly over tp " +
+      return invalid_argument(whole.name() + ": tp=" + std::to_string(size) +
+                              " does not divide vocab_size=" + std::to_string(dims.vocab) +
+                              "; the runtime splits the vocabulary's rows evenly over tp " +
                               "and does not pad them (Megatron's --make-vocab-size-divisible-by): pad vocab_size to " +
                               "a multiple of " + std::to_string(size) + " or pick a tp that divides it");
     }
