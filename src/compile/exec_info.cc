@@ -26,8 +26,9 @@ std::vector<NodeId> data_neighbours(const ir::Graph& g, const Node& n, bool pred
 }
 
 // Where the combine of each (MoE layer, microbatch)'s experts runs (Instruction::combine_on_ffn): inside the FFN
-// group when the experts' forward output feeds another part's chunk on its rank (the head) or an m2n exchange with
-// another attention rank than the router's, so that the router's rank cannot combine.
+// group when the experts' forward output feeds another part's chunk on its rank (the head), the tp all-gather
+// before one (a vocabulary-parallel head under sequence parallelism), or an m2n exchange with another attention
+// rank than the router's, so that the router's rank cannot combine.
 class CombinePlacement {
  public:
   explicit CombinePlacement(const ir::Graph& g) : g_(g) {
@@ -50,6 +51,7 @@ class CombinePlacement {
       const Node& c = g_.node(ed.dst);
       // Not the chunk's own F -> BW (stash) edge: another part's chunk, or an m2n to another attention rank.
       if (c.kind == NodeKind::kChunk && c.tags.part != fwd.tags.part) return true;
+      if (c.kind == NodeKind::kAllGather && c.group == "tp") return true;
       if (c.kind == NodeKind::kM2N && c.peer_pp_rank != router_pp) return true;
     }
     return false;

@@ -85,8 +85,10 @@ Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const 
     // Vocabulary parallelism (embed, head; Megatron's VocabParallelEmbedding and column-parallel output layer):
     // each tp rank holds vocab/tp rows of the embedding and the head. The embedding's partial outputs are
     // all-reduced (with sequence parallelism: reduce-scattered); the head all-gathers its input (sp) and its input
-    // gradient is all-reduced / reduce-scattered, as any column-parallel layer's. The cross-entropy's three
-    // reductions over the vocabulary shards carry 3 floats per token and are not emitted.
+    // gradient is all-reduced / reduce-scattered, as any column-parallel layer's. The cross-entropy's exchange over
+    // the vocabulary shards (Megatron: three all-reduces of a float per token; the CPU runtime: one all-gather of 3
+    // floats per token, model/chunks/head.cc) is not emitted: the simulator adds it to the head F's task time
+    // (cost/vocab_parallel.h), the closed form leaves it out with the embedding's and head's tp collectives.
     for (const Part part : {Part::kAttention, Part::kDenseMlp, Part::kSharedExperts, Part::kEmbedding, Part::kHead}) {
       const bool present = part == Part::kAttention || (part == Part::kDenseMlp && model.num_dense_layers() > 0) ||
                            (part == Part::kSharedExperts && model.moe.num_shared_experts > 0 && model.is_moe()) ||

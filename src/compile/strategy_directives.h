@@ -33,10 +33,11 @@ Result<ir::MeshInfo> strategy_mesh(const Strategy& s, const ModelSpec& model);
 // (both 1).
 int lowered_etp(const Strategy& s, const ModelSpec& model);
 
-// The defaults are what Megatron does and what the closed form models; the CPU runtime turns vocab_parallel off.
+// The defaults are what Megatron does and what the closed form models; the CPU runtime runs them too
+// (compile/target.h).
 struct DirectiveOptions {
-  // Shard the embedding and the head over tp; false keeps them whole on every tp rank (the CPU runtime has no
-  // vocabulary-parallel cross-entropy).
+  // Shard the embedding and the head over tp (vocabulary parallelism, as Megatron and the CPU runtime run them);
+  // false keeps them whole on every tp rank.
   bool vocab_parallel = true;
   // ZeRO-1/2: gather the updated parameters by the next step's forward (ReplicateDirective::param_gather
   // "before_forward", Megatron's --overlap-param-gather); false: right after the update ("after_update"). The

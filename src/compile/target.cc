@@ -4,6 +4,6 @@ namespace piper::compile {
 
 Target megatron_target() { return Target{"megatron", true, true}; }
 
-Target cpu_runtime_target() { return Target{"cpu-runtime", false, true}; }
+Target cpu_runtime_target() { return Target{"cpu-runtime", true, true}; }
 
 }  // namespace piper::compile

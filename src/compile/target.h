@@ -4,10 +4,9 @@
 //   - megatron_target(): the Megatron-Core-like GPU system the closed form, the simulator and the planner model
 //     (vocabulary-parallel embedding and head; ZeRO-1/2 parameters gathered by the next forward, as
 //     --overlap-param-gather);
-//   - cpu_runtime_target(): Piper's CPU runtime (runtime/), which keeps the embedding and the head whole on every
-//     tp rank (it has no vocabulary-parallel cross-entropy). It gathers ZeRO-1/2 parameters by the next forward as
-//     the megatron target does (the runtime completes the deferred gathers before a checkpoint and at the end of a
-//     run, Executor::complete_param_gathers).
+//   - cpu_runtime_target(): Piper's CPU runtime (runtime/), which runs what megatron_target() lowers: the embedding
+//     and the head vocabulary parallel under tp, and ZeRO-1/2 parameters gathered by the next forward (the runtime
+//     completes the deferred gathers before a checkpoint and at the end of a run, Executor::complete_param_gathers).
 // `piper train` compiles for cpu_runtime_target() and its prediction simulates that very plan.
 #pragma once
 

@@ -10,6 +10,7 @@
 #include "piper/cost/estimate_internal.h"
 #include "piper/cost/pipeline_model.h"
 #include "piper/cost/tp_overlap.h"
+#include "piper/cost/vocab_parallel.h"
 #include "piper/spec/counting.h"
 
 namespace piper::cost {
@@ -605,6 +606,13 @@ Status CostModel::estimate(const Strategy& s, Estimate* out) const {
   const Bottleneck b = price_ranks(*this, s, pl, pt, layer, tokens, out);
   price_step(*this, s, pl, pt, g, layer, b, tokens, out);
   return ok_status();
+}
+
+double vocab_stats_exchange_s(const CostModel& cm, const Strategy& s, double tokens) {
+  if (s.tp <= 1) return 0.0;
+  const Network& net = cm.network();
+  // all_gather_s takes the gathered tensor's bytes: every tensor rank's stats of every token.
+  return net.all_gather_s(s.tp * tokens * kVocabStatsBytesPerToken, mesh_groups(s, net).tp);
 }
 
 }  // namespace piper::cost

@@ -14,9 +14,10 @@ RuntimeSupport runtime_support() {
   s.zero = {0, 1, 2, 3};
   s.recompute = {Recompute::kNone, Recompute::kSelective, Recompute::kFull};
   // No runtime bound on tp or ep: tp (with sequence parallelism, exec/executor_tp.cc) must divide the heads and ep
-  // the experts, which Strategy::validate_for checks. Tested: tp=2 and 4 (Parity.Tp4), ep=2, 4 and 8 (Parity.Ep8),
-  // tp x ep with every ZeRO stage and schedule (Parity.*Tp2Ep2*), folded or not (Parity.*Fold*: ep=2 and 4 over
-  // tp*dp, ZeRO 0-3, dualpipev).
+  // the experts, which Strategy::validate_for checks; tp splits the embedding and the head by vocabulary rows too
+  // and must divide vocab_size (the runtime does not pad it: Trainer::create names the fix, make_tp_slice). Tested:
+  // tp=2 and 4 (Parity.Tp4), ep=2, 4 and 8 (Parity.Ep8), tp x ep with every ZeRO stage and schedule (Parity.*Tp2Ep2*),
+  // folded or not (Parity.*Fold*: ep=2 and 4 over tp*dp, ZeRO 0-3, dualpipev).
   s.max_tp = 0;
   s.max_ep = 0;
   // af-pipe (M2N, executor_m2n.cc) with every ZeRO stage and recomputation, equal or uneven attention:FFN splits

@@ -276,6 +276,7 @@ Status Trainer::build_model(int rank) {
       }));
   if (dist_ != nullptr && compiled_.plan.mesh.tp > 1) {
     // Tensor parallelism: the chunks the compiler split over tp hold this rank's slice (model/chunks/tp_slice.h).
+    // Under vocabulary parallelism (the compile targets' default) embed and head are among them.
     // (A layer has an mlp or shared experts, not both: the order is the one the part names had.)
     std::set<std::pair<int, Part>> split;
     for (const compile::Program& prog : compiled_.plan.templates) {
@@ -345,21 +346,8 @@ Status Trainer::predict_resources() {
   return ok_status();
 }
 
-// --directives: the strategy the list stands for, and what the CPU runtime cannot execute, by name.
+// --directives: the strategy the list stands for (every directive the compiler verifies, the CPU runtime executes).
 Status Trainer::resolve_directives() {
-  for (size_t i = 0; i < options_.directives.size(); ++i) {
-    const ir::Directive& d = options_.directives[i];
-    const std::string label = ir::directive_label(d, static_cast<int>(i));
-    if (const auto* sh = std::get_if<ir::ShardDirective>(&d.body)) {
-      const std::optional<Part> part = chunk_part(sh->filter.part);
-      if (sh->axis == "tp" && (part == Part::kEmbedding || part == Part::kHead || sh->filter.part.empty())) {
-        return unimplemented(label + " shards " + (sh->filter.part.empty() ? "every part" : sh->filter.part) +
-                             " over tp: the CPU runtime keeps the embedding and the head whole (no vocabulary-"
-                             "parallel cross-entropy); shard only attn/mlp/shared, as `piper compile --target "
-                             "cpu-runtime --emit-directives` writes");
-      }
-    }
-  }
   const int microbatches = compile::directive_microbatches(options_.directives);
   const int64_t per = static_cast<int64_t>(options_.mesh.dp) * microbatches;
   if (options_.global_batch == 0) options_.global_batch = per;

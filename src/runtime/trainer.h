@@ -62,8 +62,7 @@ struct TrainOptions {
   std::string strategy;       // compact form or JSON file; "" = 1f1b, microbatches = global_batch / mbs
   // Instead of `strategy` (`piper train --directives`): a directive list for `mesh`, compiled as it is. The run's
   // strategy() is what compile::strategy_of_directives resolves it to (zero, tp, ep, recompute; mbs from
-  // global_batch, which 0 makes one sequence per microbatch). Directives the CPU runtime cannot execute
-  // (vocabulary-parallel embed/head) are refused by name.
+  // global_batch, which 0 makes one sequence per microbatch). Every list the compiler verifies runs.
   std::vector<ir::Directive> directives;
   ir::MeshInfo mesh;
   int64_t global_batch = 16;  // sequences per step; 0 = from the strategy

@@ -9,6 +9,7 @@
 #include "piper/cost/layer_cost.h"
 #include "piper/cost/model_state.h"
 #include "piper/cost/tp_overlap.h"
+#include "piper/cost/vocab_parallel.h"
 
 namespace piper::sim {
 namespace {
@@ -46,6 +47,7 @@ bool updates_embedding(const compile::Program& program) {
 struct Prices {
   std::array<std::optional<PartPrice>, kNumParts> parts;  // by chunk part (spec/part.h)
   double out_sm_share = 1;  // Calibration::tp_overlap_gemm_sm_share
+  double vocab_stats_s = 0;  // a split head's F: the cross-entropy statistics exchange (cost/vocab_parallel.h)
   const PartPrice* find(std::optional<Part> part) const {
     if (!part || !parts[static_cast<size_t>(*part)]) return nullptr;
     return &*parts[static_cast<size_t>(*part)];
@@ -133,6 +135,7 @@ Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, con
     prices->parts[static_cast<size_t>(chunk)] = p;
   }
   prices->out_sm_share = cal.tp_overlap_gemm_sm_share;
+  prices->vocab_stats_s = cost::vocab_stats_exchange_s(cm, s, shape.tokens);
   return std::shared_ptr<const Prices>(std::move(prices));
 }
 
@@ -184,9 +187,12 @@ Result<TaskTimeFn> cost_task_time(const cost::CostModel& model, const Strategy& 
       const bool shared_with_embedding = tied && in.part == Part::kHead && updates_embedding(program);
       return shared_with_embedding ? 0.0 : p->update_s;
     }
-    // A recomputed forward is a compute instruction of pass F inside the backward: it costs f again.
+    // A recomputed forward is a compute instruction of pass F inside the backward: it costs f again (and a split
+    // head's F its statistics exchange again).
+    const bool split_head = in.part == Part::kHead && in.shard_axis == "tp" && in.pass == ir::Pass::kF;
     return piece_value(p->time_s, p->in_s, p->out_s, in) *
-           (in.segment == compile::Segment::kOut ? 1 / prices->out_sm_share : 1.0);
+               (in.segment == compile::Segment::kOut ? 1 / prices->out_sm_share : 1.0) +
+           (split_head ? prices->vocab_stats_s : 0.0);
   });
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "piper/base/check.h"
 #include "piper/compile/strategy_directives.h"
@@ -348,8 +349,7 @@ TEST(CompileTest, DirectiveFileAndBuiltinScheduleGiveIdenticalPlans) {
   }
 }
 
-// The CPU runtime's target and the megatron target (the simulator's) lower a strategy without tp to the same plan:
-// both gather ZeRO-1/2 parameters before the next step's forward (the all-gather has no input, it feeds the
+// The CPU runtime's target and the megatron target (the simulator's) lower a strategy to the same plan: both gather ZeRO-1/2 parameters before the next step's forward (the all-gather has no input, it feeds the
 // group's first forward), so `piper train` runs the plan `piper simulate` times.
 TEST(CompileTest, CpuRuntimeTargetGathersZeroParamsBeforeTheForwardLikeMegatron) {
   for (const char* text : {"dp=2,zero=1,microbatches=2", "dp=2,pp=2,zero=2,schedule=1f1b,microbatches=4",
@@ -373,6 +373,30 @@ TEST(CompileTest, CpuRuntimeTargetGathersZeroParamsBeforeTheForwardLikeMegatron)
       }
     }
     EXPECT_GT(gathers, 0) << text;
+  }
+}
+
+// The CPU runtime's target splits the embedding and the head over tp as the megatron target does (vocabulary
+// parallelism), with ZeRO-1/2's parameter gather before the forward in both: `piper train` and `piper simulate`
+// compile the same plan; the embed and head computes are tp-sharded in both.
+TEST(CompileTest, CpuRuntimeAndMegatronTargetsCompileTheSamePlanUnderTp) {
+  for (const char* text : {"tp=2,sp=1,microbatches=2", "dp=2,pp=2,tp=2,sp=1,zero=3,schedule=1f1b,microbatches=4",
+                           "dp=2,tp=2,sp=1,zero=1,microbatches=2",
+                           "dp=1,tp=2,sp=1,pp=1,schedule=af-pipe,microbatches=2,disagg=1,attn_ranks=2,ffn_ranks=2"}) {
+    CompileOptions cpu;
+    cpu.target = cpu_runtime_target();
+    auto sim = compile(text), train = compile(text, cpu);
+    ASSERT_TRUE(sim.ok() && train.ok()) << text;
+    EXPECT_EQ(sim->plan.to_json(), train->plan.to_json()) << text;
+    std::set<std::string> split;
+    for (const Program& p : train->plan.templates) {
+      for (const Stream& st : p.streams) {
+        for (const Instruction& in : st.instrs) {
+          if (in.op == OpKind::kCompute && in.shard_axis == "tp" && in.part) split.insert(chunk_name(*in.part));
+        }
+      }
+    }
+    EXPECT_TRUE(split.count("embed") && split.count("head")) << text;
   }
 }
 

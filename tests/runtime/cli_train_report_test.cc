@@ -103,8 +103,9 @@ TEST(CliTrainReport, OneRankTraceAndPrediction) {
 }
 
 // The prediction simulates the plan the ranks ran, not a plan compiled again with the simulator's own options:
-// tp=2 (the runtime keeps the embedding and head whole; Megatron shards them) would compile to another plan for
-// the GPU target; ZeRO-1 (both targets gather the parameters by the next forward) with its deferred gathers.
+// tp=2 and ZeRO-1 compiled to other plans for the GPU target while the runtime kept the embedding and head whole
+// and gathered ZeRO-1/2 parameters after the update; both targets now shard them and gather by the next forward
+// (with the runtime's deferred gathers), and the cases stay as a check.
 TEST(CliTrainReport, ThePredictionSimulatesThePlanTheRanksRan) {
   for (const std::string strategy : {"tp=2,sp=1,microbatches=2,mbs=2", "dp=2,zero=1,microbatches=2,mbs=2"}) {
     int rc = 0;

@@ -160,9 +160,9 @@ TEST(CliTrainTest, EmittedDirectivesTrainLikeTheirStrategy) {
             false);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("has pp*dp*tp = 4 ranks but the run has 2"), std::string::npos) << out;
-  // The megatron target's file differs from the cpu-runtime one only under tp (its vocabulary-parallel head is
-  // refused by name): its ZeRO-1 parameters gathered before the next forward ("param_gather": "before_forward")
-  // train as the strategy does, the same plan and the same losses.
+  // The megatron target's file (the default's; the same list as the cpu-runtime one now): its ZeRO-1 parameters
+  // gathered before the next forward ("param_gather": "before_forward") train as the strategy does, the same plan
+  // and the same losses.
   const std::string megatron = std::string(PIPER_BINARY_DIR) + "/cli_train_test_megatron.json";
   out = run("compile --model tiny-moe --seq 32 --strategy dp=2,zero=1,microbatches=2,mbs=1 --emit-directives " +
                 megatron,

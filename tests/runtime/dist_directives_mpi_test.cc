@@ -45,22 +45,24 @@ std::vector<double> losses(TrainOptions o, bool on_world) {
   return out;
 }
 
-// `strategy`'s directives for the CPU runtime (what `piper compile --target cpu-runtime --emit-directives` writes).
-TrainOptions emitted(const std::string& strategy) {
+// `strategy`'s directives for the CPU runtime (what `piper compile --target cpu-runtime --emit-directives` writes),
+// or for the megatron target (the default's: what the simulator runs).
+TrainOptions emitted(const std::string& strategy, bool megatron = false) {
   TrainOptions o = tiny_moe_options("", kLr);
   Strategy s = Strategy::parse(strategy).value();
   compile::DirectiveOptions d;
-  d.vocab_parallel = compile::cpu_runtime_target().vocab_parallel;
-  d.overlap_param_gather = compile::cpu_runtime_target().overlap_param_gather;
+  const compile::Target target = megatron ? compile::megatron_target() : compile::cpu_runtime_target();
+  d.vocab_parallel = target.vocab_parallel;
+  d.overlap_param_gather = target.overlap_param_gather;
   o.directives = compile::strategy_directives(s, o.model, d).value();
   o.mesh = compile::strategy_mesh(s, o.model).value();
   o.global_batch = s.global_batch();
   return o;
 }
 
-void expect_bitwise(const std::string& strategy) {
+void expect_bitwise(const std::string& strategy, bool megatron = false) {
   const std::vector<double> want = losses(tiny_moe_options(strategy, kLr), true);
-  const std::vector<double> got = losses(emitted(strategy), true);
+  const std::vector<double> got = losses(emitted(strategy, megatron), true);
   ASSERT_EQ(want.size(), static_cast<size_t>(kSteps));
   EXPECT_EQ(got, want) << strategy;
 }
@@ -81,7 +83,8 @@ TEST(Directives, EmittedDp2Zero1TrainsLikeTheStrategy) { expect_bitwise("dp=2,ze
 TEST(Directives, EmittedDualPipeVEpZero1TrainsLikeTheStrategy) {
   expect_bitwise("dp=2,pp=2,ep=2,zero=1,schedule=dualpipev,microbatches=4,mbs=1");
 }
-
+// The megatron target's file of a tp strategy (`shard tp` on embed and head: vocabulary parallelism) trains.
+TEST(Directives, EmittedMegatronTp2TrainsLikeTheStrategy) { expect_bitwise("tp=2,sp=1,microbatches=2,mbs=1", true); }
 
 TEST(Directives, RegisteredScheduleTrainsLikeOneRank) {
   piper::testing::register_reversed_gpipe();

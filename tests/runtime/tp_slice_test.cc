@@ -7,6 +7,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
 #include "piper/runtime/model/model.h"
 #include "piper/spec/model_loader.h"
@@ -220,12 +223,151 @@ void check_places(Part part) {
 TEST(TpSlice, AttentionSlicesRecordTheirPlace) { check_places(Part::kAttention); }
 TEST(TpSlice, MlpSlicesRecordTheirPlace) { check_places(Part::kDenseMlp); }
 
+TEST(TpSlice, VocabularySlicesRecordTheirPlace) {
+  check_places(Part::kEmbedding);
+  check_places(Part::kHead);
+}
+
+// Vocabulary parallelism: the embed slices' outputs sum to the whole lookup and their table gradients are the
+// whole's rows, bit for bit (a copy and a sum with zeros).
+TEST(TpSlice, EmbedSlicesSumToTheWholeLookup) {
+  const ChunkDims d = tiny_dims();
+  const int64_t batch = 2, seq = 8, n = batch * seq;
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) ids[static_cast<size_t>(i)] = static_cast<int32_t>((i * 37 + 3) % d.vocab);
+  ids[1] = ids[0];  // a repeated id: its gradients add up
+  const Microbatch mb{ids.data(), ids.data(), batch, seq};
+  const Tensor dy = random(n, d.hidden, 2);
+  auto run_embed = [&](Chunk& c) {
+    Activation out;
+    auto stash = c.forward(StepContext{}, mb, {}, &out);
+    EXPECT_TRUE(stash.ok()) << stash.status().to_string();
+    Gradient g, dx;
+    g.dhidden = std::make_shared<Tensor>(dy.clone());
+    EXPECT_TRUE(c.backward_input(StepContext{}, {&g}, **stash, &dx).ok());
+    c.backward_weight(StepContext{}, **stash);
+    return all(*out.hidden);
+  };
+  for (int tp : {2, 4}) {
+    auto whole = make_chunk(Part::kEmbedding, 0, d, 1234, nullptr).value();
+    const std::vector<float> want = run_embed(*whole);
+    std::vector<float> sum(want.size(), 0.0f);
+    const int64_t rows = d.vocab / tp;
+    for (int r = 0; r < tp; ++r) {
+      auto slice = make_tp_slice(*whole, d, r, tp, nullptr);
+      ASSERT_TRUE(slice.ok()) << slice.status().to_string();
+      const std::vector<float> got = run_embed(**slice);
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] += got[i];
+      EXPECT_EQ(all((*slice)->params()[0].grad), block(whole->params()[0].grad, r * rows, rows, 0, d.hidden))
+          << "tp=" << tp << ": table gradient rows of rank " << r;
+    }
+    EXPECT_EQ(sum, want) << "tp=" << tp;
+  }
+}
+
+// The tp all-gather of `size` threads in one process (StepContext::gather_over_vocab of each thread's slice).
+class ThreadGather {
+ public:
+  explicit ThreadGather(int size) : size_(size), parts_(static_cast<size_t>(size)) {}
+  Status gather(int rank, const float* mine, float* all, int64_t count) {
+    std::unique_lock<std::mutex> lock(mu_);
+    parts_[static_cast<size_t>(rank)].assign(mine, mine + count);
+    ++arrived_;
+    cv_.notify_all();
+    cv_.wait(lock, [&] { return arrived_ == size_; });
+    for (int r = 0; r < size_; ++r) std::copy(parts_[r].begin(), parts_[r].end(), all + r * count);
+    return ok_status();
+  }
+
+ private:
+  int size_, arrived_ = 0;
+  std::vector<std::vector<float>> parts_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+};
+
+struct HeadRun {
+  double loss = 0;
+  std::vector<float> dx;
+};
+
+HeadRun run_head(Chunk& c, const StepContext& ctx, const Tensor& x, const Microbatch& mb) {
+  Activation in, out;
+  in.hidden = std::make_shared<Tensor>(x.clone());
+  auto stash = c.forward(ctx, mb, {&in}, &out);
+  EXPECT_TRUE(stash.ok()) << stash.status().to_string();
+  if (!stash.ok()) return {};
+  Gradient dx;
+  EXPECT_TRUE(c.backward_input(ctx, {}, **stash, &dx).ok());
+  c.backward_weight(ctx, **stash);
+  return HeadRun{(*stash)->loss, all(*dx.dhidden)};
+}
+
+// Vocabulary parallelism: tp head slices, run on tp threads that gather their cross-entropy statistics, compute the
+// whole head's loss; their input and norm-weight gradients sum to the whole's, their w_out gradients are its rows.
+TEST(TpSlice, HeadSlicesComputeTheWholeCrossEntropy) {
+  const ChunkDims d = tiny_dims();
+  const int64_t batch = 2, seq = 8, n = batch * seq, h = d.hidden;
+  std::vector<int32_t> ids(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) targets[static_cast<size_t>(i)] = static_cast<int32_t>((i * 53 + 11) % d.vocab);
+  const Microbatch mb{ids.data(), targets.data(), batch, seq};
+  const Tensor x = random(n, h, 3);
+  for (int tp : {2, 4}) {
+    auto whole = make_chunk(Part::kHead, d.num_layers - 1, d, 1234, nullptr).value();
+    const HeadRun want = run_head(*whole, StepContext{}, x, mb);
+    std::vector<std::unique_ptr<Chunk>> slices;
+    for (int r = 0; r < tp; ++r) slices.push_back(make_tp_slice(*whole, d, r, tp, nullptr).value());
+    ThreadGather group(tp);
+    std::vector<HeadRun> got(static_cast<size_t>(tp));
+    std::vector<std::thread> threads;
+    for (int r = 0; r < tp; ++r) {
+      threads.emplace_back([&, r] {
+        StepContext ctx;
+        ctx.gather_over_vocab = [&, r](const float* mine, float* all, int64_t count) {
+          return group.gather(r, mine, all, count);
+        };
+        got[static_cast<size_t>(r)] = run_head(*slices[static_cast<size_t>(r)], ctx, x, mb);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    const int64_t rows = d.vocab / tp;
+    std::vector<float> dx(want.dx.size(), 0.0f), dnorm(static_cast<size_t>(h), 0.0f);
+    for (int r = 0; r < tp; ++r) {
+      EXPECT_NEAR(got[static_cast<size_t>(r)].loss, want.loss, 1e-6 * want.loss) << "tp=" << tp << " rank " << r;
+      for (size_t i = 0; i < dx.size(); ++i) dx[i] += got[static_cast<size_t>(r)].dx[i];
+      const auto& p = slices[static_cast<size_t>(r)]->params();
+      for (int64_t i = 0; i < h; ++i) dnorm[static_cast<size_t>(i)] += p[0].grad.data()[i];
+      expect_near(all(p[1].grad), block(whole->params()[1].grad, r * rows, rows, 0, h), "w_out gradient rows");
+    }
+    expect_near(dx, want.dx, "head input gradient = sum of the slices'");
+    expect_near(dnorm, all(whole->params()[0].grad), "head norm gradient = sum of the slices'");
+  }
+}
+
+TEST(TpSlice, HeadSliceWithoutTheGatherIsAnError) {
+  const ChunkDims d = tiny_dims();
+  auto whole = make_chunk(Part::kHead, d.num_layers - 1, d, 1234, nullptr).value();
+  auto slice = make_tp_slice(*whole, d, 0, 2, nullptr).value();
+  std::vector<int32_t> ids(16, 1);
+  const Microbatch mb{ids.data(), ids.data(), 2, 8};
+  Activation in, out;
+  in.hidden = std::make_shared<Tensor>(random(16, d.hidden, 3));
+  auto stash = slice->forward(StepContext{}, mb, {&in}, &out);
+  ASSERT_FALSE(stash.ok());
+  EXPECT_NE(stash.status().message().find("gather_over_vocab"), std::string::npos) << stash.status().message();
+}
+
 TEST(TpSlice, BadSplitIsNamed) {
   ChunkDims d = tiny_dims();
   auto whole = make_chunk(Part::kAttention, 0, d, 1, nullptr).value();
   auto slice = make_tp_slice(*whole, d, 0, 4, nullptr);  // 2 KV heads over 4 ranks
   ASSERT_FALSE(slice.ok());
   EXPECT_NE(slice.status().message().find("key/value heads"), std::string::npos) << slice.status().message();
+  auto head = make_chunk(Part::kHead, d.num_layers - 1, d, 1, nullptr).value();
+  auto odd = make_tp_slice(*head, d, 0, 3, nullptr);  // vocab 256 over 3 ranks
+  ASSERT_FALSE(odd.ok());
+  EXPECT_NE(odd.status().message().find("does not divide vocab_size=256"), std::string::npos) << odd.status().message();
+  EXPECT_NE(odd.status().message().find("pad vocab_size to a multiple of 3"), std::string::npos);
   auto router = make_chunk(Part::kRouter, 1, d, 1, nullptr).value();
   EXPECT_FALSE(make_tp_slice(*router, d, 0, 2, nullptr).ok());
 }

@@ -11,8 +11,11 @@
 #include <utility>
 #include <vector>
 
+#include "piper/compile/compile.h"
 #include "piper/cost/estimate.h"
+#include "piper/cost/vocab_parallel.h"
 #include "piper/sim/simulate.h"
+#include "piper/sim/task_time.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
 #include "piper/strategy/strategy.h"
@@ -287,6 +290,53 @@ TEST(TpShardingTest, EmbeddingAndHeadAreSplitOverTpLikeTheClosedForm) {
     const int64_t head = (m->vocab_size * m->hidden_size + m->hidden_size) / tp;
     EXPECT_EQ(r.head_dp_rs_bytes, head * 4) << "tp=" << tp;
   }
+}
+
+}  // namespace
+}  // namespace piper::sim
+
+namespace piper::sim {
+namespace {
+
+// A head split over tp exchanges its cross-entropy statistics (3 floats per token, all-gathered over tp) in its F:
+// the simulator adds that exchange to the head F's task time (cost/vocab_parallel.h), once per F and not in B.
+TEST(TpShardingTest, SplitHeadForwardPaysTheCrossEntropyExchange) {
+  auto m = load_model("gpt-7.5b");
+  auto c = load_cluster("dgx-h100", 2);
+  auto s = Strategy::parse("dp=4,tp=4,sp=1,pp=1,mbs=1,microbatches=2");
+  ASSERT_TRUE(m.ok() && c.ok() && s.ok());
+  TrainSpec t;
+  t.seq_len = 4096;
+  t.micro_batch_size = 1;
+  t.global_batch = s->global_batch();
+  auto cm = cost::CostModel::create(*m, *c, t, cost::Calibration{});
+  ASSERT_TRUE(cm.ok()) << cm.status().message();
+  auto task = cost_task_time(*cm, *s);
+  auto compiled = compile::compile_strategy(*m, t, *s);
+  ASSERT_TRUE(task.ok() && compiled.ok());
+  const double exchange_s = cost::vocab_stats_exchange_s(*cm, *s, 4096);
+  EXPECT_GT(exchange_s, 0.0);
+  const compile::Program& program = compiled->plan.templates[0];
+  int heads = 0;
+  for (const compile::Stream& st : program.streams) {
+    for (const compile::Instruction& in : st.instrs) {
+      if (in.op != compile::OpKind::kCompute || in.part != Part::kHead) continue;
+      ASSERT_EQ(in.shard_axis, "tp") << in.label;
+      compile::Instruction whole = in;
+      whole.shard_axis.clear();
+      const double split_s = (*task)(program, in), whole_s = (*task)(program, whole);
+      const double want = in.pass == ir::Pass::kF ? exchange_s : 0.0;
+      EXPECT_NEAR(split_s - whole_s, want, 1e-9 * whole_s) << in.label;
+      if (in.pass == ir::Pass::kF) {
+        ++heads;
+        // Small next to the head's own GEMM (vocabulary 51,200 over tp=4, hidden 4096, 4096 tokens).
+        EXPECT_LT(exchange_s, 0.05 * whole_s) << in.label;
+        std::printf("%s: head F %.1f us, statistics exchange %.1f us\n", in.label.c_str(), whole_s * 1e6,
+                    exchange_s * 1e6);
+      }
+    }
+  }
+  EXPECT_EQ(heads, 2);  // one per microbatch
 }
 
 }  // namespace

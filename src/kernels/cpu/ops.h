@@ -88,4 +88,31 @@ void lm_head_loss_backward_input(float* dh, float* dlogits, const float* probs, 
                                  float dloss, int64_t n, int64_t d, int64_t vocab);
 void lm_head_loss_backward_weight(float* dw, const float* dlogits, const float* h, int64_t n, int64_t d, int64_t vocab);
 
+// ---- Vocabulary parallelism (Megatron's VocabParallelEmbedding and vocab_parallel_cross_entropy): a table or an
+// LM head holding rows [begin, begin + rows) of the vocabulary (table / w: [rows, d]). With begin = 0 and
+// rows = vocab every function gives the whole-vocabulary kernel's bits.
+//
+// Embedding: out row i = table[ids[i] - begin] for the ids this shard holds, zeros for the others (the shards'
+// outputs sum to the whole lookup). The weight gradient accumulates the rows this shard holds, in token order.
+void embedding_shard_forward(float* out, const int32_t* ids, const float* table, int64_t n, int64_t begin, int64_t rows,
+                             int64_t d);
+void embedding_shard_backward_weight(float* dtable, const float* dout, const int32_t* ids, int64_t n, int64_t begin,
+                                     int64_t rows, int64_t d);
+// LM head + cross-entropy in three steps, the middle one the caller's:
+//   1. lm_head_shard_forward: probs [n, rows] = the softmax of this shard's logits h·wᵀ; stats [n, kVocabStats] =
+//      per token this shard's max logit, its sum of exp(logit - max) and the target's logit (0 when another shard
+//      holds the target).
+//   2. the caller gathers every shard's stats in shard order: all_stats [shards, n, kVocabStats].
+//   3. lm_head_shard_loss: rescales probs to the softmax over the whole vocabulary and writes the mean token loss
+//      (the same on every shard).
+// B: dlogits = (probs - onehot(target, when this shard holds it)) · dloss / n and dh = dlogits·w, this shard's part
+// of the input gradient (the shards' parts sum to the whole head's). W: lm_head_loss_backward_weight with rows.
+constexpr int64_t kVocabStats = 3;
+void lm_head_shard_forward(float* probs, float* stats, const float* h, const float* w, const int32_t* targets,
+                           int64_t n, int64_t d, int64_t begin, int64_t rows);
+void lm_head_shard_loss(float* loss, float* probs, const float* all_stats, int shards, int shard, int64_t n,
+                        int64_t rows);
+void lm_head_shard_backward_input(float* dh, float* dlogits, const float* probs, const int32_t* targets, const float* w,
+                                  float dloss, int64_t n, int64_t d, int64_t begin, int64_t rows);
+
 }  // namespace piper::kernels

@@ -106,13 +106,16 @@ Status Core::sum_bias_counts() {
 
 Status Core::reduce_losses(double* loss, double* aux) {
   // Ranks of one tensor-parallel group see the same tokens: only tp rank 0 reports. With sequence parallelism
-  // each sees a slice: the loss is the mean of the slices' means and the aux losses are parts of one sum.
-  const int shards = tp->token_shards();
-  const bool reports = dist->coord().tp == 0 || shards > 1;
+  // each sees a slice: the loss is the mean of the slices' means and the aux losses are parts of one sum. A head
+  // split over tp (vocabulary parallel) sees every token and computes the same loss on every tensor rank: tp rank 0
+  // reports it (loss_shards() = 1), while the routers' aux losses stay per slice.
+  const int shards = tp->loss_shards();
+  const bool reports_loss = dist->coord().tp == 0 || shards > 1;
+  const bool reports_aux = dist->coord().tp == 0 || tp->token_shards() > 1;
   double local[2] = {0, 0};
-  for (int k = 0; k < num_mb && reports; ++k) {
-    local[0] += loss_mb[static_cast<size_t>(k)];
-    local[1] += aux_mb[static_cast<size_t>(k)];
+  for (int k = 0; k < num_mb; ++k) {
+    if (reports_loss) local[0] += loss_mb[static_cast<size_t>(k)];
+    if (reports_aux) local[1] += aux_mb[static_cast<size_t>(k)];
   }
   auto all = std::make_shared<std::vector<double>>(2 * static_cast<size_t>(dist->world_size()));
   PIPER_ASSIGN_OR_RETURN(comm::Handle h, dist->ctl().all_gather(local, all->data(), sizeof(local)));

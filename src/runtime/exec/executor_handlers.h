@@ -198,9 +198,13 @@ class TensorParallel final : public Handler {
   // ZeRO shard when the chunk is sharded.
   std::optional<double> grad_sq(const Chunk& chunk) override;
   // Sequence parallelism: a chunk that is not split over tp sees this rank's slice of the microbatch's tokens.
+  // Vocabulary parallelism: a split head gathers its cross-entropy statistics over tp (gather_over_vocab).
   Status context(const Task& t, StepContext* ctx, Microbatch* mb);
   // How many token slices a hidden state between chunks is cut into (tp under sequence parallelism, else 1).
   int token_shards() const { return sequence_parallel_ ? size_ : 1; }
+  // How many token slices a microbatch's loss is computed on: 1 when the plan splits the head over tp (every
+  // tensor rank's head sees every token and computes the same loss), else token_shards().
+  int loss_shards() const { return head_split_ ? 1 : token_shards(); }
   int size() const { return size_; }
   bool sequence_parallel() const { return sequence_parallel_; }
 
@@ -209,6 +213,13 @@ class TensorParallel final : public Handler {
   bool sequence_parallel_ = false;            // the plan exchanges sequence slices (all-gather / reduce-scatter)
   std::set<const Chunk*> sliced_;             // chunks split over tp (tp_slice.h)
   std::unique_ptr<comm::Communicator> sync_;  // the tp group in its own matching context (grad sums, router)
+  bool head_split_ = false;                   // the plan shards the head over tp (on any pipeline rank)
+  // af-pipe: an all-gather whose producer is this FFN rank's experts F combines their rows first (M2n), over
+  // this communicator (null: an FFN group of one rank).
+  std::map<ir::NodeId, comm::Communicator*> combines_;
+  Result<std::shared_ptr<const Tensor>> take_input(const Task& t);
+  std::unique_ptr<comm::Communicator> vocab_;  // the tp group for the split head's statistics (its own context)
+  Status gather_over_vocab(const float* mine, float* all, int64_t count);
 
   // tp_overlap (executor_tp_overlap.cc).
   Status resolve_collective_piece(const compile::Instruction& in, Task* t);
@@ -311,6 +322,15 @@ class M2n final : public Handler {
   // combine inside the FFN group), and the head's gradient becomes the experts' row gradients (transposed).
   Status local_inputs(const Task& t, std::vector<Activation>* inputs);
   Status local_grads(const Task& t, std::vector<Gradient>* grads);
+  // The combine inside the FFN group of the experts' output rows `a` (message of node `src`, microbatch `mb`) into
+  // the same-dp source's hidden state, exchanging rows over `group` (null: an FFN group of one rank). `reader` names
+  // the task in errors.
+  Result<std::shared_ptr<const Tensor>> combine_local(const Task& reader, ir::NodeId src, int mb, const Activation& a,
+                                                      comm::Communicator* group);
+  // A communicator of the FFN rank's ep group for a combine that another stream than the compute stream runs (the
+  // tp all-gather before a vocabulary-parallel head): create() only, the same on every rank of the group; null
+  // when the group is one rank.
+  Result<comm::Communicator*> combine_comm_off_compute();
 
  private:
   struct Call;  // one routed m2n instruction being run: its context, shared pieces and the eight variants
@@ -318,6 +338,7 @@ class M2n final : public Handler {
 
   bool active_ = false;
   std::map<int, std::unique_ptr<comm::Communicator>> combine_comms_;  // FFN group per m2n_to stream (create())
+  std::unique_ptr<comm::Communicator> combine_off_compute_;           // create(): combine_comm_off_compute()
   std::mutex mu_;
   std::map<std::pair<int, int>, std::shared_ptr<M2nSource>> sources_;  // mu_
   std::map<std::pair<int, int>, std::shared_ptr<M2nSink>> sinks_;      // mu_

@@ -803,27 +803,41 @@ std::shared_ptr<M2nSink> M2n::find_sink(std::pair<int, int> key) {
   return it == sinks_.end() ? nullptr : it->second;
 }
 
-Status M2n::local_inputs(const Task& t, std::vector<Activation>* inputs) {
-  if (!active_ || t.chunk == nullptr || t.chunk->part() == Part::kExperts) return ok_status();
+Result<std::shared_ptr<const Tensor>> M2n::combine_local(const Task& reader, ir::NodeId src, int mb,
+                                                         const Activation& a, comm::Communicator* group) {
   const int64_t h = core_.model->dims().hidden;
   const int k = core_.model->dims().top_k;
   const float scale = static_cast<float>(core_.model->dims().routed_scaling);
+  // The experts' output rows of this FFN rank (every source's) -> the same-dp source's tokens, combined.
+  const auto key = std::make_pair(core_.instr_of(src).layer, mb);
+  std::shared_ptr<M2nSink> sink = find_sink(key);
+  if (sink == nullptr || sink->local == nullptr || !a.ep || !a.ep->rows) {
+    return internal_error("'" + reader.in->label + "': expert rows of layer " + std::to_string(key.first) +
+                          " without the routing of their same-dp source");
+  }
+  const M2nSource& local = *sink->local;
+  std::vector<float> back(static_cast<size_t>(local.tokens * k * h));
+  PIPER_RETURN_IF_ERROR(ffn_group_exchange(group, a.ep->rows->data(), sink->rows_from, back.data(), local.rows_to, h,
+                                           core_.dist->timeout_s()));
+  return std::shared_ptr<const Tensor>(combine_rows(local, back.data(), h, k, scale, core_.allocator));
+}
+
+Result<comm::Communicator*> M2n::combine_comm_off_compute() {
+  comm::Communicator* group = core_.dist->group("ep");
+  if (group == nullptr) return nullptr;
+  if (combine_off_compute_ == nullptr) {
+    PIPER_ASSIGN_OR_RETURN(combine_off_compute_, group->dup("m2n_combine_tp"));
+  }
+  return combine_off_compute_.get();
+}
+
+Status M2n::local_inputs(const Task& t, std::vector<Activation>* inputs) {
+  if (!active_ || t.chunk == nullptr || t.chunk->part() == Part::kExperts) return ok_status();
   for (size_t i = 0; i < inputs->size() && i < t.sources.size(); ++i) {
     Activation& a = (*inputs)[i];
     if (!a.ep || a.hidden) continue;
-    // The experts' output rows of this FFN rank (every source's) -> the same-dp source's tokens, combined.
-    const auto key = std::make_pair(core_.instr_of(t.sources[i]).layer, t.mb);
-    std::shared_ptr<M2nSink> sink = find_sink(key);
-    if (sink == nullptr || sink->local == nullptr || !a.ep->rows) {
-      return internal_error("'" + t.in->label + "': expert rows of layer " + std::to_string(key.first) +
-                            " without the routing of their same-dp source");
-    }
-    const M2nSource& local = *sink->local;
-    std::vector<float> back(static_cast<size_t>(local.tokens * k * h));
-    PIPER_RETURN_IF_ERROR(ffn_group_exchange(core_.dist->group("ep"), a.ep->rows->data(), sink->rows_from, back.data(),
-                                             local.rows_to, h, core_.dist->timeout_s()));
     Activation out;
-    out.hidden = combine_rows(local, back.data(), h, k, scale, core_.allocator);
+    PIPER_ASSIGN_OR_RETURN(out.hidden, combine_local(t, t.sources[i], t.mb, a, core_.dist->group("ep")));
     a = std::move(out);
   }
   return ok_status();

@@ -7,7 +7,9 @@
 //   reduce_scatter  (tp_rs, sequence parallel)  [n, h] partial -> [n/T, h] slice of the sum (its output)
 //   all_reduce      (tp_ar, without sp)         [n, h] partial -> [n, h] sum
 // The slices are contiguous token rows: tensor rank r holds rows [r*n/T, (r+1)*n/T) of the microbatch, and
-// under sequence parallelism every chunk that is not split (embed, router, experts, head) runs on those rows.
+// under sequence parallelism every chunk that is not split (router, experts; embed and head when the plan keeps
+// them whole) runs on those rows. A head split over tp (vocabulary parallel) exchanges 3 floats per token of its
+// microbatch with the other tensor ranks (all-gather [n, 3] -> [T, n, 3], StepContext::gather_over_vocab).
 #include <algorithm>
 #include <type_traits>
 
@@ -43,8 +45,16 @@ Status TensorParallel::init(const compile::Program& program) {
       if (c != nullptr) sliced_.insert(c);
     }
   }
+  for (const compile::Program& prog : core_.plan->templates) {
+    for (const compile::Stream& stream : prog.streams) {
+      for (const Instruction& in : stream.instrs) {
+        head_split_ |= in.op == OpKind::kCompute && in.part == Part::kHead && in.shard_axis == "tp";
+      }
+    }
+  }
   // Every rank of the tp group creates its executor in the same order, so dup() is matched.
   PIPER_ASSIGN_OR_RETURN(sync_, group->dup("tp_sync"));
+  PIPER_ASSIGN_OR_RETURN(vocab_, group->dup("tp_vocab"));
   return ok_status();
 }
 
@@ -63,7 +73,24 @@ Status TensorParallel::resolve(const Instruction& in, Task* t) {
   t->source = in.inputs[0];
   if (in.inputs.size() > 1) t->sources = in.inputs;
   t->consumers = static_cast<int>(in.outputs.size());
+  // af-pipe with a vocabulary-parallel head on an FFN rank: the head's all-gather reads the experts' output rows,
+  // which the FFN group combines first (as before a head that is not split, M2n::local_inputs), on this stream.
+  // (Elsewhere an all-gather after the experts' F reads their combined hidden state: ep = etp = 1.)
+  const auto src = core_.by_node.find(t->source);
+  if (!t->gradient && in.comm == ir::NodeKind::kAllGather && in.inputs.size() == 1 && src != core_.by_node.end() &&
+      src->second->op == OpKind::kCompute && src->second->part == Part::kExperts) {
+    PIPER_ASSIGN_OR_RETURN(combines_[in.node], core_.m2n->combine_comm_off_compute());
+  }
   return ok_status();
+}
+
+// The hidden state a collective reduces or gathers: its producers' message(s), or the combined expert rows.
+Result<std::shared_ptr<const Tensor>> TensorParallel::take_input(const Task& t) {
+  const auto combine = combines_.find(t.in->node);
+  if (combine == combines_.end()) return core_.take_hidden(t, "tensor ranks");
+  PIPER_ASSIGN_OR_RETURN(Activation a, core_.take_message<Activation>(t, t.source));
+  if (a.hidden) return a.hidden;
+  return core_.m2n->combine_local(t, t.source, std::max(0, t.in->mb), a, combine->second);
 }
 
 Status TensorParallel::run(const Task& t) {
@@ -71,7 +98,7 @@ Status TensorParallel::run(const Task& t) {
   if (in.segment != compile::Segment::kWhole) {  // tp_overlap (executor_tp_overlap.cc)
     return in.comm == ir::NodeKind::kAllGather ? gather_piece(t) : scatter_piece(t);
   }
-  PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Tensor> x, core_.take_hidden(t, "tensor ranks"));
+  PIPER_ASSIGN_OR_RETURN(std::shared_ptr<const Tensor> x, take_input(t));
   const int64_t h = core_.model->dims().hidden, T = t.degree;
   if (x == nullptr || x->numel() % h != 0) return internal_error("'" + in.label + "': the message is not [n, hidden]");
   const int64_t rows = x->numel() / h;
@@ -106,7 +133,24 @@ Status TensorParallel::run(const Task& t) {
   return ok_status();
 }
 
+Status TensorParallel::gather_over_vocab(const float* mine, float* all, int64_t count) {
+  // Own buffers: a gather abandoned by a failed step must not write into the chunk's.
+  auto buf = std::make_shared<std::vector<float>>(mine, mine + count);
+  auto out = std::make_shared<std::vector<float>>(static_cast<size_t>(count * size_));
+  PIPER_ASSIGN_OR_RETURN(comm::Handle h,
+                         vocab_->all_gather(buf->data(), out->data(), static_cast<size_t>(count) * sizeof(float)));
+  std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(buf), decltype(out)>>(buf, out);
+  PIPER_RETURN_IF_ERROR(core_.wait_comm(*vocab_, h, keep, "cross-entropy statistics exchange over tp (split head)"));
+  std::copy(out->begin(), out->end(), all);
+  return ok_status();
+}
+
 Status TensorParallel::context(const Task& t, StepContext* ctx, Microbatch* mb) {
+  if (sliced_.count(t.chunk) && t.chunk->part() == Part::kHead) {
+    ctx->gather_over_vocab = [this](const float* mine, float* all, int64_t count) {
+      return gather_over_vocab(mine, all, count);
+    };
+  }
   if (!sequence_parallel_ || sliced_.count(t.chunk)) return ok_status();
   const int64_t n = core_.mbs * core_.batch->seq_len;
   if (n % size_ != 0) {

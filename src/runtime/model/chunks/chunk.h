@@ -8,6 +8,7 @@
 //   shared  x -> shared SwiGLU(rms(x))                       (no residual: experts carries it; own norm weight)
 //   mlp     x -> x + SwiGLU(rms(x))                          (dense layers)
 //   head    x -> loss = cross-entropy(Wout·rms(x), targets)
+// Under tensor parallelism embed and head may hold a slice of the vocabulary's rows (tp_slice.h, VocabSlice).
 // A chunk with several incoming hidden tensors (the layer after experts + shared) sums them in edge order.
 // The backward direction carries Gradient messages along the reversed edges; a chunk with several consumers
 // sums their gradients in edge order.
@@ -88,6 +89,11 @@ struct StepContext {
   // `sum_over_shards` (every slice's task calls it at the same point; values are summed in place).
   int token_shards = 1;
   std::function<Status(double* values, int64_t count)> sum_over_shards = nullptr;
+  // Vocabulary parallelism: a head split over tp (tp_slice.h) gathers its cross-entropy statistics from the tensor
+  // ranks that hold the other rows of the vocabulary: gather_over_vocab(mine, all, count) writes every tensor
+  // rank's `count` floats in rank order (all[r * count + i]). Every tensor rank's head calls it at the same point
+  // of the same task. Null where the head is whole.
+  std::function<Status(const float* mine, float* all, int64_t count)> gather_over_vocab = nullptr;
 };
 
 // Router -> experts: the normed input and the routing decision.

@@ -1,4 +1,6 @@
 // embed: token ids -> hidden vectors (a table lookup). No input gradient; W scatters the output gradient.
+// A vocabulary slice (VocabSlice, tp_slice.h) looks up the ids it holds and writes zeros for the others: the tp
+// reduction after it (all-reduce, or reduce-scatter under sequence parallelism) sums the slices' outputs.
 #include "piper/kernels/cpu/ops.h"
 #include "piper/runtime/model/chunks/parts.h"
 
@@ -12,9 +14,11 @@ struct EmbedStash : Stash {
 
 class EmbedChunk : public Chunk {
  public:
-  EmbedChunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator)
-      : Chunk(Part::kEmbedding, layer, dims, allocator) {
-    add_param("table", {dims.vocab, dims.hidden}, seed, 0.02f, 0.0f, false);
+  EmbedChunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator, VocabSlice slice)
+      : Chunk(Part::kEmbedding, layer, dims, allocator),
+        begin_(slice.begin(dims.vocab)),
+        rows_(slice.rows(dims.vocab)) {
+    add_param("table", {rows_, dims.hidden}, seed, 0.02f, 0.0f, false);
   }
 
   Result<std::unique_ptr<Stash>> forward(const StepContext& ctx, const Microbatch& mb,
@@ -32,7 +36,7 @@ class EmbedChunk : public Chunk {
       }
     }
     auto x = new_shared({n, h}, MemCategory::kActivations);
-    kernels::embedding_forward(x->data(), st->ids.data(), params_[0].value.data(), n, dims_.vocab, h);
+    kernels::embedding_shard_forward(x->data(), st->ids.data(), params_[0].value.data(), n, begin_, rows_, h);
     out->hidden = std::move(x);
     return std::unique_ptr<Stash>(std::move(st));
   }
@@ -49,16 +53,20 @@ class EmbedChunk : public Chunk {
   void backward_weight(const StepContext& ctx, Stash& stash) override {
     auto& st = static_cast<EmbedStash&>(stash);
     const int64_t n = static_cast<int64_t>(st.ids.size());
-    kernels::ref::embedding_backward_weight<float>(params_[0].grad.data(), st.dout->data(), st.ids.data(), n,
-                                                   dims_.vocab, dims_.hidden);
+    kernels::embedding_shard_backward_weight(params_[0].grad.data(), st.dout->data(), st.ids.data(), n, begin_, rows_,
+                                             dims_.hidden);
     st.dout.reset();
   }
+
+ private:
+  int64_t begin_, rows_;  // the vocabulary rows [begin_, begin_ + rows_) of the table
 };
 
 }  // namespace
 
-std::unique_ptr<Chunk> make_embed_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator) {
-  return std::make_unique<EmbedChunk>(layer, dims, seed, allocator);
+std::unique_ptr<Chunk> make_embed_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator,
+                                        VocabSlice slice) {
+  return std::make_unique<EmbedChunk>(layer, dims, seed, allocator, slice);
 }
 
 }  // namespace piper::runtime

@@ -9,7 +9,16 @@
 
 namespace piper::runtime {
 
-std::unique_ptr<Chunk> make_embed_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator);
+// The rows of the vocabulary an embed or head chunk holds: shard `shard` of `shards` equal row blocks
+// (vocabulary parallelism, tp_slice.h). The default is the whole vocabulary.
+struct VocabSlice {
+  int shard = 0, shards = 1;
+  int64_t rows(int64_t vocab) const { return vocab / shards; }
+  int64_t begin(int64_t vocab) const { return shard * rows(vocab); }
+};
+
+std::unique_ptr<Chunk> make_embed_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator,
+                                        VocabSlice slice = {});
 // residual = false: no residual add (a tensor-parallel slice on tensor rank > 0, tp_slice.h).
 std::unique_ptr<Chunk> make_attn_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator,
                                        bool residual = true);
@@ -20,7 +29,8 @@ std::unique_ptr<Chunk> make_mlp_chunk(int layer, const ChunkDims& dims, uint64_t
 // Pre-norm SwiGLU block of the given width, with or without the residual add (mlp, shared).
 std::unique_ptr<Chunk> make_ffn_chunk(Part part, int layer, const ChunkDims& dims, int64_t width, bool residual,
                                       uint64_t seed, Allocator* allocator);
-std::unique_ptr<Chunk> make_head_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator);
+std::unique_ptr<Chunk> make_head_chunk(int layer, const ChunkDims& dims, uint64_t seed, Allocator* allocator,
+                                       VocabSlice slice = {});
 
 // Standard deviation of the initial weights: 0.02, and 0.02 / sqrt(2 · layers) for projections that write into
 // the residual stream (GPT-2's scaled init).

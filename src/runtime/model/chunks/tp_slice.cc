@@ -1,4 +1,4 @@
-// Tensor-parallel slices of attn, mlp and shared chunks (tp_slice.h).
+// Tensor-parallel slices of attn, mlp, shared, embed and head chunks (tp_slice.h).
 #include "piper/runtime/model/chunks/tp_slice.h"
 
 #include <algorithm>
@@ -85,9 +85,30 @@ Result<std::unique_ptr<Chunk>> make_tp_slice(const Chunk& whole, const ChunkDims
     }
     s[3].global_shape = w[3].value.shape();
     s[3].global_offset = {0, rank * f};
+  } else if (part == Part::kEmbedding || part == Part::kHead) {
+    if (dims.vocab % size != 0) {
+      return invalid_argument(whole.name() + ": tp=" + std::to_string(size) +
+                              " does not divide vocab_size=" + std::to_string(dims.vocab) +
+                              "; the runtime splits the vocabulary's rows evenly over tp " +
+                              "and does not pad them (Megatron's --make-vocab-size-divisible-by): pad vocab_size to " +
+                              "a multiple of " + std::to_string(size) + " or pick a tp that divides it");
+    }
+    const VocabSlice vs{rank, size};
+    slice = part == Part::kEmbedding ? make_embed_chunk(whole.layer(), dims, /*seed=*/0, allocator, vs)
+                                     : make_head_chunk(whole.layer(), dims, /*seed=*/0, allocator, vs);
+    auto& s = slice->params();
+    for (size_t i = 0; i < s.size(); ++i) {
+      if (!tp_param_split(s[i])) {  // the head's norm weight
+        std::copy(w[i].value.data(), w[i].value.data() + w[i].value.numel(), s[i].value.data());
+        continue;
+      }
+      copy_rows(w[i].value, vs.begin(dims.vocab), vs.rows(dims.vocab), &s[i].value, 0);
+      s[i].global_shape = w[i].value.shape();
+      s[i].global_offset = {vs.begin(dims.vocab), 0};
+    }
   } else {
     return invalid_argument("no tensor-parallel slice for part '" + std::string(chunk_name(part)) + "' (" +
-                            whole.name() + "); the compiler shards attn, mlp and shared over tp");
+                            whole.name() + "); the compiler shards attn, mlp, shared, embed and head over tp");
   }
   return slice;
 }

@@ -1,10 +1,14 @@
-// Tensor-parallel slices of the chunks the compiler shards over `tp` (ir shard pass: attn, mlp, shared), and the
-// expert tensor-parallel slices of the experts (etp).
+// Tensor-parallel slices of the chunks the compiler shards over `tp` (ir shard pass: attn, mlp, shared, and under
+// vocabulary parallelism embed and head), and the expert tensor-parallel slices of the experts (etp).
 //
 // Megatron's split, for tensor rank r of T:
 //   attn    heads split: query heads [r*H/T, (r+1)*H/T) and their KV heads [r*K/T, (r+1)*K/T) (GQA groups stay
 //           whole), i.e. the matching rows of w_qkv (column parallel) and columns of wo (row parallel)
 //   mlp / shared  the intermediate units [r*F/T, (r+1)*F/T): rows of w_gate and w_up, columns of w_down
+//   embed / head  the vocabulary rows [r*V/T, (r+1)*V/T) of the table and of w_out (VocabParallelEmbedding and the
+//           column-parallel output layer); the head's norm weight is replicated. The embed slice writes zeros for
+//           the ids it does not hold; the head slice gathers the cross-entropy statistics over tp
+//           (StepContext::gather_over_vocab) and writes its part of the input gradient.
 //   norm    replicated (every rank holds the whole weight)
 // A slice chunk computes on the whole (all-gathered) input and writes this rank's partial output; the partial
 // outputs of the T ranks sum (reduce-scatter or all-reduce over tp) to the single-rank chunk's output. The
@@ -22,8 +26,9 @@
 
 namespace piper::runtime {
 
-// The slice `rank` of `size` of `whole` (an attn, mlp or shared chunk built with `dims`). InvalidArgument when
-// `size` does not divide the heads, KV heads or the intermediate width, or for another part.
+// The slice `rank` of `size` of `whole` (an attn, mlp, shared, embed or head chunk built with `dims`).
+// InvalidArgument when `size` does not divide the heads, KV heads, the intermediate width or the vocabulary, or for
+// another part.
 Result<std::unique_ptr<Chunk>> make_tp_slice(const Chunk& whole, const ChunkDims& dims, int rank, int size,
                                              Allocator* allocator);
 
