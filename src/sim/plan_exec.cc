@@ -282,7 +282,14 @@ void Executor::finish_compute(int ri, int s, double t) {
 void Executor::pool_start(int ri, int s, double duration_s, double t) {
   const int node = ranks_[static_cast<size_t>(ri)].rank / options_.core_pool.ranks_per_node;
   NodePool& p = pools_[static_cast<size_t>(node)];
-  pool_advance(p, t);
+  if (p.busy == 0) {
+    // An idle node's clock starts again from 0: a task then ends at exactly t + duration / rate (with every rank
+    // busy, its price), not after the rounding of a long-running sum.
+    p.work = 0;
+    p.last_s = t;
+  } else {
+    pool_advance(p, t);
+  }
   p.running.push({p.work + duration_s, seq_++, ri, s});
   ++p.busy;
   pool_schedule(node);
