@@ -216,6 +216,10 @@ def main():
     copy_files("model_json", "tests/data/hf/*/config.json", lambda p: "hf-" + os.path.basename(os.path.dirname(p)))
     copy_files("hf_config", "tests/data/hf/*/config.json", lambda p: os.path.basename(os.path.dirname(p)) + ".json")
     copy_files("cluster_json", "configs/clusters/*.json", os.path.basename)
+    # CPU ranks sharing their node's cores (node.shared_cores, node.device_cores): no preset carries them.
+    cpu = json.load(open(os.path.join(ROOT, "configs", "clusters", "local-cpu.json")))
+    cpu["node"].update(devices_per_node=4, shared_cores=2, device_cores=1)
+    put("cluster_json", "cpu-shared-cores.json", json.dumps(cpu, indent=2))
     put("train_json", "full.json", json.dumps(
         {"global_batch": 64, "micro_batch_size": 2, "seq_len": 128, "param_dtype": "fp32", "grad_dtype": "bf16",
          "master_dtype": "fp32", "optimizer": {"name": "adamw", "lr": 1e-3, "beta1": 0.9, "beta2": 0.95,

@@ -89,6 +89,7 @@ struct Candidate {
 Status score_candidate(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
                        const cost::Calibration& calibration, const planner::SearchResult& r, Candidate* c) {
   sim::SimOptions so;
+  so.full = cluster.node.shared_cores > 0;  // as the search's re-scoring (planner/rescore.cc)
   PIPER_ASSIGN_OR_RETURN(sim::SimReport rep,
                          sim::simulate_directives(model, cluster, train, c->input.mesh, c->input.directives,
                                                   c->input.resolved.strategy, calibration, so));

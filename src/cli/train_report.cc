@@ -23,13 +23,16 @@ Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::str
   LocalMachine m;
   PIPER_ASSIGN_OR_RETURN(m.cluster, load_cluster("local-cpu", 1));
   m.cluster.node.devices_per_node = ranks;
-  const double cores = std::max(1u, std::thread::hardware_concurrency());
-  m.cores_per_rank = std::min(static_cast<double>(std::max(1, kernel_threads)), cores / ranks);
+  m.cores = std::max(1u, std::thread::hardware_concurrency());
+  m.rank_cores = std::min(static_cast<double>(std::max(1, kernel_threads)), m.cores);
+  m.cluster.node.shared_cores = m.cores;
+  m.cluster.node.device_cores = m.rank_cores;
+  m.cores_per_rank = m.rank_cores * m.cluster.node.static_core_share();
   DeviceSpec& d = m.cluster.device;
-  d.peak_flops_fp32 *= m.cores_per_rank;
-  d.peak_flops_bf16 *= m.cores_per_rank;
-  d.peak_flops_fp8 *= m.cores_per_rank;
-  d.memory_bw_bytes_per_s *= m.cores_per_rank;
+  d.peak_flops_fp32 *= m.rank_cores;
+  d.peak_flops_bf16 *= m.rank_cores;
+  d.peak_flops_fp8 *= m.rank_cores;
+  d.memory_bw_bytes_per_s *= m.rank_cores;
   std::vector<std::string> sources;
   if (!comm_calibration.empty()) {
     PIPER_RETURN_IF_ERROR(load_comm_calibration(comm_calibration, &m.cluster));
@@ -37,9 +40,9 @@ Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::str
   }
   PIPER_ASSIGN_OR_RETURN(DeviceCalibration device, load_device_calibration(calibration, m.cluster.name));
   m.calibration = device.calibration;
-  // A calibration of this machine measures one core (piper calibrate); a rank gets cores_per_rank of them.
-  m.calibration.peak_flops_fp32 *= m.cores_per_rank;
-  m.calibration.memory_bw_bytes_per_s *= m.cores_per_rank;
+  // A calibration of this machine measures one core (piper calibrate); a rank alone computes on rank_cores of them.
+  m.calibration.peak_flops_fp32 *= m.rank_cores;
+  m.calibration.memory_bw_bytes_per_s *= m.rank_cores;
   sources.push_back(device.path.empty() ? "device: " + device.source : "device from " + device.source);
   m.calibration.workspace_bytes = 0;  // no CUDA context or cuBLAS/NCCL workspace on a CPU rank
   PIPER_RETURN_IF_ERROR(m.cluster.validate());
@@ -135,8 +138,11 @@ std::string ratio(double measured, double predicted) {
 
 void PredictionReport::print() const {
   const int n = machine.cluster.world_size();
-  std::printf("\npredicted vs measured: local-cpu, %d rank%s at %.2f core%s each, %s\n", n, n == 1 ? "" : "s",
-              machine.cores_per_rank, machine.cores_per_rank == 1 ? "" : "s", machine.calibration_source.c_str());
+  std::printf(
+      "\npredicted vs measured: local-cpu, %d rank%s sharing %g core%s (%g each computing alone; model: %.2f each, "
+      "all busy), %s\n",
+      n, n == 1 ? "" : "s", machine.cores, machine.cores == 1 ? "" : "s", machine.rank_cores, machine.cores_per_rank,
+      machine.calibration_source.c_str());
   std::printf(" %4s %3s | %10s %10s %10s %7s | %10s %10s | %10s %10s %10s %7s\n", "rank", "pp", "step", "sim", "model",
               "x sim", "compute", "sim busy", "peak mem", "sim", "model", "x model");
   for (const RankComparison& c : ranks) {
@@ -170,6 +176,8 @@ Json PredictionReport::to_json() const {
   }
   return Json{{"cluster", machine.cluster.name},
               {"ranks_on_node", machine.cluster.world_size()},
+              {"cores", machine.cores},
+              {"rank_cores", machine.rank_cores},
               {"cores_per_rank", machine.cores_per_rank},
               {"calibration", machine.calibration_source},
               {"simulated_step_time_s", sim_step_s},

@@ -5,12 +5,18 @@
 // predictions on a ClusterSpec of this machine.
 //
 // The ClusterSpec of this machine (local_cluster): the `local-cpu` preset (one device = one CPU core) with one
-// device per rank, each device's FLOP/s and memory bandwidth scaled by the cores a rank really has:
-//   cores_per_rank = min(kernel threads, hardware cores / ranks)
-// (4 ranks on 2 cores: 0.5; one rank with 2 threads: 2). `comm_calibration` (from `piper bench comm
-// --calibration-out F`, src/spec/comm_calibration.h) replaces the link latency and bandwidth; `calibration`
-// (src/cost/device_model.h JSON) the GEMM efficiency curve. A CPU rank has no CUDA workspace: workspace_bytes = 0
-// as in Trainer::predicted_memory().
+// device per rank, each device's FLOP/s and memory bandwidth scaled by the cores a rank computes on when it runs
+// alone, and the node's cores shared by the ranks (ClusterSpec NodeSpec::shared_cores, processor sharing):
+//   rank_cores = min(kernel threads, hardware cores C)      node.shared_cores = C, node.device_cores = rank_cores
+// The simulator (full, as train's prediction runs it) gives each computing rank min(rank_cores, C / busy) cores,
+// busy = the ranks computing at that moment, so a rank in a pipeline bubble leaves its core to the others. The
+// closed form prices every rank at the static share with all ranks busy:
+//   cores_per_rank = min(rank_cores, C / ranks)             (4 ranks on 2 cores: 0.5; one rank with 2 threads: 2)
+// which is what both priced before the simulator shared the cores (session 24). Representative-rank simulations of
+// this cluster (none here; `piper simulate` without --full) price at the static share too.
+// `comm_calibration` (from `piper bench comm --calibration-out F`, src/spec/comm_calibration.h) replaces the link
+// latency and bandwidth; `calibration` (src/cost/device_model.h JSON) the GEMM efficiency curve. A CPU rank has no
+// CUDA workspace: workspace_bytes = 0 as in Trainer::predicted_memory().
 // Rank 0 calls these; the measurements of every rank are gathered by runtime::run_training.
 #pragma once
 
@@ -35,7 +41,9 @@ using RankMeasurement = runtime::RankMeasurement;
 struct LocalMachine {
   ClusterSpec cluster;
   cost::Calibration calibration;
-  double cores_per_rank = 1;
+  double cores = 1;                // C: the machine's cores, shared by the ranks
+  double rank_cores = 1;           // cores one rank computes on alone: min(kernel threads, C)
+  double cores_per_rank = 1;       // the static share: min(rank_cores, C / ranks), the closed form's price
   std::string calibration_source;  // "preset" or the files used
 };
 

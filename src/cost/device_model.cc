@@ -33,7 +33,8 @@ Result<Calibration> Calibration::load(const std::string& path) {
   return from_json(j, path);
 }
 
-DeviceModel::DeviceModel(const DeviceSpec& device, DType compute_dtype, const Calibration& calibration) {
+DeviceModel::DeviceModel(const DeviceSpec& device, DType compute_dtype, const Calibration& calibration,
+                         double rate_share) {
   switch (compute_dtype) {
     case DType::kFP32:
       peak_flops_ = calibration.peak_flops_fp32 > 0 ? calibration.peak_flops_fp32 : device.peak_flops_fp32;
@@ -52,6 +53,10 @@ DeviceModel::DeviceModel(const DeviceSpec& device, DType compute_dtype, const Ca
                                                        : device.memory_bw_bytes_per_s) *
                calibration.memory_bw_efficiency;
   if (calibration.gemm_table && calibration.gemm_efficiency <= 0) gemm_table_ = find_gemm_table(device, compute_dtype);
+  if (rate_share != 1.0) {
+    peak_flops_ *= rate_share;
+    memory_bw_ *= rate_share;
+  }
 }
 
 double DeviceModel::time_s(double flops, double bytes, double min_dim, bool attention_kernel) const {

@@ -83,7 +83,9 @@ struct Calibration {
 
 class DeviceModel {
  public:
-  DeviceModel(const DeviceSpec& device, DType compute_dtype, const Calibration& calibration);
+  // rate_share: the share of the device's peak FLOP/s and memory bandwidth it gets (NodeSpec::static_core_share:
+  // CPU ranks sharing a node's cores, all busy); 1 = all of it.
+  DeviceModel(const DeviceSpec& device, DType compute_dtype, const Calibration& calibration, double rate_share = 1.0);
 
   double peak_flops() const { return peak_flops_; }
   // Fraction of peak for a GEMM whose smallest dimension is `min_dim` (0 or less: not a GEMM, returns 0).

@@ -24,6 +24,19 @@ VerifyOptions verify_options(const SearchOptions& options) {
   return v;
 }
 
+// CPU ranks sharing a machine's cores (--local-ranks: NodeSpec::shared_cores) are few and simulated in full, so
+// that the simulator shares the cores among the ranks computing at each moment (sim/simulate.h core_pool_of)
+// instead of pricing every rank at the static share as representative ranks do.
+sim::SimOptions rescore_sim_options(const ClusterSpec& cluster, const SearchOptions& options,
+                                    Clock::time_point deadline) {
+  sim::SimOptions so;
+  so.deadline = deadline;
+  so.plan_hash = false;
+  so.data_edges = options.data_edges;
+  so.full = cluster.node.shared_cores > 0;
+  return so;
+}
+
 // The simulated step time of `p`: from the compile its verification kept (SearchOptions::reuse_compiles), else
 // compiled here (simulate_step_time).
 Result<double> simulate_plan_step_time(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
@@ -31,10 +44,7 @@ Result<double> simulate_plan_step_time(const ModelSpec& model, const ClusterSpec
   if (!p->compiled) return simulate_step_time(model, cluster, train, p->strategy, options, deadline);
   TrainSpec t = train;
   t.micro_batch_size = p->strategy.mbs;
-  sim::SimOptions so;
-  so.deadline = deadline;
-  so.plan_hash = false;
-  so.data_edges = options.data_edges;
+  sim::SimOptions so = rescore_sim_options(cluster, options, deadline);
   compile::CompileResult compiled = std::move(*p->compiled);
   p->compiled.reset();
   PIPER_ASSIGN_OR_RETURN(sim::SimReport rep, sim::simulate_compiled(std::move(compiled), model, cluster, t, p->strategy,
@@ -130,10 +140,7 @@ Result<double> simulate_step_time(const ModelSpec& model, const ClusterSpec& clu
   TrainSpec t = train;
   t.micro_batch_size = strategy.mbs;
   if (options.simulator) return options.simulator(strategy, t);
-  sim::SimOptions so;
-  so.deadline = deadline;
-  so.plan_hash = false;
-  so.data_edges = options.data_edges;
+  sim::SimOptions so = rescore_sim_options(cluster, options, deadline);
   PIPER_ASSIGN_OR_RETURN(sim::SimReport rep, sim::simulate(model, cluster, t, strategy, options.calibration, so));
   return rep.step_time_s;
 }

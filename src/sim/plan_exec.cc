@@ -110,9 +110,31 @@ struct CollKeyHash {
 struct Event {
   double t = 0;
   int64_t seq = 0;
-  int kind = 0;  // 0: compute done (a = rank index, b = stream); 1: transfer done (a = op)
+  // 0: compute done (a = rank index, b = stream); 1: transfer done (a = op); 2: a core pool's next task done
+  // (a = node, version = the pool's version when scheduled; a later change made it stale).
+  int kind = 0;
   int a = 0, b = 0;
+  int64_t version = 0;
   bool operator>(const Event& o) const { return t != o.t ? t > o.t : seq > o.seq; }
+};
+
+// A compute or update instruction running on a node's shared cores: it ends when the node's work clock reaches
+// work_end (ties: start order).
+struct PoolTask {
+  double work_end = 0;
+  int64_t seq = 0;
+  int rank_index = 0, stream = 0;
+  bool operator>(const PoolTask& o) const { return work_end != o.work_end ? work_end > o.work_end : seq > o.seq; }
+};
+
+// One node's cores (SimOptions::core_pool). Every running task advances alike, so one clock of work done (in
+// priced seconds) serves them all and only the first to end needs an event.
+struct NodePool {
+  double work = 0;    // priced seconds each running task has advanced since the pool began
+  double last_s = 0;  // when `work` was brought up to date
+  int busy = 0;       // ranks of the node with a task running
+  int64_t version = 0;
+  std::priority_queue<PoolTask, std::vector<PoolTask>, std::greater<>> running;
 };
 
 class Executor {
@@ -123,7 +145,13 @@ class Executor {
         options_(options),
         templates_(std::move(templates)),
         infos_(std::move(infos)),
-        fluid_(net.link_bandwidths(), !options.reference_rates, options.due_filter) {}
+        fluid_(net.link_bandwidths(), !options.reference_rates, options.due_filter),
+        pooled_(pool_can_slow(options.core_pool)) {}
+
+  // A pool that gives every rank its priced cores even with all of its node busy changes nothing: it stays off.
+  static bool pool_can_slow(const CorePool& p) {
+    return p.cores > 0 && (p.price_cores != p.rank_cores || p.cores < p.rank_cores * p.ranks_per_node);
+  }
 
   Result<SimResult> run();
 
@@ -133,11 +161,24 @@ class Executor {
   Status advance_stream(int ri, int s);
   void complete(int ri, int s, double t);
   void start_compute(int ri, int s, double t);
+  void finish_compute(int ri, int s, double t);
+  // The core pool (SimOptions::core_pool): priced seconds a running task advances per second with `busy` running.
+  double pool_rate(int busy) const {
+    const CorePool& p = options_.core_pool;
+    return std::min(p.rank_cores, p.cores / busy) / p.price_cores;
+  }
+  void pool_advance(NodePool& p, double t) {
+    if (p.busy > 0) p.work += (t - p.last_s) * pool_rate(p.busy);
+    p.last_s = t;
+  }
+  void pool_start(int ri, int s, double duration_s, double t);
+  void pool_schedule(int node);
+  void pool_done(int node, int64_t version, double t);
   Status arrive_p2p(int ri, int s, const Instruction& in);
   Status arrive_collective(int ri, int s, const Instruction& in);
   Status start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload);
   void op_done(int op, double t);
-  void push(double t, int kind, int a, int b) { events_.push({t, seq_++, kind, a, b}); }
+  void push(double t, int kind, int a, int b, int64_t version = 0) { events_.push({t, seq_++, kind, a, b, version}); }
   // Counts a transfer of stream s's head instruction in or out of its group's tally.
   void add_group(RankState& r, int s, int delta) {
     const Instruction& in = program(r).streams[static_cast<size_t>(s)].instrs[r.streams[static_cast<size_t>(s)].pc];
@@ -170,6 +211,8 @@ class Executor {
   std::vector<std::vector<std::pair<int, int>>> ops_;  // participants (rank index, stream) per transfer
   std::vector<int> free_ops_;
   int64_t instructions_ = 0;
+  bool pooled_ = false;
+  std::vector<NodePool> pools_;  // per node, when pooled_
 };
 
 void Executor::account(RankState& r, double t) {
@@ -216,7 +259,65 @@ void Executor::start_compute(int ri, int s, double t) {
   StreamState& ss = r.streams[static_cast<size_t>(s)];
   ss.start_s = t;
   const double d = infos_[static_cast<size_t>(r.tmpl)].duration_s[static_cast<size_t>(s)][ss.pc];
-  push(t + d, 0, ri, s);
+  if (pooled_) {
+    pool_start(ri, s, d, t);
+  } else {
+    push(t + d, 0, ri, s);
+  }
+}
+
+// The engine of rank `ri` finished stream s's head instruction: the next queued one starts.
+void Executor::finish_compute(int ri, int s, double t) {
+  RankState& r = ranks_[static_cast<size_t>(ri)];
+  account(r, t);
+  r.engine_busy = false;
+  complete(ri, s, t);
+  if (!r.engine_queue.empty()) {
+    const int next = r.engine_queue.front();
+    r.engine_queue.pop_front();
+    start_compute(ri, next, t);
+  }
+}
+
+void Executor::pool_start(int ri, int s, double duration_s, double t) {
+  const int node = ranks_[static_cast<size_t>(ri)].rank / options_.core_pool.ranks_per_node;
+  NodePool& p = pools_[static_cast<size_t>(node)];
+  if (p.busy == 0) {
+    // An idle node's clock starts again from 0: a task then ends at exactly t + duration / rate (with every rank
+    // busy, its price), not after the rounding of a long-running sum.
+    p.work = 0;
+    p.last_s = t;
+  } else {
+    pool_advance(p, t);
+  }
+  p.running.push({p.work + duration_s, seq_++, ri, s});
+  ++p.busy;
+  pool_schedule(node);
+}
+
+// One event for the node's first task to end at the current rate; any earlier one is stale from now on.
+void Executor::pool_schedule(int node) {
+  NodePool& p = pools_[static_cast<size_t>(node)];
+  ++p.version;
+  if (p.running.empty()) return;
+  const double left = std::max(0.0, p.running.top().work_end - p.work);
+  push(p.last_s + left / pool_rate(p.busy), 2, node, 0, p.version);
+}
+
+void Executor::pool_done(int node, int64_t version, double t) {
+  NodePool& p = pools_[static_cast<size_t>(node)];
+  if (version != p.version) return;
+  pool_advance(p, t);
+  // The first task is due now, whatever the rounding of `work`; tasks that end at the same work end with it.
+  p.work = std::max(p.work, p.running.top().work_end);
+  std::vector<PoolTask> ended;
+  while (!p.running.empty() && p.running.top().work_end <= p.work) {
+    ended.push_back(p.running.top());
+    p.running.pop();
+    --p.busy;
+  }
+  for (const PoolTask& task : ended) finish_compute(task.rank_index, task.stream, t);
+  pool_schedule(node);
 }
 
 Status Executor::start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload) {
@@ -401,6 +502,10 @@ Result<SimResult> Executor::run() {
     index_of_rank_[static_cast<size_t>(rank)] = static_cast<int>(ranks_.size());
     ranks_.push_back(std::move(r));
   }
+  if (pooled_) {
+    const int per_node = options_.core_pool.ranks_per_node;
+    pools_.resize(static_cast<size_t>((plan_.world_size + per_node - 1) / per_node));
+  }
   for (size_t ri = 0; ri < ranks_.size(); ++ri) {
     for (size_t s = 0; s < ranks_[ri].streams.size(); ++s)
       work_.emplace_back(static_cast<int>(ri), static_cast<int>(s));
@@ -438,16 +543,10 @@ Result<SimResult> Executor::run() {
       events_.pop();
       if (e.kind == 1) {
         op_done(e.a, t);
-        continue;
-      }
-      RankState& r = ranks_[static_cast<size_t>(e.a)];
-      account(r, t);
-      r.engine_busy = false;
-      complete(e.a, e.b, t);
-      if (!r.engine_queue.empty()) {
-        const int next = r.engine_queue.front();
-        r.engine_queue.pop_front();
-        start_compute(e.a, next, t);
+      } else if (e.kind == 2) {
+        pool_done(e.a, e.version, t);
+      } else {
+        finish_compute(e.a, e.b, t);
       }
     }
   }
@@ -487,6 +586,29 @@ Result<SimResult> Executor::run() {
   return out;
 }
 
+// SimOptions::core_pool: off, or every field in range with every rank simulated.
+Status check_core_pool(const SimOptions& o) {
+  const CorePool& p = o.core_pool;
+  if (!(p.cores >= 0 && std::isfinite(p.cores))) {
+    return invalid_argument("simulate_plan: core_pool.cores = " + std::to_string(p.cores) + " must be >= 0 (0: off)");
+  }
+  if (p.cores == 0) return ok_status();
+  if (!o.full) {
+    return invalid_argument(
+        "simulate_plan: a core pool shares a node's cores among the ranks computing at each moment, so it needs "
+        "every rank simulated; set SimOptions::full (representative ranks price each rank at the static share: "
+        "leave core_pool off)");
+  }
+  if (!(p.rank_cores > 0 && p.rank_cores <= p.cores) || !(p.price_cores > 0 && std::isfinite(p.price_cores)) ||
+      p.ranks_per_node < 1) {
+    return invalid_argument("simulate_plan: core_pool needs 0 < rank_cores (" + std::to_string(p.rank_cores) +
+                            ") <= cores (" + std::to_string(p.cores) + "), price_cores > 0 (" +
+                            std::to_string(p.price_cores) + ") and ranks_per_node >= 1 (" +
+                            std::to_string(p.ranks_per_node) + ")");
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 Result<SimResult> simulate_plan(const compile::Plan& plan, const Network& net,
@@ -497,6 +619,7 @@ Result<SimResult> simulate_plan(const compile::Plan& plan, const Network& net,
     return invalid_argument("simulate_plan: world_size " + std::to_string(plan.world_size) +
                             " is not pp*dp*tp = " + std::to_string(plan.mesh.pp * plan.mesh.dp * plan.mesh.tp));
   }
+  PIPER_RETURN_IF_ERROR(check_core_pool(options));
   PIPER_ASSIGN_OR_RETURN(CommTemplates templates, CommTemplates::create(net, plan, !options.full));
   templates.set_reuse_slices(options.reuse_slice_templates);
   templates.set_halo_model(options.halo);

@@ -17,6 +17,16 @@
 // load the links with the aggregate flows of every rank of the slice (comm_templates.h). Exact on symmetric
 // clusters; full = true simulates every rank (tests compare both on small meshes).
 //
+// CPU ranks sharing cores (SimOptions::core_pool, off by default): the ranks of a node share pool.cores cores. A
+// compute or update instruction is priced (TaskTimeFn) at pool.price_cores cores; while `busy` ranks of its node
+// have one running, each runs on min(pool.rank_cores, pool.cores / busy) cores (processor sharing: a rank waiting
+// in a bubble or on a transfer leaves its cores to the others), so its work advances at that many cores over
+// price_cores times wall-clock speed. Exact: a node keeps a virtual clock of work done per running task (all of its
+// running tasks advance alike) and one completion event, moved whenever busy changes (stale events carry an old
+// version and are dropped); a change costs O(log tasks running on the node). It needs every rank of a node
+// simulated (full = true; simulate_plan refuses representative ranks with a pool), and a pool that can never slow
+// a rank (pool.cores >= rank_cores * ranks_per_node and price_cores = rank_cores) is off, to the bit.
+//
 // Accounting per simulated rank, over the step [0, step_time_s]: busy = compute engine running; exposed_comm = engine
 // idle while a transfer of the rank is in flight; bubble = the rest (idle, nothing of its own on the wire, including
 // waiting at a rendezvous for a peer that is late and the tail after the rank finished). busy + exposed_comm +
@@ -37,6 +47,14 @@
 #include "piper/sim/task_time.h"
 
 namespace piper::sim {
+
+// Cores shared by the CPU ranks of a node (ClusterSpec NodeSpec::shared_cores; simulate_compiled fills it).
+struct CorePool {
+  double cores = 0;        // C: cores of one node, shared by its ranks; 0 = off (every rank computes alone)
+  double rank_cores = 1;   // T: cores one rank's kernels use when it computes alone, in (0, cores]
+  double price_cores = 1;  // cores a TaskTimeFn price stands for (rank_cores: the rank alone), > 0
+  int ranks_per_node = 1;  // consecutive global ranks per node (ClusterSpec::node.devices_per_node)
+};
 
 struct SimOptions {
   bool full = false;             // simulate every rank instead of one per pipeline rank
@@ -75,6 +93,8 @@ struct SimOptions {
   // The MoE routing behind a2a=halo templates (comm_templates.h); simulate() and simulate_compiled() fill it from
   // the model and train spec (halo_sim_model in simulate.h). A plan with a HALO all_to_all needs it.
   HaloSimModel halo;
+  // CPU ranks sharing their node's cores (processor sharing, above); off by default. Needs full = true.
+  CorePool core_pool;
 };
 
 using compile::InstrSpan;     // compile/timeline.h: the measured timeline's type too

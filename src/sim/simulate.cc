@@ -40,6 +40,17 @@ void summarise(SimReport& rep, const cost::CostModel& cm, const ClusterSpec& clu
 
 }  // namespace
 
+CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options) {
+  CorePool pool;
+  if (!(cluster.node.shared_cores > 0) || !options.full) return pool;
+  pool.cores = cluster.node.shared_cores;
+  pool.rank_cores = cluster.node.device_cores;
+  // The cost model prices every task at the static share (cost::CostModel, NodeSpec::static_core_share).
+  pool.price_cores = cluster.node.device_cores * cluster.node.static_core_share();
+  pool.ranks_per_node = cluster.node.devices_per_node;
+  return pool;
+}
+
 HaloSimModel halo_sim_model(const ModelSpec& model, const TrainSpec& train) {
   HaloSimModel h;
   if (!model.is_moe()) return h;
@@ -63,6 +74,7 @@ Result<SimReport> simulate_compiled(compile::CompileResult compiled, const Model
   rep.compiled = std::move(compiled);
   SimOptions run = options;
   if (run.halo.routing.top_k < 1) run.halo = halo_sim_model(model, train);
+  run.core_pool = core_pool_of(cluster, options);
   auto t0 = std::chrono::steady_clock::now();
   PIPER_ASSIGN_OR_RETURN(rep.sim, simulate_plan(rep.compiled.plan, net, task_time, run));
   rep.simulate_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

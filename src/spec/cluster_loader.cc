@@ -70,6 +70,8 @@ Status read_node(const Json& json, NodeSpec* n) {
     n->nics.push_back(nic);
   }
   PIPER_RETURN_IF_ERROR(r.get_double("nic_latency_s", &n->nic_latency_s, !n->nics.empty(), 0));
+  PIPER_RETURN_IF_ERROR(r.get_double("shared_cores", &n->shared_cores, false, 0));
+  PIPER_RETURN_IF_ERROR(r.get_double("device_cores", &n->device_cores, false, 0));
   return r.check_no_unknown_keys();
 }
 
@@ -159,6 +161,10 @@ OrderedJson to_json(const ClusterSpec& c) {
     node["nics"].push_back({{"bw_bytes_per_s", nic.bw_bytes_per_s}, {"near_devices", nic.near_devices}});
   }
   node["nic_latency_s"] = c.node.nic_latency_s;
+  if (c.node.shared_cores > 0) {
+    node["shared_cores"] = c.node.shared_cores;
+    node["device_cores"] = c.node.device_cores;
+  }
   j["node"] = node;
   if (c.scale_up.nodes_per_domain > 1) {
     j["scale_up"] = {{"name", c.scale_up.name}, {"nodes_per_domain", c.scale_up.nodes_per_domain}};

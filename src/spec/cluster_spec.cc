@@ -1,5 +1,6 @@
 #include "piper/spec/cluster_spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -31,6 +32,19 @@ Status non_negative(const std::string& field, double value, double max_value, co
 constexpr const char* kFlopsWhy = "FLOP/s per device; B200's fp8 dense peak is 4.5e15";
 constexpr const char* kBwWhy = "bytes/s; HBM3e gives 8e12, NVLink 5 9e11 per direction";
 constexpr const char* kLatencyWhy = "seconds per message; links take 1e-6..1e-5";
+
+// node.shared_cores (0: off) and, with it, node.device_cores in (0, shared_cores].
+Status validate_shared_cores(const NodeSpec& node) {
+  PIPER_RETURN_IF_ERROR(non_negative("node.shared_cores", node.shared_cores, kMaxSharedCores,
+                                     "cores the node's CPU ranks share; 0 = devices that do not share"));
+  if (node.shared_cores == 0) return ok_status();
+  if (!(std::isfinite(node.device_cores) && node.device_cores > 0 && node.device_cores <= node.shared_cores)) {
+    return invalid_argument("cluster.node.device_cores: " + num(node.device_cores) + " is out of range; allowed (0, " +
+                            num(node.shared_cores) +
+                            "] (the cores one rank's kernels use alone, at most node.shared_cores)");
+  }
+  return ok_status();
+}
 
 Status validate_counts(const ClusterSpec& c) {
   const int n = c.node.devices_per_node;
@@ -145,6 +159,11 @@ double DeviceSpec::peak_flops(DType d) const {
   return 0;
 }
 
+double NodeSpec::static_core_share() const {
+  if (!(shared_cores > 0)) return 1.0;
+  return std::min(1.0, shared_cores / (device_cores * static_cast<double>(devices_per_node)));
+}
+
 double NodeSpec::pair_bw(int a, int b) const {
   if (pair_bw_bytes_per_s.empty()) return intra.bw_bytes_per_s;
   return pair_bw_bytes_per_s[a][b];
@@ -212,6 +231,7 @@ Status ClusterSpec::validate() const {
     }
   }
   PIPER_RETURN_IF_ERROR(non_negative("node.nic_latency_s", node.nic_latency_s, kMaxLatency, kLatencyWhy));
+  PIPER_RETURN_IF_ERROR(validate_shared_cores(node));
   for (const auto& [field, taper] : {std::pair{"intra_group_taper", fabric.intra_group_taper},
                                      std::pair{"inter_group_taper", fabric.inter_group_taper}}) {
     if (!(taper >= 1 && taper <= kMaxTaper)) {

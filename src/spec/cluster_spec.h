@@ -51,7 +51,20 @@ struct NodeSpec {
   std::vector<std::vector<double>> pair_bw_bytes_per_s;
   std::vector<NicSpec> nics;
   double nic_latency_s = 0;  // one inter-node hop, software + wire
+  // CPU nodes, whose devices are ranks (processes) sharing the node's cores: shared_cores = C cores serve all of
+  // the node's devices (0, the default and every GPU cluster: each device computes alone at its own peak), and
+  // device_cores = T, in (0, C], the cores one device's kernels use when it computes alone, whose throughput its
+  // DeviceSpec peak FLOP/s and memory bandwidth describe. The simulator shares the C cores among the devices
+  // computing at each moment (processor sharing, sim/plan_exec.h SimOptions::core_pool): a device computes at
+  // min(1, C / (T busy)) of its peak while `busy` devices of its node compute. The closed form (cost::CostModel)
+  // cannot follow who computes when; it prices every device at static_core_share() of its peak, the share with all
+  // of the node's devices busy. `piper train` and `plan --local-ranks` set both (cli/train_report.h local_cluster);
+  // a cluster file may give them as node.shared_cores and node.device_cores (docs/cluster_schema.md).
+  double shared_cores = 0;
+  double device_cores = 1;
 
+  // min(1, shared_cores / (device_cores * devices_per_node)); exactly 1 without shared cores.
+  double static_core_share() const;
   double pair_bw(int a, int b) const;         // bandwidth between two local devices
   double nic_bw_total() const;                // sum over NICs
   int nic_of_device(int local_device) const;  // index of the NIC nearest to a device (round-robin if unspecified)

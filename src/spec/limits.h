@@ -52,6 +52,7 @@ inline constexpr int64_t kMaxMemoryBytes = int64_t{1} << 50;  // 1 PiB per devic
 inline constexpr double kMaxBandwidth = 1e15;                 // bytes/s per link or device memory; HBM3e: 8e12
 inline constexpr double kMaxLatency = 1.0;                    // seconds per message; published: ~1e-6..1e-5
 inline constexpr double kMaxTaper = 1e3;                      // oversubscription; published: 1..4
+inline constexpr double kMaxSharedCores = 1 << 16;            // cores of one CPU node; the largest boxes: ~2,000
 // --- strategy and directives ---
 inline constexpr int64_t kMaxMicrobatches = 1 << 16;     // per step; published: <= 512 (GPT-1T on 3,072 GPUs)
 inline constexpr int64_t kMaxVpp = 1024;                 // virtual stages per pipeline rank (layers bound it too)

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -117,6 +118,14 @@ TEST(CliTrainReport, ThePredictionSimulatesThePlanTheRanksRan) {
     EXPECT_EQ(ran.size(), 16u) << ran;
     EXPECT_EQ(j["predicted_vs_measured"]["simulated_plan_hash"], ran) << strategy;
     EXPECT_GT(j["predicted_vs_measured"]["simulated_step_time_s"].get<double>(), 0) << strategy;
+    // The ranks share the machine's cores (train_report.h local_cluster): one computing alone gets
+    // rank_cores = min(threads, cores) of them; the closed form prices the share with both busy.
+    const auto& p = j["predicted_vs_measured"];
+    const double cores = p["cores"], rank_cores = p["rank_cores"];
+    EXPECT_GE(cores, 1.0);
+    EXPECT_GT(rank_cores, 0.0);
+    EXPECT_LE(rank_cores, cores);
+    EXPECT_DOUBLE_EQ(p["cores_per_rank"].get<double>(), std::min(rank_cores, cores / 2)) << strategy;
   }
 }
 

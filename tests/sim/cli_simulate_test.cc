@@ -113,6 +113,38 @@ TEST(CliSimulateTest, CommCalibrationFileSlowsTheLinks) {
   EXPECT_NE(bad.find("/nonexistent/comm.json"), std::string::npos) << bad;
 }
 
+// A cluster file whose node shares its cores among CPU ranks (node.shared_cores: 4 ranks of one core on 2 cores,
+// as `piper train --ranks 4` on the build machine): `--full` shares the cores among the ranks computing at each
+// moment, so a pipeline, whose ranks wait in bubbles, runs faster than at the static share that representative
+// ranks and the closed form price; data parallelism, whose ranks compute together, does not move.
+TEST(CliSimulateTest, SharedCoresSpeedUpAPipelineWhenEveryRankIsSimulated) {
+  const std::string path = std::string(PIPER_BINARY_DIR) + "/cli_simulate_test_shared_cores.json";
+  int rc = 0;
+  piper::Json c = piper::Json::parse(run("info --cluster local-cpu --json", &rc))["cluster"];
+  ASSERT_EQ(rc, 0);
+  for (const char* derived : {"domain", "num_nodes", "world_size"}) c.erase(derived);  // info's, not the file's
+  c["name"] = "cpu-shared";
+  c["node"]["devices_per_node"] = 4;
+  c["node"]["shared_cores"] = 2;
+  c["node"]["device_cores"] = 1;
+  FILE* f = std::fopen(path.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs(c.dump().c_str(), f);
+  std::fclose(f);
+  const std::string scenario = "simulate --model tiny-moe --cluster " + path + " --nodes 1 --seq 128 --json";
+  auto step = [&](const std::string& strategy, bool full) {
+    std::string out = run(scenario + " --strategy " + strategy + (full ? " --full" : ""), &rc);
+    EXPECT_EQ(rc, 0) << out;
+    auto j = piper::Json::parse(out);
+    EXPECT_EQ(j["representative"].get<bool>(), !full);
+    return j["step_time_s"].get<double>();
+  };
+  const std::string pipeline = "pp=4,schedule=1f1b,microbatches=8,mbs=2";
+  EXPECT_LT(step(pipeline, true), 0.85 * step(pipeline, false));
+  const std::string data_parallel = "dp=4,zero=1,microbatches=1,mbs=4";
+  EXPECT_NEAR(step(data_parallel, true), step(data_parallel, false), 1e-9 * step(data_parallel, false));
+}
+
 }  // namespace
 
 namespace {

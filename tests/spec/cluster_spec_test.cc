@@ -82,6 +82,38 @@ TEST(ClusterSpecTest, UnknownPresetAndBadFields) {
   EXPECT_FALSE(cluster_from_json(j, 1, "t").ok());
 }
 
+// node.shared_cores / node.device_cores: CPU ranks sharing a node's cores (cluster_spec.h). Read, written back,
+// range-checked, and the closed form's static share.
+TEST(ClusterSpecTest, SharedCores) {
+  ClusterSpec c = load_cluster("local-cpu", 1).value();
+  EXPECT_EQ(c.node.shared_cores, 0);
+  EXPECT_EQ(c.node.static_core_share(), 1.0);
+  EXPECT_FALSE(to_json(c)["node"].contains("shared_cores"));
+  Json j = Json::parse(to_json(c).dump());
+  j["node"]["devices_per_node"] = 4;
+  j["node"]["shared_cores"] = 2;
+  j["node"]["device_cores"] = 1;
+  auto r = cluster_from_json(j, 1, "t");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->node.shared_cores, 2);
+  EXPECT_EQ(r->node.device_cores, 1);
+  EXPECT_EQ(r->node.static_core_share(), 0.5);  // 4 ranks of 1 core on 2 cores, all busy
+  EXPECT_EQ(to_json(*r)["node"]["shared_cores"], 2.0);
+  r->node.device_cores = 2;
+  EXPECT_EQ(r->node.static_core_share(), 0.25);
+  r->node.devices_per_node = 1;
+  EXPECT_EQ(r->node.static_core_share(), 1.0);  // one rank of 2 threads on 2 cores
+  j["node"]["device_cores"] = 3;
+  r = cluster_from_json(j, 1, "t");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("cluster.node.device_cores: 3 is out of range; allowed (0, 2]"),
+            std::string::npos)
+      << r.status().message();
+  j["node"]["device_cores"] = 1;
+  j["node"]["shared_cores"] = -1;
+  EXPECT_FALSE(cluster_from_json(j, 1, "t").ok());
+}
+
 TEST(ClusterSpecTest, Dtypes) {
   EXPECT_EQ(dtype_bytes(DType::kBF16), 2);
   EXPECT_EQ(dtype_bytes(DType::kFP32), 4);
