@@ -1,0 +1,48 @@
+#!/usr/bin/env python3
+"""Measured vs predicted step time of two piper binaries on issue 27's five 4-rank strategies (tiny-moe, 10 steps,
+global batch 16, seq 128): for each strategy it trains with BEFORE and then with AFTER and prints a markdown row of
+rank 0's measured mean step (the mean of the two runs, and each), each binary's simulated step and the ratio, the
+closed form (asserted equal in both) and the 1-minute load average before each run (docs/calibration.md).
+Usage (from the repository root, after `. scripts/env.sh`; set PIPER_CALIBRATION the same for both):
+  scripts/predicted-vs-measured.py BEFORE_PIPER AFTER_PIPER"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+STRATEGIES = ["dp=4,zero=1,microbatches=1,mbs=4", "dp=2,pp=2,schedule=1f1b,microbatches=4,mbs=2",
+              "pp=4,schedule=1f1b,microbatches=8,mbs=2", "dp=4,ep=4,microbatches=1,mbs=4",
+              "dp=2,tp=2,sp=1,microbatches=2,mbs=4"]
+
+
+def run(binary, strategy):
+    load = os.getloadavg()[0]
+    out = subprocess.run([binary, "train", "--model", "tiny-moe", "--ranks", "4", "--steps", "10", "--global-batch",
+                          "16", "--seq", "128", "--strategy", strategy, "--json"], capture_output=True, text=True)
+    if out.returncode != 0:
+        sys.exit("%s failed on %s: %s" % (binary, strategy, out.stdout + out.stderr))
+    p = json.loads(out.stdout)["predicted_vs_measured"]
+    return load, p["ranks"][0]["measured"]["step_time_s"], p["simulated_step_time_s"], p["resource_model_step_time_s"]
+
+
+def main():
+    if len(sys.argv) != 3:
+        sys.exit(__doc__)
+    before, after = sys.argv[1:]
+    print(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load", os.getloadavg())
+    print("| strategy | measured (before / after run) | simulated before | x | simulated after | x | closed form | load |")
+    print("|---|---|---|---|---|---|---|---|")
+    for s in STRATEGIES:
+        lb, mb, sb, cb = run(before, s)
+        la, ma, sa, ca = run(after, s)
+        if abs(cb - ca) > 1e-9 * cb:
+            print("(closed form differs: %.6f s before, %.6f s after)" % (cb, ca))
+        m = (mb + ma) / 2
+        print("| %s | %.0f ms (%.0f / %.0f) | %.0f ms | %.2f | %.0f ms | %.2f | %.0f ms | %.1f / %.1f |" %
+              (s, 1e3 * m, 1e3 * mb, 1e3 * ma, 1e3 * sb, m / sb, 1e3 * sa, m / sa, 1e3 * ca, lb, la), flush=True)
+    print(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load", os.getloadavg())
+
+
+if __name__ == "__main__":
+    main()
