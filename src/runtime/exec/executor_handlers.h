@@ -220,6 +220,8 @@ class TensorParallel final : public Handler {
   Result<std::shared_ptr<const Tensor>> take_input(const Task& t);
   std::unique_ptr<comm::Communicator> vocab_;  // the tp group for the split head's statistics (its own context)
   Status gather_over_vocab(const float* mine, float* all, int64_t count);
+  template <typename T>
+  Result<std::vector<T>> gather_small(comm::Communicator& c, const T* mine, int64_t count, const std::string& what);
 
   // tp_overlap (executor_tp_overlap.cc).
   Status resolve_collective_piece(const compile::Instruction& in, Task* t);

@@ -133,15 +133,24 @@ Status TensorParallel::run(const Task& t) {
   return ok_status();
 }
 
-Status TensorParallel::gather_over_vocab(const float* mine, float* all, int64_t count) {
-  // Own buffers: a gather abandoned by a failed step must not write into the chunk's.
-  auto buf = std::make_shared<std::vector<float>>(mine, mine + count);
-  auto out = std::make_shared<std::vector<float>>(static_cast<size_t>(count * size_));
+// Every tensor rank's `count` values of `mine`, in rank order, over `c` (a small exchange beside the plan's).
+template <typename T>
+Result<std::vector<T>> TensorParallel::gather_small(comm::Communicator& c, const T* mine, int64_t count,
+                                                    const std::string& what) {
+  // Own buffers: a gather abandoned by a failed step must not write into the caller's.
+  auto buf = std::make_shared<std::vector<T>>(mine, mine + count);
+  auto all = std::make_shared<std::vector<T>>(static_cast<size_t>(count * size_));
   PIPER_ASSIGN_OR_RETURN(comm::Handle h,
-                         vocab_->all_gather(buf->data(), out->data(), static_cast<size_t>(count) * sizeof(float)));
-  std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(buf), decltype(out)>>(buf, out);
-  PIPER_RETURN_IF_ERROR(core_.wait_comm(*vocab_, h, keep, "cross-entropy statistics exchange over tp (split head)"));
-  std::copy(out->begin(), out->end(), all);
+                         c.all_gather(buf->data(), all->data(), static_cast<size_t>(count) * sizeof(T)));
+  std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(buf), decltype(all)>>(buf, all);
+  PIPER_RETURN_IF_ERROR(core_.wait_comm(c, h, keep, what));
+  return *all;
+}
+
+Status TensorParallel::gather_over_vocab(const float* mine, float* all, int64_t count) {
+  PIPER_ASSIGN_OR_RETURN(std::vector<float> out,
+                         gather_small(*vocab_, mine, count, "cross-entropy statistics exchange over tp (split head)"));
+  std::copy(out.begin(), out.end(), all);
   return ok_status();
 }
 
@@ -160,15 +169,11 @@ Status TensorParallel::context(const Task& t, StepContext* ctx, Microbatch* mb) 
   }
   ctx->token_shards = size_;
   ctx->sum_over_shards = [this](double* values, int64_t count) -> Status {
-    auto buf = std::make_shared<std::vector<double>>(values, values + count);
-    auto all = std::make_shared<std::vector<double>>(static_cast<size_t>(count * size_));
-    PIPER_ASSIGN_OR_RETURN(comm::Handle h,
-                           sync_->all_gather(buf->data(), all->data(), static_cast<size_t>(count) * sizeof(double)));
-    std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(buf), decltype(all)>>(buf, all);
-    PIPER_RETURN_IF_ERROR(core_.wait_comm(*sync_, h, keep, "router statistics exchange over tp"));
+    PIPER_ASSIGN_OR_RETURN(std::vector<double> all,
+                           gather_small(*sync_, values, count, "router statistics exchange over tp"));
     for (int64_t i = 0; i < count; ++i) {
       double sum = 0;
-      for (int r = 0; r < size_; ++r) sum += (*all)[static_cast<size_t>(r * count + i)];  // rank order
+      for (int r = 0; r < size_; ++r) sum += all[static_cast<size_t>(r * count + i)];  // rank order
       values[i] = sum;
     }
     return ok_status();
