@@ -54,6 +54,7 @@ struct PlanOptions {
   bool no_verify_cache = false;
   bool no_closed_form_memo = false;
   bool compile_data_edges = false;
+  bool no_rescore_bound = false;
   int verify_attempts = 3;
   int simulate_top = -1;  // -1: not given (as many as --top)
   int local_search = kPlanLocalSearchSteps;
@@ -135,10 +136,11 @@ void print_plans(const ModelSpec& model, const ClusterSpec& cluster, const Train
   if (st.simulated > 0) {
     std::printf(
         "simulate  %lld simulated (%lld failed, %lld stopped by the budget), local search %lld tried / %lld "
-        "improved, %s%s\n",
+        "improved / %lld ruled out by the bound (simulated/closed form >= %.3f), %s%s\n",
         static_cast<long long>(st.simulated - st.simulate_stopped), static_cast<long long>(st.simulate_failed),
         static_cast<long long>(st.simulate_stopped), static_cast<long long>(st.local_search_tried),
-        static_cast<long long>(st.local_search_improved), format_seconds(st.simulate_time_s).c_str(),
+        static_cast<long long>(st.local_search_improved), static_cast<long long>(st.local_search_ruled_out),
+        st.sim_ratio_min, format_seconds(st.simulate_time_s).c_str(),
         st.simulate_budget_hit ? " (stopped by --sim-budget-s)" : "");
   }
   std::printf("rejected by rule:\n");
@@ -449,6 +451,7 @@ Status run_plan(const PlanOptions& o) {
   options.simulate_top = o.simulate_top < 0 ? o.top_k : o.simulate_top;
   options.local_search_steps = o.local_search;
   options.simulate_budget_s = o.sim_budget_s;
+  options.rescore_bound = !o.no_rescore_bound;
   // Progress on stderr (stdout keeps the table or the JSON object) once the command has run for a second.
   const auto started = std::chrono::steady_clock::now();
   options.progress = [started](const std::string& line) {
@@ -550,6 +553,10 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
   add_real_option(sub, "--sim-budget-s", &o->sim_budget_s, {0, 86400, false, "seconds, at most a day"},
                   "re-scoring time limit: no simulation starts, and running ones stop, after this many seconds")
       ->capture_default_str();
+  sub->add_flag("--no-rescore-bound", o->no_rescore_bound,
+                "simulate every fitting local-search neighbour until --local-search or --sim-budget-s runs out, also "
+                "those whose closed form times the smallest simulated/closed-form ratio cannot beat the best (the "
+                "former path)");
   sub->add_flag("--disaggregate", o->disaggregate,
                 "allocate GPUs and NICs to disaggregated attention and FFN groups (af-pipe; roofline + MILP)");
   sub->add_option("--af-placement", o->af_placement,

@@ -54,7 +54,9 @@ Json SearchStats::to_json() const {
               {"simulate_time_s", simulate_time_s},
               {"simulate_budget_hit", simulate_budget_hit},
               {"local_search_tried", local_search_tried},
-              {"local_search_improved", local_search_improved}};
+              {"local_search_improved", local_search_improved},
+              {"local_search_ruled_out", local_search_ruled_out},
+              {"sim_ratio_min", sim_ratio_min}};
 }
 
 }  // namespace piper::planner

@@ -8,6 +8,7 @@
 #include "piper/base/units.h"
 #include "piper/planner/domain.h"
 #include "piper/planner/rescore.h"
+#include "piper/sim/simulate.h"
 
 namespace piper::planner {
 namespace {
@@ -289,8 +290,7 @@ void verify_plans(const ModelSpec& model, const TrainSpec& train, const SearchOp
         vo.max_full_compile_s = options.simulate_budget_s;
         if (options.verifier) {
           p.verification = options.verifier(s, t);
-        } else if (i < keep_compiles &&
-                   s.order_without_unit_axes(s.order) == s.order_without_unit_axes(Strategy{}.order)) {
+        } else if (i < keep_compiles && sim::check_simulated_order(s).ok()) {
           p.verification = verify_strategy_for_simulation(model, cluster, t, s, options.calibration, capacity,
                                                           &p.compiled, vo, options.verify_cache ? &cache : nullptr);
         } else if (options.verify_cache) {

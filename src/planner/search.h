@@ -90,6 +90,10 @@ struct SearchOptions {
   int simulate_top = 0;
   int local_search_steps = 0;
   double simulate_budget_s = 60;
+  // The local search simulates only neighbours that may beat the best simulated step time by rescore.h's
+  // SimRatioBound, and stops when none may. false: every fitting neighbour until local_search_steps or the budget
+  // runs out (the former path, `--no-rescore-bound`).
+  bool rescore_bound = true;
   // Compile plans for verification and re-scoring with Instruction::inputs/outputs (CompileOptions::data_edges),
   // which neither the verifier nor the simulator reads. false (default): cheaper compiles, the same verdicts, peaks
   // and step times; true: the former path (`--compile-data-edges`).
@@ -117,6 +121,10 @@ struct SearchStats {
   int64_t simulated = 0, simulate_failed = 0;  // simulator runs (re-scoring and local search together)
   int64_t simulate_stopped = 0;  // runs stopped at the budget's deadline (not failures; counted in `simulated`)
   int64_t local_search_tried = 0, local_search_improved = 0;
+  // Neighbours not simulated because the bound says they cannot beat the best (SearchOptions::rescore_bound),
+  // and the bound's smallest simulated / closed-form ratio (0: no plan simulated).
+  int64_t local_search_ruled_out = 0;
+  double sim_ratio_min = 0;
   double simulate_time_s = 0;
   bool simulate_budget_hit = false;  // some planned simulation did not start, or was stopped, by simulate_budget_s
   int64_t rejected_total() const;

@@ -117,16 +117,20 @@ Result<compile::CompileResult> compile_for_simulation(const ModelSpec& model, co
   return compile::compile_strategy(model, train, strategy, copts);
 }
 
-Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train_in,
-                           const Strategy& strategy, const cost::Calibration& calibration, const SimOptions& options) {
+Status check_simulated_order(const Strategy& strategy) {
   // The compiler lays global ranks out tp innermost, then ep inside dp, then pp (compile/lower.cc, Plan::rank_of),
-  // and the simulator's groups and representative ranks follow that layout; an order that differs from it only
-  // in where size-1 axes sit is the same layout.
+  // and the simulator's groups and representative ranks follow that layout.
   if (strategy.order_without_unit_axes(strategy.order) != strategy.order_without_unit_axes(Strategy{}.order)) {
     return invalid_argument("simulate: order=" + join(strategy.order, "-") +
                             " is priced by the closed form only (piper estimate): the compiler lays ranks out "
                             "tp-ep-dp-pp and the simulator executes that layout; drop order= to simulate it");
   }
+  return ok_status();
+}
+
+Result<SimReport> simulate(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train_in,
+                           const Strategy& strategy, const cost::Calibration& calibration, const SimOptions& options) {
+  PIPER_RETURN_IF_ERROR(check_simulated_order(strategy));
   TrainSpec train = train_in;
   train.micro_batch_size = strategy.mbs;
   PIPER_RETURN_IF_ERROR(cost::CostModel::create(model, cluster, train, calibration).status());

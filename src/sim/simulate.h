@@ -59,6 +59,12 @@ HaloSimModel halo_sim_model(const ModelSpec& model, const TrainSpec& train);
 // simulate_compiled() sets SimOptions::core_pool from it, whatever the caller put there.
 CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options);
 
+// OK when the simulator can execute the strategy's mesh order: the compiler lays global ranks out tp innermost,
+// then ep inside dp, then pp, and an order that differs from that only in where size-1 axes sit is the same layout;
+// otherwise the error simulate() returns (such an order is priced by the closed form only). No compile: callers
+// (planner/rescore.cc) use it to skip such plans before they take a simulation slot.
+Status check_simulated_order(const Strategy& strategy);
+
 // `train.micro_batch_size` is taken from the strategy (mbs); train.global_batch 0 means dp * microbatches * mbs.
 // Compiles the strategy for compile::megatron_target() with this cluster's cost annotations, then
 // simulate_compiled().

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -89,6 +90,9 @@ TEST(RescoreTest, LocalSearchFindsTheFasterNeighbour) {
   o.verify = true;  // with the fake verifier below
   o.simulate_top = 1;
   o.local_search_steps = 40;
+  // The fake's ratios of simulated to closed-form step time break the stopping rule's assumption (rescore.h
+  // SimRatioBound): a plan twice as fast as the closed form says. Walk without the bound.
+  o.rescore_bound = false;
   SearchOptions closed_form = o;
   closed_form.simulate_top = 0;
   closed_form.local_search_steps = 0;
@@ -145,6 +149,168 @@ TEST(RescoreTest, RealSimulatorOnTinyMoe) {
   EXPECT_TRUE(j["simulated"].get<bool>());
   EXPECT_GT(j["simulated_step_time_s"].get<double>(), 0);
   EXPECT_GE(r->stats.to_json()["simulated"].get<int64_t>(), 3);
+}
+
+TEST(SimRatioBoundTest, SmallestRatioTimesTheClosedForm) {
+  SimRatioBound b;
+  EXPECT_FALSE(b.known());
+  EXPECT_EQ(b.lower_bound_s(10.0), 0.0);  // nothing observed: nothing is ruled out
+  EXPECT_TRUE(b.may_beat(1e9, 1e-9));
+  b.observe(2.0, 3.0);  // 1.5
+  b.observe(4.0, 8.0);  // 2.0
+  b.observe(0.0, 5.0);  // no closed form: ignored
+  b.observe(3.0, -1.0);
+  ASSERT_TRUE(b.known());
+  EXPECT_DOUBLE_EQ(b.min_ratio(), 1.5);
+  EXPECT_DOUBLE_EQ(b.lower_bound_s(10.0), 15.0);
+  EXPECT_TRUE(b.may_beat(9.99, 15.0));
+  EXPECT_FALSE(b.may_beat(10.0, 15.0));  // a tie cannot beat the best
+  b.observe(10.0, 12.0);  // 1.2: the bound only ever loosens
+  EXPECT_DOUBLE_EQ(b.min_ratio(), 1.2);
+}
+
+// The closed form of every neighbour of `s` that the local search would simulate (validates, fits), by strategy.
+std::map<std::string, double> fitting_neighbour_closed_forms(const Case& c, const Strategy& s,
+                                                             const SearchOptions& o) {
+  std::map<std::string, double> out;
+  for (const Strategy& n : neighbours(s)) {
+    TrainSpec t = c.train;
+    t.micro_batch_size = n.mbs;
+    if (!n.validate_for(c.model, t, c.cluster.world_size()).ok()) continue;
+    auto cm = cost::CostModel::create(c.model, c.cluster, t, o.calibration);
+    PIPER_CHECK(cm.ok(), "tiny-moe's cost model");
+    auto e = cm->estimate(n);
+    if (!e.ok() || !e->fits || e->memory.total() > o.memory_fraction * c.cluster.device.memory_bytes) continue;
+    out[n.to_string()] = e->step_time_s;
+  }
+  return out;
+}
+
+// A simulator that is the closed form times 1.5 for every plan: the bound is exact, so no neighbour whose closed
+// form is not below the best's is simulated, and the answer is the one found without the bound.
+TEST(RescoreTest, BoundStopsTheLocalSearchWhenNoNeighbourCanWin) {
+  Case c = tiny_moe();
+  SearchOptions o;
+  o.top_k = 3;
+  o.verify = false;
+  o.simulate_top = 2;
+  o.local_search_steps = 40;
+  o.simulator = [&](const Strategy& s, const TrainSpec& t) -> Result<double> {
+    PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(c.model, c.cluster, t, o.calibration));
+    PIPER_ASSIGN_OR_RETURN(cost::Estimate e, cm.estimate(s));
+    return 1.5 * e.step_time_s;
+  };
+  auto on = search(c.model, c.cluster, c.train, o);
+  o.rescore_bound = false;
+  auto off = search(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(on.ok() && off.ok());
+  ASSERT_FALSE(on->top.empty());
+  const Plan& best = on->top.front();
+  EXPECT_DOUBLE_EQ(on->stats.sim_ratio_min, 1.5);
+  int below = 0;  // neighbours the exact bound lets through
+  for (const auto& [name, closed] : fitting_neighbour_closed_forms(c, best.strategy, o)) {
+    below += 1.5 * closed < best.sim_step_time_s ? 1 : 0;
+  }
+  EXPECT_EQ(on->stats.local_search_tried, below);
+  EXPECT_GE(on->stats.local_search_ruled_out, 1);
+  EXPECT_GT(off->stats.local_search_tried, on->stats.local_search_tried);
+  EXPECT_EQ(off->stats.local_search_ruled_out, 0);
+  EXPECT_EQ(on->top.front().strategy, off->top.front().strategy);
+  EXPECT_EQ(on->top.front().sim_step_time_s, off->top.front().sim_step_time_s);
+  EXPECT_EQ(on->stats.to_json()["local_search_ruled_out"].get<int64_t>(), on->stats.local_search_ruled_out);
+}
+
+// Where a plan that the closed form ranks later wins: the top plans' ratios are 1 (b) and above (a); the
+// neighbour of `a` with the second-slowest closed form simulates at its closed form (ratio 1 = the bound's) and
+// beats `a`: it is simulated and becomes #1. The slowest neighbour cannot beat `a` by the bound and is not
+// simulated; while its ratio is >= 1 that loses nothing, and one that breaks the assumption (ratio < 0.5,
+// BoundDropsOnlyAPlanThatBreaksItsAssumption) is the documented limit: only --no-rescore-bound finds it.
+struct LaterWinner {
+  Case c = tiny_moe();
+  SearchOptions o;
+  Strategy a, slowest, winner;
+  double best_s = 0;
+  std::map<std::string, double> sim;
+  double slow_s = 0;  // every other plan
+
+  LaterWinner() {
+    o.top_k = 3;
+    o.verify = false;
+    auto closed = search(c.model, c.cluster, c.train, o);
+    PIPER_CHECK(closed.ok() && !closed->top.empty(), "tiny-moe plans");
+    a = closed->top.front().strategy;
+    const double c_a = closed->top.front().estimate.step_time_s;
+    std::vector<std::pair<double, std::string>> by_closed;
+    for (const auto& [name, cf] : fitting_neighbour_closed_forms(c, a, o)) by_closed.push_back({cf, name});
+    std::sort(by_closed.begin(), by_closed.end());
+    PIPER_CHECK(!by_closed.empty(), "tiny-moe's best plan has fitting neighbours");
+    const auto [c_k, k] = by_closed.back();
+    size_t i = by_closed.size() - 1;
+    while (i > 0 && by_closed[i].first >= c_k) --i;
+    const auto [c_w, w] = by_closed[i];
+    PIPER_CHECK(c_w < c_k && c_w >= c_a, "two neighbour closed forms, none below the best's");
+    best_s = 0.5 * (c_w + c_k);  // a's simulated step: between the two
+    slow_s = 4 * c_k;
+    winner = *Strategy::parse(w);
+    slowest = *Strategy::parse(k);
+    sim[a.to_string()] = best_s;
+    sim[w] = c_w;
+    sim[k] = 2 * c_k;
+  }
+  SearchResult start() const {
+    SearchResult r;
+    Plan pa;
+    pa.strategy = a;
+    TrainSpec t = c.train;
+    t.micro_batch_size = a.mbs;
+    pa.estimate = *cost::CostModel::create(c.model, c.cluster, t, o.calibration)->estimate(a);
+    Plan pb = pa;  // the ratio-1 plan, slow by both measures; no neighbour of anything the walk reaches
+    pb.strategy.microbatches *= 1000;
+    pb.estimate.step_time_s = slow_s;
+    r.top = {pa, pb};
+    return r;
+  }
+  SearchResult run(bool bound) {
+    SearchOptions ro = o;
+    ro.simulate_top = 2;
+    ro.local_search_steps = 100;
+    ro.rescore_bound = bound;
+    const SearchResult first = start();
+    const std::string b = first.top[1].strategy.to_string();
+    ro.simulator = [this, b](const Strategy& s, const TrainSpec&) -> Result<double> {
+      if (s.to_string() == b) return slow_s;  // ratio 1
+      auto it = sim.find(s.to_string());
+      return it == sim.end() ? slow_s : it->second;
+    };
+    SearchResult r = first;
+    rescore_with_simulator(c.model, c.cluster, c.train, ro, 2, &r);
+    return r;
+  }
+};
+
+TEST(RescoreTest, BoundKeepsALaterWinner) {
+  LaterWinner w;
+  SearchResult r = w.run(true);
+  ASSERT_FALSE(r.top.empty());
+  EXPECT_DOUBLE_EQ(r.stats.sim_ratio_min, 1.0);
+  EXPECT_EQ(r.top.front().strategy, w.winner) << r.top.front().strategy.to_string();
+  EXPECT_EQ(r.top.front().origin, "local-search");
+  EXPECT_LT(r.top.front().sim_step_time_s, w.best_s);
+  EXPECT_GE(r.stats.local_search_ruled_out, 1);
+  for (const Plan& p : r.top) EXPECT_FALSE(p.strategy == w.slowest);
+  SearchResult all = w.run(false);  // the same answer, with more simulations
+  EXPECT_EQ(all.top.front().strategy, w.winner);
+  EXPECT_GT(all.stats.local_search_tried, r.stats.local_search_tried);
+}
+
+TEST(RescoreTest, BoundDropsOnlyAPlanThatBreaksItsAssumption) {
+  LaterWinner w;
+  const std::string k = w.slowest.to_string();
+  w.sim[k] = 0.5 * w.sim[w.winner.to_string()];  // simulated/closed form below 0.5: far below every ratio seen
+  SearchResult r = w.run(true);
+  EXPECT_EQ(r.top.front().strategy, w.winner);
+  SearchResult all = w.run(false);
+  EXPECT_EQ(all.top.front().strategy, w.slowest);
 }
 
 TEST(RescoreTest, ZeroBudgetStartsNothing) {
