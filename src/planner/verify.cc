@@ -1,7 +1,5 @@
 #include "piper/planner/verify.h"
 
-#include <time.h>
-
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -30,17 +28,13 @@ Verification verdict(const Result<compile::CompileResult>& result, std::chrono::
 
 int64_t capacity(double capacity_bytes) { return capacity_bytes > 0 ? static_cast<int64_t>(capacity_bytes) : 0; }
 
-int screen_m1(const Strategy& s) { return 2 * s.pp * std::max(1, s.vpp); }
-
-// CPU seconds of the calling thread. The screen's compile-time estimates use it rather than wall time: a compile
-// runs on one thread, so its CPU time is its work, while its wall time on a shared machine grows with the load;
-// a wall-clock estimate made the planner skip #1's simulation at load average 8 (a 240-microbatch compile
-// "would take about 15.6 s") that it runs in 3.6 s when the machine is idle.
-double thread_cpu_s() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+double compile_seconds(const compile::CompileResult& r) {
+  double s = 0;
+  for (const auto& step : r.step_seconds) s += step.second;
+  return s;
 }
+
+int screen_m1(const Strategy& s) { return 2 * s.pp * std::max(1, s.vpp); }
 
 // The strategy with m microbatches and its TrainSpec (global batch dp*mbs*m); whether it validates.
 bool screen_variant(const ModelSpec& model, const TrainSpec& train, const Strategy& strategy, int m, Strategy* s,
@@ -80,10 +74,10 @@ std::optional<Verification> screen_memory(const ModelSpec& model, const TrainSpe
   const int m1 = screen_m1(strategy);
   const int m2 = 2 * m1;
   if (capacity_bytes <= 0 || strategy.microbatches <= m1 + m2) return std::nullopt;
-  const double small_start = thread_cpu_s();
+  const auto small_start = std::chrono::steady_clock::now();
   auto small = compile_with_microbatches(model, train, strategy, m1, options.data_edges);
   if (!small) return std::nullopt;
-  const double small_s = thread_cpu_s() - small_start;
+  const double small_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - small_start).count();
   int64_t peak = 0;
   for (int64_t b : small->stats.peak_bytes) peak = std::max(peak, b);
   if (peak <= capacity_bytes) {
@@ -94,10 +88,10 @@ std::optional<Verification> screen_memory(const ModelSpec& model, const TrainSpe
       return std::nullopt;
     }
   }
-  const double large_start = thread_cpu_s();
+  const auto large_start = std::chrono::steady_clock::now();
   auto large = compile_with_microbatches(model, train, strategy, m2, options.data_edges);
   if (!large || large->stats.peak_bytes != small->stats.peak_bytes) return std::nullopt;  // not steady
-  const double large_s = thread_cpu_s() - large_start;
+  const double large_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - large_start).count();
   auto checked = compile::verify_plan(large->plan, capacity_bytes);
   Verification v;
   v.screened = true;
@@ -145,10 +139,8 @@ Verification verify_strategy_for_simulation(const ModelSpec& model, const Cluste
   }
   sim::SimOptions sim_options;
   sim_options.data_edges = verify_options.data_edges;
-  const double cpu_start = thread_cpu_s();
   auto result =
       sim::compile_for_simulation(model, cluster, train, strategy, calibration, sim_options, capacity(capacity_bytes));
-  const double compile_cpu_s = thread_cpu_s() - cpu_start;
   Verification v = verdict(result, start);
   if (cache) {
     // What verify_strategy would have said (VerifyCache::offer, verify.h): the screen's verdict when it had one; the
@@ -161,7 +153,7 @@ Verification verify_strategy_for_simulation(const ModelSpec& model, const Cluste
     } else if (v.ok && result->stats.peak_bytes == skipped.m1_peak_bytes) {
       Verification steady = v;
       steady.screened = true;
-      steady.full_compile_estimate_s = compile_cpu_s;
+      steady.full_compile_estimate_s = result->step_seconds.empty() ? v.seconds : compile_seconds(*result);
       cache->offer(model, train, strategy, capacity_bytes, verify_options, steady);
     }
   }

@@ -28,9 +28,8 @@ struct Verification {
   double compiled_peak_bytes = 0;  // the verifier's largest per-rank peak (0 when it failed before measuring)
   // Decided by the memory screen (below) from two small compiles, without compiling every microbatch.
   bool screened = false;
-  // Screened and accepted: the full compile's time extrapolated from the larger screen compile's thread CPU time
-  // (compile time grows linearly with the microbatch count; CPU time, so that the estimate does not grow with the
-  // machine's load); re-scoring does not start a simulation it cannot compile in time.
+  // Screened and accepted: the full compile's wall time extrapolated from the larger screen compile (compile time
+  // grows linearly with the microbatch count); re-scoring does not start a simulation it cannot compile in time.
   double full_compile_estimate_s = 0;
   // Taken from a VerifyCache (below): the verdict of an equivalent candidate; `seconds` is then the look-up's wall
   // time (including any wait for that candidate's compile), the other fields are that candidate's.
@@ -51,7 +50,7 @@ struct VerifyOptions {
   bool memory_screen = true;
   bool accept_steady = true;  // false: only rejections are screened, every accepted plan is compiled in full
   // verify_strategy_for_simulation: a plan that fits is still compiled in full (and kept) when its estimated full
-  // compile (the m1 compile's CPU time x m/m1, then the m2 compile's) takes at most this many seconds, without the m2
+  // compile (the m1 compile's time x m/m1, then the m2 compile's) takes at most this many seconds, without the m2
   // compile when the first estimate allows it; otherwise it is returned, screened, without a compile.
   double max_full_compile_s = std::numeric_limits<double>::infinity();
   // Compile with CompileOptions::data_edges (Instruction::inputs/outputs, read by neither the verifier nor the
