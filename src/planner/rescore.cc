@@ -1,11 +1,11 @@
 #include "piper/planner/rescore.h"
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
+#include <thread>
 #include <utility>
 #include <vector>
-#include <chrono>
-#include <thread>
 
 #include "piper/base/units.h"
 #include "piper/sim/simulate.h"
@@ -93,8 +93,13 @@ class Rescoring {
  public:
   Rescoring(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train, const SearchOptions& options,
             int threads, SearchStats* stats)
-      : model_(model), cluster_(cluster), train_(train), options_(options), stats_(stats),
-        slots_(static_cast<size_t>(std::max(1, threads))), start_(Clock::now()),
+      : model_(model),
+        cluster_(cluster),
+        train_(train),
+        options_(options),
+        stats_(stats),
+        slots_(static_cast<size_t>(std::max(1, threads))),
+        start_(Clock::now()),
         deadline_(start_ + std::chrono::duration_cast<Clock::duration>(
                                std::chrono::duration<double>(options.simulate_budget_s))) {}
 
@@ -131,6 +136,16 @@ class Rescoring {
     report();
   }
 
+  // One line of progress (SearchOptions::progress): runs, stops, neighbours ruled out, time.
+  void report() const {
+    if (!options_.progress) return;
+    options_.progress("simulate: " + std::to_string(stats_->simulated) + " run (" +
+                      std::to_string(stats_->simulate_stopped) + " stopped by the budget), " +
+                      std::to_string(stats_->local_search_ruled_out) + " neighbours ruled out by the bound, " +
+                      format_seconds(since(start_)) + " of the " + format_seconds(options_.simulate_budget_s) +
+                      " budget");
+  }
+
   // A plan the simulator refuses without compiling (a closed-form-only mesh order): marked failed, as the
   // simulator would, without a slot. Fake simulators (options.simulator) decide for themselves.
   bool refuse(Plan* p) {
@@ -144,15 +159,6 @@ class Rescoring {
   }
 
  private:
-  void report() const {
-    if (!options_.progress) return;
-    options_.progress("simulate: " + std::to_string(stats_->simulated) + " run (" +
-                      std::to_string(stats_->simulate_stopped) + " stopped by the budget), " +
-                      std::to_string(stats_->local_search_ruled_out) + " neighbours ruled out by the bound, " +
-                      format_seconds(since(start_)) + " of the " + format_seconds(options_.simulate_budget_s) +
-                      " budget");
-  }
-
   const ModelSpec& model_;
   const ClusterSpec& cluster_;
   const TrainSpec& train_;
@@ -276,9 +282,9 @@ std::vector<Plan> fitting_neighbours(const ModelSpec& model, const ClusterSpec& 
 
 // One round of the local search: simulates `cands` in order, `slots` at a time, skipping those the bound rules
 // out against the best simulated step time so far (best_s, updated); returns the fastest simulated candidate.
-const Plan* local_search_round(const SearchOptions& options, Rescoring* run, std::vector<Plan>* cands,
-                               double* best_s, int* steps_left, std::vector<Strategy>* seen,
-                               std::vector<Strategy>* ruled_out, SearchStats* stats) {
+const Plan* local_search_round(const SearchOptions& options, Rescoring* run, std::vector<Plan>* cands, double* best_s,
+                               int* steps_left, std::vector<Strategy>* seen, std::vector<Strategy>* ruled_out,
+                               SearchStats* stats) {
   const Plan* fastest = nullptr;
   size_t next = 0;
   while (next < cands->size() && *steps_left > 0 && run->budget_left()) {
@@ -336,6 +342,7 @@ void rescore_with_simulator(const ModelSpec& model, const ClusterSpec& cluster, 
         out->top.end());
     out->top.insert(out->top.begin(), best);
   }
+  if (out->stats.local_search_ruled_out > 0) run.report();
   if (static_cast<int>(out->top.size()) > options.top_k) out->top.resize(static_cast<size_t>(options.top_k));
   out->stats.simulate_time_s = run.elapsed_s();
 }

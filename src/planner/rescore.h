@@ -39,9 +39,10 @@ namespace piper::planner {
 // shares the best plan's model, cluster and most of its strategy. Measured on the neighbours of DeepSeek-V3's #1
 // on 2,048 H800s the assumption does NOT hold (their ratios are 0.99-1.44 against r_min = 1.51: the top plans are
 // those the closed form under-prices most), though every plan it ruled out there simulates 8-69 % slower than
-// #1 (docs/planner.md has the table and the closed forms at which it would drop a winner). The proven bound, the bottleneck rank's compute alone, is too weak to rule anything out there
-// (14.4 s against a simulated best of 24.3 s). Before any observation nothing is ruled out.
-// Thread-safety: none (re-scoring updates it between batches, on the calling thread).
+// #1 (docs/planner.md has the table and the closed forms at which it would drop a winner). The proven bound, the
+// bottleneck rank's compute alone, is too weak to rule anything out there (14.4 s against a simulated best of 24.3 s).
+// Before any observation nothing is ruled out. Thread-safety: none (re-scoring updates it between batches, on the
+// calling thread).
 class SimRatioBound {
  public:
   // Records a plan simulated to `simulated_s` whose closed form is `closed_form_s`; ignored unless both are > 0.

@@ -165,13 +165,12 @@ TEST(SimRatioBoundTest, SmallestRatioTimesTheClosedForm) {
   EXPECT_DOUBLE_EQ(b.lower_bound_s(10.0), 15.0);
   EXPECT_TRUE(b.may_beat(9.99, 15.0));
   EXPECT_FALSE(b.may_beat(10.0, 15.0));  // a tie cannot beat the best
-  b.observe(10.0, 12.0);  // 1.2: the bound only ever loosens
+  b.observe(10.0, 12.0);                 // 1.2: the bound only ever loosens
   EXPECT_DOUBLE_EQ(b.min_ratio(), 1.2);
 }
 
 // The closed form of every neighbour of `s` that the local search would simulate (validates, fits), by strategy.
-std::map<std::string, double> fitting_neighbour_closed_forms(const Case& c, const Strategy& s,
-                                                             const SearchOptions& o) {
+std::map<std::string, double> fitting_neighbour_closed_forms(const Case& c, const Strategy& s, const SearchOptions& o) {
   std::map<std::string, double> out;
   for (const Strategy& n : neighbours(s)) {
     TrainSpec t = c.train;
