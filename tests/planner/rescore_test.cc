@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "piper/base/check.h"
+#include "piper/sim/simulate.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
 
@@ -310,6 +311,39 @@ TEST(RescoreTest, BoundDropsOnlyAPlanThatBreaksItsAssumption) {
   EXPECT_EQ(r.top.front().strategy, w.winner);
   SearchResult all = w.run(false);
   EXPECT_EQ(all.top.front().strategy, w.slowest);
+}
+
+// A plan whose mesh order the simulator does not execute is marked with the simulator's message and counted as a
+// failed run without taking a simulation slot: on one thread the plan after it runs in the first batch.
+TEST(RescoreTest, ClosedFormOnlyOrderIsRefusedWithTheSimulatorsMessage) {
+  Case c = load_case("tiny-moe", "h800", 1, 8, 128);  // 8 ranks: dp=8 holds ep=2 groups, so the order matters
+  auto a = Strategy::parse("dp=8,tp=1,pp=1,ep=2,zero=1,recompute=none,schedule=1f1b,microbatches=1,mbs=1");
+  auto refused =
+      Strategy::parse("dp=8,tp=1,pp=1,ep=2,zero=1,recompute=none,schedule=1f1b,microbatches=1,mbs=1,order=tp-dp-ep-pp");
+  ASSERT_TRUE(a.ok() && refused.ok());
+  ASSERT_FALSE(sim::check_simulated_order(*refused).ok());
+  SearchOptions o;
+  o.top_k = 2;
+  o.verify = false;
+  o.simulate_top = 2;
+  int batches = 0;  // one progress line per batch: the refusal takes no slot, so one thread runs one batch
+  o.progress = [&](const std::string&) { ++batches; };
+  SearchResult r;
+  Plan p;
+  p.strategy = *refused;
+  r.top.push_back(p);
+  p.strategy = *a;
+  r.top.push_back(p);
+  rescore_with_simulator(c.model, c.cluster, c.train, o, 1, &r);
+  ASSERT_EQ(r.top.size(), 2u);
+  EXPECT_TRUE(r.top[0].simulated) << r.top[0].sim_error;
+  EXPECT_EQ(r.top[0].strategy, *a);
+  EXPECT_FALSE(r.top[1].simulated);
+  EXPECT_EQ(r.top[1].sim_error, sim::check_simulated_order(*refused).message());
+  EXPECT_NE(r.top[1].sim_error.find("priced by the closed form only"), std::string::npos) << r.top[1].sim_error;
+  EXPECT_EQ(r.stats.simulated, 2);
+  EXPECT_EQ(r.stats.simulate_failed, 1);
+  EXPECT_EQ(batches, 1);
 }
 
 TEST(RescoreTest, ZeroBudgetStartsNothing) {
