@@ -281,8 +281,8 @@ Result<std::optional<PredictionLoads>> given_loads(const TrainCliOptions& o, con
   PIPER_ASSIGN_OR_RETURN(balance::ExpertLoads loads, balance::load_expert_loads(o.expert_loads));
   PredictionLoads p;
   p.label = o.expert_loads + " (an earlier run)";
-  PIPER_ASSIGN_OR_RETURN(p.loads, measured_loads(loads, o.expert_loads, trainer.options().model,
-                                                 trainer.strategy().ep));
+  PIPER_ASSIGN_OR_RETURN(p.loads,
+                         measured_loads(loads, o.expert_loads, trainer.options().model, trainer.strategy().ep));
   return std::optional<PredictionLoads>(std::move(p));
 }
 
@@ -291,8 +291,8 @@ Result<PredictionLoads> own_loads(const runtime::Trainer& trainer) {
   PredictionLoads p;
   p.label = "this run's own (" + std::to_string(trainer.expert_loads().steps) + " steps" +
             (trainer.options().migration.enabled ? ", contiguous placement: --migrate's moves not followed)" : ")");
-  PIPER_ASSIGN_OR_RETURN(p.loads, measured_loads(trainer.expert_loads(), "(this run)", trainer.options().model,
-                                                 trainer.strategy().ep));
+  PIPER_ASSIGN_OR_RETURN(
+      p.loads, measured_loads(trainer.expert_loads(), "(this run)", trainer.options().model, trainer.strategy().ep));
   return p;
 }
 
@@ -381,7 +381,9 @@ Status check_output_directory(const std::string& flag, const std::string& path) 
 // --expert-loads: readable, and of this model, before any rank starts (its ep is checked after the plan).
 Status check_expert_loads_flag(const TrainCliOptions& o) {
   if (o.expert_loads.empty()) return ok_status();
-  if (o.device == "cuda") return invalid_argument("--expert-loads prices the CPU ranks' predictions; drop --device cuda");
+  if (o.device == "cuda") {
+    return invalid_argument("--expert-loads prices the CPU ranks' predictions; drop --device cuda");
+  }
   PIPER_ASSIGN_OR_RETURN(balance::ExpertLoads loads, balance::load_expert_loads(o.expert_loads));
   PIPER_ASSIGN_OR_RETURN(ModelSpec model, load_model(o.model));
   return measured_loads(loads, o.expert_loads, model, 1).status();

@@ -34,8 +34,8 @@ void add_scenario_options(CLI::App* sub, ScenarioOptions* o) {
   add_precision_options(sub, &o->precision);
 }
 
-Result<MeasuredLoads> measured_loads(const balance::ExpertLoads& loads, const std::string& file,
-                                     const ModelSpec& model, int ep) {
+Result<MeasuredLoads> measured_loads(const balance::ExpertLoads& loads, const std::string& file, const ModelSpec& model,
+                                     int ep) {
   if (loads.model != model.name || loads.num_experts != model.moe.num_experts) {
     return invalid_argument("--expert-loads " + elide(file) + ": recorded on model '" + elide(loads.model) + "' (" +
                             std::to_string(loads.num_experts) + " experts), not '" + model.name + "' (" +

@@ -77,8 +77,8 @@ struct MeasuredLoads {
   double imbalance = 1.0;
   balance::RankLoads ranks;
 };
-Result<MeasuredLoads> measured_loads(const balance::ExpertLoads& loads, const std::string& file,
-                                     const ModelSpec& model, int ep);
+Result<MeasuredLoads> measured_loads(const balance::ExpertLoads& loads, const std::string& file, const ModelSpec& model,
+                                     int ep);
 
 // --model, --cluster, --nodes, --strategy or --directives with --mesh, --global-batch, --seq, --calibration,
 // --comm-calibration, --domain-nodes, --expert-loads, --precision and the dtype flags (precision_flags.h).

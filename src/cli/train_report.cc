@@ -70,8 +70,8 @@ void describe_loads(const PredictionLoads& l, int ep, PredictionReport* r) {
   r->experts_note = "experts   loads: " + l.label + buf +
                     ": sim prices each ep rank's experts (time, memory) from its own share; model prices every rank "
                     "as the busiest";
-  r->experts_json = Json{{"source", l.label}, {"file", l.loads.file}, {"imbalance", l.loads.imbalance}, {"ep", ep},
-                         {"simulated", "per_rank"}, {"resource_model", "busiest"}};
+  r->experts_json = Json{{"source", l.label}, {"file", l.loads.file},    {"imbalance", l.loads.imbalance},
+                         {"ep", ep},          {"simulated", "per_rank"}, {"resource_model", "busiest"}};
 }
 
 }  // namespace
@@ -168,8 +168,8 @@ void PredictionReport::print() const {
   std::printf(
       "\n%s: local-cpu, %d rank%s sharing %g core%s (%g each computing alone; model: %.2f each, "
       "all busy), %s\n",
-      title.c_str(), n, n == 1 ? "" : "s", machine.cores, machine.cores == 1 ? "" : "s", machine.rank_cores, machine.cores_per_rank,
-      machine.calibration_source.c_str());
+      title.c_str(), n, n == 1 ? "" : "s", machine.cores, machine.cores == 1 ? "" : "s", machine.rank_cores,
+      machine.cores_per_rank, machine.calibration_source.c_str());
   if (!experts_note.empty()) std::printf("%s\n", experts_note.c_str());
   std::printf(" %4s %3s | %10s %10s %10s %7s | %10s %10s | %10s %10s %10s %7s\n", "rank", "pp", "step", "sim", "model",
               "x sim", "compute", "sim busy", "peak mem", "sim", "model", "x model");

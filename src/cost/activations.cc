@@ -89,8 +89,9 @@ double layer_weight_grad_input_bytes_per_token(const ModelSpec& m, bool moe_laye
     // Under etp the experts' rows are gathered over the etp ranks (etp times the output-gradient rows) and the
     // gate/up gradients are 1/etp of the width: the same bytes as whole experts.
     const double etp = std::max(1, o.etp);
-    double moe = b * h + 4.0 * m.moe.num_experts +
-                 o.expert_load * (b * k * h * etp + gated * b * k * static_cast<double>(m.moe.expert_intermediate_size));
+    double moe =
+        b * h + 4.0 * m.moe.num_experts +
+        o.expert_load * (b * k * h * etp + gated * b * k * static_cast<double>(m.moe.expert_intermediate_size));
     if (m.moe.num_shared_experts > 0) {
       moe +=
           b * (2 * h + gated * static_cast<double>(m.moe.shared_expert_intermediate_size) * m.moe.num_shared_experts);

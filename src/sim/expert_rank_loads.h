@@ -32,8 +32,8 @@ struct ExpertRankLoads {
 
 // One simulated rank's departures from its template.
 struct RankLoadOverrides {
-  std::vector<std::vector<double>> duration_s;      // [stream][instr]: compute seconds (else 0, unused)
-  std::unordered_map<int, int64_t> buffer_bytes;    // experts activation buffer id -> its bytes on this rank
+  std::vector<std::vector<double>> duration_s;    // [stream][instr]: compute seconds (else 0, unused)
+  std::unordered_map<int, int64_t> buffer_bytes;  // experts activation buffer id -> its bytes on this rank
 };
 
 // The overrides of ep coordinate `ep_rank` on `prog`, whose template durations are `template_s` ([stream][instr]).

@@ -266,7 +266,8 @@ void Executor::start_compute(int ri, int s, double t) {
   r.engine_busy = true;
   StreamState& ss = r.streams[static_cast<size_t>(s)];
   ss.start_s = t;
-  const auto& durations = r.loads.duration_s.empty() ? infos_[static_cast<size_t>(r.tmpl)].duration_s : r.loads.duration_s;
+  const auto& durations =
+      r.loads.duration_s.empty() ? infos_[static_cast<size_t>(r.tmpl)].duration_s : r.loads.duration_s;
   const double d = durations[static_cast<size_t>(s)][ss.pc];
   if (pooled_) {
     pool_start(ri, s, d, t);
@@ -508,9 +509,9 @@ Result<SimResult> Executor::run() {
     r.stats.static_bytes = prog.static_bytes;
     r.stats.peak_bytes = prog.static_bytes;
     if (options_.expert_loads.on()) {
-      PIPER_ASSIGN_OR_RETURN(r.loads, rank_load_overrides(prog, infos_[static_cast<size_t>(r.tmpl)].duration_s,
-                                                          plan_.coords[static_cast<size_t>(rank)].ep,
-                                                          options_.expert_loads));
+      PIPER_ASSIGN_OR_RETURN(r.loads,
+                             rank_load_overrides(prog, infos_[static_cast<size_t>(r.tmpl)].duration_s,
+                                                 plan_.coords[static_cast<size_t>(rank)].ep, options_.expert_loads));
     }
     sample_memory(r);
     index_of_rank_[static_cast<size_t>(rank)] = static_cast<int>(ranks_.size());
@@ -633,8 +634,8 @@ Status check_expert_loads(const SimOptions& o, const compile::Plan& plan) {
         "ranks price the busiest rank: Calibration::expert_load_imbalance)");
   }
   if (l.loads.ep != std::max(1, plan.mesh.ep)) {
-    return invalid_argument("simulate_plan: expert loads for ep=" + std::to_string(l.loads.ep) + ", the plan has ep=" +
-                            std::to_string(plan.mesh.ep) + "; compute them for the plan's ep");
+    return invalid_argument("simulate_plan: expert loads for ep=" + std::to_string(l.loads.ep) +
+                            ", the plan has ep=" + std::to_string(plan.mesh.ep) + "; compute them for the plan's ep");
   }
   if (!(l.plan_load > 0) || !l.expert_time) {
     return invalid_argument("simulate_plan: expert loads need plan_load > 0 and an expert_time price");

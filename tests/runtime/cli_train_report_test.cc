@@ -251,11 +251,12 @@ TEST(CliTrainReport, MigrationIsReported) {
 std::string write_hot_rank_loads() {
   const std::string path = temp_file("hot_rank_loads.json");
   std::FILE* f = std::fopen(path.c_str(), "w");
-  std::fputs("{\"format\": \"piper-expert-loads\", \"version\": 1, \"model\": \"tiny-moe\", \"num_experts\": 8, "
-             "\"steps\": 1, \"layers\": [{\"layer\": 1, \"tokens\": [64, 64, 0, 0, 0, 0, 0, 0]}, "
-             "{\"layer\": 2, \"tokens\": [64, 64, 0, 0, 0, 0, 0, 0]}, "
-             "{\"layer\": 3, \"tokens\": [64, 64, 0, 0, 0, 0, 0, 0]}]}\n",
-             f);
+  std::fputs(
+      "{\"format\": \"piper-expert-loads\", \"version\": 1, \"model\": \"tiny-moe\", \"num_experts\": 8, "
+      "\"steps\": 1, \"layers\": [{\"layer\": 1, \"tokens\": [64, 64, 0, 0, 0, 0, 0, 0]}, "
+      "{\"layer\": 2, \"tokens\": [64, 64, 0, 0, 0, 0, 0, 0]}, "
+      "{\"layer\": 3, \"tokens\": [64, 64, 0, 0, 0, 0, 0, 0]}]}\n",
+      f);
   std::fclose(f);
   return path;
 }
@@ -267,10 +268,11 @@ TEST(CliTrainReport, RecordedExpertLoadsPriceEstimateAndSimulate) {
   const std::string loads = temp_file("expert_loads.json");
   const std::string hot = write_hot_rank_loads();
   int rc = 0;
-  std::string out = run("train --model tiny-moe --ranks 4 --seq 16 --global-batch 4 --strategy "
-                        "dp=4,ep=4,microbatches=1,mbs=1 --steps 3 --router-skew 1.0 --json --record-expert-loads " +
-                            loads + " --expert-loads " + hot,
-                        &rc, true);
+  std::string out =
+      run("train --model tiny-moe --ranks 4 --seq 16 --global-batch 4 --strategy "
+          "dp=4,ep=4,microbatches=1,mbs=1 --steps 3 --router-skew 1.0 --json --record-expert-loads " +
+              loads + " --expert-loads " + hot,
+          &rc, true);
   ASSERT_EQ(rc, 0) << out;
   const piper::Json trained = piper::Json::parse(out);
   EXPECT_EQ(trained["expert_loads"], loads);
@@ -325,8 +327,11 @@ TEST(CliTrainReport, RecordedExpertLoadsPriceEstimateAndSimulate) {
   EXPECT_EQ(peaks[4], peaks[0]);
   EXPECT_LT(peaks[1].get<double>(), peaks[0].get<double>());
   EXPECT_EQ(peaks[1], peaks[2]);
-  out = run("train --model tiny-moe --ranks 4 --seq 16 --steps 1 --strategy dp=4,ep=4,microbatches=1,mbs=1 "
-            "--expert-loads " + loads + ".missing", &rc, false);
+  out =
+      run("train --model tiny-moe --ranks 4 --seq 16 --steps 1 --strategy dp=4,ep=4,microbatches=1,mbs=1 "
+          "--expert-loads " +
+              loads + ".missing",
+          &rc, false);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("--expert-loads"), std::string::npos) << out;
   std::filesystem::remove(hot);

@@ -2,11 +2,12 @@
 // its own measured share of the routed tokens, time and memory. Checked against the same plan simulated balanced:
 // a rank at load 1 is the balanced rank to the byte and the second; at load 0 its experts buffers and compute are
 // gone; at load 2 its experts buffers are twice the balanced ones. The representative simulation prices the busiest.
+#include "piper/sim/expert_rank_loads.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
 
-#include "piper/sim/expert_rank_loads.h"
 #include "piper/sim/simulate.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/model_loader.h"
