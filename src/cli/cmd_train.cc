@@ -328,17 +328,28 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   PIPER_ASSIGN_OR_RETURN(std::optional<PredictionLoads> given, given_loads(o, *trainer));
   PIPER_ASSIGN_OR_RETURN(PredictionReport prediction,
                          predict_vs_measured(*trainer, machine, r.measured, given ? &*given : nullptr));
+  // The same prediction with this run's own loads: a second report, which never fails the run (a note says why
+  // it is missing).
   std::optional<PredictionReport> own;
+  std::string own_missing;
   if (trainer->expert_parallel() && trainer->expert_loads().steps > 0) {
-    PIPER_ASSIGN_OR_RETURN(PredictionLoads mine, own_loads(*trainer));
-    PIPER_ASSIGN_OR_RETURN(own, predict_vs_measured(*trainer, machine, r.measured, &mine));
-    own->title = "predicted vs measured with this run's own measured expert loads (known only after the run)";
+    Result<PredictionReport> got = [&]() -> Result<PredictionReport> {
+      PIPER_ASSIGN_OR_RETURN(PredictionLoads mine, own_loads(*trainer));
+      return predict_vs_measured(*trainer, machine, r.measured, &mine);
+    }();
+    if (got.ok()) {
+      own = std::move(got).value();
+      own->title = "predicted vs measured with this run's own measured expert loads (known only after the run)";
+    } else {
+      own_missing = "no prediction with this run's own expert loads: " + got.status().message();
+    }
   }
   if (o.json) {
     print_json_report(o, *trainer, r, prediction, own);
   } else {
     print_text_report(o, *trainer, r, prediction);
     if (own) own->print();
+    if (!own_missing.empty()) std::printf("%s\n", own_missing.c_str());
   }
   return ok_status();
 }
