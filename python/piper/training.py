@@ -71,7 +71,7 @@ _FLAGS = {  # keyword -> flag of `piper train`
     "lr": "--lr", "warmup": "--warmup", "threads": "--threads", "data": "--data", "trace": "--trace",
     "save": "--save", "save_every": "--save-every", "resume": "--resume", "calibration": "--calibration",
     "comm_calibration": "--comm-calibration", "ranks_per_node": "--ranks-per-node",
-    "record_expert_loads": "--record-expert-loads", "router_skew": "--router-skew",
+    "record_expert_loads": "--record-expert-loads", "expert_loads": "--expert-loads", "router_skew": "--router-skew",
 }
 
 
@@ -125,7 +125,7 @@ def _run(argv, timeout):
 def train(model="tiny-moe", strategy=None, *, directives=None, mesh=None, ranks=None, steps=20, global_batch=None,
           seq=None, seed=None, lr=None, warmup=None, threads=None, data=None, trace=None, save=None,
           save_every=None, resume=None, calibration=None, comm_calibration=None, ranks_per_node=None,
-          record_expert_loads=None, router_skew=None, migrate=False, timeout=None):
+          record_expert_loads=None, expert_loads=None, router_skew=None, migrate=False, timeout=None):
     """`piper train --json`: trains `model` on `ranks` local MPI ranks (mpirun starts them; 1 or None: this
     machine's one rank, as the CLI) for `steps` steps and returns a TrainResult (``.losses``, the summary).
 
@@ -153,7 +153,7 @@ def train(model="tiny-moe", strategy=None, *, directives=None, mesh=None, ranks=
         values = dict(ranks=ranks, steps=steps, global_batch=global_batch, seq=seq, seed=seed, lr=lr, warmup=warmup,
                       threads=threads, data=data, trace=trace, save=save, save_every=save_every, resume=resume,
                       calibration=calibration, comm_calibration=comm_calibration, ranks_per_node=ranks_per_node,
-                      record_expert_loads=record_expert_loads, router_skew=router_skew)
+                      record_expert_loads=record_expert_loads, expert_loads=expert_loads, router_skew=router_skew)
         for key, value in values.items():
             if value is not None:
                 argv += [_FLAGS[key], os.fspath(value) if hasattr(value, "__fspath__") else str(value)]

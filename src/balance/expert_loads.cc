@@ -112,20 +112,49 @@ Status save_expert_loads(const std::string& path, const ExpertLoads& loads) {
   return write_file_atomic(path, loads.to_json().dump(1) + "\n");
 }
 
-Result<double> contiguous_imbalance(const ExpertLoads& loads, int ep) {
+Result<RankLoads> contiguous_rank_loads(const ExpertLoads& loads, int ep) {
   if (ep < 1 || loads.num_experts % ep != 0) {
     return invalid_argument("expert loads: ep=" + std::to_string(ep) + " does not divide the file's " +
-                            std::to_string(loads.num_experts) + " experts");
+                            std::to_string(loads.num_experts) + " experts; use a strategy whose ep divides " +
+                            std::to_string(loads.num_experts) + ", or loads recorded on a model with as many experts");
   }
   const int per = loads.num_experts / ep;
+  RankLoads out;
+  out.ep = ep;
+  for (const LayerLoads& l : loads.layers) {
+    std::vector<double> rank(static_cast<size_t>(ep), 0.0);
+    for (int e = 0; e < loads.num_experts; ++e) {
+      rank[static_cast<size_t>(e / per)] += static_cast<double>(l.tokens[static_cast<size_t>(e)]);
+    }
+    const double mean = std::accumulate(rank.begin(), rank.end(), 0.0) / ep;
+    for (double& r : rank) r = mean > 0 ? r / mean : 1.0;  // a layer that routed nothing: priced as balanced
+    out.layers.push_back(l.layer);
+    out.factor.push_back(std::move(rank));
+  }
+  return out;
+}
+
+double RankLoads::of(int layer, int r) const {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (layers[i] == layer) return factor[i][static_cast<size_t>(r)];
+  }
+  return 1.0;
+}
+
+double RankLoads::busiest(int layer) const {
+  for (size_t i = 0; i < layers.size(); ++i) {
+    if (layers[i] == layer) return *std::max_element(factor[i].begin(), factor[i].end());
+  }
+  return 1.0;
+}
+
+Result<double> contiguous_imbalance(const ExpertLoads& loads, int ep) {
+  PIPER_ASSIGN_OR_RETURN(RankLoads ranks, contiguous_rank_loads(loads, ep));
   double sum = 0;
   int counted = 0;
   for (const LayerLoads& l : loads.layers) {
-    std::vector<double> rank(static_cast<size_t>(ep), 0.0);
-    for (int e = 0; e < loads.num_experts; ++e) rank[static_cast<size_t>(e / per)] += static_cast<double>(l.tokens[static_cast<size_t>(e)]);
-    const double mean = std::accumulate(rank.begin(), rank.end(), 0.0) / ep;
-    if (mean <= 0) continue;  // a layer that routed nothing prices nothing
-    sum += *std::max_element(rank.begin(), rank.end()) / mean;
+    if (std::accumulate(l.tokens.begin(), l.tokens.end(), int64_t{0}) <= 0) continue;  // routed nothing: prices nothing
+    sum += ranks.busiest(l.layer);
     ++counted;
   }
   return counted > 0 ? sum / counted : 1.0;

@@ -40,6 +40,23 @@ Result<ExpertLoads> load_expert_loads(const std::string& path);
 // Written whole or not at all (temporary + rename).
 Status save_expert_loads(const std::string& path, const ExpertLoads& loads);
 
+// Per MoE layer and ep rank: the rank's routed tokens over the mean rank's (1 = its share at perfect balance), the
+// experts placed contiguously over `ep` ranks (ep rank r holds experts [r E/ep, (r+1) E/ep), as the compiler places
+// them; a migration's placement is not in the file, which counts tokens per logical expert). What a simulation of
+// every rank prices each rank's experts from, time and memory (sim/plan_exec.h SimOptions::expert_loads).
+struct RankLoads {
+  int ep = 1;
+  std::vector<int> layers;                  // the file's MoE layers (model layer index), increasing
+  std::vector<std::vector<double>> factor;  // [i][r]: layer layers[i], ep rank r; a layer that routed nothing: all 1
+  // The factor of ep rank `r` (0 <= r < ep) in model layer `layer`; 1 for a layer the file does not list.
+  double of(int layer, int r) const;
+  // The largest factor of any rank in `layer` (1 for a layer the file does not list).
+  double busiest(int layer) const;
+};
+
+// Errors: ep < 1 or ep not dividing num_experts (named, with the fix).
+Result<RankLoads> contiguous_rank_loads(const ExpertLoads& loads, int ep);
+
 // The busiest ep rank's tokens over the mean rank's, with the experts placed contiguously over `ep` ranks
 // (num_experts / ep each, as the compiler places them), averaged over layers: a step's expert time is the sum over
 // layers of each layer's busiest rank, so the mean of the per-layer ratios is the one scalar that prices it

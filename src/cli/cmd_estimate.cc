@@ -85,7 +85,7 @@ Status run_estimate(const EstimateOptions& o) {
   } else {
     print_text(cm, s, e);
     std::printf("calibration %s\n", sc.calibration_source.c_str());
-    if (!sc.expert_loads.empty()) std::printf("%s\n", sc.expert_loads_line().c_str());
+    if (!sc.expert_loads.empty()) std::printf("%s\n", sc.expert_loads_line(false).c_str());
     if (sc.from_directives) std::printf("\ndirectives %s: %s\n", sc.input.file.c_str(), describe(sc.input).c_str());
   }
   return ok_status();

@@ -175,6 +175,7 @@ Status run_simulate(const SimulateOptions& o) {
   options.plan_hash = false;  // not printed
   options.interleave_overlap = o.interleave;
   options.record_timeline = !o.trace.empty();
+  if (o.full) options.expert_loads = sc.expert_sim_loads();  // each rank from its own loads; else the busiest
   if (sc.from_directives && o.expert_zipf != 0) {
     return invalid_argument("--expert-zipf re-simulates a strategy under skewed loads; with --directives give "
                             "--strategy instead, or drop --expert-zipf");
@@ -205,7 +206,7 @@ Status run_simulate(const SimulateOptions& o) {
     if (sc.from_directives) std::printf("\ndirectives %s: %s\n", sc.input.file.c_str(), describe(sc.input).c_str());
     if (o.expert_zipf != 0) print_balance(balance);
     std::printf("calibration %s\n", sc.calibration_source.c_str());
-    if (!sc.expert_loads.empty()) std::printf("%s\n", sc.expert_loads_line().c_str());
+    if (!sc.expert_loads.empty()) std::printf("%s\n", sc.expert_loads_line(o.full).c_str());
     if (!o.trace.empty()) std::printf("\ntrace written to %s (open in https://ui.perfetto.dev)\n", o.trace.c_str());
   }
   return ok_status();

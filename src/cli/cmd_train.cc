@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -54,6 +55,7 @@ struct TrainCliOptions {
   std::string resume;
   std::string trace;
   std::string record_expert_loads;  // --record-expert-loads FILE (balance/expert_loads.h)
+  std::string expert_loads;         // --expert-loads FILE: an earlier run's loads, for the predictions
   std::string calibration;
   std::string comm_calibration;
   bool json = false;
@@ -186,7 +188,7 @@ Json steps_json(const runtime::RunSummary& r) {
 }
 
 void print_json_report(const TrainCliOptions& o, runtime::Trainer& trainer, const runtime::RunSummary& r,
-                       const PredictionReport& prediction) {
+                       const PredictionReport& prediction, const std::optional<PredictionReport>& own) {
   const auto& plan = trainer.compiled().plan;
   const MemoryStats mem = trainer.memory();
   Json j{{"model", trainer.options().model.name},
@@ -207,6 +209,7 @@ void print_json_report(const TrainCliOptions& o, runtime::Trainer& trainer, cons
          {"ranks", plan.world_size},
          {"plan_hash", hex64(compile::plan_hash(plan))}};
   j["predicted_vs_measured"] = prediction.to_json();
+  if (own) j["predicted_vs_measured_own_expert_loads"] = own->to_json();
   if (!o.trace.empty()) j["trace"] = o.trace;
   if (!o.record_expert_loads.empty()) j["expert_loads"] = o.record_expert_loads;
   if (!o.save.empty()) j["saved"] = o.save;
@@ -272,6 +275,27 @@ void print_text_report(const TrainCliOptions& o, runtime::Trainer& trainer, cons
   }
 }
 
+// --expert-loads FILE, checked against the trainer's model and priced for its ep (nullopt without the flag).
+Result<std::optional<PredictionLoads>> given_loads(const TrainCliOptions& o, const runtime::Trainer& trainer) {
+  if (o.expert_loads.empty()) return std::optional<PredictionLoads>();
+  PIPER_ASSIGN_OR_RETURN(balance::ExpertLoads loads, balance::load_expert_loads(o.expert_loads));
+  PredictionLoads p;
+  p.label = o.expert_loads + " (an earlier run)";
+  PIPER_ASSIGN_OR_RETURN(p.loads,
+                         measured_loads(loads, o.expert_loads, trainer.options().model, trainer.strategy().ep));
+  return std::optional<PredictionLoads>(std::move(p));
+}
+
+// The loads this run measured (what --record-expert-loads writes), placed contiguously as the plan places them.
+Result<PredictionLoads> own_loads(const runtime::Trainer& trainer) {
+  PredictionLoads p;
+  p.label = "this run's own (" + std::to_string(trainer.expert_loads().steps) + " steps" +
+            (trainer.options().migration.enabled ? ", contiguous placement: --migrate's moves not followed)" : ")");
+  PIPER_ASSIGN_OR_RETURN(
+      p.loads, measured_loads(trainer.expert_loads(), "(this run)", trainer.options().model, trainer.strategy().ep));
+  return p;
+}
+
 Status train(const TrainCliOptions& o, comm::Communicator* world) {
   const bool quiet = world != nullptr && world->rank() != 0;
   if (!quiet) kernels::warn_gemm_environment();
@@ -301,11 +325,31 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   if (!o.record_expert_loads.empty()) {
     PIPER_RETURN_IF_ERROR(balance::save_expert_loads(o.record_expert_loads, trainer->expert_loads()));
   }
-  PIPER_ASSIGN_OR_RETURN(PredictionReport prediction, predict_vs_measured(*trainer, machine, r.measured));
+  PIPER_ASSIGN_OR_RETURN(std::optional<PredictionLoads> given, given_loads(o, *trainer));
+  PIPER_ASSIGN_OR_RETURN(PredictionReport prediction,
+                         predict_vs_measured(*trainer, machine, r.measured, given ? &*given : nullptr));
+  // The same prediction with this run's own loads: a second report, which never fails the run (a note says why
+  // it is missing).
+  std::optional<PredictionReport> own;
+  std::string own_missing;
+  if (trainer->expert_parallel() && trainer->expert_loads().steps > 0) {
+    Result<PredictionReport> got = [&]() -> Result<PredictionReport> {
+      PIPER_ASSIGN_OR_RETURN(PredictionLoads mine, own_loads(*trainer));
+      return predict_vs_measured(*trainer, machine, r.measured, &mine);
+    }();
+    if (got.ok()) {
+      own = std::move(got).value();
+      own->title = "predicted vs measured with this run's own measured expert loads (known only after the run)";
+    } else {
+      own_missing = "no prediction with this run's own expert loads: " + got.status().message();
+    }
+  }
   if (o.json) {
-    print_json_report(o, *trainer, r, prediction);
+    print_json_report(o, *trainer, r, prediction, own);
   } else {
     print_text_report(o, *trainer, r, prediction);
+    if (own) own->print();
+    if (!own_missing.empty()) std::printf("%s\n", own_missing.c_str());
   }
   return ok_status();
 }
@@ -345,6 +389,17 @@ Status check_output_directory(const std::string& flag, const std::string& path) 
   return ok_status();
 }
 
+// --expert-loads: readable, and of this model, before any rank starts (its ep is checked after the plan).
+Status check_expert_loads_flag(const TrainCliOptions& o) {
+  if (o.expert_loads.empty()) return ok_status();
+  if (o.device == "cuda") {
+    return invalid_argument("--expert-loads prices the CPU ranks' predictions; drop --device cuda");
+  }
+  PIPER_ASSIGN_OR_RETURN(balance::ExpertLoads loads, balance::load_expert_loads(o.expert_loads));
+  PIPER_ASSIGN_OR_RETURN(ModelSpec model, load_model(o.model));
+  return measured_loads(loads, o.expert_loads, model, 1).status();
+}
+
 Status run_train(const TrainCliOptions& o) {
   if (o.device != "cpu" && o.device != "cuda") {
     return invalid_argument("--device must be cpu or cuda, got '" + o.device + "'");
@@ -355,6 +410,7 @@ Status run_train(const TrainCliOptions& o) {
   }
   PIPER_RETURN_IF_ERROR(check_output_directory("--trace", o.trace));
   PIPER_RETURN_IF_ERROR(check_output_directory("--record-expert-loads", o.record_expert_loads));
+  PIPER_RETURN_IF_ERROR(check_expert_loads_flag(o));
   if (o.device == "cuda" && !o.record_expert_loads.empty()) {
     return invalid_argument("--record-expert-loads is recorded by the CPU ranks' trainer; drop --device cuda");
   }
@@ -431,6 +487,9 @@ PIPER_REGISTER_COMMAND(g_train, "train", "Train a model through its compiled Pla
   sub->add_option("--record-expert-loads", o->record_expert_loads,
                   "write the tokens every routed expert received over the run (ep >= 2) for estimate/simulate "
                   "--expert-loads (docs/balance.md)");
+  sub->add_option("--expert-loads", o->expert_loads,
+                  "expert loads recorded by an earlier run (--record-expert-loads) for the predictions: the simulation "
+                  "prices each ep rank's experts from its own share, the model every rank as the busiest");
   sub->add_option("--calibration", o->calibration,
                   "device calibration JSON for the predictions (src/cost/device_model.h)");
   sub->add_option("--comm-calibration", o->comm_calibration,

@@ -6,13 +6,14 @@
 namespace piper::cli {
 namespace {
 
-void add_scenario(const Scenario& sc, Json* j) {
+// per_rank: the report priced each ep rank's experts from its own measured loads (a simulation of every rank).
+void add_scenario(const Scenario& sc, Json* j, bool per_rank = false) {
   (*j)["model"] = sc.model.name;
   (*j)["cluster"] = sc.cluster.name;
   (*j)["nodes"] = sc.cluster.num_nodes;
   (*j)["strategy"] = sc.strategy.to_json();
   if (sc.from_directives) (*j)["directives"] = sc.input.file;
-  if (!sc.expert_loads.empty()) (*j)["expert_loads"] = sc.expert_loads_json();
+  if (!sc.expert_loads.empty()) (*j)["expert_loads"] = sc.expert_loads_json(per_rank);
   (*j)["calibration"] = sc.calibration_source;
 }
 
@@ -28,7 +29,7 @@ Json estimate_json(const Scenario& sc, const cost::Estimate& e) {
 
 Json simulate_json(const Scenario& sc, const sim::SimReport& r, const std::string& trace) {
   Json j = r.to_json();
-  add_scenario(sc, &j);
+  add_scenario(sc, &j, !r.sim.reduced);
   if (sc.from_directives) j["recognised"] = sc.input.resolved.recognised;
   j["seq_len"] = sc.train.seq_len;
   j["global_batch"] = sc.train.global_batch > 0 ? sc.train.global_batch : sc.strategy.global_batch();

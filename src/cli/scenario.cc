@@ -34,24 +34,40 @@ void add_scenario_options(CLI::App* sub, ScenarioOptions* o) {
   add_precision_options(sub, &o->precision);
 }
 
+Result<MeasuredLoads> measured_loads(const balance::ExpertLoads& loads, const std::string& file, const ModelSpec& model,
+                                     int ep) {
+  if (loads.model != model.name || loads.num_experts != model.moe.num_experts) {
+    return invalid_argument("--expert-loads " + elide(file) + ": recorded on model '" + elide(loads.model) + "' (" +
+                            std::to_string(loads.num_experts) + " experts), not '" + model.name + "' (" +
+                            std::to_string(model.moe.num_experts) + " experts); record it with `piper train --model " +
+                            model.name + " --record-expert-loads FILE`");
+  }
+  for (const balance::LayerLoads& l : loads.layers) {
+    if (l.layer >= model.num_layers || !model.is_moe_layer(l.layer)) {
+      return invalid_argument("--expert-loads " + elide(file) + ": layer " + std::to_string(l.layer) +
+                              " is not a MoE layer of model '" + model.name + "'; record the loads with this model");
+    }
+  }
+  MeasuredLoads m;
+  m.file = file;
+  auto imbalance = balance::contiguous_imbalance(loads, ep);
+  if (!imbalance.ok()) return imbalance.status().with_context("--expert-loads " + elide(file));
+  m.imbalance = *imbalance;
+  PIPER_ASSIGN_OR_RETURN(m.ranks, balance::contiguous_rank_loads(loads, ep));
+  return m;
+}
+
 namespace {
 
 // --expert-loads: the measured loads of this model's experts, placed as the strategy's ep places them, replace the
 // calibration's expert_load_imbalance (which a --calibration file may also set: the flag wins, and says so).
 Status apply_expert_loads(const std::string& path, Scenario* sc) {
   PIPER_ASSIGN_OR_RETURN(balance::ExpertLoads loads, balance::load_expert_loads(path));
-  if (loads.model != sc->model.name || loads.num_experts != sc->model.moe.num_experts) {
-    return invalid_argument("--expert-loads " + elide(path) + ": recorded on model '" + elide(loads.model) + "' (" +
-                            std::to_string(loads.num_experts) + " experts), not '" + sc->model.name + "' (" +
-                            std::to_string(sc->model.moe.num_experts) +
-                            " experts); record it with `piper train --model " + sc->model.name +
-                            " --record-expert-loads FILE`");
-  }
-  auto imbalance = balance::contiguous_imbalance(loads, sc->strategy.ep);
-  if (!imbalance.ok()) return imbalance.status().with_context("--expert-loads " + elide(path));
+  PIPER_ASSIGN_OR_RETURN(MeasuredLoads m, measured_loads(loads, path, sc->model, sc->strategy.ep));
   sc->expert_loads = path;
-  sc->expert_load_imbalance = *imbalance;
-  sc->calibration.expert_load_imbalance = *imbalance;
+  sc->expert_load_imbalance = m.imbalance;
+  sc->calibration.expert_load_imbalance = m.imbalance;
+  sc->rank_loads = std::move(m.ranks);
   return ok_status();
 }
 
@@ -100,17 +116,37 @@ Result<Scenario> make_scenario(ModelSpec model, ClusterSpec cluster, const Scena
   return sc;
 }
 
-std::string Scenario::expert_loads_line() const {
+std::string Scenario::expert_loads_line(bool per_rank) const {
   if (expert_loads.empty()) return "";
-  char buf[96];
-  std::snprintf(buf, sizeof(buf), ": busiest ep rank %.3f x the mean at ep=%d (measured)", expert_load_imbalance,
-                strategy.ep);
+  char buf[200];
+  std::snprintf(buf, sizeof(buf),
+                per_rank ? ": each ep rank's experts priced from its own measured share (time and memory); busiest "
+                           "%.3f x the mean at ep=%d"
+                         : ": busiest ep rank %.3f x the mean at ep=%d (measured); every rank's experts priced as the "
+                           "busiest's (time and memory)",
+                expert_load_imbalance, strategy.ep);
   return "experts   " + expert_loads + buf;
 }
 
-Json Scenario::expert_loads_json() const {
+Json Scenario::expert_loads_json(bool per_rank) const {
   if (expert_loads.empty()) return Json();
-  return Json{{"file", expert_loads}, {"imbalance", expert_load_imbalance}, {"ep", strategy.ep}};
+  Json layers = Json::array();
+  for (size_t i = 0; i < rank_loads.layers.size(); ++i) {
+    layers.push_back({{"layer", rank_loads.layers[i]}, {"rank_load", rank_loads.factor[i]}});
+  }
+  return Json{{"file", expert_loads},
+              {"imbalance", expert_load_imbalance},
+              {"ep", strategy.ep},
+              {"priced", per_rank ? "per_rank" : "busiest"},
+              {"layers", layers}};
+}
+
+sim::ExpertRankLoads Scenario::expert_sim_loads() const {
+  sim::ExpertRankLoads l;
+  if (expert_loads.empty()) return l;
+  l.loads = rank_loads;
+  l.plan_load = calibration.expert_load_imbalance;  // simulate() sizes the plan's experts buffers for the busiest
+  return l;
 }
 
 Status check_estimable(const Scenario& sc) {

@@ -7,12 +7,14 @@
 #include <string>
 #include <vector>
 
+#include "piper/balance/expert_loads.h"
 #include "piper/base/json.h"
 #include "piper/base/status.h"
 #include "piper/cli/command.h"
 #include "piper/cli/directive_input.h"
 #include "piper/cli/precision_flags.h"
 #include "piper/cost/device_model.h"
+#include "piper/sim/expert_rank_loads.h"
 #include "piper/spec/cluster_spec.h"
 #include "piper/spec/model_spec.h"
 #include "piper/spec/train_spec.h"
@@ -51,14 +53,32 @@ struct Scenario {
   // With --directives: the file, its mesh and what it was resolved to; `strategy` is resolved.strategy.
   bool from_directives = false;
   DirectiveInput input;
-  // With --expert-loads: the file, and the imbalance it gave calibration.expert_load_imbalance.
+  // With --expert-loads: the file, the imbalance it gave calibration.expert_load_imbalance (the busiest ep rank,
+  // what the closed form and a representative simulation price every rank as), and each ep rank's load per layer
+  // (what a simulation of every rank prices each rank from: expert_sim_loads()).
   std::string expert_loads;
   double expert_load_imbalance = 1.0;
+  balance::RankLoads rank_loads;
 
-  // "--expert-loads FILE: ..." for the text reports, or "" without the flag; and the JSON object (null without).
-  std::string expert_loads_line() const;
-  Json expert_loads_json() const;
+  // "experts   FILE: ..." for the text reports, or "" without the flag; per_rank: the report is of a simulation
+  // that priced each rank from its own loads (else every rank as the busiest). The JSON object (null without).
+  std::string expert_loads_line(bool per_rank) const;
+  Json expert_loads_json(bool per_rank) const;
+  // SimOptions::expert_loads for a simulation of every rank of a plan compiled for this scenario (off without
+  // --expert-loads).
+  sim::ExpertRankLoads expert_sim_loads() const;
 };
+
+// Measured expert loads (`--expert-loads FILE`) checked against `model` (its name, experts and MoE layers) and
+// priced for `ep` contiguous expert ranks: the busiest rank's imbalance (cost::Calibration::expert_load_imbalance)
+// and every rank's load per layer (SimOptions::expert_loads). Errors name the file and the fix.
+struct MeasuredLoads {
+  std::string file;
+  double imbalance = 1.0;
+  balance::RankLoads ranks;
+};
+Result<MeasuredLoads> measured_loads(const balance::ExpertLoads& loads, const std::string& file, const ModelSpec& model,
+                                     int ep);
 
 // --model, --cluster, --nodes, --strategy or --directives with --mesh, --global-batch, --seq, --calibration,
 // --comm-calibration, --domain-nodes, --expert-loads, --precision and the dtype flags (precision_flags.h).

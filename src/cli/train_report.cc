@@ -61,8 +61,26 @@ std::function<Result<compile::CostFn>(const Strategy&, const TrainSpec&)> local_
   };
 }
 
-Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, const LocalMachine& machine,
-                                             const std::vector<RankMeasurement>& measured) {
+namespace {
+
+// The note and JSON of a prediction priced from measured expert loads.
+void describe_loads(const PredictionLoads& l, int ep, PredictionReport* r) {
+  char buf[160];
+  std::snprintf(buf, sizeof(buf), " (busiest ep rank %.3f x the mean at ep=%d)", l.loads.imbalance, ep);
+  r->experts_note = "experts   loads: " + l.label + buf +
+                    ": sim prices each ep rank's experts (time, memory) from its own share; model prices every rank "
+                    "as the busiest";
+  r->experts_json = Json{{"source", l.label}, {"file", l.loads.file},    {"imbalance", l.loads.imbalance},
+                         {"ep", ep},          {"simulated", "per_rank"}, {"resource_model", "busiest"}};
+}
+
+}  // namespace
+
+Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, const LocalMachine& machine_in,
+                                             const std::vector<RankMeasurement>& measured,
+                                             const PredictionLoads* loads) {
+  LocalMachine machine = machine_in;
+  if (loads != nullptr) machine.calibration.expert_load_imbalance = loads->loads.imbalance;
   const compile::Plan& plan = trainer.compiled().plan;
   if (static_cast<int>(measured.size()) != plan.world_size) {
     return internal_error("predict_vs_measured: " + std::to_string(measured.size()) + " measurements for " +
@@ -74,6 +92,15 @@ Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, co
   r.machine = machine;
   sim::SimOptions so;
   so.full = true;  // every rank: the runs here are small
+  if (loads != nullptr) {
+    if (loads->loads.ranks.ep != std::max(1, plan.mesh.ep)) {
+      return invalid_argument("--expert-loads: loads priced for ep=" + std::to_string(loads->loads.ranks.ep) +
+                              ", the plan has ep=" + std::to_string(plan.mesh.ep));
+    }
+    so.expert_loads.loads = loads->loads.ranks;
+    so.expert_loads.plan_load = 1;  // the trainer compiled its plan for balanced experts (CompileOptions default)
+    describe_loads(*loads, plan.mesh.ep, &r);
+  }
   PIPER_ASSIGN_OR_RETURN(sim::SimReport sim, sim::simulate_compiled(trainer.compiled(), model, machine.cluster, train,
                                                                     trainer.strategy(), machine.calibration, so));
   r.sim_plan_hash = sim.plan_hash;
@@ -139,10 +166,11 @@ std::string ratio(double measured, double predicted) {
 void PredictionReport::print() const {
   const int n = machine.cluster.world_size();
   std::printf(
-      "\npredicted vs measured: local-cpu, %d rank%s sharing %g core%s (%g each computing alone; model: %.2f each, "
+      "\n%s: local-cpu, %d rank%s sharing %g core%s (%g each computing alone; model: %.2f each, "
       "all busy), %s\n",
-      n, n == 1 ? "" : "s", machine.cores, machine.cores == 1 ? "" : "s", machine.rank_cores, machine.cores_per_rank,
-      machine.calibration_source.c_str());
+      title.c_str(), n, n == 1 ? "" : "s", machine.cores, machine.cores == 1 ? "" : "s", machine.rank_cores,
+      machine.cores_per_rank, machine.calibration_source.c_str());
+  if (!experts_note.empty()) std::printf("%s\n", experts_note.c_str());
   std::printf(" %4s %3s | %10s %10s %10s %7s | %10s %10s | %10s %10s %10s %7s\n", "rank", "pp", "step", "sim", "model",
               "x sim", "compute", "sim busy", "peak mem", "sim", "model", "x model");
   for (const RankComparison& c : ranks) {
@@ -184,6 +212,7 @@ Json PredictionReport::to_json() const {
               {"simulated_plan_hash", hex64(sim_plan_hash)},
               {"resource_model_step_time_s", model_step_s},
               {"note", note},
+              {"expert_loads", experts_json},
               {"ranks", ranks_json}};
 }
 

@@ -27,6 +27,7 @@
 
 #include "piper/base/json.h"
 #include "piper/base/status.h"
+#include "piper/cli/scenario.h"
 #include "piper/cost/device_model.h"
 #include "piper/runtime/exec/trace.h"
 #include "piper/runtime/trainer.h"
@@ -62,7 +63,17 @@ struct RankComparison {
   double model_step_s = 0, model_peak_bytes = 0;
 };
 
+// Measured expert loads a prediction prices the experts from: the simulation of every rank prices each ep rank's
+// experts (time and memory) from its own share, the closed form every rank as the busiest.
+struct PredictionLoads {
+  std::string label;  // where they come from: "FILE (an earlier run)", "this run's own"
+  MeasuredLoads loads;
+};
+
 struct PredictionReport {
+  std::string title = "predicted vs measured";
+  std::string experts_note;  // with PredictionLoads: which loads, priced how
+  Json experts_json;         // the same for --json (null without)
   LocalMachine machine;
   std::vector<RankComparison> ranks;  // ascending rank
   double sim_step_s = 0, model_step_s = 0;
@@ -74,9 +85,12 @@ struct PredictionReport {
   Json to_json() const;
 };
 
-// Simulates the trainer's compiled plan and estimates its strategy on `machine` and pairs it with `measured` (one per rank).
+// Simulates the trainer's compiled plan and estimates its strategy on `machine` and pairs it with `measured` (one per
+// rank). With `loads`: the experts priced from them (PredictionLoads), else as balanced (or the calibration's
+// expert_load_imbalance).
 Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, const LocalMachine& machine,
-                                             const std::vector<RankMeasurement>& measured);
+                                             const std::vector<RankMeasurement>& measured,
+                                             const PredictionLoads* loads = nullptr);
 
 // The gathered timelines in the simulator's trace form (report/chrome_trace.h), written to `path`.
 Status write_train_trace(const std::string& path, const compile::Plan& plan,

@@ -42,6 +42,10 @@ struct CompileOptions {
   // ir::ApplyOptions::defer_order_cycle_checks (one cycle check per run of order directives; on failure the
   // passes run again with a check per directive, for its message). false: the former check after every order.
   bool defer_order_cycle_checks = true;
+  // The routed experts' rows on a rank over the mean rank's (ir::build_graph): the experts' activation buffers
+  // are sized for it. The simulator's compile passes Calibration::expert_load_imbalance, the busiest ep rank, as
+  // its task prices do; 1 = balanced (every other compile, the runtime's included).
+  double expert_load = 1.0;
 };
 
 struct CompileResult {

@@ -20,7 +20,7 @@ ActivationShape shape_of(const ActivationOptions& o) {
 // MoE FFN block per token, already divided by tp (tokens are split over TP ranks before dispatch).
 double moe_bytes(const ModelSpec& m, const ActivationOptions& o) {
   const ActivationShape a = shape_of(o);
-  return (moe_router_activation_per_token(m, a) + moe_experts_activation_per_token(m, a) +
+  return (moe_router_activation_per_token(m, a) + o.expert_load * moe_experts_activation_per_token(m, a) +
           moe_shared_activation_per_token(m, a)) /
          o.tp;
 }
@@ -89,8 +89,9 @@ double layer_weight_grad_input_bytes_per_token(const ModelSpec& m, bool moe_laye
     // Under etp the experts' rows are gathered over the etp ranks (etp times the output-gradient rows) and the
     // gate/up gradients are 1/etp of the width: the same bytes as whole experts.
     const double etp = std::max(1, o.etp);
-    double moe = b * h + 4.0 * m.moe.num_experts + b * k * h * etp +
-                 gated * b * k * static_cast<double>(m.moe.expert_intermediate_size);
+    double moe =
+        b * h + 4.0 * m.moe.num_experts +
+        o.expert_load * (b * k * h * etp + gated * b * k * static_cast<double>(m.moe.expert_intermediate_size));
     if (m.moe.num_shared_experts > 0) {
       moe +=
           b * (2 * h + gated * static_cast<double>(m.moe.shared_expert_intermediate_size) * m.moe.num_shared_experts);

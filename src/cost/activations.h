@@ -41,6 +41,11 @@ struct ActivationOptions {
   // Strategy::recompute_modules "layernorm" and "moe_act" (spec/activation_counting.h).
   bool recompute_moe_norm = false;
   bool recompute_moe_act = false;
+  // The routed experts' rows on this rank over the mean rank's (Calibration::expert_load_imbalance: the busiest ep
+  // rank's, as the experts' time is priced; 1 = balanced): everything held per routed row (the dispatched tokens,
+  // the experts' intermediates and outputs, and the B -> W gradients of those rows) scales with it; the router,
+  // the shared experts and everything per token of the layer do not.
+  double expert_load = 1;
 };
 
 // Bytes per token of one layer, split by part. `norms` is the two pre-norm inputs.

@@ -324,6 +324,7 @@ ActBytes act_bytes_per_token(const CostModel& cm, const Strategy& s, ScheduleKin
   ao.recompute_moe_act = s.recomputes_module("moe_act");
   ao.seq_len = cm.train().seq_len;
   ao.act_bytes = cm.train().activation_bytes();
+  ao.expert_load = cm.calibration().expert_load_imbalance;  // the busiest ep rank, as the experts' time
   ActBytes a;
   a.dense = layer_activation_bytes_per_token(model, false, ao).total();
   a.moe = model.is_moe() ? layer_activation_bytes_per_token(model, true, ao).total() : 0.0;
@@ -430,8 +431,9 @@ double rank_buffer_bytes(const CostModel& cm, const Strategy& s, const PipelineS
   double buffers = cm.calibration().workspace_bytes;
   const double sp_div = s.sp ? s.tp : 1;
   if (s.pp > 1) buffers += 4 * T * cm.parts().hidden * cm.train().comm_bytes() / sp_div;  // P2P, both ways
-  if (s.ep > 1 && x.moe > 0) {  // all-to-all staging: the dispatched tokens and the combine's
-    buffers += T / s.tp * cm.parts().top_k * (cm.dispatch_bytes_per_token() + cm.combine_bytes_per_token());
+  if (s.ep > 1 && x.moe > 0) {  // all-to-all staging: the tokens dispatched to its experts and the combine's
+    buffers += T / s.tp * cm.parts().top_k *
+               (cm.calibration().expert_load_imbalance * cm.dispatch_bytes_per_token() + cm.combine_bytes_per_token());
   }
   // ZeRO-2/3: the full gradients of the chunks between their weight-gradient task and their per-microbatch
   // reduce-scatter; ZeRO-3: the gathered parameters of the unit running and the one prefetched. The compiler's

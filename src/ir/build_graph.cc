@@ -32,10 +32,14 @@ struct ChunkSpec {
 
 }  // namespace
 
-Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const MeshInfo& mesh) {
+Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const MeshInfo& mesh, double expert_load) {
   if (model.num_layers < 1 || model.hidden_size < 1 || model.num_heads < 1 || model.vocab_size < 1) {
     return invalid_argument("build_graph: model '" + model.name +
                             "' needs num_layers, hidden_size, num_heads and vocab_size >= 1");
+  }
+  if (!(expert_load > 0 && std::isfinite(expert_load))) {
+    return invalid_argument("build_graph: expert_load = " + std::to_string(expert_load) +
+                            " must be a positive number (1 = balanced experts)");
   }
   if (train.micro_batch_size < 1 || train.seq_len < 1) {
     return invalid_argument("build_graph: micro_batch_size and seq_len must be >= 1");
@@ -76,7 +80,7 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
       const double router = static_cast<double>(h) * e.num_experts;
       const double experts = static_cast<double>(e.top_k) * mlp_params(model, e.expert_intermediate_size, false);
       const double router_act = moe_router_activation_per_token(model, shape);
-      const double experts_act = moe_experts_activation_per_token(model, shape);
+      const double experts_act = expert_load * moe_experts_activation_per_token(model, shape);
       chunks.push_back({Part::kRouter,
                         l,
                         router_params(model) + norm,
@@ -91,7 +95,7 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
                         {0, experts_act},
                         hidden + 8.0 * e.top_k,
                         0,
-                        experts_act - moe_experts_activation_per_token(model, recompute_act)});
+                        experts_act - expert_load * moe_experts_activation_per_token(model, recompute_act)});
       ffn_weights = router + experts;
       if (e.num_shared_experts > 0) {
         const double shared =

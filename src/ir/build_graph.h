@@ -23,6 +23,10 @@ namespace piper::ir {
 
 // tokens per microbatch = train.micro_batch_size * train.seq_len. The mesh is copied into the graph; directives
 // are checked against it. Errors on an inconsistent model (num_layers < 1, hidden_size < 1, ...).
-Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const MeshInfo& mesh);
+// expert_load: the routed experts' rows over the mean rank's (> 0; compile::CompileOptions::expert_load): the
+// experts chunk's activation bytes (its dispatched rows, intermediates and outputs) scale with it, its checkpoint
+// (the router's output and routing, per token) does not.
+Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const MeshInfo& mesh,
+                          double expert_load = 1.0);
 
 }  // namespace piper::ir

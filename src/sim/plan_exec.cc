@@ -77,6 +77,7 @@ struct RankState {
   double last_s = 0;
   int64_t live_bytes = 0;
   RankStats stats;
+  RankLoadOverrides loads;  // SimOptions::expert_loads: this rank's experts times and buffers (else empty)
 };
 
 struct P2PKey {
@@ -191,6 +192,13 @@ class Executor {
     }
     r.active_groups.emplace_back(group, delta);
   }
+  // An alloc's or free's change of live bytes: an experts buffer's on this rank under SimOptions::expert_loads.
+  static int64_t buffer_delta(const RankState& r, const Instruction& in) {
+    if (r.loads.buffer_bytes.empty()) return in.mem_delta;
+    auto it = r.loads.buffer_bytes.find(in.buffer);
+    if (it == r.loads.buffer_bytes.end()) return in.mem_delta;
+    return in.op == OpKind::kAlloc ? it->second : -it->second;
+  }
   void sample_memory(RankState& r) {
     if (options_.record_timeline) r.stats.memory.push_back({now_, r.live_bytes});
   }
@@ -258,7 +266,9 @@ void Executor::start_compute(int ri, int s, double t) {
   r.engine_busy = true;
   StreamState& ss = r.streams[static_cast<size_t>(s)];
   ss.start_s = t;
-  const double d = infos_[static_cast<size_t>(r.tmpl)].duration_s[static_cast<size_t>(s)][ss.pc];
+  const auto& durations =
+      r.loads.duration_s.empty() ? infos_[static_cast<size_t>(r.tmpl)].duration_s : r.loads.duration_s;
+  const double d = durations[static_cast<size_t>(s)][ss.pc];
   if (pooled_) {
     pool_start(ri, s, d, t);
   } else {
@@ -453,7 +463,7 @@ Status Executor::advance_stream(int ri, int s) {
       }
       case OpKind::kAlloc:
       case OpKind::kFree:
-        r.live_bytes += in.mem_delta;
+        r.live_bytes += buffer_delta(r, in);
         r.stats.peak_bytes = std::max(r.stats.peak_bytes, r.live_bytes);
         sample_memory(r);
         ss.start_s = now_;
@@ -498,6 +508,11 @@ Result<SimResult> Executor::run() {
     r.stats.pp_rank = prog.pp_rank;
     r.stats.static_bytes = prog.static_bytes;
     r.stats.peak_bytes = prog.static_bytes;
+    if (options_.expert_loads.on()) {
+      PIPER_ASSIGN_OR_RETURN(r.loads,
+                             rank_load_overrides(prog, infos_[static_cast<size_t>(r.tmpl)].duration_s,
+                                                 plan_.coords[static_cast<size_t>(rank)].ep, options_.expert_loads));
+    }
     sample_memory(r);
     index_of_rank_[static_cast<size_t>(rank)] = static_cast<int>(ranks_.size());
     ranks_.push_back(std::move(r));
@@ -609,6 +624,25 @@ Status check_core_pool(const SimOptions& o) {
   return ok_status();
 }
 
+// SimOptions::expert_loads: off, or for this plan's ep with every rank simulated and a price for the experts.
+Status check_expert_loads(const SimOptions& o, const compile::Plan& plan) {
+  const ExpertRankLoads& l = o.expert_loads;
+  if (!l.on()) return ok_status();
+  if (!o.full) {
+    return invalid_argument(
+        "simulate_plan: expert loads per ep rank need every rank simulated; set SimOptions::full (representative "
+        "ranks price the busiest rank: Calibration::expert_load_imbalance)");
+  }
+  if (l.loads.ep != std::max(1, plan.mesh.ep)) {
+    return invalid_argument("simulate_plan: expert loads for ep=" + std::to_string(l.loads.ep) +
+                            ", the plan has ep=" + std::to_string(plan.mesh.ep) + "; compute them for the plan's ep");
+  }
+  if (!(l.plan_load > 0) || !l.expert_time) {
+    return invalid_argument("simulate_plan: expert loads need plan_load > 0 and an expert_time price");
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 Result<SimResult> simulate_plan(const compile::Plan& plan, const Network& net,
@@ -620,6 +654,7 @@ Result<SimResult> simulate_plan(const compile::Plan& plan, const Network& net,
                             " is not pp*dp*tp = " + std::to_string(plan.mesh.pp * plan.mesh.dp * plan.mesh.tp));
   }
   PIPER_RETURN_IF_ERROR(check_core_pool(options));
+  PIPER_RETURN_IF_ERROR(check_expert_loads(options, plan));
   PIPER_ASSIGN_OR_RETURN(CommTemplates templates, CommTemplates::create(net, plan, !options.full));
   templates.set_reuse_slices(options.reuse_slice_templates);
   templates.set_halo_model(options.halo);

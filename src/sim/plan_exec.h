@@ -43,6 +43,7 @@
 #include "piper/compile/plan.h"
 #include "piper/compile/timeline.h"
 #include "piper/sim/comm_templates.h"
+#include "piper/sim/expert_rank_loads.h"
 #include "piper/sim/network.h"
 #include "piper/sim/task_time.h"
 
@@ -95,6 +96,10 @@ struct SimOptions {
   HaloSimModel halo;
   // CPU ranks sharing their node's cores (processor sharing, above); off by default. Needs full = true.
   CorePool core_pool;
+  // Measured expert loads per ep rank (expert_rank_loads.h): each simulated rank's experts priced and their
+  // activation buffers sized from its own share of the routed tokens; off by default. Needs full = true and
+  // loads.ep equal to the plan's ep.
+  ExpertRankLoads expert_loads;
 };
 
 using compile::InstrSpan;     // compile/timeline.h: the measured timeline's type too

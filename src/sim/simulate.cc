@@ -75,6 +75,9 @@ Result<SimReport> simulate_compiled(compile::CompileResult compiled, const Model
   SimOptions run = options;
   if (run.halo.routing.top_k < 1) run.halo = halo_sim_model(model, train);
   run.core_pool = core_pool_of(cluster, options);
+  if (run.expert_loads.on() && !run.expert_loads.expert_time) {
+    PIPER_ASSIGN_OR_RETURN(run.expert_loads.expert_time, cost_expert_time(cm, strategy, calibration));
+  }
   auto t0 = std::chrono::steady_clock::now();
   PIPER_ASSIGN_OR_RETURN(rep.sim, simulate_plan(rep.compiled.plan, net, task_time, run));
   rep.simulate_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -97,6 +100,7 @@ Result<compile::CompileOptions> sim_compile_options(const cost::CostModel& cm, c
   copts.p2p_scatter_gather = calibration.p2p_scatter_gather;
   copts.dp_reduce_after_backward = calibration.dp_reduce_after_backward;
   copts.data_edges = options.data_edges;
+  copts.expert_load = calibration.expert_load_imbalance;  // the experts' buffers of the rank their time prices
   PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, pricing, calibration));
   return copts;
 }

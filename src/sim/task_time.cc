@@ -75,6 +75,26 @@ void split_gemms(const cost::PartTable& table, const cost::DeviceModel& dev, con
   }
 }
 
+// A chunk's F, B, W times and costs (no update) at `shape`. Same formula as the estimate: each cost part is its own
+// kernel (roofline + pointwise traffic); fp8/mxfp8 run the block GEMMs at the fp8 peak, the rest at bf16's
+// (CostModel::device_for).
+PartPrice price_chunk(const cost::CostModel& cm, const cost::PartShape& shape, Part chunk) {
+  PartPrice p;
+  for (Part part : parts_of(chunk)) {
+    cost::PartCost c = cost::part_cost(cm.parts(), part, shape);
+    const TaskCost* tasks[3] = {&c.f, &c.b, &c.w};
+    for (int k = 0; k < 3; ++k) {
+      const cost::DeviceModel& part_dev = cm.device_for(part);
+      p.time_s[static_cast<size_t>(k)] +=
+          part_dev.time_s(tasks[k]->flops, tasks[k]->bytes, tasks[k]->gemm_dim, tasks[k]->attention_kernel) +
+          part_dev.memory_time_s(tasks[k]->pointwise_bytes);
+      add(p.cost[static_cast<size_t>(k)], *tasks[k]);
+    }
+  }
+  split_gemms(cm.parts(), cm.device(), shape, chunk, p);
+  return p;
+}
+
 Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, const Strategy& s,
                                                   const cost::Calibration& cal) {
   PIPER_RETURN_IF_ERROR(s.validate_for(cm.model(), cm.train(), s.world_size()));
@@ -116,22 +136,8 @@ Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, con
   };
   auto prices = std::make_shared<Prices>();
   for (Part chunk : kChunkParts) {
-    PartPrice p;
-    for (Part part : parts_of(chunk)) {
-      cost::PartCost c = cost::part_cost(table, part, shape);
-      const TaskCost* tasks[3] = {&c.f, &c.b, &c.w};
-      for (int k = 0; k < 3; ++k) {
-        // Same formula as the estimate: each cost part is its own kernel (roofline + pointwise traffic).
-        // fp8/mxfp8 run the block GEMMs at the fp8 peak, the rest at bf16's (CostModel::device_for).
-        const cost::DeviceModel& part_dev = cm.device_for(part);
-        p.time_s[static_cast<size_t>(k)] += part_dev.time_s(tasks[k]->flops, tasks[k]->bytes, tasks[k]->gemm_dim,
-                                                            tasks[k]->attention_kernel) +
-                                            part_dev.memory_time_s(tasks[k]->pointwise_bytes);
-        add(p.cost[static_cast<size_t>(k)], *tasks[k]);
-      }
-    }
+    PartPrice p = price_chunk(cm, shape, chunk);
     p.update_s = dev.time_s(0, shard_params(chunk) * cost::optimizer_step_bytes_per_param(cm.bytes()), 0);
-    split_gemms(table, dev, shape, chunk, p);
     prices->parts[static_cast<size_t>(chunk)] = p;
   }
   prices->out_sm_share = cal.tp_overlap_gemm_sm_share;
@@ -193,6 +199,19 @@ Result<TaskTimeFn> cost_task_time(const cost::CostModel& model, const Strategy& 
     return piece_value(p->time_s, p->in_s, p->out_s, in) *
                (in.segment == compile::Segment::kOut ? 1 / prices->out_sm_share : 1.0) +
            (split_head ? prices->vocab_stats_s : 0.0);
+  });
+}
+
+Result<ExpertTimeFn> cost_expert_time(const cost::CostModel& model, const Strategy& strategy,
+                                      const cost::Calibration& calibration) {
+  PIPER_RETURN_IF_ERROR(strategy.validate_for(model.model(), model.train(), strategy.world_size()));
+  const cost::PartShape shape = model.part_shape(strategy, calibration);
+  return ExpertTimeFn([model, shape](const compile::Instruction& in, double load) -> double {
+    if (in.op != compile::OpKind::kCompute || in.part != Part::kExperts) return 0.0;
+    cost::PartShape at = shape;
+    at.expert_load = load;
+    const PartPrice p = price_chunk(model, at, Part::kExperts);
+    return piece_value(p.time_s, p.in_s, p.out_s, in);
   });
 }
 

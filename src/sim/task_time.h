@@ -34,6 +34,13 @@ using TaskTimeFn = std::function<double(const compile::Program& program, const c
 Result<TaskTimeFn> cost_task_time(const cost::CostModel& model, const Strategy& strategy,
                                   const cost::Calibration& calibration = {});
 
+// The seconds of an experts compute instruction when its rank's experts receive `load` x the mean rank's routed
+// rows (cost_task_time prices them at calibration.expert_load_imbalance); 0 for any other instruction. For
+// simulations that price each ep rank from its own measured load (expert_rank_loads.h). Copies `model`.
+using ExpertTimeFn = std::function<double(const compile::Instruction& instr, double load)>;
+Result<ExpertTimeFn> cost_expert_time(const cost::CostModel& model, const Strategy& strategy,
+                                      const cost::Calibration& calibration = {});
+
 Result<compile::CostFn> cost_annotations(const cost::CostModel& model, const Strategy& strategy,
                                          const cost::Calibration& calibration = {});
 

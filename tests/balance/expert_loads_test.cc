@@ -42,6 +42,35 @@ TEST(ExpertLoadsTest, ContiguousImbalanceIsTheMeanOverLayersOfBusiestOverMean) {
   EXPECT_NE(bad.status().message().find("ep=3 does not divide"), std::string::npos) << bad.status().message();
 }
 
+TEST(ExpertLoadsTest, RankLoadsAreEachRanksShareOverTheMeanRank) {
+  ExpertLoads l = two_layers();
+  ASSERT_TRUE(l.add_step({{1, {0, 0, 0, 0}}, {3, {0, 0, 0, 0}}}).ok());
+  // ep=2: layer 1 ranks {16, 0} over the mean 8 -> {2, 0}; layer 3 {8, 8} -> {1, 1}.
+  const RankLoads r2 = contiguous_rank_loads(l, 2).value();
+  EXPECT_EQ(r2.layers, (std::vector<int>{1, 3}));
+  EXPECT_DOUBLE_EQ(r2.of(1, 0), 2.0);
+  EXPECT_DOUBLE_EQ(r2.of(1, 1), 0.0);
+  EXPECT_DOUBLE_EQ(r2.of(3, 1), 1.0);
+  EXPECT_DOUBLE_EQ(r2.busiest(1), 2.0);
+  EXPECT_DOUBLE_EQ(r2.of(2, 1), 1.0);  // not a MoE layer of the file: balanced
+  EXPECT_DOUBLE_EQ(r2.busiest(0), 1.0);
+  // ep=4: layer 1 {12, 4, 0, 0} over 4 -> {3, 1, 0, 0}; the factors of a layer average 1.
+  const RankLoads r4 = contiguous_rank_loads(l, 4).value();
+  EXPECT_EQ(r4.factor[0], (std::vector<double>{3, 1, 0, 0}));
+  EXPECT_EQ(r4.factor[1], (std::vector<double>{1, 1, 1, 1}));
+  // A layer that routed nothing is priced as balanced.
+  ExpertLoads empty_layer;
+  empty_layer.model = "m";
+  empty_layer.num_experts = 2;
+  ASSERT_TRUE(empty_layer.add_step({{1, {0, 0}}, {2, {3, 1}}}).ok());
+  const RankLoads e = contiguous_rank_loads(empty_layer, 2).value();
+  EXPECT_EQ(e.factor[0], (std::vector<double>{1, 1}));
+  EXPECT_EQ(e.factor[1], (std::vector<double>{1.5, 0.5}));
+  EXPECT_DOUBLE_EQ(contiguous_imbalance(empty_layer, 2).value(), 1.5);  // the empty layer does not count
+  EXPECT_FALSE(contiguous_rank_loads(l, 3).ok());
+  EXPECT_FALSE(contiguous_rank_loads(l, 0).ok());
+}
+
 TEST(ExpertLoadsTest, WrittenFileReadsBackTheSame) {
   const ExpertLoads l = two_layers();
   const std::string path = ::testing::TempDir() + "/piper_expert_loads_test.json";

@@ -125,6 +125,38 @@ TEST(ActivationsTest, MoeTopKDuplication) {
   EXPECT_DOUBLE_EQ(layer_activation_bytes_per_token(m, true, o).mlp, k4);
 }
 
+// ActivationOptions::expert_load: a rank whose experts receive L x the mean rank's rows holds L x the routed
+// experts' bytes per token (dispatched rows 2kh: k h in, k h out, and the SwiGLU intermediates 3k f_e, here 2-byte)
+// and L x their B -> W gradients (expert output rows k h, gate/up 2k f_e); the router's and shared experts' do not
+// change. A rank with no routed rows keeps only those.
+TEST(ActivationsTest, RoutedExpertsScaleWithTheRanksLoad) {
+  ModelSpec m = gpt(7168, 128);
+  m.mlp = MlpType::kSwiGLU;
+  m.moe.num_experts = 256;
+  m.moe.top_k = 8;
+  m.moe.num_shared_experts = 1;
+  m.moe.expert_intermediate_size = 2048;
+  m.moe.shared_expert_intermediate_size = 2048;
+  const double h = 7168, k = 8, fe = 2048;
+  ActivationOptions o;
+  const double balanced = layer_activation_bytes_per_token(m, true, o).mlp;
+  const double wg_balanced = layer_weight_grad_input_bytes_per_token(m, true, o);
+  const double experts = 2 * (2 * k * h + 3 * k * fe), wg_experts = 2 * (k * h + 2 * k * fe);
+  o.expert_load = 2.5;
+  EXPECT_DOUBLE_EQ(layer_activation_bytes_per_token(m, true, o).mlp, balanced + 1.5 * experts);
+  EXPECT_DOUBLE_EQ(layer_weight_grad_input_bytes_per_token(m, true, o), wg_balanced + 1.5 * wg_experts);
+  o.expert_load = 0;
+  EXPECT_DOUBLE_EQ(layer_activation_bytes_per_token(m, true, o).mlp, balanced - experts);
+  EXPECT_DOUBLE_EQ(layer_weight_grad_input_bytes_per_token(m, true, o), wg_balanced - wg_experts);
+  // Dense layers and the attention of a MoE layer carry no routed rows.
+  o.expert_load = 3;
+  ActivationOptions flat;
+  EXPECT_DOUBLE_EQ(layer_activation_bytes_per_token(m, false, o).total(),
+                   layer_activation_bytes_per_token(m, false, flat).total());
+  EXPECT_DOUBLE_EQ(layer_activation_bytes_per_token(m, true, o).attention,
+                   layer_activation_bytes_per_token(m, true, flat).attention);
+}
+
 // Megatron's output layer + cross entropy: 4sbh(1 + V/h)/tp (theoretical_memory_usage.py).
 TEST(ActivationsTest, HeadMegatron) {
   ModelSpec m = gpt(4096, 32);

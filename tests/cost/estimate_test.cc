@@ -60,6 +60,31 @@ TEST(EstimateTest, DeepSeekV3RankPlacement) {
   EXPECT_LT(e.mfu, 0.7);
 }
 
+// Calibration::expert_load_imbalance prices the busiest ep rank's memory as its time: tiny-moe on dgx-h100 (bf16
+// activations), dp=8,ep=4, one microbatch of 2 x 128 tokens, 3 MoE layers. At load L the
+// routed experts' stash (2kh + 3k f_e per token, k = 2, h = 128, f_e = 256, 2-byte) and the all-to-all staging of
+// the dispatched rows (k h dispatch bytes per token) grow by (L - 1) x; nothing else changes.
+TEST(EstimateTest, BusiestExpertRankHoldsItsLoadOfRoutedRows) {
+  auto m = load_model("tiny-moe");
+  auto c = load_cluster("dgx-h100", 1);
+  ASSERT_TRUE(m.ok() && c.ok());
+  TrainSpec t;
+  t.seq_len = 128;
+  t.micro_batch_size = 2;
+  Calibration busiest;
+  busiest.expert_load_imbalance = 3;
+  const CostModel flat = CostModel::create(*m, *c, t).value();
+  const CostModel loaded = CostModel::create(*m, *c, t, busiest).value();
+  const std::string s = "dp=8,ep=4,microbatches=1,mbs=2";
+  const Estimate a = run(flat, s), b = run(loaded, s);
+  const double tokens = 2 * 128, k = 2, h = 128, fe = 256, moe_layers = 3;
+  const double stash = 2 * (2 * k * h + 3 * k * fe);
+  EXPECT_NEAR(b.memory.activations - a.memory.activations, 2 * tokens * moe_layers * stash, 1e-6);
+  EXPECT_NEAR(b.memory.buffers - a.memory.buffers, 2 * tokens * k * flat.dispatch_bytes_per_token(), 1e-6);
+  EXPECT_DOUBLE_EQ(b.memory.params + b.memory.grads + b.memory.optimizer,
+                   a.memory.params + a.memory.grads + a.memory.optimizer);
+}
+
 // Expert parameters replicate over edp = dp/ep, not dp: with ep = dp the experts' optimizer state is not
 // sharded at all, and raising ep shrinks the expert share of each rank.
 TEST(EstimateTest, ExpertsShardOverExpertDataParallel) {

@@ -247,16 +247,50 @@ TEST(CliTrainReport, MigrationIsReported) {
   EXPECT_NE(out.find("has ep=1: add ep=N (N > 1) or drop --migrate"), std::string::npos) << out;
 }
 
+// A loads file by hand: tiny-moe's MoE layers 1-3, every routed token on experts 0 and 1 (ep rank 0 of 4).
+std::string write_hot_rank_loads() {
+  const std::string path = temp_file("hot_rank_loads.json");
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs(
+      "{\"format\": \"piper-expert-loads\", \"version\": 1, \"model\": \"tiny-moe\", \"num_experts\": 8, "
+      "\"steps\": 1, \"layers\": [{\"layer\": 1, \"tokens\": [64, 64, 0, 0, 0, 0, 0, 0]}, "
+      "{\"layer\": 2, \"tokens\": [64, 64, 0, 0, 0, 0, 0, 0]}, "
+      "{\"layer\": 3, \"tokens\": [64, 64, 0, 0, 0, 0, 0, 0]}]}\n",
+      f);
+  std::fclose(f);
+  return path;
+}
+
 // --record-expert-loads writes the routed tokens of every expert; estimate and simulate --expert-loads price the
-// busiest ep rank from them (balance/expert_loads.h).
+// busiest ep rank from them, simulate --full each rank from its own (balance/expert_loads.h). train --expert-loads
+// prices its prediction from an earlier run's loads, and an ep run adds a prediction from its own loads.
 TEST(CliTrainReport, RecordedExpertLoadsPriceEstimateAndSimulate) {
   const std::string loads = temp_file("expert_loads.json");
+  const std::string hot = write_hot_rank_loads();
   int rc = 0;
-  std::string out = run("train --model tiny-moe --ranks 4 --seq 16 --global-batch 4 --strategy "
-                        "dp=4,ep=4,microbatches=1,mbs=1 --steps 3 --router-skew 1.0 --record-expert-loads " + loads,
-                        &rc, false);
+  std::string out =
+      run("train --model tiny-moe --ranks 4 --seq 16 --global-batch 4 --strategy "
+          "dp=4,ep=4,microbatches=1,mbs=1 --steps 3 --router-skew 1.0 --json --record-expert-loads " +
+              loads + " --expert-loads " + hot,
+          &rc, true);
   ASSERT_EQ(rc, 0) << out;
-  EXPECT_NE(out.find("loads of 3 step(s) written to " + loads), std::string::npos) << out;
+  const piper::Json trained = piper::Json::parse(out);
+  EXPECT_EQ(trained["expert_loads"], loads);
+  const piper::Json& given = trained["predicted_vs_measured"];
+  EXPECT_EQ(given["expert_loads"]["file"], hot) << given.dump();
+  EXPECT_DOUBLE_EQ(given["expert_loads"]["imbalance"].get<double>(), 4.0);
+  EXPECT_EQ(given["expert_loads"]["simulated"], "per_rank");
+  // Rank 0 serves every routed row: more simulated memory and compute than the others, which hold none.
+  const auto& ranks = given["ranks"];
+  ASSERT_EQ(ranks.size(), 4u);
+  EXPECT_GT(ranks[0]["simulated"]["peak_memory_bytes"].get<double>(),
+            ranks[1]["simulated"]["peak_memory_bytes"].get<double>());
+  EXPECT_EQ(ranks[1]["simulated"]["peak_memory_bytes"], ranks[3]["simulated"]["peak_memory_bytes"]);
+  EXPECT_GT(ranks[0]["simulated"]["busy_s"].get<double>(), ranks[1]["simulated"]["busy_s"].get<double>());
+  const piper::Json& own = trained["predicted_vs_measured_own_expert_loads"];
+  EXPECT_NE(own["expert_loads"]["source"].get<std::string>().find("this run's own (3 steps"), std::string::npos)
+      << own.dump();
+  EXPECT_GT(own["expert_loads"]["imbalance"].get<double>(), 1.0);
   const piper::Json file = read_json(loads);
   EXPECT_EQ(file["steps"], 3);
   // Every routed token of every step is counted once: 3 steps x 4 sequences x 16 tokens x top-k per MoE layer.
@@ -275,6 +309,32 @@ TEST(CliTrainReport, RecordedExpertLoadsPriceEstimateAndSimulate) {
   const piper::Json est = piper::Json::parse(run("estimate" + scenario + " --expert-loads " + loads, &rc, true));
   ASSERT_EQ(rc, 0);
   EXPECT_EQ(est["expert_loads"]["imbalance"], skewed["expert_loads"]["imbalance"]);
+  EXPECT_EQ(est["expert_loads"]["priced"], "busiest");
+  // The busiest rank holds more routed rows than the mean: more memory in both predictions.
+  const piper::Json est_flat = piper::Json::parse(run("estimate" + scenario, &rc, true));
+  EXPECT_GT(est["memory"]["total"].get<double>(), est_flat["memory"]["total"].get<double>()) << est.dump();
+  EXPECT_GT(skewed["peak_memory_bytes"]["max"].get<double>(), balanced["peak_memory_bytes"]["max"].get<double>());
+  // Every rank, each from its own share of the hand-made loads: ep rank 0 (ranks 0 and 4) is the representative
+  // busiest rank to the byte; the others hold no routed rows.
+  const piper::Json rep = piper::Json::parse(run("simulate" + scenario + " --expert-loads " + hot, &rc, true));
+  const piper::Json full = piper::Json::parse(run("simulate" + scenario + " --full --expert-loads " + hot, &rc, true));
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(rep["expert_loads"]["priced"], "busiest");
+  EXPECT_EQ(full["expert_loads"]["priced"], "per_rank");
+  const auto& peaks = full["peak_memory_bytes"]["per_rank"];
+  ASSERT_EQ(peaks.size(), 8u);
+  EXPECT_EQ(peaks[0], rep["peak_memory_bytes"]["max"]);
+  EXPECT_EQ(peaks[4], peaks[0]);
+  EXPECT_LT(peaks[1].get<double>(), peaks[0].get<double>());
+  EXPECT_EQ(peaks[1], peaks[2]);
+  out =
+      run("train --model tiny-moe --ranks 4 --seq 16 --steps 1 --strategy dp=4,ep=4,microbatches=1,mbs=1 "
+          "--expert-loads " +
+              loads + ".missing",
+          &rc, false);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--expert-loads"), std::string::npos) << out;
+  std::filesystem::remove(hot);
   out = run("estimate --model mixtral-8x7b --cluster dgx-h100 --nodes 1 --strategy dp=8,ep=4 --expert-loads " + loads,
             &rc, false);
   EXPECT_NE(rc, 0);

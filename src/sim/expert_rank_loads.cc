@@ -1,0 +1,62 @@
+#include "piper/sim/expert_rank_loads.h"
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <utility>
+
+namespace piper::sim {
+
+using compile::Instruction;
+using compile::OpKind;
+
+std::unordered_map<int, ExpertsBuffer> experts_buffers(const compile::Program& prog) {
+  std::unordered_map<int, ExpertsBuffer> out;
+  for (const compile::Stream& st : prog.streams) {
+    const auto& in = st.instrs;
+    for (size_t i = 0; i < in.size(); ++i) {
+      // Only the first alloc of a run owns the forward that follows (a second one is a recompute checkpoint).
+      if (in[i].op != OpKind::kAlloc || (i > 0 && in[i - 1].op == OpKind::kAlloc)) continue;
+      size_t j = i + 1;
+      while (j < in.size() && in[j].op == OpKind::kAlloc) ++j;
+      if (j < in.size() && in[j].op == OpKind::kCollective) continue;  // ZeRO-3: gathered parameters
+      while (j < in.size() && in[j].op != OpKind::kCompute) ++j;
+      if (j == in.size() || in[j].pass != ir::Pass::kF || in[j].part != Part::kExperts) continue;
+      out[in[i].buffer] = ExpertsBuffer{in[j].layer, in[i].mem_delta};
+    }
+  }
+  return out;
+}
+
+Result<RankLoadOverrides> rank_load_overrides(const compile::Program& prog,
+                                              const std::vector<std::vector<double>>& template_s, int ep_rank,
+                                              const ExpertRankLoads& loads) {
+  RankLoadOverrides o;
+  o.duration_s = template_s;
+  std::map<std::pair<int, int>, double> priced;  // (layer, pass) -> seconds, for whole experts instructions
+  for (size_t s = 0; s < prog.streams.size(); ++s) {
+    const auto& instrs = prog.streams[s].instrs;
+    for (size_t i = 0; i < instrs.size(); ++i) {
+      const Instruction& in = instrs[i];
+      if (in.op != OpKind::kCompute || in.part != Part::kExperts) continue;
+      const double load = loads.loads.of(in.layer, ep_rank);
+      const bool whole = in.segment == compile::Segment::kWhole;
+      const auto key = std::make_pair(in.layer, static_cast<int>(in.pass));
+      auto it = whole ? priced.find(key) : priced.end();
+      double t = it != priced.end() ? it->second : loads.expert_time(in, load);
+      if (!std::isfinite(t) || t < 0) {
+        return invalid_argument("expert loads: the cost model has no time for '" + in.label + "' at load " +
+                                std::to_string(load));
+      }
+      if (whole) priced.emplace(key, t);
+      o.duration_s[s][i] = t;
+    }
+  }
+  for (const auto& [buffer, b] : experts_buffers(prog)) {
+    const double bytes = static_cast<double>(b.bytes) * loads.loads.of(b.layer, ep_rank) / loads.plan_load;
+    o.buffer_bytes[buffer] = std::llround(bytes);
+  }
+  return o;
+}
+
+}  // namespace piper::sim

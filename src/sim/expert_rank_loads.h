@@ -1,0 +1,52 @@
+// Measured expert loads in a simulation of every rank: each ep rank's experts priced from its own share of the
+// routed tokens (balance/expert_loads.h RankLoads: `piper simulate --full --expert-loads F`, `piper train`'s
+// prediction), time and memory.
+//
+// A plan's programs are templates shared by the ranks of a pipeline rank, with the experts' compute priced and
+// their activation buffers sized for one load (the cost annotations' and CompileOptions::expert_load: the busiest
+// ep rank under --expert-loads, 1 without). For a simulated rank of ep coordinate e, in every MoE layer l:
+//   - an experts compute instruction takes expert_time(instruction, factor(l, e)) seconds instead of its template's;
+//   - an experts activation buffer (the first alloc before an experts forward, or before its recomputation: the
+//     runtime's convention, runtime/exec/executor.cc resolve_alloc; not a recompute checkpoint, which is per token,
+//     nor ZeRO-3's gathered parameters) holds llround(bytes x factor(l, e) / plan_load), and its free releases it.
+// The representative simulation (one rank per pipeline rank) and the closed form keep the busiest rank's load.
+#pragma once
+
+#include <functional>
+#include <unordered_map>
+#include <vector>
+
+#include "piper/balance/expert_loads.h"
+#include "piper/compile/plan.h"
+
+namespace piper::sim {
+
+struct ExpertRankLoads {
+  balance::RankLoads loads;  // no layers: off
+  double plan_load = 1;      // the load the plan's experts buffers are sized for (CompileOptions::expert_load), > 0
+  // Seconds of an experts compute instruction at `load` x the mean rank's rows (task_time.h cost_expert_time;
+  // simulate_compiled() fills it when empty).
+  std::function<double(const compile::Instruction&, double load)> expert_time;
+  bool on() const { return !loads.layers.empty(); }
+};
+
+// One simulated rank's departures from its template.
+struct RankLoadOverrides {
+  std::vector<std::vector<double>> duration_s;    // [stream][instr]: compute seconds (else 0, unused)
+  std::unordered_map<int, int64_t> buffer_bytes;  // experts activation buffer id -> its bytes on this rank
+};
+
+// The overrides of ep coordinate `ep_rank` on `prog`, whose template durations are `template_s` ([stream][instr]).
+// Errors: an experts instruction the cost model cannot price (named).
+Result<RankLoadOverrides> rank_load_overrides(const compile::Program& prog,
+                                              const std::vector<std::vector<double>>& template_s, int ep_rank,
+                                              const ExpertRankLoads& loads);
+
+// `prog`'s experts activation buffers (above), by buffer id: each one's layer and planned bytes.
+struct ExpertsBuffer {
+  int layer = -1;
+  int64_t bytes = 0;
+};
+std::unordered_map<int, ExpertsBuffer> experts_buffers(const compile::Program& prog);
+
+}  // namespace piper::sim

@@ -1,0 +1,119 @@
+// SimOptions::expert_loads (sim/expert_rank_loads.h): a simulation of every rank prices each ep rank's experts from
+// its own measured share of the routed tokens, time and memory. Checked against the same plan simulated balanced:
+// a rank at load 1 is the balanced rank to the byte and the second; at load 0 its experts buffers and compute are
+// gone; at load 2 its experts buffers are twice the balanced ones. The representative simulation prices the busiest.
+#include "piper/sim/expert_rank_loads.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "piper/sim/simulate.h"
+#include "piper/spec/cluster_loader.h"
+#include "piper/spec/model_loader.h"
+
+namespace piper::sim {
+namespace {
+
+struct Scene {
+  ModelSpec model;
+  ClusterSpec cluster;
+  TrainSpec train;
+  Strategy strategy;
+};
+
+// dp=8 over ep=4: ranks r and r + 4 are ep rank r.
+Scene tiny_moe_ep4() {
+  Scene s;
+  s.model = load_model("tiny-moe").value();
+  s.cluster = load_cluster("dgx-h100", 1).value();
+  s.train.seq_len = 128;
+  s.strategy = Strategy::parse("dp=8,ep=4,microbatches=1,mbs=2").value();
+  s.train.global_batch = s.strategy.global_batch();
+  return s;
+}
+
+// tiny-moe's MoE layers 1..3: ep rank r at loads[r] in every layer.
+balance::RankLoads loads_of(const std::vector<double>& per_rank) {
+  balance::RankLoads l;
+  l.ep = static_cast<int>(per_rank.size());
+  for (int layer = 1; layer <= 3; ++layer) {
+    l.layers.push_back(layer);
+    l.factor.push_back(per_rank);
+  }
+  return l;
+}
+
+// The bytes of the plan's experts buffers of one pipeline rank: one microbatch's, all live at the end of its forward.
+int64_t experts_buffer_bytes(const compile::Program& prog) {
+  int64_t sum = 0;
+  for (const auto& [id, b] : experts_buffers(prog)) sum += b.bytes;
+  return sum;
+}
+
+TEST(ExpertRankLoadsTest, EachRankPricedFromItsOwnShare) {
+  const Scene s = tiny_moe_ep4();
+  SimOptions full;
+  full.full = true;
+  full.plan_hash = false;
+  const SimReport balanced = simulate(s.model, s.cluster, s.train, s.strategy, {}, full).value();
+  SimOptions loaded = full;
+  loaded.expert_loads.loads = loads_of({2.0, 1.0, 0.0, 1.0});
+  const SimReport r = simulate(s.model, s.cluster, s.train, s.strategy, {}, loaded).value();
+  ASSERT_EQ(r.sim.ranks.size(), 8u);
+  const compile::Program& prog = balanced.compiled.plan.program(0);
+  const auto buffers = experts_buffers(prog);
+  EXPECT_EQ(buffers.size(), 3u);  // 3 MoE layers x 1 microbatch, no recompute checkpoints
+  const int64_t experts = experts_buffer_bytes(prog);
+  ASSERT_GT(experts, 0);
+  const int64_t base = balanced.sim.ranks[1].peak_bytes;
+  EXPECT_EQ(r.sim.ranks[1].peak_bytes, base);  // load 1: the balanced rank
+  EXPECT_EQ(r.sim.ranks[3].peak_bytes, base);
+  // The peak is at the last forward, every experts buffer live: load 0 holds none of them, load 2 twice.
+  EXPECT_EQ(r.sim.ranks[2].peak_bytes, base - experts);
+  EXPECT_EQ(r.sim.ranks[0].peak_bytes, base + experts);
+  // (busy time sums the intervals between events, which the other ranks' times move: equal up to rounding)
+  EXPECT_NEAR(r.sim.ranks[1].busy_s, balanced.sim.ranks[1].busy_s, 1e-12 * balanced.sim.ranks[1].busy_s);
+  EXPECT_GT(r.sim.ranks[0].busy_s, balanced.sim.ranks[0].busy_s);
+  EXPECT_LT(r.sim.ranks[2].busy_s, balanced.sim.ranks[2].busy_s);
+  EXPECT_GT(r.step_time_s, balanced.step_time_s);  // the others wait for rank 0 at the all-to-alls
+}
+
+TEST(ExpertRankLoadsTest, TheBusiestRankOfAFullSimulationIsTheRepresentativeOne) {
+  const Scene s = tiny_moe_ep4();
+  cost::Calibration busiest;
+  busiest.expert_load_imbalance = 4.0;  // every layer: all tokens on ep rank 0
+  SimOptions rep;
+  rep.plan_hash = false;
+  const SimReport one = simulate(s.model, s.cluster, s.train, s.strategy, busiest, rep).value();
+  SimOptions full = rep;
+  full.full = true;
+  full.expert_loads.loads = loads_of({4.0, 0.0, 0.0, 0.0});
+  full.expert_loads.plan_load = 4.0;  // simulate() sizes the plan's experts buffers for the calibration's load
+  const SimReport all = simulate(s.model, s.cluster, s.train, s.strategy, busiest, full).value();
+  ASSERT_EQ(one.sim.ranks.size(), 1u);
+  EXPECT_EQ(all.sim.ranks[0].peak_bytes, one.sim.ranks[0].peak_bytes);
+  EXPECT_DOUBLE_EQ(all.sim.ranks[0].busy_s, one.sim.ranks[0].busy_s);
+  EXPECT_LT(all.sim.ranks[1].peak_bytes, one.sim.ranks[0].peak_bytes);
+  // Balanced experts: the representative rank's buffers are a quarter of the busiest one's.
+  const SimReport flat = simulate(s.model, s.cluster, s.train, s.strategy, {}, rep).value();
+  const int64_t experts = experts_buffer_bytes(flat.compiled.plan.program(0));
+  EXPECT_NEAR(static_cast<double>(one.sim.ranks[0].peak_bytes - flat.sim.ranks[0].peak_bytes), 3.0 * experts, 8.0);
+}
+
+TEST(ExpertRankLoadsTest, RefusesLoadsItCannotApply) {
+  const Scene s = tiny_moe_ep4();
+  SimOptions o;
+  o.expert_loads.loads = loads_of({1, 1, 1, 1});
+  auto rep = simulate(s.model, s.cluster, s.train, s.strategy, {}, o);  // representative ranks
+  ASSERT_FALSE(rep.ok());
+  EXPECT_NE(rep.status().message().find("need every rank simulated"), std::string::npos) << rep.status().message();
+  o.full = true;
+  o.expert_loads.loads = loads_of({1, 1});
+  auto ep = simulate(s.model, s.cluster, s.train, s.strategy, {}, o);
+  ASSERT_FALSE(ep.ok());
+  EXPECT_NE(ep.status().message().find("ep=2, the plan has ep=4"), std::string::npos) << ep.status().message();
+}
+
+}  // namespace
+}  // namespace piper::sim
