@@ -40,7 +40,7 @@ void summarise(SimReport& rep, const cost::CostModel& cm, const ClusterSpec& clu
 
 }  // namespace
 
-CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options) {
+CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options, const cost::Calibration& calibration) {
   CorePool pool;
   if (!(cluster.node.shared_cores > 0) || !options.full) return pool;
   pool.cores = cluster.node.shared_cores;
@@ -48,6 +48,7 @@ CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options) {
   // The cost model prices every task at the static share (cost::CostModel, NodeSpec::static_core_share).
   pool.price_cores = cluster.node.device_cores * cluster.node.static_core_share();
   pool.ranks_per_node = cluster.node.devices_per_node;
+  pool.sharing = calibration.core_sharing;
   return pool;
 }
 
@@ -74,7 +75,7 @@ Result<SimReport> simulate_compiled(compile::CompileResult compiled, const Model
   rep.compiled = std::move(compiled);
   SimOptions run = options;
   if (run.halo.routing.top_k < 1) run.halo = halo_sim_model(model, train);
-  run.core_pool = core_pool_of(cluster, options);
+  run.core_pool = core_pool_of(cluster, options, calibration);
   auto t0 = std::chrono::steady_clock::now();
   PIPER_ASSIGN_OR_RETURN(rep.sim, simulate_plan(rep.compiled.plan, net, task_time, run));
   rep.simulate_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
