@@ -16,8 +16,10 @@
 
 namespace piper::cli {
 
-// The fastest single call of `fn` in wall-clock seconds over a round of >= round_s (and two calls): a call that
-// had its cores to itself, on a machine that other processes load.
+// The fastest undisturbed call of `fn` in wall-clock seconds over a round of >= round_s (and two calls): a call
+// during which no thread of this process was preempted (getrusage's involuntary context switches did not move), so
+// its threads ran at once on cores of their own, on a machine that other processes load. Infinity when no call of
+// the round was undisturbed.
 double fastest_single_call_s(const std::function<void()>& fn, double round_s);
 
 double process_cpu_seconds();  // CLOCK_PROCESS_CPUTIME_ID

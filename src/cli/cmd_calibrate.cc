@@ -10,7 +10,9 @@
 // `local_cluster` (train_report.h) uses for a rank's thread count, and the sharing efficiency (core_sharing).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <time.h>
 #include <filesystem>
@@ -46,10 +48,11 @@ double cpu_seconds() { return process_cpu_seconds(); }
 
 // Seconds per call of `fn` over one round of at least `min_round_s` (and two calls). One thread: the process's CPU
 // time over the round (time-slicing with other processes does not count). More threads: the fastest single call in
-// wall time, since a parallel call lasts until its last thread is done and the CPU time of several threads counts
-// a thread that waits for a descheduled one as idle; on a loaded machine most calls wait for a time slice (on the
-// 2-core build machine at load average 5, every call of a 2-thread GEMM took about 20 ms, whatever its size),
-// and the fastest one is a call that had the cores to itself.
+// wall time among the calls during which no thread of the process was preempted (calibrate_share.h), since a
+// parallel call lasts until its last thread is done and the CPU time of several threads counts a thread that waits
+// for a descheduled one as idle; on a loaded machine most calls wait for a time slice (on the 2-core build machine
+// at load average 5, the mean call of a 2-thread GEMM took about 20 ms, whatever its size). Infinity when no call
+// ran undisturbed.
 template <typename Fn>
 double round_seconds(Fn& fn, double min_round_s, int threads) {
   if (threads > 1) return fastest_single_call_s(fn, min_round_s);
@@ -173,6 +176,16 @@ Result<ThreadRun> measure_threads(double peak, int rounds, int threads) {
   t.bw = measure_stream_bw(rounds, threads);
   std::fprintf(stderr, "calibrate: fixed cost of a kernel call (%d thread%s)\n", threads, threads == 1 ? "" : "s");
   t.overhead_s = measure_task_overhead_s(threads, rounds);
+  std::vector<std::string> disturbed;
+  for (const GemmPoint& p : t.points) {
+    if (!(p.efficiency > 0)) disturbed.push_back("the GEMM at d = " + std::to_string(static_cast<int>(p.min_dim)));
+  }
+  if (!(t.bw > 0)) disturbed.push_back("the triad");
+  if (!std::isfinite(t.overhead_s)) disturbed.push_back("the kernel call");
+  if (!disturbed.empty()) {
+    return unavailable("no call of " + join(disturbed, ", ") + " ran undisturbed on " + std::to_string(threads) +
+                       " threads (other processes took a core every time): the machine is too loaded");
+  }
   Result<GemmCurve> curve = fit_gemm_curve(t.points);
   if (!curve.ok()) return curve.status().with_context("calibrate with " + std::to_string(threads) + " threads");
   t.curve = *curve;
@@ -264,7 +277,7 @@ Status run_calibrate(const CalibrateOptions& o) {
     }
     // One core's figures are the file's core; a thread count without an entry is priced as t x one core, as
     // before it was measured, so a loaded machine still gets a calibration (and the report says what is missing).
-    if (t == 1 || run.status().message().find("too noisy") == std::string::npos) return run.status();
+    if (t == 1) return run.status();
     std::fprintf(stderr, "calibrate: %s; no entry for %d threads (priced as %d x one core)\n",
                  run.status().message().c_str(), t, t);
     unfitted.push_back(std::to_string(t));
@@ -275,6 +288,17 @@ Status run_calibrate(const CalibrateOptions& o) {
   }
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   const ThreadRun& one = runs[0];
+  // Several threads need several idle cores at once: their figures are what the machine gave at this load.
+  double load[3] = {0, 0, 0};
+  const bool has_load = getloadavg(load, 3) == 3;
+  char load_text[64] = "";
+  if (has_load) std::snprintf(load_text, sizeof(load_text), ", load average %.2f", load[0]);
+  if (has_load && load[0] > 0.5 * cores) {
+    std::fprintf(stderr,
+                 "calibrate: load average %.2f on %d cores: the figures of more than one thread (and the kernel-call "
+                 "cost) are those of a loaded machine; calibrate again when it is idle\n",
+                 load[0], cores);
+  }
   // The measured figures of one core replace the preset's (its base-clock peak and memcpy bandwidth): the large-GEMM
   // asymptote of the fitted curve and the triad's bandwidth, each then reached in full (efficiency 1). Each thread
   // count's own figures and the core sharing follow (cost/device_model.h).
@@ -288,8 +312,9 @@ Status run_calibrate(const CalibrateOptions& o) {
             {"thread_figures", thread_figures_json(runs, peak)},
             {"source", "piper calibrate on " + host_name() + " at " + utc_now() + ": 1.." + std::to_string(cores) +
                            " threads, kernels::sgemm (" + kernels::to_string(kernels::gemm_backend()) +
-                           ") and a triad" + (sharing.empty() ? "" : ", core sharing of 2.." +
-                                                                         std::to_string(2 * cores) + " processes")}};
+                           ") and a triad" +
+                           (sharing.empty() ? "" : ", core sharing of 2.." + std::to_string(2 * cores) + " processes") +
+                           load_text}};
   if (!sharing.empty()) file["core_sharing"] = core_sharing_json(sharing);
   PIPER_ASSIGN_OR_RETURN(const std::string out, output_path(o.out));
   if (!out.empty()) PIPER_RETURN_IF_ERROR(write_file_atomic(out, file.dump(2) + "\n"));
