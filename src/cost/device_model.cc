@@ -108,6 +108,13 @@ Result<Calibration> Calibration::load(const std::string& path) {
   return from_json(j, path);
 }
 
+double rate_share(const NodeSpec& node, const Calibration& calibration) {
+  const double share = node.static_core_share();
+  if (!(node.shared_cores > 0)) return share;
+  const double sharing = calibration.sharing_efficiency(node.devices_per_node);
+  return sharing == 1.0 ? share : share * sharing;
+}
+
 DeviceModel::DeviceModel(const DeviceSpec& device, DType compute_dtype, const Calibration& calibration,
                          double rate_share) {
   switch (compute_dtype) {

@@ -104,10 +104,16 @@ struct Calibration {
   static Result<Calibration> load(const std::string& path);
 };
 
+// The share of its device's peak a rank of `node` is priced at with every rank of the node computing (the closed
+// form's and representative ranks' price, and the simulator's core pool's reference): NodeSpec::static_core_share
+// times the calibration's measured sharing efficiency for devices_per_node ranks computing together, on a node
+// whose ranks share cores (node.shared_cores > 0); exactly static_core_share() otherwise or without a measurement.
+double rate_share(const NodeSpec& node, const Calibration& calibration);
+
 class DeviceModel {
  public:
-  // rate_share: the share of the device's peak FLOP/s and memory bandwidth it gets (NodeSpec::static_core_share:
-  // CPU ranks sharing a node's cores, all busy); 1 = all of it.
+  // rate_share: the share of the device's peak FLOP/s and memory bandwidth it gets (cost::rate_share: CPU ranks
+  // sharing a node's cores, all busy); 1 = all of it.
   DeviceModel(const DeviceSpec& device, DType compute_dtype, const Calibration& calibration, double rate_share = 1.0);
 
   double peak_flops() const { return peak_flops_; }

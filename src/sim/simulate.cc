@@ -45,8 +45,9 @@ CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options, con
   if (!(cluster.node.shared_cores > 0) || !options.full) return pool;
   pool.cores = cluster.node.shared_cores;
   pool.rank_cores = cluster.node.device_cores;
-  // The cost model prices every task at the static share (cost::CostModel, NodeSpec::static_core_share).
-  pool.price_cores = cluster.node.device_cores * cluster.node.static_core_share();
+  // The cost model prices every task at the static share with every rank computing, the measured sharing included
+  // (cost::rate_share): with all of the node busy the pool runs a task at exactly its price.
+  pool.price_cores = cluster.node.device_cores * cost::rate_share(cluster.node, calibration);
   pool.ranks_per_node = cluster.node.devices_per_node;
   pool.sharing = calibration.core_sharing;
   return pool;

@@ -353,29 +353,43 @@ TEST(CorePoolTest, SharedCoresSpeedUpPipelinesNotDataParallelism) {
   }
 }
 
-// A calibration's measured core_sharing reaches the pool through simulate(): dp=4 on the build machine's 2 cores
-// (all four ranks computing together) at sharing 0.5 for n = 4 takes longer in full, by at most 2x (only its
-// compute slows); representative ranks (and the closed form) do not share cores dynamically and do not move.
-TEST(CorePoolTest, ACalibrationsSharingReachesTheSimulator) {
+// A calibration's measured core_sharing reaches the prices and the pool: dp=4 on the build machine's 2 cores (all
+// four ranks computing together) at sharing 0.5 for n = 4 takes longer, by at most 2x (only its compute slows), in
+// the closed form, with representative ranks and in full alike (every rank always computes with the three others,
+// so the pool runs each task at its price); a pipeline, whose ranks also compute alone or in pairs (sharing 1
+// here), slows in full by less than its all-busy price says.
+TEST(CorePoolTest, ACalibrationsSharingReachesPricesAndPool) {
   const ModelSpec m = model("tiny-moe");
   const ClusterSpec shared = local_machine(true);
   cost::Calibration ideal;
   ideal.workspace_bytes = 0;
   cost::Calibration measured = ideal;
   measured.core_sharing = {1.0, 1.0, 0.5};
-  const Strategy s = strategy("dp=4,zero=1,microbatches=1,mbs=4");
-  TrainSpec t = fp32_train();
-  t.micro_batch_size = s.mbs;
+  EXPECT_EQ(cost::rate_share(shared.node, ideal), 0.5);
+  EXPECT_EQ(cost::rate_share(shared.node, measured), 0.25);
   SimOptions rep, full;
   full.full = true;
-  auto a = simulate(m, shared, t, s, ideal, full);
-  auto b = simulate(m, shared, t, s, measured, full);
-  auto ar = simulate(m, shared, t, s, ideal, rep);
-  auto br = simulate(m, shared, t, s, measured, rep);
-  ASSERT_TRUE(a.ok() && b.ok() && ar.ok() && br.ok());
+  const Strategy dp = strategy("dp=4,zero=1,microbatches=1,mbs=4");
+  TrainSpec t = fp32_train();
+  t.micro_batch_size = dp.mbs;
+  auto a = simulate(m, shared, t, dp, ideal, full);
+  auto b = simulate(m, shared, t, dp, measured, full);
+  auto br = simulate(m, shared, t, dp, measured, rep);
+  auto ea = cost::CostModel::create(m, shared, t, ideal).value().estimate(dp);
+  auto eb = cost::CostModel::create(m, shared, t, measured).value().estimate(dp);
+  ASSERT_TRUE(a.ok() && b.ok() && br.ok() && ea.ok() && eb.ok());
   EXPECT_GT(b->step_time_s, 1.3 * a->step_time_s);
   EXPECT_LE(b->step_time_s, 2.0 * a->step_time_s);
-  EXPECT_EQ(br->step_time_s, ar->step_time_s);
+  EXPECT_NEAR(b->step_time_s, br->step_time_s, 1e-9 * br->step_time_s);
+  EXPECT_GT(eb->step_time_s, 1.3 * ea->step_time_s);
+  const Strategy pp = strategy("pp=4,schedule=1f1b,microbatches=8,mbs=2");
+  t.micro_batch_size = pp.mbs;
+  auto pa = simulate(m, shared, t, pp, ideal, full);
+  auto pb = simulate(m, shared, t, pp, measured, full);
+  auto pr = simulate(m, shared, t, pp, measured, rep);
+  ASSERT_TRUE(pa.ok() && pb.ok() && pr.ok());
+  EXPECT_GT(pb->step_time_s, pa->step_time_s);
+  EXPECT_LT(pb->step_time_s, pr->step_time_s);
 }
 
 }  // namespace
