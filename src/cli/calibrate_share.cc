@@ -65,12 +65,14 @@ bool wait_for_file(const std::string& path, double timeout_s) {
 Result<std::vector<std::array<ShareSample, 2>>> run_workers(const std::string& self, int n, double window_s) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
                                     ("piper_calibrate_share_" + std::to_string(::getpid()) + "_" + std::to_string(n));
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return unavailable("calibrate: cannot create " + dir.string() + " for the sharing workers: " + ec.message());
   std::vector<FILE*> pipes;
   for (int i = 0; i < n; ++i) {
-    const std::string cmd = self + " calibrate --share-worker " + (dir / std::to_string(i)).string() +
-                            " --share-window " + std::to_string(window_s) + " 2>&1";
+    const std::string cmd = "'" + self + "' calibrate --share-worker '" + (dir / std::to_string(i)).string() +
+                            "' --share-window " + std::to_string(window_s) + " 2>&1";
     FILE* f = popen(cmd.c_str(), "r");
     if (f == nullptr) {
       for (FILE* p : pipes) pclose(p);
@@ -80,12 +82,10 @@ Result<std::vector<std::array<ShareSample, 2>>> run_workers(const std::string& s
   }
   bool ready = true;
   for (int i = 0; i < n; ++i) ready = ready && wait_for_file((dir / (std::to_string(i) + ".ready")).string(), 60.0);
-  // Every worker waits for this file; without it (a worker that never got ready) they give up after their timeout.
-  const int64_t start_ns = static_cast<int64_t>((wall_seconds() + kStartLead_s) * 1e9);
-  if (ready) {
-    std::ofstream((dir / "go.tmp").string()) << start_ns << "\n";
-    std::filesystem::rename(dir / "go.tmp", dir / "go");
-  }
+  // Every worker waits for this file: the start time, or 0 (stop now) when one of them never got ready.
+  const int64_t start_ns = ready ? static_cast<int64_t>((wall_seconds() + kStartLead_s) * 1e9) : 0;
+  std::ofstream((dir / "go.tmp").string()) << start_ns << "\n";
+  std::filesystem::rename(dir / "go.tmp", dir / "go", ec);
   std::vector<std::array<ShareSample, 2>> out;
   std::string errors;
   for (FILE* f : pipes) {
@@ -102,7 +102,7 @@ Result<std::vector<std::array<ShareSample, 2>>> run_workers(const std::string& s
       out.push_back(s);
     }
   }
-  std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(dir, ec);
   if (!ready) errors += (errors.empty() ? "" : "; ") + std::string("a worker was not ready after 60 s");
   if (!errors.empty()) return unavailable("calibrate: a sharing worker failed: " + errors);
   return out;
@@ -183,7 +183,7 @@ Status run_share_worker(const std::string& prefix, double window_s) {
   int64_t start_ns = 0;
   std::ifstream(go) >> start_ns;
   const double start_s = 1e-9 * static_cast<double>(start_ns);
-  if (!(start_s > 0)) return internal_error("calibrate --share-worker: no start time in " + go);
+  if (!(start_s > 0)) return unavailable("calibrate --share-worker: told to stop (another worker never got ready)");
   const ShareSample g = run_window(gemm, start_s, start_s + window_s);
   const ShareSample t = run_window(triad, start_s + kStreamOffset * window_s, start_s + (kStreamOffset + 1) * window_s);
   std::printf("gemm %.0f %.9f %.9f stream %.0f %.9f %.9f\n", g.calls, g.cpu_s, g.wall_s, t.calls, t.cpu_s, t.wall_s);
