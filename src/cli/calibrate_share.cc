@@ -176,7 +176,9 @@ Status run_share_worker(const std::string& prefix, double window_s) {
   };
   gemm();
   triad();
-  std::ofstream(prefix + ".ready") << "ready\n";
+  if (!(std::ofstream(prefix + ".ready") << "ready\n")) {
+    return unavailable("calibrate --share-worker: cannot write " + prefix + ".ready (the meeting folder is gone?)");
+  }
   const std::string go = (std::filesystem::path(prefix).parent_path() / "go").string();
   if (!wait_for_file(go, 120.0))
     return unavailable("calibrate --share-worker: no start time in " + go + " after 120 s");
