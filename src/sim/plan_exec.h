@@ -22,9 +22,10 @@
 // have one running, each runs on min(pool.rank_cores, pool.cores / busy) cores (processor sharing: a rank waiting
 // in a bubble or on a transfer leaves its cores to the others), so its work advances at that many cores over
 // price_cores times wall-clock speed, times pool.sharing_at(busy) (what running together costs each rank beyond its
-// processor share: caches, memory bandwidth and context switches, measured). Exact: a node keeps a virtual clock of work done per running task (all of its
-// running tasks advance alike) and one completion event, moved whenever busy changes (stale events carry an old
-// version and are dropped); a change costs O(log tasks running on the node). It needs every rank of a node
+// processor share: caches, memory bandwidth and context switches, measured). Exact: a node keeps a virtual clock
+// of work done per running task (all of its running tasks advance alike) and one completion event, moved whenever
+// busy changes (stale events carry an old version and are dropped); a change costs O(log tasks running on the
+// node). It needs every rank of a node
 // simulated (full = true; simulate_plan refuses representative ranks with a pool), and a pool that can never slow
 // a rank (pool.cores >= rank_cores * ranks_per_node, price_cores = rank_cores and no sharing below 1) is off, to
 // the bit.
