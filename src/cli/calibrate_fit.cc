@@ -1,5 +1,6 @@
 #include "piper/cli/calibrate_fit.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <set>
@@ -52,6 +53,36 @@ Result<GemmCurve> fit_gemm_curve(const std::vector<GemmPoint>& points) {
   c.gemm_efficiency = 1.0 / intercept;
   c.gemm_half_dim = slope / intercept;
   return c;
+}
+
+namespace {
+
+Status check_sample(const ShareSample& s, const std::string& what) {
+  if (s.calls > 0 && s.cpu_s > 0 && s.wall_s > 0) return ok_status();
+  return invalid_argument("calibrate: " + what + " did " + std::to_string(s.calls) + " calls in " +
+                          std::to_string(s.cpu_s) + " CPU s, " + std::to_string(s.wall_s) +
+                          " wall s; every process needs calls > 0 and time > 0 (a longer window)");
+}
+
+}  // namespace
+
+Result<SharingEfficiency> sharing_efficiency(const ShareSample& alone, const std::vector<ShareSample>& together,
+                                             double cores) {
+  PIPER_RETURN_IF_ERROR(check_sample(alone, "the process alone"));
+  if (together.empty() || !(cores > 0)) {
+    return invalid_argument("calibrate: sharing needs one or more processes and cores > 0, got " +
+                            std::to_string(together.size()) + " and " + std::to_string(cores));
+  }
+  const double n = static_cast<double>(together.size());
+  const double share = std::min(1.0, cores / n);
+  SharingEfficiency e;
+  for (size_t i = 0; i < together.size(); ++i) {
+    const ShareSample& s = together[i];
+    PIPER_RETURN_IF_ERROR(check_sample(s, "process " + std::to_string(i) + " of " + std::to_string(together.size())));
+    e.per_cpu += (s.calls / s.cpu_s) / (alone.calls / alone.cpu_s) / n;
+    e.per_wall += (s.calls / s.wall_s) / (alone.calls / alone.wall_s * share) / n;
+  }
+  return e;
 }
 
 }  // namespace piper::cli

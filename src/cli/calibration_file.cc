@@ -75,4 +75,18 @@ Result<DeviceCalibration> load_device_calibration(const std::string& flag, const
   return d;
 }
 
+bool scale_to_rank_cores(cost::Calibration* c, double rank_cores) {
+  const cost::Calibration::ThreadFigures* f =
+      rank_cores == static_cast<int>(rank_cores) ? c->figures_for_threads(static_cast<int>(rank_cores)) : nullptr;
+  if (f == nullptr || !(c->peak_flops_fp32 > 0)) {
+    c->peak_flops_fp32 *= rank_cores;
+    c->memory_bw_bytes_per_s *= rank_cores;
+    return false;
+  }
+  c->peak_flops_fp32 = f->peak_flops_fp32;
+  c->gemm_half_dim = f->gemm_half_dim;
+  c->memory_bw_bytes_per_s = f->memory_bw_bytes_per_s;
+  return true;
+}
+
 }  // namespace piper::cli

@@ -36,6 +36,11 @@ std::string default_calibration_path(bool* explicit_env = nullptr);
 // --calibration FLAG (empty: not given) for a command on `cluster_name`; see the rules above.
 Result<DeviceCalibration> load_device_calibration(const std::string& flag, const std::string& cluster_name);
 
+// One core's measured figures in *c (peak_flops_fp32, memory_bw_bytes_per_s) made a rank's on rank_cores cores:
+// the thread_figures entry for that many threads (its peak, curve half-dimension and bandwidth) when the file has
+// one and rank_cores is whole, else rank_cores x one core's. Returns whether a measured entry was used.
+bool scale_to_rank_cores(cost::Calibration* c, double rank_cores);
+
 // The name of the cluster preset whose calibration lives at the default location.
 inline constexpr const char* kThisMachineCluster = "local-cpu";
 

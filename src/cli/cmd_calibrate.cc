@@ -1,26 +1,33 @@
-// `piper calibrate`: measures this machine's CPU core and writes a device calibration (cost/device_model.h) for
+// `piper calibrate`: measures this machine's CPU cores and writes a device calibration (cost/device_model.h) for
 // `--calibration FILE` in estimate, simulate, plan and train (docs/calibration.md).
 //
-// Stages (a progress line each on stderr): the fp32 GEMM the runtime's kernels use (kernels::sgemm, one thread)
-// at the token counts of skinny and square GEMMs, fitted to the device model's curve; the streaming bandwidth of
-// one core (a triad over arrays far larger than the caches). The file holds one core's measured figures
-// (peak_flops_fp32: the fitted curve's large-GEMM asymptote; memory_bw_bytes_per_s), which replace the local-cpu
-// preset's; `local_cluster` (train_report.h) scales them by the cores each rank gets.
+// Stages (a progress line each on stderr), for every kernel thread count t = 1..C: the fp32 GEMM the runtime's
+// kernels use (kernels::sgemm with t threads) at the token counts of skinny and square GEMMs, fitted to the device
+// model's curve; the streaming bandwidth (a triad over arrays far larger than the caches, split over t threads);
+// the fixed cost of one kernel call. Then the core sharing of n = 2..2C single-thread processes (calibrate_share.h).
+// The file holds one core's measured figures (peak_flops_fp32: the fitted curve's large-GEMM asymptote;
+// memory_bw_bytes_per_s), which replace the local-cpu preset's, each thread count's own (thread_figures), which
+// `local_cluster` (train_report.h) uses for a rank's thread count, and the sharing efficiency (core_sharing).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <time.h>
 #include <filesystem>
 #include <functional>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "piper/base/files.h"
 #include "piper/base/json.h"
+#include "piper/base/strings.h"
 #include "piper/base/units.h"
 #include "piper/cli/calibrate_fit.h"
+#include "piper/cli/calibrate_share.h"
 #include "piper/cli/calibration_file.h"
 #include "piper/cli/command.h"
 #include "piper/cli/flags.h"
@@ -37,15 +44,18 @@ using Clock = std::chrono::steady_clock;
 
 // CPU seconds this process has run: time-slicing with other processes on the machine does not count, so a
 // loaded machine measures the core's speed rather than the share of it this process happened to get.
-double cpu_seconds() {
-  timespec t{};
-  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
+double cpu_seconds() { return process_cpu_seconds(); }
 
-// CPU seconds per call of `fn` over one round of at least `min_round_s` of CPU time (and two calls).
+// Seconds per call of `fn` over one round of at least `min_round_s` (and two calls). One thread: the process's CPU
+// time over the round (time-slicing with other processes does not count). More threads: the fastest single call in
+// wall time among the calls during which no thread of the process was preempted (calibrate_share.h), since a
+// parallel call lasts until its last thread is done and the CPU time of several threads counts a thread that waits
+// for a descheduled one as idle; on a loaded machine most calls wait for a time slice (on the 2-core build machine
+// at load average 5, the mean call of a 2-thread GEMM took about 20 ms, whatever its size). Infinity when no call
+// ran undisturbed.
 template <typename Fn>
-double round_seconds(Fn& fn, double min_round_s) {
+double round_seconds(Fn& fn, double min_round_s, int threads) {
+  if (threads > 1) return fastest_single_call_s(fn, min_round_s);
   int calls = 0;
   const double start = cpu_seconds();
   double elapsed = 0;
@@ -66,30 +76,32 @@ struct Timed {
 
 // `rounds` rounds of >= 50 ms, each visiting every kernel in turn: a load that comes and goes during the
 // measurement then slows every size alike instead of bending the fitted curve.
-void time_interleaved(std::vector<Timed>& timed, int rounds) {
+void time_interleaved(std::vector<Timed>& timed, int rounds, int threads) {
   for (Timed& k : timed) k.fn();
   for (int r = 0; r < rounds; ++r) {
-    for (Timed& k : timed) k.best_s = std::min(k.best_s, round_seconds(k.fn, 0.05));
+    for (Timed& k : timed) k.best_s = std::min(k.best_s, round_seconds(k.fn, 0.05, threads));
   }
 }
 
-// C[d, w] = A[d, w] * B[w, w] on one thread, for every d: (d, efficiency against `peak`).
-std::vector<GemmPoint> measure_gemms(double peak, int rounds) {
+// C[d, w] = A[d, w] * B[w, w] on `threads` kernel threads (set by the caller), for every d: (d, efficiency
+// against `peak`).
+std::vector<GemmPoint> measure_gemms(double peak, int rounds, int threads) {
   std::vector<std::vector<float>> as, cs;
   const std::vector<float> b(static_cast<size_t>(kGemmWidth * kGemmWidth), 0.25f);
   std::vector<Timed> timed;
   as.reserve(kGemmDims.size());
   cs.reserve(kGemmDims.size());
   for (int64_t d : kGemmDims) {
-    std::fprintf(stderr, "calibrate: GEMM %lld x %lld x %lld (fp32, one thread)\n", static_cast<long long>(d),
-                 static_cast<long long>(kGemmWidth), static_cast<long long>(kGemmWidth));
+    std::fprintf(stderr, "calibrate: GEMM %lld x %lld x %lld (fp32, %d thread%s)\n", static_cast<long long>(d),
+                 static_cast<long long>(kGemmWidth), static_cast<long long>(kGemmWidth), threads,
+                 threads == 1 ? "" : "s");
     as.emplace_back(static_cast<size_t>(d * kGemmWidth), 0.5f);
     cs.emplace_back(static_cast<size_t>(d * kGemmWidth), 0.0f);
     timed.push_back({[d, a = as.back().data(), c = cs.back().data(), pb = b.data()] {
       kernels::sgemm(false, false, d, kGemmWidth, kGemmWidth, 1.0f, a, kGemmWidth, pb, kGemmWidth, 0.0f, c, kGemmWidth);
     }});
   }
-  time_interleaved(timed, rounds);
+  time_interleaved(timed, rounds, threads);
   std::vector<GemmPoint> points;
   for (size_t i = 0; i < kGemmDims.size(); ++i) {
     const double d = static_cast<double>(kGemmDims[i]);
@@ -99,17 +111,19 @@ std::vector<GemmPoint> measure_gemms(double peak, int rounds) {
   return points;
 }
 
-// a[i] = b[i] + 3 c[i] over 3 x 64 MiB: bytes per second of one core (two reads and one write per element).
-double measure_stream_bw(int rounds) {
-  const size_t n = 16u << 20;
-  std::vector<float> a(n, 0.0f), b(n, 1.0f), c(n, 2.0f);
+// a[i] = b[i] + 3 c[i] over 3 x 64 MiB on `threads` kernel threads (the runtime's elementwise kernels' OpenMP
+// split): bytes per second (two reads and one write per element).
+double measure_stream_bw(int rounds, int threads) {
+  const int64_t n = 16 << 20;
+  std::vector<float> a(static_cast<size_t>(n), 0.0f), b(static_cast<size_t>(n), 1.0f), c(static_cast<size_t>(n), 2.0f);
   std::vector<Timed> triad{{[&] {
     float* pa = a.data();
     const float* pb = b.data();
     const float* pc = c.data();
-    for (size_t i = 0; i < n; ++i) pa[i] = pb[i] + 3.0f * pc[i];
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) pa[i] = pb[i] + 3.0f * pc[i];
   }}};
-  time_interleaved(triad, rounds);
+  time_interleaved(triad, rounds, threads);
   return 3.0 * sizeof(float) * static_cast<double>(n) / triad[0].best_s;
 }
 
@@ -138,53 +152,103 @@ Result<std::string> output_path(const std::string& out) {
 struct CalibrateOptions {
   std::string out;
   int rounds = 9;
+  int sharing_rounds = 3;
   bool json = false;
+  std::string share_worker;  // hidden: run as a core-sharing worker with this prefix (calibrate_share.h)
+  double share_window_s = 0.25;
 };
 
-Status run_calibrate(const CalibrateOptions& o) {
-  PIPER_ASSIGN_OR_RETURN(ClusterSpec preset, load_cluster("local-cpu", 1));
-  const double peak = preset.device.peak_flops_fp32;
-  const int threads_before = kernels::kernel_threads();
-  kernels::set_kernel_threads(1);
-  const auto started = Clock::now();
-  const std::vector<GemmPoint> points = measure_gemms(peak, o.rounds);
-  std::fprintf(stderr, "calibrate: streaming bandwidth (one core, 3 x 64 MiB)\n");
-  const double bw = measure_stream_bw(o.rounds);
-  kernels::set_kernel_threads(threads_before);
-  PIPER_ASSIGN_OR_RETURN(GemmCurve curve, fit_gemm_curve(points));
-  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
-  // The measured figures of one core replace the preset's (its base-clock peak and memcpy bandwidth): the large-GEMM
-  // asymptote of the fitted curve and the triad's bandwidth, each then reached in full (efficiency 1).
-  Json file{{"peak_flops_fp32", curve.gemm_efficiency * peak},
-            {"gemm_efficiency", 1.0},
-            {"gemm_half_dim", curve.gemm_half_dim},
-            {"memory_bw_bytes_per_s", bw},
-            {"memory_bw_efficiency", 1.0},
-            {"gemm_table", false},
-            {"workspace_bytes", 0},
-            {"source", "piper calibrate on " + host_name() + " at " + utc_now() + ": one core, kernels::sgemm (" +
-                           kernels::to_string(kernels::gemm_backend()) + ") and a triad"}};
-  PIPER_ASSIGN_OR_RETURN(const std::string out, output_path(o.out));
-  if (!out.empty()) PIPER_RETURN_IF_ERROR(write_file_atomic(out, file.dump(2) + "\n"));
-  Json measured = Json::array();
-  for (const GemmPoint& p : points) measured.push_back({{"min_dim", p.min_dim}, {"efficiency", p.efficiency}});
-  if (o.json) {
-    print_json(Json{{"calibration", file}, {"gemm_points", measured}, {"stream_bytes_per_s", bw},
-                    {"fit_gemm_efficiency", curve.gemm_efficiency}, {"seconds", seconds},
-                    {"out", out}}.dump(2));
-    return ok_status();
+// What one thread count measured: the GEMM curve, the triad's bandwidth, a kernel call's fixed cost.
+struct ThreadRun {
+  int threads = 1;
+  std::vector<GemmPoint> points;
+  GemmCurve curve;
+  double bw = 0;
+  double overhead_s = 0;
+};
+
+Result<ThreadRun> measure_threads(double peak, int rounds, int threads) {
+  kernels::set_kernel_threads(threads);
+  ThreadRun t;
+  t.threads = threads;
+  t.points = measure_gemms(peak, rounds, threads);
+  std::fprintf(stderr, "calibrate: streaming bandwidth (%d thread%s, 3 x 64 MiB)\n", threads, threads == 1 ? "" : "s");
+  t.bw = measure_stream_bw(rounds, threads);
+  std::fprintf(stderr, "calibrate: fixed cost of a kernel call (%d thread%s)\n", threads, threads == 1 ? "" : "s");
+  t.overhead_s = measure_task_overhead_s(threads, rounds);
+  std::vector<std::string> disturbed;
+  for (const GemmPoint& p : t.points) {
+    if (!(p.efficiency > 0)) disturbed.push_back("the GEMM at d = " + std::to_string(static_cast<int>(p.min_dim)));
   }
-  std::printf("GEMM (fp32, one thread, n = k = %lld), fraction of local-cpu's %s per core:\n",
-              static_cast<long long>(kGemmWidth), format_si(peak, "FLOP/s").c_str());
-  for (const GemmPoint& p : points) {
-    std::printf("  d = %4.0f   measured %.3f   fitted %.3f\n", p.min_dim, p.efficiency,
-                curve.gemm_efficiency * p.min_dim / (p.min_dim + curve.gemm_half_dim));
+  if (!(t.bw > 0)) disturbed.push_back("the triad");
+  if (!std::isfinite(t.overhead_s)) disturbed.push_back("the kernel call");
+  if (!disturbed.empty()) {
+    return unavailable("no call of " + join(disturbed, ", ") + " ran undisturbed on " + std::to_string(threads) +
+                       " threads (other processes took a core every time): the machine is too loaded");
   }
-  std::printf("fit       %.3f x d / (d + %.1f) of the preset's peak: large GEMMs reach %s per core\n",
-              curve.gemm_efficiency, curve.gemm_half_dim, format_si(curve.gemm_efficiency * peak, "FLOP/s").c_str());
-  std::printf("stream    %s per core = %.2f x the preset's %s\n", format_si(bw, "B/s").c_str(),
-              bw / preset.device.memory_bw_bytes_per_s, format_si(preset.device.memory_bw_bytes_per_s, "B/s").c_str());
-  std::printf("took      %.1f s\n", seconds);
+  Result<GemmCurve> curve = fit_gemm_curve(t.points);
+  if (!curve.ok()) return curve.status().with_context("calibrate with " + std::to_string(threads) + " threads");
+  t.curve = *curve;
+  return t;
+}
+
+// "thread_figures" (cost::Calibration::ThreadFigures): each thread count's own measured figures.
+Json thread_figures_json(const std::vector<ThreadRun>& runs, double peak) {
+  Json list = Json::array();
+  for (const ThreadRun& t : runs) {
+    list.push_back({{"threads", t.threads},
+                    {"peak_flops_fp32", t.curve.gemm_efficiency * peak},
+                    {"gemm_half_dim", t.curve.gemm_half_dim},
+                    {"memory_bw_bytes_per_s", t.bw},
+                    {"task_overhead_s", t.overhead_s}});
+  }
+  return list;
+}
+
+// "core_sharing" (cost::Calibration::core_sharing): the GEMM's efficiency per CPU second is the one the model
+// uses; the triad's and the per-wall-second figures are kept beside it for the record.
+Json core_sharing_json(const std::vector<SharingRow>& rows) {
+  Json list = Json::array();
+  for (const SharingRow& r : rows) {
+    list.push_back({{"ranks", r.ranks},
+                    {"efficiency", r.gemm.per_cpu},
+                    {"stream_efficiency", r.stream.per_cpu},
+                    {"wall_efficiency", r.gemm.per_wall},
+                    {"stream_wall_efficiency", r.stream.per_wall}});
+  }
+  return list;
+}
+
+void print_thread_runs(const std::vector<ThreadRun>& runs, double peak, const DeviceSpec& preset) {
+  for (const ThreadRun& t : runs) {
+    std::printf("GEMM (fp32, %d thread%s, n = k = %lld), fraction of local-cpu's %s per core:\n", t.threads,
+                t.threads == 1 ? "" : "s", static_cast<long long>(kGemmWidth), format_si(peak, "FLOP/s").c_str());
+    for (const GemmPoint& p : t.points) {
+      std::printf("  d = %4.0f   measured %.3f   fitted %.3f\n", p.min_dim, p.efficiency,
+                  t.curve.gemm_efficiency * p.min_dim / (p.min_dim + t.curve.gemm_half_dim));
+    }
+    std::printf("fit       %.3f x d / (d + %.1f) of the preset's peak: large GEMMs reach %s (%.2f x one thread)\n",
+                t.curve.gemm_efficiency, t.curve.gemm_half_dim,
+                format_si(t.curve.gemm_efficiency * peak, "FLOP/s").c_str(),
+                t.curve.gemm_efficiency / runs[0].curve.gemm_efficiency);
+    std::printf("stream    %s = %.2f x the preset's %s per core (%.2f x one thread)\n", format_si(t.bw, "B/s").c_str(),
+                t.bw / preset.memory_bw_bytes_per_s, format_si(preset.memory_bw_bytes_per_s, "B/s").c_str(),
+                t.bw / runs[0].bw);
+    std::printf("overhead  %.2f us per kernel call\n", 1e6 * t.overhead_s);
+  }
+}
+
+void print_sharing(const std::vector<SharingRow>& rows, double cores) {
+  if (rows.empty()) return;
+  std::printf("sharing   %g cores; per process against one alone, per CPU second (the model's) / per wall second "
+              "against min(1, cores / n):\n", cores);
+  for (const SharingRow& r : rows) {
+    std::printf("  n = %d   GEMM %.3f / %.3f   triad %.3f / %.3f\n", r.ranks, r.gemm.per_cpu, r.gemm.per_wall,
+                r.stream.per_cpu, r.stream.per_wall);
+  }
+}
+
+void print_written(const std::string& out, const CalibrateOptions& o) {
   if (out.empty()) {
     std::printf("written   nowhere (PIPER_CALIBRATION=none); pass --out FILE to keep it\n");
   } else if (o.out.empty()) {
@@ -193,6 +257,84 @@ Status run_calibrate(const CalibrateOptions& o) {
   } else {
     std::printf("written   %s (use it with --calibration %s)\n", out.c_str(), out.c_str());
   }
+}
+
+Status run_calibrate(const CalibrateOptions& o) {
+  if (!o.share_worker.empty()) return run_share_worker(o.share_worker, o.share_window_s);
+  PIPER_ASSIGN_OR_RETURN(ClusterSpec preset, load_cluster("local-cpu", 1));
+  const double peak = preset.device.peak_flops_fp32;
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const int threads_before = kernels::kernel_threads();
+  const auto started = Clock::now();
+  std::vector<ThreadRun> runs;
+  std::vector<std::string> unfitted;  // thread counts > 1 whose curve the load made unfittable
+  for (int t = 1; t <= cores; ++t) {
+    Result<ThreadRun> run = measure_threads(peak, o.rounds, t);
+    kernels::set_kernel_threads(threads_before);
+    if (run.ok()) {
+      runs.push_back(*run);
+      continue;
+    }
+    // One core's figures are the file's core; a thread count without an entry is priced as t x one core, as
+    // before it was measured, so a loaded machine still gets a calibration (and the report says what is missing).
+    if (t == 1) return run.status();
+    std::fprintf(stderr, "calibrate: %s; no entry for %d threads (priced as %d x one core)\n",
+                 run.status().message().c_str(), t, t);
+    unfitted.push_back(std::to_string(t));
+  }
+  std::vector<SharingRow> sharing;
+  if (o.sharing_rounds > 0) {
+    PIPER_ASSIGN_OR_RETURN(sharing, measure_core_sharing(2 * cores, o.sharing_rounds, o.share_window_s, cores));
+  }
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  const ThreadRun& one = runs[0];
+  // Several threads need several idle cores at once: their figures are what the machine gave at this load.
+  double load[3] = {0, 0, 0};
+  const bool has_load = getloadavg(load, 3) == 3;
+  char load_text[64] = "";
+  if (has_load) std::snprintf(load_text, sizeof(load_text), ", load average %.2f", load[0]);
+  if (has_load && load[0] > 0.5 * cores) {
+    std::fprintf(stderr,
+                 "calibrate: load average %.2f on %d cores: the figures of more than one thread (and the kernel-call "
+                 "cost) are those of a loaded machine; calibrate again when it is idle\n",
+                 load[0], cores);
+  }
+  // The measured figures of one core replace the preset's (its base-clock peak and memcpy bandwidth): the large-GEMM
+  // asymptote of the fitted curve and the triad's bandwidth, each then reached in full (efficiency 1). Each thread
+  // count's own figures and the core sharing follow (cost/device_model.h).
+  Json file{{"peak_flops_fp32", one.curve.gemm_efficiency * peak},
+            {"gemm_efficiency", 1.0},
+            {"gemm_half_dim", one.curve.gemm_half_dim},
+            {"memory_bw_bytes_per_s", one.bw},
+            {"memory_bw_efficiency", 1.0},
+            {"gemm_table", false},
+            {"workspace_bytes", 0},
+            {"thread_figures", thread_figures_json(runs, peak)},
+            {"source", "piper calibrate on " + host_name() + " at " + utc_now() + ": 1.." + std::to_string(cores) +
+                           " threads, kernels::sgemm (" + kernels::to_string(kernels::gemm_backend()) +
+                           ") and a triad" +
+                           (sharing.empty() ? "" : ", core sharing of 2.." + std::to_string(2 * cores) + " processes") +
+                           load_text}};
+  if (!sharing.empty()) file["core_sharing"] = core_sharing_json(sharing);
+  PIPER_ASSIGN_OR_RETURN(const std::string out, output_path(o.out));
+  if (!out.empty()) PIPER_RETURN_IF_ERROR(write_file_atomic(out, file.dump(2) + "\n"));
+  if (o.json) {
+    Json measured = Json::array();
+    for (const GemmPoint& p : one.points) measured.push_back({{"min_dim", p.min_dim}, {"efficiency", p.efficiency}});
+    print_json(Json{{"calibration", file}, {"gemm_points", measured}, {"stream_bytes_per_s", one.bw},
+                    {"fit_gemm_efficiency", one.curve.gemm_efficiency}, {"seconds", seconds},
+                    {"threads_not_fitted", unfitted},
+                    {"out", out}}.dump(2));
+    return ok_status();
+  }
+  print_thread_runs(runs, peak, preset.device);
+  if (!unfitted.empty()) {
+    std::printf("not fitted %s threads: the machine was too loaded (calibrate again when it is idle)\n",
+                join(unfitted, ", ").c_str());
+  }
+  print_sharing(sharing, cores);
+  std::printf("took      %.1f s\n", seconds);
+  print_written(out, o);
   return ok_status();
 }
 
@@ -205,7 +347,14 @@ PIPER_REGISTER_COMMAND(g_calibrate, "calibrate", "Measure this machine's core an
                          add_int_option(sub, "--rounds", &o->rounds, {1, 100, "timed rounds per measurement"},
                                         "timed rounds per measurement (the fastest is kept)")
                              ->capture_default_str();
+                         add_int_option(sub, "--sharing-rounds", &o->sharing_rounds,
+                                        {0, 100, "rounds of the core-sharing stage"},
+                                        "rounds of the core-sharing stage (2..2C processes at once; 0: skip it)")
+                             ->capture_default_str();
                          sub->add_flag("--json", o->json, "print one JSON object");
+                         // The core-sharing stage's worker processes (calibrate_share.h); not for users.
+                         sub->add_option("--share-worker", o->share_worker)->group("");
+                         sub->add_option("--share-window", o->share_window_s)->group("");
                          return std::function<Status()>([o] { return run_calibrate(*o); });
                        });
 

@@ -40,10 +40,11 @@ Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::str
   }
   PIPER_ASSIGN_OR_RETURN(DeviceCalibration device, load_device_calibration(calibration, m.cluster.name));
   m.calibration = device.calibration;
-  // A calibration of this machine measures one core (piper calibrate); a rank alone computes on rank_cores of them.
-  m.calibration.peak_flops_fp32 *= m.rank_cores;
-  m.calibration.memory_bw_bytes_per_s *= m.rank_cores;
-  sources.push_back(device.path.empty() ? "device: " + device.source : "device from " + device.source);
+  const bool measured_threads = scale_to_rank_cores(&m.calibration, m.rank_cores);
+  sources.push_back((device.path.empty() ? "device: " + device.source : "device from " + device.source) +
+                    (measured_threads ? " (measured at " + std::to_string(static_cast<int>(m.rank_cores)) +
+                                            " thread" + (m.rank_cores == 1 ? "" : "s") + ")"
+                                      : ""));
   m.calibration.workspace_bytes = 0;  // no CUDA context or cuBLAS/NCCL workspace on a CPU rank
   PIPER_RETURN_IF_ERROR(m.cluster.validate());
   m.calibration_source = join(sources, ", ");

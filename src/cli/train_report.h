@@ -14,6 +14,11 @@
 //   cores_per_rank = min(rank_cores, C / ranks)             (4 ranks on 2 cores: 0.5; one rank with 2 threads: 2)
 // which is what both priced before the simulator shared the cores (session 24). Representative-rank simulations of
 // this cluster (none here; `piper simulate` without --full) price at the static share too.
+// A calibration of this machine (`piper calibrate`) gives one core's figures and, when it measured them, those of
+// a rank with t threads for t = 1..C (cost::Calibration::thread_figures): a rank is priced with the measured
+// figures of rank_cores threads where the file has them, else with rank_cores x one core's (calibration_file.h
+// scale_to_rank_cores).
+// Its core_sharing (n single-thread ranks computing together) reaches the simulator's core pool.
 // `comm_calibration` (from `piper bench comm --calibration-out F`, src/spec/comm_calibration.h) replaces the link
 // latency and bandwidth; `calibration` (src/cost/device_model.h JSON) the GEMM efficiency curve. A CPU rank has no
 // CUDA workspace: workspace_bytes = 0 as in Trainer::predicted_memory().

@@ -4,6 +4,79 @@
 
 namespace piper::cost {
 
+namespace {
+
+// "thread_figures": [{"threads": t, "peak_flops_fp32": ..., "gemm_half_dim": ..., "memory_bw_bytes_per_s": ...,
+// "task_overhead_s": ...}, ...], ascending t.
+Status read_thread_figures(JsonReader& r, std::vector<Calibration::ThreadFigures>* out) {
+  const Json* list = r.find("thread_figures");
+  if (list == nullptr) return ok_status();
+  const std::string what = r.field_path("thread_figures");
+  if (!list->is_array()) return invalid_argument(what + ": expected an array of {\"threads\": t, ...} objects");
+  for (size_t i = 0; i < list->size(); ++i) {
+    const std::string at = what + "[" + std::to_string(i) + "]";
+    if (!(*list)[i].is_object()) return invalid_argument(at + ": expected an object");
+    JsonReader e((*list)[i], at);
+    Calibration::ThreadFigures f;
+    PIPER_RETURN_IF_ERROR(e.get_int("threads", &f.threads, true, 1, 4096));
+    PIPER_RETURN_IF_ERROR(e.get_double("peak_flops_fp32", &f.peak_flops_fp32, true, 1e6, 1e18));
+    PIPER_RETURN_IF_ERROR(e.get_double("gemm_half_dim", &f.gemm_half_dim, true, 0.0, 1e6));
+    PIPER_RETURN_IF_ERROR(e.get_double("memory_bw_bytes_per_s", &f.memory_bw_bytes_per_s, true, 1e6, 1e15));
+    PIPER_RETURN_IF_ERROR(e.get_double("task_overhead_s", &f.task_overhead_s, false, 0.0, 1.0));
+    PIPER_RETURN_IF_ERROR(e.check_no_unknown_keys());
+    if (!out->empty() && f.threads <= out->back().threads) {
+      return invalid_argument(at + ": threads = " + std::to_string(f.threads) +
+                              " after an entry for " + std::to_string(out->back().threads) +
+                              "; list the thread counts in ascending order, each once");
+    }
+    out->push_back(f);
+  }
+  return ok_status();
+}
+
+// "core_sharing": [{"ranks": n, "efficiency": e}, ...] for n = 2, 3, ... in turn.
+Status read_core_sharing(JsonReader& r, std::vector<double>* out) {
+  const Json* list = r.find("core_sharing");
+  if (list == nullptr) return ok_status();
+  const std::string what = r.field_path("core_sharing");
+  if (!list->is_array()) return invalid_argument(what + ": expected an array of {\"ranks\": n, \"efficiency\": e}");
+  for (size_t i = 0; i < list->size(); ++i) {
+    const std::string at = what + "[" + std::to_string(i) + "]";
+    if (!(*list)[i].is_object()) return invalid_argument(at + ": expected an object");
+    JsonReader e((*list)[i], at);
+    int ranks = 0;
+    double efficiency = 0;
+    PIPER_RETURN_IF_ERROR(e.get_int("ranks", &ranks, true, 2, 4096));
+    PIPER_RETURN_IF_ERROR(e.get_double("efficiency", &efficiency, true, 0.01, 1.5));
+    // Measured beside it by `piper calibrate`, for the record (docs/calibration.md); the model uses `efficiency`.
+    double informational = 0;
+    for (const char* key : {"stream_efficiency", "wall_efficiency", "stream_wall_efficiency"}) {
+      PIPER_RETURN_IF_ERROR(e.get_double(key, &informational, false, 0.0, 10.0));
+    }
+    PIPER_RETURN_IF_ERROR(e.check_no_unknown_keys());
+    if (ranks != static_cast<int>(i) + 2) {
+      return invalid_argument(at + ": ranks = " + std::to_string(ranks) + " where " + std::to_string(i + 2) +
+                              " is due; list n = 2, 3, ... in turn");
+    }
+    out->push_back(efficiency);
+  }
+  return ok_status();
+}
+
+}  // namespace
+
+const Calibration::ThreadFigures* Calibration::figures_for_threads(int threads) const {
+  for (const ThreadFigures& f : thread_figures) {
+    if (f.threads == threads) return &f;
+  }
+  return nullptr;
+}
+
+double Calibration::sharing_efficiency(int ranks) const {
+  if (ranks <= 1 || core_sharing.empty()) return 1.0;
+  return core_sharing[std::min(static_cast<size_t>(ranks - 2), core_sharing.size() - 1)];
+}
+
 Result<Calibration> Calibration::from_json(const Json& json, const std::string& what) {
   if (!json.is_object()) return invalid_argument(what + ": expected a JSON object");
   Calibration c;
@@ -22,6 +95,8 @@ Result<Calibration> Calibration::from_json(const Json& json, const std::string& 
   PIPER_RETURN_IF_ERROR(r.get_bool("gemm_table", &c.gemm_table, false));
   PIPER_RETURN_IF_ERROR(r.get_double("peak_flops_fp32", &c.peak_flops_fp32, false, 1e6, 1e18));
   PIPER_RETURN_IF_ERROR(r.get_double("memory_bw_bytes_per_s", &c.memory_bw_bytes_per_s, false, 1e6, 1e15));
+  PIPER_RETURN_IF_ERROR(read_thread_figures(r, &c.thread_figures));
+  PIPER_RETURN_IF_ERROR(read_core_sharing(r, &c.core_sharing));
   std::string source;  // where the numbers come from (`piper calibrate` writes it); informational
   PIPER_RETURN_IF_ERROR(r.get_string("source", &source, false));
   PIPER_RETURN_IF_ERROR(r.check_no_unknown_keys());
@@ -31,6 +106,13 @@ Result<Calibration> Calibration::from_json(const Json& json, const std::string& 
 Result<Calibration> Calibration::load(const std::string& path) {
   PIPER_ASSIGN_OR_RETURN(Json j, load_json_file(path));
   return from_json(j, path);
+}
+
+double rate_share(const NodeSpec& node, const Calibration& calibration) {
+  const double share = node.static_core_share();
+  if (!(node.shared_cores > 0)) return share;
+  const double sharing = calibration.sharing_efficiency(node.devices_per_node);
+  return sharing == 1.0 ? share : share * sharing;
 }
 
 DeviceModel::DeviceModel(const DeviceSpec& device, DType compute_dtype, const Calibration& calibration,

@@ -49,6 +49,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "piper/base/json.h"
 #include "piper/base/status.h"
@@ -76,15 +77,43 @@ struct Calibration {
   // fractions above are then of these figures. peak_flops_fp32 prices fp32 compute only.
   double peak_flops_fp32 = 0;
   double memory_bw_bytes_per_s = 0;
+  // Figures of one rank computing alone with `threads` kernel threads, measured by `piper calibrate` for every
+  // thread count 1..C of a CPU machine (the runtime's GEMM and a triad with that many threads). The figures above
+  // are one core's; a thread count with an entry here is priced with its own measured figures instead of `threads`
+  // times one core's (cli/train_report.h local_cluster). Optional: a file without it means what it always did.
+  struct ThreadFigures {
+    int threads = 1;
+    double peak_flops_fp32 = 0;        // the fitted large-GEMM throughput of the rank (all its threads), FLOP/s
+    double gemm_half_dim = 0;          // the fitted curve's h at this thread count
+    double memory_bw_bytes_per_s = 0;  // the triad's bandwidth with this many threads
+    double task_overhead_s = 0;        // the fixed cost of one kernel call with (almost) no work at this count
+  };
+  std::vector<ThreadFigures> thread_figures;  // ascending threads, no repeats; empty: threads x one core
+  // core_sharing[n - 2]: the share of its one-alone speed per CPU second that each of n single-thread ranks
+  // computing together on the machine keeps (shared caches and memory bandwidth, context switches), n = 2..2C,
+  // measured by `piper calibrate` with n concurrent processes. The core pool (sim/plan_exec.h CorePool) multiplies
+  // each rank's processor share by it. Empty: 1 (ideal processor sharing), as before it was measured.
+  std::vector<double> core_sharing;
+
+  // The entry for `threads`, or nullptr.
+  const ThreadFigures* figures_for_threads(int threads) const;
+  // core_sharing for n ranks computing together: 1 for n <= 1 or when unmeasured, the last entry beyond 2C.
+  double sharing_efficiency(int ranks) const;
 
   static Result<Calibration> from_json(const Json& json, const std::string& what);
   static Result<Calibration> load(const std::string& path);
 };
 
+// The share of its device's peak a rank of `node` is priced at with every rank of the node computing (the closed
+// form's and representative ranks' price, and the simulator's core pool's reference): NodeSpec::static_core_share
+// times the calibration's measured sharing efficiency for devices_per_node ranks computing together, on a node
+// whose ranks share cores (node.shared_cores > 0); exactly static_core_share() otherwise or without a measurement.
+double rate_share(const NodeSpec& node, const Calibration& calibration);
+
 class DeviceModel {
  public:
-  // rate_share: the share of the device's peak FLOP/s and memory bandwidth it gets (NodeSpec::static_core_share:
-  // CPU ranks sharing a node's cores, all busy); 1 = all of it.
+  // rate_share: the share of the device's peak FLOP/s and memory bandwidth it gets (cost::rate_share: CPU ranks
+  // sharing a node's cores, all busy); 1 = all of it.
   DeviceModel(const DeviceSpec& device, DType compute_dtype, const Calibration& calibration, double rate_share = 1.0);
 
   double peak_flops() const { return peak_flops_; }

@@ -69,8 +69,8 @@ CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const T
       bytes_(bytes),
       table_(make_part_table(model, train.seq_len)),
       net_(cluster),
-      device_(cluster.device, train.gemm_dtype(), cal, cluster.node.static_core_share()),
-      device_hp_(cluster.device, train.param_dtype, cal, cluster.node.static_core_share()),
+      device_(cluster.device, train.gemm_dtype(), cal, rate_share(cluster.node, cal)),
+      device_hp_(cluster.device, train.param_dtype, cal, rate_share(cluster.node, cal)),
       flops_per_token_(training_flops_per_token(model, train.seq_len)),
       halo_memo_(std::make_shared<HaloMemo>()) {}
 

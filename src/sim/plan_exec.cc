@@ -151,7 +151,10 @@ class Executor {
 
   // A pool that gives every rank its priced cores even with all of its node busy changes nothing: it stays off.
   static bool pool_can_slow(const CorePool& p) {
-    return p.cores > 0 && (p.price_cores != p.rank_cores || p.cores < p.rank_cores * p.ranks_per_node);
+    if (!(p.cores > 0)) return false;
+    bool sharing_slows = false;
+    for (int n = 2; n <= p.ranks_per_node; ++n) sharing_slows = sharing_slows || p.sharing_at(n) != 1.0;
+    return p.price_cores != p.rank_cores || p.cores < p.rank_cores * p.ranks_per_node || sharing_slows;
   }
 
   Result<SimResult> run();
@@ -166,7 +169,7 @@ class Executor {
   // The core pool (SimOptions::core_pool): priced seconds a running task advances per second with `busy` running.
   double pool_rate(int busy) const {
     const CorePool& p = options_.core_pool;
-    return std::min(p.rank_cores, p.cores / busy) / p.price_cores;
+    return std::min(p.rank_cores, p.cores / busy) * p.sharing_at(busy) / p.price_cores;
   }
   void pool_advance(NodePool& p, double t) {
     if (p.busy > 0) p.work += (t - p.last_s) * pool_rate(p.busy);
@@ -613,6 +616,12 @@ Status check_core_pool(const SimOptions& o) {
         "simulate_plan: a core pool shares a node's cores among the ranks computing at each moment, so it needs "
         "every rank simulated; set SimOptions::full (representative ranks price each rank at the static share: "
         "leave core_pool off)");
+  }
+  for (double e : p.sharing) {
+    if (!(e > 0 && std::isfinite(e))) {
+      return invalid_argument("simulate_plan: core_pool.sharing holds " + std::to_string(e) +
+                              "; every entry must be a finite efficiency > 0 (1: no loss)");
+    }
   }
   if (!(p.rank_cores > 0 && p.rank_cores <= p.cores) || !(p.price_cores > 0 && std::isfinite(p.price_cores)) ||
       p.ranks_per_node < 1) {

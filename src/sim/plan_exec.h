@@ -21,11 +21,14 @@
 // compute or update instruction is priced (TaskTimeFn) at pool.price_cores cores; while `busy` ranks of its node
 // have one running, each runs on min(pool.rank_cores, pool.cores / busy) cores (processor sharing: a rank waiting
 // in a bubble or on a transfer leaves its cores to the others), so its work advances at that many cores over
-// price_cores times wall-clock speed. Exact: a node keeps a virtual clock of work done per running task (all of its
-// running tasks advance alike) and one completion event, moved whenever busy changes (stale events carry an old
-// version and are dropped); a change costs O(log tasks running on the node). It needs every rank of a node
+// price_cores times wall-clock speed, times pool.sharing_at(busy) (what running together costs each rank beyond its
+// processor share: caches, memory bandwidth and context switches, measured). Exact: a node keeps a virtual clock
+// of work done per running task (all of its running tasks advance alike) and one completion event, moved whenever
+// busy changes (stale events carry an old version and are dropped); a change costs O(log tasks running on the
+// node). It needs every rank of a node
 // simulated (full = true; simulate_plan refuses representative ranks with a pool), and a pool that can never slow
-// a rank (pool.cores >= rank_cores * ranks_per_node and price_cores = rank_cores) is off, to the bit.
+// a rank (pool.cores >= rank_cores * ranks_per_node, price_cores = rank_cores and no sharing below 1) is off, to
+// the bit.
 //
 // Accounting per simulated rank, over the step [0, step_time_s]: busy = compute engine running; exposed_comm = engine
 // idle while a transfer of the rank is in flight; bubble = the rest (idle, nothing of its own on the wire, including
@@ -34,6 +37,7 @@
 // Thread-safety: a pure function of its inputs.
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -55,6 +59,13 @@ struct CorePool {
   double rank_cores = 1;   // T: cores one rank's kernels use when it computes alone, in (0, cores]
   double price_cores = 1;  // cores a TaskTimeFn price stands for (rank_cores: the rank alone), > 0
   int ranks_per_node = 1;  // consecutive global ranks per node (ClusterSpec::node.devices_per_node)
+  // sharing[n - 2]: the share of its speed each of n ranks computing together keeps beyond its processor share
+  // (measured by `piper calibrate`: cost::Calibration::core_sharing); the last entry for larger n; empty: 1.
+  std::vector<double> sharing;
+  double sharing_at(int busy) const {
+    if (busy <= 1 || sharing.empty()) return 1.0;
+    return sharing[std::min(static_cast<size_t>(busy - 2), sharing.size() - 1)];
+  }
 };
 
 struct SimOptions {

@@ -40,14 +40,16 @@ void summarise(SimReport& rep, const cost::CostModel& cm, const ClusterSpec& clu
 
 }  // namespace
 
-CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options) {
+CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options, const cost::Calibration& calibration) {
   CorePool pool;
   if (!(cluster.node.shared_cores > 0) || !options.full) return pool;
   pool.cores = cluster.node.shared_cores;
   pool.rank_cores = cluster.node.device_cores;
-  // The cost model prices every task at the static share (cost::CostModel, NodeSpec::static_core_share).
-  pool.price_cores = cluster.node.device_cores * cluster.node.static_core_share();
+  // The cost model prices every task at the static share with every rank computing, the measured sharing included
+  // (cost::rate_share): with all of the node busy the pool runs a task at exactly its price.
+  pool.price_cores = cluster.node.device_cores * cost::rate_share(cluster.node, calibration);
   pool.ranks_per_node = cluster.node.devices_per_node;
+  pool.sharing = calibration.core_sharing;
   return pool;
 }
 
@@ -74,7 +76,7 @@ Result<SimReport> simulate_compiled(compile::CompileResult compiled, const Model
   rep.compiled = std::move(compiled);
   SimOptions run = options;
   if (run.halo.routing.top_k < 1) run.halo = halo_sim_model(model, train);
-  run.core_pool = core_pool_of(cluster, options);
+  run.core_pool = core_pool_of(cluster, options, calibration);
   if (run.expert_loads.on() && !run.expert_loads.expert_time) {
     PIPER_ASSIGN_OR_RETURN(run.expert_loads.expert_time, cost_expert_time(cm, strategy, calibration));
   }

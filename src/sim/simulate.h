@@ -56,8 +56,9 @@ HaloSimModel halo_sim_model(const ModelSpec& model, const TrainSpec& train);
 // cluster with options.full shares them dynamically (plan_exec.h SimOptions::core_pool), the cost model's task
 // prices being at the static share; without full (representative ranks) the pool stays off and every rank computes
 // at the static share all the time, as the closed form prices it. Off for every other cluster.
+// The pool's sharing efficiency is the calibration's measured core_sharing (1 without one).
 // simulate_compiled() sets SimOptions::core_pool from it, whatever the caller put there.
-CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options);
+CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options, const cost::Calibration& calibration);
 
 // OK when the simulator can execute the strategy's mesh order: the compiler lays global ranks out tp innermost,
 // then ep inside dp, then pp, and an order that differs from that only in where size-1 axes sit is the same layout;

@@ -3,12 +3,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <unistd.h>
 
+#include "piper/cli/calibration_file.h"
 #include "piper/cost/device_model.h"
 
 namespace piper::cli {
@@ -43,6 +46,99 @@ TEST(CalibrateFitTest, FlatWithinNoiseIsACurveWithoutAKnee) {
   EXPECT_FALSE(fit_gemm_curve({{8, 1.3}, {64, 0.98}, {512, 0.95}}).ok());  // 8: 23 % above the harmonic mean
 }
 
+// Four processes on two cores, each doing 80 calls per CPU second and 40 per wall second, against one alone at 100
+// per CPU and per wall second: 0.8 of its speed per CPU second, 0.4 / (100 x 0.5) = 0.8 per wall second.
+TEST(CalibrateFitTest, SharingEfficiencyAgainstOneAlone) {
+  const ShareSample alone{100, 1.0, 1.0};
+  const std::vector<ShareSample> four(4, ShareSample{40, 0.5, 1.0});
+  auto e = sharing_efficiency(alone, four, 2);
+  ASSERT_TRUE(e.ok()) << e.status().to_string();
+  EXPECT_DOUBLE_EQ(e->per_cpu, 0.8);
+  EXPECT_DOUBLE_EQ(e->per_wall, 0.8);
+  // Two on two cores: the wall figure is against the full speed; the mean over the processes.
+  e = sharing_efficiency(alone, {{90, 1.0, 1.0}, {70, 1.0, 1.0}}, 2);
+  ASSERT_TRUE(e.ok());
+  EXPECT_DOUBLE_EQ(e->per_cpu, 0.8);
+  EXPECT_DOUBLE_EQ(e->per_wall, 0.8);
+  EXPECT_FALSE(sharing_efficiency(alone, {}, 2).ok());
+  EXPECT_FALSE(sharing_efficiency(alone, {{0, 1.0, 1.0}}, 2).ok());  // no calls: too short a window
+  EXPECT_FALSE(sharing_efficiency({100, 0.0, 1.0}, four, 2).ok());
+}
+
+// A calibration file from before session 25 (one core's figures only) loads as it did: no thread figures, no
+// sharing (1 for any n), and a rank on t cores gets t x one core's figures.
+TEST(CalibrationFileTest, AnOldFileMeansWhatItMeant) {
+  auto c = cost::Calibration::from_json(
+      Json::parse(R"({"peak_flops_fp32": 1.1e11, "gemm_efficiency": 1, "gemm_half_dim": 0.5,
+                      "memory_bw_bytes_per_s": 1.7e10, "memory_bw_efficiency": 1, "gemm_table": false,
+                      "workspace_bytes": 0, "source": "piper calibrate at 2026-12-05"})"),
+      "old.json");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_TRUE(c->thread_figures.empty());
+  EXPECT_TRUE(c->core_sharing.empty());
+  EXPECT_EQ(c->sharing_efficiency(4), 1.0);
+  cost::Calibration two = *c;
+  EXPECT_FALSE(scale_to_rank_cores(&two, 2));
+  EXPECT_EQ(two.peak_flops_fp32, 2.2e11);
+  EXPECT_EQ(two.memory_bw_bytes_per_s, 3.4e10);
+  EXPECT_EQ(two.gemm_half_dim, 0.5);
+}
+
+const char* kNewFile = R"({"peak_flops_fp32": 1.1e11, "gemm_efficiency": 1, "gemm_half_dim": 0.5,
+  "memory_bw_bytes_per_s": 1.7e10, "memory_bw_efficiency": 1, "gemm_table": false, "workspace_bytes": 0,
+  "thread_figures": [
+    {"threads": 1, "peak_flops_fp32": 1.1e11, "gemm_half_dim": 0.5, "memory_bw_bytes_per_s": 1.7e10,
+     "task_overhead_s": 4e-7},
+    {"threads": 2, "peak_flops_fp32": 1.6e11, "gemm_half_dim": 3.0, "memory_bw_bytes_per_s": 2.0e10,
+     "task_overhead_s": 1.3e-6}],
+  "core_sharing": [{"ranks": 2, "efficiency": 0.99, "stream_efficiency": 0.9}, {"ranks": 3, "efficiency": 0.95},
+                   {"ranks": 4, "efficiency": 0.9, "wall_efficiency": 0.45, "stream_wall_efficiency": 0.4}]})";
+
+// A file with each thread count's figures: a rank computing on 2 threads is priced with the 2-thread entry, not
+// 2 x one core; a thread count without an entry (3) with t x one core; the sharing by ranks computing together,
+// the last entry for more ranks than measured.
+TEST(CalibrationFileTest, ThreadFiguresAndSharingAreUsed) {
+  auto c = cost::Calibration::from_json(Json::parse(kNewFile), "new.json");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  ASSERT_EQ(c->thread_figures.size(), 2u);
+  EXPECT_EQ(c->figures_for_threads(2)->task_overhead_s, 1.3e-6);
+  EXPECT_EQ(c->figures_for_threads(3), nullptr);
+  EXPECT_EQ(c->sharing_efficiency(1), 1.0);
+  EXPECT_EQ(c->sharing_efficiency(2), 0.99);
+  EXPECT_EQ(c->sharing_efficiency(4), 0.9);
+  EXPECT_EQ(c->sharing_efficiency(9), 0.9);
+  cost::Calibration two = *c, three = *c, one = *c;
+  EXPECT_TRUE(scale_to_rank_cores(&two, 2));
+  EXPECT_EQ(two.peak_flops_fp32, 1.6e11);
+  EXPECT_EQ(two.gemm_half_dim, 3.0);
+  EXPECT_EQ(two.memory_bw_bytes_per_s, 2.0e10);
+  EXPECT_FALSE(scale_to_rank_cores(&three, 3));
+  EXPECT_EQ(three.peak_flops_fp32, 3.3e11);
+  EXPECT_TRUE(scale_to_rank_cores(&one, 1));
+  EXPECT_EQ(one.peak_flops_fp32, 1.1e11);
+}
+
+// Bad per-thread and sharing entries are refused, naming the entry and the fix.
+TEST(CalibrationFileTest, BadEntriesAreNamed) {
+  auto bad = [](const std::string& text) {
+    auto c = cost::Calibration::from_json(Json::parse(text), "cal.json");
+    return c.ok() ? std::string() : c.status().message();
+  };
+  EXPECT_NE(bad(R"({"thread_figures": [{"threads": 2, "peak_flops_fp32": 1e11, "gemm_half_dim": 0,
+                    "memory_bw_bytes_per_s": 1e10}, {"threads": 1, "peak_flops_fp32": 1e11, "gemm_half_dim": 0,
+                    "memory_bw_bytes_per_s": 1e10}]})")
+                .find("ascending order"),
+            std::string::npos);
+  EXPECT_NE(bad(R"({"thread_figures": [{"threads": 1, "gemm_half_dim": 0, "memory_bw_bytes_per_s": 1e10}]})")
+                .find("thread_figures[0].peak_flops_fp32"),
+            std::string::npos);
+  EXPECT_NE(bad(R"({"core_sharing": [{"ranks": 3, "efficiency": 0.9}]})").find("n = 2, 3, ... in turn"),
+            std::string::npos);
+  EXPECT_NE(bad(R"({"core_sharing": [{"ranks": 2, "efficiency": 0}]})").find("core_sharing[0].efficiency"),
+            std::string::npos);
+  EXPECT_NE(bad(R"({"core_sharing": {"ranks": 2}})").find("expected an array"), std::string::npos);
+}
+
 // Runs `env_prefix piper args` through the shell; stdout and stderr in *text; the exit status.
 int run_piper(const std::string& env_prefix, const std::string& args, std::string* text) {
   const std::string cmd = env_prefix + " " + std::string(PIPER_BIN_PATH) + " " + args + " 2>&1";
@@ -70,7 +166,7 @@ TEST(CalibrateCliTest, WritesACalibrationThatTheModelLoads) {
   const std::string out = (std::filesystem::temp_directory_path() /
                            ("piper_calibrate_" + std::to_string(::getpid()) + ".json")).string();
   std::string text;
-  const int rc = run_calibrate("", "--out " + out, &text);
+  const int rc = run_calibrate("", "--sharing-rounds 1 --out " + out, &text);
   if (rc != 0 && too_noisy(text)) {
     EXPECT_FALSE(std::filesystem::exists(out));  // a refused fit writes nothing
     GTEST_SKIP() << "the machine was too loaded to fit the GEMM curve three times: " << text;
@@ -83,6 +179,19 @@ TEST(CalibrateCliTest, WritesACalibrationThatTheModelLoads) {
   EXPECT_GT(c->peak_flops_fp32, 1e9);  // a core's fp32 GEMM: tens of GFLOP/s at least
   EXPECT_GT(c->memory_bw_bytes_per_s, 1e9);
   EXPECT_FALSE(c->gemm_table);
+  // Every thread count of this machine measured (one a loaded machine left unfitted is named as such), the first
+  // being the one-core figures; the sharing of 2..2C ranks.
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (text.find("not fitted") == std::string::npos) {
+    EXPECT_EQ(c->thread_figures.size(), static_cast<size_t>(cores)) << text;
+  }
+  ASSERT_GE(c->thread_figures.size(), 1u) << text;
+  EXPECT_EQ(c->thread_figures[0].threads, 1);
+  EXPECT_EQ(c->thread_figures[0].peak_flops_fp32, c->peak_flops_fp32);
+  EXPECT_EQ(c->thread_figures[0].memory_bw_bytes_per_s, c->memory_bw_bytes_per_s);
+  for (const auto& f : c->thread_figures) EXPECT_GT(f.task_overhead_s, 0) << f.threads;
+  EXPECT_EQ(c->core_sharing.size(), static_cast<size_t>(2 * cores - 1)) << text;
+  EXPECT_NE(text.find("calibrate: core sharing, round 1 of 1"), std::string::npos) << text;
   std::filesystem::remove(out);
 }
 
@@ -131,7 +240,8 @@ TEST(CalibrateCliTest, WritesTheDefaultFileWithoutOut) {
   const auto dir = std::filesystem::temp_directory_path() / ("piper_xdg_out_" + std::to_string(::getpid()));
   const std::string file = (dir / "piper" / "calibration" / (host() + ".json")).string();
   std::string text;
-  const int rc = run_calibrate("env -u PIPER_CALIBRATION XDG_CONFIG_HOME=" + dir.string(), "", &text);
+  const int rc =
+      run_calibrate("env -u PIPER_CALIBRATION XDG_CONFIG_HOME=" + dir.string(), "--sharing-rounds 0", &text);
   if (rc != 0) {
     EXPECT_TRUE(too_noisy(text)) << text;
     EXPECT_FALSE(std::filesystem::exists(file));

@@ -73,7 +73,7 @@ SimOptions pooled(double cores, double rank_cores, double price_cores, int ranks
   SimOptions o;
   o.full = true;
   o.record_timeline = true;
-  o.core_pool = {cores, rank_cores, price_cores, ranks_per_node};
+  o.core_pool = {cores, rank_cores, price_cores, ranks_per_node, {}};
   return o;
 }
 
@@ -137,6 +137,53 @@ TEST(CorePoolTest, ARankAloneUsesAtMostItsOwnCores) {
   EXPECT_DOUBLE_EQ(one->step_time_s, 2.0);
 }
 
+// Measured sharing (CorePool::sharing, from `piper calibrate`'s core_sharing): with n ranks computing together each
+// keeps sharing[n - 2] of its processor share. Two ranks on two cores at 0.8: a 1 s task each takes 1.25 s. Two
+// ranks on one core at 0.8: 1 / (0.5 x 0.8) = 2.5 s. A rank alone is never slowed (n = 1), and all-ones sharing on
+// a pool that cannot bind otherwise leaves it off, to the bit.
+TEST(CorePoolTest, MeasuredSharingSlowsRanksComputingTogether) {
+  compile::Plan plan = plan_of(1, 2, {{{"compute", {compute("a")}}}});
+  Network net = Network::build(testing::make_cluster(1, 2, 1e3, 0, 0)).value();
+  SimOptions o = pooled(2, 1, 1, 2);
+  o.core_pool.sharing = {0.8};
+  auto r = simulate_plan(plan, net, constant(1.0), o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_DOUBLE_EQ(r->step_time_s, 1.25);
+  o = pooled(1, 1, 1, 2);
+  o.core_pool.sharing = {0.8, 0.7};  // n = 3 never happens with two ranks
+  r = simulate_plan(plan, net, constant(1.0), o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_DOUBLE_EQ(r->step_time_s, 2.5);
+  compile::Plan single = plan_of(1, 1, {{{"compute", {compute("a")}}}});
+  Network net1 = Network::build(testing::make_cluster(1, 1, 1e3, 0, 0)).value();
+  o = pooled(2, 1, 1, 1);
+  o.core_pool.sharing = {0.5};
+  r = simulate_plan(single, net1, constant(1.0), o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->step_time_s, 1.0);
+  o = pooled(2, 1, 1, 2);
+  o.core_pool.sharing = {1.0};
+  r = simulate_plan(plan, net, constant(1.0), o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->step_time_s, 1.0);
+}
+
+// Staggered as in StaggeredStartsShareTheCoreWhileBothCompute (one core, rank 1 starts at 0.5 s), with sharing 0.8:
+// rank 0 does 0.5 s of work alone; together each advances at 0.5 x 0.8 = 0.4 per second, so rank 0's other half
+// ends 1.25 s later, at 1.75 s, when rank 1 has done 0.5; alone again, rank 1 ends its last 0.5 at 2.25 s.
+TEST(CorePoolTest, SharingAppliesOnlyWhileRanksComputeTogether) {
+  compile::Plan plan = plan_of(2, 1,
+                               {{{"compute", {compute("a")}}, {"comm", {p2p(OpKind::kSend, 1, 500)}}},
+                                {{"main", {p2p(OpKind::kRecv, 0, 500), compute("b")}}}});
+  Network net = Network::build(testing::make_cluster(1, 2, 1e3, 0, 0)).value();
+  SimOptions o = pooled(1, 1, 1, 2);
+  o.core_pool.sharing = {0.8};
+  auto r = simulate_plan(plan, net, constant(1.0), o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_DOUBLE_EQ(r->ranks[0].finish_s, 1.75);
+  EXPECT_DOUBLE_EQ(r->ranks[1].finish_s, 2.25);
+}
+
 ModelSpec model(const std::string& name) {
   auto m = load_model(name);
   PIPER_CHECK_OK(m.status());
@@ -169,8 +216,8 @@ TEST(CorePoolTest, PipelineOnOneCoreTakesItsTotalWork) {
   auto alone = simulate_plan(compiled->plan, net, unit_task_time(Part::kAttention), base);
   ASSERT_TRUE(alone.ok()) << alone.status().message();
   SimOptions two = base, one = base;
-  two.core_pool = {2, 1, 1, 2};
-  one.core_pool = {1, 1, 1, 2};
+  two.core_pool = {2, 1, 1, 2, {}};
+  one.core_pool = {1, 1, 1, 2, {}};
   auto r2 = simulate_plan(compiled->plan, net, unit_task_time(Part::kAttention), two);
   auto r1 = simulate_plan(compiled->plan, net, unit_task_time(Part::kAttention), one);
   ASSERT_TRUE(r2.ok() && r1.ok());
@@ -198,6 +245,11 @@ TEST(CorePoolTest, RefusesAPoolItCannotApply) {
   r = simulate_plan(plan, net, constant(1.0), pooled(1, 1, 0, 2));
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("price_cores > 0"), std::string::npos) << r.status().message();
+  o = pooled(1, 1, 1, 2);
+  o.core_pool.sharing = {0.0};
+  r = simulate_plan(plan, net, constant(1.0), o);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("core_pool.sharing"), std::string::npos) << r.status().message();
 }
 
 // Without shared cores (every GPU cluster) nothing moved: step times pinned, to the bit, from 1c77cb4, the commit
@@ -299,6 +351,45 @@ TEST(CorePoolTest, SharedCoresSpeedUpPipelinesNotDataParallelism) {
       EXPECT_EQ(shared_full->step_time_s, static_full->step_time_s) << text;
     }
   }
+}
+
+// A calibration's measured core_sharing reaches the prices and the pool: dp=4 on the build machine's 2 cores (all
+// four ranks computing together) at sharing 0.5 for n = 4 takes longer, by at most 2x (only its compute slows), in
+// the closed form, with representative ranks and in full alike (every rank always computes with the three others,
+// so the pool runs each task at its price); a pipeline, whose ranks also compute alone or in pairs (sharing 1
+// here), slows in full by less than its all-busy price says.
+TEST(CorePoolTest, ACalibrationsSharingReachesPricesAndPool) {
+  const ModelSpec m = model("tiny-moe");
+  const ClusterSpec shared = local_machine(true);
+  cost::Calibration ideal;
+  ideal.workspace_bytes = 0;
+  cost::Calibration measured = ideal;
+  measured.core_sharing = {1.0, 1.0, 0.5};
+  EXPECT_EQ(cost::rate_share(shared.node, ideal), 0.5);
+  EXPECT_EQ(cost::rate_share(shared.node, measured), 0.25);
+  SimOptions rep, full;
+  full.full = true;
+  const Strategy dp = strategy("dp=4,zero=1,microbatches=1,mbs=4");
+  TrainSpec t = fp32_train();
+  t.micro_batch_size = dp.mbs;
+  auto a = simulate(m, shared, t, dp, ideal, full);
+  auto b = simulate(m, shared, t, dp, measured, full);
+  auto br = simulate(m, shared, t, dp, measured, rep);
+  auto ea = cost::CostModel::create(m, shared, t, ideal).value().estimate(dp);
+  auto eb = cost::CostModel::create(m, shared, t, measured).value().estimate(dp);
+  ASSERT_TRUE(a.ok() && b.ok() && br.ok() && ea.ok() && eb.ok());
+  EXPECT_GT(b->step_time_s, 1.3 * a->step_time_s);
+  EXPECT_LE(b->step_time_s, 2.0 * a->step_time_s);
+  EXPECT_NEAR(b->step_time_s, br->step_time_s, 1e-9 * br->step_time_s);
+  EXPECT_GT(eb->step_time_s, 1.3 * ea->step_time_s);
+  const Strategy pp = strategy("pp=4,schedule=1f1b,microbatches=8,mbs=2");
+  t.micro_batch_size = pp.mbs;
+  auto pa = simulate(m, shared, t, pp, ideal, full);
+  auto pb = simulate(m, shared, t, pp, measured, full);
+  auto pr = simulate(m, shared, t, pp, measured, rep);
+  ASSERT_TRUE(pa.ok() && pb.ok() && pr.ok());
+  EXPECT_GT(pb->step_time_s, pa->step_time_s);
+  EXPECT_LT(pb->step_time_s, pr->step_time_s);
 }
 
 }  // namespace
