@@ -21,9 +21,11 @@
 #include "piper/base/json.h"
 #include "piper/base/units.h"
 #include "piper/cli/calibrate_fit.h"
+#include "piper/cli/calibrate_links.h"
 #include "piper/cli/calibration_file.h"
 #include "piper/cli/command.h"
 #include "piper/cli/flags.h"
+#include "piper/comm/launch.h"
 #include "piper/kernels/cpu/gemm.h"
 #include "piper/spec/cluster_loader.h"
 
@@ -139,9 +141,23 @@ struct CalibrateOptions {
   std::string out;
   int rounds = 9;
   bool json = false;
+  LinkStageOptions links;
 };
 
+Status run_device_stage(const CalibrateOptions& o, const Json& links, const std::string& links_out);
+
+// Inside an MPI job (the spawned link stage, or under scripts/two-node-emulation.sh) only the links are measured:
+// the device stage would run on every rank at once.
 Status run_calibrate(const CalibrateOptions& o) {
+  if (o.links.spawned || comm::launched_by_mpi()) return run_link_stage(o.links);
+  if (o.links.ranks == 0) return run_device_stage(o, Json(), "");
+  Json links;
+  if (!o.json) std::fprintf(stderr, "calibrate: links, %d ranks under mpirun\n", o.links.ranks);
+  PIPER_ASSIGN_OR_RETURN(const std::string links_out, launch_link_stage(o.links, &links));
+  return run_device_stage(o, links, links_out);
+}
+
+Status run_device_stage(const CalibrateOptions& o, const Json& links, const std::string& links_out) {
   PIPER_ASSIGN_OR_RETURN(ClusterSpec preset, load_cluster("local-cpu", 1));
   const double peak = preset.device.peak_flops_fp32;
   const int threads_before = kernels::kernel_threads();
@@ -169,9 +185,13 @@ Status run_calibrate(const CalibrateOptions& o) {
   Json measured = Json::array();
   for (const GemmPoint& p : points) measured.push_back({{"min_dim", p.min_dim}, {"efficiency", p.efficiency}});
   if (o.json) {
-    print_json(Json{{"calibration", file}, {"gemm_points", measured}, {"stream_bytes_per_s", bw},
-                    {"fit_gemm_efficiency", curve.gemm_efficiency}, {"seconds", seconds},
-                    {"out", out}}.dump(2));
+    Json j{{"calibration", file}, {"gemm_points", measured}, {"stream_bytes_per_s", bw},
+           {"fit_gemm_efficiency", curve.gemm_efficiency}, {"seconds", seconds}, {"out", out}};
+    if (o.links.ranks > 0) {
+      j["links"] = links;
+      j["links_out"] = links_out;
+    }
+    print_json(j.dump(2));
     return ok_status();
   }
   std::printf("GEMM (fp32, one thread, n = k = %lld), fraction of local-cpu's %s per core:\n",
@@ -193,6 +213,12 @@ Status run_calibrate(const CalibrateOptions& o) {
   } else {
     std::printf("written   %s (use it with --calibration %s)\n", out.c_str(), out.c_str());
   }
+  if (o.links.ranks > 0) {
+    std::printf("links     %s\n", links_out.empty() ? "written nowhere (PIPER_CALIBRATION=none); pass --links-out FILE"
+                                                      : (links_out + (o.links.out.empty() ? " (this machine's default "
+                                                                      "link calibration)" : " (use it with "
+                                                                      "--comm-calibration)")).c_str());
+  }
   return ok_status();
 }
 
@@ -206,7 +232,18 @@ PIPER_REGISTER_COMMAND(g_calibrate, "calibrate", "Measure this machine's core an
                                         "timed rounds per measurement (the fastest is kept)")
                              ->capture_default_str();
                          sub->add_flag("--json", o->json, "print one JSON object");
-                         return std::function<Status()>([o] { return run_calibrate(*o); });
+                         add_int_option(sub, "--ranks", &o->links.ranks, {0, kMaxLocalRanks, "MPI ranks"},
+                                        "also measure the links: R ranks under mpirun, point-to-point and "
+                                        "collective alpha-beta (0: the device only; under mpirun: the links only)");
+                         sub->add_option("--links-out", o->links.out,
+                                         "write the link calibration here (for --comm-calibration FILE; default: "
+                                         "this machine's link calibration file, docs/calibration.md)");
+                         sub->add_flag("--links-stage", o->links.spawned, "")->group("");
+                         return std::function<Status()>([o] {
+                           CalibrateOptions run = *o;
+                           run.links.json = run.json;
+                           return run_calibrate(run);
+                         });
                        });
 
 }  // namespace

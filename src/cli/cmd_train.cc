@@ -53,6 +53,7 @@ struct TrainCliOptions {
   int64_t save_every = 0;  // 0: not given (only at the end)
   std::string resume;
   std::string trace;
+  std::string sim_trace;
   std::string record_expert_loads;  // --record-expert-loads FILE (balance/expert_loads.h)
   std::string calibration;
   std::string comm_calibration;
@@ -301,7 +302,7 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   if (!o.record_expert_loads.empty()) {
     PIPER_RETURN_IF_ERROR(balance::save_expert_loads(o.record_expert_loads, trainer->expert_loads()));
   }
-  PIPER_ASSIGN_OR_RETURN(PredictionReport prediction, predict_vs_measured(*trainer, machine, r.measured));
+  PIPER_ASSIGN_OR_RETURN(PredictionReport prediction, predict_vs_measured(*trainer, machine, r.measured, o.sim_trace));
   if (o.json) {
     print_json_report(o, *trainer, r, prediction);
   } else {
@@ -354,6 +355,7 @@ Status run_train(const TrainCliOptions& o) {
         check_gpu_train_flags(o.ranks, o.strategy, !o.save.empty(), !o.resume.empty(), !o.trace.empty()));
   }
   PIPER_RETURN_IF_ERROR(check_output_directory("--trace", o.trace));
+  PIPER_RETURN_IF_ERROR(check_output_directory("--sim-trace", o.sim_trace));
   PIPER_RETURN_IF_ERROR(check_output_directory("--record-expert-loads", o.record_expert_loads));
   if (o.device == "cuda" && !o.record_expert_loads.empty()) {
     return invalid_argument("--record-expert-loads is recorded by the CPU ranks' trainer; drop --device cuda");
@@ -428,6 +430,8 @@ PIPER_REGISTER_COMMAND(g_train, "train", "Train a model through its compiled Pla
                  "also write a checkpoint every N steps (default: only at the end)");
   sub->add_option("--resume", o->resume, "resume from a checkpoint (a --save DIR, or one of its step-N directories)");
   sub->add_option("--trace", o->trace, "write the measured timeline of every rank as a Chrome/Perfetto trace");
+  sub->add_option("--sim-trace", o->sim_trace,
+                  "write the simulated step of the same plan (every rank) as a Chrome/Perfetto trace");
   sub->add_option("--record-expert-loads", o->record_expert_loads,
                   "write the tokens every routed expert received over the run (ep >= 2) for estimate/simulate "
                   "--expert-loads (docs/balance.md)");

@@ -14,6 +14,7 @@ void add_scenario(const Scenario& sc, Json* j) {
   if (sc.from_directives) (*j)["directives"] = sc.input.file;
   if (!sc.expert_loads.empty()) (*j)["expert_loads"] = sc.expert_loads_json();
   (*j)["calibration"] = sc.calibration_source;
+  (*j)["links"] = sc.links_source;
 }
 
 }  // namespace

@@ -13,7 +13,6 @@
 #include "piper/sim/simulate.h"
 #include "piper/sim/task_time.h"
 #include "piper/spec/cluster_loader.h"
-#include "piper/spec/comm_calibration.h"
 
 namespace piper::cli {
 
@@ -34,10 +33,8 @@ Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::str
   d.peak_flops_fp8 *= m.rank_cores;
   d.memory_bw_bytes_per_s *= m.rank_cores;
   std::vector<std::string> sources;
-  if (!comm_calibration.empty()) {
-    PIPER_RETURN_IF_ERROR(load_comm_calibration(comm_calibration, &m.cluster));
-    sources.push_back("links from " + comm_calibration);
-  }
+  PIPER_ASSIGN_OR_RETURN(m.links_source, apply_link_calibration(comm_calibration, &m.cluster));
+  sources.push_back("links: " + m.links_source);
   PIPER_ASSIGN_OR_RETURN(DeviceCalibration device, load_device_calibration(calibration, m.cluster.name));
   m.calibration = device.calibration;
   // A calibration of this machine measures one core (piper calibrate); a rank alone computes on rank_cores of them.
@@ -62,7 +59,8 @@ std::function<Result<compile::CostFn>(const Strategy&, const TrainSpec&)> local_
 }
 
 Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, const LocalMachine& machine,
-                                             const std::vector<RankMeasurement>& measured) {
+                                             const std::vector<RankMeasurement>& measured,
+                                             const std::string& sim_trace) {
   const compile::Plan& plan = trainer.compiled().plan;
   if (static_cast<int>(measured.size()) != plan.world_size) {
     return internal_error("predict_vs_measured: " + std::to_string(measured.size()) + " measurements for " +
@@ -74,9 +72,14 @@ Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, co
   r.machine = machine;
   sim::SimOptions so;
   so.full = true;  // every rank: the runs here are small
+  so.record_timeline = !sim_trace.empty();
   PIPER_ASSIGN_OR_RETURN(sim::SimReport sim, sim::simulate_compiled(trainer.compiled(), model, machine.cluster, train,
                                                                     trainer.strategy(), machine.calibration, so));
   r.sim_plan_hash = sim.plan_hash;
+  if (!sim_trace.empty()) {
+    Status st = report::write_chrome_trace(sim_trace, plan, sim.sim, "piper train (simulated)");
+    if (!st.ok()) return st.with_context("--sim-trace " + sim_trace);
+  }
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm,
                          cost::CostModel::create(model, machine.cluster, train, machine.calibration));
   cost::Estimate e;
@@ -180,6 +183,7 @@ Json PredictionReport::to_json() const {
               {"rank_cores", machine.rank_cores},
               {"cores_per_rank", machine.cores_per_rank},
               {"calibration", machine.calibration_source},
+              {"links", machine.links_source},
               {"simulated_step_time_s", sim_step_s},
               {"simulated_plan_hash", hex64(sim_plan_hash)},
               {"resource_model_step_time_s", model_step_s},

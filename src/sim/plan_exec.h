@@ -56,6 +56,17 @@ struct CorePool {
   int ranks_per_node = 1;  // consecutive global ranks per node (ClusterSpec::node.devices_per_node)
 };
 
+// What a synchronisation costs on top of its transfer on CPU ranks sharing their node's cores (measured by
+// `piper calibrate --ranks R`, comm/link_calibration.h: the time from the last rank's arrival to completion after
+// the ranks computed, less the same collective without compute). The ranks that arrived early sleep between
+// polls and MPI progresses a collective only inside their calls, so each collective finishes this much after its
+// flows would. all_to_all_s applies to all-to-alls, other_s to every other collective; point-to-point transfers
+// (not measured) get none. simulate_compiled() fills it from NodeSpec::sync_excess_*.
+struct SyncCost {
+  double all_to_all_s = 0;
+  double other_s = 0;
+};
+
 struct SimOptions {
   bool full = false;             // simulate every rank instead of one per pipeline rank
   bool zero_comm = false;        // communication takes no time (schedule checks)
@@ -95,6 +106,8 @@ struct SimOptions {
   HaloSimModel halo;
   // CPU ranks sharing their node's cores (processor sharing, above); off by default. Needs full = true.
   CorePool core_pool;
+  // Extra latency of each collective on such ranks (SyncCost); zero by default.
+  SyncCost sync_cost;
 };
 
 using compile::InstrSpan;     // compile/timeline.h: the measured timeline's type too

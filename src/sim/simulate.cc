@@ -51,6 +51,11 @@ CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options) {
   return pool;
 }
 
+SyncCost sync_cost_of(const ClusterSpec& cluster) {
+  if (!(cluster.node.shared_cores > 0)) return {};
+  return {cluster.node.sync_excess_all_to_all_s, cluster.node.sync_excess_other_s};
+}
+
 HaloSimModel halo_sim_model(const ModelSpec& model, const TrainSpec& train) {
   HaloSimModel h;
   if (!model.is_moe()) return h;
@@ -75,6 +80,7 @@ Result<SimReport> simulate_compiled(compile::CompileResult compiled, const Model
   SimOptions run = options;
   if (run.halo.routing.top_k < 1) run.halo = halo_sim_model(model, train);
   run.core_pool = core_pool_of(cluster, options);
+  run.sync_cost = sync_cost_of(cluster);
   auto t0 = std::chrono::steady_clock::now();
   PIPER_ASSIGN_OR_RETURN(rep.sim, simulate_plan(rep.compiled.plan, net, task_time, run));
   rep.simulate_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -59,6 +59,10 @@ HaloSimModel halo_sim_model(const ModelSpec& model, const TrainSpec& train);
 // simulate_compiled() sets SimOptions::core_pool from it, whatever the caller put there.
 CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options);
 
+// The measured cost of a synchronisation of a cluster whose nodes share CPU cores (NodeSpec::sync_excess_*,
+// plan_exec.h SyncCost); none for every other cluster. simulate_compiled() sets SimOptions::sync_cost from it.
+SyncCost sync_cost_of(const ClusterSpec& cluster);
+
 // `train.micro_batch_size` is taken from the strategy (mbs); train.global_batch 0 means dp * microbatches * mbs.
 // Compiles the strategy for compile::megatron_target() with this cluster's cost annotations, then
 // simulate_compiled().
