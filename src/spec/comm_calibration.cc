@@ -49,6 +49,7 @@ Status apply_sync_excess(const Json& measured, const std::string& what, int rank
 
 Status apply_comm_calibration(const Json& json, const std::string& what, ClusterSpec* cluster,
                               CommCalibrationInfo* info) {
+  if (info != nullptr) *info = {};
   if (!json.is_object()) return invalid_argument(what + ": a communication calibration must be a JSON object");
   JsonReader top(json, "calibration");
   std::string source;
