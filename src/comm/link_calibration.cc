@@ -288,6 +288,11 @@ Result<LinkCalibration> measure_links(Communicator& world, const LinkCalibration
   progress(world, "compute, then all-reduce / all-to-all, on every rank at once (the runtime's waits)");
   PIPER_ASSIGN_OR_RETURN(c.sync_all_reduce, measure_sync(world, options, options.sync_all_reduce_bytes, false));
   PIPER_ASSIGN_OR_RETURN(c.sync_all_to_all, measure_sync(world, options, options.sync_all_to_all_bytes, true));
+  if (world.size() >= 4 && world.size() % 2 == 0) {
+    const int first = world.rank() / 2 * 2;
+    PIPER_ASSIGN_OR_RETURN(auto pair, world.split({first, first + 1}, "calibrate_pair"));
+    PIPER_ASSIGN_OR_RETURN(c.sync_pairs, measure_sync(*pair, options, options.sync_all_reduce_bytes, false));
+  }
   return c;
 }
 
@@ -369,6 +374,7 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
   };
   if (c.sync_all_reduce.measured) m["sync_all_reduce"] = sync(c.sync_all_reduce);
   if (c.sync_all_to_all.measured) m["sync_all_to_all"] = sync(c.sync_all_to_all);
+  if (c.sync_pairs.measured) m["sync_all_reduce_pairs"] = sync(c.sync_pairs);
   j["measured"] = m;
   return j;
 }
@@ -412,6 +418,7 @@ std::string to_text(const LinkCalibration& c) {
   };
   sync("all-reduce", c.sync_all_reduce);
   sync("all-to-all", c.sync_all_to_all);
+  sync("all-reduce in pairs", c.sync_pairs);
   return out;
 }
 

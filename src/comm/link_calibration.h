@@ -12,7 +12,8 @@
 //     all-reduces (or all-to-alls) and waits as the runtime's stream threads do (backoff_after_polls); the time
 //     from the last rank's arrival to completion, against the same collective without compute. The difference is
 //     what a synchronisation costs while ranks compute on shared cores: the ranks that arrived early sleep between
-//     polls, and MPI progresses a collective's rounds only inside their MPI calls.
+//     polls, and MPI progresses a collective's rounds only inside their MPI calls. Over the world, and (R >= 4, even)
+//     the all-reduce in pairs (2k, 2k+1), every pair at once, as tensor-parallel pairs synchronise.
 // Times are medians over iterations (after `warmup`). Nodes are told apart by host name (gethostname), so the
 // two-node emulation (scripts/two-node-emulation.sh, one host name per namespace) counts as two nodes; ranks must
 // be node-major (the error says so otherwise).
@@ -78,6 +79,8 @@ struct LinkCalibration {
   AlphaBeta intra, inter;          // point to point
   AlphaBeta all_reduce, all_gather, all_to_all;
   SyncUnderLoad sync_all_reduce, sync_all_to_all;
+  // The all-reduce in groups of two (ranks 2k, 2k+1: tensor-parallel pairs), every pair at once; R >= 4, even.
+  SyncUnderLoad sync_pairs;
 };
 
 Result<LinkCalibration> measure_links(Communicator& world, const LinkCalibrationOptions& options);

@@ -436,7 +436,9 @@ Status Executor::arrive_collective(int ri, int s, const Instruction& in) {
     tmpl = *t;
   }
   const SyncCost& sync = options_.sync_cost;
-  const double delay_s = members.size() > 1 ? (in.comm == ir::NodeKind::kAllToAll ? sync.all_to_all_s : sync.other_s) : 0;
+  double delay_s = in.comm == ir::NodeKind::kAllToAll ? sync.all_to_all_s : sync.other_s;
+  if (members.size() == 2 && sync.pair_s > 0) delay_s = sync.pair_s;
+  if (members.size() < 2) delay_s = 0;
   return start_op(std::move(parts), tmpl, static_cast<double>(in.comm_bytes), delay_s);
 }
 

@@ -60,11 +60,13 @@ struct CorePool {
 // `piper calibrate --ranks R`, comm/link_calibration.h: the time from the last rank's arrival to completion after
 // the ranks computed, less the same collective without compute). The ranks that arrived early sleep between
 // polls and MPI progresses a collective only inside their calls, so each collective finishes this much after its
-// flows would. all_to_all_s applies to all-to-alls, other_s to every other collective; point-to-point transfers
-// (not measured) get none. simulate_compiled() fills it from NodeSpec::sync_excess_*.
+// flows would. pair_s (when > 0) applies to every collective of two ranks, all_to_all_s to the other all-to-alls,
+// other_s to every other collective; point-to-point transfers (not measured) get none. simulate_compiled() fills
+// it from NodeSpec::sync_excess_*.
 struct SyncCost {
   double all_to_all_s = 0;
   double other_s = 0;
+  double pair_s = 0;
 };
 
 struct SimOptions {

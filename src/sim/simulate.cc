@@ -53,7 +53,7 @@ CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options) {
 
 SyncCost sync_cost_of(const ClusterSpec& cluster) {
   if (!(cluster.node.shared_cores > 0)) return {};
-  return {cluster.node.sync_excess_all_to_all_s, cluster.node.sync_excess_other_s};
+  return {cluster.node.sync_excess_all_to_all_s, cluster.node.sync_excess_other_s, cluster.node.sync_excess_pair_s};
 }
 
 HaloSimModel halo_sim_model(const ModelSpec& model, const TrainSpec& train) {

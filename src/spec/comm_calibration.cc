@@ -12,15 +12,15 @@ Status prefixed(Status s, const std::string& what) {
   return invalid_argument(what + ": " + s.message() + " (a file written by `piper bench comm --calibration-out`)");
 }
 
-// measured.sync_all_to_all.excess_s / measured.sync_all_reduce.excess_s (piper calibrate --ranks R): applied to a
+// measured.sync_all_to_all / sync_all_reduce / sync_all_reduce_pairs .excess_s (piper calibrate --ranks R): applied to a
 // node of the measured number of ranks only (the excess depends on how many ranks share the cores).
 Status apply_sync_excess(const Json& measured, const std::string& what, int ranks_per_node, ClusterSpec* cluster,
                          CommCalibrationInfo* info) {
   if (!measured.is_object()) return invalid_argument(what + ": calibration.measured must be an object");
-  double excess[2] = {0, 0};
+  double excess[3] = {0, 0, 0};
   bool found = false;
-  const char* keys[2] = {"sync_all_to_all", "sync_all_reduce"};
-  for (int k = 0; k < 2; ++k) {
+  const char* keys[3] = {"sync_all_to_all", "sync_all_reduce", "sync_all_reduce_pairs"};
+  for (int k = 0; k < 3; ++k) {
     auto it = measured.find(keys[k]);
     if (it == measured.end()) continue;
     const std::string field = std::string("calibration.measured.") + keys[k] + ".excess_s";
@@ -41,6 +41,7 @@ Status apply_sync_excess(const Json& measured, const std::string& what, int rank
   if (ranks_per_node != cluster->node.devices_per_node) return ok_status();
   cluster->node.sync_excess_all_to_all_s = excess[0];
   cluster->node.sync_excess_other_s = excess[1];
+  cluster->node.sync_excess_pair_s = excess[2];
   if (info != nullptr) info->sync_applied = true;
   return ok_status();
 }

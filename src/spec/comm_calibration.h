@@ -8,8 +8,8 @@
 //             "nic_latency_s": a,                                -> node.nic_latency_s
 //             "nic_bw_bytes_per_s": b},                          -> bw of every NIC of node.nics
 //    "measured": {...}}   what `piper calibrate --ranks R` measured (comm/link_calibration.h); of it only
-//                         sync_all_to_all.excess_s and sync_all_reduce.excess_s are applied, to
-//                         node.sync_excess_all_to_all_s / sync_excess_other_s, and only when the cluster's node has
+//                         sync_all_to_all, sync_all_reduce and sync_all_reduce_pairs .excess_s are applied, to
+//                         node.sync_excess_all_to_all_s / _other_s / _pair_s, and only when the cluster's node has
 //                         ranks_per_node devices (the excess depends on how many ranks share the cores).
 // Bandwidths must be > 0 and latencies >= 0, finite; unknown keys are errors (likely typos).
 #pragma once

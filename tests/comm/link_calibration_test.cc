@@ -35,6 +35,7 @@ comm::LinkCalibration one_node(int n) {
   c.intra = comm::fit_alpha_beta({{8, 1e-6}, {4 << 20, 1e-6 + 4194296 / 9e9}});
   c.sync_all_to_all = {true, 524288, {1e-4, 0, 0}, {2.1e-3, 0, 0}, 2.0e-3};
   c.sync_all_reduce = {true, 4096, {3e-5, 0, 0}, {1.53e-3, 0, 0}, 1.5e-3};
+  c.sync_pairs = {true, 4096, {2e-5, 0, 0}, {0.52e-3, 0, 0}, 0.5e-3};
   return c;
 }
 
@@ -72,6 +73,7 @@ TEST(LinkCalibration, TheFileSetsTheLinkAndTheSyncExcessForTheMeasuredRanksOnly)
   EXPECT_NEAR(c.node.intra.latency_s, kAlpha, 1e-12);
   EXPECT_DOUBLE_EQ(c.node.sync_excess_all_to_all_s, 2.0e-3);
   EXPECT_DOUBLE_EQ(c.node.sync_excess_other_s, 1.5e-3);
+  EXPECT_DOUBLE_EQ(c.node.sync_excess_pair_s, 0.5e-3);
   EXPECT_TRUE(info.sync_applied);
 
   ClusterSpec two = *cluster;  // 2 ranks per node: the excess measured with 4 does not apply

@@ -74,6 +74,7 @@ TEST(SyncCost, EachCollectiveCompletesItsMeasuredExcessLater) {
   const double a2a = step_s(ir::NodeKind::kAllToAll, {});
   EXPECT_NEAR(step_s(ir::NodeKind::kAllToAll, {0.5, 0.25}) - a2a, 0.5, 1e-9);  // all_to_all_s
   EXPECT_EQ(step_s(ir::NodeKind::kAllReduce, {0, 0}), base);
+  EXPECT_NEAR(step_s(ir::NodeKind::kAllToAll, {0.5, 0.25, 0.125}) - a2a, 0.125, 1e-9);  // two ranks: pair_s
 }
 
 TEST(SyncCost, TakenFromTheNodeOnlyWhenItSharesCores) {
@@ -84,6 +85,7 @@ TEST(SyncCost, TakenFromTheNodeOnlyWhenItSharesCores) {
   c.node.shared_cores = 2;
   EXPECT_EQ(sync_cost_of(c).all_to_all_s, 2e-3);
   EXPECT_EQ(sync_cost_of(c).other_s, 1e-3);
+  EXPECT_EQ(sync_cost_of(c).pair_s, 0);
   c.node.sync_excess_other_s = -1;
   EXPECT_FALSE(c.validate().ok());
 }
