@@ -40,7 +40,8 @@ Status measure_and_write(const LinkStageOptions& o) {
   }
   std::fputs(comm::to_text(c).c_str(), stdout);
   if (!o.spawned) {
-    std::printf("written   %s\n", out.empty() ? "nowhere (PIPER_CALIBRATION=none); pass --links-out FILE" : out.c_str());
+    std::printf("written   %s\n",
+                out.empty() ? "nowhere (PIPER_CALIBRATION=none); pass --links-out FILE" : out.c_str());
   }
   std::fflush(stdout);
   return ok_status();
@@ -56,7 +57,8 @@ Result<std::string> link_output_path(const std::string& out) {
   std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
   if (ec) {
     return failed_precondition("cannot create the folder of the default link calibration file " + path + ": " +
-                               ec.message() + "; pass --links-out FILE, or set PIPER_COMM_CALIBRATION to a writable path");
+                               ec.message() +
+                               "; pass --links-out FILE, or set PIPER_COMM_CALIBRATION to a writable path");
   }
   return path;
 }

@@ -18,8 +18,8 @@
 namespace piper::cli {
 
 struct LinkStageOptions {
-  int ranks = 0;         // 0: no link stage
-  std::string out;       // --links-out; empty: the default file (created), or nowhere under PIPER_CALIBRATION=none
+  int ranks = 0;    // 0: no link stage
+  std::string out;  // --links-out; empty: the default file (created), or nowhere under PIPER_CALIBRATION=none
   bool json = false;
   bool spawned = false;  // started by launch_link_stage: print the measurements only as text
 };

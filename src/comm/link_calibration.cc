@@ -136,8 +136,8 @@ Result<AlphaBeta> measure_collective(Communicator& w, Coll kind, const LinkCalib
     std::function<Status()> call;
     if (kind == Coll::kAllReduce) {
       call = [&] {
-        return wait(w, w.all_reduce_sum(reinterpret_cast<const float*>(in.data()),
-                                        reinterpret_cast<float*>(out.data()), rank_bytes / 4));
+        return wait(w, w.all_reduce_sum(reinterpret_cast<const float*>(in.data()), reinterpret_cast<float*>(out.data()),
+                                        rank_bytes / 4));
       };
     } else if (kind == Coll::kAllGather) {
       call = [&] { return wait(w, w.all_gather(in.data(), out.data(), rank_bytes)); };
@@ -321,8 +321,8 @@ EffectiveLink effective_intra_link(const LinkCalibration& c) {
     const SizedTime& small = f.points.front();
     const SizedTime& large = f.points.back();
     e.latency_by_kind_s[k] = small.seconds / steps[k];
-    e.bw_by_kind[k] = port_bytes[k] * static_cast<double>(large.bytes - small.bytes) /
-                      std::max(large.seconds - small.seconds, 1e-12);
+    e.bw_by_kind[k] =
+        port_bytes[k] * static_cast<double>(large.bytes - small.bytes) / std::max(large.seconds - small.seconds, 1e-12);
     lat.push_back(e.latency_by_kind_s[k]);
     bw.push_back(e.bw_by_kind[k]);
   }
@@ -358,10 +358,12 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
   m["all_to_all"] = fit_json(c.all_to_all);
   if (link.measured) {
     m["intra_from_collectives"] = {
-        {"latency_s", {{"all_reduce", link.latency_by_kind_s[0]}, {"all_gather", link.latency_by_kind_s[1]},
-                       {"all_to_all", link.latency_by_kind_s[2]}}},
-        {"bw_bytes_per_s", {{"all_reduce", link.bw_by_kind[0]}, {"all_gather", link.bw_by_kind[1]},
-                            {"all_to_all", link.bw_by_kind[2]}}}};
+        {"latency_s",
+         {{"all_reduce", link.latency_by_kind_s[0]},
+          {"all_gather", link.latency_by_kind_s[1]},
+          {"all_to_all", link.latency_by_kind_s[2]}}},
+        {"bw_bytes_per_s",
+         {{"all_reduce", link.bw_by_kind[0]}, {"all_gather", link.bw_by_kind[1]}, {"all_to_all", link.bw_by_kind[2]}}}};
   }
   auto sync = [](const SyncUnderLoad& u) {
     auto timing = [](const SyncTiming& t) {
@@ -369,8 +371,8 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
                          {"iteration_s", t.iteration_s},
                          {"work_cpu_s", t.work_cpu_s}};
     };
-    return OrderedJson{{"bytes", u.bytes}, {"idle", timing(u.idle)}, {"computing", timing(u.busy)},
-                       {"excess_s", u.excess_s}};
+    return OrderedJson{
+        {"bytes", u.bytes}, {"idle", timing(u.idle)}, {"computing", timing(u.busy)}, {"excess_s", u.excess_s}};
   };
   if (c.sync_all_reduce.measured) m["sync_all_reduce"] = sync(c.sync_all_reduce);
   if (c.sync_all_to_all.measured) m["sync_all_to_all"] = sync(c.sync_all_to_all);

@@ -34,11 +34,11 @@ struct LinkCalibrationOptions {
   std::vector<size_t> collective_bytes = {8, 4096, 65536, 1 << 20, 4 << 20};
   int iterations = 15;  // per size (large sizes: a third, at least 3)
   int warmup = 2;
-  double compute_s = 0.004;  // the compute-then-collective loop's work on one core alone
-  size_t sync_all_reduce_bytes = 4096;            // ... then an all-reduce of this many bytes per rank
-  size_t sync_all_to_all_bytes = 512 * 1024;      // ... or an all-to-all (tiny-moe's dispatch at mbs 4)
+  double compute_s = 0.004;                   // the compute-then-collective loop's work on one core alone
+  size_t sync_all_reduce_bytes = 4096;        // ... then an all-reduce of this many bytes per rank
+  size_t sync_all_to_all_bytes = 512 * 1024;  // ... or an all-to-all (tiny-moe's dispatch at mbs 4)
   int sync_iterations = 15;
-  double cores = 1;              // the node's cores (std::thread::hardware_concurrency of rank 0)
+  double cores = 1;  // the node's cores (std::thread::hardware_concurrency of rank 0)
   Status validate() const;
 };
 

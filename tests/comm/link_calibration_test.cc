@@ -2,9 +2,10 @@
 // simulator's ring all-reduce, ring all-gather and flat all-to-all take the measured times (recovered exactly from
 // times made with those formulas); its synchronisation excess reaches the cluster only for the measured ranks per
 // node; bad values are named.
+#include "piper/comm/link_calibration.h"
+
 #include <gtest/gtest.h>
 
-#include "piper/comm/link_calibration.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/comm_calibration.h"
 
