@@ -1,9 +1,10 @@
 #include "piper/cli/calibration_file.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
 
 #include "piper/base/files.h"
 #include "piper/spec/comm_calibration.h"

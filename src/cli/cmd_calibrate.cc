@@ -6,11 +6,12 @@
 // one core (a triad over arrays far larger than the caches). The file holds one core's measured figures
 // (peak_flops_fp32: the fitted curve's large-GEMM asymptote; memory_bw_bytes_per_s), which replace the local-cpu
 // preset's; `local_cluster` (train_report.h) scales them by the cores each rank gets.
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
-#include <time.h>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -185,8 +186,9 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
   Json measured = Json::array();
   for (const GemmPoint& p : points) measured.push_back({{"min_dim", p.min_dim}, {"efficiency", p.efficiency}});
   if (o.json) {
-    Json j{{"calibration", file}, {"gemm_points", measured}, {"stream_bytes_per_s", bw},
-           {"fit_gemm_efficiency", curve.gemm_efficiency}, {"seconds", seconds}, {"out", out}};
+    Json j{{"calibration", file},      {"gemm_points", measured},
+           {"stream_bytes_per_s", bw}, {"fit_gemm_efficiency", curve.gemm_efficiency},
+           {"seconds", seconds},       {"out", out}};
     if (o.links.ranks > 0) {
       j["links"] = links;
       j["links_out"] = links_out;
@@ -215,9 +217,11 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
   }
   if (o.links.ranks > 0) {
     std::printf("links     %s\n", links_out.empty() ? "written nowhere (PIPER_CALIBRATION=none); pass --links-out FILE"
-                                                      : (links_out + (o.links.out.empty() ? " (this machine's default "
-                                                                      "link calibration)" : " (use it with "
-                                                                      "--comm-calibration)")).c_str());
+                                                    : (links_out + (o.links.out.empty() ? " (this machine's default "
+                                                                                          "link calibration)"
+                                                                                        : " (use it with "
+                                                                                          "--comm-calibration)"))
+                                                          .c_str());
   }
   return ok_status();
 }

@@ -75,8 +75,8 @@ struct PredictionReport {
   Json to_json() const;
 };
 
-// Simulates the trainer's compiled plan and estimates its strategy on `machine` and pairs it with `measured` (one per rank).
-// `sim_trace` (empty: none): also write the simulated step of that plan as a Chrome trace there (the measured
+// Simulates the trainer's compiled plan and estimates its strategy on `machine` and pairs it with `measured` (one per
+// rank). `sim_trace` (empty: none): also write the simulated step of that plan as a Chrome trace there (the measured
 // timeline's twin, for comparing task by task).
 Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, const LocalMachine& machine,
                                              const std::vector<RankMeasurement>& measured,

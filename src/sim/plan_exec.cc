@@ -177,8 +177,7 @@ class Executor {
   void pool_done(int node, int64_t version, double t);
   Status arrive_p2p(int ri, int s, const Instruction& in);
   Status arrive_collective(int ri, int s, const Instruction& in);
-  Status start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload,
-                  double delay_s = 0);
+  Status start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload, double delay_s = 0);
   void start_flows(int op, const FlowTemplate* tmpl, double payload, double t);
   void op_done(int op, double t);
   void push(double t, int kind, int a, int b, int64_t version = 0) { events_.push({t, seq_++, kind, a, b, version}); }

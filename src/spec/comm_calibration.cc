@@ -12,8 +12,8 @@ Status prefixed(Status s, const std::string& what) {
   return invalid_argument(what + ": " + s.message() + " (a file written by `piper bench comm --calibration-out`)");
 }
 
-// measured.sync_all_to_all / sync_all_reduce / sync_all_reduce_pairs .excess_s (piper calibrate --ranks R): applied to a
-// node of the measured number of ranks only (the excess depends on how many ranks share the cores).
+// measured.sync_all_to_all / sync_all_reduce / sync_all_reduce_pairs .excess_s (piper calibrate --ranks R): applied to
+// a node of the measured number of ranks only (the excess depends on how many ranks share the cores).
 Status apply_sync_excess(const Json& measured, const std::string& what, int ranks_per_node, ClusterSpec* cluster,
                          CommCalibrationInfo* info) {
   if (!measured.is_object()) return invalid_argument(what + ": calibration.measured must be an object");
@@ -29,7 +29,8 @@ Status apply_sync_excess(const Json& measured, const std::string& what, int rank
     }
     excess[k] = (*it)["excess_s"].get<double>();
     if (!std::isfinite(excess[k]) || excess[k] < 0 || excess[k] > 1) {
-      return invalid_argument(what + ": " + field + " = " + std::to_string(excess[k]) + " is out of range; allowed [0, 1]");
+      return invalid_argument(what + ": " + field + " = " + std::to_string(excess[k]) +
+                              " is out of range; allowed [0, 1]");
     }
     found = true;
   }

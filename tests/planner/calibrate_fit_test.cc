@@ -144,7 +144,6 @@ TEST(CalibrateCliTest, WritesTheDefaultFileWithoutOut) {
   std::filesystem::remove_all(dir);
 }
 
-
 void write(const std::string& path, const std::string& text) {
   std::FILE* f = std::fopen(path.c_str(), "w");
   std::fputs(text.c_str(), f);
@@ -165,7 +164,8 @@ TEST(CalibrateCliTest, LinkCalibrationDefaultLocationAndFlag) {
   const std::string estimate = "estimate --model tiny-moe --nodes 1 --json --strategy dp=2 --cluster local-cpu";
   std::string text;
   ASSERT_EQ(run_piper(env, estimate, &text), 0) << text;
-  EXPECT_NE(text.find("\"links\": \"" + file + " (this machine's default link calibration; synchronisation +3 ms "
+  EXPECT_NE(text.find("\"links\": \"" + file +
+                      " (this machine's default link calibration; synchronisation +3 ms "
                       "per all-to-all, +2 ms per other collective)\""),
             std::string::npos)
       << text;
@@ -199,7 +199,11 @@ TEST(CalibrateCliTest, RanksMeasureTheLinks) {
   EXPECT_NE(text.find("links     " + links + " (use it with --comm-calibration)"), std::string::npos) << text;
   ASSERT_EQ(run_piper("env PIPER_CALIBRATION=none",
                       "estimate --model tiny-moe --nodes 1 --json --strategy dp=2 --cluster local-cpu "
-                      "--comm-calibration " + links, &text), 0) << text;
+                      "--comm-calibration " +
+                          links,
+                      &text),
+            0)
+      << text;
   EXPECT_NE(text.find(links + " (--comm-calibration; synchronisation +"), std::string::npos) << text;
   std::filesystem::remove_all(dir);
 }

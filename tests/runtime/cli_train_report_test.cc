@@ -168,9 +168,11 @@ TEST(CliTrainReport, TwoRanksGatheredIntoOneTrace) {
 TEST(CliTrainReport, SimulatedTraceOfThePlanTheRanksRan) {
   const std::string measured = temp_file("measured.json"), simulated = temp_file("simulated.json");
   int rc = 0;
-  std::string out = run("train --model tiny-moe --ranks 2 --seq 16 --strategy dp=2,microbatches=1,mbs=2 --steps 2 "
-                        "--json --trace " + measured + " --sim-trace " + simulated,
-                        &rc, true);
+  std::string out =
+      run("train --model tiny-moe --ranks 2 --seq 16 --strategy dp=2,microbatches=1,mbs=2 --steps 2 "
+          "--json --trace " +
+              measured + " --sim-trace " + simulated,
+          &rc, true);
   ASSERT_EQ(rc, 0) << out;
   auto j = piper::Json::parse(out);
   EXPECT_NE(j["predicted_vs_measured"]["links"].get<std::string>().find("preset figures"), std::string::npos) << out;
