@@ -1,10 +1,13 @@
 #include "piper/cli/calibration_file.h"
 
-#include <cstdlib>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdio>
+#include <cstdlib>
+
 #include "piper/base/files.h"
+#include "piper/spec/comm_calibration.h"
 
 namespace piper::cli {
 namespace {
@@ -31,18 +34,81 @@ std::string host_name() {
   return h;
 }
 
-std::string default_calibration_path(bool* explicit_env) {
-  const std::string named = env("PIPER_CALIBRATION");
-  if (explicit_env != nullptr) *explicit_env = !named.empty() && named != "none";
-  if (named == "none") return "";
-  if (!named.empty()) return named;
+namespace {
+
+// $XDG_CONFIG_HOME/piper/calibration (or ~/.config/...); "" with neither set.
+std::string calibration_folder() {
   std::string base = env("XDG_CONFIG_HOME");
   if (base.empty()) {
     const std::string home = env("HOME");
     if (home.empty()) return "";
     base = home + "/.config";
   }
-  return base + "/piper/calibration/" + host_name() + ".json";
+  return base + "/piper/calibration";
+}
+
+}  // namespace
+
+std::string default_calibration_path(bool* explicit_env) {
+  const std::string named = env("PIPER_CALIBRATION");
+  if (explicit_env != nullptr) *explicit_env = !named.empty() && named != "none";
+  if (named == "none") return "";
+  if (!named.empty()) return named;
+  const std::string folder = calibration_folder();
+  return folder.empty() ? "" : folder + "/" + host_name() + ".json";
+}
+
+std::string default_link_calibration_path(bool* explicit_env) {
+  const std::string named = env("PIPER_COMM_CALIBRATION");
+  if (explicit_env != nullptr) *explicit_env = !named.empty() && named != "none";
+  if (named == "none" || (named.empty() && env("PIPER_CALIBRATION") == "none")) return "";
+  if (!named.empty()) return named;
+  const std::string folder = calibration_folder();
+  return folder.empty() ? "" : folder + "/" + host_name() + ".links.json";
+}
+
+namespace {
+
+// "; synchronisation +X / +Y per collective" or why the file's figures do not apply.
+std::string sync_note(const CommCalibrationInfo& info, const ClusterSpec& cluster) {
+  if (!info.sync_measured) return "";
+  if (!info.sync_applied) {
+    return "; its synchronisation costs, measured with " + std::to_string(info.sync_ranks_per_node) +
+           " ranks per node, not applied to " + std::to_string(cluster.node.devices_per_node);
+  }
+  char buf[200];
+  std::snprintf(buf, sizeof(buf), "; synchronisation +%.3g ms per all-to-all, +%.3g ms per other collective",
+                cluster.node.sync_excess_all_to_all_s * 1e3, cluster.node.sync_excess_other_s * 1e3);
+  std::string note = buf;
+  if (cluster.node.sync_excess_pair_s > 0) {
+    std::snprintf(buf, sizeof(buf), ", +%.3g ms per collective of two ranks", cluster.node.sync_excess_pair_s * 1e3);
+    note += buf;
+  }
+  return note;
+}
+
+}  // namespace
+
+Result<std::string> apply_link_calibration(const std::string& flag, ClusterSpec* cluster) {
+  CommCalibrationInfo info;
+  if (!flag.empty()) {
+    PIPER_RETURN_IF_ERROR(load_comm_calibration(flag, cluster, &info));
+    return flag + " (--comm-calibration" + sync_note(info, *cluster) + ")";
+  }
+  if (cluster->name != kThisMachineCluster) return std::string("preset figures (no --comm-calibration file)");
+  bool from_env = false;
+  const std::string path = default_link_calibration_path(&from_env);
+  if (path.empty() || (!from_env && !exists(path))) {
+    return std::string("preset figures (no link calibration for this machine; `piper calibrate --ranks R` writes one)");
+  }
+  Status st = load_comm_calibration(path, cluster, &info);
+  if (!st.ok()) {
+    return st.with_context(std::string(from_env ? "PIPER_COMM_CALIBRATION" : "the default link calibration file") +
+                           " (run `piper calibrate --ranks R` again, or set PIPER_COMM_CALIBRATION=none to use the "
+                           "preset figures)");
+  }
+  return path + (from_env ? " (PIPER_COMM_CALIBRATION" : " (this machine's default link calibration") +
+         sync_note(info, *cluster) + ")";
 }
 
 Result<DeviceCalibration> load_device_calibration(const std::string& flag, const std::string& cluster_name) {

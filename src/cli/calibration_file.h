@@ -17,6 +17,7 @@
 
 #include "piper/base/status.h"
 #include "piper/cost/device_model.h"
+#include "piper/spec/cluster_spec.h"
 
 namespace piper::cli {
 
@@ -40,6 +41,21 @@ Result<DeviceCalibration> load_device_calibration(const std::string& flag, const
 // the thread_figures entry for that many threads (its peak, curve half-dimension and bandwidth) when the file has
 // one and rank_cores is whole, else rank_cores x one core's. Returns whether a measured entry was used.
 bool scale_to_rank_cores(cost::Calibration* c, double rank_cores);
+
+// The link calibration (spec/comm_calibration.h: measured alpha-beta of point-to-point messages and collectives,
+// written by `piper calibrate --ranks R`, or by `piper bench comm --calibration-out F`), found like the device's:
+//   --comm-calibration FILE       that file, on any cluster;
+//   PIPER_COMM_CALIBRATION=FILE   that file (it must exist); =none: no default file;
+//   PIPER_CALIBRATION=none        no default file either (one switch turns off both, as the test suite needs);
+//   otherwise, on local-cpu only  $XDG_CONFIG_HOME/piper/calibration/<hostname>.links.json (~/.config/... without
+//                                 XDG_CONFIG_HOME) when it exists, beside the device file.
+std::string default_link_calibration_path(bool* explicit_env = nullptr);
+
+// Applies the link calibration that the rules above pick for a command on `cluster` (its name decides whether the
+// default file applies) and returns what the reports print on their `links` line: "FILE (--comm-calibration)",
+// "FILE (this machine's default link calibration)", "FILE (PIPER_COMM_CALIBRATION)" or "preset figures (...)".
+// Errors: a file that is missing (when named) or does not apply, naming it and the way out.
+Result<std::string> apply_link_calibration(const std::string& flag, ClusterSpec* cluster);
 
 // The name of the cluster preset whose calibration lives at the default location.
 inline constexpr const char* kThisMachineCluster = "local-cpu";

@@ -8,6 +8,7 @@
 // The file holds one core's measured figures (peak_flops_fp32: the fitted curve's large-GEMM asymptote;
 // memory_bw_bytes_per_s), which replace the local-cpu preset's, each thread count's own (thread_figures), which
 // `local_cluster` (train_report.h) uses for a rank's thread count, and the sharing efficiency (core_sharing).
+// With --ranks R the links are measured first, by R ranks under mpirun (calibrate_links.h), into their own file.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -27,10 +28,12 @@
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
 #include "piper/cli/calibrate_fit.h"
+#include "piper/cli/calibrate_links.h"
 #include "piper/cli/calibrate_share.h"
 #include "piper/cli/calibration_file.h"
 #include "piper/cli/command.h"
 #include "piper/cli/flags.h"
+#include "piper/comm/launch.h"
 #include "piper/kernels/cpu/gemm.h"
 #include "piper/spec/cluster_loader.h"
 
@@ -156,6 +159,7 @@ struct CalibrateOptions {
   bool json = false;
   std::string share_worker;  // hidden: run as a core-sharing worker with this prefix (calibrate_share.h)
   double share_window_s = 0.25;
+  LinkStageOptions links;
 };
 
 // What one thread count measured: the GEMM curve, the triad's bandwidth, a kernel call's fixed cost.
@@ -259,8 +263,31 @@ void print_written(const std::string& out, const CalibrateOptions& o) {
   }
 }
 
+void print_links_written(const std::string& links_out, const CalibrateOptions& o) {
+  if (links_out.empty()) {
+    std::printf("links     written nowhere (PIPER_CALIBRATION=none); pass --links-out FILE\n");
+  } else if (o.links.out.empty()) {
+    std::printf("links     %s (this machine's default link calibration)\n", links_out.c_str());
+  } else {
+    std::printf("links     %s (use it with --comm-calibration)\n", links_out.c_str());
+  }
+}
+
+Status run_device_stage(const CalibrateOptions& o, const Json& links, const std::string& links_out);
+
+// Inside an MPI job (the spawned link stage, or under scripts/two-node-emulation.sh) only the links are measured:
+// the device stage would run on every rank at once.
 Status run_calibrate(const CalibrateOptions& o) {
   if (!o.share_worker.empty()) return run_share_worker(o.share_worker, o.share_window_s);
+  if (o.links.spawned || comm::launched_by_mpi()) return run_link_stage(o.links);
+  if (o.links.ranks == 0) return run_device_stage(o, Json(), "");
+  Json links;
+  if (!o.json) std::fprintf(stderr, "calibrate: links, %d ranks under mpirun\n", o.links.ranks);
+  PIPER_ASSIGN_OR_RETURN(const std::string links_out, launch_link_stage(o.links, &links));
+  return run_device_stage(o, links, links_out);
+}
+
+Status run_device_stage(const CalibrateOptions& o, const Json& links, const std::string& links_out) {
   PIPER_ASSIGN_OR_RETURN(ClusterSpec preset, load_cluster("local-cpu", 1));
   const double peak = preset.device.peak_flops_fp32;
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -321,10 +348,15 @@ Status run_calibrate(const CalibrateOptions& o) {
   if (o.json) {
     Json measured = Json::array();
     for (const GemmPoint& p : one.points) measured.push_back({{"min_dim", p.min_dim}, {"efficiency", p.efficiency}});
-    print_json(Json{{"calibration", file}, {"gemm_points", measured}, {"stream_bytes_per_s", one.bw},
-                    {"fit_gemm_efficiency", one.curve.gemm_efficiency}, {"seconds", seconds},
-                    {"threads_not_fitted", unfitted},
-                    {"out", out}}.dump(2));
+    Json j{{"calibration", file}, {"gemm_points", measured}, {"stream_bytes_per_s", one.bw},
+           {"fit_gemm_efficiency", one.curve.gemm_efficiency}, {"seconds", seconds},
+           {"threads_not_fitted", unfitted},
+           {"out", out}};
+    if (o.links.ranks > 0) {
+      j["links"] = links;
+      j["links_out"] = links_out;
+    }
+    print_json(j.dump(2));
     return ok_status();
   }
   print_thread_runs(runs, peak, preset.device);
@@ -335,6 +367,7 @@ Status run_calibrate(const CalibrateOptions& o) {
   print_sharing(sharing, cores);
   std::printf("took      %.1f s\n", seconds);
   print_written(out, o);
+  if (o.links.ranks > 0) print_links_written(links_out, o);
   return ok_status();
 }
 
@@ -355,7 +388,18 @@ PIPER_REGISTER_COMMAND(g_calibrate, "calibrate", "Measure this machine's core an
                          // The core-sharing stage's worker processes (calibrate_share.h); not for users.
                          sub->add_option("--share-worker", o->share_worker)->group("");
                          sub->add_option("--share-window", o->share_window_s)->group("");
-                         return std::function<Status()>([o] { return run_calibrate(*o); });
+                         add_int_option(sub, "--ranks", &o->links.ranks, {0, kMaxLocalRanks, "MPI ranks"},
+                                        "also measure the links: R ranks under mpirun, point-to-point and "
+                                        "collective alpha-beta (0: the device only; under mpirun: the links only)");
+                         sub->add_option("--links-out", o->links.out,
+                                         "write the link calibration here (for --comm-calibration FILE; default: "
+                                         "this machine's link calibration file, docs/calibration.md)");
+                         sub->add_flag("--links-stage", o->links.spawned, "")->group("");
+                         return std::function<Status()>([o] {
+                           CalibrateOptions run = *o;
+                           run.links.json = run.json;
+                           return run_calibrate(run);
+                         });
                        });
 
 }  // namespace

@@ -84,7 +84,7 @@ Status run_estimate(const EstimateOptions& o) {
     print_json(estimate_json(sc, e).dump(2));
   } else {
     print_text(cm, s, e);
-    std::printf("calibration %s\n", sc.calibration_source.c_str());
+    std::printf("calibration %s\nlinks       %s\n", sc.calibration_source.c_str(), sc.links_source.c_str());
     if (!sc.expert_loads.empty()) std::printf("%s\n", sc.expert_loads_line(false).c_str());
     if (sc.from_directives) std::printf("\ndirectives %s: %s\n", sc.input.file.c_str(), describe(sc.input).c_str());
   }

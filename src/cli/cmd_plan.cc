@@ -414,7 +414,7 @@ Status run_plan(const PlanOptions& o) {
   ClusterSpec cluster;
   TrainSpec train;
   cost::Calibration calibration;
-  std::string calibration_source;
+  std::string calibration_source, links_source;
   if (o.local_ranks > 0) {
     // This machine as `piper train --ranks R` sees it (CPU ranks sharing the cores, fp32 training).
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -423,11 +423,12 @@ Status run_plan(const PlanOptions& o) {
     cluster = m.cluster;
     calibration = m.calibration;
     calibration_source = m.calibration_source;
+    links_source = m.links_source;
     train = local_train_spec(o.global_batch, seq_len);
   } else {
     PIPER_ASSIGN_OR_RETURN(cluster, load_cluster(o.cluster, o.nodes));
     PIPER_RETURN_IF_ERROR(apply_domain_nodes(o.domain_nodes, &cluster));
-    if (!o.comm_calibration.empty()) PIPER_RETURN_IF_ERROR(load_comm_calibration(o.comm_calibration, &cluster));
+    PIPER_ASSIGN_OR_RETURN(links_source, apply_link_calibration(o.comm_calibration, &cluster));
     train.global_batch = o.global_batch;
     train.seq_len = seq_len;
     PIPER_RETURN_IF_ERROR(apply_precision_options(o.precision, &train));
@@ -494,10 +495,11 @@ Status run_plan(const PlanOptions& o) {
     if (candidate.given) j["candidate"] = candidate.to_json();
     if (o.validate > 0) j["validation"] = validation.to_json();
     j["calibration"] = calibration_source;
+    j["links"] = links_source;
     print_json(j.dump(2));
   } else {
     print_plans(model, cluster, train, options.verify, r, candidate);
-    std::printf("calibration %s\n", calibration_source.c_str());
+    std::printf("calibration %s\nlinks       %s\n", calibration_source.c_str(), links_source.c_str());
     if (o.validate > 0) print_validation(validation, o.validate_steps, o.local_ranks);
   }
   if (r.top.empty()) return nothing_fits(cluster, options.memory_fraction, r);

@@ -205,7 +205,7 @@ Status run_simulate(const SimulateOptions& o) {
     print_text(model, cluster, s, r);
     if (sc.from_directives) std::printf("\ndirectives %s: %s\n", sc.input.file.c_str(), describe(sc.input).c_str());
     if (o.expert_zipf != 0) print_balance(balance);
-    std::printf("calibration %s\n", sc.calibration_source.c_str());
+    std::printf("calibration %s\nlinks       %s\n", sc.calibration_source.c_str(), sc.links_source.c_str());
     if (!sc.expert_loads.empty()) std::printf("%s\n", sc.expert_loads_line(o.full).c_str());
     if (!o.trace.empty()) std::printf("\ntrace written to %s (open in https://ui.perfetto.dev)\n", o.trace.c_str());
   }

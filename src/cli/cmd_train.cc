@@ -54,6 +54,7 @@ struct TrainCliOptions {
   int64_t save_every = 0;  // 0: not given (only at the end)
   std::string resume;
   std::string trace;
+  std::string sim_trace;
   std::string record_expert_loads;  // --record-expert-loads FILE (balance/expert_loads.h)
   std::string expert_loads;         // --expert-loads FILE: an earlier run's loads, for the predictions
   std::string calibration;
@@ -327,7 +328,8 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   }
   PIPER_ASSIGN_OR_RETURN(std::optional<PredictionLoads> given, given_loads(o, *trainer));
   PIPER_ASSIGN_OR_RETURN(PredictionReport prediction,
-                         predict_vs_measured(*trainer, machine, r.measured, given ? &*given : nullptr));
+                         predict_vs_measured(*trainer, machine, r.measured, given ? &*given : nullptr,
+                                                             o.sim_trace));
   // The same prediction with this run's own loads: a second report, which never fails the run (a note says why
   // it is missing).
   std::optional<PredictionReport> own;
@@ -409,6 +411,7 @@ Status run_train(const TrainCliOptions& o) {
         check_gpu_train_flags(o.ranks, o.strategy, !o.save.empty(), !o.resume.empty(), !o.trace.empty()));
   }
   PIPER_RETURN_IF_ERROR(check_output_directory("--trace", o.trace));
+  PIPER_RETURN_IF_ERROR(check_output_directory("--sim-trace", o.sim_trace));
   PIPER_RETURN_IF_ERROR(check_output_directory("--record-expert-loads", o.record_expert_loads));
   PIPER_RETURN_IF_ERROR(check_expert_loads_flag(o));
   if (o.device == "cuda" && !o.record_expert_loads.empty()) {
@@ -484,6 +487,8 @@ PIPER_REGISTER_COMMAND(g_train, "train", "Train a model through its compiled Pla
                  "also write a checkpoint every N steps (default: only at the end)");
   sub->add_option("--resume", o->resume, "resume from a checkpoint (a --save DIR, or one of its step-N directories)");
   sub->add_option("--trace", o->trace, "write the measured timeline of every rank as a Chrome/Perfetto trace");
+  sub->add_option("--sim-trace", o->sim_trace,
+                  "write the simulated step of the same plan (every rank) as a Chrome/Perfetto trace");
   sub->add_option("--record-expert-loads", o->record_expert_loads,
                   "write the tokens every routed expert received over the run (ep >= 2) for estimate/simulate "
                   "--expert-loads (docs/balance.md)");

@@ -15,6 +15,7 @@ void add_scenario(const Scenario& sc, Json* j, bool per_rank = false) {
   if (sc.from_directives) (*j)["directives"] = sc.input.file;
   if (!sc.expert_loads.empty()) (*j)["expert_loads"] = sc.expert_loads_json(per_rank);
   (*j)["calibration"] = sc.calibration_source;
+  (*j)["links"] = sc.links_source;
 }
 
 }  // namespace

@@ -25,8 +25,8 @@ void add_scenario_options(CLI::App* sub, ScenarioOptions* o) {
                  "sequence length (default: min(4096, the model's max_seq_len))");
   sub->add_option("--calibration", o->calibration, "calibration JSON (src/cost/device_model.h)");
   sub->add_option("--comm-calibration", o->comm_calibration,
-                  "measured link latency/bandwidth JSON from `piper bench comm --calibration-out` "
-                  "(src/spec/comm_calibration.h)");
+                  "measured link latency/bandwidth JSON from `piper calibrate --ranks R --links-out F` or `piper "
+                  "bench comm --calibration-out F` (default on local-cpu: this machine's link calibration)");
   add_domain_option(sub, &o->domain_nodes);
   sub->add_option("--expert-loads", o->expert_loads,
                   "measured expert loads from `piper train --record-expert-loads`: price the busiest expert-parallel "
@@ -87,7 +87,7 @@ Result<Scenario> make_scenario(ModelSpec model, ClusterSpec cluster, const Scena
   sc.cluster = std::move(cluster);
   PIPER_ASSIGN_OR_RETURN(const int64_t seq_len, resolve_seq_len(sc.model, o.seq_len));
   PIPER_RETURN_IF_ERROR(apply_domain_nodes(o.domain_nodes, &sc.cluster));
-  if (!o.comm_calibration.empty()) PIPER_RETURN_IF_ERROR(load_comm_calibration(o.comm_calibration, &sc.cluster));
+  PIPER_ASSIGN_OR_RETURN(sc.links_source, apply_link_calibration(o.comm_calibration, &sc.cluster));
   const bool with_directives = !o.directives.empty() || o.has_directive_list;
   if (!o.mesh.empty() && !with_directives) {
     return invalid_argument("--mesh is for --directives; a strategy carries its mesh: drop --mesh");

@@ -50,6 +50,7 @@ struct Scenario {
   TrainSpec train;
   cost::Calibration calibration;
   std::string calibration_source;  // which file (calibration_file.h) or "preset figures ...", for the reports
+  std::string links_source;        // the link calibration used (apply_link_calibration), for the reports' `links`
   // With --directives: the file, its mesh and what it was resolved to; `strategy` is resolved.strategy.
   bool from_directives = false;
   DirectiveInput input;

@@ -13,7 +13,6 @@
 #include "piper/sim/simulate.h"
 #include "piper/sim/task_time.h"
 #include "piper/spec/cluster_loader.h"
-#include "piper/spec/comm_calibration.h"
 
 namespace piper::cli {
 
@@ -34,10 +33,8 @@ Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::str
   d.peak_flops_fp8 *= m.rank_cores;
   d.memory_bw_bytes_per_s *= m.rank_cores;
   std::vector<std::string> sources;
-  if (!comm_calibration.empty()) {
-    PIPER_RETURN_IF_ERROR(load_comm_calibration(comm_calibration, &m.cluster));
-    sources.push_back("links from " + comm_calibration);
-  }
+  PIPER_ASSIGN_OR_RETURN(m.links_source, apply_link_calibration(comm_calibration, &m.cluster));
+  sources.push_back("links: " + m.links_source);
   PIPER_ASSIGN_OR_RETURN(DeviceCalibration device, load_device_calibration(calibration, m.cluster.name));
   m.calibration = device.calibration;
   const bool measured_threads = scale_to_rank_cores(&m.calibration, m.rank_cores);
@@ -79,7 +76,7 @@ void describe_loads(const PredictionLoads& l, int ep, PredictionReport* r) {
 
 Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, const LocalMachine& machine_in,
                                              const std::vector<RankMeasurement>& measured,
-                                             const PredictionLoads* loads) {
+                                             const PredictionLoads* loads, const std::string& sim_trace) {
   LocalMachine machine = machine_in;
   if (loads != nullptr) machine.calibration.expert_load_imbalance = loads->loads.imbalance;
   const compile::Plan& plan = trainer.compiled().plan;
@@ -102,9 +99,14 @@ Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, co
     so.expert_loads.plan_load = 1;  // the trainer compiled its plan for balanced experts (CompileOptions default)
     describe_loads(*loads, plan.mesh.ep, &r);
   }
+  so.record_timeline = !sim_trace.empty();
   PIPER_ASSIGN_OR_RETURN(sim::SimReport sim, sim::simulate_compiled(trainer.compiled(), model, machine.cluster, train,
                                                                     trainer.strategy(), machine.calibration, so));
   r.sim_plan_hash = sim.plan_hash;
+  if (!sim_trace.empty()) {
+    Status st = report::write_chrome_trace(sim_trace, plan, sim.sim, "piper train (simulated)");
+    if (!st.ok()) return st.with_context("--sim-trace " + sim_trace);
+  }
   PIPER_ASSIGN_OR_RETURN(cost::CostModel cm,
                          cost::CostModel::create(model, machine.cluster, train, machine.calibration));
   cost::Estimate e;
@@ -209,6 +211,7 @@ Json PredictionReport::to_json() const {
               {"rank_cores", machine.rank_cores},
               {"cores_per_rank", machine.cores_per_rank},
               {"calibration", machine.calibration_source},
+              {"links", machine.links_source},
               {"simulated_step_time_s", sim_step_s},
               {"simulated_plan_hash", hex64(sim_plan_hash)},
               {"resource_model_step_time_s", model_step_s},

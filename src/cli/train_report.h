@@ -50,7 +50,8 @@ struct LocalMachine {
   double cores = 1;                // C: the machine's cores, shared by the ranks
   double rank_cores = 1;           // cores one rank computes on alone: min(kernel threads, C)
   double cores_per_rank = 1;       // the static share: min(rank_cores, C / ranks), the closed form's price
-  std::string calibration_source;  // "preset" or the files used
+  std::string calibration_source;  // "preset" or the files used (device and links)
+  std::string links_source;        // the link calibration (cli/calibration_file.h apply_link_calibration)
 };
 
 // Errors: unreadable or invalid calibration files (named).
@@ -92,10 +93,12 @@ struct PredictionReport {
 
 // Simulates the trainer's compiled plan and estimates its strategy on `machine` and pairs it with `measured` (one per
 // rank). With `loads`: the experts priced from them (PredictionLoads), else as balanced (or the calibration's
-// expert_load_imbalance).
+// expert_load_imbalance). `sim_trace` (empty: none): also write the simulated step of that plan as a Chrome
+// trace there (the measured timeline's twin, for comparing task by task).
 Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, const LocalMachine& machine,
                                              const std::vector<RankMeasurement>& measured,
-                                             const PredictionLoads* loads = nullptr);
+                                             const PredictionLoads* loads = nullptr,
+                                             const std::string& sim_trace = "");
 
 // The gathered timelines in the simulator's trace form (report/chrome_trace.h), written to `path`.
 Status write_train_trace(const std::string& path, const compile::Plan& plan,

@@ -140,6 +140,11 @@ class Communicator {
 // share of the core from the rank it waits for (docs/comm.md, "Where the time went").
 void idle_while_polling(double waited_s);
 
+// The runtime's stream threads back off by poll count instead (runtime Core::wait_comm): a yield for each of the
+// first 16 polls, then a sleep of 50 us doubling per poll up to 1 ms. `piper calibrate --ranks` waits the same way
+// (comm/link_calibration.h), so that it measures what a training step pays after its last rank arrives.
+void backoff_after_polls(int polls);
+
 // Default timeout for waits whose caller has no better figure (seconds); PIPER_COMM_TIMEOUT_S overrides it.
 double default_timeout_s();
 // PIPER_COMM_TIMEOUT_S checked: the default (300 s) when unset, else a number of seconds in (0, 1e6];

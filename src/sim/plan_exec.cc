@@ -111,7 +111,8 @@ struct CollKeyHash {
 struct Event {
   double t = 0;
   int64_t seq = 0;
-  // 0: compute done (a = rank index, b = stream); 1: transfer done (a = op); 2: a core pool's next task done
+  // 0: compute done (a = rank index, b = stream); 1: transfer done (a = op); 2: a core pool's next task done;
+  // 3: a delayed transfer's flows start (a = op; SimOptions::sync_cost)
   // (a = node, version = the pool's version when scheduled; a later change made it stale).
   int kind = 0;
   int a = 0, b = 0;
@@ -180,7 +181,8 @@ class Executor {
   void pool_done(int node, int64_t version, double t);
   Status arrive_p2p(int ri, int s, const Instruction& in);
   Status arrive_collective(int ri, int s, const Instruction& in);
-  Status start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload);
+  Status start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload, double delay_s = 0);
+  void start_flows(int op, const FlowTemplate* tmpl, double payload, double t);
   void op_done(int op, double t);
   void push(double t, int kind, int a, int b, int64_t version = 0) { events_.push({t, seq_++, kind, a, b, version}); }
   // Counts a transfer of stream s's head instruction in or out of its group's tally.
@@ -220,6 +222,7 @@ class Executor {
   std::unordered_map<P2PKey, std::deque<Arrival>, P2PKeyHash> p2p_;
   std::unordered_map<CollKey, std::vector<std::pair<int, int>>, CollKeyHash> colls_;
   std::vector<std::vector<std::pair<int, int>>> ops_;  // participants (rank index, stream) per transfer
+  std::vector<std::pair<const FlowTemplate*, double>> delayed_;  // per op: template and payload (event kind 3)
   std::vector<int> free_ops_;
   int64_t instructions_ = 0;
   bool pooled_ = false;
@@ -333,7 +336,8 @@ void Executor::pool_done(int node, int64_t version, double t) {
   pool_schedule(node);
 }
 
-Status Executor::start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload) {
+Status Executor::start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload,
+                          double delay_s) {
   int op;
   if (!free_ops_.empty()) {
     op = free_ops_.back();
@@ -350,12 +354,22 @@ Status Executor::start_op(std::vector<std::pair<int, int>> parts, const FlowTemp
     add_group(r, s, +1);
     r.streams[static_cast<size_t>(s)].start_s = now_;
   }
-  if (options_.zero_comm || tmpl == nullptr || payload <= 0) {
-    push(now_, 1, op, 0);
-  } else {
-    fluid_.start(tmpl, payload, now_, op);
+  if (delay_s > 0 && !options_.zero_comm) {
+    if (delayed_.size() <= static_cast<size_t>(op)) delayed_.resize(static_cast<size_t>(op) + 1);
+    delayed_[static_cast<size_t>(op)] = {tmpl, payload};
+    push(now_ + delay_s, 3, op, 0);
+    return ok_status();
   }
+  start_flows(op, tmpl, payload, now_);
   return ok_status();
+}
+
+void Executor::start_flows(int op, const FlowTemplate* tmpl, double payload, double t) {
+  if (options_.zero_comm || tmpl == nullptr || payload <= 0) {
+    push(t, 1, op, 0);
+  } else {
+    fluid_.start(tmpl, payload, t, op);
+  }
 }
 
 void Executor::op_done(int op, double t) {
@@ -433,7 +447,11 @@ Status Executor::arrive_collective(int ri, int s, const Instruction& in) {
     if (!t.ok()) return t.status().with_context("rank " + std::to_string(r.rank) + " instruction '" + in.label + "'");
     tmpl = *t;
   }
-  return start_op(std::move(parts), tmpl, static_cast<double>(in.comm_bytes));
+  const SyncCost& sync = options_.sync_cost;
+  double delay_s = in.comm == ir::NodeKind::kAllToAll ? sync.all_to_all_s : sync.other_s;
+  if (members.size() == 2 && sync.pair_s > 0) delay_s = sync.pair_s;
+  if (members.size() < 2) delay_s = 0;
+  return start_op(std::move(parts), tmpl, static_cast<double>(in.comm_bytes), delay_s);
 }
 
 Status Executor::advance_stream(int ri, int s) {
@@ -563,6 +581,9 @@ Result<SimResult> Executor::run() {
         op_done(e.a, t);
       } else if (e.kind == 2) {
         pool_done(e.a, e.version, t);
+      } else if (e.kind == 3) {
+        const auto [tmpl, payload] = delayed_[static_cast<size_t>(e.a)];
+        start_flows(e.a, tmpl, payload, t);
       } else {
         finish_compute(e.a, e.b, t);
       }

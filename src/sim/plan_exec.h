@@ -68,6 +68,19 @@ struct CorePool {
   }
 };
 
+// What a synchronisation costs on top of its transfer on CPU ranks sharing their node's cores (measured by
+// `piper calibrate --ranks R`, comm/link_calibration.h: the time from the last rank's arrival to completion after
+// the ranks computed, less the same collective without compute). The ranks that arrived early sleep between
+// polls and MPI progresses a collective only inside their calls, so each collective finishes this much after its
+// flows would. pair_s (when > 0) applies to every collective of two ranks, all_to_all_s to the other all-to-alls,
+// other_s to every other collective; point-to-point transfers (not measured) get none. simulate_compiled() fills
+// it from NodeSpec::sync_excess_*.
+struct SyncCost {
+  double all_to_all_s = 0;
+  double other_s = 0;
+  double pair_s = 0;
+};
+
 struct SimOptions {
   bool full = false;             // simulate every rank instead of one per pipeline rank
   bool zero_comm = false;        // communication takes no time (schedule checks)
@@ -111,6 +124,8 @@ struct SimOptions {
   // activation buffers sized from its own share of the routed tokens; off by default. Needs full = true and
   // loads.ep equal to the plan's ep.
   ExpertRankLoads expert_loads;
+  // Extra latency of each collective on such ranks (SyncCost); zero by default.
+  SyncCost sync_cost;
 };
 
 using compile::InstrSpan;     // compile/timeline.h: the measured timeline's type too

@@ -53,6 +53,11 @@ CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options, con
   return pool;
 }
 
+SyncCost sync_cost_of(const ClusterSpec& cluster) {
+  if (!(cluster.node.shared_cores > 0)) return {};
+  return {cluster.node.sync_excess_all_to_all_s, cluster.node.sync_excess_other_s, cluster.node.sync_excess_pair_s};
+}
+
 HaloSimModel halo_sim_model(const ModelSpec& model, const TrainSpec& train) {
   HaloSimModel h;
   if (!model.is_moe()) return h;
@@ -80,6 +85,7 @@ Result<SimReport> simulate_compiled(compile::CompileResult compiled, const Model
   if (run.expert_loads.on() && !run.expert_loads.expert_time) {
     PIPER_ASSIGN_OR_RETURN(run.expert_loads.expert_time, cost_expert_time(cm, strategy, calibration));
   }
+  run.sync_cost = sync_cost_of(cluster);
   auto t0 = std::chrono::steady_clock::now();
   PIPER_ASSIGN_OR_RETURN(rep.sim, simulate_plan(rep.compiled.plan, net, task_time, run));
   rep.simulate_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -66,6 +66,10 @@ CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options, con
 // (planner/rescore.cc) use it to skip such plans before they take a simulation slot.
 Status check_simulated_order(const Strategy& strategy);
 
+// The measured cost of a synchronisation of a cluster whose nodes share CPU cores (NodeSpec::sync_excess_*,
+// plan_exec.h SyncCost); none for every other cluster. simulate_compiled() sets SimOptions::sync_cost from it.
+SyncCost sync_cost_of(const ClusterSpec& cluster);
+
 // `train.micro_batch_size` is taken from the strategy (mbs); train.global_batch 0 means dp * microbatches * mbs.
 // Compiles the strategy for compile::megatron_target() with this cluster's cost annotations, then
 // simulate_compiled().

@@ -37,6 +37,11 @@ constexpr const char* kLatencyWhy = "seconds per message; links take 1e-6..1e-5"
 Status validate_shared_cores(const NodeSpec& node) {
   PIPER_RETURN_IF_ERROR(non_negative("node.shared_cores", node.shared_cores, kMaxSharedCores,
                                      "cores the node's CPU ranks share; 0 = devices that do not share"));
+  for (auto [name, v] : {std::pair{"node.sync_excess_all_to_all_s", node.sync_excess_all_to_all_s},
+                         std::pair{"node.sync_excess_other_s", node.sync_excess_other_s},
+                         std::pair{"node.sync_excess_pair_s", node.sync_excess_pair_s}}) {
+    PIPER_RETURN_IF_ERROR(non_negative(name, v, 1.0, "seconds a collective takes on top of its transfer (measured)"));
+  }
   if (node.shared_cores == 0) return ok_status();
   if (!(std::isfinite(node.device_cores) && node.device_cores > 0 && node.device_cores <= node.shared_cores)) {
     return invalid_argument("cluster.node.device_cores: " + num(node.device_cores) + " is out of range; allowed (0, " +

@@ -62,6 +62,13 @@ struct NodeSpec {
   // a cluster file may give them as node.shared_cores and node.device_cores (docs/cluster_schema.md).
   double shared_cores = 0;
   double device_cores = 1;
+  // With shared_cores: what a synchronisation costs on top of its transfer, per collective (seconds; 0 = nothing),
+  // all-to-alls, the other collectives and collectives of two ranks apart: measured by `piper calibrate --ranks R` with
+  // this node's ranks (spec/comm_calibration.h, sim/plan_exec.h SyncCost); the simulator adds it to every collective of
+  // the node.
+  double sync_excess_all_to_all_s = 0;
+  double sync_excess_other_s = 0;
+  double sync_excess_pair_s = 0;  // any collective of two ranks (measured: all-reduce in pairs); 0 = as above
 
   // min(1, shared_cores / (device_cores * devices_per_node)); exactly 1 without shared cores.
   double static_core_share() const;

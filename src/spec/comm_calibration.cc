@@ -1,5 +1,7 @@
 #include "piper/spec/comm_calibration.h"
 
+#include <cmath>
+
 namespace piper {
 namespace {
 
@@ -10,9 +12,46 @@ Status prefixed(Status s, const std::string& what) {
   return invalid_argument(what + ": " + s.message() + " (a file written by `piper bench comm --calibration-out`)");
 }
 
+// measured.sync_all_to_all / sync_all_reduce / sync_all_reduce_pairs .excess_s (piper calibrate --ranks R): applied to
+// a node of the measured number of ranks only (the excess depends on how many ranks share the cores).
+Status apply_sync_excess(const Json& measured, const std::string& what, int ranks_per_node, ClusterSpec* cluster,
+                         CommCalibrationInfo* info) {
+  if (!measured.is_object()) return invalid_argument(what + ": calibration.measured must be an object");
+  double excess[3] = {0, 0, 0};
+  bool found = false;
+  const char* keys[3] = {"sync_all_to_all", "sync_all_reduce", "sync_all_reduce_pairs"};
+  for (int k = 0; k < 3; ++k) {
+    auto it = measured.find(keys[k]);
+    if (it == measured.end()) continue;
+    const std::string field = std::string("calibration.measured.") + keys[k] + ".excess_s";
+    if (!it->is_object() || !it->contains("excess_s") || !(*it)["excess_s"].is_number()) {
+      return invalid_argument(what + ": " + field + " must be a number");
+    }
+    excess[k] = (*it)["excess_s"].get<double>();
+    if (!std::isfinite(excess[k]) || excess[k] < 0 || excess[k] > 1) {
+      return invalid_argument(what + ": " + field + " = " + std::to_string(excess[k]) +
+                              " is out of range; allowed [0, 1]");
+    }
+    found = true;
+  }
+  if (!found) return ok_status();
+  if (info != nullptr) {
+    info->sync_measured = true;
+    info->sync_ranks_per_node = ranks_per_node;
+  }
+  if (ranks_per_node != cluster->node.devices_per_node) return ok_status();
+  cluster->node.sync_excess_all_to_all_s = excess[0];
+  cluster->node.sync_excess_other_s = excess[1];
+  cluster->node.sync_excess_pair_s = excess[2];
+  if (info != nullptr) info->sync_applied = true;
+  return ok_status();
+}
+
 }  // namespace
 
-Status apply_comm_calibration(const Json& json, const std::string& what, ClusterSpec* cluster) {
+Status apply_comm_calibration(const Json& json, const std::string& what, ClusterSpec* cluster,
+                              CommCalibrationInfo* info) {
+  if (info != nullptr) *info = {};
   if (!json.is_object()) return invalid_argument(what + ": a communication calibration must be a JSON object");
   JsonReader top(json, "calibration");
   std::string source;
@@ -20,6 +59,9 @@ Status apply_comm_calibration(const Json& json, const std::string& what, Cluster
   PIPER_RETURN_IF_ERROR(prefixed(top.get_string("source", &source, false), what));
   PIPER_RETURN_IF_ERROR(prefixed(top.get_int("ranks", &ranks, false, 1), what));
   PIPER_RETURN_IF_ERROR(prefixed(top.get_int("ranks_per_node", &ranks_per_node, false, 1), what));
+  if (const Json* measured = top.find("measured")) {
+    PIPER_RETURN_IF_ERROR(apply_sync_excess(*measured, what, static_cast<int>(ranks_per_node), cluster, info));
+  }
   if (const Json* node = top.find("node")) {
     if (!node->is_object()) return invalid_argument(what + ": calibration.node must be an object");
     JsonReader n(*node, "calibration.node");
@@ -47,9 +89,9 @@ Status apply_comm_calibration(const Json& json, const std::string& what, Cluster
   return cluster->validate();
 }
 
-Status load_comm_calibration(const std::string& path, ClusterSpec* cluster) {
+Status load_comm_calibration(const std::string& path, ClusterSpec* cluster, CommCalibrationInfo* info) {
   PIPER_ASSIGN_OR_RETURN(Json json, load_json_file(path));
-  return apply_comm_calibration(json, path, cluster);
+  return apply_comm_calibration(json, path, cluster, info);
 }
 
 }  // namespace piper

@@ -6,7 +6,11 @@
 //   {"source": "...", "ranks": R, "ranks_per_node": G,
 //    "node": {"intra": {"latency_s": a, "bw_bytes_per_s": b},   -> node.intra
 //             "nic_latency_s": a,                                -> node.nic_latency_s
-//             "nic_bw_bytes_per_s": b}}                          -> bw of every NIC of node.nics
+//             "nic_bw_bytes_per_s": b},                          -> bw of every NIC of node.nics
+//    "measured": {...}}   what `piper calibrate --ranks R` measured (comm/link_calibration.h); of it only
+//                         sync_all_to_all, sync_all_reduce and sync_all_reduce_pairs .excess_s are applied, to
+//                         node.sync_excess_all_to_all_s / _other_s / _pair_s, and only when the cluster's node has
+//                         ranks_per_node devices (the excess depends on how many ranks share the cores).
 // Bandwidths must be > 0 and latencies >= 0, finite; unknown keys are errors (likely typos).
 #pragma once
 
@@ -18,8 +22,16 @@
 
 namespace piper {
 
-// `what` names the source in errors (a path). The cluster is validated afterwards.
-Status apply_comm_calibration(const Json& json, const std::string& what, ClusterSpec* cluster);
-Status load_comm_calibration(const std::string& path, ClusterSpec* cluster);
+// What a file held beyond the link figures, for the reports.
+struct CommCalibrationInfo {
+  bool sync_measured = false;   // measured.sync_* present
+  bool sync_applied = false;    // ... and applied (the node has the measured ranks)
+  int sync_ranks_per_node = 0;  // the file's ranks_per_node
+};
+
+// `what` names the source in errors (a path). The cluster is validated afterwards. `info` may be null.
+Status apply_comm_calibration(const Json& json, const std::string& what, ClusterSpec* cluster,
+                              CommCalibrationInfo* info = nullptr);
+Status load_comm_calibration(const std::string& path, ClusterSpec* cluster, CommCalibrationInfo* info = nullptr);
 
 }  // namespace piper

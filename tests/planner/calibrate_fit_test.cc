@@ -254,5 +254,69 @@ TEST(CalibrateCliTest, WritesTheDefaultFileWithoutOut) {
   std::filesystem::remove_all(dir);
 }
 
+void write(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs(text.c_str(), f);
+  std::fclose(f);
+}
+
+// The link calibration (piper calibrate --ranks R) is found like the device's: local-cpu commands use
+// XDG_CONFIG_HOME/piper/calibration/<host>.links.json and name it on their `links` line (with its synchronisation
+// costs, or why they do not apply), PIPER_CALIBRATION=none or PIPER_COMM_CALIBRATION=none turn it off,
+// --comm-calibration FILE still works on any cluster, and a damaged default file is an error with the way out.
+TEST(CalibrateCliTest, LinkCalibrationDefaultLocationAndFlag) {
+  const auto dir = std::filesystem::temp_directory_path() / ("piper_xdg_links_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir / "piper" / "calibration");
+  const std::string file = (dir / "piper" / "calibration" / (host() + ".links.json")).string();
+  write(file, R"({"ranks_per_node": 2, "node": {"intra": {"latency_s": 1e-5, "bw_bytes_per_s": 1e8}},
+                  "measured": {"sync_all_reduce": {"excess_s": 0.002}, "sync_all_to_all": {"excess_s": 0.003}}})");
+  const std::string env = "env -u PIPER_CALIBRATION -u PIPER_COMM_CALIBRATION XDG_CONFIG_HOME=" + dir.string();
+  const std::string estimate = "estimate --model tiny-moe --nodes 1 --json --strategy dp=2 --cluster local-cpu";
+  std::string text;
+  ASSERT_EQ(run_piper(env, estimate, &text), 0) << text;
+  EXPECT_NE(text.find("\"links\": \"" + file +
+                      " (this machine's default link calibration; synchronisation +3 ms "
+                      "per all-to-all, +2 ms per other collective)\""),
+            std::string::npos)
+      << text;
+  const std::string with_file = text;
+  ASSERT_EQ(run_piper("env PIPER_CALIBRATION=none XDG_CONFIG_HOME=" + dir.string(), estimate, &text), 0);
+  EXPECT_NE(text.find("preset figures (no link calibration for this machine"), std::string::npos) << text;
+  EXPECT_NE(text, with_file);  // 0.1 GB/s instead of the preset's 3 GB/s: other step times
+  ASSERT_EQ(run_piper(env + " PIPER_COMM_CALIBRATION=none", estimate, &text), 0);
+  EXPECT_NE(text.find("preset figures (no link calibration for this machine"), std::string::npos) << text;
+  ASSERT_EQ(run_piper("env PIPER_CALIBRATION=none", estimate + " --comm-calibration " + file, &text), 0) << text;
+  EXPECT_NE(text.find(file + " (--comm-calibration; synchronisation"), std::string::npos) << text;
+  ASSERT_EQ(run_piper(env, "estimate --model tiny-moe --nodes 1 --json --strategy dp=8 --cluster dgx-h100", &text), 0);
+  EXPECT_NE(text.find("\"links\": \"preset figures (no --comm-calibration file)\""), std::string::npos) << text;
+  write(file, R"({"node": {"intra": {"bw_bytes_per_s": -1}}})");
+  EXPECT_NE(run_piper(env, estimate, &text), 0);
+  EXPECT_NE(text.find("the default link calibration file"), std::string::npos) << text;
+  EXPECT_NE(text.find("PIPER_COMM_CALIBRATION=none"), std::string::npos) << text;
+  std::filesystem::remove_all(dir);
+}
+
+// `piper calibrate --ranks 2` launches two ranks under mpirun and writes a link calibration that the model loads.
+TEST(CalibrateCliTest, RanksMeasureTheLinks) {
+  const auto dir = std::filesystem::temp_directory_path() / ("piper_links_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string links = (dir / "links.json").string(), device = (dir / "device.json").string();
+  std::string text;
+  const int rc = run_calibrate("", "--ranks 2 --out " + device + " --links-out " + links, &text);
+  if (rc != 0 && too_noisy(text)) GTEST_SKIP() << "too loaded to fit the GEMM curve: " << text;
+  ASSERT_EQ(rc, 0) << text;
+  EXPECT_NE(text.find("all-to-all of 512.0 KiB after"), std::string::npos) << text;
+  EXPECT_NE(text.find("links     " + links + " (use it with --comm-calibration)"), std::string::npos) << text;
+  ASSERT_EQ(run_piper("env PIPER_CALIBRATION=none",
+                      "estimate --model tiny-moe --nodes 1 --json --strategy dp=2 --cluster local-cpu "
+                      "--comm-calibration " +
+                          links,
+                      &text),
+            0)
+      << text;
+  EXPECT_NE(text.find(links + " (--comm-calibration; synchronisation +"), std::string::npos) << text;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace piper::cli

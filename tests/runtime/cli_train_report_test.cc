@@ -163,6 +163,32 @@ TEST(CliTrainReport, TwoRanksGatheredIntoOneTrace) {
   std::filesystem::remove(path);
 }
 
+// --sim-trace: the simulated step of the plan the ranks ran, every rank, the same labels as the measured trace;
+// the JSON report names the link calibration.
+TEST(CliTrainReport, SimulatedTraceOfThePlanTheRanksRan) {
+  const std::string measured = temp_file("measured.json"), simulated = temp_file("simulated.json");
+  int rc = 0;
+  std::string out =
+      run("train --model tiny-moe --ranks 2 --seq 16 --strategy dp=2,microbatches=1,mbs=2 --steps 2 "
+          "--json --trace " +
+              measured + " --sim-trace " + simulated,
+          &rc, true);
+  ASSERT_EQ(rc, 0) << out;
+  auto j = piper::Json::parse(out);
+  EXPECT_NE(j["predicted_vs_measured"]["links"].get<std::string>().find("preset figures"), std::string::npos) << out;
+  const piper::Json sim = read_json(simulated), meas = read_json(measured);
+  EXPECT_EQ(sim["otherData"]["generator"], "piper train (simulated)");
+  std::set<std::string> sim_labels, meas_labels;
+  for (const auto& e : sim["traceEvents"]) {
+    if (e["ph"] == "X") sim_labels.insert(std::to_string(e["pid"].get<int>()) + e["name"].get<std::string>());
+  }
+  for (const auto& e : meas["traceEvents"]) {
+    if (e["ph"] == "X") meas_labels.insert(std::to_string(e["pid"].get<int>()) + e["name"].get<std::string>());
+  }
+  EXPECT_FALSE(sim_labels.empty());
+  EXPECT_EQ(sim_labels, meas_labels);
+}
+
 TEST(CliTrainReport, BadFilesAreNamed) {
   int rc = 0;
   std::string out =

@@ -39,11 +39,7 @@ Status Core::wait_comm(comm::Communicator& c, comm::Handle& h, std::shared_ptr<c
     }
     // Ranks share few cores with their own compute threads: after a few quick polls, back off to sleeping
     // (50 us doubling to 1 ms), so that a stream waiting for a peer does not steal the core that peer needs.
-    if (polls < 16) {
-      std::this_thread::yield();
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 50 << std::min(polls - 16, 5))));
-    }
+    comm::backoff_after_polls(polls);
   }
 }
 

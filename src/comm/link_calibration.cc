@@ -1,0 +1,427 @@
+#include "piper/comm/link_calibration.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <ctime>
+#include <functional>
+
+#include "piper/base/units.h"
+
+namespace piper::comm {
+namespace {
+
+constexpr double kTimeoutS = 600.0;
+constexpr size_t kHostBytes = 64;
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double thread_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+Status wait(Communicator& w, Result<Handle> posted) {
+  PIPER_ASSIGN_OR_RETURN(Handle h, std::move(posted));
+  return w.wait(h, kTimeoutS);
+}
+
+Result<std::vector<double>> gather_doubles(Communicator& w, double value) {
+  std::vector<double> all(static_cast<size_t>(w.size()));
+  PIPER_RETURN_IF_ERROR(wait(w, w.all_gather(&value, all.data(), sizeof(double))));
+  return all;
+}
+
+double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
+
+int iterations_for(const LinkCalibrationOptions& o, size_t bytes) {
+  return bytes >= (size_t{1} << 20) ? std::max(3, o.iterations / 3) : o.iterations;
+}
+
+// The host names of the ranks, grouped into nodes: ranks_per_node, and the host of each node. Errors when the
+// ranks are not node-major or the nodes hold different numbers of ranks.
+Status find_nodes(Communicator& w, LinkCalibration* c) {
+  char mine[kHostBytes] = {};
+  if (gethostname(mine, kHostBytes - 1) != 0) std::snprintf(mine, kHostBytes, "localhost");
+  std::vector<char> all(kHostBytes * static_cast<size_t>(w.size()));
+  PIPER_RETURN_IF_ERROR(wait(w, w.all_gather(mine, all.data(), kHostBytes)));
+  std::vector<std::string> host_of;
+  for (int r = 0; r < w.size(); ++r) host_of.emplace_back(&all[kHostBytes * static_cast<size_t>(r)]);
+  for (int r = 0; r < w.size(); ++r) {
+    if (c->hosts.empty() || c->hosts.back() != host_of[static_cast<size_t>(r)]) {
+      if (std::find(c->hosts.begin(), c->hosts.end(), host_of[static_cast<size_t>(r)]) != c->hosts.end()) {
+        return invalid_argument("calibrate: ranks of host '" + host_of[static_cast<size_t>(r)] +
+                                "' are not consecutive; launch node-major (mpirun --map-by ppr:G:node)");
+      }
+      c->hosts.push_back(host_of[static_cast<size_t>(r)]);
+    }
+  }
+  c->ranks = w.size();
+  c->ranks_per_node = w.size() / static_cast<int>(c->hosts.size());
+  for (int r = 0; r < w.size(); ++r) {
+    if (host_of[static_cast<size_t>(r)] != c->hosts[static_cast<size_t>(r / c->ranks_per_node)]) {
+      return invalid_argument("calibrate: the nodes hold different numbers of ranks (" + std::to_string(w.size()) +
+                              " ranks on " + std::to_string(c->hosts.size()) + " hosts); give every node as many");
+    }
+  }
+  return ok_status();
+}
+
+// Half round trip between a and b at `bytes` (median over iterations; the value of rank a, seen by all).
+Result<double> ping_pong(Communicator& w, int a, int b, size_t bytes, int iterations, int warmup) {
+  std::vector<uint8_t> buf(std::max<size_t>(bytes, 1), 1);
+  std::vector<double> samples;
+  const int me = w.rank();
+  PIPER_RETURN_IF_ERROR(wait(w, w.barrier()));
+  if (me == a || me == b) {
+    const int peer = me == a ? b : a;
+    for (int i = 0; i < warmup + iterations; ++i) {
+      auto t0 = Clock::now();
+      for (int step = 0; step < 2; ++step) {
+        const bool sending = (me == a) == (step == 0);
+        PIPER_RETURN_IF_ERROR(
+            wait(w, sending ? w.isend(buf.data(), bytes, peer, 7) : w.irecv(buf.data(), bytes, peer, 7)));
+      }
+      if (i >= warmup) samples.push_back(since(t0) / 2);
+    }
+  }
+  PIPER_ASSIGN_OR_RETURN(auto all, gather_doubles(w, median(samples)));
+  return all[static_cast<size_t>(a)];
+}
+
+Result<AlphaBeta> measure_p2p(Communicator& w, int a, int b, const LinkCalibrationOptions& o) {
+  std::vector<SizedTime> points;
+  for (size_t bytes : o.p2p_bytes) {
+    PIPER_ASSIGN_OR_RETURN(double s, ping_pong(w, a, b, bytes, iterations_for(o, bytes), o.warmup));
+    points.push_back({bytes, s});
+  }
+  return fit_alpha_beta(std::move(points));
+}
+
+// The slowest rank's time of `call` (barrier before each), median over iterations.
+Result<double> time_collective(Communicator& w, int iterations, int warmup, const std::function<Status()>& call) {
+  std::vector<double> samples;
+  for (int i = 0; i < warmup + iterations; ++i) {
+    PIPER_RETURN_IF_ERROR(wait(w, w.barrier()));
+    auto t0 = Clock::now();
+    PIPER_RETURN_IF_ERROR(call());
+    PIPER_ASSIGN_OR_RETURN(auto all, gather_doubles(w, since(t0)));
+    if (i >= warmup) samples.push_back(max_of(all));
+  }
+  return median(samples);
+}
+
+enum class Coll { kAllReduce, kAllGather, kAllToAll };
+
+Result<AlphaBeta> measure_collective(Communicator& w, Coll kind, const LinkCalibrationOptions& o) {
+  const size_t p = static_cast<size_t>(w.size());
+  std::vector<SizedTime> points;
+  for (size_t bytes : o.collective_bytes) {
+    // Round to what every kind moves exactly: whole floats for the all-reduce, whole bytes per peer otherwise.
+    const size_t per_peer = std::max<size_t>(1, bytes / p);
+    const size_t rank_bytes = kind == Coll::kAllReduce ? std::max<size_t>(4, bytes / 4 * 4) : per_peer * p;
+    std::vector<uint8_t> in(rank_bytes, 1), out(kind == Coll::kAllGather ? rank_bytes * p : rank_bytes);
+    std::vector<size_t> split(p, per_peer);
+    std::function<Status()> call;
+    if (kind == Coll::kAllReduce) {
+      call = [&] {
+        return wait(w, w.all_reduce_sum(reinterpret_cast<const float*>(in.data()), reinterpret_cast<float*>(out.data()),
+                                        rank_bytes / 4));
+      };
+    } else if (kind == Coll::kAllGather) {
+      call = [&] { return wait(w, w.all_gather(in.data(), out.data(), rank_bytes)); };
+    } else {
+      call = [&] { return wait(w, w.all_to_all_v(in.data(), split, out.data(), split)); };
+    }
+    PIPER_ASSIGN_OR_RETURN(double s, time_collective(w, iterations_for(o, bytes), o.warmup, call));
+    points.push_back({rank_bytes, s});
+  }
+  return fit_alpha_beta(std::move(points));
+}
+
+// A dependent arithmetic loop in registers/L1: `n` rounds of work, never optimised away.
+float spin(int64_t n) {
+  float acc[16];
+  for (int j = 0; j < 16; ++j) acc[j] = static_cast<float>(j);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int j = 0; j < 16; ++j) acc[j] = acc[j] * 0.9999999f + 1e-7f;
+  }
+  float s = 0;
+  for (float a : acc) s += a;
+  return s;
+}
+
+// Rounds of spin() taking `seconds` of one core: from a CPU-timed trial on every rank, the median over ranks (every
+// rank then does the same work).
+Result<int64_t> rounds_for(Communicator& w, double seconds) {
+  constexpr int64_t kTrial = 200000;
+  const double t0 = thread_cpu_s();
+  volatile float sink = spin(kTrial);
+  (void)sink;
+  const double per_round = std::max(1e-12, (thread_cpu_s() - t0) / static_cast<double>(kTrial));
+  PIPER_ASSIGN_OR_RETURN(auto all, gather_doubles(w, per_round));
+  return static_cast<int64_t>(seconds / median(all));
+}
+
+// Waits as the runtime's stream threads do (backoff_after_polls), not as Communicator::wait does.
+Status wait_like_runtime(Communicator& w, Result<Handle> posted) {
+  PIPER_ASSIGN_OR_RETURN(Handle h, std::move(posted));
+  const auto deadline = Clock::now() + std::chrono::seconds(static_cast<int>(kTimeoutS));
+  for (int polls = 0;; ++polls) {
+    PIPER_ASSIGN_OR_RETURN(bool done, w.test(h));
+    if (done) return ok_status();
+    if (Clock::now() > deadline) return w.wait(h, 1.0);  // names the missing ranks
+    backoff_after_polls(polls);
+  }
+}
+
+// Seconds on steady_clock: one clock for every process of a machine (CLOCK_MONOTONIC), so ranks' times compare.
+double clock_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+// One compute-then-collective loop: per iteration every rank spins `rounds`, then posts `call` and waits like the
+// runtime. Medians over iterations of: the time from the last rank's arrival to the ranks' completion (mean over
+// ranks), the iteration's wall time, and the ranks' CPU time in spin().
+Result<SyncTiming> sync_loop(Communicator& w, int64_t rounds, const LinkCalibrationOptions& o,
+                             const std::function<Result<Handle>()>& call) {
+  std::vector<double> after, iter, cpu;
+  for (int i = 0; i < o.warmup + o.sync_iterations; ++i) {
+    PIPER_RETURN_IF_ERROR(wait(w, w.barrier()));
+    const double t0 = clock_s(), c0 = thread_cpu_s();
+    volatile float sink = spin(rounds);
+    (void)sink;
+    const double work = thread_cpu_s() - c0, arrived = clock_s();
+    PIPER_RETURN_IF_ERROR(wait_like_runtime(w, call()));
+    const double done = clock_s();
+    PIPER_ASSIGN_OR_RETURN(auto arrivals, gather_doubles(w, arrived));
+    PIPER_ASSIGN_OR_RETURN(auto dones, gather_doubles(w, done));
+    PIPER_ASSIGN_OR_RETURN(auto starts, gather_doubles(w, t0));
+    PIPER_ASSIGN_OR_RETURN(auto works, gather_doubles(w, work));
+    if (i < o.warmup) continue;
+    double mean_done = 0;
+    for (double d : dones) mean_done += d / static_cast<double>(dones.size());
+    after.push_back(mean_done - max_of(arrivals));
+    iter.push_back(max_of(dones) - *std::min_element(starts.begin(), starts.end()));
+    cpu.push_back(median(works));
+  }
+  return SyncTiming{median(after), median(iter), median(cpu)};
+}
+
+Result<SyncUnderLoad> measure_sync(Communicator& w, const LinkCalibrationOptions& o, size_t bytes, bool all_to_all) {
+  PIPER_ASSIGN_OR_RETURN(int64_t rounds, rounds_for(w, o.compute_s));
+  const size_t p = static_cast<size_t>(w.size());
+  const size_t per_peer = std::max<size_t>(1, bytes / p);
+  std::vector<float> in(std::max<size_t>(1, per_peer * p / 4)), out(in.size());
+  std::vector<size_t> split(p, per_peer);
+  std::function<Result<Handle>()> call = [&]() -> Result<Handle> {
+    if (all_to_all) return w.all_to_all_v(in.data(), split, out.data(), split);
+    return w.all_reduce_sum(in.data(), out.data(), in.size());
+  };
+  SyncUnderLoad s;
+  s.measured = true;
+  s.bytes = all_to_all ? per_peer * p : in.size() * 4;
+  PIPER_ASSIGN_OR_RETURN(s.idle, sync_loop(w, 0, o, call));
+  PIPER_ASSIGN_OR_RETURN(s.busy, sync_loop(w, rounds, o, call));
+  s.excess_s = std::max(0.0, s.busy.after_last_arrival_s - s.idle.after_last_arrival_s);
+  return s;
+}
+
+void progress(const Communicator& w, const char* what) {
+  if (w.rank() == 0) std::fprintf(stderr, "calibrate: %s\n", what);
+}
+
+}  // namespace
+
+Status LinkCalibrationOptions::validate() const {
+  if (p2p_bytes.size() < 2 || collective_bytes.size() < 2) {
+    return invalid_argument("calibrate: links need at least two message sizes for an alpha-beta fit");
+  }
+  if (iterations < 1 || warmup < 0 || sync_iterations < 1) {
+    return invalid_argument("calibrate: iterations must be >= 1");
+  }
+  if (!(compute_s > 0) || !(cores > 0) || sync_all_reduce_bytes < 4 || sync_all_to_all_bytes < 1) {
+    return invalid_argument("calibrate: the compute-then-collective loop needs compute_s > 0, cores > 0, >= 4 bytes");
+  }
+  return ok_status();
+}
+
+AlphaBeta fit_alpha_beta(std::vector<SizedTime> points) {
+  AlphaBeta f;
+  std::sort(points.begin(), points.end(), [](const SizedTime& a, const SizedTime& b) { return a.bytes < b.bytes; });
+  f.points = points;
+  if (points.size() < 2 || points.back().bytes <= points.front().bytes) return f;
+  f.measured = true;
+  f.alpha_s = points.front().seconds;
+  const double excess = std::max(points.back().seconds - f.alpha_s, 1e-12);
+  f.bw_bytes_per_s = static_cast<double>(points.back().bytes - points.front().bytes) / excess;
+  return f;
+}
+
+Result<LinkCalibration> measure_links(Communicator& world, const LinkCalibrationOptions& options) {
+  PIPER_RETURN_IF_ERROR(options.validate());
+  if (world.size() < 2) return invalid_argument("calibrate: links need at least 2 ranks (--ranks 2 or more)");
+  LinkCalibration c;
+  c.cores = options.cores;
+  PIPER_RETURN_IF_ERROR(find_nodes(world, &c));
+  if (c.ranks_per_node >= 2) {
+    progress(world, "point to point inside the node (ranks 0 and 1)");
+    PIPER_ASSIGN_OR_RETURN(c.intra, measure_p2p(world, 0, 1, options));
+  }
+  if (c.hosts.size() > 1) {
+    progress(world, "point to point between nodes (rank 0 and the first rank of node 1)");
+    PIPER_ASSIGN_OR_RETURN(c.inter, measure_p2p(world, 0, c.ranks_per_node, options));
+  }
+  progress(world, "all-reduce, all-gather, all-to-all over every rank");
+  PIPER_ASSIGN_OR_RETURN(c.all_reduce, measure_collective(world, Coll::kAllReduce, options));
+  PIPER_ASSIGN_OR_RETURN(c.all_gather, measure_collective(world, Coll::kAllGather, options));
+  PIPER_ASSIGN_OR_RETURN(c.all_to_all, measure_collective(world, Coll::kAllToAll, options));
+  progress(world, "compute, then all-reduce / all-to-all, on every rank at once (the runtime's waits)");
+  PIPER_ASSIGN_OR_RETURN(c.sync_all_reduce, measure_sync(world, options, options.sync_all_reduce_bytes, false));
+  PIPER_ASSIGN_OR_RETURN(c.sync_all_to_all, measure_sync(world, options, options.sync_all_to_all_bytes, true));
+  if (world.size() >= 4 && world.size() % 2 == 0) {
+    const int first = world.rank() / 2 * 2;
+    PIPER_ASSIGN_OR_RETURN(auto pair, world.split({first, first + 1}, "calibrate_pair"));
+    PIPER_ASSIGN_OR_RETURN(c.sync_pairs, measure_sync(*pair, options, options.sync_all_reduce_bytes, false));
+  }
+  return c;
+}
+
+namespace {
+
+OrderedJson fit_json(const AlphaBeta& f) {
+  OrderedJson points = OrderedJson::array();
+  for (const SizedTime& p : f.points) points.push_back({{"bytes", p.bytes}, {"seconds", p.seconds}});
+  return {{"alpha_s", f.alpha_s}, {"bw_bytes_per_s", f.bw_bytes_per_s}, {"points", points}};
+}
+
+}  // namespace
+
+EffectiveLink effective_intra_link(const LinkCalibration& c) {
+  EffectiveLink e;
+  const double n = static_cast<double>(c.ranks);
+  if (c.hosts.size() != 1 || c.ranks < 2) return e;
+  // Steps of the simulator's algorithm, and the bytes each rank's port carries per byte of the measured size.
+  const AlphaBeta* fits[3] = {&c.all_reduce, &c.all_gather, &c.all_to_all};
+  const double steps[3] = {2 * (n - 1), n - 1, 1};
+  const double port_bytes[3] = {2 * (n - 1) / n, n - 1, (n - 1) / n};
+  std::vector<double> lat, bw;
+  for (int k = 0; k < 3; ++k) {
+    const AlphaBeta& f = *fits[k];
+    if (!f.measured) return e;
+    const SizedTime& small = f.points.front();
+    const SizedTime& large = f.points.back();
+    e.latency_by_kind_s[k] = small.seconds / steps[k];
+    e.bw_by_kind[k] =
+        port_bytes[k] * static_cast<double>(large.bytes - small.bytes) / std::max(large.seconds - small.seconds, 1e-12);
+    lat.push_back(e.latency_by_kind_s[k]);
+    bw.push_back(e.bw_by_kind[k]);
+  }
+  e.measured = true;
+  e.latency_s = median(lat);
+  e.bw_bytes_per_s = median(bw);
+  return e;
+}
+
+OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& source) {
+  OrderedJson j;
+  j["source"] = source;
+  j["ranks"] = c.ranks;
+  j["ranks_per_node"] = c.ranks_per_node;
+  OrderedJson node;
+  const EffectiveLink link = effective_intra_link(c);
+  if (link.measured) {
+    node["intra"] = {{"latency_s", link.latency_s}, {"bw_bytes_per_s", link.bw_bytes_per_s}};
+  } else if (c.intra.measured) {
+    node["intra"] = {{"latency_s", c.intra.alpha_s}, {"bw_bytes_per_s", c.intra.bw_bytes_per_s}};
+  }
+  if (c.inter.measured) {
+    node["nic_latency_s"] = c.inter.alpha_s;
+    node["nic_bw_bytes_per_s"] = c.inter.bw_bytes_per_s;
+  }
+  if (!node.empty()) j["node"] = node;
+  OrderedJson m;
+  m["cores"] = c.cores;
+  if (c.intra.measured) m["p2p_intra"] = fit_json(c.intra);
+  if (c.inter.measured) m["p2p_inter"] = fit_json(c.inter);
+  m["all_reduce"] = fit_json(c.all_reduce);
+  m["all_gather"] = fit_json(c.all_gather);
+  m["all_to_all"] = fit_json(c.all_to_all);
+  if (link.measured) {
+    m["intra_from_collectives"] = {
+        {"latency_s",
+         {{"all_reduce", link.latency_by_kind_s[0]},
+          {"all_gather", link.latency_by_kind_s[1]},
+          {"all_to_all", link.latency_by_kind_s[2]}}},
+        {"bw_bytes_per_s",
+         {{"all_reduce", link.bw_by_kind[0]}, {"all_gather", link.bw_by_kind[1]}, {"all_to_all", link.bw_by_kind[2]}}}};
+  }
+  auto sync = [](const SyncUnderLoad& u) {
+    auto timing = [](const SyncTiming& t) {
+      return OrderedJson{{"after_last_arrival_s", t.after_last_arrival_s},
+                         {"iteration_s", t.iteration_s},
+                         {"work_cpu_s", t.work_cpu_s}};
+    };
+    return OrderedJson{
+        {"bytes", u.bytes}, {"idle", timing(u.idle)}, {"computing", timing(u.busy)}, {"excess_s", u.excess_s}};
+  };
+  if (c.sync_all_reduce.measured) m["sync_all_reduce"] = sync(c.sync_all_reduce);
+  if (c.sync_all_to_all.measured) m["sync_all_to_all"] = sync(c.sync_all_to_all);
+  if (c.sync_pairs.measured) m["sync_all_reduce_pairs"] = sync(c.sync_pairs);
+  j["measured"] = m;
+  return j;
+}
+
+std::string to_text(const LinkCalibration& c) {
+  std::string out;
+  char line[256];
+  std::snprintf(line, sizeof(line), "links     %d ranks, %d per node on %zu host(s), %g cores per node\n", c.ranks,
+                c.ranks_per_node, c.hosts.size(), c.cores);
+  out += line;
+  auto fit = [&](const char* name, const AlphaBeta& f, const char* per) {
+    if (!f.measured) return;
+    std::snprintf(line, sizeof(line), "  %-22s alpha %10s  bandwidth %8.3f GB/s%s\n", name,
+                  format_seconds(f.alpha_s).c_str(), f.bw_bytes_per_s / 1e9, per);
+    out += line;
+  };
+  fit("p2p inside the node", c.intra, " (half round trip)");
+  fit("p2p between nodes", c.inter, " (half round trip)");
+  fit("all-reduce", c.all_reduce, " (bytes per rank)");
+  fit("all-gather", c.all_gather, " (bytes per rank)");
+  fit("all-to-all", c.all_to_all, " (bytes per rank)");
+  if (const EffectiveLink e = effective_intra_link(c); e.measured) {
+    std::snprintf(line, sizeof(line),
+                  "  simulator's intra link   %s per step, %.3f GB/s per port (median of all-reduce / all-gather / "
+                  "all-to-all: %s / %s / %s, %.3f / %.3f / %.3f GB/s)\n",
+                  format_seconds(e.latency_s).c_str(), e.bw_bytes_per_s / 1e9,
+                  format_seconds(e.latency_by_kind_s[0]).c_str(), format_seconds(e.latency_by_kind_s[1]).c_str(),
+                  format_seconds(e.latency_by_kind_s[2]).c_str(), e.bw_by_kind[0] / 1e9, e.bw_by_kind[1] / 1e9,
+                  e.bw_by_kind[2] / 1e9);
+    out += line;
+  }
+  auto sync = [&](const char* name, const SyncUnderLoad& u) {
+    if (!u.measured) return;
+    std::snprintf(line, sizeof(line),
+                  "  %s of %s after %s of compute per rank: done %s after the last rank arrived (%s when they "
+                  "arrive together): %s more per synchronisation\n",
+                  name, format_bytes(static_cast<double>(u.bytes)).c_str(), format_seconds(u.busy.work_cpu_s).c_str(),
+                  format_seconds(u.busy.after_last_arrival_s).c_str(),
+                  format_seconds(u.idle.after_last_arrival_s).c_str(), format_seconds(u.excess_s).c_str());
+    out += line;
+  };
+  sync("all-reduce", c.sync_all_reduce);
+  sync("all-to-all", c.sync_all_to_all);
+  sync("all-reduce in pairs", c.sync_pairs);
+  return out;
+}
+
+}  // namespace piper::comm

@@ -1,0 +1,110 @@
+// The link measurements of `piper calibrate --ranks R` (docs/calibration.md, "Links"): alpha-beta of
+// point-to-point messages and of the collectives the runtime calls, all through the Communicator the runtime uses
+// (comm/mpi with its default options: arrival notes on, the runtime's polling waits), so that what is measured is
+// what a training step pays per call.
+//
+// Measured, collective over `world` (every rank calls; the result is complete on every rank):
+//   - ping-pong between ranks 0 and 1 (same node) and, when the world spans nodes, between 0 and the first rank of
+//     the second node: the half round trip at each size of `p2p_bytes`;
+//   - all_reduce_sum, all_gather and all_to_all_v over the world at each size of `collective_bytes` (bytes per rank;
+//     all_to_all_v sends bytes / P to every peer): the slowest rank's time, barrier before each call;
+//   - compute-then-collective: every rank computes a fixed arithmetic loop (sized to `compute_s` of one core), then
+//     all-reduces (or all-to-alls) and waits as the runtime's stream threads do (backoff_after_polls); the time
+//     from the last rank's arrival to completion, against the same collective without compute. The difference is
+//     what a synchronisation costs while ranks compute on shared cores: the ranks that arrived early sleep between
+//     polls, and MPI progresses a collective's rounds only inside their MPI calls. Over the world, and (R >= 4, even)
+//     the all-reduce in pairs (2k, 2k+1), every pair at once, as tensor-parallel pairs synchronise.
+// Times are medians over iterations (after `warmup`). Nodes are told apart by host name (gethostname), so the
+// two-node emulation (scripts/two-node-emulation.sh, one host name per namespace) counts as two nodes; ranks must
+// be node-major (the error says so otherwise).
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "piper/base/json.h"
+#include "piper/base/status.h"
+#include "piper/comm/communicator.h"
+
+namespace piper::comm {
+
+struct LinkCalibrationOptions {
+  std::vector<size_t> p2p_bytes = {8, 4096, 65536, 1 << 20, 4 << 20};
+  std::vector<size_t> collective_bytes = {8, 4096, 65536, 1 << 20, 4 << 20};
+  int iterations = 15;  // per size (large sizes: a third, at least 3)
+  int warmup = 2;
+  double compute_s = 0.004;                   // the compute-then-collective loop's work on one core alone
+  size_t sync_all_reduce_bytes = 4096;        // ... then an all-reduce of this many bytes per rank
+  size_t sync_all_to_all_bytes = 512 * 1024;  // ... or an all-to-all (tiny-moe's dispatch at mbs 4)
+  int sync_iterations = 15;
+  double cores = 1;  // the node's cores (std::thread::hardware_concurrency of rank 0)
+  Status validate() const;
+};
+
+struct SizedTime {
+  size_t bytes = 0;
+  double seconds = 0;
+};
+
+// t(bytes) ~= alpha + bytes / bw: alpha is the time at the smallest size, bw from the largest size's excess.
+struct AlphaBeta {
+  bool measured = false;
+  double alpha_s = 0;
+  double bw_bytes_per_s = 0;
+  std::vector<SizedTime> points;
+};
+
+struct SyncTiming {
+  double after_last_arrival_s = 0;  // from the last rank's arrival to completion (mean over ranks)
+  double iteration_s = 0;           // compute + collective, first start to last completion
+  double work_cpu_s = 0;            // CPU time of one rank's compute (median over ranks)
+};
+
+// A collective after compute: `idle` with no compute (the ranks arrive together), `busy` after every rank computed
+// compute_s on the shared cores (they arrive as time slicing lets them; the early ones have backed off to
+// sleeping polls). excess_s = busy - idle after the last arrival: what a synchronisation costs on top of the
+// collective itself when the ranks compute on shared cores.
+struct SyncUnderLoad {
+  bool measured = false;
+  size_t bytes = 0;  // per rank
+  SyncTiming idle, busy;
+  double excess_s = 0;
+};
+
+struct LinkCalibration {
+  int ranks = 0, ranks_per_node = 0;
+  double cores = 0;
+  std::vector<std::string> hosts;  // one per node, in node order
+  AlphaBeta intra, inter;          // point to point
+  AlphaBeta all_reduce, all_gather, all_to_all;
+  SyncUnderLoad sync_all_reduce, sync_all_to_all;
+  // The all-reduce in groups of two (ranks 2k, 2k+1: tensor-parallel pairs), every pair at once; R >= 4, even.
+  SyncUnderLoad sync_pairs;
+};
+
+Result<LinkCalibration> measure_links(Communicator& world, const LinkCalibrationOptions& options);
+
+// Fit of AlphaBeta from measured points (ascending bytes, at least two): exposed for tests.
+AlphaBeta fit_alpha_beta(std::vector<SizedTime> points);
+
+// The intra-node link that makes the simulator's collective algorithms (sim/collectives.h: ring all-reduce of
+// 2(n-1) steps, ring all-gather of n-1 steps, flat all-to-all of one) take the measured times on one node of n
+// ranks: each collective's smallest size gives a latency per step, its largest size's excess a port bandwidth;
+// the link is the median of the three. Not measured (measured == false) when the world spans nodes.
+struct EffectiveLink {
+  bool measured = false;
+  double latency_s = 0, bw_bytes_per_s = 0;
+  double latency_by_kind_s[3] = {0, 0, 0};  // all-reduce, all-gather, all-to-all
+  double bw_by_kind[3] = {0, 0, 0};
+};
+EffectiveLink effective_intra_link(const LinkCalibration& c);
+
+// The calibration file (spec/comm_calibration.h): ClusterSpec fields: node.intra from effective_intra_link on one
+// node (from the point-to-point fit across nodes), node.nic_latency_s / nic_bw_bytes_per_s from the point-to-point
+// fit between nodes; under "measured" the point-to-point and collective fits and the compute-then-collective
+// timings, whose excess_s the simulator of shared-core clusters adds per collective (NodeSpec::sync_excess_*).
+OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& source);
+std::string to_text(const LinkCalibration& c);
+
+}  // namespace piper::comm
