@@ -237,6 +237,8 @@ Json run_plan(const ModelSpec& model, ClusterSpec cluster, const py::dict& o) {
   train.seq_len = take(cli::resolve_seq_len(model, so.seq_len));
   check(cli::apply_domain_nodes(so.domain_nodes, &cluster));
   check(cli::apply_precision_options(so.precision, &train));
+  // The link calibration as `piper plan` finds it (calibration_file.h: the default file on local-cpu only).
+  const std::string links_source = take(cli::apply_link_calibration(so.comm_calibration, &cluster));
   planner::SearchOptions options;
   // The ranges of `piper plan`'s flags (cmd_plan.cc).
   options.top_k = get_int<int>(o, "top", "--top", {1, 1000, "plans kept"}, 5);
@@ -252,6 +254,7 @@ Json run_plan(const ModelSpec& model, ClusterSpec cluster, const py::dict& o) {
   options.local_search_steps = get_int<int>(o, "local_search", "--local-search", {0, 1000, "neighbours simulated"}, 8);
   options.simulate_budget_s =
       get_real(o, "sim_budget_s", "--sim-budget-s", {0, 86400, false, "seconds, at most a day"}, 15.0);
+  options.rescore_bound = opt_value<bool>(o, "rescore_bound", true);
   const cli::DeviceCalibration device = take(cli::load_device_calibration(so.calibration, cluster.name));
   options.calibration = device.calibration;
   if (o.contains("schedules") && !o["schedules"].is_none()) {
@@ -265,6 +268,7 @@ Json run_plan(const ModelSpec& model, ClusterSpec cluster, const py::dict& o) {
   if (r.top.empty()) check(cli::nothing_fits(cluster, options.memory_fraction, r));
   Json j = cli::plan_json(model, cluster, train, r);
   j["calibration"] = device.source;
+  j["links"] = links_source;
   return j;
 }
 

@@ -253,19 +253,21 @@ def simulate(model, cluster, strategy=None, *, nodes=None, directives=None, mesh
 
 def plan(model, cluster, *, nodes=None, global_batch, seq=None, top=5, schedules=None, threads=None, verify=True,
          verify_attempts=3, simulate_top=None, local_search=8, sim_budget_s=15.0, memory_fraction=0.95,
-         precision=None, calibration=None, domain_nodes=None, report=None):
+         precision=None, calibration=None, comm_calibration=None, domain_nodes=None, rescore_bound=True, report=None):
     """`piper plan --json`: the best strategies for a model on a cluster, best first (``.plans``; ``.best`` is the
     first's Strategy). Raises piper.ResourceExhausted when nothing fits, with the CLI's message. ``report``:
-    also write `piper plan --report`'s charts to this .html or .svg file."""
+    also write `piper plan --report`'s charts to this .html or .svg file. ``rescore_bound=False`` is
+    `--no-rescore-bound`."""
     if report is not None:
         report = os.fspath(report)
         _core.check_plan_report_path(report)
     o = dict(global_batch=global_batch, seq=seq, top=top, threads=threads, verify=verify, verify_attempts=verify_attempts,
              simulate_top=simulate_top, local_search=local_search, sim_budget_s=sim_budget_s,
              memory_fraction=memory_fraction, precision=precision, calibration=calibration,
-             domain_nodes=domain_nodes)
-    if calibration is not None:
-        o["calibration"] = os.fspath(calibration)
+             domain_nodes=domain_nodes, rescore_bound=rescore_bound)
+    for path_key, value in (("calibration", calibration), ("comm_calibration", comm_calibration)):
+        if value is not None:
+            o[path_key] = os.fspath(value)
     if schedules is not None:
         o["schedules"] = schedules.split(",") if isinstance(schedules, str) else list(schedules)
     r = _core.plan(_as_model(model)._spec, _as_cluster(cluster, nodes)._spec, {k: v for k, v in o.items()
