@@ -13,12 +13,18 @@
 // Then the compile of the DeepSeek-V3 #1 plan (120 microbatches) for the simulator without Instruction::inputs/outputs
 // (SimOptions::data_edges = false, the planner's compiles) against with them, in the same run, alternating (3 pairs):
 // CPU seconds, ratio, and whether the plans are equal but for those fields.
+// Then the whole DeepSeek-V3 / 2,048-GPU plan with `piper plan`'s defaults (verification, simulator re-scoring of
+// the top 5, 8 local-search steps, 15 s budget) with re-scoring's stopping rule (SearchOptions::rescore_bound, the
+// default) against without it (the former path), alternating (2 pairs): wall and CPU seconds, ratios, and whether
+// #1 and its simulated step time agree.
 // `plan_bench --compile-only` runs only the compile comparison, `--memo-only` only the memo one, `--verify-cache-only`
-// only the verdict cache one, `--data-edges-only` only the data edges one.
+// only the verdict cache one, `--data-edges-only` only the data edges one, `--rescore-bound-only` only the last.
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "piper/compile/compile.h"
 #include "piper/planner/search.h"
@@ -249,6 +255,69 @@ int run_data_edges_case() {
   return same ? 0 : 1;
 }
 
+// One whole search with `piper plan`'s defaults (cli/local_plan.h: top 5 simulated, 8 local-search steps, a 15 s
+// budget; this bench does not link the CLI) with the stopping rule on or off.
+struct BoundRun {
+  double wall_s = 0, cpu_s = 0;
+  std::string best;
+  double best_sim_s = 0;
+};
+
+piper::Result<BoundRun> run_plan_defaults(const piper::ModelSpec& model, const piper::ClusterSpec& cluster,
+                                          const piper::TrainSpec& train, bool bound) {
+  piper::planner::SearchOptions o;
+  o.threads = 2;
+  o.top_k = 5;
+  o.simulate_top = 5;
+  o.local_search_steps = 8;
+  o.simulate_budget_s = 15;
+  o.rescore_bound = bound;
+  BoundRun b;
+  const auto w0 = std::chrono::steady_clock::now();
+  const std::clock_t c0 = std::clock();
+  PIPER_ASSIGN_OR_RETURN(piper::planner::SearchResult r, piper::planner::search(model, cluster, train, o));
+  b.cpu_s = static_cast<double>(std::clock() - c0) / CLOCKS_PER_SEC;
+  b.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+  if (r.top.empty()) return piper::internal_error("no plan");
+  b.best = r.top[0].strategy.to_string();
+  b.best_sim_s = r.top[0].sim_step_time_s;
+  return b;
+}
+
+int run_rescore_bound_case() {
+  auto model = piper::load_model("deepseek-v3");
+  auto cluster = piper::load_cluster("h800", 256);
+  if (!model.ok() || !cluster.ok()) return 1;
+  piper::TrainSpec train;
+  train.global_batch = 15360;
+  train.seq_len = 4096;
+  bool same = true;
+  std::vector<double> wall_ratio, cpu_ratio;
+  for (int pair = 0; pair < 2; ++pair) {
+    auto on = run_plan_defaults(*model, *cluster, train, true);
+    auto off = run_plan_defaults(*model, *cluster, train, false);
+    if (!on.ok() || !off.ok()) {
+      std::fprintf(stderr, "plan_bench: %s\n", (on.ok() ? off.status() : on.status()).message().c_str());
+      return 1;
+    }
+    const bool agree = on->best == off->best && on->best_sim_s == off->best_sim_s;
+    same = same && agree;
+    wall_ratio.push_back(on->wall_s / off->wall_s);
+    cpu_ratio.push_back(on->cpu_s / off->cpu_s);
+    std::printf(
+        "deepseek-v3 h800 x256, plan defaults: stopping rule on %.2f s wall / %.2f s CPU, off %.2f s wall / %.2f s "
+        "CPU, ratio %.2f wall / %.2f CPU; #1 %s simulated %.3f s (off: %.3f s): %s\n",
+        on->wall_s, on->cpu_s, off->wall_s, off->cpu_s, wall_ratio.back(), cpu_ratio.back(), on->best.c_str(),
+        on->best_sim_s, off->best_sim_s, agree ? "same" : "DIFFERENT");
+  }
+  std::printf("stopping rule: wall ratio %.2f-%.2f, CPU ratio %.2f-%.2f over 2 pairs; same #1: %s\n",
+              *std::min_element(wall_ratio.begin(), wall_ratio.end()),
+              *std::max_element(wall_ratio.begin(), wall_ratio.end()),
+              *std::min_element(cpu_ratio.begin(), cpu_ratio.end()),
+              *std::max_element(cpu_ratio.begin(), cpu_ratio.end()), same ? "yes" : "NO");
+  return same ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -256,6 +325,7 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--memo-only") return run_memo_case(2);
   if (argc > 1 && std::string(argv[1]) == "--verify-cache-only") return run_verify_cache_case(2);
   if (argc > 1 && std::string(argv[1]) == "--data-edges-only") return run_data_edges_case();
+  if (argc > 1 && std::string(argv[1]) == "--rescore-bound-only") return run_rescore_bound_case();
   int rc = 0;
   rc |= run_case("deepseek-v3", "h800", 256, 15360, 4096, 2);
   rc |= run_case("mixtral-8x7b", "dgx-h100", 8, 512, 4096, 2);
@@ -264,6 +334,7 @@ int main(int argc, char** argv) {
   rc |= run_compile_case();
   rc |= run_verify_cache_case(2);
   rc |= run_data_edges_case();
+  rc |= run_rescore_bound_case();
   std::printf("goal: the DeepSeek-V3 plan (search + verification of the top 5) under 60 s on 2 cores\n");
   return rc;
 }
