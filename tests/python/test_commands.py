@@ -56,6 +56,17 @@ def test_plan_equals_cli():
     assert isinstance(p.best, piper.Strategy)
 
 
+def test_plan_without_the_rescore_bound_equals_cli():
+    args = ["--model", "tiny-moe", "--cluster", "dgx-h100", "--nodes", "1", "--seq", "128", "--global-batch", "8",
+            "--schedules", "1f1b", "--top", "2", "--threads", "2", "--simulate-top", "1", "--local-search", "2",
+            "--no-rescore-bound"]
+    p = piper.plan("tiny-moe", "dgx-h100", seq=128, global_batch=8, schedules="1f1b", top=2, threads=2,
+                   simulate_top=1, local_search=2, rescore_bound=False)
+    cli = cli_json("plan", *args)
+    assert without_wall(p.to_dict()) == without_wall(cli)
+    assert cli["search"]["local_search_ruled_out"] == 0 and cli["search"]["local_search_tried"] == 2
+
+
 def test_compile_report_equals_cli(tiny):
     r = piper.compile(tiny, STRATEGY, seq=128, capacity_gib=80)
     cli = cli_json("compile", "--model", "tiny-moe", "--seq", "128", "--capacity-gib", "80", "--strategy", STRATEGY)
