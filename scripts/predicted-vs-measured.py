@@ -5,7 +5,8 @@ AFTER and prints a markdown row of rank 0's measured mean step (the mean of the 
 simulated step and the ratio, the closed form and the 1-minute load average before each run (docs/calibration.md).
 Usage (from the repository root, after `. scripts/env.sh`; set PIPER_CALIBRATION the same for both, or give BEFORE
 its own file with PIPER_CALIBRATION_BEFORE: a binary from before session 25 refuses a file with the per-thread and
-sharing keys, so it gets the same file without them):
+sharing keys, so it gets the same file without them; PIPER_COMM_CALIBRATION_BEFORE likewise gives BEFORE its own
+link calibration, e.g. the same binary twice with and without a part of the link model):
   scripts/predicted-vs-measured.py BEFORE_PIPER AFTER_PIPER"""
 import json
 import os
@@ -20,11 +21,13 @@ RUNS = [(1, 1, "microbatches=1,mbs=16"), (1, 2, "microbatches=1,mbs=16"),
         (4, None, "dp=2,tp=2,sp=1,microbatches=2,mbs=4")]
 
 
-def run(binary, ranks, threads, strategy, calibration=None):
+def run(binary, ranks, threads, strategy, calibration=None, links=None):
     load = os.getloadavg()[0]
     env = dict(os.environ)
     if calibration:
         env["PIPER_CALIBRATION"] = calibration
+    if links:
+        env["PIPER_COMM_CALIBRATION"] = links
     cmd = [binary, "train", "--model", "tiny-moe", "--ranks", str(ranks), "--steps", "10", "--global-batch", "16",
            "--seq", "128", "--strategy", strategy, "--json"] + (["--threads", str(threads)] if threads else [])
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -42,7 +45,8 @@ def main():
     print("| strategy | measured (before / after run) | simulated before | x | simulated after | x | closed form | load |")
     print("|---|---|---|---|---|---|---|---|")
     for ranks, threads, s in RUNS:
-        lb, mb, sb, cb = run(before, ranks, threads, s, os.environ.get("PIPER_CALIBRATION_BEFORE"))
+        lb, mb, sb, cb = run(before, ranks, threads, s, os.environ.get("PIPER_CALIBRATION_BEFORE"),
+                         os.environ.get("PIPER_COMM_CALIBRATION_BEFORE"))
         la, ma, sa, ca = run(after, ranks, threads, s)
         if abs(cb - ca) > 1e-9 * cb:
             print("(closed form differs: %.6f s before, %.6f s after)" % (cb, ca))

@@ -76,12 +76,22 @@ std::string sync_note(const CommCalibrationInfo& info, const ClusterSpec& cluste
     return "; its synchronisation costs, measured with " + std::to_string(info.sync_ranks_per_node) +
            " ranks per node, not applied to " + std::to_string(cluster.node.devices_per_node);
   }
-  char buf[200];
+  char buf[256];
   std::snprintf(buf, sizeof(buf), "; synchronisation +%.3g ms per all-to-all, +%.3g ms per other collective",
                 cluster.node.sync_excess_all_to_all_s * 1e3, cluster.node.sync_excess_other_s * 1e3);
   std::string note = buf;
   if (cluster.node.sync_excess_pair_s > 0) {
     std::snprintf(buf, sizeof(buf), ", +%.3g ms per collective of two ranks", cluster.node.sync_excess_pair_s * 1e3);
+    note += buf;
+  }
+  const NodeSpec& n = cluster.node;
+  if (n.busy_excess_all_to_all_s > 0 || n.busy_excess_other_s > 0 || n.busy_excess_pair_s > 0 ||
+      n.busy_excess_p2p_s > 0) {
+    std::snprintf(buf, sizeof(buf),
+                  "; while the cores compute +%.3g / +%.3g / +%.3g ms (all-to-all / other / two ranks), +%.3g ms per "
+                  "point-to-point transfer",
+                  n.busy_excess_all_to_all_s * 1e3, n.busy_excess_other_s * 1e3, n.busy_excess_pair_s * 1e3,
+                  n.busy_excess_p2p_s * 1e3);
     note += buf;
   }
   return note;

@@ -3,11 +3,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <functional>
+#include <thread>
 
 #include "piper/base/units.h"
 
@@ -236,6 +238,101 @@ Result<SyncUnderLoad> measure_sync(Communicator& w, const LinkCalibrationOptions
   return s;
 }
 
+// Threads spinning spin() until destroyed: a rank's compute streams keeping its cores busy.
+class Spinners {
+ public:
+  explicit Spinners(int n) {
+    for (int i = 0; i < n; ++i) {
+      threads_.emplace_back([this] {
+        while (!stop_.load(std::memory_order_relaxed)) {
+          volatile float sink = spin(20000);
+          (void)sink;
+        }
+      });
+    }
+  }
+  ~Spinners() {
+    stop_.store(true);
+    for (std::thread& t : threads_) t.join();
+  }
+  Spinners(const Spinners&) = delete;
+  Spinners& operator=(const Spinners&) = delete;
+
+ private:
+  std::atomic<bool> stop_{false};
+  std::vector<std::thread> threads_;
+};
+
+// `call` back to back, waiting like the runtime: the time per call, median over calls, mean over ranks.
+Result<double> per_call(Communicator& w, const LinkCalibrationOptions& o, const std::function<Status()>& call) {
+  PIPER_RETURN_IF_ERROR(wait(w, w.barrier()));
+  std::vector<double> samples;
+  for (int i = 0; i < o.warmup + o.contended_iterations; ++i) {
+    auto t0 = Clock::now();
+    PIPER_RETURN_IF_ERROR(call());
+    if (i >= o.warmup) samples.push_back(since(t0));
+  }
+  PIPER_ASSIGN_OR_RETURN(auto all, gather_doubles(w, median(samples)));
+  double mean = 0;
+  for (double v : all) mean += v / static_cast<double>(all.size());
+  return mean;
+}
+
+// per_call without compute, then with `threads` spinning threads on every rank.
+Result<ContendedTiming> contended(Communicator& w, const LinkCalibrationOptions& o, int threads, size_t bytes,
+                                  const std::function<Status()>& call) {
+  ContendedTiming t;
+  t.measured = true;
+  t.bytes = bytes;
+  t.compute_threads = threads;
+  PIPER_ASSIGN_OR_RETURN(t.idle_s, per_call(w, o, call));
+  {
+    Spinners spinning(threads);
+    PIPER_ASSIGN_OR_RETURN(t.busy_s, per_call(w, o, call));
+  }
+  t.excess_s = std::max(0.0, t.busy_s - t.idle_s);
+  return t;
+}
+
+// The world all-reduce (sync_all_reduce_bytes) and all-to-all (sync_all_to_all_bytes), the all-reduce in pairs and
+// the ping-pong in pairs (R even), each while the cores compute and without.
+Status measure_contended(Communicator& w, const LinkCalibrationOptions& o, int ranks_per_node, LinkCalibration* c) {
+  const int threads = o.compute_threads > 0
+                          ? o.compute_threads
+                          : std::max(1, static_cast<int>(o.cores / std::max(1, ranks_per_node)));
+  const size_t p = static_cast<size_t>(w.size());
+  std::vector<float> in(std::max<size_t>(1, o.sync_all_reduce_bytes / 4)), out(in.size());
+  auto all_reduce = [&in, &out](Communicator* comm) {
+    return [&in, &out, comm] { return wait_like_runtime(*comm, comm->all_reduce_sum(in.data(), out.data(), in.size())); };
+  };
+  PIPER_ASSIGN_OR_RETURN(c->contended_all_reduce, contended(w, o, threads, in.size() * 4, all_reduce(&w)));
+  const size_t per_peer = std::max<size_t>(1, o.sync_all_to_all_bytes / p);
+  std::vector<uint8_t> a2a_in(per_peer * p, 1), a2a_out(per_peer * p);
+  std::vector<size_t> split(p, per_peer);
+  PIPER_ASSIGN_OR_RETURN(c->contended_all_to_all, contended(w, o, threads, per_peer * p, [&] {
+                           return wait_like_runtime(w, w.all_to_all_v(a2a_in.data(), split, a2a_out.data(), split));
+                         }));
+  if (w.size() < 4 || w.size() % 2 != 0) return ok_status();
+  const int first = w.rank() / 2 * 2;
+  PIPER_ASSIGN_OR_RETURN(auto pair, w.split({first, first + 1}, "calibrate_contended_pair"));
+  PIPER_ASSIGN_OR_RETURN(c->contended_pairs, contended(w, o, threads, in.size() * 4, all_reduce(pair.get())));
+  std::vector<uint8_t> msg(o.contended_p2p_bytes, 1);
+  const int peer = w.rank() ^ 1;
+  const bool starts = w.rank() % 2 == 0;
+  PIPER_ASSIGN_OR_RETURN(c->contended_p2p, contended(w, o, threads, msg.size(), [&]() -> Status {
+                           for (int step = 0; step < 2; ++step) {
+                             const bool sending = starts == (step == 0);
+                             PIPER_RETURN_IF_ERROR(wait_like_runtime(
+                                 w, sending ? w.isend(msg.data(), msg.size(), peer, 9)
+                                            : w.irecv(msg.data(), msg.size(), peer, 9)));
+                           }
+                           return ok_status();
+                         }));
+  // A ping-pong is two transfers: per transfer.
+  for (double* v : {&c->contended_p2p.idle_s, &c->contended_p2p.busy_s, &c->contended_p2p.excess_s}) *v /= 2;
+  return ok_status();
+}
+
 void progress(const Communicator& w, const char* what) {
   if (w.rank() == 0) std::fprintf(stderr, "calibrate: %s\n", what);
 }
@@ -246,7 +343,7 @@ Status LinkCalibrationOptions::validate() const {
   if (p2p_bytes.size() < 2 || collective_bytes.size() < 2) {
     return invalid_argument("calibrate: links need at least two message sizes for an alpha-beta fit");
   }
-  if (iterations < 1 || warmup < 0 || sync_iterations < 1) {
+  if (iterations < 1 || warmup < 0 || sync_iterations < 1 || contended_iterations < 1 || compute_threads < 0) {
     return invalid_argument("calibrate: iterations must be >= 1");
   }
   if (!(compute_s > 0) || !(cores > 0) || sync_all_reduce_bytes < 4 || sync_all_to_all_bytes < 1) {
@@ -293,6 +390,8 @@ Result<LinkCalibration> measure_links(Communicator& world, const LinkCalibration
     PIPER_ASSIGN_OR_RETURN(auto pair, world.split({first, first + 1}, "calibrate_pair"));
     PIPER_ASSIGN_OR_RETURN(c.sync_pairs, measure_sync(*pair, options, options.sync_all_reduce_bytes, false));
   }
+  progress(world, "all-reduce, all-to-all, pairs and point to point while every rank's cores compute");
+  PIPER_RETURN_IF_ERROR(measure_contended(world, options, c.ranks_per_node, &c));
   return c;
 }
 
@@ -377,6 +476,14 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
   if (c.sync_all_reduce.measured) m["sync_all_reduce"] = sync(c.sync_all_reduce);
   if (c.sync_all_to_all.measured) m["sync_all_to_all"] = sync(c.sync_all_to_all);
   if (c.sync_pairs.measured) m["sync_all_reduce_pairs"] = sync(c.sync_pairs);
+  auto busy = [](const ContendedTiming& t) {
+    return OrderedJson{{"bytes", t.bytes},           {"compute_threads", t.compute_threads}, {"idle_s", t.idle_s},
+                       {"computing_s", t.busy_s},    {"excess_s", t.excess_s}};
+  };
+  if (c.contended_all_reduce.measured) m["contended_all_reduce"] = busy(c.contended_all_reduce);
+  if (c.contended_all_to_all.measured) m["contended_all_to_all"] = busy(c.contended_all_to_all);
+  if (c.contended_pairs.measured) m["contended_all_reduce_pairs"] = busy(c.contended_pairs);
+  if (c.contended_p2p.measured) m["contended_p2p"] = busy(c.contended_p2p);
   j["measured"] = m;
   return j;
 }
@@ -421,6 +528,18 @@ std::string to_text(const LinkCalibration& c) {
   sync("all-reduce", c.sync_all_reduce);
   sync("all-to-all", c.sync_all_to_all);
   sync("all-reduce in pairs", c.sync_pairs);
+  auto busy = [&](const char* name, const ContendedTiming& t) {
+    if (!t.measured) return;
+    std::snprintf(line, sizeof(line), "  %s of %s while %d thread%s per rank compute%s: %s per call (%s without): %s more\n",
+                  name, format_bytes(static_cast<double>(t.bytes)).c_str(), t.compute_threads,
+                  t.compute_threads == 1 ? "" : "s", t.compute_threads == 1 ? "s" : "",
+                  format_seconds(t.busy_s).c_str(), format_seconds(t.idle_s).c_str(), format_seconds(t.excess_s).c_str());
+    out += line;
+  };
+  busy("all-reduce", c.contended_all_reduce);
+  busy("all-to-all", c.contended_all_to_all);
+  busy("all-reduce in pairs", c.contended_pairs);
+  busy("point to point in pairs", c.contended_p2p);
   return out;
 }
 

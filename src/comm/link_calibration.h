@@ -13,7 +13,13 @@
 //     from the last rank's arrival to completion, against the same collective without compute. The difference is
 //     what a synchronisation costs while ranks compute on shared cores: the ranks that arrived early sleep between
 //     polls, and MPI progresses a collective's rounds only inside their MPI calls. Over the world, and (R >= 4, even)
-//     the all-reduce in pairs (2k, 2k+1), every pair at once, as tensor-parallel pairs synchronise.
+//     the all-reduce in pairs (2k, 2k+1), every pair at once, as tensor-parallel pairs synchronise;
+//   - collectives while the cores compute: every rank keeps `compute_threads` threads spinning the same loop
+//     (what the runtime's compute streams do on an oversubscribed node) while its main thread calls the world
+//     all-reduce, the world all-to-all, the all-reduce in pairs and a ping-pong in pairs back to back, waiting
+//     as the runtime does; the time per call (median over calls, mean over ranks) against the same loop with no
+//     compute. The difference is what a collective pays when its threads must be scheduled between other
+//     threads' compute: the simulator adds it to a collective that starts while a node's cores are full.
 // Times are medians over iterations (after `warmup`). Nodes are told apart by host name (gethostname), so the
 // two-node emulation (scripts/two-node-emulation.sh, one host name per namespace) counts as two nodes; ranks must
 // be node-major (the error says so otherwise).
@@ -38,6 +44,9 @@ struct LinkCalibrationOptions {
   size_t sync_all_reduce_bytes = 4096;        // ... then an all-reduce of this many bytes per rank
   size_t sync_all_to_all_bytes = 512 * 1024;  // ... or an all-to-all (tiny-moe's dispatch at mbs 4)
   int sync_iterations = 15;
+  int contended_iterations = 40;             // calls per collective while the cores compute (and without)
+  size_t contended_p2p_bytes = 128 * 1024;   // the ping-pong's message (tiny-moe's activations at mbs 2)
+  int compute_threads = 0;                   // spinning threads per rank; 0: max(1, cores / ranks per node)
   double cores = 1;  // the node's cores (std::thread::hardware_concurrency of rank 0)
   Status validate() const;
 };
@@ -72,6 +81,15 @@ struct SyncUnderLoad {
   double excess_s = 0;
 };
 
+// A collective called back to back while every rank's compute threads spin (busy_s) and without (idle_s): the time
+// per call, median over calls, mean over ranks; excess_s = busy_s - idle_s (>= 0).
+struct ContendedTiming {
+  bool measured = false;
+  size_t bytes = 0;         // per rank (ping-pong: per message)
+  int compute_threads = 0;  // per rank
+  double idle_s = 0, busy_s = 0, excess_s = 0;
+};
+
 struct LinkCalibration {
   int ranks = 0, ranks_per_node = 0;
   double cores = 0;
@@ -81,6 +99,9 @@ struct LinkCalibration {
   SyncUnderLoad sync_all_reduce, sync_all_to_all;
   // The all-reduce in groups of two (ranks 2k, 2k+1: tensor-parallel pairs), every pair at once; R >= 4, even.
   SyncUnderLoad sync_pairs;
+  // While the cores compute: world all-reduce and all-to-all, the all-reduce in pairs and the ping-pong in pairs
+  // (R even; point-to-point transfers, as pipelines make them).
+  ContendedTiming contended_all_reduce, contended_all_to_all, contended_pairs, contended_p2p;
 };
 
 Result<LinkCalibration> measure_links(Communicator& world, const LinkCalibrationOptions& options);

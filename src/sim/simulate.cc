@@ -55,7 +55,9 @@ CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options, con
 
 SyncCost sync_cost_of(const ClusterSpec& cluster) {
   if (!(cluster.node.shared_cores > 0)) return {};
-  return {cluster.node.sync_excess_all_to_all_s, cluster.node.sync_excess_other_s, cluster.node.sync_excess_pair_s};
+  const NodeSpec& n = cluster.node;
+  return {n.sync_excess_all_to_all_s, n.sync_excess_other_s, n.sync_excess_pair_s, n.busy_excess_all_to_all_s,
+          n.busy_excess_other_s,      n.busy_excess_pair_s,  n.busy_excess_p2p_s};
 }
 
 HaloSimModel halo_sim_model(const ModelSpec& model, const TrainSpec& train) {

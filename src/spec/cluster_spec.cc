@@ -39,7 +39,11 @@ Status validate_shared_cores(const NodeSpec& node) {
                                      "cores the node's CPU ranks share; 0 = devices that do not share"));
   for (auto [name, v] : {std::pair{"node.sync_excess_all_to_all_s", node.sync_excess_all_to_all_s},
                          std::pair{"node.sync_excess_other_s", node.sync_excess_other_s},
-                         std::pair{"node.sync_excess_pair_s", node.sync_excess_pair_s}}) {
+                         std::pair{"node.sync_excess_pair_s", node.sync_excess_pair_s},
+                         std::pair{"node.busy_excess_all_to_all_s", node.busy_excess_all_to_all_s},
+                         std::pair{"node.busy_excess_other_s", node.busy_excess_other_s},
+                         std::pair{"node.busy_excess_pair_s", node.busy_excess_pair_s},
+                         std::pair{"node.busy_excess_p2p_s", node.busy_excess_p2p_s}}) {
     PIPER_RETURN_IF_ERROR(non_negative(name, v, 1.0, "seconds a collective takes on top of its transfer (measured)"));
   }
   if (node.shared_cores == 0) return ok_status();

@@ -69,6 +69,14 @@ struct NodeSpec {
   double sync_excess_all_to_all_s = 0;
   double sync_excess_other_s = 0;
   double sync_excess_pair_s = 0;  // any collective of two ranks (measured: all-reduce in pairs); 0 = as above
+  // The same while the node's cores are full of computing ranks (`piper calibrate --ranks R` with compute threads
+  // spinning beside the collective on every rank): the collective's threads must be scheduled between the compute
+  // threads. The simulator adds it instead of the above to a collective (p2p_s: a point-to-point transfer) that
+  // starts while the node's computing ranks hold all of its cores.
+  double busy_excess_all_to_all_s = 0;
+  double busy_excess_other_s = 0;
+  double busy_excess_pair_s = 0;
+  double busy_excess_p2p_s = 0;
 
   // min(1, shared_cores / (device_cores * devices_per_node)); exactly 1 without shared cores.
   double static_core_share() const;

@@ -1,6 +1,8 @@
 #include "piper/spec/comm_calibration.h"
 
 #include <cmath>
+#include <utility>
+#include <vector>
 
 namespace piper {
 namespace {
@@ -12,37 +14,47 @@ Status prefixed(Status s, const std::string& what) {
   return invalid_argument(what + ": " + s.message() + " (a file written by `piper bench comm --calibration-out`)");
 }
 
-// measured.sync_all_to_all / sync_all_reduce / sync_all_reduce_pairs .excess_s (piper calibrate --ranks R): applied to
-// a node of the measured number of ranks only (the excess depends on how many ranks share the cores).
+// The measured excesses a calibration file applies (piper calibrate --ranks R): measured.<key>.excess_s -> a node field.
+struct ExcessKey {
+  const char* key;
+  double NodeSpec::*field;
+};
+constexpr ExcessKey kExcessKeys[] = {
+    {"sync_all_to_all", &NodeSpec::sync_excess_all_to_all_s},
+    {"sync_all_reduce", &NodeSpec::sync_excess_other_s},
+    {"sync_all_reduce_pairs", &NodeSpec::sync_excess_pair_s},
+    {"contended_all_to_all", &NodeSpec::busy_excess_all_to_all_s},
+    {"contended_all_reduce", &NodeSpec::busy_excess_other_s},
+    {"contended_all_reduce_pairs", &NodeSpec::busy_excess_pair_s},
+    {"contended_p2p", &NodeSpec::busy_excess_p2p_s},
+};
+
+// measured.<kExcessKeys>.excess_s: applied to a node of the measured number of ranks only (the excess depends on how
+// many ranks share the cores).
 Status apply_sync_excess(const Json& measured, const std::string& what, int ranks_per_node, ClusterSpec* cluster,
                          CommCalibrationInfo* info) {
   if (!measured.is_object()) return invalid_argument(what + ": calibration.measured must be an object");
-  double excess[3] = {0, 0, 0};
-  bool found = false;
-  const char* keys[3] = {"sync_all_to_all", "sync_all_reduce", "sync_all_reduce_pairs"};
-  for (int k = 0; k < 3; ++k) {
-    auto it = measured.find(keys[k]);
+  std::vector<std::pair<double NodeSpec::*, double>> found;
+  for (const ExcessKey& k : kExcessKeys) {
+    auto it = measured.find(k.key);
     if (it == measured.end()) continue;
-    const std::string field = std::string("calibration.measured.") + keys[k] + ".excess_s";
+    const std::string field = std::string("calibration.measured.") + k.key + ".excess_s";
     if (!it->is_object() || !it->contains("excess_s") || !(*it)["excess_s"].is_number()) {
       return invalid_argument(what + ": " + field + " must be a number");
     }
-    excess[k] = (*it)["excess_s"].get<double>();
-    if (!std::isfinite(excess[k]) || excess[k] < 0 || excess[k] > 1) {
-      return invalid_argument(what + ": " + field + " = " + std::to_string(excess[k]) +
-                              " is out of range; allowed [0, 1]");
+    const double excess = (*it)["excess_s"].get<double>();
+    if (!std::isfinite(excess) || excess < 0 || excess > 1) {
+      return invalid_argument(what + ": " + field + " = " + std::to_string(excess) + " is out of range; allowed [0, 1]");
     }
-    found = true;
+    found.emplace_back(k.field, excess);
   }
-  if (!found) return ok_status();
+  if (found.empty()) return ok_status();
   if (info != nullptr) {
     info->sync_measured = true;
     info->sync_ranks_per_node = ranks_per_node;
   }
   if (ranks_per_node != cluster->node.devices_per_node) return ok_status();
-  cluster->node.sync_excess_all_to_all_s = excess[0];
-  cluster->node.sync_excess_other_s = excess[1];
-  cluster->node.sync_excess_pair_s = excess[2];
+  for (auto [field, excess] : found) cluster->node.*field = excess;
   if (info != nullptr) info->sync_applied = true;
   return ok_status();
 }

@@ -9,8 +9,10 @@
 //             "nic_bw_bytes_per_s": b},                          -> bw of every NIC of node.nics
 //    "measured": {...}}   what `piper calibrate --ranks R` measured (comm/link_calibration.h); of it only
 //                         sync_all_to_all, sync_all_reduce and sync_all_reduce_pairs .excess_s are applied, to
-//                         node.sync_excess_all_to_all_s / _other_s / _pair_s, and only when the cluster's node has
-//                         ranks_per_node devices (the excess depends on how many ranks share the cores).
+//                         node.sync_excess_all_to_all_s / _other_s / _pair_s, and contended_all_to_all,
+//                         contended_all_reduce, contended_all_reduce_pairs and contended_p2p .excess_s to
+//                         node.busy_excess_all_to_all_s / _other_s / _pair_s / _p2p_s, and only when the cluster's
+//                         node has ranks_per_node devices (the excess depends on how many ranks share the cores).
 // Bandwidths must be > 0 and latencies >= 0, finite; unknown keys are errors (likely typos).
 #pragma once
 
@@ -24,7 +26,7 @@ namespace piper {
 
 // What a file held beyond the link figures, for the reports.
 struct CommCalibrationInfo {
-  bool sync_measured = false;   // measured.sync_* present
+  bool sync_measured = false;   // measured.sync_* or contended_* present
   bool sync_applied = false;    // ... and applied (the node has the measured ranks)
   int sync_ranks_per_node = 0;  // the file's ranks_per_node
 };

@@ -306,7 +306,19 @@ TEST(CalibrateCliTest, RanksMeasureTheLinks) {
   if (rc != 0 && too_noisy(text)) GTEST_SKIP() << "too loaded to fit the GEMM curve: " << text;
   ASSERT_EQ(rc, 0) << text;
   EXPECT_NE(text.find("all-to-all of 512.0 KiB after"), std::string::npos) << text;
+  EXPECT_NE(text.find("all-reduce of 4.0 KiB while "), std::string::npos) << text;  // the cores computing
   EXPECT_NE(text.find("links     " + links + " (use it with --comm-calibration)"), std::string::npos) << text;
+  auto file = load_json_file(links);
+  ASSERT_TRUE(file.ok()) << file.status().to_string();
+  for (const char* key : {"contended_all_reduce", "contended_all_to_all"}) {
+    const Json& m = (*file)["measured"][key];
+    ASSERT_TRUE(m.is_object()) << key;
+    EXPECT_GT(m["computing_s"].get<double>(), 0) << key;
+    EXPECT_GE(m["compute_threads"].get<int>(), 1) << key;
+    EXPECT_NEAR(m["excess_s"].get<double>(),
+                std::max(0.0, m["computing_s"].get<double>() - m["idle_s"].get<double>()), 1e-12)
+        << key;
+  }
   ASSERT_EQ(run_piper("env PIPER_CALIBRATION=none",
                       "estimate --model tiny-moe --nodes 1 --json --strategy dp=2 --cluster local-cpu "
                       "--comm-calibration " +

@@ -1,7 +1,12 @@
 // SimOptions::sync_cost (measured by `piper calibrate --ranks R`): every collective of more than one rank completes
 // its measured excess later than its flows would, all-to-alls and other collectives apart; zero changes nothing;
-// simulate_compiled takes it from the cluster's node only when the node shares its cores.
+// simulate_compiled takes it from the cluster's node only when the node shares its cores. The busy figures replace
+// the quiet ones for a collective or a point-to-point transfer that starts while the node's cores are full of
+// computing ranks (the core pool).
 #include <gtest/gtest.h>
+
+#include <tuple>
+#include <utility>
 
 #include "piper/sim/plan_exec.h"
 #include "piper/sim/simulate.h"
@@ -77,6 +82,90 @@ TEST(SyncCost, EachCollectiveCompletesItsMeasuredExcessLater) {
   EXPECT_NEAR(step_s(ir::NodeKind::kAllToAll, {0.5, 0.25, 0.125}) - a2a, 0.125, 1e-9);  // two ranks: pair_s
 }
 
+// dp = 2 ranks on one node of 2 cores (one per rank): a compute stream (1 s, 1 s) and a communication stream whose
+// collective starts at t = 0, while both ranks compute: the node's cores are full.
+compile::Plan beside_compute() {
+  compile::Plan plan = plan_with(ir::NodeKind::kAllReduce);
+  compile::Program& prog = plan.templates[0];
+  prog.streams[0].instrs = {compute(), compute()};
+  compile::Stream comm;
+  comm.name = "comm";
+  comm.instrs = {collective(ir::NodeKind::kAllReduce)};
+  prog.streams.push_back(comm);
+  return plan;
+}
+
+// pp = 2: each rank computes 1 s, 1 s on its compute stream while a send (rank 0) and its recv (rank 1) start at t = 0.
+compile::Plan p2p_beside_compute() {
+  compile::Plan plan;
+  plan.mesh.pp = 2;
+  plan.world_size = 2;
+  for (int rank = 0; rank < 2; ++rank) {
+    compile::Program prog;
+    compile::Stream main;
+    main.name = "main";
+    main.instrs = {compute(), compute()};
+    compile::Stream comm;
+    comm.name = "comm";
+    Instruction x;
+    x.op = rank == 0 ? OpKind::kSend : OpKind::kRecv;
+    x.label = "x";
+    x.peer = 1 - rank;
+    x.tag = 7;
+    x.comm_bytes = 1000;
+    comm.instrs = {x};
+    prog.streams = {main, comm};
+    plan.templates.push_back(prog);
+    compile::RankCoord c;
+    c.pp = rank;
+    plan.coords.push_back(c);
+    plan.rank_template.push_back(rank);
+  }
+  return plan;
+}
+
+// The step, and when the communication stream's first instruction ended on rank 0.
+std::pair<double, double> pooled_run(const compile::Plan& plan, SyncCost cost, double cores) {
+  Network net = Network::build(testing::make_cluster(1, 2, 1e9, 0, 0)).value();
+  SimOptions o;
+  o.full = true;
+  o.record_timeline = true;
+  o.sync_cost = cost;
+  o.core_pool.cores = cores;  // 0: off
+  o.core_pool.rank_cores = 1;
+  o.core_pool.price_cores = 1;
+  o.core_pool.ranks_per_node = 2;
+  auto r = simulate_plan(plan, net, one_second(), o);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  if (!r.ok()) return {0, 0};
+  double comm_end = -1;
+  for (const auto& span : r->ranks[0].spans) {
+    if (span.stream == 1 && span.instr == 0) comm_end = span.end_s;
+  }
+  return {r->step_time_s, comm_end};
+}
+
+TEST(SyncCost, TheBusyFiguresApplyWhileTheNodesCoresCompute) {
+  SyncCost cost{0.5, 0.25, 0, 4.0, 3.0, 0, 0};
+  // Beside compute with the pool on: the busy figure (the start decides: 3 s, although the computes end at 2 s).
+  auto [step, end] = pooled_run(beside_compute(), cost, 2);
+  EXPECT_NEAR(end, 3.0, 1e-3);
+  EXPECT_NEAR(step, 3.0, 1e-3);
+  // Without the pool nothing says the cores are full: the quiet figure, hidden behind the compute.
+  std::tie(step, end) = pooled_run(beside_compute(), cost, 0);
+  EXPECT_NEAR(end, 0.25, 1e-3);
+  EXPECT_NEAR(step, 2.0, 1e-3);
+  // More cores than the computing ranks fill: quiet.
+  EXPECT_NEAR(pooled_run(beside_compute(), cost, 2.5).second, 0.25, 1e-3);
+  // Between the computes (nothing running): the quiet figure even with the pool on.
+  EXPECT_NEAR(pooled_run(plan_with(ir::NodeKind::kAllReduce), cost, 2).first, 2.25, 1e-3);
+  // A point-to-point transfer beside compute: busy_p2p_s while the cores are full (and none otherwise).
+  SyncCost p2p{0, 0, 0, 0, 0, 0, 1.5};
+  EXPECT_NEAR(pooled_run(p2p_beside_compute(), p2p, 2).second, 1.5, 1e-3);
+  EXPECT_NEAR(pooled_run(p2p_beside_compute(), p2p, 2.5).second, 0, 1e-3);
+  EXPECT_NEAR(pooled_run(p2p_beside_compute(), {}, 2).second, 0, 1e-3);
+}
+
 TEST(SyncCost, TakenFromTheNodeOnlyWhenItSharesCores) {
   ClusterSpec c = testing::make_cluster(1, 4, 1e9, 0, 0);
   c.node.sync_excess_all_to_all_s = 2e-3;
@@ -86,6 +175,11 @@ TEST(SyncCost, TakenFromTheNodeOnlyWhenItSharesCores) {
   EXPECT_EQ(sync_cost_of(c).all_to_all_s, 2e-3);
   EXPECT_EQ(sync_cost_of(c).other_s, 1e-3);
   EXPECT_EQ(sync_cost_of(c).pair_s, 0);
+  c.node.busy_excess_p2p_s = 3e-3;
+  EXPECT_EQ(sync_cost_of(c).busy_p2p_s, 3e-3);
+  c.node.busy_excess_all_to_all_s = -1;
+  EXPECT_FALSE(c.validate().ok());
+  c.node.busy_excess_all_to_all_s = 0;
   c.node.sync_excess_other_s = -1;
   EXPECT_FALSE(c.validate().ok());
 }
