@@ -238,32 +238,47 @@ Result<SyncUnderLoad> measure_sync(Communicator& w, const LinkCalibrationOptions
   return s;
 }
 
-// Threads spinning spin() until destroyed: a rank's compute streams keeping its cores busy.
+// Threads spinning spin() in chunks until stopped: a rank's compute streams keeping its cores busy. They count their
+// chunks, so that what a collective takes from them can be measured.
 class Spinners {
  public:
   explicit Spinners(int n) {
     for (int i = 0; i < n; ++i) {
       threads_.emplace_back([this] {
+        const double c0 = thread_cpu_s();
+        int64_t mine = 0;
         while (!stop_.load(std::memory_order_relaxed)) {
-          volatile float sink = spin(20000);
+          volatile float sink = spin(kChunk);
           (void)sink;
+          chunks_.fetch_add(1, std::memory_order_relaxed);
+          ++mine;
         }
+        cpu_s_.fetch_add(thread_cpu_s() - c0);
+        done_chunks_.fetch_add(mine);
       });
     }
   }
-  ~Spinners() {
-    stop_.store(true);
-    for (std::thread& t : threads_) t.join();
-  }
+  ~Spinners() { stop(); }
   Spinners(const Spinners&) = delete;
   Spinners& operator=(const Spinners&) = delete;
+  int64_t chunks() const { return chunks_.load(std::memory_order_relaxed); }
+  // Stops and joins the threads; then the CPU seconds of one chunk.
+  double stop() {
+    stop_.store(true);
+    for (std::thread& t : threads_) t.join();
+    threads_.clear();
+    return done_chunks_.load() > 0 ? cpu_s_.load() / static_cast<double>(done_chunks_.load()) : 0;
+  }
 
  private:
+  static constexpr int64_t kChunk = 20000;
   std::atomic<bool> stop_{false};
+  std::atomic<int64_t> chunks_{0}, done_chunks_{0};
+  std::atomic<double> cpu_s_{0};
   std::vector<std::thread> threads_;
 };
 
-// `call` back to back, waiting like the runtime: the time per call, median over calls, mean over ranks.
+// `call` back to back, waiting like the runtime: the time per call (median over calls) on this rank.
 Result<double> per_call(Communicator& w, const LinkCalibrationOptions& o, const std::function<Status()>& call) {
   PIPER_RETURN_IF_ERROR(wait(w, w.barrier()));
   std::vector<double> samples;
@@ -272,24 +287,42 @@ Result<double> per_call(Communicator& w, const LinkCalibrationOptions& o, const 
     PIPER_RETURN_IF_ERROR(call());
     if (i >= o.warmup) samples.push_back(since(t0));
   }
-  PIPER_ASSIGN_OR_RETURN(auto all, gather_doubles(w, median(samples)));
+  return median(samples);
+}
+
+Result<double> mean_over_ranks(Communicator& w, double mine) {
+  PIPER_ASSIGN_OR_RETURN(auto all, gather_doubles(w, mine));
   double mean = 0;
   for (double v : all) mean += v / static_cast<double>(all.size());
   return mean;
 }
 
-// per_call without compute, then with `threads` spinning threads on every rank.
+// per_call without compute, then with `threads` spinning threads on every rank: first alone (the rank's main thread
+// asleep) for their rate of work, then beside the calls; the work they lost, in CPU seconds, per call.
 Result<ContendedTiming> contended(Communicator& w, const LinkCalibrationOptions& o, int threads, size_t bytes,
                                   const std::function<Status()>& call) {
   ContendedTiming t;
   t.measured = true;
   t.bytes = bytes;
   t.compute_threads = threads;
-  PIPER_ASSIGN_OR_RETURN(t.idle_s, per_call(w, o, call));
-  {
-    Spinners spinning(threads);
-    PIPER_ASSIGN_OR_RETURN(t.busy_s, per_call(w, o, call));
-  }
+  PIPER_ASSIGN_OR_RETURN(double idle, per_call(w, o, call));
+  PIPER_ASSIGN_OR_RETURN(t.idle_s, mean_over_ranks(w, idle));
+  Spinners spinning(threads);
+  PIPER_RETURN_IF_ERROR(wait(w, w.barrier()));
+  const int64_t c0 = spinning.chunks();
+  const auto t0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(o.contended_alone_s));
+  const int64_t c1 = spinning.chunks();
+  const auto t1 = Clock::now();
+  PIPER_ASSIGN_OR_RETURN(double busy, per_call(w, o, call));
+  const int64_t c2 = spinning.chunks();
+  const double busy_wall = since(t1);
+  const double chunk_cpu = spinning.stop();
+  const double alone_rate = static_cast<double>(c1 - c0) / std::chrono::duration<double>(t1 - t0).count();
+  const double lost = alone_rate * busy_wall - static_cast<double>(c2 - c1);
+  const double cpu = std::max(0.0, lost) * chunk_cpu / (o.warmup + o.contended_iterations);
+  PIPER_ASSIGN_OR_RETURN(t.busy_s, mean_over_ranks(w, busy));
+  PIPER_ASSIGN_OR_RETURN(t.cpu_s, mean_over_ranks(w, cpu));
   t.excess_s = std::max(0.0, t.busy_s - t.idle_s);
   return t;
 }
@@ -346,7 +379,8 @@ Status LinkCalibrationOptions::validate() const {
   if (iterations < 1 || warmup < 0 || sync_iterations < 1 || contended_iterations < 1 || compute_threads < 0) {
     return invalid_argument("calibrate: iterations must be >= 1");
   }
-  if (!(compute_s > 0) || !(cores > 0) || sync_all_reduce_bytes < 4 || sync_all_to_all_bytes < 1) {
+  if (!(compute_s > 0) || !(cores > 0) || sync_all_reduce_bytes < 4 || sync_all_to_all_bytes < 1 ||
+      !(contended_alone_s > 0)) {
     return invalid_argument("calibrate: the compute-then-collective loop needs compute_s > 0, cores > 0, >= 4 bytes");
   }
   return ok_status();
@@ -477,8 +511,8 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
   if (c.sync_all_to_all.measured) m["sync_all_to_all"] = sync(c.sync_all_to_all);
   if (c.sync_pairs.measured) m["sync_all_reduce_pairs"] = sync(c.sync_pairs);
   auto busy = [](const ContendedTiming& t) {
-    return OrderedJson{{"bytes", t.bytes},           {"compute_threads", t.compute_threads}, {"idle_s", t.idle_s},
-                       {"computing_s", t.busy_s},    {"excess_s", t.excess_s}};
+    return OrderedJson{{"bytes", t.bytes},          {"compute_threads", t.compute_threads}, {"idle_s", t.idle_s},
+                       {"computing_s", t.busy_s},   {"excess_s", t.excess_s},               {"cpu_s", t.cpu_s}};
   };
   if (c.contended_all_reduce.measured) m["contended_all_reduce"] = busy(c.contended_all_reduce);
   if (c.contended_all_to_all.measured) m["contended_all_to_all"] = busy(c.contended_all_to_all);
@@ -530,10 +564,12 @@ std::string to_text(const LinkCalibration& c) {
   sync("all-reduce in pairs", c.sync_pairs);
   auto busy = [&](const char* name, const ContendedTiming& t) {
     if (!t.measured) return;
-    std::snprintf(line, sizeof(line), "  %s of %s while %d thread%s per rank compute%s: %s per call (%s without): %s more\n",
+    std::snprintf(line, sizeof(line),
+                  "  %s of %s while %d thread%s per rank compute%s: %s per call (%s without): %s more; it takes %s "
+                  "of CPU from the compute per rank\n",
                   name, format_bytes(static_cast<double>(t.bytes)).c_str(), t.compute_threads,
-                  t.compute_threads == 1 ? "" : "s", t.compute_threads == 1 ? "s" : "",
-                  format_seconds(t.busy_s).c_str(), format_seconds(t.idle_s).c_str(), format_seconds(t.excess_s).c_str());
+                  t.compute_threads == 1 ? "" : "s", t.compute_threads == 1 ? "s" : "", format_seconds(t.busy_s).c_str(),
+                  format_seconds(t.idle_s).c_str(), format_seconds(t.excess_s).c_str(), format_seconds(t.cpu_s).c_str());
     out += line;
   };
   busy("all-reduce", c.contended_all_reduce);

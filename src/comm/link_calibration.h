@@ -19,7 +19,8 @@
 //     all-reduce, the world all-to-all, the all-reduce in pairs and a ping-pong in pairs back to back, waiting
 //     as the runtime does; the time per call (median over calls, mean over ranks) against the same loop with no
 //     compute. The difference is what a collective pays when its threads must be scheduled between other
-//     threads' compute: the simulator adds it to a collective that starts while a node's cores are full.
+//     threads' compute: the simulator adds it to a collective that starts while a node's cores are full. And the
+//     work the spinning threads lost per call against their rate alone: the CPU a collective takes from compute.
 // Times are medians over iterations (after `warmup`). Nodes are told apart by host name (gethostname), so the
 // two-node emulation (scripts/two-node-emulation.sh, one host name per namespace) counts as two nodes; ranks must
 // be node-major (the error says so otherwise).
@@ -47,6 +48,7 @@ struct LinkCalibrationOptions {
   int contended_iterations = 40;             // calls per collective while the cores compute (and without)
   size_t contended_p2p_bytes = 128 * 1024;   // the ping-pong's message (tiny-moe's activations at mbs 2)
   int compute_threads = 0;                   // spinning threads per rank; 0: max(1, cores / ranks per node)
+  double contended_alone_s = 0.3;            // the spinning threads' rate alone is measured over this long
   double cores = 1;  // the node's cores (std::thread::hardware_concurrency of rank 0)
   Status validate() const;
 };
@@ -82,12 +84,16 @@ struct SyncUnderLoad {
 };
 
 // A collective called back to back while every rank's compute threads spin (busy_s) and without (idle_s): the time
-// per call, median over calls, mean over ranks; excess_s = busy_s - idle_s (>= 0).
+// per call, median over calls, mean over ranks; excess_s = busy_s - idle_s (>= 0). cpu_s: the CPU seconds of
+// compute the spinning threads of a rank lost per call (their work beside the calls against their rate alone, the
+// rank's main thread asleep), mean over ranks: what a collective takes from the compute of an oversubscribed node
+// (its thread's polls, MPI's progress, the context switches).
 struct ContendedTiming {
   bool measured = false;
   size_t bytes = 0;         // per rank (ping-pong: per message)
   int compute_threads = 0;  // per rank
   double idle_s = 0, busy_s = 0, excess_s = 0;
+  double cpu_s = 0;
 };
 
 struct LinkCalibration {

@@ -147,6 +147,7 @@ struct NodePool {
 struct SyncDelay {
   double quiet_s = 0, busy_s = 0;
   int rank = 0;
+  double cpu_s = 0;  // CPU seconds each member adds to its node's pool (SyncCost::cpu_*)
 };
 
 class Executor {
@@ -158,8 +159,12 @@ class Executor {
         templates_(std::move(templates)),
         infos_(std::move(infos)),
         fluid_(net.link_bandwidths(), !options.reference_rates, options.due_filter),
-        pooled_(pool_can_slow(options.core_pool)) {}
+        pooled_(pool_can_slow(options.core_pool) || (options.core_pool.cores > 0 && takes_cpu(options.sync_cost))) {}
 
+  // Communication that takes CPU from the node (SyncCost::cpu_*) needs the pool even where compute alone would not.
+  static bool takes_cpu(const SyncCost& c) {
+    return c.cpu_all_to_all_s > 0 || c.cpu_other_s > 0 || c.cpu_pair_s > 0 || c.cpu_p2p_s > 0;
+  }
   // A pool that gives every rank its priced cores even with all of its node busy changes nothing: it stays off.
   static bool pool_can_slow(const CorePool& p) {
     if (!(p.cores > 0)) return false;
@@ -187,6 +192,7 @@ class Executor {
     p.last_s = t;
   }
   void pool_start(int ri, int s, double duration_s, double t);
+  void pool_overhead(int ri, double cpu_s, double t);
   void pool_schedule(int node);
   void pool_done(int node, int64_t version, double t);
   // Whether node `node` has its cores full of computing ranks now (SyncCost's busy figures apply).
@@ -346,6 +352,13 @@ void Executor::pool_start(int ri, int s, double duration_s, double t) {
   pool_schedule(node);
 }
 
+// `cpu_s` seconds of one core's work that rank ri's communication takes from its node (SyncCost::cpu_*): a pool task
+// of no stream (its end completes nothing), priced so that alone on a core it takes cpu_s.
+void Executor::pool_overhead(int ri, double cpu_s, double t) {
+  const CorePool& c = options_.core_pool;
+  pool_start(ri, -1, cpu_s * std::min(c.rank_cores, 1.0) / c.price_cores, t);
+}
+
 // One event for the node's first task to end at the current rate; any earlier one is stale from now on.
 void Executor::pool_schedule(int node) {
   NodePool& p = pools_[static_cast<size_t>(node)];
@@ -367,7 +380,9 @@ void Executor::pool_done(int node, int64_t version, double t) {
     p.running.pop();
     --p.busy;
   }
-  for (const PoolTask& task : ended) finish_compute(task.rank_index, task.stream, t);
+  for (const PoolTask& task : ended) {
+    if (task.stream >= 0) finish_compute(task.rank_index, task.stream, t);  // else communication's CPU (pool_overhead)
+  }
   pool_schedule(node);
 }
 
@@ -384,12 +399,13 @@ Status Executor::start_op(std::vector<std::pair<int, int>> parts, const FlowTemp
   }
   for (auto [ri, s] : ops_[static_cast<size_t>(op)]) {
     RankState& r = ranks_[static_cast<size_t>(ri)];
+    if (pooled_ && delay.cpu_s > 0 && !options_.zero_comm) pool_overhead(ri, delay.cpu_s, now_);
     account(r, now_);
     ++r.comm_active;
     add_group(r, s, +1);
     r.streams[static_cast<size_t>(s)].start_s = now_;
   }
-  if (options_.zero_comm || (delay.quiet_s <= 0 && delay.busy_s <= 0)) {
+  if (options_.zero_comm || (delay.quiet_s <= 0 && delay.busy_s <= 0 && delay.cpu_s <= 0)) {
     start_flows(op, tmpl, payload, now_);
     return ok_status();
   }
@@ -490,7 +506,7 @@ Status Executor::arrive_p2p(int ri, int s, const Instruction& in) {
       }
     }
     // Both sides carry the payload (the lowering copies it from the send to the recv).
-    const SyncDelay delay{0, options_.sync_cost.busy_p2p_s, key.src};
+    const SyncDelay delay{0, options_.sync_cost.busy_p2p_s, key.src, options_.sync_cost.cpu_p2p_s};
     return start_op({{ri, s}, {other.rank_index, other.stream}}, tmpl, static_cast<double>(in.comm_bytes), delay);
   }
   if (index_of_rank_[static_cast<size_t>(peer)] < 0) {
@@ -527,9 +543,10 @@ Status Executor::arrive_collective(int ri, int s, const Instruction& in) {
   const SyncCost& sync = options_.sync_cost;
   const bool a2a = in.comm == ir::NodeKind::kAllToAll;
   SyncDelay delay{a2a ? sync.all_to_all_s : sync.other_s, a2a ? sync.busy_all_to_all_s : sync.busy_other_s,
-                  members.front()};
+                  members.front(), a2a ? sync.cpu_all_to_all_s : sync.cpu_other_s};
   if (members.size() == 2 && sync.pair_s > 0) delay.quiet_s = sync.pair_s;
   if (members.size() == 2 && sync.busy_pair_s > 0) delay.busy_s = sync.busy_pair_s;
+  if (members.size() == 2 && sync.cpu_pair_s > 0) delay.cpu_s = sync.cpu_pair_s;
   if (delay.busy_s <= 0) delay.busy_s = delay.quiet_s;  // not measured: as when the cores are free
   if (members.size() < 2) delay = {};
   return start_op(std::move(parts), tmpl, static_cast<double>(in.comm_bytes), delay);

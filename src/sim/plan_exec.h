@@ -87,6 +87,13 @@ struct SyncCost {
   double busy_other_s = 0;
   double busy_pair_s = 0;
   double busy_p2p_s = 0;
+  // CPU seconds each member rank's communication takes from its node's cores (NodeSpec::busy_cpu_*): with the pool
+  // on, every member adds that much single-core work to its node's pool as the transfer starts, which slows the
+  // node's tasks when its cores are full (and costs nothing on a free core).
+  double cpu_all_to_all_s = 0;
+  double cpu_other_s = 0;
+  double cpu_pair_s = 0;
+  double cpu_p2p_s = 0;
 };
 
 struct SimOptions {

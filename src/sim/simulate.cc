@@ -57,7 +57,8 @@ SyncCost sync_cost_of(const ClusterSpec& cluster) {
   if (!(cluster.node.shared_cores > 0)) return {};
   const NodeSpec& n = cluster.node;
   return {n.sync_excess_all_to_all_s, n.sync_excess_other_s, n.sync_excess_pair_s, n.busy_excess_all_to_all_s,
-          n.busy_excess_other_s,      n.busy_excess_pair_s,  n.busy_excess_p2p_s};
+          n.busy_excess_other_s,      n.busy_excess_pair_s,  n.busy_excess_p2p_s,  n.busy_cpu_all_to_all_s,
+          n.busy_cpu_other_s,         n.busy_cpu_pair_s,     n.busy_cpu_p2p_s};
 }
 
 HaloSimModel halo_sim_model(const ModelSpec& model, const TrainSpec& train) {

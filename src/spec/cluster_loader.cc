@@ -79,6 +79,10 @@ Status read_node(const Json& json, NodeSpec* n) {
   PIPER_RETURN_IF_ERROR(r.get_double("busy_excess_other_s", &n->busy_excess_other_s, false, 0));
   PIPER_RETURN_IF_ERROR(r.get_double("busy_excess_pair_s", &n->busy_excess_pair_s, false, 0));
   PIPER_RETURN_IF_ERROR(r.get_double("busy_excess_p2p_s", &n->busy_excess_p2p_s, false, 0));
+  PIPER_RETURN_IF_ERROR(r.get_double("busy_cpu_all_to_all_s", &n->busy_cpu_all_to_all_s, false, 0));
+  PIPER_RETURN_IF_ERROR(r.get_double("busy_cpu_other_s", &n->busy_cpu_other_s, false, 0));
+  PIPER_RETURN_IF_ERROR(r.get_double("busy_cpu_pair_s", &n->busy_cpu_pair_s, false, 0));
+  PIPER_RETURN_IF_ERROR(r.get_double("busy_cpu_p2p_s", &n->busy_cpu_p2p_s, false, 0));
   return r.check_no_unknown_keys();
 }
 
@@ -183,6 +187,13 @@ OrderedJson to_json(const ClusterSpec& c) {
     node["busy_excess_other_s"] = c.node.busy_excess_other_s;
     node["busy_excess_pair_s"] = c.node.busy_excess_pair_s;
     node["busy_excess_p2p_s"] = c.node.busy_excess_p2p_s;
+  }
+  if (c.node.busy_cpu_all_to_all_s > 0 || c.node.busy_cpu_other_s > 0 || c.node.busy_cpu_pair_s > 0 ||
+      c.node.busy_cpu_p2p_s > 0) {
+    node["busy_cpu_all_to_all_s"] = c.node.busy_cpu_all_to_all_s;
+    node["busy_cpu_other_s"] = c.node.busy_cpu_other_s;
+    node["busy_cpu_pair_s"] = c.node.busy_cpu_pair_s;
+    node["busy_cpu_p2p_s"] = c.node.busy_cpu_p2p_s;
   }
   j["node"] = node;
   if (c.scale_up.nodes_per_domain > 1) {

@@ -43,7 +43,11 @@ Status validate_shared_cores(const NodeSpec& node) {
                          std::pair{"node.busy_excess_all_to_all_s", node.busy_excess_all_to_all_s},
                          std::pair{"node.busy_excess_other_s", node.busy_excess_other_s},
                          std::pair{"node.busy_excess_pair_s", node.busy_excess_pair_s},
-                         std::pair{"node.busy_excess_p2p_s", node.busy_excess_p2p_s}}) {
+                         std::pair{"node.busy_excess_p2p_s", node.busy_excess_p2p_s},
+                         std::pair{"node.busy_cpu_all_to_all_s", node.busy_cpu_all_to_all_s},
+                         std::pair{"node.busy_cpu_other_s", node.busy_cpu_other_s},
+                         std::pair{"node.busy_cpu_pair_s", node.busy_cpu_pair_s},
+                         std::pair{"node.busy_cpu_p2p_s", node.busy_cpu_p2p_s}}) {
     PIPER_RETURN_IF_ERROR(non_negative(name, v, 1.0, "seconds a collective takes on top of its transfer (measured)"));
   }
   if (node.shared_cores == 0) return ok_status();

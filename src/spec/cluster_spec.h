@@ -77,6 +77,13 @@ struct NodeSpec {
   double busy_excess_other_s = 0;
   double busy_excess_pair_s = 0;
   double busy_excess_p2p_s = 0;
+  // The CPU seconds each rank of a collective (p2p: each side of a transfer) takes from the node's compute while its
+  // cores compute (measured the same way: the spinning threads' lost work per call). The simulator adds it to the
+  // node's core pool as work of its own, so that the ranks' tasks slow down beside communication.
+  double busy_cpu_all_to_all_s = 0;
+  double busy_cpu_other_s = 0;
+  double busy_cpu_pair_s = 0;
+  double busy_cpu_p2p_s = 0;
 
   // min(1, shared_cores / (device_cores * devices_per_node)); exactly 1 without shared cores.
   double static_core_share() const;

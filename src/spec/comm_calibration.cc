@@ -17,19 +17,24 @@ Status prefixed(Status s, const std::string& what) {
 // The measured excesses a calibration file applies (piper calibrate --ranks R): measured.<key>.excess_s -> a node field.
 struct ExcessKey {
   const char* key;
+  const char* value;  // the figure inside it
   double NodeSpec::*field;
 };
 constexpr ExcessKey kExcessKeys[] = {
-    {"sync_all_to_all", &NodeSpec::sync_excess_all_to_all_s},
-    {"sync_all_reduce", &NodeSpec::sync_excess_other_s},
-    {"sync_all_reduce_pairs", &NodeSpec::sync_excess_pair_s},
-    {"contended_all_to_all", &NodeSpec::busy_excess_all_to_all_s},
-    {"contended_all_reduce", &NodeSpec::busy_excess_other_s},
-    {"contended_all_reduce_pairs", &NodeSpec::busy_excess_pair_s},
-    {"contended_p2p", &NodeSpec::busy_excess_p2p_s},
+    {"sync_all_to_all", "excess_s", &NodeSpec::sync_excess_all_to_all_s},
+    {"sync_all_reduce", "excess_s", &NodeSpec::sync_excess_other_s},
+    {"sync_all_reduce_pairs", "excess_s", &NodeSpec::sync_excess_pair_s},
+    {"contended_all_to_all", "excess_s", &NodeSpec::busy_excess_all_to_all_s},
+    {"contended_all_reduce", "excess_s", &NodeSpec::busy_excess_other_s},
+    {"contended_all_reduce_pairs", "excess_s", &NodeSpec::busy_excess_pair_s},
+    {"contended_p2p", "excess_s", &NodeSpec::busy_excess_p2p_s},
+    {"contended_all_to_all", "cpu_s", &NodeSpec::busy_cpu_all_to_all_s},
+    {"contended_all_reduce", "cpu_s", &NodeSpec::busy_cpu_other_s},
+    {"contended_all_reduce_pairs", "cpu_s", &NodeSpec::busy_cpu_pair_s},
+    {"contended_p2p", "cpu_s", &NodeSpec::busy_cpu_p2p_s},
 };
 
-// measured.<kExcessKeys>.excess_s: applied to a node of the measured number of ranks only (the excess depends on how
+// measured.<kExcessKeys key>.<value>: applied to a node of the measured number of ranks only (the excess depends on how
 // many ranks share the cores).
 Status apply_sync_excess(const Json& measured, const std::string& what, int ranks_per_node, ClusterSpec* cluster,
                          CommCalibrationInfo* info) {
@@ -38,11 +43,13 @@ Status apply_sync_excess(const Json& measured, const std::string& what, int rank
   for (const ExcessKey& k : kExcessKeys) {
     auto it = measured.find(k.key);
     if (it == measured.end()) continue;
-    const std::string field = std::string("calibration.measured.") + k.key + ".excess_s";
-    if (!it->is_object() || !it->contains("excess_s") || !(*it)["excess_s"].is_number()) {
+    const std::string field = std::string("calibration.measured.") + k.key + "." + k.value;
+    const bool optional = std::string(k.value) == "cpu_s";  // absent: not measured (0)
+    if (optional && it->is_object() && !it->contains(k.value)) continue;
+    if (!it->is_object() || !it->contains(k.value) || !(*it)[k.value].is_number()) {
       return invalid_argument(what + ": " + field + " must be a number");
     }
-    const double excess = (*it)["excess_s"].get<double>();
+    const double excess = (*it)[k.value].get<double>();
     if (!std::isfinite(excess) || excess < 0 || excess > 1) {
       return invalid_argument(what + ": " + field + " = " + std::to_string(excess) + " is out of range; allowed [0, 1]");
     }

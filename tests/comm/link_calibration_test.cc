@@ -37,10 +37,10 @@ comm::LinkCalibration one_node(int n) {
   c.sync_all_to_all = {true, 524288, {1e-4, 0, 0}, {2.1e-3, 0, 0}, 2.0e-3};
   c.sync_all_reduce = {true, 4096, {3e-5, 0, 0}, {1.53e-3, 0, 0}, 1.5e-3};
   c.sync_pairs = {true, 4096, {2e-5, 0, 0}, {0.52e-3, 0, 0}, 0.5e-3};
-  c.contended_all_reduce = {true, 4096, 1, 1e-4, 3.6e-3, 3.5e-3};
-  c.contended_all_to_all = {true, 524288, 1, 2e-4, 4.2e-3, 4.0e-3};
-  c.contended_pairs = {true, 4096, 1, 5e-5, 1.05e-3, 1.0e-3};
-  c.contended_p2p = {true, 131072, 1, 5e-5, 0.75e-3, 0.7e-3};
+  c.contended_all_reduce = {true, 4096, 1, 1e-4, 3.6e-3, 3.5e-3, 1.1e-3};
+  c.contended_all_to_all = {true, 524288, 1, 2e-4, 4.2e-3, 4.0e-3, 2.2e-3};
+  c.contended_pairs = {true, 4096, 1, 5e-5, 1.05e-3, 1.0e-3, 0.6e-3};
+  c.contended_p2p = {true, 131072, 1, 5e-5, 0.75e-3, 0.7e-3, 0.4e-3};
   return c;
 }
 
@@ -83,12 +83,17 @@ TEST(LinkCalibration, TheFileSetsTheLinkAndTheSyncExcessForTheMeasuredRanksOnly)
   EXPECT_DOUBLE_EQ(c.node.busy_excess_all_to_all_s, 4.0e-3);
   EXPECT_DOUBLE_EQ(c.node.busy_excess_pair_s, 1.0e-3);
   EXPECT_DOUBLE_EQ(c.node.busy_excess_p2p_s, 0.7e-3);
+  EXPECT_DOUBLE_EQ(c.node.busy_cpu_other_s, 1.1e-3);  // the CPU they take from compute
+  EXPECT_DOUBLE_EQ(c.node.busy_cpu_all_to_all_s, 2.2e-3);
+  EXPECT_DOUBLE_EQ(c.node.busy_cpu_pair_s, 0.6e-3);
+  EXPECT_DOUBLE_EQ(c.node.busy_cpu_p2p_s, 0.4e-3);
   EXPECT_TRUE(info.sync_applied);
   // The cluster file keeps them (a cluster written out and read back prices the same).
   auto round = cluster_from_json(Json::parse(to_json(c).dump()), 1, "round trip");
   ASSERT_TRUE(round.ok()) << round.status().to_string();
   EXPECT_DOUBLE_EQ(round->node.busy_excess_p2p_s, 0.7e-3);
   EXPECT_DOUBLE_EQ(round->node.busy_excess_all_to_all_s, 4.0e-3);
+  EXPECT_DOUBLE_EQ(round->node.busy_cpu_pair_s, 0.6e-3);
 
   ClusterSpec two = *cluster;  // 2 ranks per node: the excess measured with 4 does not apply
   ASSERT_TRUE(apply_comm_calibration(file, "f.json", &two, &info).ok());

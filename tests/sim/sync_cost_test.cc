@@ -166,6 +166,21 @@ TEST(SyncCost, TheBusyFiguresApplyWhileTheNodesCoresCompute) {
   EXPECT_NEAR(pooled_run(p2p_beside_compute(), {}, 2).second, 0, 1e-3);
 }
 
+TEST(SyncCost, CommunicationsCpuSlowsTheComputeOfAFullNode) {
+  SyncCost cost;
+  cost.cpu_other_s = 1.0;  // each member's collective takes 1 s of one core
+  // Both ranks compute 1 s + 1 s beside their collective on 2 cores: 4 tasks share them until the collectives' CPU
+  // is spent (t = 2: each first compute has had 1 s), then the second computes run alone: 3 s.
+  EXPECT_NEAR(pooled_run(beside_compute(), cost, 2).first, 3.0, 1e-9);
+  EXPECT_NEAR(pooled_run(beside_compute(), {}, 2).first, 2.0, 1e-9);
+  // On 4 cores the collectives' CPU finds free cores: nothing changes.
+  EXPECT_NEAR(pooled_run(beside_compute(), cost, 4).first, 2.0, 1e-9);
+  // A point-to-point transfer's CPU, on each side.
+  SyncCost p2p;
+  p2p.cpu_p2p_s = 1.0;
+  EXPECT_NEAR(pooled_run(p2p_beside_compute(), p2p, 2).first, 3.0, 1e-9);
+}
+
 TEST(SyncCost, TakenFromTheNodeOnlyWhenItSharesCores) {
   ClusterSpec c = testing::make_cluster(1, 4, 1e9, 0, 0);
   c.node.sync_excess_all_to_all_s = 2e-3;
@@ -177,6 +192,8 @@ TEST(SyncCost, TakenFromTheNodeOnlyWhenItSharesCores) {
   EXPECT_EQ(sync_cost_of(c).pair_s, 0);
   c.node.busy_excess_p2p_s = 3e-3;
   EXPECT_EQ(sync_cost_of(c).busy_p2p_s, 3e-3);
+  c.node.busy_cpu_pair_s = 4e-4;
+  EXPECT_EQ(sync_cost_of(c).cpu_pair_s, 4e-4);
   c.node.busy_excess_all_to_all_s = -1;
   EXPECT_FALSE(c.validate().ok());
   c.node.busy_excess_all_to_all_s = 0;
