@@ -85,13 +85,12 @@ std::string sync_note(const CommCalibrationInfo& info, const ClusterSpec& cluste
     note += buf;
   }
   const NodeSpec& n = cluster.node;
-  if (n.busy_excess_all_to_all_s > 0 || n.busy_excess_other_s > 0 || n.busy_excess_pair_s > 0 ||
-      n.busy_excess_p2p_s > 0) {
+  if (n.busy_cpu_all_to_all_s > 0 || n.busy_cpu_other_s > 0 || n.busy_cpu_pair_s > 0 || n.busy_cpu_p2p_s > 0) {
     std::snprintf(buf, sizeof(buf),
-                  "; while the cores compute +%.3g / +%.3g / +%.3g ms (all-to-all / other / two ranks), +%.3g ms per "
-                  "point-to-point transfer",
-                  n.busy_excess_all_to_all_s * 1e3, n.busy_excess_other_s * 1e3, n.busy_excess_pair_s * 1e3,
-                  n.busy_excess_p2p_s * 1e3);
+                  "; CPU taken from compute %.3g / %.3g / %.3g ms per rank of an all-to-all / other collective / "
+                  "collective of two ranks, %.3g ms per point-to-point transfer",
+                  n.busy_cpu_all_to_all_s * 1e3, n.busy_cpu_other_s * 1e3, n.busy_cpu_pair_s * 1e3,
+                  n.busy_cpu_p2p_s * 1e3);
     note += buf;
   }
   return note;

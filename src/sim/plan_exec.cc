@@ -8,7 +8,6 @@
 #include <queue>
 #include <set>
 #include <unordered_map>
-#include <utility>
 
 #include "piper/base/check.h"
 #include "piper/sim/comm_templates.h"
@@ -112,9 +111,9 @@ struct CollKeyHash {
 struct Event {
   double t = 0;
   int64_t seq = 0;
-  // 0: compute done (a = rank index, b = stream); 1: transfer done (a = op); 2: a core pool's next task done
-  // (a = node, version = the pool's version when scheduled; a later change made it stale); 3: a delayed transfer's
-  // flows start, its synchronisation done (a = op, version = the op's when scheduled; SimOptions::sync_cost).
+  // 0: compute done (a = rank index, b = stream); 1: transfer done (a = op); 2: a core pool's next task done;
+  // 3: a delayed transfer's flows start (a = op; SimOptions::sync_cost)
+  // (a = node, version = the pool's version when scheduled; a later change made it stale).
   int kind = 0;
   int a = 0, b = 0;
   int64_t version = 0;
@@ -138,16 +137,6 @@ struct NodePool {
   int busy = 0;       // ranks of the node with a task running
   int64_t version = 0;
   std::priority_queue<PoolTask, std::vector<PoolTask>, std::greater<>> running;
-};
-
-// What a transfer waits before its flows start (SyncCost): busy_s when the node of global rank `rank` has its cores
-// full of computing ranks as it starts (counted once every task starting at that instant has started), else quiet_s.
-// The state at the start decides (docs/simulator.md): the ranks of a real node do not wait in lockstep as processor
-// sharing makes them, so the cores stay full while a collective's own ranks wait for it.
-struct SyncDelay {
-  double quiet_s = 0, busy_s = 0;
-  int rank = 0;
-  double cpu_s = 0;  // CPU seconds each member adds to its node's pool (SyncCost::cpu_*)
 };
 
 class Executor {
@@ -195,18 +184,11 @@ class Executor {
   void pool_overhead(int ri, double cpu_s, double t);
   void pool_schedule(int node);
   void pool_done(int node, int64_t version, double t);
-  // Whether node `node` has its cores full of computing ranks now (SyncCost's busy figures apply).
-  bool cores_full(int node) const {
-    const CorePool& p = options_.core_pool;
-    return !computing_.empty() && computing_[static_cast<size_t>(node)] * p.rank_cores >= p.cores * (1 - 1e-12);
-  }
-  int node_of(int rank) const { return computing_.empty() ? 0 : rank / options_.core_pool.ranks_per_node; }
-  void count_computing(int ri, int delta, double t);
-  void sync_reschedule(int op, double t);
-  void sync_done(int op, double t);
   Status arrive_p2p(int ri, int s, const Instruction& in);
   Status arrive_collective(int ri, int s, const Instruction& in);
-  Status start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload, SyncDelay delay = {});
+  // cpu_s: the CPU seconds each part's rank spends on it (SyncCost::cpu_*), added to its node's pool.
+  Status start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload, double delay_s = 0,
+                  double cpu_s = 0);
   void start_flows(int op, const FlowTemplate* tmpl, double payload, double t);
   void op_done(int op, double t);
   void push(double t, int kind, int a, int b, int64_t version = 0) { events_.push({t, seq_++, kind, a, b, version}); }
@@ -247,25 +229,11 @@ class Executor {
   std::unordered_map<P2PKey, std::deque<Arrival>, P2PKeyHash> p2p_;
   std::unordered_map<CollKey, std::vector<std::pair<int, int>>, CollKeyHash> colls_;
   std::vector<std::vector<std::pair<int, int>>> ops_;  // participants (rank index, stream) per transfer
-  // Per op in its synchronisation (SyncDelay; event kind 3 when it completes at the current rate).
-  struct Delayed {
-    const FlowTemplate* tmpl = nullptr;
-    double payload = 0;
-    SyncDelay delay;
-    double progress = 0, last_s = 0;  // done of 1, as of last_s (its start)
-    bool full = false;                // the node's cores were full at its start
-    int64_t version = 0;
-  };
-  std::vector<Delayed> delayed_;
-  std::vector<std::vector<int>> syncing_;  // per node (when the pool is on): ops in their synchronisation
-  // (op, version) whose synchronisation is done now: their flows start once the tasks starting at this instant have
-  // started (a task may turn the node full and slow it).
-  std::vector<std::pair<int, int64_t>> sync_due_;
+  std::vector<std::pair<const FlowTemplate*, double>> delayed_;  // per op: template and payload (event kind 3)
   std::vector<int> free_ops_;
   int64_t instructions_ = 0;
   bool pooled_ = false;
   std::vector<NodePool> pools_;  // per node, when pooled_
-  std::vector<int> computing_;   // per node, when the pool is on (core_pool.cores > 0): ranks with a task running
 };
 
 void Executor::account(RankState& r, double t) {
@@ -309,7 +277,6 @@ void Executor::start_compute(int ri, int s, double t) {
   RankState& r = ranks_[static_cast<size_t>(ri)];
   account(r, t);
   r.engine_busy = true;
-  count_computing(ri, +1, t);
   StreamState& ss = r.streams[static_cast<size_t>(s)];
   ss.start_s = t;
   const auto& durations =
@@ -327,7 +294,6 @@ void Executor::finish_compute(int ri, int s, double t) {
   RankState& r = ranks_[static_cast<size_t>(ri)];
   account(r, t);
   r.engine_busy = false;
-  count_computing(ri, -1, t);
   complete(ri, s, t);
   if (!r.engine_queue.empty()) {
     const int next = r.engine_queue.front();
@@ -353,7 +319,7 @@ void Executor::pool_start(int ri, int s, double duration_s, double t) {
 }
 
 // `cpu_s` seconds of one core's work that rank ri's communication takes from its node (SyncCost::cpu_*): a pool task
-// of no stream (its end completes nothing), priced so that alone on a core it takes cpu_s.
+// of no stream (its end completes nothing), priced so that it is cpu_s of one core's time.
 void Executor::pool_overhead(int ri, double cpu_s, double t) {
   const CorePool& c = options_.core_pool;
   pool_start(ri, -1, cpu_s * std::min(c.rank_cores, 1.0) / c.price_cores, t);
@@ -387,7 +353,7 @@ void Executor::pool_done(int node, int64_t version, double t) {
 }
 
 Status Executor::start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload,
-                          SyncDelay delay) {
+                          double delay_s, double cpu_s) {
   int op;
   if (!free_ops_.empty()) {
     op = free_ops_.back();
@@ -399,61 +365,20 @@ Status Executor::start_op(std::vector<std::pair<int, int>> parts, const FlowTemp
   }
   for (auto [ri, s] : ops_[static_cast<size_t>(op)]) {
     RankState& r = ranks_[static_cast<size_t>(ri)];
-    if (pooled_ && delay.cpu_s > 0 && !options_.zero_comm) pool_overhead(ri, delay.cpu_s, now_);
+    if (pooled_ && cpu_s > 0 && !options_.zero_comm) pool_overhead(ri, cpu_s, now_);
     account(r, now_);
     ++r.comm_active;
     add_group(r, s, +1);
     r.streams[static_cast<size_t>(s)].start_s = now_;
   }
-  if (options_.zero_comm || (delay.quiet_s <= 0 && delay.busy_s <= 0 && delay.cpu_s <= 0)) {
-    start_flows(op, tmpl, payload, now_);
+  if (delay_s > 0 && !options_.zero_comm) {
+    if (delayed_.size() <= static_cast<size_t>(op)) delayed_.resize(static_cast<size_t>(op) + 1);
+    delayed_[static_cast<size_t>(op)] = {tmpl, payload};
+    push(now_ + delay_s, 3, op, 0);
     return ok_status();
   }
-  if (delayed_.size() <= static_cast<size_t>(op)) delayed_.resize(static_cast<size_t>(op) + 1);
-  Delayed& d = delayed_[static_cast<size_t>(op)];
-  const int64_t version = d.version + 1;
-  d = {tmpl, payload, delay, 0, now_, cores_full(node_of(delay.rank)), version};
-  if (!computing_.empty()) syncing_[static_cast<size_t>(node_of(delay.rank))].push_back(op);
-  sync_reschedule(op, now_);
+  start_flows(op, tmpl, payload, now_);
   return ok_status();
-}
-
-// One event for op's synchronisation to complete at the current rate (an earlier one is stale from now on).
-void Executor::sync_reschedule(int op, double t) {
-  Delayed& d = delayed_[static_cast<size_t>(op)];
-  ++d.version;
-  const double s = d.full ? d.delay.busy_s : d.delay.quiet_s;
-  if (s > 0 && d.progress < 1) {
-    push(t + (1 - d.progress) * s, 3, op, 0, d.version);
-  } else {
-    sync_due_.emplace_back(op, d.version);
-  }
-}
-
-// op's synchronisation is done: it leaves its node's list and its flows start.
-void Executor::sync_done(int op, double t) {
-  const Delayed& d = delayed_[static_cast<size_t>(op)];
-  if (!computing_.empty()) {
-    auto& ops = syncing_[static_cast<size_t>(node_of(d.delay.rank))];
-    ops.erase(std::find(ops.begin(), ops.end(), op));
-  }
-  start_flows(op, d.tmpl, d.payload, t);
-}
-
-// A rank starts or ends a task: when its node's cores turn full or free, the ops that start their synchronisation at
-// this instant change their rate (later changes do not: the start decides).
-void Executor::count_computing(int ri, int delta, double t) {
-  if (computing_.empty()) return;
-  const int node = node_of(ranks_[static_cast<size_t>(ri)].rank);
-  const bool was = cores_full(node);
-  computing_[static_cast<size_t>(node)] += delta;
-  if (cores_full(node) == was) return;
-  for (int op : syncing_[static_cast<size_t>(node)]) {
-    Delayed& d = delayed_[static_cast<size_t>(op)];
-    if (t > d.last_s) continue;
-    d.full = !was;
-    sync_reschedule(op, t);
-  }
 }
 
 void Executor::start_flows(int op, const FlowTemplate* tmpl, double payload, double t) {
@@ -506,8 +431,8 @@ Status Executor::arrive_p2p(int ri, int s, const Instruction& in) {
       }
     }
     // Both sides carry the payload (the lowering copies it from the send to the recv).
-    const SyncDelay delay{0, options_.sync_cost.busy_p2p_s, key.src, options_.sync_cost.cpu_p2p_s};
-    return start_op({{ri, s}, {other.rank_index, other.stream}}, tmpl, static_cast<double>(in.comm_bytes), delay);
+    return start_op({{ri, s}, {other.rank_index, other.stream}}, tmpl, static_cast<double>(in.comm_bytes), 0,
+                    options_.sync_cost.cpu_p2p_s);
   }
   if (index_of_rank_[static_cast<size_t>(peer)] < 0) {
     return internal_error("rank " + std::to_string(r.rank) + " talks to rank " + std::to_string(peer) +
@@ -542,14 +467,12 @@ Status Executor::arrive_collective(int ri, int s, const Instruction& in) {
   }
   const SyncCost& sync = options_.sync_cost;
   const bool a2a = in.comm == ir::NodeKind::kAllToAll;
-  SyncDelay delay{a2a ? sync.all_to_all_s : sync.other_s, a2a ? sync.busy_all_to_all_s : sync.busy_other_s,
-                  members.front(), a2a ? sync.cpu_all_to_all_s : sync.cpu_other_s};
-  if (members.size() == 2 && sync.pair_s > 0) delay.quiet_s = sync.pair_s;
-  if (members.size() == 2 && sync.busy_pair_s > 0) delay.busy_s = sync.busy_pair_s;
-  if (members.size() == 2 && sync.cpu_pair_s > 0) delay.cpu_s = sync.cpu_pair_s;
-  if (delay.busy_s <= 0) delay.busy_s = delay.quiet_s;  // not measured: as when the cores are free
-  if (members.size() < 2) delay = {};
-  return start_op(std::move(parts), tmpl, static_cast<double>(in.comm_bytes), delay);
+  double delay_s = a2a ? sync.all_to_all_s : sync.other_s;
+  double cpu_s = a2a ? sync.cpu_all_to_all_s : sync.cpu_other_s;
+  if (members.size() == 2 && sync.pair_s > 0) delay_s = sync.pair_s;
+  if (members.size() == 2 && sync.cpu_pair_s > 0) cpu_s = sync.cpu_pair_s;
+  if (members.size() < 2) delay_s = cpu_s = 0;
+  return start_op(std::move(parts), tmpl, static_cast<double>(in.comm_bytes), delay_s, cpu_s);
 }
 
 Status Executor::advance_stream(int ri, int s) {
@@ -636,12 +559,9 @@ Result<SimResult> Executor::run() {
     index_of_rank_[static_cast<size_t>(rank)] = static_cast<int>(ranks_.size());
     ranks_.push_back(std::move(r));
   }
-  if (options_.core_pool.cores > 0) {
-    const size_t nodes = static_cast<size_t>((plan_.world_size + options_.core_pool.ranks_per_node - 1) /
-                                             options_.core_pool.ranks_per_node);
-    computing_.assign(nodes, 0);
-    syncing_.assign(nodes, {});
-    if (pooled_) pools_.resize(nodes);
+  if (pooled_) {
+    const int per_node = options_.core_pool.ranks_per_node;
+    pools_.resize(static_cast<size_t>((plan_.world_size + per_node - 1) / per_node));
   }
   for (size_t ri = 0; ri < ranks_.size(); ++ri) {
     for (size_t s = 0; s < ranks_[ri].streams.size(); ++s)
@@ -665,9 +585,6 @@ Result<SimResult> Executor::run() {
       work_.pop_back();
       PIPER_RETURN_IF_ERROR(advance_stream(ri, s));
     }
-    for (auto [op, version] : std::exchange(sync_due_, {})) {
-      if (version == delayed_[static_cast<size_t>(op)].version) sync_done(op, now_);
-    }
     const double t_event = events_.empty() ? kInf : events_.top().t;
     const double t_net = fluid_.next_time();
     const double t = std::max(now_, std::min(t_event, t_net));
@@ -686,7 +603,8 @@ Result<SimResult> Executor::run() {
       } else if (e.kind == 2) {
         pool_done(e.a, e.version, t);
       } else if (e.kind == 3) {
-        if (e.version == delayed_[static_cast<size_t>(e.a)].version) sync_done(e.a, t);  // else the rate changed
+        const auto [tmpl, payload] = delayed_[static_cast<size_t>(e.a)];
+        start_flows(e.a, tmpl, payload, t);
       } else {
         finish_compute(e.a, e.b, t);
       }

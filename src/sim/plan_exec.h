@@ -73,20 +73,12 @@ struct CorePool {
 // the ranks computed, less the same collective without compute). The ranks that arrived early sleep between
 // polls and MPI progresses a collective only inside their calls, so each collective finishes this much after its
 // flows would. pair_s (when > 0) applies to every collective of two ranks, all_to_all_s to the other all-to-alls,
-// other_s to every other collective; point-to-point transfers get none. The busy_* figures (measured with compute
-// threads spinning on every rank beside the collective) replace them for a collective that starts while the
-// computing ranks of its first member's node hold all of the node's cores (CorePool: computing ranks x rank_cores
-// >= cores, counted once every task starting at that instant has started; needs the pool; a busy figure of 0 means
-// the quiet one), and busy_p2p_s applies to a point-to-point transfer that starts so. simulate_compiled() fills it
-// from NodeSpec::sync_excess_* and busy_excess_*.
+// other_s to every other collective; point-to-point transfers get none. simulate_compiled() fills it from
+// NodeSpec::sync_excess_* and busy_cpu_*.
 struct SyncCost {
   double all_to_all_s = 0;
   double other_s = 0;
   double pair_s = 0;
-  double busy_all_to_all_s = 0;
-  double busy_other_s = 0;
-  double busy_pair_s = 0;
-  double busy_p2p_s = 0;
   // CPU seconds each member rank's communication takes from its node's cores (NodeSpec::busy_cpu_*): with the pool
   // on, every member adds that much single-core work to its node's pool as the transfer starts, which slows the
   // node's tasks when its cores are full (and costs nothing on a free core).

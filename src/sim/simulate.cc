@@ -56,8 +56,7 @@ CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options, con
 SyncCost sync_cost_of(const ClusterSpec& cluster) {
   if (!(cluster.node.shared_cores > 0)) return {};
   const NodeSpec& n = cluster.node;
-  return {n.sync_excess_all_to_all_s, n.sync_excess_other_s, n.sync_excess_pair_s, n.busy_excess_all_to_all_s,
-          n.busy_excess_other_s,      n.busy_excess_pair_s,  n.busy_excess_p2p_s,  n.busy_cpu_all_to_all_s,
+  return {n.sync_excess_all_to_all_s, n.sync_excess_other_s, n.sync_excess_pair_s, n.busy_cpu_all_to_all_s,
           n.busy_cpu_other_s,         n.busy_cpu_pair_s,     n.busy_cpu_p2p_s};
 }
 

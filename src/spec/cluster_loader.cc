@@ -75,10 +75,6 @@ Status read_node(const Json& json, NodeSpec* n) {
   PIPER_RETURN_IF_ERROR(r.get_double("sync_excess_all_to_all_s", &n->sync_excess_all_to_all_s, false, 0));
   PIPER_RETURN_IF_ERROR(r.get_double("sync_excess_other_s", &n->sync_excess_other_s, false, 0));
   PIPER_RETURN_IF_ERROR(r.get_double("sync_excess_pair_s", &n->sync_excess_pair_s, false, 0));
-  PIPER_RETURN_IF_ERROR(r.get_double("busy_excess_all_to_all_s", &n->busy_excess_all_to_all_s, false, 0));
-  PIPER_RETURN_IF_ERROR(r.get_double("busy_excess_other_s", &n->busy_excess_other_s, false, 0));
-  PIPER_RETURN_IF_ERROR(r.get_double("busy_excess_pair_s", &n->busy_excess_pair_s, false, 0));
-  PIPER_RETURN_IF_ERROR(r.get_double("busy_excess_p2p_s", &n->busy_excess_p2p_s, false, 0));
   PIPER_RETURN_IF_ERROR(r.get_double("busy_cpu_all_to_all_s", &n->busy_cpu_all_to_all_s, false, 0));
   PIPER_RETURN_IF_ERROR(r.get_double("busy_cpu_other_s", &n->busy_cpu_other_s, false, 0));
   PIPER_RETURN_IF_ERROR(r.get_double("busy_cpu_pair_s", &n->busy_cpu_pair_s, false, 0));
@@ -180,13 +176,6 @@ OrderedJson to_json(const ClusterSpec& c) {
     node["sync_excess_all_to_all_s"] = c.node.sync_excess_all_to_all_s;
     node["sync_excess_other_s"] = c.node.sync_excess_other_s;
     node["sync_excess_pair_s"] = c.node.sync_excess_pair_s;
-  }
-  if (c.node.busy_excess_all_to_all_s > 0 || c.node.busy_excess_other_s > 0 || c.node.busy_excess_pair_s > 0 ||
-      c.node.busy_excess_p2p_s > 0) {
-    node["busy_excess_all_to_all_s"] = c.node.busy_excess_all_to_all_s;
-    node["busy_excess_other_s"] = c.node.busy_excess_other_s;
-    node["busy_excess_pair_s"] = c.node.busy_excess_pair_s;
-    node["busy_excess_p2p_s"] = c.node.busy_excess_p2p_s;
   }
   if (c.node.busy_cpu_all_to_all_s > 0 || c.node.busy_cpu_other_s > 0 || c.node.busy_cpu_pair_s > 0 ||
       c.node.busy_cpu_p2p_s > 0) {

@@ -69,17 +69,10 @@ struct NodeSpec {
   double sync_excess_all_to_all_s = 0;
   double sync_excess_other_s = 0;
   double sync_excess_pair_s = 0;  // any collective of two ranks (measured: all-reduce in pairs); 0 = as above
-  // The same while the node's cores are full of computing ranks (`piper calibrate --ranks R` with compute threads
-  // spinning beside the collective on every rank): the collective's threads must be scheduled between the compute
-  // threads. The simulator adds it instead of the above to a collective (p2p_s: a point-to-point transfer) that
-  // starts while the node's computing ranks hold all of its cores.
-  double busy_excess_all_to_all_s = 0;
-  double busy_excess_other_s = 0;
-  double busy_excess_pair_s = 0;
-  double busy_excess_p2p_s = 0;
   // The CPU seconds each rank of a collective (p2p: each side of a transfer) takes from the node's compute while its
-  // cores compute (measured the same way: the spinning threads' lost work per call). The simulator adds it to the
-  // node's core pool as work of its own, so that the ranks' tasks slow down beside communication.
+  // cores compute (`piper calibrate --ranks R`: threads spinning on every rank beside back-to-back collectives, their
+  // lost work per call). The simulator adds it to the node's core pool as work of its own, so that the ranks' tasks
+  // slow down beside communication on a full node.
   double busy_cpu_all_to_all_s = 0;
   double busy_cpu_other_s = 0;
   double busy_cpu_pair_s = 0;

@@ -24,10 +24,6 @@ constexpr ExcessKey kExcessKeys[] = {
     {"sync_all_to_all", "excess_s", &NodeSpec::sync_excess_all_to_all_s},
     {"sync_all_reduce", "excess_s", &NodeSpec::sync_excess_other_s},
     {"sync_all_reduce_pairs", "excess_s", &NodeSpec::sync_excess_pair_s},
-    {"contended_all_to_all", "excess_s", &NodeSpec::busy_excess_all_to_all_s},
-    {"contended_all_reduce", "excess_s", &NodeSpec::busy_excess_other_s},
-    {"contended_all_reduce_pairs", "excess_s", &NodeSpec::busy_excess_pair_s},
-    {"contended_p2p", "excess_s", &NodeSpec::busy_excess_p2p_s},
     {"contended_all_to_all", "cpu_s", &NodeSpec::busy_cpu_all_to_all_s},
     {"contended_all_reduce", "cpu_s", &NodeSpec::busy_cpu_other_s},
     {"contended_all_reduce_pairs", "cpu_s", &NodeSpec::busy_cpu_pair_s},
@@ -44,8 +40,6 @@ Status apply_sync_excess(const Json& measured, const std::string& what, int rank
     auto it = measured.find(k.key);
     if (it == measured.end()) continue;
     const std::string field = std::string("calibration.measured.") + k.key + "." + k.value;
-    const bool optional = std::string(k.value) == "cpu_s";  // absent: not measured (0)
-    if (optional && it->is_object() && !it->contains(k.value)) continue;
     if (!it->is_object() || !it->contains(k.value) || !(*it)[k.value].is_number()) {
       return invalid_argument(what + ": " + field + " must be a number");
     }

@@ -10,9 +10,9 @@
 //    "measured": {...}}   what `piper calibrate --ranks R` measured (comm/link_calibration.h); of it only
 //                         sync_all_to_all, sync_all_reduce and sync_all_reduce_pairs .excess_s are applied, to
 //                         node.sync_excess_all_to_all_s / _other_s / _pair_s, and contended_all_to_all,
-//                         contended_all_reduce, contended_all_reduce_pairs and contended_p2p .excess_s to
-//                         node.busy_excess_all_to_all_s / _other_s / _pair_s / _p2p_s (and their .cpu_s, when
-//                         present, to node.busy_cpu_*), and only when the cluster's
+//                         contended_all_reduce, contended_all_reduce_pairs and contended_p2p .cpu_s to
+//                         node.busy_cpu_all_to_all_s / _other_s / _pair_s / _p2p_s (their excess_s, the time per
+//                         call beside compute, is not applied: docs/calibration.md), and only when the cluster's
 //                         node has ranks_per_node devices (the excess depends on how many ranks share the cores).
 // Bandwidths must be > 0 and latencies >= 0, finite; unknown keys are errors (likely typos).
 #pragma once

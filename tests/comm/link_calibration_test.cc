@@ -79,10 +79,6 @@ TEST(LinkCalibration, TheFileSetsTheLinkAndTheSyncExcessForTheMeasuredRanksOnly)
   EXPECT_DOUBLE_EQ(c.node.sync_excess_all_to_all_s, 2.0e-3);
   EXPECT_DOUBLE_EQ(c.node.sync_excess_other_s, 1.5e-3);
   EXPECT_DOUBLE_EQ(c.node.sync_excess_pair_s, 0.5e-3);
-  EXPECT_DOUBLE_EQ(c.node.busy_excess_other_s, 3.5e-3);  // while the cores compute
-  EXPECT_DOUBLE_EQ(c.node.busy_excess_all_to_all_s, 4.0e-3);
-  EXPECT_DOUBLE_EQ(c.node.busy_excess_pair_s, 1.0e-3);
-  EXPECT_DOUBLE_EQ(c.node.busy_excess_p2p_s, 0.7e-3);
   EXPECT_DOUBLE_EQ(c.node.busy_cpu_other_s, 1.1e-3);  // the CPU they take from compute
   EXPECT_DOUBLE_EQ(c.node.busy_cpu_all_to_all_s, 2.2e-3);
   EXPECT_DOUBLE_EQ(c.node.busy_cpu_pair_s, 0.6e-3);
@@ -91,14 +87,13 @@ TEST(LinkCalibration, TheFileSetsTheLinkAndTheSyncExcessForTheMeasuredRanksOnly)
   // The cluster file keeps them (a cluster written out and read back prices the same).
   auto round = cluster_from_json(Json::parse(to_json(c).dump()), 1, "round trip");
   ASSERT_TRUE(round.ok()) << round.status().to_string();
-  EXPECT_DOUBLE_EQ(round->node.busy_excess_p2p_s, 0.7e-3);
-  EXPECT_DOUBLE_EQ(round->node.busy_excess_all_to_all_s, 4.0e-3);
+  EXPECT_DOUBLE_EQ(round->node.busy_cpu_p2p_s, 0.4e-3);
   EXPECT_DOUBLE_EQ(round->node.busy_cpu_pair_s, 0.6e-3);
 
   ClusterSpec two = *cluster;  // 2 ranks per node: the excess measured with 4 does not apply
   ASSERT_TRUE(apply_comm_calibration(file, "f.json", &two, &info).ok());
   EXPECT_EQ(two.node.sync_excess_all_to_all_s, 0);
-  EXPECT_EQ(two.node.busy_excess_all_to_all_s, 0);
+  EXPECT_EQ(two.node.busy_cpu_all_to_all_s, 0);
   EXPECT_TRUE(info.sync_measured);
   EXPECT_FALSE(info.sync_applied);
   EXPECT_EQ(info.sync_ranks_per_node, 4);
@@ -113,11 +108,11 @@ TEST(LinkCalibration, BadSyncFiguresAreNamed) {
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("sync_all_to_all.excess_s"), std::string::npos) << s.message();
   s = apply_comm_calibration(
-      Json::parse(R"({"ranks_per_node": 2, "measured": {"contended_p2p": {"excess_s": "fast"}}})"), "f.json", &c);
+      Json::parse(R"({"ranks_per_node": 2, "measured": {"contended_p2p": {"cpu_s": "fast"}}})"), "f.json", &c);
   ASSERT_FALSE(s.ok());
-  EXPECT_NE(s.message().find("contended_p2p.excess_s must be a number"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("contended_p2p.cpu_s must be a number"), std::string::npos) << s.message();
   s = apply_comm_calibration(
-      Json::parse(R"({"ranks_per_node": 2, "measured": {"contended_all_reduce": {"excess_s": 2}}})"), "f.json", &c);
+      Json::parse(R"({"ranks_per_node": 2, "measured": {"contended_all_reduce": {"cpu_s": 2}}})"), "f.json", &c);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("allowed [0, 1]"), std::string::npos) << s.message();
   s = apply_comm_calibration(Json::parse(R"({"measured": 3})"), "f.json", &c);

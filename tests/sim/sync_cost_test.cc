@@ -1,8 +1,7 @@
 // SimOptions::sync_cost (measured by `piper calibrate --ranks R`): every collective of more than one rank completes
 // its measured excess later than its flows would, all-to-alls and other collectives apart; zero changes nothing;
-// simulate_compiled takes it from the cluster's node only when the node shares its cores. The busy figures replace
-// the quiet ones for a collective or a point-to-point transfer that starts while the node's cores are full of
-// computing ranks (the core pool).
+// simulate_compiled takes it from the cluster's node only when the node shares its cores. The CPU a transfer takes
+// from its node (SyncCost::cpu_*) slows the node's tasks through the core pool when its cores are full.
 #include <gtest/gtest.h>
 
 #include <tuple>
@@ -145,27 +144,6 @@ std::pair<double, double> pooled_run(const compile::Plan& plan, SyncCost cost, d
   return {r->step_time_s, comm_end};
 }
 
-TEST(SyncCost, TheBusyFiguresApplyWhileTheNodesCoresCompute) {
-  SyncCost cost{0.5, 0.25, 0, 4.0, 3.0, 0, 0};
-  // Beside compute with the pool on: the busy figure (the start decides: 3 s, although the computes end at 2 s).
-  auto [step, end] = pooled_run(beside_compute(), cost, 2);
-  EXPECT_NEAR(end, 3.0, 1e-3);
-  EXPECT_NEAR(step, 3.0, 1e-3);
-  // Without the pool nothing says the cores are full: the quiet figure, hidden behind the compute.
-  std::tie(step, end) = pooled_run(beside_compute(), cost, 0);
-  EXPECT_NEAR(end, 0.25, 1e-3);
-  EXPECT_NEAR(step, 2.0, 1e-3);
-  // More cores than the computing ranks fill: quiet.
-  EXPECT_NEAR(pooled_run(beside_compute(), cost, 2.5).second, 0.25, 1e-3);
-  // Between the computes (nothing running): the quiet figure even with the pool on.
-  EXPECT_NEAR(pooled_run(plan_with(ir::NodeKind::kAllReduce), cost, 2).first, 2.25, 1e-3);
-  // A point-to-point transfer beside compute: busy_p2p_s while the cores are full (and none otherwise).
-  SyncCost p2p{0, 0, 0, 0, 0, 0, 1.5};
-  EXPECT_NEAR(pooled_run(p2p_beside_compute(), p2p, 2).second, 1.5, 1e-3);
-  EXPECT_NEAR(pooled_run(p2p_beside_compute(), p2p, 2.5).second, 0, 1e-3);
-  EXPECT_NEAR(pooled_run(p2p_beside_compute(), {}, 2).second, 0, 1e-3);
-}
-
 TEST(SyncCost, CommunicationsCpuSlowsTheComputeOfAFullNode) {
   SyncCost cost;
   cost.cpu_other_s = 1.0;  // each member's collective takes 1 s of one core
@@ -190,13 +168,11 @@ TEST(SyncCost, TakenFromTheNodeOnlyWhenItSharesCores) {
   EXPECT_EQ(sync_cost_of(c).all_to_all_s, 2e-3);
   EXPECT_EQ(sync_cost_of(c).other_s, 1e-3);
   EXPECT_EQ(sync_cost_of(c).pair_s, 0);
-  c.node.busy_excess_p2p_s = 3e-3;
-  EXPECT_EQ(sync_cost_of(c).busy_p2p_s, 3e-3);
   c.node.busy_cpu_pair_s = 4e-4;
   EXPECT_EQ(sync_cost_of(c).cpu_pair_s, 4e-4);
-  c.node.busy_excess_all_to_all_s = -1;
+  c.node.busy_cpu_all_to_all_s = -1;
   EXPECT_FALSE(c.validate().ok());
-  c.node.busy_excess_all_to_all_s = 0;
+  c.node.busy_cpu_all_to_all_s = 0;
   c.node.sync_excess_other_s = -1;
   EXPECT_FALSE(c.validate().ok());
 }
