@@ -330,13 +330,13 @@ Result<ContendedTiming> contended(Communicator& w, const LinkCalibrationOptions&
 // The world all-reduce (sync_all_reduce_bytes) and all-to-all (sync_all_to_all_bytes), the all-reduce in pairs and
 // the ping-pong in pairs (R even), each while the cores compute and without.
 Status measure_contended(Communicator& w, const LinkCalibrationOptions& o, int ranks_per_node, LinkCalibration* c) {
-  const int threads = o.compute_threads > 0
-                          ? o.compute_threads
-                          : std::max(1, static_cast<int>(o.cores / std::max(1, ranks_per_node)));
+  const int threads =
+      o.compute_threads > 0 ? o.compute_threads : std::max(1, static_cast<int>(o.cores / std::max(1, ranks_per_node)));
   const size_t p = static_cast<size_t>(w.size());
   std::vector<float> in(std::max<size_t>(1, o.sync_all_reduce_bytes / 4)), out(in.size());
   auto all_reduce = [&in, &out](Communicator* comm) {
-    return [&in, &out, comm] { return wait_like_runtime(*comm, comm->all_reduce_sum(in.data(), out.data(), in.size())); };
+    return
+        [&in, &out, comm] { return wait_like_runtime(*comm, comm->all_reduce_sum(in.data(), out.data(), in.size())); };
   };
   PIPER_ASSIGN_OR_RETURN(c->contended_all_reduce, contended(w, o, threads, in.size() * 4, all_reduce(&w)));
   const size_t per_peer = std::max<size_t>(1, o.sync_all_to_all_bytes / p);
@@ -352,15 +352,15 @@ Status measure_contended(Communicator& w, const LinkCalibrationOptions& o, int r
   std::vector<uint8_t> msg(o.contended_p2p_bytes, 1);
   const int peer = w.rank() ^ 1;
   const bool starts = w.rank() % 2 == 0;
-  PIPER_ASSIGN_OR_RETURN(c->contended_p2p, contended(w, o, threads, msg.size(), [&]() -> Status {
-                           for (int step = 0; step < 2; ++step) {
-                             const bool sending = starts == (step == 0);
-                             PIPER_RETURN_IF_ERROR(wait_like_runtime(
-                                 w, sending ? w.isend(msg.data(), msg.size(), peer, 9)
-                                            : w.irecv(msg.data(), msg.size(), peer, 9)));
-                           }
-                           return ok_status();
-                         }));
+  PIPER_ASSIGN_OR_RETURN(
+      c->contended_p2p, contended(w, o, threads, msg.size(), [&]() -> Status {
+        for (int step = 0; step < 2; ++step) {
+          const bool sending = starts == (step == 0);
+          PIPER_RETURN_IF_ERROR(wait_like_runtime(
+              w, sending ? w.isend(msg.data(), msg.size(), peer, 9) : w.irecv(msg.data(), msg.size(), peer, 9)));
+        }
+        return ok_status();
+      }));
   // A ping-pong is two transfers: per transfer.
   for (double* v : {&c->contended_p2p.idle_s, &c->contended_p2p.busy_s, &c->contended_p2p.excess_s}) *v /= 2;
   return ok_status();
@@ -511,8 +511,9 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
   if (c.sync_all_to_all.measured) m["sync_all_to_all"] = sync(c.sync_all_to_all);
   if (c.sync_pairs.measured) m["sync_all_reduce_pairs"] = sync(c.sync_pairs);
   auto busy = [](const ContendedTiming& t) {
-    return OrderedJson{{"bytes", t.bytes},          {"compute_threads", t.compute_threads}, {"idle_s", t.idle_s},
-                       {"computing_s", t.busy_s},   {"excess_s", t.excess_s},               {"cpu_s", t.cpu_s}};
+    return OrderedJson{{"bytes", t.bytes},       {"compute_threads", t.compute_threads},
+                       {"idle_s", t.idle_s},     {"computing_s", t.busy_s},
+                       {"excess_s", t.excess_s}, {"cpu_s", t.cpu_s}};
   };
   if (c.contended_all_reduce.measured) m["contended_all_reduce"] = busy(c.contended_all_reduce);
   if (c.contended_all_to_all.measured) m["contended_all_to_all"] = busy(c.contended_all_to_all);
@@ -568,8 +569,9 @@ std::string to_text(const LinkCalibration& c) {
                   "  %s of %s while %d thread%s per rank compute%s: %s per call (%s without): %s more; it takes %s "
                   "of CPU from the compute per rank\n",
                   name, format_bytes(static_cast<double>(t.bytes)).c_str(), t.compute_threads,
-                  t.compute_threads == 1 ? "" : "s", t.compute_threads == 1 ? "s" : "", format_seconds(t.busy_s).c_str(),
-                  format_seconds(t.idle_s).c_str(), format_seconds(t.excess_s).c_str(), format_seconds(t.cpu_s).c_str());
+                  t.compute_threads == 1 ? "" : "s", t.compute_threads == 1 ? "s" : "",
+                  format_seconds(t.busy_s).c_str(), format_seconds(t.idle_s).c_str(),
+                  format_seconds(t.excess_s).c_str(), format_seconds(t.cpu_s).c_str());
     out += line;
   };
   busy("all-reduce", c.contended_all_reduce);

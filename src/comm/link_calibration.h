@@ -45,10 +45,10 @@ struct LinkCalibrationOptions {
   size_t sync_all_reduce_bytes = 4096;        // ... then an all-reduce of this many bytes per rank
   size_t sync_all_to_all_bytes = 512 * 1024;  // ... or an all-to-all (tiny-moe's dispatch at mbs 4)
   int sync_iterations = 15;
-  int contended_iterations = 40;             // calls per collective while the cores compute (and without)
-  size_t contended_p2p_bytes = 128 * 1024;   // the ping-pong's message (tiny-moe's activations at mbs 2)
-  int compute_threads = 0;                   // spinning threads per rank; 0: max(1, cores / ranks per node)
-  double contended_alone_s = 0.3;            // the spinning threads' rate alone is measured over this long
+  int contended_iterations = 40;            // calls per collective while the cores compute (and without)
+  size_t contended_p2p_bytes = 128 * 1024;  // the ping-pong's message (tiny-moe's activations at mbs 2)
+  int compute_threads = 0;                  // spinning threads per rank; 0: max(1, cores / ranks per node)
+  double contended_alone_s = 0.3;           // the spinning threads' rate alone is measured over this long
   double cores = 1;  // the node's cores (std::thread::hardware_concurrency of rank 0)
   Status validate() const;
 };

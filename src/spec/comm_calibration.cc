@@ -14,7 +14,8 @@ Status prefixed(Status s, const std::string& what) {
   return invalid_argument(what + ": " + s.message() + " (a file written by `piper bench comm --calibration-out`)");
 }
 
-// The measured excesses a calibration file applies (piper calibrate --ranks R): measured.<key>.excess_s -> a node field.
+// The measured excesses a calibration file applies (piper calibrate --ranks R): measured.<key>.excess_s -> a node
+// field.
 struct ExcessKey {
   const char* key;
   const char* value;  // the figure inside it
@@ -45,7 +46,8 @@ Status apply_sync_excess(const Json& measured, const std::string& what, int rank
     }
     const double excess = (*it)[k.value].get<double>();
     if (!std::isfinite(excess) || excess < 0 || excess > 1) {
-      return invalid_argument(what + ": " + field + " = " + std::to_string(excess) + " is out of range; allowed [0, 1]");
+      return invalid_argument(what + ": " + field + " = " + std::to_string(excess) +
+                              " is out of range; allowed [0, 1]");
     }
     found.emplace_back(k.field, excess);
   }

@@ -107,8 +107,8 @@ TEST(LinkCalibration, BadSyncFiguresAreNamed) {
       Json::parse(R"({"ranks_per_node": 2, "measured": {"sync_all_to_all": {"excess_s": -1}}})"), "f.json", &c);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("sync_all_to_all.excess_s"), std::string::npos) << s.message();
-  s = apply_comm_calibration(
-      Json::parse(R"({"ranks_per_node": 2, "measured": {"contended_p2p": {"cpu_s": "fast"}}})"), "f.json", &c);
+  s = apply_comm_calibration(Json::parse(R"({"ranks_per_node": 2, "measured": {"contended_p2p": {"cpu_s": "fast"}}})"),
+                             "f.json", &c);
   ASSERT_FALSE(s.ok());
   EXPECT_NE(s.message().find("contended_p2p.cpu_s must be a number"), std::string::npos) << s.message();
   s = apply_comm_calibration(

@@ -315,8 +315,8 @@ TEST(CalibrateCliTest, RanksMeasureTheLinks) {
     ASSERT_TRUE(m.is_object()) << key;
     EXPECT_GT(m["computing_s"].get<double>(), 0) << key;
     EXPECT_GE(m["compute_threads"].get<int>(), 1) << key;
-    EXPECT_NEAR(m["excess_s"].get<double>(),
-                std::max(0.0, m["computing_s"].get<double>() - m["idle_s"].get<double>()), 1e-12)
+    EXPECT_NEAR(m["excess_s"].get<double>(), std::max(0.0, m["computing_s"].get<double>() - m["idle_s"].get<double>()),
+                1e-12)
         << key;
   }
   ASSERT_EQ(run_piper("env PIPER_CALIBRATION=none",
