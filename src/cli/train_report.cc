@@ -174,20 +174,21 @@ void PredictionReport::print() const {
       title.c_str(), n, n == 1 ? "" : "s", machine.cores, machine.cores == 1 ? "" : "s", machine.rank_cores,
       machine.cores_per_rank, machine.calibration_source.c_str());
   if (!experts_note.empty()) std::printf("%s\n", experts_note.c_str());
-  std::printf(" %4s %3s | %10s %10s %10s %7s | %10s %10s | %10s %10s %10s %7s\n", "rank", "pp", "step", "sim", "model",
-              "x sim", "compute", "sim busy", "peak mem", "sim", "model", "x model");
+  std::printf(" %4s %3s | %10s %10s %10s %7s | %10s %10s %10s | %10s %10s %10s %7s\n", "rank", "pp", "step", "sim",
+              "model", "x sim", "compute", "cpu", "sim busy", "peak mem", "sim", "model", "x model");
   for (const RankComparison& c : ranks) {
-    std::printf(" %4d %3d | %10s %10s %10s %7s | %10s %10s | %10s %10s %10s %7s\n", c.rank, c.pp_rank,
+    std::printf(" %4d %3d | %10s %10s %10s %7s | %10s %10s %10s | %10s %10s %10s %7s\n", c.rank, c.pp_rank,
                 format_seconds(c.measured.step_time_s).c_str(), format_seconds(c.sim_step_s).c_str(),
                 format_seconds(c.model_step_s).c_str(), ratio(c.measured.step_time_s, c.sim_step_s).c_str(),
-                format_seconds(c.measured.compute_s).c_str(), format_seconds(c.sim_busy_s).c_str(),
+                format_seconds(c.measured.compute_s).c_str(), format_seconds(c.measured.cpu_s).c_str(),
+                format_seconds(c.sim_busy_s).c_str(),
                 format_bytes(static_cast<double>(c.measured.peak_bytes)).c_str(),
                 format_bytes(c.sim_peak_bytes).c_str(), format_bytes(c.model_peak_bytes).c_str(),
                 ratio(static_cast<double>(c.measured.peak_bytes), c.model_peak_bytes).c_str());
   }
   std::printf(
-      " (step: measured mean after the first step; compute: wall time in compute and update tasks per step; "
-      "x: measured / predicted)\n");
+      " (step: measured mean after the first step; compute: wall time in compute and update tasks per step; cpu: "
+      "the rank's process CPU time per step, user + system; x: measured / predicted)\n");
   if (!note.empty()) std::printf(" (%s)\n", note.c_str());
 }
 
@@ -200,6 +201,7 @@ Json PredictionReport::to_json() const {
          {"measured",
           {{"step_time_s", c.measured.step_time_s},
            {"compute_s", c.measured.compute_s},
+           {"cpu_s", c.measured.cpu_s},
            {"peak_memory_bytes", c.measured.peak_bytes}}},
          {"simulated",
           {{"step_time_s", c.sim_step_s}, {"busy_s", c.sim_busy_s}, {"peak_memory_bytes", c.sim_peak_bytes}}},

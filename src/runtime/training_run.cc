@@ -1,5 +1,7 @@
 #include "piper/runtime/training_run.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <memory>
 #include <string>
@@ -13,14 +15,14 @@ constexpr double kGatherTimeoutS = 120;
 // All ranks' measurements on every rank (one rank: just `mine`).
 Result<std::vector<RankMeasurement>> gather_measurements(comm::Communicator* world, const RankMeasurement& mine) {
   if (world == nullptr) return std::vector<RankMeasurement>{mine};
-  const double in[3] = {mine.step_time_s, mine.compute_s, static_cast<double>(mine.peak_bytes)};
-  std::vector<double> all(static_cast<size_t>(3 * world->size()));
+  const double in[4] = {mine.step_time_s, mine.compute_s, static_cast<double>(mine.peak_bytes), mine.cpu_s};
+  std::vector<double> all(static_cast<size_t>(4 * world->size()));
   PIPER_ASSIGN_OR_RETURN(comm::Handle h, world->all_gather(in, all.data(), sizeof(in)));
   PIPER_RETURN_IF_ERROR(world->wait(h, kGatherTimeoutS));
   std::vector<RankMeasurement> out;
   for (int r = 0; r < world->size(); ++r) {
-    const double* v = &all[static_cast<size_t>(3 * r)];
-    out.push_back(RankMeasurement{v[0], v[1], static_cast<int64_t>(v[2])});
+    const double* v = &all[static_cast<size_t>(4 * r)];
+    out.push_back(RankMeasurement{v[0], v[1], static_cast<int64_t>(v[2]), v[3]});
   }
   return out;
 }
@@ -64,6 +66,14 @@ double mean_imbalance(std::vector<StepRecord>::const_iterator begin, std::vector
   return end > begin ? sum / static_cast<double>(end - begin) : 1.0;
 }
 
+// The process's CPU seconds so far (user + system, all threads).
+double process_cpu_s() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
 // Throughput, imbalance windows and migration share from the recorded steps.
 void summarise(const Trainer& trainer, int window_steps, double compute_all, double compute_steady, RunSummary* r) {
   const int64_t n = static_cast<int64_t>(r->steps.size());
@@ -74,6 +84,7 @@ void summarise(const Trainer& trainer, int window_steps, double compute_all, dou
   const double timed = static_cast<double>(r->timed_steps);
   r->mine.step_time_s = r->timed_seconds / timed;
   r->mine.compute_s = (n > 1 ? compute_steady : compute_all) / timed;
+  r->mine.cpu_s = r->timed_cpu_s / timed;
   r->mine.peak_bytes = trainer.memory().peak_total_bytes;
   r->tokens_per_s =
       r->timed_seconds > 0 ? static_cast<double>(trainer.tokens_per_step()) * timed / r->timed_seconds : 0;
@@ -88,7 +99,10 @@ void summarise(const Trainer& trainer, int window_steps, double compute_all, dou
 // The steps, with their checkpoints and the caller's callback; accumulates into `r`.
 Status run_steps(Trainer& trainer, const RunOptions& o, RunSummary* r, double* compute_all, double* compute_steady) {
   for (int64_t i = 0; i < o.steps; ++i) {
+    const double cpu0 = process_cpu_s();
     PIPER_ASSIGN_OR_RETURN(TrainStepStats s, trainer.step());
+    // Timed as the step times are: all but the first step when there are several.
+    if (i > 0 || o.steps == 1) r->timed_cpu_s += process_cpu_s() - cpu0;
     r->steps.push_back(record_of(s));
     if (i == 0) r->loss_first = s.loss;
     r->loss_last = s.loss;

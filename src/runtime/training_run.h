@@ -50,6 +50,9 @@ struct RankMeasurement {
   double step_time_s = 0;
   double compute_s = 0;  // wall seconds in compute and update tasks per step (all streams)
   int64_t peak_bytes = 0;
+  // CPU seconds (user + system, every thread of the rank's process: getrusage) per step: what the rank took from
+  // the cores, its compute and the polling, progress and switching of its communication alike (docs/calibration.md).
+  double cpu_s = 0;
 };
 
 struct RunSummary {
@@ -58,6 +61,7 @@ struct RunSummary {
   double seconds = 0;        // all steps, this rank's wall time
   int64_t timed_steps = 0;   // the steps the throughput is over (all but the first when there are several)
   double timed_seconds = 0;  // their wall time
+  double timed_cpu_s = 0;    // their CPU time (this rank's process, user + system)
   double tokens_per_s = 0, achieved_flops = 0;  // over the timed steps; model FLOPs (docs/counting.md)
   // Expert-parallel runs (imbalance = max / mean tokens per ep rank): the mean over the first and the last
   // `window` steps (window = min(steps, migration window)), the migrations and the share of this rank's

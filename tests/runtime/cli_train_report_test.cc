@@ -93,6 +93,7 @@ TEST(CliTrainReport, OneRankTraceAndPrediction) {
   EXPECT_GT(r["measured"]["step_time_s"].get<double>(), 0);
   EXPECT_GT(r["measured"]["compute_s"].get<double>(), 0);
   EXPECT_LE(r["measured"]["compute_s"].get<double>(), r["measured"]["step_time_s"].get<double>() * 1.01);
+  EXPECT_GT(r["measured"]["cpu_s"].get<double>(), 0);  // the rank's process CPU per step (getrusage)
   EXPECT_EQ(r["measured"]["peak_memory_bytes"], j["peak_memory_bytes"]);
   EXPECT_GT(r["simulated"]["step_time_s"].get<double>(), 0);
   EXPECT_GT(r["simulated"]["peak_memory_bytes"].get<double>(), 0);
