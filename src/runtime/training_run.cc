@@ -49,11 +49,6 @@ StepRecord record_of(const TrainStepStats& s) {
                     s.migration_seconds};
 }
 
-double compute_seconds_of(const TrainStepStats& s) {
-  double sum = 0;
-  for (const auto& [task, task_s] : s.task_seconds) sum += task_s;
-  return sum;
-}
 
 bool save_due(const RunOptions& o, int64_t index, int64_t step) {
   if (o.save_dir.empty()) return false;
@@ -107,7 +102,7 @@ Status run_steps(Trainer& trainer, const RunOptions& o, RunSummary* r, double* c
     if (i == 0) r->loss_first = s.loss;
     r->loss_last = s.loss;
     r->seconds += s.seconds;
-    const double c = compute_seconds_of(s);
+    const double c = compute_seconds(s.task_seconds);
     *compute_all += c;
     if (i > 0) *compute_steady += c;
     r->migration_seconds += s.migration_seconds;
@@ -122,6 +117,14 @@ Status run_steps(Trainer& trainer, const RunOptions& o, RunSummary* r, double* c
 }
 
 }  // namespace
+
+double compute_seconds(const std::map<std::string, double>& task_seconds) {
+  double sum = 0;
+  for (const auto& [task, task_s] : task_seconds) {
+    if (task.rfind("a2a.", 0) != 0 && task.rfind("m2n.", 0) != 0) sum += task_s;
+  }
+  return sum;
+}
 
 Result<RunSummary> run_training(Trainer& trainer, const RunOptions& o) {
   if (o.steps < 1) return invalid_argument("run_training: steps must be >= 1, got " + std::to_string(o.steps));

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -48,7 +49,7 @@ struct StepRecord {
 // for first-touch page faults).
 struct RankMeasurement {
   double step_time_s = 0;
-  double compute_s = 0;  // wall seconds in compute and update tasks per step (all streams)
+  double compute_s = 0;  // wall seconds in compute and update tasks per step (all streams; not a2a.* / m2n.*)
   int64_t peak_bytes = 0;
   // CPU seconds (user + system, every thread of the rank's process: getrusage) per step: what the rank took from
   // the cores, its compute and the polling, progress and switching of its communication alike (docs/calibration.md).
@@ -75,6 +76,11 @@ struct RunSummary {
   std::vector<RankMeasurement> measured;  // every rank's, ascending rank
   std::vector<RankTimeline> timelines;    // RunOptions::trace, rank 0: every rank's; otherwise empty
 };
+
+// Compute and update tasks' wall seconds of a step from StepResult::task_seconds: not the expert all-to-alls and
+// af-pipe exchanges, which the executor runs as tasks of their handlers and times under "a2a.*" / "m2n.*"
+// (communication, waits included).
+double compute_seconds(const std::map<std::string, double>& task_seconds);
 
 Result<RunSummary> run_training(Trainer& trainer, const RunOptions& options);
 

@@ -102,6 +102,13 @@ TEST(TrainingRunTest, TraceRecordsThisRanksTimelineAndDetachesTheRecorder) {
   EXPECT_TRUE(trainer->step().ok());
 }
 
+TEST(TrainingRunTest, ComputeSecondsLeaveOutTheExchangesRunAsTasks) {
+  const std::map<std::string, double> t = {{"attention.F", 1.0},  {"experts.BW", 2.0}, {"update", 0.5},
+                                           {"a2a.dispatch.F", 4}, {"a2a.combine.B", 8}, {"m2n.F", 16}};
+  EXPECT_DOUBLE_EQ(compute_seconds(t), 3.5);
+  EXPECT_DOUBLE_EQ(compute_seconds({}), 0);
+}
+
 TEST(TrainingRunTest, RefusesZeroStepsAndNegativeSaveEvery) {
   auto trainer = Trainer::create(tiny_options()).value();
   RunOptions run;

@@ -62,7 +62,8 @@ struct StepResult {
   double seconds = 0;
   int64_t num_instructions = 0;
   // Wall seconds spent in compute tasks by "<part>.<pass>" ("experts.BW"), summed over layers, microbatches
-  // and streams; and in optimizer updates ("update").
+  // and streams; in optimizer updates ("update"); and in the expert all-to-alls and af-pipe exchanges, which run
+  // as tasks of their handlers ("a2a.<part>.F|B", "m2n.F|B": communication, waits included).
   std::map<std::string, double> task_seconds;
   // Tokens (routed slots) each expert received in this step, by MoE layer: [num_experts] per layer, summed over
   // microbatches and, on several ranks, over the ranks (the same on every rank). The expert load that
