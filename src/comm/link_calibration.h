@@ -18,9 +18,9 @@
 //     (what the runtime's compute streams do on an oversubscribed node) while its main thread calls the world
 //     all-reduce, the world all-to-all, the all-reduce in pairs and a ping-pong in pairs back to back, waiting
 //     as the runtime does; the time per call (median over calls, mean over ranks) against the same loop with no
-//     compute. The difference is what a collective pays when its threads must be scheduled between other
-//     threads' compute: the simulator adds it to a collective that starts while a node's cores are full. And the
-//     work the spinning threads lost per call against their rate alone: the CPU a collective takes from compute.
+//     compute (the difference is measured for the record; the simulator does not apply it, docs/calibration.md);
+//     and the work the spinning threads lost per call against their rate alone: the CPU a collective takes from
+//     compute, which the simulator adds to the node's core pool (NodeSpec::busy_cpu_*).
 // Times are medians over iterations (after `warmup`). Nodes are told apart by host name (gethostname), so the
 // two-node emulation (scripts/two-node-emulation.sh, one host name per namespace) counts as two nodes; ranks must
 // be node-major (the error says so otherwise).
