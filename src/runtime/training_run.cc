@@ -49,7 +49,6 @@ StepRecord record_of(const TrainStepStats& s) {
                     s.migration_seconds};
 }
 
-
 bool save_due(const RunOptions& o, int64_t index, int64_t step) {
   if (o.save_dir.empty()) return false;
   return index + 1 == o.steps || (o.save_every > 0 && step % o.save_every == 0);
