@@ -76,7 +76,8 @@ check_reports() {
 # all-to-all and HALO algorithms and the abort probe (comm); the DataParallel/ZeRO-3, PipelineP2p, TensorParallel
 # (with dp and ZeRO), ExpertParallel (HALO, and flat with overlap) and M2n (af-pipe with ZeRO and recomputation)
 # handlers; a schedule from emitted directives with pp x ep; a checkpoint resharded on resume; an expert migration
-# with ZeRO-sharded state; a hung rank, a rank killed during a save, and the checkpoint CLI's refusals.
+# with ZeRO-sharded state; a hung rank, a rank killed during a save, the checkpoint CLI's refusals, and
+# `piper calibrate --ranks` (the link calibration's ranks, measuring beside spinning compute threads).
 # docs/reliability.md ("Sanitizers") has the last run of the whole set (ASAN_MPI=all).
 ASAN_MPI_TESTS=(
   comm_mpi_tests_np4 comm_algo_mpi_tests_np4 comm_halo_traffic_mpi_tests_np4 comm_abort_probe_np2
@@ -86,6 +87,7 @@ ASAN_MPI_TESTS=(
   runtime_migrate_zero_sharded_np4 runtime_hung_rank_dp2_np2 runtime_parity_dp2_tp2_ep2_etp2_np4
   runtime_ckpt_resume_af_pipe_ep2_to_1_np4
   'KilledRank\.DuringSaveLeavesThePreviousCheckpointAndResumeIsBitwise' 'CheckpointCli\..*'
+  'CalibrateCliTest\.RanksMeasureTheLinks'
 )
 
 status=0

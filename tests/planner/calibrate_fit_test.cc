@@ -4,13 +4,12 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <array>
-#include <cstdio>
 #include <filesystem>
 #include <string>
 #include <thread>
 #include <unistd.h>
 
+#include "calibrate_cli.h"
 #include "piper/cli/calibration_file.h"
 #include "piper/cost/device_model.h"
 
@@ -139,28 +138,6 @@ TEST(CalibrationFileTest, BadEntriesAreNamed) {
   EXPECT_NE(bad(R"({"core_sharing": {"ranks": 2}})").find("expected an array"), std::string::npos);
 }
 
-// Runs `env_prefix piper args` through the shell; stdout and stderr in *text; the exit status.
-int run_piper(const std::string& env_prefix, const std::string& args, std::string* text) {
-  const std::string cmd = env_prefix + " " + std::string(PIPER_BIN_PATH) + " " + args + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
-  std::array<char, 4096> buf;
-  text->clear();
-  while (size_t n = fread(buf.data(), 1, buf.size(), f)) text->append(buf.data(), n);
-  return pclose(f);
-}
-
-bool too_noisy(const std::string& text) { return text.find("too noisy to fit") != std::string::npos; }
-
-// `piper calibrate` (serial in CTest, so no other test runs beside it). A machine loaded from outside can still
-// bend the measured curve, which the command refuses to fit; it is tried up to three times before the caller skips.
-int run_calibrate(const std::string& env_prefix, const std::string& args, std::string* text) {
-  int rc = 0;
-  for (int attempt = 0; attempt < 3; ++attempt) {
-    rc = run_piper(env_prefix, "calibrate --rounds 3 " + args, text);
-    if (rc == 0 || !too_noisy(*text)) break;
-  }
-  return rc;
-}
 
 TEST(CalibrateCliTest, WritesACalibrationThatTheModelLoads) {
   const std::string out = (std::filesystem::temp_directory_path() /
@@ -293,40 +270,6 @@ TEST(CalibrateCliTest, LinkCalibrationDefaultLocationAndFlag) {
   EXPECT_NE(run_piper(env, estimate, &text), 0);
   EXPECT_NE(text.find("the default link calibration file"), std::string::npos) << text;
   EXPECT_NE(text.find("PIPER_COMM_CALIBRATION=none"), std::string::npos) << text;
-  std::filesystem::remove_all(dir);
-}
-
-// `piper calibrate --ranks 2` launches two ranks under mpirun and writes a link calibration that the model loads.
-TEST(CalibrateCliTest, RanksMeasureTheLinks) {
-  const auto dir = std::filesystem::temp_directory_path() / ("piper_links_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const std::string links = (dir / "links.json").string(), device = (dir / "device.json").string();
-  std::string text;
-  const int rc = run_calibrate("", "--ranks 2 --out " + device + " --links-out " + links, &text);
-  if (rc != 0 && too_noisy(text)) GTEST_SKIP() << "too loaded to fit the GEMM curve: " << text;
-  ASSERT_EQ(rc, 0) << text;
-  EXPECT_NE(text.find("all-to-all of 512.0 KiB after"), std::string::npos) << text;
-  EXPECT_NE(text.find("all-reduce of 4.0 KiB while "), std::string::npos) << text;  // the cores computing
-  EXPECT_NE(text.find("links     " + links + " (use it with --comm-calibration)"), std::string::npos) << text;
-  auto file = load_json_file(links);
-  ASSERT_TRUE(file.ok()) << file.status().to_string();
-  for (const char* key : {"contended_all_reduce", "contended_all_to_all"}) {
-    const Json& m = (*file)["measured"][key];
-    ASSERT_TRUE(m.is_object()) << key;
-    EXPECT_GT(m["computing_s"].get<double>(), 0) << key;
-    EXPECT_GE(m["compute_threads"].get<int>(), 1) << key;
-    EXPECT_NEAR(m["excess_s"].get<double>(), std::max(0.0, m["computing_s"].get<double>() - m["idle_s"].get<double>()),
-                1e-12)
-        << key;
-  }
-  ASSERT_EQ(run_piper("env PIPER_CALIBRATION=none",
-                      "estimate --model tiny-moe --nodes 1 --json --strategy dp=2 --cluster local-cpu "
-                      "--comm-calibration " +
-                          links,
-                      &text),
-            0)
-      << text;
-  EXPECT_NE(text.find(links + " (--comm-calibration; synchronisation +"), std::string::npos) << text;
   std::filesystem::remove_all(dir);
 }
 
