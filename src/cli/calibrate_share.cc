@@ -15,6 +15,7 @@
 #include <memory>
 #include <thread>
 
+#include "piper/base/clock.h"
 #include "piper/comm/launch.h"
 #include "piper/kernels/cpu/gemm.h"
 #include "piper/kernels/cpu/ops.h"
@@ -28,33 +29,27 @@ constexpr size_t kTriadFloats = 16u << 20;  // 3 x 64 MiB, far beyond the 32 MiB
 constexpr double kStreamOffset = 1.25;      // the triad's window starts 0.25 windows after the GEMM's ends
 constexpr double kStartLead_s = 0.05;       // from every worker ready to the window's start: time to see it
 
-double clock_s(clockid_t id) {
-  timespec t{};
-  clock_gettime(id, &t);
-  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
-}
-
 // Runs `fn` from wall time `from_s` until `to_s` (the call in progress then completes).
 ShareSample run_window(const std::function<void()>& fn, double from_s, double to_s) {
-  while (wall_seconds() < from_s) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  while (wall_s() < from_s) std::this_thread::sleep_for(std::chrono::microseconds(200));
   ShareSample s;
-  const double cpu0 = process_cpu_seconds(), wall0 = wall_seconds();
+  const double cpu0 = process_cpu_s(), wall0 = wall_s();
   double now = wall0;
   while (now < to_s) {
     fn();
     ++s.calls;
-    now = wall_seconds();
+    now = wall_s();
   }
-  s.cpu_s = process_cpu_seconds() - cpu0;
+  s.cpu_s = process_cpu_s() - cpu0;
   s.wall_s = now - wall0;
   return s;
 }
 
 // Waits until `path` exists (polling every millisecond) or `timeout_s` has passed; whether it exists.
 bool wait_for_file(const std::string& path, double timeout_s) {
-  const double until = wall_seconds() + timeout_s;
+  const double until = wall_s() + timeout_s;
   while (!std::filesystem::exists(path)) {
-    if (wall_seconds() > until) return false;
+    if (wall_s() > until) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   return true;
@@ -83,7 +78,7 @@ Result<std::vector<std::array<ShareSample, 2>>> run_workers(const std::string& s
   bool ready = true;
   for (int i = 0; i < n; ++i) ready = ready && wait_for_file((dir / (std::to_string(i) + ".ready")).string(), 60.0);
   // Every worker waits for this file: the start time, or 0 (stop now) when one of them never got ready.
-  const int64_t start_ns = ready ? static_cast<int64_t>((wall_seconds() + kStartLead_s) * 1e9) : 0;
+  const int64_t start_ns = ready ? static_cast<int64_t>((wall_s() + kStartLead_s) * 1e9) : 0;
   std::ofstream((dir / "go.tmp").string()) << start_ns << "\n";
   std::filesystem::rename(dir / "go.tmp", dir / "go", ec);
   std::vector<std::array<ShareSample, 2>> out;
@@ -123,19 +118,16 @@ long involuntary_switches() {
 
 }  // namespace
 
-double process_cpu_seconds() { return clock_s(CLOCK_PROCESS_CPUTIME_ID); }
-double wall_seconds() { return clock_s(CLOCK_MONOTONIC); }
-
 double fastest_single_call_s(const std::function<void()>& fn, double round_s) {
   double best = std::numeric_limits<double>::infinity();
-  const double start = wall_seconds();
+  const double start = wall_s();
   double now = start;
   int calls = 0;
   while (now - start < round_s || calls < 2) {
     const long switches = involuntary_switches();
-    const double before = wall_seconds();
+    const double before = wall_s();
     fn();
-    now = wall_seconds();
+    now = wall_s();
     ++calls;
     if (involuntary_switches() == switches) best = std::min(best, now - before);
   }

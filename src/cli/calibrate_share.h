@@ -22,9 +22,6 @@ namespace piper::cli {
 // the round was undisturbed.
 double fastest_single_call_s(const std::function<void()>& fn, double round_s);
 
-double process_cpu_seconds();  // CLOCK_PROCESS_CPUTIME_ID
-double wall_seconds();         // CLOCK_MONOTONIC (one clock for every process of the machine)
-
 // Seconds of one call of a parallel runtime kernel (kernels::rmsnorm_forward) with one 128-wide row per thread on
 // `threads` kernel threads: the thread wake-up and join and the dispatch that every kernel call pays; the fastest
 // single call (wall clock) of `rounds` rounds of 50 ms.

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "piper/base/clock.h"
 #include "piper/base/files.h"
 #include "piper/base/json.h"
 #include "piper/base/strings.h"
@@ -45,10 +46,6 @@ const std::vector<int64_t> kGemmDims = {8, 16, 32, 64, 128, 256, 512};
 
 using Clock = std::chrono::steady_clock;
 
-// CPU seconds this process has run: time-slicing with other processes on the machine does not count, so a
-// loaded machine measures the core's speed rather than the share of it this process happened to get.
-double cpu_seconds() { return process_cpu_seconds(); }
-
 // Seconds per call of `fn` over one round of at least `min_round_s` (and two calls). One thread: the process's CPU
 // time over the round (time-slicing with other processes does not count). More threads: the fastest single call in
 // wall time among the calls during which no thread of the process was preempted (calibrate_share.h), since a
@@ -60,12 +57,12 @@ template <typename Fn>
 double round_seconds(Fn& fn, double min_round_s, int threads) {
   if (threads > 1) return fastest_single_call_s(fn, min_round_s);
   int calls = 0;
-  const double start = cpu_seconds();
+  const double start = process_cpu_s();
   double elapsed = 0;
   while (elapsed < min_round_s || calls < 2) {
     fn();
     ++calls;
-    elapsed = cpu_seconds() - start;
+    elapsed = process_cpu_s() - start;
   }
   return elapsed / calls;
 }

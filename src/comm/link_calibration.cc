@@ -7,10 +7,10 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <ctime>
 #include <functional>
 #include <thread>
 
+#include "piper/base/clock.h"
 #include "piper/base/units.h"
 
 namespace piper::comm {
@@ -21,12 +21,6 @@ constexpr size_t kHostBytes = 64;
 using Clock = std::chrono::steady_clock;
 
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double thread_cpu_s() {
-  timespec ts{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
-}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -188,9 +182,6 @@ Status wait_like_runtime(Communicator& w, Result<Handle> posted) {
   }
 }
 
-// Seconds on steady_clock: one clock for every process of a machine (CLOCK_MONOTONIC), so ranks' times compare.
-double clock_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
-
 // One compute-then-collective loop: per iteration every rank spins `rounds`, then posts `call` and waits like the
 // runtime. Medians over iterations of: the time from the last rank's arrival to the ranks' completion (mean over
 // ranks), the iteration's wall time, and the ranks' CPU time in spin().
@@ -199,12 +190,12 @@ Result<SyncTiming> sync_loop(Communicator& w, int64_t rounds, const LinkCalibrat
   std::vector<double> after, iter, cpu;
   for (int i = 0; i < o.warmup + o.sync_iterations; ++i) {
     PIPER_RETURN_IF_ERROR(wait(w, w.barrier()));
-    const double t0 = clock_s(), c0 = thread_cpu_s();
+    const double t0 = wall_s(), c0 = thread_cpu_s();
     volatile float sink = spin(rounds);
     (void)sink;
-    const double work = thread_cpu_s() - c0, arrived = clock_s();
+    const double work = thread_cpu_s() - c0, arrived = wall_s();
     PIPER_RETURN_IF_ERROR(wait_like_runtime(w, call()));
-    const double done = clock_s();
+    const double done = wall_s();
     PIPER_ASSIGN_OR_RETURN(auto arrivals, gather_doubles(w, arrived));
     PIPER_ASSIGN_OR_RETURN(auto dones, gather_doubles(w, done));
     PIPER_ASSIGN_OR_RETURN(auto starts, gather_doubles(w, t0));
@@ -246,15 +237,12 @@ class Spinners {
     for (int i = 0; i < n; ++i) {
       threads_.emplace_back([this] {
         const double c0 = thread_cpu_s();
-        int64_t mine = 0;
         while (!stop_.load(std::memory_order_relaxed)) {
           volatile float sink = spin(kChunk);
           (void)sink;
           chunks_.fetch_add(1, std::memory_order_relaxed);
-          ++mine;
         }
         cpu_s_.fetch_add(thread_cpu_s() - c0);
-        done_chunks_.fetch_add(mine);
       });
     }
   }
@@ -267,13 +255,14 @@ class Spinners {
     stop_.store(true);
     for (std::thread& t : threads_) t.join();
     threads_.clear();
-    return done_chunks_.load() > 0 ? cpu_s_.load() / static_cast<double>(done_chunks_.load()) : 0;
+    const int64_t done = chunks_.load();  // every thread joined: all of their chunks
+    return done > 0 ? cpu_s_.load() / static_cast<double>(done) : 0;
   }
 
  private:
   static constexpr int64_t kChunk = 20000;
   std::atomic<bool> stop_{false};
-  std::atomic<int64_t> chunks_{0}, done_chunks_{0};
+  std::atomic<int64_t> chunks_{0};
   std::atomic<double> cpu_s_{0};
   std::vector<std::thread> threads_;
 };

@@ -1,11 +1,10 @@
 #include "piper/runtime/training_run.h"
 
-#include <sys/resource.h>
-
 #include <algorithm>
 #include <memory>
 #include <string>
 
+#include "piper/base/clock.h"
 
 namespace piper::runtime {
 namespace {
@@ -60,24 +59,11 @@ double mean_imbalance(std::vector<StepRecord>::const_iterator begin, std::vector
   return end > begin ? sum / static_cast<double>(end - begin) : 1.0;
 }
 
-// The process's CPU seconds so far (user + system, all threads).
-double process_cpu_s() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
-         1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-}
-
 // Throughput, imbalance windows and migration share from the recorded steps.
-void summarise(const Trainer& trainer, int window_steps, double compute_all, double compute_steady, RunSummary* r) {
-  const int64_t n = static_cast<int64_t>(r->steps.size());
-  double steady = 0;
-  for (int64_t i = 1; i < n; ++i) steady += r->steps[static_cast<size_t>(i)].seconds;
-  r->timed_steps = n > 1 ? n - 1 : 1;
-  r->timed_seconds = n > 1 ? steady : r->seconds;
+void summarise(const Trainer& trainer, int window_steps, RunSummary* r) {
   const double timed = static_cast<double>(r->timed_steps);
   r->mine.step_time_s = r->timed_seconds / timed;
-  r->mine.compute_s = (n > 1 ? compute_steady : compute_all) / timed;
+  r->mine.compute_s = r->timed_compute_s / timed;
   r->mine.cpu_s = r->timed_cpu_s / timed;
   r->mine.peak_bytes = trainer.memory().peak_total_bytes;
   r->tokens_per_s =
@@ -90,20 +76,22 @@ void summarise(const Trainer& trainer, int window_steps, double compute_all, dou
   r->migration_share = r->migration_seconds / std::max(1e-12, r->seconds + r->migration_seconds);
 }
 
-// The steps, with their checkpoints and the caller's callback; accumulates into `r`.
-Status run_steps(Trainer& trainer, const RunOptions& o, RunSummary* r, double* compute_all, double* compute_steady) {
+// The steps, with their checkpoints and the caller's callback; accumulates into `r`. The throughput and the
+// per-step figures are over the timed steps: all but the first (its warm-up) when there are several.
+Status run_steps(Trainer& trainer, const RunOptions& o, RunSummary* r) {
   for (int64_t i = 0; i < o.steps; ++i) {
     const double cpu0 = process_cpu_s();
     PIPER_ASSIGN_OR_RETURN(TrainStepStats s, trainer.step());
-    // Timed as the step times are: all but the first step when there are several.
-    if (i > 0 || o.steps == 1) r->timed_cpu_s += process_cpu_s() - cpu0;
+    if (i > 0 || o.steps == 1) {
+      ++r->timed_steps;
+      r->timed_seconds += s.seconds;
+      r->timed_cpu_s += process_cpu_s() - cpu0;
+      r->timed_compute_s += compute_seconds(s.task_seconds);
+    }
     r->steps.push_back(record_of(s));
     if (i == 0) r->loss_first = s.loss;
     r->loss_last = s.loss;
     r->seconds += s.seconds;
-    const double c = compute_seconds(s.task_seconds);
-    *compute_all += c;
-    if (i > 0) *compute_steady += c;
     r->migration_seconds += s.migration_seconds;
     if (s.migrated_experts > 0) {
       ++r->migrations;
@@ -134,13 +122,12 @@ Result<RunSummary> run_training(Trainer& trainer, const RunOptions& o) {
   if (o.trace) {
     PIPER_ASSIGN_OR_RETURN(recorder, start_trace(trainer));
   }
-  double compute_all = 0, compute_steady = 0;
-  const Status ran = run_steps(trainer, o, &r, &compute_all, &compute_steady);
+  const Status ran = run_steps(trainer, o, &r);
   if (recorder != nullptr) trainer.executor().set_trace(nullptr);  // before the recorder goes, failed or not
   PIPER_RETURN_IF_ERROR(ran);
   // The run ends with whole parameters on every rank (ZeRO-1/2 gathers the plan defers to a next step).
   PIPER_RETURN_IF_ERROR(trainer.complete_param_gathers());
-  summarise(trainer, trainer.options().migration.window_steps, compute_all, compute_steady, &r);
+  summarise(trainer, trainer.options().migration.window_steps, &r);
   comm::Communicator* world = trainer.options().world;
   PIPER_ASSIGN_OR_RETURN(r.measured, gather_measurements(world, r.mine));
   if (recorder != nullptr) {

@@ -63,6 +63,7 @@ struct RunSummary {
   int64_t timed_steps = 0;   // the steps the throughput is over (all but the first when there are several)
   double timed_seconds = 0;  // their wall time
   double timed_cpu_s = 0;    // their CPU time (this rank's process, user + system)
+  double timed_compute_s = 0;  // their compute tasks' wall time (compute_seconds)
   double tokens_per_s = 0, achieved_flops = 0;  // over the timed steps; model FLOPs (docs/counting.md)
   // Expert-parallel runs (imbalance = max / mean tokens per ep rank): the mean over the first and the last
   // `window` steps (window = min(steps, migration window)), the migrations and the share of this rank's
