@@ -83,29 +83,33 @@ TEST_P(FastTest, LinearSwigluGelu) {
 }
 
 TEST_P(FastTest, AttentionGqa) {
-  const AttentionShape s{2, 33, 4, 2, 16};
-  const int64_t nq = s.batch * s.seq * s.q_heads * s.head_dim, nk = s.batch * s.seq * s.kv_heads * s.head_dim;
-  const FVec q = random_vec(nq, 6), k = random_vec(nk, 7), v = random_vec(nk, 8), dout = random_vec(nq, 9);
-  auto run = [&](bool fast) {
-    FVec out(nq), probs(s.batch * s.q_heads * s.seq * s.seq), dq(nq), dk(nk, 9.0f), dv(nk, 9.0f);
-    if (fast) {
-      attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), s);
-      attention_backward_input(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(), probs.data(),
-                               s);
-    } else {
-      ref::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), s);
-      ref::attention_backward_input(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
-                                    probs.data(), s);
-    }
-    return std::vector<FVec>{out, probs, dq, dk, dv};
-  };
-  const auto fast = run(true), slow = run(false);
-  for (size_t i = 0; i < fast.size(); ++i) expect_close(fast[i], slow[i], "attention");
-  expect_thread_invariant([&] { return run(true); }, "attention");
-  // The probabilities alone (the backward's recomputation) are the forward's bits; stale contents are overwritten.
-  FVec probs(fast[1].size(), std::nanf(""));
-  attention_probs(probs.data(), q.data(), k.data(), s);
-  EXPECT_EQ(0, std::memcmp(probs.data(), fast[1].data(), probs.size() * sizeof(float)));
+  // One causal block of queries (33 < 64), then three (150 = 64 + 64 + 22: a last block shorter than the rest).
+  for (const int64_t seq : {33, 150}) {
+    SCOPED_TRACE("seq " + std::to_string(seq));
+    const AttentionShape s{2, seq, 4, 2, 16};
+    const int64_t nq = s.batch * s.seq * s.q_heads * s.head_dim, nk = s.batch * s.seq * s.kv_heads * s.head_dim;
+    const FVec q = random_vec(nq, 6), k = random_vec(nk, 7), v = random_vec(nk, 8), dout = random_vec(nq, 9);
+    auto run = [&](bool fast) {
+      FVec out(nq), probs(s.batch * s.q_heads * s.seq * s.seq), dq(nq), dk(nk, 9.0f), dv(nk, 9.0f);
+      if (fast) {
+        attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), s);
+        attention_backward_input(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                                 probs.data(), s);
+      } else {
+        ref::attention_forward(out.data(), probs.data(), q.data(), k.data(), v.data(), s);
+        ref::attention_backward_input(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), k.data(), v.data(),
+                                      probs.data(), s);
+      }
+      return std::vector<FVec>{out, probs, dq, dk, dv};
+    };
+    const auto fast = run(true), slow = run(false);
+    for (size_t i = 0; i < fast.size(); ++i) expect_close(fast[i], slow[i], "attention");
+    expect_thread_invariant([&] { return run(true); }, "attention");
+    // The probabilities alone (the backward's recomputation) are the forward's bits; stale contents are overwritten.
+    FVec probs(fast[1].size(), std::nanf(""));
+    attention_probs(probs.data(), q.data(), k.data(), s);
+    EXPECT_EQ(0, std::memcmp(probs.data(), fast[1].data(), probs.size() * sizeof(float)));
+  }
 }
 
 TEST_P(FastTest, MoeLayer) {
