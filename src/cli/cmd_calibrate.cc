@@ -4,7 +4,8 @@
 // Stages (a progress line each on stderr), for every kernel thread count t = 1..C: the fp32 GEMM the runtime's
 // kernels use (kernels::sgemm with t threads) at the token counts of skinny and square GEMMs, fitted to the device
 // model's curve; the streaming bandwidth (a triad over arrays far larger than the caches, split over t threads);
-// the fixed cost of one kernel call. Then the core sharing of n = 2..2C single-thread processes (calibrate_share.h).
+// the fixed cost of one kernel call. Then the core sharing of n = 2..2C single-thread processes (calibrate_share.h),
+// and the attention core's cost beyond its FLOPs on one thread (calibrate_attention.h: attention_score_bytes).
 // The file holds one core's measured figures (peak_flops_fp32: the fitted curve's large-GEMM asymptote;
 // memory_bw_bytes_per_s), which replace the local-cpu preset's, each thread count's own (thread_figures), which
 // `local_cluster` (train_report.h) uses for a rank's thread count, and the sharing efficiency (core_sharing).
@@ -28,6 +29,7 @@
 #include "piper/base/json.h"
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
+#include "piper/cli/calibrate_attention.h"
 #include "piper/cli/calibrate_fit.h"
 #include "piper/cli/calibrate_links.h"
 #include "piper/cli/calibrate_share.h"
@@ -208,6 +210,16 @@ Json thread_figures_json(const std::vector<ThreadRun>& runs, double peak) {
 
 // "core_sharing" (cost::Calibration::core_sharing): the GEMM's efficiency per CPU second is the one the model
 // uses; the triad's and the per-wall-second figures are kept beside it for the record.
+Json attention_json(const AttentionFit& a) {
+  Json points = Json::array();
+  for (const AttentionShapePoint& p : a.points) {
+    points.push_back({{"seq", p.seq}, {"forward_s", p.forward_s}, {"backward_s", p.backward_s},
+                      {"flops_s", p.flops_s}, {"bytes_per_score", p.bytes_per_score}});
+  }
+  return Json{{"batch", a.batch}, {"heads", a.heads}, {"kv_heads", a.kv_heads}, {"head_dim", a.head_dim},
+              {"points", points}};
+}
+
 Json core_sharing_json(const std::vector<SharingRow>& rows) {
   Json list = Json::array();
   for (const SharingRow& r : rows) {
@@ -237,6 +249,34 @@ void print_thread_runs(const std::vector<ThreadRun>& runs, double peak, const De
                 t.bw / runs[0].bw);
     std::printf("overhead  %.2f us per kernel call\n", 1e6 * t.overhead_s);
   }
+}
+
+// The attention stage on one kernel thread, priced by the file's own one-thread figures.
+Result<AttentionFit> measure_attention_stage(const Json& file, const DeviceSpec& preset, int rounds) {
+  PIPER_ASSIGN_OR_RETURN(cost::Calibration cal, cost::Calibration::from_json(file, "the measured figures"));
+  const cost::DeviceModel device(preset, DType::kFP32, cal, 1.0);
+  const int threads_before = kernels::kernel_threads();
+  kernels::set_kernel_threads(1);
+  Result<AttentionFit> fit = measure_attention(device, [rounds](const std::function<void()>& fn) {
+    std::vector<Timed> timed{{fn}};
+    time_interleaved(timed, rounds, 1);
+    return timed[0].best_s;
+  });
+  kernels::set_kernel_threads(threads_before);
+  return fit;
+}
+
+void print_attention(const AttentionFit& a) {
+  std::printf("attention causal core, %lld x %lld heads of %lld (GQA %lld), 1 thread, against its FLOPs at the "
+              "fitted rate:\n",
+              static_cast<long long>(a.batch), static_cast<long long>(a.heads), static_cast<long long>(a.head_dim),
+              static_cast<long long>(a.kv_heads));
+  for (const AttentionShapePoint& p : a.points) {
+    std::printf("  seq %4lld   forward %.3f ms  backward %.3f ms  FLOPs priced %.3f ms: %.1f B per score\n",
+                static_cast<long long>(p.seq), 1e3 * p.forward_s, 1e3 * p.backward_s, 1e3 * p.flops_s,
+                p.bytes_per_score);
+  }
+  std::printf("scores    %.1f B per score element (attention_score_bytes: the mean)\n", a.bytes_per_score);
 }
 
 void print_sharing(const std::vector<SharingRow>& rows, double cores) {
@@ -310,7 +350,6 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
   if (o.sharing_rounds > 0) {
     PIPER_ASSIGN_OR_RETURN(sharing, measure_core_sharing(2 * cores, o.sharing_rounds, o.share_window_s, cores));
   }
-  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   const ThreadRun& one = runs[0];
   // Several threads need several idle cores at once: their figures are what the machine gave at this load.
   double load[3] = {0, 0, 0};
@@ -336,10 +375,13 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
             {"thread_figures", thread_figures_json(runs, peak)},
             {"source", "piper calibrate on " + host_name() + " at " + utc_now() + ": 1.." + std::to_string(cores) +
                            " threads, kernels::sgemm (" + kernels::to_string(kernels::gemm_backend()) +
-                           ") and a triad" +
+                           "), a triad, the attention kernels" +
                            (sharing.empty() ? "" : ", core sharing of 2.." + std::to_string(2 * cores) + " processes") +
                            load_text}};
   if (!sharing.empty()) file["core_sharing"] = core_sharing_json(sharing);
+  PIPER_ASSIGN_OR_RETURN(const AttentionFit attention, measure_attention_stage(file, preset.device, o.rounds));
+  file["attention_score_bytes"] = attention.bytes_per_score;
+  const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   PIPER_ASSIGN_OR_RETURN(const std::string out, output_path(o.out));
   if (!out.empty()) PIPER_RETURN_IF_ERROR(write_file_atomic(out, file.dump(2) + "\n"));
   if (o.json) {
@@ -348,6 +390,7 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
     Json j{{"calibration", file}, {"gemm_points", measured}, {"stream_bytes_per_s", one.bw},
            {"fit_gemm_efficiency", one.curve.gemm_efficiency}, {"seconds", seconds},
            {"threads_not_fitted", unfitted},
+           {"attention", attention_json(attention)},
            {"out", out}};
     if (o.links.ranks > 0) {
       j["links"] = links;
@@ -362,6 +405,7 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
                 join(unfitted, ", ").c_str());
   }
   print_sharing(sharing, cores);
+  print_attention(attention);
   std::printf("took      %.1f s\n", seconds);
   print_written(out, o);
   if (o.links.ranks > 0) print_links_written(links_out, o);

@@ -19,7 +19,10 @@
 // attention_score_bytes (default 0 = fused/flash attention): device-memory bytes moved per attention-score
 // element in the forward by an attention that materialises the s x s scores per head (Megatron-LM before
 // FlashAttention: QK^T writes 2 B, fused scale-mask-softmax reads 2 + writes 2, dropout reads 2 + writes 2 and
-// a 1 B mask, AV reads 2 = 13 B [inferred from that kernel sequence]); the backward moves twice as much.
+// a 1 B mask, AV reads 2 = 13 B [inferred from that kernel sequence]); the backward moves twice as much. Piper's
+// CPU runtime materialises its fp32 scores too; `piper calibrate` times its attention kernels and writes what they
+// take beyond their FLOPs as this figure (cli/calibrate_attention.h: the softmax rows, the score square's traffic,
+// the backward's recomputed probabilities; 24-36 B on the build machine).
 // recompute_reruns_tp_collectives (default false): the recomputed forward of a tensor-parallel chunk runs its
 // tensor-parallel collectives again. Piper's runtime recomputes a chunk from its kept input and never needs the
 // reduced output again, so it does not; Megatron-LM's full recomputation (torch.utils.checkpoint over whole

@@ -4,12 +4,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <thread>
 #include <unistd.h>
 
 #include "calibrate_cli.h"
+#include "piper/cli/calibrate_attention.h"
 #include "piper/cli/calibration_file.h"
 #include "piper/cost/device_model.h"
 
@@ -117,6 +120,40 @@ TEST(CalibrationFileTest, ThreadFiguresAndSharingAreUsed) {
   EXPECT_EQ(one.peak_flops_fp32, 1.1e11);
 }
 
+// The attention stage's fit: whatever the kernels take beyond the model's price of their FLOPs, as bytes per score
+// element at the calibrated bandwidth, forward once and backward twice; the file gets the mean over the lengths.
+TEST(CalibrateAttentionTest, FitsTheTimeBeyondTheFlopsAsBytesPerScore) {
+  auto cal = cost::Calibration::from_json(
+      Json::parse(R"({"peak_flops_fp32": 1e11, "gemm_efficiency": 1, "gemm_half_dim": 0, "memory_bw_bytes_per_s": 1e10,
+                      "memory_bw_efficiency": 1})"),
+      "test");
+  ASSERT_TRUE(cal.ok()) << cal.status().to_string();
+  const cost::DeviceModel device(DeviceSpec{}, DType::kFP32, *cal, 1.0);
+  int calls = 0;
+  auto fit = measure_attention(device, [&calls](const std::function<void()>&) {
+    ++calls;
+    return 0.01;  // 10 ms a call, forward and backward alike: no kernel runs
+  });
+  ASSERT_TRUE(fit.ok()) << fit.status().to_string();
+  EXPECT_EQ(calls, 4);  // forward and backward at each of two lengths
+  ASSERT_EQ(fit->points.size(), 2u);
+  double mean = 0;
+  for (const AttentionShapePoint& p : fit->points) {
+    const double L = static_cast<double>(p.seq), tokens = static_cast<double>(fit->batch) * L;
+    const double forward_flops = tokens * 2 * fit->heads * 2 * fit->head_dim * L / 2;
+    EXPECT_DOUBLE_EQ(p.flops_s, 3 * forward_flops / 1e11) << p.seq;  // efficiency 1 at every dimension
+    const double scores = tokens * fit->heads * L;
+    EXPECT_NEAR(p.bytes_per_score, std::max(0.0, 0.02 - p.flops_s) * 1e10 / (3 * scores), 1e-9) << p.seq;
+    mean += p.bytes_per_score / 2;
+  }
+  EXPECT_GT(fit->points[0].bytes_per_score, fit->points[1].bytes_per_score);  // same time, more scores
+  EXPECT_NEAR(fit->bytes_per_score, mean, 1e-12);
+  // A kernel that never ran undisturbed (the caller's timing says infinity) is an error, not a figure.
+  auto loaded = measure_attention(device, [](const std::function<void()>&) { return HUGE_VAL; });
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.status().message().find("too loaded"), std::string::npos) << loaded.status().message();
+}
+
 // Bad per-thread and sharing entries are refused, naming the entry and the fix.
 TEST(CalibrationFileTest, BadEntriesAreNamed) {
   auto bad = [](const std::string& text) {
@@ -169,6 +206,10 @@ TEST(CalibrateCliTest, WritesACalibrationThatTheModelLoads) {
   for (const auto& f : c->thread_figures) EXPECT_GT(f.task_overhead_s, 0) << f.threads;
   EXPECT_EQ(c->core_sharing.size(), static_cast<size_t>(2 * cores - 1)) << text;
   EXPECT_NE(text.find("calibrate: core sharing, round 1 of 1"), std::string::npos) << text;
+  // The attention kernels' cost beyond their FLOPs: a few to tens of bytes per score element on a CPU.
+  EXPECT_GT(c->attention_score_bytes, 0) << text;
+  EXPECT_LT(c->attention_score_bytes, 1e3) << text;
+  EXPECT_NE(text.find("B per score element (attention_score_bytes"), std::string::npos) << text;
   std::filesystem::remove(out);
 }
 
