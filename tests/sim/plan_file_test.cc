@@ -21,7 +21,10 @@ void expect_round_trip(const std::string& text) {
   Strategy s = Strategy::parse(text).value();
   auto compiled = compile_for_simulation(model, cluster, train, s, {}, {}, 0);
   ASSERT_TRUE(compiled.ok()) << compiled.status().message();
-  const std::string path = std::string(PIPER_BINARY_DIR) + "/plan_file_test.json";
+  // One file per test case: CTest runs the cases as parallel processes, and a shared name let one case read
+  // another's half-written plan.
+  const std::string path = std::string(PIPER_BINARY_DIR) + "/plan_file_test_" +
+                           ::testing::UnitTest::GetInstance()->current_test_info()->name() + ".json";
   ASSERT_TRUE(compile::write_plan_file(path, compiled->plan).ok());
   auto loaded = compile::load_plan_file(path);
   ASSERT_TRUE(loaded.ok()) << loaded.status().message();
