@@ -67,6 +67,15 @@ Result<AttentionFit> measure_attention(const cost::DeviceModel& device,
     fit.points.push_back(p);
     fit.bytes_per_score += p.bytes_per_score / static_cast<double>(kSeqs.size());
   }
+  // The calibration file accepts at most kMaxAttentionScoreBytes (cost/device_model.h): a file beyond it could not
+  // be loaded, so such a measurement is refused here rather than written.
+  if (fit.bytes_per_score > cost::kMaxAttentionScoreBytes) {
+    return unavailable("the attention kernels measured " + std::to_string(fit.bytes_per_score) +
+                       " B per score element beyond their FLOPs, more than the " +
+                       std::to_string(cost::kMaxAttentionScoreBytes) +
+                       " a calibration file accepts: the kernels did not run at this core's speed; calibrate again "
+                       "when the machine is idle");
+  }
   return fit;
 }
 

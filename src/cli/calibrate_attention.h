@@ -4,7 +4,11 @@
 // them (the causal softmax over rows of scores, writing and reading the score square) becomes
 // cost::Calibration::attention_score_bytes: bytes per score element at the calibrated bandwidth, the figure the
 // model charges an attention that materialises its scores (cost/layer_cost.cc, Part::kAttentionCore: forward
-// once, backward twice), fitted so that forward + backward together take the measured time.
+// once, backward twice), fitted so that forward + backward together take the measured time. Two things the one
+// figure folds in: the block-causal kernel executes more of the score square than the model's causal half (75 % at
+// seq 128, 56 % at 512), so the per-score figure falls with the length (the file takes the mean of the two); and
+// a fit of 0 (kernels no slower than their FLOPs' price) would make the model price the backward as a fused
+// kernel's (2.5x the forward's FLOPs instead of 2x), which no measurement here has come near.
 #pragma once
 
 #include <cstdint>

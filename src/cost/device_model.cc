@@ -86,7 +86,7 @@ Result<Calibration> Calibration::from_json(const Json& json, const std::string& 
   PIPER_RETURN_IF_ERROR(r.get_double("memory_bw_efficiency", &c.memory_bw_efficiency, false, 0.01, 1.0));
   PIPER_RETURN_IF_ERROR(r.get_double("workspace_bytes", &c.workspace_bytes, false, 0.0, 1e15));
   PIPER_RETURN_IF_ERROR(r.get_double("expert_load_imbalance", &c.expert_load_imbalance, false, 1.0, 1e3));
-  PIPER_RETURN_IF_ERROR(r.get_double("attention_score_bytes", &c.attention_score_bytes, false, 0.0, 1e3));
+  PIPER_RETURN_IF_ERROR(r.get_double("attention_score_bytes", &c.attention_score_bytes, false, 0.0, kMaxAttentionScoreBytes));
   PIPER_RETURN_IF_ERROR(r.get_bool("recompute_reruns_tp_collectives", &c.recompute_reruns_tp_collectives, false));
   PIPER_RETURN_IF_ERROR(r.get_bool("p2p_blocking", &c.p2p_blocking, false));
   PIPER_RETURN_IF_ERROR(r.get_bool("p2p_scatter_gather", &c.p2p_scatter_gather, false));

@@ -61,6 +61,9 @@
 
 namespace piper::cost {
 
+// The largest attention_score_bytes a calibration file accepts (Calibration::from_json).
+constexpr double kMaxAttentionScoreBytes = 1e3;
+
 struct Calibration {
   double gemm_efficiency = -1;  // < 0: take DeviceSpec::gemm_efficiency
   double gemm_half_dim = 64;

@@ -83,8 +83,9 @@ TEST_P(FastTest, LinearSwigluGelu) {
 }
 
 TEST_P(FastTest, AttentionGqa) {
-  // One causal block of queries (33 < 64), then three (150 = 64 + 64 + 22: a last block shorter than the rest).
-  for (const int64_t seq : {33, 150}) {
+  // One causal block of queries (33 < 64), two whole ones (128), three (150 = 64 + 64 + 22: a last block shorter
+  // than the rest).
+  for (const int64_t seq : {33, 128, 150}) {
     SCOPED_TRACE("seq " + std::to_string(seq));
     const AttentionShape s{2, seq, 4, 2, 16};
     const int64_t nq = s.batch * s.seq * s.q_heads * s.head_dim, nk = s.batch * s.seq * s.kv_heads * s.head_dim;

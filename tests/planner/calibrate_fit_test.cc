@@ -152,6 +152,10 @@ TEST(CalibrateAttentionTest, FitsTheTimeBeyondTheFlopsAsBytesPerScore) {
   auto loaded = measure_attention(device, [](const std::function<void()>&) { return HUGE_VAL; });
   ASSERT_FALSE(loaded.ok());
   EXPECT_NE(loaded.status().message().find("too loaded"), std::string::npos) << loaded.status().message();
+  // A figure that a calibration file would refuse (over kMaxAttentionScoreBytes) is refused here, not written.
+  auto slow = measure_attention(device, [](const std::function<void()>&) { return 1e3; });
+  ASSERT_FALSE(slow.ok());
+  EXPECT_NE(slow.status().message().find("calibrate again"), std::string::npos) << slow.status().message();
 }
 
 // Bad per-thread and sharing entries are refused, naming the entry and the fix.
