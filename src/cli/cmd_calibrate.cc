@@ -210,16 +210,6 @@ Json thread_figures_json(const std::vector<ThreadRun>& runs, double peak) {
 
 // "core_sharing" (cost::Calibration::core_sharing): the GEMM's efficiency per CPU second is the one the model
 // uses; the triad's and the per-wall-second figures are kept beside it for the record.
-Json attention_json(const AttentionFit& a) {
-  Json points = Json::array();
-  for (const AttentionShapePoint& p : a.points) {
-    points.push_back({{"seq", p.seq}, {"forward_s", p.forward_s}, {"backward_s", p.backward_s},
-                      {"flops_s", p.flops_s}, {"bytes_per_score", p.bytes_per_score}});
-  }
-  return Json{{"batch", a.batch}, {"heads", a.heads}, {"kv_heads", a.kv_heads}, {"head_dim", a.head_dim},
-              {"points", points}};
-}
-
 Json core_sharing_json(const std::vector<SharingRow>& rows) {
   Json list = Json::array();
   for (const SharingRow& r : rows) {
@@ -230,6 +220,18 @@ Json core_sharing_json(const std::vector<SharingRow>& rows) {
                     {"stream_wall_efficiency", r.stream.per_wall}});
   }
   return list;
+}
+
+// "attention" in --json: the attention stage's shape and, per length, what was measured and fitted (the file keeps
+// only their mean, attention_score_bytes).
+Json attention_json(const AttentionFit& a) {
+  Json points = Json::array();
+  for (const AttentionShapePoint& p : a.points) {
+    points.push_back({{"seq", p.seq}, {"forward_s", p.forward_s}, {"backward_s", p.backward_s},
+                      {"flops_s", p.flops_s}, {"bytes_per_score", p.bytes_per_score}});
+  }
+  return Json{{"batch", a.batch}, {"heads", a.heads}, {"kv_heads", a.kv_heads}, {"head_dim", a.head_dim},
+              {"points", points}};
 }
 
 void print_thread_runs(const std::vector<ThreadRun>& runs, double peak, const DeviceSpec& preset) {
