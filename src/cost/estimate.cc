@@ -297,6 +297,7 @@ struct ActBytes {
   double dense = 0, moe = 0, head = 0, emb = 0;
   double wg_dense = 0, wg_moe = 0, wg_head = 0, wg_emb = 0;
   double recomputed_layer = 0;
+  BackwardWorkingSet ws;  // the backward's working set, by chunk kind
 };
 
 // A recomputed layer's peak: the attention chunk's stash under selective recomputation per chunk; under full,
@@ -336,6 +337,9 @@ ActBytes act_bytes_per_token(const CostModel& cm, const Strategy& s, ScheduleKin
   a.wg_head = split_bw ? head_weight_grad_input_bytes_per_token(model, ao) : 0.0;
   a.wg_emb = split_bw ? embedding_weight_grad_input_bytes_per_token(model, ao) : 0.0;
   a.recomputed_layer = recomputed_layer_bytes_per_token(model, s, ao);
+  ao.materialised_scores = cm.calibration().attention_score_bytes > 0;
+  ao.expert_parallel = s.ep > 1;
+  a.ws = backward_working_set_bytes_per_token(model, ao);
   return a;
 }
 
@@ -423,9 +427,20 @@ double deferred_w_bytes(const PipelineShape& pl, const RankLayers& x, int r) {
   return std::max(0.0, std::max(step3, cool) - x.act_peak);
 }
 
-// Communication staging, ZeRO's buffers, the recomputed layer's scratch, the workspace and deferred W.
+// The largest backward working set among the chunk kinds rank r holds, per token (activations.h): it comes on
+// top of the activation peak (an upper bound: the chunks before it in the backward have freed their stash).
+double working_set_bytes_per_token(const ActBytes& a, const RankLayers& x) {
+  double ws = x.layers > 0 ? a.ws.attention : 0.0;
+  if (x.dense() > 0) ws = std::max(ws, a.ws.dense_mlp);
+  if (x.moe > 0) ws = std::max(ws, a.ws.moe);
+  if (x.head) ws = std::max(ws, a.ws.head);
+  return ws;
+}
+
+// Communication staging, ZeRO's buffers, the recomputed layer's scratch, the backward's working set, the
+// workspace and deferred W.
 double rank_buffer_bytes(const CostModel& cm, const Strategy& s, const PipelineShape& pl, const RankLayers& x,
-                         double recomputed_layer, double tokens, int r) {
+                         const ActBytes& a, double tokens, int r) {
   const ByteConvention& bytes = cm.bytes();
   const double T = tokens;
   double buffers = cm.calibration().workspace_bytes;
@@ -441,12 +456,12 @@ double rank_buffer_bytes(const CostModel& cm, const Strategy& s, const PipelineS
   const double largest_layer = largest_sharded_layer_params(cm, s, x);
   if (s.zero >= 2) buffers += largest_layer * bytes.grad;       // gradient bucket
   if (s.zero >= 3) buffers += 2 * largest_layer * bytes.param;  // gathered + prefetched
-  buffers += T * recomputed_layer;
+  buffers += T * (a.recomputed_layer + working_set_bytes_per_token(a, x));
   return buffers + deferred_w_bytes(pl, x, r);
 }
 
 MemoryBreakdown rank_memory(const CostModel& cm, const Strategy& s, const PipelineShape& pl, const RankLayers& x,
-                            const RankParams& params, double recomputed_layer, double tokens, int r) {
+                            const RankParams& params, const ActBytes& a, double tokens, int r) {
   ModelStateBytes states = model_state_bytes(params.dense, s.zero, s.dp, cm.bytes());
   states += model_state_bytes(params.expert, s.zero, expert_shard(s), cm.bytes());
   MemoryBreakdown mem;
@@ -454,7 +469,7 @@ MemoryBreakdown rank_memory(const CostModel& cm, const Strategy& s, const Pipeli
   mem.grads = states.grads;
   mem.optimizer = states.optimizer;
   mem.activations = x.act_peak;
-  mem.buffers = rank_buffer_bytes(cm, s, pl, x, recomputed_layer, tokens, r);
+  mem.buffers = rank_buffer_bytes(cm, s, pl, x, a, tokens, r);
   return mem;
 }
 
@@ -509,7 +524,7 @@ Bottleneck price_ranks(const CostModel& cm, const Strategy& s, const PipelineSha
     const RankLayers x = rank_layers(cm, s, pl, a, tokens, r);
     const RankParams params = rank_params(cm, s, x);
     MemoryBreakdown& mem = out->ranks[r];
-    mem = rank_memory(cm, s, pl, x, params, a.recomputed_layer, tokens, r);
+    mem = rank_memory(cm, s, pl, x, params, a, tokens, r);
     if (mem.total() > worst_total) {
       worst_total = mem.total();
       out->worst_rank = r;

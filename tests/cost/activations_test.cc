@@ -157,6 +157,42 @@ TEST(ActivationsTest, RoutedExpertsScaleWithTheRanksLoad) {
                    layer_activation_bytes_per_token(m, true, flat).attention);
 }
 
+// The backward's working set of each chunk kind, at tiny-moe's shape in fp32 (Piper's CPU runtime), counted from
+// the tensors runtime/model/chunks allocates and holds at once during B: attention dout h + d_o 128 + dq dk dv 256
+// + the recomputed probabilities 4 heads x 128 keys; dense SwiGLU MLP dout, dxn, dx 3h + dg du 2 x 512; routed
+// experts without ep dout h + dhn h + dtopk_w k + per routed row dyp, dxp 2h + dg du 2 x 256; with ep the
+// residual's gradient h + per row dyp, dxp, the returned row 3h + dg du; head dxn, dx 2h + fp32 dlogits V.
+TEST(ActivationsTest, BackwardWorkingSetCountsTheRuntimesGradientTensors) {
+  ModelSpec m = gpt(128, 4);
+  m.num_kv_heads = 2;
+  m.head_dim = 32;
+  m.mlp = MlpType::kSwiGLU;
+  m.intermediate_size = 512;
+  m.vocab_size = 256;
+  m.moe.num_experts = 8;
+  m.moe.top_k = 2;
+  m.moe.expert_intermediate_size = 256;
+  ActivationOptions o;
+  o.act_bytes = 4;
+  o.seq_len = 128;
+  o.materialised_scores = true;
+  const double h = 128, k = 2, fe = 256;
+  BackwardWorkingSet ws = backward_working_set_bytes_per_token(m, o);
+  EXPECT_DOUBLE_EQ(ws.attention, 4 * (h + 128 + 256 + 4 * 128));
+  EXPECT_DOUBLE_EQ(ws.dense_mlp, 4 * (3 * h + 2 * 512));
+  EXPECT_DOUBLE_EQ(ws.moe, 4 * (2 * h + k * (2 * h + 2 * fe)) + 4 * k);
+  EXPECT_DOUBLE_EQ(ws.head, 4 * (2 * h + 256));
+  // Fused attention keeps no probabilities: dq dk dv, dqkv and dxn are then the largest set.
+  o.materialised_scores = false;
+  EXPECT_DOUBLE_EQ(backward_working_set_bytes_per_token(m, o).attention, 4 * (h + 2 * 256 + h));
+  // Expert parallelism, the busiest rank at 2.5 x the mean rows; tp = 2 halves every MoE term.
+  o.expert_parallel = true;
+  o.expert_load = 2.5;
+  EXPECT_DOUBLE_EQ(backward_working_set_bytes_per_token(m, o).moe, 4 * (h + 2.5 * k * (3 * h + 2 * fe)));
+  o.tp = 2;
+  EXPECT_DOUBLE_EQ(backward_working_set_bytes_per_token(m, o).moe, 4 * (h + 2.5 * k * (3 * h + 2 * fe)) / 2);
+}
+
 // Megatron's output layer + cross entropy: 4sbh(1 + V/h)/tp (theoretical_memory_usage.py).
 TEST(ActivationsTest, HeadMegatron) {
   ModelSpec m = gpt(4096, 32);
