@@ -2,12 +2,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "piper/base/json.h"
 #include "piper/base/strings.h"
+#include "piper/balance/expert_loads.h"
 #include "piper/base/units.h"
 #include "piper/cli/calibration_file.h"
 #include "piper/cli/command.h"
@@ -19,6 +21,7 @@
 #include "piper/cli/plan_report.h"
 #include "piper/cli/plan_validate.h"
 #include "piper/cli/precision_flags.h"
+#include "piper/cli/scenario.h"
 #include "piper/cli/train_report.h"
 #include "piper/cost/estimate.h"
 #include "piper/planner/af_refine.h"
@@ -46,6 +49,7 @@ struct PlanOptions {
   std::string schedules;
   std::string calibration;
   std::string comm_calibration;
+  std::string expert_loads;  // --expert-loads FILE (balance/expert_loads.h): measured loads for every candidate's ep
   bool json = false;
   bool disaggregate = false;
   int af_local_search = 12;  // simulations the local search around the best allocation may spend
@@ -408,6 +412,41 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
   return ok_status();
 }
 
+// --expert-loads FILE: the busiest ep rank's load for every ep that divides the model's experts (the experts placed
+// contiguously, as the compiler places them; 1 at ep = 1, where one rank holds every expert). Errors: the file's own, a model without experts, loads
+// of another model (measured_loads, scenario.h).
+Result<std::map<int, double>> expert_load_by_ep(const std::string& file, const ModelSpec& model) {
+  if (!model.is_moe()) {
+    return invalid_argument("--expert-loads: model '" + model.name + "' has no routed experts; drop the flag");
+  }
+  PIPER_ASSIGN_OR_RETURN(balance::ExpertLoads loads, balance::load_expert_loads(file));
+  std::map<int, double> out;
+  for (int ep = 1; ep <= model.moe.num_experts; ++ep) {
+    if (model.moe.num_experts % ep != 0) continue;
+    PIPER_ASSIGN_OR_RETURN(MeasuredLoads m, measured_loads(loads, file, model, ep));
+    out[ep] = m.imbalance;
+  }
+  return out;
+}
+
+std::string expert_loads_summary(const std::string& file, const std::map<int, double>& by_ep) {
+  std::string line = "experts     " + file + ": busiest ep rank over the mean (measured), by ep:";
+  char buf[48];
+  for (const auto& [ep, load] : by_ep) {
+    if (ep == 1) continue;
+    std::snprintf(buf, sizeof(buf), " %d: %.3f", ep, load);
+    line += buf;
+  }
+  return line;
+}
+
+Json expert_loads_json(const std::string& file, const std::map<int, double>& by_ep) {
+  if (file.empty()) return Json();
+  Json busiest = Json::object();
+  for (const auto& [ep, load] : by_ep) busiest[std::to_string(ep)] = load;
+  return Json{{"file", file}, {"busiest_by_ep", busiest}};
+}
+
 Status run_plan(const PlanOptions& o) {
   PIPER_ASSIGN_OR_RETURN(ModelSpec model, load_model(o.model));
   PIPER_ASSIGN_OR_RETURN(const int64_t seq_len, resolve_seq_len(model, o.seq_len));
@@ -462,6 +501,11 @@ Status run_plan(const PlanOptions& o) {
   };
   if (!o.schedules.empty()) options.space.schedules = split(o.schedules, ',');
   options.calibration = calibration;
+  std::string loads_line;
+  if (!o.expert_loads.empty()) {
+    PIPER_ASSIGN_OR_RETURN(options.expert_load_by_ep, expert_load_by_ep(o.expert_loads, model));
+    loads_line = expert_loads_summary(o.expert_loads, options.expert_load_by_ep);
+  }
   if (o.runnable || o.validate > 0) {  // --validate trains the plans
     restrict_to_runtime(model, options.memory_fraction * static_cast<double>(cluster.device.memory_bytes), &options);
   }
@@ -484,7 +528,8 @@ Status run_plan(const PlanOptions& o) {
     if (static_cast<int>(r.top.size()) > o.top_k) r.top.resize(static_cast<size_t>(o.top_k));
   }
   if (candidate.given) {
-    Status st = score_candidate(model, cluster, train, options.calibration, r, &candidate);
+    Status st = score_candidate(model, cluster, train, options.calibration_for(candidate.input.resolved.strategy.ep), r,
+                                &candidate);
     if (!st.ok()) return st.with_context("--candidate " + o.candidate);
   }
   if (!o.report.empty()) {
@@ -496,10 +541,12 @@ Status run_plan(const PlanOptions& o) {
     if (o.validate > 0) j["validation"] = validation.to_json();
     j["calibration"] = calibration_source;
     j["links"] = links_source;
+    j["expert_loads"] = expert_loads_json(o.expert_loads, options.expert_load_by_ep);
     print_json(j.dump(2));
   } else {
     print_plans(model, cluster, train, options.verify, r, candidate);
     std::printf("calibration %s\nlinks       %s\n", calibration_source.c_str(), links_source.c_str());
+    if (!loads_line.empty()) std::printf("%s\n", loads_line.c_str());
     if (o.validate > 0) print_validation(validation, o.validate_steps, o.local_ranks);
   }
   if (r.top.empty()) return nothing_fits(cluster, options.memory_fraction, r);
@@ -533,6 +580,9 @@ PIPER_REGISTER_COMMAND(g_plan, "plan", "Search parallel strategies for the faste
   sub->add_option("--comm-calibration", o->comm_calibration,
                   "measured link latency/bandwidth JSON from `piper bench comm --calibration-out` "
                   "(src/spec/comm_calibration.h)");
+  sub->add_option("--expert-loads", o->expert_loads,
+                  "measured expert loads (`piper train --record-expert-loads FILE`): each candidate's busiest ep rank "
+                  "priced from them (time and memory) instead of the calibration's expert_load_imbalance");
   sub->add_flag("--no-verify", o->no_verify, "skip compiling the best plans with the plan verifier");
   sub->add_flag("--no-memory-screen", o->no_memory_screen,
                 "compile every microbatch of a plan before rejecting it by memory (the former path; same verdicts)");

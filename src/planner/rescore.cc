@@ -48,7 +48,7 @@ Result<double> simulate_plan_step_time(const ModelSpec& model, const ClusterSpec
   compile::CompileResult compiled = std::move(*p->compiled);
   p->compiled.reset();
   PIPER_ASSIGN_OR_RETURN(sim::SimReport rep, sim::simulate_compiled(std::move(compiled), model, cluster, t, p->strategy,
-                                                                    options.calibration, so));
+                                                                    options.calibration_for(p->strategy.ep), so));
   return rep.step_time_s;
 }
 
@@ -184,7 +184,7 @@ Result<double> simulate_step_time(const ModelSpec& model, const ClusterSpec& clu
   t.micro_batch_size = strategy.mbs;
   if (options.simulator) return options.simulator(strategy, t);
   sim::SimOptions so = rescore_sim_options(cluster, options, deadline);
-  PIPER_ASSIGN_OR_RETURN(sim::SimReport rep, sim::simulate(model, cluster, t, strategy, options.calibration, so));
+  PIPER_ASSIGN_OR_RETURN(sim::SimReport rep, sim::simulate(model, cluster, t, strategy, options.calibration_for(strategy.ep), so));
   return rep.step_time_s;
 }
 
@@ -265,7 +265,7 @@ std::vector<Plan> fitting_neighbours(const ModelSpec& model, const ClusterSpec& 
     TrainSpec t = train;
     t.micro_batch_size = n.mbs;
     if (!n.validate_for(model, t, cluster.world_size()).ok()) continue;
-    auto cm = cost::CostModel::create(model, cluster, t, options.calibration);
+    auto cm = cost::CostModel::create(model, cluster, t, options.calibration_for(n.ep));
     if (!cm.ok()) continue;
     auto e = cm->estimate(n);
     if (!e.ok() || !e->fits || e->memory.total() > capacity) continue;

@@ -84,7 +84,15 @@ struct Sink {
 struct Context {
   const ModelSpec* model;
   const ResolvedSpace* space;
-  const std::vector<cost::CostModel>* models;  // one per space.mbs entry (the cost model's micro batch size)
+  // One per space.mbs entry (the cost model's micro batch size), per expert-load slot: models[slot][im], where
+  // slot = ep_slot(ep) (SearchOptions::expert_load_by_ep; one slot without measured loads).
+  const std::vector<std::vector<cost::CostModel>>* models;
+  const std::vector<int>* slot_eps;  // the ep of each slot but the last, which serves every other ep
+  int ep_slot(int ep) const {
+    for (size_t i = 0; i < slot_eps->size(); ++i)
+      if ((*slot_eps)[i] == ep) return static_cast<int>(i);
+    return static_cast<int>(slot_eps->size());
+  }
   bool apply_rules;
 };
 
@@ -146,7 +154,7 @@ void run_item(const Context& ctx, int64_t index, Sink* sink, Strategy* s, cost::
   // Keep EP inside the scale-up domain when it fits (plan/domain.h): on a cluster whose domains span nodes,
   // orders that spread the EP groups over domains are not searched while another order keeps them inside.
   std::vector<char> ep_outside(sp.orders.size(), 0);
-  const ClusterSpec& cluster = (*ctx.models)[0].cluster();
+  const ClusterSpec& cluster = (*ctx.models)[0][0].cluster();
   if (ctx.apply_rules && cluster.has_multi_node_domain() && item.ep > 1) {
     const std::vector<std::string> kept_order = s->order;
     for (size_t o = 0; o < sp.orders.size(); ++o) {
@@ -186,7 +194,7 @@ void run_item(const Context& ctx, int64_t index, Sink* sink, Strategy* s, cost::
         const int64_t m = std::max<int64_t>(1, r.global_batch / per_mb);
         s->mbs = mbs;
         s->microbatches = static_cast<int>(std::min<int64_t>(m, 1 << 30));
-        const cost::CostModel& cm = (*ctx.models)[im];
+        const cost::CostModel& cm = (*ctx.models)[static_cast<size_t>(ctx.ep_slot(item.ep))][im];
         for (size_t ih = 0; ih < r.schedules.size(); ++ih) {
           const int64_t base_sched = base_mbs + static_cast<int64_t>(ih) * block_sched;
           const auto& choice = r.schedules[ih];
@@ -291,7 +299,7 @@ void verify_plans(const ModelSpec& model, const TrainSpec& train, const SearchOp
         if (options.verifier) {
           p.verification = options.verifier(s, t);
         } else if (i < keep_compiles && sim::check_simulated_order(s).ok()) {
-          p.verification = verify_strategy_for_simulation(model, cluster, t, s, options.calibration, capacity,
+          p.verification = verify_strategy_for_simulation(model, cluster, t, s, options.calibration_for(s.ep), capacity,
                                                           &p.compiled, vo, options.verify_cache ? &cache : nullptr);
         } else if (options.verify_cache) {
           p.verification = cache.verify(model, t, s, capacity, vo);
@@ -349,19 +357,25 @@ Result<SearchResult> run_search(const ModelSpec& model, const ClusterSpec& clust
   }
   PIPER_RETURN_IF_ERROR(train.validate());
   PIPER_ASSIGN_OR_RETURN(ResolvedSpace space, resolve_space(options.space, model, cluster, train.global_batch));
-  std::vector<cost::CostModel> models;
-  for (int mbs : space.space.mbs) {
-    TrainSpec t = train;
-    t.micro_batch_size = mbs;
-    PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, t, options.calibration));
-    if (!options.memoise_closed_form) {
-      cm.set_halo_memo(false);
-    } else if (!models.empty()) {
-      cm.share_halo_memo(models.front());
+  std::vector<int> slot_eps;
+  for (const auto& [ep, load] : options.expert_load_by_ep) slot_eps.push_back(ep);
+  std::vector<std::vector<cost::CostModel>> models(slot_eps.size() + 1);
+  for (size_t slot = 0; slot < models.size(); ++slot) {
+    const cost::Calibration cal =
+        slot < slot_eps.size() ? options.calibration_for(slot_eps[slot]) : options.calibration;
+    for (int mbs : space.space.mbs) {
+      TrainSpec t = train;
+      t.micro_batch_size = mbs;
+      PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(model, cluster, t, cal));
+      if (!options.memoise_closed_form) {
+        cm.set_halo_memo(false);
+      } else if (slot > 0 || !models[0].empty()) {
+        cm.share_halo_memo(models[0].front());
+      }
+      models[slot].push_back(std::move(cm));
     }
-    models.push_back(std::move(cm));
   }
-  Context ctx{&model, &space, &models, apply_rules};
+  Context ctx{&model, &space, &models, &slot_eps, apply_rules};
   std::vector<Sink> sinks(static_cast<size_t>(threads));
   std::atomic<int64_t> next{0};
   const int64_t n_items = static_cast<int64_t>(space.items.size());
@@ -436,6 +450,12 @@ Result<SearchResult> search(const ModelSpec& model, const ClusterSpec& cluster, 
 Result<SearchResult> brute_force(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train,
                                  const SearchOptions& options) {
   return run_search(model, cluster, train, options, /*apply_rules=*/false, 1);
+}
+
+cost::Calibration SearchOptions::calibration_for(int ep) const {
+  cost::Calibration c = calibration;
+  if (auto it = expert_load_by_ep.find(ep); it != expert_load_by_ep.end()) c.expert_load_imbalance = it->second;
+  return c;
 }
 
 }  // namespace piper::planner

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -62,6 +63,13 @@ struct SearchOptions {
   // allocator fragmentation the model does not see (PyTorch's caching allocator typically loses 5-10 %).
   double memory_fraction = 0.95;
   cost::Calibration calibration;
+  // Measured expert loads (`piper plan --expert-loads FILE`): for each expert-parallel degree, the busiest ep
+  // rank's routed rows over the mean rank's (balance::contiguous_imbalance of the file), which a candidate of that
+  // ep is priced with (closed form, verification and simulation) instead of calibration.expert_load_imbalance.
+  // Empty: every candidate takes the calibration's figure.
+  std::map<int, double> expert_load_by_ep;
+  // The calibration a candidate of expert-parallel degree `ep` is priced with.
+  cost::Calibration calibration_for(int ep) const;
   // Compile each plan (compile::compile_strategy, memory checked at memory_fraction of the device) before
   // returning it; plans that fail are skipped and counted. At most verify_attempts_per_plan * top_k compiles.
   bool verify = true;

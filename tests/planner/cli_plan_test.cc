@@ -272,4 +272,53 @@ TEST(CliPlanTest, ValidateTrainsTopAndOtherPlansOnLocalRanks) {
   EXPECT_NE(out.find("--validate trains plans on this machine: it needs --local-ranks R"), std::string::npos) << out;
 }
 
+// Measured expert loads (`plan --expert-loads FILE`): every candidate is priced at the busiest rank of its own ep,
+// as `estimate --expert-loads FILE --strategy S` prices S (the same step time and memory); a dense model or another
+// model's loads are refused.
+TEST(CliPlanTest, ExpertLoadsPriceEveryCandidateAtItsEp) {
+  const std::string loads = testing::TempDir() + "cli_plan_mild_loads.json";
+  {
+    std::FILE* f = std::fopen(loads.c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::string layers;
+    for (int l = 1; l <= 3; ++l) {
+      layers += std::string(l > 1 ? ", " : "") + "{\"layer\": " + std::to_string(l) +
+                ", \"tokens\": [40, 40, 40, 40, 32, 32, 32, 32]}";
+    }
+    std::fputs(("{\"format\": \"piper-expert-loads\", \"version\": 1, \"model\": \"tiny-moe\", \"num_experts\": 8, "
+                "\"steps\": 1, \"layers\": [" + layers + "]}\n").c_str(), f);
+    std::fclose(f);
+  }
+  const std::string scenario = "--model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --seq 128 --json "
+                               "--expert-loads " + loads;
+  int rc = 0;
+  std::string out = run("plan " + scenario + " --top 40 --no-verify --simulate-top 0", &rc, false);
+  ASSERT_EQ(rc, 0) << out;
+  const piper::Json j = piper::Json::parse(out);
+  // Experts 0-3 got 40 tokens, 4-7 32: the first contiguous rank holds 160 / 144 of the mean at ep 2, 4 and 8.
+  EXPECT_DOUBLE_EQ(j["expert_loads"]["busiest_by_ep"]["1"].get<double>(), 1.0);
+  for (const char* ep : {"2", "4", "8"}) {
+    EXPECT_NEAR(j["expert_loads"]["busiest_by_ep"][ep].get<double>(), 160.0 / 144.0, 1e-12) << ep;
+  }
+  int expert_parallel = 0;
+  for (const auto& p : j["plans"]) {
+    const std::string s = p["strategy"].get<std::string>();
+    if (s.find(",ep=1,") == std::string::npos) ++expert_parallel;
+    const std::string est = run("estimate " + scenario + " --strategy " + s, &rc, false);
+    ASSERT_EQ(rc, 0) << s << "\n" << est;
+    const piper::Json e = piper::Json::parse(est);
+    EXPECT_DOUBLE_EQ(e["step_time_s"].get<double>(), p["step_time_s"].get<double>()) << s;
+    EXPECT_DOUBLE_EQ(e["memory"]["total"].get<double>(), p["peak_memory_bytes"].get<double>()) << s;
+  }
+  EXPECT_GT(expert_parallel, 0) << "no ep > 1 plan among the 40: the test compares ep = 1 pricing only";
+  out = run("plan --model gpt-1.7b --cluster dgx-h100 --nodes 1 --global-batch 8 --expert-loads " + loads, &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("--expert-loads: model 'gpt-1.7b' has no routed experts; drop the flag"), std::string::npos)
+      << out;
+  out = run("plan --model deepseek-v2-lite --cluster dgx-h100 --nodes 1 --global-batch 8 --expert-loads " + loads,
+            &rc);
+  EXPECT_NE(rc, 0);
+  EXPECT_NE(out.find("recorded on model 'tiny-moe' (8 experts), not 'deepseek-v2-lite'"), std::string::npos) << out;
+}
+
 }  // namespace

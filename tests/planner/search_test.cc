@@ -44,6 +44,36 @@ TEST(SearchTest, TinyMoeOnTwoCoresMatchesBruteForce) {
   expect_matches_brute_force(make_case("tiny-moe", "local-cpu", 1, 8, 128), o);
 }
 
+// Measured expert loads (SearchOptions::expert_load_by_ep): a candidate is priced with the calibration of its ep,
+// and the search still returns what brute force finds.
+TEST(SearchTest, ExpertLoadByEpPricesEachCandidateAtItsEp) {
+  const Case c = make_case("tiny-moe", "dgx-h100", 1, 16, 128);
+  SearchOptions o;
+  o.top_k = 40;
+  o.expert_load_by_ep = {{1, 1.0}, {2, 1.5}, {4, 2.0}, {8, 3.0}};
+  expect_matches_brute_force(c, o);
+  o.verify = false;
+  auto r = search(c.model, c.cluster, c.train, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  std::set<int> eps;
+  for (const Plan& p : r->top) {
+    TrainSpec t = c.train;
+    t.micro_batch_size = p.strategy.mbs;
+    cost::Calibration cal;
+    cal.expert_load_imbalance = o.expert_load_by_ep.at(p.strategy.ep);
+    auto cm = cost::CostModel::create(c.model, c.cluster, t, cal);
+    ASSERT_TRUE(cm.ok());
+    auto e = cm->estimate(p.strategy);
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ(e->step_time_s, p.estimate.step_time_s) << p.strategy.to_string();
+    EXPECT_EQ(e->memory.total(), p.peak_memory_bytes()) << p.strategy.to_string();
+    eps.insert(p.strategy.ep);
+  }
+  EXPECT_GE(eps.size(), 2u) << "the top plans span one ep only";
+  EXPECT_EQ(o.calibration_for(4).expert_load_imbalance, 2.0);
+  EXPECT_EQ(o.calibration_for(16).expert_load_imbalance, o.calibration.expert_load_imbalance);
+}
+
 TEST(SearchTest, TinyMoeOnTwoH800NodesMatchesBruteForce) {
   SearchOptions o;
   o.top_k = 6;
