@@ -441,7 +441,6 @@ std::string expert_loads_summary(const std::string& file, const std::map<int, do
 }
 
 Json expert_loads_json(const std::string& file, const std::map<int, double>& by_ep) {
-  if (file.empty()) return Json();
   Json busiest = Json::object();
   for (const auto& [ep, load] : by_ep) busiest[std::to_string(ep)] = load;
   return Json{{"file", file}, {"busiest_by_ep", busiest}};
@@ -541,7 +540,7 @@ Status run_plan(const PlanOptions& o) {
     if (o.validate > 0) j["validation"] = validation.to_json();
     j["calibration"] = calibration_source;
     j["links"] = links_source;
-    j["expert_loads"] = expert_loads_json(o.expert_loads, options.expert_load_by_ep);
+    if (!o.expert_loads.empty()) j["expert_loads"] = expert_loads_json(o.expert_loads, options.expert_load_by_ep);
     print_json(j.dump(2));
   } else {
     print_plans(model, cluster, train, options.verify, r, candidate);

@@ -35,7 +35,7 @@ Result<CompileResult> compile_directives(const ModelSpec& model, const TrainSpec
                                          const std::vector<ir::Directive>& directives, const CompileOptions& options) {
   CompileResult r;
   StepTimer timer(r, options.verbose);
-  auto graph = ir::build_graph(model, train, mesh, options.expert_load);
+  auto graph = ir::build_graph(model, train, mesh, options.expert_load, options.materialised_scores);
   if (!graph.ok()) return graph.status().with_context("compile: build");
   r.graph = std::move(graph).value();
   timer.done("build");
@@ -44,7 +44,7 @@ Result<CompileResult> compile_directives(const ModelSpec& model, const TrainSpec
   apply.defer_order_cycle_checks = options.defer_order_cycle_checks;
   Status s = ir::apply_directives(r.graph, directives, apply);
   if (!s.ok() && options.defer_order_cycle_checks) {  // the message of the directive that failed: the passes again, each order checked on its own
-    auto again = ir::build_graph(model, train, mesh, options.expert_load);
+    auto again = ir::build_graph(model, train, mesh, options.expert_load, options.materialised_scores);
     if (!again.ok()) return again.status().with_context("compile: build");
     r.graph = std::move(again).value();
     apply.defer_order_cycle_checks = false;

@@ -46,6 +46,9 @@ struct CompileOptions {
   // are sized for it. The simulator's compile passes Calibration::expert_load_imbalance, the busiest ep rank, as
   // its task prices do; 1 = balanced (every other compile, the runtime's included).
   double expert_load = 1.0;
+  // The attention's backward materialises its s x s probabilities (part of its working set: ir::build_graph);
+  // the simulator's compile passes Calibration::attention_score_bytes > 0.
+  bool materialised_scores = false;
 };
 
 struct CompileResult {

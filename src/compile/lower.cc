@@ -330,6 +330,10 @@ class Lowering {
     const int64_t whole_bytes = in.comm_bytes;
     if (scatter) in.comm_bytes /= g_.mesh.tp;
     emit_allocs(id, st);
+    // The working set first: the simulator's measured expert loads scale the first alloc before an experts backward.
+    for (const auto* before : {&buffers_.scratch_before, &buffers_.grads_before}) {
+      if (auto it = before->find(id); it != before->end()) st.instrs.push_back(buffer_op(OpKind::kAlloc, it->second));
+    }
     if (split != nullptr) {
       emit_split_chunk(nd, in, *split, st);
     } else if (coll != nullptr) {

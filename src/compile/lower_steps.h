@@ -70,6 +70,8 @@ struct BufferPlan {
   std::map<ir::NodeId, Buffer> alloc_before;             // node -> buffer allocated right before it
   std::map<ir::NodeId, Buffer> checkpoint_before;        // recomputed F -> its input, kept to its last backward
   std::map<ir::NodeId, Buffer> recompute_before;         // backward chunk -> buffer of the F it re-runs first
+  std::map<ir::NodeId, Buffer> scratch_before;           // backward chunk -> its working set, right before it
+  std::map<ir::NodeId, Buffer> grads_before;             // ZeRO-2/3: W or BW -> its full gradients, to the reduce-scatter
   std::map<ir::NodeId, ir::NodeId> recompute_of;         // backward chunk -> that recomputed F chunk
   std::map<ir::NodeId, std::vector<Buffer>> free_after;  // node -> buffers freed right after it
 };
@@ -77,8 +79,8 @@ struct BufferPlan {
 // Buffers of pipeline rank `rank`, numbered from `next_buffer` (advanced) in node-id order.
 BufferPlan plan_buffers(const ir::Graph& g, int rank, const std::vector<OrderKey>& keys, int& next_buffer);
 
-// Parameters (sharded over the data-parallel group with ZeRO-3), gradients (ZeRO >= 2) and fp32 Adam state
-// with master weights (ZeRO >= 1) resident on one rank of pipeline rank `rank` for the whole step.
+// Parameters (sharded over the data-parallel group with ZeRO-3), gradients (ZeRO >= 2) and the optimizer state
+// (Graph::optimizer_bytes per parameter; ZeRO >= 1) resident on one rank of pipeline rank `rank` for the whole step.
 int64_t model_state_bytes(const ir::Graph& g, int rank);
 
 // Fills, for every instruction of `plan` that lowers a node of `g`, what executors read instead of the graph

@@ -13,6 +13,36 @@ using ir::Node;
 using ir::NodeId;
 using ir::NodeKind;
 
+namespace {
+
+// A backward chunk's transient buffers: its working set (ir::Node::backward_scratch_bytes), live while it runs, and
+// under ZeRO-2/3 the full gradients its weight-gradient task writes, live until its reduce-scatter has sent them
+// (the static state holds only the 1/dp shard).
+void plan_backward_buffers(const ir::Graph& g, const Node& nd, int& next_buffer, BufferPlan& out) {
+  if (nd.backward_scratch_bytes > 0) {
+    Buffer b{next_buffer++, nd.backward_scratch_bytes, "scratch " + nd.name};
+    out.scratch_before[nd.id] = b;
+    out.free_after[nd.id].push_back(b);
+  }
+  for (NodeId c : g.succs(nd.id)) {
+    const Node& rs = g.node(c);
+    if (rs.kind != NodeKind::kReduceScatter || rs.group == "tp" || rs.group == "etp") continue;
+    bool sharded = false;  // ZeRO-1 reduce-scatters too, into the full gradients the static state holds
+    for (NodeId u : g.succs(rs.id)) sharded = sharded || (g.node(u).kind == NodeKind::kUpdate && g.node(u).zero >= 2);
+    if (!sharded) continue;
+    int64_t params = nd.param_count;
+    if (nd.shard_axis == "ep") params /= std::max(1, g.mesh.ep) * std::max(1, g.mesh.etp);
+    if (nd.shard_axis == "tp") params /= std::max(1, g.mesh.tp);
+    if (params <= 0) return;
+    Buffer b{next_buffer++, params * g.grad_bytes, "grads " + nd.name};
+    out.grads_before[nd.id] = b;
+    out.free_after[rs.id].push_back(b);
+    return;
+  }
+}
+
+}  // namespace
+
 BufferPlan plan_buffers(const ir::Graph& g, int r, const std::vector<OrderKey>& keys, int& next_buffer) {
   auto key_of = [&](NodeId id) -> const OrderKey& { return keys[static_cast<size_t>(id)]; };
   BufferPlan out;
@@ -35,6 +65,10 @@ BufferPlan plan_buffers(const ir::Graph& g, int r, const std::vector<OrderKey>& 
       for (NodeId c : g.succs(nd.id)) {
         if (g.node(c).kind == NodeKind::kChunk) free_after[c].push_back(b);
       }
+      continue;
+    }
+    if (nd.kind == NodeKind::kChunk && ir::is_backward(nd.tags.pass)) {
+      plan_backward_buffers(g, nd, next_buffer, out);
       continue;
     }
     if (nd.kind != NodeKind::kChunk || nd.tags.pass != ir::Pass::kF || nd.activation_bytes <= 0) continue;
@@ -94,7 +128,7 @@ int64_t model_state_bytes(const ir::Graph& g, int r) {
     int64_t deg = nd.group.empty() ? 1 : nd.group == "edp" ? std::max(1, g.mesh.expert_replicas()) : g.mesh.dp;
     bytes += params * g.param_bytes / (zero >= 3 ? deg : 1);
     bytes += params * g.grad_bytes / (zero >= 2 ? deg : 1);
-    bytes += params * 12 / (zero >= 1 ? deg : 1);
+    bytes += params * g.optimizer_bytes / (zero >= 1 ? deg : 1);
   }
   return bytes;
 }

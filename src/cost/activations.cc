@@ -112,47 +112,15 @@ double embedding_weight_grad_input_bytes_per_token(const ModelSpec& m, const Act
   return o.act_bytes * static_cast<double>(m.hidden_size) / (o.sp ? o.tp : 1);
 }
 
-namespace {
-
-// Q, K and V output widths of one token (MLA: the up-projected per-head widths), as the B -> W gradients count them.
-double qkv_width(const ModelSpec& m) {
-  const double heads = m.num_heads;
-  if (m.attention != AttentionType::kMLA) return (heads + 2.0 * m.num_kv_heads) * static_cast<double>(m.head_dim);
-  const auto& a = m.mla;
-  return heads * static_cast<double>(2 * (a.qk_nope_head_dim + a.qk_rope_head_dim) + a.v_head_dim);
-}
-
-// The routed experts' and the router's working set per token of the layer, before the division by tp.
-double moe_working_set(const ModelSpec& m, const ActivationOptions& o) {
-  const double b = o.act_bytes, h = static_cast<double>(m.hidden_size), k = m.moe.top_k;
-  const double gated = m.mlp == MlpType::kSwiGLU ? 2 : 1;
-  const double etp = std::max(1, o.etp);
-  const double rows = o.expert_load * k * etp;
-  const double row = gated * static_cast<double>(m.moe.expert_intermediate_size) / etp;
-  const double experts = o.expert_parallel ? b * (h + rows * (3 * h + row)) : b * (2 * h + rows * (2 * h + row)) + 4 * k;
-  const double router = b * (4 * h + m.moe.num_experts) + 4 * k;
-  double shared = 0;
-  if (m.moe.num_shared_experts > 0) {
-    shared = b * (3 * h + gated * static_cast<double>(m.moe.shared_expert_intermediate_size) * m.moe.num_shared_experts);
-  }
-  return std::max({experts, router, shared});
-}
-
-}  // namespace
-
-BackwardWorkingSet backward_working_set_bytes_per_token(const ModelSpec& m, const ActivationOptions& o) {
-  const double b = o.act_bytes, t = o.tp, rep_div = o.sp ? t : 1.0;
-  const double h = static_cast<double>(m.hidden_size) / rep_div;
-  const double qkv = qkv_width(m) / t;
-  const double d_o = static_cast<double>(m.num_heads) * static_cast<double>(m.v_head_dim()) / t;
-  const double probs = o.materialised_scores ? static_cast<double>(m.num_heads) * o.seq_len / t : 0.0;
-  BackwardWorkingSet ws;
-  ws.attention = b * (h + std::max({d_o + qkv + probs, 2 * qkv + h, qkv + 2 * h}));
-  const double gated = m.mlp == MlpType::kSwiGLU ? 2 : 1;
-  ws.dense_mlp = b * (3 * h + gated * static_cast<double>(m.intermediate_size) / t);
-  if (m.is_moe()) ws.moe = moe_working_set(m, o) / t;
-  ws.head = b * 2 * h + 4.0 * static_cast<double>(m.vocab_size) / t;
-  return ws;
+LayerWorkingSet backward_working_set_bytes_per_token(const ModelSpec& m, const ActivationOptions& o) {
+  const BackwardWorkingSet ws =
+      backward_working_set_per_token(m, shape_of(o), o.tp, o.sp, o.expert_parallel, o.materialised_scores);
+  LayerWorkingSet out;
+  out.attention = ws.attention;
+  out.dense_mlp = ws.dense_mlp;
+  out.moe = m.is_moe() ? std::max({ws.router, ws.experts(o.expert_load), ws.shared}) : 0.0;
+  out.head = ws.head;
+  return out;
 }
 
 double head_activation_bytes_per_token(const ModelSpec& m, const ActivationOptions& o) {

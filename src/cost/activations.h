@@ -86,19 +86,11 @@ double layer_weight_grad_input_bytes_per_token(const ModelSpec& model, bool moe_
 double head_weight_grad_input_bytes_per_token(const ModelSpec& model, const ActivationOptions& o);
 double embedding_weight_grad_input_bytes_per_token(const ModelSpec& model, const ActivationOptions& o);
 
-// The working set of one chunk's backward on top of the activations it stashed, per token: the largest set of
-// tensors live at once while B (and W, fused with it) runs, as Piper's runtime allocates them
-// (runtime/model/chunks): the incoming output gradient, the gradients of the chunk's GEMM outputs and the input
-// gradient it returns. Attention: dout + the larger of {d_o, dq dk dv, the recomputed probabilities (with
-// materialised_scores)}, {dq dk dv, dqkv, dxn} and {dqkv, dxn, dx}; dense MLP and shared experts: dout, dxn,
-// gate/up gradients, dx; router: the experts' three gradients (dhidden, dnormed, dtopk_w), dlogits, dhn, dx;
-// routed experts per routed row (load x k, x etp rows of 1/etp the width): dyp, dxp, gate/up gradients (+ the
-// gradient rows returned over the all-to-all under ep; dout and dhn per token without ep); head: dxn, fp32
-// dlogits, dx. Under tensor parallelism the sharded widths are divided by tp, the MoE terms (tokens split
-// over tp) by tp, the hidden-width terms by tp with sequence parallelism only.
-struct BackwardWorkingSet {
+// The backward's working set (spec/activation_counting.h backward_working_set_per_token) under the options: by chunk
+// kind, the routed experts at o.expert_load and the larger of router, experts and shared experts as `moe`.
+struct LayerWorkingSet {
   double attention = 0, dense_mlp = 0, moe = 0, head = 0;
 };
-BackwardWorkingSet backward_working_set_bytes_per_token(const ModelSpec& model, const ActivationOptions& o);
+LayerWorkingSet backward_working_set_bytes_per_token(const ModelSpec& model, const ActivationOptions& o);
 
 }  // namespace piper::cost

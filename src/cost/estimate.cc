@@ -297,7 +297,7 @@ struct ActBytes {
   double dense = 0, moe = 0, head = 0, emb = 0;
   double wg_dense = 0, wg_moe = 0, wg_head = 0, wg_emb = 0;
   double recomputed_layer = 0;
-  BackwardWorkingSet ws;  // the backward's working set, by chunk kind
+  LayerWorkingSet ws;  // the backward's working set, by chunk kind
 };
 
 // A recomputed layer's peak: the attention chunk's stash under selective recomputation per chunk; under full,

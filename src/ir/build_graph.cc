@@ -28,11 +28,35 @@ struct ChunkSpec {
   // whole) and the experts' activation output.
   double norm_output = 0;
   double act_output = 0;
+  double scratch = 0;  // bytes per token of the backward's working set (backward_working_set_per_token)
 };
+
+double scratch_of(Part part, const BackwardWorkingSet& ws, double expert_load) {
+  switch (part) {
+    case Part::kAttention: return ws.attention;
+    case Part::kDenseMlp: return ws.dense_mlp;
+    case Part::kRouter: return ws.router;
+    case Part::kExperts: return ws.experts(expert_load);
+    case Part::kSharedExperts: return ws.shared;
+    case Part::kHead: return ws.head;
+    default: return 0.0;  // the embedding's backward adds its input gradient into the table's rows
+  }
+}
+
+// Bytes per parameter the optimizer holds: the fp32 master copy when the parameters are not it, and the moments
+// (Adam: two, SGD: one), as cost::ByteConvention counts them.
+Result<int> optimizer_bytes(const TrainSpec& train) {
+  const int master = train.master_dtype == train.param_dtype ? 0 : dtype_bytes(train.master_dtype);
+  const std::string& opt = train.optimizer.name;
+  if (opt == "adam" || opt == "adamw") return master + 2 * dtype_bytes(train.optimizer_dtype);
+  if (opt == "sgd") return master + dtype_bytes(train.optimizer_dtype);
+  return invalid_argument("build_graph: train.optimizer.name '" + opt + "' has no memory model; use adam, adamw or sgd");
+}
 
 }  // namespace
 
-Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const MeshInfo& mesh, double expert_load) {
+Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const MeshInfo& mesh, double expert_load,
+                          bool materialised_scores) {
   if (model.num_layers < 1 || model.hidden_size < 1 || model.num_heads < 1 || model.vocab_size < 1) {
     return invalid_argument("build_graph: model '" + model.name +
                             "' needs num_layers, hidden_size, num_heads and vocab_size >= 1");
@@ -125,11 +149,17 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
                     {0, head_activation_per_token(model)},
                     hidden});
 
+  ActivationShape ws_shape = shape;
+  ws_shape.etp = std::max(1, mesh.etp);
+  const BackwardWorkingSet ws =
+      backward_working_set_per_token(model, ws_shape, 1, false, mesh.ep > 1, materialised_scores);
+  for (ChunkSpec& c : chunks) c.scratch = scratch_of(c.part, ws, expert_load);
+
   // Every count below is a per-token value times the microbatch's tokens, rounded to int64: checked once here
   // (checked_math.h), so no node gets a wrapped or undefined FLOP or byte count (the backward's 2x included).
   for (const ChunkSpec& c : chunks) {
     const double t = static_cast<double>(tokens);
-    for (double v : {3 * c.flops_per_token * t, c.act.total() * t, c.checkpoint * t}) {
+    for (double v : {3 * c.flops_per_token * t, c.act.total() * t, c.checkpoint * t, c.scratch * t}) {
       if (!checked_llround(v).has_value()) {
         return invalid_argument("build_graph: layer " + std::to_string(c.layer) + " " + chunk_name(c.part) +
                                 " of model '" + model.name +
@@ -149,6 +179,7 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
   g.num_layers = model.num_layers;
   g.param_bytes = dtype_bytes(train.param_dtype);
   g.grad_bytes = dtype_bytes(train.grad_dtype);
+  PIPER_ASSIGN_OR_RETURN(g.optimizer_bytes, optimizer_bytes(train));
   g.moe_top_k = std::max(1, model.moe.top_k);
   g.moe_dispatch_ratio = train.dispatch_bytes() / train.comm_bytes();
   std::vector<NodeId> fwd, bwd;
@@ -177,6 +208,7 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
         n.act_output_bytes = bytes(c.act_output);
       } else if (pass == Pass::kBW) {
         n.flops = 2 * fwd_flops;
+        n.backward_scratch_bytes = static_cast<int64_t>(std::llround(c.scratch * static_cast<double>(tokens)));
       }
       return g.add_node(std::move(n));
     };

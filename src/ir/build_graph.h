@@ -26,7 +26,9 @@ namespace piper::ir {
 // expert_load: the routed experts' rows over the mean rank's (> 0; compile::CompileOptions::expert_load): the
 // experts chunk's activation bytes (its dispatched rows, intermediates and outputs) scale with it, its checkpoint
 // (the router's output and routing, per token) does not.
+// materialised_scores: the attention's backward recomputes its s x s probabilities (Piper's CPU runtime;
+// cost::Calibration::attention_score_bytes > 0), part of its working set (Node::backward_scratch_bytes).
 Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const MeshInfo& mesh,
-                          double expert_load = 1.0);
+                          double expert_load = 1.0, bool materialised_scores = false);
 
 }  // namespace piper::ir

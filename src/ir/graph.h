@@ -52,6 +52,9 @@ struct Node {
   // output ("moe_act").
   int64_t norm_output_bytes = 0;
   int64_t act_output_bytes = 0;
+  // A backward chunk's working set beside the stash (spec/activation_counting.h backward_working_set_per_token),
+  // per microbatch: allocated right before its B (or BW) and freed after it (compile/memory_plan.cc).
+  int64_t backward_scratch_bytes = 0;
   // Which of them this chunk drops (the directive matched it): executors recompute them before the backward.
   bool recompute_norm = false;
   bool recompute_act = false;
@@ -82,6 +85,7 @@ class Graph {
   bool backward_split = false;  // some BW nodes were rewritten into B -> W
   int param_bytes = 2;          // bytes per parameter element (compute copy)
   int grad_bytes = 4;           // bytes per gradient element
+  int optimizer_bytes = 12;     // per parameter: the optimizer's moments and its fp32 master copy (when not the params)
   int moe_top_k = 1;            // tokens are sent to top_k experts by dispatch
   // Sequence parallelism, decided once by the tp shard directives (ShardDirective::sequence_parallel; they must
   // agree): the hidden states between tp chunks are token slices, 1/tp of a microbatch's rows per tensor rank, so

@@ -395,6 +395,8 @@ Status Trainer::resolve_and_compile() {
   train_ = train;
   compile::CompileOptions copts;
   copts.target = compile::cpu_runtime_target();
+  // The CPU attention recomputes its s x s probabilities in the backward (runtime/model/chunks/attn.cc).
+  copts.materialised_scores = true;
   if (options_.plan_prices) {
     PIPER_ASSIGN_OR_RETURN(copts.cost, options_.plan_prices(strategy_, train));
   }

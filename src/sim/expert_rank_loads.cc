@@ -21,8 +21,10 @@ std::unordered_map<int, ExpertsBuffer> experts_buffers(const compile::Program& p
       while (j < in.size() && in[j].op == OpKind::kAlloc) ++j;
       if (j < in.size() && in[j].op == OpKind::kCollective) continue;  // ZeRO-3: gathered parameters
       while (j < in.size() && in[j].op != OpKind::kCompute) ++j;
-      if (j == in.size() || in[j].pass != ir::Pass::kF || in[j].part != Part::kExperts) continue;
-      out[in[i].buffer] = ExpertsBuffer{in[j].layer, in[i].mem_delta};
+      // The experts' stash (before F) or their backward's working set (before B or BW).
+      if (j == in.size() || in[j].part != Part::kExperts) continue;
+      if (in[j].pass != ir::Pass::kF && in[j].pass != ir::Pass::kB && in[j].pass != ir::Pass::kBW) continue;
+      out[in[i].buffer] = ExpertsBuffer{in[j].layer, in[i].mem_delta, in[j].pass != ir::Pass::kF};
     }
   }
   return out;

@@ -8,7 +8,9 @@
 //   - an experts compute instruction takes expert_time(instruction, factor(l, e)) seconds instead of its template's;
 //   - an experts activation buffer (the first alloc before an experts forward, or before its recomputation: the
 //     runtime's convention, runtime/exec/executor.cc resolve_alloc; not a recompute checkpoint, which is per token,
-//     nor ZeRO-3's gathered parameters) holds llround(bytes x factor(l, e) / plan_load), and its free releases it.
+//     nor ZeRO-3's gathered parameters) and the experts backward's working set (the alloc right before an experts
+//     B or BW; its small per-token part, dout and dhn, scales with it too) hold llround(bytes x factor(l, e) /
+//     plan_load), and their frees release them.
 // The representative simulation (one rank per pipeline rank) and the closed form keep the busiest rank's load.
 #pragma once
 
@@ -46,6 +48,7 @@ Result<RankLoadOverrides> rank_load_overrides(const compile::Program& prog,
 struct ExpertsBuffer {
   int layer = -1;
   int64_t bytes = 0;
+  bool backward = false;  // the backward's working set (else the forward's stash)
 };
 std::unordered_map<int, ExpertsBuffer> experts_buffers(const compile::Program& prog);
 

@@ -100,4 +100,41 @@ BlockActivation embedding_activation_per_token(const ModelSpec& m, const Activat
   return s;
 }
 
+namespace {
+
+// Q, K and V output widths of one token (MLA: the up-projected per-head widths), as the B -> W gradients count them.
+double qkv_width(const ModelSpec& m) {
+  const double heads = m.num_heads;
+  if (m.attention != AttentionType::kMLA) return (heads + 2.0 * m.num_kv_heads) * static_cast<double>(m.head_dim);
+  const MlaSpec& a = m.mla;
+  return heads * static_cast<double>(2 * (a.qk_nope_head_dim + a.qk_rope_head_dim) + a.v_head_dim);
+}
+
+}  // namespace
+
+BackwardWorkingSet backward_working_set_per_token(const ModelSpec& m, const ActivationShape& a, int tp, bool sp,
+                                                  bool expert_parallel, bool materialised_scores) {
+  const double b = a.act_bytes, t = std::max(1, tp), gated = m.mlp == MlpType::kSwiGLU ? 2 : 1;
+  const double hidden = static_cast<double>(m.hidden_size), h = hidden / (sp ? t : 1.0);
+  const double qkv = qkv_width(m) / t;
+  const double d_o = static_cast<double>(m.num_heads) * static_cast<double>(m.v_head_dim()) / t;
+  const double probs = materialised_scores ? static_cast<double>(m.num_heads) * static_cast<double>(a.seq_len) / t : 0.0;
+  BackwardWorkingSet ws;
+  ws.attention = b * (h + std::max({d_o + qkv + probs, 2 * qkv + h, qkv + 2 * h}));
+  ws.dense_mlp = b * (3 * h + gated * static_cast<double>(m.intermediate_size) / t);
+  ws.head = b * 2 * h + 4.0 * static_cast<double>(m.vocab_size) / t;
+  if (!m.is_moe()) return ws;
+  const MoeSpec& e = m.moe;
+  const double k = e.top_k, etp = std::max(1, a.etp);
+  const double row = gated * static_cast<double>(e.expert_intermediate_size) / etp;  // gate/up gradient widths
+  ws.router = (b * (4 * hidden + e.num_experts) + 4 * k) / t;
+  ws.experts_token = (expert_parallel ? b * hidden : b * 2 * hidden + 4 * k) / t;
+  ws.experts_rows = b * k * etp * ((expert_parallel ? 3 : 2) * hidden + row) / t;
+  if (e.num_shared_experts > 0) {
+    ws.shared = b * (3 * hidden + gated * static_cast<double>(e.shared_expert_intermediate_size) *
+                                      e.num_shared_experts) / t;
+  }
+  return ws;
+}
+
 }  // namespace piper

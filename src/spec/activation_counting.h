@@ -68,4 +68,23 @@ constexpr double kTokenIdBytes = 8;
 double head_activation_per_token(const ModelSpec& m);
 BlockActivation embedding_activation_per_token(const ModelSpec& m, const ActivationShape& a);
 
+// The working set of one chunk's backward on top of the activations it stashed, per token: the largest set of
+// tensors live at once while B (and W, fused with it) runs, as Piper's runtime allocates them
+// (runtime/model/chunks): the incoming output gradient, the gradients of the chunk's GEMM outputs and the input
+// gradient it returns. Attention: dout + the larger of {d_o, dq dk dv, the recomputed probabilities H·s (with
+// materialised scores)}, {dq dk dv, dqkv, dxn} and {dqkv, dxn, dx}; dense MLP and shared experts: dout, dxn, dx
+// 3h + the gate/up gradients; router: the experts' three gradients (dhidden, dnormed, dtopk_w), dlogits, dhn, dx;
+// routed experts: per routed row (k per token, etp times the rows of 1/etp the width under expert tensor
+// parallelism) dyp, dxp and the gate/up gradients (+ the gradient row returned over the all-to-all under ep), and
+// per token dout and dhn without ep, the residual's gradient with it; head: dxn, dx 2h + the fp32 logits gradient.
+// Under tensor parallelism (tp) the sharded widths are divided by tp, the MoE terms (tokens split over tp) by
+// tp, the hidden-width terms by tp with sequence parallelism (sp) only. The routed experts' per-row part is at the
+// mean rank's load: multiply experts_rows by the rank's load.
+struct BackwardWorkingSet {
+  double attention = 0, dense_mlp = 0, router = 0, experts_token = 0, experts_rows = 0, shared = 0, head = 0;
+  double experts(double load) const { return experts_token + load * experts_rows; }
+};
+BackwardWorkingSet backward_working_set_per_token(const ModelSpec& m, const ActivationShape& a, int tp, bool sp,
+                                                  bool expert_parallel, bool materialised_scores);
+
 }  // namespace piper

@@ -177,7 +177,7 @@ TEST(ActivationsTest, BackwardWorkingSetCountsTheRuntimesGradientTensors) {
   o.seq_len = 128;
   o.materialised_scores = true;
   const double h = 128, k = 2, fe = 256;
-  BackwardWorkingSet ws = backward_working_set_bytes_per_token(m, o);
+  LayerWorkingSet ws = backward_working_set_bytes_per_token(m, o);
   EXPECT_DOUBLE_EQ(ws.attention, 4 * (h + 128 + 256 + 4 * 128));
   EXPECT_DOUBLE_EQ(ws.dense_mlp, 4 * (3 * h + 2 * 512));
   EXPECT_DOUBLE_EQ(ws.moe, 4 * (2 * h + k * (2 * h + 2 * fe)) + 4 * k);

@@ -95,6 +95,7 @@ Status apply_directives(Graph& graph, const std::vector<Directive>& directives, 
                             std::to_string(directives.size() - 1) +
                             " make a cycle (apply them with defer_order_cycle_checks off to name the directive)");
   }
+  split_unsharded_moe_tokens(graph);
   return ok_status();
 }
 

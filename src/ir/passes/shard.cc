@@ -9,6 +9,8 @@
 //     parallelism an all_gather on its inputs and a reduce_scatter on its outputs; F and B/BW alike.
 #include <algorithm>
 #include <cmath>
+#include <optional>
+#include <set>
 #include <unordered_set>
 
 #include "piper/ir/passes/passes.h"
@@ -95,6 +97,7 @@ Status shard_ep(Graph& g, const ShardDirective& d, const std::vector<NodeId>& ch
     n.activation_bytes = ceil_div(n.activation_bytes, tp);
     n.activation_whole_bytes = ceil_div(n.activation_whole_bytes, tp);
     n.checkpoint_bytes = ceil_div(n.checkpoint_bytes, tp);
+    n.backward_scratch_bytes = ceil_div(n.backward_scratch_bytes, tp);
   };
   std::unordered_set<NodeId> routers;
   for (NodeId id : chunks) {
@@ -159,6 +162,9 @@ Status shard_tp(Graph& g, const ShardDirective& d, const std::vector<NodeId>& ch
       nd.activation_whole_bytes = whole;
       if (d.sequence_parallel) nd.checkpoint_bytes = ceil_div(nd.checkpoint_bytes, tp);
     }
+    // The backward's working set: its sharded widths split over tp (the hidden-width gradients too: whole
+    // without sequence parallelism in the runtime, a small part of the set).
+    if (Node& nd = g.node(id); nd.backward_scratch_bytes > 0) nd.backward_scratch_bytes = ceil_div(nd.backward_scratch_bytes, tp);
     auto reroute = [&](bool into, NodeKind kind, const std::string& what) {
       std::vector<int> edges = chunk_edges(g, id, into, "tp");
       // The activations an F keeps for its own backward (F -> B/BW/W of the same layer and part) stay local:
@@ -219,6 +225,26 @@ Status apply_shard(Graph& g, const ShardDirective& d) {
     return shard_ep(g, d, chunks);
   }
   return shard_tp(g, d, chunks);
+}
+
+void split_unsharded_moe_tokens(Graph& g) {
+  const int64_t tp = g.mesh.tp;
+  if (tp <= 1 || !g.sequence_parallel()) return;
+  std::set<int> ep_layers;  // layers whose experts shard ep already split their router's and their own tokens
+  for (const Node& n : g.nodes()) {
+    if (n.kind == NodeKind::kChunk && chunk_part(n.tags.part) == Part::kExperts && n.shard_axis == "ep")
+      ep_layers.insert(n.tags.layer);
+  }
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    Node& n = g.node(static_cast<NodeId>(i));
+    if (n.kind != NodeKind::kChunk || ep_layers.count(n.tags.layer) > 0) continue;
+    const std::optional<Part> part = chunk_part(n.tags.part);
+    if (part != Part::kRouter && part != Part::kExperts) continue;
+    n.activation_bytes = ceil_div(n.activation_bytes, tp);
+    n.activation_whole_bytes = ceil_div(n.activation_whole_bytes, tp);
+    n.checkpoint_bytes = ceil_div(n.checkpoint_bytes, tp);
+    n.backward_scratch_bytes = ceil_div(n.backward_scratch_bytes, tp);
+  }
 }
 
 }  // namespace piper::ir

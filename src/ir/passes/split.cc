@@ -35,6 +35,7 @@ Status apply_split(Graph& g, const SplitDirective& d) {
   out.backward_split = g.backward_split;
   out.param_bytes = g.param_bytes;
   out.grad_bytes = g.grad_bytes;
+  out.optimizer_bytes = g.optimizer_bytes;
   out.moe_top_k = g.moe_top_k;  // without it every EP dispatch/combine carried 1/top_k of its bytes
   out.moe_dispatch_ratio = g.moe_dispatch_ratio;
   out.tp_sequence_parallel = g.tp_sequence_parallel;

@@ -232,7 +232,8 @@ Status Core::resolve_comm(const Instruction& in, Task* t) {
 }
 
 // The owner of an alloc's buffer: the ZeRO-3 parameters the next all-gather materialises (its free re-shards
-// them), or the forward chunk that follows (a second alloc before it, a recompute checkpoint, only counts bytes).
+// them), or the forward chunk that follows (a second alloc before it, a recompute checkpoint, only counts bytes);
+// an alloc before a backward chunk is its working set (compile/memory_plan.cc) and only counts bytes too.
 Status Core::resolve_alloc(const compile::Stream& stream, size_t i) {
   const Instruction& in = stream.instrs[i];
   size_t j = i + 1;
@@ -250,6 +251,10 @@ Status Core::resolve_alloc(const compile::Stream& stream, size_t i) {
     return ok_status();
   }
   while (j < stream.instrs.size() && stream.instrs[j].op != OpKind::kCompute) ++j;
+  if (j < stream.instrs.size() && ir::is_backward(stream.instrs[j].pass)) {
+    counted_only.insert(in.buffer);  // a backward's working set (the chunk allocates it itself): bytes only
+    return ok_status();
+  }
   if (j == stream.instrs.size() || stream.instrs[j].pass != ir::Pass::kF) {
     return invalid_argument("executor: '" + in.label + "' (buffer " + std::to_string(in.buffer) +
                             ") is not followed by a forward task on stream '" + stream.name + "'");
