@@ -330,8 +330,8 @@ class Lowering {
     const int64_t whole_bytes = in.comm_bytes;
     if (scatter) in.comm_bytes /= g_.mesh.tp;
     emit_allocs(id, st);
-    // The working set first: the simulator's measured expert loads scale the first alloc before an experts backward.
-    for (const auto* before : {&buffers_.scratch_before, &buffers_.grads_before}) {
+    // The working set first (the simulator's measured expert loads find an experts backward's buffers from it).
+    for (const auto* before : {&buffers_.scratch_before, &buffers_.weight_grad_before, &buffers_.grads_before}) {
       if (auto it = before->find(id); it != before->end()) st.instrs.push_back(buffer_op(OpKind::kAlloc, it->second));
     }
     if (split != nullptr) {

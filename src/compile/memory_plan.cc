@@ -15,14 +15,27 @@ using ir::NodeKind;
 
 namespace {
 
-// A backward chunk's transient buffers: its working set (ir::Node::backward_scratch_bytes), live while it runs, and
-// under ZeRO-2/3 the full gradients its weight-gradient task writes, live until its reduce-scatter has sent them
-// (the static state holds only the 1/dp shard).
+// A backward chunk's transient buffers: its working set (ir::Node::backward_scratch_bytes), live while it runs; a B's
+// gradients for its W (ir::Node::weight_grad_bytes), live until that W has run; and under ZeRO-2/3 the full
+// gradients its weight-gradient task writes, live until its reduce-scatter has sent them (the static state holds
+// only the 1/dp shard).
 void plan_backward_buffers(const ir::Graph& g, const Node& nd, int& next_buffer, BufferPlan& out) {
   if (nd.backward_scratch_bytes > 0) {
     Buffer b{next_buffer++, nd.backward_scratch_bytes, "scratch " + nd.name};
     out.scratch_before[nd.id] = b;
     out.free_after[nd.id].push_back(b);
+  }
+  if (nd.tags.pass == ir::Pass::kB && nd.weight_grad_bytes > 0) {
+    for (NodeId c : g.succs(nd.id)) {
+      const Node& w = g.node(c);
+      if (w.kind != NodeKind::kChunk || w.tags.pass != ir::Pass::kW || w.tags.layer != nd.tags.layer ||
+          w.tags.part != nd.tags.part || w.tags.mb != nd.tags.mb)
+        continue;
+      Buffer b{next_buffer++, nd.weight_grad_bytes, "wgrad " + nd.name};
+      out.weight_grad_before[nd.id] = b;
+      out.free_after[w.id].push_back(b);
+      break;
+    }
   }
   for (NodeId c : g.succs(nd.id)) {
     const Node& rs = g.node(c);

@@ -70,46 +70,17 @@ LayerActivation layer_activation_bytes_per_token(const ModelSpec& m, bool moe_la
 }
 
 double layer_weight_grad_input_bytes_per_token(const ModelSpec& m, bool moe_layer, const ActivationOptions& o) {
-  const double b = o.act_bytes;
-  const double t = o.tp;
-  const double rep_div = o.sp ? t : 1.0;
-  const double h = static_cast<double>(m.hidden_size);
-  const double gated = m.mlp == MlpType::kSwiGLU ? 2 : 1;  // gate/up outputs feeding the activation function
-  double heads = m.num_heads, qkv = 0, latents = 0;
-  if (m.attention == AttentionType::kMLA) {
-    const auto& a = m.mla;
-    qkv = heads * static_cast<double>(2 * (a.qk_nope_head_dim + a.qk_rope_head_dim) + a.v_head_dim);
-    latents = static_cast<double>(a.q_lora_rank + a.kv_lora_rank + a.qk_rope_head_dim);
-  } else {
-    qkv = (heads + 2.0 * m.num_kv_heads) * static_cast<double>(m.head_dim);
-  }
-  double bytes = b * (2 * h + latents) / rep_div + b * qkv / t;  // attention
-  if (moe_layer) {
-    const double k = m.moe.top_k;
-    // Under etp the experts' rows are gathered over the etp ranks (etp times the output-gradient rows) and the
-    // gate/up gradients are 1/etp of the width: the same bytes as whole experts.
-    const double etp = std::max(1, o.etp);
-    double moe =
-        b * h + 4.0 * m.moe.num_experts +
-        o.expert_load * (b * k * h * etp + gated * b * k * static_cast<double>(m.moe.expert_intermediate_size));
-    if (m.moe.num_shared_experts > 0) {
-      moe +=
-          b * (2 * h + gated * static_cast<double>(m.moe.shared_expert_intermediate_size) * m.moe.num_shared_experts);
-    }
-    bytes += moe / t;
-  } else {
-    bytes += b * 2 * h / rep_div + gated * b * static_cast<double>(m.intermediate_size) / t;
-  }
-  return bytes;
+  const WeightGradInputs w = weight_grad_inputs_per_token(m, shape_of(o), o.tp, o.sp);
+  if (!moe_layer) return w.attention + w.dense_mlp;
+  return w.attention + w.router + o.expert_load * w.experts_rows + w.shared;
 }
 
 double head_weight_grad_input_bytes_per_token(const ModelSpec& m, const ActivationOptions& o) {
-  return 4.0 * static_cast<double>(m.vocab_size) / o.tp +
-         o.act_bytes * static_cast<double>(m.hidden_size) / (o.sp ? o.tp : 1);
+  return weight_grad_inputs_per_token(m, shape_of(o), o.tp, o.sp).head;
 }
 
 double embedding_weight_grad_input_bytes_per_token(const ModelSpec& m, const ActivationOptions& o) {
-  return o.act_bytes * static_cast<double>(m.hidden_size) / (o.sp ? o.tp : 1);
+  return weight_grad_inputs_per_token(m, shape_of(o), o.tp, o.sp).embedding;
 }
 
 LayerWorkingSet backward_working_set_bytes_per_token(const ModelSpec& m, const ActivationOptions& o) {

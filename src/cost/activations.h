@@ -74,13 +74,9 @@ double head_activation_bytes_per_token(const ModelSpec& model, const ActivationO
 // The embedding on the first stage: int64 token ids (+ a dropout mask of h when dropout is on).
 double embedding_activation_bytes_per_token(const ModelSpec& model, const ActivationOptions& o);
 
-// B -> W: with a split backward (zb-h1, dualpipev's zero-bubble steps) the weight-gradient task W needs the
-// gradients of the outputs of every weight-bearing op, so B's results live until W. Per token of one layer:
-// attention: the pre-norm output grad h, the QKV output grads (q + k + v widths; MLA also its latents), the
-// out-projection output grad h; dense MLP: norm output grad h, output grad h, gate/up output grads (2f SwiGLU,
-// f GELU); MoE (/tp): router norm output grad h, fp32 router logits grad E, expert output grads k h (k h etp under
-// expert tensor parallelism: the etp group's rows), expert gate/up grads (2 or 1) k f_e (etp times the rows of
-// 1/etp the width), and the shared experts like a dense MLP. Same dtype as activations.
+// B -> W: with a split backward (zb-h1, dualpipev's zero-bubble steps) the gradients B leaves for W, per token of one
+// layer (spec/activation_counting.h weight_grad_inputs_per_token, the routed experts' rows at o.expert_load), of
+// the head and of the embedding.
 double layer_weight_grad_input_bytes_per_token(const ModelSpec& model, bool moe_layer, const ActivationOptions& o);
 // The head's W inputs: the fp32 logits grad V/tp and the final-norm output grad h; the embedding's: dhidden h.
 double head_weight_grad_input_bytes_per_token(const ModelSpec& model, const ActivationOptions& o);

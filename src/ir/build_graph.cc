@@ -29,6 +29,7 @@ struct ChunkSpec {
   double norm_output = 0;
   double act_output = 0;
   double scratch = 0;  // bytes per token of the backward's working set (backward_working_set_per_token)
+  double weight_grad = 0;  // bytes per token B leaves for W under a split backward (weight_grad_inputs_per_token)
 };
 
 double scratch_of(Part part, const BackwardWorkingSet& ws, double expert_load) {
@@ -40,6 +41,19 @@ double scratch_of(Part part, const BackwardWorkingSet& ws, double expert_load) {
     case Part::kSharedExperts: return ws.shared;
     case Part::kHead: return ws.head;
     default: return 0.0;  // the embedding's backward adds its input gradient into the table's rows
+  }
+}
+
+double weight_grad_of(Part part, const WeightGradInputs& w, double expert_load) {
+  switch (part) {
+    case Part::kEmbedding: return w.embedding;
+    case Part::kAttention: return w.attention;
+    case Part::kDenseMlp: return w.dense_mlp;
+    case Part::kRouter: return w.router;
+    case Part::kExperts: return expert_load * w.experts_rows;
+    case Part::kSharedExperts: return w.shared;
+    case Part::kHead: return w.head;
+    default: return 0.0;
   }
 }
 
@@ -153,13 +167,17 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
   ws_shape.etp = std::max(1, mesh.etp);
   const BackwardWorkingSet ws =
       backward_working_set_per_token(model, ws_shape, 1, false, mesh.ep > 1, materialised_scores);
-  for (ChunkSpec& c : chunks) c.scratch = scratch_of(c.part, ws, expert_load);
+  const WeightGradInputs wg = weight_grad_inputs_per_token(model, ws_shape, 1, false);
+  for (ChunkSpec& c : chunks) {
+    c.scratch = scratch_of(c.part, ws, expert_load);
+    c.weight_grad = weight_grad_of(c.part, wg, expert_load);
+  }
 
   // Every count below is a per-token value times the microbatch's tokens, rounded to int64: checked once here
   // (checked_math.h), so no node gets a wrapped or undefined FLOP or byte count (the backward's 2x included).
   for (const ChunkSpec& c : chunks) {
     const double t = static_cast<double>(tokens);
-    for (double v : {3 * c.flops_per_token * t, c.act.total() * t, c.checkpoint * t, c.scratch * t}) {
+    for (double v : {3 * c.flops_per_token * t, c.act.total() * t, c.checkpoint * t, c.scratch * t, c.weight_grad * t}) {
       if (!checked_llround(v).has_value()) {
         return invalid_argument("build_graph: layer " + std::to_string(c.layer) + " " + chunk_name(c.part) +
                                 " of model '" + model.name +
@@ -209,6 +227,7 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
       } else if (pass == Pass::kBW) {
         n.flops = 2 * fwd_flops;
         n.backward_scratch_bytes = static_cast<int64_t>(std::llround(c.scratch * static_cast<double>(tokens)));
+        n.weight_grad_bytes = static_cast<int64_t>(std::llround(c.weight_grad * static_cast<double>(tokens)));
       }
       return g.add_node(std::move(n));
     };

@@ -55,6 +55,9 @@ struct Node {
   // A backward chunk's working set beside the stash (spec/activation_counting.h backward_working_set_per_token),
   // per microbatch: allocated right before its B (or BW) and freed after it (compile/memory_plan.cc).
   int64_t backward_scratch_bytes = 0;
+  // With a split backward (B -> W), the gradients B leaves for W (spec/activation_counting.h
+  // weight_grad_inputs_per_token), per microbatch: allocated right before B and freed after its W.
+  int64_t weight_grad_bytes = 0;
   // Which of them this chunk drops (the directive matched it): executors recompute them before the backward.
   bool recompute_norm = false;
   bool recompute_act = false;

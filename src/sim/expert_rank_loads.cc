@@ -15,15 +15,19 @@ std::unordered_map<int, ExpertsBuffer> experts_buffers(const compile::Program& p
   for (const compile::Stream& st : prog.streams) {
     const auto& in = st.instrs;
     for (size_t i = 0; i < in.size(); ++i) {
-      // Only the first alloc of a run owns the forward that follows (a second one is a recompute checkpoint).
-      if (in[i].op != OpKind::kAlloc || (i > 0 && in[i - 1].op == OpKind::kAlloc)) continue;
+      // The first alloc of a run owns the forward that follows (a second one is a recompute checkpoint); before a
+      // B, the run is its working set and the gradients it leaves for W, both per routed row; before a BW, the
+      // working set, then ZeRO-2/3's full gradients (per parameter).
+      if (in[i].op != OpKind::kAlloc) continue;
+      size_t first = i;
+      while (first > 0 && in[first - 1].op == OpKind::kAlloc) --first;
       size_t j = i + 1;
       while (j < in.size() && in[j].op == OpKind::kAlloc) ++j;
       if (j < in.size() && in[j].op == OpKind::kCollective) continue;  // ZeRO-3: gathered parameters
       while (j < in.size() && in[j].op != OpKind::kCompute) ++j;
-      // The experts' stash (before F) or their backward's working set (before B or BW).
       if (j == in.size() || in[j].part != Part::kExperts) continue;
-      if (in[j].pass != ir::Pass::kF && in[j].pass != ir::Pass::kB && in[j].pass != ir::Pass::kBW) continue;
+      const bool whole_run = in[j].pass == ir::Pass::kB;
+      if (!whole_run && (first != i || (in[j].pass != ir::Pass::kF && in[j].pass != ir::Pass::kBW))) continue;
       out[in[i].buffer] = ExpertsBuffer{in[j].layer, in[i].mem_delta, in[j].pass != ir::Pass::kF};
     }
   }

@@ -8,9 +8,10 @@
 //   - an experts compute instruction takes expert_time(instruction, factor(l, e)) seconds instead of its template's;
 //   - an experts activation buffer (the first alloc before an experts forward, or before its recomputation: the
 //     runtime's convention, runtime/exec/executor.cc resolve_alloc; not a recompute checkpoint, which is per token,
-//     nor ZeRO-3's gathered parameters) and the experts backward's working set (the alloc right before an experts
-//     B or BW; its small per-token part, dout and dhn, scales with it too) hold llround(bytes x factor(l, e) /
-//     plan_load), and their frees release them.
+//     nor ZeRO-3's gathered parameters), the experts backward's working set (the first alloc before an experts B
+//     or BW; its small per-token part, dout and dhn, scales with it too) and a B's gradients for its W (the
+//     second alloc before an experts B) hold llround(bytes x factor(l, e) / plan_load), and their frees release
+//     them.
 // The representative simulation (one rank per pipeline rank) and the closed form keep the busiest rank's load.
 #pragma once
 

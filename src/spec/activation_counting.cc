@@ -137,4 +137,26 @@ BackwardWorkingSet backward_working_set_per_token(const ModelSpec& m, const Acti
   return ws;
 }
 
+WeightGradInputs weight_grad_inputs_per_token(const ModelSpec& m, const ActivationShape& a, int tp, bool sp) {
+  const double b = a.act_bytes, t = std::max(1, tp), rep_div = sp ? t : 1.0;
+  const double h = static_cast<double>(m.hidden_size), gated = m.mlp == MlpType::kSwiGLU ? 2 : 1;
+  const double latents = m.attention == AttentionType::kMLA
+                             ? static_cast<double>(m.mla.q_lora_rank + m.mla.kv_lora_rank + m.mla.qk_rope_head_dim)
+                             : 0.0;
+  WeightGradInputs w;
+  w.attention = b * (2 * h + latents) / rep_div + b * qkv_width(m) / t;
+  w.dense_mlp = b * 2 * h / rep_div + gated * b * static_cast<double>(m.intermediate_size) / t;
+  w.head = 4.0 * static_cast<double>(m.vocab_size) / t + b * h / rep_div;
+  w.embedding = b * h / rep_div;
+  if (!m.is_moe()) return w;
+  const MoeSpec& e = m.moe;
+  const double k = e.top_k, etp = std::max(1, a.etp);
+  w.router = (b * h + 4.0 * e.num_experts) / t;
+  w.experts_rows = (b * k * h * etp + gated * b * k * static_cast<double>(e.expert_intermediate_size)) / t;
+  if (e.num_shared_experts > 0) {
+    w.shared = b * (2 * h + gated * static_cast<double>(e.shared_expert_intermediate_size) * e.num_shared_experts) / t;
+  }
+  return w;
+}
+
 }  // namespace piper

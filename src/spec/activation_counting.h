@@ -87,4 +87,17 @@ struct BackwardWorkingSet {
 BackwardWorkingSet backward_working_set_per_token(const ModelSpec& m, const ActivationShape& a, int tp, bool sp,
                                                   bool expert_parallel, bool materialised_scores);
 
+// B -> W: with a split backward the weight-gradient task W needs the gradients of the outputs of every
+// weight-bearing op, so B's results live until W. Per token, by chunk: attention: the pre-norm output grad h, the
+// QKV output grads (q + k + v widths; MLA also its latents), the out-projection output grad h; dense MLP: norm
+// output grad h, output grad h, gate/up output grads (2f SwiGLU, f GELU); router: norm output grad h and the fp32
+// logits grad E; routed experts per routed row at the mean rank's load: the output grad h (k h etp under expert
+// tensor parallelism: the etp group's rows) and the gate/up grads (etp times the rows of 1/etp the width: k f_e);
+// shared experts like a dense MLP; head: the fp32 logits grad V and the final-norm output grad h; embedding: its
+// output grad h. Divided as the working set above (MoE terms by tp, hidden widths by tp with sp only).
+struct WeightGradInputs {
+  double attention = 0, dense_mlp = 0, router = 0, experts_rows = 0, shared = 0, head = 0, embedding = 0;
+};
+WeightGradInputs weight_grad_inputs_per_token(const ModelSpec& m, const ActivationShape& a, int tp, bool sp);
+
 }  // namespace piper

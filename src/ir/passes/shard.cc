@@ -98,6 +98,7 @@ Status shard_ep(Graph& g, const ShardDirective& d, const std::vector<NodeId>& ch
     n.activation_whole_bytes = ceil_div(n.activation_whole_bytes, tp);
     n.checkpoint_bytes = ceil_div(n.checkpoint_bytes, tp);
     n.backward_scratch_bytes = ceil_div(n.backward_scratch_bytes, tp);
+    n.weight_grad_bytes = ceil_div(n.weight_grad_bytes, tp);
   };
   std::unordered_set<NodeId> routers;
   for (NodeId id : chunks) {
@@ -164,7 +165,10 @@ Status shard_tp(Graph& g, const ShardDirective& d, const std::vector<NodeId>& ch
     }
     // The backward's working set: its sharded widths split over tp (the hidden-width gradients too: whole
     // without sequence parallelism in the runtime, a small part of the set).
-    if (Node& nd = g.node(id); nd.backward_scratch_bytes > 0) nd.backward_scratch_bytes = ceil_div(nd.backward_scratch_bytes, tp);
+    if (Node& nd = g.node(id); nd.backward_scratch_bytes > 0) {
+      nd.backward_scratch_bytes = ceil_div(nd.backward_scratch_bytes, tp);
+      nd.weight_grad_bytes = ceil_div(nd.weight_grad_bytes, tp);
+    }
     auto reroute = [&](bool into, NodeKind kind, const std::string& what) {
       std::vector<int> edges = chunk_edges(g, id, into, "tp");
       // The activations an F keeps for its own backward (F -> B/BW/W of the same layer and part) stay local:
@@ -244,6 +248,7 @@ void split_unsharded_moe_tokens(Graph& g) {
     n.activation_whole_bytes = ceil_div(n.activation_whole_bytes, tp);
     n.checkpoint_bytes = ceil_div(n.checkpoint_bytes, tp);
     n.backward_scratch_bytes = ceil_div(n.backward_scratch_bytes, tp);
+    n.weight_grad_bytes = ceil_div(n.weight_grad_bytes, tp);
   }
 }
 

@@ -27,6 +27,7 @@ void split_backward(Graph& g, const std::vector<NodeId>& nodes) {
     w.activation_whole_bytes = 0;
     w.checkpoint_bytes = 0;
     w.backward_scratch_bytes = 0;  // B's working set; W reuses what B left for it (the deferred B -> W gradients)
+    w.weight_grad_bytes = 0;       // held from B to W: allocated with B (compile/memory_plan.cc)
     w.order_slot = -1;
     rename(w.name, ".W");
     NodeId wid = g.add_node(std::move(w));
