@@ -412,23 +412,6 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
   return ok_status();
 }
 
-// --expert-loads FILE: the busiest ep rank's load for every ep that divides the model's experts (the experts placed
-// contiguously, as the compiler places them; 1 at ep = 1, where one rank holds every expert). Errors: the file's own, a model without experts, loads
-// of another model (measured_loads, scenario.h).
-Result<std::map<int, double>> expert_load_by_ep(const std::string& file, const ModelSpec& model) {
-  if (!model.is_moe()) {
-    return invalid_argument("--expert-loads: model '" + model.name + "' has no routed experts; drop the flag");
-  }
-  PIPER_ASSIGN_OR_RETURN(balance::ExpertLoads loads, balance::load_expert_loads(file));
-  std::map<int, double> out;
-  for (int ep = 1; ep <= model.moe.num_experts; ++ep) {
-    if (model.moe.num_experts % ep != 0) continue;
-    PIPER_ASSIGN_OR_RETURN(MeasuredLoads m, measured_loads(loads, file, model, ep));
-    out[ep] = m.imbalance;
-  }
-  return out;
-}
-
 std::string expert_loads_summary(const std::string& file, const std::map<int, double>& by_ep) {
   std::string line = "experts     " + file + ": busiest ep rank over the mean (measured), by ep:";
   char buf[48];

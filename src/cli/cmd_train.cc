@@ -56,7 +56,7 @@ struct TrainCliOptions {
   std::string trace;
   std::string sim_trace;
   std::string record_expert_loads;  // --record-expert-loads FILE (balance/expert_loads.h)
-  std::string expert_loads;         // --expert-loads FILE: an earlier run's loads, for the predictions
+  std::string expert_loads;         // --expert-loads FILE: an earlier run's loads, for the predictions and --strategy auto
   std::string calibration;
   std::string comm_calibration;
   bool json = false;
@@ -107,10 +107,13 @@ Result<runtime::TrainOptions> train_options(const TrainCliOptions& o, comm::Comm
     // (a pure function of the same inputs); DistContext's plan hash check catches any disagreement.
     t.global_batch = o.global_batch > 0 ? o.global_batch : 16;
     PIPER_ASSIGN_OR_RETURN(AutoStrategy a, auto_strategy(t.model, t.ranks, kernels::kernel_threads(), t.global_batch,
-                                                         o.seq_len, o.calibration, o.comm_calibration));
+                                                         o.seq_len, o.calibration, o.comm_calibration,
+                                                         o.expert_loads));
     t.strategy = a.strategy.to_string();
-    *auto_note = "  (--strategy auto: `piper plan --local-ranks " + std::to_string(t.ranks) + " --runnable` #1 of " +
-                 std::to_string(a.scored) + " scored, predicted step " + format_seconds(a.step_time_s) + ")";
+    const std::string loads = o.expert_loads.empty() ? "" : " --expert-loads " + o.expert_loads;
+    *auto_note = "  (--strategy auto: `piper plan --local-ranks " + std::to_string(t.ranks) + " --runnable" + loads +
+                 "` #1 of " + std::to_string(a.scored) + " scored, predicted step " + format_seconds(a.step_time_s) +
+                 ")";
   }
   t.seq_len = o.seq_len;
   t.seed = o.seed;
@@ -494,7 +497,8 @@ PIPER_REGISTER_COMMAND(g_train, "train", "Train a model through its compiled Pla
                   "--expert-loads (docs/balance.md)");
   sub->add_option("--expert-loads", o->expert_loads,
                   "expert loads recorded by an earlier run (--record-expert-loads) for the predictions: the simulation "
-                  "prices each ep rank's experts from its own share, the model every rank as the busiest");
+                  "prices each ep rank's experts from its own share, the model every rank as the busiest; with "
+                  "--strategy auto the planner prices every candidate from them too");
   sub->add_option("--calibration", o->calibration,
                   "device calibration JSON for the predictions (src/cost/device_model.h)");
   sub->add_option("--comm-calibration", o->comm_calibration,

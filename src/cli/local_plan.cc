@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <thread>
 
+#include "piper/balance/expert_loads.h"
+#include "piper/cli/scenario.h"
 #include "piper/cli/train_report.h"
 #include "piper/planner/verify.h"
 #include "piper/runtime/support.h"
@@ -59,7 +61,7 @@ TrainSpec local_train_spec(int64_t global_batch, int64_t seq_len) {
 
 Result<AutoStrategy> auto_strategy(const ModelSpec& model, int ranks, int kernel_threads, int64_t global_batch,
                                    int64_t seq_len, const std::string& calibration,
-                                   const std::string& comm_calibration) {
+                                   const std::string& comm_calibration, const std::string& expert_loads) {
   PIPER_ASSIGN_OR_RETURN(LocalMachine m, local_cluster(ranks, kernel_threads, calibration, comm_calibration));
   const TrainSpec train = local_train_spec(global_batch, seq_len);
   // The same search as `piper plan --local-ranks R --runnable` with its defaults (the kept plans re-scored by
@@ -70,6 +72,9 @@ Result<AutoStrategy> auto_strategy(const ModelSpec& model, int ranks, int kernel
   o.local_search_steps = kPlanLocalSearchSteps;
   o.simulate_budget_s = kPlanSimBudgetS;
   o.calibration = m.calibration;
+  if (!expert_loads.empty()) {
+    PIPER_ASSIGN_OR_RETURN(o.expert_load_by_ep, expert_load_by_ep(expert_loads, model));
+  }
   o.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   restrict_to_runtime(model, o.memory_fraction * static_cast<double>(m.cluster.device.memory_bytes), &o);
   PIPER_ASSIGN_OR_RETURN(planner::SearchResult r, planner::search(model, m.cluster, train, o));
@@ -86,6 +91,20 @@ Result<AutoStrategy> auto_strategy(const ModelSpec& model, int ranks, int kernel
   a.scored = r.stats.scored;
   a.step_time_s = r.top[0].estimate.step_time_s;
   return a;
+}
+
+Result<std::map<int, double>> expert_load_by_ep(const std::string& file, const ModelSpec& model) {
+  if (!model.is_moe()) {
+    return invalid_argument("--expert-loads: model '" + model.name + "' has no routed experts; drop the flag");
+  }
+  PIPER_ASSIGN_OR_RETURN(balance::ExpertLoads loads, balance::load_expert_loads(file));
+  std::map<int, double> out;
+  for (int ep = 1; ep <= model.moe.num_experts; ++ep) {
+    if (model.moe.num_experts % ep != 0) continue;
+    PIPER_ASSIGN_OR_RETURN(MeasuredLoads m, measured_loads(loads, file, model, ep));
+    out[ep] = m.imbalance;
+  }
+  return out;
 }
 
 }  // namespace piper::cli

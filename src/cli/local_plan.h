@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "piper/base/status.h"
@@ -39,8 +40,16 @@ struct AutoStrategy {
 
 // The planner's best runnable strategy for `ranks` ranks on this machine (global batch and sequence as given;
 // fp32 training). Errors: nothing runnable fits (the planner's message, and the fix).
+// expert_loads: a `train --record-expert-loads` file ("" for none) that prices every candidate's busiest ep rank,
+// as `piper plan --expert-loads` does.
 Result<AutoStrategy> auto_strategy(const ModelSpec& model, int ranks, int kernel_threads, int64_t global_batch,
                                    int64_t seq_len, const std::string& calibration,
-                                   const std::string& comm_calibration);
+                                   const std::string& comm_calibration, const std::string& expert_loads = "");
+
+// `--expert-loads FILE` for the planner: the busiest ep rank's load over the mean for every ep that divides the
+// model's experts (the experts placed contiguously, as the compiler places them; 1 at ep = 1, where one rank holds
+// every expert), planner::SearchOptions::expert_load_by_ep. Errors: the file's own, a model without experts,
+// loads of another model.
+Result<std::map<int, double>> expert_load_by_ep(const std::string& file, const ModelSpec& model);
 
 }  // namespace piper::cli

@@ -432,4 +432,23 @@ TEST(CliTrainReport, AfPipeFourRanksEndToEnd) {
   std::filesystem::remove(path);
 }
 
+// `piper train --strategy auto --expert-loads F` runs `piper plan --local-ranks R --runnable --expert-loads F`'s #1:
+// the loads price every candidate's busiest ep rank (all routed tokens on experts 0 and 1 here), and its note says so.
+TEST(CliTrainReport, AutoStrategyWithExpertLoadsIsThatPlansFirst) {
+  const std::string hot = write_hot_rank_loads();
+  int rc = 0;
+  const std::string scenario = "--model tiny-moe --global-batch 8 --seq 16 --expert-loads " + hot;
+  std::string out = run("plan --local-ranks 2 --runnable --top 3 --json " + scenario, &rc, true);
+  ASSERT_EQ(rc, 0) << out;
+  const piper::Json plans = piper::Json::parse(out);
+  ASSERT_FALSE(plans["plans"].empty());
+  EXPECT_DOUBLE_EQ(plans["expert_loads"]["busiest_by_ep"]["2"].get<double>(), 2.0);
+  out = run("train --ranks 2 --strategy auto --steps 1 --json " + scenario, &rc, true);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_EQ(piper::Json::parse(out)["strategy"], plans["plans"][0]["strategy"]);
+  out = run("train --ranks 2 --strategy auto --steps 1 " + scenario, &rc, true);
+  ASSERT_EQ(rc, 0) << out;
+  EXPECT_NE(out.find("--runnable --expert-loads " + hot + "` #1 of"), std::string::npos) << out;
+}
+
 }  // namespace
