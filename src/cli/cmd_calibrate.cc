@@ -227,11 +227,14 @@ Json core_sharing_json(const std::vector<SharingRow>& rows) {
 Json attention_json(const AttentionFit& a) {
   Json points = Json::array();
   for (const AttentionShapePoint& p : a.points) {
-    points.push_back({{"seq", p.seq}, {"forward_s", p.forward_s}, {"backward_s", p.backward_s},
-                      {"flops_s", p.flops_s}, {"bytes_per_score", p.bytes_per_score}});
+    points.push_back({{"seq", p.seq},
+                      {"forward_s", p.forward_s},
+                      {"backward_s", p.backward_s},
+                      {"flops_s", p.flops_s},
+                      {"bytes_per_score", p.bytes_per_score}});
   }
-  return Json{{"batch", a.batch}, {"heads", a.heads}, {"kv_heads", a.kv_heads}, {"head_dim", a.head_dim},
-              {"points", points}};
+  return Json{
+      {"batch", a.batch}, {"heads", a.heads}, {"kv_heads", a.kv_heads}, {"head_dim", a.head_dim}, {"points", points}};
 }
 
 void print_thread_runs(const std::vector<ThreadRun>& runs, double peak, const DeviceSpec& preset) {

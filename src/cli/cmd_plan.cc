@@ -9,7 +9,6 @@
 
 #include "piper/base/json.h"
 #include "piper/base/strings.h"
-#include "piper/balance/expert_loads.h"
 #include "piper/base/units.h"
 #include "piper/cli/calibration_file.h"
 #include "piper/cli/command.h"
@@ -21,7 +20,6 @@
 #include "piper/cli/plan_report.h"
 #include "piper/cli/plan_validate.h"
 #include "piper/cli/precision_flags.h"
-#include "piper/cli/scenario.h"
 #include "piper/cli/train_report.h"
 #include "piper/cost/estimate.h"
 #include "piper/planner/af_refine.h"

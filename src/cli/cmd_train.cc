@@ -56,7 +56,7 @@ struct TrainCliOptions {
   std::string trace;
   std::string sim_trace;
   std::string record_expert_loads;  // --record-expert-loads FILE (balance/expert_loads.h)
-  std::string expert_loads;         // --expert-loads FILE: an earlier run's loads, for the predictions and --strategy auto
+  std::string expert_loads;  // --expert-loads FILE: an earlier run's loads, for the predictions and --strategy auto
   std::string calibration;
   std::string comm_calibration;
   bool json = false;
@@ -107,8 +107,7 @@ Result<runtime::TrainOptions> train_options(const TrainCliOptions& o, comm::Comm
     // (a pure function of the same inputs); DistContext's plan hash check catches any disagreement.
     t.global_batch = o.global_batch > 0 ? o.global_batch : 16;
     PIPER_ASSIGN_OR_RETURN(AutoStrategy a, auto_strategy(t.model, t.ranks, kernels::kernel_threads(), t.global_batch,
-                                                         o.seq_len, o.calibration, o.comm_calibration,
-                                                         o.expert_loads));
+                                                         o.seq_len, o.calibration, o.comm_calibration, o.expert_loads));
     t.strategy = a.strategy.to_string();
     const std::string loads = o.expert_loads.empty() ? "" : " --expert-loads " + o.expert_loads;
     *auto_note = "  (--strategy auto: `piper plan --local-ranks " + std::to_string(t.ranks) + " --runnable" + loads +

@@ -60,8 +60,8 @@ TrainSpec local_train_spec(int64_t global_batch, int64_t seq_len) {
 }
 
 Result<AutoStrategy> auto_strategy(const ModelSpec& model, int ranks, int kernel_threads, int64_t global_batch,
-                                   int64_t seq_len, const std::string& calibration,
-                                   const std::string& comm_calibration, const std::string& expert_loads) {
+                                   int64_t seq_len, const std::string& calibration, const std::string& comm_calibration,
+                                   const std::string& expert_loads) {
   PIPER_ASSIGN_OR_RETURN(LocalMachine m, local_cluster(ranks, kernel_threads, calibration, comm_calibration));
   const TrainSpec train = local_train_spec(global_batch, seq_len);
   // The same search as `piper plan --local-ranks R --runnable` with its defaults (the kept plans re-scored by

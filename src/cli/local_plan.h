@@ -43,8 +43,8 @@ struct AutoStrategy {
 // expert_loads: a `train --record-expert-loads` file ("" for none) that prices every candidate's busiest ep rank,
 // as `piper plan --expert-loads` does.
 Result<AutoStrategy> auto_strategy(const ModelSpec& model, int ranks, int kernel_threads, int64_t global_batch,
-                                   int64_t seq_len, const std::string& calibration,
-                                   const std::string& comm_calibration, const std::string& expert_loads = "");
+                                   int64_t seq_len, const std::string& calibration, const std::string& comm_calibration,
+                                   const std::string& expert_loads = "");
 
 // `--expert-loads FILE` for the planner: the busiest ep rank's load over the mean for every ep that divides the
 // model's experts (the experts placed contiguously, as the compiler places them; 1 at ep = 1, where one rank holds

@@ -71,8 +71,8 @@ struct BufferPlan {
   std::map<ir::NodeId, Buffer> checkpoint_before;        // recomputed F -> its input, kept to its last backward
   std::map<ir::NodeId, Buffer> recompute_before;         // backward chunk -> buffer of the F it re-runs first
   std::map<ir::NodeId, Buffer> scratch_before;           // backward chunk -> its working set, right before it
-  std::map<ir::NodeId, Buffer> grads_before;             // ZeRO-2/3: W or BW -> its full gradients, to the reduce-scatter
-  std::map<ir::NodeId, Buffer> weight_grad_before;       // split backward: B -> the gradients it leaves for its W
+  std::map<ir::NodeId, Buffer> grads_before;        // ZeRO-2/3: W or BW -> its full gradients, to the reduce-scatter
+  std::map<ir::NodeId, Buffer> weight_grad_before;  // split backward: B -> the gradients it leaves for its W
   std::map<ir::NodeId, ir::NodeId> recompute_of;         // backward chunk -> that recomputed F chunk
   std::map<ir::NodeId, std::vector<Buffer>> free_after;  // node -> buffers freed right after it
 };

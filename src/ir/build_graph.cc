@@ -28,32 +28,47 @@ struct ChunkSpec {
   // whole) and the experts' activation output.
   double norm_output = 0;
   double act_output = 0;
-  double scratch = 0;  // bytes per token of the backward's working set (backward_working_set_per_token)
+  double scratch = 0;      // bytes per token of the backward's working set (backward_working_set_per_token)
   double weight_grad = 0;  // bytes per token B leaves for W under a split backward (weight_grad_inputs_per_token)
 };
 
 double scratch_of(Part part, const BackwardWorkingSet& ws, double expert_load) {
   switch (part) {
-    case Part::kAttention: return ws.attention;
-    case Part::kDenseMlp: return ws.dense_mlp;
-    case Part::kRouter: return ws.router;
-    case Part::kExperts: return ws.experts(expert_load);
-    case Part::kSharedExperts: return ws.shared;
-    case Part::kHead: return ws.head;
-    default: return 0.0;  // the embedding's backward adds its input gradient into the table's rows
+    case Part::kAttention:
+      return ws.attention;
+    case Part::kDenseMlp:
+      return ws.dense_mlp;
+    case Part::kRouter:
+      return ws.router;
+    case Part::kExperts:
+      return ws.experts(expert_load);
+    case Part::kSharedExperts:
+      return ws.shared;
+    case Part::kHead:
+      return ws.head;
+    default:
+      return 0.0;  // the embedding's backward adds its input gradient into the table's rows
   }
 }
 
 double weight_grad_of(Part part, const WeightGradInputs& w, double expert_load) {
   switch (part) {
-    case Part::kEmbedding: return w.embedding;
-    case Part::kAttention: return w.attention;
-    case Part::kDenseMlp: return w.dense_mlp;
-    case Part::kRouter: return w.router;
-    case Part::kExperts: return expert_load * w.experts_rows;
-    case Part::kSharedExperts: return w.shared;
-    case Part::kHead: return w.head;
-    default: return 0.0;
+    case Part::kEmbedding:
+      return w.embedding;
+    case Part::kAttention:
+      return w.attention;
+    case Part::kDenseMlp:
+      return w.dense_mlp;
+    case Part::kRouter:
+      return w.router;
+    case Part::kExperts:
+      return expert_load * w.experts_rows;
+    case Part::kSharedExperts:
+      return w.shared;
+    case Part::kHead:
+      return w.head;
+    default:
+      return 0.0;
   }
 }
 
@@ -64,7 +79,8 @@ Result<int> optimizer_bytes(const TrainSpec& train) {
   const std::string& opt = train.optimizer.name;
   if (opt == "adam" || opt == "adamw") return master + 2 * dtype_bytes(train.optimizer_dtype);
   if (opt == "sgd") return master + dtype_bytes(train.optimizer_dtype);
-  return invalid_argument("build_graph: train.optimizer.name '" + opt + "' has no memory model; use adam, adamw or sgd");
+  return invalid_argument("build_graph: train.optimizer.name '" + opt +
+                          "' has no memory model; use adam, adamw or sgd");
 }
 
 }  // namespace
@@ -177,7 +193,8 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
   // (checked_math.h), so no node gets a wrapped or undefined FLOP or byte count (the backward's 2x included).
   for (const ChunkSpec& c : chunks) {
     const double t = static_cast<double>(tokens);
-    for (double v : {3 * c.flops_per_token * t, c.act.total() * t, c.checkpoint * t, c.scratch * t, c.weight_grad * t}) {
+    for (double v :
+         {3 * c.flops_per_token * t, c.act.total() * t, c.checkpoint * t, c.scratch * t, c.weight_grad * t}) {
       if (!checked_llround(v).has_value()) {
         return invalid_argument("build_graph: layer " + std::to_string(c.layer) + " " + chunk_name(c.part) +
                                 " of model '" + model.name +

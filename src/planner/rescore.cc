@@ -184,7 +184,8 @@ Result<double> simulate_step_time(const ModelSpec& model, const ClusterSpec& clu
   t.micro_batch_size = strategy.mbs;
   if (options.simulator) return options.simulator(strategy, t);
   sim::SimOptions so = rescore_sim_options(cluster, options, deadline);
-  PIPER_ASSIGN_OR_RETURN(sim::SimReport rep, sim::simulate(model, cluster, t, strategy, options.calibration_for(strategy.ep), so));
+  PIPER_ASSIGN_OR_RETURN(sim::SimReport rep,
+                         sim::simulate(model, cluster, t, strategy, options.calibration_for(strategy.ep), so));
   return rep.step_time_s;
 }
 

@@ -118,7 +118,8 @@ BackwardWorkingSet backward_working_set_per_token(const ModelSpec& m, const Acti
   const double hidden = static_cast<double>(m.hidden_size), h = hidden / (sp ? t : 1.0);
   const double qkv = qkv_width(m) / t;
   const double d_o = static_cast<double>(m.num_heads) * static_cast<double>(m.v_head_dim()) / t;
-  const double probs = materialised_scores ? static_cast<double>(m.num_heads) * static_cast<double>(a.seq_len) / t : 0.0;
+  const double probs =
+      materialised_scores ? static_cast<double>(m.num_heads) * static_cast<double>(a.seq_len) / t : 0.0;
   BackwardWorkingSet ws;
   ws.attention = b * (h + std::max({d_o + qkv + probs, 2 * qkv + h, qkv + 2 * h}));
   ws.dense_mlp = b * (3 * h + gated * static_cast<double>(m.intermediate_size) / t);
@@ -131,8 +132,8 @@ BackwardWorkingSet backward_working_set_per_token(const ModelSpec& m, const Acti
   ws.experts_token = (expert_parallel ? b * hidden : b * 2 * hidden + 4 * k) / t;
   ws.experts_rows = b * k * etp * ((expert_parallel ? 3 : 2) * hidden + row) / t;
   if (e.num_shared_experts > 0) {
-    ws.shared = b * (3 * hidden + gated * static_cast<double>(e.shared_expert_intermediate_size) *
-                                      e.num_shared_experts) / t;
+    ws.shared =
+        b * (3 * hidden + gated * static_cast<double>(e.shared_expert_intermediate_size) * e.num_shared_experts) / t;
   }
   return ws;
 }

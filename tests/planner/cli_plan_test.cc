@@ -286,11 +286,16 @@ TEST(CliPlanTest, ExpertLoadsPriceEveryCandidateAtItsEp) {
                 ", \"tokens\": [40, 40, 40, 40, 32, 32, 32, 32]}";
     }
     std::fputs(("{\"format\": \"piper-expert-loads\", \"version\": 1, \"model\": \"tiny-moe\", \"num_experts\": 8, "
-                "\"steps\": 1, \"layers\": [" + layers + "]}\n").c_str(), f);
+                "\"steps\": 1, \"layers\": [" +
+                layers + "]}\n")
+                   .c_str(),
+               f);
     std::fclose(f);
   }
-  const std::string scenario = "--model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --seq 128 --json "
-                               "--expert-loads " + loads;
+  const std::string scenario =
+      "--model tiny-moe --cluster local-cpu --nodes 1 --global-batch 8 --seq 128 --json "
+      "--expert-loads " +
+      loads;
   int rc = 0;
   std::string out = run("plan " + scenario + " --top 40 --no-verify --simulate-top 0", &rc, false);
   ASSERT_EQ(rc, 0) << out;
@@ -315,8 +320,7 @@ TEST(CliPlanTest, ExpertLoadsPriceEveryCandidateAtItsEp) {
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("--expert-loads: model 'gpt-1.7b' has no routed experts; drop the flag"), std::string::npos)
       << out;
-  out = run("plan --model deepseek-v2-lite --cluster dgx-h100 --nodes 1 --global-batch 8 --expert-loads " + loads,
-            &rc);
+  out = run("plan --model deepseek-v2-lite --cluster dgx-h100 --nodes 1 --global-batch 8 --expert-loads " + loads, &rc);
   EXPECT_NE(rc, 0);
   EXPECT_NE(out.find("recorded on model 'tiny-moe' (8 experts), not 'deepseek-v2-lite'"), std::string::npos) << out;
 }

@@ -108,7 +108,8 @@ TEST(ExpertRankLoadsTest, TheBusiestRankOfAFullSimulationIsTheRepresentativeOne)
   const SimReport flat = simulate(s.model, s.cluster, s.train, s.strategy, {}, rep).value();
   // The stash is all per routed row; the working set's per-token part (dout, the residual's gradient) is not.
   const compile::Program& flat_prog = flat.compiled.plan.program(0);
-  const int64_t more_working = last_experts_working_set(one.compiled.plan.program(0)) - last_experts_working_set(flat_prog);
+  const int64_t more_working =
+      last_experts_working_set(one.compiled.plan.program(0)) - last_experts_working_set(flat_prog);
   EXPECT_GT(more_working, 0);
   EXPECT_NEAR(static_cast<double>(one.sim.ranks[0].peak_bytes - flat.sim.ranks[0].peak_bytes),
               3.0 * experts_stash_bytes(flat_prog) + more_working, 8.0);

@@ -61,8 +61,8 @@ StashReplay replay_stash(const compile::Program& p) {
 }
 
 struct Measured {
-  double sim_activations = 0;      // the activation peak on pipeline rank 0, without the backward's working set
-                                   // (with ZeRO-3: the simulated peak minus static memory)
+  double sim_activations = 0;       // the activation peak on pipeline rank 0, without the backward's working set
+                                    // (with ZeRO-3: the simulated peak minus static memory)
   double sim_peak_over_static = 0;  // the simulated peak minus static memory on pipeline rank 0
   double est_activations = 0;      // the closed form's activations on pipeline rank 0
   double sim_static = 0;           // parameters, gradients and optimizer state on pipeline rank 0

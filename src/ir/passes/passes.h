@@ -39,8 +39,7 @@ Status apply_shard(Graph& graph, const ShardDirective& d);
 // After every directive: with sequence parallelism (tp > 1), a MoE layer whose experts are not sharded over ep
 // still routes a token slice per tensor rank (the hidden states between tp chunks are 1/tp of the rows), so its
 // router's and experts' per-token bytes (stash, checkpoint, backward working set, B -> W gradients) are divided by
-// tp, as shard ep
-// divides them when it shards the experts and as the closed form counts every MoE term.
+// tp, as shard ep divides them when it shards the experts and as the closed form counts every MoE term.
 void split_unsharded_moe_tokens(Graph& graph);
 // check_cycles = false: the caller checks for cycles later (ApplyOptions::defer_order_cycle_checks).
 Status apply_order(Graph& graph, const OrderDirective& d, bool check_cycles = true);

@@ -71,6 +71,15 @@ int etp_exchange(Graph& g, int e, NodeId id, bool into, int64_t rows_bytes, cons
   return e;  // unreachable: insert_on_edge links both sides
 }
 
+// A chunk that sees 1/tp of a microbatch's tokens: every per-token byte count it carries, divided by tp.
+void split_token_bytes(Node& n, int64_t tp) {
+  n.activation_bytes = ceil_div(n.activation_bytes, tp);
+  n.activation_whole_bytes = ceil_div(n.activation_whole_bytes, tp);
+  n.checkpoint_bytes = ceil_div(n.checkpoint_bytes, tp);
+  n.backward_scratch_bytes = ceil_div(n.backward_scratch_bytes, tp);
+  n.weight_grad_bytes = ceil_div(n.weight_grad_bytes, tp);
+}
+
 Status shard_ep(Graph& g, const ShardDirective& d, const std::vector<NodeId>& chunks) {
   if (g.mesh.ep <= 1 && g.mesh.etp <= 1) {
     return invalid_argument("axis ep needs ep > 1 or etp > 1 in the mesh (ep=" + std::to_string(g.mesh.ep) +
@@ -93,22 +102,15 @@ Status shard_ep(Graph& g, const ShardDirective& d, const std::vector<NodeId>& ch
   };
   // The router before the experts keeps its T / tp tokens' activations too (the closed form's MoE terms are all
   // divided by tp); it is divided once, when its experts chunk is sharded.
-  auto split_tokens = [&](Node& n) {
-    n.activation_bytes = ceil_div(n.activation_bytes, tp);
-    n.activation_whole_bytes = ceil_div(n.activation_whole_bytes, tp);
-    n.checkpoint_bytes = ceil_div(n.checkpoint_bytes, tp);
-    n.backward_scratch_bytes = ceil_div(n.backward_scratch_bytes, tp);
-    n.weight_grad_bytes = ceil_div(n.weight_grad_bytes, tp);
-  };
   std::unordered_set<NodeId> routers;
   for (NodeId id : chunks) {
     g.node(id).shard_axis = "ep";
-    split_tokens(g.node(id));
+    split_token_bytes(g.node(id), tp);
     for (NodeId p : g.preds(id)) {
       Node& r = g.node(p);
       if (r.kind == NodeKind::kChunk && chunk_part(r.tags.part) == Part::kRouter &&
           r.tags.layer == g.node(id).tags.layer && routers.insert(p).second)
-        split_tokens(r);
+        split_token_bytes(r, tp);
     }
     const bool fwd = g.node(id).tags.pass == Pass::kF;
     for (int e : chunk_edges(g, id, true, "tp")) {
@@ -243,12 +245,7 @@ void split_unsharded_moe_tokens(Graph& g) {
     Node& n = g.node(static_cast<NodeId>(i));
     if (n.kind != NodeKind::kChunk || ep_layers.count(n.tags.layer) > 0) continue;
     const std::optional<Part> part = chunk_part(n.tags.part);
-    if (part != Part::kRouter && part != Part::kExperts) continue;
-    n.activation_bytes = ceil_div(n.activation_bytes, tp);
-    n.activation_whole_bytes = ceil_div(n.activation_whole_bytes, tp);
-    n.checkpoint_bytes = ceil_div(n.checkpoint_bytes, tp);
-    n.backward_scratch_bytes = ceil_div(n.backward_scratch_bytes, tp);
-    n.weight_grad_bytes = ceil_div(n.weight_grad_bytes, tp);
+    if (part == Part::kRouter || part == Part::kExperts) split_token_bytes(n, tp);
   }
 }
 
