@@ -14,13 +14,16 @@ namespace {
 struct ExpertsStash : Stash {
   int64_t n = 0;
   std::shared_ptr<const Routed> routed;
-  std::shared_ptr<const EpRows> ep_in;  // expert parallelism: the dispatched rows (weights for the backward)
-  kernels::Routing local;               // expert parallelism: received rows grouped by local expert
+  // Expert parallelism: the dispatched rows' routing weights (the backward's; the rows themselves are not kept,
+  // xp holds them permuted) and the rows grouped by local expert.
+  bool ep = false;
+  std::vector<float> ep_weight;
+  kernels::Routing local;
   bool act_dropped = false;  // recompute_act: hh freed after F, recomputed in backward_weight
   Tensor xp, g, u, hh, yp;  // [rows, h] / [rows, f]: dispatched tokens, intermediates, expert outputs
   // B -> W
   Tensor dyp, dg, du;
-  const kernels::Routing& routing() const { return ep_in ? local : routed->routing; }
+  const kernels::Routing& routing() const { return ep ? local : routed->routing; }
 };
 
 class ExpertsChunk : public Chunk {
@@ -81,7 +84,7 @@ class ExpertsChunk : public Chunk {
   Status backward_input(const StepContext& ctx, const std::vector<const Gradient*>& grads, Stash& stash,
                         Gradient* dx) override {
     auto& st = static_cast<ExpertsStash&>(stash);
-    if (st.ep_in) return backward_input_ep(grads, st, dx);
+    if (st.ep) return backward_input_ep(grads, st, dx);
     const int64_t n = st.n, h = dims_.hidden, f = dims_.expert_intermediate, rows = n * dims_.top_k;
     const Routed& r = *st.routed;
     PIPER_ASSIGN_OR_RETURN(auto dout, sum_dhidden(*this, grads, n, h));
@@ -175,7 +178,8 @@ class ExpertsChunk : public Chunk {
     auto st = std::make_unique<ExpertsStash>();
     st->n = in.hidden ? in.hidden->numel() / h : 0;
     st->routed = routing_only(in.routed);
-    st->ep_in = in.ep;
+    st->ep = true;
+    st->ep_weight = ep.weight;
     st->local = kernels::build_routing(ep.expert.data(), rows, 1, dims_.local_experts());
     run_experts(*st, ep.rows->data(), rows);
     drop_act(ctx, *st);
@@ -192,8 +196,7 @@ class ExpertsChunk : public Chunk {
 
   Status backward_input_ep(const std::vector<const Gradient*>& grads, ExpertsStash& st, Gradient* dx) {
     const int64_t h = dims_.hidden, f = dims_.expert_intermediate;
-    const EpRows& in = *st.ep_in;
-    const int64_t rows = static_cast<int64_t>(in.expert.size());
+    const int64_t rows = static_cast<int64_t>(st.ep_weight.size());
     if (grads.size() != 1 || !grads[0]->ep || !grads[0]->ep->rows || grads[0]->ep->rows->numel() != rows * h) {
       return invalid_argument(name() + ": expects one gradient message from its combine with " +
                               std::to_string(rows) + " dispatched rows; got " + std::to_string(grads.size()) +
@@ -203,7 +206,7 @@ class ExpertsChunk : public Chunk {
     auto out = std::make_shared<EpRows>();
     out->dweight.assign(static_cast<size_t>(rows), 0.0f);
     kernels::unpermute_backward_input(st.dyp.data(), out->dweight.data(), grads[0]->ep->rows->data(), st.yp.data(),
-                                      in.weight.data(), st.local, h);
+                                      st.ep_weight.data(), st.local, h);
     Tensor dxp = new_tensor({rows, h}, MemCategory::kBuffers);
     st.dg = new_tensor({rows, f}, MemCategory::kBuffers);
     st.du = new_tensor({rows, f}, MemCategory::kBuffers);
