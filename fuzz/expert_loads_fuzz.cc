@@ -1,6 +1,6 @@
 // Measured expert loads (`estimate|simulate --expert-loads FILE`, written by `train --record-expert-loads`):
-// parse_expert_loads; a file that loads must survive its own writer unchanged and give a finite imbalance >= 1 for
-// every ep that divides its experts.
+// parse_expert_loads; a file that loads must survive its own writer unchanged and give a finite imbalance in [1, ep]
+// and a finite memory load >= 1 (its ranks' busiest steps) for every ep that divides its experts.
 #include <cmath>
 #include <cstdint>
 
@@ -21,6 +21,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz::require(imbalance.ok() && std::isfinite(*imbalance) && *imbalance >= 1.0 - 1e-9 &&
                       *imbalance <= ep + 1e-9,
                   "imbalance in [1, ep]", std::to_string(ep));
+    Result<double> memory = balance::contiguous_memory_load(*loads, ep);
+    fuzz::require(memory.ok() && std::isfinite(*memory) && *memory >= 1.0 - 1e-9, "memory load finite, >= 1",
+                  std::to_string(ep));
   }
   return 0;
 }

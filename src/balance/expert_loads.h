@@ -2,10 +2,15 @@
 // `piper train --record-expert-loads FILE` and read by `piper estimate|simulate --expert-loads FILE`, which price
 // the busiest expert-parallel rank from it instead of assuming balanced experts (docs/balance.md).
 //
-// File (JSON): {"format": "piper-expert-loads", "version": 1, "model": "tiny-moe", "num_experts": 8, "steps": 20,
-//               "layers": [{"layer": 0, "tokens": [812, 640, ...]}, ...]}
+// File (JSON): {"format": "piper-expert-loads", "version": 2, "model": "tiny-moe", "num_experts": 8, "steps": 20,
+//               "layers": [{"layer": 0, "tokens": [812, 640, ...]}, ...],
+//               "busiest_steps": [{"ep": 2, "ranks": [{"step": 5, "tokens": [2011, 1876, ...]}, ...]}, ...]}
 // tokens[e] is the count of (token, expert) routings to logical expert e summed over `steps` steps; placement
-// independent (a migration changes which rank serves an expert, not what the router sends it).
+// independent (a migration changes which rank serves an expert, not what the router sends it). busiest_steps
+// (version 2; a version-1 file has none): for every ep that divides num_experts (2 <= ep <= kMaxRecordedEp), the
+// experts placed contiguously, each ep rank's step with the most routed rows summed over the MoE layers and its
+// rows per layer in that step: what the rank's peak memory comes from, as a rank's experts keep every routed row
+// of a step until its backward, while its time follows the mean over steps.
 #pragma once
 
 #include <cstdint>
@@ -22,11 +27,26 @@ struct LayerLoads {
   std::vector<int64_t> tokens;  // [num_experts]
 };
 
+// The largest ep whose busiest steps a file records (bounds the file: the ranks of every recorded ep, at most 2,046
+// for 2^16 experts, times the layers).
+inline constexpr int kMaxRecordedEp = 1024;
+
+struct BusiestStep {
+  int64_t step = 0;             // 1-based, of the run's steps
+  std::vector<int64_t> tokens;  // [i]: the rank's routed rows in MoE layer layers[i] during that step
+};
+
+struct BusiestSteps {
+  int ep = 2;
+  std::vector<BusiestStep> ranks;  // [ep rank]; ep rank r holds experts [r E/ep, (r+1) E/ep)
+};
+
 struct ExpertLoads {
   std::string model;  // the model the run trained (checked against the model it is applied to)
   int num_experts = 0;
   int64_t steps = 0;
-  std::vector<LayerLoads> layers;  // MoE layers, increasing layer index
+  std::vector<LayerLoads> layers;     // MoE layers, increasing layer index
+  std::vector<BusiestSteps> busiest;  // increasing ep; empty from a version-1 file (memory then follows the mean)
 
   Json to_json() const;
   // Adds one step's loads (layer -> tokens per expert, as runtime::TrainStepStats::expert_tokens).
@@ -48,8 +68,13 @@ struct RankLoads {
   int ep = 1;
   std::vector<int> layers;                  // the file's MoE layers (model layer index), increasing
   std::vector<std::vector<double>> factor;  // [i][r]: layer layers[i], ep rank r; a layer that routed nothing: all 1
+  // [i][r]: the same in rank r's busiest step (its rows that step over the mean rank's rows per step): what its
+  // peak memory is priced from. Equal to `factor` when the file records no busiest steps (version 1); empty (a
+  // RankLoads built by hand): `factor`.
+  std::vector<std::vector<double>> peak;
   // The factor of ep rank `r` (0 <= r < ep) in model layer `layer`; 1 for a layer the file does not list.
   double of(int layer, int r) const;
+  double peak_of(int layer, int r) const;
   // The largest factor of any rank in `layer` (1 for a layer the file does not list).
   double busiest(int layer) const;
 };
@@ -62,5 +87,12 @@ Result<RankLoads> contiguous_rank_loads(const ExpertLoads& loads, int ep);
 // layers of each layer's busiest rank, so the mean of the per-layer ratios is the one scalar that prices it
 // (cost::Calibration::expert_load_imbalance). 1 at ep = 1. ep must divide num_experts.
 Result<double> contiguous_imbalance(const ExpertLoads& loads, int ep);
+
+// The rows an ep rank's experts hold at its peak over the mean rank's, for the rank that holds the most: the
+// largest over ranks of the mean over routed layers of RankLoads::peak (a rank keeps the activations of every MoE
+// layer it holds, so its own layers' mean, not each layer's busiest rank, sizes it). What the closed form and a
+// plan compiled for a representative rank size the experts' buffers with (cost::Calibration::expert_memory_load).
+// 1 at ep = 1. ep must divide num_experts.
+Result<double> contiguous_memory_load(const ExpertLoads& loads, int ep);
 
 }  // namespace piper::balance

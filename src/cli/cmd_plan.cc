@@ -410,21 +410,27 @@ Status run_disaggregate(const PlanOptions& o, const ModelSpec& model, const Clus
   return ok_status();
 }
 
-std::string expert_loads_summary(const std::string& file, const std::map<int, double>& by_ep) {
-  std::string line = "experts     " + file + ": busiest ep rank over the mean (measured), by ep:";
-  char buf[48];
+using EpLoads = std::map<int, planner::SearchOptions::ExpertLoad>;
+
+std::string expert_loads_summary(const std::string& file, const EpLoads& by_ep) {
+  std::string line = "experts     " + file + ": busiest ep rank over the mean (measured; at its peak), by ep:";
+  char buf[64];
   for (const auto& [ep, load] : by_ep) {
     if (ep == 1) continue;
-    std::snprintf(buf, sizeof(buf), " %d: %.3f", ep, load);
+    std::snprintf(buf, sizeof(buf), " %d: %.3f (%.3f)", ep, load.time, load.memory);
     line += buf;
   }
   return line;
 }
 
-Json expert_loads_json(const std::string& file, const std::map<int, double>& by_ep) {
+Json expert_loads_json(const std::string& file, const EpLoads& by_ep) {
   Json busiest = Json::object();
-  for (const auto& [ep, load] : by_ep) busiest[std::to_string(ep)] = load;
-  return Json{{"file", file}, {"busiest_by_ep", busiest}};
+  Json peak = Json::object();
+  for (const auto& [ep, load] : by_ep) {
+    busiest[std::to_string(ep)] = load.time;
+    peak[std::to_string(ep)] = load.memory;
+  }
+  return Json{{"file", file}, {"busiest_by_ep", busiest}, {"memory_load_by_ep", peak}};
 }
 
 Status run_plan(const PlanOptions& o) {

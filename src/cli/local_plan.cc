@@ -93,16 +93,17 @@ Result<AutoStrategy> auto_strategy(const ModelSpec& model, int ranks, int kernel
   return a;
 }
 
-Result<std::map<int, double>> expert_load_by_ep(const std::string& file, const ModelSpec& model) {
+Result<std::map<int, planner::SearchOptions::ExpertLoad>> expert_load_by_ep(const std::string& file,
+                                                                            const ModelSpec& model) {
   if (!model.is_moe()) {
     return invalid_argument("--expert-loads: model '" + model.name + "' has no routed experts; drop the flag");
   }
   PIPER_ASSIGN_OR_RETURN(balance::ExpertLoads loads, balance::load_expert_loads(file));
-  std::map<int, double> out;
+  std::map<int, planner::SearchOptions::ExpertLoad> out;
   for (int ep = 1; ep <= model.moe.num_experts; ++ep) {
     if (model.moe.num_experts % ep != 0) continue;
     PIPER_ASSIGN_OR_RETURN(MeasuredLoads m, measured_loads(loads, file, model, ep));
-    out[ep] = m.imbalance;
+    out[ep] = {m.imbalance, m.memory_load};
   }
   return out;
 }

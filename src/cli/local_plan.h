@@ -46,10 +46,11 @@ Result<AutoStrategy> auto_strategy(const ModelSpec& model, int ranks, int kernel
                                    int64_t seq_len, const std::string& calibration, const std::string& comm_calibration,
                                    const std::string& expert_loads = "");
 
-// `--expert-loads FILE` for the planner: the busiest ep rank's load over the mean for every ep that divides the
-// model's experts (the experts placed contiguously, as the compiler places them; 1 at ep = 1, where one rank holds
-// every expert), planner::SearchOptions::expert_load_by_ep. Errors: the file's own, a model without experts,
-// loads of another model.
-Result<std::map<int, double>> expert_load_by_ep(const std::string& file, const ModelSpec& model);
+// `--expert-loads FILE` for the planner: the busiest ep rank's load over the mean (time) and at its peak (memory) for
+// every ep that divides the model's experts (the experts placed contiguously, as the compiler places them; 1 at
+// ep = 1, where one rank holds every expert), planner::SearchOptions::expert_load_by_ep. Errors: the file's own, a
+// model without experts, loads of another model.
+Result<std::map<int, planner::SearchOptions::ExpertLoad>> expert_load_by_ep(const std::string& file,
+                                                                            const ModelSpec& model);
 
 }  // namespace piper::cli

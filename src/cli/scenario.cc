@@ -53,6 +53,7 @@ Result<MeasuredLoads> measured_loads(const balance::ExpertLoads& loads, const st
   auto imbalance = balance::contiguous_imbalance(loads, ep);
   if (!imbalance.ok()) return imbalance.status().with_context("--expert-loads " + elide(file));
   m.imbalance = *imbalance;
+  PIPER_ASSIGN_OR_RETURN(m.memory_load, balance::contiguous_memory_load(loads, ep));
   PIPER_ASSIGN_OR_RETURN(m.ranks, balance::contiguous_rank_loads(loads, ep));
   return m;
 }
@@ -67,6 +68,8 @@ Status apply_expert_loads(const std::string& path, Scenario* sc) {
   sc->expert_loads = path;
   sc->expert_load_imbalance = m.imbalance;
   sc->calibration.expert_load_imbalance = m.imbalance;
+  sc->expert_memory_load = m.memory_load;
+  sc->calibration.expert_memory_load = m.memory_load;
   sc->rank_loads = std::move(m.ranks);
   return ok_status();
 }
@@ -118,13 +121,13 @@ Result<Scenario> make_scenario(ModelSpec model, ClusterSpec cluster, const Scena
 
 std::string Scenario::expert_loads_line(bool per_rank) const {
   if (expert_loads.empty()) return "";
-  char buf[200];
+  char buf[300];
   std::snprintf(buf, sizeof(buf),
-                per_rank ? ": each ep rank's experts priced from its own measured share (time and memory); busiest "
-                           "%.3f x the mean at ep=%d"
-                         : ": busiest ep rank %.3f x the mean at ep=%d (measured); every rank's experts priced as the "
-                           "busiest's (time and memory)",
-                expert_load_imbalance, strategy.ep);
+                per_rank ? ": each ep rank's experts priced from its own measured share (time: its mean, memory: its "
+                           "busiest step); busiest %.3f x the mean at ep=%d, %.3f at its peak"
+                         : ": busiest ep rank %.3f x the mean at ep=%d (measured), %.3f at its peak; every rank's experts "
+                           "priced as the busiest's (time and memory)",
+                expert_load_imbalance, strategy.ep, expert_memory_load);
   return "experts   " + expert_loads + buf;
 }
 
@@ -132,10 +135,13 @@ Json Scenario::expert_loads_json(bool per_rank) const {
   if (expert_loads.empty()) return Json();
   Json layers = Json::array();
   for (size_t i = 0; i < rank_loads.layers.size(); ++i) {
-    layers.push_back({{"layer", rank_loads.layers[i]}, {"rank_load", rank_loads.factor[i]}});
+    layers.push_back({{"layer", rank_loads.layers[i]},
+                      {"rank_load", rank_loads.factor[i]},
+                      {"rank_peak_load", rank_loads.peak[i]}});
   }
   return Json{{"file", expert_loads},
               {"imbalance", expert_load_imbalance},
+              {"memory_load", expert_memory_load},
               {"ep", strategy.ep},
               {"priced", per_rank ? "per_rank" : "busiest"},
               {"layers", layers}};
@@ -145,7 +151,7 @@ sim::ExpertRankLoads Scenario::expert_sim_loads() const {
   sim::ExpertRankLoads l;
   if (expert_loads.empty()) return l;
   l.loads = rank_loads;
-  l.plan_load = calibration.expert_load_imbalance;  // simulate() sizes the plan's experts buffers for the busiest
+  l.plan_load = calibration.memory_load();  // simulate() sizes the plan's experts buffers for the busiest
   return l;
 }
 

@@ -59,6 +59,7 @@ struct Scenario {
   // (what a simulation of every rank prices each rank from: expert_sim_loads()).
   std::string expert_loads;
   double expert_load_imbalance = 1.0;
+  double expert_memory_load = 1.0;
   balance::RankLoads rank_loads;
 
   // "experts   FILE: ..." for the text reports, or "" without the flag; per_rank: the report is of a simulation
@@ -75,7 +76,8 @@ struct Scenario {
 // and every rank's load per layer (SimOptions::expert_loads). Errors name the file and the fix.
 struct MeasuredLoads {
   std::string file;
-  double imbalance = 1.0;
+  double imbalance = 1.0;    // time: balance::contiguous_imbalance
+  double memory_load = 1.0;  // memory: balance::contiguous_memory_load (cost::Calibration::expert_memory_load)
   balance::RankLoads ranks;
 };
 Result<MeasuredLoads> measured_loads(const balance::ExpertLoads& loads, const std::string& file, const ModelSpec& model,

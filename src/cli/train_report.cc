@@ -64,11 +64,12 @@ namespace {
 // The note and JSON of a prediction priced from measured expert loads.
 void describe_loads(const PredictionLoads& l, int ep, PredictionReport* r) {
   char buf[160];
-  std::snprintf(buf, sizeof(buf), " (busiest ep rank %.3f x the mean at ep=%d)", l.loads.imbalance, ep);
+  std::snprintf(buf, sizeof(buf), " (busiest ep rank %.3f x the mean at ep=%d, %.3f at its peak)", l.loads.imbalance,
+                ep, l.loads.memory_load);
   r->experts_note = "experts   loads: " + l.label + buf +
                     ": sim prices each ep rank's experts (time, memory) from its own share; model prices every rank "
                     "as the busiest";
-  r->experts_json = Json{{"source", l.label}, {"file", l.loads.file},    {"imbalance", l.loads.imbalance},
+  r->experts_json = Json{{"source", l.label}, {"file", l.loads.file},    {"imbalance", l.loads.imbalance}, {"memory_load", l.loads.memory_load},
                          {"ep", ep},          {"simulated", "per_rank"}, {"resource_model", "busiest"}};
 }
 
@@ -78,7 +79,10 @@ Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, co
                                              const std::vector<RankMeasurement>& measured,
                                              const PredictionLoads* loads, const std::string& sim_trace) {
   LocalMachine machine = machine_in;
-  if (loads != nullptr) machine.calibration.expert_load_imbalance = loads->loads.imbalance;
+  if (loads != nullptr) {
+    machine.calibration.expert_load_imbalance = loads->loads.imbalance;
+    machine.calibration.expert_memory_load = loads->loads.memory_load;
+  }
   const compile::Plan& plan = trainer.compiled().plan;
   if (static_cast<int>(measured.size()) != plan.world_size) {
     return internal_error("predict_vs_measured: " + std::to_string(measured.size()) + " measurements for " +

@@ -71,6 +71,11 @@ struct Calibration {
   // CUDA context, cuBLAS/NCCL workspaces and allocator slack per rank [inferred: ~1 GiB is typical on H100s].
   double workspace_bytes = 1024.0 * 1024.0 * 1024.0;
   double expert_load_imbalance = 1.0;  // tokens on the busiest expert rank / the mean (1 = perfectly balanced)
+  // The experts' rows of the ep rank that holds the most at its peak over the mean rank's, which memory is sized
+  // with (the closed form, and the buffers of a plan compiled for one representative rank); set from measured loads
+  // (`--expert-loads`: balance::contiguous_memory_load, the ranks' busiest steps), not from calibration files.
+  // <= 0: expert_load_imbalance, the figure time is priced with.
+  double expert_memory_load = 0;
   double attention_score_bytes = 0;    // see above; 0: fused attention (scores never leave the chip)
   bool recompute_reruns_tp_collectives = false;     // see above; false: Piper's own recomputation
   double tp_overlap_gemm_sm_share = 116.0 / 132.0;  // see above
@@ -101,6 +106,7 @@ struct Calibration {
   // each rank's processor share by it. Empty: 1 (ideal processor sharing), as before it was measured.
   std::vector<double> core_sharing;
 
+  double memory_load() const { return expert_memory_load > 0 ? expert_memory_load : expert_load_imbalance; }
   // The entry for `threads`, or nullptr.
   const ThreadFigures* figures_for_threads(int threads) const;
   // core_sharing for n ranks computing together: 1 for n <= 1 or when unmeasured, the last entry beyond 2C.

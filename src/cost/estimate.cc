@@ -325,7 +325,7 @@ ActBytes act_bytes_per_token(const CostModel& cm, const Strategy& s, ScheduleKin
   ao.recompute_moe_act = s.recomputes_module("moe_act");
   ao.seq_len = cm.train().seq_len;
   ao.act_bytes = cm.train().activation_bytes();
-  ao.expert_load = cm.calibration().expert_load_imbalance;  // the busiest ep rank, as the experts' time
+  ao.expert_load = cm.calibration().memory_load();  // the ep rank that holds the most rows at its peak
   ActBytes a;
   a.dense = layer_activation_bytes_per_token(model, false, ao).total();
   a.moe = model.is_moe() ? layer_activation_bytes_per_token(model, true, ao).total() : 0.0;

@@ -121,7 +121,7 @@ AfChain af_chain(const CostModel& cm, const Strategy& s, const NicSplit& nics) {
   ao.recompute_moe_act = s.recomputes_module("moe_act");
   ao.seq_len = cm.train().seq_len;
   ao.act_bytes = cm.train().activation_bytes();
-  ao.expert_load = cm.calibration().expert_load_imbalance;  // the busiest FFN rank's rows, as the experts' time
+  ao.expert_load = cm.calibration().memory_load();  // the FFN rank that holds the most rows at its peak
   const LayerActivation act_dense = layer_activation_bytes_per_token(model, false, ao);
   const LayerActivation act_moe = model.is_moe() ? layer_activation_bytes_per_token(model, true, ao) : act_dense;
 

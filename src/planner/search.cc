@@ -454,7 +454,10 @@ Result<SearchResult> brute_force(const ModelSpec& model, const ClusterSpec& clus
 
 cost::Calibration SearchOptions::calibration_for(int ep) const {
   cost::Calibration c = calibration;
-  if (auto it = expert_load_by_ep.find(ep); it != expert_load_by_ep.end()) c.expert_load_imbalance = it->second;
+  if (auto it = expert_load_by_ep.find(ep); it != expert_load_by_ep.end()) {
+    c.expert_load_imbalance = it->second.time;
+    c.expert_memory_load = it->second.memory;
+  }
   return c;
 }
 

@@ -64,10 +64,15 @@ struct SearchOptions {
   double memory_fraction = 0.95;
   cost::Calibration calibration;
   // Measured expert loads (`piper plan --expert-loads FILE`): for each expert-parallel degree, the busiest ep
-  // rank's routed rows over the mean rank's (balance::contiguous_imbalance of the file), which a candidate of that
-  // ep is priced with (closed form, verification and simulation) instead of calibration.expert_load_imbalance.
-  // Empty: every candidate takes the calibration's figure.
-  std::map<int, double> expert_load_by_ep;
+  // rank's routed rows over the mean rank's, for time (balance::contiguous_imbalance of the file) and at its peak
+  // for memory (balance::contiguous_memory_load), which a candidate of that ep is priced with (closed form,
+  // verification and simulation) instead of calibration.expert_load_imbalance / expert_memory_load.
+  // Empty: every candidate takes the calibration's figures.
+  struct ExpertLoad {
+    double time = 1;
+    double memory = 1;
+  };
+  std::map<int, ExpertLoad> expert_load_by_ep;
   // The calibration a candidate of expert-parallel degree `ep` is priced with.
   cost::Calibration calibration_for(int ep) const;
   // Compile each plan (compile::compile_strategy, memory checked at memory_fraction of the device) before

@@ -59,7 +59,7 @@ Result<RankLoadOverrides> rank_load_overrides(const compile::Program& prog,
     }
   }
   for (const auto& [buffer, b] : experts_buffers(prog)) {
-    const double bytes = static_cast<double>(b.bytes) * loads.loads.of(b.layer, ep_rank) / loads.plan_load;
+    const double bytes = static_cast<double>(b.bytes) * loads.loads.peak_of(b.layer, ep_rank) / loads.plan_load;
     o.buffer_bytes[buffer] = std::llround(bytes);
   }
   return o;

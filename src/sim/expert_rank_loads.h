@@ -10,9 +10,10 @@
 //     runtime's convention, runtime/exec/executor.cc resolve_alloc; not a recompute checkpoint, which is per token,
 //     nor ZeRO-3's gathered parameters), the experts backward's working set (the first alloc before an experts B
 //     or BW; its small per-token part, dout and dhn, scales with it too) and a B's gradients for its W (the
-//     second alloc before an experts B) hold llround(bytes x factor(l, e) / plan_load), and their frees release
-//     them.
-// The representative simulation (one rank per pipeline rank) and the closed form keep the busiest rank's load.
+//     second alloc before an experts B) hold llround(bytes x peak(l, e) / plan_load), peak being the rank's factor
+//     in its busiest step (RankLoads::peak: its peak memory comes from that step), and their frees release them.
+// The representative simulation (one rank per pipeline rank) and the closed form keep the busiest rank's load
+// (time: Calibration::expert_load_imbalance; memory: Calibration::memory_load()).
 #pragma once
 
 #include <functional>

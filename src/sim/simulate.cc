@@ -110,7 +110,7 @@ Result<compile::CompileOptions> sim_compile_options(const cost::CostModel& cm, c
   copts.p2p_scatter_gather = calibration.p2p_scatter_gather;
   copts.dp_reduce_after_backward = calibration.dp_reduce_after_backward;
   copts.data_edges = options.data_edges;
-  copts.expert_load = calibration.expert_load_imbalance;  // the experts' buffers of the rank their time prices
+  copts.expert_load = calibration.memory_load();  // the experts' buffers of the rank holding the most
   copts.materialised_scores = calibration.attention_score_bytes > 0;
   PIPER_ASSIGN_OR_RETURN(copts.cost, cost_annotations(cm, pricing, calibration));
   return copts;

@@ -71,6 +71,61 @@ TEST(ExpertLoadsTest, RankLoadsAreEachRanksShareOverTheMeanRank) {
   EXPECT_FALSE(contiguous_rank_loads(l, 0).ok());
 }
 
+// Each ep rank's busiest step (the most rows summed over the layers) is kept per recorded ep; its peak factor is
+// that step's rows over the mean rank's rows per step, and the memory load is the largest rank's mean over layers.
+TEST(ExpertLoadsTest, BusiestStepsAreEachRanksMostLoadedStep) {
+  ExpertLoads l = two_layers();  // steps 1-2: layer 1 {6, 2, 0, 0}, layer 3 {2, 2, 2, 2}
+  ASSERT_TRUE(l.add_step({{1, {0, 0, 4, 4}}, {3, {0, 0, 0, 8}}}).ok());
+  ASSERT_EQ(l.busiest.size(), 2u);  // ep 2 and 4 (the divisors of 4 from 2)
+  EXPECT_EQ(l.busiest[0].ep, 2);
+  EXPECT_EQ(l.busiest[1].ep, 4);
+  // ep=2: rank 0 had 8 + 4 = 12 rows in steps 1 and 2 (the first kept), 0 in step 3; rank 1 4, 4, 16.
+  EXPECT_EQ(l.busiest[0].ranks[0].step, 1);
+  EXPECT_EQ(l.busiest[0].ranks[0].tokens, (std::vector<int64_t>{8, 4}));
+  EXPECT_EQ(l.busiest[0].ranks[1].step, 3);
+  EXPECT_EQ(l.busiest[0].ranks[1].tokens, (std::vector<int64_t>{8, 8}));
+  // ep=4: rank 3 had 0 + 2, then 4 + 8 in step 3.
+  EXPECT_EQ(l.busiest[1].ranks[3].step, 3);
+  EXPECT_EQ(l.busiest[1].ranks[3].tokens, (std::vector<int64_t>{4, 8}));
+  // Layer 1 routed 24 rows in 3 steps: the mean ep-2 rank 4 a step. Rank 1's mean factor (8 / 12) is 2/3, its
+  // busiest step's 8 / 4 = 2; layer 3 (24 rows): rank 1 mean 16 / 12, peak 8 / 4.
+  const RankLoads r2 = contiguous_rank_loads(l, 2).value();
+  EXPECT_DOUBLE_EQ(r2.of(1, 1), 8.0 / 12.0);
+  EXPECT_DOUBLE_EQ(r2.peak_of(1, 1), 2.0);
+  EXPECT_DOUBLE_EQ(r2.peak_of(3, 1), 2.0);
+  EXPECT_DOUBLE_EQ(r2.peak_of(1, 0), 2.0);  // 8 rows of layer 1 in step 1
+  EXPECT_DOUBLE_EQ(r2.peak_of(3, 0), 1.0);
+  EXPECT_DOUBLE_EQ(r2.peak_of(2, 0), 1.0);  // not a MoE layer of the file
+  // Memory: rank 0 (2 + 1) / 2 = 1.5, rank 1 (2 + 2) / 2 = 2; time: the mean over layers of the busiest mean factor.
+  EXPECT_DOUBLE_EQ(contiguous_memory_load(l, 2).value(), 2.0);
+  EXPECT_DOUBLE_EQ(contiguous_memory_load(l, 1).value(), 1.0);
+  EXPECT_DOUBLE_EQ(contiguous_imbalance(l, 2).value(), (16.0 / 12.0 + 16.0 / 12.0) / 2);
+  // The file keeps them.
+  auto back = parse_expert_loads(l.to_json().dump(), "f.json");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(back->to_json(), l.to_json());
+  EXPECT_DOUBLE_EQ(contiguous_memory_load(*back, 2).value(), 2.0);
+}
+
+// A version-1 file (no busiest steps) prices memory from the mean loads: each rank's mean factor, the largest
+// rank's mean over layers.
+TEST(ExpertLoadsTest, VersionOneFilesPriceMemoryFromTheMean) {
+  const std::string v1 = R"({"format": "piper-expert-loads", "version": 1, "model": "m", "num_experts": 4, "steps": 2,
+      "layers": [{"layer": 1, "tokens": [12, 4, 0, 0]}, {"layer": 3, "tokens": [4, 4, 4, 4]}]})";
+  auto l = parse_expert_loads(v1, "v1.json");
+  ASSERT_TRUE(l.ok()) << l.status().message();
+  EXPECT_TRUE(l->busiest.empty());
+  const RankLoads r2 = contiguous_rank_loads(*l, 2).value();
+  EXPECT_EQ(r2.peak, r2.factor);
+  // ep=2: rank 0 {2, 1} -> 1.5, rank 1 {0, 1} -> 0.5; time 1.5 too (layer 1's 2, layer 3's 1).
+  EXPECT_DOUBLE_EQ(contiguous_memory_load(*l, 2).value(), 1.5);
+  // Written again it is a version-2 file with no busiest steps, which reads back the same.
+  const Json j = l->to_json();
+  EXPECT_EQ(j["version"], 2);
+  EXPECT_TRUE(j["busiest_steps"].empty());
+  EXPECT_EQ(parse_expert_loads(j.dump(), "again").value().to_json(), j);
+}
+
 TEST(ExpertLoadsTest, WrittenFileReadsBackTheSame) {
   const ExpertLoads l = two_layers();
   const std::string path = ::testing::TempDir() + "/piper_expert_loads_test.json";
@@ -102,6 +157,31 @@ TEST(ExpertLoadsTest, BadFilesAreNamed) {
             std::string::npos);
   EXPECT_NE(error_of(head + R"("steps": 1, "layers": []})").find("layers must be"), std::string::npos);
   EXPECT_NE(error_of(head + R"("steps": 1, "stepz": 1, "layers": [{"layer": 0, "tokens": [1, 1]}]})").find("stepz"),
+            std::string::npos);
+  // Busiest steps: version 2 only, and each entry checked against the file.
+  const std::string v2 = R"({"format": "piper-expert-loads", "version": 2, "model": "m", "num_experts": 2, )"
+                         R"("steps": 2, "layers": [{"layer": 0, "tokens": [6, 2]}], "busiest_steps": )";
+  auto busiest = [&](const std::string& b) { return error_of(v2 + b + "}"); };
+  EXPECT_EQ(busiest(R"([{"ep": 2, "ranks": [{"step": 1, "tokens": [4]}, {"step": 2, "tokens": [1]}]}])"), "");
+  EXPECT_NE(error_of(head + R"("steps": 1, "layers": [{"layer": 0, "tokens": [1, 1]}], "busiest_steps": []})")
+                .find("needs version 2"),
+            std::string::npos);
+  EXPECT_NE(error_of(v2.substr(0, v2.size() - 19) + "}").find("version 2 lists busiest_steps"), std::string::npos);
+  EXPECT_NE(busiest(R"([{"ep": 3, "ranks": []}])").find("ep"), std::string::npos);
+  EXPECT_NE(busiest(R"([{"ep": 2, "ranks": [{"step": 1, "tokens": [4]}]}])").find("ranks must be an array of ep (2)"),
+            std::string::npos);
+  EXPECT_NE(busiest(R"([{"ep": 2, "ranks": [{"step": 3, "tokens": [4]}, {"step": 2, "tokens": [1]}]}])")
+                .find("ranks[0].step"),
+            std::string::npos);
+  EXPECT_NE(busiest(R"([{"ep": 2, "ranks": [{"step": 1, "tokens": [4, 1]}, {"step": 2, "tokens": [1]}]}])")
+                .find("each of the 1 layers"),
+            std::string::npos);
+  EXPECT_NE(busiest(R"([{"ep": 2, "ranks": [{"step": 1, "tokens": [9]}, {"step": 2, "tokens": [1]}]}])")
+                .find("at most the layer's rows"),
+            std::string::npos);
+  // Rank 0 routed 6 rows in 2 steps: a busiest step of 2 is below its mean step (3).
+  EXPECT_NE(busiest(R"([{"ep": 2, "ranks": [{"step": 1, "tokens": [2]}, {"step": 2, "tokens": [1]}]}])")
+                .find("not its busiest step"),
             std::string::npos);
   // Every message says where such a file comes from.
   EXPECT_NE(error_of("[]").find("--record-expert-loads"), std::string::npos);

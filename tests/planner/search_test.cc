@@ -50,7 +50,7 @@ TEST(SearchTest, ExpertLoadByEpPricesEachCandidateAtItsEp) {
   const Case c = make_case("tiny-moe", "dgx-h100", 1, 16, 128);
   SearchOptions o;
   o.top_k = 40;
-  o.expert_load_by_ep = {{1, 1.0}, {2, 1.5}, {4, 2.0}, {8, 3.0}};
+  o.expert_load_by_ep = {{1, {1.0, 1.0}}, {2, {1.5, 1.25}}, {4, {2.0, 1.75}}, {8, {3.0, 2.5}}};
   expect_matches_brute_force(c, o);
   o.verify = false;
   auto r = search(c.model, c.cluster, c.train, o);
@@ -60,7 +60,8 @@ TEST(SearchTest, ExpertLoadByEpPricesEachCandidateAtItsEp) {
     TrainSpec t = c.train;
     t.micro_batch_size = p.strategy.mbs;
     cost::Calibration cal;
-    cal.expert_load_imbalance = o.expert_load_by_ep.at(p.strategy.ep);
+    cal.expert_load_imbalance = o.expert_load_by_ep.at(p.strategy.ep).time;
+    cal.expert_memory_load = o.expert_load_by_ep.at(p.strategy.ep).memory;
     auto cm = cost::CostModel::create(c.model, c.cluster, t, cal);
     ASSERT_TRUE(cm.ok());
     auto e = cm->estimate(p.strategy);
