@@ -152,7 +152,8 @@ class Executor {
 
   // Communication that takes CPU from the node (SyncCost::cpu_*) needs the pool even where compute alone would not.
   static bool takes_cpu(const SyncCost& c) {
-    return c.cpu_all_to_all_s > 0 || c.cpu_other_s > 0 || c.cpu_pair_s > 0 || c.cpu_p2p_s > 0;
+    return c.cpu_all_to_all_s > 0 || c.cpu_other_s > 0 || c.cpu_pair_s > 0 || c.cpu_p2p_s > 0 ||
+           c.cpu_per_byte_s > 0;
   }
   // A pool that gives every rank its priced cores even with all of its node busy changes nothing: it stays off.
   static bool pool_can_slow(const CorePool& p) {
@@ -182,6 +183,7 @@ class Executor {
   }
   void pool_start(int ri, int s, double duration_s, double t);
   void pool_overhead(int ri, double cpu_s, double t);
+  double copy_cpu_s(const FlowTemplate* tmpl, double payload, size_t members);
   void pool_schedule(int node);
   void pool_done(int node, int64_t version, double t);
   Status arrive_p2p(int ri, int s, const Instruction& in);
@@ -234,6 +236,7 @@ class Executor {
   int64_t instructions_ = 0;
   bool pooled_ = false;
   std::vector<NodePool> pools_;  // per node, when pooled_
+  std::unordered_map<const FlowTemplate*, double> template_bytes_;  // bytes per unit payload, summed over flows
 };
 
 void Executor::account(RankState& r, double t) {
@@ -325,6 +328,18 @@ void Executor::pool_overhead(int ri, double cpu_s, double t) {
   pool_start(ri, -1, cpu_s * std::min(c.rank_cores, 1.0) / c.price_cores, t);
 }
 
+// Each member's share of the CPU that copying a transfer's bytes takes (SyncCost::cpu_per_byte_s): the bytes of all
+// its flows at `payload`, over its members.
+double Executor::copy_cpu_s(const FlowTemplate* tmpl, double payload, size_t members) {
+  const double per_byte = options_.sync_cost.cpu_per_byte_s;
+  if (tmpl == nullptr || !(per_byte > 0) || members == 0) return 0;
+  auto [it, fresh] = template_bytes_.try_emplace(tmpl, 0.0);
+  if (fresh) {
+    for (const FlowTemplate::Flow& f : tmpl->flows) it->second += f.bytes;
+  }
+  return per_byte * it->second * payload / static_cast<double>(members);
+}
+
 // One event for the node's first task to end at the current rate; any earlier one is stale from now on.
 void Executor::pool_schedule(int node) {
   NodePool& p = pools_[static_cast<size_t>(node)];
@@ -363,6 +378,7 @@ Status Executor::start_op(std::vector<std::pair<int, int>> parts, const FlowTemp
     op = static_cast<int>(ops_.size());
     ops_.push_back(std::move(parts));
   }
+  if (pooled_) cpu_s += copy_cpu_s(tmpl, payload, ops_[static_cast<size_t>(op)].size());
   for (auto [ri, s] : ops_[static_cast<size_t>(op)]) {
     RankState& r = ranks_[static_cast<size_t>(ri)];
     if (pooled_ && cpu_s > 0 && !options_.zero_comm) pool_overhead(ri, cpu_s, now_);

@@ -86,6 +86,12 @@ struct SyncCost {
   double cpu_other_s = 0;
   double cpu_pair_s = 0;
   double cpu_p2p_s = 0;
+  // CPU seconds of one core per byte a transfer moves: the ranks of a node that shares its cores move their bytes
+  // with those cores (MPI's shared-memory transport copies every byte; the TCP stack between emulated nodes too),
+  // so a transfer's bytes, shared equally by its members, are added to the pool as work like the figures above.
+  // simulate_compiled() sets it to the inverse of the node's intra-node bandwidth (NodeSpec::intra, the copy rate
+  // `piper calibrate --ranks R` measures with idle cores).
+  double cpu_per_byte_s = 0;
 };
 
 struct SimOptions {

@@ -56,8 +56,10 @@ CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options, con
 SyncCost sync_cost_of(const ClusterSpec& cluster) {
   if (!(cluster.node.shared_cores > 0)) return {};
   const NodeSpec& n = cluster.node;
-  return {n.sync_excess_all_to_all_s, n.sync_excess_other_s, n.sync_excess_pair_s, n.busy_cpu_all_to_all_s,
-          n.busy_cpu_other_s,         n.busy_cpu_pair_s,     n.busy_cpu_p2p_s};
+  SyncCost c{n.sync_excess_all_to_all_s, n.sync_excess_other_s, n.sync_excess_pair_s, n.busy_cpu_all_to_all_s,
+             n.busy_cpu_other_s,         n.busy_cpu_pair_s,     n.busy_cpu_p2p_s};
+  c.cpu_per_byte_s = n.intra.bw_bytes_per_s > 0 ? 1.0 / n.intra.bw_bytes_per_s : 0.0;
+  return c;
 }
 
 HaloSimModel halo_sim_model(const ModelSpec& model, const TrainSpec& train) {

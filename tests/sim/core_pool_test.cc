@@ -313,7 +313,8 @@ TrainSpec fp32_train() {
 
 // Representative ranks (and the closed form) price a shared-core cluster at the static share: to the bit what a
 // device of half a core gave. Simulated in full, the pipelines, whose ranks wait in bubbles while the others
-// compute, run faster; pure data parallelism, whose ranks all compute together, does not move.
+// compute, run faster; pure data parallelism, whose ranks all compute together, gains nothing and pays the copies
+// of its transfers' bytes (SyncCost::cpu_per_byte_s: 6.8 % for dp=4, 1.9 % for dp=4 ep=4 when written).
 TEST(CorePoolTest, SharedCoresSpeedUpPipelinesNotDataParallelism) {
   const ModelSpec m = model("tiny-moe");
   const ClusterSpec shared = local_machine(true), halves = local_machine(false);
@@ -348,7 +349,8 @@ TEST(CorePoolTest, SharedCoresSpeedUpPipelinesNotDataParallelism) {
     if (s.pp > 1) {
       EXPECT_LT(ratio, 0.85) << text;  // 0.72 (pp=4, 1F1B, 8 microbatches) and 0.78 (dp=2, pp=2) when written
     } else {
-      EXPECT_EQ(shared_full->step_time_s, static_full->step_time_s) << text;
+      EXPECT_GT(ratio, 1.0) << text;
+      EXPECT_LT(ratio, 1.15) << text;
     }
   }
 }
@@ -356,8 +358,9 @@ TEST(CorePoolTest, SharedCoresSpeedUpPipelinesNotDataParallelism) {
 // A calibration's measured core_sharing reaches the prices and the pool: dp=4 on the build machine's 2 cores (all
 // four ranks computing together) at sharing 0.5 for n = 4 takes longer, by at most 2x (only its compute slows), in
 // the closed form, with representative ranks and in full alike (every rank always computes with the three others,
-// so the pool runs each task at its price); a pipeline, whose ranks also compute alone or in pairs (sharing 1
-// here), slows in full by less than its all-busy price says.
+// so the pool runs each task at its price, the copies of its transfers' bytes beside them: 6.8 % more in full
+// when written); a pipeline, whose ranks also compute alone or in pairs (sharing 1 here), slows in full by less
+// than its all-busy price says.
 TEST(CorePoolTest, ACalibrationsSharingReachesPricesAndPool) {
   const ModelSpec m = model("tiny-moe");
   const ClusterSpec shared = local_machine(true);
@@ -380,7 +383,8 @@ TEST(CorePoolTest, ACalibrationsSharingReachesPricesAndPool) {
   ASSERT_TRUE(a.ok() && b.ok() && br.ok() && ea.ok() && eb.ok());
   EXPECT_GT(b->step_time_s, 1.3 * a->step_time_s);
   EXPECT_LE(b->step_time_s, 2.0 * a->step_time_s);
-  EXPECT_NEAR(b->step_time_s, br->step_time_s, 1e-9 * br->step_time_s);
+  EXPECT_GT(b->step_time_s, br->step_time_s);
+  EXPECT_LT(b->step_time_s, 1.1 * br->step_time_s);
   EXPECT_GT(eb->step_time_s, 1.3 * ea->step_time_s);
   const Strategy pp = strategy("pp=4,schedule=1f1b,microbatches=8,mbs=2");
   t.micro_batch_size = pp.mbs;

@@ -159,6 +159,22 @@ TEST(SyncCost, CommunicationsCpuSlowsTheComputeOfAFullNode) {
   EXPECT_NEAR(pooled_run(p2p_beside_compute(), p2p, 2).first, 3.0, 1e-9);
 }
 
+// SyncCost::cpu_per_byte_s: the bytes of a transfer's flows, shared by its members, are copied by the node's cores.
+// A 2-rank ring all-reduce moves 2(p - 1)/p = 1 payload per rank, 2,000 bytes in all; a point-to-point transfer
+// its payload, 1,000 bytes, half on each side.
+TEST(SyncCost, CopiesOfATransfersBytesTakeTheNodesCores) {
+  SyncCost copy;
+  copy.cpu_per_byte_s = 1e-3;  // 1,000 bytes a rank: 1 s of one core, as cpu_other_s = 1 above
+  EXPECT_NEAR(pooled_run(beside_compute(), copy, 2).first, 3.0, 1e-9);
+  EXPECT_NEAR(pooled_run(beside_compute(), copy, 4).first, 2.0, 1e-9);  // free cores: nothing changes
+  // 0.5 s on each side: four tasks on two cores until t = 1 (the copies done, each compute half done), then the
+  // computes alone: 1.5 + 1 s.
+  EXPECT_NEAR(pooled_run(p2p_beside_compute(), copy, 2).first, 2.5, 1e-9);
+  // Added to a per-call figure.
+  copy.cpu_other_s = 1.0;
+  EXPECT_NEAR(pooled_run(beside_compute(), copy, 2).first, 4.0, 1e-9);
+}
+
 TEST(SyncCost, TakenFromTheNodeOnlyWhenItSharesCores) {
   ClusterSpec c = testing::make_cluster(1, 4, 1e9, 0, 0);
   c.node.sync_excess_all_to_all_s = 2e-3;
@@ -170,6 +186,11 @@ TEST(SyncCost, TakenFromTheNodeOnlyWhenItSharesCores) {
   EXPECT_EQ(sync_cost_of(c).pair_s, 0);
   c.node.busy_cpu_pair_s = 4e-4;
   EXPECT_EQ(sync_cost_of(c).cpu_pair_s, 4e-4);
+  c.node.intra.bw_bytes_per_s = 2e9;  // the node's copy rate: one core-second per 2 GB
+  EXPECT_DOUBLE_EQ(sync_cost_of(c).cpu_per_byte_s, 0.5e-9);
+  c.node.shared_cores = 0;
+  EXPECT_EQ(sync_cost_of(c).cpu_per_byte_s, 0);
+  c.node.shared_cores = 2;
   c.node.busy_cpu_all_to_all_s = -1;
   EXPECT_FALSE(c.validate().ok());
   c.node.busy_cpu_all_to_all_s = 0;
