@@ -75,6 +75,27 @@ def expert_loads():
     put("expert_loads", "skewed.json", loads([(1, [3072, 2578, 494, 0, 0, 0, 0, 0]), (2, [3072, 3072, 0, 0, 0, 0, 0, 0])]))
     put("expert_loads", "balanced.json", loads([(0, [100] * 8)]))
     put("expert_loads", "one_expert.json", loads([(3, [7])], experts=1, model="x", steps=1))
+    put("expert_loads", "busiest_v2.json", loads_v2([1, 3], [[[6, 2, 0, 0], [2, 2, 2, 2]], [[0, 0, 4, 4], [0, 0, 0, 8]],
+                                                          [[3, 3, 1, 1], [5, 1, 1, 1]]]))
+
+
+def loads_v2(layers, steps, model="tiny-moe"):
+    """A version-2 loads file as `piper train --record-expert-loads` writes it from per-step loads
+    (steps[s][i][e]: rows of expert e in layer layers[i] during step s + 1): the sums and, for every ep that divides
+    the experts, each ep rank's step with the most rows over the layers (the first such step)."""
+    experts = len(steps[0][0])
+    busiest = []
+    for ep in [d for d in range(2, experts + 1) if experts % d == 0]:
+        per, ranks = experts // ep, []
+        for r in range(ep):
+            rows = [[sum(layer[r * per:(r + 1) * per]) for layer in step] for step in steps]
+            best = max(range(len(steps)), key=lambda s: (sum(rows[s]), -s))
+            ranks.append({"step": best + 1, "tokens": rows[best]})
+        busiest.append({"ep": ep, "ranks": ranks})
+    sums = [[sum(step[i][e] for step in steps) for e in range(experts)] for i in range(len(layers))]
+    return json.dumps({"format": "piper-expert-loads", "version": 2, "model": model, "num_experts": experts,
+                       "steps": len(steps), "layers": [{"layer": l, "tokens": t} for l, t in zip(layers, sums)],
+                       "busiest_steps": busiest}, indent=1)
 
 
 def directives():
