@@ -336,7 +336,7 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   // it is missing).
   std::optional<PredictionReport> own;
   std::string own_missing;
-  if (trainer->expert_parallel() && trainer->expert_loads().steps > 0) {
+  if (trainer->expert_loads().steps > 0) {  // an expert-parallel run (the ep executor's or af-pipe's)
     Result<PredictionReport> got = [&]() -> Result<PredictionReport> {
       PIPER_ASSIGN_OR_RETURN(PredictionLoads mine, own_loads(*trainer));
       return predict_vs_measured(*trainer, machine, r.measured, &mine);

@@ -433,11 +433,19 @@ Result<TrainStepStats> Trainer::step() {
   s.seconds = r.seconds;
   s.task_seconds = r.task_seconds;
   s.expert_tokens = std::move(r.expert_tokens);
+  PIPER_RETURN_IF_ERROR(record_expert_loads(s));
   PIPER_RETURN_IF_ERROR(balance_experts(&s));
   const double tokens = static_cast<double>(tokens_per_step());
   s.tokens_per_s = r.seconds > 0 ? tokens / r.seconds : 0;
   s.flops_per_s = s.tokens_per_s * flops_per_token_;
   return s;
+}
+
+Status Trainer::record_expert_loads(const TrainStepStats& s) {
+  if (compiled_.plan.mesh.ep < 2 || s.expert_tokens.empty()) return ok_status();
+  // Every MoE layer's tokens per logical expert, in layer order (the map's), summed over the world.
+  std::vector<std::pair<int, std::vector<int64_t>>> by_layer(s.expert_tokens.begin(), s.expert_tokens.end());
+  return expert_loads_.add_step(by_layer);
 }
 
 Status Trainer::balance_experts(TrainStepStats* s) {
@@ -464,9 +472,6 @@ Status Trainer::balance_experts(TrainStepStats* s) {
     tokens.push_back(it->second);
   }
   PIPER_RETURN_IF_ERROR(monitor_->record_step(tokens));
-  std::vector<std::pair<int, std::vector<int64_t>>> by_layer;
-  for (size_t i = 0; i < tokens.size(); ++i) by_layer.emplace_back(monitor_layers_[i], tokens[i]);
-  PIPER_RETURN_IF_ERROR(expert_loads_.add_step(by_layer));
   s->imbalance = 1.0;
   for (int i = 0; i < monitor_->num_layers(); ++i) {
     s->imbalance = std::max(s->imbalance, monitor_->layer_stats(i).last_step_imbalance);

@@ -162,8 +162,9 @@ class Trainer {
   // Null on one rank.
   const DistContext* dist() const { return dist_.get(); }
   const TrainOptions& options() const { return options_; }
-  // Expert-parallel runs: the tokens every routed expert received over the steps run so far, the same on every
-  // rank (what `piper train --record-expert-loads` writes); no layers without expert parallelism.
+  // Expert-parallel runs (ep >= 2, the ep executor's or af-pipe's FFN ranks): the tokens every routed expert
+  // received over the steps run so far, the same on every rank (what `piper train --record-expert-loads` writes);
+  // no layers without expert parallelism.
   const balance::ExpertLoads& expert_loads() const { return expert_loads_; }
 
  private:
@@ -174,6 +175,8 @@ class Trainer {
   // After a step: feeds the expert loads to the monitor, sets stats->imbalance and, with migration on and a
   // full window, plans and migrates (every rank the same plan from the same all-gathered loads).
   Status balance_experts(TrainStepStats* stats);
+  // After a step of an expert-parallel plan (mesh ep >= 2): adds its all-gathered tokens per expert to expert_loads_.
+  Status record_expert_loads(const TrainStepStats& stats);
   // Resolves strategy_ and train_ from the options' strategy or directives and compiles the run's plan.
   Status resolve_and_compile();
   Status resolve_directives();

@@ -397,14 +397,16 @@ namespace {
 
 // af-pipe end to end: `piper train --ranks 4` on 2 attention + 2 FFN ranks gives the losses of one rank (same
 // batches: microbatches = dp * 2), the trace holds every rank, and the report has the simulator's prediction and
-// the closed form's (cost/estimate_af.cc) step and peak per rank.
+// the closed form's (cost/estimate_af.cc) step and peak per rank. Its FFN ranks are expert-parallel: the run
+// records its expert loads (every routed token once) and adds the prediction from them.
 TEST(CliTrainReport, AfPipeFourRanksEndToEnd) {
   const std::string path = temp_file("afpipe.json");
+  const std::string loads = temp_file("afpipe_loads.json");
   int rc = 0;
   std::string out = run(
       "train --model tiny-moe --ranks 4 --seq 16 --steps 3 --lr 1e-3 --json --strategy "
       "dp=2,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=2,mbs=1 --trace " +
-          path,
+          path + " --record-expert-loads " + loads,
       &rc, true);
   ASSERT_EQ(rc, 0) << out;
   std::string ref_out =
@@ -430,6 +432,18 @@ TEST(CliTrainReport, AfPipeFourRanksEndToEnd) {
   }
   EXPECT_EQ(check_trace(read_json(path), 3), 4u);  // 3 steps, 4 ranks
   std::filesystem::remove(path);
+  const piper::Json file = read_json(loads);
+  EXPECT_EQ(file["steps"], 3);
+  ASSERT_EQ(file["layers"].size(), 3u);  // tiny-moe's MoE layers 1-3
+  for (const auto& layer : file["layers"]) {
+    int64_t sum = 0;
+    for (const auto& t : layer["tokens"]) sum += t.get<int64_t>();
+    EXPECT_EQ(sum, 3 * 4 * 16 * 2) << layer.dump();  // steps x sequences x tokens x top-k
+  }
+  const piper::Json& own = j["predicted_vs_measured_own_expert_loads"];
+  ASSERT_EQ(own["ranks"].size(), 4u) << j.dump();
+  EXPECT_GT(own["ranks"][2]["simulated"]["peak_memory_bytes"].get<double>(), 0);
+  std::filesystem::remove(loads);
 }
 
 // `piper train --strategy auto --expert-loads F` runs `piper plan --local-ranks R --runnable --expert-loads F`'s #1:
