@@ -1,6 +1,7 @@
 // Measured expert loads (`estimate|simulate --expert-loads FILE`, written by `train --record-expert-loads`):
 // parse_expert_loads; a file that loads must survive its own writer unchanged and give a finite imbalance in [1, ep]
-// and a finite memory load >= 1 (its ranks' busiest steps) for every ep that divides its experts.
+// and a finite memory load >= 1 (its ranks' busiest steps) for every ep that divides its experts, and finite
+// busiest-step factors over its layers for every rank.
 #include <cmath>
 #include <cstdint>
 
@@ -24,6 +25,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     Result<double> memory = balance::contiguous_memory_load(*loads, ep);
     fuzz::require(memory.ok() && std::isfinite(*memory) && *memory >= 1.0 - 1e-9, "memory load finite, >= 1",
                   std::to_string(ep));
+    Result<balance::RankLoads> ranks = balance::contiguous_rank_loads(*loads, ep);
+    fuzz::require(ranks.ok(), "rank loads of a dividing ep", std::to_string(ep));
+    for (int r = 0; r < ep; ++r) {
+      for (double f : ranks->peak_over(ranks->layers, r)) {
+        fuzz::require(std::isfinite(f) && f >= 0, "a rank's busiest-step factors finite, >= 0", std::to_string(r));
+      }
+    }
   }
   return 0;
 }

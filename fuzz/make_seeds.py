@@ -82,7 +82,7 @@ def expert_loads():
 def loads_v2(layers, steps, model="tiny-moe"):
     """A version-2 loads file as `piper train --record-expert-loads` writes it from per-step loads
     (steps[s][i][e]: rows of expert e in layer layers[i] during step s + 1): the sums and, for every ep that divides
-    the experts, each ep rank's step with the most rows over the layers (the first such step)."""
+    the experts, each ep rank's step with the most rows over the layers (the first such step), and every step's."""
     experts = len(steps[0][0])
     busiest = []
     for ep in [d for d in range(2, experts + 1) if experts % d == 0]:
@@ -95,7 +95,7 @@ def loads_v2(layers, steps, model="tiny-moe"):
     sums = [[sum(step[i][e] for step in steps) for e in range(experts)] for i in range(len(layers))]
     return json.dumps({"format": "piper-expert-loads", "version": 2, "model": model, "num_experts": experts,
                        "steps": len(steps), "layers": [{"layer": l, "tokens": t} for l, t in zip(layers, sums)],
-                       "busiest_steps": busiest}, indent=1)
+                       "busiest_steps": busiest, "step_tokens": steps}, indent=1)
 
 
 def directives():

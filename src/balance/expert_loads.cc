@@ -117,6 +117,55 @@ Status parse_busiest_steps(const Json& j, ExpertLoads* loads) {
   return ok_status();
 }
 
+// "step_tokens": `steps` entries of one array per layer of num_experts counts, within kMaxStepTokens, summing to
+// the layers' tokens exactly.
+Status parse_step_tokens(const Json& j, ExpertLoads* loads) {
+  const std::string path = "expert_loads.step_tokens";
+  const int64_t layers = static_cast<int64_t>(loads->layers.size()), experts = loads->num_experts;
+  if (!j.is_array() || static_cast<int64_t>(j.size()) != loads->steps) {
+    return invalid_argument(path + " must be an array of steps (" + std::to_string(loads->steps) + ") entries");
+  }
+  if (loads->steps > kMaxStepTokens / (layers * experts)) {
+    return invalid_argument(path + ": " + std::to_string(loads->steps) + " steps x " + std::to_string(layers) +
+                            " layers x " + std::to_string(experts) + " experts is more than the " +
+                            std::to_string(kMaxStepTokens) + " counts a file keeps");
+  }
+  std::vector<std::vector<int64_t>> sum(static_cast<size_t>(layers), std::vector<int64_t>(experts, 0));
+  for (size_t s = 0; s < j.size(); ++s) {
+    const std::string at = path + "[" + std::to_string(s) + "]";
+    if (!j[s].is_array() || static_cast<int64_t>(j[s].size()) != layers) {
+      return invalid_argument(at + " must be an array of the " + std::to_string(layers) + " layers' counts");
+    }
+    std::vector<std::vector<int64_t>> step;
+    for (size_t i = 0; i < j[s].size(); ++i) {
+      const Json& row = j[s][i];
+      if (!row.is_array() || static_cast<int64_t>(row.size()) != experts) {
+        return invalid_argument(at + "[" + std::to_string(i) + "] must be an array of num_experts counts");
+      }
+      std::vector<int64_t> counts;
+      for (size_t e = 0; e < row.size(); ++e) {
+        const int64_t left = loads->layers[i].tokens[e] - sum[i][e];
+        if (!row[e].is_number_integer() || row[e].get<int64_t>() < 0 || row[e].get<int64_t>() > left) {
+          return invalid_argument(at + "[" + std::to_string(i) + "][" + std::to_string(e) +
+                                  "] must be a non-negative integer, the steps summing to layers[" +
+                                  std::to_string(i) + "].tokens[" + std::to_string(e) + "]");
+        }
+        counts.push_back(row[e].get<int64_t>());
+        sum[i][e] += counts.back();
+      }
+      step.push_back(std::move(counts));
+    }
+    loads->step_tokens.push_back(std::move(step));
+  }
+  for (size_t i = 0; i < sum.size(); ++i) {
+    if (sum[i] != loads->layers[i].tokens) {
+      return invalid_argument(path + ": the steps' counts of layer " + std::to_string(loads->layers[i].layer) +
+                              " do not sum to its tokens");
+    }
+  }
+  return ok_status();
+}
+
 // The expert-parallel degrees whose busiest steps a run records: every divisor of num_experts in [2, kMaxRecordedEp].
 std::vector<BusiestSteps> recorded_eps(int num_experts) {
   std::vector<BusiestSteps> out;
@@ -146,6 +195,51 @@ void note_busiest(const std::vector<std::pair<int, std::vector<int64_t>>>& step_
   }
 }
 
+// With step_tokens, each recorded busiest step must be the one they give (the first step with the most rows).
+Status check_busiest_against_steps(const ExpertLoads& loads) {
+  if (loads.step_tokens.empty()) return ok_status();
+  for (const BusiestSteps& b : loads.busiest) {
+    std::vector<BusiestSteps> again{BusiestSteps{b.ep, std::vector<BusiestStep>(static_cast<size_t>(b.ep))}};
+    for (size_t s = 0; s < loads.step_tokens.size(); ++s) {
+      std::vector<std::pair<int, std::vector<int64_t>>> step;
+      for (size_t i = 0; i < loads.layers.size(); ++i) step.emplace_back(loads.layers[i].layer, loads.step_tokens[s][i]);
+      note_busiest(step, static_cast<int64_t>(s) + 1, loads.num_experts, &again);
+    }
+    for (int r = 0; r < b.ep; ++r) {
+      const BusiestStep& want = again[0].ranks[static_cast<size_t>(r)];
+      const BusiestStep& got = b.ranks[static_cast<size_t>(r)];
+      if (got.step != want.step || got.tokens != want.tokens) {
+        return invalid_argument("expert_loads.busiest_steps: ep " + std::to_string(b.ep) + " rank " +
+                                std::to_string(r) + " names step " + std::to_string(got.step) +
+                                ", but step_tokens give step " + std::to_string(want.step));
+      }
+    }
+  }
+  return ok_status();
+}
+
+// RankLoads::step_factor: each step's rows of every ep rank over the mean rank's rows per step, per layer (a layer
+// that routed nothing: 1).
+std::vector<std::vector<std::vector<double>>> step_factors(const ExpertLoads& loads, int ep) {
+  std::vector<std::vector<std::vector<double>>> out;
+  const int per = loads.num_experts / ep;
+  for (const auto& step : loads.step_tokens) {
+    std::vector<std::vector<double>> layers;
+    for (size_t i = 0; i < step.size(); ++i) {
+      const std::vector<int64_t>& t = loads.layers[i].tokens;
+      const double mean = std::accumulate(t.begin(), t.end(), 0.0) / static_cast<double>(loads.steps * ep);
+      std::vector<double> rank(static_cast<size_t>(ep), 1.0);
+      for (int r = 0; r < ep && mean > 0; ++r) {
+        const auto first = step[i].begin() + static_cast<std::ptrdiff_t>(r) * per;
+        rank[static_cast<size_t>(r)] = std::accumulate(first, first + per, 0.0) / mean;
+      }
+      layers.push_back(std::move(rank));
+    }
+    out.push_back(std::move(layers));
+  }
+  return out;
+}
+
 }  // namespace
 
 Json ExpertLoads::to_json() const {
@@ -163,6 +257,7 @@ Json ExpertLoads::to_json() const {
     for (const BusiestStep& r : b.ranks) ranks.push_back({{"step", r.step}, {"tokens", r.tokens}});
     j["busiest_steps"].push_back({{"ep", b.ep}, {"ranks", ranks}});
   }
+  if (!step_tokens.empty()) j["step_tokens"] = step_tokens;
   return j;
 }
 
@@ -184,6 +279,15 @@ Status ExpertLoads::add_step(const std::vector<std::pair<int, std::vector<int64_
   }
   ++steps;
   note_busiest(step, steps, num_experts, &busiest);
+  const int64_t counts = static_cast<int64_t>(layers.size()) * num_experts;
+  if (!step_tokens_dropped && steps <= kMaxStepTokens / std::max<int64_t>(1, counts)) {
+    std::vector<std::vector<int64_t>> now;
+    for (const auto& layer : step) now.push_back(layer.second);
+    step_tokens.push_back(std::move(now));
+  } else if (!step_tokens_dropped) {
+    step_tokens.clear();  // too long a run to keep every step: busiest_steps only
+    step_tokens_dropped = true;
+  }
   return ok_status();
 }
 
@@ -224,6 +328,11 @@ Result<ExpertLoads> parse_expert_loads(const std::string& text, const std::strin
   }
   if (busiest != nullptr) {
     if (Status s = parse_busiest_steps(*busiest, &loads); !s.ok()) return bad(what, s.message());
+  }
+  if (const Json* steps = r.find("step_tokens"); steps != nullptr) {
+    if (version < 2) return bad(what, "step_tokens needs version 2");
+    if (Status s = parse_step_tokens(*steps, &loads); !s.ok()) return bad(what, s.message());
+    if (Status s = check_busiest_against_steps(loads); !s.ok()) return bad(what, s.message());
   }
   if (Status s = r.check_no_unknown_keys(); !s.ok()) return bad(what, s.message());
   return loads;
@@ -269,6 +378,7 @@ Result<RankLoads> contiguous_rank_loads(const ExpertLoads& loads, int ep) {
     out.factor.push_back(std::move(rank));
     out.peak.push_back(std::move(peak));
   }
+  out.step_factor = step_factors(loads, ep);
   return out;
 }
 
@@ -284,6 +394,33 @@ double RankLoads::peak_of(int layer, int r) const {
     if (layers[i] == layer) return (peak.empty() ? factor : peak)[i][static_cast<size_t>(r)];
   }
   return 1.0;
+}
+
+std::vector<double> RankLoads::peak_over(const std::vector<int>& held, int r) const {
+  std::vector<int> index;  // held[k]'s position in layers, or -1
+  for (int layer : held) {
+    auto it = std::find(layers.begin(), layers.end(), layer);
+    index.push_back(it == layers.end() ? -1 : static_cast<int>(it - layers.begin()));
+  }
+  std::vector<double> out;
+  if (step_factor.empty()) {
+    for (int layer : held) out.push_back(peak_of(layer, r));
+    return out;
+  }
+  size_t best = 0;
+  double most = -1;
+  for (size_t s = 0; s < step_factor.size(); ++s) {
+    double rows = 0;
+    for (int i : index) rows += i >= 0 ? step_factor[s][static_cast<size_t>(i)][static_cast<size_t>(r)] : 0.0;
+    if (rows > most) {
+      most = rows;
+      best = s;
+    }
+  }
+  for (int i : index) {
+    out.push_back(i >= 0 ? step_factor[best][static_cast<size_t>(i)][static_cast<size_t>(r)] : 1.0);
+  }
+  return out;
 }
 
 double RankLoads::busiest(int layer) const {

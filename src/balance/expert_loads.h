@@ -10,7 +10,9 @@
 // (version 2; a version-1 file has none): for every ep that divides num_experts (2 <= ep <= kMaxRecordedEp), the
 // experts placed contiguously, each ep rank's step with the most routed rows summed over the MoE layers and its
 // rows per layer in that step: what the rank's peak memory comes from, as a rank's experts keep every routed row
-// of a step until its backward, while its time follows the mean over steps.
+// of a step until its backward, while its time follows the mean over steps. step_tokens (version 2, optional):
+// every step's tokens per layer and expert, [step][i][e], kept while steps x layers x experts <= kMaxStepTokens;
+// from them a pipeline rank's busiest step over its own MoE layers is found (busiest_steps' is over all of them).
 #pragma once
 
 #include <cstdint>
@@ -30,6 +32,9 @@ struct LayerLoads {
 // The largest ep whose busiest steps a file records (bounds the file: the ranks of every recorded ep, at most 2,046
 // for 2^16 experts, times the layers).
 inline constexpr int kMaxRecordedEp = 1024;
+// The most per-step counts a file keeps (steps x MoE layers x experts; 8 MiB of JSON at most): a longer run drops
+// step_tokens and keeps busiest_steps only.
+inline constexpr int64_t kMaxStepTokens = int64_t{1} << 20;
 
 struct BusiestStep {
   int64_t step = 0;             // 1-based, of the run's steps
@@ -47,6 +52,10 @@ struct ExpertLoads {
   int64_t steps = 0;
   std::vector<LayerLoads> layers;     // MoE layers, increasing layer index
   std::vector<BusiestSteps> busiest;  // increasing ep; empty from a version-1 file (memory then follows the mean)
+  // [step][i][e]: every step's tokens, while steps x layers x experts <= kMaxStepTokens (else empty, and
+  // step_tokens_dropped while recording: not written, not read).
+  std::vector<std::vector<std::vector<int64_t>>> step_tokens;
+  bool step_tokens_dropped = false;
 
   Json to_json() const;
   // Adds one step's loads (layer -> tokens per expert, as runtime::TrainStepStats::expert_tokens).
@@ -72,9 +81,15 @@ struct RankLoads {
   // peak memory is priced from. Equal to `factor` when the file records no busiest steps (version 1); empty (a
   // RankLoads built by hand): `factor`.
   std::vector<std::vector<double>> peak;
+  // [s][i][r]: the same in step s (from step_tokens; empty without).
+  std::vector<std::vector<std::vector<double>>> step_factor;
   // The factor of ep rank `r` (0 <= r < ep) in model layer `layer`; 1 for a layer the file does not list.
   double of(int layer, int r) const;
   double peak_of(int layer, int r) const;
+  // Each of `held`'s layers' factor of ep rank r in its busiest step over `held` (a pipeline rank's own MoE layers:
+  // the step with the most rows summed over them), from step_factor; without it peak_of each (the busiest step over
+  // every layer). Layers the file does not list: 1.
+  std::vector<double> peak_over(const std::vector<int>& held, int r) const;
   // The largest factor of any rank in `layer` (1 for a layer the file does not list).
   double busiest(int layer) const;
 };

@@ -1,5 +1,6 @@
 #include "piper/sim/expert_rank_loads.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <string>
@@ -58,9 +59,17 @@ Result<RankLoadOverrides> rank_load_overrides(const compile::Program& prog,
       o.duration_s[s][i] = t;
     }
   }
-  for (const auto& [buffer, b] : experts_buffers(prog)) {
-    const double bytes = static_cast<double>(b.bytes) * loads.loads.peak_of(b.layer, ep_rank) / loads.plan_load;
-    o.buffer_bytes[buffer] = std::llround(bytes);
+  // Memory: the rank's busiest step over its own MoE layers.
+  const auto buffers = experts_buffers(prog);
+  std::vector<int> held;
+  for (const auto& [buffer, b] : buffers) {
+    if (std::find(held.begin(), held.end(), b.layer) == held.end()) held.push_back(b.layer);
+  }
+  std::sort(held.begin(), held.end());
+  const std::vector<double> peak = loads.loads.peak_over(held, ep_rank);
+  for (const auto& [buffer, b] : buffers) {
+    const size_t k = static_cast<size_t>(std::lower_bound(held.begin(), held.end(), b.layer) - held.begin());
+    o.buffer_bytes[buffer] = std::llround(static_cast<double>(b.bytes) * peak[k] / loads.plan_load);
   }
   return o;
 }

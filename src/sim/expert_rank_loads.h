@@ -11,7 +11,8 @@
 //     nor ZeRO-3's gathered parameters), the experts backward's working set (the first alloc before an experts B
 //     or BW; its small per-token part, dout and dhn, scales with it too) and a B's gradients for its W (the
 //     second alloc before an experts B) hold llround(bytes x peak(l, e) / plan_load), peak being the rank's factor
-//     in its busiest step (RankLoads::peak: its peak memory comes from that step), and their frees release them.
+//     in its busiest step over the MoE layers its program holds (RankLoads::peak_over: its peak memory comes from
+//     that step; a file without step_tokens gives the busiest step over every layer), and their frees release them.
 // The representative simulation (one rank per pipeline rank) and the closed form keep the busiest rank's load
 // (time: Calibration::expert_load_imbalance; memory: Calibration::memory_load()).
 #pragma once

@@ -100,6 +100,21 @@ TEST(ExpertLoadsTest, BusiestStepsAreEachRanksMostLoadedStep) {
   EXPECT_DOUBLE_EQ(contiguous_memory_load(l, 2).value(), 2.0);
   EXPECT_DOUBLE_EQ(contiguous_memory_load(l, 1).value(), 1.0);
   EXPECT_DOUBLE_EQ(contiguous_imbalance(l, 2).value(), (16.0 / 12.0 + 16.0 / 12.0) / 2);
+  // Every step is kept too (step_tokens), from which a pipeline rank's own busiest step is found: ep=2, layer 1
+  // alone, rank 0 had 8, 8, 0 rows (step 1: 8 / 4 = 2); layer 3 alone, rank 0 4, 4, 0 (1.0) and rank 1 4, 4, 8
+  // (2.0); both layers, rank 1's busiest is step 3 (16 rows). A layer the file does not list: 1.
+  ASSERT_EQ(l.step_tokens.size(), 3u);
+  EXPECT_EQ(l.step_tokens[2][1], (std::vector<int64_t>{0, 0, 0, 8}));
+  EXPECT_EQ(r2.peak_over({1}, 0), (std::vector<double>{2.0}));
+  EXPECT_EQ(r2.peak_over({3}, 0), (std::vector<double>{1.0}));
+  EXPECT_EQ(r2.peak_over({3}, 1), (std::vector<double>{2.0}));
+  EXPECT_EQ(r2.peak_over({1, 3}, 1), (std::vector<double>{2.0, 2.0}));
+  EXPECT_EQ(r2.peak_over({1, 2}, 0), (std::vector<double>{2.0, 1.0}));
+  // Without step_tokens (a long run's file) a rank's busiest step over every layer stands for any subset: rank 0's
+  // is step 1, whose layer-3 rows give 1.0 too, and layer 1's 2.0.
+  RankLoads whole = r2;
+  whole.step_factor.clear();
+  EXPECT_EQ(whole.peak_over({1, 3}, 0), (std::vector<double>{2.0, 1.0}));
   // The file keeps them.
   auto back = parse_expert_loads(l.to_json().dump(), "f.json");
   ASSERT_TRUE(back.ok()) << back.status().message();
@@ -124,6 +139,28 @@ TEST(ExpertLoadsTest, VersionOneFilesPriceMemoryFromTheMean) {
   EXPECT_EQ(j["version"], 2);
   EXPECT_TRUE(j["busiest_steps"].empty());
   EXPECT_EQ(parse_expert_loads(j.dump(), "again").value().to_json(), j);
+}
+
+// A run too long to keep every step (steps x layers x experts above kMaxStepTokens) drops step_tokens and keeps
+// its busiest steps.
+TEST(ExpertLoadsTest, ALongRunDropsItsStepsKeepsItsBusiest) {
+  ExpertLoads l;
+  l.model = "m";
+  l.num_experts = 1 << 16;
+  std::vector<int64_t> tokens(static_cast<size_t>(l.num_experts), 0);
+  const int64_t fit = kMaxStepTokens / l.num_experts;  // 16 steps of one layer
+  for (int64_t s = 0; s <= fit; ++s) {
+    tokens[static_cast<size_t>(s)] = 5;
+    ASSERT_TRUE(l.add_step({{0, tokens}}).ok());
+    EXPECT_EQ(l.step_tokens.size(), s < fit ? static_cast<size_t>(s + 1) : 0u) << s;
+  }
+  EXPECT_TRUE(l.step_tokens_dropped);
+  ASSERT_TRUE(l.add_step({{0, tokens}}).ok());
+  EXPECT_TRUE(l.step_tokens.empty());
+  EXPECT_EQ(l.busiest.back().ep, kMaxRecordedEp);
+  auto back = parse_expert_loads(l.to_json().dump(), "long.json");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_TRUE(back->step_tokens.empty());
 }
 
 TEST(ExpertLoadsTest, WrittenFileReadsBackTheSame) {
@@ -182,6 +219,19 @@ TEST(ExpertLoadsTest, BadFilesAreNamed) {
   // Rank 0 routed 6 rows in 2 steps: a busiest step of 2 is below its mean step (3).
   EXPECT_NE(busiest(R"([{"ep": 2, "ranks": [{"step": 1, "tokens": [2]}, {"step": 2, "tokens": [1]}]}])")
                 .find("not its busiest step"),
+            std::string::npos);
+  // Step tokens: one entry per step, one row per layer, summing to the layers' tokens exactly.
+  const std::string steps = R"([{"ep": 2, "ranks": [{"step": 1, "tokens": [4]}, {"step": 2, "tokens": [2]}]}], )";
+  auto with_steps = [&](const std::string& t) { return busiest(steps + R"("step_tokens": )" + t); };
+  EXPECT_EQ(with_steps("[[[4, 0]], [[2, 2]]]"), "");
+  EXPECT_NE(with_steps("[[[4, 0]]]").find("array of steps (2)"), std::string::npos);
+  EXPECT_NE(with_steps("[[[4, 0]], [[2, 1]]]").find("do not sum"), std::string::npos);
+  EXPECT_NE(with_steps("[[[4, 0]], [[3, 2]]]").find("the steps summing to layers[0].tokens[0]"), std::string::npos);
+  EXPECT_NE(with_steps("[[[4, 0]], [[2, 2], [0, 0]]]").find("the 1 layers' counts"), std::string::npos);
+  EXPECT_NE(with_steps("[[[2, 2]], [[4, 0]]]").find("ep 2 rank 0 names step 1, but step_tokens give step 2"),
+            std::string::npos);
+  EXPECT_NE(error_of(head + R"("steps": 1, "layers": [{"layer": 0, "tokens": [1, 1]}], "step_tokens": [[[1, 1]]]})")
+                .find("step_tokens needs version 2"),
             std::string::npos);
   // Every message says where such a file comes from.
   EXPECT_NE(error_of("[]").find("--record-expert-loads"), std::string::npos);
