@@ -10,7 +10,7 @@ namespace piper::balance {
 namespace {
 
 constexpr const char* kFormat = "piper-expert-loads";
-constexpr int kVersion = 2;  // 2: busiest_steps; version 1 files (without) still read
+constexpr int kVersion = 2;  // 2: busiest_steps and step_tokens; version 1 files (without) still read
 constexpr const char* kFix = " (a file written by `piper train --record-expert-loads`)";
 
 Status bad(const std::string& what, const std::string& problem) { return invalid_argument(what + ": " + problem + kFix); }
@@ -317,7 +317,14 @@ Result<ExpertLoads> parse_expert_loads(const std::string& text, const std::strin
       return bad(what, "layers must be in increasing layer order (layer " + std::to_string(l->layer) + " after " +
                            std::to_string(loads.layers.back().layer) + ")");
     }
-    for (int64_t t : l->tokens) routed = routed || t > 0;
+    int64_t total = 0;
+    for (int64_t t : l->tokens) {
+      if (t > kMaxLayerTokens - total) {
+        return bad(what, "layer " + std::to_string(l->layer) + " counts more than 2^50 routings over the run");
+      }
+      total += t;
+    }
+    routed = routed || total > 0;
     loads.layers.push_back(*std::move(l));
   }
   if (!routed) return bad(what, "every token count is 0: nothing was routed");

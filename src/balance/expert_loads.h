@@ -35,6 +35,9 @@ inline constexpr int kMaxRecordedEp = 1024;
 // The most per-step counts a file keeps (steps x MoE layers x experts; 8 MiB of JSON at most): a longer run drops
 // step_tokens and keeps busiest_steps only.
 inline constexpr int64_t kMaxStepTokens = int64_t{1} << 20;
+// The most routings one layer may count over a run (2^50: 10^15, eight times a 15T-token run at top-8), so that a
+// rank's rows summed over kMaxLayers layers stay exact in int64.
+inline constexpr int64_t kMaxLayerTokens = int64_t{1} << 50;
 
 struct BusiestStep {
   int64_t step = 0;             // 1-based, of the run's steps

@@ -193,6 +193,9 @@ TEST(ExpertLoadsTest, BadFilesAreNamed) {
   EXPECT_NE(error_of(head + R"("steps": 0, "layers": [{"layer": 0, "tokens": [1, 1]}]})").find("steps"),
             std::string::npos);
   EXPECT_NE(error_of(head + R"("steps": 1, "layers": []})").find("layers must be"), std::string::npos);
+  EXPECT_NE(error_of(head + R"("steps": 1, "layers": [{"layer": 0, "tokens": [1125899906842624, 1]}]})")
+                .find("more than 2^50 routings"),
+            std::string::npos);
   EXPECT_NE(error_of(head + R"("steps": 1, "stepz": 1, "layers": [{"layer": 0, "tokens": [1, 1]}]})").find("stepz"),
             std::string::npos);
   // Busiest steps: version 2 only, and each entry checked against the file.
