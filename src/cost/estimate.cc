@@ -7,6 +7,7 @@
 #include <tuple>
 
 #include "piper/cost/activations.h"
+#include "piper/cost/copy_cost.h"
 #include "piper/cost/estimate_internal.h"
 #include "piper/cost/pipeline_model.h"
 #include "piper/cost/tp_overlap.h"
@@ -506,10 +507,11 @@ RankTime rank_time(const PartTimes& pt, const LayerTimes& lt, const Strategy& s,
   return rt;
 }
 
-// The rank that sets the pace (the largest time per microbatch) and its parameters, for the step.
+// The rank that sets the pace (the largest time per microbatch), its parameters and layers, for the step.
 struct Bottleneck {
   RankTime time;
   RankParams params;
+  RankLayers layers;
 };
 
 // Every pipeline rank's memory (out->ranks, worst_rank, memory, fits) and time (bottleneck_rank).
@@ -532,7 +534,7 @@ Bottleneck price_ranks(const CostModel& cm, const Strategy& s, const PipelineSha
     const RankTime t = rank_time(pt, lt, s, pl, x, r);
     if (t.total() > worst_time) {
       worst_time = t.total();
-      b = {t, params};
+      b = {t, params, x};
       out->bottleneck_rank = r;
     }
   }
@@ -566,6 +568,41 @@ double pp_exposed_s(const CostModel& cm, const Strategy& s, const PipelineShape&
   return async ? 2.0 * (p - 1) * hop : 2.0 * (m * chunks + p - 1) * hop;
 }
 
+// On a node whose ranks share its cores, every byte a rank's transfers move is copied by one of them (copy_cost.h):
+// its bytes per step by kind, at one core's copy rate and the rank's static share of the cores (one core at most),
+// so that a kind's communication costs at least that, hidden behind compute or not (each kind of out->comm becomes
+// the larger). The bytes a rank sends per step: the data-parallel ring collectives of its parameters and gradients
+// ((n - 1)/n of the tensor per reduce-scatter or all-gather, twice per all-reduce; ZeRO-2 reduce-scatters per
+// microbatch, ZeRO-3 also gathers before each F and B); per layer and microbatch 8 (tp - 1)/tp of its T x h
+// activations over tp (two all-reduces each pass, or with sp two all-gathers and two reduce-scatters); per MoE
+// layer and microbatch (ep - 1)/ep of the dispatch and the combine and their transposes; per microbatch and chunk
+// the pipeline's activation and gradient. Nothing on other nodes.
+void add_copies(const CostModel& cm, const Strategy& s, const PipelineShape& pl, const MeshGroups& g,
+                const Bottleneck& b, double tokens, CommBreakdown* comm) {
+  const NodeSpec& node = cm.cluster().node;
+  const double per_byte = copy_seconds_per_byte(node);
+  if (!(per_byte > 0)) return;
+  const double at = per_byte / std::min(1.0, node.device_cores * rate_share(node, cm.calibration()));
+  auto f = [](int n) { return n > 1 ? (n - 1.0) / n : 0.0; };
+  const double m = pl.m, fd = f(g.dp.size), fe = f(g.expert_dp.size);
+  const double grad_d = b.params.dense * cm.bytes().grad, grad_e = b.params.expert * cm.bytes().grad;
+  const double par_d = b.params.dense * cm.bytes().param, par_e = b.params.expert * cm.bytes().param;
+  double dp = fd * (grad_d + par_d) + fe * (grad_e + par_e);  // ZeRO-1
+  if (s.zero == 0) dp = 2 * (fd * grad_d + fe * grad_e);
+  if (s.zero == 2) dp = m * (fd * grad_d + fe * grad_e) + fd * par_d + fe * par_e;
+  if (s.zero >= 3) dp = m * (fd * (grad_d + 2 * par_d) + fe * (grad_e + 2 * par_e));
+  const double act = tokens * cm.parts().hidden * cm.train().comm_bytes();
+  const double tp = m * b.layers.layers * 8 * f(s.tp) * act;
+  const double routed = tokens / s.tp * cm.parts().top_k;
+  const double ep = m * b.layers.moe * f(s.ep) * routed *
+                    (cm.dispatch_bytes_per_token() + 3 * cm.combine_bytes_per_token());
+  const double pp = pl.p > 1 ? m * pl.v * 2 * act / (s.sp ? s.tp : 1) : 0.0;
+  comm->dp_s = std::max(comm->dp_s, dp * at);
+  comm->tp_s = std::max(comm->tp_s, tp * at);
+  comm->ep_s = std::max(comm->ep_s, ep * at);
+  comm->pp_s = std::max(comm->pp_s, pp * at);
+}
+
 // The step on the bottleneck rank: its microbatches, the pipeline's P2P and bubble, the data-parallel sync and the
 // optimizer step; then tokens/s and MFU.
 void price_step(const CostModel& cm, const Strategy& s, const PipelineShape& pl, const PartTimes& parts,
@@ -585,6 +622,7 @@ void price_step(const CostModel& cm, const Strategy& s, const PipelineShape& pl,
   out->comm.pp_s = pp_exposed_s(cm, s, pl, g, tokens);
   out->comm.dp_s =
       dp_exposed_s(cm, s, pl, parts, g, {out->bottleneck_rank, b.params, t_f, t_b, layer.ep_s, b.time.ep_exposed_s});
+  add_copies(cm, s, pl, g, b, tokens, &out->comm);
   out->time.compute_s = m * (t.f + t.b + t.w);
   out->time.exposed_comm_s = out->comm.tp_s + out->comm.ep_s + out->comm.pp_s + out->comm.dp_s;
   out->time.bubble_s = bubble_time_s(pl.kind, pl.p, pl.v, t_f, t_b, t.w);

@@ -4,6 +4,7 @@
 
 #include "piper/base/strings.h"
 #include "piper/compile/strategy_directives.h"
+#include "piper/cost/copy_cost.h"
 #include "piper/cost/estimate.h"
 #include "piper/cost/nic_split.h"
 #include "piper/sim/task_time.h"
@@ -58,7 +59,7 @@ SyncCost sync_cost_of(const ClusterSpec& cluster) {
   const NodeSpec& n = cluster.node;
   SyncCost c{n.sync_excess_all_to_all_s, n.sync_excess_other_s, n.sync_excess_pair_s, n.busy_cpu_all_to_all_s,
              n.busy_cpu_other_s,         n.busy_cpu_pair_s,     n.busy_cpu_p2p_s};
-  c.cpu_per_byte_s = n.intra.bw_bytes_per_s > 0 ? 1.0 / n.intra.bw_bytes_per_s : 0.0;
+  c.cpu_per_byte_s = cost::copy_seconds_per_byte(n);
   return c;
 }
 

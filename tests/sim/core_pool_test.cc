@@ -311,8 +311,8 @@ TrainSpec fp32_train() {
   return t;
 }
 
-// Representative ranks (and the closed form) price a shared-core cluster at the static share: to the bit what a
-// device of half a core gave. Simulated in full, the pipelines, whose ranks wait in bubbles while the others
+// Representative ranks (and the closed form's compute) price a shared-core cluster at the static share: to the bit
+// what a device of half a core gave. Simulated in full, the pipelines, whose ranks wait in bubbles while the others
 // compute, run faster; pure data parallelism, whose ranks all compute together, gains nothing and pays the copies
 // of its transfers' bytes (SyncCost::cpu_per_byte_s: 6.8 % for dp=4, 1.9 % for dp=4 ep=4 when written).
 TEST(CorePoolTest, SharedCoresSpeedUpPipelinesNotDataParallelism) {
@@ -342,7 +342,13 @@ TEST(CorePoolTest, SharedCoresSpeedUpPipelinesNotDataParallelism) {
     auto est_shared = cm_shared->estimate(s);
     auto est_halves = cm_halves->estimate(s);
     ASSERT_TRUE(est_shared.ok() && est_halves.ok()) << text << ": " << est_shared.status().message();
-    EXPECT_EQ(est_shared->step_time_s, est_halves->step_time_s) << text;
+    // The closed form: the same compute, bubble and optimizer to the bit; its communication costs at least the
+    // copies of its bytes on the shared cores (cost/copy_cost.h), a few per cent here.
+    EXPECT_EQ(est_shared->time.compute_s, est_halves->time.compute_s) << text;
+    EXPECT_EQ(est_shared->time.bubble_s, est_halves->time.bubble_s) << text;
+    EXPECT_EQ(est_shared->time.optimizer_s, est_halves->time.optimizer_s) << text;
+    EXPECT_GT(est_shared->time.exposed_comm_s, est_halves->time.exposed_comm_s) << text;
+    EXPECT_LT(est_shared->step_time_s, 1.1 * est_halves->step_time_s) << text;
     const double ratio = shared_full->step_time_s / static_full->step_time_s;
     std::printf("%-48s static %.3f ms, shared %.3f ms (%.3fx)\n", text, 1e3 * static_full->step_time_s,
                 1e3 * shared_full->step_time_s, ratio);
@@ -353,6 +359,28 @@ TEST(CorePoolTest, SharedCoresSpeedUpPipelinesNotDataParallelism) {
       EXPECT_LT(ratio, 1.15) << text;
     }
   }
+}
+
+// The closed form on a node that shares its cores: a rank's data-parallel communication costs at least the copies
+// of its bytes at the node's copy rate (1 / intra-node bandwidth) and its static share of the cores (half a core):
+// ZeRO-1 reduce-scatters the gradients and gathers the parameters, 3/4 of each on 4 ranks (fp32: 4 B each); ZeRO-3
+// with 2 microbatches moves three times as much (a gather before each F and B and a reduce-scatter, per microbatch).
+TEST(CorePoolTest, TheClosedFormChargesATransfersCopiesToTheSharedCores) {
+  const ModelSpec m = model("tiny-moe");
+  const ClusterSpec shared = local_machine(true);
+  cost::Calibration cal;
+  cal.workspace_bytes = 0;
+  auto est = [&](const char* text) {
+    const Strategy s = strategy(text);
+    TrainSpec t = fp32_train();
+    t.micro_batch_size = s.mbs;
+    return cost::CostModel::create(m, shared, t, cal).value().estimate(s).value();
+  };
+  const cost::Estimate z1 = est("dp=4,zero=1,microbatches=2,mbs=2");
+  const cost::Estimate z3 = est("dp=4,zero=3,microbatches=2,mbs=2");
+  const double bytes = 0.75 * 2 * z1.memory.grads;  // ZeRO-1 keeps whole gradients; fp32 parameters as large
+  EXPECT_NEAR(z1.comm.dp_s, bytes / shared.node.intra.bw_bytes_per_s / 0.5, 1e-12 * z1.comm.dp_s);
+  EXPECT_NEAR(z3.comm.dp_s, 3 * z1.comm.dp_s, 1e-12 * z3.comm.dp_s);
 }
 
 // A calibration's measured core_sharing reaches the prices and the pool: dp=4 on the build machine's 2 cores (all
