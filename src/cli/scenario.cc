@@ -66,9 +66,7 @@ Status apply_expert_loads(const std::string& path, Scenario* sc) {
   PIPER_ASSIGN_OR_RETURN(balance::ExpertLoads loads, balance::load_expert_loads(path));
   PIPER_ASSIGN_OR_RETURN(MeasuredLoads m, measured_loads(loads, path, sc->model, sc->strategy.ep));
   sc->expert_loads = path;
-  sc->expert_load_imbalance = m.imbalance;
   sc->calibration.expert_load_imbalance = m.imbalance;
-  sc->expert_memory_load = m.memory_load;
   sc->calibration.expert_memory_load = m.memory_load;
   sc->rank_loads = std::move(m.ranks);
   return ok_status();
@@ -127,7 +125,7 @@ std::string Scenario::expert_loads_line(bool per_rank) const {
                            "busiest step); busiest %.3f x the mean at ep=%d, %.3f at its peak"
                          : ": busiest ep rank %.3f x the mean at ep=%d (measured), %.3f at its peak; every rank's experts "
                            "priced as the busiest's (time and memory)",
-                expert_load_imbalance, strategy.ep, expert_memory_load);
+                calibration.expert_load_imbalance, strategy.ep, calibration.memory_load());
   return "experts   " + expert_loads + buf;
 }
 
@@ -140,8 +138,8 @@ Json Scenario::expert_loads_json(bool per_rank) const {
                       {"rank_peak_load", rank_loads.peak[i]}});
   }
   return Json{{"file", expert_loads},
-              {"imbalance", expert_load_imbalance},
-              {"memory_load", expert_memory_load},
+              {"imbalance", calibration.expert_load_imbalance},
+              {"memory_load", calibration.memory_load()},
               {"ep", strategy.ep},
               {"priced", per_rank ? "per_rank" : "busiest"},
               {"layers", layers}};

@@ -54,12 +54,10 @@ struct Scenario {
   // With --directives: the file, its mesh and what it was resolved to; `strategy` is resolved.strategy.
   bool from_directives = false;
   DirectiveInput input;
-  // With --expert-loads: the file, the imbalance it gave calibration.expert_load_imbalance (the busiest ep rank,
-  // what the closed form and a representative simulation price every rank as), and each ep rank's load per layer
-  // (what a simulation of every rank prices each rank from: expert_sim_loads()).
+  // With --expert-loads: the file (its busiest ep rank's loads are calibration.expert_load_imbalance and
+  // expert_memory_load, what the closed form and a representative simulation price every rank as), and each ep
+  // rank's load per layer (what a simulation of every rank prices each rank from: expert_sim_loads()).
   std::string expert_loads;
-  double expert_load_imbalance = 1.0;
-  double expert_memory_load = 1.0;
   balance::RankLoads rank_loads;
 
   // "experts   FILE: ..." for the text reports, or "" without the flag; per_rank: the report is of a simulation

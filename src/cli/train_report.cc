@@ -69,8 +69,13 @@ void describe_loads(const PredictionLoads& l, int ep, PredictionReport* r) {
   r->experts_note = "experts   loads: " + l.label + buf +
                     ": sim prices each ep rank's experts (time, memory) from its own share; model prices every rank "
                     "as the busiest";
-  r->experts_json = Json{{"source", l.label}, {"file", l.loads.file},    {"imbalance", l.loads.imbalance}, {"memory_load", l.loads.memory_load},
-                         {"ep", ep},          {"simulated", "per_rank"}, {"resource_model", "busiest"}};
+  r->experts_json = Json{{"source", l.label},
+                         {"file", l.loads.file},
+                         {"imbalance", l.loads.imbalance},
+                         {"memory_load", l.loads.memory_load},
+                         {"ep", ep},
+                         {"simulated", "per_rank"},
+                         {"resource_model", "busiest"}};
 }
 
 }  // namespace
