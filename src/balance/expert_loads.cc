@@ -439,6 +439,10 @@ double RankLoads::busiest(int layer) const {
 
 Result<double> contiguous_imbalance(const ExpertLoads& loads, int ep) {
   PIPER_ASSIGN_OR_RETURN(RankLoads ranks, contiguous_rank_loads(loads, ep));
+  return contiguous_imbalance(loads, ranks);
+}
+
+double contiguous_imbalance(const ExpertLoads& loads, const RankLoads& ranks) {
   double sum = 0;
   int counted = 0;
   for (const LayerLoads& l : loads.layers) {
@@ -451,8 +455,12 @@ Result<double> contiguous_imbalance(const ExpertLoads& loads, int ep) {
 
 Result<double> contiguous_memory_load(const ExpertLoads& loads, int ep) {
   PIPER_ASSIGN_OR_RETURN(RankLoads ranks, contiguous_rank_loads(loads, ep));
+  return contiguous_memory_load(loads, ranks);
+}
+
+double contiguous_memory_load(const ExpertLoads& loads, const RankLoads& ranks) {
   double most = 0.0;
-  for (int r = 0; r < ep; ++r) {
+  for (int r = 0; r < ranks.ep; ++r) {
     double sum = 0;
     int counted = 0;
     for (size_t i = 0; i < loads.layers.size(); ++i) {

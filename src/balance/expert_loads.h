@@ -105,6 +105,8 @@ Result<RankLoads> contiguous_rank_loads(const ExpertLoads& loads, int ep);
 // layers of each layer's busiest rank, so the mean of the per-layer ratios is the one scalar that prices it
 // (cost::Calibration::expert_load_imbalance). 1 at ep = 1. ep must divide num_experts.
 Result<double> contiguous_imbalance(const ExpertLoads& loads, int ep);
+// The same from `loads`' rank loads already computed (contiguous_rank_loads(loads, ranks.ep)).
+double contiguous_imbalance(const ExpertLoads& loads, const RankLoads& ranks);
 
 // The rows an ep rank's experts hold at its peak over the mean rank's, for the rank that holds the most: the
 // largest over ranks of the mean over routed layers of RankLoads::peak (a rank keeps the activations of every MoE
@@ -112,5 +114,6 @@ Result<double> contiguous_imbalance(const ExpertLoads& loads, int ep);
 // plan compiled for a representative rank size the experts' buffers with (cost::Calibration::expert_memory_load).
 // 1 at ep = 1. ep must divide num_experts.
 Result<double> contiguous_memory_load(const ExpertLoads& loads, int ep);
+double contiguous_memory_load(const ExpertLoads& loads, const RankLoads& ranks);
 
 }  // namespace piper::balance

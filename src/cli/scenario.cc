@@ -50,11 +50,11 @@ Result<MeasuredLoads> measured_loads(const balance::ExpertLoads& loads, const st
   }
   MeasuredLoads m;
   m.file = file;
-  auto imbalance = balance::contiguous_imbalance(loads, ep);
-  if (!imbalance.ok()) return imbalance.status().with_context("--expert-loads " + elide(file));
-  m.imbalance = *imbalance;
-  PIPER_ASSIGN_OR_RETURN(m.memory_load, balance::contiguous_memory_load(loads, ep));
-  PIPER_ASSIGN_OR_RETURN(m.ranks, balance::contiguous_rank_loads(loads, ep));
+  auto ranks = balance::contiguous_rank_loads(loads, ep);  // once: the two figures below read it
+  if (!ranks.ok()) return ranks.status().with_context("--expert-loads " + elide(file));
+  m.imbalance = balance::contiguous_imbalance(loads, *ranks);
+  m.memory_load = balance::contiguous_memory_load(loads, *ranks);
+  m.ranks = *std::move(ranks);
   return m;
 }
 
