@@ -13,6 +13,7 @@
 #include "piper/comm/comm_bench.h"
 #include "piper/comm/launch.h"
 #include "piper/comm/mpi/mpi_communicator.h"
+#include "piper/runtime/exec/process_memory.h"
 
 namespace piper::cli {
 namespace {
@@ -101,6 +102,7 @@ Status run_bench(const BenchCommFlags& f) {
     return comm::exec_under_mpirun(launch, argv);
   }
 
+  runtime::keep_freed_memory();  // as a training rank's allocator keeps its memory (runtime/exec/process_memory.h)
   PIPER_RETURN_IF_ERROR(comm::mpi_init(nullptr, nullptr));
   Status status = [&]() -> Status {
     comm::MpiOptions mpi_options;

@@ -10,13 +10,14 @@
 // memory_bw_bytes_per_s), which replace the local-cpu preset's, each thread count's own (thread_figures), which
 // `local_cluster` (train_report.h) uses for a rank's thread count, and the sharing efficiency (core_sharing).
 // With --ranks R the links are measured first, by R ranks under mpirun (calibrate_links.h), into their own file.
+#include <time.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
-#include <time.h>
 #include <filesystem>
 #include <functional>
 #include <limits>
@@ -38,6 +39,7 @@
 #include "piper/cli/flags.h"
 #include "piper/comm/launch.h"
 #include "piper/kernels/cpu/gemm.h"
+#include "piper/runtime/exec/process_memory.h"
 #include "piper/spec/cluster_loader.h"
 
 namespace piper::cli {
@@ -320,6 +322,7 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
 // Inside an MPI job (the spawned link stage, or under scripts/two-node-emulation.sh) only the links are measured:
 // the device stage would run on every rank at once.
 Status run_calibrate(const CalibrateOptions& o) {
+  runtime::keep_freed_memory();  // measure what a training process pays (runtime/exec/process_memory.h)
   if (!o.share_worker.empty()) return run_share_worker(o.share_worker, o.share_window_s);
   if (o.links.spawned || comm::launched_by_mpi()) return run_link_stage(o.links);
   if (o.links.ranks == 0) return run_device_stage(o, Json(), "");

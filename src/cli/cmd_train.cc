@@ -26,6 +26,7 @@
 #include "piper/comm/launch.h"
 #include "piper/comm/mpi/mpi_communicator.h"
 #include "piper/kernels/cpu/gemm.h"
+#include "piper/runtime/exec/process_memory.h"
 #include "piper/runtime/exec/trace.h"
 #include "piper/runtime/trainer.h"
 #include "piper/runtime/training_run.h"
@@ -405,6 +406,7 @@ Status check_expert_loads_flag(const TrainCliOptions& o) {
 }
 
 Status run_train(const TrainCliOptions& o) {
+  runtime::keep_freed_memory();  // before MPI's and the runtime's threads (runtime/exec/process_memory.h)
   if (o.device != "cpu" && o.device != "cuda") {
     return invalid_argument("--device must be cpu or cuda, got '" + o.device + "'");
   }
