@@ -110,6 +110,15 @@ TEST(MoeCombine, FlatAndHaloEqualTheLocalWeightedSum) {
       auto flat = flat_combine(*w, out, kHidden, routing, weights, kind, kTestTimeoutS);
       ASSERT_TRUE(flat.ok()) << flat.status().to_string();
       EXPECT_EQ(*flat, expected) << "case " << static_cast<int>(c);  // same additions in the same order
+      // With the dispatch's counts (no count exchange): the same sums, and a re-dispatch of the same routing
+      // (as a backward pass makes) the same rows.
+      auto known = flat_combine(*w, out, kHidden, routing, weights, kind, kTestTimeoutS, rows->rows_from);
+      ASSERT_TRUE(known.ok()) << known.status().to_string();
+      EXPECT_EQ(*known, expected) << "case " << static_cast<int>(c);
+      auto again = flat_dispatch(*w, x.data(), kHidden * sizeof(float), routing, kind, kTestTimeoutS, rows->rows_from);
+      ASSERT_TRUE(again.ok()) << again.status().to_string();
+      EXPECT_EQ(again->rows, rows->rows) << "case " << static_cast<int>(c);
+      EXPECT_EQ(again->rows_from, rows->rows_from);
     }
     for (Layout layout : layouts(p)) {
       auto topo = NodeTopology::create(p, layout.ranks_per_node, layout.lanes);
@@ -160,6 +169,16 @@ TEST(MoeCombine, BadInputNamesTheProblem) {
   auto bad = flat_combine(*w, none, kHidden, routing, short_weights, FlatDispatchKind::kMpiAllToAllV, kTestTimeoutS);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("routing weights"), std::string::npos) << bad.status().to_string();
+  // Known counts of the wrong length, or negative: refused on every rank before any exchange.
+  std::vector<int64_t> one_short(static_cast<size_t>(p - 1), 0), negative(static_cast<size_t>(p), -1);
+  std::vector<uint8_t> tokens(routing.num_tokens * kHidden * sizeof(float), 0);
+  for (const auto* known : {&one_short, &negative}) {
+    auto refused = flat_dispatch(*w, tokens.data(), kHidden * sizeof(float), routing, FlatDispatchKind::kPairwise,
+                                 kTestTimeoutS, *known);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(refused.status().message().find("known row count"), std::string::npos) << refused.status().to_string();
+  }
   // Every rank passes one float too many: the size check fails on all ranks after the count exchange.
   auto topo = NodeTopology::create(p, p % 2 == 0 ? p / 2 : 1, 1);
   ASSERT_TRUE(topo.ok());

@@ -53,15 +53,16 @@ void add_scaled(float* acc, const float* row, float w, int64_t hidden) {
 
 Result<std::vector<float>> flat_combine(Communicator& comm, std::span<const float> expert_rows, int64_t hidden,
                                         const MoeRouting& routing, std::span<const float> topk_weights,
-                                        FlatDispatchKind kind, double timeout_s) {
+                                        FlatDispatchKind kind, double timeout_s,
+                                        std::span<const int64_t> dispatch_rows_from) {
   PIPER_RETURN_IF_ERROR(check_inputs(routing, comm.size(), hidden, topk_weights));
   const int p = comm.size(), k = routing.top_k;
-  std::vector<uint64_t> rows_to(p, 0), rows_from(p, 0);
+  std::vector<uint64_t> rows_to(p, 0);
   for (int d : routing.dest_ranks) {
     if (d >= 0) ++rows_to[d];
   }
-  std::vector<size_t> eight(p, sizeof(uint64_t));
-  PIPER_RETURN_IF_ERROR(exchange(comm, rows_to.data(), eight, rows_from.data(), eight, timeout_s));
+  PIPER_ASSIGN_OR_RETURN(std::vector<uint64_t> rows_from,
+                         rows_from_sources(comm, routing, dispatch_rows_from, timeout_s));
   uint64_t received = 0, sent = 0;
   std::vector<size_t> send_bytes(p), recv_bytes(p);
   std::vector<uint64_t> first_row(p);  // first row of expert rank d's block in `back`
@@ -90,7 +91,6 @@ Result<std::vector<float>> flat_combine(Communicator& comm, std::span<const floa
   }
   return y;
 }
-
 
 namespace {
 

@@ -39,10 +39,13 @@
 namespace piper::comm {
 
 // Collective over `comm`. expert_rows holds (rows received in the dispatch) * hidden floats; topk_weights holds
-// routing.num_tokens * routing.top_k weights (the entry of a dropped slot is ignored).
+// routing.num_tokens * routing.top_k weights (the entry of a dropped slot is ignored). `dispatch_rows_from`: that
+// dispatch's DispatchResult::rows_from, whose rows go back to their sources without a count exchange; empty: the
+// counts are exchanged first (one more synchronisation of the group).
 Result<std::vector<float>> flat_combine(Communicator& comm, std::span<const float> expert_rows, int64_t hidden,
                                         const MoeRouting& routing, std::span<const float> topk_weights,
-                                        FlatDispatchKind kind, double timeout_s);
+                                        FlatDispatchKind kind, double timeout_s,
+                                        std::span<const int64_t> dispatch_rows_from = {});
 
 // Collective over the context's group; same inputs and result as flat_combine.
 Result<std::vector<float>> halo_combine(HaloContext& context, std::span<const float> expert_rows, int64_t hidden,

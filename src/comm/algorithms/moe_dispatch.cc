@@ -26,15 +26,46 @@ Status MoeRouting::validate(int group_size) const {
 }
 
 Result<DispatchResult> flat_dispatch(Communicator& comm, const void* tokens, size_t token_bytes,
-                                     const MoeRouting& routing, FlatDispatchKind kind, double timeout_s) {
+                                     const MoeRouting& routing, FlatDispatchKind kind, double timeout_s,
+                                     std::span<const int64_t> known_rows_from) {
   DispatchResult result;
   std::vector<uint8_t> pack;
-  PIPER_RETURN_IF_ERROR(flat_dispatch(comm, tokens, token_bytes, routing, kind, timeout_s, &result, &pack));
+  PIPER_RETURN_IF_ERROR(
+      flat_dispatch(comm, tokens, token_bytes, routing, kind, timeout_s, &result, &pack, known_rows_from));
   return result;
 }
 
+Result<std::vector<uint64_t>> rows_from_sources(Communicator& comm, const MoeRouting& routing,
+                                                std::span<const int64_t> known, double timeout_s) {
+  const int p = comm.size();
+  std::vector<uint64_t> rows_from(p, 0);
+  if (!known.empty()) {
+    if (known.size() != static_cast<size_t>(p)) {
+      return invalid_argument("moe exchange: " + std::to_string(known.size()) + " known row count(s) for a group of " +
+                              std::to_string(p) + " ranks; pass the earlier dispatch's rows_from, one per rank");
+    }
+    for (int s = 0; s < p; ++s) {
+      if (known[s] < 0) {
+        return invalid_argument("moe exchange: known row count " + std::to_string(known[s]) + " from rank " +
+                                std::to_string(s) + " is negative");
+      }
+      rows_from[s] = static_cast<uint64_t>(known[s]);
+    }
+    return rows_from;
+  }
+  std::vector<uint64_t> rows_to(p, 0);
+  for (int d : routing.dest_ranks) {
+    if (d >= 0) ++rows_to[d];
+  }
+  std::vector<size_t> eight(p, sizeof(uint64_t));
+  PIPER_ASSIGN_OR_RETURN(Handle h, comm.all_to_all_v(rows_to.data(), eight, rows_from.data(), eight));
+  PIPER_RETURN_IF_ERROR(comm.wait(h, timeout_s));
+  return rows_from;
+}
+
 Status flat_dispatch(Communicator& comm, const void* tokens, size_t token_bytes, const MoeRouting& routing,
-                     FlatDispatchKind kind, double timeout_s, DispatchResult* out, std::vector<uint8_t>* pack) {
+                     FlatDispatchKind kind, double timeout_s, DispatchResult* out, std::vector<uint8_t>* pack,
+                     std::span<const int64_t> known_rows_from) {
   PIPER_RETURN_IF_ERROR(routing.validate(comm.size()));
   const int p = comm.size();
   const auto* in = static_cast<const uint8_t*>(tokens);
@@ -42,10 +73,7 @@ Status flat_dispatch(Communicator& comm, const void* tokens, size_t token_bytes,
   for (int d : routing.dest_ranks) {
     if (d >= 0) ++rows_to[d];
   }
-  std::vector<uint64_t> rows_from(p, 0);
-  std::vector<size_t> eight(p, sizeof(uint64_t));
-  PIPER_ASSIGN_OR_RETURN(Handle h, comm.all_to_all_v(rows_to.data(), eight, rows_from.data(), eight));
-  PIPER_RETURN_IF_ERROR(comm.wait(h, timeout_s));
+  PIPER_ASSIGN_OR_RETURN(std::vector<uint64_t> rows_from, rows_from_sources(comm, routing, known_rows_from, timeout_s));
 
   // Send buffer grouped by destination rank, rows in (token, slot) order.
   std::vector<size_t> send_bytes(p), recv_bytes(p), offset(p + 1, 0);

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "piper/base/status.h"
@@ -36,13 +37,23 @@ enum class FlatDispatchKind { kMpiAllToAllV, kPairwise };
 
 // Flat dispatch: an all-to-all of row counts, then one all-to-all-v of rows (native MPI_Alltoallv through
 // Communicator::all_to_all_v, or pairwise point-to-point).
+// `known_rows_from`: the rows each source sends this rank, when an earlier dispatch of the same routing on every
+// rank told them (its DispatchResult::rows_from): the count exchange, a synchronisation of the whole group, is
+// skipped (a backward pass re-dispatches its forward's routing). Empty: the counts are exchanged first.
 Result<DispatchResult> flat_dispatch(Communicator& comm, const void* tokens, size_t token_bytes,
-                                     const MoeRouting& routing, FlatDispatchKind kind, double timeout_s);
+                                     const MoeRouting& routing, FlatDispatchKind kind, double timeout_s,
+                                     std::span<const int64_t> known_rows_from = {});
 // The same into caller-kept buffers: `out` and `pack` (the send buffer, grouped by destination) keep their
 // capacity from call to call, so a steady stream of dispatches touches no fresh memory (first-touch page
 // faults cost ~8 ms per MiB on the build VM; see halo_engine.h).
 Status flat_dispatch(Communicator& comm, const void* tokens, size_t token_bytes, const MoeRouting& routing,
-                     FlatDispatchKind kind, double timeout_s, DispatchResult* out, std::vector<uint8_t>* pack);
+                     FlatDispatchKind kind, double timeout_s, DispatchResult* out, std::vector<uint8_t>* pack,
+                     std::span<const int64_t> known_rows_from = {});
+
+// The rows each source sends this rank under `routing`: `known` when given (checked: one non-negative count per
+// rank of `comm`), else exchanged (an all-to-all of counts, waited for). Shared by the flat dispatch and combine.
+Result<std::vector<uint64_t>> rows_from_sources(Communicator& comm, const MoeRouting& routing,
+                                                std::span<const int64_t> known, double timeout_s);
 
 // HALO dispatch: an all-gather of per-rank row and token counts (small), then one HALO exchange in which a
 // token crosses the network once per destination node. Its pieces and batches live in the context's scratch;

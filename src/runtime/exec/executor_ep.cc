@@ -189,14 +189,21 @@ struct ExpertParallel::Call {
         p(task.comm->size()),
         layer(layer) {}
 
-  Result<comm::DispatchResult> dispatch(const float* tokens, const comm::MoeRouting& r) const {
+  // `ex`: the forward dispatch of the same routing, whose row counts the flat exchanges reuse instead of
+  // exchanging them again (one synchronisation of the ep group fewer each); null for the forward dispatch.
+  Result<comm::DispatchResult> dispatch(const float* tokens, const comm::MoeRouting& r,
+                                        const EpExchange* ex = nullptr) const {
     if (x.halo_) return comm::halo_dispatch(*x.halo_context_, tokens, h * sizeof(float), r, timeout_s);
-    return comm::flat_dispatch(c, tokens, h * sizeof(float), r, comm::FlatDispatchKind::kPairwise, timeout_s);
+    return comm::flat_dispatch(c, tokens, h * sizeof(float), r, comm::FlatDispatchKind::kPairwise, timeout_s,
+                               known_counts(ex));
   }
-  Result<std::vector<float>> combine(std::span<const float> rows, const comm::MoeRouting& r,
-                                     std::span<const float> w) const {
+  Result<std::vector<float>> combine(std::span<const float> rows, const comm::MoeRouting& r, std::span<const float> w,
+                                     const EpExchange& ex) const {
     if (x.halo_) return comm::halo_combine(*x.halo_context_, rows, h, r, w, timeout_s);
-    return comm::flat_combine(c, rows, h, r, w, comm::FlatDispatchKind::kPairwise, timeout_s);
+    return comm::flat_combine(c, rows, h, r, w, comm::FlatDispatchKind::kPairwise, timeout_s, known_counts(&ex));
+  }
+  static std::vector<int64_t> known_counts(const EpExchange* ex) {
+    return ex ? std::vector<int64_t>(ex->rows_from.begin(), ex->rows_from.end()) : std::vector<int64_t>{};
   }
   Status all_to_all(const void* send, std::span<const size_t> send_bytes, void* recv,
                     std::span<const size_t> recv_bytes) const {
@@ -299,7 +306,7 @@ Result<Activation> ExpertParallel::Call::combine_forward(const Activation& a) {
   const Tensor& rows = *a.ep->rows;
   PIPER_ASSIGN_OR_RETURN(std::vector<float> y,
                          combine({rows.data(), static_cast<size_t>(rows.numel())}, ex->routing,
-                                 {ex->routed->topk_w.data(), static_cast<size_t>(ex->routed->topk_w.numel())}));
+                                 {ex->routed->topk_w.data(), static_cast<size_t>(ex->routed->topk_w.numel())}, *ex));
   auto hidden =
       std::make_shared<Tensor>(Tensor::zeros_or_die(a.hidden->shape(), MemCategory::kActivations, core.allocator));
   const float* xr = a.hidden->data();
@@ -323,7 +330,7 @@ Result<Gradient> ExpertParallel::Call::combine_backward(const std::vector<Gradie
     for (int64_t i = 0; i < scaled.numel(); ++i) scaled[i] *= scale;
     dy = scaled.data();
   }
-  PIPER_ASSIGN_OR_RETURN(comm::DispatchResult got, dispatch(dy, ex.routing));
+  PIPER_ASSIGN_OR_RETURN(comm::DispatchResult got, dispatch(dy, ex.routing, &ex));
   const int64_t rows = ex.rows_received;
   if (static_cast<int64_t>(got.rows.size()) != rows * h * static_cast<int64_t>(sizeof(float))) {
     return internal_error("'" + t.in->label + "' received another number of rows than its forward dispatch");
@@ -346,7 +353,7 @@ Result<Gradient> ExpertParallel::Call::dispatch_backward(const std::vector<Gradi
   const EpRows& g = *grads[0].ep;
   const std::vector<float> ones(static_cast<size_t>(tokens * k), 1.0f);
   PIPER_ASSIGN_OR_RETURN(std::vector<float> dhn,
-                         combine({g.rows->data(), static_cast<size_t>(g.rows->numel())}, ex.routing, ones));
+                         combine({g.rows->data(), static_cast<size_t>(g.rows->numel())}, ex.routing, ones, ex));
   std::vector<float> back(static_cast<size_t>(tokens * k));
   PIPER_RETURN_IF_ERROR(all_to_all(g.dweight.data(), scaled_bytes(ex.rows_from, sizeof(float)), back.data(),
                                    scaled_bytes(ex.rows_to, sizeof(float))));
