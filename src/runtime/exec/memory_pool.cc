@@ -1,6 +1,7 @@
 #include "piper/runtime/exec/memory_pool.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdlib>
 
 namespace piper::runtime {
@@ -11,25 +12,63 @@ MemoryPool::~MemoryPool() {
   }
 }
 
-size_t MemoryPool::rounded(size_t bytes) {
-  return std::max<size_t>(kTensorAlignment, (bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment);
+size_t MemoryPool::block_size(size_t bytes) {
+  const size_t aligned =
+      std::max<size_t>(kTensorAlignment, (bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment);
+  constexpr size_t kExactUpTo = size_t{64} << 10;
+  if (aligned <= kExactUpTo) return aligned;
+  // 8 classes per power of two: steps of 1/8 of the power of two below the size.
+  const size_t step = std::bit_floor(aligned) / 8;
+  return (aligned + step - 1) / step * step;
+}
+
+void* MemoryPool::take_cached(size_t size) {
+  auto it = free_.lower_bound(size);
+  if (it == free_.end() || it->first > 2 * size) return nullptr;
+  void* ptr = it->second.back();
+  it->second.pop_back();
+  cached_ -= static_cast<int64_t>(it->first);
+  size_of_[ptr] = it->first;
+  if (it->second.empty()) free_.erase(it);
+  return ptr;
+}
+
+void MemoryPool::release_cached_over_in_use() {
+  const int64_t in_use = reserved_ - cached_;
+  while (cached_ > in_use && !free_.empty()) {
+    auto last = std::prev(free_.end());
+    std::free(last->second.back());
+    last->second.pop_back();
+    cached_ -= static_cast<int64_t>(last->first);
+    reserved_ -= static_cast<int64_t>(last->first);
+    if (last->second.empty()) free_.erase(last);
+  }
 }
 
 void* MemoryPool::allocate(size_t bytes, MemCategory category) {
-  const size_t size = rounded(bytes);
+  const size_t size = block_size(bytes);
   void* ptr = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    auto it = free_.find(size);
-    if (it != free_.end() && !it->second.empty()) {
-      ptr = it->second.back();
-      it->second.pop_back();
-    }
+    ptr = take_cached(size);
+    if (ptr == nullptr) release_cached_over_in_use();
   }
   if (ptr == nullptr) {
     ptr = std::aligned_alloc(kTensorAlignment, size);
+    if (ptr == nullptr) {
+      // Out of memory: the whole cache goes back to the system before giving up.
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto& [s, blocks] : free_) {
+        for (void* p : blocks) std::free(p);
+        reserved_ -= static_cast<int64_t>(s * blocks.size());
+      }
+      free_.clear();
+      cached_ = 0;
+    }
+    if (ptr == nullptr) ptr = std::aligned_alloc(kTensorAlignment, size);
     if (ptr == nullptr) return nullptr;
     std::lock_guard<std::mutex> lock(mutex_);
+    size_of_[ptr] = size;
     reserved_ += static_cast<int64_t>(size);
     peak_reserved_ = std::max(peak_reserved_, reserved_);
   }
@@ -41,7 +80,12 @@ void MemoryPool::deallocate(void* ptr, size_t bytes, MemCategory category) {
   if (ptr == nullptr) return;
   tracker_->on_free(category, static_cast<int64_t>(bytes));
   std::lock_guard<std::mutex> lock(mutex_);
-  free_[rounded(bytes)].push_back(ptr);
+  auto it = size_of_.find(ptr);
+  // A block this pool did not hand out is not its to cache or free.
+  if (it == size_of_.end()) return;
+  free_[it->second].push_back(ptr);
+  cached_ += static_cast<int64_t>(it->second);
+  size_of_.erase(it);
 }
 
 int64_t MemoryPool::reserved_bytes() const {
@@ -52,6 +96,11 @@ int64_t MemoryPool::reserved_bytes() const {
 int64_t MemoryPool::peak_reserved_bytes() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return peak_reserved_;
+}
+
+int64_t MemoryPool::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return cached_;
 }
 
 }  // namespace piper::runtime
