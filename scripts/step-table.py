@@ -1,11 +1,15 @@
 #!/usr/bin/env python3
 """Step time, measured against the simulator and the closed form, over issue 27's strategies on 4 local ranks
 (docs/calibration.md): rank 0's measured mean step (after the first), the simulated and closed-form steps and their
-ratios; then the median ratios, how many lie in issue 27's bands (0.85-1.15 simulated, 0.8-1.2 closed form), Kendall
-tau between the simulated and the measured order, and the rank of the measured fastest in the simulated order.
-Timing is only evidence on a quiet machine: each row prints the 1-minute load average before its run.
+ratios, and for the expert-parallel rows also the simulation with the run's own measured expert loads (the report's
+predicted_vs_measured_own_expert_loads); then the median ratios, how many lie in issue 27's bands (0.85-1.15
+simulated, 0.8-1.2 closed form), Kendall tau between the simulated and the measured order, and the rank of the measured
+fastest in the simulated order, once with the balanced experts' simulation and once with the ep rows' own loads.
+Timing is only evidence on a quiet machine: each row prints the 1-minute load average before its first run.
+With RUNS > 1 every strategy is trained RUNS times, in rounds (each round trains every strategy once, so that a
+drift of the machine spreads over all rows), and a row gives the median measured step and the runs' range.
 Usage (from the repository root, after `. scripts/env.sh`; PIPER_CALIBRATION / PIPER_COMM_CALIBRATION as wanted):
-  scripts/step-table.py PIPER [MODEL [STEPS [GLOBAL_BATCH [SEQ]]]]      default tiny-moe 10 16 128"""
+  scripts/step-table.py PIPER [MODEL [STEPS [GLOBAL_BATCH [SEQ [RUNS]]]]]      default tiny-moe 10 16 128 1"""
 import os
 import statistics
 import sys
@@ -28,35 +32,56 @@ def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
     piper = sys.argv[1]
-    model, steps, batch, seq = (sys.argv[2:] + ["tiny-moe", "10", "16", "128"][len(sys.argv) - 2:])[:4]
-    print(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), model, steps, "steps; load", os.getloadavg())
-    print("| strategy | measured | simulated | x | closed form | x | load |")
-    print("|---|---|---|---|---|---|---|")
+    model, steps, batch, seq, runs = (sys.argv[2:] + ["tiny-moe", "10", "16", "128", "1"][len(sys.argv) - 2:])[:5]
+    runs = int(runs)
+    print(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), model, steps, "steps,", runs, "run(s) each; load",
+          os.getloadavg())
+    measured, loads, predicted, failed = {}, {}, {}, {}
+    for _ in range(runs):
+        for s in STRATEGIES:
+            if s in failed:
+                continue
+            loads.setdefault(s, os.getloadavg()[0])
+            j = train(piper, model, s, steps, batch, seq)
+            if isinstance(j, str):
+                failed[s] = j
+                continue
+            p = j["predicted_vs_measured"]
+            measured.setdefault(s, []).append(p["ranks"][0]["measured"]["step_time_s"])
+            # An expert-parallel run is also predicted with its own measured loads (known after the run); the
+            # last run's figures stand (its loads differ from the other runs' only by the router's timing).
+            own = j.get("predicted_vs_measured_own_expert_loads")
+            predicted[s] = (p["simulated_step_time_s"], p["resource_model_step_time_s"],
+                            own["simulated_step_time_s"] if own else None)
+    print("| strategy | measured%s | simulated | x | closed form | x | simulated, own loads | x | load |" %
+          (" (range)" if runs > 1 else ""))
+    print("|---|---|---|---|---|---|---|---|---|")
     rows = []
     for s in STRATEGIES:
-        load = os.getloadavg()[0]
-        j = train(piper, model, s, steps, batch, seq)
-        if isinstance(j, str):
-            print("| %s | failed: %s |" % (s, j), flush=True)
+        if s in failed:
+            print("| %s | failed: %s |" % (s, failed[s]), flush=True)
             continue
-        p = j["predicted_vs_measured"]
-        m, sim, cf = p["ranks"][0]["measured"]["step_time_s"], p["simulated_step_time_s"], p["resource_model_step_time_s"]
-        rows.append((s, m, sim, cf))
-        print("| %s | %.0f ms | %.0f ms | %.2f | %.0f ms | %.2f | %.1f |" % (s, 1e3 * m, 1e3 * sim, m / sim, 1e3 * cf,
-                                                                       m / cf, load), flush=True)
+        m, (sim, cf, own) = statistics.median(measured[s]), predicted[s]
+        spread = " (%.0f-%.0f)" % (1e3 * min(measured[s]), 1e3 * max(measured[s])) if runs > 1 else ""
+        rows.append((s, m, sim, cf, own or sim))
+        own_cells = "%.0f ms | %.2f" % (1e3 * own, m / own) if own else "- | -"
+        print("| %s | %.0f ms%s | %.0f ms | %.2f | %.0f ms | %.2f | %s | %.1f |" %
+              (s, 1e3 * m, spread, 1e3 * sim, m / sim, 1e3 * cf, m / cf, own_cells, loads[s]), flush=True)
     if len(rows) < 2:
         return
-    xs = [m / sim for _, m, sim, _ in rows]
-    xc = [m / cf for _, m, _, cf in rows]
-    measured = [m for _, m, _, _ in rows]
-    simulated = [sim for _, _, sim, _ in rows]
+    measured = [m for _, m, _, _, _ in rows]
     fastest = min(range(len(rows)), key=lambda i: measured[i])
-    order = sorted(range(len(rows)), key=lambda i: simulated[i])
-    print("median measured / simulated %.2f (%d of %d in 0.85-1.15), measured / closed form %.2f (%d in 0.8-1.2)" %
-          (statistics.median(xs), sum(0.85 <= x <= 1.15 for x in xs), len(xs), statistics.median(xc),
-           sum(0.8 <= x <= 1.2 for x in xc)))
-    print("Kendall tau (simulated vs measured order) %.2f; the measured fastest (%s) is #%d of the simulated order" %
-          (kendall_tau(simulated, measured), rows[fastest][0], order.index(fastest) + 1))
+    xc = [m / cf for _, m, _, cf, _ in rows]
+    for label, col in (("simulated", 2), ("simulated, ep rows with their own loads", 4)):
+        simulated = [r[col] for r in rows]
+        xs = [m / sim for m, sim in zip(measured, simulated)]
+        order = sorted(range(len(rows)), key=lambda i: simulated[i])
+        print("%s: median measured / simulated %.2f (%d of %d in 0.85-1.15); Kendall tau (simulated vs measured "
+              "order) %.2f; the measured fastest (%s) is #%d of the simulated order" %
+              (label, statistics.median(xs), sum(0.85 <= x <= 1.15 for x in xs), len(xs),
+               kendall_tau(simulated, measured), rows[fastest][0], order.index(fastest) + 1))
+    print("closed form: median measured / closed form %.2f (%d in 0.8-1.2)" %
+          (statistics.median(xc), sum(0.8 <= x <= 1.2 for x in xc)))
     print(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "load", os.getloadavg())
 
 
