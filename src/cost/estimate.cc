@@ -568,6 +568,17 @@ double pp_exposed_s(const CostModel& cm, const Strategy& s, const PipelineShape&
   return async ? 2.0 * (p - 1) * hop : 2.0 * (m * chunks + p - 1) * hop;
 }
 
+}  // namespace
+
+double copy_seconds_per_byte_at_share(const CostModel& cm) {
+  const NodeSpec& node = cm.cluster().node;
+  const double per_byte = copy_seconds_per_byte(node);
+  if (!(per_byte > 0)) return 0;
+  return per_byte / std::min(1.0, node.device_cores * rate_share(node, cm.calibration()));
+}
+
+namespace {
+
 // On a node whose ranks share its cores, every byte a rank's transfers move is copied by one of them (copy_cost.h):
 // its bytes per step by kind, at one core's copy rate and the rank's static share of the cores (one core at most),
 // so that a kind's communication costs at least that, hidden behind compute or not (each kind of out->comm becomes
@@ -579,18 +590,13 @@ double pp_exposed_s(const CostModel& cm, const Strategy& s, const PipelineShape&
 // the pipeline's activation and gradient. Nothing on other nodes.
 void add_copies(const CostModel& cm, const Strategy& s, const PipelineShape& pl, const MeshGroups& g,
                 const Bottleneck& b, double tokens, CommBreakdown* comm) {
-  const NodeSpec& node = cm.cluster().node;
-  const double per_byte = copy_seconds_per_byte(node);
-  if (!(per_byte > 0)) return;
-  const double at = per_byte / std::min(1.0, node.device_cores * rate_share(node, cm.calibration()));
+  const double at = copy_seconds_per_byte_at_share(cm);
+  if (!(at > 0)) return;
   auto f = [](int n) { return n > 1 ? (n - 1.0) / n : 0.0; };
-  const double m = pl.m, fd = f(g.dp.size), fe = f(g.expert_dp.size);
-  const double grad_d = b.params.dense * cm.bytes().grad, grad_e = b.params.expert * cm.bytes().grad;
-  const double par_d = b.params.dense * cm.bytes().param, par_e = b.params.expert * cm.bytes().param;
-  double dp = fd * (grad_d + par_d) + fe * (grad_e + par_e);  // ZeRO-1
-  if (s.zero == 0) dp = 2 * (fd * grad_d + fe * grad_e);
-  if (s.zero == 2) dp = m * (fd * grad_d + fe * grad_e) + fd * par_d + fe * par_e;
-  if (s.zero >= 3) dp = m * (fd * (grad_d + 2 * par_d) + fe * (grad_e + 2 * par_e));
+  const double m = pl.m;
+  const double dp = dp_copy_bytes(s.zero, m, f(g.dp.size), f(g.expert_dp.size), b.params.dense * cm.bytes().grad,
+                                  b.params.expert * cm.bytes().grad, b.params.dense * cm.bytes().param,
+                                  b.params.expert * cm.bytes().param);
   const double act = tokens * cm.parts().hidden * cm.train().comm_bytes();
   const double tp = m * b.layers.layers * 8 * f(s.tp) * act;
   const double routed = tokens / s.tp * cm.parts().top_k;

@@ -280,7 +280,11 @@ Status CostModel::estimate_af_pipe(const Strategy& s, Estimate* out) const {
   out->ranks.resize(static_cast<size_t>(P));
   out->device_memory_bytes = static_cast<double>(cluster_.device.memory_bytes);
   double worst_total = -1, worst_time = -1, chunk[2] = {0, 0};
-  double busy_b = 0, nic_b = 0, tail_b = 0, opt_b = 0;
+  double busy_b = 0, nic_b = 0, copies_b = 0, tail_b = 0, opt_b = 0;
+  // On a node whose ranks share its cores, each transferred byte is copied by those cores (copy_cost.h): a rank's
+  // half of each m2n exchange per microbatch, and its data-parallel bytes per step, at its static share.
+  const double at = copy_seconds_per_byte_at_share(*this);
+  auto f = [](int n) { return n > 1 ? (n - 1.0) / n : 0.0; };
   for (int r = 0; r < P; ++r) {
     const AfRank& x = ranks[static_cast<size_t>(r)];
     out->ranks[static_cast<size_t>(r)] = af_memory(*this, s, x, r);
@@ -292,17 +296,22 @@ Status CostModel::estimate_af_pipe(const Strategy& s, Estimate* out) const {
     const double nic = af_hop_s(*this, cross, std::max(x.send_b, x.recv_b), x.msgs,
                                 x.ffn ? nics.ffn_scale : nics.attn_scale) +
                        af_zero_nic_s(*this, s, x, dp, edp);
-    const double busy = std::max(x.t.total() + x.tp_s, nic);
+    const double copies = at * (x.send_b + x.recv_b) / 2;
+    const double busy = std::max(x.t.total() + x.tp_s + copies, nic);
     chunk[x.ffn ? 1 : 0] = std::max(chunk[x.ffn ? 1 : 0], busy / std::max(1, x.layers));
     const double shard = s.zero >= 1 ? x.dense_params / s.dp + x.expert_params / std::max(1, s.expert_replicas())
                                      : x.dense_params + x.expert_params;
     const double opt = device_.time_s(0, shard * optimizer_step_bytes_per_param(bytes_), 0);
-    const double tail = af_dp_tail_s(*this, s, x, dp, edp);
+    const double dp_copies = at * dp_copy_bytes(s.zero, m, f(dp.size), f(edp.size), x.dense_params * bytes_.grad,
+                                                x.expert_params * bytes_.grad, x.dense_params * bytes_.param,
+                                                x.expert_params * bytes_.param);
+    const double tail = std::max(af_dp_tail_s(*this, s, x, dp, edp), dp_copies);
     if (m * busy + tail + opt > worst_time) {
       worst_time = m * busy + tail + opt;
       out->bottleneck_rank = r;
       busy_b = busy;
       nic_b = nic;
+      copies_b = copies;
       tail_b = tail;
       opt_b = opt;
     }
@@ -314,7 +323,8 @@ Status CostModel::estimate_af_pipe(const Strategy& s, Estimate* out) const {
   out->t_b_s = t.b + t.w;
   out->t_w_s = t.w;
   out->comm = CommBreakdown{};
-  out->comm.ep_s = m * std::max(0.0, nic_b - t.total());  // the m2n exchanges (and ZeRO-2/3's) not under compute
+  // The m2n exchanges (and ZeRO-2/3's) not under compute, and at least a shared-core node's copies of them.
+  out->comm.ep_s = m * std::max({0.0, nic_b - t.total(), copies_b});
   out->comm.dp_s = tail_b;
   out->time.compute_s = m * t.total();
   out->time.exposed_comm_s = out->comm.ep_s + out->comm.dp_s;

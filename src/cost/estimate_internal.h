@@ -98,6 +98,22 @@ double dp_exposed_s(const CostModel& cm, const Strategy& s, const PipelineShape&
 
 // The step time from its four parts, then tokens per step and per second and MFU (estimate.h's formulas), for a
 // strategy whose out->time is filled; both closed forms (estimate.cc, estimate_af.cc) end with it.
+// One rank's seconds per byte that its node's cores copy for its transfers, at its static share of the cores of a
+// node whose ranks share them (copy_cost.h; one core at most); 0 elsewhere. Each kind of a rank's communication costs
+// at least its bytes at this rate (add_copies in estimate.cc, the af-pipe closed form in estimate_af.cc).
+double copy_seconds_per_byte_at_share(const CostModel& cm);
+
+// The bytes one rank's data-parallel synchronisation copies in a step: (n - 1)/n of each ring collective's tensor
+// per reduce-scatter or all-gather, twice per all-reduce (ZeRO-0); ZeRO-2 reduce-scatters per microbatch, ZeRO-3
+// also gathers before each F and B. fd / fe: (n - 1)/n of the dense and the experts' data-parallel groups.
+inline double dp_copy_bytes(int zero, double m, double fd, double fe, double grad_d, double grad_e, double par_d,
+                            double par_e) {
+  if (zero == 0) return 2 * (fd * grad_d + fe * grad_e);
+  if (zero == 1) return fd * (grad_d + par_d) + fe * (grad_e + par_e);
+  if (zero == 2) return m * (fd * grad_d + fe * grad_e) + fd * par_d + fe * par_e;
+  return m * (fd * (grad_d + 2 * par_d) + fe * (grad_e + 2 * par_e));
+}
+
 inline void finish_step(const Strategy& s, double seq_len, double flops_per_token, double peak_flops, Estimate* out) {
   out->step_time_s = out->time.compute_s + out->time.exposed_comm_s + out->time.bubble_s + out->time.optimizer_s;
   out->tokens_per_step = static_cast<double>(s.global_batch()) * seq_len;

@@ -383,6 +383,28 @@ TEST(CorePoolTest, TheClosedFormChargesATransfersCopiesToTheSharedCores) {
   EXPECT_NEAR(z3.comm.dp_s, 3 * z1.comm.dp_s, 1e-12 * z3.comm.dp_s);
 }
 
+// The af-pipe closed form charges the copies too: its m2n exchanges per microbatch and its data-parallel bytes per
+// step cost a shared-core node's cores, so halving the node's copy rate lengthens its exposed communication, and a
+// node that does not share its cores (each rank half as fast, no copies) gains nothing from the rate.
+TEST(CorePoolTest, TheAfPipeClosedFormChargesItsCopiesToTheSharedCores) {
+  const ModelSpec m = model("tiny-moe");
+  cost::Calibration cal;
+  cal.workspace_bytes = 0;
+  const Strategy s = strategy("dp=2,ep=2,pp=1,schedule=af-pipe,disagg=1,attn_ranks=2,ffn_ranks=2,microbatches=8,mbs=1");
+  TrainSpec t = fp32_train();
+  t.micro_batch_size = s.mbs;
+  auto est = [&](ClusterSpec c, double bw_scale) {
+    c.node.intra.bw_bytes_per_s *= bw_scale;
+    return cost::CostModel::create(m, c, t, cal).value().estimate(s).value();
+  };
+  auto exposed = [](const cost::Estimate& e) { return e.comm.ep_s + e.comm.dp_s; };
+  const cost::Estimate fast = est(local_machine(true), 1.0), slow = est(local_machine(true), 0.5);
+  EXPECT_GT(exposed(slow), 1.5 * exposed(fast));
+  EXPECT_GT(slow.step_time_s, fast.step_time_s);
+  const cost::Estimate own_fast = est(local_machine(false), 1.0), own_slow = est(local_machine(false), 0.5);
+  EXPECT_LT(exposed(own_slow) - exposed(own_fast), 0.5 * (exposed(slow) - exposed(fast)));
+}
+
 // A calibration's measured core_sharing reaches the prices and the pool: dp=4 on the build machine's 2 cores (all
 // four ranks computing together) at sharing 0.5 for n = 4 takes longer, by at most 2x (only its compute slows), in
 // the closed form, with representative ranks and in full alike (every rank always computes with the three others,
