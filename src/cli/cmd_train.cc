@@ -309,8 +309,9 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   if (o.device == "cuda") return train_gpu(t, o.steps, o.json);
   // The machine the predictions are for; loaded now so that a bad calibration file fails before training. Its
   // prices annotate the plan the ranks run, and the prediction simulates that plan (predict_vs_measured).
+  PIPER_ASSIGN_OR_RETURN(HostLayout hosts, host_layout(world));
   PIPER_ASSIGN_OR_RETURN(LocalMachine machine,
-                         local_cluster(t.ranks, kernels::kernel_threads(), o.calibration, o.comm_calibration));
+                         local_cluster(t.ranks, kernels::kernel_threads(), o.calibration, o.comm_calibration, hosts));
   t.plan_prices = local_plan_prices(machine, t.model);
   PIPER_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(t));
   PIPER_RETURN_IF_ERROR(prepare_checkpoints(o, *trainer, quiet));

@@ -1,7 +1,12 @@
 #include "piper/cli/train_report.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <array>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "piper/base/hash.h"
@@ -16,13 +21,70 @@
 
 namespace piper::cli {
 
+namespace {
+
+// This process's host name and machine (the kernel's boot id), hashed.
+std::array<uint64_t, 2> host_and_machine() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  std::string boot;
+  std::ifstream in("/proc/sys/kernel/random/boot_id");
+  std::getline(in, boot);
+  if (boot.empty()) boot = host;  // no boot id: every host its own machine
+  return {fnv1a64(host, std::strlen(host)), fnv1a64(boot.data(), boot.size())};
+}
+
+}  // namespace
+
+Result<HostLayout> host_layout(comm::Communicator* world) {
+  if (world == nullptr || world->size() == 1) return HostLayout{};
+  const std::array<uint64_t, 2> mine = host_and_machine();
+  std::vector<std::array<uint64_t, 2>> all(static_cast<size_t>(world->size()));
+  PIPER_ASSIGN_OR_RETURN(comm::Handle h, world->all_gather(mine.data(), all.data(), sizeof(mine)));
+  PIPER_RETURN_IF_ERROR(world->wait(h, comm::default_timeout_s()));
+  HostLayout l;
+  std::vector<uint64_t> machines{all[0][1]};
+  int per_node = 0;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (r > 0 && all[r][0] != all[r - 1][0]) {
+      for (size_t q = 0; q + 1 < r; ++q) {
+        if (all[q][0] == all[r][0]) {
+          return failed_precondition("rank " + std::to_string(r) + " runs on the host of rank " + std::to_string(q) +
+                                     " after ranks of another host: the predictions need the ranks node-major "
+                                     "(mpirun --map-by ppr:K:node)");
+        }
+      }
+      ++l.nodes;
+    }
+    if (l.nodes == 1) ++per_node;
+    if (std::find(machines.begin(), machines.end(), all[r][1]) == machines.end()) machines.push_back(all[r][1]);
+  }
+  if (per_node * l.nodes != world->size()) {
+    return failed_precondition("the " + std::to_string(world->size()) + " ranks are spread unevenly over " +
+                               std::to_string(l.nodes) + " hosts (" + std::to_string(per_node) +
+                               " on the first): the predictions need as many ranks on every host");
+  }
+  l.machines = static_cast<int>(machines.size());
+  return l;
+}
+
 Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::string& calibration,
-                                   const std::string& comm_calibration) {
+                                   const std::string& comm_calibration, HostLayout hosts) {
   if (ranks < 1) return invalid_argument("local cluster: ranks must be >= 1, got " + std::to_string(ranks));
+  if (hosts.nodes < 1 || ranks % hosts.nodes != 0 || hosts.machines < 1 || hosts.machines > hosts.nodes) {
+    return invalid_argument("local cluster: " + std::to_string(ranks) + " ranks on " + std::to_string(hosts.nodes) +
+                            " hosts of " + std::to_string(hosts.machines) + " machines");
+  }
   LocalMachine m;
   PIPER_ASSIGN_OR_RETURN(m.cluster, load_cluster("local-cpu", 1));
-  m.cluster.node.devices_per_node = ranks;
-  m.cores = std::max(1u, std::thread::hardware_concurrency());
+  // The preset is one machine (max_nodes 1); the MPI job's hosts, emulated or real, are copies of it.
+  m.cluster.num_nodes = m.cluster.max_nodes = hosts.nodes;
+  if (hosts.nodes > 1) m.cluster.fabric.topology = FabricTopology::kFatTree;  // hosts behind one switch
+  m.cluster.node.devices_per_node = ranks / hosts.nodes;
+  // Hosts of one machine (network namespaces) share its cores: each is priced with its part of them.
+  m.cores = static_cast<double>(std::max(1u, std::thread::hardware_concurrency())) * hosts.machines / hosts.nodes;
+  // Across hosts the ranks talk over a NIC, whose rate only a link calibration across them can give.
+  if (hosts.nodes > 1 && m.cluster.node.nics.empty()) m.cluster.node.nics.push_back(NicSpec{});
   m.rank_cores = std::min(static_cast<double>(std::max(1, kernel_threads)), m.cores);
   m.cluster.node.shared_cores = m.cores;
   m.cluster.node.device_cores = m.rank_cores;
@@ -34,7 +96,19 @@ Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::str
   d.memory_bw_bytes_per_s *= m.rank_cores;
   std::vector<std::string> sources;
   PIPER_ASSIGN_OR_RETURN(m.links_source, apply_link_calibration(comm_calibration, &m.cluster));
+  if (hosts.nodes > 1 && !(m.cluster.node.nics[0].bw_bytes_per_s > 0)) {
+    return failed_precondition(
+        "the ranks run on " + std::to_string(hosts.nodes) +
+        " hosts, and the predictions need the link between them, which the link calibration (" + m.links_source +
+        ") did not measure: run `piper calibrate --ranks " + std::to_string(ranks) +
+        " --links-out FILE` launched the same way (e.g. scripts/two-node-emulation.sh -- calibrate ...) and set "
+        "PIPER_COMM_CALIBRATION=FILE");
+  }
   sources.push_back("links: " + m.links_source);
+  if (hosts.nodes > 1) {
+    sources.push_back(std::to_string(hosts.nodes) + " hosts on " + std::to_string(hosts.machines) + " machine" +
+                      (hosts.machines == 1 ? "" : "s"));
+  }
   PIPER_ASSIGN_OR_RETURN(DeviceCalibration device, load_device_calibration(calibration, m.cluster.name));
   m.calibration = device.calibration;
   const bool measured_threads = scale_to_rank_cores(&m.calibration, m.rank_cores);
@@ -176,12 +250,13 @@ std::string ratio(double measured, double predicted) {
 }  // namespace
 
 void PredictionReport::print() const {
-  const int n = machine.cluster.world_size();
+  const int n = machine.cluster.node.devices_per_node, nodes = machine.cluster.num_nodes;
+  const std::string per_node = nodes > 1 ? " on each of " + std::to_string(nodes) + " hosts" : "";
   std::printf(
-      "\n%s: local-cpu, %d rank%s sharing %g core%s (%g each computing alone; model: %.2f each, "
+      "\n%s: local-cpu, %d rank%s sharing %g core%s%s (%g each computing alone; model: %.2f each, "
       "all busy), %s\n",
-      title.c_str(), n, n == 1 ? "" : "s", machine.cores, machine.cores == 1 ? "" : "s", machine.rank_cores,
-      machine.cores_per_rank, machine.calibration_source.c_str());
+      title.c_str(), n, n == 1 ? "" : "s", machine.cores, machine.cores == 1 ? "" : "s", per_node.c_str(),
+      machine.rank_cores, machine.cores_per_rank, machine.calibration_source.c_str());
   if (!experts_note.empty()) std::printf("%s\n", experts_note.c_str());
   std::printf(" %4s %3s | %10s %10s %10s %7s | %10s %10s %10s | %10s %10s %10s %7s\n", "rank", "pp", "step", "sim",
               "model", "x sim", "compute", "cpu", "sim busy", "peak mem", "sim", "model", "x model");
@@ -217,7 +292,8 @@ Json PredictionReport::to_json() const {
          {"resource_model", {{"step_time_s", c.model_step_s}, {"peak_memory_bytes", c.model_peak_bytes}}}});
   }
   return Json{{"cluster", machine.cluster.name},
-              {"ranks_on_node", machine.cluster.world_size()},
+              {"ranks_on_node", machine.cluster.node.devices_per_node},
+              {"nodes", machine.cluster.num_nodes},
               {"cores", machine.cores},
               {"rank_cores", machine.rank_cores},
               {"cores_per_rank", machine.cores_per_rank},

@@ -33,6 +33,7 @@
 #include "piper/base/json.h"
 #include "piper/base/status.h"
 #include "piper/cli/scenario.h"
+#include "piper/comm/communicator.h"
 #include "piper/cost/device_model.h"
 #include "piper/runtime/exec/trace.h"
 #include "piper/runtime/trainer.h"
@@ -47,16 +48,27 @@ using RankMeasurement = runtime::RankMeasurement;
 struct LocalMachine {
   ClusterSpec cluster;
   cost::Calibration calibration;
-  double cores = 1;                // C: the machine's cores, shared by the ranks
+  double cores = 1;  // C: the cores of one host, shared by its ranks (hosts of one machine split its cores)
   double rank_cores = 1;           // cores one rank computes on alone: min(kernel threads, C)
   double cores_per_rank = 1;       // the static share: min(rank_cores, C / ranks), the closed form's price
   std::string calibration_source;  // "preset" or the files used (device and links)
   std::string links_source;        // the link calibration (cli/calibration_file.h apply_link_calibration)
 };
 
-// Errors: unreadable or invalid calibration files (named).
+// Where the ranks of an MPI job run: `nodes` hosts (host names; node-major, equally many ranks each) on `machines`
+// physical machines (boot ids: the two-node emulation's namespaces are hosts of one machine, and share its cores).
+struct HostLayout {
+  int nodes = 1, machines = 1;
+};
+
+// The layout of `world`'s ranks (one all-gather of each rank's host name and boot id); one node without a world.
+// Errors: ranks not node-major or unequally many per host (the predictions' cluster needs both).
+Result<HostLayout> host_layout(comm::Communicator* world);
+
+// Errors: unreadable or invalid calibration files (named); ranks spread over several hosts without a link
+// calibration that measured the link between them.
 Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::string& calibration,
-                                   const std::string& comm_calibration);
+                                   const std::string& comm_calibration, HostLayout hosts = {});
 
 // The machine's task prices for the plan the trainer compiles (runtime::TrainOptions::plan_prices).
 std::function<Result<compile::CostFn>(const Strategy&, const TrainSpec&)> local_plan_prices(const LocalMachine& machine,

@@ -7,12 +7,14 @@
 #include <array>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 
 #include "piper/base/json.h"
 
@@ -128,6 +130,53 @@ TEST(CliTrainReport, ThePredictionSimulatesThePlanTheRanksRan) {
     EXPECT_LE(rank_cores, cores);
     EXPECT_DOUBLE_EQ(p["cores_per_rank"].get<double>(), std::min(rank_cores, cores / 2)) << strategy;
   }
+}
+
+// Ranks on two hosts of one machine (each rank in its own UTS namespace, as scripts/two-node-emulation.sh puts its
+// nodes): the prediction is for two nodes of one rank each, with half the machine's cores each, over the NIC that a
+// link calibration measured; without one the run stops before training and names the fix.
+TEST(CliTrainReport, RanksOnTwoHostsArePredictedAsTwoNodes) {
+  if (std::system("unshare --uts true > /dev/null 2>&1") != 0) GTEST_SKIP() << "no UTS namespaces here (needs root)";
+  const std::string links = temp_file("two_hosts_links.json");
+  {
+    std::ofstream out(links);
+    out << R"({"source": "test", "ranks": 2, "ranks_per_node": 1, "node": {"intra": {"latency_s": 3e-06,
+              "bw_bytes_per_s": 5e9}, "nic_latency_s": 3e-05, "nic_bw_bytes_per_s": 1.25e8}})";
+  }
+  auto launch = [&](const std::string& comm_calibration, int* rc) {
+    const std::string train = std::string(PIPER_BIN_PATH) +
+                              " train --model tiny-moe --steps 2 --global-batch 4 --seq 64 "
+                              "--strategy dp=2,microbatches=1,mbs=2 --json";
+    const std::string cmd = "PIPER_CALIBRATION=none PIPER_COMM_CALIBRATION=" + comm_calibration +
+                            " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -n 2 --oversubscribe "
+                            "--bind-to none --mca mpi_yield_when_idle 1 sh -c 'exec unshare --uts sh -c \"hostname "
+                            "host$OMPI_COMM_WORLD_RANK && exec " +
+                            train + "\"' 2>&1";
+    FILE* f = popen(cmd.c_str(), "r");
+    std::string out;
+    std::array<char, 4096> buf;
+    while (size_t n = fread(buf.data(), 1, buf.size(), f)) out.append(buf.data(), n);
+    *rc = pclose(f);
+    return out;
+  };
+  int rc = 0;
+  const std::string refused = launch("none", &rc);
+  EXPECT_NE(rc, 0) << refused;
+  EXPECT_NE(refused.find("run on 2 hosts"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("PIPER_COMM_CALIBRATION=FILE"), std::string::npos) << refused;
+  EXPECT_EQ(refused.find("step     1"), std::string::npos) << "trained before refusing: " << refused;
+  const std::string out = launch(links, &rc);
+  ASSERT_EQ(rc, 0) << out;
+  const size_t open = out.find('{');
+  ASSERT_NE(open, std::string::npos) << out;
+  const piper::Json j = piper::Json::parse(out.substr(open));
+  const auto& p = j["predicted_vs_measured"];
+  EXPECT_EQ(p["nodes"], 2);
+  EXPECT_EQ(p["ranks_on_node"], 1);
+  EXPECT_DOUBLE_EQ(p["cores"].get<double>(), std::max(1u, std::thread::hardware_concurrency()) / 2.0);
+  EXPECT_NE(p["calibration"].get<std::string>().find("2 hosts on 1 machine"), std::string::npos) << p.dump();
+  EXPECT_GT(p["simulated_step_time_s"].get<double>(), 0);
+  std::filesystem::remove(links);
 }
 
 TEST(CliTrainReport, TwoRanksGatheredIntoOneTrace) {
