@@ -143,14 +143,16 @@ TEST(CliTrainReport, RanksOnTwoHostsArePredictedAsTwoNodes) {
     out << R"({"source": "test", "ranks": 2, "ranks_per_node": 1, "node": {"intra": {"latency_s": 3e-06,
               "bw_bytes_per_s": 5e9}, "nic_latency_s": 3e-05, "nic_bw_bytes_per_s": 1.25e8}})";
   }
-  auto launch = [&](const std::string& comm_calibration, int* rc) {
-    const std::string train = std::string(PIPER_BIN_PATH) +
-                              " train --model tiny-moe --steps 2 --global-batch 4 --seq 64 "
-                              "--strategy dp=2,microbatches=1,mbs=2 --json";
+  // `ranks` ranks, rank r on host r (two ranks) or r % 2 (four: hosts A B A B, not node-major).
+  auto launch = [&](const std::string& comm_calibration, int* rc, int ranks = 2) {
+    const std::string train = std::string(PIPER_BIN_PATH) + " train --model tiny-moe --steps 2 --global-batch " +
+                              std::to_string(2 * ranks) + " --seq 64 --strategy dp=" + std::to_string(ranks) +
+                              ",microbatches=1,mbs=2 --json";
     const std::string cmd = "PIPER_CALIBRATION=none PIPER_COMM_CALIBRATION=" + comm_calibration +
-                            " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -n 2 --oversubscribe "
-                            "--bind-to none --mca mpi_yield_when_idle 1 sh -c 'exec unshare --uts sh -c \"hostname "
-                            "host$OMPI_COMM_WORLD_RANK && exec " +
+                            " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -n " +
+                            std::to_string(ranks) +
+                            " --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 sh -c 'exec unshare --uts sh "
+                            "-c \"hostname host$((OMPI_COMM_WORLD_RANK % 2)) && exec " +
                             train + "\"' 2>&1";
     FILE* f = popen(cmd.c_str(), "r");
     std::string out;
@@ -176,6 +178,11 @@ TEST(CliTrainReport, RanksOnTwoHostsArePredictedAsTwoNodes) {
   EXPECT_DOUBLE_EQ(p["cores"].get<double>(), std::max(1u, std::thread::hardware_concurrency()) / 2.0);
   EXPECT_NE(p["calibration"].get<std::string>().find("2 hosts on 1 machine"), std::string::npos) << p.dump();
   EXPECT_GT(p["simulated_step_time_s"].get<double>(), 0);
+  // Hosts interleaved: refused before training, naming the mapping that makes them node-major.
+  const std::string interleaved = launch(links, &rc, 4);
+  EXPECT_NE(rc, 0) << interleaved;
+  EXPECT_NE(interleaved.find("node-major"), std::string::npos) << interleaved;
+  EXPECT_EQ(interleaved.find("step     1"), std::string::npos) << interleaved;
   std::filesystem::remove(links);
 }
 
