@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cstdio>
 #include <cstdlib>
 
 namespace piper::runtime {
@@ -33,9 +34,10 @@ void* MemoryPool::take_cached(size_t size) {
   return ptr;
 }
 
-void MemoryPool::release_cached_over_in_use() {
-  const int64_t in_use = reserved_ - cached_;
-  while (cached_ > in_use && !free_.empty()) {
+void MemoryPool::note_in_use() { peak_in_use_ = std::max(peak_in_use_, reserved_ - cached_); }
+
+void MemoryPool::release_cached_over_peak() {
+  while (cached_ > peak_in_use_ && !free_.empty()) {
     auto last = std::prev(free_.end());
     std::free(last->second.back());
     last->second.pop_back();
@@ -51,7 +53,8 @@ void* MemoryPool::allocate(size_t bytes, MemCategory category) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ptr = take_cached(size);
-    if (ptr == nullptr) release_cached_over_in_use();
+    if (ptr != nullptr) note_in_use();
+    if (ptr == nullptr) release_cached_over_peak();
   }
   if (ptr == nullptr) {
     ptr = std::aligned_alloc(kTensorAlignment, size);
@@ -71,6 +74,7 @@ void* MemoryPool::allocate(size_t bytes, MemCategory category) {
     size_of_[ptr] = size;
     reserved_ += static_cast<int64_t>(size);
     peak_reserved_ = std::max(peak_reserved_, reserved_);
+    note_in_use();
   }
   tracker_->on_allocate(category, static_cast<int64_t>(bytes));
   return ptr;
@@ -78,14 +82,21 @@ void* MemoryPool::allocate(size_t bytes, MemCategory category) {
 
 void MemoryPool::deallocate(void* ptr, size_t bytes, MemCategory category) {
   if (ptr == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = size_of_.find(ptr);
+    if (it == size_of_.end()) {
+      std::fprintf(stderr,
+                   "piper: MemoryPool: freeing %p (%zu bytes), which it did not hand out or was freed "
+                   "already: a bug in the executor\n",
+                   ptr, bytes);
+      std::abort();
+    }
+    free_[it->second].push_back(ptr);
+    cached_ += static_cast<int64_t>(it->second);
+    size_of_.erase(it);
+  }
   tracker_->on_free(category, static_cast<int64_t>(bytes));
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = size_of_.find(ptr);
-  // A block this pool did not hand out is not its to cache or free.
-  if (it == size_of_.end()) return;
-  free_[it->second].push_back(ptr);
-  cached_ += static_cast<int64_t>(it->second);
-  size_of_.erase(it);
 }
 
 int64_t MemoryPool::reserved_bytes() const {

@@ -1,7 +1,7 @@
 // The C library allocator's policy for a process that trains, or measures what training pays (`piper calibrate`,
 // `piper bench comm`): keep freed memory for the next step instead of handing it back to the kernel.
 //
-// The runtime's tensors come from its MemoryPool, which never returns a block, but every step also allocates
+// The runtime's tensors come from its MemoryPool, which keeps its blocks for reuse, but every step also allocates
 // large temporaries outside it: Open MPI's nonblocking collectives (libnbc allocates and copies a temporary per
 // call), the GEMM library's packing buffers, the handlers' exchange buffers. glibc serves blocks of 128 KiB and up
 // (a threshold it raises to at most 32 MiB) with mmap and unmaps them when freed, trims a heap's free top and
