@@ -42,30 +42,37 @@ Result<HostLayout> host_layout(comm::Communicator* world) {
   std::vector<std::array<uint64_t, 2>> all(static_cast<size_t>(world->size()));
   PIPER_ASSIGN_OR_RETURN(comm::Handle h, world->all_gather(mine.data(), all.data(), sizeof(mine)));
   PIPER_RETURN_IF_ERROR(world->wait(h, comm::default_timeout_s()));
-  HostLayout l;
-  std::vector<uint64_t> machines{all[0][1]};
-  int per_node = 0;
+  // A node is a run of consecutive ranks with the same host name and machine; every run as long as the first.
+  std::vector<std::array<uint64_t, 2>> nodes;
+  std::vector<uint64_t> machines;
+  std::vector<int> run_lengths;
   for (size_t r = 0; r < all.size(); ++r) {
-    if (r > 0 && all[r][0] != all[r - 1][0]) {
-      for (size_t q = 0; q + 1 < r; ++q) {
-        if (all[q][0] == all[r][0]) {
-          return failed_precondition("rank " + std::to_string(r) + " runs on the host of rank " + std::to_string(q) +
-                                     " after ranks of another host: the predictions need the ranks node-major "
-                                     "(mpirun --map-by ppr:K:node)");
-        }
+    if (r == 0 || all[r] != all[r - 1]) {
+      if (std::find(nodes.begin(), nodes.end(), all[r]) != nodes.end()) {
+        return failed_precondition("rank " + std::to_string(r) +
+                                   " runs on the host of earlier ranks after ranks of "
+                                   "another host: the predictions need the ranks node-major (mpirun --map-by "
+                                   "ppr:K:node)");
       }
-      ++l.nodes;
+      nodes.push_back(all[r]);
+      run_lengths.push_back(0);
     }
-    if (l.nodes == 1) ++per_node;
+    ++run_lengths.back();
     if (std::find(machines.begin(), machines.end(), all[r][1]) == machines.end()) machines.push_back(all[r][1]);
   }
-  if (per_node * l.nodes != world->size()) {
-    return failed_precondition("the " + std::to_string(world->size()) + " ranks are spread unevenly over " +
-                               std::to_string(l.nodes) + " hosts (" + std::to_string(per_node) +
-                               " on the first): the predictions need as many ranks on every host");
+  for (size_t n = 1; n < run_lengths.size(); ++n) {
+    if (run_lengths[n] != run_lengths[0]) {
+      return failed_precondition("the " + std::to_string(world->size()) + " ranks are spread unevenly over " +
+                                 std::to_string(nodes.size()) + " hosts (" + std::to_string(run_lengths[0]) +
+                                 " on the first, " + std::to_string(run_lengths[n]) + " on host " + std::to_string(n) +
+                                 "): the predictions need as many ranks on every host");
+    }
   }
-  l.machines = static_cast<int>(machines.size());
-  return l;
+  if (nodes.size() % machines.size() != 0) {
+    return failed_precondition(std::to_string(nodes.size()) + " hosts on " + std::to_string(machines.size()) +
+                               " machines: the predictions need as many hosts on every machine");
+  }
+  return HostLayout{static_cast<int>(nodes.size()), static_cast<int>(machines.size())};
 }
 
 Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::string& calibration,
@@ -81,7 +88,8 @@ Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::str
   m.cluster.num_nodes = m.cluster.max_nodes = hosts.nodes;
   if (hosts.nodes > 1) m.cluster.fabric.topology = FabricTopology::kFatTree;  // hosts behind one switch
   m.cluster.node.devices_per_node = ranks / hosts.nodes;
-  // Hosts of one machine (network namespaces) share its cores: each is priced with its part of them.
+  // Hosts of one machine (network namespaces) share its cores: each is priced with its part of them (host_layout
+  // checked that every machine holds as many hosts).
   m.cores = static_cast<double>(std::max(1u, std::thread::hardware_concurrency())) * hosts.machines / hosts.nodes;
   // Across hosts the ranks talk over a NIC, whose rate only a link calibration across them can give.
   if (hosts.nodes > 1 && m.cluster.node.nics.empty()) m.cluster.node.nics.push_back(NicSpec{});
@@ -95,15 +103,19 @@ Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::str
   d.peak_flops_fp8 *= m.rank_cores;
   d.memory_bw_bytes_per_s *= m.rank_cores;
   std::vector<std::string> sources;
-  PIPER_ASSIGN_OR_RETURN(m.links_source, apply_link_calibration(comm_calibration, &m.cluster));
+  Result<std::string> links = apply_link_calibration(comm_calibration, &m.cluster);
   if (hosts.nodes > 1 && !(m.cluster.node.nics[0].bw_bytes_per_s > 0)) {
+    // No file, or one measured on one host (which then fails the cluster's check of its NIC): say what is missing.
     return failed_precondition(
         "the ranks run on " + std::to_string(hosts.nodes) +
-        " hosts, and the predictions need the link between them, which the link calibration (" + m.links_source +
-        ") did not measure: run `piper calibrate --ranks " + std::to_string(ranks) +
+        " hosts, and the predictions need the link between them, which the link calibration (" +
+        (links.ok() ? *links : links.status().message()) + ") did not measure: run `piper calibrate --ranks " +
+        std::to_string(ranks) +
         " --links-out FILE` launched the same way (e.g. scripts/two-node-emulation.sh -- calibrate ...) and set "
         "PIPER_COMM_CALIBRATION=FILE");
   }
+  PIPER_RETURN_IF_ERROR(links.status());
+  m.links_source = *links;
   sources.push_back("links: " + m.links_source);
   if (hosts.nodes > 1) {
     sources.push_back(std::to_string(hosts.nodes) + " hosts on " + std::to_string(hosts.machines) + " machine" +

@@ -143,8 +143,9 @@ TEST(CliTrainReport, RanksOnTwoHostsArePredictedAsTwoNodes) {
     out << R"({"source": "test", "ranks": 2, "ranks_per_node": 1, "node": {"intra": {"latency_s": 3e-06,
               "bw_bytes_per_s": 5e9}, "nic_latency_s": 3e-05, "nic_bw_bytes_per_s": 1.25e8}})";
   }
-  // `ranks` ranks, rank r on host r (two ranks) or r % 2 (four: hosts A B A B, not node-major).
-  auto launch = [&](const std::string& comm_calibration, int* rc, int ranks = 2) {
+  // `ranks` ranks, rank r on host `host` (a shell expression of the rank r).
+  auto launch = [&](const std::string& comm_calibration, int* rc, int ranks = 2,
+                    const std::string& host = "$((OMPI_COMM_WORLD_RANK % 2))") {
     const std::string train = std::string(PIPER_BIN_PATH) + " train --model tiny-moe --steps 2 --global-batch " +
                               std::to_string(2 * ranks) + " --seq 64 --strategy dp=" + std::to_string(ranks) +
                               ",microbatches=1,mbs=2 --json";
@@ -152,8 +153,8 @@ TEST(CliTrainReport, RanksOnTwoHostsArePredictedAsTwoNodes) {
                             " OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun -n " +
                             std::to_string(ranks) +
                             " --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 sh -c 'exec unshare --uts sh "
-                            "-c \"hostname host$((OMPI_COMM_WORLD_RANK % 2)) && exec " +
-                            train + "\"' 2>&1";
+                            "-c \"hostname host" +
+                            host + " && exec " + train + "\"' 2>&1";
     FILE* f = popen(cmd.c_str(), "r");
     std::string out;
     std::array<char, 4096> buf;
@@ -178,11 +179,26 @@ TEST(CliTrainReport, RanksOnTwoHostsArePredictedAsTwoNodes) {
   EXPECT_DOUBLE_EQ(p["cores"].get<double>(), std::max(1u, std::thread::hardware_concurrency()) / 2.0);
   EXPECT_NE(p["calibration"].get<std::string>().find("2 hosts on 1 machine"), std::string::npos) << p.dump();
   EXPECT_GT(p["simulated_step_time_s"].get<double>(), 0);
-  // Hosts interleaved: refused before training, naming the mapping that makes them node-major.
+  // Hosts interleaved (A B A B): refused before training, naming the mapping that makes them node-major.
   const std::string interleaved = launch(links, &rc, 4);
   EXPECT_NE(rc, 0) << interleaved;
   EXPECT_NE(interleaved.find("node-major"), std::string::npos) << interleaved;
   EXPECT_EQ(interleaved.find("step     1"), std::string::npos) << interleaved;
+  // Two ranks on the first host, one on the second: refused, naming the counts.
+  const std::string uneven = launch(links, &rc, 3, "$((OMPI_COMM_WORLD_RANK / 2))");
+  EXPECT_NE(rc, 0) << uneven;
+  EXPECT_NE(uneven.find("spread unevenly over 2 hosts (2 on the first, 1 on host 1)"), std::string::npos) << uneven;
+  // A link calibration measured on one host (no NIC figures): the same error as none, with the file's own message.
+  const std::string one_host = temp_file("one_host_links.json");
+  {
+    std::ofstream file(one_host);
+    file << R"({"source": "test", "ranks": 2, "ranks_per_node": 2, "node": {"intra": {"latency_s": 3e-06,
+              "bw_bytes_per_s": 5e9}}})";
+  }
+  const std::string single = launch(one_host, &rc);
+  EXPECT_NE(rc, 0) << single;
+  EXPECT_NE(single.find("run on 2 hosts"), std::string::npos) << single;
+  std::filesystem::remove(one_host);
   std::filesystem::remove(links);
 }
 
