@@ -3,6 +3,7 @@
 // are produced on the expert ranks from the rows the dispatch delivered, so dispatch and combine compose.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -172,12 +173,19 @@ TEST(MoeCombine, BadInputNamesTheProblem) {
   // Known counts of the wrong length, or negative: refused on every rank before any exchange.
   std::vector<int64_t> one_short(static_cast<size_t>(p - 1), 0), negative(static_cast<size_t>(p), -1);
   std::vector<uint8_t> tokens(routing.num_tokens * kHidden * sizeof(float), 0);
-  for (const auto* known : {&one_short, &negative}) {
+  std::vector<int64_t> not_mine(static_cast<size_t>(p), 0);
+  not_mine[static_cast<size_t>(w->rank())] =
+      std::count(routing.dest_ranks.begin(), routing.dest_ranks.end(), w->rank()) + 1;
+  for (const auto* known : {&one_short, &negative, &not_mine}) {
     auto refused = flat_dispatch(*w, tokens.data(), kHidden * sizeof(float), routing, FlatDispatchKind::kPairwise,
                                  kTestTimeoutS, *known);
     ASSERT_FALSE(refused.ok());
     EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(refused.status().message().find("known row count"), std::string::npos) << refused.status().to_string();
+    if (known == &not_mine) {
+      EXPECT_NE(refused.status().message().find("not this routing's"), std::string::npos)
+          << refused.status().to_string();
+    }
   }
   // Every rank passes one float too many: the size check fails on all ranks after the count exchange.
   auto topo = NodeTopology::create(p, p % 2 == 0 ? p / 2 : 1, 1);

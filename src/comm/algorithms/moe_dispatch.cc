@@ -1,5 +1,6 @@
 #include "piper/comm/algorithms/moe_dispatch.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -50,6 +51,15 @@ Result<std::vector<uint64_t>> rows_from_sources(Communicator& comm, const MoeRou
                                 std::to_string(s) + " is negative");
       }
       rows_from[s] = static_cast<uint64_t>(known[s]);
+    }
+    // The rows a rank keeps are the only ones it can check here; a count that disagrees with the routing would
+    // receive other bytes than the peers send.
+    const int me = comm.rank();
+    const uint64_t own = static_cast<uint64_t>(std::count(routing.dest_ranks.begin(), routing.dest_ranks.end(), me));
+    if (rows_from[me] != own) {
+      return invalid_argument("moe exchange: known row count " + std::to_string(rows_from[me]) + " from rank " +
+                              std::to_string(me) + " itself, but the routing sends it " + std::to_string(own) +
+                              " rows: the counts are not this routing's");
     }
     return rows_from;
   }
