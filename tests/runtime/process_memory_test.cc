@@ -44,7 +44,11 @@ TEST(ProcessMemory, AFreedBlockIsReusedWithoutFaults) {
   // mmap'ed, unmapped when freed and faulted in again: 16,384 faults of 4 KiB pages each time.
   const size_t bytes = size_t{64} << 20;
   const long pages = static_cast<long>(bytes / 4096);
-  EXPECT_GT(faults_of_one_temporary(bytes), pages / 2) << "the first use faults its pages in";
+  // Its premise: a fresh 64 MiB block faults in page by page. Not so with transparent huge pages always on (a
+  // 2 MiB page per fault), or once the policy was applied in this process (gtest_repeat, a binary run whole).
+  if (faults_of_one_temporary(bytes) <= pages / 2) {
+    GTEST_SKIP() << "a fresh 64 MiB block took few page faults here (huge pages, or the policy already applied)";
+  }
   ASSERT_TRUE(keep_freed_memory());
   faults_of_one_temporary(bytes);  // the heap grows once
   EXPECT_LT(faults_of_one_temporary(bytes), pages / 100);
