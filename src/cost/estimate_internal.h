@@ -96,8 +96,6 @@ struct DpSyncInputs {
 double dp_exposed_s(const CostModel& cm, const Strategy& s, const PipelineShape& pl, const PartTimes& pt,
                     const MeshGroups& g, const DpSyncInputs& in);
 
-// The step time from its four parts, then tokens per step and per second and MFU (estimate.h's formulas), for a
-// strategy whose out->time is filled; both closed forms (estimate.cc, estimate_af.cc) end with it.
 // One rank's seconds per byte that its node's cores copy for its transfers, at its static share of the cores of a
 // node whose ranks share them (copy_cost.h; one core at most); 0 elsewhere. Each kind of a rank's communication costs
 // at least its bytes at this rate (add_copies in estimate.cc, the af-pipe closed form in estimate_af.cc).
@@ -114,6 +112,8 @@ inline double dp_copy_bytes(int zero, double m, double fd, double fe, double gra
   return m * (fd * (grad_d + 2 * par_d) + fe * (grad_e + 2 * par_e));
 }
 
+// The step time from its four parts, then tokens per step and per second and MFU (estimate.h's formulas), for a
+// strategy whose out->time is filled; both closed forms (estimate.cc, estimate_af.cc) end with it.
 inline void finish_step(const Strategy& s, double seq_len, double flops_per_token, double peak_flops, Estimate* out) {
   out->step_time_s = out->time.compute_s + out->time.exposed_comm_s + out->time.bubble_s + out->time.optimizer_s;
   out->tokens_per_step = static_cast<double>(s.global_batch()) * seq_len;
