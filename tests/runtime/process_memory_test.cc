@@ -20,6 +20,7 @@
 namespace piper::runtime {
 namespace {
 
+#if defined(__GLIBC__) && !defined(PIPER_SANITIZER_MALLOC)
 long minor_faults() {
   rusage r{};
   getrusage(RUSAGE_SELF, &r);
@@ -38,7 +39,6 @@ long faults_of_one_temporary(size_t bytes) {
   return minor_faults() - before;
 }
 
-#if defined(__GLIBC__) && !defined(PIPER_SANITIZER_MALLOC)
 TEST(ProcessMemory, AFreedBlockIsReusedWithoutFaults) {
   // 64 MiB: above the largest mmap threshold glibc adapts to (32 MiB), so without the policy every such block is
   // mmap'ed, unmapped when freed and faulted in again: 16,384 faults of 4 KiB pages each time.
