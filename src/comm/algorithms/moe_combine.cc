@@ -57,12 +57,9 @@ Result<std::vector<float>> flat_combine(Communicator& comm, std::span<const floa
                                         std::span<const int64_t> dispatch_rows_from) {
   PIPER_RETURN_IF_ERROR(check_inputs(routing, comm.size(), hidden, topk_weights));
   const int p = comm.size(), k = routing.top_k;
-  std::vector<uint64_t> rows_to(p, 0);
-  for (int d : routing.dest_ranks) {
-    if (d >= 0) ++rows_to[d];
-  }
+  const std::vector<uint64_t> rows_to = rows_to_ranks(routing, p);
   PIPER_ASSIGN_OR_RETURN(std::vector<uint64_t> rows_from,
-                         rows_from_sources(comm, routing, dispatch_rows_from, timeout_s));
+                         rows_from_sources(comm, rows_to, dispatch_rows_from, timeout_s));
   uint64_t received = 0, sent = 0;
   std::vector<size_t> send_bytes(p), recv_bytes(p);
   std::vector<uint64_t> first_row(p);  // first row of expert rank d's block in `back`

@@ -1,6 +1,5 @@
 #include "piper/comm/algorithms/moe_dispatch.h"
 
-#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -36,7 +35,15 @@ Result<DispatchResult> flat_dispatch(Communicator& comm, const void* tokens, siz
   return result;
 }
 
-Result<std::vector<uint64_t>> rows_from_sources(Communicator& comm, const MoeRouting& routing,
+std::vector<uint64_t> rows_to_ranks(const MoeRouting& routing, int group_size) {
+  std::vector<uint64_t> rows_to(static_cast<size_t>(group_size), 0);
+  for (int d : routing.dest_ranks) {
+    if (d >= 0) ++rows_to[static_cast<size_t>(d)];
+  }
+  return rows_to;
+}
+
+Result<std::vector<uint64_t>> rows_from_sources(Communicator& comm, const std::vector<uint64_t>& rows_to,
                                                 std::span<const int64_t> known, double timeout_s) {
   const int p = comm.size();
   std::vector<uint64_t> rows_from(p, 0);
@@ -55,17 +62,12 @@ Result<std::vector<uint64_t>> rows_from_sources(Communicator& comm, const MoeRou
     // The rows a rank keeps are the only ones it can check here; a count that disagrees with the routing would
     // receive other bytes than the peers send.
     const int me = comm.rank();
-    const uint64_t own = static_cast<uint64_t>(std::count(routing.dest_ranks.begin(), routing.dest_ranks.end(), me));
-    if (rows_from[me] != own) {
+    if (rows_from[me] != rows_to[me]) {
       return invalid_argument("moe exchange: known row count " + std::to_string(rows_from[me]) + " from rank " +
-                              std::to_string(me) + " itself, but the routing sends it " + std::to_string(own) +
+                              std::to_string(me) + " itself, but the routing sends it " + std::to_string(rows_to[me]) +
                               " rows: the counts are not this routing's");
     }
     return rows_from;
-  }
-  std::vector<uint64_t> rows_to(p, 0);
-  for (int d : routing.dest_ranks) {
-    if (d >= 0) ++rows_to[d];
   }
   std::vector<size_t> eight(p, sizeof(uint64_t));
   PIPER_ASSIGN_OR_RETURN(Handle h, comm.all_to_all_v(rows_to.data(), eight, rows_from.data(), eight));
@@ -79,11 +81,8 @@ Status flat_dispatch(Communicator& comm, const void* tokens, size_t token_bytes,
   PIPER_RETURN_IF_ERROR(routing.validate(comm.size()));
   const int p = comm.size();
   const auto* in = static_cast<const uint8_t*>(tokens);
-  std::vector<uint64_t> rows_to(p, 0);
-  for (int d : routing.dest_ranks) {
-    if (d >= 0) ++rows_to[d];
-  }
-  PIPER_ASSIGN_OR_RETURN(std::vector<uint64_t> rows_from, rows_from_sources(comm, routing, known_rows_from, timeout_s));
+  const std::vector<uint64_t> rows_to = rows_to_ranks(routing, p);
+  PIPER_ASSIGN_OR_RETURN(std::vector<uint64_t> rows_from, rows_from_sources(comm, rows_to, known_rows_from, timeout_s));
 
   // Send buffer grouped by destination rank, rows in (token, slot) order.
   std::vector<size_t> send_bytes(p), recv_bytes(p), offset(p + 1, 0);

@@ -50,9 +50,13 @@ Status flat_dispatch(Communicator& comm, const void* tokens, size_t token_bytes,
                      FlatDispatchKind kind, double timeout_s, DispatchResult* out, std::vector<uint8_t>* pack,
                      std::span<const int64_t> known_rows_from = {});
 
-// The rows each source sends this rank under `routing`: `known` when given (checked: one non-negative count per
-// rank of `comm`), else exchanged (an all-to-all of counts, waited for). Shared by the flat dispatch and combine.
-Result<std::vector<uint64_t>> rows_from_sources(Communicator& comm, const MoeRouting& routing,
+// The rows `routing` sends to each of `group_size` ranks (dropped slots to none).
+std::vector<uint64_t> rows_to_ranks(const MoeRouting& routing, int group_size);
+
+// The rows each source sends this rank, whose own routing sends `rows_to` (rows_to_ranks): `known` when given
+// (checked: one non-negative count per rank of `comm`, and this rank's own equal to rows_to's), else exchanged (an
+// all-to-all of counts, waited for). Shared by the flat dispatch and combine.
+Result<std::vector<uint64_t>> rows_from_sources(Communicator& comm, const std::vector<uint64_t>& rows_to,
                                                 std::span<const int64_t> known, double timeout_s);
 
 // HALO dispatch: an all-gather of per-rank row and token counts (small), then one HALO exchange in which a
