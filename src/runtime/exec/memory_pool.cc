@@ -7,11 +7,7 @@
 
 namespace piper::runtime {
 
-MemoryPool::~MemoryPool() {
-  for (auto& [size, blocks] : free_) {
-    for (void* p : blocks) std::free(p);
-  }
-}
+MemoryPool::~MemoryPool() { release_cached_over(0); }
 
 size_t MemoryPool::block_size(size_t bytes) {
   const size_t aligned =
@@ -36,8 +32,8 @@ void* MemoryPool::take_cached(size_t size) {
 
 void MemoryPool::note_in_use() { peak_in_use_ = std::max(peak_in_use_, reserved_ - cached_); }
 
-void MemoryPool::release_cached_over_peak() {
-  while (cached_ > peak_in_use_ && !free_.empty()) {
+void MemoryPool::release_cached_over(int64_t bound) {
+  while (cached_ > bound && !free_.empty()) {
     auto last = std::prev(free_.end());
     std::free(last->second.back());
     last->second.pop_back();
@@ -53,22 +49,22 @@ void* MemoryPool::allocate(size_t bytes, MemCategory category) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ptr = take_cached(size);
-    if (ptr != nullptr) note_in_use();
-    if (ptr == nullptr) release_cached_over_peak();
+    if (ptr != nullptr) {
+      note_in_use();
+    } else {
+      release_cached_over(peak_in_use_);
+    }
   }
   if (ptr == nullptr) {
     ptr = std::aligned_alloc(kTensorAlignment, size);
     if (ptr == nullptr) {
       // Out of memory: the whole cache goes back to the system before giving up.
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (auto& [s, blocks] : free_) {
-        for (void* p : blocks) std::free(p);
-        reserved_ -= static_cast<int64_t>(s * blocks.size());
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        release_cached_over(0);
       }
-      free_.clear();
-      cached_ = 0;
+      ptr = std::aligned_alloc(kTensorAlignment, size);
     }
-    if (ptr == nullptr) ptr = std::aligned_alloc(kTensorAlignment, size);
     if (ptr == nullptr) return nullptr;
     std::lock_guard<std::mutex> lock(mutex_);
     size_of_[ptr] = size;

@@ -46,7 +46,7 @@ class MemoryPool : public Allocator {
 
  private:
   void* take_cached(size_t size);     // with mutex_ held; nullptr when no cached block fits
-  void release_cached_over_peak();    // with mutex_ held
+  void release_cached_over(int64_t bound);  // with mutex_ held: cached blocks, largest first, down to bound
   void note_in_use();                 // with mutex_ held
   MemoryTracker* tracker_;
   mutable std::mutex mutex_;
