@@ -20,14 +20,18 @@
 
 namespace {
 
-std::string run(const std::string& args, int* rc, bool json) {
-  std::string cmd = std::string(PIPER_BIN_PATH) + " " + args + (json ? " 2>/dev/null" : " 2>&1");
+// The standard output of the shell command `cmd`; its exit status in *rc.
+std::string capture(const std::string& cmd, int* rc) {
   FILE* f = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf;
   while (size_t n = fread(buf.data(), 1, buf.size(), f)) out.append(buf.data(), n);
   *rc = pclose(f);
   return out;
+}
+
+std::string run(const std::string& args, int* rc, bool json) {
+  return capture(std::string(PIPER_BIN_PATH) + " " + args + (json ? " 2>/dev/null" : " 2>&1"), rc);
 }
 
 std::string temp_file(const std::string& name) {
@@ -155,12 +159,7 @@ TEST(CliTrainReport, RanksOnTwoHostsArePredictedAsTwoNodes) {
                             " --oversubscribe --bind-to none --mca mpi_yield_when_idle 1 sh -c 'exec unshare --uts sh "
                             "-c \"hostname host" +
                             host + " && exec " + train + "\"' 2>&1";
-    FILE* f = popen(cmd.c_str(), "r");
-    std::string out;
-    std::array<char, 4096> buf;
-    while (size_t n = fread(buf.data(), 1, buf.size(), f)) out.append(buf.data(), n);
-    *rc = pclose(f);
-    return out;
+    return capture(cmd, rc);
   };
   int rc = 0;
   const std::string refused = launch("none", &rc);
