@@ -33,7 +33,9 @@ def main():
         sys.exit(__doc__)
     piper = sys.argv[1]
     model, steps, batch, seq, runs = (sys.argv[2:] + ["tiny-moe", "10", "16", "128", "1"][len(sys.argv) - 2:])[:5]
-    runs = max(1, int(runs))
+    if not runs.isdigit() or int(runs) < 1:
+        sys.exit("step-table.py: RUNS must be a whole number of runs >= 1, got '%s'\n%s" % (runs, __doc__))
+    runs = int(runs)
     print(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), model, steps, "steps,", runs, "run(s) each; load",
           os.getloadavg())
     measured, loads, predicted, failed = {}, {}, {}, {}
