@@ -152,6 +152,8 @@ struct Plan {
   // t holds rows [t n/tp, (t+1) n/tp) of a microbatch's n tokens outside the tp chunks, which all-gather their
   // input and reduce-scatter their output, and pipeline and m2n messages carry that slice. Executors read it here.
   bool sequence_parallel = false;
+  // Whether the plan reduces the experts' gradients over its edp group (ir::MeshInfo::experts_reduce_over_edp).
+  bool experts_reduce_over_edp() const { return mesh.experts_reduce_over_edp(sequence_parallel); }
   const Program& program(int rank) const {
     return templates[static_cast<size_t>(rank_template[static_cast<size_t>(rank)])];
   }

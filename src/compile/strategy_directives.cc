@@ -109,7 +109,11 @@ Result<std::vector<ir::Directive>> strategy_directives(const Strategy& s, const 
     d.algorithm = s.a2a;
     out.push_back(ir::Directive{d});
   }
-  if (s.dp > 1) {
+  // With dp = 1 too when the experts reduce over tensor ranks (ir::MeshInfo::experts_reduce_over_edp, e.g. tp=2 with
+  // sequence parallelism: each tensor rank's experts saw half the tokens).
+  const bool expert_reduction =
+      model.is_moe() && mesh.experts_reduce_over_edp(s.sp && s.tp > 1) && mesh.expert_replicas() > 1;
+  if (s.dp > 1 || expert_reduction) {
     ir::ReplicateDirective d;
     d.zero = s.zero;
     d.reduce = s.zero >= 1 ? "reduce_scatter" : "all_reduce";

@@ -1,6 +1,7 @@
 #include "piper/compile/verify_plan.h"
 
 #include <algorithm>
+#include <set>
 #include <unordered_map>
 
 namespace piper::compile {
@@ -166,6 +167,45 @@ Status check_capacity(const PlanStats& stats, int64_t capacity) {
   return ok_status();
 }
 
+// Where the programs reduce the experts' gradients against the rule (ir::MeshInfo::experts_reduce_over_edp): when
+// the plan reduces them over edp (tensor ranks included), no experts' reduction runs over dp, and each rank with an
+// experts update reduces that layer's experts over edp (the runtime then no longer sums them over tp).
+Status check_expert_reduction(const Plan& plan) {
+  if (!plan.experts_reduce_over_edp()) return ok_status();
+  const bool replicated = plan.mesh.expert_replicas() > 1;
+  for (const Program& prog : plan.templates) {
+    std::set<int> updated, reduced;
+    for (const Stream& st : prog.streams) {
+      for (const Instruction& in : st.instrs) {
+        if (in.part != Part::kExperts) continue;
+        if (in.op == OpKind::kUpdate) updated.insert(in.layer);
+        if (in.op != OpKind::kCollective ||
+            (in.comm != ir::NodeKind::kAllReduce && in.comm != ir::NodeKind::kReduceScatter)) {
+          continue;
+        }
+        if (in.group == "dp") {
+          return invalid_argument(
+              "plan: '" + in.label + "' reduces the experts' gradients over dp, but under " +
+              (plan.sequence_parallel ? "sequence parallelism" : "expert tensor parallelism or folding") +
+              " with tp=" + std::to_string(plan.mesh.tp) +
+              " each tensor rank's experts saw other tokens and the plan must reduce them over "
+              "edp (ir::MeshInfo::experts_reduce_over_edp); emit the plan again with this piper");
+        }
+        if (in.group == "edp") reduced.insert(in.layer);
+      }
+    }
+    for (int layer : updated) {
+      if (!replicated || reduced.count(layer) > 0) continue;
+      return invalid_argument("plan: pipeline rank " + std::to_string(prog.pp_rank) + " updates the experts of layer " +
+                              std::to_string(layer) + " without reducing their gradients over edp (" +
+                              std::to_string(plan.mesh.expert_replicas()) +
+                              " ranks, tensor ranks included: ir::MeshInfo::experts_reduce_over_edp); emit the plan "
+                              "again with this piper");
+    }
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 Result<PlanStats> verify_plan(const Plan& plan, int64_t capacity) {
@@ -174,6 +214,7 @@ Result<PlanStats> verify_plan(const Plan& plan, int64_t capacity) {
   PIPER_ASSIGN_OR_RETURN(PairTable pairs, match_point_to_point(plan, stats));
   PIPER_RETURN_IF_ERROR(execute_abstractly(plan, pairs, stats));
   PIPER_RETURN_IF_ERROR(check_capacity(stats, capacity));
+  PIPER_RETURN_IF_ERROR(check_expert_reduction(plan));
   return stats;
 }
 

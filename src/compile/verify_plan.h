@@ -7,7 +7,10 @@
 //    streams; a wait needs its record done; collectives complete locally, since all members of a dp/ep/tp
 //    group run the same program template and reach them in the same order;
 //  - with a capacity (> 0), the peak live bytes per rank along that execution (static model state plus the
-//    alloc/free deltas) must fit.
+//    alloc/free deltas) must fit;
+//  - the experts' gradients reduce where ir::MeshInfo::experts_reduce_over_edp says: when it holds (folded tp x ep,
+//    etp > 1, sequence parallelism) none over dp, and each rank that updates a layer's experts reduces them over
+//    edp (when that group has more than one rank), since the runtime then no longer sums them over tp itself.
 // Errors name the rank, the stream and the instruction (index and label).
 #pragma once
 

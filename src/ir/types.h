@@ -44,10 +44,19 @@ struct MeshInfo {
   // different tokens (T / tp). With etp = 1 (Megatron's --expert-tensor-parallel-size 1) every tensor rank keeps
   // whole experts.
   int expert_replicas() const { return dp * tp / (ep * etp); }
-  // The compiler reduces the experts' gradients over the plan's edp group, tensor ranks included, and the
-  // experts' gradients are not summed over tp on their own: folded tp x ep, or expert tensor parallelism. (Unfolded
-  // with etp = 1 the executors reduce over dp / ep and sum over tp; the plan's edp group prices the same traffic.)
-  bool experts_reduce_over_edp() const { return (fold && tp > 1 && ep > 1) || etp > 1; }
+  // The one rule for where the experts' gradients are reduced, read by the compiler (ir replicate pass), the plan
+  // check (compile/plan_io.cc), the runtime (DistContext, executor_dp/ep/tp) and, through the plan's edp groups, the
+  // simulator and memory plan. True: the compiler reduces the experts' gradients in the backward over the plan's
+  // edp group (expert_replicas() ranks of a stage, tensor ranks included; Megatron's expert-data-parallel group),
+  // and nothing else sums them over tp. That is when each tensor rank's experts saw a different slice of the
+  // tokens: folded tp x ep, expert tensor parallelism, or sequence parallelism with tp > 1 (any ep, etp = 1: every
+  // tensor rank keeps whole experts and routes T / tp tokens, so its expert gradients are partial sums over tp).
+  // The reduction then averages over dp * tp / ep ranks; the executors scale it by tp / (ep * etp) into the mean
+  // over the data-parallel replicas of the sum over the tensor ranks' token slices (ExpertParallel::prepare_norm).
+  // `sequence_parallel` is the graph's / plan's (ir::Graph::sequence_parallel, compile::Plan::sequence_parallel).
+  bool experts_reduce_over_edp(bool sequence_parallel) const {
+    return etp > 1 || (tp > 1 && ((fold && ep > 1) || sequence_parallel));
+  }
   // A rank's expert coordinate and expert group (ranks sharing `ep_block`) from its dp and tp coordinates.
   int ep_coord(int dp_c, int tp_c) const { return fold ? (dp_c * tp + tp_c) % ep : dp_c % ep; }
   int ep_block(int dp_c, int tp_c) const { return fold ? (dp_c * tp + tp_c) / ep : dp_c / ep * tp + tp_c; }

@@ -10,6 +10,7 @@
 #include "piper/base/check.h"
 #include "piper/compile/strategy_directives.h"
 #include "piper/compile/target.h"
+#include "piper/compile/verify_plan.h"
 #include "piper/ir/passes/passes.h"
 #include "piper/spec/model_loader.h"
 
@@ -422,6 +423,78 @@ TEST(CompileTest, EtpWithoutEpLowersTheEtpExchangesAlone) {
   EXPECT_EQ(all_to_alls, 0u);
 }
 
+// The experts' gradient reductions of pipeline rank 0's program, by group ("dp", "edp", ...).
+std::map<std::string, size_t> expert_reductions(const Plan& plan) {
+  std::map<std::string, size_t> out;
+  for (const auto& st : plan.templates[0].streams) {
+    for (const auto& in : st.instrs) {
+      if (in.op == OpKind::kCollective && in.part == Part::kExperts &&
+          (in.comm == ir::NodeKind::kAllReduce || in.comm == ir::NodeKind::kReduceScatter)) {
+        ++out[in.group];
+      }
+    }
+  }
+  return out;
+}
+
+// Under sequence parallelism each tensor rank's experts (etp = 1: whole) see its T / tp tokens, so their gradients
+// are partial sums over tp: the compiler reduces them over the plan's edp group, dp x tp / ep ranks (Megatron's
+// expert-data-parallel group), ZeRO or not, ep = 1 or not, and with dp = 1 too (over the tensor ranks alone).
+// Issue 27: the plan reduced them over dp and the runtime summed them over tp in a blocking all-reduce of its own.
+TEST(CompileTest, SequenceParallelReducesTheExpertsOverDpTimesTp) {
+  struct Case {
+    const char* strategy;
+    std::vector<int> edp;  // rank 0's edp group
+    size_t reductions;     // rank 0's experts reductions (3 MoE layers; ZeRO-2/3: per microbatch)
+  };
+  for (const Case& c :
+       {Case{"dp=2,tp=2,sp=1,microbatches=2", {0, 1, 2, 3}, 3},
+        Case{"dp=2,tp=2,sp=1,zero=1,microbatches=2", {0, 1, 2, 3}, 3},
+        Case{"dp=2,tp=2,sp=1,zero=3,microbatches=2", {0, 1, 2, 3}, 6}, Case{"dp=1,tp=2,sp=1,microbatches=2", {0, 1}, 3},
+        Case{"dp=4,tp=2,sp=1,ep=2,microbatches=2", {0, 1, 4, 5}, 3}}) {
+    SCOPED_TRACE(c.strategy);
+    auto r = compile(c.strategy);
+    ASSERT_TRUE(r.ok()) << r.status().message();
+    EXPECT_TRUE(r->plan.experts_reduce_over_edp());
+    auto edp = r->plan.group_ranks(0, "edp");
+    ASSERT_TRUE(edp.ok());
+    EXPECT_EQ(*edp, c.edp);
+    EXPECT_EQ(static_cast<int>(c.edp.size()), r->plan.mesh.expert_replicas());
+    const auto reductions = expert_reductions(r->plan);
+    EXPECT_EQ(reductions.count("dp"), 0u);
+    EXPECT_EQ(reductions.count("edp") ? reductions.at("edp") : 0u, c.reductions);
+  }
+  // Without tensor parallelism the experts (ep = 1) stay data-parallel chunks, reduced over dp.
+  auto plain = compile("dp=2,microbatches=2");
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  EXPECT_FALSE(plain->plan.experts_reduce_over_edp());
+  EXPECT_EQ(expert_reductions(plain->plan), (std::map<std::string, size_t>{{"dp", 3}}));
+}
+
+// A plan that reduces the experts against the rule is refused by the verifier, naming the instruction.
+TEST(CompileTest, VerifierRefusesExpertReductionsAgainstTheRule) {
+  auto r = compile("dp=2,tp=2,sp=1,microbatches=2");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  auto retarget = [](Plan plan, const std::string& group) {
+    for (auto& st : plan.templates[0].streams) {
+      for (auto& in : st.instrs) {
+        if (in.op == OpKind::kCollective && in.part == Part::kExperts && in.group == "edp") in.group = group;
+      }
+    }
+    return plan;
+  };
+  auto over_dp = verify_plan(retarget(r->plan, "dp"));
+  ASSERT_FALSE(over_dp.ok());
+  EXPECT_NE(over_dp.status().message().find("reduces the experts' gradients over dp"), std::string::npos)
+      << over_dp.status().message();
+  EXPECT_NE(over_dp.status().message().find("sequence parallelism"), std::string::npos);
+  auto over_tp = verify_plan(retarget(r->plan, "tp"));
+  ASSERT_FALSE(over_tp.ok());
+  EXPECT_NE(over_tp.status().message().find("without reducing their gradients over edp (4 ranks"), std::string::npos)
+      << over_tp.status().message();
+  EXPECT_TRUE(verify_plan(r->plan).ok());
+}
+
 std::vector<ir::Directive> parse(const std::string& text) {
   auto d = ir::directives_from_json(Json::parse(text), "user.json");
   PIPER_CHECK_OK(d.status());
@@ -454,8 +527,9 @@ TEST(CompileTest, ImpossibleDirectivesNameTheDirective) {
 }
 
 // A mesh with etp > 1 whose directives leave the experts unsharded would slice them with no etp exchange: refused.
+// (dp=2: with dp=1 the strategy's only replicate is the experts' over the tensor ranks, which etp=2 leaves empty.)
 TEST(CompileTest, EtpMeshWithUnshardedExpertsIsRefused) {
-  const Strategy s = strategy("tp=2,sp=1,microbatches=2");
+  const Strategy s = strategy("dp=2,tp=2,sp=1,microbatches=2");
   auto directives = strategy_directives(s, tiny());
   ASSERT_TRUE(directives.ok()) << directives.status().message();
   auto mesh = strategy_mesh(s, tiny());

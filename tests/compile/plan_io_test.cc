@@ -219,6 +219,32 @@ TEST(PlanIoTest, ADamagedFileIsRefusedWithTheField) {
   EXPECT_NE(bad_part.find(".part"), std::string::npos) << bad_part;
 }
 
+// Under sequence parallelism the experts' gradients reduce over edp, tensor ranks included
+// (ir::MeshInfo::experts_reduce_over_edp): a file that moves them to dp, or drops sequence_parallel from a plan
+// that still scatters over tp, is refused with what to do.
+TEST(PlanIoTest, ExpertReductionAgainstTheRuleIsRefused) {
+  const Json good = compiled("dp=2,tp=2,sp=1,zero=1,microbatches=2").to_json();
+  ASSERT_TRUE(plan_from_json(good, "f.json").ok());
+  Json j = good;
+  size_t moved = 0;
+  for (Json& prog : j["programs"]) {
+    for (Json& st : prog["streams"]) {
+      for (Json& in : st["instructions"]) {
+        if (in.value("op", "") == "collective" && in.value("part", "") == "experts" && in.value("group", "") == "edp") {
+          in["group"] = "dp";
+          ++moved;
+        }
+      }
+    }
+  }
+  ASSERT_GT(moved, 0u);
+  const std::string error = error_of(j);
+  EXPECT_NE(error.find("reduces the experts' gradients over dp, but under sequence parallelism with tp=2"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("emit the plan again"), std::string::npos) << error;
+}
+
 // tp_overlap's all-gather runs as ring steps, point to point on its ring's tag, which the compiler assigns (the
 // same on every tp rank of a template, one per ring) and a plan file must carry.
 TEST(PlanIoTest, RingStepsCarryTheirRingsTag) {

@@ -398,7 +398,19 @@ TEST(Parity, RecomputeModulesPp2Tp2) {
 TEST(Parity, Dp2Tp2Zero1) { expect_parity("dp=2,tp=2,sp=1,zero=1,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5); }
 TEST(Parity, Dp2Tp2Zero2) { expect_parity("dp=2,tp=2,sp=1,zero=2,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5); }
 TEST(Parity, Dp2Tp2Zero3) { expect_parity("dp=2,tp=2,sp=1,zero=3,microbatches=2,mbs=1", "microbatches=4,mbs=1", 5); }
-
+// Issue 27: the plan reduces the experts over its edp group, all four ranks (dp x tp), in the backward, and the
+// runtime no longer sums them over tp itself (ir::MeshInfo::experts_reduce_over_edp); the executors scale the mean
+// over four ranks by tp into the mean over dp of the sum over the tensor ranks' token slices. mbs=2 as the measured
+// strategy (docs/calibration.md), ZeRO 0 and 2.
+TEST(Parity, Dp2Tp2ExpertsOverEdp) {
+  expect_parity("dp=2,tp=2,sp=1,microbatches=2,mbs=2", "microbatches=4,mbs=2", 3, kTpLr);
+  expect_parity("dp=2,tp=2,sp=1,zero=2,microbatches=2,mbs=2", "microbatches=4,mbs=2", 3, kTpLr);
+}
+// dp=1: the plan reduces the experts over the two tensor ranks alone (its only replicate is theirs), with ZeRO-1
+// sharded over them.
+TEST(Parity, Tp2ExpertsOverEdpZero1) {
+  expect_parity("tp=2,sp=1,zero=1,microbatches=2,mbs=2", "microbatches=2,mbs=2", 3, kTpLr);
+}
 
 // Compositions check_runnable refused before they had a test (issue 26; 3 steps each, docs/runtime.md "Parity").
 // Every pipeline schedule at pp=2 against one rank.

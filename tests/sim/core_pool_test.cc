@@ -254,7 +254,9 @@ TEST(CorePoolTest, RefusesAPoolItCannotApply) {
 
 // Without shared cores (every GPU cluster) nothing moved: step times pinned, to the bit, from 1c77cb4, the commit
 // before the core pool (tiny-moe, h800, 512 tokens; representative and full); the tp rows re-pinned after the
-// vocabulary-parallel head's cross-entropy exchange was priced (8cd7123: +12 us over the step's 4 head forwards). A deliberate change of the cost
+// vocabulary-parallel head's cross-entropy exchange was priced (8cd7123: +12 us over the step's 4 head forwards), and
+// again when the plan reduced the experts over dp x tp under sequence parallelism (issue 27: 4-rank rings instead of
+// 2-rank ones, +43 us). A deliberate change of the cost
 // model or the simulator moves them: check that it should, and pin the new values (the message prints them).
 TEST(CorePoolTest, WithoutSharedCoresStepTimesAreUnchanged) {
   struct Row {
@@ -267,8 +269,8 @@ TEST(CorePoolTest, WithoutSharedCoresStepTimesAreUnchanged) {
       {"dp=2,pp=4,schedule=1f1b,microbatches=8", true, 0x1.ccb3fbad8acd9p-13},
       {"dp=4,ep=4,pp=2,zero=1,microbatches=4", false, 0x1.6715073413875p-12},
       {"dp=4,ep=4,pp=2,zero=1,microbatches=4", true, 0x1.6715073413875p-12},
-      {"dp=2,tp=2,sp=1,pp=2,schedule=interleaved,vpp=2,microbatches=4", false, 0x1.47394c8449847p-12},
-      {"dp=2,tp=2,sp=1,pp=2,schedule=interleaved,vpp=2,microbatches=4", true, 0x1.47a5513bf3923p-12},
+      {"dp=2,tp=2,sp=1,pp=2,schedule=interleaved,vpp=2,microbatches=4", false, 0x1.749185919787p-12},
+      {"dp=2,tp=2,sp=1,pp=2,schedule=interleaved,vpp=2,microbatches=4", true, 0x1.756d6c906644ep-12},
       {"dp=8,ep=8,a2a=halo,microbatches=2", false, 0x1.2c36d2a50eb4ep-11},
       {"dp=8,ep=8,a2a=halo,microbatches=2", true, 0x1.2c36d2a50eb4ep-11},
   };

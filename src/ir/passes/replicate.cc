@@ -1,6 +1,7 @@
 // replicate: data parallelism (and ZeRO) for the matched chunks' parameters.
 //
-// Per (layer, part) parameter group, over axis dp (experts: edp = dp/ep when experts are sharded over ep):
+// Per (layer, part) parameter group, over axis dp (experts: edp, MeshInfo::expert_replicas ranks, when sharded over
+// ep or when MeshInfo::experts_reduce_over_edp):
 //   zero 0: one all_reduce of the accumulated gradient after every microbatch's backward -> update
 //   zero 1: one reduce_scatter after all microbatches -> sharded update -> all_gather of the new parameters
 //   zero 2: a reduce_scatter per microbatch (gradients accumulate sharded) -> sharded update -> all_gather
@@ -69,9 +70,12 @@ Status apply_replicate(Graph& g, const ReplicateDirective& d) {
                               " is already replicated; give one replicate per chunk");
     }
     const Node& first = g.node(grp.fwd[0]);
-    const bool sharded_experts = first.shard_axis == "ep";
-    const std::string axis = sharded_experts ? "edp" : d.axis;
-    const int degree = sharded_experts ? g.mesh.expert_replicas() : g.mesh.dp;
+    // The experts reduce over edp when sharded over ep, or when their tensor ranks saw different tokens
+    // (MeshInfo::experts_reduce_over_edp: then with ep = 1 too, over the dp x tp ranks of the stage).
+    const bool edp_experts = first.shard_axis == "ep" || (chunk_part(first.tags.part) == Part::kExperts &&
+                                                          g.mesh.experts_reduce_over_edp(g.sequence_parallel()));
+    const std::string axis = edp_experts ? "edp" : d.axis;
+    const int degree = edp_experts ? g.mesh.expert_replicas() : g.mesh.dp;
     if (degree <= 1) continue;  // nothing to replicate over (e.g. experts with ep == dp)
     ++replicated;
     int64_t params = first.param_count;

@@ -78,11 +78,11 @@ Result<std::unique_ptr<DistContext>> DistContext::create(comm::Communicator& wor
   PIPER_ASSIGN_OR_RETURN(ctx->ctl_, world.dup("ctl"));
   const ir::MeshInfo& m = plan.mesh;
   const int ep = std::max(1, m.ep);
-  // Folded tp x ep or expert tensor parallelism: the experts' groups are the plan's (Plan::group_ranks): ep (folded:
-  // ep consecutive ranks of the stage's tp*dp ranks), edp = every rank of the stage with the same expert slice,
-  // tensor ranks included (MeshInfo::expert_replicas ranks; it reduces their gradients, so there is no edp_tp),
-  // and etp, the ranks that slice the same experts.
-  const bool plan_groups = m.experts_reduce_over_edp();
+  // When the plan reduces the experts over its edp group (Plan::experts_reduce_over_edp: folded tp x ep, expert
+  // tensor parallelism, or sequence parallelism) the experts' groups are the plan's (Plan::group_ranks): ep
+  // (folded: ep consecutive ranks of the stage's tp*dp ranks), edp = every rank of the stage with the same expert
+  // slice, tensor ranks included (MeshInfo::expert_replicas ranks), and etp, the ranks that slice the same experts.
+  const bool plan_groups = plan.experts_reduce_over_edp();
   using C = compile::RankCoord;
   struct Axis {
     const char* name;
@@ -91,24 +91,16 @@ Result<std::unique_ptr<DistContext>> DistContext::create(comm::Communicator& wor
   };
   const Axis axes[] = {
       {"dp", m.dp, [](const C& a, const C& b, int) { return a.pp == b.pp && a.tp == b.tp; }},
-      {"edp", m.dp / ep,
-       [](const C& a, const C& b, int) { return a.pp == b.pp && a.tp == b.tp && a.ep == b.ep; }},
+      {"edp", m.dp / ep, [](const C& a, const C& b, int) { return a.pp == b.pp && a.tp == b.tp && a.ep == b.ep; }},
       {"ep", ep, [](const C& a, const C& b, int e) { return a.pp == b.pp && a.tp == b.tp && a.dp / e == b.dp / e; }},
       {"tp", m.tp, [](const C& a, const C& b, int) { return a.pp == b.pp && a.dp == b.dp; }},
-      // ZeRO over the experts' replicas under tensor parallelism: with etp=1 the experts are replicated over
-      // edp and tp, and their state is sharded over both (executor_dp.cc).
-      {"edp_tp", m.tp > 1 && (m.dp / ep > 1 || ep > 1) ? m.dp / ep * m.tp : 1,
-       [](const C& a, const C& b, int) { return a.pp == b.pp && a.ep == b.ep; }},
       {"etp", std::max(1, m.etp), nullptr},
   };
   for (const Axis& axis : axes) {
     const std::string name = axis.name;
-    // tp x ep with dp = ep: the plan reduces the experts over its edp (= edp x tp here); the executor averages
-    // over the runtime's edp, of one rank, and sums over tp itself (executor_tp.cc), so edp exists with one rank.
-    const bool single_edp = name == "edp" && m.tp > 1 && ep > 1 && !plan_groups;
     const bool from_plan = (plan_groups && (name == "ep" || name == "edp")) || name == "etp";
     const int degree = from_plan && name == "edp" ? m.expert_replicas() : axis.degree;
-    if ((degree <= 1 && !single_edp) || (plan_groups && name == "edp_tp")) continue;
+    if (degree <= 1) continue;
     std::vector<int> group;
     if (from_plan) {
       PIPER_ASSIGN_OR_RETURN(group, plan.group_ranks(ctx->rank_, name));

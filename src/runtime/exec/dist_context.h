@@ -7,12 +7,10 @@
 //   p2p      pipeline send/recv (all channels; messages are told apart by the plan's tags, unique per plan)
 //   dp, edp, ep, tp   one communicator per mesh axis of degree > 1, over the ranks that share every other
 //            coordinate (edp: same expert shard; ep: same dp/ep block), members in world-rank order; when the plan
-//            reduces the experts over its edp group (ir::MeshInfo::experts_reduce_over_edp: folded tp x ep, or
-//            etp > 1) ep and edp are the plan's groups (Plan::group_ranks), edp then with tensor ranks
+//            reduces the experts over its edp group (Plan::experts_reduce_over_edp: folded tp x ep, etp > 1, or
+//            sequence parallelism) ep and edp are the plan's groups (Plan::group_ranks), edp then with tensor ranks
 //   etp      expert tensor parallelism (etp > 1): the plan's etp group (Plan::group_ranks), whose ranks slice the
 //            same experts and gather / reduce-scatter their rows (executor_ep.cc)
-//   edp_tp   when tp > 1 and edp > 1, unfolded with etp = 1: the ranks of one pipeline stage with the same expert shard
-//            (edp x tp), the ZeRO group of the experts, which are replicated over tp (etp=1)
 //   ctl      per-step control traffic: global gradient norm and loss reduction (rank order, in doubles)
 // and, last, starts this rank's heartbeat (comm/heartbeat.h; PIPER_HEARTBEAT_S, checked first), which beats until
 // the context is destroyed: every wait of the run then fails within seconds, naming the rank, when one stops.
@@ -44,7 +42,7 @@ class DistContext {
   int pipeline_peer(int pp_rank) const;
   comm::Communicator& p2p() { return *p2p_; }
   comm::Communicator& ctl() { return *ctl_; }
-  // The communicator of mesh axis `axis` (dp, edp, ep, etp, tp, edp_tp); nullptr when the axis has degree 1.
+  // The communicator of mesh axis `axis` (dp, edp, ep, etp, tp); nullptr when the axis has degree 1.
   comm::Communicator* group(const std::string& axis) const;
   // Seconds any single wait may take before the rank gives up naming its peer (PIPER_COMM_TIMEOUT_S).
   double timeout_s() const { return timeout_s_; }

@@ -40,25 +40,11 @@ Status DataParallel::resolve(const Instruction& in, Task* t) {
     return invalid_argument("executor: '" + in.label + "' reduces the gradients of (layer " + std::to_string(in.layer) +
                             ", " + in.part_name() + "), which this rank does not hold");
   }
-  // ZeRO under tensor parallelism with sequence parallelism: the experts (not split over tp, etp=1) are replicated
-  // over edp x tp and their gradients are partial on each tensor rank, so their shards span both: one
-  // reduce-scatter over edp_tp sums over tp and averages over edp (the resource model's expert shard).
-  // Folded or with etp > 1 (MeshInfo::experts_reduce_over_edp, what the compiler decided), the plan's edp group
-  // already spans the tensor ranks that hold the same expert slice (DistContext builds it from Plan::group_ranks):
-  // the reduction is a plain mean over it.
-  bool over_tp = false;
-  const bool plan_edp_experts = core_.plan->mesh.experts_reduce_over_edp() && t->chunk->part() == Part::kExperts;
-  if (!plan_edp_experts && (zero1_rs || zero2_rs || zero1_ag || zero3_ag) && core_.tp->size() > 1 &&
-      core_.tp->sequence_parallel() && t->chunk->part() == Part::kExperts &&
-      t->degree == core_.plan->mesh.dp / std::max(1, core_.plan->mesh.ep)) {
-    t->comm = core_.dist->group("edp_tp");
-    if (t->comm == nullptr) {
-      return internal_error("executor: '" + in.label + "' shards the experts over edp x tp, but this rank has " +
-                            "no edp_tp group");
-    }
-    t->degree = t->comm->size();
-    over_tp = true;
-  }
+  // When the plan reduces the experts over its edp group (Plan::experts_reduce_over_edp: folded, etp > 1 or
+  // sequence parallelism), that group (DistContext builds it from Plan::group_ranks) spans the tensor ranks whose
+  // experts saw other tokens: the reduction is a plain mean over it, which ExpertParallel::prepare_norm scales
+  // into the mean over dp of the sum over tp, and every tensor rank owns its shard in the norm.
+  const bool plan_edp_experts = core_.plan->experts_reduce_over_edp() && t->chunk->part() == Part::kExperts;
   if (zero1_ag) {
     // The update before it is sharded; nothing to count. Without the update among its inputs the plan defers it to
     // the next step's forward (param_gather "before_forward").
@@ -70,15 +56,13 @@ Status DataParallel::resolve(const Instruction& in, Task* t) {
   if (zero3_ag) {
     t->pass = in.pass;
     t->mb = in.mb;
-    Shard& sh = shard_of(t->chunk, t->degree, t->comm->rank(), over_tp || plan_edp_experts);
+    Shard& sh = shard_of(t->chunk, t->degree, t->comm->rank(), plan_edp_experts);
     sh.params_sharded = true;
-    sh.over_tp = over_tp;
     sh.group = t->comm;
     return ok_status();
   }
   if (zero1_rs || zero2_rs) {
-    Shard& sh = shard_of(t->chunk, t->degree, t->comm->rank(), over_tp || plan_edp_experts);
-    sh.over_tp = over_tp;
+    Shard& sh = shard_of(t->chunk, t->degree, t->comm->rank(), plan_edp_experts);
     sh.group = t->comm;
     sh.per_microbatch = zero2_rs;
     ++sh.count;
@@ -282,8 +266,8 @@ Status DataParallel::complete_deferred_gathers() {
 std::optional<double> DataParallel::grad_sq(const Chunk& chunk) {
   const Shard* sh = shard(chunk);
   if (sh == nullptr) return std::nullopt;
-  // Every data-parallel rank owns its shard (on tensor rank 0, or every tensor rank when sharded over edp x tp or
-  // when the tensor ranks hold different experts, folded).
+  // Every data-parallel rank owns its shard (on tensor rank 0, or every tensor rank when the shard spans the plan's
+  // edp group, tensor ranks included: Shard::every_tp_rank_owns).
   const bool owner = core_.dist->coord().tp == 0 || sh->every_tp_rank_owns;
   if (sh->per_microbatch) {  // ZeRO-2/3: the accumulated gradient shard
     const double norm = kernels::grad_global_norm({{sh->grad.data(), sh->grad.numel()}});
@@ -381,8 +365,8 @@ Status DataParallel::reduce_scatter(const Task& t) {
   PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->reduce_scatter_sum(in->data(), out->data(), per_rank));
   std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(in), decltype(out)>>(in, out);
   PIPER_RETURN_IF_ERROR(core_.wait_comm(*t.comm, h, keep, "gradient reduce-scatter of " + t.chunk->name()));
-  // The mean over the data-parallel replicas; over edp x tp the tensor ranks' partial gradients are summed.
-  const float scale = 1.0f / static_cast<float>(sh.over_tp ? t.degree / core_.tp->size() : t.degree);
+  // The mean over the group (the experts over edp: scaled by ExpertParallel::prepare_norm).
+  const float scale = 1.0f / static_cast<float>(t.degree);
   if (sh.per_microbatch) {
     // Gradients accumulate sharded, as the mean over the group of each microbatch's gradient.
     float* acc = sh.grad.data();

@@ -84,10 +84,11 @@ Status ExpertParallel::setup() {
       }
     }
   }
-  // Expert tensor parallelism without expert parallelism (ep = 1, etp > 1): no ep group, but the experts are
-  // sliced over etp and reduced over the plan's edp like an expert-parallel layer's (executor_ep_etp.cc).
-  etp_without_ep_ = comm_ == nullptr && has_experts_ && core_.dist != nullptr && core_.plan->mesh.etp > 1;
-  if (etp_without_ep_) {
+  // Without expert parallelism (ep = 1) but reduced over the plan's edp group (Plan::experts_reduce_over_edp: etp > 1,
+  // the experts sliced over etp, executor_ep_etp.cc; or sequence parallelism, whole experts on token slices): no ep
+  // group, but norm and scaling as an expert-parallel layer's.
+  edp_without_ep_ = comm_ == nullptr && has_experts_ && core_.dist != nullptr && core_.plan->experts_reduce_over_edp();
+  if (edp_without_ep_) {
     owns_expert_norm_ = core_.dist->coord().dp == 0 && core_.dist->coord().tp / core_.plan->mesh.etp == 0;
   }
   if (comm_ == nullptr) return ok_status();
@@ -438,11 +439,13 @@ Status ExpertParallel::prepare_norm() {
   // over the plan's edp group (dp * tp / ep ranks, MeshInfo::expert_replicas) is a mean: times tp / ep it is the
   // sum over every rank of the stage divided by dp, the mean over the data-parallel replicas (powers of two for
   // the usual degrees, so exact). Without an edp reduction (dp * tp = ep) tp / ep = 1 / dp as well.
-  if (comm_ == nullptr && !etp_without_ep_) return ok_status();
+  // With sequence parallelism (any ep) likewise; with etp > 1 the plan's edp group has dp * tp / (ep * etp) ranks:
+  // times tp / (ep * etp).
+  if (comm_ == nullptr && !edp_without_ep_) return ok_status();
   const ir::MeshInfo& m = core_.plan->mesh;
-  // With etp > 1 the plan's edp group has dp * tp / (ep * etp) ranks: times tp / (ep * etp) likewise.
-  const float s = m.experts_reduce_over_edp() ? static_cast<float>(m.tp) / static_cast<float>(ep_ * std::max(1, m.etp))
-                                              : 1.0f / static_cast<float>(ep_);
+  const float s = core_.plan->experts_reduce_over_edp()
+                      ? static_cast<float>(m.tp) / static_cast<float>(ep_ * std::max(1, m.etp))
+                      : 1.0f / static_cast<float>(ep_);
   for (const auto& chunk : core_.model->chunks()) {
     if (chunk->part() != Part::kExperts) continue;
     DataParallel::Shard* shard = core_.dp->shard(*chunk);
@@ -461,7 +464,7 @@ Status ExpertParallel::prepare_norm() {
 }
 
 std::optional<double> ExpertParallel::grad_sq(const Chunk& chunk) {
-  if ((comm_ == nullptr && !etp_without_ep_) || chunk.part() != Part::kExperts) return std::nullopt;
+  if ((comm_ == nullptr && !edp_without_ep_) || chunk.part() != Part::kExperts) return std::nullopt;
   return owns_expert_norm_ ? Optimizer::grad_sq(chunk) : 0.0;
 }
 

@@ -91,14 +91,10 @@ class DataParallel final : public Handler {
     Tensor grad;                  // ZeRO-2/3: this rank's accumulated gradient shard [end - begin] (mean over dp)
     std::vector<Tensor> values;   // ZeRO-3: per trainable parameter its elements inside [begin, end)
     int gathered = 0;             // ZeRO-3: all-gathered copies whose plan buffer is not freed yet (mu_)
-    // Sharded over edp x tp (the experts under tp with sequence parallelism): the reduce-scatter also sums the
-    // tensor ranks' partial gradients, so the tp sum skips the chunk and every rank owns its shard in the norm.
-    bool over_tp = false;
-    // Each tensor rank's shard counts in the norm: over_tp, or experts reduced over the plan's edp group (folded or
-    // etp > 1, MeshInfo::experts_reduce_over_edp), one group per expert block or slice, so tensor ranks hold other
-    // experts or slices. Set once, where the shard is built.
+    // Each tensor rank's shard counts in the norm: experts reduced over the plan's edp group
+    // (Plan::experts_reduce_over_edp), whose shards span the tensor ranks. Set once, where the shard is built.
     bool every_tp_rank_owns = false;
-    comm::Communicator* group = nullptr;  // the ranks the chunk is sharded over (dp, edp or edp_tp)
+    comm::Communicator* group = nullptr;  // the ranks the chunk is sharded over (dp or edp)
   };
 
   using Handler::Handler;
@@ -301,8 +297,9 @@ class ExpertParallel final : public Handler {
   std::map<std::pair<int, int>, std::vector<int64_t>> etp_rows_;
   // etp with ep = 1: per (layer, mb) the router's routing (weights for the combine, token count); mu_
   std::map<std::pair<int, int>, std::shared_ptr<const Routed>> etp_routed_;
-  // etp with ep = 1: the experts are sliced over etp with no ep group (comm_ null); norm and scaling as with ep.
-  bool etp_without_ep_ = false;
+  // ep = 1 with the experts reduced over the plan's edp group (etp > 1 or sequence parallelism; comm_ null): norm
+  // and scaling as with ep.
+  bool edp_without_ep_ = false;
 };
 
 struct M2nSource;

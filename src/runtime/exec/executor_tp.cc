@@ -194,11 +194,9 @@ Status TensorParallel::prepare_norm() {
   for (const auto& c : core_.model->chunks()) {
     const bool split = sliced_.count(c.get()) > 0;
     if (!split && !sequence_parallel_) continue;
-    const DataParallel::Shard* shard = core_.dp->shard(*c);
-    if (shard != nullptr && shard->over_tp) continue;  // summed by its reduce-scatter over edp_tp
-    // Folded or with etp > 1, the experts' reduction over the plan's edp group sums their tensor ranks' token
-    // slices (and the tensor ranks of one tp group hold other experts or expert slices).
-    if (core_.plan->mesh.experts_reduce_over_edp() && c->part() == Part::kExperts) continue;
+    // The plan reduces the experts over its edp group, which sums their tensor ranks' token slices
+    // (Plan::experts_reduce_over_edp; folded or with etp > 1 the tensor ranks of one tp group hold other experts).
+    if (core_.plan->experts_reduce_over_edp() && c->part() == Part::kExperts) continue;
     for (const auto& piece : core_.dp->grad_pieces(*c, [&](const Param& p) { return !(split && tp_param_split(p)); })) {
       partial.push_back(piece);
     }
