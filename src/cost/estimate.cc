@@ -53,7 +53,9 @@ MeshGroups mesh_groups(const Strategy& s, const Network& net) {
   g.ep = net.layout(s.ep, stride_ep);
   GroupLayout edp = net.layout(s.edp(), stride_dp);
   g.dp = net.combine(g.ep, edp, stride_dp);
-  // Expert replicas: the expert-data-parallel ranks, times the TP ranks that hold the same expert slice.
+  // Expert replicas: the expert-data-parallel ranks, times the TP ranks that hold the same expert slice. The plan's
+  // edp group (ir::MeshInfo::experts_reduce_over_edp): MoE with tp > 1 needs sp (Strategy::validate_for), under
+  // which the compiler reduces the experts over these ranks, tensor ranks included.
   g.expert_dp = s.tp / s.etp > 1 ? net.combine(net.layout(s.tp / s.etp, stride_tp * s.etp), edp, stride_dp) : edp;
   g.pp_cross_node = s.pp > 1 && stride_pp >= net.devices_per_node();
   return g;
