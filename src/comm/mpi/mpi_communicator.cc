@@ -117,7 +117,7 @@ class MpiCommunicator : public Communicator {
     auto op = std::make_unique<MpiPendingOp>();
     MPI_Request r;
     PIPER_MPI_RETURN_IF_ERROR(MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &r));
-    op->add_data(r, peer);
+    op->add_recv(r, peer, bytes, name());
     return Handle(CommOp::kRecv, name(), std::move(op));
   }
 
