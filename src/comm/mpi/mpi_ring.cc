@@ -106,8 +106,11 @@ Result<bool> MpiRingOp::test() {
 }
 
 std::vector<int> MpiRingOp::missing_ranks() {
-  if (notes_ != nullptr && notes_->tracks_arrivals()) return notes_->missing_ranks();
-  // Without arrival notes: the neighbour this rank waits on.
+  if (notes_ != nullptr && notes_->tracks_arrivals()) {
+    std::vector<int> missing = notes_->missing_ranks();
+    if (!missing.empty()) return missing;
+  }
+  // Every rank came (or no notes were sent): the neighbour this rank waits on.
   if (step_ < size_ - 1) return {mod(rank_ - 1, size_)};
   return {mod(rank_ + 1, size_)};
 }
