@@ -94,7 +94,9 @@ class Communicator {
   // Collective: same members, separate matching context (its traffic never matches this one's).
   virtual Result<std::unique_ptr<Communicator>> dup(const std::string& name) = 0;
 
-  // Point to point. tag in [0, 32767]. Matching is by (peer, tag) in posting order.
+  // Point to point. tag in [0, 32767]. Matching is by (peer, tag) in posting order. A receive takes exactly
+  // `bytes`: the MPI backend fails the wait (kDataLoss, both sizes named) on a shorter message as MPI fails a
+  // longer one; NCCL requires the sizes to match and cannot check them.
   virtual Result<Handle> isend(const void* data, size_t bytes, int peer, int tag) = 0;
   virtual Result<Handle> irecv(void* data, size_t bytes, int peer, int tag) = 0;
   // out[i] = sum over ranks of in[i]; in == out is allowed.

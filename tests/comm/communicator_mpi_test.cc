@@ -181,5 +181,36 @@ TEST(MpiCommunicator, BadInputIsAnErrorNotACrash) {
   EXPECT_NE(bad_split.status().message().find("does not contain itself"), std::string::npos);
 }
 
+// A message shorter than its receive completes in MPI without a word (a longer one is MPI's truncation error):
+// the receive names both sizes instead, so that ranks disagreeing on a routing's counts never go on with a
+// buffer half of stale bytes.
+TEST(MpiCommunicator, AMessageShorterThanItsReceiveIsAnError) {
+  auto w = world();
+  ASSERT_NE(w, nullptr);
+  std::vector<uint8_t> sent(8, 7), got(16, 0);
+  if (w->rank() == 0) {
+    auto s = w->isend(sent.data(), sent.size(), 1, 5);
+    ASSERT_TRUE(s.ok()) << s.status().to_string();
+    ASSERT_TRUE(w->wait(*s, kTestTimeoutS).ok());
+  } else if (w->rank() == 1) {
+    auto r = w->irecv(got.data(), got.size(), 0, 5);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    const Status st = w->wait(*r, kTestTimeoutS);
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.code(), StatusCode::kDataLoss) << st.to_string();
+    EXPECT_NE(st.message().find("8 bytes arrived from rank 0 of group"), std::string::npos) << st.to_string();
+    EXPECT_NE(st.message().find("16 bytes were expected"), std::string::npos) << st.to_string();
+  }
+  // The exact size still passes.
+  if (w->rank() == 0) {
+    auto s = w->isend(sent.data(), sent.size(), 1, 6);
+    ASSERT_TRUE(s.ok() && w->wait(*s, kTestTimeoutS).ok());
+  } else if (w->rank() == 1) {
+    auto r = w->irecv(got.data(), sent.size(), 0, 6);
+    ASSERT_TRUE(r.ok() && w->wait(*r, kTestTimeoutS).ok());
+    EXPECT_EQ(got[0], 7);
+  }
+}
+
 }  // namespace
 }  // namespace piper::comm::testing

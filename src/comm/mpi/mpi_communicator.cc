@@ -1,14 +1,17 @@
 #include "piper/comm/mpi/mpi_communicator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstdio>
+#include <cstdlib>
 #include <set>
 
 #include "piper/base/check.h"
 #include "piper/comm/mpi/mpi_check.h"
 #include "piper/comm/mpi/mpi_heartbeat.h"
 #include "piper/comm/mpi/mpi_pending.h"
+#include "piper/comm/mpi/mpi_ring.h"
 
 namespace piper::comm {
 
@@ -37,14 +40,19 @@ Status check_int_size(size_t value, const char* what) {
 class MpiCommunicator : public Communicator {
  public:
   MpiCommunicator(std::string name, std::vector<int> world_ranks, MPI_Comm comm, MPI_Comm arrival_comm,
-                  MpiOptions options)
-      : Communicator(std::move(name), std::move(world_ranks)), comm_(comm), arrival_(arrival_comm), options_(options) {
+                  MPI_Comm ring_comm, MpiOptions options)
+      : Communicator(std::move(name), std::move(world_ranks)),
+        comm_(comm),
+        arrival_(arrival_comm),
+        ring_(ring_comm),
+        options_(options) {
     PIPER_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     PIPER_MPI_CHECK(MPI_Comm_size(comm_, &size_));
   }
   ~MpiCommunicator() override {
     if (comm_ != MPI_COMM_NULL) PIPER_MPI_CHECK(MPI_Comm_free(&comm_));
     if (arrival_ != MPI_COMM_NULL) PIPER_MPI_CHECK(MPI_Comm_free(&arrival_));
+    if (ring_ != MPI_COMM_NULL) PIPER_MPI_CHECK(MPI_Comm_free(&ring_));
   }
 
   int rank() const override { return rank_; }
@@ -55,10 +63,24 @@ class MpiCommunicator : public Communicator {
   static Result<std::unique_ptr<Communicator>> wrap(MPI_Comm comm, std::string name, std::vector<int> world_ranks,
                                                     MpiOptions options) {
     PIPER_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
-    MPI_Comm arrival = MPI_COMM_NULL;
+    MPI_Comm arrival = MPI_COMM_NULL, ring = MPI_COMM_NULL;
     PIPER_MPI_RETURN_IF_ERROR(MPI_Comm_dup(comm, &arrival));
+    PIPER_ASSIGN_OR_RETURN(const bool rings, uses_rings(comm, options.ring));
+    if (rings) PIPER_MPI_RETURN_IF_ERROR(MPI_Comm_dup(comm, &ring));
     return std::unique_ptr<Communicator>(
-        new MpiCommunicator(std::move(name), std::move(world_ranks), comm, arrival, options));
+        new MpiCommunicator(std::move(name), std::move(world_ranks), comm, arrival, ring, options));
+  }
+
+  // Collective over `comm`: whether its all-gathers and reduce-scatters run as rings (mpi_communicator.h).
+  static Result<bool> uses_rings(MPI_Comm comm, RingCollectives choice) {
+    if (choice != RingCollectives::kAcrossNodes) return choice == RingCollectives::kAlways;
+    MPI_Comm local = MPI_COMM_NULL;
+    PIPER_MPI_RETURN_IF_ERROR(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
+    int size = 0, local_size = 0;
+    PIPER_MPI_RETURN_IF_ERROR(MPI_Comm_size(comm, &size));
+    PIPER_MPI_RETURN_IF_ERROR(MPI_Comm_size(local, &local_size));
+    PIPER_MPI_RETURN_IF_ERROR(MPI_Comm_free(&local));
+    return local_size < size;
   }
 
   Result<std::unique_ptr<Communicator>> split(const std::vector<int>& ranks, const std::string& name) override {
@@ -117,7 +139,7 @@ class MpiCommunicator : public Communicator {
     auto op = std::make_unique<MpiPendingOp>();
     MPI_Request r;
     PIPER_MPI_RETURN_IF_ERROR(MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, tag, comm_, &r));
-    op->add_data(r, peer);
+    op->add_recv(r, peer, bytes, name());
     return Handle(CommOp::kRecv, name(), std::move(op));
   }
 
@@ -136,6 +158,10 @@ class MpiCommunicator : public Communicator {
     PIPER_RETURN_IF_ERROR(check_int_size(count_per_rank * size_, "reduce_scatter_sum count"));
     if (count_per_rank == 0) return Handle::completed(CommOp::kReduceScatter, name());
     PIPER_ASSIGN_OR_RETURN(auto op, start_collective());
+    if (ring_ != MPI_COMM_NULL) {
+      return ring(RingKind::kReduceScatterSum, CommOp::kReduceScatter, in, out, count_per_rank * sizeof(float),
+                  std::move(op));
+    }
     MPI_Request r;
     PIPER_MPI_RETURN_IF_ERROR(
         MPI_Ireduce_scatter_block(in, out, static_cast<int>(count_per_rank), MPI_FLOAT, MPI_SUM, comm_, &r));
@@ -147,6 +173,8 @@ class MpiCommunicator : public Communicator {
     PIPER_RETURN_IF_ERROR(check_int_size(bytes_per_rank * size_, "all_gather bytes"));
     if (bytes_per_rank == 0) return Handle::completed(CommOp::kAllGather, name());
     PIPER_ASSIGN_OR_RETURN(auto op, start_collective());
+    if (ring_ != MPI_COMM_NULL)
+      return ring(RingKind::kAllGather, CommOp::kAllGather, in, out, bytes_per_rank, std::move(op));
     MPI_Request r;
     int n = static_cast<int>(bytes_per_rank);
     PIPER_MPI_RETURN_IF_ERROR(MPI_Iallgather(in, n, MPI_BYTE, out, n, MPI_BYTE, comm_, &r));
@@ -180,6 +208,13 @@ class MpiCommunicator : public Communicator {
   }
 
  private:
+  // A ring collective (mpi_ring.h) on the ring communicator; `notes` carries the arrival notes.
+  Result<Handle> ring(RingKind kind, CommOp what, const void* in, void* out, size_t block,
+                      std::unique_ptr<MpiPendingOp> notes) {
+    PIPER_ASSIGN_OR_RETURN(auto op, MpiRingOp::start(kind, ring_, ring_seq_++, in, out, block, std::move(notes)));
+    return Handle(what, name(), std::move(op));
+  }
+
   Status check_p2p(size_t bytes, int peer, int tag, const char* what) const {
     if (peer < 0 || peer >= size_) {
       return invalid_argument(describe(what) + ": peer " + std::to_string(peer) + " is out of range [0, " +
@@ -214,6 +249,8 @@ class MpiCommunicator : public Communicator {
 
   MPI_Comm comm_;
   MPI_Comm arrival_;
+  MPI_Comm ring_;  // MPI_COMM_NULL: Open MPI's all-gather and reduce-scatter
+  std::atomic<uint64_t> ring_seq_{0};
   MpiOptions options_;
   int rank_ = 0;
   int size_ = 0;
@@ -251,8 +288,29 @@ bool mpi_initialized() {
   return initialized && !finalized;
 }
 
-Result<std::unique_ptr<Communicator>> mpi_world(const MpiOptions& options) {
+namespace {
+// PIPER_MPI_RING over the options' choice (mpi_communicator.h).
+Result<MpiOptions> with_ring_env(MpiOptions options) {
+  const char* env = std::getenv("PIPER_MPI_RING");
+  if (env == nullptr || *env == '\0') return options;
+  const std::string v = env;
+  if (v == "across-nodes") {
+    options.ring = RingCollectives::kAcrossNodes;
+  } else if (v == "always") {
+    options.ring = RingCollectives::kAlways;
+  } else if (v == "never") {
+    options.ring = RingCollectives::kNever;
+  } else {
+    return invalid_argument("PIPER_MPI_RING='" + v +
+                            "' is not one of across-nodes (the default), always, never; unset it or pick one");
+  }
+  return options;
+}
+}  // namespace
+
+Result<std::unique_ptr<Communicator>> mpi_world(const MpiOptions& given) {
   if (!mpi_initialized()) return failed_precondition("comm/mpi: mpi_world() called before mpi_init()");
+  PIPER_ASSIGN_OR_RETURN(const MpiOptions options, with_ring_env(given));
   MPI_Comm world = MPI_COMM_NULL;
   PIPER_MPI_RETURN_IF_ERROR(MPI_Comm_dup(MPI_COMM_WORLD, &world));
   int size = 0;

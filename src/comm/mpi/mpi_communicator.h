@@ -20,13 +20,21 @@
 
 namespace piper::comm {
 
+// Collectives across nodes: all_gather and reduce_scatter_sum of a group whose ranks sit on more than one node
+// (MPI_COMM_TYPE_SHARED) run as rings over point-to-point messages (mpi_ring.h: Open MPI 4.1's nonblocking
+// all-gather and reduce-scatter put up to P/2 times the ring's bytes on the link between nodes); inside one node
+// and for the other collectives, Open MPI's own. PIPER_MPI_RING=across-nodes (default) | always | never
+// overrides it for every communicator of the process (`always`: tests and measurements on one node).
+enum class RingCollectives { kAcrossNodes, kAlways, kNever };
+
 struct MpiOptions {
   bool track_arrivals = true;
+  RingCollectives ring = RingCollectives::kAcrossNodes;
 };
 
 Status mpi_init(int* argc, char*** argv);
 bool mpi_initialized();
-// Collective over all processes.
+// Collective over all processes. Reads PIPER_MPI_RING (an unknown value is an error naming the choices).
 Result<std::unique_ptr<Communicator>> mpi_world(const MpiOptions& options = {});
 Status mpi_finalize();
 // Aborts every rank of the job (MPI_Abort on the world); used by the fatal hook.

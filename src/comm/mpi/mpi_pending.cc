@@ -24,6 +24,13 @@ MpiPendingOp::~MpiPendingOp() {
 void MpiPendingOp::add_data(MPI_Request request, int peer) {
   data_.push_back(request);
   data_peer_.push_back(peer);
+  data_bytes_.push_back(-1);
+}
+
+void MpiPendingOp::add_recv(MPI_Request request, int peer, size_t bytes, const std::string& group) {
+  add_data(request, peer);
+  data_bytes_.back() = static_cast<int64_t>(bytes);
+  group_ = group;
 }
 
 Status MpiPendingOp::post_arrival_notes(MPI_Comm arrival_comm, int rank, int size) {
@@ -55,9 +62,28 @@ Status MpiPendingOp::test_some(std::vector<MPI_Request>& requests) {
   return ok_status();
 }
 
+Status MpiPendingOp::test_data() {
+  for (size_t i = 0; i < data_.size(); ++i) {
+    if (data_[i] == MPI_REQUEST_NULL) continue;
+    int flag = 0, got = 0;
+    MPI_Status status;
+    PIPER_MPI_RETURN_IF_ERROR(MPI_Test(&data_[i], &flag, &status));
+    if (!flag || data_bytes_[i] < 0) continue;
+    PIPER_MPI_RETURN_IF_ERROR(MPI_Get_count(&status, MPI_BYTE, &got));
+    if (got != data_bytes_[i]) {
+      return data_loss("comm: a message of " + std::to_string(got) + " bytes arrived from rank " +
+                       std::to_string(data_peer_[i]) + " of group '" + group_ + "' where " +
+                       std::to_string(data_bytes_[i]) +
+                       " bytes were expected: the two ranks disagree on what they exchange (a routing's row counts "
+                       "or the plan's tensor sizes differ between them); the received data is not used");
+    }
+  }
+  return ok_status();
+}
+
 Result<bool> MpiPendingOp::test() {
   if (complete_) return true;
-  PIPER_RETURN_IF_ERROR(test_some(data_));
+  PIPER_RETURN_IF_ERROR(test_data());
   PIPER_RETURN_IF_ERROR(test_some(arrival_recv_));
   PIPER_RETURN_IF_ERROR(test_some(arrival_send_));
   complete_ = all_null(data_) && all_null(arrival_recv_) && all_null(arrival_send_);

@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "piper/comm/communicator.h"
@@ -17,6 +18,9 @@ class MpiPendingOp : public PendingOp {
 
   // Adds a data request; `peer` is the rank it depends on (-1 for a collective: see the arrival notes).
   void add_data(MPI_Request request, int peer);
+  // Adds a receive of exactly `bytes` from `peer` of group `group`: a shorter message completes it in MPI (a
+  // longer one is MPI's truncation error) and is an error here, naming both sizes.
+  void add_recv(MPI_Request request, int peer, size_t bytes, const std::string& group);
   // Posts the arrival notes of a collective over `arrival_comm`: an 8-byte note to every other rank and a
   // receive of each peer's note. Called before the collective itself is posted.
   Status post_arrival_notes(MPI_Comm arrival_comm, int rank, int size);
@@ -31,8 +35,11 @@ class MpiPendingOp : public PendingOp {
 
  private:
   static Status test_some(std::vector<MPI_Request>& requests);
+  Status test_data();
   std::vector<MPI_Request> data_;
   std::vector<int> data_peer_;
+  std::vector<int64_t> data_bytes_;  // a receive's expected size; -1: a send or a collective (nothing to check)
+  std::string group_;                // the communicator's name, for the size error
   std::vector<MPI_Request> arrival_recv_;
   std::vector<int> arrival_peer_;
   std::vector<MPI_Request> arrival_send_;
