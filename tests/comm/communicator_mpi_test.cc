@@ -72,6 +72,24 @@ TEST(MpiCommunicator, AllReduceSumOutOfPlaceAndInPlace) {
   EXPECT_EQ(in, out);
 }
 
+// At 64 KiB and more an in-place all-reduce reduces a copy of its input (libnbc's in-place all-reduce is a binomial
+// tree carrying the whole buffer on every edge, mpi_communicator.cc): the sums stay every rank's.
+TEST(MpiCommunicator, AnInPlaceAllReduceOfALargeBufferSumsEveryRank) {
+  auto w = world();
+  ASSERT_NE(w, nullptr);
+  const int n = w->size(), me = w->rank();
+  for (size_t count : {size_t{16383}, size_t{16384}, size_t{300001}}) {
+    std::vector<float> buf(count);
+    for (size_t i = 0; i < count; ++i) buf[i] = static_cast<float>(me + (i % 1000));
+    auto h = w->all_reduce_sum(buf.data(), buf.data(), count);
+    ASSERT_TRUE(h.ok()) << h.status().to_string();
+    ASSERT_TRUE(w->wait(*h, kTestTimeoutS).ok());
+    for (size_t i = 0; i < count; ++i) {
+      ASSERT_EQ(buf[i], static_cast<float>(n * (n - 1) / 2 + n * (i % 1000))) << count << " floats, element " << i;
+    }
+  }
+}
+
 TEST(MpiCommunicator, ReduceScatterSum) {
   auto w = world();
   ASSERT_NE(w, nullptr);

@@ -37,6 +37,9 @@ Status check_int_size(size_t value, const char* what) {
   return ok_status();
 }
 
+// libnbc's threshold for its binomial all-reduce (nbc_iallreduce.c: below it every all-reduce is binomial).
+constexpr size_t kInPlaceCopyBytes = 65536;
+
 class MpiCommunicator : public Communicator {
  public:
   MpiCommunicator(std::string name, std::vector<int> world_ranks, MPI_Comm comm, MPI_Comm arrival_comm,
@@ -148,7 +151,16 @@ class MpiCommunicator : public Communicator {
     if (count == 0) return Handle::completed(CommOp::kAllReduce, name());
     PIPER_ASSIGN_OR_RETURN(auto op, start_collective());
     MPI_Request r;
-    const void* src = in == out ? MPI_IN_PLACE : static_cast<const void*>(in);
+    // In place, libnbc reduces any buffer of 64 KiB or more through a binomial tree to rank 0 and back (every tree
+    // edge carries the whole buffer, one after the other); given a separate input it runs Rabenseifner's
+    // reduce-scatter and all-gather. So an in-place call of that size reduces a copy of its input.
+    const void* src = in;
+    if (in == out && count * sizeof(float) >= kInPlaceCopyBytes) {
+      op->scratch.assign(in, in + count);
+      src = op->scratch.data();
+    } else if (in == out) {
+      src = MPI_IN_PLACE;
+    }
     PIPER_MPI_RETURN_IF_ERROR(MPI_Iallreduce(src, out, static_cast<int>(count), MPI_FLOAT, MPI_SUM, comm_, &r));
     op->add_data(r, -1);
     return Handle(CommOp::kAllReduce, name(), std::move(op));

@@ -32,6 +32,8 @@ class MpiPendingOp : public PendingOp {
 
   // Count and displacement arrays of a nonblocking all-to-all-v must live until it completes.
   std::vector<int> counts_send, displs_send, counts_recv, displs_recv;
+  // An all-reduce's copy of its input, when it was called in place (mpi_communicator.cc).
+  std::vector<float> scratch;
 
  private:
   static Status test_some(std::vector<MPI_Request>& requests);
