@@ -16,9 +16,9 @@ namespace {
 
 // tiny-moe's experts (hidden 128, SwiGLU width 256, 8 experts, top 2): the shape whose microbatch count the
 // figure was wanted for (docs/calibration.md, session 30). Rows per expert: one sequence of 128 tokens a
-// microbatch gives 32, four 128.
+// microbatch gives 32, four 128, sixteen 512.
 constexpr int64_t kHidden = 128, kWidth = 256, kExperts = 8, kTopK = 2;
-const std::vector<int64_t> kRowsPerExpert = {32, 128};
+const std::vector<int64_t> kRowsPerExpert = {32, 128, 512};
 // Weights cycled through: more than the build machine's 32 MiB last-level cache, so each call reads its expert's
 // weights from memory, as a step's call does after the other layers and microbatches ran.
 constexpr double kCycledBytes = 48.0 * 1024 * 1024;
@@ -145,8 +145,17 @@ Result<ExpertFit> measure_experts(const cost::DeviceModel& device,
   for (int k = 0; k < 3; ++k) {
     double a = 0, b = 0;
     fit_line(x, y[k], &a, &b);
+    fit.fitted_a[k] = a;
+    fit.fitted_b[k] = b;
     fit.call_s[k] = std::max(0.0, a);
-    fit.per_row_s[k] = b;
+    fit.per_row_s[k] = std::max(0.0, b);
+    if (fit.per_row_s[k] > cost::kMaxExpertRowS) {
+      return unavailable("the expert kernels' " + std::string(kExpertTaskNames[k]) + " measured " +
+                         std::to_string(1e6 * fit.per_row_s[k]) + " us per row beyond their FLOPs, more than the " +
+                         std::to_string(1e6 * cost::kMaxExpertRowS) +
+                         " a calibration file accepts: the kernels did not run at this core's speed; calibrate again "
+                         "when the machine is idle");
+    }
     // The calibration file accepts at most kMaxExpertCallS: a figure beyond it is refused here, not written.
     if (fit.call_s[k] > cost::kMaxExpertCallS) {
       return unavailable("the expert kernels' " + std::string(kExpertTaskNames[k]) + " measured " +

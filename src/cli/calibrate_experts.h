@@ -4,11 +4,13 @@
 // expert_swiglu_backward_weight for the weight gradient) at one thread, on layers of kExperts SwiGLU experts whose
 // weights (and weight gradients) are cycled through more memory than the last-level cache holds, so that every
 // call finds its expert's weights gone, as a step does when it comes back to an expert a microbatch later. Each
-// layer is timed at two row counts per expert, and what it takes beyond the device model's price of the same
-// layer (cost::part_cost for Part::kExperts on the calibrated one-thread device: roofline plus pointwise traffic)
-// is divided by its experts and fitted as a + b x rows per expert; the intercept a, the cost of one expert call
-// that no FLOP or byte count prices, becomes cost::Calibration::expert_call_{forward,backward_input,
-// backward_weight}_s (the slope b is reported, not used: the model's per-row price is the GEMM curve's).
+// layer is timed at three row counts per expert (32, 128, 512: a microbatch of one, four and sixteen sequences of
+// 128 tokens on tiny-moe), and what it takes beyond the device model's price of the same layer (cost::part_cost
+// for Part::kExperts on the calibrated one-thread device: roofline plus pointwise traffic) is divided by its
+// experts and fitted by least squares as a + b x rows per expert: the intercept a, the cost of one expert call that
+// no FLOP or byte count prices, becomes cost::Calibration::expert_call_{forward,backward_input,backward_weight}_s,
+// the slope b (what each row costs beyond the GEMM curve: the rows and the SwiGLU's intermediates outgrow the
+// core's cache) expert_row_*_s, each clamped at 0.
 #pragma once
 
 #include <cstdint>
@@ -35,7 +37,8 @@ struct ExpertFit {
   double weight_bytes = 0;              // their weights (the weight gradient's task cycles as many gradient bytes too)
   std::vector<ExpertRowsPoint> points;  // one per row count, ascending
   double call_s[3] = {0, 0, 0};         // the fitted intercept per task, >= 0: the file's expert_call_*_s
-  double per_row_s[3] = {0, 0, 0};      // the fitted slope per task (reported only)
+  double per_row_s[3] = {0, 0, 0};      // the fitted slope per task, >= 0: the file's expert_row_*_s
+  double fitted_a[3] = {0, 0, 0}, fitted_b[3] = {0, 0, 0};  // the least-squares line before clamping
 };
 
 // Names of the three tasks as the report and --json write them.

@@ -302,20 +302,25 @@ Json experts_json(const ExpertFit& e) {
   }
   Json fit = Json::object();
   for (int k = 0; k < 3; ++k) {
-    fit[kExpertTaskNames[k]] = Json{{"call_s", e.call_s[k]}, {"per_row_s", e.per_row_s[k]}};
+    fit[kExpertTaskNames[k]] = Json{{"call_s", e.call_s[k]},
+                                    {"per_row_s", e.per_row_s[k]},
+                                    {"line_intercept_s", e.fitted_a[k]},
+                                    {"line_slope_s", e.fitted_b[k]}};
   }
-  return Json{{"hidden", e.hidden},
-              {"width", e.width},
-              {"experts_per_layer", e.experts},
-              {"top_k", e.top_k},
-              {"layers_cycled", e.layers},
-              {"weight_bytes_cycled", e.weight_bytes},
-              {"method",
-               "each task of one layer of SwiGLU experts timed at one thread (fastest of the rounds, CPU time), the "
-               "layers' weights cycled so every call reads them from memory; (measured - the model's price of the "
-               "layer) / experts fitted as call_s + per_row_s x rows per expert; the file keeps call_s (>= 0)"},
-              {"points", points},
-              {"fit", fit}};
+  return Json{
+      {"hidden", e.hidden},
+      {"width", e.width},
+      {"experts_per_layer", e.experts},
+      {"top_k", e.top_k},
+      {"layers_cycled", e.layers},
+      {"weight_bytes_cycled", e.weight_bytes},
+      {"method",
+       "each task of one layer of SwiGLU experts timed at one thread (fastest of the rounds, CPU time), the "
+       "layers' weights cycled so every call reads them from memory; (measured - the model's price of the "
+       "layer) / experts fitted by least squares as a line in the rows per expert; the file keeps its intercept as "
+       "call_s (expert_call_*_s) and its slope as per_row_s (expert_row_*_s), each clamped at 0"},
+      {"points", points},
+      {"fit", fit}};
 }
 
 // The experts stage on one kernel thread, priced by the file's own one-thread figures.
@@ -348,7 +353,7 @@ void print_experts(const ExpertFit& e) {
   }
   std::printf(
       "per call  %.1f us forward, %.1f us input grad, %.1f us weight grad beyond the price "
-      "(expert_call_*_s; slopes %.2f / %.2f / %.2f us per row, not used)\n",
+      "(expert_call_*_s), and per row %.3f / %.3f / %.3f us (expert_row_*_s)\n",
       1e6 * e.call_s[0], 1e6 * e.call_s[1], 1e6 * e.call_s[2], 1e6 * e.per_row_s[0], 1e6 * e.per_row_s[1],
       1e6 * e.per_row_s[2]);
 }
@@ -460,6 +465,9 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
   file["expert_call_forward_s"] = experts.call_s[0];
   file["expert_call_backward_input_s"] = experts.call_s[1];
   file["expert_call_backward_weight_s"] = experts.call_s[2];
+  file["expert_row_forward_s"] = experts.per_row_s[0];
+  file["expert_row_backward_input_s"] = experts.per_row_s[1];
+  file["expert_row_backward_weight_s"] = experts.per_row_s[2];
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   PIPER_ASSIGN_OR_RETURN(const std::string out, output_path(o.out));
   if (!out.empty()) PIPER_RETURN_IF_ERROR(write_file_atomic(out, file.dump(2) + "\n"));

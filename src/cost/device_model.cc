@@ -92,6 +92,11 @@ Result<Calibration> Calibration::from_json(const Json& json, const std::string& 
       r.get_double("expert_call_backward_input_s", &c.expert_call_backward_input_s, false, 0.0, kMaxExpertCallS));
   PIPER_RETURN_IF_ERROR(
       r.get_double("expert_call_backward_weight_s", &c.expert_call_backward_weight_s, false, 0.0, kMaxExpertCallS));
+  PIPER_RETURN_IF_ERROR(r.get_double("expert_row_forward_s", &c.expert_row_forward_s, false, 0.0, kMaxExpertRowS));
+  PIPER_RETURN_IF_ERROR(
+      r.get_double("expert_row_backward_input_s", &c.expert_row_backward_input_s, false, 0.0, kMaxExpertRowS));
+  PIPER_RETURN_IF_ERROR(
+      r.get_double("expert_row_backward_weight_s", &c.expert_row_backward_weight_s, false, 0.0, kMaxExpertRowS));
   PIPER_RETURN_IF_ERROR(r.get_bool("recompute_reruns_tp_collectives", &c.recompute_reruns_tp_collectives, false));
   PIPER_RETURN_IF_ERROR(r.get_bool("p2p_blocking", &c.p2p_blocking, false));
   PIPER_RETURN_IF_ERROR(r.get_bool("p2p_scatter_gather", &c.p2p_scatter_gather, false));

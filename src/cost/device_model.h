@@ -66,6 +66,8 @@ constexpr double kMaxAttentionScoreBytes = 1e3;
 // The largest expert_call_*_s a calibration file accepts: 10 ms per expert call is a hundred times what the build
 // machine's core measures (docs/calibration.md), a loaded machine's measurement or a typo.
 constexpr double kMaxExpertCallS = 1e-2;
+// The largest expert_row_*_s: 100 us per row, about a thousand times the build machine's.
+constexpr double kMaxExpertRowS = 1e-4;
 
 struct Calibration {
   double gemm_efficiency = -1;  // < 0: take DeviceSpec::gemm_efficiency
@@ -84,12 +86,16 @@ struct Calibration {
   // bytes are priced at, forward (F), input gradient (B) and weight gradient (W): the gather, the three GEMMs of a
   // SwiGLU expert on weights no longer in cache, the activation and the scatter, which cost far more at a few dozen
   // rows than the GEMM curve (measured with hot weights) says. `piper calibrate` times the runtime's expert
-  // kernels at two row counts with the weights of many experts cycled (cli/calibrate_experts.h) and fits this; 0
-  // (presets, files from before session 31): no such cost. Charged per expected expert with rows
-  // (cost/layer_cost.cc, Part::kExperts), on one whole core (DeviceModel::fixed_time_s).
+  // kernels at three row counts with the weights of many experts cycled (cli/calibrate_experts.h) and fits the
+  // time beyond the price as expert_call_*_s per expert call plus expert_row_*_s per row; 0 (presets, files from
+  // before session 31): no such cost. Charged per expected expert with rows and per row (cost/layer_cost.cc,
+  // Part::kExperts), on one whole core (DeviceModel::fixed_time_s).
   double expert_call_forward_s = 0;
   double expert_call_backward_input_s = 0;
   double expert_call_backward_weight_s = 0;
+  double expert_row_forward_s = 0;
+  double expert_row_backward_input_s = 0;
+  double expert_row_backward_weight_s = 0;
   bool recompute_reruns_tp_collectives = false;     // see above; false: Piper's own recomputation
   double tp_overlap_gemm_sm_share = 116.0 / 132.0;  // see above
   bool gemm_table = true;                           // see above

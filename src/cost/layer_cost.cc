@@ -147,10 +147,13 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
       // Each local expert that gets rows is one call of the runtime's SwiGLU per task (its gather, three GEMMs on
       // weights that other layers and microbatches evicted, activation, scatter): a fixed cost the FLOPs do not
       // price, so many small microbatches cost more than one large one of the same batch.
-      const double calls = experts_with_rows(local_experts, pairs * s.etp);
-      c.f.fixed_s = calls * s.expert_call_s[0];
-      c.b.fixed_s = calls * s.expert_call_s[1];
-      c.w.fixed_s = calls * s.expert_call_s[2];
+      // And per row, what the kernels take beyond the GEMM curve's price as the rows grow (the gathered rows and
+      // the SwiGLU's intermediates outgrow the core's cache): the same at any microbatch count of a batch.
+      const double rows = pairs * s.etp;
+      const double calls = experts_with_rows(local_experts, rows);
+      c.f.fixed_s = calls * s.expert_call_s[0] + rows * s.expert_row_s[0];
+      c.b.fixed_s = calls * s.expert_call_s[1] + rows * s.expert_row_s[1];
+      c.w.fixed_s = calls * s.expert_call_s[2] + rows * s.expert_row_s[2];
       return c;
     }
     case Part::kSharedExperts:

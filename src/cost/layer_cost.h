@@ -37,9 +37,9 @@ struct TaskCost {
   bool attention_kernel = false;
   double pointwise_bytes = 0;  // separate memory-bound kernels (norms, activation function, RoPE, softmax,
                                // permute/combine, loss): their time adds to the GEMM time
-  // Seconds on one whole device beyond the roofline and the pointwise traffic: fixed costs per kernel call that no
-  // FLOP or byte count prices (the routed experts' per-expert call, PartShape::expert_call_s). Adds to the time,
-  // stretched by the device's rate share (DeviceModel::fixed_time_s).
+  // Seconds on one whole device beyond the roofline and the pointwise traffic: measured costs that no FLOP or byte
+  // count prices (the routed experts' per expert call and per row, PartShape::expert_call_s / expert_row_s). Adds
+  // to the time, stretched by the device's rate share (DeviceModel::fixed_time_s).
   double fixed_s = 0;
 };
 
@@ -83,9 +83,11 @@ struct PartShape {
   double attention_score_bytes = 0;
   // Strategy::recompute_modules: the backward first re-runs the MoE layer's pre-MLP norm (router part) or the
   // routed experts' activation function (experts part), the same pointwise traffic as in the forward.
-  // Seconds per routed-expert call that receives rows, beyond its FLOPs' and bytes' price, by task (F, B, W):
-  // Calibration::expert_call_*_s, measured by `piper calibrate` (cli/calibrate_experts.h); 0 without one.
+  // Seconds per routed-expert call that receives rows, and per row an expert computes, beyond their FLOPs' and
+  // bytes' price, by task (F, B, W): Calibration::expert_call_*_s and expert_row_*_s, measured by `piper
+  // calibrate` (cli/calibrate_experts.h); 0 without one.
   double expert_call_s[3] = {0, 0, 0};
+  double expert_row_s[3] = {0, 0, 0};
   bool recompute_moe_norm = false;
   bool recompute_moe_act = false;
   // FP8 GEMMs (TrainSpec::precision fp8/mxfp8) in the block parts (attention projections, experts, shared

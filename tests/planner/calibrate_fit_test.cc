@@ -161,8 +161,9 @@ TEST(CalibrateAttentionTest, FitsTheTimeBeyondTheFlopsAsBytesPerScore) {
 }
 
 // The experts stage's fit: per task, (measured - the model's price of the layer) / experts against the rows per
-// expert, a line whose intercept is the file's expert_call_*_s. The injected timings are the model's price plus a
-// known intercept and slope per call; the fit gives them back.
+// expert, a least-squares line whose intercept is the file's expert_call_*_s and whose slope its expert_row_*_s,
+// each clamped at 0. The injected timings are the model's price plus a known intercept and slope per call (and,
+// for the forward, a wobble that the least squares average out); the fit gives them back.
 TEST(CalibrateExpertsTest, FitsTheTimeBeyondThePriceAsACostPerExpertCall) {
   auto cal = cost::Calibration::from_json(
       Json::parse(R"({"peak_flops_fp32": 1e11, "gemm_efficiency": 1, "gemm_half_dim": 0, "memory_bw_bytes_per_s": 1e10,
@@ -186,25 +187,41 @@ TEST(CalibrateExpertsTest, FitsTheTimeBeyondThePriceAsACostPerExpertCall) {
     return device.time_s(k.flops, k.bytes, k.gemm_dim) + device.memory_time_s(k.pointwise_bytes);
   };
   const double intercept[3] = {25e-6, -5e-6, 15e-6};  // the input gradient's below 0: clamped
-  const double slope[3] = {1e-8, 0, 2e-8};
-  const std::vector<int64_t> rows = {32, 128};
+  const double slope[3] = {1e-8, 3e-8, -2e-8};        // the weight gradient's below 0: clamped
+  const std::vector<int64_t> rows = {32, 128, 512};
+  // +1, -2, +1 us per call at the three row counts on the forward: the least-squares line moves by the line of
+  // these (computed below), not through any one point.
+  const double wobble[3] = {1e-6, -2e-6, 1e-6};
   int calls = 0;
   auto fit = measure_experts(device, [&](const std::function<void()>&) {
     const int task = calls % 3;
-    const int64_t r = rows[static_cast<size_t>(calls / 3)];
+    const size_t at = static_cast<size_t>(calls / 3);
     ++calls;
-    return priced(r, task) + 8 * (intercept[task] + slope[task] * static_cast<double>(r));
+    return priced(rows[at], task) +
+           8 * (intercept[task] + slope[task] * static_cast<double>(rows[at]) + (task == 0 ? wobble[at] : 0.0));
   });
   ASSERT_TRUE(fit.ok()) << fit.status().to_string();
-  EXPECT_EQ(calls, 6);  // three tasks at each of two row counts
-  ASSERT_EQ(fit->points.size(), 2u);
+  EXPECT_EQ(calls, 9);  // three tasks at each of three row counts
+  ASSERT_EQ(fit->points.size(), 3u);
   EXPECT_EQ(fit->experts, 8);
   EXPECT_GT(fit->weight_bytes, 32.0 * 1024 * 1024);  // more than the build machine's last-level cache
-  for (int k = 0; k < 3; ++k) {
-    for (size_t i = 0; i < 2; ++i) EXPECT_NEAR(fit->points[i].priced_s[k], priced(rows[i], k), 1e-15) << k;
-    EXPECT_NEAR(fit->call_s[k], std::max(0.0, intercept[k]), 1e-12) << k;
-    EXPECT_NEAR(fit->per_row_s[k], slope[k], 1e-14) << k;
+  // The forward's wobble by least squares: x = 32, 128, 512 (mean 224), y = +1, -2, +1 us.
+  double sxx = 0, sxy = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    sxx += (static_cast<double>(rows[i]) - 224) * (static_cast<double>(rows[i]) - 224);
+    sxy += (static_cast<double>(rows[i]) - 224) * wobble[i];
   }
+  const double wobble_b = sxy / sxx, wobble_a = 0 - wobble_b * 224;
+  for (int k = 0; k < 3; ++k) {
+    for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(fit->points[i].priced_s[k], priced(rows[i], k), 1e-15) << k;
+    const double a = intercept[k] + (k == 0 ? wobble_a : 0.0), b = slope[k] + (k == 0 ? wobble_b : 0.0);
+    EXPECT_NEAR(fit->fitted_a[k], a, 1e-12) << k;
+    EXPECT_NEAR(fit->fitted_b[k], b, 1e-14) << k;
+    EXPECT_NEAR(fit->call_s[k], std::max(0.0, a), 1e-12) << k;
+    EXPECT_NEAR(fit->per_row_s[k], std::max(0.0, b), 1e-14) << k;
+  }
+  EXPECT_EQ(fit->call_s[1], 0);
+  EXPECT_EQ(fit->per_row_s[2], 0);
   // A kernel that never ran undisturbed is an error, not a figure.
   auto loaded = measure_experts(device, [](const std::function<void()>&) { return HUGE_VAL; });
   ASSERT_FALSE(loaded.ok());
@@ -225,6 +242,13 @@ TEST(CalibrationFileTest, ExpertCallFigures) {
   EXPECT_EQ(c->expert_call_forward_s, 2.5e-5);
   EXPECT_EQ(c->expert_call_backward_input_s, 3e-5);
   EXPECT_EQ(c->expert_call_backward_weight_s, 1e-5);
+  auto rows =
+      cost::Calibration::from_json(Json::parse(R"({"expert_row_forward_s": 3e-7, "expert_row_backward_input_s": 0,
+                      "expert_row_backward_weight_s": 1e-7})"),
+                                   "cal.json");
+  ASSERT_TRUE(rows.ok()) << rows.status().to_string();
+  EXPECT_EQ(rows->expert_row_forward_s, 3e-7);
+  EXPECT_EQ(rows->expert_row_backward_weight_s, 1e-7);
   auto none = cost::Calibration::from_json(Json::parse("{}"), "cal.json");  // presets and older files: 0
   ASSERT_TRUE(none.ok());
   EXPECT_EQ(none->expert_call_forward_s + none->expert_call_backward_input_s + none->expert_call_backward_weight_s, 0);
@@ -236,6 +260,8 @@ TEST(CalibrationFileTest, ExpertCallFigures) {
   EXPECT_NE(bad(R"({"expert_call_backward_input_s": -1})").find("expert_call_backward_input_s"), std::string::npos);
   EXPECT_NE(bad(R"({"expert_call_backward_weight_s": 0.5})").find("expert_call_backward_weight_s"), std::string::npos);
   EXPECT_NE(bad(R"({"expert_call_forward_s": "25us"})").find("expert_call_forward_s"), std::string::npos);
+  EXPECT_NE(bad(R"({"expert_row_forward_s": -1e-9})").find("expert_row_forward_s"), std::string::npos);
+  EXPECT_NE(bad(R"({"expert_row_backward_weight_s": 1e-3})").find("expert_row_backward_weight_s"), std::string::npos);
 }
 
 // Bad per-thread and sharing entries are refused, naming the entry and the fix.
@@ -299,7 +325,8 @@ TEST(CalibrateCliTest, WritesACalibrationThatTheModelLoads) {
   EXPECT_GE(c->expert_call_forward_s, 0) << text;
   EXPECT_LE(c->expert_call_backward_weight_s, cost::kMaxExpertCallS) << text;
   EXPECT_NE(text.find("calibrate: experts at 32 rows each"), std::string::npos) << text;
-  EXPECT_NE(text.find("(expert_call_*_s;"), std::string::npos) << text;
+  EXPECT_NE(text.find("(expert_call_*_s), and per row"), std::string::npos) << text;
+  EXPECT_LE(c->expert_row_forward_s, cost::kMaxExpertRowS) << text;
   std::filesystem::remove(out);
 }
 

@@ -1,6 +1,7 @@
 // Calibration::expert_call_*_s (the routed experts' fixed cost per expert call, cli/calibrate_experts.h): the
 // simulator and the closed form charge it once per local expert with rows, per microbatch and task, so at a fixed
-// global batch the experts' time grows with the microbatch count when the figure is set and does not when it is 0.
+// global batch the experts' time grows with the microbatch count when the figure is set and does not when it is 0;
+// expert_row_*_s once per row, the same at any microbatch count.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -81,6 +82,16 @@ TEST(ExpertCallTest, ExpertsTimeGrowsWithMicrobatchesOnlyWithTheFigure) {
   // The closed form prices the experts through the same part cost: the same terms.
   EXPECT_NEAR(one1.closed - one0.closed, per_microbatch, 1e-3 * per_microbatch);
   EXPECT_NEAR(many1.closed - many0.closed, 16 * per_microbatch, 1e-3 * 16 * per_microbatch);
+  // The per-row figures add the same at any microbatch count: 3 layers x 16 x 128 tokens x 2 rows a step.
+  cost::Calibration rows = none;
+  rows.expert_row_forward_s = 1e-7;
+  rows.expert_row_backward_input_s = 2e-7;
+  rows.expert_row_backward_weight_s = 3e-7;
+  const double per_step = 3 * 16 * 128 * 2 * 6e-7;
+  const Step one2 = step(1, rows), many2 = step(16, rows);
+  EXPECT_NEAR(one2.sim - one0.sim, per_step, 1e-3 * per_step);
+  EXPECT_NEAR(many2.sim - many0.sim, per_step, 1e-3 * per_step);
+  EXPECT_NEAR(many2.closed - many0.closed, per_step, 1e-3 * per_step);
 }
 
 // Two experts' worth of rows per microbatch on 8 experts: only the experts expected to receive rows are charged.
