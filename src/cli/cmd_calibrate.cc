@@ -6,7 +6,8 @@
 // model's curve; the streaming bandwidth (a triad over arrays far larger than the caches, split over t threads);
 // the fixed cost of one kernel call. Then the core sharing of n = 2..2C single-thread processes (calibrate_share.h),
 // the attention core's cost beyond its FLOPs on one thread (calibrate_attention.h: attention_score_bytes), and the
-// routed experts' cost per expert call beyond their FLOPs (calibrate_experts.h: expert_call_*_s).
+// routed experts' cost per expert call and per row beyond their FLOPs (calibrate_experts.h: expert_call_*_s,
+// expert_row_*_s).
 // The file holds one core's measured figures (peak_flops_fp32: the fitted curve's large-GEMM asymptote;
 // memory_bw_bytes_per_s), which replace the local-cpu preset's, each thread count's own (thread_figures), which
 // `local_cluster` (train_report.h) uses for a rank's thread count, and the sharing efficiency (core_sharing).
