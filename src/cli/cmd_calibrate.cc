@@ -5,7 +5,9 @@
 // kernels use (kernels::sgemm with t threads) at the token counts of skinny and square GEMMs, fitted to the device
 // model's curve; the streaming bandwidth (a triad over arrays far larger than the caches, split over t threads);
 // the fixed cost of one kernel call. Then the core sharing of n = 2..2C single-thread processes (calibrate_share.h),
-// and the attention core's cost beyond its FLOPs on one thread (calibrate_attention.h: attention_score_bytes).
+// the attention core's cost beyond its FLOPs on one thread (calibrate_attention.h: attention_score_bytes), and the
+// routed experts' cost per expert call and per row beyond their FLOPs (calibrate_experts.h: expert_call_*_s,
+// expert_row_*_s).
 // The file holds one core's measured figures (peak_flops_fp32: the fitted curve's large-GEMM asymptote;
 // memory_bw_bytes_per_s), which replace the local-cpu preset's, each thread count's own (thread_figures), which
 // `local_cluster` (train_report.h) uses for a rank's thread count, and the sharing efficiency (core_sharing).
@@ -31,6 +33,7 @@
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
 #include "piper/cli/calibrate_attention.h"
+#include "piper/cli/calibrate_experts.h"
 #include "piper/cli/calibrate_fit.h"
 #include "piper/cli/calibrate_links.h"
 #include "piper/cli/calibrate_share.h"
@@ -286,6 +289,76 @@ void print_attention(const AttentionFit& a) {
   std::printf("scores    %.1f B per score element (attention_score_bytes: the mean)\n", a.bytes_per_score);
 }
 
+// "experts" in --json: the experts stage's shape and, per row count and task, what was measured and priced, and
+// the fit (the file keeps the intercepts, expert_call_*_s).
+Json experts_json(const ExpertFit& e) {
+  Json points = Json::array();
+  for (const ExpertRowsPoint& p : e.points) {
+    Json tasks = Json::object();
+    for (int k = 0; k < 3; ++k) {
+      tasks[kExpertTaskNames[k]] = Json{
+          {"measured_s", p.measured_s[k]}, {"priced_s", p.priced_s[k]}, {"excess_per_call_s", p.excess_per_call_s[k]}};
+    }
+    points.push_back({{"rows_per_expert", p.rows_per_expert}, {"per_layer", tasks}});
+  }
+  Json fit = Json::object();
+  for (int k = 0; k < 3; ++k) {
+    fit[kExpertTaskNames[k]] = Json{{"call_s", e.call_s[k]},
+                                    {"per_row_s", e.per_row_s[k]},
+                                    {"line_intercept_s", e.fitted_a[k]},
+                                    {"line_slope_s", e.fitted_b[k]}};
+  }
+  return Json{
+      {"hidden", e.hidden},
+      {"width", e.width},
+      {"experts_per_layer", e.experts},
+      {"top_k", e.top_k},
+      {"layers_cycled", e.layers},
+      {"weight_bytes_cycled", e.weight_bytes},
+      {"method",
+       "each task of one layer of SwiGLU experts timed at one thread (fastest of the rounds, CPU time), the "
+       "layers' weights cycled so every call reads them from memory; (measured - the model's price of the "
+       "layer) / experts fitted by least squares as a line in the rows per expert; the file keeps its intercept as "
+       "call_s (expert_call_*_s) and its slope as per_row_s (expert_row_*_s), each clamped at 0"},
+      {"points", points},
+      {"fit", fit}};
+}
+
+// The experts stage on one kernel thread, priced by the file's own one-thread figures.
+Result<ExpertFit> measure_experts_stage(const Json& file, const DeviceSpec& preset, int rounds) {
+  PIPER_ASSIGN_OR_RETURN(cost::Calibration cal, cost::Calibration::from_json(file, "the measured figures"));
+  const cost::DeviceModel device(preset, DType::kFP32, cal, 1.0);
+  const int threads_before = kernels::kernel_threads();
+  kernels::set_kernel_threads(1);
+  Result<ExpertFit> fit = measure_experts(device, [rounds](const std::function<void()>& fn) {
+    std::vector<Timed> timed{{fn}};
+    time_interleaved(timed, rounds, 1);
+    return timed[0].best_s;
+  });
+  kernels::set_kernel_threads(threads_before);
+  return fit;
+}
+
+void print_experts(const ExpertFit& e) {
+  std::printf(
+      "experts   %lld SwiGLU experts of %lld x %lld a layer, %lld layers' weights cycled (%.0f MiB), "
+      "1 thread, per layer against its FLOPs and bytes at the fitted rate:\n",
+      static_cast<long long>(e.experts), static_cast<long long>(e.hidden), static_cast<long long>(e.width),
+      static_cast<long long>(e.layers), e.weight_bytes / (1024.0 * 1024.0));
+  for (const ExpertRowsPoint& p : e.points) {
+    std::printf(
+        "  %4lld rows each   forward %.3f ms (priced %.3f)  input grad %.3f ms (%.3f)  weight grad %.3f ms "
+        "(%.3f)\n",
+        static_cast<long long>(p.rows_per_expert), 1e3 * p.measured_s[0], 1e3 * p.priced_s[0], 1e3 * p.measured_s[1],
+        1e3 * p.priced_s[1], 1e3 * p.measured_s[2], 1e3 * p.priced_s[2]);
+  }
+  std::printf(
+      "per call  %.1f us forward, %.1f us input grad, %.1f us weight grad beyond the price "
+      "(expert_call_*_s), and per row %.3f / %.3f / %.3f us (expert_row_*_s)\n",
+      1e6 * e.call_s[0], 1e6 * e.call_s[1], 1e6 * e.call_s[2], 1e6 * e.per_row_s[0], 1e6 * e.per_row_s[1],
+      1e6 * e.per_row_s[2]);
+}
+
 void print_sharing(const std::vector<SharingRow>& rows, double cores) {
   if (rows.empty()) return;
   std::printf("sharing   %g cores; per process against one alone, per CPU second (the model's) / per wall second "
@@ -383,22 +456,33 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
             {"thread_figures", thread_figures_json(runs, peak)},
             {"source", "piper calibrate on " + host_name() + " at " + utc_now() + ": 1.." + std::to_string(cores) +
                            " threads, kernels::sgemm (" + kernels::to_string(kernels::gemm_backend()) +
-                           "), a triad, the attention kernels" +
+                           "), a triad, the attention and expert kernels" +
                            (sharing.empty() ? "" : ", core sharing of 2.." + std::to_string(2 * cores) + " processes") +
                            load_text}};
   if (!sharing.empty()) file["core_sharing"] = core_sharing_json(sharing);
   PIPER_ASSIGN_OR_RETURN(const AttentionFit attention, measure_attention_stage(file, preset.device, o.rounds));
   file["attention_score_bytes"] = attention.bytes_per_score;
+  PIPER_ASSIGN_OR_RETURN(const ExpertFit experts, measure_experts_stage(file, preset.device, o.rounds));
+  file["expert_call_forward_s"] = experts.call_s[0];
+  file["expert_call_backward_input_s"] = experts.call_s[1];
+  file["expert_call_backward_weight_s"] = experts.call_s[2];
+  file["expert_row_forward_s"] = experts.per_row_s[0];
+  file["expert_row_backward_input_s"] = experts.per_row_s[1];
+  file["expert_row_backward_weight_s"] = experts.per_row_s[2];
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   PIPER_ASSIGN_OR_RETURN(const std::string out, output_path(o.out));
   if (!out.empty()) PIPER_RETURN_IF_ERROR(write_file_atomic(out, file.dump(2) + "\n"));
   if (o.json) {
     Json measured = Json::array();
     for (const GemmPoint& p : one.points) measured.push_back({{"min_dim", p.min_dim}, {"efficiency", p.efficiency}});
-    Json j{{"calibration", file}, {"gemm_points", measured}, {"stream_bytes_per_s", one.bw},
-           {"fit_gemm_efficiency", one.curve.gemm_efficiency}, {"seconds", seconds},
+    Json j{{"calibration", file},
+           {"gemm_points", measured},
+           {"stream_bytes_per_s", one.bw},
+           {"fit_gemm_efficiency", one.curve.gemm_efficiency},
+           {"seconds", seconds},
            {"threads_not_fitted", unfitted},
            {"attention", attention_json(attention)},
+           {"experts", experts_json(experts)},
            {"out", out}};
     if (o.links.ranks > 0) {
       j["links"] = links;
@@ -414,6 +498,7 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
   }
   print_sharing(sharing, cores);
   print_attention(attention);
+  print_experts(experts);
   std::printf("took      %.1f s\n", seconds);
   print_written(out, o);
   if (o.links.ranks > 0) print_links_written(links_out, o);

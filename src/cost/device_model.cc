@@ -87,6 +87,16 @@ Result<Calibration> Calibration::from_json(const Json& json, const std::string& 
   PIPER_RETURN_IF_ERROR(r.get_double("workspace_bytes", &c.workspace_bytes, false, 0.0, 1e15));
   PIPER_RETURN_IF_ERROR(r.get_double("expert_load_imbalance", &c.expert_load_imbalance, false, 1.0, 1e3));
   PIPER_RETURN_IF_ERROR(r.get_double("attention_score_bytes", &c.attention_score_bytes, false, 0.0, kMaxAttentionScoreBytes));
+  PIPER_RETURN_IF_ERROR(r.get_double("expert_call_forward_s", &c.expert_call_forward_s, false, 0.0, kMaxExpertCallS));
+  PIPER_RETURN_IF_ERROR(
+      r.get_double("expert_call_backward_input_s", &c.expert_call_backward_input_s, false, 0.0, kMaxExpertCallS));
+  PIPER_RETURN_IF_ERROR(
+      r.get_double("expert_call_backward_weight_s", &c.expert_call_backward_weight_s, false, 0.0, kMaxExpertCallS));
+  PIPER_RETURN_IF_ERROR(r.get_double("expert_row_forward_s", &c.expert_row_forward_s, false, 0.0, kMaxExpertRowS));
+  PIPER_RETURN_IF_ERROR(
+      r.get_double("expert_row_backward_input_s", &c.expert_row_backward_input_s, false, 0.0, kMaxExpertRowS));
+  PIPER_RETURN_IF_ERROR(
+      r.get_double("expert_row_backward_weight_s", &c.expert_row_backward_weight_s, false, 0.0, kMaxExpertRowS));
   PIPER_RETURN_IF_ERROR(r.get_bool("recompute_reruns_tp_collectives", &c.recompute_reruns_tp_collectives, false));
   PIPER_RETURN_IF_ERROR(r.get_bool("p2p_blocking", &c.p2p_blocking, false));
   PIPER_RETURN_IF_ERROR(r.get_bool("p2p_scatter_gather", &c.p2p_scatter_gather, false));
@@ -136,6 +146,7 @@ DeviceModel::DeviceModel(const DeviceSpec& device, DType compute_dtype, const Ca
                calibration.memory_bw_efficiency;
   if (calibration.gemm_table && calibration.gemm_efficiency <= 0) gemm_table_ = find_gemm_table(device, compute_dtype);
   if (rate_share != 1.0) {
+    rate_share_ = rate_share;
     peak_flops_ *= rate_share;
     memory_bw_ *= rate_share;
   }

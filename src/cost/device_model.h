@@ -63,6 +63,11 @@ namespace piper::cost {
 
 // The largest attention_score_bytes a calibration file accepts (Calibration::from_json).
 constexpr double kMaxAttentionScoreBytes = 1e3;
+// The largest expert_call_*_s a calibration file accepts: 10 ms per expert call is a hundred times what the build
+// machine's core measures (docs/calibration.md), a loaded machine's measurement or a typo.
+constexpr double kMaxExpertCallS = 1e-2;
+// The largest expert_row_*_s: 100 us per row, about a thousand times the build machine's.
+constexpr double kMaxExpertRowS = 1e-4;
 
 struct Calibration {
   double gemm_efficiency = -1;  // < 0: take DeviceSpec::gemm_efficiency
@@ -77,6 +82,20 @@ struct Calibration {
   // <= 0: expert_load_imbalance, the figure time is priced with.
   double expert_memory_load = 0;
   double attention_score_bytes = 0;    // see above; 0: fused attention (scores never leave the chip)
+  // Seconds per routed-expert call (one local expert receiving rows in one microbatch) beyond what its FLOPs and
+  // bytes are priced at, forward (F), input gradient (B) and weight gradient (W): the gather, the three GEMMs of a
+  // SwiGLU expert on weights no longer in cache, the activation and the scatter, which cost far more at a few dozen
+  // rows than the GEMM curve (measured with hot weights) says. `piper calibrate` times the runtime's expert
+  // kernels at three row counts with the weights of many experts cycled (cli/calibrate_experts.h) and fits the
+  // time beyond the price as expert_call_*_s per expert call plus expert_row_*_s per row; 0 (presets, files from
+  // before session 31): no such cost. Charged per expected expert with rows and per row (cost/layer_cost.cc,
+  // Part::kExperts), on one whole core (DeviceModel::fixed_time_s).
+  double expert_call_forward_s = 0;
+  double expert_call_backward_input_s = 0;
+  double expert_call_backward_weight_s = 0;
+  double expert_row_forward_s = 0;
+  double expert_row_backward_input_s = 0;
+  double expert_row_backward_weight_s = 0;
   bool recompute_reruns_tp_collectives = false;     // see above; false: Piper's own recomputation
   double tp_overlap_gemm_sm_share = 116.0 / 132.0;  // see above
   bool gemm_table = true;                           // see above
@@ -146,12 +165,15 @@ class DeviceModel {
   double time_s(double flops, double bytes, double min_dim, bool attention_kernel = false) const;
   // Time of memory-bound kernels that cannot overlap a GEMM: bytes / achievable bandwidth.
   double memory_time_s(double bytes) const { return bytes > 0 ? bytes / memory_bw_ : 0.0; }
+  // A fixed cost measured on one whole device (TaskCost::fixed_s), on this model's share of it.
+  double fixed_time_s(double seconds) const { return seconds > 0 ? seconds / rate_share_ : 0.0; }
 
  private:
   double peak_flops_ = 0;
   double gemm_efficiency_ = 0.8;
   double gemm_half_dim_ = 64;
   double memory_bw_ = 0;
+  double rate_share_ = 1;
   const GemmTable* gemm_table_ = nullptr;
 };
 

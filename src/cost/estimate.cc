@@ -141,6 +141,12 @@ PartShape CostModel::part_shape(const Strategy& s, const Calibration& cal) const
   shape.grad_bytes = bytes_.grad;
   shape.expert_load = cal.expert_load_imbalance;
   shape.attention_score_bytes = cal.attention_score_bytes;
+  shape.expert_call_s[0] = cal.expert_call_forward_s;
+  shape.expert_call_s[1] = cal.expert_call_backward_input_s;
+  shape.expert_call_s[2] = cal.expert_call_backward_weight_s;
+  shape.expert_row_s[0] = cal.expert_row_forward_s;
+  shape.expert_row_s[1] = cal.expert_row_backward_input_s;
+  shape.expert_row_s[2] = cal.expert_row_backward_weight_s;
   shape.recompute_moe_norm = s.recomputes_module("layernorm");
   shape.recompute_moe_act = s.recomputes_module("moe_act");
   return shape;

@@ -1,6 +1,7 @@
 #include "piper/cost/layer_cost.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "piper/spec/counting.h"
 
@@ -75,6 +76,12 @@ void quantize_bytes_per_element(Precision precision, double* forward, double* ba
   *backward = 2 + 2 * fp8;
 }
 
+double experts_with_rows(double local_experts, double rows) {
+  if (!(local_experts > 0) || !(rows > 0)) return 0;
+  if (local_experts <= 1) return 1;
+  return local_experts * (1 - std::pow(1 - 1 / local_experts, rows));
+}
+
 PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
   const double T = s.tokens;
   const double tp = s.tp;
@@ -137,6 +144,16 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
       c.b.bytes += wbytes * s.param_bytes - t.expert_params / s.etp * s.param_bytes;
       c.w.bytes += (wbytes - t.expert_params / s.etp) * 2 * s.grad_bytes;
       if (s.recompute_moe_act) c.b.pointwise_bytes += act_fn;
+      // Each local expert that gets rows is one call of the runtime's SwiGLU per task (its gather, three GEMMs on
+      // weights that other layers and microbatches evicted, activation, scatter): a fixed cost the FLOPs do not
+      // price, so many small microbatches cost more than one large one of the same batch.
+      // And per row, what the kernels take beyond the GEMM curve's price as the rows grow (the gathered rows and
+      // the SwiGLU's intermediates outgrow the core's cache): the same at any microbatch count of a batch.
+      const double rows = pairs * s.etp;
+      const double calls = experts_with_rows(local_experts, rows);
+      c.f.fixed_s = calls * s.expert_call_s[0] + rows * s.expert_row_s[0];
+      c.b.fixed_s = calls * s.expert_call_s[1] + rows * s.expert_row_s[1];
+      c.w.fixed_s = calls * s.expert_call_s[2] + rows * s.expert_row_s[2];
       return c;
     }
     case Part::kSharedExperts:

@@ -37,6 +37,10 @@ struct TaskCost {
   bool attention_kernel = false;
   double pointwise_bytes = 0;  // separate memory-bound kernels (norms, activation function, RoPE, softmax,
                                // permute/combine, loss): their time adds to the GEMM time
+  // Seconds on one whole device beyond the roofline and the pointwise traffic: measured costs that no FLOP or byte
+  // count prices (the routed experts' per expert call and per row, PartShape::expert_call_s / expert_row_s). Adds
+  // to the time, stretched by the device's rate share (DeviceModel::fixed_time_s).
+  double fixed_s = 0;
 };
 
 struct PartCost {
@@ -79,6 +83,11 @@ struct PartShape {
   double attention_score_bytes = 0;
   // Strategy::recompute_modules: the backward first re-runs the MoE layer's pre-MLP norm (router part) or the
   // routed experts' activation function (experts part), the same pointwise traffic as in the forward.
+  // Seconds per routed-expert call that receives rows, and per row an expert computes, beyond their FLOPs' and
+  // bytes' price, by task (F, B, W): Calibration::expert_call_*_s and expert_row_*_s, measured by `piper
+  // calibrate` (cli/calibrate_experts.h); 0 without one.
+  double expert_call_s[3] = {0, 0, 0};
+  double expert_row_s[3] = {0, 0, 0};
   bool recompute_moe_norm = false;
   bool recompute_moe_act = false;
   // FP8 GEMMs (TrainSpec::precision fp8/mxfp8) in the block parts (attention projections, experts, shared
@@ -92,6 +101,10 @@ struct PartShape {
 
 // Quantisation traffic per element for a precision (0, 0 under bf16); see PartShape.
 void quantize_bytes_per_element(Precision precision, double* forward, double* backward);
+
+// Expected number of `local_experts` experts that receive at least one of `rows` rows routed uniformly at random
+// (each row to one of them): local_experts x (1 - (1 - 1 / local_experts)^rows); local_experts once rows >> it.
+double experts_with_rows(double local_experts, double rows);
 
 // One layer's part (or the embedding/head), on one rank, for one microbatch.
 PartCost part_cost(const PartTable& table, Part part, const PartShape& shape);

@@ -58,6 +58,7 @@ void add(TaskCost& a, const TaskCost& b) {
   a.flops += b.flops;
   a.bytes += b.bytes;
   a.pointwise_bytes += b.pointwise_bytes;
+  a.fixed_s += b.fixed_s;
 }
 
 // tp_overlap pieces: the block's first and last GEMM (cost/tp_overlap.h), from the IR part's matmul cost part
@@ -87,7 +88,7 @@ PartPrice price_chunk(const cost::CostModel& cm, const cost::PartShape& shape, P
       const cost::DeviceModel& part_dev = cm.device_for(part);
       p.time_s[static_cast<size_t>(k)] +=
           part_dev.time_s(tasks[k]->flops, tasks[k]->bytes, tasks[k]->gemm_dim, tasks[k]->attention_kernel) +
-          part_dev.memory_time_s(tasks[k]->pointwise_bytes);
+          part_dev.memory_time_s(tasks[k]->pointwise_bytes) + part_dev.fixed_time_s(tasks[k]->fixed_s);
       add(p.cost[static_cast<size_t>(k)], *tasks[k]);
     }
   }

@@ -2,6 +2,7 @@
 #include "piper/cli/calibrate_fit.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -9,12 +10,13 @@
 #include <functional>
 #include <string>
 #include <thread>
-#include <unistd.h>
 
 #include "calibrate_cli.h"
 #include "piper/cli/calibrate_attention.h"
+#include "piper/cli/calibrate_experts.h"
 #include "piper/cli/calibration_file.h"
 #include "piper/cost/device_model.h"
+#include "piper/cost/layer_cost.h"
 
 namespace piper::cli {
 namespace {
@@ -158,6 +160,110 @@ TEST(CalibrateAttentionTest, FitsTheTimeBeyondTheFlopsAsBytesPerScore) {
   EXPECT_NE(slow.status().message().find("calibrate again"), std::string::npos) << slow.status().message();
 }
 
+// The experts stage's fit: per task, (measured - the model's price of the layer) / experts against the rows per
+// expert, a least-squares line whose intercept is the file's expert_call_*_s and whose slope its expert_row_*_s,
+// each clamped at 0. The injected timings are the model's price plus a known intercept and slope per call (and,
+// for the forward, a wobble that the least squares average out); the fit gives them back.
+TEST(CalibrateExpertsTest, FitsTheTimeBeyondThePriceAsACostPerExpertCall) {
+  auto cal = cost::Calibration::from_json(
+      Json::parse(R"({"peak_flops_fp32": 1e11, "gemm_efficiency": 1, "gemm_half_dim": 0, "memory_bw_bytes_per_s": 1e10,
+                      "memory_bw_efficiency": 1})"),
+      "test");
+  ASSERT_TRUE(cal.ok()) << cal.status().to_string();
+  const cost::DeviceModel device(DeviceSpec{}, DType::kFP32, *cal, 1.0);
+  // The layer the stage times (tiny-moe's experts), priced as the stage must price it.
+  cost::PartTable table;
+  table.hidden = 128;
+  table.top_k = 2;
+  table.num_experts = 8;
+  table.expert_width = 256;
+  table.expert_params = 3 * 128 * 256;
+  auto priced = [&](int64_t rows_per_expert, int task) {
+    cost::PartShape shape;
+    shape.tokens = static_cast<double>(rows_per_expert * 8 / 2);
+    shape.act_bytes = shape.param_bytes = shape.grad_bytes = 4;
+    const cost::PartCost c = cost::part_cost(table, cost::Part::kExperts, shape);
+    const cost::TaskCost& k = task == 0 ? c.f : task == 1 ? c.b : c.w;
+    return device.time_s(k.flops, k.bytes, k.gemm_dim) + device.memory_time_s(k.pointwise_bytes);
+  };
+  const double intercept[3] = {25e-6, -5e-6, 15e-6};  // the input gradient's below 0: clamped
+  const double slope[3] = {1e-8, 3e-8, -2e-8};        // the weight gradient's below 0: clamped
+  const std::vector<int64_t> rows = {32, 128, 512};
+  // +1, -2, +1 us per call at the three row counts on the forward: the least-squares line moves by the line of
+  // these (computed below), not through any one point.
+  const double wobble[3] = {1e-6, -2e-6, 1e-6};
+  int calls = 0;
+  auto fit = measure_experts(device, [&](const std::function<void()>&) {
+    const int task = calls % 3;
+    const size_t at = static_cast<size_t>(calls / 3);
+    ++calls;
+    return priced(rows[at], task) +
+           8 * (intercept[task] + slope[task] * static_cast<double>(rows[at]) + (task == 0 ? wobble[at] : 0.0));
+  });
+  ASSERT_TRUE(fit.ok()) << fit.status().to_string();
+  EXPECT_EQ(calls, 9);  // three tasks at each of three row counts
+  ASSERT_EQ(fit->points.size(), 3u);
+  EXPECT_EQ(fit->experts, 8);
+  EXPECT_GT(fit->weight_bytes, 32.0 * 1024 * 1024);  // more than the build machine's last-level cache
+  // The forward's wobble by least squares: x = 32, 128, 512 (mean 224), y = +1, -2, +1 us.
+  double sxx = 0, sxy = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    sxx += (static_cast<double>(rows[i]) - 224) * (static_cast<double>(rows[i]) - 224);
+    sxy += (static_cast<double>(rows[i]) - 224) * wobble[i];
+  }
+  const double wobble_b = sxy / sxx, wobble_a = 0 - wobble_b * 224;
+  for (int k = 0; k < 3; ++k) {
+    for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(fit->points[i].priced_s[k], priced(rows[i], k), 1e-15) << k;
+    const double a = intercept[k] + (k == 0 ? wobble_a : 0.0), b = slope[k] + (k == 0 ? wobble_b : 0.0);
+    EXPECT_NEAR(fit->fitted_a[k], a, 1e-12) << k;
+    EXPECT_NEAR(fit->fitted_b[k], b, 1e-14) << k;
+    EXPECT_NEAR(fit->call_s[k], std::max(0.0, a), 1e-12) << k;
+    EXPECT_NEAR(fit->per_row_s[k], std::max(0.0, b), 1e-14) << k;
+  }
+  EXPECT_EQ(fit->call_s[1], 0);
+  EXPECT_EQ(fit->per_row_s[2], 0);
+  // A kernel that never ran undisturbed is an error, not a figure.
+  auto loaded = measure_experts(device, [](const std::function<void()>&) { return HUGE_VAL; });
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.status().message().find("too loaded"), std::string::npos) << loaded.status().message();
+  // A figure that a calibration file would refuse (over kMaxExpertCallS) is refused here, not written.
+  auto slow = measure_experts(device, [](const std::function<void()>&) { return 1.0; });  // 1 s a layer
+  ASSERT_FALSE(slow.ok());
+  EXPECT_NE(slow.status().message().find("calibrate again"), std::string::npos) << slow.status().message();
+}
+
+// The expert-call figures round-trip through a calibration file; a negative or absurd one is refused, naming it.
+TEST(CalibrationFileTest, ExpertCallFigures) {
+  auto c = cost::Calibration::from_json(
+      Json::parse(R"({"expert_call_forward_s": 2.5e-5, "expert_call_backward_input_s": 3e-5,
+                      "expert_call_backward_weight_s": 1e-5})"),
+      "cal.json");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->expert_call_forward_s, 2.5e-5);
+  EXPECT_EQ(c->expert_call_backward_input_s, 3e-5);
+  EXPECT_EQ(c->expert_call_backward_weight_s, 1e-5);
+  auto rows =
+      cost::Calibration::from_json(Json::parse(R"({"expert_row_forward_s": 3e-7, "expert_row_backward_input_s": 0,
+                      "expert_row_backward_weight_s": 1e-7})"),
+                                   "cal.json");
+  ASSERT_TRUE(rows.ok()) << rows.status().to_string();
+  EXPECT_EQ(rows->expert_row_forward_s, 3e-7);
+  EXPECT_EQ(rows->expert_row_backward_weight_s, 1e-7);
+  auto none = cost::Calibration::from_json(Json::parse("{}"), "cal.json");  // presets and older files: 0
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->expert_call_forward_s + none->expert_call_backward_input_s + none->expert_call_backward_weight_s, 0);
+  auto bad = [](const std::string& text) {
+    auto r = cost::Calibration::from_json(Json::parse(text), "cal.json");
+    return r.ok() ? std::string() : r.status().message();
+  };
+  EXPECT_NE(bad(R"({"expert_call_forward_s": -1e-6})").find("expert_call_forward_s"), std::string::npos);
+  EXPECT_NE(bad(R"({"expert_call_backward_input_s": -1})").find("expert_call_backward_input_s"), std::string::npos);
+  EXPECT_NE(bad(R"({"expert_call_backward_weight_s": 0.5})").find("expert_call_backward_weight_s"), std::string::npos);
+  EXPECT_NE(bad(R"({"expert_call_forward_s": "25us"})").find("expert_call_forward_s"), std::string::npos);
+  EXPECT_NE(bad(R"({"expert_row_forward_s": -1e-9})").find("expert_row_forward_s"), std::string::npos);
+  EXPECT_NE(bad(R"({"expert_row_backward_weight_s": 1e-3})").find("expert_row_backward_weight_s"), std::string::npos);
+}
+
 // Bad per-thread and sharing entries are refused, naming the entry and the fix.
 TEST(CalibrationFileTest, BadEntriesAreNamed) {
   auto bad = [](const std::string& text) {
@@ -214,6 +320,13 @@ TEST(CalibrateCliTest, WritesACalibrationThatTheModelLoads) {
   EXPECT_GT(c->attention_score_bytes, 0) << text;
   EXPECT_LT(c->attention_score_bytes, 1e3) << text;
   EXPECT_NE(text.find("B per score element (attention_score_bytes"), std::string::npos) << text;
+  // The experts' cost per call beyond their FLOPs: written (>= 0; tens of us on this machine when written), within
+  // what a file accepts, with its progress lines.
+  EXPECT_GE(c->expert_call_forward_s, 0) << text;
+  EXPECT_LE(c->expert_call_backward_weight_s, cost::kMaxExpertCallS) << text;
+  EXPECT_NE(text.find("calibrate: experts at 32 rows each"), std::string::npos) << text;
+  EXPECT_NE(text.find("(expert_call_*_s), and per row"), std::string::npos) << text;
+  EXPECT_LE(c->expert_row_forward_s, cost::kMaxExpertRowS) << text;
   std::filesystem::remove(out);
 }
 
