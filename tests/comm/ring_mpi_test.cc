@@ -135,6 +135,45 @@ TEST(MpiRing, ATimedOutRingNamesTheRankThatDidNotCome) {
   for (int r = 0; r < n; ++r) EXPECT_EQ(out[r * 64], r);
 }
 
+// Ranks deciding differently would post a ring against Open MPI's collective and never match: refused on every rank.
+TEST(MpiRing, RanksThatDisagreeAboutRingsAreRefused) {
+  auto probe = world();
+  ASSERT_NE(probe, nullptr);
+  const bool rings = probe->rank() % 2 == 1;
+  auto w = mpi_world(MpiOptions{.ring = rings ? RingCollectives::kAlways : RingCollectives::kNever});
+  ASSERT_FALSE(w.ok());
+  EXPECT_NE(w.status().message().find("give every rank the same PIPER_MPI_RING"), std::string::npos)
+      << w.status().to_string();
+  // The world is still usable afterwards.
+  auto again = ring_world();
+  ASSERT_NE(again, nullptr);
+  EXPECT_EQ(gathered(*again, 8).size(), 8u * again->size());
+}
+
+// Two rings waited in opposite orders on alternate ranks: each test advances both, so neither waits for the other.
+TEST(MpiRing, RingsWaitedInOppositeOrdersBothComplete) {
+  auto w = ring_world();
+  ASSERT_NE(w, nullptr);
+  const int n = w->size(), me = w->rank();
+  const size_t bytes = 1 << 16;
+  std::vector<uint8_t> in_a = pattern_block(me, 2, bytes), in_b = pattern_block(me, 3, bytes);
+  std::vector<uint8_t> out_a(bytes * n), out_b(bytes * n);
+  auto a = w->all_gather(in_a.data(), out_a.data(), bytes);
+  auto b = w->all_gather(in_b.data(), out_b.data(), bytes);
+  ASSERT_TRUE(a.ok() && b.ok());
+  if (me % 2 == 0) {
+    ASSERT_TRUE(w->wait(*a, kTestTimeoutS).ok());
+    ASSERT_TRUE(w->wait(*b, kTestTimeoutS).ok());
+  } else {
+    ASSERT_TRUE(w->wait(*b, kTestTimeoutS).ok());
+    ASSERT_TRUE(w->wait(*a, kTestTimeoutS).ok());
+  }
+  for (int r = 0; r < n; ++r) {
+    ASSERT_EQ(std::vector<uint8_t>(out_b.begin() + r * bytes, out_b.begin() + (r + 1) * bytes),
+              pattern_block(r, 3, bytes));
+  }
+}
+
 TEST(MpiRing, AnUnknownPiperMpiRingIsRefusedNamingTheChoices) {
   ASSERT_EQ(setenv("PIPER_MPI_RING", "sometimes", 1), 0);
   auto w = mpi_world();

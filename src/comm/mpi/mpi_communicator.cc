@@ -1,7 +1,6 @@
 #include "piper/comm/mpi/mpi_communicator.h"
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -37,8 +36,10 @@ Status check_int_size(size_t value, const char* what) {
   return ok_status();
 }
 
-// libnbc's threshold for its binomial all-reduce (nbc_iallreduce.c: below it every all-reduce is binomial).
+// When libnbc (nbc_iallreduce.c) runs an all-reduce given a separate input as Rabenseifner's: 64 KiB or more, 4
+// ranks or more (below either, every all-reduce is its binomial tree, in place or not).
 constexpr size_t kInPlaceCopyBytes = 65536;
+constexpr int kRabenseifnerMinRanks = 4;
 
 class MpiCommunicator : public Communicator {
  public:
@@ -66,24 +67,39 @@ class MpiCommunicator : public Communicator {
   static Result<std::unique_ptr<Communicator>> wrap(MPI_Comm comm, std::string name, std::vector<int> world_ranks,
                                                     MpiOptions options) {
     PIPER_MPI_RETURN_IF_ERROR(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+    Result<bool> rings = uses_rings(comm, options.ring);
+    if (!rings.ok()) {
+      MPI_Comm_free(&comm);
+      return rings.status();
+    }
     MPI_Comm arrival = MPI_COMM_NULL, ring = MPI_COMM_NULL;
     PIPER_MPI_RETURN_IF_ERROR(MPI_Comm_dup(comm, &arrival));
-    PIPER_ASSIGN_OR_RETURN(const bool rings, uses_rings(comm, options.ring));
-    if (rings) PIPER_MPI_RETURN_IF_ERROR(MPI_Comm_dup(comm, &ring));
+    if (*rings) PIPER_MPI_RETURN_IF_ERROR(MPI_Comm_dup(comm, &ring));
     return std::unique_ptr<Communicator>(
         new MpiCommunicator(std::move(name), std::move(world_ranks), comm, arrival, ring, options));
   }
 
   // Collective over `comm`: whether its all-gathers and reduce-scatters run as rings (mpi_communicator.h).
+  // Every rank must decide alike (a ring on some ranks and Open MPI's collective on others would never match):
+  // ranks whose PIPER_MPI_RING or options differ are refused.
   static Result<bool> uses_rings(MPI_Comm comm, RingCollectives choice) {
-    if (choice != RingCollectives::kAcrossNodes) return choice == RingCollectives::kAlways;
-    MPI_Comm local = MPI_COMM_NULL;
-    PIPER_MPI_RETURN_IF_ERROR(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
     int size = 0, local_size = 0;
     PIPER_MPI_RETURN_IF_ERROR(MPI_Comm_size(comm, &size));
-    PIPER_MPI_RETURN_IF_ERROR(MPI_Comm_size(local, &local_size));
+    MPI_Comm local = MPI_COMM_NULL;
+    PIPER_MPI_RETURN_IF_ERROR(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local));
+    const int local_rc = MPI_Comm_size(local, &local_size);
     PIPER_MPI_RETURN_IF_ERROR(MPI_Comm_free(&local));
-    return local_size < size;
+    PIPER_MPI_RETURN_IF_ERROR(local_rc);
+    const bool mine = choice == RingCollectives::kAcrossNodes ? local_size < size : choice == RingCollectives::kAlways;
+    int votes[2] = {mine ? 1 : 0, mine ? 0 : 1};  // ranks for rings, ranks against
+    PIPER_MPI_RETURN_IF_ERROR(MPI_Allreduce(MPI_IN_PLACE, votes, 2, MPI_INT, MPI_SUM, comm));
+    if (votes[0] > 0 && votes[1] > 0) {
+      return invalid_argument("comm/mpi: " + std::to_string(votes[0]) + " of " + std::to_string(size) +
+                              " ranks would run all-gather and reduce-scatter as rings and " +
+                              std::to_string(votes[1]) +
+                              " would not; give every rank the same PIPER_MPI_RING (or none) and the same MpiOptions");
+    }
+    return mine;
   }
 
   Result<std::unique_ptr<Communicator>> split(const std::vector<int>& ranks, const std::string& name) override {
@@ -155,7 +171,7 @@ class MpiCommunicator : public Communicator {
     // edge carries the whole buffer, one after the other); given a separate input it runs Rabenseifner's
     // reduce-scatter and all-gather. So an in-place call of that size reduces a copy of its input.
     const void* src = in;
-    if (in == out && count * sizeof(float) >= kInPlaceCopyBytes) {
+    if (in == out && size_ >= kRabenseifnerMinRanks && count * sizeof(float) >= kInPlaceCopyBytes) {
       op->scratch.assign(in, in + count);
       src = op->scratch.data();
     } else if (in == out) {
@@ -223,7 +239,8 @@ class MpiCommunicator : public Communicator {
   // A ring collective (mpi_ring.h) on the ring communicator; `notes` carries the arrival notes.
   Result<Handle> ring(RingKind kind, CommOp what, const void* in, void* out, size_t block,
                       std::unique_ptr<MpiPendingOp> notes) {
-    PIPER_ASSIGN_OR_RETURN(auto op, MpiRingOp::start(kind, ring_, ring_seq_++, in, out, block, std::move(notes)));
+    PIPER_ASSIGN_OR_RETURN(auto op,
+                           MpiRingOp::start(kind, ring_, ring_seq_++, in, out, block, std::move(notes), rings_));
     return Handle(what, name(), std::move(op));
   }
 
@@ -262,7 +279,10 @@ class MpiCommunicator : public Communicator {
   MPI_Comm comm_;
   MPI_Comm arrival_;
   MPI_Comm ring_;  // MPI_COMM_NULL: Open MPI's all-gather and reduce-scatter
-  std::atomic<uint64_t> ring_seq_{0};
+  // The rings' numbers: every rank calls the collectives of a communicator in the same order (communicator.h), so
+  // a ring has the same number on every rank.
+  uint64_t ring_seq_ = 0;
+  std::shared_ptr<RingProgress> rings_ = std::make_shared<RingProgress>();
   MpiOptions options_;
   int rank_ = 0;
   int size_ = 0;
@@ -304,7 +324,7 @@ namespace {
 // PIPER_MPI_RING over the options' choice (mpi_communicator.h).
 Result<MpiOptions> with_ring_env(MpiOptions options) {
   const char* env = std::getenv("PIPER_MPI_RING");
-  if (env == nullptr || *env == '\0') return options;
+  if (env == nullptr || *env == '\0' || options.ring != RingCollectives::kAcrossNodes) return options;
   const std::string v = env;
   if (v == "across-nodes") {
     options.ring = RingCollectives::kAcrossNodes;

@@ -24,7 +24,8 @@ namespace piper::comm {
 // (MPI_COMM_TYPE_SHARED) run as rings over point-to-point messages (mpi_ring.h: Open MPI 4.1's nonblocking
 // all-gather and reduce-scatter put up to P/2 times the ring's bytes on the link between nodes); inside one node
 // and for the other collectives, Open MPI's own. PIPER_MPI_RING=across-nodes (default) | always | never
-// overrides it for every communicator of the process (`always`: tests and measurements on one node).
+// overrides the default for every communicator of the process (`always`: measurements on one node); options that
+// name kAlways or kNever keep it. Every rank of a communicator must decide alike (refused otherwise, naming both).
 enum class RingCollectives { kAcrossNodes, kAlways, kNever };
 
 struct MpiOptions {

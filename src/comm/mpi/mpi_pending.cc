@@ -83,7 +83,9 @@ Status MpiPendingOp::test_data() {
 
 Result<bool> MpiPendingOp::test() {
   if (complete_) return true;
-  PIPER_RETURN_IF_ERROR(test_data());
+  if (!error_.ok()) return error_;  // a receive of the wrong size stays an error
+  error_ = test_data();
+  PIPER_RETURN_IF_ERROR(error_);
   PIPER_RETURN_IF_ERROR(test_some(arrival_recv_));
   PIPER_RETURN_IF_ERROR(test_some(arrival_send_));
   complete_ = all_null(data_) && all_null(arrival_recv_) && all_null(arrival_send_);

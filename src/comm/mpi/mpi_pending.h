@@ -42,6 +42,7 @@ class MpiPendingOp : public PendingOp {
   std::vector<int> data_peer_;
   std::vector<int64_t> data_bytes_;  // a receive's expected size; -1: a send or a collective (nothing to check)
   std::string group_;                // the communicator's name, for the size error
+  Status error_;                     // test_data's failure, returned by every later test()
   std::vector<MPI_Request> arrival_recv_;
   std::vector<int> arrival_peer_;
   std::vector<MPI_Request> arrival_send_;
