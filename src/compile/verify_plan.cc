@@ -180,18 +180,23 @@ Status check_expert_reduction(const Plan& plan) {
         if (in.part != Part::kExperts) continue;
         if (in.op == OpKind::kUpdate) updated.insert(in.layer);
         if (in.op != OpKind::kCollective ||
-            (in.comm != ir::NodeKind::kAllReduce && in.comm != ir::NodeKind::kReduceScatter)) {
+            (in.comm != ir::NodeKind::kAllReduce && in.comm != ir::NodeKind::kReduceScatter &&
+             in.comm != ir::NodeKind::kAllGather)) {
           continue;
         }
+        // A ZeRO all-gather of the experts' parameters runs over the group their reduction sharded them over.
         if (in.group == "dp") {
           return invalid_argument(
-              "plan: '" + in.label + "' reduces the experts' gradients over dp, but under " +
+              "plan: '" + in.label + "' " +
+              (in.comm == ir::NodeKind::kAllGather ? "gathers the experts' parameters"
+                                                   : "reduces the experts' gradients") +
+              " over dp, but under " +
               (plan.sequence_parallel ? "sequence parallelism" : "expert tensor parallelism or folding") +
               " with tp=" + std::to_string(plan.mesh.tp) +
               " each tensor rank's experts saw other tokens and the plan must reduce them over "
               "edp (ir::MeshInfo::experts_reduce_over_edp); emit the plan again with this piper");
         }
-        if (in.group == "edp") reduced.insert(in.layer);
+        if (in.group == "edp" && in.comm != ir::NodeKind::kAllGather) reduced.insert(in.layer);
       }
     }
     for (int layer : updated) {

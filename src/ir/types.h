@@ -45,8 +45,8 @@ struct MeshInfo {
   // whole experts.
   int expert_replicas() const { return dp * tp / (ep * etp); }
   // The one rule for where the experts' gradients are reduced, read by the compiler (ir replicate pass), the plan
-  // check (compile/plan_io.cc), the runtime (DistContext, executor_dp/ep/tp) and, through the plan's edp groups, the
-  // simulator and memory plan. True: the compiler reduces the experts' gradients in the backward over the plan's
+  // check (compile/verify_plan.cc), the runtime (DistContext, executor_dp/ep/tp) and, through the plan's edp groups,
+  // the simulator and memory plan. True: the compiler reduces the experts' gradients in the backward over the plan's
   // edp group (expert_replicas() ranks of a stage, tensor ranks included; Megatron's expert-data-parallel group),
   // and nothing else sums them over tp. That is when each tensor rank's experts saw a different slice of the
   // tokens: folded tp x ep, expert tensor parallelism, or sequence parallelism with tp > 1 (any ep, etp = 1: every

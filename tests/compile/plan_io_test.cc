@@ -230,7 +230,9 @@ TEST(PlanIoTest, ExpertReductionAgainstTheRuleIsRefused) {
   for (Json& prog : j["programs"]) {
     for (Json& st : prog["streams"]) {
       for (Json& in : st["instructions"]) {
-        if (in.value("op", "") == "collective" && in.value("part", "") == "experts" && in.value("group", "") == "edp") {
+        // The reductions only (ZeRO-1's all-gather of the parameters is checked by the next case).
+        if (in.value("op", "") == "collective" && in.value("part", "") == "experts" && in.value("group", "") == "edp" &&
+            in.value("comm", "") != "all_gather") {
           in["group"] = "dp";
           ++moved;
         }
@@ -243,6 +245,20 @@ TEST(PlanIoTest, ExpertReductionAgainstTheRuleIsRefused) {
             std::string::npos)
       << error;
   EXPECT_NE(error.find("emit the plan again"), std::string::npos) << error;
+  // The parameters' all-gather moved alone.
+  Json g = good;
+  for (Json& prog : g["programs"]) {
+    for (Json& st : prog["streams"]) {
+      for (Json& in : st["instructions"]) {
+        if (in.value("part", "") == "experts" && in.value("group", "") == "edp" &&
+            in.value("comm", "") == "all_gather") {
+          in["group"] = "dp";
+        }
+      }
+    }
+  }
+  const std::string gather_error = error_of(g);
+  EXPECT_NE(gather_error.find("gathers the experts' parameters over dp"), std::string::npos) << gather_error;
 }
 
 // tp_overlap's all-gather runs as ring steps, point to point on its ring's tag, which the compiler assigns (the
