@@ -465,6 +465,12 @@ TEST(Parity, Dp2Tp2Ep2Fold) {
 TEST(Parity, Tp2Ep2Fold) {
   expect_parity("tp=2,ep=2,sp=1,fold=1,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
 }
+// One data-parallel replica whose experts are still replicated over tensor ranks (expert_replicas() = 2): folded
+// tp4 x ep2 and tp4 with etp2. The plan reduces them over edp although dp = 1 (it did not before session 31).
+TEST(Parity, Tp4ExpertsReplicatedOverTensorRanks) {
+  expect_parity("tp=4,ep=2,sp=1,fold=1,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr, 4);
+  expect_parity("tp=4,etp=2,sp=1,microbatches=4,mbs=1", "microbatches=4,mbs=1", 3, kTpLr, 4);
+}
 TEST(Parity, Dp2Tp2Ep4Fold) {
   expect_parity("dp=2,tp=2,ep=4,sp=1,fold=1,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
   expect_parity("dp=2,tp=2,ep=4,sp=1,fold=1,zero=3,microbatches=2,mbs=1", "microbatches=4,mbs=1", 3, kTpLr);
