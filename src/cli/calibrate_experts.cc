@@ -48,6 +48,27 @@ void fit_line(const std::vector<double>& x, const std::vector<double>& y, double
   *a = (sy - *b * sx) / n;
 }
 
+// The line with a >= 0 and b >= 0 that a file can hold, from the least-squares (a, b): a negative intercept refits
+// the line through the origin (the slope would otherwise carry the intercept that clamping drops); a negative
+// slope leaves the mean as a cost per call.
+void fit_nonnegative(const std::vector<double>& x, const std::vector<double>& y, double* a, double* b) {
+  if (*a < 0) {
+    double sxx = 0, sxy = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      sxx += x[i] * x[i];
+      sxy += x[i] * y[i];
+    }
+    *a = 0;
+    *b = sxy / sxx;
+  }
+  if (*b < 0) {
+    double sy = 0;
+    for (double v : y) sy += v;
+    *a = std::max(0.0, sy / static_cast<double>(y.size()));
+    *b = 0;
+  }
+}
+
 Result<ExpertRowsPoint> measure_rows(const cost::DeviceModel& device, int64_t rows_per_expert, ExpertLayers& layers,
                                      const std::function<double(const std::function<void()>&)>& time_call) {
   const int64_t h = kHidden, f = kWidth, rows = kExperts * rows_per_expert, n = rows / kTopK;
@@ -102,8 +123,7 @@ Result<ExpertRowsPoint> measure_rows(const cost::DeviceModel& device, int64_t ro
   const cost::PartCost c = cost::part_cost(table, cost::Part::kExperts, shape);
   const cost::TaskCost* tasks[3] = {&c.f, &c.b, &c.w};
   for (int k = 0; k < 3; ++k) {
-    p.priced_s[k] = device.time_s(tasks[k]->flops, tasks[k]->bytes, tasks[k]->gemm_dim) +
-                    device.memory_time_s(tasks[k]->pointwise_bytes);
+    p.priced_s[k] = cost::task_time_s(*tasks[k], device);
     p.excess_per_call_s[k] = (p.measured_s[k] - p.priced_s[k]) / static_cast<double>(kExperts);
   }
   return p;
@@ -147,8 +167,9 @@ Result<ExpertFit> measure_experts(const cost::DeviceModel& device,
     fit_line(x, y[k], &a, &b);
     fit.fitted_a[k] = a;
     fit.fitted_b[k] = b;
-    fit.call_s[k] = std::max(0.0, a);
-    fit.per_row_s[k] = std::max(0.0, b);
+    fit_nonnegative(x, y[k], &a, &b);
+    fit.call_s[k] = a;
+    fit.per_row_s[k] = b;
     if (fit.per_row_s[k] > cost::kMaxExpertRowS) {
       return unavailable("the expert kernels' " + std::string(kExpertTaskNames[k]) + " measured " +
                          std::to_string(1e6 * fit.per_row_s[k]) + " us per row beyond their FLOPs, more than the " +

@@ -36,9 +36,11 @@ struct ExpertFit {
   int64_t layers = 0;                   // layers of weights cycled through
   double weight_bytes = 0;              // their weights (the weight gradient's task cycles as many gradient bytes too)
   std::vector<ExpertRowsPoint> points;  // one per row count, ascending
-  double call_s[3] = {0, 0, 0};         // the fitted intercept per task, >= 0: the file's expert_call_*_s
-  double per_row_s[3] = {0, 0, 0};      // the fitted slope per task, >= 0: the file's expert_row_*_s
-  double fitted_a[3] = {0, 0, 0}, fitted_b[3] = {0, 0, 0};  // the least-squares line before clamping
+  // Per task, the least-squares line (fitted_a + fitted_b x rows per expert) and the line with both >= 0 that the
+  // file keeps: a < 0 refits through the origin, b < 0 keeps the mean with slope 0.
+  double call_s[3] = {0, 0, 0};     // the file's expert_call_*_s
+  double per_row_s[3] = {0, 0, 0};  // the file's expert_row_*_s
+  double fitted_a[3] = {0, 0, 0}, fitted_b[3] = {0, 0, 0};
 };
 
 // Names of the three tasks as the report and --json write them.

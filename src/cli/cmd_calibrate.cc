@@ -290,7 +290,7 @@ void print_attention(const AttentionFit& a) {
 }
 
 // "experts" in --json: the experts stage's shape and, per row count and task, what was measured and priced, and
-// the fit (the file keeps the intercepts, expert_call_*_s).
+// the fit (the file keeps the non-negative line's intercepts and slopes, expert_call_*_s and expert_row_*_s).
 Json experts_json(const ExpertFit& e) {
   Json points = Json::array();
   for (const ExpertRowsPoint& p : e.points) {
@@ -463,12 +463,11 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
   PIPER_ASSIGN_OR_RETURN(const AttentionFit attention, measure_attention_stage(file, preset.device, o.rounds));
   file["attention_score_bytes"] = attention.bytes_per_score;
   PIPER_ASSIGN_OR_RETURN(const ExpertFit experts, measure_experts_stage(file, preset.device, o.rounds));
-  file["expert_call_forward_s"] = experts.call_s[0];
-  file["expert_call_backward_input_s"] = experts.call_s[1];
-  file["expert_call_backward_weight_s"] = experts.call_s[2];
-  file["expert_row_forward_s"] = experts.per_row_s[0];
-  file["expert_row_backward_input_s"] = experts.per_row_s[1];
-  file["expert_row_backward_weight_s"] = experts.per_row_s[2];
+  file["expert_shape"] = Json{{"hidden", experts.hidden}, {"ffn", experts.width}};
+  for (int k = 0; k < 3; ++k) {
+    file[std::string("expert_call_") + kExpertTaskNames[k] + "_s"] = experts.call_s[k];
+    file[std::string("expert_row_") + kExpertTaskNames[k] + "_s"] = experts.per_row_s[k];
+  }
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   PIPER_ASSIGN_OR_RETURN(const std::string out, output_path(o.out));
   if (!out.empty()) PIPER_RETURN_IF_ERROR(write_file_atomic(out, file.dump(2) + "\n"));

@@ -35,6 +35,28 @@ Status read_thread_figures(JsonReader& r, std::vector<Calibration::ThreadFigures
 }
 
 // "core_sharing": [{"ranks": n, "efficiency": e}, ...] for n = 2, 3, ... in turn.
+// "expert_shape": {"hidden": H, "ffn": F}, required beside any expert_call_*_s or expert_row_*_s: the figures are
+// scaled from it to a model's experts (cost/layer_cost.cc).
+Status read_expert_shape(JsonReader& r, Calibration* c) {
+  const bool figures = c->expert_call_forward_s > 0 || c->expert_call_backward_input_s > 0 ||
+                       c->expert_call_backward_weight_s > 0 || c->expert_row_forward_s > 0 ||
+                       c->expert_row_backward_input_s > 0 || c->expert_row_backward_weight_s > 0;
+  const Json* shape = r.find("expert_shape");
+  const std::string what = r.field_path("expert_shape");
+  if (shape == nullptr) {
+    if (!figures) return ok_status();
+    return invalid_argument(what +
+                            ": missing; a file with expert_call_*_s or expert_row_*_s must say the expert "
+                            "shape they were measured at, {\"hidden\": H, \"ffn\": F} (piper calibrate "
+                            "writes it)");
+  }
+  if (!shape->is_object()) return invalid_argument(what + ": expected {\"hidden\": H, \"ffn\": F}");
+  JsonReader e(*shape, what);
+  PIPER_RETURN_IF_ERROR(e.get_double("hidden", &c->expert_shape_hidden, true, 1.0, 1e6));
+  PIPER_RETURN_IF_ERROR(e.get_double("ffn", &c->expert_shape_ffn, true, 1.0, 1e7));
+  return e.check_no_unknown_keys();
+}
+
 Status read_core_sharing(JsonReader& r, std::vector<double>* out) {
   const Json* list = r.find("core_sharing");
   if (list == nullptr) return ok_status();
@@ -97,6 +119,7 @@ Result<Calibration> Calibration::from_json(const Json& json, const std::string& 
       r.get_double("expert_row_backward_input_s", &c.expert_row_backward_input_s, false, 0.0, kMaxExpertRowS));
   PIPER_RETURN_IF_ERROR(
       r.get_double("expert_row_backward_weight_s", &c.expert_row_backward_weight_s, false, 0.0, kMaxExpertRowS));
+  PIPER_RETURN_IF_ERROR(read_expert_shape(r, &c));
   PIPER_RETURN_IF_ERROR(r.get_bool("recompute_reruns_tp_collectives", &c.recompute_reruns_tp_collectives, false));
   PIPER_RETURN_IF_ERROR(r.get_bool("p2p_blocking", &c.p2p_blocking, false));
   PIPER_RETURN_IF_ERROR(r.get_bool("p2p_scatter_gather", &c.p2p_scatter_gather, false));
@@ -126,7 +149,8 @@ double rate_share(const NodeSpec& node, const Calibration& calibration) {
 }
 
 DeviceModel::DeviceModel(const DeviceSpec& device, DType compute_dtype, const Calibration& calibration,
-                         double rate_share) {
+                         double rate_share, double device_cores) {
+  core_share_ = std::min(1.0, device_cores * rate_share);
   switch (compute_dtype) {
     case DType::kFP32:
       peak_flops_ = calibration.peak_flops_fp32 > 0 ? calibration.peak_flops_fp32 : device.peak_flops_fp32;

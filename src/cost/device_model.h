@@ -89,13 +89,18 @@ struct Calibration {
   // kernels at three row counts with the weights of many experts cycled (cli/calibrate_experts.h) and fits the
   // time beyond the price as expert_call_*_s per expert call plus expert_row_*_s per row; 0 (presets, files from
   // before session 31): no such cost. Charged per expected expert with rows and per row (cost/layer_cost.cc,
-  // Part::kExperts), on one whole core (DeviceModel::fixed_time_s).
+  // Part::kExperts), scaled from the measured expert shape (expert_shape_*) to the model's, and measured on one
+  // thread of one whole core (DeviceModel::fixed_time_s).
   double expert_call_forward_s = 0;
   double expert_call_backward_input_s = 0;
   double expert_call_backward_weight_s = 0;
   double expert_row_forward_s = 0;
   double expert_row_backward_input_s = 0;
   double expert_row_backward_weight_s = 0;
+  // The expert shape the figures above were measured at ("expert_shape": {"hidden": H, "ffn": F}, one SwiGLU expert
+  // of hidden H and width F): required in a file with any expert_call_*_s or expert_row_*_s. 0: none (no figures).
+  double expert_shape_hidden = 0;
+  double expert_shape_ffn = 0;
   bool recompute_reruns_tp_collectives = false;     // see above; false: Piper's own recomputation
   double tp_overlap_gemm_sm_share = 116.0 / 132.0;  // see above
   bool gemm_table = true;                           // see above
@@ -145,7 +150,10 @@ class DeviceModel {
  public:
   // rate_share: the share of the device's peak FLOP/s and memory bandwidth it gets (cost::rate_share: CPU ranks
   // sharing a node's cores, all busy); 1 = all of it.
-  DeviceModel(const DeviceSpec& device, DType compute_dtype, const Calibration& calibration, double rate_share = 1.0);
+  // device_cores: the cores one device's kernels use computing alone (NodeSpec::device_cores); with rate_share it
+  // gives the share of one core a fixed cost measured on one thread runs at (fixed_time_s).
+  DeviceModel(const DeviceSpec& device, DType compute_dtype, const Calibration& calibration, double rate_share = 1.0,
+              double device_cores = 1.0);
 
   double peak_flops() const { return peak_flops_; }
   // Fraction of peak for a GEMM whose smallest dimension is `min_dim` (0 or less: not a GEMM, returns 0).
@@ -165,8 +173,9 @@ class DeviceModel {
   double time_s(double flops, double bytes, double min_dim, bool attention_kernel = false) const;
   // Time of memory-bound kernels that cannot overlap a GEMM: bytes / achievable bandwidth.
   double memory_time_s(double bytes) const { return bytes > 0 ? bytes / memory_bw_ : 0.0; }
-  // A fixed cost measured on one whole device (TaskCost::fixed_s), on this model's share of it.
-  double fixed_time_s(double seconds) const { return seconds > 0 ? seconds / rate_share_ : 0.0; }
+  // A fixed cost measured on one thread of one whole core (TaskCost::fixed_s), at this rank's share of a core:
+  // min(1, device_cores x rate_share), as a rank's copies are (cost::copy_seconds_per_byte_at_share).
+  double fixed_time_s(double seconds) const { return seconds > 0 ? seconds / core_share_ : 0.0; }
 
  private:
   double peak_flops_ = 0;
@@ -174,6 +183,7 @@ class DeviceModel {
   double gemm_half_dim_ = 64;
   double memory_bw_ = 0;
   double rate_share_ = 1;
+  double core_share_ = 1;  // min(1, device_cores x rate_share)
   const GemmTable* gemm_table_ = nullptr;
 };
 

@@ -72,8 +72,8 @@ CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const T
       bytes_(bytes),
       table_(make_part_table(model, train.seq_len)),
       net_(cluster),
-      device_(cluster.device, train.gemm_dtype(), cal, rate_share(cluster.node, cal)),
-      device_hp_(cluster.device, train.param_dtype, cal, rate_share(cluster.node, cal)),
+      device_(cluster.device, train.gemm_dtype(), cal, rate_share(cluster.node, cal), cluster.node.device_cores),
+      device_hp_(cluster.device, train.param_dtype, cal, rate_share(cluster.node, cal), cluster.node.device_cores),
       flops_per_token_(training_flops_per_token(model, train.seq_len)),
       halo_memo_(std::make_shared<HaloMemo>()) {}
 
@@ -147,6 +147,8 @@ PartShape CostModel::part_shape(const Strategy& s, const Calibration& cal) const
   shape.expert_row_s[0] = cal.expert_row_forward_s;
   shape.expert_row_s[1] = cal.expert_row_backward_input_s;
   shape.expert_row_s[2] = cal.expert_row_backward_weight_s;
+  shape.expert_shape_hidden = cal.expert_shape_hidden;
+  shape.expert_shape_ffn = cal.expert_shape_ffn;
   shape.recompute_moe_norm = s.recomputes_module("layernorm");
   shape.recompute_moe_act = s.recomputes_module("moe_act");
   return shape;

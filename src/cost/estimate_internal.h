@@ -29,11 +29,7 @@ struct Fbw {
 // One microbatch's F, B and W of a part's priced tasks on `dev` (compute roofline plus pointwise memory traffic plus
 // fixed costs per call), as the simulator prices each task (sim/task_time.cc).
 inline Fbw part_fbw(const PartCost& c, const DeviceModel& dev) {
-  auto time = [&](const TaskCost& k) {
-    return dev.time_s(k.flops, k.bytes, k.gemm_dim, k.attention_kernel) + dev.memory_time_s(k.pointwise_bytes) +
-           dev.fixed_time_s(k.fixed_s);
-  };
-  return {time(c.f), time(c.b), time(c.w)};
+  return {task_time_s(c.f, dev), task_time_s(c.b, dev), task_time_s(c.w, dev)};
 }
 
 // Recomputation re-runs forward work inside the backward: every part under full recomputation, the attention chunk

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "piper/cost/device_model.h"
 #include "piper/spec/counting.h"
 
 namespace piper::cost {
@@ -149,11 +150,20 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
       // price, so many small microbatches cost more than one large one of the same batch.
       // And per row, what the kernels take beyond the GEMM curve's price as the rows grow (the gathered rows and
       // the SwiGLU's intermediates outgrow the core's cache): the same at any microbatch count of a batch.
+      // Both are measured at one expert shape (H, F) and scaled to this rank's slice of an expert (h, f / etp).
+      // The call's cost is mostly reading the expert's cold weights: by its weight bytes, h f / etp over H F. A
+      // row's is the gather and scatter of its h values, the down projection's h outputs and the SwiGLU's gate, up
+      // and activation values, f / etp each: by (h + f / etp) / (H + F). Under etp every slice gathers all the rows
+      // at full h but computes 1 / etp of the width, so a slice is not charged the full-width row.
+      const double f_slice = t.expert_width / s.etp;
+      const bool scaled = s.expert_shape_hidden > 0 && s.expert_shape_ffn > 0;
+      const double call_scale = scaled ? h * f_slice / (s.expert_shape_hidden * s.expert_shape_ffn) : 1.0;
+      const double row_scale = scaled ? (h + f_slice) / (s.expert_shape_hidden + s.expert_shape_ffn) : 1.0;
       const double rows = pairs * s.etp;
       const double calls = experts_with_rows(local_experts, rows);
-      c.f.fixed_s = calls * s.expert_call_s[0] + rows * s.expert_row_s[0];
-      c.b.fixed_s = calls * s.expert_call_s[1] + rows * s.expert_row_s[1];
-      c.w.fixed_s = calls * s.expert_call_s[2] + rows * s.expert_row_s[2];
+      c.f.fixed_s = calls * call_scale * s.expert_call_s[0] + rows * row_scale * s.expert_row_s[0];
+      c.b.fixed_s = calls * call_scale * s.expert_call_s[1] + rows * row_scale * s.expert_row_s[1];
+      c.w.fixed_s = calls * call_scale * s.expert_call_s[2] + rows * row_scale * s.expert_row_s[2];
       return c;
     }
     case Part::kSharedExperts:
@@ -167,6 +177,11 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
       return matmul(T, t.head_params / tp, h, t.vocab / tp, std::min({T, t.vocab / tp, h}), s, T * 12 * t.vocab / tp);
   }
   return {};
+}
+
+double task_time_s(const TaskCost& k, const DeviceModel& dev) {
+  return dev.time_s(k.flops, k.bytes, k.gemm_dim, k.attention_kernel) + dev.memory_time_s(k.pointwise_bytes) +
+         dev.fixed_time_s(k.fixed_s);
 }
 
 }  // namespace piper::cost

@@ -37,15 +37,20 @@ struct TaskCost {
   bool attention_kernel = false;
   double pointwise_bytes = 0;  // separate memory-bound kernels (norms, activation function, RoPE, softmax,
                                // permute/combine, loss): their time adds to the GEMM time
-  // Seconds on one whole device beyond the roofline and the pointwise traffic: measured costs that no FLOP or byte
-  // count prices (the routed experts' per expert call and per row, PartShape::expert_call_s / expert_row_s). Adds
-  // to the time, stretched by the device's rate share (DeviceModel::fixed_time_s).
+  // Seconds on one thread of one whole core beyond the roofline and the pointwise traffic: measured costs that no
+  // FLOP or byte count prices (the routed experts' per expert call and per row, PartShape::expert_call_s /
+  // expert_row_s). Adds to the time, stretched by the rank's share of a core (DeviceModel::fixed_time_s).
   double fixed_s = 0;
 };
 
 struct PartCost {
   TaskCost f, b, w;
 };
+
+class DeviceModel;
+// A task's time on `dev`: its roofline plus its pointwise traffic plus its fixed cost, as the simulator and the
+// closed form price it (and `piper calibrate` prices what it measures).
+double task_time_s(const TaskCost& k, const DeviceModel& dev);
 
 // Per-token, per-layer quantities of a model at a sequence length, computed once (counting.h) and reused for
 // every strategy. Parameter counts are elements; FLOPs are forward FLOPs per token for the full (unsharded) part.
@@ -88,6 +93,10 @@ struct PartShape {
   // calibrate` (cli/calibrate_experts.h); 0 without one.
   double expert_call_s[3] = {0, 0, 0};
   double expert_row_s[3] = {0, 0, 0};
+  // The expert shape they were measured at (Calibration::expert_shape_*), which they are scaled from to this
+  // model's; 0: charged as they are.
+  double expert_shape_hidden = 0;
+  double expert_shape_ffn = 0;
   bool recompute_moe_norm = false;
   bool recompute_moe_act = false;
   // FP8 GEMMs (TrainSpec::precision fp8/mxfp8) in the block parts (attention projections, experts, shared

@@ -111,7 +111,7 @@ Result<AfModel> AfModel::create(const ModelSpec& model, const ClusterSpec& clust
   if (a.port_bw_ <= 0) return invalid_argument("cluster " + cluster.name + ": no bandwidth between devices");
   a.total_ports_ = a.ports_per_node_ * cluster.num_nodes;
   cost::DeviceModel device(cluster.device, train.param_dtype, a.calibration_,
-                           cost::rate_share(cluster.node, a.calibration_));
+                           cost::rate_share(cluster.node, a.calibration_), cluster.node.device_cores);
   a.peak_ = device.peak_flops();
   if (a.peak_ <= 0) return invalid_argument("cluster " + cluster.name + ": no peak FLOP/s for the compute dtype");
   a.memory_limit_ = options.memory_fraction * static_cast<double>(cluster.device.memory_bytes);
@@ -134,7 +134,7 @@ std::vector<AfCandidate> AfModel::candidates(std::vector<std::pair<std::string, 
   using cost::Part;
   const cost::PartTable t = cost::make_part_table(model_, train_.seq_len);
   const cost::DeviceModel device(cluster_.device, train_.param_dtype, calibration_,
-                                 cost::rate_share(cluster_.node, calibration_));
+                                 cost::rate_share(cluster_.node, calibration_), cluster_.node.device_cores);
   const auto bytes_or = cost::ByteConvention::from_train(train_);
   const cost::ByteConvention bytes = bytes_or.ok() ? *bytes_or : cost::ByteConvention{};
   const int L = model_.num_layers, n_moe = model_.num_moe_layers(), n_dense = L - n_moe;
@@ -280,7 +280,7 @@ double AfModel::objective(const AfCandidate& c, int ports_attn) const {
 
 double AfModel::balance(int gpus, int ports) const {
   const cost::DeviceModel device(cluster_.device, train_.param_dtype, calibration_,
-                                 cost::rate_share(cluster_.node, calibration_));
+                                 cost::rate_share(cluster_.node, calibration_), cluster_.node.device_cores);
   return gpus * peak_ * device.gemm_efficiency(static_cast<double>(model_.hidden_size)) / (ports * port_bw_);
 }
 

@@ -86,9 +86,7 @@ PartPrice price_chunk(const cost::CostModel& cm, const cost::PartShape& shape, P
     const TaskCost* tasks[3] = {&c.f, &c.b, &c.w};
     for (int k = 0; k < 3; ++k) {
       const cost::DeviceModel& part_dev = cm.device_for(part);
-      p.time_s[static_cast<size_t>(k)] +=
-          part_dev.time_s(tasks[k]->flops, tasks[k]->bytes, tasks[k]->gemm_dim, tasks[k]->attention_kernel) +
-          part_dev.memory_time_s(tasks[k]->pointwise_bytes) + part_dev.fixed_time_s(tasks[k]->fixed_s);
+      p.time_s[static_cast<size_t>(k)] += cost::task_time_s(*tasks[k], part_dev);
       add(p.cost[static_cast<size_t>(k)], *tasks[k]);
     }
   }

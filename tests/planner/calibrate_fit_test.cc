@@ -183,11 +183,10 @@ TEST(CalibrateExpertsTest, FitsTheTimeBeyondThePriceAsACostPerExpertCall) {
     shape.tokens = static_cast<double>(rows_per_expert * 8 / 2);
     shape.act_bytes = shape.param_bytes = shape.grad_bytes = 4;
     const cost::PartCost c = cost::part_cost(table, cost::Part::kExperts, shape);
-    const cost::TaskCost& k = task == 0 ? c.f : task == 1 ? c.b : c.w;
-    return device.time_s(k.flops, k.bytes, k.gemm_dim) + device.memory_time_s(k.pointwise_bytes);
+    return cost::task_time_s(task == 0 ? c.f : task == 1 ? c.b : c.w, device);
   };
-  const double intercept[3] = {25e-6, -5e-6, 15e-6};  // the input gradient's below 0: clamped
-  const double slope[3] = {1e-8, 3e-8, -2e-8};        // the weight gradient's below 0: clamped
+  const double intercept[3] = {25e-6, -5e-6, 15e-6};  // the input gradient's below 0: refitted through 0
+  const double slope[3] = {1e-8, 3e-8, -2e-8};        // the weight gradient's below 0: the mean, slope 0
   const std::vector<int64_t> rows = {32, 128, 512};
   // +1, -2, +1 us per call at the three row counts on the forward: the least-squares line moves by the line of
   // these (computed below), not through any one point.
@@ -217,11 +216,35 @@ TEST(CalibrateExpertsTest, FitsTheTimeBeyondThePriceAsACostPerExpertCall) {
     const double a = intercept[k] + (k == 0 ? wobble_a : 0.0), b = slope[k] + (k == 0 ? wobble_b : 0.0);
     EXPECT_NEAR(fit->fitted_a[k], a, 1e-12) << k;
     EXPECT_NEAR(fit->fitted_b[k], b, 1e-14) << k;
-    EXPECT_NEAR(fit->call_s[k], std::max(0.0, a), 1e-12) << k;
-    EXPECT_NEAR(fit->per_row_s[k], std::max(0.0, b), 1e-14) << k;
+  }
+  EXPECT_NEAR(fit->call_s[0], intercept[0] + wobble_a, 1e-12);
+  EXPECT_NEAR(fit->per_row_s[0], slope[0] + wobble_b, 1e-14);
+  // The input gradient's line through the origin: b = sum(x y) / sum(x^2), not the clamped line's slope.
+  double x2 = 0, xy = 0, y_mean = 0;
+  for (size_t i = 0; i < 3; ++i) {
+    const double x = static_cast<double>(rows[i]);
+    x2 += x * x;
+    xy += x * (intercept[1] + slope[1] * x);
+    y_mean += (intercept[2] + slope[2] * x) / 3;
   }
   EXPECT_EQ(fit->call_s[1], 0);
+  EXPECT_NEAR(fit->per_row_s[1], xy / x2, 1e-14);
+  EXPECT_LT(fit->per_row_s[1], slope[1]);  // the origin line is flatter than the clamped one would be
+  // The weight gradient's mean as its cost per call, slope 0.
+  EXPECT_NEAR(fit->call_s[2], y_mean, 1e-12);
   EXPECT_EQ(fit->per_row_s[2], 0);
+  // Falling and below 0 everywhere: nothing to charge.
+  auto falling = measure_experts(device, [&, n = 0](const std::function<void()>&) mutable {
+    const int task = n % 3;
+    const double x = static_cast<double>(rows[static_cast<size_t>(n / 3)]);
+    ++n;
+    return priced(rows[static_cast<size_t>((n - 1) / 3)], task) + 8 * (-1e-6 - 1e-9 * x);
+  });
+  ASSERT_TRUE(falling.ok()) << falling.status().to_string();
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(falling->call_s[k], 0) << k;
+    EXPECT_EQ(falling->per_row_s[k], 0) << k;
+  }
   // A kernel that never ran undisturbed is an error, not a figure.
   auto loaded = measure_experts(device, [](const std::function<void()>&) { return HUGE_VAL; });
   ASSERT_FALSE(loaded.ok());
@@ -235,17 +258,21 @@ TEST(CalibrateExpertsTest, FitsTheTimeBeyondThePriceAsACostPerExpertCall) {
 // The expert-call figures round-trip through a calibration file; a negative or absurd one is refused, naming it.
 TEST(CalibrationFileTest, ExpertCallFigures) {
   auto c = cost::Calibration::from_json(
-      Json::parse(R"({"expert_call_forward_s": 2.5e-5, "expert_call_backward_input_s": 3e-5,
+      Json::parse(
+          R"({"expert_shape": {"hidden": 128, "ffn": 256}, "expert_call_forward_s": 2.5e-5, "expert_call_backward_input_s": 3e-5,
                       "expert_call_backward_weight_s": 1e-5})"),
       "cal.json");
   ASSERT_TRUE(c.ok()) << c.status().to_string();
   EXPECT_EQ(c->expert_call_forward_s, 2.5e-5);
   EXPECT_EQ(c->expert_call_backward_input_s, 3e-5);
   EXPECT_EQ(c->expert_call_backward_weight_s, 1e-5);
-  auto rows =
-      cost::Calibration::from_json(Json::parse(R"({"expert_row_forward_s": 3e-7, "expert_row_backward_input_s": 0,
+  EXPECT_EQ(c->expert_shape_hidden, 128);
+  EXPECT_EQ(c->expert_shape_ffn, 256);
+  auto rows = cost::Calibration::from_json(
+      Json::parse(
+          R"({"expert_shape": {"hidden": 128, "ffn": 256}, "expert_row_forward_s": 3e-7, "expert_row_backward_input_s": 0,
                       "expert_row_backward_weight_s": 1e-7})"),
-                                   "cal.json");
+      "cal.json");
   ASSERT_TRUE(rows.ok()) << rows.status().to_string();
   EXPECT_EQ(rows->expert_row_forward_s, 3e-7);
   EXPECT_EQ(rows->expert_row_backward_weight_s, 1e-7);
@@ -256,6 +283,12 @@ TEST(CalibrationFileTest, ExpertCallFigures) {
     auto r = cost::Calibration::from_json(Json::parse(text), "cal.json");
     return r.ok() ? std::string() : r.status().message();
   };
+  // The figures without the shape they were measured at, or a bad shape: refused, naming the field.
+  EXPECT_NE(bad(R"({"expert_call_forward_s": 2e-5})").find("expert_shape: missing"), std::string::npos);
+  EXPECT_NE(bad(R"({"expert_row_backward_weight_s": 1e-7})").find("expert_shape"), std::string::npos);
+  EXPECT_NE(bad(R"({"expert_shape": {"hidden": 128}})").find("expert_shape.ffn"), std::string::npos);
+  EXPECT_NE(bad(R"({"expert_shape": {"hidden": 0, "ffn": 256}})").find("expert_shape.hidden"), std::string::npos);
+  EXPECT_NE(bad(R"({"expert_shape": {"hidden": 128, "ffn": 256, "experts": 8}})").find("experts"), std::string::npos);
   EXPECT_NE(bad(R"({"expert_call_forward_s": -1e-6})").find("expert_call_forward_s"), std::string::npos);
   EXPECT_NE(bad(R"({"expert_call_backward_input_s": -1})").find("expert_call_backward_input_s"), std::string::npos);
   EXPECT_NE(bad(R"({"expert_call_backward_weight_s": 0.5})").find("expert_call_backward_weight_s"), std::string::npos);

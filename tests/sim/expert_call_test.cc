@@ -116,5 +116,41 @@ TEST(ExpertCallTest, OnlyExpertsWithRowsAreCharged) {
   EXPECT_EQ(cost::part_cost(t, cost::Part::kRouter, s).f.fixed_s, 0);
 }
 
+// The figures are measured at one expert shape (H, F) and scaled to the model's: per call by the expert slice's
+// weights (h f / etp over H F), per row by its width ((h + f / etp) / (H + F)).
+TEST(ExpertCallTest, FiguresScaleByTheExpertShape) {
+  cost::PartTable t;
+  t.hidden = 512;
+  t.top_k = 2;
+  t.num_experts = 8;
+  t.expert_width = 512;
+  t.expert_params = 3 * 512 * 512;
+  cost::PartShape s;
+  s.tokens = 1;  // 2 rows, 1 + 7/8 experts with rows
+  s.expert_call_s[0] = 1e-5;
+  s.expert_row_s[0] = 1e-7;
+  const double unscaled = cost::part_cost(t, cost::Part::kExperts, s).f.fixed_s;
+  EXPECT_NEAR(unscaled, (1 + 7.0 / 8) * 1e-5 + 2 * 1e-7, 1e-15);  // no shape: as they are
+  s.expert_shape_hidden = 128;
+  s.expert_shape_ffn = 256;
+  EXPECT_NEAR(cost::part_cost(t, cost::Part::kExperts, s).f.fixed_s,
+              (1 + 7.0 / 8) * 1e-5 * 8 + 2 * 1e-7 * (512.0 + 512) / (128 + 256), 1e-15);
+  // Two slices of each expert: each reads half the weights and computes half the width of all the rows.
+  s.etp = 2;
+  const double rows = 4;  // the etp group's rows, gathered
+  const double calls = 8 * (1 - std::pow(7.0 / 8, rows));
+  EXPECT_NEAR(cost::part_cost(t, cost::Part::kExperts, s).f.fixed_s,
+              calls * 1e-5 * 4 + rows * 1e-7 * (512.0 + 256) / (128 + 256), 1e-15);
+}
+
+// A fixed cost is measured on one thread of a whole core: a rank runs it at its share of one core,
+// min(1, device_cores x rate_share), as its copies are.
+TEST(ExpertCallTest, FixedCostsStretchByTheRanksCoreShare) {
+  const cost::Calibration cal;
+  EXPECT_DOUBLE_EQ(cost::DeviceModel(DeviceSpec{}, DType::kFP32, cal, 1.0).fixed_time_s(1e-5), 1e-5);
+  EXPECT_DOUBLE_EQ(cost::DeviceModel(DeviceSpec{}, DType::kFP32, cal, 0.25, 2.0).fixed_time_s(1e-5), 2e-5);
+  EXPECT_DOUBLE_EQ(cost::DeviceModel(DeviceSpec{}, DType::kFP32, cal, 0.5, 4.0).fixed_time_s(1e-5), 1e-5);
+}
+
 }  // namespace
 }  // namespace piper::sim
