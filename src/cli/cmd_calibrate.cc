@@ -261,13 +261,17 @@ void print_thread_runs(const std::vector<ThreadRun>& runs, double peak, const De
   }
 }
 
-// The attention stage on one kernel thread, priced by the file's own one-thread figures.
-Result<AttentionFit> measure_attention_stage(const Json& file, const DeviceSpec& preset, int rounds) {
+// A stage that times kernels on one thread against the file's own one-thread figures (the attention and experts
+// stages): `measure` gets that device model and a timer giving the fastest of `rounds` calls.
+template <typename Fit>
+Result<Fit> measure_on_one_thread(const Json& file, const DeviceSpec& preset, int rounds,
+                                  Result<Fit> (*measure)(const cost::DeviceModel&,
+                                                         const std::function<double(const std::function<void()>&)>&)) {
   PIPER_ASSIGN_OR_RETURN(cost::Calibration cal, cost::Calibration::from_json(file, "the measured figures"));
   const cost::DeviceModel device(preset, DType::kFP32, cal, 1.0);
   const int threads_before = kernels::kernel_threads();
   kernels::set_kernel_threads(1);
-  Result<AttentionFit> fit = measure_attention(device, [rounds](const std::function<void()>& fn) {
+  Result<Fit> fit = measure(device, [rounds](const std::function<void()>& fn) {
     std::vector<Timed> timed{{fn}};
     time_interleaved(timed, rounds, 1);
     return timed[0].best_s;
@@ -322,21 +326,6 @@ Json experts_json(const ExpertFit& e) {
        "call_s (expert_call_*_s) and its slope as per_row_s (expert_row_*_s), each clamped at 0"},
       {"points", points},
       {"fit", fit}};
-}
-
-// The experts stage on one kernel thread, priced by the file's own one-thread figures.
-Result<ExpertFit> measure_experts_stage(const Json& file, const DeviceSpec& preset, int rounds) {
-  PIPER_ASSIGN_OR_RETURN(cost::Calibration cal, cost::Calibration::from_json(file, "the measured figures"));
-  const cost::DeviceModel device(preset, DType::kFP32, cal, 1.0);
-  const int threads_before = kernels::kernel_threads();
-  kernels::set_kernel_threads(1);
-  Result<ExpertFit> fit = measure_experts(device, [rounds](const std::function<void()>& fn) {
-    std::vector<Timed> timed{{fn}};
-    time_interleaved(timed, rounds, 1);
-    return timed[0].best_s;
-  });
-  kernels::set_kernel_threads(threads_before);
-  return fit;
 }
 
 void print_experts(const ExpertFit& e) {
@@ -460,9 +449,11 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
                            (sharing.empty() ? "" : ", core sharing of 2.." + std::to_string(2 * cores) + " processes") +
                            load_text}};
   if (!sharing.empty()) file["core_sharing"] = core_sharing_json(sharing);
-  PIPER_ASSIGN_OR_RETURN(const AttentionFit attention, measure_attention_stage(file, preset.device, o.rounds));
+  PIPER_ASSIGN_OR_RETURN(const AttentionFit attention,
+                         measure_on_one_thread(file, preset.device, o.rounds, &measure_attention));
   file["attention_score_bytes"] = attention.bytes_per_score;
-  PIPER_ASSIGN_OR_RETURN(const ExpertFit experts, measure_experts_stage(file, preset.device, o.rounds));
+  PIPER_ASSIGN_OR_RETURN(const ExpertFit experts,
+                         measure_on_one_thread(file, preset.device, o.rounds, &measure_experts));
   file["expert_shape"] = Json{{"hidden", experts.hidden}, {"ffn", experts.width}};
   for (int k = 0; k < 3; ++k) {
     file[std::string("expert_call_") + kExpertTaskNames[k] + "_s"] = experts.call_s[k];

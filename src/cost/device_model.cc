@@ -170,7 +170,6 @@ DeviceModel::DeviceModel(const DeviceSpec& device, DType compute_dtype, const Ca
                calibration.memory_bw_efficiency;
   if (calibration.gemm_table && calibration.gemm_efficiency <= 0) gemm_table_ = find_gemm_table(device, compute_dtype);
   if (rate_share != 1.0) {
-    rate_share_ = rate_share;
     peak_flops_ *= rate_share;
     memory_bw_ *= rate_share;
   }

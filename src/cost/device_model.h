@@ -176,13 +176,14 @@ class DeviceModel {
   // A fixed cost measured on one thread of one whole core (TaskCost::fixed_s), at this rank's share of a core:
   // min(1, device_cores x rate_share), as a rank's copies are (cost::copy_seconds_per_byte_at_share).
   double fixed_time_s(double seconds) const { return seconds > 0 ? seconds / core_share_ : 0.0; }
+  // The share of one core this rank's one-thread work runs at: min(1, device_cores x rate_share).
+  double core_share() const { return core_share_; }
 
  private:
   double peak_flops_ = 0;
   double gemm_efficiency_ = 0.8;
   double gemm_half_dim_ = 64;
   double memory_bw_ = 0;
-  double rate_share_ = 1;
   double core_share_ = 1;  // min(1, device_cores x rate_share)
   const GemmTable* gemm_table_ = nullptr;
 };

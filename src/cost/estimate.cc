@@ -581,10 +581,9 @@ double pp_exposed_s(const CostModel& cm, const Strategy& s, const PipelineShape&
 }  // namespace
 
 double copy_seconds_per_byte_at_share(const CostModel& cm) {
-  const NodeSpec& node = cm.cluster().node;
-  const double per_byte = copy_seconds_per_byte(node);
+  const double per_byte = copy_seconds_per_byte(cm.cluster().node);
   if (!(per_byte > 0)) return 0;
-  return per_byte / std::min(1.0, node.device_cores * rate_share(node, cm.calibration()));
+  return per_byte / cm.device().core_share();
 }
 
 namespace {
