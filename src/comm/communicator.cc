@@ -153,14 +153,6 @@ Status Communicator::wait_all(std::span<Handle> handles, double timeout_s) {
   return ok_status();
 }
 
-void backoff_after_polls(int polls) {
-  if (polls < 16) {
-    std::this_thread::yield();
-  } else {
-    std::this_thread::sleep_for(std::chrono::microseconds(std::min(1000, 50 << std::min(polls - 16, 5))));
-  }
-}
-
 void idle_while_polling(double waited_s) {
   if (waited_s < 100e-6) {
     std::this_thread::yield();

@@ -139,13 +139,12 @@ class Communicator {
 // What a polling loop does between two tests of its operations, `waited_s` seconds after it started (or last
 // made progress): yields the core during the first 100 us, then sleeps waited_s / 16, clamped to 20 us .. 1 ms.
 // Ranks are often oversubscribed (8 ranks on 2 cores): a waiting rank that only yields still takes its fair
-// share of the core from the rank it waits for (docs/comm.md, "Where the time went").
+// share of the core from the rank it waits for (docs/comm.md, "Where the time went"). Every polling loop of Piper
+// waits this way: Communicator::wait, the runtime's stream threads (Core::wait_comm), the HALO and MoE engines and
+// `piper calibrate --ranks`, which so measures what a training step pays. A sleep in proportion to the wait keeps
+// the added latency near 1/16 of it: a fixed 1 ms sleep after a few polls (the stream threads' earlier policy)
+// added up to 1 ms to each round of a collective whose peers had finished theirs (docs/comm.md).
 void idle_while_polling(double waited_s);
-
-// The runtime's stream threads back off by poll count instead (runtime Core::wait_comm): a yield for each of the
-// first 16 polls, then a sleep of 50 us doubling per poll up to 1 ms. `piper calibrate --ranks` waits the same way
-// (comm/link_calibration.h), so that it measures what a training step pays after its last rank arrives.
-void backoff_after_polls(int polls);
 
 // Default timeout for waits whose caller has no better figure (seconds); PIPER_COMM_TIMEOUT_S overrides it.
 double default_timeout_s();

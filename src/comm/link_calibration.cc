@@ -170,15 +170,16 @@ Result<int64_t> rounds_for(Communicator& w, double seconds) {
   return static_cast<int64_t>(seconds / median(all));
 }
 
-// Waits as the runtime's stream threads do (backoff_after_polls), not as Communicator::wait does.
+// Waits as the runtime's stream threads do (idle_while_polling between tests, runtime Core::wait_comm).
 Status wait_like_runtime(Communicator& w, Result<Handle> posted) {
   PIPER_ASSIGN_OR_RETURN(Handle h, std::move(posted));
-  const auto deadline = Clock::now() + std::chrono::seconds(static_cast<int>(kTimeoutS));
-  for (int polls = 0;; ++polls) {
+  const auto start = Clock::now();
+  const auto deadline = start + std::chrono::seconds(static_cast<int>(kTimeoutS));
+  for (;;) {
     PIPER_ASSIGN_OR_RETURN(bool done, w.test(h));
     if (done) return ok_status();
     if (Clock::now() > deadline) return w.wait(h, 1.0);  // names the missing ranks
-    backoff_after_polls(polls);
+    idle_while_polling(since(start));
   }
 }
 

@@ -17,7 +17,7 @@ using detail::Core;
 Status Core::wait_comm(comm::Communicator& c, comm::Handle& h, std::shared_ptr<const void> keep,
                        const std::string& what) {
   const auto start = std::chrono::steady_clock::now();
-  for (int polls = 0;; ++polls) {
+  for (;;) {
     PIPER_ASSIGN_OR_RETURN(bool done, c.test(h));
     if (done) return ok_status();
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -37,9 +37,10 @@ Status Core::wait_comm(comm::Communicator& c, comm::Handle& h, std::shared_ptr<c
       abandoned.push_back(std::move(keep));  // MPI may still touch it
       return st.ok() ? ok_status() : st;
     }
-    // Ranks share few cores with their own compute threads: after a few quick polls, back off to sleeping
-    // (50 us doubling to 1 ms), so that a stream waiting for a peer does not steal the core that peer needs.
-    comm::backoff_after_polls(polls);
+    // Ranks share few cores with their own compute threads: back off to sleeping, in proportion to the time
+    // waited (comm::idle_while_polling), so that a stream waiting for a peer does not steal the core that peer
+    // needs, nor sleeps through the rounds of a collective that its peers have finished.
+    comm::idle_while_polling(waited);
   }
 }
 
