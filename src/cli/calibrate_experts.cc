@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <string>
 
+#include "piper/cli/calibrate_fit.h"
 #include "piper/cost/layer_cost.h"
 #include "piper/kernels/cpu/ops.h"
 
@@ -35,17 +36,14 @@ struct ExpertLayers {
 };
 
 // Least squares of y on x: intercept and slope (two or more distinct x).
-void fit_line(const std::vector<double>& x, const std::vector<double>& y, double* a, double* b) {
-  const double n = static_cast<double>(x.size());
-  double sx = 0, sy = 0, sxx = 0, sxy = 0;
-  for (size_t i = 0; i < x.size(); ++i) {
-    sx += x[i];
-    sy += y[i];
-    sxx += x[i] * x[i];
-    sxy += x[i] * y[i];
-  }
-  *b = (n * sxy - sx * sy) / (n * sxx - sx * sx);
-  *a = (sy - *b * sx) / n;
+// A fitted figure of task k within the calibration file's limit, else Unavailable naming both.
+Status check_figure(int k, const char* per, double value_s, double limit_s) {
+  if (value_s <= limit_s) return ok_status();
+  return unavailable("the expert kernels' " + std::string(kExpertTaskNames[k]) + " measured " +
+                     std::to_string(1e6 * value_s) + " us " + per + " beyond their FLOPs, more than the " +
+                     std::to_string(1e6 * limit_s) +
+                     " a calibration file accepts: the kernels did not run at this core's speed; calibrate again "
+                     "when the machine is idle");
 }
 
 // The line with a >= 0 and b >= 0 that a file can hold, from the least-squares (a, b): a negative intercept refits
@@ -163,29 +161,16 @@ Result<ExpertFit> measure_experts(const cost::DeviceModel& device,
     for (int k = 0; k < 3; ++k) y[k].push_back(p.excess_per_call_s[k]);
   }
   for (int k = 0; k < 3; ++k) {
-    double a = 0, b = 0;
-    fit_line(x, y[k], &a, &b);
+    const Line line = least_squares(x, y[k]);
+    double a = line.a, b = line.b;
     fit.fitted_a[k] = a;
     fit.fitted_b[k] = b;
     fit_nonnegative(x, y[k], &a, &b);
     fit.call_s[k] = a;
     fit.per_row_s[k] = b;
-    if (fit.per_row_s[k] > cost::kMaxExpertRowS) {
-      return unavailable("the expert kernels' " + std::string(kExpertTaskNames[k]) + " measured " +
-                         std::to_string(1e6 * fit.per_row_s[k]) + " us per row beyond their FLOPs, more than the " +
-                         std::to_string(1e6 * cost::kMaxExpertRowS) +
-                         " a calibration file accepts: the kernels did not run at this core's speed; calibrate again "
-                         "when the machine is idle");
-    }
-    // The calibration file accepts at most kMaxExpertCallS: a figure beyond it is refused here, not written.
-    if (fit.call_s[k] > cost::kMaxExpertCallS) {
-      return unavailable("the expert kernels' " + std::string(kExpertTaskNames[k]) + " measured " +
-                         std::to_string(1e6 * fit.call_s[k]) +
-                         " us per expert call beyond their FLOPs, more than the " +
-                         std::to_string(1e6 * cost::kMaxExpertCallS) +
-                         " a calibration file accepts: the kernels did not run at this core's speed; calibrate again "
-                         "when the machine is idle");
-    }
+    // The calibration file accepts at most these: a figure beyond them is refused here, not written.
+    PIPER_RETURN_IF_ERROR(check_figure(k, "per row", fit.per_row_s[k], cost::kMaxExpertRowS));
+    PIPER_RETURN_IF_ERROR(check_figure(k, "per expert call", fit.call_s[k], cost::kMaxExpertCallS));
   }
   return fit;
 }

@@ -12,30 +12,42 @@ namespace {
 constexpr double kFlatTolerance = 0.15;  // +-15 %: the spread of one-round medians on the loaded 2-core machine
 }  // namespace
 
+Line least_squares(const std::vector<double>& x, const std::vector<double>& y) {
+  const double n = static_cast<double>(x.size());
+  double sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    sx += x[i];
+    sy += y[i];
+    sxx += x[i] * x[i];
+    sxy += x[i] * y[i];
+  }
+  Line l;
+  l.b = (n * sxy - sx * sy) / (n * sxx - sx * sx);
+  l.a = (sy - l.b * sx) / n;
+  return l;
+}
+
 Result<GemmCurve> fit_gemm_curve(const std::vector<GemmPoint>& points) {
   std::set<double> dims;
-  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  std::vector<double> xs, ys;
   for (const GemmPoint& p : points) {
     if (p.min_dim <= 0 || p.efficiency <= 0) {
       return invalid_argument("calibrate: a GEMM point needs d > 0 and efficiency > 0, got d=" +
                               std::to_string(p.min_dim) + ", efficiency=" + std::to_string(p.efficiency));
     }
     dims.insert(p.min_dim);
-    const double x = 1.0 / p.min_dim, y = 1.0 / p.efficiency;
-    n += 1;
-    sx += x;
-    sy += y;
-    sxx += x * x;
-    sxy += x * y;
+    xs.push_back(1.0 / p.min_dim);
+    ys.push_back(1.0 / p.efficiency);
   }
   if (dims.size() < 2) return invalid_argument("calibrate: fitting the GEMM curve needs two or more distinct sizes");
-  const double slope = (n * sxy - sx * sy) / (n * sxx - sx * sx);
-  const double intercept = (sy - slope * sx) / n;
+  const Line line = least_squares(xs, ys);
+  const double slope = line.b, intercept = line.a;
   if (intercept <= 0 || slope < 0) {
     // Efficiency that does not rise with size. Flat within noise (every point within kFlatTolerance of the mean):
     // the curve with h = 0 (a CPU core's GEMM at n = k = 512 is near its peak from d = 8 on; on the loaded build
     // machine the fitted h came out as -0.9 on points 8..512). Anything else is noise, not a curve.
-    const double mean_y = sy / n;
+    double mean_y = 0;
+    for (double y : ys) mean_y += y / static_cast<double>(ys.size());
     bool flat = true;
     for (const GemmPoint& p : points) flat = flat && std::abs(p.efficiency * mean_y - 1.0) <= kFlatTolerance;
     if (flat) return GemmCurve{1.0 / mean_y, 0.0};

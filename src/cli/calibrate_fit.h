@@ -19,6 +19,13 @@ struct GemmCurve {
   double gemm_half_dim = 0;    // h: the dimension at which a GEMM reaches a / 2
 };
 
+// The least-squares line y = a + b x through (x, y) points (x.size() == y.size() >= 2, two distinct x); shared by
+// the GEMM curve and the experts' cost per call (calibrate_experts.cc).
+struct Line {
+  double a = 0, b = 0;
+};
+Line least_squares(const std::vector<double>& x, const std::vector<double>& y);
+
 // Least squares on the linearised curve 1/eff = 1/a + (h/a) * (1/d). Needs >= 2 points with distinct d and positive
 // efficiency. When 1/eff does not fall with 1/d (a <= 0 or h < 0): a flat curve (h = 0, a = the harmonic mean) if
 // every point is within 15 % of it, else InvalidArgument (too noisy to fit).

@@ -30,6 +30,16 @@ TEST(CalibrateFitTest, RecoversTheCurveFromExactPoints) {
   EXPECT_NEAR(c->gemm_half_dim, 48.0, 1e-9);
 }
 
+TEST(CalibrateFitTest, LeastSquaresLine) {
+  const Line exact = least_squares({32, 128, 512}, {2 + 3 * 32.0, 2 + 3 * 128.0, 2 + 3 * 512.0});
+  EXPECT_NEAR(exact.a, 2.0, 1e-9);
+  EXPECT_NEAR(exact.b, 3.0, 1e-12);
+  // Points off a line: the fit splits the residuals (mean of y at the mean of x).
+  const Line noisy = least_squares({0, 1, 2, 3}, {1, 0, 3, 2});
+  EXPECT_NEAR(noisy.b, 0.6, 1e-12);
+  EXPECT_NEAR(noisy.a + noisy.b * 1.5, 1.5, 1e-12);
+}
+
 TEST(CalibrateFitTest, RefusesPointsThatCannotBeFitted) {
   EXPECT_FALSE(fit_gemm_curve({{64, 0.5}}).ok());             // one size
   EXPECT_FALSE(fit_gemm_curve({{64, 0.5}, {64, 0.6}}).ok());  // one distinct size
