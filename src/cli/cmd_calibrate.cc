@@ -394,47 +394,50 @@ Status run_calibrate(const CalibrateOptions& o) {
   return run_device_stage(o, links, links_out);
 }
 
-Status run_device_stage(const CalibrateOptions& o, const Json& links, const std::string& links_out) {
-  PIPER_ASSIGN_OR_RETURN(ClusterSpec preset, load_cluster("local-cpu", 1));
-  const double peak = preset.device.peak_flops_fp32;
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+// One curve per thread count 1..cores. A count > 1 that the load made unfittable gets no entry (priced as t x one
+// core, as before it was measured, so a loaded machine still gets a calibration) and is named in *unfitted; one
+// core's figures are the file's core, so its failure is the stage's.
+Result<std::vector<ThreadRun>> measure_thread_counts(double peak, int rounds, int cores,
+                                                     std::vector<std::string>* unfitted) {
   const int threads_before = kernels::kernel_threads();
-  const auto started = Clock::now();
   std::vector<ThreadRun> runs;
-  std::vector<std::string> unfitted;  // thread counts > 1 whose curve the load made unfittable
   for (int t = 1; t <= cores; ++t) {
-    Result<ThreadRun> run = measure_threads(peak, o.rounds, t);
+    Result<ThreadRun> run = measure_threads(peak, rounds, t);
     kernels::set_kernel_threads(threads_before);
     if (run.ok()) {
       runs.push_back(*run);
       continue;
     }
-    // One core's figures are the file's core; a thread count without an entry is priced as t x one core, as
-    // before it was measured, so a loaded machine still gets a calibration (and the report says what is missing).
     if (t == 1) return run.status();
     std::fprintf(stderr, "calibrate: %s; no entry for %d threads (priced as %d x one core)\n",
                  run.status().message().c_str(), t, t);
-    unfitted.push_back(std::to_string(t));
+    unfitted->push_back(std::to_string(t));
   }
-  std::vector<SharingRow> sharing;
-  if (o.sharing_rounds > 0) {
-    PIPER_ASSIGN_OR_RETURN(sharing, measure_core_sharing(2 * cores, o.sharing_rounds, o.share_window_s, cores));
-  }
-  const ThreadRun& one = runs[0];
-  // Several threads need several idle cores at once: their figures are what the machine gave at this load.
+  return runs;
+}
+
+// ", load average L" for the file's source ("" when unknown); warns when the machine was loaded: several threads
+// need several idle cores at once, so their figures are what the machine gave at this load.
+std::string load_note(int cores) {
   double load[3] = {0, 0, 0};
-  const bool has_load = getloadavg(load, 3) == 3;
-  char load_text[64] = "";
-  if (has_load) std::snprintf(load_text, sizeof(load_text), ", load average %.2f", load[0]);
-  if (has_load && load[0] > 0.5 * cores) {
+  if (getloadavg(load, 3) != 3) return "";
+  if (load[0] > 0.5 * cores) {
     std::fprintf(stderr,
                  "calibrate: load average %.2f on %d cores: the figures of more than one thread (and the kernel-call "
                  "cost) are those of a loaded machine; calibrate again when it is idle\n",
                  load[0], cores);
   }
-  // The measured figures of one core replace the preset's (its base-clock peak and memcpy bandwidth): the large-GEMM
-  // asymptote of the fitted curve and the triad's bandwidth, each then reached in full (efficiency 1). Each thread
-  // count's own figures and the core sharing follow (cost/device_model.h).
+  char text[64];
+  std::snprintf(text, sizeof(text), ", load average %.2f", load[0]);
+  return text;
+}
+
+// The device calibration file's core: the measured figures of one core replace the preset's (its base-clock peak
+// and memcpy bandwidth): the large-GEMM asymptote of the fitted curve and the triad's bandwidth, each then reached
+// in full (efficiency 1). Each thread count's own figures and the core sharing follow (cost/device_model.h).
+Json device_file(const std::vector<ThreadRun>& runs, const std::vector<SharingRow>& sharing, double peak, int cores,
+                 const std::string& load_text) {
+  const ThreadRun& one = runs[0];
   Json file{{"peak_flops_fp32", one.curve.gemm_efficiency * peak},
             {"gemm_efficiency", 1.0},
             {"gemm_half_dim", one.curve.gemm_half_dim},
@@ -449,16 +452,39 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
                            (sharing.empty() ? "" : ", core sharing of 2.." + std::to_string(2 * cores) + " processes") +
                            load_text}};
   if (!sharing.empty()) file["core_sharing"] = core_sharing_json(sharing);
-  PIPER_ASSIGN_OR_RETURN(const AttentionFit attention,
-                         measure_on_one_thread(file, preset.device, o.rounds, &measure_attention));
-  file["attention_score_bytes"] = attention.bytes_per_score;
-  PIPER_ASSIGN_OR_RETURN(const ExpertFit experts,
-                         measure_on_one_thread(file, preset.device, o.rounds, &measure_experts));
-  file["expert_shape"] = Json{{"hidden", experts.hidden}, {"ffn", experts.width}};
+  return file;
+}
+
+// The attention and experts stages, each on one thread at the figures already in `file`; their keys added to it.
+Status add_kernel_stages(const DeviceSpec& preset, int rounds, Json* file, AttentionFit* attention,
+                         ExpertFit* experts) {
+  PIPER_ASSIGN_OR_RETURN(*attention, measure_on_one_thread(*file, preset, rounds, &measure_attention));
+  (*file)["attention_score_bytes"] = attention->bytes_per_score;
+  PIPER_ASSIGN_OR_RETURN(*experts, measure_on_one_thread(*file, preset, rounds, &measure_experts));
+  (*file)["expert_shape"] = Json{{"hidden", experts->hidden}, {"ffn", experts->width}};
   for (int k = 0; k < 3; ++k) {
-    file[std::string("expert_call_") + kExpertTaskNames[k] + "_s"] = experts.call_s[k];
-    file[std::string("expert_row_") + kExpertTaskNames[k] + "_s"] = experts.per_row_s[k];
+    (*file)[std::string("expert_call_") + kExpertTaskNames[k] + "_s"] = experts->call_s[k];
+    (*file)[std::string("expert_row_") + kExpertTaskNames[k] + "_s"] = experts->per_row_s[k];
   }
+  return ok_status();
+}
+
+Status run_device_stage(const CalibrateOptions& o, const Json& links, const std::string& links_out) {
+  PIPER_ASSIGN_OR_RETURN(ClusterSpec preset, load_cluster("local-cpu", 1));
+  const double peak = preset.device.peak_flops_fp32;
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  const auto started = Clock::now();
+  std::vector<std::string> unfitted;  // thread counts > 1 whose curve the load made unfittable
+  PIPER_ASSIGN_OR_RETURN(std::vector<ThreadRun> runs, measure_thread_counts(peak, o.rounds, cores, &unfitted));
+  std::vector<SharingRow> sharing;
+  if (o.sharing_rounds > 0) {
+    PIPER_ASSIGN_OR_RETURN(sharing, measure_core_sharing(2 * cores, o.sharing_rounds, o.share_window_s, cores));
+  }
+  const ThreadRun& one = runs[0];
+  Json file = device_file(runs, sharing, peak, cores, load_note(cores));
+  AttentionFit attention;
+  ExpertFit experts;
+  PIPER_RETURN_IF_ERROR(add_kernel_stages(preset.device, o.rounds, &file, &attention, &experts));
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   PIPER_ASSIGN_OR_RETURN(const std::string out, output_path(o.out));
   if (!out.empty()) PIPER_RETURN_IF_ERROR(write_file_atomic(out, file.dump(2) + "\n"));
