@@ -26,14 +26,8 @@ Result<ByteConvention> ByteConvention::from_train(const TrainSpec& train) {
   b.weight_copy = train.precision == Precision::kBF16 ? 0.0 : 2 * (1.0 + 1.0 / 32.0);
   b.grad = width(train.grad_dtype);
   b.master = train.master_dtype == train.param_dtype ? 0.0 : width(train.master_dtype);
-  const std::string& opt = train.optimizer.name;
-  if (opt == "adam" || opt == "adamw") {
-    b.optimizer = 2 * width(train.optimizer_dtype);
-  } else if (opt == "sgd") {
-    b.optimizer = width(train.optimizer_dtype);
-  } else {
-    return invalid_argument("train.optimizer.name: '" + opt + "' has no memory model; use adam, adamw or sgd");
-  }
+  PIPER_ASSIGN_OR_RETURN(const int buffers, optimizer_state_buffers(train.optimizer));
+  b.optimizer = buffers * width(train.optimizer_dtype);
   return b;
 }
 

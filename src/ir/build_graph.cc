@@ -72,15 +72,13 @@ double weight_grad_of(Part part, const WeightGradInputs& w, double expert_load) 
   }
 }
 
-// Bytes per parameter the optimizer holds: the fp32 master copy when the parameters are not it, and the moments
-// (Adam: two, SGD: one), as cost::ByteConvention counts them.
+// Bytes per parameter the optimizer holds: the fp32 master copy when the parameters are not it, and its state
+// buffers (spec::optimizer_state_buffers), as cost::ByteConvention counts them.
 Result<int> optimizer_bytes(const TrainSpec& train) {
   const int master = train.master_dtype == train.param_dtype ? 0 : dtype_bytes(train.master_dtype);
-  const std::string& opt = train.optimizer.name;
-  if (opt == "adam" || opt == "adamw") return master + 2 * dtype_bytes(train.optimizer_dtype);
-  if (opt == "sgd") return master + dtype_bytes(train.optimizer_dtype);
-  return invalid_argument("build_graph: train.optimizer.name '" + opt +
-                          "' has no memory model; use adam, adamw or sgd");
+  Result<int> buffers = optimizer_state_buffers(train.optimizer);
+  if (!buffers.ok()) return buffers.status().with_context("build_graph");
+  return master + *buffers * dtype_bytes(train.optimizer_dtype);
 }
 
 }  // namespace

@@ -75,6 +75,12 @@ double TrainSpec::stored_bytes(DType d) const {
   return d == DType::kFP8 ? 1.0 + 1.0 / 32.0 : static_cast<double>(dtype_bytes(d));
 }
 
+Result<int> optimizer_state_buffers(const OptimizerSpec& optimizer) {
+  if (optimizer.name == "adam" || optimizer.name == "adamw") return 2;
+  if (optimizer.name == "sgd") return 1;
+  return invalid_argument("train.optimizer.name: '" + optimizer.name + "' has no memory model; use adam, adamw or sgd");
+}
+
 Status TrainSpec::validate() const {
   auto str = [](int64_t v) { return std::to_string(v); };
   if (global_batch < 1) return invalid_argument("train.global_batch: " + str(global_batch) + " must be >= 1");

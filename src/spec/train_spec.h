@@ -20,6 +20,11 @@ struct OptimizerSpec {
   double grad_clip = 1.0;  // global-norm clipping; 0 = off
 };
 
+// The buffers the optimizer keeps per parameter, each in TrainSpec::optimizer_dtype: Adam and AdamW two moments,
+// SGD one momentum buffer; InvalidArgument for a name with no memory model. The one rule of the graph's optimizer
+// bytes (ir::build_graph) and the resource model's ByteConvention (cost/model_state.h).
+Result<int> optimizer_state_buffers(const OptimizerSpec& optimizer);
+
 // The format the GEMMs of the transformer blocks (attention projections, MLPs, experts) run in. The attention
 // core, the router, the embedding and the LM head stay in the compute dtype of the parameters (bf16), as in
 // DeepSeek-V3 (arXiv:2412.19437 §3.3) and Transformer Engine's recipes.

@@ -7,6 +7,20 @@
 namespace piper {
 namespace {
 
+TEST(TrainSpecTest, OptimizerStateBuffersPerParameter) {
+  OptimizerSpec o;
+  for (const char* name : {"adam", "adamw"}) {
+    o.name = name;
+    EXPECT_EQ(*optimizer_state_buffers(o), 2) << name;
+  }
+  o.name = "sgd";
+  EXPECT_EQ(*optimizer_state_buffers(o), 1);
+  o.name = "lion";
+  Result<int> bad = optimizer_state_buffers(o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("'lion' has no memory model"), std::string::npos);
+}
+
 TEST(TrainSpecTest, JsonRoundTripAndDefaults) {
   auto t = train_from_json(Json::parse(R"({"global_batch": 64, "micro_batch_size": 2, "seq_len": 128,
                                            "param_dtype": "fp32", "optimizer": {"lr": 1e-3}})"),
