@@ -46,7 +46,8 @@ void default_cost(const ir::Graph& g, const Node& n, Instruction& in) {
 // reduce-scatter of its output after it. (A pred all-reduce is the previous chunk's output, not this one's.)
 bool is_tp_input_collective(const Node& n) { return n.group == "tp" && n.kind == NodeKind::kAllGather; }
 bool is_tp_output_collective(const Node& n) {
-  return n.group == "tp" && (n.kind == NodeKind::kAllReduce || n.kind == NodeKind::kReduceScatter);
+  return n.group == "tp" && (n.kind == NodeKind::kAllReduce || n.kind == NodeKind::kReduceScatter) &&
+         !ir::is_tp_grad_sum(n);
 }
 
 // LowerOptions::tp_overlap: a tp chunk that runs as pieces, with its all-gather (ag) and reduce-scatter (rs),
@@ -106,6 +107,7 @@ CommRole comm_role(const Node& nd) {
     case NodeKind::kAllGather:
     case NodeKind::kReduceScatter:
     case NodeKind::kAllReduce:
+      if (ir::is_tp_grad_sum(nd)) return CommRole::kTpGradSum;
       if (nd.group == "tp") {
         return nd.kind == NodeKind::kAllGather       ? CommRole::kTpGather
                : nd.kind == NodeKind::kReduceScatter ? CommRole::kTpScatter

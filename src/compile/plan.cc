@@ -42,6 +42,8 @@ const char* to_string(CommRole r) {
       return "m2n_from_experts";
     case CommRole::kM2NDense:
       return "m2n_dense";
+    case CommRole::kTpGradSum:
+      return "tp_grad_sum";
   }
   return "?";
 }

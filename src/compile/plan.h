@@ -45,7 +45,12 @@ enum class CommRole : uint8_t {
   kEtpScatter,    // etp reduce_scatter of the experts' partial output rows (before the combine, F and B)
   kM2NToExperts,  // m2n whose consuming chunk is the experts (af-pipe dispatch, forward)
   kM2NFromExperts,  // m2n whose producing chunk is the experts (af-pipe combine; the dispatch's gradient)
-  kM2NDense,      // m2n between two chunks neither of which is the experts (a pipeline message across the sides)
+  kM2NDense,        // m2n between two chunks neither of which is the experts (a pipeline message across the sides)
+  kTpGradSum,       // tp all_reduce of one chunk's gradients that are partial sums over tp (mb < 0, once per step,
+                    // between its gradient or data-parallel reduction and its update; ir add_tp_grad_sums): the tensors
+                    // a split chunk keeps whole and, under sequence parallelism, every tensor of an unsplit chunk
+                    // but the experts reduced over edp; under ZeRO this rank's shard of them. comm_bytes: those
+                    // elements' gradient bytes (ZeRO: their mean share per shard)
 };
 const char* to_string(CommRole r);
 

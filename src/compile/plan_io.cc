@@ -42,7 +42,7 @@ const std::vector<std::string>& op_names() {
   return v;
 }
 const std::vector<std::string>& role_names() {
-  static const std::vector<std::string> v = names_of<CommRole>(static_cast<int>(CommRole::kM2NDense) + 1);
+  static const std::vector<std::string> v = names_of<CommRole>(static_cast<int>(CommRole::kTpGradSum) + 1);
   return v;
 }
 const std::vector<std::string>& segment_names() {

@@ -1,8 +1,12 @@
 #include "piper/compile/verify_plan.h"
 
 #include <algorithm>
+#include <map>
+#include <optional>
 #include <set>
+#include <string>
 #include <unordered_map>
+#include <utility>
 
 namespace piper::compile {
 namespace {
@@ -211,6 +215,78 @@ Status check_expert_reduction(const Plan& plan) {
   return ok_status();
 }
 
+// A chunk of a program: (layer, part).
+using ChunkKey = std::pair<int, Part>;
+
+std::string chunk_label(const ChunkKey& c) {
+  return "(layer " + std::to_string(c.first) + ", " + chunk_name(c.second) + ")";
+}
+
+// Whether a chunk's gradients are partial sums over tp, the rule of ir::add_tp_grad_sums (ir/passes/passes.h), from
+// the mesh axis its compute is split over: true, false, or nullopt for an embedding split over tp, whose whole
+// tensors (learned positions) the plan does not record, so either is accepted.
+std::optional<bool> partial_over_tp(const Plan& plan, const ChunkKey& c, const std::string& shard_axis) {
+  if (plan.mesh.tp <= 1) return false;
+  if (shard_axis == "tp") return c.second == Part::kEmbedding ? std::nullopt : std::optional<bool>(true);
+  if (!plan.sequence_parallel) return false;
+  return !(c.second == Part::kExperts && plan.experts_reduce_over_edp());
+}
+
+// Every chunk whose gradients are partial over tp has one tp gradient sum (CommRole::kTpGradSum: an all_reduce over
+// tp, once per step) before its update, and no other chunk has one: without it the optimizer would step each tensor
+// rank's share of those gradients (the runtime no longer sums them by itself).
+Status check_tp_grad_sums(const Plan& plan) {
+  for (const Program& prog : plan.templates) {
+    std::map<ChunkKey, std::string> axis;  // updated chunks -> the axis their compute is split over
+    std::map<ChunkKey, const Instruction*> sums;
+    for (const Stream& st : prog.streams) {
+      for (const Instruction& in : st.instrs) {
+        if (!in.part) continue;
+        const ChunkKey key{in.layer, *in.part};
+        if (in.op == OpKind::kUpdate) axis.emplace(key, "");
+        if (in.op == OpKind::kCompute) axis[key] = in.shard_axis;
+        if (in.role != CommRole::kTpGradSum) continue;
+        if (in.comm != ir::NodeKind::kAllReduce || in.group != "tp" || in.mb >= 0 || in.comm_bytes <= 0) {
+          return invalid_argument("plan: '" + in.label + "' is a tp gradient sum but not one all_reduce over tp " +
+                                  "per step with bytes (comm " + ir::to_string(in.comm) + ", group '" + in.group +
+                                  "', mb " + std::to_string(in.mb) + ", " + std::to_string(in.comm_bytes) +
+                                  " bytes); emit the plan again with this piper");
+        }
+        if (!sums.emplace(key, &in).second) {
+          return invalid_argument("plan: pipeline rank " + std::to_string(prog.pp_rank) + " sums the gradients of " +
+                                  chunk_label(key) + " over tp twice ('" + sums[key]->label + "', '" + in.label +
+                                  "'); emit the plan again with this piper");
+        }
+      }
+    }
+    for (const auto& [key, in] : sums) {
+      const auto a = axis.find(key);
+      const std::optional<bool> partial =
+          a == axis.end() ? std::optional<bool>(false) : partial_over_tp(plan, key, a->second);
+      if (partial.value_or(true)) continue;
+      return invalid_argument(
+          "plan: '" + in->label + "' sums over tp the gradients of " + chunk_label(key) + ", which " +
+          (a == axis.end() ? "this rank does not update"
+                           : "are whole on every "
+                             "tensor rank (the chunk is not split over tp and the plan is not sequence parallel, or "
+                             "its experts are reduced over edp)") +
+          "; emit the plan again with this piper");
+    }
+    for (const auto& [key, shard_axis] : axis) {
+      if (!partial_over_tp(plan, key, shard_axis).value_or(false) || sums.count(key) > 0) continue;
+      return invalid_argument(
+          "plan: pipeline rank " + std::to_string(prog.pp_rank) + " updates " + chunk_label(key) +
+          " without summing over tp its gradients that are partial on each tensor rank (" +
+          (shard_axis == "tp" ? "the tensors a chunk split over tp keeps whole"
+                              : "a token slice per tensor rank under "
+                                "sequence parallelism") +
+          "): the plan needs a tp_grad_sum all_reduce over tp before the update (ir::add_tp_grad_sums); emit the plan "
+          "again with this piper");
+    }
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 Result<PlanStats> verify_plan(const Plan& plan, int64_t capacity) {
@@ -220,6 +296,7 @@ Result<PlanStats> verify_plan(const Plan& plan, int64_t capacity) {
   PIPER_RETURN_IF_ERROR(execute_abstractly(plan, pairs, stats));
   PIPER_RETURN_IF_ERROR(check_capacity(stats, capacity));
   PIPER_RETURN_IF_ERROR(check_expert_reduction(plan));
+  PIPER_RETURN_IF_ERROR(check_tp_grad_sums(plan));
   return stats;
 }
 

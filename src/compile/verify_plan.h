@@ -10,7 +10,10 @@
 //    alloc/free deltas) must fit;
 //  - the experts' gradients reduce where ir::MeshInfo::experts_reduce_over_edp says: when it holds (folded tp x ep,
 //    etp > 1, sequence parallelism) none over dp, and each rank that updates a layer's experts reduces them over
-//    edp (when that group has more than one rank), since the runtime then no longer sums them over tp itself.
+//    edp (when that group has more than one rank), since the runtime then no longer sums them over tp itself;
+//  - with tp > 1 every chunk whose gradients are partial sums over tp (the tensors a split chunk keeps whole; under
+//    sequence parallelism every unsplit chunk but experts reduced over edp) has one tp gradient sum
+//    (CommRole::kTpGradSum) on the rank that updates it, and no other chunk has one (ir::add_tp_grad_sums).
 // Errors name the rank, the stream and the instruction (index and label).
 #pragma once
 

@@ -72,6 +72,25 @@ double weight_grad_of(Part part, const WeightGradInputs& w, double expert_load) 
   }
 }
 
+// Of a chunk's parameters, those whose gradient is a partial sum over tp when the chunk is split over tp: the
+// tensors it keeps whole that sit behind the split GEMMs' input gradient, which the tp collectives outside the chunk
+// sum only after the chunk's backward (Piper's chunks hold their norm; Megatron-LM sums the same norm weights under
+// sequence parallelism): the norm (weight and bias) and a QK norm over the head dimension (each rank's heads only).
+// The column-parallel biases, the sinks and a full QK norm split with the heads or units; an output bias or learned
+// positions get the whole gradient on every tensor rank.
+int64_t tp_whole_params(Part part, const ModelSpec& m) {
+  switch (part) {
+    case Part::kAttention:
+      return norm_params(m) + (m.qk_norm && !m.qk_norm_full ? 2 * m.head_dim : 0);
+    case Part::kDenseMlp:
+    case Part::kSharedExperts:  // the runtime's shared experts normalise their input with a norm of their own
+    case Part::kHead:
+      return norm_params(m);
+    default:
+      return 0;  // the split embedding holds only its vocabulary rows; router and experts are never split over tp
+  }
+}
+
 // Bytes per parameter the optimizer holds: the fp32 master copy when the parameters are not it, and its state
 // buffers (spec::optimizer_state_buffers), as cost::ByteConvention counts them.
 Result<int> optimizer_bytes(const TrainSpec& train) {
@@ -228,6 +247,7 @@ Result<Graph> build_graph(const ModelSpec& model, const TrainSpec& train, const 
       n.tags.pass = pass;
       n.name = base + "." + suffix;
       n.param_count = c.params;
+      n.tp_whole_params = tp_whole_params(c.part, model);
       const auto fwd_flops = static_cast<int64_t>(std::llround(c.flops_per_token * static_cast<double>(tokens)));
       if (pass == Pass::kF) {
         n.flops = fwd_flops;

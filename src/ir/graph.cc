@@ -3,8 +3,13 @@
 #include <queue>
 
 #include "piper/base/check.h"
+#include "piper/spec/part.h"
 
 namespace piper::ir {
+
+bool is_tp_grad_sum(const Node& n) {
+  return n.kind == NodeKind::kAllReduce && n.group == "tp" && chunk_part(n.tags.part).has_value();
+}
 
 NodeId Graph::add_node(Node node) {
   node.id = static_cast<NodeId>(nodes_.size());

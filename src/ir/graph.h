@@ -40,6 +40,10 @@ struct Node {
 
   // Per-node cost inputs (element counts / bytes; the cost model turns them into time and memory).
   int64_t param_count = 0;       // parameters this chunk owns (update nodes: the shard they step)
+  // Chunks: of param_count, the parameters that stay whole on every tensor rank when the chunk is split over tp
+  // and whose gradients are then partial sums over tp (the chunk's norm, a per-head-dim QK norm; build_graph.cc
+  // tp_whole_params), summed by add_tp_grad_sums (ir/passes/passes.h).
+  int64_t tp_whole_params = 0;
   int64_t flops = 0;             // per microbatch, filled by build_graph for chunk tasks
   int64_t activation_bytes = 0;  // activations kept from F until its backward
   // The part of activation_bytes every tensor-parallel rank keeps whole without sequence parallelism (a
@@ -79,6 +83,10 @@ struct Node {
   int order_slot = -1;     // position in its (pp_rank, stream) total order, set by order
   int order_filter = 0;    // index of the filter inside a multi-filter ("may overlap") slot
 };
+
+// A tp gradient sum (add_tp_grad_sums): the all-reduce over tp of one chunk's partial gradients, tagged with
+// that chunk's part; the tp collectives of hidden states are tagged "<part>.tp_*" (shard pass).
+bool is_tp_grad_sum(const Node& n);
 
 class Graph {
  public:

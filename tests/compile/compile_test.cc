@@ -123,7 +123,8 @@ TEST(CompileTest, EveryScheduleCompilesAndVerifies) {
 }
 
 // Split-backward schedules with tensor parallelism: the TP collective on the backward path carries input
-// gradients, so it must follow B, not W (following W made W feed the previous chunk's B: an order cycle).
+// gradients, so it must follow B, not W (following W made W feed the previous chunk's B: an order cycle). The
+// gradient sums over tp (is_tp_grad_sum) carry weight gradients and follow W.
 TEST(CompileTest, SplitBackwardSchedulesComposeWithTensorParallelism) {
   for (const char* s : {"tp=2,sp=1,pp=2,schedule=zb-h1,microbatches=4", "tp=2,sp=0,pp=2,schedule=zb-h1,microbatches=4",
                         "tp=2,sp=1,pp=2,schedule=dualpipev,microbatches=4",
@@ -132,7 +133,7 @@ TEST(CompileTest, SplitBackwardSchedulesComposeWithTensorParallelism) {
     ASSERT_TRUE(r.ok()) << s << ": " << r.status().message();
     int tp_collectives = 0;
     for (const ir::Node& n : r->graph.nodes()) {
-      if (n.group != "tp" || n.kind == ir::NodeKind::kChunk) continue;
+      if (n.group != "tp" || n.kind == ir::NodeKind::kChunk || ir::is_tp_grad_sum(n)) continue;
       for (ir::NodeId p : r->graph.preds(n.id)) {
         const ir::Node& src = r->graph.node(p);
         if (src.kind != ir::NodeKind::kChunk) continue;
@@ -493,6 +494,104 @@ TEST(CompileTest, VerifierRefusesExpertReductionsAgainstTheRule) {
   EXPECT_NE(over_tp.status().message().find("without reducing their gradients over edp (4 ranks"), std::string::npos)
       << over_tp.status().message();
   EXPECT_TRUE(verify_plan(r->plan).ok());
+}
+
+// Pipeline rank 0's tp gradient sums (CommRole::kTpGradSum): their chunk's label -> comm_bytes.
+std::map<std::string, int64_t> tp_grad_sums(const Plan& plan) {
+  std::map<std::string, int64_t> out;
+  for (const auto& st : plan.templates[0].streams) {
+    for (const auto& in : st.instrs) {
+      if (in.role != CommRole::kTpGradSum) continue;
+      EXPECT_EQ(in.comm, ir::NodeKind::kAllReduce) << in.label;
+      EXPECT_EQ(in.group, "tp") << in.label;
+      EXPECT_LT(in.mb, 0) << in.label;
+      EXPECT_TRUE(out.emplace(in.label, in.comm_bytes).second) << in.label << " twice";
+    }
+  }
+  return out;
+}
+
+// With tp > 1 the gradients that are partial on each tensor rank are summed over tp by the plan, one all_reduce per
+// chunk before its update: a split chunk's norm weight (tiny-moe: hidden 128 fp32 gradients, 512 bytes), and under
+// sequence parallelism every tensor of the unsplit routers ((128 x 8 + 128) x 4 = 4608 bytes); never the experts
+// (reduced over edp), nor the split embedding (nothing whole). Under ZeRO the sum runs on the dp shard (bytes / dp).
+// Issue 27: the runtime summed them in a blocking all-reduce of its own that no instruction priced.
+TEST(CompileTest, TensorParallelPlansSumThePartialGradientsOverTp) {
+  std::map<std::string, int64_t> sp;
+  for (const char* l : {"L0.attn", "L0.mlp", "L1.attn", "L2.attn", "L3.attn", "head"})
+    sp[std::string(l) + ".tp_sum"] = 512;
+  for (const char* l : {"L1.router", "L2.router", "L3.router"}) sp[std::string(l) + ".tp_sum"] = 4608;
+  auto r = compile("dp=2,tp=2,sp=1,microbatches=2");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(tp_grad_sums(r->plan), sp);
+  auto one_dp = compile("tp=2,sp=1,microbatches=2");
+  ASSERT_TRUE(one_dp.ok()) << one_dp.status().message();
+  EXPECT_EQ(tp_grad_sums(one_dp->plan), sp);
+  auto zero = compile("dp=2,tp=2,sp=1,zero=2,microbatches=2");
+  ASSERT_TRUE(zero.ok()) << zero.status().message();
+  std::map<std::string, int64_t> shard = sp;
+  for (auto& [label, bytes] : shard) bytes /= 2;
+  EXPECT_EQ(tp_grad_sums(zero->plan), shard);
+  // Each sum runs after its chunk's data-parallel reduction and before its update.
+  for (const auto& st : r->plan.templates[0].streams) {
+    for (const auto& in : st.instrs) {
+      if (in.role != CommRole::kTpGradSum) continue;
+      ASSERT_EQ(in.inputs.size(), 1u) << in.label;
+      ASSERT_EQ(in.outputs.size(), 1u) << in.label;
+      bool reduce = false, update = false;
+      for (const auto& s2 : r->plan.templates[0].streams) {
+        for (const auto& o : s2.instrs) {
+          reduce |= o.node == in.inputs[0] && o.role == CommRole::kGradReduce && o.part == in.part;
+          update |= o.node == in.outputs[0] && o.op == OpKind::kUpdate && o.part == in.part && o.layer == in.layer;
+        }
+      }
+      EXPECT_TRUE(reduce && update) << in.label;
+    }
+  }
+  // tp without sequence parallelism (a dense model): only the split chunks' norm weights are partial.
+  const Strategy s = strategy("tp=2,sp=0,microbatches=2");
+  ModelSpec dense = tiny();
+  dense.moe = MoeSpec{};
+  auto no_sp = compile_strategy(dense, train_for(s), s, CompileOptions{});
+  ASSERT_TRUE(no_sp.ok()) << no_sp.status().message();
+  std::map<std::string, int64_t> norms{{"head.tp_sum", 512}};
+  for (int l = 0; l < 4; ++l) {
+    norms["L" + std::to_string(l) + ".attn.tp_sum"] = 512;
+    norms["L" + std::to_string(l) + ".mlp.tp_sum"] = 512;
+  }
+  EXPECT_EQ(tp_grad_sums(no_sp->plan), norms);
+  // Without tensor parallelism nothing is partial.
+  auto plain = compile("dp=2,microbatches=2");
+  ASSERT_TRUE(plain.ok()) << plain.status().message();
+  EXPECT_TRUE(tp_grad_sums(plain->plan).empty());
+}
+
+// A plan without a chunk's tp gradient sum, or with one for a chunk whose gradients are whole, is refused by the
+// verifier, naming the chunk or the instruction.
+TEST(CompileTest, VerifierRefusesMissingOrExtraTpGradSums) {
+  auto r = compile("dp=2,tp=2,sp=1,microbatches=2");
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_TRUE(verify_plan(r->plan).ok());
+  Plan missing = r->plan;
+  for (auto& st : missing.templates[0].streams) {
+    std::erase_if(st.instrs, [](const Instruction& in) { return in.label == "L2.router.tp_sum"; });
+  }
+  auto m = verify_plan(missing);
+  ASSERT_FALSE(m.ok());
+  EXPECT_NE(m.status().message().find("updates (layer 2, router) without summing over tp"), std::string::npos)
+      << m.status().message();
+  Plan extra = r->plan;
+  for (auto& st : extra.templates[0].streams) {
+    for (auto& in : st.instrs) {
+      if (in.label == "L2.router.tp_sum") in.part = Part::kExperts;
+    }
+  }
+  auto e = verify_plan(extra);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.status().message().find("'L2.router.tp_sum' sums over tp the gradients of (layer 2, experts), which are "
+                                      "whole on every tensor rank"),
+            std::string::npos)
+      << e.status().message();
 }
 
 std::vector<ir::Directive> parse(const std::string& text) {

@@ -6,6 +6,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <set>
 #include <string>
 
@@ -222,6 +223,57 @@ TEST(PlanIoTest, ADamagedFileIsRefusedWithTheField) {
 // Under sequence parallelism the experts' gradients reduce over edp, tensor ranks included
 // (ir::MeshInfo::experts_reduce_over_edp): a file that moves them to dp, or drops sequence_parallel from a plan
 // that still scatters over tp, is refused with what to do.
+// A tensor-parallel plan carries its gradient sums over tp (role "tp_grad_sum") through a file; a file without
+// them (written before they were instructions) is refused, naming the chunk and the fix.
+TEST(PlanIoTest, TpGradSumsRoundTripAndAreRequired) {
+  const Plan plan = compiled("dp=2,tp=2,sp=1,zero=1,microbatches=2");
+  const Json good = plan.to_json();
+  auto back = plan_from_json(good, "f.json");
+  ASSERT_TRUE(back.ok()) << back.status().message();
+  EXPECT_EQ(*back, plan);
+  Json j = good;
+  size_t dropped = 0;
+  for (Json& prog : j["programs"]) {
+    // Each sum's readers read what it read, as in a plan without it.
+    std::map<int64_t, std::pair<Json, Json>> sums;  // node -> (inputs, outputs)
+    for (Json& st : prog["streams"]) {
+      for (Json& in : st["instructions"]) {
+        if (in.value("role", "") == "tp_grad_sum") sums[in["node"].get<int64_t>()] = {in["inputs"], in["outputs"]};
+      }
+    }
+    auto rewire = [&](Json& ids, bool inputs) {
+      Json out = Json::array();
+      for (const Json& id : ids) {
+        auto s = sums.find(id.get<int64_t>());
+        if (s == sums.end()) {
+          out.push_back(id);
+          continue;
+        }
+        for (const Json& other : inputs ? s->second.first : s->second.second) out.push_back(other);
+      }
+      ids = out;
+    };
+    for (Json& st : prog["streams"]) {
+      Json kept = Json::array();
+      for (Json& in : st["instructions"]) {
+        if (in.value("role", "") == "tp_grad_sum") {
+          ++dropped;
+          continue;
+        }
+        if (in.contains("inputs")) rewire(in["inputs"], true);
+        if (in.contains("outputs")) rewire(in["outputs"], false);
+        kept.push_back(in);
+      }
+      st["instructions"] = kept;
+    }
+  }
+  ASSERT_GT(dropped, 0u);
+  const std::string error = error_of(j);
+  EXPECT_NE(error.find("without summing over tp its gradients that are partial on each tensor rank"), std::string::npos)
+      << error;
+  EXPECT_NE(error.find("emit the plan again"), std::string::npos) << error;
+}
+
 TEST(PlanIoTest, ExpertReductionAgainstTheRuleIsRefused) {
   const Json good = compiled("dp=2,tp=2,sp=1,zero=1,microbatches=2").to_json();
   ASSERT_TRUE(plan_from_json(good, "f.json").ok());

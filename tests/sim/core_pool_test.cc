@@ -256,7 +256,9 @@ TEST(CorePoolTest, RefusesAPoolItCannotApply) {
 // before the core pool (tiny-moe, h800, 512 tokens; representative and full); the tp rows re-pinned after the
 // vocabulary-parallel head's cross-entropy exchange was priced (8cd7123: +12 us over the step's 4 head forwards), and
 // again when the plan reduced the experts over dp x tp under sequence parallelism (issue 27: 4-rank rings instead of
-// 2-rank ones, +43 us). A deliberate change of the cost
+// 2-rank ones, +43 us), and when the plan summed the partial gradients over tp (session 32: -11.6 us; the sums are
+// small, and the inserted nodes move the updates' topological order, so the experts, whose reduction ends first,
+// update first on the compute stream). A deliberate change of the cost
 // model or the simulator moves them: check that it should, and pin the new values (the message prints them).
 TEST(CorePoolTest, WithoutSharedCoresStepTimesAreUnchanged) {
   struct Row {
@@ -269,8 +271,8 @@ TEST(CorePoolTest, WithoutSharedCoresStepTimesAreUnchanged) {
       {"dp=2,pp=4,schedule=1f1b,microbatches=8", true, 0x1.ccb3fbad8acd9p-13},
       {"dp=4,ep=4,pp=2,zero=1,microbatches=4", false, 0x1.6715073413875p-12},
       {"dp=4,ep=4,pp=2,zero=1,microbatches=4", true, 0x1.6715073413875p-12},
-      {"dp=2,tp=2,sp=1,pp=2,schedule=interleaved,vpp=2,microbatches=4", false, 0x1.749185919787p-12},
-      {"dp=2,tp=2,sp=1,pp=2,schedule=interleaved,vpp=2,microbatches=4", true, 0x1.756d6c906644ep-12},
+      {"dp=2,tp=2,sp=1,pp=2,schedule=interleaved,vpp=2,microbatches=4", false, 0x1.686fc10496ed8p-12},
+      {"dp=2,tp=2,sp=1,pp=2,schedule=interleaved,vpp=2,microbatches=4", true, 0x1.694ba80365ab6p-12},
       {"dp=8,ep=8,a2a=halo,microbatches=2", false, 0x1.2c36d2a50eb4ep-11},
       {"dp=8,ep=8,a2a=halo,microbatches=2", true, 0x1.2c36d2a50eb4ep-11},
   };

@@ -96,6 +96,7 @@ Status apply_directives(Graph& graph, const std::vector<Directive>& directives, 
                             " make a cycle (apply them with defer_order_cycle_checks off to name the directive)");
   }
   split_unsharded_moe_tokens(graph);
+  add_tp_grad_sums(graph);
   return ok_status();
 }
 

@@ -41,6 +41,12 @@ Status apply_shard(Graph& graph, const ShardDirective& d);
 // router's and experts' per-token bytes (stash, checkpoint, backward working set, B -> W gradients) are divided by
 // tp, as shard ep divides them when it shards the experts and as the closed form counts every MoE term.
 void split_unsharded_moe_tokens(Graph& graph);
+// After every directive (tp_grad_sum.cc): with tp > 1, an all_reduce over tp (group "tp", the chunk's part tag,
+// stream "tp_grad", is_tp_grad_sum) of each chunk's gradients that are partial sums over tp, between its gradient
+// (after its data-parallel reduction, if any) and its update: the tensors a split chunk keeps whole
+// (Node::tp_whole_params) and, under sequence parallelism, every tensor of an unsplit chunk except experts reduced
+// over edp. Under ZeRO the shard's share (ceil(partial / degree) elements).
+void add_tp_grad_sums(Graph& graph);
 // check_cycles = false: the caller checks for cycles later (ApplyOptions::defer_order_cycle_checks).
 Status apply_order(Graph& graph, const OrderDirective& d, bool check_cycles = true);
 Status apply_stream(Graph& graph, const StreamDirective& d);

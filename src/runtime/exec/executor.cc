@@ -144,6 +144,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const compile::Plan& plan, co
   // The MoE layers, expert norm owners and HALO context, then the ZeRO shards of state, gradients and parameters.
   PIPER_RETURN_IF_ERROR(impl->ep->setup());
   PIPER_RETURN_IF_ERROR(impl->dp->setup());
+  PIPER_RETURN_IF_ERROR(impl->tp->setup());
   for (const auto& c : model->chunks()) {
     const int n = impl->updates_expected.count(c.get()) ? impl->updates_expected[c.get()] : 0;
     if (n != 1) {
@@ -211,8 +212,9 @@ Status Core::resolve(const compile::Stream& stream, size_t i, Task* t) {
 }
 
 // A communication instruction goes to the handler of its kind: m2n send/recv to M2n when routed (a dense edge is a
-// pipeline message), other send/recv to the pipeline, tp exchanges to TensorParallel, all_to_all and the etp
-// gather / reduce-scatter to ExpertParallel, gradient reductions and parameter gathers to DataParallel.
+// pipeline message), other send/recv to the pipeline, tp exchanges and tp gradient sums to TensorParallel,
+// all_to_all and the etp gather / reduce-scatter to ExpertParallel, gradient reductions and parameter gathers to
+// DataParallel.
 Status Core::resolve_comm(const Instruction& in, Task* t) {
   if (in.node == ir::kNoNode) return internal_error("executor: '" + in.label + "' names no graph node");
   if (in.op == OpKind::kSend || in.op == OpKind::kRecv) {
@@ -221,7 +223,7 @@ Status Core::resolve_comm(const Instruction& in, Task* t) {
       PIPER_ASSIGN_OR_RETURN(routed, m2n->routed(in));
     }
     t->handler = routed ? static_cast<detail::Handler*>(m2n.get()) : p2p.get();
-  } else if (detail::is_tp_exchange(in)) {
+  } else if (detail::is_tp_exchange(in) || in.role == compile::CommRole::kTpGradSum) {
     t->handler = tp.get();
   } else if (in.comm == ir::NodeKind::kAllToAll || detail::is_etp_exchange(in)) {
     t->handler = ep.get();
@@ -482,8 +484,9 @@ Status Core::free_buffer(const Instruction& in) {
 
 Status Core::update(const Task& t) {
   const Instruction& in = *t.in;
-  Status waited = wait_until([&] { return grad_tasks_done == grad_tasks_total && dp->reductions_complete(); },
-                             kWaitTimeout, "'" + in.label + "' waited 600 s for the step's gradients");
+  Status waited = wait_until(
+      [&] { return grad_tasks_done == grad_tasks_total && dp->reductions_complete() && tp->grad_sums_complete(); },
+      kWaitTimeout, "'" + in.label + "' waited 600 s for the step's gradients");
   if (!waited.ok()) return waited.code() == StatusCode::kUnavailable ? ok_status() : waited;
   if (dist == nullptr) {
     std::lock_guard<std::mutex> lock(mu);

@@ -10,7 +10,7 @@
 //   DataParallel    the dp gradient all-reduce and ZeRO 1-3: shards, reduce-scatters, parameter all-gathers,
 //                   re-sharding at the free of a gathered buffer, sharded updates (executor_dp.cc)
 //   TensorParallel  the tp gather / scatter / reduce of hidden states, the sequence slice of unsplit chunks,
-//                   the gradient sum over tp (executor_tp.cc); tp_overlap's pieces of split chunks and of their
+//                   the plan's gradient sums over tp (executor_tp.cc); tp_overlap's pieces of split chunks and of their
 //                   all-gathers and reduce-scatters (executor_tp_overlap.cc)
 //   ExpertParallel  ep dispatch / combine (flat or HALO), expert placement and migration, expert gradient
 //                   scaling and norm ownership, the per-step expert load (executor_ep.cc)
@@ -186,10 +186,10 @@ class TensorParallel final : public Handler {
   // row pieces; run: its share of the chunk's work, docs/runtime.md "tp_overlap").
   Status resolve_piece(const compile::Instruction& in, Task* t);
   Status run_piece(const Task& t, StepContext& ctx);
-  // Sums over tp the gradients that are partial on each tensor rank (replicated parameters). Under ZeRO only
-  // this rank's data-parallel shard of them is summed (the shards of one chunk cover the same elements on every
-  // tensor rank: each holds the same chunk structure).
-  Status prepare_norm() override;
+  // After every instruction is resolved: every chunk whose gradients are partial over tp has the plan's sum.
+  Status setup() override;
+  // Every tp gradient sum of the step has run (the update waits for it, with the data-parallel reductions).
+  bool grad_sums_complete();
   // Split chunks: split tensors count on every tensor rank, replicated ones on tensor rank 0, over this rank's
   // ZeRO shard when the chunk is sharded.
   std::optional<double> grad_sq(const Chunk& chunk) override;
@@ -208,7 +208,21 @@ class TensorParallel final : public Handler {
   int size_ = 1, rank_ = 0;
   bool sequence_parallel_ = false;            // the plan exchanges sequence slices (all-gather / reduce-scatter)
   std::set<const Chunk*> sliced_;             // chunks split over tp (tp_slice.h)
-  std::unique_ptr<comm::Communicator> sync_;  // the tp group in its own matching context (grad sums, router)
+  std::unique_ptr<comm::Communicator> sync_;  // the tp group in its own matching context (router statistics)
+  // The plan's gradient sums over tp (CommRole::kTpGradSum), on their own communicator: one stream posts them, in
+  // the plan's order on every tensor rank.
+  std::unique_ptr<comm::Communicator> grads_;
+  std::set<const Chunk*> grad_sums_;  // chunks with a tp gradient sum; fixed at create()
+  int64_t grad_sums_done_ = 0;        // this step's; mu_
+  Status resolve_grad_sum(const compile::Instruction& in, Task* t);
+  // Whether some of the chunk's trainable tensors get only a share of their gradient on each tensor rank: the
+  // tensors a split chunk keeps whole (tp_param_split), or under sequence parallelism all of an unsplit chunk's
+  // but experts the plan reduces over edp (ir::add_tp_grad_sums, the compiler's rule).
+  bool partial_over_tp(const Chunk& chunk) const;
+  // The chunk's gradients that are partial over tp: the tensors a split chunk keeps whole, or under sequence
+  // parallelism all of an unsplit chunk's; under ZeRO this rank's shard of them (DataParallel::grad_pieces).
+  std::vector<std::pair<float*, int64_t>> partial_grads(Chunk& chunk);
+  Status grad_sum(const Task& t);
   bool head_split_ = false;                   // the plan shards the head over tp (on any pipeline rank)
   // af-pipe: an all-gather whose producer is this FFN rank's experts F combines their rows first (M2n), over
   // this communicator (null: an FFN group of one rank).

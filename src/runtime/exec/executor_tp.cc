@@ -1,6 +1,7 @@
 // Tensor parallelism in the executor (docs/runtime.md): the shard pass's collectives over `tp` move hidden
 // states between the split chunks (model/chunks/tp_slice.h) and the rest of the model, and the gradients that are
-// partial on each tensor rank are summed over tp before the optimizer step.
+// partial on each tensor rank are summed over tp where the plan says (CommRole::kTpGradSum, one all-reduce per chunk
+// and step before its update: ir::add_tp_grad_sums).
 //
 // Message sizes ([n, h] with n = mbs * seq tokens of a microbatch, T = tp):
 //   all_gather      (tp_ag, sequence parallel)  [n/T, h] slice -> [n, h]   (the input of a split chunk, F and B)
@@ -55,10 +56,12 @@ Status TensorParallel::init(const compile::Program& program) {
   // Every rank of the tp group creates its executor in the same order, so dup() is matched.
   PIPER_ASSIGN_OR_RETURN(sync_, group->dup("tp_sync"));
   PIPER_ASSIGN_OR_RETURN(vocab_, group->dup("tp_vocab"));
+  PIPER_ASSIGN_OR_RETURN(grads_, group->dup("tp_grad"));
   return ok_status();
 }
 
 Status TensorParallel::resolve(const Instruction& in, Task* t) {
+  if (in.role == compile::CommRole::kTpGradSum) return resolve_grad_sum(in, t);
   t->comm = core_.dist->group("tp");
   if (t->comm == nullptr || size_ <= 1) {
     return internal_error("executor: '" + in.label + "' runs over tp, which has degree 1 on this plan");
@@ -95,6 +98,7 @@ Result<std::shared_ptr<const Tensor>> TensorParallel::take_input(const Task& t) 
 
 Status TensorParallel::run(const Task& t) {
   const Instruction& in = *t.in;
+  if (in.role == compile::CommRole::kTpGradSum) return grad_sum(t);
   if (in.segment != compile::Segment::kWhole) {  // tp_overlap (executor_tp_overlap.cc)
     return in.comm == ir::NodeKind::kAllGather ? gather_piece(t) : scatter_piece(t);
   }
@@ -185,38 +189,88 @@ Status TensorParallel::context(const Task& t, StepContext* ctx, Microbatch* mb) 
   return ok_status();
 }
 
-Status TensorParallel::prepare_norm() {
-  if (size_ <= 1) return ok_status();
-  // Partial on each tensor rank: the replicated tensors of split chunks (their input gradient is split over
-  // heads / units), and under sequence parallelism every tensor of the other chunks (each saw a token slice).
-  // Summing over tp commutes with the mean over dp, so under ZeRO the sum runs on the reduced shard.
-  std::vector<std::pair<float*, int64_t>> partial;
-  for (const auto& c : core_.model->chunks()) {
-    const bool split = sliced_.count(c.get()) > 0;
-    if (!split && !sequence_parallel_) continue;
-    // The plan reduces the experts over its edp group, which sums their tensor ranks' token slices
-    // (Plan::experts_reduce_over_edp; folded or with etp > 1 the tensor ranks of one tp group hold other experts).
-    if (core_.plan->experts_reduce_over_edp() && c->part() == Part::kExperts) continue;
-    for (const auto& piece : core_.dp->grad_pieces(*c, [&](const Param& p) { return !(split && tp_param_split(p)); })) {
-      partial.push_back(piece);
-    }
+Status TensorParallel::resolve_grad_sum(const Instruction& in, Task* t) {
+  t->comm = grads_.get();
+  if (t->comm == nullptr || size_ <= 1) {
+    return internal_error("executor: '" + in.label + "' sums gradients over tp, which has degree 1 on this plan");
   }
+  t->degree = t->comm->size();
+  t->chunk = core_.model->find(in.layer, in.part);
+  if (t->chunk == nullptr) {
+    return invalid_argument("executor: '" + in.label + "' sums the gradients of (layer " + std::to_string(in.layer) +
+                            ", " + in.part_name() + ") over tp, which this rank does not hold");
+  }
+  if (!partial_over_tp(*t->chunk)) {
+    return invalid_argument("executor: '" + in.label + "' sums the gradients of " + t->chunk->name() +
+                            " over tp, but they are whole on every tensor rank (not split over tp, no sequence " +
+                            "parallelism, or experts reduced over edp); emit the plan again with this piper");
+  }
+  if (!grad_sums_.insert(t->chunk).second) {
+    return invalid_argument("executor: '" + in.label + "' is a second gradient sum over tp of " + t->chunk->name() +
+                            "; the plan sums each chunk once per step");
+  }
+  return ok_status();
+}
+
+Status TensorParallel::setup() {
+  if (size_ <= 1) return ok_status();
+  for (const auto& c : core_.model->chunks()) {
+    if (grad_sums_.count(c.get()) > 0 || !partial_over_tp(*c)) continue;
+    return failed_precondition("executor: the plan does not sum over tp the gradients of " + c->name() +
+                               " that are partial on each tensor rank (no tp_grad_sum instruction before its " +
+                               "update); emit the plan again with this piper");
+  }
+  return ok_status();
+}
+
+bool TensorParallel::grad_sums_complete() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return grad_sums_done_ == static_cast<int64_t>(grad_sums_.size());
+}
+
+bool TensorParallel::partial_over_tp(const Chunk& chunk) const {
+  const bool split = sliced_.count(&chunk) > 0;
+  if (size_ <= 1 || (!split && !sequence_parallel_)) return false;
+  // The plan reduces the experts over its edp group, which sums their tensor ranks' token slices
+  // (Plan::experts_reduce_over_edp; folded or with etp > 1 the tensor ranks of one tp group hold other experts).
+  if (core_.plan->experts_reduce_over_edp() && chunk.part() == Part::kExperts) return false;
+  return std::any_of(chunk.params().begin(), chunk.params().end(),
+                     [&](const Param& p) { return p.trainable && !(split && tp_param_split(p)); });
+}
+
+std::vector<std::pair<float*, int64_t>> TensorParallel::partial_grads(Chunk& chunk) {
+  if (!partial_over_tp(chunk)) return {};
+  const bool split = sliced_.count(&chunk) > 0;
+  return core_.dp->grad_pieces(chunk, [&](const Param& p) { return !(split && tp_param_split(p)); });
+}
+
+// Runs after the chunk's data-parallel reduction (the plan's order): the sum over tp commutes with the mean over dp,
+// and under ZeRO the shards of one chunk cover the same elements on every tensor rank, so the tensor ranks of one
+// data-parallel coordinate sum the same pieces (none when their shard holds no partial tensor).
+Status TensorParallel::grad_sum(const Task& t) {
+  const std::vector<std::pair<float*, int64_t>> partial = partial_grads(*t.chunk);
   size_t total = 0;
   for (const auto& [ptr, n] : partial) total += static_cast<size_t>(n);
-  if (total == 0) return ok_status();
-  auto buf = std::make_shared<std::vector<float>>(total);
-  size_t at = 0;
-  for (const auto& [ptr, n] : partial) {
-    std::copy(ptr, ptr + n, buf->data() + at);
-    at += static_cast<size_t>(n);
+  if (total > 0) {
+    auto buf = std::make_shared<std::vector<float>>(total);
+    size_t at = 0;
+    for (const auto& [ptr, n] : partial) {
+      std::copy(ptr, ptr + n, buf->data() + at);
+      at += static_cast<size_t>(n);
+    }
+    PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->all_reduce_sum(buf->data(), buf->data(), total));
+    PIPER_RETURN_IF_ERROR(core_.wait_comm(*t.comm, h, buf, "gradient sum over tp of " + t.chunk->name()));
+    at = 0;
+    for (const auto& [ptr, n] : partial) {
+      std::copy(buf->data() + at, buf->data() + at + n, ptr);
+      at += static_cast<size_t>(n);
+    }
   }
-  PIPER_ASSIGN_OR_RETURN(comm::Handle h, sync_->all_reduce_sum(buf->data(), buf->data(), total));
-  PIPER_RETURN_IF_ERROR(core_.wait_comm(*sync_, h, buf, "gradient sum over tp of the replicated parameters"));
-  at = 0;
-  for (const auto& [ptr, n] : partial) {
-    std::copy(buf->data() + at, buf->data() + at + n, ptr);
-    at += static_cast<size_t>(n);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++grad_sums_done_;
   }
+  core_.notify();
   return ok_status();
 }
 

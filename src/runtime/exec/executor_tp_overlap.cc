@@ -60,6 +60,7 @@ TensorParallel::~TensorParallel() = default;
 void TensorParallel::begin_step() {
   std::lock_guard<std::mutex> lock(mu_);
   splits_.clear();
+  grad_sums_done_ = 0;
 }
 
 std::shared_ptr<SplitNode> TensorParallel::split_node(ir::NodeId node) {
