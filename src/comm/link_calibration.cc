@@ -328,7 +328,7 @@ class Spinners {
   std::vector<std::thread> threads_;
 };
 
-// `call` back to back, waiting like the runtime: the time per call (median over calls) on this rank.
+// `call` back to back, waiting like the runtime: the time per call (trimmed mean over calls) on this rank.
 Result<double> per_call(Communicator& w, const LinkCalibrationOptions& o, const std::function<Status()>& call) {
   PIPER_RETURN_IF_ERROR(wait(w, w.barrier()));
   std::vector<double> samples;
@@ -337,7 +337,7 @@ Result<double> per_call(Communicator& w, const LinkCalibrationOptions& o, const 
     PIPER_RETURN_IF_ERROR(call());
     if (i >= o.warmup) samples.push_back(since(t0));
   }
-  return median(samples);
+  return trimmed_mean(std::move(samples), o.trim);
 }
 
 Result<double> mean_over_ranks(Communicator& w, double mine) {

@@ -18,14 +18,14 @@
 //   - collectives while the cores compute: every rank keeps `compute_threads` threads spinning the same loop
 //     (what the runtime's compute streams do on an oversubscribed node) while its main thread calls the world
 //     all-reduce, the world all-to-all, the all-reduce in pairs and a ping-pong in pairs back to back, waiting
-//     as the runtime does; the time per call (median over calls, mean over ranks) against the same loop with no
+//     as the runtime does; the time per call (trimmed mean over calls, mean over ranks) against the same loop with no
 //     compute (the difference is measured for the record; the simulator does not apply it, docs/calibration.md);
 //     and the work the spinning threads lost per call against their rate alone: the CPU a collective takes from
 //     compute, which the simulator adds to the node's core pool (NodeSpec::busy_cpu_*).
-// Times are medians over iterations (after `warmup`), but compute-then-collective's, which are trimmed means over
-// interleaved rounds (SyncUnderLoad). Nodes are told apart by host name (gethostname), so the two-node emulation
-// (scripts/two-node-emulation.sh, one host name per namespace) counts as two nodes; ranks must be node-major (the
-// error says so otherwise).
+// Times are medians over iterations (after `warmup`), but compute-then-collective's (over interleaved rounds) and
+// the time per call while the cores compute, which are trimmed means (SyncUnderLoad, ContendedTiming). Nodes are told
+// apart by host name (gethostname), so the two-node emulation (scripts/two-node-emulation.sh, one host name per
+// namespace) counts as two nodes; ranks must be node-major (the error says so otherwise).
 #pragma once
 
 #include <cstddef>
@@ -51,8 +51,9 @@ struct LinkCalibrationOptions {
   // (after `warmup`): 160 samples per figure, times R/2 for the pairs (docs/calibration.md, session 32).
   int sync_rounds = 8;
   int sync_iterations = 20;
-  // trimmed_mean's fraction off each end, for compute-then-collective: one interruption in 20 samples goes, the
-  // long tail of a descheduled rank (part of what a synchronisation costs) mostly stays.
+  // trimmed_mean's fraction off each end, for compute-then-collective and the time per call while computing: one
+  // interruption in 20 samples goes, the long tail of a descheduled rank (part of what a synchronisation costs)
+  // mostly stays.
   double trim = 0.05;
   int contended_iterations = 40;            // calls per collective while the cores compute (and without)
   size_t contended_p2p_bytes = 128 * 1024;  // the ping-pong's message (tiny-moe's activations at mbs 2)
@@ -122,10 +123,11 @@ Result<SyncUnderLoad> sync_under_load(const std::vector<SyncRound>& idle, const 
                                       double trim);
 
 // A collective called back to back while every rank's compute threads spin (busy_s) and without (idle_s): the time
-// per call, median over calls, mean over ranks; excess_s = busy_s - idle_s (>= 0). cpu_s: the CPU seconds of compute
-// the spinning threads of a rank lost per call (their work beside the calls against their rate alone, the rank's main
-// thread asleep), mean over ranks: what a collective takes from the compute of an oversubscribed node (its thread's
-// polls, MPI's progress, the context switches).
+// per call, trimmed mean over calls (a call waits for a time slice or not; a median jumps between the two), mean
+// over ranks; excess_s = busy_s - idle_s (>= 0). cpu_s: the CPU seconds of compute the spinning threads of a rank
+// lost per call (their work beside the calls against their rate alone, the rank's main thread asleep), mean over
+// ranks: what a collective takes from the compute of an oversubscribed node (its thread's polls, MPI's progress,
+// the context switches).
 struct ContendedTiming {
   bool measured = false;
   size_t bytes = 0;         // per rank (ping-pong: per message)
