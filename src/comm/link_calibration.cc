@@ -448,8 +448,9 @@ Result<double> trimmed_mean(std::vector<double> samples, double trim) {
                             " is out of range; allowed [0, 0.5) (the fraction dropped off each end)");
   }
   for (double v : samples) {
-    if (!std::isfinite(v))
+    if (!std::isfinite(v)) {
       return invalid_argument("trimmed_mean: a sample is " + std::to_string(v) + "; give finite times");
+    }
   }
   std::sort(samples.begin(), samples.end());  // also fixes the order of the sum
   const size_t cut = static_cast<size_t>(std::floor(trim * static_cast<double>(samples.size())));
