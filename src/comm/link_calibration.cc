@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -183,36 +184,53 @@ Status wait_like_runtime(Communicator& w, Result<Handle> posted) {
   }
 }
 
-// One compute-then-collective loop: per iteration every rank spins `rounds`, then posts `call` and waits like the
-// runtime. Medians over iterations of: the time from the last rank's arrival to the ranks' completion (mean over
-// ranks), the iteration's wall time, and the ranks' CPU time in spin().
-Result<SyncTiming> sync_loop(Communicator& w, int64_t rounds, const LinkCalibrationOptions& o,
-                             const std::function<Result<Handle>()>& call) {
-  std::vector<double> after, iter, cpu;
+// One round of a compute-then-collective loop: per iteration every rank spins `spin_rounds`, then posts `call` and
+// waits like the runtime. Per iteration (after the warm-up): the time from the last rank's arrival to the ranks'
+// completion (mean over ranks), the iteration's wall time, and the ranks' CPU time in spin() (median over ranks).
+// One all-gather per iteration carries the four figures of every rank.
+Result<SyncRound> sync_loop(Communicator& w, int64_t spin_rounds, const LinkCalibrationOptions& o,
+                            const std::function<Result<Handle>()>& call) {
+  enum { kStart, kArrived, kDone, kWork, kFigures };
+  const size_t p = static_cast<size_t>(w.size());
+  SyncRound round;
+  std::vector<double> all(kFigures * p), column(p);
   for (int i = 0; i < o.warmup + o.sync_iterations; ++i) {
     PIPER_RETURN_IF_ERROR(wait(w, w.barrier()));
-    const double t0 = wall_s(), c0 = thread_cpu_s();
-    volatile float sink = spin(rounds);
+    double mine[kFigures];
+    mine[kStart] = wall_s();
+    const double c0 = thread_cpu_s();
+    volatile float sink = spin(spin_rounds);
     (void)sink;
-    const double work = thread_cpu_s() - c0, arrived = wall_s();
+    mine[kWork] = thread_cpu_s() - c0;
+    mine[kArrived] = wall_s();
     PIPER_RETURN_IF_ERROR(wait_like_runtime(w, call()));
-    const double done = wall_s();
-    PIPER_ASSIGN_OR_RETURN(auto arrivals, gather_doubles(w, arrived));
-    PIPER_ASSIGN_OR_RETURN(auto dones, gather_doubles(w, done));
-    PIPER_ASSIGN_OR_RETURN(auto starts, gather_doubles(w, t0));
-    PIPER_ASSIGN_OR_RETURN(auto works, gather_doubles(w, work));
+    mine[kDone] = wall_s();
+    PIPER_RETURN_IF_ERROR(wait(w, w.all_gather(mine, all.data(), sizeof(mine))));
     if (i < o.warmup) continue;
+    auto figure = [&](int f) {
+      for (size_t r = 0; r < p; ++r) column[r] = all[r * kFigures + static_cast<size_t>(f)];
+      return column;
+    };
+    const std::vector<double> starts = figure(kStart), dones = figure(kDone);
     double mean_done = 0;
-    for (double d : dones) mean_done += d / static_cast<double>(dones.size());
-    after.push_back(mean_done - max_of(arrivals));
-    iter.push_back(max_of(dones) - *std::min_element(starts.begin(), starts.end()));
-    cpu.push_back(median(works));
+    for (double d : dones) mean_done += d / static_cast<double>(p);
+    round.after_last_arrival_s.push_back(mean_done - max_of(figure(kArrived)));
+    round.iteration_s.push_back(max_of(dones) - *std::min_element(starts.begin(), starts.end()));
+    round.work_cpu_s.push_back(median(figure(kWork)));
   }
-  return SyncTiming{median(after), median(iter), median(cpu)};
+  return round;
 }
 
-Result<SyncUnderLoad> measure_sync(Communicator& w, const LinkCalibrationOptions& o, size_t bytes, bool all_to_all) {
-  PIPER_ASSIGN_OR_RETURN(int64_t rounds, rounds_for(w, o.compute_s));
+// The rounds of one compute-then-collective measurement, in the order they ran (idle[k] just before busy[k]).
+struct SyncRounds {
+  size_t bytes = 0;  // per rank
+  std::vector<SyncRound> idle, busy;
+};
+
+// sync_rounds rounds of the loop without compute and with, interleaved (idle, busy, idle, busy, ...), so that a
+// slow drift of the machine's load reaches both alike.
+Result<SyncRounds> measure_sync(Communicator& w, const LinkCalibrationOptions& o, size_t bytes, bool all_to_all) {
+  PIPER_ASSIGN_OR_RETURN(int64_t spin_rounds, rounds_for(w, o.compute_s));
   const size_t p = static_cast<size_t>(w.size());
   const size_t per_peer = std::max<size_t>(1, bytes / p);
   std::vector<float> in(std::max<size_t>(1, per_peer * p / 4)), out(in.size());
@@ -221,13 +239,56 @@ Result<SyncUnderLoad> measure_sync(Communicator& w, const LinkCalibrationOptions
     if (all_to_all) return w.all_to_all_v(in.data(), split, out.data(), split);
     return w.all_reduce_sum(in.data(), out.data(), in.size());
   };
-  SyncUnderLoad s;
-  s.measured = true;
-  s.bytes = all_to_all ? per_peer * p : in.size() * 4;
-  PIPER_ASSIGN_OR_RETURN(s.idle, sync_loop(w, 0, o, call));
-  PIPER_ASSIGN_OR_RETURN(s.busy, sync_loop(w, rounds, o, call));
-  s.excess_s = std::max(0.0, s.busy.after_last_arrival_s - s.idle.after_last_arrival_s);
+  SyncRounds r;
+  r.bytes = all_to_all ? per_peer * p : in.size() * 4;
+  for (int k = 0; k < o.sync_rounds; ++k) {
+    PIPER_ASSIGN_OR_RETURN(SyncRound alone, sync_loop(w, 0, o, call));
+    r.idle.push_back(std::move(alone));
+    PIPER_ASSIGN_OR_RETURN(SyncRound computing, sync_loop(w, spin_rounds, o, call));
+    r.busy.push_back(std::move(computing));
+  }
+  return r;
+}
+
+// Every pair's samples in one set of rounds: round k of the result holds round k of each pair's first rank (its
+// partner holds the same figures). The pairs all measured at once, and the simulator charges every pair the same
+// figure: its expected value over the pairs, from R/2 times the samples of one pair.
+Result<std::vector<SyncRound>> pool_pairs(Communicator& world, const std::vector<SyncRound>& mine) {
+  std::vector<SyncRound> pooled(mine.size());
+  for (size_t k = 0; k < mine.size(); ++k) {
+    for (auto field : {&SyncRound::after_last_arrival_s, &SyncRound::iteration_s, &SyncRound::work_cpu_s}) {
+      const std::vector<double>& v = mine[k].*field;
+      std::vector<double> all(v.size() * static_cast<size_t>(world.size()));
+      PIPER_RETURN_IF_ERROR(wait(world, world.all_gather(v.data(), all.data(), v.size() * sizeof(double))));
+      for (size_t r = 0; r < static_cast<size_t>(world.size()); r += 2) {
+        (pooled[k].*field)
+            .insert((pooled[k].*field).end(), all.begin() + r * v.size(), all.begin() + (r + 1) * v.size());
+      }
+    }
+  }
+  return pooled;
+}
+
+Result<SyncUnderLoad> summarize(const SyncRounds& r, double trim) {
+  PIPER_ASSIGN_OR_RETURN(SyncUnderLoad s, sync_under_load(r.idle, r.busy, trim));
+  s.bytes = r.bytes;
   return s;
+}
+
+// The world all-reduce and all-to-all after compute and (R >= 4, even) the all-reduce in pairs, every pair at once.
+Status measure_syncs(Communicator& w, const LinkCalibrationOptions& o, LinkCalibration* c) {
+  PIPER_ASSIGN_OR_RETURN(SyncRounds all_reduce, measure_sync(w, o, o.sync_all_reduce_bytes, false));
+  PIPER_ASSIGN_OR_RETURN(c->sync_all_reduce, summarize(all_reduce, o.trim));
+  PIPER_ASSIGN_OR_RETURN(SyncRounds all_to_all, measure_sync(w, o, o.sync_all_to_all_bytes, true));
+  PIPER_ASSIGN_OR_RETURN(c->sync_all_to_all, summarize(all_to_all, o.trim));
+  if (w.size() < 4 || w.size() % 2 != 0) return ok_status();
+  const int first = w.rank() / 2 * 2;
+  PIPER_ASSIGN_OR_RETURN(auto pair, w.split({first, first + 1}, "calibrate_pair"));
+  PIPER_ASSIGN_OR_RETURN(SyncRounds pairs, measure_sync(*pair, o, o.sync_all_reduce_bytes, false));
+  PIPER_ASSIGN_OR_RETURN(pairs.idle, pool_pairs(w, pairs.idle));
+  PIPER_ASSIGN_OR_RETURN(pairs.busy, pool_pairs(w, pairs.busy));
+  PIPER_ASSIGN_OR_RETURN(c->sync_pairs, summarize(pairs, o.trim));
+  return ok_status();
 }
 
 // Threads spinning spin() in chunks until stopped: a rank's compute streams keeping its cores busy. They count their
@@ -268,7 +329,7 @@ class Spinners {
   std::vector<std::thread> threads_;
 };
 
-// `call` back to back, waiting like the runtime: the time per call (median over calls) on this rank.
+// `call` back to back, waiting like the runtime: the time per call (trimmed mean over calls) on this rank.
 Result<double> per_call(Communicator& w, const LinkCalibrationOptions& o, const std::function<Status()>& call) {
   PIPER_RETURN_IF_ERROR(wait(w, w.barrier()));
   std::vector<double> samples;
@@ -277,7 +338,7 @@ Result<double> per_call(Communicator& w, const LinkCalibrationOptions& o, const 
     PIPER_RETURN_IF_ERROR(call());
     if (i >= o.warmup) samples.push_back(since(t0));
   }
-  return median(samples);
+  return trimmed_mean(std::move(samples), o.trim);
 }
 
 Result<double> mean_over_ranks(Communicator& w, double mine) {
@@ -367,14 +428,94 @@ Status LinkCalibrationOptions::validate() const {
   if (p2p_bytes.size() < 2 || collective_bytes.size() < 2) {
     return invalid_argument("calibrate: links need at least two message sizes for an alpha-beta fit");
   }
-  if (iterations < 1 || warmup < 0 || sync_iterations < 1 || contended_iterations < 1 || compute_threads < 0) {
-    return invalid_argument("calibrate: iterations must be >= 1");
+  if (iterations < 1 || warmup < 0 || sync_rounds < 1 || sync_iterations < 1 || contended_iterations < 1 ||
+      compute_threads < 0) {
+    return invalid_argument("calibrate: iterations and rounds must be >= 1");
+  }
+  if (!(trim >= 0 && trim < 0.5)) {
+    return invalid_argument("calibrate: trim = " + std::to_string(trim) + " is out of range; allowed [0, 0.5)");
   }
   if (!(compute_s > 0) || !(cores > 0) || sync_all_reduce_bytes < 4 || sync_all_to_all_bytes < 1 ||
       !(contended_alone_s > 0)) {
     return invalid_argument("calibrate: the compute-then-collective loop needs compute_s > 0, cores > 0, >= 4 bytes");
   }
   return ok_status();
+}
+
+Result<double> trimmed_mean(std::vector<double> samples, double trim) {
+  if (samples.empty()) return invalid_argument("trimmed_mean: no samples; measure at least one iteration");
+  if (!(trim >= 0 && trim < 0.5)) {
+    return invalid_argument("trimmed_mean: trim = " + std::to_string(trim) +
+                            " is out of range; allowed [0, 0.5) (the fraction dropped off each end)");
+  }
+  for (double v : samples) {
+    if (!std::isfinite(v)) {
+      return invalid_argument("trimmed_mean: a sample is " + std::to_string(v) + "; give finite times");
+    }
+  }
+  std::sort(samples.begin(), samples.end());  // also fixes the order of the sum
+  const size_t cut = static_cast<size_t>(std::floor(trim * static_cast<double>(samples.size())));
+  double sum = 0;
+  for (size_t i = cut; i < samples.size() - cut; ++i) sum += samples[i];
+  return sum / static_cast<double>(samples.size() - 2 * cut);
+}
+
+namespace {
+
+using Estimator = std::function<Result<double>(std::vector<double>)>;
+
+// The typical value of samples (their median); InvalidArgument for none.
+Result<double> typical(std::vector<double> samples) {
+  if (samples.empty()) return invalid_argument("calibrate: no samples; measure at least one iteration");
+  return median(std::move(samples));
+}
+
+// The rounds' samples pooled: `estimate` of the times, the median of the CPU times (0 where none were taken).
+Result<SyncTiming> pooled_timing(const std::vector<SyncRound>& rounds, const Estimator& estimate) {
+  SyncRound all;
+  for (const SyncRound& r : rounds) {
+    all.after_last_arrival_s.insert(all.after_last_arrival_s.end(), r.after_last_arrival_s.begin(),
+                                    r.after_last_arrival_s.end());
+    all.iteration_s.insert(all.iteration_s.end(), r.iteration_s.begin(), r.iteration_s.end());
+    all.work_cpu_s.insert(all.work_cpu_s.end(), r.work_cpu_s.begin(), r.work_cpu_s.end());
+  }
+  SyncTiming t;
+  PIPER_ASSIGN_OR_RETURN(t.after_last_arrival_s, estimate(all.after_last_arrival_s));
+  if (!all.iteration_s.empty()) {
+    PIPER_ASSIGN_OR_RETURN(t.iteration_s, estimate(all.iteration_s));
+  }
+  t.work_cpu_s = median(all.work_cpu_s);
+  return t;
+}
+
+}  // namespace
+
+// The collective after compute by its expected value (what the simulator adds up over a step); alone by its typical
+// value, as the alpha-beta fits that price the collective itself: the idle loop's own outliers (4 ranks polling on
+// 2 cores, one descheduled for a time slice) would otherwise eat the excess.
+Result<SyncUnderLoad> sync_under_load(const std::vector<SyncRound>& idle, const std::vector<SyncRound>& busy,
+                                      double trim) {
+  if (idle.empty() || idle.size() != busy.size()) {
+    return invalid_argument("calibrate: synchronisation needs as many idle rounds as busy ones, at least one (got " +
+                            std::to_string(idle.size()) + " and " + std::to_string(busy.size()) + ")");
+  }
+  const Estimator expected = [trim](std::vector<double> v) { return trimmed_mean(std::move(v), trim); };
+  SyncUnderLoad s;
+  s.measured = true;
+  s.trim = trim;
+  s.samples_per_round = static_cast<int>(idle.front().after_last_arrival_s.size());
+  PIPER_ASSIGN_OR_RETURN(s.idle, pooled_timing(idle, typical));
+  PIPER_ASSIGN_OR_RETURN(s.busy, pooled_timing(busy, expected));
+  s.excess_s = std::max(0.0, s.busy.after_last_arrival_s - s.idle.after_last_arrival_s);
+  for (size_t k = 0; k < idle.size(); ++k) {
+    PIPER_ASSIGN_OR_RETURN(double alone, typical(idle[k].after_last_arrival_s));
+    PIPER_ASSIGN_OR_RETURN(double computing, expected(busy[k].after_last_arrival_s));
+    s.round_excess_s.push_back(std::max(0.0, computing - alone));
+  }
+  const auto [lo, hi] = std::minmax_element(s.round_excess_s.begin(), s.round_excess_s.end());
+  s.round_excess_min_s = *lo;
+  s.round_excess_max_s = *hi;
+  return s;
 }
 
 AlphaBeta fit_alpha_beta(std::vector<SizedTime> points) {
@@ -408,13 +549,7 @@ Result<LinkCalibration> measure_links(Communicator& world, const LinkCalibration
   PIPER_ASSIGN_OR_RETURN(c.all_gather, measure_collective(world, Coll::kAllGather, options));
   PIPER_ASSIGN_OR_RETURN(c.all_to_all, measure_collective(world, Coll::kAllToAll, options));
   progress(world, "compute, then all-reduce / all-to-all, on every rank at once (the runtime's waits)");
-  PIPER_ASSIGN_OR_RETURN(c.sync_all_reduce, measure_sync(world, options, options.sync_all_reduce_bytes, false));
-  PIPER_ASSIGN_OR_RETURN(c.sync_all_to_all, measure_sync(world, options, options.sync_all_to_all_bytes, true));
-  if (world.size() >= 4 && world.size() % 2 == 0) {
-    const int first = world.rank() / 2 * 2;
-    PIPER_ASSIGN_OR_RETURN(auto pair, world.split({first, first + 1}, "calibrate_pair"));
-    PIPER_ASSIGN_OR_RETURN(c.sync_pairs, measure_sync(*pair, options, options.sync_all_reduce_bytes, false));
-  }
+  PIPER_RETURN_IF_ERROR(measure_syncs(world, options, &c));
   progress(world, "all-reduce, all-to-all, pairs and point to point while every rank's cores compute");
   PIPER_RETURN_IF_ERROR(measure_contended(world, options, c.ranks_per_node, &c));
   return c;
@@ -495,8 +630,15 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
                          {"iteration_s", t.iteration_s},
                          {"work_cpu_s", t.work_cpu_s}};
     };
-    return OrderedJson{
-        {"bytes", u.bytes}, {"idle", timing(u.idle)}, {"computing", timing(u.busy)}, {"excess_s", u.excess_s}};
+    return OrderedJson{{"bytes", u.bytes},
+                       {"idle", timing(u.idle)},
+                       {"computing", timing(u.busy)},
+                       {"excess_s", u.excess_s},
+                       {"trim", u.trim},
+                       {"samples_per_round", u.samples_per_round},
+                       {"round_excess_s", u.round_excess_s},
+                       {"round_excess_min_s", u.round_excess_min_s},
+                       {"round_excess_max_s", u.round_excess_max_s}};
   };
   if (c.sync_all_reduce.measured) m["sync_all_reduce"] = sync(c.sync_all_reduce);
   if (c.sync_all_to_all.measured) m["sync_all_to_all"] = sync(c.sync_all_to_all);
@@ -549,6 +691,11 @@ std::string to_text(const LinkCalibration& c) {
                   name, format_bytes(static_cast<double>(u.bytes)).c_str(), format_seconds(u.busy.work_cpu_s).c_str(),
                   format_seconds(u.busy.after_last_arrival_s).c_str(),
                   format_seconds(u.idle.after_last_arrival_s).c_str(), format_seconds(u.excess_s).c_str());
+    out += line;
+    std::snprintf(line, sizeof(line),
+                  "    %zu rounds of %d samples: %s .. %s more per round (trimmed means, %.0f%% off each end)\n",
+                  u.round_excess_s.size(), u.samples_per_round, format_seconds(u.round_excess_min_s).c_str(),
+                  format_seconds(u.round_excess_max_s).c_str(), u.trim * 100);
     out += line;
   };
   sync("all-reduce", c.sync_all_reduce);

@@ -13,17 +13,19 @@
 //     from the last rank's arrival to completion, against the same collective without compute. The difference is
 //     what a synchronisation costs while ranks compute on shared cores: the ranks that arrived early sleep between
 //     polls, and MPI progresses a collective's rounds only inside their MPI calls. Over the world, and (R >= 4, even)
-//     the all-reduce in pairs (2k, 2k+1), every pair at once, as tensor-parallel pairs synchronise;
+//     the all-reduce in pairs (2k, 2k+1), every pair at once, as tensor-parallel pairs synchronise (the pairs'
+//     samples pooled: one figure for every pair);
 //   - collectives while the cores compute: every rank keeps `compute_threads` threads spinning the same loop
 //     (what the runtime's compute streams do on an oversubscribed node) while its main thread calls the world
 //     all-reduce, the world all-to-all, the all-reduce in pairs and a ping-pong in pairs back to back, waiting
-//     as the runtime does; the time per call (median over calls, mean over ranks) against the same loop with no
+//     as the runtime does; the time per call (trimmed mean over calls, mean over ranks) against the same loop with no
 //     compute (the difference is measured for the record; the simulator does not apply it, docs/calibration.md);
 //     and the work the spinning threads lost per call against their rate alone: the CPU a collective takes from
 //     compute, which the simulator adds to the node's core pool (NodeSpec::busy_cpu_*).
-// Times are medians over iterations (after `warmup`). Nodes are told apart by host name (gethostname), so the
-// two-node emulation (scripts/two-node-emulation.sh, one host name per namespace) counts as two nodes; ranks must
-// be node-major (the error says so otherwise).
+// Times are medians over iterations (after `warmup`), but compute-then-collective's (over interleaved rounds) and
+// the time per call while the cores compute, which are trimmed means (SyncUnderLoad, ContendedTiming). Nodes are told
+// apart by host name (gethostname), so the two-node emulation (scripts/two-node-emulation.sh, one host name per
+// namespace) counts as two nodes; ranks must be node-major (the error says so otherwise).
 #pragma once
 
 #include <cstddef>
@@ -44,7 +46,15 @@ struct LinkCalibrationOptions {
   double compute_s = 0.004;                   // the compute-then-collective loop's work on one core alone
   size_t sync_all_reduce_bytes = 4096;        // ... then an all-reduce of this many bytes per rank
   size_t sync_all_to_all_bytes = 512 * 1024;  // ... or an all-to-all (tiny-moe's dispatch at mbs 4)
-  int sync_iterations = 15;
+  // The compute-then-collective loops run in rounds, idle and busy interleaved (idle, busy, idle, busy, ...), so
+  // that a slow drift of the machine's load affects both alike; each round times this many iterations of each
+  // (after `warmup`): 160 samples per figure, times R/2 for the pairs (docs/calibration.md, session 32).
+  int sync_rounds = 8;
+  int sync_iterations = 20;
+  // trimmed_mean's fraction off each end, for compute-then-collective and the time per call while computing: one
+  // interruption in 20 samples goes, the long tail of a descheduled rank (part of what a synchronisation costs)
+  // mostly stays.
+  double trim = 0.05;
   int contended_iterations = 40;            // calls per collective while the cores compute (and without)
   size_t contended_p2p_bytes = 128 * 1024;  // the ping-pong's message (tiny-moe's activations at mbs 2)
   int compute_threads = 0;                  // spinning threads per rank; 0: max(1, cores / ranks per node)
@@ -66,28 +76,58 @@ struct AlphaBeta {
   std::vector<SizedTime> points;
 };
 
+// The mean of `samples` without the floor(trim * n) lowest and as many highest: the expected value of a quantity
+// that one-off interruptions (another process, a rank descheduled for a time slice) do not move, and that, unlike a
+// median, weighs both modes of a bimodal distribution by their mass. InvalidArgument (naming the fix) for no
+// samples or trim outside [0, 0.5).
+Result<double> trimmed_mean(std::vector<double> samples, double trim);
+
 struct SyncTiming {
   double after_last_arrival_s = 0;  // from the last rank's arrival to completion (mean over ranks)
   double iteration_s = 0;           // compute + collective, first start to last completion
   double work_cpu_s = 0;            // CPU time of one rank's compute (median over ranks)
 };
 
+// The iterations of one round of a compute-then-collective loop (one sample of each per iteration, same order).
+struct SyncRound {
+  std::vector<double> after_last_arrival_s, iteration_s, work_cpu_s;
+};
+
 // A collective after compute: `idle` with no compute (the ranks arrive together), `busy` after every rank computed
 // compute_s on the shared cores (they arrive as time slicing lets them; the early ones have backed off to
 // sleeping polls). excess_s = busy - idle after the last arrival: what a synchronisation costs on top of the
-// collective itself when the ranks compute on shared cores.
+// collective itself when the ranks compute on shared cores. busy is the expected time (a trimmed mean over every
+// round's iterations, not a median: the time after the last arrival is bimodal on shared cores, whether an early
+// rank sleeps in its backoff when the last arrives or not, and a median jumps between the modes from one
+// calibration to the next; docs/calibration.md, session 32); idle is the collective's typical time (a median), as
+// in the alpha-beta fits that price the collective itself, so that fit + excess_s is the expected time after
+// compute. round_excess_s: the same difference from each round alone, in order; its min and max show how stable
+// excess_s is.
 struct SyncUnderLoad {
   bool measured = false;
   size_t bytes = 0;  // per rank
   SyncTiming idle, busy;
   double excess_s = 0;
+  double trim = 0;                     // of busy's trimmed means
+  int samples_per_round = 0;           // per condition (idle, busy): iterations, times R/2 for the pairs
+  std::vector<double> round_excess_s;  // one per round
+  double round_excess_min_s = 0, round_excess_max_s = 0;
 };
 
+// SyncUnderLoad from rounds measured in order idle[0], busy[0], idle[1], busy[1], ... (samples_per_round from
+// idle[0]; bytes left 0 for the caller), the samples of every round pooled: busy's after_last_arrival_s and
+// iteration_s are trimmed means, idle's medians, work_cpu_s medians; excess_s and each round's excess (the same
+// from that round alone) are at least 0. InvalidArgument when the rounds are missing, unequal in number, empty, or
+// trim is outside [0, 0.5).
+Result<SyncUnderLoad> sync_under_load(const std::vector<SyncRound>& idle, const std::vector<SyncRound>& busy,
+                                      double trim);
+
 // A collective called back to back while every rank's compute threads spin (busy_s) and without (idle_s): the time
-// per call, median over calls, mean over ranks; excess_s = busy_s - idle_s (>= 0). cpu_s: the CPU seconds of
-// compute the spinning threads of a rank lost per call (their work beside the calls against their rate alone, the
-// rank's main thread asleep), mean over ranks: what a collective takes from the compute of an oversubscribed node
-// (its thread's polls, MPI's progress, the context switches).
+// per call, trimmed mean over calls (a call waits for a time slice or not; a median jumps between the two), mean
+// over ranks; excess_s = busy_s - idle_s (>= 0). cpu_s: the CPU seconds of compute the spinning threads of a rank
+// lost per call (their work beside the calls against their rate alone, the rank's main thread asleep), mean over
+// ranks: what a collective takes from the compute of an oversubscribed node (its thread's polls, MPI's progress,
+// the context switches).
 struct ContendedTiming {
   bool measured = false;
   size_t bytes = 0;         // per rank (ping-pong: per message)
@@ -103,7 +143,8 @@ struct LinkCalibration {
   AlphaBeta intra, inter;          // point to point
   AlphaBeta all_reduce, all_gather, all_to_all;
   SyncUnderLoad sync_all_reduce, sync_all_to_all;
-  // The all-reduce in groups of two (ranks 2k, 2k+1: tensor-parallel pairs), every pair at once; R >= 4, even.
+  // The all-reduce in groups of two (ranks 2k, 2k+1: tensor-parallel pairs), every pair at once, the samples of
+  // every pair pooled; R >= 4, even.
   SyncUnderLoad sync_pairs;
   // While the cores compute: world all-reduce and all-to-all, the all-reduce in pairs and the ping-pong in pairs
   // (R even; point-to-point transfers, as pipelines make them).
