@@ -35,14 +35,13 @@ struct ExpertLayers {
   void next() { at = (at + 1) % layers; }
 };
 
-// Least squares of y on x: intercept and slope (two or more distinct x).
 // A fitted figure of task k within the calibration file's limit, else Unavailable naming both.
 Status check_figure(int k, const char* per, double value_s, double limit_s) {
   if (value_s <= limit_s) return ok_status();
   return unavailable("the expert kernels' " + std::string(kExpertTaskNames[k]) + " measured " +
                      std::to_string(1e6 * value_s) + " us " + per + " beyond their FLOPs, more than the " +
                      std::to_string(1e6 * limit_s) +
-                     " a calibration file accepts: the kernels did not run at this core's speed; calibrate again "
+                     " us a calibration file accepts: the kernels did not run at this core's speed; calibrate again "
                      "when the machine is idle");
 }
 

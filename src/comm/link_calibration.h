@@ -9,7 +9,7 @@
 //   - all_reduce_sum, all_gather and all_to_all_v over the world at each size of `collective_bytes` (bytes per rank;
 //     all_to_all_v sends bytes / P to every peer): the slowest rank's time, barrier before each call;
 //   - compute-then-collective: every rank computes a fixed arithmetic loop (sized to `compute_s` of one core), then
-//     all-reduces (or all-to-alls) and waits as the runtime's stream threads do (backoff_after_polls); the time
+//     all-reduces (or all-to-alls) and waits as the runtime's stream threads do (idle_while_polling); the time
 //     from the last rank's arrival to completion, against the same collective without compute. The difference is
 //     what a synchronisation costs while ranks compute on shared cores: the ranks that arrived early sleep between
 //     polls, and MPI progresses a collective's rounds only inside their MPI calls. Over the world, and (R >= 4, even)

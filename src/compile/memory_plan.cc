@@ -19,6 +19,17 @@ namespace {
 // gradients for its W (ir::Node::weight_grad_bytes), live until that W has run; and under ZeRO-2/3 the full
 // gradients its weight-gradient task writes, live until its reduce-scatter has sent them (the static state holds
 // only the 1/dp shard).
+// Whether reduce-scatter `rs` feeds a ZeRO-2/3 update: directly, or through the chunk's tp gradient sum
+// (ir::is_tp_grad_sum, which sits between the reduction and the update when the gradient is partial over tp).
+bool feeds_sharded_update(const ir::Graph& g, NodeId rs) {
+  for (NodeId u : g.succs(rs)) {
+    const Node& n = g.node(u);
+    if (n.kind == NodeKind::kUpdate && n.zero >= 2) return true;
+    if (ir::is_tp_grad_sum(n) && feeds_sharded_update(g, u)) return true;
+  }
+  return false;
+}
+
 void plan_backward_buffers(const ir::Graph& g, const Node& nd, int& next_buffer, BufferPlan& out) {
   if (nd.backward_scratch_bytes > 0) {
     Buffer b{next_buffer++, nd.backward_scratch_bytes, "scratch " + nd.name};
@@ -40,9 +51,7 @@ void plan_backward_buffers(const ir::Graph& g, const Node& nd, int& next_buffer,
   for (NodeId c : g.succs(nd.id)) {
     const Node& rs = g.node(c);
     if (rs.kind != NodeKind::kReduceScatter || rs.group == "tp" || rs.group == "etp") continue;
-    bool sharded = false;  // ZeRO-1 reduce-scatters too, into the full gradients the static state holds
-    for (NodeId u : g.succs(rs.id)) sharded = sharded || (g.node(u).kind == NodeKind::kUpdate && g.node(u).zero >= 2);
-    if (!sharded) continue;
+    if (!feeds_sharded_update(g, rs.id)) continue;  // ZeRO-1 reduce-scatters too, into the static full gradients
     int64_t params = nd.param_count;
     if (nd.shard_axis == "ep") params /= std::max(1, g.mesh.ep) * std::max(1, g.mesh.etp);
     if (nd.shard_axis == "tp") params /= std::max(1, g.mesh.tp);

@@ -516,6 +516,24 @@ std::map<std::string, int64_t> tp_grad_sums(const Plan& plan) {
 // sequence parallelism every tensor of the unsplit routers ((128 x 8 + 128) x 4 = 4608 bytes); never the experts
 // (reduced over edp), nor the split embedding (nothing whole). Under ZeRO the sum runs on the dp shard (bytes / dp).
 // Issue 27: the runtime summed them in a blocking all-reduce of its own that no instruction priced.
+// Under ZeRO-2 each chunk's per-microbatch gradient is a buffer until its reduce-scatter has sent it; the tp sum
+// that sits between that reduce-scatter and the update must not hide it (memory_plan.cc feeds_sharded_update).
+TEST(CompileTest, ZeroTwoGradientBuffersSurviveTheTpSum) {
+  auto grad_buffers = [](const Plan& plan) {
+    int n = 0;
+    for (const auto& st : plan.templates[0].streams) {
+      for (const auto& in : st.instrs) n += in.op == OpKind::kAlloc && in.label.rfind("alloc grads ", 0) == 0;
+    }
+    return n;
+  };
+  auto without_tp = compile("dp=2,zero=2,microbatches=2");
+  auto with_tp = compile("dp=2,tp=2,sp=1,zero=2,microbatches=2");
+  ASSERT_TRUE(without_tp.ok()) << without_tp.status().message();
+  ASSERT_TRUE(with_tp.ok()) << with_tp.status().message();
+  EXPECT_GT(grad_buffers(without_tp->plan), 0);
+  EXPECT_EQ(grad_buffers(with_tp->plan), grad_buffers(without_tp->plan));
+}
+
 TEST(CompileTest, TensorParallelPlansSumThePartialGradientsOverTp) {
   std::map<std::string, int64_t> sp;
   for (const char* l : {"L0.attn", "L0.mlp", "L1.attn", "L2.attn", "L3.attn", "head"})

@@ -27,8 +27,8 @@ namespace {
 int64_t partial_params(const Graph& g, const Node& chunk) {
   if (chunk.shard_axis == "tp") return chunk.tp_whole_params;
   if (!g.sequence_parallel()) return 0;
+  // The experts: with tp > 1 and sequence parallelism they are always reduced over edp (summing the token slices).
   if (chunk_part(chunk.tags.part) == Part::kExperts && g.mesh.experts_reduce_over_edp(true)) return 0;
-  if (chunk.shard_axis == "ep") return chunk.param_count / (g.mesh.ep * g.mesh.etp);
   return chunk.param_count;
 }
 
