@@ -159,6 +159,10 @@ struct Plan {
   bool sequence_parallel = false;
   // Whether the plan reduces the experts' gradients over its edp group (ir::MeshInfo::experts_reduce_over_edp).
   bool experts_reduce_over_edp() const { return mesh.experts_reduce_over_edp(sequence_parallel); }
+  // Whether a chunk's gradients are partly partial over tp (ir::MeshInfo::grads_partial_over_tp).
+  bool grads_partial_over_tp(bool split_over_tp, Part part) const {
+    return mesh.grads_partial_over_tp(split_over_tp, part == Part::kExperts, sequence_parallel);
+  }
   const Program& program(int rank) const {
     return templates[static_cast<size_t>(rank_template[static_cast<size_t>(rank)])];
   }

@@ -226,10 +226,9 @@ std::string chunk_label(const ChunkKey& c) {
 // the mesh axis its compute is split over: true, false, or nullopt for an embedding split over tp, whose whole
 // tensors (learned positions) the plan does not record, so either is accepted.
 std::optional<bool> partial_over_tp(const Plan& plan, const ChunkKey& c, const std::string& shard_axis) {
-  if (plan.mesh.tp <= 1) return false;
-  if (shard_axis == "tp") return c.second == Part::kEmbedding ? std::nullopt : std::optional<bool>(true);
-  if (!plan.sequence_parallel) return false;
-  return !(c.second == Part::kExperts && plan.experts_reduce_over_edp());
+  const bool split = shard_axis == "tp";
+  if (plan.mesh.tp > 1 && split && c.second == Part::kEmbedding) return std::nullopt;
+  return plan.grads_partial_over_tp(split, c.second);
 }
 
 // Every chunk whose gradients are partial over tp has one tp gradient sum (CommRole::kTpGradSum: an all_reduce over

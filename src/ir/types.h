@@ -57,6 +57,15 @@ struct MeshInfo {
   bool experts_reduce_over_edp(bool sequence_parallel) const {
     return etp > 1 || (tp > 1 && ((fold && ep > 1) || sequence_parallel));
   }
+  // Whether some of a chunk's gradients are partial sums over tp, to be summed over the tensor ranks before its
+  // update: a chunk split over tp (the tensors it keeps whole), or under sequence parallelism any chunk (each tensor
+  // rank saw a token slice) but the experts when they reduce over edp, which sums those slices. One rule for the
+  // compiler (ir add_tp_grad_sums), the plan check and the runtime (compile::Plan::grads_partial_over_tp).
+  bool grads_partial_over_tp(bool split_over_tp, bool experts, bool sequence_parallel) const {
+    if (tp <= 1) return false;
+    if (split_over_tp) return true;
+    return sequence_parallel && !(experts && experts_reduce_over_edp(sequence_parallel));
+  }
   // A rank's expert coordinate and expert group (ranks sharing `ep_block`) from its dp and tp coordinates.
   int ep_coord(int dp_c, int tp_c) const { return fold ? (dp_c * tp + tp_c) % ep : dp_c % ep; }
   int ep_block(int dp_c, int tp_c) const { return fold ? (dp_c * tp + tp_c) / ep : dp_c / ep * tp + tp_c; }

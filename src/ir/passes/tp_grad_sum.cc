@@ -25,11 +25,10 @@ namespace {
 
 // Elements of `chunk`'s gradient that are partial over tp (0: none).
 int64_t partial_params(const Graph& g, const Node& chunk) {
-  if (chunk.shard_axis == "tp") return chunk.tp_whole_params;
-  if (!g.sequence_parallel()) return 0;
-  // The experts: with tp > 1 and sequence parallelism they are always reduced over edp (summing the token slices).
-  if (chunk_part(chunk.tags.part) == Part::kExperts && g.mesh.experts_reduce_over_edp(true)) return 0;
-  return chunk.param_count;
+  const bool split = chunk.shard_axis == "tp";
+  const bool experts = chunk_part(chunk.tags.part) == Part::kExperts;
+  if (!g.mesh.grads_partial_over_tp(split, experts, g.sequence_parallel())) return 0;
+  return split ? chunk.tp_whole_params : chunk.param_count;
 }
 
 // Inserts the sum of `elements` partial gradient elements between update `u` and every data edge into it (the

@@ -230,10 +230,7 @@ bool TensorParallel::grad_sums_complete() {
 
 bool TensorParallel::partial_over_tp(const Chunk& chunk) const {
   const bool split = sliced_.count(&chunk) > 0;
-  if (size_ <= 1 || (!split && !sequence_parallel_)) return false;
-  // The plan reduces the experts over its edp group, which sums their tensor ranks' token slices
-  // (Plan::experts_reduce_over_edp; folded or with etp > 1 the tensor ranks of one tp group hold other experts).
-  if (core_.plan->experts_reduce_over_edp() && chunk.part() == Part::kExperts) return false;
+  if (size_ <= 1 || !core_.plan->grads_partial_over_tp(split, chunk.part())) return false;
   return std::any_of(chunk.params().begin(), chunk.params().end(),
                      [&](const Param& p) { return p.trainable && !(split && tp_param_split(p)); });
 }
