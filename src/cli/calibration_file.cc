@@ -7,6 +7,7 @@
 #include <cstdlib>
 
 #include "piper/base/files.h"
+#include "piper/cost/task_profile.h"
 #include "piper/spec/comm_calibration.h"
 
 namespace piper::cli {
@@ -151,6 +152,7 @@ Result<DeviceCalibration> load_device_calibration(const std::string& flag, const
 }
 
 bool scale_to_rank_cores(cost::Calibration* c, double rank_cores) {
+  c->rank_threads = rank_cores == static_cast<int>(rank_cores) ? static_cast<int>(rank_cores) : 0;
   const cost::Calibration::ThreadFigures* f =
       rank_cores == static_cast<int>(rank_cores) ? c->figures_for_threads(static_cast<int>(rank_cores)) : nullptr;
   if (f == nullptr || !(c->peak_flops_fp32 > 0)) {
@@ -162,6 +164,12 @@ bool scale_to_rank_cores(cost::Calibration* c, double rank_cores) {
   c->gemm_half_dim = f->gemm_half_dim;
   c->memory_bw_bytes_per_s = f->memory_bw_bytes_per_s;
   return true;
+}
+
+std::string with_task_profile(const std::string& source, const cost::Calibration& c, const ModelSpec& model,
+                              int64_t seq) {
+  const std::string note = cost::task_profile_note(c, model, seq);
+  return note.empty() ? source : source + ", " + note;
 }
 
 }  // namespace piper::cli

@@ -18,6 +18,7 @@
 #include "piper/base/status.h"
 #include "piper/cost/device_model.h"
 #include "piper/spec/cluster_spec.h"
+#include "piper/spec/model_spec.h"
 
 namespace piper::cli {
 
@@ -41,6 +42,11 @@ Result<DeviceCalibration> load_device_calibration(const std::string& flag, const
 // the thread_figures entry for that many threads (its peak, curve half-dimension and bandwidth) when the file has
 // one and rank_cores is whole, else rank_cores x one core's. Returns whether a measured entry was used.
 bool scale_to_rank_cores(cost::Calibration* c, double rank_cores);
+
+// `source` with the task profile's note for `model` at `seq` (cost/task_profile.h task_profile_note) after a
+// comma, when the calibration has task profiles; `source` alone otherwise.
+std::string with_task_profile(const std::string& source, const cost::Calibration& c, const ModelSpec& model,
+                              int64_t seq);
 
 // The link calibration (spec/comm_calibration.h: measured alpha-beta of point-to-point messages and collectives,
 // written by `piper calibrate --ranks R`, or by `piper bench comm --calibration-out F`), found like the device's:

@@ -447,9 +447,9 @@ Status run_plan(const PlanOptions& o) {
                                                          o.calibration, o.comm_calibration));
     cluster = m.cluster;
     calibration = m.calibration;
-    calibration_source = m.calibration_source;
     links_source = m.links_source;
     train = local_train_spec(o.global_batch, seq_len);
+    calibration_source = with_task_profile(m.calibration_source, calibration, model, seq_len);
   } else {
     PIPER_ASSIGN_OR_RETURN(cluster, load_cluster(o.cluster, o.nodes));
     PIPER_RETURN_IF_ERROR(apply_domain_nodes(o.domain_nodes, &cluster));

@@ -17,6 +17,7 @@
 #include "piper/base/json.h"
 #include "piper/base/strings.h"
 #include "piper/base/units.h"
+#include "piper/cli/calibration_file.h"
 #include "piper/cli/command.h"
 #include "piper/cli/directive_input.h"
 #include "piper/cli/flags.h"
@@ -312,6 +313,7 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   PIPER_ASSIGN_OR_RETURN(HostLayout hosts, host_layout(world));
   PIPER_ASSIGN_OR_RETURN(LocalMachine machine,
                          local_cluster(t.ranks, kernels::kernel_threads(), o.calibration, o.comm_calibration, hosts));
+  machine.calibration_source = with_task_profile(machine.calibration_source, machine.calibration, t.model, t.seq_len);
   t.plan_prices = local_plan_prices(machine, t.model);
   PIPER_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(t));
   PIPER_RETURN_IF_ERROR(prepare_checkpoints(o, *trainer, quiet));

@@ -112,7 +112,7 @@ Result<Scenario> make_scenario(ModelSpec model, ClusterSpec cluster, const Scena
   PIPER_RETURN_IF_ERROR(apply_precision_options(o.precision, &sc.train));
   PIPER_ASSIGN_OR_RETURN(DeviceCalibration device, load_device_calibration(o.calibration, sc.cluster.name));
   sc.calibration = device.calibration;
-  sc.calibration_source = device.source;
+  sc.calibration_source = with_task_profile(device.source, sc.calibration, sc.model, seq_len);
   if (!o.expert_loads.empty()) PIPER_RETURN_IF_ERROR(apply_expert_loads(o.expert_loads, &sc));
   return sc;
 }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "piper/spec/part.h"
+
 namespace piper::cost {
 
 namespace {
@@ -85,6 +87,74 @@ Status read_core_sharing(JsonReader& r, std::vector<double>* out) {
   return ok_status();
 }
 
+bool task_pass_known(const std::string& pass) { return pass == "F" || pass == "B" || pass == "W" || pass == "BW"; }
+
+// One point of "task_profiles"[i].points.
+Status read_task_point(JsonReader& e, Calibration::TaskProfilePoint* p) {
+  PIPER_RETURN_IF_ERROR(e.get_int("threads", &p->threads, true, 1, 4096));
+  PIPER_RETURN_IF_ERROR(e.get_double("tokens", &p->tokens, true, 1.0, 1e9));
+  PIPER_RETURN_IF_ERROR(e.get_string("task", &p->task, true));
+  PIPER_RETURN_IF_ERROR(e.get_double("calls", &p->calls, true, 1.0, 1e9));
+  PIPER_RETURN_IF_ERROR(e.get_double("measured_s", &p->measured_s, true, 1e-9, 1e6));
+  PIPER_RETURN_IF_ERROR(e.get_double("priced_s", &p->priced_s, true, 1e-12, 1e6));
+  PIPER_RETURN_IF_ERROR(e.check_no_unknown_keys());
+  const size_t dot = p->task.find('.');
+  const bool chunk_task = dot != std::string::npos && chunk_part(p->task.substr(0, dot)).has_value() &&
+                          task_pass_known(p->task.substr(dot + 1));
+  if (p->task != "update" && !chunk_task) {
+    return invalid_argument(e.field_path("task") + ": '" + p->task +
+                            "' is not a task key; use \"<chunk>.<pass>\" (chunk embed, attn, router, experts, "
+                            "shared, mlp or head; pass F, B, W or BW) or \"update\"");
+  }
+  return ok_status();
+}
+
+// "task_profiles": [{"model": M, "parameters": N, "seq": S, "points": [...]}, ...]; a (model, seq, threads,
+// tokens, task) at most once.
+Status read_task_profiles(JsonReader& r, std::vector<Calibration::TaskProfile>* out) {
+  const Json* list = r.find("task_profiles");
+  if (list == nullptr) return ok_status();
+  const std::string what = r.field_path("task_profiles");
+  if (!list->is_array()) return invalid_argument(what + ": expected an array of {\"model\": M, ...} objects");
+  for (size_t i = 0; i < list->size(); ++i) {
+    const std::string at = what + "[" + std::to_string(i) + "]";
+    if (!(*list)[i].is_object()) return invalid_argument(at + ": expected an object");
+    JsonReader e((*list)[i], at);
+    Calibration::TaskProfile t;
+    PIPER_RETURN_IF_ERROR(e.get_string("model", &t.model, true));
+    PIPER_RETURN_IF_ERROR(e.get_int("parameters", &t.parameters, true, 1, int64_t{1} << 50));
+    PIPER_RETURN_IF_ERROR(e.get_int("seq", &t.seq, true, 1, int64_t{1} << 30));
+    const Json* points = e.find("points");
+    if (points == nullptr || !points->is_array() || points->size() == 0) {
+      return invalid_argument(e.field_path("points") + ": expected a non-empty array of measured points");
+    }
+    for (size_t k = 0; k < points->size(); ++k) {
+      const std::string pat = e.field_path("points") + "[" + std::to_string(k) + "]";
+      if (!(*points)[k].is_object()) return invalid_argument(pat + ": expected an object");
+      JsonReader pe((*points)[k], pat);
+      Calibration::TaskProfilePoint p;
+      PIPER_RETURN_IF_ERROR(read_task_point(pe, &p));
+      for (const Calibration::TaskProfilePoint& q : t.points) {
+        if (q.threads == p.threads && q.tokens == p.tokens && q.task == p.task) {
+          return invalid_argument(pat + ": a second point for " + p.task + " at " + std::to_string(p.threads) +
+                                  " thread(s) and " + std::to_string(static_cast<int64_t>(p.tokens)) +
+                                  " tokens; keep one (piper calibrate --model writes each once)");
+        }
+      }
+      t.points.push_back(std::move(p));
+    }
+    PIPER_RETURN_IF_ERROR(e.check_no_unknown_keys());
+    for (const Calibration::TaskProfile& o : *out) {
+      if (o.model == t.model && o.seq == t.seq) {
+        return invalid_argument(at + ": a second profile of " + t.model + " at seq " + std::to_string(t.seq) +
+                                "; keep one");
+      }
+    }
+    out->push_back(std::move(t));
+  }
+  return ok_status();
+}
+
 }  // namespace
 
 const Calibration::ThreadFigures* Calibration::figures_for_threads(int threads) const {
@@ -130,6 +200,7 @@ Result<Calibration> Calibration::from_json(const Json& json, const std::string& 
   PIPER_RETURN_IF_ERROR(r.get_double("memory_bw_bytes_per_s", &c.memory_bw_bytes_per_s, false, 1e6, 1e15));
   PIPER_RETURN_IF_ERROR(read_thread_figures(r, &c.thread_figures));
   PIPER_RETURN_IF_ERROR(read_core_sharing(r, &c.core_sharing));
+  PIPER_RETURN_IF_ERROR(read_task_profiles(r, &c.task_profiles));
   std::string source;  // where the numbers come from (`piper calibrate` writes it); informational
   PIPER_RETURN_IF_ERROR(r.get_string("source", &source, false));
   PIPER_RETURN_IF_ERROR(r.check_no_unknown_keys());

@@ -129,6 +129,29 @@ struct Calibration {
   // measured by `piper calibrate` with n concurrent processes. The core pool (sim/plan_exec.h CorePool) multiplies
   // each rank's processor share by it. Empty: 1 (ideal processor sharing), as before it was measured.
   std::vector<double> core_sharing;
+  // Task profiles (`piper calibrate --model M`, cli/calibrate_tasks.h): model M's tasks as the runtime runs them on
+  // one rank with `threads` kernel threads, timed beside what this model priced them at from the figures above
+  // (per step: a key's calls summed). The simulator and the closed form scale a task's price by measured / priced
+  // for its key at its microbatch's tokens (cost/task_profile.h); a model, seq or thread count without a profile
+  // is priced as before. Optional.
+  struct TaskProfilePoint {
+    int threads = 1;
+    double tokens = 0;        // mbs x seq of the microbatch the tasks ran on
+    std::string task;         // "<chunk>.<pass>" ("attn.F", "experts.BW"; spec/part.h chunk_name) or "update"
+    double calls = 0;         // the key's tasks per step
+    double measured_s = 0;    // their wall seconds per step, as the runtime timed them
+    double priced_s = 0;      // their price per step from this file's figures, without a profile
+  };
+  struct TaskProfile {
+    std::string model;        // ModelSpec::name
+    int64_t parameters = 0;   // the model's parameter count (spec/counting.h): a renamed or edited config differs
+    int64_t seq = 0;          // tokens per sequence
+    std::vector<TaskProfilePoint> points;
+  };
+  std::vector<TaskProfile> task_profiles;
+  // The kernel threads of the rank being priced (cli/calibration_file.h scale_to_rank_cores): the task profiles'
+  // points at this count apply; 0 (unknown: a cluster not priced per thread count) applies none.
+  int rank_threads = 0;
 
   double memory_load() const { return expert_memory_load > 0 ? expert_memory_load : expert_load_imbalance; }
   // The entry for `threads`, or nullptr.

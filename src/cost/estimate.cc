@@ -207,9 +207,11 @@ bool split_backward(ScheduleKind kind) { return kind == ScheduleKind::kZBH1 || k
 PartTimes part_times(const CostModel& cm, const Strategy& s, const PartShape& shape) {
   PartTimes pt;
   pt.recompute = s.recompute;
+  const TaskScales scales = task_scales(cm.calibration(), cm.model(), cm.train().seq_len, shape.tokens);
   for (int i = 0; i < kNumParts; ++i) {
-    PartCost c = part_cost(cm.parts(), static_cast<Part>(i), shape);
-    pt.t[i] = part_fbw(c, cm.device_for(static_cast<Part>(i)));
+    const Part part = static_cast<Part>(i);
+    const Fbw t = part_fbw(part_cost(cm.parts(), part, shape), cm.device_for(part));
+    pt.t[i] = {t.f * scales.of(part, 0), t.b * scales.of(part, 1), t.w * scales.of(part, 2)};
   }
   return pt;
 }
@@ -641,7 +643,9 @@ void price_step(const CostModel& cm, const Strategy& s, const PipelineShape& pl,
   out->time.compute_s = m * (t.f + t.b + t.w);
   out->time.exposed_comm_s = out->comm.tp_s + out->comm.ep_s + out->comm.pp_s + out->comm.dp_s;
   out->time.bubble_s = bubble_time_s(pl.kind, pl.p, pl.v, t_f, t_b, t.w);
-  out->time.optimizer_s = cm.device().time_s(0, shard_params * optimizer_step_bytes_per_param(cm.bytes()), 0);
+  out->time.optimizer_s =
+      task_scales(cm.calibration(), cm.model(), cm.train().seq_len, tokens).update *
+      cm.device().time_s(0, shard_params * optimizer_step_bytes_per_param(cm.bytes()), 0);
   finish_step(s, static_cast<double>(cm.train().seq_len), cm.flops_per_token(), cm.device().peak_flops(), out);
 }
 

@@ -103,8 +103,10 @@ AfChain af_chain(const CostModel& cm, const Strategy& s, const NicSplit& nics) {
                                      : 0.0;
   const bool shared = model.is_moe() && table.shared_params > 0;
   const PartShape shape = cm.part_shape(s, cm.calibration());
+  const TaskScales scales = task_scales(cm.calibration(), model, cm.train().seq_len, shape.tokens);
   auto part = [&](Part q) {
-    return with_recompute(part_fbw(part_cost(table, q, shape), cm.device_for(q)), q, s.recompute);
+    const Fbw t = part_fbw(part_cost(table, q, shape), cm.device_for(q));
+    return with_recompute({t.f * scales.of(q, 0), t.b * scales.of(q, 1), t.w * scales.of(q, 2)}, q, s.recompute);
   };
   Fbw attn_t = part(Part::kAttention);
   attn_t += part(Part::kAttentionCore);
@@ -279,6 +281,9 @@ Status CostModel::estimate_af_pipe(const Strategy& s, Estimate* out) const {
   const GroupLayout edp = s.tp > 1 ? net_.combine(net_.layout(s.tp, 1), edp_dp, s.tp * s.ep) : edp_dp;
   out->ranks.resize(static_cast<size_t>(P));
   out->device_memory_bytes = static_cast<double>(cluster_.device.memory_bytes);
+  const double update_scale =
+      task_scales(calibration_, model_, train_.seq_len, static_cast<double>(s.mbs) * static_cast<double>(train_.seq_len))
+          .update;
   double worst_total = -1, worst_time = -1, chunk[2] = {0, 0};
   double busy_b = 0, nic_b = 0, copies_b = 0, tail_b = 0, opt_b = 0;
   // On a node whose ranks share its cores, each transferred byte is copied by those cores (copy_cost.h): a rank's
@@ -301,7 +306,7 @@ Status CostModel::estimate_af_pipe(const Strategy& s, Estimate* out) const {
     chunk[x.ffn ? 1 : 0] = std::max(chunk[x.ffn ? 1 : 0], busy / std::max(1, x.layers));
     const double shard = s.zero >= 1 ? x.dense_params / s.dp + x.expert_params / std::max(1, s.expert_replicas())
                                      : x.dense_params + x.expert_params;
-    const double opt = device_.time_s(0, shard * optimizer_step_bytes_per_param(bytes_), 0);
+    const double opt = update_scale * device_.time_s(0, shard * optimizer_step_bytes_per_param(bytes_), 0);
     const double dp_copies = at * dp_copy_bytes(s.zero, m, f(dp.size), f(edp.size), x.dense_params * bytes_.grad,
                                                 x.expert_params * bytes_.grad, x.dense_params * bytes_.param,
                                                 x.expert_params * bytes_.param);

@@ -7,6 +7,7 @@
 #include "piper/cost/device_model.h"
 #include "piper/cost/estimate.h"
 #include "piper/cost/layer_cost.h"
+#include "piper/cost/task_profile.h"
 #include "piper/spec/part.h"
 #include "piper/strategy/strategy.h"
 

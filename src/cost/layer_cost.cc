@@ -167,6 +167,7 @@ PartCost part_cost(const PartTable& t, Part part, const PartShape& s) {
       return c;
     }
     case Part::kSharedExperts:
+      if (!(t.shared_params > 0)) return {};  // none: no GEMM, and no activations to read or write either
       return matmul(T, t.shared_params / tp, h, h, std::min(T, t.shared_width / tp), s,
                     T * 3 * t.shared_width * s.act_bytes / tp, t.shared_width / tp);
     case Part::kDenseMlp:

@@ -8,6 +8,7 @@
 
 #include "piper/cost/layer_cost.h"
 #include "piper/cost/model_state.h"
+#include "piper/cost/task_profile.h"
 #include "piper/cost/tp_overlap.h"
 #include "piper/cost/vocab_parallel.h"
 
@@ -133,10 +134,19 @@ Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, con
     }
     return s.zero >= 1 ? params / shard : params;
   };
+  // The model's measured task profile, where the calibration has one for it (cost/task_profile.h).
+  const cost::TaskScales scales = cost::task_scales(cal, cm.model(), cm.train().seq_len, shape.tokens);
   auto prices = std::make_shared<Prices>();
   for (Part chunk : kChunkParts) {
     PartPrice p = price_chunk(cm, shape, chunk);
-    p.update_s = dev.time_s(0, shard_params(chunk) * cost::optimizer_step_bytes_per_param(cm.bytes()), 0);
+    for (int k = 0; k < 3; ++k) {
+      const double x = scales.of(chunk, k);
+      p.time_s[static_cast<size_t>(k)] *= x;
+      p.in_s[static_cast<size_t>(k)] *= x;
+      p.out_s[static_cast<size_t>(k)] *= x;
+    }
+    p.update_s = scales.update *
+                 dev.time_s(0, shard_params(chunk) * cost::optimizer_step_bytes_per_param(cm.bytes()), 0);
     prices->parts[static_cast<size_t>(chunk)] = p;
   }
   prices->out_sm_share = cal.tp_overlap_gemm_sm_share;
