@@ -250,13 +250,17 @@ Result<SyncRounds> measure_sync(Communicator& w, const LinkCalibrationOptions& o
   return r;
 }
 
+// A round's three sample fields, for the loops that pool them.
+constexpr std::vector<double> SyncRound::*kSampleFields[] = {&SyncRound::after_last_arrival_s, &SyncRound::iteration_s,
+                                                             &SyncRound::work_cpu_s};
+
 // Every pair's samples in one set of rounds: round k of the result holds round k of each pair's first rank (its
 // partner holds the same figures). The pairs all measured at once, and the simulator charges every pair the same
 // figure: its expected value over the pairs, from R/2 times the samples of one pair.
 Result<std::vector<SyncRound>> pool_pairs(Communicator& world, const std::vector<SyncRound>& mine) {
   std::vector<SyncRound> pooled(mine.size());
   for (size_t k = 0; k < mine.size(); ++k) {
-    for (auto field : {&SyncRound::after_last_arrival_s, &SyncRound::iteration_s, &SyncRound::work_cpu_s}) {
+    for (auto field : kSampleFields) {
       const std::vector<double>& v = mine[k].*field;
       std::vector<double> all(v.size() * static_cast<size_t>(world.size()));
       PIPER_RETURN_IF_ERROR(wait(world, world.all_gather(v.data(), all.data(), v.size() * sizeof(double))));
@@ -474,10 +478,7 @@ Result<double> typical(std::vector<double> samples) {
 Result<SyncTiming> pooled_timing(const std::vector<SyncRound>& rounds, const Estimator& estimate) {
   SyncRound all;
   for (const SyncRound& r : rounds) {
-    all.after_last_arrival_s.insert(all.after_last_arrival_s.end(), r.after_last_arrival_s.begin(),
-                                    r.after_last_arrival_s.end());
-    all.iteration_s.insert(all.iteration_s.end(), r.iteration_s.begin(), r.iteration_s.end());
-    all.work_cpu_s.insert(all.work_cpu_s.end(), r.work_cpu_s.begin(), r.work_cpu_s.end());
+    for (auto field : kSampleFields) (all.*field).insert((all.*field).end(), (r.*field).begin(), (r.*field).end());
   }
   SyncTiming t;
   PIPER_ASSIGN_OR_RETURN(t.after_last_arrival_s, estimate(all.after_last_arrival_s));
