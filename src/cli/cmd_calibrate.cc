@@ -167,7 +167,7 @@ struct CalibrateOptions {
   std::string share_worker;  // hidden: run as a core-sharing worker with this prefix (calibrate_share.h)
   double share_window_s = 0.25;
   LinkStageOptions links;
-  TaskProfileOptions profile;  // --model (none: no task profile), --seq; its thread counts are the measured ones
+  TaskProfileOptions profile;  // --model (none: no task profile), --seq; its thread counts are 1..C, as above
 };
 
 // What one thread count measured: the GEMM curve, the triad's bandwidth, a kernel call's fixed cost.
@@ -473,15 +473,16 @@ Status add_kernel_stages(const DeviceSpec& preset, int rounds, Json* file, Atten
   return ok_status();
 }
 
-// --model's task profiles (calibrate_tasks.h) at the thread counts measured, priced with `file`'s figures; empty
-// without --model. *seconds: the stage's time.
-Result<std::vector<TaskProfile>> profile_tasks(const CalibrateOptions& o, const std::vector<ThreadRun>& runs,
-                                               const Json& file, double* seconds) {
+// --model's task profiles (calibrate_tasks.h) at every thread count 1..cores the stages above measured, priced with
+// `file`'s figures (a count the load left unfitted too: it is priced as t x one core, as the simulator then prices
+// it, so measured / priced still corrects that price); empty without --model. *seconds: the stage's time.
+Result<std::vector<TaskProfile>> profile_tasks(const CalibrateOptions& o, int cores, const Json& file,
+                                               double* seconds) {
   if (o.profile.models.empty()) return std::vector<TaskProfile>();
   const auto started = Clock::now();
   TaskProfileOptions profile = o.profile;
   profile.threads.clear();
-  for (const ThreadRun& t : runs) profile.threads.push_back(t.threads);
+  for (int t = 1; t <= cores; ++t) profile.threads.push_back(t);
   Result<std::vector<TaskProfile>> got = measure_task_profiles(profile, file);
   *seconds = std::chrono::duration<double>(Clock::now() - started).count();
   return got;
@@ -507,7 +508,7 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
   PIPER_RETURN_IF_ERROR(add_kernel_stages(preset.device, o.rounds, &file, &attention, &experts));
   // Priced by the figures above, before the file holds a task profile (the raw price).
   double profile_seconds = 0;
-  PIPER_ASSIGN_OR_RETURN(const std::vector<TaskProfile> profiles, profile_tasks(o, runs, file, &profile_seconds));
+  PIPER_ASSIGN_OR_RETURN(const std::vector<TaskProfile> profiles, profile_tasks(o, cores, file, &profile_seconds));
   if (!profiles.empty()) file["task_profiles"] = task_profiles_json(profiles);
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   PIPER_ASSIGN_OR_RETURN(const std::string out, output_path(o.out));
