@@ -207,10 +207,11 @@ void print_task_profiles(const std::vector<TaskProfile>& profiles) {
       // A task's sizes next to each other: how its ratio moves with the tokens.
       std::stable_sort(points.begin(), points.end(),
                        [](const TaskPoint& a, const TaskPoint& b) { return a.task < b.task; });
-      std::printf("tasks     %s (%s parameters, seq %lld), one rank, %d thread%s: per call, measured (steps after "
-                  "the first) against the simulator's price\n",
-                  p.model.c_str(), format_count(static_cast<double>(p.parameters)).c_str(),
-                  static_cast<long long>(p.seq_len), threads, threads == 1 ? "" : "s");
+      std::printf(
+          "tasks     %s (%s parameters, seq %lld), one rank, %d thread%s: per call, measured (steps after "
+          "the first) against the simulator's price\n",
+          p.model.c_str(), format_count(static_cast<double>(p.parameters)).c_str(), static_cast<long long>(p.seq_len),
+          threads, threads == 1 ? "" : "s");
       std::printf("  %-12s %7s %6s %12s %12s %10s\n", "task", "tokens", "calls", "measured", "priced", "x price");
       for (const TaskPoint& t : points) {
         std::printf("  %-12s %7lld %6lld %12s %12s %9.2fx\n", t.task.c_str(), static_cast<long long>(t.tokens),

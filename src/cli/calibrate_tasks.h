@@ -22,9 +22,9 @@
 namespace piper::cli {
 
 struct TaskProfileOptions {
-  std::vector<std::string> models;  // preset names or config files (spec/model_loader.h load_model)
-  int64_t seq_len = 128;            // tokens per sequence (train's default); at most each model's max_seq_len
-  std::vector<int> threads;         // kernel thread counts, each >= 1
+  std::vector<std::string> models;       // preset names or config files (spec/model_loader.h load_model)
+  int64_t seq_len = 128;                 // tokens per sequence (train's default); at most each model's max_seq_len
+  std::vector<int> threads;              // kernel thread counts, each >= 1
   std::vector<int64_t> mbs = {1, 2, 4};  // microbatch sizes; a run has two microbatches
   int64_t steps = 4;                     // >= 2: the first step (first-touch page faults) is not timed
 };

@@ -32,8 +32,8 @@ Result<std::vector<TaskProfile>> tiny_profile() {
 std::map<std::string, int64_t> expected_calls(const ModelSpec& m) {
   const int64_t mb = 2, moe = m.num_moe_layers(), dense = m.num_dense_layers();
   std::map<std::string, int64_t> calls;
-  const std::map<std::string, int64_t> chunks = {
-      {"embed", 1}, {"attn", m.num_layers}, {"router", moe}, {"experts", moe}, {"mlp", dense}, {"head", 1}};
+  const std::map<std::string, int64_t> chunks = {{"embed", 1},     {"attn", m.num_layers}, {"router", moe},
+                                                 {"experts", moe}, {"mlp", dense},         {"head", 1}};
   int64_t updates = 0;
   for (const auto& [part, n] : chunks) {
     calls[part + ".F"] = mb * n;
