@@ -7,7 +7,9 @@
 // the fixed cost of one kernel call. Then the core sharing of n = 2..2C single-thread processes (calibrate_share.h),
 // the attention core's cost beyond its FLOPs on one thread (calibrate_attention.h: attention_score_bytes), and the
 // routed experts' cost per expert call and per row beyond their FLOPs (calibrate_experts.h: expert_call_*_s,
-// expert_row_*_s).
+// expert_row_*_s). With --model M (repeatable), last, the model's own task profile (calibrate_tasks.h): for every
+// thread count and mbs 1, 2, 4, M trained on one rank in this process, each task kind's measured seconds per step
+// (the steps after the first) beside the simulator's price of it at the figures just measured ("task_profiles").
 // The file holds one core's measured figures (peak_flops_fp32: the fitted curve's large-GEMM asymptote;
 // memory_bw_bytes_per_s), which replace the local-cpu preset's, each thread count's own (thread_figures), which
 // `local_cluster` (train_report.h) uses for a rank's thread count, and the sharing efficiency (core_sharing).
@@ -37,6 +39,7 @@
 #include "piper/cli/calibrate_fit.h"
 #include "piper/cli/calibrate_links.h"
 #include "piper/cli/calibrate_share.h"
+#include "piper/cli/calibrate_tasks.h"
 #include "piper/cli/calibration_file.h"
 #include "piper/cli/command.h"
 #include "piper/cli/flags.h"
@@ -164,6 +167,7 @@ struct CalibrateOptions {
   std::string share_worker;  // hidden: run as a core-sharing worker with this prefix (calibrate_share.h)
   double share_window_s = 0.25;
   LinkStageOptions links;
+  TaskProfileOptions profile;  // --model (none: no task profile), --seq; its thread counts are 1..C, as above
 };
 
 // What one thread count measured: the GEMM curve, the triad's bandwidth, a kernel call's fixed cost.
@@ -469,7 +473,24 @@ Status add_kernel_stages(const DeviceSpec& preset, int rounds, Json* file, Atten
   return ok_status();
 }
 
+// --model's task profiles (calibrate_tasks.h) at every thread count 1..cores the stages above measured, priced with
+// `file`'s figures (a count the load left unfitted too: it is priced as t x one core, as the simulator then prices
+// it, so measured / priced still corrects that price); empty without --model. *seconds: the stage's time.
+Result<std::vector<TaskProfile>> profile_tasks(const CalibrateOptions& o, int cores, const Json& file,
+                                               double* seconds) {
+  if (o.profile.models.empty()) return std::vector<TaskProfile>();
+  const auto started = Clock::now();
+  TaskProfileOptions profile = o.profile;
+  profile.threads.clear();
+  for (int t = 1; t <= cores; ++t) profile.threads.push_back(t);
+  Result<std::vector<TaskProfile>> got = measure_task_profiles(profile, file);
+  *seconds = std::chrono::duration<double>(Clock::now() - started).count();
+  return got;
+}
+
 Status run_device_stage(const CalibrateOptions& o, const Json& links, const std::string& links_out) {
+  // A bad --model or --seq fails now, not after the measurements.
+  PIPER_RETURN_IF_ERROR(load_task_profile_models(o.profile).status());
   PIPER_ASSIGN_OR_RETURN(ClusterSpec preset, load_cluster("local-cpu", 1));
   const double peak = preset.device.peak_flops_fp32;
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -485,6 +506,10 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
   AttentionFit attention;
   ExpertFit experts;
   PIPER_RETURN_IF_ERROR(add_kernel_stages(preset.device, o.rounds, &file, &attention, &experts));
+  // Priced by the figures above, before the file holds a task profile (the raw price).
+  double profile_seconds = 0;
+  PIPER_ASSIGN_OR_RETURN(const std::vector<TaskProfile> profiles, profile_tasks(o, cores, file, &profile_seconds));
+  if (!profiles.empty()) file["task_profiles"] = task_profiles_json(profiles);
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   PIPER_ASSIGN_OR_RETURN(const std::string out, output_path(o.out));
   if (!out.empty()) PIPER_RETURN_IF_ERROR(write_file_atomic(out, file.dump(2) + "\n"));
@@ -499,6 +524,7 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
            {"threads_not_fitted", unfitted},
            {"attention", attention_json(attention)},
            {"experts", experts_json(experts)},
+           {"task_profile_seconds", profile_seconds},
            {"out", out}};
     if (o.links.ranks > 0) {
       j["links"] = links;
@@ -515,7 +541,9 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
   print_sharing(sharing, cores);
   print_attention(attention);
   print_experts(experts);
-  std::printf("took      %.1f s\n", seconds);
+  print_task_profiles(profiles);
+  if (!profiles.empty()) std::printf("took      %.1f s (the task profiles %.1f s)\n", seconds, profile_seconds);
+  if (profiles.empty()) std::printf("took      %.1f s\n", seconds);
   print_written(out, o);
   if (o.links.ranks > 0) print_links_written(links_out, o);
   return ok_status();
@@ -533,6 +561,13 @@ PIPER_REGISTER_COMMAND(g_calibrate, "calibrate", "Measure this machine's core an
                          add_int_option(sub, "--sharing-rounds", &o->sharing_rounds,
                                         {0, 100, "rounds of the core-sharing stage"},
                                         "rounds of the core-sharing stage (2..2C processes at once; 0: skip it)")
+                             ->capture_default_str();
+                         sub->add_option("--model", o->profile.models,
+                                         "also profile this model's own tasks on one rank, measured against their "
+                                         "price (a preset or config file, as train's --model; repeatable)");
+                         add_int_option(sub, "--seq", &o->profile.seq_len,
+                                        {1, kMaxSeqLen, "tokens per sequence; at most the model's max_seq_len"},
+                                        "--model: sequence length of the profiled runs")
                              ->capture_default_str();
                          sub->add_flag("--json", o->json, "print one JSON object");
                          // The core-sharing stage's worker processes (calibrate_share.h); not for users.

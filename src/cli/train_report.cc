@@ -77,6 +77,12 @@ Result<HostLayout> host_layout(comm::Communicator* world) {
 
 Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::string& calibration,
                                    const std::string& comm_calibration, HostLayout hosts) {
+  PIPER_ASSIGN_OR_RETURN(DeviceCalibration device, load_device_calibration(calibration, kThisMachineCluster));
+  return local_cluster(ranks, kernel_threads, device, comm_calibration, hosts);
+}
+
+Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const DeviceCalibration& device,
+                                   const std::string& comm_calibration, HostLayout hosts) {
   if (ranks < 1) return invalid_argument("local cluster: ranks must be >= 1, got " + std::to_string(ranks));
   if (hosts.nodes < 1 || ranks % hosts.nodes != 0 || hosts.machines < 1 || hosts.machines > hosts.nodes) {
     return invalid_argument("local cluster: " + std::to_string(ranks) + " ranks on " + std::to_string(hosts.nodes) +
@@ -121,7 +127,6 @@ Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::str
     sources.push_back(std::to_string(hosts.nodes) + " hosts on " + std::to_string(hosts.machines) + " machine" +
                       (hosts.machines == 1 ? "" : "s"));
   }
-  PIPER_ASSIGN_OR_RETURN(DeviceCalibration device, load_device_calibration(calibration, m.cluster.name));
   m.calibration = device.calibration;
   const bool measured_threads = scale_to_rank_cores(&m.calibration, m.rank_cores);
   sources.push_back((device.path.empty() ? "device: " + device.source : "device from " + device.source) +

@@ -32,6 +32,7 @@
 
 #include "piper/base/json.h"
 #include "piper/base/status.h"
+#include "piper/cli/calibration_file.h"
 #include "piper/cli/scenario.h"
 #include "piper/comm/communicator.h"
 #include "piper/cost/device_model.h"
@@ -68,6 +69,10 @@ Result<HostLayout> host_layout(comm::Communicator* world);
 // Errors: unreadable or invalid calibration files (named); ranks spread over several hosts without a link
 // calibration that measured the link between them.
 Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const std::string& calibration,
+                                   const std::string& comm_calibration, HostLayout hosts = {});
+// The same with the device calibration already read (`piper calibrate --model` prices with the figures it has just
+// measured, before any file holds them): `device` as load_device_calibration returns it, one core's figures.
+Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const DeviceCalibration& device,
                                    const std::string& comm_calibration, HostLayout hosts = {});
 
 // The machine's task prices for the plan the trainer compiles (runtime::TrainOptions::plan_prices).

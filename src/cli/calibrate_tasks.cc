@@ -1,0 +1,225 @@
+#include "piper/cli/calibrate_tasks.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <memory>
+
+#include "piper/base/units.h"
+#include "piper/cli/calibration_file.h"
+#include "piper/cli/flags.h"
+#include "piper/cli/train_report.h"
+#include "piper/compile/plan.h"
+#include "piper/cost/estimate.h"
+#include "piper/ir/types.h"
+#include "piper/kernels/cpu/gemm.h"
+#include "piper/runtime/trainer.h"
+#include "piper/runtime/training_run.h"
+#include "piper/sim/task_time.h"
+#include "piper/spec/counting.h"
+#include "piper/spec/model_loader.h"
+#include "piper/spec/part.h"
+
+namespace piper::cli {
+namespace {
+
+// Per task kind of a plan: its instructions and their price, per step.
+struct PlanTasks {
+  std::map<std::string, int64_t> calls;
+  std::map<std::string, double> priced_s;
+};
+
+// The key the executor times an instruction under (runtime::Core::execute and update), "" for none.
+std::string task_key(const compile::Instruction& in) {
+  if (in.op == compile::OpKind::kUpdate) return "update";
+  if (in.op != compile::OpKind::kCompute || !in.part) return "";
+  return std::string(chunk_name(*in.part)) + "." + ir::to_string(in.pass);
+}
+
+// The simulator's price of every compute and update instruction of the trainer's (one-rank) plan, by key.
+Result<PlanTasks> price_plan(const runtime::Trainer& trainer, const LocalMachine& machine) {
+  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(trainer.options().model, machine.cluster,
+                                                                     trainer.train_spec(), machine.calibration));
+  PIPER_ASSIGN_OR_RETURN(sim::TaskTimeFn price, sim::cost_task_time(cm, trainer.strategy(), machine.calibration));
+  const compile::Program& program = trainer.compiled().plan.program(0);
+  PlanTasks p;
+  for (const compile::Stream& stream : program.streams) {
+    for (const compile::Instruction& in : stream.instrs) {
+      const std::string key = task_key(in);
+      if (key.empty()) continue;
+      ++p.calls[key];
+      p.priced_s[key] += price(program, in);
+    }
+  }
+  return p;
+}
+
+bool is_exchange(const std::string& key) { return key.rfind("a2a.", 0) == 0 || key.rfind("m2n.", 0) == 0; }
+
+// Each task kind's wall seconds per step over the steps after the first.
+struct MeasuredTasks {
+  std::map<std::string, double> sum_s;
+  int64_t steps_seen = 0, steps_timed = 0;
+  void add(const runtime::TrainStepStats& s) {
+    if (steps_seen++ == 0) return;  // first-touch page faults, the pool's first allocations
+    ++steps_timed;
+    for (const auto& [key, seconds] : s.task_seconds) {
+      if (!is_exchange(key)) sum_s[key] += seconds;
+    }
+  }
+};
+
+std::string run_name(const ModelSpec& model, int threads, int64_t mbs) {
+  return model.name + " (" + std::to_string(threads) + " thread" + (threads == 1 ? "" : "s") + ", mbs " +
+         std::to_string(mbs) + ")";
+}
+
+// The points of one run: every task kind of the plan, measured and priced per step, both > 0.
+Result<std::vector<TaskPoint>> run_points(const std::string& run, const PlanTasks& plan, const MeasuredTasks& m,
+                                          int threads, int64_t tokens) {
+  for (const auto& [key, seconds] : m.sum_s) {
+    if (plan.calls.count(key) == 0) {
+      return internal_error("task profile of " + run + ": the runtime timed task '" + key +
+                            "', which the plan has no instruction of");
+    }
+  }
+  std::vector<TaskPoint> points;
+  for (const auto& [key, calls] : plan.calls) {
+    const auto measured = m.sum_s.find(key);
+    TaskPoint p{threads, tokens, key, calls, 0, plan.priced_s.at(key)};
+    if (measured != m.sum_s.end() && m.steps_timed > 0) p.measured_s = measured->second / m.steps_timed;
+    if (!(p.measured_s > 0)) {
+      return failed_precondition("task profile of " + run + ": task '" + key + "' (" + std::to_string(calls) +
+                                 " calls per step) measured " + std::to_string(p.measured_s) +
+                                 " s per step over the steps after the first; nothing written");
+    }
+    if (!(p.priced_s > 0)) {
+      return failed_precondition("task profile of " + run + ": the cost model prices task '" + key + "' at " +
+                                 std::to_string(p.priced_s) +
+                                 " s per step, so measured / priced is undefined; nothing written");
+    }
+    points.push_back(p);
+  }
+  return points;
+}
+
+// One run: the model trained on one rank with `threads` kernel threads, two microbatches of `mbs` sequences.
+Result<std::vector<TaskPoint>> profile_run(const ModelSpec& model, const TaskProfileOptions& o,
+                                           const DeviceCalibration& device, int threads, int64_t mbs) {
+  std::fprintf(stderr, "calibrate: task profile %s, %d thread%s, mbs %lld (%lld steps of %lld x %lld tokens)\n",
+               model.name.c_str(), threads, threads == 1 ? "" : "s", static_cast<long long>(mbs),
+               static_cast<long long>(o.steps), static_cast<long long>(2 * mbs), static_cast<long long>(o.seq_len));
+  PIPER_ASSIGN_OR_RETURN(LocalMachine machine, local_cluster(1, threads, device, ""));
+  runtime::TrainOptions t;
+  t.model = model;
+  t.strategy = "dp=1,microbatches=2,mbs=" + std::to_string(mbs);
+  t.global_batch = 2 * mbs;
+  t.seq_len = o.seq_len;
+  t.plan_prices = local_plan_prices(machine, model);
+  PIPER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Trainer> trainer, runtime::Trainer::create(t));
+  PIPER_ASSIGN_OR_RETURN(PlanTasks plan, price_plan(*trainer, machine));
+  MeasuredTasks measured;
+  runtime::RunOptions run;
+  run.steps = o.steps;
+  run.on_step = [&measured](const runtime::TrainStepStats& s) { measured.add(s); };
+  PIPER_RETURN_IF_ERROR(runtime::run_training(*trainer, run).status());
+  return run_points(run_name(model, threads, mbs), plan, measured, threads, mbs * o.seq_len);
+}
+
+Result<TaskProfile> profile_model(const ModelSpec& model, const TaskProfileOptions& o,
+                                  const DeviceCalibration& device) {
+  TaskProfile p{model.name, count_params(model).total(), o.seq_len, {}};
+  for (int threads : o.threads) {
+    for (int64_t mbs : o.mbs) {
+      kernels::set_kernel_threads(threads);
+      Result<std::vector<TaskPoint>> points = profile_run(model, o, device, threads, mbs);
+      if (!points.ok()) return points.status();
+      p.points.insert(p.points.end(), points->begin(), points->end());
+    }
+  }
+  return p;
+}
+
+}  // namespace
+
+Result<std::vector<ModelSpec>> load_task_profile_models(const TaskProfileOptions& o) {
+  if (o.steps < 2) {
+    return invalid_argument("task profile: " + std::to_string(o.steps) +
+                            " steps; give >= 2 (the first step is not timed)");
+  }
+  for (int t : o.threads) {
+    if (t < 1) return invalid_argument("task profile: thread count " + std::to_string(t) + "; give >= 1");
+  }
+  for (int64_t m : o.mbs) {
+    if (m < 1) return invalid_argument("task profile: mbs " + std::to_string(m) + "; give >= 1");
+  }
+  std::vector<ModelSpec> models;
+  for (const std::string& name : o.models) {
+    Result<ModelSpec> model = load_model(name);
+    if (!model.ok()) return model.status().with_context("--model " + name);
+    PIPER_RETURN_IF_ERROR(check_seq_len(*model, o.seq_len));
+    models.push_back(std::move(model).value());
+  }
+  return models;
+}
+
+Result<std::vector<TaskProfile>> measure_task_profiles(const TaskProfileOptions& o, const Json& device_file) {
+  PIPER_ASSIGN_OR_RETURN(std::vector<ModelSpec> models, load_task_profile_models(o));
+  DeviceCalibration device;
+  PIPER_ASSIGN_OR_RETURN(device.calibration, cost::Calibration::from_json(device_file, "the measured figures"));
+  device.source = "the figures this calibration measured";
+  const int threads_before = kernels::kernel_threads();
+  std::vector<TaskProfile> profiles;
+  for (const ModelSpec& model : models) {
+    Result<TaskProfile> p = profile_model(model, o, device);
+    if (!p.ok()) {
+      kernels::set_kernel_threads(threads_before);
+      return p.status();
+    }
+    profiles.push_back(std::move(p).value());
+  }
+  kernels::set_kernel_threads(threads_before);
+  return profiles;
+}
+
+Json task_profiles_json(const std::vector<TaskProfile>& profiles) {
+  Json list = Json::array();
+  for (const TaskProfile& p : profiles) {
+    Json points = Json::array();
+    for (const TaskPoint& t : p.points) {
+      points.push_back({{"threads", t.threads},
+                        {"tokens", t.tokens},
+                        {"task", t.task},
+                        {"calls", t.calls},
+                        {"measured_s", t.measured_s},
+                        {"priced_s", t.priced_s}});
+    }
+    list.push_back({{"model", p.model}, {"parameters", p.parameters}, {"seq", p.seq_len}, {"points", points}});
+  }
+  return list;
+}
+
+void print_task_profiles(const std::vector<TaskProfile>& profiles) {
+  for (const TaskProfile& p : profiles) {
+    std::map<int, std::vector<TaskPoint>> by_threads;
+    for (const TaskPoint& t : p.points) by_threads[t.threads].push_back(t);
+    for (auto& [threads, points] : by_threads) {
+      // A task's sizes next to each other: how its ratio moves with the tokens.
+      std::stable_sort(points.begin(), points.end(),
+                       [](const TaskPoint& a, const TaskPoint& b) { return a.task < b.task; });
+      std::printf(
+          "tasks     %s (%s parameters, seq %lld), one rank, %d thread%s: per call, measured (steps after "
+          "the first) against the simulator's price\n",
+          p.model.c_str(), format_count(static_cast<double>(p.parameters)).c_str(), static_cast<long long>(p.seq_len),
+          threads, threads == 1 ? "" : "s");
+      std::printf("  %-12s %7s %6s %12s %12s %10s\n", "task", "tokens", "calls", "measured", "priced", "x price");
+      for (const TaskPoint& t : points) {
+        std::printf("  %-12s %7lld %6lld %12s %12s %9.2fx\n", t.task.c_str(), static_cast<long long>(t.tokens),
+                    static_cast<long long>(t.calls), format_seconds(t.measured_s / t.calls).c_str(),
+                    format_seconds(t.priced_s / t.calls).c_str(), t.measured_s / t.priced_s);
+      }
+    }
+  }
+}
+
+}  // namespace piper::cli

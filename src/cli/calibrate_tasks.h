@@ -1,0 +1,67 @@
+// `piper calibrate --model M`: the model's own task times on one rank (a "task profile", docs/calibration.md).
+//
+// For every model, kernel thread count t and microbatch size m, the runtime trains the model in this process on
+// one rank (as `piper train --ranks 1 --threads t --strategy dp=1,microbatches=2,mbs=m --global-batch 2m` does) for
+// `steps` steps; every step after the first gives each task kind's wall seconds (TrainStepStats::task_seconds:
+// "attn.F", "experts.BW", ..., "update"; not the "a2a.*" / "m2n.*" exchanges), averaged per step. Beside them, the
+// simulator's price of the same plan (sim::cost_task_time on local_cluster(1, t) with the device figures given,
+// which carry no task profile) summed over the plan's instructions of each kind, and the calls per step. The
+// simulator scales its prices by measured / priced.
+//
+// Called on the calibrating process only (no MPI); it sets the kernel threads while it runs and restores them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "piper/base/json.h"
+#include "piper/base/status.h"
+#include "piper/spec/model_spec.h"
+
+namespace piper::cli {
+
+struct TaskProfileOptions {
+  std::vector<std::string> models;       // preset names or config files (spec/model_loader.h load_model)
+  int64_t seq_len = 128;                 // tokens per sequence (train's default); at most each model's max_seq_len
+  std::vector<int> threads;              // kernel thread counts, each >= 1
+  std::vector<int64_t> mbs = {1, 2, 4};  // microbatch sizes; a run has two microbatches
+  int64_t steps = 4;                     // >= 2: the first step (first-touch page faults) is not timed
+};
+
+// One task kind of one run: per step, `calls` instructions of it took `measured_s` wall seconds and are priced at
+// `priced_s`. tokens = mbs x seq_len, the tokens of one call.
+struct TaskPoint {
+  int threads = 1;
+  int64_t tokens = 0;
+  std::string task;  // "<chunk>.<pass>" (chunk_name, ir::to_string(Pass)) or "update"
+  int64_t calls = 0;
+  double measured_s = 0;
+  double priced_s = 0;
+};
+
+struct TaskProfile {
+  std::string model;       // ModelSpec::name
+  int64_t parameters = 0;  // count_params(model).total()
+  int64_t seq_len = 0;
+  std::vector<TaskPoint> points;  // by thread count, then mbs, then task name
+};
+
+// The models load and take seq_len (check_seq_len), and the lists are valid: the errors of --model and --seq,
+// before any measurement runs.
+Result<std::vector<ModelSpec>> load_task_profile_models(const TaskProfileOptions& o);
+
+// Runs and prices every (model, threads, mbs). `device_file`: the device calibration's JSON (one core's figures,
+// thread_figures; cost::Calibration::from_json) that prices the tasks. Errors: a model or list refused above, a run
+// the trainer refuses, a task kind of the plan whose measured or priced seconds are not > 0 (named).
+Result<std::vector<TaskProfile>> measure_task_profiles(const TaskProfileOptions& o, const Json& device_file);
+
+// The calibration file's "task_profiles": [{model, parameters, seq, points: [{threads, tokens, task, calls,
+// measured_s, priced_s}]}].
+Json task_profiles_json(const std::vector<TaskProfile>& profiles);
+
+// One table per model and thread count: per task and tokens, the calls, measured and priced seconds per call and
+// their ratio.
+void print_task_profiles(const std::vector<TaskProfile>& profiles);
+
+}  // namespace piper::cli
