@@ -192,6 +192,28 @@ Json steps_json(const runtime::RunSummary& r) {
   return steps;
 }
 
+// Rank 0's CPU per step by stream, and the rest of its process (main thread, the MPI library's threads).
+Json stream_cpu_json(const runtime::RunSummary& r) {
+  Json streams = Json::object();
+  double sum = 0;
+  for (const auto& [stream, cpu] : r.stream_cpu_s) {
+    streams[stream] = cpu;
+    sum += cpu;
+  }
+  return Json{{"streams", streams}, {"process_s", r.mine.cpu_s}, {"rest_s", r.mine.cpu_s - sum}};
+}
+
+void print_stream_cpu(const runtime::RunSummary& r) {
+  std::string line;
+  double sum = 0;
+  for (const auto& [stream, cpu] : r.stream_cpu_s) {
+    line += (line.empty() ? "" : ", ") + stream + " " + format_seconds(cpu);
+    sum += cpu;
+  }
+  std::printf("cpu       rank 0 per step by stream: %s; rest of the process (main thread, MPI) %s\n", line.c_str(),
+              format_seconds(r.mine.cpu_s - sum).c_str());
+}
+
 void print_json_report(const TrainCliOptions& o, runtime::Trainer& trainer, const runtime::RunSummary& r,
                        const PredictionReport& prediction, const std::optional<PredictionReport>& own) {
   const auto& plan = trainer.compiled().plan;
@@ -215,6 +237,7 @@ void print_json_report(const TrainCliOptions& o, runtime::Trainer& trainer, cons
          {"plan_hash", hex64(compile::plan_hash(plan))}};
   j["predicted_vs_measured"] = prediction.to_json();
   if (own) j["predicted_vs_measured_own_expert_loads"] = own->to_json();
+  j["cpu_per_step"] = stream_cpu_json(r);
   if (!o.trace.empty()) j["trace"] = o.trace;
   if (!o.record_expert_loads.empty()) j["expert_loads"] = o.record_expert_loads;
   if (!o.save.empty()) j["saved"] = o.save;
@@ -262,6 +285,7 @@ void print_text_report(const TrainCliOptions& o, runtime::Trainer& trainer, cons
   std::printf("tokens_per_s %.0f  achieved_flops %s\n", r.tokens_per_s, format_si(r.achieved_flops, "FLOP/s").c_str());
   print_memory(o, trainer);
   prediction.print();
+  print_stream_cpu(r);
   if (r.expert_parallel) {
     std::printf("experts   imbalance (max/mean tokens per ep rank, mean of %zu steps) first %.3f  last %.3f\n",
                 r.window, r.imbalance_first, r.imbalance_last);

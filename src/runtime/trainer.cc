@@ -432,6 +432,7 @@ Result<TrainStepStats> Trainer::step() {
   s.grad_norm = r.grad_norm;
   s.seconds = r.seconds;
   s.task_seconds = r.task_seconds;
+  s.stream_cpu_s = r.stream_cpu_s;
   s.expert_tokens = std::move(r.expert_tokens);
   PIPER_RETURN_IF_ERROR(record_expert_loads(s));
   PIPER_RETURN_IF_ERROR(balance_experts(&s));

@@ -93,6 +93,7 @@ struct TrainStepStats {
   double tokens_per_s = 0;
   double flops_per_s = 0;  // model FLOPs (docs/counting.md) per second
   std::map<std::string, double> task_seconds;  // see StepResult
+  std::map<std::string, double> stream_cpu_s;  // see StepResult
   std::map<int, std::vector<int64_t>> expert_tokens;  // see StepResult: per MoE layer, tokens per expert
   // Expert-parallel runs: the largest over MoE layers of this step's max / mean tokens per ep rank under the
   // placement in force during the step (1 without expert parallelism).

@@ -65,6 +65,7 @@ void summarise(const Trainer& trainer, int window_steps, RunSummary* r) {
   r->mine.step_time_s = r->timed_seconds / timed;
   r->mine.compute_s = r->timed_compute_s / timed;
   r->mine.cpu_s = r->timed_cpu_s / timed;
+  for (auto& [stream, cpu] : r->stream_cpu_s) cpu /= timed;
   r->mine.peak_bytes = trainer.memory().peak_total_bytes;
   r->tokens_per_s =
       r->timed_seconds > 0 ? static_cast<double>(trainer.tokens_per_step()) * timed / r->timed_seconds : 0;
@@ -87,6 +88,7 @@ Status run_steps(Trainer& trainer, const RunOptions& o, RunSummary* r) {
       r->timed_seconds += s.seconds;
       r->timed_cpu_s += process_cpu_s() - cpu0;
       r->timed_compute_s += compute_seconds(s.task_seconds);
+      for (const auto& [stream, cpu] : s.stream_cpu_s) r->stream_cpu_s[stream] += cpu;
     }
     r->steps.push_back(record_of(s));
     if (i == 0) r->loss_first = s.loss;

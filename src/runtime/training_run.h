@@ -64,6 +64,8 @@ struct RunSummary {
   double timed_seconds = 0;  // their wall time
   double timed_cpu_s = 0;    // their CPU time (this rank's process, user + system)
   double timed_compute_s = 0;  // their compute tasks' wall time (compute_seconds)
+  // This rank's CPU seconds per timed step by stream (StepResult::stream_cpu_s): after the run, the mean.
+  std::map<std::string, double> stream_cpu_s;
   double tokens_per_s = 0, achieved_flops = 0;  // over the timed steps; model FLOPs (docs/counting.md)
   // Expert-parallel runs (imbalance = max / mean tokens per ep rank): the mean over the first and the last
   // `window` steps (window = min(steps, migration window)), the migrations and the share of this rank's

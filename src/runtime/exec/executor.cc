@@ -8,6 +8,7 @@
 #include <thread>
 #include <tuple>
 
+#include "piper/base/clock.h"
 #include "piper/kernels/cpu/gemm.h"
 #include "piper/runtime/exec/executor_handlers.h"
 #include "piper/runtime/exec/trace.h"
@@ -140,6 +141,7 @@ Result<std::unique_ptr<Executor>> Executor::create(const compile::Plan& plan, co
       tasks.push_back(std::move(t));
     }
     impl->streams.push_back(std::move(tasks));
+    impl->stream_names.push_back(stream.name);
   }
   // The MoE layers, expert norm owners and HALO context, then the ZeRO shards of state, gradients and parameters.
   PIPER_RETURN_IF_ERROR(impl->ep->setup());
@@ -557,6 +559,14 @@ Status Core::execute(const Task& t) {
 }
 
 void Core::run_stream(size_t s) {
+  const double cpu0 = thread_cpu_s();
+  run_tasks(s);
+  const double cpu = thread_cpu_s() - cpu0;
+  std::lock_guard<std::mutex> lock(mu);
+  stream_cpu_s[stream_names[s]] += cpu;
+}
+
+void Core::run_tasks(size_t s) {
   for (size_t i = 0; i < streams[s].size(); ++i) {
     const Task& t = streams[s][i];
     {
@@ -594,6 +604,7 @@ void Core::begin_step(const Batch& b) {
   planned_live = 0;
   planned_peak = 0;
   task_seconds.clear();
+  stream_cpu_s.clear();
 }
 
 Result<StepResult> Core::end_step() {
@@ -625,6 +636,7 @@ Result<StepResult> Core::end_step() {
   for (detail::Handler* h : handlers) PIPER_RETURN_IF_ERROR(h->end_step(&r));
   r.grad_norm = grad_norm;
   r.task_seconds = task_seconds;
+  r.stream_cpu_s = stream_cpu_s;
   for (const auto& s : streams) r.num_instructions += static_cast<int64_t>(s.size());
   return r;
 }

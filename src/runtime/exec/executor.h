@@ -65,6 +65,10 @@ struct StepResult {
   // and streams; in optimizer updates ("update"); and in the expert all-to-alls and af-pipe exchanges, which run
   // as tasks of their handlers ("a2a.<part>.F|B", "m2n.F|B": communication, waits included).
   std::map<std::string, double> task_seconds;
+  // CPU seconds (user + system) of each stream's thread in this step, by the plan's stream name ("compute", "dp",
+  // "pp_send", ...): its tasks, its waits (polling, sleeping) and its handoffs. What the process took beyond their
+  // sum is its main thread's and the communication library's own threads'.
+  std::map<std::string, double> stream_cpu_s;
   // Tokens (routed slots) each expert received in this step, by MoE layer: [num_experts] per layer, summed over
   // microbatches and, on several ranks, over the ranks (the same on every rank). The expert load that
   // balance::LoadMonitor::record_step takes.

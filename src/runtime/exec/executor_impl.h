@@ -106,6 +106,7 @@ class Core {
   DistContext* dist = nullptr;     // null on one rank
   TraceRecorder* trace = nullptr;  // null: no timeline recorded
   std::vector<std::vector<Task>> streams;
+  std::vector<std::string> stream_names;  // the program's, by stream index
   std::map<int, StashKey> buffer_owner;
   // Buffers that only count bytes: a recomputed forward's checkpoint (its input, which the chunk's stash keeps
   // for the re-run), allocated before the same forward as its activations' buffer.
@@ -143,6 +144,7 @@ class Core {
   Status error;
   std::vector<double> loss_mb, aux_mb;
   std::map<std::string, double> task_seconds;
+  std::map<std::string, double> stream_cpu_s;  // StepResult::stream_cpu_s
   int64_t planned_live = 0;
   // Buffers of communication abandoned in flight after a failure: kept until the executor dies.
   std::vector<std::shared_ptr<const void>> abandoned;
@@ -206,7 +208,8 @@ class Core {
                       bool publish);
   Status free_buffer(const compile::Instruction& in);
   Status update(const Task& t);
-  void run_stream(size_t s);
+  void run_stream(size_t s);  // run_tasks, its thread's CPU time added to stream_cpu_s
+  void run_tasks(size_t s);
   void begin_step(const Batch& batch);
   Result<StepResult> end_step();
 
