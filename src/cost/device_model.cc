@@ -101,6 +101,13 @@ Status read_task_point(JsonReader& e, Calibration::TaskProfilePoint* p) {
   const size_t dot = p->task.find('.');
   const bool chunk_task = dot != std::string::npos && chunk_part(p->task.substr(0, dot)).has_value() &&
                           task_pass_known(p->task.substr(dot + 1));
+  const double ratio = p->measured_s / p->priced_s;
+  if (!(ratio >= 1 / kMaxTaskScale && ratio <= kMaxTaskScale)) {
+    return invalid_argument(e.field_path("measured_s") + ": " + p->task + " measured " + std::to_string(ratio) +
+                            "x its price, outside 1/" + std::to_string(static_cast<int>(kMaxTaskScale)) + ".." +
+                            std::to_string(static_cast<int>(kMaxTaskScale)) +
+                            ": a disturbed measurement; run `piper calibrate --model ...` again on a quiet machine");
+  }
   if (p->task != "update" && !chunk_task) {
     return invalid_argument(e.field_path("task") + ": '" + p->task +
                             "' is not a task key; use \"<chunk>.<pass>\" (chunk embed, attn, router, experts, "
@@ -122,6 +129,7 @@ Status read_task_profiles(JsonReader& r, std::vector<Calibration::TaskProfile>* 
     JsonReader e((*list)[i], at);
     Calibration::TaskProfile t;
     PIPER_RETURN_IF_ERROR(e.get_string("model", &t.model, true));
+    if (t.model.empty()) return invalid_argument(e.field_path("model") + ": empty; the model's name");
     PIPER_RETURN_IF_ERROR(e.get_int("parameters", &t.parameters, true, 1, int64_t{1} << 50));
     PIPER_RETURN_IF_ERROR(e.get_int("seq", &t.seq, true, 1, int64_t{1} << 30));
     const Json* points = e.find("points");

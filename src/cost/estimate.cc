@@ -75,6 +75,7 @@ CostModel::CostModel(const ModelSpec& model, const ClusterSpec& cluster, const T
       device_(cluster.device, train.gemm_dtype(), cal, rate_share(cluster.node, cal), cluster.node.device_cores),
       device_hp_(cluster.device, train.param_dtype, cal, rate_share(cluster.node, cal), cluster.node.device_cores),
       flops_per_token_(training_flops_per_token(model, train.seq_len)),
+      task_profile_(TaskProfileTable::find(cal, model, train.seq_len)),
       halo_memo_(std::make_shared<HaloMemo>()) {}
 
 void CostModel::set_halo_memo(bool on) { halo_memo_ = on ? std::make_shared<HaloMemo>() : nullptr; }
@@ -207,12 +208,12 @@ bool split_backward(ScheduleKind kind) { return kind == ScheduleKind::kZBH1 || k
 PartTimes part_times(const CostModel& cm, const Strategy& s, const PartShape& shape) {
   PartTimes pt;
   pt.recompute = s.recompute;
-  const TaskScales scales = task_scales(cm.calibration(), cm.model(), cm.train().seq_len, shape.tokens);
+  const TaskScales scales = cm.task_scales(shape.tokens);
   for (int i = 0; i < kNumParts; ++i) {
     const Part part = static_cast<Part>(i);
-    const Fbw t = part_fbw(part_cost(cm.parts(), part, shape), cm.device_for(part));
-    pt.t[i] = {t.f * scales.of(part, 0), t.b * scales.of(part, 1), t.w * scales.of(part, 2)};
+    pt.t[i] = scaled(part_fbw(part_cost(cm.parts(), part, shape), cm.device_for(part)), scales, part);
   }
+  pt.update_scale = scales.update;
   return pt;
 }
 
@@ -239,7 +240,12 @@ struct TpOverlap {
 
 // The exposed TP time of one block whose GEMMs are `matmul`'s; adds the last GEMM's slow-down to *compute.
 double tp_overlap_block_s(const CostModel& cm, const PartShape& shape, const TpOverlap& o, Part matmul, Fbw* compute) {
-  const BlockGemms gm = block_gemms(cm.parts(), cm.device(), shape, matmul);
+  BlockGemms gm = block_gemms(cm.parts(), cm.device(), shape, matmul);
+  const TaskScales scales = cm.task_scales(shape.tokens);  // the block's GEMMs as its task: the simulator's too
+  for (int k = 0; k < 3; ++k) {
+    gm.first_s[static_cast<size_t>(k)] *= scales.of(matmul, k);
+    gm.last_s[static_cast<size_t>(k)] *= scales.of(matmul, k);
+  }
   const double b_first = gm.first_s[1] + (o.split ? 0 : gm.first_s[2]);
   compute->f += gm.last_s[0] * (o.slow - 1);
   compute->b += gm.last_s[1] * (o.slow - 1);
@@ -644,8 +650,7 @@ void price_step(const CostModel& cm, const Strategy& s, const PipelineShape& pl,
   out->time.exposed_comm_s = out->comm.tp_s + out->comm.ep_s + out->comm.pp_s + out->comm.dp_s;
   out->time.bubble_s = bubble_time_s(pl.kind, pl.p, pl.v, t_f, t_b, t.w);
   out->time.optimizer_s =
-      task_scales(cm.calibration(), cm.model(), cm.train().seq_len, tokens).update *
-      cm.device().time_s(0, shard_params * optimizer_step_bytes_per_param(cm.bytes()), 0);
+      parts.update_scale * cm.device().time_s(0, shard_params * optimizer_step_bytes_per_param(cm.bytes()), 0);
   finish_step(s, static_cast<double>(cm.train().seq_len), cm.flops_per_token(), cm.device().peak_flops(), out);
 }
 

@@ -36,6 +36,7 @@
 #include "piper/cost/layer_cost.h"
 #include "piper/cost/model_state.h"
 #include "piper/cost/network.h"
+#include "piper/cost/task_profile.h"
 #include "piper/spec/cluster_spec.h"
 #include "piper/spec/model_spec.h"
 #include "piper/spec/train_spec.h"
@@ -133,6 +134,9 @@ class CostModel {
   // One microbatch's part shape on a rank under `strategy` (layer_cost.h), with `cal`'s expert load and
   // attention-score traffic: what the closed form and the simulator's task prices both cost.
   PartShape part_shape(const Strategy& strategy, const Calibration& cal) const;
+  // The calibration's task profile of this model at a microbatch of `tokens` (cost/task_profile.h): what the
+  // simulator and the closed form scale each task's price by; all 1 without one.
+  TaskScales task_scales(double tokens) const { return task_profile_.at(tokens); }
 
  private:
   CostModel(const ModelSpec& model, const ClusterSpec& cluster, const TrainSpec& train, const Calibration& cal,
@@ -161,6 +165,7 @@ class CostModel {
   DeviceModel device_;
   DeviceModel device_hp_;  // the parameters' dtype (bf16), for the parts that never run in fp8
   double flops_per_token_ = 0;
+  TaskProfileTable task_profile_;
   std::shared_ptr<HaloMemo> halo_memo_;  // null: no memo
 };
 

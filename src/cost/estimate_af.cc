@@ -103,10 +103,9 @@ AfChain af_chain(const CostModel& cm, const Strategy& s, const NicSplit& nics) {
                                      : 0.0;
   const bool shared = model.is_moe() && table.shared_params > 0;
   const PartShape shape = cm.part_shape(s, cm.calibration());
-  const TaskScales scales = task_scales(cm.calibration(), model, cm.train().seq_len, shape.tokens);
+  const TaskScales scales = cm.task_scales(shape.tokens);
   auto part = [&](Part q) {
-    const Fbw t = part_fbw(part_cost(table, q, shape), cm.device_for(q));
-    return with_recompute({t.f * scales.of(q, 0), t.b * scales.of(q, 1), t.w * scales.of(q, 2)}, q, s.recompute);
+    return with_recompute(scaled(part_fbw(part_cost(table, q, shape), cm.device_for(q)), scales, q), q, s.recompute);
   };
   Fbw attn_t = part(Part::kAttention);
   attn_t += part(Part::kAttentionCore);
@@ -281,9 +280,7 @@ Status CostModel::estimate_af_pipe(const Strategy& s, Estimate* out) const {
   const GroupLayout edp = s.tp > 1 ? net_.combine(net_.layout(s.tp, 1), edp_dp, s.tp * s.ep) : edp_dp;
   out->ranks.resize(static_cast<size_t>(P));
   out->device_memory_bytes = static_cast<double>(cluster_.device.memory_bytes);
-  const double update_scale =
-      task_scales(calibration_, model_, train_.seq_len, static_cast<double>(s.mbs) * static_cast<double>(train_.seq_len))
-          .update;
+  const double update_scale = task_scales(part_shape(s, calibration_).tokens).update;
   double worst_total = -1, worst_time = -1, chunk[2] = {0, 0};
   double busy_b = 0, nic_b = 0, copies_b = 0, tail_b = 0, opt_b = 0;
   // On a node whose ranks share its cores, each transferred byte is copied by those cores (copy_cost.h): a rank's

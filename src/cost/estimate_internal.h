@@ -58,8 +58,14 @@ struct MeshGroups {
 };
 
 // Each part's F, B and W for one microbatch (layer_cost.h), alone and with the strategy's recomputation.
+// A part's times at its task profile's scales (cost/task_profile.h).
+inline Fbw scaled(const Fbw& t, const TaskScales& s, Part part) {
+  return {t.f * s.of(part, 0), t.b * s.of(part, 1), t.w * s.of(part, 2)};
+}
+
 struct PartTimes {
   Fbw t[kNumParts];
+  double update_scale = 1;  // the optimizer step's (TaskScales::update)
   Recompute recompute = Recompute::kNone;
   Fbw operator()(Part q) const { return t[static_cast<int>(q)]; }
   Fbw recomputed(Part q) const { return with_recompute((*this)(q), q, recompute); }

@@ -2,8 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <utility>
-#include <vector>
+#include <optional>
 
 #include "piper/spec/counting.h"
 
@@ -11,28 +10,34 @@ namespace piper::cost {
 
 namespace {
 
-constexpr const char* kPassName[3] = {"F", "B", "W"};
+constexpr const char* kPassName[4] = {"F", "B", "W", "BW"};
 
-// measured / priced of `key` at `tokens` from the points at `threads`, or nullopt-like -1 when there are none.
-double interpolate(const Calibration::TaskProfile& p, int threads, const std::string& key, double tokens) {
-  std::vector<std::pair<double, double>> at;  // (log tokens, ratio)
-  for (const Calibration::TaskProfilePoint& q : p.points) {
-    if (q.threads == threads && q.task == key) at.emplace_back(std::log(q.tokens), q.measured_s / q.priced_s);
+// The profiles named like `model` at `seq`; *same_size says whether one of them has its parameter count.
+const Calibration::TaskProfile* match(const Calibration& c, const ModelSpec& model, int64_t seq, bool* renamed) {
+  const int64_t params = count_params(model).total();
+  *renamed = false;
+  for (const Calibration::TaskProfile& p : c.task_profiles) {
+    if (p.model != model.name || p.seq != seq) continue;
+    if (p.parameters == params) return &p;
+    *renamed = true;
   }
-  if (at.empty()) return -1;
-  std::sort(at.begin(), at.end());
-  const double x = std::log(std::max(tokens, 1.0));
-  if (x <= at.front().first) return at.front().second;
-  if (x >= at.back().first) return at.back().second;
-  size_t i = 1;
-  while (at[i].first < x) ++i;
-  const double u = (x - at[i - 1].first) / (at[i].first - at[i - 1].first);
-  return at[i - 1].second + u * (at[i].second - at[i - 1].second);
+  return nullptr;
 }
 
-bool has_threads(const Calibration::TaskProfile& p, int threads) {
-  return std::any_of(p.points.begin(), p.points.end(),
-                     [&](const Calibration::TaskProfilePoint& q) { return q.threads == threads; });
+size_t points_at(const Calibration::TaskProfile& p, int threads) {
+  return static_cast<size_t>(std::count_if(p.points.begin(), p.points.end(),
+                                           [&](const Calibration::TaskProfilePoint& q) { return q.threads == threads; }));
+}
+
+std::optional<double> interpolate(const std::vector<std::pair<double, double>>& curve, double tokens) {
+  if (curve.empty()) return std::nullopt;
+  const double x = std::log(std::max(tokens, 1.0));
+  if (x <= curve.front().first) return curve.front().second;
+  if (x >= curve.back().first) return curve.back().second;
+  size_t i = 1;
+  while (curve[i].first < x) ++i;
+  const double u = (x - curve[i - 1].first) / (curve[i].first - curve[i - 1].first);
+  return curve[i - 1].second + u * (curve[i].second - curve[i - 1].second);
 }
 
 }  // namespace
@@ -46,49 +51,73 @@ double TaskScales::of(Part part, int k) const {
   return chunk[static_cast<size_t>(owner)][static_cast<size_t>(k)];
 }
 
-const Calibration::TaskProfile* find_task_profile(const Calibration& c, const ModelSpec& model, int64_t seq) {
-  if (c.task_profiles.empty()) return nullptr;
-  const int64_t params = count_params(model).total();
-  for (const Calibration::TaskProfile& p : c.task_profiles) {
-    if (p.model == model.name && p.parameters == params && p.seq == seq) return &p;
-  }
-  return nullptr;
-}
-
-TaskScales task_scales(const Calibration& c, const ModelSpec& model, int64_t seq, double tokens) {
-  TaskScales s;
-  const Calibration::TaskProfile* p = find_task_profile(c, model, seq);
-  if (p == nullptr || c.rank_threads < 1 || !has_threads(*p, c.rank_threads)) return s;
-  s.applied = true;
-  for (Part part : kChunkParts) {
-    const std::string chunk = chunk_name(part);
-    const double bw = interpolate(*p, c.rank_threads, chunk + ".BW", tokens);
-    for (int k = 0; k < 3; ++k) {
-      double r = interpolate(*p, c.rank_threads, chunk + "." + kPassName[k], tokens);
-      if (r < 0 && k > 0) r = bw;
-      if (r > 0) s.chunk[static_cast<size_t>(part)][static_cast<size_t>(k)] = r;
+TaskProfileTable TaskProfileTable::find(const Calibration& c, const ModelSpec& model, int64_t seq) {
+  TaskProfileTable t;
+  if (c.task_profiles.empty() || c.rank_threads < 1) return t;
+  bool renamed = false;
+  const Calibration::TaskProfile* p = match(c, model, seq, &renamed);
+  if (p == nullptr || points_at(*p, c.rank_threads) == 0) return t;
+  t.applies_ = true;
+  for (const Calibration::TaskProfilePoint& q : p->points) {
+    if (q.threads != c.rank_threads) continue;
+    const std::pair<double, double> point{std::log(q.tokens), q.measured_s / q.priced_s};
+    if (q.task == "update") {
+      t.update_.push_back(point);
+      continue;
+    }
+    const size_t dot = q.task.find('.');
+    const Part part = *chunk_part(q.task.substr(0, dot));  // checked when the file was read
+    const std::string pass = q.task.substr(dot + 1);
+    for (int k = 0; k < 4; ++k) {
+      if (pass == kPassName[k]) t.chunk_[static_cast<size_t>(part)][static_cast<size_t>(k)].push_back(point);
     }
   }
-  const double u = interpolate(*p, c.rank_threads, "update", tokens);
-  if (u > 0) s.update = u;
+  for (auto& passes : t.chunk_) {
+    for (Curve& curve : passes) std::sort(curve.begin(), curve.end());
+  }
+  std::sort(t.update_.begin(), t.update_.end());
+  return t;
+}
+
+TaskScales TaskProfileTable::at(double tokens) const {
+  TaskScales s;
+  if (!applies_) return s;
+  for (Part part : kChunkParts) {
+    const auto& curves = chunk_[static_cast<size_t>(part)];
+    const std::optional<double> bw = interpolate(curves[kBW], tokens);
+    for (int k = 0; k < 3; ++k) {
+      std::optional<double> r = interpolate(curves[static_cast<size_t>(k)], tokens);
+      if (!r && k > 0) r = bw;
+      if (r) s.chunk[static_cast<size_t>(part)][static_cast<size_t>(k)] = *r;
+    }
+  }
+  s.update = interpolate(update_, tokens).value_or(1.0);
   return s;
 }
 
 std::string task_profile_note(const Calibration& c, const ModelSpec& model, int64_t seq) {
   if (c.task_profiles.empty()) return "";
-  const std::string how = "`piper calibrate --model " + model.name + " --seq " + std::to_string(seq) + "`";
-  const Calibration::TaskProfile* p = find_task_profile(c, model, seq);
+  bool renamed = false;
+  const Calibration::TaskProfile* p = match(c, model, seq, &renamed);
+  if (p == nullptr && renamed) {
+    return "task prices unscaled (the calibration's task profile of '" + model.name + "' at seq " +
+           std::to_string(seq) + " is of a model with another parameter count: an edited config; " +
+           "`piper calibrate --model <its config file> --seq " + std::to_string(seq) + "` measures this one)";
+  }
   if (p == nullptr) {
-    return "task prices: roofline (the calibration has no task profile of " + model.name + " at seq " +
-           std::to_string(seq) + "; " + how + " measures one)";
+    return "task prices unscaled (the calibration has no task profile of " + model.name + " at seq " +
+           std::to_string(seq) + "; `piper calibrate --model " + model.name + " --seq " + std::to_string(seq) +
+           "` measures one)";
   }
-  if (c.rank_threads < 1 || !has_threads(*p, c.rank_threads)) {
-    return "task prices: roofline (the task profile of " + model.name + " has no points at " +
-           (c.rank_threads < 1 ? std::string("this cluster's thread count") :
-                                 std::to_string(c.rank_threads) + " thread(s)") + ")";
+  if (c.rank_threads < 1) {
+    return "task prices unscaled (the task profile of " + model.name +
+           " applies to runs priced per thread count: piper train, plan --local-ranks)";
   }
-  size_t n = 0;
-  for (const Calibration::TaskProfilePoint& q : p->points) n += q.threads == c.rank_threads;
+  const size_t n = points_at(*p, c.rank_threads);
+  if (n == 0) {
+    return "task prices unscaled (the task profile of " + model.name + " has no points at " +
+           std::to_string(c.rank_threads) + " thread(s))";
+  }
   return "task prices scaled by the measured task profile of " + model.name + " (seq " + std::to_string(seq) + ", " +
          std::to_string(c.rank_threads) + " thread" + (c.rank_threads == 1 ? "" : "s") + ", " + std::to_string(n) +
          " points)";

@@ -8,7 +8,6 @@
 
 #include "piper/cost/layer_cost.h"
 #include "piper/cost/model_state.h"
-#include "piper/cost/task_profile.h"
 #include "piper/cost/tp_overlap.h"
 #include "piper/cost/vocab_parallel.h"
 
@@ -79,7 +78,7 @@ void split_gemms(const cost::PartTable& table, const cost::DeviceModel& dev, con
 
 // A chunk's F, B, W times and costs (no update) at `shape`. Same formula as the estimate: each cost part is its own
 // kernel (roofline + pointwise traffic); fp8/mxfp8 run the block GEMMs at the fp8 peak, the rest at bf16's
-// (CostModel::device_for).
+// (CostModel::device_for); the times at the task profile's scales.
 PartPrice price_chunk(const cost::CostModel& cm, const cost::PartShape& shape, Part chunk) {
   PartPrice p;
   for (Part part : parts_of(chunk)) {
@@ -92,6 +91,15 @@ PartPrice price_chunk(const cost::CostModel& cm, const cost::PartShape& shape, P
     }
   }
   split_gemms(cm.parts(), cm.device(), shape, chunk, p);
+  // The model's measured task profile, where the calibration has one for it (cost/task_profile.h): the whole task
+  // and its tp_overlap pieces alike.
+  const cost::TaskScales scales = cm.task_scales(shape.tokens);
+  for (size_t k = 0; k < 3; ++k) {
+    const double x = scales.of(chunk, static_cast<int>(k));
+    p.time_s[k] *= x;
+    p.in_s[k] *= x;
+    p.out_s[k] *= x;
+  }
   return p;
 }
 
@@ -134,18 +142,11 @@ Result<std::shared_ptr<const Prices>> make_prices(const cost::CostModel& cm, con
     }
     return s.zero >= 1 ? params / shard : params;
   };
-  // The model's measured task profile, where the calibration has one for it (cost/task_profile.h).
-  const cost::TaskScales scales = cost::task_scales(cal, cm.model(), cm.train().seq_len, shape.tokens);
+  const double update_scale = cm.task_scales(shape.tokens).update;
   auto prices = std::make_shared<Prices>();
   for (Part chunk : kChunkParts) {
     PartPrice p = price_chunk(cm, shape, chunk);
-    for (int k = 0; k < 3; ++k) {
-      const double x = scales.of(chunk, k);
-      p.time_s[static_cast<size_t>(k)] *= x;
-      p.in_s[static_cast<size_t>(k)] *= x;
-      p.out_s[static_cast<size_t>(k)] *= x;
-    }
-    p.update_s = scales.update *
+    p.update_s = update_scale *
                  dev.time_s(0, shard_params(chunk) * cost::optimizer_step_bytes_per_param(cm.bytes()), 0);
     prices->parts[static_cast<size_t>(chunk)] = p;
   }

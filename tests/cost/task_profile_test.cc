@@ -39,8 +39,9 @@ TEST(TaskProfileTest, ScalesEachTaskByItsMeasuredOverPricedInterpolatedInLogToke
                                                   point(1, 128, "experts.BW", 1.2, 1), point(1, 128, "update", 5, 1),
                                                   point(2, 128, "attn.F", 9, 1)}));
   const ModelSpec m = tiny();
-  const TaskScales at128 = task_scales(c, m, 128, 128);
-  ASSERT_TRUE(at128.applied);
+  const TaskProfileTable table = TaskProfileTable::find(c, m, 128);
+  ASSERT_TRUE(table.applies());
+  const TaskScales at128 = table.at(128);
   EXPECT_DOUBLE_EQ(at128.of(Part::kAttention, 0), 1.5);
   EXPECT_DOUBLE_EQ(at128.of(Part::kAttentionCore, 0), 1.5);  // the attention chunk's pieces take its scale
   EXPECT_DOUBLE_EQ(at128.of(Part::kNorms, 0), 1.5);
@@ -49,21 +50,26 @@ TEST(TaskProfileTest, ScalesEachTaskByItsMeasuredOverPricedInterpolatedInLogToke
   EXPECT_DOUBLE_EQ(at128.of(Part::kExperts, 2), 1.2);
   EXPECT_DOUBLE_EQ(at128.update, 5);
   // Halfway in log tokens between 128 and 512; held at the ends outside them.
-  EXPECT_NEAR(task_scales(c, m, 128, 256).of(Part::kAttention, 0), 1.75, 1e-12);
-  EXPECT_DOUBLE_EQ(task_scales(c, m, 128, 64).of(Part::kAttention, 0), 1.5);
-  EXPECT_DOUBLE_EQ(task_scales(c, m, 128, 4096).of(Part::kAttention, 0), 2.0);
+  EXPECT_NEAR(table.at(256).of(Part::kAttention, 0), 1.75, 1e-12);
+  EXPECT_DOUBLE_EQ(table.at(64).of(Part::kAttention, 0), 1.5);
+  EXPECT_DOUBLE_EQ(table.at(4096).of(Part::kAttention, 0), 2.0);
+  EXPECT_DOUBLE_EQ(TaskProfileTable{}.at(128).of(Part::kAttention, 0), 1.0);  // none: the price
 }
 
 TEST(TaskProfileTest, AppliesOnlyToItsModelSeqAndThreadCount) {
   const Json points = Json::array({point(1, 128, "attn.F", 3, 1)});
   const ModelSpec m = tiny();
-  EXPECT_FALSE(task_scales(with_profile(points, 2), m, 128, 128).applied);  // no points at 2 threads
-  EXPECT_FALSE(task_scales(with_profile(points, 0), m, 128, 128).applied);  // thread count unknown
-  EXPECT_FALSE(task_scales(with_profile(points), m, 256, 128).applied);     // another seq
+  EXPECT_TRUE(TaskProfileTable::find(with_profile(points), m, 128).applies());
+  EXPECT_FALSE(TaskProfileTable::find(with_profile(points, 2), m, 128).applies());  // no points at 2 threads
+  EXPECT_FALSE(TaskProfileTable::find(with_profile(points, 0), m, 128).applies());  // thread count unknown
+  EXPECT_FALSE(TaskProfileTable::find(with_profile(points), m, 256).applies());     // another seq
   ModelSpec edited = m;
   edited.hidden_size = 256;  // same name, another model: its parameter count differs
-  EXPECT_FALSE(task_scales(with_profile(points), edited, 128, 128).applied);
-  EXPECT_NE(task_profile_note(with_profile(points), edited, 128).find("piper calibrate --model tiny-moe"),
+  EXPECT_FALSE(TaskProfileTable::find(with_profile(points), edited, 128).applies());
+  EXPECT_NE(task_profile_note(with_profile(points), edited, 128).find("another parameter count"), std::string::npos);
+  EXPECT_NE(task_profile_note(with_profile(points), m, 256).find("piper calibrate --model tiny-moe --seq 256"),
+            std::string::npos);
+  EXPECT_NE(task_profile_note(with_profile(points, 0), m, 128).find("runs priced per thread count"),
             std::string::npos);
   EXPECT_NE(task_profile_note(with_profile(points, 2), m, 128).find("no points at 2 thread"), std::string::npos);
   EXPECT_NE(task_profile_note(with_profile(points), m, 128).find("scaled by the measured task profile"),
@@ -83,6 +89,8 @@ TEST(TaskProfileTest, RefusesMalformedProfiles) {
   refused(Json::array({point(1, 128, "attn.U", 1, 1)}), "is not a task key");
   refused(Json::array({point(1, 128, "attn.F", 1, 1), point(1, 128, "attn.F", 2, 1)}), "a second point");
   refused(Json::array({point(1, 128, "attn.F", 0, 1)}), "measured_s");
+  refused(Json::array({point(1, 128, "attn.F", 21, 1)}), "a disturbed measurement");
+  refused(Json::array({point(1, 128, "attn.F", 1, 21)}), "a disturbed measurement");
   refused(Json::array(), "non-empty array");
   Json two{{"task_profiles", Json::array({profile(m, 128, Json::array({point(1, 128, "attn.F", 1, 1)})),
                                           profile(m, 128, Json::array({point(1, 128, "attn.F", 1, 1)}))})}};
@@ -112,6 +120,20 @@ TEST(TaskProfileTest, ClosedFormComputeFollowsTheScales) {
   const Estimate b = CostModel::create(m, *cluster, t, scaled).value().estimate(s).value();
   EXPECT_NEAR(b.time.compute_s / a.time.compute_s, 2.0, 1e-9);
   EXPECT_NEAR(b.time.optimizer_s / a.time.optimizer_s, 3.0, 1e-9);
+}
+
+// A model without shared experts has no such part: nothing to compute, nothing to read or write.
+TEST(TaskProfileTest, AbsentSharedExpertsCostNothing) {
+  const ModelSpec m = tiny();
+  ASSERT_EQ(m.moe.num_shared_experts, 0);
+  PartShape shape;
+  shape.tokens = 256;
+  const PartCost c = part_cost(make_part_table(m, 128), Part::kSharedExperts, shape);
+  for (const TaskCost* k : {&c.f, &c.b, &c.w}) {
+    EXPECT_EQ(k->flops, 0);
+    EXPECT_EQ(k->bytes, 0);
+    EXPECT_EQ(k->pointwise_bytes, 0);
+  }
 }
 
 }  // namespace
