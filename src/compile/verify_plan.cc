@@ -234,12 +234,43 @@ std::optional<bool> partial_over_tp(const Plan& plan, const ChunkKey& c, const s
 // Every chunk whose gradients are partial over tp has one tp gradient sum (CommRole::kTpGradSum: an all_reduce over
 // tp, once per step) before its update, and no other chunk has one: without it the optimizer would step each tensor
 // rank's share of those gradients (the runtime no longer sums them by itself).
+// A tp sum's edges: it reads its chunk's finished gradient (the chunk's weight-gradient tasks, or its data-parallel
+// reduction) and its chunk's update reads it; `by_node` holds the program's instructions by node.
+Status check_tp_sum_edges(const Instruction& sum, const ChunkKey& key,
+                          const std::map<ir::NodeId, const Instruction*>& by_node) {
+  auto same_chunk = [&](ir::NodeId id, auto&& is) {
+    const auto it = by_node.find(id);
+    return it != by_node.end() && it->second->part && ChunkKey{it->second->layer, *it->second->part} == key &&
+           is(*it->second);
+  };
+  auto gradient = [](const Instruction& in) {
+    return (in.op == OpKind::kCompute && (in.pass == ir::Pass::kW || in.pass == ir::Pass::kBW)) ||
+           in.role == CommRole::kGradReduce;
+  };
+  auto update = [](const Instruction& in) { return in.op == OpKind::kUpdate; };
+  const bool reads = !sum.inputs.empty() && std::all_of(sum.inputs.begin(), sum.inputs.end(), [&](ir::NodeId id) {
+    return same_chunk(id, gradient);
+  });
+  const bool feeds =
+      std::any_of(sum.outputs.begin(), sum.outputs.end(), [&](ir::NodeId id) { return same_chunk(id, update); });
+  if (reads && feeds) return ok_status();
+  return invalid_argument("plan: '" + sum.label + "' sums over tp the gradients of " + chunk_label(key) + " but " +
+                          (reads ? "its update does not read it"
+                                 : "does not read only that chunk's weight-gradient tasks or data-parallel "
+                                   "reduction") +
+                          "; emit the plan again with this piper");
+}
+
 Status check_tp_grad_sums(const Plan& plan) {
   for (const Program& prog : plan.templates) {
     std::map<ChunkKey, std::string> axis;  // updated chunks -> the axis their compute is split over
     std::map<ChunkKey, const Instruction*> sums;
+    std::map<ir::NodeId, const Instruction*> by_node;
+    bool data_edges = false;  // a plan compiled without them (CompileOptions) names no inputs or outputs
     for (const Stream& st : prog.streams) {
       for (const Instruction& in : st.instrs) {
+        if (in.node != ir::kNoNode) by_node.emplace(in.node, &in);
+        data_edges |= !in.inputs.empty() || !in.outputs.empty();
         if (!in.part) continue;
         const ChunkKey key{in.layer, *in.part};
         if (in.op == OpKind::kUpdate) axis.emplace(key, "");
@@ -262,7 +293,10 @@ Status check_tp_grad_sums(const Plan& plan) {
       const auto a = axis.find(key);
       const std::optional<bool> partial =
           a == axis.end() ? std::optional<bool>(false) : partial_over_tp(plan, key, a->second);
-      if (partial.value_or(true)) continue;
+      if (partial.value_or(true)) {
+        if (data_edges) PIPER_RETURN_IF_ERROR(check_tp_sum_edges(*in, key, by_node));
+        continue;
+      }
       return invalid_argument(
           "plan: '" + in->label + "' sums over tp the gradients of " + chunk_label(key) + ", which " +
           (a == axis.end() ? "this rank does not update"

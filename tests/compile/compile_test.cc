@@ -610,6 +610,30 @@ TEST(CompileTest, VerifierRefusesMissingOrExtraTpGradSums) {
                                       "whole on every tensor rank"),
             std::string::npos)
       << e.status().message();
+  // A hand-edited plan whose sum reads another chunk's gradient, or that its update does not read.
+  for (const bool inputs : {true, false}) {
+    Plan rewired = r->plan;
+    ir::NodeId attn_w = ir::kNoNode;
+    for (const auto& st : rewired.templates[0].streams) {
+      for (const auto& in : st.instrs) {
+        if (in.label == "L2.attn.BW.mb1") attn_w = in.node;
+      }
+    }
+    ASSERT_NE(attn_w, ir::kNoNode);
+    for (auto& st : rewired.templates[0].streams) {
+      for (auto& in : st.instrs) {
+        if (in.label != "L2.router.tp_sum") continue;
+        if (inputs) in.inputs = {attn_w};
+        else in.outputs.clear();
+      }
+    }
+    auto w = verify_plan(rewired);
+    ASSERT_FALSE(w.ok()) << (inputs ? "inputs" : "outputs");
+    EXPECT_NE(w.status().message().find(inputs ? "does not read only that chunk's weight-gradient tasks"
+                                               : "its update does not read it"),
+              std::string::npos)
+        << w.status().message();
+  }
 }
 
 std::vector<ir::Directive> parse(const std::string& text) {
