@@ -391,6 +391,8 @@ Status run_calibrate(const CalibrateOptions& o) {
   runtime::keep_freed_memory();  // measure what a training process pays (runtime/exec/process_memory.h)
   if (!o.share_worker.empty()) return run_share_worker(o.share_worker, o.share_window_s);
   if (o.links.spawned || comm::launched_by_mpi()) return run_link_stage(o.links);
+  // A bad --model or --seq fails now, not after the links' mpirun or the device's measurements.
+  PIPER_RETURN_IF_ERROR(load_task_profile_models(o.profile).status());
   if (o.links.ranks == 0) return run_device_stage(o, Json(), "");
   Json links;
   if (!o.json) std::fprintf(stderr, "calibrate: links, %d ranks under mpirun\n", o.links.ranks);
@@ -489,8 +491,6 @@ Result<std::vector<TaskProfile>> profile_tasks(const CalibrateOptions& o, int co
 }
 
 Status run_device_stage(const CalibrateOptions& o, const Json& links, const std::string& links_out) {
-  // A bad --model or --seq fails now, not after the measurements.
-  PIPER_RETURN_IF_ERROR(load_task_profile_models(o.profile).status());
   PIPER_ASSIGN_OR_RETURN(ClusterSpec preset, load_cluster("local-cpu", 1));
   const double peak = preset.device.peak_flops_fp32;
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -562,13 +562,15 @@ PIPER_REGISTER_COMMAND(g_calibrate, "calibrate", "Measure this machine's core an
                                         {0, 100, "rounds of the core-sharing stage"},
                                         "rounds of the core-sharing stage (2..2C processes at once; 0: skip it)")
                              ->capture_default_str();
-                         sub->add_option("--model", o->profile.models,
-                                         "also profile this model's own tasks on one rank, measured against their "
-                                         "price (a preset or config file, as train's --model; repeatable)");
+                         CLI::Option* model =
+                             sub->add_option("--model", o->profile.models,
+                                             "also profile this model's own tasks on one rank, measured against their "
+                                             "price (a preset or config file, as train's --model; repeatable)");
                          add_int_option(sub, "--seq", &o->profile.seq_len,
                                         {1, kMaxSeqLen, "tokens per sequence; at most the model's max_seq_len"},
                                         "--model: sequence length of the profiled runs")
-                             ->capture_default_str();
+                             ->capture_default_str()
+                             ->needs(model);
                          sub->add_flag("--json", o->json, "print one JSON object");
                          // The core-sharing stage's worker processes (calibrate_share.h); not for users.
                          sub->add_option("--share-worker", o->share_worker)->group("");

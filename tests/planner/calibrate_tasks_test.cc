@@ -115,6 +115,21 @@ TEST(CalibrateTasksTest, UnknownModelIsRefusedBeforeAnyMeasurement) {
   EXPECT_NE(text.find("unknown model preset 'no-such-model'"), std::string::npos) << text;
   EXPECT_EQ(text.find("calibrate: GEMM"), std::string::npos) << text;
   EXPECT_FALSE(std::filesystem::exists(out));
+  // With --ranks too, before the links' mpirun (which the link stage launches first).
+  const std::string links_out = testing::TempDir() + "calibrate_tasks_unknown.links.json";
+  EXPECT_NE(
+      run_piper("", "calibrate --ranks 2 --model no-such-model --out " + out + " --links-out " + links_out, &text), 0);
+  EXPECT_NE(text.find("unknown model preset 'no-such-model'"), std::string::npos) << text;
+  EXPECT_EQ(text.find("calibrate: links"), std::string::npos) << text;
+  EXPECT_FALSE(std::filesystem::exists(links_out));
+}
+
+TEST(CalibrateTasksTest, SeqWithoutModelIsRefused) {
+  std::string text;
+  const std::string out = testing::TempDir() + "calibrate_tasks_seq.json";
+  EXPECT_NE(run_piper("", "calibrate --seq 64 --out " + out, &text), 0);
+  EXPECT_NE(text.find("--seq requires --model"), std::string::npos) << text;
+  EXPECT_FALSE(std::filesystem::exists(out));
 }
 
 TEST(CalibrateTasksTest, SeqBeyondTheModelIsRefused) {
