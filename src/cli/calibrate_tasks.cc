@@ -54,8 +54,6 @@ Result<PlanTasks> price_plan(const runtime::Trainer& trainer, const LocalMachine
   return p;
 }
 
-bool is_exchange(const std::string& key) { return key.rfind("a2a.", 0) == 0 || key.rfind("m2n.", 0) == 0; }
-
 // Each task kind's wall seconds per step over the steps after the first.
 struct MeasuredTasks {
   std::map<std::string, double> sum_s;
@@ -64,7 +62,7 @@ struct MeasuredTasks {
     if (steps_seen++ == 0) return;  // first-touch page faults, the pool's first allocations
     ++steps_timed;
     for (const auto& [key, seconds] : s.task_seconds) {
-      if (!is_exchange(key)) sum_s[key] += seconds;
+      if (!runtime::is_exchange_task(key)) sum_s[key] += seconds;
     }
   }
 };
@@ -109,7 +107,7 @@ Result<std::vector<TaskPoint>> profile_run(const ModelSpec& model, const TaskPro
   std::fprintf(stderr, "calibrate: task profile %s, %d thread%s, mbs %lld (%lld steps of %lld x %lld tokens)\n",
                model.name.c_str(), threads, threads == 1 ? "" : "s", static_cast<long long>(mbs),
                static_cast<long long>(o.steps), static_cast<long long>(2 * mbs), static_cast<long long>(o.seq_len));
-  PIPER_ASSIGN_OR_RETURN(LocalMachine machine, local_cluster(1, threads, device, ""));
+  PIPER_ASSIGN_OR_RETURN(LocalMachine machine, local_cluster(1, threads, device, kNoLinkCalibration));
   runtime::TrainOptions t;
   t.model = model;
   t.strategy = "dp=1,microbatches=2,mbs=" + std::to_string(mbs);
@@ -167,6 +165,8 @@ Result<std::vector<TaskProfile>> measure_task_profiles(const TaskProfileOptions&
   PIPER_ASSIGN_OR_RETURN(std::vector<ModelSpec> models, load_task_profile_models(o));
   DeviceCalibration device;
   PIPER_ASSIGN_OR_RETURN(device.calibration, cost::Calibration::from_json(device_file, "the measured figures"));
+  // The raw price: a device file that already holds task profiles (an earlier calibrate's) must not scale it.
+  device.calibration.task_profiles.clear();
   device.source = "the figures this calibration measured";
   const int threads_before = kernels::kernel_threads();
   std::vector<TaskProfile> profiles;
