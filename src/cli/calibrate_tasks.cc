@@ -1,6 +1,7 @@
 #include "piper/cli/calibrate_tasks.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -10,6 +11,7 @@
 #include "piper/cli/flags.h"
 #include "piper/cli/train_report.h"
 #include "piper/compile/plan.h"
+#include "piper/cost/device_model.h"
 #include "piper/cost/estimate.h"
 #include "piper/ir/types.h"
 #include "piper/kernels/cpu/gemm.h"
@@ -180,6 +182,41 @@ Result<std::vector<TaskProfile>> measure_task_profiles(const TaskProfileOptions&
   }
   kernels::set_kernel_threads(threads_before);
   return profiles;
+}
+
+std::vector<UnscaledThreads> drop_implausible_threads(std::vector<TaskProfile>* profiles) {
+  std::vector<UnscaledThreads> dropped;
+  std::vector<TaskProfile> kept;
+  for (TaskProfile& p : *profiles) {
+    // Per thread count with a point outside the bound, the one furthest from its price (in log ratio).
+    std::map<int, UnscaledThreads> worst;
+    for (const TaskPoint& t : p.points) {
+      const double ratio = t.measured_s / t.priced_s;
+      if (ratio >= 1 / cost::kMaxTaskScale && ratio <= cost::kMaxTaskScale) continue;
+      auto [it, added] = worst.try_emplace(t.threads, UnscaledThreads{p.model, t.threads, t.task, t.tokens, ratio});
+      if (!added && std::abs(std::log(ratio)) > std::abs(std::log(it->second.ratio))) {
+        it->second = UnscaledThreads{p.model, t.threads, t.task, t.tokens, ratio};
+      }
+    }
+    for (const auto& [threads, w] : worst) dropped.push_back(w);
+    std::erase_if(p.points, [&worst](const TaskPoint& t) { return worst.count(t.threads) > 0; });
+    if (!p.points.empty()) kept.push_back(std::move(p));
+  }
+  *profiles = std::move(kept);
+  return dropped;
+}
+
+std::string unscaled_threads_note(const UnscaledThreads& u) {
+  char ratio[32];
+  std::snprintf(ratio, sizeof(ratio), "%.3gx", u.ratio);
+  const std::string threads = std::to_string(u.threads) + " thread" + (u.threads == 1 ? "" : "s");
+  return "task profile of " + u.model + " at " + threads + " left out of the file: " + u.task + " at " +
+         std::to_string(u.tokens) + " tokens measured " + ratio + " its price (outside 1/" +
+         std::to_string(static_cast<int>(cost::kMaxTaskScale)) + ".." +
+         std::to_string(static_cast<int>(cost::kMaxTaskScale)) + "x: a loaded machine's measurement); " + u.model +
+         "'s tasks on " + threads +
+         " are priced unscaled, like an unfitted thread count; run `piper calibrate --model " + u.model +
+         "` again on a quiet machine";
 }
 
 Json task_profiles_json(const std::vector<TaskProfile>& profiles) {

@@ -68,6 +68,9 @@ constexpr double kMaxAttentionScoreBytes = 1e3;
 constexpr double kMaxExpertCallS = 1e-2;
 // The largest expert_row_*_s: 100 us per row, about a thousand times the build machine's.
 constexpr double kMaxExpertRowS = 1e-4;
+// The largest measured / priced of a task profile's point (Calibration::task_profiles), and 1 / it the smallest: a
+// task 20x off its price is a loaded machine's measurement (2-thread tasks at load 3-5 measured 2-500x), not a price.
+constexpr double kMaxTaskScale = 20.0;
 
 struct Calibration {
   double gemm_efficiency = -1;  // < 0: take DeviceSpec::gemm_efficiency
