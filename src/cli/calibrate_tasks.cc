@@ -1,6 +1,7 @@
 #include "piper/cli/calibrate_tasks.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -10,6 +11,7 @@
 #include "piper/cli/flags.h"
 #include "piper/cli/train_report.h"
 #include "piper/compile/plan.h"
+#include "piper/cost/device_model.h"
 #include "piper/cost/estimate.h"
 #include "piper/ir/types.h"
 #include "piper/kernels/cpu/gemm.h"
@@ -54,8 +56,6 @@ Result<PlanTasks> price_plan(const runtime::Trainer& trainer, const LocalMachine
   return p;
 }
 
-bool is_exchange(const std::string& key) { return key.rfind("a2a.", 0) == 0 || key.rfind("m2n.", 0) == 0; }
-
 // Each task kind's wall seconds per step over the steps after the first.
 struct MeasuredTasks {
   std::map<std::string, double> sum_s;
@@ -64,7 +64,7 @@ struct MeasuredTasks {
     if (steps_seen++ == 0) return;  // first-touch page faults, the pool's first allocations
     ++steps_timed;
     for (const auto& [key, seconds] : s.task_seconds) {
-      if (!is_exchange(key)) sum_s[key] += seconds;
+      if (!runtime::is_exchange_task(key)) sum_s[key] += seconds;
     }
   }
 };
@@ -109,7 +109,7 @@ Result<std::vector<TaskPoint>> profile_run(const ModelSpec& model, const TaskPro
   std::fprintf(stderr, "calibrate: task profile %s, %d thread%s, mbs %lld (%lld steps of %lld x %lld tokens)\n",
                model.name.c_str(), threads, threads == 1 ? "" : "s", static_cast<long long>(mbs),
                static_cast<long long>(o.steps), static_cast<long long>(2 * mbs), static_cast<long long>(o.seq_len));
-  PIPER_ASSIGN_OR_RETURN(LocalMachine machine, local_cluster(1, threads, device, ""));
+  PIPER_ASSIGN_OR_RETURN(LocalMachine machine, local_cluster(1, threads, device, kNoLinkCalibration));
   runtime::TrainOptions t;
   t.model = model;
   t.strategy = "dp=1,microbatches=2,mbs=" + std::to_string(mbs);
@@ -167,6 +167,8 @@ Result<std::vector<TaskProfile>> measure_task_profiles(const TaskProfileOptions&
   PIPER_ASSIGN_OR_RETURN(std::vector<ModelSpec> models, load_task_profile_models(o));
   DeviceCalibration device;
   PIPER_ASSIGN_OR_RETURN(device.calibration, cost::Calibration::from_json(device_file, "the measured figures"));
+  // The raw price: a device file that already holds task profiles (an earlier calibrate's) must not scale it.
+  device.calibration.task_profiles.clear();
   device.source = "the figures this calibration measured";
   const int threads_before = kernels::kernel_threads();
   std::vector<TaskProfile> profiles;
@@ -180,6 +182,41 @@ Result<std::vector<TaskProfile>> measure_task_profiles(const TaskProfileOptions&
   }
   kernels::set_kernel_threads(threads_before);
   return profiles;
+}
+
+std::vector<UnscaledThreads> drop_implausible_threads(std::vector<TaskProfile>* profiles) {
+  std::vector<UnscaledThreads> dropped;
+  std::vector<TaskProfile> kept;
+  for (TaskProfile& p : *profiles) {
+    // Per thread count with a point outside the bound, the one furthest from its price (in log ratio).
+    std::map<int, UnscaledThreads> worst;
+    for (const TaskPoint& t : p.points) {
+      const double ratio = t.measured_s / t.priced_s;
+      if (ratio >= 1 / cost::kMaxTaskScale && ratio <= cost::kMaxTaskScale) continue;
+      auto [it, added] = worst.try_emplace(t.threads, UnscaledThreads{p.model, t.threads, t.task, t.tokens, ratio});
+      if (!added && std::abs(std::log(ratio)) > std::abs(std::log(it->second.ratio))) {
+        it->second = UnscaledThreads{p.model, t.threads, t.task, t.tokens, ratio};
+      }
+    }
+    for (const auto& [threads, w] : worst) dropped.push_back(w);
+    std::erase_if(p.points, [&worst](const TaskPoint& t) { return worst.count(t.threads) > 0; });
+    if (!p.points.empty()) kept.push_back(std::move(p));
+  }
+  *profiles = std::move(kept);
+  return dropped;
+}
+
+std::string unscaled_threads_note(const UnscaledThreads& u) {
+  char ratio[32];
+  std::snprintf(ratio, sizeof(ratio), "%.3gx", u.ratio);
+  const std::string threads = std::to_string(u.threads) + " thread" + (u.threads == 1 ? "" : "s");
+  return "task profile of " + u.model + " at " + threads + " left out of the file: " + u.task + " at " +
+         std::to_string(u.tokens) + " tokens measured " + ratio + " its price (outside 1/" +
+         std::to_string(static_cast<int>(cost::kMaxTaskScale)) + ".." +
+         std::to_string(static_cast<int>(cost::kMaxTaskScale)) + "x: a loaded machine's measurement); " + u.model +
+         "'s tasks on " + threads +
+         " are priced unscaled, like an unfitted thread count; run `piper calibrate --model " + u.model +
+         "` again on a quiet machine";
 }
 
 Json task_profiles_json(const std::vector<TaskProfile>& profiles) {

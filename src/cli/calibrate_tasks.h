@@ -52,9 +52,31 @@ struct TaskProfile {
 Result<std::vector<ModelSpec>> load_task_profile_models(const TaskProfileOptions& o);
 
 // Runs and prices every (model, threads, mbs). `device_file`: the device calibration's JSON (one core's figures,
-// thread_figures; cost::Calibration::from_json) that prices the tasks. Errors: a model or list refused above, a run
+// thread_figures; cost::Calibration::from_json) that prices the tasks; its task_profiles, if any, are ignored (the
+// price is the raw one that measured / priced corrects), and no link calibration is read (kNoLinkCalibration: one
+// rank's tasks need no links). Errors: a model or list refused above, a run
 // the trainer refuses, a task kind of the plan whose measured or priced seconds are not > 0 (named).
 Result<std::vector<TaskProfile>> measure_task_profiles(const TaskProfileOptions& o, const Json& device_file);
+
+// A thread count of a model whose task profile points are left out of the file: `task` at `tokens` is the point
+// furthest from its price, measured `ratio` = measured / priced.
+struct UnscaledThreads {
+  std::string model;
+  int threads = 1;
+  std::string task;
+  int64_t tokens = 0;
+  double ratio = 1;
+};
+
+// Removes from *profiles every (model, thread count) with a point whose measured / priced lies outside
+// [1 / cost::kMaxTaskScale, cost::kMaxTaskScale] (all that thread count's points of that model: the simulator then
+// prices its tasks unscaled, as a thread count without points), and a profile left without points. Returns one
+// entry per count removed, by model then thread count, naming its worst point (furthest in log ratio).
+std::vector<UnscaledThreads> drop_implausible_threads(std::vector<TaskProfile>* profiles);
+
+// One line for the summary and stderr: which model and thread count were left out, the worst task and its ratio,
+// that those tasks are priced unscaled, and to calibrate again on a quiet machine.
+std::string unscaled_threads_note(const UnscaledThreads& u);
 
 // The calibration file's "task_profiles": [{model, parameters, seq, points: [{threads, tokens, task, calls,
 // measured_s, priced_s}]}].

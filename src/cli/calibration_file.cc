@@ -101,6 +101,7 @@ std::string sync_note(const CommCalibrationInfo& info, const ClusterSpec& cluste
 
 Result<std::string> apply_link_calibration(const std::string& flag, ClusterSpec* cluster) {
   CommCalibrationInfo info;
+  if (flag == kNoLinkCalibration) return std::string("preset figures (--comm-calibration none)");
   if (!flag.empty()) {
     PIPER_RETURN_IF_ERROR(load_comm_calibration(flag, cluster, &info));
     return flag + " (--comm-calibration" + sync_note(info, *cluster) + ")";

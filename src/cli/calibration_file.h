@@ -50,12 +50,18 @@ std::string with_task_profile(const std::string& source, const cost::Calibration
 
 // The link calibration (spec/comm_calibration.h: measured alpha-beta of point-to-point messages and collectives,
 // written by `piper calibrate --ranks R`, or by `piper bench comm --calibration-out F`), found like the device's:
+//   --comm-calibration none       no file: the cluster's preset link figures (kNoLinkCalibration);
 //   --comm-calibration FILE       that file, on any cluster;
 //   PIPER_COMM_CALIBRATION=FILE   that file (it must exist); =none: no default file;
 //   PIPER_CALIBRATION=none        no default file either (one switch turns off both, as the test suite needs);
 //   otherwise, on local-cpu only  $XDG_CONFIG_HOME/piper/calibration/<hostname>.links.json (~/.config/... without
 //                                 XDG_CONFIG_HOME) when it exists, beside the device file.
 std::string default_link_calibration_path(bool* explicit_env = nullptr);
+
+// The --comm-calibration value (and `comm_calibration` argument) that reads no link calibration file at all: what
+// a price that needs no links takes (`piper calibrate --model` prices one rank's tasks), whatever this machine's
+// default file or PIPER_COMM_CALIBRATION say.
+inline constexpr const char* kNoLinkCalibration = "none";
 
 // Applies the link calibration that the rules above pick for a command on `cluster` (its name decides whether the
 // default file applies) and returns what the reports print on their `links` line: "FILE (--comm-calibration)",

@@ -9,7 +9,9 @@
 // routed experts' cost per expert call and per row beyond their FLOPs (calibrate_experts.h: expert_call_*_s,
 // expert_row_*_s). With --model M (repeatable), last, the model's own task profile (calibrate_tasks.h): for every
 // thread count and mbs 1, 2, 4, M trained on one rank in this process, each task kind's measured seconds per step
-// (the steps after the first) beside the simulator's price of it at the figures just measured ("task_profiles").
+// (the steps after the first) beside the simulator's price of it at the figures just measured ("task_profiles");
+// a thread count with a task off its price by more than cost::kMaxTaskScale either way is left out of the file
+// (a loaded machine's measurement), said on stderr and in the summary.
 // The file holds one core's measured figures (peak_flops_fp32: the fitted curve's large-GEMM asymptote;
 // memory_bw_bytes_per_s), which replace the local-cpu preset's, each thread count's own (thread_figures), which
 // `local_cluster` (train_report.h) uses for a rank's thread count, and the sharing efficiency (core_sharing).
@@ -391,6 +393,8 @@ Status run_calibrate(const CalibrateOptions& o) {
   runtime::keep_freed_memory();  // measure what a training process pays (runtime/exec/process_memory.h)
   if (!o.share_worker.empty()) return run_share_worker(o.share_worker, o.share_window_s);
   if (o.links.spawned || comm::launched_by_mpi()) return run_link_stage(o.links);
+  // A bad --model or --seq fails now, not after the links' mpirun or the device's measurements.
+  PIPER_RETURN_IF_ERROR(load_task_profile_models(o.profile).status());
   if (o.links.ranks == 0) return run_device_stage(o, Json(), "");
   Json links;
   if (!o.json) std::fprintf(stderr, "calibrate: links, %d ranks under mpirun\n", o.links.ranks);
@@ -489,8 +493,6 @@ Result<std::vector<TaskProfile>> profile_tasks(const CalibrateOptions& o, int co
 }
 
 Status run_device_stage(const CalibrateOptions& o, const Json& links, const std::string& links_out) {
-  // A bad --model or --seq fails now, not after the measurements.
-  PIPER_RETURN_IF_ERROR(load_task_profile_models(o.profile).status());
   PIPER_ASSIGN_OR_RETURN(ClusterSpec preset, load_cluster("local-cpu", 1));
   const double peak = preset.device.peak_flops_fp32;
   const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
@@ -508,7 +510,14 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
   PIPER_RETURN_IF_ERROR(add_kernel_stages(preset.device, o.rounds, &file, &attention, &experts));
   // Priced by the figures above, before the file holds a task profile (the raw price).
   double profile_seconds = 0;
-  PIPER_ASSIGN_OR_RETURN(const std::vector<TaskProfile> profiles, profile_tasks(o, cores, file, &profile_seconds));
+  PIPER_ASSIGN_OR_RETURN(const std::vector<TaskProfile> all_profiles, profile_tasks(o, cores, file, &profile_seconds));
+  // A thread count with a task far off its price is a loaded machine's: the file keeps none of its points.
+  std::vector<TaskProfile> profiles = all_profiles;
+  Json unscaled = Json::array();
+  for (const UnscaledThreads& u : drop_implausible_threads(&profiles)) {
+    unscaled.push_back(unscaled_threads_note(u));
+    std::fprintf(stderr, "calibrate: %s\n", unscaled.back().get<std::string>().c_str());
+  }
   if (!profiles.empty()) file["task_profiles"] = task_profiles_json(profiles);
   const double seconds = std::chrono::duration<double>(Clock::now() - started).count();
   PIPER_ASSIGN_OR_RETURN(const std::string out, output_path(o.out));
@@ -525,6 +534,7 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
            {"attention", attention_json(attention)},
            {"experts", experts_json(experts)},
            {"task_profile_seconds", profile_seconds},
+           {"task_profiles_left_out", unscaled},
            {"out", out}};
     if (o.links.ranks > 0) {
       j["links"] = links;
@@ -541,9 +551,10 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
   print_sharing(sharing, cores);
   print_attention(attention);
   print_experts(experts);
-  print_task_profiles(profiles);
-  if (!profiles.empty()) std::printf("took      %.1f s (the task profiles %.1f s)\n", seconds, profile_seconds);
-  if (profiles.empty()) std::printf("took      %.1f s\n", seconds);
+  print_task_profiles(all_profiles);
+  for (const Json& note : unscaled) std::printf("left out  %s\n", note.get<std::string>().c_str());
+  if (!all_profiles.empty()) std::printf("took      %.1f s (the task profiles %.1f s)\n", seconds, profile_seconds);
+  if (all_profiles.empty()) std::printf("took      %.1f s\n", seconds);
   print_written(out, o);
   if (o.links.ranks > 0) print_links_written(links_out, o);
   return ok_status();
@@ -562,13 +573,15 @@ PIPER_REGISTER_COMMAND(g_calibrate, "calibrate", "Measure this machine's core an
                                         {0, 100, "rounds of the core-sharing stage"},
                                         "rounds of the core-sharing stage (2..2C processes at once; 0: skip it)")
                              ->capture_default_str();
-                         sub->add_option("--model", o->profile.models,
-                                         "also profile this model's own tasks on one rank, measured against their "
-                                         "price (a preset or config file, as train's --model; repeatable)");
+                         CLI::Option* model =
+                             sub->add_option("--model", o->profile.models,
+                                             "also profile this model's own tasks on one rank, measured against their "
+                                             "price (a preset or config file, as train's --model; repeatable)");
                          add_int_option(sub, "--seq", &o->profile.seq_len,
                                         {1, kMaxSeqLen, "tokens per sequence; at most the model's max_seq_len"},
                                         "--model: sequence length of the profiled runs")
-                             ->capture_default_str();
+                             ->capture_default_str()
+                             ->needs(model);
                          sub->add_flag("--json", o->json, "print one JSON object");
                          // The core-sharing stage's worker processes (calibrate_share.h); not for users.
                          sub->add_option("--share-worker", o->share_worker)->group("");

@@ -107,10 +107,12 @@ Status run_steps(Trainer& trainer, const RunOptions& o, RunSummary* r) {
 
 }  // namespace
 
+bool is_exchange_task(const std::string& key) { return key.rfind("a2a.", 0) == 0 || key.rfind("m2n.", 0) == 0; }
+
 double compute_seconds(const std::map<std::string, double>& task_seconds) {
   double sum = 0;
   for (const auto& [task, task_s] : task_seconds) {
-    if (task.rfind("a2a.", 0) != 0 && task.rfind("m2n.", 0) != 0) sum += task_s;
+    if (!is_exchange_task(task)) sum += task_s;
   }
   return sum;
 }

@@ -85,6 +85,10 @@ struct RunSummary {
 // (communication, waits included).
 double compute_seconds(const std::map<std::string, double>& task_seconds);
 
+// Whether a StepResult::task_seconds key is an exchange ("a2a.*": expert all-to-all, "m2n.*": af-pipe), timed with
+// its communication and waits, rather than a compute or update task.
+bool is_exchange_task(const std::string& key);
+
 Result<RunSummary> run_training(Trainer& trainer, const RunOptions& options);
 
 }  // namespace piper::runtime
