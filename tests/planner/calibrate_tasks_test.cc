@@ -112,7 +112,7 @@ TEST(CalibrateTasksTest, JsonHasTheConsumersFieldsAndRoundTrips) {
 }
 
 // The consumer reads what the producer writes: Calibration::from_json takes the file's "task_profiles", and
-// task_scales at one thread and the profile's tokens gives each key measured / priced of its point.
+// the table at one thread and the profile's tokens gives each key measured / priced of its point.
 TEST(CalibrateTasksTest, FileRoundTripsThroughTheConsumer) {
   Result<std::vector<TaskProfile>> got = tiny_profile();
   ASSERT_TRUE(got.ok()) << got.status().to_string();
@@ -124,8 +124,9 @@ TEST(CalibrateTasksTest, FileRoundTripsThroughTheConsumer) {
   Result<ModelSpec> model = load_model("tiny-moe");
   ASSERT_TRUE(model.ok());
   cal->rank_threads = 1;
-  const cost::TaskScales scales = cost::task_scales(*cal, *model, 32, 32);
-  EXPECT_TRUE(scales.applied);
+  const cost::TaskProfileTable table = cost::TaskProfileTable::find(*cal, *model, 32);
+  EXPECT_TRUE(table.applies());
+  const cost::TaskScales scales = table.at(32);
   std::map<std::string, double> ratio;
   for (const TaskPoint& t : (*got)[0].points) ratio[t.task] = t.measured_s / t.priced_s;
   ASSERT_EQ(ratio.count("update"), 1u);
@@ -134,7 +135,7 @@ TEST(CalibrateTasksTest, FileRoundTripsThroughTheConsumer) {
   EXPECT_DOUBLE_EQ(scales.of(Part::kAttention, 0), ratio["attn.F"]);
   // Another thread count has no points: nothing applies.
   cal->rank_threads = 2;
-  EXPECT_FALSE(cost::task_scales(*cal, *model, 32, 32).applied);
+  EXPECT_FALSE(cost::TaskProfileTable::find(*cal, *model, 32).applies());
 }
 
 // The price is the raw one: a device file that already holds a profile of the model (an earlier calibrate's) does
