@@ -369,15 +369,20 @@ Result<ContendedTiming> contended(Communicator& w, const LinkCalibrationOptions&
   std::this_thread::sleep_for(std::chrono::duration<double>(o.contended_alone_s));
   const int64_t c1 = spinning.chunks();
   const auto t1 = Clock::now();
+  const double process0 = process_cpu_s();
   PIPER_ASSIGN_OR_RETURN(double busy, per_call(w, o, call));
+  const double process_busy = process_cpu_s() - process0;
   const int64_t c2 = spinning.chunks();
   const double busy_wall = since(t1);
   const double chunk_cpu = spinning.stop();
+  const double calls = o.warmup + o.contended_iterations;
+  const double comm_cpu = std::max(0.0, process_busy - static_cast<double>(c2 - c1) * chunk_cpu) / calls;
   const double alone_rate = static_cast<double>(c1 - c0) / std::chrono::duration<double>(t1 - t0).count();
   const double lost = alone_rate * busy_wall - static_cast<double>(c2 - c1);
-  const double cpu = std::max(0.0, lost) * chunk_cpu / (o.warmup + o.contended_iterations);
+  const double cpu = std::max(0.0, lost) * chunk_cpu / calls;
   PIPER_ASSIGN_OR_RETURN(t.busy_s, mean_over_ranks(w, busy));
   PIPER_ASSIGN_OR_RETURN(t.cpu_s, mean_over_ranks(w, cpu));
+  PIPER_ASSIGN_OR_RETURN(t.comm_cpu_s, mean_over_ranks(w, comm_cpu));
   t.excess_s = std::max(0.0, t.busy_s - t.idle_s);
   return t;
 }
@@ -418,7 +423,7 @@ Status measure_contended(Communicator& w, const LinkCalibrationOptions& o, int r
       }));
   // A ping-pong is two transfers: per transfer (its CPU too: the simulator charges cpu_p2p_s per transfer).
   ContendedTiming& p2p = c->contended_p2p;
-  for (double* v : {&p2p.idle_s, &p2p.busy_s, &p2p.excess_s, &p2p.cpu_s}) *v /= 2;
+  for (double* v : {&p2p.idle_s, &p2p.busy_s, &p2p.excess_s, &p2p.cpu_s, &p2p.comm_cpu_s}) *v /= 2;
   return ok_status();
 }
 
@@ -647,7 +652,8 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
   auto busy = [](const ContendedTiming& t) {
     return OrderedJson{{"bytes", t.bytes},       {"compute_threads", t.compute_threads},
                        {"idle_s", t.idle_s},     {"computing_s", t.busy_s},
-                       {"excess_s", t.excess_s}, {"cpu_s", t.cpu_s}};
+                       {"excess_s", t.excess_s}, {"cpu_s", t.cpu_s},
+                       {"comm_cpu_s", t.comm_cpu_s}};
   };
   if (c.contended_all_reduce.measured) m["contended_all_reduce"] = busy(c.contended_all_reduce);
   if (c.contended_all_to_all.measured) m["contended_all_to_all"] = busy(c.contended_all_to_all);
@@ -706,11 +712,12 @@ std::string to_text(const LinkCalibration& c) {
     if (!t.measured) return;
     std::snprintf(line, sizeof(line),
                   "  %s of %s while %d thread%s per rank compute%s: %s per call (%s without): %s more; it takes %s "
-                  "of CPU from the compute per rank\n",
+                  "of CPU from the compute per rank (its own threads' CPU: %s)\n",
                   name, format_bytes(static_cast<double>(t.bytes)).c_str(), t.compute_threads,
                   t.compute_threads == 1 ? "" : "s", t.compute_threads == 1 ? "s" : "",
                   format_seconds(t.busy_s).c_str(), format_seconds(t.idle_s).c_str(),
-                  format_seconds(t.excess_s).c_str(), format_seconds(t.cpu_s).c_str());
+                  format_seconds(t.excess_s).c_str(), format_seconds(t.cpu_s).c_str(),
+                  format_seconds(t.comm_cpu_s).c_str());
     out += line;
   };
   busy("all-reduce", c.contended_all_reduce);

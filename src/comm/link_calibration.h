@@ -127,13 +127,17 @@ Result<SyncUnderLoad> sync_under_load(const std::vector<SyncRound>& idle, const 
 // over ranks; excess_s = busy_s - idle_s (>= 0). cpu_s: the CPU seconds of compute the spinning threads of a rank
 // lost per call (their work beside the calls against their rate alone, the rank's main thread asleep), mean over
 // ranks: what a collective takes from the compute of an oversubscribed node (its thread's polls, MPI's progress,
-// the context switches).
+// the context switches). comm_cpu_s: the CPU seconds per call of everything in the rank's process but the spinning
+// threads while they spin beside the calls (its calling thread's polls and waits, MPI's work inside the calls and its
+// own threads), mean over ranks: what the communication itself burns, counted by the kernel's clocks rather than
+// inferred from lost work; recorded beside cpu_s (the model prices cpu_s).
 struct ContendedTiming {
   bool measured = false;
   size_t bytes = 0;         // per rank (ping-pong: per message)
   int compute_threads = 0;  // per rank
   double idle_s = 0, busy_s = 0, excess_s = 0;
   double cpu_s = 0;
+  double comm_cpu_s = 0;
 };
 
 struct LinkCalibration {

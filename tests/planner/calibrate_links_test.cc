@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <unistd.h>
 
 #include "piper/base/json.h"
@@ -35,6 +36,11 @@ TEST(CalibrateCliTest, RanksMeasureTheLinks) {
     EXPECT_GE(m["compute_threads"].get<int>(), 1) << key;
     EXPECT_NEAR(m["excess_s"].get<double>(), std::max(0.0, m["computing_s"].get<double>() - m["idle_s"].get<double>()),
                 1e-12)
+        << key;
+    // The calls' own CPU (their thread's polls and MPI's work): some for every call, at most the call's wall time
+    // on every core of the machine.
+    EXPECT_GT(m["comm_cpu_s"].get<double>(), 0) << key;
+    EXPECT_LT(m["comm_cpu_s"].get<double>(), m["computing_s"].get<double>() * std::thread::hardware_concurrency())
         << key;
   }
   ASSERT_EQ(run_piper("env PIPER_CALIBRATION=none",
