@@ -116,8 +116,36 @@ Status read_task_point(JsonReader& e, Calibration::TaskProfilePoint* p) {
   return ok_status();
 }
 
-// "task_profiles": [{"model": M, "parameters": N, "seq": S, "points": [...]}, ...]; a (model, seq, threads,
-// tokens, task) at most once.
+// One profile of "task_profiles": its model, parameter count and seq, and its points, each (threads, tokens, task)
+// once.
+Status read_task_profile(JsonReader& e, Calibration::TaskProfile* t) {
+  PIPER_RETURN_IF_ERROR(e.get_string("model", &t->model, true));
+  if (t->model.empty()) return invalid_argument(e.field_path("model") + ": empty; the model's name");
+  PIPER_RETURN_IF_ERROR(e.get_int("parameters", &t->parameters, true, 1, int64_t{1} << 50));
+  PIPER_RETURN_IF_ERROR(e.get_int("seq", &t->seq, true, 1, int64_t{1} << 30));
+  const Json* points = e.find("points");
+  if (points == nullptr || !points->is_array() || points->size() == 0) {
+    return invalid_argument(e.field_path("points") + ": expected a non-empty array of measured points");
+  }
+  for (size_t k = 0; k < points->size(); ++k) {
+    const std::string at = e.field_path("points") + "[" + std::to_string(k) + "]";
+    if (!(*points)[k].is_object()) return invalid_argument(at + ": expected an object");
+    JsonReader pe((*points)[k], at);
+    Calibration::TaskProfilePoint p;
+    PIPER_RETURN_IF_ERROR(read_task_point(pe, &p));
+    for (const Calibration::TaskProfilePoint& q : t->points) {
+      if (q.threads == p.threads && q.tokens == p.tokens && q.task == p.task) {
+        return invalid_argument(at + ": a second point for " + p.task + " at " + std::to_string(p.threads) +
+                                " thread(s) and " + std::to_string(static_cast<int64_t>(p.tokens)) +
+                                " tokens; keep one (piper calibrate --model writes each once)");
+      }
+    }
+    t->points.push_back(std::move(p));
+  }
+  return e.check_no_unknown_keys();
+}
+
+// "task_profiles": [{"model": M, "parameters": N, "seq": S, "points": [...]}, ...]; a (model, seq) at most once.
 Status read_task_profiles(JsonReader& r, std::vector<Calibration::TaskProfile>* out) {
   const Json* list = r.find("task_profiles");
   if (list == nullptr) return ok_status();
@@ -128,30 +156,7 @@ Status read_task_profiles(JsonReader& r, std::vector<Calibration::TaskProfile>* 
     if (!(*list)[i].is_object()) return invalid_argument(at + ": expected an object");
     JsonReader e((*list)[i], at);
     Calibration::TaskProfile t;
-    PIPER_RETURN_IF_ERROR(e.get_string("model", &t.model, true));
-    if (t.model.empty()) return invalid_argument(e.field_path("model") + ": empty; the model's name");
-    PIPER_RETURN_IF_ERROR(e.get_int("parameters", &t.parameters, true, 1, int64_t{1} << 50));
-    PIPER_RETURN_IF_ERROR(e.get_int("seq", &t.seq, true, 1, int64_t{1} << 30));
-    const Json* points = e.find("points");
-    if (points == nullptr || !points->is_array() || points->size() == 0) {
-      return invalid_argument(e.field_path("points") + ": expected a non-empty array of measured points");
-    }
-    for (size_t k = 0; k < points->size(); ++k) {
-      const std::string pat = e.field_path("points") + "[" + std::to_string(k) + "]";
-      if (!(*points)[k].is_object()) return invalid_argument(pat + ": expected an object");
-      JsonReader pe((*points)[k], pat);
-      Calibration::TaskProfilePoint p;
-      PIPER_RETURN_IF_ERROR(read_task_point(pe, &p));
-      for (const Calibration::TaskProfilePoint& q : t.points) {
-        if (q.threads == p.threads && q.tokens == p.tokens && q.task == p.task) {
-          return invalid_argument(pat + ": a second point for " + p.task + " at " + std::to_string(p.threads) +
-                                  " thread(s) and " + std::to_string(static_cast<int64_t>(p.tokens)) +
-                                  " tokens; keep one (piper calibrate --model writes each once)");
-        }
-      }
-      t.points.push_back(std::move(p));
-    }
-    PIPER_RETURN_IF_ERROR(e.check_no_unknown_keys());
+    PIPER_RETURN_IF_ERROR(read_task_profile(e, &t));
     for (const Calibration::TaskProfile& o : *out) {
       if (o.model == t.model && o.seq == t.seq) {
         return invalid_argument(at + ": a second profile of " + t.model + " at seq " + std::to_string(t.seq) +
