@@ -153,9 +153,8 @@ Result<DeviceCalibration> load_device_calibration(const std::string& flag, const
 }
 
 bool scale_to_rank_cores(cost::Calibration* c, double rank_cores) {
-  c->rank_threads = rank_cores == static_cast<int>(rank_cores) ? static_cast<int>(rank_cores) : 0;
-  const cost::Calibration::ThreadFigures* f =
-      rank_cores == static_cast<int>(rank_cores) ? c->figures_for_threads(static_cast<int>(rank_cores)) : nullptr;
+  c->rank_threads = rank_cores == static_cast<int>(rank_cores) ? static_cast<int>(rank_cores) : 0;  // 0: not whole
+  const cost::Calibration::ThreadFigures* f = c->rank_threads > 0 ? c->figures_for_threads(c->rank_threads) : nullptr;
   if (f == nullptr || !(c->peak_flops_fp32 > 0)) {
     c->peak_flops_fp32 *= rank_cores;
     c->memory_bw_bytes_per_s *= rank_cores;
