@@ -35,7 +35,7 @@ struct PlanTasks {
 std::string task_key(const compile::Instruction& in) {
   if (in.op == compile::OpKind::kUpdate) return "update";
   if (in.op != compile::OpKind::kCompute || !in.part) return "";
-  return std::string(chunk_name(*in.part)) + "." + ir::to_string(in.pass);
+  return ir::task_key(*in.part, in.pass);
 }
 
 // The simulator's price of every compute and update instruction of the trainer's (one-rank) plan, by key.

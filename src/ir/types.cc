@@ -4,6 +4,8 @@
 
 namespace piper::ir {
 
+std::string task_key(Part part, Pass pass) { return std::string(chunk_name(part)) + "." + to_string(pass); }
+
 const char* to_string(Pass p) {
   switch (p) {
     case Pass::kNone: return "-";

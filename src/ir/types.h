@@ -13,6 +13,7 @@
 
 #include "piper/base/json.h"
 #include "piper/base/status.h"
+#include "piper/spec/part.h"
 
 namespace piper::ir {
 
@@ -77,6 +78,10 @@ struct MeshInfo {
 // U is the optimizer update. kNone is used by comm nodes that belong to no single pass.
 enum class Pass : uint8_t { kNone, kF, kB, kW, kBW, kU };
 const char* to_string(Pass p);
+// The key a chunk's task of `pass` is timed and profiled under: "<chunk>.<pass>" ("attn.F", "experts.BW"; spec/part.h
+// chunk_name), as the runtime's per-task seconds, `piper calibrate --model`'s task profile and the cost model's
+// reading of it (cost/task_profile.h) name it.
+std::string task_key(Part part, Pass pass);
 Result<Pass> parse_pass(const std::string& text, const std::string& what);
 // True for the passes that run in the backward direction (B, W, BW).
 inline bool is_backward(Pass p) { return p == Pass::kB || p == Pass::kW || p == Pass::kBW; }

@@ -525,7 +525,7 @@ Status Core::execute(const Task& t) {
     case OpKind::kCompute: {
       const auto start = std::chrono::steady_clock::now();
       Status st = compute(t);
-      add_seconds(std::string(chunk_name(t.chunk->part())) + "." + ir::to_string(t.pass),
+      add_seconds(ir::task_key(t.chunk->part(), t.pass),
                   std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
       return st;
     }
