@@ -231,9 +231,6 @@ std::optional<bool> partial_over_tp(const Plan& plan, const ChunkKey& c, const s
   return plan.grads_partial_over_tp(split, c.second);
 }
 
-// Every chunk whose gradients are partial over tp has one tp gradient sum (CommRole::kTpGradSum: an all_reduce over
-// tp, once per step) before its update, and no other chunk has one: without it the optimizer would step each tensor
-// rank's share of those gradients (the runtime no longer sums them by itself).
 // A tp sum's edges: it reads its chunk's finished gradient (the chunk's weight-gradient tasks, or its data-parallel
 // reduction) and its chunk's update reads it; `by_node` holds the program's instructions by node.
 Status check_tp_sum_edges(const Instruction& sum, const ChunkKey& key,
@@ -261,6 +258,9 @@ Status check_tp_sum_edges(const Instruction& sum, const ChunkKey& key,
                           "; emit the plan again with this piper");
 }
 
+// Every chunk whose gradients are partial over tp has one tp gradient sum (CommRole::kTpGradSum: an all_reduce over
+// tp, once per step) before its update, and no other chunk has one: without it the optimizer would step each tensor
+// rank's share of those gradients (the runtime no longer sums them by itself).
 Status check_tp_grad_sums(const Plan& plan) {
   for (const Program& prog : plan.templates) {
     std::map<ChunkKey, std::string> axis;  // updated chunks -> the axis their compute is split over
