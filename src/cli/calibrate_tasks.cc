@@ -192,7 +192,7 @@ std::vector<UnscaledThreads> drop_implausible_threads(std::vector<TaskProfile>* 
     std::map<int, UnscaledThreads> worst;
     for (const TaskPoint& t : p.points) {
       const double ratio = t.measured_s / t.priced_s;
-      if (ratio >= 1 / cost::kMaxTaskScale && ratio <= cost::kMaxTaskScale) continue;
+      if (cost::task_scale_plausible(ratio)) continue;
       auto [it, added] = worst.try_emplace(t.threads, UnscaledThreads{p.model, t.threads, t.task, t.tokens, ratio});
       if (!added && std::abs(std::log(ratio)) > std::abs(std::log(it->second.ratio))) {
         it->second = UnscaledThreads{p.model, t.threads, t.task, t.tokens, ratio};

@@ -2,8 +2,6 @@
 
 #include <algorithm>
 
-#include "piper/spec/part.h"
-
 namespace piper::cost {
 
 namespace {
@@ -87,8 +85,6 @@ Status read_core_sharing(JsonReader& r, std::vector<double>* out) {
   return ok_status();
 }
 
-bool task_pass_known(const std::string& pass) { return pass == "F" || pass == "B" || pass == "W" || pass == "BW"; }
-
 // One point of "task_profiles"[i].points.
 Status read_task_point(JsonReader& e, Calibration::TaskProfilePoint* p) {
   PIPER_RETURN_IF_ERROR(e.get_int("threads", &p->threads, true, 1, 4096));
@@ -98,17 +94,13 @@ Status read_task_point(JsonReader& e, Calibration::TaskProfilePoint* p) {
   PIPER_RETURN_IF_ERROR(e.get_double("measured_s", &p->measured_s, true, 1e-9, 1e6));
   PIPER_RETURN_IF_ERROR(e.get_double("priced_s", &p->priced_s, true, 1e-12, 1e6));
   PIPER_RETURN_IF_ERROR(e.check_no_unknown_keys());
-  const size_t dot = p->task.find('.');
-  const bool chunk_task = dot != std::string::npos && chunk_part(p->task.substr(0, dot)).has_value() &&
-                          task_pass_known(p->task.substr(dot + 1));
-  const double ratio = p->measured_s / p->priced_s;
-  if (!(ratio >= 1 / kMaxTaskScale && ratio <= kMaxTaskScale)) {
-    return invalid_argument(e.field_path("measured_s") + ": " + p->task + " measured " + std::to_string(ratio) +
+  if (!task_scale_plausible(p->scale())) {
+    return invalid_argument(e.field_path("measured_s") + ": " + p->task + " measured " + std::to_string(p->scale()) +
                             "x its price, outside 1/" + std::to_string(static_cast<int>(kMaxTaskScale)) + ".." +
                             std::to_string(static_cast<int>(kMaxTaskScale)) +
                             ": a disturbed measurement; run `piper calibrate --model ...` again on a quiet machine");
   }
-  if (p->task != "update" && !chunk_task) {
+  if (p->task != "update" && !Calibration::parse_task_key(p->task)) {
     return invalid_argument(e.field_path("task") + ": '" + p->task +
                             "' is not a task key; use \"<chunk>.<pass>\" (chunk embed, attn, router, experts, "
                             "shared, mlp or head; pass F, B, W or BW) or \"update\"");
@@ -169,6 +161,18 @@ Status read_task_profiles(JsonReader& r, std::vector<Calibration::TaskProfile>* 
 }
 
 }  // namespace
+
+std::optional<Calibration::TaskKey> Calibration::parse_task_key(const std::string& task) {
+  static constexpr const char* kPasses[4] = {"F", "B", "W", "BW"};
+  const size_t dot = task.find('.');
+  if (dot == std::string::npos) return std::nullopt;
+  const std::optional<Part> part = chunk_part(task.substr(0, dot));
+  const std::string pass = task.substr(dot + 1);
+  for (int k = 0; part && k < 4; ++k) {
+    if (pass == kPasses[k]) return TaskKey{*part, k};
+  }
+  return std::nullopt;
+}
 
 const Calibration::ThreadFigures* Calibration::figures_for_threads(int threads) const {
   for (const ThreadFigures& f : thread_figures) {

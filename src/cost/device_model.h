@@ -51,6 +51,7 @@
 //   forward-backward pass (megatron/training.py train_step), so the data-parallel all-reduce overlaps nothing.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,6 +59,7 @@
 #include "piper/base/status.h"
 #include "piper/cost/gemm_table.h"
 #include "piper/spec/cluster_spec.h"
+#include "piper/spec/part.h"
 
 namespace piper::cost {
 
@@ -71,6 +73,8 @@ constexpr double kMaxExpertRowS = 1e-4;
 // The largest measured / priced of a task profile's point (Calibration::task_profiles), and 1 / it the smallest: a
 // task 20x off its price is a loaded machine's measurement (2-thread tasks at load 3-5 measured 2-500x), not a price.
 constexpr double kMaxTaskScale = 20.0;
+// Whether measured / priced lies within [1 / kMaxTaskScale, kMaxTaskScale] (false for NaN).
+inline bool task_scale_plausible(double ratio) { return ratio >= 1 / kMaxTaskScale && ratio <= kMaxTaskScale; }
 
 struct Calibration {
   double gemm_efficiency = -1;  // < 0: take DeviceSpec::gemm_efficiency
@@ -144,7 +148,15 @@ struct Calibration {
     double calls = 0;         // the key's tasks per step
     double measured_s = 0;    // their wall seconds per step, as the runtime timed them
     double priced_s = 0;      // their price per step from this file's figures, without a profile
+    double scale() const { return measured_s / priced_s; }
   };
+  // A chunk task's key parsed: its chunk and pass, 0..3 for F, B, W, BW.
+  struct TaskKey {
+    Part part = Part::kAttention;
+    int pass = 0;
+  };
+  // "<chunk>.<pass>" parsed; nullopt for "update" and for anything that is no chunk task's key.
+  static std::optional<TaskKey> parse_task_key(const std::string& task);
   struct TaskProfile {
     std::string model;        // ModelSpec::name
     int64_t parameters = 0;   // the model's parameter count (spec/counting.h): a renamed or edited config differs

@@ -10,8 +10,6 @@ namespace piper::cost {
 
 namespace {
 
-constexpr const char* kPassName[4] = {"F", "B", "W", "BW"};
-
 // The profiles named like `model` at `seq`; *same_size says whether one of them has its parameter count.
 const Calibration::TaskProfile* match(const Calibration& c, const ModelSpec& model, int64_t seq, bool* renamed) {
   const int64_t params = count_params(model).total();
@@ -60,17 +58,13 @@ TaskProfileTable TaskProfileTable::find(const Calibration& c, const ModelSpec& m
   t.applies_ = true;
   for (const Calibration::TaskProfilePoint& q : p->points) {
     if (q.threads != c.rank_threads) continue;
-    const std::pair<double, double> point{std::log(q.tokens), q.measured_s / q.priced_s};
-    if (q.task == "update") {
+    const std::pair<double, double> point{std::log(q.tokens), q.scale()};
+    const std::optional<Calibration::TaskKey> key = Calibration::parse_task_key(q.task);
+    if (!key) {  // "update": every other key was checked when the file was read
       t.update_.push_back(point);
       continue;
     }
-    const size_t dot = q.task.find('.');
-    const Part part = *chunk_part(q.task.substr(0, dot));  // checked when the file was read
-    const std::string pass = q.task.substr(dot + 1);
-    for (int k = 0; k < 4; ++k) {
-      if (pass == kPassName[k]) t.chunk_[static_cast<size_t>(part)][static_cast<size_t>(k)].push_back(point);
-    }
+    t.chunk_[static_cast<size_t>(key->part)][static_cast<size_t>(key->pass)].push_back(point);
   }
   for (auto& passes : t.chunk_) {
     for (Curve& curve : passes) std::sort(curve.begin(), curve.end());
