@@ -553,8 +553,9 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
   print_experts(experts);
   print_task_profiles(all_profiles);
   for (const Json& note : unscaled) std::printf("left out  %s\n", note.get<std::string>().c_str());
-  if (!all_profiles.empty()) std::printf("took      %.1f s (the task profiles %.1f s)\n", seconds, profile_seconds);
-  if (all_profiles.empty()) std::printf("took      %.1f s\n", seconds);
+  char profiled[48] = "";
+  if (!all_profiles.empty()) std::snprintf(profiled, sizeof(profiled), " (the task profiles %.1f s)", profile_seconds);
+  std::printf("took      %.1f s%s\n", seconds, profiled);
   print_written(out, o);
   if (o.links.ranks > 0) print_links_written(links_out, o);
   return ok_status();

@@ -192,26 +192,27 @@ Json steps_json(const runtime::RunSummary& r) {
   return steps;
 }
 
-// Rank 0's CPU per step by stream, and the rest of its process (main thread, the MPI library's threads).
+// Rank 0's CPU per step beyond its streams': its main thread's and the MPI library's threads'.
+double rest_of_process_cpu_s(const runtime::RunSummary& r) {
+  double rest = r.mine.cpu_s;
+  for (const auto& [stream, cpu] : r.stream_cpu_s) rest -= cpu;
+  return rest;
+}
+
+// Rank 0's CPU per step by stream, and the rest of its process.
 Json stream_cpu_json(const runtime::RunSummary& r) {
   Json streams = Json::object();
-  double sum = 0;
-  for (const auto& [stream, cpu] : r.stream_cpu_s) {
-    streams[stream] = cpu;
-    sum += cpu;
-  }
-  return Json{{"streams", streams}, {"process_s", r.mine.cpu_s}, {"rest_s", r.mine.cpu_s - sum}};
+  for (const auto& [stream, cpu] : r.stream_cpu_s) streams[stream] = cpu;
+  return Json{{"streams", streams}, {"process_s", r.mine.cpu_s}, {"rest_s", rest_of_process_cpu_s(r)}};
 }
 
 void print_stream_cpu(const runtime::RunSummary& r) {
   std::string line;
-  double sum = 0;
   for (const auto& [stream, cpu] : r.stream_cpu_s) {
     line += (line.empty() ? "" : ", ") + stream + " " + format_seconds(cpu);
-    sum += cpu;
   }
   std::printf("cpu       rank 0 per step by stream: %s; rest of the process (main thread, MPI) %s\n", line.c_str(),
-              format_seconds(r.mine.cpu_s - sum).c_str());
+              format_seconds(rest_of_process_cpu_s(r)).c_str());
 }
 
 void print_json_report(const TrainCliOptions& o, runtime::Trainer& trainer, const runtime::RunSummary& r,
