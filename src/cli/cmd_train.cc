@@ -199,17 +199,31 @@ double rest_of_process_cpu_s(const runtime::RunSummary& r) {
   return rest;
 }
 
-// Rank 0's CPU per step by stream, and the rest of its process.
-Json stream_cpu_json(const runtime::RunSummary& r) {
-  Json streams = Json::object();
-  for (const auto& [stream, cpu] : r.stream_cpu_s) streams[stream] = cpu;
-  return Json{{"streams", streams}, {"process_s", r.mine.cpu_s}, {"rest_s", rest_of_process_cpu_s(r)}};
+// The simulation's CPU per step of rank 0's stream `name` (PredictionReport::sim_stream_cpu_s); < 0: none.
+double simulated_stream_cpu_s(const PredictionReport& p, const std::string& name) {
+  for (const auto& [stream, cpu] : p.sim_stream_cpu_s) {
+    if (stream == name) return cpu;
+  }
+  return -1;
 }
 
-void print_stream_cpu(const runtime::RunSummary& r) {
+// Rank 0's CPU per step by stream, and the rest of its process; the simulation's by stream where it priced CPU.
+Json stream_cpu_json(const runtime::RunSummary& r, const PredictionReport& p) {
+  Json streams = Json::object(), simulated = Json::object();
+  for (const auto& [stream, cpu] : r.stream_cpu_s) streams[stream] = cpu;
+  for (const auto& [stream, cpu] : p.sim_stream_cpu_s) simulated[stream] = cpu;
+  return Json{{"streams", streams},
+              {"process_s", r.mine.cpu_s},
+              {"rest_s", rest_of_process_cpu_s(r)},
+              {"simulated_streams", simulated}};
+}
+
+void print_stream_cpu(const runtime::RunSummary& r, const PredictionReport& p) {
   std::string line;
   for (const auto& [stream, cpu] : r.stream_cpu_s) {
     line += (line.empty() ? "" : ", ") + stream + " " + format_seconds(cpu);
+    const double sim = simulated_stream_cpu_s(p, stream);
+    if (sim >= 0) line += " (sim " + format_seconds(sim) + ")";
   }
   std::printf("cpu       rank 0 per step by stream: %s; rest of the process (main thread, MPI) %s\n", line.c_str(),
               format_seconds(rest_of_process_cpu_s(r)).c_str());
@@ -238,7 +252,7 @@ void print_json_report(const TrainCliOptions& o, runtime::Trainer& trainer, cons
          {"plan_hash", hex64(compile::plan_hash(plan))}};
   j["predicted_vs_measured"] = prediction.to_json();
   if (own) j["predicted_vs_measured_own_expert_loads"] = own->to_json();
-  j["cpu_per_step"] = stream_cpu_json(r);
+  j["cpu_per_step"] = stream_cpu_json(r, prediction);
   if (!o.trace.empty()) j["trace"] = o.trace;
   if (!o.record_expert_loads.empty()) j["expert_loads"] = o.record_expert_loads;
   if (!o.save.empty()) j["saved"] = o.save;
@@ -286,7 +300,7 @@ void print_text_report(const TrainCliOptions& o, runtime::Trainer& trainer, cons
   std::printf("tokens_per_s %.0f  achieved_flops %s\n", r.tokens_per_s, format_si(r.achieved_flops, "FLOP/s").c_str());
   print_memory(o, trainer);
   prediction.print();
-  print_stream_cpu(r);
+  print_stream_cpu(r, prediction);
   if (r.expert_parallel) {
     std::printf("experts   imbalance (max/mean tokens per ep rank, mean of %zu steps) first %.3f  last %.3f\n",
                 r.window, r.imbalance_first, r.imbalance_last);

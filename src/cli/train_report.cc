@@ -241,6 +241,12 @@ Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, co
       if (s.rank != rank) continue;
       c.sim_busy_s = s.busy_s;
       c.sim_peak_bytes = static_cast<double>(s.peak_bytes);
+      for (double cpu : s.cpu_s_by_stream) c.sim_cpu_s += cpu;
+      if (rank != 0) continue;
+      const auto& streams = plan.templates[static_cast<size_t>(plan.rank_template[0])].streams;
+      for (size_t k = 0; k < s.cpu_s_by_stream.size() && k < streams.size(); ++k) {
+        r.sim_stream_cpu_s.emplace_back(streams[k].name, s.cpu_s_by_stream[k]);
+      }
     }
     if (no_closed_form) {
       const size_t tmpl = static_cast<size_t>(plan.rank_template[static_cast<size_t>(rank)]);
@@ -275,21 +281,22 @@ void PredictionReport::print() const {
       title.c_str(), n, n == 1 ? "" : "s", machine.cores, machine.cores == 1 ? "" : "s", per_node.c_str(),
       machine.rank_cores, machine.cores_per_rank, machine.calibration_source.c_str());
   if (!experts_note.empty()) std::printf("%s\n", experts_note.c_str());
-  std::printf(" %4s %3s | %10s %10s %10s %7s | %10s %10s %10s | %10s %10s %10s %7s\n", "rank", "pp", "step", "sim",
-              "model", "x sim", "compute", "cpu", "sim busy", "peak mem", "sim", "model", "x model");
+  std::printf(" %4s %3s | %10s %10s %10s %7s | %10s %10s %10s %10s | %10s %10s %10s %7s\n", "rank", "pp", "step",
+              "sim", "model", "x sim", "compute", "cpu", "sim cpu", "sim busy", "peak mem", "sim", "model", "x model");
   for (const RankComparison& c : ranks) {
-    std::printf(" %4d %3d | %10s %10s %10s %7s | %10s %10s %10s | %10s %10s %10s %7s\n", c.rank, c.pp_rank,
+    std::printf(" %4d %3d | %10s %10s %10s %7s | %10s %10s %10s %10s | %10s %10s %10s %7s\n", c.rank, c.pp_rank,
                 format_seconds(c.measured.step_time_s).c_str(), format_seconds(c.sim_step_s).c_str(),
                 format_seconds(c.model_step_s).c_str(), ratio(c.measured.step_time_s, c.sim_step_s).c_str(),
                 format_seconds(c.measured.compute_s).c_str(), format_seconds(c.measured.cpu_s).c_str(),
-                format_seconds(c.sim_busy_s).c_str(),
+                c.sim_cpu_s > 0 ? format_seconds(c.sim_cpu_s).c_str() : "-", format_seconds(c.sim_busy_s).c_str(),
                 format_bytes(static_cast<double>(c.measured.peak_bytes)).c_str(),
                 format_bytes(c.sim_peak_bytes).c_str(), format_bytes(c.model_peak_bytes).c_str(),
                 ratio(static_cast<double>(c.measured.peak_bytes), c.model_peak_bytes).c_str());
   }
   std::printf(
       " (step: measured mean after the first step; compute: wall time in compute and update tasks per step; cpu: "
-      "the rank's process CPU time per step, user + system; x: measured / predicted)\n");
+      "the rank's process CPU time per step, user + system; sim cpu: the core-seconds its simulated tasks and "
+      "transfers held; x: measured / predicted)\n");
   if (!note.empty()) std::printf(" (%s)\n", note.c_str());
 }
 
@@ -305,7 +312,10 @@ Json PredictionReport::to_json() const {
            {"cpu_s", c.measured.cpu_s},
            {"peak_memory_bytes", c.measured.peak_bytes}}},
          {"simulated",
-          {{"step_time_s", c.sim_step_s}, {"busy_s", c.sim_busy_s}, {"peak_memory_bytes", c.sim_peak_bytes}}},
+          {{"step_time_s", c.sim_step_s},
+           {"busy_s", c.sim_busy_s},
+           {"cpu_s", c.sim_cpu_s},
+           {"peak_memory_bytes", c.sim_peak_bytes}}},
          {"resource_model", {{"step_time_s", c.model_step_s}, {"peak_memory_bytes", c.model_peak_bytes}}}});
   }
   return Json{{"cluster", machine.cluster.name},

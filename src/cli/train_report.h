@@ -83,6 +83,7 @@ struct RankComparison {
   int rank = 0, pp_rank = 0;
   RankMeasurement measured;
   double sim_step_s = 0, sim_busy_s = 0, sim_peak_bytes = 0;
+  double sim_cpu_s = 0;  // the simulation's CPU of the rank per step (sim::RankStats::cpu_s_by_stream summed)
   double model_step_s = 0, model_peak_bytes = 0;
 };
 
@@ -96,6 +97,9 @@ struct PredictionLoads {
 struct PredictionReport {
   std::string title = "predicted vs measured";
   std::string experts_note;  // with PredictionLoads: which loads, priced how
+  // Rank 0's simulated CPU per step by stream name (sim::RankStats::cpu_s_by_stream), beside the runtime's
+  // measured RunSummary::stream_cpu_s; empty where the simulation priced no CPU (no core pool).
+  std::vector<std::pair<std::string, double>> sim_stream_cpu_s;
   Json experts_json;         // the same for --json (null without)
   LocalMachine machine;
   std::vector<RankComparison> ranks;  // ascending rank

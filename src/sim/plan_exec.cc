@@ -126,6 +126,8 @@ struct PoolTask {
   double work_end = 0;
   int64_t seq = 0;
   int rank_index = 0, stream = 0;
+  int charged = 0;         // the stream whose CPU it is (RankStats::cpu_s_by_stream): `stream`, or a transfer's
+  double cpu_start = 0;    // the node's `cpu` clock when it started
   bool operator>(const PoolTask& o) const { return work_end != o.work_end ? work_end > o.work_end : seq > o.seq; }
 };
 
@@ -134,6 +136,7 @@ struct PoolTask {
 struct NodePool {
   double work = 0;    // priced seconds each running task has advanced since the pool began
   double last_s = 0;  // when `work` was brought up to date
+  double cpu = 0;     // core-seconds each running task has held since the pool began (its CPU time)
   int busy = 0;       // ranks of the node with a task running
   int64_t version = 0;
   std::priority_queue<PoolTask, std::vector<PoolTask>, std::greater<>> running;
@@ -178,11 +181,16 @@ class Executor {
     return std::min(p.rank_cores, p.cores / busy) * p.sharing_at(busy) / p.price_cores;
   }
   void pool_advance(NodePool& p, double t) {
-    if (p.busy > 0) p.work += (t - p.last_s) * pool_rate(p.busy);
+    if (p.busy > 0) {
+      const CorePool& c = options_.core_pool;
+      p.work += (t - p.last_s) * pool_rate(p.busy);
+      p.cpu += (t - p.last_s) * std::min(c.rank_cores, c.cores / p.busy);
+    }
     p.last_s = t;
   }
-  void pool_start(int ri, int s, double duration_s, double t);
-  void pool_overhead(int ri, double cpu_s, double t);
+  // charged: the stream whose CPU the task is (a transfer's stream for pool_overhead's; -1: s).
+  void pool_start(int ri, int s, double duration_s, double t, int charged = -1);
+  void pool_overhead(int ri, int s, double cpu_s, double t);
   double copy_cpu_s(const FlowTemplate* tmpl, double payload, size_t members);
   void pool_schedule(int node);
   void pool_done(int node, int64_t version, double t);
@@ -288,6 +296,7 @@ void Executor::start_compute(int ri, int s, double t) {
   if (pooled_) {
     pool_start(ri, s, d, t);
   } else {
+    if (!r.stats.cpu_s_by_stream.empty()) r.stats.cpu_s_by_stream[static_cast<size_t>(s)] += d * options_.core_pool.rank_cores;
     push(t + d, 0, ri, s);
   }
 }
@@ -305,27 +314,27 @@ void Executor::finish_compute(int ri, int s, double t) {
   }
 }
 
-void Executor::pool_start(int ri, int s, double duration_s, double t) {
+void Executor::pool_start(int ri, int s, double duration_s, double t, int charged) {
   const int node = ranks_[static_cast<size_t>(ri)].rank / options_.core_pool.ranks_per_node;
   NodePool& p = pools_[static_cast<size_t>(node)];
   if (p.busy == 0) {
     // An idle node's clock starts again from 0: a task then ends at exactly t + duration / rate (with every rank
     // busy, its price), not after the rounding of a long-running sum.
-    p.work = 0;
+    p.work = p.cpu = 0;
     p.last_s = t;
   } else {
     pool_advance(p, t);
   }
-  p.running.push({p.work + duration_s, seq_++, ri, s});
+  p.running.push({p.work + duration_s, seq_++, ri, s, charged < 0 ? s : charged, p.cpu});
   ++p.busy;
   pool_schedule(node);
 }
 
-// `cpu_s` seconds of one core's work that rank ri's communication takes from its node (SyncCost::cpu_*): a pool task
-// of no stream (its end completes nothing), priced so that it is cpu_s of one core's time.
-void Executor::pool_overhead(int ri, double cpu_s, double t) {
+// `cpu_s` seconds of one core's work that stream s of rank ri takes from its node for a transfer (SyncCost::cpu_*): a
+// pool task of no stream (its end completes nothing), priced so that it is cpu_s of one core's time.
+void Executor::pool_overhead(int ri, int s, double cpu_s, double t) {
   const CorePool& c = options_.core_pool;
-  pool_start(ri, -1, cpu_s * std::min(c.rank_cores, 1.0) / c.price_cores, t);
+  pool_start(ri, -1, cpu_s * std::min(c.rank_cores, 1.0) / c.price_cores, t, s);
 }
 
 // Each member's share of the CPU that copying a transfer's bytes takes (SyncCost::cpu_per_byte_s): the bytes of all
@@ -362,6 +371,8 @@ void Executor::pool_done(int node, int64_t version, double t) {
     --p.busy;
   }
   for (const PoolTask& task : ended) {
+    RankStats& stats = ranks_[static_cast<size_t>(task.rank_index)].stats;
+    stats.cpu_s_by_stream[static_cast<size_t>(task.charged)] += p.cpu - task.cpu_start;
     if (task.stream >= 0) finish_compute(task.rank_index, task.stream, t);  // else communication's CPU (pool_overhead)
   }
   pool_schedule(node);
@@ -381,7 +392,7 @@ Status Executor::start_op(std::vector<std::pair<int, int>> parts, const FlowTemp
   if (pooled_) cpu_s += copy_cpu_s(tmpl, payload, ops_[static_cast<size_t>(op)].size());
   for (auto [ri, s] : ops_[static_cast<size_t>(op)]) {
     RankState& r = ranks_[static_cast<size_t>(ri)];
-    if (pooled_ && cpu_s > 0 && !options_.zero_comm) pool_overhead(ri, cpu_s, now_);
+    if (pooled_ && cpu_s > 0 && !options_.zero_comm) pool_overhead(ri, s, cpu_s, now_);
     account(r, now_);
     ++r.comm_active;
     add_group(r, s, +1);
@@ -566,6 +577,7 @@ Result<SimResult> Executor::run() {
     r.stats.pp_rank = prog.pp_rank;
     r.stats.static_bytes = prog.static_bytes;
     r.stats.peak_bytes = prog.static_bytes;
+    if (options_.core_pool.cores > 0) r.stats.cpu_s_by_stream.assign(prog.streams.size(), 0.0);
     if (options_.expert_loads.on()) {
       PIPER_ASSIGN_OR_RETURN(r.loads,
                              rank_load_overrides(prog, infos_[static_cast<size_t>(r.tmpl)].duration_s,

@@ -157,6 +157,10 @@ struct RankStats {
   std::vector<std::pair<std::string, double>> exposed_by_group_s;
   int64_t static_bytes = 0;
   int64_t peak_bytes = 0;
+  // CPU ranks (SimOptions::core_pool.cores > 0), per stream of its program: the core-seconds its tasks held, and
+  // those of the transfers it ran (SyncCost::cpu_*), as the runtime's per-stream thread CPU is measured
+  // (runtime StepResult::stream_cpu_s). Empty without a core pool.
+  std::vector<double> cpu_s_by_stream;
   std::vector<InstrSpan> spans;      // record_timeline only, in completion order
   std::vector<MemorySample> memory;  // record_timeline only
 };

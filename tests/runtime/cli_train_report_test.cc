@@ -106,6 +106,20 @@ TEST(CliTrainReport, OneRankTraceAndPrediction) {
   EXPECT_DOUBLE_EQ(r["resource_model"]["peak_memory_bytes"].get<double>(),
                    j["predicted_peak_memory_bytes"].get<double>());
   EXPECT_EQ(p["cluster"], "local-cpu");
+  // CPU per step by stream, measured and simulated, under the same stream names; the simulated ones sum to the
+  // rank's simulated CPU.
+  const auto& cpu = j["cpu_per_step"];
+  std::set<std::string> measured_streams, simulated_streams;
+  double simulated_cpu_s = 0;
+  for (const auto& [name, s] : cpu["streams"].items()) measured_streams.insert(name);
+  for (const auto& [name, s] : cpu["simulated_streams"].items()) {
+    simulated_streams.insert(name);
+    EXPECT_GT(s.get<double>(), 0) << name;
+    simulated_cpu_s += s.get<double>();
+  }
+  EXPECT_EQ(simulated_streams, measured_streams);
+  EXPECT_TRUE(measured_streams.count("compute")) << cpu.dump();
+  EXPECT_NEAR(simulated_cpu_s, r["simulated"]["cpu_s"].get<double>(), 1e-12);
   EXPECT_EQ(check_trace(read_json(path), 2), 1u);
   std::filesystem::remove(path);
 }

@@ -90,6 +90,9 @@ TEST(CorePoolTest, TwoRanksOnOneCoreTakeTwiceAsLong) {
     for (const RankStats& k : r->ranks) {
       EXPECT_EQ(k.finish_s, 2.0) << "rank " << k.rank;
       EXPECT_EQ(k.busy_s, 2.0) << "rank " << k.rank;
+      // Its CPU: half the core for 2 s, one core-second (RankStats::cpu_s_by_stream), at either price.
+      ASSERT_EQ(k.cpu_s_by_stream.size(), 1u);
+      EXPECT_DOUBLE_EQ(k.cpu_s_by_stream[0], 1.0) << "rank " << k.rank;
     }
   }
   // Two cores: each rank has its own, 1 s.
@@ -149,6 +152,8 @@ TEST(CorePoolTest, MeasuredSharingSlowsRanksComputingTogether) {
   auto r = simulate_plan(plan, net, constant(1.0), o);
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_DOUBLE_EQ(r->step_time_s, 1.25);
+  // Each held its core for 1.25 s: running together costs CPU, not only time.
+  EXPECT_DOUBLE_EQ(r->ranks[0].cpu_s_by_stream[0], 1.25);
   o = pooled(1, 1, 1, 2);
   o.core_pool.sharing = {0.8, 0.7};  // n = 3 never happens with two ranks
   r = simulate_plan(plan, net, constant(1.0), o);
@@ -161,6 +166,11 @@ TEST(CorePoolTest, MeasuredSharingSlowsRanksComputingTogether) {
   r = simulate_plan(single, net1, constant(1.0), o);
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(r->step_time_s, 1.0);
+  EXPECT_EQ(r->ranks[0].cpu_s_by_stream, std::vector<double>{1.0});  // a pool that cannot slow it is off: its price
+  o.core_pool.cores = 0;  // no pool at all: no CPU to account
+  r = simulate_plan(single, net1, constant(1.0), o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_TRUE(r->ranks[0].cpu_s_by_stream.empty());
   o = pooled(2, 1, 1, 2);
   o.core_pool.sharing = {1.0};
   r = simulate_plan(plan, net, constant(1.0), o);

@@ -159,6 +159,27 @@ TEST(SyncCost, CommunicationsCpuSlowsTheComputeOfAFullNode) {
   EXPECT_NEAR(pooled_run(p2p_beside_compute(), p2p, 2).first, 3.0, 1e-9);
 }
 
+// Each stream's CPU (RankStats::cpu_s_by_stream): its compute tasks' core-seconds, and the transfers' CPU on the
+// stream that ran them, whether the cores were full (2) or not (4).
+TEST(SyncCost, EachStreamIsChargedItsTasksAndItsTransfersCpu) {
+  SyncCost cost;
+  cost.cpu_other_s = 1.0;
+  for (double cores : {2.0, 4.0}) {
+    Network net = Network::build(testing::make_cluster(1, 2, 1e9, 0, 0)).value();
+    SimOptions o;
+    o.full = true;
+    o.sync_cost = cost;
+    o.core_pool = {cores, 1, 1, 2, {}};
+    auto r = simulate_plan(beside_compute(), net, one_second(), o);
+    ASSERT_TRUE(r.ok()) << r.status().to_string();
+    for (const RankStats& k : r->ranks) {
+      ASSERT_EQ(k.cpu_s_by_stream.size(), 2u);
+      EXPECT_NEAR(k.cpu_s_by_stream[0], 2.0, 1e-9) << "cores " << cores << " rank " << k.rank;  // two 1 s tasks
+      EXPECT_NEAR(k.cpu_s_by_stream[1], 1.0, 1e-9) << "cores " << cores << " rank " << k.rank;  // its collective
+    }
+  }
+}
+
 // SyncCost::cpu_per_byte_s: the bytes of a transfer's flows, shared by its members, are copied by the node's cores.
 // A 2-rank ring all-reduce moves 2(p - 1)/p = 1 payload per rank, 2,000 bytes in all; a point-to-point transfer
 // its payload, 1,000 bytes, half on each side.
