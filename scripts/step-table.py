@@ -5,6 +5,10 @@ ratios, and for the expert-parallel rows also the simulation with the run's own 
 predicted_vs_measured_own_expert_loads); then the median ratios, how many lie in issue 27's bands (0.85-1.15
 simulated, 0.8-1.2 closed form), Kendall tau between the simulated and the measured order, and the rank of the measured
 fastest in the simulated order, once with the balanced experts' simulation and once with the ep rows' own loads.
+Each row also splits its ratio in two (on CPU ranks sharing cores): `cpu x`, the measured CPU of all ranks per step
+(user + system) over the simulated (the core-seconds its tasks and transfers held), and `cores busy`, that CPU over
+the node's cores times the step, measured / simulated: measured / simulated step = cpu x * simulated busy / measured
+busy. A row whose CPU is right but whose cores idle more than simulated is off by waiting, not by prices.
 Timing is only evidence on a quiet machine: each row prints the 1-minute load average before its first run.
 With RUNS > 1 every strategy is trained RUNS times, in rounds (each round trains every strategy once, so that a
 drift of the machine spreads over all rows), and a row gives the median measured step and the runs' range.
@@ -28,6 +32,18 @@ def kendall_tau(a, b):
     return s / (n * (n - 1) / 2) if n > 1 else 1.0
 
 
+def cpu_split(p):
+    """(measured / simulated CPU of all ranks, measured cores busy, simulated cores busy) of one run's report."""
+    ranks = p["ranks"]
+    measured = sum(r["measured"]["cpu_s"] for r in ranks)
+    simulated = sum(r["simulated"].get("cpu_s", 0) for r in ranks)
+    cores = p["cores"] * p.get("nodes", 1)
+    if simulated <= 0 or cores <= 0:
+        return None
+    return (measured / simulated, measured / (cores * ranks[0]["measured"]["step_time_s"]),
+            simulated / (cores * p["simulated_step_time_s"]))
+
+
 def main():
     if len(sys.argv) < 2:
         sys.exit(__doc__)
@@ -38,7 +54,7 @@ def main():
     runs = int(runs)
     print(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), model, steps, "steps,", runs, "run(s) each; load",
           os.getloadavg())
-    measured, loads, predicted, failed = {}, {}, {}, {}
+    measured, loads, predicted, failed, split = {}, {}, {}, {}, {}
     for _ in range(runs):
         for s in STRATEGIES:
             if s in failed:
@@ -50,14 +66,16 @@ def main():
                 continue
             p = j["predicted_vs_measured"]
             measured.setdefault(s, []).append(p["ranks"][0]["measured"]["step_time_s"])
+            if cpu_split(p):
+                split.setdefault(s, []).append(cpu_split(p))
             # An expert-parallel run is also predicted with its own measured loads (known after the run); the
             # last run's figures stand (its loads differ from the other runs' only by the router's timing).
             own = j.get("predicted_vs_measured_own_expert_loads")
             predicted[s] = (p["simulated_step_time_s"], p["resource_model_step_time_s"],
                             own["simulated_step_time_s"] if own else None)
-    print("| strategy | measured%s | simulated | x | closed form | x | simulated, own loads | x | load |" %
-          (" (range)" if runs > 1 else ""))
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| strategy | measured%s | simulated | x | closed form | x | simulated, own loads | x | load | cpu x | "
+          "cores busy (measured / simulated) |" % (" (range)" if runs > 1 else ""))
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     rows = []
     for s in STRATEGIES:
         if s in failed:
@@ -67,8 +85,12 @@ def main():
         spread = " (%.0f-%.0f)" % (1e3 * min(measured[s]), 1e3 * max(measured[s])) if runs > 1 else ""
         rows.append((s, m, sim, cf, own or sim))
         own_cells = "%.0f ms | %.2f" % (1e3 * own, m / own) if own else "- | -"
-        print("| %s | %.0f ms%s | %.0f ms | %.2f | %.0f ms | %.2f | %s | %.1f |" %
-              (s, 1e3 * m, spread, 1e3 * sim, m / sim, 1e3 * cf, m / cf, own_cells, loads[s]), flush=True)
+        cells = "- | -"
+        if split.get(s):
+            cpu_x, busy, sim_busy = (statistics.median(v) for v in zip(*split[s]))
+            cells = "%.2f | %.0f%% / %.0f%%" % (cpu_x, 100 * busy, 100 * sim_busy)
+        print("| %s | %.0f ms%s | %.0f ms | %.2f | %.0f ms | %.2f | %s | %.1f | %s |" %
+              (s, 1e3 * m, spread, 1e3 * sim, m / sim, 1e3 * cf, m / cf, own_cells, loads[s], cells), flush=True)
     if len(rows) < 2:
         return
     measured = [m for _, m, _, _, _ in rows]
