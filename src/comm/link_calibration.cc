@@ -352,8 +352,38 @@ Result<double> mean_over_ranks(Communicator& w, double mine) {
   return mean;
 }
 
-// per_call without compute, then with `threads` spinning threads on every rank: first alone (the rank's main thread
-// asleep) for their rate of work, then beside the calls; the work they lost, in CPU seconds, per call.
+// The spinning threads' chunks per second while the rank's main thread sleeps `seconds`.
+double alone_rate(const Spinners& spinning, double seconds) {
+  const int64_t c0 = spinning.chunks();
+  const auto t0 = Clock::now();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  return static_cast<double>(spinning.chunks() - c0) / since(t0);
+}
+
+// One window of calls beside the spinning threads: the time per call, the wall time, the chunks the threads did and
+// the process's CPU (this rank's).
+struct BusyWindow {
+  double per_call_s = 0, wall_s = 0, chunks = 0, process_cpu_s = 0;
+};
+
+Result<BusyWindow> busy_window(Communicator& w, const LinkCalibrationOptions& o, const Spinners& spinning,
+                               const std::function<Status()>& call) {
+  BusyWindow b;
+  const int64_t c0 = spinning.chunks();
+  const auto t0 = Clock::now();
+  const double process0 = process_cpu_s();
+  PIPER_ASSIGN_OR_RETURN(b.per_call_s, per_call(w, o, call));
+  b.process_cpu_s = process_cpu_s() - process0;
+  b.chunks = static_cast<double>(spinning.chunks() - c0);
+  b.wall_s = since(t0);
+  return b;
+}
+
+// per_call without compute, then with `threads` spinning threads on every rank, in windows of calls each between two
+// windows of the threads alone (the rank's main thread asleep: their rate of work), A B A ... B A; per window the work
+// the threads lost against the mean rate of its two neighbours (a steady drift of the machine cancels), in CPU
+// seconds per call, and the process's CPU less the threads'. Each figure is the median over windows of the mean over
+// ranks.
 Result<ContendedTiming> contended(Communicator& w, const LinkCalibrationOptions& o, int threads, size_t bytes,
                                   const std::function<Status()>& call) {
   ContendedTiming t;
@@ -364,25 +394,31 @@ Result<ContendedTiming> contended(Communicator& w, const LinkCalibrationOptions&
   PIPER_ASSIGN_OR_RETURN(t.idle_s, mean_over_ranks(w, idle));
   Spinners spinning(threads);
   PIPER_RETURN_IF_ERROR(wait(w, w.barrier()));
-  const int64_t c0 = spinning.chunks();
-  const auto t0 = Clock::now();
-  std::this_thread::sleep_for(std::chrono::duration<double>(o.contended_alone_s));
-  const int64_t c1 = spinning.chunks();
-  const auto t1 = Clock::now();
-  const double process0 = process_cpu_s();
-  PIPER_ASSIGN_OR_RETURN(double busy, per_call(w, o, call));
-  const double process_busy = process_cpu_s() - process0;
-  const int64_t c2 = spinning.chunks();
-  const double busy_wall = since(t1);
+  std::vector<double> rates{alone_rate(spinning, o.contended_alone_s)};
+  std::vector<BusyWindow> windows;
+  for (int k = 0; k < o.contended_windows; ++k) {
+    PIPER_ASSIGN_OR_RETURN(BusyWindow b, busy_window(w, o, spinning, call));
+    windows.push_back(b);
+    rates.push_back(alone_rate(spinning, o.contended_alone_s));
+  }
   const double chunk_cpu = spinning.stop();
   const double calls = o.warmup + o.contended_iterations;
-  const double comm_cpu = std::max(0.0, process_busy - static_cast<double>(c2 - c1) * chunk_cpu) / calls;
-  const double alone_rate = static_cast<double>(c1 - c0) / std::chrono::duration<double>(t1 - t0).count();
-  const double lost = alone_rate * busy_wall - static_cast<double>(c2 - c1);
-  const double cpu = std::max(0.0, lost) * chunk_cpu / calls;
-  PIPER_ASSIGN_OR_RETURN(t.busy_s, mean_over_ranks(w, busy));
-  PIPER_ASSIGN_OR_RETURN(t.cpu_s, mean_over_ranks(w, cpu));
-  PIPER_ASSIGN_OR_RETURN(t.comm_cpu_s, mean_over_ranks(w, comm_cpu));
+  std::vector<double> busy, cpu, comm_cpu;
+  for (size_t k = 0; k < windows.size(); ++k) {
+    const BusyWindow& b = windows[k];
+    const double lost = (rates[k] + rates[k + 1]) / 2 * b.wall_s - b.chunks;
+    PIPER_ASSIGN_OR_RETURN(double per_call_s, mean_over_ranks(w, b.per_call_s));
+    PIPER_ASSIGN_OR_RETURN(double lost_s, mean_over_ranks(w, std::max(0.0, lost) * chunk_cpu / calls));
+    PIPER_ASSIGN_OR_RETURN(double own_s,
+                           mean_over_ranks(w, std::max(0.0, b.process_cpu_s - b.chunks * chunk_cpu) / calls));
+    busy.push_back(per_call_s);
+    cpu.push_back(lost_s);
+    comm_cpu.push_back(own_s);
+  }
+  t.busy_s = median(busy);
+  t.cpu_s = median(cpu);
+  t.comm_cpu_s = median(comm_cpu);
+  t.cpu_s_windows = cpu;
   t.excess_s = std::max(0.0, t.busy_s - t.idle_s);
   return t;
 }
@@ -424,6 +460,7 @@ Status measure_contended(Communicator& w, const LinkCalibrationOptions& o, int r
   // A ping-pong is two transfers: per transfer (its CPU too: the simulator charges cpu_p2p_s per transfer).
   ContendedTiming& p2p = c->contended_p2p;
   for (double* v : {&p2p.idle_s, &p2p.busy_s, &p2p.excess_s, &p2p.cpu_s, &p2p.comm_cpu_s}) *v /= 2;
+  for (double& v : p2p.cpu_s_windows) v /= 2;
   return ok_status();
 }
 
@@ -438,7 +475,7 @@ Status LinkCalibrationOptions::validate() const {
     return invalid_argument("calibrate: links need at least two message sizes for an alpha-beta fit");
   }
   if (iterations < 1 || warmup < 0 || sync_rounds < 1 || sync_iterations < 1 || contended_iterations < 1 ||
-      compute_threads < 0) {
+      contended_windows < 1 || compute_threads < 0) {
     return invalid_argument("calibrate: iterations and rounds must be >= 1");
   }
   if (!(trim >= 0 && trim < 0.5)) {
@@ -653,7 +690,7 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
     return OrderedJson{{"bytes", t.bytes},       {"compute_threads", t.compute_threads},
                        {"idle_s", t.idle_s},     {"computing_s", t.busy_s},
                        {"excess_s", t.excess_s}, {"cpu_s", t.cpu_s},
-                       {"comm_cpu_s", t.comm_cpu_s}};
+                       {"comm_cpu_s", t.comm_cpu_s}, {"cpu_s_windows", t.cpu_s_windows}};
   };
   if (c.contended_all_reduce.measured) m["contended_all_reduce"] = busy(c.contended_all_reduce);
   if (c.contended_all_to_all.measured) m["contended_all_to_all"] = busy(c.contended_all_to_all);
@@ -665,7 +702,7 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
 
 std::string to_text(const LinkCalibration& c) {
   std::string out;
-  char line[256];
+  char line[512];
   std::snprintf(line, sizeof(line), "links     %d ranks, %d per node on %zu host(s), %g cores per node\n", c.ranks,
                 c.ranks_per_node, c.hosts.size(), c.cores);
   out += line;
@@ -710,14 +747,17 @@ std::string to_text(const LinkCalibration& c) {
   sync("all-reduce in pairs", c.sync_pairs);
   auto busy = [&](const char* name, const ContendedTiming& t) {
     if (!t.measured) return;
+    const auto [low, high] = std::minmax_element(t.cpu_s_windows.begin(), t.cpu_s_windows.end());
+    const double lowest = low == t.cpu_s_windows.end() ? t.cpu_s : *low;
+    const double highest = high == t.cpu_s_windows.end() ? t.cpu_s : *high;
     std::snprintf(line, sizeof(line),
                   "  %s of %s while %d thread%s per rank compute%s: %s per call (%s without): %s more; it takes %s "
-                  "of CPU from the compute per rank (its own threads' CPU: %s)\n",
+                  "of CPU from the compute per rank (median of %zu windows, %s..%s; its own threads' CPU: %s)\n",
                   name, format_bytes(static_cast<double>(t.bytes)).c_str(), t.compute_threads,
                   t.compute_threads == 1 ? "" : "s", t.compute_threads == 1 ? "s" : "",
                   format_seconds(t.busy_s).c_str(), format_seconds(t.idle_s).c_str(),
-                  format_seconds(t.excess_s).c_str(), format_seconds(t.cpu_s).c_str(),
-                  format_seconds(t.comm_cpu_s).c_str());
+                  format_seconds(t.excess_s).c_str(), format_seconds(t.cpu_s).c_str(), t.cpu_s_windows.size(),
+                  format_seconds(lowest).c_str(), format_seconds(highest).c_str(), format_seconds(t.comm_cpu_s).c_str());
     out += line;
   };
   busy("all-reduce", c.contended_all_reduce);

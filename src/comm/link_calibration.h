@@ -59,6 +59,9 @@ struct LinkCalibrationOptions {
   size_t contended_p2p_bytes = 128 * 1024;  // the ping-pong's message (tiny-moe's activations at mbs 2)
   int compute_threads = 0;                  // spinning threads per rank; 0: max(1, cores / ranks per node)
   double contended_alone_s = 0.3;           // the spinning threads' rate alone is measured over this long
+  // Windows of calls while the cores compute, each between two windows of the threads alone (A B A ... B A); the
+  // figures are the median over windows (one window's lost work moved 3-5x between calibrations, session 34).
+  int contended_windows = 5;
   double cores = 1;  // the node's cores (std::thread::hardware_concurrency of rank 0)
   Status validate() const;
 };
@@ -138,6 +141,8 @@ struct ContendedTiming {
   double idle_s = 0, busy_s = 0, excess_s = 0;
   double cpu_s = 0;
   double comm_cpu_s = 0;
+  // cpu_s of each window (LinkCalibrationOptions::contended_windows), mean over ranks: cpu_s is their median.
+  std::vector<double> cpu_s_windows;
 };
 
 struct LinkCalibration {

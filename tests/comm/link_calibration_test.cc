@@ -58,10 +58,10 @@ comm::LinkCalibration one_node(int n) {
   c.sync_all_to_all = sync_figure(524288, 1e-4, 2.0e-3);
   c.sync_all_reduce = sync_figure(4096, 3e-5, 1.5e-3);
   c.sync_pairs = sync_figure(4096, 2e-5, 0.5e-3);
-  c.contended_all_reduce = {true, 4096, 1, 1e-4, 3.6e-3, 3.5e-3, 1.1e-3};
-  c.contended_all_to_all = {true, 524288, 1, 2e-4, 4.2e-3, 4.0e-3, 2.2e-3};
-  c.contended_pairs = {true, 4096, 1, 5e-5, 1.05e-3, 1.0e-3, 0.6e-3};
-  c.contended_p2p = {true, 131072, 1, 5e-5, 0.75e-3, 0.7e-3, 0.4e-3};
+  c.contended_all_reduce = {true, 4096, 1, 1e-4, 3.6e-3, 3.5e-3, 1.1e-3, 0, {}};
+  c.contended_all_to_all = {true, 524288, 1, 2e-4, 4.2e-3, 4.0e-3, 2.2e-3, 0, {}};
+  c.contended_pairs = {true, 4096, 1, 5e-5, 1.05e-3, 1.0e-3, 0.6e-3, 0, {}};
+  c.contended_p2p = {true, 131072, 1, 5e-5, 0.75e-3, 0.7e-3, 0.4e-3, 0, {}};
   return c;
 }
 

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <vector>
 #include <unistd.h>
 
 #include "piper/base/json.h"
@@ -42,6 +43,13 @@ TEST(CalibrateCliTest, RanksMeasureTheLinks) {
     EXPECT_GT(m["comm_cpu_s"].get<double>(), 0) << key;
     EXPECT_LT(m["comm_cpu_s"].get<double>(), m["computing_s"].get<double>() * std::thread::hardware_concurrency())
         << key;
+    // The CPU taken from the compute is the median of its windows' (comm::LinkCalibrationOptions::contended_windows).
+    std::vector<double> windows;
+    for (const Json& v : m["cpu_s_windows"]) windows.push_back(v.get<double>());
+    ASSERT_EQ(windows.size(), 5u) << key;
+    std::sort(windows.begin(), windows.end());
+    EXPECT_GE(windows.front(), 0) << key;
+    EXPECT_EQ(m["cpu_s"].get<double>(), windows[2]) << key;
   }
   ASSERT_EQ(run_piper("env PIPER_CALIBRATION=none",
                       "estimate --model tiny-moe --nodes 1 --json --strategy dp=2 --cluster local-cpu "
