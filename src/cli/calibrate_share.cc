@@ -55,9 +55,10 @@ bool wait_for_file(const std::string& path, double timeout_s) {
   return true;
 }
 
-// Starts n workers that meet in a fresh folder: each says it is ready there once set up, and when all are, the
-// start time is written there for all of them. Their samples, or an error naming what failed.
-Result<std::vector<std::array<ShareSample, 2>>> run_workers(const std::string& self, int n, double window_s) {
+}  // namespace
+
+Result<std::vector<std::string>> run_share_workers(int n, const std::function<std::string(const std::string&)>& args) {
+  PIPER_ASSIGN_OR_RETURN(const std::string self, comm::self_executable());
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
                                     ("piper_calibrate_share_" + std::to_string(::getpid()) + "_" + std::to_string(n));
   std::error_code ec;
@@ -66,8 +67,7 @@ Result<std::vector<std::array<ShareSample, 2>>> run_workers(const std::string& s
   if (ec) return unavailable("calibrate: cannot create " + dir.string() + " for the sharing workers: " + ec.message());
   std::vector<FILE*> pipes;
   for (int i = 0; i < n; ++i) {
-    const std::string cmd = "'" + self + "' calibrate --share-worker '" + (dir / std::to_string(i)).string() +
-                            "' --share-window " + std::to_string(window_s) + " 2>&1";
+    const std::string cmd = "'" + self + "' calibrate " + args((dir / std::to_string(i)).string()) + " 2>&1";
     FILE* f = popen(cmd.c_str(), "r");
     if (f == nullptr) {
       for (FILE* p : pipes) pclose(p);
@@ -81,25 +81,39 @@ Result<std::vector<std::array<ShareSample, 2>>> run_workers(const std::string& s
   const int64_t start_ns = ready ? static_cast<int64_t>((wall_s() + kStartLead_s) * 1e9) : 0;
   std::ofstream((dir / "go.tmp").string()) << start_ns << "\n";
   std::filesystem::rename(dir / "go.tmp", dir / "go", ec);
-  std::vector<std::array<ShareSample, 2>> out;
+  std::vector<std::string> out;
   std::string errors;
   for (FILE* f : pipes) {
     std::string text;
     std::array<char, 512> buf;
     while (size_t got = fread(buf.data(), 1, buf.size(), f)) text.append(buf.data(), got);
-    const int rc = pclose(f);
-    std::array<ShareSample, 2> s;
-    const int fields = std::sscanf(text.c_str(), "gemm %lf %lf %lf stream %lf %lf %lf", &s[0].calls, &s[0].cpu_s,
-                                   &s[0].wall_s, &s[1].calls, &s[1].cpu_s, &s[1].wall_s);
-    if (rc != 0 || fields != 6) {
+    if (pclose(f) != 0) {
       errors += (errors.empty() ? "" : "; ") + text;
     } else {
-      out.push_back(s);
+      out.push_back(text);
     }
   }
   std::filesystem::remove_all(dir, ec);
   if (!ready) errors += (errors.empty() ? "" : "; ") + std::string("a worker was not ready after 60 s");
   if (!errors.empty()) return unavailable("calibrate: a sharing worker failed: " + errors);
+  return out;
+}
+
+namespace {
+
+// n GEMM-and-triad workers (run_share_worker): their samples, or an error naming what failed.
+Result<std::vector<std::array<ShareSample, 2>>> run_workers(int n, double window_s) {
+  PIPER_ASSIGN_OR_RETURN(std::vector<std::string> texts, run_share_workers(n, [window_s](const std::string& prefix) {
+                           return "--share-worker '" + prefix + "' --share-window " + std::to_string(window_s);
+                         }));
+  std::vector<std::array<ShareSample, 2>> out;
+  for (const std::string& text : texts) {
+    std::array<ShareSample, 2> s;
+    const int fields = std::sscanf(text.c_str(), "gemm %lf %lf %lf stream %lf %lf %lf", &s[0].calls, &s[0].cpu_s,
+                                   &s[0].wall_s, &s[1].calls, &s[1].cpu_s, &s[1].wall_s);
+    if (fields != 6) return unavailable("calibrate: a sharing worker printed no samples: " + text);
+    out.push_back(s);
+  }
   return out;
 }
 
@@ -150,6 +164,19 @@ double measure_task_overhead_s(int threads, int rounds) {
   return s;
 }
 
+Result<double> meet_share_workers(const std::string& prefix) {
+  if (!(std::ofstream(prefix + ".ready") << "ready\n")) {
+    return unavailable("calibrate: a sharing worker cannot write " + prefix + ".ready (the meeting folder is gone?)");
+  }
+  const std::string go = (std::filesystem::path(prefix).parent_path() / "go").string();
+  if (!wait_for_file(go, 120.0)) return unavailable("calibrate: a sharing worker had no start time in " + go);
+  int64_t start_ns = 0;
+  std::ifstream(go) >> start_ns;
+  const double start_s = 1e-9 * static_cast<double>(start_ns);
+  if (!(start_s > 0)) return unavailable("calibrate: a sharing worker was told to stop (another never got ready)");
+  return start_s;
+}
+
 Status run_share_worker(const std::string& prefix, double window_s) {
   kernels::set_kernel_threads(1);
   const std::vector<float> a(static_cast<size_t>(kShareGemmDim * kShareGemmWidth), 0.5f),
@@ -168,16 +195,7 @@ Status run_share_worker(const std::string& prefix, double window_s) {
   };
   gemm();
   triad();
-  if (!(std::ofstream(prefix + ".ready") << "ready\n")) {
-    return unavailable("calibrate --share-worker: cannot write " + prefix + ".ready (the meeting folder is gone?)");
-  }
-  const std::string go = (std::filesystem::path(prefix).parent_path() / "go").string();
-  if (!wait_for_file(go, 120.0))
-    return unavailable("calibrate --share-worker: no start time in " + go + " after 120 s");
-  int64_t start_ns = 0;
-  std::ifstream(go) >> start_ns;
-  const double start_s = 1e-9 * static_cast<double>(start_ns);
-  if (!(start_s > 0)) return unavailable("calibrate --share-worker: told to stop (another worker never got ready)");
+  PIPER_ASSIGN_OR_RETURN(const double start_s, meet_share_workers(prefix));
   const ShareSample g = run_window(gemm, start_s, start_s + window_s);
   const ShareSample t = run_window(triad, start_s + kStreamOffset * window_s, start_s + (kStreamOffset + 1) * window_s);
   std::printf("gemm %.0f %.9f %.9f stream %.0f %.9f %.9f\n", g.calls, g.cpu_s, g.wall_s, t.calls, t.cpu_s, t.wall_s);
@@ -185,7 +203,6 @@ Status run_share_worker(const std::string& prefix, double window_s) {
 }
 
 Result<std::vector<SharingRow>> measure_core_sharing(int max_ranks, int rounds, double window_s, double cores) {
-  PIPER_ASSIGN_OR_RETURN(const std::string self, comm::self_executable());
   // The one-alone baseline: the fastest time per call over every round, per CPU and per wall second (other load
   // only ever slows a process down); each n's best round is then compared with it.
   std::array<ShareSample, 2> alone{ShareSample{1, 1e30, 1e30}, ShareSample{1, 1e30, 1e30}};
@@ -194,13 +211,13 @@ Result<std::vector<SharingRow>> measure_core_sharing(int max_ranks, int rounds, 
   for (int r = 0; r < rounds; ++r) {
     std::fprintf(stderr, "calibrate: core sharing, round %d of %d: 1..%d processes at once\n", r + 1, rounds,
                  max_ranks);
-    PIPER_ASSIGN_OR_RETURN(auto one, run_workers(self, 1, window_s));
+    PIPER_ASSIGN_OR_RETURN(auto one, run_workers(1, window_s));
     for (int k = 0; k < 2; ++k) {
       alone[k].cpu_s = std::min(alone[k].cpu_s, one[0][k].cpu_s / one[0][k].calls);
       alone[k].wall_s = std::min(alone[k].wall_s, one[0][k].wall_s / one[0][k].calls);
     }
     for (int n = 2; n <= max_ranks; ++n) {
-      PIPER_ASSIGN_OR_RETURN(auto got, run_workers(self, n, window_s));
+      PIPER_ASSIGN_OR_RETURN(auto got, run_workers(n, window_s));
       runs[static_cast<size_t>(n - 2)].push_back(std::move(got));
     }
   }

@@ -44,4 +44,13 @@ Result<std::vector<SharingRow>> measure_core_sharing(int max_ranks, int rounds, 
 // prints one line "gemm CALLS CPU_S WALL_S stream CALLS CPU_S WALL_S" (the time of its completed calls).
 Status run_share_worker(const std::string& prefix, double window_s);
 
+// Starts n copies of this executable as `calibrate ARGS`, ARGS = args(prefix) for each one's prefix in a fresh
+// meeting folder; once every one has said it is ready (meet_share_workers), the start time is written there for all.
+// Their outputs (stdout and stderr), or an error naming the workers that failed or never got ready (60 s).
+Result<std::vector<std::string>> run_share_workers(int n, const std::function<std::string(const std::string&)>& args);
+
+// A worker's side of the meeting: writes PREFIX.ready, waits for the file `go` beside it and returns the start time
+// it holds (wall_s's clock); an error when told to stop (another worker never got ready) or after 120 s.
+Result<double> meet_share_workers(const std::string& prefix);
+
 }  // namespace piper::cli

@@ -3,10 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <chrono>
 #include <map>
 #include <memory>
+#include <thread>
 
+#include "piper/base/clock.h"
 #include "piper/base/units.h"
+#include "piper/cli/calibrate_share.h"
 #include "piper/cli/calibration_file.h"
 #include "piper/cli/flags.h"
 #include "piper/cli/train_report.h"
@@ -128,7 +132,7 @@ Result<std::vector<TaskPoint>> profile_run(const ModelSpec& model, const TaskPro
 
 Result<TaskProfile> profile_model(const ModelSpec& model, const TaskProfileOptions& o,
                                   const DeviceCalibration& device) {
-  TaskProfile p{model.name, count_params(model).total(), o.seq_len, {}};
+  TaskProfile p{model.name, count_params(model).total(), o.seq_len, {}, {}};
   for (int threads : o.threads) {
     for (int64_t mbs : o.mbs) {
       kernels::set_kernel_threads(threads);
@@ -219,6 +223,69 @@ std::string unscaled_threads_note(const UnscaledThreads& u) {
          "` again on a quiet machine";
 }
 
+Status run_model_share_worker(const std::string& prefix, const std::string& model_name, int64_t seq_len,
+                              double window_s) {
+  kernels::set_kernel_threads(1);
+  PIPER_ASSIGN_OR_RETURN(ModelSpec model, load_model(model_name));
+  runtime::TrainOptions t;
+  t.model = model;
+  t.strategy = "dp=1,microbatches=2,mbs=" + std::to_string(kShareMbs);
+  t.global_batch = 2 * kShareMbs;
+  t.seq_len = seq_len;
+  PIPER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Trainer> trainer, runtime::Trainer::create(t));
+  PIPER_RETURN_IF_ERROR(trainer->step().status());  // first-touch page faults, as the task profile's first step
+  PIPER_ASSIGN_OR_RETURN(const double start_s, meet_share_workers(prefix));
+  while (wall_s() < start_s) std::this_thread::sleep_for(std::chrono::microseconds(200));
+  ShareSample s;
+  const double cpu0 = process_cpu_s(), wall0 = wall_s();
+  while (s.calls < kShareMinSteps || wall_s() < start_s + window_s) {
+    PIPER_RETURN_IF_ERROR(trainer->step().status());
+    ++s.calls;
+  }
+  s.cpu_s = process_cpu_s() - cpu0;
+  s.wall_s = wall_s() - wall0;
+  std::printf("model %.0f %.9f %.9f\n", s.calls, s.cpu_s, s.wall_s);
+  return ok_status();
+}
+
+namespace {
+
+// n workers of run_model_share_worker: their samples.
+Result<std::vector<ShareSample>> model_share_run(const std::string& model, int64_t seq_len, int n, double window_s) {
+  auto args = [&](const std::string& prefix) {
+    return "--model-share-worker '" + prefix + "' --model '" + model + "' --seq " + std::to_string(seq_len) +
+           " --share-window " + std::to_string(window_s);
+  };
+  PIPER_ASSIGN_OR_RETURN(std::vector<std::string> texts, run_share_workers(n, args));
+  std::vector<ShareSample> out;
+  for (const std::string& text : texts) {
+    const size_t at = text.rfind("model ");
+    ShareSample s;
+    if (at == std::string::npos ||
+        std::sscanf(text.c_str() + at, "model %lf %lf %lf", &s.calls, &s.cpu_s, &s.wall_s) != 3) {
+      return unavailable("calibrate: a model sharing worker printed no steps: " + text);
+    }
+    out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<std::vector<double>> measure_model_sharing(const std::string& model, int64_t seq_len, int max_ranks,
+                                                  double window_s, double cores) {
+  std::fprintf(stderr, "calibrate: core sharing of %s's own steps: 1..%d processes at once\n", model.c_str(),
+               max_ranks);
+  PIPER_ASSIGN_OR_RETURN(std::vector<ShareSample> alone, model_share_run(model, seq_len, 1, window_s));
+  std::vector<double> sharing;
+  for (int n = 2; n <= max_ranks; ++n) {
+    PIPER_ASSIGN_OR_RETURN(std::vector<ShareSample> together, model_share_run(model, seq_len, n, window_s));
+    PIPER_ASSIGN_OR_RETURN(SharingEfficiency e, sharing_efficiency(alone[0], together, cores));
+    sharing.push_back(e.per_cpu);
+  }
+  return sharing;
+}
+
 Json task_profiles_json(const std::vector<TaskProfile>& profiles) {
   Json list = Json::array();
   for (const TaskProfile& p : profiles) {
@@ -231,7 +298,15 @@ Json task_profiles_json(const std::vector<TaskProfile>& profiles) {
                         {"measured_s", t.measured_s},
                         {"priced_s", t.priced_s}});
     }
-    list.push_back({{"model", p.model}, {"parameters", p.parameters}, {"seq", p.seq_len}, {"points", points}});
+    Json entry{{"model", p.model}, {"parameters", p.parameters}, {"seq", p.seq_len}, {"points", points}};
+    if (!p.sharing.empty()) {
+      Json sharing = Json::array();
+      for (size_t k = 0; k < p.sharing.size(); ++k) {
+        sharing.push_back({{"ranks", static_cast<int>(k) + 2}, {"efficiency", p.sharing[k]}});
+      }
+      entry["sharing"] = sharing;
+    }
+    list.push_back(entry);
   }
   return list;
 }

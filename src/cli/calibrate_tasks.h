@@ -45,6 +45,7 @@ struct TaskProfile {
   int64_t parameters = 0;  // count_params(model).total()
   int64_t seq_len = 0;
   std::vector<TaskPoint> points;  // by thread count, then mbs, then task name
+  std::vector<double> sharing;    // measure_model_sharing's, n = 2, 3, ...; empty: not measured
 };
 
 // The models load and take seq_len (check_seq_len), and the lists are valid: the errors of --model and --seq,
@@ -78,8 +79,24 @@ std::vector<UnscaledThreads> drop_implausible_threads(std::vector<TaskProfile>* 
 // that those tasks are priced unscaled, and to calibrate again on a quiet machine.
 std::string unscaled_threads_note(const UnscaledThreads& u);
 
+// The model's own core sharing (cost::Calibration::TaskProfile::sharing): copies of this executable
+// (`piper calibrate --model-share-worker`, one kernel thread each, as the runtime's ranks on a node) train `model`
+// on one rank each (dp=1, two microbatches of kShareMbs sequences of seq_len), first one alone, then n = 2..max_ranks
+// at once; each steps from the common start until `window_s` has passed and it has made kShareMinSteps steps. Per n,
+// the mean over copies of its steps per CPU second over the one alone's (calibrate_fit.h sharing_efficiency
+// per_cpu): what running together costs the model's own tasks, where the core-sharing stage's GEMM may not show it.
+inline constexpr int64_t kShareMbs = 2;
+inline constexpr int kShareMinSteps = 3;
+Result<std::vector<double>> measure_model_sharing(const std::string& model, int64_t seq_len, int max_ranks,
+                                                  double window_s, double cores);
+
+// The worker (`piper calibrate --model-share-worker PREFIX --model M --seq S --share-window W`): one kernel thread;
+// builds the trainer, makes one step (first touch), meets the others (meet_share_workers), steps as above and prints
+// "model STEPS CPU_S WALL_S" (the process's CPU and wall time of its steps).
+Status run_model_share_worker(const std::string& prefix, const std::string& model, int64_t seq_len, double window_s);
+
 // The calibration file's "task_profiles": [{model, parameters, seq, points: [{threads, tokens, task, calls,
-// measured_s, priced_s}]}].
+// measured_s, priced_s}], sharing: [{ranks, efficiency}] (when measured)}].
 Json task_profiles_json(const std::vector<TaskProfile>& profiles);
 
 // One table per model and thread count: per task and tokens, the calls, measured and priced seconds per call and

@@ -54,6 +54,9 @@ namespace piper::cli {
 namespace {
 
 constexpr int64_t kGemmWidth = 512;  // n = k: a hidden size of a small model, the runtime's common GEMM width
+// The model's own core sharing (measure_model_sharing): each copy steps for at least this long from the common start
+// (and kShareMinSteps steps), about 20 of tiny-moe's steps alone.
+constexpr double kModelShareWindowS = 1.0;
 const std::vector<int64_t> kGemmDims = {8, 16, 32, 64, 128, 256, 512};
 
 using Clock = std::chrono::steady_clock;
@@ -167,6 +170,7 @@ struct CalibrateOptions {
   int sharing_rounds = 3;
   bool json = false;
   std::string share_worker;  // hidden: run as a core-sharing worker with this prefix (calibrate_share.h)
+  std::string model_share_worker;  // hidden: run as a model's core-sharing worker (calibrate_tasks.h)
   double share_window_s = 0.25;
   LinkStageOptions links;
   TaskProfileOptions profile;  // --model (none: no task profile), --seq; its thread counts are 1..C, as above
@@ -354,13 +358,18 @@ void print_experts(const ExpertFit& e) {
       1e6 * e.per_row_s[2]);
 }
 
-void print_sharing(const std::vector<SharingRow>& rows, double cores) {
+void print_sharing(const std::vector<SharingRow>& rows, double cores, const std::vector<TaskProfile>& profiles) {
   if (rows.empty()) return;
   std::printf("sharing   %g cores; per process against one alone, per CPU second (the model's) / per wall second "
               "against min(1, cores / n):\n", cores);
-  for (const SharingRow& r : rows) {
-    std::printf("  n = %d   GEMM %.3f / %.3f   triad %.3f / %.3f\n", r.ranks, r.gemm.per_cpu, r.gemm.per_wall,
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const SharingRow& r = rows[k];
+    std::printf("  n = %d   GEMM %.3f / %.3f   triad %.3f / %.3f", r.ranks, r.gemm.per_cpu, r.gemm.per_wall,
                 r.stream.per_cpu, r.stream.per_wall);
+    for (const TaskProfile& p : profiles) {
+      if (k < p.sharing.size()) std::printf("   %s's steps %.3f", p.model.c_str(), p.sharing[k]);
+    }
+    std::printf("\n");
   }
 }
 
@@ -392,6 +401,10 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
 Status run_calibrate(const CalibrateOptions& o) {
   runtime::keep_freed_memory();  // measure what a training process pays (runtime/exec/process_memory.h)
   if (!o.share_worker.empty()) return run_share_worker(o.share_worker, o.share_window_s);
+  if (!o.model_share_worker.empty()) {
+    if (o.profile.models.size() != 1) return invalid_argument("calibrate --model-share-worker needs one --model");
+    return run_model_share_worker(o.model_share_worker, o.profile.models[0], o.profile.seq_len, o.share_window_s);
+  }
   if (o.links.spawned || comm::launched_by_mpi()) return run_link_stage(o.links);
   // A bad --model or --seq fails now, not after the links' mpirun or the device's measurements.
   PIPER_RETURN_IF_ERROR(load_task_profile_models(o.profile).status());
@@ -487,7 +500,12 @@ Result<std::vector<TaskProfile>> profile_tasks(const CalibrateOptions& o, int co
   TaskProfileOptions profile = o.profile;
   profile.threads.clear();
   for (int t = 1; t <= cores; ++t) profile.threads.push_back(t);
-  Result<std::vector<TaskProfile>> got = measure_task_profiles(profile, file);
+  PIPER_ASSIGN_OR_RETURN(std::vector<TaskProfile> got, measure_task_profiles(profile, file));
+  // One profile per --model, in order; their own core sharing beside the GEMM's (when that stage runs).
+  for (size_t i = 0; o.sharing_rounds > 0 && i < got.size() && i < o.profile.models.size(); ++i) {
+    PIPER_ASSIGN_OR_RETURN(got[i].sharing, measure_model_sharing(o.profile.models[i], o.profile.seq_len, 2 * cores,
+                                                                 kModelShareWindowS, cores));
+  }
   *seconds = std::chrono::duration<double>(Clock::now() - started).count();
   return got;
 }
@@ -548,7 +566,7 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
     std::printf("not fitted %s threads: the machine was too loaded (calibrate again when it is idle)\n",
                 join(unfitted, ", ").c_str());
   }
-  print_sharing(sharing, cores);
+  print_sharing(sharing, cores, all_profiles);
   print_attention(attention);
   print_experts(experts);
   print_task_profiles(all_profiles);
@@ -586,6 +604,7 @@ PIPER_REGISTER_COMMAND(g_calibrate, "calibrate", "Measure this machine's core an
                          sub->add_flag("--json", o->json, "print one JSON object");
                          // The core-sharing stage's worker processes (calibrate_share.h); not for users.
                          sub->add_option("--share-worker", o->share_worker)->group("");
+                         sub->add_option("--model-share-worker", o->model_share_worker)->group("");
                          sub->add_option("--share-window", o->share_window_s)->group("");
                          add_int_option(sub, "--ranks", &o->links.ranks, {0, kMaxLocalRanks, "MPI ranks"},
                                         "also measure the links: R ranks under mpirun, point-to-point and "

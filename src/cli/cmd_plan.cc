@@ -22,6 +22,7 @@
 #include "piper/cli/precision_flags.h"
 #include "piper/cli/train_report.h"
 #include "piper/cost/estimate.h"
+#include "piper/cost/task_profile.h"
 #include "piper/planner/af_refine.h"
 #include "piper/planner/disaggregate.h"
 #include "piper/planner/domain.h"
@@ -447,6 +448,7 @@ Status run_plan(const PlanOptions& o) {
                                                          o.calibration, o.comm_calibration));
     cluster = m.cluster;
     calibration = m.calibration;
+    cost::apply_model_sharing(&calibration, model, seq_len);
     links_source = m.links_source;
     train = local_train_spec(o.global_batch, seq_len);
     calibration_source = with_task_profile(m.calibration_source, calibration, model, seq_len);

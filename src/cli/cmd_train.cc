@@ -25,6 +25,7 @@
 #include "piper/cli/train_gpu.h"
 #include "piper/cli/train_report.h"
 #include "piper/comm/launch.h"
+#include "piper/cost/task_profile.h"
 #include "piper/comm/mpi/mpi_communicator.h"
 #include "piper/kernels/cpu/gemm.h"
 #include "piper/runtime/exec/process_memory.h"
@@ -352,6 +353,7 @@ Status train(const TrainCliOptions& o, comm::Communicator* world) {
   PIPER_ASSIGN_OR_RETURN(HostLayout hosts, host_layout(world));
   PIPER_ASSIGN_OR_RETURN(LocalMachine machine,
                          local_cluster(t.ranks, kernels::kernel_threads(), o.calibration, o.comm_calibration, hosts));
+  cost::apply_model_sharing(&machine.calibration, t.model, t.seq_len);
   machine.calibration_source = with_task_profile(machine.calibration_source, machine.calibration, t.model, t.seq_len);
   t.plan_prices = local_plan_prices(machine, t.model);
   PIPER_ASSIGN_OR_RETURN(auto trainer, runtime::Trainer::create(t));

@@ -6,6 +6,7 @@
 #include "piper/balance/expert_loads.h"
 #include "piper/cli/scenario.h"
 #include "piper/cli/train_report.h"
+#include "piper/cost/task_profile.h"
 #include "piper/planner/verify.h"
 #include "piper/runtime/support.h"
 
@@ -63,6 +64,7 @@ Result<AutoStrategy> auto_strategy(const ModelSpec& model, int ranks, int kernel
                                    int64_t seq_len, const std::string& calibration, const std::string& comm_calibration,
                                    const std::string& expert_loads) {
   PIPER_ASSIGN_OR_RETURN(LocalMachine m, local_cluster(ranks, kernel_threads, calibration, comm_calibration));
+  cost::apply_model_sharing(&m.calibration, model, seq_len);
   const TrainSpec train = local_train_spec(global_batch, seq_len);
   // The same search as `piper plan --local-ranks R --runnable` with its defaults (the kept plans re-scored by
   // the simulator, then a local search around the best), so --strategy auto runs that command's #1.

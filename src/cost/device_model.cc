@@ -57,10 +57,11 @@ Status read_expert_shape(JsonReader& r, Calibration* c) {
   return e.check_no_unknown_keys();
 }
 
-Status read_core_sharing(JsonReader& r, std::vector<double>* out) {
-  const Json* list = r.find("core_sharing");
+// `key`: [{"ranks": n, "efficiency": e}, ...] for n = 2, 3, ... in turn (core_sharing, a task profile's sharing).
+Status read_sharing_list(JsonReader& r, const char* name, std::vector<double>* out) {
+  const Json* list = r.find(name);
   if (list == nullptr) return ok_status();
-  const std::string what = r.field_path("core_sharing");
+  const std::string what = r.field_path(name);
   if (!list->is_array()) return invalid_argument(what + ": expected an array of {\"ranks\": n, \"efficiency\": e}");
   for (size_t i = 0; i < list->size(); ++i) {
     const std::string at = what + "[" + std::to_string(i) + "]";
@@ -134,6 +135,7 @@ Status read_task_profile(JsonReader& e, Calibration::TaskProfile* t) {
     }
     t->points.push_back(std::move(p));
   }
+  PIPER_RETURN_IF_ERROR(read_sharing_list(e, "sharing", &t->sharing));
   return e.check_no_unknown_keys();
 }
 
@@ -216,7 +218,7 @@ Result<Calibration> Calibration::from_json(const Json& json, const std::string& 
   PIPER_RETURN_IF_ERROR(r.get_double("peak_flops_fp32", &c.peak_flops_fp32, false, 1e6, 1e18));
   PIPER_RETURN_IF_ERROR(r.get_double("memory_bw_bytes_per_s", &c.memory_bw_bytes_per_s, false, 1e6, 1e15));
   PIPER_RETURN_IF_ERROR(read_thread_figures(r, &c.thread_figures));
-  PIPER_RETURN_IF_ERROR(read_core_sharing(r, &c.core_sharing));
+  PIPER_RETURN_IF_ERROR(read_sharing_list(r, "core_sharing", &c.core_sharing));
   PIPER_RETURN_IF_ERROR(read_task_profiles(r, &c.task_profiles));
   std::string source;  // where the numbers come from (`piper calibrate` writes it); informational
   PIPER_RETURN_IF_ERROR(r.get_string("source", &source, false));

@@ -162,6 +162,10 @@ struct Calibration {
     int64_t parameters = 0;   // the model's parameter count (spec/counting.h): a renamed or edited config differs
     int64_t seq = 0;          // tokens per sequence
     std::vector<TaskProfilePoint> points;
+    // sharing[n - 2]: core_sharing measured with this model's own training steps (n copies, one thread each, on
+    // the node's cores at once; `piper calibrate --model`); empty: not measured. apply_model_sharing puts it in
+    // core_sharing for a run of this model.
+    std::vector<double> sharing;
   };
   std::vector<TaskProfile> task_profiles;
   // The kernel threads of the rank being priced (cli/calibration_file.h scale_to_rank_cores): the task profiles'

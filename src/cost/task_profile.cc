@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <optional>
 
 #include "piper/spec/counting.h"
@@ -73,6 +74,14 @@ TaskProfileTable TaskProfileTable::find(const Calibration& c, const ModelSpec& m
   return t;
 }
 
+bool apply_model_sharing(Calibration* c, const ModelSpec& model, int64_t seq) {
+  bool renamed = false;
+  const Calibration::TaskProfile* p = match(*c, model, seq, &renamed);
+  if (p == nullptr || p->sharing.empty()) return false;
+  c->core_sharing = p->sharing;
+  return true;
+}
+
 TaskScales TaskProfileTable::at(double tokens) const {
   TaskScales s;
   if (!applies_) return s;
@@ -112,9 +121,19 @@ std::string task_profile_note(const Calibration& c, const ModelSpec& model, int6
     return "task prices unscaled (the task profile of " + model.name + " has no points at " +
            std::to_string(c.rank_threads) + " thread(s))";
   }
+  std::string own;
+  if (!p->sharing.empty() && p->sharing == c.core_sharing) {
+    own = "; core sharing of its own steps";
+    char buf[32];
+    for (size_t k = 0; k < p->sharing.size(); ++k) {
+      std::snprintf(buf, sizeof(buf), "%s %.2f", k == 0 ? "" : ",", p->sharing[k]);
+      own += buf;
+    }
+    own += " at 2.." + std::to_string(p->sharing.size() + 1) + " ranks";
+  }
   return "task prices scaled by the measured task profile of " + model.name + " (seq " + std::to_string(seq) + ", " +
          std::to_string(c.rank_threads) + " thread" + (c.rank_threads == 1 ? "" : "s") + ", " + std::to_string(n) +
-         " points)";
+         " points" + own + ")";
 }
 
 }  // namespace piper::cost

@@ -54,7 +54,13 @@ class TaskProfileTable {
 };
 
 // For the reports: "task prices scaled by the measured profile of M (seq S, t thread(s), N points)", or why they
-// are not ("" when the calibration has no profiles at all).
+// are not ("" when the calibration has no profiles at all); and the core sharing of its own once applied.
 std::string task_profile_note(const Calibration& c, const ModelSpec& model, int64_t seq);
+
+// The core sharing measured with the model's own steps (Calibration::TaskProfile::sharing) replaces c's (the
+// synthetic GEMM's) when c has a profile of `model` at `seq` (its name, parameter count and seq) that measured one:
+// the simulator's pool and the closed form's static share then slow the model's tasks as running together slowed
+// them. Whether it did.
+bool apply_model_sharing(Calibration* c, const ModelSpec& model, int64_t seq);
 
 }  // namespace piper::cost

@@ -97,6 +97,52 @@ TEST(TaskProfileTest, RefusesMalformedProfiles) {
   EXPECT_FALSE(Calibration::from_json(two, "cal.json").ok());
 }
 
+// A profile's own core sharing (measured with the model's steps) replaces the calibration's GEMM figure for a run of
+// that model only, reaches the static share that prices its tasks, and is named in the report's note; a list out of
+// order is refused.
+TEST(TaskProfileTest, TheModelsOwnSharingReplacesTheGemmsForItsRuns) {
+  const ModelSpec m = tiny();
+  Json entry = profile(m, 128, Json::array({point(1, 128, "attn.F", 1, 1)}));
+  entry["sharing"] = Json::array({Json{{"ranks", 2}, {"efficiency", 0.95}}, Json{{"ranks", 3}, {"efficiency", 0.8}}});
+  Json file{{"task_profiles", Json::array({entry})},
+            {"core_sharing", Json::array({Json{{"ranks", 2}, {"efficiency", 1.0}}})}};
+  Result<Calibration> c = Calibration::from_json(file, "cal.json");
+  ASSERT_TRUE(c.ok()) << c.status().to_string();
+  EXPECT_EQ(c->task_profiles[0].sharing, (std::vector<double>{0.95, 0.8}));
+  Calibration other = *c;
+  ModelSpec edited = m;
+  edited.hidden_size = 256;
+  EXPECT_FALSE(apply_model_sharing(&other, edited, 128));  // another model: the GEMM's stays
+  EXPECT_FALSE(apply_model_sharing(&other, m, 256));       // another seq
+  EXPECT_EQ(other.core_sharing, std::vector<double>{1.0});
+  Calibration own = *c;
+  own.rank_threads = 1;
+  ASSERT_TRUE(apply_model_sharing(&own, m, 128));
+  EXPECT_EQ(own.core_sharing, (std::vector<double>{0.95, 0.8}));
+  EXPECT_DOUBLE_EQ(own.sharing_efficiency(4), 0.8);  // the last entry beyond
+  EXPECT_NE(task_profile_note(own, m, 128).find("core sharing of its own steps 0.95, 0.80 at 2..3 ranks"),
+            std::string::npos)
+      << task_profile_note(own, m, 128);
+  // 4 ranks on 2 cores: each task is priced at its share of the cores times the sharing, so the model's own 0.8
+  // prices the closed form's compute 1 / 0.8 of the GEMM's 1.0 (every other figure alike).
+  ClusterSpec cluster = load_cluster("local-cpu", 1).value();
+  cluster.node.devices_per_node = 4;
+  cluster.node.shared_cores = 2;
+  TrainSpec train;
+  train.global_batch = 16;
+  train.seq_len = 128;
+  train.micro_batch_size = 1;
+  auto compute = [&](const Calibration& cal) {
+    CostModel cm = CostModel::create(m, cluster, train, cal).value();
+    return cm.estimate(Strategy::parse("dp=4,microbatches=4").value()).value().time.compute_s;
+  };
+  other.core_sharing = {1.0, 1.0, 1.0};
+  own.core_sharing = {1.0, 1.0, 0.8};
+  EXPECT_NEAR(compute(own) / compute(other), 1 / 0.8, 1e-9);
+  entry["sharing"] = Json::array({Json{{"ranks", 3}, {"efficiency", 0.9}}});
+  EXPECT_FALSE(Calibration::from_json(Json{{"task_profiles", Json::array({entry})}}, "cal.json").ok());
+}
+
 // The closed form prices a profiled task at its scale: every F, B and W of the model at 2x makes the compute 2x
 // (tiny-moe has no shared experts: their absent part costs nothing, so needs no point).
 TEST(TaskProfileTest, ClosedFormComputeFollowsTheScales) {

@@ -333,7 +333,7 @@ TEST(CalibrateCliTest, WritesACalibrationThatTheModelLoads) {
   const std::string out = (std::filesystem::temp_directory_path() /
                            ("piper_calibrate_" + std::to_string(::getpid()) + ".json")).string();
   std::string text;
-  const int rc = run_calibrate("", "--sharing-rounds 1 --out " + out, &text);
+  const int rc = run_calibrate("", "--sharing-rounds 1 --model tiny-moe --out " + out, &text);
   if (rc != 0 && too_noisy(text)) {
     EXPECT_FALSE(std::filesystem::exists(out));  // a refused fit writes nothing
     GTEST_SKIP() << "the machine was too loaded to fit the GEMM curve three times: " << text;
@@ -359,6 +359,18 @@ TEST(CalibrateCliTest, WritesACalibrationThatTheModelLoads) {
   for (const auto& f : c->thread_figures) EXPECT_GT(f.task_overhead_s, 0) << f.threads;
   EXPECT_EQ(c->core_sharing.size(), static_cast<size_t>(2 * cores - 1)) << text;
   EXPECT_NE(text.find("calibrate: core sharing, round 1 of 1"), std::string::npos) << text;
+  // --model: the task profile, and the core sharing of the model's own steps for the same 2..2C processes (their
+  // efficiency within what a file accepts), printed beside the GEMM's.
+  // (A machine loaded from outside can leave every thread count's points out of the file, and so the profile.)
+  EXPECT_NE(text.find("calibrate: core sharing of tiny-moe's own steps: 1.."), std::string::npos) << text;
+  EXPECT_NE(text.find("tiny-moe's steps "), std::string::npos) << text;
+  if (c->task_profiles.empty()) {
+    EXPECT_NE(text.find("left out of the file"), std::string::npos) << text;
+  }
+  for (const cost::Calibration::TaskProfile& p : c->task_profiles) {
+    EXPECT_EQ(p.model, "tiny-moe");
+    EXPECT_EQ(p.sharing.size(), static_cast<size_t>(2 * cores - 1)) << text;
+  }
   // The attention kernels' cost beyond their FLOPs: a few to tens of bytes per score element on a CPU.
   EXPECT_GT(c->attention_score_bytes, 0) << text;
   EXPECT_LT(c->attention_score_bytes, 1e3) << text;

@@ -189,12 +189,14 @@ TEST(CalibrateTasksTest, ThreadCountsFarOffTheirPriceAreLeftOut) {
        100,
        32,
        {point(1, 32, "attn.F", 2.0, 1.0), point(1, 64, "update", 1.0, 1.0), point(2, 32, "attn.F", 1.05 * k, 1.0),
-        point(2, 64, "experts.BW", 1.0, 1.5 * k), point(2, 64, "update", 1.0, 1.0)}},
+        point(2, 64, "experts.BW", 1.0, 1.5 * k), point(2, 64, "update", 1.0, 1.0)},
+       {}},
       {"b",
        200,
        32,
-       {point(1, 32, "attn.F", k, 1.0), point(1, 32, "update", 1.0, k), point(2, 32, "attn.F", 1.0, 1.0)}},
-      {"c", 300, 32, {point(1, 32, "attn.F", 1.0, 1.0), point(1, 64, "attn.F", 30 * k, 1.0)}},
+       {point(1, 32, "attn.F", k, 1.0), point(1, 32, "update", 1.0, k), point(2, 32, "attn.F", 1.0, 1.0)},
+       {}},
+      {"c", 300, 32, {point(1, 32, "attn.F", 1.0, 1.0), point(1, 64, "attn.F", 30 * k, 1.0)}, {}},
   };
   const std::vector<UnscaledThreads> dropped = drop_implausible_threads(&profiles);
   ASSERT_EQ(dropped.size(), 2u);
