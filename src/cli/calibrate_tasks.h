@@ -82,9 +82,10 @@ std::string unscaled_threads_note(const UnscaledThreads& u);
 // The model's own core sharing (cost::Calibration::TaskProfile::sharing): copies of this executable
 // (`piper calibrate --model-share-worker`, one kernel thread each, as the runtime's ranks on a node) train `model`
 // on one rank each (dp=1, two microbatches of kShareMbs sequences of seq_len), first one alone, then n = 2..max_ranks
-// at once; each steps from the common start until `window_s` has passed and it has made kShareMinSteps steps. Per n,
-// the mean over copies of its steps per CPU second over the one alone's (calibrate_fit.h sharing_efficiency
-// per_cpu): what running together costs the model's own tasks, where the core-sharing stage's GEMM may not show it.
+// at once, then one alone again; each steps from the common start until `window_s` has passed and it has made
+// kShareMinSteps steps. Per n, the mean over copies of its steps per CPU second over the faster alone's
+// (calibrate_fit.h sharing_efficiency per_cpu): what running together costs the model's own tasks, where the
+// core-sharing stage's GEMM may not show it.
 inline constexpr int64_t kShareMbs = 2;
 inline constexpr int kShareMinSteps = 3;
 Result<std::vector<double>> measure_model_sharing(const std::string& model, int64_t seq_len, int max_ranks,

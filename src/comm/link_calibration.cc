@@ -106,16 +106,24 @@ Result<AlphaBeta> measure_p2p(Communicator& w, int a, int b, const LinkCalibrati
   return fit_alpha_beta(std::move(points));
 }
 
-// The slowest rank's time of `call` (barrier before each), median over iterations.
-Result<double> time_collective(Communicator& w, int iterations, int warmup, const std::function<Status()>& call) {
+// The slowest rank's time of `call` (barrier before each), median over iterations; *cpu_s: the process CPU of one
+// call (the timed ones), mean over ranks.
+Result<double> time_collective(Communicator& w, int iterations, int warmup, const std::function<Status()>& call,
+                               double* cpu_s) {
   std::vector<double> samples;
+  double cpu = 0;
   for (int i = 0; i < warmup + iterations; ++i) {
     PIPER_RETURN_IF_ERROR(wait(w, w.barrier()));
     auto t0 = Clock::now();
+    const double cpu0 = process_cpu_s();
     PIPER_RETURN_IF_ERROR(call());
+    if (i >= warmup) cpu += process_cpu_s() - cpu0;
     PIPER_ASSIGN_OR_RETURN(auto all, gather_doubles(w, since(t0)));
     if (i >= warmup) samples.push_back(max_of(all));
   }
+  PIPER_ASSIGN_OR_RETURN(auto all, gather_doubles(w, cpu / iterations));
+  *cpu_s = 0;
+  for (double v : all) *cpu_s += v / static_cast<double>(all.size());
   return median(samples);
 }
 
@@ -141,8 +149,9 @@ Result<AlphaBeta> measure_collective(Communicator& w, Coll kind, const LinkCalib
     } else {
       call = [&] { return wait(w, w.all_to_all_v(in.data(), split, out.data(), split)); };
     }
-    PIPER_ASSIGN_OR_RETURN(double s, time_collective(w, iterations_for(o, bytes), o.warmup, call));
-    points.push_back({rank_bytes, s});
+    double cpu_s = 0;
+    PIPER_ASSIGN_OR_RETURN(double s, time_collective(w, iterations_for(o, bytes), o.warmup, call, &cpu_s));
+    points.push_back({rank_bytes, s, cpu_s});
   }
   return fit_alpha_beta(std::move(points));
 }
@@ -602,7 +611,10 @@ namespace {
 
 OrderedJson fit_json(const AlphaBeta& f) {
   OrderedJson points = OrderedJson::array();
-  for (const SizedTime& p : f.points) points.push_back({{"bytes", p.bytes}, {"seconds", p.seconds}});
+  for (const SizedTime& p : f.points) {
+    points.push_back({{"bytes", p.bytes}, {"seconds", p.seconds}});
+    if (p.cpu_s > 0) points.back()["cpu_s"] = p.cpu_s;
+  }
   return {{"alpha_s", f.alpha_s}, {"bw_bytes_per_s", f.bw_bytes_per_s}, {"points", points}};
 }
 
@@ -616,7 +628,7 @@ EffectiveLink effective_intra_link(const LinkCalibration& c) {
   const AlphaBeta* fits[3] = {&c.all_reduce, &c.all_gather, &c.all_to_all};
   const double steps[3] = {2 * (n - 1), n - 1, 1};
   const double port_bytes[3] = {2 * (n - 1) / n, n - 1, (n - 1) / n};
-  std::vector<double> lat, bw;
+  std::vector<double> lat, bw, cpu;
   for (int k = 0; k < 3; ++k) {
     const AlphaBeta& f = *fits[k];
     if (!f.measured) return e;
@@ -625,12 +637,16 @@ EffectiveLink effective_intra_link(const LinkCalibration& c) {
     e.latency_by_kind_s[k] = small.seconds / steps[k];
     e.bw_by_kind[k] =
         port_bytes[k] * static_cast<double>(large.bytes - small.bytes) / std::max(large.seconds - small.seconds, 1e-12);
+    e.cpu_per_byte_by_kind[k] =
+        std::max(0.0, large.cpu_s - small.cpu_s) / (port_bytes[k] * static_cast<double>(large.bytes - small.bytes));
     lat.push_back(e.latency_by_kind_s[k]);
     bw.push_back(e.bw_by_kind[k]);
+    cpu.push_back(e.cpu_per_byte_by_kind[k]);
   }
   e.measured = true;
   e.latency_s = median(lat);
   e.bw_bytes_per_s = median(bw);
+  e.cpu_s_per_byte = median(cpu);
   return e;
 }
 
@@ -665,7 +681,11 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
           {"all_gather", link.latency_by_kind_s[1]},
           {"all_to_all", link.latency_by_kind_s[2]}}},
         {"bw_bytes_per_s",
-         {{"all_reduce", link.bw_by_kind[0]}, {"all_gather", link.bw_by_kind[1]}, {"all_to_all", link.bw_by_kind[2]}}}};
+         {{"all_reduce", link.bw_by_kind[0]}, {"all_gather", link.bw_by_kind[1]}, {"all_to_all", link.bw_by_kind[2]}}},
+        {"cpu_s_per_byte",
+         {{"all_reduce", link.cpu_per_byte_by_kind[0]},
+          {"all_gather", link.cpu_per_byte_by_kind[1]},
+          {"all_to_all", link.cpu_per_byte_by_kind[2]}}}};
   }
   auto sync = [](const SyncUnderLoad& u) {
     auto timing = [](const SyncTiming& t) {
@@ -725,6 +745,12 @@ std::string to_text(const LinkCalibration& c) {
                   format_seconds(e.latency_by_kind_s[0]).c_str(), format_seconds(e.latency_by_kind_s[1]).c_str(),
                   format_seconds(e.latency_by_kind_s[2]).c_str(), e.bw_by_kind[0] / 1e9, e.bw_by_kind[1] / 1e9,
                   e.bw_by_kind[2] / 1e9);
+    out += line;
+    std::snprintf(line, sizeof(line),
+                  "  CPU per byte carried     %.3f ns (median of %.3f / %.3f / %.3f; one copy at the port's rate: "
+                  "%.3f ns)\n",
+                  e.cpu_s_per_byte * 1e9, e.cpu_per_byte_by_kind[0] * 1e9, e.cpu_per_byte_by_kind[1] * 1e9,
+                  e.cpu_per_byte_by_kind[2] * 1e9, 1e9 / e.bw_bytes_per_s);
     out += line;
   }
   auto sync = [&](const char* name, const SyncUnderLoad& u) {

@@ -69,6 +69,7 @@ struct LinkCalibrationOptions {
 struct SizedTime {
   size_t bytes = 0;
   double seconds = 0;
+  double cpu_s = 0;  // collectives: the process CPU of one call (user + system, its waits included), mean over ranks
 };
 
 // t(bytes) ~= alpha + bytes / bw: alpha is the time at the smallest size, bw from the largest size's excess.
@@ -174,6 +175,14 @@ struct EffectiveLink {
   double latency_s = 0, bw_bytes_per_s = 0;
   double latency_by_kind_s[3] = {0, 0, 0};  // all-reduce, all-gather, all-to-all
   double bw_by_kind[3] = {0, 0, 0};
+  // One core's seconds per byte a rank's port carries: the rise of a call's CPU from the smallest size to the largest
+  // over the rise of its port bytes, per kind, and their median. Recorded (measured.intra_from_collectives), not
+  // applied: with idle cores and 4 MiB buffers it came to 0.22 ns here, under half of one copy at the port's rate
+  // (0.51 ns, which the simulator charges: cost/copy_cost.h), while moe-40m's ZeRO-1 dp stream burns about twice
+  // that rate in training (cold buffers, the reductions' arithmetic); priced at 0.22 ns tiny-moe's median went from
+  // 1.00 to 1.21 (docs/calibration.md, session 34).
+  double cpu_per_byte_by_kind[3] = {0, 0, 0};
+  double cpu_s_per_byte = 0;
 };
 EffectiveLink effective_intra_link(const LinkCalibration& c);
 

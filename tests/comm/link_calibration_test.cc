@@ -20,10 +20,15 @@ namespace {
 constexpr double kAlpha = 5e-6, kBw = 1.5e9;
 
 // Times of the simulator's algorithms on n ranks over a link of kAlpha per step and kBw per port.
+// The CPU of a call: 20 us, and kCpuPerByte per byte its rank's port carries.
+constexpr double kCpuPerByte = 0.3e-9;
+
 comm::AlphaBeta algorithm_times(double steps, double port_bytes_per_byte) {
   std::vector<comm::SizedTime> points;
   for (size_t bytes : {size_t{8}, size_t{65536}, size_t{4} << 20}) {
-    points.push_back({bytes, steps * kAlpha + port_bytes_per_byte * static_cast<double>(bytes - 8) / kBw});
+    const double port = port_bytes_per_byte * static_cast<double>(bytes);
+    points.push_back({bytes, steps * kAlpha + port_bytes_per_byte * static_cast<double>(bytes - 8) / kBw,
+                      20e-6 + kCpuPerByte * port});
   }
   return comm::fit_alpha_beta(points);
 }
@@ -80,6 +85,9 @@ TEST(LinkCalibration, TheIntraLinkMakesTheSimulatorsAlgorithmsTakeTheMeasuredTim
     ASSERT_TRUE(e.measured);
     EXPECT_NEAR(e.latency_s, kAlpha, 1e-12) << n;
     EXPECT_NEAR(e.bw_bytes_per_s, kBw, 1e-3 * kBw) << n;
+    // The CPU per byte carried: the rise of a call's CPU over the rise of its port bytes, every kind alike.
+    for (double k : e.cpu_per_byte_by_kind) EXPECT_NEAR(k, kCpuPerByte, 1e-15) << n;
+    EXPECT_NEAR(e.cpu_s_per_byte, kCpuPerByte, 1e-15) << n;
   }
   comm::LinkCalibration two_nodes = one_node(4);
   two_nodes.hosts = {"a", "b"};
