@@ -94,6 +94,10 @@ std::string sync_note(const CommCalibrationInfo& info, const ClusterSpec& cluste
                   n.busy_cpu_p2p_s * 1e3);
     note += buf;
   }
+  if (n.copy_cpu_s_per_byte > 0) {
+    std::snprintf(buf, sizeof(buf), "; copies %.3g ns of CPU per byte carried", n.copy_cpu_s_per_byte * 1e9);
+    note += buf;
+  }
   return note;
 }
 

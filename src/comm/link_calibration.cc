@@ -444,6 +444,15 @@ Status measure_contended(Communicator& w, const LinkCalibrationOptions& o, int r
         [&in, &out, comm] { return wait_like_runtime(*comm, comm->all_reduce_sum(in.data(), out.data(), in.size())); };
   };
   PIPER_ASSIGN_OR_RETURN(c->contended_all_reduce, contended(w, o, threads, in.size() * 4, all_reduce(&w)));
+  {
+    std::vector<float> big_in(std::max<size_t>(1, o.contended_large_bytes / 4), 1.0f), big_out(big_in.size());
+    LinkCalibrationOptions large = o;
+    large.contended_iterations = o.contended_large_iterations;
+    large.warmup = 1;
+    PIPER_ASSIGN_OR_RETURN(c->contended_all_reduce_large, contended(w, large, threads, big_in.size() * 4, [&] {
+                             return wait_like_runtime(w, w.all_reduce_sum(big_in.data(), big_out.data(), big_in.size()));
+                           }));
+  }
   const size_t per_peer = std::max<size_t>(1, o.sync_all_to_all_bytes / p);
   std::vector<uint8_t> a2a_in(per_peer * p, 1), a2a_out(per_peer * p);
   std::vector<size_t> split(p, per_peer);
@@ -620,6 +629,15 @@ OrderedJson fit_json(const AlphaBeta& f) {
 
 }  // namespace
 
+double copy_cpu_s_per_byte(const LinkCalibration& c) {
+  const ContendedTiming& small = c.contended_all_reduce;
+  const ContendedTiming& large = c.contended_all_reduce_large;
+  if (!small.measured || !large.measured || c.ranks < 2 || large.bytes <= small.bytes) return 0;
+  const double n = static_cast<double>(c.ranks);
+  const double port_bytes = 2 * (n - 1) / n * static_cast<double>(large.bytes - small.bytes);
+  return std::max(0.0, large.comm_cpu_s - small.comm_cpu_s) / port_bytes;
+}
+
 EffectiveLink effective_intra_link(const LinkCalibration& c) {
   EffectiveLink e;
   const double n = static_cast<double>(c.ranks);
@@ -662,6 +680,7 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
   } else if (c.intra.measured) {
     node["intra"] = {{"latency_s", c.intra.alpha_s}, {"bw_bytes_per_s", c.intra.bw_bytes_per_s}};
   }
+  if (const double per_byte = copy_cpu_s_per_byte(c); per_byte > 0) node["copy_cpu_s_per_byte"] = per_byte;
   if (c.inter.measured) {
     node["nic_latency_s"] = c.inter.alpha_s;
     node["nic_bw_bytes_per_s"] = c.inter.bw_bytes_per_s;
@@ -713,6 +732,7 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
                        {"comm_cpu_s", t.comm_cpu_s}, {"cpu_s_windows", t.cpu_s_windows}};
   };
   if (c.contended_all_reduce.measured) m["contended_all_reduce"] = busy(c.contended_all_reduce);
+  if (c.contended_all_reduce_large.measured) m["contended_all_reduce_large"] = busy(c.contended_all_reduce_large);
   if (c.contended_all_to_all.measured) m["contended_all_to_all"] = busy(c.contended_all_to_all);
   if (c.contended_pairs.measured) m["contended_all_reduce_pairs"] = busy(c.contended_pairs);
   if (c.contended_p2p.measured) m["contended_p2p"] = busy(c.contended_p2p);
@@ -787,6 +807,14 @@ std::string to_text(const LinkCalibration& c) {
     out += line;
   };
   busy("all-reduce", c.contended_all_reduce);
+  busy("all-reduce", c.contended_all_reduce_large);
+  if (const double per_byte = copy_cpu_s_per_byte(c); per_byte > 0) {
+    std::snprintf(line, sizeof(line),
+                  "  copies while the cores compute: %.3f ns of CPU per byte a rank carries (the large all-reduce's own "
+                  "CPU over the small one's; node.copy_cpu_s_per_byte)\n",
+                  per_byte * 1e9);
+    out += line;
+  }
   busy("all-to-all", c.contended_all_to_all);
   busy("all-reduce in pairs", c.contended_pairs);
   busy("point to point in pairs", c.contended_p2p);

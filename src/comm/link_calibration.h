@@ -57,6 +57,11 @@ struct LinkCalibrationOptions {
   double trim = 0.05;
   int contended_iterations = 40;            // calls per collective while the cores compute (and without)
   size_t contended_p2p_bytes = 128 * 1024;  // the ping-pong's message (tiny-moe's activations at mbs 2)
+  // The world all-reduce again at this size while the cores compute, `contended_large_iterations` calls a window:
+  // beyond a core's cache, as a training step's gradient buckets are; the rise of the calls' own CPU (comm_cpu_s)
+  // from the 4 KiB all-reduce is the CPU per byte a rank's transfers carry (copy_cpu_s_per_byte).
+  size_t contended_large_bytes = 16u << 20;
+  int contended_large_iterations = 6;
   int compute_threads = 0;                  // spinning threads per rank; 0: max(1, cores / ranks per node)
   double contended_alone_s = 0.3;           // the spinning threads' rate alone is measured over this long
   // Windows of calls while the cores compute, each between two windows of the threads alone (A B A ... B A); the
@@ -159,7 +164,13 @@ struct LinkCalibration {
   // While the cores compute: world all-reduce and all-to-all, the all-reduce in pairs and the ping-pong in pairs
   // (R even; point-to-point transfers, as pipelines make them).
   ContendedTiming contended_all_reduce, contended_all_to_all, contended_pairs, contended_p2p;
+  ContendedTiming contended_all_reduce_large;  // LinkCalibrationOptions::contended_large_bytes
 };
+
+// One core's seconds per byte a rank's port carries while the cores compute: the large all-reduce's own CPU per call
+// (comm_cpu_s) less the 4 KiB one's, over the rise of a ring all-reduce's port bytes (2 (n - 1) / n per byte); 0
+// when either is unmeasured. Written as node.copy_cpu_s_per_byte (NodeSpec::copy_cpu_s_per_byte).
+double copy_cpu_s_per_byte(const LinkCalibration& c);
 
 Result<LinkCalibration> measure_links(Communicator& world, const LinkCalibrationOptions& options);
 

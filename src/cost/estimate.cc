@@ -626,6 +626,17 @@ void add_copies(const CostModel& cm, const Strategy& s, const PipelineShape& pl,
   comm->pp_s = std::max(comm->pp_s, pp * at);
 }
 
+// On a node whose ranks share its cores (NodeSpec::shared_cores, fewer than they would use alone), a rank waiting in
+// the pipeline's bubble leaves its cores to the ranks that compute, which then run faster than the static share
+// prices them, up to `share` (cost::rate_share) of the price: with balanced stages the node's work takes compute_s
+// whatever the bubble, and the bubble costs only what the pipeline's critical path at that speed, (compute_s +
+// bubble_s) x share, exceeds it. The simulator's core pool follows who computes when; this is its bound. Elsewhere
+// the bubble as priced.
+double shared_core_bubble_s(const NodeSpec& node, double share, double compute_s, double bubble_s) {
+  if (!(node.shared_cores > 0) || !(share < 1)) return bubble_s;
+  return std::max(0.0, (compute_s + bubble_s) * share - compute_s);
+}
+
 // The step on the bottleneck rank: its microbatches, the pipeline's P2P and bubble, the data-parallel sync and the
 // optimizer step; then tokens/s and MFU.
 void price_step(const CostModel& cm, const Strategy& s, const PipelineShape& pl, const PartTimes& parts,
@@ -648,7 +659,9 @@ void price_step(const CostModel& cm, const Strategy& s, const PipelineShape& pl,
   add_copies(cm, s, pl, g, b, tokens, &out->comm);
   out->time.compute_s = m * (t.f + t.b + t.w);
   out->time.exposed_comm_s = out->comm.tp_s + out->comm.ep_s + out->comm.pp_s + out->comm.dp_s;
-  out->time.bubble_s = bubble_time_s(pl.kind, pl.p, pl.v, t_f, t_b, t.w);
+  out->time.bubble_s =
+      shared_core_bubble_s(cm.cluster().node, rate_share(cm.cluster().node, cm.calibration()), out->time.compute_s,
+                           bubble_time_s(pl.kind, pl.p, pl.v, t_f, t_b, t.w));
   out->time.optimizer_s =
       parts.update_scale * cm.device().time_s(0, shard_params * optimizer_step_bytes_per_param(cm.bytes()), 0);
   finish_step(s, static_cast<double>(cm.train().seq_len), cm.flops_per_token(), cm.device().peak_flops(), out);

@@ -79,6 +79,7 @@ Status read_node(const Json& json, NodeSpec* n) {
   PIPER_RETURN_IF_ERROR(r.get_double("busy_cpu_other_s", &n->busy_cpu_other_s, false, 0));
   PIPER_RETURN_IF_ERROR(r.get_double("busy_cpu_pair_s", &n->busy_cpu_pair_s, false, 0));
   PIPER_RETURN_IF_ERROR(r.get_double("busy_cpu_p2p_s", &n->busy_cpu_p2p_s, false, 0));
+  PIPER_RETURN_IF_ERROR(r.get_double("copy_cpu_s_per_byte", &n->copy_cpu_s_per_byte, false, 0));
   return r.check_no_unknown_keys();
 }
 
@@ -184,6 +185,7 @@ OrderedJson to_json(const ClusterSpec& c) {
     node["busy_cpu_pair_s"] = c.node.busy_cpu_pair_s;
     node["busy_cpu_p2p_s"] = c.node.busy_cpu_p2p_s;
   }
+  if (c.node.copy_cpu_s_per_byte > 0) node["copy_cpu_s_per_byte"] = c.node.copy_cpu_s_per_byte;
   j["node"] = node;
   if (c.scale_up.nodes_per_domain > 1) {
     j["scale_up"] = {{"name", c.scale_up.name}, {"nodes_per_domain", c.scale_up.nodes_per_domain}};

@@ -46,6 +46,8 @@ Status validate_shared_cores(const NodeSpec& node) {
                          std::pair{"node.busy_cpu_p2p_s", node.busy_cpu_p2p_s}}) {
     PIPER_RETURN_IF_ERROR(non_negative(name, v, 1.0, "seconds a collective takes on top of its transfer (measured)"));
   }
+  PIPER_RETURN_IF_ERROR(non_negative("node.copy_cpu_s_per_byte", node.copy_cpu_s_per_byte, 1e-6,
+                                     "one core's seconds per byte a transfer carries (measured)"));
   if (node.shared_cores == 0) return ok_status();
   if (!(std::isfinite(node.device_cores) && node.device_cores > 0 && node.device_cores <= node.shared_cores)) {
     return invalid_argument("cluster.node.device_cores: " + num(node.device_cores) + " is out of range; allowed (0, " +

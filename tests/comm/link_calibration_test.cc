@@ -11,6 +11,7 @@
 #include <limits>
 #include <vector>
 
+#include "piper/cost/copy_cost.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/comm_calibration.h"
 
@@ -67,6 +68,9 @@ comm::LinkCalibration one_node(int n) {
   c.contended_all_to_all = {true, 524288, 1, 2e-4, 4.2e-3, 4.0e-3, 2.2e-3, 0, {}};
   c.contended_pairs = {true, 4096, 1, 5e-5, 1.05e-3, 1.0e-3, 0.6e-3, 0, {}};
   c.contended_p2p = {true, 131072, 1, 5e-5, 0.75e-3, 0.7e-3, 0.4e-3, 0, {}};
+  // 16 MiB beside the computing threads: its own CPU 5 ms above the 4 KiB call's 0.1 ms.
+  c.contended_all_reduce.comm_cpu_s = 0.1e-3;
+  c.contended_all_reduce_large = {true, size_t{16} << 20, 1, 20e-3, 40e-3, 20e-3, 6e-3, 5.1e-3, {}};
   return c;
 }
 
@@ -112,6 +116,14 @@ TEST(LinkCalibration, TheFileSetsTheLinkAndTheSyncExcessForTheMeasuredRanksOnly)
   EXPECT_DOUBLE_EQ(c.node.busy_cpu_all_to_all_s, 2.2e-3);
   EXPECT_DOUBLE_EQ(c.node.busy_cpu_pair_s, 0.6e-3);
   EXPECT_DOUBLE_EQ(c.node.busy_cpu_p2p_s, 0.4e-3);
+  // The copies' CPU per byte: 5 ms over a ring all-reduce's port bytes, 2 (n - 1) / n of the 16 MiB - 4 KiB more.
+  const double per_byte = 5e-3 / (1.5 * static_cast<double>((size_t{16} << 20) - 4096));
+  EXPECT_NEAR(comm::copy_cpu_s_per_byte(one_node(4)), per_byte, 1e-18);
+  EXPECT_NEAR(c.node.copy_cpu_s_per_byte, per_byte, 1e-18);
+  EXPECT_NEAR(cost::copy_seconds_per_byte(c.node), per_byte, 1e-18);  // in place of 1 / intra bandwidth
+  comm::LinkCalibration no_large = one_node(4);
+  no_large.contended_all_reduce_large.measured = false;
+  EXPECT_EQ(comm::copy_cpu_s_per_byte(no_large), 0);
   EXPECT_TRUE(info.sync_applied);
   // The cluster file keeps them (a cluster written out and read back prices the same).
   auto round = cluster_from_json(Json::parse(to_json(c).dump()), 1, "round trip");

@@ -328,7 +328,10 @@ TrainSpec fp32_train() {
 // Representative ranks (and the closed form's compute) price a shared-core cluster at the static share: to the bit
 // what a device of half a core gave. Simulated in full, the pipelines, whose ranks wait in bubbles while the others
 // compute, run faster; pure data parallelism, whose ranks all compute together, gains nothing and pays the copies
-// of its transfers' bytes (SyncCost::cpu_per_byte_s: 6.8 % for dp=4, 1.9 % for dp=4 ep=4 when written).
+// of its transfers' bytes (SyncCost::cpu_per_byte_s: 6.8 % for dp=4, 1.9 % for dp=4 ep=4 when written). Since
+// session 34 the closed form's bubble follows (estimate.cc shared_core_bubble_s): a pipeline's ranks fill each
+// other's bubbles on the shared cores, so its bubble shrinks to what the critical path at a rank's own cores exceeds
+// the compute (none for these two), and its step comes within 10 % of the full simulation's.
 TEST(CorePoolTest, SharedCoresSpeedUpPipelinesNotDataParallelism) {
   const ModelSpec m = model("tiny-moe");
   const ClusterSpec shared = local_machine(true), halves = local_machine(false);
@@ -359,10 +362,16 @@ TEST(CorePoolTest, SharedCoresSpeedUpPipelinesNotDataParallelism) {
     // The closed form: the same compute, bubble and optimizer to the bit; its communication costs at least the
     // copies of its bytes on the shared cores (cost/copy_cost.h), a few per cent here.
     EXPECT_EQ(est_shared->time.compute_s, est_halves->time.compute_s) << text;
-    EXPECT_EQ(est_shared->time.bubble_s, est_halves->time.bubble_s) << text;
     EXPECT_EQ(est_shared->time.optimizer_s, est_halves->time.optimizer_s) << text;
     EXPECT_GT(est_shared->time.exposed_comm_s, est_halves->time.exposed_comm_s) << text;
-    EXPECT_LT(est_shared->step_time_s, 1.1 * est_halves->step_time_s) << text;
+    if (s.pp > 1) {
+      EXPECT_GT(est_halves->time.bubble_s, 0) << text;
+      EXPECT_EQ(est_shared->time.bubble_s, 0) << text;  // (compute + bubble) / 2 <= compute on half the cores
+      EXPECT_NEAR(est_shared->step_time_s / shared_full->step_time_s, 1.0, 0.1) << text;
+    } else {
+      EXPECT_EQ(est_shared->time.bubble_s, est_halves->time.bubble_s) << text;
+      EXPECT_LT(est_shared->step_time_s, 1.1 * est_halves->step_time_s) << text;
+    }
     const double ratio = shared_full->step_time_s / static_full->step_time_s;
     std::printf("%-48s static %.3f ms, shared %.3f ms (%.3fx)\n", text, 1e3 * static_full->step_time_s,
                 1e3 * shared_full->step_time_s, ratio);
