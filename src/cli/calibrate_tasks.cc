@@ -1,9 +1,9 @@
 #include "piper/cli/calibrate_tasks.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <chrono>
 #include <map>
 #include <memory>
 #include <thread>

@@ -281,8 +281,8 @@ void PredictionReport::print() const {
       title.c_str(), n, n == 1 ? "" : "s", machine.cores, machine.cores == 1 ? "" : "s", per_node.c_str(),
       machine.rank_cores, machine.cores_per_rank, machine.calibration_source.c_str());
   if (!experts_note.empty()) std::printf("%s\n", experts_note.c_str());
-  std::printf(" %4s %3s | %10s %10s %10s %7s | %10s %10s %10s %10s | %10s %10s %10s %7s\n", "rank", "pp", "step",
-              "sim", "model", "x sim", "compute", "cpu", "sim cpu", "sim busy", "peak mem", "sim", "model", "x model");
+  std::printf(" %4s %3s | %10s %10s %10s %7s | %10s %10s %10s %10s | %10s %10s %10s %7s\n", "rank", "pp", "step", "sim",
+              "model", "x sim", "compute", "cpu", "sim cpu", "sim busy", "peak mem", "sim", "model", "x model");
   for (const RankComparison& c : ranks) {
     std::printf(" %4d %3d | %10s %10s %10s %7s | %10s %10s %10s %10s | %10s %10s %10s %7s\n", c.rank, c.pp_rank,
                 format_seconds(c.measured.step_time_s).c_str(), format_seconds(c.sim_step_s).c_str(),

@@ -450,7 +450,8 @@ Status measure_contended(Communicator& w, const LinkCalibrationOptions& o, int r
     large.contended_iterations = o.contended_large_iterations;
     large.warmup = 1;
     PIPER_ASSIGN_OR_RETURN(c->contended_all_reduce_large, contended(w, large, threads, big_in.size() * 4, [&] {
-                             return wait_like_runtime(w, w.all_reduce_sum(big_in.data(), big_out.data(), big_in.size()));
+                             return wait_like_runtime(w,
+                                                      w.all_reduce_sum(big_in.data(), big_out.data(), big_in.size()));
                            }));
   }
   const size_t per_peer = std::max<size_t>(1, o.sync_all_to_all_bytes / p);
@@ -726,9 +727,9 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
   if (c.sync_all_to_all.measured) m["sync_all_to_all"] = sync(c.sync_all_to_all);
   if (c.sync_pairs.measured) m["sync_all_reduce_pairs"] = sync(c.sync_pairs);
   auto busy = [](const ContendedTiming& t) {
-    return OrderedJson{{"bytes", t.bytes},       {"compute_threads", t.compute_threads},
-                       {"idle_s", t.idle_s},     {"computing_s", t.busy_s},
-                       {"excess_s", t.excess_s}, {"cpu_s", t.cpu_s},
+    return OrderedJson{{"bytes", t.bytes},           {"compute_threads", t.compute_threads},
+                       {"idle_s", t.idle_s},         {"computing_s", t.busy_s},
+                       {"excess_s", t.excess_s},     {"cpu_s", t.cpu_s},
                        {"comm_cpu_s", t.comm_cpu_s}, {"cpu_s_windows", t.cpu_s_windows}};
   };
   if (c.contended_all_reduce.measured) m["contended_all_reduce"] = busy(c.contended_all_reduce);
@@ -796,23 +797,24 @@ std::string to_text(const LinkCalibration& c) {
     const auto [low, high] = std::minmax_element(t.cpu_s_windows.begin(), t.cpu_s_windows.end());
     const double lowest = low == t.cpu_s_windows.end() ? t.cpu_s : *low;
     const double highest = high == t.cpu_s_windows.end() ? t.cpu_s : *high;
-    std::snprintf(line, sizeof(line),
-                  "  %s of %s while %d thread%s per rank compute%s: %s per call (%s without): %s more; it takes %s "
-                  "of CPU from the compute per rank (median of %zu windows, %s..%s; its own threads' CPU: %s)\n",
-                  name, format_bytes(static_cast<double>(t.bytes)).c_str(), t.compute_threads,
-                  t.compute_threads == 1 ? "" : "s", t.compute_threads == 1 ? "s" : "",
-                  format_seconds(t.busy_s).c_str(), format_seconds(t.idle_s).c_str(),
-                  format_seconds(t.excess_s).c_str(), format_seconds(t.cpu_s).c_str(), t.cpu_s_windows.size(),
-                  format_seconds(lowest).c_str(), format_seconds(highest).c_str(), format_seconds(t.comm_cpu_s).c_str());
+    std::snprintf(
+        line, sizeof(line),
+        "  %s of %s while %d thread%s per rank compute%s: %s per call (%s without): %s more; it takes %s "
+        "of CPU from the compute per rank (median of %zu windows, %s..%s; its own threads' CPU: %s)\n",
+        name, format_bytes(static_cast<double>(t.bytes)).c_str(), t.compute_threads, t.compute_threads == 1 ? "" : "s",
+        t.compute_threads == 1 ? "s" : "", format_seconds(t.busy_s).c_str(), format_seconds(t.idle_s).c_str(),
+        format_seconds(t.excess_s).c_str(), format_seconds(t.cpu_s).c_str(), t.cpu_s_windows.size(),
+        format_seconds(lowest).c_str(), format_seconds(highest).c_str(), format_seconds(t.comm_cpu_s).c_str());
     out += line;
   };
   busy("all-reduce", c.contended_all_reduce);
   busy("all-reduce", c.contended_all_reduce_large);
   if (const double per_byte = copy_cpu_s_per_byte(c); per_byte > 0) {
-    std::snprintf(line, sizeof(line),
-                  "  copies while the cores compute: %.3f ns of CPU per byte a rank carries (the large all-reduce's own "
-                  "CPU over the small one's; node.copy_cpu_s_per_byte)\n",
-                  per_byte * 1e9);
+    std::snprintf(
+        line, sizeof(line),
+        "  copies while the cores compute: %.3f ns of CPU per byte a rank carries (the large all-reduce's own "
+        "CPU over the small one's; node.copy_cpu_s_per_byte)\n",
+        per_byte * 1e9);
     out += line;
   }
   busy("all-to-all", c.contended_all_to_all);

@@ -659,9 +659,8 @@ void price_step(const CostModel& cm, const Strategy& s, const PipelineShape& pl,
   add_copies(cm, s, pl, g, b, tokens, &out->comm);
   out->time.compute_s = m * (t.f + t.b + t.w);
   out->time.exposed_comm_s = out->comm.tp_s + out->comm.ep_s + out->comm.pp_s + out->comm.dp_s;
-  out->time.bubble_s =
-      shared_core_bubble_s(cm.cluster().node, rate_share(cm.cluster().node, cm.calibration()), out->time.compute_s,
-                           bubble_time_s(pl.kind, pl.p, pl.v, t_f, t_b, t.w));
+  out->time.bubble_s = shared_core_bubble_s(cm.cluster().node, rate_share(cm.cluster().node, cm.calibration()),
+                                            out->time.compute_s, bubble_time_s(pl.kind, pl.p, pl.v, t_f, t_b, t.w));
   out->time.optimizer_s =
       parts.update_scale * cm.device().time_s(0, shard_params * optimizer_step_bytes_per_param(cm.bytes()), 0);
   finish_step(s, static_cast<double>(cm.train().seq_len), cm.flops_per_token(), cm.device().peak_flops(), out);

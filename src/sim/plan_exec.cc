@@ -126,8 +126,8 @@ struct PoolTask {
   double work_end = 0;
   int64_t seq = 0;
   int rank_index = 0, stream = 0;
-  int charged = 0;         // the stream whose CPU it is (RankStats::cpu_s_by_stream): `stream`, or a transfer's
-  double cpu_start = 0;    // the node's `cpu` clock when it started
+  int charged = 0;       // the stream whose CPU it is (RankStats::cpu_s_by_stream): `stream`, or a transfer's
+  double cpu_start = 0;  // the node's `cpu` clock when it started
   bool operator>(const PoolTask& o) const { return work_end != o.work_end ? work_end > o.work_end : seq > o.seq; }
 };
 
@@ -296,7 +296,8 @@ void Executor::start_compute(int ri, int s, double t) {
   if (pooled_) {
     pool_start(ri, s, d, t);
   } else {
-    if (!r.stats.cpu_s_by_stream.empty()) r.stats.cpu_s_by_stream[static_cast<size_t>(s)] += d * options_.core_pool.rank_cores;
+    if (!r.stats.cpu_s_by_stream.empty())
+      r.stats.cpu_s_by_stream[static_cast<size_t>(s)] += d * options_.core_pool.rank_cores;
     push(t + d, 0, ri, s);
   }
 }

@@ -2,16 +2,16 @@
 // the command launches its ranks under mpirun, so it runs where the MPI tests run, and under CI's ASan job with
 // the MPI tests' settings (scripts/ci-sanitizers.sh), whose leak suppressions need OpenMPI's frames unwound.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
-#include <unistd.h>
 
-#include "piper/base/json.h"
 #include "calibrate_cli.h"
+#include "piper/base/json.h"
 
 namespace piper::cli {
 namespace {

@@ -167,7 +167,7 @@ TEST(CorePoolTest, MeasuredSharingSlowsRanksComputingTogether) {
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(r->step_time_s, 1.0);
   EXPECT_EQ(r->ranks[0].cpu_s_by_stream, std::vector<double>{1.0});  // a pool that cannot slow it is off: its price
-  o.core_pool.cores = 0;  // no pool at all: no CPU to account
+  o.core_pool.cores = 0;                                             // no pool at all: no CPU to account
   r = simulate_plan(single, net1, constant(1.0), o);
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_TRUE(r->ranks[0].cpu_s_by_stream.empty());
