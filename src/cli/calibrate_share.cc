@@ -57,7 +57,14 @@ bool wait_for_file(const std::string& path, double timeout_s) {
 
 }  // namespace
 
-Result<std::vector<std::string>> run_share_workers(int n, const std::function<std::string(const std::string&)>& args) {
+std::string shell_quote(const std::string& word) {
+  std::string out = "'";
+  for (char ch : word) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
+Result<std::vector<std::string>> run_share_workers(int n, const std::function<std::string(const std::string&)>& args,
+                                                   double ready_timeout_s) {
   PIPER_ASSIGN_OR_RETURN(const std::string self, comm::self_executable());
   const std::filesystem::path dir = std::filesystem::temp_directory_path() /
                                     ("piper_calibrate_share_" + std::to_string(::getpid()) + "_" + std::to_string(n));
@@ -67,7 +74,7 @@ Result<std::vector<std::string>> run_share_workers(int n, const std::function<st
   if (ec) return unavailable("calibrate: cannot create " + dir.string() + " for the sharing workers: " + ec.message());
   std::vector<FILE*> pipes;
   for (int i = 0; i < n; ++i) {
-    const std::string cmd = "'" + self + "' calibrate " + args((dir / std::to_string(i)).string()) + " 2>&1";
+    const std::string cmd = shell_quote(self) + " calibrate " + args((dir / std::to_string(i)).string()) + " 2>&1";
     FILE* f = popen(cmd.c_str(), "r");
     if (f == nullptr) {
       for (FILE* p : pipes) pclose(p);
@@ -76,7 +83,9 @@ Result<std::vector<std::string>> run_share_workers(int n, const std::function<st
     pipes.push_back(f);
   }
   bool ready = true;
-  for (int i = 0; i < n; ++i) ready = ready && wait_for_file((dir / (std::to_string(i) + ".ready")).string(), 60.0);
+  for (int i = 0; i < n; ++i) {
+    ready = ready && wait_for_file((dir / (std::to_string(i) + ".ready")).string(), ready_timeout_s);
+  }
   // Every worker waits for this file: the start time, or 0 (stop now) when one of them never got ready.
   const int64_t start_ns = ready ? static_cast<int64_t>((wall_s() + kStartLead_s) * 1e9) : 0;
   std::ofstream((dir / "go.tmp").string()) << start_ns << "\n";
@@ -94,7 +103,10 @@ Result<std::vector<std::string>> run_share_workers(int n, const std::function<st
     }
   }
   std::filesystem::remove_all(dir, ec);
-  if (!ready) errors += (errors.empty() ? "" : "; ") + std::string("a worker was not ready after 60 s");
+  if (!ready) {
+    errors += (errors.empty() ? "" : "; ") + std::string("a worker was not ready after ") +
+              std::to_string(static_cast<int>(ready_timeout_s)) + " s";
+  }
   if (!errors.empty()) return unavailable("calibrate: a sharing worker failed: " + errors);
   return out;
 }
@@ -104,8 +116,8 @@ namespace {
 // n GEMM-and-triad workers (run_share_worker): their samples, or an error naming what failed.
 Result<std::vector<std::array<ShareSample, 2>>> run_workers(int n, double window_s) {
   PIPER_ASSIGN_OR_RETURN(std::vector<std::string> texts, run_share_workers(n, [window_s](const std::string& prefix) {
-                           return "--share-worker '" + prefix + "' --share-window " + std::to_string(window_s);
-                         }));
+                           return "--share-worker " + shell_quote(prefix) + " --share-window " + std::to_string(window_s);
+                         }, 60.0));
   std::vector<std::array<ShareSample, 2>> out;
   for (const std::string& text : texts) {
     std::array<ShareSample, 2> s;

@@ -45,9 +45,14 @@ Result<std::vector<SharingRow>> measure_core_sharing(int max_ranks, int rounds, 
 Status run_share_worker(const std::string& prefix, double window_s);
 
 // Starts n copies of this executable as `calibrate ARGS`, ARGS = args(prefix) for each one's prefix in a fresh
-// meeting folder; once every one has said it is ready (meet_share_workers), the start time is written there for all.
-// Their outputs (stdout and stderr), or an error naming the workers that failed or never got ready (60 s).
-Result<std::vector<std::string>> run_share_workers(int n, const std::function<std::string(const std::string&)>& args);
+// meeting folder (quote each word with shell_quote); once every one has said it is ready (meet_share_workers), the
+// start time is written there for all, or 0 (stop) when one was not ready after ready_timeout_s. Their outputs
+// (stdout and stderr), or an error naming the workers that failed or never got ready.
+Result<std::vector<std::string>> run_share_workers(int n, const std::function<std::string(const std::string&)>& args,
+                                                   double ready_timeout_s);
+
+// `word` as one word of a POSIX shell command line: in single quotes, each ' as '\''.
+std::string shell_quote(const std::string& word);
 
 // A worker's side of the meeting: writes PREFIX.ready, waits for the file `go` beside it and returns the start time
 // it holds (wall_s's clock); an error when told to stop (another worker never got ready) or after 120 s.

@@ -244,7 +244,7 @@ Status run_model_share_worker(const std::string& prefix, const std::string& mode
   }
   s.cpu_s = process_cpu_s() - cpu0;
   s.wall_s = wall_s() - wall0;
-  std::printf("model %.0f %.9f %.9f\n", s.calls, s.cpu_s, s.wall_s);
+  std::printf("%s %.0f %.9f %.9f\n", kModelShareTag, s.calls, s.cpu_s, s.wall_s);
   return ok_status();
 }
 
@@ -253,16 +253,19 @@ namespace {
 // n workers of run_model_share_worker: their samples.
 Result<std::vector<ShareSample>> model_share_run(const std::string& model, int64_t seq_len, int n, double window_s) {
   auto args = [&](const std::string& prefix) {
-    return "--model-share-worker '" + prefix + "' --model '" + model + "' --seq " + std::to_string(seq_len) +
-           " --share-window " + std::to_string(window_s);
+    return "--model-share-worker " + shell_quote(prefix) + " --model " + shell_quote(model) + " --seq " +
+           std::to_string(seq_len) + " --share-window " + std::to_string(window_s);
   };
-  PIPER_ASSIGN_OR_RETURN(std::vector<std::string> texts, run_share_workers(n, args));
+  // Each worker builds its trainer and makes a step before it is ready: a large model's copies on few cores take
+  // a while.
+  PIPER_ASSIGN_OR_RETURN(std::vector<std::string> texts, run_share_workers(n, args, 600.0));
   std::vector<ShareSample> out;
+  const std::string tag = std::string(kModelShareTag) + " ";
   for (const std::string& text : texts) {
-    const size_t at = text.rfind("model ");
+    const size_t at = text.rfind(tag);
     ShareSample s;
     if (at == std::string::npos ||
-        std::sscanf(text.c_str() + at, "model %lf %lf %lf", &s.calls, &s.cpu_s, &s.wall_s) != 3) {
+        std::sscanf(text.c_str() + at + tag.size(), "%lf %lf %lf", &s.calls, &s.cpu_s, &s.wall_s) != 3) {
       return unavailable("calibrate: a model sharing worker printed no steps: " + text);
     }
     out.push_back(s);
@@ -290,6 +293,13 @@ Result<std::vector<double>> measure_model_sharing(const std::string& model, int6
   std::vector<double> sharing;
   for (const std::vector<ShareSample>& together : runs) {
     PIPER_ASSIGN_OR_RETURN(SharingEfficiency e, sharing_efficiency(best, together, cores));
+    // The file's bounds (cost::Calibration's core_sharing): outside them a disturbed measurement, not a machine.
+    if (!(e.per_cpu >= cost::kMinSharingEfficiency && e.per_cpu <= cost::kMaxSharingEfficiency)) {
+      return unavailable("calibrate: " + model + "'s steps with " + std::to_string(sharing.size() + 2) +
+                         " processes at once kept " + std::to_string(e.per_cpu) +
+                         " of their speed per CPU second, outside " + std::to_string(cost::kMinSharingEfficiency) + ".." +
+                         std::to_string(cost::kMaxSharingEfficiency) + ": a disturbed measurement");
+    }
     sharing.push_back(e.per_cpu);
   }
   return sharing;

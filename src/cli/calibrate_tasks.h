@@ -85,15 +85,18 @@ std::string unscaled_threads_note(const UnscaledThreads& u);
 // at once, then one alone again; each steps from the common start until `window_s` has passed and it has made
 // kShareMinSteps steps. Per n, the mean over copies of its steps per CPU second over the faster alone's
 // (calibrate_fit.h sharing_efficiency per_cpu): what running together costs the model's own tasks, where the
-// core-sharing stage's GEMM may not show it.
+// core-sharing stage's GEMM may not show it. An efficiency outside what a file accepts (cost::kMinSharingEfficiency
+// .. kMaxSharingEfficiency) is an error (a disturbed measurement), as is a worker that fails or is not ready within
+// 600 s; `calibrate` then warns and writes the profile without `sharing`.
 inline constexpr int64_t kShareMbs = 2;
 inline constexpr int kShareMinSteps = 3;
+inline constexpr const char* kModelShareTag = "piper-model-share";
 Result<std::vector<double>> measure_model_sharing(const std::string& model, int64_t seq_len, int max_ranks,
                                                   double window_s, double cores);
 
 // The worker (`piper calibrate --model-share-worker PREFIX --model M --seq S --share-window W`): one kernel thread;
 // builds the trainer, makes one step (first touch), meets the others (meet_share_workers), steps as above and prints
-// "model STEPS CPU_S WALL_S" (the process's CPU and wall time of its steps).
+// "piper-model-share STEPS CPU_S WALL_S" (the process's CPU and wall time of its steps).
 Status run_model_share_worker(const std::string& prefix, const std::string& model, int64_t seq_len, double window_s);
 
 // The calibration file's "task_profiles": [{model, parameters, seq, points: [{threads, tokens, task, calls,

@@ -492,9 +492,11 @@ Status add_kernel_stages(const DeviceSpec& preset, int rounds, Json* file, Atten
 
 // --model's task profiles (calibrate_tasks.h) at every thread count 1..cores the stages above measured, priced with
 // `file`'s figures (a count the load left unfitted too: it is priced as t x one core, as the simulator then prices
-// it, so measured / priced still corrects that price); empty without --model. *seconds: the stage's time.
+// it, so measured / priced still corrects that price); empty without --model. Each with its own core sharing when
+// the core-sharing stage runs; one that failed is left out, named in *notes (the profile stays). *seconds: the
+// stage's time.
 Result<std::vector<TaskProfile>> profile_tasks(const CalibrateOptions& o, int cores, const Json& file,
-                                               double* seconds) {
+                                               double* seconds, std::vector<std::string>* notes) {
   if (o.profile.models.empty()) return std::vector<TaskProfile>();
   const auto started = Clock::now();
   TaskProfileOptions profile = o.profile;
@@ -503,8 +505,15 @@ Result<std::vector<TaskProfile>> profile_tasks(const CalibrateOptions& o, int co
   PIPER_ASSIGN_OR_RETURN(std::vector<TaskProfile> got, measure_task_profiles(profile, file));
   // One profile per --model, in order; their own core sharing beside the GEMM's (when that stage runs).
   for (size_t i = 0; o.sharing_rounds > 0 && i < got.size() && i < o.profile.models.size(); ++i) {
-    PIPER_ASSIGN_OR_RETURN(got[i].sharing, measure_model_sharing(o.profile.models[i], o.profile.seq_len, 2 * cores,
-                                                                 kModelShareWindowS, cores));
+    Result<std::vector<double>> sharing =
+        measure_model_sharing(o.profile.models[i], o.profile.seq_len, 2 * cores, kModelShareWindowS, cores);
+    if (sharing.ok()) {
+      got[i].sharing = *sharing;
+    } else {
+      notes->push_back("core sharing of " + got[i].model + "'s own steps not written (" + sharing.status().message() +
+                       "); its runs take the GEMM's core sharing; run `piper calibrate --model " + got[i].model +
+                       "` again on a quiet machine");
+    }
   }
   *seconds = std::chrono::duration<double>(Clock::now() - started).count();
   return got;
@@ -528,10 +537,16 @@ Status run_device_stage(const CalibrateOptions& o, const Json& links, const std:
   PIPER_RETURN_IF_ERROR(add_kernel_stages(preset.device, o.rounds, &file, &attention, &experts));
   // Priced by the figures above, before the file holds a task profile (the raw price).
   double profile_seconds = 0;
-  PIPER_ASSIGN_OR_RETURN(const std::vector<TaskProfile> all_profiles, profile_tasks(o, cores, file, &profile_seconds));
+  std::vector<std::string> notes;
+  PIPER_ASSIGN_OR_RETURN(const std::vector<TaskProfile> all_profiles,
+                         profile_tasks(o, cores, file, &profile_seconds, &notes));
   // A thread count with a task far off its price is a loaded machine's: the file keeps none of its points.
   std::vector<TaskProfile> profiles = all_profiles;
   Json unscaled = Json::array();
+  for (const std::string& note : notes) {
+    unscaled.push_back(note);
+    std::fprintf(stderr, "calibrate: %s\n", note.c_str());
+  }
   for (const UnscaledThreads& u : drop_implausible_threads(&profiles)) {
     unscaled.push_back(unscaled_threads_note(u));
     std::fprintf(stderr, "calibrate: %s\n", unscaled.back().get<std::string>().c_str());

@@ -494,7 +494,7 @@ Status LinkCalibrationOptions::validate() const {
     return invalid_argument("calibrate: links need at least two message sizes for an alpha-beta fit");
   }
   if (iterations < 1 || warmup < 0 || sync_rounds < 1 || sync_iterations < 1 || contended_iterations < 1 ||
-      contended_windows < 1 || compute_threads < 0) {
+      contended_windows < 1 || contended_large_iterations < 1 || compute_threads < 0) {
     return invalid_argument("calibrate: iterations and rounds must be >= 1");
   }
   if (!(trim >= 0 && trim < 0.5)) {

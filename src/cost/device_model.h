@@ -75,6 +75,8 @@ constexpr double kMaxExpertRowS = 1e-4;
 constexpr double kMaxTaskScale = 20.0;
 // Whether measured / priced lies within [1 / kMaxTaskScale, kMaxTaskScale] (false for NaN).
 inline bool task_scale_plausible(double ratio) { return ratio >= 1 / kMaxTaskScale && ratio <= kMaxTaskScale; }
+// What a file's sharing efficiency (core_sharing, a task profile's sharing) may be: beyond, a disturbed measurement.
+constexpr double kMinSharingEfficiency = 0.01, kMaxSharingEfficiency = 1.5;
 
 struct Calibration {
   double gemm_efficiency = -1;  // < 0: take DeviceSpec::gemm_efficiency

@@ -633,7 +633,7 @@ void add_copies(const CostModel& cm, const Strategy& s, const PipelineShape& pl,
 // bubble_s) x share, exceeds it. The simulator's core pool follows who computes when; this is its bound. Elsewhere
 // the bubble as priced.
 double shared_core_bubble_s(const NodeSpec& node, double share, double compute_s, double bubble_s) {
-  if (!(node.shared_cores > 0) || !(share < 1)) return bubble_s;
+  if (!(node.shared_cores > 0) || !(node.static_core_share() < 1)) return bubble_s;
   return std::max(0.0, (compute_s + bubble_s) * share - compute_s);
 }
 

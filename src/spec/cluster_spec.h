@@ -80,7 +80,9 @@ struct NodeSpec {
   // With shared_cores: one core's seconds per byte a rank's transfers carry while the cores compute (MPI's shared
   // memory copies each byte on both sides, and a reduction sums it), measured by `piper calibrate --ranks R` as the
   // rise of an all-reduce's own CPU from 4 KiB to 16 MiB beside computing threads (comm::copy_cpu_s_per_byte);
-  // 0 = unmeasured: one copy at the intra-node rate, 1 / intra.bw_bytes_per_s (cost/copy_cost.h).
+  // 0 = unmeasured: one copy at the intra-node rate, 1 / intra.bw_bytes_per_s (cost/copy_cost.h). A cost per byte of
+  // the machine, applied whatever the ranks per node (unlike the synchronisation figures, which are the measured
+  // ranks' waits).
   double copy_cpu_s_per_byte = 0;
 
   // min(1, shared_cores / (device_cores * devices_per_node)); exactly 1 without shared cores.

@@ -136,9 +136,13 @@ TEST(TaskProfileTest, TheModelsOwnSharingReplacesTheGemmsForItsRuns) {
     CostModel cm = CostModel::create(m, cluster, train, cal).value();
     return cm.estimate(Strategy::parse("dp=4,microbatches=4").value()).value().time.compute_s;
   };
-  other.core_sharing = {1.0, 1.0, 1.0};
-  own.core_sharing = {1.0, 1.0, 0.8};
-  EXPECT_NEAR(compute(own) / compute(other), 1 / 0.8, 1e-9);
+  // The calibration with the GEMM's figure against the same after apply_model_sharing with the model's own.
+  Calibration gemm = *c, mine = *c;
+  gemm.core_sharing = {1.0, 1.0, 1.0};
+  mine.core_sharing = gemm.core_sharing;
+  mine.task_profiles[0].sharing = {1.0, 1.0, 0.8};
+  ASSERT_TRUE(apply_model_sharing(&mine, m, 128));
+  EXPECT_NEAR(compute(mine) / compute(gemm), 1 / 0.8, 1e-9);
   entry["sharing"] = Json::array({Json{{"ranks", 3}, {"efficiency", 0.9}}});
   EXPECT_FALSE(Calibration::from_json(Json{{"task_profiles", Json::array({entry})}}, "cal.json").ok());
 }

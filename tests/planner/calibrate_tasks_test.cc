@@ -12,6 +12,7 @@
 #include <string>
 
 #include "calibrate_cli.h"
+#include "piper/cli/calibrate_share.h"
 #include "piper/cli/train_report.h"
 #include "piper/cost/device_model.h"
 #include "piper/cost/task_profile.h"
@@ -262,6 +263,22 @@ TEST(CalibrateTasksTest, SeqBeyondTheModelIsRefused) {
   Result<std::vector<ModelSpec>> got = load_task_profile_models(o);
   ASSERT_FALSE(got.ok());
   EXPECT_NE(got.status().message().find("give --seq <= 128"), std::string::npos) << got.status().message();
+}
+
+// The sharing workers' command lines (calibrate_share.h shell_quote): a model's config path with quotes, spaces and
+// shell characters reaches the worker as one word, unchanged.
+TEST(CalibrateTasksTest, AWorkersArgumentsSurviveTheShell) {
+  for (const std::string& word : {std::string("tiny-moe"), std::string("/tmp/my model's config.json"),
+                                  std::string("a'b\"c$d`e;f|g&h *"), std::string("")}) {
+    const std::string cmd = "printf %s " + shell_quote(word);
+    FILE* f = popen(cmd.c_str(), "r");
+    ASSERT_NE(f, nullptr);
+    std::string out;
+    char buf[256];
+    while (size_t n = fread(buf, 1, sizeof(buf), f)) out.append(buf, n);
+    EXPECT_EQ(pclose(f), 0) << cmd;
+    EXPECT_EQ(out, word) << cmd;
+  }
 }
 
 }  // namespace
