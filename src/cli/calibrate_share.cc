@@ -115,9 +115,13 @@ namespace {
 
 // n GEMM-and-triad workers (run_share_worker): their samples, or an error naming what failed.
 Result<std::vector<std::array<ShareSample, 2>>> run_workers(int n, double window_s) {
-  PIPER_ASSIGN_OR_RETURN(std::vector<std::string> texts, run_share_workers(n, [window_s](const std::string& prefix) {
-                           return "--share-worker " + shell_quote(prefix) + " --share-window " + std::to_string(window_s);
-                         }, 60.0));
+  PIPER_ASSIGN_OR_RETURN(std::vector<std::string> texts, run_share_workers(
+                                                             n,
+                                                             [window_s](const std::string& prefix) {
+                                                               return "--share-worker " + shell_quote(prefix) +
+                                                                      " --share-window " + std::to_string(window_s);
+                                                             },
+                                                             60.0));
   std::vector<std::array<ShareSample, 2>> out;
   for (const std::string& text : texts) {
     std::array<ShareSample, 2> s;

@@ -297,8 +297,8 @@ Result<std::vector<double>> measure_model_sharing(const std::string& model, int6
     if (!(e.per_cpu >= cost::kMinSharingEfficiency && e.per_cpu <= cost::kMaxSharingEfficiency)) {
       return unavailable("calibrate: " + model + "'s steps with " + std::to_string(sharing.size() + 2) +
                          " processes at once kept " + std::to_string(e.per_cpu) +
-                         " of their speed per CPU second, outside " + std::to_string(cost::kMinSharingEfficiency) + ".." +
-                         std::to_string(cost::kMaxSharingEfficiency) + ": a disturbed measurement");
+                         " of their speed per CPU second, outside " + std::to_string(cost::kMinSharingEfficiency) +
+                         ".." + std::to_string(cost::kMaxSharingEfficiency) + ": a disturbed measurement");
     }
     sharing.push_back(e.per_cpu);
   }

@@ -495,8 +495,8 @@ Status add_kernel_stages(const DeviceSpec& preset, int rounds, Json* file, Atten
 // it, so measured / priced still corrects that price); empty without --model. Each with its own core sharing when
 // the core-sharing stage runs; one that failed is left out, named in *notes (the profile stays). *seconds: the
 // stage's time.
-Result<std::vector<TaskProfile>> profile_tasks(const CalibrateOptions& o, int cores, const Json& file,
-                                               double* seconds, std::vector<std::string>* notes) {
+Result<std::vector<TaskProfile>> profile_tasks(const CalibrateOptions& o, int cores, const Json& file, double* seconds,
+                                               std::vector<std::string>* notes) {
   if (o.profile.models.empty()) return std::vector<TaskProfile>();
   const auto started = Clock::now();
   TaskProfileOptions profile = o.profile;

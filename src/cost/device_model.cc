@@ -70,8 +70,7 @@ Status read_sharing_list(JsonReader& r, const char* name, std::vector<double>* o
     int ranks = 0;
     double efficiency = 0;
     PIPER_RETURN_IF_ERROR(e.get_int("ranks", &ranks, true, 2, 4096));
-    PIPER_RETURN_IF_ERROR(
-        e.get_double("efficiency", &efficiency, true, kMinSharingEfficiency, kMaxSharingEfficiency));
+    PIPER_RETURN_IF_ERROR(e.get_double("efficiency", &efficiency, true, kMinSharingEfficiency, kMaxSharingEfficiency));
     // Measured beside it by `piper calibrate`, for the record (docs/calibration.md); the model uses `efficiency`.
     double informational = 0;
     for (const char* key : {"stream_efficiency", "wall_efficiency", "stream_wall_efficiency"}) {
