@@ -107,6 +107,17 @@ Result<std::vector<TaskPoint>> run_points(const std::string& run, const PlanTask
   return points;
 }
 
+// The model trained on one rank (dp=1) in two microbatches of `mbs` sequences of seq_len, as the task profile's runs
+// and the model's core-sharing workers train it.
+runtime::TrainOptions one_rank_options(const ModelSpec& model, int64_t mbs, int64_t seq_len) {
+  runtime::TrainOptions t;
+  t.model = model;
+  t.strategy = "dp=1,microbatches=2,mbs=" + std::to_string(mbs);
+  t.global_batch = 2 * mbs;
+  t.seq_len = seq_len;
+  return t;
+}
+
 // One run: the model trained on one rank with `threads` kernel threads, two microbatches of `mbs` sequences.
 Result<std::vector<TaskPoint>> profile_run(const ModelSpec& model, const TaskProfileOptions& o,
                                            const DeviceCalibration& device, int threads, int64_t mbs) {
@@ -114,11 +125,7 @@ Result<std::vector<TaskPoint>> profile_run(const ModelSpec& model, const TaskPro
                model.name.c_str(), threads, threads == 1 ? "" : "s", static_cast<long long>(mbs),
                static_cast<long long>(o.steps), static_cast<long long>(2 * mbs), static_cast<long long>(o.seq_len));
   PIPER_ASSIGN_OR_RETURN(LocalMachine machine, local_cluster(1, threads, device, kNoLinkCalibration));
-  runtime::TrainOptions t;
-  t.model = model;
-  t.strategy = "dp=1,microbatches=2,mbs=" + std::to_string(mbs);
-  t.global_batch = 2 * mbs;
-  t.seq_len = o.seq_len;
+  runtime::TrainOptions t = one_rank_options(model, mbs, o.seq_len);
   t.plan_prices = local_plan_prices(machine, model);
   PIPER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Trainer> trainer, runtime::Trainer::create(t));
   PIPER_ASSIGN_OR_RETURN(PlanTasks plan, price_plan(*trainer, machine));
@@ -227,12 +234,8 @@ Status run_model_share_worker(const std::string& prefix, const std::string& mode
                               double window_s) {
   kernels::set_kernel_threads(1);
   PIPER_ASSIGN_OR_RETURN(ModelSpec model, load_model(model_name));
-  runtime::TrainOptions t;
-  t.model = model;
-  t.strategy = "dp=1,microbatches=2,mbs=" + std::to_string(kShareMbs);
-  t.global_batch = 2 * kShareMbs;
-  t.seq_len = seq_len;
-  PIPER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Trainer> trainer, runtime::Trainer::create(t));
+  PIPER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Trainer> trainer,
+                         runtime::Trainer::create(one_rank_options(model, kShareMbs, seq_len)));
   PIPER_RETURN_IF_ERROR(trainer->step().status());  // first-touch page faults, as the task profile's first step
   PIPER_ASSIGN_OR_RETURN(const double start_s, meet_share_workers(prefix));
   while (wall_s() < start_s) std::this_thread::sleep_for(std::chrono::microseconds(200));

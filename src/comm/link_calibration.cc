@@ -42,6 +42,13 @@ Result<std::vector<double>> gather_doubles(Communicator& w, double value) {
 
 double max_of(const std::vector<double>& v) { return *std::max_element(v.begin(), v.end()); }
 
+Result<double> mean_over_ranks(Communicator& w, double mine) {
+  PIPER_ASSIGN_OR_RETURN(auto all, gather_doubles(w, mine));
+  double mean = 0;
+  for (double v : all) mean += v / static_cast<double>(all.size());
+  return mean;
+}
+
 int iterations_for(const LinkCalibrationOptions& o, size_t bytes) {
   return bytes >= (size_t{1} << 20) ? std::max(3, o.iterations / 3) : o.iterations;
 }
@@ -121,9 +128,7 @@ Result<double> time_collective(Communicator& w, int iterations, int warmup, cons
     PIPER_ASSIGN_OR_RETURN(auto all, gather_doubles(w, since(t0)));
     if (i >= warmup) samples.push_back(max_of(all));
   }
-  PIPER_ASSIGN_OR_RETURN(auto all, gather_doubles(w, cpu / iterations));
-  *cpu_s = 0;
-  for (double v : all) *cpu_s += v / static_cast<double>(all.size());
+  PIPER_ASSIGN_OR_RETURN(*cpu_s, mean_over_ranks(w, cpu / iterations));
   return median(samples);
 }
 
@@ -352,13 +357,6 @@ Result<double> per_call(Communicator& w, const LinkCalibrationOptions& o, const 
     if (i >= o.warmup) samples.push_back(since(t0));
   }
   return trimmed_mean(std::move(samples), o.trim);
-}
-
-Result<double> mean_over_ranks(Communicator& w, double mine) {
-  PIPER_ASSIGN_OR_RETURN(auto all, gather_doubles(w, mine));
-  double mean = 0;
-  for (double v : all) mean += v / static_cast<double>(all.size());
-  return mean;
 }
 
 // The spinning threads' chunks per second while the rank's main thread sleeps `seconds`.

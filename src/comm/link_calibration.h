@@ -191,7 +191,7 @@ struct EffectiveLink {
   // applied: with idle cores and 4 MiB buffers it came to 0.22 ns here, under half of one copy at the port's rate
   // (0.51 ns, which the simulator charges: cost/copy_cost.h), while moe-40m's ZeRO-1 dp stream burns about twice
   // that rate in training (cold buffers, the reductions' arithmetic); priced at 0.22 ns tiny-moe's median went from
-  // 1.00 to 1.21 (docs/calibration.md, session 34).
+  // 1.22 to 1.21 on the same calibration (docs/calibration.md, session 34).
   double cpu_per_byte_by_kind[3] = {0, 0, 0};
   double cpu_s_per_byte = 0;
 };

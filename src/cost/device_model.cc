@@ -57,7 +57,7 @@ Status read_expert_shape(JsonReader& r, Calibration* c) {
   return e.check_no_unknown_keys();
 }
 
-// `key`: [{"ranks": n, "efficiency": e}, ...] for n = 2, 3, ... in turn (core_sharing, a task profile's sharing).
+// `name`: [{"ranks": n, "efficiency": e}, ...] for n = 2, 3, ... in turn (core_sharing, a task profile's sharing).
 Status read_sharing_list(JsonReader& r, const char* name, std::vector<double>* out) {
   const Json* list = r.find(name);
   if (list == nullptr) return ok_status();
