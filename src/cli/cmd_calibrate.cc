@@ -142,6 +142,16 @@ double measure_stream_bw(int rounds, int threads) {
   return 3.0 * sizeof(float) * static_cast<double>(n) / triad[0].best_s;
 }
 
+// One thread's std::copy of 64 MiB into another 64 MiB (as the runtime stages a data-parallel collective,
+// runtime/exec/executor_dp.cc): bytes moved per second (one read and one write per byte).
+double measure_copy_bw(int rounds) {
+  const size_t n = 16 << 20;
+  std::vector<float> from(n, 1.0f), to(n, 0.0f);
+  std::vector<Timed> copy{{[&] { std::copy(from.begin(), from.end(), to.begin()); }}};
+  time_interleaved(copy, rounds, 1);
+  return 2.0 * sizeof(float) * static_cast<double>(n) / copy[0].best_s;
+}
+
 std::string utc_now() {
   const std::time_t t = std::time(nullptr);
   char buf[32];
@@ -182,6 +192,7 @@ struct ThreadRun {
   std::vector<GemmPoint> points;
   GemmCurve curve;
   double bw = 0;
+  double copy_bw = 0;  // one thread only (measure_copy_bw)
   double overhead_s = 0;
 };
 
@@ -192,6 +203,10 @@ Result<ThreadRun> measure_threads(double peak, int rounds, int threads) {
   t.points = measure_gemms(peak, rounds, threads);
   std::fprintf(stderr, "calibrate: streaming bandwidth (%d thread%s, 3 x 64 MiB)\n", threads, threads == 1 ? "" : "s");
   t.bw = measure_stream_bw(rounds, threads);
+  if (threads == 1) {
+    std::fprintf(stderr, "calibrate: copy rate (1 thread, 64 MiB)\n");
+    t.copy_bw = measure_copy_bw(rounds);
+  }
   std::fprintf(stderr, "calibrate: fixed cost of a kernel call (%d thread%s)\n", threads, threads == 1 ? "" : "s");
   t.overhead_s = measure_task_overhead_s(threads, rounds);
   std::vector<std::string> disturbed;
@@ -267,6 +282,10 @@ void print_thread_runs(const std::vector<ThreadRun>& runs, double peak, const De
     std::printf("stream    %s = %.2f x the preset's %s per core (%.2f x one thread)\n", format_si(t.bw, "B/s").c_str(),
                 t.bw / preset.memory_bw_bytes_per_s, format_si(preset.memory_bw_bytes_per_s, "B/s").c_str(),
                 t.bw / runs[0].bw);
+    if (t.copy_bw > 0) {
+      std::printf("copy      %s moved (std::copy of 64 MiB; the staging of data-parallel collectives)\n",
+                  format_si(t.copy_bw, "B/s").c_str());
+    }
     std::printf("overhead  %.2f us per kernel call\n", 1e6 * t.overhead_s);
   }
 }
@@ -464,6 +483,7 @@ Json device_file(const std::vector<ThreadRun>& runs, const std::vector<SharingRo
             {"gemm_half_dim", one.curve.gemm_half_dim},
             {"memory_bw_bytes_per_s", one.bw},
             {"memory_bw_efficiency", 1.0},
+            {"copy_bw_bytes_per_s", one.copy_bw},
             {"gemm_table", false},
             {"workspace_bytes", 0},
             {"thread_figures", thread_figures_json(runs, peak)},

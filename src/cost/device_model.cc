@@ -217,6 +217,7 @@ Result<Calibration> Calibration::from_json(const Json& json, const std::string& 
   PIPER_RETURN_IF_ERROR(r.get_bool("gemm_table", &c.gemm_table, false));
   PIPER_RETURN_IF_ERROR(r.get_double("peak_flops_fp32", &c.peak_flops_fp32, false, 1e6, 1e18));
   PIPER_RETURN_IF_ERROR(r.get_double("memory_bw_bytes_per_s", &c.memory_bw_bytes_per_s, false, 1e6, 1e15));
+  PIPER_RETURN_IF_ERROR(r.get_double("copy_bw_bytes_per_s", &c.copy_bw_bytes_per_s, false, 1e6, 1e15));
   PIPER_RETURN_IF_ERROR(read_thread_figures(r, &c.thread_figures));
   PIPER_RETURN_IF_ERROR(read_sharing_list(r, "core_sharing", &c.core_sharing));
   PIPER_RETURN_IF_ERROR(read_task_profiles(r, &c.task_profiles));

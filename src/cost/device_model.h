@@ -121,6 +121,10 @@ struct Calibration {
   // fractions above are then of these figures. peak_flops_fp32 prices fp32 compute only.
   double peak_flops_fp32 = 0;
   double memory_bw_bytes_per_s = 0;
+  // One thread's copy rate, bytes moved (read plus written) per second: std::copy of 64 MiB, measured by
+  // `piper calibrate`. It prices the copies that stage a data-parallel collective (cost/copy_cost.h); a large copy
+  // moves more bytes a second than the triad above (whose stores read each line first). 0: unmeasured.
+  double copy_bw_bytes_per_s = 0;
   // Figures of one rank computing alone with `threads` kernel threads, measured by `piper calibrate` for every
   // thread count 1..C of a CPU machine (the runtime's GEMM and a triad with that many threads). The figures above
   // are one core's; a thread count with an entry here is priced with its own measured figures instead of `threads`

@@ -594,6 +594,11 @@ double copy_seconds_per_byte_at_share(const CostModel& cm) {
   return per_byte / cm.device().core_share();
 }
 
+double staging_seconds_per_byte_at_share(const CostModel& cm) {
+  const double per_byte = staging_seconds_per_byte(cm.cluster().node, cm.cluster().device, cm.calibration());
+  return per_byte > 0 ? per_byte / cm.device().core_share() : 0.0;
+}
+
 namespace {
 
 // On a node whose ranks share its cores, every byte a rank's transfers move is copied by one of them (copy_cost.h):
@@ -620,7 +625,12 @@ void add_copies(const CostModel& cm, const Strategy& s, const PipelineShape& pl,
   const double ep = m * b.layers.moe * f(s.ep) * routed *
                     (cm.dispatch_bytes_per_token() + 3 * cm.combine_bytes_per_token());
   const double pp = pl.p > 1 ? m * pl.v * 2 * act / (s.sp ? s.tp : 1) : 0.0;
-  comm->dp_s = std::max(comm->dp_s, dp * at);
+  const double staged =
+      dp_staging_bytes(s.zero, m, g.dp.size, b.params.dense * cm.bytes().grad, b.params.dense * cm.bytes().param) +
+      dp_staging_bytes(s.zero, m, g.expert_dp.size, b.params.expert * cm.bytes().grad,
+                       b.params.expert * cm.bytes().param);
+  const double stage_at = staging_seconds_per_byte_at_share(cm);
+  comm->dp_s = std::max(comm->dp_s, dp * at + staged * stage_at);
   comm->tp_s = std::max(comm->tp_s, tp * at);
   comm->ep_s = std::max(comm->ep_s, ep * at);
   comm->pp_s = std::max(comm->pp_s, pp * at);

@@ -284,8 +284,9 @@ Status CostModel::estimate_af_pipe(const Strategy& s, Estimate* out) const {
   double worst_total = -1, worst_time = -1, chunk[2] = {0, 0};
   double busy_b = 0, nic_b = 0, copies_b = 0, tail_b = 0, opt_b = 0;
   // On a node whose ranks share its cores, each transferred byte is copied by those cores (copy_cost.h): a rank's
-  // half of each m2n exchange per microbatch, and its data-parallel bytes per step, at its static share.
-  const double at = copy_seconds_per_byte_at_share(*this);
+  // half of each m2n exchange per microbatch, and its data-parallel bytes per step (and their staging), at its
+  // static share.
+  const double at = copy_seconds_per_byte_at_share(*this), stage_at = staging_seconds_per_byte_at_share(*this);
   auto f = [](int n) { return n > 1 ? (n - 1.0) / n : 0.0; };
   for (int r = 0; r < P; ++r) {
     const AfRank& x = ranks[static_cast<size_t>(r)];
@@ -307,7 +308,11 @@ Status CostModel::estimate_af_pipe(const Strategy& s, Estimate* out) const {
     const double dp_copies = at * dp_copy_bytes(s.zero, m, f(dp.size), f(edp.size), x.dense_params * bytes_.grad,
                                                 x.expert_params * bytes_.grad, x.dense_params * bytes_.param,
                                                 x.expert_params * bytes_.param);
-    const double tail = std::max(af_dp_tail_s(*this, s, x, dp, edp), dp_copies);
+    const double staging =
+        stage_at *
+        (dp_staging_bytes(s.zero, m, dp.size, x.dense_params * bytes_.grad, x.dense_params * bytes_.param) +
+         dp_staging_bytes(s.zero, m, edp.size, x.expert_params * bytes_.grad, x.expert_params * bytes_.param));
+    const double tail = std::max(af_dp_tail_s(*this, s, x, dp, edp), dp_copies + staging);
     if (m * busy + tail + opt > worst_time) {
       worst_time = m * busy + tail + opt;
       out->bottleneck_rank = r;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "piper/cost/copy_cost.h"
 #include "piper/cost/device_model.h"
 #include "piper/cost/estimate.h"
 #include "piper/cost/layer_cost.h"
@@ -105,6 +106,8 @@ double dp_exposed_s(const CostModel& cm, const Strategy& s, const PipelineShape&
 // node whose ranks share them (copy_cost.h; one core at most); 0 elsewhere. Each kind of a rank's communication costs
 // at least its bytes at this rate (add_copies in estimate.cc, the af-pipe closed form in estimate_af.cc).
 double copy_seconds_per_byte_at_share(const CostModel& cm);
+// The same for the copies that stage a data-parallel collective (copy_cost.h staging_seconds_per_byte).
+double staging_seconds_per_byte_at_share(const CostModel& cm);
 
 // The bytes one rank's data-parallel synchronisation copies in a step: (n - 1)/n of each ring collective's tensor
 // per reduce-scatter or all-gather, twice per all-reduce (ZeRO-0); ZeRO-2 reduce-scatters per microbatch, ZeRO-3
@@ -115,6 +118,21 @@ inline double dp_copy_bytes(int zero, double m, double fd, double fe, double gra
   if (zero == 1) return fd * (grad_d + par_d) + fe * (grad_e + par_e);
   if (zero == 2) return m * (fd * grad_d + fe * grad_e) + fd * par_d + fe * par_e;
   return m * (fd * (grad_d + 2 * par_d) + fe * (grad_e + 2 * par_e));
+}
+
+// The bytes a rank's own copies move per step to stage its data-parallel collectives over p ranks of a chunk's `grad`
+// and `param` bytes (copy_cost.h dp_staged_bytes): zero=0 one all-reduce; ZeRO-1 a reduce-scatter and an all-gather;
+// ZeRO-2 m accumulating reduce-scatters and an all-gather; ZeRO-3 those and 2 m gathers before each F and B.
+inline double dp_staging_bytes(int zero, double m, int p, double grad, double param) {
+  if (p < 2) return 0;
+  if (zero == 0) return dp_staged_bytes(DpStaging::kAllReduce, grad, p);
+  if (zero == 1) {
+    return dp_staged_bytes(DpStaging::kReduceScatter, grad, p) +
+           dp_staged_bytes(DpStaging::kGatherAfterUpdate, param, p);
+  }
+  const double rs = m * dp_staged_bytes(DpStaging::kAccumulatingReduceScatter, grad, p);
+  if (zero == 2) return rs + dp_staged_bytes(DpStaging::kGatherAfterUpdate, param, p);
+  return rs + 2 * m * dp_staged_bytes(DpStaging::kGatherForCompute, param, p);
 }
 
 // The step time from its four parts, then tokens per step and per second and MFU (estimate.h's formulas), for a

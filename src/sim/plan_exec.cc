@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "piper/base/check.h"
+#include "piper/cost/copy_cost.h"
 #include "piper/sim/comm_templates.h"
 #include "piper/sim/fluid.h"
 
@@ -155,8 +156,8 @@ class Executor {
 
   // Communication that takes CPU from the node (SyncCost::cpu_*) needs the pool even where compute alone would not.
   static bool takes_cpu(const SyncCost& c) {
-    return c.cpu_all_to_all_s > 0 || c.cpu_other_s > 0 || c.cpu_pair_s > 0 || c.cpu_p2p_s > 0 ||
-           c.cpu_per_byte_s > 0;
+    return c.cpu_all_to_all_s > 0 || c.cpu_other_s > 0 || c.cpu_pair_s > 0 || c.cpu_p2p_s > 0 || c.cpu_per_byte_s > 0 ||
+           c.staging_s_per_byte > 0;
   }
   // A pool that gives every rank its priced cores even with all of its node busy changes nothing: it stays off.
   static bool pool_can_slow(const CorePool& p) {
@@ -470,6 +471,27 @@ Status Executor::arrive_p2p(int ri, int s, const Instruction& in) {
   return ok_status();
 }
 
+namespace {
+
+// One member's seconds of one core for the copies the runtime stages a data-parallel collective with
+// (cost::dp_staged_bytes); 0 for any other collective.
+double staging_cpu_s(const Instruction& in, size_t members, double per_byte) {
+  if (!(per_byte > 0)) return 0;
+  cost::DpStaging kind;
+  if (in.role == compile::CommRole::kGradReduce) {
+    kind = in.comm == ir::NodeKind::kAllReduce ? cost::DpStaging::kAllReduce
+           : in.mb >= 0                        ? cost::DpStaging::kAccumulatingReduceScatter
+                                               : cost::DpStaging::kReduceScatter;
+  } else if (in.role == compile::CommRole::kParamGather) {
+    kind = in.pass == ir::Pass::kU ? cost::DpStaging::kGatherAfterUpdate : cost::DpStaging::kGatherForCompute;
+  } else {
+    return 0;
+  }
+  return per_byte * cost::dp_staged_bytes(kind, static_cast<double>(in.comm_bytes), static_cast<int>(members));
+}
+
+}  // namespace
+
 Status Executor::arrive_collective(int ri, int s, const Instruction& in) {
   const RankState& r = ranks_[static_cast<size_t>(ri)];
   PIPER_ASSIGN_OR_RETURN(std::vector<int> members, templates_.group(r.rank, in.group));
@@ -499,6 +521,7 @@ Status Executor::arrive_collective(int ri, int s, const Instruction& in) {
   double cpu_s = a2a ? sync.cpu_all_to_all_s : sync.cpu_other_s;
   if (members.size() == 2 && sync.pair_s > 0) delay_s = sync.pair_s;
   if (members.size() == 2 && sync.cpu_pair_s > 0) cpu_s = sync.cpu_pair_s;
+  cpu_s += staging_cpu_s(in, members.size(), sync.staging_s_per_byte);
   if (members.size() < 2) delay_s = cpu_s = 0;
   return start_op(std::move(parts), tmpl, static_cast<double>(in.comm_bytes), delay_s, cpu_s);
 }

@@ -92,6 +92,10 @@ struct SyncCost {
   // simulate_compiled() sets it to the inverse of the node's intra-node bandwidth (NodeSpec::intra, the copy rate
   // `piper calibrate --ranks R` measures with idle cores).
   double cpu_per_byte_s = 0;
+  // One thread's seconds per byte a streaming copy moves (cost::staging_seconds_per_byte): each member of a
+  // data-parallel collective (CommRole kGradReduce, kParamGather) also adds the copies the runtime stages it with
+  // (cost::dp_staged_bytes) to its node's pool, as single-core work of its stream. 0 = none.
+  double staging_s_per_byte = 0;
 };
 
 struct SimOptions {

@@ -54,12 +54,13 @@ CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options, con
   return pool;
 }
 
-SyncCost sync_cost_of(const ClusterSpec& cluster) {
+SyncCost sync_cost_of(const ClusterSpec& cluster, const cost::Calibration& calibration) {
   if (!(cluster.node.shared_cores > 0)) return {};
   const NodeSpec& n = cluster.node;
   SyncCost c{n.sync_excess_all_to_all_s, n.sync_excess_other_s, n.sync_excess_pair_s, n.busy_cpu_all_to_all_s,
              n.busy_cpu_other_s,         n.busy_cpu_pair_s,     n.busy_cpu_p2p_s};
   c.cpu_per_byte_s = cost::copy_seconds_per_byte(n);
+  c.staging_s_per_byte = cost::staging_seconds_per_byte(n, cluster.device, calibration);
   return c;
 }
 
@@ -90,7 +91,7 @@ Result<SimReport> simulate_compiled(compile::CompileResult compiled, const Model
   if (run.expert_loads.on() && !run.expert_loads.expert_time) {
     PIPER_ASSIGN_OR_RETURN(run.expert_loads.expert_time, cost_expert_time(cm, strategy, calibration));
   }
-  run.sync_cost = sync_cost_of(cluster);
+  run.sync_cost = sync_cost_of(cluster, calibration);
   auto t0 = std::chrono::steady_clock::now();
   PIPER_ASSIGN_OR_RETURN(rep.sim, simulate_plan(rep.compiled.plan, net, task_time, run));
   rep.simulate_wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

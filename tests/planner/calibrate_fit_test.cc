@@ -326,6 +326,8 @@ TEST(CalibrationFileTest, BadEntriesAreNamed) {
   EXPECT_NE(bad(R"({"core_sharing": [{"ranks": 2, "efficiency": 0}]})").find("core_sharing[0].efficiency"),
             std::string::npos);
   EXPECT_NE(bad(R"({"core_sharing": {"ranks": 2}})").find("expected an array"), std::string::npos);
+  EXPECT_NE(bad(R"({"copy_bw_bytes_per_s": 0})").find("copy_bw_bytes_per_s"), std::string::npos);
+  EXPECT_NE(bad(R"({"copy_bw_bytes_per_s": "fast"})").find("copy_bw_bytes_per_s"), std::string::npos);
 }
 
 
@@ -345,6 +347,8 @@ TEST(CalibrateCliTest, WritesACalibrationThatTheModelLoads) {
   EXPECT_EQ(c->gemm_efficiency, 1);  // of the measured peak below
   EXPECT_GT(c->peak_flops_fp32, 1e9);  // a core's fp32 GEMM: tens of GFLOP/s at least
   EXPECT_GT(c->memory_bw_bytes_per_s, 1e9);
+  EXPECT_GT(c->copy_bw_bytes_per_s, 1e9);  // one thread's std::copy, the staging of dp collectives
+  EXPECT_NE(text.find("calibrate: copy rate (1 thread, 64 MiB)"), std::string::npos) << text;
   EXPECT_FALSE(c->gemm_table);
   // Every thread count of this machine measured (one a loaded machine left unfitted is named as such), the first
   // being the one-core figures; the sharing of 2..2C ranks.

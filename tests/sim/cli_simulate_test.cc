@@ -117,7 +117,8 @@ TEST(CliSimulateTest, CommCalibrationFileSlowsTheLinks) {
 // as `piper train --ranks 4` on the build machine): `--full` shares the cores among the ranks computing at each
 // moment, so a pipeline, whose ranks wait in bubbles, runs faster than at the static share that representative
 // ranks and the closed form price; data parallelism, whose ranks compute together, gains nothing and pays the
-// copies of its transfers' bytes on the shared cores (5.5 % when written).
+// copies of its transfers' bytes on the shared cores (5.5 % when written) and, since session 35, the copies that
+// stage its collectives (12 % in all).
 TEST(CliSimulateTest, SharedCoresSpeedUpAPipelineWhenEveryRankIsSimulated) {
   const std::string path = std::string(PIPER_BINARY_DIR) + "/cli_simulate_test_shared_cores.json";
   int rc = 0;
@@ -144,7 +145,7 @@ TEST(CliSimulateTest, SharedCoresSpeedUpAPipelineWhenEveryRankIsSimulated) {
   EXPECT_LT(step(pipeline, true), 0.85 * step(pipeline, false));
   const std::string data_parallel = "dp=4,zero=1,microbatches=1,mbs=4";
   EXPECT_GT(step(data_parallel, true), step(data_parallel, false));
-  EXPECT_LT(step(data_parallel, true), 1.1 * step(data_parallel, false));
+  EXPECT_LT(step(data_parallel, true), 1.2 * step(data_parallel, false));
 }
 
 }  // namespace

@@ -328,7 +328,8 @@ TrainSpec fp32_train() {
 // Representative ranks (and the closed form's compute) price a shared-core cluster at the static share: to the bit
 // what a device of half a core gave. Simulated in full, the pipelines, whose ranks wait in bubbles while the others
 // compute, run faster; pure data parallelism, whose ranks all compute together, gains nothing and pays the copies
-// of its transfers' bytes (SyncCost::cpu_per_byte_s: 6.8 % for dp=4, 1.9 % for dp=4 ep=4 when written). Since
+// of its transfers' bytes (SyncCost::cpu_per_byte_s: 6.8 % for dp=4, 1.9 % for dp=4 ep=4 when written) and, since
+// session 35, the copies that stage its collectives (SyncCost::staging_s_per_byte: 15 % for dp=4 ZeRO-1 in all). Since
 // session 34 the closed form's bubble follows (estimate.cc shared_core_bubble_s): a pipeline's ranks fill each
 // other's bubbles on the shared cores, so its bubble shrinks to what the critical path at a rank's own cores exceeds
 // the compute (none for these two), and its step comes within 10 % of the full simulation's.
@@ -370,7 +371,7 @@ TEST(CorePoolTest, SharedCoresSpeedUpPipelinesNotDataParallelism) {
       EXPECT_NEAR(est_shared->step_time_s / shared_full->step_time_s, 1.0, 0.1) << text;
     } else {
       EXPECT_EQ(est_shared->time.bubble_s, est_halves->time.bubble_s) << text;
-      EXPECT_LT(est_shared->step_time_s, 1.1 * est_halves->step_time_s) << text;
+      EXPECT_LT(est_shared->step_time_s, 1.2 * est_halves->step_time_s) << text;
     }
     const double ratio = shared_full->step_time_s / static_full->step_time_s;
     std::printf("%-48s static %.3f ms, shared %.3f ms (%.3fx)\n", text, 1e3 * static_full->step_time_s,
@@ -379,7 +380,7 @@ TEST(CorePoolTest, SharedCoresSpeedUpPipelinesNotDataParallelism) {
       EXPECT_LT(ratio, 0.85) << text;  // 0.72 (pp=4, 1F1B, 8 microbatches) and 0.78 (dp=2, pp=2) when written
     } else {
       EXPECT_GT(ratio, 1.0) << text;
-      EXPECT_LT(ratio, 1.15) << text;
+      EXPECT_LT(ratio, 1.2) << text;
     }
   }
 }
@@ -387,7 +388,10 @@ TEST(CorePoolTest, SharedCoresSpeedUpPipelinesNotDataParallelism) {
 // The closed form on a node that shares its cores: a rank's data-parallel communication costs at least the copies
 // of its bytes at the node's copy rate (1 / intra-node bandwidth) and its static share of the cores (half a core):
 // ZeRO-1 reduce-scatters the gradients and gathers the parameters, 3/4 of each on 4 ranks (fp32: 4 B each); ZeRO-3
-// with 2 microbatches moves three times as much (a gather before each F and B and a reduce-scatter, per microbatch).
+// with 2 microbatches carries three times as much (a gather before each F and B and a reduce-scatter, per
+// microbatch). Beside them the copies that stage each collective (copy_cost.h dp_staged_bytes) at one thread's
+// streaming rate: ZeRO-1 2 N + 2 N/4 for the reduce-scatter and as much for the gather (5 N); ZeRO-3 per microbatch
+// 2 N + 3 N/4 and two gathers of 2 N/4 + 3 N (19.5 N in all).
 TEST(CorePoolTest, TheClosedFormChargesATransfersCopiesToTheSharedCores) {
   const ModelSpec m = model("tiny-moe");
   const ClusterSpec shared = local_machine(true);
@@ -401,9 +405,15 @@ TEST(CorePoolTest, TheClosedFormChargesATransfersCopiesToTheSharedCores) {
   };
   const cost::Estimate z1 = est("dp=4,zero=1,microbatches=2,mbs=2");
   const cost::Estimate z3 = est("dp=4,zero=3,microbatches=2,mbs=2");
-  const double bytes = 0.75 * 2 * z1.memory.grads;  // ZeRO-1 keeps whole gradients; fp32 parameters as large
-  EXPECT_NEAR(z1.comm.dp_s, bytes / shared.node.intra.bw_bytes_per_s / 0.5, 1e-12 * z1.comm.dp_s);
-  EXPECT_NEAR(z3.comm.dp_s, 3 * z1.comm.dp_s, 1e-12 * z3.comm.dp_s);
+  const double n = z1.memory.grads;  // ZeRO-1 keeps whole gradients; fp32 parameters as large
+  const double copy_s = 0.75 * 2 * n / shared.node.intra.bw_bytes_per_s;
+  const double stage_per_byte = 1 / (shared.device.memory_bw_bytes_per_s * cal.memory_bw_efficiency);
+  EXPECT_NEAR(z1.comm.dp_s, (copy_s + 5 * n * stage_per_byte) / 0.5, 1e-9 * z1.comm.dp_s);
+  EXPECT_NEAR(z3.comm.dp_s, (3 * copy_s + 19.5 * n * stage_per_byte) / 0.5, 1e-9 * z3.comm.dp_s);
+  // Measured one-thread streaming bandwidth (Calibration::thread_figures) prices the staging instead.
+  cal.thread_figures = {{1, 0, 0, 2 * shared.device.memory_bw_bytes_per_s * cal.memory_bw_efficiency, 0}};
+  EXPECT_NEAR(est("dp=4,zero=1,microbatches=2,mbs=2").comm.dp_s, (copy_s + 2.5 * n * stage_per_byte) / 0.5,
+              1e-9 * z1.comm.dp_s);
 }
 
 // The af-pipe closed form charges the copies too: its m2n exchanges per microbatch and its data-parallel bytes per
@@ -431,9 +441,9 @@ TEST(CorePoolTest, TheAfPipeClosedFormChargesItsCopiesToTheSharedCores) {
 // A calibration's measured core_sharing reaches the prices and the pool: dp=4 on the build machine's 2 cores (all
 // four ranks computing together) at sharing 0.5 for n = 4 takes longer, by at most 2x (only its compute slows), in
 // the closed form, with representative ranks and in full alike (every rank always computes with the three others,
-// so the pool runs each task at its price, the copies of its transfers' bytes beside them: 6.8 % more in full
-// when written); a pipeline, whose ranks also compute alone or in pairs (sharing 1 here), slows in full by less
-// than its all-busy price says.
+// so the pool runs each task at its price, the copies of its transfers' bytes and their staging beside them: 6.8 %
+// more in full when written, 15 % since session 35); a pipeline, whose ranks also compute alone or in pairs (sharing 1
+// here), slows in full by less than its all-busy price says.
 TEST(CorePoolTest, ACalibrationsSharingReachesPricesAndPool) {
   const ModelSpec m = model("tiny-moe");
   const ClusterSpec shared = local_machine(true);
@@ -457,7 +467,7 @@ TEST(CorePoolTest, ACalibrationsSharingReachesPricesAndPool) {
   EXPECT_GT(b->step_time_s, 1.3 * a->step_time_s);
   EXPECT_LE(b->step_time_s, 2.0 * a->step_time_s);
   EXPECT_GT(b->step_time_s, br->step_time_s);
-  EXPECT_LT(b->step_time_s, 1.1 * br->step_time_s);
+  EXPECT_LT(b->step_time_s, 1.2 * br->step_time_s);
   EXPECT_GT(eb->step_time_s, 1.3 * ea->step_time_s);
   const Strategy pp = strategy("pp=4,schedule=1f1b,microbatches=8,mbs=2");
   t.micro_batch_size = pp.mbs;

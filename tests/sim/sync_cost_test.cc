@@ -196,6 +196,51 @@ TEST(SyncCost, CopiesOfATransfersBytesTakeTheNodesCores) {
   EXPECT_NEAR(pooled_run(beside_compute(), copy, 2).first, 4.0, 1e-9);
 }
 
+// SyncCost::staging_s_per_byte: each member of a data-parallel collective adds the copies the runtime stages it with
+// (cost::dp_staged_bytes of its 1,000 bytes over 2 ranks) to the pool; a collective of any other role none. Both
+// ranks compute 2 s on 2 cores beside it: the step is (4 core-s + both ranks' staging) / 2 cores.
+TEST(SyncCost, DataParallelCollectivesTakeTheirStagingCopiesFromTheCores) {
+  SyncCost cost;
+  cost.staging_s_per_byte = 0.25e-3;  // 4,000 bytes: 1 s of one core
+  auto step = [&](compile::CommRole role, ir::NodeKind kind, int mb, ir::Pass pass) {
+    compile::Plan plan = beside_compute();
+    Instruction& c = plan.templates[0].streams[1].instrs[0];
+    c.role = role;
+    c.comm = kind;
+    c.mb = mb;
+    c.pass = pass;
+    return pooled_run(plan, cost, 2).first;
+  };
+  using compile::CommRole;
+  using ir::NodeKind;
+  EXPECT_NEAR(step(CommRole::kNone, NodeKind::kAllReduce, -1, ir::Pass::kBW), 2.0, 1e-9);
+  EXPECT_NEAR(step(CommRole::kGradReduce, NodeKind::kAllReduce, -1, ir::Pass::kBW), 3.0, 1e-9);  // 4 N
+  // 2 N + 2 N/2 = 3,000 bytes: 0.75 s each
+  EXPECT_NEAR(step(CommRole::kGradReduce, NodeKind::kReduceScatter, -1, ir::Pass::kBW), 2.75, 1e-9);
+  // per microbatch, added to the accumulated shard: 2 N + 3 N/2
+  EXPECT_NEAR(step(CommRole::kGradReduce, NodeKind::kReduceScatter, 0, ir::Pass::kBW), 2.875, 1e-9);
+  EXPECT_NEAR(step(CommRole::kParamGather, NodeKind::kAllGather, -1, ir::Pass::kU), 2.75, 1e-9);  // 2 N/2 + 2 N
+  EXPECT_NEAR(step(CommRole::kParamGather, NodeKind::kAllGather, 0, ir::Pass::kF), 3.0, 1e-9);    // 2 N/2 + 3 N
+  EXPECT_NEAR(step(CommRole::kTpReduce, NodeKind::kAllReduce, 0, ir::Pass::kF), 2.0, 1e-9);
+}
+
+// The staging rate: one thread's measured copy rate, else its measured streaming bandwidth, else the device's over
+// the rank's cores; only where the node shares its cores.
+TEST(SyncCost, StagingRateFromTheOneThreadStreamingBandwidth) {
+  ClusterSpec c = testing::make_cluster(1, 4, 1e9, 0, 0);
+  c.device.memory_bw_bytes_per_s = 8e9;
+  c.node.device_cores = 2;
+  cost::Calibration cal;
+  cal.memory_bw_efficiency = 0.5;
+  EXPECT_EQ(sync_cost_of(c, cal).staging_s_per_byte, 0);
+  c.node.shared_cores = 2;
+  EXPECT_DOUBLE_EQ(sync_cost_of(c, cal).staging_s_per_byte, 1 / 2e9);  // 8 GB/s x 0.5 over 2 cores
+  cal.thread_figures = {{1, 1e9, 1, 5e9, 0}, {2, 2e9, 1, 9e9, 0}};
+  EXPECT_DOUBLE_EQ(sync_cost_of(c, cal).staging_s_per_byte, 1 / 5e9);
+  cal.copy_bw_bytes_per_s = 1.6e10;  // the measured copy rate first
+  EXPECT_DOUBLE_EQ(sync_cost_of(c, cal).staging_s_per_byte, 1 / 1.6e10);
+}
+
 TEST(SyncCost, TakenFromTheNodeOnlyWhenItSharesCores) {
   ClusterSpec c = testing::make_cluster(1, 4, 1e9, 0, 0);
   c.node.sync_excess_all_to_all_s = 2e-3;

@@ -15,6 +15,13 @@ namespace piper::runtime::detail {
 using compile::Instruction;
 using compile::OpKind;
 
+namespace {
+// A collective's staging buffer, left unfilled (each element is written before it is read): clearing it first
+// cost a pass over every byte of the chunk per collective (docs/runtime.md "Data parallelism").
+using Floats = std::shared_ptr<float[]>;
+Floats uninitialized_floats(size_t n) { return std::make_shared_for_overwrite<float[]>(n); }
+}  // namespace
+
 // The collectives of data parallelism: gradient all-reduce (zero=0), gradient reduce-scatter once per step
 // (zero=1) or per microbatch (zero=2, 3), the all-gather of the updated parameters (zero=1, 2) and the parameter
 // all-gather before each F and B/BW (zero=3).
@@ -305,14 +312,14 @@ Status DataParallel::run(const Task& t) {
 Status DataParallel::all_reduce(const Task& t) {
   size_t total = 0;
   for (const Param& p : t.chunk->params()) total += p.trainable ? static_cast<size_t>(p.grad.numel()) : 0;
-  auto buf = std::make_shared<std::vector<float>>(total);
+  Floats buf = uninitialized_floats(total);
   size_t at = 0;
   for (const Param& p : t.chunk->params()) {
     if (!p.trainable) continue;
-    std::copy(p.grad.data(), p.grad.data() + p.grad.numel(), buf->data() + at);
+    std::copy(p.grad.data(), p.grad.data() + p.grad.numel(), buf.get() + at);
     at += static_cast<size_t>(p.grad.numel());
   }
-  PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->all_reduce_sum(buf->data(), buf->data(), total));
+  PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->all_reduce_sum(buf.get(), buf.get(), total));
   PIPER_RETURN_IF_ERROR(core_.wait_comm(*t.comm, h, buf, "gradient all-reduce of " + t.chunk->name()));
   // The data-parallel gradient is the mean of the replicas' (each already a mean over its microbatches).
   const float scale = 1.0f / static_cast<float>(t.degree);
@@ -320,25 +327,44 @@ Status DataParallel::all_reduce(const Task& t) {
   for (Param& p : t.chunk->params()) {
     if (!p.trainable) continue;
     float* g = p.grad.data();
-    for (int64_t i = 0; i < p.grad.numel(); ++i) g[i] = (*buf)[at + static_cast<size_t>(i)] * scale;
+    for (int64_t i = 0; i < p.grad.numel(); ++i) g[i] = buf[at + static_cast<size_t>(i)] * scale;
     at += static_cast<size_t>(p.grad.numel());
   }
   reduction_done();
   return ok_status();
 }
 
-// The chunk's trainable tensors as one flat vector, `per_rank * degree` long (zero padded).
 namespace {
+// The chunk's trainable tensors as one flat vector, `padded` long (the tail past them zero).
 template <typename Get>
-std::shared_ptr<std::vector<float>> pack(Chunk& chunk, size_t padded, Get get) {
-  auto buf = std::make_shared<std::vector<float>>(padded, 0.0f);
+Floats pack(Chunk& chunk, size_t padded, Get get) {
+  Floats buf = uninitialized_floats(padded);
   size_t at = 0;
   for (Param& p : chunk.params()) {
     if (!p.trainable) continue;
     const Tensor& t = get(p);
-    std::copy(t.data(), t.data() + t.numel(), buf->data() + at);
+    std::copy(t.data(), t.data() + t.numel(), buf.get() + at);
     at += static_cast<size_t>(t.numel());
   }
+  std::fill(buf.get() + at, buf.get() + padded, 0.0f);
+  return buf;
+}
+
+// Elements [begin, begin + n) of the chunk's trainable parameters flattened (zero past their end): this rank's
+// shard, packed without the whole chunk.
+Floats pack_range(Chunk& chunk, int64_t begin, int64_t n) {
+  Floats buf = uninitialized_floats(static_cast<size_t>(n));
+  int64_t offset = 0, filled = 0;
+  for (Param& p : chunk.params()) {
+    if (!p.trainable) continue;
+    const int64_t size = p.value.numel(), lo = std::max(begin, offset), hi = std::min(begin + n, offset + size);
+    if (lo < hi) {
+      std::copy(p.value.data() + (lo - offset), p.value.data() + (hi - offset), buf.get() + (lo - begin));
+      filled = hi - begin;
+    }
+    offset += size;
+  }
+  std::fill(buf.get() + filled, buf.get() + n, 0.0f);
   return buf;
 }
 }  // namespace
@@ -361,8 +387,8 @@ Status DataParallel::reduce_scatter(const Task& t) {
     }
     core_.notify();
   }
-  auto out = std::make_shared<std::vector<float>>(per_rank);
-  PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->reduce_scatter_sum(in->data(), out->data(), per_rank));
+  Floats out = uninitialized_floats(per_rank);
+  PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->reduce_scatter_sum(in.get(), out.get(), per_rank));
   std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(in), decltype(out)>>(in, out);
   PIPER_RETURN_IF_ERROR(core_.wait_comm(*t.comm, h, keep, "gradient reduce-scatter of " + t.chunk->name()));
   // The mean over the group (the experts over edp: scaled by ExpertParallel::prepare_norm).
@@ -370,7 +396,7 @@ Status DataParallel::reduce_scatter(const Task& t) {
   if (sh.per_microbatch) {
     // Gradients accumulate sharded, as the mean over the group of each microbatch's gradient.
     float* acc = sh.grad.data();
-    for (int64_t i = 0; i < sh.end - sh.begin; ++i) acc[i] += (*out)[static_cast<size_t>(i)] * scale;
+    for (int64_t i = 0; i < sh.end - sh.begin; ++i) acc[i] += out[static_cast<size_t>(i)] * scale;
     reduction_done();
     return ok_status();
   }
@@ -381,7 +407,7 @@ Status DataParallel::reduce_scatter(const Task& t) {
     if (!p.trainable) continue;
     const int64_t lo = std::max(sh.begin, offset), hi = std::min(sh.end, offset + p.grad.numel());
     for (int64_t i = lo; i < hi; ++i) {
-      p.grad.data()[i - offset] = (*out)[static_cast<size_t>(i - sh.begin)] * scale;
+      p.grad.data()[i - offset] = out[static_cast<size_t>(i - sh.begin)] * scale;
     }
     offset += p.grad.numel();
   }
@@ -398,14 +424,15 @@ Status DataParallel::gather_params(const Task& t) {
     // ZeRO-3: every rank contributes its kept elements; the whole parameters exist until the plan frees the
     // gathered buffer after the task that uses them. Tasks of one step see the same values (the update comes
     // after every use), so a copy still live from an earlier all-gather is kept and this one's data dropped.
-    auto mine = std::make_shared<std::vector<float>>(per_rank, 0.0f);
+    Floats mine = uninitialized_floats(per_rank);
     size_t at = 0;
     for (const Tensor& v : sh.values) {
-      std::copy(v.data(), v.data() + v.numel(), mine->data() + at);
+      std::copy(v.data(), v.data() + v.numel(), mine.get() + at);
       at += static_cast<size_t>(v.numel());
     }
-    auto full = std::make_shared<std::vector<float>>(per_rank * static_cast<size_t>(t.degree));
-    PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->all_gather(mine->data(), full->data(), per_rank * sizeof(float)));
+    std::fill(mine.get() + at, mine.get() + per_rank, 0.0f);
+    Floats full = uninitialized_floats(per_rank * static_cast<size_t>(t.degree));
+    PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->all_gather(mine.get(), full.get(), per_rank * sizeof(float)));
     std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(mine), decltype(full)>>(mine, full);
     PIPER_RETURN_IF_ERROR(core_.wait_comm(*t.comm, h, keep, "parameter all-gather of " + t.chunk->name()));
     std::lock_guard<std::mutex> lock(mu_);
@@ -415,7 +442,7 @@ Status DataParallel::gather_params(const Task& t) {
       for (Param& p : t.chunk->params()) {
         if (!p.trainable) continue;
         PIPER_ASSIGN_OR_RETURN(p.value, Tensor::zeros(sh.shapes[i++], MemCategory::kBuffers, core_.allocator));
-        std::copy(full->data() + at, full->data() + at + p.value.numel(), p.value.data());
+        std::copy(full.get() + at, full.get() + at + p.value.numel(), p.value.data());
         at += static_cast<size_t>(p.value.numel());
       }
     }
@@ -437,16 +464,15 @@ Status DataParallel::gather_params(const Task& t) {
 
 Status DataParallel::gather_whole(Chunk& chunk, const Shard& sh, comm::Communicator& comm) {
   const size_t per_rank = static_cast<size_t>(sh.per_rank);
-  auto full =
-      pack(chunk, per_rank * static_cast<size_t>(comm.size()), [](Param& p) -> const Tensor& { return p.value; });
-  auto mine = std::make_shared<std::vector<float>>(full->begin() + sh.begin, full->begin() + sh.begin + sh.per_rank);
-  PIPER_ASSIGN_OR_RETURN(comm::Handle h, comm.all_gather(mine->data(), full->data(), per_rank * sizeof(float)));
+  Floats mine = pack_range(chunk, sh.begin, sh.per_rank);
+  Floats full = uninitialized_floats(per_rank * static_cast<size_t>(comm.size()));
+  PIPER_ASSIGN_OR_RETURN(comm::Handle h, comm.all_gather(mine.get(), full.get(), per_rank * sizeof(float)));
   std::shared_ptr<const void> keep = std::make_shared<std::pair<decltype(mine), decltype(full)>>(mine, full);
   PIPER_RETURN_IF_ERROR(core_.wait_comm(comm, h, keep, "parameter all-gather of " + chunk.name()));
   size_t at = 0;
   for (Param& p : chunk.params()) {
     if (!p.trainable) continue;
-    std::copy(full->data() + at, full->data() + at + p.value.numel(), p.value.data());
+    std::copy(full.get() + at, full.get() + at + p.value.numel(), p.value.data());
     at += static_cast<size_t>(p.value.numel());
   }
   return ok_status();
