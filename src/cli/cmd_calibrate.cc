@@ -483,7 +483,7 @@ Json device_file(const std::vector<ThreadRun>& runs, const std::vector<SharingRo
             {"gemm_half_dim", one.curve.gemm_half_dim},
             {"memory_bw_bytes_per_s", one.bw},
             {"memory_bw_efficiency", 1.0},
-            {"copy_bw_bytes_per_s", one.copy_bw},
+
             {"gemm_table", false},
             {"workspace_bytes", 0},
             {"thread_figures", thread_figures_json(runs, peak)},
@@ -493,6 +493,9 @@ Json device_file(const std::vector<ThreadRun>& runs, const std::vector<SharingRo
                            (sharing.empty() ? "" : ", core sharing of 2.." + std::to_string(2 * cores) + " processes") +
                            load_text}};
   if (!sharing.empty()) file["core_sharing"] = core_sharing_json(sharing);
+  // A copy too fast for the clock (or none) is left out: the staging then falls back to the triad's figure.
+  if (std::isfinite(one.copy_bw) && one.copy_bw >= 1e6 && one.copy_bw <= 1e15)
+    file["copy_bw_bytes_per_s"] = one.copy_bw;
   return file;
 }
 

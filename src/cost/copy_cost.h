@@ -5,7 +5,9 @@
 // the node's core pool per transfer (sim::SyncCost::cpu_per_byte_s), the closed form to each kind of a rank's
 // communication at its static share of the cores (estimate.cc). docs/simulator.md "The bytes themselves".
 // Besides the transfer, the runtime stages every data-parallel collective with copies of its own (dp_staged_bytes,
-// priced at one thread's measured streaming bandwidth: staging_seconds_per_byte).
+// priced at one thread's measured copy rate: staging_seconds_per_byte). They are charged as CPU taken from the
+// node's cores, not as time on the collective's own path (the runtime runs them on the dp stream before and after
+// the transfer): a ZeRO-3 forward that waits for its gather's unpack waits for it in the runtime only.
 #pragma once
 
 #include <algorithm>
@@ -36,7 +38,9 @@ enum class DpStaging {
 // `bytes` (N) over `members` (p) ranks: the chunk's tensors are packed into one buffer and the result copied back.
 // All-reduce: pack and unpack the whole (4 N). Reduce-scatter: pack the whole, then scale its share into the
 // gradient (2 N + 2 N/p), or add it to the accumulated shard (2 N + 3 N/p). All-gather: pack its share and unpack
-// the whole (2 N/p + 2 N), ZeRO-3's into parameters it clears first (2 N/p + 3 N).
+// the whole (2 N/p + 2 N), ZeRO-3's into parameters it clears first (2 N/p + 3 N; an upper bound: a gather whose
+// earlier copy is still live drops its data, 2 N/p). The unpacks that scale or add run at about the triad's rate,
+// priced here at the copy's. (The all-reduce is out of place: in place, MPI's path copies a large input first.)
 inline double dp_staged_bytes(DpStaging kind, double bytes, int members) {
   const double share = bytes / std::max(1, members);
   switch (kind) {

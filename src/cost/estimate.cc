@@ -612,8 +612,8 @@ namespace {
 // the pipeline's activation and gradient. Nothing on other nodes.
 void add_copies(const CostModel& cm, const Strategy& s, const PipelineShape& pl, const MeshGroups& g,
                 const Bottleneck& b, double tokens, CommBreakdown* comm) {
-  const double at = copy_seconds_per_byte_at_share(cm);
-  if (!(at > 0)) return;
+  const double at = copy_seconds_per_byte_at_share(cm), stage_at = staging_seconds_per_byte_at_share(cm);
+  if (!(at > 0) && !(stage_at > 0)) return;
   auto f = [](int n) { return n > 1 ? (n - 1.0) / n : 0.0; };
   const double m = pl.m;
   const double dp = dp_copy_bytes(s.zero, m, f(g.dp.size), f(g.expert_dp.size), b.params.dense * cm.bytes().grad,
@@ -629,7 +629,6 @@ void add_copies(const CostModel& cm, const Strategy& s, const PipelineShape& pl,
       dp_staging_bytes(s.zero, m, g.dp.size, b.params.dense * cm.bytes().grad, b.params.dense * cm.bytes().param) +
       dp_staging_bytes(s.zero, m, g.expert_dp.size, b.params.expert * cm.bytes().grad,
                        b.params.expert * cm.bytes().param);
-  const double stage_at = staging_seconds_per_byte_at_share(cm);
   comm->dp_s = std::max(comm->dp_s, dp * at + staged * stage_at);
   comm->tp_s = std::max(comm->tp_s, tp * at);
   comm->ep_s = std::max(comm->ep_s, ep * at);

@@ -94,7 +94,9 @@ struct SyncCost {
   double cpu_per_byte_s = 0;
   // One thread's seconds per byte a streaming copy moves (cost::staging_seconds_per_byte): each member of a
   // data-parallel collective (CommRole kGradReduce, kParamGather) also adds the copies the runtime stages it with
-  // (cost::dp_staged_bytes) to its node's pool, as single-core work of its stream. 0 = none.
+  // (cost::dp_staged_bytes) to its node's pool, as single-core work of its stream: CPU taken from the node's
+  // tasks, not time on the collective's own path (which the runtime's dp stream spends before and after the
+  // transfer). 0 = none.
   double staging_s_per_byte = 0;
 };
 

@@ -67,8 +67,8 @@ CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options, con
 Status check_simulated_order(const Strategy& strategy);
 
 // The measured cost of a synchronisation of a cluster whose nodes share CPU cores (NodeSpec::sync_excess_*,
-// plan_exec.h SyncCost), with the data-parallel collectives' staging copies at the calibration's one-thread
-// streaming bandwidth (cost/copy_cost.h); none for every other cluster. simulate_compiled() sets
+// plan_exec.h SyncCost), with the data-parallel collectives' staging copies at the calibration's measured copy rate
+// (cost/copy_cost.h staging_seconds_per_byte); none for every other cluster. simulate_compiled() sets
 // SimOptions::sync_cost from it.
 SyncCost sync_cost_of(const ClusterSpec& cluster, const cost::Calibration& calibration = {});
 

@@ -17,7 +17,7 @@ using compile::OpKind;
 
 namespace {
 // A collective's staging buffer, left unfilled (each element is written before it is read): clearing it first
-// cost a pass over every byte of the chunk per collective (docs/runtime.md "Data parallelism").
+// cost a pass over every byte of the chunk per collective (docs/runtime.md "Data parallelism's staging copies").
 using Floats = std::shared_ptr<float[]>;
 Floats uninitialized_floats(size_t n) { return std::make_shared_for_overwrite<float[]>(n); }
 }  // namespace
@@ -319,15 +319,18 @@ Status DataParallel::all_reduce(const Task& t) {
     std::copy(p.grad.data(), p.grad.data() + p.grad.numel(), buf.get() + at);
     at += static_cast<size_t>(p.grad.numel());
   }
-  PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->all_reduce_sum(buf.get(), buf.get(), total));
-  PIPER_RETURN_IF_ERROR(core_.wait_comm(*t.comm, h, buf, "gradient all-reduce of " + t.chunk->name()));
+  // Out of place: in place, the communicator copies a large input first (comm/mpi/mpi_communicator.cc).
+  Floats sum = uninitialized_floats(total);
+  PIPER_ASSIGN_OR_RETURN(comm::Handle h, t.comm->all_reduce_sum(buf.get(), sum.get(), total));
+  std::shared_ptr<const void> keep = std::make_shared<std::pair<Floats, Floats>>(buf, sum);
+  PIPER_RETURN_IF_ERROR(core_.wait_comm(*t.comm, h, keep, "gradient all-reduce of " + t.chunk->name()));
   // The data-parallel gradient is the mean of the replicas' (each already a mean over its microbatches).
   const float scale = 1.0f / static_cast<float>(t.degree);
   at = 0;
   for (Param& p : t.chunk->params()) {
     if (!p.trainable) continue;
     float* g = p.grad.data();
-    for (int64_t i = 0; i < p.grad.numel(); ++i) g[i] = buf[at + static_cast<size_t>(i)] * scale;
+    for (int64_t i = 0; i < p.grad.numel(); ++i) g[i] = sum[at + static_cast<size_t>(i)] * scale;
     at += static_cast<size_t>(p.grad.numel());
   }
   reduction_done();
