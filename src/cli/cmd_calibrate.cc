@@ -483,7 +483,6 @@ Json device_file(const std::vector<ThreadRun>& runs, const std::vector<SharingRo
             {"gemm_half_dim", one.curve.gemm_half_dim},
             {"memory_bw_bytes_per_s", one.bw},
             {"memory_bw_efficiency", 1.0},
-
             {"gemm_table", false},
             {"workspace_bytes", 0},
             {"thread_figures", thread_figures_json(runs, peak)},

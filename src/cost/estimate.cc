@@ -625,10 +625,9 @@ void add_copies(const CostModel& cm, const Strategy& s, const PipelineShape& pl,
   const double ep = m * b.layers.moe * f(s.ep) * routed *
                     (cm.dispatch_bytes_per_token() + 3 * cm.combine_bytes_per_token());
   const double pp = pl.p > 1 ? m * pl.v * 2 * act / (s.sp ? s.tp : 1) : 0.0;
-  const double staged =
-      dp_staging_bytes(s.zero, m, g.dp.size, b.params.dense * cm.bytes().grad, b.params.dense * cm.bytes().param) +
-      dp_staging_bytes(s.zero, m, g.expert_dp.size, b.params.expert * cm.bytes().grad,
-                       b.params.expert * cm.bytes().param);
+  const double staged = dp_staging_bytes(s.zero, m, g.dp.size, g.expert_dp.size, b.params.dense * cm.bytes().grad,
+                                         b.params.expert * cm.bytes().grad, b.params.dense * cm.bytes().param,
+                                         b.params.expert * cm.bytes().param);
   comm->dp_s = std::max(comm->dp_s, dp * at + staged * stage_at);
   comm->tp_s = std::max(comm->tp_s, tp * at);
   comm->ep_s = std::max(comm->ep_s, ep * at);

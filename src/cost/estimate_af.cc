@@ -308,10 +308,9 @@ Status CostModel::estimate_af_pipe(const Strategy& s, Estimate* out) const {
     const double dp_copies = at * dp_copy_bytes(s.zero, m, f(dp.size), f(edp.size), x.dense_params * bytes_.grad,
                                                 x.expert_params * bytes_.grad, x.dense_params * bytes_.param,
                                                 x.expert_params * bytes_.param);
-    const double staging =
-        stage_at *
-        (dp_staging_bytes(s.zero, m, dp.size, x.dense_params * bytes_.grad, x.dense_params * bytes_.param) +
-         dp_staging_bytes(s.zero, m, edp.size, x.expert_params * bytes_.grad, x.expert_params * bytes_.param));
+    const double staging = stage_at * dp_staging_bytes(s.zero, m, dp.size, edp.size, x.dense_params * bytes_.grad,
+                                                       x.expert_params * bytes_.grad, x.dense_params * bytes_.param,
+                                                       x.expert_params * bytes_.param);
     const double tail = std::max(af_dp_tail_s(*this, s, x, dp, edp), dp_copies + staging);
     if (m * busy + tail + opt > worst_time) {
       worst_time = m * busy + tail + opt;

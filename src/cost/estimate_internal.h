@@ -135,6 +135,13 @@ inline double dp_staging_bytes(int zero, double m, int p, double grad, double pa
   return rs + 2 * m * dp_staged_bytes(DpStaging::kGatherForCompute, param, p);
 }
 
+// The same for a rank's dense chunks over dp (pd ranks) and its experts over edp (pe ranks), as dp_copy_bytes
+// takes them.
+inline double dp_staging_bytes(int zero, double m, int pd, int pe, double grad_d, double grad_e, double par_d,
+                               double par_e) {
+  return dp_staging_bytes(zero, m, pd, grad_d, par_d) + dp_staging_bytes(zero, m, pe, grad_e, par_e);
+}
+
 // The step time from its four parts, then tokens per step and per second and MFU (estimate.h's formulas), for a
 // strategy whose out->time is filled; both closed forms (estimate.cc, estimate_af.cc) end with it.
 inline void finish_step(const Strategy& s, double seq_len, double flops_per_token, double peak_flops, Estimate* out) {
