@@ -430,6 +430,13 @@ std::vector<double> RankLoads::peak_over(const std::vector<int>& held, int r) co
   return out;
 }
 
+RankLoads RankLoads::at_step(size_t s) const {
+  RankLoads out = *this;
+  if (out.peak.empty()) out.peak = factor;  // peak_of's fallback, kept when factor changes
+  out.factor = step_factor.at(s);
+  return out;
+}
+
 double RankLoads::busiest(int layer) const {
   for (size_t i = 0; i < layers.size(); ++i) {
     if (layers[i] == layer) return *std::max_element(factor[i].begin(), factor[i].end());

@@ -95,6 +95,10 @@ struct RankLoads {
   std::vector<double> peak_over(const std::vector<int>& held, int r) const;
   // The largest factor of any rank in `layer` (1 for a layer the file does not list).
   double busiest(int layer) const;
+  // These loads with step s's factors (step_factor[s]) as `factor`: what a simulation of that one step prices each
+  // rank's experts' time from; peak and step_factor stay (peak memory is the busiest step's either way).
+  // s < step_factor.size().
+  RankLoads at_step(size_t s) const;
 };
 
 // Errors: ep < 1 or ep not dividing num_experts (named, with the fix).

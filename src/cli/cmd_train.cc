@@ -338,6 +338,7 @@ Result<PredictionLoads> own_loads(const runtime::Trainer& trainer) {
             (trainer.options().migration.enabled ? ", contiguous placement: --migrate's moves not followed)" : ")");
   PIPER_ASSIGN_OR_RETURN(
       p.loads, measured_loads(trainer.expert_loads(), "(this run)", trainer.options().model, trainer.strategy().ep));
+  p.first_step = trainer.expert_loads().steps > 1 ? 1 : 0;  // the timed steps (runtime/training_run.cc)
   return p;
 }
 

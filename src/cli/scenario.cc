@@ -119,12 +119,17 @@ Result<Scenario> make_scenario(ModelSpec model, ClusterSpec cluster, const Scena
 
 std::string Scenario::expert_loads_line(bool per_rank) const {
   if (expert_loads.empty()) return "";
-  char buf[300];
+  const bool per_step = per_rank && !rank_loads.step_factor.empty();
+  char buf[400];
   std::snprintf(buf, sizeof(buf),
-                per_rank ? ": each ep rank's experts priced from its own measured share (time: its mean, memory: its "
-                           "busiest step); busiest %.3f x the mean at ep=%d, %.3f at its peak"
-                         : ": busiest ep rank %.3f x the mean at ep=%d (measured), %.3f at its peak; every rank's experts "
-                           "priced as the busiest's (time and memory)",
+                per_step ? ": each ep rank's experts priced from its own measured share (time: its share in each "
+                           "recorded step, the steps simulated one by one and averaged; memory: its busiest step); "
+                           "busiest %.3f x the mean at ep=%d, %.3f at its peak"
+                : per_rank
+                    ? ": each ep rank's experts priced from its own measured share (time: its mean, memory: its "
+                      "busiest step); busiest %.3f x the mean at ep=%d, %.3f at its peak"
+                    : ": busiest ep rank %.3f x the mean at ep=%d (measured), %.3f at its peak; every rank's experts "
+                      "priced as the busiest's (time and memory)",
                 calibration.expert_load_imbalance, strategy.ep, calibration.memory_load());
   return "experts   " + expert_loads + buf;
 }
@@ -141,7 +146,9 @@ Json Scenario::expert_loads_json(bool per_rank) const {
               {"imbalance", calibration.expert_load_imbalance},
               {"memory_load", calibration.memory_load()},
               {"ep", strategy.ep},
-              {"priced", per_rank ? "per_rank" : "busiest"},
+              {"priced", !per_rank                        ? "busiest"
+                         : rank_loads.step_factor.empty() ? "per_rank"
+                                                          : "per_rank_per_step"},
               {"layers", layers}};
 }
 

@@ -152,20 +152,27 @@ std::function<Result<compile::CostFn>(const Strategy&, const TrainSpec&)> local_
 
 namespace {
 
-// The note and JSON of a prediction priced from measured expert loads.
-void describe_loads(const PredictionLoads& l, int ep, PredictionReport* r) {
+// The note and JSON of a prediction priced from measured expert loads; step_times: the simulation's per-step times
+// (sim::SimResult::load_step_times_s; empty when it priced the run's mean loads).
+void describe_loads(const PredictionLoads& l, int ep, const std::vector<double>& step_times, PredictionReport* r) {
   char buf[160];
   std::snprintf(buf, sizeof(buf), " (busiest ep rank %.3f x the mean at ep=%d, %.3f at its peak)", l.loads.imbalance,
                 ep, l.loads.memory_load);
-  r->experts_note = "experts   loads: " + l.label + buf +
-                    ": sim prices each ep rank's experts (time, memory) from its own share; model prices every rank "
-                    "as the busiest";
+  std::string how = "its own share";
+  if (!step_times.empty()) {
+    const auto [lo, hi] = std::minmax_element(step_times.begin(), step_times.end());
+    how = "its own share in each step (the mean of " + std::to_string(step_times.size()) +
+          " steps simulated one by one, " + format_seconds(*lo) + " .. " + format_seconds(*hi) + ")";
+  }
+  r->experts_note = "experts   loads: " + l.label + buf + ": sim prices each ep rank's experts (time, memory) from " +
+                    how + "; model prices every rank as the busiest";
   r->experts_json = Json{{"source", l.label},
                          {"file", l.loads.file},
                          {"imbalance", l.loads.imbalance},
                          {"memory_load", l.loads.memory_load},
                          {"ep", ep},
-                         {"simulated", "per_rank"},
+                         {"simulated", step_times.empty() ? "per_rank" : "per_rank_per_step"},
+                         {"simulated_step_times_s", step_times},
                          {"resource_model", "busiest"}};
 }
 
@@ -197,11 +204,12 @@ Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, co
     }
     so.expert_loads.loads = loads->loads.ranks;
     so.expert_loads.plan_load = 1;  // the trainer compiled its plan for balanced experts (CompileOptions default)
-    describe_loads(*loads, plan.mesh.ep, &r);
+    so.expert_loads.first_step = loads->first_step;
   }
   so.record_timeline = !sim_trace.empty();
   PIPER_ASSIGN_OR_RETURN(sim::SimReport sim, sim::simulate_compiled(trainer.compiled(), model, machine.cluster, train,
                                                                     trainer.strategy(), machine.calibration, so));
+  if (loads != nullptr) describe_loads(*loads, plan.mesh.ep, sim.sim.load_step_times_s, &r);
   r.sim_plan_hash = sim.plan_hash;
   if (!sim_trace.empty()) {
     Status st = report::write_chrome_trace(sim_trace, plan, sim.sim, "piper train (simulated)");

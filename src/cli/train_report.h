@@ -92,6 +92,9 @@ struct RankComparison {
 struct PredictionLoads {
   std::string label;  // where they come from: "FILE (an earlier run)", "this run's own"
   MeasuredLoads loads;
+  // The first recorded step the simulated time averages over (sim::ExpertRankLoads::first_step): this run's own
+  // loads leave out its first step, as its measured step time does; a file's loads count every step.
+  size_t first_step = 0;
 };
 
 struct PredictionReport {

@@ -74,4 +74,13 @@ Result<RankLoadOverrides> rank_load_overrides(const compile::Program& prog,
   return o;
 }
 
+std::vector<size_t> load_steps(const ExpertRankLoads& loads) {
+  const size_t n = loads.loads.step_factor.size();
+  if (!loads.on() || loads.first_step >= n) return {};
+  const size_t count = n - loads.first_step, take = std::min(count, kMaxLoadSteps);
+  std::vector<size_t> out;
+  for (size_t k = 0; k < take; ++k) out.push_back(loads.first_step + k * count / take);
+  return out;
+}
+
 }  // namespace piper::sim

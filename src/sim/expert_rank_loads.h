@@ -29,11 +29,25 @@ namespace piper::sim {
 struct ExpertRankLoads {
   balance::RankLoads loads;  // no layers: off
   double plan_load = 1;      // the load the plan's experts buffers are sized for (CompileOptions::expert_load), > 0
+  // With per-step loads (loads.step_factor), the step's time is the mean over the recorded steps from this one on
+  // (load_steps()) of a simulation of each with that step's own factors (RankLoads::at_step): each all-to-all waits
+  // for the layer's busiest rank in that step, and which rank that is changes from step to step, so the run's mean
+  // loads (the mean of the maxima is above the maximum of the means) under-price it. piper train's own loads: 1, as
+  // its measured step time leaves the first step out.
+  size_t first_step = 0;
   // Seconds of an experts compute instruction at `load` x the mean rank's rows (task_time.h cost_expert_time;
   // simulate_compiled() fills it when empty).
   std::function<double(const compile::Instruction&, double load)> expert_time;
   bool on() const { return !loads.layers.empty(); }
 };
+
+// At most this many recorded steps are simulated one by one (evenly spaced over the steps from first_step).
+inline constexpr size_t kMaxLoadSteps = 16;
+
+// The steps of loads.step_factor a simulation averages its time over (above): none when off, without per-step
+// loads, or with first_step past the last step; else every step from first_step, or kMaxLoadSteps of them evenly
+// spaced, in increasing order.
+std::vector<size_t> load_steps(const ExpertRankLoads& loads);
 
 // One simulated rank's departures from its template.
 struct RankLoadOverrides {

@@ -746,18 +746,49 @@ Status check_expert_loads(const SimOptions& o, const compile::Plan& plan) {
   return ok_status();
 }
 
-}  // namespace
-
-Result<SimResult> simulate_plan(const compile::Plan& plan, const Network& net,
-                                const TaskTimeFn& task_time, const SimOptions& options) {
-  if (plan.templates.empty() || plan.world_size < 1) return invalid_argument("simulate_plan: the plan has no ranks");
-  if (plan.world_size % std::max(1, plan.mesh.dp * plan.mesh.tp) != 0 ||
-      plan.world_size != plan.mesh.pp * plan.mesh.dp * plan.mesh.tp) {
-    return invalid_argument("simulate_plan: world_size " + std::to_string(plan.world_size) +
-                            " is not pp*dp*tp = " + std::to_string(plan.mesh.pp * plan.mesh.dp * plan.mesh.tp));
+// Adds `one`'s times (a simulation of the same plan and ranks) to `sum`'s, each scaled by w.
+void add_times(const SimResult& one, double w, SimResult* sum) {
+  sum->step_time_s += w * one.step_time_s;
+  for (size_t i = 0; i < sum->ranks.size() && i < one.ranks.size(); ++i) {
+    RankStats& to = sum->ranks[i];
+    const RankStats& from = one.ranks[i];
+    to.finish_s += w * from.finish_s;
+    to.busy_s += w * from.busy_s;
+    to.exposed_comm_s += w * from.exposed_comm_s;
+    to.bubble_s += w * from.bubble_s;
+    to.comm_s += w * from.comm_s;
+    for (const auto& [group, sec] : from.exposed_by_group_s) {  // by name: each run lists them as they occur
+      auto& by = to.exposed_by_group_s;
+      auto it = std::find_if(by.begin(), by.end(), [&](const auto& e) { return e.first == group; });
+      if (it == by.end()) {
+        by.emplace_back(group, w * sec);
+      } else {
+        it->second += w * sec;
+      }
+    }
+    for (size_t k = 0; k < to.cpu_s_by_stream.size() && k < from.cpu_s_by_stream.size(); ++k) {
+      to.cpu_s_by_stream[k] += w * from.cpu_s_by_stream[k];
+    }
   }
-  PIPER_RETURN_IF_ERROR(check_core_pool(options));
-  PIPER_RETURN_IF_ERROR(check_expert_loads(options, plan));
+}
+
+// `base` (the run's mean loads) with its times replaced by the mean of `steps`' (SimResult::load_step_times_s).
+SimResult mean_of_steps(SimResult base, const std::vector<SimResult>& steps) {
+  base.step_time_s = 0;  // every time zeroed, the ranks, names and memory kept
+  for (RankStats& r : base.ranks) {
+    r.finish_s = r.busy_s = r.exposed_comm_s = r.bubble_s = r.comm_s = 0;
+    for (auto& g : r.exposed_by_group_s) g.second = 0;
+    std::fill(r.cpu_s_by_stream.begin(), r.cpu_s_by_stream.end(), 0.0);
+  }
+  for (const SimResult& one : steps) {
+    add_times(one, 1.0 / static_cast<double>(steps.size()), &base);
+    base.load_step_times_s.push_back(one.step_time_s);
+  }
+  return base;
+}
+
+Result<SimResult> simulate_once(const compile::Plan& plan, const Network& net, const TaskTimeFn& task_time,
+                                const SimOptions& options) {
   PIPER_ASSIGN_OR_RETURN(CommTemplates templates, CommTemplates::create(net, plan, !options.full));
   templates.set_reuse_slices(options.reuse_slice_templates);
   templates.set_halo_model(options.halo);
@@ -768,6 +799,32 @@ Result<SimResult> simulate_plan(const compile::Plan& plan, const Network& net,
   }
   Executor ex(plan, net, options, std::move(templates), std::move(infos));
   return ex.run();
+}
+
+}  // namespace
+
+Result<SimResult> simulate_plan(const compile::Plan& plan, const Network& net, const TaskTimeFn& task_time,
+                                const SimOptions& options) {
+  if (plan.templates.empty() || plan.world_size < 1) return invalid_argument("simulate_plan: the plan has no ranks");
+  if (plan.world_size % std::max(1, plan.mesh.dp * plan.mesh.tp) != 0 ||
+      plan.world_size != plan.mesh.pp * plan.mesh.dp * plan.mesh.tp) {
+    return invalid_argument("simulate_plan: world_size " + std::to_string(plan.world_size) +
+                            " is not pp*dp*tp = " + std::to_string(plan.mesh.pp * plan.mesh.dp * plan.mesh.tp));
+  }
+  PIPER_RETURN_IF_ERROR(check_core_pool(options));
+  PIPER_RETURN_IF_ERROR(check_expert_loads(options, plan));
+  PIPER_ASSIGN_OR_RETURN(SimResult base, simulate_once(plan, net, task_time, options));
+  const std::vector<size_t> steps = load_steps(options.expert_loads);
+  if (steps.empty()) return base;
+  std::vector<SimResult> each;
+  for (size_t s : steps) {
+    SimOptions one = options;
+    one.record_timeline = false;
+    one.expert_loads.loads = options.expert_loads.loads.at_step(s);
+    PIPER_ASSIGN_OR_RETURN(SimResult r, simulate_once(plan, net, task_time, one));
+    each.push_back(std::move(r));
+  }
+  return mean_of_steps(std::move(base), each);
 }
 
 }  // namespace piper::sim

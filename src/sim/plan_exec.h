@@ -180,6 +180,10 @@ struct SimResult {
   int64_t rate_updates = 0;      // max-min recomputations
   int64_t full_rate_updates = 0;  // of which over every flow in flight (reference_rates, or a shared link saturated)
   int comm_templates = 0;
+  // With per-step expert loads (ExpertRankLoads::first_step, load_steps()): each simulated step's time, in step
+  // order. step_time_s and every rank's finish, busy, exposed, bubble, comm and CPU seconds are then their means;
+  // the timeline, memory and peaks are those of the run's mean loads. Empty otherwise.
+  std::vector<double> load_step_times_s;
 };
 
 // Errors: a plan that needs more devices than the network has, an instruction the TaskTimeFn cannot price, an unknown

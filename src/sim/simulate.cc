@@ -196,6 +196,7 @@ Json SimReport::to_json() const {
   j["mfu"] = mfu;
   j["bubble_fraction"] = bubble_fraction;
   j["exposed_comm_fraction"] = exposed_comm_fraction;
+  if (!sim.load_step_times_s.empty()) j["load_step_times_s"] = sim.load_step_times_s;
   Json per_rank = Json::array();
   Json ranks = Json::array();
   for (const RankStats& r : sim.ranks) {

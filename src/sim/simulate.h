@@ -44,7 +44,8 @@ struct SimReport {
   double simulate_wall_s = 0;
 
   // step_time_s, tokens_per_s, mfu, bubble_fraction, exposed_comm_fraction, peak_memory_bytes {per_rank, max},
-  // ranks (per simulated rank: rank, pp_rank, busy/exposed_comm/bubble seconds, peak bytes), counters.
+  // ranks (per simulated rank: rank, pp_rank, busy/exposed_comm/bubble seconds, peak bytes), counters;
+  // load_step_times_s with per-step expert loads (SimResult::load_step_times_s).
   Json to_json() const;
 };
 

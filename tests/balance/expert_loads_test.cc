@@ -71,6 +71,28 @@ TEST(ExpertLoadsTest, RankLoadsAreEachRanksShareOverTheMeanRank) {
   EXPECT_FALSE(contiguous_rank_loads(l, 0).ok());
 }
 
+// A step's own loads (what a simulation of that step prices time from) replace the run's mean factors; the peak
+// (its busiest step) stays.
+TEST(ExpertLoadsTest, OneStepsLoadsReplaceTheMeanFactors) {
+  ExpertLoads l = two_layers();  // steps 1-2: layer 1 {6, 2, 0, 0}, layer 3 {2, 2, 2, 2}
+  ASSERT_TRUE(l.add_step({{1, {0, 0, 4, 4}}, {3, {0, 0, 0, 8}}}).ok());
+  const RankLoads r = contiguous_rank_loads(l, 2).value();  // per step, the mean rank has 4 rows in each layer
+  ASSERT_EQ(r.step_factor.size(), 3u);
+  EXPECT_EQ(r.factor[0], (std::vector<double>{16.0 / 12, 8.0 / 12}));  // the run: layer 1 {16, 8} over 12
+  const RankLoads first = r.at_step(0), last = r.at_step(2);
+  EXPECT_EQ(first.factor[0], (std::vector<double>{2, 0}));
+  EXPECT_EQ(first.factor[1], (std::vector<double>{1, 1}));
+  EXPECT_EQ(last.factor[0], (std::vector<double>{0, 2}));
+  EXPECT_EQ(last.factor[1], (std::vector<double>{0, 2}));
+  EXPECT_DOUBLE_EQ(last.of(3, 1), 2.0);
+  EXPECT_EQ(last.peak, r.peak);
+  EXPECT_EQ(last.step_factor, r.step_factor);
+  EXPECT_EQ(last.peak_over({1, 3}, 1), r.peak_over({1, 3}, 1));
+  RankLoads no_peak = r;  // built by hand, no busiest steps: the mean factors were its peak and stay so
+  no_peak.peak.clear();
+  EXPECT_EQ(no_peak.at_step(2).peak, r.factor);
+}
+
 // Each ep rank's busiest step (the most rows summed over the layers) is kept per recorded ep; its peak factor is
 // that step's rows over the mean rank's rows per step, and the memory load is the largest rank's mean over layers.
 TEST(ExpertLoadsTest, BusiestStepsAreEachRanksMostLoadedStep) {

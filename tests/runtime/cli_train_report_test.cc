@@ -403,6 +403,12 @@ TEST(CliTrainReport, RecordedExpertLoadsPriceEstimateAndSimulate) {
   EXPECT_NE(own["expert_loads"]["source"].get<std::string>().find("this run's own (3 steps"), std::string::npos)
       << own.dump();
   EXPECT_GT(own["expert_loads"]["imbalance"].get<double>(), 1.0);
+  // Its time: steps 2 and 3 (the timed ones) simulated one by one, each from its own loads, and averaged.
+  EXPECT_EQ(own["expert_loads"]["simulated"], "per_rank_per_step");
+  const auto& step_times = own["expert_loads"]["simulated_step_times_s"];
+  ASSERT_EQ(step_times.size(), 2u) << own.dump();
+  const double mean_step = 0.5 * (step_times[0].get<double>() + step_times[1].get<double>());
+  EXPECT_NEAR(own["simulated_step_time_s"].get<double>(), mean_step, 1e-12 * mean_step);
   const piper::Json file = read_json(loads);
   EXPECT_EQ(file["steps"], 3);
   // Every routed token of every step is counted once: 3 steps x 4 sequences x 16 tokens x top-k per MoE layer.
@@ -418,6 +424,16 @@ TEST(CliTrainReport, RecordedExpertLoadsPriceEstimateAndSimulate) {
   ASSERT_EQ(rc, 0);
   EXPECT_GT(skewed["expert_loads"]["imbalance"].get<double>(), 1.5) << skewed["expert_loads"].dump();
   EXPECT_GT(skewed["step_time_s"].get<double>(), balanced["step_time_s"].get<double>());
+  EXPECT_FALSE(skewed.contains("load_step_times_s"));  // representative ranks: the busiest rank's mean
+  // Every rank: the recorded file's 3 steps simulated one by one (per_rank_per_step), their mean the step.
+  const piper::Json stepwise =
+      piper::Json::parse(run("simulate" + scenario + " --full --expert-loads " + loads, &rc, true));
+  ASSERT_EQ(rc, 0);
+  EXPECT_EQ(stepwise["expert_loads"]["priced"], "per_rank_per_step");
+  ASSERT_EQ(stepwise["load_step_times_s"].size(), 3u) << stepwise.dump();
+  double sum_steps = 0;
+  for (const auto& t : stepwise["load_step_times_s"]) sum_steps += t.get<double>();
+  EXPECT_NEAR(stepwise["step_time_s"].get<double>(), sum_steps / 3, 1e-12 * sum_steps);
   const piper::Json est = piper::Json::parse(run("estimate" + scenario + " --expert-loads " + loads, &rc, true));
   ASSERT_EQ(rc, 0);
   EXPECT_EQ(est["expert_loads"]["imbalance"], skewed["expert_loads"]["imbalance"]);

@@ -115,6 +115,66 @@ TEST(ExpertRankLoadsTest, TheBusiestRankOfAFullSimulationIsTheRepresentativeOne)
               3.0 * experts_stash_bytes(flat_prog) + more_working, 8.0);
 }
 
+TEST(ExpertRankLoadsTest, LoadStepsAreTheStepsFromTheFirstEvenlySpaced) {
+  ExpertRankLoads l;
+  EXPECT_TRUE(load_steps(l).empty());  // off
+  l.loads = loads_of({1, 1, 1, 1});
+  EXPECT_TRUE(load_steps(l).empty());  // no per-step loads
+  l.loads.step_factor.assign(5, l.loads.factor);
+  EXPECT_EQ(load_steps(l), (std::vector<size_t>{0, 1, 2, 3, 4}));
+  l.first_step = 1;
+  EXPECT_EQ(load_steps(l), (std::vector<size_t>{1, 2, 3, 4}));
+  l.first_step = 5;
+  EXPECT_TRUE(load_steps(l).empty());
+  l.first_step = 1;
+  l.loads.step_factor.assign(1 + 2 * kMaxLoadSteps, l.loads.factor);
+  const std::vector<size_t> spaced = load_steps(l);
+  ASSERT_EQ(spaced.size(), kMaxLoadSteps);
+  for (size_t k = 0; k < spaced.size(); ++k) EXPECT_EQ(spaced[k], 1 + 2 * k);
+}
+
+// Two steps whose busiest rank changes: the run's mean loads are balanced, but each step waits for its busiest rank
+// at every all-to-all. Simulated step by step, the time is the mean of the two steps' own simulations, above the
+// mean loads' (here balanced); memory and the timeline stay the mean loads' simulation's.
+TEST(ExpertRankLoadsTest, PerStepLoadsTimeEachStepFromItsOwnBusiestRank) {
+  const Scene s = tiny_moe_ep4();
+  SimOptions mean;
+  mean.full = true;
+  mean.plan_hash = false;
+  mean.expert_loads.loads = loads_of({1.0, 1.0, 1.0, 1.0});
+  const SimReport balanced = simulate(s.model, s.cluster, s.train, s.strategy, {}, mean).value();
+  EXPECT_TRUE(balanced.sim.load_step_times_s.empty());
+  SimOptions each_step = mean;
+  const std::vector<std::vector<double>> first(3, {2.0, 0.0, 1.0, 1.0}), second(3, {0.0, 2.0, 1.0, 1.0});
+  each_step.expert_loads.loads.step_factor = {first, second};
+  const SimReport per_step = simulate(s.model, s.cluster, s.train, s.strategy, {}, each_step).value();
+  SimOptions mean_only = each_step;  // first_step past the last: the mean loads alone, peaks from the busiest step
+  mean_only.expert_loads.first_step = 2;
+  const SimReport mean_loads = simulate(s.model, s.cluster, s.train, s.strategy, {}, mean_only).value();
+  EXPECT_TRUE(mean_loads.sim.load_step_times_s.empty());
+  EXPECT_DOUBLE_EQ(mean_loads.step_time_s, balanced.step_time_s);
+  SimOptions one = mean;
+  one.expert_loads.loads = loads_of({2.0, 0.0, 1.0, 1.0});
+  const SimReport step0 = simulate(s.model, s.cluster, s.train, s.strategy, {}, one).value();
+  one.expert_loads.loads = loads_of({0.0, 2.0, 1.0, 1.0});
+  const SimReport step1 = simulate(s.model, s.cluster, s.train, s.strategy, {}, one).value();
+  ASSERT_EQ(per_step.sim.load_step_times_s.size(), 2u);
+  EXPECT_DOUBLE_EQ(per_step.sim.load_step_times_s[0], step0.step_time_s);
+  EXPECT_DOUBLE_EQ(per_step.sim.load_step_times_s[1], step1.step_time_s);
+  EXPECT_DOUBLE_EQ(per_step.step_time_s, 0.5 * (step0.step_time_s + step1.step_time_s));
+  EXPECT_GT(per_step.step_time_s, balanced.step_time_s);
+  for (size_t r = 0; r < per_step.sim.ranks.size(); ++r) {
+    EXPECT_NEAR(per_step.sim.ranks[r].busy_s, 0.5 * (step0.sim.ranks[r].busy_s + step1.sim.ranks[r].busy_s),
+                1e-12 * per_step.step_time_s)
+        << r;
+    EXPECT_EQ(per_step.sim.ranks[r].peak_bytes, mean_loads.sim.ranks[r].peak_bytes) << r;
+  }
+  // From the second step on (train's own loads leave the first out, as its measured time does): that step alone.
+  each_step.expert_loads.first_step = 1;
+  const SimReport from_second = simulate(s.model, s.cluster, s.train, s.strategy, {}, each_step).value();
+  EXPECT_DOUBLE_EQ(from_second.step_time_s, step1.step_time_s);
+}
+
 TEST(ExpertRankLoadsTest, RefusesLoadsItCannotApply) {
   const Scene s = tiny_moe_ep4();
   SimOptions o;
