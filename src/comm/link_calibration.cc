@@ -268,17 +268,18 @@ Result<SyncRounds> measure_sync(Communicator& w, const LinkCalibrationOptions& o
 constexpr std::vector<double> SyncRound::*kSampleFields[] = {&SyncRound::after_last_arrival_s, &SyncRound::iteration_s,
                                                              &SyncRound::work_cpu_s};
 
-// Every pair's samples in one set of rounds: round k of the result holds round k of each pair's first rank (its
-// partner holds the same figures). The pairs all measured at once, and the simulator charges every pair the same
-// figure: its expected value over the pairs, from R/2 times the samples of one pair.
-Result<std::vector<SyncRound>> pool_pairs(Communicator& world, const std::vector<SyncRound>& mine) {
+// Every group's samples in one set of rounds, for groups of `size` consecutive ranks (pairs, a node's ranks): round k
+// of the result holds round k of each group's first rank (the others hold the same figures). The groups all measured
+// at once, and the simulator charges every group the same figure: its expected value over the groups, from R / size
+// times the samples of one group.
+Result<std::vector<SyncRound>> pool_groups(Communicator& world, const std::vector<SyncRound>& mine, int size) {
   std::vector<SyncRound> pooled(mine.size());
   for (size_t k = 0; k < mine.size(); ++k) {
     for (auto field : kSampleFields) {
       const std::vector<double>& v = mine[k].*field;
       std::vector<double> all(v.size() * static_cast<size_t>(world.size()));
       PIPER_RETURN_IF_ERROR(wait(world, world.all_gather(v.data(), all.data(), v.size() * sizeof(double))));
-      for (size_t r = 0; r < static_cast<size_t>(world.size()); r += 2) {
+      for (size_t r = 0; r < static_cast<size_t>(world.size()); r += static_cast<size_t>(size)) {
         (pooled[k].*field)
             .insert((pooled[k].*field).end(), all.begin() + r * v.size(), all.begin() + (r + 1) * v.size());
       }
@@ -303,9 +304,34 @@ Status measure_syncs(Communicator& w, const LinkCalibrationOptions& o, LinkCalib
   const int first = w.rank() / 2 * 2;
   PIPER_ASSIGN_OR_RETURN(auto pair, w.split({first, first + 1}, "calibrate_pair"));
   PIPER_ASSIGN_OR_RETURN(SyncRounds pairs, measure_sync(*pair, o, o.sync_all_reduce_bytes, false));
-  PIPER_ASSIGN_OR_RETURN(pairs.idle, pool_pairs(w, pairs.idle));
-  PIPER_ASSIGN_OR_RETURN(pairs.busy, pool_pairs(w, pairs.busy));
+  PIPER_ASSIGN_OR_RETURN(pairs.idle, pool_groups(w, pairs.idle, 2));
+  PIPER_ASSIGN_OR_RETURN(pairs.busy, pool_groups(w, pairs.busy, 2));
   PIPER_ASSIGN_OR_RETURN(c->sync_pairs, summarize(pairs, o.trim));
+  return ok_status();
+}
+
+// The ranks of this rank's node (node-major ranks, find_nodes), for the figures of collectives inside one node;
+// null when the world is one node or a node holds a single rank.
+Result<std::unique_ptr<Communicator>> node_group(Communicator& w, const LinkCalibration& c, const std::string& name) {
+  if (c.hosts.size() < 2 || c.ranks_per_node < 2) return std::unique_ptr<Communicator>();
+  const int first = w.rank() / c.ranks_per_node * c.ranks_per_node;
+  std::vector<int> ranks(static_cast<size_t>(c.ranks_per_node));
+  for (int i = 0; i < c.ranks_per_node; ++i) ranks[static_cast<size_t>(i)] = first + i;
+  return w.split(ranks, name);
+}
+
+// Across nodes: the compute-then-collective figures over each node's own ranks, every node at once, pooled.
+Status measure_node_syncs(Communicator& w, const LinkCalibrationOptions& o, LinkCalibration* c) {
+  PIPER_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> node, node_group(w, *c, "calibrate_node"));
+  if (node == nullptr) return ok_status();
+  for (bool all_to_all : {false, true}) {
+    PIPER_ASSIGN_OR_RETURN(
+        SyncRounds r,
+        measure_sync(*node, o, all_to_all ? o.sync_all_to_all_bytes : o.sync_all_reduce_bytes, all_to_all));
+    PIPER_ASSIGN_OR_RETURN(r.idle, pool_groups(w, r.idle, c->ranks_per_node));
+    PIPER_ASSIGN_OR_RETURN(r.busy, pool_groups(w, r.busy, c->ranks_per_node));
+    PIPER_ASSIGN_OR_RETURN((all_to_all ? c->node_sync_all_to_all : c->node_sync_all_reduce), summarize(r, o.trim));
+  }
   return ok_status();
 }
 
@@ -481,6 +507,26 @@ Status measure_contended(Communicator& w, const LinkCalibrationOptions& o, int r
   return ok_status();
 }
 
+// Across nodes: the all-reduce and all-to-all over each node's own ranks while the cores compute, every node at once.
+Status measure_node_contended(Communicator& w, const LinkCalibrationOptions& o, LinkCalibration* c) {
+  PIPER_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> node, node_group(w, *c, "calibrate_contended_node"));
+  if (node == nullptr) return ok_status();
+  const int threads =
+      o.compute_threads > 0 ? o.compute_threads : std::max(1, static_cast<int>(o.cores / c->ranks_per_node));
+  std::vector<float> in(std::max<size_t>(1, o.sync_all_reduce_bytes / 4)), out(in.size());
+  PIPER_ASSIGN_OR_RETURN(c->node_contended_all_reduce, contended(w, o, threads, in.size() * 4, [&] {
+                           return wait_like_runtime(*node, node->all_reduce_sum(in.data(), out.data(), in.size()));
+                         }));
+  const size_t p = static_cast<size_t>(node->size()), per_peer = std::max<size_t>(1, o.sync_all_to_all_bytes / p);
+  std::vector<uint8_t> a2a_in(per_peer * p, 1), a2a_out(per_peer * p);
+  std::vector<size_t> split(p, per_peer);
+  PIPER_ASSIGN_OR_RETURN(c->node_contended_all_to_all, contended(w, o, threads, per_peer * p, [&] {
+                           return wait_like_runtime(*node,
+                                                    node->all_to_all_v(a2a_in.data(), split, a2a_out.data(), split));
+                         }));
+  return ok_status();
+}
+
 void progress(const Communicator& w, const char* what) {
   if (w.rank() == 0) std::fprintf(stderr, "calibrate: %s\n", what);
 }
@@ -612,6 +658,11 @@ Result<LinkCalibration> measure_links(Communicator& world, const LinkCalibration
   PIPER_RETURN_IF_ERROR(measure_syncs(world, options, &c));
   progress(world, "all-reduce, all-to-all, pairs and point to point while every rank's cores compute");
   PIPER_RETURN_IF_ERROR(measure_contended(world, options, c.ranks_per_node, &c));
+  if (c.hosts.size() > 1 && c.ranks_per_node >= 2) {
+    progress(world, "the same inside each node (every node's ranks at once)");
+    PIPER_RETURN_IF_ERROR(measure_node_syncs(world, options, &c));
+    PIPER_RETURN_IF_ERROR(measure_node_contended(world, options, &c));
+  }
   return c;
 }
 
@@ -735,6 +786,10 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
   if (c.contended_all_to_all.measured) m["contended_all_to_all"] = busy(c.contended_all_to_all);
   if (c.contended_pairs.measured) m["contended_all_reduce_pairs"] = busy(c.contended_pairs);
   if (c.contended_p2p.measured) m["contended_p2p"] = busy(c.contended_p2p);
+  if (c.node_sync_all_reduce.measured) m["node_sync_all_reduce"] = sync(c.node_sync_all_reduce);
+  if (c.node_sync_all_to_all.measured) m["node_sync_all_to_all"] = sync(c.node_sync_all_to_all);
+  if (c.node_contended_all_reduce.measured) m["node_contended_all_reduce"] = busy(c.node_contended_all_reduce);
+  if (c.node_contended_all_to_all.measured) m["node_contended_all_to_all"] = busy(c.node_contended_all_to_all);
   j["measured"] = m;
   return j;
 }
@@ -818,6 +873,10 @@ std::string to_text(const LinkCalibration& c) {
   busy("all-to-all", c.contended_all_to_all);
   busy("all-reduce in pairs", c.contended_pairs);
   busy("point to point in pairs", c.contended_p2p);
+  sync("inside each node: all-reduce", c.node_sync_all_reduce);
+  sync("inside each node: all-to-all", c.node_sync_all_to_all);
+  busy("inside each node: all-reduce", c.node_contended_all_reduce);
+  busy("inside each node: all-to-all", c.node_contended_all_to_all);
   return out;
 }
 

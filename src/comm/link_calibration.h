@@ -165,6 +165,11 @@ struct LinkCalibration {
   // (R even; point-to-point transfers, as pipelines make them).
   ContendedTiming contended_all_reduce, contended_all_to_all, contended_pairs, contended_p2p;
   ContendedTiming contended_all_reduce_large;  // LinkCalibrationOptions::contended_large_bytes
+  // Across nodes (2 or more hosts, 2 or more ranks each): the world all-reduce's and all-to-all's figures above again
+  // over each node's own ranks, every node at once (samples pooled over the nodes): what a collective inside one node
+  // costs, without the transport between nodes that the world's figures carry (node.*_node_* in the file's cluster).
+  SyncUnderLoad node_sync_all_reduce, node_sync_all_to_all;
+  ContendedTiming node_contended_all_reduce, node_contended_all_to_all;
 };
 
 // One core's seconds per byte a rank's port carries while the cores compute: the large all-reduce's own CPU per call

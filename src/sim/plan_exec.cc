@@ -490,6 +490,13 @@ double staging_cpu_s(const Instruction& in, size_t members, double per_byte) {
   return per_byte * cost::dp_staged_bytes(kind, static_cast<double>(in.comm_bytes), static_cast<int>(members));
 }
 
+// Whether the global ranks `members` all lie on one node of `ranks_per_node` consecutive ranks (false when 0).
+bool within_one_node(const std::vector<int>& members, int ranks_per_node) {
+  if (ranks_per_node < 1 || members.empty()) return false;
+  const int node = members.front() / ranks_per_node;
+  return std::all_of(members.begin(), members.end(), [&](int m) { return m / ranks_per_node == node; });
+}
+
 }  // namespace
 
 Status Executor::arrive_collective(int ri, int s, const Instruction& in) {
@@ -519,6 +526,12 @@ Status Executor::arrive_collective(int ri, int s, const Instruction& in) {
   const bool a2a = in.comm == ir::NodeKind::kAllToAll;
   double delay_s = a2a ? sync.all_to_all_s : sync.other_s;
   double cpu_s = a2a ? sync.cpu_all_to_all_s : sync.cpu_other_s;
+  if (within_one_node(members, sync.ranks_per_node)) {
+    const double node_delay_s = a2a ? sync.node_all_to_all_s : sync.node_other_s;
+    const double node_cpu_s = a2a ? sync.cpu_node_all_to_all_s : sync.cpu_node_other_s;
+    if (node_delay_s > 0) delay_s = node_delay_s;
+    if (node_cpu_s > 0) cpu_s = node_cpu_s;
+  }
   if (members.size() == 2 && sync.pair_s > 0) delay_s = sync.pair_s;
   if (members.size() == 2 && sync.cpu_pair_s > 0) cpu_s = sync.cpu_pair_s;
   cpu_s += staging_cpu_s(in, members.size(), sync.staging_s_per_byte);

@@ -98,6 +98,15 @@ struct SyncCost {
   // tasks, not time on the collective's own path (which the runtime's dp stream spends before and after the
   // transfer). 0 = none.
   double staging_s_per_byte = 0;
+  // A collective whose members all lie on one node (of ranks_per_node consecutive global ranks) takes these instead
+  // of all_to_all_s / other_s and cpu_all_to_all_s / cpu_other_s where they are > 0 (NodeSpec::*_node_*: measured
+  // over each node's own ranks when the calibration spans nodes; the world's figures carry the transport between
+  // nodes). ranks_per_node 0: every collective takes the figures above.
+  double node_all_to_all_s = 0;
+  double node_other_s = 0;
+  double cpu_node_all_to_all_s = 0;
+  double cpu_node_other_s = 0;
+  int ranks_per_node = 0;
 };
 
 struct SimOptions {

@@ -37,13 +37,17 @@ constexpr const char* kLatencyWhy = "seconds per message; links take 1e-6..1e-5"
 Status validate_shared_cores(const NodeSpec& node) {
   PIPER_RETURN_IF_ERROR(non_negative("node.shared_cores", node.shared_cores, kMaxSharedCores,
                                      "cores the node's CPU ranks share; 0 = devices that do not share"));
-  for (auto [name, v] : {std::pair{"node.sync_excess_all_to_all_s", node.sync_excess_all_to_all_s},
-                         std::pair{"node.sync_excess_other_s", node.sync_excess_other_s},
-                         std::pair{"node.sync_excess_pair_s", node.sync_excess_pair_s},
-                         std::pair{"node.busy_cpu_all_to_all_s", node.busy_cpu_all_to_all_s},
-                         std::pair{"node.busy_cpu_other_s", node.busy_cpu_other_s},
-                         std::pair{"node.busy_cpu_pair_s", node.busy_cpu_pair_s},
-                         std::pair{"node.busy_cpu_p2p_s", node.busy_cpu_p2p_s}}) {
+  for (auto [name, v] :
+       {std::pair{"node.sync_excess_all_to_all_s", node.sync_excess_all_to_all_s},
+        std::pair{"node.sync_excess_other_s", node.sync_excess_other_s},
+        std::pair{"node.sync_excess_pair_s", node.sync_excess_pair_s},
+        std::pair{"node.busy_cpu_all_to_all_s", node.busy_cpu_all_to_all_s},
+        std::pair{"node.busy_cpu_other_s", node.busy_cpu_other_s},
+        std::pair{"node.busy_cpu_pair_s", node.busy_cpu_pair_s}, std::pair{"node.busy_cpu_p2p_s", node.busy_cpu_p2p_s},
+        std::pair{"node.sync_excess_node_all_to_all_s", node.sync_excess_node_all_to_all_s},
+        std::pair{"node.sync_excess_node_other_s", node.sync_excess_node_other_s},
+        std::pair{"node.busy_cpu_node_all_to_all_s", node.busy_cpu_node_all_to_all_s},
+        std::pair{"node.busy_cpu_node_other_s", node.busy_cpu_node_other_s}}) {
     PIPER_RETURN_IF_ERROR(non_negative(name, v, 1.0, "seconds a collective takes on top of its transfer (measured)"));
   }
   PIPER_RETURN_IF_ERROR(non_negative("node.copy_cpu_s_per_byte", node.copy_cpu_s_per_byte, 1e-6,

@@ -77,6 +77,14 @@ struct NodeSpec {
   double busy_cpu_other_s = 0;
   double busy_cpu_pair_s = 0;
   double busy_cpu_p2p_s = 0;
+  // The same two kinds of figure for a collective among ranks of one node when the calibration spans nodes
+  // (`piper calibrate` across hosts measures them over each node's own ranks, every node at once): the world's
+  // figures above then carry the transport between nodes (the TCP stack's CPU), which a collective inside one node
+  // does not pay. 0 = as the figures above (a calibration of one node measures only those).
+  double sync_excess_node_all_to_all_s = 0;
+  double sync_excess_node_other_s = 0;
+  double busy_cpu_node_all_to_all_s = 0;
+  double busy_cpu_node_other_s = 0;
   // With shared_cores: one core's seconds per byte a rank's transfers carry while the cores compute (MPI's shared
   // memory copies each byte on both sides, and a reduction sums it), measured by `piper calibrate --ranks R` as the
   // rise of an all-reduce's own CPU from 4 KiB to 16 MiB beside computing threads (comm::copy_cpu_s_per_byte);

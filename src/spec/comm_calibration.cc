@@ -29,6 +29,10 @@ constexpr ExcessKey kExcessKeys[] = {
     {"contended_all_reduce", "cpu_s", &NodeSpec::busy_cpu_other_s},
     {"contended_all_reduce_pairs", "cpu_s", &NodeSpec::busy_cpu_pair_s},
     {"contended_p2p", "cpu_s", &NodeSpec::busy_cpu_p2p_s},
+    {"node_sync_all_to_all", "excess_s", &NodeSpec::sync_excess_node_all_to_all_s},
+    {"node_sync_all_reduce", "excess_s", &NodeSpec::sync_excess_node_other_s},
+    {"node_contended_all_to_all", "cpu_s", &NodeSpec::busy_cpu_node_all_to_all_s},
+    {"node_contended_all_reduce", "cpu_s", &NodeSpec::busy_cpu_node_other_s},
 };
 
 // measured.<kExcessKeys key>.<value>: applied to a node of the measured number of ranks only (the excess depends on how

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "piper/cost/copy_cost.h"
+#include "piper/sim/simulate.h"
 #include "piper/spec/cluster_loader.h"
 #include "piper/spec/comm_calibration.h"
 
@@ -130,6 +131,8 @@ TEST(LinkCalibration, TheFileSetsTheLinkAndTheSyncExcessForTheMeasuredRanksOnly)
   ASSERT_TRUE(round.ok()) << round.status().to_string();
   EXPECT_DOUBLE_EQ(round->node.busy_cpu_p2p_s, 0.4e-3);
   EXPECT_DOUBLE_EQ(round->node.busy_cpu_pair_s, 0.6e-3);
+  EXPECT_EQ(c.node.sync_excess_node_all_to_all_s, 0);  // one node: nothing measured inside a node apart
+  EXPECT_EQ(c.node.busy_cpu_node_other_s, 0);
 
   ClusterSpec two = *cluster;  // 2 ranks per node: the excess measured with 4 does not apply
   ASSERT_TRUE(apply_comm_calibration(file, "f.json", &two, &info).ok());
@@ -138,6 +141,46 @@ TEST(LinkCalibration, TheFileSetsTheLinkAndTheSyncExcessForTheMeasuredRanksOnly)
   EXPECT_TRUE(info.sync_measured);
   EXPECT_FALSE(info.sync_applied);
   EXPECT_EQ(info.sync_ranks_per_node, 4);
+}
+
+// Across nodes, the same figures measured over each node's own ranks set the node fields a collective inside one
+// node takes (the world's carry the transport between nodes); a cluster file keeps them.
+TEST(LinkCalibration, FiguresInsideOneNodeSetTheirOwnFields) {
+  comm::LinkCalibration two = one_node(4);
+  two.hosts = {"a", "b"};
+  two.ranks = 8;
+  two.node_sync_all_to_all = two.sync_all_to_all;
+  two.node_sync_all_to_all.excess_s = 0.3e-3;
+  two.node_sync_all_reduce = two.sync_all_reduce;
+  two.node_sync_all_reduce.excess_s = 0.2e-3;
+  two.node_contended_all_to_all = two.contended_all_to_all;
+  two.node_contended_all_to_all.cpu_s = 0.19e-3;
+  two.node_contended_all_reduce = two.contended_all_reduce;
+  two.node_contended_all_reduce.cpu_s = 0.22e-3;
+  const Json file = Json::parse(comm::link_calibration_json(two, "test").dump());
+  ASSERT_TRUE(file["measured"].contains("node_contended_all_to_all")) << file.dump();
+  ClusterSpec c = load_cluster("local-cpu", 1).value();  // the node figures alone matter here
+  c.node.devices_per_node = 4;
+  c.node.shared_cores = 1;
+  ASSERT_TRUE(apply_comm_calibration(file, "f.json", &c, nullptr).ok());
+  EXPECT_DOUBLE_EQ(c.node.sync_excess_all_to_all_s, 2.0e-3);  // the world's, as before
+  EXPECT_DOUBLE_EQ(c.node.sync_excess_node_all_to_all_s, 0.3e-3);
+  EXPECT_DOUBLE_EQ(c.node.sync_excess_node_other_s, 0.2e-3);
+  EXPECT_DOUBLE_EQ(c.node.busy_cpu_node_all_to_all_s, 0.19e-3);
+  EXPECT_DOUBLE_EQ(c.node.busy_cpu_node_other_s, 0.22e-3);
+  const sim::SyncCost cost = sim::sync_cost_of(c);
+  EXPECT_DOUBLE_EQ(cost.cpu_node_all_to_all_s, 0.19e-3);
+  EXPECT_EQ(cost.ranks_per_node, 4);
+  auto round = cluster_from_json(Json::parse(to_json(c).dump()), 1, "round trip");
+  ASSERT_TRUE(round.ok()) << round.status().to_string();
+  EXPECT_DOUBLE_EQ(round->node.busy_cpu_node_other_s, 0.22e-3);
+  EXPECT_DOUBLE_EQ(round->node.sync_excess_node_all_to_all_s, 0.3e-3);
+  Json bad = file;
+  bad["measured"]["node_contended_all_to_all"]["cpu_s"] = 2.0;  // seconds per call: at most 1
+  ClusterSpec d = c;
+  auto refused = apply_comm_calibration(bad, "f.json", &d, nullptr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.message().find("node_contended_all_to_all.cpu_s"), std::string::npos) << refused.message();
 }
 
 // The time after the last arrival on shared cores is bimodal (an early rank asleep in its backoff or not): the

@@ -81,6 +81,25 @@ TEST(SyncCost, EachCollectiveCompletesItsMeasuredExcessLater) {
   EXPECT_NEAR(step_s(ir::NodeKind::kAllToAll, {0.5, 0.25, 0.125}) - a2a, 0.125, 1e-9);  // two ranks: pair_s
 }
 
+// Measured across nodes, the world's figures carry the transport between them: a collective whose ranks all lie on
+// one node takes the figures measured inside a node (node_*_s), one that spans nodes the world's.
+TEST(SyncCost, ACollectiveInsideOneNodeTakesTheNodesFigures) {
+  const double base = step_s(ir::NodeKind::kAllReduce, {});
+  const double a2a = step_s(ir::NodeKind::kAllToAll, {});
+  SyncCost c{0.5, 0.25};
+  c.node_all_to_all_s = 0.0625;
+  c.node_other_s = 0.03125;
+  c.ranks_per_node = 2;  // both ranks on node 0
+  EXPECT_NEAR(step_s(ir::NodeKind::kAllReduce, c) - base, 0.03125, 1e-9);
+  EXPECT_NEAR(step_s(ir::NodeKind::kAllToAll, c) - a2a, 0.0625, 1e-9);
+  c.ranks_per_node = 1;  // one rank a node: the collective spans two nodes
+  EXPECT_NEAR(step_s(ir::NodeKind::kAllReduce, c) - base, 0.25, 1e-9);
+  EXPECT_NEAR(step_s(ir::NodeKind::kAllToAll, c) - a2a, 0.5, 1e-9);
+  c.ranks_per_node = 2;  // a figure not measured inside a node (0): the world's
+  c.node_other_s = 0;
+  EXPECT_NEAR(step_s(ir::NodeKind::kAllReduce, c) - base, 0.25, 1e-9);
+}
+
 // dp = 2 ranks on one node of 2 cores (one per rank): a compute stream (1 s, 1 s) and a communication stream whose
 // collective starts at t = 0, while both ranks compute: the node's cores are full.
 compile::Plan beside_compute() {
@@ -161,6 +180,21 @@ TEST(SyncCost, CommunicationsCpuSlowsTheComputeOfAFullNode) {
 
 // Each stream's CPU (RankStats::cpu_s_by_stream): its compute tasks' core-seconds, and the transfers' CPU on the
 // stream that ran them, whether the cores were full (2) or not (4).
+// The CPU a collective takes from the node's cores: inside one node the figure measured there.
+TEST(SyncCost, TheCpuOfACollectiveInsideOneNodeIsTheNodes) {
+  SyncCost world;
+  world.cpu_other_s = 0.5;
+  SyncCost node = world;
+  node.cpu_node_other_s = 0.125;
+  node.ranks_per_node = 2;
+  const auto [world_step, world_comm] = pooled_run(beside_compute(), world, 2);
+  const auto [node_step, node_comm] = pooled_run(beside_compute(), node, 2);
+  const auto [free_step, free_comm] = pooled_run(beside_compute(), SyncCost{}, 2);
+  // Each rank's share of the node's 2 cores pays the transfer's CPU: the step grows by it.
+  EXPECT_NEAR(world_step - free_step, 0.5, 1e-6);
+  EXPECT_NEAR(node_step - free_step, 0.125, 1e-6);
+}
+
 TEST(SyncCost, EachStreamIsChargedItsTasksAndItsTransfersCpu) {
   SyncCost cost;
   cost.cpu_other_s = 1.0;
