@@ -456,18 +456,36 @@ Result<ContendedTiming> contended(Communicator& w, const LinkCalibrationOptions&
   return t;
 }
 
+// The compute threads per rank beside the calls: LinkCalibrationOptions::compute_threads, else the node's cores over
+// its ranks (at least 1).
+int spinning_threads(const LinkCalibrationOptions& o, int ranks_per_node) {
+  return o.compute_threads > 0 ? o.compute_threads
+                               : std::max(1, static_cast<int>(o.cores / std::max(1, ranks_per_node)));
+}
+
+// The all-reduce of sync_all_reduce_bytes over `group` while the cores compute (every rank of `w` takes part).
+Result<ContendedTiming> contended_all_reduce(Communicator& w, Communicator& group, const LinkCalibrationOptions& o,
+                                             int threads) {
+  std::vector<float> in(std::max<size_t>(1, o.sync_all_reduce_bytes / 4)), out(in.size());
+  return contended(w, o, threads, in.size() * 4,
+                   [&] { return wait_like_runtime(group, group.all_reduce_sum(in.data(), out.data(), in.size())); });
+}
+
+// The all-to-all of sync_all_to_all_bytes per rank over `group` while the cores compute.
+Result<ContendedTiming> contended_all_to_all(Communicator& w, Communicator& group, const LinkCalibrationOptions& o,
+                                             int threads) {
+  const size_t p = static_cast<size_t>(group.size()), per_peer = std::max<size_t>(1, o.sync_all_to_all_bytes / p);
+  std::vector<uint8_t> in(per_peer * p, 1), out(per_peer * p);
+  std::vector<size_t> split(p, per_peer);
+  return contended(w, o, threads, per_peer * p,
+                   [&] { return wait_like_runtime(group, group.all_to_all_v(in.data(), split, out.data(), split)); });
+}
+
 // The world all-reduce (sync_all_reduce_bytes) and all-to-all (sync_all_to_all_bytes), the all-reduce in pairs and
 // the ping-pong in pairs (R even), each while the cores compute and without.
 Status measure_contended(Communicator& w, const LinkCalibrationOptions& o, int ranks_per_node, LinkCalibration* c) {
-  const int threads =
-      o.compute_threads > 0 ? o.compute_threads : std::max(1, static_cast<int>(o.cores / std::max(1, ranks_per_node)));
-  const size_t p = static_cast<size_t>(w.size());
-  std::vector<float> in(std::max<size_t>(1, o.sync_all_reduce_bytes / 4)), out(in.size());
-  auto all_reduce = [&in, &out](Communicator* comm) {
-    return
-        [&in, &out, comm] { return wait_like_runtime(*comm, comm->all_reduce_sum(in.data(), out.data(), in.size())); };
-  };
-  PIPER_ASSIGN_OR_RETURN(c->contended_all_reduce, contended(w, o, threads, in.size() * 4, all_reduce(&w)));
+  const int threads = spinning_threads(o, ranks_per_node);
+  PIPER_ASSIGN_OR_RETURN(c->contended_all_reduce, contended_all_reduce(w, w, o, threads));
   {
     std::vector<float> big_in(std::max<size_t>(1, o.contended_large_bytes / 4), 1.0f), big_out(big_in.size());
     LinkCalibrationOptions large = o;
@@ -478,16 +496,11 @@ Status measure_contended(Communicator& w, const LinkCalibrationOptions& o, int r
                                                       w.all_reduce_sum(big_in.data(), big_out.data(), big_in.size()));
                            }));
   }
-  const size_t per_peer = std::max<size_t>(1, o.sync_all_to_all_bytes / p);
-  std::vector<uint8_t> a2a_in(per_peer * p, 1), a2a_out(per_peer * p);
-  std::vector<size_t> split(p, per_peer);
-  PIPER_ASSIGN_OR_RETURN(c->contended_all_to_all, contended(w, o, threads, per_peer * p, [&] {
-                           return wait_like_runtime(w, w.all_to_all_v(a2a_in.data(), split, a2a_out.data(), split));
-                         }));
+  PIPER_ASSIGN_OR_RETURN(c->contended_all_to_all, contended_all_to_all(w, w, o, threads));
   if (w.size() < 4 || w.size() % 2 != 0) return ok_status();
   const int first = w.rank() / 2 * 2;
   PIPER_ASSIGN_OR_RETURN(auto pair, w.split({first, first + 1}, "calibrate_contended_pair"));
-  PIPER_ASSIGN_OR_RETURN(c->contended_pairs, contended(w, o, threads, in.size() * 4, all_reduce(pair.get())));
+  PIPER_ASSIGN_OR_RETURN(c->contended_pairs, contended_all_reduce(w, *pair, o, threads));
   std::vector<uint8_t> msg(o.contended_p2p_bytes, 1);
   const int peer = w.rank() ^ 1;
   const bool starts = w.rank() % 2 == 0;
@@ -511,19 +524,9 @@ Status measure_contended(Communicator& w, const LinkCalibrationOptions& o, int r
 Status measure_node_contended(Communicator& w, const LinkCalibrationOptions& o, LinkCalibration* c) {
   PIPER_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> node, node_group(w, *c, "calibrate_contended_node"));
   if (node == nullptr) return ok_status();
-  const int threads =
-      o.compute_threads > 0 ? o.compute_threads : std::max(1, static_cast<int>(o.cores / c->ranks_per_node));
-  std::vector<float> in(std::max<size_t>(1, o.sync_all_reduce_bytes / 4)), out(in.size());
-  PIPER_ASSIGN_OR_RETURN(c->node_contended_all_reduce, contended(w, o, threads, in.size() * 4, [&] {
-                           return wait_like_runtime(*node, node->all_reduce_sum(in.data(), out.data(), in.size()));
-                         }));
-  const size_t p = static_cast<size_t>(node->size()), per_peer = std::max<size_t>(1, o.sync_all_to_all_bytes / p);
-  std::vector<uint8_t> a2a_in(per_peer * p, 1), a2a_out(per_peer * p);
-  std::vector<size_t> split(p, per_peer);
-  PIPER_ASSIGN_OR_RETURN(c->node_contended_all_to_all, contended(w, o, threads, per_peer * p, [&] {
-                           return wait_like_runtime(*node,
-                                                    node->all_to_all_v(a2a_in.data(), split, a2a_out.data(), split));
-                         }));
+  const int threads = spinning_threads(o, c->ranks_per_node);
+  PIPER_ASSIGN_OR_RETURN(c->node_contended_all_reduce, contended_all_reduce(w, *node, o, threads));
+  PIPER_ASSIGN_OR_RETURN(c->node_contended_all_to_all, contended_all_to_all(w, *node, o, threads));
   return ok_status();
 }
 
