@@ -94,8 +94,7 @@ std::string sync_note(const CommCalibrationInfo& info, const ClusterSpec& cluste
                   n.busy_cpu_p2p_s * 1e3);
     note += buf;
   }
-  if (n.sync_excess_node_all_to_all_s > 0 || n.sync_excess_node_other_s > 0 || n.busy_cpu_node_all_to_all_s > 0 ||
-      n.busy_cpu_node_other_s > 0) {
+  if (n.node_figures) {
     std::snprintf(buf, sizeof(buf),
                   "; inside one node +%.3g / +%.3g ms per all-to-all / other collective, CPU %.3g / %.3g ms per rank",
                   n.sync_excess_node_all_to_all_s * 1e3, n.sync_excess_node_other_s * 1e3,

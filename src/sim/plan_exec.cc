@@ -526,14 +526,14 @@ Status Executor::arrive_collective(int ri, int s, const Instruction& in) {
   const bool a2a = in.comm == ir::NodeKind::kAllToAll;
   double delay_s = a2a ? sync.all_to_all_s : sync.other_s;
   double cpu_s = a2a ? sync.cpu_all_to_all_s : sync.cpu_other_s;
-  if (within_one_node(members, sync.ranks_per_node)) {
-    const double node_delay_s = a2a ? sync.node_all_to_all_s : sync.node_other_s;
-    const double node_cpu_s = a2a ? sync.cpu_node_all_to_all_s : sync.cpu_node_other_s;
-    if (node_delay_s > 0) delay_s = node_delay_s;
-    if (node_cpu_s > 0) cpu_s = node_cpu_s;
+  const bool inside = sync.node_figures && within_one_node(members, sync.ranks_per_node);
+  if (inside) {
+    delay_s = a2a ? sync.node_all_to_all_s : sync.node_other_s;
+    cpu_s = a2a ? sync.cpu_node_all_to_all_s : sync.cpu_node_other_s;
   }
-  if (members.size() == 2 && sync.pair_s > 0) delay_s = sync.pair_s;
-  if (members.size() == 2 && sync.cpu_pair_s > 0) cpu_s = sync.cpu_pair_s;
+  const bool pair = members.size() == 2 && (!sync.node_figures || inside);
+  if (pair && sync.pair_s > 0) delay_s = sync.pair_s;
+  if (pair && sync.cpu_pair_s > 0) cpu_s = sync.cpu_pair_s;
   cpu_s += staging_cpu_s(in, members.size(), sync.staging_s_per_byte);
   if (members.size() < 2) delay_s = cpu_s = 0;
   return start_op(std::move(parts), tmpl, static_cast<double>(in.comm_bytes), delay_s, cpu_s);
@@ -752,6 +752,16 @@ Status check_expert_loads(const SimOptions& o, const compile::Plan& plan) {
   if (l.loads.ep != std::max(1, plan.mesh.ep)) {
     return invalid_argument("simulate_plan: expert loads for ep=" + std::to_string(l.loads.ep) +
                             ", the plan has ep=" + std::to_string(plan.mesh.ep) + "; compute them for the plan's ep");
+  }
+  for (size_t s = 0; s < l.loads.step_factor.size(); ++s) {
+    const auto& step = l.loads.step_factor[s];
+    bool shaped = step.size() == l.loads.layers.size();
+    for (const auto& ranks : step) shaped = shaped && static_cast<int>(ranks.size()) == l.loads.ep;
+    if (!shaped) {
+      return invalid_argument("simulate_plan: expert loads of step " + std::to_string(s) +
+                              " are not one factor per ep " + "rank (" + std::to_string(l.loads.ep) +
+                              ") for each of the " + std::to_string(l.loads.layers.size()) + " MoE layers");
+    }
   }
   if (!(l.plan_load > 0) || !l.expert_time) {
     return invalid_argument("simulate_plan: expert loads need plan_load > 0 and an expert_time price");

@@ -98,10 +98,13 @@ struct SyncCost {
   // tasks, not time on the collective's own path (which the runtime's dp stream spends before and after the
   // transfer). 0 = none.
   double staging_s_per_byte = 0;
-  // A collective whose members all lie on one node (of ranks_per_node consecutive global ranks) takes these instead
-  // of all_to_all_s / other_s and cpu_all_to_all_s / cpu_other_s where they are > 0 (NodeSpec::*_node_*: measured
-  // over each node's own ranks when the calibration spans nodes; the world's figures carry the transport between
-  // nodes). ranks_per_node 0: every collective takes the figures above.
+  // With node_figures, a collective whose members all lie on one node (of ranks_per_node consecutive global ranks)
+  // takes these instead of all_to_all_s / other_s and cpu_all_to_all_s / cpu_other_s (NodeSpec::*_node_*: measured
+  // over each node's own ranks when the calibration spans nodes, whatever the group's size inside the node; the
+  // world's figures carry the transport between nodes), and the pair figures apply to pairs inside one node only (the
+  // calibration's pairs are); a collective across nodes takes the world's. Without: every collective takes the
+  // figures above, pairs pair_s / cpu_pair_s.
+  bool node_figures = false;
   double node_all_to_all_s = 0;
   double node_other_s = 0;
   double cpu_node_all_to_all_s = 0;
@@ -191,7 +194,8 @@ struct SimResult {
   int comm_templates = 0;
   // With per-step expert loads (ExpertRankLoads::first_step, load_steps()): each simulated step's time, in step
   // order. step_time_s and every rank's finish, busy, exposed, bubble, comm and CPU seconds are then their means;
-  // the timeline, memory and peaks are those of the run's mean loads. Empty otherwise.
+  // the timeline (whose spans end at that simulation's own step, not the mean), memory, peaks and the counters
+  // above are those of one simulation at the run's mean loads. Empty otherwise.
   std::vector<double> load_step_times_s;
 };
 

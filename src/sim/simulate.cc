@@ -61,6 +61,7 @@ SyncCost sync_cost_of(const ClusterSpec& cluster, const cost::Calibration& calib
              n.busy_cpu_other_s,         n.busy_cpu_pair_s,     n.busy_cpu_p2p_s};
   c.cpu_per_byte_s = cost::copy_seconds_per_byte(n);
   c.staging_s_per_byte = cost::staging_seconds_per_byte(n, cluster.device, calibration);
+  c.node_figures = n.node_figures;
   c.node_all_to_all_s = n.sync_excess_node_all_to_all_s;
   c.node_other_s = n.sync_excess_node_other_s;
   c.cpu_node_all_to_all_s = n.busy_cpu_node_all_to_all_s;

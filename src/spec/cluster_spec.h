@@ -80,7 +80,9 @@ struct NodeSpec {
   // The same two kinds of figure for a collective among ranks of one node when the calibration spans nodes
   // (`piper calibrate` across hosts measures them over each node's own ranks, every node at once): the world's
   // figures above then carry the transport between nodes (the TCP stack's CPU), which a collective inside one node
-  // does not pay. 0 = as the figures above (a calibration of one node measures only those).
+  // does not pay. Taken (a measured 0 too) when node_figures is set; else the figures above (a calibration of one
+  // node measures only those).
+  bool node_figures = false;
   double sync_excess_node_all_to_all_s = 0;
   double sync_excess_node_other_s = 0;
   double busy_cpu_node_all_to_all_s = 0;

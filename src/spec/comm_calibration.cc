@@ -35,6 +35,11 @@ constexpr ExcessKey kExcessKeys[] = {
     {"node_contended_all_reduce", "cpu_s", &NodeSpec::busy_cpu_node_other_s},
 };
 
+bool is_node_field(double NodeSpec::*field) {
+  return field == &NodeSpec::sync_excess_node_all_to_all_s || field == &NodeSpec::sync_excess_node_other_s ||
+         field == &NodeSpec::busy_cpu_node_all_to_all_s || field == &NodeSpec::busy_cpu_node_other_s;
+}
+
 // measured.<kExcessKeys key>.<value>: applied to a node of the measured number of ranks only (the excess depends on how
 // many ranks share the cores).
 Status apply_sync_excess(const Json& measured, const std::string& what, int ranks_per_node, ClusterSpec* cluster,
@@ -61,7 +66,15 @@ Status apply_sync_excess(const Json& measured, const std::string& what, int rank
     info->sync_ranks_per_node = ranks_per_node;
   }
   if (ranks_per_node != cluster->node.devices_per_node) return ok_status();
-  for (auto [field, excess] : found) cluster->node.*field = excess;
+  // The file's figures replace the node's whole set: figures inside a node left from another calibration go.
+  NodeSpec& n = cluster->node;
+  n.node_figures = false;
+  n.sync_excess_node_all_to_all_s = n.sync_excess_node_other_s = 0;
+  n.busy_cpu_node_all_to_all_s = n.busy_cpu_node_other_s = 0;
+  for (auto [field, excess] : found) {
+    n.*field = excess;
+    n.node_figures = n.node_figures || is_node_field(field);
+  }
   if (info != nullptr) info->sync_applied = true;
   return ok_status();
 }

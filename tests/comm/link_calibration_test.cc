@@ -131,7 +131,7 @@ TEST(LinkCalibration, TheFileSetsTheLinkAndTheSyncExcessForTheMeasuredRanksOnly)
   ASSERT_TRUE(round.ok()) << round.status().to_string();
   EXPECT_DOUBLE_EQ(round->node.busy_cpu_p2p_s, 0.4e-3);
   EXPECT_DOUBLE_EQ(round->node.busy_cpu_pair_s, 0.6e-3);
-  EXPECT_EQ(c.node.sync_excess_node_all_to_all_s, 0);  // one node: nothing measured inside a node apart
+  EXPECT_FALSE(c.node.node_figures);  // one node: nothing measured inside a node apart
   EXPECT_EQ(c.node.busy_cpu_node_other_s, 0);
 
   ClusterSpec two = *cluster;  // 2 ranks per node: the excess measured with 4 does not apply
@@ -152,7 +152,7 @@ TEST(LinkCalibration, FiguresInsideOneNodeSetTheirOwnFields) {
   two.node_sync_all_to_all = two.sync_all_to_all;
   two.node_sync_all_to_all.excess_s = 0.3e-3;
   two.node_sync_all_reduce = two.sync_all_reduce;
-  two.node_sync_all_reduce.excess_s = 0.2e-3;
+  two.node_sync_all_reduce.excess_s = 0;  // measured as nothing: taken, not the world's
   two.node_contended_all_to_all = two.contended_all_to_all;
   two.node_contended_all_to_all.cpu_s = 0.19e-3;
   two.node_contended_all_reduce = two.contended_all_reduce;
@@ -164,17 +164,27 @@ TEST(LinkCalibration, FiguresInsideOneNodeSetTheirOwnFields) {
   c.node.shared_cores = 1;
   ASSERT_TRUE(apply_comm_calibration(file, "f.json", &c, nullptr).ok());
   EXPECT_DOUBLE_EQ(c.node.sync_excess_all_to_all_s, 2.0e-3);  // the world's, as before
+  EXPECT_TRUE(c.node.node_figures);
   EXPECT_DOUBLE_EQ(c.node.sync_excess_node_all_to_all_s, 0.3e-3);
-  EXPECT_DOUBLE_EQ(c.node.sync_excess_node_other_s, 0.2e-3);
+  EXPECT_EQ(c.node.sync_excess_node_other_s, 0);
   EXPECT_DOUBLE_EQ(c.node.busy_cpu_node_all_to_all_s, 0.19e-3);
   EXPECT_DOUBLE_EQ(c.node.busy_cpu_node_other_s, 0.22e-3);
   const sim::SyncCost cost = sim::sync_cost_of(c);
+  EXPECT_TRUE(cost.node_figures);
   EXPECT_DOUBLE_EQ(cost.cpu_node_all_to_all_s, 0.19e-3);
   EXPECT_EQ(cost.ranks_per_node, 4);
   auto round = cluster_from_json(Json::parse(to_json(c).dump()), 1, "round trip");
   ASSERT_TRUE(round.ok()) << round.status().to_string();
   EXPECT_DOUBLE_EQ(round->node.busy_cpu_node_other_s, 0.22e-3);
   EXPECT_DOUBLE_EQ(round->node.sync_excess_node_all_to_all_s, 0.3e-3);
+  EXPECT_TRUE(round->node.node_figures);  // the measured 0 kept as measured
+  EXPECT_EQ(round->node.sync_excess_node_other_s, 0);
+  // A calibration of one host applied afterwards replaces the whole set: no figures inside a node are left over.
+  const Json one_host = Json::parse(comm::link_calibration_json(one_node(4), "test").dump());
+  ClusterSpec again = c;
+  ASSERT_TRUE(apply_comm_calibration(one_host, "g.json", &again, nullptr).ok());
+  EXPECT_FALSE(again.node.node_figures);
+  EXPECT_EQ(again.node.busy_cpu_node_all_to_all_s, 0);
   Json bad = file;
   bad["measured"]["node_contended_all_to_all"]["cpu_s"] = 2.0;  // seconds per call: at most 1
   ClusterSpec d = c;

@@ -187,6 +187,12 @@ TEST(ExpertRankLoadsTest, RefusesLoadsItCannotApply) {
   auto ep = simulate(s.model, s.cluster, s.train, s.strategy, {}, o);
   ASSERT_FALSE(ep.ok());
   EXPECT_NE(ep.status().message().find("ep=2, the plan has ep=4"), std::string::npos) << ep.status().message();
+  o.expert_loads.loads = loads_of({1, 1, 1, 1});
+  o.expert_loads.loads.step_factor = {{{1, 1, 1, 1}, {1, 1, 1}, {1, 1, 1, 1}}};  // layer 2 lacks a rank
+  auto shape = simulate(s.model, s.cluster, s.train, s.strategy, {}, o);
+  ASSERT_FALSE(shape.ok());
+  EXPECT_NE(shape.status().message().find("step 0 are not one factor per ep rank"), std::string::npos)
+      << shape.status().message();
 }
 
 }  // namespace

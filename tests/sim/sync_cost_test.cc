@@ -89,15 +89,24 @@ TEST(SyncCost, ACollectiveInsideOneNodeTakesTheNodesFigures) {
   SyncCost c{0.5, 0.25};
   c.node_all_to_all_s = 0.0625;
   c.node_other_s = 0.03125;
-  c.ranks_per_node = 2;  // both ranks on node 0
+  c.ranks_per_node = 2;  // both ranks on node 0, but no figures measured inside a node: the world's
+  EXPECT_NEAR(step_s(ir::NodeKind::kAllReduce, c) - base, 0.25, 1e-9);
+  c.node_figures = true;
   EXPECT_NEAR(step_s(ir::NodeKind::kAllReduce, c) - base, 0.03125, 1e-9);
   EXPECT_NEAR(step_s(ir::NodeKind::kAllToAll, c) - a2a, 0.0625, 1e-9);
   c.ranks_per_node = 1;  // one rank a node: the collective spans two nodes
   EXPECT_NEAR(step_s(ir::NodeKind::kAllReduce, c) - base, 0.25, 1e-9);
   EXPECT_NEAR(step_s(ir::NodeKind::kAllToAll, c) - a2a, 0.5, 1e-9);
-  c.ranks_per_node = 2;  // a figure not measured inside a node (0): the world's
+  c.ranks_per_node = 2;  // measured inside a node as 0: taken
   c.node_other_s = 0;
+  EXPECT_EQ(step_s(ir::NodeKind::kAllReduce, c), base);
+  // The pair figure (the calibration's pairs lie inside a node): a pair inside one node, not one across nodes.
+  c.pair_s = 0.125;
+  EXPECT_NEAR(step_s(ir::NodeKind::kAllReduce, c) - base, 0.125, 1e-9);
+  c.ranks_per_node = 1;
   EXPECT_NEAR(step_s(ir::NodeKind::kAllReduce, c) - base, 0.25, 1e-9);
+  c.node_figures = false;  // without figures inside a node every pair takes it, as before
+  EXPECT_NEAR(step_s(ir::NodeKind::kAllReduce, c) - base, 0.125, 1e-9);
 }
 
 // dp = 2 ranks on one node of 2 cores (one per rank): a compute stream (1 s, 1 s) and a communication stream whose
@@ -178,22 +187,27 @@ TEST(SyncCost, CommunicationsCpuSlowsTheComputeOfAFullNode) {
   EXPECT_NEAR(pooled_run(p2p_beside_compute(), p2p, 2).first, 3.0, 1e-9);
 }
 
-// Each stream's CPU (RankStats::cpu_s_by_stream): its compute tasks' core-seconds, and the transfers' CPU on the
-// stream that ran them, whether the cores were full (2) or not (4).
-// The CPU a collective takes from the node's cores: inside one node the figure measured there.
+// The CPU a collective takes from the node's cores: inside one node the figure measured there, across nodes the
+// world's.
 TEST(SyncCost, TheCpuOfACollectiveInsideOneNodeIsTheNodes) {
   SyncCost world;
   world.cpu_other_s = 0.5;
   SyncCost node = world;
+  node.node_figures = true;
   node.cpu_node_other_s = 0.125;
   node.ranks_per_node = 2;
-  const auto [world_step, world_comm] = pooled_run(beside_compute(), world, 2);
-  const auto [node_step, node_comm] = pooled_run(beside_compute(), node, 2);
-  const auto [free_step, free_comm] = pooled_run(beside_compute(), SyncCost{}, 2);
+  const double world_step = pooled_run(beside_compute(), world, 2).first;
+  const double node_step = pooled_run(beside_compute(), node, 2).first;
+  const double free_step = pooled_run(beside_compute(), SyncCost{}, 2).first;
   // Each rank's share of the node's 2 cores pays the transfer's CPU: the step grows by it.
   EXPECT_NEAR(world_step - free_step, 0.5, 1e-6);
   EXPECT_NEAR(node_step - free_step, 0.125, 1e-6);
+  node.ranks_per_node = 1;  // the two ranks on two nodes
+  EXPECT_NEAR(pooled_run(beside_compute(), node, 2).first - free_step, 0.5, 1e-6);
 }
+
+// Each stream's CPU (RankStats::cpu_s_by_stream): its compute tasks' core-seconds, and the transfers' CPU on the
+// stream that ran them, whether the cores were full (2) or not (4).
 
 TEST(SyncCost, EachStreamIsChargedItsTasksAndItsTransfersCpu) {
   SyncCost cost;
