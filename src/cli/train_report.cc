@@ -176,6 +176,58 @@ void describe_loads(const PredictionLoads& l, int ep, const std::vector<double>&
                          {"resource_model", "busiest"}};
 }
 
+// The closed form's estimate of the trainer's strategy into *e; false when it has none (a registered schedule, a
+// directive file's own order, or a strategy estimate() answers Unimplemented for: the 'model' peak is then the
+// compiled plan's, static bytes + the planned activations of the rank's program, and there is no modelled step time;
+// *note says so). af-pipe has one (cost/estimate_af.cc), per pipeline rank of either side.
+Result<bool> closed_form(const runtime::Trainer& trainer, const LocalMachine& machine, cost::Estimate* e,
+                         std::string* note) {
+  const bool custom = trainer.strategy().schedule_kind() == ScheduleKind::kCustom;
+  const bool own_order = !trainer.options().directives.empty() && trainer.predicted_memory().total() <= 0;
+  if (custom || own_order) {
+    *note = std::string(custom ? "schedule=" + trainer.strategy().schedule : "the directive file's own schedule") +
+            ": estimate() has no closed form; the 'model' peak is the compiled plan's, no modelled step";
+    return false;
+  }
+  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm, cost::CostModel::create(trainer.options().model, machine.cluster,
+                                                                     trainer.train_spec(), machine.calibration));
+  Result<cost::Estimate> got = cm.estimate(trainer.strategy());
+  if (got.ok()) {
+    *e = std::move(got).value();
+    return true;
+  }
+  if (got.status().code() != StatusCode::kUnimplemented) return got.status();
+  *note = got.status().message() + "; the 'model' peak is the compiled plan's, no modelled step";
+  return false;
+}
+
+// One rank's measured figures beside the simulation's and the closed form's (or the compiled plan's peak).
+RankComparison compare_rank(const runtime::Trainer& trainer, const sim::SimReport& sim, const cost::Estimate& e,
+                            bool no_closed_form, int rank, const RankMeasurement& measured) {
+  const compile::Plan& plan = trainer.compiled().plan;
+  RankComparison c;
+  c.rank = rank;
+  c.pp_rank = plan.coords[static_cast<size_t>(rank)].pp;
+  c.measured = measured;
+  c.sim_step_s = sim.step_time_s;
+  c.model_step_s = e.step_time_s;
+  for (const sim::RankStats& s : sim.sim.ranks) {
+    if (s.rank != rank) continue;
+    c.sim_busy_s = s.busy_s;
+    c.sim_peak_bytes = static_cast<double>(s.peak_bytes);
+    for (double cpu : s.cpu_s_by_stream) c.sim_cpu_s += cpu;
+  }
+  if (no_closed_form) {
+    const size_t tmpl = static_cast<size_t>(plan.rank_template[static_cast<size_t>(rank)]);
+    if (tmpl < trainer.compiled().stats.peak_bytes.size()) {
+      c.model_peak_bytes = static_cast<double>(trainer.compiled().stats.peak_bytes[tmpl]);
+    }
+  } else if (c.pp_rank < static_cast<int>(e.ranks.size())) {
+    c.model_peak_bytes = e.ranks[static_cast<size_t>(c.pp_rank)].total();
+  }
+  return c;
+}
+
 }  // namespace
 
 Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, const LocalMachine& machine_in,
@@ -215,56 +267,19 @@ Result<PredictionReport> predict_vs_measured(const runtime::Trainer& trainer, co
     Status st = report::write_chrome_trace(sim_trace, plan, sim.sim, "piper train (simulated)");
     if (!st.ok()) return st.with_context("--sim-trace " + sim_trace);
   }
-  PIPER_ASSIGN_OR_RETURN(cost::CostModel cm,
-                         cost::CostModel::create(model, machine.cluster, train, machine.calibration));
   cost::Estimate e;
-  // estimate() has no closed-form model of a registered schedule or of a directive file's own order, nor of any
-  // strategy it answers Unimplemented for: the 'model' peak is the compiled plan's (static bytes + the planned
-  // activations of the rank's program) and there is no modelled step time. af-pipe has one (cost/estimate_af.cc),
-  // per pipeline rank of either side.
-  const bool custom = trainer.strategy().schedule_kind() == ScheduleKind::kCustom;
-  const bool own_order = !trainer.options().directives.empty() && trainer.predicted_memory().total() <= 0;
-  bool no_closed_form = custom || own_order;
-  if (no_closed_form) {
-    r.note = std::string(custom ? "schedule=" + trainer.strategy().schedule : "the directive file's own schedule") +
-             ": estimate() has no closed form; the 'model' peak is the compiled plan's, no modelled step";
-  } else if (Result<cost::Estimate> got = cm.estimate(trainer.strategy()); got.ok()) {
-    e = std::move(got).value();
-  } else if (got.status().code() == StatusCode::kUnimplemented) {
-    no_closed_form = true;
-    r.note = got.status().message() + "; the 'model' peak is the compiled plan's, no modelled step";
-  } else {
-    return got.status();
-  }
+  PIPER_ASSIGN_OR_RETURN(const bool has_closed_form, closed_form(trainer, machine, &e, &r.note));
   r.sim_step_s = sim.step_time_s;
   r.model_step_s = e.step_time_s;
   for (int rank = 0; rank < plan.world_size; ++rank) {
-    RankComparison c;
-    c.rank = rank;
-    c.pp_rank = plan.coords[static_cast<size_t>(rank)].pp;
-    c.measured = measured[static_cast<size_t>(rank)];
-    c.sim_step_s = sim.step_time_s;
-    c.model_step_s = e.step_time_s;
-    for (const sim::RankStats& s : sim.sim.ranks) {
-      if (s.rank != rank) continue;
-      c.sim_busy_s = s.busy_s;
-      c.sim_peak_bytes = static_cast<double>(s.peak_bytes);
-      for (double cpu : s.cpu_s_by_stream) c.sim_cpu_s += cpu;
-      if (rank != 0) continue;
-      const auto& streams = plan.templates[static_cast<size_t>(plan.rank_template[0])].streams;
-      for (size_t k = 0; k < s.cpu_s_by_stream.size() && k < streams.size(); ++k) {
-        r.sim_stream_cpu_s.emplace_back(streams[k].name, s.cpu_s_by_stream[k]);
-      }
+    r.ranks.push_back(compare_rank(trainer, sim, e, !has_closed_form, rank, measured[static_cast<size_t>(rank)]));
+  }
+  const auto& streams = plan.templates[static_cast<size_t>(plan.rank_template[0])].streams;
+  for (const sim::RankStats& s : sim.sim.ranks) {
+    if (s.rank != 0) continue;
+    for (size_t k = 0; k < s.cpu_s_by_stream.size() && k < streams.size(); ++k) {
+      r.sim_stream_cpu_s.emplace_back(streams[k].name, s.cpu_s_by_stream[k]);
     }
-    if (no_closed_form) {
-      const size_t tmpl = static_cast<size_t>(plan.rank_template[static_cast<size_t>(rank)]);
-      if (tmpl < trainer.compiled().stats.peak_bytes.size()) {
-        c.model_peak_bytes = static_cast<double>(trainer.compiled().stats.peak_bytes[tmpl]);
-      }
-    } else if (c.pp_rank < static_cast<int>(e.ranks.size())) {
-      c.model_peak_bytes = e.ranks[static_cast<size_t>(c.pp_rank)].total();
-    }
-    r.ranks.push_back(c);
   }
   return r;
 }
