@@ -248,6 +248,21 @@ class Executor {
   std::unordered_map<const FlowTemplate*, double> template_bytes_;  // bytes per unit payload, summed over flows
 };
 
+namespace {
+
+// Adds `seconds` to `group`'s entry of a rank's exposed communication by group (RankStats::exposed_by_group_s), which
+// lists the groups in the order they first occur.
+void add_group_seconds(const std::string& group, double seconds, std::vector<std::pair<std::string, double>>* by) {
+  auto it = std::find_if(by->begin(), by->end(), [&](const auto& e) { return e.first == group; });
+  if (it == by->end()) {
+    by->emplace_back(group, seconds);
+  } else {
+    it->second += seconds;
+  }
+}
+
+}  // namespace
+
 void Executor::account(RankState& r, double t) {
   const double dt = t - r.last_s;
   if (dt <= 0) return;
@@ -256,14 +271,7 @@ void Executor::account(RankState& r, double t) {
   } else if (r.comm_active > 0) {
     r.stats.exposed_comm_s += dt;
     for (const auto& [group, n] : r.active_groups) {
-      if (n <= 0) continue;
-      auto& by = r.stats.exposed_by_group_s;
-      auto it = std::find_if(by.begin(), by.end(), [&](const auto& e) { return e.first == group; });
-      if (it == by.end()) {
-        by.emplace_back(group, dt);
-      } else {
-        it->second += dt;
-      }
+      if (n > 0) add_group_seconds(group, dt, &r.stats.exposed_by_group_s);
     }
   } else {
     r.stats.bubble_s += dt;
@@ -769,43 +777,30 @@ Status check_expert_loads(const SimOptions& o, const compile::Plan& plan) {
   return ok_status();
 }
 
-// Adds `one`'s times (a simulation of the same plan and ranks) to `sum`'s, each scaled by w.
-void add_times(const SimResult& one, double w, SimResult* sum) {
-  sum->step_time_s += w * one.step_time_s;
+// `sum`'s times (of a simulation of the same plan and ranks) scaled by `keep`, plus `one`'s scaled by w.
+void blend_times(const SimResult& one, double keep, double w, SimResult* sum) {
+  sum->step_time_s = keep * sum->step_time_s + w * one.step_time_s;
   for (size_t i = 0; i < sum->ranks.size() && i < one.ranks.size(); ++i) {
     RankStats& to = sum->ranks[i];
     const RankStats& from = one.ranks[i];
-    to.finish_s += w * from.finish_s;
-    to.busy_s += w * from.busy_s;
-    to.exposed_comm_s += w * from.exposed_comm_s;
-    to.bubble_s += w * from.bubble_s;
-    to.comm_s += w * from.comm_s;
-    for (const auto& [group, sec] : from.exposed_by_group_s) {  // by name: each run lists them as they occur
-      auto& by = to.exposed_by_group_s;
-      auto it = std::find_if(by.begin(), by.end(), [&](const auto& e) { return e.first == group; });
-      if (it == by.end()) {
-        by.emplace_back(group, w * sec);
-      } else {
-        it->second += w * sec;
-      }
+    for (double RankStats::*f : {&RankStats::finish_s, &RankStats::busy_s, &RankStats::exposed_comm_s,
+                                 &RankStats::bubble_s, &RankStats::comm_s}) {
+      to.*f = keep * (to.*f) + w * (from.*f);
     }
+    for (auto& g : to.exposed_by_group_s) g.second *= keep;
+    for (const auto& [group, sec] : from.exposed_by_group_s) add_group_seconds(group, w * sec, &to.exposed_by_group_s);
     for (size_t k = 0; k < to.cpu_s_by_stream.size() && k < from.cpu_s_by_stream.size(); ++k) {
-      to.cpu_s_by_stream[k] += w * from.cpu_s_by_stream[k];
+      to.cpu_s_by_stream[k] = keep * to.cpu_s_by_stream[k] + w * from.cpu_s_by_stream[k];
     }
   }
 }
 
-// `base` (the run's mean loads) with its times replaced by the mean of `steps`' (SimResult::load_step_times_s).
+// `base` (the run's mean loads) with its times replaced by the mean of `steps`' (SimResult::load_step_times_s); its
+// ranks, names and memory kept.
 SimResult mean_of_steps(SimResult base, const std::vector<SimResult>& steps) {
-  base.step_time_s = 0;  // every time zeroed, the ranks, names and memory kept
-  for (RankStats& r : base.ranks) {
-    r.finish_s = r.busy_s = r.exposed_comm_s = r.bubble_s = r.comm_s = 0;
-    for (auto& g : r.exposed_by_group_s) g.second = 0;
-    std::fill(r.cpu_s_by_stream.begin(), r.cpu_s_by_stream.end(), 0.0);
-  }
-  for (const SimResult& one : steps) {
-    add_times(one, 1.0 / static_cast<double>(steps.size()), &base);
-    base.load_step_times_s.push_back(one.step_time_s);
+  for (size_t k = 0; k < steps.size(); ++k) {
+    blend_times(steps[k], k == 0 ? 0.0 : 1.0, 1.0 / static_cast<double>(steps.size()), &base);
+    base.load_step_times_s.push_back(steps[k].step_time_s);
   }
   return base;
 }
