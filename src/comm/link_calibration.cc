@@ -295,18 +295,33 @@ Result<SyncUnderLoad> summarize(const SyncRounds& r, double trim) {
 }
 
 // The world all-reduce and all-to-all after compute and (R >= 4, even) the all-reduce in pairs, every pair at once.
+// This rank's group of `size` consecutive ranks (the world splits into such groups, every rank calling).
+Result<std::unique_ptr<Communicator>> consecutive_group(Communicator& w, int size, const std::string& name) {
+  const int first = w.rank() / size * size;
+  std::vector<int> ranks(static_cast<size_t>(size));
+  for (int i = 0; i < size; ++i) ranks[static_cast<size_t>(i)] = first + i;
+  return w.split(ranks, name);
+}
+
+// The compute-then-collective figures of the all-reduce (or all-to-all) over `group`, one of the world's groups of
+// consecutive ranks all measuring at once, their samples pooled.
+Result<SyncUnderLoad> group_sync(Communicator& w, Communicator& group, const LinkCalibrationOptions& o,
+                                 bool all_to_all) {
+  PIPER_ASSIGN_OR_RETURN(
+      SyncRounds r, measure_sync(group, o, all_to_all ? o.sync_all_to_all_bytes : o.sync_all_reduce_bytes, all_to_all));
+  PIPER_ASSIGN_OR_RETURN(r.idle, pool_groups(w, r.idle, group.size()));
+  PIPER_ASSIGN_OR_RETURN(r.busy, pool_groups(w, r.busy, group.size()));
+  return summarize(r, o.trim);
+}
+
 Status measure_syncs(Communicator& w, const LinkCalibrationOptions& o, LinkCalibration* c) {
   PIPER_ASSIGN_OR_RETURN(SyncRounds all_reduce, measure_sync(w, o, o.sync_all_reduce_bytes, false));
   PIPER_ASSIGN_OR_RETURN(c->sync_all_reduce, summarize(all_reduce, o.trim));
   PIPER_ASSIGN_OR_RETURN(SyncRounds all_to_all, measure_sync(w, o, o.sync_all_to_all_bytes, true));
   PIPER_ASSIGN_OR_RETURN(c->sync_all_to_all, summarize(all_to_all, o.trim));
   if (w.size() < 4 || w.size() % 2 != 0) return ok_status();
-  const int first = w.rank() / 2 * 2;
-  PIPER_ASSIGN_OR_RETURN(auto pair, w.split({first, first + 1}, "calibrate_pair"));
-  PIPER_ASSIGN_OR_RETURN(SyncRounds pairs, measure_sync(*pair, o, o.sync_all_reduce_bytes, false));
-  PIPER_ASSIGN_OR_RETURN(pairs.idle, pool_groups(w, pairs.idle, 2));
-  PIPER_ASSIGN_OR_RETURN(pairs.busy, pool_groups(w, pairs.busy, 2));
-  PIPER_ASSIGN_OR_RETURN(c->sync_pairs, summarize(pairs, o.trim));
+  PIPER_ASSIGN_OR_RETURN(auto pair, consecutive_group(w, 2, "calibrate_pair"));
+  PIPER_ASSIGN_OR_RETURN(c->sync_pairs, group_sync(w, *pair, o, false));
   return ok_status();
 }
 
@@ -314,24 +329,15 @@ Status measure_syncs(Communicator& w, const LinkCalibrationOptions& o, LinkCalib
 // null when the world is one node or a node holds a single rank.
 Result<std::unique_ptr<Communicator>> node_group(Communicator& w, const LinkCalibration& c, const std::string& name) {
   if (c.hosts.size() < 2 || c.ranks_per_node < 2) return std::unique_ptr<Communicator>();
-  const int first = w.rank() / c.ranks_per_node * c.ranks_per_node;
-  std::vector<int> ranks(static_cast<size_t>(c.ranks_per_node));
-  for (int i = 0; i < c.ranks_per_node; ++i) ranks[static_cast<size_t>(i)] = first + i;
-  return w.split(ranks, name);
+  return consecutive_group(w, c.ranks_per_node, name);
 }
 
 // Across nodes: the compute-then-collective figures over each node's own ranks, every node at once, pooled.
 Status measure_node_syncs(Communicator& w, const LinkCalibrationOptions& o, LinkCalibration* c) {
   PIPER_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> node, node_group(w, *c, "calibrate_node"));
   if (node == nullptr) return ok_status();
-  for (bool all_to_all : {false, true}) {
-    PIPER_ASSIGN_OR_RETURN(
-        SyncRounds r,
-        measure_sync(*node, o, all_to_all ? o.sync_all_to_all_bytes : o.sync_all_reduce_bytes, all_to_all));
-    PIPER_ASSIGN_OR_RETURN(r.idle, pool_groups(w, r.idle, c->ranks_per_node));
-    PIPER_ASSIGN_OR_RETURN(r.busy, pool_groups(w, r.busy, c->ranks_per_node));
-    PIPER_ASSIGN_OR_RETURN((all_to_all ? c->node_sync_all_to_all : c->node_sync_all_reduce), summarize(r, o.trim));
-  }
+  PIPER_ASSIGN_OR_RETURN(c->node_sync_all_reduce, group_sync(w, *node, o, false));
+  PIPER_ASSIGN_OR_RETURN(c->node_sync_all_to_all, group_sync(w, *node, o, true));
   return ok_status();
 }
 
@@ -498,8 +504,7 @@ Status measure_contended(Communicator& w, const LinkCalibrationOptions& o, int r
   }
   PIPER_ASSIGN_OR_RETURN(c->contended_all_to_all, contended_all_to_all(w, w, o, threads));
   if (w.size() < 4 || w.size() % 2 != 0) return ok_status();
-  const int first = w.rank() / 2 * 2;
-  PIPER_ASSIGN_OR_RETURN(auto pair, w.split({first, first + 1}, "calibrate_contended_pair"));
+  PIPER_ASSIGN_OR_RETURN(auto pair, consecutive_group(w, 2, "calibrate_contended_pair"));
   PIPER_ASSIGN_OR_RETURN(c->contended_pairs, contended_all_reduce(w, *pair, o, threads));
   std::vector<uint8_t> msg(o.contended_p2p_bytes, 1);
   const int peer = w.rank() ^ 1;
