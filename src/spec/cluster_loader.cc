@@ -79,14 +79,10 @@ Status read_node(const Json& json, NodeSpec* n) {
   PIPER_RETURN_IF_ERROR(r.get_double("busy_cpu_other_s", &n->busy_cpu_other_s, false, 0));
   PIPER_RETURN_IF_ERROR(r.get_double("busy_cpu_pair_s", &n->busy_cpu_pair_s, false, 0));
   PIPER_RETURN_IF_ERROR(r.get_double("busy_cpu_p2p_s", &n->busy_cpu_p2p_s, false, 0));
-  for (const char* key : {"sync_excess_node_all_to_all_s", "sync_excess_node_other_s", "busy_cpu_node_all_to_all_s",
-                          "busy_cpu_node_other_s"}) {
+  for (auto [key, field] : NodeSpec::kNodeFigures) {
     n->node_figures = n->node_figures || r.find(key) != nullptr;
+    PIPER_RETURN_IF_ERROR(r.get_double(key, &(n->*field), false, 0));
   }
-  PIPER_RETURN_IF_ERROR(r.get_double("sync_excess_node_all_to_all_s", &n->sync_excess_node_all_to_all_s, false, 0));
-  PIPER_RETURN_IF_ERROR(r.get_double("sync_excess_node_other_s", &n->sync_excess_node_other_s, false, 0));
-  PIPER_RETURN_IF_ERROR(r.get_double("busy_cpu_node_all_to_all_s", &n->busy_cpu_node_all_to_all_s, false, 0));
-  PIPER_RETURN_IF_ERROR(r.get_double("busy_cpu_node_other_s", &n->busy_cpu_node_other_s, false, 0));
   PIPER_RETURN_IF_ERROR(r.get_double("copy_cpu_s_per_byte", &n->copy_cpu_s_per_byte, false, 0));
   return r.check_no_unknown_keys();
 }
@@ -193,11 +189,8 @@ OrderedJson to_json(const ClusterSpec& c) {
     node["busy_cpu_pair_s"] = c.node.busy_cpu_pair_s;
     node["busy_cpu_p2p_s"] = c.node.busy_cpu_p2p_s;
   }
-  for (auto [key, v] : {std::pair{"sync_excess_node_all_to_all_s", c.node.sync_excess_node_all_to_all_s},
-                        std::pair{"sync_excess_node_other_s", c.node.sync_excess_node_other_s},
-                        std::pair{"busy_cpu_node_all_to_all_s", c.node.busy_cpu_node_all_to_all_s},
-                        std::pair{"busy_cpu_node_other_s", c.node.busy_cpu_node_other_s}}) {
-    if (c.node.node_figures) node[key] = v;
+  for (auto [key, field] : NodeSpec::kNodeFigures) {
+    if (c.node.node_figures) node[key] = c.node.*field;
   }
   if (c.node.copy_cpu_s_per_byte > 0) node["copy_cpu_s_per_byte"] = c.node.copy_cpu_s_per_byte;
   j["node"] = node;

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "piper/base/json.h"
@@ -87,6 +88,12 @@ struct NodeSpec {
   double sync_excess_node_other_s = 0;
   double busy_cpu_node_all_to_all_s = 0;
   double busy_cpu_node_other_s = 0;
+  // The four figures inside a node by their cluster-file key (read, written and set from a calibration file alike).
+  static constexpr std::pair<const char*, double NodeSpec::*> kNodeFigures[] = {
+      {"sync_excess_node_all_to_all_s", &NodeSpec::sync_excess_node_all_to_all_s},
+      {"sync_excess_node_other_s", &NodeSpec::sync_excess_node_other_s},
+      {"busy_cpu_node_all_to_all_s", &NodeSpec::busy_cpu_node_all_to_all_s},
+      {"busy_cpu_node_other_s", &NodeSpec::busy_cpu_node_other_s}};
   // With shared_cores: one core's seconds per byte a rank's transfers carry while the cores compute (MPI's shared
   // memory copies each byte on both sides, and a reduction sums it), measured by `piper calibrate --ranks R` as the
   // rise of an all-reduce's own CPU from 4 KiB to 16 MiB beside computing threads (comm::copy_cpu_s_per_byte);

@@ -36,8 +36,10 @@ constexpr ExcessKey kExcessKeys[] = {
 };
 
 bool is_node_field(double NodeSpec::*field) {
-  return field == &NodeSpec::sync_excess_node_all_to_all_s || field == &NodeSpec::sync_excess_node_other_s ||
-         field == &NodeSpec::busy_cpu_node_all_to_all_s || field == &NodeSpec::busy_cpu_node_other_s;
+  for (auto [key, node_field] : NodeSpec::kNodeFigures) {
+    if (field == node_field) return true;
+  }
+  return false;
 }
 
 // measured.<kExcessKeys key>.<value>: applied to a node of the measured number of ranks only (the excess depends on how
@@ -69,8 +71,7 @@ Status apply_sync_excess(const Json& measured, const std::string& what, int rank
   // The file's figures replace the node's whole set: figures inside a node left from another calibration go.
   NodeSpec& n = cluster->node;
   n.node_figures = false;
-  n.sync_excess_node_all_to_all_s = n.sync_excess_node_other_s = 0;
-  n.busy_cpu_node_all_to_all_s = n.busy_cpu_node_other_s = 0;
+  for (auto [key, field] : NodeSpec::kNodeFigures) n.*field = 0;
   for (auto [field, excess] : found) {
     n.*field = excess;
     n.node_figures = n.node_figures || is_node_field(field);
