@@ -325,6 +325,75 @@ Status measure_syncs(Communicator& w, const LinkCalibrationOptions& o, LinkCalib
   return ok_status();
 }
 
+// Processor sharing's time for `work` (one core's seconds per rank) on `cores`: every unfinished rank computes at
+// min(1, cores / unfinished) of a core, the simulator's core pool without the exchange.
+double fluid_makespan(std::vector<double> work, double cores) {
+  std::sort(work.begin(), work.end());
+  double t = 0, done = 0;
+  for (size_t k = 0; k < work.size(); ++k) {
+    const double rate = std::min(1.0, cores / static_cast<double>(work.size() - k));
+    t += (work[k] - done) / rate;
+    done = work[k];
+  }
+  return t;
+}
+
+// One task length of the exchange chain: `iterations` (after `warmup`) of compute then all-to-all, back to back;
+// rank (7 i + 3) mod P computes busiest_factor times the others in iteration i. The entry and exit times of every
+// rank are gathered once at the end (one machine's monotonic clock, or one kernel's under the emulation).
+Status chain_point(Communicator& w, const LinkCalibrationOptions& o, double task_s, ExchangeChain* chain) {
+  const size_t p = static_cast<size_t>(w.size());
+  const size_t per_peer = std::max<size_t>(1, o.sync_all_to_all_bytes / p);
+  std::vector<float> in(std::max<size_t>(1, per_peer * p / 4)), out(in.size());
+  std::vector<size_t> split(p, per_peer);
+  PIPER_ASSIGN_OR_RETURN(int64_t rounds, rounds_for(w, task_s));
+  const int n = o.warmup + o.chain_iterations;
+  std::vector<double> mine(2 * static_cast<size_t>(n));
+  PIPER_RETURN_IF_ERROR(wait(w, w.barrier()));
+  const double start = wall_s();
+  for (int i = 0; i < n; ++i) {
+    const bool busiest = static_cast<size_t>(7 * i + 3) % p == static_cast<size_t>(w.rank());
+    volatile int64_t work =
+        busiest ? static_cast<int64_t>(o.chain_busiest_factor * static_cast<double>(rounds)) : rounds;
+    volatile float sink = spin(work);  // volatile: one call per iteration, not hoisted out of the loop
+    (void)sink;
+    mine[2 * static_cast<size_t>(i)] = wall_s();
+    PIPER_RETURN_IF_ERROR(wait_like_runtime(w, w.all_to_all_v(in.data(), split, out.data(), split)));
+    mine[2 * static_cast<size_t>(i) + 1] = wall_s();
+  }
+  const double period = (wall_s() - start) / n;
+  std::vector<double> all(mine.size() * p);
+  PIPER_RETURN_IF_ERROR(wait(w, w.all_gather(mine.data(), all.data(), mine.size() * sizeof(double))));
+  std::vector<double> lags;
+  for (size_t i = static_cast<size_t>(o.warmup); i < static_cast<size_t>(n); ++i) {
+    double last_in = -1, last_out = 0, mean_out = 0;
+    for (size_t r = 0; r < p; ++r) {
+      const double entry = all[r * mine.size() + 2 * i], exit = all[r * mine.size() + 2 * i + 1];
+      if (entry > last_in) last_in = entry, last_out = exit;
+      mean_out += exit / static_cast<double>(p);
+    }
+    lags.push_back(std::max(0.0, last_out - mean_out));
+  }
+  PIPER_ASSIGN_OR_RETURN(double lag, trimmed_mean(std::move(lags), o.trim));
+  std::vector<double> works(p, task_s);
+  works[0] = o.chain_busiest_factor * task_s;
+  chain->task_s.push_back(task_s);
+  chain->lag_s.push_back(lag);
+  chain->period_s.push_back(period);
+  chain->fluid_period_s.push_back(fluid_makespan(works, o.cores));
+  return ok_status();
+}
+
+Status measure_chain(Communicator& w, const LinkCalibrationOptions& o, ExchangeChain* chain) {
+  *chain = {};
+  chain->bytes =
+      std::max<size_t>(1, o.sync_all_to_all_bytes / static_cast<size_t>(w.size())) * static_cast<size_t>(w.size());
+  chain->busiest_factor = o.chain_busiest_factor;
+  for (double task_s : o.chain_task_s) PIPER_RETURN_IF_ERROR(chain_point(w, o, task_s, chain));
+  chain->measured = !chain->task_s.empty();
+  return ok_status();
+}
+
 // The ranks of this rank's node (node-major ranks, find_nodes), for the figures of collectives inside one node;
 // null when the world is one node or a node holds a single rank.
 Result<std::unique_ptr<Communicator>> node_group(Communicator& w, const LinkCalibration& c, const std::string& name) {
@@ -546,7 +615,7 @@ Status LinkCalibrationOptions::validate() const {
     return invalid_argument("calibrate: links need at least two message sizes for an alpha-beta fit");
   }
   if (iterations < 1 || warmup < 0 || sync_rounds < 1 || sync_iterations < 1 || contended_iterations < 1 ||
-      contended_windows < 1 || contended_large_iterations < 1 || compute_threads < 0) {
+      contended_windows < 1 || contended_large_iterations < 1 || compute_threads < 0 || chain_iterations < 1) {
     return invalid_argument("calibrate: iterations and rounds must be >= 1");
   }
   if (!(trim >= 0 && trim < 0.5)) {
@@ -555,6 +624,16 @@ Status LinkCalibrationOptions::validate() const {
   if (!(compute_s > 0) || !(cores > 0) || sync_all_reduce_bytes < 4 || sync_all_to_all_bytes < 1 ||
       !(contended_alone_s > 0)) {
     return invalid_argument("calibrate: the compute-then-collective loop needs compute_s > 0, cores > 0, >= 4 bytes");
+  }
+  for (double t : chain_task_s) {
+    if (!(t > 0 && t <= 1)) {
+      return invalid_argument("calibrate: the exchange chain's task length " + std::to_string(t) +
+                              " s is out of range; allowed (0, 1]");
+    }
+  }
+  if (!(chain_busiest_factor >= 1 && chain_busiest_factor <= 16)) {
+    return invalid_argument("calibrate: the exchange chain's busiest factor " + std::to_string(chain_busiest_factor) +
+                            " is out of range; allowed [1, 16]");
   }
   return ok_status();
 }
@@ -664,6 +743,8 @@ Result<LinkCalibration> measure_links(Communicator& world, const LinkCalibration
   PIPER_ASSIGN_OR_RETURN(c.all_to_all, measure_collective(world, Coll::kAllToAll, options));
   progress(world, "compute, then all-reduce / all-to-all, on every rank at once (the runtime's waits)");
   PIPER_RETURN_IF_ERROR(measure_syncs(world, options, &c));
+  progress(world, "compute and all-to-all back to back (the exchange chain of an ep layer), per task length");
+  PIPER_RETURN_IF_ERROR(measure_chain(world, options, &c.exchange_chain));
   progress(world, "all-reduce, all-to-all, pairs and point to point while every rank's cores compute");
   PIPER_RETURN_IF_ERROR(measure_contended(world, options, c.ranks_per_node, &c));
   if (c.hosts.size() > 1 && c.ranks_per_node >= 2) {
@@ -783,6 +864,16 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
   if (c.sync_all_reduce.measured) m["sync_all_reduce"] = sync(c.sync_all_reduce);
   if (c.sync_all_to_all.measured) m["sync_all_to_all"] = sync(c.sync_all_to_all);
   if (c.sync_pairs.measured) m["sync_all_reduce_pairs"] = sync(c.sync_pairs);
+  if (const ExchangeChain& x = c.exchange_chain; x.measured) {
+    OrderedJson points = OrderedJson::array();
+    for (size_t i = 0; i < x.task_s.size(); ++i) {
+      points.push_back({{"task_s", x.task_s[i]},
+                        {"lag_s", x.lag_s[i]},
+                        {"period_s", x.period_s[i]},
+                        {"fluid_period_s", x.fluid_period_s[i]}});
+    }
+    m["exchange_chain"] = {{"bytes", x.bytes}, {"busiest_factor", x.busiest_factor}, {"points", points}};
+  }
   auto busy = [](const ContendedTiming& t) {
     return OrderedJson{{"bytes", t.bytes},           {"compute_threads", t.compute_threads},
                        {"idle_s", t.idle_s},         {"computing_s", t.busy_s},
@@ -853,6 +944,19 @@ std::string to_text(const LinkCalibration& c) {
   sync("all-reduce", c.sync_all_reduce);
   sync("all-to-all", c.sync_all_to_all);
   sync("all-reduce in pairs", c.sync_pairs);
+  if (const ExchangeChain& x = c.exchange_chain; x.measured) {
+    std::snprintf(line, sizeof(line),
+                  "  exchange chain (compute, then all-to-all of %s, back to back; one rank in turn computes %.1fx): "
+                  "the last rank to arrive leaves after the others by\n",
+                  format_bytes(static_cast<double>(x.bytes)).c_str(), x.busiest_factor);
+    out += line;
+    for (size_t i = 0; i < x.task_s.size(); ++i) {
+      std::snprintf(line, sizeof(line), "    task %s: %s (period %s, processor sharing of the tasks alone %s)\n",
+                    format_seconds(x.task_s[i]).c_str(), format_seconds(x.lag_s[i]).c_str(),
+                    format_seconds(x.period_s[i]).c_str(), format_seconds(x.fluid_period_s[i]).c_str());
+      out += line;
+    }
+  }
   auto busy = [&](const char* name, const ContendedTiming& t) {
     if (!t.measured) return;
     const auto [low, high] = std::minmax_element(t.cpu_s_windows.begin(), t.cpu_s_windows.end());

@@ -22,6 +22,9 @@
 //     compute (the difference is measured for the record; the simulator does not apply it, docs/calibration.md);
 //     and the work the spinning threads lost per call against their rate alone: the CPU a collective takes from
 //     compute, which the simulator adds to the node's core pool (NodeSpec::busy_cpu_*).
+//   - the exchange chain (ExchangeChain): compute and all-to-all back to back as an ep layer runs them, one rank in
+//     turn computing more; how much later than the others the last rank to arrive leaves each exchange, per task
+//     length (NodeSpec::exchange_lag, which the simulator adds to that rank's completion of an all-to-all);
 // Times are medians over iterations (after `warmup`), but compute-then-collective's (over interleaved rounds) and
 // the time per call while the cores compute, which are trimmed means (SyncUnderLoad, ContendedTiming). Nodes are told
 // apart by host name (gethostname), so the two-node emulation (scripts/two-node-emulation.sh, one host name per
@@ -68,6 +71,12 @@ struct LinkCalibrationOptions {
   // figures are the median over windows (one window's lost work moved 3-5x between calibrations, session 34).
   int contended_windows = 5;
   double cores = 1;  // the node's cores (std::thread::hardware_concurrency of rank 0)
+  // The exchange chain (ExchangeChain): each rank computes one task, then all-to-alls sync_all_to_all_bytes, then
+  // computes the next at once, with no barrier, at each of these task lengths (one core's seconds alone), one rank
+  // in turn computing busiest_factor times as much (an ep layer's busiest rank); chain_iterations per length.
+  std::vector<double> chain_task_s = {0.0005, 0.001, 0.002, 0.004, 0.008, 0.016};
+  int chain_iterations = 40;
+  double chain_busiest_factor = 1.5;
   Status validate() const;
 };
 
@@ -151,6 +160,18 @@ struct ContendedTiming {
   std::vector<double> cpu_s_windows;
 };
 
+// The runtime's chain of compute and all-to-all (an ep layer's expert tasks and exchanges) on shared cores, per
+// task length: the last rank to arrive at an exchange leaves it lag_s after the others (the last rank's completion
+// less the mean over ranks, trimmed mean over iterations), because the ranks that left first have woken their
+// compute and taken the cores from it; period_s is the chain's measured time per iteration and fluid_period_s what
+// processor sharing of the cores predicts for it (the tasks alone, without the exchange), for the record.
+struct ExchangeChain {
+  bool measured = false;
+  size_t bytes = 0;  // per rank
+  double busiest_factor = 1;
+  std::vector<double> task_s, lag_s, period_s, fluid_period_s;
+};
+
 struct LinkCalibration {
   int ranks = 0, ranks_per_node = 0;
   double cores = 0;
@@ -161,6 +182,7 @@ struct LinkCalibration {
   // The all-reduce in groups of two (ranks 2k, 2k+1: tensor-parallel pairs), every pair at once, the samples of
   // every pair pooled; R >= 4, even.
   SyncUnderLoad sync_pairs;
+  ExchangeChain exchange_chain;  // over the world
   // While the cores compute: world all-reduce and all-to-all, the all-reduce in pairs and the ping-pong in pairs
   // (R even; point-to-point transfers, as pipelines make them).
   ContendedTiming contended_all_reduce, contended_all_to_all, contended_pairs, contended_p2p;

@@ -28,11 +28,13 @@ struct TemplateInfo {
   std::vector<std::vector<double>> duration_s;  // [stream][instr], compute and update only
   std::vector<std::vector<int>> event;          // [stream][instr], record and wait only (else -1)
   int num_events = 0;
+  double mean_compute_s = 0;  // the mean duration of the template's compute instructions (SyncCost::exchange_lag)
 };
 
 Result<TemplateInfo> prepare(const Program& prog, int index, const TaskTimeFn& task_time) {
   TemplateInfo info;
   std::unordered_map<int, int> local;
+  int computes = 0;
   for (size_t s = 0; s < prog.streams.size(); ++s) {
     const auto& instrs = prog.streams[s].instrs;
     info.duration_s.emplace_back(instrs.size(), 0.0);
@@ -48,6 +50,10 @@ Result<TemplateInfo> prepare(const Program& prog, int index, const TaskTimeFn& t
                                   "): the cost model has no time for part '" + part + "'");
         }
         info.duration_s[s][i] = t;
+        if (in.op == OpKind::kCompute) {
+          info.mean_compute_s += t;
+          ++computes;
+        }
       }
       if (in.op == OpKind::kRecord || in.op == OpKind::kWait) {
         auto [it, fresh] = local.emplace(in.event, info.num_events);
@@ -56,6 +62,7 @@ Result<TemplateInfo> prepare(const Program& prog, int index, const TaskTimeFn& t
       }
     }
   }
+  if (computes > 0) info.mean_compute_s /= computes;
   return info;
 }
 
@@ -113,7 +120,8 @@ struct Event {
   double t = 0;
   int64_t seq = 0;
   // 0: compute done (a = rank index, b = stream); 1: transfer done (a = op); 2: a core pool's next task done;
-  // 3: a delayed transfer's flows start (a = op; SimOptions::sync_cost)
+  // 3: a delayed transfer's flows start (a = op; SimOptions::sync_cost); 4: the last participant of an all-to-all
+  // completes it (a = rank index, b = stream; SyncCost::exchange_lag)
   // (a = node, version = the pool's version when scheduled; a later change made it stale).
   int kind = 0;
   int a = 0, b = 0;
@@ -198,8 +206,12 @@ class Executor {
   Status arrive_p2p(int ri, int s, const Instruction& in);
   Status arrive_collective(int ri, int s, const Instruction& in);
   // cpu_s: the CPU seconds each part's rank spends on it (SyncCost::cpu_*), added to its node's pool.
+  // late_s: the last part (the last to arrive) completes this much after the others (SyncCost::exchange_lag).
   Status start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload, double delay_s = 0,
-                  double cpu_s = 0);
+                  double cpu_s = 0, double late_s = 0);
+  // The mean length of the compute tasks of every part but the last (their templates' mean compute instruction): what
+  // the ranks that leave an all-to-all first run while the last one finishes it.
+  double competing_task_s(const std::vector<std::pair<int, int>>& parts) const;
   void start_flows(int op, const FlowTemplate* tmpl, double payload, double t);
   void op_done(int op, double t);
   void push(double t, int kind, int a, int b, int64_t version = 0) { events_.push({t, seq_++, kind, a, b, version}); }
@@ -241,6 +253,7 @@ class Executor {
   std::unordered_map<CollKey, std::vector<std::pair<int, int>>, CollKeyHash> colls_;
   std::vector<std::vector<std::pair<int, int>>> ops_;  // participants (rank index, stream) per transfer
   std::vector<std::pair<const FlowTemplate*, double>> delayed_;  // per op: template and payload (event kind 3)
+  std::vector<double> late_s_;  // per op: how much later its last participant completes (SyncCost::exchange_lag)
   std::vector<int> free_ops_;
   int64_t instructions_ = 0;
   bool pooled_ = false;
@@ -389,7 +402,7 @@ void Executor::pool_done(int node, int64_t version, double t) {
 }
 
 Status Executor::start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload,
-                          double delay_s, double cpu_s) {
+                          double delay_s, double cpu_s, double late_s) {
   int op;
   if (!free_ops_.empty()) {
     op = free_ops_.back();
@@ -398,7 +411,9 @@ Status Executor::start_op(std::vector<std::pair<int, int>> parts, const FlowTemp
   } else {
     op = static_cast<int>(ops_.size());
     ops_.push_back(std::move(parts));
+    late_s_.push_back(0);
   }
+  late_s_[static_cast<size_t>(op)] = options_.zero_comm ? 0 : late_s;
   if (pooled_) cpu_s += copy_cpu_s(tmpl, payload, ops_[static_cast<size_t>(op)].size());
   for (auto [ri, s] : ops_[static_cast<size_t>(op)]) {
     RankState& r = ranks_[static_cast<size_t>(ri)];
@@ -418,6 +433,14 @@ Status Executor::start_op(std::vector<std::pair<int, int>> parts, const FlowTemp
   return ok_status();
 }
 
+double Executor::competing_task_s(const std::vector<std::pair<int, int>>& parts) const {
+  double sum = 0;
+  for (size_t k = 0; k + 1 < parts.size(); ++k) {
+    sum += infos_[static_cast<size_t>(ranks_[static_cast<size_t>(parts[k].first)].tmpl)].mean_compute_s;
+  }
+  return parts.size() > 1 ? sum / static_cast<double>(parts.size() - 1) : 0.0;
+}
+
 void Executor::start_flows(int op, const FlowTemplate* tmpl, double payload, double t) {
   if (options_.zero_comm || tmpl == nullptr || payload <= 0) {
     push(t, 1, op, 0);
@@ -427,12 +450,21 @@ void Executor::start_flows(int op, const FlowTemplate* tmpl, double payload, dou
 }
 
 void Executor::op_done(int op, double t) {
-  for (auto [ri, s] : ops_[static_cast<size_t>(op)]) {
+  // The parts' buffer, not the vector: complete() may start ops, and ops_ growing moves the vectors, not their buffers.
+  const std::pair<int, int>* parts = ops_[static_cast<size_t>(op)].data();
+  const size_t n = ops_[static_cast<size_t>(op)].size();
+  for (size_t k = 0; k < n; ++k) {
+    const auto [ri, s] = parts[k];
     RankState& r = ranks_[static_cast<size_t>(ri)];
     account(r, t);
     --r.comm_active;
     add_group(r, s, -1);
-    complete(ri, s, t);
+    const double late_s = k + 1 == n ? late_s_[static_cast<size_t>(op)] : 0.0;
+    if (late_s > 0) {
+      push(t + late_s, 4, ri, s);  // the last to arrive: its exchange finishes after the others' (arrival order)
+    } else {
+      complete(ri, s, t);
+    }
   }
   ops_[static_cast<size_t>(op)].clear();
   free_ops_.push_back(op);
@@ -544,7 +576,8 @@ Status Executor::arrive_collective(int ri, int s, const Instruction& in) {
   if (pair && sync.cpu_pair_s > 0) cpu_s = sync.cpu_pair_s;
   cpu_s += staging_cpu_s(in, members.size(), sync.staging_s_per_byte);
   if (members.size() < 2) delay_s = cpu_s = 0;
-  return start_op(std::move(parts), tmpl, static_cast<double>(in.comm_bytes), delay_s, cpu_s);
+  const double late_s = a2a && parts.size() > 1 ? sync.exchange_lag_at(competing_task_s(parts)) : 0.0;
+  return start_op(std::move(parts), tmpl, static_cast<double>(in.comm_bytes), delay_s, cpu_s, late_s);
 }
 
 Status Executor::advance_stream(int ri, int s) {
@@ -678,6 +711,8 @@ Result<SimResult> Executor::run() {
       } else if (e.kind == 3) {
         const auto [tmpl, payload] = delayed_[static_cast<size_t>(e.a)];
         start_flows(e.a, tmpl, payload, t);
+      } else if (e.kind == 4) {
+        complete(e.a, e.b, t);
       } else {
         finish_compute(e.a, e.b, t);
       }
@@ -843,6 +878,18 @@ Result<SimResult> simulate_plan(const compile::Plan& plan, const Network& net, c
     each.push_back(std::move(r));
   }
   return mean_of_steps(std::move(base), each);
+}
+
+double SyncCost::exchange_lag_at(double task_s) const {
+  if (exchange_lag.empty()) return 0;
+  if (task_s <= exchange_lag.front().first) return exchange_lag.front().second;
+  for (size_t i = 1; i < exchange_lag.size(); ++i) {
+    const auto [t1, lag1] = exchange_lag[i];
+    if (task_s > t1) continue;
+    const auto [t0, lag0] = exchange_lag[i - 1];
+    return lag0 + (lag1 - lag0) * (task_s - t0) / (t1 - t0);
+  }
+  return exchange_lag.back().second;
 }
 
 }  // namespace piper::sim

@@ -41,6 +41,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "piper/base/status.h"
@@ -110,6 +111,11 @@ struct SyncCost {
   double cpu_node_all_to_all_s = 0;
   double cpu_node_other_s = 0;
   int ranks_per_node = 0;
+  // NodeSpec::exchange_lag: the last member to arrive at an all-to-all completes it this much after the others, by
+  // the mean length of the other members' compute tasks (their template's mean compute instruction); empty: none.
+  std::vector<std::pair<double, double>> exchange_lag = {};
+  // The lag at `task_s`: linear between the measured points, the end points' beyond them; 0 when empty.
+  double exchange_lag_at(double task_s) const;
 };
 
 struct SimOptions {

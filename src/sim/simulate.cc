@@ -67,6 +67,7 @@ SyncCost sync_cost_of(const ClusterSpec& cluster, const cost::Calibration& calib
   c.cpu_node_all_to_all_s = n.busy_cpu_node_all_to_all_s;
   c.cpu_node_other_s = n.busy_cpu_node_other_s;
   c.ranks_per_node = n.devices_per_node;
+  c.exchange_lag = n.exchange_lag;
   return c;
 }
 

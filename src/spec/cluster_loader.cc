@@ -26,6 +26,22 @@ Status read_link(const Json& json, const std::string& path, LinkSpec* link) {
   return r.check_no_unknown_keys();
 }
 
+// node.exchange_lag: [[task_s, lag_s], ...] (NodeSpec::exchange_lag).
+Status read_exchange_lag(JsonReader& r, NodeSpec* n) {
+  const Json* lag = r.find("exchange_lag");
+  if (lag == nullptr) return ok_status();
+  const std::string path = r.field_path("exchange_lag");
+  if (!lag->is_array()) return invalid_argument(path + ": expected an array of [task_s, lag_s] pairs");
+  for (const Json& point : *lag) {
+    if (!point.is_array() || point.size() != 2 || !point[0].is_number() || !point[1].is_number()) {
+      return invalid_argument(path + ": expected an array of [task_s, lag_s] pairs (numbers, seconds)");
+    }
+    n->exchange_lag.emplace_back(point[0].get<double>(), point[1].get<double>());
+  }
+  if (Status st = check_exchange_lag(n->exchange_lag); !st.ok()) return invalid_argument(path + ": " + st.message());
+  return ok_status();
+}
+
 Status read_node(const Json& json, NodeSpec* n) {
   JsonReader r(json, "cluster.node");
   PIPER_RETURN_IF_ERROR(r.get_int("devices_per_node", &n->devices_per_node, true, 1, kMaxDevicesPerNode));
@@ -84,6 +100,7 @@ Status read_node(const Json& json, NodeSpec* n) {
     PIPER_RETURN_IF_ERROR(r.get_double(key, &(n->*field), false, 0));
   }
   PIPER_RETURN_IF_ERROR(r.get_double("copy_cpu_s_per_byte", &n->copy_cpu_s_per_byte, false, 0));
+  PIPER_RETURN_IF_ERROR(read_exchange_lag(r, n));
   return r.check_no_unknown_keys();
 }
 
@@ -193,6 +210,10 @@ OrderedJson to_json(const ClusterSpec& c) {
     if (c.node.node_figures) node[key] = c.node.*field;
   }
   if (c.node.copy_cpu_s_per_byte > 0) node["copy_cpu_s_per_byte"] = c.node.copy_cpu_s_per_byte;
+  if (!c.node.exchange_lag.empty()) {
+    node["exchange_lag"] = OrderedJson::array();
+    for (auto [task_s, lag_s] : c.node.exchange_lag) node["exchange_lag"].push_back({task_s, lag_s});
+  }
   j["node"] = node;
   if (c.scale_up.nodes_per_domain > 1) {
     j["scale_up"] = {{"name", c.scale_up.name}, {"nodes_per_domain", c.scale_up.nodes_per_domain}};

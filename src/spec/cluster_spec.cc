@@ -50,6 +50,9 @@ Status validate_shared_cores(const NodeSpec& node) {
         std::pair{"node.busy_cpu_node_other_s", node.busy_cpu_node_other_s}}) {
     PIPER_RETURN_IF_ERROR(non_negative(name, v, 1.0, "seconds a collective takes on top of its transfer (measured)"));
   }
+  if (Status st = check_exchange_lag(node.exchange_lag); !st.ok()) {
+    return invalid_argument("cluster.node.exchange_lag: " + st.message());
+  }
   PIPER_RETURN_IF_ERROR(non_negative("node.copy_cpu_s_per_byte", node.copy_cpu_s_per_byte, 1e-6,
                                      "one core's seconds per byte a transfer carries (measured)"));
   if (node.shared_cores == 0) return ok_status();
@@ -112,6 +115,20 @@ Status validate_counts(const ClusterSpec& c) {
 }
 
 }  // namespace
+
+Status check_exchange_lag(const std::vector<std::pair<double, double>>& lag) {
+  for (size_t i = 0; i < lag.size(); ++i) {
+    const auto [task_s, lag_s] = lag[i];
+    const std::string at = "entry " + std::to_string(i) + " {task_s " + num(task_s) + ", lag_s " + num(lag_s) + "}";
+    if (!(task_s > 0 && task_s <= 1) || !(lag_s >= 0 && lag_s <= 1)) {
+      return invalid_argument(at + " is out of range; allowed task_s in (0, 1], lag_s in [0, 1] (seconds, measured)");
+    }
+    if (i > 0 && !(task_s > lag[i - 1].first)) {
+      return invalid_argument(at + ": task lengths must ascend (remeasure with `piper calibrate --ranks R`)");
+    }
+  }
+  return ok_status();
+}
 
 const char* to_string(DType d) {
   switch (d) {

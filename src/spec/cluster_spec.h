@@ -94,6 +94,13 @@ struct NodeSpec {
       {"sync_excess_node_other_s", &NodeSpec::sync_excess_node_other_s},
       {"busy_cpu_node_all_to_all_s", &NodeSpec::busy_cpu_node_all_to_all_s},
       {"busy_cpu_node_other_s", &NodeSpec::busy_cpu_node_other_s}};
+  // With shared_cores: how much later than the others the last rank to arrive at an all-to-all leaves it, by the
+  // length of the task the other ranks compute next (pairs {task_s, lag_s}, ascending task_s; empty = none),
+  // measured by `piper calibrate --ranks R` as the exchange chain (comm/link_calibration.h ExchangeChain): the ranks
+  // that left first wake their compute, which takes the shared cores from the last one's exchange until the
+  // scheduler turns back to it. The simulator delays that rank's completion of every all-to-all by the lag at the
+  // mean length of the other members' compute tasks (interpolated; clamped at the ends).
+  std::vector<std::pair<double, double>> exchange_lag;
   // With shared_cores: one core's seconds per byte a rank's transfers carry while the cores compute (MPI's shared
   // memory copies each byte on both sides, and a reduction sums it), measured by `piper calibrate --ranks R` as the
   // rise of an all-reduce's own CPU from 4 KiB to 16 MiB beside computing threads (comm::copy_cpu_s_per_byte);
@@ -108,6 +115,10 @@ struct NodeSpec {
   double nic_bw_total() const;                // sum over NICs
   int nic_of_device(int local_device) const;  // index of the NIC nearest to a device (round-robin if unspecified)
 };
+
+// NodeSpec::exchange_lag's rule: task lengths ascending, each in (0, 1] s, lags in [0, 1] s. InvalidArgument naming
+// the first entry that breaks it.
+Status check_exchange_lag(const std::vector<std::pair<double, double>>& lag);
 
 enum class FabricTopology { kSingleNode, kFatTree, kDragonfly };
 const char* to_string(FabricTopology t);

@@ -42,6 +42,26 @@ bool is_node_field(double NodeSpec::*field) {
   return false;
 }
 
+// measured.exchange_chain.points[i].{task_s, lag_s} (ascending task_s > 0, lag in [0, 1]) -> NodeSpec::exchange_lag.
+Result<std::vector<std::pair<double, double>>> read_exchange_lag(const Json& measured, const std::string& what) {
+  std::vector<std::pair<double, double>> lag;
+  auto it = measured.find("exchange_chain");
+  if (it == measured.end()) return lag;
+  const std::string field = "calibration.measured.exchange_chain.points";
+  if (!it->is_object() || !it->contains("points") || !(*it)["points"].is_array()) {
+    return invalid_argument(what + ": " + field + " must be an array of {task_s, lag_s}");
+  }
+  for (const Json& point : (*it)["points"]) {
+    if (!point.is_object() || !point.contains("task_s") || !point.contains("lag_s") || !point["task_s"].is_number() ||
+        !point["lag_s"].is_number()) {
+      return invalid_argument(what + ": " + field + " entries need numbers task_s and lag_s");
+    }
+    lag.emplace_back(point["task_s"].get<double>(), point["lag_s"].get<double>());
+  }
+  if (Status st = check_exchange_lag(lag); !st.ok()) return invalid_argument(what + ": " + field + ": " + st.message());
+  return lag;
+}
+
 // measured.<kExcessKeys key>.<value>: applied to a node of the measured number of ranks only (the excess depends on how
 // many ranks share the cores).
 Status apply_sync_excess(const Json& measured, const std::string& what, int ranks_per_node, ClusterSpec* cluster,
@@ -62,7 +82,8 @@ Status apply_sync_excess(const Json& measured, const std::string& what, int rank
     }
     found.emplace_back(k.field, excess);
   }
-  if (found.empty()) return ok_status();
+  PIPER_ASSIGN_OR_RETURN(auto lag, read_exchange_lag(measured, what));
+  if (found.empty() && lag.empty()) return ok_status();
   if (info != nullptr) {
     info->sync_measured = true;
     info->sync_ranks_per_node = ranks_per_node;
@@ -72,6 +93,7 @@ Status apply_sync_excess(const Json& measured, const std::string& what, int rank
   NodeSpec& n = cluster->node;
   n.node_figures = false;
   for (auto [key, field] : NodeSpec::kNodeFigures) n.*field = 0;
+  n.exchange_lag = std::move(lag);
   for (auto [field, excess] : found) {
     n.*field = excess;
     n.node_figures = n.node_figures || is_node_field(field);

@@ -193,6 +193,54 @@ TEST(LinkCalibration, FiguresInsideOneNodeSetTheirOwnFields) {
   EXPECT_NE(refused.message().find("node_contended_all_to_all.cpu_s"), std::string::npos) << refused.message();
 }
 
+// The exchange chain's lags (by task length) reach the node as NodeSpec::exchange_lag, the simulator's SyncCost and
+// the cluster file; a later calibration without the chain leaves none behind; a file whose points break the rule
+// (task lengths ascending in (0, 1] s, lags in [0, 1] s) is refused by name.
+TEST(LinkCalibration, TheExchangeChainsLagsReachTheNodeAndTheClusterFile) {
+  comm::LinkCalibration cal = one_node(4);
+  cal.exchange_chain.measured = true;
+  cal.exchange_chain.busiest_factor = 1.5;
+  cal.exchange_chain.task_s = {0.5e-3, 4e-3};
+  cal.exchange_chain.lag_s = {0.25e-3, 2e-3};
+  cal.exchange_chain.period_s = {1.6e-3, 10.2e-3};
+  cal.exchange_chain.fluid_period_s = {1.25e-3, 10e-3};
+  const Json file = Json::parse(comm::link_calibration_json(cal, "test").dump());
+  ASSERT_TRUE(file["measured"].contains("exchange_chain")) << file.dump();
+  EXPECT_EQ(file["measured"]["exchange_chain"]["points"].size(), 2u);
+  ClusterSpec c = load_cluster("local-cpu", 1).value();
+  c.node.devices_per_node = 4;
+  c.node.shared_cores = 1;
+  ASSERT_TRUE(apply_comm_calibration(file, "f.json", &c, nullptr).ok());
+  const std::vector<std::pair<double, double>> want = {{0.5e-3, 0.25e-3}, {4e-3, 2e-3}};
+  EXPECT_EQ(c.node.exchange_lag, want);
+  EXPECT_EQ(sim::sync_cost_of(c).exchange_lag, want);
+  auto round = cluster_from_json(Json::parse(to_json(c).dump()), 1, "round trip");
+  ASSERT_TRUE(round.ok()) << round.status().to_string();
+  EXPECT_EQ(round->node.exchange_lag, want);
+  ClusterSpec again = c;
+  ASSERT_TRUE(apply_comm_calibration(Json::parse(comm::link_calibration_json(one_node(4), "t").dump()), "g.json",
+                                     &again, nullptr)
+                  .ok());
+  EXPECT_TRUE(again.node.exchange_lag.empty());
+  for (auto [task_s, lag_s] : {std::pair{0.4e-3, 1e-3}, std::pair{8e-3, 2.0}, std::pair{0.0, 1e-3}}) {
+    Json bad = file;
+    bad["measured"]["exchange_chain"]["points"][1]["task_s"] = task_s;  // not ascending / lag too long / no task
+    bad["measured"]["exchange_chain"]["points"][1]["lag_s"] = lag_s;
+    ClusterSpec d = load_cluster("local-cpu", 1).value();
+    d.node.devices_per_node = 4;
+    auto refused = apply_comm_calibration(bad, "f.json", &d, nullptr);
+    ASSERT_FALSE(refused.ok()) << task_s << " " << lag_s;
+    EXPECT_NE(refused.message().find("exchange_chain.points: entry 1"), std::string::npos) << refused.message();
+  }
+  Json cluster = Json::parse(to_json(c).dump());
+  cluster["node"]["exchange_lag"] = Json::parse("[[0.004, 0.001], [0.002, 0.001]]");
+  auto refused = cluster_from_json(cluster, 1, "c.json");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("exchange_lag: entry 1"), std::string::npos) << refused.status().message();
+  cluster["node"]["exchange_lag"] = Json::parse("[[0.004]]");
+  EXPECT_FALSE(cluster_from_json(cluster, 1, "c.json").ok());
+}
+
 // The time after the last arrival on shared cores is bimodal (an early rank asleep in its backoff or not): the
 // simulator needs its expected value. Half the iterations at 0.1 ms, half at 2.5 ms, one at 0 and one interrupted
 // (80 ms): the trimmed mean is the body's mean, 1.3 ms; the median is a mode (2.5 ms), the plain mean the

@@ -109,6 +109,29 @@ TEST(SyncCost, ACollectiveInsideOneNodeTakesTheNodesFigures) {
   EXPECT_NEAR(step_s(ir::NodeKind::kAllReduce, c) - base, 0.125, 1e-9);
 }
 
+// SyncCost::exchange_lag: the last rank to arrive at an all-to-all completes it the lag later than the others, the lag
+// read at the other ranks' mean compute task (1 s here: between the points at 0.5 s and 2 s, 0.25 + 0.75 / 3). Both
+// ranks arrive at 1 s; the later in the event order (rank 1) is the last. Other collectives take none.
+TEST(SyncCost, TheLastRankToArriveAtAnAllToAllLeavesItTheLagLater) {
+  SyncCost c;
+  c.exchange_lag = {{0.5, 0.25}, {2.0, 1.0}};
+  EXPECT_DOUBLE_EQ(c.exchange_lag_at(0.1), 0.25);  // below the first point: the first point's
+  EXPECT_DOUBLE_EQ(c.exchange_lag_at(1.0), 0.5);
+  EXPECT_DOUBLE_EQ(c.exchange_lag_at(3.0), 1.0);  // beyond the last: the last point's
+  EXPECT_EQ(SyncCost{}.exchange_lag_at(1.0), 0);
+  const double a2a = step_s(ir::NodeKind::kAllToAll, {});
+  EXPECT_NEAR(step_s(ir::NodeKind::kAllToAll, c) - a2a, 0.5, 1e-9);
+  EXPECT_EQ(step_s(ir::NodeKind::kAllReduce, c), step_s(ir::NodeKind::kAllReduce, {}));
+  Network net = Network::build(testing::make_cluster(1, 2, 1e9, 0, 0)).value();
+  SimOptions o;
+  o.full = true;
+  o.sync_cost = c;
+  auto r = simulate_plan(plan_with(ir::NodeKind::kAllToAll), net, one_second(), o);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->ranks.size(), 2u);
+  EXPECT_NEAR(r->ranks[1].finish_s - r->ranks[0].finish_s, 0.5, 1e-9);  // rank 0 left first
+}
+
 // dp = 2 ranks on one node of 2 cores (one per rank): a compute stream (1 s, 1 s) and a communication stream whose
 // collective starts at t = 0, while both ranks compute: the node's cores are full.
 compile::Plan beside_compute() {
