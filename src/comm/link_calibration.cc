@@ -325,6 +325,16 @@ Status measure_syncs(Communicator& w, const LinkCalibrationOptions& o, LinkCalib
   return ok_status();
 }
 
+double wait_cpu_slope(const std::vector<double>& wait_s, const std::vector<double>& cpu_s) {
+  const size_t n = std::min(wait_s.size(), cpu_s.size());
+  if (n < 2) return 0;
+  double mw = 0, mc = 0;
+  for (size_t i = 0; i < n; ++i) mw += wait_s[i] / static_cast<double>(n), mc += cpu_s[i] / static_cast<double>(n);
+  double cov = 0, var = 0;
+  for (size_t i = 0; i < n; ++i) cov += (wait_s[i] - mw) * (cpu_s[i] - mc), var += (wait_s[i] - mw) * (wait_s[i] - mw);
+  return var > 0 ? std::clamp(cov / var, 0.0, 1.0) : 0.0;
+}
+
 // Processor sharing's time for `work` (one core's seconds per rank) on `cores`: every unfinished rank computes at
 // min(1, cores / unfinished) of a core, the simulator's core pool without the exchange.
 double fluid_makespan(std::vector<double> work, double cores) {
@@ -351,6 +361,7 @@ Status chain_point(Communicator& w, const LinkCalibrationOptions& o, double task
   std::vector<double> mine(2 * static_cast<size_t>(n));
   PIPER_RETURN_IF_ERROR(wait(w, w.barrier()));
   const double start = wall_s();
+  double wait_cpu = 0;
   for (int i = 0; i < n; ++i) {
     const bool busiest = static_cast<size_t>(7 * i + 3) % p == static_cast<size_t>(w.rank());
     volatile int64_t work =
@@ -358,19 +369,23 @@ Status chain_point(Communicator& w, const LinkCalibrationOptions& o, double task
     volatile float sink = spin(work);  // volatile: one call per iteration, not hoisted out of the loop
     (void)sink;
     mine[2 * static_cast<size_t>(i)] = wall_s();
+    const double cpu0 = thread_cpu_s();
     PIPER_RETURN_IF_ERROR(wait_like_runtime(w, w.all_to_all_v(in.data(), split, out.data(), split)));
     mine[2 * static_cast<size_t>(i) + 1] = wall_s();
+    if (i >= o.warmup) wait_cpu += thread_cpu_s() - cpu0;
   }
   const double period = (wall_s() - start) / n;
   std::vector<double> all(mine.size() * p);
   PIPER_RETURN_IF_ERROR(wait(w, w.all_gather(mine.data(), all.data(), mine.size() * sizeof(double))));
   std::vector<double> lags;
+  double waited = 0;
   for (size_t i = static_cast<size_t>(o.warmup); i < static_cast<size_t>(n); ++i) {
     double last_in = -1, last_out = 0, mean_out = 0;
     for (size_t r = 0; r < p; ++r) {
       const double entry = all[r * mine.size() + 2 * i], exit = all[r * mine.size() + 2 * i + 1];
       if (entry > last_in) last_in = entry, last_out = exit;
       mean_out += exit / static_cast<double>(p);
+      waited += (exit - entry) / static_cast<double>(p * static_cast<size_t>(o.chain_iterations));
     }
     lags.push_back(std::max(0.0, last_out - mean_out));
   }
@@ -381,6 +396,9 @@ Status chain_point(Communicator& w, const LinkCalibrationOptions& o, double task
   chain->lag_s.push_back(lag);
   chain->period_s.push_back(period);
   chain->fluid_period_s.push_back(fluid_makespan(works, o.cores));
+  chain->wait_s.push_back(waited);
+  PIPER_ASSIGN_OR_RETURN(double cpu, mean_over_ranks(w, wait_cpu / o.chain_iterations));
+  chain->wait_cpu_s.push_back(cpu);
   return ok_status();
 }
 
@@ -391,6 +409,7 @@ Status measure_chain(Communicator& w, const LinkCalibrationOptions& o, ExchangeC
   chain->busiest_factor = o.chain_busiest_factor;
   for (double task_s : o.chain_task_s) PIPER_RETURN_IF_ERROR(chain_point(w, o, task_s, chain));
   chain->measured = !chain->task_s.empty();
+  chain->wait_cpu_share = wait_cpu_slope(chain->wait_s, chain->wait_cpu_s);
   return ok_status();
 }
 
@@ -870,9 +889,14 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
       points.push_back({{"task_s", x.task_s[i]},
                         {"lag_s", x.lag_s[i]},
                         {"period_s", x.period_s[i]},
-                        {"fluid_period_s", x.fluid_period_s[i]}});
+                        {"fluid_period_s", x.fluid_period_s[i]},
+                        {"wait_s", x.wait_s[i]},
+                        {"wait_cpu_s", x.wait_cpu_s[i]}});
     }
-    m["exchange_chain"] = {{"bytes", x.bytes}, {"busiest_factor", x.busiest_factor}, {"points", points}};
+    m["exchange_chain"] = {{"bytes", x.bytes},
+                           {"busiest_factor", x.busiest_factor},
+                           {"wait_cpu_share", x.wait_cpu_share},
+                           {"points", points}};
   }
   auto busy = [](const ContendedTiming& t) {
     return OrderedJson{{"bytes", t.bytes},           {"compute_threads", t.compute_threads},
@@ -951,11 +975,17 @@ std::string to_text(const LinkCalibration& c) {
                   format_bytes(static_cast<double>(x.bytes)).c_str(), x.busiest_factor);
     out += line;
     for (size_t i = 0; i < x.task_s.size(); ++i) {
-      std::snprintf(line, sizeof(line), "    task %s: %s (period %s, processor sharing of the tasks alone %s)\n",
+      std::snprintf(line, sizeof(line),
+                    "    task %s: %s (period %s, processor sharing of the tasks alone %s; a rank waits %s an exchange, "
+                    "polling %s of CPU)\n",
                     format_seconds(x.task_s[i]).c_str(), format_seconds(x.lag_s[i]).c_str(),
-                    format_seconds(x.period_s[i]).c_str(), format_seconds(x.fluid_period_s[i]).c_str());
+                    format_seconds(x.period_s[i]).c_str(), format_seconds(x.fluid_period_s[i]).c_str(),
+                    format_seconds(x.wait_s[i]).c_str(), format_seconds(x.wait_cpu_s[i]).c_str());
       out += line;
     }
+    std::snprintf(line, sizeof(line), "    the waits' CPU rises by %.1f%% of a core per second waited\n",
+                  x.wait_cpu_share * 100);
+    out += line;
   }
   auto busy = [&](const char* name, const ContendedTiming& t) {
     if (!t.measured) return;

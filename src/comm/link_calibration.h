@@ -170,6 +170,12 @@ struct ExchangeChain {
   size_t bytes = 0;  // per rank
   double busiest_factor = 1;
   std::vector<double> task_s, lag_s, period_s, fluid_period_s;
+  // Per task length, mean over ranks and exchanges: the time a rank spends in an exchange (from its entry to its
+  // exit) and the CPU its thread burns there (polling as the runtime does, MPI's progress inside the polls).
+  std::vector<double> wait_s, wait_cpu_s;
+  // The rise of wait_cpu_s with wait_s (least squares over the task lengths, in [0, 1]): the CPU seconds a rank's
+  // waiting thread burns per second it waits in an all-to-all (NodeSpec::a2a_wait_cpu_share).
+  double wait_cpu_share = 0;
 };
 
 struct LinkCalibration {

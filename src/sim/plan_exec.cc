@@ -70,6 +70,7 @@ struct StreamState {
   size_t pc = 0;
   bool started = false;  // head instruction is running (or queued / waiting at a rendezvous)
   double start_s = 0;
+  double arrived_s = 0;  // when the head collective arrived at its rendezvous (SyncCost::a2a_wait_cpu_share)
 };
 
 struct RankState {
@@ -165,7 +166,7 @@ class Executor {
   // Communication that takes CPU from the node (SyncCost::cpu_*) needs the pool even where compute alone would not.
   static bool takes_cpu(const SyncCost& c) {
     return c.cpu_all_to_all_s > 0 || c.cpu_other_s > 0 || c.cpu_pair_s > 0 || c.cpu_p2p_s > 0 || c.cpu_per_byte_s > 0 ||
-           c.staging_s_per_byte > 0;
+           c.staging_s_per_byte > 0 || c.a2a_wait_cpu_share > 0;
   }
   // A pool that gives every rank its priced cores even with all of its node busy changes nothing: it stays off.
   static bool pool_can_slow(const CorePool& p) {
@@ -206,9 +207,10 @@ class Executor {
   Status arrive_p2p(int ri, int s, const Instruction& in);
   Status arrive_collective(int ri, int s, const Instruction& in);
   // cpu_s: the CPU seconds each part's rank spends on it (SyncCost::cpu_*), added to its node's pool.
-  // late_s: the last part (the last to arrive) completes this much after the others (SyncCost::exchange_lag).
+  // late_s: the last part (the last to arrive) completes this much after the others (SyncCost::exchange_lag);
+  // wait_share: with the pool on, each part adds that share of its wait to its node's pool at completion.
   Status start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload, double delay_s = 0,
-                  double cpu_s = 0, double late_s = 0);
+                  double cpu_s = 0, double late_s = 0, double wait_share = 0);
   // The mean length of the compute tasks of every part but the last (their templates' mean compute instruction): what
   // the ranks that leave an all-to-all first run while the last one finishes it.
   double competing_task_s(const std::vector<std::pair<int, int>>& parts) const;
@@ -254,6 +256,7 @@ class Executor {
   std::vector<std::vector<std::pair<int, int>>> ops_;  // participants (rank index, stream) per transfer
   std::vector<std::pair<const FlowTemplate*, double>> delayed_;  // per op: template and payload (event kind 3)
   std::vector<double> late_s_;  // per op: how much later its last participant completes (SyncCost::exchange_lag)
+  std::vector<double> wait_share_;  // per op: the CPU share of each participant's wait (SyncCost::a2a_wait_cpu_share)
   std::vector<int> free_ops_;
   int64_t instructions_ = 0;
   bool pooled_ = false;
@@ -402,7 +405,7 @@ void Executor::pool_done(int node, int64_t version, double t) {
 }
 
 Status Executor::start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload,
-                          double delay_s, double cpu_s, double late_s) {
+                          double delay_s, double cpu_s, double late_s, double wait_share) {
   int op;
   if (!free_ops_.empty()) {
     op = free_ops_.back();
@@ -412,8 +415,10 @@ Status Executor::start_op(std::vector<std::pair<int, int>> parts, const FlowTemp
     op = static_cast<int>(ops_.size());
     ops_.push_back(std::move(parts));
     late_s_.push_back(0);
+    wait_share_.push_back(0);
   }
   late_s_[static_cast<size_t>(op)] = options_.zero_comm ? 0 : late_s;
+  wait_share_[static_cast<size_t>(op)] = options_.zero_comm || !pooled_ ? 0 : wait_share;
   if (pooled_) cpu_s += copy_cpu_s(tmpl, payload, ops_[static_cast<size_t>(op)].size());
   for (auto [ri, s] : ops_[static_cast<size_t>(op)]) {
     RankState& r = ranks_[static_cast<size_t>(ri)];
@@ -460,6 +465,8 @@ void Executor::op_done(int op, double t) {
     --r.comm_active;
     add_group(r, s, -1);
     const double late_s = k + 1 == n ? late_s_[static_cast<size_t>(op)] : 0.0;
+    const double wait_cpu_s = wait_share_[static_cast<size_t>(op)] * (t - r.streams[static_cast<size_t>(s)].arrived_s);
+    if (wait_cpu_s > 0) pool_overhead(ri, s, wait_cpu_s, t);
     if (late_s > 0) {
       push(t + late_s, 4, ri, s);  // the last to arrive: its exchange finishes after the others' (arrival order)
     } else {
@@ -577,7 +584,8 @@ Status Executor::arrive_collective(int ri, int s, const Instruction& in) {
   cpu_s += staging_cpu_s(in, members.size(), sync.staging_s_per_byte);
   if (members.size() < 2) delay_s = cpu_s = 0;
   const double late_s = a2a && parts.size() > 1 ? sync.exchange_lag_at(competing_task_s(parts)) : 0.0;
-  return start_op(std::move(parts), tmpl, static_cast<double>(in.comm_bytes), delay_s, cpu_s, late_s);
+  const double share = a2a && members.size() > 1 ? sync.a2a_wait_cpu_share : 0.0;
+  return start_op(std::move(parts), tmpl, static_cast<double>(in.comm_bytes), delay_s, cpu_s, late_s, share);
 }
 
 Status Executor::advance_stream(int ri, int s) {
@@ -631,6 +639,7 @@ Status Executor::advance_stream(int ri, int s) {
         return arrive_p2p(ri, s, in);
       case OpKind::kCollective:
         ss.started = true;
+        ss.arrived_s = now_;
         return arrive_collective(ri, s, in);
     }
   }

@@ -116,6 +116,9 @@ struct SyncCost {
   std::vector<std::pair<double, double>> exchange_lag = {};
   // The lag at `task_s`: linear between the measured points, the end points' beyond them; 0 when empty.
   double exchange_lag_at(double task_s) const;
+  // NodeSpec::a2a_wait_cpu_share: with the pool on, each member of an all-to-all adds this share of its wait (from its
+  // arrival to the completion) to its node's pool as CPU of its stream when the all-to-all completes.
+  double a2a_wait_cpu_share = 0;
 };
 
 struct SimOptions {

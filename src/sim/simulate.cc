@@ -68,6 +68,7 @@ SyncCost sync_cost_of(const ClusterSpec& cluster, const cost::Calibration& calib
   c.cpu_node_other_s = n.busy_cpu_node_other_s;
   c.ranks_per_node = n.devices_per_node;
   c.exchange_lag = n.exchange_lag;
+  c.a2a_wait_cpu_share = n.a2a_wait_cpu_share;
   return c;
 }
 

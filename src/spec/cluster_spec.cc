@@ -50,6 +50,8 @@ Status validate_shared_cores(const NodeSpec& node) {
         std::pair{"node.busy_cpu_node_other_s", node.busy_cpu_node_other_s}}) {
     PIPER_RETURN_IF_ERROR(non_negative(name, v, 1.0, "seconds a collective takes on top of its transfer (measured)"));
   }
+  PIPER_RETURN_IF_ERROR(non_negative("node.a2a_wait_cpu_share", node.a2a_wait_cpu_share, 1.0,
+                                     "CPU seconds per second a rank waits in an all-to-all (measured)"));
   if (Status st = check_exchange_lag(node.exchange_lag); !st.ok()) {
     return invalid_argument("cluster.node.exchange_lag: " + st.message());
   }

@@ -101,6 +101,11 @@ struct NodeSpec {
   // scheduler turns back to it. The simulator delays that rank's completion of every all-to-all by the lag at the
   // mean length of the other members' compute tasks (interpolated; clamped at the ends).
   std::vector<std::pair<double, double>> exchange_lag;
+  // With shared_cores: the CPU seconds a rank's thread burns per second it waits in an all-to-all (its polls, and MPI's
+  // progress inside them), measured by `piper calibrate --ranks R` as the rise of the exchange chain's CPU per
+  // exchange with its wait (comm/link_calibration.h ExchangeChain::wait_cpu_share); the simulator adds that share of
+  // each member's wait to its node's core pool when the all-to-all completes. 0 = none; in [0, 1].
+  double a2a_wait_cpu_share = 0;
   // With shared_cores: one core's seconds per byte a rank's transfers carry while the cores compute (MPI's shared
   // memory copies each byte on both sides, and a reduction sums it), measured by `piper calibrate --ranks R` as the
   // rise of an all-reduce's own CPU from 4 KiB to 16 MiB beside computing threads (comm::copy_cpu_s_per_byte);

@@ -42,9 +42,12 @@ bool is_node_field(double NodeSpec::*field) {
   return false;
 }
 
-// measured.exchange_chain.points[i].{task_s, lag_s} (ascending task_s > 0, lag in [0, 1]) -> NodeSpec::exchange_lag.
-Result<std::vector<std::pair<double, double>>> read_exchange_lag(const Json& measured, const std::string& what) {
+// measured.exchange_chain.points[i].{task_s, lag_s} (ascending task_s > 0, lag in [0, 1]) -> NodeSpec::exchange_lag,
+// and measured.exchange_chain.wait_cpu_share (in [0, 1]) -> NodeSpec::a2a_wait_cpu_share.
+Result<std::vector<std::pair<double, double>>> read_exchange_lag(const Json& measured, const std::string& what,
+                                                                 double* wait_cpu_share) {
   std::vector<std::pair<double, double>> lag;
+  *wait_cpu_share = 0;
   auto it = measured.find("exchange_chain");
   if (it == measured.end()) return lag;
   const std::string field = "calibration.measured.exchange_chain.points";
@@ -59,6 +62,13 @@ Result<std::vector<std::pair<double, double>>> read_exchange_lag(const Json& mea
     lag.emplace_back(point["task_s"].get<double>(), point["lag_s"].get<double>());
   }
   if (Status st = check_exchange_lag(lag); !st.ok()) return invalid_argument(what + ": " + field + ": " + st.message());
+  if (it->contains("wait_cpu_share")) {
+    const Json& share = (*it)["wait_cpu_share"];
+    if (!share.is_number() || !(share.get<double>() >= 0 && share.get<double>() <= 1)) {
+      return invalid_argument(what + ": calibration.measured.exchange_chain.wait_cpu_share must be a number in [0, 1]");
+    }
+    *wait_cpu_share = share.get<double>();
+  }
   return lag;
 }
 
@@ -82,7 +92,8 @@ Status apply_sync_excess(const Json& measured, const std::string& what, int rank
     }
     found.emplace_back(k.field, excess);
   }
-  PIPER_ASSIGN_OR_RETURN(auto lag, read_exchange_lag(measured, what));
+  double wait_cpu_share = 0;
+  PIPER_ASSIGN_OR_RETURN(auto lag, read_exchange_lag(measured, what, &wait_cpu_share));
   if (found.empty() && lag.empty()) return ok_status();
   if (info != nullptr) {
     info->sync_measured = true;
@@ -94,6 +105,7 @@ Status apply_sync_excess(const Json& measured, const std::string& what, int rank
   n.node_figures = false;
   for (auto [key, field] : NodeSpec::kNodeFigures) n.*field = 0;
   n.exchange_lag = std::move(lag);
+  n.a2a_wait_cpu_share = wait_cpu_share;
   for (auto [field, excess] : found) {
     n.*field = excess;
     n.node_figures = n.node_figures || is_node_field(field);

@@ -204,6 +204,9 @@ TEST(LinkCalibration, TheExchangeChainsLagsReachTheNodeAndTheClusterFile) {
   cal.exchange_chain.lag_s = {0.25e-3, 2e-3};
   cal.exchange_chain.period_s = {1.6e-3, 10.2e-3};
   cal.exchange_chain.fluid_period_s = {1.25e-3, 10e-3};
+  cal.exchange_chain.wait_s = {1e-3, 5e-3};
+  cal.exchange_chain.wait_cpu_s = {0.1e-3, 0.3e-3};
+  cal.exchange_chain.wait_cpu_share = 0.05;
   const Json file = Json::parse(comm::link_calibration_json(cal, "test").dump());
   ASSERT_TRUE(file["measured"].contains("exchange_chain")) << file.dump();
   EXPECT_EQ(file["measured"]["exchange_chain"]["points"].size(), 2u);
@@ -214,14 +217,24 @@ TEST(LinkCalibration, TheExchangeChainsLagsReachTheNodeAndTheClusterFile) {
   const std::vector<std::pair<double, double>> want = {{0.5e-3, 0.25e-3}, {4e-3, 2e-3}};
   EXPECT_EQ(c.node.exchange_lag, want);
   EXPECT_EQ(sim::sync_cost_of(c).exchange_lag, want);
+  EXPECT_DOUBLE_EQ(c.node.a2a_wait_cpu_share, 0.05);
+  EXPECT_DOUBLE_EQ(sim::sync_cost_of(c).a2a_wait_cpu_share, 0.05);
   auto round = cluster_from_json(Json::parse(to_json(c).dump()), 1, "round trip");
   ASSERT_TRUE(round.ok()) << round.status().to_string();
   EXPECT_EQ(round->node.exchange_lag, want);
+  EXPECT_DOUBLE_EQ(round->node.a2a_wait_cpu_share, 0.05);
   ClusterSpec again = c;
   ASSERT_TRUE(apply_comm_calibration(Json::parse(comm::link_calibration_json(one_node(4), "t").dump()), "g.json",
                                      &again, nullptr)
                   .ok());
   EXPECT_TRUE(again.node.exchange_lag.empty());
+  EXPECT_EQ(again.node.a2a_wait_cpu_share, 0);
+  Json share = file;
+  share["measured"]["exchange_chain"]["wait_cpu_share"] = 1.5;  // a share of one core: at most 1
+  ClusterSpec e = c;
+  auto too_much = apply_comm_calibration(share, "f.json", &e, nullptr);
+  ASSERT_FALSE(too_much.ok());
+  EXPECT_NE(too_much.message().find("exchange_chain.wait_cpu_share"), std::string::npos) << too_much.message();
   for (auto [task_s, lag_s] : {std::pair{0.4e-3, 1e-3}, std::pair{8e-3, 2.0}, std::pair{0.0, 1e-3}}) {
     Json bad = file;
     bad["measured"]["exchange_chain"]["points"][1]["task_s"] = task_s;  // not ascending / lag too long / no task

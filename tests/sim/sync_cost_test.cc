@@ -251,6 +251,35 @@ TEST(SyncCost, EachStreamIsChargedItsTasksAndItsTransfersCpu) {
   }
 }
 
+// SyncCost::a2a_wait_cpu_share: each member of an all-to-all burns that share of its wait (arrival to completion) on
+// its node's cores. Both ranks post the all-to-all at t = 0 beside their compute (1 s + 1 s on 2 cores, the pool full)
+// on a link slow enough that it takes a while; at its completion each adds share x wait of pool work, which the step
+// pays in full (the cores stay full). Not for an all-reduce, and nothing without the pool.
+TEST(SyncCost, AnAllToAllsWaitBurnsItsShareOfTheNodesCores) {
+  compile::Plan plan = beside_compute();
+  plan.templates[0].streams[1].instrs[0].comm = ir::NodeKind::kAllToAll;
+  auto run = [&](const compile::Plan& p, double share, double cores) -> std::pair<double, double> {
+    Network net = Network::build(testing::make_cluster(1, 2, 2e3, 0, 0)).value();  // 2 KB/s: 1,000 bytes, ~0.25 s
+    SimOptions o;
+    o.full = true;
+    o.record_timeline = true;
+    o.sync_cost.a2a_wait_cpu_share = share;
+    o.core_pool = {cores, 1, 1, 2, {}};
+    auto r = simulate_plan(p, net, one_second(), o);
+    EXPECT_TRUE(r.ok()) << r.status().to_string();
+    if (!r.ok()) return {0, 0};
+    double end = 0;
+    for (const auto& span : r->ranks[0].spans) end = span.stream == 1 ? span.end_s : end;
+    return {r->step_time_s, end};
+  };
+  const auto [free_step, waited] = run(plan, 0, 2);
+  ASSERT_GT(waited, 0.1);
+  ASSERT_LT(waited, 1.0);  // completes while both ranks still compute
+  EXPECT_NEAR(run(plan, 0.5, 2).first - free_step, 0.5 * waited, 1e-6);
+  EXPECT_NEAR(run(beside_compute(), 0.5, 2).first, run(beside_compute(), 0, 2).first, 1e-12);  // an all-reduce
+  EXPECT_NEAR(run(plan, 0.5, 0).first, run(plan, 0, 0).first, 1e-12);                          // no pool
+}
+
 // SyncCost::cpu_per_byte_s: the bytes of a transfer's flows, shared by its members, are copied by the node's cores.
 // A 2-rank ring all-reduce moves 2(p - 1)/p = 1 payload per rank, 2,000 bytes in all; a point-to-point transfer
 // its payload, 1,000 bytes, half on each side.
