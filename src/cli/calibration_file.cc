@@ -105,6 +105,15 @@ std::string sync_note(const CommCalibrationInfo& info, const ClusterSpec& cluste
     std::snprintf(buf, sizeof(buf), "; copies %.3g ns of CPU per byte carried", n.copy_cpu_s_per_byte * 1e9);
     note += buf;
   }
+  if (!n.exchange_lag.empty()) {
+    std::snprintf(buf, sizeof(buf), "; the last rank to arrive leaves an all-to-all %.3g-%.3g ms after the others",
+                  n.exchange_lag.front().second * 1e3, n.exchange_lag.back().second * 1e3);
+    note += buf;
+  }
+  if (n.a2a_wait_cpu_share > 0) {
+    std::snprintf(buf, sizeof(buf), "; waiting in one burns %.3g %% of a core", n.a2a_wait_cpu_share * 100);
+    note += buf;
+  }
   return note;
 }
 

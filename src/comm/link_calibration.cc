@@ -349,7 +349,7 @@ double fluid_makespan(std::vector<double> work, double cores) {
 }
 
 // One task length of the exchange chain: `iterations` (after `warmup`) of compute then all-to-all, back to back;
-// rank (7 i + 3) mod P computes busiest_factor times the others in iteration i. The entry and exit times of every
+// rank i mod P computes busiest_factor times the others in iteration i. The entry and exit times of every
 // rank are gathered once at the end (one machine's monotonic clock, or one kernel's under the emulation).
 Status chain_point(Communicator& w, const LinkCalibrationOptions& o, double task_s, ExchangeChain* chain) {
   const size_t p = static_cast<size_t>(w.size());
@@ -363,7 +363,7 @@ Status chain_point(Communicator& w, const LinkCalibrationOptions& o, double task
   const double start = wall_s();
   double wait_cpu = 0;
   for (int i = 0; i < n; ++i) {
-    const bool busiest = static_cast<size_t>(7 * i + 3) % p == static_cast<size_t>(w.rank());
+    const bool busiest = static_cast<size_t>(i) % p == static_cast<size_t>(w.rank());
     volatile int64_t work =
         busiest ? static_cast<int64_t>(o.chain_busiest_factor * static_cast<double>(rounds)) : rounds;
     volatile float sink = spin(work);  // volatile: one call per iteration, not hoisted out of the loop
@@ -380,14 +380,15 @@ Status chain_point(Communicator& w, const LinkCalibrationOptions& o, double task
   std::vector<double> lags;
   double waited = 0;
   for (size_t i = static_cast<size_t>(o.warmup); i < static_cast<size_t>(n); ++i) {
-    double last_in = -1, last_out = 0, mean_out = 0;
+    double last_in = -1, last_out = 0, sum_out = 0;
     for (size_t r = 0; r < p; ++r) {
       const double entry = all[r * mine.size() + 2 * i], exit = all[r * mine.size() + 2 * i + 1];
       if (entry > last_in) last_in = entry, last_out = exit;
-      mean_out += exit / static_cast<double>(p);
+      sum_out += exit;
       waited += (exit - entry) / static_cast<double>(p * static_cast<size_t>(o.chain_iterations));
     }
-    lags.push_back(std::max(0.0, last_out - mean_out));
+    // Against the others' mean exit: the simulator completes the last one this much after the others.
+    lags.push_back(std::max(0.0, last_out - (sum_out - last_out) / static_cast<double>(p - 1)));
   }
   PIPER_ASSIGN_OR_RETURN(double lag, trimmed_mean(std::move(lags), o.trim));
   std::vector<double> works(p, task_s);
@@ -644,10 +645,11 @@ Status LinkCalibrationOptions::validate() const {
       !(contended_alone_s > 0)) {
     return invalid_argument("calibrate: the compute-then-collective loop needs compute_s > 0, cores > 0, >= 4 bytes");
   }
-  for (double t : chain_task_s) {
-    if (!(t > 0 && t <= 1)) {
+  for (size_t i = 0; i < chain_task_s.size(); ++i) {
+    const double t = chain_task_s[i];
+    if (!(t > 0 && t <= 1) || (i > 0 && !(t > chain_task_s[i - 1]))) {
       return invalid_argument("calibrate: the exchange chain's task length " + std::to_string(t) +
-                              " s is out of range; allowed (0, 1]");
+                              " s is out of range or out of order; allowed (0, 1], ascending");
     }
   }
   if (!(chain_busiest_factor >= 1 && chain_busiest_factor <= 16)) {

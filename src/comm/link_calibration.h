@@ -24,7 +24,8 @@
 //     compute, which the simulator adds to the node's core pool (NodeSpec::busy_cpu_*).
 //   - the exchange chain (ExchangeChain): compute and all-to-all back to back as an ep layer runs them, one rank in
 //     turn computing more; how much later than the others the last rank to arrive leaves each exchange, per task
-//     length (NodeSpec::exchange_lag, which the simulator adds to that rank's completion of an all-to-all);
+//     length (NodeSpec::exchange_lag, which the simulator adds to that rank's completion of an all-to-all), and the
+//     CPU a rank burns per second it waits in one (NodeSpec::a2a_wait_cpu_share);
 // Times are medians over iterations (after `warmup`), but compute-then-collective's (over interleaved rounds) and
 // the time per call while the cores compute, which are trimmed means (SyncUnderLoad, ContendedTiming). Nodes are told
 // apart by host name (gethostname), so the two-node emulation (scripts/two-node-emulation.sh, one host name per
@@ -72,8 +73,8 @@ struct LinkCalibrationOptions {
   int contended_windows = 5;
   double cores = 1;  // the node's cores (std::thread::hardware_concurrency of rank 0)
   // The exchange chain (ExchangeChain): each rank computes one task, then all-to-alls sync_all_to_all_bytes, then
-  // computes the next at once, with no barrier, at each of these task lengths (one core's seconds alone), one rank
-  // in turn computing busiest_factor times as much (an ep layer's busiest rank); chain_iterations per length.
+  // computes the next at once, with no barrier, at each of these task lengths (one core's seconds alone; ascending),
+  // one rank in turn computing busiest_factor times as much (an ep layer's busiest rank); chain_iterations per length.
   std::vector<double> chain_task_s = {0.0005, 0.001, 0.002, 0.004, 0.008, 0.016};
   int chain_iterations = 40;
   double chain_busiest_factor = 1.5;
@@ -162,9 +163,11 @@ struct ContendedTiming {
 
 // The runtime's chain of compute and all-to-all (an ep layer's expert tasks and exchanges) on shared cores, per
 // task length: the last rank to arrive at an exchange leaves it lag_s after the others (the last rank's completion
-// less the mean over ranks, trimmed mean over iterations), because the ranks that left first have woken their
-// compute and taken the cores from it; period_s is the chain's measured time per iteration and fluid_period_s what
-// processor sharing of the cores predicts for it (the tasks alone, without the exchange), for the record.
+// less the other ranks' mean, trimmed mean over iterations; the ranks' clocks must be one, as for the
+// compute-then-collective loop: one host, or the two-node emulation's one kernel), because the ranks that left first
+// have woken their compute and taken the cores from it; period_s is the chain's measured time per iteration and
+// fluid_period_s what processor sharing of the cores predicts for it (the tasks alone, without the exchange), for the
+// record.
 struct ExchangeChain {
   bool measured = false;
   size_t bytes = 0;  // per rank

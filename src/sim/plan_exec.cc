@@ -120,10 +120,10 @@ struct CollKeyHash {
 struct Event {
   double t = 0;
   int64_t seq = 0;
-  // 0: compute done (a = rank index, b = stream); 1: transfer done (a = op); 2: a core pool's next task done;
-  // 3: a delayed transfer's flows start (a = op; SimOptions::sync_cost); 4: the last participant of an all-to-all
-  // completes it (a = rank index, b = stream; SyncCost::exchange_lag)
-  // (a = node, version = the pool's version when scheduled; a later change made it stale).
+  // 0: compute done (a = rank index, b = stream); 1: transfer done (a = op); 2: a core pool's next task done
+  // (a = node, version = the pool's version when scheduled; a later change made it stale); 3: a delayed transfer's
+  // flows start (a = op; SimOptions::sync_cost); 4: the last participant of an all-to-all completes it (a = rank
+  // index, b = stream; SyncCost::exchange_lag).
   int kind = 0;
   int a = 0, b = 0;
   int64_t version = 0;
@@ -216,6 +216,8 @@ class Executor {
   double competing_task_s(const std::vector<std::pair<int, int>>& parts) const;
   void start_flows(int op, const FlowTemplate* tmpl, double payload, double t);
   void op_done(int op, double t);
+  // Rank index ri's stream s leaves a transfer at t: its communication ends there (accounting) and the stream goes on.
+  void leave_op(int ri, int s, double t);
   void push(double t, int kind, int a, int b, int64_t version = 0) { events_.push({t, seq_++, kind, a, b, version}); }
   // Counts a transfer of stream s's head instruction in or out of its group's tally.
   void add_group(RankState& r, int s, int delta) {
@@ -454,23 +456,26 @@ void Executor::start_flows(int op, const FlowTemplate* tmpl, double payload, dou
   }
 }
 
+void Executor::leave_op(int ri, int s, double t) {
+  RankState& r = ranks_[static_cast<size_t>(ri)];
+  account(r, t);
+  --r.comm_active;
+  add_group(r, s, -1);
+  complete(ri, s, t);
+}
+
 void Executor::op_done(int op, double t) {
-  // The parts' buffer, not the vector: complete() may start ops, and ops_ growing moves the vectors, not their buffers.
-  const std::pair<int, int>* parts = ops_[static_cast<size_t>(op)].data();
-  const size_t n = ops_[static_cast<size_t>(op)].size();
-  for (size_t k = 0; k < n; ++k) {
+  const std::vector<std::pair<int, int>>& parts = ops_[static_cast<size_t>(op)];
+  for (size_t k = 0; k < parts.size(); ++k) {
     const auto [ri, s] = parts[k];
-    RankState& r = ranks_[static_cast<size_t>(ri)];
-    account(r, t);
-    --r.comm_active;
-    add_group(r, s, -1);
-    const double late_s = k + 1 == n ? late_s_[static_cast<size_t>(op)] : 0.0;
-    const double wait_cpu_s = wait_share_[static_cast<size_t>(op)] * (t - r.streams[static_cast<size_t>(s)].arrived_s);
+    const double late_s = k + 1 == parts.size() ? late_s_[static_cast<size_t>(op)] : 0.0;
+    const double wait_cpu_s = wait_share_[static_cast<size_t>(op)] *
+                              (t + late_s - ranks_[static_cast<size_t>(ri)].streams[static_cast<size_t>(s)].arrived_s);
     if (wait_cpu_s > 0) pool_overhead(ri, s, wait_cpu_s, t);
     if (late_s > 0) {
       push(t + late_s, 4, ri, s);  // the last to arrive: its exchange finishes after the others' (arrival order)
     } else {
-      complete(ri, s, t);
+      leave_op(ri, s, t);
     }
   }
   ops_[static_cast<size_t>(op)].clear();
@@ -721,7 +726,7 @@ Result<SimResult> Executor::run() {
         const auto [tmpl, payload] = delayed_[static_cast<size_t>(e.a)];
         start_flows(e.a, tmpl, payload, t);
       } else if (e.kind == 4) {
-        complete(e.a, e.b, t);
+        leave_op(e.a, e.b, t);
       } else {
         finish_compute(e.a, e.b, t);
       }
@@ -896,7 +901,7 @@ double SyncCost::exchange_lag_at(double task_s) const {
     const auto [t1, lag1] = exchange_lag[i];
     if (task_s > t1) continue;
     const auto [t0, lag0] = exchange_lag[i - 1];
-    return lag0 + (lag1 - lag0) * (task_s - t0) / (t1 - t0);
+    return t1 > t0 ? lag0 + (lag1 - lag0) * (task_s - t0) / (t1 - t0) : lag1;
   }
   return exchange_lag.back().second;
 }

@@ -65,7 +65,8 @@ Result<std::vector<std::pair<double, double>>> read_exchange_lag(const Json& mea
   if (it->contains("wait_cpu_share")) {
     const Json& share = (*it)["wait_cpu_share"];
     if (!share.is_number() || !(share.get<double>() >= 0 && share.get<double>() <= 1)) {
-      return invalid_argument(what + ": calibration.measured.exchange_chain.wait_cpu_share must be a number in [0, 1]");
+      return invalid_argument(what + ": calibration.measured.exchange_chain.wait_cpu_share = " + share.dump() +
+                              " is out of range; allowed a number in [0, 1] (CPU seconds per second waited)");
     }
     *wait_cpu_share = share.get<double>();
   }
@@ -94,7 +95,7 @@ Status apply_sync_excess(const Json& measured, const std::string& what, int rank
   }
   double wait_cpu_share = 0;
   PIPER_ASSIGN_OR_RETURN(auto lag, read_exchange_lag(measured, what, &wait_cpu_share));
-  if (found.empty() && lag.empty()) return ok_status();
+  if (found.empty() && lag.empty() && wait_cpu_share == 0) return ok_status();
   if (info != nullptr) {
     info->sync_measured = true;
     info->sync_ranks_per_node = ranks_per_node;

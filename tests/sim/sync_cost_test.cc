@@ -130,6 +130,9 @@ TEST(SyncCost, TheLastRankToArriveAtAnAllToAllLeavesItTheLagLater) {
   ASSERT_TRUE(r.ok()) << r.status().to_string();
   ASSERT_EQ(r->ranks.size(), 2u);
   EXPECT_NEAR(r->ranks[1].finish_s - r->ranks[0].finish_s, 0.5, 1e-9);  // rank 0 left first
+  // The lag is the late rank's communication (its engine idle while its exchange goes on), not a bubble.
+  EXPECT_NEAR(r->ranks[1].exposed_comm_s - r->ranks[0].exposed_comm_s, 0.5, 1e-9);
+  EXPECT_NEAR(r->ranks[1].bubble_s, 0, 1e-9);
 }
 
 // dp = 2 ranks on one node of 2 cores (one per rank): a compute stream (1 s, 1 s) and a communication stream whose
