@@ -81,6 +81,7 @@ check_reports() {
 # docs/reliability.md ("Sanitizers") has the last run of the whole set (ASAN_MPI=all).
 ASAN_MPI_TESTS=(
   comm_mpi_tests_np4 comm_algo_mpi_tests_np4 comm_halo_traffic_mpi_tests_np4 comm_abort_probe_np2
+  comm_link_calibration_mpi_tests_np3
   runtime_parity_dp2_zero3_np2 runtime_parity_pp2_dualpipev_np2 runtime_parity_dense_dp2_tp2_nosp_zero_np4
   runtime_parity_ep2_halo_np2 runtime_parity_ep2_overlap_np2 runtime_parity_afpipe_2a2f_zero_recompute_np4
   runtime_directives_emitted_dualpipev_ep2_np4 runtime_ckpt_resume_1_to_dp2_zero3_np2

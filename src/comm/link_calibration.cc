@@ -235,6 +235,16 @@ Result<SyncRound> sync_loop(Communicator& w, int64_t spin_rounds, const LinkCali
   return round;
 }
 
+// An all-to-all of about `bytes` per rank over p ranks (p >= 1): whole bytes to each peer, at least one, sent from and
+// received into buffers of exactly the bytes it moves (split.front() * p).
+struct AllToAllBuffers {
+  AllToAllBuffers(size_t bytes, size_t p)
+      : split(p, std::max<size_t>(1, bytes / p)), in(split.front() * p, 1), out(in.size()) {}
+  Result<Handle> post(Communicator& c) { return c.all_to_all_v(in.data(), split, out.data(), split); }
+  std::vector<size_t> split;
+  std::vector<uint8_t> in, out;
+};
+
 // The rounds of one compute-then-collective measurement, in the order they ran (idle[k] just before busy[k]).
 struct SyncRounds {
   size_t bytes = 0;  // per rank
@@ -246,15 +256,14 @@ struct SyncRounds {
 Result<SyncRounds> measure_sync(Communicator& w, const LinkCalibrationOptions& o, size_t bytes, bool all_to_all) {
   PIPER_ASSIGN_OR_RETURN(int64_t spin_rounds, rounds_for(w, o.compute_s));
   const size_t p = static_cast<size_t>(w.size());
-  const size_t per_peer = std::max<size_t>(1, bytes / p);
-  std::vector<float> in(std::max<size_t>(1, per_peer * p / 4)), out(in.size());
-  std::vector<size_t> split(p, per_peer);
+  AllToAllBuffers a2a(all_to_all ? bytes : 0, p);
+  std::vector<float> in(all_to_all ? 0 : std::max<size_t>(1, std::max<size_t>(1, bytes / p) * p / 4)), out(in.size());
   std::function<Result<Handle>()> call = [&]() -> Result<Handle> {
-    if (all_to_all) return w.all_to_all_v(in.data(), split, out.data(), split);
+    if (all_to_all) return a2a.post(w);
     return w.all_reduce_sum(in.data(), out.data(), in.size());
   };
   SyncRounds r;
-  r.bytes = all_to_all ? per_peer * p : in.size() * 4;
+  r.bytes = all_to_all ? a2a.in.size() : in.size() * 4;
   for (int k = 0; k < o.sync_rounds; ++k) {
     PIPER_ASSIGN_OR_RETURN(SyncRound alone, sync_loop(w, 0, o, call));
     r.idle.push_back(std::move(alone));
@@ -353,9 +362,8 @@ double fluid_makespan(std::vector<double> work, double cores) {
 // rank are gathered once at the end (one machine's monotonic clock, or one kernel's under the emulation).
 Status chain_point(Communicator& w, const LinkCalibrationOptions& o, double task_s, ExchangeChain* chain) {
   const size_t p = static_cast<size_t>(w.size());
-  const size_t per_peer = std::max<size_t>(1, o.sync_all_to_all_bytes / p);
-  std::vector<float> in(std::max<size_t>(1, per_peer * p / 4)), out(in.size());
-  std::vector<size_t> split(p, per_peer);
+  AllToAllBuffers a2a(o.sync_all_to_all_bytes, p);
+  chain->bytes = a2a.in.size();
   PIPER_ASSIGN_OR_RETURN(int64_t rounds, rounds_for(w, task_s));
   const int n = o.warmup + o.chain_iterations;
   std::vector<double> mine(2 * static_cast<size_t>(n));
@@ -370,7 +378,7 @@ Status chain_point(Communicator& w, const LinkCalibrationOptions& o, double task
     (void)sink;
     mine[2 * static_cast<size_t>(i)] = wall_s();
     const double cpu0 = thread_cpu_s();
-    PIPER_RETURN_IF_ERROR(wait_like_runtime(w, w.all_to_all_v(in.data(), split, out.data(), split)));
+    PIPER_RETURN_IF_ERROR(wait_like_runtime(w, a2a.post(w)));
     mine[2 * static_cast<size_t>(i) + 1] = wall_s();
     if (i >= o.warmup) wait_cpu += thread_cpu_s() - cpu0;
   }
@@ -405,8 +413,6 @@ Status chain_point(Communicator& w, const LinkCalibrationOptions& o, double task
 
 Status measure_chain(Communicator& w, const LinkCalibrationOptions& o, ExchangeChain* chain) {
   *chain = {};
-  chain->bytes =
-      std::max<size_t>(1, o.sync_all_to_all_bytes / static_cast<size_t>(w.size())) * static_cast<size_t>(w.size());
   chain->busiest_factor = o.chain_busiest_factor;
   for (double task_s : o.chain_task_s) PIPER_RETURN_IF_ERROR(chain_point(w, o, task_s, chain));
   chain->measured = !chain->task_s.empty();
@@ -569,11 +575,8 @@ Result<ContendedTiming> contended_all_reduce(Communicator& w, Communicator& grou
 // The all-to-all of sync_all_to_all_bytes per rank over `group` while the cores compute.
 Result<ContendedTiming> contended_all_to_all(Communicator& w, Communicator& group, const LinkCalibrationOptions& o,
                                              int threads) {
-  const size_t p = static_cast<size_t>(group.size()), per_peer = std::max<size_t>(1, o.sync_all_to_all_bytes / p);
-  std::vector<uint8_t> in(per_peer * p, 1), out(per_peer * p);
-  std::vector<size_t> split(p, per_peer);
-  return contended(w, o, threads, per_peer * p,
-                   [&] { return wait_like_runtime(group, group.all_to_all_v(in.data(), split, out.data(), split)); });
+  AllToAllBuffers a2a(o.sync_all_to_all_bytes, static_cast<size_t>(group.size()));
+  return contended(w, o, threads, a2a.in.size(), [&] { return wait_like_runtime(group, a2a.post(group)); });
 }
 
 // The world all-reduce (sync_all_reduce_bytes) and all-to-all (sync_all_to_all_bytes), the all-reduce in pairs and
