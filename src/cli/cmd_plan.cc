@@ -510,8 +510,8 @@ Status run_plan(const PlanOptions& o) {
   PIPER_ASSIGN_OR_RETURN(planner::SearchResult r, planner::search(model, cluster, train, options));
   ValidationReport validation;
   if (o.validate > 0) {
-    ValidateOptions v{o.validate, o.validate_steps, o.local_ranks, o.model, train.global_batch, train.seq_len,
-                      o.calibration, o.comm_calibration};
+    ValidateOptions v{o.validate,    o.validate_steps, o.local_ranks,      o.model,       train.global_batch,
+                      train.seq_len, o.calibration,    o.comm_calibration, o.expert_loads};
     PIPER_ASSIGN_OR_RETURN(validation, validate_plans(r.top, v));
     if (static_cast<int>(r.top.size()) > o.top_k) r.top.resize(static_cast<size_t>(o.top_k));
   }

@@ -27,6 +27,7 @@ struct ValidateOptions {
   int64_t global_batch = 0;
   int64_t seq_len = 0;
   std::string calibration, comm_calibration;
+  std::string expert_loads;  // plan's --expert-loads FILE, given to every run too ("" without)
   uint64_t seed = 1;    // which of the rest are drawn
 };
 
@@ -39,6 +40,12 @@ struct ValidatedPlan {
   double predicted_peak_bytes = 0;
   double measured_step_s = 0;     // slowest rank's mean step after the first
   double measured_peak_bytes = 0; // largest rank's peak
+  // The run's own prediction (`piper train --json`): its simulation of every rank, with the run's own measured
+  // expert loads when it reports one (an ep plan: known only after the run), else with the planner's loads.
+  bool run_own_loads = false;     // the run's own loads priced it
+  double run_sim_step_s = 0;      // that simulation's step
+  double run_sim_peak_bytes = 0;  // its largest rank's peak
+  double worst_memory_ratio = 0;  // measured / simulated peak of the rank furthest from 1 (0: none reported)
   std::string error;              // the run's error, when it failed (then not in the correlation)
   Json to_json() const;
 };
@@ -46,7 +53,11 @@ struct ValidatedPlan {
 struct ValidationReport {
   std::vector<ValidatedPlan> plans;  // in predicted order
   double kendall_tau = 0;            // over the plans that ran; 0 with fewer than 2
+  double kendall_tau_run_sim = 0;    // the same with each run's own simulation (run_sim_step_s) for predicted
   int measured_best_predicted_rank = 0;
+  // The planner's first plan's measured step over the fastest measured (what `--strategy auto`, which takes the
+  // first plan, loses); 0 when the first plan failed or did not run.
+  double first_over_fastest = 0;
   Json to_json() const;
 };
 
@@ -55,6 +66,11 @@ double kendall_tau(const std::vector<double>& a, const std::vector<double>& b);
 
 // The plans to validate: the first k of `ranked` and k drawn without replacement from the rest (all when fewer).
 std::vector<int> pick_validation_plans(int ranked, int k, uint64_t seed);
+
+// Fills v's measured and run_* fields from one run's `piper train --json` report: the slowest rank's step, the
+// largest rank's peak, and the run's own simulation (predicted_vs_measured_own_expert_loads when present, else
+// predicted_vs_measured). Errors: a report without predicted_vs_measured or its ranks (named).
+Status read_train_report(const Json& report, ValidatedPlan* v);
 
 // Trains each picked plan and measures it. `ranked` is the planner's order (SearchResult::top).
 Result<ValidationReport> validate_plans(const std::vector<planner::Plan>& ranked, const ValidateOptions& options);

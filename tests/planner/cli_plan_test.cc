@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -263,8 +264,13 @@ TEST(CliPlanTest, ValidateTrainsTopAndOtherPlansOnLocalRanks) {
     ASSERT_FALSE(p.contains("error")) << p.dump();
     EXPECT_GT(p["measured_step_time_s"].get<double>(), 0);
     EXPECT_GT(p["measured_peak_memory_bytes"].get<double>(), 0);
+    EXPECT_GT(p["run_simulation"]["step_time_s"].get<double>(), 0) << p.dump();
+    EXPECT_GT(p["run_simulation"]["peak_memory_bytes"].get<double>(), 0) << p.dump();
+    EXPECT_GT(p["run_simulation"]["worst_rank_memory_measured_over_simulated"].get<double>(), 0) << p.dump();
   }
   EXPECT_GE(v["kendall_tau"].get<double>(), -1.0);
+  EXPECT_LE(std::abs(v["kendall_tau_run_simulation"].get<double>()), 1.0);
+  EXPECT_GE(v["first_over_fastest"].get<double>(), 1.0);  // the first plan ran: at least the fastest's step
   EXPECT_LE(v["kendall_tau"].get<double>(), 1.0);
   EXPECT_LE(j["plans"].size(), 5u);  // --top as given, not the longer list validation ranks
   out = run("plan --model tiny-moe --cluster local-cpu --nodes 1 --global-batch 4 --validate 1", &rc);

@@ -36,5 +36,42 @@ TEST(PlanValidateTest, PicksTheTopAndAsManyFromTheRestSeeded) {
   EXPECT_EQ(pick_validation_plans(2, 3, 1), (std::vector<int>{0, 1}));
 }
 
+// One rank of a `piper train --json` prediction report.
+Json rank_json(double measured_step, double measured_peak, double simulated_peak) {
+  return Json{{"measured", {{"step_time_s", measured_step}, {"peak_memory_bytes", measured_peak}}},
+              {"simulated", {{"step_time_s", 0.1}, {"peak_memory_bytes", simulated_peak}}}};
+}
+
+TEST(PlanValidateTest, ARunsOwnLoadsSimulationIsPreferredAndItsWorstRankNamed) {
+  Json report;
+  report["predicted_vs_measured"] = {{"simulated_step_time_s", 0.080},
+                                     {"ranks", {rank_json(0.1, 100, 100), rank_json(0.12, 140, 100)}}};
+  ValidatedPlan balanced;
+  ASSERT_TRUE(read_train_report(report, &balanced).ok());
+  EXPECT_FALSE(balanced.run_own_loads);
+  EXPECT_DOUBLE_EQ(balanced.run_sim_step_s, 0.080);
+  EXPECT_DOUBLE_EQ(balanced.measured_step_s, 0.12);  // the slowest rank
+  EXPECT_DOUBLE_EQ(balanced.measured_peak_bytes, 140);
+  EXPECT_DOUBLE_EQ(balanced.run_sim_peak_bytes, 100);
+  EXPECT_DOUBLE_EQ(balanced.worst_memory_ratio, 1.4);
+
+  // With the run's own loads the busy rank is simulated at its own peak; the rank furthest from 1 is now the one
+  // simulated 25 % high (|log 0.8| > |log 1.05|).
+  report["predicted_vs_measured_own_expert_loads"] = {{"simulated_step_time_s", 0.095},
+                                                      {"ranks", {rank_json(0.1, 100, 125), rank_json(0.12, 140, 133)}}};
+  ValidatedPlan own;
+  ASSERT_TRUE(read_train_report(report, &own).ok());
+  EXPECT_TRUE(own.run_own_loads);
+  EXPECT_DOUBLE_EQ(own.run_sim_step_s, 0.095);
+  EXPECT_DOUBLE_EQ(own.run_sim_peak_bytes, 133);
+  EXPECT_DOUBLE_EQ(own.worst_memory_ratio, 0.8);
+  EXPECT_DOUBLE_EQ(own.measured_peak_bytes, 140);
+
+  ValidatedPlan none;
+  const Status missing = read_train_report(Json{{"predicted_vs_measured", {{"ranks", Json::array()}}}}, &none);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.message().find("no predicted_vs_measured ranks"), std::string::npos) << missing.message();
+}
+
 }  // namespace
 }  // namespace piper::cli
