@@ -60,17 +60,21 @@ Result<PlanTasks> price_plan(const runtime::Trainer& trainer, const LocalMachine
   return p;
 }
 
-// Each task kind's wall seconds per step over the steps after the first.
-struct MeasuredTasks {
-  std::map<std::string, double> sum_s;
-  int64_t steps_seen = 0, steps_timed = 0;
-  void add(const runtime::TrainStepStats& s) {
-    if (steps_seen++ == 0) return;  // first-touch page faults, the pool's first allocations
-    ++steps_timed;
-    for (const auto& [key, seconds] : s.task_seconds) {
-      if (!runtime::is_exchange_task(key)) sum_s[key] += seconds;
-    }
-  }
+// The median of `v` (not empty; the mean of the middle two of an even count).
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// One (thread count, mbs) run of a model's task profile: its trainer, kept between the rounds, and each timed step's
+// seconds per task kind (not the exchanges, which the runtime times with their waits).
+struct ProfileRun {
+  int threads = 1;
+  int64_t mbs = 1;
+  std::unique_ptr<runtime::Trainer> trainer;
+  PlanTasks plan;
+  std::vector<std::map<std::string, double>> steps;
 };
 
 std::string run_name(const ModelSpec& model, int threads, int64_t mbs) {
@@ -78,20 +82,25 @@ std::string run_name(const ModelSpec& model, int threads, int64_t mbs) {
          std::to_string(mbs) + ")";
 }
 
-// The points of one run: every task kind of the plan, measured and priced per step, both > 0.
-Result<std::vector<TaskPoint>> run_points(const std::string& run, const PlanTasks& plan, const MeasuredTasks& m,
-                                          int threads, int64_t tokens) {
-  for (const auto& [key, seconds] : m.sum_s) {
-    if (plan.calls.count(key) == 0) {
-      return internal_error("task profile of " + run + ": the runtime timed task '" + key +
-                            "', which the plan has no instruction of");
+// The points of one run: every task kind of the plan, measured (the median over the timed steps of its seconds per
+// step) and priced per step, both > 0.
+Result<std::vector<TaskPoint>> run_points(const std::string& run, const ProfileRun& r, int64_t tokens) {
+  for (const auto& step : r.steps) {
+    for (const auto& [key, seconds] : step) {
+      if (r.plan.calls.count(key) == 0) {
+        return internal_error("task profile of " + run + ": the runtime timed task '" + key +
+                              "', which the plan has no instruction of");
+      }
     }
   }
   std::vector<TaskPoint> points;
-  for (const auto& [key, calls] : plan.calls) {
-    const auto measured = m.sum_s.find(key);
-    TaskPoint p{threads, tokens, key, calls, 0, plan.priced_s.at(key)};
-    if (measured != m.sum_s.end() && m.steps_timed > 0) p.measured_s = measured->second / m.steps_timed;
+  for (const auto& [key, calls] : r.plan.calls) {
+    std::vector<double> per_step;
+    for (const auto& step : r.steps) {
+      const auto it = step.find(key);
+      per_step.push_back(it == step.end() ? 0.0 : it->second);
+    }
+    TaskPoint p{r.threads, tokens, key, calls, per_step.empty() ? 0.0 : median_of(per_step), r.plan.priced_s.at(key)};
     if (!(p.measured_s > 0)) {
       return failed_precondition("task profile of " + run + ": task '" + key + "' (" + std::to_string(calls) +
                                  " calls per step) measured " + std::to_string(p.measured_s) +
@@ -107,6 +116,23 @@ Result<std::vector<TaskPoint>> run_points(const std::string& run, const PlanTask
   return points;
 }
 
+// The largest over runs of a run's slowest timed step over its fastest (the sum of its tasks' seconds), minus 1: how
+// much the machine's own speed moved while the profile ran.
+double step_spread(const std::vector<ProfileRun>& runs) {
+  double spread = 0;
+  for (const ProfileRun& r : runs) {
+    std::vector<double> totals;
+    for (const auto& step : r.steps) {
+      double sum = 0;
+      for (const auto& [key, seconds] : step) sum += seconds;
+      totals.push_back(sum);
+    }
+    const auto [lo, hi] = std::minmax_element(totals.begin(), totals.end());
+    if (lo != totals.end() && *lo > 0) spread = std::max(spread, *hi / *lo - 1);
+  }
+  return spread;
+}
+
 // The model trained on one rank (dp=1) in two microbatches of `mbs` sequences of seq_len, as the task profile's runs
 // and the model's core-sharing workers train it.
 runtime::TrainOptions one_rank_options(const ModelSpec& model, int64_t mbs, int64_t seq_len) {
@@ -118,36 +144,64 @@ runtime::TrainOptions one_rank_options(const ModelSpec& model, int64_t mbs, int6
   return t;
 }
 
-// One run: the model trained on one rank with `threads` kernel threads, two microbatches of `mbs` sequences.
-Result<std::vector<TaskPoint>> profile_run(const ModelSpec& model, const TaskProfileOptions& o,
-                                           const DeviceCalibration& device, int threads, int64_t mbs) {
-  std::fprintf(stderr, "calibrate: task profile %s, %d thread%s, mbs %lld (%lld steps of %lld x %lld tokens)\n",
-               model.name.c_str(), threads, threads == 1 ? "" : "s", static_cast<long long>(mbs),
-               static_cast<long long>(o.steps), static_cast<long long>(2 * mbs), static_cast<long long>(o.seq_len));
+// A run's trainer, built for `threads` kernel threads and two microbatches of `mbs` sequences, and its plan priced.
+Result<ProfileRun> start_run(const ModelSpec& model, const TaskProfileOptions& o, const DeviceCalibration& device,
+                             int threads, int64_t mbs) {
+  ProfileRun r;
+  r.threads = threads;
+  r.mbs = mbs;
   PIPER_ASSIGN_OR_RETURN(LocalMachine machine, local_cluster(1, threads, device, kNoLinkCalibration));
   runtime::TrainOptions t = one_rank_options(model, mbs, o.seq_len);
   t.plan_prices = local_plan_prices(machine, model);
-  PIPER_ASSIGN_OR_RETURN(std::unique_ptr<runtime::Trainer> trainer, runtime::Trainer::create(t));
-  PIPER_ASSIGN_OR_RETURN(PlanTasks plan, price_plan(*trainer, machine));
-  MeasuredTasks measured;
-  runtime::RunOptions run;
-  run.steps = o.steps;
-  run.on_step = [&measured](const runtime::TrainStepStats& s) { measured.add(s); };
-  PIPER_RETURN_IF_ERROR(runtime::run_training(*trainer, run).status());
-  return run_points(run_name(model, threads, mbs), plan, measured, threads, mbs * o.seq_len);
+  PIPER_ASSIGN_OR_RETURN(r.trainer, runtime::Trainer::create(t));
+  PIPER_ASSIGN_OR_RETURN(r.plan, price_plan(*r.trainer, machine));
+  return r;
 }
 
+// One step of a run at its thread count; a timed step's task seconds are kept.
+Status step_run(ProfileRun* r, bool timed) {
+  kernels::set_kernel_threads(r->threads);
+  PIPER_ASSIGN_OR_RETURN(runtime::TrainStepStats s, r->trainer->step());
+  if (!timed) return ok_status();
+  std::map<std::string, double> tasks;
+  for (const auto& [key, seconds] : s.task_seconds) {
+    if (!runtime::is_exchange_task(key)) tasks[key] += seconds;
+  }
+  r->steps.push_back(std::move(tasks));
+  return ok_status();
+}
+
+// Every (threads, mbs) run of the model, stepped in rounds: each round steps every run once, so that the shared
+// machine's slow and fast spells (seconds to tens of seconds here) fall on every run alike instead of on one run
+// whole; each point is its run's median step.
 Result<TaskProfile> profile_model(const ModelSpec& model, const TaskProfileOptions& o,
                                   const DeviceCalibration& device) {
   TaskProfile p{model.name, count_params(model).total(), o.seq_len, {}, {}};
+  std::fprintf(stderr,
+               "calibrate: task profile %s: %zu runs (%zu thread count(s) x %zu mbs), %lld steps each, in "
+               "rounds\n",
+               model.name.c_str(), o.threads.size() * o.mbs.size(), o.threads.size(), o.mbs.size(),
+               static_cast<long long>(o.steps));
+  std::vector<ProfileRun> runs;
   for (int threads : o.threads) {
     for (int64_t mbs : o.mbs) {
-      kernels::set_kernel_threads(threads);
-      Result<std::vector<TaskPoint>> points = profile_run(model, o, device, threads, mbs);
-      if (!points.ok()) return points.status();
-      p.points.insert(p.points.end(), points->begin(), points->end());
+      Result<ProfileRun> r = start_run(model, o, device, threads, mbs);
+      if (!r.ok()) return r.status().with_context("task profile of " + run_name(model, threads, mbs));
+      runs.push_back(std::move(r).value());
     }
   }
+  for (int64_t step = 0; step < o.steps; ++step) {
+    for (ProfileRun& r : runs) {
+      Status st = step_run(&r, step > 0);  // the first: first-touch page faults, the pool's first allocations
+      if (!st.ok()) return st.with_context("task profile of " + run_name(model, r.threads, r.mbs));
+    }
+  }
+  for (const ProfileRun& r : runs) {
+    PIPER_ASSIGN_OR_RETURN(std::vector<TaskPoint> points,
+                           run_points(run_name(model, r.threads, r.mbs), r, r.mbs * o.seq_len));
+    p.points.insert(p.points.end(), points.begin(), points.end());
+  }
+  p.step_spread = step_spread(runs);
   return p;
 }
 
@@ -278,12 +332,13 @@ Result<std::vector<ShareSample>> model_share_run(const std::string& model, int64
 
 }  // namespace
 
-Result<std::vector<double>> measure_model_sharing(const std::string& model, int64_t seq_len, int max_ranks,
-                                                  double window_s, double cores) {
-  std::fprintf(stderr, "calibrate: core sharing of %s's own steps: 1..%d processes at once\n", model.c_str(),
-               max_ranks);
-  // One alone before the others and one after, the faster kept (other load only ever slows it down): one slow
-  // baseline would lift every n above 1.
+namespace {
+
+// One round of measure_model_sharing: one copy alone, then n = 2..max_ranks at once, then one alone again; per n its
+// efficiency per CPU second against the faster alone (other load only ever slows it down: one slow baseline would
+// lift every n above 1).
+Result<std::vector<double>> model_sharing_round(const std::string& model, int64_t seq_len, int max_ranks,
+                                                double window_s, double cores) {
   PIPER_ASSIGN_OR_RETURN(std::vector<ShareSample> alone, model_share_run(model, seq_len, 1, window_s));
   std::vector<std::vector<ShareSample>> runs;
   for (int n = 2; n <= max_ranks; ++n) {
@@ -296,14 +351,34 @@ Result<std::vector<double>> measure_model_sharing(const std::string& model, int6
   std::vector<double> sharing;
   for (const std::vector<ShareSample>& together : runs) {
     PIPER_ASSIGN_OR_RETURN(SharingEfficiency e, sharing_efficiency(best, together, cores));
-    // The file's bounds (cost::Calibration's core_sharing): outside them a disturbed measurement, not a machine.
-    if (!(e.per_cpu >= cost::kMinSharingEfficiency && e.per_cpu <= cost::kMaxSharingEfficiency)) {
-      return unavailable("calibrate: " + model + "'s steps with " + std::to_string(sharing.size() + 2) +
-                         " processes at once kept " + std::to_string(e.per_cpu) +
-                         " of their speed per CPU second, outside " + std::to_string(cost::kMinSharingEfficiency) +
-                         ".." + std::to_string(cost::kMaxSharingEfficiency) + ": a disturbed measurement");
-    }
     sharing.push_back(e.per_cpu);
+  }
+  return sharing;
+}
+
+}  // namespace
+
+Result<std::vector<double>> measure_model_sharing(const std::string& model, int64_t seq_len, int max_ranks,
+                                                  double window_s, double cores, int rounds) {
+  std::vector<std::vector<double>> by_n(static_cast<size_t>(std::max(0, max_ranks - 1)));
+  for (int round = 1; round <= rounds; ++round) {
+    std::fprintf(stderr, "calibrate: core sharing of %s's own steps, round %d of %d: 1..%d processes at once\n",
+                 model.c_str(), round, rounds, max_ranks);
+    PIPER_ASSIGN_OR_RETURN(std::vector<double> got, model_sharing_round(model, seq_len, max_ranks, window_s, cores));
+    for (size_t k = 0; k < got.size() && k < by_n.size(); ++k) by_n[k].push_back(got[k]);
+  }
+  std::vector<double> sharing;
+  for (const std::vector<double>& rounds_of_n : by_n) {
+    const double e = median_of(rounds_of_n);
+    // The file's bounds (cost::Calibration's core_sharing): outside them a disturbed measurement, not a machine.
+    if (!(e >= cost::kMinSharingEfficiency && e <= cost::kMaxSharingEfficiency)) {
+      return unavailable("calibrate: " + model + "'s steps with " + std::to_string(sharing.size() + 2) +
+                         " processes at once kept " + std::to_string(e) +
+                         " of their speed per CPU second (the median of " + std::to_string(rounds) +
+                         " rounds), outside " + std::to_string(cost::kMinSharingEfficiency) + ".." +
+                         std::to_string(cost::kMaxSharingEfficiency) + ": a disturbed measurement");
+    }
+    sharing.push_back(e);
   }
   return sharing;
 }
@@ -342,8 +417,8 @@ void print_task_profiles(const std::vector<TaskProfile>& profiles) {
       std::stable_sort(points.begin(), points.end(),
                        [](const TaskPoint& a, const TaskPoint& b) { return a.task < b.task; });
       std::printf(
-          "tasks     %s (%s parameters, seq %lld), one rank, %d thread%s: per call, measured (steps after "
-          "the first) against the simulator's price\n",
+          "tasks     %s (%s parameters, seq %lld), one rank, %d thread%s: per call, measured (the median "
+          "step after the first) against the simulator's price\n",
           p.model.c_str(), format_count(static_cast<double>(p.parameters)).c_str(), static_cast<long long>(p.seq_len),
           threads, threads == 1 ? "" : "s");
       std::printf("  %-12s %7s %6s %12s %12s %10s\n", "task", "tokens", "calls", "measured", "priced", "x price");
@@ -353,6 +428,10 @@ void print_task_profiles(const std::vector<TaskProfile>& profiles) {
                     format_seconds(t.priced_s / t.calls).c_str(), t.measured_s / t.priced_s);
       }
     }
+    std::printf(
+        "  %s's steps varied by up to %.0f %% within a run (slowest over fastest): the machine's own speed "
+        "moving, which every figure above and every measured run carries\n",
+        p.model.c_str(), 100 * p.step_spread);
   }
 }
 

@@ -3,7 +3,9 @@
 // For every model, kernel thread count t and microbatch size m, the runtime trains the model in this process on
 // one rank (as `piper train --ranks 1 --threads t --strategy dp=1,microbatches=2,mbs=m --global-batch 2m` does) for
 // `steps` steps; every step after the first gives each task kind's wall seconds (TrainStepStats::task_seconds:
-// "attn.F", "experts.BW", ..., "update"; not the "a2a.*" / "m2n.*" exchanges), averaged per step. Beside them, the
+// "attn.F", "experts.BW", ..., "update"; not the "a2a.*" / "m2n.*" exchanges), and a point is the median over those
+// steps. A model's runs are stepped in rounds (each round steps every (t, m) run once, their trainers kept), so a
+// slow or fast spell of a shared machine falls on all of them rather than on one run whole. Beside them, the
 // simulator's price of the same plan (sim::cost_task_time on local_cluster(1, t) with the device figures given,
 // which carry no task profile) summed over the plan's instructions of each kind, and the calls per step. The
 // simulator scales its prices by measured / priced.
@@ -46,6 +48,9 @@ struct TaskProfile {
   int64_t seq_len = 0;
   std::vector<TaskPoint> points;  // by thread count, then mbs, then task name
   std::vector<double> sharing;    // measure_model_sharing's, n = 2, 3, ...; empty: not measured
+  // The largest over the runs of a run's slowest timed step over its fastest, minus 1: how much the machine's speed
+  // moved while the profile ran (printed, not written).
+  double step_spread = 0;
 };
 
 // The models load and take seq_len (check_seq_len), and the lists are valid: the errors of --model and --seq,
@@ -81,18 +86,20 @@ std::string unscaled_threads_note(const UnscaledThreads& u);
 
 // The model's own core sharing (cost::Calibration::TaskProfile::sharing): copies of this executable
 // (`piper calibrate --model-share-worker`, one kernel thread each, as the runtime's ranks on a node) train `model`
-// on one rank each (dp=1, two microbatches of kShareMbs sequences of seq_len), first one alone, then n = 2..max_ranks
-// at once, then one alone again; each steps from the common start until `window_s` has passed and it has made
-// kShareMinSteps steps. Per n, the mean over copies of its steps per CPU second over the faster alone's
-// (calibrate_fit.h sharing_efficiency per_cpu): what running together costs the model's own tasks, where the
-// core-sharing stage's GEMM may not show it. An efficiency outside what a file accepts (cost::kMinSharingEfficiency
+// on one rank each (dp=1, two microbatches of kShareMbs sequences of seq_len), in `rounds` rounds (>= 1) of: one
+// alone, then n = 2..max_ranks at once, then one alone again; each steps from the common start until `window_s` has
+// passed and it has made kShareMinSteps steps. Per round and n, the mean over copies of its steps per CPU second over
+// the round's faster alone's (calibrate_fit.h sharing_efficiency per_cpu); per n the median over rounds: what running
+// together costs the model's own tasks, where the core-sharing stage's GEMM may not show it (one round's figures
+// moved 0.83-1.04 between calibrations of moe-40m at n = 4 here, session 38). An efficiency outside what a file accepts
+// (cost::kMinSharingEfficiency
 // .. kMaxSharingEfficiency) is an error (a disturbed measurement), as is a worker that fails or is not ready within
 // 600 s; `calibrate` then warns and writes the profile without `sharing`.
 inline constexpr int64_t kShareMbs = 2;
 inline constexpr int kShareMinSteps = 3;
 inline constexpr const char* kModelShareTag = "piper-model-share";
 Result<std::vector<double>> measure_model_sharing(const std::string& model, int64_t seq_len, int max_ranks,
-                                                  double window_s, double cores);
+                                                  double window_s, double cores, int rounds);
 
 // The worker (`piper calibrate --model-share-worker PREFIX --model M --seq S --share-window W`): one kernel thread;
 // builds the trainer, makes one step (first touch), meets the others (meet_share_workers), steps as above and prints

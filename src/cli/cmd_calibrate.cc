@@ -527,8 +527,8 @@ Result<std::vector<TaskProfile>> profile_tasks(const CalibrateOptions& o, int co
   PIPER_ASSIGN_OR_RETURN(std::vector<TaskProfile> got, measure_task_profiles(profile, file));
   // One profile per --model, in order; their own core sharing beside the GEMM's (when that stage runs).
   for (size_t i = 0; o.sharing_rounds > 0 && i < got.size() && i < o.profile.models.size(); ++i) {
-    Result<std::vector<double>> sharing =
-        measure_model_sharing(o.profile.models[i], o.profile.seq_len, 2 * cores, kModelShareWindowS, cores);
+    Result<std::vector<double>> sharing = measure_model_sharing(o.profile.models[i], o.profile.seq_len, 2 * cores,
+                                                                kModelShareWindowS, cores, o.sharing_rounds);
     if (sharing.ok()) {
       got[i].sharing = *sharing;
     } else {
@@ -627,7 +627,8 @@ PIPER_REGISTER_COMMAND(g_calibrate, "calibrate", "Measure this machine's core an
                              ->capture_default_str();
                          add_int_option(sub, "--sharing-rounds", &o->sharing_rounds,
                                         {0, 100, "rounds of the core-sharing stage"},
-                                        "rounds of the core-sharing stage (2..2C processes at once; 0: skip it)")
+                                        "rounds of the core-sharing stage (2..2C processes at once, the GEMM and each "
+                                        "--model's own steps; 0: skip both)")
                              ->capture_default_str();
                          CLI::Option* model =
                              sub->add_option("--model", o->profile.models,

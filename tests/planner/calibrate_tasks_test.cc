@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <map>
@@ -48,6 +49,32 @@ std::map<std::string, int64_t> expected_calls(const ModelSpec& m) {
   }
   calls["update"] = updates;
   return calls;
+}
+
+// Two runs of one model (mbs 1 and 2) stepped in rounds, their trainers alive together: each gives every task of its
+// own plan at its own tokens, and the spread of its steps is reported.
+TEST(CalibrateTasksTest, RunsSteppedInRoundsEachGiveEveryTaskAtTheirTokens) {
+  TaskProfileOptions o;
+  o.models = {"tiny-moe"};
+  o.seq_len = 32;
+  o.threads = {1};
+  o.mbs = {1, 2};
+  o.steps = 3;
+  Result<std::vector<TaskProfile>> got = measure_task_profiles(o, Json::object());
+  ASSERT_TRUE(got.ok()) << got.status().to_string();
+  ASSERT_EQ(got->size(), 1u);
+  Result<ModelSpec> model = load_model("tiny-moe");
+  ASSERT_TRUE(model.ok());
+  std::map<int64_t, std::map<std::string, int64_t>> calls_by_tokens;
+  for (const TaskPoint& t : (*got)[0].points) {
+    EXPECT_GT(t.measured_s, 0) << t.task;
+    EXPECT_TRUE(calls_by_tokens[t.tokens].emplace(t.task, t.calls).second) << "two points of " << t.task;
+  }
+  ASSERT_EQ(calls_by_tokens.size(), 2u);
+  EXPECT_EQ(calls_by_tokens[32], expected_calls(*model));
+  EXPECT_EQ(calls_by_tokens[64], expected_calls(*model));
+  EXPECT_GE((*got)[0].step_spread, 0.0);
+  EXPECT_TRUE(std::isfinite((*got)[0].step_spread));
 }
 
 TEST(CalibrateTasksTest, EveryTaskOfThePlanMeasuredAndPriced) {
