@@ -21,10 +21,11 @@
 namespace piper::runtime::testing {
 namespace {
 
-// As the expert-parallel parity tests (dist_ep_mpi_test.cc): 20 steps at lr 1e-3, sequences of 16 tokens.
+// As the expert-parallel parity tests (dist_ep_mpi_test.cc): 20 steps at lr 5e-4 (1e-3 spikes at step 6 on an AVX2
+// machine, where the experts' GEMM over two ranks' rows rounds differently: 2.1e-4 there), sequences of 16 tokens.
 constexpr int kSteps = 20;
 constexpr double kRelTol = 1e-5;
-constexpr double kLr = 1e-3;
+constexpr double kLr = 5e-4;
 // The gradient norm after step 3 of the 20-step runs: at step 17 the loss spikes (norm 9.66) and the 2:2 run's norm
 // is 1.2e-5 from one rank's (its loss 1.6e-7): the experts sum two attention ranks' rows in one GEMM.
 constexpr double kLateNormRelTol = 1e-4;

@@ -157,8 +157,9 @@ TEST(Parity, Dp2Zero2) { expect_parity("dp=2,zero=2,microbatches=2,mbs=1", "micr
 // per microbatch.
 TEST(Parity, Dp2Zero3) { expect_parity("dp=2,zero=3,microbatches=2,mbs=1", "microbatches=4,mbs=1"); }
 // ZeRO-3 with pipeline and expert parallelism on 4 ranks (the experts are sharded over ep = dp: no edp group).
+// At tp's lr: with 1e-3 the AVX2 machine of session 38 spikes at step 6 as tp does (dist_ep_mpi_test.cc kLr).
 TEST(Parity, Pp2Ep2Zero3) {
-  expect_parity("pp=2,dp=2,ep=2,zero=3,schedule=1f1b,microbatches=2,mbs=1", "microbatches=4,mbs=1");
+  expect_parity("pp=2,dp=2,ep=2,zero=3,schedule=1f1b,microbatches=2,mbs=1", "microbatches=4,mbs=1", kSteps, kTpLr);
 }
 TEST(Parity, Dp2Pp2) { expect_parity("dp=2,pp=2,schedule=1f1b,microbatches=2,mbs=1", "microbatches=4,mbs=1"); }
 
