@@ -366,7 +366,7 @@ TEST(CalibrateCliTest, WritesACalibrationThatTheModelLoads) {
   // --model: the task profile, and the core sharing of the model's own steps for the same 2..2C processes (their
   // efficiency within what a file accepts), printed beside the GEMM's.
   // (A machine loaded from outside can leave every thread count's points out of the file, and so the profile.)
-  EXPECT_NE(text.find("calibrate: core sharing of tiny-moe's own steps: 1.."), std::string::npos) << text;
+  EXPECT_NE(text.find("calibrate: core sharing of tiny-moe's own steps, round 1 of 1: 1.."), std::string::npos) << text;
   EXPECT_NE(text.find("tiny-moe's steps "), std::string::npos) << text;
   if (c->task_profiles.empty()) {
     EXPECT_NE(text.find("left out of the file"), std::string::npos) << text;
