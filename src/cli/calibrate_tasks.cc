@@ -360,6 +360,10 @@ Result<std::vector<double>> model_sharing_round(const std::string& model, int64_
 
 Result<std::vector<double>> measure_model_sharing(const std::string& model, int64_t seq_len, int max_ranks,
                                                   double window_s, double cores, int rounds) {
+  if (rounds < 1) {
+    return invalid_argument("calibrate: core sharing of " + model + "'s own steps in " + std::to_string(rounds) +
+                            " rounds; give --sharing-rounds >= 1 (0 skips the stage)");
+  }
   std::vector<std::vector<double>> by_n(static_cast<size_t>(std::max(0, max_ranks - 1)));
   for (int round = 1; round <= rounds; ++round) {
     std::fprintf(stderr, "calibrate: core sharing of %s's own steps, round %d of %d: 1..%d processes at once\n",

@@ -5,7 +5,8 @@
 // `steps` steps; every step after the first gives each task kind's wall seconds (TrainStepStats::task_seconds:
 // "attn.F", "experts.BW", ..., "update"; not the "a2a.*" / "m2n.*" exchanges), and a point is the median over those
 // steps. A model's runs are stepped in rounds (each round steps every (t, m) run once, their trainers kept), so a
-// slow or fast spell of a shared machine falls on all of them rather than on one run whole. Beside them, the
+// slow or fast spell of a shared machine falls on all of them rather than on one run whole. Every run's trainer is
+// alive at once: moe-40m's six peak at 4.3 GB resident, one of them at 0.8 GB (session 38). Beside them, the
 // simulator's price of the same plan (sim::cost_task_time on local_cluster(1, t) with the device figures given,
 // which carry no task profile) summed over the plan's instructions of each kind, and the calls per step. The
 // simulator scales its prices by measured / priced.
@@ -91,10 +92,9 @@ std::string unscaled_threads_note(const UnscaledThreads& u);
 // passed and it has made kShareMinSteps steps. Per round and n, the mean over copies of its steps per CPU second over
 // the round's faster alone's (calibrate_fit.h sharing_efficiency per_cpu); per n the median over rounds: what running
 // together costs the model's own tasks, where the core-sharing stage's GEMM may not show it (one round's figures
-// moved 0.83-1.04 between calibrations of moe-40m at n = 4 here, session 38). An efficiency outside what a file accepts
-// (cost::kMinSharingEfficiency
-// .. kMaxSharingEfficiency) is an error (a disturbed measurement), as is a worker that fails or is not ready within
-// 600 s; `calibrate` then warns and writes the profile without `sharing`.
+// moved 0.83-1.04 between calibrations of moe-40m at n = 4 here, session 38). A median outside what a file accepts
+// (cost::kMinSharingEfficiency .. kMaxSharingEfficiency) is an error (a disturbed measurement), as are rounds < 1 and
+// a worker that fails or is not ready within 600 s; `calibrate` then warns and writes the profile without `sharing`.
 inline constexpr int64_t kShareMbs = 2;
 inline constexpr int kShareMinSteps = 3;
 inline constexpr const char* kModelShareTag = "piper-model-share";

@@ -275,6 +275,13 @@ TEST(CalibrateTasksTest, UnknownModelIsRefusedBeforeAnyMeasurement) {
   EXPECT_FALSE(std::filesystem::exists(links_out));
 }
 
+// The model's own core sharing takes the median over its rounds: no round is refused by name, before any worker runs.
+TEST(CalibrateTasksTest, ModelSharingWithoutRoundsIsRefused) {
+  Result<std::vector<double>> got = measure_model_sharing("tiny-moe", 32, 4, 0.1, 2, 0);
+  ASSERT_FALSE(got.ok());
+  EXPECT_NE(got.status().message().find("give --sharing-rounds >= 1"), std::string::npos) << got.status().message();
+}
+
 TEST(CalibrateTasksTest, SeqWithoutModelIsRefused) {
   std::string text;
   const std::string out = testing::TempDir() + "calibrate_tasks_seq.json";
