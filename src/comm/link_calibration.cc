@@ -579,21 +579,34 @@ Result<ContendedTiming> contended_all_to_all(Communicator& w, Communicator& grou
   return contended(w, o, threads, a2a.in.size(), [&] { return wait_like_runtime(group, a2a.post(group)); });
 }
 
+// The world all-reduce, all-gather and all-to-all of contended_large_bytes while the cores compute (the all-gather's
+// gathered tensor and the all-to-all's send buffer are that large), contended_large_iterations calls a window: what
+// a byte costs the cores when it is summed, gathered or exchanged (copy_cpu_s_per_byte and its kinds).
+Status measure_contended_large(Communicator& w, const LinkCalibrationOptions& o, int threads, LinkCalibration* c) {
+  LinkCalibrationOptions large = o;
+  large.contended_iterations = o.contended_large_iterations;
+  large.warmup = 1;
+  const size_t p = static_cast<size_t>(w.size());
+  std::vector<float> in(std::max<size_t>(1, o.contended_large_bytes / 4), 1.0f), out(in.size());
+  PIPER_ASSIGN_OR_RETURN(c->contended_all_reduce_large, contended(w, large, threads, in.size() * 4, [&] {
+                           return wait_like_runtime(w, w.all_reduce_sum(in.data(), out.data(), in.size()));
+                         }));
+  const size_t share = std::max<size_t>(1, in.size() / p);
+  PIPER_ASSIGN_OR_RETURN(c->contended_all_gather_large, contended(w, large, threads, share * p * 4, [&] {
+                           return wait_like_runtime(w, w.all_gather(in.data(), out.data(), share * 4));
+                         }));
+  AllToAllBuffers a2a(o.contended_large_bytes, p);
+  PIPER_ASSIGN_OR_RETURN(c->contended_all_to_all_large, contended(w, large, threads, a2a.in.size(),
+                                                                  [&] { return wait_like_runtime(w, a2a.post(w)); }));
+  return ok_status();
+}
+
 // The world all-reduce (sync_all_reduce_bytes) and all-to-all (sync_all_to_all_bytes), the all-reduce in pairs and
 // the ping-pong in pairs (R even), each while the cores compute and without.
 Status measure_contended(Communicator& w, const LinkCalibrationOptions& o, int ranks_per_node, LinkCalibration* c) {
   const int threads = spinning_threads(o, ranks_per_node);
   PIPER_ASSIGN_OR_RETURN(c->contended_all_reduce, contended_all_reduce(w, w, o, threads));
-  {
-    std::vector<float> big_in(std::max<size_t>(1, o.contended_large_bytes / 4), 1.0f), big_out(big_in.size());
-    LinkCalibrationOptions large = o;
-    large.contended_iterations = o.contended_large_iterations;
-    large.warmup = 1;
-    PIPER_ASSIGN_OR_RETURN(c->contended_all_reduce_large, contended(w, large, threads, big_in.size() * 4, [&] {
-                             return wait_like_runtime(w,
-                                                      w.all_reduce_sum(big_in.data(), big_out.data(), big_in.size()));
-                           }));
-  }
+  PIPER_RETURN_IF_ERROR(measure_contended_large(w, o, threads, c));
   PIPER_ASSIGN_OR_RETURN(c->contended_all_to_all, contended_all_to_all(w, w, o, threads));
   if (w.size() < 4 || w.size() % 2 != 0) return ok_status();
   PIPER_ASSIGN_OR_RETURN(auto pair, consecutive_group(w, 2, "calibrate_contended_pair"));
@@ -790,15 +803,26 @@ OrderedJson fit_json(const AlphaBeta& f) {
   return {{"alpha_s", f.alpha_s}, {"bw_bytes_per_s", f.bw_bytes_per_s}, {"points", points}};
 }
 
-}  // namespace
-
-double copy_cpu_s_per_byte(const LinkCalibration& c) {
+// The rise of `large`'s own CPU per call over the 4 KiB all-reduce's (the per-call part), over the rise of the bytes
+// a rank's port carries (`port` per byte of the measured size); 0 when either is unmeasured.
+double cpu_per_port_byte(const LinkCalibration& c, const ContendedTiming& large, double port) {
   const ContendedTiming& small = c.contended_all_reduce;
-  const ContendedTiming& large = c.contended_all_reduce_large;
   if (!small.measured || !large.measured || c.ranks < 2 || large.bytes <= small.bytes) return 0;
   const double n = static_cast<double>(c.ranks);
-  const double port_bytes = 2 * (n - 1) / n * static_cast<double>(large.bytes - small.bytes);
+  const double port_bytes = port * (n - 1) / n * static_cast<double>(large.bytes - small.bytes);
   return std::max(0.0, large.comm_cpu_s - small.comm_cpu_s) / port_bytes;
+}
+
+}  // namespace
+
+double copy_cpu_s_per_byte(const LinkCalibration& c) { return cpu_per_port_byte(c, c.contended_all_reduce_large, 2); }
+
+double gather_copy_cpu_s_per_byte(const LinkCalibration& c) {
+  return cpu_per_port_byte(c, c.contended_all_gather_large, 1);
+}
+
+double exchange_copy_cpu_s_per_byte(const LinkCalibration& c) {
+  return cpu_per_port_byte(c, c.contended_all_to_all_large, 1);
 }
 
 EffectiveLink effective_intra_link(const LinkCalibration& c) {
@@ -844,6 +868,12 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
     node["intra"] = {{"latency_s", c.intra.alpha_s}, {"bw_bytes_per_s", c.intra.bw_bytes_per_s}};
   }
   if (const double per_byte = copy_cpu_s_per_byte(c); per_byte > 0) node["copy_cpu_s_per_byte"] = per_byte;
+  if (const double per_byte = gather_copy_cpu_s_per_byte(c); per_byte > 0) {
+    node["gather_copy_cpu_s_per_byte"] = per_byte;
+  }
+  if (const double per_byte = exchange_copy_cpu_s_per_byte(c); per_byte > 0) {
+    node["exchange_copy_cpu_s_per_byte"] = per_byte;
+  }
   if (c.inter.measured) {
     node["nic_latency_s"] = c.inter.alpha_s;
     node["nic_bw_bytes_per_s"] = c.inter.bw_bytes_per_s;
@@ -911,6 +941,8 @@ OrderedJson link_calibration_json(const LinkCalibration& c, const std::string& s
   };
   if (c.contended_all_reduce.measured) m["contended_all_reduce"] = busy(c.contended_all_reduce);
   if (c.contended_all_reduce_large.measured) m["contended_all_reduce_large"] = busy(c.contended_all_reduce_large);
+  if (c.contended_all_gather_large.measured) m["contended_all_gather_large"] = busy(c.contended_all_gather_large);
+  if (c.contended_all_to_all_large.measured) m["contended_all_to_all_large"] = busy(c.contended_all_to_all_large);
   if (c.contended_all_to_all.measured) m["contended_all_to_all"] = busy(c.contended_all_to_all);
   if (c.contended_pairs.measured) m["contended_all_reduce_pairs"] = busy(c.contended_pairs);
   if (c.contended_p2p.measured) m["contended_p2p"] = busy(c.contended_p2p);
@@ -1009,12 +1041,14 @@ std::string to_text(const LinkCalibration& c) {
   };
   busy("all-reduce", c.contended_all_reduce);
   busy("all-reduce", c.contended_all_reduce_large);
+  busy("all-gather", c.contended_all_gather_large);
+  busy("all-to-all", c.contended_all_to_all_large);
   if (const double per_byte = copy_cpu_s_per_byte(c); per_byte > 0) {
-    std::snprintf(
-        line, sizeof(line),
-        "  copies while the cores compute: %.3f ns of CPU per byte a rank carries (the large all-reduce's own "
-        "CPU over the small one's; node.copy_cpu_s_per_byte)\n",
-        per_byte * 1e9);
+    std::snprintf(line, sizeof(line),
+                  "  copies while the cores compute: %.3f ns of CPU per byte a rank carries summed, %.3f gathered, "
+                  "%.3f exchanged (each large call's own CPU over the small all-reduce's; node.copy_cpu_s_per_byte, "
+                  "gather_copy_cpu_s_per_byte, exchange_copy_cpu_s_per_byte)\n",
+                  per_byte * 1e9, gather_copy_cpu_s_per_byte(c) * 1e9, exchange_copy_cpu_s_per_byte(c) * 1e9);
     out += line;
   }
   busy("all-to-all", c.contended_all_to_all);

@@ -195,7 +195,9 @@ struct LinkCalibration {
   // While the cores compute: world all-reduce and all-to-all, the all-reduce in pairs and the ping-pong in pairs
   // (R even; point-to-point transfers, as pipelines make them).
   ContendedTiming contended_all_reduce, contended_all_to_all, contended_pairs, contended_p2p;
-  ContendedTiming contended_all_reduce_large;  // LinkCalibrationOptions::contended_large_bytes
+  // The world all-reduce, all-gather (bytes: the gathered tensor) and all-to-all (bytes: one rank's send buffer) of
+  // LinkCalibrationOptions::contended_large_bytes while the cores compute.
+  ContendedTiming contended_all_reduce_large, contended_all_gather_large, contended_all_to_all_large;
   // Across nodes (2 or more hosts, 2 or more ranks each): the world all-reduce's and all-to-all's figures above again
   // over each node's own ranks, every node at once (samples pooled over the nodes): what a collective inside one node
   // costs, without the transport between nodes that the world's figures carry (node.*_node_* in the file's cluster).
@@ -207,6 +209,11 @@ struct LinkCalibration {
 // (comm_cpu_s) less the 4 KiB one's, over the rise of a ring all-reduce's port bytes (2 (n - 1) / n per byte); 0
 // when either is unmeasured. Written as node.copy_cpu_s_per_byte (NodeSpec::copy_cpu_s_per_byte).
 double copy_cpu_s_per_byte(const LinkCalibration& c);
+// The same for bytes gathered (the large all-gather's own CPU, over (n - 1)/n of the gathered tensor) and exchanged
+// (the large all-to-all's, over (n - 1)/n of a rank's send buffer): MPI's shared memory copies them on both sides
+// but sums nothing. Written as node.gather_copy_cpu_s_per_byte and node.exchange_copy_cpu_s_per_byte.
+double gather_copy_cpu_s_per_byte(const LinkCalibration& c);
+double exchange_copy_cpu_s_per_byte(const LinkCalibration& c);
 
 Result<LinkCalibration> measure_links(Communicator& world, const LinkCalibrationOptions& options);
 

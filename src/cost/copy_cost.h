@@ -17,10 +17,19 @@
 
 namespace piper::cost {
 
-// One core's seconds per byte carried: the measured NodeSpec::copy_cpu_s_per_byte, else 1 / the intra-node
-// bandwidth; 0 on a node that does not share its cores or has neither.
-inline double copy_seconds_per_byte(const NodeSpec& node) {
+// What a transfer does with its bytes, which decides what a byte costs the cores: summed (all-reduce,
+// reduce-scatter: MPI adds what it receives), gathered (all-gather) or exchanged (all-to-all, point-to-point, m2n).
+// `piper calibrate --ranks R` measures each beside computing threads; summed bytes cost about 1.5x the others on the
+// build machines (docs/calibration.md, session 39).
+enum class CopyKind { kSummed, kGathered, kExchanged };
+
+// One core's seconds per byte carried: the kind's measured figure (NodeSpec::gather_copy_cpu_s_per_byte,
+// exchange_copy_cpu_s_per_byte), else the measured NodeSpec::copy_cpu_s_per_byte, else 1 / the intra-node
+// bandwidth; 0 on a node that does not share its cores or has none of them.
+inline double copy_seconds_per_byte(const NodeSpec& node, CopyKind kind) {
   if (!(node.shared_cores > 0)) return 0.0;
+  if (kind == CopyKind::kGathered && node.gather_copy_cpu_s_per_byte > 0) return node.gather_copy_cpu_s_per_byte;
+  if (kind == CopyKind::kExchanged && node.exchange_copy_cpu_s_per_byte > 0) return node.exchange_copy_cpu_s_per_byte;
   if (node.copy_cpu_s_per_byte > 0) return node.copy_cpu_s_per_byte;
   return node.intra.bw_bytes_per_s > 0 ? 1.0 / node.intra.bw_bytes_per_s : 0.0;
 }

@@ -588,8 +588,8 @@ double pp_exposed_s(const CostModel& cm, const Strategy& s, const PipelineShape&
 
 }  // namespace
 
-double copy_seconds_per_byte_at_share(const CostModel& cm) {
-  const double per_byte = copy_seconds_per_byte(cm.cluster().node);
+double copy_seconds_per_byte_at_share(const CostModel& cm, CopyKind kind) {
+  const double per_byte = copy_seconds_per_byte(cm.cluster().node, kind);
   if (!(per_byte > 0)) return 0;
   return per_byte / cm.device().core_share();
 }
@@ -609,16 +609,21 @@ namespace {
 // microbatch, ZeRO-3 also gathers before each F and B); per layer and microbatch 8 (tp - 1)/tp of its T x h
 // activations over tp (two all-reduces each pass, or with sp two all-gathers and two reduce-scatters); per MoE
 // layer and microbatch (ep - 1)/ep of the dispatch and the combine and their transposes; per microbatch and chunk
-// the pipeline's activation and gradient. Nothing on other nodes.
+// the pipeline's activation and gradient. Each kind of byte at its rate (CopyKind): gradients and tp's all-reduces
+// summed, parameters and sp's all-gathers gathered (sp's reduce-scatters summed), ep's and pp's exchanged. Nothing on
+// other nodes.
 void add_copies(const CostModel& cm, const Strategy& s, const PipelineShape& pl, const MeshGroups& g,
                 const Bottleneck& b, double tokens, CommBreakdown* comm) {
-  const double at = copy_seconds_per_byte_at_share(cm), stage_at = staging_seconds_per_byte_at_share(cm);
-  if (!(at > 0) && !(stage_at > 0)) return;
+  const double summed = copy_seconds_per_byte_at_share(cm, CopyKind::kSummed);
+  const double exchanged = copy_seconds_per_byte_at_share(cm, CopyKind::kExchanged);
+  const double stage_at = staging_seconds_per_byte_at_share(cm);
+  if (!(summed > 0) && !(stage_at > 0)) return;
   auto f = [](int n) { return n > 1 ? (n - 1.0) / n : 0.0; };
   const double m = pl.m;
-  const double dp = dp_copy_bytes(s.zero, m, f(g.dp.size), f(g.expert_dp.size), b.params.dense * cm.bytes().grad,
-                                  b.params.expert * cm.bytes().grad, b.params.dense * cm.bytes().param,
-                                  b.params.expert * cm.bytes().param);
+  const double dp_s = dp_copy_seconds(cm, s.zero, m, f(g.dp.size), f(g.expert_dp.size),
+                                      b.params.dense * cm.bytes().grad, b.params.expert * cm.bytes().grad,
+                                      b.params.dense * cm.bytes().param, b.params.expert * cm.bytes().param);
+  const double tp_at = s.sp ? (summed + copy_seconds_per_byte_at_share(cm, CopyKind::kGathered)) / 2 : summed;
   const double act = tokens * cm.parts().hidden * cm.train().comm_bytes();
   const double tp = m * b.layers.layers * 8 * f(s.tp) * act;
   const double routed = tokens / s.tp * cm.parts().top_k;
@@ -628,10 +633,10 @@ void add_copies(const CostModel& cm, const Strategy& s, const PipelineShape& pl,
   const double staged = dp_staging_bytes(s.zero, m, g.dp.size, g.expert_dp.size, b.params.dense * cm.bytes().grad,
                                          b.params.expert * cm.bytes().grad, b.params.dense * cm.bytes().param,
                                          b.params.expert * cm.bytes().param);
-  comm->dp_s = std::max(comm->dp_s, dp * at + staged * stage_at);
-  comm->tp_s = std::max(comm->tp_s, tp * at);
-  comm->ep_s = std::max(comm->ep_s, ep * at);
-  comm->pp_s = std::max(comm->pp_s, pp * at);
+  comm->dp_s = std::max(comm->dp_s, dp_s + staged * stage_at);
+  comm->tp_s = std::max(comm->tp_s, tp * tp_at);
+  comm->ep_s = std::max(comm->ep_s, ep * exchanged);
+  comm->pp_s = std::max(comm->pp_s, pp * exchanged);
 }
 
 // On a node whose ranks share its cores (NodeSpec::shared_cores, fewer than they would use alone), a rank waiting in

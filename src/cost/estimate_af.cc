@@ -286,7 +286,8 @@ Status CostModel::estimate_af_pipe(const Strategy& s, Estimate* out) const {
   // On a node whose ranks share its cores, each transferred byte is copied by those cores (copy_cost.h): a rank's
   // half of each m2n exchange per microbatch, and its data-parallel bytes per step (and their staging), at its
   // static share.
-  const double at = copy_seconds_per_byte_at_share(*this), stage_at = staging_seconds_per_byte_at_share(*this);
+  const double at = copy_seconds_per_byte_at_share(*this, CopyKind::kExchanged);
+  const double stage_at = staging_seconds_per_byte_at_share(*this);
   auto f = [](int n) { return n > 1 ? (n - 1.0) / n : 0.0; };
   for (int r = 0; r < P; ++r) {
     const AfRank& x = ranks[static_cast<size_t>(r)];
@@ -305,9 +306,9 @@ Status CostModel::estimate_af_pipe(const Strategy& s, Estimate* out) const {
     const double shard = s.zero >= 1 ? x.dense_params / s.dp + x.expert_params / std::max(1, s.expert_replicas())
                                      : x.dense_params + x.expert_params;
     const double opt = update_scale * device_.time_s(0, shard * optimizer_step_bytes_per_param(bytes_), 0);
-    const double dp_copies = at * dp_copy_bytes(s.zero, m, f(dp.size), f(edp.size), x.dense_params * bytes_.grad,
-                                                x.expert_params * bytes_.grad, x.dense_params * bytes_.param,
-                                                x.expert_params * bytes_.param);
+    const double dp_copies =
+        dp_copy_seconds(*this, s.zero, m, f(dp.size), f(edp.size), x.dense_params * bytes_.grad,
+                        x.expert_params * bytes_.grad, x.dense_params * bytes_.param, x.expert_params * bytes_.param);
     const double staging = stage_at * dp_staging_bytes(s.zero, m, dp.size, edp.size, x.dense_params * bytes_.grad,
                                                        x.expert_params * bytes_.grad, x.dense_params * bytes_.param,
                                                        x.expert_params * bytes_.param);

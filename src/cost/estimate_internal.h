@@ -102,10 +102,10 @@ struct DpSyncInputs {
 double dp_exposed_s(const CostModel& cm, const Strategy& s, const PipelineShape& pl, const PartTimes& pt,
                     const MeshGroups& g, const DpSyncInputs& in);
 
-// One rank's seconds per byte that its node's cores copy for its transfers, at its static share of the cores of a
-// node whose ranks share them (copy_cost.h; one core at most); 0 elsewhere. Each kind of a rank's communication costs
-// at least its bytes at this rate (add_copies in estimate.cc, the af-pipe closed form in estimate_af.cc).
-double copy_seconds_per_byte_at_share(const CostModel& cm);
+// One rank's seconds per byte that its node's cores copy for its transfers of `kind`, at its static share of the cores
+// of a node whose ranks share them (copy_cost.h; one core at most); 0 elsewhere. Each kind of a rank's communication
+// costs at least its bytes at this rate (add_copies in estimate.cc, the af-pipe closed form in estimate_af.cc).
+double copy_seconds_per_byte_at_share(const CostModel& cm, CopyKind kind);
 // The same for the copies that stage a data-parallel collective (copy_cost.h staging_seconds_per_byte).
 double staging_seconds_per_byte_at_share(const CostModel& cm);
 
@@ -118,6 +118,13 @@ inline double dp_copy_bytes(int zero, double m, double fd, double fe, double gra
   if (zero == 1) return fd * (grad_d + par_d) + fe * (grad_e + par_e);
   if (zero == 2) return m * (fd * grad_d + fe * grad_e) + fd * par_d + fe * par_e;
   return m * (fd * (grad_d + 2 * par_d) + fe * (grad_e + 2 * par_e));
+}
+
+// dp_copy_bytes priced: the gradients' bytes are summed (reduce-scatters, all-reduces), the parameters' gathered.
+inline double dp_copy_seconds(const CostModel& cm, int zero, double m, double fd, double fe, double grad_d,
+                              double grad_e, double par_d, double par_e) {
+  return copy_seconds_per_byte_at_share(cm, CopyKind::kSummed) * dp_copy_bytes(zero, m, fd, fe, grad_d, grad_e, 0, 0) +
+         copy_seconds_per_byte_at_share(cm, CopyKind::kGathered) * dp_copy_bytes(zero, m, fd, fe, 0, 0, par_d, par_e);
 }
 
 // The bytes a rank's own copies move per step to stage its data-parallel collectives over p ranks of a chunk's `grad`

@@ -201,16 +201,17 @@ class Executor {
   // charged: the stream whose CPU the task is (a transfer's stream for pool_overhead's; -1: s).
   void pool_start(int ri, int s, double duration_s, double t, int charged = -1);
   void pool_overhead(int ri, int s, double cpu_s, double t);
-  double copy_cpu_s(const FlowTemplate* tmpl, double payload, size_t members);
+  double copy_cpu_s(const FlowTemplate* tmpl, double payload, size_t members, cost::CopyKind kind);
   void pool_schedule(int node);
   void pool_done(int node, int64_t version, double t);
   Status arrive_p2p(int ri, int s, const Instruction& in);
   Status arrive_collective(int ri, int s, const Instruction& in);
+  // kind: what the transfer does with its bytes (their CPU: SyncCost::per_byte_s).
   // cpu_s: the CPU seconds each part's rank spends on it (SyncCost::cpu_*), added to its node's pool.
   // late_s: the last part (the last to arrive) completes this much after the others (SyncCost::exchange_lag);
   // wait_share: with the pool on, each part adds that share of its wait to its node's pool at completion.
-  Status start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload, double delay_s = 0,
-                  double cpu_s = 0, double late_s = 0, double wait_share = 0);
+  Status start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload, cost::CopyKind kind,
+                  double delay_s = 0, double cpu_s = 0, double late_s = 0, double wait_share = 0);
   // The mean length of the compute tasks of every part but the last (their templates' mean compute instruction): what
   // the ranks that leave an all-to-all first run while the last one finishes it.
   double competing_task_s(const std::vector<std::pair<int, int>>& parts) const;
@@ -365,10 +366,10 @@ void Executor::pool_overhead(int ri, int s, double cpu_s, double t) {
   pool_start(ri, -1, cpu_s * std::min(c.rank_cores, 1.0) / c.price_cores, t, s);
 }
 
-// Each member's share of the CPU that copying a transfer's bytes takes (SyncCost::cpu_per_byte_s): the bytes of all
-// its flows at `payload`, over its members.
-double Executor::copy_cpu_s(const FlowTemplate* tmpl, double payload, size_t members) {
-  const double per_byte = options_.sync_cost.cpu_per_byte_s;
+// Each member's share of the CPU that copying a transfer's bytes takes (SyncCost::per_byte_s of its kind): the bytes
+// of all its flows at `payload`, over its members.
+double Executor::copy_cpu_s(const FlowTemplate* tmpl, double payload, size_t members, cost::CopyKind kind) {
+  const double per_byte = options_.sync_cost.per_byte_s(kind);
   if (tmpl == nullptr || !(per_byte > 0) || members == 0) return 0;
   auto [it, fresh] = template_bytes_.try_emplace(tmpl, 0.0);
   if (fresh) {
@@ -407,7 +408,7 @@ void Executor::pool_done(int node, int64_t version, double t) {
 }
 
 Status Executor::start_op(std::vector<std::pair<int, int>> parts, const FlowTemplate* tmpl, double payload,
-                          double delay_s, double cpu_s, double late_s, double wait_share) {
+                          cost::CopyKind kind, double delay_s, double cpu_s, double late_s, double wait_share) {
   int op;
   if (!free_ops_.empty()) {
     op = free_ops_.back();
@@ -421,7 +422,7 @@ Status Executor::start_op(std::vector<std::pair<int, int>> parts, const FlowTemp
   }
   late_s_[static_cast<size_t>(op)] = options_.zero_comm ? 0 : late_s;
   wait_share_[static_cast<size_t>(op)] = options_.zero_comm || !pooled_ ? 0 : wait_share;
-  if (pooled_) cpu_s += copy_cpu_s(tmpl, payload, ops_[static_cast<size_t>(op)].size());
+  if (pooled_) cpu_s += copy_cpu_s(tmpl, payload, ops_[static_cast<size_t>(op)].size(), kind);
   for (auto [ri, s] : ops_[static_cast<size_t>(op)]) {
     RankState& r = ranks_[static_cast<size_t>(ri)];
     if (pooled_ && cpu_s > 0 && !options_.zero_comm) pool_overhead(ri, s, cpu_s, now_);
@@ -512,8 +513,8 @@ Status Executor::arrive_p2p(int ri, int s, const Instruction& in) {
       }
     }
     // Both sides carry the payload (the lowering copies it from the send to the recv).
-    return start_op({{ri, s}, {other.rank_index, other.stream}}, tmpl, static_cast<double>(in.comm_bytes), 0,
-                    options_.sync_cost.cpu_p2p_s);
+    return start_op({{ri, s}, {other.rank_index, other.stream}}, tmpl, static_cast<double>(in.comm_bytes),
+                    cost::CopyKind::kExchanged, 0, options_.sync_cost.cpu_p2p_s);
   }
   if (index_of_rank_[static_cast<size_t>(peer)] < 0) {
     return internal_error("rank " + std::to_string(r.rank) + " talks to rank " + std::to_string(peer) +
@@ -524,6 +525,20 @@ Status Executor::arrive_p2p(int ri, int s, const Instruction& in) {
 }
 
 namespace {
+
+// What a collective does with its bytes: all-reduces and reduce-scatters sum them, all-gathers gather them, all-to-alls
+// and m2n transfers exchange them.
+cost::CopyKind copy_kind(ir::NodeKind comm) {
+  switch (comm) {
+    case ir::NodeKind::kAllReduce:
+    case ir::NodeKind::kReduceScatter:
+      return cost::CopyKind::kSummed;
+    case ir::NodeKind::kAllGather:
+      return cost::CopyKind::kGathered;
+    default:
+      return cost::CopyKind::kExchanged;
+  }
+}
 
 // One member's seconds of one core for the copies the runtime stages a data-parallel collective with
 // (cost::dp_staged_bytes); 0 for any other collective.
@@ -590,7 +605,8 @@ Status Executor::arrive_collective(int ri, int s, const Instruction& in) {
   if (members.size() < 2) delay_s = cpu_s = 0;
   const double late_s = a2a && parts.size() > 1 ? sync.exchange_lag_at(competing_task_s(parts)) : 0.0;
   const double share = a2a && members.size() > 1 ? sync.a2a_wait_cpu_share : 0.0;
-  return start_op(std::move(parts), tmpl, static_cast<double>(in.comm_bytes), delay_s, cpu_s, late_s, share);
+  return start_op(std::move(parts), tmpl, static_cast<double>(in.comm_bytes), copy_kind(in.comm), delay_s, cpu_s,
+                  late_s, share);
 }
 
 Status Executor::advance_stream(int ri, int s) {

@@ -47,6 +47,7 @@
 #include "piper/base/status.h"
 #include "piper/compile/plan.h"
 #include "piper/compile/timeline.h"
+#include "piper/cost/copy_cost.h"
 #include "piper/sim/comm_templates.h"
 #include "piper/sim/expert_rank_loads.h"
 #include "piper/sim/network.h"
@@ -90,9 +91,19 @@ struct SyncCost {
   // CPU seconds of one core per byte a transfer moves: the ranks of a node that shares its cores move their bytes
   // with those cores (MPI's shared-memory transport copies every byte; the TCP stack between emulated nodes too),
   // so a transfer's bytes, shared equally by its members, are added to the pool as work like the figures above.
-  // simulate_compiled() sets it to the inverse of the node's intra-node bandwidth (NodeSpec::intra, the copy rate
-  // `piper calibrate --ranks R` measures with idle cores).
+  // cpu_per_byte_s prices the bytes of all-reduces and reduce-scatters, gather_cpu_per_byte_s those of all-gathers,
+  // exchange_cpu_per_byte_s those of all-to-alls and point-to-point transfers (0: cpu_per_byte_s); simulate_compiled()
+  // sets them to cost::copy_seconds_per_byte of each kind.
   double cpu_per_byte_s = 0;
+  double gather_cpu_per_byte_s = 0;
+  double exchange_cpu_per_byte_s = 0;
+  // The figure above for the bytes of a transfer of this kind.
+  double per_byte_s(cost::CopyKind kind) const {
+    const double k = kind == cost::CopyKind::kGathered    ? gather_cpu_per_byte_s
+                     : kind == cost::CopyKind::kExchanged ? exchange_cpu_per_byte_s
+                                                          : 0.0;
+    return k > 0 ? k : cpu_per_byte_s;
+  }
   // One thread's seconds per byte a streaming copy moves (cost::staging_seconds_per_byte): each member of a
   // data-parallel collective (CommRole kGradReduce, kParamGather) also adds the copies the runtime stages it with
   // (cost::dp_staged_bytes) to its node's pool, as single-core work of its stream: CPU taken from the node's

@@ -59,7 +59,9 @@ SyncCost sync_cost_of(const ClusterSpec& cluster, const cost::Calibration& calib
   const NodeSpec& n = cluster.node;
   SyncCost c{n.sync_excess_all_to_all_s, n.sync_excess_other_s, n.sync_excess_pair_s, n.busy_cpu_all_to_all_s,
              n.busy_cpu_other_s,         n.busy_cpu_pair_s,     n.busy_cpu_p2p_s};
-  c.cpu_per_byte_s = cost::copy_seconds_per_byte(n);
+  c.cpu_per_byte_s = cost::copy_seconds_per_byte(n, cost::CopyKind::kSummed);
+  c.gather_cpu_per_byte_s = cost::copy_seconds_per_byte(n, cost::CopyKind::kGathered);
+  c.exchange_cpu_per_byte_s = cost::copy_seconds_per_byte(n, cost::CopyKind::kExchanged);
   c.staging_s_per_byte = cost::staging_seconds_per_byte(n, cluster.device, calibration);
   c.node_figures = n.node_figures;
   c.node_all_to_all_s = n.sync_excess_node_all_to_all_s;

@@ -113,6 +113,12 @@ struct NodeSpec {
   // the machine, applied whatever the ranks per node (unlike the synchronisation figures, which are the measured
   // ranks' waits).
   double copy_cpu_s_per_byte = 0;
+  // The same for bytes a transfer gathers (all-gathers) and exchanges (all-to-alls, point-to-point and m2n
+  // transfers), which MPI copies on both sides but does not sum: measured by `piper calibrate --ranks R` as the rise of
+  // a 16 MiB all-gather's and all-to-all's own CPU beside computing threads (comm::gather_copy_cpu_s_per_byte,
+  // exchange_copy_cpu_s_per_byte). 0 = unmeasured: copy_cpu_s_per_byte (cost/copy_cost.h CopyKind).
+  double gather_copy_cpu_s_per_byte = 0;
+  double exchange_copy_cpu_s_per_byte = 0;
 
   // min(1, shared_cores / (device_cores * devices_per_node)); exactly 1 without shared cores.
   double static_core_share() const;

@@ -121,7 +121,8 @@ TEST(LinkCalibration, TheFileSetsTheLinkAndTheSyncExcessForTheMeasuredRanksOnly)
   const double per_byte = 5e-3 / (1.5 * static_cast<double>((size_t{16} << 20) - 4096));
   EXPECT_NEAR(comm::copy_cpu_s_per_byte(one_node(4)), per_byte, 1e-18);
   EXPECT_NEAR(c.node.copy_cpu_s_per_byte, per_byte, 1e-18);
-  EXPECT_NEAR(cost::copy_seconds_per_byte(c.node), per_byte, 1e-18);  // in place of 1 / intra bandwidth
+  EXPECT_NEAR(cost::copy_seconds_per_byte(c.node, cost::CopyKind::kSummed), per_byte,
+              1e-18);  // in place of 1 / intra bandwidth
   comm::LinkCalibration no_large = one_node(4);
   no_large.contended_all_reduce_large.measured = false;
   EXPECT_EQ(comm::copy_cpu_s_per_byte(no_large), 0);
@@ -141,6 +142,43 @@ TEST(LinkCalibration, TheFileSetsTheLinkAndTheSyncExcessForTheMeasuredRanksOnly)
   EXPECT_TRUE(info.sync_measured);
   EXPECT_FALSE(info.sync_applied);
   EXPECT_EQ(info.sync_ranks_per_node, 4);
+}
+
+// Gathered and exchanged bytes (MPI copies them, sums nothing) have their own measured CPU per byte: the large
+// all-gather's and all-to-all's own CPU above the 4 KiB all-reduce's, over (n - 1)/n of the measured size. The file
+// carries them to the node, a cluster file keeps them, and a kind left unmeasured falls back to the summed figure.
+TEST(LinkCalibration, GatheredAndExchangedBytesTakeTheirOwnMeasuredCpuPerByte) {
+  comm::LinkCalibration m = one_node(4);
+  const size_t big = size_t{16} << 20;
+  m.contended_all_gather_large = {true, big, 1, 10e-3, 20e-3, 10e-3, 2.2e-3, 2.1e-3, {}};
+  m.contended_all_to_all_large = {true, big, 1, 8e-3, 18e-3, 10e-3, 3.2e-3, 3.1e-3, {}};
+  const double port = 0.75 * static_cast<double>(big - 4096);
+  EXPECT_NEAR(comm::gather_copy_cpu_s_per_byte(m), 2e-3 / port, 1e-18);
+  EXPECT_NEAR(comm::exchange_copy_cpu_s_per_byte(m), 3e-3 / port, 1e-18);
+  EXPECT_EQ(comm::gather_copy_cpu_s_per_byte(one_node(4)), 0);  // not measured (a file from before session 39)
+
+  auto cluster = load_cluster("local-cpu", 1);
+  ASSERT_TRUE(cluster.ok());
+  ClusterSpec c = *cluster;
+  c.node.devices_per_node = 4;
+  c.node.shared_cores = 2;
+  CommCalibrationInfo info;
+  ASSERT_TRUE(
+      apply_comm_calibration(Json::parse(comm::link_calibration_json(m, "test").dump()), "f.json", &c, &info).ok());
+  EXPECT_NEAR(c.node.gather_copy_cpu_s_per_byte, 2e-3 / port, 1e-18);
+  EXPECT_NEAR(c.node.exchange_copy_cpu_s_per_byte, 3e-3 / port, 1e-18);
+  const double summed = comm::copy_cpu_s_per_byte(m);
+  EXPECT_NEAR(cost::copy_seconds_per_byte(c.node, cost::CopyKind::kSummed), summed, 1e-18);
+  EXPECT_NEAR(cost::copy_seconds_per_byte(c.node, cost::CopyKind::kGathered), 2e-3 / port, 1e-18);
+  EXPECT_NEAR(cost::copy_seconds_per_byte(c.node, cost::CopyKind::kExchanged), 3e-3 / port, 1e-18);
+  auto round = cluster_from_json(Json::parse(to_json(c).dump()), 1, "round trip");
+  ASSERT_TRUE(round.ok()) << round.status().to_string();
+  EXPECT_DOUBLE_EQ(round->node.gather_copy_cpu_s_per_byte, c.node.gather_copy_cpu_s_per_byte);
+  EXPECT_DOUBLE_EQ(round->node.exchange_copy_cpu_s_per_byte, c.node.exchange_copy_cpu_s_per_byte);
+  c.node.gather_copy_cpu_s_per_byte = 0;
+  EXPECT_NEAR(cost::copy_seconds_per_byte(c.node, cost::CopyKind::kGathered), summed, 1e-18);
+  c.node.exchange_copy_cpu_s_per_byte = -1e-9;
+  EXPECT_NE(c.validate().message().find("node.exchange_copy_cpu_s_per_byte"), std::string::npos);
 }
 
 // Across nodes, the same figures measured over each node's own ranks set the node fields a collective inside one

@@ -299,6 +299,29 @@ TEST(SyncCost, CopiesOfATransfersBytesTakeTheNodesCores) {
   EXPECT_NEAR(pooled_run(beside_compute(), copy, 2).first, 4.0, 1e-9);
 }
 
+// Bytes gathered and exchanged cost the cores their own figure (SyncCost::per_byte_s, cost::CopyKind): a 2-rank
+// all-gather of 1,000 bytes moves 500 a rank, a point-to-point transfer 500 a side; unset, the summed figure.
+TEST(SyncCost, GatheredAndExchangedBytesTakeTheirOwnFigure) {
+  SyncCost copy;
+  copy.cpu_per_byte_s = 1e-3;
+  compile::Plan gather = beside_compute();
+  gather.templates[0].streams[1].instrs[0].comm = ir::NodeKind::kAllGather;
+  EXPECT_NEAR(pooled_run(gather, copy, 2).first, 2.5, 1e-9);  // 0.5 s a rank at the summed figure
+  EXPECT_NEAR(pooled_run(p2p_beside_compute(), copy, 2).first, 2.5, 1e-9);
+  copy.gather_cpu_per_byte_s = 0.5e-3;
+  copy.exchange_cpu_per_byte_s = 0.25e-3;
+  EXPECT_NEAR(pooled_run(gather, copy, 2).first, 2.25, 1e-9);
+  EXPECT_NEAR(pooled_run(p2p_beside_compute(), copy, 2).first, 2.125, 1e-9);
+  EXPECT_NEAR(pooled_run(beside_compute(), copy, 2).first, 3.0, 1e-9);  // an all-reduce: still the summed figure
+
+  ClusterSpec c = testing::make_cluster(1, 4, 1e9, 0, 0);
+  c.node.shared_cores = 2;
+  c.node.copy_cpu_s_per_byte = 0.6e-9;
+  c.node.gather_copy_cpu_s_per_byte = 0.4e-9;
+  EXPECT_DOUBLE_EQ(sync_cost_of(c).per_byte_s(cost::CopyKind::kGathered), 0.4e-9);
+  EXPECT_DOUBLE_EQ(sync_cost_of(c).per_byte_s(cost::CopyKind::kExchanged), 0.6e-9);  // unmeasured: the summed one
+}
+
 // SyncCost::staging_s_per_byte: each member of a data-parallel collective adds the copies the runtime stages it with
 // (cost::dp_staged_bytes of its 1,000 bytes over 2 ranks) to the pool; a collective of any other role none. Both
 // ranks compute 2 s on 2 cores beside it: the step is (4 core-s + both ranks' staging) / 2 cores.
