@@ -101,6 +101,7 @@ Result<LocalMachine> local_cluster(int ranks, int kernel_threads, const DeviceCa
   if (hosts.nodes > 1 && m.cluster.node.nics.empty()) m.cluster.node.nics.push_back(NicSpec{});
   m.rank_cores = std::min(static_cast<double>(std::max(1, kernel_threads)), m.cores);
   m.cluster.node.shared_cores = m.cores;
+  m.cluster.node.nodes_per_machine = hosts.nodes / hosts.machines;
   m.cluster.node.device_cores = m.rank_cores;
   m.cores_per_rank = m.rank_cores * m.cluster.node.static_core_share();
   DeviceSpec& d = m.cluster.device;

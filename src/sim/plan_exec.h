@@ -57,10 +57,13 @@ namespace piper::sim {
 
 // Cores shared by the CPU ranks of a node (ClusterSpec NodeSpec::shared_cores; simulate_compiled fills it).
 struct CorePool {
-  double cores = 0;        // C: cores of one node, shared by its ranks; 0 = off (every rank computes alone)
+  // C: cores of one node, shared by its ranks (of a machine's hosts, NodeSpec::nodes_per_machine, shared by all of
+  // theirs); 0 = off (every rank computes alone)
+  double cores = 0;
   double rank_cores = 1;   // T: cores one rank's kernels use when it computes alone, in (0, cores]
   double price_cores = 1;  // cores a TaskTimeFn price stands for (rank_cores: the rank alone), > 0
-  int ranks_per_node = 1;  // consecutive global ranks per node (ClusterSpec::node.devices_per_node)
+  // consecutive global ranks per pool (ClusterSpec node.devices_per_node x node.nodes_per_machine)
+  int ranks_per_node = 1;
   // sharing[n - 2]: the share of its speed each of n ranks computing together keeps beyond its processor share
   // (measured by `piper calibrate`: cost::Calibration::core_sharing); the last entry for larger n; empty: 1.
   std::vector<double> sharing;

@@ -44,12 +44,13 @@ void summarise(SimReport& rep, const cost::CostModel& cm, const ClusterSpec& clu
 CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options, const cost::Calibration& calibration) {
   CorePool pool;
   if (!(cluster.node.shared_cores > 0) || !options.full) return pool;
-  pool.cores = cluster.node.shared_cores;
+  // A machine's hosts (NodeSpec::nodes_per_machine) pool their cores.
+  pool.cores = cluster.node.shared_cores * cluster.node.nodes_per_machine;
   pool.rank_cores = cluster.node.device_cores;
   // The cost model prices every task at the static share with every rank computing, the measured sharing included
   // (cost::rate_share): with all of the node busy the pool runs a task at exactly its price.
   pool.price_cores = cluster.node.device_cores * cost::rate_share(cluster.node, calibration);
-  pool.ranks_per_node = cluster.node.devices_per_node;
+  pool.ranks_per_node = cluster.node.devices_per_node * cluster.node.nodes_per_machine;
   pool.sharing = calibration.core_sharing;
   return pool;
 }

@@ -57,7 +57,8 @@ HaloSimModel halo_sim_model(const ModelSpec& model, const TrainSpec& train);
 // cluster with options.full shares them dynamically (plan_exec.h SimOptions::core_pool), the cost model's task
 // prices being at the static share; without full (representative ranks) the pool stays off and every rank computes
 // at the static share all the time, as the closed form prices it. Off for every other cluster.
-// The pool's sharing efficiency is the calibration's measured core_sharing (1 without one).
+// The pool's sharing efficiency is the calibration's measured core_sharing (1 without one). The hosts of one machine
+// (NodeSpec::nodes_per_machine) share one pool of all their cores.
 // simulate_compiled() sets SimOptions::core_pool from it, whatever the caller put there.
 CorePool core_pool_of(const ClusterSpec& cluster, const SimOptions& options, const cost::Calibration& calibration);
 

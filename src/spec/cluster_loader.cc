@@ -88,6 +88,7 @@ Status read_node(const Json& json, NodeSpec* n) {
   PIPER_RETURN_IF_ERROR(r.get_double("nic_latency_s", &n->nic_latency_s, !n->nics.empty(), 0));
   PIPER_RETURN_IF_ERROR(r.get_double("shared_cores", &n->shared_cores, false, 0));
   PIPER_RETURN_IF_ERROR(r.get_double("device_cores", &n->device_cores, false, 0));
+  PIPER_RETURN_IF_ERROR(r.get_int("nodes_per_machine", &n->nodes_per_machine, false, 1));
   PIPER_RETURN_IF_ERROR(r.get_double("sync_excess_all_to_all_s", &n->sync_excess_all_to_all_s, false, 0));
   PIPER_RETURN_IF_ERROR(r.get_double("sync_excess_other_s", &n->sync_excess_other_s, false, 0));
   PIPER_RETURN_IF_ERROR(r.get_double("sync_excess_pair_s", &n->sync_excess_pair_s, false, 0));
@@ -196,6 +197,7 @@ OrderedJson to_json(const ClusterSpec& c) {
   if (c.node.shared_cores > 0) {
     node["shared_cores"] = c.node.shared_cores;
     node["device_cores"] = c.node.device_cores;
+    if (c.node.nodes_per_machine != 1) node["nodes_per_machine"] = c.node.nodes_per_machine;
   }
   if (c.node.sync_excess_all_to_all_s > 0 || c.node.sync_excess_other_s > 0 || c.node.sync_excess_pair_s > 0) {
     node["sync_excess_all_to_all_s"] = c.node.sync_excess_all_to_all_s;

@@ -69,6 +69,21 @@ Status validate_shared_cores(const NodeSpec& node) {
   return ok_status();
 }
 
+// node.nodes_per_machine: 1, or with shared_cores a divisor of the nodes.
+Status validate_nodes_per_machine(const ClusterSpec& c) {
+  const int k = c.node.nodes_per_machine;
+  if (k == 1) return ok_status();
+  if (c.node.shared_cores == 0) {
+    return invalid_argument("cluster.node.nodes_per_machine: " + std::to_string(k) +
+                            " needs node.shared_cores (hosts of one machine share its cores); set it to 1");
+  }
+  if (k < 1 || c.num_nodes % k != 0) {
+    return invalid_argument("cluster.node.nodes_per_machine: " + std::to_string(k) + " does not divide the " +
+                            std::to_string(c.num_nodes) + " nodes; give 1 or a divisor of the node count");
+  }
+  return ok_status();
+}
+
 Status validate_counts(const ClusterSpec& c) {
   const int n = c.node.devices_per_node;
   if (n < 1 || n > kMaxDevicesPerNode) {
@@ -269,6 +284,7 @@ Status ClusterSpec::validate() const {
   }
   PIPER_RETURN_IF_ERROR(non_negative("node.nic_latency_s", node.nic_latency_s, kMaxLatency, kLatencyWhy));
   PIPER_RETURN_IF_ERROR(validate_shared_cores(node));
+  PIPER_RETURN_IF_ERROR(validate_nodes_per_machine(*this));
   for (const auto& [field, taper] : {std::pair{"intra_group_taper", fabric.intra_group_taper},
                                      std::pair{"inter_group_taper", fabric.inter_group_taper}}) {
     if (!(taper >= 1 && taper <= kMaxTaper)) {

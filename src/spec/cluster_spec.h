@@ -63,6 +63,12 @@ struct NodeSpec {
   // a cluster file may give them as node.shared_cores and node.device_cores (docs/cluster_schema.md).
   double shared_cores = 0;
   double device_cores = 1;
+  // With shared_cores: consecutive nodes that are hosts of one machine (network namespaces, as
+  // scripts/two-node-emulation.sh makes them), each given shared_cores of its cores: the machine's
+  // shared_cores x nodes_per_machine cores serve all of their ranks, so a rank of one node computes on cores that
+  // the ranks of another leave idle (a pipeline's bubble). The simulator pools them so (sim/simulate.h core_pool_of);
+  // `piper train` and `plan --local-ranks` set it from the hosts' machine names. 1 = each node its own machine.
+  int nodes_per_machine = 1;
   // With shared_cores: what a synchronisation costs on top of its transfer, per collective (seconds; 0 = nothing),
   // all-to-alls, the other collectives and collectives of two ranks apart: measured by `piper calibrate --ranks R` with
   // this node's ranks (spec/comm_calibration.h, sim/plan_exec.h SyncCost); the simulator adds it to every collective of

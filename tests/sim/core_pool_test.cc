@@ -385,6 +385,55 @@ TEST(CorePoolTest, SharedCoresSpeedUpPipelinesNotDataParallelism) {
   }
 }
 
+// Two emulated hosts of one 2-core machine (scripts/two-node-emulation.sh: network namespaces, 4 ranks each, each
+// host priced with 1 core): with NodeSpec::nodes_per_machine = 2 they pool the machine's 2 cores, so the pipeline
+// stage that computes while the other waits in its bubble runs on the cores the other leaves idle; pure data
+// parallelism, every rank busy, gains nothing. A count that does not divide the nodes, or hosts sharing a machine
+// without shared cores, is refused by name.
+TEST(CorePoolTest, HostsOfOneMachinePoolItsCores) {
+  ClusterSpec c = load_cluster("local-cpu", 1).value();
+  c.num_nodes = c.max_nodes = 2;
+  c.fabric.topology = FabricTopology::kFatTree;
+  c.node.nics.push_back(NicSpec{1.25e8, {}});
+  c.node.nic_latency_s = 5e-5;
+  c.node.devices_per_node = 4;
+  c.node.shared_cores = 1;
+  c.node.device_cores = 1;
+  ASSERT_TRUE(c.validate().ok()) << c.validate().message();
+  ClusterSpec machine = c;
+  machine.node.nodes_per_machine = 2;
+  ASSERT_TRUE(machine.validate().ok()) << machine.validate().message();
+  SimOptions full;
+  full.full = true;
+  const CorePool pool = core_pool_of(machine, full, {});
+  EXPECT_EQ(pool.cores, 2);
+  EXPECT_EQ(pool.ranks_per_node, 8);
+  EXPECT_EQ(core_pool_of(c, full, {}).cores, 1);
+
+  const ModelSpec m = model("tiny-moe");
+  cost::Calibration cal;
+  cal.workspace_bytes = 0;
+  auto step = [&](const ClusterSpec& cluster, const char* text) {
+    const Strategy s = strategy(text);
+    TrainSpec t = fp32_train();
+    t.micro_batch_size = s.mbs;
+    auto r = simulate(m, cluster, t, s, cal, full);
+    EXPECT_TRUE(r.ok()) << text << ": " << r.status().message();
+    return r.ok() ? r->step_time_s : 0.0;
+  };
+  const char* pipeline = "dp=4,pp=2,schedule=1f1b,microbatches=4,mbs=1";
+  const char* data = "dp=8,zero=1,microbatches=1,mbs=2";
+  EXPECT_LT(step(machine, pipeline), 0.9 * step(c, pipeline));
+  EXPECT_NEAR(step(machine, data) / step(c, data), 1.0, 1e-6);
+
+  machine.node.nodes_per_machine = 3;
+  EXPECT_NE(machine.validate().message().find("node.nodes_per_machine: 3 does not divide the 2 nodes"),
+            std::string::npos);
+  machine.node.nodes_per_machine = 2;
+  machine.node.shared_cores = 0;
+  EXPECT_NE(machine.validate().message().find("needs node.shared_cores"), std::string::npos);
+}
+
 // The closed form on a node that shares its cores: a rank's data-parallel communication costs at least the copies
 // of its bytes at the node's copy rate (1 / intra-node bandwidth) and its static share of the cores (half a core):
 // ZeRO-1 reduce-scatters the gradients and gathers the parameters, 3/4 of each on 4 ranks (fp32: 4 B each); ZeRO-3
