@@ -99,13 +99,19 @@ TEST(LinkCalibration, TheIntraLinkMakesTheSimulatorsAlgorithmsTakeTheMeasuredTim
   EXPECT_FALSE(comm::effective_intra_link(two_nodes).measured);  // collectives cross the slower link
 }
 
+// local-cpu as `piper train --ranks 4` sees this 2-core machine: 4 ranks sharing 2 cores.
+ClusterSpec four_ranks_on_two_cores() {
+  ClusterSpec c = load_cluster("local-cpu", 1).value();
+  c.node.devices_per_node = 4;
+  c.node.shared_cores = 2;
+  return c;
+}
+
 TEST(LinkCalibration, TheFileSetsTheLinkAndTheSyncExcessForTheMeasuredRanksOnly) {
   const Json file = Json::parse(comm::link_calibration_json(one_node(4), "test").dump());
   auto cluster = load_cluster("local-cpu", 1);
   ASSERT_TRUE(cluster.ok());
-  ClusterSpec c = *cluster;
-  c.node.devices_per_node = 4;
-  c.node.shared_cores = 2;
+  ClusterSpec c = four_ranks_on_two_cores();
   CommCalibrationInfo info;
   ASSERT_TRUE(apply_comm_calibration(file, "f.json", &c, &info).ok());
   EXPECT_NEAR(c.node.intra.bw_bytes_per_s, kBw, 1e-3 * kBw);
@@ -157,11 +163,7 @@ TEST(LinkCalibration, GatheredAndExchangedBytesTakeTheirOwnMeasuredCpuPerByte) {
   EXPECT_NEAR(comm::exchange_copy_cpu_s_per_byte(m), 3e-3 / port, 1e-18);
   EXPECT_EQ(comm::gather_copy_cpu_s_per_byte(one_node(4)), 0);  // not measured (a file from before session 39)
 
-  auto cluster = load_cluster("local-cpu", 1);
-  ASSERT_TRUE(cluster.ok());
-  ClusterSpec c = *cluster;
-  c.node.devices_per_node = 4;
-  c.node.shared_cores = 2;
+  ClusterSpec c = four_ranks_on_two_cores();
   CommCalibrationInfo info;
   ASSERT_TRUE(
       apply_comm_calibration(Json::parse(comm::link_calibration_json(m, "test").dump()), "f.json", &c, &info).ok());
