@@ -615,15 +615,16 @@ namespace {
 void add_copies(const CostModel& cm, const Strategy& s, const PipelineShape& pl, const MeshGroups& g,
                 const Bottleneck& b, double tokens, CommBreakdown* comm) {
   const double summed = copy_seconds_per_byte_at_share(cm, CopyKind::kSummed);
+  const double gathered = copy_seconds_per_byte_at_share(cm, CopyKind::kGathered);
   const double exchanged = copy_seconds_per_byte_at_share(cm, CopyKind::kExchanged);
   const double stage_at = staging_seconds_per_byte_at_share(cm);
-  if (!(summed > 0) && !(stage_at > 0)) return;
+  if (!(summed > 0) && !(gathered > 0) && !(exchanged > 0) && !(stage_at > 0)) return;  // cores not shared
   auto f = [](int n) { return n > 1 ? (n - 1.0) / n : 0.0; };
   const double m = pl.m;
   const double dp_s = dp_copy_seconds(cm, s.zero, m, f(g.dp.size), f(g.expert_dp.size),
                                       b.params.dense * cm.bytes().grad, b.params.expert * cm.bytes().grad,
                                       b.params.dense * cm.bytes().param, b.params.expert * cm.bytes().param);
-  const double tp_at = s.sp ? (summed + copy_seconds_per_byte_at_share(cm, CopyKind::kGathered)) / 2 : summed;
+  const double tp_at = s.sp ? (summed + gathered) / 2 : summed;
   const double act = tokens * cm.parts().hidden * cm.train().comm_bytes();
   const double tp = m * b.layers.layers * 8 * f(s.tp) * act;
   const double routed = tokens / s.tp * cm.parts().top_k;
