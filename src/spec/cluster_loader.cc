@@ -100,9 +100,7 @@ Status read_node(const Json& json, NodeSpec* n) {
     n->node_figures = n->node_figures || r.find(key) != nullptr;
     PIPER_RETURN_IF_ERROR(r.get_double(key, &(n->*field), false, 0));
   }
-  PIPER_RETURN_IF_ERROR(r.get_double("copy_cpu_s_per_byte", &n->copy_cpu_s_per_byte, false, 0));
-  PIPER_RETURN_IF_ERROR(r.get_double("gather_copy_cpu_s_per_byte", &n->gather_copy_cpu_s_per_byte, false, 0));
-  PIPER_RETURN_IF_ERROR(r.get_double("exchange_copy_cpu_s_per_byte", &n->exchange_copy_cpu_s_per_byte, false, 0));
+  for (auto [key, field] : NodeSpec::kCopyFigures) PIPER_RETURN_IF_ERROR(r.get_double(key, &(n->*field), false, 0));
   PIPER_RETURN_IF_ERROR(read_exchange_lag(r, n));
   PIPER_RETURN_IF_ERROR(r.get_double("a2a_wait_cpu_share", &n->a2a_wait_cpu_share, false, 0));
   return r.check_no_unknown_keys();
@@ -214,10 +212,8 @@ OrderedJson to_json(const ClusterSpec& c) {
   for (auto [key, field] : NodeSpec::kNodeFigures) {
     if (c.node.node_figures) node[key] = c.node.*field;
   }
-  if (c.node.copy_cpu_s_per_byte > 0) node["copy_cpu_s_per_byte"] = c.node.copy_cpu_s_per_byte;
-  if (c.node.gather_copy_cpu_s_per_byte > 0) node["gather_copy_cpu_s_per_byte"] = c.node.gather_copy_cpu_s_per_byte;
-  if (c.node.exchange_copy_cpu_s_per_byte > 0) {
-    node["exchange_copy_cpu_s_per_byte"] = c.node.exchange_copy_cpu_s_per_byte;
+  for (auto [key, field] : NodeSpec::kCopyFigures) {
+    if (c.node.*field > 0) node[key] = c.node.*field;
   }
   if (c.node.a2a_wait_cpu_share > 0) node["a2a_wait_cpu_share"] = c.node.a2a_wait_cpu_share;
   if (!c.node.exchange_lag.empty()) {

@@ -55,10 +55,9 @@ Status validate_shared_cores(const NodeSpec& node) {
   if (Status st = check_exchange_lag(node.exchange_lag); !st.ok()) {
     return invalid_argument("cluster.node.exchange_lag: " + st.message());
   }
-  for (auto [name, v] : {std::pair{"node.copy_cpu_s_per_byte", node.copy_cpu_s_per_byte},
-                         std::pair{"node.gather_copy_cpu_s_per_byte", node.gather_copy_cpu_s_per_byte},
-                         std::pair{"node.exchange_copy_cpu_s_per_byte", node.exchange_copy_cpu_s_per_byte}}) {
-    PIPER_RETURN_IF_ERROR(non_negative(name, v, 1e-6, "one core's seconds per byte a transfer carries (measured)"));
+  for (auto [key, field] : NodeSpec::kCopyFigures) {
+    PIPER_RETURN_IF_ERROR(non_negative(std::string("node.") + key, node.*field, 1e-6,
+                                       "one core's seconds per byte a transfer carries (measured)"));
   }
   if (node.shared_cores == 0) return ok_status();
   if (!(std::isfinite(node.device_cores) && node.device_cores > 0 && node.device_cores <= node.shared_cores)) {

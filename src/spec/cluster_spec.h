@@ -125,6 +125,11 @@ struct NodeSpec {
   // exchange_copy_cpu_s_per_byte). 0 = unmeasured: copy_cpu_s_per_byte (cost/copy_cost.h CopyKind).
   double gather_copy_cpu_s_per_byte = 0;
   double exchange_copy_cpu_s_per_byte = 0;
+  // The three figures above by their cluster-file key (read, written, checked and set from a link calibration alike).
+  static constexpr std::pair<const char*, double NodeSpec::*> kCopyFigures[] = {
+      {"copy_cpu_s_per_byte", &NodeSpec::copy_cpu_s_per_byte},
+      {"gather_copy_cpu_s_per_byte", &NodeSpec::gather_copy_cpu_s_per_byte},
+      {"exchange_copy_cpu_s_per_byte", &NodeSpec::exchange_copy_cpu_s_per_byte}};
 
   // min(1, shared_cores / (device_cores * devices_per_node)); exactly 1 without shared cores.
   double static_core_share() const;

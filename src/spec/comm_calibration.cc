@@ -142,9 +142,7 @@ Status apply_comm_calibration(const Json& json, const std::string& what, Cluster
       PIPER_RETURN_IF_ERROR(prefixed(i.check_no_unknown_keys(), what));
     }
     PIPER_RETURN_IF_ERROR(prefixed(n.get_double("nic_latency_s", &cluster->node.nic_latency_s, false, 0), what));
-    for (auto [key, field] : {std::pair{"copy_cpu_s_per_byte", &NodeSpec::copy_cpu_s_per_byte},
-                              std::pair{"gather_copy_cpu_s_per_byte", &NodeSpec::gather_copy_cpu_s_per_byte},
-                              std::pair{"exchange_copy_cpu_s_per_byte", &NodeSpec::exchange_copy_cpu_s_per_byte}}) {
+    for (auto [key, field] : NodeSpec::kCopyFigures) {
       PIPER_RETURN_IF_ERROR(prefixed(n.get_double(key, &(cluster->node.*field), false, 0, 1e-6), what));
     }
     double nic_bw = 0;
